@@ -20,7 +20,8 @@ fi
 
 root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
-mkdir -p "$root"/{bin,usr/bin,usr/local/bin,etc,workspace,tmp,.sandboxd}
+# no workspace/ here: Docker would copy its mode over the tmpfs mode=0700
+mkdir -p "$root"/{bin,usr/bin,usr/local/bin,etc,tmp,.sandboxd}
 cp /bin/busybox "$root/bin/busybox"
 for applet in $(/bin/busybox --list); do
   [ "$applet" = busybox ] && continue

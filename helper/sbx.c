@@ -1,0 +1,1484 @@
+/*
+ * sbx - in-container helper for sandboxd.
+ *
+ * Bind-mounted read-only at /.sandboxd/sbx and run via `docker exec` as the
+ * unprivileged sandbox user.  Two jobs:
+ *
+ *   1. `run`: supervise a command so that none of its descendants outlive it
+ *      (child subreaper + /proc scan + SIGKILL until nothing is left).
+ *   2. file operations (stat/read/write/list/remove/mkdir) confined to a root
+ *      directory.  Every path is resolved with openat2(RESOLVE_BENEATH), so
+ *      the kernel, not string checks, guarantees that no symlink or `..`
+ *      race can take us outside the root.
+ *
+ * Protocol (see helper/README.md): results on stdout as JSON lines, errors
+ * as exactly one JSON line {"error":NAME,"message":...} on stderr.
+ *
+ * Build: gcc -static -O2 -Wall -Wextra -Werror -o build/sbx helper/sbx.c
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/openat2.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LIST_MAX 100000
+#define EXIT_KILLED 137
+/* Magic links (/proc/self/fd/...) could point anywhere; never follow them. */
+#define RES_BENEATH (RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+/* For walking trees we own: a symlink must never be traversed at all. */
+#define RES_NOSYM (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
+
+static const char *g_root = "/workspace";
+static int g_rootfd = -1;
+
+/* ------------------------------------------------------------------ */
+/* Low-level I/O and growable buffers                                  */
+/* ------------------------------------------------------------------ */
+
+static int write_all(int fd, const void *p, size_t n)
+{
+	const char *c = p;
+	while (n > 0) {
+		ssize_t w = write(fd, c, n);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		c += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+static ssize_t read_retry(int fd, void *p, size_t n)
+{
+	ssize_t r;
+	do
+		r = read(fd, p, n);
+	while (r < 0 && errno == EINTR);
+	return r;
+}
+
+/* Out of memory: nothing sane left to do, but keep the protocol intact. */
+static void oom(void)
+{
+	static const char msg[] = "{\"error\":\"EIO\",\"message\":\"out of memory\"}\n";
+	(void)!write(2, msg, sizeof msg - 1);
+	_exit(1);
+}
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+	if (!p)
+		oom();
+	return p;
+}
+
+static char *xstrdup(const char *s)
+{
+	char *p = strdup(s);
+	if (!p)
+		oom();
+	return p;
+}
+
+struct buf {
+	char *p;
+	size_t len, cap;
+};
+
+static void buf_add(struct buf *b, const char *s, size_t n)
+{
+	if (b->len + n + 1 > b->cap) {
+		size_t nc = b->cap ? b->cap : 256;
+		while (nc < b->len + n + 1)
+			nc *= 2;
+		char *np = realloc(b->p, nc);
+		if (!np)
+			oom();
+		b->p = np;
+		b->cap = nc;
+	}
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	b->p[b->len] = '\0';
+}
+
+static void buf_puts(struct buf *b, const char *s)
+{
+	buf_add(b, s, strlen(s));
+}
+
+__attribute__((format(printf, 2, 3)))
+static void buf_printf(struct buf *b, const char *fmt, ...)
+{
+	char tmp[128];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+	va_end(ap);
+	/* Only used for short numeric fragments; truncation would be a bug. */
+	if (n < 0 || (size_t)n >= sizeof tmp)
+		oom();
+	buf_add(b, tmp, (size_t)n);
+}
+
+/* Length of the well-formed UTF-8 sequence at s, or 0 if it is invalid
+ * (overlong forms, surrogates and code points above U+10FFFF included). */
+static size_t utf8_len(const unsigned char *s, size_t n)
+{
+	size_t len;
+	uint32_t cp;
+	if (s[0] < 0x80)
+		return 1;
+	if (s[0] >= 0xC2 && s[0] <= 0xDF) {
+		len = 2;
+		cp = s[0] & 0x1F;
+	} else if ((s[0] & 0xF0) == 0xE0) {
+		len = 3;
+		cp = s[0] & 0x0F;
+	} else if (s[0] >= 0xF0 && s[0] <= 0xF4) {
+		len = 4;
+		cp = s[0] & 0x07;
+	} else {
+		return 0;
+	}
+	if (n < len)
+		return 0;
+	for (size_t i = 1; i < len; i++) {
+		if ((s[i] & 0xC0) != 0x80)
+			return 0;
+		cp = (cp << 6) | (s[i] & 0x3F);
+	}
+	if (len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF)))
+		return 0;
+	if (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))
+		return 0;
+	return len;
+}
+
+/* File names are arbitrary bytes; JSON must be valid UTF-8, so each bad
+ * byte becomes U+FFFD (lossy, but never produces unparsable output). */
+static void buf_json_str(struct buf *b, const char *str, size_t n)
+{
+	const unsigned char *s = (const unsigned char *)str;
+	buf_add(b, "\"", 1);
+	for (size_t i = 0; i < n;) {
+		unsigned char c = s[i];
+		if (c == '"' || c == '\\') {
+			char esc[2] = {'\\', (char)c};
+			buf_add(b, esc, 2);
+			i++;
+		} else if (c < 0x20) {
+			buf_printf(b, "\\u%04x", c);
+			i++;
+		} else {
+			size_t l = utf8_len(s + i, n - i);
+			if (l == 0) {
+				buf_add(b, "\xEF\xBF\xBD", 3);
+				i++;
+			} else {
+				buf_add(b, (const char *)s + i, l);
+				i += l;
+			}
+		}
+	}
+	buf_add(b, "\"", 1);
+}
+
+/* ------------------------------------------------------------------ */
+/* Error reporting                                                     */
+/* ------------------------------------------------------------------ */
+
+static void emit_error(const char *name, const char *fmt, va_list ap)
+{
+	char msg[1024];
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	struct buf b = {0};
+	buf_puts(&b, "{\"error\":\"");
+	buf_puts(&b, name);
+	buf_puts(&b, "\",\"message\":");
+	buf_json_str(&b, msg, strlen(msg));
+	buf_puts(&b, "}\n");
+	(void)write_all(2, b.p, b.len);
+	free(b.p);
+}
+
+/* `write`'s temp file, removed on any failure so errors never leave debris. */
+static int g_tmp_dirfd = -1;
+static char g_tmp_name[64];
+
+__attribute__((noreturn, format(printf, 3, 4)))
+static void fail(int code, const char *name, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	emit_error(name, fmt, ap);
+	va_end(ap);
+	if (g_tmp_name[0])
+		unlinkat(g_tmp_dirfd, g_tmp_name, 0);
+	exit(code);
+}
+
+#define usage(...) fail(2, "EINVAL", __VA_ARGS__)
+
+static const char *errno_name(int e)
+{
+	switch (e) {
+	case ENOENT: return "ENOENT";
+	case ENOTDIR: return "ENOTDIR";
+	case EISDIR: return "EISDIR";
+	case EEXIST: return "EEXIST";
+	case ENOTEMPTY: return "ENOTEMPTY";
+	case ENOSPC: case EDQUOT: return "ENOSPC";
+	case EACCES: case EPERM: case EROFS: return "EACCES";
+	case EINVAL: case ENAMETOOLONG: return "EINVAL";
+	/* openat2(RESOLVE_BENEATH) reports an escape attempt as EXDEV; ELOOP
+	 * comes from magic links or symlink loops, treated the same way. */
+	case EXDEV: case ELOOP: return "ESCAPE";
+	default: return "EIO";
+	}
+}
+
+/* Report errno `e` for an operation on `path`, exit with `code`. */
+__attribute__((noreturn))
+static void fail_errno_code(int code, int e, const char *what, const char *path)
+{
+	const char *name = errno_name(e);
+	if (!strcmp(name, "ESCAPE"))
+		fail(code, name, "%s %s: path resolves outside the root", what, path);
+	fail(code, name, "%s %s: %s", what, path, strerror(e));
+}
+
+__attribute__((noreturn))
+static void fail_errno(int e, const char *what, const char *path)
+{
+	fail_errno_code(1, e, what, path);
+}
+
+/* ------------------------------------------------------------------ */
+/* Argument parsing helpers                                            */
+/* ------------------------------------------------------------------ */
+
+static uint64_t parse_uint(const char *s, const char *what)
+{
+	uint64_t v = 0;
+	if (!*s)
+		usage("invalid %s: empty", what);
+	for (const char *p = s; *p; p++) {
+		if (*p < '0' || *p > '9')
+			usage("invalid %s: %s", what, s);
+		if (v > (uint64_t)(INT64_MAX - 9) / 10)
+			usage("invalid %s: too large", what);
+		v = v * 10 + (uint64_t)(*p - '0');
+	}
+	return v;
+}
+
+/* Collect positional arguments and at most one boolean --flag (which may
+ * appear anywhere; "--" ends flag parsing so odd file names stay usable).
+ * Returns the number of positionals; usage error if it is not `npos`. */
+static void parse_args(int argc, char **argv, const char *flag, bool *flag_set,
+		       char **pos, int npos)
+{
+	int n = 0;
+	bool opts = true;
+	for (int i = 0; i < argc; i++) {
+		if (opts && !strcmp(argv[i], "--")) {
+			opts = false;
+		} else if (opts && flag && !strcmp(argv[i], flag)) {
+			*flag_set = true;
+		} else if (opts && !strncmp(argv[i], "--", 2)) {
+			usage("unknown option %s", argv[i]);
+		} else {
+			if (n >= npos)
+				usage("too many arguments");
+			pos[n++] = argv[i];
+		}
+	}
+	if (n != npos)
+		usage("expected %d argument(s), got %d", npos, n);
+}
+
+/* ------------------------------------------------------------------ */
+/* Confined path resolution                                            */
+/* ------------------------------------------------------------------ */
+
+static int open_beneath(int dirfd, const char *path, uint64_t flags,
+			uint64_t mode, uint64_t resolve)
+{
+	struct open_how how;
+	memset(&how, 0, sizeof how);
+	how.flags = flags | O_CLOEXEC;
+	how.mode = mode;
+	how.resolve = resolve;
+	for (int tries = 0;; tries++) {
+		long fd = syscall(SYS_openat2, dirfd, path, &how, sizeof how);
+		if (fd >= 0)
+			return (int)fd;
+		/* EAGAIN: the kernel saw a concurrent rename and could not
+		 * prove `..` safety; retrying is the documented answer. */
+		if ((errno == EINTR || errno == EAGAIN) && tries < 64)
+			continue;
+		return -1;
+	}
+}
+
+static void open_root(void)
+{
+	g_rootfd = open(g_root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (g_rootfd < 0)
+		fail_errno(errno, "open root", g_root);
+}
+
+/* Normalise a root-relative path: drop empty and "." components, refuse
+ * ".." and absolute paths outright (the server already normalises, so these
+ * only show up in attacks or bugs).  Returns "." for the root itself. */
+static char *norm_path(const char *in)
+{
+	if (!*in)
+		fail(1, "EINVAL", "empty path");
+	if (in[0] == '/')
+		fail(1, "ESCAPE", "absolute path not allowed: %s", in);
+	char *out = xmalloc(strlen(in) + 2);
+	size_t o = 0;
+	const char *p = in;
+	while (*p) {
+		while (*p == '/')
+			p++;
+		if (!*p)
+			break;
+		size_t n = strcspn(p, "/");
+		if (n == 2 && p[0] == '.' && p[1] == '.')
+			fail(1, "ESCAPE", "'..' not allowed in path: %s", in);
+		if (!(n == 1 && p[0] == '.')) {
+			if (o)
+				out[o++] = '/';
+			memcpy(out + o, p, n);
+			o += n;
+		}
+		p += n;
+	}
+	if (!o)
+		out[o++] = '.';
+	out[o] = '\0';
+	return out;
+}
+
+static bool is_root(const char *norm)
+{
+	return !strcmp(norm, ".");
+}
+
+/* Split a normalised non-root path into a freshly allocated parent ("." if
+ * none) and a pointer to its final component. */
+static char *split_parent(const char *norm, const char **name)
+{
+	const char *slash = strrchr(norm, '/');
+	if (!slash) {
+		*name = norm;
+		return xstrdup(".");
+	}
+	*name = slash + 1;
+	char *parent = xmalloc((size_t)(slash - norm) + 1);
+	memcpy(parent, norm, (size_t)(slash - norm));
+	parent[slash - norm] = '\0';
+	return parent;
+}
+
+/* Open a directory beneath the root; errors name `shown`, the path the
+ * caller asked about, rather than the intermediate directory. */
+static int open_dir_path(const char *norm, const char *shown)
+{
+	int fd = open_beneath(g_rootfd, norm, O_PATH | O_DIRECTORY, 0, RES_BENEATH);
+	if (fd < 0)
+		fail_errno(errno, "open", shown);
+	return fd;
+}
+
+/* mkdir -p beneath the root.  Each prefix is re-resolved from the root fd,
+ * so a component swapped for a symlink mid-walk still cannot lead outside. */
+static int mkdir_parents(const char *norm)
+{
+	int cur = open_dir_path(".", ".");
+	if (is_root(norm))
+		return cur;
+	char *prefix = xstrdup(norm);
+	for (char *p = prefix;;) {
+		char *slash = strchr(p, '/');
+		if (slash)
+			*slash = '\0';
+		if (mkdirat(cur, p, 0755) < 0 && errno != EEXIST)
+			fail_errno(errno, "mkdir", prefix);
+		close(cur);
+		cur = open_dir_path(prefix, prefix);
+		if (!slash)
+			break;
+		*slash = '/';
+		p = slash + 1;
+	}
+	free(prefix);
+	return cur;
+}
+
+/* ------------------------------------------------------------------ */
+/* Stat records                                                        */
+/* ------------------------------------------------------------------ */
+
+static struct buf g_out;
+
+static void out_flush(void)
+{
+	if (g_out.len && write_all(1, g_out.p, g_out.len) < 0)
+		fail_errno(errno, "write", "stdout");
+	g_out.len = 0;
+}
+
+static const char *type_name(mode_t m)
+{
+	if (S_ISREG(m))
+		return "file";
+	if (S_ISDIR(m))
+		return "dir";
+	if (S_ISLNK(m))
+		return "symlink";
+	return "other";
+}
+
+/* Append one record; `dirfd`/`entry` locate the object for readlinkat. */
+static void stat_record(struct buf *b, const char *rel, const char *name,
+			int dirfd, const char *entry, const struct stat *st)
+{
+	buf_puts(b, "{\"path\":");
+	buf_json_str(b, rel, strlen(rel));
+	buf_puts(b, ",\"name\":");
+	buf_json_str(b, name, strlen(name));
+	buf_printf(b, ",\"type\":\"%s\",\"size\":%lld,\"mode\":%u,\"mtime_ns\":%lld",
+		   type_name(st->st_mode), (long long)st->st_size,
+		   (unsigned)(st->st_mode & 07777),
+		   (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec);
+	if (S_ISLNK(st->st_mode)) {
+		/* Targets can exceed st_size (e.g. /proc-like fs), so grow. */
+		size_t cap = 256;
+		char *t = NULL;
+		ssize_t n;
+		for (;;) {
+			t = xmalloc(cap);
+			n = readlinkat(dirfd, entry, t, cap);
+			if (n < 0 || (size_t)n < cap || cap >= (1u << 20))
+				break;
+			free(t);
+			cap *= 2;
+		}
+		/* A link that vanished under us still gets a well-formed record. */
+		buf_puts(b, ",\"target\":");
+		buf_json_str(b, t, n < 0 ? 0 : (size_t)n);
+		free(t);
+	}
+	buf_puts(b, "}\n");
+}
+
+/* Print the record of a normalised path without following its final
+ * component; `dirfd` must be the open parent (ignored for the root). */
+static void print_stat(const char *norm, int dirfd, const char *name)
+{
+	struct stat st;
+	if (is_root(norm)) {
+		if (fstatat(g_rootfd, "", &st, AT_EMPTY_PATH) < 0)
+			fail_errno(errno, "stat", norm);
+		stat_record(&g_out, ".", ".", g_rootfd, "", &st);
+	} else {
+		if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			fail_errno(errno, "stat", norm);
+		stat_record(&g_out, norm, name, dirfd, name, &st);
+	}
+	out_flush();
+}
+
+/* ------------------------------------------------------------------ */
+/* File subcommands                                                    */
+/* ------------------------------------------------------------------ */
+
+static int cmd_stat(int argc, char **argv)
+{
+	char *pos[1];
+	parse_args(argc, argv, NULL, NULL, pos, 1);
+	char *norm = norm_path(pos[0]);
+	open_root();
+	if (is_root(norm)) {
+		print_stat(norm, -1, NULL);
+		return 0;
+	}
+	const char *name;
+	char *parent = split_parent(norm, &name);
+	int pfd = open_dir_path(parent, norm);
+	print_stat(norm, pfd, name);
+	return 0;
+}
+
+static int cmd_read(int argc, char **argv)
+{
+	char *pos[2];
+	parse_args(argc, argv, NULL, NULL, pos, 2);
+	char *norm = norm_path(pos[0]);
+	uint64_t max = parse_uint(pos[1], "MAXBYTES");
+	open_root();
+
+	/* Classify through an O_PATH fd first: opening a FIFO or device for
+	 * reading could block or have side effects. */
+	struct stat st, st2;
+	int pfd = open_beneath(g_rootfd, norm, O_PATH, 0, RES_BENEATH);
+	if (pfd < 0 || fstat(pfd, &st) < 0)
+		fail_errno(errno, "open", norm);
+	if (S_ISDIR(st.st_mode))
+		fail(1, "EISDIR", "read %s: is a directory", norm);
+	if (!S_ISREG(st.st_mode))
+		fail(1, "EINVAL", "read %s: not a regular file", norm);
+	if ((uint64_t)st.st_size > max)
+		fail(1, "TOO_LARGE", "read %s: size %lld exceeds limit %llu", norm,
+		     (long long)st.st_size, (unsigned long long)max);
+	int fd = open_beneath(g_rootfd, norm, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0,
+			      RES_BENEATH);
+	if (fd < 0 || fstat(fd, &st2) < 0)
+		fail_errno(errno, "open", norm);
+	if (st2.st_dev != st.st_dev || st2.st_ino != st.st_ino)
+		fail(1, "EIO", "read %s: file was replaced while opening", norm);
+
+	buf_printf(&g_out, "{\"size\":%lld,\"mode\":%u}\n", (long long)st2.st_size,
+		   (unsigned)(st2.st_mode & 07777));
+	out_flush();
+
+	static char chunk[65536];
+	uint64_t total = 0;
+	for (;;) {
+		/* Ask for one byte past the limit so growth is detected
+		 * without ever buffering more than MAXBYTES + 1. */
+		size_t want = sizeof chunk;
+		if (max - total + 1 < want)
+			want = (size_t)(max - total + 1);
+		ssize_t n = read_retry(fd, chunk, want);
+		if (n < 0)
+			fail_errno(errno, "read", norm);
+		if (n == 0)
+			break;
+		total += (uint64_t)n;
+		if (total > max)
+			fail(1, "TOO_LARGE", "read %s: file grew past limit %llu", norm,
+			     (unsigned long long)max);
+		if (write_all(1, chunk, (size_t)n) < 0)
+			fail_errno(errno, "write", "stdout");
+	}
+	close(fd);
+	return 0;
+}
+
+static int cmd_write(int argc, char **argv)
+{
+	char *pos[3];
+	bool parents = false;
+	parse_args(argc, argv, "--parents", &parents, pos, 3);
+	char *norm = norm_path(pos[0]);
+	const char *ms = pos[1];
+	if (!*ms || strlen(ms) > 4 || strspn(ms, "01234567") != strlen(ms))
+		usage("invalid MODE %s: expected octal like 644", ms);
+	mode_t mode = (mode_t)strtoul(ms, NULL, 8) & 0777; /* no suid/sgid/sticky */
+	uint64_t max = parse_uint(pos[2], "MAXBYTES");
+	open_root();
+	if (is_root(norm))
+		fail(1, "EISDIR", "write %s: is a directory", norm);
+
+	const char *name;
+	char *parent = split_parent(norm, &name);
+	int pfd = parents ? mkdir_parents(parent) : open_dir_path(parent, norm);
+
+	/* Cheap early refusal; the rename below re-checks atomically. */
+	struct stat st;
+	if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+		fail(1, "EISDIR", "write %s: is a directory", norm);
+
+	/* The temp file lives in the target directory so the final rename is
+	 * atomic and never crosses a filesystem. */
+	int fd = -1;
+	g_tmp_dirfd = pfd;
+	for (int tries = 0; fd < 0; tries++) {
+		uint32_t rnd;
+		if (getrandom(&rnd, sizeof rnd, 0) != sizeof rnd)
+			rnd = (uint32_t)clock() ^ (uint32_t)tries;
+		snprintf(g_tmp_name, sizeof g_tmp_name, ".sbx-%ld-%08x.tmp",
+			 (long)getpid(), rnd);
+		fd = openat(pfd, g_tmp_name,
+			    O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd < 0 && (errno != EEXIST || tries >= 100)) {
+			g_tmp_name[0] = '\0';
+			fail_errno(errno, "create temp file for", norm);
+		}
+	}
+
+	static char chunk[65536];
+	uint64_t total = 0;
+	for (;;) {
+		ssize_t n = read_retry(0, chunk, sizeof chunk);
+		if (n < 0)
+			fail_errno(errno, "read", "stdin");
+		if (n == 0)
+			break;
+		total += (uint64_t)n;
+		if (total > max)
+			fail(1, "TOO_LARGE", "write %s: content exceeds limit %llu", norm,
+			     (unsigned long long)max);
+		if (write_all(fd, chunk, (size_t)n) < 0)
+			fail_errno(errno, "write", norm);
+	}
+	/* fchmod is exact (unaffected by umask), unlike the create mode. */
+	if (fchmod(fd, mode) < 0)
+		fail_errno(errno, "chmod", norm);
+	if (close(fd) < 0)
+		fail_errno(errno, "write", norm);
+	/* Renaming replaces a symlink itself, never writes through it. */
+	if (renameat(pfd, g_tmp_name, pfd, name) < 0)
+		fail_errno(errno, "write", norm);
+	g_tmp_name[0] = '\0';
+	print_stat(norm, pfd, name);
+	return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Read all names of a directory (sans . and ..), sorted bytewise.  `budget`
+ * bounds the total across the whole walk so memory stays bounded too. */
+static char **read_names(DIR *d, size_t *count, size_t *budget, const char *rel)
+{
+	char **names = NULL;
+	size_t n = 0, cap = 0;
+	for (;;) {
+		errno = 0;
+		struct dirent *e = readdir(d);
+		if (!e) {
+			if (errno)
+				fail_errno(errno, "read directory", rel);
+			break;
+		}
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		if (budget) {
+			if (*budget == 0) {
+				out_flush();
+				fail(1, "TOO_LARGE", "list: more than %d entries", LIST_MAX);
+			}
+			(*budget)--;
+		}
+		if (n == cap) {
+			cap = cap ? cap * 2 : 64;
+			char **nn = realloc(names, cap * sizeof *names);
+			if (!nn)
+				oom();
+			names = nn;
+		}
+		names[n++] = xstrdup(e->d_name);
+	}
+	if (n)
+		qsort(names, n, sizeof *names, cmp_str);
+	*count = n;
+	return names;
+}
+
+static char *join_rel(const char *prefix, const char *name)
+{
+	if (!prefix)
+		return xstrdup(name);
+	char *r = xmalloc(strlen(prefix) + strlen(name) + 2);
+	sprintf(r, "%s/%s", prefix, name);
+	return r;
+}
+
+/* Depth-first listing; takes ownership of dfd.  `prefix` is NULL at the
+ * root so that paths come out as bare names rather than "./name". */
+static void list_dir(int dfd, const char *prefix, uint64_t depth, size_t *budget)
+{
+	DIR *d = fdopendir(dfd);
+	if (!d)
+		fail_errno(errno, "list", prefix ? prefix : ".");
+	size_t n;
+	char **names = read_names(d, &n, budget, prefix ? prefix : ".");
+	for (size_t i = 0; i < n; i++) {
+		struct stat st;
+		if (fstatat(dirfd(d), names[i], &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			/* Vanished or unsearchable entries are skipped: a
+			 * listing is a snapshot, not a transaction. */
+			if (errno == ENOENT || errno == EACCES)
+				goto next;
+			fail_errno(errno, "stat", names[i]);
+		}
+		char *rel = join_rel(prefix, names[i]);
+		stat_record(&g_out, rel, names[i], dirfd(d), names[i], &st);
+		if (g_out.len > 65536)
+			out_flush();
+		if (S_ISDIR(st.st_mode) && depth > 1) {
+			/* NO_SYMLINKS: if the entry was swapped for a symlink
+			 * since fstatat, we refuse rather than descend. */
+			int cfd = open_beneath(dirfd(d), names[i], O_RDONLY | O_DIRECTORY,
+					       0, RES_NOSYM);
+			if (cfd >= 0)
+				list_dir(cfd, rel, depth - 1, budget);
+			else if (errno != ENOENT && errno != EACCES && errno != ENOTDIR &&
+				 errno != ELOOP)
+				fail_errno(errno, "list", rel);
+		}
+		free(rel);
+next:
+		free(names[i]);
+	}
+	free(names);
+	closedir(d);
+}
+
+static int cmd_list(int argc, char **argv)
+{
+	char *pos[2];
+	parse_args(argc, argv, NULL, NULL, pos, 2);
+	char *norm = norm_path(pos[0]);
+	uint64_t depth = parse_uint(pos[1], "DEPTH");
+	if (depth == 0)
+		depth = 1;
+	open_root();
+	int fd = open_beneath(g_rootfd, norm, O_RDONLY | O_DIRECTORY, 0, RES_BENEATH);
+	if (fd < 0)
+		fail_errno(errno, "list", norm);
+	size_t budget = LIST_MAX;
+	list_dir(fd, is_root(norm) ? NULL : norm, depth, &budget);
+	out_flush();
+	return 0;
+}
+
+static int remove_dir(int pfd, const char *name, bool recursive);
+
+/* Remove everything inside the directory `name` of `pfd`.  Returns -1 with
+ * errno set on failure. */
+static int empty_dir(int pfd, const char *name)
+{
+	int dfd = open_beneath(pfd, name, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
+	if (dfd < 0)
+		return -1;
+	DIR *d = fdopendir(dfd);
+	if (!d) {
+		close(dfd);
+		return -1;
+	}
+	size_t n;
+	char **names = read_names(d, &n, NULL, name);
+	int rc = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (rc == 0) {
+			struct stat st;
+			int r;
+			if (fstatat(dirfd(d), names[i], &st, AT_SYMLINK_NOFOLLOW) < 0)
+				r = -1;
+			else if (S_ISDIR(st.st_mode))
+				r = remove_dir(dirfd(d), names[i], true);
+			else
+				r = unlinkat(dirfd(d), names[i], 0);
+			/* A concurrent writer may have removed it first. */
+			if (r < 0 && errno != ENOENT)
+				rc = -1;
+		}
+		free(names[i]);
+	}
+	free(names);
+	int e = errno;
+	closedir(d);
+	errno = e;
+	return rc;
+}
+
+static int remove_dir(int pfd, const char *name, bool recursive)
+{
+	/* Retry a few times in case something inside keeps creating files;
+	 * give up with ENOTEMPTY rather than loop forever. */
+	for (int attempt = 0;; attempt++) {
+		if (unlinkat(pfd, name, AT_REMOVEDIR) == 0)
+			return 0;
+		if (errno == EEXIST) /* some filesystems say EEXIST */
+			errno = ENOTEMPTY;
+		if (errno != ENOTEMPTY || !recursive || attempt >= 8)
+			return -1;
+		if (empty_dir(pfd, name) < 0)
+			return -1;
+	}
+}
+
+static int cmd_remove(int argc, char **argv)
+{
+	char *pos[1];
+	bool recursive = false;
+	parse_args(argc, argv, "--recursive", &recursive, pos, 1);
+	char *norm = norm_path(pos[0]);
+	open_root();
+	if (is_root(norm))
+		fail(1, "EINVAL", "refusing to remove the root directory");
+	const char *name;
+	char *parent = split_parent(norm, &name);
+	int pfd = open_dir_path(parent, norm);
+	struct stat st;
+	if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		fail_errno(errno, "remove", norm);
+	int r;
+	if (S_ISDIR(st.st_mode))
+		r = remove_dir(pfd, name, recursive);
+	else
+		r = unlinkat(pfd, name, 0);
+	if (r < 0)
+		fail_errno(errno, "remove", norm);
+	return 0;
+}
+
+static int cmd_mkdir(int argc, char **argv)
+{
+	char *pos[1];
+	bool parents = false;
+	parse_args(argc, argv, "--parents", &parents, pos, 1);
+	char *norm = norm_path(pos[0]);
+	open_root();
+	if (is_root(norm)) {
+		if (!parents)
+			fail(1, "EEXIST", "mkdir %s: root already exists", norm);
+		print_stat(norm, -1, NULL);
+		return 0;
+	}
+	const char *name;
+	char *parent = split_parent(norm, &name);
+	int pfd = parents ? mkdir_parents(parent) : open_dir_path(parent, norm);
+	if (mkdirat(pfd, name, 0755) < 0) {
+		int e = errno;
+		struct stat st;
+		if (!(e == EEXIST && parents &&
+		      fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+		      S_ISDIR(st.st_mode)))
+			fail_errno(e, "mkdir", norm);
+	}
+	print_stat(norm, pfd, name);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* /proc scanning                                                      */
+/* ------------------------------------------------------------------ */
+
+/* Read a small /proc file into buf (NUL-terminated); returns length. */
+static ssize_t read_small(const char *path, char *buf, size_t cap)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	size_t len = 0;
+	while (len < cap - 1) {
+		ssize_t n = read_retry(fd, buf + len, cap - 1 - len);
+		if (n <= 0)
+			break;
+		len += (size_t)n;
+	}
+	close(fd);
+	buf[len] = '\0';
+	return (ssize_t)len;
+}
+
+static pid_t read_ppid(pid_t pid)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+	if (read_small(path, buf, sizeof buf) <= 0)
+		return -1;
+	/* comm may contain spaces and ')' itself; fields resume after the
+	 * last ')' and comm is far shorter than our buffer. */
+	char *p = strrchr(buf, ')');
+	char state;
+	long ppid;
+	if (!p || sscanf(p + 1, " %c %ld", &state, &ppid) != 2)
+		return -1;
+	return (pid_t)ppid;
+}
+
+struct proc {
+	pid_t pid, ppid;
+};
+
+static int cmp_proc(const void *a, const void *b)
+{
+	pid_t x = ((const struct proc *)a)->pid, y = ((const struct proc *)b)->pid;
+	return (x > y) - (x < y);
+}
+
+/* Snapshot of all visible processes as (pid, ppid), sorted by pid. */
+static struct proc *scan_procs(size_t *count)
+{
+	struct proc *v = NULL;
+	size_t n = 0, cap = 0;
+	DIR *d = opendir("/proc");
+	if (!d) {
+		*count = 0;
+		return NULL;
+	}
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		char *end;
+		long pid = strtol(e->d_name, &end, 10);
+		if (*end || pid <= 0)
+			continue;
+		pid_t ppid = read_ppid((pid_t)pid);
+		if (ppid < 0)
+			continue; /* exited meanwhile */
+		if (n == cap) {
+			cap = cap ? cap * 2 : 256;
+			struct proc *nv = realloc(v, cap * sizeof *v);
+			if (!nv)
+				oom();
+			v = nv;
+		}
+		v[n].pid = (pid_t)pid;
+		v[n].ppid = ppid;
+		n++;
+	}
+	closedir(d);
+	if (n)
+		qsort(v, n, sizeof *v, cmp_proc);
+	*count = n;
+	return v;
+}
+
+/* SIGKILL every descendant of `self`; returns how many were signalled. */
+static size_t kill_descendants(pid_t self)
+{
+	size_t n;
+	struct proc *v = scan_procs(&n);
+	bool *mark = xmalloc(n * sizeof *mark);
+	memset(mark, 0, n * sizeof *mark);
+	/* Fixpoint over the parent relation; passes <= tree depth. */
+	for (bool changed = true; changed;) {
+		changed = false;
+		for (size_t i = 0; i < n; i++) {
+			if (mark[i] || v[i].pid == self)
+				continue;
+			bool desc = v[i].ppid == self;
+			if (!desc) {
+				struct proc key = {.pid = v[i].ppid};
+				struct proc *par = bsearch(&key, v, n, sizeof *v, cmp_proc);
+				desc = par && mark[par - v];
+			}
+			if (desc) {
+				mark[i] = true;
+				changed = true;
+			}
+		}
+	}
+	size_t killed = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (mark[i]) {
+			kill(v[i].pid, SIGKILL);
+			killed++;
+		}
+	}
+	free(mark);
+	free(v);
+	return killed;
+}
+
+/*
+ * Kill and reap the whole tree below us.  Termination is decided by
+ * waitpid returning ECHILD, which is exact: as a child subreaper, every
+ * living descendant is either our child or has a living descendant parent,
+ * so "no children" implies "no descendants".  The /proc scan only makes it
+ * fast (grandchildren die now instead of after cascading reparenting).  A
+ * process signalled with SIGKILL cannot fork any more, so fork bombs lose
+ * the race after a few rounds.
+ */
+static void kill_tree(pid_t pgid)
+{
+	pid_t self = getpid();
+	for (int iter = 0; iter < 5000; iter++) {
+		if (pgid > 0)
+			kill(-pgid, SIGKILL);
+		kill_descendants(self);
+		for (;;) {
+			pid_t w = waitpid(-1, NULL, WNOHANG);
+			if (w > 0)
+				continue;
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w < 0 && errno == ECHILD)
+				return;
+			break;
+		}
+		struct timespec ts = {0, 1000000}; /* 1 ms */
+		nanosleep(&ts, NULL);
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* run                                                                 */
+/* ------------------------------------------------------------------ */
+
+enum stage { ST_SETUP = 1, ST_CWD, ST_ESCAPE, ST_EXEC };
+
+struct report {
+	int stage;
+	int err;
+};
+
+__attribute__((noreturn))
+static void child_report(int fd, int stage, int err)
+{
+	struct report r = {stage, err};
+	(void)write_all(fd, &r, sizeof r);
+	_exit(126);
+}
+
+static bool path_within(const char *path, const char *root)
+{
+	size_t n = strlen(root);
+	if (n == 1 && root[0] == '/')
+		return true;
+	return !strncmp(path, root, n) && (path[n] == '\0' || path[n] == '/');
+}
+
+__attribute__((noreturn))
+static void child_main(int repfd, pid_t parent, const char *cwd,
+		       const char *realroot, char **cmd)
+{
+	/* If the supervisor itself is SIGKILLed, at least the direct child
+	 * goes with it (best effort; nothing can cover the grandchildren). */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+		child_report(repfd, ST_SETUP, errno);
+	if (getppid() != parent)
+		_exit(EXIT_KILLED);
+	/* Own session + process group: lets us signal the job as a unit and
+	 * detaches it from any controlling terminal. */
+	if (setsid() < 0)
+		child_report(repfd, ST_SETUP, errno);
+	/* Relative --cwd is taken relative to the root. */
+	if (fchdir(g_rootfd) < 0)
+		child_report(repfd, ST_CWD, errno);
+	if (cwd && chdir(cwd) < 0)
+		child_report(repfd, ST_CWD, errno);
+	char here[PATH_MAX];
+	if (!getcwd(here, sizeof here))
+		child_report(repfd, ST_CWD, errno);
+	if (!path_within(here, realroot))
+		child_report(repfd, ST_ESCAPE, 0);
+	/* The command must not inherit our blocked mask or dispositions. */
+	for (int s = 1; s < NSIG; s++)
+		if (s != SIGKILL && s != SIGSTOP)
+			signal(s, SIG_DFL); /* glibc-reserved ones fail: fine */
+	sigset_t none;
+	sigemptyset(&none);
+	if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
+		child_report(repfd, ST_SETUP, errno);
+	execvp(cmd[0], cmd);
+	child_report(repfd, ST_EXEC, errno);
+}
+
+static bool forwardable(int sig)
+{
+	static const int ok[] = {SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGUSR1,
+				 SIGUSR2, SIGSTOP, SIGCONT, SIGWINCH};
+	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+		if (ok[i] == sig)
+			return true;
+	return false;
+}
+
+static int cmd_run(int argc, char **argv)
+{
+	const char *cwd = NULL;
+	uint64_t timeout_ms = 0;
+	int i = 0;
+	for (; i < argc; i++) {
+		if (!strcmp(argv[i], "--")) {
+			i++;
+			break;
+		} else if (!strcmp(argv[i], "--id") && i + 1 < argc) {
+			i++; /* only matched from /proc/PID/cmdline by kill/signal */
+		} else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) {
+			timeout_ms = parse_uint(argv[++i], "--timeout-ms");
+		} else if (!strcmp(argv[i], "--cwd") && i + 1 < argc) {
+			cwd = argv[++i];
+		} else {
+			usage("run: unknown option %s (command must follow --)", argv[i]);
+		}
+	}
+	if (i >= argc)
+		usage("run: missing command after --");
+	char **cmd = argv + i;
+
+	g_rootfd = open(g_root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (g_rootfd < 0)
+		fail_errno_code(126, errno, "open root", g_root);
+	char *realroot = realpath(g_root, NULL);
+	if (!realroot)
+		fail_errno_code(126, errno, "resolve root", g_root);
+
+	/* Signals are consumed synchronously with sigtimedwait: no handlers,
+	 * no async-signal-safety pitfalls, no lost wakeups. */
+	sigset_t set;
+	sigemptyset(&set);
+	int sigs[] = {SIGCHLD, SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+	for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; k++)
+		sigaddset(&set, sigs[k]);
+	if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
+		fail_errno_code(126, errno, "sigprocmask", "");
+	/* Orphans of the tree (double fork, setsid, nohup) come to us, not
+	 * to PID 1, so they stay findable and killable. */
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+		fail_errno_code(126, errno, "prctl", "PR_SET_CHILD_SUBREAPER");
+
+	int rep[2];
+	if (pipe2(rep, O_CLOEXEC) < 0)
+		fail_errno_code(126, errno, "pipe", "");
+	pid_t self = getpid();
+	pid_t child = fork();
+	if (child < 0)
+		fail_errno_code(126, errno, "fork", "");
+	if (child == 0) {
+		close(rep[0]);
+		child_main(rep[1], self, cwd, realroot, cmd);
+	}
+	close(rep[1]);
+
+	/* EOF means execve succeeded (CLOEXEC closed the pipe); a report
+	 * means it never ran, and we know exactly why. */
+	struct report r;
+	size_t got = 0;
+	while (got < sizeof r) {
+		ssize_t n = read_retry(rep[0], (char *)&r + got, sizeof r - got);
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	close(rep[0]);
+	if (got == sizeof r) {
+		kill_tree(child);
+		const char *c = cwd ? cwd : g_root;
+		switch (r.stage) {
+		case ST_CWD:
+			fail_errno_code(126, r.err, "chdir", c);
+		case ST_ESCAPE:
+			fail(126, "ESCAPE", "working directory %s is outside the root", c);
+		case ST_EXEC:
+			if (r.err == ENOENT)
+				fail(127, "ENOENT", "command not found: %s", cmd[0]);
+			fail_errno_code(126, r.err, "cannot execute", cmd[0]);
+		default:
+			fail_errno_code(126, r.err, "setup", "child");
+		}
+	}
+
+	struct timespec deadline = {0, 0};
+	if (timeout_ms) {
+		clock_gettime(CLOCK_MONOTONIC, &deadline);
+		deadline.tv_sec += (time_t)(timeout_ms / 1000);
+		deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+		if (deadline.tv_nsec >= 1000000000L) {
+			deadline.tv_sec++;
+			deadline.tv_nsec -= 1000000000L;
+		}
+	}
+
+	for (;;) {
+		siginfo_t si;
+		int sig;
+		if (timeout_ms) {
+			struct timespec now, rem;
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			rem.tv_sec = deadline.tv_sec - now.tv_sec;
+			rem.tv_nsec = deadline.tv_nsec - now.tv_nsec;
+			if (rem.tv_nsec < 0) {
+				rem.tv_sec--;
+				rem.tv_nsec += 1000000000L;
+			}
+			if (rem.tv_sec < 0) {
+				kill_tree(child);
+				_exit(EXIT_KILLED);
+			}
+			sig = sigtimedwait(&set, &si, &rem);
+		} else {
+			sig = sigwaitinfo(&set, &si);
+		}
+		if (sig < 0) {
+			if (errno == EAGAIN) { /* deadline reached */
+				kill_tree(child);
+				_exit(EXIT_KILLED);
+			}
+			continue; /* EINTR, e.g. after SIGSTOP/SIGCONT of us */
+		}
+		if (sig == SIGCHLD) {
+			int status = 0;
+			bool done = false;
+			pid_t w;
+			/* Reap reparented orphans as well; only the main
+			 * child's status matters. */
+			while ((w = waitpid(-1, &status, WNOHANG)) != 0) {
+				if (w < 0) {
+					if (errno == EINTR)
+						continue;
+					break;
+				}
+				if (w == child) {
+					done = true;
+					break;
+				}
+			}
+			if (done) {
+				kill_tree(child);
+				if (WIFSIGNALED(status))
+					_exit(128 + WTERMSIG(status));
+				_exit(WEXITSTATUS(status));
+			}
+		} else if (sig == SIGUSR2) {
+			int fwd = si.si_value.sival_int;
+			if (si.si_code == SI_QUEUE && forwardable(fwd))
+				kill(-child, fwd);
+		} else {
+			/* SIGUSR1 (sbx kill), SIGTERM, SIGINT, SIGHUP, SIGQUIT */
+			kill_tree(child);
+			_exit(EXIT_KILLED);
+		}
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* kill / signal                                                       */
+/* ------------------------------------------------------------------ */
+
+/* Is this NUL-separated cmdline an `sbx [--root R] run ... --id TOKEN ...
+ * [-- ...]` invocation, parsed the way main() and cmd_run() parse it? */
+static bool cmdline_matches(char *buf, size_t len, const char *token,
+			    const struct stat *self_exe, pid_t pid)
+{
+	char *args[4096];
+	size_t n = 0;
+	for (size_t off = 0; off < len && n < sizeof args / sizeof args[0];) {
+		args[n++] = buf + off;
+		off += strlen(buf + off) + 1;
+	}
+	if (n < 2)
+		return false;
+	const char *base = strrchr(args[0], '/');
+	base = base ? base + 1 : args[0];
+	if (strcmp(base, "sbx")) {
+		/* Renamed binary: accept it if it is literally us. */
+		char path[64];
+		struct stat st;
+		snprintf(path, sizeof path, "/proc/%ld/exe", (long)pid);
+		if (stat(path, &st) < 0 || st.st_dev != self_exe->st_dev ||
+		    st.st_ino != self_exe->st_ino)
+			return false;
+	}
+	size_t i = 1;
+	while (i + 1 < n && !strcmp(args[i], "--root"))
+		i += 2;
+	if (i >= n || strcmp(args[i], "run"))
+		return false;
+	for (i++; i < n && strcmp(args[i], "--"); i++) {
+		if (!strcmp(args[i], "--id") && i + 1 < n && !strcmp(args[i + 1], token))
+			return true;
+		if (!strcmp(args[i], "--id") || !strcmp(args[i], "--timeout-ms") ||
+		    !strcmp(args[i], "--cwd"))
+			i++;
+	}
+	return false;
+}
+
+static uid_t proc_uid(pid_t pid, bool *ok)
+{
+	char path[64], buf[4096];
+	snprintf(path, sizeof path, "/proc/%ld/status", (long)pid);
+	*ok = false;
+	if (read_small(path, buf, sizeof buf) <= 0)
+		return 0;
+	char *p = strstr(buf, "\nUid:");
+	unsigned long uid;
+	if (!p || sscanf(p + 5, "%lu", &uid) != 1)
+		return 0;
+	*ok = true;
+	return (uid_t)uid;
+}
+
+/* Send `sig` (with `val` via sigqueue when `queue`) to every supervisor
+ * started with --id TOKEN.  Returns the number signalled. */
+static size_t signal_supervisors(const char *token, int sig, bool queue, int val)
+{
+	struct stat self_exe;
+	if (stat("/proc/self/exe", &self_exe) < 0)
+		memset(&self_exe, 0, sizeof self_exe);
+	pid_t self = getpid();
+	uid_t uid = getuid();
+	size_t cap = 1 << 16;
+	char *buf = xmalloc(cap);
+	pid_t *match = NULL;
+	size_t nmatch = 0;
+
+	DIR *d = opendir("/proc");
+	if (!d)
+		fail_errno(errno, "open", "/proc");
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		char *end, path[64];
+		long pid = strtol(e->d_name, &end, 10);
+		if (*end || pid <= 0 || pid == self)
+			continue;
+		bool ok;
+		uid_t pu = proc_uid((pid_t)pid, &ok);
+		if (!ok || pu != uid)
+			continue;
+		snprintf(path, sizeof path, "/proc/%ld/cmdline", pid);
+		ssize_t len = read_small(path, buf, cap);
+		if (len <= 0 || !cmdline_matches(buf, (size_t)len, token, &self_exe, (pid_t)pid))
+			continue;
+		pid_t *nm = realloc(match, (nmatch + 1) * sizeof *match);
+		if (!nm)
+			oom();
+		match = nm;
+		match[nmatch++] = (pid_t)pid;
+	}
+	closedir(d);
+	free(buf);
+
+	size_t sent = 0;
+	for (size_t i = 0; i < nmatch; i++) {
+		/* Between fork and exec the supervisor's child still carries
+		 * the same cmdline; signal only the supervisor itself. */
+		pid_t pp = read_ppid(match[i]);
+		bool child_of_match = false;
+		for (size_t j = 0; j < nmatch; j++)
+			if (match[j] == pp)
+				child_of_match = true;
+		if (child_of_match)
+			continue;
+		int rc;
+		if (queue) {
+			union sigval sv = {.sival_int = val};
+			rc = sigqueue(match[i], sig, sv);
+		} else {
+			rc = kill(match[i], sig);
+		}
+		if (rc == 0)
+			sent++;
+	}
+	free(match);
+	return sent;
+}
+
+static int cmd_kill(int argc, char **argv)
+{
+	char *pos[1];
+	parse_args(argc, argv, NULL, NULL, pos, 1);
+	if (!signal_supervisors(pos[0], SIGUSR1, false, 0))
+		fail(1, "NOT_FOUND", "no supervisor with id %s", pos[0]);
+	return 0;
+}
+
+static int cmd_signal(int argc, char **argv)
+{
+	static const struct {
+		const char *name;
+		int sig;
+	} names[] = {
+		{"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT},
+		{"SIGKILL", SIGKILL}, {"SIGTERM", SIGTERM}, {"SIGUSR1", SIGUSR1},
+		{"SIGUSR2", SIGUSR2}, {"SIGSTOP", SIGSTOP}, {"SIGCONT", SIGCONT},
+		{"SIGWINCH", SIGWINCH},
+	};
+	char *pos[2];
+	parse_args(argc, argv, NULL, NULL, pos, 2);
+	int sig = 0;
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (!strcmp(pos[1], names[i].name))
+			sig = names[i].sig;
+	if (!sig)
+		usage("unsupported signal %s", pos[1]);
+	if (!signal_supervisors(pos[0], SIGUSR2, true, sig))
+		fail(1, "NOT_FOUND", "no supervisor with id %s", pos[0]);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+
+/*
+ * `sbx idle`: the container's main process.  It runs under a uid of its own
+ * (the keeper), so a command's `kill -9 -1` cannot reach it and end the
+ * container, which would take the workspace tmpfs with it.  It holds no
+ * files open and does nothing until the engine stops the container.
+ */
+static int cmd_idle(int argc, char **argv)
+{
+	(void)argv;
+	if (argc != 0)
+		usage("usage: sbx idle");
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	for (;;) {
+		int sig = sigwaitinfo(&set, NULL);
+		if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP)
+			return 0;
+	}
+}
+
+int main(int argc, char **argv)
+{
+	int i = 1;
+	while (i < argc && !strcmp(argv[i], "--root")) {
+		if (i + 1 >= argc || !argv[i + 1][0])
+			usage("--root requires a directory");
+		g_root = argv[i + 1];
+		i += 2;
+	}
+	if (i >= argc)
+		usage("usage: sbx [--root DIR] run|kill|signal|stat|read|write|list|remove|mkdir|idle ...");
+	const char *sub = argv[i++];
+	int rest = argc - i;
+	char **rv = argv + i;
+
+	static const struct {
+		const char *name;
+		int (*fn)(int, char **);
+	} cmds[] = {
+		{"run", cmd_run},     {"kill", cmd_kill},   {"signal", cmd_signal},
+		{"stat", cmd_stat},   {"read", cmd_read},   {"write", cmd_write},
+		{"list", cmd_list},   {"remove", cmd_remove}, {"mkdir", cmd_mkdir},
+		{"idle", cmd_idle},
+	};
+	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
+		if (strcmp(sub, cmds[k].name))
+			continue;
+		/* A closed stdout must become an EIO error, not a silent
+		 * death by SIGPIPE.  `run` leaves dispositions alone. */
+		if (cmds[k].fn != cmd_run)
+			signal(SIGPIPE, SIG_IGN);
+		return cmds[k].fn(rest, rv);
+	}
+	usage("unknown subcommand %s", sub);
+}

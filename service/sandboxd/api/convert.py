@@ -1,0 +1,192 @@
+"""Proto <-> domain conversion; no logic beyond translating fields."""
+
+from __future__ import annotations
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from sandboxd.models import (
+    ExecEvent,
+    ExecExited,
+    ExecOutput,
+    ExecStarted,
+    FileInfo,
+    FileType,
+    Limits,
+    LimitsRequest,
+    ManifestFile,
+    NetworkMode,
+    NetworkPolicy,
+    Session,
+    SessionState,
+    ShellPolicy,
+    WorkspaceManifest,
+)
+from sandboxd.sessions import CreateSessionInput
+from sandboxd.v1 import common_pb2, filesystem_pb2, process_pb2, session_pb2
+
+_STATE = {
+    SessionState.CREATING: session_pb2.SESSION_STATE_CREATING,
+    SessionState.RUNNING: session_pb2.SESSION_STATE_RUNNING,
+    SessionState.SUSPENDED: session_pb2.SESSION_STATE_SUSPENDED,
+    SessionState.EXPIRED: session_pb2.SESSION_STATE_EXPIRED,
+    SessionState.FAILED: session_pb2.SESSION_STATE_FAILED,
+}
+_NETWORK_MODE_TO_PB = {
+    NetworkMode.DENY: common_pb2.NETWORK_MODE_DENY,
+    NetworkMode.ALLOWLIST: common_pb2.NETWORK_MODE_ALLOWLIST,
+}
+_FILE_TYPE = {
+    FileType.FILE: filesystem_pb2.FILE_TYPE_FILE,
+    FileType.DIRECTORY: filesystem_pb2.FILE_TYPE_DIRECTORY,
+    FileType.SYMLINK: filesystem_pb2.FILE_TYPE_SYMLINK,
+    FileType.OTHER: filesystem_pb2.FILE_TYPE_OTHER,
+}
+
+
+def duration_s(value: duration_pb2.Duration) -> float:
+    return value.seconds + value.nanos / 1e9
+
+
+def optional_duration_s(value: duration_pb2.Duration, present: bool) -> float | None:
+    """None when the field is unset or zero: "use the default"."""
+    if not present:
+        return None
+    seconds = duration_s(value)
+    return None if seconds == 0 else seconds
+
+
+def duration_pb(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(round(seconds * 1e9)))
+    return d
+
+
+def limits_request(pb: common_pb2.ResourceLimits) -> LimitsRequest:
+    def opt(v: int) -> int | None:
+        return None if v == 0 else v
+
+    return LimitsRequest(
+        memory_bytes=opt(pb.memory_bytes),
+        cpu_millis=opt(pb.cpu_millis),
+        pids=opt(pb.pids),
+        workspace_bytes=opt(pb.workspace_bytes),
+        file_bytes=opt(pb.file_bytes),
+        output_bytes=opt(pb.output_bytes),
+        command_timeout_s=optional_duration_s(pb.command_timeout, pb.HasField("command_timeout")),
+    )
+
+
+def limits_pb(limits: Limits) -> common_pb2.ResourceLimits:
+    return common_pb2.ResourceLimits(
+        memory_bytes=limits.memory_bytes,
+        cpu_millis=limits.cpu_millis,
+        pids=limits.pids,
+        workspace_bytes=limits.workspace_bytes,
+        file_bytes=limits.file_bytes,
+        output_bytes=limits.output_bytes,
+        command_timeout=duration_pb(limits.command_timeout_s),
+    )
+
+
+def network_policy(pb: common_pb2.NetworkPolicy) -> NetworkPolicy:
+    mode = (
+        NetworkMode.ALLOWLIST if pb.mode == common_pb2.NETWORK_MODE_ALLOWLIST else NetworkMode.DENY
+    )
+    return NetworkPolicy(
+        mode=mode,
+        allowed_domains=tuple(pb.allowed_domains),
+        allowed_ports=tuple(pb.allowed_ports),
+        allow_private_networks=pb.allow_private_networks,
+    )
+
+
+def network_pb(policy: NetworkPolicy) -> common_pb2.NetworkPolicy:
+    return common_pb2.NetworkPolicy(
+        mode=_NETWORK_MODE_TO_PB[policy.mode],
+        allowed_domains=list(policy.allowed_domains),
+        allowed_ports=list(policy.allowed_ports),
+        allow_private_networks=policy.allow_private_networks,
+    )
+
+
+def create_input(req: session_pb2.CreateSessionRequest) -> CreateSessionInput:
+    return CreateSessionInput(
+        session_id=req.session_id,
+        image=req.image,
+        limits=limits_request(req.limits),
+        shell=ShellPolicy(allow=tuple(req.shell.allow), allow_all=req.shell.allow_all),
+        network=network_policy(req.network),
+        env=dict(req.env),
+        labels=dict(req.labels),
+        lease_ttl_s=optional_duration_s(req.lease_ttl, req.HasField("lease_ttl")),
+        user=req.user,
+        manifest=WorkspaceManifest(
+            id=req.workspace.id,
+            files=tuple(ManifestFile(f.path, f.content, f.mode) for f in req.workspace.files),
+            directories=tuple(req.workspace.directories),
+        ),
+    )
+
+
+def timestamp_pb(ns: int) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(ns)
+    return ts
+
+
+def session_pb(s: Session) -> session_pb2.Session:
+    created, lease = timestamp_pb2.Timestamp(), timestamp_pb2.Timestamp()
+    created.FromDatetime(s.created_at)
+    lease.FromDatetime(s.lease_expires_at)
+    return session_pb2.Session(
+        session_id=s.session_id,
+        state=_STATE[s.state],
+        image=s.spec.image,
+        fingerprint=s.fingerprint,
+        created_at=created,
+        lease_expires_at=lease,
+        limits=limits_pb(s.spec.limits),
+        network=network_pb(s.spec.network),
+        labels=s.labels,
+        assurance=common_pb2.ASSURANCE_ENFORCED,
+        shell=common_pb2.ShellPolicy(
+            allow=list(s.spec.shell.allow), allow_all=s.spec.shell.allow_all
+        ),
+        user=s.spec.user,
+        workspace_id=s.spec.manifest.id,
+    )
+
+
+def exec_response(event: ExecEvent) -> process_pb2.ExecResponse:
+    match event:
+        case ExecStarted(process_id=pid):
+            return process_pb2.ExecResponse(started=process_pb2.ProcessStarted(process_id=pid))
+        case ExecOutput(stream=stream, data=data, offset=offset):
+            return process_pb2.ExecResponse(
+                output=process_pb2.ProcessOutput(stream=stream.value, data=data, offset=offset)
+            )
+        case ExecExited():
+            return process_pb2.ExecResponse(exited=exited_pb(event))
+    raise TypeError(f"unknown event {event!r}")
+
+
+def exited_pb(e: ExecExited) -> process_pb2.ProcessExited:
+    return process_pb2.ProcessExited(
+        exit_code=e.exit_code,
+        signal=e.signal,
+        timed_out=e.timed_out,
+        truncated=e.truncated,
+        duration=duration_pb(e.duration_s),
+    )
+
+
+def file_info_pb(info: FileInfo) -> filesystem_pb2.FileInfo:
+    return filesystem_pb2.FileInfo(
+        path=info.path,
+        name=info.name,
+        type=_FILE_TYPE[info.type],
+        size=info.size,
+        mode=info.mode,
+        modified_at=timestamp_pb(info.modified_ns),
+        symlink_target=info.symlink_target,
+    )

@@ -1,0 +1,107 @@
+"""The one mapping from domain errors to gRPC status codes with google.rpc.ErrorInfo details.
+
+Servicer methods are wrapped by `unary` or `stream`, which catch every `SandboxError` and
+abort the call with its status. Anything else is a bug: it is logged with its traceback and
+the caller gets a fixed "internal error" message, never the exception text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from sandboxd import errors
+
+log = logging.getLogger(__name__)
+
+DOMAIN = "sandboxd"
+
+# Most specific class first: the first match wins.
+STATUS_BY_ERROR: tuple[tuple[type[errors.SandboxError], grpc.StatusCode], ...] = (
+    (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.NotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
+    (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.OutOfRange, grpc.StatusCode.OUT_OF_RANGE),
+    (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (errors.Internal, grpc.StatusCode.INTERNAL),
+)
+
+
+def status_code_for(exc: errors.SandboxError) -> grpc.StatusCode:
+    for cls, code in STATUS_BY_ERROR:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def to_status(exc: errors.SandboxError) -> grpc.Status:
+    code = status_code_for(exc)
+    info = error_details_pb2.ErrorInfo(reason=exc.reason, domain=DOMAIN, metadata=exc.metadata)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    proto = status_pb2.Status(code=code.value[0], message=exc.message, details=[detail])
+    return rpc_status.to_status(proto)
+
+
+async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: errors.SandboxError) -> NoReturn:
+    await context.abort_with_status(to_status(exc))
+    raise AssertionError("abort_with_status returned")  # pragma: no cover
+
+
+_INTERNAL = errors.Internal("internal error; the server log has the details")
+
+S = TypeVar("S")
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
+
+def unary(
+    fn: Callable[[S, Req, Ctx], Awaitable[Resp]],
+) -> Callable[[S, Req, Ctx], Awaitable[Resp]]:
+    @functools.wraps(fn)
+    async def wrapper(self: S, request: Req, context: Ctx) -> Resp:
+        try:
+            return await fn(self, request, context)
+        except errors.SandboxError as exc:
+            await abort(context, exc)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            log.exception("unexpected error in %s", fn.__qualname__)
+            await abort(context, _INTERNAL)
+
+    return wrapper
+
+
+def stream(
+    fn: Callable[[S, Req, Ctx], AsyncIterator[Resp]],
+) -> Callable[[S, Req, Ctx], AsyncIterator[Resp]]:
+    @functools.wraps(fn)
+    async def wrapper(self: S, request: Req, context: Ctx) -> AsyncIterator[Resp]:
+        try:
+            # aclosing: a cancelled call closes the inner generator now, so its cleanup
+            # (killing the command) runs at once rather than whenever GC gets to it.
+            async with contextlib.aclosing(fn(self, request, context)) as items:
+                async for item in items:
+                    yield item
+        except errors.SandboxError as exc:
+            await abort(context, exc)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            log.exception("unexpected error in %s", fn.__qualname__)
+            await abort(context, _INTERNAL)
+
+    return wrapper

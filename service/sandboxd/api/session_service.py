@@ -1,0 +1,53 @@
+"""SessionService: translate messages, delegate to SessionManager."""
+
+from __future__ import annotations
+
+from sandboxd.api import convert
+from sandboxd.api.errors import Ctx, unary
+from sandboxd.sessions import SessionManager
+from sandboxd.v1 import session_pb2, session_pb2_grpc
+
+
+class SessionService(session_pb2_grpc.SessionServiceServicer):
+    def __init__(self, sessions: SessionManager) -> None:
+        self._sessions = sessions
+
+    @unary
+    async def CreateSession(
+        self, request: session_pb2.CreateSessionRequest, context: Ctx
+    ) -> session_pb2.CreateSessionResponse:
+        session = await self._sessions.create(convert.create_input(request))
+        return session_pb2.CreateSessionResponse(session=convert.session_pb(session))
+
+    @unary
+    async def GetSession(
+        self, request: session_pb2.GetSessionRequest, context: Ctx
+    ) -> session_pb2.GetSessionResponse:
+        session = await self._sessions.get(request.session_id)
+        return session_pb2.GetSessionResponse(session=convert.session_pb(session))
+
+    @unary
+    async def ListSessions(
+        self, request: session_pb2.ListSessionsRequest, context: Ctx
+    ) -> session_pb2.ListSessionsResponse:
+        sessions, token = await self._sessions.list(
+            dict(request.label_selector), request.page_size, request.page_token
+        )
+        return session_pb2.ListSessionsResponse(
+            sessions=[convert.session_pb(s) for s in sessions], next_page_token=token
+        )
+
+    @unary
+    async def RenewLease(
+        self, request: session_pb2.RenewLeaseRequest, context: Ctx
+    ) -> session_pb2.RenewLeaseResponse:
+        ttl = convert.optional_duration_s(request.ttl, request.HasField("ttl"))
+        session = await self._sessions.renew(request.session_id, ttl)
+        return session_pb2.RenewLeaseResponse(session=convert.session_pb(session))
+
+    @unary
+    async def DeleteSession(
+        self, request: session_pb2.DeleteSessionRequest, context: Ctx
+    ) -> session_pb2.DeleteSessionResponse:
+        await self._sessions.delete(request.session_id)
+        return session_pb2.DeleteSessionResponse()

@@ -1,0 +1,213 @@
+"""The one adapter between sandboxd and the Docker Engine API (aiodocker).
+
+Everything else talks to Docker only through `Engine`. Engine failures come out as domain
+errors: a connection that fails is `EngineUnavailable`, a missing object is `NotFound`, and
+anything else the engine refuses is `Internal` carrying the engine's own message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import aiodocker
+import aiohttp
+from aiodocker.containers import DockerContainer
+from aiodocker.execs import Exec
+from aiodocker.stream import Stream
+
+from sandboxd.errors import EngineUnavailable, FailedPrecondition, Internal, NotFound
+
+_ENGINE_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=5, sock_connect=5)
+
+
+@contextlib.contextmanager
+def _translate(what: str) -> Iterator[None]:
+    try:
+        yield
+    except aiodocker.DockerError as exc:
+        message = str(exc.message).strip() if exc.message else f"HTTP {exc.status}"
+        if exc.status == 404:
+            raise NotFound(f"{what}: {message}", reason="ENGINE_OBJECT_NOT_FOUND") from exc
+        if exc.status == 409:
+            raise FailedPrecondition(f"{what}: {message}", reason="ENGINE_CONFLICT") from exc
+        raise Internal(f"{what}: the engine answered {exc.status}: {message}") from exc
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise EngineUnavailable(
+            f"{what}: the Docker engine does not answer ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+class ExecStream:
+    """A running `docker exec` with its multiplexed stdio."""
+
+    def __init__(self, engine: Engine, exec_id: str, stream: Stream) -> None:
+        self._engine = engine
+        self.exec_id = exec_id
+        self._stream = stream
+        self._stdin_closed = False
+
+    async def read(self) -> tuple[int, bytes] | None:
+        """Next (fd, data) chunk, 1 = stdout and 2 = stderr; None at the end of output."""
+        with _translate("reading exec output"):
+            msg = await self._stream.read_out()
+        if msg is None:
+            return None
+        return msg.stream, msg.data
+
+    async def write(self, data: bytes) -> None:
+        with _translate("writing exec stdin"):
+            await self._stream.write_in(data)
+
+    def close_stdin(self) -> None:
+        """Half-close: the command sees EOF on stdin while its output keeps flowing.
+
+        aiodocker's own `close()` also drops the connection, so reach for the transport.
+        """
+        if self._stdin_closed:
+            return
+        self._stdin_closed = True
+        resp = self._stream._resp
+        transport = resp.connection.transport if resp and resp.connection else None
+        if transport is not None and transport.can_write_eof():
+            transport.write_eof()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._stream.close()
+
+    async def exit_code(self) -> int | None:
+        """The exit code once the process has ended (None while it still runs)."""
+        info = await self._engine.exec_inspect(self.exec_id)
+        if info.get("Running"):
+            return None
+        code = info.get("ExitCode")
+        return int(code) if code is not None else None
+
+
+class Engine:
+    """A long-lived Docker client with a connection pool sized for many open exec streams."""
+
+    def __init__(self, docker_host: str = "", pool_size: int = 1024) -> None:
+        self._docker_host = docker_host
+        self._pool_size = pool_size
+        self._docker: aiodocker.Docker | None = None
+        self.api_version = ""
+
+    async def __aenter__(self) -> Engine:
+        host = self._docker_host or None
+        connector: aiohttp.BaseConnector | None = None
+        if host and host.startswith("unix://"):
+            connector = aiohttp.UnixConnector(host[len("unix://") :], limit=self._pool_size)
+        elif host is None:
+            connector = None  # aiodocker finds DOCKER_HOST or the local socket itself
+        self._connector = connector
+        self._docker = aiodocker.Docker(url=host, connector=connector, timeout=_ENGINE_TIMEOUT)
+        if connector is None:
+            # aiodocker built its own connector: widen its pool (every exec stream holds one).
+            own = self._docker.session.connector
+            if own is not None:
+                own._limit = self._pool_size
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._docker is not None:
+            await self._docker.close()
+        if self._connector is not None:
+            await self._connector.close()
+
+    @property
+    def docker(self) -> aiodocker.Docker:
+        if self._docker is None:
+            raise RuntimeError("Engine used outside its 'async with'")
+        return self._docker
+
+    async def ping(self) -> str:
+        """The engine's API version; raises EngineUnavailable when it does not answer."""
+        with _translate("engine ping"):
+            version = await asyncio.wait_for(self.docker.version(), timeout=5)
+        self.api_version = str(version.get("ApiVersion", ""))
+        return self.api_version
+
+    async def image_exists(self, image: str) -> bool:
+        try:
+            with _translate(f"image {image}"):
+                await self.docker.images.inspect(image)
+        except NotFound:
+            return False
+        return True
+
+    async def create_container(self, config: Mapping[str, Any], name: str) -> str:
+        with _translate(f"creating container {name}"):
+            container = await self.docker.containers.create(dict(config), name=name)
+        return str(container.id)
+
+    async def start_container(self, container_id: str) -> None:
+        with _translate(f"starting container {container_id[:12]}"):
+            await self._container(container_id).start()
+
+    async def remove_container(self, container_id: str) -> None:
+        """Force-remove; a container that is already gone is not an error."""
+        try:
+            with _translate(f"removing container {container_id[:12]}"):
+                await self._container(container_id).delete(force=True, v=True)
+        except NotFound:
+            pass
+        except FailedPrecondition:
+            pass  # removal already in progress
+
+    async def inspect_container(self, container_id: str) -> dict[str, Any] | None:
+        try:
+            with _translate(f"inspecting container {container_id[:12]}"):
+                return dict(await self._container(container_id).show())
+        except NotFound:
+            return None
+
+    async def list_containers(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+        with _translate("listing containers"):
+            found = await self.docker.containers.list(all=True, filters=filters)
+        return [dict(c._container) for c in found]
+
+    @contextlib.asynccontextmanager
+    async def exec(
+        self,
+        container_id: str,
+        argv: Sequence[str],
+        *,
+        user: str,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        stdin: bool = False,
+    ) -> AsyncIterator[ExecStream]:
+        """Start a command in the container and yield its stream; closed on exit."""
+        with _translate(f"exec in container {container_id[:12]}"):
+            execution = await self._container(container_id).exec(
+                list(argv),
+                stdin=stdin,
+                user=user,
+                environment=dict(env or {}),
+                workdir=workdir,
+            )
+            stream = execution.start(timeout=None)
+            await stream._init()
+        handle = ExecStream(self, execution.id, stream)
+        try:
+            yield handle
+        finally:
+            await handle.close()
+
+    async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
+        with _translate(f"inspecting exec {exec_id[:12]}"):
+            return dict(await Exec(self.docker, exec_id).inspect())
+
+    def _container(self, container_id: str) -> DockerContainer:
+        return self.docker.containers.container(container_id)

@@ -1,0 +1,224 @@
+"""Domain types shared by the session, exec and file modules (no gRPC, no Docker)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits; every field is set (defaults already applied)."""
+
+    memory_bytes: int
+    cpu_millis: int
+    pids: int
+    workspace_bytes: int
+    file_bytes: int
+    output_bytes: int
+    command_timeout_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Limits:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+
+
+LIMIT_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Limits))
+
+
+@dataclass(frozen=True)
+class LimitsRequest:
+    """Limits as a caller asked for them: None means "the server's default"."""
+
+    memory_bytes: int | None = None
+    cpu_millis: int | None = None
+    pids: int | None = None
+    workspace_bytes: int | None = None
+    file_bytes: int | None = None
+    output_bytes: int | None = None
+    command_timeout_s: float | None = None
+
+
+class SessionState(enum.StrEnum):
+    CREATING = "CREATING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    EXPIRED = "EXPIRED"
+    FAILED = "FAILED"
+
+
+class NetworkMode(enum.StrEnum):
+    DENY = "DENY"
+    ALLOWLIST = "ALLOWLIST"
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    mode: NetworkMode = NetworkMode.DENY
+    allowed_domains: tuple[str, ...] = ()
+    allowed_ports: tuple[int, ...] = ()
+    allow_private_networks: bool = False
+
+
+@dataclass(frozen=True)
+class ShellPolicy:
+    allow: tuple[str, ...] = ()
+    allow_all: bool = False
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    path: str  # relative to /workspace, already validated
+    content: bytes
+    mode: int
+
+
+@dataclass(frozen=True)
+class WorkspaceManifest:
+    id: str = ""
+    files: tuple[ManifestFile, ...] = ()
+    directories: tuple[str, ...] = ()  # relative to /workspace, already validated
+
+    def total_bytes(self) -> int:
+        return sum(len(f.content) for f in self.files)
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """Everything that defines a session's container; the fingerprint is derived from it."""
+
+    image: str
+    limits: Limits
+    shell: ShellPolicy
+    network: NetworkPolicy
+    env: dict[str, str]
+    uid: int
+    gid: int
+    manifest: WorkspaceManifest
+
+    @property
+    def user(self) -> str:
+        return f"{self.uid}:{self.gid}"
+
+    def fingerprint(self) -> str:
+        """sha256 over the manifest and every security-relevant setting, canonically encoded.
+
+        File contents enter by their own sha256 so the canonical document stays small.
+        Labels and the lease are bookkeeping, not part of what the container is.
+        """
+        doc = {
+            "v": 1,
+            "image": self.image,
+            "limits": self.limits.to_dict(),
+            "shell": {"allow": sorted(self.shell.allow), "allow_all": self.shell.allow_all},
+            "network": {
+                "mode": self.network.mode.value,
+                "allowed_domains": sorted(self.network.allowed_domains),
+                "allowed_ports": sorted(self.network.allowed_ports),
+                "allow_private_networks": self.network.allow_private_networks,
+            },
+            "env": dict(sorted(self.env.items())),
+            "user": self.user,
+            "manifest": {
+                "id": self.manifest.id,
+                "files": [
+                    {
+                        "path": f.path,
+                        "mode": f.mode,
+                        "sha256": hashlib.sha256(f.content).hexdigest(),
+                    }
+                    for f in sorted(self.manifest.files, key=lambda f: f.path)
+                ],
+                "directories": sorted(self.manifest.directories),
+            },
+        }
+        canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass
+class Session:
+    """A session as the server knows it; persisted in the store."""
+
+    session_id: str
+    spec: SessionSpec
+    fingerprint: str
+    state: SessionState
+    created_at: datetime
+    lease_expires_at: datetime
+    labels: dict[str, str] = field(default_factory=dict)
+    container_id: str = ""
+
+
+@dataclass(frozen=True)
+class ExecSpec:
+    """One command to run, validated."""
+
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    stdin: bytes
+    timeout_s: float
+    max_output_bytes: int
+
+
+class OutputStream(enum.Enum):
+    STDOUT = 1
+    STDERR = 2
+
+
+@dataclass(frozen=True)
+class ExecStarted:
+    process_id: str
+
+
+@dataclass(frozen=True)
+class ExecOutput:
+    stream: OutputStream
+    data: bytes
+    offset: int
+
+
+@dataclass(frozen=True)
+class ExecExited:
+    exit_code: int
+    signal: str
+    timed_out: bool
+    truncated: bool
+    duration_s: float
+
+
+ExecEvent = ExecStarted | ExecOutput | ExecExited
+
+
+class FileType(enum.Enum):
+    FILE = 1
+    DIRECTORY = 2
+    SYMLINK = 3
+    OTHER = 4
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    path: str
+    name: str
+    type: FileType
+    size: int
+    mode: int
+    modified_ns: int
+    symlink_target: str = ""
+
+
+@dataclass(frozen=True)
+class FileContent:
+    content: bytes
+    mode: int
+    size: int

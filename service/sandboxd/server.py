@@ -1,0 +1,211 @@
+"""Assemble and run the server: engine, store, domain, servicers, health, reflection.
+
+Whoever creates a resource closes it: everything long-lived is entered into one
+AsyncExitStack, background work runs in one TaskGroup, and SIGTERM drains in-flight calls
+(health NOT_SERVING -> server.stop(grace) -> close the engine). A second SIGTERM forces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import signal
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
+
+from sandboxd.api.admin_service import AdminService
+from sandboxd.api.filesystem_service import FilesystemService
+from sandboxd.api.process_service import ProcessService
+from sandboxd.api.session_service import SessionService
+from sandboxd.config import Config
+from sandboxd.engine import Engine
+from sandboxd.errors import ConfigError, SandboxError
+from sandboxd.execution import Executor
+from sandboxd.files import Files
+from sandboxd.sessions import SessionManager
+from sandboxd.store import SessionStore
+from sandboxd.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    filesystem_pb2,
+    filesystem_pb2_grpc,
+    process_pb2,
+    process_pb2_grpc,
+    session_pb2,
+    session_pb2_grpc,
+)
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    session_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
+    process_pb2.DESCRIPTOR.services_by_name["ProcessService"].full_name,
+    filesystem_pb2.DESCRIPTOR.services_by_name["FilesystemService"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+)
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
+def owner_id_for(config: Config) -> str:
+    """This server's label value: configured, or made once and kept in the data directory."""
+    if config.owner_id:
+        return config.owner_id
+    path = config.data_dir / "owner-id"
+    if path.exists():
+        return path.read_text().strip()
+    owner = "sbx" + secrets.token_hex(4)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(owner + "\n")
+    return owner
+
+
+def _add_reflection(server: grpc.aio.Server) -> None:
+    names = (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1)
+    servicer = reflection.aio.ReflectionServicer(names)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+    # v1 and v1alpha share one wire format: serve the same servicer under the v1 name too
+    # (grpcio-reflection ships only v1alpha; grpcurl 1.8 asks v1alpha, newer tools ask v1).
+    v1 = grpc.method_handlers_generic_handler(
+        REFLECTION_V1,
+        {
+            "ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
+                servicer.ServerReflectionInfo,
+                request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+                response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((v1,))
+
+
+class EngineMonitor:
+    """Pings the engine; health is SERVING only while it answers."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        health_servicer: health.aio.HealthServicer,
+        on_up: Callable[[], object],
+    ) -> None:
+        self._engine = engine
+        self._health = health_servicer
+        self._on_up = on_up
+        self.up: bool | None = None
+
+    async def check(self) -> bool:
+        try:
+            await self._engine.ping()
+            up = True
+        except SandboxError as exc:
+            if self.up is not False:
+                log.warning("engine unavailable: %s", exc)
+            up = False
+        if up != self.up:
+            status = (
+                health_pb2.HealthCheckResponse.SERVING
+                if up
+                else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
+            for name in ("", *SERVICE_NAMES):
+                await self._health.set(name, status)
+            if up:
+                log.info("engine available (API %s)", self._engine.api_version)
+                result = self._on_up()
+                if asyncio.iscoroutine(result):
+                    await result
+        self.up = up
+        return up
+
+    async def run(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.check()
+
+
+async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -> None:
+    owner_id = owner_id_for(config)
+    stop = asyncio.Event()
+    force = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            force.set()
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+
+    async with AsyncExitStack() as stack:
+        engine = await stack.enter_async_context(
+            Engine(config.docker_host, config.docker_pool_size)
+        )
+        store = await stack.enter_async_context(SessionStore(config.data_dir / "sessions.db"))
+        sessions = SessionManager(config, engine, store, owner_id)
+        executor = Executor(engine)
+        stack.push_async_callback(executor.close)
+        files = Files(engine)
+
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", config.max_message_bytes),
+                ("grpc.max_send_message_length", config.max_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        session_pb2_grpc.add_SessionServiceServicer_to_server(SessionService(sessions), server)
+        process_pb2_grpc.add_ProcessServiceServicer_to_server(
+            ProcessService(sessions, executor, config), server
+        )
+        filesystem_pb2_grpc.add_FilesystemServiceServicer_to_server(
+            FilesystemService(sessions, files), server
+        )
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminService(config, engine), server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        _add_reflection(server)
+
+        try:
+            port = server.add_insecure_port(config.listen)
+        except RuntimeError as exc:
+            raise ConfigError(f"cannot listen on {config.listen}: {exc}") from None
+        if port == 0:
+            raise ConfigError(f"cannot listen on {config.listen} (address in use or invalid)")
+        monitor = EngineMonitor(engine, health_servicer, sessions.reconcile)
+        await monitor.check()  # reconcile before the first call when the engine is up
+        await server.start()
+        host = config.listen.rpartition(":")[0]
+        log.info("sandboxd listening on %s:%d (owner id %s)", host, port, owner_id)
+        if ready is not None:
+            ready(port)
+
+        async with asyncio.TaskGroup() as tg:
+            background = [
+                tg.create_task(monitor.run(config.engine_check_interval_s)),
+                tg.create_task(sessions.run_reaper(config.reaper_interval_s)),
+            ]
+            await stop.wait()
+            log.info("shutting down: draining calls for up to %.1f s", config.shutdown_grace_s)
+            await health_servicer.enter_graceful_shutdown()
+            stopping = asyncio.create_task(server.stop(config.shutdown_grace_s))
+            forced = asyncio.create_task(force.wait())
+            await asyncio.wait({stopping, forced}, return_when=asyncio.FIRST_COMPLETED)
+            if not stopping.done():
+                log.warning("second signal: stopping now")
+                await server.stop(0)
+            forced.cancel()
+            for task in background:
+                task.cancel()
+    log.info("stopped")
+
+
+def write_port_file(path: Path, port: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{port}\n")
+    tmp.replace(path)

@@ -1,0 +1,218 @@
+"""Session records in an embedded SQLite database, so a restarted server knows its sessions.
+
+aiosqlite runs SQLite in its own thread: the event loop never blocks on disk.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiosqlite
+
+from sandboxd.models import (
+    Limits,
+    ManifestFile,
+    NetworkMode,
+    NetworkPolicy,
+    Session,
+    SessionSpec,
+    SessionState,
+    ShellPolicy,
+    WorkspaceManifest,
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    lease_expires_at REAL NOT NULL,
+    container_id TEXT NOT NULL DEFAULT '',
+    labels TEXT NOT NULL,
+    spec TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_lease ON sessions (lease_expires_at);
+"""
+
+
+def _spec_to_json(spec: SessionSpec) -> str:
+    return json.dumps(
+        {
+            "image": spec.image,
+            "limits": spec.limits.to_dict(),
+            "shell": {"allow": list(spec.shell.allow), "allow_all": spec.shell.allow_all},
+            "network": {
+                "mode": spec.network.mode.value,
+                "allowed_domains": list(spec.network.allowed_domains),
+                "allowed_ports": list(spec.network.allowed_ports),
+                "allow_private_networks": spec.network.allow_private_networks,
+            },
+            "env": spec.env,
+            "uid": spec.uid,
+            "gid": spec.gid,
+            "manifest": {
+                "id": spec.manifest.id,
+                "files": [
+                    {
+                        "path": f.path,
+                        "mode": f.mode,
+                        "content": base64.b64encode(f.content).decode(),
+                    }
+                    for f in spec.manifest.files
+                ],
+                "directories": list(spec.manifest.directories),
+            },
+        }
+    )
+
+
+def _spec_from_json(text: str) -> SessionSpec:
+    d: dict[str, Any] = json.loads(text)
+    m = d["manifest"]
+    return SessionSpec(
+        image=d["image"],
+        limits=Limits.from_dict(d["limits"]),
+        shell=ShellPolicy(allow=tuple(d["shell"]["allow"]), allow_all=d["shell"]["allow_all"]),
+        network=NetworkPolicy(
+            mode=NetworkMode(d["network"]["mode"]),
+            allowed_domains=tuple(d["network"]["allowed_domains"]),
+            allowed_ports=tuple(d["network"]["allowed_ports"]),
+            allow_private_networks=d["network"]["allow_private_networks"],
+        ),
+        env=dict(d["env"]),
+        uid=d["uid"],
+        gid=d["gid"],
+        manifest=WorkspaceManifest(
+            id=m["id"],
+            files=tuple(
+                ManifestFile(path=f["path"], mode=f["mode"], content=base64.b64decode(f["content"]))
+                for f in m["files"]
+            ),
+            directories=tuple(m["directories"]),
+        ),
+    )
+
+
+def _ts(value: datetime) -> float:
+    return value.timestamp()
+
+
+def _dt(value: float) -> datetime:
+    return datetime.fromtimestamp(value, tz=UTC)
+
+
+def _row_to_session(row: aiosqlite.Row) -> Session:
+    return Session(
+        session_id=row["session_id"],
+        fingerprint=row["fingerprint"],
+        state=SessionState(row["state"]),
+        created_at=_dt(row["created_at"]),
+        lease_expires_at=_dt(row["lease_expires_at"]),
+        container_id=row["container_id"],
+        labels=json.loads(row["labels"]),
+        spec=_spec_from_json(row["spec"]),
+    )
+
+
+class SessionStore:
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._db: aiosqlite.Connection | None = None
+
+    async def __aenter__(self) -> SessionStore:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = await aiosqlite.connect(self._path)
+        self._db.row_factory = aiosqlite.Row
+        await self._db.execute("PRAGMA journal_mode=WAL")
+        await self._db.execute("PRAGMA synchronous=NORMAL")
+        await self._db.executescript(_SCHEMA)
+        await self._db.commit()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._db is not None:
+            await self._db.close()
+            self._db = None
+
+    @property
+    def db(self) -> aiosqlite.Connection:
+        if self._db is None:
+            raise RuntimeError("SessionStore used outside its 'async with'")
+        return self._db
+
+    async def insert(self, s: Session) -> None:
+        await self.db.execute(
+            "INSERT INTO sessions (session_id, fingerprint, state, created_at, lease_expires_at,"
+            " container_id, labels, spec) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                s.session_id,
+                s.fingerprint,
+                s.state.value,
+                _ts(s.created_at),
+                _ts(s.lease_expires_at),
+                s.container_id,
+                json.dumps(s.labels),
+                _spec_to_json(s.spec),
+            ),
+        )
+        await self.db.commit()
+
+    async def update(self, s: Session) -> None:
+        """Persist the mutable fields (state, lease, container)."""
+        await self.db.execute(
+            "UPDATE sessions SET state = ?, lease_expires_at = ?, container_id = ?"
+            " WHERE session_id = ?",
+            (s.state.value, _ts(s.lease_expires_at), s.container_id, s.session_id),
+        )
+        await self.db.commit()
+
+    async def get(self, session_id: str) -> Session | None:
+        async with self.db.execute(
+            "SELECT * FROM sessions WHERE session_id = ?", (session_id,)
+        ) as cur:
+            row = await cur.fetchone()
+        return _row_to_session(row) if row else None
+
+    async def delete(self, session_id: str) -> None:
+        await self.db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+        await self.db.commit()
+
+    async def list(
+        self, *, after: str, limit: int, labels: Mapping[str, str] | None = None
+    ) -> list[Session]:
+        """Sessions ordered by id, after the given id; label filter applied in SQL."""
+        sql = "SELECT * FROM sessions WHERE session_id > ?"
+        params: list[Any] = [after]
+        for key, value in (labels or {}).items():
+            sql += " AND json_extract(labels, ?) = ?"
+            params += [f'$."{key}"', value]
+        sql += " ORDER BY session_id LIMIT ?"
+        params.append(limit)
+        async with self.db.execute(sql, params) as cur:
+            rows = await cur.fetchall()
+        return [_row_to_session(r) for r in rows]
+
+    async def all(self) -> list[Session]:
+        async with self.db.execute("SELECT * FROM sessions ORDER BY session_id") as cur:
+            rows = await cur.fetchall()
+        return [_row_to_session(r) for r in rows]
+
+    async def expired(self, now: datetime) -> list[Session]:
+        async with self.db.execute(
+            "SELECT * FROM sessions WHERE lease_expires_at <= ? AND state != ?",
+            (_ts(now), SessionState.EXPIRED.value),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [_row_to_session(r) for r in rows]

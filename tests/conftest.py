@@ -1,0 +1,248 @@
+"""Shared fixtures: a real sandboxd server process on a free port, over the real Docker engine."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from sandboxd.v1 import (
+    admin_pb2_grpc,
+    common_pb2,
+    filesystem_pb2_grpc,
+    process_pb2,
+    process_pb2_grpc,
+    session_pb2,
+    session_pb2_grpc,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+HELPER = REPO / "build" / "sbx"
+IMAGE = os.environ.get("SANDBOXD_TEST_IMAGE", "sandboxd-runtime:busybox")
+_LISTEN_RE = re.compile(r"listening on (\S+):(\d+)")
+
+
+@dataclass
+class ServerProcess:
+    """A sandboxd child process; its log is collected for failure messages."""
+
+    proc: subprocess.Popen[str]
+    data_dir: Path
+    owner_id: str
+    port: int = 0
+    log_lines: list[str] = field(default_factory=list)
+    reader: threading.Thread | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return "".join(self.log_lines[-200:])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.reader is not None:
+            self.reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+def start_server(
+    data_dir: Path, owner_id: str, *extra: str, env: dict[str, str] | None = None
+) -> ServerProcess:
+    args = [
+        sys.executable,
+        "-m",
+        "sandboxd",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        str(data_dir),
+        "--owner-id",
+        owner_id,
+        "--helper",
+        str(HELPER),
+        "--image",
+        IMAGE,
+        "--reaper-interval-s",
+        "0.5",
+        "--engine-check-interval-s",
+        "0.5",
+        *extra,
+    ]
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    server = ServerProcess(proc, data_dir, owner_id)
+    found = threading.Event()
+
+    def reader() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            server.log_lines.append(line)
+            m = _LISTEN_RE.search(line)
+            if m and not found.is_set():
+                server.port = int(m.group(2))
+                found.set()
+        found.set()
+
+    server.reader = threading.Thread(target=reader, daemon=True)
+    server.reader.start()
+    if not found.wait(30) or not server.port:
+        server.stop(signal.SIGKILL)
+        raise RuntimeError("sandboxd did not start:\n" + server.log())
+    return server
+
+
+def remove_owned_containers(owner_id: str) -> None:
+    ids = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=io.sandboxd.owner={owner_id}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    if ids:
+        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    owner = "test" + secrets.token_hex(4)
+    srv = start_server(tmp_path_factory.mktemp("data"), owner)
+    yield srv
+    srv.stop()
+    remove_owned_containers(owner)
+
+
+@dataclass
+class Stubs:
+    channel: grpc.Channel
+    sessions: session_pb2_grpc.SessionServiceStub
+    processes: process_pb2_grpc.ProcessServiceStub
+    files: filesystem_pb2_grpc.FilesystemServiceStub
+    admin: admin_pb2_grpc.AdminServiceStub
+
+
+def make_stubs(address: str) -> Stubs:
+    channel = grpc.insecure_channel(
+        address,
+        options=[
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ],
+    )
+    return Stubs(
+        channel,
+        session_pb2_grpc.SessionServiceStub(channel),
+        process_pb2_grpc.ProcessServiceStub(channel),
+        filesystem_pb2_grpc.FilesystemServiceStub(channel),
+        admin_pb2_grpc.AdminServiceStub(channel),
+    )
+
+
+@pytest.fixture(scope="session")
+def stubs(server: ServerProcess) -> Iterator[Stubs]:
+    s = make_stubs(server.address)
+    yield s
+    s.channel.close()
+
+
+SessionFactory = Callable[..., session_pb2.Session]
+
+
+@pytest.fixture
+def new_session(stubs: Stubs) -> Iterator[SessionFactory]:
+    """Create sessions (every command allowed unless `shell` is given); deleted afterwards."""
+    created: list[str] = []
+
+    def make(**fields: object) -> session_pb2.Session:
+        fields.setdefault("shell", common_pb2.ShellPolicy(allow_all=True))
+        resp = stubs.sessions.CreateSession(session_pb2.CreateSessionRequest(**fields))  # type: ignore[arg-type]
+        created.append(resp.session.session_id)
+        return resp.session
+
+    yield make
+    for sid in created:
+        with contextlib.suppress(grpc.RpcError):
+            stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
+
+
+@pytest.fixture(scope="module")
+def shared_session(stubs: Stubs) -> Iterator[session_pb2.Session]:
+    """One session per test module for tests that only read or write their own files."""
+    resp = stubs.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
+    )
+    yield resp.session
+    with contextlib.suppress(grpc.RpcError):
+        stubs.sessions.DeleteSession(
+            session_pb2.DeleteSessionRequest(session_id=resp.session.session_id)
+        )
+
+
+def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo:
+    """The google.rpc.ErrorInfo detail the server attached to a failed call."""
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    assert status is not None, f"no rich status on {err}"
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info
+    raise AssertionError(f"no ErrorInfo on {err}")
+
+
+def expect_error(
+    call: Callable[[], object], code: grpc.StatusCode, reason: str | None = None
+) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as excinfo:
+        result = call()
+        if hasattr(result, "__iter__") and not isinstance(result, bytes | str):
+            list(result)  # type: ignore[call-overload]  # a server stream fails when read
+    err = excinfo.value
+    assert err.code() == code, f"{err.code()} {err.details()}"  # type: ignore[attr-defined]
+    if reason is not None:
+        assert error_info(err).reason == reason, err.details()  # type: ignore[attr-defined]
+        assert error_info(err).domain == "sandboxd"
+    return err
+
+
+def run(stubs: Stubs, session_id: str, *argv: str, **fields: object) -> process_pb2.RunResponse:
+    return stubs.processes.Run(  # type: ignore[no-any-return]
+        process_pb2.RunRequest(session_id=session_id, argv=list(argv), **fields)  # type: ignore[arg-type]
+    )
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

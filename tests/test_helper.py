@@ -1,0 +1,763 @@
+"""Tests for the in-container helper binary ``helper/sbx.c``.
+
+These run on the host (no Docker): the binary is built once per session with
+the exact production gcc command and pointed at temporary roots via --root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "helper" / "sbx.c"
+LIST_MAX = 100_000
+
+
+def _build(out: str) -> None:
+    cmd = ["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-o", out, str(SRC)]
+    cp = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert cp.returncode == 0, f"gcc failed:\n{cp.stderr}"
+
+
+@pytest.fixture(scope="session")
+def sbx():
+    # World-traversable directory so the unprivileged-user tests can exec it.
+    d = tempfile.mkdtemp(prefix="sbx-build-")
+    try:
+        os.chmod(d, 0o755)
+        out = os.path.join(d, "sbx")
+        _build(out)
+        yield out
+    finally:
+        shutil.rmtree(d)
+
+
+class Result:
+    def __init__(self, cp: subprocess.CompletedProcess):
+        self.rc = cp.returncode
+        self.out: bytes = cp.stdout
+        self.err: bytes = cp.stderr
+
+    @property
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in self.out.decode("utf-8").splitlines()]
+
+    @property
+    def record(self) -> dict:
+        recs = self.records
+        assert len(recs) == 1, self.out
+        return recs[0]
+
+    @property
+    def error(self) -> str:
+        lines = self.err.decode("utf-8").splitlines()
+        assert len(lines) == 1, f"expected one JSON error line, got {self.err!r}"
+        obj = json.loads(lines[0])
+        assert set(obj) == {"error", "message"}
+        return obj["error"]
+
+    def __repr__(self) -> str:
+        return f"Result(rc={self.rc}, out={self.out[:300]!r}, err={self.err[:300]!r})"
+
+
+def unpriv_kwargs() -> dict:
+    """Run as nobody when we are root (root bypasses permission checks)."""
+    if os.geteuid() == 0:
+        return {"user": 65534, "group": 65534, "extra_groups": []}
+    return {}
+
+
+class Env:
+    def __init__(self, sbx: str, root: Path, outside: Path):
+        self.sbx = sbx
+        self.root = root
+        self.outside = outside
+
+    def __call__(self, *args: str, input: bytes = b"", timeout: float = 10, **kw) -> Result:
+        cmd = [self.sbx, "--root", str(self.root), *args]
+        cp = subprocess.run(
+            cmd, input=input, capture_output=True, timeout=timeout, umask=0o022, check=False, **kw
+        )
+        return Result(cp)
+
+    def ok(self, *args: str, **kw) -> Result:
+        r = self(*args, **kw)
+        assert r.rc == 0 and r.err == b"", r
+        return r
+
+    def fail(self, name: str, *args: str, rc: int = 1, **kw) -> Result:
+        r = self(*args, **kw)
+        assert r.rc == rc, r
+        assert r.error == name, r
+        return r
+
+
+def snapshot(p: Path) -> list:
+    items = []
+    for x in sorted(p.rglob("*")):
+        st = x.lstat()
+        data = x.read_bytes() if stat.S_ISREG(st.st_mode) else None
+        items.append((str(x.relative_to(p)), st.st_mode, data, st.st_mtime_ns))
+    return items
+
+
+@pytest.fixture
+def env(sbx, tmp_path):
+    root = tmp_path / "ws"
+    outside = tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "secret").write_text("secret\n")
+    (root / "f").write_bytes(b"hello\n")
+    (root / "sub").mkdir()
+    (root / "sub" / "g").write_text("g\n")
+    os.symlink("/etc", root / "etc")  # absolute symlink
+    os.symlink("..", root / "up")  # relative, leaves the root
+    os.symlink("../outside", root / "outl")  # directory outside
+    os.symlink("../outside/secret", root / "outf")  # file outside
+    os.symlink("sub", root / "subl")  # stays inside
+    os.symlink("../../outside", root / "sub" / "esc")  # escape mid-path
+    e = Env(sbx, root, outside)
+    e.outside_before = snapshot(outside)
+    yield e
+    # Whatever a test did, nothing may ever have been touched outside.
+    assert snapshot(outside) == e.outside_before
+
+
+@pytest.fixture
+def open_env(sbx):
+    """A world-accessible root for tests that run as an unprivileged user."""
+    d = Path(tempfile.mkdtemp(prefix="sbx-ws-"))
+    os.chmod(d, 0o755)
+    root = d / "ws"
+    root.mkdir(mode=0o777)
+    os.chmod(root, 0o777)
+    yield Env(sbx, root, d)
+    for p in d.rglob("*"):
+        if p.is_dir() and not p.is_symlink():
+            os.chmod(p, 0o755)
+    shutil.rmtree(d)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+ESCAPES = ["/etc", "/etc/passwd", "../x", "a/../f", "etc/passwd", "up/x", "outl/secret", "sub/esc/secret"]
+
+
+# --------------------------------------------------------------------------
+# stat
+# --------------------------------------------------------------------------
+
+
+def test_stat_file(env):
+    rec = env.ok("stat", "f").record
+    st = os.lstat(env.root / "f")
+    assert rec == {
+        "path": "f",
+        "name": "f",
+        "type": "file",
+        "size": 6,
+        "mode": stat.S_IMODE(st.st_mode),
+        "mtime_ns": st.st_mtime_ns,
+    }
+
+
+def test_stat_root_dir_and_normalisation(env):
+    assert env.ok("stat", ".").record["path"] == "."
+    assert env.ok("stat", ".").record["type"] == "dir"
+    rec = env.ok("stat", "./sub//g/").record
+    assert (rec["path"], rec["name"], rec["type"]) == ("sub/g", "g", "file")
+    assert env.ok("stat", "sub").record["type"] == "dir"
+
+
+def test_stat_symlinks_are_not_followed(env):
+    for name, target in [("etc", "/etc"), ("up", ".."), ("outf", "../outside/secret"), ("subl", "sub")]:
+        rec = env.ok("stat", name).record
+        assert rec["type"] == "symlink" and rec["target"] == target, rec
+    # An inside symlink as an intermediate component is followed.
+    assert env.ok("stat", "subl/g").record["path"] == "subl/g"
+
+
+@pytest.mark.parametrize("path", ESCAPES)
+def test_stat_escape(env, path):
+    env.fail("ESCAPE", "stat", path)
+
+
+def test_stat_errors(env):
+    env.fail("ENOENT", "stat", "missing")
+    env.fail("ENOENT", "stat", "missing/x")
+    env.fail("ENOTDIR", "stat", "f/x")
+    env.fail("EINVAL", "stat", "")
+
+
+def test_stat_other_type(env):
+    os.mkfifo(env.root / "fifo")
+    assert env.ok("stat", "fifo").record["type"] == "other"
+
+
+def test_json_escaping_and_invalid_utf8(env):
+    names = {
+        b'q"b\\s': 'q"b\\s',
+        b"nl\nx\x01": "nl\nx\x01",
+        b"bad\xff\xc0\xafend": "bad\ufffd\ufffd\ufffdend",
+        "ünï€😀".encode(): "ünï€😀",
+    }
+    d = env.root / "names"
+    d.mkdir()
+    for raw in names:
+        os.close(os.open(os.path.join(os.fsencode(d), raw), os.O_CREAT | os.O_WRONLY, 0o644))
+    os.symlink(b"t\xfe\"", os.path.join(os.fsencode(d), b"lnk"))
+    r = env.ok("list", "names", "1")
+    assert b"\\u000a" in r.out and b"\\u0001" in r.out
+    got = {rec["name"] for rec in r.records}
+    assert got == set(names.values()) | {"lnk"}
+    lnk = next(rec for rec in r.records if rec["name"] == "lnk")
+    assert lnk["target"] == 't\ufffd"'
+
+
+# --------------------------------------------------------------------------
+# read
+# --------------------------------------------------------------------------
+
+
+def test_read_ok(env):
+    data = bytes(range(256)) * 1000
+    (env.root / "bin").write_bytes(data)
+    os.chmod(env.root / "bin", 0o640)
+    r = env.ok("read", "bin", str(len(data)))
+    header, _, body = r.out.partition(b"\n")
+    assert json.loads(header) == {"size": len(data), "mode": 0o640}
+    assert body == data
+
+
+def test_read_limits(env):
+    assert env.ok("read", "f", "6").out == b'{"size":6,"mode":420}\nhello\n'
+    r = env.fail("TOO_LARGE", "read", "f", "5")
+    assert r.out == b""
+    (env.root / "empty").write_bytes(b"")
+    assert env.ok("read", "empty", "0").out == b'{"size":0,"mode":420}\n'
+
+
+def test_read_follows_inside_symlink(env):
+    assert env.ok("read", "subl/g", "100").out.endswith(b"\ng\n")
+    os.symlink("sub/g", env.root / "glink")
+    assert env.ok("read", "glink", "100").out.endswith(b"\ng\n")
+
+
+@pytest.mark.parametrize("path", [*ESCAPES, "outf"])
+def test_read_escape(env, path):
+    r = env.fail("ESCAPE", "read", path, "1000")
+    assert r.out == b""
+
+
+def test_read_errors(env):
+    env.fail("EISDIR", "read", "sub", "100")
+    env.fail("EISDIR", "read", ".", "100")
+    os.mkfifo(env.root / "fifo")
+    env.fail("EINVAL", "read", "fifo", "100")  # must not block on the FIFO
+    env.fail("ENOENT", "read", "nope", "100")
+    env.fail("ENOTDIR", "read", "f/x", "100")
+    env.fail("EINVAL", "read", "f", "-1", rc=2)
+    env.fail("EINVAL", "read", "f", rc=2)
+
+
+def test_read_grows_past_limit(env):
+    # A procfs file reports size 0 but yields data: the same situation as a
+    # file growing after the size check. Needs a private bind mount.
+    (env.root / "pv").write_bytes(b"")
+    script = (
+        'mount --bind /proc/version "$1/pv" || exit 99; '
+        '"$2" --root "$1" read pv 5'
+    )
+    cp = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", str(env.root), env.sbx],
+        capture_output=True, timeout=10, check=False,
+    )
+    if cp.returncode == 99 or b"unshare" in cp.stderr:
+        pytest.skip(f"cannot bind-mount here: {cp.stderr!r}")
+    r = Result(cp)
+    assert r.rc == 1 and r.error == "TOO_LARGE", r
+    assert r.out == b'{"size":0,"mode":292}\n'  # header, then nothing past the cap
+
+
+def test_read_permission_denied(open_env):
+    p = open_env.root / "private"
+    p.write_text("x")
+    os.chmod(p, 0o000)
+    open_env.fail("EACCES", "read", "private", "10", **unpriv_kwargs())
+
+
+# --------------------------------------------------------------------------
+# write
+# --------------------------------------------------------------------------
+
+
+def test_write_new_file(env):
+    rec = env.ok("write", "new.txt", "640", "100", input=b"data").record
+    p = env.root / "new.txt"
+    assert p.read_bytes() == b"data"
+    assert stat.S_IMODE(p.stat().st_mode) == 0o640
+    assert rec["path"] == "new.txt" and rec["type"] == "file" and rec["size"] == 4
+    assert rec["mode"] == 0o640
+    assert sorted(os.listdir(env.root)) == sorted(["f", "sub", "etc", "up", "outl", "outf", "subl", "new.txt"])
+
+
+def test_write_mode_strips_special_bits(env):
+    assert env.ok("write", "a", "4755", "10", input=b"x").record["mode"] == 0o755
+    assert env.ok("write", "b", "7777", "10", input=b"x").record["mode"] == 0o777
+    assert env.ok("write", "c", "0", "10", input=b"x").record["mode"] == 0
+
+
+def test_write_overwrite_and_limits(env):
+    env.ok("write", "f", "644", "3", input=b"abc")
+    assert (env.root / "f").read_bytes() == b"abc"
+    env.ok("write", "e", "644", "0", input=b"")
+    assert (env.root / "e").read_bytes() == b""
+
+
+def test_write_too_large_is_atomic(env):
+    before = sorted(os.listdir(env.root))
+    env.fail("TOO_LARGE", "write", "f", "644", "1000", input=b"x" * 200_000)
+    assert (env.root / "f").read_bytes() == b"hello\n"
+    assert sorted(os.listdir(env.root)) == before  # temp file gone
+
+
+def test_write_parents(env):
+    rec = env.ok("write", "a/b/c.txt", "600", "100", "--parents", input=b"z").record
+    assert rec["path"] == "a/b/c.txt"
+    assert (env.root / "a/b/c.txt").read_bytes() == b"z"
+    assert stat.S_IMODE((env.root / "a/b").stat().st_mode) == 0o755
+    # Parents through an inside symlink are fine.
+    env.ok("write", "subl/n/x", "644", "100", "--parents", input=b"q")
+    assert (env.root / "sub/n/x").read_bytes() == b"q"
+
+
+def test_write_errors(env):
+    env.fail("ENOENT", "write", "nodir/x", "644", "10", input=b"x")
+    env.fail("ENOTDIR", "write", "f/x", "644", "10", input=b"x")
+    env.fail("ENOTDIR", "write", "f/x/y", "644", "10", "--parents", input=b"x")
+    before = sorted(os.listdir(env.root / "sub"))
+    env.fail("EISDIR", "write", "sub", "644", "10", input=b"x")
+    env.fail("EISDIR", "write", ".", "644", "10", input=b"x")
+    assert sorted(os.listdir(env.root / "sub")) == before
+    env.fail("EINVAL", "write", "", "644", "10", input=b"x")
+    for mode in ["9", "abc", "", "77777", "-1"]:
+        env.fail("EINVAL", "write", "x", mode, "10", rc=2, input=b"x")
+    env.fail("EINVAL", "write", "x", "644", "10", "--bogus", rc=2)
+
+
+@pytest.mark.parametrize("path", [*ESCAPES, "outl/new", "etc/new", "up/new"])
+@pytest.mark.parametrize("parents", [False, True])
+def test_write_escape(env, path, parents):
+    args = ["write", path, "644", "100"] + (["--parents"] if parents else [])
+    env.fail("ESCAPE", *args, input=b"pwned")
+    env.fail("ESCAPE", *(args[:1] + [path + "/deeper"] + args[2:]), input=b"pwned")
+
+
+def test_write_through_outward_symlink_replaces_link(env):
+    # The link is replaced by a regular file; the outside target is untouched
+    # (the env fixture asserts the outside tree is unchanged).
+    env.ok("write", "outf", "644", "100", input=b"new")
+    p = env.root / "outf"
+    assert not p.is_symlink() and p.read_bytes() == b"new"
+
+
+def test_write_enospc(env, tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    script = (
+        'mount -t tmpfs -o size=64k none "$1" || exit 99; '
+        '"$2" --root "$1" write big 644 100000000; rc=$?; '
+        '"$2" --root "$1" list . 1; exit $rc'
+    )
+    cp = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", str(mnt), env.sbx],
+        input=b"x" * 1_000_000, capture_output=True, timeout=10, check=False,
+    )
+    if cp.returncode == 99 or b"unshare" in cp.stderr:
+        pytest.skip(f"cannot mount a small tmpfs here: {cp.stderr!r}")
+    r = Result(cp)
+    assert r.rc == 1 and r.error == "ENOSPC", r
+    assert r.out == b""  # no leftover temp file in the listing
+
+
+def test_write_permission_denied(open_env):
+    d = open_env.root / "ro"
+    d.mkdir()
+    os.chmod(d, 0o555)
+    open_env.fail("EACCES", "write", "ro/x", "644", "10", input=b"x", **unpriv_kwargs())
+    assert os.listdir(d) == []
+
+
+# --------------------------------------------------------------------------
+# list
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tree(env):
+    r = env.root
+    (r / "a/b/c").mkdir(parents=True)
+    (r / "a/x").write_text("x")
+    (r / "a/b/y").write_text("y")
+    (r / "a/b/c/z").write_text("z")
+    os.symlink("a", r / "link_in")
+    return env
+
+
+def paths(res: Result) -> list[str]:
+    return [rec["path"] for rec in res.records]
+
+
+TOP = ["a", "etc", "f", "link_in", "outf", "outl", "sub", "subl", "up"]
+
+
+def test_list_depth(tree):
+    assert paths(tree.ok("list", ".", "1")) == TOP
+    assert paths(tree.ok("list", ".", "0")) == TOP
+    two = paths(tree.ok("list", ".", "2"))
+    assert two == ["a", "a/b", "a/x", "etc", "f", "link_in", "outf", "outl",
+                   "sub", "sub/esc", "sub/g", "subl", "up"]
+    three = paths(tree.ok("list", ".", "3"))
+    assert "a/b/c" in three and "a/b/y" in three and "a/b/c/z" not in three
+    assert "a/b/c/z" in paths(tree.ok("list", ".", "99"))
+
+
+def test_list_never_descends_symlinks(tree):
+    recs = tree.ok("list", ".", "10").records
+    for rec in recs:
+        first = rec["path"].split("/")[0]
+        assert first not in {"link_in", "etc", "up", "outl", "subl"} or rec["path"] == first
+    types = {rec["path"]: rec["type"] for rec in recs}
+    assert types["link_in"] == "symlink" and types["sub/esc"] == "symlink"
+    assert next(r for r in recs if r["path"] == "outl")["target"] == "../outside"
+
+
+def test_list_subdir_and_inside_symlink(tree):
+    assert paths(tree.ok("list", "a", "1")) == ["a/b", "a/x"]
+    recs = tree.ok("list", "link_in", "2").records
+    assert [r["path"] for r in recs] == ["link_in/b", "link_in/b/c", "link_in/b/y", "link_in/x"]
+    assert [r["name"] for r in recs] == ["b", "c", "y", "x"]
+
+
+def test_list_errors(tree):
+    tree.fail("ENOTDIR", "list", "f", "1")
+    tree.fail("ENOENT", "list", "nope", "1")
+    for p in ["outl", "etc", "up", "/", "..", "sub/esc"]:
+        tree.fail("ESCAPE", "list", p, "1")
+    tree.fail("EINVAL", "list", ".", "x", rc=2)
+
+
+def test_list_entry_cap(sbx, tmp_path):
+    # tmpfs makes creating 100k inodes fast; fall back to tmp_path.
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else str(tmp_path)
+    d = Path(tempfile.mkdtemp(prefix="sbx-cap-", dir=base))
+    try:
+        sub = d / "s"
+        sub.mkdir()
+        for i in range(LIST_MAX - 1):
+            os.mknod(sub / f"f{i}")
+        e = Env(sbx, d, d)
+        r = e.ok("list", ".", "2")
+        assert r.out.count(b"\n") == LIST_MAX
+        os.mknod(d / "one-more")
+        r = e.fail("TOO_LARGE", "list", ".", "2")
+        assert r.out.count(b"\n") <= LIST_MAX
+    finally:
+        shutil.rmtree(d)
+
+
+# --------------------------------------------------------------------------
+# remove
+# --------------------------------------------------------------------------
+
+
+def test_remove_file_and_symlinks(env):
+    env.ok("remove", "f")
+    assert not (env.root / "f").exists()
+    for link in ["outf", "outl", "etc", "up", "subl"]:
+        assert env.ok("remove", link).out == b""
+        assert not os.path.lexists(env.root / link)
+    assert (env.root / "sub/g").exists()  # subl's target survives
+
+
+def test_remove_dirs(env):
+    (env.root / "empty").mkdir()
+    env.ok("remove", "empty")
+    env.fail("ENOTEMPTY", "remove", "sub")
+    assert (env.root / "sub/g").exists()
+    (env.root / "sub/deep/er").mkdir(parents=True)
+    (env.root / "sub/deep/er/file").write_text("x")
+    os.symlink("../../f", env.root / "sub/deep/tof")
+    env.ok("remove", "sub", "--recursive")
+    assert not (env.root / "sub").exists()
+    # Symlinks inside were removed, never followed: f and outside intact.
+    assert (env.root / "f").read_bytes() == b"hello\n"
+
+
+def test_remove_errors(env):
+    env.fail("EINVAL", "remove", ".")
+    env.fail("EINVAL", "remove", ".", "--recursive")
+    env.fail("ENOENT", "remove", "nope")
+    env.fail("ENOTDIR", "remove", "f/x")
+    for p in ESCAPES:
+        env.fail("ESCAPE", "remove", p, "--recursive")
+    env.fail("EINVAL", "remove", "f", "--parents", rc=2)
+
+
+def test_remove_permission_denied(open_env):
+    d = open_env.root / "ro"
+    d.mkdir()
+    (d / "x").write_text("x")
+    os.chmod(d, 0o555)
+    open_env.fail("EACCES", "remove", "ro/x", **unpriv_kwargs())
+    assert (d / "x").exists()
+
+
+# --------------------------------------------------------------------------
+# mkdir
+# --------------------------------------------------------------------------
+
+
+def test_mkdir(env):
+    rec = env.ok("mkdir", "d").record
+    assert (rec["path"], rec["type"], rec["mode"]) == ("d", "dir", 0o755)
+    env.fail("EEXIST", "mkdir", "d")
+    env.fail("EEXIST", "mkdir", "f")
+    env.fail("EEXIST", "mkdir", ".")
+    assert env.ok("mkdir", ".", "--parents").record["path"] == "."
+    assert env.ok("mkdir", "d", "--parents").record["type"] == "dir"
+    assert env.ok("mkdir", "p/q/r", "--parents").record["path"] == "p/q/r"
+    assert (env.root / "p/q/r").is_dir()
+    env.fail("EEXIST", "mkdir", "f", "--parents")
+    env.fail("EEXIST", "mkdir", "subl", "--parents")  # a symlink is not a dir
+    env.fail("ENOENT", "mkdir", "x/y")
+    env.fail("ENOTDIR", "mkdir", "f/y")
+    env.fail("ENOTDIR", "mkdir", "f/y/z", "--parents")
+
+
+@pytest.mark.parametrize("parents", [[], ["--parents"]])
+def test_mkdir_escape(env, parents):
+    for p in [*ESCAPES, "outl/new", "outl/new/deeper", "etc/x", "up/x"]:
+        env.fail("ESCAPE", "mkdir", p, *parents)
+
+
+# --------------------------------------------------------------------------
+# usage
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["bogus"], ["stat"], ["stat", "a", "b"], ["list", ".", "-1"], ["run"], ["run", "--", ],
+     ["run", "sh"], ["run", "--timeout-ms", "abc", "--", "true"], ["signal", "tok", "SIGFOO"],
+     ["signal", "tok", "9"], ["kill"], ["mkdir", "x", "--recursive"]],
+)
+def test_usage_errors(env, args):
+    env.fail("EINVAL", *args, rc=2)
+
+
+# --------------------------------------------------------------------------
+# run: supervisor
+# --------------------------------------------------------------------------
+
+
+def token() -> str:
+    return "t-" + uuid.uuid4().hex
+
+
+def test_run_exit_codes(env):
+    assert env("run", "--", "true").rc == 0
+    assert env("run", "--", "sh", "-c", "exit 7").rc == 7
+    assert env("run", "--", "sh", "-c", "kill -TERM $$").rc == 128 + signal.SIGTERM
+    assert env("run", "--", "sh", "-c", "kill -KILL $$").rc == 128 + signal.SIGKILL
+
+
+def test_run_stdio_and_cwd(env):
+    r = env("run", "--", "sh", "-c", "cat; echo err >&2", input=b"in")
+    assert (r.rc, r.out, r.err) == (0, b"in", b"err\n")
+    real = os.path.realpath(env.root)
+    assert env("run", "--", "pwd").out == f"{real}\n".encode()
+    assert env("run", "--cwd", "sub", "--", "pwd").out == f"{real}/sub\n".encode()
+    assert env("run", "--cwd", "subl", "--", "pwd").out == f"{real}/sub\n".encode()
+    assert env("run", "--cwd", f"{real}/sub", "--", "pwd").out == f"{real}/sub\n".encode()
+
+
+def test_run_signals_reset(env):
+    # The supervisor blocks signals for itself; the command must not inherit that.
+    r = env("run", "--", "sh", "-c", "grep -E '^Sig(Blk|Ign)' /proc/self/status")
+    assert r.rc == 0
+    for line in r.out.decode().splitlines():
+        assert int(line.split()[1], 16) == 0, line
+
+
+def test_run_exec_failures(env):
+    r = env("run", "--", "no-such-command-xyz")
+    assert (r.rc, r.error) == (127, "ENOENT")
+    r = env("run", "--", "/nonexistent/cmd")
+    assert (r.rc, r.error) == (127, "ENOENT")
+    (env.root / "noexec").write_text("#!/bin/sh\n")
+    r = env("run", "--", str(env.root / "noexec"))
+    assert (r.rc, r.error) == (126, "EACCES")
+
+
+@pytest.mark.parametrize("cwd", ["outl", "etc", "up", "..", "/tmp", "sub/esc"])
+def test_run_bad_cwd_escape(env, cwd):
+    r = env("run", "--cwd", cwd, "--", "sh", "-c", "echo ran")
+    assert (r.rc, r.error, r.out) == (126, "ESCAPE", b"")
+
+
+def test_run_bad_cwd_missing(env):
+    r = env("run", "--cwd", "missing", "--", "true")
+    assert (r.rc, r.error) == (126, "ENOENT")
+    r = env("run", "--cwd", "f", "--", "true")
+    assert (r.rc, r.error) == (126, "ENOTDIR")
+
+
+def _run_and_get_pid(env, script: str, *opts: str) -> tuple[Result, int, float]:
+    t0 = time.monotonic()
+    r = env("run", *opts, "--", "sh", "-c", script, timeout=10)
+    elapsed = time.monotonic() - t0
+    pid = int(r.out.split()[0])
+    return r, pid, elapsed
+
+
+def test_run_background_child_killed(env):
+    # The backgrounded sleep holds stdout: the run only returns (stream EOF)
+    # if the supervisor killed it.
+    r, pid, elapsed = _run_and_get_pid(env, "sleep 100 & echo $!")
+    assert r.rc == 0 and elapsed < 3
+    assert not pid_alive(pid)
+
+
+def test_run_setsid_double_fork_killed(env):
+    script = "p=$( (setsid sh -c 'echo $$; exec sleep 100 >/dev/null' &) ); echo \"$p\""
+    r, pid, _ = _run_and_get_pid(env, script)
+    assert r.rc == 0
+    assert not pid_alive(pid)
+
+
+def test_run_nohup_killed(env):
+    r, pid, _ = _run_and_get_pid(env, "nohup sleep 100 >/dev/null 2>&1 & echo $!")
+    assert r.rc == 0
+    assert not pid_alive(pid)
+
+
+def test_run_timeout(env):
+    script = "setsid sh -c 'echo $$; exec sleep 100' & sleep 100"
+    r, pid, elapsed = _run_and_get_pid(env, script, "--timeout-ms", "300")
+    assert r.rc == 137
+    assert 0.3 <= elapsed < 1.3
+    assert not pid_alive(pid)
+
+
+def test_run_fork_storm_fully_killed(env):
+    marker = "977.%d" % (os.getpid() % 1000)
+    script = f"while :; do (setsid sleep {marker} &); sleep {marker} & done"
+    t0 = time.monotonic()
+    r = env("run", "--timeout-ms", "300", "--", "sh", "-c", script, timeout=15)
+    assert r.rc == 137
+    assert time.monotonic() - t0 < 3
+    survivors = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                cmdline = Path(f"/proc/{p}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmdline and pid_alive(int(p)):
+                survivors.append(int(p))
+    for p in survivors:
+        os.kill(p, signal.SIGKILL)
+    assert survivors == []
+
+
+def _start(env, tok: str, script: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [env.sbx, "--root", str(env.root), "run", "--id", tok, "--timeout-ms", "20000",
+         "--", "sh", "-c", script],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+
+
+def test_kill_by_token(env):
+    tok = token()
+    script = "setsid sh -c 'echo $$; exec sleep 100' & sleep 100 & wait"
+    with _start(env, tok, script) as p:
+        try:
+            pid = int(p.stdout.readline())
+            assert pid_alive(pid)
+            env.fail("NOT_FOUND", "kill", tok[:-1])  # prefix is not a match
+            assert p.poll() is None
+            t0 = time.monotonic()
+            assert env.ok("kill", tok).out == b""
+            assert p.wait(timeout=5) == 137
+            assert p.stdout.read() == b""  # stream closes: nothing holds it
+            assert time.monotonic() - t0 < 1
+            assert not pid_alive(pid)
+        finally:
+            p.kill()
+    env.fail("NOT_FOUND", "kill", tok)
+
+
+def test_signal_by_token(env):
+    tok = token()
+    script = "trap 'echo got; exit 3' TERM; echo ready; sleep 100 & wait"
+    with _start(env, tok, script) as p:
+        try:
+            assert p.stdout.readline() == b"ready\n"
+            env.ok("signal", tok, "SIGTERM")
+            assert p.wait(timeout=5) == 3
+            assert p.stdout.read() == b"got\n"
+        finally:
+            p.kill()
+
+
+def test_signal_stop_cont_and_kill(env):
+    tok = token()
+    with _start(env, tok, "echo ready; while :; do sleep 0.05; done") as p:
+        try:
+            assert p.stdout.readline() == b"ready\n"
+            env.ok("signal", tok, "SIGSTOP")
+            env.ok("signal", tok, "SIGCONT")
+            assert p.poll() is None
+            env.ok("signal", tok, "SIGKILL")
+            assert p.wait(timeout=5) == 128 + signal.SIGKILL
+        finally:
+            p.kill()
+
+
+def test_signal_and_kill_unknown_token(env):
+    env.fail("NOT_FOUND", "kill", token())
+    env.fail("NOT_FOUND", "signal", token(), "SIGTERM")
+
+
+def test_supervisor_sigterm_kills_tree(env):
+    tok = token()
+    script = "setsid sh -c 'echo $$; exec sleep 100' & sleep 100"
+    with _start(env, tok, script) as p:
+        try:
+            pid = int(p.stdout.readline())
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=5) == 137
+            assert not pid_alive(pid)
+        finally:
+            p.kill()
