@@ -19,7 +19,6 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
-
 from sandboxd.v1 import (
     admin_pb2_grpc,
     common_pb2,

@@ -7,15 +7,16 @@ import time
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2
-
 from conftest import SessionFactory, Stubs, expect_error, run
+from google.protobuf import duration_pb2
 from sandboxd.v1 import common_pb2, process_pb2, session_pb2
 
 P = process_pb2
 
 
-def test_run_collects_output_and_exit_code(stubs: Stubs, shared_session: session_pb2.Session) -> None:
+def test_run_collects_output_and_exit_code(
+    stubs: Stubs, shared_session: session_pb2.Session
+) -> None:
     r = run(stubs, shared_session.session_id, "sh", "-c", "echo out; echo err >&2; exit 3")
     assert (r.exit_code, r.stdout, r.stderr) == (3, b"out\n", b"err\n")
     assert not r.timed_out and not r.truncated and r.signal == ""
@@ -123,7 +124,13 @@ def test_background_children_do_not_outlive_the_command(
     stubs: Stubs, new_session: SessionFactory
 ) -> None:
     sid = new_session().session_id
-    r = run(stubs, sid, "sh", "-c", "sleep 401 & setsid sleep 402 & nohup sleep 403 >/dev/null 2>&1 & echo started")
+    r = run(
+        stubs,
+        sid,
+        "sh",
+        "-c",
+        "sleep 401 & setsid sleep 402 & nohup sleep 403 >/dev/null 2>&1 & echo started",
+    )
     assert r.stdout == b"started\n" and r.exit_code == 0
     for marker in ("sleep 401", "sleep 402", "sleep 403"):
         assert not _alive(stubs, sid, marker), marker
@@ -202,10 +209,22 @@ def test_concurrent_runs(stubs: Stubs, shared_session: session_pb2.Session) -> N
         ({"argv": ["echo", "a\0b"]}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGV"),
         ({"argv": ["echo"] + ["x"] * 1025}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGV"),
         ({"argv": ["echo", "x" * 70_000]}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGV"),
-        ({"argv": ["pwd"], "cwd": "/etc"}, grpc.StatusCode.INVALID_ARGUMENT, "PATH_OUTSIDE_WORKSPACE"),
-        ({"argv": ["pwd"], "cwd": "../"}, grpc.StatusCode.INVALID_ARGUMENT, "PATH_OUTSIDE_WORKSPACE"),
+        (
+            {"argv": ["pwd"], "cwd": "/etc"},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "PATH_OUTSIDE_WORKSPACE",
+        ),
+        (
+            {"argv": ["pwd"], "cwd": "../"},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "PATH_OUTSIDE_WORKSPACE",
+        ),
         ({"argv": ["pwd"], "env": {"A-B": "1"}}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ENV"),
-        ({"argv": ["pwd"], "env": {"https_proxy": "x"}}, grpc.StatusCode.INVALID_ARGUMENT, "ENV_RESERVED"),
+        (
+            {"argv": ["pwd"], "env": {"https_proxy": "x"}},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "ENV_RESERVED",
+        ),
         (
             {"argv": ["pwd"], "timeout": duration_pb2.Duration(seconds=10**6)},
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -216,7 +235,11 @@ def test_concurrent_runs(stubs: Stubs, shared_session: session_pb2.Session) -> N
             grpc.StatusCode.INVALID_ARGUMENT,
             "LIMIT_EXCEEDS_MAXIMUM",
         ),
-        ({"argv": ["pwd"], "max_output_bytes": -1}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_OUTPUT_CAP"),
+        (
+            {"argv": ["pwd"], "max_output_bytes": -1},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_OUTPUT_CAP",
+        ),
     ],
 )
 def test_exec_rejects_bad_input(

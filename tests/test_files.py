@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
 from conftest import SessionFactory, Stubs, expect_error, run
 from sandboxd.v1 import common_pb2, filesystem_pb2, session_pb2
 
@@ -60,7 +59,9 @@ def test_overwrite_and_errors(stubs: Stubs, shared_session: session_pb2.Session)
     stubs.files.WriteFile(F.WriteFileRequest(session_id=sid, path="ow", content=b"two"))
     assert stubs.files.ReadFile(F.ReadFileRequest(session_id=sid, path="ow")).content == b"two"
     expect_error(
-        lambda: stubs.files.WriteFile(F.WriteFileRequest(session_id=sid, path="nodir/x", content=b"")),
+        lambda: stubs.files.WriteFile(
+            F.WriteFileRequest(session_id=sid, path="nodir/x", content=b"")
+        ),
         grpc.StatusCode.NOT_FOUND,
         "FILE_NOT_FOUND",
     )
@@ -91,7 +92,9 @@ def test_overwrite_and_errors(stubs: Stubs, shared_session: session_pb2.Session)
         "INVALID_DEPTH",
     )
     expect_error(
-        lambda: stubs.files.Remove(F.RemoveRequest(session_id=sid, path="/workspace", recursive=True)),
+        lambda: stubs.files.Remove(
+            F.RemoveRequest(session_id=sid, path="/workspace", recursive=True)
+        ),
         grpc.StatusCode.INVALID_ARGUMENT,
         "PATH_INVALID",
     )
@@ -145,7 +148,9 @@ def test_symlinks_never_lead_out(stubs: Stubs, new_session: SessionFactory) -> N
             "PATH_OUTSIDE_WORKSPACE",
         )
     expect_error(
-        lambda: stubs.files.WriteFile(F.WriteFileRequest(session_id=sid, path="tmp/planted", content=b"x")),
+        lambda: stubs.files.WriteFile(
+            F.WriteFileRequest(session_id=sid, path="tmp/planted", content=b"x")
+        ),
         grpc.StatusCode.INVALID_ARGUMENT,
         "PATH_OUTSIDE_WORKSPACE",
     )
@@ -163,7 +168,9 @@ def test_symlinks_never_lead_out(stubs: Stubs, new_session: SessionFactory) -> N
     # the links themselves are reported, not followed
     link = stubs.files.Stat(F.StatRequest(session_id=sid, path="etc")).info
     assert link.type == F.FILE_TYPE_SYMLINK and link.symlink_target == "/etc"
-    listing = {e.path: e for e in stubs.files.ListDir(F.ListDirRequest(session_id=sid, depth=5)).entries}
+    listing = {
+        e.path: e for e in stubs.files.ListDir(F.ListDirRequest(session_id=sid, depth=5)).entries
+    }
     assert listing["etc"].type == F.FILE_TYPE_SYMLINK
     assert not any(p.startswith("etc/") for p in listing)
     # writing over a symlink replaces the link, never the target
@@ -181,7 +188,9 @@ def test_file_caps(stubs: Stubs, new_session: SessionFactory) -> None:
     stubs.files.WriteFile(F.WriteFileRequest(session_id=sid, path="max", content=b"m" * mib))
     assert len(stubs.files.ReadFile(F.ReadFileRequest(session_id=sid, path="max")).content) == mib
     expect_error(
-        lambda: stubs.files.WriteFile(F.WriteFileRequest(session_id=sid, path="big", content=b"b" * (mib + 1))),
+        lambda: stubs.files.WriteFile(
+            F.WriteFileRequest(session_id=sid, path="big", content=b"b" * (mib + 1))
+        ),
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         "FILE_TOO_LARGE",
     )
@@ -201,7 +210,9 @@ def test_workspace_full(stubs: Stubs, new_session: SessionFactory) -> None:
     stubs.files.WriteFile(F.WriteFileRequest(session_id=sid, path="a", content=b"a" * mib))
     stubs.files.WriteFile(F.WriteFileRequest(session_id=sid, path="b", content=b"b" * (mib - 8192)))
     expect_error(
-        lambda: stubs.files.WriteFile(F.WriteFileRequest(session_id=sid, path="c", content=b"c" * mib)),
+        lambda: stubs.files.WriteFile(
+            F.WriteFileRequest(session_id=sid, path="c", content=b"c" * mib)
+        ),
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         "WORKSPACE_FULL",
     )

@@ -159,7 +159,16 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
-ESCAPES = ["/etc", "/etc/passwd", "../x", "a/../f", "etc/passwd", "up/x", "outl/secret", "sub/esc/secret"]
+ESCAPES = [
+    "/etc",
+    "/etc/passwd",
+    "../x",
+    "a/../f",
+    "etc/passwd",
+    "up/x",
+    "outl/secret",
+    "sub/esc/secret",
+]
 
 
 # --------------------------------------------------------------------------
@@ -189,7 +198,12 @@ def test_stat_root_dir_and_normalisation(env):
 
 
 def test_stat_symlinks_are_not_followed(env):
-    for name, target in [("etc", "/etc"), ("up", ".."), ("outf", "../outside/secret"), ("subl", "sub")]:
+    for name, target in [
+        ("etc", "/etc"),
+        ("up", ".."),
+        ("outf", "../outside/secret"),
+        ("subl", "sub"),
+    ]:
         rec = env.ok("stat", name).record
         assert rec["type"] == "symlink" and rec["target"] == target, rec
     # An inside symlink as an intermediate component is followed.
@@ -224,7 +238,7 @@ def test_json_escaping_and_invalid_utf8(env):
     d.mkdir()
     for raw in names:
         os.close(os.open(os.path.join(os.fsencode(d), raw), os.O_CREAT | os.O_WRONLY, 0o644))
-    os.symlink(b"t\xfe\"", os.path.join(os.fsencode(d), b"lnk"))
+    os.symlink(b't\xfe"', os.path.join(os.fsencode(d), b"lnk"))
     r = env.ok("list", "names", "1")
     assert b"\\u000a" in r.out and b"\\u0001" in r.out
     got = {rec["name"] for rec in r.records}
@@ -283,13 +297,12 @@ def test_read_grows_past_limit(env):
     # A procfs file reports size 0 but yields data: the same situation as a
     # file growing after the size check. Needs a private bind mount.
     (env.root / "pv").write_bytes(b"")
-    script = (
-        'mount --bind /proc/version "$1/pv" || exit 99; '
-        '"$2" --root "$1" read pv 5'
-    )
+    script = 'mount --bind /proc/version "$1/pv" || exit 99; "$2" --root "$1" read pv 5'
     cp = subprocess.run(
         ["unshare", "-m", "sh", "-c", script, "sh", str(env.root), env.sbx],
-        capture_output=True, timeout=10, check=False,
+        capture_output=True,
+        timeout=10,
+        check=False,
     )
     if cp.returncode == 99 or b"unshare" in cp.stderr:
         pytest.skip(f"cannot bind-mount here: {cp.stderr!r}")
@@ -317,7 +330,9 @@ def test_write_new_file(env):
     assert stat.S_IMODE(p.stat().st_mode) == 0o640
     assert rec["path"] == "new.txt" and rec["type"] == "file" and rec["size"] == 4
     assert rec["mode"] == 0o640
-    assert sorted(os.listdir(env.root)) == sorted(["f", "sub", "etc", "up", "outl", "outf", "subl", "new.txt"])
+    assert sorted(os.listdir(env.root)) == sorted(
+        ["f", "sub", "etc", "up", "outl", "outf", "subl", "new.txt"]
+    )
 
 
 def test_write_mode_strips_special_bits(env):
@@ -390,7 +405,10 @@ def test_write_enospc(env, tmp_path):
     )
     cp = subprocess.run(
         ["unshare", "-m", "sh", "-c", script, "sh", str(mnt), env.sbx],
-        input=b"x" * 1_000_000, capture_output=True, timeout=10, check=False,
+        input=b"x" * 1_000_000,
+        capture_output=True,
+        timeout=10,
+        check=False,
     )
     if cp.returncode == 99 or b"unshare" in cp.stderr:
         pytest.skip(f"cannot mount a small tmpfs here: {cp.stderr!r}")
@@ -434,8 +452,21 @@ def test_list_depth(tree):
     assert paths(tree.ok("list", ".", "1")) == TOP
     assert paths(tree.ok("list", ".", "0")) == TOP
     two = paths(tree.ok("list", ".", "2"))
-    assert two == ["a", "a/b", "a/x", "etc", "f", "link_in", "outf", "outl",
-                   "sub", "sub/esc", "sub/g", "subl", "up"]
+    assert two == [
+        "a",
+        "a/b",
+        "a/x",
+        "etc",
+        "f",
+        "link_in",
+        "outf",
+        "outl",
+        "sub",
+        "sub/esc",
+        "sub/g",
+        "subl",
+        "up",
+    ]
     three = paths(tree.ok("list", ".", "3"))
     assert "a/b/c" in three and "a/b/y" in three and "a/b/c/z" not in three
     assert "a/b/c/z" in paths(tree.ok("list", ".", "99"))
@@ -567,9 +598,24 @@ def test_mkdir_escape(env, parents):
 
 @pytest.mark.parametrize(
     "args",
-    [[], ["bogus"], ["stat"], ["stat", "a", "b"], ["list", ".", "-1"], ["run"], ["run", "--", ],
-     ["run", "sh"], ["run", "--timeout-ms", "abc", "--", "true"], ["signal", "tok", "SIGFOO"],
-     ["signal", "tok", "9"], ["kill"], ["mkdir", "x", "--recursive"]],
+    [
+        [],
+        ["bogus"],
+        ["stat"],
+        ["stat", "a", "b"],
+        ["list", ".", "-1"],
+        ["run"],
+        [
+            "run",
+            "--",
+        ],
+        ["run", "sh"],
+        ["run", "--timeout-ms", "abc", "--", "true"],
+        ["signal", "tok", "SIGFOO"],
+        ["signal", "tok", "9"],
+        ["kill"],
+        ["mkdir", "x", "--recursive"],
+    ],
 )
 def test_usage_errors(env, args):
     env.fail("EINVAL", *args, rc=2)
@@ -670,7 +716,7 @@ def test_run_timeout(env):
 
 
 def test_run_fork_storm_fully_killed(env):
-    marker = "977.%d" % (os.getpid() % 1000)
+    marker = f"977.{os.getpid() % 1000}"
     script = f"while :; do (setsid sleep {marker} &); sleep {marker} & done"
     t0 = time.monotonic()
     r = env("run", "--timeout-ms", "300", "--", "sh", "-c", script, timeout=15)
@@ -692,9 +738,22 @@ def test_run_fork_storm_fully_killed(env):
 
 def _start(env, tok: str, script: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [env.sbx, "--root", str(env.root), "run", "--id", tok, "--timeout-ms", "20000",
-         "--", "sh", "-c", script],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        [
+            env.sbx,
+            "--root",
+            str(env.root),
+            "run",
+            "--id",
+            tok,
+            "--timeout-ms",
+            "20000",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     )
 
 

@@ -8,7 +8,6 @@ import subprocess
 from typing import Any
 
 import pytest
-
 from conftest import ServerProcess, Stubs, run
 from sandboxd.v1 import admin_pb2, common_pb2, session_pb2
 
@@ -27,7 +26,13 @@ def default_session(stubs: Stubs) -> Any:
 @pytest.fixture(scope="module")
 def inspected(default_session: session_pb2.Session, server: ServerProcess) -> dict[str, Any]:
     ids = subprocess.run(
-        ["docker", "ps", "-q", "--filter", f"label=io.sandboxd.session={default_session.session_id}"],
+        [
+            "docker",
+            "ps",
+            "-q",
+            "--filter",
+            f"label=io.sandboxd.session={default_session.session_id}",
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -49,13 +54,17 @@ def test_host_config(inspected: dict[str, Any]) -> None:
     assert hc["NanoCpus"] == 500_000_000
     assert hc["PidsLimit"] == 64
     assert hc["Init"] is True
-    assert hc["Tmpfs"]["/workspace"].startswith("rw,nosuid,nodev,size=67108864,uid=65534,gid=65534,mode=0700")
+    assert hc["Tmpfs"]["/workspace"].startswith(
+        "rw,nosuid,nodev,size=67108864,uid=65534,gid=65534,mode=0700"
+    )
     assert "noexec" in hc["Tmpfs"]["/tmp"]
     assert hc["IpcMode"] == "private"
     assert all(b.endswith(":ro") for b in hc["Binds"])
 
 
-def test_config_and_labels(inspected: dict[str, Any], default_session: session_pb2.Session, server: ServerProcess) -> None:
+def test_config_and_labels(
+    inspected: dict[str, Any], default_session: session_pb2.Session, server: ServerProcess
+) -> None:
     cfg = inspected["Config"]
     assert cfg["User"] != "" and not cfg["User"].startswith("0")
     labels = cfg["Labels"]

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2
-
 from conftest import (
     ServerProcess,
     SessionFactory,
@@ -21,6 +19,7 @@ from conftest import (
     start_server,
     wait_until,
 )
+from google.protobuf import duration_pb2
 from sandboxd.v1 import common_pb2, session_pb2
 
 S = session_pb2
@@ -46,7 +45,9 @@ def _container_state(session_id: str, owner: str) -> str:
     return out.stdout.strip()
 
 
-def test_create_get_delete(stubs: Stubs, server: ServerProcess, new_session: SessionFactory) -> None:
+def test_create_get_delete(
+    stubs: Stubs, server: ServerProcess, new_session: SessionFactory
+) -> None:
     s = new_session(labels={"team": "a"})
     assert s.state == S.SESSION_STATE_RUNNING
     assert s.session_id.startswith("s-")
@@ -159,9 +160,7 @@ def test_renew_lease(stubs: Stubs, new_session: SessionFactory) -> None:
     assert renewed.lease_expires_at.seconds - s.lease_expires_at.seconds >= 3500
     expect_error(
         lambda: stubs.sessions.RenewLease(
-            S.RenewLeaseRequest(
-                session_id=s.session_id, ttl=duration_pb2.Duration(seconds=10**7)
-            )
+            S.RenewLeaseRequest(session_id=s.session_id, ttl=duration_pb2.Duration(seconds=10**7))
         ),
         grpc.StatusCode.INVALID_ARGUMENT,
         "LIMIT_EXCEEDS_MAXIMUM",
@@ -199,14 +198,38 @@ def test_expired_lease_is_removed_never_emptied(
 @pytest.mark.parametrize(
     ("fields", "reason", "named"),
     [
-        ({"limits": common_pb2.ResourceLimits(memory_bytes=64 * 2**30)}, "LIMIT_EXCEEDS_MAXIMUM", "memory_bytes"),
-        ({"limits": common_pb2.ResourceLimits(cpu_millis=999_999)}, "LIMIT_EXCEEDS_MAXIMUM", "cpu_millis"),
-        ({"limits": common_pb2.ResourceLimits(pids=100_000)}, "LIMIT_EXCEEDS_MAXIMUM", "pids"),
-        ({"limits": common_pb2.ResourceLimits(workspace_bytes=2**40)}, "LIMIT_EXCEEDS_MAXIMUM", "workspace_bytes"),
-        ({"limits": common_pb2.ResourceLimits(file_bytes=2**40)}, "LIMIT_EXCEEDS_MAXIMUM", "file_bytes"),
-        ({"limits": common_pb2.ResourceLimits(output_bytes=2**40)}, "LIMIT_EXCEEDS_MAXIMUM", "output_bytes"),
         (
-            {"limits": common_pb2.ResourceLimits(command_timeout=duration_pb2.Duration(seconds=10**6))},
+            {"limits": common_pb2.ResourceLimits(memory_bytes=64 * 2**30)},
+            "LIMIT_EXCEEDS_MAXIMUM",
+            "memory_bytes",
+        ),
+        (
+            {"limits": common_pb2.ResourceLimits(cpu_millis=999_999)},
+            "LIMIT_EXCEEDS_MAXIMUM",
+            "cpu_millis",
+        ),
+        ({"limits": common_pb2.ResourceLimits(pids=100_000)}, "LIMIT_EXCEEDS_MAXIMUM", "pids"),
+        (
+            {"limits": common_pb2.ResourceLimits(workspace_bytes=2**40)},
+            "LIMIT_EXCEEDS_MAXIMUM",
+            "workspace_bytes",
+        ),
+        (
+            {"limits": common_pb2.ResourceLimits(file_bytes=2**40)},
+            "LIMIT_EXCEEDS_MAXIMUM",
+            "file_bytes",
+        ),
+        (
+            {"limits": common_pb2.ResourceLimits(output_bytes=2**40)},
+            "LIMIT_EXCEEDS_MAXIMUM",
+            "output_bytes",
+        ),
+        (
+            {
+                "limits": common_pb2.ResourceLimits(
+                    command_timeout=duration_pb2.Duration(seconds=10**6)
+                )
+            },
             "LIMIT_EXCEEDS_MAXIMUM",
             "command_timeout",
         ),
@@ -222,20 +245,48 @@ def test_expired_lease_is_removed_never_emptied(
         ({"env": {"1BAD": "x"}}, "INVALID_ENV", ""),
         ({"env": {"HTTP_PROXY": "http://evil"}}, "ENV_RESERVED", ""),
         ({"labels": {"": "x"}}, "INVALID_LABELS", ""),
-        ({"network": common_pb2.NetworkPolicy(mode=common_pb2.NETWORK_MODE_ALLOWLIST)}, "NETWORK_MODE_UNSUPPORTED", ""),
-        ({"network": common_pb2.NetworkPolicy(allowed_domains=["example.com"])}, "NETWORK_POLICY_INVALID", ""),
-        ({"shell": common_pb2.ShellPolicy(allow=["/bin/sh"])}, "INVALID_SHELL", ""),
-        ({"workspace": S.WorkspaceManifest(files=[S.ManifestFile(path="../x")])}, "PATH_OUTSIDE_WORKSPACE", ""),
-        ({"workspace": S.WorkspaceManifest(files=[S.ManifestFile(path="/etc/passwd")])}, "PATH_OUTSIDE_WORKSPACE", ""),
-        ({"workspace": S.WorkspaceManifest(files=[S.ManifestFile(path="")])}, "PATH_INVALID", ""),
-        ({"workspace": S.WorkspaceManifest(directories=["a/../../b"])}, "PATH_OUTSIDE_WORKSPACE", ""),
         (
-            {"workspace": S.WorkspaceManifest(files=[S.ManifestFile(path="a"), S.ManifestFile(path="a")])},
+            {"network": common_pb2.NetworkPolicy(mode=common_pb2.NETWORK_MODE_ALLOWLIST)},
+            "NETWORK_MODE_UNSUPPORTED",
+            "",
+        ),
+        (
+            {"network": common_pb2.NetworkPolicy(allowed_domains=["example.com"])},
+            "NETWORK_POLICY_INVALID",
+            "",
+        ),
+        ({"shell": common_pb2.ShellPolicy(allow=["/bin/sh"])}, "INVALID_SHELL", ""),
+        (
+            {"workspace": S.WorkspaceManifest(files=[S.ManifestFile(path="../x")])},
+            "PATH_OUTSIDE_WORKSPACE",
+            "",
+        ),
+        (
+            {"workspace": S.WorkspaceManifest(files=[S.ManifestFile(path="/etc/passwd")])},
+            "PATH_OUTSIDE_WORKSPACE",
+            "",
+        ),
+        ({"workspace": S.WorkspaceManifest(files=[S.ManifestFile(path="")])}, "PATH_INVALID", ""),
+        (
+            {"workspace": S.WorkspaceManifest(directories=["a/../../b"])},
+            "PATH_OUTSIDE_WORKSPACE",
+            "",
+        ),
+        (
+            {
+                "workspace": S.WorkspaceManifest(
+                    files=[S.ManifestFile(path="a"), S.ManifestFile(path="a")]
+                )
+            },
             "INVALID_MANIFEST",
             "twice",
         ),
         (
-            {"workspace": S.WorkspaceManifest(files=[S.ManifestFile(path="a"), S.ManifestFile(path="a/b")])},
+            {
+                "workspace": S.WorkspaceManifest(
+                    files=[S.ManifestFile(path="a"), S.ManifestFile(path="a/b")]
+                )
+            },
             "INVALID_MANIFEST",
             "directory",
         ),

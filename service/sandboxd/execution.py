@@ -107,7 +107,7 @@ class Executor:
             await asyncio.wait(self._kills, timeout=KILL_TIMEOUT_S)
 
     def kill(self, session: Session, process_id: str) -> asyncio.Task[None]:
-        """End the command's whole process tree; runs to completion even if the caller is cancelled."""
+        """End the command's process tree; completes even if the caller is cancelled."""
         task = asyncio.create_task(self._kill(session, process_id))
         self._kills.add(task)
         task.add_done_callback(self._kills.discard)

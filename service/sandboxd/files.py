@@ -194,7 +194,7 @@ class Files:
         result = await self._checked(session, ["stat", rel], rel, max_stdout=64 * 1024)
         return _parse_records(result.stdout)[0]
 
-    async def list(self, session: Session, path: str, depth: int) -> list[FileInfo]:
+    async def list_dir(self, session: Session, path: str, depth: int) -> list[FileInfo]:
         rel = validation.workspace_relpath(path or ".")
         if depth < 0 or depth > MAX_LIST_DEPTH:
             raise InvalidArgument(

@@ -431,7 +431,7 @@ class SessionManager:
             await self._store.update(session)
             log.warning("container lost", extra={"session_id": session.session_id})
 
-    async def list(
+    async def list_sessions(
         self, label_selector: Mapping[str, str], page_size: int, page_token: str
     ) -> tuple[list[Session], str]:
         if page_size < 0:
@@ -439,7 +439,7 @@ class SessionManager:
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         after = _decode_token(page_token)
         selector = validation.validate_labels(label_selector)
-        sessions = await self._store.list(after=after, limit=size + 1, labels=selector)
+        sessions = await self._store.page(after=after, limit=size + 1, labels=selector)
         now = _now()
         for s in sessions:
             if s.state is not SessionState.EXPIRED and s.lease_expires_at <= now:

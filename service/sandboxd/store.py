@@ -189,7 +189,7 @@ class SessionStore:
         await self.db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
         await self.db.commit()
 
-    async def list(
+    async def page(
         self, *, after: str, limit: int, labels: Mapping[str, str] | None = None
     ) -> list[Session]:
         """Sessions ordered by id, after the given id; label filter applied in SQL."""

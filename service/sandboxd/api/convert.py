@@ -163,7 +163,11 @@ def exec_response(event: ExecEvent) -> process_pb2.ExecResponse:
             return process_pb2.ExecResponse(started=process_pb2.ProcessStarted(process_id=pid))
         case ExecOutput(stream=stream, data=data, offset=offset):
             return process_pb2.ExecResponse(
-                output=process_pb2.ProcessOutput(stream=stream.value, data=data, offset=offset)
+                output=process_pb2.ProcessOutput(
+                    stream=process_pb2.OutputStream.ValueType(stream.value),
+                    data=data,
+                    offset=offset,
+                )
             )
         case ExecExited():
             return process_pb2.ExecResponse(exited=exited_pb(event))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf import any_pb2
@@ -64,7 +64,7 @@ _INTERNAL = errors.Internal("internal error; the server log has the details")
 S = TypeVar("S")
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
-Ctx = grpc.aio.ServicerContext[Any, Any]
+Ctx: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 def unary(
@@ -86,7 +86,7 @@ def unary(
 
 
 def stream(
-    fn: Callable[[S, Req, Ctx], AsyncIterator[Resp]],
+    fn: Callable[[S, Req, Ctx], AsyncGenerator[Resp, None]],
 ) -> Callable[[S, Req, Ctx], AsyncIterator[Resp]]:
     @functools.wraps(fn)
     async def wrapper(self: S, request: Req, context: Ctx) -> AsyncIterator[Resp]:

@@ -37,7 +37,7 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
         self, request: filesystem_pb2.ListDirRequest, context: Ctx
     ) -> filesystem_pb2.ListDirResponse:
         async with self._sessions.use(request.session_id) as session:
-            entries = await self._files.list(session, request.path, request.depth)
+            entries = await self._files.list_dir(session, request.path, request.depth)
         return filesystem_pb2.ListDirResponse(entries=[convert.file_info_pb(e) for e in entries])
 
     @unary

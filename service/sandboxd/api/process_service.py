@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Protocol
-
-from google.protobuf import duration_pb2
+from collections.abc import AsyncGenerator
 
 from sandboxd.api import convert
 from sandboxd.api.errors import Ctx, stream, unary
@@ -16,24 +13,8 @@ from sandboxd.sessions import SessionManager
 from sandboxd.v1 import process_pb2, process_pb2_grpc
 
 
-class _ExecFields(Protocol):
-    """The fields ExecRequest and RunRequest share."""
-
-    session_id: str
-    cwd: str
-    stdin: bytes
-    max_output_bytes: int
-
-    @property
-    def argv(self) -> list[str]: ...  # repeated string
-    @property
-    def env(self) -> dict[str, str]: ...  # map<string, string>
-    @property
-    def timeout(self) -> duration_pb2.Duration: ...
-    def HasField(self, name: str) -> bool: ...
-
-
-def _exec_input(req: _ExecFields) -> ExecRequestInput:
+def _exec_input(req: process_pb2.ExecRequest | process_pb2.RunRequest) -> ExecRequestInput:
+    """ExecRequest and RunRequest share these fields."""
     return ExecRequestInput(
         argv=list(req.argv),
         cwd=req.cwd,
@@ -53,7 +34,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
     @stream
     async def Exec(
         self, request: process_pb2.ExecRequest, context: Ctx
-    ) -> AsyncIterator[process_pb2.ExecResponse]:
+    ) -> AsyncGenerator[process_pb2.ExecResponse, None]:
         async with self._sessions.use(request.session_id) as session:
             spec = prepare(session, _exec_input(request), self._config.max_limits)
             async for event in self._executor.stream(session, spec):

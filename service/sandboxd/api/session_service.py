@@ -30,7 +30,7 @@ class SessionService(session_pb2_grpc.SessionServiceServicer):
     async def ListSessions(
         self, request: session_pb2.ListSessionsRequest, context: Ctx
     ) -> session_pb2.ListSessionsResponse:
-        sessions, token = await self._sessions.list(
+        sessions, token = await self._sessions.list_sessions(
             dict(request.label_selector), request.page_size, request.page_token
         )
         return session_pb2.ListSessionsResponse(
