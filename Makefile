@@ -7,17 +7,32 @@ PY := $(VENV)/bin/python
 IMAGE ?= sandboxd-runtime:busybox
 PROTOS := $(wildcard proto/sandboxd/v1/*.proto)
 
-.PHONY: all run test proto lint bench engine image helper venv clean
+.PHONY: all run test proto lint bench engine image python-image helper venv clean node-deps buf go-deps
 
 all: venv helper
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -q -e '.[dev]' -e clients/python
 	touch $@
+
+# Node client and buf, from the committed lock file; the stamp is the lock it was installed from
+# (tests/test_client_node.py checks the same stamp).
+NODE_STAMP := clients/node/node_modules/.sandboxd-installed
+node-deps: $(NODE_STAMP)
+
+$(NODE_STAMP): clients/node/package-lock.json
+	cd clients/node && npm ci --no-audit --no-fund
+	cp clients/node/package-lock.json $@
+
+BUF := clients/node/node_modules/.bin/buf
+# buf.yaml: STANDARD lint; breaking is checked against the main branch's protos.
+buf: node-deps
+	$(BUF) lint
+	$(BUF) breaking --against '.git#branch=main,subdir=proto'
 
 helper: build/sbx
 
@@ -32,19 +47,29 @@ engine:
 image: engine
 	bash scripts/build-runtime-image.sh $(IMAGE)
 
-proto: venv
+# Debian with python3: a real HTTP/TLS client for the egress tests (about a minute, once).
+python-image: engine
+	bash scripts/build-python-image.sh sandboxd-runtime:python
+
+proto: venv go-deps
 	$(PY) -m sandboxd.tools.genproto
+	bash clients/go/gen.sh
+
+# The Go client builds from Debian's Go packages (no Go module proxy here).
+go-deps:
+	bash clients/go/ensure-go.sh
 
 run: venv helper image
 	$(PY) -m sandboxd
 
-test: venv helper image
+test: venv helper image python-image node-deps go-deps
 	$(PY) -m pytest
 
-lint: venv
-	$(VENV)/bin/ruff check service tests bench
-	$(VENV)/bin/ruff format --check service tests bench
+lint: venv buf
+	$(VENV)/bin/ruff check service tests bench clients/python
+	$(VENV)/bin/ruff format --check service tests bench clients/python
 	$(VENV)/bin/mypy service
+	$(VENV)/bin/mypy clients/python/sandboxd_client
 
 bench: venv helper image
 	$(PY) bench/run.py

@@ -24,11 +24,13 @@
 #include <linux/openat2.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -227,6 +229,26 @@ static void emit_error(const char *name, const char *fmt, va_list ap)
 static int g_tmp_dirfd = -1;
 static char g_tmp_name[64];
 
+/*
+ * Set by subcommands that take data on stdin.  On failure they still read it
+ * to the end: the engine keeps an exec's output open until its stdin has been
+ * delivered (the shim holds the pipe), so an unread stdin would make the
+ * caller wait for an error that was already printed.  The server bounds what
+ * it sends, so this is bounded too.
+ */
+static bool g_drain_stdin;
+
+static void drain_stdin(void)
+{
+	char buf[65536];
+	for (;;) {
+		ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+		if (n > 0 || (n < 0 && errno == EINTR))
+			continue;
+		return;
+	}
+}
+
 __attribute__((noreturn, format(printf, 3, 4)))
 static void fail(int code, const char *name, const char *fmt, ...)
 {
@@ -236,6 +258,8 @@ static void fail(int code, const char *name, const char *fmt, ...)
 	va_end(ap);
 	if (g_tmp_name[0])
 		unlinkat(g_tmp_dirfd, g_tmp_name, 0);
+	if (g_drain_stdin)
+		drain_stdin();
 	exit(code);
 }
 
@@ -593,6 +617,7 @@ static int cmd_read(int argc, char **argv)
 
 static int cmd_write(int argc, char **argv)
 {
+	g_drain_stdin = true;
 	char *pos[3];
 	bool parents = false;
 	parse_args(argc, argv, "--parents", &parents, pos, 3);
@@ -881,6 +906,119 @@ static int cmd_mkdir(int argc, char **argv)
 	return 0;
 }
 
+/*
+ * `sbx merge STAGE DEST [--replace]`: the swap half of an archive import.
+ * The server unpacked a checked archive into the fresh directory STAGE; this
+ * moves its entries into DEST with renameat, so nothing is ever written
+ * through a symlink: a directory is merged into a real directory only
+ * (O_NOFOLLOW), and anything else in the way (a file, a symlink) is replaced,
+ * never followed.  --replace first empties DEST (sparing STAGE if it lives
+ * there).  STAGE is removed at the end.
+ */
+static int open_sub(int pfd, const char *name)
+{
+	return open_beneath(pfd, name, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
+}
+
+static void merge_dir(int src, int dst, const char *rel)
+{
+	DIR *d = fdopendir(src);
+	if (!d)
+		fail_errno(errno, "merge", rel);
+	size_t n;
+	char **names = read_names(d, &n, NULL, rel);
+	for (size_t i = 0; i < n; i++) {
+		const char *name = names[i];
+		char *sub = join_rel(is_root(rel) ? NULL : rel, name);
+		struct stat ss, ds;
+		if (fstatat(dirfd(d), name, &ss, AT_SYMLINK_NOFOLLOW) < 0)
+			fail_errno(errno, "merge", sub);
+		bool exists = fstatat(dst, name, &ds, AT_SYMLINK_NOFOLLOW) == 0;
+		if (!exists && errno != ENOENT)
+			fail_errno(errno, "merge", sub);
+		if (S_ISDIR(ss.st_mode) && exists && S_ISDIR(ds.st_mode)) {
+			int s2 = open_sub(dirfd(d), name);
+			int d2 = s2 < 0 ? -1 : open_sub(dst, name);
+			if (s2 < 0 || d2 < 0)
+				fail_errno(errno, "merge", sub);
+			merge_dir(s2, d2, sub);
+			close(d2);
+			free(sub);
+			free(names[i]);
+			continue;
+		}
+		if (exists && S_ISDIR(ds.st_mode)) {
+			if (remove_dir(dst, name, true) < 0)
+				fail_errno(errno, "merge", sub);
+		} else if (exists && S_ISDIR(ss.st_mode)) {
+			if (unlinkat(dst, name, 0) < 0)
+				fail_errno(errno, "merge", sub);
+		}
+		if (renameat(dirfd(d), name, dst, name) < 0)
+			fail_errno(errno, "merge", sub);
+		free(sub);
+		free(names[i]);
+	}
+	free(names);
+	closedir(d);
+}
+
+static void clear_dir_except(int dfd, dev_t dev, ino_t ino)
+{
+	int fd = dup(dfd);
+	DIR *d = fd < 0 ? NULL : fdopendir(fd);
+	if (!d)
+		fail_errno(errno, "replace", ".");
+	size_t n;
+	char **names = read_names(d, &n, NULL, ".");
+	for (size_t i = 0; i < n; i++) {
+		struct stat st;
+		if (fstatat(dfd, names[i], &st, AT_SYMLINK_NOFOLLOW) == 0) {
+			if (st.st_dev == dev && st.st_ino == ino) {
+				free(names[i]);
+				continue;
+			}
+			int r = S_ISDIR(st.st_mode) ? remove_dir(dfd, names[i], true)
+						    : unlinkat(dfd, names[i], 0);
+			if (r < 0 && errno != ENOENT)
+				fail_errno(errno, "replace", names[i]);
+		}
+		free(names[i]);
+	}
+	free(names);
+	closedir(d);
+}
+
+static int cmd_merge(int argc, char **argv)
+{
+	char *pos[2];
+	bool replace = false;
+	parse_args(argc, argv, "--replace", &replace, pos, 2);
+	char *stage = norm_path(pos[0]);
+	char *dest = norm_path(pos[1]);
+	open_root();
+	if (is_root(stage))
+		fail(1, "EINVAL", "merge: the stage cannot be the root");
+	int sfd = open_beneath(g_rootfd, stage, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
+	if (sfd < 0)
+		fail_errno(errno, "open stage", stage);
+	int dfd = open_beneath(g_rootfd, dest, O_RDONLY | O_DIRECTORY, 0, RES_BENEATH);
+	if (dfd < 0)
+		fail_errno(errno, "open", dest);
+	struct stat st;
+	if (fstat(sfd, &st) < 0)
+		fail_errno(errno, "stat stage", stage);
+	if (replace)
+		clear_dir_except(dfd, st.st_dev, st.st_ino);
+	merge_dir(sfd, dfd, ".");
+	const char *name;
+	char *parent = split_parent(stage, &name);
+	int pfd = open_dir_path(parent, stage);
+	if (remove_dir(pfd, name, true) < 0)
+		fail_errno(errno, "remove stage", stage);
+	return 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* /proc scanning                                                      */
 /* ------------------------------------------------------------------ */
@@ -1063,7 +1201,7 @@ static bool path_within(const char *path, const char *root)
 
 __attribute__((noreturn))
 static void child_main(int repfd, pid_t parent, const char *cwd,
-		       const char *realroot, char **cmd)
+		       const char *realroot, const struct winsize *tty, char **cmd)
 {
 	/* If the supervisor itself is SIGKILLed, at least the direct child
 	 * goes with it (best effort; nothing can cover the grandchildren). */
@@ -1071,10 +1209,24 @@ static void child_main(int repfd, pid_t parent, const char *cwd,
 		child_report(repfd, ST_SETUP, errno);
 	if (getppid() != parent)
 		_exit(EXIT_KILLED);
-	/* Own session + process group: lets us signal the job as a unit and
-	 * detaches it from any controlling terminal. */
-	if (setsid() < 0)
+	if (tty) {
+		/* On a terminal (docker exec -t makes us its session leader):
+		 * own process group, made the foreground one, so ^C and
+		 * SIGWINCH from the terminal reach the command.  A new session
+		 * would lose the terminal.  SIGTTOU is ignored for the
+		 * tcsetpgrp of a background group; reset below. */
+		signal(SIGTTOU, SIG_IGN);
+		if (setpgid(0, 0) < 0 || tcsetpgrp(0, getpid()) < 0)
+			child_report(repfd, ST_SETUP, errno);
+		/* The engine can only resize a started exec: set the first
+		 * size here, before the command can ask for it. */
+		if (ioctl(0, TIOCSWINSZ, tty) < 0)
+			child_report(repfd, ST_SETUP, errno);
+	} else if (setsid() < 0) {
+		/* Own session + process group: lets us signal the job as a
+		 * unit and detaches it from any controlling terminal. */
 		child_report(repfd, ST_SETUP, errno);
+	}
 	/* Relative --cwd is taken relative to the root. */
 	if (fchdir(g_rootfd) < 0)
 		child_report(repfd, ST_CWD, errno);
@@ -1107,15 +1259,56 @@ static bool forwardable(int sig)
 	return false;
 }
 
+/*
+ * The engine keeps an exec's output open until its stdin has been delivered
+ * (the shim holds the pipe), so a command that exits without reading its
+ * input would look, to the server, like one that never ends.  Once the tree
+ * is gone, read what is still coming and discard it: until EOF, or until
+ * stdin has been quiet for a moment (an interactive caller may keep it open).
+ */
+static void discard_pending_stdin(void)
+{
+	if (isatty(STDIN_FILENO))
+		return;
+	char buf[65536];
+	struct timespec start, now;
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	for (;;) {
+		struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
+		int r = poll(&p, 1, 50);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return; /* quiet, or not pollable */
+		ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+		if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
+			return;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec - start.tv_sec >= 2)
+			return; /* bounded: the server caps what it sends anyway */
+	}
+}
+
 static int cmd_run(int argc, char **argv)
 {
 	const char *cwd = NULL;
 	uint64_t timeout_ms = 0;
+	struct winsize ws = {0};
+	bool tty = false;
 	int i = 0;
 	for (; i < argc; i++) {
 		if (!strcmp(argv[i], "--")) {
 			i++;
 			break;
+		} else if (!strcmp(argv[i], "--tty") && i + 1 < argc) {
+			unsigned rows, cols;
+			char extra;
+			if (sscanf(argv[++i], "%ux%u%c", &rows, &cols, &extra) != 2 ||
+			    !rows || !cols || rows > 65535 || cols > 65535)
+				usage("run: --tty wants ROWSxCOLS, got %s", argv[i]);
+			ws.ws_row = (unsigned short)rows;
+			ws.ws_col = (unsigned short)cols;
+			tty = true;
 		} else if (!strcmp(argv[i], "--id") && i + 1 < argc) {
 			i++; /* only matched from /proc/PID/cmdline by kill/signal */
 		} else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) {
@@ -1160,7 +1353,7 @@ static int cmd_run(int argc, char **argv)
 		fail_errno_code(126, errno, "fork", "");
 	if (child == 0) {
 		close(rep[0]);
-		child_main(rep[1], self, cwd, realroot, cmd);
+		child_main(rep[1], self, cwd, realroot, tty ? &ws : NULL, cmd);
 	}
 	close(rep[1]);
 
@@ -1249,6 +1442,7 @@ static int cmd_run(int argc, char **argv)
 			}
 			if (done) {
 				kill_tree(child);
+				discard_pending_stdin();
 				if (WIFSIGNALED(status))
 					_exit(128 + WTERMSIG(status));
 				_exit(WEXITSTATUS(status));
@@ -1302,7 +1496,7 @@ static bool cmdline_matches(char *buf, size_t len, const char *token,
 		if (!strcmp(args[i], "--id") && i + 1 < n && !strcmp(args[i + 1], token))
 			return true;
 		if (!strcmp(args[i], "--id") || !strcmp(args[i], "--timeout-ms") ||
-		    !strcmp(args[i], "--cwd"))
+		    !strcmp(args[i], "--cwd") || !strcmp(args[i], "--tty"))
 			i++;
 	}
 	return false;
@@ -1457,7 +1651,7 @@ int main(int argc, char **argv)
 		i += 2;
 	}
 	if (i >= argc)
-		usage("usage: sbx [--root DIR] run|kill|signal|stat|read|write|list|remove|mkdir|idle ...");
+		usage("usage: sbx [--root DIR] run|kill|signal|stat|read|write|list|remove|mkdir|merge|idle ...");
 	const char *sub = argv[i++];
 	int rest = argc - i;
 	char **rv = argv + i;
@@ -1469,7 +1663,7 @@ int main(int argc, char **argv)
 		{"run", cmd_run},     {"kill", cmd_kill},   {"signal", cmd_signal},
 		{"stat", cmd_stat},   {"read", cmd_read},   {"write", cmd_write},
 		{"list", cmd_list},   {"remove", cmd_remove}, {"mkdir", cmd_mkdir},
-		{"idle", cmd_idle},
+		{"idle", cmd_idle},   {"merge", cmd_merge},
 	};
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(sub, cmds[k].name))

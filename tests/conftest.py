@@ -29,6 +29,9 @@ from sandboxd.v1 import (
     session_pb2_grpc,
 )
 
+# Fixtures of the hostile-input suite (bystander, victim, guard), kept in their own module.
+pytest_plugins = ["hostile"]
+
 REPO = Path(__file__).resolve().parents[1]
 HELPER = REPO / "build" / "sbx"
 IMAGE = os.environ.get("SANDBOXD_TEST_IMAGE", "sandboxd-runtime:busybox")

@@ -286,3 +286,14 @@ def test_allowlist(stubs: Stubs, new_session: SessionFactory) -> None:
         grpc.StatusCode.PERMISSION_DENIED,
         "COMMAND_NOT_ALLOWED",
     )
+
+
+def test_command_that_ignores_its_stdin_still_ends(
+    stubs: Stubs, shared_session: session_pb2.Session
+) -> None:
+    # The engine holds an exec's output open until its stdin is delivered: unread input
+    # must not turn a finished command into a timed-out one.
+    for argv in (["true"], ["head", "-c", "3"]):
+        r = run(stubs, shared_session.session_id, *argv, stdin=b"x" * (1024 * 1024))
+        assert not r.timed_out and r.exit_code == 0, (argv, r)
+        assert r.duration.ToNanoseconds() < 5 * 10**9

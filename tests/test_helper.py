@@ -804,6 +804,55 @@ def test_signal_stop_cont_and_kill(env):
             p.kill()
 
 
+def _run_on_pty(env, *args: str, timeout: float = 10) -> tuple[int, bytes]:
+    """Run sbx as the session leader of a fresh pty (what `docker exec -t` does)."""
+    import pty as ptymod
+
+    master, slave = ptymod.openpty()
+    try:
+        p = subprocess.Popen(
+            [env.sbx, "--root", str(env.root), *args],
+            preexec_fn=lambda: os.login_tty(slave),
+            close_fds=True,
+        )
+        os.close(slave)
+        out = b""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: every slave end is closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        return p.wait(timeout=timeout), out
+    finally:
+        os.close(master)
+
+
+def test_run_tty_foreground_group_and_size(env):
+    script = (
+        "stty size; set -- $(cut -d' ' -f5,6,8 /proc/$$/stat); "
+        '[ "$1" = "$$" ] && [ "$2" != "$$" ] && [ "$3" = "$$" ] && echo foreground-ok'
+    )
+    rc, out = _run_on_pty(env, "run", "--tty", "33x101", "--", "sh", "-c", script)
+    assert rc == 0, out
+    # Its own group in the terminal's session (not a new session), in the foreground.
+    assert b"33 101" in out and b"foreground-ok" in out, out
+
+
+def test_run_tty_ctrl_c_reaches_the_command(env):
+    script = "trap 'echo got-int; exit 9' INT; kill -INT 0; sleep 5"
+    rc, out = _run_on_pty(env, "run", "--tty", "24x80", "--", "sh", "-c", script)
+    assert rc == 9 and b"got-int" in out, out
+
+
+@pytest.mark.parametrize("size", ["0x80", "24x0", "24", "x", "24x80x", "-1x5", "99999x5"])
+def test_run_tty_bad_size(env, size):
+    env.fail("EINVAL", "run", "--tty", size, "--", "true", rc=2)
+
+
 def test_signal_and_kill_unknown_token(env):
     env.fail("NOT_FOUND", "kill", token())
     env.fail("NOT_FOUND", "signal", token(), "SIGTERM")
@@ -820,3 +869,63 @@ def test_supervisor_sigterm_kills_tree(env):
             assert not pid_alive(pid)
         finally:
             p.kill()
+
+
+# --------------------------------------------------------------------------
+# merge (the swap half of an archive import)
+# --------------------------------------------------------------------------
+
+
+def _stage(env, name: str = ".stage") -> Path:
+    stage = env.root / name
+    (stage / "sub").mkdir(parents=True)
+    (stage / "sub" / "new").write_text("new\n")
+    (stage / "f").write_text("replaced\n")
+    (stage / "fresh").mkdir()
+    (stage / "fresh" / "x").write_text("x\n")
+    return stage
+
+
+def test_merge_moves_entries_into_place(env):
+    stage = _stage(env)
+    env.ok("merge", ".stage", ".")
+    assert not stage.exists()
+    assert (env.root / "f").read_text() == "replaced\n"
+    assert (env.root / "sub" / "g").read_text() == "g\n"  # merged, not replaced
+    assert (env.root / "sub" / "new").read_text() == "new\n"
+    assert (env.root / "fresh" / "x").read_text() == "x\n"
+
+
+def test_merge_replace_empties_the_destination_first(env):
+    _stage(env)
+    env.ok("merge", ".stage", ".", "--replace")
+    assert sorted(p.name for p in env.root.iterdir()) == ["f", "fresh", "sub"]
+    assert not (env.root / "sub" / "g").exists()
+
+
+def test_merge_replaces_symlinks_never_follows_them(env):
+    stage = env.root / ".stage"
+    (stage / "outl").mkdir(parents=True)
+    (stage / "outl" / "planted").write_text("planted\n")
+    (stage / "outf").write_text("file\n")
+    env.ok("merge", ".stage", ".")
+    assert (env.root / "outl").is_dir() and not (env.root / "outl").is_symlink()
+    assert (env.root / "outl" / "planted").exists()
+    assert (env.root / "outf").read_text() == "file\n"
+    assert not (env.outside / "planted").exists()  # the fixture also checks outside
+
+
+def test_merge_into_a_subfolder_and_errors(env):
+    stage = env.root / ".stage"
+    stage.mkdir()
+    (stage / "y").write_text("y\n")
+    env.ok("merge", ".stage", "sub")
+    assert (env.root / "sub" / "y").read_text() == "y\n"
+    stage.mkdir()
+    for p in ESCAPES:
+        env.fail("ESCAPE", "merge", ".stage", p)
+    env.fail("ESCAPE", "merge", ".stage", "outl")
+    env.fail("EINVAL", "merge", ".", "sub")
+    env.fail("ENOENT", "merge", ".nope", "sub")
+    env.fail("ESCAPE", "merge", "subl", "sub")  # a stage reached through a symlink
+    assert stage.exists()

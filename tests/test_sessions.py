@@ -246,8 +246,9 @@ def test_expired_lease_is_removed_never_emptied(
         ({"env": {"HTTP_PROXY": "http://evil"}}, "ENV_RESERVED", ""),
         ({"labels": {"": "x"}}, "INVALID_LABELS", ""),
         (
+            # ALLOWLIST with nothing allowed (tests/test_egress_*.py cover the rest)
             {"network": common_pb2.NetworkPolicy(mode=common_pb2.NETWORK_MODE_ALLOWLIST)},
-            "NETWORK_MODE_UNSUPPORTED",
+            "NETWORK_POLICY_INVALID",
             "",
         ),
         (

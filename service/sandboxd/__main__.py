@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 
 from sandboxd.config import load_config
 from sandboxd.errors import ConfigError
+from sandboxd.logging_setup import configure_logging
 from sandboxd.server import serve
 
 
@@ -17,10 +17,7 @@ def main() -> int:
     except ConfigError as exc:
         print(f"sandboxd: configuration error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(config.log_level, config.log_format)
     try:
         asyncio.run(serve(config))
     except ConfigError as exc:

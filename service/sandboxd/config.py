@@ -60,8 +60,28 @@ class Config:
     reaper_interval_s: float = 5.0
     engine_check_interval_s: float = 2.0
     shutdown_grace_s: float = 5.0
+    keepalive_interval_s: float = 15.0  # a quiet process stream sends a keepalive this often
     docker_pool_size: int = 1024
     log_level: str = "INFO"
+    archive_max_members: int = 100_000
+    shutdown_snapshot_s: float = 10.0
+    log_format: str = "json"  # json: one object per line; text: for a person at a terminal
+    pool_size: int = 0  # started containers kept warm for default sessions (0: no pool)
+    metrics_listen: str = ""  # Prometheus endpoint host:port; empty: no metrics server
+    # Authentication, TLS and tenant quotas (sandboxd.tenancy, sandboxd.api.auth).
+    tokens_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    tenant_max_sessions: int = 0  # 0: unlimited
+    tenant_max_memory_bytes: int = 0
+    tenant_max_concurrent_execs: int = 0
+    allow_insecure_public_listen: bool = False
+    # Egress allowlist (sandboxd.egress): the proxy port on each session network's gateway,
+    # a static name map consulted before DNS, and the opt-in to run without a host filter.
+    proxy_port: int = 3128
+    proxy_hosts: str = ""
+    egress_allow_unfiltered: bool = False
 
     @property
     def max_message_bytes(self) -> int:
@@ -92,6 +112,19 @@ def parse_duration(text: str) -> float:
     if not m:
         raise ValueError(f"{text!r} is not a duration (examples: 10s, 500ms, 15m, 2h)")
     return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{text!r} is not a boolean (true or false)")
+
+
+def _optional_path(text: str) -> Path | None:
+    return Path(text) if text.strip() else None
 
 
 def _parse_int(text: str) -> int:
@@ -131,8 +164,37 @@ _SETTINGS: list[_Setting] = [
     _Setting("reaper_interval_s", parse_duration, "how often expired leases are reaped"),
     _Setting("engine_check_interval_s", parse_duration, "how often the engine is pinged"),
     _Setting("shutdown_grace_s", parse_duration, "grace for in-flight RPCs on SIGTERM"),
+    _Setting("keepalive_interval_s", parse_duration, "keepalive period of quiet process streams"),
     _Setting("docker_pool_size", _parse_int, "connections to the engine (one per open stream)"),
     _Setting("log_level", str, "DEBUG, INFO, WARNING or ERROR"),
+    _Setting("archive_max_members", _parse_int, "most members one imported tar may hold"),
+    _Setting(
+        "shutdown_snapshot_s",
+        parse_duration,
+        "time SIGTERM gives to snapshotting running sessions (0: none)",
+    ),
+    _Setting("log_format", str, "json (one object per line) or text"),
+    _Setting("pool_size", _parse_int, "warm containers kept for default sessions (0: off)"),
+    _Setting("metrics_listen", str, "Prometheus /metrics address host:port (empty: off)"),
+    _Setting("tokens_file", _optional_path, "bearer tokens: one 'tenant sha256hex' per line"),
+    _Setting("tls_cert", _optional_path, "PEM certificate chain of the gRPC port (TLS)"),
+    _Setting("tls_key", _optional_path, "PEM private key of tls_cert"),
+    _Setting("tls_client_ca", _optional_path, "PEM CA bundle; set: client certificates required"),
+    _Setting("tenant_max_sessions", _parse_int, "live sessions per tenant (0: unlimited)"),
+    _Setting("tenant_max_memory_bytes", parse_size, "memory of a tenant's sessions (0: no cap)"),
+    _Setting("tenant_max_concurrent_execs", _parse_int, "running commands per tenant (0: no cap)"),
+    _Setting(
+        "allow_insecure_public_listen",
+        _parse_bool,
+        "serve a non-loopback address without a tokens file (unsafe)",
+    ),
+    _Setting("proxy_port", _parse_int, "egress proxy port on each session network's gateway"),
+    _Setting("proxy_hosts", str, "static egress name map name=address,... (before DNS)"),
+    _Setting(
+        "egress_allow_unfiltered",
+        _parse_bool,
+        "allow ALLOWLIST sessions when no iptables filter can be installed (weaker)",
+    ),
 ]
 for _limit in LIMIT_NAMES:
     _SETTINGS.append(_Setting(f"default_{_limit}", _LIMIT_PARSERS[_limit], f"default {_limit}"))
@@ -210,6 +272,8 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
 
 def _coerce(value: Any, setting: _Setting) -> Any:
     """TOML already typed the value; accept numbers for numeric settings, text for the rest."""
+    if isinstance(value, bool) and setting.parse is _parse_bool:
+        return value
     if isinstance(value, bool):
         raise TypeError(f"expected a value for {setting.name}, got a boolean")
     if isinstance(value, int | float) and setting.parse in (parse_size, _parse_int):
@@ -243,6 +307,7 @@ def _limits_from(values: dict[str, Any], prefix: str, base: Limits) -> Limits:
 
 
 def validate(config: Config) -> None:
+    validate_access(config)
     host, sep, port = config.listen.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"listen {config.listen!r}: expected host:port, e.g. 127.0.0.1:50051")
@@ -259,26 +324,45 @@ def validate(config: Config) -> None:
     for name in LIMIT_NAMES:
         default = getattr(config.default_limits, name)
         maximum = getattr(config.max_limits, name)
-        if default <= 0 or maximum <= 0:
-            raise ConfigError(f"{name}: limits must be positive (default {default}, max {maximum})")
+        for setting, value in ((f"default_{name}", default), (f"max_{name}", maximum)):
+            if value <= 0:
+                raise ConfigError(f"{setting} ({value}): limits must be positive")
         if default > maximum:
             raise ConfigError(f"default_{name} ({default}) is larger than max_{name} ({maximum})")
     if config.default_limits.memory_bytes < 6 * MiB:
         raise ConfigError("default_memory_bytes: Docker needs at least 6 MiB")
+    if config.default_limits.cpu_millis < 10:
+        raise ConfigError("default_cpu_millis: the kernel's smallest CPU quota is 10 millis")
     if not 0 < config.lease_default_s <= config.lease_max_s:
         raise ConfigError(
             f"lease_default_s ({config.lease_default_s}) must be positive and at most "
             f"lease_max_s ({config.lease_max_s})"
         )
-    for name in ("reaper_interval_s", "engine_check_interval_s"):
+    for name in ("reaper_interval_s", "engine_check_interval_s", "keepalive_interval_s"):
         if getattr(config, name) <= 0:
             raise ConfigError(f"{name}: must be positive")
     if config.shutdown_grace_s < 0:
         raise ConfigError("shutdown_grace_s: must not be negative")
     if config.docker_pool_size < 10:
         raise ConfigError("docker_pool_size: at least 10 connections are needed")
+    if config.archive_max_members < 1:
+        raise ConfigError("archive_max_members: must be positive")
+    if config.shutdown_snapshot_s < 0:
+        raise ConfigError("shutdown_snapshot_s: must not be negative")
+    if not 1 <= config.proxy_port <= 65535:
+        raise ConfigError(f"proxy_port {config.proxy_port}: must be 1-65535")
     if config.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level {config.log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+    if config.log_format not in ("json", "text"):
+        raise ConfigError(f"log_format {config.log_format!r}: use json or text")
+    if not 0 <= config.pool_size <= 256:
+        raise ConfigError(f"pool_size ({config.pool_size}): between 0 and 256")
+    if config.metrics_listen:
+        m_host, m_sep, m_port = config.metrics_listen.rpartition(":")
+        if not m_sep or not m_host or not m_port.isdigit() or not 0 <= int(m_port) <= 65535:
+            raise ConfigError(
+                f"metrics_listen {config.metrics_listen!r}: expected host:port, e.g. 127.0.0.1:9464"
+            )
     if not re.fullmatch(r"\d+:\d+", config.keeper_user) or config.keeper_user.startswith("0:"):
         raise ConfigError(f"keeper_user {config.keeper_user!r}: a numeric non-root uid:gid")
     if config.owner_id and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", config.owner_id):
@@ -287,4 +371,44 @@ def validate(config: Config) -> None:
         raise ConfigError(
             f"helper {str(config.helper)!r} is missing or not executable; "
             "build it with 'make helper' or point SANDBOXD_HELPER at it"
+        )
+
+
+def listens_on_loopback(listen: str) -> bool:
+    """True when the gRPC address is reachable only from this host."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def validate_access(config: Config) -> None:
+    """Authentication, TLS and quota settings; refuses an unauthenticated public port."""
+    from sandboxd.tenancy import load_tokens  # tenancy imports nothing from here
+
+    if config.tokens_file is not None:
+        load_tokens(config.tokens_file)  # a malformed file stops the server now, not per call
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError("tls_cert and tls_key: set both (TLS) or neither (plaintext)")
+    if config.tls_client_ca is not None and config.tls_cert is None:
+        raise ConfigError("tls_client_ca: client certificates need TLS; set tls_cert and tls_key")
+    for name in ("tls_cert", "tls_key", "tls_client_ca"):
+        path = getattr(config, name)
+        if path is not None and not os.access(path, os.R_OK):
+            raise ConfigError(f"{name} {str(path)!r}: missing or not readable")
+    for name in ("tenant_max_sessions", "tenant_max_memory_bytes", "tenant_max_concurrent_execs"):
+        if getattr(config, name) < 0:
+            raise ConfigError(f"{name}: must not be negative (0 means unlimited)")
+    if (
+        config.tokens_file is None
+        and not config.allow_insecure_public_listen
+        and not listens_on_loopback(config.listen)
+    ):
+        raise ConfigError(
+            f"listen {config.listen!r}: refusing to serve a non-loopback address without "
+            "authentication; set tokens_file (and preferably tls_cert/tls_key), listen on "
+            "127.0.0.1, or set allow_insecure_public_listen=true to accept the risk"
         )

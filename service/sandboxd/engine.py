@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -25,10 +25,18 @@ _ENGINE_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=5, sock_connect=5)
 
 
 @contextlib.contextmanager
-def _translate(what: str) -> Iterator[None]:
+def _translate(what: str, on_error: Callable[[str], None] | None = None) -> Iterator[None]:
     try:
         yield
     except aiodocker.DockerError as exc:
+        if exc.status == 900:  # aiodocker's code for "could not connect to the engine"
+            if on_error is not None:
+                on_error("unavailable")
+            raise EngineUnavailable(
+                f"{what}: the Docker engine does not answer ({exc.message})"
+            ) from exc
+        if on_error is not None:
+            on_error({404: "not_found", 409: "conflict"}.get(exc.status, "internal"))
         message = str(exc.message).strip() if exc.message else f"HTTP {exc.status}"
         if exc.status == 404:
             raise NotFound(f"{what}: {message}", reason="ENGINE_OBJECT_NOT_FOUND") from exc
@@ -36,6 +44,8 @@ def _translate(what: str) -> Iterator[None]:
             raise FailedPrecondition(f"{what}: {message}", reason="ENGINE_CONFLICT") from exc
         raise Internal(f"{what}: the engine answered {exc.status}: {message}") from exc
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        if on_error is not None:
+            on_error("unavailable")
         raise EngineUnavailable(
             f"{what}: the Docker engine does not answer ({type(exc).__name__}: {exc})"
         ) from exc
@@ -52,14 +62,14 @@ class ExecStream:
 
     async def read(self) -> tuple[int, bytes] | None:
         """Next (fd, data) chunk, 1 = stdout and 2 = stderr; None at the end of output."""
-        with _translate("reading exec output"):
+        with self._engine._translate("reading exec output"):
             msg = await self._stream.read_out()
         if msg is None:
             return None
         return msg.stream, msg.data
 
     async def write(self, data: bytes) -> None:
-        with _translate("writing exec stdin"):
+        with self._engine._translate("writing exec stdin"):
             await self._stream.write_in(data)
 
     def close_stdin(self) -> None:
@@ -91,23 +101,33 @@ class ExecStream:
 class Engine:
     """A long-lived Docker client with a connection pool sized for many open exec streams."""
 
-    def __init__(self, docker_host: str = "", pool_size: int = 1024) -> None:
+    def __init__(
+        self,
+        docker_host: str = "",
+        pool_size: int = 1024,
+        *,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        self._on_error = on_error  # told the kind of every engine failure (metrics)
         self._docker_host = docker_host
         self._pool_size = pool_size
         self._docker: aiodocker.Docker | None = None
         self.api_version = ""
 
     async def __aenter__(self) -> Engine:
-        host = self._docker_host or None
+        # config.load_config already folded DOCKER_HOST in; empty means the local socket.
+        host = self._docker_host or "unix:///var/run/docker.sock"
         connector: aiohttp.BaseConnector | None = None
-        if host and host.startswith("unix://"):
+        if host.startswith("unix://"):
+            # Every open exec stream holds one connection: size the pool for many.
             connector = aiohttp.UnixConnector(host[len("unix://") :], limit=self._pool_size)
-        elif host is None:
-            connector = None  # aiodocker finds DOCKER_HOST or the local socket itself
         self._connector = connector
-        self._docker = aiodocker.Docker(url=host, connector=connector, timeout=_ENGINE_TIMEOUT)
+        # With our own unix connector aiodocker needs a dummy host for URL composition: given
+        # the unix:// address itself it builds "unix:/path/version", which aiohttp refuses.
+        url = "unix://localhost" if connector is not None else host
+        self._docker = aiodocker.Docker(url=url, connector=connector, timeout=_ENGINE_TIMEOUT)
         if connector is None:
-            # aiodocker built its own connector: widen its pool (every exec stream holds one).
+            # tcp://: let aiodocker build its TLS-aware connector, then widen its pool.
             own = self._docker.session.connector
             if own is not None:
                 own._limit = self._pool_size
@@ -132,48 +152,53 @@ class Engine:
 
     async def ping(self) -> str:
         """The engine's API version; raises EngineUnavailable when it does not answer."""
-        with _translate("engine ping"):
+        with self._translate("engine ping"):
             version = await asyncio.wait_for(self.docker.version(), timeout=5)
         self.api_version = str(version.get("ApiVersion", ""))
         return self.api_version
 
     async def image_exists(self, image: str) -> bool:
         try:
-            with _translate(f"image {image}"):
+            with self._translate(f"image {image}"):
                 await self.docker.images.inspect(image)
         except NotFound:
             return False
         return True
 
     async def create_container(self, config: Mapping[str, Any], name: str) -> str:
-        with _translate(f"creating container {name}"):
+        with self._translate(f"creating container {name}"):
             container = await self.docker.containers.create(dict(config), name=name)
         return str(container.id)
 
     async def start_container(self, container_id: str) -> None:
-        with _translate(f"starting container {container_id[:12]}"):
+        with self._translate(f"starting container {container_id[:12]}"):
             await self._container(container_id).start()
 
     async def remove_container(self, container_id: str) -> None:
         """Force-remove; a container that is already gone is not an error."""
         try:
-            with _translate(f"removing container {container_id[:12]}"):
+            with self._translate(f"removing container {container_id[:12]}"):
                 await self._container(container_id).delete(force=True, v=True)
         except NotFound:
             pass
         except FailedPrecondition:
-            pass  # removal already in progress
+            # Someone else's removal is in progress: return only once it is gone, so a caller
+            # that reports "removed" (an expired lease, a deleted session) is telling the truth.
+            for _ in range(100):
+                if await self.inspect_container(container_id) is None:
+                    return
+                await asyncio.sleep(0.1)
 
     async def inspect_container(self, container_id: str) -> dict[str, Any] | None:
         try:
-            with _translate(f"inspecting container {container_id[:12]}"):
+            with self._translate(f"inspecting container {container_id[:12]}"):
                 return dict(await self._container(container_id).show())
         except NotFound:
             return None
 
     async def list_containers(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
-        with _translate("listing containers"):
+        with self._translate("listing containers"):
             found = await self.docker.containers.list(all=True, filters=filters)
         return [dict(c._container) for c in found]
 
@@ -187,12 +212,17 @@ class Engine:
         env: Mapping[str, str] | None = None,
         workdir: str | None = None,
         stdin: bool = False,
+        tty: bool = False,
     ) -> AsyncIterator[ExecStream]:
-        """Start a command in the container and yield its stream; closed on exit."""
-        with _translate(f"exec in container {container_id[:12]}"):
+        """Start a command in the container and yield its stream; closed on exit.
+
+        With `tty` the command gets a terminal: its output arrives as one stream (fd 1).
+        """
+        with self._translate(f"exec in container {container_id[:12]}"):
             execution = await self._container(container_id).exec(
                 list(argv),
                 stdin=stdin,
+                tty=tty,
                 user=user,
                 environment=dict(env or {}),
                 workdir=workdir,
@@ -205,9 +235,75 @@ class Engine:
         finally:
             await handle.close()
 
+    async def exec_resize(self, exec_id: str, rows: int, cols: int) -> None:
+        """Set the terminal size of a running tty exec (the command gets SIGWINCH)."""
+        with self._translate(f"resizing exec {exec_id[:12]}"):
+            await Exec(self.docker, exec_id).resize(h=rows, w=cols)
+
     async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
-        with _translate(f"inspecting exec {exec_id[:12]}"):
+        with self._translate(f"inspecting exec {exec_id[:12]}"):
             return dict(await Exec(self.docker, exec_id).inspect())
+
+    def _translate(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return _translate(what, self._on_error)
+
+    # ----- networks (the egress allowlist's per-session Internal networks) ---------------
+
+    async def create_network(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a network and return its inspect document (with the IPAM gateway)."""
+        with self._translate(f"creating network {config.get('Name', '')}"):
+            network = await self.docker.networks.create(dict(config))
+            return dict(await network.show())
+
+    async def inspect_network(self, name_or_id: str) -> dict[str, Any] | None:
+        try:
+            with self._translate(f"inspecting network {name_or_id[:64]}"):
+                network = await self.docker.networks.get(name_or_id)
+                return dict(await network.show())
+        except NotFound:
+            return None
+
+    async def remove_network(self, name_or_id: str) -> None:
+        """Remove; a network that is already gone is not an error."""
+        try:
+            with self._translate(f"removing network {name_or_id[:64]}"):
+                network = await self.docker.networks.get(name_or_id)
+                await network.delete()
+        except NotFound:
+            pass
+
+    async def list_networks(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+        with self._translate("listing networks"):
+            found = await self.docker.networks.list(filters=filters)
+        return [dict(n) for n in found]
+
+    # ----- images (IMAGE snapshots) ------------------------------------------------------
+
+    async def commit_container(
+        self, container_id: str, repository: str, tag: str, labels: Mapping[str, str]
+    ) -> str:
+        """docker commit; returns the new image's id."""
+        with self._translate(f"committing container {container_id[:12]}"):
+            result = await self._container(container_id).commit(
+                repository=repository, tag=tag, config={"Labels": dict(labels)}, pause=True
+            )
+        return str(result.get("Id", ""))
+
+    async def remove_image(self, image: str) -> None:
+        """Remove an image; one already gone is not an error. A refusal (in use) is
+        FailedPrecondition ENGINE_CONFLICT, for the caller to retry later."""
+        try:
+            with self._translate(f"removing image {image[:80]}"):
+                await self.docker.images.delete(image, force=False)
+        except NotFound:
+            pass
+
+    async def list_images(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+        with self._translate("listing images"):
+            found = await self.docker.images.list(filters=filters)
+        return [dict(i) for i in found]
 
     def _container(self, container_id: str) -> DockerContainer:
         return self.docker.containers.container(container_id)

@@ -13,6 +13,7 @@ and `reason` is the machine-readable UPPER_SNAKE word sent as `google.rpc.ErrorI
      +-- ResourceExhausted     a cap or quota was hit
      +-- OutOfRange            an offset past the end
      +-- Unavailable           the Docker engine (or another dependency) does not answer
+     +-- Unauthenticated       no bearer token, or one no tenant holds
      +-- Internal              a bug or an engine answer we did not expect
 """
 
@@ -76,6 +77,10 @@ class Unavailable(SandboxError):
 
 class Internal(SandboxError):
     default_reason = "INTERNAL"
+
+
+class Unauthenticated(SandboxError):
+    default_reason = "UNAUTHENTICATED"
 
 
 class EngineUnavailable(Unavailable):

@@ -3,7 +3,11 @@
 Every command runs under the `sbx run` supervisor (helper/sbx.c) inside the container: it
 puts the command in its own session and process group, adopts orphans as a subreaper, and
 kills every descendant when the command ends. The server keeps the timeout, the output caps
-and cancellation: on any of them it runs `sbx kill <id>`, which ends the whole tree.
+and cancellation: on any of them it runs `sbx kill <token>`, which ends the whole tree.
+
+`Executor.start` hands out a `Command`: its events, its stdin (with a real half-close), signals
+and terminal size. Exec and Run, Interact (interactive.py) and background processes
+(processes.py) are all built on it.
 """
 
 from __future__ import annotations
@@ -19,10 +23,17 @@ from dataclasses import dataclass
 
 from sandboxd import validation
 from sandboxd.engine import Engine, ExecStream
-from sandboxd.errors import InvalidArgument, SandboxError
+from sandboxd.errors import (
+    EngineUnavailable,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    SandboxError,
+)
 from sandboxd.models import (
     ExecEvent,
     ExecExited,
+    ExecKeepalive,
     ExecOutput,
     ExecSpec,
     ExecStarted,
@@ -38,6 +49,53 @@ CHUNK_BYTES = 64 * 1024  # largest output event; keeps gRPC messages small and l
 QUEUE_CHUNKS = 64  # chunks buffered between the engine and a slow client: backpressure
 SUPERVISOR_GRACE_S = 2.0  # the in-container backstop fires this long after our own timer
 KILL_TIMEOUT_S = 5.0
+HELPER_TIMEOUT_S = 10.0
+MAX_PTY_CELLS = 1000
+
+# What SignalProcess and Interact may send; `sbx signal` accepts exactly these.
+SIGNAL_NAMES = frozenset(
+    {
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGKILL",
+        "SIGTERM",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGSTOP",
+        "SIGCONT",
+        "SIGWINCH",
+    }
+)
+
+
+@dataclass(frozen=True)
+class PtySize:
+    rows: int
+    cols: int
+
+
+def validate_signal(name: str) -> str:
+    """A signal name from the fixed set; anything else is refused before it reaches sbx."""
+    if name not in SIGNAL_NAMES:
+        raise InvalidArgument(
+            f"signal {name[:32]!r} is not supported; use one of {', '.join(sorted(SIGNAL_NAMES))}",
+            reason="INVALID_SIGNAL",
+            metadata={"signal": name[:32]},
+        )
+    return name
+
+
+def validate_pty_size(rows: int, cols: int) -> PtySize:
+    """Terminal rows and columns, each 1 to 1000 (0 would be an unset field)."""
+    for what, value in (("rows", rows), ("cols", cols)):
+        if not 1 <= value <= MAX_PTY_CELLS:
+            raise InvalidArgument(
+                f"terminal {what} must be between 1 and {MAX_PTY_CELLS} (got {value})",
+                reason="INVALID_PTY_SIZE",
+                metadata={what: str(value)},
+            )
+    return PtySize(rows, cols)
 
 
 @dataclass(frozen=True)
@@ -95,126 +153,202 @@ def _signal_name(exit_code: int) -> str:
     return ""
 
 
-class Executor:
-    """Starts commands and owns the kill tasks that must finish even if a caller goes away."""
+def new_token() -> str:
+    """The id `sbx run --id` is started with; `sbx kill`/`signal` find the supervisor by it."""
+    return "p-" + secrets.token_hex(8)
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._kills: set[asyncio.Task[None]] = set()
 
-    async def close(self) -> None:
-        if self._kills:
-            await asyncio.wait(self._kills, timeout=KILL_TIMEOUT_S)
+_Item = tuple[int, bytes] | None | SandboxError
 
-    def kill(self, session: Session, process_id: str) -> asyncio.Task[None]:
-        """End the command's process tree; completes even if the caller is cancelled."""
-        task = asyncio.create_task(self._kill(session, process_id))
-        self._kills.add(task)
-        task.add_done_callback(self._kills.discard)
-        return task
 
-    async def _kill(self, session: Session, process_id: str) -> None:
-        try:
-            async with asyncio.timeout(KILL_TIMEOUT_S):
-                async with self._engine.exec(
-                    session.container_id,
-                    [HELPER_IN_CONTAINER, "kill", process_id],
-                    user=session.spec.user,
-                ) as stream:
-                    while await stream.read() is not None:
-                        pass
-        except (SandboxError, TimeoutError) as exc:
-            log.warning("could not kill process %s: %s", process_id, exc)
+class Command:
+    """One command started under `sbx run`: its output events, stdin, signals, terminal size.
 
-    async def stream(self, session: Session, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
-        """Run `spec` and yield started, output..., exited. Closing the generator kills it."""
-        process_id = "p-" + secrets.token_hex(8)
-        argv = [
-            HELPER_IN_CONTAINER,
-            "run",
-            "--id",
-            process_id,
-            "--timeout-ms",
-            str(int((spec.timeout_s + SUPERVISOR_GRACE_S) * 1000)),
-            "--cwd",
-            spec.cwd,
-            "--",
-            *spec.argv,
-        ]
-        started = time.monotonic()
-        finished = False
-        async with self._engine.exec(
-            session.container_id,
-            argv,
-            user=session.spec.user,
-            env=spec.env,
-            stdin=True,
-        ) as stream:
-            feeder = asyncio.create_task(self._feed_stdin(stream, spec.stdin))
-            queue: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue(QUEUE_CHUNKS)
-            pump = asyncio.create_task(self._pump(stream, queue))
-            try:
-                yield ExecStarted(process_id)
-                offsets = {1: 0, 2: 0}
-                timed_out = truncated = False
-                deadline = started + spec.timeout_s
-                while True:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        timed_out = True
-                        break
-                    try:
-                        item = await asyncio.wait_for(queue.get(), timeout=remaining)
-                    except TimeoutError:
-                        timed_out = True
-                        break
-                    if item is None:
-                        break
-                    fd, data = item
-                    room = spec.max_output_bytes - offsets[fd]
-                    if len(data) > room:
-                        data, truncated = data[:room], True
-                    for i in range(0, len(data), CHUNK_BYTES):
-                        piece = data[i : i + CHUNK_BYTES]
-                        yield ExecOutput(OutputStream(fd), piece, offsets[fd])
-                        offsets[fd] += len(piece)
-                    if truncated:
-                        break
-                if timed_out or truncated:
-                    await self.kill(session, process_id)
-                    exit_code = 137
-                else:
-                    await pump  # surfaces an engine error raised while reading
-                    exit_code = await self._exit_code(stream)
-                finished = True
-                yield ExecExited(
-                    exit_code=exit_code,
-                    signal="SIGKILL" if timed_out or truncated else _signal_name(exit_code),
-                    timed_out=timed_out,
-                    truncated=truncated,
-                    duration_s=time.monotonic() - started,
-                )
-            finally:
-                if not finished:
-                    # The caller went away (or failed): the command must not outlive the call.
-                    self.kill(session, process_id)
-                for task in (feeder, pump):
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, SandboxError):
-                        await task
+    Made by `Executor.start`, which kills the command's tree if it is left before `exited`.
+    """
 
-    @staticmethod
-    async def _feed_stdin(stream: ExecStream, data: bytes) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        session: Session,
+        spec: ExecSpec,
+        process_id: str,
+        token: str,
+        stream: ExecStream,
+        tty: bool,
+    ) -> None:
+        self._executor = executor
+        self._session = session
+        self._spec = spec
+        self.process_id = process_id
+        self.token = token
+        self._stream = stream
+        self.tty = tty
+        self.started = time.monotonic()
+        self.finished = False
+        self.stdin_closed = False
+        self._failure: SandboxError | None = None
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue(QUEUE_CHUNKS)
+        self._pump = asyncio.create_task(self._pump_output())
+        self._feeder: asyncio.Task[None] | None = None
+
+    # ----- input ------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        """Write `data` to stdin in the background, then half-close it (Exec, Run)."""
+        self._feeder = asyncio.create_task(self._feed(data))
+
+    async def _feed(self, data: bytes) -> None:
         with contextlib.suppress(SandboxError, ConnectionError):
             if data:
-                await stream.write(data)
-        stream.close_stdin()
+                await self._stream.write(data)
+        self.close_stdin()
 
-    @staticmethod
-    async def _pump(stream: ExecStream, queue: asyncio.Queue[tuple[int, bytes] | None]) -> None:
-        """Engine -> bounded queue; when the queue is full the engine socket is not read."""
+    async def write(self, data: bytes) -> None:
+        if self.stdin_closed:
+            raise FailedPrecondition(
+                "stdin of this command is already closed", reason="STDIN_CLOSED"
+            )
+        if data:
+            # A command that has exited no longer reads: its `exited` event is on the way (and
+            # a real engine failure surfaces from the output side).
+            with contextlib.suppress(ConnectionError, EngineUnavailable):
+                await self._stream.write(data)
+
+    def close_stdin(self) -> None:
+        """Half-close: the command sees EOF on stdin while its output keeps flowing."""
+        self.stdin_closed = True
+        self._stream.close_stdin()
+
+    async def signal(self, name: str) -> None:
+        await self._executor.signal(self._session, self.token, validate_signal(name))
+
+    async def resize(self, size: PtySize) -> None:
+        if not self.tty:
+            raise FailedPrecondition(
+                "resize needs a terminal: start the command with a pty", reason="NOT_A_TERMINAL"
+            )
+        await self._executor.engine.exec_resize(self._stream.exec_id, size.rows, size.cols)
+
+    def fail(self, exc: SandboxError) -> None:
+        """End `events` with `exc` (a bad control message): the caller gets the error."""
+        self._failure = exc
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(exc)  # wake a waiting reader; a busy one checks the flag
+
+    # ----- output -----------------------------------------------------------------------
+
+    async def events(
+        self, *, keepalive_s: float | None = None, cap_output: bool = True
+    ) -> AsyncIterator[ExecEvent]:
+        """started, output..., exited; `keepalive` after each quiet `keepalive_s`.
+
+        With `cap_output` output past `max_output_bytes` is cut and the command killed;
+        without it (background processes keep a ring buffer instead) output is never cut.
+        """
+        spec = self._spec
+        yield ExecStarted(self.process_id)
+        offsets = {1: 0, 2: 0}
+        timed_out = truncated = False
+        deadline = self.started + spec.timeout_s
+        queue = self._queue
+        held: list[_Item] = []  # taken from the queue while coalescing; handled next
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            try:
+                # No task and timer per chunk while output flows.
+                item = held.pop() if held else queue.get_nowait()
+            except asyncio.QueueEmpty:
+                wait = remaining if keepalive_s is None else min(remaining, keepalive_s)
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout=wait)
+                except TimeoutError:
+                    if keepalive_s is not None and wait < remaining:
+                        yield ExecKeepalive()
+                    continue
+            if isinstance(item, SandboxError):
+                raise item
+            if item is None:
+                break
+            fd, data = item
+            if fd not in offsets:
+                continue  # not an output stream (the engine only sends 1 and 2)
+            if len(data) < CHUNK_BYTES:
+                data = self._coalesce(fd, data, held)
+            if cap_output:
+                room = spec.max_output_bytes - offsets[fd]
+                if len(data) > room:
+                    data, truncated = data[:room], True
+            for i in range(0, len(data), CHUNK_BYTES):
+                piece = data[i : i + CHUNK_BYTES] if len(data) > CHUNK_BYTES else data
+                yield ExecOutput(OutputStream(fd), piece, offsets[fd])
+                offsets[fd] += len(piece)
+            if truncated:
+                break
+        if timed_out or truncated:
+            await self._kill_draining()
+            exit_code = 137
+        else:
+            await self._pump  # surfaces an engine error raised while reading
+            exit_code = await self._exit_code()
+        self.finished = True
+        yield ExecExited(
+            exit_code=exit_code,
+            signal="SIGKILL" if timed_out or truncated else _signal_name(exit_code),
+            timed_out=timed_out,
+            truncated=truncated,
+            duration_s=time.monotonic() - self.started,
+        )
+
+    async def _kill_draining(self) -> None:
+        """Kill the tree while reading (and dropping) the output still coming.
+
+        The engine handles an exec's exit only once its output is copied out, waiting up to
+        2 s and holding up the container's other execs meanwhile, our `sbx kill` among them.
+        """
+
+        async def drain() -> None:
+            while True:
+                item = await self._queue.get()
+                if item is None or isinstance(item, SandboxError):
+                    return
+
+        drainer = asyncio.create_task(drain())
         try:
-            while (item := await stream.read()) is not None:
+            await self._executor.kill(self._session, self.token, self._stream.exec_id)
+            await asyncio.wait({drainer}, timeout=1.0)  # to the end of output, briefly
+        finally:
+            drainer.cancel()
+
+    def _coalesce(self, fd: int, data: bytes, held: list[_Item]) -> bytes:
+        """Join what is already queued for the same stream, up to CHUNK_BYTES.
+
+        One event per write of the command (often 4 KiB) would cost a gRPC message each;
+        only what has already arrived is joined, so latency does not change.
+        """
+        parts, size = [data], len(data)
+        while size < CHUNK_BYTES:
+            try:
+                item = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            if not isinstance(item, tuple) or item[0] != fd or size + len(item[1]) > CHUNK_BYTES:
+                held.append(item)
+                break
+            parts.append(item[1])
+            size += len(item[1])
+        return data if len(parts) == 1 else b"".join(parts)
+
+    async def _pump_output(self) -> None:
+        """Engine -> bounded queue; when the queue is full the engine socket is not read."""
+        queue = self._queue
+        try:
+            while (item := await self._stream.read()) is not None:
                 await queue.put(item)
         except asyncio.CancelledError:
             raise
@@ -223,12 +357,144 @@ class Executor:
             raise
         await queue.put(None)
 
-    async def _exit_code(self, stream: ExecStream) -> int:
+    async def _exit_code(self) -> int:
         # The output ends a moment before the engine records the exit code.
         for delay in (0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5):
             if delay:
                 await asyncio.sleep(delay)
-            code = await stream.exit_code()
+            code = await self._stream.exit_code()
             if code is not None:
                 return code
         return -1
+
+    async def _stop(self) -> None:
+        for task in (self._feeder, self._pump):
+            if task is None:
+                continue
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, SandboxError, ConnectionError):
+                await task
+
+
+class Executor:
+    """Starts commands and owns the kill tasks that must finish even if a caller goes away."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._kills: set[asyncio.Task[None]] = set()
+
+    async def close(self) -> None:
+        if self._kills:
+            await asyncio.wait(self._kills, timeout=KILL_TIMEOUT_S)
+
+    def kill(self, session: Session, token: str, exec_id: str) -> asyncio.Task[None]:
+        """End the command's process tree; completes even if the caller is cancelled."""
+        task = asyncio.create_task(self._kill(session, token, exec_id))
+        self._kills.add(task)
+        task.add_done_callback(self._kills.discard)
+        return task
+
+    async def _kill(self, session: Session, token: str, exec_id: str) -> None:
+        """`sbx kill` until it hits, or until the engine says the exec has ended.
+
+        A kill right after the start can come before the engine has started `sbx run`: then
+        no supervisor is found yet, and the kill is tried again.
+        """
+        try:
+            async with asyncio.timeout(KILL_TIMEOUT_S):
+                for delay in (0, 0.01, 0.02, 0.05, *([0.1] * 50)):
+                    await asyncio.sleep(delay)
+                    code, _ = await self._helper(session, ["kill", token], KILL_TIMEOUT_S)
+                    if code == 0:
+                        return
+                    info = await self.engine.exec_inspect(exec_id)
+                    if not info.get("Running") and info.get("ExitCode") is not None:
+                        return  # it has ended by itself
+        except (NotFound, FailedPrecondition) as exc:
+            log.debug("process %s: container gone: %s", token, exc)  # its processes too
+        except (SandboxError, TimeoutError) as exc:
+            log.warning("could not kill process %s: %s", token, exc)
+
+    async def signal(self, session: Session, token: str, name: str) -> None:
+        """Deliver `name` to the process group of the command started with `token`."""
+        code, err = await self._helper(session, ["signal", token, name], HELPER_TIMEOUT_S)
+        if code == 0:
+            return
+        if b"NOT_FOUND" in err:
+            raise FailedPrecondition("the process has already exited", reason="PROCESS_EXITED")
+        raise InvalidArgument(
+            f"sbx signal failed ({code}): {err.decode(errors='replace').strip()[:200]}",
+            reason="INVALID_SIGNAL",
+        )
+
+    async def _helper(
+        self, session: Session, args: list[str], timeout_s: float
+    ) -> tuple[int, bytes]:
+        """Run `sbx ARGS` as the session user; its exit code and (the start of) its stderr."""
+        err = bytearray()
+        async with asyncio.timeout(timeout_s):
+            async with self.engine.exec(
+                session.container_id, [HELPER_IN_CONTAINER, *args], user=session.spec.user
+            ) as stream:
+                while (chunk := await stream.read()) is not None:
+                    if chunk[0] == 2:
+                        err += chunk[1][: 4096 - len(err)]
+                for delay in (0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2):
+                    await asyncio.sleep(delay)
+                    code = await stream.exit_code()
+                    if code is not None:
+                        return code, bytes(err)
+        return -1, bytes(err)
+
+    @contextlib.asynccontextmanager
+    async def start(
+        self,
+        session: Session,
+        spec: ExecSpec,
+        *,
+        process_id: str = "",
+        token: str = "",
+        pty: PtySize | None = None,
+    ) -> AsyncIterator[Command]:
+        """Start `spec` and yield its Command; leaving before `exited` kills its tree."""
+        token = token or new_token()
+        argv = [
+            HELPER_IN_CONTAINER,
+            "run",
+            "--id",
+            token,
+            "--timeout-ms",
+            str(int((spec.timeout_s + SUPERVISOR_GRACE_S) * 1000)),
+            "--cwd",
+            spec.cwd,
+            *(["--tty", f"{pty.rows}x{pty.cols}"] if pty is not None else []),
+            "--",
+            *spec.argv,
+        ]
+        async with self.engine.exec(
+            session.container_id,
+            argv,
+            user=session.spec.user,
+            env=spec.env,
+            stdin=True,
+            tty=pty is not None,
+        ) as stream:
+            command = Command(
+                self, session, spec, process_id or token, token, stream, tty=pty is not None
+            )
+            try:
+                yield command
+            finally:
+                if not command.finished:
+                    # The caller went away (or failed): the command must not outlive the call.
+                    self.kill(session, token, stream.exec_id)
+                await command._stop()
+
+    async def stream(
+        self, session: Session, spec: ExecSpec, *, keepalive_s: float | None = None
+    ) -> AsyncIterator[ExecEvent]:
+        """Run `spec` and yield started, output..., exited. Closing the generator kills it."""
+        async with self.start(session, spec) as command:
+            command.feed(spec.stdin)
+            async for event in command.events(keepalive_s=keepalive_s):
+                yield event

@@ -7,13 +7,14 @@ read, write or listing out of the workspace, whatever races the command runs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from sandboxd import validation
-from sandboxd.engine import Engine
+from sandboxd.engine import Engine, ExecStream
 from sandboxd.errors import (
     AlreadyExists,
     EngineUnavailable,
@@ -119,6 +120,14 @@ def _parse_records(stdout: bytes) -> list[FileInfo]:
         raise Internal(f"file helper printed an unexpected record: {exc}") from exc
 
 
+async def _feed(stream: ExecStream, data: bytes) -> None:
+    """Write stdin, then half-close; a broken pipe is not the answer (the exit status is)."""
+    with contextlib.suppress(EngineUnavailable):
+        if data:
+            await stream.write(data)
+        stream.close_stdin()
+
+
 class Files:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -133,21 +142,23 @@ class Files:
             user=session.spec.user,
             stdin=stdin is not None,
         ) as stream:
-            if stdin is not None:
-                # The helper may refuse before reading all of stdin (a full workspace, a bad
-                # path): a broken pipe here is not the answer; its exit status and stderr are.
-                with contextlib.suppress(EngineUnavailable):
-                    if stdin:
-                        await stream.write(stdin)
-                    stream.close_stdin()
-            while (chunk := await stream.read()) is not None:
-                fd, data = chunk
-                if fd == 1:
-                    if len(stdout) + len(data) > max_stdout:
-                        raise Internal("file helper printed more than expected")
-                    stdout += data
-                elif len(stderr) < _STDERR_LIMIT:
-                    stderr += data[: _STDERR_LIMIT - len(stderr)]
+            # Feed stdin beside reading: the helper may refuse before it reads all of stdin
+            # (a full workspace, a bad path), and then a write would wait forever for room.
+            feeder = asyncio.create_task(_feed(stream, stdin)) if stdin is not None else None
+            try:
+                while (chunk := await stream.read()) is not None:
+                    fd, data = chunk
+                    if fd == 1:
+                        if len(stdout) + len(data) > max_stdout:
+                            raise Internal("file helper printed more than expected")
+                        stdout += data
+                    elif len(stderr) < _STDERR_LIMIT:
+                        stderr += data[: _STDERR_LIMIT - len(stderr)]
+            finally:
+                if feeder is not None:
+                    feeder.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await feeder
             code = None
             for _ in range(50):
                 code = await stream.exit_code()
@@ -160,6 +171,10 @@ class Files:
         if result.exit_code != 0:
             raise _helper_error(result, path)
         return result
+
+    async def helper_checked(self, session: Session, args: list[str], path: str) -> bytes:
+        """Run one helper subcommand with small output; its error mapped as for file calls."""
+        return (await self._checked(session, args, path, max_stdout=64 * 1024)).stdout
 
     async def read(self, session: Session, path: str) -> FileContent:
         rel = validation.workspace_relpath(path, allow_root=False)

@@ -61,11 +61,29 @@ class NetworkMode(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class ProxyQuotas:
+    """Quotas of a session's egress proxy; None fields mean "the server's default"."""
+
+    max_connections: int | None = None
+    max_dns_lookups: int | None = None
+    max_requests: int | None = None
+    max_bytes_up: int | None = None
+    max_bytes_down: int | None = None
+    idle_timeout_s: float | None = None
+    tunnel_lifetime_s: float | None = None
+    header_timeout_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class NetworkPolicy:
     mode: NetworkMode = NetworkMode.DENY
     allowed_domains: tuple[str, ...] = ()
     allowed_ports: tuple[int, ...] = ()
     allow_private_networks: bool = False
+    quotas: ProxyQuotas = field(default_factory=ProxyQuotas)  # resolved (all set) for ALLOWLIST
 
 
 @dataclass(frozen=True)
@@ -124,6 +142,12 @@ class SessionSpec:
                 "allowed_domains": sorted(self.network.allowed_domains),
                 "allowed_ports": sorted(self.network.allowed_ports),
                 "allow_private_networks": self.network.allow_private_networks,
+                # Only ALLOWLIST sessions have a proxy; DENY fingerprints stay as they were.
+                **(
+                    {"quotas": self.network.quotas.to_dict()}
+                    if self.network.mode is NetworkMode.ALLOWLIST
+                    else {}
+                ),
             },
             "env": dict(sorted(self.env.items())),
             "user": self.user,
@@ -156,6 +180,7 @@ class Session:
     lease_expires_at: datetime
     labels: dict[str, str] = field(default_factory=dict)
     container_id: str = ""
+    tenant: str = "default"  # who may see it (sandboxd.tenancy); "default" without auth
 
 
 @dataclass(frozen=True)
@@ -196,7 +221,12 @@ class ExecExited:
     duration_s: float
 
 
-ExecEvent = ExecStarted | ExecOutput | ExecExited
+@dataclass(frozen=True)
+class ExecKeepalive:
+    """Nothing happened for a keepalive interval: tells a silent command from a dead link."""
+
+
+ExecEvent = ExecStarted | ExecOutput | ExecExited | ExecKeepalive
 
 
 class FileType(enum.Enum):

@@ -20,16 +20,27 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from sandboxd.api.admin_service import AdminService
+from sandboxd.api.auth import AuthInterceptor
 from sandboxd.api.filesystem_service import FilesystemService
+from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
 from sandboxd.api.session_service import SessionService
-from sandboxd.config import Config
+from sandboxd.api.snapshot_service import SnapshotService
+from sandboxd.archive import ArchiveIO
+from sandboxd.config import Config, listens_on_loopback
+from sandboxd.egress.networks import EgressManager, parse_static_hosts
 from sandboxd.engine import Engine
 from sandboxd.errors import ConfigError, SandboxError
 from sandboxd.execution import Executor
 from sandboxd.files import Files
+from sandboxd.metrics import Metrics, MetricsServer
+from sandboxd.pool import WarmPool
+from sandboxd.processes import ProcessManager
 from sandboxd.sessions import SessionManager
+from sandboxd.snapshot_store import SnapshotStore
+from sandboxd.snapshots import Snapshots
 from sandboxd.store import SessionStore
+from sandboxd.sweeper import Sweeper
 from sandboxd.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -39,6 +50,8 @@ from sandboxd.v1 import (
     process_pb2_grpc,
     session_pb2,
     session_pb2_grpc,
+    snapshot_pb2,
+    snapshot_pb2_grpc,
 )
 
 log = logging.getLogger(__name__)
@@ -48,6 +61,7 @@ SERVICE_NAMES = (
     process_pb2.DESCRIPTOR.services_by_name["ProcessService"].full_name,
     filesystem_pb2.DESCRIPTOR.services_by_name["FilesystemService"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+    snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name,
 )
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
@@ -143,42 +157,79 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         loop.add_signal_handler(sig, on_signal)
 
     async with AsyncExitStack() as stack:
+        metrics = Metrics()
         engine = await stack.enter_async_context(
-            Engine(config.docker_host, config.docker_pool_size)
+            Engine(config.docker_host, config.docker_pool_size, on_error=metrics.engine_error)
         )
         store = await stack.enter_async_context(SessionStore(config.data_dir / "sessions.db"))
-        sessions = SessionManager(config, engine, store, owner_id)
+        pool = WarmPool.for_config(engine, config, owner_id, metrics)
+        stack.push_async_callback(pool.close)  # after the gRPC server stopped, before the engine
+        # Proxies close before the engine; networks and host filters stay (fail closed).
+        egress = await stack.enter_async_context(
+            EgressManager(
+                engine,
+                owner_id,
+                proxy_port=config.proxy_port,
+                static_hosts=parse_static_hosts(config.proxy_hosts),
+                allow_unfiltered=config.egress_allow_unfiltered,
+            )
+        )
+        sessions = SessionManager(config, engine, store, owner_id, pool=pool, egress=egress)
         executor = Executor(engine)
         stack.push_async_callback(executor.close)
+        processes = ProcessManager(executor)
+        stack.push_async_callback(processes.close)  # before executor.close awaits the kills
+        sessions.on_session_end.append(processes.end_session)
         files = Files(engine)
+        archive = ArchiveIO(
+            engine, files, config.archive_max_members, spool_dir=config.data_dir / "spool"
+        )
+        snapshot_store = await SnapshotStore(store.db, config.data_dir / "snapshots").open()
+        snapshots = Snapshots(snapshot_store, archive, sessions, engine, store)
 
         server = grpc.aio.server(
+            interceptors=[MetricsInterceptor(metrics), *_interceptors(config)],
             options=[
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         session_pb2_grpc.add_SessionServiceServicer_to_server(SessionService(sessions), server)
         process_pb2_grpc.add_ProcessServiceServicer_to_server(
-            ProcessService(sessions, executor, config), server
+            ProcessService(sessions, executor, config, processes), server
         )
         filesystem_pb2_grpc.add_FilesystemServiceServicer_to_server(
             FilesystemService(sessions, files), server
         )
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminService(config, engine), server)
+        snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(
+            SnapshotService(sessions, archive, snapshots), server
+        )
+        sweeper = Sweeper(sessions, engine, owner_id, snapshots)
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(
+            AdminService(config, engine, egress, sweeper), server
+        )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         _add_reflection(server)
 
         try:
-            port = server.add_insecure_port(config.listen)
+            port = _add_port(server, config)
         except RuntimeError as exc:
             raise ConfigError(f"cannot listen on {config.listen}: {exc}") from None
         if port == 0:
             raise ConfigError(f"cannot listen on {config.listen} (address in use or invalid)")
         monitor = EngineMonitor(engine, health_servicer, sessions.reconcile)
         await monitor.check()  # reconcile before the first call when the engine is up
+        pool.start()  # after reconcile removed an earlier run's leftovers
+        if config.metrics_listen:
+
+            async def refresh_metrics() -> None:
+                metrics.set_session_counts(await store.count_by_state())
+
+            await stack.enter_async_context(
+                MetricsServer(metrics, config.metrics_listen, refresh_metrics)
+            )
         await server.start()
         host = config.listen.rpartition(":")[0]
         log.info("sandboxd listening on %s:%d (owner id %s)", host, port, owner_id)
@@ -189,6 +240,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             background = [
                 tg.create_task(monitor.run(config.engine_check_interval_s)),
                 tg.create_task(sessions.run_reaper(config.reaper_interval_s)),
+                tg.create_task(sweeper.run()),
             ]
             await stop.wait()
             log.info("shutting down: draining calls for up to %.1f s", config.shutdown_grace_s)
@@ -200,9 +252,54 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 log.warning("second signal: stopping now")
                 await server.stop(0)
             forced.cancel()
+            if not force.is_set() and config.shutdown_snapshot_s > 0:
+                # No call is in flight now: save every running workspace, so that an engine
+                # restarting after us (a reboot) loses nothing.
+                await snapshots.snapshot_running(config.shutdown_snapshot_s, force)
             for task in background:
                 task.cancel()
     log.info("stopped")
+
+
+def _interceptors(config: Config) -> list[grpc.aio.ServerInterceptor]:
+    """Bearer-token authentication when a tokens file is configured; else one tenant."""
+    if config.tokens_file is None:
+        if not listens_on_loopback(config.listen):
+            log.warning(
+                "INSECURE: serving %s with no authentication (allow_insecure_public_listen): "
+                "anyone who can reach this port can run commands",
+                config.listen,
+            )
+        return []
+    from sandboxd.tenancy import load_tokens
+
+    tokens = load_tokens(config.tokens_file)
+    log.info(
+        "authentication on: %d token(s) for %d tenant(s)",
+        len(tokens.entries),
+        len(tokens.tenants),
+    )
+    if config.tls_cert is None and not listens_on_loopback(config.listen):
+        log.warning(
+            "bearer tokens on %s travel in plaintext: set tls_cert and tls_key", config.listen
+        )
+    return [AuthInterceptor(tokens)]
+
+
+def _add_port(server: grpc.aio.Server, config: Config) -> int:
+    """TLS when a certificate is configured, mutual TLS when a client CA is too."""
+    if config.tls_cert is None or config.tls_key is None:
+        return int(server.add_insecure_port(config.listen))
+    try:
+        key, cert = config.tls_key.read_bytes(), config.tls_cert.read_bytes()
+        ca = config.tls_client_ca.read_bytes() if config.tls_client_ca else None
+    except OSError as exc:
+        raise ConfigError(f"cannot read TLS files: {exc}") from None
+    credentials = grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+    )
+    log.info("TLS on (%s)", "client certificates required" if ca else "server certificate only")
+    return int(server.add_secure_port(config.listen, credentials))
 
 
 def write_port_file(path: Path, port: int) -> None:

@@ -10,16 +10,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import io
 import logging
 import secrets
 import tarfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
 
-from sandboxd import validation
+from sandboxd import tenancy, validation
 from sandboxd.config import Config
+from sandboxd.egress.audit import EgressEvent
+from sandboxd.egress.networks import EgressManager, apply_to_container
+from sandboxd.egress.policy import validate_policy
 from sandboxd.engine import Engine
 from sandboxd.errors import (
     AlreadyExists,
@@ -29,6 +34,7 @@ from sandboxd.errors import (
     ResourceExhausted,
     SandboxError,
     SessionNotFound,
+    Unavailable,
 )
 from sandboxd.models import (
     LIMIT_NAMES,
@@ -43,7 +49,9 @@ from sandboxd.models import (
     ShellPolicy,
     WorkspaceManifest,
 )
+from sandboxd.pool import WarmPool
 from sandboxd.profile import LABEL_OWNER, container_config, container_name
+from sandboxd.snapshot_store import Snapshot
 from sandboxd.store import SessionStore
 
 log = logging.getLogger(__name__)
@@ -53,6 +61,10 @@ DEFAULT_PAGE_SIZE = 100
 MAX_MANIFEST_ENTRIES = 10_000
 MAX_ALLOW_ENTRIES = 256
 EXPIRED_RETENTION = timedelta(hours=1)
+# States that count against a tenant's session and memory quotas.
+_QUOTA_STATES = tuple(
+    s.value for s in SessionState if s not in (SessionState.EXPIRED, SessionState.FAILED)
+)
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,18 @@ class CreateSessionInput:
     lease_ttl_s: float | None = None
     user: str = ""
     manifest: WorkspaceManifest = field(default_factory=WorkspaceManifest)
+    from_snapshot_id: str = ""
+
+
+class WorkspaceKeeper(Protocol):
+    """What sessions need of snapshots (sandboxd.snapshots.Snapshots), without importing it."""
+
+    async def take(self, session: Session, labels: Mapping[str, str]) -> Snapshot: ...
+    async def latest(self, session_id: str) -> Snapshot | None: ...
+    async def restore(self, session: Session, snap: Snapshot) -> None: ...
+    async def lookup(self, snapshot_id: str) -> Snapshot: ...
+    async def adopt(self, snap: Snapshot, session: Session) -> Snapshot: ...
+    async def forget_session(self, session_id: str) -> None: ...
 
 
 def resolve_limits(requested: LimitsRequest, defaults: Limits, maxima: Limits) -> Limits:
@@ -99,6 +123,12 @@ def resolve_limits(requested: LimitsRequest, defaults: Limits, maxima: Limits) -
             "limits.memory_bytes must be at least 6 MiB (a Docker minimum)",
             reason="LIMIT_INVALID",
             metadata={"limit": "memory_bytes"},
+        )
+    if limits.cpu_millis < 10:
+        raise InvalidArgument(
+            "limits.cpu_millis must be at least 10 (the kernel's smallest CPU quota is 1 ms)",
+            reason="LIMIT_INVALID",
+            metadata={"limit": "cpu_millis"},
         )
     return limits
 
@@ -141,34 +171,48 @@ def _parents(path: str) -> list[str]:
 
 
 class SessionManager:
-    def __init__(self, config: Config, engine: Engine, store: SessionStore, owner_id: str) -> None:
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine,
+        store: SessionStore,
+        owner_id: str,
+        *,
+        pool: WarmPool | None = None,
+        egress: EgressManager | None = None,
+    ) -> None:
+        self._pool = pool
+        self._egress = egress  # None: ALLOWLIST sessions are refused (NETWORK_MODE_UNSUPPORTED)
         self._config = config
         self._engine = engine
         self._store = store
         self.owner_id = owner_id
         self._locks: dict[str, asyncio.Lock] = {}
+        # Set by sandboxd.snapshots: suspend, resume, fork and rebuilding lost containers.
+        self.snapshots: WorkspaceKeeper | None = None
+        # Called with the session id before its container goes (delete, lease end): what lives
+        # in the container beyond one call (background processes) is ended and forgotten.
+        self.on_session_end: list[Callable[[str], Awaitable[None]]] = []
+        self._quotas = tenancy.TenantQuotas(
+            max_sessions=config.tenant_max_sessions,
+            max_memory_bytes=config.tenant_max_memory_bytes,
+        )
+        self._tenant_locks: dict[str, asyncio.Lock] = {}
+        # Commands (Exec, Run, ...) hold one of these per tenant while they run.
+        self.exec_slots = tenancy.ExecSlots(config.tenant_max_concurrent_execs)
 
     # ----- validation -------------------------------------------------------------------
 
     def _validate(self, req: CreateSessionInput) -> tuple[str, SessionSpec, float]:
-        session_id = (
-            validation.validate_session_id(req.session_id)
-            if req.session_id
-            else "s-" + secrets.token_hex(8)
-        )
+        if req.session_id:
+            session_id = validation.validate_session_id(req.session_id)
+            tenancy.check_session_id(session_id)
+        else:
+            session_id = tenancy.generated_session_id(secrets.token_hex(8))
         limits = resolve_limits(req.limits, self._config.default_limits, self._config.max_limits)
         uid, gid = validation.parse_user(req.user)
         env = validation.validate_env(req.env)
-        if req.network.mode is NetworkMode.ALLOWLIST:
-            raise InvalidArgument(
-                "network.mode ALLOWLIST is not available on this server yet; use DENY",
-                reason="NETWORK_MODE_UNSUPPORTED",
-            )
-        if req.network.allowed_domains or req.network.allowed_ports:
-            raise InvalidArgument(
-                "network.allowed_domains and allowed_ports need network.mode ALLOWLIST",
-                reason="NETWORK_POLICY_INVALID",
-            )
+        network = self._validate_network(req.network)
         if len(req.shell.allow) > MAX_ALLOW_ENTRIES:
             raise InvalidArgument(
                 f"shell.allow has more than {MAX_ALLOW_ENTRIES} entries", reason="INVALID_SHELL"
@@ -180,9 +224,7 @@ class SessionManager:
                     reason="INVALID_SHELL",
                 )
         manifest = self._validate_manifest(req.manifest, limits)
-        image = req.image or self._config.image
-        if len(image) > 512 or "\0" in image:
-            raise InvalidArgument("image name is too long or contains NUL", reason="INVALID_IMAGE")
+        image = validation.validate_image(req.image or self._config.image)
         lease = self._lease(req.lease_ttl_s, "lease_ttl")
         spec = SessionSpec(
             image=image,
@@ -190,13 +232,37 @@ class SessionManager:
             shell=ShellPolicy(
                 allow=tuple(sorted(set(req.shell.allow))), allow_all=req.shell.allow_all
             ),
-            network=NetworkPolicy(mode=NetworkMode.DENY),
+            network=network,
             env=env,
             uid=uid,
             gid=gid,
             manifest=manifest,
         )
         return session_id, spec, lease
+
+    def _validate_network(self, asked: NetworkPolicy) -> NetworkPolicy:
+        network = validate_policy(asked)
+        if network.mode is NetworkMode.ALLOWLIST:
+            if self._egress is None:
+                raise InvalidArgument(
+                    "network.mode ALLOWLIST is not available on this server; use DENY",
+                    reason="NETWORK_MODE_UNSUPPORTED",
+                )
+            self._egress.require_available()
+        return network
+
+    async def _with_egress(self, request: dict[str, Any], session: Session) -> dict[str, Any]:
+        """The container request of an ALLOWLIST session: on its network, with its proxy.
+
+        Also the hook for anything that re-creates a session's container (resume).
+        """
+        if session.spec.network.mode is not NetworkMode.ALLOWLIST or self._egress is None:
+            return request
+        return apply_to_container(request, await self._egress.prepare(session))
+
+    async def _release_egress(self, session: Session) -> None:
+        if session.spec.network.mode is NetworkMode.ALLOWLIST and self._egress is not None:
+            await self._egress.release(session.session_id)
 
     def _validate_manifest(self, manifest: WorkspaceManifest, limits: Limits) -> WorkspaceManifest:
         if len(manifest.files) + len(manifest.directories) > MAX_MANIFEST_ENTRIES:
@@ -281,6 +347,15 @@ class SessionManager:
         fingerprint = spec.fingerprint()
         async with self._locked(session_id):
             existing = await self._store.get(session_id)
+            if existing is not None and existing.tenant != tenancy.current():
+                # Only a record from before authentication can be here (ids are partitioned
+                # by tenant since): refuse without saying whose it is or what it holds.
+                raise AlreadyExists(
+                    f"session {session_id!r} already exists with a different manifest "
+                    "fingerprint (or has ended)",
+                    reason="SESSION_ALREADY_EXISTS",
+                    metadata={"session_id": session_id},
+                )
             if existing is not None:
                 if existing.fingerprint == fingerprint and existing.state in (
                     SessionState.RUNNING,
@@ -293,6 +368,7 @@ class SessionManager:
                     reason="SESSION_ALREADY_EXISTS",
                     metadata={"session_id": session_id, "fingerprint": existing.fingerprint},
                 )
+            source = await self._fork_source(req.from_snapshot_id)
             if not await self._engine.image_exists(spec.image):
                 raise FailedPrecondition(
                     f"image {spec.image!r} is not present on the engine (images are not pulled)",
@@ -308,24 +384,38 @@ class SessionManager:
                 created_at=now,
                 lease_expires_at=now + timedelta(seconds=lease_s),
                 labels=labels,
+                tenant=tenancy.current(),
             )
-            await self._store.insert(session)
+            await self._insert_within_quota(session)
             try:
-                session.container_id = await self._engine.create_container(
-                    container_config(
-                        spec=spec,
-                        session_id=session_id,
-                        owner_id=self.owner_id,
-                        fingerprint=fingerprint,
-                        helper_path=self._config.helper,
-                        keeper_user=self._config.keeper_user,
-                    ),
-                    name=container_name(self.owner_id, session_id),
+                request = container_config(
+                    spec=spec,
+                    session_id=session_id,
+                    owner_id=self.owner_id,
+                    fingerprint=fingerprint,
+                    helper_path=self._config.helper,
+                    keeper_user=self._config.keeper_user,
                 )
-                await self._store.update(session)
-                await self._engine.start_container(session.container_id)
+                request = await self._with_egress(request, session)
+                warm = await self._pool.claim(request) if self._pool is not None else None
+                if warm is not None and self._pool is not None:
+                    # Started already; carries the pool label, linked by the stored id.
+                    session.container_id = warm
+                    try:
+                        await self._store.update(session)
+                    finally:
+                        self._pool.settled(warm)
+                else:
+                    session.container_id = await self._engine.create_container(
+                        request, name=container_name(self.owner_id, session_id)
+                    )
+                    await self._store.update(session)
+                    await self._engine.start_container(session.container_id)
                 if spec.manifest.files or spec.manifest.directories:
                     await self._populate(session)
+                if source is not None and self.snapshots is not None:
+                    await self.snapshots.restore(session, source)
+                    await self.snapshots.adopt(source, session)
                 session.state = SessionState.RUNNING
                 await self._store.update(session)
             except BaseException:
@@ -333,6 +423,14 @@ class SessionManager:
                 raise
             log.info("session created", extra={"session_id": session_id})
             return session
+
+    async def _insert_within_quota(self, session: Session) -> None:
+        """Check the tenant's quotas and record the session, with no other create between."""
+        lock = self._tenant_locks.setdefault(session.tenant, asyncio.Lock())
+        async with lock:
+            count, memory = await self._store.tenant_usage(session.tenant, _QUOTA_STATES)
+            self._quotas.check_create(count, memory, session.spec.limits.memory_bytes)
+            await self._store.insert(session)
 
     async def _populate(self, session: Session) -> None:
         archive = await asyncio.to_thread(build_manifest_tar, session.spec.manifest)
@@ -365,6 +463,7 @@ class SessionManager:
                 await self._engine.remove_container(session.container_id)
             else:
                 await self._remove_by_name(session.session_id)
+            await self._release_egress(session)
         await self._store.delete(session.session_id)
 
     async def _remove_by_name(self, session_id: str) -> None:
@@ -375,7 +474,8 @@ class SessionManager:
     async def get(self, session_id: str) -> Session:
         validation.validate_session_id(session_id)
         session = await self._store.get(session_id)
-        if session is None:
+        if session is None or session.tenant != tenancy.current():
+            # Another tenant's session answers exactly like a missing one.
             raise SessionNotFound(session_id)
         if session.state is not SessionState.EXPIRED and session.lease_expires_at <= _now():
             await self._expire(session)
@@ -390,6 +490,17 @@ class SessionManager:
                 reason="LEASE_EXPIRED",
                 metadata={"session_id": session_id},
             )
+        if session.state is SessionState.FAILED:
+            # Only a lost container fails a session: say so on every later call too, not
+            # just on the one that found out (reconcile may have been the one).
+            raise FailedPrecondition(
+                f"the container of session {session_id!r} is gone (removed or the engine "
+                "restarted); its workspace cannot be recovered",
+                reason="CONTAINER_LOST",
+                metadata={"session_id": session_id},
+            )
+        if session.state is SessionState.SUSPENDED:
+            return await self.resume(session_id, None)  # rebuilt from its snapshot, lazily
         if session.state is not SessionState.RUNNING:
             raise FailedPrecondition(
                 f"session {session_id!r} is {session.state.value}, not RUNNING",
@@ -412,12 +523,26 @@ class SessionManager:
                 raise await self.container_lost(session) from exc
             raise
 
-    async def container_lost(self, session: Session) -> FailedPrecondition:
+    @contextlib.asynccontextmanager
+    async def use_for_command(self, session_id: str) -> AsyncIterator[Session]:
+        """`use`, holding one of the tenant's exec slots: a running command counts against
+        tenant_max_concurrent_execs until it ends."""
+        async with self.use(session_id) as session, self.exec_slots.slot():
+            yield session
+
+    async def container_lost(self, session: Session) -> SandboxError:
         """Record that the engine no longer has the container; the error to report."""
         async with self._locked(session.session_id):
             current = await self._store.get(session.session_id)
             if current is not None:
                 await self._mark_lost(current)
+            if current is not None and current.state is SessionState.SUSPENDED:
+                return Unavailable(
+                    f"the container of session {session.session_id!r} is gone; it is rebuilt "
+                    "from the session's last snapshot on the next call: retry",
+                    reason="CONTAINER_LOST",
+                    metadata={"session_id": session.session_id, "retry": "true"},
+                )
         return FailedPrecondition(
             f"the container of session {session.session_id!r} is gone (removed or the engine "
             "restarted); its workspace cannot be recovered",
@@ -427,8 +552,16 @@ class SessionManager:
 
     async def _mark_lost(self, session: Session) -> None:
         if session.state is SessionState.RUNNING:
-            session.state = SessionState.FAILED
+            # With a snapshot the session is only suspended: resume rebuilds it from there.
+            has_snapshot = (
+                self.snapshots is not None
+                and await self.snapshots.latest(session.session_id) is not None
+            )
+            session.state = SessionState.SUSPENDED if has_snapshot else SessionState.FAILED
+            session.container_id = "" if has_snapshot else session.container_id
             await self._store.update(session)
+            with contextlib.suppress(SandboxError):
+                await self._release_egress(session)
             log.warning("container lost", extra={"session_id": session.session_id})
 
     async def list_sessions(
@@ -439,7 +572,9 @@ class SessionManager:
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         after = _decode_token(page_token)
         selector = validation.validate_labels(label_selector)
-        sessions = await self._store.page(after=after, limit=size + 1, labels=selector)
+        sessions = await self._store.page(
+            after=after, limit=size + 1, labels=selector, tenant=tenancy.current()
+        )
         now = _now()
         for s in sessions:
             if s.state is not SessionState.EXPIRED and s.lease_expires_at <= now:
@@ -464,23 +599,218 @@ class SessionManager:
             await self._store.update(session)
             return session
 
+    # ----- suspend, resume, fork (workspace kept by sandboxd.snapshots) ------------------
+
+    def _keeper(self) -> WorkspaceKeeper:
+        if self.snapshots is None:  # pragma: no cover - server.py always attaches one
+            raise FailedPrecondition("snapshots are not available", reason="SESSION_NOT_RUNNING")
+        return self.snapshots
+
+    async def _fork_source(self, snapshot_id: str) -> Snapshot | None:
+        """The snapshot a fork starts from (NOT_FOUND before anything is created)."""
+        return await self._keeper().lookup(snapshot_id) if snapshot_id else None
+
+    async def suspend(self, session_id: str) -> Session:
+        """Snapshot the workspace, then remove the container; lease and snapshot stay."""
+        async with self._locked(session_id):
+            session = await self.get(session_id)
+            if session.state is SessionState.SUSPENDED:
+                return session
+            self._require_live(session)
+            await self._keeper().take(session, {"io.sandboxd.auto": "suspend"})
+            for hook in self.on_session_end:
+                await hook(session_id)
+            await self._engine.remove_container(session.container_id)
+            with contextlib.suppress(SandboxError):
+                await self._release_egress(session)
+            session.state = SessionState.SUSPENDED
+            session.container_id = ""
+            await self._store.update(session)
+            log.info("session suspended", extra={"session_id": session_id})
+            return session
+
+    async def resume(self, session_id: str, expected_fingerprint: str | None) -> Session:
+        """Running again: a removed, lost or tampered-with container is rebuilt from the last
+        snapshot. An expired lease is refused, never answered with an empty workspace."""
+        async with self._locked(session_id):
+            session = await self.get(session_id)
+            if expected_fingerprint is not None and expected_fingerprint != session.fingerprint:
+                raise FailedPrecondition(
+                    f"session {session_id!r} has fingerprint {session.fingerprint}, not the "
+                    "expected one",
+                    reason="MANIFEST_CONFLICT",
+                    metadata={"session_id": session_id, "fingerprint": session.fingerprint},
+                )
+            self._require_live(session)
+            if session.state is SessionState.RUNNING:
+                info = await self._engine.inspect_container(session.container_id)
+                running = info is not None and bool(info.get("State", {}).get("Running"))
+                mismatch = running and info is not None and self._tampered(session, info)
+                if running and not mismatch:
+                    return session
+                if mismatch:
+                    log.warning(
+                        "container limits changed behind our back; not reused",
+                        extra={"session_id": session_id},
+                    )
+            snap = await self._keeper().latest(session_id)
+            if snap is None:
+                await self._mark_lost(session)
+                raise FailedPrecondition(
+                    f"the container of session {session_id!r} is gone (or was altered) and the "
+                    "session has no snapshot to rebuild it from",
+                    reason="CONTAINER_LOST",
+                    metadata={"session_id": session_id},
+                )
+            await self._rebuild(session, snap)
+            return session
+
+    def _require_live(self, session: Session) -> None:
+        if session.state is SessionState.EXPIRED:
+            raise FailedPrecondition(
+                f"the lease of session {session.session_id!r} expired; it was removed",
+                reason="LEASE_EXPIRED",
+                metadata={"session_id": session.session_id},
+            )
+        if session.state is SessionState.FAILED:
+            raise FailedPrecondition(
+                f"the container of session {session.session_id!r} is gone and cannot be recovered",
+                reason="CONTAINER_LOST",
+                metadata={"session_id": session.session_id},
+            )
+        if session.state is SessionState.CREATING:
+            raise FailedPrecondition(
+                f"session {session.session_id!r} is still being created",
+                reason="SESSION_NOT_RUNNING",
+                metadata={"session_id": session.session_id, "state": session.state.value},
+            )
+
+    def _tampered(self, session: Session, info: Mapping[str, Any]) -> bool:
+        """True when the container's limits or security settings are not the session's."""
+        want = self._container_request(session)["HostConfig"]
+        have = info.get("HostConfig") or {}
+        keys = ("Memory", "MemorySwap", "NanoCpus", "PidsLimit", "ReadonlyRootfs", "Privileged")
+        if any(have.get(k) != want.get(k) for k in keys):
+            return True
+        return bool(have.get("CapAdd")) or "no-new-privileges:true" not in (
+            have.get("SecurityOpt") or []
+        )
+
+    def _container_request(self, session: Session) -> dict[str, Any]:
+        return container_config(
+            spec=session.spec,
+            session_id=session.session_id,
+            owner_id=self.owner_id,
+            fingerprint=session.fingerprint,
+            helper_path=self._config.helper,
+            keeper_user=self._config.keeper_user,
+        )
+
+    async def _rebuild(self, session: Session, snap: Snapshot) -> None:
+        """A new container for an existing record, its workspace restored from `snap`."""
+        for hook in self.on_session_end:
+            await hook(session.session_id)
+        if session.container_id:
+            await self._engine.remove_container(session.container_id)
+        await self._remove_by_name(session.session_id)  # a stopped one keeps the name
+        session.state = SessionState.SUSPENDED
+        session.container_id = ""
+        await self._store.update(session)
+        request = await self._with_egress(self._container_request(session), session)
+        try:
+            session.container_id = await self._engine.create_container(
+                request, name=container_name(self.owner_id, session.session_id)
+            )
+            await self._store.update(session)
+            await self._engine.start_container(session.container_id)
+            await self._keeper().restore(session, snap)
+            session.state = SessionState.RUNNING
+            await self._store.update(session)
+        except BaseException:
+            await asyncio.shield(self._undo_rebuild(session))
+            raise
+        log.info(
+            "session resumed from snapshot %s",
+            snap.snapshot_id,
+            extra={"session_id": session.session_id},
+        )
+
+    async def _undo_rebuild(self, session: Session) -> None:
+        with contextlib.suppress(SandboxError):
+            if session.container_id:
+                await self._engine.remove_container(session.container_id)
+            await self._release_egress(session)
+        session.state = SessionState.SUSPENDED
+        session.container_id = ""
+        await self._store.update(session)
+
     async def delete(self, session_id: str) -> None:
         validation.validate_session_id(session_id)
         async with self._locked(session_id):
             session = await self._store.get(session_id)
-            if session is None:
-                return
+            if session is None or session.tenant != tenancy.current():
+                return  # idempotent, and another tenant's session is not there for this caller
+            for hook in self.on_session_end:
+                await hook(session_id)
             if session.container_id:
                 await self._engine.remove_container(session.container_id)
             else:
                 await self._remove_by_name(session_id)
+            await self._release_egress(session)
             await self._store.delete(session_id)
+            if self.snapshots is not None:
+                await self.snapshots.forget_session(session_id)
             log.info("session deleted", extra={"session_id": session_id})
+
+    async def update_network_policy(self, session_id: str, asked: NetworkPolicy) -> Session:
+        """A live session's new allowlist: new proxy connections follow it, open tunnels stay."""
+        network = self._validate_network(asked)
+        async with self._locked(session_id):
+            session = await self.require_running(session_id)
+            if session.spec.network.mode is not network.mode:
+                raise FailedPrecondition(
+                    f"network.mode of session {session_id!r} is "
+                    f"{session.spec.network.mode.value} and cannot change on a live session",
+                    reason="NETWORK_MODE_FIXED",
+                    metadata={"session_id": session_id},
+                )
+            session.spec = dataclasses.replace(session.spec, network=network)
+            session.fingerprint = session.spec.fingerprint()
+            await self._store.update_spec(session)
+            if self._egress is not None:
+                self._egress.update(session_id, network)
+            log.info("network policy updated", extra={"session_id": session_id})
+            return session
+
+    async def egress_events(
+        self, session_id: str, page_size: int, page_token: str
+    ) -> tuple[list[EgressEvent], str]:
+        """A page of the session's egress audit, oldest first; the token is the last seq."""
+        await self.get(session_id)  # NOT_FOUND for unknown and other tenants' sessions
+        if page_size < 0:
+            raise InvalidArgument("page_size must not be negative", reason="INVALID_PAGE_SIZE")
+        size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        try:
+            after = int(page_token) if page_token else 0
+        except ValueError:
+            raise InvalidArgument(
+                "page_token is not one this server issued", reason="INVALID_PAGE_TOKEN"
+            ) from None
+        audit = self._egress.audit(session_id) if self._egress is not None else None
+        events = audit.events(after_seq=after, limit=size + 1) if audit is not None else []
+        token = ""
+        if len(events) > size:
+            events = events[:size]
+            token = str(events[-1].seq)
+        return events, token
 
     async def _expire(self, session: Session) -> None:
         """Remove the container of a session whose lease ended; keep the record a while."""
+        for hook in self.on_session_end:
+            await hook(session.session_id)
         if session.container_id:
             await self._engine.remove_container(session.container_id)
+        await self._release_egress(session)
         session.state = SessionState.EXPIRED
         session.container_id = ""
         await self._store.update(session)
@@ -507,6 +837,8 @@ class SessionManager:
                 and session.lease_expires_at + EXPIRED_RETENTION <= now
             ):
                 await self._store.delete(session.session_id)
+                if self.snapshots is not None:
+                    await self.snapshots.forget_session(session.session_id)
         return count
 
     async def reconcile(self) -> None:
@@ -515,8 +847,22 @@ class SessionManager:
         Runs beside live calls, so every decision is taken under the session's lock and on a
         fresh read: a create in progress holds its lock until its record says RUNNING.
         """
-        for c in await self._engine.list_containers({LABEL_OWNER: self.owner_id}):
-            sid = str(c.get("Labels", {}).get("io.sandboxd.session", ""))
+        containers = await self._engine.list_containers({LABEL_OWNER: self.owner_id})
+        # Pool containers carry no session label. Snapshot what the pool holds *before*
+        # reading the records: a claim leaves the pool only once its record names it.
+        pool = self._pool
+        held = {
+            str(c["Id"])
+            for c in containers
+            if pool is not None and pool.owns(str(c["Id"]), *(c.get("Names") or [""])[:1])
+        }
+        by_container = {s.container_id: s.session_id for s in await self._store.all()}
+        for c in containers:
+            if str(c["Id"]) in held:
+                continue  # a live pool member: the pool removes its own
+            sid = str(c.get("Labels", {}).get("io.sandboxd.session", "")) or by_container.get(
+                str(c["Id"]), ""
+            )
             async with self._locked(sid):
                 record = await self._store.get(sid) if sid else None
                 claimed = (
@@ -538,6 +884,9 @@ class SessionManager:
                     info = await self._engine.inspect_container(current.container_id)
                     if info is None or not info.get("State", {}).get("Running"):
                         await self._mark_lost(current)
+        if self._egress is not None:
+            ids = [s.session_id for s in await self._store.all()]
+            await self._egress.reconcile(self._store.get, self._locked, ids)
 
     async def run_reaper(self, interval_s: float) -> None:
         while True:

@@ -20,6 +20,7 @@ from sandboxd.models import (
     ManifestFile,
     NetworkMode,
     NetworkPolicy,
+    ProxyQuotas,
     Session,
     SessionSpec,
     SessionState,
@@ -53,6 +54,7 @@ def _spec_to_json(spec: SessionSpec) -> str:
                 "allowed_domains": list(spec.network.allowed_domains),
                 "allowed_ports": list(spec.network.allowed_ports),
                 "allow_private_networks": spec.network.allow_private_networks,
+                "quotas": spec.network.quotas.to_dict(),
             },
             "env": spec.env,
             "uid": spec.uid,
@@ -85,6 +87,7 @@ def _spec_from_json(text: str) -> SessionSpec:
             allowed_domains=tuple(d["network"]["allowed_domains"]),
             allowed_ports=tuple(d["network"]["allowed_ports"]),
             allow_private_networks=d["network"]["allow_private_networks"],
+            quotas=ProxyQuotas(**d["network"].get("quotas", {})),
         ),
         env=dict(d["env"]),
         uid=d["uid"],
@@ -118,6 +121,7 @@ def _row_to_session(row: aiosqlite.Row) -> Session:
         container_id=row["container_id"],
         labels=json.loads(row["labels"]),
         spec=_spec_from_json(row["spec"]),
+        tenant=row["tenant"],
     )
 
 
@@ -133,6 +137,7 @@ class SessionStore:
         await self._db.execute("PRAGMA journal_mode=WAL")
         await self._db.execute("PRAGMA synchronous=NORMAL")
         await self._db.executescript(_SCHEMA)
+        await self._migrate_tenant()
         await self._db.commit()
         return self
 
@@ -146,6 +151,18 @@ class SessionStore:
             await self._db.close()
             self._db = None
 
+    async def _migrate_tenant(self) -> None:
+        """Databases from before tenants: every existing session belongs to "default"."""
+        async with self.db.execute("PRAGMA table_info(sessions)") as cur:
+            columns = {row["name"] for row in await cur.fetchall()}
+        if "tenant" not in columns:
+            await self.db.execute(
+                "ALTER TABLE sessions ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'"
+            )
+        await self.db.execute(
+            "CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, state)"
+        )
+
     @property
     def db(self) -> aiosqlite.Connection:
         if self._db is None:
@@ -155,7 +172,7 @@ class SessionStore:
     async def insert(self, s: Session) -> None:
         await self.db.execute(
             "INSERT INTO sessions (session_id, fingerprint, state, created_at, lease_expires_at,"
-            " container_id, labels, spec) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            " container_id, labels, spec, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 s.session_id,
                 s.fingerprint,
@@ -165,6 +182,7 @@ class SessionStore:
                 s.container_id,
                 json.dumps(s.labels),
                 _spec_to_json(s.spec),
+                s.tenant,
             ),
         )
         await self.db.commit()
@@ -175,6 +193,14 @@ class SessionStore:
             "UPDATE sessions SET state = ?, lease_expires_at = ?, container_id = ?"
             " WHERE session_id = ?",
             (s.state.value, _ts(s.lease_expires_at), s.container_id, s.session_id),
+        )
+        await self.db.commit()
+
+    async def update_spec(self, s: Session) -> None:
+        """Persist a changed spec and its fingerprint (UpdateNetworkPolicy)."""
+        await self.db.execute(
+            "UPDATE sessions SET spec = ?, fingerprint = ? WHERE session_id = ?",
+            (_spec_to_json(s.spec), s.fingerprint, s.session_id),
         )
         await self.db.commit()
 
@@ -190,11 +216,19 @@ class SessionStore:
         await self.db.commit()
 
     async def page(
-        self, *, after: str, limit: int, labels: Mapping[str, str] | None = None
+        self,
+        *,
+        after: str,
+        limit: int,
+        labels: Mapping[str, str] | None = None,
+        tenant: str | None = None,
     ) -> list[Session]:
-        """Sessions ordered by id, after the given id; label filter applied in SQL."""
+        """Sessions ordered by id, after the given id; label and tenant filters in SQL."""
         sql = "SELECT * FROM sessions WHERE session_id > ?"
         params: list[Any] = [after]
+        if tenant is not None:
+            sql += " AND tenant = ?"
+            params.append(tenant)
         for key, value in (labels or {}).items():
             sql += " AND json_extract(labels, ?) = ?"
             params += [f'$."{key}"', value]
@@ -203,6 +237,24 @@ class SessionStore:
         async with self.db.execute(sql, params) as cur:
             rows = await cur.fetchall()
         return [_row_to_session(r) for r in rows]
+
+    async def tenant_usage(self, tenant: str, live_states: tuple[str, ...]) -> tuple[int, int]:
+        """(sessions, memory bytes) a tenant holds in the given states, for its quotas."""
+        marks = ", ".join("?" for _ in live_states)
+        async with self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(json_extract(spec, '$.limits.memory_bytes')), 0)"
+            f" FROM sessions WHERE tenant = ? AND state IN ({marks})",
+            (tenant, *live_states),
+        ) as cur:
+            row = await cur.fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    async def count_by_state(self) -> dict[str, int]:
+        """How many sessions are in each state (metrics; reads no specs)."""
+        async with self.db.execute("SELECT state, COUNT(*) FROM sessions GROUP BY state") as cur:
+            rows = await cur.fetchall()
+        return {str(row[0]): int(row[1]) for row in rows}
 
     async def all(self) -> list[Session]:
         async with self.db.execute("SELECT * FROM sessions ORDER BY session_id") as cur:

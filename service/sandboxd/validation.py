@@ -504,3 +504,33 @@ def validate_file_mode(mode: int, *, default: int) -> int:
             metadata={"mode": str(mode)},
         )
     return mode & _PERMISSION_BITS
+
+
+# --------------------------------------------------------------------------------------------
+# Image references
+# --------------------------------------------------------------------------------------------
+
+# Docker's reference grammar (distribution/reference): [host[:port]/]path[:tag][@digest], or
+# an image id. A name the engine would refuse is the caller's mistake, not an internal error.
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_HOST_PART = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_IMAGE_HOST = rf"(?:{_IMAGE_HOST_PART}(?:\.{_IMAGE_HOST_PART})*(?::[0-9]+)?/)?"
+_IMAGE_TAG = r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+_IMAGE_DIGEST = r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+IMAGE_REF_RE = re.compile(
+    rf"\A(?:sha256:[0-9a-f]{{64}}"
+    rf"|{_IMAGE_HOST}{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*{_IMAGE_TAG}{_IMAGE_DIGEST})\Z"
+)
+MAX_IMAGE_REF = 512
+
+
+def validate_image(image: str) -> str:
+    """An image reference the engine can look up, such as `alpine:3.21` or `sha256:<id>`."""
+    if len(image) > MAX_IMAGE_REF or not IMAGE_REF_RE.match(image):
+        raise InvalidArgument(
+            f"image {_show(image)} is not a valid image reference (e.g. alpine:3.21, "
+            "registry.example.com:5000/team/tool:1.0, name@sha256:<digest>; lowercase name)",
+            reason="INVALID_IMAGE",
+            metadata={"image": _show(image)},
+        )
+    return image

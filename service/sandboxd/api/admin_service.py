@@ -3,17 +3,46 @@
 from __future__ import annotations
 
 from sandboxd import __version__
-from sandboxd.api import convert
+from sandboxd.api import convert, egress_convert
 from sandboxd.api.errors import Ctx, unary
 from sandboxd.config import Config
+from sandboxd.egress.networks import EgressManager, FilterMode
+from sandboxd.egress.policy import DEFAULT_QUOTAS, MAX_QUOTAS
 from sandboxd.engine import Engine
+from sandboxd.sweeper import Sweeper
 from sandboxd.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+
+_EGRESS_FILTER = {
+    FilterMode.IPTABLES: admin_pb2.EGRESS_FILTER_IPTABLES,
+    FilterMode.UNFILTERED: admin_pb2.EGRESS_FILTER_UNFILTERED,
+    FilterMode.UNAVAILABLE: admin_pb2.EGRESS_FILTER_UNAVAILABLE,
+}
 
 
 class AdminService(admin_pb2_grpc.AdminServiceServicer):
-    def __init__(self, config: Config, engine: Engine) -> None:
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine,
+        egress: EgressManager | None = None,
+        sweeper: Sweeper | None = None,
+    ) -> None:
         self._config = config
         self._engine = engine
+        self._egress = egress
+        self._sweeper = sweeper
+
+    @unary
+    async def Sweep(self, request: admin_pb2.SweepRequest, context: Ctx) -> admin_pb2.SweepResponse:
+        if self._sweeper is None:  # pragma: no cover - server.py always passes one
+            return admin_pb2.SweepResponse()
+        r = await self._sweeper.sweep()
+        return admin_pb2.SweepResponse(
+            expired_sessions=r.expired_sessions,
+            removed_containers=r.removed_containers,
+            removed_networks=r.removed_networks,
+            removed_images=r.removed_images,
+        )
 
     @unary
     async def GetServerInfo(
@@ -40,4 +69,9 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
             limits_max=convert.limits_pb(c.max_limits),
             assurance=common_pb2.ASSURANCE_ENFORCED,
             lease_max_seconds=int(c.lease_max_s),
+            egress_filter=_EGRESS_FILTER[
+                self._egress.filter_mode if self._egress else FilterMode.UNAVAILABLE
+            ],
+            proxy_quotas_default=egress_convert.quotas_pb(DEFAULT_QUOTAS),
+            proxy_quotas_max=egress_convert.quotas_pb(MAX_QUOTAS),
         )

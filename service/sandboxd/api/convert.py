@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from sandboxd.api import egress_convert
 from sandboxd.models import (
     ExecEvent,
     ExecExited,
@@ -97,6 +98,7 @@ def network_policy(pb: common_pb2.NetworkPolicy) -> NetworkPolicy:
         allowed_domains=tuple(pb.allowed_domains),
         allowed_ports=tuple(pb.allowed_ports),
         allow_private_networks=pb.allow_private_networks,
+        quotas=egress_convert.quotas(pb.quotas),
     )
 
 
@@ -106,6 +108,7 @@ def network_pb(policy: NetworkPolicy) -> common_pb2.NetworkPolicy:
         allowed_domains=list(policy.allowed_domains),
         allowed_ports=list(policy.allowed_ports),
         allow_private_networks=policy.allow_private_networks,
+        quotas=egress_convert.quotas_pb(policy.quotas),
     )
 
 
@@ -125,6 +128,7 @@ def create_input(req: session_pb2.CreateSessionRequest) -> CreateSessionInput:
             files=tuple(ManifestFile(f.path, f.content, f.mode) for f in req.workspace.files),
             directories=tuple(req.workspace.directories),
         ),
+        from_snapshot_id=req.from_snapshot_id,
     )
 
 

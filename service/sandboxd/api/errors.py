@@ -35,6 +35,7 @@ STATUS_BY_ERROR: tuple[tuple[type[errors.SandboxError], grpc.StatusCode], ...] =
     (errors.OutOfRange, grpc.StatusCode.OUT_OF_RANGE),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.Internal, grpc.StatusCode.INTERNAL),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
 )
 
 
@@ -46,6 +47,11 @@ def status_code_for(exc: errors.SandboxError) -> grpc.StatusCode:
 
 
 def to_status(exc: errors.SandboxError) -> grpc.Status:
+    if isinstance(exc, errors.Internal) and exc is not _INTERNAL:
+        # An engine answer we did not expect: its text is for the operator's log (it may name
+        # host paths and cgroups), the caller gets the fixed message.
+        log.error("internal error: %s", exc.message)
+        exc = _INTERNAL
     code = status_code_for(exc)
     info = error_details_pb2.ErrorInfo(reason=exc.reason, domain=DOMAIN, metadata=exc.metadata)
     detail = any_pb2.Any()

@@ -1,20 +1,40 @@
-"""ProcessService: Exec streams events as they happen; Run collects them."""
+"""ProcessService: Exec streams events as they happen; Run collects them; Interact drives a
+running command; StartProcess/AttachProcess/ListProcesses/SignalProcess serve background
+processes. Each method only translates; the work is in execution, interactive, processes."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TypeVar
 
+from sandboxd import interactive
 from sandboxd.api import convert
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config import Config
-from sandboxd.execution import ExecRequestInput, Executor, prepare
-from sandboxd.models import ExecExited, ExecOutput, ExecStarted, OutputStream
+from sandboxd.errors import InvalidArgument
+from sandboxd.execution import ExecRequestInput, Executor, PtySize, prepare
+from sandboxd.models import (
+    ExecExited,
+    ExecKeepalive,
+    ExecOutput,
+    ExecStarted,
+    OutputStream,
+)
+from sandboxd.processes import AttachEvent, BackgroundProcess, OutputGap, ProcessManager
 from sandboxd.sessions import SessionManager
 from sandboxd.v1 import process_pb2, process_pb2_grpc
 
+_Request = process_pb2.ExecRequest | process_pb2.RunRequest | process_pb2.StartProcessRequest
+_EventResponse = TypeVar(
+    "_EventResponse",
+    process_pb2.ExecResponse,
+    process_pb2.InteractResponse,
+    process_pb2.AttachProcessResponse,
+)
 
-def _exec_input(req: process_pb2.ExecRequest | process_pb2.RunRequest) -> ExecRequestInput:
-    """ExecRequest and RunRequest share these fields."""
+
+def _exec_input(req: _Request) -> ExecRequestInput:
+    """ExecRequest, RunRequest and StartProcessRequest share these fields."""
     return ExecRequestInput(
         argv=list(req.argv),
         cwd=req.cwd,
@@ -25,26 +45,114 @@ def _exec_input(req: process_pb2.ExecRequest | process_pb2.RunRequest) -> ExecRe
     )
 
 
+def _event_pb(event: AttachEvent, cls: type[_EventResponse]) -> _EventResponse:
+    """One process event as ExecResponse, InteractResponse or AttachProcessResponse."""
+    match event:
+        case ExecStarted(process_id=pid):
+            return cls(started=process_pb2.ProcessStarted(process_id=pid))
+        case ExecOutput(stream=s, data=data, offset=offset):
+            return cls(
+                output=process_pb2.ProcessOutput(
+                    stream=process_pb2.OutputStream.ValueType(s.value), data=data, offset=offset
+                )
+            )
+        case ExecExited():
+            return cls(exited=convert.exited_pb(event))
+        case ExecKeepalive():
+            return cls(keepalive=process_pb2.Keepalive())
+        case OutputGap(stream=s, offset=offset, length=length):
+            assert cls is process_pb2.AttachProcessResponse, "gaps only come from AttachProcess"
+            return cls(
+                gap=process_pb2.OutputGap(
+                    stream=process_pb2.OutputStream.ValueType(s.value),
+                    offset=offset,
+                    length=length,
+                )
+            )
+    raise TypeError(f"unknown event {event!r}")
+
+
+def _process_pb(p: BackgroundProcess) -> process_pb2.Process:
+    out, err = p.output[OutputStream.STDOUT], p.output[OutputStream.STDERR]
+    pb = process_pb2.Process(
+        process_id=p.process_id,
+        session_id=p.session_id,
+        argv=p.spec.argv,
+        cwd=p.spec.cwd,
+        state=process_pb2.PROCESS_STATE_EXITED
+        if p.exited is not None
+        else process_pb2.PROCESS_STATE_RUNNING,
+        stdout_bytes=out.end,
+        stderr_bytes=err.end,
+        stdout_first_offset=out.start,
+        stderr_first_offset=err.start,
+    )
+    pb.started_at.FromDatetime(p.started_at)
+    if p.exited is not None:
+        pb.exited.CopyFrom(convert.exited_pb(p.exited))
+    return pb
+
+
+def _first_message_error(what: str) -> InvalidArgument:
+    return InvalidArgument(
+        f"the first Interact message must be `start` (got {what})",
+        reason="INVALID_FIRST_MESSAGE",
+    )
+
+
+async def _controls(
+    requests: AsyncIterator[process_pb2.InteractRequest],
+) -> AsyncIterator[interactive.Control]:
+    async for req in requests:
+        match req.WhichOneof("action"):
+            case "stdin":
+                yield interactive.StdinData(req.stdin.data)
+            case "close_stdin":
+                yield interactive.CloseStdin()
+            case "signal":
+                yield interactive.SendSignal(req.signal.signal)
+            case "resize":
+                yield interactive.Resize(req.resize.rows, req.resize.cols)
+            case "start":
+                raise InvalidArgument(
+                    "`start` may only be the first Interact message",
+                    reason="INVALID_INTERACT_MESSAGE",
+                )
+            case _:
+                raise InvalidArgument(
+                    "an Interact message with no action set", reason="INVALID_INTERACT_MESSAGE"
+                )
+
+
 class ProcessService(process_pb2_grpc.ProcessServiceServicer):
-    def __init__(self, sessions: SessionManager, executor: Executor, config: Config) -> None:
+    def __init__(
+        self,
+        sessions: SessionManager,
+        executor: Executor,
+        config: Config,
+        processes: ProcessManager,
+    ) -> None:
         self._sessions = sessions
         self._executor = executor
         self._config = config
+        self._processes = processes
 
     @stream
     async def Exec(
         self, request: process_pb2.ExecRequest, context: Ctx
     ) -> AsyncGenerator[process_pb2.ExecResponse, None]:
-        async with self._sessions.use(request.session_id) as session:
+        async with self._sessions.use_for_command(request.session_id) as session:
             spec = prepare(session, _exec_input(request), self._config.max_limits)
-            async for event in self._executor.stream(session, spec):
-                yield convert.exec_response(event)
+            async for event in self._executor.stream(
+                session, spec, keepalive_s=self._config.keepalive_interval_s
+            ):
+                yield _event_pb(event, process_pb2.ExecResponse)
 
     @unary
     async def Run(self, request: process_pb2.RunRequest, context: Ctx) -> process_pb2.RunResponse:
         out = {OutputStream.STDOUT: bytearray(), OutputStream.STDERR: bytearray()}
         response = process_pb2.RunResponse()
-        async with self._sessions.use(request.session_id) as session:
+        async with self._sessions.use_for_command(request.session_id) as session:
             spec = prepare(session, _exec_input(request), self._config.max_limits)
             async for event in self._executor.stream(session, spec):
                 match event:
@@ -61,3 +169,68 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         response.stdout = bytes(out[OutputStream.STDOUT])
         response.stderr = bytes(out[OutputStream.STDERR])
         return response
+
+    @stream
+    async def Interact(
+        self, request: AsyncIterator[process_pb2.InteractRequest], context: Ctx
+    ) -> AsyncGenerator[process_pb2.InteractResponse, None]:
+        requests = aiter(request)
+        try:
+            first = await anext(requests)
+        except StopAsyncIteration:
+            raise _first_message_error("no message") from None
+        action = first.WhichOneof("action")
+        if action != "start":
+            raise _first_message_error(f"`{action}`" if action else "an empty message")
+        start = first.start
+        pty = PtySize(start.pty.rows, start.pty.cols) if start.HasField("pty") else None
+        async with self._sessions.use_for_command(start.request.session_id) as session:
+            spec = prepare(session, _exec_input(start.request), self._config.max_limits)
+            async for event in interactive.interact(
+                self._executor,
+                session,
+                spec,
+                pty,
+                _controls(requests),
+                self._config.keepalive_interval_s,
+            ):
+                yield _event_pb(event, process_pb2.InteractResponse)
+
+    @unary
+    async def StartProcess(
+        self, request: process_pb2.StartProcessRequest, context: Ctx
+    ) -> process_pb2.StartProcessResponse:
+        async with self._sessions.use(request.session_id) as session:
+            spec = prepare(session, _exec_input(request), self._config.max_limits)
+            # The process holds one of the tenant's exec slots until it ends.
+            slot = self._sessions.exec_slots.slot()
+            proc = await self._processes.start(session, spec, request.process_id, slot)
+        return process_pb2.StartProcessResponse(process=_process_pb(proc))
+
+    @stream
+    async def AttachProcess(
+        self, request: process_pb2.AttachProcessRequest, context: Ctx
+    ) -> AsyncGenerator[process_pb2.AttachProcessResponse, None]:
+        async with self._sessions.use(request.session_id) as session:
+            proc = self._processes.get(session.session_id, request.process_id)
+        events = proc.follow(
+            request.stdout_offset, request.stderr_offset, self._config.keepalive_interval_s
+        )
+        async for event in events:
+            yield _event_pb(event, process_pb2.AttachProcessResponse)
+
+    @unary
+    async def ListProcesses(
+        self, request: process_pb2.ListProcessesRequest, context: Ctx
+    ) -> process_pb2.ListProcessesResponse:
+        async with self._sessions.use(request.session_id) as session:
+            procs = self._processes.list(session.session_id)
+        return process_pb2.ListProcessesResponse(processes=[_process_pb(p) for p in procs])
+
+    @unary
+    async def SignalProcess(
+        self, request: process_pb2.SignalProcessRequest, context: Ctx
+    ) -> process_pb2.SignalProcessResponse:
+        async with self._sessions.use(request.session_id) as session:
+            await self._processes.signal(session, request.process_id, request.signal)
+        return process_pb2.SignalProcessResponse()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandboxd.api import convert
+from sandboxd.api import convert, egress_convert
 from sandboxd.api.errors import Ctx, unary
 from sandboxd.sessions import SessionManager
 from sandboxd.v1 import session_pb2, session_pb2_grpc
@@ -51,3 +51,40 @@ class SessionService(session_pb2_grpc.SessionServiceServicer):
     ) -> session_pb2.DeleteSessionResponse:
         await self._sessions.delete(request.session_id)
         return session_pb2.DeleteSessionResponse()
+
+    @unary
+    async def SuspendSession(
+        self, request: session_pb2.SuspendSessionRequest, context: Ctx
+    ) -> session_pb2.SuspendSessionResponse:
+        session = await self._sessions.suspend(request.session_id)
+        return session_pb2.SuspendSessionResponse(session=convert.session_pb(session))
+
+    @unary
+    async def ResumeSession(
+        self, request: session_pb2.ResumeSessionRequest, context: Ctx
+    ) -> session_pb2.ResumeSessionResponse:
+        expected = (
+            request.expected_fingerprint if request.HasField("expected_fingerprint") else None
+        )
+        session = await self._sessions.resume(request.session_id, expected)
+        return session_pb2.ResumeSessionResponse(session=convert.session_pb(session))
+
+    @unary
+    async def UpdateNetworkPolicy(
+        self, request: session_pb2.UpdateNetworkPolicyRequest, context: Ctx
+    ) -> session_pb2.UpdateNetworkPolicyResponse:
+        session = await self._sessions.update_network_policy(
+            request.session_id, convert.network_policy(request.network)
+        )
+        return session_pb2.UpdateNetworkPolicyResponse(session=convert.session_pb(session))
+
+    @unary
+    async def ListEgressEvents(
+        self, request: session_pb2.ListEgressEventsRequest, context: Ctx
+    ) -> session_pb2.ListEgressEventsResponse:
+        events, token = await self._sessions.egress_events(
+            request.session_id, request.page_size, request.page_token
+        )
+        return session_pb2.ListEgressEventsResponse(
+            events=[egress_convert.event_pb(e) for e in events], next_page_token=token
+        )

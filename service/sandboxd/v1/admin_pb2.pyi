@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from sandboxd.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -18,6 +19,32 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _EgressFilter:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _EgressFilterEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EgressFilter.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    EGRESS_FILTER_UNSPECIFIED: _EgressFilter.ValueType  # 0
+    EGRESS_FILTER_IPTABLES: _EgressFilter.ValueType  # 1
+    """iptables: from a session network only the proxy port on its gateway is reachable."""
+    EGRESS_FILTER_UNFILTERED: _EgressFilter.ValueType  # 2
+    """No filter could be installed and the operator opted in: other host ports are reachable."""
+    EGRESS_FILTER_UNAVAILABLE: _EgressFilter.ValueType  # 3
+    """No filter could be installed: ALLOWLIST sessions are refused (EGRESS_UNAVAILABLE)."""
+
+class EgressFilter(_EgressFilter, metaclass=_EgressFilterEnumTypeWrapper):
+    """The host-side protection of ALLOWLIST session networks."""
+
+EGRESS_FILTER_UNSPECIFIED: EgressFilter.ValueType  # 0
+EGRESS_FILTER_IPTABLES: EgressFilter.ValueType  # 1
+"""iptables: from a session network only the proxy port on its gateway is reachable."""
+EGRESS_FILTER_UNFILTERED: EgressFilter.ValueType  # 2
+"""No filter could be installed and the operator opted in: other host ports are reachable."""
+EGRESS_FILTER_UNAVAILABLE: EgressFilter.ValueType  # 3
+"""No filter could be installed: ALLOWLIST sessions are refused (EGRESS_UNAVAILABLE)."""
+Global___EgressFilter: _TypeAlias = EgressFilter  # noqa: Y015
 
 @_typing.final
 class GetServerInfoRequest(_message.Message):
@@ -105,17 +132,28 @@ class GetServerInfoResponse(_message.Message):
     LIMITS_MAX_FIELD_NUMBER: _builtins.int
     ASSURANCE_FIELD_NUMBER: _builtins.int
     LEASE_MAX_SECONDS_FIELD_NUMBER: _builtins.int
+    EGRESS_FILTER_FIELD_NUMBER: _builtins.int
+    PROXY_QUOTAS_DEFAULT_FIELD_NUMBER: _builtins.int
+    PROXY_QUOTAS_MAX_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     docker_api_version: _builtins.str
     assurance: _common_pb2.Assurance.ValueType
     lease_max_seconds: _builtins.int
     """Longest lease in seconds."""
+    egress_filter: Global___EgressFilter.ValueType
+    """How session networks of ALLOWLIST sessions are protected on the host."""
     @_builtins.property
     def security_defaults(self) -> Global___SecurityDefaults: ...
     @_builtins.property
     def limits_max(self) -> _common_pb2.ResourceLimits:
         """The largest limits a session may ask for."""
 
+    @_builtins.property
+    def proxy_quotas_default(self) -> _common_pb2.ProxyQuotas:
+        """Egress proxy quotas: a session's defaults and the most it may ask for."""
+
+    @_builtins.property
+    def proxy_quotas_max(self) -> _common_pb2.ProxyQuotas: ...
     def __init__(
         self,
         *,
@@ -125,11 +163,57 @@ class GetServerInfoResponse(_message.Message):
         limits_max: _common_pb2.ResourceLimits | None = ...,
         assurance: _common_pb2.Assurance.ValueType = ...,
         lease_max_seconds: _builtins.int = ...,
+        egress_filter: Global___EgressFilter.ValueType = ...,
+        proxy_quotas_default: _common_pb2.ProxyQuotas | None = ...,
+        proxy_quotas_max: _common_pb2.ProxyQuotas | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["limits_max", b"limits_max", "security_defaults", b"security_defaults"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits_max", b"limits_max", "proxy_quotas_default", b"proxy_quotas_default", "proxy_quotas_max", b"proxy_quotas_max", "security_defaults", b"security_defaults"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "docker_api_version", b"docker_api_version", "lease_max_seconds", b"lease_max_seconds", "limits_max", b"limits_max", "security_defaults", b"security_defaults", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "docker_api_version", b"docker_api_version", "egress_filter", b"egress_filter", "lease_max_seconds", b"lease_max_seconds", "limits_max", b"limits_max", "proxy_quotas_default", b"proxy_quotas_default", "proxy_quotas_max", b"proxy_quotas_max", "security_defaults", b"security_defaults", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetServerInfoResponse: _TypeAlias = GetServerInfoResponse  # noqa: Y015
+
+@_typing.final
+class SweepRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SweepRequest: _TypeAlias = SweepRequest  # noqa: Y015
+
+@_typing.final
+class SweepResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXPIRED_SESSIONS_FIELD_NUMBER: _builtins.int
+    REMOVED_CONTAINERS_FIELD_NUMBER: _builtins.int
+    REMOVED_NETWORKS_FIELD_NUMBER: _builtins.int
+    REMOVED_IMAGES_FIELD_NUMBER: _builtins.int
+    expired_sessions: _builtins.int
+    removed_containers: _builtins.int
+    removed_networks: _builtins.int
+    removed_images: _builtins.int
+    def __init__(
+        self,
+        *,
+        expired_sessions: _builtins.int = ...,
+        removed_containers: _builtins.int = ...,
+        removed_networks: _builtins.int = ...,
+        removed_images: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expired_sessions", b"expired_sessions", "removed_containers", b"removed_containers", "removed_images", b"removed_images", "removed_networks", b"removed_networks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SweepResponse: _TypeAlias = SweepResponse  # noqa: Y015

@@ -40,6 +40,11 @@ class AdminServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_admin__pb2.GetServerInfoRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_admin__pb2.GetServerInfoResponse.FromString,
                 _registered_method=True)
+        self.Sweep = channel.unary_unary(
+                '/sandboxd.v1.AdminService/Sweep',
+                request_serializer=sandboxd_dot_v1_dot_admin__pb2.SweepRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_admin__pb2.SweepResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -52,6 +57,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Sweep(self, request, context):
+        """Expires ended leases and removes this server's containers that no session claims.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +71,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=sandboxd_dot_v1_dot_admin__pb2.GetServerInfoRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_admin__pb2.GetServerInfoResponse.SerializeToString,
+            ),
+            'Sweep': grpc.unary_unary_rpc_method_handler(
+                    servicer.Sweep,
+                    request_deserializer=sandboxd_dot_v1_dot_admin__pb2.SweepRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_admin__pb2.SweepResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,6 +106,33 @@ class AdminService:
             '/sandboxd.v1.AdminService/GetServerInfo',
             sandboxd_dot_v1_dot_admin__pb2.GetServerInfoRequest.SerializeToString,
             sandboxd_dot_v1_dot_admin__pb2.GetServerInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Sweep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.AdminService/Sweep',
+            sandboxd_dot_v1_dot_admin__pb2.SweepRequest.SerializeToString,
+            sandboxd_dot_v1_dot_admin__pb2.SweepResponse.FromString,
             options,
             channel_credentials,
             insecure,

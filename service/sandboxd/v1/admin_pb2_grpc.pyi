@@ -34,6 +34,8 @@ class AdminServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> AdminServiceAsyncStub: ...
     GetServerInfo: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetServerInfoRequest, _admin_pb2.GetServerInfoResponse]
+    Sweep: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SweepRequest, _admin_pb2.SweepResponse]
+    """Expires ended leases and removes this server's containers that no session claims."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -41,6 +43,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetServerInfo: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetServerInfoRequest, _admin_pb2.GetServerInfoResponse]  # type: ignore[assignment]
+    Sweep: _aio.UnaryUnaryMultiCallable[_admin_pb2.SweepRequest, _admin_pb2.SweepResponse]  # type: ignore[assignment]
+    """Expires ended leases and removes this server's containers that no session claims."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Server information for operators and clients."""
@@ -51,5 +55,13 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.GetServerInfoRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.GetServerInfoResponse, _abc.Awaitable[_admin_pb2.GetServerInfoResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Sweep(
+        self,
+        request: _admin_pb2.SweepRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SweepResponse, _abc.Awaitable[_admin_pb2.SweepResponse]]:
+        """Expires ended leases and removes this server's containers that no session claims."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -150,12 +150,17 @@ class NetworkPolicy(_message.Message):
     ALLOWED_DOMAINS_FIELD_NUMBER: _builtins.int
     ALLOWED_PORTS_FIELD_NUMBER: _builtins.int
     ALLOW_PRIVATE_NETWORKS_FIELD_NUMBER: _builtins.int
+    QUOTAS_FIELD_NUMBER: _builtins.int
     mode: Global___NetworkMode.ValueType
     allow_private_networks: _builtins.bool
     @_builtins.property
     def allowed_domains(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def allowed_ports(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def quotas(self) -> Global___ProxyQuotas:
+        """Quotas of the session's egress proxy (ALLOWLIST only); unset fields take server defaults."""
+
     def __init__(
         self,
         *,
@@ -163,11 +168,67 @@ class NetworkPolicy(_message.Message):
         allowed_domains: _abc.Iterable[_builtins.str] | None = ...,
         allowed_ports: _abc.Iterable[_builtins.int] | None = ...,
         allow_private_networks: _builtins.bool = ...,
+        quotas: Global___ProxyQuotas | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quotas", b"quotas"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_private_networks", b"allow_private_networks", "allowed_domains", b"allowed_domains", "allowed_ports", b"allowed_ports", "mode", b"mode"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_private_networks", b"allow_private_networks", "allowed_domains", b"allowed_domains", "allowed_ports", b"allowed_ports", "mode", b"mode", "quotas", b"quotas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___NetworkPolicy: _TypeAlias = NetworkPolicy  # noqa: Y015
+
+@_typing.final
+class ProxyQuotas(_message.Message):
+    """Quotas of one session's egress proxy; zero means the server's default. Part of the fingerprint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_CONNECTIONS_FIELD_NUMBER: _builtins.int
+    MAX_DNS_LOOKUPS_FIELD_NUMBER: _builtins.int
+    MAX_REQUESTS_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_UP_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_DOWN_FIELD_NUMBER: _builtins.int
+    IDLE_TIMEOUT_FIELD_NUMBER: _builtins.int
+    TUNNEL_LIFETIME_FIELD_NUMBER: _builtins.int
+    HEADER_TIMEOUT_FIELD_NUMBER: _builtins.int
+    max_connections: _builtins.int
+    """Open client connections at once; one more is refused with HTTP 429."""
+    max_dns_lookups: _builtins.int
+    """Name lookups in flight at once."""
+    max_requests: _builtins.int
+    """Requests over the proxy's life."""
+    max_bytes_up: _builtins.int
+    """Bytes from the session to upstreams, and back, over the proxy's life."""
+    max_bytes_down: _builtins.int
+    @_builtins.property
+    def idle_timeout(self) -> _duration_pb2.Duration:
+        """A connection with no traffic either way for this long is closed."""
+
+    @_builtins.property
+    def tunnel_lifetime(self) -> _duration_pb2.Duration:
+        """A tunnel is closed after this long, whatever it carries."""
+
+    @_builtins.property
+    def header_timeout(self) -> _duration_pb2.Duration:
+        """The request head must arrive within this long."""
+
+    def __init__(
+        self,
+        *,
+        max_connections: _builtins.int = ...,
+        max_dns_lookups: _builtins.int = ...,
+        max_requests: _builtins.int = ...,
+        max_bytes_up: _builtins.int = ...,
+        max_bytes_down: _builtins.int = ...,
+        idle_timeout: _duration_pb2.Duration | None = ...,
+        tunnel_lifetime: _duration_pb2.Duration | None = ...,
+        header_timeout: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header_timeout", b"header_timeout", "idle_timeout", b"idle_timeout", "tunnel_lifetime", b"tunnel_lifetime"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header_timeout", b"header_timeout", "idle_timeout", b"idle_timeout", "max_bytes_down", b"max_bytes_down", "max_bytes_up", b"max_bytes_up", "max_connections", b"max_connections", "max_dns_lookups", b"max_dns_lookups", "max_requests", b"max_requests", "tunnel_lifetime", b"tunnel_lifetime"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProxyQuotas: _TypeAlias = ProxyQuotas  # noqa: Y015

@@ -23,9 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19sandboxd/v1/process.proto\x12\x0bsandboxd.v1\x1a\x1egoogle/protobuf/duration.proto\"\xed\x01\n\x0b\x45xecRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x0b\n\x03\x63wd\x18\x03 \x01(\t\x12.\n\x03\x65nv\x18\x04 \x03(\x0b\x32!.sandboxd.v1.ExecRequest.EnvEntry\x12\r\n\x05stdin\x18\x05 \x01(\x0c\x12*\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10max_output_bytes\x18\x07 \x01(\x03\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"$\n\x0eProcessStarted\x12\x12\n\nprocess_id\x18\x01 \x01(\t\"X\n\rProcessOutput\x12)\n\x06stream\x18\x01 \x01(\x0e\x32\x19.sandboxd.v1.OutputStream\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"\x85\x01\n\rProcessExited\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x0e\n\x06signal\x18\x02 \x01(\t\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12+\n\x08\x64uration\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x0b\n\tKeepalive\"\xd0\x01\n\x0c\x45xecResponse\x12.\n\x07started\x18\x01 \x01(\x0b\x32\x1b.sandboxd.v1.ProcessStartedH\x00\x12,\n\x06output\x18\x02 \x01(\x0b\x32\x1a.sandboxd.v1.ProcessOutputH\x00\x12,\n\x06\x65xited\x18\x03 \x01(\x0b\x32\x1a.sandboxd.v1.ProcessExitedH\x00\x12+\n\tkeepalive\x18\x04 \x01(\x0b\x32\x16.sandboxd.v1.KeepaliveH\x00\x42\x07\n\x05\x65vent\"\xeb\x01\n\nRunRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x0b\n\x03\x63wd\x18\x03 \x01(\t\x12-\n\x03\x65nv\x18\x04 \x03(\x0b\x32 .sandboxd.v1.RunRequest.EnvEntry\x12\r\n\x05stdin\x18\x05 \x01(\x0c\x12*\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10max_output_bytes\x18\x07 \x01(\x03\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb7\x01\n\x0bRunResponse\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x0e\n\x06stdout\x18\x02 \x01(\x0c\x12\x0e\n\x06stderr\x18\x03 \x01(\x0c\x12\x11\n\ttimed_out\x18\x04 \x01(\x08\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12+\n\x08\x64uration\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06signal\x18\x07 \x01(\t\x12\x12\n\nprocess_id\x18\x08 \x01(\t*a\n\x0cOutputStream\x12\x1d\n\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n\x14OUTPUT_STREAM_STDERR\x10\x02\x32\x89\x01\n\x0eProcessService\x12=\n\x04\x45xec\x12\x18.sandboxd.v1.ExecRequest\x1a\x19.sandboxd.v1.ExecResponse0\x01\x12\x38\n\x03Run\x12\x17.sandboxd.v1.RunRequest\x1a\x18.sandboxd.v1.RunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19sandboxd/v1/process.proto\x12\x0bsandboxd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xed\x01\n\x0b\x45xecRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x0b\n\x03\x63wd\x18\x03 \x01(\t\x12.\n\x03\x65nv\x18\x04 \x03(\x0b\x32!.sandboxd.v1.ExecRequest.EnvEntry\x12\r\n\x05stdin\x18\x05 \x01(\x0c\x12*\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10max_output_bytes\x18\x07 \x01(\x03\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"$\n\x0eProcessStarted\x12\x12\n\nprocess_id\x18\x01 \x01(\t\"X\n\rProcessOutput\x12)\n\x06stream\x18\x01 \x01(\x0e\x32\x19.sandboxd.v1.OutputStream\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"\x85\x01\n\rProcessExited\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x0e\n\x06signal\x18\x02 \x01(\t\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12+\n\x08\x64uration\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x0b\n\tKeepalive\"\xd0\x01\n\x0c\x45xecResponse\x12.\n\x07started\x18\x01 \x01(\x0b\x32\x1b.sandboxd.v1.ProcessStartedH\x00\x12,\n\x06output\x18\x02 \x01(\x0b\x32\x1a.sandboxd.v1.ProcessOutputH\x00\x12,\n\x06\x65xited\x18\x03 \x01(\x0b\x32\x1a.sandboxd.v1.ProcessExitedH\x00\x12+\n\tkeepalive\x18\x04 \x01(\x0b\x32\x16.sandboxd.v1.KeepaliveH\x00\x42\x07\n\x05\x65vent\"\xeb\x01\n\nRunRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x0b\n\x03\x63wd\x18\x03 \x01(\t\x12-\n\x03\x65nv\x18\x04 \x03(\x0b\x32 .sandboxd.v1.RunRequest.EnvEntry\x12\r\n\x05stdin\x18\x05 \x01(\x0c\x12*\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10max_output_bytes\x18\x07 \x01(\x03\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb7\x01\n\x0bRunResponse\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x0e\n\x06stdout\x18\x02 \x01(\x0c\x12\x0e\n\x06stderr\x18\x03 \x01(\x0c\x12\x11\n\ttimed_out\x18\x04 \x01(\x08\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12+\n\x08\x64uration\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06signal\x18\x07 \x01(\t\x12\x12\n\nprocess_id\x18\x08 \x01(\t\"%\n\x07PtySize\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x0c\n\x04\x63ols\x18\x02 \x01(\r\"]\n\rInteractStart\x12)\n\x07request\x18\x01 \x01(\x0b\x32\x18.sandboxd.v1.ExecRequest\x12!\n\x03pty\x18\x02 \x01(\x0b\x32\x14.sandboxd.v1.PtySize\"\x1d\n\rInteractStdin\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x14\n\x12InteractCloseStdin\" \n\x0eInteractSignal\x12\x0e\n\x06signal\x18\x01 \x01(\t\",\n\x0eInteractResize\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x0c\n\x04\x63ols\x18\x02 \x01(\r\"\x8b\x02\n\x0fInteractRequest\x12+\n\x05start\x18\x01 \x01(\x0b\x32\x1a.sandboxd.v1.InteractStartH\x00\x12+\n\x05stdin\x18\x02 \x01(\x0b\x32\x1a.sandboxd.v1.InteractStdinH\x00\x12\x36\n\x0b\x63lose_stdin\x18\x03 \x01(\x0b\x32\x1f.sandboxd.v1.InteractCloseStdinH\x00\x12-\n\x06signal\x18\x04 \x01(\x0b\x32\x1b.sandboxd.v1.InteractSignalH\x00\x12-\n\x06resize\x18\x05 \x01(\x0b\x32\x1b.sandboxd.v1.InteractResizeH\x00\x42\x08\n\x06\x61\x63tion\"\xd4\x01\n\x10InteractResponse\x12.\n\x07started\x18\x01 \x01(\x0b\x32\x1b.sandboxd.v1.ProcessStartedH\x00\x12,\n\x06output\x18\x02 \x01(\x0b\x32\x1a.sandboxd.v1.ProcessOutputH\x00\x12,\n\x06\x65xited\x18\x03 \x01(\x0b\x32\x1a.sandboxd.v1.ProcessExitedH\x00\x12+\n\tkeepalive\x18\x04 \x01(\x0b\x32\x16.sandboxd.v1.KeepaliveH\x00\x42\x07\n\x05\x65vent\"\x91\x02\n\x13StartProcessRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x0b\n\x03\x63wd\x18\x03 \x01(\t\x12\x36\n\x03\x65nv\x18\x04 \x03(\x0b\x32).sandboxd.v1.StartProcessRequest.EnvEntry\x12\r\n\x05stdin\x18\x05 \x01(\x0c\x12*\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10max_output_bytes\x18\x07 \x01(\x03\x12\x12\n\nprocess_id\x18\x08 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb8\x02\n\x07Process\x12\x12\n\nprocess_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x03 \x03(\t\x12\x0b\n\x03\x63wd\x18\x04 \x01(\t\x12(\n\x05state\x18\x05 \x01(\x0e\x32\x19.sandboxd.v1.ProcessState\x12.\n\nstarted_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x06\x65xited\x18\x07 \x01(\x0b\x32\x1a.sandboxd.v1.ProcessExited\x12\x14\n\x0cstdout_bytes\x18\x08 \x01(\x03\x12\x14\n\x0cstderr_bytes\x18\t \x01(\x03\x12\x1b\n\x13stdout_first_offset\x18\n \x01(\x03\x12\x1b\n\x13stderr_first_offset\x18\x0b \x01(\x03\"=\n\x14StartProcessResponse\x12%\n\x07process\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Process\"l\n\x14\x41ttachProcessRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprocess_id\x18\x02 \x01(\t\x12\x15\n\rstdout_offset\x18\x03 \x01(\x03\x12\x15\n\rstderr_offset\x18\x04 \x01(\x03\"V\n\tOutputGap\x12)\n\x06stream\x18\x01 \x01(\x0e\x32\x19.sandboxd.v1.OutputStream\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0e\n\x06length\x18\x03 \x01(\x03\"\x80\x02\n\x15\x41ttachProcessResponse\x12.\n\x07started\x18\x01 \x01(\x0b\x32\x1b.sandboxd.v1.ProcessStartedH\x00\x12,\n\x06output\x18\x02 \x01(\x0b\x32\x1a.sandboxd.v1.ProcessOutputH\x00\x12,\n\x06\x65xited\x18\x03 \x01(\x0b\x32\x1a.sandboxd.v1.ProcessExitedH\x00\x12+\n\tkeepalive\x18\x04 \x01(\x0b\x32\x16.sandboxd.v1.KeepaliveH\x00\x12%\n\x03gap\x18\x05 \x01(\x0b\x32\x16.sandboxd.v1.OutputGapH\x00\x42\x07\n\x05\x65vent\"*\n\x14ListProcessesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"@\n\x15ListProcessesResponse\x12\'\n\tprocesses\x18\x01 \x03(\x0b\x32\x14.sandboxd.v1.Process\"N\n\x14SignalProcessRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprocess_id\x18\x02 \x01(\t\x12\x0e\n\x06signal\x18\x03 \x01(\t\"\x17\n\x15SignalProcessResponse*a\n\x0cOutputStream\x12\x1d\n\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n\x14OUTPUT_STREAM_STDERR\x10\x02*b\n\x0cProcessState\x12\x1d\n\x19PROCESS_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15PROCESS_STATE_RUNNING\x10\x01\x12\x18\n\x14PROCESS_STATE_EXITED\x10\x02\x32\xb5\x04\n\x0eProcessService\x12=\n\x04\x45xec\x12\x18.sandboxd.v1.ExecRequest\x1a\x19.sandboxd.v1.ExecResponse0\x01\x12\x38\n\x03Run\x12\x17.sandboxd.v1.RunRequest\x1a\x18.sandboxd.v1.RunResponse\x12K\n\x08Interact\x12\x1c.sandboxd.v1.InteractRequest\x1a\x1d.sandboxd.v1.InteractResponse(\x01\x30\x01\x12S\n\x0cStartProcess\x12 .sandboxd.v1.StartProcessRequest\x1a!.sandboxd.v1.StartProcessResponse\x12X\n\rAttachProcess\x12!.sandboxd.v1.AttachProcessRequest\x1a\".sandboxd.v1.AttachProcessResponse0\x01\x12V\n\rListProcesses\x12!.sandboxd.v1.ListProcessesRequest\x1a\".sandboxd.v1.ListProcessesResponse\x12V\n\rSignalProcess\x12!.sandboxd.v1.SignalProcessRequest\x1a\".sandboxd.v1.SignalProcessResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,28 +37,70 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECREQUEST_ENVENTRY']._serialized_options = b'8\001'
   _globals['_RUNREQUEST_ENVENTRY']._loaded_options = None
   _globals['_RUNREQUEST_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_OUTPUTSTREAM']._serialized_start=1226
-  _globals['_OUTPUTSTREAM']._serialized_end=1323
-  _globals['_EXECREQUEST']._serialized_start=75
-  _globals['_EXECREQUEST']._serialized_end=312
-  _globals['_EXECREQUEST_ENVENTRY']._serialized_start=270
-  _globals['_EXECREQUEST_ENVENTRY']._serialized_end=312
-  _globals['_PROCESSSTARTED']._serialized_start=314
-  _globals['_PROCESSSTARTED']._serialized_end=350
-  _globals['_PROCESSOUTPUT']._serialized_start=352
-  _globals['_PROCESSOUTPUT']._serialized_end=440
-  _globals['_PROCESSEXITED']._serialized_start=443
-  _globals['_PROCESSEXITED']._serialized_end=576
-  _globals['_KEEPALIVE']._serialized_start=578
-  _globals['_KEEPALIVE']._serialized_end=589
-  _globals['_EXECRESPONSE']._serialized_start=592
-  _globals['_EXECRESPONSE']._serialized_end=800
-  _globals['_RUNREQUEST']._serialized_start=803
-  _globals['_RUNREQUEST']._serialized_end=1038
-  _globals['_RUNREQUEST_ENVENTRY']._serialized_start=270
-  _globals['_RUNREQUEST_ENVENTRY']._serialized_end=312
-  _globals['_RUNRESPONSE']._serialized_start=1041
-  _globals['_RUNRESPONSE']._serialized_end=1224
-  _globals['_PROCESSSERVICE']._serialized_start=1326
-  _globals['_PROCESSSERVICE']._serialized_end=1463
+  _globals['_STARTPROCESSREQUEST_ENVENTRY']._loaded_options = None
+  _globals['_STARTPROCESSREQUEST_ENVENTRY']._serialized_options = b'8\001'
+  _globals['_OUTPUTSTREAM']._serialized_start=3337
+  _globals['_OUTPUTSTREAM']._serialized_end=3434
+  _globals['_PROCESSSTATE']._serialized_start=3436
+  _globals['_PROCESSSTATE']._serialized_end=3534
+  _globals['_EXECREQUEST']._serialized_start=108
+  _globals['_EXECREQUEST']._serialized_end=345
+  _globals['_EXECREQUEST_ENVENTRY']._serialized_start=303
+  _globals['_EXECREQUEST_ENVENTRY']._serialized_end=345
+  _globals['_PROCESSSTARTED']._serialized_start=347
+  _globals['_PROCESSSTARTED']._serialized_end=383
+  _globals['_PROCESSOUTPUT']._serialized_start=385
+  _globals['_PROCESSOUTPUT']._serialized_end=473
+  _globals['_PROCESSEXITED']._serialized_start=476
+  _globals['_PROCESSEXITED']._serialized_end=609
+  _globals['_KEEPALIVE']._serialized_start=611
+  _globals['_KEEPALIVE']._serialized_end=622
+  _globals['_EXECRESPONSE']._serialized_start=625
+  _globals['_EXECRESPONSE']._serialized_end=833
+  _globals['_RUNREQUEST']._serialized_start=836
+  _globals['_RUNREQUEST']._serialized_end=1071
+  _globals['_RUNREQUEST_ENVENTRY']._serialized_start=303
+  _globals['_RUNREQUEST_ENVENTRY']._serialized_end=345
+  _globals['_RUNRESPONSE']._serialized_start=1074
+  _globals['_RUNRESPONSE']._serialized_end=1257
+  _globals['_PTYSIZE']._serialized_start=1259
+  _globals['_PTYSIZE']._serialized_end=1296
+  _globals['_INTERACTSTART']._serialized_start=1298
+  _globals['_INTERACTSTART']._serialized_end=1391
+  _globals['_INTERACTSTDIN']._serialized_start=1393
+  _globals['_INTERACTSTDIN']._serialized_end=1422
+  _globals['_INTERACTCLOSESTDIN']._serialized_start=1424
+  _globals['_INTERACTCLOSESTDIN']._serialized_end=1444
+  _globals['_INTERACTSIGNAL']._serialized_start=1446
+  _globals['_INTERACTSIGNAL']._serialized_end=1478
+  _globals['_INTERACTRESIZE']._serialized_start=1480
+  _globals['_INTERACTRESIZE']._serialized_end=1524
+  _globals['_INTERACTREQUEST']._serialized_start=1527
+  _globals['_INTERACTREQUEST']._serialized_end=1794
+  _globals['_INTERACTRESPONSE']._serialized_start=1797
+  _globals['_INTERACTRESPONSE']._serialized_end=2009
+  _globals['_STARTPROCESSREQUEST']._serialized_start=2012
+  _globals['_STARTPROCESSREQUEST']._serialized_end=2285
+  _globals['_STARTPROCESSREQUEST_ENVENTRY']._serialized_start=303
+  _globals['_STARTPROCESSREQUEST_ENVENTRY']._serialized_end=345
+  _globals['_PROCESS']._serialized_start=2288
+  _globals['_PROCESS']._serialized_end=2600
+  _globals['_STARTPROCESSRESPONSE']._serialized_start=2602
+  _globals['_STARTPROCESSRESPONSE']._serialized_end=2663
+  _globals['_ATTACHPROCESSREQUEST']._serialized_start=2665
+  _globals['_ATTACHPROCESSREQUEST']._serialized_end=2773
+  _globals['_OUTPUTGAP']._serialized_start=2775
+  _globals['_OUTPUTGAP']._serialized_end=2861
+  _globals['_ATTACHPROCESSRESPONSE']._serialized_start=2864
+  _globals['_ATTACHPROCESSRESPONSE']._serialized_end=3120
+  _globals['_LISTPROCESSESREQUEST']._serialized_start=3122
+  _globals['_LISTPROCESSESREQUEST']._serialized_end=3164
+  _globals['_LISTPROCESSESRESPONSE']._serialized_start=3166
+  _globals['_LISTPROCESSESRESPONSE']._serialized_end=3230
+  _globals['_SIGNALPROCESSREQUEST']._serialized_start=3232
+  _globals['_SIGNALPROCESSREQUEST']._serialized_end=3310
+  _globals['_SIGNALPROCESSRESPONSE']._serialized_start=3312
+  _globals['_SIGNALPROCESSRESPONSE']._serialized_end=3335
+  _globals['_PROCESSSERVICE']._serialized_start=3537
+  _globals['_PROCESSSERVICE']._serialized_end=4102
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
@@ -37,6 +38,23 @@ OUTPUT_STREAM_UNSPECIFIED: OutputStream.ValueType  # 0
 OUTPUT_STREAM_STDOUT: OutputStream.ValueType  # 1
 OUTPUT_STREAM_STDERR: OutputStream.ValueType  # 2
 Global___OutputStream: _TypeAlias = OutputStream  # noqa: Y015
+
+class _ProcessState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ProcessStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ProcessState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PROCESS_STATE_UNSPECIFIED: _ProcessState.ValueType  # 0
+    PROCESS_STATE_RUNNING: _ProcessState.ValueType  # 1
+    PROCESS_STATE_EXITED: _ProcessState.ValueType  # 2
+
+class ProcessState(_ProcessState, metaclass=_ProcessStateEnumTypeWrapper): ...
+
+PROCESS_STATE_UNSPECIFIED: ProcessState.ValueType  # 0
+PROCESS_STATE_RUNNING: ProcessState.ValueType  # 1
+PROCESS_STATE_EXITED: ProcessState.ValueType  # 2
+Global___ProcessState: _TypeAlias = ProcessState  # noqa: Y015
 
 @_typing.final
 class ExecRequest(_message.Message):
@@ -342,3 +360,543 @@ class RunResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunResponse: _TypeAlias = RunResponse  # noqa: Y015
+
+@_typing.final
+class PtySize(_message.Message):
+    """Terminal size of a PTY, in character cells; each 1 to 1000."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    COLS_FIELD_NUMBER: _builtins.int
+    rows: _builtins.int
+    cols: _builtins.int
+    def __init__(
+        self,
+        *,
+        rows: _builtins.int = ...,
+        cols: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cols", b"cols", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PtySize: _TypeAlias = PtySize  # noqa: Y015
+
+@_typing.final
+class InteractStart(_message.Message):
+    """The first message of Interact: the command, and a PTY if one is wanted."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_FIELD_NUMBER: _builtins.int
+    PTY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def request(self) -> Global___ExecRequest: ...
+    @_builtins.property
+    def pty(self) -> Global___PtySize:
+        """When set, the command runs on a terminal of this size: stdout and stderr are merged into
+        the stdout stream, and the terminal echoes and handles control characters (^C).
+        """
+
+    def __init__(
+        self,
+        *,
+        request: Global___ExecRequest | None = ...,
+        pty: Global___PtySize | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pty", b"pty", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pty", b"pty", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractStart: _TypeAlias = InteractStart  # noqa: Y015
+
+@_typing.final
+class InteractStdin(_message.Message):
+    """Bytes for the command's standard input."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractStdin: _TypeAlias = InteractStdin  # noqa: Y015
+
+@_typing.final
+class InteractCloseStdin(_message.Message):
+    """Half-close: the command sees end of file on stdin; its output keeps flowing."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractCloseStdin: _TypeAlias = InteractCloseStdin  # noqa: Y015
+
+@_typing.final
+class InteractSignal(_message.Message):
+    """A signal for the command's process group."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    signal: _builtins.str
+    """One of SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGUSR1, SIGUSR2, SIGSTOP, SIGCONT,
+    SIGWINCH.
+    """
+    def __init__(
+        self,
+        *,
+        signal: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["signal", b"signal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractSignal: _TypeAlias = InteractSignal  # noqa: Y015
+
+@_typing.final
+class InteractResize(_message.Message):
+    """A new terminal size (PTY mode only)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    COLS_FIELD_NUMBER: _builtins.int
+    rows: _builtins.int
+    cols: _builtins.int
+    def __init__(
+        self,
+        *,
+        rows: _builtins.int = ...,
+        cols: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cols", b"cols", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractResize: _TypeAlias = InteractResize  # noqa: Y015
+
+@_typing.final
+class InteractRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    STDIN_FIELD_NUMBER: _builtins.int
+    CLOSE_STDIN_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    RESIZE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def start(self) -> Global___InteractStart: ...
+    @_builtins.property
+    def stdin(self) -> Global___InteractStdin: ...
+    @_builtins.property
+    def close_stdin(self) -> Global___InteractCloseStdin: ...
+    @_builtins.property
+    def signal(self) -> Global___InteractSignal: ...
+    @_builtins.property
+    def resize(self) -> Global___InteractResize: ...
+    def __init__(
+        self,
+        *,
+        start: Global___InteractStart | None = ...,
+        stdin: Global___InteractStdin | None = ...,
+        close_stdin: Global___InteractCloseStdin | None = ...,
+        signal: Global___InteractSignal | None = ...,
+        resize: Global___InteractResize | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "close_stdin", b"close_stdin", "resize", b"resize", "signal", b"signal", "start", b"start", "stdin", b"stdin"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "close_stdin", b"close_stdin", "resize", b"resize", "signal", b"signal", "start", b"start", "stdin", b"stdin"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["start", "stdin", "close_stdin", "signal", "resize"]  # noqa: Y015
+    _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
+
+Global___InteractRequest: _TypeAlias = InteractRequest  # noqa: Y015
+
+@_typing.final
+class InteractResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STARTED_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    EXITED_FIELD_NUMBER: _builtins.int
+    KEEPALIVE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def started(self) -> Global___ProcessStarted: ...
+    @_builtins.property
+    def output(self) -> Global___ProcessOutput: ...
+    @_builtins.property
+    def exited(self) -> Global___ProcessExited: ...
+    @_builtins.property
+    def keepalive(self) -> Global___Keepalive: ...
+    def __init__(
+        self,
+        *,
+        started: Global___ProcessStarted | None = ...,
+        output: Global___ProcessOutput | None = ...,
+        exited: Global___ProcessExited | None = ...,
+        keepalive: Global___Keepalive | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "exited", b"exited", "keepalive", b"keepalive", "output", b"output", "started", b"started"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "exited", b"exited", "keepalive", b"keepalive", "output", b"output", "started", b"started"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["started", "output", "exited", "keepalive"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___InteractResponse: _TypeAlias = InteractResponse  # noqa: Y015
+
+@_typing.final
+class StartProcessRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EnvEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ARGV_FIELD_NUMBER: _builtins.int
+    CWD_FIELD_NUMBER: _builtins.int
+    ENV_FIELD_NUMBER: _builtins.int
+    STDIN_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    MAX_OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
+    PROCESS_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    cwd: _builtins.str
+    stdin: _builtins.bytes
+    """Written to standard input, which is then closed."""
+    max_output_bytes: _builtins.int
+    """Size of the buffer kept per stream; zero means the session's output_bytes. Output is never
+    cut: older output falls out of the buffer and a late reader is told of the gap.
+    """
+    process_id: _builtins.str
+    """Optional, caller-chosen: a start with the id of a process with the same command returns
+    that process (idempotent); with a different command it is ALREADY_EXISTS.
+    """
+    @_builtins.property
+    def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """Zero means the session's command_timeout; at most the server's maximum."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        argv: _abc.Iterable[_builtins.str] | None = ...,
+        cwd: _builtins.str = ...,
+        env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        stdin: _builtins.bytes = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+        max_output_bytes: _builtins.int = ...,
+        process_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "env", b"env", "max_output_bytes", b"max_output_bytes", "process_id", b"process_id", "session_id", b"session_id", "stdin", b"stdin", "timeout", b"timeout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartProcessRequest: _TypeAlias = StartProcessRequest  # noqa: Y015
+
+@_typing.final
+class Process(_message.Message):
+    """A background process."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESS_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ARGV_FIELD_NUMBER: _builtins.int
+    CWD_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    EXITED_FIELD_NUMBER: _builtins.int
+    STDOUT_BYTES_FIELD_NUMBER: _builtins.int
+    STDERR_BYTES_FIELD_NUMBER: _builtins.int
+    STDOUT_FIRST_OFFSET_FIELD_NUMBER: _builtins.int
+    STDERR_FIRST_OFFSET_FIELD_NUMBER: _builtins.int
+    process_id: _builtins.str
+    session_id: _builtins.str
+    cwd: _builtins.str
+    state: Global___ProcessState.ValueType
+    stdout_bytes: _builtins.int
+    """Bytes produced so far per stream (the offset the next output will have)."""
+    stderr_bytes: _builtins.int
+    stdout_first_offset: _builtins.int
+    """Offset of the oldest byte still in the buffer per stream; earlier output is gone."""
+    stderr_first_offset: _builtins.int
+    @_builtins.property
+    def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def exited(self) -> Global___ProcessExited:
+        """Set once the process has ended."""
+
+    def __init__(
+        self,
+        *,
+        process_id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+        argv: _abc.Iterable[_builtins.str] | None = ...,
+        cwd: _builtins.str = ...,
+        state: Global___ProcessState.ValueType = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
+        exited: Global___ProcessExited | None = ...,
+        stdout_bytes: _builtins.int = ...,
+        stderr_bytes: _builtins.int = ...,
+        stdout_first_offset: _builtins.int = ...,
+        stderr_first_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exited", b"exited", "started_at", b"started_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "exited", b"exited", "process_id", b"process_id", "session_id", b"session_id", "started_at", b"started_at", "state", b"state", "stderr_bytes", b"stderr_bytes", "stderr_first_offset", b"stderr_first_offset", "stdout_bytes", b"stdout_bytes", "stdout_first_offset", b"stdout_first_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Process: _TypeAlias = Process  # noqa: Y015
+
+@_typing.final
+class StartProcessResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def process(self) -> Global___Process: ...
+    def __init__(
+        self,
+        *,
+        process: Global___Process | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["process", b"process"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["process", b"process"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartProcessResponse: _TypeAlias = StartProcessResponse  # noqa: Y015
+
+@_typing.final
+class AttachProcessRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PROCESS_ID_FIELD_NUMBER: _builtins.int
+    STDOUT_OFFSET_FIELD_NUMBER: _builtins.int
+    STDERR_OFFSET_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    process_id: _builtins.str
+    stdout_offset: _builtins.int
+    """Replay each stream from this byte offset (0: from the start). Past the end: OUT_OF_RANGE."""
+    stderr_offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        process_id: _builtins.str = ...,
+        stdout_offset: _builtins.int = ...,
+        stderr_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["process_id", b"process_id", "session_id", b"session_id", "stderr_offset", b"stderr_offset", "stdout_offset", b"stdout_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttachProcessRequest: _TypeAlias = AttachProcessRequest  # noqa: Y015
+
+@_typing.final
+class OutputGap(_message.Message):
+    """Output the reader asked for that is no longer in the buffer: bytes [offset, offset+length)
+    of `stream` are lost, and that stream's next `output` starts at offset+length.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    stream: Global___OutputStream.ValueType
+    offset: _builtins.int
+    length: _builtins.int
+    def __init__(
+        self,
+        *,
+        stream: Global___OutputStream.ValueType = ...,
+        offset: _builtins.int = ...,
+        length: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["length", b"length", "offset", b"offset", "stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutputGap: _TypeAlias = OutputGap  # noqa: Y015
+
+@_typing.final
+class AttachProcessResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STARTED_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    EXITED_FIELD_NUMBER: _builtins.int
+    KEEPALIVE_FIELD_NUMBER: _builtins.int
+    GAP_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def started(self) -> Global___ProcessStarted: ...
+    @_builtins.property
+    def output(self) -> Global___ProcessOutput: ...
+    @_builtins.property
+    def exited(self) -> Global___ProcessExited: ...
+    @_builtins.property
+    def keepalive(self) -> Global___Keepalive: ...
+    @_builtins.property
+    def gap(self) -> Global___OutputGap: ...
+    def __init__(
+        self,
+        *,
+        started: Global___ProcessStarted | None = ...,
+        output: Global___ProcessOutput | None = ...,
+        exited: Global___ProcessExited | None = ...,
+        keepalive: Global___Keepalive | None = ...,
+        gap: Global___OutputGap | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "exited", b"exited", "gap", b"gap", "keepalive", b"keepalive", "output", b"output", "started", b"started"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "exited", b"exited", "gap", b"gap", "keepalive", b"keepalive", "output", b"output", "started", b"started"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["started", "output", "exited", "keepalive", "gap"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___AttachProcessResponse: _TypeAlias = AttachProcessResponse  # noqa: Y015
+
+@_typing.final
+class ListProcessesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProcessesRequest: _TypeAlias = ListProcessesRequest  # noqa: Y015
+
+@_typing.final
+class ListProcessesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def processes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Process]: ...
+    def __init__(
+        self,
+        *,
+        processes: _abc.Iterable[Global___Process] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["processes", b"processes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProcessesResponse: _TypeAlias = ListProcessesResponse  # noqa: Y015
+
+@_typing.final
+class SignalProcessRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PROCESS_ID_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    process_id: _builtins.str
+    signal: _builtins.str
+    """One of SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGUSR1, SIGUSR2, SIGSTOP, SIGCONT,
+    SIGWINCH.
+    """
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        process_id: _builtins.str = ...,
+        signal: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["process_id", b"process_id", "session_id", b"session_id", "signal", b"signal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignalProcessRequest: _TypeAlias = SignalProcessRequest  # noqa: Y015
+
+@_typing.final
+class SignalProcessResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignalProcessResponse: _TypeAlias = SignalProcessResponse  # noqa: Y015

@@ -45,6 +45,31 @@ class ProcessServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_process__pb2.RunRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_process__pb2.RunResponse.FromString,
                 _registered_method=True)
+        self.Interact = channel.stream_stream(
+                '/sandboxd.v1.ProcessService/Interact',
+                request_serializer=sandboxd_dot_v1_dot_process__pb2.InteractRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_process__pb2.InteractResponse.FromString,
+                _registered_method=True)
+        self.StartProcess = channel.unary_unary(
+                '/sandboxd.v1.ProcessService/StartProcess',
+                request_serializer=sandboxd_dot_v1_dot_process__pb2.StartProcessRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_process__pb2.StartProcessResponse.FromString,
+                _registered_method=True)
+        self.AttachProcess = channel.unary_stream(
+                '/sandboxd.v1.ProcessService/AttachProcess',
+                request_serializer=sandboxd_dot_v1_dot_process__pb2.AttachProcessRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_process__pb2.AttachProcessResponse.FromString,
+                _registered_method=True)
+        self.ListProcesses = channel.unary_unary(
+                '/sandboxd.v1.ProcessService/ListProcesses',
+                request_serializer=sandboxd_dot_v1_dot_process__pb2.ListProcessesRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_process__pb2.ListProcessesResponse.FromString,
+                _registered_method=True)
+        self.SignalProcess = channel.unary_unary(
+                '/sandboxd.v1.ProcessService/SignalProcess',
+                request_serializer=sandboxd_dot_v1_dot_process__pb2.SignalProcessRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_process__pb2.SignalProcessResponse.FromString,
+                _registered_method=True)
 
 
 class ProcessServiceServicer:
@@ -65,6 +90,42 @@ class ProcessServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Interact(self, request_iterator, context):
+        """Runs a command interactively: the first request is `start`, then stdin, signals and
+        resizes flow in while output flows out. Ending the call kills the command.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartProcess(self, request, context):
+        """Starts a background process that outlives the call; its output is kept server-side.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AttachProcess(self, request, context):
+        """Streams a background process's output from byte offsets, then live, then its exit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListProcesses(self, request, context):
+        """Lists the background processes of a session, running and exited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SignalProcess(self, request, context):
+        """Sends a signal to a background process's process group.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProcessServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +138,31 @@ def add_ProcessServiceServicer_to_server(servicer, server):
                     servicer.Run,
                     request_deserializer=sandboxd_dot_v1_dot_process__pb2.RunRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_process__pb2.RunResponse.SerializeToString,
+            ),
+            'Interact': grpc.stream_stream_rpc_method_handler(
+                    servicer.Interact,
+                    request_deserializer=sandboxd_dot_v1_dot_process__pb2.InteractRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_process__pb2.InteractResponse.SerializeToString,
+            ),
+            'StartProcess': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartProcess,
+                    request_deserializer=sandboxd_dot_v1_dot_process__pb2.StartProcessRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_process__pb2.StartProcessResponse.SerializeToString,
+            ),
+            'AttachProcess': grpc.unary_stream_rpc_method_handler(
+                    servicer.AttachProcess,
+                    request_deserializer=sandboxd_dot_v1_dot_process__pb2.AttachProcessRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_process__pb2.AttachProcessResponse.SerializeToString,
+            ),
+            'ListProcesses': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProcesses,
+                    request_deserializer=sandboxd_dot_v1_dot_process__pb2.ListProcessesRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_process__pb2.ListProcessesResponse.SerializeToString,
+            ),
+            'SignalProcess': grpc.unary_unary_rpc_method_handler(
+                    servicer.SignalProcess,
+                    request_deserializer=sandboxd_dot_v1_dot_process__pb2.SignalProcessRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_process__pb2.SignalProcessResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +220,141 @@ class ProcessService:
             '/sandboxd.v1.ProcessService/Run',
             sandboxd_dot_v1_dot_process__pb2.RunRequest.SerializeToString,
             sandboxd_dot_v1_dot_process__pb2.RunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Interact(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sandboxd.v1.ProcessService/Interact',
+            sandboxd_dot_v1_dot_process__pb2.InteractRequest.SerializeToString,
+            sandboxd_dot_v1_dot_process__pb2.InteractResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.ProcessService/StartProcess',
+            sandboxd_dot_v1_dot_process__pb2.StartProcessRequest.SerializeToString,
+            sandboxd_dot_v1_dot_process__pb2.StartProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AttachProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sandboxd.v1.ProcessService/AttachProcess',
+            sandboxd_dot_v1_dot_process__pb2.AttachProcessRequest.SerializeToString,
+            sandboxd_dot_v1_dot_process__pb2.AttachProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProcesses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.ProcessService/ListProcesses',
+            sandboxd_dot_v1_dot_process__pb2.ListProcessesRequest.SerializeToString,
+            sandboxd_dot_v1_dot_process__pb2.ListProcessesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SignalProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.ProcessService/SignalProcess',
+            sandboxd_dot_v1_dot_process__pb2.SignalProcessRequest.SerializeToString,
+            sandboxd_dot_v1_dot_process__pb2.SignalProcessResponse.FromString,
             options,
             channel_credentials,
             insecure,

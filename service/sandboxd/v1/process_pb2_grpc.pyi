@@ -37,6 +37,18 @@ class ProcessServiceStub:
     """Runs a command and streams its output as it is produced."""
     Run: _grpc.UnaryUnaryMultiCallable[_process_pb2.RunRequest, _process_pb2.RunResponse]
     """Runs a command and returns its collected output."""
+    Interact: _grpc.StreamStreamMultiCallable[_process_pb2.InteractRequest, _process_pb2.InteractResponse]
+    """Runs a command interactively: the first request is `start`, then stdin, signals and
+    resizes flow in while output flows out. Ending the call kills the command.
+    """
+    StartProcess: _grpc.UnaryUnaryMultiCallable[_process_pb2.StartProcessRequest, _process_pb2.StartProcessResponse]
+    """Starts a background process that outlives the call; its output is kept server-side."""
+    AttachProcess: _grpc.UnaryStreamMultiCallable[_process_pb2.AttachProcessRequest, _process_pb2.AttachProcessResponse]
+    """Streams a background process's output from byte offsets, then live, then its exit."""
+    ListProcesses: _grpc.UnaryUnaryMultiCallable[_process_pb2.ListProcessesRequest, _process_pb2.ListProcessesResponse]
+    """Lists the background processes of a session, running and exited."""
+    SignalProcess: _grpc.UnaryUnaryMultiCallable[_process_pb2.SignalProcessRequest, _process_pb2.SignalProcessResponse]
+    """Sends a signal to a background process's process group."""
 
 @_typing.type_check_only
 class ProcessServiceAsyncStub(ProcessServiceStub):
@@ -47,6 +59,18 @@ class ProcessServiceAsyncStub(ProcessServiceStub):
     """Runs a command and streams its output as it is produced."""
     Run: _aio.UnaryUnaryMultiCallable[_process_pb2.RunRequest, _process_pb2.RunResponse]  # type: ignore[assignment]
     """Runs a command and returns its collected output."""
+    Interact: _aio.StreamStreamMultiCallable[_process_pb2.InteractRequest, _process_pb2.InteractResponse]  # type: ignore[assignment]
+    """Runs a command interactively: the first request is `start`, then stdin, signals and
+    resizes flow in while output flows out. Ending the call kills the command.
+    """
+    StartProcess: _aio.UnaryUnaryMultiCallable[_process_pb2.StartProcessRequest, _process_pb2.StartProcessResponse]  # type: ignore[assignment]
+    """Starts a background process that outlives the call; its output is kept server-side."""
+    AttachProcess: _aio.UnaryStreamMultiCallable[_process_pb2.AttachProcessRequest, _process_pb2.AttachProcessResponse]  # type: ignore[assignment]
+    """Streams a background process's output from byte offsets, then live, then its exit."""
+    ListProcesses: _aio.UnaryUnaryMultiCallable[_process_pb2.ListProcessesRequest, _process_pb2.ListProcessesResponse]  # type: ignore[assignment]
+    """Lists the background processes of a session, running and exited."""
+    SignalProcess: _aio.UnaryUnaryMultiCallable[_process_pb2.SignalProcessRequest, _process_pb2.SignalProcessResponse]  # type: ignore[assignment]
+    """Sends a signal to a background process's process group."""
 
 class ProcessServiceServicer(metaclass=_abc_1.ABCMeta):
     """Processes: commands run inside a session's container."""
@@ -66,5 +90,47 @@ class ProcessServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_process_pb2.RunResponse, _abc.Awaitable[_process_pb2.RunResponse]]:
         """Runs a command and returns its collected output."""
+
+    @_abc_1.abstractmethod
+    def Interact(
+        self,
+        request_iterator: _MaybeAsyncIterator[_process_pb2.InteractRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_process_pb2.InteractResponse], _abc.AsyncIterator[_process_pb2.InteractResponse]]:
+        """Runs a command interactively: the first request is `start`, then stdin, signals and
+        resizes flow in while output flows out. Ending the call kills the command.
+        """
+
+    @_abc_1.abstractmethod
+    def StartProcess(
+        self,
+        request: _process_pb2.StartProcessRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_process_pb2.StartProcessResponse, _abc.Awaitable[_process_pb2.StartProcessResponse]]:
+        """Starts a background process that outlives the call; its output is kept server-side."""
+
+    @_abc_1.abstractmethod
+    def AttachProcess(
+        self,
+        request: _process_pb2.AttachProcessRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_process_pb2.AttachProcessResponse], _abc.AsyncIterator[_process_pb2.AttachProcessResponse]]:
+        """Streams a background process's output from byte offsets, then live, then its exit."""
+
+    @_abc_1.abstractmethod
+    def ListProcesses(
+        self,
+        request: _process_pb2.ListProcessesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_process_pb2.ListProcessesResponse, _abc.Awaitable[_process_pb2.ListProcessesResponse]]:
+        """Lists the background processes of a session, running and exited."""
+
+    @_abc_1.abstractmethod
+    def SignalProcess(
+        self,
+        request: _process_pb2.SignalProcessRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_process_pb2.SignalProcessResponse, _abc.Awaitable[_process_pb2.SignalProcessResponse]]:
+        """Sends a signal to a background process's process group."""
 
 def add_ProcessServiceServicer_to_server(servicer: ProcessServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -46,6 +46,24 @@ SESSION_STATE_EXPIRED: SessionState.ValueType  # 4
 SESSION_STATE_FAILED: SessionState.ValueType  # 5
 Global___SessionState: _TypeAlias = SessionState  # noqa: Y015
 
+class _EgressVerdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _EgressVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EgressVerdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    EGRESS_VERDICT_UNSPECIFIED: _EgressVerdict.ValueType  # 0
+    EGRESS_VERDICT_ALLOWED: _EgressVerdict.ValueType  # 1
+    EGRESS_VERDICT_REFUSED: _EgressVerdict.ValueType  # 2
+
+class EgressVerdict(_EgressVerdict, metaclass=_EgressVerdictEnumTypeWrapper):
+    """The verdict of one egress proxy decision."""
+
+EGRESS_VERDICT_UNSPECIFIED: EgressVerdict.ValueType  # 0
+EGRESS_VERDICT_ALLOWED: EgressVerdict.ValueType  # 1
+EGRESS_VERDICT_REFUSED: EgressVerdict.ValueType  # 2
+Global___EgressVerdict: _TypeAlias = EgressVerdict  # noqa: Y015
+
 @_typing.final
 class ManifestFile(_message.Message):
     """A file declared up front in the workspace."""
@@ -161,12 +179,15 @@ class CreateSessionRequest(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     LEASE_TTL_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
+    FROM_SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Optional caller-chosen id; makes the call idempotent."""
     image: _builtins.str
     """Container image; empty means the server's default runtime image."""
     user: _builtins.str
     """Numeric "uid:gid"; empty means 65534:65534. uid 0 and gid 0 are refused."""
+    from_snapshot_id: _builtins.str
+    """Fork: start from this snapshot's workspace instead of the manifest's files."""
     @_builtins.property
     def workspace(self) -> Global___WorkspaceManifest: ...
     @_builtins.property
@@ -198,10 +219,11 @@ class CreateSessionRequest(_message.Message):
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         lease_ttl: _duration_pb2.Duration | None = ...,
         user: _builtins.str = ...,
+        from_snapshot_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "shell", b"shell", "workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "image", b"image", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -416,6 +438,248 @@ class DeleteSessionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteSessionResponse: _TypeAlias = DeleteSessionResponse  # noqa: Y015
+
+@_typing.final
+class UpdateNetworkPolicyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    NETWORK_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    @_builtins.property
+    def network(self) -> _common_pb2.NetworkPolicy:
+        """The new policy; mode must stay what the session was created with (ALLOWLIST)."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        network: _common_pb2.NetworkPolicy | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["network", b"network"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["network", b"network", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateNetworkPolicyRequest: _TypeAlias = UpdateNetworkPolicyRequest  # noqa: Y015
+
+@_typing.final
+class UpdateNetworkPolicyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateNetworkPolicyResponse: _TypeAlias = UpdateNetworkPolicyResponse  # noqa: Y015
+
+@_typing.final
+class ListEgressEventsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    page_size: _builtins.int
+    """At most this many events per page (default 100, at most 1000)."""
+    page_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEgressEventsRequest: _TypeAlias = ListEgressEventsRequest  # noqa: Y015
+
+@_typing.final
+class ListEgressEventsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___EgressEvent]: ...
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___EgressEvent] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEgressEventsResponse: _TypeAlias = ListEgressEventsResponse  # noqa: Y015
+
+@_typing.final
+class EgressEvent(_message.Message):
+    """One decision of a session's egress proxy (also logged as one structured line)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    BYTES_UP_FIELD_NUMBER: _builtins.int
+    BYTES_DOWN_FIELD_NUMBER: _builtins.int
+    DURATION_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    """Increasing per session."""
+    method: _builtins.str
+    """CONNECT, or the plain-HTTP method; empty when refused before a head was read."""
+    host: _builtins.str
+    """The normalized name asked for (empty when the head did not parse)."""
+    port: _builtins.int
+    verdict: Global___EgressVerdict.ValueType
+    reason: _builtins.str
+    """Why it was refused (NAME_NOT_ALLOWED, PORT_NOT_ALLOWED, IP_LITERAL, ADDRESS_REFUSED,
+    QUOTA_CONNECTIONS, ...); empty when allowed.
+    """
+    address: _builtins.str
+    """The checked address dialled, or the address that made the answer refused."""
+    bytes_up: _builtins.int
+    bytes_down: _builtins.int
+    ended: _builtins.str
+    """How an allowed connection ended: closed, idle_timeout, lifetime, byte_quota, reset."""
+    @_builtins.property
+    def time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def duration(self) -> _duration_pb2.Duration: ...
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        time: _timestamp_pb2.Timestamp | None = ...,
+        method: _builtins.str = ...,
+        host: _builtins.str = ...,
+        port: _builtins.int = ...,
+        verdict: Global___EgressVerdict.ValueType = ...,
+        reason: _builtins.str = ...,
+        address: _builtins.str = ...,
+        bytes_up: _builtins.int = ...,
+        bytes_down: _builtins.int = ...,
+        duration: _duration_pb2.Duration | None = ...,
+        ended: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration", "time", b"time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_down", b"bytes_down", "bytes_up", b"bytes_up", "duration", b"duration", "ended", b"ended", "host", b"host", "method", b"method", "port", b"port", "reason", b"reason", "seq", b"seq", "time", b"time", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EgressEvent: _TypeAlias = EgressEvent  # noqa: Y015
+
+@_typing.final
+class SuspendSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SuspendSessionRequest: _TypeAlias = SuspendSessionRequest  # noqa: Y015
+
+@_typing.final
+class SuspendSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SuspendSessionResponse: _TypeAlias = SuspendSessionResponse  # noqa: Y015
+
+@_typing.final
+class ResumeSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    EXPECTED_FINGERPRINT_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    expected_fingerprint: _builtins.str
+    """When set, the session's fingerprint must equal it (MANIFEST_CONFLICT otherwise)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        expected_fingerprint: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_fingerprint", b"_expected_fingerprint", "expected_fingerprint", b"expected_fingerprint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_fingerprint", b"_expected_fingerprint", "expected_fingerprint", b"expected_fingerprint", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expected_fingerprint: _TypeAlias = _typing.Literal["expected_fingerprint"]  # noqa: Y015
+    _WhichOneofArgType__expected_fingerprint: _TypeAlias = _typing.Literal["_expected_fingerprint", b"_expected_fingerprint"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_fingerprint) -> _WhichOneofReturnType__expected_fingerprint | None: ...
+
+Global___ResumeSessionRequest: _TypeAlias = ResumeSessionRequest  # noqa: Y015
+
+@_typing.final
+class ResumeSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeSessionResponse: _TypeAlias = ResumeSessionResponse  # noqa: Y015
 
 @_typing.final
 class Session(_message.Message):

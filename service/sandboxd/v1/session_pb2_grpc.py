@@ -60,6 +60,26 @@ class SessionServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_session__pb2.DeleteSessionRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_session__pb2.DeleteSessionResponse.FromString,
                 _registered_method=True)
+        self.UpdateNetworkPolicy = channel.unary_unary(
+                '/sandboxd.v1.SessionService/UpdateNetworkPolicy',
+                request_serializer=sandboxd_dot_v1_dot_session__pb2.UpdateNetworkPolicyRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_session__pb2.UpdateNetworkPolicyResponse.FromString,
+                _registered_method=True)
+        self.ListEgressEvents = channel.unary_unary(
+                '/sandboxd.v1.SessionService/ListEgressEvents',
+                request_serializer=sandboxd_dot_v1_dot_session__pb2.ListEgressEventsRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_session__pb2.ListEgressEventsResponse.FromString,
+                _registered_method=True)
+        self.SuspendSession = channel.unary_unary(
+                '/sandboxd.v1.SessionService/SuspendSession',
+                request_serializer=sandboxd_dot_v1_dot_session__pb2.SuspendSessionRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_session__pb2.SuspendSessionResponse.FromString,
+                _registered_method=True)
+        self.ResumeSession = channel.unary_unary(
+                '/sandboxd.v1.SessionService/ResumeSession',
+                request_serializer=sandboxd_dot_v1_dot_session__pb2.ResumeSessionRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_session__pb2.ResumeSessionResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -101,6 +121,35 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateNetworkPolicy(self, request, context):
+        """Replaces a live session's network allowlist (and proxy quotas); applies to new proxy
+        connections, open tunnels keep running. The fingerprint changes with it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEgressEvents(self, request, context):
+        """Reads a session's egress audit: the proxy's decisions, oldest first (the newest 1000 kept).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SuspendSession(self, request, context):
+        """Snapshots the workspace, then removes the container; the lease and snapshot are kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSession(self, request, context):
+        """Runs the session again, rebuilding a removed or lost container from its last snapshot.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +177,26 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.DeleteSession,
                     request_deserializer=sandboxd_dot_v1_dot_session__pb2.DeleteSessionRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_session__pb2.DeleteSessionResponse.SerializeToString,
+            ),
+            'UpdateNetworkPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateNetworkPolicy,
+                    request_deserializer=sandboxd_dot_v1_dot_session__pb2.UpdateNetworkPolicyRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_session__pb2.UpdateNetworkPolicyResponse.SerializeToString,
+            ),
+            'ListEgressEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEgressEvents,
+                    request_deserializer=sandboxd_dot_v1_dot_session__pb2.ListEgressEventsRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_session__pb2.ListEgressEventsResponse.SerializeToString,
+            ),
+            'SuspendSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.SuspendSession,
+                    request_deserializer=sandboxd_dot_v1_dot_session__pb2.SuspendSessionRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_session__pb2.SuspendSessionResponse.SerializeToString,
+            ),
+            'ResumeSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSession,
+                    request_deserializer=sandboxd_dot_v1_dot_session__pb2.ResumeSessionRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_session__pb2.ResumeSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +335,114 @@ class SessionService:
             '/sandboxd.v1.SessionService/DeleteSession',
             sandboxd_dot_v1_dot_session__pb2.DeleteSessionRequest.SerializeToString,
             sandboxd_dot_v1_dot_session__pb2.DeleteSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateNetworkPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.SessionService/UpdateNetworkPolicy',
+            sandboxd_dot_v1_dot_session__pb2.UpdateNetworkPolicyRequest.SerializeToString,
+            sandboxd_dot_v1_dot_session__pb2.UpdateNetworkPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEgressEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.SessionService/ListEgressEvents',
+            sandboxd_dot_v1_dot_session__pb2.ListEgressEventsRequest.SerializeToString,
+            sandboxd_dot_v1_dot_session__pb2.ListEgressEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SuspendSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.SessionService/SuspendSession',
+            sandboxd_dot_v1_dot_session__pb2.SuspendSessionRequest.SerializeToString,
+            sandboxd_dot_v1_dot_session__pb2.SuspendSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.SessionService/ResumeSession',
+            sandboxd_dot_v1_dot_session__pb2.ResumeSessionRequest.SerializeToString,
+            sandboxd_dot_v1_dot_session__pb2.ResumeSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,16 @@ class SessionServiceStub:
     """Extends a session's lease."""
     DeleteSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.DeleteSessionRequest, _session_pb2.DeleteSessionResponse]
     """Removes a session and its container; idempotent."""
+    UpdateNetworkPolicy: _grpc.UnaryUnaryMultiCallable[_session_pb2.UpdateNetworkPolicyRequest, _session_pb2.UpdateNetworkPolicyResponse]
+    """Replaces a live session's network allowlist (and proxy quotas); applies to new proxy
+    connections, open tunnels keep running. The fingerprint changes with it.
+    """
+    ListEgressEvents: _grpc.UnaryUnaryMultiCallable[_session_pb2.ListEgressEventsRequest, _session_pb2.ListEgressEventsResponse]
+    """Reads a session's egress audit: the proxy's decisions, oldest first (the newest 1000 kept)."""
+    SuspendSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.SuspendSessionRequest, _session_pb2.SuspendSessionResponse]
+    """Snapshots the workspace, then removes the container; the lease and snapshot are kept."""
+    ResumeSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.ResumeSessionRequest, _session_pb2.ResumeSessionResponse]
+    """Runs the session again, rebuilding a removed or lost container from its last snapshot."""
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -59,6 +69,16 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """Extends a session's lease."""
     DeleteSession: _aio.UnaryUnaryMultiCallable[_session_pb2.DeleteSessionRequest, _session_pb2.DeleteSessionResponse]  # type: ignore[assignment]
     """Removes a session and its container; idempotent."""
+    UpdateNetworkPolicy: _aio.UnaryUnaryMultiCallable[_session_pb2.UpdateNetworkPolicyRequest, _session_pb2.UpdateNetworkPolicyResponse]  # type: ignore[assignment]
+    """Replaces a live session's network allowlist (and proxy quotas); applies to new proxy
+    connections, open tunnels keep running. The fingerprint changes with it.
+    """
+    ListEgressEvents: _aio.UnaryUnaryMultiCallable[_session_pb2.ListEgressEventsRequest, _session_pb2.ListEgressEventsResponse]  # type: ignore[assignment]
+    """Reads a session's egress audit: the proxy's decisions, oldest first (the newest 1000 kept)."""
+    SuspendSession: _aio.UnaryUnaryMultiCallable[_session_pb2.SuspendSessionRequest, _session_pb2.SuspendSessionResponse]  # type: ignore[assignment]
+    """Snapshots the workspace, then removes the container; the lease and snapshot are kept."""
+    ResumeSession: _aio.UnaryUnaryMultiCallable[_session_pb2.ResumeSessionRequest, _session_pb2.ResumeSessionResponse]  # type: ignore[assignment]
+    """Runs the session again, rebuilding a removed or lost container from its last snapshot."""
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """Sessions: one hardened container each, with a leased lifetime."""
@@ -102,5 +122,39 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.DeleteSessionResponse, _abc.Awaitable[_session_pb2.DeleteSessionResponse]]:
         """Removes a session and its container; idempotent."""
+
+    @_abc_1.abstractmethod
+    def UpdateNetworkPolicy(
+        self,
+        request: _session_pb2.UpdateNetworkPolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.UpdateNetworkPolicyResponse, _abc.Awaitable[_session_pb2.UpdateNetworkPolicyResponse]]:
+        """Replaces a live session's network allowlist (and proxy quotas); applies to new proxy
+        connections, open tunnels keep running. The fingerprint changes with it.
+        """
+
+    @_abc_1.abstractmethod
+    def ListEgressEvents(
+        self,
+        request: _session_pb2.ListEgressEventsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.ListEgressEventsResponse, _abc.Awaitable[_session_pb2.ListEgressEventsResponse]]:
+        """Reads a session's egress audit: the proxy's decisions, oldest first (the newest 1000 kept)."""
+
+    @_abc_1.abstractmethod
+    def SuspendSession(
+        self,
+        request: _session_pb2.SuspendSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.SuspendSessionResponse, _abc.Awaitable[_session_pb2.SuspendSessionResponse]]:
+        """Snapshots the workspace, then removes the container; the lease and snapshot are kept."""
+
+    @_abc_1.abstractmethod
+    def ResumeSession(
+        self,
+        request: _session_pb2.ResumeSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.ResumeSessionResponse, _abc.Awaitable[_session_pb2.ResumeSessionResponse]]:
+        """Runs the session again, rebuilding a removed or lost container from its last snapshot."""
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

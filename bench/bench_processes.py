@@ -1,0 +1,147 @@
+"""Interactive and background processes next to raw aiodocker exec, in the same rounds.
+
+- `interact_round_trip`: one stdin byte to its echo on an open Interact stream running `cat`,
+  against the same on a raw `docker exec -i cat` stream (p50 ms).
+- `interact_stdout_throughput`: a 16 MB stdout stream through Interact, against raw exec
+  streaming the same command (median MB/s; target ratio at least 0.8).
+- `attach_process_throughput`: a 16 MB background process followed live with AttachProcess
+  from its start, against raw exec streaming (median MB/s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from google.protobuf import duration_pb2
+from sandboxd.v1 import common_pb2, process_pb2
+
+from bench.common import (
+    BenchContext,
+    Metric,
+    interleave,
+    latency_metric,
+    mb_per_s,
+    throughput_metric,
+)
+
+P = process_pb2
+STREAM_BYTES = 16 * 1000 * 1000
+SIXTEEN_MIB = 16 * 1024 * 1024
+_PRODUCE = ["head", "-c", str(STREAM_BYTES), "/dev/zero"]
+
+
+class _Requests:
+    """Requests of an aio Interact call, fed from a queue."""
+
+    def __init__(self, first: P.InteractRequest) -> None:
+        self.queue: asyncio.Queue[P.InteractRequest | None] = asyncio.Queue()
+        self.queue.put_nowait(first)
+
+    def __aiter__(self) -> AsyncIterator[P.InteractRequest]:
+        return self._gen()
+
+    async def _gen(self) -> AsyncIterator[P.InteractRequest]:
+        while (item := await self.queue.get()) is not None:
+            yield item
+
+
+def _start(session_id: str, argv: list[str]) -> P.InteractRequest:
+    request = P.ExecRequest(
+        session_id=session_id, argv=argv, timeout=duration_pb2.Duration(seconds=600)
+    )
+    return P.InteractRequest(start=P.InteractStart(request=request))
+
+
+async def _round_trip(ctx: BenchContext, session_id: str, container_id: str) -> Metric:
+    requests = _Requests(_start(session_id, ["cat"]))
+    call = ctx.stubs.processes.Interact(requests)
+    raw_exec = await ctx.docker.containers.container(container_id).exec(
+        ["cat"], stdin=True, user="65534:65534"
+    )
+    raw = raw_exec.start(detach=False)
+    await raw._init()
+    try:
+        first = await call.read()
+        assert first.HasField("started"), first
+
+        async def ours() -> float:
+            start = time.perf_counter()
+            requests.queue.put_nowait(P.InteractRequest(stdin=P.InteractStdin(data=b"x")))
+            while True:
+                event = await call.read()
+                if event.HasField("output"):
+                    return (time.perf_counter() - start) * 1000
+
+        async def theirs() -> float:
+            start = time.perf_counter()
+            await raw.write_in(b"x")
+            await raw.read_out()
+            return (time.perf_counter() - start) * 1000
+
+        o, r = await interleave(ctx, ours, theirs)
+        return latency_metric(o, r)
+    finally:
+        requests.queue.put_nowait(P.InteractRequest(close_stdin=P.InteractCloseStdin()))
+        requests.queue.put_nowait(None)
+        call.cancel()
+        await raw.close()
+
+
+async def _raw_stream(ctx: BenchContext, container_id: str) -> float:
+    start = time.perf_counter()
+    _, received = await ctx.raw_exec(container_id, _PRODUCE)
+    assert received == STREAM_BYTES, received
+    return mb_per_s(received, time.perf_counter() - start)
+
+
+async def _interact_stream(ctx: BenchContext, session_id: str) -> float:
+    requests = _Requests(_start(session_id, _PRODUCE))
+    requests.queue.put_nowait(P.InteractRequest(close_stdin=P.InteractCloseStdin()))
+    requests.queue.put_nowait(None)
+    start = time.perf_counter()
+    received = 0
+    async for event in ctx.stubs.processes.Interact(requests):
+        if event.HasField("output"):
+            received += len(event.output.data)
+    assert received == STREAM_BYTES, received
+    return mb_per_s(received, time.perf_counter() - start)
+
+
+async def _attach_stream(ctx: BenchContext, session_id: str) -> float:
+    start = time.perf_counter()
+    started = await ctx.stubs.processes.StartProcess(
+        P.StartProcessRequest(
+            session_id=session_id,
+            argv=_PRODUCE,
+            max_output_bytes=SIXTEEN_MIB,
+            timeout=duration_pb2.Duration(seconds=600),
+        )
+    )
+    received = 0
+    attach = P.AttachProcessRequest(session_id=session_id, process_id=started.process.process_id)
+    async for event in ctx.stubs.processes.AttachProcess(attach):
+        if event.HasField("output"):
+            received += len(event.output.data)
+        elif event.HasField("gap"):
+            raise AssertionError(f"unexpected gap {event.gap}")
+    assert received == STREAM_BYTES, received
+    return mb_per_s(received, time.perf_counter() - start)
+
+
+async def run(ctx: BenchContext) -> dict[str, Metric]:
+    metrics: dict[str, Metric] = {}
+    limits = common_pb2.ResourceLimits(output_bytes=SIXTEEN_MIB)
+    async with ctx.session(limits=limits) as session, ctx.raw_container() as cid:
+        sid = session.session_id
+        metrics["interact_round_trip"] = await _round_trip(ctx, sid, cid)
+        o, r = await interleave(
+            ctx, lambda: _interact_stream(ctx, sid), lambda: _raw_stream(ctx, cid)
+        )
+        metrics["interact_stdout_throughput"] = throughput_metric(o, r)
+        o, r = await interleave(
+            ctx, lambda: _attach_stream(ctx, sid), lambda: _raw_stream(ctx, cid)
+        )
+        metrics["attach_process_throughput"] = throughput_metric(o, r)
+    return metrics

@@ -1,0 +1,167 @@
+"""Profile the server under one benchmark's load: py-spy samples the real server process.
+
+    .venv/bin/python bench/profile.py exec_stream --seconds 20 --output /tmp/exec.txt
+
+Starts a server like `make bench` does, runs the operation in a loop, and has py-spy record the
+server (needs ptrace: root, or kernel.yama.ptrace_scope=0). The output is py-spy's "raw" format
+(collapsed stacks, one line each, the sample count last): sort by count, or feed it to a flame
+graph tool. `--top` prints the hottest leaf functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from sandboxd.v1 import common_pb2, process_pb2, session_pb2  # noqa: E402
+
+from bench.run import HELPER, IMAGE, KEEPER_USER, POOL_SIZE, running_server  # noqa: E402
+
+
+async def _load(args: argparse.Namespace) -> None:
+    import grpc
+
+    from bench.common import BenchContext, Stubs
+    from bench.run import _docker
+
+    with tempfile.TemporaryDirectory(prefix="sandboxd-profile-") as tmp:
+        async with (
+            running_server(Path(tmp), "--pool-size", str(POOL_SIZE)) as server,
+            _docker() as docker,
+        ):
+            channel = grpc.aio.insecure_channel(
+                f"127.0.0.1:{server.port}",
+                options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)],
+            )
+            from sandboxd.v1 import (
+                admin_pb2_grpc,
+                filesystem_pb2_grpc,
+                process_pb2_grpc,
+                session_pb2_grpc,
+            )
+
+            ctx = BenchContext(
+                address=f"127.0.0.1:{server.port}",
+                channel=channel,
+                stubs=Stubs(
+                    session_pb2_grpc.SessionServiceStub(channel),
+                    process_pb2_grpc.ProcessServiceStub(channel),
+                    filesystem_pb2_grpc.FilesystemServiceStub(channel),
+                    admin_pb2_grpc.AdminServiceStub(channel),
+                ),
+                docker=docker,
+                image=IMAGE,
+                helper=HELPER,
+                keeper_user=KEEPER_USER,
+                raw_owner="profile",
+                metrics_url=f"http://127.0.0.1:{server.metrics_port}/metrics",
+                pool_size=POOL_SIZE,
+            )
+            limits = common_pb2.ResourceLimits(output_bytes=16 * 1024 * 1024)
+            async with ctx.session(limits=limits) as s:
+                sid = s.session_id
+
+                async def exec_stream() -> None:
+                    argv = ["head", "-c", "16000000", "/dev/zero"]
+                    req = process_pb2.ExecRequest(session_id=sid, argv=argv)
+                    async for _ in ctx.stubs.processes.Exec(req):
+                        pass
+
+                async def run_true() -> None:
+                    await ctx.stubs.processes.Run(
+                        process_pb2.RunRequest(session_id=sid, argv=["true"])
+                    )
+
+                async def create() -> None:
+                    resp = await ctx.stubs.sessions.CreateSession(
+                        session_pb2.CreateSessionRequest(env={"P": "1"})
+                    )
+                    await ctx.delete_session(resp.session.session_id)
+
+                async def import_archive() -> None:
+                    from sandboxd.v1 import snapshot_pb2_grpc
+
+                    from bench import bench_archive
+
+                    if not archive:
+                        await bench_archive._fill_session(ctx, sid)
+                        snaps = snapshot_pb2_grpc.SnapshotServiceStub(channel)
+                        archive.append(await bench_archive._export(snaps, sid))
+                    await snapshot_pb2_grpc.SnapshotServiceStub(channel).ImportArchive(
+                        bench_archive._import_requests(sid, archive[0])
+                    )
+
+                archive: list[bytes] = []
+                if args.operation == "import_archive":
+                    await import_archive()  # fill and export before sampling starts
+                ops: dict[str, Callable[[], Awaitable[None]]] = {
+                    "import_archive": import_archive,
+                    "exec_stream": exec_stream,
+                    "run_true": run_true,
+                    "create_cold": create,
+                }
+                op = ops[args.operation]
+                spy = await asyncio.create_subprocess_exec(
+                    shutil.which("py-spy") or str(REPO / ".venv" / "bin" / "py-spy"),
+                    "record",
+                    "--pid",
+                    str(server.proc.pid),
+                    "--duration",
+                    str(args.seconds),
+                    "--format",
+                    "raw",
+                    "--rate",
+                    "250",
+                    "--output",
+                    args.output,
+                    "--nonblocking",
+                )
+                deadline = time.monotonic() + args.seconds
+                count = 0
+                while time.monotonic() < deadline:
+                    await op()
+                    count += 1
+                await spy.wait()
+                print(f"{count} x {args.operation} in {args.seconds} s", file=sys.stderr)
+            await channel.close()
+
+
+def top(path: str, n: int) -> None:
+    leaves: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in Path(path).read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        leaves[frames[-1]] += int(count)
+        total += int(count)
+    for frame, count in leaves.most_common(n):
+        print(f"{100 * count / max(total, 1):5.1f}%  {frame}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "operation", choices=["exec_stream", "run_true", "create_cold", "import_archive"]
+    )
+    parser.add_argument("--seconds", type=int, default=15)
+    parser.add_argument("--output", default="/tmp/sandboxd-profile.txt")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    asyncio.run(_load(args))
+    top(args.output, args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+package sandboxd_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"sandboxd/clients/go/sandboxd"
+	pb "sandboxd/clients/go/sandboxdv1"
+)
+
+// dial connects to the live server named by SANDBOXD_ADDR (tests/test_client_go.py sets it).
+func dial(t *testing.T) (*sandboxd.Client, context.Context) {
+	t.Helper()
+	addr := os.Getenv("SANDBOXD_ADDR")
+	if addr == "" {
+		t.Fatal("SANDBOXD_ADDR must name a running sandboxd")
+	}
+	c, err := sandboxd.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(func() { cancel(); c.Close() })
+	return c, ctx
+}
+
+func TestSessionExecAndFiles(t *testing.T) {
+	c, ctx := dial(t)
+	labels := map[string]string{"suite": "go-" + time.Now().Format("150405.000000")}
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{
+		Shell:  &pb.ShellPolicy{Allow: []string{"sh", "cat"}},
+		Labels: labels,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.DeleteSession(context.Background(), s.GetSessionId())
+	if s.GetState() != pb.SessionState_SESSION_STATE_RUNNING {
+		t.Fatalf("state %v", s.GetState())
+	}
+
+	stream, err := c.Exec(ctx, &pb.ExecRequest{
+		SessionId: s.GetSessionId(), Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	var exited *pb.ProcessExited
+	first := true
+	for {
+		ev, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first && ev.GetStarted() == nil {
+			t.Fatalf("first event %v", ev)
+		}
+		first = false
+		if out := ev.GetOutput(); out != nil {
+			if out.GetStream() == pb.OutputStream_OUTPUT_STREAM_STDERR {
+				stderr.Write(out.GetData())
+			} else {
+				stdout.Write(out.GetData())
+			}
+		}
+		if ex := ev.GetExited(); ex != nil {
+			exited = ex
+		}
+	}
+	if exited == nil || exited.GetExitCode() != 3 || stdout.String() != "out\n" || stderr.String() != "err\n" {
+		t.Fatalf("exited %v stdout %q stderr %q", exited, stdout.String(), stderr.String())
+	}
+
+	if _, err := c.Files.WriteFile(ctx, &pb.WriteFileRequest{
+		SessionId: s.GetSessionId(), Path: "hello.txt", Content: []byte("hello\n"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Run(ctx, &pb.RunRequest{SessionId: s.GetSessionId(), Argv: []string{"cat", "hello.txt"}})
+	if err != nil || string(r.GetStdout()) != "hello\n" {
+		t.Fatalf("run %v %v", r, err)
+	}
+
+	listed, err := c.ListSessions(ctx, labels)
+	if err != nil || len(listed) != 1 || listed[0].GetSessionId() != s.GetSessionId() {
+		t.Fatalf("list %v %v", listed, err)
+	}
+}
+
+func TestErrorsAreTyped(t *testing.T) {
+	c, ctx := dial(t)
+	_, err := c.GetSession(ctx, "no-such-session")
+	var e *sandboxd.Error
+	if !errors.As(err, &e) || !errors.Is(err, sandboxd.ErrSessionNotFound) {
+		t.Fatalf("not a SessionNotFound: %v", err)
+	}
+	if e.Code != codes.NotFound || e.Kind != "SessionNotFound" || e.Metadata["session_id"] != "no-such-session" {
+		t.Fatalf("%+v", e)
+	}
+
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{Shell: &pb.ShellPolicy{Allow: []string{"echo"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.DeleteSession(context.Background(), s.GetSessionId())
+	_, err = c.Run(ctx, &pb.RunRequest{SessionId: s.GetSessionId(), Argv: []string{"rm", "-rf", "/workspace"}})
+	if !errors.As(err, &e) || e.Reason != "COMMAND_NOT_ALLOWED" || e.Kind != "PermissionDenied" {
+		t.Fatalf("%v", err)
+	}
+
+	down, err := sandboxd.Dial("127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer down.Close()
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = down.Admin.GetServerInfo(short, &pb.GetServerInfoRequest{})
+	if !errors.As(sandboxd.FromError(err), &e) || e.Reason != "UNAVAILABLE" || e.Kind != "Unavailable" {
+		t.Fatalf("%v", err)
+	}
+}

@@ -1,0 +1,157 @@
+// Runs against a live server: SANDBOXD_ADDR must name it (tests/test_client_node.py sets it).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import * as sbx from '../src/index.js';
+
+const addr = process.env.SANDBOXD_ADDR;
+if (!addr) throw new Error('SANDBOXD_ADDR must name a running sandboxd');
+const here = path.dirname(fileURLToPath(import.meta.url));
+
+let client;
+before(() => {
+  client = new sbx.SandboxClient(addr, { timeout: 60 });
+});
+after(() => client.close());
+
+test('create, exec streaming, run, files, list, renew, delete', async () => {
+  const labels = { suite: `node-${randomBytes(4).toString('hex')}` };
+  const session = await client.createSession({
+    shell: { allow: ['sh', 'cat'] },
+    workspace: { files: [{ path: 'hello.txt', content: Buffer.from('hello\n') }] },
+    labels,
+  });
+  try {
+    assert.equal(session.state, 'RUNNING');
+    const events = [];
+    for await (const ev of session.exec(['sh', '-c', 'echo out; echo err >&2; exit 3'])) {
+      events.push(ev);
+    }
+    assert.equal(events[0].type, 'started');
+    assert.ok(events[0].processId);
+    const last = events.at(-1);
+    assert.equal(last.type, 'exited');
+    assert.equal(last.exitCode, 3);
+    const text = (stream) =>
+      Buffer.concat(events.filter((e) => e.type === 'output' && e.stream === stream).map((e) => e.data)).toString();
+    assert.equal(text('stdout'), 'out\n');
+    assert.equal(text('stderr'), 'err\n');
+
+    const r = await session.run(['cat', 'hello.txt']);
+    assert.equal(r.exitCode, 0);
+    assert.equal(r.stdout.toString(), 'hello\n');
+
+    await session.writeFile('notes/todo.txt', 'ship it\n', { makeParents: true });
+    assert.equal((await session.readFile('notes/todo.txt')).toString(), 'ship it\n');
+    assert.equal((await session.stat('notes/todo.txt')).size, 8);
+    await session.makeDir('a/b', { parents: true });
+    const names = (await session.listDir('', { depth: 3 })).map((e) => e.path);
+    for (const n of ['hello.txt', 'notes/todo.txt', 'a/b']) assert.ok(names.includes(n), n);
+    await session.remove('a', { recursive: true });
+
+    const listed = [];
+    for await (const s of client.listSessions(labels)) listed.push(s.id);
+    assert.deepEqual(listed, [session.id]);
+
+    const before = Number(session.info.lease_expires_at.seconds);
+    await session.renew(3600);
+    assert.ok(Number(session.info.lease_expires_at.seconds) >= before);
+  } finally {
+    await session.delete();
+  }
+  await assert.rejects(client.getSession(session.id), (err) => {
+    assert.ok(err instanceof sbx.SessionNotFound);
+    assert.ok(err instanceof sbx.NotFound);
+    assert.equal(err.reason, 'SESSION_NOT_FOUND');
+    return true;
+  });
+});
+
+test('errors are typed from the ErrorInfo reason', async () => {
+  const session = await client.createSession({ shell: { allow: ['echo'] } });
+  try {
+    await assert.rejects(session.run(['rm', '-rf', '/workspace']), (err) => {
+      assert.ok(err instanceof sbx.PermissionDenied, err.name);
+      assert.equal(err.reason, 'COMMAND_NOT_ALLOWED');
+      assert.equal(err.code, 7);
+      return true;
+    });
+    await assert.rejects(
+      (async () => {
+        for await (const _ of session.exec(['rm', 'x'])) { /* fails when read */ }
+      })(),
+      sbx.PermissionDenied,
+    );
+    await assert.rejects(session.readFile('nope.txt'), (err) => err.reason === 'FILE_NOT_FOUND');
+  } finally {
+    await session.delete();
+  }
+  const down = new sbx.SandboxClient('127.0.0.1:1', { timeout: 5 });
+  try {
+    await assert.rejects(down.serverInfo(), (err) => err instanceof sbx.Unavailable && err.reason === 'UNAVAILABLE');
+  } finally {
+    down.close();
+  }
+});
+
+test('server info', async () => {
+  const info = await client.serverInfo();
+  assert.ok(info.version);
+  assert.equal(info.assurance, 'ASSURANCE_ENFORCED');
+});
+
+test('the example streams exec output and exits with the remote code', () => {
+  const r = spawnSync(process.execPath, [path.join(here, '../examples/exec-stream.js')], {
+    env: { ...process.env, SANDBOXD_ADDR: addr },
+    encoding: 'utf8',
+    timeout: 60_000,
+  });
+  assert.equal(r.status, 0, r.stderr);
+  assert.equal(r.stdout, 'line 1\nline 2\nline 3\n');
+  assert.equal(r.stderr, 'done\n');
+});
+
+test('tar import and export', async () => {
+  const session = await client.createSession({ shell: { allow_all: true } });
+  try {
+    // a one-member ustar archive, built by hand: header, content, two zero blocks
+    const content = Buffer.from('tarred\n');
+    const header = Buffer.alloc(512);
+    header.write('t.txt', 0);
+    header.write('0000644\0', 100);
+    header.write('0000000\0', 108);
+    header.write('0000000\0', 116);
+    header.write(content.length.toString(8).padStart(11, '0') + '\0', 124);
+    header.write('00000000000\0', 136);
+    header.write('        ', 148);
+    header.write('0', 156);
+    header.write('ustar\0' + '00', 257);
+    const sum = header.reduce((a, b) => a + b, 0);
+    header.write(sum.toString(8).padStart(6, '0') + '\0 ', 148);
+    const body = Buffer.alloc(512);
+    content.copy(body);
+    const tar = Buffer.concat([header, body, Buffer.alloc(1024)]);
+
+    const done = await session.importArchive([tar.subarray(0, 700), tar.subarray(700)], 'in');
+    assert.equal(done.files, 1);
+    assert.equal(done.bytes, content.length);
+    assert.equal((await session.readFile('in/t.txt')).toString(), 'tarred\n');
+
+    const chunks = [];
+    for await (const c of session.exportArchive('in')) chunks.push(c);
+    assert.ok(Buffer.concat(chunks).includes(content));
+
+    await assert.rejects(
+      (async () => {
+        for await (const _ of session.exportArchive('missing')) { /* fails when read */ }
+      })(),
+      sbx.SandboxError,
+    );
+  } finally {
+    await session.delete();
+  }
+});

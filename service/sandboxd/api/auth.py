@@ -1,0 +1,116 @@
+"""Bearer-token authentication: the one server interceptor that names the tenant of a call.
+
+Every RPC except health and reflection needs `authorization: Bearer <token>`; the token is
+checked against the tokens file's sha256 digests (constant time, in `tenancy.TokenTable`). The
+handler then runs with the tenant set in `tenancy.current_tenant`, so the domain scopes every
+lookup without knowing gRPC. A refused call is UNAUTHENTICATED with an ErrorInfo reason, and the
+servicer never runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from sandboxd import errors, tenancy
+from sandboxd.api.errors import to_status
+
+log = logging.getLogger(__name__)
+
+# Probes and tools must work without credentials; neither reveals anything a tenant owns.
+EXEMPT_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+_SCHEME = "bearer "
+
+
+def bearer_token(metadata: Any) -> str | None:
+    """The token of the single `authorization: Bearer ...` header; None if absent or unclear."""
+    values = [v for k, v in (metadata or ()) if k.lower() == "authorization"]
+    if len(values) != 1 or not isinstance(values[0], str):
+        return None
+    value = values[0]
+    if not value[: len(_SCHEME)].lower() == _SCHEME:
+        return None
+    token = value[len(_SCHEME) :].strip()
+    return token or None
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self, tokens: tenancy.TokenTable) -> None:
+        self._tokens = tokens
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[Any], Awaitable[Any]],
+        handler_call_details: Any,
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        method: str = handler_call_details.method
+        if handler is None or method.startswith(EXEMPT_PREFIXES):
+            return handler
+        token = bearer_token(handler_call_details.invocation_metadata)
+        if token is None:
+            log.warning("unauthenticated call to %s: no bearer token", method)
+            return _refusing(
+                handler,
+                errors.Unauthenticated(
+                    "this server needs 'authorization: Bearer <token>' metadata",
+                    reason="TOKEN_MISSING",
+                ),
+            )
+        tenant = self._tokens.authenticate(token)
+        if tenant is None:
+            log.warning("unauthenticated call to %s: unknown token", method)
+            return _refusing(
+                handler,
+                errors.Unauthenticated("the bearer token is not valid", reason="TOKEN_INVALID"),
+            )
+        return _as_tenant(handler, tenant)
+
+
+def _refusing(handler: Any, exc: errors.SandboxError) -> Any:
+    """A handler of the same kind that only aborts: the servicer never sees the call."""
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort_with_status(to_status(exc))
+
+    kind = _kind(handler)
+    return handler._replace(**{kind: refuse})
+
+
+def _as_tenant(handler: Any, tenant: str) -> Any:
+    """The same handler, run with the caller's tenant in the contextvar.
+
+    Each RPC runs in its own asyncio task (its own context copy), so setting the variable
+    inside the handler cannot leak into another call.
+    """
+    kind = _kind(handler)
+    inner = getattr(handler, kind)
+    if inspect.isasyncgenfunction(inner):
+
+        async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
+            tenancy.use_tenant(tenant)
+            async for item in inner(request, context):
+                yield item
+
+        return handler._replace(**{kind: streaming})
+
+    async def unary(request: Any, context: Any) -> Any:
+        tenancy.use_tenant(tenant)
+        result = inner(request, context)
+        return await result if inspect.isawaitable(result) else result
+
+    return handler._replace(**{kind: unary})
+
+
+def _kind(handler: Any) -> str:
+    if handler.request_streaming:
+        return "stream_stream" if handler.response_streaming else "stream_unary"
+    return "unary_stream" if handler.response_streaming else "unary_unary"

@@ -1,0 +1,68 @@
+"""Proto <-> domain conversion of the egress allowlist: proxy quotas, audit events."""
+
+from __future__ import annotations
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from sandboxd.egress.audit import EgressEvent
+from sandboxd.models import ProxyQuotas
+from sandboxd.v1 import common_pb2, session_pb2
+
+
+def _seconds(value: duration_pb2.Duration) -> float | None:
+    seconds = value.seconds + value.nanos / 1e9
+    return seconds if seconds != 0 else None
+
+
+def _duration(seconds: float | None) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(round((seconds or 0) * 1e9)))
+    return d
+
+
+def quotas(pb: common_pb2.ProxyQuotas) -> ProxyQuotas:
+    """Zero fields become None ("the server's default"); negative durations stay negative."""
+    return ProxyQuotas(
+        max_connections=pb.max_connections or None,
+        max_dns_lookups=pb.max_dns_lookups or None,
+        max_requests=pb.max_requests or None,
+        max_bytes_up=pb.max_bytes_up or None,
+        max_bytes_down=pb.max_bytes_down or None,
+        idle_timeout_s=_seconds(pb.idle_timeout),
+        tunnel_lifetime_s=_seconds(pb.tunnel_lifetime),
+        header_timeout_s=_seconds(pb.header_timeout),
+    )
+
+
+def quotas_pb(q: ProxyQuotas) -> common_pb2.ProxyQuotas:
+    return common_pb2.ProxyQuotas(
+        max_connections=q.max_connections or 0,
+        max_dns_lookups=q.max_dns_lookups or 0,
+        max_requests=q.max_requests or 0,
+        max_bytes_up=q.max_bytes_up or 0,
+        max_bytes_down=q.max_bytes_down or 0,
+        idle_timeout=_duration(q.idle_timeout_s),
+        tunnel_lifetime=_duration(q.tunnel_lifetime_s),
+        header_timeout=_duration(q.header_timeout_s),
+    )
+
+
+def event_pb(e: EgressEvent) -> session_pb2.EgressEvent:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(e.time * 1e9))
+    return session_pb2.EgressEvent(
+        seq=e.seq,
+        time=ts,
+        method=e.method,
+        host=e.host,
+        port=e.port,
+        verdict=(
+            session_pb2.EGRESS_VERDICT_ALLOWED if e.allowed else session_pb2.EGRESS_VERDICT_REFUSED
+        ),
+        reason=e.reason,
+        address=e.address,
+        bytes_up=e.bytes_up,
+        bytes_down=e.bytes_down,
+        duration=_duration(e.duration_s),
+        ended=e.ended,
+    )

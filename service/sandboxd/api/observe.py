@@ -1,0 +1,137 @@
+"""The metrics interceptor: latency of every RPC and the command output bytes it carries.
+
+An interceptor rather than the `unary`/`stream` error wrappers so that RPCs refused before a
+servicer runs (authentication) and generic handlers (reflection) are measured too, and so the
+metrics object arrives by construction instead of through a global.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from sandboxd.logging_setup import CURRENT_SESSION
+from sandboxd.metrics import Metrics
+
+
+def _code_name(context: Any, failed: bool) -> str:
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return str(code.name)
+    if isinstance(code, int) and code != 0:
+        for candidate in grpc.StatusCode:
+            if candidate.value[0] == code:
+                return str(candidate.name)
+    return "UNKNOWN" if failed else "OK"
+
+
+def _note_session(request: Any) -> None:
+    """Log lines of this call name its session (each call runs in its own task)."""
+    sid = getattr(request, "session_id", None)
+    if isinstance(sid, str) and sid:
+        CURRENT_SESSION.set(sid)
+
+
+class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Times each call until its reply (or last streamed message); counts output bytes."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._stdout = metrics.exec_output_bytes.labels("stdout")
+        self._stderr = metrics.exec_output_bytes.labels("stderr")
+        self._kinds: dict[type[Message], str] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[Any], Awaitable[Any]],
+        handler_call_details: Any,
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = str(handler_call_details.method).lstrip("/").removeprefix("sandboxd.v1.")
+        histogram = self._metrics.rpc_duration
+        count = self._count_output
+
+        def observe(start: float, context: Any, failed: bool) -> None:
+            code = _code_name(context, failed)
+            histogram.labels(method, code).observe(time.perf_counter() - start)
+
+        def wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+            async def timed(request: Any, context: Any) -> Any:
+                start = time.perf_counter()
+                _note_session(request)
+                failed = True
+                try:
+                    response = await behavior(request, context)
+                    failed = False
+                finally:
+                    observe(start, context, failed)
+                if isinstance(response, Message):
+                    count(response)
+                return response
+
+            return timed
+
+        def wrap_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
+            if inspect.iscoroutinefunction(behavior):
+                return wrap_unary(behavior)  # a writer-style stream: time the coroutine
+
+            async def timed(request: Any, context: Any) -> AsyncIterator[Any]:
+                start = time.perf_counter()
+                _note_session(request)
+                failed = True
+                try:
+                    # aclosing: a cancelled call closes the inner stream at once (kills run).
+                    async with contextlib.aclosing(behavior(request, context)) as items:
+                        async for item in items:
+                            if isinstance(item, Message):
+                                count(item)
+                            yield item
+                    failed = False
+                finally:
+                    observe(start, context, failed)
+
+            return timed
+
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=wrap_unary(handler.unary_unary))
+        if handler.stream_unary is not None:
+            return handler._replace(stream_unary=wrap_unary(handler.stream_unary))
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=wrap_stream(handler.unary_stream))
+        if handler.stream_stream is not None:
+            return handler._replace(stream_stream=wrap_stream(handler.stream_stream))
+        return handler
+
+    def _count_output(self, message: Message) -> None:
+        """Output events of Exec-like streams and the collected output of Run.
+
+        Which kind a message type is gets decided once per type: this runs per streamed chunk.
+        """
+        kind = self._kinds.get(type(message))
+        if kind is None:
+            fields = message.DESCRIPTOR.fields_by_name
+            if "output" in fields:
+                kind = "event"
+            elif "stdout" in fields and "stderr" in fields and "exit_code" in fields:
+                kind = "collected"
+            else:
+                kind = "other"
+            self._kinds[type(message)] = kind
+        if kind == "event":
+            if message.HasField("output"):
+                output: Any = getattr(message, "output")  # noqa: B009  # dynamic proto field
+                data = output.data
+                if data:
+                    stderr = getattr(output, "stream", 1) == 2
+                    (self._stderr if stderr else self._stdout).inc(len(data))
+        elif kind == "collected":
+            self._stdout.inc(len(getattr(message, "stdout")))  # noqa: B009
+            self._stderr.inc(len(getattr(message, "stderr")))  # noqa: B009

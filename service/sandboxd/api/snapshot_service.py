@@ -1,0 +1,126 @@
+"""SnapshotService: translate messages, delegate to ArchiveIO and Snapshots."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from google.protobuf import timestamp_pb2
+
+from sandboxd.api.errors import Ctx, stream, unary
+from sandboxd.archive import ArchiveIO
+from sandboxd.errors import InvalidArgument
+from sandboxd.sessions import SessionManager
+from sandboxd.snapshot_store import Snapshot
+from sandboxd.snapshots import KIND_IMAGE, KIND_TAR, Snapshots
+from sandboxd.v1 import snapshot_pb2, snapshot_pb2_grpc
+
+_KIND_TO_PB = {
+    KIND_TAR: snapshot_pb2.SNAPSHOT_KIND_TAR,
+    KIND_IMAGE: snapshot_pb2.SNAPSHOT_KIND_IMAGE,
+}
+_KIND_FROM_PB = {
+    snapshot_pb2.SNAPSHOT_KIND_UNSPECIFIED: "",
+    snapshot_pb2.SNAPSHOT_KIND_TAR: KIND_TAR,
+    snapshot_pb2.SNAPSHOT_KIND_IMAGE: KIND_IMAGE,
+}
+
+
+def snapshot_pb(s: Snapshot) -> snapshot_pb2.Snapshot:
+    created = timestamp_pb2.Timestamp()
+    created.FromDatetime(s.created_at)
+    return snapshot_pb2.Snapshot(
+        snapshot_id=s.snapshot_id,
+        session_id=s.session_id,
+        size_bytes=s.size_bytes,
+        sha256=s.sha256,
+        created_at=created,
+        kind=_KIND_TO_PB.get(s.kind, snapshot_pb2.SNAPSHOT_KIND_UNSPECIFIED),
+        labels=s.labels,
+        image=s.image,
+    )
+
+
+async def _data(
+    requests: AsyncIterator[snapshot_pb2.ImportArchiveRequest],
+) -> AsyncIterator[bytes]:
+    async for req in requests:
+        if req.HasField("header"):
+            raise InvalidArgument(
+                "ImportArchive: only the first message may carry a header",
+                reason="ARCHIVE_HEADER_INVALID",
+            )
+        if req.data:
+            yield req.data
+
+
+class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
+    def __init__(self, sessions: SessionManager, archive: ArchiveIO, snapshots: Snapshots) -> None:
+        self._sessions = sessions
+        self._archive = archive
+        self._snapshots = snapshots
+
+    @stream
+    async def ExportArchive(
+        self, request: snapshot_pb2.ExportArchiveRequest, context: Ctx
+    ) -> AsyncGenerator[snapshot_pb2.ExportArchiveResponse, None]:
+        async with self._sessions.use(request.session_id) as session:
+            async for data in self._archive.export(session, request.path):
+                yield snapshot_pb2.ExportArchiveResponse(chunk=snapshot_pb2.ArchiveChunk(data=data))
+
+    @unary
+    async def ImportArchive(
+        self, request: AsyncIterator[snapshot_pb2.ImportArchiveRequest], context: Ctx
+    ) -> snapshot_pb2.ImportArchiveResponse:
+        first = await anext(aiter(request), None)
+        if first is None or not first.HasField("header"):
+            raise InvalidArgument(
+                "ImportArchive: the first message must carry the header",
+                reason="ARCHIVE_HEADER_INVALID",
+            )
+        header = first.header
+        async with self._sessions.use(header.session_id) as session:
+            result = await self._archive.import_(
+                session, header.path, header.replace, _data(request)
+            )
+        return snapshot_pb2.ImportArchiveResponse(files=result.files, bytes=result.bytes)
+
+    @unary
+    async def CreateSnapshot(
+        self, request: snapshot_pb2.CreateSnapshotRequest, context: Ctx
+    ) -> snapshot_pb2.CreateSnapshotResponse:
+        snap = await self._snapshots.create(
+            request.session_id, dict(request.labels), _KIND_FROM_PB.get(request.kind, "?")
+        )
+        return snapshot_pb2.CreateSnapshotResponse(snapshot=snapshot_pb(snap))
+
+    @unary
+    async def GetSnapshot(
+        self, request: snapshot_pb2.GetSnapshotRequest, context: Ctx
+    ) -> snapshot_pb2.GetSnapshotResponse:
+        snap = await self._snapshots.get(request.snapshot_id)
+        return snapshot_pb2.GetSnapshotResponse(snapshot=snapshot_pb(snap))
+
+    @unary
+    async def ListSnapshots(
+        self, request: snapshot_pb2.ListSnapshotsRequest, context: Ctx
+    ) -> snapshot_pb2.ListSnapshotsResponse:
+        snaps, token = await self._snapshots.list(
+            request.session_id, request.page_size, request.page_token
+        )
+        return snapshot_pb2.ListSnapshotsResponse(
+            snapshots=[snapshot_pb(s) for s in snaps], next_page_token=token
+        )
+
+    @unary
+    async def DeleteSnapshot(
+        self, request: snapshot_pb2.DeleteSnapshotRequest, context: Ctx
+    ) -> snapshot_pb2.DeleteSnapshotResponse:
+        await self._snapshots.delete(request.snapshot_id)
+        return snapshot_pb2.DeleteSnapshotResponse()
+
+    @stream
+    async def DownloadSnapshot(
+        self, request: snapshot_pb2.DownloadSnapshotRequest, context: Ctx
+    ) -> AsyncGenerator[snapshot_pb2.DownloadSnapshotResponse, None]:
+        async for data in self._snapshots.download(request.snapshot_id):
+            yield snapshot_pb2.DownloadSnapshotResponse(chunk=snapshot_pb2.ArchiveChunk(data=data))

@@ -1,0 +1,95 @@
+"""Egress audit: one structured log line per proxy decision, and a bounded per-session record.
+
+The record is what the API reads back (ListEgressEvents); it is kept in memory, newest
+`MAX_EVENTS` per session, and dropped with the session. The log line is the durable copy.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+log = logging.getLogger("sandboxd.egress.audit")
+
+MAX_EVENTS = 1000
+
+
+@dataclass(frozen=True)
+class EgressEvent:
+    """One decision of a session's proxy; `reason` is empty for an allowed request."""
+
+    seq: int
+    time: float
+    session_id: str
+    method: str
+    host: str
+    port: int
+    allowed: bool
+    reason: str
+    address: str = ""
+    bytes_up: int = 0
+    bytes_down: int = 0
+    duration_s: float = 0.0
+    ended: str = ""  # how an allowed connection ended: closed, idle_timeout, lifetime, ...
+
+
+class AuditLog:
+    """The bounded event record of one session."""
+
+    def __init__(self, session_id: str, max_events: int = MAX_EVENTS) -> None:
+        self.session_id = session_id
+        self._events: collections.deque[EgressEvent] = collections.deque(maxlen=max_events)
+        self._seq = 0
+
+    def record(
+        self,
+        *,
+        method: str,
+        host: str,
+        port: int,
+        allowed: bool,
+        reason: str = "",
+        address: str = "",
+        bytes_up: int = 0,
+        bytes_down: int = 0,
+        duration_s: float = 0.0,
+        ended: str = "",
+    ) -> EgressEvent:
+        self._seq += 1
+        event = EgressEvent(
+            seq=self._seq,
+            time=time.time(),
+            session_id=self.session_id,
+            method=method,
+            host=host[:300],
+            port=port,
+            allowed=allowed,
+            reason=reason,
+            address=address,
+            bytes_up=bytes_up,
+            bytes_down=bytes_down,
+            duration_s=round(duration_s, 3),
+            ended=ended,
+        )
+        self._events.append(event)
+        verdict = "ALLOWED" if allowed else "REFUSED"
+        # One line per decision; with the JSON log format every field is its own key.
+        extra = {f"egress_{k}": v for k, v in asdict(event).items() if k not in ("time",)}
+        extra["session_id"] = extra.pop("egress_session_id")
+        extra["egress_verdict"] = verdict
+        log.info(
+            "egress %s %s %s:%d %s",
+            verdict,
+            method or "-",
+            event.host or "-",
+            port,
+            reason or ended or "",
+            extra=extra,
+        )
+        return event
+
+    def events(self, after_seq: int = 0, limit: int = 100) -> list[EgressEvent]:
+        """Events with seq > after_seq, oldest first, at most `limit`."""
+        return [e for e in self._events if e.seq > after_seq][:limit]

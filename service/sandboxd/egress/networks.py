@@ -1,0 +1,285 @@
+"""The egress manager: per-session Internal networks, their host filters and proxies.
+
+Owned by the server (entered into its AsyncExitStack). For an ALLOWLIST session it creates the
+network `sandboxd-net-<owner>-<session>` (labelled like containers), installs the bridge filter,
+and starts the session's proxy on the gateway address; `release` undoes all three. Networks and
+filters outlive a server restart (the containers stay attached and stay filtered while no proxy
+listens: fail closed); `reconcile` brings the proxies back and removes what no session claims.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import ipaddress
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from sandboxd.egress import firewall
+from sandboxd.egress.audit import AuditLog
+from sandboxd.egress.policy import ResolvedQuotas
+from sandboxd.egress.proxy import EgressProxy, Resolver, Rules
+from sandboxd.egress.target import TargetError, normalize_name
+from sandboxd.engine import Engine
+from sandboxd.errors import ConfigError, FailedPrecondition, Internal, SandboxError
+from sandboxd.models import NetworkMode, NetworkPolicy, Session, SessionState
+
+log = logging.getLogger(__name__)
+
+LABEL_OWNER = "io.sandboxd.owner"
+LABEL_SESSION = "io.sandboxd.session"
+LABEL_FINGERPRINT = "io.sandboxd.fingerprint"
+NO_PROXY = "localhost,127.0.0.1,::1"
+
+
+class FilterMode(enum.StrEnum):
+    """How the host side of a session network is protected (GetServerInfo reports it)."""
+
+    IPTABLES = "IPTABLES"  # only the proxy port is reachable from a session network
+    UNFILTERED = "UNFILTERED"  # no filter could be installed; the operator accepted that
+    UNAVAILABLE = "UNAVAILABLE"  # no filter, not accepted: ALLOWLIST sessions are refused
+
+
+def parse_static_hosts(text: str) -> dict[str, tuple[str, ...]]:
+    """`name=address,name=address,...` (a name may repeat) -> {normalized name: addresses}."""
+    hosts: dict[str, list[str]] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, address = item.partition("=")
+        if not sep:
+            raise ConfigError(f"proxy_hosts entry {item!r}: expected name=address")
+        try:
+            key = normalize_name(name.strip())
+            addr = str(ipaddress.ip_address(address.strip()))
+        except (TargetError, ValueError) as exc:
+            raise ConfigError(f"proxy_hosts entry {item!r}: {exc}") from None
+        hosts.setdefault(key, []).append(addr)
+    return {k: tuple(v) for k, v in hosts.items()}
+
+
+def network_name(owner_id: str, session_id: str) -> str:
+    return f"sandboxd-net-{owner_id}-{session_id}"
+
+
+def bridge_name(owner_id: str, session_id: str) -> str:
+    """A Linux interface name (at most 15 bytes) that is stable across restarts."""
+    return "sbx" + hashlib.sha256(f"{owner_id}/{session_id}".encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class SessionNetwork:
+    name: str
+    gateway: str
+    proxy_url: str
+
+
+def apply_to_container(config: dict[str, Any], net: SessionNetwork) -> dict[str, Any]:
+    """The session's container profile, attached to its network, with the proxy variables."""
+    config = dict(config)
+    config["NetworkDisabled"] = False
+    # The embedded resolver forwards to the gateway, where the filter drops port 53: no name
+    # lookups (nor DNS tunnels) from the container, whatever resolver the host uses.
+    config["HostConfig"] = {**config["HostConfig"], "NetworkMode": net.name, "Dns": [net.gateway]}
+    proxy_env = {
+        "HTTP_PROXY": net.proxy_url,
+        "HTTPS_PROXY": net.proxy_url,
+        "http_proxy": net.proxy_url,
+        "https_proxy": net.proxy_url,
+        "NO_PROXY": NO_PROXY,
+        "no_proxy": NO_PROXY,
+    }
+    env = [e for e in config.get("Env", []) if e.split("=", 1)[0] not in proxy_env]
+    config["Env"] = env + [f"{k}={v}" for k, v in proxy_env.items()]
+    return config
+
+
+def _rules(policy: NetworkPolicy) -> Rules:
+    return Rules(
+        domains=tuple(policy.allowed_domains),
+        ports=frozenset(policy.allowed_ports),
+        allow_private_networks=policy.allow_private_networks,
+    )
+
+
+class EgressManager:
+    def __init__(
+        self,
+        engine: Engine,
+        owner_id: str,
+        *,
+        proxy_port: int = 3128,
+        static_hosts: dict[str, tuple[str, ...]] | None = None,
+        allow_unfiltered: bool = False,
+    ) -> None:
+        self._engine = engine
+        self._owner_id = owner_id
+        self._port = proxy_port
+        self._resolver = Resolver(static_hosts)
+        self._allow_unfiltered = allow_unfiltered
+        self._proxies: dict[str, EgressProxy] = {}
+        self._audit: dict[str, AuditLog] = {}
+        self.filter_mode = FilterMode.UNAVAILABLE
+        self.filter_problem = ""
+
+    async def __aenter__(self) -> EgressManager:
+        ok, problem = await firewall.available()
+        if ok:
+            self.filter_mode = FilterMode.IPTABLES
+        else:
+            self.filter_problem = problem
+            self.filter_mode = (
+                FilterMode.UNFILTERED if self._allow_unfiltered else FilterMode.UNAVAILABLE
+            )
+            log.warning(
+                "egress: no host filter (%s); ALLOWLIST sessions are %s",
+                problem,
+                "allowed UNFILTERED (operator opt-in)" if self._allow_unfiltered else "refused",
+            )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Networks and filters stay: attached containers remain cut off until a restart.
+        for proxy in list(self._proxies.values()):
+            await proxy.close()
+        self._proxies.clear()
+
+    def require_available(self) -> None:
+        if self.filter_mode is FilterMode.UNAVAILABLE:
+            raise FailedPrecondition(
+                "network.mode ALLOWLIST needs a host filter (iptables) this server cannot "
+                f"install ({self.filter_problem}); the operator may opt into the weaker "
+                "unfiltered mode with egress_allow_unfiltered",
+                reason="EGRESS_UNAVAILABLE",
+            )
+
+    def audit(self, session_id: str) -> AuditLog | None:
+        return self._audit.get(session_id)
+
+    def proxy(self, session_id: str) -> EgressProxy | None:
+        return self._proxies.get(session_id)
+
+    async def prepare(self, session: Session) -> SessionNetwork:
+        """Network, filter and proxy of a session; idempotent (restart, resume, retry)."""
+        self.require_available()
+        sid = session.session_id
+        name = network_name(self._owner_id, sid)
+        bridge = bridge_name(self._owner_id, sid)
+        info = await self._engine.inspect_network(name)
+        if info is None:
+            info = await self._engine.create_network(
+                {
+                    "Name": name,
+                    "Driver": "bridge",
+                    "Internal": True,
+                    "CheckDuplicate": True,
+                    "EnableIPv6": False,
+                    "Labels": {
+                        LABEL_OWNER: self._owner_id,
+                        LABEL_SESSION: sid,
+                        LABEL_FINGERPRINT: session.fingerprint,
+                    },
+                    "Options": {
+                        "com.docker.network.bridge.name": bridge,
+                        "com.docker.network.bridge.enable_icc": "false",
+                    },
+                }
+            )
+        try:
+            ipam = info["IPAM"]["Config"][0]
+            gateway = str(ipaddress.ip_address(ipam["Gateway"]))
+            subnet = ipaddress.ip_network(ipam["Subnet"], strict=False)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise Internal(f"network {name} has no usable IPAM gateway: {exc}") from exc
+        if self.filter_mode is FilterMode.IPTABLES:
+            try:
+                await firewall.install(bridge, gateway, self._port)
+            except firewall.FirewallError as exc:
+                raise Internal(f"could not install the egress filter of {name}: {exc}") from exc
+        net = SessionNetwork(name, gateway, f"http://{gateway}:{self._port}")
+        policy = session.spec.network
+        existing = self._proxies.get(sid)
+        if existing is not None:
+            existing.rules = _rules(policy)
+            return net
+        audit = self._audit.setdefault(sid, AuditLog(sid))
+        proxy = EgressProxy(
+            sid,
+            _rules(policy),
+            ResolvedQuotas.of(policy.quotas),
+            self._resolver,
+            audit,
+            peer_network=subnet,
+        )
+        try:
+            await proxy.start(gateway, self._port)
+        except OSError as exc:
+            raise Internal(
+                f"egress proxy of {sid} cannot listen on {net.proxy_url}: {exc}"
+            ) from exc
+        self._proxies[sid] = proxy
+        log.info("egress proxy of %s up at %s", sid, net.proxy_url)
+        return net
+
+    def update(self, session_id: str, policy: NetworkPolicy) -> None:
+        """New rules for new connections; open tunnels keep what they were allowed."""
+        proxy = self._proxies.get(session_id)
+        if proxy is not None:
+            proxy.rules = _rules(policy)
+            proxy.quotas = ResolvedQuotas.of(policy.quotas)
+
+    async def release(self, session_id: str, *, keep_audit: bool = False) -> None:
+        """Close the proxy, remove the filter and the network (after the container is gone)."""
+        proxy = self._proxies.pop(session_id, None)
+        if proxy is not None:
+            await proxy.close()
+        if not keep_audit:
+            self._audit.pop(session_id, None)
+        await self._remove(session_id)
+
+    async def _remove(self, session_id: str) -> None:
+        if self.filter_mode is FilterMode.IPTABLES:
+            await firewall.remove(bridge_name(self._owner_id, session_id))
+        try:
+            await self._engine.remove_network(network_name(self._owner_id, session_id))
+        except SandboxError as exc:
+            log.warning("egress: could not remove the network of %s: %s", session_id, exc)
+
+    async def reconcile(
+        self,
+        load: Callable[[str], Awaitable[Session | None]],
+        locked: Callable[[str], AbstractAsyncContextManager[None]],
+        session_ids: Sequence[str],
+    ) -> None:
+        """Proxies back for live ALLOWLIST sessions; networks no session claims removed.
+
+        Runs beside live calls: each decision is taken under the session's lock on a fresh
+        read, so a delete or create in progress is never undone.
+        """
+        networks = await self._engine.list_networks({LABEL_OWNER: self._owner_id})
+        labelled = {str((n.get("Labels") or {}).get(LABEL_SESSION, "")) for n in networks}
+        for sid in sorted((labelled | set(session_ids)) - {""}):
+            async with locked(sid):
+                session = await load(sid)
+                wanted = (
+                    session is not None
+                    and session.spec.network.mode is NetworkMode.ALLOWLIST
+                    and session.state in (SessionState.RUNNING, SessionState.CREATING)
+                )
+                if session is None or not wanted:
+                    if sid in labelled or sid in self._proxies:
+                        log.info("egress: removing what session %s no longer claims", sid)
+                        await self.release(sid, keep_audit=session is not None)
+                    continue
+                if session.state is SessionState.RUNNING and sid not in self._proxies:
+                    try:
+                        await self.prepare(session)
+                    except SandboxError as exc:
+                        log.warning("egress: cannot restore the proxy of %s: %s", sid, exc)

@@ -1,0 +1,481 @@
+"""The built-in egress proxy of one session: CONNECT and absolute-form plain HTTP (asyncio).
+
+Order of checks for every request: quotas, a strict head parse, the declared name and port,
+one lookup (static map first, then the loop's getaddrinfo), every answer address checked (one
+refused address refuses the whole answer), then a dial of exactly a checked address. A refused
+request gets one HTTP error reply and the connection is closed. Every decision goes to the
+session's audit log with the bytes moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sandboxd.egress import addresses
+from sandboxd.egress.addresses import IPAddress
+from sandboxd.egress.audit import AuditLog
+from sandboxd.egress.policy import ResolvedQuotas
+from sandboxd.egress.target import (
+    MAX_HEAD_BYTES,
+    RequestKind,
+    TargetError,
+    name_allowed,
+    parse_request_head,
+)
+
+log = logging.getLogger(__name__)
+
+CHUNK = 256 * 1024
+DNS_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 10.0
+MAX_ANSWERS = 32
+LINGER_S = 1.0
+LINGER_BYTES = 256 * 1024
+MAX_LINGERING = 64
+
+_STATUS_TEXT = {
+    400: "Bad Request",
+    403: "Forbidden",
+    408: "Request Timeout",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    501: "Not Implemented",
+    502: "Bad Gateway",
+    504: "Gateway Timeout",
+    505: "HTTP Version Not Supported",
+}
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The live allowlist of a proxy (replaced whole by UpdateNetworkPolicy)."""
+
+    domains: tuple[str, ...]
+    ports: frozenset[int]
+    allow_private_networks: bool
+
+
+class Refused(Exception):
+    """A request the proxy refuses; becomes one HTTP reply and an audit event."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.method, self.host, self.port, self.address = "", "", 0, ""
+
+    def about(self, method: str, host: str, port: int, address: str = "") -> Refused:
+        """What the audit names: set once the head was parsed."""
+        self.method, self.host, self.port, self.address = method, host, port, address
+        return self
+
+
+@dataclass(frozen=True)
+class _Decision:
+    """An allowed request: where to, the checked addresses, and (plain HTTP) what to send."""
+
+    method: str
+    host: str
+    port: int
+    addresses: tuple[str, ...]
+    upstream_head: bytes  # empty for CONNECT
+    body: int  # plain-HTTP request body bytes to copy after the head
+
+
+def _request_line_words(head: bytes) -> tuple[str, str]:
+    """Method and target of a head that did not parse, for the audit (printable or empty)."""
+    words = head[:300].split(b"\r\n", 1)[0].split(b" ")
+    method = words[0].decode("ascii", "replace") if words else ""
+    target = words[1].decode("ascii", "replace") if len(words) > 1 else ""
+    return (
+        method if method.isalpha() and method.isascii() else "",
+        target if target.isprintable() else "",
+    )
+
+
+class Resolver:
+    """Names to addresses: the operator's static map first, else the loop's getaddrinfo."""
+
+    def __init__(self, static: Mapping[str, tuple[str, ...]] | None = None) -> None:
+        self._static = dict(static or {})
+
+    async def resolve(self, name: str, port: int) -> list[str]:
+        if name in self._static:
+            return list(self._static[name])
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(DNS_TIMEOUT_S):
+            infos = await loop.getaddrinfo(
+                name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+            )
+        answers: list[str] = []
+        for family, _, _, _, sockaddr in infos[:MAX_ANSWERS]:
+            host = str(sockaddr[0])
+            if family == socket.AF_INET6 and len(sockaddr) >= 4 and sockaddr[3]:
+                host = f"{host}%{sockaddr[3]}"  # keep the zone id so the check refuses it
+            if host not in answers:
+                answers.append(host)
+        return answers
+
+
+class _Budget:
+    """Bytes each way for the whole proxy; a tunnel that exhausts it is cut."""
+
+    def __init__(self, up: int, down: int) -> None:
+        self.limit = {"up": up, "down": down}
+        self.used = {"up": 0, "down": 0}
+
+    def left(self, direction: str) -> int:
+        return self.limit[direction] - self.used[direction]
+
+
+class _QuotaCut(Exception):
+    pass
+
+
+class EgressProxy:
+    """One session's proxy server; owned by the EgressManager, closed with the session."""
+
+    def __init__(
+        self,
+        session_id: str,
+        rules: Rules,
+        quotas: ResolvedQuotas,
+        resolver: Resolver,
+        audit: AuditLog,
+        peer_network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.rules = rules
+        self.quotas = quotas
+        self.audit = audit
+        self._resolver = resolver
+        self._peer_network = peer_network
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing: set[asyncio.Task[None]] = set()  # refused over quota, lingering
+        self._dns_in_flight = 0
+        self.requests = 0
+        self.budget = _Budget(quotas.max_bytes_up, quotas.max_bytes_down)
+        self.address: tuple[str, int] = ("", 0)
+
+    @property
+    def active(self) -> int:
+        return len(self._tasks)
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(
+            self._accept, host, port, limit=MAX_HEAD_BYTES, reuse_address=True
+        )
+        sockname = self._server.sockets[0].getsockname()
+        self.address = (str(sockname[0]), int(sockname[1]))
+
+    async def close(self) -> None:
+        """Stop listening and cut every open connection."""
+        if self._server is not None:
+            self._server.close()
+        tasks = self._tasks | self._closing
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(5):
+                    await self._server.wait_closed()
+            self._server = None
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Over the connection quota: refuse here, before a task exists; tunnels keep running.
+        if len(self._tasks) >= self.quotas.max_connections:
+            self.audit.record(method="", host="", port=0, allowed=False, reason="QUOTA_CONNECTIONS")
+            _reply(writer, 429, "QUOTA_CONNECTIONS", "too many concurrent connections")
+            if len(self._closing) >= MAX_LINGERING:
+                writer.close()  # a flood: no lingering, the reply may be lost to a reset
+                return
+            closing = asyncio.create_task(_linger_close(reader, writer))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+            return
+        task = asyncio.create_task(self._handle(reader, writer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream: asyncio.StreamWriter | None = None
+        try:
+            if not self._peer_allowed(writer):
+                return
+            try:
+                decision = await self._decide(reader)
+                up_reader, upstream, address = await self._dial(decision)
+            except Refused as exc:
+                self.audit.record(
+                    method=exc.method,
+                    host=exc.host,
+                    port=exc.port,
+                    allowed=False,
+                    reason=exc.reason,
+                    address=exc.address,
+                )
+                _reply(writer, exc.status, exc.reason, str(exc))
+                await _linger_close(reader, writer)
+                return
+            await self._carry(decision, address, reader, writer, up_reader, upstream)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            for w in (upstream, writer):
+                if w is not None:
+                    w.close()
+
+    async def _carry(
+        self,
+        decision: _Decision,
+        address: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up_reader: asyncio.StreamReader,
+        upstream: asyncio.StreamWriter,
+    ) -> None:
+        """Move the bytes of an allowed request; one audit event with the totals at the end."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        counts = {"up": 0, "down": 0}
+        ended = "closed"
+        try:
+            if decision.upstream_head:
+                await self._send(upstream, decision.upstream_head, "up", counts)
+                await self._copy_exact(reader, upstream, decision.body, counts)
+            else:
+                writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                await writer.drain()
+            ended = await self._relay(
+                reader, writer, up_reader, upstream, counts, both=not decision.upstream_head
+            )
+        except _QuotaCut:
+            ended = "byte_quota"
+        except TimeoutError:
+            ended = "idle_timeout"
+        except (ConnectionError, OSError):
+            ended = "reset"
+        except asyncio.CancelledError:
+            ended = "proxy_closed"
+            raise
+        finally:
+            self.audit.record(
+                method=decision.method,
+                host=decision.host,
+                port=decision.port,
+                allowed=True,
+                address=address,
+                bytes_up=counts["up"],
+                bytes_down=counts["down"],
+                duration_s=loop.time() - started,
+                ended=ended,
+            )
+
+    def _peer_allowed(self, writer: asyncio.StreamWriter) -> bool:
+        if self._peer_network is None:
+            return True
+        peer = writer.get_extra_info("peername")
+        try:
+            return ipaddress.ip_address(peer[0]) in self._peer_network
+        except (TypeError, ValueError, IndexError):
+            return False
+
+    async def _decide(self, reader: asyncio.StreamReader) -> _Decision:
+        """Read and judge one request, up to the checked addresses; Refused otherwise."""
+        if self.requests >= self.quotas.max_requests:
+            raise Refused(429, "QUOTA_REQUESTS", "request quota of this session is used up")
+        self.requests += 1
+        try:
+            async with asyncio.timeout(self.quotas.header_timeout_s):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except TimeoutError:
+            raise Refused(408, "HEADER_TIMEOUT", "request head not received in time") from None
+        except asyncio.LimitOverrunError:
+            raise Refused(431, "HEAD_TOO_LARGE", "request head too large") from None
+        except asyncio.IncompleteReadError:
+            raise Refused(400, "MALFORMED_REQUEST", "connection closed mid-head") from None
+        try:
+            req = parse_request_head(head)
+        except TargetError as exc:
+            method, target = _request_line_words(head)
+            raise Refused(exc.status, exc.reason, str(exc)).about(method, target, 0) from None
+        rules = self.rules
+
+        def refuse(status: int, reason: str, message: str, address: str = "") -> Refused:
+            return Refused(status, reason, message).about(req.method, req.host, req.port, address)
+
+        if not name_allowed(req.host, rules.domains):
+            raise refuse(403, "NAME_NOT_ALLOWED", f"{req.host} is not an allowed domain")
+        if req.port not in rules.ports:
+            raise refuse(403, "PORT_NOT_ALLOWED", f"port {req.port} is not allowed")
+        if self.budget.left("up") <= 0 or self.budget.left("down") <= 0:
+            raise refuse(429, "QUOTA_BYTES", "byte quota of this session is used up")
+        if self._dns_in_flight >= self.quotas.max_dns_lookups:
+            raise refuse(429, "QUOTA_DNS", "too many name lookups in flight")
+        self._dns_in_flight += 1
+        try:
+            answers = await self._resolver.resolve(req.host, req.port)
+        except (OSError, TimeoutError, UnicodeError):
+            raise refuse(502, "DNS_FAILED", f"{req.host} does not resolve") from None
+        finally:
+            self._dns_in_flight -= 1
+        if not answers:
+            raise refuse(502, "DNS_FAILED", f"{req.host} has no address")
+        checked: list[IPAddress] = []
+        for text in answers:
+            try:
+                addr = addresses.parse_answer(text)
+            except ValueError:
+                raise refuse(502, "DNS_FAILED", "unparsable answer") from None
+            verdict = addresses.check(addr, allow_private_networks=rules.allow_private_networks)
+            if not verdict.allowed:
+                raise refuse(
+                    403, "ADDRESS_REFUSED", f"{req.host} resolves to a refused address", str(addr)
+                )
+            checked.append(addr)
+        return _Decision(
+            method=req.method,
+            host=req.host,
+            port=req.port,
+            addresses=tuple(str(a) for a in checked),
+            upstream_head=req.upstream_head if req.kind is RequestKind.HTTP else b"",
+            body=req.content_length if req.kind is RequestKind.HTTP else 0,
+        )
+
+    async def _dial(
+        self, decision: _Decision
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, str]:
+        """Connect to the checked addresses in answer order; never to the name again, so DNS
+        rebinding cannot swap what was checked."""
+        for address in decision.addresses:
+            try:
+                async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                    r, w = await asyncio.open_connection(address, decision.port, limit=CHUNK)
+            except (OSError, TimeoutError):
+                continue
+            return r, w, address
+        raise Refused(502, "UPSTREAM_UNREACHABLE", f"{decision.host} did not answer").about(
+            decision.method, decision.host, decision.port, ",".join(decision.addresses)[:300]
+        )
+
+    async def _send(
+        self,
+        w: asyncio.StreamWriter,
+        data: bytes,
+        direction: str,
+        counts: dict[str, int],
+        *,
+        bounded: bool = True,
+    ) -> None:
+        """Write within the byte budget; `bounded`: the drain has its own idle timeout (the
+        relay's pumps have none: its watchdog cancels them)."""
+        left = self.budget.left(direction)
+        cut = len(data) > left
+        data = data[: max(left, 0)]
+        self.budget.used[direction] += len(data)
+        counts[direction] += len(data)
+        if data:
+            w.write(data)
+            if not bounded:
+                await w.drain()
+            else:
+                # A peer that stops reading holds a connection slot at most an idle timeout.
+                # (asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation.)
+                async with asyncio.timeout(self.quotas.idle_timeout_s):
+                    await w.drain()
+        if cut:
+            raise _QuotaCut()
+
+    async def _copy_exact(
+        self,
+        r: asyncio.StreamReader,
+        w: asyncio.StreamWriter,
+        length: int,
+        counts: dict[str, int],
+    ) -> None:
+        while length > 0:
+            async with asyncio.timeout(self.quotas.idle_timeout_s):
+                chunk = await r.read(min(CHUNK, length))
+            if not chunk:
+                return
+            length -= len(chunk)
+            await self._send(w, chunk, "up", counts)
+
+    async def _relay(
+        self,
+        client_r: asyncio.StreamReader,
+        client_w: asyncio.StreamWriter,
+        up_r: asyncio.StreamReader,
+        up_w: asyncio.StreamWriter,
+        counts: dict[str, int],
+        *,
+        both: bool,
+    ) -> str:
+        """Copy until both directions end (plain HTTP: until the response ends)."""
+        loop = asyncio.get_running_loop()
+        last = [loop.time()]
+
+        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter, direction: str) -> None:
+            while chunk := await r.read(CHUNK):
+                last[0] = loop.time()
+                await self._send(w, chunk, direction, counts, bounded=False)
+            if w.can_write_eof():
+                with contextlib.suppress(OSError):
+                    w.write_eof()
+
+        tasks = {asyncio.create_task(pump(up_r, client_w, "down"))}
+        if both:
+            tasks.add(asyncio.create_task(pump(client_r, up_w, "up")))
+        deadline = loop.time() + self.quotas.tunnel_lifetime_s
+        try:
+            pending = set(tasks)
+            while pending:
+                now = loop.time()
+                timeout = min(deadline, last[0] + self.quotas.idle_timeout_s) - now
+                if timeout <= 0:
+                    return "lifetime" if now >= deadline else "idle_timeout"
+                done, pending = await asyncio.wait(
+                    pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                for t in done:
+                    t.result()  # re-raise _QuotaCut or a socket error
+            return "closed"
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _linger_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Send what was written, then read (and drop) what the client still sends for a moment
+    before closing: closing a socket with unread input resets it, and the reset can destroy the
+    refusal the client is about to read."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(LINGER_S):
+            await writer.drain()
+            if writer.can_write_eof():
+                writer.write_eof()
+            left = LINGER_BYTES
+            while left > 0 and (chunk := await reader.read(min(CHUNK, left))):
+                left -= len(chunk)
+    writer.close()
+
+
+def _reply(writer: asyncio.StreamWriter, status: int, reason: str, message: str) -> None:
+    body = f"sandboxd egress proxy: {reason}: {message}\n".encode("ascii", "replace")
+    head = (
+        f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Error')}\r\n"
+        f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+        f"X-Sandboxd-Egress-Reason: {reason}\r\nConnection: close\r\n\r\n"
+    )
+    with contextlib.suppress(Exception):
+        writer.write(head.encode("ascii") + body)

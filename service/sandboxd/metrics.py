@@ -1,0 +1,172 @@
+"""Prometheus metrics, served on their own HTTP port so scraping never competes with gRPC.
+
+One `Metrics` object per server owns its registry (no module globals: two servers in one
+process, as in tests, do not share counters). Components that produce a number get the object
+from `server.serve`; those that do not exist yet (egress proxy, archive export/import) have
+their counters ready here. Session counts by state are read from the store at scrape time.
+
+Exposed (all prefixed `sandboxd_`):
+  sessions{state}                      gauge, from the store on every scrape
+  rpc_duration_seconds{method,code}    histogram of every RPC (unary: until the reply;
+                                       streams: until the last message)
+  exec_output_bytes_total{stream}      stdout/stderr bytes sent to callers by Exec and Run
+  archive_bytes_total{direction}       workspace export/import bytes
+  proxy_decisions_total{decision}      egress proxy allow/deny decisions
+  engine_errors_total{kind}            Docker failures: unavailable, not_found, conflict, internal
+  pool_available                       warm containers ready to claim
+  pool_claims_total{result}            CreateSession served warm (hit) or cold (miss)
+plus the standard process_* (RSS, CPU, open fds) and python_* collectors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
+from sandboxd.models import SessionState
+
+log = logging.getLogger(__name__)
+
+# RPCs range from a ~1 ms Stat to a create that waits for Docker, to Exec streams of minutes.
+_RPC_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
+
+
+class Metrics:
+    """Every sandboxd metric, on a registry of its own."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        self.sessions = Gauge("sandboxd_sessions", "Sessions by state", ["state"], registry=r)
+        self.rpc_duration = Histogram(
+            "sandboxd_rpc_duration_seconds",
+            "RPC latency by method and status code",
+            ["method", "code"],
+            buckets=_RPC_BUCKETS,
+            registry=r,
+        )
+        self.exec_output_bytes = Counter(
+            "sandboxd_exec_output_bytes",
+            "Command output bytes sent to callers",
+            ["stream"],
+            registry=r,
+        )
+        self.archive_bytes = Counter(
+            "sandboxd_archive_bytes",
+            "Workspace archive bytes by direction (export, import)",
+            ["direction"],
+            registry=r,
+        )
+        self.proxy_decisions = Counter(
+            "sandboxd_proxy_decisions",
+            "Egress proxy decisions (allow, deny)",
+            ["decision"],
+            registry=r,
+        )
+        self.engine_errors = Counter(
+            "sandboxd_engine_errors", "Docker engine failures by kind", ["kind"], registry=r
+        )
+        self.pool_available = Gauge(
+            "sandboxd_pool_available", "Warm containers ready to claim", registry=r
+        )
+        self.pool_claims = Counter(
+            "sandboxd_pool_claims",
+            "Session creates by pool result (hit, miss)",
+            ["result"],
+            registry=r,
+        )
+        for state in SessionState:
+            self.sessions.labels(state.value).set(0)
+        for kind in ("unavailable", "not_found", "conflict", "internal"):
+            self.engine_errors.labels(kind)
+
+    def engine_error(self, kind: str) -> None:
+        self.engine_errors.labels(kind).inc()
+
+    def set_session_counts(self, counts: dict[str, int]) -> None:
+        for state in SessionState:
+            self.sessions.labels(state.value).set(counts.get(state.value, 0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsServer:
+    """`GET /metrics` on `listen` (host:port; port 0 picks one, the log says which)."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        listen: str,
+        refresh: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._metrics = metrics
+        self._listen = listen
+        self._refresh = refresh
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> MetricsServer:
+        app = web.Application()
+        app.router.add_get("/metrics", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        host, _, port = self._listen.rpartition(":")
+        site = web.TCPSite(self._runner, host.strip("[]"), int(port))
+        await site.start()
+        address = self._runner.addresses[0]
+        self.port = int(address[1])
+        log.info("metrics served at http://%s:%d/metrics", host, self.port)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        if self._refresh is not None:
+            try:
+                await self._refresh()
+            except Exception as exc:  # a scrape must not fail because one source did
+                log.warning("metrics refresh failed: %s", exc)
+        # /proc reads by the process collector are small, but keep them off the loop anyway.
+        body = await asyncio.to_thread(self._metrics.render)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

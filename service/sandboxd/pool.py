@@ -1,0 +1,257 @@
+"""A warm pool of started containers, so CreateSession need not pay Docker's create+start.
+
+Only one container shape is pooled: the one a session gets when it asks for nothing
+(the server's default image, limits, user and environment, no network). A request whose
+create call differs in anything but its labels misses the pool and is created cold; the
+comparison is on the engine request itself (`pool_key`), so a new profile setting can never
+hand out a container shaped for someone else. Workspace files are copied in on claim by the
+caller, exactly as after a cold start.
+
+Labels cannot change after creation, so pooled containers carry `io.sandboxd.pool=<generation>`
+(one generation per server process) and no session label: a claimed container is linked to its
+session only by the stored container id. Reconciliation leaves containers the pool currently
+holds alone (`owns`), and removes pool containers of earlier generations that no session claims.
+
+Invariants: a member is popped synchronously before anything awaits, so no container is ever
+handed out twice; the refill task is owned here and cancelled by `close`, which also removes
+every member (and the one being created, if any).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import copy
+import hashlib
+import json
+import logging
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from sandboxd.config import Config
+from sandboxd.engine import Engine
+from sandboxd.errors import SandboxError
+from sandboxd.metrics import Metrics
+from sandboxd.models import NetworkPolicy, SessionSpec, ShellPolicy, WorkspaceManifest
+from sandboxd.profile import LABEL_OWNER, container_config
+from sandboxd.validation import parse_user
+
+log = logging.getLogger(__name__)
+
+LABEL_POOL = "io.sandboxd.pool"
+_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+def pool_key(request: Mapping[str, Any]) -> str:
+    """Identity of a container create request, ignoring its labels (bookkeeping only)."""
+    shaped = {k: v for k, v in request.items() if k != "Labels"}
+    return hashlib.sha256(json.dumps(shaped, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def default_spec(config: Config) -> SessionSpec:
+    """The spec of a session that sets nothing: what the pool prepares containers for."""
+    uid, gid = parse_user("")
+    return SessionSpec(
+        image=config.image,
+        limits=config.default_limits,
+        shell=ShellPolicy(),
+        network=NetworkPolicy(),
+        env={},
+        uid=uid,
+        gid=gid,
+        manifest=WorkspaceManifest(),
+    )
+
+
+def pool_template(config: Config, owner_id: str, generation: str) -> dict[str, Any]:
+    """The create request of a pool member: a default session's, with pool labels."""
+    request = container_config(
+        spec=default_spec(config),
+        session_id="",
+        owner_id=owner_id,
+        fingerprint="",
+        helper_path=config.helper,
+        keeper_user=config.keeper_user,
+    )
+    request["Labels"] = {LABEL_OWNER: owner_id, LABEL_POOL: generation}
+    return request
+
+
+class WarmPool:
+    """Started containers of one shape, refilled in the background up to `size`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        size: int,
+        owner_id: str,
+        template: Mapping[str, Any],
+        generation: str,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._engine = engine
+        self._size = size
+        self._owner_id = owner_id
+        self._template = copy.deepcopy(dict(template))
+        self.generation = generation
+        self.key = pool_key(self._template)
+        self._members: collections.deque[str] = collections.deque()
+        self._claiming: set[str] = set()  # popped, not yet recorded by the session
+        self._creating: asyncio.Future[str] | None = None
+        self._creating_name = ""
+        self._wanted = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._metrics = metrics
+
+    @classmethod
+    def for_config(
+        cls,
+        engine: Engine,
+        config: Config,
+        owner_id: str,
+        metrics: Metrics | None = None,
+    ) -> WarmPool:
+        generation = secrets.token_hex(6)
+        return cls(
+            engine,
+            size=config.pool_size,
+            owner_id=owner_id,
+            template=pool_template(config, owner_id, generation),
+            generation=generation,
+            metrics=metrics,
+        )
+
+    @property
+    def available(self) -> int:
+        return len(self._members)
+
+    def owns(self, container_id: str, name: str = "") -> bool:
+        """True while the pool holds the container, is creating it (known by `name` until the
+        engine answers with its id), or a claim of it is not yet recorded."""
+        if name and name.lstrip("/") == self._creating_name:
+            return True
+        return container_id in self._members or container_id in self._claiming
+
+    def start(self) -> None:
+        if self._size > 0 and self._task is None:
+            self._task = asyncio.create_task(self._refill(), name="warm-pool-refill")
+
+    async def claim(self, request: Mapping[str, Any]) -> str | None:
+        """A started container for `request`, or None (pool empty, or another shape).
+
+        The caller records the id with its session and then calls `settled(id)`.
+        """
+        if self._size == 0 or self._closed:
+            return None
+        if pool_key(request) != self.key:
+            self._count("other_shape")
+            return None
+        while self._members:
+            container_id = self._members.popleft()  # before any await: never handed out twice
+            self._claiming.add(container_id)
+            self._changed()
+            try:
+                info = await self._engine.inspect_container(container_id)
+            except BaseException:
+                # Engine trouble or a cancelled call: the container was not handed out.
+                self._claiming.discard(container_id)
+                self._members.appendleft(container_id)
+                raise
+            if info is not None and info.get("State", {}).get("Running"):
+                self._count("hit")
+                return container_id
+            # Removed behind our back (by hand, an engine restart, a sweep): never hand it out.
+            log.warning("pool container %s is gone; discarding it", container_id[:12])
+            self._claiming.discard(container_id)
+            await self._engine.remove_container(container_id)
+        self._count("empty")
+        return None
+
+    def settled(self, container_id: str) -> None:
+        """The claimant has recorded (or removed) the container: it is no longer ours."""
+        self._claiming.discard(container_id)
+
+    def _changed(self) -> None:
+        self._wanted.set()
+        self._report()
+
+    def _report(self) -> None:
+        if self._metrics is not None:
+            self._metrics.pool_available.set(len(self._members))
+
+    def _count(self, result: str) -> None:
+        if self._metrics is not None:
+            self._metrics.pool_claims.labels(result).inc()
+
+    async def _refill(self) -> None:
+        failures = 0
+        while True:
+            while len(self._members) < self._size:
+                self._creating = asyncio.ensure_future(self._create_one())
+                try:
+                    # Shielded: a close() mid-create still learns the id and removes it.
+                    await asyncio.shield(self._creating)
+                except Exception as exc:  # the engine is down, or a bug: keep the loop alive
+                    self._creating = None
+                    delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
+                    failures += 1
+                    log.warning(
+                        "warm pool: could not start a container (%s); retry in %gs",
+                        exc,
+                        delay,
+                        exc_info=not isinstance(exc, SandboxError),
+                    )
+                    await asyncio.sleep(delay)
+                    continue
+                self._creating = None
+                failures = 0
+            self._wanted.clear()
+            await self._wanted.wait()
+
+    async def _create_one(self) -> str:
+        name = f"sandboxd-{self._owner_id}-pool-{self.generation}-{secrets.token_hex(4)}"
+        self._creating_name = name
+        try:
+            container_id = await self._engine.create_container(self._template, name=name)
+            try:
+                await self._engine.start_container(container_id)
+            except BaseException:
+                await asyncio.shield(self._engine.remove_container(container_id))
+                raise
+            # Joined before the name is forgotten: never a moment when neither says "ours".
+            self._members.append(container_id)
+            self._report()
+            return container_id
+        finally:
+            self._creating_name = ""
+
+    async def close(self) -> None:
+        """Stop refilling and remove every container the pool still holds.
+
+        Called after the gRPC server stopped, so no claim is in flight any more.
+        """
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._creating is not None:  # let a create in flight finish: it joins the members
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(self._creating, timeout=30)
+            self._creating = None
+        leftovers = list(self._members)
+        self._members.clear()
+        results = await asyncio.gather(
+            *(self._engine.remove_container(c) for c in leftovers), return_exceptions=True
+        )
+        for container_id, result in zip(leftovers, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("warm pool: could not remove %s: %s", container_id[:12], result)
+        self._report()
+        if leftovers:
+            log.info("warm pool drained: %d containers removed", len(leftovers))

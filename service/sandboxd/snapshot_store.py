@@ -1,0 +1,250 @@
+"""Snapshot records in the session database (their own table), and their content-addressed tars.
+
+A tar is stored once per sha256 under `<data_dir>/snapshots/`, however many records point at
+it (forks and unchanged workspaces share it); the file goes when its last record does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import aiosqlite
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS snapshots (
+    snapshot_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    image TEXT NOT NULL DEFAULT '',
+    tenant TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS snapshots_session ON snapshots (session_id, created_at);
+CREATE INDEX IF NOT EXISTS snapshots_sha ON snapshots (sha256);
+CREATE TABLE IF NOT EXISTS pending_image_removals (
+    image TEXT PRIMARY KEY,
+    since REAL NOT NULL
+);
+"""
+
+READ_CHUNK = 256 * 1024
+
+
+@dataclass
+class Snapshot:
+    snapshot_id: str
+    session_id: str
+    sha256: str
+    size_bytes: int
+    created_at: datetime
+    kind: str = "TAR"
+    labels: dict[str, str] = field(default_factory=dict)
+    image: str = ""
+    tenant: str = ""
+
+
+def _row(row: aiosqlite.Row) -> Snapshot:
+    return Snapshot(
+        snapshot_id=row["snapshot_id"],
+        session_id=row["session_id"],
+        sha256=row["sha256"],
+        size_bytes=row["size_bytes"],
+        created_at=datetime.fromtimestamp(row["created_at"], tz=UTC),
+        kind=row["kind"],
+        labels=json.loads(row["labels"]),
+        image=row["image"],
+        tenant=row["tenant"],
+    )
+
+
+class SnapshotStore:
+    """Records in SQLite (sharing the session store's connection) and tar files on disk."""
+
+    def __init__(self, db: aiosqlite.Connection, root: Path) -> None:
+        self._db = db
+        self.root = root
+        # Publishing a tar with its record, and deleting a record with its last tar, must not
+        # interleave, or a new record could end up pointing at a file just removed.
+        self._content_lock = asyncio.Lock()
+
+    async def open(self) -> SnapshotStore:
+        await self._db.executescript(_SCHEMA)
+        await self._db.commit()
+        await asyncio.to_thread(self._prepare_dirs)
+        return self
+
+    def _prepare_dirs(self) -> None:
+        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
+        for leftover in (self.root / "tmp").iterdir():  # writes a crash cut short
+            leftover.unlink(missing_ok=True)
+
+    def path_of(self, sha256: str) -> Path:
+        return self.root / f"{sha256}.tar"
+
+    # ----- records ----------------------------------------------------------------------
+
+    async def insert(self, s: Snapshot) -> None:
+        async with self._content_lock:
+            await self._insert(s)
+
+    async def _insert(self, s: Snapshot) -> None:
+        await self._db.execute(
+            "INSERT INTO snapshots (snapshot_id, session_id, sha256, size_bytes, created_at,"
+            " kind, labels, image, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                s.snapshot_id,
+                s.session_id,
+                s.sha256,
+                s.size_bytes,
+                s.created_at.timestamp(),
+                s.kind,
+                json.dumps(s.labels),
+                s.image,
+                s.tenant,
+            ),
+        )
+        await self._db.commit()
+
+    async def get(self, snapshot_id: str) -> Snapshot | None:
+        async with self._db.execute(
+            "SELECT * FROM snapshots WHERE snapshot_id = ?", (snapshot_id,)
+        ) as cur:
+            row = await cur.fetchone()
+        return _row(row) if row else None
+
+    async def latest(self, session_id: str) -> Snapshot | None:
+        async with self._db.execute(
+            "SELECT * FROM snapshots WHERE session_id = ? ORDER BY created_at DESC,"
+            " rowid DESC LIMIT 1",
+            (session_id,),
+        ) as cur:
+            row = await cur.fetchone()
+        return _row(row) if row else None
+
+    async def page(self, *, session_id: str, after: str, limit: int) -> list[Snapshot]:
+        sql = "SELECT * FROM snapshots WHERE snapshot_id > ?"
+        params: list[Any] = [after]
+        if session_id:
+            sql += " AND session_id = ?"
+            params.append(session_id)
+        sql += " ORDER BY snapshot_id LIMIT ?"
+        params.append(limit)
+        async with self._db.execute(sql, params) as cur:
+            rows = await cur.fetchall()
+        return [_row(r) for r in rows]
+
+    async def of_session(self, session_id: str) -> list[Snapshot]:
+        async with self._db.execute(
+            "SELECT * FROM snapshots WHERE session_id = ? ORDER BY created_at, rowid",
+            (session_id,),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [_row(r) for r in rows]
+
+    async def delete(self, snapshot_id: str) -> Snapshot | None:
+        """Remove the record, and the tar when no other record shares it."""
+        async with self._content_lock:
+            return await self._delete(snapshot_id)
+
+    async def _delete(self, snapshot_id: str) -> Snapshot | None:
+        snap = await self.get(snapshot_id)
+        if snap is None:
+            return None
+        await self._db.execute("DELETE FROM snapshots WHERE snapshot_id = ?", (snapshot_id,))
+        await self._db.commit()
+        async with self._db.execute(
+            "SELECT COUNT(*) FROM snapshots WHERE sha256 = ?", (snap.sha256,)
+        ) as cur:
+            row = await cur.fetchone()
+        if row is not None and row[0] == 0:
+            await asyncio.to_thread(self.path_of(snap.sha256).unlink, True)
+        return snap
+
+    async def add_pending_image(self, image: str) -> None:
+        """An image Docker refused to remove: kept here until a sweep manages it."""
+        await self._db.execute(
+            "INSERT OR IGNORE INTO pending_image_removals (image, since) VALUES (?, ?)",
+            (image, datetime.now(tz=UTC).timestamp()),
+        )
+        await self._db.commit()
+
+    async def pending_images(self) -> list[str]:
+        async with self._db.execute("SELECT image FROM pending_image_removals") as cur:
+            rows = await cur.fetchall()
+        return [str(r[0]) for r in rows]
+
+    async def drop_pending_image(self, image: str) -> None:
+        await self._db.execute("DELETE FROM pending_image_removals WHERE image = ?", (image,))
+        await self._db.commit()
+
+    async def image_in_use(self, image: str) -> bool:
+        async with self._db.execute(
+            "SELECT COUNT(*) FROM snapshots WHERE image = ?", (image,)
+        ) as cur:
+            row = await cur.fetchone()
+        return row is not None and row[0] > 0
+
+    # ----- content ----------------------------------------------------------------------
+
+    async def add(self, chunks: AsyncIterator[bytes], snap: Snapshot) -> Snapshot:
+        """Store a tar as it streams in, then publish it with its record (sha256 and size
+        filled in). Never whole in memory; a failure leaves neither file nor record."""
+        tmp = self.root / "tmp" / f"{secrets.token_hex(8)}.part"
+        writer = _HashingWriter(await asyncio.to_thread(tmp.open, "wb"))
+        try:
+            async for chunk in chunks:
+                await asyncio.to_thread(writer.write, chunk)
+            await asyncio.to_thread(writer.finish)
+            snap.sha256, snap.size_bytes = writer.hexdigest(), writer.size
+            async with self._content_lock:
+                await asyncio.to_thread(os.replace, tmp, self.path_of(snap.sha256))
+                await self._insert(snap)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(writer.discard, tmp))
+            raise
+        return snap
+
+    async def read(self, sha256: str) -> AsyncIterator[bytes]:
+        """The stored tar in chunks; raises FileNotFoundError when it is gone."""
+        fh = await asyncio.to_thread(self.path_of(sha256).open, "rb")
+        try:
+            while chunk := await asyncio.to_thread(fh.read, READ_CHUNK):
+                yield chunk
+        finally:
+            await asyncio.to_thread(fh.close)
+
+
+class _HashingWriter:
+    def __init__(self, fh: BinaryIO) -> None:
+        self._fh = fh
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self._hash.update(data)
+        self._fh.write(data)
+        self.size += len(data)
+
+    def finish(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+
+    def discard(self, path: Path) -> None:
+        self._fh.close()
+        path.unlink(missing_ok=True)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()

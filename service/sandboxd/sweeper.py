@@ -1,0 +1,73 @@
+"""AdminService.Sweep and its periodic twin: expire ended leases, remove what no session claims.
+
+Only objects labelled with this server's owner id are ever considered (the engine is asked
+with that label filter), so containers of other servers and of people are never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from sandboxd.engine import Engine
+from sandboxd.errors import SandboxError
+from sandboxd.profile import LABEL_OWNER
+from sandboxd.sessions import SessionManager
+from sandboxd.snapshots import Snapshots
+
+log = logging.getLogger(__name__)
+
+SWEEP_INTERVAL_S = 60.0
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    expired_sessions: int
+    removed_containers: int
+    removed_networks: int = 0
+    removed_images: int = 0
+
+
+class Sweeper:
+    def __init__(
+        self, sessions: SessionManager, engine: Engine, owner_id: str, snapshots: Snapshots
+    ) -> None:
+        self._snapshots = snapshots
+        self._sessions = sessions
+        self._engine = engine
+        self._owner_id = owner_id
+        self._lock = asyncio.Lock()  # one sweep at a time; a second caller waits for its own
+
+    async def sweep(self) -> SweepResult:
+        async with self._lock:
+            expired = await self._sessions.reap_once()
+            before = await self._owned()
+            await self._sessions.reconcile()  # removes unclaimed containers, notes lost ones
+            after = await self._owned()
+            images = await self._snapshots.sweep_images()
+            return SweepResult(
+                expired_sessions=expired,
+                removed_containers=len(before - after),
+                removed_images=images,
+            )
+
+    async def _owned(self) -> set[str]:
+        found = await self._engine.list_containers({LABEL_OWNER: self._owner_id})
+        return {str(c["Id"]) for c in found}
+
+    async def run(self, interval_s: float = SWEEP_INTERVAL_S) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                result = await self.sweep()
+            except SandboxError as exc:
+                log.warning("sweep: %s", exc)
+                continue
+            if result.expired_sessions or result.removed_containers or result.removed_images:
+                log.info(
+                    "sweep: %d lease(s) expired, %d container(s) and %d image(s) removed",
+                    result.expired_sessions,
+                    result.removed_containers,
+                    result.removed_images,
+                )

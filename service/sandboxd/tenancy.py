@@ -1,0 +1,226 @@
+"""Tenants: who is calling (a contextvar), their bearer tokens, and their quotas.
+
+Independent of gRPC: the interceptor in `sandboxd.api.auth` authenticates a call with a
+`TokenTable` and runs the handler with `current_tenant` set; the domain reads the tenant from
+here, so every lookup can be scoped without threading a parameter through every layer.
+
+Without a tokens file there is one implicit tenant, `DEFAULT_TENANT`, and nothing changes for
+callers. With one, session ids stay global (they name containers) but are partitioned: a
+caller-chosen id must start with `<tenant>.`, so two tenants can never contend for one id and
+a create never has to answer "taken by someone else" (which would leak existence). Another
+tenant's id is NOT_FOUND on every RPC, exactly like a missing one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import hmac
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandboxd.errors import ConfigError, InvalidArgument, ResourceExhausted
+
+__all__ = [
+    "DEFAULT_TENANT",
+    "TENANT_RE",
+    "ExecSlots",
+    "TenantQuotas",
+    "TokenTable",
+    "check_session_id",
+    "current",
+    "current_tenant",
+    "generated_session_id",
+    "load_tokens",
+    "token_digest",
+    "use_tenant",
+]
+
+DEFAULT_TENANT = "default"
+# No '.' in a tenant name: '.' ends the tenant prefix of a session id, so it is unambiguous.
+TENANT_RE = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,31}\Z")
+_DIGEST_RE = re.compile(r"\A[0-9a-fA-F]{64}\Z")
+MAX_TOKEN_BYTES = 4096  # longer presented tokens are refused before hashing
+
+current_tenant: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "sandboxd_tenant", default=DEFAULT_TENANT
+)
+# True only while serving a call authenticated against a tokens file: ids are then partitioned.
+_authenticated: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "sandboxd_authenticated", default=False
+)
+
+
+def current() -> str:
+    """The tenant of the call being served (`DEFAULT_TENANT` without authentication)."""
+    return current_tenant.get()
+
+
+def use_tenant(tenant: str) -> None:
+    """Mark the running task as serving an authenticated `tenant` (each RPC is its own task)."""
+    current_tenant.set(tenant)
+    _authenticated.set(True)
+
+
+def token_digest(token: str | bytes) -> str:
+    """The sha256 hex digest a tokens file stores instead of the token."""
+    raw = token.encode() if isinstance(token, str) else token
+    return hashlib.sha256(raw).hexdigest()
+
+
+@dataclass(frozen=True)
+class TokenTable:
+    """(tenant, sha256 digest) pairs; lookups compare every entry in constant time."""
+
+    entries: tuple[tuple[str, bytes], ...]
+
+    def authenticate(self, token: str) -> str | None:
+        """The tenant the token belongs to, or None.
+
+        Every entry is compared with `hmac.compare_digest` on digests, and the loop never
+        stops early, so timing says nothing about which entry (or how much of it) matched.
+        """
+        raw = token.encode("utf-8", "surrogateescape")
+        if not raw or len(raw) > MAX_TOKEN_BYTES:
+            return None
+        presented = hashlib.sha256(raw).digest()
+        found: str | None = None
+        for tenant, digest in self.entries:
+            if hmac.compare_digest(presented, digest) and found is None:
+                found = tenant
+        return found
+
+    @property
+    def tenants(self) -> frozenset[str]:
+        return frozenset(t for t, _ in self.entries)
+
+
+def load_tokens(path: Path) -> TokenTable:
+    """Parse `tenant sha256hex` lines ('#' comments and blank lines allowed)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"tokens_file {str(path)!r}: cannot read it: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"tokens_file {str(path)!r}: not UTF-8 text") from None
+    entries: list[tuple[str, bytes]] = []
+    seen: set[bytes] = set()
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"tokens_file {str(path)!r} line {number}"
+        parts = line.split()
+        if len(parts) != 2:
+            raise ConfigError(f"{where}: expected 'tenant sha256hex'")
+        tenant, digest = parts
+        if not TENANT_RE.match(tenant):
+            raise ConfigError(
+                f"{where}: tenant {tenant!r} must be 1-32 of a-z, 0-9, '_', '-' "
+                "starting with a letter or digit"
+            )
+        if not _DIGEST_RE.match(digest):
+            raise ConfigError(
+                f"{where}: {digest[:16]!r}... is not a sha256 hex digest (64 hex digits); "
+                "store sha256(token), never the token"
+            )
+        value = bytes.fromhex(digest)
+        if value in seen:
+            raise ConfigError(f"{where}: the same token digest appears twice")
+        seen.add(value)
+        entries.append((tenant, value))
+    if not entries:
+        raise ConfigError(f"tokens_file {str(path)!r}: no 'tenant sha256hex' lines")
+    return TokenTable(tuple(entries))
+
+
+def check_session_id(session_id: str) -> None:
+    """Refuse a caller-chosen id outside the calling tenant's part of the id space.
+
+    The answer depends on the text alone, never on which ids exist.
+    """
+    if not _authenticated.get():
+        return
+    prefix = current() + "."
+    if not session_id.startswith(prefix) or len(session_id) == len(prefix):
+        raise InvalidArgument(
+            f"session id {session_id!r} must start with {prefix!r}: with authentication "
+            "on, each tenant chooses ids only under its own prefix",
+            reason="INVALID_SESSION_ID",
+            metadata={"session_id": session_id, "prefix": prefix},
+        )
+
+
+def generated_session_id(random_hex: str) -> str:
+    """A server-chosen id, under the tenant's prefix when ids are partitioned."""
+    if _authenticated.get():
+        return f"{current()}.s-{random_hex}"
+    return f"s-{random_hex}"
+
+
+# --------------------------------------------------------------------------------------------
+# Quotas
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TenantQuotas:
+    """Per-tenant caps; 0 means unlimited."""
+
+    max_sessions: int = 0
+    max_memory_bytes: int = 0
+    max_concurrent_execs: int = 0
+
+    def check_create(self, live_sessions: int, live_memory: int, new_memory: int) -> None:
+        """Refuse a session that would put the tenant over a cap (live = not expired)."""
+        tenant = current()
+        if self.max_sessions and live_sessions + 1 > self.max_sessions:
+            raise ResourceExhausted(
+                f"tenant {tenant!r} already has {live_sessions} sessions; the quota is "
+                f"{self.max_sessions} (delete one or wait for a lease to end)",
+                reason="TENANT_SESSION_QUOTA",
+                metadata={"tenant": tenant, "quota": str(self.max_sessions)},
+            )
+        if self.max_memory_bytes and live_memory + new_memory > self.max_memory_bytes:
+            raise ResourceExhausted(
+                f"tenant {tenant!r} sessions hold {live_memory} bytes of memory; "
+                f"{new_memory} more would exceed the quota of {self.max_memory_bytes}",
+                reason="TENANT_MEMORY_QUOTA",
+                metadata={"tenant": tenant, "quota": str(self.max_memory_bytes)},
+            )
+
+
+@dataclass
+class ExecSlots:
+    """Counts the commands each tenant is running; refuses one over the cap at once."""
+
+    limit: int = 0
+    _running: dict[str, int] = field(default_factory=dict)
+
+    def running(self, tenant: str) -> int:
+        return self._running.get(tenant, 0)
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one of the calling tenant's exec slots for the duration of a command."""
+        tenant = current()
+        # Check and count with no await between them: one event loop, so no race.
+        if self.limit and self._running.get(tenant, 0) >= self.limit:
+            raise ResourceExhausted(
+                f"tenant {tenant!r} is already running {self.limit} commands, its quota "
+                "of concurrent execs; wait for one to finish",
+                reason="TENANT_EXEC_QUOTA",
+                metadata={"tenant": tenant, "quota": str(self.limit)},
+            )
+        self._running[tenant] = self._running.get(tenant, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._running[tenant] - 1
+            if left:
+                self._running[tenant] = left
+            else:
+                del self._running[tenant]

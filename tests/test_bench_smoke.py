@@ -1,0 +1,58 @@
+"""`make bench` in miniature: the runner works end to end and writes the documented shape.
+
+One round, no warm-up: this checks the runner, never the speed (timings are not asserted).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, remove_owned_containers
+
+pytestmark = pytest.mark.engine
+
+CORE = ("create_session_cold", "create_session_warm", "run_true", "exec_stream_throughput")
+
+
+def test_bench_runner_writes_results(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "run.py"),
+            "--rounds",
+            "1",
+            "--warmup",
+            "0",
+            "--only",
+            "core",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())
+    for name in CORE:
+        m = results["metrics"][name]
+        assert m["ours"] > 0 and m["raw"] > 0, m
+        assert m["ratio"] == pytest.approx(m["ours"] / m["raw"], rel=0.01)
+        assert m["unit"] in ("ms", "MB/s")
+    assert results["server_idle_rss"]["mib"] > 0
+    assert "create_session_warm" in proc.stdout  # the table
+    for owner in (results["server_owner"], results["raw_owner"]):
+        left = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label=io.sandboxd.owner={owner}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        remove_owned_containers(owner)
+        assert left == [], f"the runner left containers of {owner} behind"

@@ -1,0 +1,538 @@
+"""The egress allowlist end to end: real containers on their Internal networks, the proxy in a
+real server process, upstreams this test runs on loopback (names mapped with
+SANDBOXD_PROXY_HOSTS). Nothing here sends traffic anywhere but loopback and the test's own
+Docker networks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.server
+import os
+import secrets
+import socket
+import socketserver
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import (
+    IMAGE,
+    ServerProcess,
+    Stubs,
+    expect_error,
+    make_stubs,
+    remove_owned_containers,
+    run,
+    start_server,
+    wait_until,
+)
+from google.protobuf import duration_pb2
+from sandboxd.egress import firewall
+from sandboxd.v1 import admin_pb2, common_pb2, session_pb2
+
+pytestmark = pytest.mark.engine
+
+PYTHON_IMAGE = "sandboxd-runtime:python"
+ALLOWLIST = common_pb2.NETWORK_MODE_ALLOWLIST
+
+
+class Counting:
+    """Counts accepted connections, so a test can say "no connection was attempted"."""
+
+    connections = 0
+
+
+class EchoHandler(socketserver.BaseRequestHandler):
+    counter = Counting()
+
+    def handle(self) -> None:
+        self.counter.connections += 1
+        data = self.request.recv(4096)
+        self.request.sendall(b"ECHO:" + data)
+
+
+class HelloHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = f"hello from {self.path} host={self.headers.get('Host')}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class Threaded(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+@contextlib.contextmanager
+def serving(server: socketserver.BaseServer) -> Iterator[int]:
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]  # type: ignore[misc]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    """Echo, HTTP and HTTPS listeners on 127.0.0.1, with a CA the containers can trust."""
+    certs = tmp_path_factory.mktemp("certs")
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-subj", "/CN=tls.test", "-addext", "subjectAltName=DNS:tls.test",
+            "-keyout", str(certs / "key.pem"), "-out", str(certs / "cert.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(certs / "cert.pem", certs / "key.pem")
+    counter = Counting()
+    handler = type("Echo", (EchoHandler,), {"counter": counter})
+    https = Threaded(("127.0.0.1", 0), HelloHandler)
+    https.socket = ctx.wrap_socket(https.socket, server_side=True)
+    with (
+        serving(Threaded(("127.0.0.1", 0), handler)) as echo_port,
+        serving(Threaded(("127.0.0.1", 0), HelloHandler)) as http_port,
+        serving(https) as https_port,
+    ):
+        yield {
+            "echo": echo_port,
+            "http": http_port,
+            "https": https_port,
+            "counter": counter,
+            "ca": (certs / "cert.pem").read_bytes(),
+        }
+
+
+HOSTS = ",".join(
+    [
+        "up.test=127.0.0.1",
+        "tls.test=127.0.0.1",
+        "a.wild.test=127.0.0.1",
+        "loop.test=127.0.0.1",
+        "loop6.test=::1",
+        "private.test=10.0.0.1",
+        "meta.test=169.254.169.254",
+        "linklocal.test=169.254.1.1",
+        "mapped.test=::ffff:127.0.0.1",
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def egress_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    owner = "egr" + secrets.token_hex(4)
+    srv = start_server(
+        tmp_path_factory.mktemp("egress"), owner, env={"SANDBOXD_PROXY_HOSTS": HOSTS}
+    )
+    yield srv
+    srv.stop()
+    remove_owned_containers(owner)
+    remove_owned_networks(owner)
+
+
+def remove_owned_networks(owner_id: str) -> None:
+    """Networks a test server left behind, and their host filter chains."""
+    ids = subprocess.run(
+        ["docker", "network", "ls", "-q", "--filter", f"label=io.sandboxd.owner={owner_id}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    for net in ids:
+        bridge = subprocess.run(
+            ["docker", "network", "inspect", "-f", BRIDGE_FORMAT, net],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        subprocess.run(["docker", "network", "rm", net], capture_output=True, check=False)
+        if bridge.startswith("sbx"):
+            asyncio.run(firewall.remove(bridge))
+
+
+BRIDGE_FORMAT = '{{index .Options "com.docker.network.bridge.name"}}'
+
+
+@pytest.fixture(scope="module")
+def estubs(egress_server: ServerProcess) -> Iterator[Stubs]:
+    s = make_stubs(egress_server.address)
+    yield s
+    s.channel.close()
+
+
+def allowlist(
+    domains: list[str], ports: list[int], private: bool, **quotas: object
+) -> common_pb2.NetworkPolicy:
+    return common_pb2.NetworkPolicy(
+        mode=ALLOWLIST,
+        allowed_domains=domains,
+        allowed_ports=ports,
+        allow_private_networks=private,
+        quotas=common_pb2.ProxyQuotas(**quotas),  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def session_with(estubs: Stubs) -> Iterator[object]:
+    created: list[str] = []
+
+    def make(network: common_pb2.NetworkPolicy, image: str = IMAGE) -> session_pb2.Session:
+        resp = estubs.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(
+                shell=common_pb2.ShellPolicy(allow_all=True), network=network, image=image
+            )
+        )
+        created.append(resp.session.session_id)
+        return resp.session
+
+    yield make
+    for sid in created:
+        with contextlib.suppress(grpc.RpcError):
+            estubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
+
+
+# Sends $PAYLOAD (printf %b escapes) to the proxy named by $HTTP_PROXY, prints the answer.
+NC = 'P=${HTTP_PROXY#http://}; printf "%b" "$PAYLOAD" | nc -w 5 "${P%:*}" "${P#*:}"'
+
+
+def through_proxy(stubs: Stubs, sid: str, payload: str) -> str:
+    r = run(stubs, sid, "sh", "-c", NC, env={"PAYLOAD": payload}, timeout=_secs(20))
+    return r.stdout.decode(errors="replace")
+
+
+def _secs(n: int) -> duration_pb2.Duration:
+    return duration_pb2.Duration(seconds=n)
+
+
+def connect(host: str, port: int, extra: str = "") -> str:
+    return f"CONNECT {host}:{port} HTTP/1.1\\r\\nHost: {host}:{port}\\r\\n\\r\\n{extra}"
+
+
+def test_allowed_name_and_port_tunnel(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
+    echo, http_port = upstreams["echo"], upstreams["http"]
+    s = session_with(allowlist(["up.test", "*.wild.test"], [echo, http_port], private=True))
+    env = run(estubs, s.session_id, "env").stdout.decode()
+    for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY"):
+        assert f"{key}=" in env
+    out = through_proxy(estubs, s.session_id, connect("UP.test.", echo, "hello"))
+    assert out.startswith("HTTP/1.1 200") and out.endswith("ECHO:hello"), out
+    out = through_proxy(estubs, s.session_id, connect("a.wild.test", echo, "w"))
+    assert out.endswith("ECHO:w"), out
+    out = through_proxy(
+        estubs,
+        s.session_id,
+        f"GET http://up.test:{http_port}/plain HTTP/1.1\\r\\nProxy-Connection: x\\r\\n\\r\\n",
+    )
+    assert out.startswith("HTTP/1.0 200") and out.endswith(
+        f"hello from /plain host=up.test:{http_port}"
+    ), out
+    events = estubs.sessions.ListEgressEvents(
+        session_pb2.ListEgressEventsRequest(session_id=s.session_id)
+    ).events
+    assert [e.verdict for e in events] == [session_pb2.EGRESS_VERDICT_ALLOWED] * 3
+    assert events[0].host == "up.test" and events[0].bytes_up == 5
+
+
+def test_refusals_make_no_connection(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
+    echo = upstreams["echo"]
+    counter = upstreams["counter"]
+    s = session_with(allowlist(["up.test"], [echo], private=True))
+    before = counter.connections
+    cases = [
+        (connect("other.test", echo), "NAME_NOT_ALLOWED"),
+        (connect("wild.test", echo), "NAME_NOT_ALLOWED"),
+        (connect("up.test", echo + 1), "PORT_NOT_ALLOWED"),
+        (connect("127.0.0.1", echo), "IP_LITERAL"),
+        (connect("127.1", echo), "IP_LITERAL"),
+        (connect("2130706433", echo), "IP_LITERAL"),
+        (connect("0x7f000001", echo), "IP_LITERAL"),
+        (connect("[::ffff:7f00:1]", echo), "IP_LITERAL"),
+        (f"GET http://127.0.0.1:{echo}/ HTTP/1.1\\r\\n\\r\\n", "IP_LITERAL"),
+        (f"CONNECT up.test:{echo} HTTP/1.1\\n\\n", "MALFORMED_REQUEST"),
+    ]
+    for payload, reason in cases:
+        out = through_proxy(estubs, s.session_id, payload)
+        assert f"X-Sandboxd-Egress-Reason: {reason}" in out, (payload, out)
+        assert "Connection: close" in out
+    assert counter.connections == before
+
+
+def test_refused_answers_without_private_networks(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
+    echo, counter = upstreams["echo"], upstreams["counter"]
+    names = [
+        "loop.test",
+        "loop6.test",
+        "private.test",
+        "meta.test",
+        "linklocal.test",
+        "mapped.test",
+    ]
+    s = session_with(allowlist(names, [echo], private=False))
+    before = counter.connections
+    for name in names:
+        out = through_proxy(estubs, s.session_id, connect(name, echo))
+        assert out.startswith("HTTP/1.1 403"), (name, out)
+        assert "ADDRESS_REFUSED" in out, (name, out)
+    assert counter.connections == before
+    events = estubs.sessions.ListEgressEvents(
+        session_pb2.ListEgressEventsRequest(session_id=s.session_id, page_size=2)
+    )
+    assert len(events.events) == 2 and events.next_page_token
+    assert events.events[0].reason == "ADDRESS_REFUSED"
+    assert events.events[0].address == "127.0.0.1"
+
+
+def test_connection_quota(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
+    echo = upstreams["echo"]
+    s = session_with(allowlist(["up.test"], [echo], private=True, max_connections=1))
+    script = (
+        'P=${HTTP_PROXY#http://}; (printf "%b" "$PAYLOAD"; sleep 3) | nc "${P%:*}" "${P#*:}" '
+        '>/dev/null & sleep 1; printf "%b" "$PAYLOAD" | nc -w 5 "${P%:*}" "${P#*:}"; wait'
+    )
+    r = run(estubs, s.session_id, "sh", "-c", script, env={"PAYLOAD": connect("up.test", echo)})
+    out = r.stdout.decode()
+    assert out.startswith("HTTP/1.1 429") and "QUOTA_CONNECTIONS" in out, out
+
+
+def test_direct_socket_to_another_host_port_fails(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
+    s = session_with(allowlist(["up.test"], [upstreams["echo"]], private=True))
+    proxy = run(estubs, s.session_id, "sh", "-c", "echo ${HTTP_PROXY#http://}").stdout.decode()
+    gateway = proxy.strip().rsplit(":", 1)[0]
+    with socket.create_server((gateway, 0)) as listener:
+        listener.settimeout(0.1)
+        port = listener.getsockname()[1]
+        r = run(estubs, s.session_id, "sh", "-c", f"echo hi | nc -w 2 {gateway} {port}")
+        assert r.exit_code != 0
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    # the echo upstream on 127.0.0.1 (through the gateway's host) is not reachable either
+    r = run(estubs, s.session_id, "sh", "-c", f"echo hi | nc -w 2 {gateway} {upstreams['echo']}")
+    assert "ECHO" not in r.stdout.decode()
+
+
+def test_update_network_policy(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
+    echo = upstreams["echo"]
+    s = session_with(allowlist(["up.test"], [echo], private=True))
+    assert through_proxy(estubs, s.session_id, connect("up.test", echo, "a")).endswith("ECHO:a")
+    updated = estubs.sessions.UpdateNetworkPolicy(
+        session_pb2.UpdateNetworkPolicyRequest(
+            session_id=s.session_id, network=allowlist(["a.wild.test"], [echo], private=True)
+        )
+    ).session
+    assert updated.fingerprint != s.fingerprint
+    assert list(updated.network.allowed_domains) == ["a.wild.test"]
+    got = estubs.sessions.GetSession(session_pb2.GetSessionRequest(session_id=s.session_id))
+    assert got.session.fingerprint == updated.fingerprint
+    out = through_proxy(estubs, s.session_id, connect("up.test", echo))
+    assert "NAME_NOT_ALLOWED" in out
+    assert through_proxy(estubs, s.session_id, connect("a.wild.test", echo, "b")).endswith("ECHO:b")
+    expect_error(
+        lambda: estubs.sessions.UpdateNetworkPolicy(
+            session_pb2.UpdateNetworkPolicyRequest(
+                session_id=s.session_id, network=common_pb2.NetworkPolicy()
+            )
+        ),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "NETWORK_MODE_FIXED",
+    )
+
+
+@pytest.mark.parametrize(
+    ("network", "reason"),
+    [
+        (allowlist([], [443], private=False), "NETWORK_POLICY_INVALID"),
+        (allowlist(["example.com"], [], private=False), "NETWORK_POLICY_INVALID"),
+        (allowlist(["10.0.0.1"], [443], private=False), "NETWORK_POLICY_INVALID"),
+        (allowlist(["a.*.com"], [443], private=False), "NETWORK_POLICY_INVALID"),
+        (allowlist(["example.com"], [70000], private=False), "NETWORK_POLICY_INVALID"),
+        (allowlist(["example.com"], [443], False, max_connections=100000), "LIMIT_EXCEEDS_MAXIMUM"),
+    ],
+)
+def test_invalid_policies(estubs: Stubs, network: common_pb2.NetworkPolicy, reason: str) -> None:
+    expect_error(
+        lambda: estubs.sessions.CreateSession(session_pb2.CreateSessionRequest(network=network)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        reason,
+    )
+
+
+def test_fingerprint_normalizes_domains_and_includes_quotas(estubs: Stubs, session_with) -> None:  # type: ignore[no-untyped-def]
+    a = session_with(allowlist(["B.test", "a.test."], [443], private=False))
+    b = session_with(allowlist(["a.test", "b.test"], [443], private=False))
+    c = session_with(allowlist(["a.test", "b.test"], [443], private=False, max_requests=5))
+    assert a.fingerprint == b.fingerprint != c.fingerprint
+    assert c.network.quotas.max_requests == 5
+    assert b.network.quotas.max_requests > 5  # the server default, filled in
+
+
+def test_server_info_reports_filter(estubs: Stubs) -> None:
+    info = estubs.admin.GetServerInfo(admin_pb2.GetServerInfoRequest())
+    assert info.egress_filter == admin_pb2.EGRESS_FILTER_IPTABLES
+    assert info.proxy_quotas_max.max_connections >= info.proxy_quotas_default.max_connections
+
+
+def test_network_filter_and_proxy_removed_with_session(
+    estubs: Stubs, egress_server, upstreams
+) -> None:  # type: ignore[no-untyped-def]
+    s = estubs.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(
+            shell=common_pb2.ShellPolicy(allow_all=True),
+            network=allowlist(["up.test"], [upstreams["echo"]], private=True),
+        )
+    ).session
+    name = f"sandboxd-net-{egress_server.owner_id}-{s.session_id}"
+    fmt = '{{.Internal}} {{index .Labels "io.sandboxd.session"}}'
+    info = subprocess.run(
+        ["docker", "network", "inspect", "-f", fmt, name],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert info == ["true", s.session_id]
+    rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout
+    assert rules.count("SBX-sbx") >= 3
+    estubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=s.session_id))
+    gone = subprocess.run(["docker", "network", "inspect", name], capture_output=True)
+    assert gone.returncode != 0
+    bridge_rules = [
+        line
+        for line in subprocess.run(
+            ["iptables", "-S"], capture_output=True, text=True
+        ).stdout.splitlines()
+        if "SBX-sbx" in line
+    ]
+    assert not any(name in line for line in bridge_rules)
+
+
+def test_proxy_comes_back_after_restart(tmp_path: Path, upstreams) -> None:  # type: ignore[no-untyped-def]
+    owner = "egr" + secrets.token_hex(4)
+    env = {"SANDBOXD_PROXY_HOSTS": HOSTS}
+    srv = start_server(tmp_path, owner, env=env)
+    try:
+        stubs = make_stubs(srv.address)
+        s = stubs.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(
+                shell=common_pb2.ShellPolicy(allow_all=True),
+                network=allowlist(["up.test"], [upstreams["echo"]], private=True),
+            )
+        ).session
+        assert through_proxy(
+            stubs, s.session_id, connect("up.test", upstreams["echo"], "1")
+        ).endswith("ECHO:1")
+        stubs.channel.close()
+        srv.stop()
+        ghost = f"sandboxd-net-{owner}-ghost"  # a network no session claims
+        subprocess.run(
+            ["docker", "network", "create", "--internal", "--label", f"io.sandboxd.owner={owner}"]
+            + ["--label", "io.sandboxd.session=ghost", ghost],
+            check=True,
+            capture_output=True,
+        )
+        srv = start_server(tmp_path, owner, env=env)
+        stubs = make_stubs(srv.address)
+        assert wait_until(lambda: "egress proxy of" in srv.log(), 10)
+        gone = subprocess.run(["docker", "network", "inspect", ghost], capture_output=True)
+        assert gone.returncode != 0, "an unclaimed network survived start-up"
+        out = through_proxy(stubs, s.session_id, connect("up.test", upstreams["echo"], "2"))
+        assert out.endswith("ECHO:2"), out + srv.log()
+        stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=s.session_id))
+        stubs.channel.close()
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
+        remove_owned_networks(owner)
+
+
+def test_without_iptables_allowlist_is_refused_unless_opted_in(tmp_path: Path) -> None:
+    # A PATH with no iptables: the filter cannot be installed.
+    env = {"PATH": "/nonexistent", "SANDBOXD_PROXY_HOSTS": HOSTS}
+    owner = "egr" + secrets.token_hex(4)
+    srv = start_server(tmp_path / "a", owner, env=env)
+    try:
+        stubs = make_stubs(srv.address)
+        info = stubs.admin.GetServerInfo(admin_pb2.GetServerInfoRequest())
+        assert info.egress_filter == admin_pb2.EGRESS_FILTER_UNAVAILABLE
+        expect_error(
+            lambda: stubs.sessions.CreateSession(
+                session_pb2.CreateSessionRequest(network=allowlist(["up.test"], [80], False))
+            ),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "EGRESS_UNAVAILABLE",
+        )
+        stubs.channel.close()
+    finally:
+        srv.stop()
+    srv = start_server(
+        tmp_path / "b", owner, env={**env, "SANDBOXD_EGRESS_ALLOW_UNFILTERED": "true"}
+    )
+    try:
+        stubs = make_stubs(srv.address)
+        info = stubs.admin.GetServerInfo(admin_pb2.GetServerInfoRequest())
+        assert info.egress_filter == admin_pb2.EGRESS_FILTER_UNFILTERED
+        stubs.channel.close()
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
+        remove_owned_networks(owner)
+
+
+CLIENT = r"""
+import ssl, sys, urllib.request
+ctx = ssl.create_default_context(cafile="/workspace/ca.pem")
+opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx))
+for url in sys.argv[1:]:
+    with opener.open(url, timeout=10) as resp:
+        print(resp.status, resp.read().decode())
+"""
+
+
+@pytest.mark.skipif(
+    subprocess.run(["docker", "image", "inspect", PYTHON_IMAGE], capture_output=True).returncode
+    != 0,
+    reason=f"{PYTHON_IMAGE} not built (make test builds it: scripts/build-python-image.sh)",
+)
+def test_real_http_and_tls_clients(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
+    https, http_port = upstreams["https"], upstreams["http"]
+    s = session_with(
+        allowlist(["tls.test", "up.test"], [https, http_port], private=True), image=PYTHON_IMAGE
+    )
+    from sandboxd.v1 import filesystem_pb2
+
+    for path, content in (("ca.pem", upstreams["ca"]), ("client.py", CLIENT.encode())):
+        estubs.files.WriteFile(
+            filesystem_pb2.WriteFileRequest(session_id=s.session_id, path=path, content=content)
+        )
+    r = run(
+        estubs,
+        s.session_id,
+        "python3",
+        "client.py",
+        f"https://tls.test:{https}/secure",
+        f"http://up.test:{http_port}/plain",
+        timeout=_secs(30),
+    )
+    assert r.exit_code == 0, r.stderr.decode()
+    lines = r.stdout.decode().splitlines()
+    assert lines[0] == f"200 hello from /secure host=tls.test:{https}"
+    assert lines[1] == f"200 hello from /plain host=up.test:{http_port}"
+    # TLS to a name that is not allowed fails at CONNECT, before any handshake
+    r = run(estubs, s.session_id, "python3", "client.py", f"https://other.test:{https}/")
+    assert r.exit_code != 0 and "403" in r.stderr.decode()
+    assert os.environ.get("NEVER_SET_BY_TESTS") is None
