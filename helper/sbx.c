@@ -1238,9 +1238,16 @@ static void child_main(int repfd, pid_t parent, const char *cwd,
 	if (!path_within(here, realroot))
 		child_report(repfd, ST_ESCAPE, 0);
 	/* The command must not inherit our blocked mask or dispositions. */
-	for (int s = 1; s < NSIG; s++)
-		if (s != SIGKILL && s != SIGSTOP)
-			signal(s, SIG_DFL); /* glibc-reserved ones fail: fine */
+	for (int s = 1; s < NSIG; s++) {
+		if (s == SIGKILL || s == SIGSTOP)
+			continue;
+		/* Raw syscall: glibc refuses its reserved real-time signals (32,
+		 * 33), yet an ignored one is inherited across exec all the same.
+		 * An all-zero kernel sigaction is SIG_DFL, no flags, empty mask,
+		 * whatever the architecture's field order. */
+		unsigned long ksa[4] = {0};
+		syscall(SYS_rt_sigaction, s, ksa, NULL, 8);
+	}
 	sigset_t none;
 	sigemptyset(&none);
 	if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
