@@ -26,7 +26,7 @@ from conftest import (
 from sandboxd.config import load_config
 from sandboxd.errors import ConfigError
 from sandboxd.logging_setup import CURRENT_SESSION, JsonFormatter
-from sandboxd.v1 import common_pb2, session_pb2
+from sandboxd.v1 import common_pb2, session_pb2, snapshot_pb2, snapshot_pb2_grpc
 
 _METRICS_RE = re.compile(r"metrics served at http://(\S+):(\d+)/metrics")
 
@@ -157,3 +157,52 @@ def test_json_lines_name_the_session_of_the_call_being_served() -> None:
         assert json.loads(JsonFormatter().format(record))["session_id"] == "s-42"
     finally:
         CURRENT_SESSION.reset(token)
+
+
+@pytest.mark.engine
+def test_metrics_count_archive_bytes(observed: tuple[ServerProcess, Stubs]) -> None:
+    srv, stubs = observed
+    s = stubs.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(
+            shell=common_pb2.ShellPolicy(allow_all=True),
+            workspace=session_pb2.WorkspaceManifest(
+                files=[session_pb2.ManifestFile(path="f", content=b"x" * 5000)]
+            ),
+        )
+    ).session
+    snapshots = snapshot_pb2_grpc.SnapshotServiceStub(stubs.channel)
+    try:
+        before = scrape(srv)
+        exported = b"".join(
+            r.chunk.data
+            for r in snapshots.ExportArchive(
+                snapshot_pb2.ExportArchiveRequest(session_id=s.session_id)
+            )
+        )
+        requests = [
+            snapshot_pb2.ImportArchiveRequest(
+                header=snapshot_pb2.ImportArchiveHeader(session_id=s.session_id, path="copy")
+            ),
+            snapshot_pb2.ImportArchiveRequest(data=exported),
+        ]
+        snapshots.ImportArchive(iter(requests))
+        after = scrape(srv)
+        for direction in ("export", "import"):
+            sample = f'sandboxd_archive_bytes_total{{direction="{direction}"}}'
+            assert value(after, sample) - value(before, sample) == len(exported)
+    finally:
+        stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=s.session_id))
+
+
+def test_proxy_decisions_are_counted_once_per_verdict() -> None:
+    from sandboxd.egress.audit import AuditLog
+    from sandboxd.metrics import Metrics
+
+    metrics = Metrics()
+    audit = AuditLog("s1", on_decision=metrics.proxy_decision)
+    audit.record(method="CONNECT", host="a.example", port=443, allowed=True)
+    audit.record(method="CONNECT", host="b.example", port=443, allowed=False, reason="X")
+    audit.record(method="CONNECT", host="a.example", port=443, allowed=True, ended="closed")
+    text = metrics.render().decode()
+    assert value(text, 'sandboxd_proxy_decisions_total{decision="allow"}') == 1
+    assert value(text, 'sandboxd_proxy_decisions_total{decision="deny"}') == 1

@@ -418,6 +418,37 @@ def test_sweep_removes_only_unclaimed_containers_of_this_server(
         subprocess.run(["docker", "rm", "-f", ours, theirs], capture_output=True)
 
 
+def test_sweep_removes_unclaimed_session_networks_of_this_server(
+    stubs: Stubs, server: ServerProcess
+) -> None:
+    from sandboxd.egress.networks import network_name
+
+    tag = secrets.token_hex(4)
+    ours = network_name(server.owner_id, f"gone-{tag}")
+    theirs = f"sweep-theirs-net-{tag}"
+    try:
+        for name, owner, sid in (
+            (ours, server.owner_id, f"gone-{tag}"),
+            (theirs, "someone-else", f"gone-{tag}"),
+        ):
+            subprocess.run(
+                ["docker", "network", "create", "--internal", "--label",
+                 f"io.sandboxd.owner={owner}", "--label", f"io.sandboxd.session={sid}", name],
+                check=True, capture_output=True,
+            )  # fmt: skip
+        reply = stubs.admin.Sweep(admin_pb2.SweepRequest())
+        assert reply.removed_networks >= 1
+
+        def exists(name: str) -> bool:
+            inspect = ["docker", "network", "inspect", name]
+            return subprocess.run(inspect, capture_output=True).returncode == 0
+
+        assert not exists(ours)
+        assert exists(theirs)
+    finally:
+        subprocess.run(["docker", "network", "rm", ours, theirs], capture_output=True)
+
+
 # ----- crash recovery -----------------------------------------------------------------------
 
 

@@ -2,8 +2,9 @@
 
 One `Metrics` object per server owns its registry (no module globals: two servers in one
 process, as in tests, do not share counters). Components that produce a number get the object
-from `server.serve`; those that do not exist yet (egress proxy, archive export/import) have
-their counters ready here. Session counts by state are read from the store at scrape time.
+(or one of its methods) from `server.serve`: the RPC interceptor (latency, exec and archive
+bytes), the engine adapter (errors), the pool, and the egress audit log (proxy verdicts).
+Session counts by state are read from the store at scrape time.
 
 Exposed (all prefixed `sandboxd_`):
   sessions{state}                      gauge, from the store on every scrape
@@ -111,6 +112,13 @@ class Metrics:
             self.sessions.labels(state.value).set(0)
         for kind in ("unavailable", "not_found", "conflict", "internal"):
             self.engine_errors.labels(kind)
+        for decision in ("allow", "deny"):
+            self.proxy_decisions.labels(decision)
+        for direction in ("export", "import"):
+            self.archive_bytes.labels(direction)
+
+    def proxy_decision(self, allowed: bool) -> None:
+        self.proxy_decisions.labels("allow" if allowed else "deny").inc()
 
     def engine_error(self, kind: str) -> None:
         self.engine_errors.labels(kind).inc()

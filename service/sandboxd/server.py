@@ -172,6 +172,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 proxy_port=config.proxy_port,
                 static_hosts=parse_static_hosts(config.proxy_hosts),
                 allow_unfiltered=config.egress_allow_unfiltered,
+                on_decision=metrics.proxy_decision,
             )
         )
         sessions = SessionManager(config, engine, store, owner_id, pool=pool, egress=egress)

@@ -42,19 +42,24 @@ class Sweeper:
     async def sweep(self) -> SweepResult:
         async with self._lock:
             expired = await self._sessions.reap_once()
-            before = await self._owned()
-            await self._sessions.reconcile()  # removes unclaimed containers, notes lost ones
-            after = await self._owned()
+            containers, networks = await self._owned()
+            # Removes unclaimed containers and session networks, notes lost containers.
+            await self._sessions.reconcile()
+            containers_after, networks_after = await self._owned()
             images = await self._snapshots.sweep_images()
             return SweepResult(
                 expired_sessions=expired,
-                removed_containers=len(before - after),
+                removed_containers=len(containers - containers_after),
+                removed_networks=len(networks - networks_after),
                 removed_images=images,
             )
 
-    async def _owned(self) -> set[str]:
-        found = await self._engine.list_containers({LABEL_OWNER: self._owner_id})
-        return {str(c["Id"]) for c in found}
+    async def _owned(self) -> tuple[set[str], set[str]]:
+        """Ids of the containers and networks labelled with this server's owner id."""
+        owner = {LABEL_OWNER: self._owner_id}
+        found = await self._engine.list_containers(owner)
+        nets = await self._engine.list_networks(owner)
+        return {str(c["Id"]) for c in found}, {str(n["Id"]) for n in nets}
 
     async def run(self, interval_s: float = SWEEP_INTERVAL_S) -> None:
         while True:
@@ -64,10 +69,15 @@ class Sweeper:
             except SandboxError as exc:
                 log.warning("sweep: %s", exc)
                 continue
-            if result.expired_sessions or result.removed_containers or result.removed_images:
+            if (
+                any((result.expired_sessions, result.removed_containers, result.removed_networks))
+                or result.removed_images
+            ):
                 log.info(
-                    "sweep: %d lease(s) expired, %d container(s) and %d image(s) removed",
+                    "sweep: %d lease(s) expired, %d container(s), %d network(s) and %d "
+                    "image(s) removed",
                     result.expired_sessions,
                     result.removed_containers,
+                    result.removed_networks,
                     result.removed_images,
                 )

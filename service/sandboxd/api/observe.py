@@ -1,4 +1,4 @@
-"""The metrics interceptor: latency of every RPC and the command output bytes it carries.
+"""The metrics interceptor: latency of every RPC, and the output and archive bytes it carries.
 
 An interceptor rather than the `unary`/`stream` error wrappers so that RPCs refused before a
 servicer runs (authentication) and generic handlers (reflection) are measured too, and so the
@@ -45,6 +45,8 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._metrics = metrics
         self._stdout = metrics.exec_output_bytes.labels("stdout")
         self._stderr = metrics.exec_output_bytes.labels("stderr")
+        self._exported = metrics.archive_bytes.labels("export")
+        self._imported = metrics.archive_bytes.labels("import")
         self._kinds: dict[type[Message], str] = {}
 
     async def intercept_service(
@@ -103,12 +105,33 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler.unary_unary is not None:
             return handler._replace(unary_unary=wrap_unary(handler.unary_unary))
         if handler.stream_unary is not None:
-            return handler._replace(stream_unary=wrap_unary(handler.stream_unary))
+            return handler._replace(
+                stream_unary=wrap_unary(self._counting_requests(handler.stream_unary))
+            )
         if handler.unary_stream is not None:
             return handler._replace(unary_stream=wrap_stream(handler.unary_stream))
         if handler.stream_stream is not None:
             return handler._replace(stream_stream=wrap_stream(handler.stream_stream))
         return handler
+
+    def _counting_requests(
+        self, behavior: Callable[..., Awaitable[Any]]
+    ) -> Callable[..., Awaitable[Any]]:
+        """Client streams: count the tar bytes an ImportArchive call brings in."""
+        imported = self._imported
+
+        async def counted(requests: AsyncIterator[Any], context: Any) -> Any:
+            async def passing() -> AsyncIterator[Any]:
+                async for request in requests:
+                    if isinstance(request, Message) and request.DESCRIPTOR.name == (
+                        "ImportArchiveRequest"
+                    ):
+                        imported.inc(len(getattr(request, "data")))  # noqa: B009
+                    yield request
+
+            return await behavior(passing(), context)
+
+        return counted
 
     def _count_output(self, message: Message) -> None:
         """Output events of Exec-like streams and the collected output of Run.
@@ -118,7 +141,11 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         kind = self._kinds.get(type(message))
         if kind is None:
             fields = message.DESCRIPTOR.fields_by_name
-            if "output" in fields:
+            chunk = fields.get("chunk")
+            chunk_type = chunk.message_type if chunk is not None else None
+            if chunk_type is not None and chunk_type.name == "ArchiveChunk":
+                kind = "archive"  # ExportArchive and DownloadSnapshot responses
+            elif "output" in fields:
                 kind = "event"
             elif "stdout" in fields and "stderr" in fields and "exit_code" in fields:
                 kind = "collected"
@@ -132,6 +159,8 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 if data:
                     stderr = getattr(output, "stream", 1) == 2
                     (self._stderr if stderr else self._stdout).inc(len(data))
+        elif kind == "archive":
+            self._exported.inc(len(getattr(message, "chunk").data))  # noqa: B009
         elif kind == "collected":
             self._stdout.inc(len(getattr(message, "stdout")))  # noqa: B009
             self._stderr.inc(len(getattr(message, "stderr")))  # noqa: B009

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 log = logging.getLogger("sandboxd.egress.audit")
@@ -38,8 +39,14 @@ class EgressEvent:
 class AuditLog:
     """The bounded event record of one session."""
 
-    def __init__(self, session_id: str, max_events: int = MAX_EVENTS) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        max_events: int = MAX_EVENTS,
+        on_decision: Callable[[bool], None] | None = None,
+    ) -> None:
         self.session_id = session_id
+        self._on_decision = on_decision  # metrics: counts verdicts, not tunnel ends
         self._events: collections.deque[EgressEvent] = collections.deque(maxlen=max_events)
         self._seq = 0
 
@@ -74,6 +81,8 @@ class AuditLog:
             ended=ended,
         )
         self._events.append(event)
+        if self._on_decision is not None and not ended:
+            self._on_decision(allowed)
         verdict = "ALLOWED" if allowed else "REFUSED"
         # One line per decision; with the JSON log format every field is its own key.
         extra = {f"egress_{k}": v for k, v in asdict(event).items() if k not in ("time",)}

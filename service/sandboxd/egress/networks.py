@@ -113,8 +113,10 @@ class EgressManager:
         proxy_port: int = 3128,
         static_hosts: dict[str, tuple[str, ...]] | None = None,
         allow_unfiltered: bool = False,
+        on_decision: Callable[[bool], None] | None = None,
     ) -> None:
         self._engine = engine
+        self._on_decision = on_decision
         self._owner_id = owner_id
         self._port = proxy_port
         self._resolver = Resolver(static_hosts)
@@ -209,7 +211,7 @@ class EgressManager:
         if existing is not None:
             existing.rules = _rules(policy)
             return net
-        audit = self._audit.setdefault(sid, AuditLog(sid))
+        audit = self._audit.setdefault(sid, AuditLog(sid, on_decision=self._on_decision))
         proxy = EgressProxy(
             sid,
             _rules(policy),
