@@ -5,9 +5,9 @@ check keeps the folder inside /workspace) and forwards its stdout in chunks as i
 the archive is never held whole in memory. tar does not follow symlinks when creating.
 
 Import never lets an unchecked byte land where it counts. The client's stream is parsed with
-Python's tarfile in streaming mode on a dedicated thread; every member is checked against
-SECURITY.md's archive rules and re-emitted, sanitised, to `tar -x` in a fresh staging folder
-inside the workspace. Only when the whole archive was good and tar succeeded does
+Python's tarfile, forward only as it streams, on a dedicated thread; every member is checked
+against SECURITY.md's archive rules and re-emitted, sanitised, to `tar -x` in a fresh staging
+folder inside the workspace. Only when the whole archive was good and tar succeeded does
 `sbx merge` move the staged entries into place with renameat (never through a symlink).
 Any refusal removes the staging folder: the workspace is as it was.
 """
@@ -15,7 +15,7 @@ Any refusal removes the staging folder: the workspace is as it was.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import collections
 import contextlib
 import logging
 import posixpath
@@ -23,7 +23,7 @@ import secrets
 import tarfile
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
@@ -49,12 +49,18 @@ log = logging.getLogger(__name__)
 # noise, 4 MiB worse. Per-message gRPC cost dominates small chunks; 256 KiB gets nearly all
 # of the gain at a quarter of 1 MiB's memory per message in flight.
 CHUNK_BYTES = 256 * 1024
-TAR_BUFSIZE = 256 * 1024  # tarfile's own buffering on both sides of the import thread
-OUT_QUEUE_CHUNKS = 8  # sanitised output in flight to the container: 2 MiB at most
+INBOX_BYTES = 1024 * 1024  # client chunks read ahead for the import thread (one always fits)
+OUTBOX_BYTES = 1024 * 1024  # sanitised output queued for the container, plus a batch in writing
+OUT_BATCH = 256 * 1024  # the import thread hands its output over in batches of this size
+MAX_HEADER_BYTES = 4 * 1024 * 1024  # one PAX or GNU extension record, read into memory
+MAX_TRAILING_BYTES = 1024 * 1024  # after the end-of-archive marker (tar pads to 10 KiB records)
+SPOOL_READ_BYTES = 256 * 1024
 STAGE_PREFIX = ".sbx-import-"
 DEFAULT_MAX_MEMBERS = 100_000
 _STDERR_LIMIT = 8192
 _BLOCK = tarfile.BLOCKSIZE
+_ZEROS = bytes(_BLOCK)
+_TAIL_BYTES = 4 * _BLOCK  # what the import's source remembers for the end-of-archive check
 
 T = TypeVar("T")
 
@@ -228,47 +234,6 @@ class MemberChecker:
         return resolved
 
 
-class _Bridge:
-    """Lets the import thread pull from and push to the event loop, one awaitable at a time.
-
-    The thread blocks on each step, so backpressure is natural and nothing queues up; cancel()
-    wakes the thread from whatever it waits on.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._lock = threading.Lock()
-        self._current: concurrent.futures.Future[Any] | None = None
-        self._current_tag = ""
-        self.cancelled = False
-
-    def call(self, factory: Callable[[], Awaitable[T]], tag: str = "") -> T:
-        async def runner() -> T:
-            return await factory()
-
-        with self._lock:
-            if self.cancelled:
-                raise _Cancelled
-            fut = asyncio.run_coroutine_threadsafe(runner(), self._loop)
-            self._current, self._current_tag = fut, tag
-        try:
-            return fut.result()
-        except concurrent.futures.CancelledError:
-            raise _Cancelled from None
-
-    def interrupt(self, tag: str) -> None:
-        """Cancel the step in flight if it is of this kind (a write to a tar that is gone)."""
-        with self._lock:
-            if self._current is not None and self._current_tag == tag:
-                self._current.cancel()
-
-    def cancel(self) -> None:
-        with self._lock:
-            self.cancelled = True
-            if self._current is not None:
-                self._current.cancel()
-
-
 class _Cancelled(Exception):
     """The import was abandoned by the loop side."""
 
@@ -277,107 +242,305 @@ class _SinkError(Exception):
     """Writing to the container failed; not the archive's fault."""
 
 
-class _Source:
-    """A file-like view of the client's chunks, for tarfile's `r|` mode.
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
-    Remembers the last few blocks so that, when tarfile stops, we can tell a proper end (a
-    zero block) from a truncated or garbage tail, which tarfile's stream mode takes silently.
+
+class _Inbox:
+    """The client's chunks on their way from the loop (a feeder task) to the import thread.
+
+    Bounded by bytes (one chunk always fits, however large). Neither side makes a round trip
+    per chunk: the thread takes what is there and blocks only when nothing is; the feeder is
+    woken from the thread only when it waited for room, once half the room is free again.
     """
 
-    def __init__(self, bridge: _Bridge, chunks: AsyncIterator[bytes]) -> None:
-        self._bridge = bridge
-        self._chunks = chunks
-        self._buf = bytearray()
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        self._loop = loop
+        self._limit = limit
+        self._cond = threading.Condition()
+        self._items: collections.deque[bytes] = collections.deque()
+        self._size = 0
+        self._ended = False
+        self._error: BaseException | None = None
+        self._cancelled = False
+        self._discard = False
+        self._room: asyncio.Future[None] | None = None
+        self.discarded = 0  # bytes dropped after the archive's end
+
+    async def put(self, data: bytes) -> None:
+        """Loop side: queue a chunk, waiting while the inbox is full."""
+        while True:
+            with self._cond:
+                if self._discard:
+                    self.discarded += len(data)
+                    return
+                if self._cancelled:
+                    return
+                if self._size < self._limit:
+                    self._items.append(data)
+                    self._size += len(data)
+                    self._cond.notify()
+                    return
+                room = self._room = self._loop.create_future()
+            await room
+
+    def end(self, error: BaseException | None = None) -> None:
+        """Loop side: no more chunks; with `error`, the thread raises it once it gets there."""
+        with self._cond:
+            self._ended = True
+            self._error = error
+            self._cond.notify()
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def discard(self) -> None:
+        """Loop side, once the thread is done: drop what comes after the archive's end."""
+        with self._cond:
+            self._discard = True
+            self._items.clear()
+            self._size = 0
+            if self._room is not None:
+                room, self._room = self._room, None
+                _wake(room)
+
+    def cancel(self) -> None:
+        with self._cond:
+            self._cancelled = True
+            self._cond.notify_all()
+
+    def get(self) -> bytes | None:
+        """Thread side: the next chunk, None at the end of the client's stream."""
+        with self._cond:
+            while not self._items and not self._cancelled:
+                if self._ended:
+                    if self._error is not None:
+                        raise self._error
+                    return None
+                self._cond.wait()
+            if self._cancelled:
+                raise _Cancelled
+            data = self._items.popleft()
+            self._size -= len(data)
+            if self._room is not None and self._size <= self._limit // 2:
+                room, self._room = self._room, None
+                self._loop.call_soon_threadsafe(_wake, room)
+            return data
+
+
+class _Outbox:
+    """Sanitised output on its way from the import thread to the loop's writer task.
+
+    Bounded by bytes: the thread blocks while it is full (backpressure from the container's
+    stdin); the writer takes everything queued at once and is woken only when it waited.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        self._loop = loop
+        self._limit = limit
+        self._cond = threading.Condition()
+        self._items: list[bytes] = []
+        self._size = 0
+        self._closed = False  # no more output: the writer ends once it has written the rest
+        self._gone = False  # the writer stopped taking (tar is gone)
+        self._cancelled = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, data: bytes) -> None:
+        """Thread side: queue output, blocking while full; _SinkError once tar is gone."""
+        with self._cond:
+            while self._size >= self._limit and not (self._gone or self._cancelled):
+                self._cond.wait()
+            if self._cancelled and not self._gone:
+                raise _Cancelled
+            if self._gone:
+                raise _SinkError("tar exited early")
+            self._items.append(data)
+            self._size += len(data)
+            if self._waiter is not None:
+                waiter, self._waiter = self._waiter, None
+                self._loop.call_soon_threadsafe(_wake, waiter)
+
+    async def take(self) -> list[bytes] | None:
+        """Loop side: everything queued (waiting for some), None once closed and empty."""
+        while True:
+            with self._cond:
+                if self._items:
+                    items, self._items, self._size = self._items, [], 0
+                    self._cond.notify()
+                    return items
+                if self._closed:
+                    return None
+                waiter = self._waiter = self._loop.create_future()
+            await waiter
+
+    def close(self) -> None:
+        """Loop side: the thread is done; the writer stops once the queue is empty."""
+        with self._cond:
+            self._closed = True
+            if self._waiter is not None:
+                waiter, self._waiter = self._waiter, None
+                _wake(waiter)
+
+    def gone(self) -> None:
+        """tar exited or its stdin broke: the thread's next write fails at once."""
+        with self._cond:
+            self._gone = True
+            self._items, self._size = [], 0
+            self._cond.notify_all()
+
+    @property
+    def is_gone(self) -> bool:
+        return self._gone
+
+    def cancel(self) -> None:
+        with self._cond:
+            self._cancelled = True
+            self._cond.notify_all()
+
+
+class _Source:
+    """A forward-only file-like view of the client's chunks, for tarfile's `r:` mode.
+
+    tarfile reads only headers through read(); member data is passed on by the import
+    thread itself as views of the chunks as they came (read_view), never copied on the way.
+    Remembers the last bytes handed out so that, when tarfile stops, we can tell a proper end
+    (a zero block) from a truncated or garbage tail, which tarfile ends on silently.
+    """
+
+    def __init__(self, inbox: _Inbox) -> None:
+        self._inbox = inbox
+        self._chunk = b""
+        self._at = 0  # read position in self._chunk
         self._eof = False
-        self.position = 0  # bytes handed to tarfile so far
-        self._tail = bytearray()  # the last bytes handed out
-        self._tail_start = 0
+        self.position = 0  # bytes handed out (or skipped) so far
+        self._tail = b""  # the last bytes handed out, ending at self.position
 
-    def _next(self) -> bytes | None:
-        async def pull() -> bytes | None:
-            try:
-                return await anext(self._chunks)
-            except StopAsyncIteration:
-                return None
-
-        return self._bridge.call(pull)
-
-    def read(self, n: int = -1) -> bytes:
-        while not self._eof and (n < 0 or len(self._buf) < n):
-            data = self._next()
+    def _fill(self) -> bool:
+        """Make the current chunk non-empty; False at the end of the stream."""
+        while self._at >= len(self._chunk):
+            if self._eof:
+                return False
+            data = self._inbox.get()
             if data is None:
                 self._eof = True
-            else:
-                self._buf += data
-        if n < 0:
-            n = len(self._buf)
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
+                return False
+            self._chunk, self._at = data, 0
+        return True
+
+    def read_view(self, n: int) -> memoryview:
+        """Up to `n` bytes (fewer at a chunk's end, none at the stream's end), not copied."""
+        if n <= 0 or not self._fill():
+            return memoryview(b"")
+        end = min(len(self._chunk), self._at + n)
+        view = memoryview(self._chunk)[self._at : end]
+        self._at = end
+        self.position += len(view)
+        self._tail = b""  # member data is never looked back at: only what read() handed out
+        return view
+
+    def read(self, n: int = -1) -> bytes:
+        if n > MAX_HEADER_BYTES:
+            # Only tarfile calls this, for headers and PAX/GNU extension records: a record
+            # this large is not a real archive's and would otherwise be held in memory.
+            raise InvalidArgument(
+                f"the archive has a header record of {n} bytes", reason="ARCHIVE_INVALID"
+            )
+        parts: list[bytes] = []
+        want = n
+        while want != 0 and self._fill():
+            end = len(self._chunk) if want < 0 else min(len(self._chunk), self._at + want)
+            parts.append(self._chunk[self._at : end])
+            want -= 0 if want < 0 else end - self._at
+            self._at = end
+        out = parts[0] if len(parts) == 1 else b"".join(parts)
         self._remember(out)
         return out
 
     def _remember(self, data: bytes) -> None:
-        self._tail += data
         self.position += len(data)
-        keep = 2 * TAR_BUFSIZE + 2 * _BLOCK
-        if len(self._tail) > keep:
-            drop = len(self._tail) - keep
-            del self._tail[:drop]
-            self._tail_start += drop
+        if len(data) >= _TAIL_BYTES:
+            self._tail = data[-_TAIL_BYTES:]
+        else:
+            self._tail = (self._tail + data)[-_TAIL_BYTES:]
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        """Forward only (tarfile skips the padding after a member's data this way)."""
+        if whence != 0 or offset < self.position:
+            raise OSError("the archive stream cannot seek backwards")
+        while self.position < offset and self._fill():
+            step = min(len(self._chunk) - self._at, offset - self.position)
+            self._at += step
+            self.position += step
+            self._tail = b""
+        return self.position
 
     def block_at(self, offset: int) -> bytes | None:
         """The 512 bytes at `offset` if they were read; fewer if the stream ended there."""
-        if offset < self._tail_start:
-            return None
         if offset + _BLOCK > self.position:
+            if offset > self.position:
+                return None
             self.read(offset + _BLOCK - self.position)
-        start = offset - self._tail_start
-        return bytes(self._tail[start : start + _BLOCK])
+        start = len(self._tail) - (self.position - offset)
+        if start < 0:
+            return None
+        return self._tail[start : start + _BLOCK]
 
 
 class _Sink:
-    """A file-like that hands tarfile's output to the loop, where a task writes it to the
-    container's `tar -x`; the bounded queue between them lets parsing and writing overlap.
+    """Collects the sanitised archive on the import thread and hands it to the outbox in
+    batches of OUT_BATCH bytes, for the loop's writer task to send to the container's `tar -x`.
 
     With a spool (a replace), the sanitised archive is also kept in a server-side temporary
     file, and a tar that gives up (no room beside the old content) does not stop the check:
     the import can then empty the destination and unpack again from the spool.
     """
 
-    def __init__(
-        self, bridge: _Bridge, queue: asyncio.Queue[bytes | None], spool: BinaryIO | None
-    ) -> None:
-        self._bridge = bridge
-        self._queue = queue
+    def __init__(self, outbox: _Outbox, spool: BinaryIO | None) -> None:
+        self._outbox = outbox
         self._spool = spool
         self.failed = False
-        self._gone = threading.Event()
+        self._parts: list[bytes | memoryview] = []
+        self._size = 0
+        self.written = 0  # bytes of sanitised archive so far
 
     @property
     def gone(self) -> bool:
-        return self._gone.is_set()
+        return self._outbox.is_gone
 
     def tar_gone(self) -> None:
         """tar exited or its stdin broke before the input ended: stop feeding it."""
-        self._gone.set()
-        self._bridge.interrupt("write")
+        self._outbox.gone()
 
-    def write(self, data: bytes) -> int:
-        payload = bytes(data)
+    def write(self, data: bytes | memoryview) -> None:
+        self._parts.append(data)
+        self._size += len(data)
+        self.written += len(data)
+        if self._size >= OUT_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._parts:
+            return
+        payload = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+        payload = bytes(payload) if isinstance(payload, memoryview) else payload
+        self._parts, self._size = [], 0
         if self._spool is not None:
             self._spool.write(payload)  # on the import thread: blocking here is fine
         if not self.failed:
             try:
-                if self._gone.is_set():
-                    raise _SinkError("tar exited early")
-                self._bridge.call(lambda: self._queue.put(payload), "write")
+                self._outbox.put(payload)
             except (_SinkError, _Cancelled) as exc:
-                if isinstance(exc, _Cancelled) and not self._gone.is_set():
+                if isinstance(exc, _Cancelled) and not self.gone:
                     raise
                 if self._spool is None:
                     raise _SinkError(str(exc)) from exc
                 self.failed = True
-        return len(payload)
 
 
 class _NoRoom(ResourceExhausted):
@@ -387,21 +550,19 @@ class _NoRoom(ResourceExhausted):
 def check_and_forward(
     source: _Source, sink: _Sink | None, checker: MemberChecker
 ) -> tuple[int, int]:
-    """Runs on the import thread: parse, check, re-emit. Returns (members, content bytes)."""
+    """Runs on the import thread: parse, check, re-emit. Returns (members, content bytes).
+
+    tarfile parses the headers (`r:` over the forward-only source); each member goes out as
+    the header tarfile would write for the sanitised TarInfo (`addfile` in PAX format), then
+    its data passed through as it came, then the padding; at the end, tarfile's end blocks.
+    """
     written = 0
     try:
-        src = tarfile.open(fileobj=source, mode="r|", bufsize=TAR_BUFSIZE)  # type: ignore[call-overload]
+        src = tarfile.open(fileobj=source, mode="r:")  # type: ignore[call-overload]
     except tarfile.ReadError as exc:
         raise InvalidArgument(
             f"the data is not a tar archive ({exc})", reason="ARCHIVE_INVALID"
         ) from None
-    out = (
-        tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, bufsize=TAR_BUFSIZE)  # type: ignore[call-overload]
-        if sink is not None
-        else None
-    )
-    if out is not None:
-        out.copybufsize = TAR_BUFSIZE  # 16 KiB reads from the stream copy its buffer each time
     try:
         while True:
             try:
@@ -412,30 +573,32 @@ def check_and_forward(
                 ) from None
             if info is None:
                 break
-            # tarfile keeps every TarInfo it has seen, even streaming: 100 000 members would
-            # be tens of MiB. Nothing here looks back, so let them go.
+            # tarfile keeps every TarInfo it has seen: 100 000 members would be tens of MiB.
+            # Nothing here looks back, so let them go.
             src.members.clear()
-            if out is not None:
-                out.members.clear()
             clean = checker.check(info)
             if clean is None:
                 continue
-            data = src.extractfile(info) if clean.isreg() else None
-            if out is not None:
-                try:
-                    out.addfile(clean, data)
-                except (OSError, tarfile.TarError):
-                    raise _truncated(info.name) from None
-            elif data is not None:
-                while data.read(TAR_BUFSIZE):
-                    pass
-                if data.tell() != info.size:  # pragma: no cover - tarfile raises first
-                    raise _truncated(info.name)
+            if sink is not None:
+                sink.write(clean.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape"))
             if clean.isreg():
+                remaining = clean.size
+                while remaining:
+                    view = source.read_view(min(remaining, OUT_BATCH))
+                    if not view:
+                        raise _truncated(info.name)
+                    if sink is not None:
+                        sink.write(view)
+                    remaining -= len(view)
+                if sink is not None and clean.size % _BLOCK:
+                    sink.write(_ZEROS[: _BLOCK - clean.size % _BLOCK])
                 written += clean.size
         _check_end(source, src.offset)
-        if out is not None:
-            out.close()
+        if sink is not None:
+            # tarfile's close() in `w` mode: two zero blocks, then zeros to a whole record.
+            end = 2 * _BLOCK + (-(sink.written + 2 * _BLOCK)) % tarfile.RECORDSIZE
+            sink.write(bytes(end))
+            sink.flush()
     finally:
         src.close()
     return checker.members, written
@@ -484,22 +647,25 @@ class ArchiveIO:
         rel = validation.workspace_relpath(path or ".")
         argv = [HELPER_IN_CONTAINER, "run", "--cwd", rel, "--", "tar", "-c", "-f", "-", "."]
         stderr = bytearray()
-        pending = bytearray()
+        pending: list[bytes] = []  # joined once per chunk: one copy of each byte
+        size = 0
         async with self._engine.exec(session.container_id, argv, user=session.spec.user) as stream:
-            while (item := await stream.read()) is not None:
+            while (item := await stream.read_joined(CHUNK_BYTES - size)) is not None:
                 fd, data = item
                 if fd == 2:
                     stderr += data[: _STDERR_LIMIT - len(stderr)]
                     continue
-                pending += data
-                if len(pending) >= CHUNK_BYTES:
-                    yield bytes(pending)
+                pending.append(data)
+                size += len(data)
+                if size >= CHUNK_BYTES:
+                    yield data if len(pending) == 1 else b"".join(pending)
                     pending.clear()
+                    size = 0
             code = await _exit_code(stream)
         if code != 0:
             raise _tar_error("export", code, stderr, rel)
         if pending:
-            yield bytes(pending)
+            yield b"".join(pending)
 
     async def import_(
         self,
@@ -579,7 +745,7 @@ class ArchiveIO:
         spool: BinaryIO | None,
     ) -> tuple[int, int]:
         loop = asyncio.get_running_loop()
-        bridge = _Bridge(loop)
+        inbox, outbox = _Inbox(loop, INBOX_BYTES), _Outbox(loop, OUTBOX_BYTES)
         done: asyncio.Future[tuple[int, int]] = loop.create_future()
         done.add_done_callback(_retrieve)
         argv = [HELPER_IN_CONTAINER, "run", "--cwd", stage, "--", "tar", "-x", "-o", "-f", "-"]
@@ -587,17 +753,31 @@ class ArchiveIO:
         async with self._engine.exec(
             session.container_id, argv, user=session.spec.user, stdin=True
         ) as stream:
-            outq: asyncio.Queue[bytes | None] = asyncio.Queue(OUT_QUEUE_CHUNKS)
-            source, sink = _Source(bridge, chunks), _Sink(bridge, outq, spool)
+            source, sink = _Source(inbox), _Sink(outbox, spool)
+
+            async def feed() -> None:
+                try:
+                    async for data in chunks:
+                        await inbox.put(data)
+                        if inbox.discarded > MAX_TRAILING_BYTES:
+                            break  # more after the end than any tar pads with: stop waiting
+                except Exception as exc:  # raised on the thread, where the data stops
+                    inbox.end(exc)
+                except BaseException:
+                    inbox.end(_Cancelled())  # never leave the thread waiting for more
+                    raise
+                else:
+                    inbox.end()
 
             async def pump() -> None:
-                while (item := await outq.get()) is not None:
-                    if sink.gone:
-                        continue  # keep draining so the import thread never blocks
-                    try:
-                        await stream.write(item)
-                    except SandboxError:
-                        sink.tar_gone()
+                while (items := await outbox.take()) is not None:
+                    for item in items:
+                        if sink.gone:
+                            break
+                        try:
+                            await stream.write(item)
+                        except SandboxError:
+                            sink.tar_gone()
 
             def work() -> None:
                 try:
@@ -615,6 +795,7 @@ class ArchiveIO:
 
             reader = asyncio.create_task(drain())
             writer = asyncio.create_task(pump())
+            feeder = asyncio.create_task(feed())
             thread = threading.Thread(target=work, name="sandboxd-import", daemon=True)
             thread.start()
             counts: tuple[int, int] | None = None
@@ -629,20 +810,28 @@ class ArchiveIO:
                         writer.cancel()
                     counts = await asyncio.shield(done)
                     if not writer.done():
-                        await outq.put(None)  # flush what is queued, then stop
+                        outbox.close()  # write what is queued, then stop
                         flushing: list[asyncio.Future[Any]] = [writer, reader]
                         await asyncio.wait(flushing, return_when=asyncio.FIRST_COMPLETED)
                         if not writer.done():
                             sink.tar_gone()
+                    # Nothing is merged before the client has sent all it meant to: one that
+                    # goes away after a complete archive has still cancelled the import.
+                    inbox.discard()
+                    await feeder
+                    if inbox.error is not None:
+                        raise inbox.error
                 except _SinkError:
                     pass  # tar stopped reading: its exit status and stderr say why
                 finally:
                     # Whatever happened, let tar see the end of its input and finish, so the
                     # staging folder is quiet before anyone removes it.
-                    bridge.cancel()
-                    writer.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await writer
+                    inbox.cancel()
+                    outbox.cancel()
+                    for task in (feeder, writer):
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
                     stream.close_stdin()
                     with contextlib.suppress(SandboxError, TimeoutError):
                         await asyncio.wait_for(asyncio.shield(reader), 30)
@@ -668,7 +857,7 @@ class ArchiveIO:
 
 
 async def _read_spool(spool: BinaryIO) -> AsyncIterator[bytes]:
-    while chunk := await asyncio.to_thread(spool.read, TAR_BUFSIZE):
+    while chunk := await asyncio.to_thread(spool.read, SPOOL_READ_BYTES):
         yield chunk
 
 

@@ -51,6 +51,14 @@ def _translate(what: str, on_error: Callable[[str], None] | None = None) -> Iter
         ) from exc
 
 
+def _frame_fd(entry: Any) -> int:
+    """The fd of a frame waiting in aiodocker's queue ((Message, size) in aiohttp 3.14);
+    -1 when the layout is not the one known, which makes read_joined stop joining."""
+    msg = entry[0] if isinstance(entry, tuple) and not hasattr(entry, "stream") else entry
+    fd = getattr(msg, "stream", -1)
+    return fd if isinstance(fd, int) and hasattr(msg, "data") else -1
+
+
 class ExecStream:
     """A running `docker exec` with its multiplexed stdio."""
 
@@ -67,6 +75,27 @@ class ExecStream:
         if msg is None:
             return None
         return msg.stream, msg.data
+
+    async def read_joined(self, limit: int) -> tuple[int, bytes] | None:
+        """Like read(), joined with the frames of the same fd that have already arrived, up to
+        about `limit` bytes: one step per batch instead of per frame (busybox writes 4 KiB at a
+        time). Waits only for the first frame; order across fds is kept."""
+        first = await self.read()
+        if first is None:
+            return None
+        queue = self._stream._queue
+        buffered = getattr(queue, "_buffer", None)
+        fd, data = first
+        if queue is None or not buffered or len(data) >= limit:
+            return first
+        parts = [data]
+        size = len(data)
+        with self._engine._translate("reading exec output"):
+            while buffered and size < limit and _frame_fd(buffered[0]) == fd:
+                msg = await queue.read()  # does not wait: the frame is there
+                parts.append(msg.data)
+                size += len(msg.data)
+        return fd, b"".join(parts)
 
     async def write(self, data: bytes) -> None:
         with self._engine._translate("writing exec stdin"):
