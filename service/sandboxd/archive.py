@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from sandboxd import validation
-from sandboxd.engine import Engine, ExecStream
+from sandboxd.engine import Engine
 from sandboxd.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -661,7 +661,7 @@ class ArchiveIO:
                     yield data if len(pending) == 1 else b"".join(pending)
                     pending.clear()
                     size = 0
-            code = await _exit_code(stream)
+            code = await stream.wait_exit_code()
         if code != 0:
             raise _tar_error("export", code, stderr, rel)
         if pending:
@@ -835,7 +835,7 @@ class ArchiveIO:
                     stream.close_stdin()
                     with contextlib.suppress(SandboxError, TimeoutError):
                         await asyncio.wait_for(asyncio.shield(reader), 30)
-                code = await _exit_code(stream)
+                code = await stream.wait_exit_code()
             finally:
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError, SandboxError):
@@ -879,16 +879,6 @@ def _settle(fut: asyncio.Future[T], result: T | BaseException) -> None:
 async def _join(thread: threading.Thread) -> None:
     while thread.is_alive():
         await asyncio.sleep(0.01)
-
-
-async def _exit_code(stream: ExecStream) -> int:
-    for delay in (0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0):
-        if delay:
-            await asyncio.sleep(delay)
-        code = await stream.exit_code()
-        if code is not None:
-            return code
-    return -1
 
 
 def _tar_error(what: str, code: int, stderr: bytes | bytearray, path: str) -> SandboxError:

@@ -126,6 +126,19 @@ class ExecStream:
         code = info.get("ExitCode")
         return int(code) if code is not None else None
 
+    async def wait_exit_code(self) -> int:
+        """The exit code after the output ended; -1 if the engine never records one.
+
+        The output ends a moment before the engine records the exit, so poll briefly.
+        """
+        for delay in (0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0):
+            if delay:
+                await asyncio.sleep(delay)
+            code = await self.exit_code()
+            if code is not None:
+                return code
+        return -1
+
 
 class Engine:
     """A long-lived Docker client with a connection pool sized for many open exec streams."""

@@ -295,7 +295,7 @@ class Command:
             exit_code = 137
         else:
             await self._pump  # surfaces an engine error raised while reading
-            exit_code = await self._exit_code()
+            exit_code = await self._stream.wait_exit_code()
         self.finished = True
         yield ExecExited(
             exit_code=exit_code,
@@ -356,16 +356,6 @@ class Command:
             await queue.put(None)  # wake the reader; awaiting the pump re-raises the error
             raise
         await queue.put(None)
-
-    async def _exit_code(self) -> int:
-        # The output ends a moment before the engine records the exit code.
-        for delay in (0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5):
-            if delay:
-                await asyncio.sleep(delay)
-            code = await self._stream.exit_code()
-            if code is not None:
-                return code
-        return -1
 
     async def _stop(self) -> None:
         for task in (self._feeder, self._pump):
@@ -439,12 +429,7 @@ class Executor:
                 while (chunk := await stream.read()) is not None:
                     if chunk[0] == 2:
                         err += chunk[1][: 4096 - len(err)]
-                for delay in (0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2):
-                    await asyncio.sleep(delay)
-                    code = await stream.exit_code()
-                    if code is not None:
-                        return code, bytes(err)
-        return -1, bytes(err)
+                return await stream.wait_exit_code(), bytes(err)
 
     @contextlib.asynccontextmanager
     async def start(

@@ -159,12 +159,8 @@ class Files:
                     feeder.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await feeder
-            code = None
-            for _ in range(50):
-                code = await stream.exit_code()
-                if code is not None:
-                    break
-        return _Result(code if code is not None else -1, bytes(stdout), bytes(stderr))
+            code = await stream.wait_exit_code()
+        return _Result(code, bytes(stdout), bytes(stderr))
 
     async def _checked(self, session: Session, args: list[str], path: str, **kw: Any) -> _Result:
         result = await self._helper(session, args, **kw)

@@ -445,7 +445,7 @@ class SessionManager:
             errors = bytearray()
             while (chunk := await stream.read()) is not None:
                 errors += chunk[1][: 4096 - len(errors)]
-            code = await stream.exit_code()
+            code = await stream.wait_exit_code()
         if code != 0:
             text = errors.decode(errors="replace").strip()
             if "space" in text.lower():
