@@ -484,29 +484,9 @@ class SessionManager:
     async def require_running(self, session_id: str) -> Session:
         """The session, if commands and file operations may use it now."""
         session = await self.get(session_id)
-        if session.state is SessionState.EXPIRED:
-            raise FailedPrecondition(
-                f"the lease of session {session_id!r} expired; its container was removed",
-                reason="LEASE_EXPIRED",
-                metadata={"session_id": session_id},
-            )
-        if session.state is SessionState.FAILED:
-            # Only a lost container fails a session: say so on every later call too, not
-            # just on the one that found out (reconcile may have been the one).
-            raise FailedPrecondition(
-                f"the container of session {session_id!r} is gone (removed or the engine "
-                "restarted); its workspace cannot be recovered",
-                reason="CONTAINER_LOST",
-                metadata={"session_id": session_id},
-            )
+        self._require_live(session)
         if session.state is SessionState.SUSPENDED:
             return await self.resume(session_id, None)  # rebuilt from its snapshot, lazily
-        if session.state is not SessionState.RUNNING:
-            raise FailedPrecondition(
-                f"session {session_id!r} is {session.state.value}, not RUNNING",
-                reason="SESSION_NOT_RUNNING",
-                metadata={"session_id": session_id, "state": session.state.value},
-            )
         return session
 
     @contextlib.asynccontextmanager
@@ -543,12 +523,7 @@ class SessionManager:
                     reason="CONTAINER_LOST",
                     metadata={"session_id": session.session_id, "retry": "true"},
                 )
-        return FailedPrecondition(
-            f"the container of session {session.session_id!r} is gone (removed or the engine "
-            "restarted); its workspace cannot be recovered",
-            reason="CONTAINER_LOST",
-            metadata={"session_id": session.session_id},
-        )
+        return _container_lost(session.session_id)
 
     async def _mark_lost(self, session: Session) -> None:
         if session.state is SessionState.RUNNING:
@@ -666,18 +641,17 @@ class SessionManager:
             return session
 
     def _require_live(self, session: Session) -> None:
+        """Refuse a session that can no longer run: RUNNING and SUSPENDED pass."""
         if session.state is SessionState.EXPIRED:
             raise FailedPrecondition(
-                f"the lease of session {session.session_id!r} expired; it was removed",
+                f"the lease of session {session.session_id!r} expired; its container was removed",
                 reason="LEASE_EXPIRED",
                 metadata={"session_id": session.session_id},
             )
         if session.state is SessionState.FAILED:
-            raise FailedPrecondition(
-                f"the container of session {session.session_id!r} is gone and cannot be recovered",
-                reason="CONTAINER_LOST",
-                metadata={"session_id": session.session_id},
-            )
+            # Only a lost container fails a session: say so on every later call too, not
+            # just on the one that found out (reconcile may have been the one).
+            raise _container_lost(session.session_id)
         if session.state is SessionState.CREATING:
             raise FailedPrecondition(
                 f"session {session.session_id!r} is still being created",
@@ -895,6 +869,15 @@ class SessionManager:
             except SandboxError as exc:
                 log.warning("lease reaper: %s", exc)
             await asyncio.sleep(interval_s)
+
+
+def _container_lost(session_id: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"the container of session {session_id!r} is gone (removed or the engine restarted) "
+        "and it has no snapshot: its workspace cannot be recovered",
+        reason="CONTAINER_LOST",
+        metadata={"session_id": session_id},
+    )
 
 
 def _decode_token(token: str) -> str:
