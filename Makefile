@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 IMAGE ?= sandboxd-runtime:busybox
 PROTOS := $(wildcard proto/sandboxd/v1/*.proto)
 
-.PHONY: all run test proto lint bench engine image python-image helper venv clean node-deps buf go-deps
+.PHONY: all run test test-unit proto lint bench engine image python-image helper venv clean node-deps buf go-deps
 
 all: venv helper
 
@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 	touch $@
 
 # Node client and buf, from the committed lock file; the stamp is the lock it was installed from
-# (tests/test_client_node.py checks the same stamp).
+# (tests/clients/test_client_node.py checks the same stamp).
 NODE_STAMP := clients/node/node_modules/.sandboxd-installed
 node-deps: $(NODE_STAMP)
 
@@ -64,6 +64,10 @@ run: venv helper image
 
 test: venv helper image python-image node-deps go-deps
 	$(PY) -m pytest
+
+# The Docker-free layer (tests/unit): parsers, policies, and the domain against the fake engine.
+test-unit: venv helper
+	$(PY) -m pytest tests/unit
 
 lint: venv buf
 	$(VENV)/bin/ruff check service tests bench clients/python

@@ -32,6 +32,19 @@ from sandboxd.v1 import (
 # Fixtures of the hostile-input suite (bystander, victim, guard), kept in their own module.
 pytest_plugins = ["hostile"]
 
+# The layer a test belongs to is its folder: unit/ runs without Docker (`make test-unit`),
+# integration/ and clients/ need the real engine and a real server, so they get the marker here
+# rather than by hand in each file.
+_ENGINE_LAYERS = ("integration", "clients")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        layer = Path(str(item.path)).parent.name
+        if layer in _ENGINE_LAYERS:
+            item.add_marker(pytest.mark.engine)
+
+
 REPO = Path(__file__).resolve().parents[1]
 HELPER = REPO / "build" / "sbx"
 IMAGE = os.environ.get("SANDBOXD_TEST_IMAGE", "sandboxd-runtime:busybox")

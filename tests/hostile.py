@@ -1,4 +1,4 @@
-"""Shared pieces of the hostile-input suite (tests/test_hostile_*.py); a pytest plugin.
+"""Shared pieces of the hostile-input suite (tests/integration/test_hostile_*.py); a pytest plugin.
 
 Every hostile case runs beside a *bystander*: a session that the attack does not target. After
 each case the `guard` fixture (modules opt in with `pytest.mark.usefixtures("guard")`) checks

@@ -15,7 +15,7 @@ import (
 	pb "sandboxd/clients/go/sandboxdv1"
 )
 
-// dial connects to the live server named by SANDBOXD_ADDR (tests/test_client_go.py sets it).
+// dial connects to the live server named by SANDBOXD_ADDR (tests/clients/test_client_go.py sets it).
 func dial(t *testing.T) (*sandboxd.Client, context.Context) {
 	t.Helper()
 	addr := os.Getenv("SANDBOXD_ADDR")

@@ -1,4 +1,4 @@
-// Runs against a live server: SANDBOXD_ADDR must name it (tests/test_client_node.py sets it).
+// Runs against a live server: SANDBOXD_ADDR must name it (tests/clients/test_client_node.py sets it).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';

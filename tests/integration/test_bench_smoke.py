@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 from conftest import REPO, remove_owned_containers
 
-pytestmark = pytest.mark.engine
-
 CORE = ("create_session_cold", "create_session_warm", "run_true", "exec_stream_throughput")
 
 

@@ -7,11 +7,8 @@ import re
 import secrets
 from pathlib import Path
 
-import pytest
 from conftest import remove_owned_containers, start_server
 from test_readme import README, _json_objects, run_walkthrough, walkthroughs
-
-pytestmark = pytest.mark.engine
 
 
 def test_readme_cookbook(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Hostile input, archives (SECURITY.md "Files and archives"): ImportArchive refuses every bad
 member before anything lands, whatever header format smuggles it in.
 
-The member-by-member cases of tests/test_archive.py run here again beside a bystander (the
+The member-by-member cases of integration/test_archive.py run here again beside a bystander (the
 `guard`), plus the smuggling variants: PAX and GNU long-name records that override a harmless
 ustar name, and archives aimed at a destination outside the workspace.
 """

@@ -21,8 +21,6 @@ from sandboxd_client import (
     errors,
 )
 
-pytestmark = pytest.mark.engine
-
 
 @pytest.fixture
 async def client(server: ServerProcess) -> AsyncIterator[SandboxClient]:

@@ -116,7 +116,6 @@ def _json_objects(output: str) -> list[dict[str, object]]:
     return objects
 
 
-@pytest.mark.engine
 def test_readme_walkthrough(tmp_path: Path) -> None:
     script = walkthroughs(README.read_text())["default"]
     owner = "readme" + secrets.token_hex(3)

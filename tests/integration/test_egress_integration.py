@@ -35,8 +35,6 @@ from google.protobuf import duration_pb2
 from sandboxd.egress import firewall
 from sandboxd.v1 import admin_pb2, common_pb2, session_pb2
 
-pytestmark = pytest.mark.engine
-
 PYTHON_IMAGE = "sandboxd-runtime:python"
 ALLOWLIST = common_pb2.NETWORK_MODE_ALLOWLIST
 

@@ -57,7 +57,6 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerP
     remove_owned_containers(owner)
 
 
-@pytest.mark.engine
 def test_metrics_count_sessions_rpcs_and_output(observed: tuple[ServerProcess, Stubs]) -> None:
     srv, stubs = observed
     s = stubs.sessions.CreateSession(
@@ -87,7 +86,6 @@ def test_metrics_count_sessions_rpcs_and_output(observed: tuple[ServerProcess, S
     )
 
 
-@pytest.mark.engine
 def test_server_logs_are_json_lines_with_session_ids(
     observed: tuple[ServerProcess, Stubs],
 ) -> None:
@@ -102,7 +100,6 @@ def test_server_logs_are_json_lines_with_session_ids(
     assert {"session created", "session deleted"} <= {r["message"] for r in mine}
 
 
-@pytest.mark.engine
 def test_text_log_format(tmp_path: Path) -> None:
     owner = "text" + secrets.token_hex(4)
     srv = start_server(tmp_path, owner, "--log-format", "text")
@@ -159,7 +156,6 @@ def test_json_lines_name_the_session_of_the_call_being_served() -> None:
         CURRENT_SESSION.reset(token)
 
 
-@pytest.mark.engine
 def test_metrics_count_archive_bytes(observed: tuple[ServerProcess, Stubs]) -> None:
     srv, stubs = observed
     s = stubs.sessions.CreateSession(

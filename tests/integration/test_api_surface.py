@@ -26,8 +26,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 from sandboxd.v1 import common_pb2, filesystem_pb2, process_pb2, session_pb2
 
-pytestmark = pytest.mark.engine
-
 # The public contract (API.md): typed out here, not read from the server's own tables.
 SANDBOXD_SERVICES = {
     "sandboxd.v1.SessionService",

@@ -11,7 +11,6 @@ from google.protobuf import duration_pb2
 from sandboxd.v1 import common_pb2, process_pb2
 
 P = process_pb2
-pytestmark = pytest.mark.engine
 
 
 def _alive(stubs: Stubs, sid: str, marker: str) -> bool:

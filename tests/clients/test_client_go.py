@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 from conftest import REPO, ServerProcess
 
-pytestmark = pytest.mark.engine
-
 GO_DIR = REPO / "clients" / "go"
 PACKAGES = [
     "sandboxd/clients/go/sandboxd",

@@ -10,10 +10,7 @@ import os
 import shutil
 import subprocess
 
-import pytest
 from conftest import REPO, ServerProcess
-
-pytestmark = pytest.mark.engine
 
 NODE_DIR = REPO / "clients" / "node"
 

@@ -25,8 +25,6 @@ from conftest import (
 )
 from sandboxd.v1 import admin_pb2, common_pb2, session_pb2
 
-pytestmark = pytest.mark.engine
-
 POOL = 2
 _METRICS_RE = re.compile(r"metrics served at http://(\S+):(\d+)/metrics")
 

@@ -14,8 +14,6 @@ from authutil import Pki, write_tokens
 from conftest import ServerProcess, remove_owned_containers, start_server
 from sandboxd_client import TLS, Exited, SandboxClient, errors
 
-pytestmark = pytest.mark.engine
-
 TOKEN = "client-" + secrets.token_urlsafe(24)
 SANDBOXCTL = Path(sys.executable).parent / "sandboxctl"
 

@@ -16,8 +16,6 @@ from conftest import ServerProcess, make_stubs, remove_owned_containers, start_s
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sandboxd.v1 import common_pb2, process_pb2, session_pb2
 
-pytestmark = pytest.mark.engine
-
 GRACE_S = 5.0
 MARGIN_S = 5.0
 

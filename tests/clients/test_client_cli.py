@@ -10,10 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from conftest import ServerProcess
-
-pytestmark = pytest.mark.engine
 
 SANDBOXCTL = Path(sys.executable).parent / "sandboxctl"
 
