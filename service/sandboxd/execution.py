@@ -30,6 +30,7 @@ from sandboxd.errors import (
     NotFound,
     SandboxError,
 )
+from sandboxd.helper_client import HelperClient, HelperError
 from sandboxd.models import (
     ExecEvent,
     ExecExited,
@@ -369,8 +370,9 @@ class Command:
 class Executor:
     """Starts commands and owns the kill tasks that must finish even if a caller goes away."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, helper: HelperClient | None = None) -> None:
         self.engine = engine
+        self.helper = helper or HelperClient(engine)
         self._kills: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
@@ -410,26 +412,17 @@ class Executor:
         code, err = await self._helper(session, ["signal", token, name], HELPER_TIMEOUT_S)
         if code == 0:
             return
-        if b"NOT_FOUND" in err:
+        if err is not None and err.name == "NOT_FOUND":
             raise FailedPrecondition("the process has already exited", reason="PROCESS_EXITED")
-        raise InvalidArgument(
-            f"sbx signal failed ({code}): {err.decode(errors='replace').strip()[:200]}",
-            reason="INVALID_SIGNAL",
-        )
+        said = f"{err.name}: {err.message}" if err is not None else "no reason given"
+        raise InvalidArgument(f"sbx signal failed ({code}): {said[:200]}", reason="INVALID_SIGNAL")
 
     async def _helper(
         self, session: Session, args: list[str], timeout_s: float
-    ) -> tuple[int, bytes]:
-        """Run `sbx ARGS` as the session user; its exit code and (the start of) its stderr."""
-        err = bytearray()
-        async with asyncio.timeout(timeout_s):
-            async with self.engine.exec(
-                session.container_id, [HELPER_IN_CONTAINER, *args], user=session.spec.user
-            ) as stream:
-                while (chunk := await stream.read()) is not None:
-                    if chunk[0] == 2:
-                        err += chunk[1][: 4096 - len(err)]
-                return await stream.wait_exit_code(), bytes(err)
+    ) -> tuple[int, HelperError | None]:
+        """Run `sbx ARGS` as the session user; its exit code and its error, if it said one."""
+        result = await self.helper.run(session, args, timeout_s=timeout_s)
+        return result.exit_code, result.error
 
     @contextlib.asynccontextmanager
     async def start(
