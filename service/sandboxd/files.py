@@ -8,16 +8,24 @@ read, write or listing out of the workspace, whatever races the command runs.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from sandboxd import validation
+from sandboxd.budget import ByteBudget
 from sandboxd.engine import Engine
 from sandboxd.errors import Internal, InvalidArgument, ResourceExhausted
-from sandboxd.helper_client import HelperClient, HelperResult
+from sandboxd.helper_client import HelperClient, HelperResult, StdoutOverflow
 from sandboxd.models import FileContent, FileInfo, FileType, Session
 
 MAX_LIST_DEPTH = 32
-_LISTING_LIMIT = 64 * 1024 * 1024
+# The most a listing may print (JSON lines, longer than the reply they become): a reply over
+# gRPC's message limit fails only after all the work, so a listing past this stops at once.
+# TODO(lead): setting (ListDir has no page_size/page_token in the proto yet)
+LISTING_BYTES = 8 * 1024 * 1024
+# What one session's listings and reads may hold in server memory at once.
+# TODO(lead): setting
+SESSION_BUFFER_BYTES = 32 * 1024 * 1024
 
 _TYPES = {
     "file": FileType.FILE,
@@ -47,8 +55,14 @@ def _parse_records(stdout: bytes) -> list[FileInfo]:
 
 
 class Files:
-    def __init__(self, engine: Engine, helper: HelperClient | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        helper: HelperClient | None = None,
+        buffers: ByteBudget | None = None,
+    ) -> None:
         self.helper = helper or HelperClient(engine)
+        self.buffers = buffers or ByteBudget(SESSION_BUFFER_BYTES)
 
     async def _checked(
         self, session: Session, args: list[str], path: str, **kw: Any
@@ -62,7 +76,10 @@ class Files:
     async def read(self, session: Session, path: str) -> FileContent:
         rel = validation.workspace_relpath(path, allow_root=False)
         cap = session.spec.limits.file_bytes
-        result = await self._checked(session, ["read", rel, str(cap)], rel, max_stdout=cap + 4096)
+        async with self.buffers.hold(session.session_id, cap + 4096, "ReadFile"):
+            result = await self._checked(
+                session, ["read", rel, str(cap)], rel, max_stdout=cap + 4096
+            )
         header, sep, content = result.stdout.partition(b"\n")
         try:
             meta = json.loads(header)
@@ -98,10 +115,27 @@ class Files:
             raise InvalidArgument(
                 f"depth must be between 0 and {MAX_LIST_DEPTH}", reason="INVALID_DEPTH"
             )
-        result = await self._checked(
-            session, ["list", rel, str(max(depth, 1))], rel, max_stdout=_LISTING_LIMIT
-        )
-        return _parse_records(result.stdout)
+        async with self.buffers.hold(session.session_id, LISTING_BYTES, "ListDir"):
+            try:
+                result = await self._checked(
+                    session, ["list", rel, str(max(depth, 1))], rel, max_stdout=LISTING_BYTES
+                )
+            except StdoutOverflow:
+                raise ResourceExhausted(
+                    f"the listing of {rel!r} is over {LISTING_BYTES} bytes: list a narrower "
+                    "folder or fewer levels (depth)",
+                    reason="LISTING_TOO_LARGE",
+                    metadata={"path": rel, "limit": str(LISTING_BYTES)},
+                ) from None
+            return _parse_records(result.stdout)
+
+    async def walk(self, session: Session, path: str) -> AsyncIterator[FileInfo]:
+        """Every entry beneath `path` (MAX_LIST_DEPTH levels), streamed: for internal scans
+        of a whole tree, which no reply limit bounds."""
+        rel = validation.workspace_relpath(path or ".")
+        async for line in self.helper.lines(session, ["list", rel, str(MAX_LIST_DEPTH)], rel):
+            if line.strip():
+                yield _parse_records(line)[0]
 
     async def remove(self, session: Session, path: str, recursive: bool) -> None:
         rel = validation.workspace_relpath(path, allow_root=False)

@@ -115,6 +115,10 @@ def parse_error(stderr: bytes) -> HelperError | None:
         return None
 
 
+class StdoutOverflow(Internal):
+    """The helper printed more than the caller allowed (stopped there, the run abandoned)."""
+
+
 class NoRoom(ResourceExhausted):
     """A tool ran out of space in the workspace (as opposed to input being over a cap)."""
 
@@ -247,6 +251,32 @@ class HelperClient:
                 code = await stream.wait_exit_code()
         return HelperResult(code, out, err)
 
+    async def lines(
+        self, target: HelperTarget, args: Sequence[str], path: str, *, max_line: int = SMALL_STDOUT
+    ) -> AsyncIterator[bytes]:
+        """The lines `sbx ARGS` prints, as they come (a listing never held whole); its failure
+        raised as a file operation's error once the lines are through. Iterate to the end."""
+        stderr, pending = bytearray(), bytearray()
+        async with self.open(target, args) as stream:
+            while (chunk := await stream.read()) is not None:
+                fd, data = chunk
+                if fd != 1:
+                    stderr += data[: STDERR_LIMIT - len(stderr)]
+                    continue
+                pending += data
+                if b"\n" in data:
+                    *done, rest = pending.split(b"\n")
+                    pending = bytearray(rest)
+                    for line in done:
+                        yield bytes(line)
+                if len(pending) > max_line:
+                    raise StdoutOverflow("the helper printed a line longer than expected")
+            code = await stream.wait_exit_code()
+        if pending:
+            yield bytes(pending)
+        if code != 0:
+            raise file_error(HelperResult(code, b"", bytes(stderr)), path)
+
     async def checked(
         self,
         target: HelperTarget,
@@ -282,7 +312,7 @@ async def drain(
             fd, data = chunk
             if fd == 1:
                 if len(stdout) + len(data) > max_stdout:
-                    raise Internal("the helper printed more than expected")
+                    raise StdoutOverflow("the helper printed more than expected")
                 stdout += data
             elif len(stderr) < stderr_limit:
                 stderr += data[: stderr_limit - len(stderr)]

@@ -168,9 +168,18 @@ class MemberChecker:
     symlink the archive itself planted, a hardlink to something that is not an earlier file.
     """
 
-    def __init__(self, limits: ArchiveLimits, existing_symlinks: set[str] | None = None) -> None:
+    def __init__(
+        self,
+        limits: ArchiveLimits,
+        existing_symlinks: set[str] | None = None,
+        *,
+        existing_hashes: set[int] | None = None,
+    ) -> None:
+        """`existing_symlinks` (or their `prefix_hashes`, `existing_hashes`): symlinks already
+        in the destination, relative to it."""
         self.limits = limits
         self._existing = {prefix_hashes(s)[-1] for s in existing_symlinks or () if s}
+        self._existing |= existing_hashes or set()
         self._symlinks: set[int] = set()
         self._files: set[int] = set()
         self._seen: set[int] = set()

@@ -51,7 +51,7 @@ from sandboxd.archive.pipe import (
 from sandboxd.archive.policy import ArchiveLimits, MemberChecker
 from sandboxd.engine import Engine
 from sandboxd.errors import AlreadyExists, InvalidArgument, ResourceExhausted, SandboxError
-from sandboxd.files import MAX_LIST_DEPTH, Files
+from sandboxd.files import Files
 from sandboxd.helper_client import (
     STDERR_LIMIT,
     HelperClient,
@@ -243,14 +243,14 @@ class ArchiveIO:
         if rel != ".":
             with contextlib.suppress(AlreadyExists):
                 await self._helper(session, ["mkdir", rel, "--parents"], rel)
-        existing = set() if replace else await self._symlinks_under(session, rel)
+        existing: set[int] = set() if replace else await self._symlinks_under(session, rel)
         checker = MemberChecker(
             ArchiveLimits(
                 max_members=self._max_members,
                 max_file_bytes=limits.file_bytes,
                 max_total_bytes=max_total_bytes or limits.workspace_bytes,
             ),
-            existing_symlinks=existing,
+            existing_hashes=existing,
         )
         stage = STAGE_PREFIX + secrets.token_hex(6)
         spool = await asyncio.to_thread(self._new_spool) if replace else None
@@ -287,15 +287,16 @@ class ArchiveIO:
         self._spool_dir.mkdir(parents=True, exist_ok=True)
         return tempfile.TemporaryFile(dir=self._spool_dir)  # unlinked at once: no leftovers
 
-    async def _symlinks_under(self, session: Session, rel: str) -> set[str]:
-        """Symlinks already in the destination, relative to it: nothing may land beneath one."""
-        entries = await self._files.list_dir(session, rel, MAX_LIST_DEPTH)
+    async def _symlinks_under(self, session: Session, rel: str) -> set[int]:
+        """Symlinks already in the destination, relative to it: nothing may land beneath one.
+
+        Streamed and kept as hashes: a workspace of many entries costs a few bytes each."""
         prefix = "" if rel == "." else rel + "/"
-        return {
-            e.path[len(prefix) :]
-            for e in entries
-            if e.type is FileType.SYMLINK and e.path.startswith(prefix)
-        }
+        found: set[int] = set()
+        async for entry in self._files.walk(session, rel):
+            if entry.type is FileType.SYMLINK and entry.path.startswith(prefix):
+                found.add(policy.prefix_hashes(entry.path[len(prefix) :])[-1])
+        return found
 
     async def _unpack(
         self,
