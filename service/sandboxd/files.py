@@ -69,10 +69,6 @@ class Files:
     ) -> HelperResult:
         return await self.helper.checked(session, args, path, **kw)
 
-    async def helper_checked(self, session: Session, args: list[str], path: str) -> bytes:
-        """Run one helper subcommand with small output; its error mapped as for file calls."""
-        return (await self._checked(session, args, path)).stdout
-
     async def read(self, session: Session, path: str) -> FileContent:
         rel = validation.workspace_relpath(path, allow_root=False)
         cap = session.spec.limits.file_bytes

@@ -57,6 +57,7 @@ from sandboxd.helper_client import (
     HelperClient,
     HelperResult,
     NoRoom,
+    drain,
     tool_argv,
     tool_error,
 )
@@ -72,7 +73,6 @@ CHUNK_BYTES = 256 * 1024
 MAX_TRAILING_BYTES = 1024 * 1024  # after the end-of-archive marker (tar pads to 10 KiB records)
 SPOOL_READ_BYTES = 256 * 1024
 STAGE_PREFIX = ".sbx-import-"
-_STDERR_LIMIT = 8192
 _ZEROS = bytes(BLOCK)
 
 
@@ -211,7 +211,7 @@ class ArchiveIO:
             while (item := await stream.read_joined(CHUNK_BYTES - size)) is not None:
                 fd, data = item
                 if fd == 2:
-                    stderr += data[: _STDERR_LIMIT - len(stderr)]
+                    stderr += data[: STDERR_LIMIT - len(stderr)]
                     continue
                 total += len(data)
                 if total > cap:
@@ -348,12 +348,10 @@ class ArchiveIO:
                     result = exc
                 loop.call_soon_threadsafe(settle, done, result)
 
-            async def drain() -> None:
-                while (item := await stream.read()) is not None:
-                    if item[0] == 2:
-                        stderr.extend(item[1][: STDERR_LIMIT - len(stderr)])
+            async def read_stderr() -> None:
+                stderr.extend((await drain(stream))[1])  # tar -x prints nothing else
 
-            reader = asyncio.create_task(drain())
+            reader = asyncio.create_task(read_stderr())
             writer = asyncio.create_task(pump())
             feeder = asyncio.create_task(feed())
             thread = threading.Thread(target=work, name="sandboxd-import", daemon=True)
