@@ -7,12 +7,14 @@ from __future__ import annotations
 import secrets
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from sandboxd.config import DEFAULT_LIMITS
 from sandboxd.engine.protocol import Engine, SandboxRequest
 from sandboxd.errors import FailedPrecondition, NotFound, ResourceExhausted
 from sandboxd.models import (
+    LimitsRequest,
     ManifestFile,
     NetworkPolicy,
     Session,
@@ -142,3 +144,58 @@ SCENARIOS: dict[str, Callable[[Engine, str], Awaitable[None]]] = {
 
 def new_owner() -> str:
     return "sbxct" + secrets.token_hex(4)
+
+
+# ----- the session domain over an engine ---------------------------------------------------
+
+SESSION_MANIFEST = WorkspaceManifest(files=(ManifestFile("src/a.txt", b"hello", 0o644),))
+
+
+async def _cat(engine: Engine, session: Session, rel: str) -> bytes:
+    code, out, err = await _exec(engine, session.container_id, ["cat", f"/workspace/{rel}"])
+    assert code == 0, err
+    return out
+
+
+async def session_round_trip(st: Any) -> None:
+    """Create, suspend, resume, fork, a failed create, delete: what a session leaves on the
+    engine at each step, whichever engine it is."""
+    from sandboxd.sessions import CreateSessionInput
+
+    s = await st.sessions.create(CreateSessionInput(session_id="rt", manifest=SESSION_MANIFEST))
+    assert await _cat(st.engine, s, "src/a.txt") == b"hello"
+    assert [b.session_id for b in await st.engine.list_sandboxes(st.owner)] == ["rt"]
+    suspended = await st.sessions.suspend("rt")
+    assert suspended.state is SessionState.SUSPENDED
+    assert await st.engine.list_sandboxes(st.owner) == []
+    resumed = await st.sessions.resume("rt", None)
+    assert resumed.state is SessionState.RUNNING
+    assert await _cat(st.engine, resumed, "src/a.txt") == b"hello"
+    snap = await st.snapshots.create("rt", {}, "")
+    fork = await st.sessions.create(
+        CreateSessionInput(session_id="fork", from_snapshot_id=snap.snapshot_id)
+    )
+    assert await _cat(st.engine, fork, "src/a.txt") == b"hello"
+    big = WorkspaceManifest(files=(ManifestFile("big", b"x" * (300 * 1024), 0o644),))
+    with pytest.raises(ResourceExhausted):
+        await st.sessions.create(
+            CreateSessionInput(
+                session_id="half",
+                manifest=big,
+                limits=LimitsRequest(workspace_bytes=256 * 1024, file_bytes=1024 * 1024),
+            )
+        )
+    assert await st.store.get("half") is None
+    assert sorted(b.session_id for b in await st.engine.list_sandboxes(st.owner)) == [
+        "fork",
+        "rt",
+    ]
+    await st.sessions.delete("rt")
+    await st.sessions.delete("fork")
+    assert await st.engine.list_sandboxes(st.owner) == []
+    assert await st.snap_store.of_session("rt") == []
+
+
+SESSION_SCENARIOS: dict[str, Callable[[Any], Awaitable[None]]] = {
+    "session_round_trip": session_round_trip,
+}

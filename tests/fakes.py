@@ -267,7 +267,7 @@ class FakeEngine:
     @contextlib.asynccontextmanager
     async def exec(
         self,
-        sandbox_id: str,
+        container_id: str,
         argv: Sequence[str],
         *,
         user: str,
@@ -277,10 +277,10 @@ class FakeEngine:
         tty: bool = False,
     ) -> AsyncIterator[FakeExecStream]:
         self._call("exec")
-        box = self._get(sandbox_id)
+        box = self._get(container_id)
         if not box.running:
             raise FailedPrecondition(
-                f"container {sandbox_id[:12]} is not running", reason="ENGINE_CONFLICT"
+                f"container {container_id[:12]} is not running", reason="ENGINE_CONFLICT"
             )
         stream = FakeExecStream(self, f"exec-{next(self._ids)}", box, list(argv))
         self._execs[stream.exec_id] = stream

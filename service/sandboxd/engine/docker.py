@@ -284,7 +284,7 @@ class DockerEngine:
     @contextlib.asynccontextmanager
     async def exec(
         self,
-        sandbox_id: str,
+        container_id: str,
         argv: Sequence[str],
         *,
         user: str,
@@ -297,8 +297,8 @@ class DockerEngine:
 
         With `tty` the command gets a terminal: its output arrives as one stream (fd 1).
         """
-        with self._translate(f"exec in container {sandbox_id[:12]}"):
-            execution = await self._container(sandbox_id).exec(
+        with self._translate(f"exec in container {container_id[:12]}"):
+            execution = await self._container(container_id).exec(
                 list(argv),
                 stdin=stdin,
                 tty=tty,

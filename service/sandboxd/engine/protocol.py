@@ -146,7 +146,7 @@ class Engine(Protocol):
 
     def exec(
         self,
-        sandbox_id: str,
+        container_id: str,
         argv: Sequence[str],
         *,
         user: str,
@@ -155,7 +155,8 @@ class Engine(Protocol):
         stdin: bool = False,
         tty: bool = False,
     ) -> AbstractAsyncContextManager[ExecStream]:
-        """Start a command in the sandbox; the stream is closed when the context exits."""
+        """Start a command in the sandbox `container_id` (a sandbox id; the name is the one
+        exec callers have always used); the stream is closed when the context exits."""
         ...
 
     async def exec_resize(self, exec_id: str, rows: int, cols: int) -> None: ...

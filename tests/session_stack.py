@@ -1,5 +1,6 @@
-"""The session domain wired as server.py wires it, over the in-memory engine fake and a
-SQLite store in a temporary directory: what the Docker-free lifecycle tests run against."""
+"""The session domain wired as server.py wires it, over the in-memory engine fake (or a given
+engine and archive: the real ones, in the contract tests) and a SQLite store in a temporary
+directory: what the Docker-free lifecycle tests run against."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fakes import FakeArchive, FakeEngine
 from sandboxd import tenancy
@@ -27,13 +28,14 @@ T = TypeVar("T")
 
 @dataclass
 class Stack:
-    engine: FakeEngine
+    engine: Any  # a FakeEngine unless the test gave another
     store: SessionStore
     snap_store: SnapshotStore
-    archive: FakeArchive
+    archive: Any  # a FakeArchive unless the test gave another
     sessions: SessionManager
     snapshots: Snapshots
     pool: WarmPool | None
+    owner: str = OWNER
     ended: list[str] = field(default_factory=list)
 
     async def backdate_lease(self, session_id: str, by: timedelta) -> None:
@@ -46,25 +48,31 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def session_stack(
-    tmp_path: Path, *, pool_size: int = 0, **settings: object
+    tmp_path: Path,
+    *,
+    pool_size: int = 0,
+    engine: Any = None,
+    archive: Callable[[Any], Any] | None = None,
+    owner: str = OWNER,
+    **settings: Any,
 ) -> AsyncIterator[Stack]:
-    config = dataclasses.replace(Config(data_dir=tmp_path, pool_size=pool_size), **settings)  # type: ignore[arg-type]
-    engine = FakeEngine()
+    config = dataclasses.replace(Config(data_dir=tmp_path, pool_size=pool_size), **settings)
+    engine = engine if engine is not None else FakeEngine()
     async with SessionStore(tmp_path / "sessions.db") as store:
         snap_store = await SnapshotStore(store.db, tmp_path / "snapshots").open()
-        archive = FakeArchive(engine)
-        keeper = SnapshotKeeper(snap_store, archive, engine, OWNER)
-        pool = WarmPool.for_config(engine, config, OWNER) if pool_size else None
+        workspace = archive(engine) if archive is not None else FakeArchive(engine)
+        keeper = SnapshotKeeper(snap_store, workspace, engine, owner)
+        pool = WarmPool.for_config(engine, config, owner) if pool_size else None
         ended: list[str] = []
 
         async def on_end(session_id: str) -> None:
             ended.append(session_id)
 
         sessions = SessionManager(
-            config, engine, store, OWNER, keeper, pool=pool, on_session_end=[on_end]
+            config, engine, store, owner, keeper, pool=pool, on_session_end=[on_end]
         )
         snapshots = Snapshots(keeper, snap_store, sessions, engine, store)
-        stack = Stack(engine, store, snap_store, archive, sessions, snapshots, pool, ended)
+        stack = Stack(engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended)
         try:
             yield stack
         finally:
