@@ -67,7 +67,6 @@ class SessionManager:
         self._egress = egress  # None: ALLOWLIST sessions are refused (NETWORK_MODE_UNSUPPORTED)
         self.owner_id = owner_id
         self._locks = SessionLocks()
-        self.locked = self._locks.locked
         self._quota = QuotaGate(config, store)
         # What lives in a sandbox beyond one call (background processes) ends with it.
         self._sandboxes = Sandboxes(
@@ -76,12 +75,27 @@ class SessionManager:
         self._recovery = Recovery(
             engine, store, self._locks, self._sandboxes, keeper, owner_id, pool=pool, egress=egress
         )
-        self.reap_once = self._recovery.reap_once
-        self.reconcile = self._recovery.reconcile
-        self.run_reaper = self._recovery.run_reaper
-        self.container_lost = self._recovery.container_lost
         # Commands (Exec, Run, ...) hold one of these per tenant while they run.
         self.exec_slots = tenancy.ExecSlots(config.tenant_max_concurrent_execs)
+
+    # ----- background work and lost sandboxes (sandboxd.sessions.recovery) ----------------
+
+    async def reap_once(self) -> int:
+        """Expire the leases that ended, prune ended records; how many expired."""
+        return await self._recovery.reap_once()
+
+    async def reconcile(self) -> None:
+        return await self._recovery.reconcile()
+
+    async def run_reaper(self, interval_s: float) -> None:
+        await self._recovery.run_reaper(interval_s)
+
+    async def container_lost(self, session: Session) -> SandboxError:
+        return await self._recovery.container_lost(session)
+
+    def locked(self, session_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """The session's lock: every change of its record or sandbox is made under it."""
+        return self._locks.locked(session_id)
 
     def _allowlist(self) -> None:
         if self._egress is None:
