@@ -7,8 +7,9 @@ read, write or listing out of the workspace, whatever races the command runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from sandboxd import validation
@@ -125,13 +126,15 @@ class Files:
                 ) from None
             return _parse_records(result.stdout)
 
-    async def walk(self, session: Session, path: str) -> AsyncIterator[FileInfo]:
+    async def walk(self, session: Session, path: str) -> AsyncGenerator[FileInfo, None]:
         """Every entry beneath `path` (MAX_LIST_DEPTH levels), streamed: for internal scans
         of a whole tree, which no reply limit bounds."""
         rel = validation.workspace_relpath(path or ".")
-        async for line in self.helper.lines(session, ["list", rel, str(MAX_LIST_DEPTH)], rel):
-            if line.strip():
-                yield _parse_records(line)[0]
+        lines = self.helper.lines(session, ["list", rel, str(MAX_LIST_DEPTH)], rel)
+        async with contextlib.aclosing(lines):  # the exec ends with the walk, however it ends
+            async for line in lines:
+                if line.strip():
+                    yield _parse_records(line)[0]
 
     async def remove(self, session: Session, path: str, recursive: bool) -> None:
         rel = validation.workspace_relpath(path, allow_root=False)

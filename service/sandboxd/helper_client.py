@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from sandboxd.engine import Engine, ExecStream
@@ -253,7 +253,7 @@ class HelperClient:
 
     async def lines(
         self, target: HelperTarget, args: Sequence[str], path: str, *, max_line: int = SMALL_STDOUT
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The lines `sbx ARGS` prints, as they come (a listing never held whole); its failure
         raised as a file operation's error once the lines are through. Iterate to the end."""
         stderr, pending = bytearray(), bytearray()

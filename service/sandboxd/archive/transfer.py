@@ -293,9 +293,11 @@ class ArchiveIO:
         Streamed and kept as hashes: a workspace of many entries costs a few bytes each."""
         prefix = "" if rel == "." else rel + "/"
         found: set[int] = set()
-        async for entry in self._files.walk(session, rel):
-            if entry.type is FileType.SYMLINK and entry.path.startswith(prefix):
-                found.add(policy.prefix_hashes(entry.path[len(prefix) :])[-1])
+        entries = self._files.walk(session, rel)
+        async with contextlib.aclosing(entries):
+            async for entry in entries:
+                if entry.type is FileType.SYMLINK and entry.path.startswith(prefix):
+                    found.add(policy.prefix_hashes(entry.path[len(prefix) :])[-1])
         return found
 
     async def _unpack(
