@@ -30,8 +30,9 @@ from sandboxd.errors import InvalidArgument, ResourceExhausted
 # The largest PAX or GNU extension record read at all: two full paths (name and link target,
 # 4 KiB each) and the usual attributes fit many times over.
 MAX_EXTENDED_HEADER_BYTES = 16 * 1024
-# Longest run of digits allowed in a PAX record (mtimes with nanoseconds have 20).
-MAX_PAX_DIGIT_RUN = 32
+# Longest run of digits allowed in a PAX record (mtimes with nanoseconds have 20; a name
+# of more than 64 digits in a row is refused: the cost of the quadratic search stays small).
+MAX_PAX_DIGIT_RUN = 64
 # Global PAX headers accumulate in tarfile for the rest of the archive: bound what they hold.
 MAX_GLOBAL_PAX_BYTES = 64 * 1024
 DEFAULT_MAX_MEMBERS = 100_000
