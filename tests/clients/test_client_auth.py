@@ -6,6 +6,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -70,10 +71,13 @@ async def test_token_over_plaintext(token_server: ServerProcess) -> None:
         with pytest.raises(errors.Unauthenticated) as exc:
             await anonymous.server_info()
     assert exc.value.reason == "TOKEN_MISSING"
-    async with SandboxClient(token_server.address, token="wrong", timeout=60) as wrong:
+    started = time.monotonic()
+    async with SandboxClient(token_server.address, token="wrong", timeout=5) as wrong:
         with pytest.raises(errors.Unauthenticated) as bad:
             _ = [s async for s in wrong.list_sessions()]
-    assert bad.value.reason == "TOKEN_INVALID"
+    # refused at the first-use check, typed, not retried, well inside the deadline
+    assert bad.value.reason == "TOKEN_INVALID" and not bad.value.retryable
+    assert time.monotonic() - started < 5
 
 
 async def test_token_over_tls(tls_server: ServerProcess, pki: Pki) -> None:
