@@ -62,6 +62,11 @@ async def _exec_round_trip(client: SandboxClient) -> None:
             yield b"\0" * 1024
 
         await session.import_archive(empty_tar(), "")
+        # a bidirectional stream (written to after it started) carries it too
+        async with session.interact(["sh"]) as proc:
+            await proc.send(b"exit 6\n")
+            last = [e async for e in proc][-1]
+        assert isinstance(last, Exited) and last.exit_code == 6
 
 
 async def test_token_over_plaintext(token_server: ServerProcess) -> None:

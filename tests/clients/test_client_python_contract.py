@@ -36,7 +36,8 @@ from sandboxd_client._gen.sandboxd.v1 import (
     admin_pb2 as _admin,
 )
 from sandboxd_client._rpc import IDEMPOTENT
-from sandboxd_client.session import Interaction, Session
+from sandboxd_client.interaction import Interaction
+from sandboxd_client.session import Session
 
 FILES = (admin_pb2, filesystem_pb2, process_pb2, session_pb2, snapshot_pb2)
 

@@ -15,6 +15,7 @@ from sandboxd_client import errors
 from sandboxd_client._rpc import RetryPolicy
 from sandboxd_client.client import API_VERSION, DEFAULT_ADDRESS, TLS, SandboxClient
 from sandboxd_client.errors import Reason, SandboxError
+from sandboxd_client.interaction import Interaction
 from sandboxd_client.models import (
     ArchiveImported,
     EgressEvent,
@@ -35,7 +36,7 @@ from sandboxd_client.models import (
     Started,
     SweepResult,
 )
-from sandboxd_client.session import Interaction, Session
+from sandboxd_client.session import Session
 
 __version__ = "0.2.0"
 

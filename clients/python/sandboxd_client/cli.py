@@ -20,63 +20,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import os
 import sys
-import tarfile
-from collections.abc import AsyncIterator, Callable, Sequence
-from pathlib import Path, PurePosixPath
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from sandboxd_client.cli_completion import completion_script
-from sandboxd_client.cli_progress import Progress
-from sandboxd_client.cli_shell import exit_status, run_shell
+from sandboxd_client.cli_files import cmd_cp
+from sandboxd_client.cli_output import emit, pairs, table, wants_json, when
+from sandboxd_client.cli_processes import (
+    cmd_attach,
+    cmd_exec,
+    cmd_kill,
+    cmd_ps,
+    cmd_shell,
+    cmd_start,
+)
+from sandboxd_client.cli_snapshots import (
+    cmd_snapshot_create,
+    cmd_snapshot_download,
+    cmd_snapshot_get,
+    cmd_snapshot_ls,
+    cmd_snapshot_rm,
+)
 from sandboxd_client.client import TLS, SandboxClient
 from sandboxd_client.errors import SandboxError
-from sandboxd_client.models import Event, Exited, Output, OutputGap, Started, as_dict
-from sandboxd_client.session import Session
+from sandboxd_client.models import as_dict
 
 EXIT_ERROR = 1
-_CHUNK = 256 * 1024
-
-
-def _pairs(values: Sequence[str] | None, what: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in values or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"sandboxctl: {what} must be KEY=VALUE, got {item!r}")
-        out[key] = value
-    return out
-
-
-def _json(args: argparse.Namespace) -> bool:
-    return bool(args.output == "json" or getattr(args, "json", False))
-
-
-def _emit(args: argparse.Namespace, value: Any, text: Callable[[], str] | str) -> None:
-    """One result: JSON with `-o json`, else the command's own text form."""
-    if _json(args):
-        print(json.dumps(as_dict(value), indent=2, sort_keys=True))
-    else:
-        out = text() if callable(text) else text
-        if out:
-            print(out)
-
-
-def _table(rows: Sequence[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    )
-
-
-def _when(value: Any) -> str:
-    return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value is not None else "-"
-
-
-# ---- sessions ----------------------------------------------------------------------------------
 
 
 async def cmd_create(client: SandboxClient, args: argparse.Namespace) -> int:
@@ -92,27 +65,27 @@ async def cmd_create(client: SandboxClient, args: argparse.Namespace) -> int:
         allow_all=args.allow_all,
         files=files,
         image=args.image or "",
-        env=_pairs(args.env, "--env"),
-        labels=_pairs(args.label, "--label"),
+        env=pairs(args.env, "--env"),
+        labels=pairs(args.label, "--label"),
         lease_ttl=args.lease,
         user=args.user or "",
         from_snapshot_id=getattr(args, "snapshot", "") or "",
     )
-    _emit(args, session.info, session.id)
+    emit(args, session.info, session.id)
     return 0
 
 
 async def cmd_ls(client: SandboxClient, args: argparse.Namespace) -> int:
-    sessions = [s async for s in client.list_sessions(_pairs(args.label, "--label"))]
+    sessions = [s async for s in client.list_sessions(pairs(args.label, "--label"))]
 
     def text() -> str:
         rows = [("SESSION", "STATE", "IMAGE", "LEASE EXPIRES", "LABELS")]
         for s in sessions:
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            rows.append((s.id, s.state, s.info.image, _when(s.lease_expires_at), labels))
-        return _table(rows)
+            rows.append((s.id, s.state, s.info.image, when(s.lease_expires_at), labels))
+        return table(rows)
 
-    _emit(args, [s.info for s in sessions], text)
+    emit(args, [s.info for s in sessions], text)
     return 0
 
 
@@ -129,268 +102,35 @@ async def cmd_info(client: SandboxClient, args: argparse.Namespace) -> int:
 async def cmd_rm(client: SandboxClient, args: argparse.Namespace) -> int:
     for sid in args.sessions:
         await client.session(sid).delete()
-    _emit(args, {"deleted": list(args.sessions)}, "\n".join(args.sessions))
+    emit(args, {"deleted": list(args.sessions)}, "\n".join(args.sessions))
     return 0
 
 
 async def cmd_renew(client: SandboxClient, args: argparse.Namespace) -> int:
     session = await client.session(args.session).renew(args.ttl)
-    _emit(args, session.info, lambda: _when(session.lease_expires_at))
+    emit(args, session.info, lambda: when(session.lease_expires_at))
     return 0
 
 
 async def cmd_suspend(client: SandboxClient, args: argparse.Namespace) -> int:
     session = await client.session(args.session).suspend()
-    _emit(args, session.info, session.state)
+    emit(args, session.info, session.state)
     return 0
 
 
 async def cmd_resume(client: SandboxClient, args: argparse.Namespace) -> int:
     session = await client.session(args.session).resume()
-    _emit(args, session.info, session.state)
+    emit(args, session.info, session.state)
     return 0
 
 
 async def cmd_sweep(client: SandboxClient, args: argparse.Namespace) -> int:
     result = await client.sweep()
-    _emit(args, result, lambda: " ".join(f"{k}={v}" for k, v in as_dict(result).items()))
+    emit(args, result, lambda: " ".join(f"{k}={v}" for k, v in as_dict(result).items()))
     return 0
 
 
 # ---- processes ---------------------------------------------------------------------------------
-
-
-def _argv(args: argparse.Namespace, usage: str) -> list[str]:
-    argv = list(args.argv)
-    if not argv:
-        raise SystemExit(f"sandboxctl: a command is needed: {usage}")
-    return argv
-
-
-async def _follow(args: argparse.Namespace, events: AsyncIterator[Event]) -> int:
-    """Write output as it arrives (or JSON lines); the exit code of the Exited event."""
-    out, err = sys.stdout.buffer, sys.stderr.buffer
-    exit_code = EXIT_ERROR
-    async for event in events:
-        if _json(args):
-            print(json.dumps(as_dict(event), sort_keys=True), flush=True)
-        elif isinstance(event, Output):
-            target = err if event.stream == "stderr" else out
-            target.write(event.data)
-            target.flush()  # live: a line shows as soon as the command prints it
-        elif isinstance(event, OutputGap):
-            print(f"sandboxctl: {event.length} bytes of {event.stream} lost", file=sys.stderr)
-        elif isinstance(event, Started) and getattr(args, "verbose", False):
-            print(f"sandboxctl: started {event.process_id}", file=sys.stderr)
-        if isinstance(event, Exited):
-            exit_code = exit_status(event)
-            if not _json(args):
-                if event.timed_out:
-                    print("sandboxctl: command timed out", file=sys.stderr)
-                if event.truncated:
-                    print("sandboxctl: output over the cap; command killed", file=sys.stderr)
-    return exit_code
-
-
-async def cmd_exec(client: SandboxClient, args: argparse.Namespace) -> int:
-    argv = _argv(args, "sandboxctl exec SESSION -- CMD ...")
-    stdin = sys.stdin.buffer.read() if args.stdin else b""
-    session = client.session(args.session)
-    events = session.exec(
-        argv, cwd=args.cwd or "", env=_pairs(args.env, "--env"), stdin=stdin, timeout=args.timeout
-    )
-    return await _follow(args, events)
-
-
-async def cmd_shell(client: SandboxClient, args: argparse.Namespace) -> int:
-    argv = list(args.argv) or ["sh"]
-    return await run_shell(client.session(args.session), argv, env=_pairs(args.env, "--env"))
-
-
-async def cmd_start(client: SandboxClient, args: argparse.Namespace) -> int:
-    argv = _argv(args, "sandboxctl start SESSION [--id ID] -- CMD ...")
-    proc = await client.session(args.session).start_process(
-        argv,
-        process_id=args.id or "",
-        cwd=args.cwd or "",
-        env=_pairs(args.env, "--env"),
-        timeout=args.timeout,
-    )
-    _emit(args, proc, proc.process_id)
-    return 0
-
-
-async def cmd_ps(client: SandboxClient, args: argparse.Namespace) -> int:
-    procs = await client.session(args.session).processes()
-
-    def text() -> str:
-        rows = [("PROCESS", "STATE", "EXIT", "STARTED", "STDOUT", "STDERR", "COMMAND")]
-        for p in procs:
-            code = "-" if p.exited is None else (p.exited.signal or str(p.exited.exit_code))
-            rows.append(
-                (
-                    p.process_id,
-                    p.state,
-                    code,
-                    _when(p.started_at),
-                    str(p.stdout_bytes),
-                    str(p.stderr_bytes),
-                    " ".join(p.argv),
-                )
-            )
-        return _table(rows)
-
-    _emit(args, procs, text)
-    return 0
-
-
-async def cmd_attach(client: SandboxClient, args: argparse.Namespace) -> int:
-    session = client.session(args.session)
-    events = session.attach(
-        args.process, stdout_offset=args.stdout_offset, stderr_offset=args.stderr_offset
-    )
-    return await _follow(args, events)
-
-
-async def cmd_kill(client: SandboxClient, args: argparse.Namespace) -> int:
-    await client.session(args.session).signal_process(args.process, args.signal)
-    _emit(args, {"process_id": args.process, "signal": args.signal}, "")
-    return 0
-
-
-# ---- files -------------------------------------------------------------------------------------
-
-
-def _split_remote(spec: str) -> tuple[str, str] | None:
-    """`SESSION:path` -> (session, path); a local path (no colon before any slash) -> None."""
-    head, sep, tail = spec.partition(":")
-    if not sep or "/" in head or not head:
-        return None
-    return head, tail
-
-
-async def cmd_cp(client: SandboxClient, args: argparse.Namespace) -> int:
-    src, dst = _split_remote(args.src), _split_remote(args.dst)
-    show = args.progress if args.progress is not None else sys.stderr.isatty()
-    if src is None and dst is not None:
-        return await _upload(args, client.session(dst[0]), Path(args.src), dst[1], show)
-    if src is not None and dst is None:
-        return await _download(args, client.session(src[0]), src[1], Path(args.dst), show)
-    raise SystemExit("sandboxctl: cp copies between a local path and SESSION:path")
-
-
-async def _upload(
-    args: argparse.Namespace, session: Session, local: Path, path: str, show: bool
-) -> int:
-    """Tar `local` (a file or a folder, under its own name) and stream it into `path`."""
-    if not local.exists():
-        raise SystemExit(f"sandboxctl: {local}: no such file or directory")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        tar.add(local, arcname=local.resolve().name, filter=_portable)
-    data = buf.getvalue()
-    progress = Progress(f"{local} -> {session.id}:{path or '.'}", len(data), sys.stderr, show)
-
-    async def chunks() -> AsyncIterator[bytes]:
-        for i in range(0, len(data), _CHUNK):
-            piece = data[i : i + _CHUNK]
-            yield piece
-            progress.add(len(piece))
-
-    try:
-        done = await session.import_archive(chunks(), path)
-    finally:
-        progress.finish()  # ends the bar's line, so an error prints on a line of its own
-    if _json(args):
-        _emit(args, done, "")
-    else:
-        print(f"{done.files} files, {done.bytes} bytes", file=sys.stderr)
-    return 0
-
-
-def _portable(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    """Members without local owners or special bits: the server refuses setuid and devices."""
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.mode &= 0o777
-    return info
-
-
-async def _download(
-    args: argparse.Namespace, session: Session, path: str, local: Path, show: bool
-) -> int:
-    """Stream a tar of the folder `path`; unpack it as `local`, or into it when it exists.
-
-    Like `docker cp`: an existing local folder receives the remote one under its own name;
-    otherwise `local` is created with the remote folder's contents.
-    """
-    progress = Progress(f"{session.id}:{path or '.'} -> {local}", None, sys.stderr, show)
-    buf = io.BytesIO()
-    try:
-        async for data in session.export_archive(path):
-            buf.write(data)
-            progress.add(len(data))
-    finally:
-        progress.finish()
-    buf.seek(0)
-    name = PurePosixPath(path).name
-    if local.is_dir() and name not in ("", ".", ".."):
-        local = local / name
-    local.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=buf, mode="r:") as tar:
-        tar.extractall(local, filter="data")  # refuses absolute paths, `..` and links out
-    _emit(args, {"path": str(local), "bytes": progress.done}, "")
-    return 0
-
-
-# ---- snapshots ---------------------------------------------------------------------------------
-
-
-def _snapshot_rows(snaps: Sequence[Any]) -> str:
-    rows = [("SNAPSHOT", "SESSION", "KIND", "SIZE", "CREATED", "LABELS")]
-    for s in snaps:
-        labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-        rows.append(
-            (s.snapshot_id, s.session_id, s.kind, str(s.size_bytes), _when(s.created_at), labels)
-        )
-    return _table(rows)
-
-
-async def cmd_snapshot_create(client: SandboxClient, args: argparse.Namespace) -> int:
-    snap = await client.session(args.session).snapshot(
-        kind=args.kind or "", labels=_pairs(args.label, "--label")
-    )
-    _emit(args, snap, snap.snapshot_id)
-    return 0
-
-
-async def cmd_snapshot_ls(client: SandboxClient, args: argparse.Namespace) -> int:
-    snaps = [s async for s in client.list_snapshots(args.session or "")]
-    _emit(args, snaps, lambda: _snapshot_rows(snaps))
-    return 0
-
-
-async def cmd_snapshot_get(client: SandboxClient, args: argparse.Namespace) -> int:
-    snap = await client.get_snapshot(args.snapshot)
-    _emit(args, snap, lambda: _snapshot_rows([snap]))
-    return 0
-
-
-async def cmd_snapshot_rm(client: SandboxClient, args: argparse.Namespace) -> int:
-    for snap in args.snapshots:
-        await client.delete_snapshot(snap)
-    _emit(args, {"deleted": list(args.snapshots)}, "\n".join(args.snapshots))
-    return 0
-
-
-async def cmd_snapshot_download(client: SandboxClient, args: argparse.Namespace) -> int:
-    size = 0
-    with open(args.file, "wb") as f:
-        async for data in client.download_snapshot(args.snapshot):
-            f.write(data)
-            size += len(data)
-    _emit(args, {"path": args.file, "bytes": size}, f"{size} bytes -> {args.file}")
-    return 0
 
 
 async def cmd_completion(client: SandboxClient | None, args: argparse.Namespace) -> int:
@@ -552,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return asyncio.run(_main(args))
     except SandboxError as err:
-        if _json(args):
+        if wants_json(args):
             error = {"reason": err.reason, "message": err.message, "code": err.code.name}
             print(json.dumps({"error": error | {"metadata": err.metadata}}), file=sys.stderr)
         else:

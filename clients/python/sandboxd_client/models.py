@@ -9,78 +9,63 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Any, Literal, Self
+from typing import Any, Self
 
-from google.protobuf import duration_pb2, timestamp_pb2
-from google.protobuf.message import Message
-
+from sandboxd_client._convert import (
+    as_dict,
+    duration,
+    enum_name,
+    enum_value,
+    seconds,
+    timestamp,
+)
 from sandboxd_client._gen.sandboxd.v1 import (
     admin_pb2,
     common_pb2,
     filesystem_pb2,
-    process_pb2,
     session_pb2,
     snapshot_pb2,
 )
+from sandboxd_client.events import (
+    Event,
+    Exited,
+    Keepalive,
+    Output,
+    OutputGap,
+    ProcessInfo,
+    RunResult,
+    Started,
+    Stream,
+    event_from_pb,
+)
 
-Stream = Literal["stdout", "stderr"]
-
-
-def enum_name(enum: Any, value: int, prefix: str) -> str:
-    """A proto enum value's short name; an unknown (newer) value shows as its number."""
-    try:
-        name: str = enum.Name(value)
-    except ValueError:
-        return str(value)
-    return name.removeprefix(prefix)
-
-
-def enum_value(enum: Any, name: str, prefix: str) -> Any:
-    """The proto enum value of a short name ("" is the UNSPECIFIED zero)."""
-    if not name:
-        return 0
-    try:
-        value = enum.Value(prefix + name.upper().removeprefix(prefix))
-    except ValueError:
-        raise ValueError(f"{name!r} is not one of {sorted(enum.keys())}") from None
-    return value
-
-
-def seconds(d: duration_pb2.Duration) -> float:
-    return float(d.seconds) + d.nanos / 1e9
-
-
-def duration(value: float | None) -> duration_pb2.Duration | None:
-    if value is None:
-        return None
-    d = duration_pb2.Duration()
-    d.FromTimedelta(dt.timedelta(seconds=value))
-    return d
-
-
-def timestamp(msg: Message, name: str) -> dt.datetime | None:
-    if not msg.HasField(name):
-        return None
-    ts: timestamp_pb2.Timestamp = getattr(msg, name)
-    return ts.ToDatetime(tzinfo=dt.UTC)
-
-
-def as_dict(value: Any) -> Any:
-    """JSON-ready form of a result (datetimes as ISO 8601 text, bytes as UTF-8 or repr)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {f.name: as_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        if hasattr(value, "kind_name"):
-            out = {"kind": value.kind_name, **out}
-        return out
-    if isinstance(value, dt.datetime):
-        return value.isoformat().replace("+00:00", "Z")
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, dict):
-        return {k: as_dict(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [as_dict(v) for v in value]
-    return value
+__all__ = [
+    "ArchiveImported",
+    "EgressEvent",
+    "Event",
+    "Exited",
+    "FileInfo",
+    "Keepalive",
+    "NetworkPolicy",
+    "Output",
+    "OutputGap",
+    "ProcessInfo",
+    "ProxyQuotas",
+    "ResourceLimits",
+    "RunResult",
+    "SecurityDefaults",
+    "ServerInfo",
+    "SessionInfo",
+    "ShellPolicy",
+    "SnapshotInfo",
+    "Started",
+    "Stream",
+    "SweepResult",
+    "as_dict",
+    "duration",
+    "enum_value",
+    "event_from_pb",
+]
 
 
 # ---- policies and limits ----------------------------------------------------------------------
@@ -272,150 +257,6 @@ class EgressEvent:
             m.bytes_down,
             seconds(m.duration),
             m.ended,
-        )
-
-
-# ---- processes --------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Started:
-    """The command has started."""
-
-    process_id: str
-    kind_name = "started"
-
-
-@dataclasses.dataclass(frozen=True)
-class Output:
-    """A chunk of the command's output; `offset` is its byte position within its stream."""
-
-    stream: Stream
-    data: bytes
-    offset: int
-    kind_name = "output"
-
-
-@dataclasses.dataclass(frozen=True)
-class Exited:
-    """Always the last event. A timeout, a cap or a kill is reported here, not raised."""
-
-    exit_code: int
-    signal: str = ""
-    timed_out: bool = False
-    truncated: bool = False
-    duration: float = 0.0
-    kind_name = "exited"
-
-    @classmethod
-    def from_pb(cls, m: process_pb2.ProcessExited) -> Self:
-        return cls(m.exit_code, m.signal, m.timed_out, m.truncated, seconds(m.duration))
-
-
-@dataclasses.dataclass(frozen=True)
-class Keepalive:
-    """The server's sign of life on a quiet stream (only yielded when asked for)."""
-
-    kind_name = "keepalive"
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputGap:
-    """Output an attach asked for that the server no longer holds (its buffer moved on)."""
-
-    stream: Stream
-    offset: int
-    length: int
-    kind_name = "gap"
-
-
-Event = Started | Output | Exited | Keepalive | OutputGap
-
-
-def stream_name(value: int) -> Stream:
-    return "stderr" if value == process_pb2.OUTPUT_STREAM_STDERR else "stdout"
-
-
-def event_from_pb(
-    resp: process_pb2.ExecResponse
-    | process_pb2.InteractResponse
-    | process_pb2.AttachProcessResponse,
-) -> Event | None:
-    kind = resp.WhichOneof("event")
-    if kind == "started":
-        return Started(resp.started.process_id)
-    if kind == "output":
-        return Output(stream_name(resp.output.stream), resp.output.data, resp.output.offset)
-    if kind == "exited":
-        return Exited.from_pb(resp.exited)
-    if kind == "keepalive":
-        return Keepalive()
-    if kind == "gap" and isinstance(resp, process_pb2.AttachProcessResponse):
-        return OutputGap(stream_name(resp.gap.stream), resp.gap.offset, resp.gap.length)
-    return None  # an event kind newer than this client: skipped
-
-
-@dataclasses.dataclass(frozen=True)
-class RunResult:
-    """A command's collected result."""
-
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-    timed_out: bool = False
-    truncated: bool = False
-    signal: str = ""
-    duration: float = 0.0
-    process_id: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out and not self.truncated
-
-    @classmethod
-    def from_pb(cls, r: process_pb2.RunResponse) -> Self:
-        return cls(
-            r.exit_code,
-            r.stdout,
-            r.stderr,
-            r.timed_out,
-            r.truncated,
-            r.signal,
-            seconds(r.duration),
-            r.process_id,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class ProcessInfo:
-    """A background process (StartProcess); output offsets say what attach can replay."""
-
-    process_id: str
-    session_id: str
-    argv: tuple[str, ...]
-    cwd: str
-    state: str  # RUNNING, EXITED
-    started_at: dt.datetime | None
-    exited: Exited | None
-    stdout_bytes: int
-    stderr_bytes: int
-    stdout_first_offset: int
-    stderr_first_offset: int
-
-    @classmethod
-    def from_pb(cls, m: process_pb2.Process) -> Self:
-        return cls(
-            m.process_id,
-            m.session_id,
-            tuple(m.argv),
-            m.cwd,
-            enum_name(process_pb2.ProcessState, m.state, "PROCESS_STATE_"),
-            timestamp(m, "started_at"),
-            Exited.from_pb(m.exited) if m.HasField("exited") else None,
-            m.stdout_bytes,
-            m.stderr_bytes,
-            m.stdout_first_offset,
-            m.stderr_first_offset,
         )
 
 
