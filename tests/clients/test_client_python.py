@@ -168,13 +168,16 @@ async def test_interact_with_a_pty(client: SandboxClient) -> None:
         await client.create_session(allow_all=True) as session,
         session.interact(["sh"], pty=(24, 80)) as proc,
     ):
-        await proc.resize(30, 100)
-        await proc.send(b"stty size; exit 7\n")
         text = b""
         exited = None
+        sent = False
         async for event in proc:
             if isinstance(event, Output):
                 text += event.data
+                if not sent and b"$ " in text:  # the shell is up: resize, then ask
+                    sent = True
+                    await proc.resize(30, 100)
+                    await proc.send(b"stty size; exit 7\n")
             elif isinstance(event, Exited):
                 exited = event
         assert b"30 100" in text

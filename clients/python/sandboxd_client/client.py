@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -271,6 +272,21 @@ class SandboxClient:
             stream.cancel()
         raise exc
 
+    async def paged(
+        self,
+        method: str,
+        call: Callable[[str, float | None], Awaitable[Any]],
+        timeout: float | None,
+    ) -> AsyncIterator[Any]:
+        """Each page of a List call (`call(page_token, deadline)`), following next_page_token."""
+        token = ""
+        while True:
+            resp = await self.unary(method, functools.partial(call, token), timeout)
+            yield resp
+            token = resp.next_page_token
+            if not token:
+                return
+
     # -- sessions --
 
     @rpc("SessionService/CreateSession")
@@ -349,24 +365,19 @@ class SandboxClient:
     ) -> AsyncIterator[Session]:
         """Every session carrying all of `labels`, following pages as the loop goes."""
 
-        async def page(token: str) -> session_pb2.ListSessionsResponse:
-            req = session_pb2.ListSessionsRequest(
-                label_selector=dict(labels or {}), page_size=page_size, page_token=token
-            )
-            return await self.unary(
-                "SessionService/ListSessions",
-                lambda t: self.stubs.sessions.ListSessions(req, timeout=t),
-                timeout,
-            )
-
-        token = ""
-        while True:
-            resp = await page(token)
+        selector = dict(labels or {})
+        async for resp in self.paged(
+            "SessionService/ListSessions",
+            lambda token, t: self.stubs.sessions.ListSessions(
+                session_pb2.ListSessionsRequest(
+                    label_selector=selector, page_size=page_size, page_token=token
+                ),
+                timeout=t,
+            ),
+            timeout,
+        ):
             for info in resp.sessions:
                 yield Session(self, SessionInfo.from_pb(info))
-            token = resp.next_page_token
-            if not token:
-                return
 
     # -- snapshots not bound to a live session --
 
@@ -388,24 +399,18 @@ class SandboxClient:
     ) -> AsyncIterator[SnapshotInfo]:
         """Snapshots of one session (or every session of the caller's), page by page."""
 
-        async def page(token: str) -> snapshot_pb2.ListSnapshotsResponse:
-            req = snapshot_pb2.ListSnapshotsRequest(
-                session_id=session_id, page_size=page_size, page_token=token
-            )
-            return await self.unary(
-                "SnapshotService/ListSnapshots",
-                lambda t: self.stubs.snapshots.ListSnapshots(req, timeout=t),
-                timeout,
-            )
-
-        token = ""
-        while True:
-            resp = await page(token)
+        async for resp in self.paged(
+            "SnapshotService/ListSnapshots",
+            lambda token, t: self.stubs.snapshots.ListSnapshots(
+                snapshot_pb2.ListSnapshotsRequest(
+                    session_id=session_id, page_size=page_size, page_token=token
+                ),
+                timeout=t,
+            ),
+            timeout,
+        ):
             for snap in resp.snapshots:
                 yield SnapshotInfo.from_pb(snap)
-            token = resp.next_page_token
-            if not token:
-                return
 
     @rpc("SnapshotService/DeleteSnapshot")
     async def delete_snapshot(self, snapshot_id: str, *, timeout: float | None = UNSET) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Literal, Self
+from collections.abc import AsyncIterator
+from typing import Any, Literal, Self
 
 from sandboxd_client._convert import enum_name, seconds, timestamp
 from sandboxd_client._gen.sandboxd.v1 import process_pb2
@@ -87,6 +88,15 @@ def event_from_pb(
     if kind == "gap" and isinstance(resp, process_pb2.AttachProcessResponse):
         return OutputGap(stream_name(resp.gap.stream), resp.gap.offset, resp.gap.length)
     return None  # an event kind newer than this client: skipped
+
+
+async def events_of(responses: AsyncIterator[Any], keepalives: bool) -> AsyncIterator[Event]:
+    """The events of an Exec/Interact/Attach stream; keepalives only when asked for."""
+    async for resp in responses:
+        event = event_from_pb(resp)
+        if event is None or (isinstance(event, Keepalive) and not keepalives):
+            continue
+        yield event
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ import grpc
 from sandboxd_client._gen.sandboxd.v1 import process_pb2
 from sandboxd_client._rpc import UNSET
 from sandboxd_client.errors import from_rpc_error
-from sandboxd_client.events import Event, Keepalive, event_from_pb
+from sandboxd_client.events import Event, events_of
 
 if TYPE_CHECKING:
     from sandboxd_client.client import SandboxClient
@@ -67,14 +67,9 @@ class Interaction:
         if self._call is None:
             raise RuntimeError("use `async with session.interact(...) as proc`")
         try:
-            while True:
-                resp = await self._call.read()
-                if resp is grpc.aio.EOF:
-                    return
-                event = event_from_pb(resp)
-                if event is None or (isinstance(event, Keepalive) and not keepalives):
-                    continue
+            async for event in events_of(self._call, keepalives):
                 yield event
+            return
         except grpc.RpcError as err:
             exc = from_rpc_error(err, self._client.address)
         raise exc

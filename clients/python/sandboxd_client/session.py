@@ -19,13 +19,13 @@ from sandboxd_client._gen.sandboxd.v1 import (
     snapshot_pb2,
 )
 from sandboxd_client._rpc import UNSET, rpc
+from sandboxd_client.events import events_of
 from sandboxd_client.interaction import Interaction
 from sandboxd_client.models import (
     ArchiveImported,
     EgressEvent,
     Event,
     FileInfo,
-    Keepalive,
     NetworkPolicy,
     ProcessInfo,
     RunResult,
@@ -33,7 +33,6 @@ from sandboxd_client.models import (
     SnapshotInfo,
     duration,
     enum_value,
-    event_from_pb,
 )
 
 if TYPE_CHECKING:
@@ -174,24 +173,18 @@ class Session:
     ) -> AsyncIterator[EgressEvent]:
         """The egress proxy's log of this session, oldest first, page by page."""
 
-        async def page(token: str) -> session_pb2.ListEgressEventsResponse:
-            req = session_pb2.ListEgressEventsRequest(
-                session_id=self.id, page_size=page_size, page_token=token
-            )
-            return await self._client.unary(
-                "SessionService/ListEgressEvents",
-                lambda t: self._stubs.sessions.ListEgressEvents(req, timeout=t),
-                timeout,
-            )
-
-        token = ""
-        while True:
-            resp = await page(token)
+        async for resp in self._client.paged(
+            "SessionService/ListEgressEvents",
+            lambda token, t: self._stubs.sessions.ListEgressEvents(
+                session_pb2.ListEgressEventsRequest(
+                    session_id=self.id, page_size=page_size, page_token=token
+                ),
+                timeout=t,
+            ),
+            timeout,
+        ):
             for event in resp.events:
                 yield EgressEvent.from_pb(event)
-            token = resp.next_page_token
-            if not token:
-                return
 
     # -- processes --
 
@@ -217,12 +210,10 @@ class Session:
         req = process_pb2.ExecRequest(
             **_exec_fields(self.id, argv, cwd, env, stdin, timeout, max_output_bytes)
         )
-        async for resp in self._client.server_stream(
+        stream = self._client.server_stream(
             lambda t: self._stubs.processes.Exec(req, timeout=t), deadline
-        ):
-            event = event_from_pb(resp)
-            if event is None or (isinstance(event, Keepalive) and not keepalives):
-                continue
+        )
+        async for event in events_of(stream, keepalives):
             yield event
 
     @rpc("ProcessService/Run")
@@ -314,12 +305,10 @@ class Session:
             stdout_offset=stdout_offset,
             stderr_offset=stderr_offset,
         )
-        async for resp in self._client.server_stream(
+        stream = self._client.server_stream(
             lambda t: self._stubs.processes.AttachProcess(req, timeout=t), deadline
-        ):
-            event = event_from_pb(resp)
-            if event is None or (isinstance(event, Keepalive) and not keepalives):
-                continue
+        )
+        async for event in events_of(stream, keepalives):
             yield event
 
     @rpc("ProcessService/ListProcesses")
