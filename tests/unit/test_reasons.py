@@ -228,3 +228,34 @@ def test_default_reasons_are_enum_members() -> None:
         cls = getattr(errors, name, None)
         if cls is not None:
             assert isinstance(cls.default_reason, Reason), name
+
+
+def test_the_scan_reads_enum_members_and_helpers_after_the_literal_replacement(
+    tmp_path: Path,
+) -> None:
+    """Once the call sites say `Reason.X`, the scan still sees every reason and its class."""
+    source = tmp_path / "sample.py"
+    source.write_text(
+        "from sandboxd.errors import InvalidArgument, NotFound, Unavailable\n"
+        "from sandboxd.reasons import Reason\n"
+        "class _Gone(NotFound):\n"
+        "    pass\n"
+        "def _refuse(reason: Reason, why: str) -> InvalidArgument:\n"
+        "    return InvalidArgument(why, reason=reason)\n"
+        "def _env(why: str, reason: Reason = Reason.INVALID_ENV) -> InvalidArgument:\n"
+        "    return InvalidArgument(why, reason=reason)\n"
+        "def f() -> None:\n"
+        "    _refuse(Reason.ARCHIVE_PATH_TRAVERSAL, 'x')\n"
+        "    _env('y', Reason.ENV_RESERVED)\n"
+        "    raise _Gone('z', reason=Reason.FILE_NOT_FOUND)\n"
+        "def g() -> None:\n"
+        "    raise Unavailable('w', reason=Reason.CONTAINER_LOST)\n"
+    )
+    found = {(reason, code) for reason, code, _ in _sites(source)}
+    assert found == {
+        ("INVALID_ENV", "INVALID_ARGUMENT"),
+        ("ARCHIVE_PATH_TRAVERSAL", "INVALID_ARGUMENT"),
+        ("ENV_RESERVED", "INVALID_ARGUMENT"),
+        ("FILE_NOT_FOUND", "NOT_FOUND"),
+        ("CONTAINER_LOST", "UNAVAILABLE"),
+    }
