@@ -8,6 +8,7 @@ server package, not the sources) is importable.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -152,3 +153,24 @@ def test_the_installed_package_type_checks_for_a_consumer(venv: Path, tmp_path: 
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + site
+
+
+def test_the_conformance_scenario_runs_from_the_installed_wheel(
+    venv: Path, server: ServerProcess, tmp_path: Path
+) -> None:
+    here = Path(__file__).parent
+    runner = tmp_path / "conformance_python.py"  # a copy: nothing is read from the repo
+    shutil.copy(here / "conformance_python.py", runner)
+    spec = tmp_path / "conformance.json"
+    shutil.copy(here / "conformance.json", spec)
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-I", str(runner), str(spec)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_clean_env(SANDBOXD_ADDR=server.address),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [s["id"] for s in json.loads(spec.read_text())["steps"]]
+    assert [ln.split()[1] for ln in done.stdout.splitlines()] == steps
