@@ -393,3 +393,15 @@ def test_the_package_does_not_import_the_server() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert sandboxd_client.__version__
+
+
+async def test_an_engine_outage_at_the_check_does_not_block_the_call(
+    stand_in: tuple[StandIn, str],
+) -> None:
+    """sandboxd without its engine cannot report its version; the call still goes ahead."""
+    s, address = stand_in
+    s.failures["GetServerInfo"] = [UNAVAILABLE] * 4
+    async with SandboxClient(address, retry=FAST, timeout=10) as c:
+        assert (await c.get_session("a")).id == "a"
+        assert (await c.get_session("b")).id == "b"  # checked again: the engine is back
+    assert s.calls["GetServerInfo"] == 5 and s.calls["GetSession"] == 2

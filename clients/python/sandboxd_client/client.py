@@ -42,6 +42,7 @@ from sandboxd_client._gen.sandboxd.v1 import (
 from sandboxd_client._rpc import IDEMPOTENT, PACKAGE, UNSET, RetryPolicy, rpc
 from sandboxd_client.errors import (
     DeadlineExceeded,
+    EngineUnavailable,
     IncompatibleServer,
     SandboxError,
     from_rpc_error,
@@ -210,6 +211,15 @@ class SandboxClient:
                 raise exc
         return self._server
 
+    async def check(self, deadline: float | None) -> None:
+        """The first-use check before a call. A sandboxd that answers ENGINE_UNAVAILABLE has
+        shown it is sandboxd but cannot report its version while its engine is down: the call
+        goes ahead and tells its own story, and the next call checks again."""
+        try:
+            await self.ensure_compatible(deadline)
+        except EngineUnavailable:
+            pass
+
     async def unary(
         self,
         method: str,
@@ -228,7 +238,7 @@ class SandboxClient:
         by_request = idempotent is True and full not in IDEMPOTENT
         may_retry = self.retry is not None and (full in IDEMPOTENT or by_request)
         deadline = self._deadline(timeout)
-        await self.ensure_compatible(deadline)
+        await self.check(deadline)
         attempt = 0
         while True:
             try:
@@ -259,7 +269,7 @@ class SandboxClient:
     ) -> AsyncIterator[Any]:
         """Responses of a server-streaming call; leaving the loop early cancels the call."""
         deadline = self._deadline(timeout)
-        await self.ensure_compatible(deadline)
+        await self.check(deadline)
         stream = call(self._remaining(deadline))
         try:
             async for resp in stream:
