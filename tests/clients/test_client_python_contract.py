@@ -405,3 +405,19 @@ async def test_an_engine_outage_at_the_check_does_not_block_the_call(
         assert (await c.get_session("a")).id == "a"
         assert (await c.get_session("b")).id == "b"  # checked again: the engine is back
     assert s.calls["GetServerInfo"] == 5 and s.calls["GetSession"] == 2
+
+
+def test_no_public_method_or_result_type_exposes_protobuf() -> None:
+    import dataclasses
+
+    from sandboxd_client import events, models
+
+    for cls in (SandboxClient, Session, Interaction):
+        for name, fn in inspect.getmembers(cls, inspect.isfunction):
+            if not name.startswith("_"):
+                annotation = str(inspect.signature(fn).return_annotation)
+                assert "pb2" not in annotation and "Message" not in annotation, (name, annotation)
+    for module in (models, events):
+        for _, value in inspect.getmembers(module, dataclasses.is_dataclass):
+            for f in dataclasses.fields(value):
+                assert "pb2" not in str(f.type), (value, f.name)

@@ -211,7 +211,7 @@ class SandboxClient:
                 raise exc
         return self._server
 
-    async def check(self, deadline: float | None) -> None:
+    async def _check(self, deadline: float | None) -> None:
         """The first-use check before a call. A sandboxd that answers ENGINE_UNAVAILABLE has
         shown it is sandboxd but cannot report its version while its engine is down: the call
         goes ahead and tells its own story, and the next call checks again."""
@@ -220,7 +220,7 @@ class SandboxClient:
         except EngineUnavailable:
             pass
 
-    async def unary(
+    async def _unary(
         self,
         method: str,
         call: Callable[[float | None], Awaitable[T]],
@@ -238,7 +238,7 @@ class SandboxClient:
         by_request = idempotent is True and full not in IDEMPOTENT
         may_retry = self.retry is not None and (full in IDEMPOTENT or by_request)
         deadline = self._deadline(timeout)
-        await self.check(deadline)
+        await self._check(deadline)
         attempt = 0
         while True:
             try:
@@ -264,12 +264,12 @@ class SandboxClient:
         # gRPC's policy has retried UNAVAILABLE already, unless the method is not in it.
         return by_request or exc.code != grpc.StatusCode.UNAVAILABLE
 
-    async def server_stream(
+    async def _server_stream(
         self, call: Callable[[float | None], Any], timeout: float | None
     ) -> AsyncIterator[Any]:
         """Responses of a server-streaming call; leaving the loop early cancels the call."""
         deadline = self._deadline(timeout)
-        await self.check(deadline)
+        await self._check(deadline)
         stream = call(self._remaining(deadline))
         try:
             async for resp in stream:
@@ -282,7 +282,7 @@ class SandboxClient:
             stream.cancel()
         raise exc
 
-    async def paged(
+    async def _paged(
         self,
         method: str,
         call: Callable[[str, float | None], Awaitable[Any]],
@@ -291,7 +291,7 @@ class SandboxClient:
         """Each page of a List call (`call(page_token, deadline)`), following next_page_token."""
         token = ""
         while True:
-            resp = await self.unary(method, functools.partial(call, token), timeout)
+            resp = await self._unary(method, functools.partial(call, token), timeout)
             yield resp
             token = resp.next_page_token
             if not token:
@@ -343,7 +343,7 @@ class SandboxClient:
             user=user,
             from_snapshot_id=from_snapshot_id,
         )
-        resp = await self.unary(
+        resp = await self._unary(
             "SessionService/CreateSession",
             lambda t: self.stubs.sessions.CreateSession(request, timeout=t),
             timeout,
@@ -354,7 +354,7 @@ class SandboxClient:
     @rpc("SessionService/GetSession")
     async def get_session(self, session_id: str, *, timeout: float | None = UNSET) -> Session:
         req = session_pb2.GetSessionRequest(session_id=session_id)
-        resp = await self.unary(
+        resp = await self._unary(
             "SessionService/GetSession",
             lambda t: self.stubs.sessions.GetSession(req, timeout=t),
             timeout,
@@ -376,7 +376,7 @@ class SandboxClient:
         """Every session carrying all of `labels`, following pages as the loop goes."""
 
         selector = dict(labels or {})
-        async for resp in self.paged(
+        async for resp in self._paged(
             "SessionService/ListSessions",
             lambda token, t: self.stubs.sessions.ListSessions(
                 session_pb2.ListSessionsRequest(
@@ -396,7 +396,7 @@ class SandboxClient:
         self, snapshot_id: str, *, timeout: float | None = UNSET
     ) -> SnapshotInfo:
         req = snapshot_pb2.GetSnapshotRequest(snapshot_id=snapshot_id)
-        resp = await self.unary(
+        resp = await self._unary(
             "SnapshotService/GetSnapshot",
             lambda t: self.stubs.snapshots.GetSnapshot(req, timeout=t),
             timeout,
@@ -409,7 +409,7 @@ class SandboxClient:
     ) -> AsyncIterator[SnapshotInfo]:
         """Snapshots of one session (or every session of the caller's), page by page."""
 
-        async for resp in self.paged(
+        async for resp in self._paged(
             "SnapshotService/ListSnapshots",
             lambda token, t: self.stubs.snapshots.ListSnapshots(
                 snapshot_pb2.ListSnapshotsRequest(
@@ -425,7 +425,7 @@ class SandboxClient:
     @rpc("SnapshotService/DeleteSnapshot")
     async def delete_snapshot(self, snapshot_id: str, *, timeout: float | None = UNSET) -> None:
         req = snapshot_pb2.DeleteSnapshotRequest(snapshot_id=snapshot_id)
-        await self.unary(
+        await self._unary(
             "SnapshotService/DeleteSnapshot",
             lambda t: self.stubs.snapshots.DeleteSnapshot(req, timeout=t),
             timeout,
@@ -437,7 +437,7 @@ class SandboxClient:
     ) -> AsyncIterator[bytes]:
         """The snapshot's tar, in chunks as they arrive."""
         req = snapshot_pb2.DownloadSnapshotRequest(snapshot_id=snapshot_id)
-        async for resp in self.server_stream(
+        async for resp in self._server_stream(
             lambda t: self.stubs.snapshots.DownloadSnapshot(req, timeout=t), timeout
         ):
             yield resp.chunk.data
@@ -450,7 +450,7 @@ class SandboxClient:
         if self._server is None:
             return await self.ensure_compatible(self._deadline(timeout))
         req = admin_pb2.GetServerInfoRequest()
-        resp = await self.unary(
+        resp = await self._unary(
             "AdminService/GetServerInfo",
             lambda t: self.stubs.admin.GetServerInfo(req, timeout=t),
             timeout,
@@ -463,7 +463,7 @@ class SandboxClient:
     async def sweep(self, *, timeout: float | None = UNSET) -> SweepResult:
         """Expire ended leases and remove containers no session claims (admin)."""
         req = admin_pb2.SweepRequest()
-        resp = await self.unary(
+        resp = await self._unary(
             "AdminService/Sweep", lambda t: self.stubs.admin.Sweep(req, timeout=t), timeout
         )
         return SweepResult.from_pb(resp)

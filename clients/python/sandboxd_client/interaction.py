@@ -28,7 +28,7 @@ class Interaction:
         self._call: Any = None
 
     async def __aenter__(self) -> Self:
-        await self._client.check(self._client._deadline(UNSET))
+        await self._client._check(self._client._deadline(UNSET))
         self._call = self._client.stubs.processes.Interact()
         await self._write(process_pb2.InteractRequest(start=self._start))
         return self

@@ -102,7 +102,7 @@ class Session:
         return self._client.stubs
 
     async def _session_call(self, method: str, call: Any, timeout: float | None) -> Self:
-        resp = await self._client.unary(method, call, timeout)
+        resp = await self._client._unary(method, call, timeout)
         self.info = SessionInfo.from_pb(resp.session)
         return self
 
@@ -127,7 +127,7 @@ class Session:
     async def delete(self, *, timeout: float | None = UNSET) -> None:
         """Remove the session and its container; deleting twice is not an error."""
         req = session_pb2.DeleteSessionRequest(session_id=self.id)
-        await self._client.unary(
+        await self._client._unary(
             "SessionService/DeleteSession",
             lambda t: self._stubs.sessions.DeleteSession(req, timeout=t),
             timeout,
@@ -173,7 +173,7 @@ class Session:
     ) -> AsyncIterator[EgressEvent]:
         """The egress proxy's log of this session, oldest first, page by page."""
 
-        async for resp in self._client.paged(
+        async for resp in self._client._paged(
             "SessionService/ListEgressEvents",
             lambda token, t: self._stubs.sessions.ListEgressEvents(
                 session_pb2.ListEgressEventsRequest(
@@ -210,7 +210,7 @@ class Session:
         req = process_pb2.ExecRequest(
             **_exec_fields(self.id, argv, cwd, env, stdin, timeout, max_output_bytes)
         )
-        stream = self._client.server_stream(
+        stream = self._client._server_stream(
             lambda t: self._stubs.processes.Exec(req, timeout=t), deadline
         )
         async for event in events_of(stream, keepalives):
@@ -232,7 +232,7 @@ class Session:
         req = process_pb2.RunRequest(
             **_exec_fields(self.id, argv, cwd, env, stdin, timeout, max_output_bytes)
         )
-        resp = await self._client.unary(
+        resp = await self._client._unary(
             "ProcessService/Run", lambda t: self._stubs.processes.Run(req, timeout=t), deadline
         )
         return RunResult.from_pb(resp)
@@ -280,7 +280,7 @@ class Session:
             **_exec_fields(self.id, argv, cwd, env, stdin, timeout, max_output_bytes),
             process_id=process_id,
         )
-        resp = await self._client.unary(
+        resp = await self._client._unary(
             "ProcessService/StartProcess",
             lambda t: self._stubs.processes.StartProcess(req, timeout=t),
             deadline,
@@ -305,7 +305,7 @@ class Session:
             stdout_offset=stdout_offset,
             stderr_offset=stderr_offset,
         )
-        stream = self._client.server_stream(
+        stream = self._client._server_stream(
             lambda t: self._stubs.processes.AttachProcess(req, timeout=t), deadline
         )
         async for event in events_of(stream, keepalives):
@@ -314,7 +314,7 @@ class Session:
     @rpc("ProcessService/ListProcesses")
     async def processes(self, *, timeout: float | None = UNSET) -> list[ProcessInfo]:
         req = process_pb2.ListProcessesRequest(session_id=self.id)
-        resp = await self._client.unary(
+        resp = await self._client._unary(
             "ProcessService/ListProcesses",
             lambda t: self._stubs.processes.ListProcesses(req, timeout=t),
             timeout,
@@ -328,7 +328,7 @@ class Session:
         req = process_pb2.SignalProcessRequest(
             session_id=self.id, process_id=process_id, signal=signal
         )
-        await self._client.unary(
+        await self._client._unary(
             "ProcessService/SignalProcess",
             lambda t: self._stubs.processes.SignalProcess(req, timeout=t),
             timeout,
@@ -339,7 +339,7 @@ class Session:
     @rpc("FilesystemService/ReadFile")
     async def read_file(self, path: str, *, timeout: float | None = UNSET) -> bytes:
         req = filesystem_pb2.ReadFileRequest(session_id=self.id, path=path)
-        resp = await self._client.unary(
+        resp = await self._client._unary(
             "FilesystemService/ReadFile",
             lambda t: self._stubs.files.ReadFile(req, timeout=t),
             timeout,
@@ -360,7 +360,7 @@ class Session:
         req = filesystem_pb2.WriteFileRequest(
             session_id=self.id, path=path, content=content, mode=mode, make_parents=make_parents
         )
-        resp = await self._client.unary(
+        resp = await self._client._unary(
             "FilesystemService/WriteFile",
             lambda t: self._stubs.files.WriteFile(req, timeout=t),
             timeout,
@@ -372,7 +372,7 @@ class Session:
         self, path: str = "", *, depth: int = 0, timeout: float | None = UNSET
     ) -> list[FileInfo]:
         req = filesystem_pb2.ListDirRequest(session_id=self.id, path=path, depth=depth)
-        resp = await self._client.unary(
+        resp = await self._client._unary(
             "FilesystemService/ListDir",
             lambda t: self._stubs.files.ListDir(req, timeout=t),
             timeout,
@@ -382,7 +382,7 @@ class Session:
     @rpc("FilesystemService/Stat")
     async def stat(self, path: str, *, timeout: float | None = UNSET) -> FileInfo:
         req = filesystem_pb2.StatRequest(session_id=self.id, path=path)
-        resp = await self._client.unary(
+        resp = await self._client._unary(
             "FilesystemService/Stat", lambda t: self._stubs.files.Stat(req, timeout=t), timeout
         )
         return FileInfo.from_pb(resp.info)
@@ -392,7 +392,7 @@ class Session:
         self, path: str, *, recursive: bool = False, timeout: float | None = UNSET
     ) -> None:
         req = filesystem_pb2.RemoveRequest(session_id=self.id, path=path, recursive=recursive)
-        await self._client.unary(
+        await self._client._unary(
             "FilesystemService/Remove", lambda t: self._stubs.files.Remove(req, timeout=t), timeout
         )
 
@@ -401,7 +401,7 @@ class Session:
         self, path: str, *, parents: bool = False, timeout: float | None = UNSET
     ) -> FileInfo:
         req = filesystem_pb2.MakeDirRequest(session_id=self.id, path=path, parents=parents)
-        resp = await self._client.unary(
+        resp = await self._client._unary(
             "FilesystemService/MakeDir",
             lambda t: self._stubs.files.MakeDir(req, timeout=t),
             timeout,
@@ -416,7 +416,7 @@ class Session:
     ) -> AsyncIterator[bytes]:
         """A tar of the folder `path` (empty: the whole workspace), in chunks as it is made."""
         req = snapshot_pb2.ExportArchiveRequest(session_id=self.id, path=path)
-        async for resp in self._client.server_stream(
+        async for resp in self._client._server_stream(
             lambda t: self._stubs.snapshots.ExportArchive(req, timeout=t), deadline
         ):
             yield resp.chunk.data
@@ -443,7 +443,7 @@ class Session:
                 if data:
                     yield snapshot_pb2.ImportArchiveRequest(data=data)
 
-        resp = await self._client.unary(
+        resp = await self._client._unary(
             "SnapshotService/ImportArchive",
             lambda t: self._stubs.snapshots.ImportArchive(requests(), timeout=t),
             deadline,
@@ -464,7 +464,7 @@ class Session:
             labels=dict(labels or {}),
             kind=enum_value(snapshot_pb2.SnapshotKind, kind, "SNAPSHOT_KIND_"),
         )
-        resp = await self._client.unary(
+        resp = await self._client._unary(
             "SnapshotService/CreateSnapshot",
             lambda t: self._stubs.snapshots.CreateSnapshot(req, timeout=t),
             timeout,
