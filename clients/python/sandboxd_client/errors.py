@@ -276,15 +276,15 @@ def from_rpc_error(err: grpc.RpcError, address: str = "") -> SandboxError:
         if cls is None or cls.code != code:
             cls = BY_CODE.get(code, SandboxError)
         return cls(details, reason=info.reason, code=code, metadata=dict(info.metadata))
-    where = f"sandboxd at {address}" if address else "the server"
+    target = address or "the server"
+    where = f"sandboxd at {address}" if address else target
     if code == grpc.StatusCode.UNAVAILABLE:
         return ServerUnreachable(
             f"cannot reach {where} ({_first_line(details)})", reason=code.name, code=code
         )
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return NotSandboxd(
-            f"{where.replace('sandboxd at ', '')} does not serve sandboxd's API "
-            f"({_first_line(details)})",
+            f"{target} does not serve sandboxd's API ({_first_line(details)})",
             reason="NOT_SANDBOXD",
             code=code,
             retryable=False,
