@@ -278,3 +278,17 @@ def test_completion_scripts(tmp_path: Path) -> None:
     assert done.stdout.splitlines() == ["create", "--cwd"]
     zsh = subprocess.run([str(SANDBOXCTL), "completion", "zsh"], capture_output=True, check=True)
     assert zsh.stdout.startswith(b"#compdef sandboxctl")
+
+
+def test_a_closed_port_is_one_clear_line_not_a_trace() -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(SANDBOXCTL), "--addr", "127.0.0.1:1", "--call-timeout", "5", "ls"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert time.monotonic() - started < 10
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("sandboxctl: UNAVAILABLE: cannot reach sandboxd at 127.0.0.1:1")
