@@ -292,3 +292,38 @@ def test_a_closed_port_is_one_clear_line_not_a_trace() -> None:
     assert done.returncode == 1
     (line,) = done.stderr.splitlines()
     assert line.startswith("sandboxctl: UNAVAILABLE: cannot reach sandboxd at 127.0.0.1:1")
+
+
+def test_network_policy_and_egress_log(server: ServerProcess) -> None:
+    sid = _ok(ctl(server, "create", "--allow", "sh")).strip()
+    try:
+        assert json.loads(_ok(ctl(server, "-o", "json", "egress", sid))) == []
+        assert _ok(ctl(server, "egress", sid)).split() == [
+            "SEQ",
+            "TIME",
+            "VERDICT",
+            "METHOD",
+            "HOST",
+            "PORT",
+            "REASON",
+            "UP",
+            "DOWN",
+        ]
+        assert _ok(ctl(server, "network", sid)).strip() == "DENY"
+        fixed = ctl(server, "network", sid, "--domain", "example.com", "--port", "443")
+        assert fixed.returncode == 1
+        assert fixed.stderr.startswith((b"sandboxctl: NETWORK_MODE_FIXED", b"sandboxctl: EGRESS_"))
+    finally:
+        ctl(server, "rm", sid)
+    made = ctl(
+        server, "-o", "json", "create", "--allow", "sh", "--domain", "example.com", "--port", "443"
+    )
+    if made.returncode == 0:
+        session = json.loads(made.stdout)
+        try:
+            assert session["network"]["mode"] == "ALLOWLIST"
+            assert session["network"]["allowed_domains"] == ["example.com"]
+        finally:
+            ctl(server, "rm", session["session_id"])
+    else:
+        assert json.loads(made.stderr)["error"]["reason"] == "EGRESS_UNAVAILABLE"

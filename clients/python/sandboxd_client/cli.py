@@ -29,6 +29,7 @@ from typing import Any
 
 from sandboxd_client.cli_completion import completion_script
 from sandboxd_client.cli_files import cmd_cp
+from sandboxd_client.cli_network import add_policy_options, cmd_egress, cmd_network, policy_from
 from sandboxd_client.cli_output import emit, pairs, table, wants_json, when
 from sandboxd_client.cli_processes import (
     cmd_attach,
@@ -69,6 +70,7 @@ async def cmd_create(client: SandboxClient, args: argparse.Namespace) -> int:
         labels=pairs(args.label, "--label"),
         lease_ttl=args.lease,
         user=args.user or "",
+        network=policy_from(args),
         from_snapshot_id=getattr(args, "snapshot", "") or "",
     )
     emit(args, session.info, session.id)
@@ -152,6 +154,7 @@ def _session_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--user", help="numeric uid:gid")
     p.add_argument("--lease", type=float, metavar="SECONDS")
     p.add_argument("--json", action="store_true", help="same as -o json")
+    add_policy_options(p)
 
 
 def _command_options(p: argparse.ArgumentParser) -> None:
@@ -202,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("suspend", cmd_suspend, "snapshot and stop a session").add_argument("session")
     add("resume", cmd_resume, "bring a suspended session back").add_argument("session")
     add("sweep", cmd_sweep, "expire ended leases, remove orphans (admin)")
+    p = add("network", cmd_network, "set a session's egress policy (no --domain: DENY)")
+    p.add_argument("session")
+    add_policy_options(p)
+    add("egress", cmd_egress, "a session's egress log").add_argument("session")
 
     p = add("exec", cmd_exec, "run a command, streaming its output: exec SESSION -- CMD ...")
     p.add_argument("session")
