@@ -421,3 +421,38 @@ def test_no_public_method_or_result_type_exposes_protobuf() -> None:
         for _, value in inspect.getmembers(module, dataclasses.is_dataclass):
             for f in dataclasses.fields(value):
                 assert "pb2" not in str(f.type), (value, f.name)
+
+
+def _rpc_error(status: grpc.Status) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(
+        status.code,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(*status.trailing_metadata),
+        details=status.details,
+    )
+
+
+def test_error_decoding_reads_only_sandboxd_error_info() -> None:
+    exc = errors.from_rpc_error(
+        _rpc_error(_status(grpc.StatusCode.NOT_FOUND, "gone", "SESSION_NOT_FOUND")), "h:1"
+    )
+    assert type(exc) is errors.SessionNotFound and exc.message == "gone"
+    # a family class is used only with the code it stands for
+    odd = errors.from_rpc_error(
+        _rpc_error(_status(grpc.StatusCode.UNAVAILABLE, "rebuilt", "CONTAINER_LOST")), "h:1"
+    )
+    assert type(odd) is errors.Unavailable and odd.retryable and odd.reason == "CONTAINER_LOST"
+    # another domain's ErrorInfo is not ours: the code decides, the reason is the code's name
+    info = error_details_pb2.ErrorInfo(reason="QUOTA", domain="example.com")
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    foreign = rpc_status.to_status(
+        status_pb2.Status(
+            code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], message="x", details=[detail]
+        )
+    )
+    other = errors.from_rpc_error(_rpc_error(foreign), "h:1")
+    assert type(other) is errors.ResourceExhausted and other.reason == "RESOURCE_EXHAUSTED"
+    # metadata retry=true marks an error retryable whatever its code
+    marked = errors.SandboxError("m", reason="X", metadata={"retry": "true"})
+    assert marked.retryable
