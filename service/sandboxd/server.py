@@ -68,9 +68,9 @@ REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 def owner_id_for(config: Config) -> str:
     """This server's label value: configured, or made once and kept in the data directory."""
-    if config.owner_id:
-        return config.owner_id
-    path = config.data_dir / "owner-id"
+    if config.server.owner_id:
+        return config.server.owner_id
+    path = config.server.data_dir / "owner-id"
     if path.exists():
         return path.read_text().strip()
     owner = "sbx" + secrets.token_hex(4)
@@ -159,9 +159,15 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
     async with AsyncExitStack() as stack:
         metrics = Metrics()
         engine = await stack.enter_async_context(
-            Engine(config.docker_host, config.docker_pool_size, on_error=metrics.engine_error)
+            Engine(
+                config.engine.docker_host,
+                config.engine.docker_pool_size,
+                on_error=metrics.engine_error,
+            )
         )
-        store = await stack.enter_async_context(SessionStore(config.data_dir / "sessions.db"))
+        store = await stack.enter_async_context(
+            SessionStore(config.server.data_dir / "sessions.db")
+        )
         pool = WarmPool.for_config(engine, config, owner_id, metrics)
         stack.push_async_callback(pool.close)  # after the gRPC server stopped, before the engine
         # Proxies close before the engine; networks and host filters stay (fail closed).
@@ -169,9 +175,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             EgressManager(
                 engine,
                 owner_id,
-                proxy_port=config.proxy_port,
-                static_hosts=parse_static_hosts(config.proxy_hosts),
-                allow_unfiltered=config.egress_allow_unfiltered,
+                proxy_port=config.egress.proxy_port,
+                static_hosts=parse_static_hosts(config.egress.proxy_hosts),
+                allow_unfiltered=config.egress.allow_unfiltered,
                 on_decision=metrics.proxy_decision,
             )
         )
@@ -183,9 +189,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         sessions.on_session_end.append(processes.end_session)
         files = Files(engine)
         archive = ArchiveIO(
-            engine, files, config.archive_max_members, spool_dir=config.data_dir / "spool"
+            engine, files, config.archive.max_members, spool_dir=config.server.data_dir / "spool"
         )
-        snapshot_store = await SnapshotStore(store.db, config.data_dir / "snapshots").open()
+        snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
         snapshots = Snapshots(snapshot_store, archive, sessions, engine, store)
 
         server = grpc.aio.server(
@@ -217,46 +223,50 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         try:
             port = _add_port(server, config)
         except RuntimeError as exc:
-            raise ConfigError(f"cannot listen on {config.listen}: {exc}") from None
+            raise ConfigError(f"cannot listen on {config.server.listen}: {exc}") from None
         if port == 0:
-            raise ConfigError(f"cannot listen on {config.listen} (address in use or invalid)")
+            raise ConfigError(
+                f"cannot listen on {config.server.listen} (address in use or invalid)"
+            )
         monitor = EngineMonitor(engine, health_servicer, sessions.reconcile)
         await monitor.check()  # reconcile before the first call when the engine is up
         pool.start()  # after reconcile removed an earlier run's leftovers
-        if config.metrics_listen:
+        if config.metrics.listen:
 
             async def refresh_metrics() -> None:
                 metrics.set_session_counts(await store.count_by_state())
 
             await stack.enter_async_context(
-                MetricsServer(metrics, config.metrics_listen, refresh_metrics)
+                MetricsServer(metrics, config.metrics.listen, refresh_metrics)
             )
         await server.start()
-        host = config.listen.rpartition(":")[0]
+        host = config.server.listen.rpartition(":")[0]
         log.info("sandboxd listening on %s:%d (owner id %s)", host, port, owner_id)
         if ready is not None:
             ready(port)
 
         async with asyncio.TaskGroup() as tg:
             background = [
-                tg.create_task(monitor.run(config.engine_check_interval_s)),
-                tg.create_task(sessions.run_reaper(config.reaper_interval_s)),
+                tg.create_task(monitor.run(config.engine.engine_check_interval_s)),
+                tg.create_task(sessions.run_reaper(config.leases.reaper_interval_s)),
                 tg.create_task(sweeper.run()),
             ]
             await stop.wait()
-            log.info("shutting down: draining calls for up to %.1f s", config.shutdown_grace_s)
+            log.info(
+                "shutting down: draining calls for up to %.1f s", config.server.shutdown_grace_s
+            )
             await health_servicer.enter_graceful_shutdown()
-            stopping = asyncio.create_task(server.stop(config.shutdown_grace_s))
+            stopping = asyncio.create_task(server.stop(config.server.shutdown_grace_s))
             forced = asyncio.create_task(force.wait())
             await asyncio.wait({stopping, forced}, return_when=asyncio.FIRST_COMPLETED)
             if not stopping.done():
                 log.warning("second signal: stopping now")
                 await server.stop(0)
             forced.cancel()
-            if not force.is_set() and config.shutdown_snapshot_s > 0:
+            if not force.is_set() and config.server.shutdown_snapshot_s > 0:
                 # No call is in flight now: save every running workspace, so that an engine
                 # restarting after us (a reboot) loses nothing.
-                await snapshots.snapshot_running(config.shutdown_snapshot_s, force)
+                await snapshots.snapshot_running(config.server.shutdown_snapshot_s, force)
             for task in background:
                 task.cancel()
     log.info("stopped")
@@ -264,43 +274,44 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
 
 def _interceptors(config: Config) -> list[grpc.aio.ServerInterceptor]:
     """Bearer-token authentication when a tokens file is configured; else one tenant."""
-    if config.tokens_file is None:
-        if not listens_on_loopback(config.listen):
+    if config.tenancy.tokens_file is None:
+        if not listens_on_loopback(config.server.listen):
             log.warning(
                 "INSECURE: serving %s with no authentication (allow_insecure_public_listen): "
                 "anyone who can reach this port can run commands",
-                config.listen,
+                config.server.listen,
             )
         return []
     from sandboxd.tenancy import load_tokens
 
-    tokens = load_tokens(config.tokens_file)
+    tokens = load_tokens(config.tenancy.tokens_file)
     log.info(
         "authentication on: %d token(s) for %d tenant(s)",
         len(tokens.entries),
         len(tokens.tenants),
     )
-    if config.tls_cert is None and not listens_on_loopback(config.listen):
+    if config.tenancy.tls_cert is None and not listens_on_loopback(config.server.listen):
         log.warning(
-            "bearer tokens on %s travel in plaintext: set tls_cert and tls_key", config.listen
+            "bearer tokens on %s travel in plaintext: set tls_cert and tls_key",
+            config.server.listen,
         )
     return [AuthInterceptor(tokens)]
 
 
 def _add_port(server: grpc.aio.Server, config: Config) -> int:
     """TLS when a certificate is configured, mutual TLS when a client CA is too."""
-    if config.tls_cert is None or config.tls_key is None:
-        return int(server.add_insecure_port(config.listen))
+    if config.tenancy.tls_cert is None or config.tenancy.tls_key is None:
+        return int(server.add_insecure_port(config.server.listen))
     try:
-        key, cert = config.tls_key.read_bytes(), config.tls_cert.read_bytes()
-        ca = config.tls_client_ca.read_bytes() if config.tls_client_ca else None
+        key, cert = config.tenancy.tls_key.read_bytes(), config.tenancy.tls_cert.read_bytes()
+        ca = config.tenancy.tls_client_ca.read_bytes() if config.tenancy.tls_client_ca else None
     except OSError as exc:
         raise ConfigError(f"cannot read TLS files: {exc}") from None
     credentials = grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
     )
     log.info("TLS on (%s)", "client certificates required" if ca else "server certificate only")
-    return int(server.add_secure_port(config.listen, credentials))
+    return int(server.add_secure_port(config.server.listen, credentials))
 
 
 def write_port_file(path: Path, port: int) -> None:

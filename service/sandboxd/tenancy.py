@@ -28,13 +28,16 @@ __all__ = [
     "DEFAULT_TENANT",
     "TENANT_RE",
     "ExecSlots",
+    "TenantGrants",
     "TenantQuotas",
     "TokenTable",
     "check_session_id",
     "current",
+    "current_grants",
     "current_tenant",
     "generated_session_id",
     "load_tokens",
+    "private_networks_allowed",
     "token_digest",
     "use_tenant",
 ]
@@ -54,15 +57,32 @@ _authenticated: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 
 
+# The grants of the authenticated tenant; without a tokens file the local tenant's (admin).
+_grants_var: contextvars.ContextVar[TenantGrants] = contextvars.ContextVar("sandboxd_grants")
+
+
+def current_grants() -> TenantGrants:
+    """What the operator granted the tenant of the call being served."""
+    return _grants_var.get(LOCAL_GRANTS)
+
+
+def private_networks_allowed(server_setting: str, grants: TenantGrants) -> bool:
+    """The tenant's grant from the tokens file, else the server's `egress_private_networks`."""
+    if grants.private_networks is not None:
+        return grants.private_networks
+    return server_setting == "allow"
+
+
 def current() -> str:
     """The tenant of the call being served (`DEFAULT_TENANT` without authentication)."""
     return current_tenant.get()
 
 
-def use_tenant(tenant: str) -> None:
+def use_tenant(tenant: str, grants: TenantGrants | None = None) -> None:
     """Mark the running task as serving an authenticated `tenant` (each RPC is its own task)."""
     current_tenant.set(tenant)
     _authenticated.set(True)
+    _grants_var.set(NO_GRANTS if grants is None else grants)
 
 
 def token_digest(token: str | bytes) -> str:
@@ -72,10 +92,41 @@ def token_digest(token: str | bytes) -> str:
 
 
 @dataclass(frozen=True)
+class TenantGrants:
+    """What the operator granted a tenant in the tokens file, beyond the server's settings.
+
+    None: the server's setting applies. `admin`: may call AdminService.
+    """
+
+    admin: bool = False
+    private_networks: bool | None = None
+    image_allowlist: str | None = None
+
+    def merged(self, other: TenantGrants) -> TenantGrants:
+        """One tenant on several lines: a grant on any line holds; allowlists add up."""
+        images = [i for i in (self.image_allowlist, other.image_allowlist) if i is not None]
+        private = [p for p in (self.private_networks, other.private_networks) if p is not None]
+        return TenantGrants(
+            admin=self.admin or other.admin,
+            private_networks=any(private) if private else None,
+            image_allowlist=",".join(images) if images else None,
+        )
+
+
+# Without a tokens file the one local tenant is the operator: it may administer.
+LOCAL_GRANTS = TenantGrants(admin=True)
+NO_GRANTS = TenantGrants()
+
+
+@dataclass(frozen=True)
 class TokenTable:
     """(tenant, sha256 digest) pairs; lookups compare every entry in constant time."""
 
     entries: tuple[tuple[str, bytes], ...]
+    grants: dict[str, TenantGrants] = field(default_factory=dict, compare=False)
+
+    def grants_of(self, tenant: str) -> TenantGrants:
+        return self.grants.get(tenant, NO_GRANTS)
 
     def authenticate(self, token: str) -> str | None:
         """The tenant the token belongs to, or None.
@@ -98,8 +149,37 @@ class TokenTable:
         return frozenset(t for t, _ in self.entries)
 
 
+def _grants(where: str, options: list[str]) -> TenantGrants:
+    """`admin`, `egress_private_networks=allow|deny`, `image_allowlist=pattern,pattern`."""
+    admin, private, images = False, None, None
+    for option in options:
+        key, sep, value = option.partition("=")
+        if option == "admin":
+            admin = True
+        elif sep and key == "egress_private_networks" and value in ("allow", "deny"):
+            private = value == "allow"
+        elif sep and key == "image_allowlist":
+            from sandboxd.images import parse_patterns  # images imports nothing from here
+
+            try:
+                parse_patterns(value)
+            except ValueError as exc:
+                raise ConfigError(f"{where}: image_allowlist: {exc}") from None
+            images = value
+        else:
+            raise ConfigError(
+                f"{where}: unknown option {option[:60]!r} (known: admin, "
+                "egress_private_networks=allow|deny, image_allowlist=pattern,...)"
+            )
+    return TenantGrants(admin, private, images)
+
+
 def load_tokens(path: Path) -> TokenTable:
-    """Parse `tenant sha256hex` lines ('#' comments and blank lines allowed)."""
+    """Parse `tenant sha256hex [option...]` lines ('#' comments and blank lines allowed).
+
+    Options (README, "Authentication"): `admin`, `egress_private_networks=allow|deny`,
+    `image_allowlist=pattern,pattern`. A line of two words is valid as before.
+    """
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -107,6 +187,7 @@ def load_tokens(path: Path) -> TokenTable:
     except UnicodeDecodeError:
         raise ConfigError(f"tokens_file {str(path)!r}: not UTF-8 text") from None
     entries: list[tuple[str, bytes]] = []
+    grants: dict[str, TenantGrants] = {}
     seen: set[bytes] = set()
     for number, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
@@ -114,9 +195,9 @@ def load_tokens(path: Path) -> TokenTable:
             continue
         where = f"tokens_file {str(path)!r} line {number}"
         parts = line.split()
-        if len(parts) != 2:
-            raise ConfigError(f"{where}: expected 'tenant sha256hex'")
-        tenant, digest = parts
+        if len(parts) < 2:
+            raise ConfigError(f"{where}: expected 'tenant sha256hex [option...]'")
+        tenant, digest = parts[:2]
         if not TENANT_RE.match(tenant):
             raise ConfigError(
                 f"{where}: tenant {tenant!r} must be 1-32 of a-z, 0-9, '_', '-' "
@@ -132,9 +213,11 @@ def load_tokens(path: Path) -> TokenTable:
             raise ConfigError(f"{where}: the same token digest appears twice")
         seen.add(value)
         entries.append((tenant, value))
+        line_grants = _grants(where, parts[2:])
+        grants[tenant] = grants[tenant].merged(line_grants) if tenant in grants else line_grants
     if not entries:
         raise ConfigError(f"tokens_file {str(path)!r}: no 'tenant sha256hex' lines")
-    return TokenTable(tuple(entries))
+    return TokenTable(tuple(entries), grants)
 
 
 def check_session_id(session_id: str) -> None:

@@ -253,6 +253,17 @@ VALIDATION_CASES: list[tuple[dict[str, Any], str]] = [
     ({"log_level": "LOUD"}, "log_level"),
     ({"keeper_user": "0:0"}, "keeper_user"),
     ({"keeper_user": "nobody"}, "keeper_user"),
+    ({"keeper_user": "00:00"}, "keeper_user"),
+    ({"keeper_user": "0:65533"}, "keeper_user"),
+    ({"keeper_user": "65533:000"}, "keeper_user"),
+    ({"keeper_user": "+0:1"}, "keeper_user"),
+    ({"keeper_user": "\u0661:1"}, "keeper_user"),
+    ({"egress_private_networks": "maybe"}, "egress_private_networks"),
+    ({"tenant_max_streams": -1}, "tenant_max_streams"),
+    ({"stream_idle_timeout_s": 0.0}, "stream_idle_timeout_s"),
+    ({"egress_resolver_threads": 0}, "egress_resolver_threads"),
+    ({"egress_dns_timeout_s": 0.0}, "egress_dns_timeout_s"),
+    ({"image_allowlist": "Bad Image!"}, "image_allowlist"),
     ({"owner_id": "not ok!"}, "owner_id"),
     ({"helper": Path("/nonexistent/sbx")}, "helper"),
     (_limits("default_limits", cpu_millis=5), "default_cpu_millis"),
@@ -273,10 +284,10 @@ VALIDATION_CASES: list[tuple[dict[str, Any], str]] = [
     ("changes", "named"), VALIDATION_CASES, ids=[n for _, n in VALIDATION_CASES]
 )
 def test_validation_names_the_setting(changes: dict[str, Any], named: str) -> None:
-    valid = Config(helper=HELPER)
+    valid = Config().replace(helper=HELPER)
     validate(valid)  # the base is valid: only the change can fail it
     with pytest.raises(ConfigError) as excinfo:
-        validate(dataclasses.replace(valid, **changes))
+        validate(valid.replace(**changes))
     assert named in str(excinfo.value)
 
 
@@ -285,7 +296,7 @@ def test_helper_not_executable(tmp_path: Path) -> None:
     helper.write_bytes(HELPER.read_bytes())
     helper.chmod(0o644)
     with pytest.raises(ConfigError, match="helper"):
-        validate(Config(helper=helper))
+        validate(Config().replace(helper=helper))
 
 
 def test_validation_runs_on_loaded_values(tmp_path: Path) -> None:
