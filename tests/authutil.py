@@ -24,11 +24,14 @@ _OPTIONS = [
 ]
 
 
-def write_tokens(path: Path, tokens: dict[str, str]) -> Path:
-    """A tokens file mapping each token to its tenant (token -> tenant)."""
-    lines = ["# tenant sha256(token)"]
+def write_tokens(path: Path, tokens: dict[str, str], options: dict[str, str] | None = None) -> Path:
+    """A tokens file mapping each token to its tenant (token -> tenant); `options` adds the
+    tenant's grants to its lines (tenant -> 'admin egress_private_networks=allow ...')."""
+    options = options or {}
+    lines = ["# tenant sha256(token) [option...]"]
     lines += [
-        f"{tenant} {hashlib.sha256(tok.encode()).hexdigest()}" for tok, tenant in tokens.items()
+        f"{tenant} {hashlib.sha256(tok.encode()).hexdigest()} {options.get(tenant, '')}".rstrip()
+        for tok, tenant in tokens.items()
     ]
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 from sandboxd.api.admin_service import AdminService
 from sandboxd.api.auth import AuthInterceptor
 from sandboxd.api.filesystem_service import FilesystemService
+from sandboxd.api.limits import StreamCaps, StreamGuard
 from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
 from sandboxd.api.session_service import SessionService
@@ -195,7 +196,14 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         snapshots = Snapshots(snapshot_store, archive, sessions, engine, store)
 
         server = grpc.aio.server(
-            interceptors=[MetricsInterceptor(metrics), *_interceptors(config)],
+            interceptors=[
+                # Outermost: times every stream's reads and writes, whatever runs inside.
+                StreamGuard(config.tenancy.stream_idle_timeout_s),
+                MetricsInterceptor(metrics),
+                *_interceptors(config),
+                # Innermost: the tenant is known here (set by authentication, or the default).
+                StreamCaps(config.tenancy.max_streams),
+            ],
             options=[
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),

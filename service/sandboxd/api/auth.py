@@ -5,6 +5,11 @@ checked against the tokens file's sha256 digests (constant time, in `tenancy.Tok
 handler then runs with the tenant set in `tenancy.current_tenant`, so the domain scopes every
 lookup without knowing gRPC. A refused call is UNAUTHENTICATED with an ErrorInfo reason, and the
 servicer never runs.
+
+AdminService is for operators: its methods need a tenant the tokens file marks `admin`
+(PERMISSION_DENIED, reason ADMIN_REQUIRED, otherwise), except GetServerInfo, which says only
+what the server enforces and which clients read to learn the limits. Without a tokens file the
+one local tenant is the operator and may call everything.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ EXEMPT_PREFIXES = (
     "/grpc.reflection.v1.ServerReflection/",
 )
 _SCHEME = "bearer "
+ADMIN_PREFIX = "/sandboxd.v1.AdminService/"
+OPEN_ADMIN_METHODS = frozenset({"/sandboxd.v1.AdminService/GetServerInfo"})
 
 
 def bearer_token(metadata: Any) -> str | None:
@@ -72,7 +79,24 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 handler,
                 errors.Unauthenticated("the bearer token is not valid", reason="TOKEN_INVALID"),
             )
-        return _as_tenant(handler, tenant)
+        grants = self._tokens.grants_of(tenant)
+        if needs_admin(method) and not grants.admin:
+            log.warning("tenant %s refused %s: not an admin tenant", tenant, method)
+            return _refusing(
+                handler,
+                errors.PermissionDenied(
+                    f"{method.rsplit('/', 1)[-1]} is an operator call; tenant {tenant!r} is not "
+                    "marked 'admin' in the tokens file",
+                    reason="ADMIN_REQUIRED",
+                    metadata={"tenant": tenant},
+                ),
+            )
+        return _as_tenant(handler, tenant, grants)
+
+
+def needs_admin(method: str) -> bool:
+    """Every AdminService method but the informational ones, including any added later."""
+    return method.startswith(ADMIN_PREFIX) and method not in OPEN_ADMIN_METHODS
 
 
 def _refusing(handler: Any, exc: errors.SandboxError) -> Any:
@@ -85,7 +109,7 @@ def _refusing(handler: Any, exc: errors.SandboxError) -> Any:
     return handler._replace(**{kind: refuse})
 
 
-def _as_tenant(handler: Any, tenant: str) -> Any:
+def _as_tenant(handler: Any, tenant: str, grants: tenancy.TenantGrants) -> Any:
     """The same handler, run with the caller's tenant in the contextvar.
 
     Each RPC runs in its own asyncio task (its own context copy), so setting the variable
@@ -96,14 +120,14 @@ def _as_tenant(handler: Any, tenant: str) -> Any:
     if inspect.isasyncgenfunction(inner):
 
         async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
-            tenancy.use_tenant(tenant)
+            tenancy.use_tenant(tenant, grants)
             async for item in inner(request, context):
                 yield item
 
         return handler._replace(**{kind: streaming})
 
     async def unary(request: Any, context: Any) -> Any:
-        tenancy.use_tenant(tenant)
+        tenancy.use_tenant(tenant, grants)
         result = inner(request, context)
         return await result if inspect.isawaitable(result) else result
 
