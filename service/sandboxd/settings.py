@@ -114,6 +114,8 @@ class Spec:
     def problem(self, value: Any) -> str | None:
         if self.choices and value not in self.choices:
             return f"use {' or '.join(self.choices)}"
+        if self.lo == 0 and not self.lo_open and value < 0:
+            return "must not be negative"
         if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
             return f"must be {'above' if self.lo_open else 'at least'} {_num(self.lo)}"
         if self.hi is not None and value > self.hi:
@@ -249,7 +251,7 @@ class SettingTable:
             value = getattr(getattr(config, section), name)
             problem = self.specs[flat].problem(value)
             if problem:
-                raise ConfigError(f"{flat} ({value!r}): {problem}")
+                raise ConfigError(f"{flat}: {problem} (got {value!r})")
 
     def _read_toml(self, path: Path) -> dict[str, tuple[Any, str]]:
         try:

@@ -196,7 +196,7 @@ def load_tokens(path: Path) -> TokenTable:
         where = f"tokens_file {str(path)!r} line {number}"
         parts = line.split()
         if len(parts) < 2:
-            raise ConfigError(f"{where}: expected 'tenant sha256hex [option...]'")
+            raise ConfigError(f"{where}: expected 'tenant sha256hex' and options")
         tenant, digest = parts[:2]
         if not TENANT_RE.match(tenant):
             raise ConfigError(
