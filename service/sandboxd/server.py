@@ -8,17 +8,21 @@ AsyncExitStack, background work runs in one TaskGroup, and SIGTERM drains in-fli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import signal
+import socket
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
+from sandboxd import tenancy
 from sandboxd.api.admin_service import AdminService
 from sandboxd.api.auth import AuthInterceptor
 from sandboxd.api.filesystem_service import FilesystemService
@@ -29,7 +33,9 @@ from sandboxd.api.session_service import SessionService
 from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.archive import ArchiveIO
 from sandboxd.config import Config, listens_on_loopback
+from sandboxd.egress.addresses import Protected
 from sandboxd.egress.networks import EgressManager, parse_static_hosts
+from sandboxd.egress.resolver import Resolver
 from sandboxd.engine import Engine
 from sandboxd.errors import ConfigError, SandboxError
 from sandboxd.execution import Executor
@@ -177,9 +183,15 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 engine,
                 owner_id,
                 proxy_port=config.egress.proxy_port,
-                static_hosts=parse_static_hosts(config.egress.proxy_hosts),
                 allow_unfiltered=config.egress.allow_unfiltered,
                 on_decision=metrics.proxy_decision,
+                resolver=Resolver(
+                    parse_static_hosts(config.egress.proxy_hosts),
+                    threads=config.egress.resolver_threads,
+                    timeout_s=config.egress.dns_timeout_s,
+                ),
+                protected=await _protected(config),
+                private_networks_granted=_private_networks_grant(config),
             )
         )
         sessions = SessionManager(config, engine, store, owner_id, pool=pool, egress=egress)
@@ -278,6 +290,26 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             for task in background:
                 task.cancel()
     log.info("stopped")
+
+
+async def _protected(config: Config) -> Protected:
+    """Addresses the egress proxy never dials: the listeners' and the engine's (by name too)."""
+    hosts = [config.server.listen.rpartition(":")[0], config.metrics.listen.rpartition(":")[0]]
+    if config.engine.docker_host.startswith("tcp://"):
+        engine_host = urlsplit(config.engine.docker_host).hostname or ""
+        hosts.append(engine_host)
+        with contextlib.suppress(OSError, UnicodeError):
+            infos = await asyncio.to_thread(socket.getaddrinfo, engine_host, None)
+            hosts += [str(info[4][0]) for info in infos]
+    return Protected.of(hosts)
+
+
+def _private_networks_grant(config: Config) -> Callable[[str], bool]:
+    """tenant -> may its sessions reach private networks (tokens-file grant, else setting)."""
+    path = config.tenancy.tokens_file
+    grants = tenancy.load_tokens(path).grants_of if path else (lambda _: tenancy.LOCAL_GRANTS)
+    setting = config.egress.private_networks
+    return lambda tenant: tenancy.private_networks_allowed(setting, grants(tenant))
 
 
 def _interceptors(config: Config) -> list[grpc.aio.ServerInterceptor]:

@@ -1,8 +1,9 @@
 """The built-in egress proxy of one session: CONNECT and absolute-form plain HTTP (asyncio).
 
 Order of checks for every request: quotas, a strict head parse, the declared name and port,
-one lookup (static map first, then the loop's getaddrinfo), every answer address checked (one
-refused address refuses the whole answer), then a dial of exactly a checked address. A refused
+one lookup (static map first, then the resolver's own threads), every answer address checked
+(one refused address refuses the whole answer; the host's own addresses, cloud metadata and
+loopback whatever the grant), then a dial of exactly a checked address, checked again. A refused
 request gets one HTTP error reply and the connection is closed. Every decision goes to the
 session's audit log with the bytes moved.
 """
@@ -13,14 +14,13 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import socket
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sandboxd.egress import addresses
-from sandboxd.egress.addresses import IPAddress
+from sandboxd.egress.addresses import IPAddress, Protected
 from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import ResolvedQuotas
+from sandboxd.egress.resolver import Resolver, ResolverBusy
 from sandboxd.egress.target import (
     MAX_HEAD_BYTES,
     RequestKind,
@@ -32,9 +32,7 @@ from sandboxd.egress.target import (
 log = logging.getLogger(__name__)
 
 CHUNK = 256 * 1024
-DNS_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 10.0
-MAX_ANSWERS = 32
 LINGER_S = 1.0
 LINGER_BYTES = 256 * 1024
 MAX_LINGERING = 64
@@ -99,30 +97,6 @@ def _request_line_words(head: bytes) -> tuple[str, str]:
     )
 
 
-class Resolver:
-    """Names to addresses: the operator's static map first, else the loop's getaddrinfo."""
-
-    def __init__(self, static: Mapping[str, tuple[str, ...]] | None = None) -> None:
-        self._static = dict(static or {})
-
-    async def resolve(self, name: str, port: int) -> list[str]:
-        if name in self._static:
-            return list(self._static[name])
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(DNS_TIMEOUT_S):
-            infos = await loop.getaddrinfo(
-                name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-            )
-        answers: list[str] = []
-        for family, _, _, _, sockaddr in infos[:MAX_ANSWERS]:
-            host = str(sockaddr[0])
-            if family == socket.AF_INET6 and len(sockaddr) >= 4 and sockaddr[3]:
-                host = f"{host}%{sockaddr[3]}"  # keep the zone id so the check refuses it
-            if host not in answers:
-                answers.append(host)
-        return answers
-
-
 class _Budget:
     """Bytes each way for the whole proxy; a tunnel that exhausts it is cut."""
 
@@ -149,6 +123,7 @@ class EgressProxy:
         resolver: Resolver,
         audit: AuditLog,
         peer_network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None,
+        protected: Protected | None = None,
     ) -> None:
         self.session_id = session_id
         self.rules = rules
@@ -156,6 +131,7 @@ class EgressProxy:
         self.audit = audit
         self._resolver = resolver
         self._peer_network = peer_network
+        self._protected = protected or Protected()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing: set[asyncio.Task[None]] = set()  # refused over quota, lingering
@@ -323,7 +299,9 @@ class EgressProxy:
             raise refuse(429, "QUOTA_DNS", "too many name lookups in flight")
         self._dns_in_flight += 1
         try:
-            answers = await self._resolver.resolve(req.host, req.port)
+            answers = await self._resolver.resolve(req.host, req.port, owner=self.session_id)
+        except ResolverBusy as exc:
+            raise refuse(429, "QUOTA_DNS", f"name lookups are busy: {exc}") from None
         except (OSError, TimeoutError, UnicodeError):
             raise refuse(502, "DNS_FAILED", f"{req.host} does not resolve") from None
         finally:
@@ -336,7 +314,7 @@ class EgressProxy:
                 addr = addresses.parse_answer(text)
             except ValueError:
                 raise refuse(502, "DNS_FAILED", "unparsable answer") from None
-            verdict = addresses.check(addr, allow_private_networks=rules.allow_private_networks)
+            verdict = self._check(addr, rules.allow_private_networks)
             if not verdict.allowed:
                 raise refuse(
                     403, "ADDRESS_REFUSED", f"{req.host} resolves to a refused address", str(addr)
@@ -351,12 +329,25 @@ class EgressProxy:
             body=req.content_length if req.kind is RequestKind.HTTP else 0,
         )
 
+    def _check(self, addr: IPAddress, allow_private_networks: bool) -> addresses.Verdict:
+        return addresses.check(
+            addr, allow_private_networks=allow_private_networks, protected=self._protected
+        )
+
     async def _dial(
         self, decision: _Decision
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, str]:
         """Connect to the checked addresses in answer order; never to the name again, so DNS
-        rebinding cannot swap what was checked."""
+        rebinding cannot swap what was checked. Each is checked once more just before its
+        connect, against the rules and host addresses of that moment."""
         for address in decision.addresses:
+            verdict = self._check(
+                addresses.parse_answer(address), self.rules.allow_private_networks
+            )
+            if not verdict.allowed:
+                raise Refused(
+                    403, "ADDRESS_REFUSED", f"{decision.host} resolves to a refused address"
+                ).about(decision.method, decision.host, decision.port, address)
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT_S):
                     r, w = await asyncio.open_connection(address, decision.port, limit=CHUNK)
