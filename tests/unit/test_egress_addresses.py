@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
-
-import pytest
 from pathlib import Path
 
+import pytest
 from sandboxd.egress.addresses import Protected, check, classify, local_addresses
 
 NO_HOST = Protected(host_addresses=frozenset)  # a host with no addresses: only ranges count

@@ -10,9 +10,9 @@ import socket
 from collections.abc import AsyncIterator
 
 import pytest
+from sandboxd.egress.addresses import Protected
 from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import DEFAULT_QUOTAS, ResolvedQuotas
-from sandboxd.egress.addresses import Protected
 from sandboxd.egress.proxy import EgressProxy, Rules
 from sandboxd.egress.resolver import Resolver
 
