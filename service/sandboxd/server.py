@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 
 from sandboxd import tenancy
 from sandboxd.api.admin_service import AdminService
-from sandboxd.api.auth import AuthInterceptor
+from sandboxd.api.auth import AuthInterceptor, LocalTenantInterceptor
 from sandboxd.api.filesystem_service import FilesystemService
 from sandboxd.api.limits import StreamCaps, StreamGuard
 from sandboxd.api.observe import MetricsInterceptor
@@ -321,10 +321,8 @@ def _interceptors(config: Config) -> list[grpc.aio.ServerInterceptor]:
                 "anyone who can reach this port can run commands",
                 config.server.listen,
             )
-        return []
-    from sandboxd.tenancy import load_tokens
-
-    tokens = load_tokens(config.tenancy.tokens_file)
+        return [LocalTenantInterceptor(config.egress.private_networks)]
+    tokens = tenancy.load_tokens(config.tenancy.tokens_file)
     log.info(
         "authentication on: %d token(s) for %d tenant(s)",
         len(tokens.entries),
@@ -335,7 +333,7 @@ def _interceptors(config: Config) -> list[grpc.aio.ServerInterceptor]:
             "bearer tokens on %s travel in plaintext: set tls_cert and tls_key",
             config.server.listen,
         )
-    return [AuthInterceptor(tokens)]
+    return [AuthInterceptor(tokens, config.egress.private_networks)]
 
 
 def _add_port(server: grpc.aio.Server, config: Config) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import hashlib
 import hmac
 import re
@@ -38,6 +39,8 @@ __all__ = [
     "generated_session_id",
     "load_tokens",
     "private_networks_allowed",
+    "resolved_grants",
+    "use_grants",
     "token_digest",
     "use_tenant",
 ]
@@ -71,6 +74,17 @@ def private_networks_allowed(server_setting: str, grants: TenantGrants) -> bool:
     if grants.private_networks is not None:
         return grants.private_networks
     return server_setting == "allow"
+
+
+def resolved_grants(grants: TenantGrants, server_private_networks: str) -> TenantGrants:
+    """The grants with the server's setting folded in: `private_networks` is then a bool."""
+    allowed = private_networks_allowed(server_private_networks, grants)
+    return dataclasses.replace(grants, private_networks=allowed)
+
+
+def use_grants(grants: TenantGrants) -> None:
+    """Set the grants of the call being served (the local tenant, without a tokens file)."""
+    _grants_var.set(grants)
 
 
 def current() -> str:

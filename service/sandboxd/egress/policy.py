@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from sandboxd import tenancy
 from sandboxd.egress.target import TargetError, normalize_pattern
 from sandboxd.errors import InvalidArgument, PermissionDenied
 from sandboxd.models import NetworkMode, NetworkPolicy, ProxyQuotas
@@ -92,15 +93,18 @@ def validate_policy(
     *,
     default_quotas: ProxyQuotas = DEFAULT_QUOTAS,
     max_quotas: ProxyQuotas = MAX_QUOTAS,
-    private_networks_granted: bool = False,
+    private_networks_granted: bool | None = None,
 ) -> NetworkPolicy:
     """The normalized policy a session keeps, or InvalidArgument NETWORK_POLICY_INVALID.
 
     `allow_private_networks` is the operator's to grant (setting `egress_private_networks`,
     or the tenant's tokens-file option): asked for without `private_networks_granted` it is
-    PERMISSION_DENIED, reason PRIVATE_NETWORKS_NOT_GRANTED. (The proxy enforces the grant on
-    its own as well, and never reaches the host itself whatever the grant.)
+    PERMISSION_DENIED, reason PRIVATE_NETWORKS_NOT_GRANTED. None: the grant of the call being
+    served (`tenancy.current_grants()`, set by the interceptors; none outside a call). The
+    proxy enforces the grant on its own as well, and never reaches the host whatever it is.
     """
+    if private_networks_granted is None:
+        private_networks_granted = tenancy.current_grants().private_networks is True
     if asked.mode is not NetworkMode.ALLOWLIST:
         if asked.allowed_domains or asked.allowed_ports or asked.allow_private_networks:
             raise InvalidArgument(
