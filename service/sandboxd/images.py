@@ -7,7 +7,8 @@ or the tenant's own from the tokens file), or when it is one of the calling tena
 snapshot images (by full id, or an id prefix of at least 12 hex digits). Images that declare
 VOLUMEs are refused whatever the list: a volume is writable host disk outside every cap.
 
-Patterns: `*` matches any run of characters (including `/` and `:`); nothing else is special.
+Patterns: `*` matches any run of characters but `@` (so `/` and `:` too; a digest must be
+written out); nothing else is special.
 References and patterns are compared in their normal form: `docker.io/library/` and
 `docker.io/` dropped, `:latest` added to a reference with neither tag nor digest.
 """
@@ -66,7 +67,7 @@ def parse_patterns(text: str) -> tuple[str, ...]:
 
 
 def _matches(pattern: str, ref: str) -> bool:
-    regex = ".*".join(re.escape(part) for part in pattern.split("*"))
+    regex = "[^@]*".join(re.escape(part) for part in pattern.split("*"))
     return re.fullmatch(regex, ref) is not None
 
 
