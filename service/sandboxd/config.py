@@ -249,8 +249,8 @@ class ImagesSection:
     allowlist: str = setting(
         "sandboxd-runtime:*",
         TEXT,
-        "comma-separated image patterns sessions may use ('*' any run of characters); a "
-        "tenant's own snapshot images are always allowed",
+        "comma-separated image patterns sessions may use ('*' any run of characters); the "
+        "default image and a tenant's own snapshot images are always allowed",
         flat="image_allowlist",
     )
 

@@ -19,10 +19,12 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from sandboxd import tenancy
 from sandboxd.errors import FailedPrecondition, PermissionDenied
 
 __all__ = [
     "HEALTHCHECK_OFF",
+    "allowed_patterns",
     "check_image",
     "normalize_reference",
     "parse_patterns",
@@ -64,6 +66,20 @@ def parse_patterns(text: str) -> tuple[str, ...]:
             )
         patterns.append(normalize_reference(item) if "*" not in item else _strip_registry(item))
     return tuple(patterns)
+
+
+def allowed_patterns(
+    server_allowlist: str,
+    grants: tenancy.TenantGrants | None = None,
+    *,
+    default_image: str = "",
+) -> tuple[str, ...]:
+    """The server's `image_allowlist`, its default `image` (the operator chose it), and the
+    tenant's `image_allowlist=` from the tokens file (grants: the current call's by default)."""
+    grants = tenancy.current_grants() if grants is None else grants
+    texts = [server_allowlist, grants.image_allowlist or ""]
+    default = (normalize_reference(default_image),) if default_image else ()
+    return parse_patterns(",".join(texts)) + default
 
 
 def _matches(pattern: str, ref: str) -> bool:

@@ -4,10 +4,12 @@ images with VOLUMEs refused, health checks switched off."""
 from __future__ import annotations
 
 import pytest
+from sandboxd import tenancy
 from sandboxd.config import Config
 from sandboxd.errors import FailedPrecondition, PermissionDenied
 from sandboxd.images import (
     HEALTHCHECK_OFF,
+    allowed_patterns,
     check_image,
     normalize_reference,
     parse_patterns,
@@ -86,3 +88,21 @@ def test_images_with_volumes_refused() -> None:
 
 def test_health_checks_off() -> None:
     assert HEALTHCHECK_OFF == {"Test": ["NONE"]}
+
+
+def test_a_tenants_allowlist_adds_to_the_servers() -> None:
+    alpha = tenancy.TenantGrants(image_allowlist="python:3.*")
+    check_image("python:3.12", allowed_patterns("sandboxd-runtime:*", alpha))
+    check_image("sandboxd-runtime:busybox", allowed_patterns("sandboxd-runtime:*", alpha))
+    with pytest.raises(PermissionDenied):  # another tenant (or the local one) has no such grant
+        check_image("python:3.12", allowed_patterns("sandboxd-runtime:*", tenancy.TenantGrants()))
+    with pytest.raises(PermissionDenied):
+        check_image("python:3.12", allowed_patterns("sandboxd-runtime:*"))
+
+
+def test_the_operators_default_image_is_allowed() -> None:
+    patterns = allowed_patterns("sandboxd-runtime:*", tenancy.TenantGrants(), default_image="alp")
+    check_image("alp", patterns)
+    check_image("docker.io/library/alp:latest", patterns)
+    with pytest.raises(PermissionDenied):
+        check_image("alp:2", patterns)
