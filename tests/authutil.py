@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from conftest import Stubs
 from sandboxd.v1 import (
     admin_pb2_grpc,
@@ -87,6 +88,19 @@ def stubs_for(channel: grpc.Channel) -> Stubs:
         filesystem_pb2_grpc.FilesystemServiceStub(channel),
         admin_pb2_grpc.AdminServiceStub(channel),
     )
+
+
+def tenant_fixture(server_fixture: str, token: str) -> Any:
+    """A module fixture: stubs of the tenant holding `token` on the server of `server_fixture`."""
+
+    @pytest.fixture(scope="module")
+    def stubs(request: pytest.FixtureRequest) -> Iterator[Stubs]:
+        server = request.getfixturevalue(server_fixture)
+        s = authed_stubs(server.address, token)
+        yield s
+        s.channel.close()
+
+    return stubs
 
 
 def authed_stubs(

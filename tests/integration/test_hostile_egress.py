@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from authutil import authed_stubs, write_tokens
+from authutil import tenant_fixture, write_tokens
 from conftest import (
     ServerProcess,
     Stubs,
@@ -89,18 +89,10 @@ def granted_server(
     remove_owned_networks(owner)
 
 
-@pytest.fixture(scope="module")
-def alpha(granted_server: ServerProcess) -> Iterator[Stubs]:
-    s = authed_stubs(granted_server.address, ALPHA)
-    yield s
-    s.channel.close()
+alpha = tenant_fixture("granted_server", ALPHA)
 
 
-@pytest.fixture(scope="module")
-def beta(granted_server: ServerProcess) -> Iterator[Stubs]:
-    s = authed_stubs(granted_server.address, BETA)
-    yield s
-    s.channel.close()
+beta = tenant_fixture("granted_server", BETA)
 
 
 def test_callers_cannot_grant_themselves_private_networks(

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from authutil import authed_stubs, write_tokens
+from authutil import tenant_fixture, write_tokens
 from conftest import (
     IMAGE,
     ServerProcess,
@@ -73,18 +73,10 @@ def image_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     remove_owned_containers(owner)
 
 
-@pytest.fixture(scope="module")
-def alpha(image_server: ServerProcess) -> Iterator[Stubs]:
-    s = authed_stubs(image_server.address, ALPHA)
-    yield s
-    s.channel.close()
+alpha = tenant_fixture("image_server", ALPHA)
 
 
-@pytest.fixture(scope="module")
-def beta(image_server: ServerProcess) -> Iterator[Stubs]:
-    s = authed_stubs(image_server.address, BETA)
-    yield s
-    s.channel.close()
+beta = tenant_fixture("image_server", BETA)
 
 
 def _create(s: Stubs, image: str) -> str:

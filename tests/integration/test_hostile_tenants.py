@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from authutil import authed_stubs, write_tokens
+from authutil import authed_stubs, tenant_fixture, write_tokens
 from conftest import (
     ServerProcess,
     Stubs,
@@ -55,18 +55,10 @@ def hostile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
     remove_owned_containers(owner)
 
 
-@pytest.fixture(scope="module")
-def alpha(hostile_server: ServerProcess) -> Iterator[Stubs]:
-    s = authed_stubs(hostile_server.address, ALPHA)
-    yield s
-    s.channel.close()
+alpha = tenant_fixture("hostile_server", ALPHA)
 
 
-@pytest.fixture(scope="module")
-def beta(hostile_server: ServerProcess) -> Iterator[Stubs]:
-    s = authed_stubs(hostile_server.address, BETA)
-    yield s
-    s.channel.close()
+beta = tenant_fixture("hostile_server", BETA)
 
 
 def _session(s: Stubs) -> str:
@@ -106,20 +98,19 @@ def test_sweep_needs_an_admin_tenant(hostile_server: ServerProcess, alpha: Stubs
 # ---------------------------------------------------------------------------------------------
 
 
+def _stalled_upload(sid: str, stop: threading.Event) -> Iterator[snapshot_pb2.ImportArchiveRequest]:
+    """An ImportArchive that sends its header, then nothing until `stop` (or 60 s)."""
+    yield snapshot_pb2.ImportArchiveRequest(header=snapshot_pb2.ImportArchiveHeader(session_id=sid))
+    stop.wait(60)
+
+
 def test_import_waiting_forever_for_data_ends(alpha: Stubs) -> None:
     sid = _session(alpha)
     try:
         stop = threading.Event()
-
-        def requests() -> Iterator[snapshot_pb2.ImportArchiveRequest]:
-            yield snapshot_pb2.ImportArchiveRequest(
-                header=snapshot_pb2.ImportArchiveHeader(session_id=sid)
-            )
-            stop.wait(60)  # then nothing: the upload never comes
-
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as excinfo:
-            _snap(alpha).ImportArchive(requests(), timeout=30)
+            _snap(alpha).ImportArchive(_stalled_upload(sid, stop), timeout=30)
         stop.set()
         err = excinfo.value
         assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err.details()  # type: ignore[attr-defined]
@@ -137,14 +128,7 @@ def test_open_streams_are_capped_per_tenant(alpha: Stubs, beta: Stubs) -> None:
     bystander = _session(beta)
     try:
         stop = threading.Event()
-
-        def requests() -> Iterator[snapshot_pb2.ImportArchiveRequest]:
-            yield snapshot_pb2.ImportArchiveRequest(
-                header=snapshot_pb2.ImportArchiveHeader(session_id=sid)
-            )
-            stop.wait(60)
-
-        holder = _snap(alpha).ImportArchive.future(requests(), timeout=30)
+        holder = _snap(alpha).ImportArchive.future(_stalled_upload(sid, stop), timeout=30)
         time.sleep(0.5)  # the first stream is open and counted
         expect_error(
             lambda: list(
