@@ -20,6 +20,7 @@ from sandboxd.egress import addresses
 from sandboxd.egress.addresses import IPAddress, Protected
 from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import ResolvedQuotas
+from sandboxd.egress.replies import CHUNK, linger_close, reply, request_line_words
 from sandboxd.egress.resolver import Resolver, ResolverBusy
 from sandboxd.egress.target import (
     MAX_HEAD_BYTES,
@@ -31,23 +32,8 @@ from sandboxd.egress.target import (
 
 log = logging.getLogger(__name__)
 
-CHUNK = 256 * 1024
 CONNECT_TIMEOUT_S = 10.0
-LINGER_S = 1.0
-LINGER_BYTES = 256 * 1024
 MAX_LINGERING = 64
-
-_STATUS_TEXT = {
-    400: "Bad Request",
-    403: "Forbidden",
-    408: "Request Timeout",
-    429: "Too Many Requests",
-    431: "Request Header Fields Too Large",
-    501: "Not Implemented",
-    502: "Bad Gateway",
-    504: "Gateway Timeout",
-    505: "HTTP Version Not Supported",
-}
 
 
 @dataclass(frozen=True)
@@ -84,17 +70,6 @@ class _Decision:
     addresses: tuple[str, ...]
     upstream_head: bytes  # empty for CONNECT
     body: int  # plain-HTTP request body bytes to copy after the head
-
-
-def _request_line_words(head: bytes) -> tuple[str, str]:
-    """Method and target of a head that did not parse, for the audit (printable or empty)."""
-    words = head[:300].split(b"\r\n", 1)[0].split(b" ")
-    method = words[0].decode("ascii", "replace") if words else ""
-    target = words[1].decode("ascii", "replace") if len(words) > 1 else ""
-    return (
-        method if method.isalpha() and method.isascii() else "",
-        target if target.isprintable() else "",
-    )
 
 
 class _Budget:
@@ -170,11 +145,11 @@ class EgressProxy:
         # Over the connection quota: refuse here, before a task exists; tunnels keep running.
         if len(self._tasks) >= self.quotas.max_connections:
             self.audit.record(method="", host="", port=0, allowed=False, reason="QUOTA_CONNECTIONS")
-            _reply(writer, 429, "QUOTA_CONNECTIONS", "too many concurrent connections")
+            reply(writer, 429, "QUOTA_CONNECTIONS", "too many concurrent connections")
             if len(self._closing) >= MAX_LINGERING:
                 writer.close()  # a flood: no lingering, the reply may be lost to a reset
                 return
-            closing = asyncio.create_task(_linger_close(reader, writer))
+            closing = asyncio.create_task(linger_close(reader, writer))
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
             return
@@ -199,8 +174,8 @@ class EgressProxy:
                     reason=exc.reason,
                     address=exc.address,
                 )
-                _reply(writer, exc.status, exc.reason, str(exc))
-                await _linger_close(reader, writer)
+                reply(writer, exc.status, exc.reason, str(exc))
+                await linger_close(reader, writer)
                 return
             await self._carry(decision, address, reader, writer, up_reader, upstream)
         except (ConnectionError, OSError):
@@ -282,7 +257,7 @@ class EgressProxy:
         try:
             req = parse_request_head(head)
         except TargetError as exc:
-            method, target = _request_line_words(head)
+            method, target = request_line_words(head)
             raise Refused(exc.status, exc.reason, str(exc)).about(method, target, 0) from None
         rules = self.rules
 
@@ -444,29 +419,3 @@ class EgressProxy:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _linger_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Send what was written, then read (and drop) what the client still sends for a moment
-    before closing: closing a socket with unread input resets it, and the reset can destroy the
-    refusal the client is about to read."""
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(LINGER_S):
-            await writer.drain()
-            if writer.can_write_eof():
-                writer.write_eof()
-            left = LINGER_BYTES
-            while left > 0 and (chunk := await reader.read(min(CHUNK, left))):
-                left -= len(chunk)
-    writer.close()
-
-
-def _reply(writer: asyncio.StreamWriter, status: int, reason: str, message: str) -> None:
-    body = f"sandboxd egress proxy: {reason}: {message}\n".encode("ascii", "replace")
-    head = (
-        f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Error')}\r\n"
-        f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-        f"X-Sandboxd-Egress-Reason: {reason}\r\nConnection: close\r\n\r\n"
-    )
-    with contextlib.suppress(Exception):
-        writer.write(head.encode("ascii") + body)
