@@ -13,6 +13,7 @@ tenant's id is NOT_FOUND on every RPC, exactly like a missing one.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import dataclasses
@@ -29,6 +30,8 @@ __all__ = [
     "DEFAULT_TENANT",
     "TENANT_RE",
     "ExecSlots",
+    "StreamSlots",
+    "TenantSlots",
     "TenantGrants",
     "TenantQuotas",
     "TokenTable",
@@ -291,33 +294,55 @@ class TenantQuotas:
 
 
 @dataclass
-class ExecSlots:
-    """Counts the commands each tenant is running; refuses one over the cap at once."""
+class TenantSlots:
+    """Counts what each tenant holds at once; refuses one over the cap at once (0: no cap)."""
 
     limit: int = 0
-    _running: dict[str, int] = field(default_factory=dict)
+    _held: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def running(self, tenant: str) -> int:
-        return self._running.get(tenant, 0)
+        return self._held[tenant]
+
+    def refusal(self, tenant: str) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"tenant {tenant!r} already holds {self.limit}, its quota",
+            reason="TENANT_QUOTA",
+            metadata={"tenant": tenant, "quota": str(self.limit)},
+        )
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
-        """Hold one of the calling tenant's exec slots for the duration of a command."""
+        """Hold one of the calling tenant's slots for the duration of the block."""
         tenant = current()
         # Check and count with no await between them: one event loop, so no race.
-        if self.limit and self._running.get(tenant, 0) >= self.limit:
-            raise ResourceExhausted(
-                f"tenant {tenant!r} is already running {self.limit} commands, its quota "
-                "of concurrent execs; wait for one to finish",
-                reason="TENANT_EXEC_QUOTA",
-                metadata={"tenant": tenant, "quota": str(self.limit)},
-            )
-        self._running[tenant] = self._running.get(tenant, 0) + 1
+        if self.limit and self._held[tenant] >= self.limit:
+            raise self.refusal(tenant)
+        self._held[tenant] += 1
         try:
             yield
         finally:
-            left = self._running[tenant] - 1
-            if left:
-                self._running[tenant] = left
-            else:
-                del self._running[tenant]
+            self._held -= collections.Counter({tenant: 1})  # drops the tenant at zero
+
+
+class ExecSlots(TenantSlots):
+    """Commands each tenant is running (`tenant_max_concurrent_execs`)."""
+
+    def refusal(self, tenant: str) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"tenant {tenant!r} is already running {self.limit} commands, its quota "
+            "of concurrent execs; wait for one to finish",
+            reason="TENANT_EXEC_QUOTA",
+            metadata={"tenant": tenant, "quota": str(self.limit)},
+        )
+
+
+class StreamSlots(TenantSlots):
+    """Streaming calls each tenant has open (`tenant_max_streams`)."""
+
+    def refusal(self, tenant: str) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"tenant {tenant!r} already has {self.limit} open streams, its quota "
+            "(tenant_max_streams); close one first",
+            reason="TENANT_STREAM_QUOTA",
+            metadata={"tenant": tenant, "quota": str(self.limit)},
+        )

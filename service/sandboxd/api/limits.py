@@ -107,17 +107,13 @@ async def idle_limited(requests: AsyncIterator[Any], idle: float) -> AsyncIterat
 
 class StreamCaps(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, max_streams: int) -> None:
-        self.limit = max_streams
-        self._open: dict[str, int] = {}
-
-    def open_streams(self, tenant: str) -> int:
-        return self._open.get(tenant, 0)
+        self.slots = tenancy.StreamSlots(max_streams)
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: Any
     ) -> Any:
         handler = await continuation(handler_call_details)
-        if handler is None or not self.limit:
+        if handler is None or not self.slots.limit:
             return handler
         if not (handler.request_streaming or handler.response_streaming):
             return handler
@@ -128,55 +124,28 @@ class StreamCaps(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         )
         return handler._replace(**{kind: self._counted(getattr(handler, kind))})
 
-    def _acquire(self) -> str:
-        """Count one more open stream of the calling tenant, or refuse it."""
-        tenant = tenancy.current()
-        # Check and count with no await between them: one event loop, so no race.
-        if self._open.get(tenant, 0) >= self.limit:
-            raise errors.ResourceExhausted(
-                f"tenant {tenant!r} already has {self.limit} open streams, its quota "
-                "(tenant_max_streams); close one first",
-                reason="TENANT_STREAM_QUOTA",
-                metadata={"tenant": tenant, "quota": str(self.limit)},
-            )
-        self._open[tenant] = self._open.get(tenant, 0) + 1
-        return tenant
-
-    def _release(self, tenant: str) -> None:
-        left = self._open[tenant] - 1
-        if left:
-            self._open[tenant] = left
-        else:
-            del self._open[tenant]
-
     def _counted(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
+        # A refusal comes from entering the slot: the servicer's own errors are aborts by then.
+        slots = self.slots
         if inspect.isasyncgenfunction(behavior):
 
             async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
                 try:
-                    tenant = self._acquire()
+                    async with slots.slot():
+                        async with contextlib.aclosing(behavior(request, context)) as items:
+                            async for item in items:
+                                yield item
                 except errors.ResourceExhausted as exc:
                     await context.abort_with_status(to_status(exc))
-                    return
-                try:
-                    async with contextlib.aclosing(behavior(request, context)) as items:
-                        async for item in items:
-                            yield item
-                finally:
-                    self._release(tenant)
 
             return streaming
 
         async def unary(request: Any, context: Any) -> Any:
             try:
-                tenant = self._acquire()
+                async with slots.slot():
+                    result = behavior(request, context)
+                    return await result if inspect.isawaitable(result) else result
             except errors.ResourceExhausted as exc:
                 await context.abort_with_status(to_status(exc))
-                return None
-            try:
-                result = behavior(request, context)
-                return await result if inspect.isawaitable(result) else result
-            finally:
-                self._release(tenant)
 
         return unary

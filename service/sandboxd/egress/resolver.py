@@ -12,6 +12,7 @@ no thread left, is refused at once (`ResolverBusy`) instead of queueing behind s
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import socket
@@ -41,11 +42,12 @@ class Resolver:
         # One session may hold at most half the threads (at least one): another always has one.
         self._per_session = per_session or max(1, threads // 2)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._busy: dict[str, int] = {}  # threads held per session, stuck ones included
+        # threads held per session, stuck ones included
+        self._busy: collections.Counter[str] = collections.Counter()
 
     @property
     def busy(self) -> int:
-        return sum(self._busy.values())
+        return self._busy.total()
 
     def close(self) -> None:
         """Stop taking lookups; stuck threads end when their getaddrinfo returns."""
@@ -56,7 +58,7 @@ class Resolver:
     async def resolve(self, name: str, port: int, *, owner: str = "") -> list[str]:
         if name in self._static:
             return list(self._static[name])
-        if self._busy.get(owner, 0) >= self._per_session:
+        if self._busy[owner] >= self._per_session:
             raise ResolverBusy(f"{self._per_session} lookups of this session are in flight")
         if self.busy >= self._threads:
             raise ResolverBusy("every resolver thread is busy")
@@ -64,7 +66,7 @@ class Resolver:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 self._threads, thread_name_prefix="sandboxd-dns"
             )
-        self._busy[owner] = self._busy.get(owner, 0) + 1
+        self._busy[owner] += 1
         future = self._pool.submit(
             socket.getaddrinfo, name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
         )
@@ -83,11 +85,7 @@ class Resolver:
 
     def _done(self, owner: str) -> None:
         """A lookup thread is free again (its lookup answered, failed, or was never run)."""
-        left = self._busy[owner] - 1
-        if left:
-            self._busy[owner] = left
-        else:
-            del self._busy[owner]
+        self._busy -= collections.Counter({owner: 1})  # drops the session at zero
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[str], None], arg: str) -> None:
