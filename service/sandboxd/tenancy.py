@@ -298,17 +298,12 @@ class TenantSlots:
     """Counts what each tenant holds at once; refuses one over the cap at once (0: no cap)."""
 
     limit: int = 0
+    reason: str = "TENANT_QUOTA"
+    refusal: str = "already holds {limit}, its quota"  # after "tenant 'x' "
     _held: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def running(self, tenant: str) -> int:
         return self._held[tenant]
-
-    def refusal(self, tenant: str) -> ResourceExhausted:
-        return ResourceExhausted(
-            f"tenant {tenant!r} already holds {self.limit}, its quota",
-            reason="TENANT_QUOTA",
-            metadata={"tenant": tenant, "quota": str(self.limit)},
-        )
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -316,7 +311,11 @@ class TenantSlots:
         tenant = current()
         # Check and count with no await between them: one event loop, so no race.
         if self.limit and self._held[tenant] >= self.limit:
-            raise self.refusal(tenant)
+            raise ResourceExhausted(
+                f"tenant {tenant!r} " + self.refusal.format(limit=self.limit),
+                reason=self.reason,
+                metadata={"tenant": tenant, "quota": str(self.limit)},
+            )
         self._held[tenant] += 1
         try:
             yield
@@ -324,25 +323,19 @@ class TenantSlots:
             self._held -= collections.Counter({tenant: 1})  # drops the tenant at zero
 
 
+@dataclass
 class ExecSlots(TenantSlots):
     """Commands each tenant is running (`tenant_max_concurrent_execs`)."""
 
-    def refusal(self, tenant: str) -> ResourceExhausted:
-        return ResourceExhausted(
-            f"tenant {tenant!r} is already running {self.limit} commands, its quota "
-            "of concurrent execs; wait for one to finish",
-            reason="TENANT_EXEC_QUOTA",
-            metadata={"tenant": tenant, "quota": str(self.limit)},
-        )
+    reason: str = "TENANT_EXEC_QUOTA"
+    refusal: str = (
+        "is already running {limit} commands, its quota of concurrent execs; wait for one to finish"
+    )
 
 
+@dataclass
 class StreamSlots(TenantSlots):
     """Streaming calls each tenant has open (`tenant_max_streams`)."""
 
-    def refusal(self, tenant: str) -> ResourceExhausted:
-        return ResourceExhausted(
-            f"tenant {tenant!r} already has {self.limit} open streams, its quota "
-            "(tenant_max_streams); close one first",
-            reason="TENANT_STREAM_QUOTA",
-            metadata={"tenant": tenant, "quota": str(self.limit)},
-        )
+    reason: str = "TENANT_STREAM_QUOTA"
+    refusal: str = "already has {limit} open streams, its quota (tenant_max_streams); close one"
