@@ -14,6 +14,7 @@ with a `ConfigError` naming the setting and its source.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 from collections.abc import Mapping, Sequence
@@ -277,7 +278,7 @@ class MetricsSection:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Config:
     server: ServerSection = field(default_factory=ServerSection)
     engine: EngineSection = field(default_factory=EngineSection)
@@ -288,6 +289,20 @@ class Config:
     images: ImagesSection = field(default_factory=ImagesSection)
     archive: ArchiveSection = field(default_factory=ArchiveSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
+
+    def __init__(self, **settings: Any) -> None:
+        """Sections by name (`server=ServerSection(...)`), defaults for the rest.
+
+        Kept for the merge: flat setting names (`Config(data_dir=...)`, and so
+        `dataclasses.replace(config, pool_size=...)`) are accepted too, as before the sections.
+        """
+        for f in dataclasses.fields(self):
+            value = settings.pop(f.name, None)
+            object.__setattr__(self, f.name, value if value is not None else TABLE.new(f.name))
+        if settings:
+            replaced = self.replace(**settings)
+            for f in dataclasses.fields(self):
+                object.__setattr__(self, f.name, getattr(replaced, f.name))
 
     @property
     def max_message_bytes(self) -> int:
@@ -321,9 +336,9 @@ class Config:
         return getattr(getattr(self, place[0]), place[1])
 
 
+TABLE = SettingTable(Config)
 DEFAULT_LIMITS = Config().limits.default
 MAX_LIMITS = Config().limits.max
-TABLE = SettingTable(Config)
 
 
 def _default_helper() -> Path:

@@ -178,6 +178,10 @@ class SettingTable:
                 self.places[flat] = (sec.name, f.name)
                 self.specs[flat] = spec
 
+    def new(self, section: str) -> Any:
+        """A section with its defaults."""
+        return self.sections[section]()
+
     def parser(self) -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(
             prog="sandboxd",
