@@ -36,7 +36,7 @@ from sandboxd.config import Config, listens_on_loopback
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.networks import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
-from sandboxd.engine import Engine
+from sandboxd.engine import DockerEngine, Engine
 from sandboxd.errors import ConfigError, SandboxError
 from sandboxd.execution import Executor
 from sandboxd.files import Files
@@ -45,7 +45,7 @@ from sandboxd.pool import WarmPool
 from sandboxd.processes import ProcessManager
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import SnapshotStore
-from sandboxd.snapshots import Snapshots
+from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.store import SessionStore
 from sandboxd.sweeper import Sweeper
 from sandboxd.v1 import (
@@ -121,7 +121,7 @@ class EngineMonitor:
 
     async def check(self) -> bool:
         try:
-            await self._engine.ping()
+            api_version = await self._engine.ping()
             up = True
         except SandboxError as exc:
             if self.up is not False:
@@ -136,7 +136,7 @@ class EngineMonitor:
             for name in ("", *SERVICE_NAMES):
                 await self._health.set(name, status)
             if up:
-                log.info("engine available (API %s)", self._engine.api_version)
+                log.info("engine available (API %s)", api_version)
                 result = self._on_up()
                 if asyncio.iscoroutine(result):
                     await result
@@ -165,10 +165,12 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
 
     async with AsyncExitStack() as stack:
         metrics = Metrics()
-        engine = await stack.enter_async_context(
-            Engine(
+        engine: Engine = await stack.enter_async_context(
+            DockerEngine(
                 config.engine.docker_host,
                 config.engine.docker_pool_size,
+                helper_path=config.engine.helper,
+                keeper_user=config.engine.keeper_user,
                 on_error=metrics.engine_error,
             )
         )
@@ -194,18 +196,27 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 private_networks_granted=_private_networks_grant(config),
             )
         )
-        sessions = SessionManager(config, engine, store, owner_id, pool=pool, egress=egress)
         executor = Executor(engine)
         stack.push_async_callback(executor.close)
         processes = ProcessManager(executor)
         stack.push_async_callback(processes.close)  # before executor.close awaits the kills
-        sessions.on_session_end.append(processes.end_session)
         files = Files(engine)
         archive = ArchiveIO(
             engine, files, config.archive.max_members, spool_dir=config.server.data_dir / "spool"
         )
         snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
-        snapshots = Snapshots(snapshot_store, archive, sessions, engine, store)
+        keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
+        sessions = SessionManager(
+            config,
+            engine,
+            store,
+            owner_id,
+            keeper,
+            pool=pool,
+            egress=egress,
+            on_session_end=[processes.end_session],
+        )
+        snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
 
         server = grpc.aio.server(
             interceptors=[
