@@ -344,8 +344,13 @@ def test_insecure_override_is_logged_loudly(caplog: pytest.LogCaptureFixture) ->
         ["--helper", str(HELPER), "--listen", "0.0.0.0:1", "--allow-insecure-public-listen", "1"],
         env={},
     )
+    from sandboxd.api.auth import AuthInterceptor, LocalTenantInterceptor
+
     with caplog.at_level("WARNING", logger="sandboxd.server"):
-        assert _interceptors(config) == []
+        interceptors = _interceptors(config)
+    # no authentication: only the local tenant's grants are set on each call
+    assert [type(i) for i in interceptors] == [LocalTenantInterceptor]
+    assert not any(isinstance(i, AuthInterceptor) for i in interceptors)
     assert any(
         r.levelname == "WARNING" and "INSECURE" in r.getMessage() and "0.0.0.0:1" in r.getMessage()
         for r in caplog.records
