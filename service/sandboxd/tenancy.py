@@ -298,7 +298,7 @@ class TenantSlots:
     """Counts what each tenant holds at once; refuses one over the cap at once (0: no cap)."""
 
     limit: int = 0
-    reason: str = "TENANT_QUOTA"
+    reason: str = "RESOURCE_EXHAUSTED"
     refusal: str = "already holds {limit}, its quota"  # after "tenant 'x' "
     _held: collections.Counter[str] = field(default_factory=collections.Counter)
 

@@ -26,9 +26,9 @@ DOMAIN = "sandboxd"
 
 
 class StreamIdle(errors.SandboxError):
-    """A client stream that stopped moving (api.limits): no next message, or no reading."""
+    """A client stream that stopped moving (api.limits): no next message, or no reading.
 
-    default_reason = "STREAM_IDLE"
+    Raised with reason STREAM_IDLE (DEADLINE_EXCEEDED)."""
 
 
 # Most specific class first: the first match wins.

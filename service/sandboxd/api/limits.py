@@ -79,6 +79,7 @@ class StreamGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                         StreamIdle(
                             f"the client took no reply data for {idle:g} s "
                             "(stream_idle_timeout_s); the stream was ended",
+                            reason="STREAM_IDLE",
                             metadata={"timeout_s": f"{idle:g}", "side": "reply"},
                         )
                     )
@@ -100,6 +101,7 @@ async def idle_limited(requests: AsyncIterator[Any], idle: float) -> AsyncIterat
             raise StreamIdle(
                 f"no message from the client for {idle:g} s (stream_idle_timeout_s); "
                 "the upload was abandoned",
+                reason="STREAM_IDLE",
                 metadata={"timeout_s": f"{idle:g}", "side": "request"},
             ) from None
         yield item
