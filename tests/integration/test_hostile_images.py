@@ -2,7 +2,7 @@
 patterns, their own snapshot images); images with VOLUMEs are refused; HEALTHCHECKs never run.
 
 The policy itself is `sandboxd.images` (tests/unit/test_images.py). Its call from session
-create is wired by the lead (sessions.py and profile.py belong to another branch): until then
+create is wired by the lead (sessions/ and engine/ belong to another branch): until then
 these tests are expected to fail, strictly, so the marker must go when the wiring lands.
 """
 
@@ -27,8 +27,8 @@ from sandboxd.v1 import common_pb2, session_pb2, snapshot_pb2, snapshot_pb2_grpc
 
 pytestmark = pytest.mark.xfail(
     strict=True,
-    reason="needs the lead's wiring: images.check_image and refuse_volumes in session create, "
-    "HEALTHCHECK_OFF in profile.py",
+    reason="needs the lead's wiring: images.check_image in sessions/lifecycle.py create, "
+    "refuse_volumes in engine/docker.py image_exists, HEALTHCHECK_OFF in engine/docker_profile.py",
 )
 
 ALPHA = "alpha-" + secrets.token_urlsafe(24)

@@ -203,3 +203,23 @@ def test_zone_ids_refused_even_with_private_networks() -> None:
     addr = ipaddress.ip_address("fe80::1%eth0")
     assert not check(addr, allow_private_networks=True).allowed
     assert not check(addr, allow_private_networks=False).allowed
+
+
+def test_the_server_protects_its_listeners_and_a_tcp_engine() -> None:
+    import asyncio
+
+    from sandboxd.config import Config
+    from sandboxd.server import _protected
+
+    config = Config(
+        listen="10.1.1.1:50051", metrics_listen="10.1.1.2:9464", docker_host="tcp://10.9.9.9:2375"
+    )
+    protected = asyncio.run(_protected(config))
+    protected.host_addresses = frozenset  # only what the configuration names
+    for text in ("10.1.1.1", "10.1.1.2", "10.9.9.9", "::ffff:10.9.9.9"):
+        verdict = check(
+            ipaddress.ip_address(text), allow_private_networks=True, protected=protected
+        )
+        assert not verdict.allowed, text
+    other = ipaddress.ip_address("10.1.1.3")
+    assert check(other, allow_private_networks=True, protected=protected).allowed
