@@ -18,9 +18,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from sandboxd.egress.addresses import Protected
 from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import DEFAULT_QUOTAS, ResolvedQuotas
-from sandboxd.egress.proxy import EgressProxy, Resolver, Rules
+from sandboxd.egress.proxy import EgressProxy, Rules
+from sandboxd.egress.resolver import Resolver
 
 from bench.common import (
     BenchContext,
@@ -92,6 +94,8 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
                 quotas,
                 Resolver({"up.bench": ("127.0.0.1",)}),
                 AuditLog("bench"),
+                # The server never dials loopback; the benchmark's upstream can only be there.
+                protected=Protected(host_addresses=frozenset, always=()),
             )
             await proxy.start("127.0.0.1", 0)
             return upstream, proxy, port

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from conftest import Stubs
 from sandboxd.v1 import (
     admin_pb2_grpc,
@@ -24,11 +25,14 @@ _OPTIONS = [
 ]
 
 
-def write_tokens(path: Path, tokens: dict[str, str]) -> Path:
-    """A tokens file mapping each token to its tenant (token -> tenant)."""
-    lines = ["# tenant sha256(token)"]
+def write_tokens(path: Path, tokens: dict[str, str], options: dict[str, str] | None = None) -> Path:
+    """A tokens file mapping each token to its tenant (token -> tenant); `options` adds the
+    tenant's grants to its lines (tenant -> 'admin egress_private_networks=allow ...')."""
+    options = options or {}
+    lines = ["# tenant sha256(token) [option...]"]
     lines += [
-        f"{tenant} {hashlib.sha256(tok.encode()).hexdigest()}" for tok, tenant in tokens.items()
+        f"{tenant} {hashlib.sha256(tok.encode()).hexdigest()} {options.get(tenant, '')}".rstrip()
+        for tok, tenant in tokens.items()
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -84,6 +88,19 @@ def stubs_for(channel: grpc.Channel) -> Stubs:
         filesystem_pb2_grpc.FilesystemServiceStub(channel),
         admin_pb2_grpc.AdminServiceStub(channel),
     )
+
+
+def tenant_fixture(server_fixture: str, token: str) -> Any:
+    """A module fixture: stubs of the tenant holding `token` on the server of `server_fixture`."""
+
+    @pytest.fixture(scope="module")
+    def stubs(request: pytest.FixtureRequest) -> Iterator[Stubs]:
+        server = request.getfixturevalue(server_fixture)
+        s = authed_stubs(server.address, token)
+        yield s
+        s.channel.close()
+
+    return stubs
 
 
 def authed_stubs(

@@ -42,7 +42,7 @@ def main() -> int:
     except ConfigError as exc:
         print(f"sandboxd: configuration error: {exc}", file=sys.stderr)
         return 2
-    configure_logging(config.log_level, config.log_format)
+    configure_logging(config.server.log_level, config.server.log_format)
     try:
         asyncio.run(serve(config))
     except ConfigError as exc:

@@ -8,27 +8,34 @@ AsyncExitStack, background work runs in one TaskGroup, and SIGTERM drains in-fli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import signal
+import socket
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
+from sandboxd import tenancy
 from sandboxd.api.admin_service import AdminService
-from sandboxd.api.auth import AuthInterceptor
+from sandboxd.api.auth import AuthInterceptor, LocalTenantInterceptor
 from sandboxd.api.filesystem_service import FilesystemService
+from sandboxd.api.limits import StreamCaps, StreamGuard
 from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
 from sandboxd.api.session_service import SessionService
 from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.archive import ArchiveIO
 from sandboxd.config import Config, listens_on_loopback
+from sandboxd.egress.addresses import Protected
 from sandboxd.egress.networks import EgressManager, parse_static_hosts
+from sandboxd.egress.resolver import Resolver
 from sandboxd.engine import DockerEngine, Engine
 from sandboxd.errors import ConfigError, SandboxError
 from sandboxd.execution import Executor
@@ -68,9 +75,9 @@ REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 def owner_id_for(config: Config) -> str:
     """This server's label value: configured, or made once and kept in the data directory."""
-    if config.owner_id:
-        return config.owner_id
-    path = config.data_dir / "owner-id"
+    if config.server.owner_id:
+        return config.server.owner_id
+    path = config.server.data_dir / "owner-id"
     if path.exists():
         return path.read_text().strip()
     owner = "sbx" + secrets.token_hex(4)
@@ -160,14 +167,16 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         metrics = Metrics()
         engine: Engine = await stack.enter_async_context(
             DockerEngine(
-                config.docker_host,
-                config.docker_pool_size,
-                helper_path=config.helper,
-                keeper_user=config.keeper_user,
+                config.engine.docker_host,
+                config.engine.docker_pool_size,
+                helper_path=config.engine.helper,
+                keeper_user=config.engine.keeper_user,
                 on_error=metrics.engine_error,
             )
         )
-        store = await stack.enter_async_context(SessionStore(config.data_dir / "sessions.db"))
+        store = await stack.enter_async_context(
+            SessionStore(config.server.data_dir / "sessions.db")
+        )
         pool = WarmPool.for_config(engine, config, owner_id, metrics)
         stack.push_async_callback(pool.close)  # after the gRPC server stopped, before the engine
         # Proxies close before the engine; networks and host filters stay (fail closed).
@@ -175,10 +184,16 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             EgressManager(
                 engine,
                 owner_id,
-                proxy_port=config.proxy_port,
-                static_hosts=parse_static_hosts(config.proxy_hosts),
-                allow_unfiltered=config.egress_allow_unfiltered,
+                proxy_port=config.egress.proxy_port,
+                allow_unfiltered=config.egress.allow_unfiltered,
                 on_decision=metrics.proxy_decision,
+                resolver=Resolver(
+                    parse_static_hosts(config.egress.proxy_hosts),
+                    threads=config.egress.resolver_threads,
+                    timeout_s=config.egress.dns_timeout_s,
+                ),
+                protected=await _protected(config),
+                private_networks_granted=_private_networks_grant(config),
             )
         )
         executor = Executor(engine)
@@ -187,9 +202,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         stack.push_async_callback(processes.close)  # before executor.close awaits the kills
         files = Files(engine)
         archive = ArchiveIO(
-            engine, files, config.archive_max_members, spool_dir=config.data_dir / "spool"
+            engine, files, config.archive.max_members, spool_dir=config.server.data_dir / "spool"
         )
-        snapshot_store = await SnapshotStore(store.db, config.data_dir / "snapshots").open()
+        snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
         keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
         sessions = SessionManager(
             config,
@@ -204,7 +219,14 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
 
         server = grpc.aio.server(
-            interceptors=[MetricsInterceptor(metrics), *_interceptors(config)],
+            interceptors=[
+                # Outermost: times every stream's reads and writes, whatever runs inside.
+                StreamGuard(config.tenancy.stream_idle_timeout_s),
+                MetricsInterceptor(metrics),
+                *_interceptors(config),
+                # Innermost: the tenant is known here (set by authentication, or the default).
+                StreamCaps(config.tenancy.max_streams),
+            ],
             options=[
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
@@ -232,90 +254,113 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         try:
             port = _add_port(server, config)
         except RuntimeError as exc:
-            raise ConfigError(f"cannot listen on {config.listen}: {exc}") from None
+            raise ConfigError(f"cannot listen on {config.server.listen}: {exc}") from None
         if port == 0:
-            raise ConfigError(f"cannot listen on {config.listen} (address in use or invalid)")
+            raise ConfigError(
+                f"cannot listen on {config.server.listen} (address in use or invalid)"
+            )
         monitor = EngineMonitor(engine, health_servicer, sessions.reconcile)
         await monitor.check()  # reconcile before the first call when the engine is up
         pool.start()  # after reconcile removed an earlier run's leftovers
-        if config.metrics_listen:
+        if config.metrics.listen:
 
             async def refresh_metrics() -> None:
                 metrics.set_session_counts(await store.count_by_state())
 
             await stack.enter_async_context(
-                MetricsServer(metrics, config.metrics_listen, refresh_metrics)
+                MetricsServer(metrics, config.metrics.listen, refresh_metrics)
             )
         await server.start()
-        host = config.listen.rpartition(":")[0]
+        host = config.server.listen.rpartition(":")[0]
         log.info("sandboxd listening on %s:%d (owner id %s)", host, port, owner_id)
         if ready is not None:
             ready(port)
 
         async with asyncio.TaskGroup() as tg:
             background = [
-                tg.create_task(monitor.run(config.engine_check_interval_s)),
-                tg.create_task(sessions.run_reaper(config.reaper_interval_s)),
+                tg.create_task(monitor.run(config.engine.engine_check_interval_s)),
+                tg.create_task(sessions.run_reaper(config.leases.reaper_interval_s)),
                 tg.create_task(sweeper.run()),
             ]
             await stop.wait()
-            log.info("shutting down: draining calls for up to %.1f s", config.shutdown_grace_s)
+            log.info(
+                "shutting down: draining calls for up to %.1f s", config.server.shutdown_grace_s
+            )
             await health_servicer.enter_graceful_shutdown()
-            stopping = asyncio.create_task(server.stop(config.shutdown_grace_s))
+            stopping = asyncio.create_task(server.stop(config.server.shutdown_grace_s))
             forced = asyncio.create_task(force.wait())
             await asyncio.wait({stopping, forced}, return_when=asyncio.FIRST_COMPLETED)
             if not stopping.done():
                 log.warning("second signal: stopping now")
                 await server.stop(0)
             forced.cancel()
-            if not force.is_set() and config.shutdown_snapshot_s > 0:
+            if not force.is_set() and config.server.shutdown_snapshot_s > 0:
                 # No call is in flight now: save every running workspace, so that an engine
                 # restarting after us (a reboot) loses nothing.
-                await snapshots.snapshot_running(config.shutdown_snapshot_s, force)
+                await snapshots.snapshot_running(config.server.shutdown_snapshot_s, force)
             for task in background:
                 task.cancel()
     log.info("stopped")
 
 
+async def _protected(config: Config) -> Protected:
+    """Addresses the egress proxy never dials: the listeners' and the engine's (by name too)."""
+    hosts = [config.server.listen.rpartition(":")[0], config.metrics.listen.rpartition(":")[0]]
+    if config.engine.docker_host.startswith("tcp://"):
+        engine_host = urlsplit(config.engine.docker_host).hostname or ""
+        hosts.append(engine_host)
+        with contextlib.suppress(OSError, UnicodeError):
+            infos = await asyncio.to_thread(socket.getaddrinfo, engine_host, None)
+            hosts += [str(info[4][0]) for info in infos]
+    return Protected.of(hosts)
+
+
+def _private_networks_grant(config: Config) -> Callable[[str], bool]:
+    """tenant -> may its sessions reach private networks (tokens-file grant, else setting)."""
+    path = config.tenancy.tokens_file
+    grants = tenancy.load_tokens(path).grants_of if path else (lambda _: tenancy.LOCAL_GRANTS)
+    setting = config.egress.private_networks
+    return lambda tenant: tenancy.private_networks_allowed(setting, grants(tenant))
+
+
 def _interceptors(config: Config) -> list[grpc.aio.ServerInterceptor]:
     """Bearer-token authentication when a tokens file is configured; else one tenant."""
-    if config.tokens_file is None:
-        if not listens_on_loopback(config.listen):
+    if config.tenancy.tokens_file is None:
+        if not listens_on_loopback(config.server.listen):
             log.warning(
                 "INSECURE: serving %s with no authentication (allow_insecure_public_listen): "
                 "anyone who can reach this port can run commands",
-                config.listen,
+                config.server.listen,
             )
-        return []
-    from sandboxd.tenancy import load_tokens
-
-    tokens = load_tokens(config.tokens_file)
+        return [LocalTenantInterceptor(config.egress.private_networks)]
+    tokens = tenancy.load_tokens(config.tenancy.tokens_file)
     log.info(
         "authentication on: %d token(s) for %d tenant(s)",
         len(tokens.entries),
         len(tokens.tenants),
     )
-    if config.tls_cert is None and not listens_on_loopback(config.listen):
+    if config.tenancy.tls_cert is None and not listens_on_loopback(config.server.listen):
         log.warning(
-            "bearer tokens on %s travel in plaintext: set tls_cert and tls_key", config.listen
+            "bearer tokens on %s travel in plaintext: set tls_cert and tls_key",
+            config.server.listen,
         )
-    return [AuthInterceptor(tokens)]
+    return [AuthInterceptor(tokens, config.egress.private_networks)]
 
 
 def _add_port(server: grpc.aio.Server, config: Config) -> int:
     """TLS when a certificate is configured, mutual TLS when a client CA is too."""
-    if config.tls_cert is None or config.tls_key is None:
-        return int(server.add_insecure_port(config.listen))
+    if config.tenancy.tls_cert is None or config.tenancy.tls_key is None:
+        return int(server.add_insecure_port(config.server.listen))
     try:
-        key, cert = config.tls_key.read_bytes(), config.tls_cert.read_bytes()
-        ca = config.tls_client_ca.read_bytes() if config.tls_client_ca else None
+        key, cert = config.tenancy.tls_key.read_bytes(), config.tenancy.tls_cert.read_bytes()
+        ca = config.tenancy.tls_client_ca.read_bytes() if config.tenancy.tls_client_ca else None
     except OSError as exc:
         raise ConfigError(f"cannot read TLS files: {exc}") from None
     credentials = grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
     )
     log.info("TLS on (%s)", "client certificates required" if ca else "server certificate only")
-    return int(server.add_secure_port(config.listen, credentials))
+    return int(server.add_secure_port(config.server.listen, credentials))
 
 
 def write_port_file(path: Path, port: int) -> None:

@@ -196,6 +196,14 @@ class SnapshotStore:
             row = await cur.fetchone()
         return row is not None and row[0] > 0
 
+    async def images_of(self, tenant: str) -> list[str]:
+        """The image ids of a tenant's IMAGE snapshots: the only snapshot images it may run."""
+        async with self._db.execute(
+            "SELECT DISTINCT image FROM snapshots WHERE tenant = ? AND image != ''", (tenant,)
+        ) as cur:
+            rows = await cur.fetchall()
+        return [str(r[0]) for r in rows]
+
     # ----- content ----------------------------------------------------------------------
 
     async def add(self, chunks: AsyncIterator[bytes], snap: Snapshot) -> Snapshot:

@@ -13,8 +13,10 @@ tenant's id is NOT_FOUND on every RPC, exactly like a missing one.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
+import dataclasses
 import hashlib
 import hmac
 import re
@@ -28,13 +30,20 @@ __all__ = [
     "DEFAULT_TENANT",
     "TENANT_RE",
     "ExecSlots",
+    "StreamSlots",
+    "TenantSlots",
+    "TenantGrants",
     "TenantQuotas",
     "TokenTable",
     "check_session_id",
     "current",
+    "current_grants",
     "current_tenant",
     "generated_session_id",
     "load_tokens",
+    "private_networks_allowed",
+    "resolved_grants",
+    "use_grants",
     "token_digest",
     "use_tenant",
 ]
@@ -54,15 +63,43 @@ _authenticated: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 
 
+# The grants of the authenticated tenant; without a tokens file the local tenant's (admin).
+_grants_var: contextvars.ContextVar[TenantGrants] = contextvars.ContextVar("sandboxd_grants")
+
+
+def current_grants() -> TenantGrants:
+    """What the operator granted the tenant of the call being served."""
+    return _grants_var.get(LOCAL_GRANTS)
+
+
+def private_networks_allowed(server_setting: str, grants: TenantGrants) -> bool:
+    """The tenant's grant from the tokens file, else the server's `egress_private_networks`."""
+    if grants.private_networks is not None:
+        return grants.private_networks
+    return server_setting == "allow"
+
+
+def resolved_grants(grants: TenantGrants, server_private_networks: str) -> TenantGrants:
+    """The grants with the server's setting folded in: `private_networks` is then a bool."""
+    allowed = private_networks_allowed(server_private_networks, grants)
+    return dataclasses.replace(grants, private_networks=allowed)
+
+
+def use_grants(grants: TenantGrants) -> None:
+    """Set the grants of the call being served (the local tenant, without a tokens file)."""
+    _grants_var.set(grants)
+
+
 def current() -> str:
     """The tenant of the call being served (`DEFAULT_TENANT` without authentication)."""
     return current_tenant.get()
 
 
-def use_tenant(tenant: str) -> None:
+def use_tenant(tenant: str, grants: TenantGrants | None = None) -> None:
     """Mark the running task as serving an authenticated `tenant` (each RPC is its own task)."""
     current_tenant.set(tenant)
     _authenticated.set(True)
+    _grants_var.set(NO_GRANTS if grants is None else grants)
 
 
 def token_digest(token: str | bytes) -> str:
@@ -72,10 +109,41 @@ def token_digest(token: str | bytes) -> str:
 
 
 @dataclass(frozen=True)
+class TenantGrants:
+    """What the operator granted a tenant in the tokens file, beyond the server's settings.
+
+    None: the server's setting applies. `admin`: may call AdminService.
+    """
+
+    admin: bool = False
+    private_networks: bool | None = None
+    image_allowlist: str | None = None
+
+    def merged(self, other: TenantGrants) -> TenantGrants:
+        """One tenant on several lines: a grant on any line holds; allowlists add up."""
+        images = [i for i in (self.image_allowlist, other.image_allowlist) if i is not None]
+        private = [p for p in (self.private_networks, other.private_networks) if p is not None]
+        return TenantGrants(
+            admin=self.admin or other.admin,
+            private_networks=any(private) if private else None,
+            image_allowlist=",".join(images) if images else None,
+        )
+
+
+# Without a tokens file the one local tenant is the operator: it may administer.
+LOCAL_GRANTS = TenantGrants(admin=True)
+NO_GRANTS = TenantGrants()
+
+
+@dataclass(frozen=True)
 class TokenTable:
     """(tenant, sha256 digest) pairs; lookups compare every entry in constant time."""
 
     entries: tuple[tuple[str, bytes], ...]
+    grants: dict[str, TenantGrants] = field(default_factory=dict, compare=False)
+
+    def grants_of(self, tenant: str) -> TenantGrants:
+        return self.grants.get(tenant, NO_GRANTS)
 
     def authenticate(self, token: str) -> str | None:
         """The tenant the token belongs to, or None.
@@ -98,8 +166,37 @@ class TokenTable:
         return frozenset(t for t, _ in self.entries)
 
 
+def _grants(where: str, options: list[str]) -> TenantGrants:
+    """`admin`, `egress_private_networks=allow|deny`, `image_allowlist=pattern,pattern`."""
+    admin, private, images = False, None, None
+    for option in options:
+        key, sep, value = option.partition("=")
+        if option == "admin":
+            admin = True
+        elif sep and key == "egress_private_networks" and value in ("allow", "deny"):
+            private = value == "allow"
+        elif sep and key == "image_allowlist":
+            from sandboxd.images import parse_patterns  # images imports nothing from here
+
+            try:
+                parse_patterns(value)
+            except ValueError as exc:
+                raise ConfigError(f"{where}: image_allowlist: {exc}") from None
+            images = value
+        else:
+            raise ConfigError(
+                f"{where}: unknown option {option[:60]!r} (known: admin, "
+                "egress_private_networks=allow|deny, image_allowlist=pattern,...)"
+            )
+    return TenantGrants(admin, private, images)
+
+
 def load_tokens(path: Path) -> TokenTable:
-    """Parse `tenant sha256hex` lines ('#' comments and blank lines allowed)."""
+    """Parse `tenant sha256hex [option...]` lines ('#' comments and blank lines allowed).
+
+    Options (README, "Authentication"): `admin`, `egress_private_networks=allow|deny`,
+    `image_allowlist=pattern,pattern`. A line of two words is valid as before.
+    """
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -107,6 +204,7 @@ def load_tokens(path: Path) -> TokenTable:
     except UnicodeDecodeError:
         raise ConfigError(f"tokens_file {str(path)!r}: not UTF-8 text") from None
     entries: list[tuple[str, bytes]] = []
+    grants: dict[str, TenantGrants] = {}
     seen: set[bytes] = set()
     for number, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
@@ -114,9 +212,9 @@ def load_tokens(path: Path) -> TokenTable:
             continue
         where = f"tokens_file {str(path)!r} line {number}"
         parts = line.split()
-        if len(parts) != 2:
-            raise ConfigError(f"{where}: expected 'tenant sha256hex'")
-        tenant, digest = parts
+        if len(parts) < 2:
+            raise ConfigError(f"{where}: expected 'tenant sha256hex' and options")
+        tenant, digest = parts[:2]
         if not TENANT_RE.match(tenant):
             raise ConfigError(
                 f"{where}: tenant {tenant!r} must be 1-32 of a-z, 0-9, '_', '-' "
@@ -132,9 +230,11 @@ def load_tokens(path: Path) -> TokenTable:
             raise ConfigError(f"{where}: the same token digest appears twice")
         seen.add(value)
         entries.append((tenant, value))
+        line_grants = _grants(where, parts[2:])
+        grants[tenant] = grants[tenant].merged(line_grants) if tenant in grants else line_grants
     if not entries:
         raise ConfigError(f"tokens_file {str(path)!r}: no 'tenant sha256hex' lines")
-    return TokenTable(tuple(entries))
+    return TokenTable(tuple(entries), grants)
 
 
 def check_session_id(session_id: str) -> None:
@@ -194,33 +294,48 @@ class TenantQuotas:
 
 
 @dataclass
-class ExecSlots:
-    """Counts the commands each tenant is running; refuses one over the cap at once."""
+class TenantSlots:
+    """Counts what each tenant holds at once; refuses one over the cap at once (0: no cap)."""
 
     limit: int = 0
-    _running: dict[str, int] = field(default_factory=dict)
+    reason: str = "RESOURCE_EXHAUSTED"
+    refusal: str = "already holds {limit}, its quota"  # after "tenant 'x' "
+    _held: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def running(self, tenant: str) -> int:
-        return self._running.get(tenant, 0)
+        return self._held[tenant]
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
-        """Hold one of the calling tenant's exec slots for the duration of a command."""
+        """Hold one of the calling tenant's slots for the duration of the block."""
         tenant = current()
         # Check and count with no await between them: one event loop, so no race.
-        if self.limit and self._running.get(tenant, 0) >= self.limit:
+        if self.limit and self._held[tenant] >= self.limit:
             raise ResourceExhausted(
-                f"tenant {tenant!r} is already running {self.limit} commands, its quota "
-                "of concurrent execs; wait for one to finish",
-                reason="TENANT_EXEC_QUOTA",
+                f"tenant {tenant!r} " + self.refusal.format(limit=self.limit),
+                reason=self.reason,
                 metadata={"tenant": tenant, "quota": str(self.limit)},
             )
-        self._running[tenant] = self._running.get(tenant, 0) + 1
+        self._held[tenant] += 1
         try:
             yield
         finally:
-            left = self._running[tenant] - 1
-            if left:
-                self._running[tenant] = left
-            else:
-                del self._running[tenant]
+            self._held -= collections.Counter({tenant: 1})  # drops the tenant at zero
+
+
+@dataclass
+class ExecSlots(TenantSlots):
+    """Commands each tenant is running (`tenant_max_concurrent_execs`)."""
+
+    reason: str = "TENANT_EXEC_QUOTA"
+    refusal: str = (
+        "is already running {limit} commands, its quota of concurrent execs; wait for one to finish"
+    )
+
+
+@dataclass
+class StreamSlots(TenantSlots):
+    """Streaming calls each tenant has open (`tenant_max_streams`)."""
+
+    reason: str = "TENANT_STREAM_QUOTA"
+    refusal: str = "already has {limit} open streams, its quota (tenant_max_streams); close one"

@@ -209,7 +209,10 @@ def test_bearer_token_parsing(metadata: object, expected: str | None) -> None:
         ("", "no 'tenant sha256hex' lines"),
         ("# only a comment\n", "no 'tenant sha256hex' lines"),
         ("alpha\n", "expected 'tenant sha256hex'"),
-        ("alpha " + "0" * 64 + " extra\n", "expected 'tenant sha256hex'"),
+        ("alpha " + "0" * 64 + " extra\n", "unknown option 'extra'"),
+        ("alpha " + "0" * 64 + " admin=yes\n", "unknown option 'admin=yes'"),
+        ("alpha " + "0" * 64 + " egress_private_networks=maybe\n", "unknown option"),
+        ("alpha " + "0" * 64 + " image_allowlist=Bad!\n", "image_allowlist"),
         ("Alpha " + "0" * 64 + "\n", "tenant 'Alpha'"),
         ("al.pha " + "0" * 64 + "\n", "tenant 'al.pha'"),
         ("a" * 33 + " " + "0" * 64 + "\n", "must be 1-32"),
@@ -224,6 +227,28 @@ def test_bad_tokens_files_stop_the_server(tmp_path: Path, text: str, message: st
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         tenancy.load_tokens(path)
+
+
+def test_tokens_file_options_grant_per_tenant(tmp_path: Path) -> None:
+    """`admin`, `egress_private_networks=` and `image_allowlist=` after the digest; a tenant on
+    several lines holds what any line grants; two-word lines grant nothing."""
+    d = [hashlib.sha256(t.encode()).hexdigest() for t in ("a", "b", "c", "d")]
+    path = tmp_path / "tokens"
+    path.write_text(
+        f"ops {d[0]} admin\n"
+        f"alpha {d[1]} egress_private_networks=allow image_allowlist=python:3.*\n"
+        f"alpha {d[2]} image_allowlist=127.0.0.1:5000/*\n"
+        f"beta {d[3]}\n"
+    )
+    table = tenancy.load_tokens(path)
+    assert table.authenticate("a") == "ops" and table.grants_of("ops").admin
+    alpha = table.grants_of("alpha")
+    assert not alpha.admin and alpha.private_networks is True
+    assert alpha.image_allowlist == "python:3.*,127.0.0.1:5000/*"
+    assert table.grants_of("beta") == tenancy.TenantGrants()
+    assert tenancy.private_networks_allowed("deny", alpha)
+    assert not tenancy.private_networks_allowed("deny", table.grants_of("beta"))
+    assert tenancy.private_networks_allowed("allow", table.grants_of("beta"))
 
 
 def test_tokens_file_comments_blank_lines_and_upper_case_hex(tmp_path: Path) -> None:
@@ -319,8 +344,13 @@ def test_insecure_override_is_logged_loudly(caplog: pytest.LogCaptureFixture) ->
         ["--helper", str(HELPER), "--listen", "0.0.0.0:1", "--allow-insecure-public-listen", "1"],
         env={},
     )
+    from sandboxd.api.auth import AuthInterceptor, LocalTenantInterceptor
+
     with caplog.at_level("WARNING", logger="sandboxd.server"):
-        assert _interceptors(config) == []
+        interceptors = _interceptors(config)
+    # no authentication: only the local tenant's grants are set on each call
+    assert [type(i) for i in interceptors] == [LocalTenantInterceptor]
+    assert not any(isinstance(i, AuthInterceptor) for i in interceptors)
     assert any(
         r.levelname == "WARNING" and "INSECURE" in r.getMessage() and "0.0.0.0:1" in r.getMessage()
         for r in caplog.records

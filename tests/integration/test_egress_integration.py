@@ -1,18 +1,24 @@
 """The egress allowlist end to end: real containers on their Internal networks, the proxy in a
-real server process, upstreams this test runs on loopback (names mapped with
-SANDBOXD_PROXY_HOSTS). Nothing here sends traffic anywhere but loopback and the test's own
-Docker networks."""
+real server process, upstreams this test runs (names mapped with SANDBOXD_PROXY_HOSTS).
+
+The proxy never dials the host itself, whatever the grant (tests/integration/
+test_hostile_egress.py), so the upstreams are reached through a relay container on Docker's
+default bridge: a private address, which the server (egress_private_networks=allow) lets
+sessions that ask reach; the relay forwards each port to the test's listeners on the bridge's
+gateway. Nothing here sends traffic anywhere but this host and the test's own containers."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import http.server
 import os
 import secrets
 import socket
 import socketserver
 import ssl
+import struct
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -85,9 +91,74 @@ def serving(server: socketserver.BaseServer) -> Iterator[int]:
         thread.join(5)
 
 
+RELAY = """
+import asyncio, sys
+
+async def pipe(r, w):
+    try:
+        while data := await r.read(65536):
+            w.write(data)
+            await w.drain()
+        w.write_eof()
+    except (OSError, RuntimeError):
+        pass
+
+async def main(target, ports):
+    async def serve(port):
+        async def handle(cr, cw):
+            try:
+                ur, uw = await asyncio.open_connection(target, port)
+            except OSError:
+                cw.close()
+                return
+            await asyncio.gather(pipe(cr, uw), pipe(ur, cw))
+            cw.close()
+            uw.close()
+        return await asyncio.start_server(handle, "0.0.0.0", port)
+    servers = [await serve(p) for p in ports]
+    print("ready", flush=True)
+    await asyncio.gather(*(s.serve_forever() for s in servers))
+
+asyncio.run(main(sys.argv[1], [int(p) for p in sys.argv[2:]]))
+"""
+
+
+def _docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=True).stdout
+
+
+def bridge_gateway() -> str:
+    """The host's address on Docker's default bridge (its interface, e.g. docker0)."""
+    bridge = _docker(
+        "network", "inspect", "-f", '{{index .Options "com.docker.network.bridge.name"}}', "bridge"
+    ).strip()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("256s", bridge.encode()[:15])
+        answer = fcntl.ioctl(s.fileno(), 0x8915, request)  # SIOCGIFADDR
+    return socket.inet_ntoa(answer[20:24])
+
+
+@contextlib.contextmanager
+def relay(target: str, ports: list[int]) -> Iterator[str]:
+    """A container on the default bridge forwarding `ports` to `target`; yields its address."""
+    name = "sandboxd-test-relay-" + secrets.token_hex(4)
+    _docker(
+        "run", "-d", "--rm", "--name", name, "--network", "bridge", "--entrypoint", "python3",
+        PYTHON_IMAGE, "-c", RELAY, target, *map(str, ports),
+    )  # fmt: skip
+    try:
+        assert wait_until(lambda: "ready" in _docker("logs", name), 30), _docker("logs", name)
+        yield _docker(
+            "inspect", "-f", "{{.NetworkSettings.Networks.bridge.IPAddress}}", name
+        ).strip()
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+
+
 @pytest.fixture(scope="module")
 def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
-    """Echo, HTTP and HTTPS listeners on 127.0.0.1, with a CA the containers can trust."""
+    """Echo, HTTP and HTTPS listeners on the default bridge's gateway, reached through a relay
+    container, with a CA the containers can trust."""
     certs = tmp_path_factory.mktemp("certs")
     subprocess.run(
         [
@@ -102,12 +173,14 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ob
     ctx.load_cert_chain(certs / "cert.pem", certs / "key.pem")
     counter = Counting()
     handler = type("Echo", (EchoHandler,), {"counter": counter})
-    https = Threaded(("127.0.0.1", 0), HelloHandler)
+    gateway = bridge_gateway()
+    https = Threaded((gateway, 0), HelloHandler)
     https.socket = ctx.wrap_socket(https.socket, server_side=True)
     with (
-        serving(Threaded(("127.0.0.1", 0), handler)) as echo_port,
-        serving(Threaded(("127.0.0.1", 0), HelloHandler)) as http_port,
+        serving(Threaded((gateway, 0), handler)) as echo_port,
+        serving(Threaded((gateway, 0), HelloHandler)) as http_port,
         serving(https) as https_port,
+        relay(gateway, [echo_port, http_port, https_port]) as relay_address,
     ):
         yield {
             "echo": echo_port,
@@ -115,14 +188,16 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ob
             "https": https_port,
             "counter": counter,
             "ca": (certs / "cert.pem").read_bytes(),
+            "relay": relay_address,
         }
 
 
+# Names of the upstreams; RELAY_ADDRESS is replaced by the relay container's address.
 HOSTS = ",".join(
     [
-        "up.test=127.0.0.1",
-        "tls.test=127.0.0.1",
-        "a.wild.test=127.0.0.1",
+        "up.test=RELAY_ADDRESS",
+        "tls.test=RELAY_ADDRESS",
+        "a.wild.test=RELAY_ADDRESS",
         "loop.test=127.0.0.1",
         "loop6.test=::1",
         "private.test=10.0.0.1",
@@ -133,12 +208,19 @@ HOSTS = ",".join(
 )
 
 
+def server_env(upstreams: dict[str, object]) -> dict[str, str]:
+    return {
+        "SANDBOXD_PROXY_HOSTS": HOSTS.replace("RELAY_ADDRESS", str(upstreams["relay"])),
+        "SANDBOXD_EGRESS_PRIVATE_NETWORKS": "allow",
+    }
+
+
 @pytest.fixture(scope="module")
-def egress_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def egress_server(
+    tmp_path_factory: pytest.TempPathFactory, upstreams: dict[str, object]
+) -> Iterator[ServerProcess]:
     owner = "egr" + secrets.token_hex(4)
-    srv = start_server(
-        tmp_path_factory.mktemp("egress"), owner, env={"SANDBOXD_PROXY_HOSTS": HOSTS}
-    )
+    srv = start_server(tmp_path_factory.mktemp("egress"), owner, env=server_env(upstreams))
     yield srv
     srv.stop()
     remove_owned_containers(owner)
@@ -421,7 +503,7 @@ def test_network_filter_and_proxy_removed_with_session(
 
 def test_proxy_comes_back_after_restart(tmp_path: Path, upstreams) -> None:  # type: ignore[no-untyped-def]
     owner = "egr" + secrets.token_hex(4)
-    env = {"SANDBOXD_PROXY_HOSTS": HOSTS}
+    env = server_env(upstreams)
     srv = start_server(tmp_path, owner, env=env)
     try:
         stubs = make_stubs(srv.address)
@@ -460,7 +542,7 @@ def test_proxy_comes_back_after_restart(tmp_path: Path, upstreams) -> None:  # t
 
 def test_without_iptables_allowlist_is_refused_unless_opted_in(tmp_path: Path) -> None:
     # A PATH with no iptables: the filter cannot be installed.
-    env = {"PATH": "/nonexistent", "SANDBOXD_PROXY_HOSTS": HOSTS}
+    env = {"PATH": "/nonexistent"}
     owner = "egr" + secrets.token_hex(4)
     srv = start_server(tmp_path / "a", owner, env=env)
     try:

@@ -253,6 +253,17 @@ VALIDATION_CASES: list[tuple[dict[str, Any], str]] = [
     ({"log_level": "LOUD"}, "log_level"),
     ({"keeper_user": "0:0"}, "keeper_user"),
     ({"keeper_user": "nobody"}, "keeper_user"),
+    ({"keeper_user": "00:00"}, "keeper_user"),
+    ({"keeper_user": "0:65533"}, "keeper_user"),
+    ({"keeper_user": "65533:000"}, "keeper_user"),
+    ({"keeper_user": "+0:1"}, "keeper_user"),
+    ({"keeper_user": "\u0661:1"}, "keeper_user"),
+    ({"egress_private_networks": "maybe"}, "egress_private_networks"),
+    ({"tenant_max_streams": -1}, "tenant_max_streams"),
+    ({"stream_idle_timeout_s": 0.0}, "stream_idle_timeout_s"),
+    ({"egress_resolver_threads": 0}, "egress_resolver_threads"),
+    ({"egress_dns_timeout_s": 0.0}, "egress_dns_timeout_s"),
+    ({"image_allowlist": "Bad Image!"}, "image_allowlist"),
     ({"owner_id": "not ok!"}, "owner_id"),
     ({"helper": Path("/nonexistent/sbx")}, "helper"),
     (_limits("default_limits", cpu_millis=5), "default_cpu_millis"),
@@ -273,10 +284,10 @@ VALIDATION_CASES: list[tuple[dict[str, Any], str]] = [
     ("changes", "named"), VALIDATION_CASES, ids=[n for _, n in VALIDATION_CASES]
 )
 def test_validation_names_the_setting(changes: dict[str, Any], named: str) -> None:
-    valid = Config(helper=HELPER)
+    valid = Config().replace(helper=HELPER)
     validate(valid)  # the base is valid: only the change can fail it
     with pytest.raises(ConfigError) as excinfo:
-        validate(dataclasses.replace(valid, **changes))
+        validate(valid.replace(**changes))
     assert named in str(excinfo.value)
 
 
@@ -285,7 +296,7 @@ def test_helper_not_executable(tmp_path: Path) -> None:
     helper.write_bytes(HELPER.read_bytes())
     helper.chmod(0o644)
     with pytest.raises(ConfigError, match="helper"):
-        validate(Config(helper=helper))
+        validate(Config().replace(helper=helper))
 
 
 def test_validation_runs_on_loaded_values(tmp_path: Path) -> None:
@@ -356,3 +367,38 @@ def test_address_in_use_exits_2(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("sandboxd: ") and f"127.0.0.1:{port}" in last
+
+
+def test_every_setting_is_declared_once_and_documented() -> None:
+    """One declaration per setting drives flags, environment, TOML and the README table."""
+    from sandboxd.config import TABLE
+
+    readme = (REPO / "README.md").read_text()
+    for flat, (section, field) in TABLE.places.items():
+        assert flat in readme or flat.startswith(("default_", "max_")), flat
+        value = getattr(getattr(Config(), section), field)
+        assert getattr(Config(), flat) == value  # the flat names kept for the merge
+    assert Config().default_limits == DEFAULT_LIMITS and Config().max_limits == MAX_LIMITS
+    with pytest.raises(AttributeError):
+        _ = Config().no_such_setting
+
+
+def test_section_tables_in_the_file(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path,
+        '[leases]\ndefault_s = "10m"\n[limits]\nmax_pids = 100\n'
+        '[egress]\nprivate_networks = "allow"\negress_resolver_threads = 2\n',
+    )
+    c = load_config([*H, "--config", str(path)], env={})
+    assert c.leases.default_s == 600.0 and c.limits.max.pids == 100
+    assert c.egress.private_networks == "allow" and c.egress.resolver_threads == 2
+    with pytest.raises(ConfigError, match="unknown settings leases.nope"):
+        load_config([*H, "--config", str(_toml(tmp_path, "[leases]\nnope = 1\n"))], env={})
+
+
+@pytest.mark.parametrize("spelling", ["0:0", "00:00", "0:1000", "1000:0", "000:1"])
+def test_root_keeper_refused_from_every_source(spelling: str) -> None:
+    with pytest.raises(ConfigError, match="keeper_user"):
+        load_config([*H, "--keeper-user", spelling], env={})
+    with pytest.raises(ConfigError, match="keeper_user"):
+        load_config(H, env={"SANDBOXD_KEEPER_USER": spelling})

@@ -122,3 +122,42 @@ def test_bridge_names_fit_linux_interfaces() -> None:
     name = bridge_name("o" * 64, "s" * 128)
     assert len(name) <= 15 and name.startswith("sbx")
     assert name == bridge_name("o" * 64, "s" * 128) != bridge_name("o", "s")
+
+
+def _private() -> NetworkPolicy:
+    return NetworkPolicy(
+        NetworkMode.ALLOWLIST,
+        allowed_domains=("up.test",),
+        allowed_ports=(443,),
+        allow_private_networks=True,
+    )
+
+
+def test_private_networks_need_the_operators_grant() -> None:
+    """Finding 12.3: a caller cannot switch the address checks off by itself."""
+    import contextvars
+
+    from sandboxd import tenancy
+    from sandboxd.errors import PermissionDenied
+
+    with pytest.raises(PermissionDenied) as excinfo:
+        validate_policy(_private())  # outside any call: nothing granted
+    assert excinfo.value.reason == "PRIVATE_NETWORKS_NOT_GRANTED"
+    with pytest.raises(PermissionDenied):
+        validate_policy(_private(), private_networks_granted=False)
+    assert validate_policy(_private(), private_networks_granted=True).allow_private_networks
+
+    def as_tenant(grants: tenancy.TenantGrants, server: str) -> NetworkPolicy:
+        tenancy.use_tenant("alpha", tenancy.resolved_grants(grants, server))
+        return validate_policy(_private())
+
+    granted = tenancy.TenantGrants(private_networks=True)
+    denied = tenancy.TenantGrants(private_networks=False)
+    assert contextvars.copy_context().run(as_tenant, tenancy.TenantGrants(), "allow")
+    assert contextvars.copy_context().run(as_tenant, granted, "deny")
+    for grants, server in ((tenancy.TenantGrants(), "deny"), (denied, "allow")):
+        with pytest.raises(PermissionDenied):
+            contextvars.copy_context().run(as_tenant, grants, server)
+    # not asking needs no grant
+    plain = NetworkPolicy(NetworkMode.ALLOWLIST, allowed_domains=("a.test",), allowed_ports=(1,))
+    assert not validate_policy(plain).allow_private_networks

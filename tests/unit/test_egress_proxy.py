@@ -10,9 +10,15 @@ import socket
 from collections.abc import AsyncIterator
 
 import pytest
+from sandboxd.egress.addresses import Protected
 from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import DEFAULT_QUOTAS, ResolvedQuotas
-from sandboxd.egress.proxy import EgressProxy, Resolver, Rules
+from sandboxd.egress.proxy import EgressProxy, Rules
+from sandboxd.egress.resolver import Resolver
+
+# The upstreams of these tests listen on loopback, which the server's proxy never dials
+# (tests/unit/test_egress_addresses.py); here only the proxy's mechanics are under test.
+LOOPBACK_UPSTREAMS = Protected(host_addresses=frozenset, always=())
 
 
 class Upstream:
@@ -84,6 +90,7 @@ async def proxy_for(
         quotas(**quota_changes),
         Resolver(static),
         AuditLog("s-test"),
+        protected=LOOPBACK_UPSTREAMS,
     )
     await proxy.start("127.0.0.1", 0)
     try:
@@ -284,7 +291,7 @@ async def test_static_map_names_are_normalized_like_requests() -> None:
 class SlowResolver(Resolver):
     """Answers after a pause, so lookups pile up."""
 
-    async def resolve(self, name: str, port: int) -> list[str]:
+    async def resolve(self, name: str, port: int, *, owner: str = "") -> list[str]:
         await asyncio.sleep(0.5)
         return ["127.0.0.1"]
 
@@ -297,6 +304,7 @@ async def test_dns_quota() -> None:
             quotas(max_dns_lookups=1),
             SlowResolver(),
             AuditLog("s-test"),
+            protected=LOOPBACK_UPSTREAMS,
         )
         await proxy.start("127.0.0.1", 0)
         try:

@@ -66,14 +66,14 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
                 seccomp_profile="default",
                 init=True,
                 network_mode=common_pb2.NETWORK_MODE_DENY,
-                limits=convert.limits_pb(c.default_limits),
+                limits=convert.limits_pb(c.limits.default),
                 commands_denied_by_default=True,
-                lease_seconds=int(c.lease_default_s),
-                image=c.image,
+                lease_seconds=int(c.leases.default_s),
+                image=c.engine.image,
             ),
-            limits_max=convert.limits_pb(c.max_limits),
+            limits_max=convert.limits_pb(c.limits.max),
             assurance=common_pb2.ASSURANCE_ENFORCED,
-            lease_max_seconds=int(c.lease_max_s),
+            lease_max_seconds=int(c.leases.max_s),
             egress_filter=_EGRESS_FILTER[
                 self._egress.filter_mode if self._egress else FilterMode.UNAVAILABLE
             ],
@@ -89,6 +89,6 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         features = list(_BASE_FEATURES)
         if self._egress is not None and self._egress.filter_mode is not FilterMode.UNAVAILABLE:
             features.append("egress")
-        if self._config.metrics_listen:
+        if self._config.metrics.listen:
             features.append("metrics")
         return features

@@ -5,6 +5,11 @@ checked against the tokens file's sha256 digests (constant time, in `tenancy.Tok
 handler then runs with the tenant set in `tenancy.current_tenant`, so the domain scopes every
 lookup without knowing gRPC. A refused call is UNAUTHENTICATED with an ErrorInfo reason, and the
 servicer never runs.
+
+AdminService is for operators: its methods need a tenant the tokens file marks `admin`
+(PERMISSION_DENIED, reason ADMIN_REQUIRED, otherwise), except GetServerInfo, which says only
+what the server enforces and which clients read to learn the limits. Without a tokens file the
+one local tenant is the operator and may call everything.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ EXEMPT_PREFIXES = (
     "/grpc.reflection.v1.ServerReflection/",
 )
 _SCHEME = "bearer "
+ADMIN_PREFIX = "/sandboxd.v1.AdminService/"
+OPEN_ADMIN_METHODS = frozenset({"/sandboxd.v1.AdminService/GetServerInfo"})
 
 
 def bearer_token(metadata: Any) -> str | None:
@@ -42,9 +49,25 @@ def bearer_token(metadata: Any) -> str | None:
     return token or None
 
 
+class LocalTenantInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Without a tokens file: every call is the local tenant's, with the operator's grants."""
+
+    def __init__(self, private_networks: str = "deny") -> None:
+        self._grants = tenancy.resolved_grants(tenancy.LOCAL_GRANTS, private_networks)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[Any], Awaitable[Any]],
+        handler_call_details: Any,
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        return None if handler is None else _as_tenant(handler, None, self._grants)
+
+
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, tokens: tenancy.TokenTable) -> None:
+    def __init__(self, tokens: tenancy.TokenTable, private_networks: str = "deny") -> None:
         self._tokens = tokens
+        self._private_networks = private_networks  # the server's egress_private_networks
 
     async def intercept_service(
         self,
@@ -72,7 +95,24 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 handler,
                 errors.Unauthenticated("the bearer token is not valid", reason="TOKEN_INVALID"),
             )
-        return _as_tenant(handler, tenant)
+        grants = tenancy.resolved_grants(self._tokens.grants_of(tenant), self._private_networks)
+        if needs_admin(method) and not grants.admin:
+            log.warning("tenant %s refused %s: not an admin tenant", tenant, method)
+            return _refusing(
+                handler,
+                errors.PermissionDenied(
+                    f"{method.rsplit('/', 1)[-1]} is an operator call; tenant {tenant!r} is not "
+                    "marked 'admin' in the tokens file",
+                    reason="ADMIN_REQUIRED",
+                    metadata={"tenant": tenant},
+                ),
+            )
+        return _as_tenant(handler, tenant, grants)
+
+
+def needs_admin(method: str) -> bool:
+    """Every AdminService method but the informational ones, including any added later."""
+    return method.startswith(ADMIN_PREFIX) and method not in OPEN_ADMIN_METHODS
 
 
 def _refusing(handler: Any, exc: errors.SandboxError) -> Any:
@@ -85,8 +125,8 @@ def _refusing(handler: Any, exc: errors.SandboxError) -> Any:
     return handler._replace(**{kind: refuse})
 
 
-def _as_tenant(handler: Any, tenant: str) -> Any:
-    """The same handler, run with the caller's tenant in the contextvar.
+def _as_tenant(handler: Any, tenant: str | None, grants: tenancy.TenantGrants) -> Any:
+    """The same handler, run with the caller's tenant (None: the local one) and grants set.
 
     Each RPC runs in its own asyncio task (its own context copy), so setting the variable
     inside the handler cannot leak into another call.
@@ -96,18 +136,25 @@ def _as_tenant(handler: Any, tenant: str) -> Any:
     if inspect.isasyncgenfunction(inner):
 
         async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
-            tenancy.use_tenant(tenant)
+            _use(tenant, grants)
             async for item in inner(request, context):
                 yield item
 
         return handler._replace(**{kind: streaming})
 
     async def unary(request: Any, context: Any) -> Any:
-        tenancy.use_tenant(tenant)
+        _use(tenant, grants)
         result = inner(request, context)
         return await result if inspect.isawaitable(result) else result
 
     return handler._replace(**{kind: unary})
+
+
+def _use(tenant: str | None, grants: tenancy.TenantGrants) -> None:
+    if tenant is None:
+        tenancy.use_grants(grants)
+    else:
+        tenancy.use_tenant(tenant, grants)
 
 
 def _kind(handler: Any) -> str:

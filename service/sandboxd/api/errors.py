@@ -24,6 +24,13 @@ log = logging.getLogger(__name__)
 
 DOMAIN = "sandboxd"
 
+
+class StreamIdle(errors.SandboxError):
+    """A client stream that stopped moving (api.limits): no next message, or no reading.
+
+    Raised with reason STREAM_IDLE (DEADLINE_EXCEEDED)."""
+
+
 # Most specific class first: the first match wins.
 STATUS_BY_ERROR: tuple[tuple[type[errors.SandboxError], grpc.StatusCode], ...] = (
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
@@ -36,6 +43,7 @@ STATUS_BY_ERROR: tuple[tuple[type[errors.SandboxError], grpc.StatusCode], ...] =
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.Internal, grpc.StatusCode.INTERNAL),
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (StreamIdle, grpc.StatusCode.DEADLINE_EXCEEDED),
 )
 
 

@@ -18,9 +18,11 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 
 from sandboxd.egress import firewall
+from sandboxd.egress.addresses import Protected
 from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import ResolvedQuotas
-from sandboxd.egress.proxy import EgressProxy, Resolver, Rules
+from sandboxd.egress.proxy import EgressProxy, Rules
+from sandboxd.egress.resolver import Resolver
 from sandboxd.egress.target import TargetError, normalize_name
 from sandboxd.engine.docker_profile import NO_PROXY, apply_to_container
 from sandboxd.engine.protocol import Engine, SessionNetwork
@@ -76,11 +78,12 @@ def bridge_name(owner_id: str, session_id: str) -> str:
     return "sbx" + hashlib.sha256(f"{owner_id}/{session_id}".encode()).hexdigest()[:12]
 
 
-def _rules(policy: NetworkPolicy) -> Rules:
+def _rules(policy: NetworkPolicy, granted: bool) -> Rules:
+    """The proxy's rules: private networks only when asked for AND granted to the tenant."""
     return Rules(
         domains=tuple(policy.allowed_domains),
         ports=frozenset(policy.allowed_ports),
-        allow_private_networks=policy.allow_private_networks,
+        allow_private_networks=policy.allow_private_networks and granted,
     )
 
 
@@ -94,12 +97,19 @@ class EgressManager:
         static_hosts: dict[str, tuple[str, ...]] | None = None,
         allow_unfiltered: bool = False,
         on_decision: Callable[[bool], None] | None = None,
+        resolver: Resolver | None = None,
+        protected: Protected | None = None,
+        private_networks_granted: Callable[[str], bool] = lambda tenant: False,
     ) -> None:
         self._engine = engine
         self._on_decision = on_decision
         self._owner_id = owner_id
         self._port = proxy_port
-        self._resolver = Resolver(static_hosts)
+        self._resolver = resolver or Resolver(static_hosts)
+        self._protected = protected or Protected()
+        # tenant -> may its sessions reach private networks (the operator's grant)
+        self._granted = private_networks_granted
+        self._tenants: dict[str, str] = {}  # session id -> tenant, for policy updates
         self._allow_unfiltered = allow_unfiltered
         self._proxies: dict[str, EgressProxy] = {}
         self._audit: dict[str, AuditLog] = {}
@@ -132,6 +142,7 @@ class EgressManager:
         for proxy in list(self._proxies.values()):
             await proxy.close()
         self._proxies.clear()
+        self._resolver.close()
 
     def require_available(self) -> None:
         if self.filter_mode is FilterMode.UNAVAILABLE:
@@ -170,20 +181,24 @@ class EgressManager:
                 await firewall.install(bridge, gateway, self._port)
             except firewall.FirewallError as exc:
                 raise Internal(f"could not install the egress filter of {name}: {exc}") from exc
+        self._protected.refresh()  # the new gateway is one of the host's addresses now
         net = SessionNetwork(name, gateway, f"http://{gateway}:{self._port}")
         policy = session.spec.network
+        self._tenants[sid] = session.tenant
+        rules = _rules(policy, self._granted(session.tenant))
         existing = self._proxies.get(sid)
         if existing is not None:
-            existing.rules = _rules(policy)
+            existing.rules = rules
             return net
         audit = self._audit.setdefault(sid, AuditLog(sid, on_decision=self._on_decision))
         proxy = EgressProxy(
             sid,
-            _rules(policy),
+            rules,
             ResolvedQuotas.of(policy.quotas),
             self._resolver,
             audit,
             peer_network=subnet,
+            protected=self._protected,
         )
         try:
             await proxy.start(gateway, self._port)
@@ -199,12 +214,14 @@ class EgressManager:
         """New rules for new connections; open tunnels keep what they were allowed."""
         proxy = self._proxies.get(session_id)
         if proxy is not None:
-            proxy.rules = _rules(policy)
+            tenant = self._tenants.get(session_id, "")
+            proxy.rules = _rules(policy, bool(tenant) and self._granted(tenant))
             proxy.quotas = ResolvedQuotas.of(policy.quotas)
 
     async def release(self, session_id: str, *, keep_audit: bool = False) -> None:
         """Close the proxy, remove the filter and the network (after the container is gone)."""
         proxy = self._proxies.pop(session_id, None)
+        self._tenants.pop(session_id, None)
         if proxy is not None:
             await proxy.close()
         if not keep_audit:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from sandboxd import tenancy
 from sandboxd.egress.target import TargetError, normalize_pattern
-from sandboxd.errors import InvalidArgument
+from sandboxd.errors import InvalidArgument, PermissionDenied
 from sandboxd.models import NetworkMode, NetworkPolicy, ProxyQuotas
 
 MAX_DOMAINS = 256
@@ -92,8 +93,18 @@ def validate_policy(
     *,
     default_quotas: ProxyQuotas = DEFAULT_QUOTAS,
     max_quotas: ProxyQuotas = MAX_QUOTAS,
+    private_networks_granted: bool | None = None,
 ) -> NetworkPolicy:
-    """The normalized policy a session keeps, or InvalidArgument NETWORK_POLICY_INVALID."""
+    """The normalized policy a session keeps, or InvalidArgument NETWORK_POLICY_INVALID.
+
+    `allow_private_networks` is the operator's to grant (setting `egress_private_networks`,
+    or the tenant's tokens-file option): asked for without `private_networks_granted` it is
+    PERMISSION_DENIED, reason PRIVATE_NETWORKS_NOT_GRANTED. None: the grant of the call being
+    served (`tenancy.current_grants()`, set by the interceptors; none outside a call). The
+    proxy enforces the grant on its own as well, and never reaches the host whatever it is.
+    """
+    if private_networks_granted is None:
+        private_networks_granted = tenancy.current_grants().private_networks is True
     if asked.mode is not NetworkMode.ALLOWLIST:
         if asked.allowed_domains or asked.allowed_ports or asked.allow_private_networks:
             raise InvalidArgument(
@@ -127,6 +138,13 @@ def validate_policy(
                 f"network.allowed_ports entry {port} is not a port (1-65535)",
                 reason="NETWORK_POLICY_INVALID",
             )
+    if asked.allow_private_networks and not private_networks_granted:
+        raise PermissionDenied(
+            "network.allow_private_networks is not granted to this tenant: the operator grants "
+            "it (setting egress_private_networks=allow, or egress_private_networks=allow in "
+            "the tokens file)",
+            reason="PRIVATE_NETWORKS_NOT_GRANTED",
+        )
     if not domains or not asked.allowed_ports:
         raise InvalidArgument(
             "network.mode ALLOWLIST needs at least one allowed domain and one allowed port",

@@ -1,8 +1,9 @@
 """The built-in egress proxy of one session: CONNECT and absolute-form plain HTTP (asyncio).
 
 Order of checks for every request: quotas, a strict head parse, the declared name and port,
-one lookup (static map first, then the loop's getaddrinfo), every answer address checked (one
-refused address refuses the whole answer), then a dial of exactly a checked address. A refused
+one lookup (static map first, then the resolver's own threads), every answer address checked
+(one refused address refuses the whole answer; the host's own addresses, cloud metadata and
+loopback whatever the grant), then a dial of exactly a checked address, checked again. A refused
 request gets one HTTP error reply and the connection is closed. Every decision goes to the
 session's audit log with the bytes moved.
 """
@@ -13,14 +14,14 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import socket
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sandboxd.egress import addresses
-from sandboxd.egress.addresses import IPAddress
+from sandboxd.egress.addresses import IPAddress, Protected
 from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import ResolvedQuotas
+from sandboxd.egress.replies import CHUNK, linger_close, reply, request_line_words
+from sandboxd.egress.resolver import Resolver, ResolverBusy
 from sandboxd.egress.target import (
     MAX_HEAD_BYTES,
     RequestKind,
@@ -31,25 +32,8 @@ from sandboxd.egress.target import (
 
 log = logging.getLogger(__name__)
 
-CHUNK = 256 * 1024
-DNS_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 10.0
-MAX_ANSWERS = 32
-LINGER_S = 1.0
-LINGER_BYTES = 256 * 1024
 MAX_LINGERING = 64
-
-_STATUS_TEXT = {
-    400: "Bad Request",
-    403: "Forbidden",
-    408: "Request Timeout",
-    429: "Too Many Requests",
-    431: "Request Header Fields Too Large",
-    501: "Not Implemented",
-    502: "Bad Gateway",
-    504: "Gateway Timeout",
-    505: "HTTP Version Not Supported",
-}
 
 
 @dataclass(frozen=True)
@@ -88,41 +72,6 @@ class _Decision:
     body: int  # plain-HTTP request body bytes to copy after the head
 
 
-def _request_line_words(head: bytes) -> tuple[str, str]:
-    """Method and target of a head that did not parse, for the audit (printable or empty)."""
-    words = head[:300].split(b"\r\n", 1)[0].split(b" ")
-    method = words[0].decode("ascii", "replace") if words else ""
-    target = words[1].decode("ascii", "replace") if len(words) > 1 else ""
-    return (
-        method if method.isalpha() and method.isascii() else "",
-        target if target.isprintable() else "",
-    )
-
-
-class Resolver:
-    """Names to addresses: the operator's static map first, else the loop's getaddrinfo."""
-
-    def __init__(self, static: Mapping[str, tuple[str, ...]] | None = None) -> None:
-        self._static = dict(static or {})
-
-    async def resolve(self, name: str, port: int) -> list[str]:
-        if name in self._static:
-            return list(self._static[name])
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(DNS_TIMEOUT_S):
-            infos = await loop.getaddrinfo(
-                name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-            )
-        answers: list[str] = []
-        for family, _, _, _, sockaddr in infos[:MAX_ANSWERS]:
-            host = str(sockaddr[0])
-            if family == socket.AF_INET6 and len(sockaddr) >= 4 and sockaddr[3]:
-                host = f"{host}%{sockaddr[3]}"  # keep the zone id so the check refuses it
-            if host not in answers:
-                answers.append(host)
-        return answers
-
-
 class _Budget:
     """Bytes each way for the whole proxy; a tunnel that exhausts it is cut."""
 
@@ -149,6 +98,7 @@ class EgressProxy:
         resolver: Resolver,
         audit: AuditLog,
         peer_network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None,
+        protected: Protected | None = None,
     ) -> None:
         self.session_id = session_id
         self.rules = rules
@@ -156,6 +106,7 @@ class EgressProxy:
         self.audit = audit
         self._resolver = resolver
         self._peer_network = peer_network
+        self._protected = protected or Protected()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing: set[asyncio.Task[None]] = set()  # refused over quota, lingering
@@ -194,11 +145,11 @@ class EgressProxy:
         # Over the connection quota: refuse here, before a task exists; tunnels keep running.
         if len(self._tasks) >= self.quotas.max_connections:
             self.audit.record(method="", host="", port=0, allowed=False, reason="QUOTA_CONNECTIONS")
-            _reply(writer, 429, "QUOTA_CONNECTIONS", "too many concurrent connections")
+            reply(writer, 429, "QUOTA_CONNECTIONS", "too many concurrent connections")
             if len(self._closing) >= MAX_LINGERING:
                 writer.close()  # a flood: no lingering, the reply may be lost to a reset
                 return
-            closing = asyncio.create_task(_linger_close(reader, writer))
+            closing = asyncio.create_task(linger_close(reader, writer))
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
             return
@@ -223,8 +174,8 @@ class EgressProxy:
                     reason=exc.reason,
                     address=exc.address,
                 )
-                _reply(writer, exc.status, exc.reason, str(exc))
-                await _linger_close(reader, writer)
+                reply(writer, exc.status, exc.reason, str(exc))
+                await linger_close(reader, writer)
                 return
             await self._carry(decision, address, reader, writer, up_reader, upstream)
         except (ConnectionError, OSError):
@@ -306,7 +257,7 @@ class EgressProxy:
         try:
             req = parse_request_head(head)
         except TargetError as exc:
-            method, target = _request_line_words(head)
+            method, target = request_line_words(head)
             raise Refused(exc.status, exc.reason, str(exc)).about(method, target, 0) from None
         rules = self.rules
 
@@ -323,7 +274,9 @@ class EgressProxy:
             raise refuse(429, "QUOTA_DNS", "too many name lookups in flight")
         self._dns_in_flight += 1
         try:
-            answers = await self._resolver.resolve(req.host, req.port)
+            answers = await self._resolver.resolve(req.host, req.port, owner=self.session_id)
+        except ResolverBusy as exc:
+            raise refuse(429, "QUOTA_DNS", f"name lookups are busy: {exc}") from None
         except (OSError, TimeoutError, UnicodeError):
             raise refuse(502, "DNS_FAILED", f"{req.host} does not resolve") from None
         finally:
@@ -336,7 +289,7 @@ class EgressProxy:
                 addr = addresses.parse_answer(text)
             except ValueError:
                 raise refuse(502, "DNS_FAILED", "unparsable answer") from None
-            verdict = addresses.check(addr, allow_private_networks=rules.allow_private_networks)
+            verdict = self._check(addr, rules.allow_private_networks)
             if not verdict.allowed:
                 raise refuse(
                     403, "ADDRESS_REFUSED", f"{req.host} resolves to a refused address", str(addr)
@@ -351,12 +304,25 @@ class EgressProxy:
             body=req.content_length if req.kind is RequestKind.HTTP else 0,
         )
 
+    def _check(self, addr: IPAddress, allow_private_networks: bool) -> addresses.Verdict:
+        return addresses.check(
+            addr, allow_private_networks=allow_private_networks, protected=self._protected
+        )
+
     async def _dial(
         self, decision: _Decision
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, str]:
         """Connect to the checked addresses in answer order; never to the name again, so DNS
-        rebinding cannot swap what was checked."""
+        rebinding cannot swap what was checked. Each is checked once more just before its
+        connect, against the rules and host addresses of that moment."""
         for address in decision.addresses:
+            verdict = self._check(
+                addresses.parse_answer(address), self.rules.allow_private_networks
+            )
+            if not verdict.allowed:
+                raise Refused(
+                    403, "ADDRESS_REFUSED", f"{decision.host} resolves to a refused address"
+                ).about(decision.method, decision.host, decision.port, address)
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT_S):
                     r, w = await asyncio.open_connection(address, decision.port, limit=CHUNK)
@@ -453,29 +419,3 @@ class EgressProxy:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _linger_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Send what was written, then read (and drop) what the client still sends for a moment
-    before closing: closing a socket with unread input resets it, and the reset can destroy the
-    refusal the client is about to read."""
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(LINGER_S):
-            await writer.drain()
-            if writer.can_write_eof():
-                writer.write_eof()
-            left = LINGER_BYTES
-            while left > 0 and (chunk := await reader.read(min(CHUNK, left))):
-                left -= len(chunk)
-    writer.close()
-
-
-def _reply(writer: asyncio.StreamWriter, status: int, reason: str, message: str) -> None:
-    body = f"sandboxd egress proxy: {reason}: {message}\n".encode("ascii", "replace")
-    head = (
-        f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Error')}\r\n"
-        f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-        f"X-Sandboxd-Egress-Reason: {reason}\r\nConnection: close\r\n\r\n"
-    )
-    with contextlib.suppress(Exception):
-        writer.write(head.encode("ascii") + body)

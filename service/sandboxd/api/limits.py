@@ -1,0 +1,153 @@
+"""Limits every streaming RPC passes through, whatever its servicer: idle timeouts and caps.
+
+Each open stream holds server resources (an engine connection, a spool, a command), so one
+tenant must not be able to keep them forever or take them all:
+
+- `StreamGuard` (the outermost interceptor) gives every client upload (ImportArchive and any
+  other client-streaming RPC that answers once) an idle timeout: no next message within
+  `stream_idle_timeout_s` ends the call with DEADLINE_EXCEEDED, reason STREAM_IDLE. It also
+  writes every streamed reply itself with the same timeout, so a client that stops reading
+  (an ExportArchive behind a stalled reader) ends the call with the same error instead of
+  holding it; the servicer's generator is closed and its cleanup runs at once. Interact's
+  input may stay quiet (a person at a terminal): its command's timeout bounds it.
+- `StreamCaps` (after authentication, so the tenant is known) counts each tenant's open
+  streaming calls and refuses one over `tenant_max_streams` with RESOURCE_EXHAUSTED, reason
+  TENANT_STREAM_QUOTA, before the servicer runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from sandboxd import errors, tenancy
+from sandboxd.api.errors import StreamIdle, to_status
+
+
+class StreamGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self, idle_timeout_s: float) -> None:
+        self._idle = idle_timeout_s
+
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: Any
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        if handler.stream_unary is not None:
+            return handler._replace(stream_unary=self._idle_uploads(handler.stream_unary))
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=self._timed_writes(handler.unary_stream))
+        if handler.stream_stream is not None:
+            return handler._replace(stream_stream=self._timed_writes(handler.stream_stream))
+        return handler
+
+    def _idle_uploads(self, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+        idle = self._idle
+
+        async def guarded(requests: Any, context: Any) -> Any:
+            return await behavior(idle_limited(requests, idle), context)
+
+        return guarded
+
+    def _timed_writes(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
+        if not inspect.isasyncgenfunction(behavior):
+            return behavior  # already a writer: nothing generic to time
+        idle = self._idle
+
+        async def writer(request: Any, context: Any) -> None:
+            stalled = False
+            async with contextlib.aclosing(behavior(request, context)) as items:
+                async for item in items:
+                    try:
+                        async with asyncio.timeout(idle):
+                            await context.write(item)
+                    except TimeoutError:
+                        stalled = True
+                        break
+            if stalled:
+                # The servicer's stream is closed by now (its command, engine connection and
+                # stream slot freed); the status itself reaches the client only if it reads
+                # again, so that wait holds nothing but the call.
+                await context.abort_with_status(
+                    to_status(
+                        StreamIdle(
+                            f"the client took no reply data for {idle:g} s "
+                            "(stream_idle_timeout_s); the stream was ended",
+                            reason="STREAM_IDLE",
+                            metadata={"timeout_s": f"{idle:g}", "side": "reply"},
+                        )
+                    )
+                )
+
+        return writer
+
+
+async def idle_limited(requests: AsyncIterator[Any], idle: float) -> AsyncIterator[Any]:
+    """The client's messages, each awaited at most `idle` seconds (StreamIdle otherwise)."""
+    iterator = aiter(requests)
+    while True:
+        try:
+            async with asyncio.timeout(idle):
+                item = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise StreamIdle(
+                f"no message from the client for {idle:g} s (stream_idle_timeout_s); "
+                "the upload was abandoned",
+                reason="STREAM_IDLE",
+                metadata={"timeout_s": f"{idle:g}", "side": "request"},
+            ) from None
+        yield item
+
+
+class StreamCaps(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self, max_streams: int) -> None:
+        self.slots = tenancy.StreamSlots(max_streams)
+
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: Any
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None or not self.slots.limit:
+            return handler
+        if not (handler.request_streaming or handler.response_streaming):
+            return handler
+        kind = next(
+            k
+            for k in ("stream_unary", "unary_stream", "stream_stream")
+            if getattr(handler, k) is not None
+        )
+        return handler._replace(**{kind: self._counted(getattr(handler, kind))})
+
+    def _counted(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
+        # A refusal comes from entering the slot: the servicer's own errors are aborts by then.
+        slots = self.slots
+        if inspect.isasyncgenfunction(behavior):
+
+            async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
+                try:
+                    async with slots.slot():
+                        async with contextlib.aclosing(behavior(request, context)) as items:
+                            async for item in items:
+                                yield item
+                except errors.ResourceExhausted as exc:
+                    await context.abort_with_status(to_status(exc))
+
+            return streaming
+
+        async def unary(request: Any, context: Any) -> Any:
+            try:
+                async with slots.slot():
+                    result = behavior(request, context)
+                    return await result if inspect.isawaitable(result) else result
+            except errors.ResourceExhausted as exc:
+                await context.abort_with_status(to_status(exc))
+
+        return unary

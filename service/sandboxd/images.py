@@ -1,0 +1,141 @@
+"""Which images a session may run: the operator's allowlist, pure and table-tested.
+
+Without it a caller could run any image the engine holds: unrelated local images, and other
+tenants' snapshot images, whose committed config keeps that session's environment. An image
+passes when its reference matches a pattern of the allowlist (the server's `image_allowlist`,
+or the tenant's own from the tokens file), or when it is one of the calling tenant's own
+snapshot images (by full id, or an id prefix of at least 12 hex digits). Images that declare
+VOLUMEs are refused whatever the list: a volume is writable host disk outside every cap.
+
+Patterns: `*` matches any run of characters but `@` (so `/` and `:` too; a digest must be
+written out); nothing else is special.
+References and patterns are compared in their normal form: `docker.io/library/` and
+`docker.io/` dropped, `:latest` added to a reference with neither tag nor digest.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from sandboxd import tenancy
+from sandboxd.errors import FailedPrecondition, PermissionDenied
+
+__all__ = [
+    "HEALTHCHECK_OFF",
+    "allowed_patterns",
+    "check_image",
+    "normalize_reference",
+    "parse_patterns",
+    "refuse_volumes",
+]
+
+# Container config that switches off any HEALTHCHECK the image declares (commands the
+# supervisor would not see): `config["Healthcheck"] = HEALTHCHECK_OFF`.
+HEALTHCHECK_OFF: dict[str, list[str]] = {"Test": ["NONE"]}
+
+_PATTERN_RE = re.compile(r"\A[a-z0-9*][a-z0-9._:/@*-]{0,254}\Z")
+_ID_RE = re.compile(r"\A(?:sha256:)?([0-9a-f]{12,64})\Z")
+MIN_ID_PREFIX = 12
+
+
+def _strip_registry(ref: str) -> str:
+    for prefix in ("docker.io/library/", "index.docker.io/library/", "docker.io/"):
+        if ref.startswith(prefix):
+            return ref[len(prefix) :]
+    return ref
+
+
+def normalize_reference(ref: str) -> str:
+    """The one spelling of a reference: no default registry, an explicit tag."""
+    ref = _strip_registry(ref)
+    if "@" in ref:
+        return ref
+    last = ref.rsplit("/", 1)[-1]
+    return ref if ":" in last else ref + ":latest"
+
+
+def parse_patterns(text: str) -> tuple[str, ...]:
+    """`pattern,pattern,...` -> normalized patterns; ValueError names a bad one."""
+    patterns = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        if not _PATTERN_RE.match(item):
+            raise ValueError(
+                f"{item[:100]!r} is not an image pattern (lowercase reference, '*' as wildcard)"
+            )
+        patterns.append(normalize_reference(item) if "*" not in item else _strip_registry(item))
+    return tuple(patterns)
+
+
+def allowed_patterns(
+    server_allowlist: str,
+    grants: tenancy.TenantGrants | None = None,
+    *,
+    default_image: str = "",
+) -> tuple[str, ...]:
+    """The server's `image_allowlist`, its default `image` (the operator chose it), and the
+    tenant's `image_allowlist=` from the tokens file (grants: the current call's by default)."""
+    grants = tenancy.current_grants() if grants is None else grants
+    texts = [server_allowlist, grants.image_allowlist or ""]
+    default = (normalize_reference(default_image),) if default_image else ()
+    return parse_patterns(",".join(texts)) + default
+
+
+def _matches(pattern: str, ref: str) -> bool:
+    regex = "[^@]*".join(re.escape(part) for part in pattern.split("*"))
+    return re.fullmatch(regex, ref) is not None
+
+
+def _own_snapshot(image: str, own_images: Collection[str]) -> bool:
+    m = _ID_RE.match(image)
+    if m is None:
+        return False
+    wanted = m.group(1)
+    for own in own_images:
+        own_id = own.removeprefix("sha256:")
+        if own_id.startswith(wanted) and len(wanted) >= MIN_ID_PREFIX:
+            return True
+    return False
+
+
+def check_image(
+    image: str,
+    patterns: Collection[str],
+    *,
+    own_images: Collection[str] = (),
+) -> None:
+    """Refuse (PERMISSION_DENIED, IMAGE_NOT_ALLOWED) an image outside the allowlist.
+
+    `patterns`: the tenant's allowlist (from the tokens file) or else the server's;
+    `own_images`: image ids of the calling tenant's snapshots.
+    """
+    if _own_snapshot(image, own_images):
+        return
+    if _ID_RE.match(image) is None:
+        ref = normalize_reference(image)
+        if any(_matches(p, ref) for p in patterns):
+            return
+    raise PermissionDenied(
+        f"image {image[:200]!r} is not on this server's image allowlist; ask the operator "
+        "(setting image_allowlist, or image_allowlist= in the tokens file)",
+        reason="IMAGE_NOT_ALLOWED",
+        metadata={"image": image[:200]},
+    )
+
+
+def refuse_volumes(image: str, inspected: Mapping[str, Any]) -> None:
+    """Refuse (FAILED_PRECONDITION, IMAGE_HAS_VOLUMES) an image whose config declares VOLUMEs.
+
+    `inspected`: the engine's image inspect answer (`Config.Volumes`).
+    """
+    config = inspected.get("Config") or {}
+    volumes = config.get("Volumes") or {}
+    if volumes:
+        names = ", ".join(sorted(str(v) for v in volumes))[:300]
+        raise FailedPrecondition(
+            f"image {image[:200]!r} declares VOLUMEs ({names}): volumes are host disk outside "
+            "the session's limits, so such images are refused",
+            reason="IMAGE_HAS_VOLUMES",
+            metadata={"image": image[:200], "volumes": names},
+        )
