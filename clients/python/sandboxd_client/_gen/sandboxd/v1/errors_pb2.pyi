@@ -201,6 +201,30 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """NOT_FOUND: No such snapshot for this tenant."""
     ERROR_REASON_SNAPSHOT_KIND_UNSUPPORTED: _ErrorReason.ValueType  # 89
     """INVALID_ARGUMENT: The snapshot kind is not one this server knows."""
+    ERROR_REASON_ARCHIVE_TOO_LARGE: _ErrorReason.ValueType  # 90
+    """RESOURCE_EXHAUSTED: An export or snapshot stream passed the session's workspace_bytes plus tar
+    overhead (e.g. a sparse file); nothing partial is kept.
+    """
+    ERROR_REASON_LISTING_TOO_LARGE: _ErrorReason.ValueType  # 91
+    """RESOURCE_EXHAUSTED: A directory listing would not fit one reply; list a narrower path or depth."""
+    ERROR_REASON_SESSION_BUFFER_BUDGET: _ErrorReason.ValueType  # 92
+    """RESOURCE_EXHAUSTED: The session's budget for buffered listings and reads is in use; retry."""
+    ERROR_REASON_OUTPUT_BUFFER_BUDGET: _ErrorReason.ValueType  # 93
+    """RESOURCE_EXHAUSTED: The session's budget for background processes' output buffers is spent."""
+    ERROR_REASON_ADMIN_REQUIRED: _ErrorReason.ValueType  # 94
+    """PERMISSION_DENIED: AdminService needs a tenant the tokens file marks `admin`."""
+    ERROR_REASON_PRIVATE_NETWORKS_NOT_GRANTED: _ErrorReason.ValueType  # 95
+    """PERMISSION_DENIED: allow_private_networks asked without the operator's grant
+    (setting egress_private_networks, or the tenant's tokens-file option).
+    """
+    ERROR_REASON_IMAGE_NOT_ALLOWED: _ErrorReason.ValueType  # 96
+    """PERMISSION_DENIED: The image is not on the operator's image allowlist for this tenant."""
+    ERROR_REASON_IMAGE_HAS_VOLUMES: _ErrorReason.ValueType  # 97
+    """FAILED_PRECONDITION: The image declares VOLUMEs (writable host disk outside every cap)."""
+    ERROR_REASON_TENANT_STREAM_QUOTA: _ErrorReason.ValueType  # 98
+    """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
+    ERROR_REASON_STREAM_IDLE: _ErrorReason.ValueType  # 99
+    """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -390,4 +414,28 @@ ERROR_REASON_SNAPSHOT_NOT_FOUND: ErrorReason.ValueType  # 88
 """NOT_FOUND: No such snapshot for this tenant."""
 ERROR_REASON_SNAPSHOT_KIND_UNSUPPORTED: ErrorReason.ValueType  # 89
 """INVALID_ARGUMENT: The snapshot kind is not one this server knows."""
+ERROR_REASON_ARCHIVE_TOO_LARGE: ErrorReason.ValueType  # 90
+"""RESOURCE_EXHAUSTED: An export or snapshot stream passed the session's workspace_bytes plus tar
+overhead (e.g. a sparse file); nothing partial is kept.
+"""
+ERROR_REASON_LISTING_TOO_LARGE: ErrorReason.ValueType  # 91
+"""RESOURCE_EXHAUSTED: A directory listing would not fit one reply; list a narrower path or depth."""
+ERROR_REASON_SESSION_BUFFER_BUDGET: ErrorReason.ValueType  # 92
+"""RESOURCE_EXHAUSTED: The session's budget for buffered listings and reads is in use; retry."""
+ERROR_REASON_OUTPUT_BUFFER_BUDGET: ErrorReason.ValueType  # 93
+"""RESOURCE_EXHAUSTED: The session's budget for background processes' output buffers is spent."""
+ERROR_REASON_ADMIN_REQUIRED: ErrorReason.ValueType  # 94
+"""PERMISSION_DENIED: AdminService needs a tenant the tokens file marks `admin`."""
+ERROR_REASON_PRIVATE_NETWORKS_NOT_GRANTED: ErrorReason.ValueType  # 95
+"""PERMISSION_DENIED: allow_private_networks asked without the operator's grant
+(setting egress_private_networks, or the tenant's tokens-file option).
+"""
+ERROR_REASON_IMAGE_NOT_ALLOWED: ErrorReason.ValueType  # 96
+"""PERMISSION_DENIED: The image is not on the operator's image allowlist for this tenant."""
+ERROR_REASON_IMAGE_HAS_VOLUMES: ErrorReason.ValueType  # 97
+"""FAILED_PRECONDITION: The image declares VOLUMEs (writable host disk outside every cap)."""
+ERROR_REASON_TENANT_STREAM_QUOTA: ErrorReason.ValueType  # 98
+"""RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
+ERROR_REASON_STREAM_IDLE: ErrorReason.ValueType  # 99
+"""DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
