@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from sandboxd.errors import ResourceExhausted
+from sandboxd.reasons import Reason
 
 
 class ByteBudget:
@@ -33,7 +34,7 @@ class ByteBudget:
             raise ResourceExhausted(
                 f"{what} may need {nbytes} bytes of server memory, over the session's buffer "
                 f"budget of {self.limit}",
-                reason="SESSION_BUFFER_BUDGET",
+                reason=Reason.SESSION_BUFFER_BUDGET,
                 metadata={"limit": str(self.limit)},
             )
         room = self._room.setdefault(key, asyncio.Condition())

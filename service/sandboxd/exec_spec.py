@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from sandboxd import validation
 from sandboxd.errors import InvalidArgument
 from sandboxd.models import ExecSpec, Limits, Session
+from sandboxd.reasons import Reason
 
 MAX_PTY_CELLS = 1000
 
@@ -42,7 +43,7 @@ def validate_signal(name: str) -> str:
     if name not in SIGNAL_NAMES:
         raise InvalidArgument(
             f"signal {name[:32]!r} is not supported; use one of {', '.join(sorted(SIGNAL_NAMES))}",
-            reason="INVALID_SIGNAL",
+            reason=Reason.INVALID_SIGNAL,
             metadata={"signal": name[:32]},
         )
     return name
@@ -54,7 +55,7 @@ def validate_pty_size(rows: int, cols: int) -> PtySize:
         if not 1 <= value <= MAX_PTY_CELLS:
             raise InvalidArgument(
                 f"terminal {what} must be between 1 and {MAX_PTY_CELLS} (got {value})",
-                reason="INVALID_PTY_SIZE",
+                reason=Reason.INVALID_PTY_SIZE,
                 metadata={what: str(value)},
             )
     return PtySize(rows, cols)
@@ -81,27 +82,27 @@ def prepare(session: Session, req: ExecRequestInput, max_limits: Limits) -> Exec
     limits = session.spec.limits
     timeout = limits.command_timeout_s if req.timeout_s is None else req.timeout_s
     if timeout <= 0:
-        raise InvalidArgument("timeout must be positive", reason="INVALID_TIMEOUT")
+        raise InvalidArgument("timeout must be positive", reason=Reason.INVALID_TIMEOUT)
     if timeout > max_limits.command_timeout_s:
         raise InvalidArgument(
             f"timeout of {timeout:g} s is above the server maximum of "
             f"{max_limits.command_timeout_s:g} s",
-            reason="LIMIT_EXCEEDS_MAXIMUM",
+            reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
             metadata={"limit": "timeout", "maximum": f"{max_limits.command_timeout_s:g}s"},
         )
     cap = limits.output_bytes if req.max_output_bytes is None else req.max_output_bytes
     if cap <= 0:
-        raise InvalidArgument("max_output_bytes must be positive", reason="INVALID_OUTPUT_CAP")
+        raise InvalidArgument("max_output_bytes must be positive", reason=Reason.INVALID_OUTPUT_CAP)
     if cap > limits.output_bytes:
         raise InvalidArgument(
             f"max_output_bytes {cap} is above the session's output cap {limits.output_bytes}",
-            reason="LIMIT_EXCEEDS_MAXIMUM",
+            reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
             metadata={"limit": "max_output_bytes", "maximum": str(limits.output_bytes)},
         )
     if len(req.stdin) > limits.file_bytes:
         raise InvalidArgument(
             f"stdin of {len(req.stdin)} bytes is over the session's file cap {limits.file_bytes}",
-            reason="STDIN_TOO_LARGE",
+            reason=Reason.STDIN_TOO_LARGE,
         )
     return ExecSpec(
         argv=argv, cwd=cwd, env=env, stdin=req.stdin, timeout_s=timeout, max_output_bytes=cap

@@ -44,6 +44,7 @@ from sandboxd.models import (
     Session,
 )
 from sandboxd.profile import HELPER_IN_CONTAINER
+from sandboxd.reasons import Reason
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class Command:
     async def write(self, data: bytes) -> None:
         if self.stdin_closed:
             raise FailedPrecondition(
-                "stdin of this command is already closed", reason="STDIN_CLOSED"
+                "stdin of this command is already closed", reason=Reason.STDIN_CLOSED
             )
         if data:
             # A command that has exited no longer reads: its `exited` event is on the way (and
@@ -134,7 +135,8 @@ class Command:
     async def resize(self, size: PtySize) -> None:
         if not self.tty:
             raise FailedPrecondition(
-                "resize needs a terminal: start the command with a pty", reason="NOT_A_TERMINAL"
+                "resize needs a terminal: start the command with a pty",
+                reason=Reason.NOT_A_TERMINAL,
             )
         await self._executor.engine.exec_resize(self._stream.exec_id, size.rows, size.cols)
 
@@ -320,9 +322,11 @@ class Executor:
         if code == 0:
             return
         if err is not None and err.name == "NOT_FOUND":
-            raise FailedPrecondition("the process has already exited", reason="PROCESS_EXITED")
+            raise FailedPrecondition("the process has already exited", reason=Reason.PROCESS_EXITED)
         said = f"{err.name}: {err.message}" if err is not None else "no reason given"
-        raise InvalidArgument(f"sbx signal failed ({code}): {said[:200]}", reason="INVALID_SIGNAL")
+        raise InvalidArgument(
+            f"sbx signal failed ({code}): {said[:200]}", reason=Reason.INVALID_SIGNAL
+        )
 
     async def _helper(
         self, session: Session, args: list[str], timeout_s: float

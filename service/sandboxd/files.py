@@ -18,6 +18,7 @@ from sandboxd.engine import Engine
 from sandboxd.errors import Internal, InvalidArgument, ResourceExhausted
 from sandboxd.helper_client import HelperClient, HelperResult, StdoutOverflow
 from sandboxd.models import FileContent, FileInfo, FileType, Session
+from sandboxd.reasons import Reason
 
 MAX_LIST_DEPTH = 32
 # The most a listing may print (JSON lines, longer than the reply they become): a reply over
@@ -94,7 +95,7 @@ class Files:
         if len(content) > cap:
             raise ResourceExhausted(
                 f"{rel}: {len(content)} bytes is over the file cap of {cap}",
-                reason="FILE_TOO_LARGE",
+                reason=Reason.FILE_TOO_LARGE,
                 metadata={"path": rel, "limit": str(cap)},
             )
         args = ["write", rel, format(mode, "o"), str(cap)] + (["--parents"] if make_parents else [])
@@ -110,7 +111,7 @@ class Files:
         rel = validation.workspace_relpath(path or ".")
         if depth < 0 or depth > MAX_LIST_DEPTH:
             raise InvalidArgument(
-                f"depth must be between 0 and {MAX_LIST_DEPTH}", reason="INVALID_DEPTH"
+                f"depth must be between 0 and {MAX_LIST_DEPTH}", reason=Reason.INVALID_DEPTH
             )
         async with self.buffers.hold(session.session_id, LISTING_BYTES, "ListDir"):
             try:
@@ -121,7 +122,7 @@ class Files:
                 raise ResourceExhausted(
                     f"the listing of {rel!r} is over {LISTING_BYTES} bytes: list a narrower "
                     "folder or fewer levels (depth)",
-                    reason="LISTING_TOO_LARGE",
+                    reason=Reason.LISTING_TOO_LARGE,
                     metadata={"path": rel, "limit": str(LISTING_BYTES)},
                 ) from None
             return _parse_records(result.stdout)

@@ -38,6 +38,7 @@ from sandboxd.errors import (
 )
 from sandboxd.models import Session
 from sandboxd.profile import DEFAULT_PATH, HELPER_IN_CONTAINER
+from sandboxd.reasons import Reason
 
 STDERR_LIMIT = 64 * 1024  # the helper's error line is short; a tool's complaint is cut here
 SMALL_STDOUT = 64 * 1024  # what a helper subcommand prints besides a listing or a file
@@ -139,42 +140,48 @@ def file_error(result: HelperResult, path: str) -> SandboxError:
     match err.name:
         case "ENOENT":
             return NotFound(
-                f"{shown}: no such file or directory", reason="FILE_NOT_FOUND", metadata=meta
+                f"{shown}: no such file or directory", reason=Reason.FILE_NOT_FOUND, metadata=meta
             )
         case "ENOTDIR":
             return FailedPrecondition(
-                f"{shown}: not a directory", reason="NOT_A_DIRECTORY", metadata=meta
+                f"{shown}: not a directory", reason=Reason.NOT_A_DIRECTORY, metadata=meta
             )
         case "EISDIR":
             return FailedPrecondition(
-                f"{shown}: is a directory", reason="IS_A_DIRECTORY", metadata=meta
+                f"{shown}: is a directory", reason=Reason.IS_A_DIRECTORY, metadata=meta
             )
         case "EEXIST":
-            return AlreadyExists(f"{shown}: already exists", reason="FILE_EXISTS", metadata=meta)
+            return AlreadyExists(
+                f"{shown}: already exists", reason=Reason.FILE_EXISTS, metadata=meta
+            )
         case "ENOTEMPTY":
             return FailedPrecondition(
                 f"{shown}: directory not empty (set recursive)",
-                reason="DIRECTORY_NOT_EMPTY",
+                reason=Reason.DIRECTORY_NOT_EMPTY,
                 metadata=meta,
             )
         case "ENOSPC":
-            return NoRoom(f"{shown}: the workspace is full", reason="WORKSPACE_FULL", metadata=meta)
+            return NoRoom(
+                f"{shown}: the workspace is full", reason=Reason.WORKSPACE_FULL, metadata=meta
+            )
         case "EACCES":
             return PermissionDenied(
-                f"{shown}: permission denied", reason="FILE_PERMISSION_DENIED", metadata=meta
+                f"{shown}: permission denied", reason=Reason.FILE_PERMISSION_DENIED, metadata=meta
             )
         case "ESCAPE":
             return InvalidArgument(
                 f"{shown}: resolves outside /workspace (symlinks are not followed out)",
-                reason="PATH_OUTSIDE_WORKSPACE",
+                reason=Reason.PATH_OUTSIDE_WORKSPACE,
                 metadata=meta,
             )
         case "TOO_LARGE":
             return ResourceExhausted(
-                f"{shown}: {err.message}", reason="FILE_TOO_LARGE", metadata=meta
+                f"{shown}: {err.message}", reason=Reason.FILE_TOO_LARGE, metadata=meta
             )
         case "EINVAL":
-            return InvalidArgument(f"{shown}: {err.message}", reason="PATH_INVALID", metadata=meta)
+            return InvalidArgument(
+                f"{shown}: {err.message}", reason=Reason.PATH_INVALID, metadata=meta
+            )
         case _:
             return Internal(f"{shown}: {err.message or err.name}")
 
@@ -186,17 +193,19 @@ def tool_error(what: str, tool: str, result: HelperResult, path: str) -> Sandbox
     low = text.lower()
     meta = {"path": path}
     if "no space" in low or "quota" in low:
-        return NoRoom(f"{what}: the workspace is full", reason="WORKSPACE_FULL", metadata=meta)
+        return NoRoom(f"{what}: the workspace is full", reason=Reason.WORKSPACE_FULL, metadata=meta)
     err = result.error if result.exit_code in (126, 127) else None
     if err is not None and err.name == "ESCAPE":
         return InvalidArgument(
-            f"{path}: resolves outside /workspace", reason="PATH_OUTSIDE_WORKSPACE", metadata=meta
+            f"{path}: resolves outside /workspace",
+            reason=Reason.PATH_OUTSIDE_WORKSPACE,
+            metadata=meta,
         )
     if err is not None and err.name in ("ENOENT", "ENOTDIR"):
         return FailedPrecondition(
             f"{what}: {path} is not a folder in the workspace (or {tool} is missing from the "
             "image)",
-            reason="NOT_A_DIRECTORY",
+            reason=Reason.NOT_A_DIRECTORY,
             metadata=meta,
         )
     return Internal(f"{what}: {tool} exited {result.exit_code}: {text[:500]}")

@@ -21,6 +21,7 @@ from typing import Any
 
 from sandboxd import tenancy
 from sandboxd.errors import FailedPrecondition, PermissionDenied
+from sandboxd.reasons import Reason
 
 __all__ = [
     "HEALTHCHECK_OFF",
@@ -119,7 +120,7 @@ def check_image(
     raise PermissionDenied(
         f"image {image[:200]!r} is not on this server's image allowlist; ask the operator "
         "(setting image_allowlist, or image_allowlist= in the tokens file)",
-        reason="IMAGE_NOT_ALLOWED",
+        reason=Reason.IMAGE_NOT_ALLOWED,
         metadata={"image": image[:200]},
     )
 
@@ -136,6 +137,6 @@ def refuse_volumes(image: str, inspected: Mapping[str, Any]) -> None:
         raise FailedPrecondition(
             f"image {image[:200]!r} declares VOLUMEs ({names}): volumes are host disk outside "
             "the session's limits, so such images are refused",
-            reason="IMAGE_HAS_VOLUMES",
+            reason=Reason.IMAGE_HAS_VOLUMES,
             metadata={"image": image[:200], "volumes": names},
         )

@@ -45,6 +45,7 @@ from sandboxd.models import (
     OutputStream,
     Session,
 )
+from sandboxd.reasons import Reason
 
 log = logging.getLogger(__name__)
 
@@ -174,13 +175,13 @@ class BackgroundProcess:
             name = stream.name.lower()
             if offset < 0:
                 raise InvalidArgument(
-                    f"{name}_offset must not be negative", reason="INVALID_OFFSET"
+                    f"{name}_offset must not be negative", reason=Reason.INVALID_OFFSET
                 )
             if offset > self.output[stream].end:
                 raise OutOfRange(
                     f"{name}_offset {offset} is past the end of {name} "
                     f"({self.output[stream].end} bytes so far)",
-                    reason="OFFSET_OUT_OF_RANGE",
+                    reason=Reason.OFFSET_OUT_OF_RANGE,
                     metadata={"stream": name, "end": str(self.output[stream].end)},
                 )
         yield ExecStarted(self.process_id)
@@ -251,7 +252,7 @@ class ProcessManager:
             if proc.spec != spec:
                 raise AlreadyExists(
                     f"process {pid!r} already exists in this session with a different command",
-                    reason="PROCESS_ALREADY_EXISTS",
+                    reason=Reason.PROCESS_ALREADY_EXISTS,
                     metadata={"process_id": pid},
                 )
             await asyncio.shield(proc.running)
@@ -303,7 +304,7 @@ class ProcessManager:
                 f"output buffers; {need} more (two streams of max_output_bytes) would pass the "
                 f"budget of {SESSION_OUTPUT_BUFFER_BYTES}: end a process or lower "
                 "max_output_bytes",
-                reason="OUTPUT_BUFFER_BUDGET",
+                reason=Reason.OUTPUT_BUFFER_BUDGET,
                 metadata={"limit": str(SESSION_OUTPUT_BUFFER_BYTES)},
             )
 
@@ -314,7 +315,7 @@ class ProcessManager:
         if not exited:
             raise ResourceExhausted(
                 f"this session already runs {MAX_PROCESSES_PER_SESSION} background processes",
-                reason="TOO_MANY_PROCESSES",
+                reason=Reason.TOO_MANY_PROCESSES,
                 metadata={"limit": str(MAX_PROCESSES_PER_SESSION)},
             )
         oldest = min(exited, key=lambda p: p.started_at)
@@ -358,7 +359,7 @@ class ProcessManager:
         if proc is None:
             raise NotFound(
                 f"no background process {process_id[:80]!r} in session {session_id!r}",
-                reason="PROCESS_NOT_FOUND",
+                reason=Reason.PROCESS_NOT_FOUND,
                 metadata={"process_id": process_id[:80]},
             )
         return proc
@@ -372,7 +373,7 @@ class ProcessManager:
         if proc.exited is not None:
             raise FailedPrecondition(
                 f"process {process_id!r} has already exited",
-                reason="PROCESS_EXITED",
+                reason=Reason.PROCESS_EXITED,
                 metadata={"process_id": process_id},
             )
         await self._executor.signal(session, proc.token, name)

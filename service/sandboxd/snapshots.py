@@ -29,6 +29,7 @@ from sandboxd.labels import (
     LABEL_SNAPSHOT,
 )
 from sandboxd.models import Session, SessionState
+from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager, paging
 from sandboxd.snapshot_store import Snapshot, SnapshotStore
 from sandboxd.store import SessionStore
@@ -58,7 +59,7 @@ class WorkspaceArchive(Protocol):
 def _not_found(snapshot_id: str) -> NotFound:
     return NotFound(
         f"snapshot {snapshot_id[:80]!r} not found",
-        reason="SNAPSHOT_NOT_FOUND",
+        reason=Reason.SNAPSHOT_NOT_FOUND,
         metadata={"snapshot_id": snapshot_id[:80]},
     )
 
@@ -202,7 +203,7 @@ class Snapshots:
         if kind not in ("", KIND_TAR, KIND_IMAGE):
             raise InvalidArgument(
                 f"snapshot kind {kind!r} is not one this server knows; use TAR or IMAGE",
-                reason="SNAPSHOT_KIND_UNSUPPORTED",
+                reason=Reason.SNAPSHOT_KIND_UNSUPPORTED,
             )
         checked = validation.validate_labels(labels)
         async with self._sessions.use(session_id) as session:

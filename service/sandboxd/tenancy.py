@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandboxd.errors import ConfigError, InvalidArgument, ResourceExhausted
+from sandboxd.reasons import Reason
 
 __all__ = [
     "DEFAULT_TENANT",
@@ -249,7 +250,7 @@ def check_session_id(session_id: str) -> None:
         raise InvalidArgument(
             f"session id {session_id!r} must start with {prefix!r}: with authentication "
             "on, each tenant chooses ids only under its own prefix",
-            reason="INVALID_SESSION_ID",
+            reason=Reason.INVALID_SESSION_ID,
             metadata={"session_id": session_id, "prefix": prefix},
         )
 
@@ -281,14 +282,14 @@ class TenantQuotas:
             raise ResourceExhausted(
                 f"tenant {tenant!r} already has {live_sessions} sessions; the quota is "
                 f"{self.max_sessions} (delete one or wait for a lease to end)",
-                reason="TENANT_SESSION_QUOTA",
+                reason=Reason.TENANT_SESSION_QUOTA,
                 metadata={"tenant": tenant, "quota": str(self.max_sessions)},
             )
         if self.max_memory_bytes and live_memory + new_memory > self.max_memory_bytes:
             raise ResourceExhausted(
                 f"tenant {tenant!r} sessions hold {live_memory} bytes of memory; "
                 f"{new_memory} more would exceed the quota of {self.max_memory_bytes}",
-                reason="TENANT_MEMORY_QUOTA",
+                reason=Reason.TENANT_MEMORY_QUOTA,
                 metadata={"tenant": tenant, "quota": str(self.max_memory_bytes)},
             )
 
@@ -298,7 +299,7 @@ class TenantSlots:
     """Counts what each tenant holds at once; refuses one over the cap at once (0: no cap)."""
 
     limit: int = 0
-    reason: str = "RESOURCE_EXHAUSTED"
+    reason: str = Reason.RESOURCE_EXHAUSTED
     refusal: str = "already holds {limit}, its quota"  # after "tenant 'x' "
     _held: collections.Counter[str] = field(default_factory=collections.Counter)
 
@@ -327,7 +328,7 @@ class TenantSlots:
 class ExecSlots(TenantSlots):
     """Commands each tenant is running (`tenant_max_concurrent_execs`)."""
 
-    reason: str = "TENANT_EXEC_QUOTA"
+    reason: str = Reason.TENANT_EXEC_QUOTA
     refusal: str = (
         "is already running {limit} commands, its quota of concurrent execs; wait for one to finish"
     )
@@ -337,5 +338,5 @@ class ExecSlots(TenantSlots):
 class StreamSlots(TenantSlots):
     """Streaming calls each tenant has open (`tenant_max_streams`)."""
 
-    reason: str = "TENANT_STREAM_QUOTA"
+    reason: str = Reason.TENANT_STREAM_QUOTA
     refusal: str = "already has {limit} open streams, its quota (tenant_max_streams); close one"

@@ -338,7 +338,9 @@ def test_container_removed_by_hand_is_rebuilt_from_the_last_snapshot(
     write(stubs, sid, "unsaved", "after snapshot")
     subprocess.run(["docker", "rm", "-f", container_of(server.owner_id, sid)], check=True,
                    capture_output=True)  # fmt: skip
-    expect_error(lambda: run(stubs, sid, "true"), grpc.StatusCode.UNAVAILABLE, "CONTAINER_LOST")
+    expect_error(
+        lambda: run(stubs, sid, "true"), grpc.StatusCode.UNAVAILABLE, "CONTAINER_REBUILDING"
+    )
     assert read(stubs, sid, "saved") == "before snapshot"  # the retry rebuilt it
     assert run(stubs, sid, "cat", "unsaved").exit_code != 0  # said so: since the snapshot
 

@@ -23,11 +23,7 @@ DOCS = {d.name: d for d in reason_docs()}
 
 # Sites that still send a reason with a second code, each with the fix the merge applies.
 # The test fails when one is fixed, so this list can only shrink.
-KNOWN_SECOND_CODES = {
-    # sessions.py: a suspended session's lost container is rebuilt on the next call; that
-    # retryable case becomes Reason.CONTAINER_REBUILDING at the literal replacement.
-    ("CONTAINER_LOST", "UNAVAILABLE"),
-}
+KNOWN_SECOND_CODES: set[tuple[str, str]] = set()
 
 
 def _proto_names() -> set[str]:

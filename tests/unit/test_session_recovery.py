@@ -139,5 +139,5 @@ async def test_an_engine_that_lost_the_sandbox_mid_call(tmp_path: Path) -> None:
             async with st.sessions.use("m") as session:
                 async with st.engine.exec(session.container_id, ["true"], user="1:1"):
                     pass
-        assert exc.value.reason == "CONTAINER_LOST" and exc.value.metadata["retry"] == "true"
+        assert exc.value.reason == "CONTAINER_REBUILDING" and exc.value.metadata["retry"] == "true"
         assert (await st.sessions.require_running("m")).state is SessionState.RUNNING

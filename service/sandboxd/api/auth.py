@@ -23,6 +23,7 @@ import grpc
 
 from sandboxd import errors, tenancy
 from sandboxd.api.errors import to_status
+from sandboxd.reasons import Reason
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 handler,
                 errors.Unauthenticated(
                     "this server needs 'authorization: Bearer <token>' metadata",
-                    reason="TOKEN_MISSING",
+                    reason=Reason.TOKEN_MISSING,
                 ),
             )
         tenant = self._tokens.authenticate(token)
@@ -93,7 +94,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             log.warning("unauthenticated call to %s: unknown token", method)
             return _refusing(
                 handler,
-                errors.Unauthenticated("the bearer token is not valid", reason="TOKEN_INVALID"),
+                errors.Unauthenticated(
+                    "the bearer token is not valid", reason=Reason.TOKEN_INVALID
+                ),
             )
         grants = tenancy.resolved_grants(self._tokens.grants_of(tenant), self._private_networks)
         if needs_admin(method) and not grants.admin:
@@ -103,7 +106,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 errors.PermissionDenied(
                     f"{method.rsplit('/', 1)[-1]} is an operator call; tenant {tenant!r} is not "
                     "marked 'admin' in the tokens file",
-                    reason="ADMIN_REQUIRED",
+                    reason=Reason.ADMIN_REQUIRED,
                     metadata={"tenant": tenant},
                 ),
             )

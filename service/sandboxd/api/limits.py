@@ -27,6 +27,7 @@ import grpc
 
 from sandboxd import errors, tenancy
 from sandboxd.api.errors import StreamIdle, to_status
+from sandboxd.reasons import Reason
 
 
 class StreamGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -79,7 +80,7 @@ class StreamGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                         StreamIdle(
                             f"the client took no reply data for {idle:g} s "
                             "(stream_idle_timeout_s); the stream was ended",
-                            reason="STREAM_IDLE",
+                            reason=Reason.STREAM_IDLE,
                             metadata={"timeout_s": f"{idle:g}", "side": "reply"},
                         )
                     )
@@ -101,7 +102,7 @@ async def idle_limited(requests: AsyncIterator[Any], idle: float) -> AsyncIterat
             raise StreamIdle(
                 f"no message from the client for {idle:g} s (stream_idle_timeout_s); "
                 "the upload was abandoned",
-                reason="STREAM_IDLE",
+                reason=Reason.STREAM_IDLE,
                 metadata={"timeout_s": f"{idle:g}", "side": "request"},
             ) from None
         yield item

@@ -22,6 +22,7 @@ from sandboxd.models import (
     OutputStream,
 )
 from sandboxd.processes import AttachEvent, BackgroundProcess, OutputGap, ProcessManager
+from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager
 from sandboxd.v1 import process_pb2, process_pb2_grpc
 
@@ -100,7 +101,7 @@ def _process_pb(p: BackgroundProcess) -> process_pb2.Process:
 def _first_message_error(what: str) -> InvalidArgument:
     return InvalidArgument(
         f"the first Interact message must be `start` (got {what})",
-        reason="INVALID_FIRST_MESSAGE",
+        reason=Reason.INVALID_FIRST_MESSAGE,
     )
 
 
@@ -120,11 +121,11 @@ async def _controls(
             case "start":
                 raise InvalidArgument(
                     "`start` may only be the first Interact message",
-                    reason="INVALID_INTERACT_MESSAGE",
+                    reason=Reason.INVALID_INTERACT_MESSAGE,
                 )
             case _:
                 raise InvalidArgument(
-                    "an Interact message with no action set", reason="INVALID_INTERACT_MESSAGE"
+                    "an Interact message with no action set", reason=Reason.INVALID_INTERACT_MESSAGE
                 )
 
 

@@ -9,6 +9,7 @@ from google.protobuf import timestamp_pb2
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.archive import ArchiveIO
 from sandboxd.errors import InvalidArgument
+from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import Snapshot
 from sandboxd.snapshots import KIND_IMAGE, KIND_TAR, Snapshots
@@ -47,7 +48,7 @@ async def _data(
         if req.HasField("header"):
             raise InvalidArgument(
                 "ImportArchive: only the first message may carry a header",
-                reason="ARCHIVE_HEADER_INVALID",
+                reason=Reason.ARCHIVE_HEADER_INVALID,
             )
         if req.data:
             yield req.data
@@ -75,7 +76,7 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
         if first is None or not first.HasField("header"):
             raise InvalidArgument(
                 "ImportArchive: the first message must carry the header",
-                reason="ARCHIVE_HEADER_INVALID",
+                reason=Reason.ARCHIVE_HEADER_INVALID,
             )
         header = first.header
         async with self._sessions.use(header.session_id) as session:

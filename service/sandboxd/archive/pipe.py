@@ -20,6 +20,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from sandboxd.archive import policy
 from sandboxd.errors import ResourceExhausted
+from sandboxd.reasons import Reason
 
 INBOX_BYTES = 1024 * 1024  # client chunks read ahead for the import thread (one always fits)
 OUTBOX_BYTES = 1024 * 1024  # sanitised output queued for the container, plus a batch in writing
@@ -330,7 +331,7 @@ class Sink:
             raise ResourceExhausted(
                 f"the archive's members, headers and link targets come to more than "
                 f"{self.limit} bytes, the workspace cap plus tar's overhead",
-                reason="WORKSPACE_FULL",
+                reason=Reason.WORKSPACE_FULL,
                 metadata={"limit": str(self.limit)},
             )
         self._parts.append(data)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from sandboxd import validation
 from sandboxd.errors import InvalidArgument, ResourceExhausted
+from sandboxd.reasons import Reason
 
 # The largest PAX or GNU extension record read at all: two full paths (name and link target,
 # 4 KiB each) and the usual attributes fit many times over.
@@ -73,7 +74,7 @@ def refuse(reason: str, name: str, why: str) -> InvalidArgument:
 
 
 def invalid(why: str) -> InvalidArgument:
-    return InvalidArgument(f"the archive is not acceptable: {why}", reason="ARCHIVE_INVALID")
+    return InvalidArgument(f"the archive is not acceptable: {why}", reason=Reason.ARCHIVE_INVALID)
 
 
 def tarfile_has_pax_regex_bug(version: tuple[int, int, int] | None = None) -> bool:
@@ -134,17 +135,17 @@ def normalize_member_name(raw: str) -> str:
     carries them was made to escape, and quietly rewriting it would hide that.
     """
     if "\0" in raw:
-        raise refuse("ARCHIVE_MEMBER_INVALID", raw, "the name contains NUL")
+        raise refuse(Reason.ARCHIVE_MEMBER_INVALID, raw, "the name contains NUL")
     if raw.startswith("/"):
-        raise refuse("ARCHIVE_ABSOLUTE_PATH", raw, "absolute names are not allowed")
+        raise refuse(Reason.ARCHIVE_ABSOLUTE_PATH, raw, "absolute names are not allowed")
     if len(raw) > 4 * validation.MAX_PATH_BYTES:
-        raise refuse("ARCHIVE_MEMBER_INVALID", raw[:256], "the name is too long")
+        raise refuse(Reason.ARCHIVE_MEMBER_INVALID, raw[:256], "the name is too long")
     parts = [p for p in raw.split("/") if p not in ("", ".")]
     if ".." in parts:
-        raise refuse("ARCHIVE_PATH_TRAVERSAL", raw, "'..' is not allowed in a member name")
+        raise refuse(Reason.ARCHIVE_PATH_TRAVERSAL, raw, "'..' is not allowed in a member name")
     name = "/".join(parts)
     if len(name.encode()) > validation.MAX_PATH_BYTES:
-        raise refuse("ARCHIVE_MEMBER_INVALID", raw[:256], "the name is too long")
+        raise refuse(Reason.ARCHIVE_MEMBER_INVALID, raw[:256], "the name is too long")
     return name
 
 
@@ -203,31 +204,35 @@ class MemberChecker:
         self.members += 1
         if self.members > self.limits.max_members:
             raise refuse(
-                "ARCHIVE_TOO_MANY_MEMBERS",
+                Reason.ARCHIVE_TOO_MANY_MEMBERS,
                 raw,
                 f"the archive has more than {self.limits.max_members} members",
             )
         if not name:
             if not info.isdir():
-                raise refuse("ARCHIVE_MEMBER_INVALID", raw, "the root must be a directory")
+                raise refuse(Reason.ARCHIVE_MEMBER_INVALID, raw, "the root must be a directory")
             return None
         chain = prefix_hashes(name)
         own = chain[-1]
         link = self._through_symlink(name, chain)
         if link is not None:
             raise refuse(
-                "ARCHIVE_THROUGH_SYMLINK", raw, f"it would be written through the symlink {link!r}"
+                Reason.ARCHIVE_THROUGH_SYMLINK,
+                raw,
+                f"it would be written through the symlink {link!r}",
             )
         if info.type in (tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE):
-            raise refuse("ARCHIVE_SPECIAL_FILE", raw, "devices, fifos and sockets are not allowed")
+            raise refuse(
+                Reason.ARCHIVE_SPECIAL_FILE, raw, "devices, fifos and sockets are not allowed"
+            )
         if info.sparse is not None or info.type == tarfile.GNUTYPE_SPARSE:
-            raise refuse("ARCHIVE_MEMBER_UNSUPPORTED", raw, "sparse members are not allowed")
+            raise refuse(Reason.ARCHIVE_MEMBER_UNSUPPORTED, raw, "sparse members are not allowed")
         out = tarfile.TarInfo(name)
         out.mtime = info.mtime
         out.mode = info.mode & 0o777  # setuid, setgid and sticky bits are stripped
         if info.isdir():
             if own in self._seen and own not in self._dirs:
-                raise refuse("ARCHIVE_DUPLICATE_MEMBER", raw, "the name appears twice")
+                raise refuse(Reason.ARCHIVE_DUPLICATE_MEMBER, raw, "the name appears twice")
             out.type = tarfile.DIRTYPE
         elif info.issym():
             self._check_link_target(raw, name, info.linkname, symbolic=True)
@@ -245,7 +250,7 @@ class MemberChecker:
                 raise ResourceExhausted(
                     f"archive member {raw!r} is {info.size} bytes, over the file cap of "
                     f"{self.limits.max_file_bytes}",
-                    reason="FILE_TOO_LARGE",
+                    reason=Reason.FILE_TOO_LARGE,
                     metadata={"member": raw[:512], "limit": str(self.limits.max_file_bytes)},
                 )
             self.total_bytes += info.size
@@ -253,7 +258,7 @@ class MemberChecker:
                 raise ResourceExhausted(
                     f"the archive holds more than the workspace cap of "
                     f"{self.limits.max_total_bytes} bytes",
-                    reason="WORKSPACE_FULL",
+                    reason=Reason.WORKSPACE_FULL,
                     metadata={"limit": str(self.limits.max_total_bytes)},
                 )
             self._claim(raw, own)
@@ -261,7 +266,7 @@ class MemberChecker:
             out.type = tarfile.REGTYPE
             out.size = info.size
         else:
-            raise refuse("ARCHIVE_MEMBER_UNSUPPORTED", raw, f"member type {info.type!r}")
+            raise refuse(Reason.ARCHIVE_MEMBER_UNSUPPORTED, raw, f"member type {info.type!r}")
         self._seen.add(own)
         if out.type == tarfile.DIRTYPE:
             self._dirs.add(own)
@@ -276,29 +281,35 @@ class MemberChecker:
             self._parents.add(h)
         if len(self._parents) > self._max_parents:
             raise refuse(
-                "ARCHIVE_TOO_MANY_MEMBERS",
+                Reason.ARCHIVE_TOO_MANY_MEMBERS,
                 raw,
                 f"the archive names more than {self._max_parents} distinct folders",
             )
 
     def _claim(self, raw: str, own: int) -> None:
         if own in self._seen:
-            raise refuse("ARCHIVE_DUPLICATE_MEMBER", raw, "the name appears twice")
+            raise refuse(Reason.ARCHIVE_DUPLICATE_MEMBER, raw, "the name appears twice")
         if own in self._parents:
-            raise refuse("ARCHIVE_DUPLICATE_MEMBER", raw, "a directory of that name came earlier")
+            raise refuse(
+                Reason.ARCHIVE_DUPLICATE_MEMBER, raw, "a directory of that name came earlier"
+            )
 
     def _check_link_target(self, raw: str, name: str, target: str, *, symbolic: bool) -> str:
         if not target or "\0" in target:
-            raise refuse("ARCHIVE_LINK_OUTSIDE", raw, "the link target is empty or has NUL")
+            raise refuse(Reason.ARCHIVE_LINK_OUTSIDE, raw, "the link target is empty or has NUL")
         if target.startswith("/"):
-            raise refuse("ARCHIVE_LINK_OUTSIDE", raw, f"the link target {target!r} is absolute")
+            raise refuse(
+                Reason.ARCHIVE_LINK_OUTSIDE, raw, f"the link target {target!r} is absolute"
+            )
         if len(target.encode(errors="surrogateescape")) > validation.MAX_PATH_BYTES:
-            raise refuse("ARCHIVE_LINK_OUTSIDE", raw, "the link target is too long")
+            raise refuse(Reason.ARCHIVE_LINK_OUTSIDE, raw, "the link target is too long")
         base = posixpath.dirname(name) if symbolic else ""
         resolved = posixpath.normpath(posixpath.join(base, target))
         if resolved == ".." or resolved.startswith("../"):
             raise refuse(
-                "ARCHIVE_LINK_OUTSIDE", raw, f"the link target {target!r} leaves the destination"
+                Reason.ARCHIVE_LINK_OUTSIDE,
+                raw,
+                f"the link target {target!r} leaves the destination",
             )
         if symbolic:
             return target
@@ -308,10 +319,10 @@ class MemberChecker:
         if self._through_symlink(resolved, chain) is not None or (
             own in self._symlinks or own in self._existing
         ):
-            raise refuse("ARCHIVE_LINK_OUTSIDE", raw, "a hardlink to a symlink")
+            raise refuse(Reason.ARCHIVE_LINK_OUTSIDE, raw, "a hardlink to a symlink")
         if own not in self._files:
             raise refuse(
-                "ARCHIVE_LINK_OUTSIDE",
+                Reason.ARCHIVE_LINK_OUTSIDE,
                 raw,
                 f"the hardlink target {target!r} is not an earlier file",
             )

@@ -62,6 +62,7 @@ from sandboxd.helper_client import (
     tool_error,
 )
 from sandboxd.models import FileType, Session
+from sandboxd.reasons import Reason
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def check_and_forward(source: Source, sink: Sink | None, checker: MemberChecker)
         src = tarfile.open(fileobj=source, mode="r:")  # type: ignore[call-overload]
     except tarfile.ReadError as exc:
         raise InvalidArgument(
-            f"the data is not a tar archive ({exc})", reason="ARCHIVE_INVALID"
+            f"the data is not a tar archive ({exc})", reason=Reason.ARCHIVE_INVALID
         ) from None
     try:
         while True:
@@ -102,7 +103,7 @@ def check_and_forward(source: Source, sink: Sink | None, checker: MemberChecker)
                 info = src.next()
             except tarfile.TarError as exc:
                 raise InvalidArgument(
-                    f"the archive is damaged ({exc})", reason="ARCHIVE_INVALID"
+                    f"the archive is damaged ({exc})", reason=Reason.ARCHIVE_INVALID
                 ) from None
             except RecursionError:  # tarfile recurses once per chained extension header
                 raise policy.invalid("too many extended headers in a row") from None
@@ -148,7 +149,7 @@ def _too_large(path: str, cap: int) -> ResourceExhausted:
     return ResourceExhausted(
         f"the archive of {path!r} is over {cap} bytes, more than the workspace can hold plus "
         "tar's overhead (a sparse file?)",
-        reason="ARCHIVE_TOO_LARGE",
+        reason=Reason.ARCHIVE_TOO_LARGE,
         metadata={"path": path, "limit": str(cap)},
     )
 
@@ -156,7 +157,7 @@ def _too_large(path: str, cap: int) -> ResourceExhausted:
 def _truncated(name: str) -> InvalidArgument:
     return InvalidArgument(
         f"the archive ends inside member {name!r} (truncated, or the header lies about its size)",
-        reason="ARCHIVE_TRUNCATED",
+        reason=Reason.ARCHIVE_TRUNCATED,
         metadata={"member": name[:512]},
     )
 
@@ -166,13 +167,13 @@ def _check_end(source: Source, offset: int) -> None:
     block = source.block_at(offset)
     if block is None or len(block) < BLOCK:
         raise InvalidArgument(
-            "the archive is truncated (no end-of-archive marker)", reason="ARCHIVE_TRUNCATED"
+            "the archive is truncated (no end-of-archive marker)", reason=Reason.ARCHIVE_TRUNCATED
         )
     if block.count(0) != BLOCK:
         raise InvalidArgument(
             "the archive holds data that is not a tar header (damaged, or a member lies about "
             "its size)",
-            reason="ARCHIVE_INVALID",
+            reason=Reason.ARCHIVE_INVALID,
         )
 
 

@@ -29,6 +29,7 @@ from sandboxd.engine.protocol import Engine, SessionNetwork
 from sandboxd.errors import ConfigError, FailedPrecondition, Internal, SandboxError
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_SESSION
 from sandboxd.models import NetworkMode, NetworkPolicy, Session, SessionState
+from sandboxd.reasons import Reason
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class EgressManager:
                 "network.mode ALLOWLIST needs a host filter (iptables) this server cannot "
                 f"install ({self.filter_problem}); the operator may opt into the weaker "
                 "unfiltered mode with egress_allow_unfiltered",
-                reason="EGRESS_UNAVAILABLE",
+                reason=Reason.EGRESS_UNAVAILABLE,
             )
 
     def audit(self, session_id: str) -> AuditLog | None:

@@ -13,6 +13,7 @@ from sandboxd import tenancy
 from sandboxd.egress.target import TargetError, normalize_pattern
 from sandboxd.errors import InvalidArgument, PermissionDenied
 from sandboxd.models import NetworkMode, NetworkPolicy, ProxyQuotas
+from sandboxd.reasons import Reason
 
 MAX_DOMAINS = 256
 MAX_PORTS = 64
@@ -75,13 +76,13 @@ def resolve_quotas(asked: ProxyQuotas, defaults: ProxyQuotas, maxima: ProxyQuota
         if value <= 0:
             raise InvalidArgument(
                 f"network.quotas.{name} must be positive",
-                reason="NETWORK_POLICY_INVALID",
+                reason=Reason.NETWORK_POLICY_INVALID,
                 metadata={"quota": name},
             )
         if value > maximum:
             raise InvalidArgument(
                 f"network.quotas.{name} = {value} is above the server maximum {maximum}",
-                reason="LIMIT_EXCEEDS_MAXIMUM",
+                reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
                 metadata={"limit": f"network.quotas.{name}", "maximum": str(maximum)},
             )
         values[name] = value
@@ -110,17 +111,17 @@ def validate_policy(
             raise InvalidArgument(
                 "network.allowed_domains, allowed_ports and allow_private_networks need "
                 "network.mode ALLOWLIST",
-                reason="NETWORK_POLICY_INVALID",
+                reason=Reason.NETWORK_POLICY_INVALID,
             )
         if any(v is not None for v in dataclasses.asdict(asked.quotas).values()):
             raise InvalidArgument(
-                "network.quotas need network.mode ALLOWLIST", reason="NETWORK_POLICY_INVALID"
+                "network.quotas need network.mode ALLOWLIST", reason=Reason.NETWORK_POLICY_INVALID
             )
         return NetworkPolicy(mode=NetworkMode.DENY)
     if len(asked.allowed_domains) > MAX_DOMAINS or len(asked.allowed_ports) > MAX_PORTS:
         raise InvalidArgument(
             f"network allows at most {MAX_DOMAINS} domains and {MAX_PORTS} ports",
-            reason="NETWORK_POLICY_INVALID",
+            reason=Reason.NETWORK_POLICY_INVALID,
         )
     domains = set()
     for pattern in asked.allowed_domains:
@@ -129,26 +130,26 @@ def validate_policy(
         except TargetError as exc:
             raise InvalidArgument(
                 f"network.allowed_domains entry {pattern[:300]!r}: {exc}",
-                reason="NETWORK_POLICY_INVALID",
+                reason=Reason.NETWORK_POLICY_INVALID,
                 metadata={"domain": pattern[:300]},
             ) from None
     for port in asked.allowed_ports:
         if not 1 <= port <= 65535:
             raise InvalidArgument(
                 f"network.allowed_ports entry {port} is not a port (1-65535)",
-                reason="NETWORK_POLICY_INVALID",
+                reason=Reason.NETWORK_POLICY_INVALID,
             )
     if asked.allow_private_networks and not private_networks_granted:
         raise PermissionDenied(
             "network.allow_private_networks is not granted to this tenant: the operator grants "
             "it (setting egress_private_networks=allow, or egress_private_networks=allow in "
             "the tokens file)",
-            reason="PRIVATE_NETWORKS_NOT_GRANTED",
+            reason=Reason.PRIVATE_NETWORKS_NOT_GRANTED,
         )
     if not domains or not asked.allowed_ports:
         raise InvalidArgument(
             "network.mode ALLOWLIST needs at least one allowed domain and one allowed port",
-            reason="NETWORK_POLICY_INVALID",
+            reason=Reason.NETWORK_POLICY_INVALID,
         )
     return NetworkPolicy(
         mode=NetworkMode.ALLOWLIST,

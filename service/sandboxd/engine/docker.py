@@ -36,6 +36,7 @@ from sandboxd.engine.protocol import (
 )
 from sandboxd.errors import EngineUnavailable, FailedPrecondition, Internal, NotFound
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
+from sandboxd.reasons import Reason
 
 _ENGINE_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=5, sock_connect=5)
 
@@ -55,9 +56,9 @@ def _translate(what: str, on_error: Callable[[str], None] | None = None) -> Iter
             on_error({404: "not_found", 409: "conflict"}.get(exc.status, "internal"))
         message = str(exc.message).strip() if exc.message else f"HTTP {exc.status}"
         if exc.status == 404:
-            raise NotFound(f"{what}: {message}", reason="ENGINE_OBJECT_NOT_FOUND") from exc
+            raise NotFound(f"{what}: {message}", reason=Reason.ENGINE_OBJECT_NOT_FOUND) from exc
         if exc.status == 409:
-            raise FailedPrecondition(f"{what}: {message}", reason="ENGINE_CONFLICT") from exc
+            raise FailedPrecondition(f"{what}: {message}", reason=Reason.ENGINE_CONFLICT) from exc
         raise Internal(f"{what}: the engine answered {exc.status}: {message}") from exc
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         if on_error is not None:

@@ -33,6 +33,7 @@ from sandboxd.errors import (
 from sandboxd.labels import LABEL_AUTO
 from sandboxd.models import NetworkPolicy, Session, SessionState
 from sandboxd.pool import WarmPool
+from sandboxd.reasons import Reason
 from sandboxd.sessions import paging
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.locks import SessionLocks
@@ -101,7 +102,7 @@ class SessionManager:
         if self._egress is None:
             raise InvalidArgument(
                 "network.mode ALLOWLIST is not available on this server; use DENY",
-                reason="NETWORK_MODE_UNSUPPORTED",
+                reason=Reason.NETWORK_MODE_UNSUPPORTED,
             )
         self._egress.require_available()
 
@@ -125,14 +126,14 @@ class SessionManager:
                 raise AlreadyExists(
                     f"session {session_id!r} already exists with a different manifest "
                     "fingerprint (or has ended)",
-                    reason="SESSION_ALREADY_EXISTS",
+                    reason=Reason.SESSION_ALREADY_EXISTS,
                     metadata=metadata,
                 )
             source = await self._fork_source(checked.from_snapshot_id)
             if not await self._engine.image_exists(spec.image):
                 raise FailedPrecondition(
                     f"image {spec.image!r} is not present on the engine (images are not pulled)",
-                    reason="IMAGE_NOT_FOUND",
+                    reason=Reason.IMAGE_NOT_FOUND,
                     metadata={"image": spec.image},
                 )
             created = now()
@@ -219,7 +220,7 @@ class SessionManager:
         try:
             yield session
         except (NotFound, FailedPrecondition) as exc:
-            if exc.reason in ("ENGINE_OBJECT_NOT_FOUND", "ENGINE_CONFLICT"):
+            if exc.reason in (Reason.ENGINE_OBJECT_NOT_FOUND, Reason.ENGINE_CONFLICT):
                 raise await self.container_lost(session) from exc
             raise
 
@@ -245,7 +246,7 @@ class SessionManager:
             if session.state is SessionState.EXPIRED or _lease_ended(session):
                 raise FailedPrecondition(
                     f"the lease of session {session_id!r} already expired",
-                    reason="LEASE_EXPIRED",
+                    reason=Reason.LEASE_EXPIRED,
                     metadata={"session_id": session_id},
                 )
             session.lease_expires_at = now() + timedelta(seconds=lease_s)
@@ -288,7 +289,7 @@ class SessionManager:
                 raise FailedPrecondition(
                     f"session {session_id!r} has fingerprint {session.fingerprint}, not the "
                     "expected one",
-                    reason="MANIFEST_CONFLICT",
+                    reason=Reason.MANIFEST_CONFLICT,
                     metadata={"session_id": session_id, "fingerprint": session.fingerprint},
                 )
             _require_live(session)
@@ -344,7 +345,7 @@ class SessionManager:
                 raise FailedPrecondition(
                     f"network.mode of session {session_id!r} is "
                     f"{session.spec.network.mode.value} and cannot change on a live session",
-                    reason="NETWORK_MODE_FIXED",
+                    reason=Reason.NETWORK_MODE_FIXED,
                     metadata={"session_id": session_id},
                 )
             session.spec = dataclasses.replace(session.spec, network=network)
@@ -365,7 +366,7 @@ class SessionManager:
             after = int(page_token) if page_token else 0
         except ValueError:
             raise InvalidArgument(
-                "page_token is not one this server issued", reason="INVALID_PAGE_TOKEN"
+                "page_token is not one this server issued", reason=Reason.INVALID_PAGE_TOKEN
             ) from None
         audit = self._egress.audit(session_id) if self._egress is not None else None
         events = audit.events(after_seq=after, limit=size + 1) if audit is not None else []
@@ -393,7 +394,7 @@ def _require_live(session: Session) -> None:
     if session.state is SessionState.EXPIRED or _lease_ended(session):
         raise FailedPrecondition(
             f"the lease of session {session.session_id!r} expired; its container was removed",
-            reason="LEASE_EXPIRED",
+            reason=Reason.LEASE_EXPIRED,
             metadata={"session_id": session.session_id},
         )
     if session.state is SessionState.FAILED:
@@ -403,6 +404,6 @@ def _require_live(session: Session) -> None:
     if session.state is SessionState.CREATING:
         raise FailedPrecondition(
             f"session {session.session_id!r} is still being created",
-            reason="SESSION_NOT_RUNNING",
+            reason=Reason.SESSION_NOT_RUNNING,
             metadata={"session_id": session.session_id, "state": session.state.value},
         )

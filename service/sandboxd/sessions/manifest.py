@@ -14,6 +14,7 @@ import tarfile
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import FailedPrecondition, ResourceExhausted
 from sandboxd.models import Session, WorkspaceManifest
+from sandboxd.reasons import Reason
 
 _MAX_ERROR_BYTES = 4096
 
@@ -67,9 +68,9 @@ async def write_manifest(engine: Engine, session: Session) -> None:
         text = errors.decode(errors="replace").strip()
         if "space" in text.lower():
             raise ResourceExhausted(
-                "the workspace manifest does not fit in the workspace", reason="WORKSPACE_FULL"
+                "the workspace manifest does not fit in the workspace", reason=Reason.WORKSPACE_FULL
             )
         raise FailedPrecondition(
             f"could not write the workspace manifest (tar exited {code}: {text})",
-            reason="MANIFEST_WRITE_FAILED",
+            reason=Reason.MANIFEST_WRITE_FAILED,
         )

@@ -10,6 +10,7 @@ import base64
 from collections.abc import Callable
 
 from sandboxd.errors import InvalidArgument
+from sandboxd.reasons import Reason
 
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 100
@@ -18,7 +19,7 @@ DEFAULT_PAGE_SIZE = 100
 def page_size(asked: int) -> int:
     """The page size to serve: the default for 0, capped at the maximum."""
     if asked < 0:
-        raise InvalidArgument("page_size must not be negative", reason="INVALID_PAGE_SIZE")
+        raise InvalidArgument("page_size must not be negative", reason=Reason.INVALID_PAGE_SIZE)
     return min(asked or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
 
 
@@ -36,6 +37,6 @@ def decode_token(token: str, valid_key: Callable[[str], bool]) -> str:
         value = ""
     if not value or not valid_key(value):
         raise InvalidArgument(
-            "page_token is not one this server issued", reason="INVALID_PAGE_TOKEN"
+            "page_token is not one this server issued", reason=Reason.INVALID_PAGE_TOKEN
         )
     return value

@@ -18,6 +18,7 @@ from sandboxd.engine.protocol import Engine
 from sandboxd.errors import FailedPrecondition, SandboxError, Unavailable
 from sandboxd.models import Session, SessionState
 from sandboxd.pool import WarmPool
+from sandboxd.reasons import Reason
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.sandboxes import Sandboxes
@@ -34,18 +35,23 @@ def now() -> datetime:
 
 
 def container_lost(session_id: str, *, retry: bool = False) -> SandboxError:
-    """The one CONTAINER_LOST error: UNAVAILABLE when a retry rebuilds it from a snapshot."""
+    """The one error for a vanished container.
+
+    CONTAINER_REBUILDING (UNAVAILABLE, retryable) when the next call rebuilds it from the
+    session's snapshot; CONTAINER_LOST (FAILED_PRECONDITION) when nothing can bring it back.
+    One code per reason, so a client's retry decision never depends on which path it hit.
+    """
     if retry:
         return Unavailable(
             f"the container of session {session_id!r} is gone; it is rebuilt from the "
             "session's last snapshot on the next call: retry",
-            reason="CONTAINER_LOST",
+            reason=Reason.CONTAINER_REBUILDING,
             metadata={"session_id": session_id, "retry": "true"},
         )
     return FailedPrecondition(
         f"the container of session {session_id!r} is gone (removed, altered or the engine "
         "restarted) and it has no snapshot: its workspace cannot be recovered",
-        reason="CONTAINER_LOST",
+        reason=Reason.CONTAINER_LOST,
         metadata={"session_id": session_id},
     )
 

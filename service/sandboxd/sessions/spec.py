@@ -27,6 +27,7 @@ from sandboxd.models import (
     ShellPolicy,
     WorkspaceManifest,
 )
+from sandboxd.reasons import Reason
 
 MAX_MANIFEST_ENTRIES = 10_000
 MAX_ALLOW_ENTRIES = 256
@@ -106,14 +107,14 @@ def resolve_limits(requested: LimitsRequest, defaults: Limits, maxima: Limits) -
         if asked <= 0:
             raise InvalidArgument(
                 f"limits.{proto} must be positive (got {asked})",
-                reason="LIMIT_INVALID",
+                reason=Reason.LIMIT_INVALID,
                 metadata={"limit": proto},
             )
         maximum = getattr(maxima, name)
         if asked > maximum:
             raise InvalidArgument(
                 f"limits.{proto} = {asked} is above the server maximum {maximum}",
-                reason="LIMIT_EXCEEDS_MAXIMUM",
+                reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
                 metadata={"limit": proto, "maximum": str(maximum)},
             )
         values[name] = asked
@@ -121,13 +122,13 @@ def resolve_limits(requested: LimitsRequest, defaults: Limits, maxima: Limits) -
     if limits.memory_bytes < MIN_MEMORY_BYTES:
         raise InvalidArgument(
             "limits.memory_bytes must be at least 6 MiB (a Docker minimum)",
-            reason="LIMIT_INVALID",
+            reason=Reason.LIMIT_INVALID,
             metadata={"limit": "memory_bytes"},
         )
     if limits.cpu_millis < MIN_CPU_MILLIS:
         raise InvalidArgument(
             "limits.cpu_millis must be at least 10 (the kernel's smallest CPU quota is 1 ms)",
-            reason="LIMIT_INVALID",
+            reason=Reason.LIMIT_INVALID,
             metadata={"limit": "cpu_millis"},
         )
     return limits
@@ -143,7 +144,7 @@ def check_network(asked: NetworkPolicy, allowlist: AllowlistCheck) -> NetworkPol
         if allowlist is None:
             raise InvalidArgument(
                 "network.mode ALLOWLIST is not available on this server; use DENY",
-                reason="NETWORK_MODE_UNSUPPORTED",
+                reason=Reason.NETWORK_MODE_UNSUPPORTED,
             )
         allowlist()
     return network
@@ -152,13 +153,13 @@ def check_network(asked: NetworkPolicy, allowlist: AllowlistCheck) -> NetworkPol
 def check_shell(shell: ShellPolicy) -> ShellPolicy:
     if len(shell.allow) > MAX_ALLOW_ENTRIES:
         raise InvalidArgument(
-            f"shell.allow has more than {MAX_ALLOW_ENTRIES} entries", reason="INVALID_SHELL"
+            f"shell.allow has more than {MAX_ALLOW_ENTRIES} entries", reason=Reason.INVALID_SHELL
         )
     for name in shell.allow:
         if not name or "/" in name or "\0" in name or len(name) > 255:
             raise InvalidArgument(
                 f"shell.allow entry {name!r} must be a bare command name",
-                reason="INVALID_SHELL",
+                reason=Reason.INVALID_SHELL,
             )
     return ShellPolicy(allow=tuple(sorted(set(shell.allow))), allow_all=shell.allow_all)
 
@@ -167,11 +168,11 @@ def check_manifest(manifest: WorkspaceManifest, limits: Limits) -> WorkspaceMani
     if len(manifest.files) + len(manifest.directories) > MAX_MANIFEST_ENTRIES:
         raise InvalidArgument(
             f"workspace manifest has more than {MAX_MANIFEST_ENTRIES} entries",
-            reason="MANIFEST_TOO_LARGE",
+            reason=Reason.MANIFEST_TOO_LARGE,
         )
     if len(manifest.id) > 256:
         raise InvalidArgument(
-            "workspace.id is longer than 256 characters", reason="INVALID_MANIFEST"
+            "workspace.id is longer than 256 characters", reason=Reason.INVALID_MANIFEST
         )
     files: list[ManifestFile] = []
     seen: set[str] = set()
@@ -179,14 +180,14 @@ def check_manifest(manifest: WorkspaceManifest, limits: Limits) -> WorkspaceMani
         rel = validation.workspace_relpath(f.path, allow_root=False)
         if rel in seen:
             raise InvalidArgument(
-                f"workspace file {rel!r} is declared twice", reason="INVALID_MANIFEST"
+                f"workspace file {rel!r} is declared twice", reason=Reason.INVALID_MANIFEST
             )
         seen.add(rel)
         if len(f.content) > limits.file_bytes:
             raise ResourceExhausted(
                 f"workspace file {rel!r} is {len(f.content)} bytes, over the file cap of "
                 f"{limits.file_bytes}",
-                reason="FILE_TOO_LARGE",
+                reason=Reason.FILE_TOO_LARGE,
                 metadata={"path": rel, "limit": str(limits.file_bytes)},
             )
         files.append(
@@ -201,14 +202,14 @@ def check_manifest(manifest: WorkspaceManifest, limits: Limits) -> WorkspaceMani
         ):
             raise InvalidArgument(
                 f"workspace path {rel!r} is declared as a file and used as a directory",
-                reason="INVALID_MANIFEST",
+                reason=Reason.INVALID_MANIFEST,
             )
     result = WorkspaceManifest(id=manifest.id, files=tuple(files), directories=dirs)
     if result.total_bytes() > limits.workspace_bytes:
         raise ResourceExhausted(
             f"workspace manifest holds {result.total_bytes()} bytes, over the workspace cap "
             f"of {limits.workspace_bytes}",
-            reason="WORKSPACE_FULL",
+            reason=Reason.WORKSPACE_FULL,
         )
     return result
 
@@ -217,11 +218,11 @@ def check_lease(ttl_s: float | None, field_name: str, config: Config) -> float:
     if ttl_s is None:
         return config.lease_default_s
     if ttl_s <= 0:
-        raise InvalidArgument(f"{field_name} must be positive", reason="LEASE_INVALID")
+        raise InvalidArgument(f"{field_name} must be positive", reason=Reason.LEASE_INVALID)
     if ttl_s > config.lease_max_s:
         raise InvalidArgument(
             f"{field_name} of {ttl_s:g} s is above the server maximum of {config.lease_max_s:g} s",
-            reason="LIMIT_EXCEEDS_MAXIMUM",
+            reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
             metadata={"limit": field_name, "maximum": f"{config.lease_max_s:g}s"},
         )
     return ttl_s
