@@ -80,6 +80,9 @@ class SnapshotKeeper:
         self._engine = engine
         self._owner_id = owner_id
 
+    async def images_of(self, tenant: str) -> list[str]:
+        return await self._store.images_of(tenant)
+
     async def lookup(self, snapshot_id: str) -> Snapshot:
         """The snapshot if the caller may see it; NOT_FOUND otherwise, whoever owns it.
         The one place visibility is decided."""

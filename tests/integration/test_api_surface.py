@@ -129,14 +129,14 @@ def test_reflection_v1_serves_descriptors(stubs: Stubs) -> None:
 
 
 def _documented_reasons() -> dict[str, set[str]]:
-    """README's "Error reasons" table: gRPC code name -> the reasons it may carry."""
+    """README's "Error reasons" table (reason | gRPC code | ...): code -> the reasons it carries."""
     text = (REPO / "README.md").read_text()
     section = text.split("## Error reasons", 1)[1].split("\n## ", 1)[0]
     table: dict[str, set[str]] = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 2 and re.fullmatch(r"`[A-Z_]+`", cells[0]):
-            table[cells[0].strip("`")] = set(re.findall(r"`([A-Z_]+)`", cells[1]))
+        if len(cells) >= 2 and all(re.fullmatch(r"`[A-Z_]+`", c) for c in cells[:2]):
+            table.setdefault(cells[1].strip("`"), set()).add(cells[0].strip("`"))
     assert table, "no error table found in README.md"
     return table
 
@@ -191,7 +191,9 @@ ERROR_CASES: list[tuple[str, ErrorCase, grpc.StatusCode, str]] = [
     ),
     (
         "missing image",
-        lambda s, sid: s.sessions.CreateSession(S.CreateSessionRequest(image="no-such:image")),
+        lambda s, sid: s.sessions.CreateSession(
+            S.CreateSessionRequest(image="sandboxd-runtime:no-such-image")
+        ),
         grpc.StatusCode.FAILED_PRECONDITION,
         "IMAGE_NOT_FOUND",
     ),
@@ -277,7 +279,7 @@ def test_documented_reasons_are_upper_snake(documented: dict[str, set[str]]) -> 
 @pytest.fixture
 def broken_image(tmp_path: Path) -> Iterator[str]:
     """An image the engine cannot start a session container from: /workspace is a file."""
-    name = f"sandboxd-test-broken:{secrets.token_hex(4)}"
+    name = f"sandboxd-runtime:test-broken-{secrets.token_hex(4)}"
     (tmp_path / "workspace").write_text("not a directory\n")
     tar = subprocess.Popen(["tar", "-C", str(tmp_path), "-c", "workspace"], stdout=subprocess.PIPE)
     assert tar.stdout is not None

@@ -94,7 +94,7 @@ BAD_CREATE: list[tuple[str, dict[str, object], grpc.StatusCode, str]] = [
     ("image-long", {"image": "a" * 600}, INVALID, "INVALID_IMAGE"),
     (
         "image-missing",
-        {"image": "sandboxd-no-such-image:never"},
+        {"image": "sandboxd-runtime:no-such-image"},
         grpc.StatusCode.FAILED_PRECONDITION,
         "IMAGE_NOT_FOUND",
     ),

@@ -1,9 +1,9 @@
 """Finding 12.8: callers pick only allowlisted images (the runtime images, the operator's
 patterns, their own snapshot images); images with VOLUMEs are refused; HEALTHCHECKs never run.
 
-The policy itself is `sandboxd.images` (tests/unit/test_images.py). Its call from session
-create is wired by the lead (sessions/ and engine/ belong to another branch): until then
-these tests are expected to fail, strictly, so the marker must go when the wiring lands.
+The policy itself is `sandboxd.images` (tests/unit/test_images.py); session create checks it
+before asking the engine, the Docker adapter refuses images with VOLUMEs and turns health
+checks off.
 """
 
 from __future__ import annotations
@@ -24,12 +24,6 @@ from conftest import (
     start_server,
 )
 from sandboxd.v1 import common_pb2, session_pb2, snapshot_pb2, snapshot_pb2_grpc
-
-pytestmark = pytest.mark.xfail(
-    strict=True,
-    reason="needs the lead's wiring: images.check_image in sessions/lifecycle.py create, "
-    "refuse_volumes in engine/docker.py image_exists, HEALTHCHECK_OFF in engine/docker_profile.py",
-)
 
 ALPHA = "alpha-" + secrets.token_urlsafe(24)
 BETA = "beta-" + secrets.token_urlsafe(24)

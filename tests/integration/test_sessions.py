@@ -330,7 +330,9 @@ def test_manifest_file_over_cap_is_resource_exhausted(stubs: Stubs) -> None:
 
 def test_missing_image_is_failed_precondition(stubs: Stubs) -> None:
     expect_error(
-        lambda: stubs.sessions.CreateSession(S.CreateSessionRequest(image="no-such-image:never")),
+        lambda: stubs.sessions.CreateSession(
+            S.CreateSessionRequest(image="sandboxd-runtime:no-such-image")
+        ),
         grpc.StatusCode.FAILED_PRECONDITION,
         "IMAGE_NOT_FOUND",
     )

@@ -25,6 +25,7 @@ from aiodocker.containers import DockerContainer
 from aiodocker.execs import Exec
 from aiodocker.stream import Stream
 
+from sandboxd import images
 from sandboxd.engine import compat
 from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.protocol import (
@@ -201,11 +202,14 @@ class DockerEngine:
         return self.api_version
 
     async def image_exists(self, image: str) -> bool:
+        """Whether the image is present; one that declares VOLUMEs is refused here, since a
+        Docker volume is writable host disk outside every limit of the session."""
         try:
             with self._translate(f"image {image}"):
-                await self.docker.images.inspect(image)
+                info = await self.docker.images.inspect(image)
         except NotFound:
             return False
+        images.refuse_volumes(image, info)
         return True
 
     # ----- sandboxes ---------------------------------------------------------------------

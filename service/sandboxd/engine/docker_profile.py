@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sandboxd import images
 from sandboxd.engine.protocol import SandboxRequest, SessionNetwork
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 from sandboxd.profile import HELPER_IN_CONTAINER, TMP_BYTES, base_env
@@ -55,6 +56,8 @@ def container_config(
         "Tty": False,
         "OpenStdin": False,
         "StopSignal": "SIGKILL",
+        # An image's HEALTHCHECK would run commands outside every supervisor (finding 12.8).
+        "Healthcheck": images.HEALTHCHECK_OFF,
         "HostConfig": {
             "NetworkMode": "none",
             "ReadonlyRootfs": True,

@@ -17,7 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import timedelta
 
-from sandboxd import tenancy, validation
+from sandboxd import images, tenancy, validation
 from sandboxd.config import Config
 from sandboxd.egress.audit import EgressEvent
 from sandboxd.egress.networks import EgressManager
@@ -130,6 +130,15 @@ class SessionManager:
                     metadata=metadata,
                 )
             source = await self._fork_source(checked.from_snapshot_id)
+            # The allowlist first: an image outside it is refused before the engine is asked,
+            # so a caller cannot probe which images exist (finding 12.8).
+            images.check_image(
+                spec.image,
+                images.allowed_patterns(
+                    self._config.images.allowlist, default_image=self._config.engine.image
+                ),
+                own_images=await self._keeper.images_of(tenancy.current()),
+            )
             if not await self._engine.image_exists(spec.image):
                 raise FailedPrecondition(
                     f"image {spec.image!r} is not present on the engine (images are not pulled)",
