@@ -13,6 +13,7 @@ Test hooks: `fail(method, exc)` makes the next call of a method raise; `lose`, `
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -48,9 +49,20 @@ class FakeSandbox:
 
 
 class FakeExecStream:
-    """stdin is collected until close_stdin; the command runs then (or at the first read)."""
+    """stdin is collected until close_stdin; the command runs then (or at the first read, which
+    like the real engine's waits for stdin's end when the exec was opened with stdin)."""
 
-    def __init__(self, engine: FakeEngine, exec_id: str, sandbox: FakeSandbox, argv: list[str]):
+    def __init__(
+        self,
+        engine: FakeEngine,
+        exec_id: str,
+        sandbox: FakeSandbox,
+        argv: list[str],
+        stdin: bool = False,
+    ):
+        self._stdin_open = asyncio.Event()
+        if not stdin:
+            self._stdin_open.set()
         self.exec_id = exec_id
         self._engine = engine
         self._sandbox = sandbox
@@ -66,6 +78,7 @@ class FakeExecStream:
             self.code, self._output = _run(self._sandbox, self._argv, bytes(self._stdin))
 
     async def read(self) -> tuple[int, bytes] | None:
+        await self._stdin_open.wait()
         self._run()
         assert self._output is not None
         return self._output.pop(0) if self._output else None
@@ -77,6 +90,7 @@ class FakeExecStream:
         self._stdin += data
 
     def close_stdin(self) -> None:
+        self._stdin_open.set()
         self._run()
 
     async def close(self) -> None:
@@ -104,6 +118,11 @@ def _run(box: FakeSandbox, argv: list[str], stdin: bytes) -> tuple[int, list[tup
             cwd = _workspace_rel(rest[1])
             rest = rest[2:]
         argv = rest[1:] if rest[:1] == ["--"] else rest
+        cwd = "" if cwd == "." else cwd
+    if argv[:1] == ["env"]:  # `env -i NAME=VALUE... TOOL`: the helper client's clean environment
+        argv = argv[1:]
+        while argv and (argv[0] == "-i" or "=" in argv[0]):
+            argv = argv[1:]
     if argv[:1] == ["tar"] and "-x" in argv:
         if "-C" in argv:
             cwd = _workspace_rel(argv[argv.index("-C") + 1])
@@ -282,7 +301,7 @@ class FakeEngine:
             raise FailedPrecondition(
                 f"container {container_id[:12]} is not running", reason="ENGINE_CONFLICT"
             )
-        stream = FakeExecStream(self, f"exec-{next(self._ids)}", box, list(argv))
+        stream = FakeExecStream(self, f"exec-{next(self._ids)}", box, list(argv), stdin)
         self._execs[stream.exec_id] = stream
         try:
             yield stream

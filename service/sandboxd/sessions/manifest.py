@@ -1,8 +1,7 @@
 """A session's declared workspace (manifest) written into its fresh sandbox.
 
-`write_manifest` is the one exec-and-drain loop of sessions: it runs `tar -x` in the sandbox
-with the manifest's tar on stdin. Kept as one small function so it can switch to the shared
-helper client without touching the lifecycle.
+`write_manifest` runs `tar -x` in the sandbox through the shared helper client, with the
+manifest's tar on stdin.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import tarfile
 
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import FailedPrecondition, ResourceExhausted
+from sandboxd.helper_client import HelperClient, tool_argv
 from sandboxd.models import Session, WorkspaceManifest
 from sandboxd.reasons import Reason
 
@@ -52,25 +52,18 @@ async def write_manifest(engine: Engine, session: Session) -> None:
     """Unpack the manifest into /workspace as the sandbox user; WORKSPACE_FULL when it does
     not fit, MANIFEST_WRITE_FAILED for any other refusal."""
     archive = await asyncio.to_thread(build_manifest_tar, session.spec.manifest)
-    async with engine.exec(
-        session.container_id,
-        ["tar", "-x", "-f", "-", "-C", "/workspace"],
-        user=session.spec.user,
-        stdin=True,
-    ) as stream:
-        await stream.write(archive)
-        stream.close_stdin()
-        errors = bytearray()
-        while (chunk := await stream.read()) is not None:
-            errors += chunk[1][: _MAX_ERROR_BYTES - len(errors)]
-        code = await stream.wait_exit_code()
-    if code != 0:
-        text = errors.decode(errors="replace").strip()
+    # Through the one helper client: tar under `sbx run` with a clean environment, so nothing
+    # the session's env says (TAR_OPTIONS, PATH, loader variables) reaches it.
+    result = await HelperClient(engine).run(
+        session, tool_argv(".", ["tar", "-x", "-f", "-"]), stdin=archive
+    )
+    if result.exit_code != 0:
+        text = result.stderr_text.strip()[:_MAX_ERROR_BYTES]
         if "space" in text.lower():
             raise ResourceExhausted(
                 "the workspace manifest does not fit in the workspace", reason=Reason.WORKSPACE_FULL
             )
         raise FailedPrecondition(
-            f"could not write the workspace manifest (tar exited {code}: {text})",
+            f"could not write the workspace manifest (tar exited {result.exit_code}: {text})",
             reason=Reason.MANIFEST_WRITE_FAILED,
         )
