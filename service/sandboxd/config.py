@@ -293,8 +293,9 @@ class Config:
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.
 
-        Kept for the merge: flat setting names (`Config(data_dir=...)`, and so
-        `dataclasses.replace(config, pool_size=...)`) are accepted too, as before the sections.
+        Settings may also be given by their external names (`Config(data_dir=..., pool_size=...)`,
+        and so `dataclasses.replace(config, pool_size=...)`), the names of flags, environment and
+        TOML: embedding code and tests write what an operator would. Reading is by section only.
         """
         for f in dataclasses.fields(self):
             value = settings.pop(f.name, None)
@@ -321,19 +322,6 @@ class Config:
                 flat.update({prefix + n: getattr(value, n) for n in LIMIT_NAMES})
         replaced: Config = TABLE.replace(self, flat)
         return replaced
-
-    def __getattr__(self, name: str) -> Any:
-        # Kept for the merge: the flat read-only names of before the sections (config.image,
-        # config.default_limits, ...), generated from the declarations for modules that still
-        # read them. The lead removes this once every reader uses config.<section>.<field>.
-        if name == "default_limits":
-            return self.limits.default
-        if name == "max_limits":
-            return self.limits.max
-        place = TABLE.places.get(name)
-        if place is None:
-            raise AttributeError(name)
-        return getattr(getattr(self, place[0]), place[1])
 
 
 TABLE = SettingTable(Config)

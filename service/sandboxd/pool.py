@@ -42,8 +42,8 @@ def default_spec(config: Config) -> SessionSpec:
     """The spec of a session that sets nothing: what the pool prepares containers for."""
     uid, gid = parse_user("")
     return SessionSpec(
-        image=config.image,
-        limits=config.default_limits,
+        image=config.engine.image,
+        limits=config.limits.default,
         shell=ShellPolicy(),
         network=NetworkPolicy(),
         env={},
@@ -102,7 +102,7 @@ class WarmPool:
         generation = secrets.token_hex(6)
         return cls(
             engine,
-            size=config.pool_size,
+            size=config.engine.pool_size,
             owner_id=owner_id,
             template=pool_template(config, owner_id, generation),
             generation=generation,

@@ -304,8 +304,8 @@ def test_toml_settings(tmp_path: Path) -> None:
         'tenant_max_memory_bytes = "1GiB"\ntenant_max_sessions = 3\n'
     )
     config = load_config(["--helper", str(HELPER), "--config", str(conf)], env={})
-    assert config.tokens_file == tokens and config.allow_insecure_public_listen
-    assert config.tenant_max_memory_bytes == 1024**3 and config.tenant_max_sessions == 3
+    assert config.tenancy.tokens_file == tokens and config.tenancy.allow_insecure_public_listen
+    assert config.tenancy.max_memory_bytes == 1024**3 and config.tenancy.max_sessions == 3
 
 
 def test_bad_quota_and_tokens_settings() -> None:

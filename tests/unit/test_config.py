@@ -72,16 +72,16 @@ def test_parse_duration_refuses(text: str) -> None:
 
 def test_defaults() -> None:
     c = load_config(H, env={})
-    assert c.listen == "127.0.0.1:50051"
-    assert c.data_dir == Path("./data")
-    assert c.image == "sandboxd-runtime:busybox"
-    assert c.docker_host == ""
-    assert c.default_limits == DEFAULT_LIMITS
-    assert c.max_limits == MAX_LIMITS
-    assert c.default_limits.memory_bytes == 256 * MiB
-    assert c.lease_default_s == 900.0 and c.lease_max_s == 86400.0
-    assert c.shutdown_grace_s == 5.0
-    assert c.log_level == "INFO"
+    assert c.server.listen == "127.0.0.1:50051"
+    assert c.server.data_dir == Path("./data")
+    assert c.engine.image == "sandboxd-runtime:busybox"
+    assert c.engine.docker_host == ""
+    assert c.limits.default == DEFAULT_LIMITS
+    assert c.limits.max == MAX_LIMITS
+    assert c.limits.default.memory_bytes == 256 * MiB
+    assert c.leases.default_s == 900.0 and c.leases.max_s == 86400.0
+    assert c.server.shutdown_grace_s == 5.0
+    assert c.server.log_level == "INFO"
 
 
 FILE = """
@@ -97,16 +97,16 @@ log_level = "WARNING"
 
 def test_file_over_defaults(tmp_path: Path) -> None:
     c = load_config([*H, "--config", str(_toml(tmp_path, FILE))], env={})
-    assert c.listen == "127.0.0.1:6001"
-    assert c.default_limits.memory_bytes == 128 * MiB
-    assert c.max_limits.cpu_millis == 1500
-    assert c.lease_default_s == 600.0
-    assert c.default_limits.command_timeout_s == 30.0
-    assert c.shutdown_grace_s == 7.0
-    assert c.log_level == "WARNING"
+    assert c.server.listen == "127.0.0.1:6001"
+    assert c.limits.default.memory_bytes == 128 * MiB
+    assert c.limits.max.cpu_millis == 1500
+    assert c.leases.default_s == 600.0
+    assert c.limits.default.command_timeout_s == 30.0
+    assert c.server.shutdown_grace_s == 7.0
+    assert c.server.log_level == "WARNING"
     # what the file does not set keeps its default
-    assert c.default_limits.pids == DEFAULT_LIMITS.pids
-    assert c.max_limits.memory_bytes == MAX_LIMITS.memory_bytes
+    assert c.limits.default.pids == DEFAULT_LIMITS.pids
+    assert c.limits.max.memory_bytes == MAX_LIMITS.memory_bytes
 
 
 def test_environment_over_file(tmp_path: Path) -> None:
@@ -117,11 +117,11 @@ def test_environment_over_file(tmp_path: Path) -> None:
         "SANDBOXD_LEASE_DEFAULT_S": "15m",
     }
     c = load_config(H, env=env)
-    assert c.listen == "127.0.0.1:6002"
-    assert c.default_limits.memory_bytes == 64 * MiB
-    assert c.lease_default_s == 900.0
-    assert c.max_limits.cpu_millis == 1500  # still from the file
-    assert c.log_level == "WARNING"
+    assert c.server.listen == "127.0.0.1:6002"
+    assert c.limits.default.memory_bytes == 64 * MiB
+    assert c.leases.default_s == 900.0
+    assert c.limits.max.cpu_millis == 1500  # still from the file
+    assert c.server.log_level == "WARNING"
 
 
 def test_flag_over_environment(tmp_path: Path) -> None:
@@ -145,12 +145,12 @@ def test_flag_over_environment(tmp_path: Path) -> None:
         "2h",
     ]
     c = load_config(argv, env=env)
-    assert c.listen == "127.0.0.1:6003"
-    assert c.default_limits.memory_bytes == 32 * MiB
-    assert c.default_limits.command_timeout_s == 0.5
-    assert c.lease_max_s == 7200.0
-    assert c.max_limits.pids == 300  # environment, no flag
-    assert c.lease_default_s == 600.0  # file, nothing above it
+    assert c.server.listen == "127.0.0.1:6003"
+    assert c.limits.default.memory_bytes == 32 * MiB
+    assert c.limits.default.command_timeout_s == 0.5
+    assert c.leases.max_s == 7200.0
+    assert c.limits.max.pids == 300  # environment, no flag
+    assert c.leases.default_s == 600.0  # file, nothing above it
 
 
 def test_config_flag_over_config_environment(tmp_path: Path) -> None:
@@ -159,22 +159,27 @@ def test_config_flag_over_config_environment(tmp_path: Path) -> None:
     ignored = tmp_path / "ignored.toml"
     ignored.write_text('image = "ignored:1"\n')
     c = load_config([*H, "--config", str(chosen)], env={"SANDBOXD_CONFIG": str(ignored)})
-    assert c.image == "chosen:1"
+    assert c.engine.image == "chosen:1"
 
 
 def test_docker_host_sources(tmp_path: Path) -> None:
-    assert load_config(H, env={"DOCKER_HOST": "tcp://10.0.0.1:2375"}).docker_host == (
+    assert load_config(H, env={"DOCKER_HOST": "tcp://10.0.0.1:2375"}).engine.docker_host == (
         "tcp://10.0.0.1:2375"
     )
     both = {"DOCKER_HOST": "tcp://10.0.0.1:2375", "SANDBOXD_DOCKER_HOST": "unix:///run/d.sock"}
-    assert load_config(H, env=both).docker_host == "unix:///run/d.sock"
+    assert load_config(H, env=both).engine.docker_host == "unix:///run/d.sock"
     flag = [*H, "--docker-host", "unix:///run/flag.sock"]
-    assert load_config(flag, env=both).docker_host == "unix:///run/flag.sock"
+    assert load_config(flag, env=both).engine.docker_host == "unix:///run/flag.sock"
     # DOCKER_HOST is the environment, so it beats the file
     path = _toml(tmp_path, 'docker_host = "unix:///run/file.sock"\n')
-    assert load_config([*H, "--config", str(path)], env={}).docker_host == "unix:///run/file.sock"
     assert (
-        load_config([*H, "--config", str(path)], env={"DOCKER_HOST": "tcp://h:1"}).docker_host
+        load_config([*H, "--config", str(path)], env={}).engine.docker_host
+        == "unix:///run/file.sock"
+    )
+    assert (
+        load_config(
+            [*H, "--config", str(path)], env={"DOCKER_HOST": "tcp://h:1"}
+        ).engine.docker_host
         == "tcp://h:1"
     )
 
@@ -376,9 +381,9 @@ def test_every_setting_is_declared_once_and_documented() -> None:
     readme = (REPO / "README.md").read_text()
     for flat, (section, field) in TABLE.places.items():
         assert flat in readme or flat.startswith(("default_", "max_")), flat
-        value = getattr(getattr(Config(), section), field)
-        assert getattr(Config(), flat) == value  # the flat names kept for the merge
-    assert Config().default_limits == DEFAULT_LIMITS and Config().max_limits == MAX_LIMITS
+        assert hasattr(getattr(Config(), section), field), (flat, section, field)
+        assert not hasattr(Config(), flat) or flat == section  # read by section only
+    assert Config().limits.default == DEFAULT_LIMITS and Config().limits.max == MAX_LIMITS
     with pytest.raises(AttributeError):
         _ = Config().no_such_setting
 

@@ -24,9 +24,9 @@ def _check(**fields: object) -> None:
 
 def test_defaults_fill_an_empty_request() -> None:
     checked = check_create(CreateSessionInput(), CONFIG, None)
-    assert checked.spec.limits == CONFIG.default_limits
-    assert checked.spec.image == CONFIG.image
-    assert checked.lease_s == CONFIG.lease_default_s
+    assert checked.spec.limits == CONFIG.limits.default
+    assert checked.spec.image == CONFIG.engine.image
+    assert checked.lease_s == CONFIG.leases.default_s
     assert checked.session_id.startswith("s-")
     assert checked.spec.shell == ShellPolicy()
 

@@ -147,9 +147,9 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         self, request: process_pb2.ExecRequest, context: Ctx
     ) -> AsyncGenerator[process_pb2.ExecResponse, None]:
         async with self._sessions.use_for_command(request.session_id) as session:
-            spec = prepare(session, _exec_input(request), self._config.max_limits)
+            spec = prepare(session, _exec_input(request), self._config.limits.max)
             async for event in self._executor.stream(
-                session, spec, keepalive_s=self._config.keepalive_interval_s
+                session, spec, keepalive_s=self._config.server.keepalive_interval_s
             ):
                 yield _event_pb(event, process_pb2.ExecResponse)
 
@@ -162,7 +162,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         cut = False
         response = process_pb2.RunResponse()
         async with self._sessions.use_for_command(request.session_id) as session:
-            spec = prepare(session, _exec_input(request), self._config.max_limits)
+            spec = prepare(session, _exec_input(request), self._config.limits.max)
             async for event in self._executor.stream(session, spec):
                 match event:
                     case ExecStarted(process_id=pid):
@@ -197,14 +197,14 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         start = first.start
         pty = PtySize(start.pty.rows, start.pty.cols) if start.HasField("pty") else None
         async with self._sessions.use_for_command(start.request.session_id) as session:
-            spec = prepare(session, _exec_input(start.request), self._config.max_limits)
+            spec = prepare(session, _exec_input(start.request), self._config.limits.max)
             async for event in interactive.interact(
                 self._executor,
                 session,
                 spec,
                 pty,
                 _controls(requests),
-                self._config.keepalive_interval_s,
+                self._config.server.keepalive_interval_s,
             ):
                 yield _event_pb(event, process_pb2.InteractResponse)
 
@@ -213,7 +213,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         self, request: process_pb2.StartProcessRequest, context: Ctx
     ) -> process_pb2.StartProcessResponse:
         async with self._sessions.use(request.session_id) as session:
-            spec = prepare(session, _exec_input(request), self._config.max_limits)
+            spec = prepare(session, _exec_input(request), self._config.limits.max)
             # The process holds one of the tenant's exec slots until it ends.
             slot = self._sessions.exec_slots.slot()
             proc = await self._processes.start(session, spec, request.process_id, slot)
@@ -226,7 +226,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         async with self._sessions.use(request.session_id) as session:
             proc = self._processes.get(session.session_id, request.process_id)
         events = proc.follow(
-            request.stdout_offset, request.stderr_offset, self._config.keepalive_interval_s
+            request.stdout_offset, request.stderr_offset, self._config.server.keepalive_interval_s
         )
         async for event in events:
             yield _event_pb(event, process_pb2.AttachProcessResponse)

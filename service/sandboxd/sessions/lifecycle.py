@@ -77,7 +77,7 @@ class SessionManager:
             engine, store, self._locks, self._sandboxes, keeper, owner_id, pool=pool, egress=egress
         )
         # Commands (Exec, Run, ...) hold one of these per tenant while they run.
-        self.exec_slots = tenancy.ExecSlots(config.tenant_max_concurrent_execs)
+        self.exec_slots = tenancy.ExecSlots(config.tenancy.max_concurrent_execs)
 
     # ----- background work and lost sandboxes (sandboxd.sessions.recovery) ----------------
 

@@ -19,8 +19,8 @@ class QuotaGate:
     def __init__(self, config: Config, store: SessionStore) -> None:
         self._store = store
         self._quotas = tenancy.TenantQuotas(
-            max_sessions=config.tenant_max_sessions,
-            max_memory_bytes=config.tenant_max_memory_bytes,
+            max_sessions=config.tenancy.max_sessions,
+            max_memory_bytes=config.tenancy.max_memory_bytes,
         )
         self._locks: dict[str, asyncio.Lock] = {}
 

@@ -73,13 +73,13 @@ def check_create(
         tenancy.check_session_id(session_id)
     else:
         session_id = tenancy.generated_session_id(secrets.token_hex(8))
-    limits = resolve_limits(req.limits, config.default_limits, config.max_limits)
+    limits = resolve_limits(req.limits, config.limits.default, config.limits.max)
     uid, gid = validation.parse_user(req.user)
     env = validation.validate_env(req.env)
     network = check_network(req.network, allowlist)
     shell = check_shell(req.shell)
     manifest = check_manifest(req.manifest, limits)
-    image = validation.validate_image(req.image or config.image)
+    image = validation.validate_image(req.image or config.engine.image)
     lease = check_lease(req.lease_ttl_s, "lease_ttl", config)
     spec = SessionSpec(
         image=image,
@@ -216,13 +216,13 @@ def check_manifest(manifest: WorkspaceManifest, limits: Limits) -> WorkspaceMani
 
 def check_lease(ttl_s: float | None, field_name: str, config: Config) -> float:
     if ttl_s is None:
-        return config.lease_default_s
+        return config.leases.default_s
     if ttl_s <= 0:
         raise InvalidArgument(f"{field_name} must be positive", reason=Reason.LEASE_INVALID)
-    if ttl_s > config.lease_max_s:
+    if ttl_s > config.leases.max_s:
         raise InvalidArgument(
-            f"{field_name} of {ttl_s:g} s is above the server maximum of {config.lease_max_s:g} s",
+            f"{field_name} of {ttl_s:g} s is above the server maximum of {config.leases.max_s:g} s",
             reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
-            metadata={"limit": field_name, "maximum": f"{config.lease_max_s:g}s"},
+            metadata={"limit": field_name, "maximum": f"{config.leases.max_s:g}s"},
         )
     return ttl_s
