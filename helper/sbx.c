@@ -738,45 +738,167 @@ static char *join_rel(const char *prefix, const char *name)
 	return r;
 }
 
-/* Depth-first listing; takes ownership of dfd.  `prefix` is NULL at the
- * root so that paths come out as bare names rather than "./name". */
-static void list_dir(int dfd, const char *prefix, uint64_t depth, size_t *budget)
+/*
+ * Walking trees of any depth with a bounded number of descriptors: only the
+ * directory being read is open.  Going back up opens ".." and checks it is
+ * the very directory we came down from (device and inode), so a directory
+ * moved away mid-walk ends the walk (EIO) instead of leading elsewhere.  A
+ * 60,000-deep tree costs one descriptor, not 60,000.
+ */
+struct frame {
+	char **names;
+	size_t n, i;
+	dev_t dev;
+	ino_t ino;
+	size_t rel_len;	/* list: length of this directory's path in `rel` */
+	int retries;	/* remove: times the current entry was emptied again */
+};
+
+struct walk {
+	struct frame *v;
+	size_t depth, cap;
+	int fd;		/* the directory of the top frame */
+};
+
+/* Make `fd` (an open directory, taken over) the new top frame. */
+static int walk_push(struct walk *w, int fd, size_t *budget, const char *rel)
 {
-	DIR *d = fdopendir(dfd);
-	if (!d)
+	struct stat st;
+	int rfd = dup(fd);
+	DIR *d = rfd < 0 ? NULL : fdopendir(rfd);
+	if (fstat(fd, &st) < 0 || !d) {
+		int e = errno;
+		if (d)
+			closedir(d);
+		else if (rfd >= 0)
+			close(rfd);
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	if (w->depth == w->cap) {
+		w->cap = w->cap ? w->cap * 2 : 16;
+		struct frame *nv = realloc(w->v, w->cap * sizeof *nv);
+		if (!nv)
+			oom();
+		w->v = nv;
+	}
+	struct frame *f = &w->v[w->depth++];
+	memset(f, 0, sizeof *f);
+	f->names = read_names(d, &f->n, budget, rel);
+	f->dev = st.st_dev;
+	f->ino = st.st_ino;
+	closedir(d);
+	if (w->fd >= 0)
+		close(w->fd);
+	w->fd = fd;
+	return 0;
+}
+
+/* Drop the top frame and reopen its parent through "..". */
+static int walk_pop(struct walk *w)
+{
+	struct frame *f = &w->v[--w->depth];
+	for (size_t k = 0; k < f->n; k++)
+		free(f->names[k]);
+	free(f->names);
+	if (w->depth == 0) {
+		close(w->fd);
+		w->fd = -1;
+		return 0;
+	}
+	struct frame *up = &w->v[w->depth - 1];
+	struct stat st;
+	int fd = openat(w->fd, "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	if (fstat(fd, &st) < 0 || st.st_dev != up->dev || st.st_ino != up->ino) {
+		close(fd);
+		errno = ESTALE; /* moved away under us: reported as EIO */
+		return -1;
+	}
+	close(w->fd);
+	w->fd = fd;
+	return 0;
+}
+
+static void walk_free(struct walk *w)
+{
+	while (w->depth > 0) {
+		struct frame *f = &w->v[--w->depth];
+		for (size_t k = 0; k < f->n; k++)
+			free(f->names[k]);
+		free(f->names);
+	}
+	free(w->v);
+	if (w->fd >= 0)
+		close(w->fd);
+}
+
+/* Depth-first pre-order listing of the directory `dfd` (taken over).
+ * `prefix` is NULL at the root so that paths come out as bare names rather
+ * than "./name".  A directory whose children's paths could reach PATH_MAX
+ * is listed but not descended: no request could name what lies below. */
+static void list_tree(int dfd, const char *prefix, uint64_t depth, size_t *budget)
+{
+	struct buf rel = {0};
+	if (prefix)
+		buf_puts(&rel, prefix);
+	struct walk w = {.fd = -1};
+	if (walk_push(&w, dfd, budget, prefix ? prefix : ".") < 0)
 		fail_errno(errno, "list", prefix ? prefix : ".");
-	size_t n;
-	char **names = read_names(d, &n, budget, prefix ? prefix : ".");
-	for (size_t i = 0; i < n; i++) {
+	w.v[0].rel_len = rel.len;
+	while (w.depth > 0) {
+		struct frame *f = &w.v[w.depth - 1];
+		if (f->i == f->n) {
+			if (walk_pop(&w) < 0)
+				fail_errno(errno, "list", rel.len ? rel.p : ".");
+			if (w.depth > 0) {
+				rel.len = w.v[w.depth - 1].rel_len;
+				if (rel.p)
+					rel.p[rel.len] = '\0';
+			}
+			continue;
+		}
+		const char *name = f->names[f->i++];
+		rel.len = f->rel_len;
+		if (rel.p)
+			rel.p[rel.len] = '\0';
 		struct stat st;
-		if (fstatat(dirfd(d), names[i], &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (fstatat(w.fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 			/* Vanished or unsearchable entries are skipped: a
 			 * listing is a snapshot, not a transaction. */
 			if (errno == ENOENT || errno == EACCES)
-				goto next;
-			fail_errno(errno, "stat", names[i]);
+				continue;
+			fail_errno(errno, "stat", name);
 		}
-		char *rel = join_rel(prefix, names[i]);
-		stat_record(&g_out, rel, names[i], dirfd(d), names[i], &st);
+		if (rel.len)
+			buf_add(&rel, "/", 1);
+		buf_puts(&rel, name);
+		stat_record(&g_out, rel.p, name, w.fd, name, &st);
 		if (g_out.len > 65536)
 			out_flush();
-		if (S_ISDIR(st.st_mode) && depth > 1) {
-			/* NO_SYMLINKS: if the entry was swapped for a symlink
-			 * since fstatat, we refuse rather than descend. */
-			int cfd = open_beneath(dirfd(d), names[i], O_RDONLY | O_DIRECTORY,
-					       0, RES_NOSYM);
-			if (cfd >= 0)
-				list_dir(cfd, rel, depth - 1, budget);
-			else if (errno != ENOENT && errno != EACCES && errno != ENOTDIR &&
-				 errno != ELOOP)
-				fail_errno(errno, "list", rel);
+		if (!S_ISDIR(st.st_mode) || w.depth >= depth || rel.len + 1 + NAME_MAX >= PATH_MAX)
+			continue;
+		/* NO_SYMLINKS: if the entry was swapped for a symlink since
+		 * fstatat, we refuse rather than descend. */
+		int cfd = open_beneath(w.fd, name, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
+		if (cfd < 0) {
+			if (errno != ENOENT && errno != EACCES && errno != ENOTDIR &&
+			    errno != ELOOP)
+				fail_errno(errno, "list", rel.p);
+			continue;
 		}
-		free(rel);
-next:
-		free(names[i]);
+		size_t len = rel.len;
+		if (walk_push(&w, cfd, budget, rel.p) < 0) {
+			if (errno != EACCES)
+				fail_errno(errno, "list", rel.p);
+			continue;
+		}
+		w.v[w.depth - 1].rel_len = len;
 	}
-	free(names);
-	closedir(d);
+	walk_free(&w);
+	free(rel.p);
 }
 
 static int cmd_list(int argc, char **argv)
@@ -792,47 +914,84 @@ static int cmd_list(int argc, char **argv)
 	if (fd < 0)
 		fail_errno(errno, "list", norm);
 	size_t budget = LIST_MAX;
-	list_dir(fd, is_root(norm) ? NULL : norm, depth, &budget);
+	list_tree(fd, is_root(norm) ? NULL : norm, depth, &budget);
 	out_flush();
 	return 0;
 }
 
-static int remove_dir(int pfd, const char *name, bool recursive);
+#define REMOVE_RETRIES 8
 
-/* Remove everything inside the directory `name` of `pfd`.  Returns -1 with
- * errno set on failure. */
+/* Remove everything inside the directory `name` of `pfd`, depth first, one
+ * open directory at a time (see struct walk).  Something inside that keeps
+ * creating entries makes a directory be emptied again, REMOVE_RETRIES times
+ * at most, then ENOTEMPTY.  Returns -1 with errno set on failure. */
 static int empty_dir(int pfd, const char *name)
 {
 	int dfd = open_beneath(pfd, name, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
 	if (dfd < 0)
 		return -1;
-	DIR *d = fdopendir(dfd);
-	if (!d) {
-		close(dfd);
+	struct walk w = {.fd = -1};
+	if (walk_push(&w, dfd, NULL, name) < 0)
 		return -1;
-	}
-	size_t n;
-	char **names = read_names(d, &n, NULL, name);
 	int rc = 0;
-	for (size_t i = 0; i < n; i++) {
-		if (rc == 0) {
-			struct stat st;
-			int r;
-			if (fstatat(dirfd(d), names[i], &st, AT_SYMLINK_NOFOLLOW) < 0)
-				r = -1;
-			else if (S_ISDIR(st.st_mode))
-				r = remove_dir(dirfd(d), names[i], true);
-			else
-				r = unlinkat(dirfd(d), names[i], 0);
-			/* A concurrent writer may have removed it first. */
-			if (r < 0 && errno != ENOENT)
+	while (w.depth > 0) {
+		struct frame *f = &w.v[w.depth - 1];
+		if (f->i == f->n) {
+			if (w.depth == 1)
+				break;
+			if (walk_pop(&w) < 0) {
 				rc = -1;
+				break;
+			}
+			/* Back in the parent: its current entry is the
+			 * directory just emptied. */
+			f = &w.v[w.depth - 1];
+			const char *child = f->names[f->i - 1];
+			if (unlinkat(w.fd, child, AT_REMOVEDIR) == 0 || errno == ENOENT) {
+				f->retries = 0;
+				continue;
+			}
+			if ((errno == ENOTEMPTY || errno == EEXIST) &&
+			    ++f->retries < REMOVE_RETRIES) {
+				f->i--; /* refilled meanwhile: empty it again */
+				continue;
+			}
+			if (errno == EEXIST)
+				errno = ENOTEMPTY;
+			rc = -1;
+			break;
 		}
-		free(names[i]);
+		const char *entry = f->names[f->i++];
+		struct stat st;
+		if (fstatat(w.fd, entry, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			if (errno == ENOENT) /* a concurrent writer was first */
+				continue;
+			rc = -1;
+			break;
+		}
+		if (!S_ISDIR(st.st_mode)) {
+			if (unlinkat(w.fd, entry, 0) < 0 && errno != ENOENT) {
+				rc = -1;
+				break;
+			}
+			continue;
+		}
+		if (unlinkat(w.fd, entry, AT_REMOVEDIR) == 0 || errno == ENOENT)
+			continue; /* was empty already */
+		if (errno != ENOTEMPTY && errno != EEXIST) {
+			rc = -1;
+			break;
+		}
+		int cfd = open_beneath(w.fd, entry, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
+		if (cfd < 0 || walk_push(&w, cfd, NULL, entry) < 0) {
+			if (errno == ENOENT)
+				continue;
+			rc = -1;
+			break;
+		}
 	}
-	free(names);
 	int e = errno;
-	closedir(d);
+	walk_free(&w);
 	errno = e;
 	return rc;
 }
@@ -846,7 +1005,7 @@ static int remove_dir(int pfd, const char *name, bool recursive)
 			return 0;
 		if (errno == EEXIST) /* some filesystems say EEXIST */
 			errno = ENOTEMPTY;
-		if (errno != ENOTEMPTY || !recursive || attempt >= 8)
+		if (errno != ENOTEMPTY || !recursive || attempt >= REMOVE_RETRIES)
 			return -1;
 		if (empty_dir(pfd, name) < 0)
 			return -1;
@@ -1199,12 +1358,97 @@ static bool path_within(const char *path, const char *root)
 	return !strncmp(path, root, n) && (path[n] == '\0' || path[n] == '/');
 }
 
+/*
+ * The directories a bare command name is looked up in, whatever PATH the
+ * caller set: the server's allowlist names a program, and that program must
+ * be the image's, never a file of the same name the caller put in a
+ * directory of its own (the server allows an absolute argv[0] only in these
+ * directories too).  Same list as the sessions' default PATH.
+ */
+#define FIXED_PATH "/usr/local/bin:/usr/bin:/bin"
+
+/* Variables the dynamic loader and libc read in every program: with them an
+ * allowlisted program would load the caller's library, gconv module or
+ * locale.  Same list as validation.py's LOADER_ENV_KEYS, plus every LD_*. */
+static bool loader_var(const char *entry)
+{
+	static const char *const names[] = {
+		"GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES",
+		"LOCALDOMAIN", "LOCPATH", "MALLOC_TRACE", "NIS_PATH", "NLSPATH",
+		"RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR",
+	};
+	if (!strncmp(entry, "LD_", 3))
+		return true;
+	size_t n = strcspn(entry, "=");
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (strlen(names[i]) == n && !strncmp(entry, names[i], n))
+			return true;
+	return false;
+}
+
+/* The command's environment: ours minus the loader variables, or with
+ * --clean-env (the server's own runs, e.g. tar) only fixed values, so no
+ * caller variable reaches them. */
+static char **command_env(bool clean)
+{
+	extern char **environ;
+	size_t n = 0;
+	for (char **e = environ; *e; e++)
+		n++;
+	char **out = xmalloc((n + 4) * sizeof *out);
+	size_t o = 0;
+	if (clean) {
+		static char home[PATH_MAX + 8];
+		snprintf(home, sizeof home, "HOME=%s", g_root);
+		out[o++] = "PATH=" FIXED_PATH;
+		out[o++] = "LANG=C.UTF-8";
+		out[o++] = home;
+	} else {
+		for (char **e = environ; *e; e++)
+			if (!loader_var(*e))
+				out[o++] = *e;
+	}
+	out[o] = NULL;
+	return out;
+}
+
+/* execve argv[0] as given when it holds a '/', else looked up on FIXED_PATH
+ * (never the environment's PATH).  Returns only on failure, with the errno
+ * execvp would report: EACCES if some candidate was not executable. */
+static int exec_command(char **cmd, char **envp)
+{
+	if (strchr(cmd[0], '/')) {
+		execve(cmd[0], cmd, envp);
+		return errno;
+	}
+	if (!cmd[0][0])
+		return ENOENT;
+	bool denied = false;
+	for (const char *dir = FIXED_PATH; *dir;) {
+		size_t n = strcspn(dir, ":");
+		char path[PATH_MAX];
+		if (n + 1 + strlen(cmd[0]) < sizeof path) {
+			snprintf(path, sizeof path, "%.*s/%s", (int)n, dir, cmd[0]);
+			execve(path, cmd, envp);
+			if (errno == EACCES)
+				denied = true;
+			else if (errno != ENOENT && errno != ENOTDIR)
+				return errno;
+		}
+		dir += n;
+		if (*dir == ':')
+			dir++;
+	}
+	return denied ? EACCES : ENOENT;
+}
+
 __attribute__((noreturn))
 static void child_main(int repfd, pid_t parent, const char *cwd,
-		       const char *realroot, const struct winsize *tty, char **cmd)
+		       const char *realroot, const struct winsize *tty, char **cmd,
+		       char **envp)
 {
-	/* If the supervisor itself is SIGKILLed, at least the direct child
-	 * goes with it (best effort; nothing can cover the grandchildren). */
+	/* If the monitor is SIGKILLed, the direct child goes with it; the
+	 * rest of the tree is then the supervisor's (see monitor_main). */
 	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
 		child_report(repfd, ST_SETUP, errno);
 	if (getppid() != parent)
@@ -1252,8 +1496,89 @@ static void child_main(int repfd, pid_t parent, const char *cwd,
 	sigemptyset(&none);
 	if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
 		child_report(repfd, ST_SETUP, errno);
-	execvp(cmd[0], cmd);
-	child_report(repfd, ST_EXEC, errno);
+	child_report(repfd, ST_EXEC, exec_command(cmd, envp));
+}
+
+/*
+ * The monitor: the command's parent, between it and the supervisor.  A
+ * command can always signal its parent (same uid, `kill -KILL $PPID`), so the
+ * parent must not be the process whose death would free the tree:
+ *
+ *   - the monitor is killed: the command dies with it (PDEATHSIG), its
+ *     orphans go to the supervisor (a subreaper), which sees its child end
+ *     without a status report and kills the whole tree;
+ *   - the supervisor is killed: the monitor, a subreaper itself and so the
+ *     holder of every orphan below it, gets SIGHUP (PDEATHSIG) and kills the
+ *     tree before it exits.
+ *
+ * Only killing both in the same instant (or `kill -9 -1`, which spares the
+ * caller) leaves the caller's own process behind; see helper/README.md.
+ * When the command ends normally the monitor kills what it left, reports the
+ * wait status on `infofd` and exits.
+ */
+__attribute__((noreturn))
+static void monitor_main(int repfd, int infofd, pid_t parent, const char *cwd,
+			 const char *realroot, const struct winsize *tty, char **cmd,
+			 char **envp)
+{
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0 || prctl(PR_SET_PDEATHSIG, SIGHUP) < 0)
+		child_report(repfd, ST_SETUP, errno);
+	if (getppid() != parent)
+		_exit(EXIT_KILLED);
+	pid_t self = getpid();
+	pid_t child = fork();
+	if (child < 0)
+		child_report(repfd, ST_SETUP, errno);
+	if (child == 0) {
+		close(infofd);
+		child_main(repfd, self, cwd, realroot, tty, cmd, envp);
+	}
+	close(repfd);
+	if (write_all(infofd, &child, sizeof child) < 0) {
+		kill_tree(child);
+		_exit(EXIT_KILLED);
+	}
+	/* The monitor holds none of the command's stdio: once the supervisor
+	 * has gone, nothing of ours keeps the exec's streams open. */
+	int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+	for (int fd = 0; fd < 3; fd++) {
+		if (devnull >= 0)
+			dup2(devnull, fd);
+		else
+			close(fd);
+	}
+	/* Every signal the supervisor blocked is still blocked here. */
+	sigset_t set;
+	sigemptyset(&set);
+	int sigs[] = {SIGCHLD, SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+	for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; k++)
+		sigaddset(&set, sigs[k]);
+	for (;;) {
+		siginfo_t si;
+		int sig = sigwaitinfo(&set, &si);
+		if (sig < 0)
+			continue;
+		if (sig != SIGCHLD) {
+			/* The supervisor died (SIGHUP), or someone signals us:
+			 * either way the command's tree ends now. */
+			kill_tree(child);
+			_exit(EXIT_KILLED);
+		}
+		int status = 0;
+		pid_t w;
+		while ((w = waitpid(-1, &status, WNOHANG)) != 0) {
+			if (w < 0) {
+				if (errno == EINTR)
+					continue;
+				break;
+			}
+			if (w == child) {
+				kill_tree(child);
+				(void)write_all(infofd, &status, sizeof status);
+				_exit(0);
+			}
+		}
+	}
 }
 
 static bool forwardable(int sig)
@@ -1301,12 +1626,14 @@ static int cmd_run(int argc, char **argv)
 	const char *cwd = NULL;
 	uint64_t timeout_ms = 0;
 	struct winsize ws = {0};
-	bool tty = false;
+	bool tty = false, clean_env = false;
 	int i = 0;
 	for (; i < argc; i++) {
 		if (!strcmp(argv[i], "--")) {
 			i++;
 			break;
+		} else if (!strcmp(argv[i], "--clean-env")) {
+			clean_env = true;
 		} else if (!strcmp(argv[i], "--tty") && i + 1 < argc) {
 			unsigned rows, cols;
 			char extra;
@@ -1351,23 +1678,39 @@ static int cmd_run(int argc, char **argv)
 	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
 		fail_errno_code(126, errno, "prctl", "PR_SET_CHILD_SUBREAPER");
 
-	int rep[2];
-	if (pipe2(rep, O_CLOEXEC) < 0)
+	char **envp = command_env(clean_env);
+	int rep[2], info[2];
+	if (pipe2(rep, O_CLOEXEC) < 0 || pipe2(info, O_CLOEXEC) < 0)
 		fail_errno_code(126, errno, "pipe", "");
 	pid_t self = getpid();
-	pid_t child = fork();
-	if (child < 0)
+	pid_t monitor = fork();
+	if (monitor < 0)
 		fail_errno_code(126, errno, "fork", "");
-	if (child == 0) {
+	if (monitor == 0) {
 		close(rep[0]);
-		child_main(rep[1], self, cwd, realroot, tty ? &ws : NULL, cmd);
+		close(info[0]);
+		monitor_main(rep[1], info[1], self, cwd, realroot, tty ? &ws : NULL, cmd, envp);
 	}
 	close(rep[1]);
+	close(info[1]);
+
+	/* The monitor names the command first (its process group, for
+	 * forwarded signals), and later reports the command's wait status. */
+	pid_t child = 0;
+	size_t got = 0;
+	while (got < sizeof child) {
+		ssize_t n = read_retry(info[0], (char *)&child + got, sizeof child - got);
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	if (got != sizeof child)
+		child = 0;
 
 	/* EOF means execve succeeded (CLOEXEC closed the pipe); a report
 	 * means it never ran, and we know exactly why. */
 	struct report r;
-	size_t got = 0;
+	got = 0;
 	while (got < sizeof r) {
 		ssize_t n = read_retry(rep[0], (char *)&r + got, sizeof r - got);
 		if (n <= 0)
@@ -1375,6 +1718,12 @@ static int cmd_run(int argc, char **argv)
 		got += (size_t)n;
 	}
 	close(rep[0]);
+	if (got != sizeof r && child <= 0) {
+		/* The monitor died before starting the command. */
+		r.stage = ST_SETUP;
+		r.err = EIO;
+		got = sizeof r;
+	}
 	if (got == sizeof r) {
 		kill_tree(child);
 		const char *c = cwd ? cwd : g_root;
@@ -1442,13 +1791,29 @@ static int cmd_run(int argc, char **argv)
 						continue;
 					break;
 				}
-				if (w == child) {
+				if (w == monitor) {
 					done = true;
 					break;
 				}
 			}
 			if (done) {
+				/* The monitor's report is the command's status; a
+				 * monitor that ended without one was killed (by the
+				 * command, or anyone): the tree goes, status 137. */
+				int cstatus;
+				got = 0;
+				while (got < sizeof cstatus) {
+					ssize_t n = read_retry(info[0], (char *)&cstatus + got,
+							       sizeof cstatus - got);
+					if (n <= 0)
+						break;
+					got += (size_t)n;
+				}
 				kill_tree(child);
+				if (got != sizeof cstatus || !WIFEXITED(status) ||
+				    WEXITSTATUS(status) != 0)
+					_exit(EXIT_KILLED);
+				status = cstatus;
 				discard_pending_stdin();
 				if (WIFSIGNALED(status))
 					_exit(128 + WTERMSIG(status));

@@ -13,6 +13,7 @@ from sandboxd.errors import InvalidArgument, PermissionDenied, SandboxError
 from sandboxd.validation import (
     ALLOWED_BIN_DIRS,
     ENV_KEY_RE,
+    LOADER_ENV_KEYS,
     MAX_ARG_BYTES,
     MAX_ARGS,
     MAX_ARGV_TOTAL_BYTES,
@@ -465,6 +466,8 @@ ENV_ACCEPT = [
     {"V": "x" * MAX_ENV_VALUE_BYTES},
     {f"K{i}": str(i) for i in range(MAX_ENV_ENTRIES)},
     {"PROXY": "x", "HTTP_PROXY_X": "y", "MY_http_proxy": "z"},
+    # Only the loader's exact names: lower case or a longer name is an ordinary variable.
+    {"ld_preload": "x", "OLD_PATH": "y", "GCONV_PATH_X": "z", "TMPDIR": "/tmp"},
 ]
 
 
@@ -494,6 +497,13 @@ ENV_REJECT = [
     ({"Http_Proxy": "http://evil"}, "ENV_RESERVED"),
     ({"hTTps_proxy": "http://evil"}, "ENV_RESERVED"),
     ({"OK": "1", "HTTPS_PROXY": ""}, "ENV_RESERVED"),
+    # Loader and libc variables: an allowlisted program would load the caller's files.
+    *[
+        ({key: "/workspace/evil"}, "ENV_RESERVED")
+        for key in ["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD_X", "LD_"]
+    ],
+    *[({key: "/workspace/evil"}, "ENV_RESERVED") for key in sorted(LOADER_ENV_KEYS)],
+    ({"OK": "1", "LD_PRELOAD": ""}, "ENV_RESERVED"),
 ]
 
 
