@@ -33,11 +33,13 @@ __all__ = [
     "MAX_PATH_COMPONENT_BYTES",
     "LOADER_ENV_KEYS",
     "LOADER_ENV_PREFIX",
+    "MAX_DURATION_S",
     "RESERVED_ENV_KEYS",
     "SESSION_ID_RE",
     "WORKSPACE",
     "check_command_allowed",
     "command_name",
+    "duration_seconds",
     "parse_user",
     "validate_argv",
     "validate_cwd",
@@ -575,3 +577,35 @@ def validate_image(image: str) -> str:
             metadata={"image": _show(image)},
         )
     return image
+
+
+# --------------------------------------------------------------------------------------------
+# Durations
+# --------------------------------------------------------------------------------------------
+
+# google.protobuf.Duration's own range: about +-10,000 years, nanos of the same sign.
+MAX_DURATION_S = 315_576_000_000
+_MAX_NANOS = 999_999_999
+
+
+def duration_seconds(seconds: int, nanos: int) -> float:
+    """Seconds of a wire Duration; a malformed one is the caller's mistake, never a value.
+
+    protobuf defines a Duration only within +-315,576,000,000 s, with |nanos| below 10^9 and
+    of the sign of `seconds`; a hand-built message can carry anything else, which would be
+    read as some other duration (1 s and -1 ns as 0.999999999 s). Whether the value suits the
+    field (positive, under a maximum) is the field's own check.
+    """
+    if (
+        abs(seconds) > MAX_DURATION_S
+        or abs(nanos) > _MAX_NANOS
+        or (seconds > 0 > nanos)
+        or (seconds < 0 < nanos)
+    ):
+        raise InvalidArgument(
+            f"duration {{seconds: {seconds}, nanos: {nanos}}} is not a valid "
+            f"google.protobuf.Duration (|seconds| <= {MAX_DURATION_S}, |nanos| <= {_MAX_NANOS}, "
+            "both of one sign)",
+            reason="INVALID_DURATION",
+        )
+    return seconds + nanos / 1e9

@@ -17,6 +17,7 @@ from sandboxd.validation import (
     MAX_ARG_BYTES,
     MAX_ARGS,
     MAX_ARGV_TOTAL_BYTES,
+    MAX_DURATION_S,
     MAX_ENV_ENTRIES,
     MAX_ENV_KEY_BYTES,
     MAX_ENV_VALUE_BYTES,
@@ -27,6 +28,7 @@ from sandboxd.validation import (
     WORKSPACE,
     check_command_allowed,
     command_name,
+    duration_seconds,
     parse_user,
     validate_argv,
     validate_cwd,
@@ -731,3 +733,41 @@ def test_property_file_mode_never_set_id(mode: int) -> None:
         assert err.reason == "INVALID_MODE"
         return
     assert 0 <= result <= 0o777
+
+
+# --------------------------------------------------------------------------------------------
+# Durations
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos", "expected"),
+    [
+        (0, 0, 0.0),
+        (1, 500_000_000, 1.5),
+        (-1, -500_000_000, -1.5),
+        (0, -1, -1e-9),
+        (MAX_DURATION_S, 999_999_999, MAX_DURATION_S + 0.999999999),
+        (-MAX_DURATION_S, -999_999_999, -MAX_DURATION_S - 0.999999999),
+    ],
+)
+def test_duration_seconds_accepts_every_valid_duration(
+    seconds: int, nanos: int, expected: float
+) -> None:
+    assert duration_seconds(seconds, nanos) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos"),
+    [
+        (1, -1),  # mixed signs
+        (-1, 1),
+        (0, 1_000_000_000),  # nanos out of range
+        (0, -1_000_000_000),
+        (MAX_DURATION_S + 1, 0),  # beyond +-10,000 years
+        (-(2**63), 0),
+        (2**63 - 1, 999_999_999),
+    ],
+)
+def test_duration_seconds_refuses_malformed_durations(seconds: int, nanos: int) -> None:
+    _expect(InvalidArgument, "INVALID_DURATION", duration_seconds, seconds, nanos)
