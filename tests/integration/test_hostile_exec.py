@@ -306,3 +306,23 @@ def test_killing_the_supervisor_leaves_no_orphans(
     ps = run(stubs, victim, "ps", "-o", "args").stdout
     assert marker not in ps, ps
     _still_works(stubs, victim)
+
+
+def test_a_tree_deeper_than_the_descriptor_limit_can_be_removed(stubs: Stubs, victim: str) -> None:
+    # 26,000 levels, past the container's 20,000 open files: the helper's walk must not hold
+    # one descriptor per level. Built in steps of 2,000 levels, each a rename under a fresh
+    # 2,000-deep chain, so that no path a command uses passes PATH_MAX.
+    limit = int(run(stubs, victim, "sh", "-c", "ulimit -n").stdout)
+    chunk = "/".join(["a"] * 2000)
+    steps = limit // 2000 + 3
+    script = (
+        f"d={chunk}; mkdir a; for i in $(seq {steps}); do "
+        "mkdir -p c/$d && mv a c/$d/ && mv c a || exit 1; done"
+    )
+    assert run(stubs, victim, "sh", "-c", script).exit_code == 0
+    stubs.files.Remove(filesystem_pb2.RemoveRequest(session_id=victim, path="a", recursive=True))
+    expect_error(
+        lambda: stubs.files.Stat(filesystem_pb2.StatRequest(session_id=victim, path="a")),
+        grpc.StatusCode.NOT_FOUND,
+    )
+    _still_works(stubs, victim)
