@@ -1200,7 +1200,7 @@ static ssize_t read_small(const char *path, char *buf, size_t cap)
 	return (ssize_t)len;
 }
 
-static pid_t read_ppid(pid_t pid)
+static pid_t read_ppid_state(pid_t pid, char *state_out)
 {
 	char path[64], buf[1024];
 	snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
@@ -1213,7 +1213,14 @@ static pid_t read_ppid(pid_t pid)
 	long ppid;
 	if (!p || sscanf(p + 1, " %c %ld", &state, &ppid) != 2)
 		return -1;
+	if (state_out)
+		*state_out = state;
 	return (pid_t)ppid;
+}
+
+static pid_t read_ppid(pid_t pid)
+{
+	return read_ppid_state(pid, NULL);
 }
 
 struct proc {
@@ -1263,20 +1270,16 @@ static struct proc *scan_procs(size_t *count)
 	return v;
 }
 
-/* SIGKILL every descendant of `self`; returns how many were signalled. */
-static size_t kill_descendants(pid_t self)
+/* Extend `mark` to every descendant of a marked process (or of `root`, if
+ * > 0).  Fixpoint over the parent relation; passes <= tree depth. */
+static void mark_descendants(const struct proc *v, size_t n, bool *mark, pid_t root)
 {
-	size_t n;
-	struct proc *v = scan_procs(&n);
-	bool *mark = xmalloc(n * sizeof *mark);
-	memset(mark, 0, n * sizeof *mark);
-	/* Fixpoint over the parent relation; passes <= tree depth. */
 	for (bool changed = true; changed;) {
 		changed = false;
 		for (size_t i = 0; i < n; i++) {
-			if (mark[i] || v[i].pid == self)
+			if (mark[i] || v[i].pid == root)
 				continue;
-			bool desc = v[i].ppid == self;
+			bool desc = root > 0 && v[i].ppid == root;
 			if (!desc) {
 				struct proc key = {.pid = v[i].ppid};
 				struct proc *par = bsearch(&key, v, n, sizeof *v, cmp_proc);
@@ -1288,6 +1291,16 @@ static size_t kill_descendants(pid_t self)
 			}
 		}
 	}
+}
+
+/* SIGKILL every descendant of `self`; returns how many were signalled. */
+static size_t kill_descendants(pid_t self)
+{
+	size_t n;
+	struct proc *v = scan_procs(&n);
+	bool *mark = xmalloc(n * sizeof *mark);
+	memset(mark, 0, n * sizeof *mark);
+	mark_descendants(v, n, mark, self);
 	size_t killed = 0;
 	for (size_t i = 0; i < n; i++) {
 		if (mark[i]) {
@@ -1298,6 +1311,82 @@ static size_t kill_descendants(pid_t self)
 	free(mark);
 	free(v);
 	return killed;
+}
+
+static uid_t proc_uid(pid_t pid, bool *ok);
+
+/* Is PID 1 of our PID namespace sandboxd's keeper (`sbx idle`, itself or
+ * under docker-init)?  Only there does a parent of 1 mean "orphan": on any
+ * other machine (the unit tests' host) PID 1 adopts daemons by design. */
+static bool in_sandbox(void)
+{
+	char buf[4096];
+	ssize_t len = read_small("/proc/1/cmdline", buf, sizeof buf);
+	const char *args[64];
+	size_t n = 0;
+	for (size_t off = 0; len > 0 && off < (size_t)len && n < 64;) {
+		args[n++] = buf + off;
+		off += strlen(buf + off) + 1;
+	}
+	if (n < 2 || strcmp(args[n - 1], "idle"))
+		return false;
+	const char *base = strrchr(args[n - 2], '/');
+	return !strcmp(base ? base + 1 : args[n - 2], "sbx");
+}
+
+/*
+ * Kill the orphans of dead supervisors: processes of our uid whose parent is
+ * PID 1, with everything below them, except `sbx` processes (the keeper, if
+ * it shares our uid, and a monitor busy cleaning up after its supervisor).
+ * Inside a sandbox every command runs under a living supervisor, a subreaper,
+ * so its orphans never reach PID 1 while that supervisor lives; one that did
+ * escaped a supervisor killed together with its monitor, or survived a
+ * `kill -9 -1` it sent itself.  Repeated until a round finds none, so an
+ * orphan that forks meanwhile loses.  Returns how many were killed.
+ */
+static size_t reap_orphans(void)
+{
+	if (getuid() == 0 || !in_sandbox())
+		return 0;
+	uid_t me = getuid();
+	struct stat self_exe;
+	if (stat("/proc/self/exe", &self_exe) < 0)
+		memset(&self_exe, 0, sizeof self_exe);
+	size_t total = 0;
+	for (int round = 0; round < 1000; round++) {
+		size_t n, killed = 0;
+		struct proc *v = scan_procs(&n);
+		bool *mark = xmalloc(n * sizeof *mark);
+		memset(mark, 0, n * sizeof *mark);
+		for (size_t i = 0; i < n; i++) {
+			bool ok;
+			char path[64];
+			struct stat st;
+			if (v[i].ppid != 1 || v[i].pid == 1 || proc_uid(v[i].pid, &ok) != me || !ok)
+				continue;
+			snprintf(path, sizeof path, "/proc/%ld/exe", (long)v[i].pid);
+			if (stat(path, &st) == 0 && st.st_dev == self_exe.st_dev &&
+			    st.st_ino == self_exe.st_ino)
+				continue;
+			mark[i] = true;
+		}
+		mark_descendants(v, n, mark, 0);
+		for (size_t i = 0; i < n; i++) {
+			char state = '?';
+			if (mark[i] && read_ppid_state(v[i].pid, &state) >= 0 && state != 'Z') {
+				kill(v[i].pid, SIGKILL);
+				killed++;
+			}
+		}
+		free(mark);
+		free(v);
+		if (!killed)
+			break;
+		total += killed;
+		struct timespec ts = {0, 1000000}; /* 1 ms: let init reap them */
+		nanosleep(&ts, NULL);
+	}
+	return total;
 }
 
 /*
@@ -1678,6 +1767,9 @@ static int cmd_run(int argc, char **argv)
 	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
 		fail_errno_code(126, errno, "prctl", "PR_SET_CHILD_SUBREAPER");
 
+	/* Whatever an earlier command left behind by killing its supervisor
+	 * and monitor together dies before this one starts. */
+	reap_orphans();
 	char **envp = command_env(clean_env);
 	int rep[2], info[2];
 	if (pipe2(rep, O_CLOEXEC) < 0 || pipe2(info, O_CLOEXEC) < 0)
@@ -1958,8 +2050,23 @@ static int cmd_kill(int argc, char **argv)
 {
 	char *pos[1];
 	parse_args(argc, argv, NULL, NULL, pos, 1);
-	if (!signal_supervisors(pos[0], SIGUSR1, false, 0))
+	size_t sent = signal_supervisors(pos[0], SIGUSR1, false, 0);
+	/* The server kills by token when a call ends early; a supervisor that
+	 * is gone may have left orphans behind. */
+	reap_orphans();
+	if (!sent)
 		fail(1, "NOT_FOUND", "no supervisor with id %s", pos[0]);
+	return 0;
+}
+
+/* `sbx reap`: for the server, after an exec ended without its supervisor's
+ * report (killed); prints how many orphans it killed. */
+static int cmd_reap(int argc, char **argv)
+{
+	(void)argv;
+	if (argc != 0)
+		usage("usage: sbx reap");
+	printf("%zu\n", reap_orphans());
 	return 0;
 }
 
@@ -2023,7 +2130,7 @@ int main(int argc, char **argv)
 		i += 2;
 	}
 	if (i >= argc)
-		usage("usage: sbx [--root DIR] run|kill|signal|stat|read|write|list|remove|mkdir|merge|idle ...");
+		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|merge|idle ...");
 	const char *sub = argv[i++];
 	int rest = argc - i;
 	char **rv = argv + i;
@@ -2035,7 +2142,7 @@ int main(int argc, char **argv)
 		{"run", cmd_run},     {"kill", cmd_kill},   {"signal", cmd_signal},
 		{"stat", cmd_stat},   {"read", cmd_read},   {"write", cmd_write},
 		{"list", cmd_list},   {"remove", cmd_remove}, {"mkdir", cmd_mkdir},
-		{"idle", cmd_idle},   {"merge", cmd_merge},
+		{"idle", cmd_idle},   {"merge", cmd_merge}, {"reap", cmd_reap},
 	};
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(sub, cmds[k].name))

@@ -308,6 +308,30 @@ def test_killing_the_supervisor_leaves_no_orphans(
     _still_works(stubs, victim)
 
 
+@pytest.mark.parametrize(
+    ("script", "marker"),
+    [
+        # Monitor and supervisor in one kill, from a grandchild the monitor's death spares.
+        (
+            f"({_KILL_SUPERVISOR.replace('kill -KILL $p', 'kill -KILL $PPID $p')}; "
+            "exec sleep 4245 >/dev/null 2>&1) & wait",
+            b"sleep 4245",
+        ),
+        # `kill -9 -1` spares its caller, which then has no supervisor at all.
+        ("(kill -9 -1; exec sleep 4246 >/dev/null 2>&1) & wait", b"sleep 4246"),
+    ],
+    ids=["kill-supervisor-and-monitor", "kill-everything-then-run"],
+)
+def test_orphans_of_a_killed_supervisor_die_before_the_next_command(
+    stubs: Stubs, victim: str, script: str, marker: bytes
+) -> None:
+    run(stubs, victim, "sh", "-c", script, timeout=duration_pb2.Duration(seconds=3))
+    time.sleep(0.5)
+    ps = run(stubs, victim, "ps", "-o", "args").stdout
+    assert marker not in ps, ps
+    _still_works(stubs, victim)
+
+
 def test_a_tree_deeper_than_the_descriptor_limit_can_be_removed(stubs: Stubs, victim: str) -> None:
     # 26,000 levels, past the container's 20,000 open files: the helper's walk must not hold
     # one descriptor per level. Built in steps of 2,000 levels, each a rename under a fresh
