@@ -729,15 +729,6 @@ static char **read_names(DIR *d, size_t *count, size_t *budget, const char *rel)
 	return names;
 }
 
-static char *join_rel(const char *prefix, const char *name)
-{
-	if (!prefix)
-		return xstrdup(name);
-	char *r = xmalloc(strlen(prefix) + strlen(name) + 2);
-	sprintf(r, "%s/%s", prefix, name);
-	return r;
-}
-
 /*
  * Walking trees of any depth with a bounded number of descriptors: only the
  * directory being read is open.  Going back up opens ".." and checks it is
@@ -1079,47 +1070,93 @@ static int open_sub(int pfd, const char *name)
 	return open_beneath(pfd, name, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
 }
 
-static void merge_dir(int src, int dst, const char *rel)
+/* Merge the directory `src` into `dst` (both taken over), with a bounded
+ * number of descriptors whatever the depth (see struct walk): the walk goes
+ * down both trees in step, and back up through ".." checked on both. */
+static void merge_tree(int src, int dst)
 {
-	DIR *d = fdopendir(src);
-	if (!d)
-		fail_errno(errno, "merge", rel);
-	size_t n;
-	char **names = read_names(d, &n, NULL, rel);
-	for (size_t i = 0; i < n; i++) {
-		const char *name = names[i];
-		char *sub = join_rel(is_root(rel) ? NULL : rel, name);
+	struct walk w = {.fd = -1};
+	struct buf rel = {0};
+	buf_puts(&rel, "");
+	/* ids[k]: the destination directory that goes with the walk's frame k */
+	struct stat *ids = NULL;
+	size_t ncap = 0;
+	int dfd = dst;
+	if (walk_push(&w, src, NULL, ".") < 0)
+		fail_errno(errno, "merge", ".");
+	ncap = 16;
+	ids = xmalloc(ncap * sizeof *ids);
+	if (fstat(dfd, &ids[0]) < 0)
+		fail_errno(errno, "merge", ".");
+	for (;;) {
+		struct frame *f = &w.v[w.depth - 1];
+		if (f->i == f->n) {
+			if (w.depth == 1)
+				break;
+			if (walk_pop(&w) < 0)
+				fail_errno(errno, "merge", rel.p);
+			struct stat up_st;
+			int up = openat(dfd, "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (up < 0 || fstat(up, &up_st) < 0)
+				fail_errno(errno, "merge", rel.p);
+			if (up_st.st_dev != ids[w.depth - 1].st_dev ||
+			    up_st.st_ino != ids[w.depth - 1].st_ino)
+				fail(1, "EIO", "merge %s: directory moved during the merge", rel.p);
+			close(dfd);
+			dfd = up;
+			rel.len = w.v[w.depth - 1].rel_len;
+			rel.p[rel.len] = '\0';
+			continue;
+		}
+		const char *name = f->names[f->i++];
+		rel.len = f->rel_len;
+		rel.p[rel.len] = '\0';
+		if (rel.len)
+			buf_add(&rel, "/", 1);
+		buf_puts(&rel, name);
+		const char *sub = rel.p;
 		struct stat ss, ds;
-		if (fstatat(dirfd(d), name, &ss, AT_SYMLINK_NOFOLLOW) < 0)
+		if (fstatat(w.fd, name, &ss, AT_SYMLINK_NOFOLLOW) < 0)
 			fail_errno(errno, "merge", sub);
-		bool exists = fstatat(dst, name, &ds, AT_SYMLINK_NOFOLLOW) == 0;
+		bool exists = fstatat(dfd, name, &ds, AT_SYMLINK_NOFOLLOW) == 0;
 		if (!exists && errno != ENOENT)
 			fail_errno(errno, "merge", sub);
 		if (S_ISDIR(ss.st_mode) && exists && S_ISDIR(ds.st_mode)) {
-			int s2 = open_sub(dirfd(d), name);
-			int d2 = s2 < 0 ? -1 : open_sub(dst, name);
-			if (s2 < 0 || d2 < 0)
+			struct stat dst_st;
+			int s2 = open_sub(w.fd, name);
+			int d2 = s2 < 0 ? -1 : open_sub(dfd, name);
+			if (s2 < 0 || d2 < 0 || fstat(d2, &dst_st) < 0)
 				fail_errno(errno, "merge", sub);
-			merge_dir(s2, d2, sub);
-			close(d2);
-			free(sub);
-			free(names[i]);
+			size_t len = rel.len;
+			if (walk_push(&w, s2, NULL, sub) < 0)
+				fail_errno(errno, "merge", sub);
+			w.v[w.depth - 1].rel_len = len;
+			if (w.depth > ncap) {
+				ncap = w.depth * 2;
+				struct stat *n2 = realloc(ids, ncap * sizeof *ids);
+				if (!n2)
+					oom();
+				ids = n2;
+			}
+			ids[w.depth - 1] = dst_st;
+			close(dfd);
+			dfd = d2;
 			continue;
 		}
 		if (exists && S_ISDIR(ds.st_mode)) {
-			if (remove_dir(dst, name, true) < 0)
+			if (remove_dir(dfd, name, true) < 0)
 				fail_errno(errno, "merge", sub);
 		} else if (exists && S_ISDIR(ss.st_mode)) {
-			if (unlinkat(dst, name, 0) < 0)
+			if (unlinkat(dfd, name, 0) < 0)
 				fail_errno(errno, "merge", sub);
 		}
-		if (renameat(dirfd(d), name, dst, name) < 0)
+		if (renameat(w.fd, name, dfd, name) < 0)
 			fail_errno(errno, "merge", sub);
-		free(sub);
-		free(names[i]);
 	}
-	free(names);
-	closedir(d);
+	walk_free(&w);
+	close(dfd);
+	free(ids);
+	free(rel.p);
 }
 
 static void clear_dir_except(int dfd, dev_t dev, ino_t ino)
@@ -1169,7 +1206,7 @@ static int cmd_merge(int argc, char **argv)
 		fail_errno(errno, "stat stage", stage);
 	if (replace)
 		clear_dir_except(dfd, st.st_dev, st.st_ino);
-	merge_dir(sfd, dfd, ".");
+	merge_tree(sfd, dfd);
 	const char *name;
 	char *parent = split_parent(stage, &name);
 	int pfd = open_dir_path(parent, stage);

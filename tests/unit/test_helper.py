@@ -1074,3 +1074,30 @@ def test_merge_into_a_subfolder_and_errors(env):
     env.fail("ENOENT", "merge", ".nope", "sub")
     env.fail("ESCAPE", "merge", "subl", "sub")  # a stage reached through a symlink
     assert stage.exists()
+
+
+def test_merge_deep_trees_with_bounded_descriptors(mem_env):
+    # Both trees 3,000 deep: the walk goes down both in step, one directory of each open.
+    env = mem_env
+    _deep_tree(env.root / ".stage", 3_000)
+    _deep_tree(env.root / "dest", 3_000)
+    fd = os.open(env.root / ".stage", os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(3_000):
+        nxt = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    with os.fdopen(os.open("new", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as fh:
+        fh.write("new\n")
+    os.close(fd)
+    env.ok("merge", ".stage", "dest", preexec_fn=_few_fds, timeout=60)
+    assert not (env.root / ".stage").exists()
+    fd = os.open(env.root / "dest", os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(3_000):
+        nxt = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    try:
+        assert sorted(os.listdir(fd)) == ["f", "new"]
+    finally:
+        os.close(fd)
+    env.ok("remove", "dest", "--recursive", preexec_fn=_few_fds, timeout=60)
