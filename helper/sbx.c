@@ -2076,8 +2076,12 @@ static size_t signal_supervisors(const char *token, int sig, bool queue, int val
 		} else {
 			rc = kill(match[i], sig);
 		}
-		if (rc == 0)
+		/* A command can SIGSTOP its supervisor (same uid); a stopped
+		 * one would hold the request pending forever. */
+		if (rc == 0) {
+			kill(match[i], SIGCONT);
 			sent++;
+		}
 	}
 	free(match);
 	return sent;

@@ -42,9 +42,9 @@ def host_untouched() -> Iterator[None]:
     """
     import hostenv
 
-    before = hostenv.snapshot()
+    before = hostenv.settled_snapshot()
     yield
-    diff = before.diff(hostenv.snapshot())
+    diff = hostenv.changes_since(before)
     if diff:
         pytest.fail("the suite changed the host:\n" + diff, pytrace=False)
 

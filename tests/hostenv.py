@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,3 +150,27 @@ def snapshot() -> HostState:
         iptables=normalise_iptables(iptables, bridges),
         etc_docker=etc_docker(),
     )
+
+
+def settled_snapshot(tries: int = 5, pause_s: float = 0.5) -> HostState:
+    """A snapshot two takes in a row agree on: Docker may be midway through adding or removing
+    some other suite's network (its bridge listed, its rules half gone) at any one instant."""
+    last = snapshot()
+    for _ in range(tries):
+        time.sleep(pause_s)
+        current = snapshot()
+        if current == last:
+            return current
+        last = current
+    return last
+
+
+def changes_since(before: HostState, tries: int = 5, pause_s: float = 1.0) -> str:
+    """The diff from `before` that persists over `tries` looks (empty when none does)."""
+    diff = ""
+    for _ in range(tries):
+        diff = before.diff(snapshot())
+        if not diff:
+            return ""
+        time.sleep(pause_s)
+    return diff

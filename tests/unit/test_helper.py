@@ -1101,3 +1101,18 @@ def test_merge_deep_trees_with_bounded_descriptors(mem_env):
     finally:
         os.close(fd)
     env.ok("remove", "dest", "--recursive", preexec_fn=_few_fds, timeout=60)
+
+
+def test_kill_by_token_reaches_a_stopped_supervisor(env):
+    # The command stops its supervisor; `sbx kill` must still end the run at once.
+    tok = token()
+    script = f"echo $$; {KILL_SUPERVISOR.replace('kill -KILL', 'kill -STOP')}; sleep 100"
+    with _start(env, tok, script) as p:
+        try:
+            pid = int(p.stdout.readline())
+            time.sleep(0.3)
+            env.ok("kill", tok)
+            assert p.wait(timeout=5) == 137
+            assert _wait_dead(pid)
+        finally:
+            p.kill()
