@@ -37,8 +37,10 @@ import aiodocker
 import aiohttp
 import grpc
 from sandboxd.config import DEFAULT_LIMITS
+from sandboxd.engine.docker_profile import container_config
+from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.models import NetworkPolicy, SessionSpec, ShellPolicy, WorkspaceManifest
-from sandboxd.profile import HELPER_IN_CONTAINER, container_config
+from sandboxd.profile import HELPER_IN_CONTAINER
 from sandboxd.v1 import (
     admin_pb2_grpc,
     common_pb2,
@@ -120,14 +122,14 @@ class BenchContext:
     def raw_config(self, name: str, spec: SessionSpec | None = None) -> dict[str, Any]:
         """The server's own create request for a default session (or `spec`)."""
         spec = spec or default_spec(self.image)
-        return container_config(
+        request = SandboxRequest(
             spec=spec,
-            session_id=name,
             owner_id=self.raw_owner,
+            name=name,
+            session_id=name,
             fingerprint=spec.fingerprint(),
-            helper_path=self.helper,
-            keeper_user=self.keeper_user,
         )
+        return container_config(request, helper_path=self.helper, keeper_user=self.keeper_user)
 
     async def raw_create_start(self, spec: SessionSpec | None = None) -> str:
         """Create and start a container exactly as the server would; returns its id."""

@@ -19,9 +19,7 @@ import secrets
 import signal
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
-from sandboxd import validation
 from sandboxd.engine import Engine, ExecStream
 from sandboxd.errors import (
     EngineUnavailable,
@@ -30,6 +28,11 @@ from sandboxd.errors import (
     NotFound,
     SandboxError,
 )
+from sandboxd.exec_spec import (
+    PtySize,
+    validate_signal,
+)
+from sandboxd.helper_client import HelperClient, HelperError
 from sandboxd.models import (
     ExecEvent,
     ExecExited,
@@ -37,7 +40,6 @@ from sandboxd.models import (
     ExecOutput,
     ExecSpec,
     ExecStarted,
-    Limits,
     OutputStream,
     Session,
 )
@@ -50,100 +52,6 @@ QUEUE_CHUNKS = 64  # chunks buffered between the engine and a slow client: backp
 SUPERVISOR_GRACE_S = 2.0  # the in-container backstop fires this long after our own timer
 KILL_TIMEOUT_S = 5.0
 HELPER_TIMEOUT_S = 10.0
-MAX_PTY_CELLS = 1000
-
-# What SignalProcess and Interact may send; `sbx signal` accepts exactly these.
-SIGNAL_NAMES = frozenset(
-    {
-        "SIGHUP",
-        "SIGINT",
-        "SIGQUIT",
-        "SIGKILL",
-        "SIGTERM",
-        "SIGUSR1",
-        "SIGUSR2",
-        "SIGSTOP",
-        "SIGCONT",
-        "SIGWINCH",
-    }
-)
-
-
-@dataclass(frozen=True)
-class PtySize:
-    rows: int
-    cols: int
-
-
-def validate_signal(name: str) -> str:
-    """A signal name from the fixed set; anything else is refused before it reaches sbx."""
-    if name not in SIGNAL_NAMES:
-        raise InvalidArgument(
-            f"signal {name[:32]!r} is not supported; use one of {', '.join(sorted(SIGNAL_NAMES))}",
-            reason="INVALID_SIGNAL",
-            metadata={"signal": name[:32]},
-        )
-    return name
-
-
-def validate_pty_size(rows: int, cols: int) -> PtySize:
-    """Terminal rows and columns, each 1 to 1000 (0 would be an unset field)."""
-    for what, value in (("rows", rows), ("cols", cols)):
-        if not 1 <= value <= MAX_PTY_CELLS:
-            raise InvalidArgument(
-                f"terminal {what} must be between 1 and {MAX_PTY_CELLS} (got {value})",
-                reason="INVALID_PTY_SIZE",
-                metadata={what: str(value)},
-            )
-    return PtySize(rows, cols)
-
-
-@dataclass(frozen=True)
-class ExecRequestInput:
-    argv: list[str]
-    cwd: str = ""
-    env: dict[str, str] | None = None
-    stdin: bytes = b""
-    timeout_s: float | None = None
-    max_output_bytes: int | None = None
-
-
-def prepare(session: Session, req: ExecRequestInput, max_limits: Limits) -> ExecSpec:
-    """Validate a command against the rules and the session's policy; nothing runs yet."""
-    argv = validation.validate_argv(req.argv)
-    cwd = validation.validate_cwd(req.cwd)
-    env = validation.validate_env(req.env or {})
-    validation.check_command_allowed(
-        argv[0], session.spec.shell.allow, session.spec.shell.allow_all
-    )
-    limits = session.spec.limits
-    timeout = limits.command_timeout_s if req.timeout_s is None else req.timeout_s
-    if timeout <= 0:
-        raise InvalidArgument("timeout must be positive", reason="INVALID_TIMEOUT")
-    if timeout > max_limits.command_timeout_s:
-        raise InvalidArgument(
-            f"timeout of {timeout:g} s is above the server maximum of "
-            f"{max_limits.command_timeout_s:g} s",
-            reason="LIMIT_EXCEEDS_MAXIMUM",
-            metadata={"limit": "timeout", "maximum": f"{max_limits.command_timeout_s:g}s"},
-        )
-    cap = limits.output_bytes if req.max_output_bytes is None else req.max_output_bytes
-    if cap <= 0:
-        raise InvalidArgument("max_output_bytes must be positive", reason="INVALID_OUTPUT_CAP")
-    if cap > limits.output_bytes:
-        raise InvalidArgument(
-            f"max_output_bytes {cap} is above the session's output cap {limits.output_bytes}",
-            reason="LIMIT_EXCEEDS_MAXIMUM",
-            metadata={"limit": "max_output_bytes", "maximum": str(limits.output_bytes)},
-        )
-    if len(req.stdin) > limits.file_bytes:
-        raise InvalidArgument(
-            f"stdin of {len(req.stdin)} bytes is over the session's file cap {limits.file_bytes}",
-            reason="STDIN_TOO_LARGE",
-        )
-    return ExecSpec(
-        argv=argv, cwd=cwd, env=env, stdin=req.stdin, timeout_s=timeout, max_output_bytes=cap
-    )
 
 
 def _signal_name(exit_code: int) -> str:
@@ -369,8 +277,9 @@ class Command:
 class Executor:
     """Starts commands and owns the kill tasks that must finish even if a caller goes away."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, helper: HelperClient | None = None) -> None:
         self.engine = engine
+        self.helper = helper or HelperClient(engine)
         self._kills: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
@@ -410,26 +319,17 @@ class Executor:
         code, err = await self._helper(session, ["signal", token, name], HELPER_TIMEOUT_S)
         if code == 0:
             return
-        if b"NOT_FOUND" in err:
+        if err is not None and err.name == "NOT_FOUND":
             raise FailedPrecondition("the process has already exited", reason="PROCESS_EXITED")
-        raise InvalidArgument(
-            f"sbx signal failed ({code}): {err.decode(errors='replace').strip()[:200]}",
-            reason="INVALID_SIGNAL",
-        )
+        said = f"{err.name}: {err.message}" if err is not None else "no reason given"
+        raise InvalidArgument(f"sbx signal failed ({code}): {said[:200]}", reason="INVALID_SIGNAL")
 
     async def _helper(
         self, session: Session, args: list[str], timeout_s: float
-    ) -> tuple[int, bytes]:
-        """Run `sbx ARGS` as the session user; its exit code and (the start of) its stderr."""
-        err = bytearray()
-        async with asyncio.timeout(timeout_s):
-            async with self.engine.exec(
-                session.container_id, [HELPER_IN_CONTAINER, *args], user=session.spec.user
-            ) as stream:
-                while (chunk := await stream.read()) is not None:
-                    if chunk[0] == 2:
-                        err += chunk[1][: 4096 - len(err)]
-                return await stream.wait_exit_code(), bytes(err)
+    ) -> tuple[int, HelperError | None]:
+        """Run `sbx ARGS` as the session user; its exit code and its error, if it said one."""
+        result = await self.helper.run(session, args, timeout_s=timeout_s)
+        return result.exit_code, result.error
 
     @contextlib.asynccontextmanager
     async def start(

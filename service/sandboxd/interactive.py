@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from sandboxd.errors import SandboxError
-from sandboxd.execution import Command, Executor, PtySize, validate_pty_size, validate_signal
+from sandboxd.exec_spec import PtySize, validate_pty_size, validate_signal
+from sandboxd.execution import Command, Executor
 from sandboxd.models import ExecEvent, ExecSpec, Session
 
 

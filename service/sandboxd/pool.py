@@ -2,10 +2,10 @@
 
 Only one container shape is pooled: the one a session gets when it asks for nothing
 (the server's default image, limits, user and environment, no network). A request whose
-create call differs in anything but its labels misses the pool and is created cold; the
-comparison is on the engine request itself (`pool_key`), so a new profile setting can never
-hand out a container shaped for someone else. Workspace files are copied in on claim by the
-caller, exactly as after a cold start.
+create call differs in anything but its bookkeeping misses the pool and is created cold; the
+comparison is the engine's own (`Engine.sandbox_shape`, over what it would create), so a new
+profile setting can never hand out a container shaped for someone else. Workspace files are
+copied in on claim by the caller, exactly as after a cold start.
 
 Labels cannot change after creation, so pooled containers carry `io.sandboxd.pool=<generation>`
 (one generation per server process) and no session label: a claimed container is linked to its
@@ -22,32 +22,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import copy
-import hashlib
-import json
+import dataclasses
 import logging
 import secrets
-from collections.abc import Mapping
-from typing import Any
 
 from sandboxd.config import Config
-from sandboxd.engine import Engine
+from sandboxd.engine.protocol import Engine, SandboxRequest
 from sandboxd.errors import SandboxError
 from sandboxd.metrics import Metrics
 from sandboxd.models import NetworkPolicy, SessionSpec, ShellPolicy, WorkspaceManifest
-from sandboxd.profile import LABEL_OWNER, container_config
 from sandboxd.validation import parse_user
 
 log = logging.getLogger(__name__)
 
-LABEL_POOL = "io.sandboxd.pool"
 _BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-
-
-def pool_key(request: Mapping[str, Any]) -> str:
-    """Identity of a container create request, ignoring its labels (bookkeeping only)."""
-    shaped = {k: v for k, v in request.items() if k != "Labels"}
-    return hashlib.sha256(json.dumps(shaped, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def default_spec(config: Config) -> SessionSpec:
@@ -65,18 +53,14 @@ def default_spec(config: Config) -> SessionSpec:
     )
 
 
-def pool_template(config: Config, owner_id: str, generation: str) -> dict[str, Any]:
-    """The create request of a pool member: a default session's, with pool labels."""
-    request = container_config(
+def pool_template(config: Config, owner_id: str, generation: str) -> SandboxRequest:
+    """The request of a pool member: a default session's, marked with the pool generation."""
+    return SandboxRequest(
         spec=default_spec(config),
-        session_id="",
         owner_id=owner_id,
-        fingerprint="",
-        helper_path=config.helper,
-        keeper_user=config.keeper_user,
+        name=f"sandboxd-{owner_id}-pool-{generation}",
+        pool_generation=generation,
     )
-    request["Labels"] = {LABEL_OWNER: owner_id, LABEL_POOL: generation}
-    return request
 
 
 class WarmPool:
@@ -88,16 +72,16 @@ class WarmPool:
         *,
         size: int,
         owner_id: str,
-        template: Mapping[str, Any],
+        template: SandboxRequest,
         generation: str,
         metrics: Metrics | None = None,
     ) -> None:
         self._engine = engine
         self._size = size
         self._owner_id = owner_id
-        self._template = copy.deepcopy(dict(template))
+        self._template = template
         self.generation = generation
-        self.key = pool_key(self._template)
+        self.key = engine.sandbox_shape(template)
         self._members: collections.deque[str] = collections.deque()
         self._claiming: set[str] = set()  # popped, not yet recorded by the session
         self._creating: asyncio.Future[str] | None = None
@@ -140,14 +124,14 @@ class WarmPool:
         if self._size > 0 and self._task is None:
             self._task = asyncio.create_task(self._refill(), name="warm-pool-refill")
 
-    async def claim(self, request: Mapping[str, Any]) -> str | None:
+    async def claim(self, request: SandboxRequest) -> str | None:
         """A started container for `request`, or None (pool empty, or another shape).
 
         The caller records the id with its session and then calls `settled(id)`.
         """
         if self._size == 0 or self._closed:
             return None
-        if pool_key(request) != self.key:
+        if self._engine.sandbox_shape(request) != self.key:
             self._count("other_shape")
             return None
         while self._members:
@@ -155,19 +139,19 @@ class WarmPool:
             self._claiming.add(container_id)
             self._changed()
             try:
-                info = await self._engine.inspect_container(container_id)
+                status = await self._engine.inspect_sandbox(container_id)
             except BaseException:
                 # Engine trouble or a cancelled call: the container was not handed out.
                 self._claiming.discard(container_id)
                 self._members.appendleft(container_id)
                 raise
-            if info is not None and info.get("State", {}).get("Running"):
+            if status is not None and status.running:
                 self._count("hit")
                 return container_id
             # Removed behind our back (by hand, an engine restart, a sweep): never hand it out.
             log.warning("pool container %s is gone; discarding it", container_id[:12])
             self._claiming.discard(container_id)
-            await self._engine.remove_container(container_id)
+            await self._engine.remove_sandbox(container_id)
         self._count("empty")
         return None
 
@@ -213,14 +197,16 @@ class WarmPool:
             await self._wanted.wait()
 
     async def _create_one(self) -> str:
-        name = f"sandboxd-{self._owner_id}-pool-{self.generation}-{secrets.token_hex(4)}"
+        name = f"{self._template.name}-{secrets.token_hex(4)}"
         self._creating_name = name
         try:
-            container_id = await self._engine.create_container(self._template, name=name)
+            container_id = await self._engine.create_sandbox(
+                dataclasses.replace(self._template, name=name)
+            )
             try:
-                await self._engine.start_container(container_id)
+                await self._engine.start_sandbox(container_id)
             except BaseException:
-                await asyncio.shield(self._engine.remove_container(container_id))
+                await asyncio.shield(self._engine.remove_sandbox(container_id))
                 raise
             # Joined before the name is forgotten: never a moment when neither says "ours".
             self._members.append(container_id)
@@ -247,7 +233,7 @@ class WarmPool:
         leftovers = list(self._members)
         self._members.clear()
         results = await asyncio.gather(
-            *(self._engine.remove_container(c) for c in leftovers), return_exceptions=True
+            *(self._engine.remove_sandbox(c) for c in leftovers), return_exceptions=True
         )
         for container_id, result in zip(leftovers, results, strict=True):
             if isinstance(result, BaseException):

@@ -34,7 +34,8 @@ from sandboxd.errors import (
     ResourceExhausted,
     SandboxError,
 )
-from sandboxd.execution import CHUNK_BYTES, Executor, new_token, validate_signal
+from sandboxd.exec_spec import validate_signal
+from sandboxd.execution import CHUNK_BYTES, Executor, new_token
 from sandboxd.models import (
     ExecExited,
     ExecKeepalive,
@@ -49,6 +50,11 @@ log = logging.getLogger(__name__)
 
 MAX_PROCESSES_PER_SESSION = 64  # running plus retained exit records; oldest exited go first
 EXITED_OUTPUT_BYTES = 64 * 1024 * 1024  # output kept for exited processes, per session
+# Output buffers one session's background processes may reserve in all: a running process
+# reserves two rings of its max_output_bytes, an exited one what it still keeps. Without it,
+# 64 processes x 2 x 16 MiB would let one session hold 2 GiB of server memory.
+# TODO(lead): setting
+SESSION_OUTPUT_BUFFER_BYTES = 128 * 1024 * 1024
 MERGE_BYTES = CHUNK_BYTES  # consecutive writes of one stream share a chunk (grown in place)...
 MAX_CHUNKS = 8192  # ...and the chunk count is bounded too, so tiny writes cannot bloat memory
 
@@ -251,6 +257,7 @@ class ProcessManager:
             await asyncio.shield(proc.running)
             return proc
         self._make_room(procs)
+        self._reserve_buffers(procs, spec)
         proc = BackgroundProcess(session.session_id, pid, spec)
         procs[pid] = proc
         proc.task = asyncio.create_task(
@@ -274,6 +281,31 @@ class ProcessManager:
                 break
             total -= old.retained_bytes()
             del procs[old.process_id]
+
+    @staticmethod
+    def _reserve_buffers(procs: dict[str, BackgroundProcess], spec: ExecSpec) -> None:
+        """Room in the session's buffer budget for two rings of `spec`'s output cap: old exit
+        records go first; if running processes hold it all, the start is refused."""
+        need = 2 * spec.max_output_bytes
+
+        def reserved() -> int:
+            return sum(
+                p.retained_bytes() if p.exited else 2 * p.spec.max_output_bytes
+                for p in procs.values()
+            )
+
+        exited = sorted((p for p in procs.values() if p.exited), key=lambda p: p.started_at)
+        while reserved() + need > SESSION_OUTPUT_BUFFER_BYTES and exited:
+            del procs[exited.pop(0).process_id]
+        if reserved() + need > SESSION_OUTPUT_BUFFER_BYTES:
+            raise ResourceExhausted(
+                f"this session's background processes already reserve {reserved()} bytes of "
+                f"output buffers; {need} more (two streams of max_output_bytes) would pass the "
+                f"budget of {SESSION_OUTPUT_BUFFER_BYTES}: end a process or lower "
+                "max_output_bytes",
+                reason="OUTPUT_BUFFER_BUDGET",
+                metadata={"limit": str(SESSION_OUTPUT_BUFFER_BYTES)},
+            )
 
     def _make_room(self, procs: dict[str, BackgroundProcess]) -> None:
         if len(procs) < MAX_PROCESSES_PER_SESSION:

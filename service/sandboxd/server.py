@@ -29,7 +29,7 @@ from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.archive import ArchiveIO
 from sandboxd.config import Config, listens_on_loopback
 from sandboxd.egress.networks import EgressManager, parse_static_hosts
-from sandboxd.engine import Engine
+from sandboxd.engine import DockerEngine, Engine
 from sandboxd.errors import ConfigError, SandboxError
 from sandboxd.execution import Executor
 from sandboxd.files import Files
@@ -38,7 +38,7 @@ from sandboxd.pool import WarmPool
 from sandboxd.processes import ProcessManager
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import SnapshotStore
-from sandboxd.snapshots import Snapshots
+from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.store import SessionStore
 from sandboxd.sweeper import Sweeper
 from sandboxd.v1 import (
@@ -114,7 +114,7 @@ class EngineMonitor:
 
     async def check(self) -> bool:
         try:
-            await self._engine.ping()
+            api_version = await self._engine.ping()
             up = True
         except SandboxError as exc:
             if self.up is not False:
@@ -129,7 +129,7 @@ class EngineMonitor:
             for name in ("", *SERVICE_NAMES):
                 await self._health.set(name, status)
             if up:
-                log.info("engine available (API %s)", self._engine.api_version)
+                log.info("engine available (API %s)", api_version)
                 result = self._on_up()
                 if asyncio.iscoroutine(result):
                     await result
@@ -158,8 +158,14 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
 
     async with AsyncExitStack() as stack:
         metrics = Metrics()
-        engine = await stack.enter_async_context(
-            Engine(config.docker_host, config.docker_pool_size, on_error=metrics.engine_error)
+        engine: Engine = await stack.enter_async_context(
+            DockerEngine(
+                config.docker_host,
+                config.docker_pool_size,
+                helper_path=config.helper,
+                keeper_user=config.keeper_user,
+                on_error=metrics.engine_error,
+            )
         )
         store = await stack.enter_async_context(SessionStore(config.data_dir / "sessions.db"))
         pool = WarmPool.for_config(engine, config, owner_id, metrics)
@@ -175,18 +181,27 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 on_decision=metrics.proxy_decision,
             )
         )
-        sessions = SessionManager(config, engine, store, owner_id, pool=pool, egress=egress)
         executor = Executor(engine)
         stack.push_async_callback(executor.close)
         processes = ProcessManager(executor)
         stack.push_async_callback(processes.close)  # before executor.close awaits the kills
-        sessions.on_session_end.append(processes.end_session)
         files = Files(engine)
         archive = ArchiveIO(
             engine, files, config.archive_max_members, spool_dir=config.data_dir / "spool"
         )
         snapshot_store = await SnapshotStore(store.db, config.data_dir / "snapshots").open()
-        snapshots = Snapshots(snapshot_store, archive, sessions, engine, store)
+        keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
+        sessions = SessionManager(
+            config,
+            engine,
+            store,
+            owner_id,
+            keeper,
+            pool=pool,
+            egress=egress,
+            on_session_end=[processes.end_session],
+        )
+        snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
 
         server = grpc.aio.server(
             interceptors=[MetricsInterceptor(metrics), *_interceptors(config)],

@@ -10,22 +10,26 @@ a snapshot's content came from an untrusted workspace.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import re
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sandboxd import tenancy, validation
-from sandboxd.archive import ArchiveIO
-from sandboxd.engine import Engine
-from sandboxd.errors import InvalidArgument, NotFound, SandboxError
+from sandboxd.engine.protocol import Engine
+from sandboxd.errors import InvalidArgument, NotFound, SandboxError, SessionNotFound
+from sandboxd.labels import (
+    LABEL_AUTO,
+    LABEL_FORKED_FROM,
+    LABEL_OWNER,
+    LABEL_SESSION,
+    LABEL_SNAPSHOT,
+)
 from sandboxd.models import Session, SessionState
-from sandboxd.profile import LABEL_OWNER, LABEL_SESSION
-from sandboxd.sessions import SessionManager
+from sandboxd.sessions import SessionManager, paging
 from sandboxd.snapshot_store import Snapshot, SnapshotStore
 from sandboxd.store import SessionStore
 
@@ -33,14 +37,22 @@ log = logging.getLogger(__name__)
 
 KIND_TAR = "TAR"
 KIND_IMAGE = "IMAGE"
-AUTO_LABEL = "io.sandboxd.auto"  # set on snapshots the server takes by itself
+AUTO_LABEL = LABEL_AUTO  # set on snapshots the server takes by itself
 AUTO_KEEP = 2  # automatic snapshots kept per session (the newest)
 SHUTDOWN_PARALLEL = 2  # snapshots taken at once at shutdown (2 cores: more only queues)
-MAX_PAGE_SIZE = 1000
-DEFAULT_PAGE_SIZE = 100
 _ID_RE = re.compile(r"\Asnap-[0-9a-f]{16}\Z")
 IMAGE_REPOSITORY = "sandboxd-snapshot"
-LABEL_SNAPSHOT = "io.sandboxd.snapshot"
+
+
+class WorkspaceArchive(Protocol):
+    """What snapshots need of sandboxd.archive.ArchiveIO: a workspace out as a tar stream,
+    and a checked tar stream in."""
+
+    def export(self, session: Session, path: str) -> AsyncIterator[bytes]: ...
+
+    async def import_(
+        self, session: Session, path: str, replace: bool, chunks: AsyncIterator[bytes]
+    ) -> Any: ...
 
 
 def _not_found(snapshot_id: str) -> NotFound:
@@ -51,36 +63,140 @@ def _not_found(snapshot_id: str) -> NotFound:
     )
 
 
-class Snapshots:
-    """The SnapshotService's domain, and the workspace keeper SessionManager calls on."""
+def _is_snapshot_id(value: str) -> bool:
+    return bool(_ID_RE.match(value))
+
+
+class SnapshotKeeper:
+    """The workspace keeper sessions call on (suspend, resume, fork, lost sandboxes): built
+    before the SessionManager and passed to it (see sandboxd.sessions.keeper)."""
 
     def __init__(
-        self,
-        store: SnapshotStore,
-        archive: ArchiveIO,
-        sessions: SessionManager,
-        engine: Engine,
-        session_store: SessionStore,
+        self, store: SnapshotStore, archive: WorkspaceArchive, engine: Engine, owner_id: str
     ) -> None:
-        self._session_store = session_store
         self._store = store
         self._archive = archive
-        self._sessions = sessions
         self._engine = engine
-        sessions.snapshots = self
-
-    # ----- lookup: the one place visibility is decided ----------------------------------
+        self._owner_id = owner_id
 
     async def lookup(self, snapshot_id: str) -> Snapshot:
-        """The snapshot if the caller may see it; NOT_FOUND otherwise, whoever owns it."""
-        if not _ID_RE.match(snapshot_id):
+        """The snapshot if the caller may see it; NOT_FOUND otherwise, whoever owns it.
+        The one place visibility is decided."""
+        if not _is_snapshot_id(snapshot_id):
             raise _not_found(snapshot_id)
         snap = await self._store.get(snapshot_id)
         if snap is None or snap.tenant != tenancy.current():
             raise _not_found(snapshot_id)
         return snap
 
-    # ----- API --------------------------------------------------------------------------
+    async def take(
+        self, session: Session, labels: Mapping[str, str], *, image: bool = False
+    ) -> Snapshot:
+        """Snapshot a running session's workspace now (and commit its sandbox for IMAGE:
+        the workspace is a tmpfs, which a commit does not hold, so the tar is taken too)."""
+        snap = Snapshot(
+            snapshot_id="snap-" + secrets.token_hex(8),
+            session_id=session.session_id,
+            sha256="",
+            size_bytes=0,
+            created_at=datetime.now(tz=UTC),
+            kind=KIND_IMAGE if image else KIND_TAR,
+            labels=dict(labels),
+            tenant=session.tenant,
+        )
+        if image:
+            snap.image = await self._engine.commit_sandbox(
+                session.container_id,
+                IMAGE_REPOSITORY,
+                f"{self._owner_id.lower()}-{snap.snapshot_id}",
+                {
+                    LABEL_OWNER: self._owner_id,
+                    LABEL_SESSION: session.session_id,
+                    LABEL_SNAPSHOT: snap.snapshot_id,
+                },
+            )
+        try:
+            await self._store.add(self._archive.export(session, "."), snap)
+        except BaseException:
+            if snap.image:
+                await asyncio.shield(self.remove_image(snap.image))
+            raise
+        log.info(
+            "snapshot taken",
+            extra={"session_id": session.session_id, "snapshot_id": snap.snapshot_id},
+        )
+        if AUTO_LABEL in labels:
+            await self._prune_auto(session.session_id)
+        return snap
+
+    async def _prune_auto(self, session_id: str) -> None:
+        auto = [s for s in await self._store.of_session(session_id) if AUTO_LABEL in s.labels]
+        for old in auto[:-AUTO_KEEP]:
+            await self.delete(old.snapshot_id)
+
+    async def latest(self, session_id: str) -> Snapshot | None:
+        return await self._store.latest(session_id)
+
+    async def restore(self, session: Session, snap: Snapshot) -> None:
+        """Replace the (fresh) sandbox's workspace with the snapshot's content."""
+        await self._archive.import_(session, ".", True, self._store.read(snap.sha256))
+
+    async def adopt(self, snap: Snapshot, session: Session) -> Snapshot:
+        """A fork's own record of the snapshot it started from (same tar, no copy), so the
+        fork can be rebuilt before it takes a snapshot of its own."""
+        own = Snapshot(
+            snapshot_id="snap-" + secrets.token_hex(8),
+            session_id=session.session_id,
+            sha256=snap.sha256,
+            size_bytes=snap.size_bytes,
+            created_at=datetime.now(tz=UTC),
+            kind=KIND_TAR,
+            labels={AUTO_LABEL: "fork", LABEL_FORKED_FROM: snap.snapshot_id},
+            tenant=session.tenant,
+        )
+        await self._store.insert(own)
+        return own
+
+    async def forget_session(self, session_id: str) -> None:
+        for snap in await self._store.of_session(session_id):
+            try:
+                await self.delete(snap.snapshot_id)
+            except (SandboxError, OSError) as exc:
+                log.warning("could not delete snapshot %s: %s", snap.snapshot_id, exc)
+
+    async def delete(self, snapshot_id: str) -> None:
+        snap = await self._store.delete(snapshot_id)
+        if snap is not None and snap.image:
+            await self.remove_image(snap.image)
+
+    async def remove_image(self, image: str) -> bool:
+        """Remove a snapshot's image; a removal Docker refuses is remembered and retried by
+        the sweeper, never forgotten. True when the image is gone."""
+        try:
+            await self._engine.remove_image(image)
+        except SandboxError as exc:
+            log.warning("image %s not removed yet (%s); the sweeper retries", image[:19], exc)
+            await self._store.add_pending_image(image)
+            return False
+        return True
+
+
+class Snapshots:
+    """The SnapshotService's domain: create, look up, list, delete, download, sweep."""
+
+    def __init__(
+        self,
+        keeper: SnapshotKeeper,
+        store: SnapshotStore,
+        sessions: SessionManager,
+        engine: Engine,
+        session_store: SessionStore,
+    ) -> None:
+        self._keeper = keeper
+        self._store = store
+        self._sessions = sessions
+        self._engine = engine
+        self._session_store = session_store
 
     async def create(self, session_id: str, labels: Mapping[str, str], kind: str) -> Snapshot:
         if kind not in ("", KIND_TAR, KIND_IMAGE):
@@ -90,20 +206,25 @@ class Snapshots:
             )
         checked = validation.validate_labels(labels)
         async with self._sessions.use(session_id) as session:
-            return await self.take(session, checked, image=kind == KIND_IMAGE)
+            snap = await self._keeper.take(session, checked, image=kind == KIND_IMAGE)
+        # A DeleteSession that ran meanwhile forgot the session's snapshots before this one
+        # was recorded: check under the session's lock, and take back an orphan.
+        async with self._sessions.locked(session_id):
+            if not await self._sessions.is_current(session):
+                await self._keeper.delete(snap.snapshot_id)
+                raise SessionNotFound(session_id)
+        return snap
 
     async def get(self, snapshot_id: str) -> Snapshot:
-        return await self.lookup(snapshot_id)
+        return await self._keeper.lookup(snapshot_id)
 
     async def list(
         self, session_id: str, page_size: int, page_token: str
     ) -> tuple[list[Snapshot], str]:
-        if page_size < 0:
-            raise InvalidArgument("page_size must not be negative", reason="INVALID_PAGE_SIZE")
+        size = paging.page_size(page_size)
         if session_id:
             await self._sessions.get(session_id)  # NOT_FOUND for a missing or hidden session
-        size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        after = _decode_token(page_token)
+        after = paging.decode_token(page_token, _is_snapshot_id)
         found: list[Snapshot] = []
         while len(found) <= size:
             batch = await self._store.page(session_id=session_id, after=after, limit=size + 1)
@@ -114,32 +235,16 @@ class Snapshots:
         token = ""
         if len(found) > size:
             found = found[:size]
-            token = base64.urlsafe_b64encode(found[-1].snapshot_id.encode()).decode()
+            token = paging.encode_token(found[-1].snapshot_id)
         return found, token
 
     async def delete(self, snapshot_id: str) -> None:
         try:
-            snap = await self.lookup(snapshot_id)
+            snap = await self._keeper.lookup(snapshot_id)
         except NotFound:
             return  # idempotent
-        await self._delete(snap.snapshot_id)
+        await self._keeper.delete(snap.snapshot_id)
         log.info("snapshot deleted", extra={"snapshot_id": snapshot_id})
-
-    async def _delete(self, snapshot_id: str) -> None:
-        snap = await self._store.delete(snapshot_id)
-        if snap is not None and snap.image:
-            await self._remove_image(snap.image)
-
-    async def _remove_image(self, image: str) -> bool:
-        """Remove a snapshot's image; a removal Docker refuses is remembered and retried by
-        the sweeper, never forgotten. True when the image is gone."""
-        try:
-            await self._engine.remove_image(image)
-        except SandboxError as exc:
-            log.warning("image %s not removed yet (%s); the sweeper retries", image[:19], exc)
-            await self._store.add_pending_image(image)
-            return False
-        return True
 
     async def sweep_images(self) -> int:
         """Retry refused removals; remove images of this server that no snapshot claims."""
@@ -155,62 +260,19 @@ class Snapshots:
                 continue
             await self._store.drop_pending_image(image)
             removed += 1
-        for found in await self._engine.list_images({LABEL_OWNER: self._sessions.owner_id}):
-            image_id = str(found.get("Id", ""))
-            if image_id and not await self._store.image_in_use(image_id):
-                if await self._remove_image(image_id):
+        for image_id in await self._engine.list_images(self._sessions.owner_id):
+            if not await self._store.image_in_use(image_id):
+                if await self._keeper.remove_image(image_id):
                     removed += 1
         return removed
 
     async def download(self, snapshot_id: str) -> AsyncIterator[bytes]:
-        snap = await self.lookup(snapshot_id)
+        snap = await self._keeper.lookup(snapshot_id)
         try:
             async for chunk in self._store.read(snap.sha256):
                 yield chunk
         except FileNotFoundError:
             raise _not_found(snapshot_id) from None
-
-    # ----- used by SessionManager -------------------------------------------------------
-
-    async def take(
-        self, session: Session, labels: Mapping[str, str], *, image: bool = False
-    ) -> Snapshot:
-        """Snapshot a running session's workspace now (and commit its container for IMAGE:
-        the workspace is a tmpfs, which a commit does not hold, so the tar is taken too)."""
-        snap = Snapshot(
-            snapshot_id="snap-" + secrets.token_hex(8),
-            session_id=session.session_id,
-            sha256="",
-            size_bytes=0,
-            created_at=datetime.now(tz=UTC),
-            kind=KIND_IMAGE if image else KIND_TAR,
-            labels=dict(labels),
-            tenant=session.tenant,
-        )
-        if image:
-            snap.image = await self._engine.commit_container(
-                session.container_id,
-                IMAGE_REPOSITORY,
-                f"{self._sessions.owner_id.lower()}-{snap.snapshot_id}",
-                {
-                    LABEL_OWNER: self._sessions.owner_id,
-                    LABEL_SESSION: session.session_id,
-                    LABEL_SNAPSHOT: snap.snapshot_id,
-                },
-            )
-        try:
-            await self._store.add(self._archive.export(session, "."), snap)
-        except BaseException:
-            if snap.image:
-                await asyncio.shield(self._remove_image(snap.image))
-            raise
-        log.info(
-            "snapshot taken",
-            extra={"session_id": session.session_id, "snapshot_id": snap.snapshot_id},
-        )
-        if AUTO_LABEL in labels:
-            await self._prune_auto(session.session_id)
-        return snap
 
     async def snapshot_running(self, budget_s: float, abort: asyncio.Event) -> int:
         """At shutdown: snapshot every running session, within `budget_s`, until `abort`."""
@@ -225,7 +287,7 @@ class Snapshots:
             nonlocal taken
             async with gate:
                 try:
-                    await self.take(session, {AUTO_LABEL: "shutdown"})
+                    await self._keeper.take(session, {AUTO_LABEL: "shutdown"})
                     taken += 1
                 except SandboxError as exc:
                     log.warning("shutdown snapshot of %s failed: %s", session.session_id, exc)
@@ -241,52 +303,3 @@ class Snapshots:
         with contextlib.suppress(asyncio.CancelledError):
             await work
         return taken
-
-    async def _prune_auto(self, session_id: str) -> None:
-        auto = [s for s in await self._store.of_session(session_id) if AUTO_LABEL in s.labels]
-        for old in auto[:-AUTO_KEEP]:
-            await self._delete(old.snapshot_id)
-
-    async def latest(self, session_id: str) -> Snapshot | None:
-        return await self._store.latest(session_id)
-
-    async def restore(self, session: Session, snap: Snapshot) -> None:
-        """Replace the (fresh) container's workspace with the snapshot's content."""
-        await self._archive.import_(session, ".", True, self._store.read(snap.sha256))
-
-    async def adopt(self, snap: Snapshot, session: Session) -> Snapshot:
-        """A fork's own record of the snapshot it started from (same tar, no copy), so the
-        fork can be rebuilt before it takes a snapshot of its own."""
-        own = Snapshot(
-            snapshot_id="snap-" + secrets.token_hex(8),
-            session_id=session.session_id,
-            sha256=snap.sha256,
-            size_bytes=snap.size_bytes,
-            created_at=datetime.now(tz=UTC),
-            kind=KIND_TAR,
-            labels={AUTO_LABEL: "fork", "io.sandboxd.forked-from": snap.snapshot_id},
-            tenant=session.tenant,
-        )
-        await self._store.insert(own)
-        return own
-
-    async def forget_session(self, session_id: str) -> None:
-        for snap in await self._store.of_session(session_id):
-            try:
-                await self._delete(snap.snapshot_id)
-            except (SandboxError, OSError) as exc:
-                log.warning("could not delete snapshot %s: %s", snap.snapshot_id, exc)
-
-
-def _decode_token(token: str) -> str:
-    if not token:
-        return ""
-    try:
-        value = base64.urlsafe_b64decode(token.encode()).decode()
-    except (ValueError, UnicodeDecodeError):
-        value = ""
-    if not _ID_RE.match(value):
-        raise InvalidArgument(
-            "page_token is not one this server issued", reason="INVALID_PAGE_TOKEN"
-        )
-    return value

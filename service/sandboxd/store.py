@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -41,6 +42,15 @@ CREATE TABLE IF NOT EXISTS sessions (
 );
 CREATE INDEX IF NOT EXISTS sessions_lease ON sessions (lease_expires_at);
 """
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    """A record without its spec: what reconcile needs of every session, cheap to read."""
+
+    session_id: str
+    state: SessionState
+    container_id: str
 
 
 def _spec_to_json(spec: SessionSpec) -> str:
@@ -261,10 +271,28 @@ class SessionStore:
             rows = await cur.fetchall()
         return [_row_to_session(r) for r in rows]
 
-    async def expired(self, now: datetime) -> list[Session]:
+    async def index(self) -> list[SessionRow]:
+        """Every record's id, state and container id (no spec is decoded)."""
         async with self.db.execute(
-            "SELECT * FROM sessions WHERE lease_expires_at <= ? AND state != ?",
+            "SELECT session_id, state, container_id FROM sessions ORDER BY session_id"
+        ) as cur:
+            rows = await cur.fetchall()
+        return [SessionRow(r[0], SessionState(r[1]), r[2]) for r in rows]
+
+    async def due_for_expiry(self, now: datetime) -> list[str]:
+        """Ids of the sessions whose lease ended and that are not EXPIRED yet (indexed)."""
+        async with self.db.execute(
+            "SELECT session_id FROM sessions WHERE lease_expires_at <= ? AND state != ?",
             (_ts(now), SessionState.EXPIRED.value),
         ) as cur:
             rows = await cur.fetchall()
-        return [_row_to_session(r) for r in rows]
+        return [str(r[0]) for r in rows]
+
+    async def ended_before(self, before: datetime) -> list[str]:
+        """Ids of EXPIRED or FAILED sessions whose lease ended before `before` (indexed)."""
+        async with self.db.execute(
+            "SELECT session_id FROM sessions WHERE lease_expires_at <= ? AND state IN (?, ?)",
+            (_ts(before), SessionState.EXPIRED.value, SessionState.FAILED.value),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [str(r[0]) for r in rows]

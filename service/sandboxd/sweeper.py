@@ -10,9 +10,8 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from sandboxd.engine import Engine
+from sandboxd.engine.protocol import Engine
 from sandboxd.errors import SandboxError
-from sandboxd.profile import LABEL_OWNER
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshots import Snapshots
 
@@ -56,10 +55,9 @@ class Sweeper:
 
     async def _owned(self) -> tuple[set[str], set[str]]:
         """Ids of the containers and networks labelled with this server's owner id."""
-        owner = {LABEL_OWNER: self._owner_id}
-        found = await self._engine.list_containers(owner)
-        nets = await self._engine.list_networks(owner)
-        return {str(c["Id"]) for c in found}, {str(n["Id"]) for n in nets}
+        found = await self._engine.list_sandboxes(self._owner_id)
+        nets = await self._engine.list_networks(self._owner_id)
+        return {s.sandbox_id for s in found}, {n.network_id for n in nets}
 
     async def run(self, interval_s: float = SWEEP_INTERVAL_S) -> None:
         while True:

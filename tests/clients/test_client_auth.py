@@ -6,6 +6,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -61,6 +62,11 @@ async def _exec_round_trip(client: SandboxClient) -> None:
             yield b"\0" * 1024
 
         await session.import_archive(empty_tar(), "")
+        # a bidirectional stream (written to after it started) carries it too
+        async with session.interact(["sh"]) as proc:
+            await proc.send(b"exit 6\n")
+            last = [e async for e in proc][-1]
+        assert isinstance(last, Exited) and last.exit_code == 6
 
 
 async def test_token_over_plaintext(token_server: ServerProcess) -> None:
@@ -70,10 +76,13 @@ async def test_token_over_plaintext(token_server: ServerProcess) -> None:
         with pytest.raises(errors.Unauthenticated) as exc:
             await anonymous.server_info()
     assert exc.value.reason == "TOKEN_MISSING"
-    async with SandboxClient(token_server.address, token="wrong", timeout=60) as wrong:
+    started = time.monotonic()
+    async with SandboxClient(token_server.address, token="wrong", timeout=5) as wrong:
         with pytest.raises(errors.Unauthenticated) as bad:
             _ = [s async for s in wrong.list_sessions()]
-    assert bad.value.reason == "TOKEN_INVALID"
+    # refused at the first-use check, typed, not retried, well inside the deadline
+    assert bad.value.reason == "TOKEN_INVALID" and not bad.value.retryable
+    assert time.monotonic() - started < 5
 
 
 async def test_token_over_tls(tls_server: ServerProcess, pki: Pki) -> None:

@@ -53,7 +53,7 @@ def test_create_ls_exec_info_rm(server: ServerProcess) -> None:
         assert (piped.returncode, piped.stdout) == (0, b"from stdin")
 
         info = json.loads(ctl(server, "info", sid).stdout)
-        assert info["session_id"] == sid and info["state"] == "SESSION_STATE_RUNNING"
+        assert info["session_id"] == sid and info["state"] == "RUNNING"
         server_info = json.loads(ctl(server, "info").stdout)
         assert server_info["version"]
     finally:
@@ -140,3 +140,190 @@ def test_cp_in_and_out_with_progress(server: ServerProcess, tmp_path: Path) -> N
         assert b": " in missing.stderr.split(b"sandboxctl: ", 1)[1]
     finally:
         ctl(server, "rm", sid)
+
+
+def _ok(done: subprocess.CompletedProcess[bytes]) -> str:
+    assert done.returncode == 0, done.stderr
+    return done.stdout.decode()
+
+
+def test_background_processes_and_snapshots(server: ServerProcess, tmp_path: Path) -> None:
+    sid = _ok(ctl(server, "create", "--allow-all")).strip()
+    try:
+        pid = _ok(ctl(server, "start", sid, "--id", "web", "--", "sh", "-c", "echo up; sleep 60"))
+        assert pid.strip() == "web"
+        ps = json.loads(_ok(ctl(server, "-o", "json", "ps", sid)))
+        assert [(p["process_id"], p["state"]) for p in ps] == [("web", "RUNNING")]
+        assert "web" in _ok(ctl(server, "ps", sid)).splitlines()[1]
+
+        # attach replays from the start; kill ends it; attach's exit code is the process's
+        _ok(ctl(server, "kill", sid, "web", "--signal", "SIGKILL"))
+        attached = ctl(server, "attach", sid, "web")
+        assert attached.stdout == b"up\n" and attached.returncode == 128 + 9, attached.stderr
+        replay = ctl(server, "-o", "json", "attach", sid, "web", "--stdout-offset", "1")
+        assert replay.returncode == 128 + 9
+        events = [json.loads(line) for line in replay.stdout.decode().splitlines()]
+        assert events[-1]["kind"] == "exited" and events[-1]["signal"] == "SIGKILL"
+        assert any(e["kind"] == "output" and e["data"] == "p\n" for e in events)
+
+        _ok(ctl(server, "exec", sid, "--", "sh", "-c", "echo v1 > state.txt"))
+        snap = _ok(ctl(server, "snapshot", "create", sid, "--label", "step=1")).strip()
+        listed = json.loads(_ok(ctl(server, "-o", "json", "snapshot", "ls", sid)))
+        assert [s["snapshot_id"] for s in listed] == [snap] and listed[0]["kind"] == "TAR"
+        got = json.loads(_ok(ctl(server, "-o", "json", "snapshot", "get", snap)))
+        assert got["labels"] == {"step": "1"}
+        tar_path = tmp_path / "snap.tar"
+        _ok(ctl(server, "snapshot", "download", snap, str(tar_path)))
+        assert tar_path.stat().st_size == got["size_bytes"]
+
+        fork = _ok(ctl(server, "fork", snap, "--allow", "cat")).strip()
+        try:
+            assert ctl(server, "exec", fork, "--", "cat", "state.txt").stdout == b"v1\n"
+        finally:
+            _ok(ctl(server, "rm", fork))
+        _ok(ctl(server, "snapshot", "rm", snap))
+        gone = ctl(server, "-o", "json", "snapshot", "get", snap)
+        assert gone.returncode == 1
+        assert json.loads(gone.stderr)["error"]["reason"] == "SNAPSHOT_NOT_FOUND"
+    finally:
+        ctl(server, "rm", sid)
+
+
+def test_every_command_speaks_json(server: ServerProcess) -> None:
+    made = json.loads(_ok(ctl(server, "-o", "json", "create", "--allow", "sh")))
+    sid = made["session_id"]
+    try:
+        assert made["state"] == "RUNNING"
+        renewed = json.loads(_ok(ctl(server, "-o", "json", "renew", sid, "--ttl", "600")))
+        assert renewed["lease_expires_at"].endswith("Z")
+        info = json.loads(_ok(ctl(server, "-o", "json", "info")))
+        assert info["api_version"] == "v1" and "snapshots" in info["features"]
+        ran = ctl(server, "-o", "json", "exec", sid, "--", "sh", "-c", "echo hi; exit 3")
+        kinds = [json.loads(line)["kind"] for line in ran.stdout.decode().splitlines()]
+        assert kinds[0] == "started" and kinds[-1] == "exited" and ran.returncode == 3
+        swept = json.loads(_ok(ctl(server, "-o", "json", "sweep")))
+        assert set(swept) == {
+            "expired_sessions",
+            "removed_containers",
+            "removed_networks",
+            "removed_images",
+        }
+    finally:
+        removed = json.loads(_ok(ctl(server, "-o", "json", "rm", sid)))
+    assert removed == {"deleted": [sid]}
+
+
+def test_shell_is_an_interactive_pty(server: ServerProcess) -> None:
+    """sandboxctl on a real local terminal: raw mode, SIGWINCH resize, exit code through."""
+    import fcntl
+    import pty
+    import select
+    import signal
+    import struct
+    import termios
+
+    sid = _ok(ctl(server, "create", "--allow-all")).strip()
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 20, 70, 0, 0))
+    proc = subprocess.Popen(
+        [str(SANDBOXCTL), "shell", sid],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "SANDBOXD_ADDR": server.address},
+        start_new_session=True,
+    )
+    os.close(slave)
+    seen = b""
+
+    def read_until(marker: bytes, timeout: float = 30) -> None:
+        nonlocal seen
+        end = time.monotonic() + timeout
+        while marker not in seen and time.monotonic() < end:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:
+                    break
+        assert marker in seen, seen
+
+    try:
+        read_until(b"$ ")  # the shell flushes what was typed before its prompt
+        os.write(master, b"stty size; echo M1\n")
+        read_until(b"20 70")
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 111, 0, 0))
+        os.kill(proc.pid, signal.SIGWINCH)
+        time.sleep(0.5)
+        os.write(master, b"stty size; exit 5\n")
+        read_until(b"33 111")
+        assert proc.wait(timeout=30) == 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+        ctl(server, "rm", sid)
+
+
+def test_completion_scripts(tmp_path: Path) -> None:
+    bash = subprocess.run([str(SANDBOXCTL), "completion", "bash"], capture_output=True, check=True)
+    script = tmp_path / "c.sh"
+    script.write_bytes(bash.stdout)
+    probe = (
+        f"source {script}; COMP_WORDS=(sandboxctl snapshot c); COMP_CWORD=2; _sandboxctl; "
+        'echo "${COMPREPLY[@]}"; COMP_WORDS=(sandboxctl exec x --c); COMP_CWORD=3; '
+        '_sandboxctl; echo "${COMPREPLY[@]}"'
+    )
+    done = subprocess.run(["bash", "-c", probe], capture_output=True, check=True, text=True)
+    assert done.stdout.splitlines() == ["create", "--cwd"]
+    zsh = subprocess.run([str(SANDBOXCTL), "completion", "zsh"], capture_output=True, check=True)
+    assert zsh.stdout.startswith(b"#compdef sandboxctl")
+
+
+def test_a_closed_port_is_one_clear_line_not_a_trace() -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(SANDBOXCTL), "--addr", "127.0.0.1:1", "--call-timeout", "5", "ls"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert time.monotonic() - started < 10
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("sandboxctl: UNAVAILABLE: cannot reach sandboxd at 127.0.0.1:1")
+
+
+def test_network_policy_and_egress_log(server: ServerProcess) -> None:
+    sid = _ok(ctl(server, "create", "--allow", "sh")).strip()
+    try:
+        assert json.loads(_ok(ctl(server, "-o", "json", "egress", sid))) == []
+        assert _ok(ctl(server, "egress", sid)).split() == [
+            "SEQ",
+            "TIME",
+            "VERDICT",
+            "METHOD",
+            "HOST",
+            "PORT",
+            "REASON",
+            "UP",
+            "DOWN",
+        ]
+        assert _ok(ctl(server, "network", sid)).strip() == "DENY"
+        fixed = ctl(server, "network", sid, "--domain", "example.com", "--port", "443")
+        assert fixed.returncode == 1
+        assert fixed.stderr.startswith((b"sandboxctl: NETWORK_MODE_FIXED", b"sandboxctl: EGRESS_"))
+    finally:
+        ctl(server, "rm", sid)
+    made = ctl(
+        server, "-o", "json", "create", "--allow", "sh", "--domain", "example.com", "--port", "443"
+    )
+    if made.returncode == 0:
+        session = json.loads(made.stdout)
+        try:
+            assert session["network"]["mode"] == "ALLOWLIST"
+            assert session["network"]["allowed_domains"] == ["example.com"]
+        finally:
+            ctl(server, "rm", session["session_id"])
+    else:
+        assert json.loads(made.stderr)["error"]["reason"] == "EGRESS_UNAVAILABLE"

@@ -1,8 +1,9 @@
-"""The Python client (clients/python) against a real server: sessions, exec, files, errors."""
+"""The Python client (clients/python) against a real server: every RPC through its wrapper."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import secrets
 import tarfile
@@ -14,9 +15,15 @@ from conftest import ServerProcess
 from sandboxd.v1 import admin_pb2, admin_pb2_grpc
 from sandboxd_client import (
     Exited,
+    FileInfo,
     Keepalive,
+    NetworkPolicy,
     Output,
+    ProcessInfo,
     SandboxClient,
+    ServerInfo,
+    SessionInfo,
+    SnapshotInfo,
     Started,
     errors,
 )
@@ -28,12 +35,18 @@ async def client(server: ServerProcess) -> AsyncIterator[SandboxClient]:
         yield c
 
 
+def _is_plain(value: object) -> bool:
+    """Results are the client's dataclasses (or builtins), never protobuf messages."""
+    return "google.protobuf" not in type(value).__module__ and not hasattr(value, "DESCRIPTOR")
+
+
 async def test_session_lifecycle_exec_and_files(client: SandboxClient) -> None:
     label = {"suite": "client-" + secrets.token_hex(4)}
     async with await client.create_session(
         allow=["sh", "echo", "cat"], files={"hello.txt": b"hello\n"}, labels=label
     ) as session:
-        assert session.state == "RUNNING"
+        assert session.state == "RUNNING" and isinstance(session.info, SessionInfo)
+        assert set(session.info.shell.allow) == {"sh", "echo", "cat"}
 
         result = await session.run(["cat", "hello.txt"])
         assert result.ok and result.stdout == b"hello\n" and result.exit_code == 0
@@ -46,45 +59,53 @@ async def test_session_lifecycle_exec_and_files(client: SandboxClient) -> None:
         assert b"".join(e.data for e in outputs if e.stream == "stderr") == b"err\n"
         assert not any(isinstance(e, Keepalive) for e in events)
 
-        await session.write_file("notes/todo.txt", b"ship it\n", make_parents=True)
+        info = await session.write_file("notes/todo.txt", b"ship it\n", make_parents=True)
+        assert isinstance(info, FileInfo) and info.type == "FILE"
         assert await session.read_file("notes/todo.txt") == b"ship it\n"
         assert (await session.stat("notes/todo.txt")).size == 8
-        await session.make_dir("a/b", parents=True)
-        names = sorted(e.path for e in await session.list_dir("", depth=3))
-        assert {"hello.txt", "notes", "notes/todo.txt", "a", "a/b"} <= set(names)
+        made = await session.make_dir("a/b", parents=True)
+        assert made.type == "DIRECTORY"
+        entries = await session.list_dir("", depth=3)
+        assert all(isinstance(e, FileInfo) for e in entries)
+        assert {"hello.txt", "notes", "notes/todo.txt", "a", "a/b"} <= {e.path for e in entries}
         await session.remove("a", recursive=True)
-        with pytest.raises(errors.NotFound) as exc:
+        with pytest.raises(errors.FileNotFound) as exc:
             await session.stat("a")
-        assert exc.value.reason == "FILE_NOT_FOUND"
+        assert exc.value.reason == errors.Reason.FILE_NOT_FOUND and not exc.value.retryable
 
         listed = [s.id async for s in client.list_sessions(label)]
         assert listed == [session.id]
 
         before = session.lease_expires_at
+        assert before is not None
         await asyncio.sleep(0.01)
         await session.renew(3600)
-        assert session.lease_expires_at > before
+        assert session.lease_expires_at is not None and session.lease_expires_at > before
         assert (await client.get_session(session.id)).id == session.id
+        await session.refresh()
+        assert session.state == "RUNNING"
 
     # __aexit__ deleted it
     with pytest.raises(errors.SessionNotFound) as gone:
         await client.get_session(session.id)
     assert gone.value.reason == "SESSION_NOT_FOUND" and gone.value.code == grpc.StatusCode.NOT_FOUND
+    await session.delete()  # idempotent
 
 
 async def test_errors_are_typed_from_error_info(client: SandboxClient) -> None:
     async with await client.create_session(allow=["echo"]) as session:
-        with pytest.raises(errors.PermissionDenied) as denied:
+        with pytest.raises(errors.CommandNotAllowed) as denied:
             await session.run(["rm", "-rf", "/workspace"])
         assert denied.value.reason == "COMMAND_NOT_ALLOWED"
+        assert isinstance(denied.value, errors.PermissionDenied)
         assert "COMMAND_NOT_ALLOWED" in str(denied.value)
 
         # a server stream fails when read, and raises the same typed error
-        with pytest.raises(errors.PermissionDenied):
+        with pytest.raises(errors.CommandNotAllowed):
             async for _ in session.exec(["rm", "x"]):
                 pass
 
-        with pytest.raises(errors.InvalidArgument) as outside:
+        with pytest.raises(errors.PathError) as outside:
             await session.read_file("../etc/passwd")
         assert outside.value.reason.startswith("PATH_")
 
@@ -106,16 +127,159 @@ async def test_breaking_out_of_exec_kills_the_command(client: SandboxClient) -> 
         assert ps.stdout.strip() == b"0"
 
 
-async def test_server_info(client: SandboxClient) -> None:
+async def test_background_process_attach_replay_and_signal(client: SandboxClient) -> None:
+    async with await client.create_session(allow_all=True) as session:
+        proc = await session.start_process(
+            ["sh", "-c", "echo one; echo two; sleep 60"], process_id="bg-1"
+        )
+        assert isinstance(proc, ProcessInfo) and proc.process_id == "bg-1"
+        assert proc.state == "RUNNING"
+        with pytest.raises(errors.ProcessAlreadyExists):
+            await session.start_process(["sleep", "1"], process_id="bg-1")
+
+        seen = b""
+        async for event in session.attach("bg-1"):
+            if isinstance(event, Output):
+                seen += event.data
+            if seen == b"one\ntwo\n":
+                break
+        assert seen == b"one\ntwo\n"
+        # a second attach from an offset replays only what follows it
+        async for event in session.attach("bg-1", stdout_offset=4):
+            assert isinstance(event, Output | Started)
+            if isinstance(event, Output):
+                assert event.offset == 4 and event.data.startswith(b"two")
+                break
+
+        assert [p.process_id for p in await session.processes()] == ["bg-1"]
+        await session.signal_process("bg-1", "SIGKILL")
+        last = None
+        async for event in session.attach("bg-1"):
+            last = event
+        assert isinstance(last, Exited) and last.signal == "SIGKILL"
+        (done,) = await session.processes()
+        assert done.state == "EXITED" and done.exited is not None
+        with pytest.raises(errors.ProcessNotFound):
+            await session.signal_process("nope", "SIGTERM")
+
+
+async def test_interact_with_a_pty(client: SandboxClient) -> None:
+    async with (
+        await client.create_session(allow_all=True) as session,
+        session.interact(["sh"], pty=(24, 80)) as proc,
+    ):
+        text = b""
+        exited = None
+        sent = False
+        async for event in proc:
+            if isinstance(event, Output):
+                text += event.data
+                if not sent and b"$ " in text:  # the shell is up: resize, then ask
+                    sent = True
+                    await proc.resize(30, 100)
+                    await proc.send(b"stty size; exit 7\n")
+            elif isinstance(event, Exited):
+                exited = event
+        assert b"30 100" in text
+        assert exited is not None and exited.exit_code == 7
+
+
+async def test_interact_stdin_close(client: SandboxClient) -> None:
+    async with (
+        await client.create_session(allow_all=True) as session,
+        session.interact(["cat"]) as proc,
+    ):
+        await proc.send(b"piped\n")
+        await proc.close_stdin()
+        events = [e async for e in proc]
+        assert b"".join(e.data for e in events if isinstance(e, Output)) == b"piped\n"
+        assert isinstance(events[-1], Exited) and events[-1].exit_code == 0
+
+
+async def test_snapshots_and_a_session_forked_from_one(client: SandboxClient) -> None:
+    async with await client.create_session(allow_all=True) as session:
+        await session.write_file("state.txt", b"v1")
+        snap = await session.snapshot(labels={"step": "1"})
+        assert (
+            isinstance(snap, SnapshotInfo) and snap.kind == "TAR" and snap.labels == {"step": "1"}
+        )
+        assert (await client.get_snapshot(snap.snapshot_id)).sha256 == snap.sha256
+        assert [s.snapshot_id async for s in session.snapshots()] == [snap.snapshot_id]
+        tar_bytes = b"".join([c async for c in client.download_snapshot(snap.snapshot_id)])
+        with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+            assert any(m.name.endswith("state.txt") for m in tar.getmembers())
+
+        async with await client.create_session(
+            allow_all=True, from_snapshot_id=snap.snapshot_id
+        ) as fork:
+            assert await fork.read_file("state.txt") == b"v1"
+
+        await client.delete_snapshot(snap.snapshot_id)
+        with pytest.raises(errors.SnapshotNotFound):
+            await client.get_snapshot(snap.snapshot_id)
+
+
+async def test_suspend_resume_and_network_calls(client: SandboxClient) -> None:
+    async with await client.create_session(allow_all=True) as session:
+        await session.write_file("kept.txt", b"kept")
+        await session.suspend()
+        assert session.state == "SUSPENDED"
+        assert (await client.get_session(session.id)).state == "SUSPENDED"
+        await session.resume(expected_fingerprint=session.info.fingerprint)
+        assert session.state == "RUNNING"
+        assert await session.read_file("kept.txt") == b"kept"
+        assert [e async for e in session.egress_events()] == []
+        same = dataclasses.replace(session.info.network)
+        assert (await session.update_network_policy(same)).info.network.mode == "DENY"
+        with pytest.raises(errors.FailedPrecondition) as fixed:
+            await session.update_network_policy(
+                NetworkPolicy("ALLOWLIST", ("example.com",), (443,))
+            )
+        assert fixed.value.reason in ("NETWORK_MODE_FIXED", "EGRESS_UNAVAILABLE")
+
+
+async def test_server_info_and_sweep(client: SandboxClient) -> None:
     info = await client.server_info()
-    assert info.version and info.security_defaults.user
+    assert isinstance(info, ServerInfo) and _is_plain(info) and _is_plain(info.security_defaults)
+    assert info.api_version == "v1" and info.version
+    assert {"pty", "background_processes", "snapshots"} <= set(info.features)
+    assert info.isolation_tiers == ("RUNC",)
+    assert info.security_defaults.user == "65534:65534"
+    swept = await client.sweep()
+    assert swept.expired_sessions >= 0
 
 
-async def test_nothing_listening_is_unavailable() -> None:
+async def test_a_deadline_is_kept_and_typed(client: SandboxClient) -> None:
+    async with await client.create_session(allow_all=True) as session:
+        with pytest.raises(errors.DeadlineExceeded):
+            await session.run(["sleep", "5"], deadline=0.5)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(errors.DeadlineExceeded):
+            async for _ in session.exec(["sleep", "5"], deadline=0.5):
+                pass
+        assert asyncio.get_running_loop().time() - started < 3
+
+
+async def test_cancelling_the_task_cancels_the_call(client: SandboxClient) -> None:
+    async with await client.create_session(allow_all=True) as session:
+        task = asyncio.create_task(session.run(["sleep", "30"]))
+        await asyncio.sleep(1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(50):
+            ps = await session.run(["sh", "-c", "ps -o args | grep -c '[s]leep 30' || true"])
+            if ps.stdout.strip() == b"0":
+                break
+            await asyncio.sleep(0.1)
+        assert ps.stdout.strip() == b"0"
+
+
+async def test_nothing_listening_is_unreachable() -> None:
     async with SandboxClient("127.0.0.1:1", timeout=5) as c:
-        with pytest.raises(errors.Unavailable) as exc:
+        with pytest.raises(errors.ServerUnreachable) as exc:
             await c.server_info()
-    assert exc.value.reason == "UNAVAILABLE"
+    assert exc.value.reason == "UNAVAILABLE" and "127.0.0.1:1" in exc.value.message
 
 
 async def test_client_states() -> None:
@@ -146,9 +310,10 @@ async def test_bearer_token_is_sent_on_every_call() -> None:
     try:
         async with SandboxClient(f"127.0.0.1:{port}", token="s3cret") as c:
             assert (await c.server_info()).version == "stand-in"
+            assert (await c.server_info()).version == "stand-in"
     finally:
         await srv.stop(None)
-    assert seen == ["Bearer s3cret"]
+    assert seen == ["Bearer s3cret", "Bearer s3cret"]
 
 
 def _tar(members: dict[str, bytes]) -> bytes:
@@ -178,8 +343,9 @@ async def test_archive_round_trip_and_refusal(client: SandboxClient) -> None:
             member = tar.extractfile(files["d/x.txt"])
             assert member is not None and member.read() == b"x" * 5000
 
-        with pytest.raises(errors.InvalidArgument):
+        with pytest.raises(errors.ArchiveRejected) as rejected:
             await session.import_archive(_chunks(_tar({"../escape.txt": b"no"})))
+        assert rejected.value.reason == "ARCHIVE_PATH_TRAVERSAL"
         with pytest.raises(errors.SandboxError) as missing:
             async for _ in session.export_archive("no-such-folder"):
                 pass

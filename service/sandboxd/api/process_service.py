@@ -12,7 +12,8 @@ from sandboxd.api import convert
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config import Config
 from sandboxd.errors import InvalidArgument
-from sandboxd.execution import ExecRequestInput, Executor, PtySize, prepare
+from sandboxd.exec_spec import ExecRequestInput, PtySize, prepare
+from sandboxd.execution import Executor
 from sandboxd.models import (
     ExecExited,
     ExecKeepalive,
@@ -23,6 +24,9 @@ from sandboxd.models import (
 from sandboxd.processes import AttachEvent, BackgroundProcess, OutputGap, ProcessManager
 from sandboxd.sessions import SessionManager
 from sandboxd.v1 import process_pb2, process_pb2_grpc
+
+# What a RunResponse needs besides stdout and stderr (ids, status, duration), generously.
+_REPLY_ENVELOPE_BYTES = 64 * 1024
 
 _Request = process_pb2.ExecRequest | process_pb2.RunRequest | process_pb2.StartProcessRequest
 _EventResponse = TypeVar(
@@ -150,7 +154,11 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
 
     @unary
     async def Run(self, request: process_pb2.RunRequest, context: Ctx) -> process_pb2.RunResponse:
+        """Collects the output into one reply: what would not fit one message is dropped (the
+        command runs on to its end) and `truncated` set, so the exit status always arrives."""
         out = {OutputStream.STDOUT: bytearray(), OutputStream.STDERR: bytearray()}
+        room = self._config.max_message_bytes - _REPLY_ENVELOPE_BYTES
+        cut = False
         response = process_pb2.RunResponse()
         async with self._sessions.use_for_command(request.session_id) as session:
             spec = prepare(session, _exec_input(request), self._config.max_limits)
@@ -159,12 +167,15 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
                     case ExecStarted(process_id=pid):
                         response.process_id = pid
                     case ExecOutput(stream=s, data=data):
+                        if len(data) > room:
+                            data, cut = data[:room], True
                         out[s] += data
+                        room -= len(data)
                     case ExecExited():
                         response.exit_code = event.exit_code
                         response.signal = event.signal
                         response.timed_out = event.timed_out
-                        response.truncated = event.truncated
+                        response.truncated = event.truncated or cut
                         response.duration.CopyFrom(convert.duration_pb(event.duration_s))
         response.stdout = bytes(out[OutputStream.STDOUT])
         response.stderr = bytes(out[OutputStream.STDERR])

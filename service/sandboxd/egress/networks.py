@@ -15,25 +15,32 @@ import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 from sandboxd.egress import firewall
 from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import ResolvedQuotas
 from sandboxd.egress.proxy import EgressProxy, Resolver, Rules
 from sandboxd.egress.target import TargetError, normalize_name
-from sandboxd.engine import Engine
+from sandboxd.engine.docker_profile import NO_PROXY, apply_to_container
+from sandboxd.engine.protocol import Engine, SessionNetwork
 from sandboxd.errors import ConfigError, FailedPrecondition, Internal, SandboxError
+from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_SESSION
 from sandboxd.models import NetworkMode, NetworkPolicy, Session, SessionState
 
 log = logging.getLogger(__name__)
 
-LABEL_OWNER = "io.sandboxd.owner"
-LABEL_SESSION = "io.sandboxd.session"
-LABEL_FINGERPRINT = "io.sandboxd.fingerprint"
-NO_PROXY = "localhost,127.0.0.1,::1"
+# The container side of a session network is the engine adapter's (re-exported for callers).
+__all__ = [
+    "NO_PROXY",
+    "EgressManager",
+    "FilterMode",
+    "SessionNetwork",
+    "apply_to_container",
+    "bridge_name",
+    "network_name",
+    "parse_static_hosts",
+]
 
 
 class FilterMode(enum.StrEnum):
@@ -67,33 +74,6 @@ def network_name(owner_id: str, session_id: str) -> str:
 def bridge_name(owner_id: str, session_id: str) -> str:
     """A Linux interface name (at most 15 bytes) that is stable across restarts."""
     return "sbx" + hashlib.sha256(f"{owner_id}/{session_id}".encode()).hexdigest()[:12]
-
-
-@dataclass(frozen=True)
-class SessionNetwork:
-    name: str
-    gateway: str
-    proxy_url: str
-
-
-def apply_to_container(config: dict[str, Any], net: SessionNetwork) -> dict[str, Any]:
-    """The session's container profile, attached to its network, with the proxy variables."""
-    config = dict(config)
-    config["NetworkDisabled"] = False
-    # The embedded resolver forwards to the gateway, where the filter drops port 53: no name
-    # lookups (nor DNS tunnels) from the container, whatever resolver the host uses.
-    config["HostConfig"] = {**config["HostConfig"], "NetworkMode": net.name, "Dns": [net.gateway]}
-    proxy_env = {
-        "HTTP_PROXY": net.proxy_url,
-        "HTTPS_PROXY": net.proxy_url,
-        "http_proxy": net.proxy_url,
-        "https_proxy": net.proxy_url,
-        "NO_PROXY": NO_PROXY,
-        "no_proxy": NO_PROXY,
-    }
-    env = [e for e in config.get("Env", []) if e.split("=", 1)[0] not in proxy_env]
-    config["Env"] = env + [f"{k}={v}" for k, v in proxy_env.items()]
-    return config
 
 
 def _rules(policy: NetworkPolicy) -> Rules:
@@ -174,32 +154,17 @@ class EgressManager:
         sid = session.session_id
         name = network_name(self._owner_id, sid)
         bridge = bridge_name(self._owner_id, sid)
-        info = await self._engine.inspect_network(name)
-        if info is None:
-            info = await self._engine.create_network(
-                {
-                    "Name": name,
-                    "Driver": "bridge",
-                    "Internal": True,
-                    "CheckDuplicate": True,
-                    "EnableIPv6": False,
-                    "Labels": {
-                        LABEL_OWNER: self._owner_id,
-                        LABEL_SESSION: sid,
-                        LABEL_FINGERPRINT: session.fingerprint,
-                    },
-                    "Options": {
-                        "com.docker.network.bridge.name": bridge,
-                        "com.docker.network.bridge.enable_icc": "false",
-                    },
-                }
-            )
-        try:
-            ipam = info["IPAM"]["Config"][0]
-            gateway = str(ipaddress.ip_address(ipam["Gateway"]))
-            subnet = ipaddress.ip_network(ipam["Subnet"], strict=False)
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise Internal(f"network {name} has no usable IPAM gateway: {exc}") from exc
+        address = await self._engine.ensure_network(
+            name,
+            {
+                LABEL_OWNER: self._owner_id,
+                LABEL_SESSION: sid,
+                LABEL_FINGERPRINT: session.fingerprint,
+            },
+            bridge,
+        )
+        gateway = address.gateway
+        subnet = ipaddress.ip_network(address.subnet, strict=False)
         if self.filter_mode is FilterMode.IPTABLES:
             try:
                 await firewall.install(bridge, gateway, self._port)
@@ -265,8 +230,8 @@ class EgressManager:
         Runs beside live calls: each decision is taken under the session's lock on a fresh
         read, so a delete or create in progress is never undone.
         """
-        networks = await self._engine.list_networks({LABEL_OWNER: self._owner_id})
-        labelled = {str((n.get("Labels") or {}).get(LABEL_SESSION, "")) for n in networks}
+        networks = await self._engine.list_networks(self._owner_id)
+        labelled = {n.session_id for n in networks}
         for sid in sorted((labelled | set(session_ids)) - {""}):
             async with locked(sid):
                 session = await load(sid)

@@ -1,15 +1,21 @@
-"""The one adapter between sandboxd and the Docker Engine API (aiodocker).
+"""The Docker implementation of the `Engine` protocol (aiodocker).
 
-Everything else talks to Docker only through `Engine`. Engine failures come out as domain
+Everything else talks to Docker only through the protocol. Engine failures come out as domain
 errors: a connection that fails is `EngineUnavailable`, a missing object is `NotFound`, and
-anything else the engine refuses is `Internal` carrying the engine's own message.
+anything else the engine refuses is `Internal` carrying the engine's own message. Private
+attributes of aiodocker/aiohttp are reached only through `compat`, whose version check runs
+when the engine is entered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import ipaddress
+import json
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -19,7 +25,17 @@ from aiodocker.containers import DockerContainer
 from aiodocker.execs import Exec
 from aiodocker.stream import Stream
 
+from sandboxd.engine import compat
+from sandboxd.engine.docker_profile import conforms, container_config
+from sandboxd.engine.protocol import (
+    NetworkAddress,
+    NetworkInfo,
+    SandboxInfo,
+    SandboxRequest,
+    SandboxStatus,
+)
 from sandboxd.errors import EngineUnavailable, FailedPrecondition, Internal, NotFound
+from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 
 _ENGINE_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=5, sock_connect=5)
 
@@ -51,18 +67,10 @@ def _translate(what: str, on_error: Callable[[str], None] | None = None) -> Iter
         ) from exc
 
 
-def _frame_fd(entry: Any) -> int:
-    """The fd of a frame waiting in aiodocker's queue ((Message, size) in aiohttp 3.14);
-    -1 when the layout is not the one known, which makes read_joined stop joining."""
-    msg = entry[0] if isinstance(entry, tuple) and not hasattr(entry, "stream") else entry
-    fd = getattr(msg, "stream", -1)
-    return fd if isinstance(fd, int) and hasattr(msg, "data") else -1
+class DockerExecStream:
+    """A running `docker exec` with its multiplexed stdio (the protocol's ExecStream)."""
 
-
-class ExecStream:
-    """A running `docker exec` with its multiplexed stdio."""
-
-    def __init__(self, engine: Engine, exec_id: str, stream: Stream) -> None:
+    def __init__(self, engine: DockerEngine, exec_id: str, stream: Stream) -> None:
         self._engine = engine
         self.exec_id = exec_id
         self._stream = stream
@@ -81,21 +89,13 @@ class ExecStream:
         about `limit` bytes: one step per batch instead of per frame (busybox writes 4 KiB at a
         time). Waits only for the first frame; order across fds is kept."""
         first = await self.read()
-        if first is None:
-            return None
-        queue = self._stream._queue
-        buffered = getattr(queue, "_buffer", None)
-        fd, data = first
-        if queue is None or not buffered or len(data) >= limit:
+        if first is None or len(first[1]) >= limit:
             return first
+        fd, data = first
         parts = [data]
-        size = len(data)
         with self._engine._translate("reading exec output"):
-            while buffered and size < limit and _frame_fd(buffered[0]) == fd:
-                msg = await queue.read()  # does not wait: the frame is there
-                parts.append(msg.data)
-                size += len(msg.data)
-        return fd, b"".join(parts)
+            await compat.read_buffered(self._stream, fd, parts, limit)
+        return (fd, data) if len(parts) == 1 else (fd, b"".join(parts))
 
     async def write(self, data: bytes) -> None:
         with self._engine._translate("writing exec stdin"):
@@ -109,10 +109,7 @@ class ExecStream:
         if self._stdin_closed:
             return
         self._stdin_closed = True
-        resp = self._stream._resp
-        transport = resp.connection.transport if resp and resp.connection else None
-        if transport is not None and transport.can_write_eof():
-            transport.write_eof()
+        compat.write_eof(self._stream)
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -140,7 +137,7 @@ class ExecStream:
         return -1
 
 
-class Engine:
+class DockerEngine:
     """A long-lived Docker client with a connection pool sized for many open exec streams."""
 
     def __init__(
@@ -148,15 +145,20 @@ class Engine:
         docker_host: str = "",
         pool_size: int = 1024,
         *,
+        helper_path: Path,
+        keeper_user: str,
         on_error: Callable[[str], None] | None = None,
     ) -> None:
+        self._helper_path = helper_path  # bind-mounted read-only into every sandbox
+        self._keeper_user = keeper_user
         self._on_error = on_error  # told the kind of every engine failure (metrics)
         self._docker_host = docker_host
         self._pool_size = pool_size
         self._docker: aiodocker.Docker | None = None
         self.api_version = ""
 
-    async def __aenter__(self) -> Engine:
+    async def __aenter__(self) -> DockerEngine:
+        compat.check_versions()
         # config.load_config already folded DOCKER_HOST in; empty means the local socket.
         host = self._docker_host or "unix:///var/run/docker.sock"
         connector: aiohttp.BaseConnector | None = None
@@ -170,9 +172,7 @@ class Engine:
         self._docker = aiodocker.Docker(url=url, connector=connector, timeout=_ENGINE_TIMEOUT)
         if connector is None:
             # tcp://: let aiodocker build its TLS-aware connector, then widen its pool.
-            own = self._docker.session.connector
-            if own is not None:
-                own._limit = self._pool_size
+            compat.widen_pool(self._docker.session.connector, self._pool_size)
         return self
 
     async def __aexit__(
@@ -207,42 +207,79 @@ class Engine:
             return False
         return True
 
-    async def create_container(self, config: Mapping[str, Any], name: str) -> str:
-        with self._translate(f"creating container {name}"):
-            container = await self.docker.containers.create(dict(config), name=name)
+    # ----- sandboxes ---------------------------------------------------------------------
+
+    def _config(self, request: SandboxRequest) -> dict[str, Any]:
+        return container_config(
+            request, helper_path=self._helper_path, keeper_user=self._keeper_user
+        )
+
+    def sandbox_shape(self, request: SandboxRequest) -> str:
+        shaped = {k: v for k, v in self._config(request).items() if k != "Labels"}
+        return hashlib.sha256(json.dumps(shaped, sort_keys=True, default=str).encode()).hexdigest()
+
+    async def create_sandbox(self, request: SandboxRequest) -> str:
+        with self._translate(f"creating container {request.name}"):
+            container = await self.docker.containers.create(
+                self._config(request), name=request.name
+            )
         return str(container.id)
 
-    async def start_container(self, container_id: str) -> None:
-        with self._translate(f"starting container {container_id[:12]}"):
-            await self._container(container_id).start()
+    async def start_sandbox(self, sandbox_id: str) -> None:
+        with self._translate(f"starting container {sandbox_id[:12]}"):
+            await self._container(sandbox_id).start()
 
-    async def remove_container(self, container_id: str) -> None:
+    async def remove_sandbox(self, sandbox_id: str) -> None:
         """Force-remove; a container that is already gone is not an error."""
         try:
-            with self._translate(f"removing container {container_id[:12]}"):
-                await self._container(container_id).delete(force=True, v=True)
+            with self._translate(f"removing container {sandbox_id[:12]}"):
+                await self._container(sandbox_id).delete(force=True, v=True)
         except NotFound:
             pass
         except FailedPrecondition:
             # Someone else's removal is in progress: return only once it is gone, so a caller
             # that reports "removed" (an expired lease, a deleted session) is telling the truth.
             for _ in range(100):
-                if await self.inspect_container(container_id) is None:
+                if await self._inspect(sandbox_id) is None:
                     return
                 await asyncio.sleep(0.1)
 
-    async def inspect_container(self, container_id: str) -> dict[str, Any] | None:
+    async def _inspect(self, sandbox_id: str) -> dict[str, Any] | None:
         try:
-            with self._translate(f"inspecting container {container_id[:12]}"):
-                return dict(await self._container(container_id).show())
+            with self._translate(f"inspecting container {sandbox_id[:12]}"):
+                return dict(await self._container(sandbox_id).show())
         except NotFound:
             return None
 
-    async def list_containers(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+    async def inspect_sandbox(
+        self, sandbox_id: str, expected: SandboxRequest | None = None
+    ) -> SandboxStatus | None:
+        if not sandbox_id:
+            return None
+        info = await self._inspect(sandbox_id)
+        if info is None:
+            return None
+        running = bool((info.get("State") or {}).get("Running"))
+        ok = expected is None or conforms(self._config(expected), info)
+        return SandboxStatus(running=running, conforms=ok)
+
+    async def list_sandboxes(self, owner_id: str) -> list[SandboxInfo]:
+        filters = {"label": [f"{LABEL_OWNER}={owner_id}"]}
         with self._translate("listing containers"):
             found = await self.docker.containers.list(all=True, filters=filters)
-        return [dict(c._container) for c in found]
+        result = []
+        for c in found:
+            doc = compat.container_document(c)
+            labels = doc.get("Labels") or {}
+            result.append(
+                SandboxInfo(
+                    sandbox_id=str(doc["Id"]),
+                    name=str((doc.get("Names") or [""])[0]).lstrip("/"),
+                    session_id=str(labels.get(LABEL_SESSION, "")),
+                    pool_generation=str(labels.get(LABEL_POOL, "")),
+                )
+            )
+        return result
 
     @contextlib.asynccontextmanager
     async def exec(
@@ -255,7 +292,7 @@ class Engine:
         workdir: str | None = None,
         stdin: bool = False,
         tty: bool = False,
-    ) -> AsyncIterator[ExecStream]:
+    ) -> AsyncIterator[DockerExecStream]:
         """Start a command in the container and yield its stream; closed on exit.
 
         With `tty` the command gets a terminal: its output arrives as one stream (fd 1).
@@ -270,8 +307,8 @@ class Engine:
                 workdir=workdir,
             )
             stream = execution.start(timeout=None)
-            await stream._init()
-        handle = ExecStream(self, execution.id, stream)
+            await compat.start_stream(stream)
+        handle = DockerExecStream(self, execution.id, stream)
         try:
             yield handle
         finally:
@@ -291,13 +328,36 @@ class Engine:
 
     # ----- networks (the egress allowlist's per-session Internal networks) ---------------
 
-    async def create_network(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        """Create a network and return its inspect document (with the IPAM gateway)."""
-        with self._translate(f"creating network {config.get('Name', '')}"):
-            network = await self.docker.networks.create(dict(config))
-            return dict(await network.show())
+    async def ensure_network(
+        self, name: str, labels: Mapping[str, str], bridge: str
+    ) -> NetworkAddress:
+        info = await self._inspect_network(name)
+        if info is None:
+            with self._translate(f"creating network {name}"):
+                network = await self.docker.networks.create(
+                    {
+                        "Name": name,
+                        "Driver": "bridge",
+                        "Internal": True,
+                        "CheckDuplicate": True,
+                        "EnableIPv6": False,
+                        "Labels": dict(labels),
+                        "Options": {
+                            "com.docker.network.bridge.name": bridge,
+                            "com.docker.network.bridge.enable_icc": "false",
+                        },
+                    }
+                )
+                info = dict(await network.show())
+        try:
+            ipam = info["IPAM"]["Config"][0]
+            gateway = str(ipaddress.ip_address(ipam["Gateway"]))
+            subnet = str(ipaddress.ip_network(ipam["Subnet"], strict=False))
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise Internal(f"network {name} has no usable IPAM gateway: {exc}") from exc
+        return NetworkAddress(gateway=gateway, subnet=subnet)
 
-    async def inspect_network(self, name_or_id: str) -> dict[str, Any] | None:
+    async def _inspect_network(self, name_or_id: str) -> dict[str, Any] | None:
         try:
             with self._translate(f"inspecting network {name_or_id[:64]}"):
                 network = await self.docker.networks.get(name_or_id)
@@ -305,29 +365,36 @@ class Engine:
         except NotFound:
             return None
 
-    async def remove_network(self, name_or_id: str) -> None:
+    async def remove_network(self, name: str) -> None:
         """Remove; a network that is already gone is not an error."""
         try:
-            with self._translate(f"removing network {name_or_id[:64]}"):
-                network = await self.docker.networks.get(name_or_id)
+            with self._translate(f"removing network {name[:64]}"):
+                network = await self.docker.networks.get(name)
                 await network.delete()
         except NotFound:
             pass
 
-    async def list_networks(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+    async def list_networks(self, owner_id: str) -> list[NetworkInfo]:
+        filters = {"label": [f"{LABEL_OWNER}={owner_id}"]}
         with self._translate("listing networks"):
             found = await self.docker.networks.list(filters=filters)
-        return [dict(n) for n in found]
+        return [
+            NetworkInfo(
+                network_id=str(n.get("Id", "")),
+                name=str(n.get("Name", "")),
+                session_id=str((n.get("Labels") or {}).get(LABEL_SESSION, "")),
+            )
+            for n in found
+        ]
 
     # ----- images (IMAGE snapshots) ------------------------------------------------------
 
-    async def commit_container(
-        self, container_id: str, repository: str, tag: str, labels: Mapping[str, str]
+    async def commit_sandbox(
+        self, sandbox_id: str, repository: str, tag: str, labels: Mapping[str, str]
     ) -> str:
         """docker commit; returns the new image's id."""
-        with self._translate(f"committing container {container_id[:12]}"):
-            result = await self._container(container_id).commit(
+        with self._translate(f"committing container {sandbox_id[:12]}"):
+            result = await self._container(sandbox_id).commit(
                 repository=repository, tag=tag, config={"Labels": dict(labels)}, pause=True
             )
         return str(result.get("Id", ""))
@@ -341,11 +408,11 @@ class Engine:
         except NotFound:
             pass
 
-    async def list_images(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+    async def list_images(self, owner_id: str) -> list[str]:
+        filters = {"label": [f"{LABEL_OWNER}={owner_id}"]}
         with self._translate("listing images"):
             found = await self.docker.images.list(filters=filters)
-        return [dict(i) for i in found]
+        return [str(i.get("Id", "")) for i in found if i.get("Id")]
 
-    def _container(self, container_id: str) -> DockerContainer:
-        return self.docker.containers.container(container_id)
+    def _container(self, sandbox_id: str) -> DockerContainer:
+        return self.docker.containers.container(sandbox_id)

@@ -1,0 +1,86 @@
+"""Every reach into aiodocker's and aiohttp's private attributes, behind a version check.
+
+The Docker adapter needs four things those libraries do not offer publicly: starting an exec
+stream before its first read (`Stream._init`), peeking at the frames already queued
+(`Stream._queue` and its `_buffer`), half-closing stdin (`Stream._resp`'s transport) and
+widening the connection pool of a TLS connector aiodocker built (`BaseConnector._limit`); plus
+the raw inspect document of a listed container (`DockerContainer._container`). They live here
+and nowhere else, and `check_versions` refuses at start-up any library version they were not
+checked against, with a message that says what to pin.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any
+
+import aiohttp
+from aiodocker.containers import DockerContainer
+from aiodocker.stream import Stream
+
+from sandboxd.errors import ConfigError
+
+# (distribution, supported major.minor prefixes); the pins in pyproject.toml sit inside these.
+SUPPORTED = {
+    "aiodocker": ("0.27.",),
+    "aiohttp": ("3.14.",),
+}
+
+
+def check_versions() -> None:
+    """Raise ConfigError unless the installed aiodocker/aiohttp are ones this module knows."""
+    for dist, prefixes in SUPPORTED.items():
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            raise ConfigError(f"{dist} is not installed") from None
+        if not version.startswith(prefixes):
+            raise ConfigError(
+                f"{dist} {version} is not supported by sandboxd's Docker adapter (it relies on "
+                f"private attributes checked against {', '.join(p + 'x' for p in prefixes)}); "
+                "install the version pinned in pyproject.toml"
+            )
+
+
+async def start_stream(stream: Stream) -> None:
+    """Open the exec's hijacked connection now, so a failure surfaces at exec time."""
+    await stream._init()
+
+
+def _frame_fd(entry: Any) -> int:
+    """The fd of a frame waiting in aiodocker's queue ((Message, size) in aiohttp 3.14);
+    -1 when the layout is not the one known, which makes read_buffered stop joining."""
+    msg = entry[0] if isinstance(entry, tuple) and not hasattr(entry, "stream") else entry
+    fd = getattr(msg, "stream", -1)
+    return fd if isinstance(fd, int) and hasattr(msg, "data") else -1
+
+
+async def read_buffered(stream: Stream, fd: int, parts: list[bytes], limit: int) -> None:
+    """Append to `parts` the frames of `fd` that have already arrived, up to about `limit`
+    bytes in all; never waits (only frames already in the queue are read)."""
+    queue = stream._queue
+    buffered = getattr(queue, "_buffer", None)
+    size = sum(len(p) for p in parts)
+    while queue is not None and buffered and size < limit and _frame_fd(buffered[0]) == fd:
+        msg = await queue.read()
+        parts.append(msg.data)
+        size += len(msg.data)
+
+
+def write_eof(stream: Stream) -> None:
+    """Half-close the exec's stdin; aiodocker's own close() drops the whole connection."""
+    resp = stream._resp
+    transport = resp.connection.transport if resp and resp.connection else None
+    if transport is not None and transport.can_write_eof():
+        transport.write_eof()
+
+
+def widen_pool(connector: aiohttp.BaseConnector | None, size: int) -> None:
+    """Raise the connection limit of a connector aiodocker built itself (tcp:// with TLS)."""
+    if connector is not None:
+        connector._limit = size
+
+
+def container_document(container: DockerContainer) -> dict[str, Any]:
+    """The list entry (Id, Names, Labels, State...) aiodocker keeps of a listed container."""
+    return dict(container._container)

@@ -1,0 +1,116 @@
+"""The hardened container profile of a sandbox, as a Docker create request (pure functions).
+
+Every control of SECURITY.md's container defaults is set here, in one place, so a test can
+read the profile back with `docker inspect` and compare it control by control. Only the
+Docker adapter builds these documents; the domain asks for a `SandboxRequest`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sandboxd.engine.protocol import SandboxRequest, SessionNetwork
+from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_POOL, LABEL_SESSION
+from sandboxd.profile import HELPER_IN_CONTAINER, TMP_BYTES, base_env
+
+NO_PROXY = "localhost,127.0.0.1,::1"
+# The HostConfig fields a tampering check compares (plus CapAdd and no-new-privileges).
+_CHECKED = ("Memory", "MemorySwap", "NanoCpus", "PidsLimit", "ReadonlyRootfs", "Privileged")
+
+
+def container_config(
+    request: SandboxRequest, *, helper_path: Path, keeper_user: str
+) -> dict[str, Any]:
+    """The create request; the main process idles as `keeper_user`.
+
+    The keeper runs under a uid different from the sandbox user, so `kill -9 -1` run by a
+    command cannot end the container (and with it the workspace tmpfs).
+    """
+    spec = request.spec
+    limits = spec.limits
+    labels = (
+        {LABEL_OWNER: request.owner_id, LABEL_POOL: request.pool_generation}
+        if request.pool_generation
+        else {
+            LABEL_OWNER: request.owner_id,
+            LABEL_SESSION: request.session_id,
+            LABEL_FINGERPRINT: request.fingerprint,
+        }
+    )
+    config: dict[str, Any] = {
+        "Image": spec.image,
+        "Cmd": [HELPER_IN_CONTAINER, "idle"],
+        "Entrypoint": [],
+        "User": keeper_user,
+        "WorkingDir": "/",
+        "Env": [f"{k}={v}" for k, v in base_env(spec).items()],
+        "Hostname": "sandbox",
+        "Labels": labels,
+        "NetworkDisabled": True,
+        "AttachStdin": False,
+        "AttachStdout": False,
+        "AttachStderr": False,
+        "Tty": False,
+        "OpenStdin": False,
+        "StopSignal": "SIGKILL",
+        "HostConfig": {
+            "NetworkMode": "none",
+            "ReadonlyRootfs": True,
+            "Tmpfs": {
+                "/workspace": (
+                    f"rw,nosuid,nodev,size={limits.workspace_bytes},"
+                    f"uid={spec.uid},gid={spec.gid},mode=0700"
+                ),
+                "/tmp": f"rw,noexec,nosuid,nodev,size={TMP_BYTES},mode=1777",
+            },
+            "CapDrop": ["ALL"],
+            "CapAdd": [],
+            "SecurityOpt": ["no-new-privileges:true"],
+            "Privileged": False,
+            "Memory": limits.memory_bytes,
+            "MemorySwap": limits.memory_bytes,
+            "NanoCpus": limits.cpu_millis * 1_000_000,
+            "PidsLimit": limits.pids,
+            "Init": True,
+            "IpcMode": "private",
+            "Binds": [f"{helper_path.resolve()}:{HELPER_IN_CONTAINER}:ro"],
+            "RestartPolicy": {"Name": "no"},
+            "AutoRemove": False,
+            "LogConfig": {"Type": "none", "Config": {}},
+            "Ulimits": [{"Name": "core", "Soft": 0, "Hard": 0}],
+        },
+    }
+    if request.network is not None:
+        config = apply_to_container(config, request.network)
+    return config
+
+
+def apply_to_container(config: dict[str, Any], net: SessionNetwork) -> dict[str, Any]:
+    """The session's container profile, attached to its network, with the proxy variables."""
+    config = dict(config)
+    config["NetworkDisabled"] = False
+    # The embedded resolver forwards to the gateway, where the filter drops port 53: no name
+    # lookups (nor DNS tunnels) from the container, whatever resolver the host uses.
+    config["HostConfig"] = {**config["HostConfig"], "NetworkMode": net.name, "Dns": [net.gateway]}
+    proxy_env = {
+        "HTTP_PROXY": net.proxy_url,
+        "HTTPS_PROXY": net.proxy_url,
+        "http_proxy": net.proxy_url,
+        "https_proxy": net.proxy_url,
+        "NO_PROXY": NO_PROXY,
+        "no_proxy": NO_PROXY,
+    }
+    env = [e for e in config.get("Env", []) if e.split("=", 1)[0] not in proxy_env]
+    config["Env"] = env + [f"{k}={v}" for k, v in proxy_env.items()]
+    return config
+
+
+def conforms(want: Mapping[str, Any], info: Mapping[str, Any]) -> bool:
+    """False when a container's limits or security settings are not the requested ones."""
+    wanted = want["HostConfig"]
+    have = info.get("HostConfig") or {}
+    if any(have.get(k) != wanted.get(k) for k in _CHECKED):
+        return False
+    return not have.get("CapAdd") and "no-new-privileges:true" in (have.get("SecurityOpt") or [])

@@ -1,0 +1,196 @@
+"""What sandboxd needs from a container engine, in its own terms: the `Engine` protocol.
+
+Sessions, snapshots, the warm pool, the sweeper and the egress manager depend on this protocol
+only; `sandboxd.engine.docker` implements it on the Docker Engine API, and the unit tests'
+in-memory fake implements it too. A sandbox is asked for as a `SandboxRequest` (a session's
+spec plus bookkeeping), never as an engine-specific document: how a spec becomes a hardened
+container is the adapter's business (see `docker_profile`).
+
+Errors: an engine that does not answer raises `EngineUnavailable`; a missing object is
+`NotFound` with reason ENGINE_OBJECT_NOT_FOUND, a conflicting one `FailedPrecondition` with
+ENGINE_CONFLICT; anything else the engine refuses is `Internal`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sandboxd.models import SessionSpec
+
+
+@dataclass(frozen=True)
+class SessionNetwork:
+    """A session's own network (ALLOWLIST egress): its name, gateway and proxy address."""
+
+    name: str
+    gateway: str
+    proxy_url: str
+
+
+@dataclass(frozen=True)
+class SandboxRequest:
+    """One sandbox to create: the session's spec and what marks the sandbox as ours.
+
+    A pool member has no session id and carries its pool generation instead.
+    """
+
+    spec: SessionSpec
+    owner_id: str
+    name: str
+    session_id: str = ""
+    fingerprint: str = ""
+    network: SessionNetwork | None = None
+    pool_generation: str = ""
+
+
+@dataclass(frozen=True)
+class SandboxStatus:
+    """What the engine says of one sandbox: running, and (when asked against a request)
+    whether its limits and security settings are still the ones it was created with."""
+
+    running: bool
+    conforms: bool = True
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A sandbox of this server's owner id, as listed."""
+
+    sandbox_id: str
+    name: str
+    session_id: str = ""
+    pool_generation: str = ""
+
+
+@dataclass(frozen=True)
+class NetworkInfo:
+    network_id: str
+    name: str
+    session_id: str = ""
+
+
+@dataclass(frozen=True)
+class NetworkAddress:
+    gateway: str
+    subnet: str
+
+
+class ExecStream(Protocol):
+    """A running command with its stdio: 1 = stdout, 2 = stderr (one stream with a tty)."""
+
+    exec_id: str
+
+    async def read(self) -> tuple[int, bytes] | None:
+        """Next (fd, data) chunk; None at the end of output."""
+        ...
+
+    async def read_joined(self, limit: int) -> tuple[int, bytes] | None:
+        """Like read(), joined with the frames of the same fd already arrived (up to about
+        `limit` bytes); waits only for the first."""
+        ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    def close_stdin(self) -> None:
+        """Half-close: the command sees EOF on stdin while its output keeps flowing."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def exit_code(self) -> int | None:
+        """The exit code once the process has ended (None while it still runs)."""
+        ...
+
+    async def wait_exit_code(self) -> int:
+        """The exit code after the output ended; -1 if the engine never records one."""
+        ...
+
+
+class Engine(Protocol):
+    """A container engine as sandboxd uses it. Every id is the engine's own."""
+
+    async def ping(self) -> str:
+        """The engine's API version; raises EngineUnavailable when it does not answer."""
+        ...
+
+    async def image_exists(self, image: str) -> bool: ...
+
+    # ----- sandboxes ---------------------------------------------------------------------
+
+    def sandbox_shape(self, request: SandboxRequest) -> str:
+        """Identity of what `create_sandbox` would make of `request`, ignoring its
+        bookkeeping (name, ids, labels): the warm pool hands out a member only to a request
+        of the same shape, so a new profile setting can never leak across shapes."""
+        ...
+
+    async def create_sandbox(self, request: SandboxRequest) -> str:
+        """Create (not start) the hardened sandbox; returns its id."""
+        ...
+
+    async def start_sandbox(self, sandbox_id: str) -> None: ...
+
+    async def remove_sandbox(self, sandbox_id: str) -> None:
+        """Force-remove; one already gone is not an error. Returns once it is gone."""
+        ...
+
+    async def inspect_sandbox(
+        self, sandbox_id: str, expected: SandboxRequest | None = None
+    ) -> SandboxStatus | None:
+        """None when the sandbox does not exist; `conforms` compares against `expected`."""
+        ...
+
+    async def list_sandboxes(self, owner_id: str) -> list[SandboxInfo]: ...
+
+    def exec(
+        self,
+        container_id: str,
+        argv: Sequence[str],
+        *,
+        user: str,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        stdin: bool = False,
+        tty: bool = False,
+    ) -> AbstractAsyncContextManager[ExecStream]:
+        """Start a command in the sandbox `container_id` (a sandbox id; the name is the one
+        exec callers have always used); the stream is closed when the context exits."""
+        ...
+
+    async def exec_resize(self, exec_id: str, rows: int, cols: int) -> None: ...
+
+    async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
+        """At least `Running` (bool) and `ExitCode` (int or None)."""
+        ...
+
+    # ----- networks (the egress allowlist's per-session internal networks) ---------------
+
+    async def ensure_network(
+        self, name: str, labels: Mapping[str, str], bridge: str
+    ) -> NetworkAddress:
+        """An internal (no route out) network with that name, created if missing."""
+        ...
+
+    async def remove_network(self, name: str) -> None:
+        """One already gone is not an error."""
+        ...
+
+    async def list_networks(self, owner_id: str) -> list[NetworkInfo]: ...
+
+    # ----- images (IMAGE snapshots) ------------------------------------------------------
+
+    async def commit_sandbox(
+        self, sandbox_id: str, repository: str, tag: str, labels: Mapping[str, str]
+    ) -> str:
+        """Freeze the sandbox's filesystem into an image; returns the image id."""
+        ...
+
+    async def remove_image(self, image: str) -> None:
+        """One already gone is not an error; one in use is FailedPrecondition ENGINE_CONFLICT."""
+        ...
+
+    async def list_images(self, owner_id: str) -> list[str]:
+        """Ids of the images labelled with this owner id."""
+        ...

@@ -1,0 +1,108 @@
+"""What a command request may ask for, checked before anything runs (pure).
+
+The signal names `sbx signal` accepts, terminal sizes, and `prepare`: a caller's argv, cwd,
+env, stdin, timeout and output cap against the rules and the session's policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sandboxd import validation
+from sandboxd.errors import InvalidArgument
+from sandboxd.models import ExecSpec, Limits, Session
+
+MAX_PTY_CELLS = 1000
+
+# What SignalProcess and Interact may send; `sbx signal` accepts exactly these.
+SIGNAL_NAMES = frozenset(
+    {
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGKILL",
+        "SIGTERM",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGSTOP",
+        "SIGCONT",
+        "SIGWINCH",
+    }
+)
+
+
+@dataclass(frozen=True)
+class PtySize:
+    rows: int
+    cols: int
+
+
+def validate_signal(name: str) -> str:
+    """A signal name from the fixed set; anything else is refused before it reaches sbx."""
+    if name not in SIGNAL_NAMES:
+        raise InvalidArgument(
+            f"signal {name[:32]!r} is not supported; use one of {', '.join(sorted(SIGNAL_NAMES))}",
+            reason="INVALID_SIGNAL",
+            metadata={"signal": name[:32]},
+        )
+    return name
+
+
+def validate_pty_size(rows: int, cols: int) -> PtySize:
+    """Terminal rows and columns, each 1 to 1000 (0 would be an unset field)."""
+    for what, value in (("rows", rows), ("cols", cols)):
+        if not 1 <= value <= MAX_PTY_CELLS:
+            raise InvalidArgument(
+                f"terminal {what} must be between 1 and {MAX_PTY_CELLS} (got {value})",
+                reason="INVALID_PTY_SIZE",
+                metadata={what: str(value)},
+            )
+    return PtySize(rows, cols)
+
+
+@dataclass(frozen=True)
+class ExecRequestInput:
+    argv: list[str]
+    cwd: str = ""
+    env: dict[str, str] | None = None
+    stdin: bytes = b""
+    timeout_s: float | None = None
+    max_output_bytes: int | None = None
+
+
+def prepare(session: Session, req: ExecRequestInput, max_limits: Limits) -> ExecSpec:
+    """Validate a command against the rules and the session's policy; nothing runs yet."""
+    argv = validation.validate_argv(req.argv)
+    cwd = validation.validate_cwd(req.cwd)
+    env = validation.validate_env(req.env or {})
+    validation.check_command_allowed(
+        argv[0], session.spec.shell.allow, session.spec.shell.allow_all
+    )
+    limits = session.spec.limits
+    timeout = limits.command_timeout_s if req.timeout_s is None else req.timeout_s
+    if timeout <= 0:
+        raise InvalidArgument("timeout must be positive", reason="INVALID_TIMEOUT")
+    if timeout > max_limits.command_timeout_s:
+        raise InvalidArgument(
+            f"timeout of {timeout:g} s is above the server maximum of "
+            f"{max_limits.command_timeout_s:g} s",
+            reason="LIMIT_EXCEEDS_MAXIMUM",
+            metadata={"limit": "timeout", "maximum": f"{max_limits.command_timeout_s:g}s"},
+        )
+    cap = limits.output_bytes if req.max_output_bytes is None else req.max_output_bytes
+    if cap <= 0:
+        raise InvalidArgument("max_output_bytes must be positive", reason="INVALID_OUTPUT_CAP")
+    if cap > limits.output_bytes:
+        raise InvalidArgument(
+            f"max_output_bytes {cap} is above the session's output cap {limits.output_bytes}",
+            reason="LIMIT_EXCEEDS_MAXIMUM",
+            metadata={"limit": "max_output_bytes", "maximum": str(limits.output_bytes)},
+        )
+    if len(req.stdin) > limits.file_bytes:
+        raise InvalidArgument(
+            f"stdin of {len(req.stdin)} bytes is over the session's file cap {limits.file_bytes}",
+            reason="STDIN_TOO_LARGE",
+        )
+    return ExecSpec(
+        argv=argv, cwd=cwd, env=env, stdin=req.stdin, timeout_s=timeout, max_output_bytes=cap
+    )

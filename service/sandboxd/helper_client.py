@@ -1,0 +1,324 @@
+"""The one client of the in-sandbox helper `sbx` (helper/sbx.c).
+
+Every internal run of the helper goes through here: file operations (`sbx read`, `list`...),
+the tools the server runs under `sbx run` (tar for archives), and the control commands
+(`sbx kill`, `sbx signal`). One exec-and-drain loop (stdin fed beside the reading, so a helper
+that refuses early never leaves a write waiting; stdout bounded; stderr kept to its start),
+one parser of the helper's structured error line, one mapping from it to domain errors.
+
+Internal runs never see the session's environment: a caller's `PATH` must not choose which
+`tar` the server runs, and loader variables (`LD_PRELOAD`...) must not load code into it. The
+engine adds the container's environment (the session's env) to every exec, and an exec can
+only override variables, not remove them; so the exec overrides the dangerous ones, and a
+tool run under `sbx run` starts through `env -i` with a fixed, complete environment.
+
+Commands a caller asked for (Exec, Run, processes) are not internal runs: execution.py
+starts those with the caller's environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from sandboxd.engine import Engine, ExecStream
+from sandboxd.errors import (
+    AlreadyExists,
+    EngineUnavailable,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    SandboxError,
+)
+from sandboxd.models import Session
+from sandboxd.profile import DEFAULT_PATH, HELPER_IN_CONTAINER
+
+STDERR_LIMIT = 64 * 1024  # the helper's error line is short; a tool's complaint is cut here
+SMALL_STDOUT = 64 * 1024  # what a helper subcommand prints besides a listing or a file
+
+# Overrides of the container's (session's) environment for every internal exec. Variables that
+# change what a static `sbx` does: none; what the dynamic tools it starts load or find: these.
+LOADER_VARIABLES = (
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "LD_AUDIT",
+    "LD_DEBUG",
+    "LD_DEBUG_OUTPUT",
+    "LD_PROFILE",
+    "LD_BIND_NOW",
+    "LD_DYNAMIC_WEAK",
+    "LD_ASSUME_KERNEL",
+    "GCONV_PATH",
+    "MALLOC_TRACE",
+    "LOCPATH",
+    "NLSPATH",
+)
+INTERNAL_ENV: dict[str, str] = {
+    "PATH": DEFAULT_PATH,
+    "HOME": "/workspace",
+    "LANG": "C.UTF-8",
+    **{name: "" for name in LOADER_VARIABLES},
+}
+# What a tool under `sbx run` starts with: nothing of the session's environment at all.
+CLEAN_ENV_ARGV = ("env", "-i", f"PATH={DEFAULT_PATH}", "HOME=/workspace", "LANG=C.UTF-8")
+
+
+@dataclass(frozen=True)
+class Where:
+    """A container and user, for callers that have no Session yet (a create in progress)."""
+
+    container_id: str
+    user: str
+
+
+HelperTarget = Session | Where
+
+
+@dataclass(frozen=True)
+class HelperResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def error(self) -> HelperError | None:
+        return parse_error(self.stderr)
+
+    @property
+    def stderr_text(self) -> str:
+        return self.stderr.decode(errors="replace").strip()
+
+
+@dataclass(frozen=True)
+class HelperError:
+    """The helper's structured error: `{"error": NAME, "message": TEXT}` as its last line."""
+
+    name: str
+    message: str
+
+
+def parse_error(stderr: bytes) -> HelperError | None:
+    """The helper's error line, None when stderr does not end with one (a tool's own text)."""
+    lines = stderr.decode(errors="replace").strip().splitlines()
+    if not lines or not lines[-1].startswith("{"):
+        return None
+    try:
+        doc = json.loads(lines[-1])
+        return HelperError(str(doc["error"]), str(doc.get("message", "")))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class StdoutOverflow(Internal):
+    """The helper printed more than the caller allowed (stopped there, the run abandoned)."""
+
+
+class NoRoom(ResourceExhausted):
+    """A tool ran out of space in the workspace (as opposed to input being over a cap)."""
+
+
+def tool_argv(cwd: str, argv: Sequence[str]) -> list[str]:
+    """The `sbx` arguments that run an internal tool in `cwd` (checked beneath /workspace)
+    with the environment cleared."""
+    return ["run", "--cwd", cwd, "--", *CLEAN_ENV_ARGV, *argv]
+
+
+def file_error(result: HelperResult, path: str) -> SandboxError:
+    """A file subcommand's failure as the domain error a caller should see."""
+    err = result.error
+    if err is None:
+        return Internal(f"file helper failed (exit {result.exit_code}): {result.stderr_text[:500]}")
+    meta = {"path": path}
+    shown = path if path != "." else "/workspace"
+    match err.name:
+        case "ENOENT":
+            return NotFound(
+                f"{shown}: no such file or directory", reason="FILE_NOT_FOUND", metadata=meta
+            )
+        case "ENOTDIR":
+            return FailedPrecondition(
+                f"{shown}: not a directory", reason="NOT_A_DIRECTORY", metadata=meta
+            )
+        case "EISDIR":
+            return FailedPrecondition(
+                f"{shown}: is a directory", reason="IS_A_DIRECTORY", metadata=meta
+            )
+        case "EEXIST":
+            return AlreadyExists(f"{shown}: already exists", reason="FILE_EXISTS", metadata=meta)
+        case "ENOTEMPTY":
+            return FailedPrecondition(
+                f"{shown}: directory not empty (set recursive)",
+                reason="DIRECTORY_NOT_EMPTY",
+                metadata=meta,
+            )
+        case "ENOSPC":
+            return NoRoom(f"{shown}: the workspace is full", reason="WORKSPACE_FULL", metadata=meta)
+        case "EACCES":
+            return PermissionDenied(
+                f"{shown}: permission denied", reason="FILE_PERMISSION_DENIED", metadata=meta
+            )
+        case "ESCAPE":
+            return InvalidArgument(
+                f"{shown}: resolves outside /workspace (symlinks are not followed out)",
+                reason="PATH_OUTSIDE_WORKSPACE",
+                metadata=meta,
+            )
+        case "TOO_LARGE":
+            return ResourceExhausted(
+                f"{shown}: {err.message}", reason="FILE_TOO_LARGE", metadata=meta
+            )
+        case "EINVAL":
+            return InvalidArgument(f"{shown}: {err.message}", reason="PATH_INVALID", metadata=meta)
+        case _:
+            return Internal(f"{shown}: {err.message or err.name}")
+
+
+def tool_error(what: str, tool: str, result: HelperResult, path: str) -> SandboxError:
+    """A tool's failure under `sbx run`: sbx speaks (exit 126/127) only when it could not
+    start the tool, most often because the folder `path` is not one in the workspace."""
+    text = result.stderr_text
+    low = text.lower()
+    meta = {"path": path}
+    if "no space" in low or "quota" in low:
+        return NoRoom(f"{what}: the workspace is full", reason="WORKSPACE_FULL", metadata=meta)
+    err = result.error if result.exit_code in (126, 127) else None
+    if err is not None and err.name == "ESCAPE":
+        return InvalidArgument(
+            f"{path}: resolves outside /workspace", reason="PATH_OUTSIDE_WORKSPACE", metadata=meta
+        )
+    if err is not None and err.name in ("ENOENT", "ENOTDIR"):
+        return FailedPrecondition(
+            f"{what}: {path} is not a folder in the workspace (or {tool} is missing from the "
+            "image)",
+            reason="NOT_A_DIRECTORY",
+            metadata=meta,
+        )
+    return Internal(f"{what}: {tool} exited {result.exit_code}: {text[:500]}")
+
+
+async def _feed(stream: ExecStream, data: bytes) -> None:
+    """Write stdin, then half-close; a broken pipe is not the answer (the exit status is)."""
+    with contextlib.suppress(EngineUnavailable, ConnectionError):
+        if data:
+            await stream.write(data)
+        stream.close_stdin()
+
+
+def _where(target: HelperTarget) -> Where:
+    return target if isinstance(target, Where) else Where(target.container_id, target.spec.user)
+
+
+class HelperClient:
+    """Runs `sbx` subcommands in a session's container, as the session's user."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @contextlib.asynccontextmanager
+    async def open(
+        self, target: HelperTarget, args: Sequence[str], *, stdin: bool = False
+    ) -> AsyncIterator[ExecStream]:
+        """A started `sbx ARGS` (ARGS from `tool_argv` for a tool), for callers that stream."""
+        where = _where(target)
+        async with self.engine.exec(
+            where.container_id,
+            [HELPER_IN_CONTAINER, *args],
+            user=where.user,
+            env=INTERNAL_ENV,
+            stdin=stdin,
+        ) as stream:
+            yield stream
+
+    async def run(
+        self,
+        target: HelperTarget,
+        args: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        max_stdout: int = SMALL_STDOUT,
+        timeout_s: float | None = None,
+    ) -> HelperResult:
+        """Run to the end: its exit code, stdout (at most `max_stdout`) and stderr's start."""
+        async with asyncio.timeout(timeout_s):
+            async with self.open(target, args, stdin=stdin is not None) as stream:
+                out, err = await drain(stream, stdin=stdin, max_stdout=max_stdout)
+                code = await stream.wait_exit_code()
+        return HelperResult(code, out, err)
+
+    async def lines(
+        self, target: HelperTarget, args: Sequence[str], path: str, *, max_line: int = SMALL_STDOUT
+    ) -> AsyncGenerator[bytes, None]:
+        """The lines `sbx ARGS` prints, as they come (a listing never held whole); its failure
+        raised as a file operation's error once the lines are through. Iterate to the end."""
+        stderr, pending = bytearray(), bytearray()
+        async with self.open(target, args) as stream:
+            while (chunk := await stream.read()) is not None:
+                fd, data = chunk
+                if fd != 1:
+                    stderr += data[: STDERR_LIMIT - len(stderr)]
+                    continue
+                pending += data
+                if b"\n" in data:
+                    *done, rest = pending.split(b"\n")
+                    pending = bytearray(rest)
+                    for line in done:
+                        yield bytes(line)
+                if len(pending) > max_line:
+                    raise StdoutOverflow("the helper printed a line longer than expected")
+            code = await stream.wait_exit_code()
+        if pending:
+            yield bytes(pending)
+        if code != 0:
+            raise file_error(HelperResult(code, b"", bytes(stderr)), path)
+
+    async def checked(
+        self,
+        target: HelperTarget,
+        args: Sequence[str],
+        path: str,
+        *,
+        stdin: bytes | None = None,
+        max_stdout: int = SMALL_STDOUT,
+    ) -> HelperResult:
+        """`run`, with a failure raised as the file operation's domain error."""
+        result = await self.run(target, args, stdin=stdin, max_stdout=max_stdout)
+        if result.exit_code != 0:
+            raise file_error(result, path)
+        return result
+
+
+async def drain(
+    stream: ExecStream,
+    *,
+    stdin: bytes | None = None,
+    max_stdout: int = SMALL_STDOUT,
+    stderr_limit: int = STDERR_LIMIT,
+) -> tuple[bytes, bytes]:
+    """Feed `stdin` (then half-close) beside reading; stdout and stderr's first bytes.
+
+    Reading is the backpressure: the engine's socket is read only as fast as this loop goes.
+    More stdout than `max_stdout` is the helper misbehaving: Internal.
+    """
+    stdout, stderr = bytearray(), bytearray()
+    feeder = asyncio.create_task(_feed(stream, stdin)) if stdin is not None else None
+    try:
+        while (chunk := await stream.read()) is not None:
+            fd, data = chunk
+            if fd == 1:
+                if len(stdout) + len(data) > max_stdout:
+                    raise StdoutOverflow("the helper printed more than expected")
+                stdout += data
+            elif len(stderr) < stderr_limit:
+                stderr += data[: stderr_limit - len(stderr)]
+    finally:
+        if feeder is not None:
+            feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeder
+    return bytes(stdout), bytes(stderr)

@@ -1,0 +1,17 @@
+"""The label keys sandboxd writes on engine objects and snapshots: defined here, once.
+
+Containers, networks and images carry `LABEL_OWNER` so a server only ever touches its own;
+the others say which session, pool generation or snapshot an object belongs to.
+"""
+
+from __future__ import annotations
+
+LABEL_OWNER = "io.sandboxd.owner"
+LABEL_SESSION = "io.sandboxd.session"
+LABEL_FINGERPRINT = "io.sandboxd.fingerprint"
+LABEL_POOL = "io.sandboxd.pool"
+LABEL_SNAPSHOT = "io.sandboxd.snapshot"
+# On snapshots (not engine objects): set on those the server takes by itself, and on a fork's
+# own record of the snapshot it started from.
+LABEL_AUTO = "io.sandboxd.auto"
+LABEL_FORKED_FROM = "io.sandboxd.forked-from"

@@ -1,0 +1,15 @@
+"""Sessions: a create request checked (`spec`), the lifecycle (`lifecycle`), sandboxes on the
+engine (`sandboxes`), leases and lost sandboxes (`recovery`), quotas, manifests and paging."""
+
+from sandboxd.sessions.keeper import WorkspaceKeeper
+from sandboxd.sessions.lifecycle import SessionManager
+from sandboxd.sessions.manifest import build_manifest_tar
+from sandboxd.sessions.spec import CreateSessionInput, resolve_limits
+
+__all__ = [
+    "CreateSessionInput",
+    "SessionManager",
+    "WorkspaceKeeper",
+    "build_manifest_tar",
+    "resolve_limits",
+]

@@ -1,0 +1,408 @@
+"""Session lifecycle: create, get, list, renew, delete, suspend, resume.
+
+A session is one hardened sandbox plus a record in the store. The record is written before the
+sandbox exists (state CREATING) so a crash mid-create leaves something reconcile can find and
+clean; a create that fails takes back every step it made (an undo stack), never leaving half a
+session. Reads (`get`, `list_sessions`) have no side effects on records or sandboxes: a lease
+that ended is expired by the reaper, under the session's lock (a read that sees one only wakes
+the reaper), and no operation uses such a session meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import timedelta
+
+from sandboxd import tenancy, validation
+from sandboxd.config import Config
+from sandboxd.egress.audit import EgressEvent
+from sandboxd.egress.networks import EgressManager
+from sandboxd.engine.protocol import Engine
+from sandboxd.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    SandboxError,
+    SessionNotFound,
+)
+from sandboxd.labels import LABEL_AUTO
+from sandboxd.models import NetworkPolicy, Session, SessionState
+from sandboxd.pool import WarmPool
+from sandboxd.sessions import paging
+from sandboxd.sessions.keeper import WorkspaceKeeper
+from sandboxd.sessions.locks import SessionLocks
+from sandboxd.sessions.manifest import write_manifest
+from sandboxd.sessions.quota import QuotaGate
+from sandboxd.sessions.recovery import Recovery, container_lost, now
+from sandboxd.sessions.sandboxes import Sandboxes, SessionEndHook, Undo
+from sandboxd.sessions.spec import CreateSessionInput, check_create, check_lease, check_network
+from sandboxd.snapshot_store import Snapshot
+from sandboxd.store import SessionStore
+
+log = logging.getLogger(__name__)
+
+
+class SessionManager:
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine,
+        store: SessionStore,
+        owner_id: str,
+        keeper: WorkspaceKeeper,
+        *,
+        pool: WarmPool | None = None,
+        egress: EgressManager | None = None,
+        on_session_end: Sequence[SessionEndHook] = (),
+    ) -> None:
+        self._config = config
+        self._engine = engine
+        self._store = store
+        self._keeper = keeper
+        self._egress = egress  # None: ALLOWLIST sessions are refused (NETWORK_MODE_UNSUPPORTED)
+        self.owner_id = owner_id
+        self._locks = SessionLocks()
+        self._quota = QuotaGate(config, store)
+        # What lives in a sandbox beyond one call (background processes) ends with it.
+        self._sandboxes = Sandboxes(
+            engine, store, owner_id, pool=pool, egress=egress, on_session_end=on_session_end
+        )
+        self._recovery = Recovery(
+            engine, store, self._locks, self._sandboxes, keeper, owner_id, pool=pool, egress=egress
+        )
+        # Commands (Exec, Run, ...) hold one of these per tenant while they run.
+        self.exec_slots = tenancy.ExecSlots(config.tenant_max_concurrent_execs)
+
+    # ----- background work and lost sandboxes (sandboxd.sessions.recovery) ----------------
+
+    async def reap_once(self) -> int:
+        """Expire the leases that ended, prune ended records; how many expired."""
+        return await self._recovery.reap_once()
+
+    async def reconcile(self) -> None:
+        return await self._recovery.reconcile()
+
+    async def run_reaper(self, interval_s: float) -> None:
+        await self._recovery.run_reaper(interval_s)
+
+    async def container_lost(self, session: Session) -> SandboxError:
+        return await self._recovery.container_lost(session)
+
+    def locked(self, session_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """The session's lock: every change of its record or sandbox is made under it."""
+        return self._locks.locked(session_id)
+
+    def _allowlist(self) -> None:
+        if self._egress is None:
+            raise InvalidArgument(
+                "network.mode ALLOWLIST is not available on this server; use DENY",
+                reason="NETWORK_MODE_UNSUPPORTED",
+            )
+        self._egress.require_available()
+
+    # ----- create -----------------------------------------------------------------------
+
+    async def create(self, req: CreateSessionInput) -> Session:
+        checked = check_create(req, self._config, self._allowlist if self._egress else None)
+        session_id, spec = checked.session_id, checked.spec
+        fingerprint = spec.fingerprint()
+        async with self._locks.locked(session_id):
+            existing = await self._store.get(session_id)
+            if existing is not None:
+                same = existing.tenant == tenancy.current() and existing.fingerprint == fingerprint
+                if same and existing.state in (SessionState.RUNNING, SessionState.CREATING):
+                    return existing
+                # A record of another tenant can only be from before authentication (ids are
+                # partitioned by tenant since): refuse without saying whose it is.
+                metadata = {"session_id": session_id}
+                if existing.tenant == tenancy.current():
+                    metadata["fingerprint"] = existing.fingerprint
+                raise AlreadyExists(
+                    f"session {session_id!r} already exists with a different manifest "
+                    "fingerprint (or has ended)",
+                    reason="SESSION_ALREADY_EXISTS",
+                    metadata=metadata,
+                )
+            source = await self._fork_source(checked.from_snapshot_id)
+            if not await self._engine.image_exists(spec.image):
+                raise FailedPrecondition(
+                    f"image {spec.image!r} is not present on the engine (images are not pulled)",
+                    reason="IMAGE_NOT_FOUND",
+                    metadata={"image": spec.image},
+                )
+            created = now()
+            session = Session(
+                session_id=session_id,
+                spec=spec,
+                fingerprint=fingerprint,
+                state=SessionState.CREATING,
+                created_at=created,
+                lease_expires_at=created + timedelta(seconds=checked.lease_s),
+                labels=checked.labels,
+                tenant=tenancy.current(),
+            )
+            await self._quota.insert(session)
+            undo = Undo()
+            undo.push(lambda: self._store.delete(session_id))
+            try:
+                await self._sandboxes.provision(session, undo)
+                if spec.manifest.files or spec.manifest.directories:
+                    await write_manifest(self._engine, session)
+                if source is not None:
+                    await self._keeper.restore(session, source)
+                    undo.push(lambda: self._keeper.forget_session(session_id))
+                    await self._keeper.adopt(source, session)
+                session.state = SessionState.RUNNING
+                await self._store.update(session)
+            except BaseException:
+                await asyncio.shield(undo.run())
+                raise
+            log.info("session created", extra={"session_id": session_id})
+            return session
+
+    async def _fork_source(self, snapshot_id: str) -> Snapshot | None:
+        """The snapshot a fork starts from (NOT_FOUND before anything is created)."""
+        return await self._keeper.lookup(snapshot_id) if snapshot_id else None
+
+    # ----- reads (no side effects) ------------------------------------------------------
+
+    async def get(self, session_id: str) -> Session:
+        validation.validate_session_id(session_id)
+        session = await self._store.get(session_id)
+        if session is None or session.tenant != tenancy.current():
+            # Another tenant's session answers exactly like a missing one.
+            raise SessionNotFound(session_id)
+        self._note_lease(session)
+        return session
+
+    async def list_sessions(
+        self, label_selector: Mapping[str, str], page_size: int, page_token: str
+    ) -> tuple[list[Session], str]:
+        size = paging.page_size(page_size)
+        after = paging.decode_token(page_token, _is_session_id)
+        selector = validation.validate_labels(label_selector)
+        sessions = await self._store.page(
+            after=after, limit=size + 1, labels=selector, tenant=tenancy.current()
+        )
+        token = ""
+        if len(sessions) > size:
+            sessions = sessions[:size]
+            token = paging.encode_token(sessions[-1].session_id)
+        for s in sessions:
+            self._note_lease(s)
+        return sessions, token
+
+    def _note_lease(self, session: Session) -> None:
+        if _lease_ended(session):
+            self._recovery.wake()
+
+    async def require_running(self, session_id: str) -> Session:
+        """The session, if commands and file operations may use it now."""
+        session = await self.get(session_id)
+        _require_live(session)
+        if session.state is SessionState.SUSPENDED:
+            return await self.resume(session_id, None)  # rebuilt from its snapshot, lazily
+        return session
+
+    @contextlib.asynccontextmanager
+    async def use(self, session_id: str) -> AsyncIterator[Session]:
+        """A running session for the duration of one operation.
+
+        An engine that says the sandbox is gone or stopped marks the session lost.
+        """
+        session = await self.require_running(session_id)
+        try:
+            yield session
+        except (NotFound, FailedPrecondition) as exc:
+            if exc.reason in ("ENGINE_OBJECT_NOT_FOUND", "ENGINE_CONFLICT"):
+                raise await self.container_lost(session) from exc
+            raise
+
+    @contextlib.asynccontextmanager
+    async def use_for_command(self, session_id: str) -> AsyncIterator[Session]:
+        """`use`, holding one of the tenant's exec slots: a running command counts against
+        tenant_max_concurrent_execs until it ends."""
+        async with self.use(session_id) as session, self.exec_slots.slot():
+            yield session
+
+    async def is_current(self, session: Session) -> bool:
+        """Under the session's lock: is this still the live record (not deleted, not a new
+        session under the same id)?"""
+        current = await self._store.get(session.session_id)
+        return current is not None and current.created_at == session.created_at
+
+    # ----- changes ----------------------------------------------------------------------
+
+    async def renew(self, session_id: str, ttl_s: float | None) -> Session:
+        lease_s = check_lease(ttl_s, "ttl", self._config)
+        async with self._locks.locked(session_id):
+            session = await self.get(session_id)
+            if session.state is SessionState.EXPIRED or _lease_ended(session):
+                raise FailedPrecondition(
+                    f"the lease of session {session_id!r} already expired",
+                    reason="LEASE_EXPIRED",
+                    metadata={"session_id": session_id},
+                )
+            session.lease_expires_at = now() + timedelta(seconds=lease_s)
+            await self._store.update(session)
+            return session
+
+    async def delete(self, session_id: str) -> None:
+        validation.validate_session_id(session_id)
+        async with self._locks.locked(session_id):
+            session = await self._store.get(session_id)
+            if session is None or session.tenant != tenancy.current():
+                return  # idempotent, and another tenant's session is not there for this caller
+            await self._sandboxes.teardown(session)
+            await self._store.delete(session_id)
+            await self._keeper.forget_session(session_id)
+            log.info("session deleted", extra={"session_id": session_id})
+
+    async def suspend(self, session_id: str) -> Session:
+        """Snapshot the workspace, then remove the sandbox; lease and snapshot stay."""
+        async with self._locks.locked(session_id):
+            session = await self.get(session_id)
+            if session.state is SessionState.SUSPENDED:
+                return session
+            _require_live(session)
+            await self._keeper.take(session, {LABEL_AUTO: "suspend"})
+            await self._sandboxes.teardown(session, quiet=False, keep_network=True)
+            await self._sandboxes.release_network(session)
+            session.state = SessionState.SUSPENDED
+            session.container_id = ""
+            await self._store.update(session)
+            log.info("session suspended", extra={"session_id": session_id})
+            return session
+
+    async def resume(self, session_id: str, expected_fingerprint: str | None) -> Session:
+        """Running again: a removed, lost or tampered-with sandbox is rebuilt from the last
+        snapshot. An expired lease is refused, never answered with an empty workspace."""
+        async with self._locks.locked(session_id):
+            session = await self.get(session_id)
+            if expected_fingerprint is not None and expected_fingerprint != session.fingerprint:
+                raise FailedPrecondition(
+                    f"session {session_id!r} has fingerprint {session.fingerprint}, not the "
+                    "expected one",
+                    reason="MANIFEST_CONFLICT",
+                    metadata={"session_id": session_id, "fingerprint": session.fingerprint},
+                )
+            _require_live(session)
+            if session.state is SessionState.RUNNING:
+                running, conforms = await self._sandboxes.status(session)
+                if running and conforms:
+                    return session
+                if running:
+                    log.warning(
+                        "container limits changed behind our back; not reused",
+                        extra={"session_id": session_id},
+                    )
+            snap = await self._keeper.latest(session_id)
+            if snap is None:
+                await self._recovery.mark_lost(session)
+                raise container_lost(session_id)
+            await self._rebuild(session, snap)
+            return session
+
+    async def _rebuild(self, session: Session, snap: Snapshot) -> None:
+        """A new sandbox for an existing record, its workspace restored from `snap`."""
+        await self._sandboxes.teardown(session, keep_network=True)
+        session.state = SessionState.SUSPENDED
+        session.container_id = ""
+        await self._store.update(session)
+        undo = Undo()
+        try:
+            await self._sandboxes.provision(session, undo)
+            await self._keeper.restore(session, snap)
+            session.state = SessionState.RUNNING
+            await self._store.update(session)
+        except BaseException:
+            await asyncio.shield(self._undo_rebuild(session, undo))
+            raise
+        log.info(
+            "session resumed from snapshot %s",
+            snap.snapshot_id,
+            extra={"session_id": session.session_id},
+        )
+
+    async def _undo_rebuild(self, session: Session, undo: Undo) -> None:
+        await undo.run()
+        session.state = SessionState.SUSPENDED
+        session.container_id = ""
+        await self._store.update(session)
+
+    async def update_network_policy(self, session_id: str, asked: NetworkPolicy) -> Session:
+        """A live session's new allowlist: new proxy connections follow it, open tunnels stay."""
+        network = check_network(asked, self._allowlist if self._egress else None)
+        async with self._locks.locked(session_id):
+            session = await self.require_running(session_id)
+            if session.spec.network.mode is not network.mode:
+                raise FailedPrecondition(
+                    f"network.mode of session {session_id!r} is "
+                    f"{session.spec.network.mode.value} and cannot change on a live session",
+                    reason="NETWORK_MODE_FIXED",
+                    metadata={"session_id": session_id},
+                )
+            session.spec = dataclasses.replace(session.spec, network=network)
+            session.fingerprint = session.spec.fingerprint()
+            await self._store.update_spec(session)
+            if self._egress is not None:
+                self._egress.update(session_id, network)
+            log.info("network policy updated", extra={"session_id": session_id})
+            return session
+
+    async def egress_events(
+        self, session_id: str, page_size: int, page_token: str
+    ) -> tuple[list[EgressEvent], str]:
+        """A page of the session's egress audit, oldest first; the token is the last seq."""
+        await self.get(session_id)  # NOT_FOUND for unknown and other tenants' sessions
+        size = paging.page_size(page_size)
+        try:
+            after = int(page_token) if page_token else 0
+        except ValueError:
+            raise InvalidArgument(
+                "page_token is not one this server issued", reason="INVALID_PAGE_TOKEN"
+            ) from None
+        audit = self._egress.audit(session_id) if self._egress is not None else None
+        events = audit.events(after_seq=after, limit=size + 1) if audit is not None else []
+        token = ""
+        if len(events) > size:
+            events = events[:size]
+            token = str(events[-1].seq)
+        return events, token
+
+
+def _lease_ended(session: Session) -> bool:
+    return session.state is not SessionState.EXPIRED and session.lease_expires_at <= now()
+
+
+def _is_session_id(value: str) -> bool:
+    try:
+        validation.validate_session_id(value)
+    except SandboxError:
+        return False
+    return True
+
+
+def _require_live(session: Session) -> None:
+    """Refuse a session that can no longer run: RUNNING and SUSPENDED pass."""
+    if session.state is SessionState.EXPIRED or _lease_ended(session):
+        raise FailedPrecondition(
+            f"the lease of session {session.session_id!r} expired; its container was removed",
+            reason="LEASE_EXPIRED",
+            metadata={"session_id": session.session_id},
+        )
+    if session.state is SessionState.FAILED:
+        # Only a lost sandbox fails a session: say so on every later call too, not just on
+        # the one that found out (reconcile may have been the one).
+        raise container_lost(session.session_id)
+    if session.state is SessionState.CREATING:
+        raise FailedPrecondition(
+            f"session {session.session_id!r} is still being created",
+            reason="SESSION_NOT_RUNNING",
+            metadata={"session_id": session.session_id, "state": session.state.value},
+        )

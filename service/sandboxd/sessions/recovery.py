@@ -1,0 +1,198 @@
+"""Sessions whose sandbox is gone, altered or past its lease: the reaper and reconcile.
+
+Every decision is taken under the session's lock on a fresh read, since these run beside live
+calls: a create in progress holds its lock until its record says RUNNING, a renew moves the
+lease before the reaper looks again. The reaper asks the store only for the ids that are due
+(an indexed query), so an idle server does not decode every stored spec every interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import UTC, datetime, timedelta
+
+from sandboxd.egress.networks import EgressManager
+from sandboxd.engine.protocol import Engine
+from sandboxd.errors import FailedPrecondition, SandboxError, Unavailable
+from sandboxd.models import Session, SessionState
+from sandboxd.pool import WarmPool
+from sandboxd.sessions.keeper import WorkspaceKeeper
+from sandboxd.sessions.locks import SessionLocks
+from sandboxd.sessions.sandboxes import Sandboxes
+from sandboxd.store import SessionStore
+
+log = logging.getLogger(__name__)
+
+# How long the record of an ended (EXPIRED or FAILED) session stays after its lease ended.
+ENDED_RETENTION = timedelta(hours=1)
+
+
+def now() -> datetime:
+    return datetime.now(tz=UTC)
+
+
+def container_lost(session_id: str, *, retry: bool = False) -> SandboxError:
+    """The one CONTAINER_LOST error: UNAVAILABLE when a retry rebuilds it from a snapshot."""
+    if retry:
+        return Unavailable(
+            f"the container of session {session_id!r} is gone; it is rebuilt from the "
+            "session's last snapshot on the next call: retry",
+            reason="CONTAINER_LOST",
+            metadata={"session_id": session_id, "retry": "true"},
+        )
+    return FailedPrecondition(
+        f"the container of session {session_id!r} is gone (removed, altered or the engine "
+        "restarted) and it has no snapshot: its workspace cannot be recovered",
+        reason="CONTAINER_LOST",
+        metadata={"session_id": session_id},
+    )
+
+
+class Recovery:
+    def __init__(
+        self,
+        engine: Engine,
+        store: SessionStore,
+        locks: SessionLocks,
+        sandboxes: Sandboxes,
+        keeper: WorkspaceKeeper,
+        owner_id: str,
+        *,
+        pool: WarmPool | None = None,
+        egress: EgressManager | None = None,
+    ) -> None:
+        self._engine = engine
+        self._store = store
+        self._locks = locks
+        self._sandboxes = sandboxes
+        self._keeper = keeper
+        self._owner_id = owner_id
+        self._pool = pool
+        self._egress = egress
+        self._due = asyncio.Event()  # set by a read that saw an ended lease
+
+    # ----- lost sandboxes -----------------------------------------------------------------
+
+    async def mark_lost(self, session: Session) -> None:
+        """Under the session's lock: a RUNNING session whose sandbox is gone becomes
+        SUSPENDED when a snapshot can rebuild it, FAILED when nothing can."""
+        if session.state is not SessionState.RUNNING:
+            return
+        has_snapshot = await self._keeper.latest(session.session_id) is not None
+        session.state = SessionState.SUSPENDED if has_snapshot else SessionState.FAILED
+        session.container_id = "" if has_snapshot else session.container_id
+        await self._store.update(session)
+        await self._sandboxes.release_network(session)
+        log.warning("container lost", extra={"session_id": session.session_id})
+
+    async def container_lost(self, session: Session) -> SandboxError:
+        """Record that the engine no longer has the sandbox; the error to report."""
+        async with self._locks.locked(session.session_id):
+            current = await self._store.get(session.session_id)
+            if current is not None:
+                await self.mark_lost(current)
+            retry = current is not None and current.state is SessionState.SUSPENDED
+        return container_lost(session.session_id, retry=retry)
+
+    # ----- leases -------------------------------------------------------------------------
+
+    async def expire(self, session: Session) -> None:
+        """Under the session's lock: remove the sandbox of an ended lease, keep the record."""
+        await self._sandboxes.teardown(session)
+        session.state = SessionState.EXPIRED
+        session.container_id = ""
+        await self._store.update(session)
+        log.info("lease expired", extra={"session_id": session.session_id})
+
+    async def reap_once(self) -> int:
+        """Expire every lease that ended; prune ended records past retention.
+        Returns how many leases expired."""
+        at = now()
+        count = 0
+        for session_id in await self._store.due_for_expiry(at):
+            async with self._locks.locked(session_id):
+                current = await self._store.get(session_id)
+                if current is None or current.state is SessionState.EXPIRED:
+                    continue
+                if current.lease_expires_at > at:
+                    continue  # renewed meanwhile
+                await self.expire(current)
+                count += 1
+        for session_id in await self._store.ended_before(at - ENDED_RETENTION):
+            async with self._locks.locked(session_id):
+                current = await self._store.get(session_id)
+                if current is None or current.state not in (
+                    SessionState.EXPIRED,
+                    SessionState.FAILED,
+                ):
+                    continue
+                if current.lease_expires_at + ENDED_RETENTION > at:
+                    continue
+                if current.state is SessionState.FAILED:
+                    await self._sandboxes.teardown(current, quiet=True)
+                await self._store.delete(session_id)
+                await self._keeper.forget_session(session_id)
+        return count
+
+    def wake(self) -> None:
+        """Run the reaper now rather than at its next interval."""
+        self._due.set()
+
+    async def run_reaper(self, interval_s: float) -> None:
+        while True:
+            self._due.clear()
+            try:
+                await self.reap_once()
+            except SandboxError as exc:
+                log.warning("lease reaper: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._due.wait(), interval_s)
+
+    # ----- reconcile ----------------------------------------------------------------------
+
+    async def reconcile(self) -> None:
+        """When the engine comes up (and every sweep): note lost sandboxes, remove ours that
+        no record claims, finish creates that died with a previous server."""
+        sandboxes = await self._engine.list_sandboxes(self._owner_id)
+        # Pool members carry no session label. Snapshot what the pool holds *before* reading
+        # the records: a claim leaves the pool only once its record names it.
+        pool = self._pool
+        held = {
+            s.sandbox_id for s in sandboxes if pool is not None and pool.owns(s.sandbox_id, s.name)
+        }
+        rows = await self._store.index()
+        by_sandbox = {row.container_id: row.session_id for row in rows if row.container_id}
+        for found in sandboxes:
+            if found.sandbox_id in held:
+                continue  # a live pool member: the pool removes its own
+            sid = found.session_id or by_sandbox.get(found.sandbox_id, "")
+            async with self._locks.locked(sid):
+                record = await self._store.get(sid) if sid else None
+                claimed = (
+                    record is not None
+                    and record.state is SessionState.RUNNING
+                    and record.container_id == found.sandbox_id
+                )
+                if not claimed:
+                    log.info("removing orphan container %s", found.sandbox_id[:12])
+                    await self._engine.remove_sandbox(found.sandbox_id)
+        for row in rows:
+            if row.state not in (SessionState.CREATING, SessionState.RUNNING):
+                continue
+            async with self._locks.locked(row.session_id):
+                current = await self._store.get(row.session_id)
+                if current is None:
+                    continue
+                if current.state is SessionState.CREATING:
+                    # A create that died with a previous server: take it all back.
+                    await self._sandboxes.teardown(current, quiet=True)
+                    await self._store.delete(current.session_id)
+                elif current.state is SessionState.RUNNING:
+                    running, _ = await self._sandboxes.status(current)
+                    if not running:
+                        await self.mark_lost(current)
+        if self._egress is not None:
+            ids = [row.session_id for row in await self._store.index()]
+            await self._egress.reconcile(self._store.get, self._locks.locked, ids)

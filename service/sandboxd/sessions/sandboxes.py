@@ -1,0 +1,143 @@
+"""A session's sandbox on the engine: provision it (pool or cold), tear it down (one routine).
+
+`provision` records each step it completes on an `Undo` stack, so a create or rebuild that
+fails half-way removes exactly what it made. `teardown` is the one way a session's sandbox
+goes: the session-end hooks (background processes), the sandbox, then its egress network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from sandboxd.egress.networks import EgressManager
+from sandboxd.engine.protocol import Engine, SandboxRequest, SessionNetwork
+from sandboxd.errors import SandboxError
+from sandboxd.models import NetworkMode, Session
+from sandboxd.pool import WarmPool
+from sandboxd.profile import container_name
+from sandboxd.store import SessionStore
+
+log = logging.getLogger(__name__)
+
+SessionEndHook = Callable[[str], Awaitable[None]]
+
+
+class Undo:
+    """Steps to take back, newest first; each runs even when an earlier one fails."""
+
+    def __init__(self) -> None:
+        self._steps: list[Callable[[], Awaitable[object]]] = []
+
+    def push(self, step: Callable[[], Awaitable[object]]) -> None:
+        self._steps.append(step)
+
+    async def run(self) -> None:
+        while self._steps:
+            step = self._steps.pop()
+            try:
+                await step()
+            except SandboxError as exc:
+                log.warning("undo of a half-done session step failed: %s", exc)
+
+
+class Sandboxes:
+    def __init__(
+        self,
+        engine: Engine,
+        store: SessionStore,
+        owner_id: str,
+        *,
+        pool: WarmPool | None,
+        egress: EgressManager | None,
+        on_session_end: Sequence[SessionEndHook],
+    ) -> None:
+        self._engine = engine
+        self._store = store
+        self._owner_id = owner_id
+        self._pool = pool
+        self._egress = egress
+        self._on_end = list(on_session_end)
+
+    def request(self, session: Session, network: SessionNetwork | None = None) -> SandboxRequest:
+        return SandboxRequest(
+            spec=session.spec,
+            owner_id=self._owner_id,
+            name=container_name(self._owner_id, session.session_id),
+            session_id=session.session_id,
+            fingerprint=session.fingerprint,
+            network=network,
+        )
+
+    async def provision(self, session: Session, undo: Undo) -> None:
+        """A started sandbox for `session`, its id recorded in the store."""
+        network = None
+        if session.spec.network.mode is NetworkMode.ALLOWLIST and self._egress is not None:
+            undo.push(lambda: self._release_egress(session))
+            network = await self._egress.prepare(session)
+        request = self.request(session, network)
+        warm = await self._pool.claim(request) if self._pool is not None else None
+        if warm is not None and self._pool is not None:
+            # Started already; carries the pool label, linked by the stored id.
+            session.container_id = warm
+            undo.push(lambda: self._engine.remove_sandbox(warm))
+            try:
+                await self._store.update(session)
+            finally:
+                self._pool.settled(warm)
+            return
+        # Pushed first: a create cancelled before the engine answered left it under its name.
+        undo.push(lambda: self.remove_by_name(session.session_id))
+        sandbox_id = await self._engine.create_sandbox(request)
+        session.container_id = sandbox_id
+        undo.push(lambda: self._engine.remove_sandbox(sandbox_id))
+        await self._store.update(session)
+        await self._engine.start_sandbox(sandbox_id)
+
+    async def teardown(
+        self, session: Session, *, keep_network: bool = False, quiet: bool = False
+    ) -> None:
+        """End what runs in the sandbox, remove it, release its network (unless kept).
+
+        `quiet` logs engine failures instead of raising them (a best-effort cleanup).
+        """
+        try:
+            for hook in self._on_end:
+                await hook(session.session_id)
+            if session.container_id:
+                await self._engine.remove_sandbox(session.container_id)
+            else:
+                await self.remove_by_name(session.session_id)
+        except SandboxError:
+            if not quiet:
+                raise
+            log.warning("could not remove the sandbox of %s", session.session_id, exc_info=True)
+        if keep_network:
+            return
+        try:
+            await self._release_egress(session)
+        except SandboxError:
+            if not quiet:
+                raise
+
+    async def release_network(self, session: Session) -> None:
+        """The session's egress network goes; the sandbox stays (already lost)."""
+        with contextlib.suppress(SandboxError):
+            await self._release_egress(session)
+
+    async def _release_egress(self, session: Session) -> None:
+        if session.spec.network.mode is NetworkMode.ALLOWLIST and self._egress is not None:
+            await self._egress.release(session.session_id)
+
+    async def remove_by_name(self, session_id: str) -> None:
+        for found in await self._engine.list_sandboxes(self._owner_id):
+            if found.session_id == session_id:
+                await self._engine.remove_sandbox(found.sandbox_id)
+
+    async def status(self, session: Session) -> tuple[bool, bool]:
+        """(running, conforms): is the sandbox there and still the one the spec asks for?"""
+        status = await self._engine.inspect_sandbox(session.container_id, self.request(session))
+        if status is None:
+            return False, False
+        return status.running, status.conforms

@@ -1,0 +1,227 @@
+"""A create request checked into a session spec: pure validation, the one place for it.
+
+Nothing here touches the engine, the store or the clock: `check_create` turns what the
+servicer decoded (`CreateSessionInput`) into a `CheckedCreate` or raises the domain error of
+the first bad field. Generic validators shared with exec and files (paths, env, ids, labels,
+images, users) live in `sandboxd.validation` and are called from here.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from sandboxd import tenancy, validation
+from sandboxd.config import Config
+from sandboxd.egress.policy import validate_policy
+from sandboxd.errors import InvalidArgument, ResourceExhausted
+from sandboxd.models import (
+    LIMIT_NAMES,
+    Limits,
+    LimitsRequest,
+    ManifestFile,
+    NetworkMode,
+    NetworkPolicy,
+    SessionSpec,
+    ShellPolicy,
+    WorkspaceManifest,
+)
+
+MAX_MANIFEST_ENTRIES = 10_000
+MAX_ALLOW_ENTRIES = 256
+MIN_MEMORY_BYTES = 6 * 1024 * 1024  # a Docker minimum
+MIN_CPU_MILLIS = 10  # the kernel's smallest CPU quota is 1 ms per 100 ms
+
+# Called for an ALLOWLIST policy: raises when this server cannot give one (no egress).
+AllowlistCheck = Callable[[], None] | None
+
+
+@dataclass(frozen=True)
+class CreateSessionInput:
+    """A create request as the servicer decoded it; not yet validated."""
+
+    session_id: str = ""
+    image: str = ""
+    limits: LimitsRequest = field(default_factory=LimitsRequest)
+    shell: ShellPolicy = field(default_factory=ShellPolicy)
+    network: NetworkPolicy = field(default_factory=NetworkPolicy)
+    env: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    lease_ttl_s: float | None = None
+    user: str = ""
+    manifest: WorkspaceManifest = field(default_factory=WorkspaceManifest)
+    from_snapshot_id: str = ""
+
+
+@dataclass(frozen=True)
+class CheckedCreate:
+    session_id: str
+    spec: SessionSpec
+    lease_s: float
+    labels: dict[str, str]
+    from_snapshot_id: str
+
+
+def check_create(
+    req: CreateSessionInput, config: Config, allowlist: AllowlistCheck
+) -> CheckedCreate:
+    """Every field of a create request, in the order a caller reads the errors."""
+    if req.session_id:
+        session_id = validation.validate_session_id(req.session_id)
+        tenancy.check_session_id(session_id)
+    else:
+        session_id = tenancy.generated_session_id(secrets.token_hex(8))
+    limits = resolve_limits(req.limits, config.default_limits, config.max_limits)
+    uid, gid = validation.parse_user(req.user)
+    env = validation.validate_env(req.env)
+    network = check_network(req.network, allowlist)
+    shell = check_shell(req.shell)
+    manifest = check_manifest(req.manifest, limits)
+    image = validation.validate_image(req.image or config.image)
+    lease = check_lease(req.lease_ttl_s, "lease_ttl", config)
+    spec = SessionSpec(
+        image=image,
+        limits=limits,
+        shell=shell,
+        network=network,
+        env=env,
+        uid=uid,
+        gid=gid,
+        manifest=manifest,
+    )
+    labels = validation.validate_labels(req.labels)
+    return CheckedCreate(session_id, spec, lease, labels, req.from_snapshot_id)
+
+
+def resolve_limits(requested: LimitsRequest, defaults: Limits, maxima: Limits) -> Limits:
+    """Fill unset limits from the defaults; refuse any above the server's maximum."""
+    values = {}
+    for name in LIMIT_NAMES:
+        asked = getattr(requested, name)
+        if asked is None:
+            values[name] = getattr(defaults, name)
+            continue
+        proto = _proto_limit_name(name)
+        if asked <= 0:
+            raise InvalidArgument(
+                f"limits.{proto} must be positive (got {asked})",
+                reason="LIMIT_INVALID",
+                metadata={"limit": proto},
+            )
+        maximum = getattr(maxima, name)
+        if asked > maximum:
+            raise InvalidArgument(
+                f"limits.{proto} = {asked} is above the server maximum {maximum}",
+                reason="LIMIT_EXCEEDS_MAXIMUM",
+                metadata={"limit": proto, "maximum": str(maximum)},
+            )
+        values[name] = asked
+    limits = Limits(**values)
+    if limits.memory_bytes < MIN_MEMORY_BYTES:
+        raise InvalidArgument(
+            "limits.memory_bytes must be at least 6 MiB (a Docker minimum)",
+            reason="LIMIT_INVALID",
+            metadata={"limit": "memory_bytes"},
+        )
+    if limits.cpu_millis < MIN_CPU_MILLIS:
+        raise InvalidArgument(
+            "limits.cpu_millis must be at least 10 (the kernel's smallest CPU quota is 1 ms)",
+            reason="LIMIT_INVALID",
+            metadata={"limit": "cpu_millis"},
+        )
+    return limits
+
+
+def _proto_limit_name(name: str) -> str:
+    return "command_timeout" if name == "command_timeout_s" else name
+
+
+def check_network(asked: NetworkPolicy, allowlist: AllowlistCheck) -> NetworkPolicy:
+    network = validate_policy(asked)
+    if network.mode is NetworkMode.ALLOWLIST:
+        if allowlist is None:
+            raise InvalidArgument(
+                "network.mode ALLOWLIST is not available on this server; use DENY",
+                reason="NETWORK_MODE_UNSUPPORTED",
+            )
+        allowlist()
+    return network
+
+
+def check_shell(shell: ShellPolicy) -> ShellPolicy:
+    if len(shell.allow) > MAX_ALLOW_ENTRIES:
+        raise InvalidArgument(
+            f"shell.allow has more than {MAX_ALLOW_ENTRIES} entries", reason="INVALID_SHELL"
+        )
+    for name in shell.allow:
+        if not name or "/" in name or "\0" in name or len(name) > 255:
+            raise InvalidArgument(
+                f"shell.allow entry {name!r} must be a bare command name",
+                reason="INVALID_SHELL",
+            )
+    return ShellPolicy(allow=tuple(sorted(set(shell.allow))), allow_all=shell.allow_all)
+
+
+def check_manifest(manifest: WorkspaceManifest, limits: Limits) -> WorkspaceManifest:
+    if len(manifest.files) + len(manifest.directories) > MAX_MANIFEST_ENTRIES:
+        raise InvalidArgument(
+            f"workspace manifest has more than {MAX_MANIFEST_ENTRIES} entries",
+            reason="MANIFEST_TOO_LARGE",
+        )
+    if len(manifest.id) > 256:
+        raise InvalidArgument(
+            "workspace.id is longer than 256 characters", reason="INVALID_MANIFEST"
+        )
+    files: list[ManifestFile] = []
+    seen: set[str] = set()
+    for f in manifest.files:
+        rel = validation.workspace_relpath(f.path, allow_root=False)
+        if rel in seen:
+            raise InvalidArgument(
+                f"workspace file {rel!r} is declared twice", reason="INVALID_MANIFEST"
+            )
+        seen.add(rel)
+        if len(f.content) > limits.file_bytes:
+            raise ResourceExhausted(
+                f"workspace file {rel!r} is {len(f.content)} bytes, over the file cap of "
+                f"{limits.file_bytes}",
+                reason="FILE_TOO_LARGE",
+                metadata={"path": rel, "limit": str(limits.file_bytes)},
+            )
+        files.append(
+            ManifestFile(rel, f.content, validation.validate_file_mode(f.mode, default=0o644))
+        )
+    dirs = tuple(validation.workspace_relpath(d, allow_root=False) for d in manifest.directories)
+    for rel in seen:
+        if (
+            rel in dirs
+            or any(d.startswith(rel + "/") for d in dirs)
+            or any(o.startswith(rel + "/") for o in seen)
+        ):
+            raise InvalidArgument(
+                f"workspace path {rel!r} is declared as a file and used as a directory",
+                reason="INVALID_MANIFEST",
+            )
+    result = WorkspaceManifest(id=manifest.id, files=tuple(files), directories=dirs)
+    if result.total_bytes() > limits.workspace_bytes:
+        raise ResourceExhausted(
+            f"workspace manifest holds {result.total_bytes()} bytes, over the workspace cap "
+            f"of {limits.workspace_bytes}",
+            reason="WORKSPACE_FULL",
+        )
+    return result
+
+
+def check_lease(ttl_s: float | None, field_name: str, config: Config) -> float:
+    if ttl_s is None:
+        return config.lease_default_s
+    if ttl_s <= 0:
+        raise InvalidArgument(f"{field_name} must be positive", reason="LEASE_INVALID")
+    if ttl_s > config.lease_max_s:
+        raise InvalidArgument(
+            f"{field_name} of {ttl_s:g} s is above the server maximum of {config.lease_max_s:g} s",
+            reason="LIMIT_EXCEEDS_MAXIMUM",
+            metadata={"limit": field_name, "maximum": f"{config.lease_max_s:g}s"},
+        )
+    return ttl_s

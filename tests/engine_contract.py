@@ -1,0 +1,201 @@
+"""Scenarios every `Engine` implementation must pass, run against the in-memory fake
+(tests/unit/test_engine_contract.py) and the Docker adapter on the real engine
+(tests/integration/test_engine_contract.py): what keeps the fake honest."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sandboxd.config import DEFAULT_LIMITS
+from sandboxd.engine.protocol import Engine, SandboxRequest
+from sandboxd.errors import FailedPrecondition, NotFound, ResourceExhausted
+from sandboxd.models import (
+    LimitsRequest,
+    ManifestFile,
+    NetworkPolicy,
+    Session,
+    SessionSpec,
+    SessionState,
+    ShellPolicy,
+    WorkspaceManifest,
+)
+from sandboxd.sessions.manifest import write_manifest
+
+IMAGE = "sandboxd-runtime:busybox"
+
+
+def spec(**limits: int) -> SessionSpec:
+    return SessionSpec(
+        image=IMAGE,
+        limits=DEFAULT_LIMITS.__class__(**{**DEFAULT_LIMITS.to_dict(), **limits}),
+        shell=ShellPolicy(),
+        network=NetworkPolicy(),
+        env={},
+        uid=65534,
+        gid=65534,
+        manifest=WorkspaceManifest(),
+    )
+
+
+def request(owner: str, session_id: str, s: SessionSpec | None = None) -> SandboxRequest:
+    return SandboxRequest(
+        spec=s or spec(),
+        owner_id=owner,
+        name=f"sandboxd-{owner}-{session_id}",
+        session_id=session_id,
+        fingerprint="f" * 64,
+    )
+
+
+async def _exec(engine: Engine, sandbox_id: str, argv: list[str]) -> tuple[int, bytes, bytes]:
+    out, err = bytearray(), bytearray()
+    async with engine.exec(sandbox_id, argv, user="65534:65534") as stream:
+        while (chunk := await stream.read()) is not None:
+            (out if chunk[0] == 1 else err).extend(chunk[1])
+        code = await stream.wait_exit_code()
+    return code, bytes(out), bytes(err)
+
+
+async def lifecycle(engine: Engine, owner: str) -> None:
+    req = request(owner, "c1")
+    sid = await engine.create_sandbox(req)
+    created = await engine.inspect_sandbox(sid)
+    assert created is not None and not created.running
+    await engine.start_sandbox(sid)
+    status = await engine.inspect_sandbox(sid, req)
+    assert status is not None and status.running and status.conforms
+    listed = await engine.list_sandboxes(owner)
+    assert [(s.sandbox_id, s.session_id, s.name) for s in listed] == [(sid, "c1", req.name)]
+    await engine.remove_sandbox(sid)
+    assert await engine.inspect_sandbox(sid) is None
+    await engine.remove_sandbox(sid)  # already gone: not an error
+    assert await engine.list_sandboxes(owner) == []
+
+
+async def refusals(engine: Engine, owner: str) -> None:
+    req = request(owner, "c2")
+    sid = await engine.create_sandbox(req)
+    try:
+        with pytest.raises(FailedPrecondition) as taken:
+            await engine.create_sandbox(req)  # the name is taken
+        assert taken.value.reason == "ENGINE_CONFLICT"
+    finally:
+        await engine.remove_sandbox(sid)
+    missing = request(owner, "c3", spec().__class__(**{**spec().__dict__, "image": "nope:x"}))
+    assert not await engine.image_exists("nope:x")
+    assert await engine.image_exists(IMAGE)
+    with pytest.raises(NotFound) as no_image:
+        await engine.create_sandbox(missing)
+    assert no_image.value.reason == "ENGINE_OBJECT_NOT_FOUND"
+    with pytest.raises(NotFound):
+        await engine.start_sandbox("0" * 64)
+    assert await engine.list_sandboxes(owner) == []
+
+
+async def shapes(engine: Engine, owner: str) -> None:
+    a = engine.sandbox_shape(request(owner, "a"))
+    assert a == engine.sandbox_shape(request(owner + "x", "b"))  # bookkeeping only
+    assert a != engine.sandbox_shape(request(owner, "a", spec(memory_bytes=96 * 1024 * 1024)))
+
+
+async def manifest_and_exec(engine: Engine, owner: str) -> None:
+    s = spec(workspace_bytes=256 * 1024)
+    sid = await engine.create_sandbox(request(owner, "m1", s))
+    try:
+        await engine.start_sandbox(sid)
+        files = (ManifestFile("a/b.txt", b"hello", 0o644),)
+        session = _session("m1", s, sid, WorkspaceManifest(files=files, directories=("d",)))
+        await write_manifest(engine, session)
+        assert await _exec(engine, sid, ["cat", "/workspace/a/b.txt"]) == (0, b"hello", b"")
+        code, out, _ = await _exec(engine, sid, ["cat", "/workspace/nope"])
+        assert code != 0 and out == b""
+        big = (ManifestFile("big.bin", b"x" * (512 * 1024), 0o644),)
+        with pytest.raises(ResourceExhausted) as full:
+            await write_manifest(engine, _session("m1", s, sid, WorkspaceManifest(files=big)))
+        assert full.value.reason == "WORKSPACE_FULL"
+    finally:
+        await engine.remove_sandbox(sid)
+
+
+def _session(session_id: str, s: SessionSpec, sid: str, manifest: WorkspaceManifest) -> Session:
+    now = datetime.now(tz=UTC)
+    return Session(
+        session_id=session_id,
+        spec=s.__class__(**{**s.__dict__, "manifest": manifest}),
+        fingerprint="f" * 64,
+        state=SessionState.RUNNING,
+        created_at=now,
+        lease_expires_at=now,
+        container_id=sid,
+    )
+
+
+SCENARIOS: dict[str, Callable[[Engine, str], Awaitable[None]]] = {
+    "lifecycle": lifecycle,
+    "refusals": refusals,
+    "shapes": shapes,
+    "manifest_and_exec": manifest_and_exec,
+}
+
+
+def new_owner() -> str:
+    return "sbxct" + secrets.token_hex(4)
+
+
+# ----- the session domain over an engine ---------------------------------------------------
+
+SESSION_MANIFEST = WorkspaceManifest(files=(ManifestFile("src/a.txt", b"hello", 0o644),))
+
+
+async def _cat(engine: Engine, session: Session, rel: str) -> bytes:
+    code, out, err = await _exec(engine, session.container_id, ["cat", f"/workspace/{rel}"])
+    assert code == 0, err
+    return out
+
+
+async def session_round_trip(st: Any) -> None:
+    """Create, suspend, resume, fork, a failed create, delete: what a session leaves on the
+    engine at each step, whichever engine it is."""
+    from sandboxd.sessions import CreateSessionInput
+
+    s = await st.sessions.create(CreateSessionInput(session_id="rt", manifest=SESSION_MANIFEST))
+    assert await _cat(st.engine, s, "src/a.txt") == b"hello"
+    assert [b.session_id for b in await st.engine.list_sandboxes(st.owner)] == ["rt"]
+    suspended = await st.sessions.suspend("rt")
+    assert suspended.state is SessionState.SUSPENDED
+    assert await st.engine.list_sandboxes(st.owner) == []
+    resumed = await st.sessions.resume("rt", None)
+    assert resumed.state is SessionState.RUNNING
+    assert await _cat(st.engine, resumed, "src/a.txt") == b"hello"
+    snap = await st.snapshots.create("rt", {}, "")
+    fork = await st.sessions.create(
+        CreateSessionInput(session_id="fork", from_snapshot_id=snap.snapshot_id)
+    )
+    assert await _cat(st.engine, fork, "src/a.txt") == b"hello"
+    big = WorkspaceManifest(files=(ManifestFile("big", b"x" * (300 * 1024), 0o644),))
+    with pytest.raises(ResourceExhausted):
+        await st.sessions.create(
+            CreateSessionInput(
+                session_id="half",
+                manifest=big,
+                limits=LimitsRequest(workspace_bytes=256 * 1024, file_bytes=1024 * 1024),
+            )
+        )
+    assert await st.store.get("half") is None
+    assert sorted(b.session_id for b in await st.engine.list_sandboxes(st.owner)) == [
+        "fork",
+        "rt",
+    ]
+    await st.sessions.delete("rt")
+    await st.sessions.delete("fork")
+    assert await st.engine.list_sandboxes(st.owner) == []
+    assert await st.snap_store.of_session("rt") == []
+
+
+SESSION_SCENARIOS: dict[str, Callable[[Any], Awaitable[None]]] = {
+    "session_round_trip": session_round_trip,
+}

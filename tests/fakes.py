@@ -1,0 +1,368 @@
+"""An in-memory implementation of `sandboxd.engine.Engine`, for Docker-free unit tests.
+
+It keeps sandboxes, networks and images in dicts and behaves like the Docker adapter where the
+domain can tell: names are unique (a second create is ENGINE_CONFLICT), a missing image or
+sandbox is ENGINE_OBJECT_NOT_FOUND, removal is idempotent, `sandbox_shape` ignores bookkeeping.
+Commands run against a per-sandbox dict of workspace files: `tar -x -f - -C /workspace`,
+`tar -c -f - .` (both through the helper's `run --cwd` too) and `cat`. The contract tests
+(tests/engine_contract.py) run the same scenarios against this fake and the real engine.
+
+Test hooks: `fail(method, exc)` makes the next call of a method raise; `lose`, `stop` and
+`tamper` change a sandbox behind the server's back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import io
+import itertools
+import json
+import tarfile
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandboxd.engine.protocol import (
+    NetworkAddress,
+    NetworkInfo,
+    SandboxInfo,
+    SandboxRequest,
+    SandboxStatus,
+)
+from sandboxd.errors import FailedPrecondition, Internal, NotFound, SandboxError
+from sandboxd.profile import HELPER_IN_CONTAINER
+
+WORKSPACE = "/workspace"
+
+
+@dataclass
+class FakeSandbox:
+    sandbox_id: str
+    request: SandboxRequest
+    running: bool = False
+    files: dict[str, bytes] = field(default_factory=dict)  # workspace-relative path -> content
+    dirs: set[str] = field(default_factory=set)
+    limits_changed: bool = False
+
+
+class FakeExecStream:
+    """stdin is collected until close_stdin; the command runs then (or at the first read)."""
+
+    def __init__(self, engine: FakeEngine, exec_id: str, sandbox: FakeSandbox, argv: list[str]):
+        self.exec_id = exec_id
+        self._engine = engine
+        self._sandbox = sandbox
+        self._argv = argv
+        self._stdin = bytearray()
+        self._output: list[tuple[int, bytes]] | None = None
+        self.code: int | None = None
+
+    def _run(self) -> None:
+        if self._output is None:
+            if not self._sandbox.running:
+                raise FailedPrecondition("container is not running", reason="ENGINE_CONFLICT")
+            self.code, self._output = _run(self._sandbox, self._argv, bytes(self._stdin))
+
+    async def read(self) -> tuple[int, bytes] | None:
+        self._run()
+        assert self._output is not None
+        return self._output.pop(0) if self._output else None
+
+    async def read_joined(self, limit: int) -> tuple[int, bytes] | None:
+        return await self.read()
+
+    async def write(self, data: bytes) -> None:
+        self._stdin += data
+
+    def close_stdin(self) -> None:
+        self._run()
+
+    async def close(self) -> None:
+        return None
+
+    async def exit_code(self) -> int | None:
+        return self.code
+
+    async def wait_exit_code(self) -> int:
+        self._run()
+        return -1 if self.code is None else self.code
+
+
+def _workspace_rel(cwd: str) -> str:
+    rel = cwd.strip("/")
+    rel = rel[len("workspace") :].lstrip("/") if rel.startswith("workspace") else rel
+    return "" if rel in ("", ".") else rel
+
+
+def _run(box: FakeSandbox, argv: list[str], stdin: bytes) -> tuple[int, list[tuple[int, bytes]]]:
+    cwd = ""
+    if argv[:2] == [HELPER_IN_CONTAINER, "run"]:
+        rest = argv[2:]
+        if rest[:1] == ["--cwd"]:
+            cwd = _workspace_rel(rest[1])
+            rest = rest[2:]
+        argv = rest[1:] if rest[:1] == ["--"] else rest
+    if argv[:1] == ["tar"] and "-x" in argv:
+        if "-C" in argv:
+            cwd = _workspace_rel(argv[argv.index("-C") + 1])
+        return _untar(box, cwd, stdin)
+    if argv[:1] == ["tar"] and "-c" in argv:
+        return 0, [(1, _tar(box, cwd))]
+    if argv[:1] == ["cat"] and len(argv) == 2:
+        rel = _workspace_rel(argv[1])
+        if rel not in box.files:
+            return 1, [(2, f"cat: can't open '{argv[1]}': No such file or directory\n".encode())]
+        return 0, [(1, box.files[rel])] if box.files[rel] else []
+    return 127, [(2, f"{argv[0] if argv else ''}: not found\n".encode())]
+
+
+def _untar(box: FakeSandbox, cwd: str, data: bytes) -> tuple[int, list[tuple[int, bytes]]]:
+    total = sum(len(v) for v in box.files.values())
+    cap = box.request.spec.limits.workspace_bytes
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            for member in tar:
+                name = "/".join(p for p in (cwd, member.name.strip("./")) if p)
+                if member.isdir():
+                    box.dirs.add(name)
+                elif member.isfile():
+                    content = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    total += len(content)
+                    if total > cap:
+                        return 1, [(2, b"tar: write error: No space left on device\n")]
+                    box.files[name] = content
+    except tarfile.TarError as exc:
+        return 1, [(2, f"tar: {exc}\n".encode())]
+    return 0, []
+
+
+def _tar(box: FakeSandbox, cwd: str) -> bytes:
+    buf = io.BytesIO()
+    prefix = cwd + "/" if cwd else ""
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for d in sorted(box.dirs):
+            if d.startswith(prefix):
+                info = tarfile.TarInfo("./" + d[len(prefix) :])
+                info.type = tarfile.DIRTYPE
+                info.mode = 0o755
+                tar.addfile(info)
+        for path, content in sorted(box.files.items()):
+            if path.startswith(prefix):
+                info = tarfile.TarInfo("./" + path[len(prefix) :])
+                info.size = len(content)
+                info.mode = 0o644
+                tar.addfile(info, io.BytesIO(content))
+    return buf.getvalue()
+
+
+class FakeEngine:
+    def __init__(self, images: Sequence[str] = ("sandboxd-runtime:busybox",)) -> None:
+        self.images: dict[str, dict[str, str]] = {image: {} for image in images}
+        self.sandboxes: dict[str, FakeSandbox] = {}
+        self.networks: dict[str, tuple[dict[str, str], NetworkAddress]] = {}
+        self.calls: list[str] = []
+        self._ids = itertools.count(1)
+        self._failures: dict[str, SandboxError] = {}
+        self._execs: dict[str, FakeExecStream] = {}
+
+    # ----- test hooks ---------------------------------------------------------------------
+
+    def fail(self, method: str, exc: SandboxError | None = None) -> None:
+        """The next call of `method` raises `exc` (an internal engine error by default)."""
+        self._failures[method] = exc or Internal(f"injected failure of {method}")
+
+    def _call(self, method: str) -> None:
+        self.calls.append(method)
+        exc = self._failures.pop(method, None)
+        if exc is not None:
+            raise exc
+
+    def lose(self, sandbox_id: str) -> None:
+        self.sandboxes.pop(sandbox_id, None)
+
+    def stop(self, sandbox_id: str) -> None:
+        self.sandboxes[sandbox_id].running = False
+
+    def tamper(self, sandbox_id: str) -> None:
+        self.sandboxes[sandbox_id].limits_changed = True
+
+    def _get(self, sandbox_id: str) -> FakeSandbox:
+        box = self.sandboxes.get(sandbox_id)
+        if box is None:
+            raise NotFound(
+                f"No such container: {sandbox_id[:12]}", reason="ENGINE_OBJECT_NOT_FOUND"
+            )
+        return box
+
+    # ----- Engine -------------------------------------------------------------------------
+
+    async def ping(self) -> str:
+        self._call("ping")
+        return "fake"
+
+    async def image_exists(self, image: str) -> bool:
+        self._call("image_exists")
+        return image in self.images
+
+    def sandbox_shape(self, request: SandboxRequest) -> str:
+        spec = request.spec
+        shaped = {
+            "image": spec.image,
+            "limits": spec.limits.to_dict(),
+            "env": spec.env,
+            "user": spec.user,
+            "network": dataclasses.asdict(request.network) if request.network else None,
+        }
+        return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()
+
+    async def create_sandbox(self, request: SandboxRequest) -> str:
+        self._call("create_sandbox")
+        if request.spec.image not in self.images:
+            raise NotFound(f"No such image: {request.spec.image}", reason="ENGINE_OBJECT_NOT_FOUND")
+        if any(b.request.name == request.name for b in self.sandboxes.values()):
+            raise FailedPrecondition(
+                f'Conflict. The container name "/{request.name}" is already in use',
+                reason="ENGINE_CONFLICT",
+            )
+        sandbox_id = hashlib.sha256(f"fake-{next(self._ids)}".encode()).hexdigest()
+        self.sandboxes[sandbox_id] = FakeSandbox(sandbox_id, request)
+        self._call("create_sandbox:after")  # a create whose answer is lost
+        return sandbox_id
+
+    async def start_sandbox(self, sandbox_id: str) -> None:
+        self._call("start_sandbox")
+        self._get(sandbox_id).running = True
+
+    async def remove_sandbox(self, sandbox_id: str) -> None:
+        self._call("remove_sandbox")
+        self.sandboxes.pop(sandbox_id, None)
+
+    async def inspect_sandbox(
+        self, sandbox_id: str, expected: SandboxRequest | None = None
+    ) -> SandboxStatus | None:
+        self._call("inspect_sandbox")
+        box = self.sandboxes.get(sandbox_id)
+        if box is None:
+            return None
+        conforms = expected is None or (
+            not box.limits_changed and box.request.spec.limits == expected.spec.limits
+        )
+        return SandboxStatus(running=box.running, conforms=conforms)
+
+    async def list_sandboxes(self, owner_id: str) -> list[SandboxInfo]:
+        self._call("list_sandboxes")
+        return [
+            SandboxInfo(
+                sandbox_id=b.sandbox_id,
+                name=b.request.name,
+                session_id=b.request.session_id,
+                pool_generation=b.request.pool_generation,
+            )
+            for b in self.sandboxes.values()
+            if b.request.owner_id == owner_id
+        ]
+
+    @contextlib.asynccontextmanager
+    async def exec(
+        self,
+        container_id: str,
+        argv: Sequence[str],
+        *,
+        user: str,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        stdin: bool = False,
+        tty: bool = False,
+    ) -> AsyncIterator[FakeExecStream]:
+        self._call("exec")
+        box = self._get(container_id)
+        if not box.running:
+            raise FailedPrecondition(
+                f"container {container_id[:12]} is not running", reason="ENGINE_CONFLICT"
+            )
+        stream = FakeExecStream(self, f"exec-{next(self._ids)}", box, list(argv))
+        self._execs[stream.exec_id] = stream
+        try:
+            yield stream
+        finally:
+            await stream.close()
+
+    async def exec_resize(self, exec_id: str, rows: int, cols: int) -> None:
+        self._call("exec_resize")
+
+    async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
+        self._call("exec_inspect")
+        stream = self._execs[exec_id]
+        return {"Running": stream.code is None, "ExitCode": stream.code}
+
+    async def ensure_network(
+        self, name: str, labels: Mapping[str, str], bridge: str
+    ) -> NetworkAddress:
+        self._call("ensure_network")
+        if name not in self.networks:
+            n = len(self.networks) + 1
+            self.networks[name] = (dict(labels), NetworkAddress(f"10.99.{n}.1", f"10.99.{n}.0/24"))
+        return self.networks[name][1]
+
+    async def remove_network(self, name: str) -> None:
+        self._call("remove_network")
+        self.networks.pop(name, None)
+
+    async def list_networks(self, owner_id: str) -> list[NetworkInfo]:
+        self._call("list_networks")
+        return [
+            NetworkInfo(name, name, labels.get("io.sandboxd.session", ""))
+            for name, (labels, _) in self.networks.items()
+            if labels.get("io.sandboxd.owner") == owner_id
+        ]
+
+    async def commit_sandbox(
+        self, sandbox_id: str, repository: str, tag: str, labels: Mapping[str, str]
+    ) -> str:
+        self._call("commit_sandbox")
+        self._get(sandbox_id)
+        image_id = "sha256:" + hashlib.sha256(f"{repository}:{tag}".encode()).hexdigest()
+        self.images[image_id] = dict(labels)
+        return image_id
+
+    async def remove_image(self, image: str) -> None:
+        self._call("remove_image")
+        self.images.pop(image, None)
+
+    async def list_images(self, owner_id: str) -> list[str]:
+        self._call("list_images")
+        return [
+            i for i, labels in self.images.items() if labels.get("io.sandboxd.owner") == owner_id
+        ]
+
+
+class FakeArchive:
+    """The archive side of snapshots over the fake's files: export is `tar -c` of the
+    workspace, import replaces it with the tar (what ArchiveIO does through the helper)."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        self._engine = engine
+        self.export_gate: Any = None  # an asyncio.Event an export waits on, when set
+        self.exported: Any = None  # an asyncio.Event set once an export has read the tar
+
+    async def export(self, session: Any, path: str) -> AsyncIterator[bytes]:
+        data = _tar(self._engine._get(session.container_id), _workspace_rel(path))
+        if self.exported is not None:
+            self.exported.set()
+        if self.export_gate is not None:  # the tar is read; the stream has not ended yet
+            await self.export_gate.wait()
+        yield data
+
+    async def import_(
+        self, session: Any, path: str, replace: bool, chunks: AsyncIterator[bytes]
+    ) -> None:
+        data = b"".join([c async for c in chunks])
+        box = self._engine._get(session.container_id)
+        if replace:
+            box.files.clear()
+            box.dirs.clear()
+        code, out = _untar(box, _workspace_rel(path), data)
+        if code != 0:
+            raise SandboxError(b"".join(d for _, d in out).decode())

@@ -1,0 +1,52 @@
+"""The engine contract against the Docker adapter on the real engine: the same scenarios the
+fake passes in tests/unit/test_engine_contract_fake.py, so the fake stays honest."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import HELPER
+from engine_contract import SCENARIOS, SESSION_SCENARIOS, new_owner
+from sandboxd.archive import ArchiveIO
+from sandboxd.engine import DockerEngine
+from sandboxd.files import Files
+from session_stack import session_stack
+
+
+@pytest.fixture
+async def docker() -> AsyncIterator[DockerEngine]:
+    async with DockerEngine(helper_path=HELPER, keeper_user="65533:65533") as engine:
+        yield engine
+
+
+async def _remove_all(docker: DockerEngine, owner: str) -> None:
+    for left in await docker.list_sandboxes(owner):
+        await docker.remove_sandbox(left.sandbox_id)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+async def test_docker_engine_keeps_the_contract(docker: DockerEngine, name: str) -> None:
+    owner = new_owner()
+    try:
+        await SCENARIOS[name](docker, owner)
+    finally:
+        await _remove_all(docker, owner)
+
+
+@pytest.mark.parametrize("name", sorted(SESSION_SCENARIOS))
+async def test_sessions_over_the_docker_engine(
+    docker: DockerEngine, name: str, tmp_path: Path
+) -> None:
+    owner = new_owner()
+
+    def archive(engine: Any) -> ArchiveIO:
+        return ArchiveIO(engine, Files(engine), spool_dir=tmp_path / "spool")
+
+    try:
+        async with session_stack(tmp_path, engine=docker, archive=archive, owner=owner) as st:
+            await SESSION_SCENARIOS[name](st)
+    finally:
+        await _remove_all(docker, owner)

@@ -1,0 +1,539 @@
+"""A stateful fuzzer against the real server: nothing a caller does loses a workspace's files.
+
+Hypothesis drives random sequences of workspace-changing calls (WriteFile, Remove, MakeDir,
+ImportArchive with and without `replace`, good, refused and client-cancelled), commands of the
+sandbox that create every kind of file it can (fifos, symlinks, hardlinks, unreadable files,
+unwritable directories, sparse files, empty directories, long and non-UTF-8 names), and the
+operations that must carry a workspace across (Suspend/Resume, CreateSnapshot + fork,
+ExportArchive + ImportArchive into a fresh session).
+
+The model is the last tree observed, read with a script inside the sandbox (type, mode, size,
+content hash or link target of every entry). After every step:
+- a call that failed (refused, cancelled) left the tree exactly as before;
+- a call that succeeded did what it said (the written file is there with its content and mode);
+- a carrying operation restored the tree entry for entry, or refused up front with the session
+  still RUNNING and untouched (never "suspended fine, cannot resume");
+- the session is in a legal state, the bystander session is untouched, no container of this
+  server is left paused, and no call ran past its deadline.
+
+`make test` runs a bounded number of examples; `make soak` runs it for as long as
+SANDBOXD_SOAK_SECONDS says. Shrunk sequences that once failed stay below as plain tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from conftest import ServerProcess, Stubs, run
+from hypothesis import HealthCheck, Phase, assume, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from sandboxd.v1 import (
+    common_pb2,
+    filesystem_pb2,
+    process_pb2,
+    session_pb2,
+    snapshot_pb2,
+    snapshot_pb2_grpc,
+)
+
+CALL_TIMEOUT = 60.0  # every call carries a deadline; DEADLINE_EXCEEDED is a finding
+SOAK_SECONDS = float(os.environ.get("SANDBOXD_SOAK_SECONDS", "0"))
+EXAMPLES = int(os.environ.get("SANDBOXD_FUZZ_EXAMPLES", "6"))
+STEPS = int(os.environ.get("SANDBOXD_FUZZ_STEPS", "12"))
+
+# A small name space so that operations collide: the interesting cases are overwrites,
+# removals of what another step made, and imports over existing trees.
+DIRS = ["", "d", "d/e", "f"]
+NAMES = ["a", "b", "c d", "ü"]
+# Tree listing inside the sandbox: one line per entry, NUL-free, sorted. Content hashes only for
+# files the owner can read (a 000 file is compared by type, mode and size).
+TREE_SCRIPT = r"""
+cd /workspace || exit 3
+find . -mindepth 1 | LC_ALL=C sort | while IFS= read -r p; do
+  t=$(stat -c %F "$p"); m=$(stat -c %a "$p"); s=$(stat -c %s "$p")
+  if [ -L "$p" ]; then x="-> $(readlink "$p")"; s=-;
+  elif [ -d "$p" ]; then x=; s=-;
+  elif [ -f "$p" ] && [ -r "$p" ]; then x=$(md5sum < "$p" | cut -c1-32);
+  else x=; fi
+  printf '%s|%s|%s|%s|%s\n' "$p" "$t" "$m" "$s" "$x"
+done
+"""
+
+
+def sh(stubs: Stubs, sid: str, script: str) -> process_pb2.RunResponse:
+    """A shell command in the sandbox, under the call deadline every fuzzer call carries."""
+    req = process_pb2.RunRequest(session_id=sid, argv=["sh", "-c", script])
+    return stubs.processes.Run(req, timeout=CALL_TIMEOUT)  # type: ignore[no-any-return]
+
+
+def tree(stubs: Stubs, sid: str) -> str:
+    r = sh(stubs, sid, TREE_SCRIPT)
+    assert r.exit_code == 0, r.stderr
+    return r.stdout.decode("utf-8", "surrogateescape")
+
+
+def snaps(stubs: Stubs) -> snapshot_pb2_grpc.SnapshotServiceStub:
+    return snapshot_pb2_grpc.SnapshotServiceStub(stubs.channel)
+
+
+def paused_containers(owner_id: str) -> list[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-q", "--filter", f"label=io.sandboxd.owner={owner_id}"]
+        + ["--filter", "status=paused"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.split()
+
+
+def import_requests(
+    sid: str,
+    data: bytes,
+    *,
+    replace: bool,
+    path: str = "",
+    stop_after: int | None = None,
+    cancelled: threading.Event | None = None,
+) -> Iterator[snapshot_pb2.ImportArchiveRequest]:
+    yield snapshot_pb2.ImportArchiveRequest(
+        header=snapshot_pb2.ImportArchiveHeader(session_id=sid, path=path, replace=replace)
+    )
+    chunk = 16 * 1024
+    for n, i in enumerate(range(0, len(data), chunk)):
+        if stop_after is not None and n >= stop_after:
+            # The client stops sending without closing: the call is then cancelled by the test.
+            if cancelled is not None:
+                cancelled.wait(CALL_TIMEOUT)
+            return
+        yield snapshot_pb2.ImportArchiveRequest(data=data[i : i + chunk])
+
+
+def make_tar(members: list[tuple[str, str, bytes]]) -> bytes:
+    """(kind, name, payload): kind 'file', 'dir', 'symlink' (payload = target), 'bad'."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for kind, name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.mtime = 1_700_000_000
+            if kind == "dir":
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif kind == "symlink":
+                info.type, info.linkname = tarfile.SYMTYPE, payload.decode()
+                tar.addfile(info)
+            elif kind == "bad":
+                info.name = "../escape"  # refused by the member rules, after good members
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+            else:
+                info.size, info.mode = len(payload), 0o644
+                tar.addfile(info, io.BytesIO(payload))
+    return buf.getvalue()
+
+
+paths = st.builds(
+    lambda d, n: f"{d}/{n}" if d else n, st.sampled_from(DIRS), st.sampled_from(NAMES)
+)
+contents = st.binary(max_size=2048) | st.sampled_from([b"", b"x" * 70_000])
+modes = st.sampled_from([0o644, 0o600, 0o755, 0o444])
+link_targets = st.sampled_from([b"a", b"../a", b"d/b", b"e", b"missing", b"/etc/passwd"])
+members = st.lists(
+    st.tuples(st.just("file"), paths, st.binary(max_size=64))
+    | st.tuples(st.just("dir"), paths, st.just(b""))
+    | st.tuples(st.just("symlink"), paths, link_targets),
+    max_size=5,
+)
+# Commands of the sandbox user that make what the API alone cannot.
+SANDBOX_MAKERS = {
+    "fifo": "mkfifo -m 600 p_fifo",
+    "symlink_dangling": "ln -sf /nowhere l_dangling",
+    "symlink_rel": "ln -sf a l_rel",
+    "hardlinks": "printf hl > hl_a && ln -f hl_a hl_b",
+    "unreadable": "printf secret > u_file && chmod 000 u_file",
+    "unwritable_dir": "mkdir -p ro_dir && printf k > ro_dir/k && chmod 555 ro_dir",
+    "sparse": "dd if=/dev/zero of=sparse bs=1 count=1 seek=8388608 2>/dev/null",
+    "empty_dir": "mkdir -p empty/inner",
+    "long_name": "printf l > " + "n" * 255,
+    "non_utf8": "printf x > \"$(printf 'bad\\377name')\"",
+    "exec_bits": "printf '#!/bin/sh\\n' > run.sh && chmod 755 run.sh",
+}
+
+# What the sandbox can make that a carrying operation does not yet round-trip (issue 19, item 2),
+# each with what happens today. The fuzzer leaves these out so that it keeps searching for what
+# nobody has found yet; the regressions below keep them as strict xfails, which turn red the
+# moment one is fixed (then delete its line here).
+KNOWN_GAPS = {
+    "fifo": "restore applies the caller's import rules and refuses the fifo it exported",
+    "non_utf8": "restore fails INTERNAL: member names are encoded as strict UTF-8",
+    "sparse": "restore applies the per-file API cap, not workspace_bytes; export is not sparse",
+    "symlink_dangling": "restore refuses the absolute link target it exported",
+    "unreadable": "export runs tar as the sandbox user, who cannot read a 000 file: INTERNAL",
+    "unwritable_dir": "extraction creates a 555 directory before its children: INTERNAL",
+}
+# ExportArchive + ImportArchive may refuse fifos, sparse and absolute links with a clear reason
+# (the caller's import rules); these three still fail INTERNAL there.
+KNOWN_EXPORT_GAPS = {k: KNOWN_GAPS[k] for k in ("non_utf8", "unreadable", "unwritable_dir")}
+FUZZ_MAKERS = sorted(set(SANDBOX_MAKERS) - set(KNOWN_GAPS))
+
+
+def _cases(gaps: dict[str, str]) -> list[object]:
+    return [
+        pytest.param(m, marks=pytest.mark.xfail(reason=gaps[m], strict=True)) if m in gaps else m
+        for m in sorted(SANDBOX_MAKERS)
+    ]
+
+
+class WorkspaceMachine(RuleBasedStateMachine):
+    """One session under test; `self.tree` is what its workspace must look like."""
+
+    stubs: Stubs
+    server: ServerProcess
+    bystander: str
+    bystander_tree: str
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sid = ""
+        self.tree = ""
+        self.extra: list[str] = []
+
+    @initialize()
+    def create(self) -> None:
+        s = self.stubs.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(
+                shell=common_pb2.ShellPolicy(allow_all=True),
+                limits=common_pb2.ResourceLimits(workspace_bytes=32 * 1024 * 1024),
+            ),
+            timeout=CALL_TIMEOUT,
+        ).session
+        self.sid = s.session_id
+        self.tree = tree(self.stubs, self.sid)
+
+    def teardown(self) -> None:
+        for sid in [self.sid, *self.extra]:
+            if sid:
+                with contextlib.suppress(grpc.RpcError):
+                    self.stubs.sessions.DeleteSession(
+                        session_pb2.DeleteSessionRequest(session_id=sid), timeout=CALL_TIMEOUT
+                    )
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _call(self, fn, *args, **kw):  # type: ignore[no-untyped-def]
+        """A call that must answer within its deadline; returns (result, error)."""
+        try:
+            return fn(*args, timeout=CALL_TIMEOUT, **kw), None
+        except grpc.RpcError as err:
+            assert err.code() != grpc.StatusCode.DEADLINE_EXCEEDED, (  # type: ignore[attr-defined]
+                f"{fn} exceeded its deadline"
+            )
+            assert err.code() not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), (  # type: ignore[attr-defined]
+                f"{fn}: {err.code()} {err.details()}\n{self.server.log()[-3000:]}"  # type: ignore[attr-defined]
+            )
+            return None, err
+
+    def _unchanged_after_failure(self, what: str, err: grpc.RpcError) -> None:
+        now = tree(self.stubs, self.sid)
+        assert now == self.tree, (
+            f"{what} failed ({err.code()} {err.details()}) but changed the workspace:\n"  # type: ignore[attr-defined]
+            f"before:\n{self.tree}\nafter:\n{now}"
+        )
+
+    def _state(self, sid: str) -> int:
+        got = self.stubs.sessions.GetSession(
+            session_pb2.GetSessionRequest(session_id=sid), timeout=CALL_TIMEOUT
+        )
+        return int(got.session.state)
+
+    # -- rules: the API ----------------------------------------------------------------------
+    @rule(path=paths, content=contents, mode=modes, parents=st.booleans())
+    def write_file(self, path: str, content: bytes, mode: int, parents: bool) -> None:
+        req = filesystem_pb2.WriteFileRequest(
+            session_id=self.sid, path=path, content=content, mode=mode, make_parents=parents
+        )
+        _, err = self._call(self.stubs.files.WriteFile, req)
+        if err is not None:
+            self._unchanged_after_failure(f"WriteFile {path!r}", err)
+            return
+        got = self.stubs.files.ReadFile(
+            filesystem_pb2.ReadFileRequest(session_id=self.sid, path=path), timeout=CALL_TIMEOUT
+        )
+        assert got.content == content
+        assert got.mode & 0o777 == mode
+        self.tree = tree(self.stubs, self.sid)
+
+    @rule(path=paths | st.sampled_from(DIRS[1:]), recursive=st.booleans())
+    def remove(self, path: str, recursive: bool) -> None:
+        req = filesystem_pb2.RemoveRequest(session_id=self.sid, path=path, recursive=recursive)
+        _, err = self._call(self.stubs.files.Remove, req)
+        if err is not None:
+            self._unchanged_after_failure(f"Remove {path!r}", err)
+            return
+        now = tree(self.stubs, self.sid)
+        assert f"./{path}|" not in now
+        self.tree = now
+
+    @rule(path=st.sampled_from(DIRS[1:]) | paths, parents=st.booleans())
+    def make_dir(self, path: str, parents: bool) -> None:
+        req = filesystem_pb2.MakeDirRequest(session_id=self.sid, path=path, parents=parents)
+        _, err = self._call(self.stubs.files.MakeDir, req)
+        if err is not None:
+            self._unchanged_after_failure(f"MakeDir {path!r}", err)
+            return
+        now = tree(self.stubs, self.sid)
+        assert f"./{path}|directory|" in now
+        self.tree = now
+
+    @rule(items=members, replace=st.booleans(), bad=st.booleans(), path=st.sampled_from(DIRS))
+    def import_archive(
+        self, items: list[tuple[str, str, bytes]], replace: bool, bad: bool, path: str
+    ) -> None:
+        # Known gap (test_regression_refused_import_into_missing_folder): left out of the
+        # search until fixed, so the fuzzer keeps looking for what is not known yet.
+        assume(not path or f"./{path}|directory|" in self.tree)
+        self.do_import(items, replace, bad, path)
+
+    def do_import(
+        self, items: list[tuple[str, str, bytes]], replace: bool, bad: bool, path: str
+    ) -> None:
+        if bad:
+            items = [*items, ("bad", "x", b"payload")]
+        data = make_tar(items)
+        reqs = import_requests(self.sid, data, replace=replace, path=path)
+        _, err = self._call(snaps(self.stubs).ImportArchive, reqs)
+        if err is not None:
+            self._unchanged_after_failure(f"ImportArchive {items!r} replace={replace}", err)
+            return
+        assert not bad, "an archive with a ../ member was accepted"
+        self.tree = tree(self.stubs, self.sid)
+
+    @rule(items=members, replace=st.booleans(), after=st.integers(0, 3))
+    def import_cancelled(
+        self, items: list[tuple[str, str, bytes]], replace: bool, after: int
+    ) -> None:
+        data = make_tar([*items, ("file", "big", os.urandom(200_000))])
+        stop = threading.Event()
+        reqs = import_requests(self.sid, data, replace=replace, stop_after=after, cancelled=stop)
+        fut = snaps(self.stubs).ImportArchive.future(reqs, timeout=CALL_TIMEOUT)
+        time.sleep(0.2)
+        fut.cancel()
+        stop.set()
+        with contextlib.suppress(grpc.FutureCancelledError, grpc.RpcError):
+            fut.result()
+        # The server learns of the cancellation asynchronously; within a short bound the
+        # workspace must be what it was, and it must never be anything else in between.
+        deadline = time.monotonic() + 10
+        while True:
+            now = tree(self.stubs, self.sid)
+            if now == self.tree or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert now == self.tree, f"a cancelled import changed the workspace:\n{self.tree}\n{now}"
+
+    # -- rules: what the sandbox itself makes ------------------------------------------------
+    @rule(maker=st.sampled_from(FUZZ_MAKERS))
+    def sandbox_makes(self, maker: str) -> None:
+        script = "cd /workspace && " + SANDBOX_MAKERS[maker]
+        sh(self.stubs, self.sid, script)
+        self.tree = tree(self.stubs, self.sid)
+
+    # -- rules: carrying a workspace across ----------------------------------------------------
+    @rule()
+    def suspend_resume(self) -> None:
+        req = session_pb2.SuspendSessionRequest(session_id=self.sid)
+        _, err = self._call(self.stubs.sessions.SuspendSession, req)
+        if err is not None:
+            # Refused up front: the session keeps running with its files.
+            assert self._state(self.sid) == session_pb2.SESSION_STATE_RUNNING
+            self._unchanged_after_failure("SuspendSession", err)
+            return
+        assert self._state(self.sid) == session_pb2.SESSION_STATE_SUSPENDED
+        resumed, err = self._call(
+            self.stubs.sessions.ResumeSession, session_pb2.ResumeSessionRequest(session_id=self.sid)
+        )
+        assert err is None, f"suspended fine, cannot resume: {err.code()} {err.details()}"  # type: ignore[attr-defined]
+        assert resumed.session.state == session_pb2.SESSION_STATE_RUNNING
+        now = tree(self.stubs, self.sid)
+        assert now == self.tree, f"resume restored another tree:\n{self.tree}\n{now}"
+
+    @rule()
+    def snapshot_and_fork(self) -> None:
+        req = snapshot_pb2.CreateSnapshotRequest(session_id=self.sid)
+        snap, err = self._call(snaps(self.stubs).CreateSnapshot, req)
+        if err is not None:
+            assert self._state(self.sid) == session_pb2.SESSION_STATE_RUNNING
+            self._unchanged_after_failure("CreateSnapshot", err)
+            return
+        fork, err = self._call(
+            self.stubs.sessions.CreateSession,
+            session_pb2.CreateSessionRequest(
+                from_snapshot_id=snap.snapshot.snapshot_id,
+                shell=common_pb2.ShellPolicy(allow_all=True),
+            ),
+        )
+        assert err is None, f"snapshot taken fine, fork refused: {err.code()} {err.details()}"  # type: ignore[attr-defined]
+        self.extra.append(fork.session.session_id)
+        assert tree(self.stubs, fork.session.session_id) == self.tree
+        assert tree(self.stubs, self.sid) == self.tree
+        self.stubs.sessions.DeleteSession(
+            session_pb2.DeleteSessionRequest(session_id=fork.session.session_id),
+            timeout=CALL_TIMEOUT,
+        )
+        snaps(self.stubs).DeleteSnapshot(
+            snapshot_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot.snapshot_id),
+            timeout=CALL_TIMEOUT,
+        )
+
+    @rule()
+    def export_import_round_trip(self) -> None:
+        req = snapshot_pb2.ExportArchiveRequest(session_id=self.sid)
+        try:
+            data = b"".join(
+                r.chunk.data for r in snaps(self.stubs).ExportArchive(req, timeout=CALL_TIMEOUT)
+            )
+        except grpc.RpcError as err:
+            assert err.code() not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)  # type: ignore[attr-defined]
+            assert err.code() != grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[attr-defined]
+            self._unchanged_after_failure("ExportArchive", err)
+            return
+        other = self.stubs.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(
+                shell=common_pb2.ShellPolicy(allow_all=True),
+                limits=common_pb2.ResourceLimits(workspace_bytes=32 * 1024 * 1024),
+            ),
+            timeout=CALL_TIMEOUT,
+        ).session.session_id
+        self.extra.append(other)
+        _, err = self._call(
+            snaps(self.stubs).ImportArchive, import_requests(other, data, replace=True)
+        )
+        if err is None:
+            assert tree(self.stubs, other) == self.tree, "export + import changed the tree"
+        else:
+            # Refusing what it exported is allowed only with a clear reason, never INTERNAL.
+            assert err.code() in (  # type: ignore[attr-defined]
+                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                grpc.StatusCode.FAILED_PRECONDITION,
+            )
+        self.stubs.sessions.DeleteSession(
+            session_pb2.DeleteSessionRequest(session_id=other), timeout=CALL_TIMEOUT
+        )
+
+    # -- invariants ----------------------------------------------------------------------------
+    @invariant()
+    def healthy(self) -> None:
+        if not self.sid:
+            return
+        assert self._state(self.sid) == session_pb2.SESSION_STATE_RUNNING
+        assert tree(self.stubs, self.bystander) == self.bystander_tree
+        assert paused_containers(self.server.owner_id) == []
+        assert self.server.proc.poll() is None, self.server.log()
+
+
+@pytest.fixture(scope="module")
+def fuzz_bystander(stubs: Stubs) -> Iterator[str]:
+    sid = stubs.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
+    ).session.session_id
+    run(stubs, sid, "sh", "-c", "cd /workspace && mkdir -p k && printf keep > k/f && ln -s f k/l")
+    yield sid
+    with contextlib.suppress(grpc.RpcError):
+        stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
+
+
+def _machine(server: ServerProcess, stubs: Stubs, bystander: str) -> type[WorkspaceMachine]:
+    WorkspaceMachine.server = server
+    WorkspaceMachine.stubs = stubs
+    WorkspaceMachine.bystander = bystander
+    WorkspaceMachine.bystander_tree = tree(stubs, bystander)
+    return WorkspaceMachine
+
+
+@pytest.mark.timeout(0)  # bounded by the example and step counts, or by SANDBOXD_SOAK_SECONDS
+def test_workspace_fuzzer(server: ServerProcess, stubs: Stubs, fuzz_bystander: str) -> None:
+    """The bounded run of `make test`; `make soak` repeats it for SANDBOXD_SOAK_SECONDS."""
+    machine = _machine(server, stubs, fuzz_bystander)
+    cfg = settings(
+        max_examples=EXAMPLES,
+        stateful_step_count=STEPS,
+        deadline=None,
+        derandomize=SOAK_SECONDS == 0,  # the CI run is reproducible; a soak explores
+        # Shrinking against a live server can take longer than the search; the CI run reports
+        # the failing sequence as found, a soak shrinks it for the regression list below.
+        phases=[Phase.explicit, Phase.reuse, Phase.generate]
+        + ([Phase.shrink] if SOAK_SECONDS else []),
+        suppress_health_check=list(HealthCheck),
+    )
+    end = time.monotonic() + SOAK_SECONDS
+    while True:
+        machine.TestCase.settings = cfg
+        machine.TestCase().runTest()
+        if time.monotonic() >= end:
+            break
+
+
+# -- sequences the fuzzer found, shrunk, kept as plain regressions ---------------------------------
+
+
+@pytest.fixture
+def fresh(server: ServerProcess, stubs: Stubs, fuzz_bystander: str) -> Iterator[WorkspaceMachine]:
+    m = _machine(server, stubs, fuzz_bystander)()
+    m.create()
+    yield m
+    m.teardown()
+
+
+def test_regression_cancelled_import_is_atomic(fresh: WorkspaceMachine) -> None:
+    fresh.write_file("a", b"before", 0o644, False)
+    fresh.import_cancelled([("file", "a", b"after")], replace=True, after=1)
+    fresh.healthy()
+
+
+def test_regression_refused_import_keeps_earlier_members_out(fresh: WorkspaceMachine) -> None:
+    fresh.write_file("d/a", b"before", 0o644, True)
+    fresh.do_import([("file", "d/a", b"after"), ("dir", "f", b"")], True, True, "")
+    fresh.healthy()
+
+
+@pytest.mark.parametrize("maker", _cases(KNOWN_GAPS))
+def test_regression_suspend_resume_of_what_the_sandbox_made(
+    fresh: WorkspaceMachine, maker: str
+) -> None:
+    fresh.sandbox_makes(maker)
+    fresh.suspend_resume()
+    fresh.healthy()
+
+
+@pytest.mark.parametrize("maker", _cases(KNOWN_GAPS))
+def test_regression_fork_of_what_the_sandbox_made(fresh: WorkspaceMachine, maker: str) -> None:
+    fresh.sandbox_makes(maker)
+    fresh.snapshot_and_fork()
+    fresh.healthy()
+
+
+@pytest.mark.parametrize("maker", _cases(KNOWN_EXPORT_GAPS))
+def test_regression_export_import_of_what_the_sandbox_made(
+    fresh: WorkspaceMachine, maker: str
+) -> None:
+    fresh.sandbox_makes(maker)
+    fresh.export_import_round_trip()
+    fresh.healthy()
+
+
+@pytest.mark.xfail(
+    strict=True, reason="a refused import into a missing folder leaves the folder created"
+)
+def test_regression_refused_import_into_missing_folder(fresh: WorkspaceMachine) -> None:
+    fresh.do_import([("file", "b", b"x")], False, True, "d/e")
+    fresh.healthy()

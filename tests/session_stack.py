@@ -1,0 +1,90 @@
+"""The session domain wired as server.py wires it, over the in-memory engine fake (or a given
+engine and archive: the real ones, in the contract tests) and a SQLite store in a temporary
+directory: what the Docker-free lifecycle tests run against."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fakes import FakeArchive, FakeEngine
+from sandboxd import tenancy
+from sandboxd.config import Config
+from sandboxd.pool import WarmPool
+from sandboxd.sessions import SessionManager
+from sandboxd.snapshot_store import SnapshotStore
+from sandboxd.snapshots import SnapshotKeeper, Snapshots
+from sandboxd.store import SessionStore
+
+OWNER = "sbxunit"
+T = TypeVar("T")
+
+
+@dataclass
+class Stack:
+    engine: Any  # a FakeEngine unless the test gave another
+    store: SessionStore
+    snap_store: SnapshotStore
+    archive: Any  # a FakeArchive unless the test gave another
+    sessions: SessionManager
+    snapshots: Snapshots
+    pool: WarmPool | None
+    owner: str = OWNER
+    ended: list[str] = field(default_factory=list)
+
+    async def backdate_lease(self, session_id: str, by: timedelta) -> None:
+        """Move a lease into the past, as if time had passed."""
+        session = await self.store.get(session_id)
+        assert session is not None
+        session.lease_expires_at = datetime.now(tz=UTC) - by
+        await self.store.update(session)
+
+
+@contextlib.asynccontextmanager
+async def session_stack(
+    tmp_path: Path,
+    *,
+    pool_size: int = 0,
+    engine: Any = None,
+    archive: Callable[[Any], Any] | None = None,
+    owner: str = OWNER,
+    **settings: Any,
+) -> AsyncIterator[Stack]:
+    config = dataclasses.replace(Config(data_dir=tmp_path, pool_size=pool_size), **settings)
+    engine = engine if engine is not None else FakeEngine()
+    async with SessionStore(tmp_path / "sessions.db") as store:
+        snap_store = await SnapshotStore(store.db, tmp_path / "snapshots").open()
+        workspace = archive(engine) if archive is not None else FakeArchive(engine)
+        keeper = SnapshotKeeper(snap_store, workspace, engine, owner)
+        pool = WarmPool.for_config(engine, config, owner) if pool_size else None
+        ended: list[str] = []
+
+        async def on_end(session_id: str) -> None:
+            ended.append(session_id)
+
+        sessions = SessionManager(
+            config, engine, store, owner, keeper, pool=pool, on_session_end=[on_end]
+        )
+        snapshots = Snapshots(keeper, snap_store, sessions, engine, store)
+        stack = Stack(engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended)
+        try:
+            yield stack
+        finally:
+            if pool is not None:
+                await pool.close()
+
+
+async def as_tenant(tenant: str, call: Callable[[], Awaitable[T]]) -> T:
+    """Run `call` in its own task serving `tenant`, as an authenticated RPC would."""
+
+    async def run() -> T:
+        tenancy.use_tenant(tenant)
+        return await call()
+
+    return await asyncio.create_task(run())
