@@ -606,6 +606,6 @@ def duration_seconds(seconds: int, nanos: int) -> float:
             f"duration {{seconds: {seconds}, nanos: {nanos}}} is not a valid "
             f"google.protobuf.Duration (|seconds| <= {MAX_DURATION_S}, |nanos| <= {_MAX_NANOS}, "
             "both of one sign)",
-            reason="INVALID_DURATION",
+            reason="INVALID_ARGUMENT",
         )
     return seconds + nanos / 1e9

@@ -770,4 +770,4 @@ def test_duration_seconds_accepts_every_valid_duration(
     ],
 )
 def test_duration_seconds_refuses_malformed_durations(seconds: int, nanos: int) -> None:
-    _expect(InvalidArgument, "INVALID_DURATION", duration_seconds, seconds, nanos)
+    _expect(InvalidArgument, "INVALID_ARGUMENT", duration_seconds, seconds, nanos)
