@@ -729,54 +729,167 @@ static char **read_names(DIR *d, size_t *count, size_t *budget, const char *rel)
 	return names;
 }
 
-static char *join_rel(const char *prefix, const char *name)
+/*
+ * Walking trees of any depth with a bounded number of descriptors: only the
+ * directory being read is open.  Going back up opens ".." and checks it is
+ * the very directory we came down from (device and inode), so a directory
+ * moved away mid-walk ends the walk (EIO) instead of leading elsewhere.  A
+ * 60,000-deep tree costs one descriptor, not 60,000.
+ */
+struct frame {
+	char **names;
+	size_t n, i;
+	dev_t dev;
+	ino_t ino;
+	size_t rel_len;	/* list: length of this directory's path in `rel` */
+	int retries;	/* remove: times the current entry was emptied again */
+};
+
+struct walk {
+	struct frame *v;
+	size_t depth, cap;
+	int fd;		/* the directory of the top frame */
+};
+
+/* Make `fd` (an open directory, taken over) the new top frame. */
+static int walk_push(struct walk *w, int fd, size_t *budget, const char *rel)
 {
-	if (!prefix)
-		return xstrdup(name);
-	char *r = xmalloc(strlen(prefix) + strlen(name) + 2);
-	sprintf(r, "%s/%s", prefix, name);
-	return r;
+	struct stat st;
+	int rfd = dup(fd);
+	DIR *d = rfd < 0 ? NULL : fdopendir(rfd);
+	if (fstat(fd, &st) < 0 || !d) {
+		int e = errno;
+		if (d)
+			closedir(d);
+		else if (rfd >= 0)
+			close(rfd);
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	if (w->depth == w->cap) {
+		w->cap = w->cap ? w->cap * 2 : 16;
+		struct frame *nv = realloc(w->v, w->cap * sizeof *nv);
+		if (!nv)
+			oom();
+		w->v = nv;
+	}
+	struct frame *f = &w->v[w->depth++];
+	memset(f, 0, sizeof *f);
+	f->names = read_names(d, &f->n, budget, rel);
+	f->dev = st.st_dev;
+	f->ino = st.st_ino;
+	closedir(d);
+	if (w->fd >= 0)
+		close(w->fd);
+	w->fd = fd;
+	return 0;
 }
 
-/* Depth-first listing; takes ownership of dfd.  `prefix` is NULL at the
- * root so that paths come out as bare names rather than "./name". */
-static void list_dir(int dfd, const char *prefix, uint64_t depth, size_t *budget)
+/* Drop the top frame and reopen its parent through "..". */
+static int walk_pop(struct walk *w)
 {
-	DIR *d = fdopendir(dfd);
-	if (!d)
+	struct frame *f = &w->v[--w->depth];
+	for (size_t k = 0; k < f->n; k++)
+		free(f->names[k]);
+	free(f->names);
+	if (w->depth == 0) {
+		close(w->fd);
+		w->fd = -1;
+		return 0;
+	}
+	struct frame *up = &w->v[w->depth - 1];
+	struct stat st;
+	int fd = openat(w->fd, "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	if (fstat(fd, &st) < 0 || st.st_dev != up->dev || st.st_ino != up->ino) {
+		close(fd);
+		errno = ESTALE; /* moved away under us: reported as EIO */
+		return -1;
+	}
+	close(w->fd);
+	w->fd = fd;
+	return 0;
+}
+
+static void walk_free(struct walk *w)
+{
+	while (w->depth > 0) {
+		struct frame *f = &w->v[--w->depth];
+		for (size_t k = 0; k < f->n; k++)
+			free(f->names[k]);
+		free(f->names);
+	}
+	free(w->v);
+	if (w->fd >= 0)
+		close(w->fd);
+}
+
+/* Depth-first pre-order listing of the directory `dfd` (taken over).
+ * `prefix` is NULL at the root so that paths come out as bare names rather
+ * than "./name".  A directory whose children's paths could reach PATH_MAX
+ * is listed but not descended: no request could name what lies below. */
+static void list_tree(int dfd, const char *prefix, uint64_t depth, size_t *budget)
+{
+	struct buf rel = {0};
+	if (prefix)
+		buf_puts(&rel, prefix);
+	struct walk w = {.fd = -1};
+	if (walk_push(&w, dfd, budget, prefix ? prefix : ".") < 0)
 		fail_errno(errno, "list", prefix ? prefix : ".");
-	size_t n;
-	char **names = read_names(d, &n, budget, prefix ? prefix : ".");
-	for (size_t i = 0; i < n; i++) {
+	w.v[0].rel_len = rel.len;
+	while (w.depth > 0) {
+		struct frame *f = &w.v[w.depth - 1];
+		if (f->i == f->n) {
+			if (walk_pop(&w) < 0)
+				fail_errno(errno, "list", rel.len ? rel.p : ".");
+			if (w.depth > 0) {
+				rel.len = w.v[w.depth - 1].rel_len;
+				if (rel.p)
+					rel.p[rel.len] = '\0';
+			}
+			continue;
+		}
+		const char *name = f->names[f->i++];
+		rel.len = f->rel_len;
+		if (rel.p)
+			rel.p[rel.len] = '\0';
 		struct stat st;
-		if (fstatat(dirfd(d), names[i], &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (fstatat(w.fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 			/* Vanished or unsearchable entries are skipped: a
 			 * listing is a snapshot, not a transaction. */
 			if (errno == ENOENT || errno == EACCES)
-				goto next;
-			fail_errno(errno, "stat", names[i]);
+				continue;
+			fail_errno(errno, "stat", name);
 		}
-		char *rel = join_rel(prefix, names[i]);
-		stat_record(&g_out, rel, names[i], dirfd(d), names[i], &st);
+		if (rel.len)
+			buf_add(&rel, "/", 1);
+		buf_puts(&rel, name);
+		stat_record(&g_out, rel.p, name, w.fd, name, &st);
 		if (g_out.len > 65536)
 			out_flush();
-		if (S_ISDIR(st.st_mode) && depth > 1) {
-			/* NO_SYMLINKS: if the entry was swapped for a symlink
-			 * since fstatat, we refuse rather than descend. */
-			int cfd = open_beneath(dirfd(d), names[i], O_RDONLY | O_DIRECTORY,
-					       0, RES_NOSYM);
-			if (cfd >= 0)
-				list_dir(cfd, rel, depth - 1, budget);
-			else if (errno != ENOENT && errno != EACCES && errno != ENOTDIR &&
-				 errno != ELOOP)
-				fail_errno(errno, "list", rel);
+		if (!S_ISDIR(st.st_mode) || w.depth >= depth || rel.len + 1 + NAME_MAX >= PATH_MAX)
+			continue;
+		/* NO_SYMLINKS: if the entry was swapped for a symlink since
+		 * fstatat, we refuse rather than descend. */
+		int cfd = open_beneath(w.fd, name, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
+		if (cfd < 0) {
+			if (errno != ENOENT && errno != EACCES && errno != ENOTDIR &&
+			    errno != ELOOP)
+				fail_errno(errno, "list", rel.p);
+			continue;
 		}
-		free(rel);
-next:
-		free(names[i]);
+		size_t len = rel.len;
+		if (walk_push(&w, cfd, budget, rel.p) < 0) {
+			if (errno != EACCES)
+				fail_errno(errno, "list", rel.p);
+			continue;
+		}
+		w.v[w.depth - 1].rel_len = len;
 	}
-	free(names);
-	closedir(d);
+	walk_free(&w);
+	free(rel.p);
 }
 
 static int cmd_list(int argc, char **argv)
@@ -792,47 +905,84 @@ static int cmd_list(int argc, char **argv)
 	if (fd < 0)
 		fail_errno(errno, "list", norm);
 	size_t budget = LIST_MAX;
-	list_dir(fd, is_root(norm) ? NULL : norm, depth, &budget);
+	list_tree(fd, is_root(norm) ? NULL : norm, depth, &budget);
 	out_flush();
 	return 0;
 }
 
-static int remove_dir(int pfd, const char *name, bool recursive);
+#define REMOVE_RETRIES 8
 
-/* Remove everything inside the directory `name` of `pfd`.  Returns -1 with
- * errno set on failure. */
+/* Remove everything inside the directory `name` of `pfd`, depth first, one
+ * open directory at a time (see struct walk).  Something inside that keeps
+ * creating entries makes a directory be emptied again, REMOVE_RETRIES times
+ * at most, then ENOTEMPTY.  Returns -1 with errno set on failure. */
 static int empty_dir(int pfd, const char *name)
 {
 	int dfd = open_beneath(pfd, name, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
 	if (dfd < 0)
 		return -1;
-	DIR *d = fdopendir(dfd);
-	if (!d) {
-		close(dfd);
+	struct walk w = {.fd = -1};
+	if (walk_push(&w, dfd, NULL, name) < 0)
 		return -1;
-	}
-	size_t n;
-	char **names = read_names(d, &n, NULL, name);
 	int rc = 0;
-	for (size_t i = 0; i < n; i++) {
-		if (rc == 0) {
-			struct stat st;
-			int r;
-			if (fstatat(dirfd(d), names[i], &st, AT_SYMLINK_NOFOLLOW) < 0)
-				r = -1;
-			else if (S_ISDIR(st.st_mode))
-				r = remove_dir(dirfd(d), names[i], true);
-			else
-				r = unlinkat(dirfd(d), names[i], 0);
-			/* A concurrent writer may have removed it first. */
-			if (r < 0 && errno != ENOENT)
+	while (w.depth > 0) {
+		struct frame *f = &w.v[w.depth - 1];
+		if (f->i == f->n) {
+			if (w.depth == 1)
+				break;
+			if (walk_pop(&w) < 0) {
 				rc = -1;
+				break;
+			}
+			/* Back in the parent: its current entry is the
+			 * directory just emptied. */
+			f = &w.v[w.depth - 1];
+			const char *child = f->names[f->i - 1];
+			if (unlinkat(w.fd, child, AT_REMOVEDIR) == 0 || errno == ENOENT) {
+				f->retries = 0;
+				continue;
+			}
+			if ((errno == ENOTEMPTY || errno == EEXIST) &&
+			    ++f->retries < REMOVE_RETRIES) {
+				f->i--; /* refilled meanwhile: empty it again */
+				continue;
+			}
+			if (errno == EEXIST)
+				errno = ENOTEMPTY;
+			rc = -1;
+			break;
 		}
-		free(names[i]);
+		const char *entry = f->names[f->i++];
+		struct stat st;
+		if (fstatat(w.fd, entry, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			if (errno == ENOENT) /* a concurrent writer was first */
+				continue;
+			rc = -1;
+			break;
+		}
+		if (!S_ISDIR(st.st_mode)) {
+			if (unlinkat(w.fd, entry, 0) < 0 && errno != ENOENT) {
+				rc = -1;
+				break;
+			}
+			continue;
+		}
+		if (unlinkat(w.fd, entry, AT_REMOVEDIR) == 0 || errno == ENOENT)
+			continue; /* was empty already */
+		if (errno != ENOTEMPTY && errno != EEXIST) {
+			rc = -1;
+			break;
+		}
+		int cfd = open_beneath(w.fd, entry, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
+		if (cfd < 0 || walk_push(&w, cfd, NULL, entry) < 0) {
+			if (errno == ENOENT)
+				continue;
+			rc = -1;
+			break;
+		}
 	}
-	free(names);
 	int e = errno;
-	closedir(d);
+	walk_free(&w);
 	errno = e;
 	return rc;
 }
@@ -846,7 +996,7 @@ static int remove_dir(int pfd, const char *name, bool recursive)
 			return 0;
 		if (errno == EEXIST) /* some filesystems say EEXIST */
 			errno = ENOTEMPTY;
-		if (errno != ENOTEMPTY || !recursive || attempt >= 8)
+		if (errno != ENOTEMPTY || !recursive || attempt >= REMOVE_RETRIES)
 			return -1;
 		if (empty_dir(pfd, name) < 0)
 			return -1;
@@ -920,47 +1070,93 @@ static int open_sub(int pfd, const char *name)
 	return open_beneath(pfd, name, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
 }
 
-static void merge_dir(int src, int dst, const char *rel)
+/* Merge the directory `src` into `dst` (both taken over), with a bounded
+ * number of descriptors whatever the depth (see struct walk): the walk goes
+ * down both trees in step, and back up through ".." checked on both. */
+static void merge_tree(int src, int dst)
 {
-	DIR *d = fdopendir(src);
-	if (!d)
-		fail_errno(errno, "merge", rel);
-	size_t n;
-	char **names = read_names(d, &n, NULL, rel);
-	for (size_t i = 0; i < n; i++) {
-		const char *name = names[i];
-		char *sub = join_rel(is_root(rel) ? NULL : rel, name);
+	struct walk w = {.fd = -1};
+	struct buf rel = {0};
+	buf_puts(&rel, "");
+	/* ids[k]: the destination directory that goes with the walk's frame k */
+	struct stat *ids = NULL;
+	size_t ncap = 0;
+	int dfd = dst;
+	if (walk_push(&w, src, NULL, ".") < 0)
+		fail_errno(errno, "merge", ".");
+	ncap = 16;
+	ids = xmalloc(ncap * sizeof *ids);
+	if (fstat(dfd, &ids[0]) < 0)
+		fail_errno(errno, "merge", ".");
+	for (;;) {
+		struct frame *f = &w.v[w.depth - 1];
+		if (f->i == f->n) {
+			if (w.depth == 1)
+				break;
+			if (walk_pop(&w) < 0)
+				fail_errno(errno, "merge", rel.p);
+			struct stat up_st;
+			int up = openat(dfd, "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (up < 0 || fstat(up, &up_st) < 0)
+				fail_errno(errno, "merge", rel.p);
+			if (up_st.st_dev != ids[w.depth - 1].st_dev ||
+			    up_st.st_ino != ids[w.depth - 1].st_ino)
+				fail(1, "EIO", "merge %s: directory moved during the merge", rel.p);
+			close(dfd);
+			dfd = up;
+			rel.len = w.v[w.depth - 1].rel_len;
+			rel.p[rel.len] = '\0';
+			continue;
+		}
+		const char *name = f->names[f->i++];
+		rel.len = f->rel_len;
+		rel.p[rel.len] = '\0';
+		if (rel.len)
+			buf_add(&rel, "/", 1);
+		buf_puts(&rel, name);
+		const char *sub = rel.p;
 		struct stat ss, ds;
-		if (fstatat(dirfd(d), name, &ss, AT_SYMLINK_NOFOLLOW) < 0)
+		if (fstatat(w.fd, name, &ss, AT_SYMLINK_NOFOLLOW) < 0)
 			fail_errno(errno, "merge", sub);
-		bool exists = fstatat(dst, name, &ds, AT_SYMLINK_NOFOLLOW) == 0;
+		bool exists = fstatat(dfd, name, &ds, AT_SYMLINK_NOFOLLOW) == 0;
 		if (!exists && errno != ENOENT)
 			fail_errno(errno, "merge", sub);
 		if (S_ISDIR(ss.st_mode) && exists && S_ISDIR(ds.st_mode)) {
-			int s2 = open_sub(dirfd(d), name);
-			int d2 = s2 < 0 ? -1 : open_sub(dst, name);
-			if (s2 < 0 || d2 < 0)
+			struct stat dst_st;
+			int s2 = open_sub(w.fd, name);
+			int d2 = s2 < 0 ? -1 : open_sub(dfd, name);
+			if (s2 < 0 || d2 < 0 || fstat(d2, &dst_st) < 0)
 				fail_errno(errno, "merge", sub);
-			merge_dir(s2, d2, sub);
-			close(d2);
-			free(sub);
-			free(names[i]);
+			size_t len = rel.len;
+			if (walk_push(&w, s2, NULL, sub) < 0)
+				fail_errno(errno, "merge", sub);
+			w.v[w.depth - 1].rel_len = len;
+			if (w.depth > ncap) {
+				ncap = w.depth * 2;
+				struct stat *n2 = realloc(ids, ncap * sizeof *ids);
+				if (!n2)
+					oom();
+				ids = n2;
+			}
+			ids[w.depth - 1] = dst_st;
+			close(dfd);
+			dfd = d2;
 			continue;
 		}
 		if (exists && S_ISDIR(ds.st_mode)) {
-			if (remove_dir(dst, name, true) < 0)
+			if (remove_dir(dfd, name, true) < 0)
 				fail_errno(errno, "merge", sub);
 		} else if (exists && S_ISDIR(ss.st_mode)) {
-			if (unlinkat(dst, name, 0) < 0)
+			if (unlinkat(dfd, name, 0) < 0)
 				fail_errno(errno, "merge", sub);
 		}
-		if (renameat(dirfd(d), name, dst, name) < 0)
+		if (renameat(w.fd, name, dfd, name) < 0)
 			fail_errno(errno, "merge", sub);
-		free(sub);
-		free(names[i]);
 	}
-	free(names);
-	closedir(d);
+	walk_free(&w);
+	close(dfd);
+	free(ids);
+	free(rel.p);
 }
 
 static void clear_dir_except(int dfd, dev_t dev, ino_t ino)
@@ -1010,7 +1206,7 @@ static int cmd_merge(int argc, char **argv)
 		fail_errno(errno, "stat stage", stage);
 	if (replace)
 		clear_dir_except(dfd, st.st_dev, st.st_ino);
-	merge_dir(sfd, dfd, ".");
+	merge_tree(sfd, dfd);
 	const char *name;
 	char *parent = split_parent(stage, &name);
 	int pfd = open_dir_path(parent, stage);
@@ -1041,7 +1237,7 @@ static ssize_t read_small(const char *path, char *buf, size_t cap)
 	return (ssize_t)len;
 }
 
-static pid_t read_ppid(pid_t pid)
+static pid_t read_ppid_state(pid_t pid, char *state_out)
 {
 	char path[64], buf[1024];
 	snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
@@ -1054,7 +1250,14 @@ static pid_t read_ppid(pid_t pid)
 	long ppid;
 	if (!p || sscanf(p + 1, " %c %ld", &state, &ppid) != 2)
 		return -1;
+	if (state_out)
+		*state_out = state;
 	return (pid_t)ppid;
+}
+
+static pid_t read_ppid(pid_t pid)
+{
+	return read_ppid_state(pid, NULL);
 }
 
 struct proc {
@@ -1104,20 +1307,16 @@ static struct proc *scan_procs(size_t *count)
 	return v;
 }
 
-/* SIGKILL every descendant of `self`; returns how many were signalled. */
-static size_t kill_descendants(pid_t self)
+/* Extend `mark` to every descendant of a marked process (or of `root`, if
+ * > 0).  Fixpoint over the parent relation; passes <= tree depth. */
+static void mark_descendants(const struct proc *v, size_t n, bool *mark, pid_t root)
 {
-	size_t n;
-	struct proc *v = scan_procs(&n);
-	bool *mark = xmalloc(n * sizeof *mark);
-	memset(mark, 0, n * sizeof *mark);
-	/* Fixpoint over the parent relation; passes <= tree depth. */
 	for (bool changed = true; changed;) {
 		changed = false;
 		for (size_t i = 0; i < n; i++) {
-			if (mark[i] || v[i].pid == self)
+			if (mark[i] || v[i].pid == root)
 				continue;
-			bool desc = v[i].ppid == self;
+			bool desc = root > 0 && v[i].ppid == root;
 			if (!desc) {
 				struct proc key = {.pid = v[i].ppid};
 				struct proc *par = bsearch(&key, v, n, sizeof *v, cmp_proc);
@@ -1129,6 +1328,16 @@ static size_t kill_descendants(pid_t self)
 			}
 		}
 	}
+}
+
+/* SIGKILL every descendant of `self`; returns how many were signalled. */
+static size_t kill_descendants(pid_t self)
+{
+	size_t n;
+	struct proc *v = scan_procs(&n);
+	bool *mark = xmalloc(n * sizeof *mark);
+	memset(mark, 0, n * sizeof *mark);
+	mark_descendants(v, n, mark, self);
 	size_t killed = 0;
 	for (size_t i = 0; i < n; i++) {
 		if (mark[i]) {
@@ -1139,6 +1348,82 @@ static size_t kill_descendants(pid_t self)
 	free(mark);
 	free(v);
 	return killed;
+}
+
+static uid_t proc_uid(pid_t pid, bool *ok);
+
+/* Is PID 1 of our PID namespace sandboxd's keeper (`sbx idle`, itself or
+ * under docker-init)?  Only there does a parent of 1 mean "orphan": on any
+ * other machine (the unit tests' host) PID 1 adopts daemons by design. */
+static bool in_sandbox(void)
+{
+	char buf[4096];
+	ssize_t len = read_small("/proc/1/cmdline", buf, sizeof buf);
+	const char *args[64];
+	size_t n = 0;
+	for (size_t off = 0; len > 0 && off < (size_t)len && n < 64;) {
+		args[n++] = buf + off;
+		off += strlen(buf + off) + 1;
+	}
+	if (n < 2 || strcmp(args[n - 1], "idle"))
+		return false;
+	const char *base = strrchr(args[n - 2], '/');
+	return !strcmp(base ? base + 1 : args[n - 2], "sbx");
+}
+
+/*
+ * Kill the orphans of dead supervisors: processes of our uid whose parent is
+ * PID 1, with everything below them, except `sbx` processes (the keeper, if
+ * it shares our uid, and a monitor busy cleaning up after its supervisor).
+ * Inside a sandbox every command runs under a living supervisor, a subreaper,
+ * so its orphans never reach PID 1 while that supervisor lives; one that did
+ * escaped a supervisor killed together with its monitor, or survived a
+ * `kill -9 -1` it sent itself.  Repeated until a round finds none, so an
+ * orphan that forks meanwhile loses.  Returns how many were killed.
+ */
+static size_t reap_orphans(void)
+{
+	if (getuid() == 0 || !in_sandbox())
+		return 0;
+	uid_t me = getuid();
+	struct stat self_exe;
+	if (stat("/proc/self/exe", &self_exe) < 0)
+		memset(&self_exe, 0, sizeof self_exe);
+	size_t total = 0;
+	for (int round = 0; round < 1000; round++) {
+		size_t n, killed = 0;
+		struct proc *v = scan_procs(&n);
+		bool *mark = xmalloc(n * sizeof *mark);
+		memset(mark, 0, n * sizeof *mark);
+		for (size_t i = 0; i < n; i++) {
+			bool ok;
+			char path[64];
+			struct stat st;
+			if (v[i].ppid != 1 || v[i].pid == 1 || proc_uid(v[i].pid, &ok) != me || !ok)
+				continue;
+			snprintf(path, sizeof path, "/proc/%ld/exe", (long)v[i].pid);
+			if (stat(path, &st) == 0 && st.st_dev == self_exe.st_dev &&
+			    st.st_ino == self_exe.st_ino)
+				continue;
+			mark[i] = true;
+		}
+		mark_descendants(v, n, mark, 0);
+		for (size_t i = 0; i < n; i++) {
+			char state = '?';
+			if (mark[i] && read_ppid_state(v[i].pid, &state) >= 0 && state != 'Z') {
+				kill(v[i].pid, SIGKILL);
+				killed++;
+			}
+		}
+		free(mark);
+		free(v);
+		if (!killed)
+			break;
+		total += killed;
+		struct timespec ts = {0, 1000000}; /* 1 ms: let init reap them */
+		nanosleep(&ts, NULL);
+	}
+	return total;
 }
 
 /*
@@ -1199,12 +1484,97 @@ static bool path_within(const char *path, const char *root)
 	return !strncmp(path, root, n) && (path[n] == '\0' || path[n] == '/');
 }
 
+/*
+ * The directories a bare command name is looked up in, whatever PATH the
+ * caller set: the server's allowlist names a program, and that program must
+ * be the image's, never a file of the same name the caller put in a
+ * directory of its own (the server allows an absolute argv[0] only in these
+ * directories too).  Same list as the sessions' default PATH.
+ */
+#define FIXED_PATH "/usr/local/bin:/usr/bin:/bin"
+
+/* Variables the dynamic loader and libc read in every program: with them an
+ * allowlisted program would load the caller's library, gconv module or
+ * locale.  Same list as validation.py's LOADER_ENV_KEYS, plus every LD_*. */
+static bool loader_var(const char *entry)
+{
+	static const char *const names[] = {
+		"GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES",
+		"LOCALDOMAIN", "LOCPATH", "MALLOC_TRACE", "NIS_PATH", "NLSPATH",
+		"RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR",
+	};
+	if (!strncmp(entry, "LD_", 3))
+		return true;
+	size_t n = strcspn(entry, "=");
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (strlen(names[i]) == n && !strncmp(entry, names[i], n))
+			return true;
+	return false;
+}
+
+/* The command's environment: ours minus the loader variables, or with
+ * --clean-env (the server's own runs, e.g. tar) only fixed values, so no
+ * caller variable reaches them. */
+static char **command_env(bool clean)
+{
+	extern char **environ;
+	size_t n = 0;
+	for (char **e = environ; *e; e++)
+		n++;
+	char **out = xmalloc((n + 4) * sizeof *out);
+	size_t o = 0;
+	if (clean) {
+		static char home[PATH_MAX + 8];
+		snprintf(home, sizeof home, "HOME=%s", g_root);
+		out[o++] = "PATH=" FIXED_PATH;
+		out[o++] = "LANG=C.UTF-8";
+		out[o++] = home;
+	} else {
+		for (char **e = environ; *e; e++)
+			if (!loader_var(*e))
+				out[o++] = *e;
+	}
+	out[o] = NULL;
+	return out;
+}
+
+/* execve argv[0] as given when it holds a '/', else looked up on FIXED_PATH
+ * (never the environment's PATH).  Returns only on failure, with the errno
+ * execvp would report: EACCES if some candidate was not executable. */
+static int exec_command(char **cmd, char **envp)
+{
+	if (strchr(cmd[0], '/')) {
+		execve(cmd[0], cmd, envp);
+		return errno;
+	}
+	if (!cmd[0][0])
+		return ENOENT;
+	bool denied = false;
+	for (const char *dir = FIXED_PATH; *dir;) {
+		size_t n = strcspn(dir, ":");
+		char path[PATH_MAX];
+		if (n + 1 + strlen(cmd[0]) < sizeof path) {
+			snprintf(path, sizeof path, "%.*s/%s", (int)n, dir, cmd[0]);
+			execve(path, cmd, envp);
+			if (errno == EACCES)
+				denied = true;
+			else if (errno != ENOENT && errno != ENOTDIR)
+				return errno;
+		}
+		dir += n;
+		if (*dir == ':')
+			dir++;
+	}
+	return denied ? EACCES : ENOENT;
+}
+
 __attribute__((noreturn))
 static void child_main(int repfd, pid_t parent, const char *cwd,
-		       const char *realroot, const struct winsize *tty, char **cmd)
+		       const char *realroot, const struct winsize *tty, char **cmd,
+		       char **envp)
 {
-	/* If the supervisor itself is SIGKILLed, at least the direct child
-	 * goes with it (best effort; nothing can cover the grandchildren). */
+	/* If the monitor is SIGKILLed, the direct child goes with it; the
+	 * rest of the tree is then the supervisor's (see monitor_main). */
 	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
 		child_report(repfd, ST_SETUP, errno);
 	if (getppid() != parent)
@@ -1252,8 +1622,89 @@ static void child_main(int repfd, pid_t parent, const char *cwd,
 	sigemptyset(&none);
 	if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
 		child_report(repfd, ST_SETUP, errno);
-	execvp(cmd[0], cmd);
-	child_report(repfd, ST_EXEC, errno);
+	child_report(repfd, ST_EXEC, exec_command(cmd, envp));
+}
+
+/*
+ * The monitor: the command's parent, between it and the supervisor.  A
+ * command can always signal its parent (same uid, `kill -KILL $PPID`), so the
+ * parent must not be the process whose death would free the tree:
+ *
+ *   - the monitor is killed: the command dies with it (PDEATHSIG), its
+ *     orphans go to the supervisor (a subreaper), which sees its child end
+ *     without a status report and kills the whole tree;
+ *   - the supervisor is killed: the monitor, a subreaper itself and so the
+ *     holder of every orphan below it, gets SIGHUP (PDEATHSIG) and kills the
+ *     tree before it exits.
+ *
+ * Only killing both in the same instant (or `kill -9 -1`, which spares the
+ * caller) leaves the caller's own process behind; see helper/README.md.
+ * When the command ends normally the monitor kills what it left, reports the
+ * wait status on `infofd` and exits.
+ */
+__attribute__((noreturn))
+static void monitor_main(int repfd, int infofd, pid_t parent, const char *cwd,
+			 const char *realroot, const struct winsize *tty, char **cmd,
+			 char **envp)
+{
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0 || prctl(PR_SET_PDEATHSIG, SIGHUP) < 0)
+		child_report(repfd, ST_SETUP, errno);
+	if (getppid() != parent)
+		_exit(EXIT_KILLED);
+	pid_t self = getpid();
+	pid_t child = fork();
+	if (child < 0)
+		child_report(repfd, ST_SETUP, errno);
+	if (child == 0) {
+		close(infofd);
+		child_main(repfd, self, cwd, realroot, tty, cmd, envp);
+	}
+	close(repfd);
+	if (write_all(infofd, &child, sizeof child) < 0) {
+		kill_tree(child);
+		_exit(EXIT_KILLED);
+	}
+	/* The monitor holds none of the command's stdio: once the supervisor
+	 * has gone, nothing of ours keeps the exec's streams open. */
+	int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+	for (int fd = 0; fd < 3; fd++) {
+		if (devnull >= 0)
+			dup2(devnull, fd);
+		else
+			close(fd);
+	}
+	/* Every signal the supervisor blocked is still blocked here. */
+	sigset_t set;
+	sigemptyset(&set);
+	int sigs[] = {SIGCHLD, SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+	for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; k++)
+		sigaddset(&set, sigs[k]);
+	for (;;) {
+		siginfo_t si;
+		int sig = sigwaitinfo(&set, &si);
+		if (sig < 0)
+			continue;
+		if (sig != SIGCHLD) {
+			/* The supervisor died (SIGHUP), or someone signals us:
+			 * either way the command's tree ends now. */
+			kill_tree(child);
+			_exit(EXIT_KILLED);
+		}
+		int status = 0;
+		pid_t w;
+		while ((w = waitpid(-1, &status, WNOHANG)) != 0) {
+			if (w < 0) {
+				if (errno == EINTR)
+					continue;
+				break;
+			}
+			if (w == child) {
+				kill_tree(child);
+				(void)write_all(infofd, &status, sizeof status);
+				_exit(0);
+			}
+		}
+	}
 }
 
 static bool forwardable(int sig)
@@ -1301,12 +1752,14 @@ static int cmd_run(int argc, char **argv)
 	const char *cwd = NULL;
 	uint64_t timeout_ms = 0;
 	struct winsize ws = {0};
-	bool tty = false;
+	bool tty = false, clean_env = false;
 	int i = 0;
 	for (; i < argc; i++) {
 		if (!strcmp(argv[i], "--")) {
 			i++;
 			break;
+		} else if (!strcmp(argv[i], "--clean-env")) {
+			clean_env = true;
 		} else if (!strcmp(argv[i], "--tty") && i + 1 < argc) {
 			unsigned rows, cols;
 			char extra;
@@ -1351,23 +1804,42 @@ static int cmd_run(int argc, char **argv)
 	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
 		fail_errno_code(126, errno, "prctl", "PR_SET_CHILD_SUBREAPER");
 
-	int rep[2];
-	if (pipe2(rep, O_CLOEXEC) < 0)
+	/* Whatever an earlier command left behind by killing its supervisor
+	 * and monitor together dies before this one starts. */
+	reap_orphans();
+	char **envp = command_env(clean_env);
+	int rep[2], info[2];
+	if (pipe2(rep, O_CLOEXEC) < 0 || pipe2(info, O_CLOEXEC) < 0)
 		fail_errno_code(126, errno, "pipe", "");
 	pid_t self = getpid();
-	pid_t child = fork();
-	if (child < 0)
+	pid_t monitor = fork();
+	if (monitor < 0)
 		fail_errno_code(126, errno, "fork", "");
-	if (child == 0) {
+	if (monitor == 0) {
 		close(rep[0]);
-		child_main(rep[1], self, cwd, realroot, tty ? &ws : NULL, cmd);
+		close(info[0]);
+		monitor_main(rep[1], info[1], self, cwd, realroot, tty ? &ws : NULL, cmd, envp);
 	}
 	close(rep[1]);
+	close(info[1]);
+
+	/* The monitor names the command first (its process group, for
+	 * forwarded signals), and later reports the command's wait status. */
+	pid_t child = 0;
+	size_t got = 0;
+	while (got < sizeof child) {
+		ssize_t n = read_retry(info[0], (char *)&child + got, sizeof child - got);
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	if (got != sizeof child)
+		child = 0;
 
 	/* EOF means execve succeeded (CLOEXEC closed the pipe); a report
 	 * means it never ran, and we know exactly why. */
 	struct report r;
-	size_t got = 0;
+	got = 0;
 	while (got < sizeof r) {
 		ssize_t n = read_retry(rep[0], (char *)&r + got, sizeof r - got);
 		if (n <= 0)
@@ -1375,6 +1847,12 @@ static int cmd_run(int argc, char **argv)
 		got += (size_t)n;
 	}
 	close(rep[0]);
+	if (got != sizeof r && child <= 0) {
+		/* The monitor died before starting the command. */
+		r.stage = ST_SETUP;
+		r.err = EIO;
+		got = sizeof r;
+	}
 	if (got == sizeof r) {
 		kill_tree(child);
 		const char *c = cwd ? cwd : g_root;
@@ -1442,13 +1920,29 @@ static int cmd_run(int argc, char **argv)
 						continue;
 					break;
 				}
-				if (w == child) {
+				if (w == monitor) {
 					done = true;
 					break;
 				}
 			}
 			if (done) {
+				/* The monitor's report is the command's status; a
+				 * monitor that ended without one was killed (by the
+				 * command, or anyone): the tree goes, status 137. */
+				int cstatus;
+				got = 0;
+				while (got < sizeof cstatus) {
+					ssize_t n = read_retry(info[0], (char *)&cstatus + got,
+							       sizeof cstatus - got);
+					if (n <= 0)
+						break;
+					got += (size_t)n;
+				}
 				kill_tree(child);
+				if (got != sizeof cstatus || !WIFEXITED(status) ||
+				    WEXITSTATUS(status) != 0)
+					_exit(EXIT_KILLED);
+				status = cstatus;
 				discard_pending_stdin();
 				if (WIFSIGNALED(status))
 					_exit(128 + WTERMSIG(status));
@@ -1582,8 +2076,12 @@ static size_t signal_supervisors(const char *token, int sig, bool queue, int val
 		} else {
 			rc = kill(match[i], sig);
 		}
-		if (rc == 0)
+		/* A command can SIGSTOP its supervisor (same uid); a stopped
+		 * one would hold the request pending forever. */
+		if (rc == 0) {
+			kill(match[i], SIGCONT);
 			sent++;
+		}
 	}
 	free(match);
 	return sent;
@@ -1593,8 +2091,23 @@ static int cmd_kill(int argc, char **argv)
 {
 	char *pos[1];
 	parse_args(argc, argv, NULL, NULL, pos, 1);
-	if (!signal_supervisors(pos[0], SIGUSR1, false, 0))
+	size_t sent = signal_supervisors(pos[0], SIGUSR1, false, 0);
+	/* The server kills by token when a call ends early; a supervisor that
+	 * is gone may have left orphans behind. */
+	reap_orphans();
+	if (!sent)
 		fail(1, "NOT_FOUND", "no supervisor with id %s", pos[0]);
+	return 0;
+}
+
+/* `sbx reap`: for the server, after an exec ended without its supervisor's
+ * report (killed); prints how many orphans it killed. */
+static int cmd_reap(int argc, char **argv)
+{
+	(void)argv;
+	if (argc != 0)
+		usage("usage: sbx reap");
+	printf("%zu\n", reap_orphans());
 	return 0;
 }
 
@@ -1658,7 +2171,7 @@ int main(int argc, char **argv)
 		i += 2;
 	}
 	if (i >= argc)
-		usage("usage: sbx [--root DIR] run|kill|signal|stat|read|write|list|remove|mkdir|merge|idle ...");
+		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|merge|idle ...");
 	const char *sub = argv[i++];
 	int rest = argc - i;
 	char **rv = argv + i;
@@ -1670,7 +2183,7 @@ int main(int argc, char **argv)
 		{"run", cmd_run},     {"kill", cmd_kill},   {"signal", cmd_signal},
 		{"stat", cmd_stat},   {"read", cmd_read},   {"write", cmd_write},
 		{"list", cmd_list},   {"remove", cmd_remove}, {"mkdir", cmd_mkdir},
-		{"idle", cmd_idle},   {"merge", cmd_merge},
+		{"idle", cmd_idle},   {"merge", cmd_merge}, {"reap", cmd_reap},
 	};
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(sub, cmds[k].name))

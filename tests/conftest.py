@@ -32,6 +32,23 @@ from sandboxd.v1 import (
 # Fixtures of the hostile-input suite (bystander, victim, guard), kept in their own module.
 pytest_plugins = ["hostile"]
 
+
+@pytest.fixture(scope="session", autouse=True)
+def host_untouched() -> Iterator[None]:
+    """The suite leaves the host's interfaces, iptables rules and /etc/docker as it found them.
+
+    tests/hostenv.py says what is compared and what is left out (per-network state of networks
+    that exist, counters). A change fails the last test's teardown with a diff.
+    """
+    import hostenv
+
+    before = hostenv.settled_snapshot()
+    yield
+    diff = hostenv.changes_since(before)
+    if diff:
+        pytest.fail("the suite changed the host:\n" + diff, pytrace=False)
+
+
 # The layer a test belongs to is its folder: unit/ runs without Docker (`make test-unit`),
 # integration/ and clients/ need the real engine and a real server, so they get the marker here
 # rather than by hand in each file.

@@ -31,11 +31,15 @@ __all__ = [
     "MAX_LABEL_VALUE_BYTES",
     "MAX_PATH_BYTES",
     "MAX_PATH_COMPONENT_BYTES",
+    "LOADER_ENV_KEYS",
+    "LOADER_ENV_PREFIX",
+    "MAX_DURATION_S",
     "RESERVED_ENV_KEYS",
     "SESSION_ID_RE",
     "WORKSPACE",
     "check_command_allowed",
     "command_name",
+    "duration_seconds",
     "parse_user",
     "validate_argv",
     "validate_cwd",
@@ -294,6 +298,36 @@ RESERVED_ENV_KEYS = frozenset(
 # override the server's value too: compare case-insensitively.
 _RESERVED_ENV_KEYS_FOLDED = frozenset(k.lower() for k in RESERVED_ENV_KEYS)
 
+# Variables the dynamic loader and libc read in every program, whatever the program: with them
+# an allowlisted `ls` would load a library, a gconv module or a locale the caller uploaded, and
+# run the caller's code (SECURITY.md, "the allowlist names the program that runs"). glibc's
+# own list of variables it drops for set-id programs (unsecvars.h), minus TMPDIR, plus every
+# `LD_` name (musl and future loaders). Program-specific ones (TAR_OPTIONS, PYTHONPATH) are
+# not here: a program's arguments can do as much as its own variables. The helper removes
+# the same names before every exec (helper/README.md), so a stored session that predates
+# this rule cannot pass them either.
+LOADER_ENV_PREFIX = "LD_"
+LOADER_ENV_KEYS = frozenset(
+    {
+        "GCONV_PATH",
+        "GETCONF_DIR",
+        "GLIBC_TUNABLES",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "LOCPATH",
+        "MALLOC_TRACE",
+        "NIS_PATH",
+        "NLSPATH",
+        "RESOLV_HOST_CONF",
+        "RES_OPTIONS",
+        "TZDIR",
+    }
+)
+
+
+def _is_loader_key(key: str) -> bool:
+    return key.startswith(LOADER_ENV_PREFIX) or key in LOADER_ENV_KEYS
+
 
 def _env_error(message: str, key: str, reason: str = "INVALID_ENV") -> InvalidArgument:
     return InvalidArgument(message, reason=reason, metadata={"key": _show(key)})
@@ -303,7 +337,8 @@ def validate_env(env: Mapping[str, str]) -> dict[str, str]:
     """Check caller environment variables and return a dict copy.
 
     The proxy variables are set by the server for the egress allowlist and cannot be
-    overridden.
+    overridden; the loader variables would let a caller run its own code inside any
+    allowlisted program, so they are refused for every session.
     """
     if len(env) > MAX_ENV_ENTRIES:
         raise InvalidArgument(
@@ -327,6 +362,14 @@ def validate_env(env: Mapping[str, str]) -> dict[str, str]:
             raise _env_error(
                 f"env key {_show(key)} is reserved: the server sets the proxy variables "
                 "for the egress allowlist and they cannot be overridden",
+                key,
+                "ENV_RESERVED",
+            )
+        if _is_loader_key(key):
+            raise _env_error(
+                f"env key {_show(key)} is reserved: dynamic-loader and libc variables "
+                f"({LOADER_ENV_PREFIX}*, {', '.join(sorted(LOADER_ENV_KEYS))}) would load "
+                "caller files into allowlisted programs and cannot be set",
                 key,
                 "ENV_RESERVED",
             )
@@ -534,3 +577,35 @@ def validate_image(image: str) -> str:
             metadata={"image": _show(image)},
         )
     return image
+
+
+# --------------------------------------------------------------------------------------------
+# Durations
+# --------------------------------------------------------------------------------------------
+
+# google.protobuf.Duration's own range: about +-10,000 years, nanos of the same sign.
+MAX_DURATION_S = 315_576_000_000
+_MAX_NANOS = 999_999_999
+
+
+def duration_seconds(seconds: int, nanos: int) -> float:
+    """Seconds of a wire Duration; a malformed one is the caller's mistake, never a value.
+
+    protobuf defines a Duration only within +-315,576,000,000 s, with |nanos| below 10^9 and
+    of the sign of `seconds`; a hand-built message can carry anything else, which would be
+    read as some other duration (1 s and -1 ns as 0.999999999 s). Whether the value suits the
+    field (positive, under a maximum) is the field's own check.
+    """
+    if (
+        abs(seconds) > MAX_DURATION_S
+        or abs(nanos) > _MAX_NANOS
+        or (seconds > 0 > nanos)
+        or (seconds < 0 < nanos)
+    ):
+        raise InvalidArgument(
+            f"duration {{seconds: {seconds}, nanos: {nanos}}} is not a valid "
+            f"google.protobuf.Duration (|seconds| <= {MAX_DURATION_S}, |nanos| <= {_MAX_NANOS}, "
+            "both of one sign)",
+            reason="INVALID_ARGUMENT",
+        )
+    return seconds + nanos / 1e9

@@ -2,7 +2,12 @@
 health says NOT_SERVING, and the server recovers on its own when the engine is back.
 
 The shared engine is never touched: the test runs a private dockerd of its own (own socket,
-data root, exec root and containerd; no bridge, no iptables) and points a server at it.
+data root, exec root and containerd; no bridge, no iptables) and points a server at it. The
+private daemon lives in a network namespace of its own (`unshare --net`): a dockerd started with
+`--bridge none` in the host's namespace deletes the host's `docker0`, and every container on the
+default bridge then fails until the host's dockerd restarts. The server reaches it through a unix
+socket in a temp dir, which works across network namespaces. tests/hostenv.py checks, for the
+whole suite, that the host's interfaces, iptables rules and /etc/docker end as they began.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from sandboxd.v1 import admin_pb2, common_pb2, process_pb2, session_pb2
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("dockerd") is None,
-        reason="needs root and a dockerd binary to run a private Docker engine",
+        os.geteuid() != 0
+        or any(shutil.which(tool) is None for tool in ("dockerd", "unshare", "ip")),
+        reason="needs root, dockerd, unshare and ip to run a private Docker engine",
     ),
 ]
 
@@ -58,6 +64,14 @@ class PrivateEngine:
         log = (self.root / "dockerd.log").open("ab")
         self.proc = subprocess.Popen(
             [
+                # A network namespace of its own, loopback up; `exec` keeps the pid dockerd's.
+                "unshare",
+                "--net",
+                "--",
+                "sh",
+                "-c",
+                'ip link set lo up && exec "$@"',
+                "sh",
                 "dockerd",
                 "--host",
                 self.host,

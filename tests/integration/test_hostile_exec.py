@@ -13,7 +13,7 @@ import grpc
 import pytest
 from conftest import Stubs, expect_error, run
 from google.protobuf import duration_pb2
-from sandboxd.v1 import common_pb2, process_pb2, session_pb2
+from sandboxd.v1 import common_pb2, filesystem_pb2, process_pb2, session_pb2
 
 P, S = process_pb2, session_pb2
 pytestmark = pytest.mark.usefixtures("guard")
@@ -65,6 +65,10 @@ BAD_ENV = [
     ({"Http_Proxy": "http://evil"}, "ENV_RESERVED"),
     ({"all_proxy": "socks5://evil"}, "ENV_RESERVED"),
     ({"NO_PROXY": "*"}, "ENV_RESERVED"),
+    ({"LD_PRELOAD": "/workspace/evil.so"}, "ENV_RESERVED"),
+    ({"LD_LIBRARY_PATH": "/workspace"}, "ENV_RESERVED"),
+    ({"LD_AUDIT": "/workspace/evil.so"}, "ENV_RESERVED"),
+    ({"GCONV_PATH": "/workspace"}, "ENV_RESERVED"),
 ]
 
 
@@ -95,6 +99,44 @@ def test_allowlist_cannot_be_bypassed(stubs: Stubs, echo_only: str, argv: list[s
         "COMMAND_NOT_ALLOWED",
     )
     assert run(stubs, echo_only, "/bin/echo", "allowed").stdout == b"allowed\n"
+
+
+@pytest.mark.parametrize("key", ["LD_PRELOAD", "LD_LIBRARY_PATH", "GCONV_PATH"])
+def test_loader_variables_are_refused_at_create(stubs: Stubs, key: str) -> None:
+    request = S.CreateSessionRequest(
+        shell=common_pb2.ShellPolicy(allow=["ls"]), env={key: "/workspace/evil"}
+    )
+    expect_error(lambda: stubs.sessions.CreateSession(request), INVALID, "ENV_RESERVED")
+
+
+@pytest.fixture(scope="module")
+def ls_only(stubs: Stubs) -> Iterator[str]:
+    """An allowlist of `ls`, a session PATH of /workspace, and an `ls` of the caller's there."""
+    sid = stubs.sessions.CreateSession(
+        S.CreateSessionRequest(
+            shell=common_pb2.ShellPolicy(allow=["ls"]), env={"PATH": "/workspace:/bin"}
+        )
+    ).session.session_id
+    stubs.files.WriteFile(
+        filesystem_pb2.WriteFileRequest(
+            session_id=sid, path="ls", content=b"#!/bin/sh\necho PLANTED\n", mode=0o755
+        )
+    )
+    yield sid
+    with contextlib.suppress(grpc.RpcError):
+        stubs.sessions.DeleteSession(S.DeleteSessionRequest(session_id=sid))
+
+
+@pytest.mark.parametrize(
+    "env", [{}, {"PATH": "/workspace"}, {"PATH": "."}], ids=["session-path", "exec-path", "dot"]
+)
+def test_allowlisted_name_runs_the_images_program(
+    stubs: Stubs, ls_only: str, env: dict[str, str]
+) -> None:
+    # The allowlist names `ls`; the caller's PATH must not make its own file run instead.
+    result = run(stubs, ls_only, "ls", "-l", env=env)
+    assert b"PLANTED" not in result.stdout, result
+    assert result.exit_code == 0 and b"ls" in result.stdout  # the image's ls listed it
 
 
 @pytest.mark.parametrize(
@@ -235,3 +277,76 @@ def test_cancel_storm_leaves_no_processes(stubs: Stubs, victim: str) -> None:
     while b"sleep 77" in run(stubs, victim, "ps", "-o", "args").stdout:
         assert time.monotonic() < deadline, "cancelled commands still running"
         time.sleep(0.3)
+
+
+# The topmost `sbx` above the command (the supervisor), whatever sits in between.
+_KILL_SUPERVISOR = (
+    "p=$PPID; while :; do gp=$(cut -d' ' -f4 /proc/$p/stat); "
+    '[ "$(cat /proc/$gp/comm 2>/dev/null)" = sbx ] || break; p=$gp; done; kill -KILL $p'
+)
+
+
+@pytest.mark.parametrize(
+    ("script", "marker"),
+    [
+        ("sleep 4242 & kill -KILL $PPID", b"sleep 4242"),
+        (f"sleep 4243 >/dev/null 2>&1 & {_KILL_SUPERVISOR}; sleep 100", b"sleep 4243"),
+        ("setsid sleep 4244 >/dev/null 2>&1 & kill -TERM $PPID; sleep 100", b"sleep 4244"),
+    ],
+    ids=["kill-parent", "kill-supervisor", "setsid-then-term-parent"],
+)
+def test_killing_the_supervisor_leaves_no_orphans(
+    stubs: Stubs, victim: str, script: str, marker: bytes
+) -> None:
+    start = time.monotonic()
+    run(stubs, victim, "sh", "-c", script, timeout=duration_pb2.Duration(seconds=3))
+    assert time.monotonic() - start < 10
+    # No command of ours runs meanwhile, so nothing else could clean up behind the attack.
+    time.sleep(1.5)
+    ps = run(stubs, victim, "ps", "-o", "args").stdout
+    assert marker not in ps, ps
+    _still_works(stubs, victim)
+
+
+@pytest.mark.parametrize(
+    ("script", "marker"),
+    [
+        # Monitor and supervisor in one kill, from a grandchild the monitor's death spares.
+        (
+            f"({_KILL_SUPERVISOR.replace('kill -KILL $p', 'kill -KILL $PPID $p')}; "
+            "exec sleep 4245 >/dev/null 2>&1) & wait",
+            b"sleep 4245",
+        ),
+        # `kill -9 -1` spares its caller, which then has no supervisor at all.
+        ("(kill -9 -1; exec sleep 4246 >/dev/null 2>&1) & wait", b"sleep 4246"),
+    ],
+    ids=["kill-supervisor-and-monitor", "kill-everything-then-run"],
+)
+def test_orphans_of_a_killed_supervisor_die_before_the_next_command(
+    stubs: Stubs, victim: str, script: str, marker: bytes
+) -> None:
+    run(stubs, victim, "sh", "-c", script, timeout=duration_pb2.Duration(seconds=3))
+    time.sleep(0.5)
+    ps = run(stubs, victim, "ps", "-o", "args").stdout
+    assert marker not in ps, ps
+    _still_works(stubs, victim)
+
+
+def test_a_tree_deeper_than_the_descriptor_limit_can_be_removed(stubs: Stubs, victim: str) -> None:
+    # 26,000 levels, past the container's 20,000 open files: the helper's walk must not hold
+    # one descriptor per level. Built in steps of 2,000 levels, each a rename under a fresh
+    # 2,000-deep chain, so that no path a command uses passes PATH_MAX.
+    limit = int(run(stubs, victim, "sh", "-c", "ulimit -n").stdout)
+    chunk = "/".join(["a"] * 2000)
+    steps = limit // 2000 + 3
+    script = (
+        f"d={chunk}; mkdir a; for i in $(seq {steps}); do "
+        "mkdir -p c/$d && mv a c/$d/ && mv c a || exit 1; done"
+    )
+    assert run(stubs, victim, "sh", "-c", script).exit_code == 0
+    stubs.files.Remove(filesystem_pb2.RemoveRequest(session_id=victim, path="a", recursive=True))
+    expect_error(
+        lambda: stubs.files.Stat(filesystem_pb2.StatRequest(session_id=victim, path="a")),
+        grpc.StatusCode.NOT_FOUND,
+    )
+    _still_works(stubs, victim)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import stat
@@ -554,6 +555,58 @@ def test_remove_errors(env):
     env.fail("EINVAL", "remove", "f", "--parents", rc=2)
 
 
+def _deep_tree(top: Path, depth: int) -> None:
+    """`top/a/a/.../a/f` with `depth` directories, built by relative steps (no long paths)."""
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir("a", dir_fd=fd)
+            nxt = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
+
+
+def _few_fds() -> None:
+    # Far fewer descriptors than the tree is deep: the walk must not hold one per level.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+
+@pytest.fixture
+def mem_env(sbx, tmp_path):
+    """A root on tmpfs when the host has one, like the sandbox's workspace (disk is slow)."""
+    base = Path("/dev/shm")
+    d = tmp_path
+    if os.access(base, os.W_OK):
+        d = Path(tempfile.mkdtemp(prefix="sbx-deep-", dir=base))
+    (d / "ws").mkdir()
+    yield Env(sbx, d / "ws", d)
+    if d != tmp_path:
+        subprocess.run([sbx, "--root", str(d), "remove", "ws", "--recursive"], check=False)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_remove_recursive_deep_tree_with_bounded_descriptors(mem_env):
+    _deep_tree(mem_env.root / "deep", 60_000)
+    mem_env.ok("remove", "deep", "--recursive", preexec_fn=_few_fds, timeout=60)
+    assert not (mem_env.root / "deep").exists()
+
+
+def test_list_deep_tree_with_bounded_descriptors(mem_env):
+    env = mem_env
+    _deep_tree(env.root / "deep", 3_000)
+    r = env.ok("list", "deep", "100000", preexec_fn=_few_fds, timeout=60)
+    got = paths(r)
+    # Listed, in pre-order, down to the directories whose children's paths could reach
+    # PATH_MAX (path + "/" + a 255-byte name): "deep" + k * "/a" is descended while
+    # 4 + 2k + 256 < 4096, so k runs to 1918.
+    assert got == ["deep" + "/a" * k for k in range(1, 1919)]
+    env.ok("remove", "deep", "--recursive", preexec_fn=_few_fds, timeout=60)
+
+
 def test_remove_permission_denied(open_env):
     d = open_env.root / "ro"
     d.mkdir()
@@ -734,6 +787,98 @@ def test_run_fork_storm_fully_killed(env):
     for p in survivors:
         os.kill(p, signal.SIGKILL)
     assert survivors == []
+
+
+def _wait_dead(pid: int, seconds: float = 5) -> bool:
+    deadline = time.monotonic() + seconds
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _fake_ls(env) -> None:
+    fake = env.root / "ls"
+    fake.write_text("#!/bin/sh\necho PLANTED\n")
+    fake.chmod(0o755)
+
+
+def test_run_looks_commands_up_on_the_fixed_path_not_the_callers(env):
+    # The server's allowlist names `ls`: the caller's PATH must not swap in its own file.
+    _fake_ls(env)
+    r = env("run", "--", "ls", env={"PATH": str(env.root)})
+    assert r.rc == 0 and b"PLANTED" not in r.out, r
+    assert b"ls" in r.out  # the real ls listed the root, fake file included
+    r = env("run", "--", "sh", "-c", 'echo "$PATH"', env={"PATH": str(env.root)})
+    assert r.out == f"{env.root}\n".encode()  # the variable itself still reaches the command
+    # An absolute argv[0] is taken as given (the server allows only system bin dirs).
+    assert env("run", "--", str(env.root / "ls")).out == b"PLANTED\n"
+
+
+def test_run_drops_loader_variables(env):
+    names = ["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "GCONV_PATH", "LOCPATH", "RES_OPTIONS"]
+    script = "; ".join(f'echo "{n}=${{{n}}}"' for n in names) + '; echo "KEEP=$KEEP"'
+    given = {n: str(env.root / "evil") for n in names} | {"PATH": os.environ["PATH"], "KEEP": "1"}
+    r = env("run", "--", "sh", "-c", script, env=given)
+    assert r.rc == 0, r
+    assert r.out.decode().splitlines() == [f"{n}=" for n in names] + ["KEEP=1"]
+
+
+def test_run_clean_env_passes_no_caller_variable(env):
+    r = env(
+        "run",
+        "--clean-env",
+        "--",
+        "sh",
+        "-c",
+        "env | sort",
+        env={"PATH": str(env.root), "TAR_OPTIONS": "--to-command=x", "FOO": "1"},
+    )
+    lines = sorted(r.out.decode().splitlines())
+    lines = [x for x in lines if not x.startswith(("PWD=", "SHLVL=", "_=", "OLDPWD="))]
+    assert lines == ["HOME=" + str(env.root), "LANG=C.UTF-8", "PATH=/usr/local/bin:/usr/bin:/bin"]
+
+
+def test_run_command_killing_its_parent_leaves_nothing(env):
+    # The command's parent is the monitor: killing it ends the run and the whole tree.
+    t0 = time.monotonic()
+    script = "sleep 4242 >/dev/null 2>&1 & echo $!; kill -KILL $PPID; sleep 100"
+    r = env("run", "--", "sh", "-c", script)
+    assert _wait_dead(int(r.out.split()[0]))
+    assert r.rc == 137 and time.monotonic() - t0 < 5, r
+
+
+# The topmost `sbx` above the command: the supervisor, whatever sits in between.
+KILL_SUPERVISOR = (
+    "p=$PPID; while :; do gp=$(cut -d' ' -f4 /proc/$p/stat); "
+    '[ "$(cat /proc/$gp/comm 2>/dev/null)" = sbx ] || break; p=$gp; done; kill -KILL $p'
+)
+
+
+def test_run_command_killing_the_supervisor_leaves_nothing(env):
+    # The monitor outlives the supervisor just long enough to kill the tree.
+    script = f"sleep 4243 >/dev/null 2>&1 & echo $!; {KILL_SUPERVISOR}; sleep 100"
+    with subprocess.Popen(
+        [env.sbx, "--root", str(env.root), "run", "--", "sh", "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    ) as p:
+        try:
+            pid = int(p.stdout.readline())
+            assert _wait_dead(pid)
+            assert p.wait(timeout=5) == -signal.SIGKILL
+        finally:
+            p.kill()
+
+
+def test_run_command_signalling_its_parent_ends_the_tree(env):
+    for sig in ("TERM", "HUP", "USR1", "INT"):
+        script = f"sleep 4244 >/dev/null 2>&1 & echo $!; kill -{sig} $PPID; sleep 100"
+        r = env("run", "--", "sh", "-c", script)
+        assert _wait_dead(int(r.out.split()[0]))
+        assert r.rc == 137, (sig, r)
 
 
 def _start(env, tok: str, script: str) -> subprocess.Popen:
@@ -929,3 +1074,45 @@ def test_merge_into_a_subfolder_and_errors(env):
     env.fail("ENOENT", "merge", ".nope", "sub")
     env.fail("ESCAPE", "merge", "subl", "sub")  # a stage reached through a symlink
     assert stage.exists()
+
+
+def test_merge_deep_trees_with_bounded_descriptors(mem_env):
+    # Both trees 3,000 deep: the walk goes down both in step, one directory of each open.
+    env = mem_env
+    _deep_tree(env.root / ".stage", 3_000)
+    _deep_tree(env.root / "dest", 3_000)
+    fd = os.open(env.root / ".stage", os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(3_000):
+        nxt = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    with os.fdopen(os.open("new", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as fh:
+        fh.write("new\n")
+    os.close(fd)
+    env.ok("merge", ".stage", "dest", preexec_fn=_few_fds, timeout=60)
+    assert not (env.root / ".stage").exists()
+    fd = os.open(env.root / "dest", os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(3_000):
+        nxt = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    try:
+        assert sorted(os.listdir(fd)) == ["f", "new"]
+    finally:
+        os.close(fd)
+    env.ok("remove", "dest", "--recursive", preexec_fn=_few_fds, timeout=60)
+
+
+def test_kill_by_token_reaches_a_stopped_supervisor(env):
+    # The command stops its supervisor; `sbx kill` must still end the run at once.
+    tok = token()
+    script = f"echo $$; {KILL_SUPERVISOR.replace('kill -KILL', 'kill -STOP')}; sleep 100"
+    with _start(env, tok, script) as p:
+        try:
+            pid = int(p.stdout.readline())
+            time.sleep(0.3)
+            env.ok("kill", tok)
+            assert p.wait(timeout=5) == 137
+            assert _wait_dead(pid)
+        finally:
+            p.kill()

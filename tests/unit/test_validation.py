@@ -13,9 +13,11 @@ from sandboxd.errors import InvalidArgument, PermissionDenied, SandboxError
 from sandboxd.validation import (
     ALLOWED_BIN_DIRS,
     ENV_KEY_RE,
+    LOADER_ENV_KEYS,
     MAX_ARG_BYTES,
     MAX_ARGS,
     MAX_ARGV_TOTAL_BYTES,
+    MAX_DURATION_S,
     MAX_ENV_ENTRIES,
     MAX_ENV_KEY_BYTES,
     MAX_ENV_VALUE_BYTES,
@@ -26,6 +28,7 @@ from sandboxd.validation import (
     WORKSPACE,
     check_command_allowed,
     command_name,
+    duration_seconds,
     parse_user,
     validate_argv,
     validate_cwd,
@@ -465,6 +468,8 @@ ENV_ACCEPT = [
     {"V": "x" * MAX_ENV_VALUE_BYTES},
     {f"K{i}": str(i) for i in range(MAX_ENV_ENTRIES)},
     {"PROXY": "x", "HTTP_PROXY_X": "y", "MY_http_proxy": "z"},
+    # Only the loader's exact names: lower case or a longer name is an ordinary variable.
+    {"ld_preload": "x", "OLD_PATH": "y", "GCONV_PATH_X": "z", "TMPDIR": "/tmp"},
 ]
 
 
@@ -494,6 +499,13 @@ ENV_REJECT = [
     ({"Http_Proxy": "http://evil"}, "ENV_RESERVED"),
     ({"hTTps_proxy": "http://evil"}, "ENV_RESERVED"),
     ({"OK": "1", "HTTPS_PROXY": ""}, "ENV_RESERVED"),
+    # Loader and libc variables: an allowlisted program would load the caller's files.
+    *[
+        ({key: "/workspace/evil"}, "ENV_RESERVED")
+        for key in ["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD_X", "LD_"]
+    ],
+    *[({key: "/workspace/evil"}, "ENV_RESERVED") for key in sorted(LOADER_ENV_KEYS)],
+    ({"OK": "1", "LD_PRELOAD": ""}, "ENV_RESERVED"),
 ]
 
 
@@ -721,3 +733,41 @@ def test_property_file_mode_never_set_id(mode: int) -> None:
         assert err.reason == "INVALID_MODE"
         return
     assert 0 <= result <= 0o777
+
+
+# --------------------------------------------------------------------------------------------
+# Durations
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos", "expected"),
+    [
+        (0, 0, 0.0),
+        (1, 500_000_000, 1.5),
+        (-1, -500_000_000, -1.5),
+        (0, -1, -1e-9),
+        (MAX_DURATION_S, 999_999_999, MAX_DURATION_S + 0.999999999),
+        (-MAX_DURATION_S, -999_999_999, -MAX_DURATION_S - 0.999999999),
+    ],
+)
+def test_duration_seconds_accepts_every_valid_duration(
+    seconds: int, nanos: int, expected: float
+) -> None:
+    assert duration_seconds(seconds, nanos) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos"),
+    [
+        (1, -1),  # mixed signs
+        (-1, 1),
+        (0, 1_000_000_000),  # nanos out of range
+        (0, -1_000_000_000),
+        (MAX_DURATION_S + 1, 0),  # beyond +-10,000 years
+        (-(2**63), 0),
+        (2**63 - 1, 999_999_999),
+    ],
+)
+def test_duration_seconds_refuses_malformed_durations(seconds: int, nanos: int) -> None:
+    _expect(InvalidArgument, "INVALID_ARGUMENT", duration_seconds, seconds, nanos)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from sandboxd import validation
 from sandboxd.api import egress_convert
+from sandboxd.errors import InvalidArgument
 from sandboxd.models import (
     ExecEvent,
     ExecExited,
@@ -45,7 +47,7 @@ _FILE_TYPE = {
 
 
 def duration_s(value: duration_pb2.Duration) -> float:
-    return value.seconds + value.nanos / 1e9
+    return validation.duration_seconds(value.seconds, value.nanos)
 
 
 def optional_duration_s(value: duration_pb2.Duration, present: bool) -> float | None:
@@ -62,9 +64,23 @@ def duration_pb(seconds: float) -> duration_pb2.Duration:
     return d
 
 
+# A session needs this many processes before a command can do anything: the container's init
+# and idle keeper, a supervisor and its monitor (helper/README.md), the command and a child or
+# two. Fewer made a session that could not run even `sh -c 'echo | cat'`, or write its manifest.
+MIN_PIDS = 8
+
+
 def limits_request(pb: common_pb2.ResourceLimits) -> LimitsRequest:
     def opt(v: int) -> int | None:
         return None if v == 0 else v
+
+    if 0 < pb.pids < MIN_PIDS:
+        raise InvalidArgument(
+            f"limits.pids must be at least {MIN_PIDS} (got {pb.pids}): the container's init, "
+            "the supervisor and the command's own processes count too",
+            reason="LIMIT_INVALID",
+            metadata={"limit": "pids"},
+        )
 
     return LimitsRequest(
         memory_bytes=opt(pb.memory_bytes),

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from sandboxd import validation
 from sandboxd.egress.audit import EgressEvent
 from sandboxd.models import ProxyQuotas
 from sandboxd.v1 import common_pb2, session_pb2
 
 
 def _seconds(value: duration_pb2.Duration) -> float | None:
-    seconds = value.seconds + value.nanos / 1e9
+    seconds = validation.duration_seconds(value.seconds, value.nanos)
     return seconds if seconds != 0 else None
 
 

@@ -1,0 +1,176 @@
+"""The host as the suite found it: interfaces, addresses, iptables rules and /etc/docker.
+
+`make test` on a user's machine must leave the host's Docker engine as it was (issue 12): a private
+dockerd in the host's network namespace once deleted `docker0`. The session fixture `host_untouched`
+(tests/conftest.py) takes a snapshot before the first test and compares it after the last, and
+fails with a diff.
+
+What is compared is what outlives a suite. Left out: the bridges of Docker networks that exist
+at the time (sandboxd's `sbx<hash>` session bridges, `br-<id>`), with their iptables rules and
+sandboxd's `SBX-<bridge>` chains, so sessions still running elsewhere on the engine do not
+count; veth pairs (they go with their container); packet counters and link state (a bridge is
+DOWN while no container is attached). A bridge or chain whose network is gone is a leak, and
+is reported like any other change.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_VETH = re.compile(r"\bveth[0-9a-zA-Z]+\b")
+_COUNTERS = re.compile(r"\[\d+:\d+\]")
+_LINK = re.compile(r"^\d+:\s+(?P<name>[^:@\s]+)(?:@\S+)?:.*?link/(?P<type>\S+)(?: (?P<mac>\S+))?")
+_ADDR = re.compile(r"^\d+:\s+(?P<name>\S+)\s+(?P<family>inet6?)\s+(?P<addr>\S+)")
+
+
+@dataclass(frozen=True)
+class HostState:
+    links: tuple[str, ...]
+    addresses: tuple[str, ...]
+    iptables: tuple[str, ...]
+    etc_docker: tuple[str, ...]
+
+    def diff(self, after: HostState) -> str:
+        """A unified diff per part that changed; empty when the host is as it was."""
+        out: list[str] = []
+        for part in ("links", "addresses", "iptables", "etc_docker"):
+            a, b = getattr(self, part), getattr(after, part)
+            if a != b:
+                out.extend(
+                    difflib.unified_diff(
+                        list(a), list(b), f"{part} before", f"{part} after", lineterm=""
+                    )
+                )
+        return "\n".join(out)
+
+
+def _lines(argv: list[str]) -> list[str]:
+    if shutil.which(argv[0]) is None:
+        return [f"<{argv[0]} not available>"]
+    cp = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    if cp.returncode != 0:
+        return [f"<{' '.join(argv)} failed: {cp.stderr.strip()[:200]}>"]
+    return cp.stdout.splitlines()
+
+
+def _ephemeral(bridges: frozenset[str]) -> re.Pattern[str]:
+    """Names of per-network objects: veth ends, the live networks' bridges and their chains."""
+    names = sorted(bridges - {"docker0"})
+    alternatives = [_VETH.pattern] + [rf"\b(?:SBX-)?{re.escape(n)}\b" for n in names]
+    return re.compile("|".join(alternatives))
+
+
+def normalise_links(lines: list[str], bridges: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """`ip -o link` as name, link type and address, per-network Docker interfaces left out."""
+    ephemeral = _ephemeral(bridges)
+    keep = set()
+    for line in lines:
+        m = _LINK.match(line)
+        if m is None or ephemeral.search(m.group("name")):
+            continue
+        keep.add(f"{m.group('name')} {m.group('type')} {m.group('mac') or ''}".strip())
+    return tuple(sorted(keep))
+
+
+def normalise_addresses(lines: list[str], bridges: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """`ip -o addr` as name, family and address/prefix (lifetimes and flags left out).
+
+    IPv6 link-local addresses come and go with a bridge's carrier; they derive from the MAC,
+    which the links part compares.
+    """
+    ephemeral = _ephemeral(bridges)
+    keep = set()
+    for line in lines:
+        m = _ADDR.match(line)
+        if m is None or ephemeral.search(m.group("name")) or m.group("addr").startswith("fe80:"):
+            continue
+        keep.add(f"{m.group('name')} {m.group('family')} {m.group('addr')}")
+    return tuple(sorted(keep))
+
+
+def normalise_iptables(lines: list[str], bridges: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """`iptables-save` without comments, counters and rules of per-network objects."""
+    ephemeral = _ephemeral(bridges)
+    keep = []
+    for line in lines:
+        if line.startswith("#") or ephemeral.search(line):
+            continue
+        keep.append(_COUNTERS.sub("", line).rstrip())
+    return tuple(keep)
+
+
+def etc_docker(root: Path = Path("/etc/docker")) -> tuple[str, ...]:
+    """Every file under /etc/docker with its mode and a digest of its content."""
+    if not root.exists():
+        return ("<absent>",)
+    entries = []
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        digest = ""
+        if path.is_file() and not path.is_symlink():
+            try:
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+            except OSError as err:
+                digest = f"<{err.strerror}>"
+        entries.append(f"{path.relative_to(root)} {oct(st.st_mode)} {digest}")
+    return tuple(entries)
+
+
+def live_bridges() -> frozenset[str]:
+    """The bridge interface of every Docker network that exists now (queried after the host)."""
+    ids = _lines(["docker", "network", "ls", "-q", "--filter", "driver=bridge"])
+    if not ids or ids[0].startswith("<"):
+        return frozenset()
+    fmt = '{{.Id}} {{index .Options "com.docker.network.bridge.name"}}'
+    names = set()
+    for line in _lines(["docker", "network", "inspect", "--format", fmt, *ids]):
+        net_id, _, name = line.partition(" ")
+        if not line.startswith("<"):
+            names.add(name.strip() or f"br-{net_id[:12]}")
+    return frozenset(names)
+
+
+def snapshot() -> HostState:
+    links = _lines(["ip", "-o", "link"])
+    addresses = _lines(["ip", "-o", "addr"])
+    iptables = _lines(["iptables-save"]) if os.geteuid() == 0 else ["<not root>"]
+    # After the host's state: a bridge seen above belongs to a network listed here.
+    bridges = live_bridges()
+    return HostState(
+        links=normalise_links(links, bridges),
+        addresses=normalise_addresses(addresses, bridges),
+        iptables=normalise_iptables(iptables, bridges),
+        etc_docker=etc_docker(),
+    )
+
+
+def settled_snapshot(tries: int = 5, pause_s: float = 0.5) -> HostState:
+    """A snapshot two takes in a row agree on: Docker may be midway through adding or removing
+    some other suite's network (its bridge listed, its rules half gone) at any one instant."""
+    last = snapshot()
+    for _ in range(tries):
+        time.sleep(pause_s)
+        current = snapshot()
+        if current == last:
+            return current
+        last = current
+    return last
+
+
+def changes_since(before: HostState, tries: int = 5, pause_s: float = 1.0) -> str:
+    """The diff from `before` that persists over `tries` looks (empty when none does)."""
+    diff = ""
+    for _ in range(tries):
+        diff = before.diff(snapshot())
+        if not diff:
+            return ""
+        time.sleep(pause_s)
+    return diff
