@@ -14,6 +14,7 @@ import unicodedata
 from collections.abc import Collection, Mapping, Sequence
 
 from sandboxd.errors import InvalidArgument, PermissionDenied
+from sandboxd.reasons import Reason
 
 __all__ = [
     "ALLOWED_BIN_DIRS",
@@ -106,19 +107,19 @@ def workspace_relpath(path: str, *, allow_root: bool = True) -> str:
     Returns "." for the workspace root (when `allow_root`).
     """
     if not isinstance(path, str):
-        raise InvalidArgument("path must be a string", reason="PATH_INVALID")
+        raise InvalidArgument("path must be a string", reason=Reason.PATH_INVALID)
     if path == "":
-        raise _path_error(path, "path must not be empty", "PATH_INVALID")
+        raise _path_error(path, "path must not be empty", Reason.PATH_INVALID)
     if "\x00" in path:
-        raise _path_error(path, f"path {_show(path)} contains a NUL byte", "PATH_INVALID")
+        raise _path_error(path, f"path {_show(path)} contains a NUL byte", Reason.PATH_INVALID)
     size = _utf8_len(path)
     if size is None:
-        raise _path_error(path, f"path {_show(path)} is not valid UTF-8 text", "PATH_INVALID")
+        raise _path_error(path, f"path {_show(path)} is not valid UTF-8 text", Reason.PATH_INVALID)
     if size > MAX_PATH_BYTES:
         raise _path_error(
             path,
             f"path {_show(path)} is {size} bytes long; the limit is {MAX_PATH_BYTES}",
-            "PATH_INVALID",
+            Reason.PATH_INVALID,
         )
 
     # Empty and "." components carry no meaning ("a//b", "./a", "a/"); drop them.
@@ -128,12 +129,12 @@ def workspace_relpath(path: str, *, allow_root: bool = True) -> str:
             path,
             f"path {_show(path)} contains a '..' component; "
             f"use a path relative to {WORKSPACE} without '..'",
-            "PATH_OUTSIDE_WORKSPACE",
+            Reason.PATH_OUTSIDE_WORKSPACE,
         )
     if path.startswith("/"):
         if not parts or parts[0] != _WORKSPACE_NAME:
             raise _path_error(
-                path, f"path {_show(path)} is outside {WORKSPACE}", "PATH_OUTSIDE_WORKSPACE"
+                path, f"path {_show(path)} is outside {WORKSPACE}", Reason.PATH_OUTSIDE_WORKSPACE
             )
         parts = parts[1:]
     for part in parts:
@@ -141,7 +142,7 @@ def workspace_relpath(path: str, *, allow_root: bool = True) -> str:
             raise _path_error(
                 path,
                 f"path {_show(path)} has a component longer than {MAX_PATH_COMPONENT_BYTES} bytes",
-                "PATH_INVALID",
+                Reason.PATH_INVALID,
             )
     if not parts:
         if not allow_root:
@@ -149,7 +150,7 @@ def workspace_relpath(path: str, *, allow_root: bool = True) -> str:
                 path,
                 f"the workspace root itself cannot be used here; "
                 f"name a file or directory inside {WORKSPACE}",
-                "PATH_INVALID",
+                Reason.PATH_INVALID,
             )
         return "."
     return "/".join(parts)
@@ -180,7 +181,7 @@ _BIN_DIRS_TEXT = ", ".join(ALLOWED_BIN_DIRS[:-1]) + " or " + ALLOWED_BIN_DIRS[-1
 
 
 def _argv_error(message: str, **metadata: str) -> InvalidArgument:
-    return InvalidArgument(message, reason="INVALID_ARGV", metadata=metadata)
+    return InvalidArgument(message, reason=Reason.INVALID_ARGV, metadata=metadata)
 
 
 def _check_argv0(argv0: str) -> None:
@@ -270,7 +271,7 @@ def check_command_allowed(argv0: str, allow: Collection[str], allow_all: bool) -
             f"command {shown} is not in this session's allowlist; add {shown} to "
             "ShellPolicy.allow or set ShellPolicy.allow_all"
         )
-    raise PermissionDenied(message, reason="COMMAND_NOT_ALLOWED", metadata={"command": shown})
+    raise PermissionDenied(message, reason=Reason.COMMAND_NOT_ALLOWED, metadata={"command": shown})
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,7 +330,7 @@ def _is_loader_key(key: str) -> bool:
     return key.startswith(LOADER_ENV_PREFIX) or key in LOADER_ENV_KEYS
 
 
-def _env_error(message: str, key: str, reason: str = "INVALID_ENV") -> InvalidArgument:
+def _env_error(message: str, key: str, reason: str = Reason.INVALID_ENV) -> InvalidArgument:
     return InvalidArgument(message, reason=reason, metadata={"key": _show(key)})
 
 
@@ -342,7 +343,7 @@ def validate_env(env: Mapping[str, str]) -> dict[str, str]:
     """
     if len(env) > MAX_ENV_ENTRIES:
         raise InvalidArgument(
-            f"env has {len(env)} entries; the limit is {MAX_ENV_ENTRIES}", reason="INVALID_ENV"
+            f"env has {len(env)} entries; the limit is {MAX_ENV_ENTRIES}", reason=Reason.INVALID_ENV
         )
     result: dict[str, str] = {}
     for key, value in env.items():
@@ -350,7 +351,7 @@ def validate_env(env: Mapping[str, str]) -> dict[str, str]:
             shown = _show(key) if isinstance(key, str) else "<non-string>"
             raise InvalidArgument(
                 f"env key {shown} is invalid: keys match [A-Za-z_][A-Za-z0-9_]*",
-                reason="INVALID_ENV",
+                reason=Reason.INVALID_ENV,
                 metadata={"key": shown},
             )
         if len(key) > MAX_ENV_KEY_BYTES:  # ASCII by the pattern, so chars == bytes
@@ -363,7 +364,7 @@ def validate_env(env: Mapping[str, str]) -> dict[str, str]:
                 f"env key {_show(key)} is reserved: the server sets the proxy variables "
                 "for the egress allowlist and they cannot be overridden",
                 key,
-                "ENV_RESERVED",
+                Reason.ENV_RESERVED,
             )
         if _is_loader_key(key):
             raise _env_error(
@@ -371,7 +372,7 @@ def validate_env(env: Mapping[str, str]) -> dict[str, str]:
                 f"({LOADER_ENV_PREFIX}*, {', '.join(sorted(LOADER_ENV_KEYS))}) would load "
                 "caller files into allowlisted programs and cannot be set",
                 key,
-                "ENV_RESERVED",
+                Reason.ENV_RESERVED,
             )
         if not isinstance(value, str):
             raise _env_error(f"env value of {_show(key)} is not a string", key)
@@ -427,19 +428,19 @@ def parse_user(user: str) -> tuple[int, int]:
                 f"user {shown} is invalid: a numeric 'uid:gid' is required "
                 "(names are not resolved), such as '65534:65534'"
             )
-        raise InvalidArgument(message, reason="INVALID_USER", metadata={"user": shown})
+        raise InvalidArgument(message, reason=Reason.INVALID_USER, metadata={"user": shown})
     uid, gid = int(match.group(1)), int(match.group(2))
     if uid == 0 or gid == 0:
         raise InvalidArgument(
             f"user {shown} is refused: root (uid 0 or gid 0) is not allowed; "
             "give a numeric non-root 'uid:gid' such as '65534:65534'",
-            reason="INVALID_USER",
+            reason=Reason.INVALID_USER,
             metadata={"user": shown},
         )
     if uid > _MAX_ID or gid > _MAX_ID:
         raise InvalidArgument(
             f"user {shown} is invalid: uid and gid must be at most {_MAX_ID}",
-            reason="INVALID_USER",
+            reason=Reason.INVALID_USER,
             metadata={"user": shown},
         )
     return uid, gid
@@ -467,12 +468,12 @@ def _validate_id(value: str, what: str, reason: str) -> str:
 
 def validate_session_id(session_id: str) -> str:
     """A caller-chosen session id; it ends up in container and network names."""
-    return _validate_id(session_id, "session id", "INVALID_SESSION_ID")
+    return _validate_id(session_id, "session id", Reason.INVALID_SESSION_ID)
 
 
 def validate_process_id(process_id: str) -> str:
     """A caller-chosen process id, held to the same rule as session ids."""
-    return _validate_id(process_id, "process id", "INVALID_PROCESS_ID")
+    return _validate_id(process_id, "process id", Reason.INVALID_PROCESS_ID)
 
 
 MAX_LABELS = 64
@@ -485,7 +486,7 @@ def validate_labels(labels: Mapping[str, str]) -> dict[str, str]:
     """Check caller labels (used for selectors and stored on resources); return a copy."""
     if len(labels) > MAX_LABELS:
         raise InvalidArgument(
-            f"{len(labels)} labels given; the limit is {MAX_LABELS}", reason="INVALID_LABELS"
+            f"{len(labels)} labels given; the limit is {MAX_LABELS}", reason=Reason.INVALID_LABELS
         )
     result: dict[str, str] = {}
     for key, value in labels.items():
@@ -494,27 +495,27 @@ def validate_labels(labels: Mapping[str, str]) -> dict[str, str]:
             raise InvalidArgument(
                 f"label key {shown} is invalid: 1-128 characters of letters, digits, "
                 "'_', '.', '-', '/', starting and ending with a letter or digit",
-                reason="INVALID_LABELS",
+                reason=Reason.INVALID_LABELS,
                 metadata={"key": shown},
             )
         if not isinstance(value, str):
             raise InvalidArgument(
                 f"label {_show(key)} has a non-string value",
-                reason="INVALID_LABELS",
+                reason=Reason.INVALID_LABELS,
                 metadata={"key": _show(key)},
             )
         size = _utf8_len(value)
         if size is None or _has_control(value):
             raise InvalidArgument(
                 f"label {_show(key)} has a value with NUL or control characters",
-                reason="INVALID_LABELS",
+                reason=Reason.INVALID_LABELS,
                 metadata={"key": _show(key)},
             )
         if size > MAX_LABEL_VALUE_BYTES:
             raise InvalidArgument(
                 f"label {_show(key)} has a value of {size} bytes; "
                 f"the limit is {MAX_LABEL_VALUE_BYTES}",
-                reason="INVALID_LABELS",
+                reason=Reason.INVALID_LABELS,
                 metadata={"key": _show(key)},
             )
         result[key] = value
@@ -536,14 +537,14 @@ def validate_file_mode(mode: int, *, default: int) -> int:
     set-id files (SECURITY.md).
     """
     if isinstance(mode, bool) or not isinstance(mode, int):
-        raise InvalidArgument("file mode must be an integer", reason="INVALID_MODE")
+        raise InvalidArgument("file mode must be an integer", reason=Reason.INVALID_MODE)
     if mode == 0:
         return default
     if mode < 0 or mode > _MAX_MODE:
         raise InvalidArgument(
             f"file mode {oct(mode)} is out of range: give permission bits between 0 and 0o7777 "
             "(e.g. 0o644)",
-            reason="INVALID_MODE",
+            reason=Reason.INVALID_MODE,
             metadata={"mode": str(mode)},
         )
     return mode & _PERMISSION_BITS
@@ -573,7 +574,7 @@ def validate_image(image: str) -> str:
         raise InvalidArgument(
             f"image {_show(image)} is not a valid image reference (e.g. alpine:3.21, "
             "registry.example.com:5000/team/tool:1.0, name@sha256:<digest>; lowercase name)",
-            reason="INVALID_IMAGE",
+            reason=Reason.INVALID_IMAGE,
             metadata={"image": _show(image)},
         )
     return image
@@ -606,6 +607,6 @@ def duration_seconds(seconds: int, nanos: int) -> float:
             f"duration {{seconds: {seconds}, nanos: {nanos}}} is not a valid "
             f"google.protobuf.Duration (|seconds| <= {MAX_DURATION_S}, |nanos| <= {_MAX_NANOS}, "
             "both of one sign)",
-            reason="INVALID_ARGUMENT",
+            reason=Reason.INVALID_ARGUMENT,
         )
     return seconds + nanos / 1e9

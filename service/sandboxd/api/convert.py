@@ -24,6 +24,7 @@ from sandboxd.models import (
     ShellPolicy,
     WorkspaceManifest,
 )
+from sandboxd.reasons import Reason
 from sandboxd.sessions import CreateSessionInput
 from sandboxd.v1 import common_pb2, filesystem_pb2, process_pb2, session_pb2
 
@@ -78,7 +79,7 @@ def limits_request(pb: common_pb2.ResourceLimits) -> LimitsRequest:
         raise InvalidArgument(
             f"limits.pids must be at least {MIN_PIDS} (got {pb.pids}): the container's init, "
             "the supervisor and the command's own processes count too",
-            reason="LIMIT_INVALID",
+            reason=Reason.LIMIT_INVALID,
             metadata={"limit": "pids"},
         )
 
