@@ -2,7 +2,8 @@
 
 Every failure a caller can cause or observe is one of these classes. The class says which
 kind of failure it is (it maps to exactly one gRPC status code in `sandboxd.api.errors`),
-and `reason` is the machine-readable UPPER_SNAKE word sent as `google.rpc.ErrorInfo.reason`.
+and `reason` is the machine-readable UPPER_SNAKE word sent as `google.rpc.ErrorInfo.reason`:
+a `sandboxd.reasons.Reason` (the proto's ErrorReason without its prefix).
 
     SandboxError
      +-- InvalidArgument       bad input; nothing was changed
@@ -20,23 +21,27 @@ and `reason` is the machine-readable UPPER_SNAKE word sent as `google.rpc.ErrorI
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
+
+from sandboxd.reasons import Reason
 
 
 class SandboxError(Exception):
     """Base of every error sandboxd reports to a caller."""
 
-    default_reason = "INTERNAL"
+    default_reason: ClassVar[Reason] = Reason.INTERNAL
 
     def __init__(
         self,
         message: str,
         *,
-        reason: str | None = None,
+        reason: Reason | str | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
-        self.reason = reason or self.default_reason
+        # A plain str either way: Reason members and literals compare and serialize the same.
+        self.reason: str = str(reason or self.default_reason)
         self.metadata: dict[str, str] = dict(metadata or {})
 
     def __str__(self) -> str:
@@ -44,53 +49,53 @@ class SandboxError(Exception):
 
 
 class InvalidArgument(SandboxError):
-    default_reason = "INVALID_ARGUMENT"
+    default_reason = Reason.INVALID_ARGUMENT
 
 
 class NotFound(SandboxError):
-    default_reason = "NOT_FOUND"
+    default_reason = Reason.NOT_FOUND
 
 
 class AlreadyExists(SandboxError):
-    default_reason = "ALREADY_EXISTS"
+    default_reason = Reason.ALREADY_EXISTS
 
 
 class FailedPrecondition(SandboxError):
-    default_reason = "FAILED_PRECONDITION"
+    default_reason = Reason.FAILED_PRECONDITION
 
 
 class PermissionDenied(SandboxError):
-    default_reason = "PERMISSION_DENIED"
+    default_reason = Reason.PERMISSION_DENIED
 
 
 class ResourceExhausted(SandboxError):
-    default_reason = "RESOURCE_EXHAUSTED"
+    default_reason = Reason.RESOURCE_EXHAUSTED
 
 
 class OutOfRange(SandboxError):
-    default_reason = "OUT_OF_RANGE"
+    default_reason = Reason.OUT_OF_RANGE
 
 
 class Unavailable(SandboxError):
-    default_reason = "UNAVAILABLE"
+    default_reason = Reason.UNAVAILABLE
 
 
 class Internal(SandboxError):
-    default_reason = "INTERNAL"
+    default_reason = Reason.INTERNAL
 
 
 class Unauthenticated(SandboxError):
-    default_reason = "UNAUTHENTICATED"
+    default_reason = Reason.UNAUTHENTICATED
 
 
 class EngineUnavailable(Unavailable):
     """The Docker engine did not answer; retrying later may succeed."""
 
-    default_reason = "ENGINE_UNAVAILABLE"
+    default_reason = Reason.ENGINE_UNAVAILABLE
 
 
 class SessionNotFound(NotFound):
-    default_reason = "SESSION_NOT_FOUND"
+    default_reason = Reason.SESSION_NOT_FOUND
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"session {session_id!r} not found", metadata={"session_id": session_id})

@@ -121,6 +121,58 @@ func (Assurance) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxd_v1_common_proto_rawDescGZIP(), []int{1}
 }
 
+// How a session's container is isolated from the host.
+type Isolation int32
+
+const (
+	Isolation_ISOLATION_UNSPECIFIED Isolation = 0
+	// Linux namespaces, cgroups and seccomp under runc (the default).
+	Isolation_ISOLATION_RUNC Isolation = 1
+	// gVisor's user-space kernel (runsc) in addition.
+	Isolation_ISOLATION_GVISOR Isolation = 2
+)
+
+// Enum value maps for Isolation.
+var (
+	Isolation_name = map[int32]string{
+		0: "ISOLATION_UNSPECIFIED",
+		1: "ISOLATION_RUNC",
+		2: "ISOLATION_GVISOR",
+	}
+	Isolation_value = map[string]int32{
+		"ISOLATION_UNSPECIFIED": 0,
+		"ISOLATION_RUNC":        1,
+		"ISOLATION_GVISOR":      2,
+	}
+)
+
+func (x Isolation) Enum() *Isolation {
+	p := new(Isolation)
+	*p = x
+	return p
+}
+
+func (x Isolation) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Isolation) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxd_v1_common_proto_enumTypes[2].Descriptor()
+}
+
+func (Isolation) Type() protoreflect.EnumType {
+	return &file_sandboxd_v1_common_proto_enumTypes[2]
+}
+
+func (x Isolation) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Isolation.Descriptor instead.
+func (Isolation) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxd_v1_common_proto_rawDescGZIP(), []int{2}
+}
+
 // Resource limits of a session. A zero field takes the server's default; a non-zero field may
 // tighten the default and may loosen it only up to the server's configured maximum.
 type ResourceLimits struct {
@@ -555,7 +607,17 @@ var file_sandboxd_v1_common_proto_rawDesc = []byte{
 	0x61, 0x6e, 0x63, 0x65, 0x12, 0x19, 0x0a, 0x15, 0x41, 0x53, 0x53, 0x55, 0x52, 0x41, 0x4e, 0x43,
 	0x45, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12,
 	0x16, 0x0a, 0x12, 0x41, 0x53, 0x53, 0x55, 0x52, 0x41, 0x4e, 0x43, 0x45, 0x5f, 0x45, 0x4e, 0x46,
-	0x4f, 0x52, 0x43, 0x45, 0x44, 0x10, 0x01, 0x62, 0x06, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x33,
+	0x4f, 0x52, 0x43, 0x45, 0x44, 0x10, 0x01, 0x2a, 0x50, 0x0a, 0x09, 0x49, 0x73, 0x6f, 0x6c, 0x61,
+	0x74, 0x69, 0x6f, 0x6e, 0x12, 0x19, 0x0a, 0x15, 0x49, 0x53, 0x4f, 0x4c, 0x41, 0x54, 0x49, 0x4f,
+	0x4e, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12,
+	0x12, 0x0a, 0x0e, 0x49, 0x53, 0x4f, 0x4c, 0x41, 0x54, 0x49, 0x4f, 0x4e, 0x5f, 0x52, 0x55, 0x4e,
+	0x43, 0x10, 0x01, 0x12, 0x14, 0x0a, 0x10, 0x49, 0x53, 0x4f, 0x4c, 0x41, 0x54, 0x49, 0x4f, 0x4e,
+	0x5f, 0x47, 0x56, 0x49, 0x53, 0x4f, 0x52, 0x10, 0x02, 0x42, 0x3f, 0x5a, 0x3d, 0x67, 0x69, 0x74,
+	0x68, 0x75, 0x62, 0x2e, 0x63, 0x6f, 0x6d, 0x2f, 0x73, 0x61, 0x6e, 0x64, 0x62, 0x6f, 0x78, 0x64,
+	0x2f, 0x73, 0x61, 0x6e, 0x64, 0x62, 0x6f, 0x78, 0x64, 0x2f, 0x63, 0x6c, 0x69, 0x65, 0x6e, 0x74,
+	0x73, 0x2f, 0x67, 0x6f, 0x2f, 0x73, 0x61, 0x6e, 0x64, 0x62, 0x6f, 0x78, 0x64, 0x76, 0x31, 0x3b,
+	0x73, 0x61, 0x6e, 0x64, 0x62, 0x6f, 0x78, 0x64, 0x76, 0x31, 0x62, 0x06, 0x70, 0x72, 0x6f, 0x74,
+	0x6f, 0x33,
 }
 
 var (
@@ -570,24 +632,25 @@ func file_sandboxd_v1_common_proto_rawDescGZIP() []byte {
 	return file_sandboxd_v1_common_proto_rawDescData
 }
 
-var file_sandboxd_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_sandboxd_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_sandboxd_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_sandboxd_v1_common_proto_goTypes = []interface{}{
 	(NetworkMode)(0),            // 0: sandboxd.v1.NetworkMode
 	(Assurance)(0),              // 1: sandboxd.v1.Assurance
-	(*ResourceLimits)(nil),      // 2: sandboxd.v1.ResourceLimits
-	(*ShellPolicy)(nil),         // 3: sandboxd.v1.ShellPolicy
-	(*NetworkPolicy)(nil),       // 4: sandboxd.v1.NetworkPolicy
-	(*ProxyQuotas)(nil),         // 5: sandboxd.v1.ProxyQuotas
-	(*durationpb.Duration)(nil), // 6: google.protobuf.Duration
+	(Isolation)(0),              // 2: sandboxd.v1.Isolation
+	(*ResourceLimits)(nil),      // 3: sandboxd.v1.ResourceLimits
+	(*ShellPolicy)(nil),         // 4: sandboxd.v1.ShellPolicy
+	(*NetworkPolicy)(nil),       // 5: sandboxd.v1.NetworkPolicy
+	(*ProxyQuotas)(nil),         // 6: sandboxd.v1.ProxyQuotas
+	(*durationpb.Duration)(nil), // 7: google.protobuf.Duration
 }
 var file_sandboxd_v1_common_proto_depIdxs = []int32{
-	6, // 0: sandboxd.v1.ResourceLimits.command_timeout:type_name -> google.protobuf.Duration
+	7, // 0: sandboxd.v1.ResourceLimits.command_timeout:type_name -> google.protobuf.Duration
 	0, // 1: sandboxd.v1.NetworkPolicy.mode:type_name -> sandboxd.v1.NetworkMode
-	5, // 2: sandboxd.v1.NetworkPolicy.quotas:type_name -> sandboxd.v1.ProxyQuotas
-	6, // 3: sandboxd.v1.ProxyQuotas.idle_timeout:type_name -> google.protobuf.Duration
-	6, // 4: sandboxd.v1.ProxyQuotas.tunnel_lifetime:type_name -> google.protobuf.Duration
-	6, // 5: sandboxd.v1.ProxyQuotas.header_timeout:type_name -> google.protobuf.Duration
+	6, // 2: sandboxd.v1.NetworkPolicy.quotas:type_name -> sandboxd.v1.ProxyQuotas
+	7, // 3: sandboxd.v1.ProxyQuotas.idle_timeout:type_name -> google.protobuf.Duration
+	7, // 4: sandboxd.v1.ProxyQuotas.tunnel_lifetime:type_name -> google.protobuf.Duration
+	7, // 5: sandboxd.v1.ProxyQuotas.header_timeout:type_name -> google.protobuf.Duration
 	6, // [6:6] is the sub-list for method output_type
 	6, // [6:6] is the sub-list for method input_type
 	6, // [6:6] is the sub-list for extension type_name
@@ -655,7 +718,7 @@ func file_sandboxd_v1_common_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: file_sandboxd_v1_common_proto_rawDesc,
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -18,6 +18,11 @@ _EGRESS_FILTER = {
     FilterMode.UNAVAILABLE: admin_pb2.EGRESS_FILTER_UNAVAILABLE,
 }
 
+# The major version of the API this server speaks: clients refuse a server of another one.
+API_VERSION = "v1"
+# What every server of this version offers; optional extras are added per configuration.
+_BASE_FEATURES = ("pty", "background_processes", "snapshots", "image_snapshots", "archives")
+
 
 class AdminService(admin_pb2_grpc.AdminServiceServicer):
     def __init__(
@@ -74,4 +79,16 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
             ],
             proxy_quotas_default=egress_convert.quotas_pb(DEFAULT_QUOTAS),
             proxy_quotas_max=egress_convert.quotas_pb(MAX_QUOTAS),
+            api_version=API_VERSION,
+            features=self._features(),
+            isolation_tiers=[common_pb2.ISOLATION_RUNC],
         )
+
+    def _features(self) -> list[str]:
+        """Optional features this configuration has, so a client can check before relying."""
+        features = list(_BASE_FEATURES)
+        if self._egress is not None and self._egress.filter_mode is not FilterMode.UNAVAILABLE:
+            features.append("egress")
+        if self._config.metrics_listen:
+            features.append("metrics")
+        return features

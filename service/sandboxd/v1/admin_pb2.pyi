@@ -135,6 +135,9 @@ class GetServerInfoResponse(_message.Message):
     EGRESS_FILTER_FIELD_NUMBER: _builtins.int
     PROXY_QUOTAS_DEFAULT_FIELD_NUMBER: _builtins.int
     PROXY_QUOTAS_MAX_FIELD_NUMBER: _builtins.int
+    API_VERSION_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
+    ISOLATION_TIERS_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     docker_api_version: _builtins.str
     assurance: _common_pb2.Assurance.ValueType
@@ -142,6 +145,8 @@ class GetServerInfoResponse(_message.Message):
     """Longest lease in seconds."""
     egress_filter: Global___EgressFilter.ValueType
     """How session networks of ALLOWLIST sessions are protected on the host."""
+    api_version: _builtins.str
+    """The API's major version ("v1"): a client refuses a server of another major version."""
     @_builtins.property
     def security_defaults(self) -> Global___SecurityDefaults: ...
     @_builtins.property
@@ -154,6 +159,17 @@ class GetServerInfoResponse(_message.Message):
 
     @_builtins.property
     def proxy_quotas_max(self) -> _common_pb2.ProxyQuotas: ...
+    @_builtins.property
+    def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Optional features this server has, as lowercase words: "egress" (ALLOWLIST networking),
+        "pty", "background_processes", "snapshots", "image_snapshots", "archives", "metrics",
+        "gvisor", "previews"... A client checks here before it relies on one.
+        """
+
+    @_builtins.property
+    def isolation_tiers(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.Isolation.ValueType]:
+        """The isolation tiers a session may ask for on this server."""
+
     def __init__(
         self,
         *,
@@ -166,10 +182,13 @@ class GetServerInfoResponse(_message.Message):
         egress_filter: Global___EgressFilter.ValueType = ...,
         proxy_quotas_default: _common_pb2.ProxyQuotas | None = ...,
         proxy_quotas_max: _common_pb2.ProxyQuotas | None = ...,
+        api_version: _builtins.str = ...,
+        features: _abc.Iterable[_builtins.str] | None = ...,
+        isolation_tiers: _abc.Iterable[_common_pb2.Isolation.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits_max", b"limits_max", "proxy_quotas_default", b"proxy_quotas_default", "proxy_quotas_max", b"proxy_quotas_max", "security_defaults", b"security_defaults"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "docker_api_version", b"docker_api_version", "egress_filter", b"egress_filter", "lease_max_seconds", b"lease_max_seconds", "limits_max", b"limits_max", "proxy_quotas_default", b"proxy_quotas_default", "proxy_quotas_max", b"proxy_quotas_max", "security_defaults", b"security_defaults", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_version", b"api_version", "assurance", b"assurance", "docker_api_version", b"docker_api_version", "egress_filter", b"egress_filter", "features", b"features", "isolation_tiers", b"isolation_tiers", "lease_max_seconds", b"lease_max_seconds", "limits_max", b"limits_max", "proxy_quotas_default", b"proxy_quotas_default", "proxy_quotas_max", b"proxy_quotas_max", "security_defaults", b"security_defaults", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -60,6 +60,28 @@ ASSURANCE_ENFORCED: Assurance.ValueType  # 1
 """Enforced by the real container engine (namespaces, cgroups, seccomp)."""
 Global___Assurance: _TypeAlias = Assurance  # noqa: Y015
 
+class _Isolation:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _IsolationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Isolation.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ISOLATION_UNSPECIFIED: _Isolation.ValueType  # 0
+    ISOLATION_RUNC: _Isolation.ValueType  # 1
+    """Linux namespaces, cgroups and seccomp under runc (the default)."""
+    ISOLATION_GVISOR: _Isolation.ValueType  # 2
+    """gVisor's user-space kernel (runsc) in addition."""
+
+class Isolation(_Isolation, metaclass=_IsolationEnumTypeWrapper):
+    """How a session's container is isolated from the host."""
+
+ISOLATION_UNSPECIFIED: Isolation.ValueType  # 0
+ISOLATION_RUNC: Isolation.ValueType  # 1
+"""Linux namespaces, cgroups and seccomp under runc (the default)."""
+ISOLATION_GVISOR: Isolation.ValueType  # 2
+"""gVisor's user-space kernel (runsc) in addition."""
+Global___Isolation: _TypeAlias = Isolation  # noqa: Y015
+
 @_typing.final
 class ResourceLimits(_message.Message):
     """Resource limits of a session. A zero field takes the server's default; a non-zero field may
