@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	pb "sandboxd/clients/go/sandboxdv1"
+	pb "github.com/sandboxd/sandboxd/clients/go/sandboxdv1"
 )
 
 // Domain is the ErrorInfo domain of every sandboxd error.

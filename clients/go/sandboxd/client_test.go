@@ -11,8 +11,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"sandboxd/clients/go/sandboxd"
-	pb "sandboxd/clients/go/sandboxdv1"
+	"github.com/sandboxd/sandboxd/clients/go/sandboxd"
+	pb "github.com/sandboxd/sandboxd/clients/go/sandboxdv1"
 )
 
 // dial connects to the live server named by SANDBOXD_ADDR (tests/clients/test_client_go.py sets it).

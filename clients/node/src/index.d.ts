@@ -14,6 +14,7 @@ import type {
 } from './rpc.js';
 
 export * from './rpc.js';
+export * from './reasons.js';
 
 export declare const PROTO_DIR: string;
 export declare const DEFAULT_ADDRESS: string;
@@ -30,6 +31,7 @@ export interface ErrorOptions {
   reason: string;
   code: number;
   metadata?: Record<string, string>;
+  retryable?: boolean;
   cause?: unknown;
 }
 export declare class SandboxError extends Error {
@@ -46,14 +48,12 @@ export declare class SandboxError extends Error {
 }
 export declare class InvalidArgument extends SandboxError {}
 export declare class NotFound extends SandboxError {}
-export declare class SessionNotFound extends NotFound {}
 export declare class AlreadyExists extends SandboxError {}
 export declare class FailedPrecondition extends SandboxError {}
 export declare class PermissionDenied extends SandboxError {}
 export declare class ResourceExhausted extends SandboxError {}
 export declare class OutOfRange extends SandboxError {}
 export declare class Unavailable extends SandboxError {}
-export declare class EngineUnavailable extends Unavailable {}
 export declare class Internal extends SandboxError {}
 export declare class Unauthenticated extends SandboxError {}
 export declare class DeadlineExceeded extends SandboxError {}
@@ -61,6 +61,7 @@ export declare class Cancelled extends SandboxError {}
 export declare class Unimplemented extends SandboxError {}
 /** Not sandboxd (reason NOT_SANDBOXD) or another major API version (API_VERSION_MISMATCH). */
 export declare class IncompatibleServer extends SandboxError {}
+export declare const DOMAIN: string;
 export declare function fromGrpcError(err: unknown): unknown;
 
 export type ExecEvent =

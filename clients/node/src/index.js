@@ -19,11 +19,13 @@ import {
   IncompatibleServer,
   SandboxError,
   Unavailable,
-  fromGrpcError,
 } from './errors.js';
+import { fromGrpcError } from './decode.js';
 import { IDEMPOTENT, IDEMPOTENT_WITH_ID, methodName, serviceProperty } from './naming.js';
 
 export * from './errors.js';
+export * from './reasons.js';
+export { DOMAIN, fromGrpcError } from './decode.js';
 export { IDEMPOTENT, IDEMPOTENT_WITH_ID, methodName, serviceProperty } from './naming.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));

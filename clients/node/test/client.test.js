@@ -64,7 +64,7 @@ test('create, exec streaming, run, files, list, renew, delete', async () => {
     await session.delete();
   }
   await assert.rejects(client.getSession(session.id), (err) => {
-    assert.ok(err instanceof sbx.SessionNotFound);
+    assert.ok(err instanceof sbx.SessionNotFoundError);
     assert.ok(err instanceof sbx.NotFound);
     assert.equal(err.reason, 'SESSION_NOT_FOUND');
     return true;

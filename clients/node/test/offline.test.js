@@ -13,7 +13,8 @@ import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
 
 import * as sbx from '../src/index.js';
-import { generate } from '../scripts/gen-types.mjs';
+import { encodeStatus } from './status-util.mjs';
+import { generate, generateReasons } from '../scripts/gen-types.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 
@@ -39,9 +40,24 @@ async function serve(impls) {
 const info = (apiVersion) => (_call, cb) => cb(null, { version: 'fake', api_version: apiVersion });
 const unavailable = (message) => ({ code: grpc.status.UNAVAILABLE, details: message });
 
-test('src/rpc.d.ts is what scripts/gen-types.mjs makes of the protos', () => {
-  const committed = fs.readFileSync(path.join(here, '../src/rpc.d.ts'), 'utf8');
-  assert.equal(committed, generate(), 'run `npm run gen:types`');
+test('src/rpc.d.ts and src/reasons.* are what scripts/gen-types.mjs makes of the protos', () => {
+  const read = (f) => fs.readFileSync(path.join(here, '../src', f), 'utf8');
+  const { js, dts } = generateReasons();
+  assert.equal(read('rpc.d.ts'), generate(), 'run `npm run gen:types`');
+  assert.equal(read('reasons.js'), js, 'run `npm run gen:types`');
+  assert.equal(read('reasons.d.ts'), dts, 'run `npm run gen:types`');
+});
+
+test('every ErrorReason has its class, under its code class', () => {
+  const text = fs.readFileSync(path.join(sbx.PROTO_DIR, 'sandboxd/v1/errors.proto'), 'utf8');
+  const names = [...text.matchAll(/ERROR_REASON_([A-Z0-9_]+) = \d+;/g)].map((m) => m[1]);
+  assert.deepEqual(Object.keys(sbx.REASONS).sort(), names.filter((n) => n !== 'UNSPECIFIED').sort());
+  const e = sbx.fromGrpcError({ code: grpc.status.NOT_FOUND, details: 'gone', metadata: null });
+  assert.ok(e instanceof sbx.NotFound && e.reason === 'NOT_FOUND' && !e.retryable);
+  assert.ok(sbx.SessionNotFoundError.prototype instanceof sbx.NotFound);
+  assert.ok(sbx.EngineUnavailableError.prototype instanceof sbx.Unavailable);
+  assert.equal(sbx.REASONS.FILE_TOO_LARGE.error, sbx.FileTooLargeError);
+  assert.equal(sbx.REASONS.ENGINE_CONFLICT.retryable, true);
 });
 
 test('every RPC of every service is a client method of its kind', () => {
@@ -64,13 +80,13 @@ test('every RPC of every service is a client method of its kind', () => {
 });
 
 test('a server of another major API version is refused with IncompatibleServer', async () => {
-  const srv = await serve({ AdminService: { GetServerInfo: info('2.0'), Sweep: () => {} } });
+  const srv = await serve({ AdminService: { GetServerInfo: info('v2'), Sweep: () => {} } });
   const client = new sbx.SandboxClient(srv.address, { timeout: 5 });
   try {
     await assert.rejects(client.sessions.getSession({ session_id: 'x' }), (err) => {
       assert.ok(err instanceof sbx.IncompatibleServer, String(err));
       assert.equal(err.reason, 'API_VERSION_MISMATCH');
-      assert.match(err.message, /2\.0/);
+      assert.match(err.message, /v2/);
       return true;
     });
   } finally {
@@ -123,7 +139,8 @@ test('a closed port fails Unavailable within the deadline, for unary calls and s
 });
 
 test('a server that never answers: the deadline, not a hang', async () => {
-  const silent = net.createServer(() => {}).listen(0, '127.0.0.1'); // accepts, never speaks HTTP/2
+  const sockets = [];
+  const silent = net.createServer((s) => sockets.push(s)).listen(0, '127.0.0.1'); // never speaks
   await new Promise((r) => silent.once('listening', r));
   const client = new sbx.SandboxClient(`127.0.0.1:${silent.address().port}`, { timeout: 1 });
   try {
@@ -132,13 +149,14 @@ test('a server that never answers: the deadline, not a hang', async () => {
     assert.ok(Date.now() - started < 4000, `${Date.now() - started} ms`);
   } finally {
     client.close();
+    for (const s of sockets) s.destroy();
     silent.close();
   }
 });
 
 test('an AbortSignal cancels a call with Cancelled', async () => {
   const srv = await serve({
-    AdminService: { GetServerInfo: info('1.0'), Sweep: () => {} },
+    AdminService: { GetServerInfo: info('v1'), Sweep: () => {} },
     SessionService: { GetSession: () => {} }, // never answers
   });
   const client = new sbx.SandboxClient(srv.address, { timeout: 30 });
@@ -161,7 +179,7 @@ async function flaky(failures, fail = () => unavailable('try again')) {
     else cb(null, ok);
   };
   const srv = await serve({
-    AdminService: { GetServerInfo: info('1.3'), Sweep: () => {} },
+    AdminService: { GetServerInfo: info('v1'), Sweep: () => {} },
     SessionService: {
       GetSession: answer('GetSession', { session: { session_id: 's' } }),
       CreateSession: answer('CreateSession', { session: { session_id: 's' } }),
@@ -193,14 +211,15 @@ test('idempotent calls retry UNAVAILABLE; non-idempotent calls never retry', asy
   }
 });
 
-test('errors the server marks retryable (ErrorInfo metadata retry=true) are retried', async () => {
-  // The server's marker, as service/sandboxd/api/errors.py sends it, with a code gRPC's own
-  // retry policy does not cover (FAILED_PRECONDITION).
-  const { encodeStatus } = await import('./status-util.mjs');
+for (const [what, reason, metadata] of [
+  ['a reason errors.proto declares retryable', 'ENGINE_CONFLICT', {}],
+  ['an error the server marks retry=true', 'SESSION_NOT_RUNNING', { retry: 'true' }],
+]) {
+test(`${what} (code FAILED_PRECONDITION, out of gRPC's own policy) is retried`, async () => {
   const fail = () => ({
     code: grpc.status.FAILED_PRECONDITION,
-    details: 'engine busy',
-    metadata: encodeStatus(grpc.status.FAILED_PRECONDITION, 'engine busy', 'ENGINE_CONFLICT', { retry: 'true' }),
+    details: 'busy',
+    metadata: encodeStatus(grpc.status.FAILED_PRECONDITION, 'busy', reason, metadata),
   });
   const srv = await flaky(2, fail);
   const client = new sbx.SandboxClient(srv.address, { timeout: 10 });
@@ -209,7 +228,8 @@ test('errors the server marks retryable (ErrorInfo metadata retry=true) are retr
     assert.equal(srv.calls.GetSession, 3);
     await assert.rejects(client.processes.run({ session_id: 's', argv: ['x'] }), (err) => {
       assert.ok(err instanceof sbx.FailedPrecondition);
-      assert.equal(err.reason, 'ENGINE_CONFLICT');
+      assert.ok(err instanceof sbx.REASONS[reason].error);
+      assert.equal(err.reason, reason);
       assert.equal(err.retryable, true);
       return true;
     });
@@ -219,6 +239,7 @@ test('errors the server marks retryable (ErrorInfo metadata retry=true) are retr
     srv.close();
   }
 });
+}
 
 test('retries stop at the deadline', async () => {
   const srv = await flaky(1000);

@@ -9,8 +9,8 @@ import (
 	"io"
 	"os"
 
-	"sandboxd/clients/go/sandboxd"
-	pb "sandboxd/clients/go/sandboxdv1"
+	"github.com/sandboxd/sandboxd/clients/go/sandboxd"
+	pb "github.com/sandboxd/sandboxd/clients/go/sandboxdv1"
 )
 
 func main() {
