@@ -105,7 +105,7 @@ func TestErrorsAreTyped(t *testing.T) {
 	if !errors.As(err, &e) || !errors.Is(err, sandboxd.ErrSessionNotFound) {
 		t.Fatalf("not a SessionNotFound: %v", err)
 	}
-	if e.Code != codes.NotFound || e.Kind != "SessionNotFound" || e.Metadata["session_id"] != "no-such-session" {
+	if e.Code != codes.NotFound || !errors.Is(err, sandboxd.ErrNotFound) || e.Metadata["session_id"] != "no-such-session" {
 		t.Fatalf("%+v", e)
 	}
 
@@ -115,7 +115,8 @@ func TestErrorsAreTyped(t *testing.T) {
 	}
 	defer c.DeleteSession(context.Background(), s.GetSessionId())
 	_, err = c.Run(ctx, &pb.RunRequest{SessionId: s.GetSessionId(), Argv: []string{"rm", "-rf", "/workspace"}})
-	if !errors.As(err, &e) || e.Reason != "COMMAND_NOT_ALLOWED" || e.Kind != "PermissionDenied" {
+	if !errors.As(err, &e) || e.Reason != "COMMAND_NOT_ALLOWED" || !errors.Is(err, sandboxd.ErrCommandNotAllowed) ||
+		!errors.Is(err, sandboxd.ErrPermissionDenied) || errors.Is(err, sandboxd.ErrNotFound) {
 		t.Fatalf("%v", err)
 	}
 
@@ -127,7 +128,7 @@ func TestErrorsAreTyped(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	_, err = down.Admin.GetServerInfo(short, &pb.GetServerInfoRequest{})
-	if !errors.As(sandboxd.FromError(err), &e) || e.Reason != "UNAVAILABLE" || e.Kind != "Unavailable" {
+	if !errors.As(err, &e) || e.Reason != "UNAVAILABLE" || !errors.Is(err, sandboxd.ErrUnavailable) {
 		t.Fatalf("%v", err)
 	}
 }
