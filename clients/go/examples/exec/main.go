@@ -1,6 +1,6 @@
 // Command exec streams a command's output from a new session, then exits with its exit code.
 //
-//	SANDBOXD_ADDR=127.0.0.1:50051 clients/go/env.sh go run sandboxd/clients/go/examples/exec
+//	SANDBOXD_ADDR=127.0.0.1:50051 clients/go/env.sh go run ./examples/exec
 package main
 
 import (
