@@ -155,3 +155,43 @@ test('tar import and export', async () => {
     await session.delete();
   }
 });
+
+test('interact: a bidirectional stream fed from an async generator', async () => {
+  const session = await client.createSession({ shell: { allow: ['cat'] } });
+  try {
+    async function* requests() {
+      yield { start: { request: { session_id: session.id, argv: ['cat'] } } };
+      yield { stdin: { data: Buffer.from('typed in\n') } };
+      yield { close_stdin: {} };
+    }
+    let out = '';
+    let exit = null;
+    for await (const resp of client.processes.interact(requests(), { timeout: 60 })) {
+      if (resp.event === 'output') out += resp.output.data.toString();
+      if (resp.event === 'exited') exit = resp.exited.exit_code;
+    }
+    assert.equal(out, 'typed in\n');
+    assert.equal(exit, 0);
+  } finally {
+    await session.delete();
+  }
+});
+
+test('an AbortSignal ends a running exec with Cancelled', async () => {
+  const session = await client.createSession({ shell: { allow: ['sleep'] } });
+  try {
+    const ac = new AbortController();
+    const started = Date.now();
+    await assert.rejects(
+      (async () => {
+        for await (const ev of session.exec(['sleep', '30'], { signal: ac.signal })) {
+          if (ev.type === 'started') ac.abort();
+        }
+      })(),
+      sbx.Cancelled,
+    );
+    assert.ok(Date.now() - started < 10_000);
+  } finally {
+    await session.delete();
+  }
+});

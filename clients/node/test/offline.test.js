@@ -215,30 +215,30 @@ for (const [what, reason, metadata] of [
   ['a reason errors.proto declares retryable', 'ENGINE_CONFLICT', {}],
   ['an error the server marks retry=true', 'SESSION_NOT_RUNNING', { retry: 'true' }],
 ]) {
-test(`${what} (code FAILED_PRECONDITION, out of gRPC's own policy) is retried`, async () => {
-  const fail = () => ({
-    code: grpc.status.FAILED_PRECONDITION,
-    details: 'busy',
-    metadata: encodeStatus(grpc.status.FAILED_PRECONDITION, 'busy', reason, metadata),
-  });
-  const srv = await flaky(2, fail);
-  const client = new sbx.SandboxClient(srv.address, { timeout: 10 });
-  try {
-    await client.sessions.getSession({ session_id: 's' });
-    assert.equal(srv.calls.GetSession, 3);
-    await assert.rejects(client.processes.run({ session_id: 's', argv: ['x'] }), (err) => {
-      assert.ok(err instanceof sbx.FailedPrecondition);
-      assert.ok(err instanceof sbx.REASONS[reason].error);
-      assert.equal(err.reason, reason);
-      assert.equal(err.retryable, true);
-      return true;
+  test(`${what} (code FAILED_PRECONDITION, out of gRPC's own policy) is retried`, async () => {
+    const fail = () => ({
+      code: grpc.status.FAILED_PRECONDITION,
+      details: 'busy',
+      metadata: encodeStatus(grpc.status.FAILED_PRECONDITION, 'busy', reason, metadata),
     });
-    assert.equal(srv.calls.Run, 1);
-  } finally {
-    client.close();
-    srv.close();
-  }
-});
+    const srv = await flaky(2, fail);
+    const client = new sbx.SandboxClient(srv.address, { timeout: 10 });
+    try {
+      await client.sessions.getSession({ session_id: 's' });
+      assert.equal(srv.calls.GetSession, 3);
+      await assert.rejects(client.processes.run({ session_id: 's', argv: ['x'] }), (err) => {
+        assert.ok(err instanceof sbx.FailedPrecondition);
+        assert.ok(err instanceof sbx.REASONS[reason].error);
+        assert.equal(err.reason, reason);
+        assert.equal(err.retryable, true);
+        return true;
+      });
+      assert.equal(srv.calls.Run, 1);
+    } finally {
+      client.close();
+      srv.close();
+    }
+  });
 }
 
 test('retries stop at the deadline', async () => {
