@@ -315,3 +315,60 @@ func TestSurface(t *testing.T) {
 		t.Errorf("only %d RPCs", n)
 	}
 }
+
+// exporter fails ExportArchive `failures` times before its first chunk, then streams two.
+type exporter struct {
+	pb.UnimplementedSnapshotServiceServer
+	pb.UnimplementedProcessServiceServer
+	failures int
+	mu       sync.Mutex
+	calls    map[string]int
+}
+
+func (x *exporter) ExportArchive(_ *pb.ExportArchiveRequest, s pb.SnapshotService_ExportArchiveServer) error {
+	x.mu.Lock()
+	x.calls["ExportArchive"]++
+	n := x.calls["ExportArchive"]
+	x.mu.Unlock()
+	if n <= x.failures {
+		return status.Error(codes.Unavailable, "not yet")
+	}
+	for _, b := range []string{"ab", "cd"} {
+		if err := s.Send(&pb.ExportArchiveResponse{Chunk: &pb.ArchiveChunk{Data: []byte(b)}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (x *exporter) Exec(_ *pb.ExecRequest, s pb.ProcessService_ExecServer) error {
+	x.mu.Lock()
+	x.calls["Exec"]++
+	x.mu.Unlock()
+	return status.Error(codes.Unavailable, "not yet")
+}
+
+func TestIdempotentServerStreamsReopenBeforeTheirFirstMessage(t *testing.T) {
+	x := &exporter{failures: 2, calls: map[string]int{}}
+	addr := serve(t, func(s *grpc.Server) {
+		pb.RegisterAdminServiceServer(s, admin{apiVersion: "v1"})
+		pb.RegisterSnapshotServiceServer(s, x)
+		pb.RegisterProcessServiceServer(s, x)
+	})
+	c := dialOffline(t, addr)
+	ctx := within(t, 10*time.Second)
+	var tar strings.Builder
+	if err := c.ExportArchive(ctx, "s", "", &tar); err != nil || tar.String() != "abcd" {
+		t.Fatalf("%q %v", tar.String(), err)
+	}
+	if x.calls["ExportArchive"] != 3 {
+		t.Fatalf("%d calls", x.calls["ExportArchive"])
+	}
+	s, err := c.Exec(ctx, &pb.ExecRequest{SessionId: "s", Argv: []string{"true"}})
+	if err == nil {
+		_, err = s.Recv()
+	}
+	if !errors.Is(err, sandboxd.ErrUnavailable) || x.calls["Exec"] != 1 {
+		t.Fatalf("exec is never retried: %v, %d calls", err, x.calls["Exec"])
+	}
+}

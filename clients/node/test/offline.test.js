@@ -241,6 +241,47 @@ for (const [what, reason, metadata] of [
   });
 }
 
+test('idempotent server streams retry before their first message; exec never', async () => {
+  const calls = { ExportArchive: 0, Exec: 0 };
+  const srv = await serve({
+    AdminService: { GetServerInfo: info('v1'), Sweep: () => {} },
+    SnapshotService: {
+      ExportArchive: (call) => {
+        calls.ExportArchive += 1;
+        if (calls.ExportArchive <= 2) return call.emit('error', unavailable('not yet'));
+        call.write({ chunk: { data: Buffer.from('ab') } });
+        call.write({ chunk: { data: Buffer.from('cd') } });
+        call.end();
+      },
+    },
+    ProcessService: {
+      Exec: (call) => {
+        calls.Exec += 1;
+        call.emit('error', unavailable('not yet'));
+      },
+    },
+  });
+  const client = new sbx.SandboxClient(srv.address, { timeout: 10 });
+  try {
+    const chunks = [];
+    for await (const m of client.snapshots.exportArchive({ session_id: 's' })) chunks.push(m.chunk.data);
+    assert.equal(Buffer.concat(chunks).toString(), 'abcd');
+    assert.equal(calls.ExportArchive, 3);
+    await assert.rejects(
+      (async () => {
+        for await (const _ of client.processes.exec({ session_id: 's', argv: ['true'] })) {
+          /* never */
+        }
+      })(),
+      sbx.Unavailable,
+    );
+    assert.equal(calls.Exec, 1);
+  } finally {
+    client.close();
+    srv.close();
+  }
+});
+
 test('retries stop at the deadline', async () => {
   const srv = await flaky(1000);
   const client = new sbx.SandboxClient(srv.address, { timeout: 1.5 });
