@@ -138,6 +138,23 @@ func (c *Client) Server() *pb.GetServerInfoResponse {
 	return c.server
 }
 
+// HasFeature reports whether the server has an optional feature ("pty", "snapshots", "egress"...).
+func (c *Client) HasFeature(ctx context.Context, name string) (bool, error) {
+	info := c.Server()
+	if info == nil {
+		var err error
+		if info, err = c.Admin.GetServerInfo(ctx, &pb.GetServerInfoRequest{}); err != nil {
+			return false, err
+		}
+	}
+	for _, f := range info.GetFeatures() {
+		if f == name {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // ServiceField is the Client field of a service: SessionService -> Sessions.
 func ServiceField(service string) string {
 	switch service {

@@ -132,6 +132,9 @@ func TestConformance(t *testing.T) {
 	if err != nil || info.GetVersion() == "" || c.Server() == nil {
 		t.Fatalf("%v %v", info, err)
 	}
+	if has, err := c.HasFeature(ctx, "no-such-feature"); has || err != nil {
+		t.Fatalf("%v %v", has, err)
+	}
 	ok(s.ID)
 
 	s = steps["create"]

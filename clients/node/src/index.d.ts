@@ -174,5 +174,7 @@ export declare class SandboxClient {
     opts?: CallOptions & { pageSize?: number },
   ): AsyncGenerator<Session, void, undefined>;
   serverInfo(opts?: CallOptions): Promise<GetServerInfoResponse>;
+  /** Whether the server has an optional feature ("pty", "snapshots", "egress", ...). */
+  hasFeature(name: string, opts?: CallOptions): Promise<boolean>;
   close(): void;
 }

@@ -453,6 +453,13 @@ export class SandboxClient {
     return this.admin.getServerInfo({}, opts);
   }
 
+  /** Whether the server has an optional feature ("pty", "snapshots", "egress", ...). */
+  async hasFeature(name, opts = {}) {
+    await this._ready(this._deadline(opts, true), opts.signal);
+    if (this.server) return this.server.features.includes(name);
+    return (await this.serverInfo(opts)).features.includes(name); // checkServer: false
+  }
+
   // ---- calls --------------------------------------------------------------------------------
 
   _metadata(extra) {

@@ -101,6 +101,10 @@ test('errors are typed from the ErrorInfo reason', async () => {
 test('server info', async () => {
   const info = await client.serverInfo();
   assert.ok(info.version);
+  assert.equal(info.api_version, 'v1');
+  assert.ok(info.features.length > 0);
+  assert.equal(await client.hasFeature(info.features[0]), true);
+  assert.equal(await client.hasFeature('no-such-feature'), false);
   assert.equal(info.assurance, 'ASSURANCE_ENFORCED');
 });
 
