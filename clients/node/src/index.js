@@ -632,13 +632,20 @@ export class SandboxClient {
     yield* this._read(call, opts.signal);
   }
 
-  /** Writes `requests` into the call with backpressure, then half-closes; cancels on failure. */
-  async _pump(call, requests) {
+  /**
+   * Writes `requests` into the call with backpressure, then half-closes; cancels on failure.
+   * Stops writing as soon as the call has ended (`ended`): a server that refuses early (a bad
+   * header) never leaves the writer waiting for a drain that will not come.
+   */
+  async _pump(call, requests, ended) {
+    let over = false;
+    const stop = ended.then(() => (over = true));
     try {
       for await (const req of requests) {
-        if (!call.write(req)) await once(call, 'drain');
+        if (over) return;
+        if (!call.write(req)) await Promise.race([once(call, 'drain'), stop]);
       }
-      call.end();
+      if (!over) call.end();
     } catch (err) {
       call.cancel();
       throw err;
@@ -660,12 +667,19 @@ export class SandboxClient {
         (err, resp) => (err ? reject(err) : resolve(resp)),
       );
     });
+    const settled = done.then(
+      () => {},
+      () => {},
+    ); // also keeps an early failure from being an unhandled rejection
     const unwatch = this._watchAbort(call, opts.signal);
     try {
       try {
-        await this._pump(call, requests);
+        await this._pump(call, requests, settled);
       } catch (err) {
-        await done.catch(() => {}); // the server's error, if any, is the one to report
+        await settled; // the server's error, if any, is the one to report
+        await done.catch((serverErr) => {
+          if (serverErr.code !== grpc.status.CANCELLED) throw serverErr;
+        });
         throw err;
       }
       return await done;
@@ -687,7 +701,11 @@ export class SandboxClient {
       this._metadata(opts.metadata),
       this._callOptions(deadline),
     );
-    const pump = this._pump(call, requests);
+    const ended = once(call, 'status').then(
+      () => {},
+      () => {},
+    );
+    const pump = this._pump(call, requests, ended);
     pump.catch(() => {}); // reported when the reading ends
     yield* this._read(call, opts.signal, pump);
   }

@@ -199,3 +199,21 @@ test('an AbortSignal ends a running exec with Cancelled', async () => {
     await session.delete();
   }
 });
+
+test('a client stream the server refuses early ends with its typed error, not a hang', async () => {
+  const session = await client.createSession({ shell: { allow: ['sh'] } });
+  try {
+    async function* big() {
+      for (let i = 0; i < 400; i++) yield Buffer.alloc(1 << 20, 1); // 400 MiB, never all sent
+    }
+    const started = Date.now();
+    await assert.rejects(session.importArchive(big(), '../outside'), (err) => {
+      assert.ok(err instanceof sbx.PathOutsideWorkspaceError, String(err));
+      assert.ok(err instanceof sbx.InvalidArgument);
+      return true;
+    });
+    assert.ok(Date.now() - started < 10_000);
+  } finally {
+    await session.delete();
+  }
+});
