@@ -132,3 +132,29 @@ func TestErrorsAreTyped(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 }
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 0
+	}
+	return len(p), nil
+}
+
+func TestImportRefusedEarlyIsTypedAndQuick(t *testing.T) {
+	c, ctx := dial(t)
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{Shell: &pb.ShellPolicy{Allow: []string{"sh"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.DeleteSession(context.Background(), s.GetSessionId())
+	start := time.Now()
+	_, err = c.ImportArchive(ctx, s.GetSessionId(), "../outside", io.LimitReader(zeros{}, 400<<20), false)
+	if !errors.Is(err, sandboxd.ErrPathOutsideWorkspace) || !errors.Is(err, sandboxd.ErrInvalidArgument) {
+		t.Fatalf("%v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("took %v", d)
+	}
+}
