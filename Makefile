@@ -60,9 +60,10 @@ proto: venv go-deps
 	$(PY) -m sandboxd.tools.genproto
 	bash clients/go/gen.sh
 
-# The Go client builds from Debian's Go packages (no Go module proxy here).
+# The Go client builds from Debian's Go packages (no Go module proxy here): vendor/ links to them.
 go-deps:
 	bash clients/go/ensure-go.sh
+	clients/go/env.sh true
 
 run: venv helper image
 	$(PY) -m sandboxd

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Runs a go command in GOPATH mode over Debian's Go packages (/usr/share/gocode): this
-# project reaches no Go module proxy. The repository is linked into a private GOPATH as
-# `sandboxd`, so the packages import as sandboxd/clients/go/...
-#   clients/go/env.sh go test sandboxd/clients/go/...
+# Runs a go command on the client module (clients/go) in module mode over Debian's Go sources:
+# GOPROXY=off and GOFLAGS=-mod=vendor, with vendor/ (symbolic links into /usr/share/gocode,
+# not committed) made by tools/debvendor when go.mod changed since it was last made.
+#   clients/go/env.sh go test ./...
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-gopath="$repo/build/gopath"
-mkdir -p "$gopath/src"
-ln -sfn "$repo" "$gopath/src/sandboxd"
-export GOPATH="$gopath:/usr/share/gocode" GO111MODULE=off GOPROXY=off GOFLAGS=
+if [ ! -f "$here/vendor/modules.txt" ] || [ "$here/go.mod" -nt "$here/vendor/modules.txt" ]; then
+  (cd / && GO111MODULE=off GOFLAGS= go run "$here/tools/debvendor/main.go" "$here")
+fi
+cd "$here"
+export GO111MODULE=on GOPROXY=off GOFLAGS=-mod=vendor GONOSUMDB='*' GOSUMDB=off
 exec "$@"

@@ -11,8 +11,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"sandboxd/clients/go/sandboxd"
-	pb "sandboxd/clients/go/sandboxdv1"
+	"github.com/sandboxd/sandboxd/clients/go/sandboxd"
+	pb "github.com/sandboxd/sandboxd/clients/go/sandboxdv1"
 )
 
 // dial connects to the live server named by SANDBOXD_ADDR (tests/clients/test_client_go.py sets it).
@@ -105,7 +105,7 @@ func TestErrorsAreTyped(t *testing.T) {
 	if !errors.As(err, &e) || !errors.Is(err, sandboxd.ErrSessionNotFound) {
 		t.Fatalf("not a SessionNotFound: %v", err)
 	}
-	if e.Code != codes.NotFound || e.Kind != "SessionNotFound" || e.Metadata["session_id"] != "no-such-session" {
+	if e.Code != codes.NotFound || !errors.Is(err, sandboxd.ErrNotFound) || e.Metadata["session_id"] != "no-such-session" {
 		t.Fatalf("%+v", e)
 	}
 
@@ -115,7 +115,8 @@ func TestErrorsAreTyped(t *testing.T) {
 	}
 	defer c.DeleteSession(context.Background(), s.GetSessionId())
 	_, err = c.Run(ctx, &pb.RunRequest{SessionId: s.GetSessionId(), Argv: []string{"rm", "-rf", "/workspace"}})
-	if !errors.As(err, &e) || e.Reason != "COMMAND_NOT_ALLOWED" || e.Kind != "PermissionDenied" {
+	if !errors.As(err, &e) || e.Reason != "COMMAND_NOT_ALLOWED" || !errors.Is(err, sandboxd.ErrCommandNotAllowed) ||
+		!errors.Is(err, sandboxd.ErrPermissionDenied) || errors.Is(err, sandboxd.ErrNotFound) {
 		t.Fatalf("%v", err)
 	}
 
@@ -127,7 +128,33 @@ func TestErrorsAreTyped(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	_, err = down.Admin.GetServerInfo(short, &pb.GetServerInfoRequest{})
-	if !errors.As(sandboxd.FromError(err), &e) || e.Reason != "UNAVAILABLE" || e.Kind != "Unavailable" {
+	if !errors.As(err, &e) || e.Reason != "UNAVAILABLE" || !errors.Is(err, sandboxd.ErrUnavailable) {
 		t.Fatalf("%v", err)
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 0
+	}
+	return len(p), nil
+}
+
+func TestImportRefusedEarlyIsTypedAndQuick(t *testing.T) {
+	c, ctx := dial(t)
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{Shell: &pb.ShellPolicy{Allow: []string{"sh"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.DeleteSession(context.Background(), s.GetSessionId())
+	start := time.Now()
+	_, err = c.ImportArchive(ctx, s.GetSessionId(), "../outside", io.LimitReader(zeros{}, 400<<20), false)
+	if !errors.Is(err, sandboxd.ErrPathOutsideWorkspace) || !errors.Is(err, sandboxd.ErrInvalidArgument) {
+		t.Fatalf("%v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("took %v", d)
 	}
 }

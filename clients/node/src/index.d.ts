@@ -1,33 +1,67 @@
-// Types of the sandboxd Node client. Request and reply messages are plain objects with the
-// .proto's field names (snake_case), enums as their names, int64 as numbers.
+// Types of the sandboxd Node client. Messages (rpc.d.ts, generated from the .proto files) are
+// plain objects with the .proto's field names (snake_case), enums as their names, int64 as
+// numbers, bytes as Buffers.
+import type {
+  CallOptions,
+  FileInfo,
+  GetServerInfoResponse,
+  Init,
+  CreateSessionRequest,
+  Process,
+  Session as SessionMessage,
+  Services,
+  Snapshot,
+} from './rpc.js';
+
+export * from './rpc.js';
+export * from './reasons.js';
+
 export declare const PROTO_DIR: string;
 export declare const DEFAULT_ADDRESS: string;
+/** The major API version this client speaks. */
+export declare const API_MAJOR: number;
+/** RPCs ("sandboxd.v1.Service/Method") retried on a retryable error. */
+export declare const IDEMPOTENT: ReadonlySet<string>;
+/** RPCs idempotent (and retried) when the request names its id: the field that does. */
+export declare const IDEMPOTENT_WITH_ID: Readonly<Record<string, string>>;
+export declare function serviceProperty(serviceName: string): string;
+export declare function methodName(rpcName: string): string;
 
-export interface ErrorOptions { reason: string; code: number; metadata?: Record<string, string> }
+export interface ErrorOptions {
+  reason: string;
+  code: number;
+  metadata?: Record<string, string>;
+  retryable?: boolean;
+  cause?: unknown;
+}
 export declare class SandboxError extends Error {
   constructor(message: string, options: ErrorOptions);
   /** The server's message, without the reason prefix. */
   readonly details: string;
-  /** The google.rpc.ErrorInfo reason (domain "sandboxd"), or the gRPC code's name. */
+  /** The ErrorInfo reason (an ErrorReason name without its prefix), or the gRPC code's name. */
   readonly reason: string;
   /** The gRPC status code. */
   readonly code: number;
   readonly metadata: Record<string, string>;
+  /** The same call may succeed later (UNAVAILABLE, or marked so by the server). */
+  readonly retryable: boolean;
 }
 export declare class InvalidArgument extends SandboxError {}
 export declare class NotFound extends SandboxError {}
-export declare class SessionNotFound extends NotFound {}
 export declare class AlreadyExists extends SandboxError {}
 export declare class FailedPrecondition extends SandboxError {}
 export declare class PermissionDenied extends SandboxError {}
 export declare class ResourceExhausted extends SandboxError {}
 export declare class OutOfRange extends SandboxError {}
 export declare class Unavailable extends SandboxError {}
-export declare class EngineUnavailable extends Unavailable {}
 export declare class Internal extends SandboxError {}
 export declare class Unauthenticated extends SandboxError {}
 export declare class DeadlineExceeded extends SandboxError {}
 export declare class Cancelled extends SandboxError {}
+export declare class Unimplemented extends SandboxError {}
+/** Not sandboxd (reason NOT_SANDBOXD) or another major API version (API_VERSION_MISMATCH). */
+export declare class IncompatibleServer extends SandboxError {}
+export declare const DOMAIN: string;
 export declare function fromGrpcError(err: unknown): unknown;
 
 export type ExecEvent =
@@ -41,9 +75,11 @@ export type ExecEvent =
       truncated: boolean;
       duration: number;
     }
+  | { type: 'gap'; stream: 'stdout' | 'stderr'; offset: number; length: number }
   | { type: 'keepalive' };
 
-export interface ExecOptions {
+/** Options of a command; `timeout` is the command's (seconds), not the call's. */
+export interface ExecOptions extends Omit<CallOptions, 'timeout'> {
   cwd?: string;
   env?: Record<string, string>;
   stdin?: string | Uint8Array;
@@ -65,74 +101,80 @@ export interface RunResult {
   processId: string;
 }
 
-export interface FileInfo {
-  path: string;
-  name: string;
-  type: 'FILE_TYPE_FILE' | 'FILE_TYPE_DIRECTORY' | 'FILE_TYPE_SYMLINK' | 'FILE_TYPE_OTHER';
-  size: number;
-  mode: number;
-  modified_at: { seconds: number; nanos: number } | null;
-  symlink_target: string;
-}
-
-/** A sandboxd.v1.Session message. */
-export interface SessionInfo {
-  session_id: string;
-  state: string;
-  image: string;
-  fingerprint: string;
-  labels: Record<string, string>;
-  lease_expires_at: { seconds: number; nanos: number } | null;
-  [field: string]: unknown;
-}
+export type SessionInfo = SessionMessage;
 
 export declare class Session {
+  constructor(client: SandboxClient, info: SessionMessage);
   readonly client: SandboxClient;
-  info: SessionInfo;
+  info: SessionMessage;
   readonly id: string;
   /** "RUNNING", "EXPIRED", ... */
   readonly state: string;
-  refresh(): Promise<this>;
-  renew(ttlSeconds?: number): Promise<this>;
-  delete(): Promise<void>;
+  refresh(opts?: CallOptions): Promise<this>;
+  renew(ttlSeconds?: number, opts?: CallOptions): Promise<this>;
+  delete(opts?: CallOptions): Promise<void>;
+  suspend(opts?: CallOptions): Promise<this>;
+  resume(opts?: CallOptions): Promise<this>;
   exec(argv: string[], opts?: ExecOptions): AsyncGenerator<ExecEvent, void, undefined>;
   run(argv: string[], opts?: Omit<ExecOptions, 'keepalives'>): Promise<RunResult>;
-  readFile(path: string): Promise<Buffer>;
+  startProcess(argv: string[], opts?: ExecOptions & { processId?: string }): Promise<Process>;
+  attach(
+    processId: string,
+    opts?: CallOptions & { stdoutOffset?: number; stderrOffset?: number; keepalives?: boolean },
+  ): AsyncGenerator<ExecEvent, void, undefined>;
+  listProcesses(opts?: CallOptions): Promise<Process[]>;
+  signalProcess(processId: string, signal: string, opts?: CallOptions): Promise<void>;
+  readFile(path: string, opts?: CallOptions): Promise<Buffer>;
   writeFile(
     path: string,
     content: string | Uint8Array,
-    opts?: { mode?: number; makeParents?: boolean },
+    opts?: CallOptions & { mode?: number; makeParents?: boolean },
   ): Promise<FileInfo>;
-  listDir(path?: string, opts?: { depth?: number }): Promise<FileInfo[]>;
-  stat(path: string): Promise<FileInfo>;
-  remove(path: string, opts?: { recursive?: boolean }): Promise<void>;
-  makeDir(path: string, opts?: { parents?: boolean }): Promise<FileInfo>;
-  exportArchive(path?: string): AsyncGenerator<Buffer, void, undefined>;
+  listDir(path?: string, opts?: CallOptions & { depth?: number }): Promise<FileInfo[]>;
+  stat(path: string, opts?: CallOptions): Promise<FileInfo>;
+  remove(path: string, opts?: CallOptions & { recursive?: boolean }): Promise<void>;
+  makeDir(path: string, opts?: CallOptions & { parents?: boolean }): Promise<FileInfo>;
+  exportArchive(path?: string, opts?: CallOptions): AsyncGenerator<Buffer, void, undefined>;
   importArchive(
     chunks: Iterable<Uint8Array> | AsyncIterable<Uint8Array>,
     path?: string,
-    opts?: { replace?: boolean },
+    opts?: CallOptions & { replace?: boolean },
   ): Promise<{ files: number; bytes: number }>;
+  snapshot(labels?: Record<string, string>, opts?: CallOptions): Promise<Snapshot>;
 }
 
 export interface ClientOptions {
   /** Sent as `authorization: Bearer <token>` on every call. */
   token?: string;
   tls?: boolean | { rootCerts?: Buffer; privateKey?: Buffer; certChain?: Buffer };
-  /** Deadline of unary calls, in seconds. */
+  /** Default deadline of unary calls, in seconds. */
   timeout?: number;
+  /** Check the server with GetServerInfo on first use (default true). */
+  checkServer?: boolean;
+  /** Where the .proto files are (default: the package's own). */
+  protoDir?: string;
 }
 
+/** Every RPC is a method of a service property (Services): client.sessions.createSession(...). */
+export interface SandboxClient extends Services {}
 export declare class SandboxClient {
   constructor(address?: string, options?: ClientOptions);
   readonly address: string;
-  /** CreateSessionRequest fields as in the .proto (session_id, shell, workspace, labels...). */
-  createSession(request?: Record<string, unknown>): Promise<Session>;
-  getSession(sessionId: string): Promise<Session>;
+  /** GetServerInfo's answer from the first-use check; null before the first call. */
+  readonly server: GetServerInfoResponse | null;
+  createSession(request?: Init<CreateSessionRequest>, opts?: CallOptions): Promise<Session>;
+  getSession(sessionId: string, opts?: CallOptions): Promise<Session>;
+  forkSession(
+    snapshotId: string,
+    request?: Init<CreateSessionRequest>,
+    opts?: CallOptions,
+  ): Promise<Session>;
   listSessions(
     labels?: Record<string, string>,
-    opts?: { pageSize?: number },
+    opts?: CallOptions & { pageSize?: number },
   ): AsyncGenerator<Session, void, undefined>;
-  serverInfo(): Promise<Record<string, unknown>>;
+  serverInfo(opts?: CallOptions): Promise<GetServerInfoResponse>;
+  /** Whether the server has an optional feature ("pty", "snapshots", "egress", ...). */
+  hasFeature(name: string, opts?: CallOptions): Promise<boolean>;
   close(): void;
 }

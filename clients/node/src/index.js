@@ -1,121 +1,104 @@
-// sandboxd client for Node: loads proto/sandboxd/v1 at run time with @grpc/proto-loader, so
-// it always speaks the repository's contract. Errors are decoded from the google.rpc.Status
-// trailer into SandboxError subclasses named like the server's domain errors.
+// sandboxd client for Node. Every RPC of every service in proto/sandboxd/v1 is a method of the
+// client (client.sessions.createSession, client.processes.exec, ...), built from the .proto
+// files the package ships (proto/, copied in by `npm pack`): unary calls return promises,
+// server streams are async iterators, client streams take (async) iterables. Every call takes
+// {timeout, deadline, signal, metadata}; failures are SandboxError subclasses (errors.js).
+// Session wraps the common calls of one session in a smaller, flatter shape.
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import fs from 'node:fs';
 import { once } from 'node:events';
+import { setTimeout as sleep } from 'node:timers/promises';
 
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
-import protobuf from 'protobufjs';
+
+import {
+  Cancelled,
+  DeadlineExceeded,
+  IncompatibleServer,
+  SandboxError,
+  Unavailable,
+} from './errors.js';
+import { fromGrpcError } from './decode.js';
+import { IDEMPOTENT, IDEMPOTENT_WITH_ID, methodName, serviceProperty } from './naming.js';
+
+export * from './errors.js';
+export * from './reasons.js';
+export { DOMAIN, fromGrpcError } from './decode.js';
+export { IDEMPOTENT, IDEMPOTENT_WITH_ID, methodName, serviceProperty } from './naming.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 
-/** Where the .proto files are: $SANDBOXD_PROTO_DIR, or the repository's proto/ folder. */
-export const PROTO_DIR = process.env.SANDBOXD_PROTO_DIR || path.resolve(here, '../../../proto');
+/** The major API version this client speaks (GetServerInfo.api_version "1.x"). */
+export const API_MAJOR = 1;
 export const DEFAULT_ADDRESS = '127.0.0.1:50051';
-const DOMAIN = 'sandboxd';
 const MAX_MESSAGE = 64 * 1024 * 1024;
+/** Longest the first-use GetServerInfo may take when the caller set no deadline. */
+const CHECK_TIMEOUT_MS = 20_000;
+const RETRY = { maxAttempts: 5, initialBackoffMs: 100, maxBackoffMs: 2000, multiplier: 2 };
 
-function loadServices() {
+function findProtoDir() {
+  if (process.env.SANDBOXD_PROTO_DIR) return process.env.SANDBOXD_PROTO_DIR;
+  const shipped = path.resolve(here, '../proto'); // inside the installed package
+  if (fs.existsSync(path.join(shipped, 'sandboxd/v1'))) return shipped;
+  return path.resolve(here, '../../../proto'); // a checkout of the repository
+}
+
+/** Where the .proto files are: $SANDBOXD_PROTO_DIR, the package's proto/, or the repository's. */
+export const PROTO_DIR = findProtoDir();
+
+/**
+ * The services of sandboxd.v1 as proto-loader definitions:
+ * [{name, fullName, property, methods: [{name, method, path, requestStream, responseStream, ...}]}].
+ */
+export function loadServices(dir = PROTO_DIR) {
   const files = fs
-    .readdirSync(path.join(PROTO_DIR, 'sandboxd/v1'))
+    .readdirSync(path.join(dir, 'sandboxd/v1'))
     .filter((f) => f.endsWith('.proto'))
+    .sort()
     .map((f) => `sandboxd/v1/${f}`);
   const definition = protoLoader.loadSync(files, {
-    includeDirs: [PROTO_DIR],
+    includeDirs: [dir],
     keepCase: true, // field names as in the .proto (session_id), as grpcurl shows them
     longs: Number,
     enums: String,
     defaults: true,
     oneofs: true,
   });
-  return grpc.loadPackageDefinition(definition).sandboxd.v1;
-}
-
-// google.rpc.Status and ErrorInfo, inline: three small messages need no extra .proto files.
-const rpcTypes = protobuf.parse(`
-  syntax = "proto3";
-  package google.rpc;
-  message Any { string type_url = 1; bytes value = 2; }
-  message Status { int32 code = 1; string message = 2; repeated Any details = 3; }
-  message ErrorInfo { string reason = 1; string domain = 2; map<string, string> metadata = 3; }
-`, { keepCase: true }).root;
-const StatusType = rpcTypes.lookupType('google.rpc.Status');
-const ErrorInfoType = rpcTypes.lookupType('google.rpc.ErrorInfo');
-
-// ---- errors --------------------------------------------------------------------------------
-
-/** Base of every error a failed call raises; `reason` is the ErrorInfo reason or the code name. */
-export class SandboxError extends Error {
-  constructor(message, { reason, code, metadata = {} }) {
-    super(`${reason}: ${message}`);
-    this.name = new.target.name;
-    this.details = message;
-    this.reason = reason;
-    this.code = code;
-    this.metadata = metadata;
+  const services = [];
+  for (const [fullName, def] of Object.entries(definition)) {
+    if (!fullName.startsWith('sandboxd.v1.') || typeof def.format === 'string') continue;
+    const name = fullName.slice('sandboxd.v1.'.length);
+    const methods = Object.entries(def).map(([rpc, m]) => ({ ...m, name: rpc, method: methodName(rpc) }));
+    services.push({ name, fullName, property: serviceProperty(name), methods });
   }
+  return services;
 }
-export class InvalidArgument extends SandboxError {}
-export class NotFound extends SandboxError {}
-export class SessionNotFound extends NotFound {}
-export class AlreadyExists extends SandboxError {}
-export class FailedPrecondition extends SandboxError {}
-export class PermissionDenied extends SandboxError {}
-export class ResourceExhausted extends SandboxError {}
-export class OutOfRange extends SandboxError {}
-export class Unavailable extends SandboxError {}
-export class EngineUnavailable extends Unavailable {}
-export class Internal extends SandboxError {}
-export class Unauthenticated extends SandboxError {}
-export class DeadlineExceeded extends SandboxError {}
-export class Cancelled extends SandboxError {}
 
-const BY_CODE = {
-  [grpc.status.INVALID_ARGUMENT]: InvalidArgument,
-  [grpc.status.NOT_FOUND]: NotFound,
-  [grpc.status.ALREADY_EXISTS]: AlreadyExists,
-  [grpc.status.FAILED_PRECONDITION]: FailedPrecondition,
-  [grpc.status.PERMISSION_DENIED]: PermissionDenied,
-  [grpc.status.RESOURCE_EXHAUSTED]: ResourceExhausted,
-  [grpc.status.OUT_OF_RANGE]: OutOfRange,
-  [grpc.status.UNAVAILABLE]: Unavailable,
-  [grpc.status.INTERNAL]: Internal,
-  [grpc.status.UNAUTHENTICATED]: Unauthenticated,
-  [grpc.status.DEADLINE_EXCEEDED]: DeadlineExceeded,
-  [grpc.status.CANCELLED]: Cancelled,
-};
-const BY_REASON = { SESSION_NOT_FOUND: SessionNotFound, ENGINE_UNAVAILABLE: EngineUnavailable };
-
-function errorInfo(err) {
-  const raw = err.metadata?.get('grpc-status-details-bin')?.[0];
-  if (!raw) return null;
-  const status = StatusType.decode(raw);
-  for (const any of status.details) {
-    if (any.type_url.endsWith('/google.rpc.ErrorInfo')) {
-      const info = ErrorInfoType.toObject(ErrorInfoType.decode(any.value));
-      if (info.domain === DOMAIN) return info;
+/** gRPC's own retry (service config): idempotent calls retry UNAVAILABLE with backoff + jitter. */
+function serviceConfig(services) {
+  const names = [];
+  for (const s of services) {
+    for (const m of s.methods) {
+      if (IDEMPOTENT.has(`${s.fullName}/${m.name}`)) names.push({ service: s.fullName, method: m.name });
     }
   }
-  return null;
-}
-
-/** The typed error for a failed gRPC call (a ServiceError from @grpc/grpc-js). */
-export function fromGrpcError(err) {
-  if (err instanceof SandboxError || typeof err?.code !== 'number') return err;
-  const info = errorInfo(err);
-  const reason = info?.reason || grpc.status[err.code] || 'UNKNOWN';
-  const Cls = BY_REASON[reason] || BY_CODE[err.code] || SandboxError;
-  return new Cls(err.details ?? err.message, {
-    reason,
-    code: err.code,
-    metadata: info?.metadata ?? {},
+  return JSON.stringify({
+    methodConfig: [
+      {
+        name: names,
+        retryPolicy: {
+          maxAttempts: RETRY.maxAttempts,
+          initialBackoff: `${RETRY.initialBackoffMs / 1000}s`,
+          maxBackoff: `${RETRY.maxBackoffMs / 1000}s`,
+          backoffMultiplier: RETRY.multiplier,
+          retryableStatusCodes: ['UNAVAILABLE'],
+        },
+      },
+    ],
   });
 }
-
-// ---- helpers ------------------------------------------------------------------------------
 
 function seconds(s) {
   if (s == null) return null;
@@ -127,14 +110,57 @@ function toSeconds(d) {
   return d ? Number(d.seconds) + d.nanos / 1e9 : 0;
 }
 
-function unary(stub, method, request, options = {}) {
+/** The call options inside a command's options, whose `timeout` is the command's own. */
+function commandCall(opts = {}) {
+  return { timeout: null, deadline: opts.deadline, signal: opts.signal, metadata: opts.metadata };
+}
+
+function majorOf(apiVersion) {
+  const m = /^v?(\d+)/.exec(String(apiVersion ?? ''));
+  return m ? Number(m[1]) : null;
+}
+
+function abortError(signal) {
+  return new Cancelled('the call was aborted', {
+    reason: 'CANCELLED',
+    code: grpc.status.CANCELLED,
+    cause: signal.reason,
+  });
+}
+
+/** Rejects with the typed error when `signal` aborts or `deadline` (ms epoch) passes first. */
+function within(promise, deadline, signal) {
+  if (deadline == null && !signal) return promise;
   return new Promise((resolve, reject) => {
-    stub[method](request, options, (err, resp) => (err ? reject(fromGrpcError(err)) : resolve(resp)));
+    let timer = null;
+    const onAbort = () => reject(abortError(signal));
+    const done = () => {
+      if (timer) clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
+    };
+    if (signal?.aborted) return onAbort();
+    signal?.addEventListener('abort', onAbort, { once: true });
+    if (deadline != null) {
+      timer = setTimeout(
+        () =>
+          reject(
+            new DeadlineExceeded('deadline exceeded before the server answered', {
+              reason: 'DEADLINE_EXCEEDED',
+              code: grpc.status.DEADLINE_EXCEEDED,
+            }),
+          ),
+        Math.max(0, deadline - Date.now()),
+      );
+    }
+    promise.then(
+      (v) => (done(), resolve(v)),
+      (e) => (done(), reject(e)),
+    );
   });
 }
 
 /** An exec event in a small, flat shape; null for kinds this client does not know. */
-function toEvent(resp) {
+export function toEvent(resp) {
   switch (resp.event) {
     case 'started':
       return { type: 'started', processId: resp.started.process_id };
@@ -156,6 +182,13 @@ function toEvent(resp) {
         duration: toSeconds(e.duration),
       };
     }
+    case 'gap':
+      return {
+        type: 'gap',
+        stream: resp.gap.stream === 'OUTPUT_STREAM_STDERR' ? 'stderr' : 'stdout',
+        offset: resp.gap.offset,
+        length: resp.gap.length,
+      };
     case 'keepalive':
       return { type: 'keepalive' };
     default:
@@ -181,19 +214,29 @@ export class Session {
     return String(this.info.state).replace(/^SESSION_STATE_/, '');
   }
 
-  async refresh() {
-    this.info = (await this.client._unary('sessions', 'GetSession', { session_id: this.id })).session;
+  async refresh(opts) {
+    this.info = (await this.client.sessions.getSession({ session_id: this.id }, opts)).session;
     return this;
   }
 
-  async renew(ttlSeconds) {
+  async renew(ttlSeconds, opts) {
     const req = { session_id: this.id, ttl: seconds(ttlSeconds) };
-    this.info = (await this.client._unary('sessions', 'RenewLease', req)).session;
+    this.info = (await this.client.sessions.renewLease(req, opts)).session;
     return this;
   }
 
-  async delete() {
-    await this.client._unary('sessions', 'DeleteSession', { session_id: this.id });
+  async delete(opts) {
+    await this.client.sessions.deleteSession({ session_id: this.id }, opts);
+  }
+
+  async suspend(opts) {
+    this.info = (await this.client.sessions.suspendSession({ session_id: this.id }, opts)).session;
+    return this;
+  }
+
+  async resume(opts) {
+    this.info = (await this.client.sessions.resumeSession({ session_id: this.id }, opts)).session;
+    return this;
   }
 
   _execRequest(argv, opts = {}) {
@@ -210,28 +253,20 @@ export class Session {
 
   /**
    * Runs a command and yields its events as they arrive: started, output..., exited.
-   * Leaving the loop early cancels the call, which kills the command's process tree.
+   * Leaving the loop early (or aborting opts.signal) cancels the call, which kills the
+   * command's process tree.
    */
   async *exec(argv, opts = {}) {
-    const call = this.client._stub('processes').Exec(this._execRequest(argv, opts));
-    try {
-      for await (const resp of call) {
-        const event = toEvent(resp);
-        if (event === null || (event.type === 'keepalive' && !opts.keepalives)) continue;
-        yield event;
-      }
-    } catch (err) {
-      throw fromGrpcError(err);
-    } finally {
-      call.cancel();
+    for await (const resp of this.client.processes.exec(this._execRequest(argv, opts), commandCall(opts))) {
+      const event = toEvent(resp);
+      if (event === null || (event.type === 'keepalive' && !opts.keepalives)) continue;
+      yield event;
     }
   }
 
   /** Runs a command and returns its collected output; a non-zero exit is not an error. */
   async run(argv, opts = {}) {
-    const r = await this.client._unary('processes', 'Run', this._execRequest(argv, opts), {
-      noDeadline: true,
-    });
+    const r = await this.client.processes.run(this._execRequest(argv, opts), commandCall(opts));
     return {
       exitCode: r.exit_code,
       stdout: r.stdout,
@@ -244,12 +279,42 @@ export class Session {
     };
   }
 
-  async readFile(filePath) {
-    return (await this.client._unary('files', 'ReadFile', { session_id: this.id, path: filePath }))
-      .content;
+  /** Starts a background process; `processId` makes the start idempotent (and retried). */
+  async startProcess(argv, opts = {}) {
+    const req = { ...this._execRequest(argv, opts), process_id: opts.processId ?? '' };
+    const call = { deadline: opts.deadline, signal: opts.signal, metadata: opts.metadata };
+    return (await this.client.processes.startProcess(req, call)).process;
   }
 
-  async writeFile(filePath, content, { mode = 0, makeParents = false } = {}) {
+  /** Replays a background process's output from the offsets, then follows it until it exits. */
+  async *attach(processId, opts = {}) {
+    const req = {
+      session_id: this.id,
+      process_id: processId,
+      stdout_offset: opts.stdoutOffset ?? 0,
+      stderr_offset: opts.stderrOffset ?? 0,
+    };
+    for await (const resp of this.client.processes.attachProcess(req, opts)) {
+      const event = toEvent(resp);
+      if (event === null || (event.type === 'keepalive' && !opts.keepalives)) continue;
+      yield event;
+    }
+  }
+
+  async listProcesses(opts) {
+    return (await this.client.processes.listProcesses({ session_id: this.id }, opts)).processes;
+  }
+
+  async signalProcess(processId, signal, opts) {
+    const req = { session_id: this.id, process_id: processId, signal };
+    await this.client.processes.signalProcess(req, opts);
+  }
+
+  async readFile(filePath, opts) {
+    return (await this.client.files.readFile({ session_id: this.id, path: filePath }, opts)).content;
+  }
+
+  async writeFile(filePath, content, { mode = 0, makeParents = false, ...opts } = {}) {
     const req = {
       session_id: this.id,
       path: filePath,
@@ -257,62 +322,51 @@ export class Session {
       mode,
       make_parents: makeParents,
     };
-    return (await this.client._unary('files', 'WriteFile', req)).info;
+    return (await this.client.files.writeFile(req, opts)).info;
   }
 
-  async listDir(dirPath = '', { depth = 0 } = {}) {
+  async listDir(dirPath = '', { depth = 0, ...opts } = {}) {
     const req = { session_id: this.id, path: dirPath, depth };
-    return (await this.client._unary('files', 'ListDir', req)).entries;
+    return (await this.client.files.listDir(req, opts)).entries;
   }
 
-  async stat(filePath) {
-    return (await this.client._unary('files', 'Stat', { session_id: this.id, path: filePath })).info;
+  async stat(filePath, opts) {
+    return (await this.client.files.stat({ session_id: this.id, path: filePath }, opts)).info;
   }
 
-  async remove(filePath, { recursive = false } = {}) {
-    await this.client._unary('files', 'Remove', { session_id: this.id, path: filePath, recursive });
+  async remove(filePath, { recursive = false, ...opts } = {}) {
+    await this.client.files.remove({ session_id: this.id, path: filePath, recursive }, opts);
   }
 
-  async makeDir(dirPath, { parents = false } = {}) {
+  async makeDir(dirPath, { parents = false, ...opts } = {}) {
     const req = { session_id: this.id, path: dirPath, parents };
-    return (await this.client._unary('files', 'MakeDir', req)).info;
+    return (await this.client.files.makeDir(req, opts)).info;
   }
 
   /** A tar of the folder `dirPath` (empty: the workspace), as Buffers while it is made. */
-  async *exportArchive(dirPath = '') {
-    const call = this.client._stub('snapshots').ExportArchive({ session_id: this.id, path: dirPath });
-    try {
-      for await (const resp of call) yield resp.chunk.data;
-    } catch (err) {
-      throw fromGrpcError(err);
-    } finally {
-      call.cancel();
-    }
+  async *exportArchive(dirPath = '', opts = {}) {
+    const req = { session_id: this.id, path: dirPath };
+    for await (const resp of this.client.snapshots.exportArchive(req, opts)) yield resp.chunk.data;
   }
 
   /**
    * Streams a tar (an iterable or async iterable of Buffers) into the folder `dirPath`; every
    * member is checked by the server before anything lands. Resolves to {files, bytes}.
    */
-  async importArchive(chunks, dirPath = '', { replace = false } = {}) {
-    let call;
-    const done = new Promise((resolve, reject) => {
-      call = this.client._stubs.snapshots.ImportArchive(this.client._metadata(), (err, resp) =>
-        err ? reject(fromGrpcError(err)) : resolve({ files: resp.files, bytes: resp.bytes }),
-      );
-    });
-    try {
-      call.write({ header: { session_id: this.id, path: dirPath, replace } });
-      for await (const data of chunks) {
-        if (!call.write({ data: Buffer.from(data) })) await once(call, 'drain');
-      }
-      call.end();
-    } catch (err) {
-      call.cancel();
-      await done.catch(() => {}); // the server's error, if any, is the one to report
-      throw err;
+  async importArchive(chunks, dirPath = '', { replace = false, ...opts } = {}) {
+    const id = this.id;
+    async function* requests() {
+      yield { header: { session_id: id, path: dirPath, replace } };
+      for await (const data of chunks) yield { data: Buffer.from(data) };
     }
-    return done;
+    const resp = await this.client.snapshots.importArchive(requests(), opts);
+    return { files: resp.files, bytes: resp.bytes };
+  }
+
+  /** Stores a snapshot of the workspace server-side. */
+  async snapshot(labels = {}, opts) {
+    const req = { session_id: this.id, labels };
+    return (await this.client.snapshots.createSnapshot(req, opts)).snapshot;
   }
 }
 
@@ -320,12 +374,12 @@ export class Session {
 
 /**
  * A connection to one sandboxd server. Options: `token` (sent as `authorization: Bearer`),
- * `tls` (true, or {rootCerts, privateKey, certChain} as Buffers), `timeout` (seconds, unary
- * calls only). Call close() when done.
+ * `tls` (true, or {rootCerts, privateKey, certChain} as Buffers), `timeout` (seconds, the
+ * default deadline of unary calls). Call close() when done.
  */
 export class SandboxClient {
   constructor(address = process.env.SANDBOXD_ADDR || DEFAULT_ADDRESS, options = {}) {
-    const v1 = loadServices();
+    const services = loadServices(options.protoDir);
     let creds;
     if (options.tls) {
       const t = options.tls === true ? {} : options.tls;
@@ -342,77 +396,317 @@ export class SandboxClient {
       creds = grpc.credentials.createInsecure();
     }
     // On a plaintext channel (loopback by default) the token travels as call metadata.
-    this._plainToken = options.tls ? null : options.token ?? null;
+    this._plainToken = options.tls ? null : (options.token ?? null);
     this._timeout = options.timeout ?? null;
-    const channelOptions = {
+    this._checkVersion = options.checkServer ?? true;
+    this._compatible = null; // the pending or passed first-use check
+    this._grpc = new grpc.Client(address, creds, {
       'grpc.max_receive_message_length': MAX_MESSAGE,
       'grpc.max_send_message_length': MAX_MESSAGE,
-    };
-    const first = new v1.SessionService(address, creds, channelOptions);
-    const shared = { channelOverride: first.getChannel() };
-    this._stubs = {
-      sessions: first,
-      processes: new v1.ProcessService(address, creds, shared),
-      files: new v1.FilesystemService(address, creds, shared),
-      admin: new v1.AdminService(address, creds, shared),
-      snapshots: new v1.SnapshotService(address, creds, shared),
-    };
-    this.address = address;
-  }
-
-  _stub(name) {
-    const stub = this._stubs[name];
-    if (!this._plainToken) return stub;
-    // Wrap so every call carries the token without each method building metadata.
-    return new Proxy(stub, {
-      get: (target, prop) => {
-        const fn = target[prop];
-        if (typeof fn !== 'function' || prop.startsWith?.('get')) return fn;
-        return (req, ...rest) => fn.call(target, req, this._metadata(), ...rest);
-      },
+      'grpc.service_config': serviceConfig(services),
+      'grpc.enable_retries': 1,
     });
-  }
-
-  /** Call metadata: the bearer token on a plaintext channel (TLS channels add it themselves). */
-  _metadata() {
-    const md = new grpc.Metadata();
-    if (this._plainToken) md.set('authorization', `Bearer ${this._plainToken}`);
-    return md;
-  }
-
-  _unary(stubName, method, request, { noDeadline = false } = {}) {
-    const options = {};
-    if (this._timeout != null && !noDeadline) {
-      options.deadline = new Date(Date.now() + this._timeout * 1000);
+    this.address = address;
+    /** GetServerInfo's answer from the first-use check (null before the first call). */
+    this.server = null;
+    this.services = services;
+    for (const s of services) {
+      const methods = {};
+      for (const m of s.methods) methods[m.method] = this._bind(s, m);
+      this[s.property] = Object.freeze(methods);
     }
-    return unary(this._stub(stubName), method, request, options);
   }
+
+  close() {
+    this._grpc.close();
+  }
+
+  // ---- sessions (the entry points; the rest is on Session and the service properties) ----
 
   /** Creates a session from CreateSessionRequest fields (snake_case, as in the .proto). */
-  async createSession(request = {}) {
-    return new Session(this, (await this._unary('sessions', 'CreateSession', request)).session);
+  async createSession(request = {}, opts) {
+    return new Session(this, (await this.sessions.createSession(request, opts)).session);
   }
 
-  async getSession(sessionId) {
-    return new Session(this, (await this._unary('sessions', 'GetSession', { session_id: sessionId })).session);
+  async getSession(sessionId, opts) {
+    return new Session(this, (await this.sessions.getSession({ session_id: sessionId }, opts)).session);
+  }
+
+  /** Forks a new session from a stored snapshot (CreateSession{from_snapshot_id}). */
+  async forkSession(snapshotId, request = {}, opts) {
+    return this.createSession({ ...request, from_snapshot_id: snapshotId }, opts);
   }
 
   /** Every session carrying all of `labels`, page after page. */
-  async *listSessions(labels = {}, { pageSize = 0 } = {}) {
+  async *listSessions(labels = {}, { pageSize = 0, ...opts } = {}) {
     let token = '';
     do {
       const req = { label_selector: labels, page_size: pageSize, page_token: token };
-      const resp = await this._unary('sessions', 'ListSessions', req);
+      const resp = await this.sessions.listSessions(req, opts);
       for (const info of resp.sessions) yield new Session(this, info);
       token = resp.next_page_token;
     } while (token);
   }
 
-  async serverInfo() {
-    return this._unary('admin', 'GetServerInfo', {});
+  /** GetServerInfo, fetched now (the first-use check keeps its answer in `server`). */
+  async serverInfo(opts) {
+    return this.admin.getServerInfo({}, opts);
   }
 
-  close() {
-    this._stubs.sessions.close();
+  /** Whether the server has an optional feature ("pty", "snapshots", "egress", ...). */
+  async hasFeature(name, opts = {}) {
+    await this._ready(this._deadline(opts, true), opts.signal);
+    if (this.server) return this.server.features.includes(name);
+    return (await this.serverInfo(opts)).features.includes(name); // checkServer: false
+  }
+
+  // ---- calls --------------------------------------------------------------------------------
+
+  _metadata(extra) {
+    const md = new grpc.Metadata();
+    if (this._plainToken) md.set('authorization', `Bearer ${this._plainToken}`);
+    for (const [k, v] of Object.entries(extra ?? {})) md.set(k, v);
+    return md;
+  }
+
+  /** The call's deadline in ms since the epoch, or null: deadline, else timeout (s), else the client's (unary). */
+  _deadline(opts = {}, unary) {
+    if (opts.deadline != null) return new Date(opts.deadline).getTime();
+    const timeout = opts.timeout !== undefined ? opts.timeout : unary ? this._timeout : null;
+    return timeout == null ? null : Date.now() + timeout * 1000;
+  }
+
+  /**
+   * On first use: GetServerInfo must answer, from sandboxd (not UNIMPLEMENTED), of this
+   * client's major API version. Within the caller's deadline; a failed check that may pass
+   * later (server down, wrong token) is tried again by the next call.
+   */
+  async _ready(deadline, signal) {
+    if (!this._checkVersion) return;
+    if (this._compatible === true) return;
+    if (!this._compatible) {
+      const until = Math.min(deadline ?? Infinity, Date.now() + CHECK_TIMEOUT_MS);
+      this._compatible = this._check(until).then(
+        () => (this._compatible = true),
+        (err) => {
+          if (!(err instanceof IncompatibleServer)) this._compatible = null;
+          throw err;
+        },
+      );
+    }
+    await within(this._compatible, deadline, signal);
+  }
+
+  async _check(deadline) {
+    const m = this._method('AdminService', 'GetServerInfo');
+    let info;
+    try {
+      info = await this._unaryOnce(m, {}, deadline, {});
+    } catch (err) {
+      if (err.code === grpc.status.UNIMPLEMENTED) {
+        throw new IncompatibleServer(
+          `the server at ${this.address} is not sandboxd: it does not implement ${m.path}`,
+          { reason: 'NOT_SANDBOXD', code: err.code },
+        );
+      }
+      if (err.code === grpc.status.UNAVAILABLE && !(err.metadata && Object.keys(err.metadata).length)) {
+        throw new Unavailable(`cannot reach sandboxd at ${this.address}: ${err.details}`, {
+          reason: err.reason,
+          code: err.code,
+        });
+      }
+      throw err;
+    }
+    const major = majorOf(info.api_version);
+    if (major !== null && major !== API_MAJOR) {
+      throw new IncompatibleServer(
+        `the server at ${this.address} speaks sandboxd API ${info.api_version}; this client ` +
+          `speaks ${API_MAJOR}.x`,
+        { reason: 'API_VERSION_MISMATCH', code: grpc.status.FAILED_PRECONDITION },
+      );
+    }
+    this.server = info;
+  }
+
+  _method(service, rpc) {
+    return this.services.find((s) => s.name === service).methods.find((m) => m.name === rpc);
+  }
+
+  _bind(service, m) {
+    const full = `${service.fullName}/${m.name}`;
+    if (!m.requestStream && !m.responseStream) return (req, opts) => this._unary(full, m, req, opts);
+    if (!m.requestStream) return (req, opts) => this._serverStream(m, req, opts);
+    if (!m.responseStream) return (reqs, opts) => this._clientStream(m, reqs, opts);
+    return (reqs, opts) => this._bidiStream(m, reqs, opts);
+  }
+
+  _callOptions(deadline) {
+    return deadline == null ? {} : { deadline: new Date(deadline) };
+  }
+
+  _unaryOnce(m, request, deadline, opts) {
+    return new Promise((resolve, reject) => {
+      const signal = opts.signal;
+      if (signal?.aborted) return reject(abortError(signal));
+      const onAbort = () => call.cancel();
+      const call = this._grpc.makeUnaryRequest(
+        m.path,
+        m.requestSerialize,
+        m.responseDeserialize,
+        request ?? {},
+        this._metadata(opts.metadata),
+        this._callOptions(deadline),
+        (err, resp) => {
+          signal?.removeEventListener('abort', onAbort);
+          if (!err) return resolve(resp);
+          reject(signal?.aborted ? abortError(signal) : fromGrpcError(err));
+        },
+      );
+      signal?.addEventListener('abort', onAbort, { once: true });
+    });
+  }
+
+  async _unary(full, m, request, opts = {}) {
+    const deadline = this._deadline(opts, true);
+    await this._ready(deadline, opts.signal);
+    // UNAVAILABLE on an idempotent call is retried by gRPC (service config). This loop adds
+    // what a service config cannot say: errors the server marked retryable with another code,
+    // and the calls that are idempotent only with a caller-chosen id.
+    const idField = IDEMPOTENT_WITH_ID[full];
+    const idempotent = idField ? Boolean(request?.[idField]) : IDEMPOTENT.has(full);
+    let backoff = RETRY.initialBackoffMs;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await this._unaryOnce(m, request, deadline, opts);
+      } catch (err) {
+        const covered = !idField && err.code === grpc.status.UNAVAILABLE;
+        const pause = Math.random() * backoff; // full jitter
+        const again =
+          idempotent &&
+          err instanceof SandboxError &&
+          err.retryable &&
+          !covered &&
+          attempt < RETRY.maxAttempts &&
+          (deadline == null || Date.now() + pause < deadline);
+        if (!again) throw err;
+        await sleep(pause, undefined, { signal: opts.signal }).catch(() => {
+          throw abortError(opts.signal);
+        });
+        backoff = Math.min(backoff * RETRY.multiplier, RETRY.maxBackoffMs);
+      }
+    }
+  }
+
+  _watchAbort(call, signal) {
+    if (!signal) return () => {};
+    const onAbort = () => call.cancel();
+    signal.addEventListener('abort', onAbort, { once: true });
+    return () => signal.removeEventListener('abort', onAbort);
+  }
+
+  async *_read(call, signal, pump) {
+    const unwatch = this._watchAbort(call, signal);
+    try {
+      for await (const resp of call) yield resp;
+      if (pump) await pump;
+    } catch (err) {
+      throw signal?.aborted ? abortError(signal) : fromGrpcError(err);
+    } finally {
+      unwatch();
+      call.cancel(); // leaving the loop early ends the call (the server stops the work)
+    }
+  }
+
+  async *_serverStream(m, request, opts = {}) {
+    const deadline = this._deadline(opts, false);
+    await this._ready(deadline, opts.signal);
+    if (opts.signal?.aborted) throw abortError(opts.signal);
+    const call = this._grpc.makeServerStreamRequest(
+      m.path,
+      m.requestSerialize,
+      m.responseDeserialize,
+      request ?? {},
+      this._metadata(opts.metadata),
+      this._callOptions(deadline),
+    );
+    yield* this._read(call, opts.signal);
+  }
+
+  /**
+   * Writes `requests` into the call with backpressure, then half-closes; cancels on failure.
+   * Stops writing as soon as the call has ended (`ended`): a server that refuses early (a bad
+   * header) never leaves the writer waiting for a drain that will not come.
+   */
+  async _pump(call, requests, ended) {
+    let over = false;
+    const stop = ended.then(() => (over = true));
+    try {
+      for await (const req of requests) {
+        if (over) return;
+        if (!call.write(req)) await Promise.race([once(call, 'drain'), stop]);
+      }
+      if (!over) call.end();
+    } catch (err) {
+      call.cancel();
+      throw err;
+    }
+  }
+
+  async _clientStream(m, requests, opts = {}) {
+    const deadline = this._deadline(opts, false);
+    await this._ready(deadline, opts.signal);
+    if (opts.signal?.aborted) throw abortError(opts.signal);
+    let call;
+    const done = new Promise((resolve, reject) => {
+      call = this._grpc.makeClientStreamRequest(
+        m.path,
+        m.requestSerialize,
+        m.responseDeserialize,
+        this._metadata(opts.metadata),
+        this._callOptions(deadline),
+        (err, resp) => (err ? reject(err) : resolve(resp)),
+      );
+    });
+    const settled = done.then(
+      () => {},
+      () => {},
+    ); // also keeps an early failure from being an unhandled rejection
+    const unwatch = this._watchAbort(call, opts.signal);
+    try {
+      try {
+        await this._pump(call, requests, settled);
+      } catch (err) {
+        await settled; // the server's error, if any, is the one to report
+        await done.catch((serverErr) => {
+          if (serverErr.code !== grpc.status.CANCELLED) throw serverErr;
+        });
+        throw err;
+      }
+      return await done;
+    } catch (err) {
+      throw opts.signal?.aborted ? abortError(opts.signal) : fromGrpcError(err);
+    } finally {
+      unwatch();
+    }
+  }
+
+  async *_bidiStream(m, requests, opts = {}) {
+    const deadline = this._deadline(opts, false);
+    await this._ready(deadline, opts.signal);
+    if (opts.signal?.aborted) throw abortError(opts.signal);
+    const call = this._grpc.makeBidiStreamRequest(
+      m.path,
+      m.requestSerialize,
+      m.responseDeserialize,
+      this._metadata(opts.metadata),
+      this._callOptions(deadline),
+    );
+    const ended = once(call, 'status').then(
+      () => {},
+      () => {},
+    );
+    const pump = this._pump(call, requests, ended);
+    pump.catch(() => {}); // reported when the reading ends
+    yield* this._read(call, opts.signal, pump);
   }
 }

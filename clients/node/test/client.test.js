@@ -64,7 +64,7 @@ test('create, exec streaming, run, files, list, renew, delete', async () => {
     await session.delete();
   }
   await assert.rejects(client.getSession(session.id), (err) => {
-    assert.ok(err instanceof sbx.SessionNotFound);
+    assert.ok(err instanceof sbx.SessionNotFoundError);
     assert.ok(err instanceof sbx.NotFound);
     assert.equal(err.reason, 'SESSION_NOT_FOUND');
     return true;
@@ -101,6 +101,10 @@ test('errors are typed from the ErrorInfo reason', async () => {
 test('server info', async () => {
   const info = await client.serverInfo();
   assert.ok(info.version);
+  assert.equal(info.api_version, 'v1');
+  assert.ok(info.features.length > 0);
+  assert.equal(await client.hasFeature(info.features[0]), true);
+  assert.equal(await client.hasFeature('no-such-feature'), false);
   assert.equal(info.assurance, 'ASSURANCE_ENFORCED');
 });
 
@@ -151,6 +155,64 @@ test('tar import and export', async () => {
       })(),
       sbx.SandboxError,
     );
+  } finally {
+    await session.delete();
+  }
+});
+
+test('interact: a bidirectional stream fed from an async generator', async () => {
+  const session = await client.createSession({ shell: { allow: ['cat'] } });
+  try {
+    async function* requests() {
+      yield { start: { request: { session_id: session.id, argv: ['cat'] } } };
+      yield { stdin: { data: Buffer.from('typed in\n') } };
+      yield { close_stdin: {} };
+    }
+    let out = '';
+    let exit = null;
+    for await (const resp of client.processes.interact(requests(), { timeout: 60 })) {
+      if (resp.event === 'output') out += resp.output.data.toString();
+      if (resp.event === 'exited') exit = resp.exited.exit_code;
+    }
+    assert.equal(out, 'typed in\n');
+    assert.equal(exit, 0);
+  } finally {
+    await session.delete();
+  }
+});
+
+test('an AbortSignal ends a running exec with Cancelled', async () => {
+  const session = await client.createSession({ shell: { allow: ['sleep'] } });
+  try {
+    const ac = new AbortController();
+    const started = Date.now();
+    await assert.rejects(
+      (async () => {
+        for await (const ev of session.exec(['sleep', '30'], { signal: ac.signal })) {
+          if (ev.type === 'started') ac.abort();
+        }
+      })(),
+      sbx.Cancelled,
+    );
+    assert.ok(Date.now() - started < 10_000);
+  } finally {
+    await session.delete();
+  }
+});
+
+test('a client stream the server refuses early ends with its typed error, not a hang', async () => {
+  const session = await client.createSession({ shell: { allow: ['sh'] } });
+  try {
+    async function* big() {
+      for (let i = 0; i < 400; i++) yield Buffer.alloc(1 << 20, 1); // 400 MiB, never all sent
+    }
+    const started = Date.now();
+    await assert.rejects(session.importArchive(big(), '../outside'), (err) => {
+      assert.ok(err instanceof sbx.PathOutsideWorkspaceError, String(err));
+      assert.ok(err instanceof sbx.InvalidArgument);
+      return true;
+    });
+    assert.ok(Date.now() - started < 10_000);
   } finally {
     await session.delete();
   }

@@ -1,26 +1,63 @@
-// Compiled by `npm run check:types` (tsc --noEmit): the declarations in src/index.d.ts must
-// describe how the client is used.
-import { SandboxClient, SandboxError, PermissionDenied, type ExecEvent } from '../src/index.js';
+// Compiled by `npm run check:types` (tsc --noEmit), and again by tests/clients/test_client_node.py
+// in a project outside the repository with the import below pointing at '@sandboxd/client'
+// installed from the `npm pack` tarball: the declarations must describe how the client is used.
+import {
+  SandboxClient,
+  SandboxError,
+  PermissionDenied,
+  SessionNotFoundError,
+  IncompatibleServer,
+  REASONS,
+  type ExecEvent,
+  type Reason,
+  type GetServerInfoResponse,
+  type ExecResponse,
+} from '../src/index.js';
 
 async function example(): Promise<number> {
   const client = new SandboxClient('127.0.0.1:50051', { token: 't', timeout: 5 });
+  const abort = new AbortController();
   try {
-    const session = await client.createSession({ shell: { allow: ['sh'] } });
+    const session = await client.createSession({ shell: { allow: ['sh'] }, session_id: 'typed' });
     let code = -1;
-    for await (const ev of session.exec(['sh', '-c', 'echo hi'], { timeout: 2 })) {
+    for await (const ev of session.exec(['sh', '-c', 'echo hi'], { timeout: 2, signal: abort.signal })) {
       const e: ExecEvent = ev;
       if (e.type === 'output') process.stdout.write(e.data);
       if (e.type === 'exited') code = e.exitCode;
     }
-    const r = await session.run(['true']);
+    const r = await session.run(['true'], { deadline: Date.now() + 1000 });
     const text: string = r.stdout.toString();
     const info = await session.stat('x');
     const size: number = info.size + text.length;
     for await (const s of client.listSessions({ team: 'docs' })) void s.id;
+
+    // every RPC, typed from the protos
+    const server: GetServerInfoResponse = await client.admin.getServerInfo({}, { timeout: 1 });
+    const apiVersion: string = server.api_version;
+    for await (const resp of client.processes.exec({ session_id: session.id, argv: ['ls'] })) {
+      const m: ExecResponse = resp;
+      if (m.event === 'output' && m.output) process.stdout.write(m.output.data);
+    }
+    const proc = await session.startProcess(['sleep', '1'], { processId: 'p1' });
+    for await (const ev of session.attach(proc.process_id, { stdoutOffset: 0 })) void ev.type;
+    const snap = await session.snapshot({ kind: 'test' });
+    const fork = await client.forkSession(snap.snapshot_id);
+    await fork.delete();
+    await client.snapshots.deleteSnapshot({ snapshot_id: snap.snapshot_id });
+    const done = await client.snapshots.importArchive([
+      { header: { session_id: session.id, path: 'in' } },
+      { data: new Uint8Array(10) },
+    ]);
+    void done.files;
     await session.delete();
-    return code + size;
+    return code + size + apiVersion.length;
   } catch (err) {
-    if (err instanceof PermissionDenied || err instanceof SandboxError) return err.code;
+    if (err instanceof SessionNotFoundError) return err.code;
+    if (err instanceof IncompatibleServer) return -2;
+    if (err instanceof PermissionDenied || err instanceof SandboxError) {
+      const reason = err.reason as Reason;
+      return REASONS[reason]?.retryable ? 1 : err.code;
+    }
     throw err;
   } finally {
     client.close();

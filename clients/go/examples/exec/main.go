@@ -1,6 +1,6 @@
 // Command exec streams a command's output from a new session, then exits with its exit code.
 //
-//	SANDBOXD_ADDR=127.0.0.1:50051 clients/go/env.sh go run sandboxd/clients/go/examples/exec
+//	SANDBOXD_ADDR=127.0.0.1:50051 clients/go/env.sh go run ./examples/exec
 package main
 
 import (
@@ -9,8 +9,8 @@ import (
 	"io"
 	"os"
 
-	"sandboxd/clients/go/sandboxd"
-	pb "sandboxd/clients/go/sandboxdv1"
+	"github.com/sandboxd/sandboxd/clients/go/sandboxd"
+	pb "github.com/sandboxd/sandboxd/clients/go/sandboxdv1"
 )
 
 func main() {
