@@ -56,9 +56,13 @@ gvisor: engine
 python-image: engine
 	bash scripts/build-python-image.sh sandboxd-runtime:python
 
-proto: venv go-deps
+# Every stub and table generated from proto/: server and Python client stubs, the README error
+# table, the Go stubs and sentinel errors, the Node declarations and reason classes.
+proto: venv go-deps node-deps
 	$(PY) -m sandboxd.tools.genproto
 	bash clients/go/gen.sh
+	clients/go/env.sh go run ./tools/genreasons ../../proto/sandboxd/v1/errors.proto sandboxd/reasons.go
+	cd clients/node && node scripts/gen-types.mjs
 
 # The Go client builds from Debian's Go packages (no Go module proxy here): vendor/ links to them.
 go-deps:
