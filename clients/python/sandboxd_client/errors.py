@@ -40,7 +40,7 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from sandboxd_client._gen.reasons import RETRYABLE, Reason
+from sandboxd_client._gen.reasons import CODE, RETRYABLE, Reason
 
 DOMAIN = "sandboxd"
 
@@ -223,7 +223,12 @@ BY_CODE: dict[grpc.StatusCode, type[SandboxError]] = {
 BY_REASON: dict[str, type[SandboxError]] = {
     Reason.PATH_INVALID: PathError,
     Reason.PATH_OUTSIDE_WORKSPACE: PathError,
-    **{r.value: ArchiveRejected for r in Reason if r.name.startswith("ARCHIVE_")},
+    # The archive refusals of the member rules; ARCHIVE_TOO_LARGE is a quota (RESOURCE_EXHAUSTED).
+    **{
+        r.value: ArchiveRejected
+        for r in Reason
+        if r.name.startswith("ARCHIVE_") and CODE[r.value] == "INVALID_ARGUMENT"
+    },
     Reason.SESSION_NOT_FOUND: SessionNotFound,
     Reason.FILE_NOT_FOUND: FileNotFound,
     Reason.PROCESS_NOT_FOUND: ProcessNotFound,
