@@ -278,6 +278,33 @@ class MetricsSection:
     )
 
 
+@dataclass(frozen=True)
+class AuditSection:
+    """The durable audit log (service/sandboxd/audit): what is kept, how long, and its export."""
+
+    enabled: bool = setting(True, BOOL, "record audit events in the store", flat="audit_enabled")
+    max_age_s: float = setting(
+        30 * 86400.0,
+        DURATION,
+        "audit events older than this are pruned",
+        lo=1,
+        flat="audit_max_age",
+    )
+    max_bytes: int = setting(
+        256 * MiB,
+        SIZE,
+        "the audit events kept take at most this many bytes",
+        lo=1,
+        flat="audit_max_bytes",
+    )
+    export_path: Path | None = setting(
+        None,
+        OPTIONAL_PATH,
+        "append every audit event to this JSON Lines file (empty: none)",
+        flat="audit_export_path",
+    )
+
+
 @dataclass(frozen=True, init=False)
 class Config:
     server: ServerSection = field(default_factory=ServerSection)
@@ -289,6 +316,7 @@ class Config:
     images: ImagesSection = field(default_factory=ImagesSection)
     archive: ArchiveSection = field(default_factory=ArchiveSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
+    audit: AuditSection = field(default_factory=AuditSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.

@@ -24,6 +24,8 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 
 from sandboxd import tenancy
 from sandboxd.api.admin_service import AdminService
+from sandboxd.api.audit_interceptor import AuditInterceptor
+from sandboxd.api.audit_service import AuditService
 from sandboxd.api.auth import AuthInterceptor, LocalTenantInterceptor
 from sandboxd.api.filesystem_service import FilesystemService
 from sandboxd.api.limits import StreamCaps, StreamGuard
@@ -32,6 +34,8 @@ from sandboxd.api.process_service import ProcessService
 from sandboxd.api.session_service import SessionService
 from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.archive import ArchiveIO
+from sandboxd.audit import AuditLog, AuditStore, AuditWriter
+from sandboxd.audit.egress import egress_sink
 from sandboxd.config import Config, listens_on_loopback
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.networks import EgressManager, parse_static_hosts
@@ -51,6 +55,8 @@ from sandboxd.sweeper import Sweeper
 from sandboxd.v1 import (
     admin_pb2,
     admin_pb2_grpc,
+    audit_pb2,
+    audit_pb2_grpc,
     filesystem_pb2,
     filesystem_pb2_grpc,
     process_pb2,
@@ -69,7 +75,9 @@ SERVICE_NAMES = (
     filesystem_pb2.DESCRIPTOR.services_by_name["FilesystemService"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
     snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name,
+    audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name,
 )
+AUDIT_RETENTION_INTERVAL_S = 300.0
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 
@@ -177,6 +185,19 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         store = await stack.enter_async_context(
             SessionStore(config.server.data_dir / "sessions.db")
         )
+        audit_store = (
+            await stack.enter_async_context(AuditStore(config.server.data_dir / "audit.db"))
+            if config.audit.enabled
+            else None
+        )
+        audit = AuditWriter(
+            audit_store,
+            export_path=config.audit.export_path,
+            max_age_s=config.audit.max_age_s,
+            max_bytes=config.audit.max_bytes,
+        )
+        audit.start()
+        stack.push_async_callback(audit.close)  # after the gRPC server stopped: flush, then close
         pool = WarmPool.for_config(engine, config, owner_id, metrics)
         stack.push_async_callback(pool.close)  # after the gRPC server stopped, before the engine
         # Proxies close before the engine; networks and host filters stay (fail closed).
@@ -187,6 +208,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 proxy_port=config.egress.proxy_port,
                 allow_unfiltered=config.egress.allow_unfiltered,
                 on_decision=metrics.proxy_decision,
+                on_event=egress_sink(audit),
                 resolver=Resolver(
                     parse_static_hosts(config.egress.proxy_hosts),
                     threads=config.egress.resolver_threads,
@@ -224,6 +246,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 StreamGuard(config.tenancy.stream_idle_timeout_s),
                 MetricsInterceptor(metrics),
                 *_interceptors(config),
+                AuditInterceptor(audit),  # inside authentication: the tenant is known
                 # Innermost: the tenant is known here (set by authentication, or the default).
                 StreamCaps(config.tenancy.max_streams),
             ],
@@ -246,6 +269,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         sweeper = Sweeper(sessions, engine, owner_id, snapshots)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             AdminService(config, engine, egress, sweeper), server
+        )
+        audit_pb2_grpc.add_AuditServiceServicer_to_server(
+            AuditService(AuditLog(audit_store)), server
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -281,6 +307,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 tg.create_task(monitor.run(config.engine.engine_check_interval_s)),
                 tg.create_task(sessions.run_reaper(config.leases.reaper_interval_s)),
                 tg.create_task(sweeper.run()),
+                tg.create_task(audit.run_retention(AUDIT_RETENTION_INTERVAL_S)),
             ]
             await stop.wait()
             log.info(

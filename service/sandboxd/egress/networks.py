@@ -19,7 +19,7 @@ from types import TracebackType
 
 from sandboxd.egress import firewall
 from sandboxd.egress.addresses import Protected
-from sandboxd.egress.audit import AuditLog
+from sandboxd.egress.audit import AuditLog, EgressSink
 from sandboxd.egress.policy import ResolvedQuotas
 from sandboxd.egress.proxy import EgressProxy, Rules
 from sandboxd.egress.resolver import Resolver
@@ -98,12 +98,14 @@ class EgressManager:
         static_hosts: dict[str, tuple[str, ...]] | None = None,
         allow_unfiltered: bool = False,
         on_decision: Callable[[bool], None] | None = None,
+        on_event: EgressSink | None = None,
         resolver: Resolver | None = None,
         protected: Protected | None = None,
         private_networks_granted: Callable[[str], bool] = lambda tenant: False,
     ) -> None:
         self._engine = engine
         self._on_decision = on_decision
+        self._on_event = on_event
         self._owner_id = owner_id
         self._port = proxy_port
         self._resolver = resolver or Resolver(static_hosts)
@@ -191,7 +193,15 @@ class EgressManager:
         if existing is not None:
             existing.rules = rules
             return net
-        audit = self._audit.setdefault(sid, AuditLog(sid, on_decision=self._on_decision))
+        audit = self._audit.setdefault(
+            sid,
+            AuditLog(
+                sid,
+                on_decision=self._on_decision,
+                on_event=self._on_event,
+                tenant=session.tenant,
+            ),
+        )
         proxy = EgressProxy(
             sid,
             rules,

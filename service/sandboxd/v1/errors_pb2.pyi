@@ -225,6 +225,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
     ERROR_REASON_STREAM_IDLE: _ErrorReason.ValueType  # 99
     """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
+    ERROR_REASON_AUDIT_TENANT_NOT_ALLOWED: _ErrorReason.ValueType  # 140
+    """PERMISSION_DENIED: Another tenant's audit events are for admin tenants only."""
+    ERROR_REASON_INVALID_AUDIT_KIND: _ErrorReason.ValueType  # 141
+    """INVALID_ARGUMENT: An audit event kind this server does not record."""
+    ERROR_REASON_INVALID_TIME_RANGE: _ErrorReason.ValueType  # 142
+    """INVALID_ARGUMENT: A time range whose end is before its start."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -438,4 +444,10 @@ ERROR_REASON_TENANT_STREAM_QUOTA: ErrorReason.ValueType  # 98
 """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
 ERROR_REASON_STREAM_IDLE: ErrorReason.ValueType  # 99
 """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
+ERROR_REASON_AUDIT_TENANT_NOT_ALLOWED: ErrorReason.ValueType  # 140
+"""PERMISSION_DENIED: Another tenant's audit events are for admin tenants only."""
+ERROR_REASON_INVALID_AUDIT_KIND: ErrorReason.ValueType  # 141
+"""INVALID_ARGUMENT: An audit event kind this server does not record."""
+ERROR_REASON_INVALID_TIME_RANGE: ErrorReason.ValueType  # 142
+"""INVALID_ARGUMENT: A time range whose end is before its start."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
