@@ -271,3 +271,31 @@ def test_no_answered_call_loses_its_event_when_the_server_is_killed(tmp_path: Pa
         srv.stop()
     finally:
         remove_owned_containers(owner)
+
+
+def test_sandboxctl_audit_lists_and_filters(au: Stubs, audit_server: ServerProcess) -> None:
+    import os
+    import subprocess
+    import sys
+
+    sid = au.sessions.CreateSession(S.CreateSessionRequest(shell=ALL)).session.session_id
+    try:
+        au.processes.Run(P.RunRequest(session_id=sid, argv=["echo", "audited"]))
+    finally:
+        au.sessions.DeleteSession(S.DeleteSessionRequest(session_id=sid))
+    ctl = Path(sys.executable).parent / "sandboxctl"
+    env = {**os.environ, "SANDBOXD_ADDR": audit_server.address}
+
+    def run_ctl(*args: str) -> str:
+        done = subprocess.run([str(ctl), *args], capture_output=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr.decode()
+        return done.stdout.decode()
+
+    lines = run_ctl("-o", "json", "audit", "--session", sid, "--since", "10m")
+    events = [json.loads(line) for line in lines.splitlines()]
+    assert [e["kind"] for e in events] == ["lifecycle", "command", "lifecycle"]
+    assert json.loads(events[1]["attributes"]["argv"]) == ["echo", "audited"]
+    text = run_ctl("audit", "--session", sid, "--kind", "command")
+    assert text.splitlines()[0].split() == ["TIME", "TENANT", "SESSION", "KIND", "DETAILS"]
+    assert len(text.splitlines()) == 2 and "exit_code=0" in text
+    assert run_ctl("-o", "json", "audit", "--session", sid, "--until", "1h").strip() == ""

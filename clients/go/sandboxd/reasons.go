@@ -204,6 +204,12 @@ var (
 	ErrTenantStreamQuota = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_STREAM_QUOTA"}
 	// ErrStreamIdle: DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout.
 	ErrStreamIdle = &Error{Code: codes.DeadlineExceeded, Reason: "STREAM_IDLE"}
+	// ErrAuditTenantNotAllowed: PERMISSION_DENIED: Another tenant's audit events are for admin tenants only.
+	ErrAuditTenantNotAllowed = &Error{Code: codes.PermissionDenied, Reason: "AUDIT_TENANT_NOT_ALLOWED"}
+	// ErrInvalidAuditKind: INVALID_ARGUMENT: An audit event kind this server does not record.
+	ErrInvalidAuditKind = &Error{Code: codes.InvalidArgument, Reason: "INVALID_AUDIT_KIND"}
+	// ErrInvalidTimeRange: INVALID_ARGUMENT: A time range whose end is before its start.
+	ErrInvalidTimeRange = &Error{Code: codes.InvalidArgument, Reason: "INVALID_TIME_RANGE"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -307,4 +313,7 @@ var Reasons = map[string]ReasonInfo{
 	"IMAGE_HAS_VOLUMES":            {codes.FailedPrecondition, false, ErrImageHasVolumes},
 	"TENANT_STREAM_QUOTA":          {codes.ResourceExhausted, false, ErrTenantStreamQuota},
 	"STREAM_IDLE":                  {codes.DeadlineExceeded, false, ErrStreamIdle},
+	"AUDIT_TENANT_NOT_ALLOWED":     {codes.PermissionDenied, false, ErrAuditTenantNotAllowed},
+	"INVALID_AUDIT_KIND":           {codes.InvalidArgument, false, ErrInvalidAuditKind},
+	"INVALID_TIME_RANGE":           {codes.InvalidArgument, false, ErrInvalidTimeRange},
 }

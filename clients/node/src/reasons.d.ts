@@ -179,6 +179,12 @@ export declare class ImageHasVolumesError extends FailedPrecondition {}
 export declare class TenantStreamQuotaError extends ResourceExhausted {}
 /** DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout. */
 export declare class StreamIdleError extends DeadlineExceeded {}
+/** PERMISSION_DENIED: Another tenant's audit events are for admin tenants only. */
+export declare class AuditTenantNotAllowedError extends PermissionDenied {}
+/** INVALID_ARGUMENT: An audit event kind this server does not record. */
+export declare class InvalidAuditKindError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A time range whose end is before its start. */
+export declare class InvalidTimeRangeError extends InvalidArgument {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -279,7 +285,10 @@ export type Reason =
   | 'IMAGE_NOT_ALLOWED'
   | 'IMAGE_HAS_VOLUMES'
   | 'TENANT_STREAM_QUOTA'
-  | 'STREAM_IDLE';
+  | 'STREAM_IDLE'
+  | 'AUDIT_TENANT_NOT_ALLOWED'
+  | 'INVALID_AUDIT_KIND'
+  | 'INVALID_TIME_RANGE';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

@@ -179,6 +179,12 @@ export class ImageHasVolumesError extends FailedPrecondition {}
 export class TenantStreamQuotaError extends ResourceExhausted {}
 /** DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout. */
 export class StreamIdleError extends DeadlineExceeded {}
+/** PERMISSION_DENIED: Another tenant's audit events are for admin tenants only. */
+export class AuditTenantNotAllowedError extends PermissionDenied {}
+/** INVALID_ARGUMENT: An audit event kind this server does not record. */
+export class InvalidAuditKindError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A time range whose end is before its start. */
+export class InvalidTimeRangeError extends InvalidArgument {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -281,4 +287,7 @@ export const REASONS = Object.freeze({
   IMAGE_HAS_VOLUMES: { code: 'FAILED_PRECONDITION', retryable: false, error: ImageHasVolumesError },
   TENANT_STREAM_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TenantStreamQuotaError },
   STREAM_IDLE: { code: 'DEADLINE_EXCEEDED', retryable: false, error: StreamIdleError },
+  AUDIT_TENANT_NOT_ALLOWED: { code: 'PERMISSION_DENIED', retryable: false, error: AuditTenantNotAllowedError },
+  INVALID_AUDIT_KIND: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidAuditKindError },
+  INVALID_TIME_RANGE: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidTimeRangeError },
 });

@@ -129,6 +129,36 @@ export type Isolation =
   | 'ISOLATION_RUNC'
   | 'ISOLATION_GVISOR';
 
+/** sandboxd.v1.AuditService: SandboxClient.audit. */
+export interface AuditServiceClient {
+  listAuditEvents(request: Init<ListAuditEventsRequest>, options?: CallOptions): Promise<ListAuditEventsResponse>;
+}
+
+export interface ListAuditEventsRequest {
+  session_id: string;
+  kinds: string[];
+  start_time: Timestamp | null;
+  end_time: Timestamp | null;
+  tenant: string;
+  page_size: number;
+  page_token: string;
+}
+
+export interface ListAuditEventsResponse {
+  events: AuditEvent[];
+  next_page_token: string;
+}
+
+export interface AuditEvent {
+  id: string;
+  time: Timestamp | null;
+  tenant: string;
+  session_id: string;
+  kind: string;
+  attributes: Record<string, string>;
+  trace_id: string;
+}
+
 export type ErrorReason =
   | 'ERROR_REASON_UNSPECIFIED'
   | 'ERROR_REASON_INVALID_ARGUMENT'
@@ -229,7 +259,10 @@ export type ErrorReason =
   | 'ERROR_REASON_IMAGE_NOT_ALLOWED'
   | 'ERROR_REASON_IMAGE_HAS_VOLUMES'
   | 'ERROR_REASON_TENANT_STREAM_QUOTA'
-  | 'ERROR_REASON_STREAM_IDLE';
+  | 'ERROR_REASON_STREAM_IDLE'
+  | 'ERROR_REASON_AUDIT_TENANT_NOT_ALLOWED'
+  | 'ERROR_REASON_INVALID_AUDIT_KIND'
+  | 'ERROR_REASON_INVALID_TIME_RANGE';
 
 /** sandboxd.v1.FilesystemService: SandboxClient.files. */
 export interface FilesystemServiceClient {
@@ -774,6 +807,7 @@ export interface DownloadSnapshotResponse {
 /** The service properties of SandboxClient. */
 export interface Services {
   readonly admin: AdminServiceClient;
+  readonly audit: AuditServiceClient;
   readonly files: FilesystemServiceClient;
   readonly processes: ProcessServiceClient;
   readonly sessions: SessionServiceClient;

@@ -13,6 +13,7 @@ The package carries its own stubs (`sandboxd_client._gen`); results are the data
 
 from sandboxd_client import errors
 from sandboxd_client._rpc import RetryPolicy
+from sandboxd_client.audit import AuditEvent
 from sandboxd_client.client import API_VERSION, DEFAULT_ADDRESS, TLS, SandboxClient
 from sandboxd_client.errors import Reason, SandboxError
 from sandboxd_client.interaction import Interaction
@@ -41,6 +42,7 @@ from sandboxd_client.session import Session
 __version__ = "0.2.0"
 
 __all__ = [
+    "AuditEvent",
     "API_VERSION",
     "DEFAULT_ADDRESS",
     "TLS",

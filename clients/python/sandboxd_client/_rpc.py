@@ -49,6 +49,7 @@ IDEMPOTENT = frozenset(
         "SnapshotService/GetSnapshot",
         "SnapshotService/ListSnapshots",
         "SnapshotService/DownloadSnapshot",
+        "AuditService/ListAuditEvents",
     )
 )
 

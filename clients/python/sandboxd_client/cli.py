@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sandboxd_client.cli_audit import add_audit_options, cmd_audit
 from sandboxd_client.cli_completion import completion_script
 from sandboxd_client.cli_files import cmd_cp
 from sandboxd_client.cli_network import add_policy_options, cmd_egress, cmd_network, policy_from
@@ -266,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_snapshot_download)
     p.add_argument("snapshot")
     p.add_argument("file")
+
+    add_audit_options(add("audit", cmd_audit, "the audit log: who ran what, when (filters)"))
 
     p = add("completion", cmd_completion, "print a shell completion script")
     p.add_argument("shell", choices=("bash", "zsh"))

@@ -40,6 +40,7 @@ from sandboxd_client._gen.sandboxd.v1 import (
     snapshot_pb2_grpc,
 )
 from sandboxd_client._rpc import IDEMPOTENT, PACKAGE, UNSET, RetryPolicy, rpc
+from sandboxd_client.audit import AuditMixin
 from sandboxd_client.errors import (
     DeadlineExceeded,
     EngineUnavailable,
@@ -94,7 +95,7 @@ def check_api_version(info: ServerInfo, address: str) -> None:
         )
 
 
-class SandboxClient:
+class SandboxClient(AuditMixin):
     """A connection to one sandboxd server; use as `async with SandboxClient(addr) as c`.
 
     `token` is sent as a bearer token on every call. `timeout` is the default deadline in
