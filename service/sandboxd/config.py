@@ -305,6 +305,27 @@ class AuditSection:
     )
 
 
+@dataclass(frozen=True)
+class EventsSection:
+    """Session events (WatchSession, WatchSessions)."""
+
+    lease_warning_s: float = setting(
+        60.0,
+        DURATION,
+        "LEASE_EXPIRING is sent this long before a lease ends",
+        lo=0.1,
+        flat="events_lease_warning",
+    )
+    window: int = setting(
+        1000,
+        INT,
+        "events kept per tenant for a reconnecting watcher",
+        lo=1,
+        hi=100_000,
+        flat="events_window",
+    )
+
+
 @dataclass(frozen=True, init=False)
 class Config:
     server: ServerSection = field(default_factory=ServerSection)
@@ -317,6 +338,7 @@ class Config:
     archive: ArchiveSection = field(default_factory=ArchiveSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     audit: AuditSection = field(default_factory=AuditSection)
+    events: EventsSection = field(default_factory=EventsSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.

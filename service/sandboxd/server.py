@@ -31,7 +31,7 @@ from sandboxd.api.filesystem_service import FilesystemService
 from sandboxd.api.limits import StreamCaps, StreamGuard
 from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
-from sandboxd.api.session_service import SessionService
+from sandboxd.api.session_events import WatchingSessionService
 from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.archive import ArchiveIO
 from sandboxd.audit import AuditLog, AuditStore, AuditWriter
@@ -42,6 +42,7 @@ from sandboxd.egress.networks import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
 from sandboxd.engine import DockerEngine, Engine
 from sandboxd.errors import ConfigError, SandboxError
+from sandboxd.events import EventHub, LeaseWarner, ObservedStore
 from sandboxd.execution import Executor
 from sandboxd.files import Files
 from sandboxd.metrics import Metrics, MetricsServer
@@ -50,7 +51,6 @@ from sandboxd.processes import ProcessManager
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
-from sandboxd.store import SessionStore
 from sandboxd.sweeper import Sweeper
 from sandboxd.v1 import (
     admin_pb2,
@@ -182,8 +182,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 on_error=metrics.engine_error,
             )
         )
+        hub = EventHub(config.events.window)
         store = await stack.enter_async_context(
-            SessionStore(config.server.data_dir / "sessions.db")
+            ObservedStore(config.server.data_dir / "sessions.db", hub)
         )
         audit_store = (
             await stack.enter_async_context(AuditStore(config.server.data_dir / "audit.db"))
@@ -208,7 +209,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 proxy_port=config.egress.proxy_port,
                 allow_unfiltered=config.egress.allow_unfiltered,
                 on_decision=metrics.proxy_decision,
-                on_event=egress_sink(audit),
+                on_event=egress_sink(audit, hub),
                 resolver=Resolver(
                     parse_static_hosts(config.egress.proxy_hosts),
                     threads=config.egress.resolver_threads,
@@ -246,7 +247,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 StreamGuard(config.tenancy.stream_idle_timeout_s),
                 MetricsInterceptor(metrics),
                 *_interceptors(config),
-                AuditInterceptor(audit),  # inside authentication: the tenant is known
+                AuditInterceptor(audit, hub),  # inside authentication: the tenant is known
                 # Innermost: the tenant is known here (set by authentication, or the default).
                 StreamCaps(config.tenancy.max_streams),
             ],
@@ -256,7 +257,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 ("grpc.so_reuseport", 0),
             ],
         )
-        session_pb2_grpc.add_SessionServiceServicer_to_server(SessionService(sessions), server)
+        session_pb2_grpc.add_SessionServiceServicer_to_server(
+            WatchingSessionService(sessions, hub), server
+        )
         process_pb2_grpc.add_ProcessServiceServicer_to_server(
             ProcessService(sessions, executor, config, processes), server
         )
@@ -308,6 +311,11 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 tg.create_task(sessions.run_reaper(config.leases.reaper_interval_s)),
                 tg.create_task(sweeper.run()),
                 tg.create_task(audit.run_retention(AUDIT_RETENTION_INTERVAL_S)),
+                tg.create_task(
+                    LeaseWarner(store, hub, config.events.lease_warning_s).run(
+                        min(5.0, config.events.lease_warning_s / 4)
+                    )
+                ),
             ]
             await stop.wait()
             log.info(

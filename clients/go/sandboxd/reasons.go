@@ -210,6 +210,8 @@ var (
 	ErrInvalidAuditKind = &Error{Code: codes.InvalidArgument, Reason: "INVALID_AUDIT_KIND"}
 	// ErrInvalidTimeRange: INVALID_ARGUMENT: A time range whose end is before its start.
 	ErrInvalidTimeRange = &Error{Code: codes.InvalidArgument, Reason: "INVALID_TIME_RANGE"}
+	// ErrInvalidSequence: INVALID_ARGUMENT: A negative after_sequence.
+	ErrInvalidSequence = &Error{Code: codes.InvalidArgument, Reason: "INVALID_SEQUENCE"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -316,4 +318,5 @@ var Reasons = map[string]ReasonInfo{
 	"AUDIT_TENANT_NOT_ALLOWED":     {codes.PermissionDenied, false, ErrAuditTenantNotAllowed},
 	"INVALID_AUDIT_KIND":           {codes.InvalidArgument, false, ErrInvalidAuditKind},
 	"INVALID_TIME_RANGE":           {codes.InvalidArgument, false, ErrInvalidTimeRange},
+	"INVALID_SEQUENCE":             {codes.InvalidArgument, false, ErrInvalidSequence},
 }

@@ -185,6 +185,8 @@ export declare class AuditTenantNotAllowedError extends PermissionDenied {}
 export declare class InvalidAuditKindError extends InvalidArgument {}
 /** INVALID_ARGUMENT: A time range whose end is before its start. */
 export declare class InvalidTimeRangeError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A negative after_sequence. */
+export declare class InvalidSequenceError extends InvalidArgument {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -288,7 +290,8 @@ export type Reason =
   | 'STREAM_IDLE'
   | 'AUDIT_TENANT_NOT_ALLOWED'
   | 'INVALID_AUDIT_KIND'
-  | 'INVALID_TIME_RANGE';
+  | 'INVALID_TIME_RANGE'
+  | 'INVALID_SEQUENCE';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

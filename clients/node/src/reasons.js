@@ -185,6 +185,8 @@ export class AuditTenantNotAllowedError extends PermissionDenied {}
 export class InvalidAuditKindError extends InvalidArgument {}
 /** INVALID_ARGUMENT: A time range whose end is before its start. */
 export class InvalidTimeRangeError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A negative after_sequence. */
+export class InvalidSequenceError extends InvalidArgument {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -290,4 +292,5 @@ export const REASONS = Object.freeze({
   AUDIT_TENANT_NOT_ALLOWED: { code: 'PERMISSION_DENIED', retryable: false, error: AuditTenantNotAllowedError },
   INVALID_AUDIT_KIND: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidAuditKindError },
   INVALID_TIME_RANGE: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidTimeRangeError },
+  INVALID_SEQUENCE: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidSequenceError },
 });

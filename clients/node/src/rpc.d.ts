@@ -262,7 +262,49 @@ export type ErrorReason =
   | 'ERROR_REASON_STREAM_IDLE'
   | 'ERROR_REASON_AUDIT_TENANT_NOT_ALLOWED'
   | 'ERROR_REASON_INVALID_AUDIT_KIND'
-  | 'ERROR_REASON_INVALID_TIME_RANGE';
+  | 'ERROR_REASON_INVALID_TIME_RANGE'
+  | 'ERROR_REASON_INVALID_SEQUENCE';
+
+export type SessionEventKind =
+  | 'SESSION_EVENT_KIND_UNSPECIFIED'
+  | 'SESSION_EVENT_KIND_STATE_CHANGED'
+  | 'SESSION_EVENT_KIND_LEASE_EXPIRING'
+  | 'SESSION_EVENT_KIND_LEASE_RENEWED'
+  | 'SESSION_EVENT_KIND_OOM_KILLED'
+  | 'SESSION_EVENT_KIND_CPU_THROTTLED'
+  | 'SESSION_EVENT_KIND_WORKSPACE_NEARLY_FULL'
+  | 'SESSION_EVENT_KIND_PROCESS_STARTED'
+  | 'SESSION_EVENT_KIND_PROCESS_EXITED'
+  | 'SESSION_EVENT_KIND_EGRESS_REFUSED'
+  | 'SESSION_EVENT_KIND_EVENTS_LOST';
+
+export interface SessionEvent {
+  sequence: number;
+  session_id: string;
+  time: Timestamp | null;
+  kind: SessionEventKind;
+  state: string;
+  message: string;
+  attributes: Record<string, string>;
+}
+
+export interface WatchSessionRequest {
+  session_id: string;
+  after_sequence: number;
+}
+
+export interface WatchSessionResponse {
+  event: SessionEvent | null;
+}
+
+export interface WatchSessionsRequest {
+  label_selector: Record<string, string>;
+  after_sequence: number;
+}
+
+export interface WatchSessionsResponse {
+  event: SessionEvent | null;
+}
 
 /** sandboxd.v1.FilesystemService: SandboxClient.files. */
 export interface FilesystemServiceClient {
@@ -555,6 +597,8 @@ export interface SessionServiceClient {
   listEgressEvents(request: Init<ListEgressEventsRequest>, options?: CallOptions): Promise<ListEgressEventsResponse>;
   suspendSession(request: Init<SuspendSessionRequest>, options?: CallOptions): Promise<SuspendSessionResponse>;
   resumeSession(request: Init<ResumeSessionRequest>, options?: CallOptions): Promise<ResumeSessionResponse>;
+  watchSession(request: Init<WatchSessionRequest>, options?: CallOptions): AsyncGenerator<WatchSessionResponse, void, undefined>;
+  watchSessions(request: Init<WatchSessionsRequest>, options?: CallOptions): AsyncGenerator<WatchSessionsResponse, void, undefined>;
 }
 
 export type SessionState =

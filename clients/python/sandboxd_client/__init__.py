@@ -38,11 +38,13 @@ from sandboxd_client.models import (
     SweepResult,
 )
 from sandboxd_client.session import Session
+from sandboxd_client.watch import SessionEvent
 
 __version__ = "0.2.0"
 
 __all__ = [
     "AuditEvent",
+    "SessionEvent",
     "API_VERSION",
     "DEFAULT_ADDRESS",
     "TLS",

@@ -49,7 +49,7 @@ class Tally:
         self._out_bytes = 0
         self._in_bytes = 0
         self._digest: Any = None
-        self._files_seen = False
+        self.started = ""  # the process id, once a `started` reply was seen
 
     # Requests ---------------------------------------------------------------------------------
 
@@ -121,6 +121,7 @@ class Tally:
             event = reply.WhichOneof("event")
             if event == "started":
                 self.attributes["process_id"] = reply.started.process_id
+                self.started = reply.started.process_id
             elif event == "output":
                 self._out_bytes += len(reply.output.data)
             elif event == "exited":
@@ -130,6 +131,7 @@ class Tally:
             return False
         if m == "ProcessService/StartProcess":
             self.attributes["process_id"] = reply.process.process_id
+            self.started = reply.process.process_id
             return True
         if m == "SnapshotService/ExportArchive":
             data = reply.chunk.data

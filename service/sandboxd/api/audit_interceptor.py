@@ -22,6 +22,7 @@ from google.rpc import error_details_pb2, status_pb2
 from sandboxd import tenancy
 from sandboxd.api.audit_describe import Tally, audited
 from sandboxd.audit import AuditEvent, AuditWriter
+from sandboxd.events import EventHub
 from sandboxd.logging_setup import CURRENT_TRACE
 
 # version-traceid-parentid-flags; an all-zero trace id is invalid (W3C Trace Context, 3.2).
@@ -60,8 +61,9 @@ def _refusal(context: Any) -> dict[str, object]:
 
 
 class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, writer: AuditWriter) -> None:
+    def __init__(self, writer: AuditWriter, hub: EventHub | None = None) -> None:
         self._writer = writer
+        self._hub = hub
 
     async def intercept_service(
         self,
@@ -72,7 +74,8 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None:
             return None
         method = str(handler_call_details.method).lstrip("/").removeprefix("sandboxd.v1.")
-        call = _Call(self._writer, method, trace_id_of(handler_call_details.invocation_metadata))
+        trace = trace_id_of(handler_call_details.invocation_metadata)
+        call = _Call(self._writer, self._hub, method, trace)
         if handler.unary_unary is not None:
             return handler._replace(unary_unary=call.unary(handler.unary_unary))
         if handler.stream_unary is not None:
@@ -87,8 +90,9 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 class _Call:
     """The wrappers of one RPC method's handler (made per call: method and trace are fixed)."""
 
-    def __init__(self, writer: AuditWriter, method: str, trace: str) -> None:
+    def __init__(self, writer: AuditWriter, hub: EventHub | None, method: str, trace: str) -> None:
         self.writer = writer
+        self.hub = hub
         self.method = method
         self.trace = trace
         self.audited = audited(method)
@@ -98,6 +102,32 @@ class _Call:
         if self.trace:
             CURRENT_TRACE.set(self.trace)
         return Tally(self.method)
+
+    def processes(self, tally: Tally, exited: bool) -> None:
+        """Process started/exited on the session's event feed (after the audit record)."""
+        if self.hub is None or tally.kind != "command":
+            return
+        tenant = tenancy.current()
+        if tally.started:
+            self.hub.publish(
+                tenant,
+                tally.session_id,
+                "PROCESS_STARTED",
+                process_id=tally.started,
+                argv=tally.attributes.get("argv"),
+            )
+            tally.started = ""
+        if exited:
+            a = tally.attributes
+            self.hub.publish(
+                tenant,
+                tally.session_id,
+                "PROCESS_EXITED",
+                process_id=a.get("process_id"),
+                exit_code=a.get("exit_code"),
+                signal=a.get("signal"),
+                timed_out=a.get("timed_out"),
+            )
 
     async def record(self, kind: str, session_id: str, attrs: dict[str, object]) -> None:
         await self.writer.record(
@@ -128,6 +158,7 @@ class _Call:
                 raise
             if self.audited and tally.reply(response):
                 await self.record(tally.kind, tally.session_id, tally.attributes)
+                self.processes(tally, exited="exit_code" in tally.attributes)
             return response
 
         return audited_unary
@@ -162,6 +193,9 @@ class _Call:
                         if not done and tally.reply(item):
                             done = True  # the outcome: recorded before the caller sees it
                             await self.record(tally.kind, tally.session_id, tally.attributes)
+                            self.processes(tally, exited=True)
+                        elif tally.started:
+                            self.processes(tally, exited=False)
                         yield item
             except BaseException as exc:
                 await self.refused(tally, context, exc)

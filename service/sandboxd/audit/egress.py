@@ -5,10 +5,23 @@ from __future__ import annotations
 from sandboxd.audit.events import AuditEvent
 from sandboxd.audit.writer import AuditWriter
 from sandboxd.egress.audit import EgressEvent, EgressSink
+from sandboxd.events.hub import EventHub
 
 
-def egress_sink(writer: AuditWriter) -> EgressSink:
+def egress_sink(writer: AuditWriter, hub: EventHub | None = None) -> EgressSink:
+    """Every decision to the audit log; a refusal also to the session's event feed."""
+
     def record(tenant: str, e: EgressEvent) -> None:
+        if hub is not None and not e.allowed:
+            hub.publish(
+                tenant,
+                e.session_id,
+                "EGRESS_REFUSED",
+                message=f"{e.host or '-'}:{e.port} {e.reason}",
+                host=e.host,
+                port=e.port,
+                rule=e.reason,
+            )
         writer.record_nowait(
             AuditEvent.of(
                 "egress",

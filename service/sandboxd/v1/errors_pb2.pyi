@@ -231,6 +231,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INVALID_ARGUMENT: An audit event kind this server does not record."""
     ERROR_REASON_INVALID_TIME_RANGE: _ErrorReason.ValueType  # 142
     """INVALID_ARGUMENT: A time range whose end is before its start."""
+    ERROR_REASON_INVALID_SEQUENCE: _ErrorReason.ValueType  # 143
+    """INVALID_ARGUMENT: A negative after_sequence."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -450,4 +452,6 @@ ERROR_REASON_INVALID_AUDIT_KIND: ErrorReason.ValueType  # 141
 """INVALID_ARGUMENT: An audit event kind this server does not record."""
 ERROR_REASON_INVALID_TIME_RANGE: ErrorReason.ValueType  # 142
 """INVALID_ARGUMENT: A time range whose end is before its start."""
+ERROR_REASON_INVALID_SEQUENCE: ErrorReason.ValueType  # 143
+"""INVALID_ARGUMENT: A negative after_sequence."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

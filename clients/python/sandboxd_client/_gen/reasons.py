@@ -111,6 +111,7 @@ class Reason(StrEnum):
     AUDIT_TENANT_NOT_ALLOWED = "AUDIT_TENANT_NOT_ALLOWED"
     INVALID_AUDIT_KIND = "INVALID_AUDIT_KIND"
     INVALID_TIME_RANGE = "INVALID_TIME_RANGE"
+    INVALID_SEQUENCE = "INVALID_SEQUENCE"
 
 
 # The one gRPC status code each reason is sent with.
@@ -217,6 +218,7 @@ CODE: dict[str, str] = {
     "AUDIT_TENANT_NOT_ALLOWED": "PERMISSION_DENIED",
     "INVALID_AUDIT_KIND": "INVALID_ARGUMENT",
     "INVALID_TIME_RANGE": "INVALID_ARGUMENT",
+    "INVALID_SEQUENCE": "INVALID_ARGUMENT",
 }
 
 # Reasons after which the same call may succeed later.

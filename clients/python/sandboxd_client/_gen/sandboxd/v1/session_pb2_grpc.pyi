@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from sandboxd_client._gen.sandboxd.v1 import events_pb2 as _events_pb2
 from sandboxd_client._gen.sandboxd.v1 import session_pb2 as _session_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -53,6 +54,10 @@ class SessionServiceStub:
     """Snapshots the workspace, then removes the container; the lease and snapshot are kept."""
     ResumeSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.ResumeSessionRequest, _session_pb2.ResumeSessionResponse]
     """Runs the session again, rebuilding a removed or lost container from its last snapshot."""
+    WatchSession: _grpc.UnaryStreamMultiCallable[_events_pb2.WatchSessionRequest, _events_pb2.WatchSessionResponse]
+    """Streams one session's events: the kept ones after `after_sequence`, then live ones."""
+    WatchSessions: _grpc.UnaryStreamMultiCallable[_events_pb2.WatchSessionsRequest, _events_pb2.WatchSessionsResponse]
+    """Streams the events of every session of the caller's tenant (optionally by labels)."""
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -79,6 +84,10 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """Snapshots the workspace, then removes the container; the lease and snapshot are kept."""
     ResumeSession: _aio.UnaryUnaryMultiCallable[_session_pb2.ResumeSessionRequest, _session_pb2.ResumeSessionResponse]  # type: ignore[assignment]
     """Runs the session again, rebuilding a removed or lost container from its last snapshot."""
+    WatchSession: _aio.UnaryStreamMultiCallable[_events_pb2.WatchSessionRequest, _events_pb2.WatchSessionResponse]  # type: ignore[assignment]
+    """Streams one session's events: the kept ones after `after_sequence`, then live ones."""
+    WatchSessions: _aio.UnaryStreamMultiCallable[_events_pb2.WatchSessionsRequest, _events_pb2.WatchSessionsResponse]  # type: ignore[assignment]
+    """Streams the events of every session of the caller's tenant (optionally by labels)."""
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """Sessions: one hardened container each, with a leased lifetime."""
@@ -156,5 +165,21 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.ResumeSessionResponse, _abc.Awaitable[_session_pb2.ResumeSessionResponse]]:
         """Runs the session again, rebuilding a removed or lost container from its last snapshot."""
+
+    @_abc_1.abstractmethod
+    def WatchSession(
+        self,
+        request: _events_pb2.WatchSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_events_pb2.WatchSessionResponse], _abc.AsyncIterator[_events_pb2.WatchSessionResponse]]:
+        """Streams one session's events: the kept ones after `after_sequence`, then live ones."""
+
+    @_abc_1.abstractmethod
+    def WatchSessions(
+        self,
+        request: _events_pb2.WatchSessionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_events_pb2.WatchSessionsResponse], _abc.AsyncIterator[_events_pb2.WatchSessionsResponse]]:
+        """Streams the events of every session of the caller's tenant (optionally by labels)."""
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
