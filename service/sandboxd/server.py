@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import signal
@@ -31,7 +32,7 @@ from sandboxd.api.filesystem_service import FilesystemService
 from sandboxd.api.limits import StreamCaps, StreamGuard
 from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
-from sandboxd.api.session_events import WatchingSessionService
+from sandboxd.api.session_leases import LeaseSessionService, renew_on_activity
 from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.archive import ArchiveIO
 from sandboxd.audit import AuditLog, AuditStore, AuditWriter
@@ -45,10 +46,12 @@ from sandboxd.errors import ConfigError, SandboxError
 from sandboxd.events import EventHub, LeaseWarner, ObservedStore
 from sandboxd.execution import Executor
 from sandboxd.files import Files
+from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
 from sandboxd.metrics import Metrics, MetricsServer
 from sandboxd.pool import WarmPool
 from sandboxd.processes import ProcessManager
 from sandboxd.sessions import SessionManager
+from sandboxd.sessions.recovery import ENDED_RETENTION
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.sweeper import Sweeper
@@ -229,6 +232,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         )
         snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
         keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
+        terms = await LeaseTermsStore(store.db).open()
         sessions = SessionManager(
             config,
             engine,
@@ -238,6 +242,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             pool=pool,
             egress=egress,
             on_session_end=[processes.end_session],
+            on_expiry=ExpiryPolicy(terms, keeper, store, suspend_for=ENDED_RETENTION),
         )
         snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
 
@@ -247,7 +252,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 StreamGuard(config.tenancy.stream_idle_timeout_s),
                 MetricsInterceptor(metrics),
                 *_interceptors(config),
-                AuditInterceptor(audit, hub),  # inside authentication: the tenant is known
+                AuditInterceptor(
+                    audit, hub, functools.partial(renew_on_activity, sessions, terms)
+                ),  # inside authentication: the tenant is known
                 # Innermost: the tenant is known here (set by authentication, or the default).
                 StreamCaps(config.tenancy.max_streams),
             ],
@@ -258,7 +265,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             ],
         )
         session_pb2_grpc.add_SessionServiceServicer_to_server(
-            WatchingSessionService(sessions, hub), server
+            LeaseSessionService(sessions, hub, terms), server
         )
         process_pb2_grpc.add_ProcessServiceServicer_to_server(
             ProcessService(sessions, executor, config, processes), server

@@ -212,6 +212,8 @@ var (
 	ErrInvalidTimeRange = &Error{Code: codes.InvalidArgument, Reason: "INVALID_TIME_RANGE"}
 	// ErrInvalidSequence: INVALID_ARGUMENT: A negative after_sequence.
 	ErrInvalidSequence = &Error{Code: codes.InvalidArgument, Reason: "INVALID_SEQUENCE"}
+	// ErrInvalidExpiryAction: INVALID_ARGUMENT: An ExpiryAction value this server does not know.
+	ErrInvalidExpiryAction = &Error{Code: codes.InvalidArgument, Reason: "INVALID_EXPIRY_ACTION"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -319,4 +321,5 @@ var Reasons = map[string]ReasonInfo{
 	"INVALID_AUDIT_KIND":           {codes.InvalidArgument, false, ErrInvalidAuditKind},
 	"INVALID_TIME_RANGE":           {codes.InvalidArgument, false, ErrInvalidTimeRange},
 	"INVALID_SEQUENCE":             {codes.InvalidArgument, false, ErrInvalidSequence},
+	"INVALID_EXPIRY_ACTION":        {codes.InvalidArgument, false, ErrInvalidExpiryAction},
 }

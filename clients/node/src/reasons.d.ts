@@ -187,6 +187,8 @@ export declare class InvalidAuditKindError extends InvalidArgument {}
 export declare class InvalidTimeRangeError extends InvalidArgument {}
 /** INVALID_ARGUMENT: A negative after_sequence. */
 export declare class InvalidSequenceError extends InvalidArgument {}
+/** INVALID_ARGUMENT: An ExpiryAction value this server does not know. */
+export declare class InvalidExpiryActionError extends InvalidArgument {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -291,7 +293,8 @@ export type Reason =
   | 'AUDIT_TENANT_NOT_ALLOWED'
   | 'INVALID_AUDIT_KIND'
   | 'INVALID_TIME_RANGE'
-  | 'INVALID_SEQUENCE';
+  | 'INVALID_SEQUENCE'
+  | 'INVALID_EXPIRY_ACTION';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

@@ -187,6 +187,8 @@ export class InvalidAuditKindError extends InvalidArgument {}
 export class InvalidTimeRangeError extends InvalidArgument {}
 /** INVALID_ARGUMENT: A negative after_sequence. */
 export class InvalidSequenceError extends InvalidArgument {}
+/** INVALID_ARGUMENT: An ExpiryAction value this server does not know. */
+export class InvalidExpiryActionError extends InvalidArgument {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -293,4 +295,5 @@ export const REASONS = Object.freeze({
   INVALID_AUDIT_KIND: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidAuditKindError },
   INVALID_TIME_RANGE: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidTimeRangeError },
   INVALID_SEQUENCE: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidSequenceError },
+  INVALID_EXPIRY_ACTION: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidExpiryActionError },
 });

@@ -263,7 +263,8 @@ export type ErrorReason =
   | 'ERROR_REASON_AUDIT_TENANT_NOT_ALLOWED'
   | 'ERROR_REASON_INVALID_AUDIT_KIND'
   | 'ERROR_REASON_INVALID_TIME_RANGE'
-  | 'ERROR_REASON_INVALID_SEQUENCE';
+  | 'ERROR_REASON_INVALID_SEQUENCE'
+  | 'ERROR_REASON_INVALID_EXPIRY_ACTION';
 
 export type SessionEventKind =
   | 'SESSION_EVENT_KIND_UNSPECIFIED'
@@ -393,6 +394,12 @@ export interface MakeDirRequest {
 export interface MakeDirResponse {
   info: FileInfo | null;
 }
+
+export type ExpiryAction =
+  | 'EXPIRY_ACTION_UNSPECIFIED'
+  | 'EXPIRY_ACTION_DELETE'
+  | 'EXPIRY_ACTION_SUSPEND'
+  | 'EXPIRY_ACTION_SNAPSHOT_THEN_DELETE';
 
 /** sandboxd.v1.ProcessService: SandboxClient.processes. */
 export interface ProcessServiceClient {
@@ -633,6 +640,8 @@ export interface CreateSessionRequest {
   lease_ttl: Duration | null;
   user: string;
   from_snapshot_id: string;
+  on_expiry: ExpiryAction;
+  renew_on_activity: boolean;
 }
 
 export interface CreateSessionResponse {
@@ -745,6 +754,9 @@ export interface Session {
   shell: ShellPolicy | null;
   user: string;
   workspace_id: string;
+  on_expiry: ExpiryAction;
+  renew_on_activity: boolean;
+  end_reason: string;
 }
 
 /** sandboxd.v1.SnapshotService: SandboxClient.snapshots. */

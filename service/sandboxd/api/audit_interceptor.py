@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,12 +23,15 @@ from google.rpc import error_details_pb2, status_pb2
 from sandboxd import tenancy
 from sandboxd.api.audit_describe import Tally, audited
 from sandboxd.audit import AuditEvent, AuditWriter
+from sandboxd.errors import SandboxError
 from sandboxd.events import EventHub
 from sandboxd.logging_setup import CURRENT_TRACE
 
 # version-traceid-parentid-flags; an all-zero trace id is invalid (W3C Trace Context, 3.2).
 _TRACEPARENT = re.compile(r"\A[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}\Z")
 _STATUS_DETAILS = "grpc-status-details-bin"
+
+log = logging.getLogger(__name__)
 
 
 def trace_id_of(metadata: Any) -> str:
@@ -61,9 +65,15 @@ def _refusal(context: Any) -> dict[str, object]:
 
 
 class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, writer: AuditWriter, hub: EventHub | None = None) -> None:
+    def __init__(
+        self,
+        writer: AuditWriter,
+        hub: EventHub | None = None,
+        on_activity: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
         self._writer = writer
         self._hub = hub
+        self._on_activity = on_activity  # a command ran: renew_on_activity
 
     async def intercept_service(
         self,
@@ -75,7 +85,7 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return None
         method = str(handler_call_details.method).lstrip("/").removeprefix("sandboxd.v1.")
         trace = trace_id_of(handler_call_details.invocation_metadata)
-        call = _Call(self._writer, self._hub, method, trace)
+        call = _Call(self._writer, self._hub, method, trace, self._on_activity)
         if handler.unary_unary is not None:
             return handler._replace(unary_unary=call.unary(handler.unary_unary))
         if handler.stream_unary is not None:
@@ -90,9 +100,17 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 class _Call:
     """The wrappers of one RPC method's handler (made per call: method and trace are fixed)."""
 
-    def __init__(self, writer: AuditWriter, hub: EventHub | None, method: str, trace: str) -> None:
+    def __init__(
+        self,
+        writer: AuditWriter,
+        hub: EventHub | None,
+        method: str,
+        trace: str,
+        on_activity: Callable[[str], Awaitable[None]] | None,
+    ) -> None:
         self.writer = writer
         self.hub = hub
+        self.on_activity = on_activity
         self.method = method
         self.trace = trace
         self.audited = audited(method)
@@ -129,6 +147,14 @@ class _Call:
                 timed_out=a.get("timed_out"),
             )
 
+    async def activity(self, tally: Tally) -> None:
+        if self.on_activity is None or tally.kind != "command" or not tally.session_id:
+            return
+        try:
+            await self.on_activity(tally.session_id)
+        except SandboxError as exc:  # the command's answer stands; the renewal is best effort
+            log.info("renew on activity: %s", exc.message)
+
     async def record(self, kind: str, session_id: str, attrs: dict[str, object]) -> None:
         await self.writer.record(
             AuditEvent.of(
@@ -159,6 +185,7 @@ class _Call:
             if self.audited and tally.reply(response):
                 await self.record(tally.kind, tally.session_id, tally.attributes)
                 self.processes(tally, exited="exit_code" in tally.attributes)
+                await self.activity(tally)
             return response
 
         return audited_unary
@@ -194,6 +221,7 @@ class _Call:
                             done = True  # the outcome: recorded before the caller sees it
                             await self.record(tally.kind, tally.session_id, tally.attributes)
                             self.processes(tally, exited=True)
+                            await self.activity(tally)
                         elif tally.started:
                             self.processes(tally, exited=False)
                         yield item

@@ -39,7 +39,7 @@ from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.manifest import write_manifest
 from sandboxd.sessions.quota import QuotaGate
-from sandboxd.sessions.recovery import Recovery, container_lost, now
+from sandboxd.sessions.recovery import ExpiryHook, Recovery, container_lost, now
 from sandboxd.sessions.sandboxes import Sandboxes, SessionEndHook, Undo
 from sandboxd.sessions.spec import CreateSessionInput, check_create, check_lease, check_network
 from sandboxd.snapshot_store import Snapshot
@@ -60,6 +60,7 @@ class SessionManager:
         pool: WarmPool | None = None,
         egress: EgressManager | None = None,
         on_session_end: Sequence[SessionEndHook] = (),
+        on_expiry: ExpiryHook | None = None,
     ) -> None:
         self._config = config
         self._engine = engine
@@ -74,7 +75,15 @@ class SessionManager:
             engine, store, owner_id, pool=pool, egress=egress, on_session_end=on_session_end
         )
         self._recovery = Recovery(
-            engine, store, self._locks, self._sandboxes, keeper, owner_id, pool=pool, egress=egress
+            engine,
+            store,
+            self._locks,
+            self._sandboxes,
+            keeper,
+            owner_id,
+            pool=pool,
+            egress=egress,
+            on_expiry=on_expiry,
         )
         # Commands (Exec, Run, ...) hold one of these per tenant while they run.
         self.exec_slots = tenancy.ExecSlots(config.tenancy.max_concurrent_execs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from sandboxd.egress.networks import EgressManager
@@ -56,6 +57,11 @@ def container_lost(session_id: str, *, retry: bool = False) -> SandboxError:
     )
 
 
+# Called under the session's lock when its lease ended (sandboxd.leases.ExpiryPolicy):
+# True when it handled the session (suspended it) instead of the default expiry.
+ExpiryHook = Callable[[Session, Sandboxes], Awaitable[bool]]
+
+
 class Recovery:
     def __init__(
         self,
@@ -68,7 +74,9 @@ class Recovery:
         *,
         pool: WarmPool | None = None,
         egress: EgressManager | None = None,
+        on_expiry: ExpiryHook | None = None,
     ) -> None:
+        self._on_expiry = on_expiry
         self._engine = engine
         self._store = store
         self._locks = locks
@@ -106,6 +114,8 @@ class Recovery:
 
     async def expire(self, session: Session) -> None:
         """Under the session's lock: remove the sandbox of an ended lease, keep the record."""
+        if self._on_expiry is not None and await self._on_expiry(session, self._sandboxes):
+            return
         await self._sandboxes.teardown(session)
         session.state = SessionState.EXPIRED
         session.container_id = ""

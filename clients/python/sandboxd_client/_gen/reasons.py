@@ -112,6 +112,7 @@ class Reason(StrEnum):
     INVALID_AUDIT_KIND = "INVALID_AUDIT_KIND"
     INVALID_TIME_RANGE = "INVALID_TIME_RANGE"
     INVALID_SEQUENCE = "INVALID_SEQUENCE"
+    INVALID_EXPIRY_ACTION = "INVALID_EXPIRY_ACTION"
 
 
 # The one gRPC status code each reason is sent with.
@@ -219,6 +220,7 @@ CODE: dict[str, str] = {
     "INVALID_AUDIT_KIND": "INVALID_ARGUMENT",
     "INVALID_TIME_RANGE": "INVALID_ARGUMENT",
     "INVALID_SEQUENCE": "INVALID_ARGUMENT",
+    "INVALID_EXPIRY_ACTION": "INVALID_ARGUMENT",
 }
 
 # Reasons after which the same call may succeed later.

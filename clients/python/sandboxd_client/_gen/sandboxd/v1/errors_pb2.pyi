@@ -233,6 +233,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INVALID_ARGUMENT: A time range whose end is before its start."""
     ERROR_REASON_INVALID_SEQUENCE: _ErrorReason.ValueType  # 143
     """INVALID_ARGUMENT: A negative after_sequence."""
+    ERROR_REASON_INVALID_EXPIRY_ACTION: _ErrorReason.ValueType  # 144
+    """INVALID_ARGUMENT: An ExpiryAction value this server does not know."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -454,4 +456,6 @@ ERROR_REASON_INVALID_TIME_RANGE: ErrorReason.ValueType  # 142
 """INVALID_ARGUMENT: A time range whose end is before its start."""
 ERROR_REASON_INVALID_SEQUENCE: ErrorReason.ValueType  # 143
 """INVALID_ARGUMENT: A negative after_sequence."""
+ERROR_REASON_INVALID_EXPIRY_ACTION: ErrorReason.ValueType  # 144
+"""INVALID_ARGUMENT: An ExpiryAction value this server does not know."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -11,6 +11,7 @@ from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from sandboxd_client._gen.sandboxd.v1 import common_pb2 as _common_pb2
+from sandboxd_client._gen.sandboxd.v1 import leases_pb2 as _leases_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -180,6 +181,8 @@ class CreateSessionRequest(_message.Message):
     LEASE_TTL_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
     FROM_SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
+    ON_EXPIRY_FIELD_NUMBER: _builtins.int
+    RENEW_ON_ACTIVITY_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Optional caller-chosen id; makes the call idempotent."""
     image: _builtins.str
@@ -188,6 +191,12 @@ class CreateSessionRequest(_message.Message):
     """Numeric "uid:gid"; empty means 65534:65534. uid 0 and gid 0 are refused."""
     from_snapshot_id: _builtins.str
     """Fork: start from this snapshot's workspace instead of the manifest's files."""
+    on_expiry: _leases_pb2.ExpiryAction.ValueType
+    """What happens when the lease ends (unset: EXPIRY_ACTION_DELETE)."""
+    renew_on_activity: _builtins.bool
+    """Commands (Exec, Run, Interact, StartProcess) renew the lease by its default length. Off by
+    default: nothing but RenewLease renews a lease, reading or reconnecting never does.
+    """
     @_builtins.property
     def workspace(self) -> Global___WorkspaceManifest: ...
     @_builtins.property
@@ -220,10 +229,12 @@ class CreateSessionRequest(_message.Message):
         lease_ttl: _duration_pb2.Duration | None = ...,
         user: _builtins.str = ...,
         from_snapshot_id: _builtins.str = ...,
+        on_expiry: _leases_pb2.ExpiryAction.ValueType = ...,
+        renew_on_activity: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "shell", b"shell", "workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -718,6 +729,9 @@ class Session(_message.Message):
     SHELL_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    ON_EXPIRY_FIELD_NUMBER: _builtins.int
+    RENEW_ON_ACTIVITY_FIELD_NUMBER: _builtins.int
+    END_REASON_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     state: Global___SessionState.ValueType
     image: _builtins.str
@@ -728,6 +742,12 @@ class Session(_message.Message):
     """The numeric "uid:gid" commands run as."""
     workspace_id: _builtins.str
     """The manifest's id."""
+    on_expiry: _leases_pb2.ExpiryAction.ValueType
+    renew_on_activity: _builtins.bool
+    end_reason: _builtins.str
+    """Why an ended session ended (e.g. "lease expired", "lease expired; suspended",
+    "container lost"); empty while it runs.
+    """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -758,10 +778,13 @@ class Session(_message.Message):
         shell: _common_pb2.ShellPolicy | None = ...,
         user: _builtins.str = ...,
         workspace_id: _builtins.str = ...,
+        on_expiry: _leases_pb2.ExpiryAction.ValueType = ...,
+        renew_on_activity: _builtins.bool = ...,
+        end_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "shell", b"shell"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "fingerprint", b"fingerprint", "image", b"image", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "state", b"state", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "end_reason", b"end_reason", "fingerprint", b"fingerprint", "image", b"image", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "state", b"state", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
