@@ -30,6 +30,7 @@ from sandboxd.engine.protocol import (
     NetworkInfo,
     SandboxInfo,
     SandboxRequest,
+    SandboxStats,
     SandboxStatus,
 )
 from sandboxd.errors import FailedPrecondition, Internal, NotFound, SandboxError
@@ -185,6 +186,8 @@ class FakeEngine:
         self._ids = itertools.count(1)
         self._failures: dict[str, SandboxError] = {}
         self._execs: dict[str, FakeExecStream] = {}
+        self.stats: dict[str, SandboxStats] = {}
+        self.ooms: asyncio.Queue[str] = asyncio.Queue()
 
     # ----- test hooks ---------------------------------------------------------------------
 
@@ -355,6 +358,28 @@ class FakeEngine:
         return [
             i for i, labels in self.images.items() if labels.get("io.sandboxd.owner") == owner_id
         ]
+
+    # ----- observation ---------------------------------------------------------------------
+
+    def set_stats(self, sandbox_id: str, stats: SandboxStats) -> None:
+        self.stats[sandbox_id] = stats
+
+    def oom_kill(self, sandbox_id: str) -> None:
+        """As if the kernel OOM-killed a process in the sandbox."""
+        self.ooms.put_nowait(sandbox_id)
+
+    async def sandbox_stats(self, sandbox_id: str) -> SandboxStats:
+        self._call("sandbox_stats")
+        if sandbox_id not in self.sandboxes:
+            raise NotFound(f"no sandbox {sandbox_id}")
+        return self.stats.get(sandbox_id, SandboxStats())
+
+    async def oom_kills(self, owner_id: str) -> AsyncIterator[str]:
+        while True:
+            sandbox_id = await self.ooms.get()
+            box = self.sandboxes.get(sandbox_id)
+            if box is not None and box.request.owner_id == owner_id:
+                yield sandbox_id
 
 
 class FakeArchive:

@@ -44,6 +44,7 @@ from sandboxd.egress.resolver import Resolver
 from sandboxd.engine import DockerEngine, Engine
 from sandboxd.errors import ConfigError, SandboxError
 from sandboxd.events import EventHub, LeaseWarner, ObservedStore
+from sandboxd.events.stats import OomWatcher, StatsReader
 from sandboxd.execution import Executor
 from sandboxd.files import Files
 from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
@@ -265,7 +266,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             ],
         )
         session_pb2_grpc.add_SessionServiceServicer_to_server(
-            LeaseSessionService(sessions, hub, terms), server
+            LeaseSessionService(sessions, hub, StatsReader(engine, hub), terms), server
         )
         process_pb2_grpc.add_ProcessServiceServicer_to_server(
             ProcessService(sessions, executor, config, processes), server
@@ -318,6 +319,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 tg.create_task(sessions.run_reaper(config.leases.reaper_interval_s)),
                 tg.create_task(sweeper.run()),
                 tg.create_task(audit.run_retention(AUDIT_RETENTION_INTERVAL_S)),
+                tg.create_task(OomWatcher(engine, store, hub, owner_id).run()),
                 tg.create_task(
                     LeaseWarner(store, hub, config.events.lease_warning_s).run(
                         min(5.0, config.events.lease_warning_s / 4)

@@ -195,3 +195,39 @@ def test_watch_sessions_sees_only_the_callers_tenant_and_labels(tmp_path: Path) 
             s.channel.close()
         srv.stop()
         remove_owned_containers(owner)
+
+
+def test_stats_and_an_oom_kill_event(ev: Stubs) -> None:
+    sid = ev.sessions.CreateSession(
+        S.CreateSessionRequest(
+            shell=ALL,
+            limits=common_pb2.ResourceLimits(memory_bytes=64 * 1024 * 1024),
+        )
+    ).session.session_id
+    watch = Watch(ev.sessions.WatchSession(E.WatchSessionRequest(session_id=sid)))
+    try:
+        ev.processes.Run(
+            P.RunRequest(session_id=sid, argv=["sh", "-c", "head -c 3000000 /dev/zero > big"])
+        )
+        stats = ev.sessions.GetSessionStats(E.GetSessionStatsRequest(session_id=sid)).stats
+        assert stats.workspace_bytes >= 3_000_000
+        assert stats.memory_bytes > 0 and stats.processes >= 1 and stats.cpu_seconds > 0
+        # A command that allocates past the memory limit: the kernel kills it, the feed says so.
+        hog = ev.processes.Run(
+            P.RunRequest(
+                session_id=sid,
+                argv=["sh", "-c", "x=a; while true; do x=$x$x$x$x; done"],
+                timeout=duration_pb2.Duration(seconds=60),
+            )
+        )
+        assert hog.exit_code == 137 and not hog.timed_out, hog
+        oom = watch.until("OOM_KILLED", timeout=30)
+        assert oom.attributes["memory_limit_bytes"] == str(64 * 1024 * 1024)
+        after = ev.sessions.GetSessionStats(E.GetSessionStatsRequest(session_id=sid)).stats
+        assert after.memory_peak_bytes == 0 or after.memory_peak_bytes > 32 * 1024 * 1024
+    finally:
+        watch.close()
+        ev.sessions.DeleteSession(S.DeleteSessionRequest(session_id=sid))
+    with pytest.raises(grpc.RpcError) as gone:
+        ev.sessions.GetSessionStats(E.GetSessionStatsRequest(session_id=sid))
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND

@@ -55,6 +55,7 @@ var Idempotent = map[string]bool{
 	"/sandboxd.v1.AdminService/GetServerInfo":         true,
 	"/sandboxd.v1.AdminService/Sweep":                 true,
 	"/sandboxd.v1.AuditService/ListAuditEvents":       true,
+	"/sandboxd.v1.SessionService/GetSessionStats":     true,
 }
 
 // IdempotentWithID are the RPCs idempotent when the request names its id: the field that does.

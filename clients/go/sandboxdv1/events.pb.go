@@ -405,6 +405,192 @@ func (x *WatchSessionsResponse) GetEvent() *SessionEvent {
 	return nil
 }
 
+type GetSessionStatsRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+}
+
+func (x *GetSessionStatsRequest) Reset() {
+	*x = GetSessionStatsRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_sandboxd_v1_events_proto_msgTypes[5]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *GetSessionStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSessionStatsRequest) ProtoMessage() {}
+
+func (x *GetSessionStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_v1_events_proto_msgTypes[5]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSessionStatsRequest.ProtoReflect.Descriptor instead.
+func (*GetSessionStatsRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_v1_events_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GetSessionStatsRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+// One reading of a session's resource use; zeros while it has no container (suspended).
+type SessionStats struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// CPU time its processes used since the container started.
+	CpuSeconds  float64 `protobuf:"fixed64,1,opt,name=cpu_seconds,json=cpuSeconds,proto3" json:"cpu_seconds,omitempty"`
+	MemoryBytes int64   `protobuf:"varint,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// The most memory it held (0 where the engine's cgroup version does not report it).
+	MemoryPeakBytes int64 `protobuf:"varint,3,opt,name=memory_peak_bytes,json=memoryPeakBytes,proto3" json:"memory_peak_bytes,omitempty"`
+	// Bytes used in /workspace.
+	WorkspaceBytes int64 `protobuf:"varint,4,opt,name=workspace_bytes,json=workspaceBytes,proto3" json:"workspace_bytes,omitempty"`
+	Processes      int64 `protobuf:"varint,5,opt,name=processes,proto3" json:"processes,omitempty"`
+	// Bytes through its egress proxy network (received + sent); 0 without network.
+	EgressBytes int64 `protobuf:"varint,6,opt,name=egress_bytes,json=egressBytes,proto3" json:"egress_bytes,omitempty"`
+}
+
+func (x *SessionStats) Reset() {
+	*x = SessionStats{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_sandboxd_v1_events_proto_msgTypes[6]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *SessionStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionStats) ProtoMessage() {}
+
+func (x *SessionStats) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_v1_events_proto_msgTypes[6]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionStats.ProtoReflect.Descriptor instead.
+func (*SessionStats) Descriptor() ([]byte, []int) {
+	return file_sandboxd_v1_events_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *SessionStats) GetCpuSeconds() float64 {
+	if x != nil {
+		return x.CpuSeconds
+	}
+	return 0
+}
+
+func (x *SessionStats) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *SessionStats) GetMemoryPeakBytes() int64 {
+	if x != nil {
+		return x.MemoryPeakBytes
+	}
+	return 0
+}
+
+func (x *SessionStats) GetWorkspaceBytes() int64 {
+	if x != nil {
+		return x.WorkspaceBytes
+	}
+	return 0
+}
+
+func (x *SessionStats) GetProcesses() int64 {
+	if x != nil {
+		return x.Processes
+	}
+	return 0
+}
+
+func (x *SessionStats) GetEgressBytes() int64 {
+	if x != nil {
+		return x.EgressBytes
+	}
+	return 0
+}
+
+type GetSessionStatsResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Stats *SessionStats `protobuf:"bytes,1,opt,name=stats,proto3" json:"stats,omitempty"`
+}
+
+func (x *GetSessionStatsResponse) Reset() {
+	*x = GetSessionStatsResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_sandboxd_v1_events_proto_msgTypes[7]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *GetSessionStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSessionStatsResponse) ProtoMessage() {}
+
+func (x *GetSessionStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_v1_events_proto_msgTypes[7]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSessionStatsResponse.ProtoReflect.Descriptor instead.
+func (*GetSessionStatsResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_v1_events_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *GetSessionStatsResponse) GetStats() *SessionStats {
+	if x != nil {
+		return x.Stats
+	}
+	return nil
+}
+
 var File_sandboxd_v1_events_proto protoreflect.FileDescriptor
 
 var file_sandboxd_v1_events_proto_rawDesc = []byte{
@@ -464,6 +650,29 @@ var file_sandboxd_v1_events_proto_rawDesc = []byte{
 	0x2f, 0x0a, 0x05, 0x65, 0x76, 0x65, 0x6e, 0x74, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x19,
 	0x2e, 0x73, 0x61, 0x6e, 0x64, 0x62, 0x6f, 0x78, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x65, 0x73,
 	0x73, 0x69, 0x6f, 0x6e, 0x45, 0x76, 0x65, 0x6e, 0x74, 0x52, 0x05, 0x65, 0x76, 0x65, 0x6e, 0x74,
+	0x22, 0x37, 0x0a, 0x16, 0x47, 0x65, 0x74, 0x53, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e, 0x53, 0x74,
+	0x61, 0x74, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x1d, 0x0a, 0x0a, 0x73, 0x65,
+	0x73, 0x73, 0x69, 0x6f, 0x6e, 0x5f, 0x69, 0x64, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x09,
+	0x73, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e, 0x49, 0x64, 0x22, 0xe8, 0x01, 0x0a, 0x0c, 0x53, 0x65,
+	0x73, 0x73, 0x69, 0x6f, 0x6e, 0x53, 0x74, 0x61, 0x74, 0x73, 0x12, 0x1f, 0x0a, 0x0b, 0x63, 0x70,
+	0x75, 0x5f, 0x73, 0x65, 0x63, 0x6f, 0x6e, 0x64, 0x73, 0x18, 0x01, 0x20, 0x01, 0x28, 0x01, 0x52,
+	0x0a, 0x63, 0x70, 0x75, 0x53, 0x65, 0x63, 0x6f, 0x6e, 0x64, 0x73, 0x12, 0x21, 0x0a, 0x0c, 0x6d,
+	0x65, 0x6d, 0x6f, 0x72, 0x79, 0x5f, 0x62, 0x79, 0x74, 0x65, 0x73, 0x18, 0x02, 0x20, 0x01, 0x28,
+	0x03, 0x52, 0x0b, 0x6d, 0x65, 0x6d, 0x6f, 0x72, 0x79, 0x42, 0x79, 0x74, 0x65, 0x73, 0x12, 0x2a,
+	0x0a, 0x11, 0x6d, 0x65, 0x6d, 0x6f, 0x72, 0x79, 0x5f, 0x70, 0x65, 0x61, 0x6b, 0x5f, 0x62, 0x79,
+	0x74, 0x65, 0x73, 0x18, 0x03, 0x20, 0x01, 0x28, 0x03, 0x52, 0x0f, 0x6d, 0x65, 0x6d, 0x6f, 0x72,
+	0x79, 0x50, 0x65, 0x61, 0x6b, 0x42, 0x79, 0x74, 0x65, 0x73, 0x12, 0x27, 0x0a, 0x0f, 0x77, 0x6f,
+	0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x5f, 0x62, 0x79, 0x74, 0x65, 0x73, 0x18, 0x04, 0x20,
+	0x01, 0x28, 0x03, 0x52, 0x0e, 0x77, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x42, 0x79,
+	0x74, 0x65, 0x73, 0x12, 0x1c, 0x0a, 0x09, 0x70, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x65, 0x73,
+	0x18, 0x05, 0x20, 0x01, 0x28, 0x03, 0x52, 0x09, 0x70, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x65,
+	0x73, 0x12, 0x21, 0x0a, 0x0c, 0x65, 0x67, 0x72, 0x65, 0x73, 0x73, 0x5f, 0x62, 0x79, 0x74, 0x65,
+	0x73, 0x18, 0x06, 0x20, 0x01, 0x28, 0x03, 0x52, 0x0b, 0x65, 0x67, 0x72, 0x65, 0x73, 0x73, 0x42,
+	0x79, 0x74, 0x65, 0x73, 0x22, 0x4a, 0x0a, 0x17, 0x47, 0x65, 0x74, 0x53, 0x65, 0x73, 0x73, 0x69,
+	0x6f, 0x6e, 0x53, 0x74, 0x61, 0x74, 0x73, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12,
+	0x2f, 0x0a, 0x05, 0x73, 0x74, 0x61, 0x74, 0x73, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x19,
+	0x2e, 0x73, 0x61, 0x6e, 0x64, 0x62, 0x6f, 0x78, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x65, 0x73,
+	0x73, 0x69, 0x6f, 0x6e, 0x53, 0x74, 0x61, 0x74, 0x73, 0x52, 0x05, 0x73, 0x74, 0x61, 0x74, 0x73,
 	0x2a, 0xba, 0x03, 0x0a, 0x10, 0x53, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e, 0x45, 0x76, 0x65, 0x6e,
 	0x74, 0x4b, 0x69, 0x6e, 0x64, 0x12, 0x22, 0x0a, 0x1e, 0x53, 0x45, 0x53, 0x53, 0x49, 0x4f, 0x4e,
 	0x5f, 0x45, 0x56, 0x45, 0x4e, 0x54, 0x5f, 0x4b, 0x49, 0x4e, 0x44, 0x5f, 0x55, 0x4e, 0x53, 0x50,
@@ -512,30 +721,34 @@ func file_sandboxd_v1_events_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_v1_events_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sandboxd_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_sandboxd_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_sandboxd_v1_events_proto_goTypes = []interface{}{
-	(SessionEventKind)(0),         // 0: sandboxd.v1.SessionEventKind
-	(*SessionEvent)(nil),          // 1: sandboxd.v1.SessionEvent
-	(*WatchSessionRequest)(nil),   // 2: sandboxd.v1.WatchSessionRequest
-	(*WatchSessionResponse)(nil),  // 3: sandboxd.v1.WatchSessionResponse
-	(*WatchSessionsRequest)(nil),  // 4: sandboxd.v1.WatchSessionsRequest
-	(*WatchSessionsResponse)(nil), // 5: sandboxd.v1.WatchSessionsResponse
-	nil,                           // 6: sandboxd.v1.SessionEvent.AttributesEntry
-	nil,                           // 7: sandboxd.v1.WatchSessionsRequest.LabelSelectorEntry
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
+	(SessionEventKind)(0),           // 0: sandboxd.v1.SessionEventKind
+	(*SessionEvent)(nil),            // 1: sandboxd.v1.SessionEvent
+	(*WatchSessionRequest)(nil),     // 2: sandboxd.v1.WatchSessionRequest
+	(*WatchSessionResponse)(nil),    // 3: sandboxd.v1.WatchSessionResponse
+	(*WatchSessionsRequest)(nil),    // 4: sandboxd.v1.WatchSessionsRequest
+	(*WatchSessionsResponse)(nil),   // 5: sandboxd.v1.WatchSessionsResponse
+	(*GetSessionStatsRequest)(nil),  // 6: sandboxd.v1.GetSessionStatsRequest
+	(*SessionStats)(nil),            // 7: sandboxd.v1.SessionStats
+	(*GetSessionStatsResponse)(nil), // 8: sandboxd.v1.GetSessionStatsResponse
+	nil,                             // 9: sandboxd.v1.SessionEvent.AttributesEntry
+	nil,                             // 10: sandboxd.v1.WatchSessionsRequest.LabelSelectorEntry
+	(*timestamppb.Timestamp)(nil),   // 11: google.protobuf.Timestamp
 }
 var file_sandboxd_v1_events_proto_depIdxs = []int32{
-	8, // 0: sandboxd.v1.SessionEvent.time:type_name -> google.protobuf.Timestamp
-	0, // 1: sandboxd.v1.SessionEvent.kind:type_name -> sandboxd.v1.SessionEventKind
-	6, // 2: sandboxd.v1.SessionEvent.attributes:type_name -> sandboxd.v1.SessionEvent.AttributesEntry
-	1, // 3: sandboxd.v1.WatchSessionResponse.event:type_name -> sandboxd.v1.SessionEvent
-	7, // 4: sandboxd.v1.WatchSessionsRequest.label_selector:type_name -> sandboxd.v1.WatchSessionsRequest.LabelSelectorEntry
-	1, // 5: sandboxd.v1.WatchSessionsResponse.event:type_name -> sandboxd.v1.SessionEvent
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	11, // 0: sandboxd.v1.SessionEvent.time:type_name -> google.protobuf.Timestamp
+	0,  // 1: sandboxd.v1.SessionEvent.kind:type_name -> sandboxd.v1.SessionEventKind
+	9,  // 2: sandboxd.v1.SessionEvent.attributes:type_name -> sandboxd.v1.SessionEvent.AttributesEntry
+	1,  // 3: sandboxd.v1.WatchSessionResponse.event:type_name -> sandboxd.v1.SessionEvent
+	10, // 4: sandboxd.v1.WatchSessionsRequest.label_selector:type_name -> sandboxd.v1.WatchSessionsRequest.LabelSelectorEntry
+	1,  // 5: sandboxd.v1.WatchSessionsResponse.event:type_name -> sandboxd.v1.SessionEvent
+	7,  // 6: sandboxd.v1.GetSessionStatsResponse.stats:type_name -> sandboxd.v1.SessionStats
+	7,  // [7:7] is the sub-list for method output_type
+	7,  // [7:7] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_v1_events_proto_init() }
@@ -604,6 +817,42 @@ func file_sandboxd_v1_events_proto_init() {
 				return nil
 			}
 		}
+		file_sandboxd_v1_events_proto_msgTypes[5].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*GetSessionStatsRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_sandboxd_v1_events_proto_msgTypes[6].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*SessionStats); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_sandboxd_v1_events_proto_msgTypes[7].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*GetSessionStatsResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -611,7 +860,7 @@ func file_sandboxd_v1_events_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: file_sandboxd_v1_events_proto_rawDesc,
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -40,6 +40,8 @@ type SessionServiceClient interface {
 	WatchSession(ctx context.Context, in *WatchSessionRequest, opts ...grpc.CallOption) (SessionService_WatchSessionClient, error)
 	// Streams the events of every session of the caller's tenant (optionally by labels).
 	WatchSessions(ctx context.Context, in *WatchSessionsRequest, opts ...grpc.CallOption) (SessionService_WatchSessionsClient, error)
+	// One reading of a session's resource use (CPU, memory and its peak, workspace, processes).
+	GetSessionStats(ctx context.Context, in *GetSessionStatsRequest, opts ...grpc.CallOption) (*GetSessionStatsResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -195,6 +197,15 @@ func (x *sessionServiceWatchSessionsClient) Recv() (*WatchSessionsResponse, erro
 	return m, nil
 }
 
+func (c *sessionServiceClient) GetSessionStats(ctx context.Context, in *GetSessionStatsRequest, opts ...grpc.CallOption) (*GetSessionStatsResponse, error) {
+	out := new(GetSessionStatsResponse)
+	err := c.cc.Invoke(ctx, "/sandboxd.v1.SessionService/GetSessionStats", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility
@@ -222,6 +233,8 @@ type SessionServiceServer interface {
 	WatchSession(*WatchSessionRequest, SessionService_WatchSessionServer) error
 	// Streams the events of every session of the caller's tenant (optionally by labels).
 	WatchSessions(*WatchSessionsRequest, SessionService_WatchSessionsServer) error
+	// One reading of a session's resource use (CPU, memory and its peak, workspace, processes).
+	GetSessionStats(context.Context, *GetSessionStatsRequest) (*GetSessionStatsResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -261,6 +274,9 @@ func (UnimplementedSessionServiceServer) WatchSession(*WatchSessionRequest, Sess
 }
 func (UnimplementedSessionServiceServer) WatchSessions(*WatchSessionsRequest, SessionService_WatchSessionsServer) error {
 	return status.Errorf(codes.Unimplemented, "method WatchSessions not implemented")
+}
+func (UnimplementedSessionServiceServer) GetSessionStats(context.Context, *GetSessionStatsRequest) (*GetSessionStatsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetSessionStats not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 
@@ -479,6 +495,24 @@ func (x *sessionServiceWatchSessionsServer) Send(m *WatchSessionsResponse) error
 	return x.ServerStream.SendMsg(m)
 }
 
+func _SessionService_GetSessionStats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetSessionStatsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).GetSessionStats(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sandboxd.v1.SessionService/GetSessionStats",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).GetSessionStats(ctx, req.(*GetSessionStatsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _SessionService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sandboxd.v1.SessionService",
 	HandlerType: (*SessionServiceServer)(nil),
@@ -518,6 +552,10 @@ var _SessionService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResumeSession",
 			Handler:    _SessionService_ResumeSession_Handler,
+		},
+		{
+			MethodName: "GetSessionStats",
+			Handler:    _SessionService_GetSessionStats_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -47,6 +47,7 @@ export const IDEMPOTENT = new Set([
   'sandboxd.v1.AdminService/GetServerInfo',
   'sandboxd.v1.AdminService/Sweep',
   'sandboxd.v1.AuditService/ListAuditEvents',
+  'sandboxd.v1.SessionService/GetSessionStats',
 ]);
 
 /** RPCs that are idempotent when the caller chose the id: the request field that names it. */

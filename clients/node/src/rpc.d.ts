@@ -307,6 +307,23 @@ export interface WatchSessionsResponse {
   event: SessionEvent | null;
 }
 
+export interface GetSessionStatsRequest {
+  session_id: string;
+}
+
+export interface SessionStats {
+  cpu_seconds: number;
+  memory_bytes: number;
+  memory_peak_bytes: number;
+  workspace_bytes: number;
+  processes: number;
+  egress_bytes: number;
+}
+
+export interface GetSessionStatsResponse {
+  stats: SessionStats | null;
+}
+
 /** sandboxd.v1.FilesystemService: SandboxClient.files. */
 export interface FilesystemServiceClient {
   readFile(request: Init<ReadFileRequest>, options?: CallOptions): Promise<ReadFileResponse>;
@@ -606,6 +623,7 @@ export interface SessionServiceClient {
   resumeSession(request: Init<ResumeSessionRequest>, options?: CallOptions): Promise<ResumeSessionResponse>;
   watchSession(request: Init<WatchSessionRequest>, options?: CallOptions): AsyncGenerator<WatchSessionResponse, void, undefined>;
   watchSessions(request: Init<WatchSessionsRequest>, options?: CallOptions): AsyncGenerator<WatchSessionsResponse, void, undefined>;
+  getSessionStats(request: Init<GetSessionStatsRequest>, options?: CallOptions): Promise<GetSessionStatsResponse>;
 }
 
 export type SessionState =

@@ -38,13 +38,14 @@ from sandboxd_client.models import (
     SweepResult,
 )
 from sandboxd_client.session import Session
-from sandboxd_client.watch import SessionEvent
+from sandboxd_client.watch import SessionEvent, SessionStats
 
 __version__ = "0.2.0"
 
 __all__ = [
     "AuditEvent",
     "SessionEvent",
+    "SessionStats",
     "API_VERSION",
     "DEFAULT_ADDRESS",
     "TLS",

@@ -50,6 +50,7 @@ IDEMPOTENT = frozenset(
         "SnapshotService/ListSnapshots",
         "SnapshotService/DownloadSnapshot",
         "AuditService/ListAuditEvents",
+        "SessionService/GetSessionStats",
     )
 )
 

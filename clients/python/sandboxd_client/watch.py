@@ -1,10 +1,11 @@
-"""Session events (WatchSession, WatchSessions): `SandboxClient.watch_session` /
-`watch_sessions` and their result type. A mixin of `SandboxClient`."""
+"""Session events and stats (WatchSession, WatchSessions, GetSessionStats):
+`SandboxClient.watch_session` / `watch_sessions` / `get_session_stats` and their result types.
+A mixin of `SandboxClient`."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -12,7 +13,7 @@ import grpc
 
 from sandboxd_client._convert import timestamp
 from sandboxd_client._gen.sandboxd.v1 import events_pb2, session_pb2_grpc
-from sandboxd_client._rpc import rpc
+from sandboxd_client._rpc import UNSET, rpc
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,49 @@ class SessionEvent:
         )
 
 
+@dataclass(frozen=True)
+class SessionStats:
+    """One reading of a session's resource use (zeros while it has no container)."""
+
+    cpu_seconds: float = 0.0
+    memory_bytes: int = 0
+    memory_peak_bytes: int = 0
+    workspace_bytes: int = 0
+    processes: int = 0
+    egress_bytes: int = 0
+
+    @classmethod
+    def from_pb(cls, msg: Any) -> Self:
+        return cls(
+            cpu_seconds=msg.cpu_seconds,
+            memory_bytes=msg.memory_bytes,
+            memory_peak_bytes=msg.memory_peak_bytes,
+            workspace_bytes=msg.workspace_bytes,
+            processes=msg.processes,
+            egress_bytes=msg.egress_bytes,
+        )
+
+
 class WatchMixin:
     """SessionService's event streams; the host class provides `channel` and `_server_stream`."""
 
     channel: grpc.aio.Channel
     _server_stream: Callable[..., AsyncIterator[Any]]
+    _unary: Callable[..., Awaitable[Any]]
+
+    @rpc("SessionService/GetSessionStats")
+    async def get_session_stats(
+        self, session_id: str, *, timeout: float | None = UNSET
+    ) -> SessionStats:
+        """CPU, memory (and its peak), workspace bytes, processes and egress bytes now."""
+        stub = session_pb2_grpc.SessionServiceStub(self.channel)
+        req = events_pb2.GetSessionStatsRequest(session_id=session_id)
+        resp = await self._unary(
+            "SessionService/GetSessionStats",
+            lambda t: stub.GetSessionStats(req, timeout=t),
+            timeout,
+        )
+        return SessionStats.from_pb(resp.stats)
 
     @rpc("SessionService/WatchSession")
     async def watch_session(
@@ -77,4 +116,4 @@ class WatchMixin:
             yield SessionEvent.from_pb(resp.event)
 
 
-__all__ = ["SessionEvent", "WatchMixin"]
+__all__ = ["SessionEvent", "SessionStats", "WatchMixin"]

@@ -11,10 +11,11 @@ from collections.abc import AsyncGenerator, Mapping
 from google.protobuf import timestamp_pb2
 
 from sandboxd import tenancy
-from sandboxd.api.errors import Ctx, stream
+from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.api.session_service import SessionService
 from sandboxd.errors import InvalidArgument
 from sandboxd.events import EventHub, SessionEvent
+from sandboxd.events.stats import StatsReader
 from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager
 from sandboxd.v1 import events_pb2
@@ -45,9 +46,27 @@ def _ends_session(e: SessionEvent) -> bool:
 
 
 class WatchingSessionService(SessionService):
-    def __init__(self, sessions: SessionManager, hub: EventHub) -> None:
+    def __init__(self, sessions: SessionManager, hub: EventHub, stats: StatsReader) -> None:
         super().__init__(sessions)
         self._hub = hub
+        self._stats = stats
+
+    @unary
+    async def GetSessionStats(
+        self, request: events_pb2.GetSessionStatsRequest, context: Ctx
+    ) -> events_pb2.GetSessionStatsResponse:
+        session = await self._sessions.get(request.session_id)
+        s = await self._stats.read(session)
+        return events_pb2.GetSessionStatsResponse(
+            stats=events_pb2.SessionStats(
+                cpu_seconds=s.cpu_seconds,
+                memory_bytes=s.memory_bytes,
+                memory_peak_bytes=s.memory_peak_bytes,
+                workspace_bytes=s.workspace_bytes,
+                processes=s.processes,
+                egress_bytes=s.egress_bytes,
+            )
+        )
 
     @stream
     async def WatchSession(

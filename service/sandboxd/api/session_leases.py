@@ -11,6 +11,7 @@ from sandboxd.api.errors import Ctx, unary
 from sandboxd.api.session_events import WatchingSessionService
 from sandboxd.errors import InvalidArgument
 from sandboxd.events import EventHub
+from sandboxd.events.stats import StatsReader
 from sandboxd.leases import DELETE, EXPIRY_ACTIONS, LeaseTermsStore
 from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager
@@ -37,8 +38,10 @@ def expiry_action(value: int) -> str:
 
 
 class LeaseSessionService(WatchingSessionService):
-    def __init__(self, sessions: SessionManager, hub: EventHub, terms: LeaseTermsStore) -> None:
-        super().__init__(sessions, hub)
+    def __init__(
+        self, sessions: SessionManager, hub: EventHub, stats: StatsReader, terms: LeaseTermsStore
+    ) -> None:
+        super().__init__(sessions, hub, stats)
         self._terms = terms
 
     async def _echo(self, s: session_pb2.Session) -> None:

@@ -26,13 +26,14 @@ from aiodocker.execs import Exec
 from aiodocker.stream import Stream
 
 from sandboxd import images
-from sandboxd.engine import compat
+from sandboxd.engine import compat, docker_stats
 from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.protocol import (
     NetworkAddress,
     NetworkInfo,
     SandboxInfo,
     SandboxRequest,
+    SandboxStats,
     SandboxStatus,
 )
 from sandboxd.errors import EngineUnavailable, FailedPrecondition, Internal, NotFound
@@ -421,3 +422,14 @@ class DockerEngine:
 
     def _container(self, sandbox_id: str) -> DockerContainer:
         return self.docker.containers.container(sandbox_id)
+
+    # ----- observation (docker_stats) -----------------------------------------------------
+
+    async def sandbox_stats(self, sandbox_id: str) -> SandboxStats:
+        with self._translate(f"stats of container {sandbox_id[:12]}"):
+            return await docker_stats.read_stats(self.docker, sandbox_id)
+
+    async def oom_kills(self, owner_id: str) -> AsyncIterator[str]:
+        with self._translate("engine events"):
+            async for sandbox_id in docker_stats.oom_kills(self.docker, owner_id):
+                yield sandbox_id

@@ -58,6 +58,8 @@ class SessionServiceStub:
     """Streams one session's events: the kept ones after `after_sequence`, then live ones."""
     WatchSessions: _grpc.UnaryStreamMultiCallable[_events_pb2.WatchSessionsRequest, _events_pb2.WatchSessionsResponse]
     """Streams the events of every session of the caller's tenant (optionally by labels)."""
+    GetSessionStats: _grpc.UnaryUnaryMultiCallable[_events_pb2.GetSessionStatsRequest, _events_pb2.GetSessionStatsResponse]
+    """One reading of a session's resource use (CPU, memory and its peak, workspace, processes)."""
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -88,6 +90,8 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """Streams one session's events: the kept ones after `after_sequence`, then live ones."""
     WatchSessions: _aio.UnaryStreamMultiCallable[_events_pb2.WatchSessionsRequest, _events_pb2.WatchSessionsResponse]  # type: ignore[assignment]
     """Streams the events of every session of the caller's tenant (optionally by labels)."""
+    GetSessionStats: _aio.UnaryUnaryMultiCallable[_events_pb2.GetSessionStatsRequest, _events_pb2.GetSessionStatsResponse]  # type: ignore[assignment]
+    """One reading of a session's resource use (CPU, memory and its peak, workspace, processes)."""
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """Sessions: one hardened container each, with a leased lifetime."""
@@ -181,5 +185,13 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_events_pb2.WatchSessionsResponse], _abc.AsyncIterator[_events_pb2.WatchSessionsResponse]]:
         """Streams the events of every session of the caller's tenant (optionally by labels)."""
+
+    @_abc_1.abstractmethod
+    def GetSessionStats(
+        self,
+        request: _events_pb2.GetSessionStatsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_events_pb2.GetSessionStatsResponse, _abc.Awaitable[_events_pb2.GetSessionStatsResponse]]:
+        """One reading of a session's resource use (CPU, memory and its peak, workspace, processes)."""
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandboxd/v1/events.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9d\x02\n\x0cSessionEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x04kind\x18\x04 \x01(\x0e\x32\x1d.sandboxd.v1.SessionEventKind\x12\r\n\x05state\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\x12=\n\nattributes\x18\x07 \x03(\x0b\x32).sandboxd.v1.SessionEvent.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x13WatchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x02 \x01(\x03\"@\n\x14WatchSessionResponse\x12(\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.SessionEvent\"\xb2\x01\n\x14WatchSessionsRequest\x12L\n\x0elabel_selector\x18\x01 \x03(\x0b\x32\x34.sandboxd.v1.WatchSessionsRequest.LabelSelectorEntry\x12\x16\n\x0e\x61\x66ter_sequence\x18\x02 \x01(\x03\x1a\x34\n\x12LabelSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x15WatchSessionsResponse\x12(\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.SessionEvent*\xba\x03\n\x10SessionEventKind\x12\"\n\x1eSESSION_EVENT_KIND_UNSPECIFIED\x10\x00\x12$\n SESSION_EVENT_KIND_STATE_CHANGED\x10\x01\x12%\n!SESSION_EVENT_KIND_LEASE_EXPIRING\x10\x02\x12$\n SESSION_EVENT_KIND_LEASE_RENEWED\x10\x03\x12!\n\x1dSESSION_EVENT_KIND_OOM_KILLED\x10\x04\x12$\n SESSION_EVENT_KIND_CPU_THROTTLED\x10\x05\x12,\n(SESSION_EVENT_KIND_WORKSPACE_NEARLY_FULL\x10\x06\x12&\n\"SESSION_EVENT_KIND_PROCESS_STARTED\x10\x07\x12%\n!SESSION_EVENT_KIND_PROCESS_EXITED\x10\x08\x12%\n!SESSION_EVENT_KIND_EGRESS_REFUSED\x10\t\x12\"\n\x1eSESSION_EVENT_KIND_EVENTS_LOST\x10\nB?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandboxd/v1/events.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9d\x02\n\x0cSessionEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x04kind\x18\x04 \x01(\x0e\x32\x1d.sandboxd.v1.SessionEventKind\x12\r\n\x05state\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\x12=\n\nattributes\x18\x07 \x03(\x0b\x32).sandboxd.v1.SessionEvent.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x13WatchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x02 \x01(\x03\"@\n\x14WatchSessionResponse\x12(\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.SessionEvent\"\xb2\x01\n\x14WatchSessionsRequest\x12L\n\x0elabel_selector\x18\x01 \x03(\x0b\x32\x34.sandboxd.v1.WatchSessionsRequest.LabelSelectorEntry\x12\x16\n\x0e\x61\x66ter_sequence\x18\x02 \x01(\x03\x1a\x34\n\x12LabelSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x15WatchSessionsResponse\x12(\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.SessionEvent\",\n\x16GetSessionStatsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x96\x01\n\x0cSessionStats\x12\x13\n\x0b\x63pu_seconds\x18\x01 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x03\x12\x19\n\x11memory_peak_bytes\x18\x03 \x01(\x03\x12\x17\n\x0fworkspace_bytes\x18\x04 \x01(\x03\x12\x11\n\tprocesses\x18\x05 \x01(\x03\x12\x14\n\x0c\x65gress_bytes\x18\x06 \x01(\x03\"C\n\x17GetSessionStatsResponse\x12(\n\x05stats\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.SessionStats*\xba\x03\n\x10SessionEventKind\x12\"\n\x1eSESSION_EVENT_KIND_UNSPECIFIED\x10\x00\x12$\n SESSION_EVENT_KIND_STATE_CHANGED\x10\x01\x12%\n!SESSION_EVENT_KIND_LEASE_EXPIRING\x10\x02\x12$\n SESSION_EVENT_KIND_LEASE_RENEWED\x10\x03\x12!\n\x1dSESSION_EVENT_KIND_OOM_KILLED\x10\x04\x12$\n SESSION_EVENT_KIND_CPU_THROTTLED\x10\x05\x12,\n(SESSION_EVENT_KIND_WORKSPACE_NEARLY_FULL\x10\x06\x12&\n\"SESSION_EVENT_KIND_PROCESS_STARTED\x10\x07\x12%\n!SESSION_EVENT_KIND_PROCESS_EXITED\x10\x08\x12%\n!SESSION_EVENT_KIND_EGRESS_REFUSED\x10\t\x12\"\n\x1eSESSION_EVENT_KIND_EVENTS_LOST\x10\nB?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,8 +37,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SESSIONEVENT_ATTRIBUTESENTRY']._serialized_options = b'8\001'
   _globals['_WATCHSESSIONSREQUEST_LABELSELECTORENTRY']._loaded_options = None
   _globals['_WATCHSESSIONSREQUEST_LABELSELECTORENTRY']._serialized_options = b'8\001'
-  _globals['_SESSIONEVENTKIND']._serialized_start=744
-  _globals['_SESSIONEVENTKIND']._serialized_end=1186
+  _globals['_SESSIONEVENTKIND']._serialized_start=1012
+  _globals['_SESSIONEVENTKIND']._serialized_end=1454
   _globals['_SESSIONEVENT']._serialized_start=75
   _globals['_SESSIONEVENT']._serialized_end=360
   _globals['_SESSIONEVENT_ATTRIBUTESENTRY']._serialized_start=311
@@ -53,4 +53,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHSESSIONSREQUEST_LABELSELECTORENTRY']._serialized_end=674
   _globals['_WATCHSESSIONSRESPONSE']._serialized_start=676
   _globals['_WATCHSESSIONSRESPONSE']._serialized_end=741
+  _globals['_GETSESSIONSTATSREQUEST']._serialized_start=743
+  _globals['_GETSESSIONSTATSREQUEST']._serialized_end=787
+  _globals['_SESSIONSTATS']._serialized_start=790
+  _globals['_SESSIONSTATS']._serialized_end=940
+  _globals['_GETSESSIONSTATSRESPONSE']._serialized_start=942
+  _globals['_GETSESSIONSTATSRESPONSE']._serialized_end=1009
 # @@protoc_insertion_point(module_scope)

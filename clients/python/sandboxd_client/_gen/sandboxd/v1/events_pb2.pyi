@@ -238,3 +238,82 @@ class WatchSessionsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchSessionsResponse: _TypeAlias = WatchSessionsResponse  # noqa: Y015
+
+@_typing.final
+class GetSessionStatsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSessionStatsRequest: _TypeAlias = GetSessionStatsRequest  # noqa: Y015
+
+@_typing.final
+class SessionStats(_message.Message):
+    """One reading of a session's resource use; zeros while it has no container (suspended)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CPU_SECONDS_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    MEMORY_PEAK_BYTES_FIELD_NUMBER: _builtins.int
+    WORKSPACE_BYTES_FIELD_NUMBER: _builtins.int
+    PROCESSES_FIELD_NUMBER: _builtins.int
+    EGRESS_BYTES_FIELD_NUMBER: _builtins.int
+    cpu_seconds: _builtins.float
+    """CPU time its processes used since the container started."""
+    memory_bytes: _builtins.int
+    memory_peak_bytes: _builtins.int
+    """The most memory it held (0 where the engine's cgroup version does not report it)."""
+    workspace_bytes: _builtins.int
+    """Bytes used in /workspace."""
+    processes: _builtins.int
+    egress_bytes: _builtins.int
+    """Bytes through its egress proxy network (received + sent); 0 without network."""
+    def __init__(
+        self,
+        *,
+        cpu_seconds: _builtins.float = ...,
+        memory_bytes: _builtins.int = ...,
+        memory_peak_bytes: _builtins.int = ...,
+        workspace_bytes: _builtins.int = ...,
+        processes: _builtins.int = ...,
+        egress_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_seconds", b"cpu_seconds", "egress_bytes", b"egress_bytes", "memory_bytes", b"memory_bytes", "memory_peak_bytes", b"memory_peak_bytes", "processes", b"processes", "workspace_bytes", b"workspace_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionStats: _TypeAlias = SessionStats  # noqa: Y015
+
+@_typing.final
+class GetSessionStatsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def stats(self) -> Global___SessionStats: ...
+    def __init__(
+        self,
+        *,
+        stats: Global___SessionStats | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSessionStatsResponse: _TypeAlias = GetSessionStatsResponse  # noqa: Y015

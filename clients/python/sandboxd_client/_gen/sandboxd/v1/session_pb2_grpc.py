@@ -91,6 +91,11 @@ class SessionServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_events__pb2.WatchSessionsRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_events__pb2.WatchSessionsResponse.FromString,
                 _registered_method=True)
+        self.GetSessionStats = channel.unary_unary(
+                '/sandboxd.v1.SessionService/GetSessionStats',
+                request_serializer=sandboxd_dot_v1_dot_events__pb2.GetSessionStatsRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_events__pb2.GetSessionStatsResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -175,6 +180,13 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSessionStats(self, request, context):
+        """One reading of a session's resource use (CPU, memory and its peak, workspace, processes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -232,6 +244,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.WatchSessions,
                     request_deserializer=sandboxd_dot_v1_dot_events__pb2.WatchSessionsRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_events__pb2.WatchSessionsResponse.SerializeToString,
+            ),
+            'GetSessionStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSessionStats,
+                    request_deserializer=sandboxd_dot_v1_dot_events__pb2.GetSessionStatsRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_events__pb2.GetSessionStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -532,6 +549,33 @@ class SessionService:
             '/sandboxd.v1.SessionService/WatchSessions',
             sandboxd_dot_v1_dot_events__pb2.WatchSessionsRequest.SerializeToString,
             sandboxd_dot_v1_dot_events__pb2.WatchSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSessionStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.SessionService/GetSessionStats',
+            sandboxd_dot_v1_dot_events__pb2.GetSessionStatsRequest.SerializeToString,
+            sandboxd_dot_v1_dot_events__pb2.GetSessionStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
