@@ -200,6 +200,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             export_path=config.audit.export_path,
             max_age_s=config.audit.max_age_s,
             max_bytes=config.audit.max_bytes,
+            on_event=lambda e: metrics.audited(e.tenant, e.kind, e.attributes),
         )
         audit.start()
         stack.push_async_callback(audit.close)  # after the gRPC server stopped: flush, then close

@@ -199,3 +199,31 @@ def test_log_lines_of_a_traced_call_carry_its_trace_id() -> None:
     untraced = logging.makeLogRecord({"msg": "hello", "levelname": "INFO", "name": "x"})
     TraceFilter().filter(untraced)
     assert "trace_id" not in json.loads(JsonFormatter().format(untraced))
+
+
+def test_per_tenant_metrics_have_no_session_label_and_bounded_tenants() -> None:
+    from sandboxd import metrics as metrics_module
+    from sandboxd.metrics import Metrics
+
+    m = Metrics()
+    m.audited("alpha", "command", {"duration_s": "0.5", "stdout_bytes": "10", "stderr_bytes": "2"})
+    m.audited("alpha", "egress", {"verdict": "refused"})
+    m.audited("beta", "refused", {"reason": "X"})
+    m.audited("beta", "command", {"duration_s": "not a number"})  # never raises
+    text = m.render().decode()
+    assert 'sandboxd_tenant_output_bytes_total{tenant="alpha"} 12.0' in text
+    assert 'sandboxd_tenant_egress_total{tenant="alpha",verdict="refused"} 1.0' in text
+    assert 'sandboxd_tenant_events_total{kind="refused",tenant="beta"} 1.0' in text
+    assert "session" not in "".join(
+        line for line in text.splitlines() if line.startswith("sandboxd_tenant_")
+    )
+    for i in range(metrics_module.MAX_TENANTS + 5):
+        m.audited(f"t{i}", "lifecycle", {})
+    text = m.render().decode()
+    assert 'sandboxd_tenant_events_total{kind="lifecycle",tenant="other"}' in text
+    tenants = {
+        line.split('tenant="')[1].split('"')[0]
+        for line in text.splitlines()
+        if line.startswith("sandboxd_tenant_events_total{")
+    }
+    assert len(tenants) <= metrics_module.MAX_TENANTS + 1

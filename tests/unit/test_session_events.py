@@ -139,3 +139,43 @@ async def test_lease_warning_once_per_lease_end(tmp_path: Path) -> None:
         await sessions.renew("s1", 40)  # a new end: a new warning
         assert await warner.check_once() == 1
         await watch.aclose()
+
+
+def test_docker_stats_document_to_stats() -> None:
+    from sandboxd.engine.docker_stats import stats_from
+
+    doc = {
+        "cpu_stats": {
+            "cpu_usage": {"total_usage": 2_500_000_000},
+            "throttling_data": {"throttled_time": 1_000_000_000},
+        },
+        "memory_stats": {"usage": 1000, "max_usage": 5000},
+        "pids_stats": {"current": 3},
+        "networks": {"eth0": {"rx_bytes": 10, "tx_bytes": 5}, "eth1": {"rx_bytes": 1}},
+    }
+    s = stats_from(doc)
+    assert (s.cpu_seconds, s.memory_bytes, s.memory_peak_bytes) == (2.5, 1000, 5000)
+    assert (s.processes, s.network_bytes, s.cpu_throttled_s) == (3, 16, 1.0)
+    assert stats_from({}) == type(s)()  # cgroup v2 / a stopped container: zeros, no error
+
+
+async def test_stats_reader_and_cpu_throttling_between_readings(tmp_path: Path) -> None:
+    from sandboxd.engine.protocol import SandboxStats
+    from sandboxd.events.stats import StatsReader
+
+    async with _observed(tmp_path) as (hub, store, sessions):
+        s = await sessions.create(CreateSessionInput(session_id="s1"))
+        engine = sessions._engine  # type: ignore[attr-defined]
+        reader = StatsReader(engine, hub)
+        watch = hub.watch("default", 0, lambda e: e.kind == "CPU_THROTTLED")
+        engine.set_stats(s.container_id, SandboxStats(cpu_seconds=1.0, memory_bytes=7))
+        first = await reader.read(s)
+        assert (first.cpu_seconds, first.memory_bytes) == (1.0, 7)
+        await asyncio.sleep(0.2)
+        engine.set_stats(s.container_id, SandboxStats(cpu_throttled_s=10.0))  # all the time
+        await reader.read(s)
+        (throttled,) = await _take(watch, 1)
+        assert throttled.session_id == "s1" and float(throttled.attributes["throttled_share"]) > 1
+        await sessions.suspend("s1")
+        assert await reader.read(await sessions.get("s1")) == type(first)()  # no container
+        await watch.aclose()

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sandboxd.audit.events import AuditEvent
@@ -34,7 +35,9 @@ class AuditWriter:
         export_path: Path | None = None,
         max_age_s: float = 30 * 86400.0,
         max_bytes: int = 256 * 1024 * 1024,
+        on_event: Callable[[AuditEvent], None] | None = None,
     ) -> None:
+        self._on_event = on_event  # metrics: sees every event, audit on or off
         self._store = store
         self._export_path = export_path
         self._export_fd: int | None = None
@@ -74,6 +77,8 @@ class AuditWriter:
 
     async def record(self, event: AuditEvent) -> AuditEvent:
         """Queue `event` and return once it is committed (with its id); no-op when disabled."""
+        if self._on_event is not None:
+            self._on_event(event)
         if self._store is None:
             return event
         future: asyncio.Future[AuditEvent] = asyncio.get_running_loop().create_future()
@@ -85,6 +90,8 @@ class AuditWriter:
 
         A full queue drops the event with a log line rather than stalling a proxied connection.
         """
+        if self._on_event is not None:
+            self._on_event(event)
         if self._store is None:
             return
         try:

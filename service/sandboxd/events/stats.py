@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 from sandboxd.engine.protocol import Engine, SandboxStats
@@ -19,6 +20,7 @@ from sandboxd.store import SessionStore
 log = logging.getLogger(__name__)
 
 NEARLY_FULL = 0.9  # WORKSPACE_NEARLY_FULL at this share of workspace_bytes
+THROTTLED = 0.5  # CPU_THROTTLED when throttled for this share of the time between two readings
 DF_TIMEOUT_S = 5.0
 
 
@@ -52,6 +54,7 @@ class StatsReader:
         self._engine = engine
         self._hub = hub
         self._full_warned: set[str] = set()
+        self._throttle: dict[str, tuple[float, float]] = {}  # session -> (throttled s, at)
 
     async def read(self, session: Session) -> SessionStats:
         if session.state is not SessionState.RUNNING or not session.container_id:
@@ -61,6 +64,7 @@ class StatsReader:
         with contextlib.suppress(SandboxError, TimeoutError, ValueError):
             used = await workspace_used(self._engine, session)
         self._note_workspace(session, used)
+        self._note_throttling(session, raw.cpu_throttled_s)
         return SessionStats(
             cpu_seconds=raw.cpu_seconds,
             memory_bytes=raw.memory_bytes,
@@ -69,6 +73,25 @@ class StatsReader:
             processes=raw.processes,
             egress_bytes=raw.network_bytes,
         )
+
+    def _note_throttling(self, session: Session, throttled_s: float) -> None:
+        """Between two readings of a session's stats (no polling: readings are on demand)."""
+        now = time.monotonic()
+        before = self._throttle.get(session.session_id)
+        self._throttle[session.session_id] = (throttled_s, now)
+        if before is None or now <= before[1]:
+            return
+        share = (throttled_s - before[0]) / (now - before[1])
+        if share >= THROTTLED:
+            self._hub.publish(
+                session.tenant,
+                session.session_id,
+                "CPU_THROTTLED",
+                state=state_name(session),
+                message=f"throttled {share:.0%} of the time since the last reading",
+                throttled_share=f"{share:.2f}",
+                cpu_millis=session.spec.limits.cpu_millis,
+            )
 
     def _note_workspace(self, session: Session, used: int) -> None:
         cap = session.spec.limits.workspace_bytes
