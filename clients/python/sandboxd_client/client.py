@@ -28,11 +28,13 @@ from typing import Any, Self, TypeVar
 import grpc
 
 from sandboxd_client import _channel
+from sandboxd_client._convert import enum_value
 from sandboxd_client._gen.sandboxd.v1 import (
     admin_pb2,
     admin_pb2_grpc,
     common_pb2,
     filesystem_pb2_grpc,
+    leases_pb2,
     process_pb2_grpc,
     session_pb2,
     session_pb2_grpc,
@@ -319,6 +321,8 @@ class SandboxClient(AuditMixin, WatchMixin):
         lease_ttl: float | None = None,
         user: str = "",
         from_snapshot_id: str = "",
+        on_expiry: str = "",
+        renew_on_activity: bool = False,
         timeout: float | None = UNSET,
     ) -> Session:
         """Create a session. Every command is denied unless named in `allow` or `allow_all`.
@@ -344,6 +348,8 @@ class SandboxClient(AuditMixin, WatchMixin):
             lease_ttl=duration(lease_ttl),
             user=user,
             from_snapshot_id=from_snapshot_id,
+            on_expiry=enum_value(leases_pb2.ExpiryAction, on_expiry, "EXPIRY_ACTION_"),
+            renew_on_activity=renew_on_activity,
         )
         resp = await self._unary(
             "SessionService/CreateSession",

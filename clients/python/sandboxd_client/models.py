@@ -23,6 +23,7 @@ from sandboxd_client._gen.sandboxd.v1 import (
     admin_pb2,
     common_pb2,
     filesystem_pb2,
+    leases_pb2,
     session_pb2,
     snapshot_pb2,
 )
@@ -207,6 +208,9 @@ class SessionInfo:
     shell: ShellPolicy = ShellPolicy()
     user: str = ""
     workspace_id: str = ""
+    on_expiry: str = ""  # DELETE, SUSPEND, SNAPSHOT_THEN_DELETE
+    renew_on_activity: bool = False
+    end_reason: str = ""  # why an ended session ended
 
     @classmethod
     def from_pb(cls, m: session_pb2.Session) -> Self:
@@ -224,6 +228,9 @@ class SessionInfo:
             shell=ShellPolicy.from_pb(m.shell),
             user=m.user,
             workspace_id=m.workspace_id,
+            on_expiry=enum_name(leases_pb2.ExpiryAction, m.on_expiry, "EXPIRY_ACTION_"),
+            renew_on_activity=m.renew_on_activity,
+            end_reason=m.end_reason,
         )
 
 
