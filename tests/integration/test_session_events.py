@@ -231,3 +231,34 @@ def test_stats_and_an_oom_kill_event(ev: Stubs) -> None:
     with pytest.raises(grpc.RpcError) as gone:
         ev.sessions.GetSessionStats(E.GetSessionStatsRequest(session_id=sid))
     assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_sandboxctl_watch_prints_events(ev: Stubs, ev_server: ServerProcess) -> None:
+    import json as json_
+    import os
+    import subprocess
+    import sys
+
+    sid = ev.sessions.CreateSession(S.CreateSessionRequest(shell=ALL)).session.session_id
+    try:
+        ctl = Path(sys.executable).parent / "sandboxctl"
+        env = {**os.environ, "SANDBOXD_ADDR": ev_server.address}
+        done = subprocess.run(
+            [str(ctl), "-o", "json", "watch", sid, "--count", "2"],
+            capture_output=True,
+            env=env,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        lines = [json_.loads(line) for line in done.stdout.decode().splitlines()]
+        assert [e["kind"] for e in lines] == ["STATE_CHANGED", "STATE_CHANGED"]
+        assert [e["state"] for e in lines] == ["CREATING", "RUNNING"]
+        text = subprocess.run(
+            [str(ctl), "watch", "--after", str(lines[0]["sequence"]), "--count", "1"],
+            capture_output=True,
+            env=env,
+            timeout=60,
+        ).stdout.decode()
+        assert text.split()[0] == str(lines[1]["sequence"]) and "RUNNING" in text
+    finally:
+        ev.sessions.DeleteSession(S.DeleteSessionRequest(session_id=sid))

@@ -1,4 +1,5 @@
-"""sandboxctl audit: the audit log, filtered, oldest first (JSON Lines with -o json)."""
+"""sandboxctl audit (the audit log, filtered, oldest first) and sandboxctl watch (session
+events, live); JSON Lines with -o json."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from sandboxd_client.cli_output import table, wants_json, when
+from sandboxd_client.cli_output import pairs, table, wants_json, when
 from sandboxd_client.client import SandboxClient
 from sandboxd_client.models import as_dict
 
@@ -66,4 +67,34 @@ async def cmd_audit(client: SandboxClient, args: argparse.Namespace) -> int:
             break
     if not wants_json(args):
         print(table(rows))
+    return 0
+
+
+def add_watch_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("session", nargs="?", help="one session (else every session of yours)")
+    p.add_argument("--label", action="append", metavar="KEY=VALUE", help="filter (repeat)")
+    p.add_argument("--after", type=int, default=0, metavar="SEQUENCE", help="replay after this")
+    p.add_argument("--count", type=int, default=0, help="stop after this many events")
+
+
+async def cmd_watch(client: SandboxClient, args: argparse.Namespace) -> int:
+    """Session events as they happen; each line starts with the sequence to resume after."""
+    if args.session:
+        events = client.watch_session(args.session, after_sequence=args.after)
+    else:
+        events = client.watch_sessions(pairs(args.label, "--label"), after_sequence=args.after)
+    n = 0
+    async for e in events:
+        if wants_json(args):
+            print(json.dumps(as_dict(e), sort_keys=True), flush=True)
+        else:
+            details = " ".join(f"{k}={v}" for k, v in sorted(e.attributes.items()))
+            print(
+                f"{e.sequence} {when(e.time)} {e.session_id} {e.kind} {e.state} "
+                f"{e.message} {details}".rstrip(),
+                flush=True,
+            )
+        n += 1
+        if args.count and n >= args.count:
+            break
     return 0
