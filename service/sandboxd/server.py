@@ -36,7 +36,7 @@ from sandboxd.api.session_leases import LeaseSessionService, renew_on_activity
 from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.archive import ArchiveIO
 from sandboxd.audit import AuditLog, AuditStore, AuditWriter
-from sandboxd.audit.egress import egress_sink
+from sandboxd.audit.egress import egress_sink, server_lifecycle
 from sandboxd.config import Config, listens_on_loopback
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.networks import EgressManager, parse_static_hosts
@@ -186,10 +186,6 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 on_error=metrics.engine_error,
             )
         )
-        hub = EventHub(config.events.window)
-        store = await stack.enter_async_context(
-            ObservedStore(config.server.data_dir / "sessions.db", hub)
-        )
         audit_store = (
             await stack.enter_async_context(AuditStore(config.server.data_dir / "audit.db"))
             if config.audit.enabled
@@ -204,6 +200,10 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         )
         audit.start()
         stack.push_async_callback(audit.close)  # after the gRPC server stopped: flush, then close
+        hub = EventHub(config.events.window)
+        store = await stack.enter_async_context(
+            ObservedStore(config.server.data_dir / "sessions.db", hub, server_lifecycle(audit))
+        )
         pool = WarmPool.for_config(engine, config, owner_id, metrics)
         stack.push_async_callback(pool.close)  # after the gRPC server stopped, before the engine
         # Proxies close before the engine; networks and host filters stay (fail closed).

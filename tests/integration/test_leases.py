@@ -21,6 +21,8 @@ from conftest import (
 )
 from google.protobuf import duration_pb2
 from sandboxd.v1 import (
+    audit_pb2,
+    audit_pb2_grpc,
     common_pb2,
     filesystem_pb2,
     leases_pb2,
@@ -86,6 +88,13 @@ def test_on_expiry_default_deletes_and_says_why(ls: Stubs) -> None:
         assert _get(ls, sid).on_expiry == L.EXPIRY_ACTION_DELETE
         assert wait_until(lambda: _get(ls, sid).state == S.SESSION_STATE_EXPIRED, timeout=30)
         assert _get(ls, sid).end_reason == "lease expired"
+        # The reaper's expiry, made outside any call, is in the audit log as the server's own.
+        audit = audit_pb2_grpc.AuditServiceStub(ls.channel)
+        events = audit.ListAuditEvents(
+            audit_pb2.ListAuditEventsRequest(session_id=sid, kinds=["lifecycle"])
+        ).events
+        server_made = [e.attributes for e in events if e.attributes.get("action") == "server"]
+        assert server_made == [{"action": "server", "state": "EXPIRED"}]
     finally:
         ls.sessions.DeleteSession(S.DeleteSessionRequest(session_id=sid))
 

@@ -23,6 +23,7 @@ from google.rpc import error_details_pb2, status_pb2
 from sandboxd import tenancy
 from sandboxd.api.audit_describe import Tally, audited
 from sandboxd.audit import AuditEvent, AuditWriter
+from sandboxd.audit.context import CURRENT_CALL
 from sandboxd.errors import SandboxError
 from sandboxd.events import EventHub
 from sandboxd.logging_setup import CURRENT_TRACE
@@ -119,6 +120,7 @@ class _Call:
         # Each RPC runs in its own task (its own context copy): this cannot leak into another.
         if self.trace:
             CURRENT_TRACE.set(self.trace)
+        CURRENT_CALL.set(self.method)
         return Tally(self.method)
 
     def processes(self, tally: Tally, exited: bool) -> None:

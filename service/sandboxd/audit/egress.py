@@ -1,11 +1,38 @@
-"""Egress decisions into the audit log: the proxy's sink (never blocks a proxied connection)."""
+"""Audit events from outside the call path: the egress proxy's decisions (never blocking a
+proxied connection) and the state changes the server makes on its own."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
+from sandboxd.audit.context import CURRENT_CALL
 from sandboxd.audit.events import AuditEvent
 from sandboxd.audit.writer import AuditWriter
 from sandboxd.egress.audit import EgressEvent, EgressSink
 from sandboxd.events.hub import EventHub
+from sandboxd.models import Session
+
+
+def server_lifecycle(writer: AuditWriter) -> Callable[[Session], None]:
+    """State changes the server made on its own, outside any call (the reaper's expiry or
+    suspension, a container found lost): a caller's own changes are audited with its call."""
+
+    def record(s: Session) -> None:
+        if CURRENT_CALL.get():
+            return
+        writer.record_nowait(
+            AuditEvent.of(
+                "lifecycle",
+                time=time.time(),
+                tenant=s.tenant,
+                session_id=s.session_id,
+                action="server",
+                state=s.state.value,
+            )
+        )
+
+    return record
 
 
 def egress_sink(writer: AuditWriter, hub: EventHub | None = None) -> EgressSink:

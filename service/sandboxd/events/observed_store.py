@@ -8,6 +8,7 @@ hears of a change the store does not have.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from sandboxd.events.hub import EventHub
@@ -20,9 +21,12 @@ def state_name(session: Session) -> str:
 
 
 class ObservedStore(SessionStore):
-    def __init__(self, path: Path, hub: EventHub) -> None:
+    def __init__(
+        self, path: Path, hub: EventHub, on_change: Callable[[Session], None] | None = None
+    ) -> None:
         super().__init__(path)
         self._hub = hub
+        self._on_change = on_change  # every state change (the audit log of the server's own)
         # What was last published per session: (state, lease end), to tell changes apart.
         self._seen: dict[str, tuple[str, float]] = {}
 
@@ -33,6 +37,8 @@ class ObservedStore(SessionStore):
         self._hub.note_labels(s.session_id, s.labels)
         if before is None or before[0] != state:
             self._hub.publish(s.tenant, s.session_id, "STATE_CHANGED", state=state_name(s))
+            if self._on_change is not None:
+                self._on_change(s)
         elif lease > before[1]:
             self._hub.publish(
                 s.tenant,
