@@ -19,7 +19,7 @@ import bisect
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -216,8 +216,13 @@ class BackgroundProcess:
 class ProcessManager:
     """Owns every background process and the task running it."""
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        on_exit: Callable[[Session, BackgroundProcess], None] | None = None,
+    ) -> None:
         self._executor = executor
+        self._on_exit = on_exit  # the audit log and the session's event feed
         self._by_session: dict[str, dict[str, BackgroundProcess]] = {}
 
     async def close(self) -> None:
@@ -353,6 +358,9 @@ class ProcessManager:
                 proc.running.cancel()
             proc.finish(ExecExited(137, "SIGKILL", False, False, time.monotonic() - started))
             raise
+        finally:
+            if proc.exited is not None and self._on_exit is not None:
+                self._on_exit(session, proc)
 
     def get(self, session_id: str, process_id: str) -> BackgroundProcess:
         proc = self._by_session.get(session_id, {}).get(process_id)

@@ -36,7 +36,7 @@ from sandboxd.api.session_leases import LeaseSessionService, renew_on_activity
 from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.archive import ArchiveIO
 from sandboxd.audit import AuditLog, AuditStore, AuditWriter
-from sandboxd.audit.egress import egress_sink, server_lifecycle
+from sandboxd.audit.egress import background_exit, egress_sink, server_lifecycle
 from sandboxd.config import Config, listens_on_loopback
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.networks import EgressManager, parse_static_hosts
@@ -226,7 +226,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         )
         executor = Executor(engine)
         stack.push_async_callback(executor.close)
-        processes = ProcessManager(executor)
+        processes = ProcessManager(executor, on_exit=background_exit(audit, hub))
         stack.push_async_callback(processes.close)  # before executor.close awaits the kills
         files = Files(engine)
         archive = ArchiveIO(

@@ -262,3 +262,26 @@ def test_sandboxctl_watch_prints_events(ev: Stubs, ev_server: ServerProcess) -> 
         assert text.split()[0] == str(lines[1]["sequence"]) and "RUNNING" in text
     finally:
         ev.sessions.DeleteSession(S.DeleteSessionRequest(session_id=sid))
+
+
+def test_a_background_process_exit_is_an_event_and_audited(ev: Stubs) -> None:
+    from sandboxd.v1 import audit_pb2, audit_pb2_grpc
+
+    sid = ev.sessions.CreateSession(S.CreateSessionRequest(shell=ALL)).session.session_id
+    watch = Watch(ev.sessions.WatchSession(E.WatchSessionRequest(session_id=sid)))
+    try:
+        ev.processes.StartProcess(
+            P.StartProcessRequest(session_id=sid, process_id="bg", argv=["sh", "-c", "exit 5"])
+        )
+        assert watch.until("PROCESS_STARTED").attributes["process_id"] == "bg"
+        exited = watch.until("PROCESS_EXITED")
+        assert (exited.attributes["process_id"], exited.attributes["exit_code"]) == ("bg", "5")
+        audit = audit_pb2_grpc.AuditServiceStub(ev.channel)
+        commands = audit.ListAuditEvents(
+            audit_pb2.ListAuditEventsRequest(session_id=sid, kinds=["command"])
+        ).events
+        assert [e.attributes.get("exit_code") for e in commands] == [None, "5"]
+        assert all(e.attributes["background"] == "true" for e in commands)
+    finally:
+        watch.close()
+        ev.sessions.DeleteSession(S.DeleteSessionRequest(session_id=sid))

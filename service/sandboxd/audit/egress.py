@@ -12,6 +12,7 @@ from sandboxd.audit.writer import AuditWriter
 from sandboxd.egress.audit import EgressEvent, EgressSink
 from sandboxd.events.hub import EventHub
 from sandboxd.models import Session
+from sandboxd.processes import BackgroundProcess
 
 
 def server_lifecycle(writer: AuditWriter) -> Callable[[Session], None]:
@@ -31,6 +32,46 @@ def server_lifecycle(writer: AuditWriter) -> Callable[[Session], None]:
                 state=s.state.value,
             )
         )
+
+    return record
+
+
+def background_exit(
+    writer: AuditWriter, hub: EventHub | None
+) -> Callable[[Session, BackgroundProcess], None]:
+    """A background process ended (its StartProcess call answered long ago): its command event
+    with the exit, and PROCESS_EXITED on the session's feed."""
+
+    def record(s: Session, proc: BackgroundProcess) -> None:
+        exited = proc.exited
+        if exited is None:
+            return
+        writer.record_nowait(
+            AuditEvent.of(
+                "command",
+                time=time.time(),
+                tenant=s.tenant,
+                session_id=s.session_id,
+                argv=list(proc.spec.argv),
+                cwd=proc.spec.cwd,
+                background=True,
+                process_id=proc.process_id,
+                exit_code=exited.exit_code,
+                signal=exited.signal or None,
+                timed_out=exited.timed_out,
+                duration_s=f"{exited.duration_s:.3f}",
+            )
+        )
+        if hub is not None:
+            hub.publish(
+                s.tenant,
+                s.session_id,
+                "PROCESS_EXITED",
+                process_id=proc.process_id,
+                exit_code=exited.exit_code,
+                signal=exited.signal or None,
+                timed_out=exited.timed_out,
+            )
 
     return record
 
