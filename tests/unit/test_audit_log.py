@@ -16,6 +16,7 @@ from sandboxd.api.audit_interceptor import trace_id_of
 from sandboxd.audit import AuditEvent, AuditLog, AuditQuery, AuditStore, AuditWriter
 from sandboxd.audit.egress import egress_sink
 from sandboxd.egress.audit import AuditLog as EgressAuditLog
+from sandboxd.events import EventHub
 from sandboxd.logging_setup import CURRENT_TRACE, JsonFormatter, TraceFilter
 from sandboxd.reasons import Reason
 
@@ -145,7 +146,8 @@ async def test_egress_decisions_reach_the_writer_without_blocking(tmp_path: Path
     async with AuditStore(tmp_path / "audit.db") as store:
         writer = AuditWriter(store)
         writer.start()
-        log = EgressAuditLog("alpha.s1", on_event=egress_sink(writer), tenant="alpha")
+        hub = EventHub(first_sequence=1)
+        log = EgressAuditLog("alpha.s1", on_event=egress_sink(writer, hub), tenant="alpha")
         log.record(method="CONNECT", host="example.com", port=443, allowed=True)
         log.record(method="GET", host="evil.test", port=80, allowed=False, reason="NOT_ALLOWED")
         log.record(method="CONNECT", host="example.com", port=443, allowed=True, ended="closed")
@@ -157,6 +159,11 @@ async def test_egress_decisions_reach_the_writer_without_blocking(tmp_path: Path
     ]
     assert events[1].attributes["rule"] == "NOT_ALLOWED"
     assert events[0].session_id == "alpha.s1"
+    # Only the refusal goes to the session's event feed.
+    watch = hub.watch("alpha", 0, lambda e: True)
+    (refused,) = [await asyncio.wait_for(anext(watch), 2)]
+    assert refused.kind == "EGRESS_REFUSED" and refused.attributes["host"] == "evil.test"
+    await watch.aclose()
 
 
 def test_attributes_are_clipped_and_none_dropped() -> None:
