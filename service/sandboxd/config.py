@@ -297,6 +297,14 @@ class AuditSection:
         lo=1,
         flat="audit_max_bytes",
     )
+    batch_window_s: float = setting(
+        0.0,
+        DURATION,
+        "audit commits wait this long to gather more events (0: none)",
+        lo=0,
+        hi=1.0,
+        flat="audit_batch_window",
+    )
     export_path: Path | None = setting(
         None,
         OPTIONAL_PATH,

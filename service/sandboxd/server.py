@@ -196,6 +196,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             export_path=config.audit.export_path,
             max_age_s=config.audit.max_age_s,
             max_bytes=config.audit.max_bytes,
+            batch_window_s=config.audit.batch_window_s,
             on_event=lambda e: metrics.audited(e.tenant, e.kind, e.attributes),
         )
         audit.start()

@@ -36,7 +36,9 @@ class AuditWriter:
         max_age_s: float = 30 * 86400.0,
         max_bytes: int = 256 * 1024 * 1024,
         on_event: Callable[[AuditEvent], None] | None = None,
+        batch_window_s: float = 0.0,
     ) -> None:
+        self._batch_window_s = batch_window_s
         self._on_event = on_event  # metrics: sees every event, audit on or off
         self._store = store
         self._export_path = export_path
@@ -117,12 +119,29 @@ class AuditWriter:
                 log.exception("audit retention failed")
             await asyncio.sleep(interval_s)
 
+    async def _gather(
+        self, batch: list[tuple[AuditEvent, asyncio.Future[AuditEvent] | None]]
+    ) -> None:
+        """What else is queued; with a batch window, what arrives within it too (fewer, larger
+        commits under load, each call waiting at most the window longer)."""
+        deadline = asyncio.get_running_loop().time() + self._batch_window_s
+        while len(batch) < MAX_BATCH:
+            if not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+                continue
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), left))
+            except TimeoutError:
+                return
+
     async def _run(self) -> None:
         assert self._store is not None
         while True:
             batch = [await self._queue.get()]
-            while len(batch) < MAX_BATCH and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+            await self._gather(batch)
             try:
                 written = await self._store.append([event for event, _ in batch])
                 if self._export_fd is not None:
