@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import re
 import time
@@ -84,7 +85,10 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        method = str(handler_call_details.method).lstrip("/").removeprefix("sandboxd.v1.")
+        full = str(handler_call_details.method).lstrip("/")
+        if not full.startswith("sandboxd.v1."):
+            return handler  # health and reflection: nothing to audit
+        method = full.removeprefix("sandboxd.v1.")
         trace = trace_id_of(handler_call_details.invocation_metadata)
         call = _Call(self._writer, self._hub, method, trace, self._on_activity)
         if handler.unary_unary is not None:
@@ -209,6 +213,9 @@ class _Call:
         return audited_client_stream
 
     def server_stream(self, behavior: Callable[..., Any], streaming: bool) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(behavior):
+            return self.unary(behavior)  # a writer-style stream (context.write): its outcome only
+
         async def audited_stream(request: Any, context: Any) -> AsyncIterator[Any]:
             tally = self.begin()
             if streaming:
