@@ -23,6 +23,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from sandboxd import tenancy
 from sandboxd.api.audit_describe import Tally, audited
+from sandboxd.api.errors import abort
 from sandboxd.audit import AuditEvent, AuditWriter
 from sandboxd.audit.context import CURRENT_CALL
 from sandboxd.errors import SandboxError
@@ -161,6 +162,14 @@ class _Call:
         except SandboxError as exc:  # the command's answer stands; the renewal is best effort
             log.info("renew on activity: %s", exc.message)
 
+    async def commit(self, context: Any, tally: Tally) -> None:
+        """The call's event, committed before its answer; if the audit log cannot take it,
+        the call fails UNAVAILABLE (an unrecorded action must not look recorded)."""
+        try:
+            await self.record(tally.kind, tally.session_id, tally.attributes)
+        except SandboxError as exc:
+            await abort(context, exc)
+
     async def record(self, kind: str, session_id: str, attrs: dict[str, object]) -> None:
         await self.writer.record(
             AuditEvent.of(
@@ -177,7 +186,10 @@ class _Call:
     async def refused(self, tally: Tally, context: Any, exc: BaseException) -> None:
         if isinstance(exc, GeneratorExit | asyncio.CancelledError):
             return  # the caller went away: not a refusal (a command's kill is its own record)
-        await self.record("refused", tally.session_id, _refusal(context))
+        try:
+            await self.record("refused", tally.session_id, _refusal(context))
+        except SandboxError as failure:  # the call's own error stands
+            log.error("audit: a refusal could not be recorded: %s", failure.message)
 
     def unary(self, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def audited_unary(request: Any, context: Any) -> Any:
@@ -189,7 +201,7 @@ class _Call:
                 await self.refused(tally, context, exc)
                 raise
             if self.audited and tally.reply(response):
-                await self.record(tally.kind, tally.session_id, tally.attributes)
+                await self.commit(context, tally)
                 self.processes(tally, exited="exit_code" in tally.attributes)
                 await self.activity(tally)
             return response
@@ -207,7 +219,7 @@ class _Call:
                 await self.refused(tally, context, exc)
                 raise
             if self.audited and tally.reply(response):
-                await self.record(tally.kind, tally.session_id, tally.attributes)
+                await self.commit(context, tally)
             return response
 
         return audited_client_stream
@@ -228,7 +240,7 @@ class _Call:
                     async for item in items:
                         if not done and tally.reply(item):
                             done = True  # the outcome: recorded before the caller sees it
-                            await self.record(tally.kind, tally.session_id, tally.attributes)
+                            await self.commit(context, tally)
                             self.processes(tally, exited=True)
                             await self.activity(tally)
                         elif tally.started:
@@ -239,7 +251,7 @@ class _Call:
                 raise
             if not done:
                 tally.ended()
-                await self.record(tally.kind, tally.session_id, tally.attributes)
+                await self.commit(context, tally)
 
         return audited_stream
 

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 NEARLY_FULL = 0.9  # WORKSPACE_NEARLY_FULL at this share of workspace_bytes
 THROTTLED = 0.5  # CPU_THROTTLED when throttled for this share of the time between two readings
 DF_TIMEOUT_S = 5.0
+MAX_TRACKED = 10_000  # sessions whose last reading is remembered
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ class StatsReader:
         """Between two readings of a session's stats (no polling: readings are on demand)."""
         now = time.monotonic()
         before = self._throttle.get(session.session_id)
+        if len(self._throttle) > MAX_TRACKED:
+            self._throttle.clear()  # bounded: a reading after this starts afresh
         self._throttle[session.session_id] = (throttled_s, now)
         if before is None or now <= before[1]:
             return
@@ -96,6 +99,8 @@ class StatsReader:
     def _note_workspace(self, session: Session, used: int) -> None:
         cap = session.spec.limits.workspace_bytes
         full = cap > 0 and used >= NEARLY_FULL * cap
+        if len(self._full_warned) > MAX_TRACKED:
+            self._full_warned.clear()
         if full and session.session_id not in self._full_warned:
             self._full_warned.add(session.session_id)
             self._hub.publish(
