@@ -301,3 +301,47 @@ def test_sandboxctl_audit_lists_and_filters(au: Stubs, audit_server: ServerProce
     assert text.splitlines()[0].split() == ["TIME", "TENANT", "SESSION", "KIND", "DETAILS"]
     assert len(text.splitlines()) == 2 and "exit_code=0" in text
     assert run_ctl("-o", "json", "audit", "--session", sid, "--until", "1h").strip() == ""
+
+
+def test_archives_and_snapshots_are_recorded_with_sizes_and_digests(au: Stubs) -> None:
+    import hashlib
+    import io
+    import tarfile
+
+    from sandboxd.v1 import snapshot_pb2, snapshot_pb2_grpc
+
+    snaps = snapshot_pb2_grpc.SnapshotServiceStub(au.channel)
+    sid = au.sessions.CreateSession(S.CreateSessionRequest(shell=ALL)).session.session_id
+    try:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo("in.txt")
+            info.size = 5
+            tar.addfile(info, io.BytesIO(b"hello"))
+        tar_bytes = buf.getvalue()
+
+        def upload() -> Iterator[snapshot_pb2.ImportArchiveRequest]:
+            yield snapshot_pb2.ImportArchiveRequest(
+                header=snapshot_pb2.ImportArchiveHeader(session_id=sid, path="")
+            )
+            yield snapshot_pb2.ImportArchiveRequest(data=tar_bytes)
+
+        snaps.ImportArchive(upload())
+        exported = b"".join(
+            r.chunk.data
+            for r in snaps.ExportArchive(snapshot_pb2.ExportArchiveRequest(session_id=sid))
+        )
+        snap = snaps.CreateSnapshot(snapshot_pb2.CreateSnapshotRequest(session_id=sid)).snapshot
+
+        by_kind = {e.kind: e.attributes for e in _all_events(au, session_id=sid)}
+        imported = by_kind["archive_import"]
+        assert imported["sha256"] == hashlib.sha256(tar_bytes).hexdigest()
+        assert imported["tar_bytes"] == str(len(tar_bytes)) and imported["files"] == "1"
+        out = by_kind["archive_export"]
+        assert out["sha256"] == hashlib.sha256(exported).hexdigest()
+        assert out["tar_bytes"] == str(len(exported))
+        taken = by_kind["snapshot"]
+        assert (taken["snapshot_id"], taken["sha256"]) == (snap.snapshot_id, snap.sha256)
+        assert taken["size_bytes"] == str(snap.size_bytes)
+    finally:
+        au.sessions.DeleteSession(S.DeleteSessionRequest(session_id=sid))
