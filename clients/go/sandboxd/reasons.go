@@ -204,6 +204,10 @@ var (
 	ErrTenantStreamQuota = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_STREAM_QUOTA"}
 	// ErrStreamIdle: DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout.
 	ErrStreamIdle = &Error{Code: codes.DeadlineExceeded, Reason: "STREAM_IDLE"}
+	// ErrSecretBindingInvalid: INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header, template), or names a secret a live update cannot add.
+	ErrSecretBindingInvalid = &Error{Code: codes.InvalidArgument, Reason: "SECRET_BINDING_INVALID"}
+	// ErrSecretRefNotFound: INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant.
+	ErrSecretRefNotFound = &Error{Code: codes.InvalidArgument, Reason: "SECRET_REF_NOT_FOUND"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -307,4 +311,6 @@ var Reasons = map[string]ReasonInfo{
 	"IMAGE_HAS_VOLUMES":            {codes.FailedPrecondition, false, ErrImageHasVolumes},
 	"TENANT_STREAM_QUOTA":          {codes.ResourceExhausted, false, ErrTenantStreamQuota},
 	"STREAM_IDLE":                  {codes.DeadlineExceeded, false, ErrStreamIdle},
+	"SECRET_BINDING_INVALID":       {codes.InvalidArgument, false, ErrSecretBindingInvalid},
+	"SECRET_REF_NOT_FOUND":         {codes.InvalidArgument, false, ErrSecretRefNotFound},
 }

@@ -179,6 +179,10 @@ export declare class ImageHasVolumesError extends FailedPrecondition {}
 export declare class TenantStreamQuotaError extends ResourceExhausted {}
 /** DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout. */
 export declare class StreamIdleError extends DeadlineExceeded {}
+/** INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header, template), or names a secret a live update cannot add. */
+export declare class SecretBindingInvalidError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
+export declare class SecretRefNotFoundError extends InvalidArgument {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -279,7 +283,9 @@ export type Reason =
   | 'IMAGE_NOT_ALLOWED'
   | 'IMAGE_HAS_VOLUMES'
   | 'TENANT_STREAM_QUOTA'
-  | 'STREAM_IDLE';
+  | 'STREAM_IDLE'
+  | 'SECRET_BINDING_INVALID'
+  | 'SECRET_REF_NOT_FOUND';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

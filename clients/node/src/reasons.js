@@ -179,6 +179,10 @@ export class ImageHasVolumesError extends FailedPrecondition {}
 export class TenantStreamQuotaError extends ResourceExhausted {}
 /** DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout. */
 export class StreamIdleError extends DeadlineExceeded {}
+/** INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header, template), or names a secret a live update cannot add. */
+export class SecretBindingInvalidError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
+export class SecretRefNotFoundError extends InvalidArgument {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -281,4 +285,6 @@ export const REASONS = Object.freeze({
   IMAGE_HAS_VOLUMES: { code: 'FAILED_PRECONDITION', retryable: false, error: ImageHasVolumesError },
   TENANT_STREAM_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TenantStreamQuotaError },
   STREAM_IDLE: { code: 'DEADLINE_EXCEEDED', retryable: false, error: StreamIdleError },
+  SECRET_BINDING_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretBindingInvalidError },
+  SECRET_REF_NOT_FOUND: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretRefNotFoundError },
 });

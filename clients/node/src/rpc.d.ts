@@ -107,6 +107,8 @@ export interface NetworkPolicy {
   allowed_ports: number[];
   allow_private_networks: boolean;
   quotas: ProxyQuotas | null;
+  secrets: SecretBinding[];
+  refuse_misdirected_secrets: boolean;
 }
 
 export interface ProxyQuotas {
@@ -128,6 +130,15 @@ export type Isolation =
   | 'ISOLATION_UNSPECIFIED'
   | 'ISOLATION_RUNC'
   | 'ISOLATION_GVISOR';
+
+export interface SecretBinding {
+  name: string;
+  value: Buffer;
+  secret_ref: string;
+  hosts: string[];
+  header: string;
+  template: string;
+}
 
 export type ErrorReason =
   | 'ERROR_REASON_UNSPECIFIED'
@@ -229,7 +240,9 @@ export type ErrorReason =
   | 'ERROR_REASON_IMAGE_NOT_ALLOWED'
   | 'ERROR_REASON_IMAGE_HAS_VOLUMES'
   | 'ERROR_REASON_TENANT_STREAM_QUOTA'
-  | 'ERROR_REASON_STREAM_IDLE';
+  | 'ERROR_REASON_STREAM_IDLE'
+  | 'ERROR_REASON_SECRET_BINDING_INVALID'
+  | 'ERROR_REASON_SECRET_REF_NOT_FOUND';
 
 /** sandboxd.v1.FilesystemService: SandboxClient.files. */
 export interface FilesystemServiceClient {

@@ -225,6 +225,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
     ERROR_REASON_STREAM_IDLE: _ErrorReason.ValueType  # 99
     """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
+    ERROR_REASON_SECRET_BINDING_INVALID: _ErrorReason.ValueType  # 200
+    """INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header,
+    template), or names a secret a live update cannot add.
+    """
+    ERROR_REASON_SECRET_REF_NOT_FOUND: _ErrorReason.ValueType  # 201
+    """INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -438,4 +444,10 @@ ERROR_REASON_TENANT_STREAM_QUOTA: ErrorReason.ValueType  # 98
 """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
 ERROR_REASON_STREAM_IDLE: ErrorReason.ValueType  # 99
 """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
+ERROR_REASON_SECRET_BINDING_INVALID: ErrorReason.ValueType  # 200
+"""INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header,
+template), or names a secret a live update cannot add.
+"""
+ERROR_REASON_SECRET_REF_NOT_FOUND: ErrorReason.ValueType  # 201
+"""INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
