@@ -241,6 +241,26 @@ class EgressSection:
         hi=60,
         flat="egress_dns_timeout_s",
     )
+    upstream_ca_file: str = setting(
+        "",
+        TEXT,
+        "PEM bundle trusted besides the system roots when the proxy verifies an upstream it "
+        "injects a secret for (private upstreams, tests)",
+        flat="egress_upstream_ca_file",
+    )
+    secrets_file: str = setting(
+        "",
+        TEXT,
+        "operator secrets for secret_ref: lines `tenant/name value` (re-read when changed)",
+        flat="secrets_file",
+    )
+    secrets_key_file: str = setting(
+        "",
+        TEXT,
+        "32-byte key (raw or hex), outside the data dir, sealing inline secret values in the "
+        "store; empty: a key in memory only (inline values of live sessions lost on restart)",
+        flat="secrets_key_file",
+    )
 
 
 @dataclass(frozen=True)

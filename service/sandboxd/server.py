@@ -43,6 +43,8 @@ from sandboxd.files import Files
 from sandboxd.metrics import Metrics, MetricsServer
 from sandboxd.pool import WarmPool
 from sandboxd.processes import ProcessManager
+from sandboxd.secrets import vault
+from sandboxd.secrets.setup import SecretsSetup
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
@@ -194,6 +196,11 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 ),
                 protected=await _protected(config),
                 private_networks_granted=_private_networks_grant(config),
+                secrets=SecretsSetup(
+                    vault.configure(config.egress.secrets_key_file, config.egress.secrets_file),
+                    config.egress.upstream_ca_file,
+                    metrics.secret_event,
+                ),
             )
         )
         executor = Executor(engine)

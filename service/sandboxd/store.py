@@ -22,6 +22,7 @@ from sandboxd.models import (
     NetworkMode,
     NetworkPolicy,
     ProxyQuotas,
+    SecretBinding,
     Session,
     SessionSpec,
     SessionState,
@@ -65,6 +66,12 @@ def _spec_to_json(spec: SessionSpec) -> str:
                 "allowed_ports": list(spec.network.allowed_ports),
                 "allow_private_networks": spec.network.allow_private_networks,
                 "quotas": spec.network.quotas.to_dict(),
+                # Never a plaintext value: the sealed bytes, useless without the key.
+                "secrets": [
+                    {**b.public(), "sealed": base64.b64encode(b.sealed).decode()}
+                    for b in spec.network.secrets
+                ],
+                "refuse_misdirected_secrets": spec.network.refuse_misdirected_secrets,
             },
             "env": spec.env,
             "uid": spec.uid,
@@ -85,6 +92,18 @@ def _spec_to_json(spec: SessionSpec) -> str:
     )
 
 
+def _binding(d: dict[str, Any]) -> SecretBinding:
+    return SecretBinding(
+        name=d["name"],
+        hosts=tuple(d["hosts"]),
+        header=d["header"],
+        template=d["template"],
+        secret_ref=d["secret_ref"],
+        placeholder=d["placeholder"],
+        sealed=base64.b64decode(d["sealed"]),
+    )
+
+
 def _spec_from_json(text: str) -> SessionSpec:
     d: dict[str, Any] = json.loads(text)
     m = d["manifest"]
@@ -98,6 +117,8 @@ def _spec_from_json(text: str) -> SessionSpec:
             allowed_ports=tuple(d["network"]["allowed_ports"]),
             allow_private_networks=d["network"]["allow_private_networks"],
             quotas=ProxyQuotas(**d["network"].get("quotas", {})),
+            secrets=tuple(_binding(b) for b in d["network"].get("secrets", [])),
+            refuse_misdirected_secrets=d["network"].get("refuse_misdirected_secrets", False),
         ),
         env=dict(d["env"]),
         uid=d["uid"],

@@ -648,6 +648,8 @@ export interface EgressEvent {
   bytes_down: number;
   duration: Duration | null;
   ended: string;
+  kind: string;
+  secret: string;
 }
 
 export interface SuspendSessionRequest {

@@ -116,6 +116,8 @@ def network_policy(pb: common_pb2.NetworkPolicy) -> NetworkPolicy:
         allowed_ports=tuple(pb.allowed_ports),
         allow_private_networks=pb.allow_private_networks,
         quotas=egress_convert.quotas(pb.quotas),
+        secrets=egress_convert.secrets(pb.secrets),
+        refuse_misdirected_secrets=pb.refuse_misdirected_secrets,
     )
 
 
@@ -126,6 +128,8 @@ def network_pb(policy: NetworkPolicy) -> common_pb2.NetworkPolicy:
         allowed_ports=list(policy.allowed_ports),
         allow_private_networks=policy.allow_private_networks,
         quotas=egress_convert.quotas_pb(policy.quotas),
+        secrets=egress_convert.secrets_pb(policy.secrets),
+        refuse_misdirected_secrets=policy.refuse_misdirected_secrets,
     )
 
 

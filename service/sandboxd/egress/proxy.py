@@ -29,6 +29,8 @@ from sandboxd.egress.target import (
     name_allowed,
     parse_request_head,
 )
+from sandboxd.secrets import inject, mitm
+from sandboxd.secrets.interceptor import Interceptor
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +101,10 @@ class EgressProxy:
         audit: AuditLog,
         peer_network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None,
         protected: Protected | None = None,
+        interceptor: Interceptor | None = None,
     ) -> None:
         self.session_id = session_id
+        self.interceptor = interceptor  # secrets: TLS terminated for their bound hosts
         self.rules = rules
         self.quotas = quotas
         self.audit = audit
@@ -164,7 +168,9 @@ class EgressProxy:
                 return
             try:
                 decision = await self._decide(reader)
+                self._plain_secrets(decision)
                 up_reader, upstream, address = await self._dial(decision)
+                relay = await self._intercept(decision, upstream)
             except Refused as exc:
                 self.audit.record(
                     method=exc.method,
@@ -177,7 +183,7 @@ class EgressProxy:
                 reply(writer, exc.status, exc.reason, str(exc))
                 await linger_close(reader, writer)
                 return
-            await self._carry(decision, address, reader, writer, up_reader, upstream)
+            await self._carry(decision, address, reader, writer, up_reader, upstream, relay)
         except (ConnectionError, OSError):
             pass
         finally:
@@ -193,6 +199,7 @@ class EgressProxy:
         writer: asyncio.StreamWriter,
         up_reader: asyncio.StreamReader,
         upstream: asyncio.StreamWriter,
+        relay: mitm.HttpRelay | None = None,
     ) -> None:
         """Move the bytes of an allowed request; one audit event with the totals at the end."""
         loop = asyncio.get_running_loop()
@@ -206,6 +213,11 @@ class EgressProxy:
             else:
                 writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
                 await writer.drain()
+            if relay is not None and self.interceptor is not None:
+                relay.bind_counts(counts)
+                await relay.terminate(writer, self.interceptor.ca, self.quotas.header_timeout_s)
+                await relay.run(reader, writer, up_reader, upstream)
+                return
             ended = await self._relay(
                 reader, writer, up_reader, upstream, counts, both=not decision.upstream_head
             )
@@ -213,7 +225,7 @@ class EgressProxy:
             ended = "byte_quota"
         except TimeoutError:
             ended = "idle_timeout"
-        except (ConnectionError, OSError):
+        except (ConnectionError, OSError, inject.HeadError):
             ended = "reset"
         except asyncio.CancelledError:
             ended = "proxy_closed"
@@ -230,6 +242,55 @@ class EgressProxy:
                 duration_s=loop.time() - started,
                 ended=ended,
             )
+
+    def _plain_secrets(self, decision: _Decision) -> None:
+        """A plain-HTTP request never gets a secret (it would cross in clear): a placeholder
+        in it is misdirected, audited, and refused when the policy says so."""
+        if self.interceptor is None or not decision.upstream_head:
+            return
+        view = self.interceptor.view()
+        names = inject.misdirected(decision.upstream_head, decision.host, view.bindings)
+        for name in names:
+            self._secret_event("secret_misdirected", decision, name)
+        if names and view.refuse_misdirected:
+            raise Refused(
+                403, "SECRET_MISDIRECTED", f"a secret's placeholder is not for {decision.host}"
+            ).about(decision.method, decision.host, decision.port)
+
+    def _secret_event(self, kind: str, decision: _Decision, name: str, method: str = "") -> None:
+        self.audit.record(
+            method=method or decision.method,
+            host=decision.host,
+            port=decision.port,
+            allowed=True,
+            kind=kind,
+            secret=name,
+        )
+
+    async def _intercept(
+        self, decision: _Decision, upstream: asyncio.StreamWriter
+    ) -> mitm.HttpRelay | None:
+        """The relay of a CONNECT to a host a secret is bound to, its upstream TLS up (a
+        certificate that does not verify refuses the CONNECT); None for a plain tunnel."""
+        interceptor = self.interceptor
+        if decision.upstream_head or interceptor is None or not interceptor.binds(decision.host):
+            return None
+        try:
+            await mitm.secure_upstream(
+                upstream, decision.host, interceptor.upstream, CONNECT_TIMEOUT_S
+            )
+        except mitm.UpstreamRefused as exc:
+            upstream.close()
+            raise Refused(502, exc.reason, str(exc)).about(
+                decision.method, decision.host, decision.port
+            ) from None
+        return mitm.HttpRelay(
+            decision.host,
+            interceptor.view,
+            lambda kind, method, name: self._secret_event(kind, decision, name, method),
+            self._send,
+            self.quotas.idle_timeout_s,
+        )
 
     def _peer_allowed(self, writer: asyncio.StreamWriter) -> bool:
         if self._peer_network is None:

@@ -34,6 +34,7 @@ from sandboxd.labels import LABEL_AUTO
 from sandboxd.models import NetworkPolicy, Session, SessionState
 from sandboxd.pool import WarmPool
 from sandboxd.reasons import Reason
+from sandboxd.secrets.bindings import settle_secrets
 from sandboxd.sessions import paging
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.locks import SessionLocks
@@ -347,7 +348,7 @@ class SessionManager:
 
     async def update_network_policy(self, session_id: str, asked: NetworkPolicy) -> Session:
         """A live session's new allowlist: new proxy connections follow it, open tunnels stay."""
-        network = check_network(asked, self._allowlist if self._egress else None)
+        network = check_network(asked, self._allowlist if self._egress else None, live=True)
         async with self._locks.locked(session_id):
             session = await self.require_running(session_id)
             if session.spec.network.mode is not network.mode:
@@ -357,6 +358,7 @@ class SessionManager:
                     reason=Reason.NETWORK_MODE_FIXED,
                     metadata={"session_id": session_id},
                 )
+            network = settle_secrets(network, session.spec.network)
             session.spec = dataclasses.replace(session.spec, network=network)
             session.fingerprint = session.spec.fingerprint()
             await self._store.update_spec(session)

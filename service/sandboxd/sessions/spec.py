@@ -8,6 +8,7 @@ images, users) live in `sandboxd.validation` and are called from here.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from sandboxd.models import (
     WorkspaceManifest,
 )
 from sandboxd.reasons import Reason
+from sandboxd.secrets import bindings as secret_bindings
 
 MAX_MANIFEST_ENTRIES = 10_000
 MAX_ALLOW_ENTRIES = 256
@@ -138,8 +140,15 @@ def _proto_limit_name(name: str) -> str:
     return "command_timeout" if name == "command_timeout_s" else name
 
 
-def check_network(asked: NetworkPolicy, allowlist: AllowlistCheck) -> NetworkPolicy:
+def check_network(
+    asked: NetworkPolicy, allowlist: AllowlistCheck, *, live: bool = False
+) -> NetworkPolicy:
+    """`live`: an update of a running session, whose secrets are settled against its own."""
     network = validate_policy(asked)
+    if not live:
+        network = dataclasses.replace(
+            network, secrets=secret_bindings.settle(network.secrets, None)
+        )
     if network.mode is NetworkMode.ALLOWLIST:
         if allowlist is None:
             raise InvalidArgument(

@@ -551,6 +551,8 @@ class EgressEvent(_message.Message):
     BYTES_DOWN_FIELD_NUMBER: _builtins.int
     DURATION_FIELD_NUMBER: _builtins.int
     ENDED_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Increasing per session."""
     method: _builtins.str
@@ -569,6 +571,10 @@ class EgressEvent(_message.Message):
     bytes_down: _builtins.int
     ended: _builtins.str
     """How an allowed connection ended: closed, idle_timeout, lifetime, byte_quota, reset."""
+    kind: _builtins.str
+    """`egress` (a proxy decision), `secret_injected` or `secret_misdirected`."""
+    secret: _builtins.str
+    """The secret's name for the secret kinds (never its value)."""
     @_builtins.property
     def time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -588,10 +594,12 @@ class EgressEvent(_message.Message):
         bytes_down: _builtins.int = ...,
         duration: _duration_pb2.Duration | None = ...,
         ended: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        secret: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_down", b"bytes_down", "bytes_up", b"bytes_up", "duration", b"duration", "ended", b"ended", "host", b"host", "method", b"method", "port", b"port", "reason", b"reason", "seq", b"seq", "time", b"time", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_down", b"bytes_down", "bytes_up", b"bytes_up", "duration", b"duration", "ended", b"ended", "host", b"host", "kind", b"kind", "method", b"method", "port", b"port", "reason", b"reason", "secret", b"secret", "seq", b"seq", "time", b"time", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
