@@ -183,25 +183,28 @@ def _free_port() -> int:
 REF_VALUE = "ref-" + secrets.token_hex(16)
 
 
+def server_env(upstream: dict[str, Any], conf: Path) -> dict[str, str]:
+    (conf / "secrets").write_text(f"# operator secrets\n{TENANT}/other-key {REF_VALUE}\n")
+    hosts = ",".join(f"{h}={upstream['relay']}" for h in ("api.test", "other.test", "bad.test"))
+    return {
+        "SANDBOXD_PROXY_HOSTS": hosts,
+        "SANDBOXD_EGRESS_PRIVATE_NETWORKS": "allow",
+        "SANDBOXD_EGRESS_UPSTREAM_CA_FILE": str(upstream["ca_file"]),
+        "SANDBOXD_SECRETS_FILE": str(conf / "secrets"),
+    }
+
+
 @pytest.fixture(scope="module")
 def secrets_server(
     tmp_path_factory: pytest.TempPathFactory, upstream: dict[str, Any]
 ) -> Iterator[tuple[ServerProcess, str]]:
     owner = "sec" + secrets.token_hex(4)
-    conf = tmp_path_factory.mktemp("secrets-conf")
-    (conf / "secrets").write_text(f"# operator secrets\n{TENANT}/other-key {REF_VALUE}\n")
     metrics = f"127.0.0.1:{_free_port()}"
-    hosts = ",".join(f"{h}={upstream['relay']}" for h in ("api.test", "other.test", "bad.test"))
+    env = server_env(upstream, tmp_path_factory.mktemp("secrets-conf"))
     srv = start_server(
         tmp_path_factory.mktemp("secrets-data"),
         owner,
-        env={
-            "SANDBOXD_PROXY_HOSTS": hosts,
-            "SANDBOXD_EGRESS_PRIVATE_NETWORKS": "allow",
-            "SANDBOXD_EGRESS_UPSTREAM_CA_FILE": str(upstream["ca_file"]),
-            "SANDBOXD_SECRETS_FILE": str(conf / "secrets"),
-            "SANDBOXD_METRICS_LISTEN": metrics,
-        },
+        env={**env, "SANDBOXD_METRICS_LISTEN": metrics},
     )
     yield srv, metrics
     srv.stop()
@@ -567,3 +570,56 @@ def test_live_session_cannot_gain_a_secret(
         grpc.StatusCode.INVALID_ARGUMENT,
         "SECRET_BINDING_INVALID",
     )
+
+
+@pytest.mark.parametrize("key_file", [True, False])
+def test_restart_new_ca_installed_inline_values_need_the_key_file(
+    tmp_path: Path, upstream: dict[str, Any], key_file: bool
+) -> None:
+    """After a restart the proxy draws a new CA and writes it into the running sandbox; inline
+    values open again only with secrets_key_file (else a clear 502, and refs still work)."""
+    owner = "sec" + secrets.token_hex(4)
+    env = server_env(upstream, tmp_path)
+    if key_file:
+        (tmp_path / "key").write_text(secrets.token_hex(32))
+        env["SANDBOXD_SECRETS_KEY_FILE"] = str(tmp_path / "key")
+    data = tmp_path / "data"
+    data.mkdir()
+    port, value = upstream["port"], "restart-" + secrets.token_hex(8)
+    calls = [
+        (f"https://api.test:{port}/r-api", {}),
+        (f"https://other.test:{port}/r-ref", {"X-Api": "$OTHER_KEY"}),
+    ]
+    srv = start_server(data, owner, env=env)
+    try:
+        stubs = make_stubs(srv.address)
+        s = stubs.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(
+                shell=common_pb2.ShellPolicy(allow_all=True),
+                network=policy(port, value),
+                image=PYTHON_IMAGE,
+            )
+        ).session
+        assert [o["status"] for o in fetch(stubs, s.session_id, calls)] == [200, 200]
+        stubs.channel.close()
+        srv.stop()
+        srv = start_server(data, owner, env=env)
+        stubs = make_stubs(srv.address)
+        assert wait_until(lambda: "egress proxy of" in srv.log(), 20)
+        sent = len(upstream["rec"].of("/r-api"))
+        out = fetch(stubs, s.session_id, calls)
+        assert out[1]["status"] == 200, out  # the new CA is trusted in the sandbox
+        assert upstream["rec"].of("/r-ref")[-1][2]["X-Api"] == REF_VALUE
+        if key_file:
+            assert out[0]["status"] == 200, out
+            assert upstream["rec"].of("/r-api")[-1][2]["Authorization"] == f"Bearer {value}"
+        else:
+            assert out[0]["status"] == 502 or "502" in out[0].get("error", ""), out
+            assert len(upstream["rec"].of("/r-api")) == sent  # nothing sent after the restart
+        assert value not in "".join(srv.log_lines)
+        stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=s.session_id))
+        stubs.channel.close()
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
+        remove_owned_networks(owner)
