@@ -168,9 +168,8 @@ class EgressProxy:
                 return
             try:
                 decision = await self._decide(reader)
-                self._plain_secrets(decision)
                 up_reader, upstream, address = await self._dial(decision)
-                relay = await self._intercept(decision, upstream)
+                relay = await self._secrets(decision, upstream)
             except Refused as exc:
                 self.audit.record(
                     method=exc.method,
@@ -243,54 +242,29 @@ class EgressProxy:
                 ended=ended,
             )
 
-    def _plain_secrets(self, decision: _Decision) -> None:
-        """A plain-HTTP request never gets a secret (it would cross in clear): a placeholder
-        in it is misdirected, audited, and refused when the policy says so."""
-        if self.interceptor is None or not decision.upstream_head:
-            return
-        view = self.interceptor.view()
-        names = inject.misdirected(decision.upstream_head, decision.host, view.bindings)
-        for name in names:
-            self._secret_event("secret_misdirected", decision, name)
-        if names and view.refuse_misdirected:
-            raise Refused(
-                403, "SECRET_MISDIRECTED", f"a secret's placeholder is not for {decision.host}"
-            ).about(decision.method, decision.host, decision.port)
-
-    def _secret_event(self, kind: str, decision: _Decision, name: str, method: str = "") -> None:
-        self.audit.record(
-            method=method or decision.method,
-            host=decision.host,
-            port=decision.port,
-            allowed=True,
-            kind=kind,
-            secret=name,
-        )
-
-    async def _intercept(
-        self, decision: _Decision, upstream: asyncio.StreamWriter
-    ) -> mitm.HttpRelay | None:
-        """The relay of a CONNECT to a host a secret is bound to, its upstream TLS up (a
-        certificate that does not verify refuses the CONNECT); None for a plain tunnel."""
-        interceptor = self.interceptor
-        if decision.upstream_head or interceptor is None or not interceptor.binds(decision.host):
+    async def _secrets(self, d: _Decision, upstream: asyncio.StreamWriter) -> mitm.HttpRelay | None:
+        """A placeholder in a plain request (never given a value) is audited, and refused if
+        the policy says so; a CONNECT to a bound host gets the intercepting relay, upstream
+        TLS verified first. None: a plain tunnel or request, untouched."""
+        if self.interceptor is None:
             return None
+
+        def record(kind: str, method: str, name: str) -> None:
+            self.audit.record(
+                method=method or d.method, host=d.host, port=d.port, allowed=True, kind=kind,
+                secret=name,
+            )  # fmt: skip
+
         try:
-            await mitm.secure_upstream(
-                upstream, decision.host, interceptor.upstream, CONNECT_TIMEOUT_S
-            )
-        except mitm.UpstreamRefused as exc:
-            upstream.close()
-            raise Refused(502, exc.reason, str(exc)).about(
-                decision.method, decision.host, decision.port
+            if d.upstream_head:
+                self.interceptor.check_plain(d.host, d.upstream_head, record)
+                return None
+            idle = self.quotas.idle_timeout_s
+            return await self.interceptor.relay(d.host, upstream, record, self._send, idle)
+        except mitm.Refusal as exc:
+            raise Refused(exc.status, exc.reason, str(exc)).about(
+                d.method, d.host, d.port
             ) from None
-        return mitm.HttpRelay(
-            decision.host,
-            interceptor.view,
-            lambda kind, method, name: self._secret_event(kind, decision, name, method),
-            self._send,
-            self.quotas.idle_timeout_s,
-        )
 
     def _peer_allowed(self, writer: asyncio.StreamWriter) -> bool:
         if self._peer_network is None:

@@ -110,6 +110,6 @@ def bound(host: str, bindings: Sequence[SecretBinding]) -> bool:
     return any(name_allowed(host, b.hosts) for b in bindings)
 
 
-def misdirected(data: bytes, host: str, bindings: Sequence[SecretBinding]) -> list[str]:
-    """Secrets whose placeholder is in `data` (a plain request) sent to `host`."""
+def misdirected(data: bytes, bindings: Sequence[SecretBinding]) -> list[str]:
+    """Secrets whose placeholder is in `data` (a plain request: never a value)."""
     return [b.name for b in bindings if b.placeholder.encode() in data]

@@ -6,6 +6,7 @@ request reads the new ones, a request already sent keeps what it was sent with.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 from collections.abc import Sequence
@@ -13,10 +14,12 @@ from collections.abc import Sequence
 from sandboxd.helper_client import HelperClient, Where
 from sandboxd.models import SecretBinding
 from sandboxd.secrets.ca import SessionCA
-from sandboxd.secrets.inject import bound
-from sandboxd.secrets.mitm import Secrets
+from sandboxd.secrets.inject import bound, misdirected
+from sandboxd.secrets.mitm import HttpRelay, Record, Refusal, Secrets, Send, secure_upstream
 from sandboxd.secrets.trust import IMAGE_ROOTS, MAX_ROOTS_BYTES, TRUST_DIR
 from sandboxd.secrets.vault import Vault
+
+UPSTREAM_TLS_TIMEOUT_S = 10.0
 
 
 class Interceptor:
@@ -43,6 +46,30 @@ class Interceptor:
 
     def binds(self, host: str) -> bool:
         return bound(host, self._view.bindings)
+
+    def check_plain(self, host: str, head: bytes, record: Record) -> None:
+        """Record each placeholder in a plain request; Refusal under refuse_misdirected."""
+        view = self._view
+        names = misdirected(head, view.bindings)
+        for name in names:
+            record("secret_misdirected", "", name)
+        if names and view.refuse_misdirected:
+            raise Refusal("SECRET_MISDIRECTED", f"a secret's placeholder is not for {host}", 403)
+
+    async def relay(
+        self,
+        host: str,
+        upstream: asyncio.StreamWriter,
+        record: Record,
+        send: Send,
+        idle_timeout_s: float,
+    ) -> HttpRelay | None:
+        """For a bound host: its upstream TLS up (Refusal if it does not verify) and
+        the relay that will terminate the sandbox's side; None: a plain tunnel."""
+        if not self.binds(host):
+            return None
+        await secure_upstream(upstream, host, self.upstream, UPSTREAM_TLS_TIMEOUT_S)
+        return HttpRelay(host, self.view, record, send, idle_timeout_s)
 
     async def install_trust(self, helper: HelperClient, container_id: str) -> None:
         await install(helper, container_id, self.ca.pem)

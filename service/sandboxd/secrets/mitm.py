@@ -27,12 +27,14 @@ CHUNK = 256 * 1024
 Send = Callable[[asyncio.StreamWriter, bytes, str, dict[str, int]], Awaitable[None]]
 
 
-class UpstreamRefused(Exception):
-    """The upstream's TLS did not come up: (reason, message) for the CONNECT's refusal."""
+class Refusal(Exception):
+    """A request the proxy refuses before relaying (upstream TLS not verified, a misdirected
+    placeholder under refuse_misdirected_secrets): one HTTP reply with this status."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, status: int = 502) -> None:
         super().__init__(message)
         self.reason = reason
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,12 @@ async def secure_upstream(
         async with asyncio.timeout(timeout_s):
             await writer.start_tls(ctx, server_hostname=host)
     except ssl.SSLCertVerificationError as exc:
-        raise UpstreamRefused(
+        raise Refusal(
             "UPSTREAM_CERT_INVALID",
             f"the certificate of {host} does not verify: {exc.verify_message}",
         ) from None
     except (ssl.SSLError, TimeoutError, ConnectionError, OSError) as exc:
-        raise UpstreamRefused(
+        raise Refusal(
             "UPSTREAM_TLS_FAILED", f"TLS with {host} failed: {type(exc).__name__}"
         ) from None
 
@@ -273,4 +275,4 @@ class HttpRelay:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-__all__ = ["MAX_HEAD_BYTES", "HttpRelay", "Secrets", "UpstreamRefused", "secure_upstream"]
+__all__ = ["MAX_HEAD_BYTES", "HttpRelay", "Secrets", "Refusal", "secure_upstream"]
