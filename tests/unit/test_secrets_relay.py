@@ -138,8 +138,8 @@ async def exchange(port: int, *requests: bytes) -> list[bytes]:
     return answers
 
 
-def get(path: str, *headers: str) -> bytes:
-    return ("\r\n".join([f"GET {path} HTTP/1.1", "Host: x", *headers]) + "\r\n\r\n").encode()
+def get(path: str, *headers: str, host: str = "api.test") -> bytes:
+    return ("\r\n".join([f"GET {path} HTTP/1.1", f"Host: {host}", *headers]) + "\r\n\r\n").encode()
 
 
 async def test_header_template_set_whatever_the_sandbox_sent(rig) -> None:  # type: ignore[no-untyped-def]
@@ -153,7 +153,9 @@ async def test_header_template_set_whatever_the_sandbox_sent(rig) -> None:  # ty
 
 async def test_placeholder_replaced_in_any_header_not_in_the_url(rig) -> None:  # type: ignore[no-untyped-def]
     x = await rig("other.test")
-    await exchange(x.port, get(f"/?k={PH_OTHER}", f"X-Key: k={PH_OTHER};{PH_OTHER}"))
+    await exchange(
+        x.port, get(f"/?k={PH_OTHER}", f"X-Key: k={PH_OTHER};{PH_OTHER}", host="other.test")
+    )
     head = x.upstream.heads[0]
     assert head["X-Key"] == "k=other-value;other-value"
     assert PH_OTHER in head[":start"]  # never in a URL (it would be in upstream logs)
@@ -161,7 +163,7 @@ async def test_placeholder_replaced_in_any_header_not_in_the_url(rig) -> None:  
 
 async def test_placeholder_elsewhere_relayed_unreplaced_and_recorded(rig) -> None:  # type: ignore[no-untyped-def]
     x = await rig("other.test")
-    await exchange(x.port, get("/", f"X-Leak: {PH_API}"))
+    await exchange(x.port, get("/", f"X-Leak: {PH_API}", host="other.test"))
     assert x.upstream.heads[0]["X-Leak"] == PH_API
     assert ("secret_misdirected", "GET", "API_KEY") in x.events
     assert VALUE.decode() not in json.dumps(x.upstream.heads)
@@ -170,7 +172,7 @@ async def test_placeholder_elsewhere_relayed_unreplaced_and_recorded(rig) -> Non
 async def test_refuse_misdirected_option_sends_nothing(rig) -> None:  # type: ignore[no-untyped-def]
     x = await rig("other.test")
     x.view[0] = Secrets((API, OTHER), True, value_of)
-    (answer,) = await exchange(x.port, get("/", f"X-Leak: {PH_API}"))
+    (answer,) = await exchange(x.port, get("/", f"X-Leak: {PH_API}", host="other.test"))
     assert answer.startswith(b"HTTP/1.1 403") and b"SECRET_MISDIRECTED" in answer
     assert x.upstream.heads == []
 
@@ -194,12 +196,12 @@ async def test_rotation_reaches_the_next_request_on_an_open_connection(rig) -> N
 async def test_bodies_chunked_and_100_continue(rig) -> None:  # type: ignore[no-untyped-def]
     x = await rig("api.test")
     chunked = (
-        b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"POST /c HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n"
         b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nTrailer: t\r\n\r\n"
     )
     body = b"z" * 300_000
     expect = (
-        b"POST /e HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
+        b"POST /e HTTP/1.1\r\nHost: api.test\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
         % len(body)
     )
     r, w = await asyncio.open_connection("127.0.0.1", x.port)
@@ -260,3 +262,35 @@ async def test_session_ca_issues_what_its_pem_verifies() -> None:
         await asyncio.open_connection("127.0.0.1", port, ssl=other, server_hostname="api.test")
     server.close()
     assert ca.context("api.test") is ca.context("api.test")  # cached
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        # Domain fronting: TLS to the bound name, the request for another site on the same front.
+        b"GET / HTTP/1.1\r\nHost: attacker.example\r\n\r\n",
+        b"GET https://attacker.example/ HTTP/1.1\r\nHost: api.test\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: api.test\r\nHost: attacker.example\r\n\r\n",
+        b"GET / HTTP/1.1\r\nX: y\r\n\r\n",  # no Host at all
+        b"GET / HTTP/1.1\r\nHost: api.test@attacker.example\r\n\r\n",
+    ],
+)
+async def test_request_for_another_host_inside_the_tunnel_refused(
+    rig, request_bytes: bytes
+) -> None:  # type: ignore[no-untyped-def]
+    x = await rig("api.test")
+    (answer,) = await exchange(x.port, request_bytes)
+    assert answer.startswith(b"HTTP/1.1 421") and b"HOST_MISMATCH" in answer, answer
+    assert x.upstream.heads == [] and x.events == []
+
+
+async def test_host_spellings_of_the_bound_name_accepted(rig) -> None:  # type: ignore[no-untyped-def]
+    x = await rig("api.test")
+    await exchange(
+        x.port,
+        get("/1", host="API.test."),
+        get("/2", host="api.test:443"),
+        b"GET https://api.test:443/3 HTTP/1.1\r\nHost: api.test\r\n\r\n",
+    )
+    assert len(x.upstream.heads) == 3
+    assert all(h["Authorization"] == "Bearer the-real-value" for h in x.upstream.heads)

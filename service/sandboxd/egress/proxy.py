@@ -215,7 +215,8 @@ class EgressProxy:
             if relay is not None and self.interceptor is not None:
                 relay.bind_counts(counts)
                 await relay.terminate(writer, self.interceptor.ca, self.quotas.header_timeout_s)
-                await relay.run(reader, writer, up_reader, upstream)
+                async with asyncio.timeout(self.quotas.tunnel_lifetime_s):
+                    await relay.run(reader, writer, up_reader, upstream)
                 return
             ended = await self._relay(
                 reader, writer, up_reader, upstream, counts, both=not decision.upstream_head
@@ -223,7 +224,8 @@ class EgressProxy:
         except _QuotaCut:
             ended = "byte_quota"
         except TimeoutError:
-            ended = "idle_timeout"
+            lived = loop.time() - started >= self.quotas.tunnel_lifetime_s
+            ended = "lifetime" if lived else "idle_timeout"
         except (ConnectionError, OSError, inject.HeadError):
             ended = "reset"
         except asyncio.CancelledError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from sandboxd.egress.target import MAX_HEADERS, name_allowed
+from sandboxd.egress.target import MAX_HEADERS, TargetError, name_allowed, parse_authority
 from sandboxd.models import SecretBinding
 from sandboxd.secrets.bindings import SLOT
 
@@ -69,6 +69,30 @@ def body_framing(head: Head) -> int | None:
             raise HeadError("bad Content-Length")
         return int(cl[0])
     return 0
+
+
+class HostMismatch(Exception):
+    """A request inside the intercepted connection for a name other than the CONNECT's."""
+
+
+def check_host(head: Head, host: str) -> None:
+    """The request is for `host` itself: one Host field naming it, and an absolute-form
+    target (if any) naming it too. Else a shared front end (a CDN) could route a request
+    carrying the secret to another site behind it (domain fronting)."""
+    hosts = head.get("host")
+    if len(hosts) != 1:
+        raise HostMismatch("a request needs exactly one Host field")
+    authorities = [hosts[0]]
+    target = head.start.split(" ")[1] if head.start.count(" ") == 2 else ""
+    if "://" in target:
+        authorities.append(target.split("://", 1)[1].split("/", 1)[0])
+    for authority in authorities:
+        try:
+            name, _ = parse_authority(authority, default_port=443)
+        except TargetError:
+            raise HostMismatch(f"{authority[:100]!r} is not a host name") from None
+        if name != host:
+            raise HostMismatch(f"this connection is for {host}, not {name}")
 
 
 @dataclass

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from sandboxd.egress.target import MAX_HEAD_BYTES
 from sandboxd.models import SecretBinding
 from sandboxd.secrets.ca import SessionCA
-from sandboxd.secrets.inject import Head, HeadError, body_framing, inject, parse_head
+from sandboxd.secrets.inject import (
+    Head,
+    HeadError,
+    HostMismatch,
+    body_framing,
+    check_host,
+    inject,
+    parse_head,
+)
 from sandboxd.secrets.vault import SecretUnavailable
 
 CHUNK = 256 * 1024
@@ -133,11 +141,15 @@ class HttpRelay:
             try:
                 req = parse_head(raw)
                 length = body_framing(req)
+                check_host(req, self.host)
                 method = req.start.split(" ", 1)[0]
                 now = self._secrets()
                 out = inject(req, self.host, now.bindings, now.value_of)
             except HeadError as exc:
                 client_w.write(_error(400, "MALFORMED_REQUEST", str(exc)))
+                return
+            except HostMismatch as exc:
+                client_w.write(_error(421, "HOST_MISMATCH", str(exc)))
                 return
             except SecretUnavailable:
                 # (the value is not named; only that it cannot be had)
