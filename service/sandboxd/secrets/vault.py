@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import time
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
@@ -27,6 +28,7 @@ from sandboxd.errors import ConfigError
 KEY_BYTES = 32
 _NONCE = 12
 MAX_FILE_BYTES = 4 * 1024 * 1024
+RECHECK_S = 1.0
 
 
 class SecretUnavailable(Exception):
@@ -73,12 +75,18 @@ class SecretsFile:
         self._path = path
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
+        self._checked = -RECHECK_S
         self._values: dict[tuple[str, str], bytes] = {}
 
     def _load(self) -> dict[tuple[str, str], bytes]:
+        """Looked at (one stat) at most every RECHECK_S, so a busy proxy does not touch the
+        disk per request; an edit is picked up within that time."""
         if self._path is None:
             return {}
         with self._lock:
+            if time.monotonic() - self._checked < RECHECK_S:
+                return self._values
+            self._checked = time.monotonic()
             try:
                 st = self._path.stat()
             except OSError:
