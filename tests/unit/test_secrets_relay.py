@@ -9,6 +9,7 @@ import json
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from sandboxd.models import SecretBinding
@@ -294,3 +295,33 @@ async def test_host_spellings_of_the_bound_name_accepted(rig) -> None:  # type: 
     )
     assert len(x.upstream.heads) == 3
     assert all(h["Authorization"] == "Bearer the-real-value" for h in x.upstream.heads)
+
+
+@pytest.mark.parametrize("length", [b"x1", b"-1", b"1, 2", b"99999999999999999999"])
+async def test_upstream_with_a_bad_content_length_is_a_framing_error(length: bytes) -> None:
+    import socket
+
+    from sandboxd.secrets.inject import HeadError
+
+    async def pair() -> tuple[Any, Any, Any, Any]:
+        a, b = socket.socketpair()
+        ra, wa = await asyncio.open_connection(sock=a)
+        rb, wb = await asyncio.open_connection(sock=b)
+        return ra, wa, rb, wb
+
+    client_r, client_w, sandbox_r, sandbox_w = await pair()
+    up_r, up_w, origin_r, origin_w = await pair()
+    relay = HttpRelay(
+        "api.test", lambda: Secrets((API,), False, value_of), lambda *e: None, _send, 5
+    )
+    sandbox_w.write(get("/"))
+    origin_w.write(b"HTTP/1.1 200 OK\r\nContent-Length: " + length + b"\r\n\r\nbody")
+    with pytest.raises(HeadError):
+        await relay.run(client_r, client_w, up_r, up_w)
+    for w in (client_w, sandbox_w, up_w, origin_w):
+        w.close()
+
+
+async def _send(w: asyncio.StreamWriter, data: bytes, way: str, counts: dict[str, int]) -> None:
+    w.write(data)
+    await w.drain()

@@ -64,11 +64,15 @@ def body_framing(head: Head) -> int | None:
         if [t.strip().lower() for t in ",".join(te).split(",")] != ["chunked"]:
             raise HeadError("unsupported transfer coding")
         return None
-    if cl:
-        if len(set(cl)) != 1 or not cl[0].isdigit() or len(cl[0]) > 18:
-            raise HeadError("bad Content-Length")
-        return int(cl[0])
-    return 0
+    return content_length(head) if cl else 0
+
+
+def content_length(head: Head) -> int:
+    """The one Content-Length value (repeats must agree), plain decimal; HeadError otherwise."""
+    cl = head.get("content-length")
+    if not cl or len(set(cl)) != 1 or not cl[0].isdigit() or len(cl[0]) > 18:
+        raise HeadError("bad Content-Length")
+    return int(cl[0])
 
 
 class HostMismatch(Exception):

@@ -25,6 +25,7 @@ from sandboxd.secrets.inject import (
     HostMismatch,
     body_framing,
     check_host,
+    content_length,
     inject,
     parse_head,
 )
@@ -218,7 +219,7 @@ class HttpRelay:
         if te and te[-1].strip().lower().endswith("chunked"):
             await self._body(up_r, client_w, None, "down")
         elif resp.get("content-length") and not te:
-            await self._body(up_r, client_w, int(resp.get("content-length")[0]), "down")
+            await self._body(up_r, client_w, content_length(resp), "down")
         else:
             await self._body(up_r, client_w, -1, "down")  # until the upstream closes
             return False
