@@ -165,7 +165,7 @@ def test_sealer_keys(tmp_path: Path) -> None:
 
 
 def test_secrets_file_syntax_and_reload(fresh_vault: Path) -> None:
-    got = vault.parse(b"# c\n\n t/a  v 1 \nnoslash v\n/x v\nt/ v\nt/b\nt/c x\n")
+    got = vault.parse(b"# c\n\n t/a  v 1 \nnoslash v\n/x v\nt/ v\nt/b\nt/c x\nt/n a\0b\r\n")
     assert got == {("t", "a"): b"v 1", ("t", "c"): b"x"}
     f = vault.vault().file
     assert f.get("default", "api") == b"sk-from-file"

@@ -117,7 +117,7 @@ def parse(data: bytes) -> dict[tuple[str, str], bytes]:
         key, _, value = line.partition(b" ")
         tenant, slash, name = key.decode("utf-8", "replace").partition("/")
         value = value.strip()
-        if slash and tenant and name and value:
+        if slash and tenant and name and value and b"\0" not in value:
             values[(tenant, name)] = value
     return values
 
