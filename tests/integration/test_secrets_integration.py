@@ -7,7 +7,6 @@ names mapped with SANDBOXD_PROXY_HOSTS). Traffic stays on this host and the test
 from __future__ import annotations
 
 import contextlib
-import datetime
 import http.server
 import json
 import secrets
@@ -33,10 +32,6 @@ from conftest import (
     start_server,
     wait_until,
 )
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from google.protobuf import duration_pb2
 from sandboxd.profile import container_name
 from sandboxd.v1 import (
@@ -55,54 +50,10 @@ from test_egress_integration import (
     remove_owned_networks,
     serving,
 )
+from testcerts import CertAuthority
 
 ALLOWLIST = common_pb2.NETWORK_MODE_ALLOWLIST
 TENANT = "default"  # no tokens file
-
-
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
-
-
-def _cert(
-    subject: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: x509.Name,
-    signer: Any,
-    *,
-    ca: bool,
-    sans: list[str] = (),  # type: ignore[assignment]
-) -> x509.Certificate:
-    b = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(_now() - datetime.timedelta(hours=1))
-        .not_valid_after(_now() + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if sans:
-        b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName(s) for s in sans]), False)
-    return b.sign(signer, hashes.SHA256())
-
-
-def _pem(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
-def _context(folder: Path, name: str, cert: x509.Certificate, key: Any) -> ssl.SSLContext:
-    (folder / f"{name}.pem").write_bytes(_key_pem(key) + _pem(cert))
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(folder / f"{name}.pem")
-    return ctx
 
 
 class Recorder:
@@ -148,23 +99,16 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     """One HTTPS listener: api.test and other.test under the test CA, bad.test (by SNI) under
     a CA nobody trusts."""
     folder = tmp_path_factory.mktemp("upstream")
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandboxd test CA")])
-    ca = _cert("sandboxd test CA", ca_key, ca_name, ca_key, ca=True)
-    rogue_key = ec.generate_private_key(ec.SECP256R1())
-    rogue_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rogue CA")])
-    key = ec.generate_private_key(ec.SECP256R1())
-    good = _cert("api.test", key, ca_name, ca_key, ca=False, sans=["api.test", "other.test"])
-    bad = _cert("bad.test", key, rogue_name, rogue_key, ca=False, sans=["bad.test"])
-    good_ctx = _context(folder, "good", good, key)
-    bad_ctx = _context(folder, "bad", bad, key)
+    ca, rogue = CertAuthority.create("sandboxd test CA"), CertAuthority.create("rogue CA")
+    good_ctx = ca.server_context(folder, "api.test", "other.test")
+    bad_ctx = rogue.server_context(folder, "bad.test")
 
     def sni(sock: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
         if name == "bad.test":
             sock.context = bad_ctx
 
     good_ctx.sni_callback = sni  # type: ignore[assignment]
-    (folder / "ca.pem").write_bytes(_pem(ca))
+    (folder / "ca.pem").write_bytes(ca.pem)
     recorder = Recorder()
     handler = type("Rec", (Upstream,), {"recorder": recorder})
     gateway = bridge_gateway()
