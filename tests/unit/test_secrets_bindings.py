@@ -239,3 +239,14 @@ def test_container_gets_placeholders_ca_variables_and_trust_tmpfs(tmp_path: Path
     )
     assert trust.TRUST_DIR not in plain["HostConfig"]["Tmpfs"]
     assert not any(e.startswith("SSL_CERT_FILE=") for e in plain["Env"])
+
+
+def test_bad_upstream_ca_file_is_a_config_error(tmp_path: Path) -> None:
+    from sandboxd.secrets.setup import SecretsSetup
+
+    with pytest.raises(ConfigError, match="egress_upstream_ca_file"):
+        SecretsSetup(upstream_ca_file=str(tmp_path / "absent.pem"))
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    with pytest.raises(ConfigError, match="egress_upstream_ca_file"):
+        SecretsSetup(upstream_ca_file=str(tmp_path / "junk.pem"))
+    assert SecretsSetup().interceptor("s", "t", NetworkPolicy()) is None

@@ -7,6 +7,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sandboxd.errors import ConfigError
 from sandboxd.models import NetworkPolicy
 from sandboxd.secrets.ca import upstream_context
 from sandboxd.secrets.interceptor import Interceptor
@@ -21,9 +22,17 @@ class SecretsSetup:
     on_event: Callable[[str, str], None] | None = None
     _upstream: ssl.SSLContext | None = None
 
+    def __post_init__(self) -> None:
+        self.upstream()  # a bad egress_upstream_ca_file stops the start, not a session
+
     def upstream(self) -> ssl.SSLContext:
         if self._upstream is None:
-            self._upstream = upstream_context(self.upstream_ca_file)
+            try:
+                self._upstream = upstream_context(self.upstream_ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(
+                    f"egress_upstream_ca_file {self.upstream_ca_file!r}: {exc}"
+                ) from None
         return self._upstream
 
     def interceptor(
