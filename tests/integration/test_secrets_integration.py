@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 import pytest
 from conftest import (
+    IMAGE,
     ServerProcess,
     Stubs,
     expect_error,
@@ -567,3 +568,29 @@ def test_restart_new_ca_installed_inline_values_need_the_key_file(
         srv.stop()
         remove_owned_containers(owner)
         remove_owned_networks(owner)
+
+
+@pytest.mark.parametrize("image", [IMAGE, PYTHON_IMAGE])
+def test_trust_bundle_read_only_to_the_sandbox(
+    sstubs: Stubs, upstream: dict[str, Any], image: str
+) -> None:
+    s = sstubs.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(
+            shell=common_pb2.ShellPolicy(allow_all=True),
+            network=policy(upstream["port"], "v-" + secrets.token_hex(8)),
+            image=image,
+        )
+    ).session
+    try:
+        sid = s.session_id
+        bundle = run(sstubs, sid, "cat", "/etc/ssl/sandboxd/ca-bundle.crt").stdout
+        ca = run(sstubs, sid, "cat", "/etc/ssl/sandboxd/session-ca.crt").stdout
+        assert ca.startswith(b"-----BEGIN CERTIFICATE-----") and bundle.endswith(ca)
+        roots = bundle.count(b"BEGIN CERTIFICATE")
+        # busybox has no roots of its own; Debian's are kept in front of the session CA.
+        assert roots == 1 if image == IMAGE else roots > 50
+        touched = run(sstubs, sid, "sh", "-c", "echo x > /etc/ssl/sandboxd/ca-bundle.crt")
+        assert touched.exit_code != 0
+        assert run(sstubs, sid, "cat", "/etc/ssl/sandboxd/ca-bundle.crt").stdout == bundle
+    finally:
+        sstubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=s.session_id))
