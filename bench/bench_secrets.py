@@ -110,13 +110,19 @@ async def _upstream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
 async def run(ctx: BenchContext) -> dict[str, Metric]:
     folder = Path(tempfile.mkdtemp(prefix="sandboxd-bench-secrets-"))
     ca_file, up_file = _tls_files(folder)
-    with _Host() as host:
+    # The upstream on a loop of its own: in the server process the proxy does not share its
+    # thread with the upstream's TLS.
+    with _Host() as host, _Host() as remote:
 
-        async def start() -> tuple[asyncio.Server, EgressProxy, int]:
+        async def serve() -> asyncio.Server:
             server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             server_ctx.load_cert_chain(up_file)
-            upstream = await asyncio.start_server(_upstream, "127.0.0.1", 0, ssl=server_ctx)
-            port = upstream.sockets[0].getsockname()[1]
+            return await asyncio.start_server(_upstream, "127.0.0.1", 0, ssl=server_ctx)
+
+        upstream = await remote.call(serve)
+        port = upstream.sockets[0].getsockname()[1]
+
+        async def start() -> EgressProxy:
             quotas = dataclasses.replace(
                 ResolvedQuotas.of(DEFAULT_QUOTAS), max_bytes_up=1 << 50, max_requests=1 << 40
             )
@@ -141,9 +147,9 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
                 interceptor=Interceptor("bench", "t", (binding,), False, vault, upstream_ctx),
             )
             await proxy.start("127.0.0.1", 0)
-            return upstream, proxy, port
+            return proxy
 
-        upstream, proxy, port = await host.call(start)
+        proxy = await host.call(start)
         assert proxy.interceptor is not None
         client_ctx = ssl.create_default_context(cafile=str(ca_file))
         client_ctx.load_verify_locations(cadata=proxy.interceptor.ca.pem.decode())
@@ -206,7 +212,10 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
 
             async def stop() -> None:
                 await proxy.close()
+
+            async def stop_upstream() -> None:
                 upstream.close()
                 await upstream.wait_closed()
 
             await host.call(stop)
+            await remote.call(stop_upstream)
