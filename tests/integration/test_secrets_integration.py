@@ -411,9 +411,15 @@ def test_rotation_with_a_keepalive_connection_open(
         del rotated.secrets[1:]
         rotated.secrets.add(name="OTHER_KEY", hosts=["other.test"])
         rotated.secrets.add(name="BAD_KEY", hosts=["bad.test"], header="X-K", template="{secret}")
-        sstubs.sessions.UpdateNetworkPolicy(
+        answer = sstubs.sessions.UpdateNetworkPolicy(
             session_pb2.UpdateNetworkPolicyRequest(session_id=sid, network=rotated)
         )
+        assert new.encode() not in answer.SerializeToString()
+        assert [b.name for b in answer.session.network.secrets] == [
+            "API_KEY",
+            "BAD_KEY",
+            "OTHER_KEY",
+        ]
         sstubs.files.WriteFile(
             filesystem_pb2.WriteFileRequest(session_id=sid, path="go", content=b"1")
         )
