@@ -135,7 +135,9 @@ class SessionManager:
             images.check_image(
                 spec.image,
                 images.allowed_patterns(
-                    self._config.images.allowlist, default_image=self._config.engine.image
+                    self._config.images.allowlist,
+                    tenancy.current_grants().image_allowlist,
+                    default_image=self._config.engine.image,
                 ),
                 own_images=await self._keeper.images_of(tenancy.current()),
             )
