@@ -188,7 +188,7 @@ class TenancySection:
         0, INT, "running commands per tenant (0: no cap)", lo=0, flat="tenant_max_concurrent_execs"
     )
     max_streams: int = setting(
-        64, INT, "open streaming RPCs per tenant (0: no cap)", lo=0, flat="tenant_max_streams"
+        256, INT, "open streaming RPCs per tenant (0: no cap)", lo=0, flat="tenant_max_streams"
     )
     stream_idle_timeout_s: float = setting(
         60.0,
