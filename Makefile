@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 IMAGE ?= sandboxd-runtime:busybox
 PROTOS := $(wildcard proto/sandboxd/v1/*.proto)
 
-.PHONY: all run test test-unit gvisor proto lint bench engine image python-image helper venv clean node-deps buf go-deps
+.PHONY: all run test test-unit gvisor registry proto lint bench engine image python-image helper venv clean node-deps buf go-deps
 
 all: venv helper
 

@@ -320,7 +320,7 @@ class Pulls:
         removed = 0
         for name, rec in list(self.records.by_name.items()):
             last = max(rec.last_used_at, rec.pulled_at, self._last_use.get(rec.image_id, 0.0))
-            if last > horizon or rec.image_id in needed or name in needed:
+            if last > horizon or name in needed or await self._only_name(rec, needed):
                 continue
             try:
                 await self._engine.remove_image(name)
@@ -334,6 +334,14 @@ class Pulls:
         if removed:
             await self.records.save()
         return removed
+
+    async def _only_name(self, rec: PulledImage, needed: set[str]) -> bool:
+        """A session needs this image and no other name holds it: untagging would orphan it
+        (another name holding the same image keeps it on the engine)."""
+        if rec.image_id not in needed:
+            return False
+        details = await self._engine.inspect_image(rec.image_id)
+        return details is None or len(details.repo_tags) <= 1
 
     async def close(self) -> None:
         """Cancel the pulls in progress (server shutdown)."""

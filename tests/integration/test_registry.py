@@ -1,0 +1,301 @@
+"""Images from a registry (issue 20), against a real distribution registry on loopback.
+
+Debian's `docker-registry` runs on 127.0.0.1 with htpasswd auth for this module only; the
+runtime image is pushed to it under test tags and untagged locally, so every create below
+finds it absent from the engine and must pull it (its layers stay local: pulls are quick).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import subprocess
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from conftest import (
+    IMAGE,
+    ServerProcess,
+    Stubs,
+    expect_error,
+    make_stubs,
+    remove_owned_containers,
+    start_server,
+)
+from registryutil import Registry, start_registry
+from sandboxd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, images_pb2, session_pb2
+
+TAG = secrets.token_hex(4)
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    reg = start_registry(tmp_path_factory.mktemp("registry") / "reg")
+    yield reg
+    for ref in reg.pushed:
+        subprocess.run(["docker", "rmi", "-f", ref], capture_output=True, check=False)
+    images = subprocess.run(
+        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", reg.host + "/*"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    digests = subprocess.run(
+        ["docker", "images", "--digests", "--format", "{{.Repository}}@{{.Digest}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    leftovers = images + [d for d in digests if d.startswith(reg.host + "/")]
+    if leftovers:
+        subprocess.run(["docker", "rmi", "-f", *leftovers], capture_output=True, check=False)
+    reg.stop()
+
+
+@contextlib.contextmanager
+def _server(
+    tmp: pytest.TempPathFactory, registry: Registry, name: str, *extra: str
+) -> Iterator[tuple[ServerProcess, Stubs]]:
+    data = tmp.mktemp(name)
+    owner = "reg" + secrets.token_hex(4)
+    srv = start_server(
+        data / "data",
+        owner,
+        "--image-allowlist",
+        f"{registry.host}/rt*,{registry.host}/rt@*",
+        *extra,
+    )
+    stubs = make_stubs(f"127.0.0.1:{srv.port}")
+    try:
+        yield srv, stubs
+    finally:
+        stubs.channel.close()
+        srv.stop()
+        remove_owned_containers(owner)
+
+
+@pytest.fixture(scope="module")
+def main(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[Stubs]:
+    auth = registry.write_auth(tmp_path_factory.mktemp("auth") / "auth.json", registry.password)
+    with _server(tmp_path_factory, registry, "main", "--registry-auth-file", str(auth)) as pair:
+        srv, stubs = pair
+        stubs.server = srv  # type: ignore[attr-defined]
+        yield stubs
+
+
+def _create(s: Stubs, image: str, policy: int = 0) -> session_pb2.Session:
+    return s.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(
+            image=image, shell=common_pb2.ShellPolicy(allow_all=True), pull_policy=policy
+        ),
+        timeout=120,
+    ).session
+
+
+def _pulls(s: Stubs, ref: str) -> int:
+    log: str = s.server.log()  # type: ignore[attr-defined]
+    return sum(1 for line in log.splitlines() if "pulling image" in line and ref in line)
+
+
+def _local(ref: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", ref], capture_output=True).returncode == 0
+
+
+def _build(tag: str, label: str) -> str:
+    subprocess.run(
+        ["docker", "build", "-q", "-t", tag, "-"],
+        input=f"FROM {IMAGE}\nLABEL sandboxd.test={label}\n",
+        text=True,
+        check=True,
+        capture_output=True,
+    )
+    return tag
+
+
+def test_create_pulls_an_absent_image_once_and_records_its_digest(
+    main: Stubs, registry: Registry
+) -> None:
+    digest = registry.push(IMAGE, f"rt:a-{TAG}")
+    ref = f"{registry.host}/rt:a-{TAG}"
+    assert not _local(ref)
+    first = _create(main, ref)
+    assert first.state == session_pb2.SESSION_STATE_RUNNING
+    assert first.image_digest == digest
+    assert _local(ref)
+    second = _create(main, ref)
+    assert second.image_digest == digest
+    assert _pulls(main, ref) == 1, "the second create pulled again"
+
+
+def test_never_refuses_an_absent_image(main: Stubs, registry: Registry) -> None:
+    registry.push(IMAGE, f"rt:never-{TAG}")
+    ref = f"{registry.host}/rt:never-{TAG}"
+    expect_error(
+        lambda: _create(main, ref, images_pb2.PULL_POLICY_NEVER),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "IMAGE_NOT_FOUND",
+    )
+    assert _pulls(main, ref) == 0 and not _local(ref)
+
+
+def test_always_sees_a_repushed_tag_and_resume_keeps_the_old_digest(
+    main: Stubs, registry: Registry
+) -> None:
+    ref = f"{registry.host}/rt:moving-{TAG}"
+    old = registry.push(_build(f"sandboxd-test-moving:{TAG}-1", "one"), f"rt:moving-{TAG}")
+    first = _create(main, ref, images_pb2.PULL_POLICY_ALWAYS)
+    assert first.image_digest == old
+    again = _create(main, ref, images_pb2.PULL_POLICY_ALWAYS)  # unchanged: no second pull
+    assert again.image_digest == old and _pulls(main, ref) == 1
+    new = registry.push(_build(f"sandboxd-test-moving:{TAG}-2", "two"), f"rt:moving-{TAG}")
+    assert new != old
+    moved = _create(main, ref, images_pb2.PULL_POLICY_ALWAYS)
+    assert moved.image_digest == new
+    # The first session, suspended and resumed after the tag moved, runs what it ran.
+    sid = first.session_id
+    main.sessions.SuspendSession(session_pb2.SuspendSessionRequest(session_id=sid))
+    resumed = main.sessions.ResumeSession(session_pb2.ResumeSessionRequest(session_id=sid))
+    assert resumed.session.image_digest == old
+    inspect = subprocess.run(
+        ["docker", "inspect", "--format", "{{.Image}}", resumed.session.session_id],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    labels = subprocess.run(
+        [
+            "docker",
+            "image",
+            "inspect",
+            "--format",
+            "{{json .Config.Labels}}",
+            inspect.stdout.strip(),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if inspect.returncode == 0:  # containers are named by session id
+        assert json.loads(labels.stdout).get("sandboxd.test") == "one"
+    for i in (1, 2):
+        subprocess.run(["docker", "rmi", f"sandboxd-test-moving:{TAG}-{i}"], capture_output=True)
+
+
+def test_a_digest_reference_is_pulled_and_recorded(main: Stubs, registry: Registry) -> None:
+    digest = registry.push(IMAGE, f"rt:bydigest-{TAG}")
+    session = _create(main, f"{registry.host}/rt@{digest}")
+    assert session.image_digest == digest
+    assert session.image == f"{registry.host}/rt@{digest}"
+
+
+def test_unknown_repository_and_image_outside_the_allowlist(
+    main: Stubs, registry: Registry
+) -> None:
+    expect_error(
+        lambda: _create(main, f"{registry.host}/rt-missing:{TAG}"),
+        grpc.StatusCode.NOT_FOUND,
+        "REGISTRY_IMAGE_NOT_FOUND",
+    )
+    before = registry.manifest_requests()
+    expect_error(
+        lambda: _create(main, f"{registry.host}/secret:{TAG}"),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "IMAGE_NOT_ALLOWED",
+    )
+    assert registry.manifest_requests() == before, "the registry was asked first"
+
+
+def test_two_concurrent_creates_make_one_pull(main: Stubs, registry: Registry) -> None:
+    registry.push(IMAGE, f"rt:conc-{TAG}")
+    ref = f"{registry.host}/rt:conc-{TAG}"
+    results: list[object] = []
+
+    def create() -> None:
+        try:
+            results.append(_create(main, ref).image_digest)
+        except grpc.RpcError as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 3 and all(isinstance(r, str) and r for r in results), results
+    assert _pulls(main, ref) == 1
+
+
+def test_pull_image_streams_progress_and_list_images_shows_it(
+    main: Stubs, registry: Registry
+) -> None:
+    digest = registry.push(IMAGE, f"rt:prewarm-{TAG}")
+    ref = f"{registry.host}/rt:prewarm-{TAG}"
+    events = list(main.admin.PullImage(images_pb2.PullImageRequest(image=ref), timeout=120))
+    assert events[-1].WhichOneof("event") == "done"
+    assert events[-1].done.image_digest == digest
+    assert any(e.WhichOneof("event") == "progress" for e in events[:-1])
+    listed = main.admin.ListImages(images_pb2.ListImagesRequest())
+    names = {i.name: i for i in listed.images}
+    assert names[ref].digest == digest and names[ref].size_bytes > 0
+    expect_error(
+        lambda: list(main.admin.PullImage(images_pb2.PullImageRequest(image="busybox:1"))),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "IMAGE_NOT_ALLOWED",
+    )
+
+
+def test_wrong_credentials(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> None:
+    bad = registry.write_auth(tmp_path_factory.mktemp("bad") / "auth.json", "wrong")
+    registry.push(IMAGE, f"rt:creds-{TAG}")
+    with _server(tmp_path_factory, registry, "bad", "--registry-auth-file", str(bad)) as (srv, s):
+        expect_error(
+            lambda: _create(s, f"{registry.host}/rt:creds-{TAG}"),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "REGISTRY_UNAUTHORIZED",
+        )
+        assert "wrong" not in srv.log() and registry.password not in srv.log()
+
+
+def test_over_the_size_cap(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> None:
+    auth = registry.write_auth(tmp_path_factory.mktemp("cap") / "auth.json", registry.password)
+    registry.push(IMAGE, f"rt:cap-{TAG}")
+    ref = f"{registry.host}/rt:cap-{TAG}"
+    with _server(
+        tmp_path_factory,
+        registry,
+        "cap",
+        "--registry-auth-file",
+        str(auth),
+        "--max-image-bytes",
+        "1000",
+    ) as (srv, s):
+        expect_error(lambda: _create(s, ref), grpc.StatusCode.RESOURCE_EXHAUSTED, "IMAGE_TOO_LARGE")
+        assert not _local(ref)
+
+
+def test_sweep_removes_an_unused_pulled_image_and_keeps_one_in_use(
+    tmp_path_factory: pytest.TempPathFactory, registry: Registry
+) -> None:
+    auth = registry.write_auth(tmp_path_factory.mktemp("sw") / "auth.json", registry.password)
+    registry.push(IMAGE, f"rt:unused-{TAG}")
+    registry.push(IMAGE, f"rt:used-{TAG}")
+    unused, used = f"{registry.host}/rt:unused-{TAG}", f"{registry.host}/rt:used-{TAG}"
+    with _server(
+        tmp_path_factory,
+        registry,
+        "sweep",
+        "--registry-auth-file",
+        str(auth),
+        "--image-unused-after-s",
+        "0",
+    ) as (srv, s):
+        gone = _create(s, unused)
+        s.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=gone.session_id))
+        _create(s, used)
+        admin = admin_pb2_grpc.AdminServiceStub(s.channel)
+        admin.Sweep(admin_pb2.SweepRequest())
+        assert not _local(unused)
+        assert _local(used)
