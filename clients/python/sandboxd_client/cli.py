@@ -29,6 +29,7 @@ from typing import Any
 
 from sandboxd_client.cli_completion import completion_script
 from sandboxd_client.cli_files import cmd_cp
+from sandboxd_client.cli_images import add_image_commands
 from sandboxd_client.cli_network import add_policy_options, cmd_egress, cmd_network, policy_from
 from sandboxd_client.cli_output import emit, pairs, table, wants_json, when
 from sandboxd_client.cli_processes import (
@@ -246,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action="store_true", default=None, help="always show progress")
     p.add_argument("--no-progress", action="store_false", dest="progress")
 
+    add_image_commands(sub)
     snap = sub.add_parser("snapshot", help="snapshots: create, ls, get, rm, download")
     ssub = snap.add_subparsers(dest="snapshot_command", required=True)
     p = ssub.add_parser("create", help="snapshot a session, print the snapshot id")
