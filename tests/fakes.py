@@ -361,36 +361,6 @@ class FakeEngine:
             i for i, labels in self.images.items() if labels.get("io.sandboxd.owner") == owner_id
         ]
 
-
-class FakeArchive:
-    """The archive side of snapshots over the fake's files: export is `tar -c` of the
-    workspace, import replaces it with the tar (what ArchiveIO does through the helper)."""
-
-    def __init__(self, engine: FakeEngine) -> None:
-        self._engine = engine
-        self.export_gate: Any = None  # an asyncio.Event an export waits on, when set
-        self.exported: Any = None  # an asyncio.Event set once an export has read the tar
-
-    async def export(self, session: Any, path: str) -> AsyncIterator[bytes]:
-        data = _tar(self._engine._get(session.container_id), _workspace_rel(path))
-        if self.exported is not None:
-            self.exported.set()
-        if self.export_gate is not None:  # the tar is read; the stream has not ended yet
-            await self.export_gate.wait()
-        yield data
-
-    async def import_(
-        self, session: Any, path: str, replace: bool, chunks: AsyncIterator[bytes]
-    ) -> None:
-        data = b"".join([c async for c in chunks])
-        box = self._engine._get(session.container_id)
-        if replace:
-            box.files.clear()
-            box.dirs.clear()
-        code, out = _untar(box, _workspace_rel(path), data)
-        if code != 0:
-            raise SandboxError(b"".join(d for _, d in out).decode())
-
     # ----- registry pulls -------------------------------------------------------------------
 
     async def inspect_image(self, image: str) -> ImageDetails | None:
@@ -422,3 +392,33 @@ class FakeArchive:
             yield PullProgress("Pull complete", f"layer{i}")
         self.images[reference] = {}
         self.digests[reference] = digest
+
+
+class FakeArchive:
+    """The archive side of snapshots over the fake's files: export is `tar -c` of the
+    workspace, import replaces it with the tar (what ArchiveIO does through the helper)."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        self._engine = engine
+        self.export_gate: Any = None  # an asyncio.Event an export waits on, when set
+        self.exported: Any = None  # an asyncio.Event set once an export has read the tar
+
+    async def export(self, session: Any, path: str) -> AsyncIterator[bytes]:
+        data = _tar(self._engine._get(session.container_id), _workspace_rel(path))
+        if self.exported is not None:
+            self.exported.set()
+        if self.export_gate is not None:  # the tar is read; the stream has not ended yet
+            await self.export_gate.wait()
+        yield data
+
+    async def import_(
+        self, session: Any, path: str, replace: bool, chunks: AsyncIterator[bytes]
+    ) -> None:
+        data = b"".join([c async for c in chunks])
+        box = self._engine._get(session.container_id)
+        if replace:
+            box.files.clear()
+            box.dirs.clear()
+        code, out = _untar(box, _workspace_rel(path), data)
+        if code != 0:
+            raise SandboxError(b"".join(d for _, d in out).decode())
