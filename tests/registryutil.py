@@ -1,5 +1,5 @@
-"""A private distribution registry for the registry tests: Debian's `docker-registry` on
-127.0.0.1 with htpasswd (bcrypt) auth, started and stopped by the tests.
+"""A private distribution registry for the registry tests and `make bench`: Debian's
+`docker-registry` on 127.0.0.1 with htpasswd (bcrypt) auth, started and stopped by its user.
 
 The Docker CLI logs in with its own DOCKER_CONFIG in the registry's temporary directory, never
 the user's ~/.docker; that file (Docker's config.json `auths`) is also what the server is given
@@ -19,8 +19,6 @@ import urllib.request
 from base64 import b64encode
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pytest
 
 USER = "sandboxd-tester"
 
@@ -89,7 +87,7 @@ class Registry:
 
 def start_registry(root: Path) -> Registry:
     if shutil.which("docker-registry") is None or shutil.which("htpasswd") is None:
-        pytest.fail("docker-registry and htpasswd are missing: run `make registry`")
+        raise RuntimeError("docker-registry and htpasswd are missing: run `make registry`")
     root.mkdir(parents=True, exist_ok=True)
     reg = Registry(root, _free_port(), os.urandom(12).hex())
     htpasswd = subprocess.run(
@@ -117,7 +115,7 @@ def start_registry(root: Path) -> Registry:
         except OSError:
             if time.monotonic() > deadline or reg.proc.poll() is not None:
                 reg.stop()
-                pytest.fail("docker-registry did not start")
+                raise RuntimeError("docker-registry did not start") from None
             time.sleep(0.1)
     (root / "docker").mkdir()
     login = subprocess.run(
@@ -130,5 +128,5 @@ def start_registry(root: Path) -> Registry:
     )
     if login.returncode != 0:
         reg.stop()
-        pytest.fail(f"docker login to the test registry failed: {login.stderr}")
+        raise RuntimeError(f"docker login to the test registry failed: {login.stderr}")
     return reg
