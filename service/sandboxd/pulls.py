@@ -235,6 +235,8 @@ class Pulls:
         if flight is None:
             flight = _Flight()
             flight.task = asyncio.create_task(self._run(key, image, flight), name=f"pull {key}")
+            # Every waiter may have gone (deadlines): the outcome is still looked at.
+            flight.task.add_done_callback(lambda t: t.cancelled() or t.exception())
             self._flights[key] = flight
         return flight
 

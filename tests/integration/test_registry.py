@@ -11,8 +11,10 @@ import contextlib
 import json
 import secrets
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -299,3 +301,29 @@ def test_sweep_removes_an_unused_pulled_image_and_keeps_one_in_use(
         admin.Sweep(admin_pb2.SweepRequest())
         assert not _local(unused)
         assert _local(used)
+
+
+def test_sandboxctl_image_pull_and_ls(main: Stubs, registry: Registry) -> None:
+    digest = registry.push(IMAGE, f"rt:ctl-{TAG}")
+    ref = f"{registry.host}/rt:ctl-{TAG}"
+    srv: ServerProcess = main.server  # type: ignore[attr-defined]
+    ctl = [str(Path(sys.executable).parent / "sandboxctl"), "--addr", srv.address]
+    pulled = subprocess.run(
+        [*ctl, "image", "pull", "--progress", ref], capture_output=True, text=True, timeout=120
+    )
+    assert pulled.returncode == 0, pulled.stderr
+    assert pulled.stdout.strip() == digest
+    assert ref in pulled.stderr  # the progress line names the image
+    listed = subprocess.run(
+        [*ctl, "-o", "json", "image", "ls"], capture_output=True, text=True, timeout=60
+    )
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert rows[ref]["digest"] == digest and rows[ref]["size_bytes"] > 0
+    refused = subprocess.run(
+        [*ctl, "image", "pull", f"{registry.host}/secret:{TAG}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1 and "IMAGE_NOT_ALLOWED" in refused.stderr

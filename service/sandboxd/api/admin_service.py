@@ -25,7 +25,14 @@ _EGRESS_FILTER = {
 # The major version of the API this server speaks: clients refuse a server of another one.
 API_VERSION = "v1"
 # What every server of this version offers; optional extras are added per configuration.
-_BASE_FEATURES = ("pty", "background_processes", "snapshots", "image_snapshots", "archives")
+_BASE_FEATURES = (
+    "pty",
+    "background_processes",
+    "snapshots",
+    "image_snapshots",
+    "archives",
+    "image_pulls",
+)
 
 
 class AdminService(admin_pb2_grpc.AdminServiceServicer):
