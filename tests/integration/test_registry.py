@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -327,3 +328,40 @@ def test_sandboxctl_image_pull_and_ls(main: Stubs, registry: Registry) -> None:
         timeout=60,
     )
     assert refused.returncode == 1 and "IMAGE_NOT_ALLOWED" in refused.stderr
+    registry.push(IMAGE, f"rt:ctl-never-{TAG}")
+    never = subprocess.run(
+        [
+            *ctl,
+            "create",
+            "--image",
+            f"{registry.host}/rt:ctl-never-{TAG}",
+            "--pull-policy",
+            "NEVER",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert never.returncode == 1 and "IMAGE_NOT_FOUND" in never.stderr
+
+
+def test_registry_unreachable(tmp_path_factory: pytest.TempPathFactory) -> None:
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    owner = "reg" + secrets.token_hex(4)
+    data = tmp_path_factory.mktemp("unreachable")
+    srv = start_server(data / "data", owner, "--image-allowlist", f"{closed}/*")
+    s = make_stubs(f"127.0.0.1:{srv.port}")
+    try:
+        expect_error(
+            lambda: _create(s, f"{closed}/rt:{TAG}"),
+            grpc.StatusCode.UNAVAILABLE,
+            "REGISTRY_UNREACHABLE",
+        )
+        listed = s.sessions.ListSessions(session_pb2.ListSessionsRequest())
+        assert list(listed.sessions) == []  # nothing of the session was made
+    finally:
+        s.channel.close()
+        srv.stop()
+        remove_owned_containers(owner)

@@ -73,6 +73,7 @@ async def cmd_create(client: SandboxClient, args: argparse.Namespace) -> int:
         user=args.user or "",
         network=policy_from(args),
         from_snapshot_id=getattr(args, "snapshot", "") or "",
+        pull_policy=args.pull_policy or "",
     )
     emit(args, session.info, session.id)
     return 0
@@ -152,6 +153,11 @@ def _session_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", metavar="KEY=VALUE")
     p.add_argument("--file", action="append", metavar="REMOTE=LOCAL", help="declare a file")
     p.add_argument("--image")
+    p.add_argument(
+        "--pull-policy",
+        choices=("IF_NOT_PRESENT", "ALWAYS", "NEVER"),
+        help="when to ask the registry for the image (default IF_NOT_PRESENT)",
+    )
     p.add_argument("--user", help="numeric uid:gid")
     p.add_argument("--lease", type=float, metavar="SECONDS")
     p.add_argument("--json", action="store_true", help="same as -o json")
