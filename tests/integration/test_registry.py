@@ -29,7 +29,16 @@ from conftest import (
     start_server,
 )
 from registryutil import Registry, start_registry
-from sandboxd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, images_pb2, session_pb2
+from sandboxd.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    images_pb2,
+    process_pb2,
+    session_pb2,
+    snapshot_pb2,
+    snapshot_pb2_grpc,
+)
 
 TAG = secrets.token_hex(4)
 
@@ -107,6 +116,25 @@ def _local(ref: str) -> bool:
     return subprocess.run(["docker", "image", "inspect", ref], capture_output=True).returncode == 0
 
 
+def _runs_label(s: Stubs, session_id: str) -> str:
+    """The `sandboxd.test` label of the image the session's container runs."""
+    srv: ServerProcess = s.server  # type: ignore[attr-defined]
+    name = f"sandboxd-{srv.owner_id}-{session_id}"
+    image = subprocess.run(
+        ["docker", "inspect", "--format", "{{.Image}}", name],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    labels = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", image],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return str((json.loads(labels) or {}).get("sandboxd.test", ""))
+
+
 def _build(tag: str, label: str) -> str:
     subprocess.run(
         ["docker", "build", "-q", "-t", tag, "-"],
@@ -162,27 +190,7 @@ def test_always_sees_a_repushed_tag_and_resume_keeps_the_old_digest(
     main.sessions.SuspendSession(session_pb2.SuspendSessionRequest(session_id=sid))
     resumed = main.sessions.ResumeSession(session_pb2.ResumeSessionRequest(session_id=sid))
     assert resumed.session.image_digest == old
-    inspect = subprocess.run(
-        ["docker", "inspect", "--format", "{{.Image}}", resumed.session.session_id],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    labels = subprocess.run(
-        [
-            "docker",
-            "image",
-            "inspect",
-            "--format",
-            "{{json .Config.Labels}}",
-            inspect.stdout.strip(),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if inspect.returncode == 0:  # containers are named by session id
-        assert json.loads(labels.stdout).get("sandboxd.test") == "one"
+    assert _runs_label(main, sid) == "one"
     for i in (1, 2):
         subprocess.run(["docker", "rmi", f"sandboxd-test-moving:{TAG}-{i}"], capture_output=True)
 
@@ -365,3 +373,36 @@ def test_registry_unreachable(tmp_path_factory: pytest.TempPathFactory) -> None:
         s.channel.close()
         srv.stop()
         remove_owned_containers(owner)
+
+
+def test_a_fork_runs_its_sources_digest_after_the_tag_moved(
+    main: Stubs, registry: Registry
+) -> None:
+    ref = f"{registry.host}/rt:fork-{TAG}"
+    builds = [f"sandboxd-test-fork:{TAG}-{i}" for i in (1, 2)]
+    try:
+        old = registry.push(_build(builds[0], "fork-one"), f"rt:fork-{TAG}")
+        source = _create(main, ref)
+        assert source.image_digest == old
+        snaps = snapshot_pb2_grpc.SnapshotServiceStub(main.channel)
+        snap = snaps.CreateSnapshot(
+            snapshot_pb2.CreateSnapshotRequest(session_id=source.session_id)
+        ).snapshot
+        new = registry.push(_build(builds[1], "fork-two"), f"rt:fork-{TAG}")
+        assert _create(main, ref, images_pb2.PULL_POLICY_ALWAYS).image_digest == new
+        fork = main.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(
+                image=ref,
+                from_snapshot_id=snap.snapshot_id,
+                shell=common_pb2.ShellPolicy(allow_all=True),
+            ),
+            timeout=120,
+        ).session
+        assert fork.image_digest == old
+        ran = main.processes.Run(
+            process_pb2.RunRequest(session_id=fork.session_id, argv=["true"]), timeout=60
+        )
+        assert ran.exit_code == 0
+        assert _runs_label(main, fork.session_id) == "fork-one"
+    finally:
+        subprocess.run(["docker", "rmi", *builds], capture_output=True, check=False)
