@@ -41,12 +41,14 @@ from sandboxd.v1 import (
 )
 
 TAG = secrets.token_hex(4)
+BUILT: list[str] = []  # local images the tests built; removed with the registry
 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     reg = start_registry(tmp_path_factory.mktemp("registry") / "reg")
     yield reg
+    subprocess.run(["docker", "rmi", "-f", *BUILT], capture_output=True, check=False)
     for ref in reg.pushed:
         subprocess.run(["docker", "rmi", "-f", ref], capture_output=True, check=False)
     images = subprocess.run(
@@ -136,6 +138,7 @@ def _runs_label(s: Stubs, session_id: str) -> str:
 
 
 def _build(tag: str, label: str) -> str:
+    BUILT.append(tag)
     subprocess.run(
         ["docker", "build", "-q", "-t", tag, "-"],
         input=f"FROM {IMAGE}\nLABEL sandboxd.test={label}\n",
@@ -159,6 +162,8 @@ def test_create_pulls_an_absent_image_once_and_records_its_digest(
     second = _create(main, ref)
     assert second.image_digest == digest
     assert _pulls(main, ref) == 1, "the second create pulled again"
+    listed = {i.name: i for i in main.admin.ListImages(images_pb2.ListImagesRequest()).images}
+    assert listed[ref].digest == digest and listed[ref].HasField("last_used_at")
 
 
 def test_never_refuses_an_absent_image(main: Stubs, registry: Registry) -> None:
@@ -191,8 +196,6 @@ def test_always_sees_a_repushed_tag_and_resume_keeps_the_old_digest(
     resumed = main.sessions.ResumeSession(session_pb2.ResumeSessionRequest(session_id=sid))
     assert resumed.session.image_digest == old
     assert _runs_label(main, sid) == "one"
-    for i in (1, 2):
-        subprocess.run(["docker", "rmi", f"sandboxd-test-moving:{TAG}-{i}"], capture_output=True)
 
 
 def test_a_digest_reference_is_pulled_and_recorded(main: Stubs, registry: Registry) -> None:
@@ -379,30 +382,26 @@ def test_a_fork_runs_its_sources_digest_after_the_tag_moved(
     main: Stubs, registry: Registry
 ) -> None:
     ref = f"{registry.host}/rt:fork-{TAG}"
-    builds = [f"sandboxd-test-fork:{TAG}-{i}" for i in (1, 2)]
-    try:
-        old = registry.push(_build(builds[0], "fork-one"), f"rt:fork-{TAG}")
-        source = _create(main, ref)
-        assert source.image_digest == old
-        snaps = snapshot_pb2_grpc.SnapshotServiceStub(main.channel)
-        snap = snaps.CreateSnapshot(
-            snapshot_pb2.CreateSnapshotRequest(session_id=source.session_id)
-        ).snapshot
-        new = registry.push(_build(builds[1], "fork-two"), f"rt:fork-{TAG}")
-        assert _create(main, ref, images_pb2.PULL_POLICY_ALWAYS).image_digest == new
-        fork = main.sessions.CreateSession(
-            session_pb2.CreateSessionRequest(
-                image=ref,
-                from_snapshot_id=snap.snapshot_id,
-                shell=common_pb2.ShellPolicy(allow_all=True),
-            ),
-            timeout=120,
-        ).session
-        assert fork.image_digest == old
-        ran = main.processes.Run(
-            process_pb2.RunRequest(session_id=fork.session_id, argv=["true"]), timeout=60
-        )
-        assert ran.exit_code == 0
-        assert _runs_label(main, fork.session_id) == "fork-one"
-    finally:
-        subprocess.run(["docker", "rmi", *builds], capture_output=True, check=False)
+    old = registry.push(_build(f"sandboxd-test-fork:{TAG}-1", "fork-one"), f"rt:fork-{TAG}")
+    source = _create(main, ref)
+    assert source.image_digest == old
+    snaps = snapshot_pb2_grpc.SnapshotServiceStub(main.channel)
+    snap = snaps.CreateSnapshot(
+        snapshot_pb2.CreateSnapshotRequest(session_id=source.session_id)
+    ).snapshot
+    new = registry.push(_build(f"sandboxd-test-fork:{TAG}-2", "fork-two"), f"rt:fork-{TAG}")
+    assert _create(main, ref, images_pb2.PULL_POLICY_ALWAYS).image_digest == new
+    fork = main.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(
+            image=ref,
+            from_snapshot_id=snap.snapshot_id,
+            shell=common_pb2.ShellPolicy(allow_all=True),
+        ),
+        timeout=120,
+    ).session
+    assert fork.image_digest == old
+    ran = main.processes.Run(
+        process_pb2.RunRequest(session_id=fork.session_id, argv=["true"]), timeout=60
+    )
+    assert ran.exit_code == 0
+    assert _runs_label(main, fork.session_id) == "fork-one"
