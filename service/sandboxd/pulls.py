@@ -166,7 +166,7 @@ class Pulls:
                 raise _absent(image)
             return Resolved(digest_of(ref, local), local.image_id)
         if policy is PullPolicy.ALWAYS and local is not None and not ref.digest:
-            remote = await self._registry.resolve(ref, self._credentials(ref))
+            remote = await self._registry.resolve(ref, await self._credentials(ref))
             if any(d.endswith("@" + remote.digest) for d in local.repo_digests):
                 return Resolved(remote.digest, local.image_id)
         elif local is not None:  # a digest reference held already: nothing can have moved
@@ -255,7 +255,7 @@ class Pulls:
 
     async def _pull(self, image: str, flight: _Flight) -> Resolved:
         ref = Reference.parse(image)
-        auth = self._credentials(ref)
+        auth = await self._credentials(ref)
         cap = self._config.images.max_image_bytes
         remote = await self._registry.resolve(ref, auth)
         if remote.size_bytes is not None and remote.size_bytes > cap:
@@ -289,8 +289,12 @@ class Pulls:
         await self.records.save()
         return Resolved(digest, details.image_id)
 
-    def _credentials(self, ref: Reference) -> dict[str, str] | None:
-        return load_credentials(self._config.images.registry_auth_file).get(ref.registry)
+    async def _credentials(self, ref: Reference) -> dict[str, str] | None:
+        """Read per pull (the operator may rotate them), off the event loop."""
+        path = self._config.images.registry_auth_file
+        if path is None:
+            return None
+        return (await asyncio.to_thread(load_credentials, path)).get(ref.registry)
 
     # ----- ListImages and the sweep ----------------------------------------------------
 
