@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The registry tests (tests/integration/test_registry.py) run Debian's distribution registry
 # (`docker-registry`) on loopback with htpasswd auth (`htpasswd` from apache2-utils). The
-# package's own service is stopped and disabled: the tests start a private registry and stop it.
+# package's own service is kept from starting and disabled: the tests start a private registry
+# on loopback and stop it. (The package adds /etc/docker/registry/config.yml, unused here.)
 set -euo pipefail
 have() { command -v docker-registry >/dev/null 2>&1 && command -v htpasswd >/dev/null 2>&1; }
 if have; then exit 0; fi
@@ -17,7 +18,11 @@ if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod +x 
 trap '[ "$made_policy" = 1 ] && rm -f "$policy"' EXIT
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends docker-registry apache2-utils >/dev/null
+# Nor at boot: Debian's default config listens on :5000 on every interface, without auth.
 if command -v systemctl >/dev/null 2>&1; then
   systemctl disable --now docker-registry >/dev/null 2>&1 || true
+fi
+if command -v update-rc.d >/dev/null 2>&1; then
+  update-rc.d docker-registry disable >/dev/null 2>&1 || true
 fi
 have
