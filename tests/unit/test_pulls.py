@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from fakes import FakeEngine
+from fakes import FakeArchive, FakeEngine
 from sandboxd.config import Config
 from sandboxd.errors import FailedPrecondition, NotFound, ResourceExhausted
-from sandboxd.models import PullPolicy
+from sandboxd.models import PullPolicy, SessionState
 from sandboxd.pulls import Pulls
 from sandboxd.reasons import Reason
 from sandboxd.registry import Reference, RemoteManifest, load_credentials
+from sandboxd.sessions import CreateSessionInput, SessionManager
+from sandboxd.snapshot_store import SnapshotStore
+from sandboxd.snapshots import SnapshotKeeper
+from sandboxd.store import SessionStore
 
 REF = "reg.test:5000/team/tools:v1"
 DIGEST = "sha256:" + "a" * 64
@@ -177,3 +183,42 @@ def test_credentials_file_in_docker_config_format(tmp_path: Path) -> None:
     with pytest.raises(FailedPrecondition) as err:
         load_credentials(path)
     assert "secret-password" not in str(err.value)
+
+
+@contextlib.asynccontextmanager
+async def _manager(
+    tmp_path: Path, engine: FakeEngine, registry: StubRegistry
+) -> AsyncIterator[tuple[SessionManager, SessionStore]]:
+    config = Config(data_dir=tmp_path, image_allowlist="reg.test:5000/*")
+    async with SessionStore(tmp_path / "sessions.db") as store:
+        snap_store = await SnapshotStore(store.db, tmp_path / "snapshots").open()
+        keeper = SnapshotKeeper(snap_store, FakeArchive(engine), engine, "sbxunit")
+        pulls = Pulls(config, engine, registry=registry)  # type: ignore[arg-type]
+        yield SessionManager(config, engine, store, "sbxunit", keeper, pulls=pulls), store
+        await pulls.close()
+
+
+async def test_create_pulls_and_records_the_digest_in_the_session(tmp_path: Path) -> None:
+    engine, registry = FakeEngine(), StubRegistry()
+    engine.remote[REF] = (DIGEST, (100,))
+    async with _manager(tmp_path, engine, registry) as (sessions, store):
+        s = await sessions.create(CreateSessionInput(image=REF))
+        assert s.state is SessionState.RUNNING and s.spec.image_digest == DIGEST
+        stored = await store.get(s.session_id)
+        assert stored is not None and stored.spec.image_digest == DIGEST
+        assert stored.spec.image_id and stored.fingerprint == s.spec.fingerprint()
+
+
+async def test_a_failed_pull_leaves_no_session_behind(tmp_path: Path) -> None:
+    engine, registry = FakeEngine(), StubRegistry(size=10**12)
+    engine.remote[REF] = (DIGEST, (100,))
+    async with _manager(tmp_path, engine, registry) as (sessions, store):
+        with pytest.raises(ResourceExhausted):
+            await sessions.create(CreateSessionInput(session_id="s1", image=REF))
+        assert await store.get("s1") is None and engine.sandboxes == {}
+        with pytest.raises(FailedPrecondition) as err:
+            await sessions.create(
+                CreateSessionInput(session_id="s1", image=REF, pull_policy=PullPolicy.NEVER)
+            )
+        assert err.value.reason == Reason.IMAGE_NOT_FOUND
+        assert await store.get("s1") is None and engine.sandboxes == {}
