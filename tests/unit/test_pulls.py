@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from fakes import FakeArchive, FakeEngine
 from sandboxd.config import Config
+from sandboxd.engine.docker_pull import pull_error
 from sandboxd.errors import FailedPrecondition, NotFound, ResourceExhausted
 from sandboxd.models import PullPolicy, SessionState
 from sandboxd.pulls import Pulls
@@ -222,3 +223,35 @@ async def test_a_failed_pull_leaves_no_session_behind(tmp_path: Path) -> None:
             )
         assert err.value.reason == Reason.IMAGE_NOT_FOUND
         assert await store.get("s1") is None and engine.sandboxes == {}
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "reason"),
+    [
+        (
+            404,
+            "manifest for 127.0.0.1:5000/rt:x not found: manifest unknown",
+            "REGISTRY_IMAGE_NOT_FOUND",
+        ),
+        (
+            500,
+            "pull access denied for nope, repository does not exist or may require 'docker login'",
+            "REGISTRY_IMAGE_NOT_FOUND",
+        ),
+        (500, "unauthorized: authentication required", "REGISTRY_UNAUTHORIZED"),
+        (500, "no basic auth credentials", "REGISTRY_UNAUTHORIZED"),
+        (
+            500,
+            'Get "http://127.0.0.1:1/v2/": dial tcp 127.0.0.1:1: connect: connection refused',
+            "REGISTRY_UNREACHABLE",
+        ),
+        (
+            500,
+            "no matching manifest for linux/amd64 in the manifest list entries",
+            "IMAGE_PULL_FAILED",
+        ),
+    ],
+)
+def test_engine_pull_errors_get_their_reason(status: int, message: str, reason: str) -> None:
+    err = pull_error("127.0.0.1:5000/rt:x", status, message)
+    assert err.reason == reason
