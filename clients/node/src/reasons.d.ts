@@ -179,6 +179,16 @@ export declare class ImageHasVolumesError extends FailedPrecondition {}
 export declare class TenantStreamQuotaError extends ResourceExhausted {}
 /** DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout. */
 export declare class StreamIdleError extends DeadlineExceeded {}
+/** NOT_FOUND: The registry has no such repository, tag or digest. */
+export declare class RegistryImageNotFoundError extends NotFound {}
+/** FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file). */
+export declare class RegistryUnauthorizedError extends FailedPrecondition {}
+/** UNAVAILABLE, retryable: The registry did not answer. */
+export declare class RegistryUnreachableError extends Unavailable {}
+/** RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes. */
+export declare class ImageTooLargeError extends ResourceExhausted {}
+/** INTERNAL: The engine failed the pull for another reason (its message says which). */
+export declare class ImagePullFailedError extends Internal {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -279,7 +289,12 @@ export type Reason =
   | 'IMAGE_NOT_ALLOWED'
   | 'IMAGE_HAS_VOLUMES'
   | 'TENANT_STREAM_QUOTA'
-  | 'STREAM_IDLE';
+  | 'STREAM_IDLE'
+  | 'REGISTRY_IMAGE_NOT_FOUND'
+  | 'REGISTRY_UNAUTHORIZED'
+  | 'REGISTRY_UNREACHABLE'
+  | 'IMAGE_TOO_LARGE'
+  | 'IMAGE_PULL_FAILED';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<
