@@ -55,6 +55,14 @@ class SessionState(enum.StrEnum):
     FAILED = "FAILED"
 
 
+class PullPolicy(enum.StrEnum):
+    """When a create asks the registry for its image (sandboxd.pulls)."""
+
+    IF_NOT_PRESENT = "IF_NOT_PRESENT"
+    ALWAYS = "ALWAYS"
+    NEVER = "NEVER"
+
+
 class NetworkMode(enum.StrEnum):
     DENY = "DENY"
     ALLOWLIST = "ALLOWLIST"
@@ -153,6 +161,11 @@ class SessionSpec:
     uid: int
     gid: int
     manifest: WorkspaceManifest
+    # The image resolved at create (sandboxd.pulls): reported digest, and the image id a
+    # rebuild runs, so a resume never picks up what the tag names later. Not fingerprinted:
+    # a retried create of the same request is the same session whatever the tag does.
+    image_digest: str = ""
+    image_id: str = ""
 
     @property
     def user(self) -> str:

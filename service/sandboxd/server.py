@@ -43,6 +43,7 @@ from sandboxd.files import Files
 from sandboxd.metrics import Metrics, MetricsServer
 from sandboxd.pool import WarmPool
 from sandboxd.processes import ProcessManager
+from sandboxd.pulls import Pulls, live_images
 from sandboxd.secrets import vault
 from sandboxd.secrets.setup import SecretsSetup
 from sandboxd.sessions import SessionManager
@@ -213,6 +214,8 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         )
         snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
         keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
+        pulls = Pulls(config, engine, live_images=lambda: live_images(store))
+        stack.push_async_callback(pulls.close)
         sessions = SessionManager(
             config,
             engine,
@@ -222,6 +225,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             pool=pool,
             egress=egress,
             on_session_end=[processes.end_session],
+            pulls=pulls,
         )
         snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
 
@@ -250,9 +254,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(
             SnapshotService(sessions, archive, snapshots), server
         )
-        sweeper = Sweeper(sessions, engine, owner_id, snapshots)
+        sweeper = Sweeper(sessions, engine, owner_id, snapshots, pulls=pulls)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminService(config, engine, egress, sweeper), server
+            AdminService(config, engine, egress, sweeper, pulls), server
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -179,6 +179,16 @@ export declare class ImageHasVolumesError extends FailedPrecondition {}
 export declare class TenantStreamQuotaError extends ResourceExhausted {}
 /** DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout. */
 export declare class StreamIdleError extends DeadlineExceeded {}
+/** NOT_FOUND: The registry has no such repository, tag or digest. */
+export declare class RegistryImageNotFoundError extends NotFound {}
+/** FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file). */
+export declare class RegistryUnauthorizedError extends FailedPrecondition {}
+/** UNAVAILABLE, retryable: The registry did not answer. */
+export declare class RegistryUnreachableError extends Unavailable {}
+/** RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes. */
+export declare class ImageTooLargeError extends ResourceExhausted {}
+/** INTERNAL: The engine failed the pull for another reason (its message says which). */
+export declare class ImagePullFailedError extends Internal {}
 /** INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header, template), or names a secret a live update cannot add. */
 export declare class SecretBindingInvalidError extends InvalidArgument {}
 /** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
@@ -284,6 +294,11 @@ export type Reason =
   | 'IMAGE_HAS_VOLUMES'
   | 'TENANT_STREAM_QUOTA'
   | 'STREAM_IDLE'
+  | 'REGISTRY_IMAGE_NOT_FOUND'
+  | 'REGISTRY_UNAUTHORIZED'
+  | 'REGISTRY_UNREACHABLE'
+  | 'IMAGE_TOO_LARGE'
+  | 'IMAGE_PULL_FAILED'
   | 'SECRET_BINDING_INVALID'
   | 'SECRET_REF_NOT_FOUND';
 

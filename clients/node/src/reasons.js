@@ -179,6 +179,16 @@ export class ImageHasVolumesError extends FailedPrecondition {}
 export class TenantStreamQuotaError extends ResourceExhausted {}
 /** DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout. */
 export class StreamIdleError extends DeadlineExceeded {}
+/** NOT_FOUND: The registry has no such repository, tag or digest. */
+export class RegistryImageNotFoundError extends NotFound {}
+/** FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file). */
+export class RegistryUnauthorizedError extends FailedPrecondition {}
+/** UNAVAILABLE, retryable: The registry did not answer. */
+export class RegistryUnreachableError extends Unavailable {}
+/** RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes. */
+export class ImageTooLargeError extends ResourceExhausted {}
+/** INTERNAL: The engine failed the pull for another reason (its message says which). */
+export class ImagePullFailedError extends Internal {}
 /** INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header, template), or names a secret a live update cannot add. */
 export class SecretBindingInvalidError extends InvalidArgument {}
 /** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
@@ -285,6 +295,11 @@ export const REASONS = Object.freeze({
   IMAGE_HAS_VOLUMES: { code: 'FAILED_PRECONDITION', retryable: false, error: ImageHasVolumesError },
   TENANT_STREAM_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TenantStreamQuotaError },
   STREAM_IDLE: { code: 'DEADLINE_EXCEEDED', retryable: false, error: StreamIdleError },
+  REGISTRY_IMAGE_NOT_FOUND: { code: 'NOT_FOUND', retryable: false, error: RegistryImageNotFoundError },
+  REGISTRY_UNAUTHORIZED: { code: 'FAILED_PRECONDITION', retryable: false, error: RegistryUnauthorizedError },
+  REGISTRY_UNREACHABLE: { code: 'UNAVAILABLE', retryable: true, error: RegistryUnreachableError },
+  IMAGE_TOO_LARGE: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: ImageTooLargeError },
+  IMAGE_PULL_FAILED: { code: 'INTERNAL', retryable: false, error: ImagePullFailedError },
   SECRET_BINDING_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretBindingInvalidError },
   SECRET_REF_NOT_FOUND: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretRefNotFoundError },
 });

@@ -31,6 +31,8 @@ export type Requests<T> = Iterable<Init<T>> | AsyncIterable<Init<T>>;
 export interface AdminServiceClient {
   getServerInfo(request: Init<GetServerInfoRequest>, options?: CallOptions): Promise<GetServerInfoResponse>;
   sweep(request: Init<SweepRequest>, options?: CallOptions): Promise<SweepResponse>;
+  pullImage(request: Init<PullImageRequest>, options?: CallOptions): AsyncGenerator<PullImageResponse, void, undefined>;
+  listImages(request: Init<ListImagesRequest>, options?: CallOptions): Promise<ListImagesResponse>;
 }
 
 export interface GetServerInfoRequest {
@@ -140,6 +142,48 @@ export interface SecretBinding {
   template: string;
 }
 
+export type PullPolicy =
+  | 'PULL_POLICY_UNSPECIFIED'
+  | 'PULL_POLICY_IF_NOT_PRESENT'
+  | 'PULL_POLICY_ALWAYS'
+  | 'PULL_POLICY_NEVER';
+
+export interface PullImageRequest {
+  image: string;
+}
+
+export interface PullImageProgress {
+  status: string;
+  current_bytes: number;
+  total_bytes: number;
+  layers_total: number;
+  layers_done: number;
+}
+
+export interface PullImageDone {
+  image_digest: string;
+}
+
+export interface PullImageResponse {
+  progress: PullImageProgress | null;
+  done: PullImageDone | null;
+  event?: 'progress' | 'done';
+}
+
+export interface ListImagesRequest {
+}
+
+export interface ImageInfo {
+  name: string;
+  digest: string;
+  size_bytes: number;
+  last_used_at: Timestamp | null;
+}
+
+export interface ListImagesResponse {
+  images: ImageInfo[];
+}
+
 export type ErrorReason =
   | 'ERROR_REASON_UNSPECIFIED'
   | 'ERROR_REASON_INVALID_ARGUMENT'
@@ -241,6 +285,11 @@ export type ErrorReason =
   | 'ERROR_REASON_IMAGE_HAS_VOLUMES'
   | 'ERROR_REASON_TENANT_STREAM_QUOTA'
   | 'ERROR_REASON_STREAM_IDLE'
+  | 'ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND'
+  | 'ERROR_REASON_REGISTRY_UNAUTHORIZED'
+  | 'ERROR_REASON_REGISTRY_UNREACHABLE'
+  | 'ERROR_REASON_IMAGE_TOO_LARGE'
+  | 'ERROR_REASON_IMAGE_PULL_FAILED'
   | 'ERROR_REASON_SECRET_BINDING_INVALID'
   | 'ERROR_REASON_SECRET_REF_NOT_FOUND';
 
@@ -569,6 +618,7 @@ export interface CreateSessionRequest {
   lease_ttl: Duration | null;
   user: string;
   from_snapshot_id: string;
+  pull_policy: PullPolicy;
 }
 
 export interface CreateSessionResponse {
@@ -683,6 +733,7 @@ export interface Session {
   shell: ShellPolicy | null;
   user: string;
   workspace_id: string;
+  image_digest: string;
 }
 
 /** sandboxd.v1.SnapshotService: SandboxClient.snapshots. */

@@ -241,6 +241,7 @@ class SessionInfo:
     shell: ShellPolicy = ShellPolicy()
     user: str = ""
     workspace_id: str = ""
+    image_digest: str = ""  # the digest it runs (a resume or fork runs the same)
 
     @classmethod
     def from_pb(cls, m: session_pb2.Session) -> Self:
@@ -258,6 +259,7 @@ class SessionInfo:
             shell=ShellPolicy.from_pb(m.shell),
             user=m.user,
             workspace_id=m.workspace_id,
+            image_digest=m.image_digest,
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from sandboxd import validation
-from sandboxd.api import egress_convert
+from sandboxd.api import egress_convert, image_convert
 from sandboxd.errors import InvalidArgument
 from sandboxd.models import (
     ExecEvent,
@@ -150,6 +150,7 @@ def create_input(req: session_pb2.CreateSessionRequest) -> CreateSessionInput:
             directories=tuple(req.workspace.directories),
         ),
         from_snapshot_id=req.from_snapshot_id,
+        pull_policy=image_convert.pull_policy(req.pull_policy),
     )
 
 
@@ -179,6 +180,7 @@ def session_pb(s: Session) -> session_pb2.Session:
         ),
         user=s.spec.user,
         workspace_id=s.spec.manifest.id,
+        image_digest=s.spec.image_digest,
     )
 
 

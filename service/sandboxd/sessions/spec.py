@@ -24,6 +24,7 @@ from sandboxd.models import (
     ManifestFile,
     NetworkMode,
     NetworkPolicy,
+    PullPolicy,
     SessionSpec,
     ShellPolicy,
     WorkspaceManifest,
@@ -55,6 +56,7 @@ class CreateSessionInput:
     user: str = ""
     manifest: WorkspaceManifest = field(default_factory=WorkspaceManifest)
     from_snapshot_id: str = ""
+    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class CheckedCreate:
     lease_s: float
     labels: dict[str, str]
     from_snapshot_id: str
+    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
 
 
 def check_create(
@@ -94,7 +97,9 @@ def check_create(
         manifest=manifest,
     )
     labels = validation.validate_labels(req.labels)
-    return CheckedCreate(session_id, spec, lease, labels, req.from_snapshot_id)
+    return CheckedCreate(
+        session_id, spec, lease, labels, req.from_snapshot_id, PullPolicy(req.pull_policy)
+    )
 
 
 def resolve_limits(requested: LimitsRequest, defaults: Limits, maxima: Limits) -> Limits:

@@ -225,6 +225,16 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
     ERROR_REASON_STREAM_IDLE: _ErrorReason.ValueType  # 99
     """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
+    ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND: _ErrorReason.ValueType  # 180
+    """NOT_FOUND: The registry has no such repository, tag or digest."""
+    ERROR_REASON_REGISTRY_UNAUTHORIZED: _ErrorReason.ValueType  # 181
+    """FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file)."""
+    ERROR_REASON_REGISTRY_UNREACHABLE: _ErrorReason.ValueType  # 182
+    """UNAVAILABLE, retryable: The registry did not answer."""
+    ERROR_REASON_IMAGE_TOO_LARGE: _ErrorReason.ValueType  # 183
+    """RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes."""
+    ERROR_REASON_IMAGE_PULL_FAILED: _ErrorReason.ValueType  # 184
+    """INTERNAL: The engine failed the pull for another reason (its message says which)."""
     ERROR_REASON_SECRET_BINDING_INVALID: _ErrorReason.ValueType  # 200
     """INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header,
     template), or names a secret a live update cannot add.
@@ -444,6 +454,16 @@ ERROR_REASON_TENANT_STREAM_QUOTA: ErrorReason.ValueType  # 98
 """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
 ERROR_REASON_STREAM_IDLE: ErrorReason.ValueType  # 99
 """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
+ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND: ErrorReason.ValueType  # 180
+"""NOT_FOUND: The registry has no such repository, tag or digest."""
+ERROR_REASON_REGISTRY_UNAUTHORIZED: ErrorReason.ValueType  # 181
+"""FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file)."""
+ERROR_REASON_REGISTRY_UNREACHABLE: ErrorReason.ValueType  # 182
+"""UNAVAILABLE, retryable: The registry did not answer."""
+ERROR_REASON_IMAGE_TOO_LARGE: ErrorReason.ValueType  # 183
+"""RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes."""
+ERROR_REASON_IMAGE_PULL_FAILED: ErrorReason.ValueType  # 184
+"""INTERNAL: The engine failed the pull for another reason (its message says which)."""
 ERROR_REASON_SECRET_BINDING_INVALID: ErrorReason.ValueType  # 200
 """INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header,
 template), or names a secret a live update cannot add.
