@@ -143,6 +143,12 @@ class Metrics:
             registry=r,
         )
         self._tenants: set[str] = set()
+        self.secret_events = Counter(
+            "sandboxd_secret_events",
+            "Secrets injected by the egress proxy, and placeholders sent elsewhere, by tenant",
+            ["tenant", "kind"],
+            registry=r,
+        )
         for state in SessionState:
             self.sessions.labels(state.value).set(0)
         for kind in ("unavailable", "not_found", "conflict", "internal"):
@@ -180,6 +186,10 @@ class Metrics:
             self.tenant_output_bytes.labels(t).inc(out)
         elif kind == "egress":
             self.tenant_egress.labels(t, attributes.get("verdict", "")).inc()
+
+    def secret_event(self, tenant: str, kind: str) -> None:
+        """kind: secret_injected or secret_misdirected (no session label: bounded series)."""
+        self.secret_events.labels(tenant, kind).inc()
 
     def engine_error(self, kind: str) -> None:
         self.engine_errors.labels(kind).inc()

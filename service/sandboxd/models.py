@@ -55,6 +55,14 @@ class SessionState(enum.StrEnum):
     FAILED = "FAILED"
 
 
+class PullPolicy(enum.StrEnum):
+    """When a create asks the registry for its image (sandboxd.pulls)."""
+
+    IF_NOT_PRESENT = "IF_NOT_PRESENT"
+    ALWAYS = "ALWAYS"
+    NEVER = "NEVER"
+
+
 class NetworkMode(enum.StrEnum):
     DENY = "DENY"
     ALLOWLIST = "ALLOWLIST"
@@ -78,12 +86,44 @@ class ProxyQuotas:
 
 
 @dataclass(frozen=True)
+class SecretBinding:
+    """A secret the egress proxy adds to requests for its hosts (sandboxd.secrets).
+
+    `value` is the plaintext as a caller sent it: only between the API and validation, which
+    seals it (`sealed`, with a key outside the data directory) and drops it. It is never in
+    a repr, an answer, the store or the fingerprint. `placeholder` is what the sandbox sees.
+    """
+
+    name: str
+    hosts: tuple[str, ...] = ()
+    header: str = ""
+    template: str = ""
+    secret_ref: str = ""
+    placeholder: str = ""
+    sealed: bytes = field(default=b"", repr=False)
+    value: bytes | None = field(default=None, repr=False, compare=False)
+
+    def public(self) -> dict[str, Any]:
+        """What may be stored, returned and fingerprinted (no value, sealed or not)."""
+        return {
+            "name": self.name,
+            "hosts": list(self.hosts),
+            "header": self.header,
+            "template": self.template,
+            "secret_ref": self.secret_ref,
+            "placeholder": self.placeholder,
+        }
+
+
+@dataclass(frozen=True)
 class NetworkPolicy:
     mode: NetworkMode = NetworkMode.DENY
     allowed_domains: tuple[str, ...] = ()
     allowed_ports: tuple[int, ...] = ()
     allow_private_networks: bool = False
     quotas: ProxyQuotas = field(default_factory=ProxyQuotas)  # resolved (all set) for ALLOWLIST
+    secrets: tuple[SecretBinding, ...] = ()
+    refuse_misdirected_secrets: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +161,11 @@ class SessionSpec:
     uid: int
     gid: int
     manifest: WorkspaceManifest
+    # The image resolved at create (sandboxd.pulls): reported digest, and the image id a
+    # rebuild runs, so a resume never picks up what the tag names later. Not fingerprinted:
+    # a retried create of the same request is the same session whatever the tag does.
+    image_digest: str = ""
+    image_id: str = ""
 
     @property
     def user(self) -> str:
@@ -146,6 +191,15 @@ class SessionSpec:
                 **(
                     {"quotas": self.network.quotas.to_dict()}
                     if self.network.mode is NetworkMode.ALLOWLIST
+                    else {}
+                ),
+                # Sessions without secrets keep the fingerprints they had.
+                **(
+                    {
+                        "secrets": [b.public() for b in self.network.secrets],
+                        "refuse_misdirected_secrets": self.network.refuse_misdirected_secrets,
+                    }
+                    if self.network.secrets or self.network.refuse_misdirected_secrets
                     else {}
                 ),
             },

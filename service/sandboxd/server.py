@@ -51,6 +51,9 @@ from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
 from sandboxd.metrics import Metrics, MetricsServer
 from sandboxd.pool import WarmPool
 from sandboxd.processes import ProcessManager
+from sandboxd.pulls import Pulls, live_images
+from sandboxd.secrets import vault
+from sandboxd.secrets.setup import SecretsSetup
 from sandboxd.sessions import SessionManager
 from sandboxd.sessions.recovery import ENDED_RETENTION
 from sandboxd.snapshot_store import SnapshotStore
@@ -223,6 +226,11 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 ),
                 protected=await _protected(config),
                 private_networks_granted=_private_networks_grant(config),
+                secrets=SecretsSetup(
+                    vault.configure(config.egress.secrets_key_file, config.egress.secrets_file),
+                    config.egress.upstream_ca_file,
+                    metrics.secret_event,
+                ),
             )
         )
         executor = Executor(engine)
@@ -236,6 +244,8 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
         keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
         terms = await LeaseTermsStore(store.db).open()
+        pulls = Pulls(config, engine, live_images=lambda: live_images(store))
+        stack.push_async_callback(pulls.close)
         sessions = SessionManager(
             config,
             engine,
@@ -246,6 +256,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             egress=egress,
             on_session_end=[processes.end_session],
             on_expiry=ExpiryPolicy(terms, keeper, store, suspend_for=ENDED_RETENTION),
+            pulls=pulls,
         )
         snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
 
@@ -279,9 +290,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(
             SnapshotService(sessions, archive, snapshots), server
         )
-        sweeper = Sweeper(sessions, engine, owner_id, snapshots)
+        sweeper = Sweeper(sessions, engine, owner_id, snapshots, pulls=pulls)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminService(config, engine, egress, sweeper), server
+            AdminService(config, engine, egress, sweeper, pulls), server
         )
         audit_pb2_grpc.add_AuditServiceServicer_to_server(
             AuditService(AuditLog(audit_store)), server

@@ -214,6 +214,20 @@ var (
 	ErrInvalidSequence = &Error{Code: codes.InvalidArgument, Reason: "INVALID_SEQUENCE"}
 	// ErrInvalidExpiryAction: INVALID_ARGUMENT: An ExpiryAction value this server does not know.
 	ErrInvalidExpiryAction = &Error{Code: codes.InvalidArgument, Reason: "INVALID_EXPIRY_ACTION"}
+	// ErrRegistryImageNotFound: NOT_FOUND: The registry has no such repository, tag or digest.
+	ErrRegistryImageNotFound = &Error{Code: codes.NotFound, Reason: "REGISTRY_IMAGE_NOT_FOUND"}
+	// ErrRegistryUnauthorized: FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file).
+	ErrRegistryUnauthorized = &Error{Code: codes.FailedPrecondition, Reason: "REGISTRY_UNAUTHORIZED"}
+	// ErrRegistryUnreachable: UNAVAILABLE, retryable: The registry did not answer.
+	ErrRegistryUnreachable = &Error{Code: codes.Unavailable, Reason: "REGISTRY_UNREACHABLE"}
+	// ErrImageTooLarge: RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes.
+	ErrImageTooLarge = &Error{Code: codes.ResourceExhausted, Reason: "IMAGE_TOO_LARGE"}
+	// ErrImagePullFailed: INTERNAL: The engine failed the pull for another reason (its message says which).
+	ErrImagePullFailed = &Error{Code: codes.Internal, Reason: "IMAGE_PULL_FAILED"}
+	// ErrSecretBindingInvalid: INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header, template), or names a secret a live update cannot add.
+	ErrSecretBindingInvalid = &Error{Code: codes.InvalidArgument, Reason: "SECRET_BINDING_INVALID"}
+	// ErrSecretRefNotFound: INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant.
+	ErrSecretRefNotFound = &Error{Code: codes.InvalidArgument, Reason: "SECRET_REF_NOT_FOUND"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -322,4 +336,11 @@ var Reasons = map[string]ReasonInfo{
 	"INVALID_TIME_RANGE":           {codes.InvalidArgument, false, ErrInvalidTimeRange},
 	"INVALID_SEQUENCE":             {codes.InvalidArgument, false, ErrInvalidSequence},
 	"INVALID_EXPIRY_ACTION":        {codes.InvalidArgument, false, ErrInvalidExpiryAction},
+	"REGISTRY_IMAGE_NOT_FOUND":     {codes.NotFound, false, ErrRegistryImageNotFound},
+	"REGISTRY_UNAUTHORIZED":        {codes.FailedPrecondition, false, ErrRegistryUnauthorized},
+	"REGISTRY_UNREACHABLE":         {codes.Unavailable, true, ErrRegistryUnreachable},
+	"IMAGE_TOO_LARGE":              {codes.ResourceExhausted, false, ErrImageTooLarge},
+	"IMAGE_PULL_FAILED":            {codes.Internal, false, ErrImagePullFailed},
+	"SECRET_BINDING_INVALID":       {codes.InvalidArgument, false, ErrSecretBindingInvalid},
+	"SECRET_REF_NOT_FOUND":         {codes.InvalidArgument, false, ErrSecretRefNotFound},
 }

@@ -189,6 +189,20 @@ export declare class InvalidTimeRangeError extends InvalidArgument {}
 export declare class InvalidSequenceError extends InvalidArgument {}
 /** INVALID_ARGUMENT: An ExpiryAction value this server does not know. */
 export declare class InvalidExpiryActionError extends InvalidArgument {}
+/** NOT_FOUND: The registry has no such repository, tag or digest. */
+export declare class RegistryImageNotFoundError extends NotFound {}
+/** FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file). */
+export declare class RegistryUnauthorizedError extends FailedPrecondition {}
+/** UNAVAILABLE, retryable: The registry did not answer. */
+export declare class RegistryUnreachableError extends Unavailable {}
+/** RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes. */
+export declare class ImageTooLargeError extends ResourceExhausted {}
+/** INTERNAL: The engine failed the pull for another reason (its message says which). */
+export declare class ImagePullFailedError extends Internal {}
+/** INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header, template), or names a secret a live update cannot add. */
+export declare class SecretBindingInvalidError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
+export declare class SecretRefNotFoundError extends InvalidArgument {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -294,7 +308,14 @@ export type Reason =
   | 'INVALID_AUDIT_KIND'
   | 'INVALID_TIME_RANGE'
   | 'INVALID_SEQUENCE'
-  | 'INVALID_EXPIRY_ACTION';
+  | 'INVALID_EXPIRY_ACTION'
+  | 'REGISTRY_IMAGE_NOT_FOUND'
+  | 'REGISTRY_UNAUTHORIZED'
+  | 'REGISTRY_UNREACHABLE'
+  | 'IMAGE_TOO_LARGE'
+  | 'IMAGE_PULL_FAILED'
+  | 'SECRET_BINDING_INVALID'
+  | 'SECRET_REF_NOT_FOUND';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

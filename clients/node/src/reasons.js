@@ -189,6 +189,20 @@ export class InvalidTimeRangeError extends InvalidArgument {}
 export class InvalidSequenceError extends InvalidArgument {}
 /** INVALID_ARGUMENT: An ExpiryAction value this server does not know. */
 export class InvalidExpiryActionError extends InvalidArgument {}
+/** NOT_FOUND: The registry has no such repository, tag or digest. */
+export class RegistryImageNotFoundError extends NotFound {}
+/** FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file). */
+export class RegistryUnauthorizedError extends FailedPrecondition {}
+/** UNAVAILABLE, retryable: The registry did not answer. */
+export class RegistryUnreachableError extends Unavailable {}
+/** RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes. */
+export class ImageTooLargeError extends ResourceExhausted {}
+/** INTERNAL: The engine failed the pull for another reason (its message says which). */
+export class ImagePullFailedError extends Internal {}
+/** INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header, template), or names a secret a live update cannot add. */
+export class SecretBindingInvalidError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
+export class SecretRefNotFoundError extends InvalidArgument {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -296,4 +310,11 @@ export const REASONS = Object.freeze({
   INVALID_TIME_RANGE: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidTimeRangeError },
   INVALID_SEQUENCE: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidSequenceError },
   INVALID_EXPIRY_ACTION: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidExpiryActionError },
+  REGISTRY_IMAGE_NOT_FOUND: { code: 'NOT_FOUND', retryable: false, error: RegistryImageNotFoundError },
+  REGISTRY_UNAUTHORIZED: { code: 'FAILED_PRECONDITION', retryable: false, error: RegistryUnauthorizedError },
+  REGISTRY_UNREACHABLE: { code: 'UNAVAILABLE', retryable: true, error: RegistryUnreachableError },
+  IMAGE_TOO_LARGE: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: ImageTooLargeError },
+  IMAGE_PULL_FAILED: { code: 'INTERNAL', retryable: false, error: ImagePullFailedError },
+  SECRET_BINDING_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretBindingInvalidError },
+  SECRET_REF_NOT_FOUND: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretRefNotFoundError },
 });

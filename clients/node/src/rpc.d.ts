@@ -31,6 +31,8 @@ export type Requests<T> = Iterable<Init<T>> | AsyncIterable<Init<T>>;
 export interface AdminServiceClient {
   getServerInfo(request: Init<GetServerInfoRequest>, options?: CallOptions): Promise<GetServerInfoResponse>;
   sweep(request: Init<SweepRequest>, options?: CallOptions): Promise<SweepResponse>;
+  pullImage(request: Init<PullImageRequest>, options?: CallOptions): AsyncGenerator<PullImageResponse, void, undefined>;
+  listImages(request: Init<ListImagesRequest>, options?: CallOptions): Promise<ListImagesResponse>;
 }
 
 export interface GetServerInfoRequest {
@@ -107,6 +109,8 @@ export interface NetworkPolicy {
   allowed_ports: number[];
   allow_private_networks: boolean;
   quotas: ProxyQuotas | null;
+  secrets: SecretBinding[];
+  refuse_misdirected_secrets: boolean;
 }
 
 export interface ProxyQuotas {
@@ -128,6 +132,57 @@ export type Isolation =
   | 'ISOLATION_UNSPECIFIED'
   | 'ISOLATION_RUNC'
   | 'ISOLATION_GVISOR';
+
+export interface SecretBinding {
+  name: string;
+  value: Buffer;
+  secret_ref: string;
+  hosts: string[];
+  header: string;
+  template: string;
+}
+
+export type PullPolicy =
+  | 'PULL_POLICY_UNSPECIFIED'
+  | 'PULL_POLICY_IF_NOT_PRESENT'
+  | 'PULL_POLICY_ALWAYS'
+  | 'PULL_POLICY_NEVER';
+
+export interface PullImageRequest {
+  image: string;
+}
+
+export interface PullImageProgress {
+  status: string;
+  current_bytes: number;
+  total_bytes: number;
+  layers_total: number;
+  layers_done: number;
+}
+
+export interface PullImageDone {
+  image_digest: string;
+}
+
+export interface PullImageResponse {
+  progress: PullImageProgress | null;
+  done: PullImageDone | null;
+  event?: 'progress' | 'done';
+}
+
+export interface ListImagesRequest {
+}
+
+export interface ImageInfo {
+  name: string;
+  digest: string;
+  size_bytes: number;
+  last_used_at: Timestamp | null;
+}
+
+export interface ListImagesResponse {
+  images: ImageInfo[];
+}
 
 /** sandboxd.v1.AuditService: SandboxClient.audit. */
 export interface AuditServiceClient {
@@ -264,7 +319,14 @@ export type ErrorReason =
   | 'ERROR_REASON_INVALID_AUDIT_KIND'
   | 'ERROR_REASON_INVALID_TIME_RANGE'
   | 'ERROR_REASON_INVALID_SEQUENCE'
-  | 'ERROR_REASON_INVALID_EXPIRY_ACTION';
+  | 'ERROR_REASON_INVALID_EXPIRY_ACTION'
+  | 'ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND'
+  | 'ERROR_REASON_REGISTRY_UNAUTHORIZED'
+  | 'ERROR_REASON_REGISTRY_UNREACHABLE'
+  | 'ERROR_REASON_IMAGE_TOO_LARGE'
+  | 'ERROR_REASON_IMAGE_PULL_FAILED'
+  | 'ERROR_REASON_SECRET_BINDING_INVALID'
+  | 'ERROR_REASON_SECRET_REF_NOT_FOUND';
 
 export type SessionEventKind =
   | 'SESSION_EVENT_KIND_UNSPECIFIED'
@@ -660,6 +722,7 @@ export interface CreateSessionRequest {
   from_snapshot_id: string;
   on_expiry: ExpiryAction;
   renew_on_activity: boolean;
+  pull_policy: PullPolicy;
 }
 
 export interface CreateSessionResponse {
@@ -739,6 +802,8 @@ export interface EgressEvent {
   bytes_down: number;
   duration: Duration | null;
   ended: string;
+  kind: string;
+  secret: string;
 }
 
 export interface SuspendSessionRequest {
@@ -775,6 +840,7 @@ export interface Session {
   on_expiry: ExpiryAction;
   renew_on_activity: boolean;
   end_reason: string;
+  image_digest: string;
 }
 
 /** sandboxd.v1.SnapshotService: SandboxClient.snapshots. */

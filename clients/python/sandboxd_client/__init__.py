@@ -16,6 +16,7 @@ from sandboxd_client._rpc import RetryPolicy
 from sandboxd_client.audit import AuditEvent
 from sandboxd_client.client import API_VERSION, DEFAULT_ADDRESS, TLS, SandboxClient
 from sandboxd_client.errors import Reason, SandboxError
+from sandboxd_client.images import ImageInfo, PullDone, PullProgress
 from sandboxd_client.interaction import Interaction
 from sandboxd_client.models import (
     ArchiveImported,
@@ -31,6 +32,7 @@ from sandboxd_client.models import (
     ProxyQuotas,
     ResourceLimits,
     RunResult,
+    SecretBinding,
     ServerInfo,
     SessionInfo,
     SnapshotInfo,
@@ -46,6 +48,9 @@ __all__ = [
     "AuditEvent",
     "SessionEvent",
     "SessionStats",
+    "ImageInfo",
+    "PullDone",
+    "PullProgress",
     "API_VERSION",
     "DEFAULT_ADDRESS",
     "TLS",
@@ -61,6 +66,7 @@ __all__ = [
     "OutputGap",
     "ProcessInfo",
     "ProxyQuotas",
+    "SecretBinding",
     "Reason",
     "ResourceLimits",
     "RetryPolicy",

@@ -50,6 +50,7 @@ from sandboxd_client.errors import (
     SandboxError,
     from_rpc_error,
 )
+from sandboxd_client.images import ImagesMixin, pull_policy_pb
 from sandboxd_client.models import (
     NetworkPolicy,
     ResourceLimits,
@@ -98,7 +99,7 @@ def check_api_version(info: ServerInfo, address: str) -> None:
         )
 
 
-class SandboxClient(AuditMixin, WatchMixin):
+class SandboxClient(AuditMixin, WatchMixin, ImagesMixin):
     """A connection to one sandboxd server; use as `async with SandboxClient(addr) as c`.
 
     `token` is sent as a bearer token on every call. `timeout` is the default deadline in
@@ -323,6 +324,7 @@ class SandboxClient(AuditMixin, WatchMixin):
         from_snapshot_id: str = "",
         on_expiry: str = "",
         renew_on_activity: bool = False,
+        pull_policy: str = "",
         timeout: float | None = UNSET,
     ) -> Session:
         """Create a session. Every command is denied unless named in `allow` or `allow_all`.
@@ -350,6 +352,7 @@ class SandboxClient(AuditMixin, WatchMixin):
             from_snapshot_id=from_snapshot_id,
             on_expiry=enum_value(leases_pb2.ExpiryAction, on_expiry, "EXPIRY_ACTION_"),
             renew_on_activity=renew_on_activity,
+            pull_policy=pull_policy_pb(pull_policy),
         )
         resp = await self._unary(
             "SessionService/CreateSession",

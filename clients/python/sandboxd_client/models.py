@@ -24,6 +24,7 @@ from sandboxd_client._gen.sandboxd.v1 import (
     common_pb2,
     filesystem_pb2,
     leases_pb2,
+    secrets_pb2,
     session_pb2,
     snapshot_pb2,
 )
@@ -161,6 +162,33 @@ class ProxyQuotas:
 
 
 @dataclasses.dataclass(frozen=True)
+class SecretBinding:
+    """A secret the server's egress proxy adds for `hosts`; the sandbox's variable `name` holds
+    a placeholder. `value` is write-only (a session read back has it empty); or `secret_ref`."""
+
+    name: str
+    hosts: tuple[str, ...] = ()
+    value: bytes = dataclasses.field(default=b"", repr=False)
+    secret_ref: str = ""
+    header: str = ""
+    template: str = ""
+
+    @classmethod
+    def from_pb(cls, m: secrets_pb2.SecretBinding) -> Self:
+        return cls(m.name, tuple(m.hosts), m.value, m.secret_ref, m.header, m.template)
+
+    def to_pb(self) -> secrets_pb2.SecretBinding:
+        return secrets_pb2.SecretBinding(
+            name=self.name,
+            hosts=list(self.hosts),
+            value=self.value,
+            secret_ref=self.secret_ref,
+            header=self.header,
+            template=self.template,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class NetworkPolicy:
     """`mode` "DENY" (no network, the default) or "ALLOWLIST" (declared names and ports)."""
 
@@ -169,6 +197,8 @@ class NetworkPolicy:
     allowed_ports: tuple[int, ...] = ()
     allow_private_networks: bool = False
     quotas: ProxyQuotas | None = None
+    secrets: tuple[SecretBinding, ...] = ()
+    refuse_misdirected_secrets: bool = False
 
     @classmethod
     def from_pb(cls, m: common_pb2.NetworkPolicy) -> Self:
@@ -178,6 +208,8 @@ class NetworkPolicy:
             tuple(m.allowed_ports),
             m.allow_private_networks,
             ProxyQuotas.from_pb(m.quotas) if m.HasField("quotas") else None,
+            tuple(SecretBinding.from_pb(b) for b in m.secrets),
+            m.refuse_misdirected_secrets,
         )
 
     def to_pb(self) -> common_pb2.NetworkPolicy:
@@ -187,6 +219,8 @@ class NetworkPolicy:
             allowed_ports=list(self.allowed_ports),
             allow_private_networks=self.allow_private_networks,
             quotas=self.quotas.to_pb() if self.quotas is not None else None,
+            secrets=[b.to_pb() for b in self.secrets],
+            refuse_misdirected_secrets=self.refuse_misdirected_secrets,
         )
 
 
@@ -211,6 +245,7 @@ class SessionInfo:
     on_expiry: str = ""  # DELETE, SUSPEND, SNAPSHOT_THEN_DELETE
     renew_on_activity: bool = False
     end_reason: str = ""  # why an ended session ended
+    image_digest: str = ""  # the digest it runs (a resume or fork runs the same)
 
     @classmethod
     def from_pb(cls, m: session_pb2.Session) -> Self:
@@ -231,6 +266,7 @@ class SessionInfo:
             on_expiry=enum_name(leases_pb2.ExpiryAction, m.on_expiry, "EXPIRY_ACTION_"),
             renew_on_activity=m.renew_on_activity,
             end_reason=m.end_reason,
+            image_digest=m.image_digest,
         )
 
 
@@ -248,6 +284,8 @@ class EgressEvent:
     bytes_down: int
     duration: float
     ended: str
+    kind: str = "egress"  # or secret_injected, secret_misdirected
+    secret: str = ""  # the secret's name for those kinds
 
     @classmethod
     def from_pb(cls, m: session_pb2.EgressEvent) -> Self:
@@ -264,6 +302,8 @@ class EgressEvent:
             m.bytes_down,
             seconds(m.duration),
             m.ended,
+            m.kind or "egress",
+            m.secret,
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from sandboxd import validation
-from sandboxd.api import egress_convert
+from sandboxd.api import egress_convert, image_convert
 from sandboxd.errors import InvalidArgument
 from sandboxd.models import (
     ExecEvent,
@@ -116,6 +116,8 @@ def network_policy(pb: common_pb2.NetworkPolicy) -> NetworkPolicy:
         allowed_ports=tuple(pb.allowed_ports),
         allow_private_networks=pb.allow_private_networks,
         quotas=egress_convert.quotas(pb.quotas),
+        secrets=egress_convert.secrets(pb.secrets),
+        refuse_misdirected_secrets=pb.refuse_misdirected_secrets,
     )
 
 
@@ -126,6 +128,8 @@ def network_pb(policy: NetworkPolicy) -> common_pb2.NetworkPolicy:
         allowed_ports=list(policy.allowed_ports),
         allow_private_networks=policy.allow_private_networks,
         quotas=egress_convert.quotas_pb(policy.quotas),
+        secrets=egress_convert.secrets_pb(policy.secrets),
+        refuse_misdirected_secrets=policy.refuse_misdirected_secrets,
     )
 
 
@@ -146,6 +150,7 @@ def create_input(req: session_pb2.CreateSessionRequest) -> CreateSessionInput:
             directories=tuple(req.workspace.directories),
         ),
         from_snapshot_id=req.from_snapshot_id,
+        pull_policy=image_convert.pull_policy(req.pull_policy),
     )
 
 
@@ -175,6 +180,7 @@ def session_pb(s: Session) -> session_pb2.Session:
         ),
         user=s.spec.user,
         workspace_id=s.spec.manifest.id,
+        image_digest=s.spec.image_digest,
     )
 
 

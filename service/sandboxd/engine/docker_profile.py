@@ -15,6 +15,7 @@ from sandboxd import images
 from sandboxd.engine.protocol import SandboxRequest, SessionNetwork
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 from sandboxd.profile import HELPER_IN_CONTAINER, TMP_BYTES, base_env
+from sandboxd.secrets import trust
 
 NO_PROXY = "localhost,127.0.0.1,::1"
 # The HostConfig fields a tampering check compares (plus CapAdd and no-new-privileges).
@@ -41,12 +42,15 @@ def container_config(
         }
     )
     config: dict[str, Any] = {
-        "Image": spec.image,
+        # A resumed session runs the image it was created from, whatever the tag says now.
+        "Image": spec.image_id or spec.image,
         "Cmd": [HELPER_IN_CONTAINER, "idle"],
         "Entrypoint": [],
         "User": keeper_user,
         "WorkingDir": "/",
-        "Env": [f"{k}={v}" for k, v in base_env(spec).items()],
+        "Env": [
+            f"{k}={v}" for k, v in {**base_env(spec), **trust.sandbox_env(spec.network)}.items()
+        ],
         "Hostname": "sandbox",
         "Labels": labels,
         "NetworkDisabled": True,
@@ -67,6 +71,7 @@ def container_config(
                     f"uid={spec.uid},gid={spec.gid},mode=0700"
                 ),
                 "/tmp": f"rw,noexec,nosuid,nodev,size={TMP_BYTES},mode=1777",
+                **trust.tmpfs(spec.network),
             },
             "CapDrop": ["ALL"],
             "CapAdd": [],

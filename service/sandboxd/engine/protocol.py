@@ -90,6 +90,26 @@ class NetworkAddress:
     subnet: str
 
 
+@dataclass(frozen=True)
+class ImageDetails:
+    """What the engine holds of one image (registry pulls, ListImages, the image sweep)."""
+
+    image_id: str
+    repo_digests: tuple[str, ...] = ()
+    repo_tags: tuple[str, ...] = ()
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PullProgress:
+    """One line of a pull's progress: `layer` is empty for lines about the whole image."""
+
+    status: str
+    layer: str = ""
+    current: int = 0
+    total: int = 0
+
+
 class ExecStream(Protocol):
     """A running command with its stdio: 1 = stdout, 2 = stderr (one stream with a tty)."""
 
@@ -216,4 +236,18 @@ class Engine(Protocol):
     def oom_kills(self, owner_id: str) -> AsyncIterator[str]:
         """Ids of this owner's sandboxes as the kernel OOM-kills a process in them, live,
         until cancelled (the engine's event stream)."""
+        ...
+
+    # ----- registry pulls (sandboxd.pulls) -----------------------------------------------
+
+    async def inspect_image(self, image: str) -> ImageDetails | None:
+        """None when the engine does not hold it; no VOLUME check (that is image_exists)."""
+        ...
+
+    def pull_image(
+        self, reference: str, auth: Mapping[str, str] | None = None
+    ) -> AsyncIterator[PullProgress]:
+        """Pull `reference` (`name:tag` or `name@sha256:...`), yielding progress until it is
+        complete; closing the iterator early abandons the pull. `auth`: the registry's
+        `username`/`password` (never logged). Registry refusals are `PullRefused`."""
         ...

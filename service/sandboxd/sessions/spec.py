@@ -8,6 +8,7 @@ images, users) live in `sandboxd.validation` and are called from here.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,11 +24,13 @@ from sandboxd.models import (
     ManifestFile,
     NetworkMode,
     NetworkPolicy,
+    PullPolicy,
     SessionSpec,
     ShellPolicy,
     WorkspaceManifest,
 )
 from sandboxd.reasons import Reason
+from sandboxd.secrets import bindings as secret_bindings
 
 MAX_MANIFEST_ENTRIES = 10_000
 MAX_ALLOW_ENTRIES = 256
@@ -53,6 +56,7 @@ class CreateSessionInput:
     user: str = ""
     manifest: WorkspaceManifest = field(default_factory=WorkspaceManifest)
     from_snapshot_id: str = ""
+    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class CheckedCreate:
     lease_s: float
     labels: dict[str, str]
     from_snapshot_id: str
+    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
 
 
 def check_create(
@@ -92,7 +97,9 @@ def check_create(
         manifest=manifest,
     )
     labels = validation.validate_labels(req.labels)
-    return CheckedCreate(session_id, spec, lease, labels, req.from_snapshot_id)
+    return CheckedCreate(
+        session_id, spec, lease, labels, req.from_snapshot_id, PullPolicy(req.pull_policy)
+    )
 
 
 def resolve_limits(requested: LimitsRequest, defaults: Limits, maxima: Limits) -> Limits:
@@ -138,8 +145,15 @@ def _proto_limit_name(name: str) -> str:
     return "command_timeout" if name == "command_timeout_s" else name
 
 
-def check_network(asked: NetworkPolicy, allowlist: AllowlistCheck) -> NetworkPolicy:
+def check_network(
+    asked: NetworkPolicy, allowlist: AllowlistCheck, *, live: bool = False
+) -> NetworkPolicy:
+    """`live`: an update of a running session, whose secrets are settled against its own."""
     network = validate_policy(asked)
+    if not live:
+        network = dataclasses.replace(
+            network, secrets=secret_bindings.settle(network.secrets, None)
+        )
     if network.mode is NetworkMode.ALLOWLIST:
         if allowlist is None:
             raise InvalidArgument(

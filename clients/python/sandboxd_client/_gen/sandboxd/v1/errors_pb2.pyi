@@ -235,6 +235,22 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INVALID_ARGUMENT: A negative after_sequence."""
     ERROR_REASON_INVALID_EXPIRY_ACTION: _ErrorReason.ValueType  # 144
     """INVALID_ARGUMENT: An ExpiryAction value this server does not know."""
+    ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND: _ErrorReason.ValueType  # 180
+    """NOT_FOUND: The registry has no such repository, tag or digest."""
+    ERROR_REASON_REGISTRY_UNAUTHORIZED: _ErrorReason.ValueType  # 181
+    """FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file)."""
+    ERROR_REASON_REGISTRY_UNREACHABLE: _ErrorReason.ValueType  # 182
+    """UNAVAILABLE, retryable: The registry did not answer."""
+    ERROR_REASON_IMAGE_TOO_LARGE: _ErrorReason.ValueType  # 183
+    """RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes."""
+    ERROR_REASON_IMAGE_PULL_FAILED: _ErrorReason.ValueType  # 184
+    """INTERNAL: The engine failed the pull for another reason (its message says which)."""
+    ERROR_REASON_SECRET_BINDING_INVALID: _ErrorReason.ValueType  # 200
+    """INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header,
+    template), or names a secret a live update cannot add.
+    """
+    ERROR_REASON_SECRET_REF_NOT_FOUND: _ErrorReason.ValueType  # 201
+    """INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -458,4 +474,20 @@ ERROR_REASON_INVALID_SEQUENCE: ErrorReason.ValueType  # 143
 """INVALID_ARGUMENT: A negative after_sequence."""
 ERROR_REASON_INVALID_EXPIRY_ACTION: ErrorReason.ValueType  # 144
 """INVALID_ARGUMENT: An ExpiryAction value this server does not know."""
+ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND: ErrorReason.ValueType  # 180
+"""NOT_FOUND: The registry has no such repository, tag or digest."""
+ERROR_REASON_REGISTRY_UNAUTHORIZED: ErrorReason.ValueType  # 181
+"""FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file)."""
+ERROR_REASON_REGISTRY_UNREACHABLE: ErrorReason.ValueType  # 182
+"""UNAVAILABLE, retryable: The registry did not answer."""
+ERROR_REASON_IMAGE_TOO_LARGE: ErrorReason.ValueType  # 183
+"""RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes."""
+ERROR_REASON_IMAGE_PULL_FAILED: ErrorReason.ValueType  # 184
+"""INTERNAL: The engine failed the pull for another reason (its message says which)."""
+ERROR_REASON_SECRET_BINDING_INVALID: ErrorReason.ValueType  # 200
+"""INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header,
+template), or names a secret a live update cannot add.
+"""
+ERROR_REASON_SECRET_REF_NOT_FOUND: ErrorReason.ValueType  # 201
+"""INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -11,6 +11,7 @@ from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from sandboxd_client._gen.sandboxd.v1 import common_pb2 as _common_pb2
+from sandboxd_client._gen.sandboxd.v1 import images_pb2 as _images_pb2
 from sandboxd_client._gen.sandboxd.v1 import leases_pb2 as _leases_pb2
 import builtins as _builtins
 import sys
@@ -183,6 +184,7 @@ class CreateSessionRequest(_message.Message):
     FROM_SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
     ON_EXPIRY_FIELD_NUMBER: _builtins.int
     RENEW_ON_ACTIVITY_FIELD_NUMBER: _builtins.int
+    PULL_POLICY_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Optional caller-chosen id; makes the call idempotent."""
     image: _builtins.str
@@ -197,6 +199,8 @@ class CreateSessionRequest(_message.Message):
     """Commands (Exec, Run, Interact, StartProcess) renew the lease by its default length. Off by
     default: nothing but RenewLease renews a lease, reading or reconnecting never does.
     """
+    pull_policy: _images_pb2.PullPolicy.ValueType
+    """When to ask the registry for the image (default: pull only when absent)."""
     @_builtins.property
     def workspace(self) -> Global___WorkspaceManifest: ...
     @_builtins.property
@@ -231,10 +235,11 @@ class CreateSessionRequest(_message.Message):
         from_snapshot_id: _builtins.str = ...,
         on_expiry: _leases_pb2.ExpiryAction.ValueType = ...,
         renew_on_activity: _builtins.bool = ...,
+        pull_policy: _images_pb2.PullPolicy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "shell", b"shell", "workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "pull_policy", b"pull_policy", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -562,6 +567,8 @@ class EgressEvent(_message.Message):
     BYTES_DOWN_FIELD_NUMBER: _builtins.int
     DURATION_FIELD_NUMBER: _builtins.int
     ENDED_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Increasing per session."""
     method: _builtins.str
@@ -580,6 +587,10 @@ class EgressEvent(_message.Message):
     bytes_down: _builtins.int
     ended: _builtins.str
     """How an allowed connection ended: closed, idle_timeout, lifetime, byte_quota, reset."""
+    kind: _builtins.str
+    """`egress` (a proxy decision), `secret_injected` or `secret_misdirected`."""
+    secret: _builtins.str
+    """The secret's name for the secret kinds (never its value)."""
     @_builtins.property
     def time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -599,10 +610,12 @@ class EgressEvent(_message.Message):
         bytes_down: _builtins.int = ...,
         duration: _duration_pb2.Duration | None = ...,
         ended: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        secret: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_down", b"bytes_down", "bytes_up", b"bytes_up", "duration", b"duration", "ended", b"ended", "host", b"host", "method", b"method", "port", b"port", "reason", b"reason", "seq", b"seq", "time", b"time", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_down", b"bytes_down", "bytes_up", b"bytes_up", "duration", b"duration", "ended", b"ended", "host", b"host", "kind", b"kind", "method", b"method", "port", b"port", "reason", b"reason", "secret", b"secret", "seq", b"seq", "time", b"time", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -732,6 +745,7 @@ class Session(_message.Message):
     ON_EXPIRY_FIELD_NUMBER: _builtins.int
     RENEW_ON_ACTIVITY_FIELD_NUMBER: _builtins.int
     END_REASON_FIELD_NUMBER: _builtins.int
+    IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     state: Global___SessionState.ValueType
     image: _builtins.str
@@ -747,6 +761,10 @@ class Session(_message.Message):
     end_reason: _builtins.str
     """Why an ended session ended (e.g. "lease expired", "lease expired; suspended",
     "container lost"); empty while it runs.
+    """
+    image_digest: _builtins.str
+    """The digest the session runs (`sha256:...`: the registry's manifest digest, or the image id
+    of a local image); a resume or fork of it runs the same one.
     """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
@@ -781,10 +799,11 @@ class Session(_message.Message):
         on_expiry: _leases_pb2.ExpiryAction.ValueType = ...,
         renew_on_activity: _builtins.bool = ...,
         end_reason: _builtins.str = ...,
+        image_digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "shell", b"shell"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "end_reason", b"end_reason", "fingerprint", b"fingerprint", "image", b"image", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "state", b"state", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "end_reason", b"end_reason", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "state", b"state", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
