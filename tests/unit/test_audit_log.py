@@ -234,3 +234,21 @@ def test_per_tenant_metrics_have_no_session_label_and_bounded_tenants() -> None:
         if line.startswith("sandboxd_tenant_events_total{")
     }
     assert len(tenants) <= metrics_module.MAX_TENANTS + 1
+
+
+async def test_secret_injections_are_audited_by_name_never_value(tmp_path: Path) -> None:
+    async with AuditStore(tmp_path / "audit.db") as store:
+        writer = AuditWriter(store)
+        writer.start()
+        log = EgressAuditLog("alpha.s1", on_event=egress_sink(writer), tenant="alpha")
+        log.record(
+            method="GET",
+            host="api.test",
+            port=443,
+            allowed=True,
+            kind="secret_injected",
+            secret="API_TOKEN",
+        )
+        await writer.close()
+        (event,) = await store.list(AuditQuery(tenant="alpha", limit=10))
+    assert event.kind == "secret_injected" and event.attributes["secret"] == "API_TOKEN"

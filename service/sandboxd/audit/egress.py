@@ -77,10 +77,11 @@ def background_exit(
 
 
 def egress_sink(writer: AuditWriter, hub: EventHub | None = None) -> EgressSink:
-    """Every decision to the audit log; a refusal also to the session's event feed."""
+    """Every decision (and secret injection) to the audit log; a refusal also to the
+    session's event feed."""
 
     def record(tenant: str, e: EgressEvent) -> None:
-        if hub is not None and not e.allowed:
+        if hub is not None and not e.allowed and e.kind == "egress":
             hub.publish(
                 tenant,
                 e.session_id,
@@ -92,7 +93,7 @@ def egress_sink(writer: AuditWriter, hub: EventHub | None = None) -> EgressSink:
             )
         writer.record_nowait(
             AuditEvent.of(
-                "egress",
+                e.kind,  # egress, or secret_injected / secret_misdirected (by name, no value)
                 time=e.time,
                 tenant=tenant,
                 session_id=e.session_id,
@@ -102,6 +103,7 @@ def egress_sink(writer: AuditWriter, hub: EventHub | None = None) -> EgressSink:
                 verdict="allowed" if e.allowed else "refused",
                 rule=e.reason or None,
                 address=e.address or None,
+                secret=e.secret or None,
             )
         )
 
