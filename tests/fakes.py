@@ -33,6 +33,7 @@ from sandboxd.engine.protocol import (
     SandboxStatus,
 )
 from sandboxd.errors import FailedPrecondition, Internal, NotFound, SandboxError
+from sandboxd.isolation import Isolation
 from sandboxd.profile import HELPER_IN_CONTAINER
 
 WORKSPACE = "/workspace"
@@ -185,6 +186,8 @@ class FakeEngine:
         self._ids = itertools.count(1)
         self._failures: dict[str, SandboxError] = {}
         self._execs: dict[str, FakeExecStream] = {}
+        # The isolation tiers whose runtime is "registered"; a test adds or removes some.
+        self.tiers: set[Isolation] = {Isolation.RUNC}
 
     # ----- test hooks ---------------------------------------------------------------------
 
@@ -225,6 +228,10 @@ class FakeEngine:
         self._call("image_exists")
         return image in self.images
 
+    async def isolation_tiers(self) -> frozenset[Isolation]:
+        self._call("isolation_tiers")
+        return frozenset(self.tiers)
+
     def sandbox_shape(self, request: SandboxRequest) -> str:
         spec = request.spec
         shaped = {
@@ -233,6 +240,7 @@ class FakeEngine:
             "env": spec.env,
             "user": spec.user,
             "network": dataclasses.asdict(request.network) if request.network else None,
+            "isolation": spec.isolation.value,
         }
         return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()
 
@@ -245,6 +253,8 @@ class FakeEngine:
                 f'Conflict. The container name "/{request.name}" is already in use',
                 reason="ENGINE_CONFLICT",
             )
+        if request.spec.isolation not in self.tiers:  # Docker: "unknown or invalid runtime name"
+            raise Internal(f"unknown or invalid runtime name: {request.spec.isolation.value}")
         sandbox_id = hashlib.sha256(f"fake-{next(self._ids)}".encode()).hexdigest()
         self.sandboxes[sandbox_id] = FakeSandbox(sandbox_id, request)
         self._call("create_sandbox:after")  # a create whose answer is lost

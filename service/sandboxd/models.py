@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from sandboxd.isolation import Isolation
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -121,6 +123,7 @@ class SessionSpec:
     uid: int
     gid: int
     manifest: WorkspaceManifest
+    isolation: Isolation = Isolation.RUNC
 
     @property
     def user(self) -> str:
@@ -163,6 +166,8 @@ class SessionSpec:
                 ],
                 "directories": sorted(self.manifest.directories),
             },
+            # Only a non-default tier enters, so every runc fingerprint stays as it was.
+            **({"isolation": self.isolation.value} if self.isolation is not Isolation.RUNC else {}),
         }
         canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()

@@ -179,6 +179,12 @@ export declare class ImageHasVolumesError extends FailedPrecondition {}
 export declare class TenantStreamQuotaError extends ResourceExhausted {}
 /** DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout. */
 export declare class StreamIdleError extends DeadlineExceeded {}
+/** FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now (e.g. gvisor without runsc registered); never silently replaced by another tier. */
+export declare class IsolationUnavailableError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed). */
+export declare class IsolationNotAllowedError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY. */
+export declare class IsolationNetworkUnsupportedError extends FailedPrecondition {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -279,7 +285,10 @@ export type Reason =
   | 'IMAGE_NOT_ALLOWED'
   | 'IMAGE_HAS_VOLUMES'
   | 'TENANT_STREAM_QUOTA'
-  | 'STREAM_IDLE';
+  | 'STREAM_IDLE'
+  | 'ISOLATION_UNAVAILABLE'
+  | 'ISOLATION_NOT_ALLOWED'
+  | 'ISOLATION_NETWORK_UNSUPPORTED';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

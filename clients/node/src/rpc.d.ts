@@ -229,7 +229,10 @@ export type ErrorReason =
   | 'ERROR_REASON_IMAGE_NOT_ALLOWED'
   | 'ERROR_REASON_IMAGE_HAS_VOLUMES'
   | 'ERROR_REASON_TENANT_STREAM_QUOTA'
-  | 'ERROR_REASON_STREAM_IDLE';
+  | 'ERROR_REASON_STREAM_IDLE'
+  | 'ERROR_REASON_ISOLATION_UNAVAILABLE'
+  | 'ERROR_REASON_ISOLATION_NOT_ALLOWED'
+  | 'ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED';
 
 /** sandboxd.v1.FilesystemService: SandboxClient.files. */
 export interface FilesystemServiceClient {
@@ -556,6 +559,7 @@ export interface CreateSessionRequest {
   lease_ttl: Duration | null;
   user: string;
   from_snapshot_id: string;
+  isolation: Isolation;
 }
 
 export interface CreateSessionResponse {
@@ -668,6 +672,7 @@ export interface Session {
   shell: ShellPolicy | null;
   user: string;
   workspace_id: string;
+  isolation: Isolation;
 }
 
 /** sandboxd.v1.SnapshotService: SandboxClient.snapshots. */

@@ -36,6 +36,7 @@ from sandboxd.engine.protocol import (
     SandboxStatus,
 )
 from sandboxd.errors import EngineUnavailable, FailedPrecondition, Internal, NotFound
+from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 from sandboxd.reasons import Reason
 
@@ -150,7 +151,10 @@ class DockerEngine:
         helper_path: Path,
         keeper_user: str,
         on_error: Callable[[str], None] | None = None,
+        gvisor_runtime: str = "runsc",
     ) -> None:
+        # The engine runtime of each tier: HostConfig.Runtime of every sandbox says which.
+        self._runtimes = {Isolation.RUNC: "runc", Isolation.GVISOR: gvisor_runtime}
         self._helper_path = helper_path  # bind-mounted read-only into every sandbox
         self._keeper_user = keeper_user
         self._on_error = on_error  # told the kind of every engine failure (metrics)
@@ -212,11 +216,21 @@ class DockerEngine:
         images.refuse_volumes(image, info)
         return True
 
+    async def isolation_tiers(self) -> frozenset[Isolation]:
+        """The tiers whose runtime is registered with the engine (`docker info` Runtimes)."""
+        with self._translate("engine info"):
+            info = await self.docker.system.info()
+        registered = set((info.get("Runtimes") or {}).keys())
+        return frozenset(t for t, name in self._runtimes.items() if name in registered)
+
     # ----- sandboxes ---------------------------------------------------------------------
 
     def _config(self, request: SandboxRequest) -> dict[str, Any]:
         return container_config(
-            request, helper_path=self._helper_path, keeper_user=self._keeper_user
+            request,
+            helper_path=self._helper_path,
+            keeper_user=self._keeper_user,
+            runtime=self._runtimes[request.spec.isolation],
         )
 
     def sandbox_shape(self, request: SandboxRequest) -> str:

@@ -18,13 +18,23 @@ from sandboxd.profile import HELPER_IN_CONTAINER, TMP_BYTES, base_env
 
 NO_PROXY = "localhost,127.0.0.1,::1"
 # The HostConfig fields a tampering check compares (plus CapAdd and no-new-privileges).
-_CHECKED = ("Memory", "MemorySwap", "NanoCpus", "PidsLimit", "ReadonlyRootfs", "Privileged")
+# Runtime: a sandbox moved from gvisor to runc would lose its kernel boundary unnoticed.
+_CHECKED = (
+    "Memory",
+    "MemorySwap",
+    "NanoCpus",
+    "PidsLimit",
+    "ReadonlyRootfs",
+    "Privileged",
+    "Runtime",
+)
 
 
 def container_config(
-    request: SandboxRequest, *, helper_path: Path, keeper_user: str
+    request: SandboxRequest, *, helper_path: Path, keeper_user: str, runtime: str = "runc"
 ) -> dict[str, Any]:
-    """The create request; the main process idles as `keeper_user`.
+    """The create request; the main process idles as `keeper_user`, under the OCI `runtime`
+    of the session's isolation tier (runc, or runsc for gvisor).
 
     The keeper runs under a uid different from the sandbox user, so `kill -9 -1` run by a
     command cannot end the container (and with it the workspace tmpfs).
@@ -60,6 +70,7 @@ def container_config(
         "Healthcheck": images.HEALTHCHECK_OFF,
         "HostConfig": {
             "NetworkMode": "none",
+            "Runtime": runtime,
             "ReadonlyRootfs": True,
             "Tmpfs": {
                 "/workspace": (

@@ -30,6 +30,7 @@ from sandboxd.errors import (
     SandboxError,
     SessionNotFound,
 )
+from sandboxd.isolation import IsolationTiers
 from sandboxd.labels import LABEL_AUTO
 from sandboxd.models import NetworkPolicy, Session, SessionState
 from sandboxd.pool import WarmPool
@@ -60,8 +61,10 @@ class SessionManager:
         pool: WarmPool | None = None,
         egress: EgressManager | None = None,
         on_session_end: Sequence[SessionEndHook] = (),
+        tiers: IsolationTiers | None = None,
     ) -> None:
         self._config = config
+        self._tiers = tiers  # None: runc only
         self._engine = engine
         self._store = store
         self._keeper = keeper
@@ -109,7 +112,9 @@ class SessionManager:
     # ----- create -----------------------------------------------------------------------
 
     async def create(self, req: CreateSessionInput) -> Session:
-        checked = check_create(req, self._config, self._allowlist if self._egress else None)
+        checked = check_create(
+            req, self._config, self._allowlist if self._egress else None, self._tiers
+        )
         session_id, spec = checked.session_id, checked.spec
         fingerprint = spec.fingerprint()
         async with self._locks.locked(session_id):

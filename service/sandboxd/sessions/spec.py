@@ -16,6 +16,7 @@ from sandboxd import tenancy, validation
 from sandboxd.config import Config
 from sandboxd.egress.policy import validate_policy
 from sandboxd.errors import InvalidArgument, ResourceExhausted
+from sandboxd.isolation import Isolation, IsolationTiers, check_isolation
 from sandboxd.models import (
     LIMIT_NAMES,
     Limits,
@@ -53,6 +54,7 @@ class CreateSessionInput:
     user: str = ""
     manifest: WorkspaceManifest = field(default_factory=WorkspaceManifest)
     from_snapshot_id: str = ""
+    isolation: Isolation | None = None  # None: the server's default tier
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,10 @@ class CheckedCreate:
 
 
 def check_create(
-    req: CreateSessionInput, config: Config, allowlist: AllowlistCheck
+    req: CreateSessionInput,
+    config: Config,
+    allowlist: AllowlistCheck,
+    tiers: IsolationTiers | None = None,
 ) -> CheckedCreate:
     """Every field of a create request, in the order a caller reads the errors."""
     if req.session_id:
@@ -77,6 +82,9 @@ def check_create(
     uid, gid = validation.parse_user(req.user)
     env = validation.validate_env(req.env)
     network = check_network(req.network, allowlist)
+    isolation = check_isolation(
+        req.isolation, tiers, network_allowlist=network.mode is NetworkMode.ALLOWLIST
+    )
     shell = check_shell(req.shell)
     manifest = check_manifest(req.manifest, limits)
     image = validation.validate_image(req.image or config.engine.image)
@@ -90,6 +98,7 @@ def check_create(
         uid=uid,
         gid=gid,
         manifest=manifest,
+        isolation=isolation,
     )
     labels = validation.validate_labels(req.labels)
     return CheckedCreate(session_id, spec, lease, labels, req.from_snapshot_id)

@@ -225,6 +225,16 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
     ERROR_REASON_STREAM_IDLE: _ErrorReason.ValueType  # 99
     """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
+    ERROR_REASON_ISOLATION_UNAVAILABLE: _ErrorReason.ValueType  # 120
+    """FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now
+    (e.g. gvisor without runsc registered); never silently replaced by another tier.
+    """
+    ERROR_REASON_ISOLATION_NOT_ALLOWED: _ErrorReason.ValueType  # 121
+    """FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed)."""
+    ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED: _ErrorReason.ValueType  # 122
+    """FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its
+    sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -438,4 +448,14 @@ ERROR_REASON_TENANT_STREAM_QUOTA: ErrorReason.ValueType  # 98
 """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
 ERROR_REASON_STREAM_IDLE: ErrorReason.ValueType  # 99
 """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
+ERROR_REASON_ISOLATION_UNAVAILABLE: ErrorReason.ValueType  # 120
+"""FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now
+(e.g. gvisor without runsc registered); never silently replaced by another tier.
+"""
+ERROR_REASON_ISOLATION_NOT_ALLOWED: ErrorReason.ValueType  # 121
+"""FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed)."""
+ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED: ErrorReason.ValueType  # 122
+"""FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its
+sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
