@@ -1435,7 +1435,34 @@ static size_t reap_orphans(void)
  * process signalled with SIGKILL cannot fork any more, so fork bombs lose
  * the race after a few rounds.
  */
+/*
+ * gVisor (Debian 12's runsc) refuses PR_SET_CHILD_SUBREAPER with EINVAL.  There
+ * the tree is still killed by process group and by the /proc scan, and orphans
+ * that escaped to PID 1 (double fork + setsid) are reaped after every kill
+ * instead of waiting for the next command.
+ */
+static bool g_subreaper = true;
+
+static int become_subreaper(void)
+{
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1) == 0)
+		return 0;
+	if (errno != EINVAL)
+		return -1;
+	g_subreaper = false;
+	return 0;
+}
+
+static void kill_tree_once(pid_t pgid);
+
 static void kill_tree(pid_t pgid)
+{
+	kill_tree_once(pgid);
+	if (!g_subreaper)
+		reap_orphans();
+}
+
+static void kill_tree_once(pid_t pgid)
 {
 	pid_t self = getpid();
 	for (int iter = 0; iter < 5000; iter++) {
@@ -1647,7 +1674,7 @@ static void monitor_main(int repfd, int infofd, pid_t parent, const char *cwd,
 			 const char *realroot, const struct winsize *tty, char **cmd,
 			 char **envp)
 {
-	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0 || prctl(PR_SET_PDEATHSIG, SIGHUP) < 0)
+	if (become_subreaper() < 0 || prctl(PR_SET_PDEATHSIG, SIGHUP) < 0)
 		child_report(repfd, ST_SETUP, errno);
 	if (getppid() != parent)
 		_exit(EXIT_KILLED);
@@ -1801,7 +1828,7 @@ static int cmd_run(int argc, char **argv)
 		fail_errno_code(126, errno, "sigprocmask", "");
 	/* Orphans of the tree (double fork, setsid, nohup) come to us, not
 	 * to PID 1, so they stay findable and killable. */
-	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+	if (become_subreaper() < 0)
 		fail_errno_code(126, errno, "prctl", "PR_SET_CHILD_SUBREAPER");
 
 	/* Whatever an earlier command left behind by killing its supervisor

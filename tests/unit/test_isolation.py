@@ -121,3 +121,18 @@ def test_the_profile_names_the_runtime_and_checks_it(tmp_path: Path) -> None:
     # A sandbox moved to another runtime no longer conforms (tampering check).
     assert conforms(runsc, {"HostConfig": runsc["HostConfig"]})
     assert not conforms(runsc, {"HostConfig": runc["HostConfig"]})
+
+
+def test_under_gvisor_pids_is_the_sandbox_users_nproc(tmp_path: Path) -> None:
+    import dataclasses
+
+    from sandboxd.config import Config
+    from sandboxd.pool import default_spec
+
+    spec = dataclasses.replace(default_spec(Config(data_dir=tmp_path)), isolation=Isolation.GVISOR)
+    request = SandboxRequest(spec=spec, owner_id="o", name="n")
+    host = container_config(request, helper_path=tmp_path, keeper_user="1:1", runtime="runsc")
+    pids = spec.limits.pids
+    assert {"Name": "nproc", "Soft": pids, "Hard": pids} in host["HostConfig"]["Ulimits"]
+    # The host cgroup keeps a cap, sized for the Sentry's own threads (64 crashed it).
+    assert host["HostConfig"]["PidsLimit"] > 1000
