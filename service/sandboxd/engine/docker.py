@@ -35,6 +35,7 @@ from sandboxd.engine.protocol import (
     SandboxRequest,
     SandboxStatus,
 )
+from sandboxd.engine.runsc_leftovers import end_leftovers
 from sandboxd.errors import EngineUnavailable, FailedPrecondition, Internal, NotFound
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
@@ -159,6 +160,7 @@ class DockerEngine:
         self._keeper_user = keeper_user
         self._on_error = on_error  # told the kind of every engine failure (metrics)
         self._docker_host = docker_host
+        self._local = not docker_host or docker_host.startswith("unix://")
         self._pool_size = pool_size
         self._docker: aiodocker.Docker | None = None
         self.api_version = ""
@@ -245,8 +247,14 @@ class DockerEngine:
         return str(container.id)
 
     async def start_sandbox(self, sandbox_id: str) -> None:
-        with self._translate(f"starting container {sandbox_id[:12]}"):
-            await self._container(sandbox_id).start()
+        try:
+            with self._translate(f"starting container {sandbox_id[:12]}"):
+                await self._container(sandbox_id).start()
+        except BaseException:
+            # A runsc start that failed may leave its gofer/sandbox processes on this host.
+            if self._local:
+                await asyncio.shield(asyncio.to_thread(end_leftovers, sandbox_id))
+            raise
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         """Force-remove; a container that is already gone is not an error."""
