@@ -207,6 +207,7 @@ class SessionInfo:
     shell: ShellPolicy = ShellPolicy()
     user: str = ""
     workspace_id: str = ""
+    isolation: str = ""  # RUNC or GVISOR
 
     @classmethod
     def from_pb(cls, m: session_pb2.Session) -> Self:
@@ -224,6 +225,7 @@ class SessionInfo:
             shell=ShellPolicy.from_pb(m.shell),
             user=m.user,
             workspace_id=m.workspace_id,
+            isolation=enum_name(common_pb2.Isolation, m.isolation, "ISOLATION_"),
         )
 
 
