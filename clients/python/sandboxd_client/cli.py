@@ -72,6 +72,7 @@ async def cmd_create(client: SandboxClient, args: argparse.Namespace) -> int:
         user=args.user or "",
         network=policy_from(args),
         from_snapshot_id=getattr(args, "snapshot", "") or "",
+        isolation=args.isolation or "",
     )
     emit(args, session.info, session.id)
     return 0
@@ -151,6 +152,9 @@ def _session_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", metavar="KEY=VALUE")
     p.add_argument("--file", action="append", metavar="REMOTE=LOCAL", help="declare a file")
     p.add_argument("--image")
+    p.add_argument(
+        "--isolation", choices=("runc", "gvisor"), help="isolation tier (default: the server's)"
+    )
     p.add_argument("--user", help="numeric uid:gid")
     p.add_argument("--lease", type=float, metavar="SECONDS")
     p.add_argument("--json", action="store_true", help="same as -o json")
