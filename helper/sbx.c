@@ -432,18 +432,38 @@ static int walk_beneath(int dirfd, const char *path, uint64_t flags,
 		} else {
 			int fd = openat(cur, comp, (int)(flags | O_NOFOLLOW | O_CLOEXEC),
 					(mode_t)mode);
-			struct stat st;
-			if (fd >= 0 && (flags & O_PATH) && !(flags & O_NOFOLLOW) &&
-			    fstat(fd, &st) == 0 && S_ISLNK(st.st_mode)) {
+			struct stat st, at;
+			if (fd >= 0) {
+				/* gVisor follows a trailing symlink despite O_NOFOLLOW
+				 * when O_DIRECTORY is set (measured): the fd must be the
+				 * very inode the name holds, and that no symlink. */
+				if (fstat(fd, &st) < 0 ||
+				    fstatat(cur, comp, &at, AT_SYMLINK_NOFOLLOW) < 0) {
+					err = errno;
+					close(fd);
+					break;
+				}
+				bool same = st.st_dev == at.st_dev && st.st_ino == at.st_ino;
+				bool is_link = S_ISLNK(at.st_mode);
+				if (same && (!is_link || (flags & O_NOFOLLOW))) {
+					result = fd;
+					break;
+				}
 				close(fd);
+				if (!is_link) { /* swapped under us: refuse */
+					err = EAGAIN;
+					break;
+				}
+				if (flags & O_NOFOLLOW) {
+					err = ELOOP;
+					break;
+				}
 				link = true;
-			} else if (fd >= 0 || (flags & O_NOFOLLOW) ||
+			} else if ((flags & O_NOFOLLOW) ||
 				   (errno != ELOOP && errno != ENOTDIR) ||
 				   fstatat(cur, comp, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
 				   !S_ISLNK(st.st_mode)) {
-				if (fd < 0)
-					err = errno;
-				result = fd;
+				err = errno;
 				break;
 			} else {
 				link = true;
