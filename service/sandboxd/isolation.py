@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from enum import StrEnum
 from typing import Protocol
 
+from sandboxd import tenancy
 from sandboxd.errors import ConfigError, FailedPrecondition
 from sandboxd.reasons import Reason
 
@@ -75,13 +76,21 @@ class IsolationTiers:
         """What a session may ask for on this server now, in a stable order."""
         return [t for t in Isolation if t in self._allowed and t in self._engine]
 
-    def choose(self, asked: Isolation | None) -> Isolation:
-        """The tier for a create request (`None` = the server default), or the refusal."""
-        tier = self._default if asked is None else asked
-        if tier not in self._allowed:
+    def choose(self, asked: Isolation | None, tenant_tiers: str | None = None) -> Isolation:
+        """The tier for a create request (`None` = the default), or the refusal.
+
+        `tenant_tiers` is the tenant's tokens-file option (`isolation=gvisor,runc`): its tiers
+        replace the server's allowed set for that tenant, the first being its default.
+        """
+        default, allowed = self._default, self._allowed
+        if tenant_tiers is not None:
+            ordered = [parse_tier(v) for v in tenant_tiers.split(",") if v.strip()]
+            default, allowed = ordered[0], frozenset(ordered)
+        tier = default if asked is None else asked
+        if tier not in allowed:
             raise FailedPrecondition(
-                f"isolation {tier.value!r} is not allowed on this server "
-                f"(allowed: {', '.join(t.value for t in Isolation if t in self._allowed)})",
+                f"isolation {tier.value!r} is not allowed for this tenant "
+                f"(allowed: {', '.join(t.value for t in Isolation if t in allowed)})",
                 reason=Reason.ISOLATION_NOT_ALLOWED,
                 metadata={"isolation": tier.value},
             )
@@ -105,7 +114,7 @@ def check_isolation(
     if tiers is None:
         tier = IsolationTiers(Isolation.RUNC, {Isolation.RUNC}).choose(asked)
     else:
-        tier = tiers.choose(asked)
+        tier = tiers.choose(asked, tenancy.current_grants().isolation)
     if tier is Isolation.GVISOR and network_allowlist:
         raise FailedPrecondition(
             "network.mode ALLOWLIST is not available under gvisor isolation (its sandboxes have "

@@ -136,3 +136,37 @@ def test_under_gvisor_pids_is_the_sandbox_users_nproc(tmp_path: Path) -> None:
     assert {"Name": "nproc", "Soft": pids, "Hard": pids} in host["HostConfig"]["Ulimits"]
     # The host cgroup keeps a cap, sized for the Sentry's own threads (64 crashed it).
     assert host["HostConfig"]["PidsLimit"] > 1000
+
+
+def test_a_tenant_can_be_held_to_gvisor_in_the_tokens_file(tmp_path: Path) -> None:
+    import asyncio
+
+    from sandboxd import tenancy
+
+    digest = "a" * 64
+    path = tmp_path / "tokens"
+    path.write_text(f"ci {digest} isolation=gvisor\nops {'b' * 64} isolation=runc,gvisor\n")
+    table = tenancy.load_tokens(path)
+    assert table.grants_of("ci").isolation == "gvisor"
+    tiers = IsolationTiers(Isolation.RUNC, BOTH)
+    tiers._engine = frozenset(BOTH)
+
+    async def as_tenant(tenant: str, asked: Isolation | None) -> Isolation:
+        async def call() -> Isolation:
+            tenancy.use_tenant(tenant, table.grants_of(tenant))
+            return check_isolation(asked, tiers, network_allowlist=False)
+
+        return await asyncio.create_task(call())
+
+    async def main() -> None:
+        assert await as_tenant("ci", None) is Isolation.GVISOR  # the tenant's default
+        with pytest.raises(FailedPrecondition) as refused:
+            await as_tenant("ci", Isolation.RUNC)
+        assert refused.value.reason == Reason.ISOLATION_NOT_ALLOWED
+        assert await as_tenant("ops", None) is Isolation.RUNC
+        assert await as_tenant("ops", Isolation.GVISOR) is Isolation.GVISOR
+
+    asyncio.run(main())
+    path.write_text(f"ci {digest} isolation=kvm\n")
+    with pytest.raises(ConfigError, match="isolation"):
+        tenancy.load_tokens(path)
