@@ -276,7 +276,9 @@ class FakeEngine:
         if box is None:
             return None
         conforms = expected is None or (
-            not box.limits_changed and box.request.spec.limits == expected.spec.limits
+            not box.limits_changed
+            and box.request.spec.limits == expected.spec.limits
+            and box.request.spec.isolation is expected.spec.isolation
         )
         return SandboxStatus(running=box.running, conforms=conforms)
 

@@ -170,3 +170,12 @@ def test_a_tenant_can_be_held_to_gvisor_in_the_tokens_file(tmp_path: Path) -> No
     path.write_text(f"ci {digest} isolation=kvm\n")
     with pytest.raises(ConfigError, match="isolation"):
         tenancy.load_tokens(path)
+
+
+async def test_the_contract_scenario_with_a_gvisor_fake() -> None:
+    from engine_contract import isolation, new_owner
+
+    engine = FakeEngine()
+    engine.tiers.add(Isolation.GVISOR)
+    await isolation(engine, new_owner())
+    assert "start_sandbox" in engine.calls
