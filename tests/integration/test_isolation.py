@@ -112,3 +112,17 @@ def test_a_tier_the_operator_forbids_is_refused(tmp_path, tier: str) -> None:
     finally:
         srv.stop()
         remove_owned_containers("tiersonly")
+
+
+def test_suspend_and_resume_keep_the_tier_and_the_workspace(
+    stubs: Stubs, new_session, tier: str
+) -> None:
+    s = new_session()
+    sid = s.session_id
+    assert run(stubs, sid, "sh", "-c", "echo kept > /workspace/f").exit_code == 0
+    stubs.sessions.SuspendSession(session_pb2.SuspendSessionRequest(session_id=sid))
+    resumed = stubs.sessions.ResumeSession(session_pb2.ResumeSessionRequest(session_id=sid))
+    assert resumed.session.isolation == _PB[tier]
+    assert run(stubs, sid, "cat", "/workspace/f").stdout == b"kept\n"
+    kernel = run(stubs, sid, "cat", "/proc/version").stdout
+    assert (b"4.4.0" in kernel) == (tier == "gvisor")  # gVisor reports a fixed 4.4.0
