@@ -314,6 +314,18 @@ class IsolationSection:
     )
 
 
+@dataclass(frozen=True)
+class TemplatesSection:
+    """Templates sessions may be created from by name."""
+
+    python_image: str = setting(
+        "sandboxd-runtime:python",
+        TEXT,
+        "image of the built-in `python` template (make python-image builds it)",
+        flat="template_python_image",
+    )
+
+
 @dataclass(frozen=True, init=False)
 class Config:
     server: ServerSection = field(default_factory=ServerSection)
@@ -326,6 +338,7 @@ class Config:
     archive: ArchiveSection = field(default_factory=ArchiveSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     isolation: IsolationSection = field(default_factory=IsolationSection)
+    templates: TemplatesSection = field(default_factory=TemplatesSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.

@@ -124,6 +124,7 @@ class SessionSpec:
     gid: int
     manifest: WorkspaceManifest
     isolation: Isolation = Isolation.RUNC
+    template: str = ""  # the template's name, when the session was created from one
 
     @property
     def user(self) -> str:
@@ -168,6 +169,7 @@ class SessionSpec:
             },
             # Only a non-default tier enters, so every runc fingerprint stays as it was.
             **({"isolation": self.isolation.value} if self.isolation is not Isolation.RUNC else {}),
+            **({"template": self.template} if self.template else {}),
         }
         canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()

@@ -71,6 +71,7 @@ def _spec_to_json(spec: SessionSpec) -> str:
             "uid": spec.uid,
             "gid": spec.gid,
             "isolation": spec.isolation.value,
+            "template": spec.template,
             "manifest": {
                 "id": spec.manifest.id,
                 "files": [
@@ -113,6 +114,7 @@ def _spec_from_json(text: str) -> SessionSpec:
             directories=tuple(m["directories"]),
         ),
         isolation=Isolation(d.get("isolation", Isolation.RUNC.value)),
+        template=d.get("template", ""),
     )
 
 

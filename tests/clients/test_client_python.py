@@ -365,3 +365,9 @@ async def test_isolation_is_asked_and_echoed(client: SandboxClient) -> None:
     async with await client.create_session(allow=["echo"], isolation="gvisor") as session:
         assert session.info.isolation == "GVISOR"
         assert (await session.run(["echo", "hi"])).stdout == b"hi\n"
+
+
+async def test_the_python_template(client: SandboxClient) -> None:
+    async with await client.create_session(allow=["python3"], template="python") as session:
+        assert session.info.template == "python"
+        assert (await session.run(["python3", "-c", "print(6 * 7)"])).stdout == b"42\n"

@@ -126,3 +126,21 @@ def test_suspend_and_resume_keep_the_tier_and_the_workspace(
     assert run(stubs, sid, "cat", "/workspace/f").stdout == b"kept\n"
     kernel = run(stubs, sid, "cat", "/proc/version").stdout
     assert (b"4.4.0" in kernel) == (tier == "gvisor")  # gVisor reports a fixed 4.4.0
+
+
+def test_the_python_template_runs_python(stubs: Stubs, new_session, tier: str) -> None:
+    s = new_session(template="python")
+    assert s.template == "python" and s.image == "sandboxd-runtime:python"
+    out = run(
+        stubs,
+        s.session_id,
+        "python3",
+        "-c",
+        "import json, sys; print(json.dumps(sys.version_info[:2]))",
+    )
+    assert out.exit_code == 0 and out.stdout.startswith(b"[3, "), out
+    expect_error(
+        lambda: stubs.sessions.CreateSession(session_pb2.CreateSessionRequest(template="nope")),
+        grpc.StatusCode.NOT_FOUND,
+        "TEMPLATE_NOT_FOUND",
+    )

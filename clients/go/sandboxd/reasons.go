@@ -210,6 +210,10 @@ var (
 	ErrIsolationNotAllowed = &Error{Code: codes.FailedPrecondition, Reason: "ISOLATION_NOT_ALLOWED"}
 	// ErrIsolationNetworkUnsupported: FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
 	ErrIsolationNetworkUnsupported = &Error{Code: codes.FailedPrecondition, Reason: "ISOLATION_NETWORK_UNSUPPORTED"}
+	// ErrTemplateNotFound: NOT_FOUND: No template of that name (built-in: busybox, python).
+	ErrTemplateNotFound = &Error{Code: codes.NotFound, Reason: "TEMPLATE_NOT_FOUND"}
+	// ErrTemplateWithImage: INVALID_ARGUMENT: CreateSession names both a template and an image.
+	ErrTemplateWithImage = &Error{Code: codes.InvalidArgument, Reason: "TEMPLATE_WITH_IMAGE"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -316,4 +320,6 @@ var Reasons = map[string]ReasonInfo{
 	"ISOLATION_UNAVAILABLE":         {codes.FailedPrecondition, false, ErrIsolationUnavailable},
 	"ISOLATION_NOT_ALLOWED":         {codes.FailedPrecondition, false, ErrIsolationNotAllowed},
 	"ISOLATION_NETWORK_UNSUPPORTED": {codes.FailedPrecondition, false, ErrIsolationNetworkUnsupported},
+	"TEMPLATE_NOT_FOUND":            {codes.NotFound, false, ErrTemplateNotFound},
+	"TEMPLATE_WITH_IMAGE":           {codes.InvalidArgument, false, ErrTemplateWithImage},
 }

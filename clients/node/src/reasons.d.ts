@@ -185,6 +185,10 @@ export declare class IsolationUnavailableError extends FailedPrecondition {}
 export declare class IsolationNotAllowedError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY. */
 export declare class IsolationNetworkUnsupportedError extends FailedPrecondition {}
+/** NOT_FOUND: No template of that name (built-in: busybox, python). */
+export declare class TemplateNotFoundError extends NotFound {}
+/** INVALID_ARGUMENT: CreateSession names both a template and an image. */
+export declare class TemplateWithImageError extends InvalidArgument {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -288,7 +292,9 @@ export type Reason =
   | 'STREAM_IDLE'
   | 'ISOLATION_UNAVAILABLE'
   | 'ISOLATION_NOT_ALLOWED'
-  | 'ISOLATION_NETWORK_UNSUPPORTED';
+  | 'ISOLATION_NETWORK_UNSUPPORTED'
+  | 'TEMPLATE_NOT_FOUND'
+  | 'TEMPLATE_WITH_IMAGE';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

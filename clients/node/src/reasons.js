@@ -185,6 +185,10 @@ export class IsolationUnavailableError extends FailedPrecondition {}
 export class IsolationNotAllowedError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY. */
 export class IsolationNetworkUnsupportedError extends FailedPrecondition {}
+/** NOT_FOUND: No template of that name (built-in: busybox, python). */
+export class TemplateNotFoundError extends NotFound {}
+/** INVALID_ARGUMENT: CreateSession names both a template and an image. */
+export class TemplateWithImageError extends InvalidArgument {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -290,4 +294,6 @@ export const REASONS = Object.freeze({
   ISOLATION_UNAVAILABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: IsolationUnavailableError },
   ISOLATION_NOT_ALLOWED: { code: 'FAILED_PRECONDITION', retryable: false, error: IsolationNotAllowedError },
   ISOLATION_NETWORK_UNSUPPORTED: { code: 'FAILED_PRECONDITION', retryable: false, error: IsolationNetworkUnsupportedError },
+  TEMPLATE_NOT_FOUND: { code: 'NOT_FOUND', retryable: false, error: TemplateNotFoundError },
+  TEMPLATE_WITH_IMAGE: { code: 'INVALID_ARGUMENT', retryable: false, error: TemplateWithImageError },
 });

@@ -232,7 +232,9 @@ export type ErrorReason =
   | 'ERROR_REASON_STREAM_IDLE'
   | 'ERROR_REASON_ISOLATION_UNAVAILABLE'
   | 'ERROR_REASON_ISOLATION_NOT_ALLOWED'
-  | 'ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED';
+  | 'ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED'
+  | 'ERROR_REASON_TEMPLATE_NOT_FOUND'
+  | 'ERROR_REASON_TEMPLATE_WITH_IMAGE';
 
 /** sandboxd.v1.FilesystemService: SandboxClient.files. */
 export interface FilesystemServiceClient {
@@ -560,6 +562,7 @@ export interface CreateSessionRequest {
   user: string;
   from_snapshot_id: string;
   isolation: Isolation;
+  template: string;
 }
 
 export interface CreateSessionResponse {
@@ -673,6 +676,7 @@ export interface Session {
   user: string;
   workspace_id: string;
   isolation: Isolation;
+  template: string;
 }
 
 /** sandboxd.v1.SnapshotService: SandboxClient.snapshots. */

@@ -73,6 +73,7 @@ async def cmd_create(client: SandboxClient, args: argparse.Namespace) -> int:
         network=policy_from(args),
         from_snapshot_id=getattr(args, "snapshot", "") or "",
         isolation=args.isolation or "",
+        template=args.template or "",
     )
     emit(args, session.info, session.id)
     return 0
@@ -152,6 +153,7 @@ def _session_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", metavar="KEY=VALUE")
     p.add_argument("--file", action="append", metavar="REMOTE=LOCAL", help="declare a file")
     p.add_argument("--image")
+    p.add_argument("--template", help="a template by name, e.g. python (instead of --image)")
     p.add_argument(
         "--isolation", choices=("runc", "gvisor"), help="isolation tier (default: the server's)"
     )

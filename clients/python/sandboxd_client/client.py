@@ -318,12 +318,14 @@ class SandboxClient:
         user: str = "",
         from_snapshot_id: str = "",
         isolation: str = "",
+        template: str = "",
         timeout: float | None = UNSET,
     ) -> Session:
         """Create a session. Every command is denied unless named in `allow` or `allow_all`.
 
         `isolation` is "runc" or "gvisor" (empty: the server's default; `server_info()` lists
         the tiers on offer); a tier the server cannot give is refused, never replaced.
+        `template` names a template ("python", "busybox") instead of an `image`.
 
         With a caller-chosen `session_id` the call is idempotent (the same request returns
         the same session), so it is retried on transient errors; without one it never is.
@@ -349,6 +351,7 @@ class SandboxClient:
             isolation=common_pb2.Isolation.Value("ISOLATION_" + isolation.upper())
             if isolation
             else common_pb2.ISOLATION_UNSPECIFIED,
+            template=template,
         )
         resp = await self._unary(
             "SessionService/CreateSession",

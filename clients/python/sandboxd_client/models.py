@@ -208,6 +208,7 @@ class SessionInfo:
     user: str = ""
     workspace_id: str = ""
     isolation: str = ""  # RUNC or GVISOR
+    template: str = ""
 
     @classmethod
     def from_pb(cls, m: session_pb2.Session) -> Self:
@@ -226,6 +227,7 @@ class SessionInfo:
             user=m.user,
             workspace_id=m.workspace_id,
             isolation=enum_name(common_pb2.Isolation, m.isolation, "ISOLATION_"),
+            template=m.template,
         )
 
 

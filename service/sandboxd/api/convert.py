@@ -165,6 +165,7 @@ def create_input(req: session_pb2.CreateSessionRequest) -> CreateSessionInput:
         ),
         from_snapshot_id=req.from_snapshot_id,
         isolation=isolation_from_pb(req.isolation),
+        template=req.template,
     )
 
 
@@ -195,6 +196,7 @@ def session_pb(s: Session) -> session_pb2.Session:
         user=s.spec.user,
         workspace_id=s.spec.manifest.id,
         isolation=ISOLATION_PB[s.spec.isolation],
+        template=s.spec.template,
     )
 
 

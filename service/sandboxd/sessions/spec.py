@@ -29,6 +29,7 @@ from sandboxd.models import (
     WorkspaceManifest,
 )
 from sandboxd.reasons import Reason
+from sandboxd.templates import resolve_template
 
 MAX_MANIFEST_ENTRIES = 10_000
 MAX_ALLOW_ENTRIES = 256
@@ -55,6 +56,7 @@ class CreateSessionInput:
     manifest: WorkspaceManifest = field(default_factory=WorkspaceManifest)
     from_snapshot_id: str = ""
     isolation: Isolation | None = None  # None: the server's default tier
+    template: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,13 @@ def check_create(
     )
     shell = check_shell(req.shell)
     manifest = check_manifest(req.manifest, limits)
-    image = validation.validate_image(req.image or config.engine.image)
+    named = resolve_template(
+        req.template,
+        req.image,
+        default_image=config.engine.image,
+        python_image=config.templates.python_image,
+    )
+    image = validation.validate_image(named or config.engine.image)
     lease = check_lease(req.lease_ttl_s, "lease_ttl", config)
     spec = SessionSpec(
         image=image,
@@ -99,6 +107,7 @@ def check_create(
         gid=gid,
         manifest=manifest,
         isolation=isolation,
+        template=req.template,
     )
     labels = validation.validate_labels(req.labels)
     return CheckedCreate(session_id, spec, lease, labels, req.from_snapshot_id)

@@ -181,6 +181,7 @@ class CreateSessionRequest(_message.Message):
     USER_FIELD_NUMBER: _builtins.int
     FROM_SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
     ISOLATION_FIELD_NUMBER: _builtins.int
+    TEMPLATE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Optional caller-chosen id; makes the call idempotent."""
     image: _builtins.str
@@ -192,6 +193,10 @@ class CreateSessionRequest(_message.Message):
     isolation: _common_pb2.Isolation.ValueType
     """Kernel boundary of the sandbox; UNSPECIFIED means the server's default (GetServerInfo lists
     the tiers on offer). A tier the server cannot give is FAILED_PRECONDITION, never replaced.
+    """
+    template: _builtins.str
+    """A template by name: the built-in `busybox` (the default image) or `python` (Debian 12 with
+    python3); empty means `image`, or the default. Setting both is INVALID_ARGUMENT.
     """
     @_builtins.property
     def workspace(self) -> Global___WorkspaceManifest: ...
@@ -226,10 +231,11 @@ class CreateSessionRequest(_message.Message):
         user: _builtins.str = ...,
         from_snapshot_id: _builtins.str = ...,
         isolation: _common_pb2.Isolation.ValueType = ...,
+        template: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "shell", b"shell", "workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "template", b"template", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -725,6 +731,7 @@ class Session(_message.Message):
     USER_FIELD_NUMBER: _builtins.int
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
     ISOLATION_FIELD_NUMBER: _builtins.int
+    TEMPLATE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     state: Global___SessionState.ValueType
     image: _builtins.str
@@ -737,6 +744,8 @@ class Session(_message.Message):
     """The manifest's id."""
     isolation: _common_pb2.Isolation.ValueType
     """The isolation tier the sandbox runs under."""
+    template: _builtins.str
+    """The template the session was created from (empty: an image was named, or the default)."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -768,10 +777,11 @@ class Session(_message.Message):
         user: _builtins.str = ...,
         workspace_id: _builtins.str = ...,
         isolation: _common_pb2.Isolation.ValueType = ...,
+        template: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "shell", b"shell"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "fingerprint", b"fingerprint", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "state", b"state", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "fingerprint", b"fingerprint", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "state", b"state", "template", b"template", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -235,6 +235,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its
     sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
     """
+    ERROR_REASON_TEMPLATE_NOT_FOUND: _ErrorReason.ValueType  # 123
+    """NOT_FOUND: No template of that name (built-in: busybox, python)."""
+    ERROR_REASON_TEMPLATE_WITH_IMAGE: _ErrorReason.ValueType  # 124
+    """INVALID_ARGUMENT: CreateSession names both a template and an image."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -458,4 +462,8 @@ ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED: ErrorReason.ValueType  # 122
 """FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its
 sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
 """
+ERROR_REASON_TEMPLATE_NOT_FOUND: ErrorReason.ValueType  # 123
+"""NOT_FOUND: No template of that name (built-in: busybox, python)."""
+ERROR_REASON_TEMPLATE_WITH_IMAGE: ErrorReason.ValueType  # 124
+"""INVALID_ARGUMENT: CreateSession names both a template and an image."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
