@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxd.engine.protocol import (
+    ImageDetails,
     NetworkAddress,
     NetworkInfo,
+    PullProgress,
     SandboxInfo,
     SandboxRequest,
     SandboxStatus,
@@ -188,6 +190,9 @@ class FakeEngine:
         self._execs: dict[str, FakeExecStream] = {}
         # The isolation tiers whose runtime is "registered"; a test adds or removes some.
         self.tiers: set[Isolation] = {Isolation.RUNC}
+        # A registry the fake pulls from: pullable reference -> (digest, layer sizes).
+        self.remote: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.digests: dict[str, str] = {}  # image name -> registry digest once pulled
 
     # ----- test hooks ---------------------------------------------------------------------
 
@@ -367,6 +372,38 @@ class FakeEngine:
         return [
             i for i, labels in self.images.items() if labels.get("io.sandboxd.owner") == owner_id
         ]
+
+    # ----- registry pulls -------------------------------------------------------------------
+
+    async def inspect_image(self, image: str) -> ImageDetails | None:
+        self._call("inspect_image")
+        for name in self.images:
+            image_id = "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+            digest = self.digests.get(name, "")
+            repo = name.rsplit(":", 1)[0] if "/" in name or ":" in name else name
+            refs = {name, image_id, f"{repo}@{digest}" if digest else name}
+            if image in refs:
+                return ImageDetails(
+                    image_id=image_id,
+                    repo_digests=(f"{repo}@{digest}",) if digest else (),
+                    repo_tags=(name,),
+                    size_bytes=1000,
+                )
+        return None
+
+    async def pull_image(
+        self, reference: str, auth: Mapping[str, str] | None = None
+    ) -> AsyncIterator[PullProgress]:
+        self._call("pull_image")
+        if reference not in self.remote:
+            raise NotFound(f"manifest unknown: {reference}", reason="REGISTRY_IMAGE_NOT_FOUND")
+        digest, layers = self.remote[reference]
+        for i, size in enumerate(layers):
+            await asyncio.sleep(0)
+            yield PullProgress("Downloading", f"layer{i}", size, size)
+            yield PullProgress("Pull complete", f"layer{i}")
+        self.images[reference] = {}
+        self.digests[reference] = digest
 
 
 class FakeArchive:

@@ -188,7 +188,7 @@ class TenancySection:
         0, INT, "running commands per tenant (0: no cap)", lo=0, flat="tenant_max_concurrent_execs"
     )
     max_streams: int = setting(
-        64, INT, "open streaming RPCs per tenant (0: no cap)", lo=0, flat="tenant_max_streams"
+        256, INT, "open streaming RPCs per tenant (0: no cap)", lo=0, flat="tenant_max_streams"
     )
     stream_idle_timeout_s: float = setting(
         60.0,
@@ -253,6 +253,34 @@ class ImagesSection:
         "comma-separated image patterns sessions may use ('*' any run of characters); the "
         "default image and a tenant's own snapshot images are always allowed",
         flat="image_allowlist",
+    )
+    registry_auth_file: Path | None = setting(
+        None,
+        OPTIONAL_PATH,
+        "registry credentials for pulls, in the format of Docker's config.json `auths` "
+        "(read by the server only; never taken from callers, never logged)",
+        flat="registry_auth_file",
+    )
+    max_image_bytes: int = setting(
+        8 * GiB,
+        SIZE,
+        "largest image a pull may fetch (the manifest's layer sizes, then the pull's progress)",
+        lo=1,
+        flat="max_image_bytes",
+    )
+    pull_timeout_s: float = setting(
+        600.0,
+        DURATION,
+        "longest one pull may take (a create also ends it at its own deadline)",
+        lo=1,
+        flat="pull_timeout_s",
+    )
+    unused_after_s: float = setting(
+        7 * 24 * 3600.0,
+        DURATION,
+        "a pulled image no session used for this long is removed by the sweep",
+        lo=0,
+        flat="image_unused_after_s",
     )
 
 

@@ -57,6 +57,14 @@ class SessionState(enum.StrEnum):
     FAILED = "FAILED"
 
 
+class PullPolicy(enum.StrEnum):
+    """When a create asks the registry for its image (sandboxd.pulls)."""
+
+    IF_NOT_PRESENT = "IF_NOT_PRESENT"
+    ALWAYS = "ALWAYS"
+    NEVER = "NEVER"
+
+
 class NetworkMode(enum.StrEnum):
     DENY = "DENY"
     ALLOWLIST = "ALLOWLIST"
@@ -125,6 +133,11 @@ class SessionSpec:
     manifest: WorkspaceManifest
     isolation: Isolation = Isolation.RUNC
     template: str = ""  # the template's name, when the session was created from one
+    # The image resolved at create (sandboxd.pulls): reported digest, and the image id a
+    # rebuild runs, so a resume never picks up what the tag names later. Not fingerprinted:
+    # a retried create of the same request is the same session whatever the tag does.
+    image_digest: str = ""
+    image_id: str = ""
 
     @property
     def user(self) -> str:

@@ -44,6 +44,7 @@ from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
 from sandboxd.metrics import Metrics, MetricsServer
 from sandboxd.pool import WarmPool
 from sandboxd.processes import ProcessManager
+from sandboxd.pulls import Pulls, live_images
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
@@ -211,6 +212,8 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         )
         snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
         keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
+        pulls = Pulls(config, engine, live_images=lambda: live_images(store))
+        stack.push_async_callback(pulls.close)
         sessions = SessionManager(
             config,
             engine,
@@ -221,6 +224,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             egress=egress,
             on_session_end=[processes.end_session],
             tiers=tiers,
+            pulls=pulls,
         )
         snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
 
@@ -249,9 +253,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(
             SnapshotService(sessions, archive, snapshots), server
         )
-        sweeper = Sweeper(sessions, engine, owner_id, snapshots)
+        sweeper = Sweeper(sessions, engine, owner_id, snapshots, pulls=pulls)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminService(config, engine, egress, sweeper, tiers), server
+            AdminService(config, engine, egress, sweeper, tiers=tiers, pulls=pulls), server
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

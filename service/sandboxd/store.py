@@ -58,6 +58,8 @@ def _spec_to_json(spec: SessionSpec) -> str:
     return json.dumps(
         {
             "image": spec.image,
+            "image_digest": spec.image_digest,
+            "image_id": spec.image_id,
             "limits": spec.limits.to_dict(),
             "shell": {"allow": list(spec.shell.allow), "allow_all": spec.shell.allow_all},
             "network": {
@@ -93,6 +95,8 @@ def _spec_from_json(text: str) -> SessionSpec:
     m = d["manifest"]
     return SessionSpec(
         image=d["image"],
+        image_digest=d.get("image_digest", ""),
+        image_id=d.get("image_id", ""),
         limits=Limits.from_dict(d["limits"]),
         shell=ShellPolicy(allow=tuple(d["shell"]["allow"]), allow_all=d["shell"]["allow_all"]),
         network=NetworkPolicy(

@@ -214,6 +214,16 @@ var (
 	ErrTemplateNotFound = &Error{Code: codes.NotFound, Reason: "TEMPLATE_NOT_FOUND"}
 	// ErrTemplateWithImage: INVALID_ARGUMENT: CreateSession names both a template and an image.
 	ErrTemplateWithImage = &Error{Code: codes.InvalidArgument, Reason: "TEMPLATE_WITH_IMAGE"}
+	// ErrRegistryImageNotFound: NOT_FOUND: The registry has no such repository, tag or digest.
+	ErrRegistryImageNotFound = &Error{Code: codes.NotFound, Reason: "REGISTRY_IMAGE_NOT_FOUND"}
+	// ErrRegistryUnauthorized: FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file).
+	ErrRegistryUnauthorized = &Error{Code: codes.FailedPrecondition, Reason: "REGISTRY_UNAUTHORIZED"}
+	// ErrRegistryUnreachable: UNAVAILABLE, retryable: The registry did not answer.
+	ErrRegistryUnreachable = &Error{Code: codes.Unavailable, Reason: "REGISTRY_UNREACHABLE"}
+	// ErrImageTooLarge: RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes.
+	ErrImageTooLarge = &Error{Code: codes.ResourceExhausted, Reason: "IMAGE_TOO_LARGE"}
+	// ErrImagePullFailed: INTERNAL: The engine failed the pull for another reason (its message says which).
+	ErrImagePullFailed = &Error{Code: codes.Internal, Reason: "IMAGE_PULL_FAILED"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -322,4 +332,9 @@ var Reasons = map[string]ReasonInfo{
 	"ISOLATION_NETWORK_UNSUPPORTED": {codes.FailedPrecondition, false, ErrIsolationNetworkUnsupported},
 	"TEMPLATE_NOT_FOUND":            {codes.NotFound, false, ErrTemplateNotFound},
 	"TEMPLATE_WITH_IMAGE":           {codes.InvalidArgument, false, ErrTemplateWithImage},
+	"REGISTRY_IMAGE_NOT_FOUND":      {codes.NotFound, false, ErrRegistryImageNotFound},
+	"REGISTRY_UNAUTHORIZED":         {codes.FailedPrecondition, false, ErrRegistryUnauthorized},
+	"REGISTRY_UNREACHABLE":          {codes.Unavailable, true, ErrRegistryUnreachable},
+	"IMAGE_TOO_LARGE":               {codes.ResourceExhausted, false, ErrImageTooLarge},
+	"IMAGE_PULL_FAILED":             {codes.Internal, false, ErrImagePullFailed},
 }

@@ -189,6 +189,16 @@ export declare class IsolationNetworkUnsupportedError extends FailedPrecondition
 export declare class TemplateNotFoundError extends NotFound {}
 /** INVALID_ARGUMENT: CreateSession names both a template and an image. */
 export declare class TemplateWithImageError extends InvalidArgument {}
+/** NOT_FOUND: The registry has no such repository, tag or digest. */
+export declare class RegistryImageNotFoundError extends NotFound {}
+/** FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file). */
+export declare class RegistryUnauthorizedError extends FailedPrecondition {}
+/** UNAVAILABLE, retryable: The registry did not answer. */
+export declare class RegistryUnreachableError extends Unavailable {}
+/** RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes. */
+export declare class ImageTooLargeError extends ResourceExhausted {}
+/** INTERNAL: The engine failed the pull for another reason (its message says which). */
+export declare class ImagePullFailedError extends Internal {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -294,7 +304,12 @@ export type Reason =
   | 'ISOLATION_NOT_ALLOWED'
   | 'ISOLATION_NETWORK_UNSUPPORTED'
   | 'TEMPLATE_NOT_FOUND'
-  | 'TEMPLATE_WITH_IMAGE';
+  | 'TEMPLATE_WITH_IMAGE'
+  | 'REGISTRY_IMAGE_NOT_FOUND'
+  | 'REGISTRY_UNAUTHORIZED'
+  | 'REGISTRY_UNREACHABLE'
+  | 'IMAGE_TOO_LARGE'
+  | 'IMAGE_PULL_FAILED';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

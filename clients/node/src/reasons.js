@@ -189,6 +189,16 @@ export class IsolationNetworkUnsupportedError extends FailedPrecondition {}
 export class TemplateNotFoundError extends NotFound {}
 /** INVALID_ARGUMENT: CreateSession names both a template and an image. */
 export class TemplateWithImageError extends InvalidArgument {}
+/** NOT_FOUND: The registry has no such repository, tag or digest. */
+export class RegistryImageNotFoundError extends NotFound {}
+/** FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file). */
+export class RegistryUnauthorizedError extends FailedPrecondition {}
+/** UNAVAILABLE, retryable: The registry did not answer. */
+export class RegistryUnreachableError extends Unavailable {}
+/** RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes. */
+export class ImageTooLargeError extends ResourceExhausted {}
+/** INTERNAL: The engine failed the pull for another reason (its message says which). */
+export class ImagePullFailedError extends Internal {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -296,4 +306,9 @@ export const REASONS = Object.freeze({
   ISOLATION_NETWORK_UNSUPPORTED: { code: 'FAILED_PRECONDITION', retryable: false, error: IsolationNetworkUnsupportedError },
   TEMPLATE_NOT_FOUND: { code: 'NOT_FOUND', retryable: false, error: TemplateNotFoundError },
   TEMPLATE_WITH_IMAGE: { code: 'INVALID_ARGUMENT', retryable: false, error: TemplateWithImageError },
+  REGISTRY_IMAGE_NOT_FOUND: { code: 'NOT_FOUND', retryable: false, error: RegistryImageNotFoundError },
+  REGISTRY_UNAUTHORIZED: { code: 'FAILED_PRECONDITION', retryable: false, error: RegistryUnauthorizedError },
+  REGISTRY_UNREACHABLE: { code: 'UNAVAILABLE', retryable: true, error: RegistryUnreachableError },
+  IMAGE_TOO_LARGE: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: ImageTooLargeError },
+  IMAGE_PULL_FAILED: { code: 'INTERNAL', retryable: false, error: ImagePullFailedError },
 });

@@ -31,6 +31,8 @@ export type Requests<T> = Iterable<Init<T>> | AsyncIterable<Init<T>>;
 export interface AdminServiceClient {
   getServerInfo(request: Init<GetServerInfoRequest>, options?: CallOptions): Promise<GetServerInfoResponse>;
   sweep(request: Init<SweepRequest>, options?: CallOptions): Promise<SweepResponse>;
+  pullImage(request: Init<PullImageRequest>, options?: CallOptions): AsyncGenerator<PullImageResponse, void, undefined>;
+  listImages(request: Init<ListImagesRequest>, options?: CallOptions): Promise<ListImagesResponse>;
 }
 
 export interface GetServerInfoRequest {
@@ -128,6 +130,48 @@ export type Isolation =
   | 'ISOLATION_UNSPECIFIED'
   | 'ISOLATION_RUNC'
   | 'ISOLATION_GVISOR';
+
+export type PullPolicy =
+  | 'PULL_POLICY_UNSPECIFIED'
+  | 'PULL_POLICY_IF_NOT_PRESENT'
+  | 'PULL_POLICY_ALWAYS'
+  | 'PULL_POLICY_NEVER';
+
+export interface PullImageRequest {
+  image: string;
+}
+
+export interface PullImageProgress {
+  status: string;
+  current_bytes: number;
+  total_bytes: number;
+  layers_total: number;
+  layers_done: number;
+}
+
+export interface PullImageDone {
+  image_digest: string;
+}
+
+export interface PullImageResponse {
+  progress: PullImageProgress | null;
+  done: PullImageDone | null;
+  event?: 'progress' | 'done';
+}
+
+export interface ListImagesRequest {
+}
+
+export interface ImageInfo {
+  name: string;
+  digest: string;
+  size_bytes: number;
+  last_used_at: Timestamp | null;
+}
+
+export interface ListImagesResponse {
+  images: ImageInfo[];
+}
 
 export type ErrorReason =
   | 'ERROR_REASON_UNSPECIFIED'
@@ -234,7 +278,12 @@ export type ErrorReason =
   | 'ERROR_REASON_ISOLATION_NOT_ALLOWED'
   | 'ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED'
   | 'ERROR_REASON_TEMPLATE_NOT_FOUND'
-  | 'ERROR_REASON_TEMPLATE_WITH_IMAGE';
+  | 'ERROR_REASON_TEMPLATE_WITH_IMAGE'
+  | 'ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND'
+  | 'ERROR_REASON_REGISTRY_UNAUTHORIZED'
+  | 'ERROR_REASON_REGISTRY_UNREACHABLE'
+  | 'ERROR_REASON_IMAGE_TOO_LARGE'
+  | 'ERROR_REASON_IMAGE_PULL_FAILED';
 
 /** sandboxd.v1.FilesystemService: SandboxClient.files. */
 export interface FilesystemServiceClient {
@@ -563,6 +612,7 @@ export interface CreateSessionRequest {
   from_snapshot_id: string;
   isolation: Isolation;
   template: string;
+  pull_policy: PullPolicy;
 }
 
 export interface CreateSessionResponse {
@@ -677,6 +727,7 @@ export interface Session {
   workspace_id: string;
   isolation: Isolation;
   template: string;
+  image_digest: string;
 }
 
 /** sandboxd.v1.SnapshotService: SandboxClient.snapshots. */

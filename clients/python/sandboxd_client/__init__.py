@@ -15,6 +15,7 @@ from sandboxd_client import errors
 from sandboxd_client._rpc import RetryPolicy
 from sandboxd_client.client import API_VERSION, DEFAULT_ADDRESS, TLS, SandboxClient
 from sandboxd_client.errors import Reason, SandboxError
+from sandboxd_client.images import ImageInfo, PullDone, PullProgress
 from sandboxd_client.interaction import Interaction
 from sandboxd_client.models import (
     ArchiveImported,
@@ -41,6 +42,9 @@ from sandboxd_client.session import Session
 __version__ = "0.2.0"
 
 __all__ = [
+    "ImageInfo",
+    "PullDone",
+    "PullProgress",
     "API_VERSION",
     "DEFAULT_ADDRESS",
     "TLS",

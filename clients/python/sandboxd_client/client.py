@@ -47,6 +47,7 @@ from sandboxd_client.errors import (
     SandboxError,
     from_rpc_error,
 )
+from sandboxd_client.images import ImagesMixin, pull_policy_pb
 from sandboxd_client.models import (
     NetworkPolicy,
     ResourceLimits,
@@ -94,7 +95,7 @@ def check_api_version(info: ServerInfo, address: str) -> None:
         )
 
 
-class SandboxClient:
+class SandboxClient(ImagesMixin):
     """A connection to one sandboxd server; use as `async with SandboxClient(addr) as c`.
 
     `token` is sent as a bearer token on every call. `timeout` is the default deadline in
@@ -319,6 +320,7 @@ class SandboxClient:
         from_snapshot_id: str = "",
         isolation: str = "",
         template: str = "",
+        pull_policy: str = "",
         timeout: float | None = UNSET,
     ) -> Session:
         """Create a session. Every command is denied unless named in `allow` or `allow_all`.
@@ -352,6 +354,7 @@ class SandboxClient:
             if isolation
             else common_pb2.ISOLATION_UNSPECIFIED,
             template=template,
+            pull_policy=pull_policy_pb(pull_policy),
         )
         resp = await self._unary(
             "SessionService/CreateSession",

@@ -209,6 +209,7 @@ class SessionInfo:
     workspace_id: str = ""
     isolation: str = ""  # RUNC or GVISOR
     template: str = ""
+    image_digest: str = ""  # the digest it runs (a resume or fork runs the same)
 
     @classmethod
     def from_pb(cls, m: session_pb2.Session) -> Self:
@@ -228,6 +229,7 @@ class SessionInfo:
             workspace_id=m.workspace_id,
             isolation=enum_name(common_pb2.Isolation, m.isolation, "ISOLATION_"),
             template=m.template,
+            image_digest=m.image_digest,
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from sandboxd import validation
-from sandboxd.api import egress_convert
+from sandboxd.api import egress_convert, image_convert
 from sandboxd.errors import InvalidArgument
 from sandboxd.isolation import Isolation
 from sandboxd.models import (
@@ -166,6 +166,7 @@ def create_input(req: session_pb2.CreateSessionRequest) -> CreateSessionInput:
         from_snapshot_id=req.from_snapshot_id,
         isolation=isolation_from_pb(req.isolation),
         template=req.template,
+        pull_policy=image_convert.pull_policy(req.pull_policy),
     )
 
 
@@ -197,6 +198,7 @@ def session_pb(s: Session) -> session_pb2.Session:
         workspace_id=s.spec.manifest.id,
         isolation=ISOLATION_PB[s.spec.isolation],
         template=s.spec.template,
+        image_digest=s.spec.image_digest,
     )
 
 

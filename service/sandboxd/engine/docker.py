@@ -26,11 +26,13 @@ from aiodocker.execs import Exec
 from aiodocker.stream import Stream
 
 from sandboxd import images
-from sandboxd.engine import compat
+from sandboxd.engine import compat, docker_pull
 from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.protocol import (
+    ImageDetails,
     NetworkAddress,
     NetworkInfo,
+    PullProgress,
     SandboxInfo,
     SandboxRequest,
     SandboxStatus,
@@ -443,3 +445,13 @@ class DockerEngine:
 
     def _container(self, sandbox_id: str) -> DockerContainer:
         return self.docker.containers.container(sandbox_id)
+
+    # ----- registry pulls (sandboxd.engine.docker_pull) ----------------------------------
+
+    async def inspect_image(self, image: str) -> ImageDetails | None:
+        return await docker_pull.inspect(self.docker, image)
+
+    def pull_image(
+        self, reference: str, auth: Mapping[str, str] | None = None
+    ) -> AsyncIterator[PullProgress]:
+        return docker_pull.pull(self.docker, reference, auth)

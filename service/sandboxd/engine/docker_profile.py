@@ -52,7 +52,8 @@ def container_config(
         }
     )
     config: dict[str, Any] = {
-        "Image": spec.image,
+        # A resumed session runs the image it was created from, whatever the tag says now.
+        "Image": spec.image_id or spec.image,
         "Cmd": [HELPER_IN_CONTAINER, "idle"],
         "Entrypoint": [],
         "User": keeper_user,

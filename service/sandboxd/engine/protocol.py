@@ -13,7 +13,7 @@ ENGINE_CONFLICT; anything else the engine refuses is `Internal`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -77,6 +77,26 @@ class NetworkInfo:
 class NetworkAddress:
     gateway: str
     subnet: str
+
+
+@dataclass(frozen=True)
+class ImageDetails:
+    """What the engine holds of one image (registry pulls, ListImages, the image sweep)."""
+
+    image_id: str
+    repo_digests: tuple[str, ...] = ()
+    repo_tags: tuple[str, ...] = ()
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PullProgress:
+    """One line of a pull's progress: `layer` is empty for lines about the whole image."""
+
+    status: str
+    layer: str = ""
+    current: int = 0
+    total: int = 0
 
 
 class ExecStream(Protocol):
@@ -199,4 +219,18 @@ class Engine(Protocol):
 
     async def list_images(self, owner_id: str) -> list[str]:
         """Ids of the images labelled with this owner id."""
+        ...
+
+    # ----- registry pulls (sandboxd.pulls) -----------------------------------------------
+
+    async def inspect_image(self, image: str) -> ImageDetails | None:
+        """None when the engine does not hold it; no VOLUME check (that is image_exists)."""
+        ...
+
+    def pull_image(
+        self, reference: str, auth: Mapping[str, str] | None = None
+    ) -> AsyncIterator[PullProgress]:
+        """Pull `reference` (`name:tag` or `name@sha256:...`), yielding progress until it is
+        complete; closing the iterator early abandons the pull. `auth`: the registry's
+        `username`/`password` (never logged). Registry refusals are `PullRefused`."""
         ...

@@ -24,6 +24,7 @@ from sandboxd.models import (
     ManifestFile,
     NetworkMode,
     NetworkPolicy,
+    PullPolicy,
     SessionSpec,
     ShellPolicy,
     WorkspaceManifest,
@@ -57,6 +58,7 @@ class CreateSessionInput:
     from_snapshot_id: str = ""
     isolation: Isolation | None = None  # None: the server's default tier
     template: str = ""
+    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class CheckedCreate:
     lease_s: float
     labels: dict[str, str]
     from_snapshot_id: str
+    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
 
 
 def check_create(
@@ -110,7 +113,9 @@ def check_create(
         template=req.template,
     )
     labels = validation.validate_labels(req.labels)
-    return CheckedCreate(session_id, spec, lease, labels, req.from_snapshot_id)
+    return CheckedCreate(
+        session_id, spec, lease, labels, req.from_snapshot_id, PullPolicy(req.pull_policy)
+    )
 
 
 def resolve_limits(requested: LimitsRequest, defaults: Limits, maxima: Limits) -> Limits:

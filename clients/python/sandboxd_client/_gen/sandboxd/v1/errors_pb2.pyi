@@ -239,6 +239,16 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """NOT_FOUND: No template of that name (built-in: busybox, python)."""
     ERROR_REASON_TEMPLATE_WITH_IMAGE: _ErrorReason.ValueType  # 124
     """INVALID_ARGUMENT: CreateSession names both a template and an image."""
+    ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND: _ErrorReason.ValueType  # 180
+    """NOT_FOUND: The registry has no such repository, tag or digest."""
+    ERROR_REASON_REGISTRY_UNAUTHORIZED: _ErrorReason.ValueType  # 181
+    """FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file)."""
+    ERROR_REASON_REGISTRY_UNREACHABLE: _ErrorReason.ValueType  # 182
+    """UNAVAILABLE, retryable: The registry did not answer."""
+    ERROR_REASON_IMAGE_TOO_LARGE: _ErrorReason.ValueType  # 183
+    """RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes."""
+    ERROR_REASON_IMAGE_PULL_FAILED: _ErrorReason.ValueType  # 184
+    """INTERNAL: The engine failed the pull for another reason (its message says which)."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -466,4 +476,14 @@ ERROR_REASON_TEMPLATE_NOT_FOUND: ErrorReason.ValueType  # 123
 """NOT_FOUND: No template of that name (built-in: busybox, python)."""
 ERROR_REASON_TEMPLATE_WITH_IMAGE: ErrorReason.ValueType  # 124
 """INVALID_ARGUMENT: CreateSession names both a template and an image."""
+ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND: ErrorReason.ValueType  # 180
+"""NOT_FOUND: The registry has no such repository, tag or digest."""
+ERROR_REASON_REGISTRY_UNAUTHORIZED: ErrorReason.ValueType  # 181
+"""FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file)."""
+ERROR_REASON_REGISTRY_UNREACHABLE: ErrorReason.ValueType  # 182
+"""UNAVAILABLE, retryable: The registry did not answer."""
+ERROR_REASON_IMAGE_TOO_LARGE: ErrorReason.ValueType  # 183
+"""RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes."""
+ERROR_REASON_IMAGE_PULL_FAILED: ErrorReason.ValueType  # 184
+"""INTERNAL: The engine failed the pull for another reason (its message says which)."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -11,6 +11,7 @@ from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from sandboxd_client._gen.sandboxd.v1 import common_pb2 as _common_pb2
+from sandboxd_client._gen.sandboxd.v1 import images_pb2 as _images_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -182,6 +183,7 @@ class CreateSessionRequest(_message.Message):
     FROM_SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
     ISOLATION_FIELD_NUMBER: _builtins.int
     TEMPLATE_FIELD_NUMBER: _builtins.int
+    PULL_POLICY_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Optional caller-chosen id; makes the call idempotent."""
     image: _builtins.str
@@ -198,6 +200,8 @@ class CreateSessionRequest(_message.Message):
     """A template by name: the built-in `busybox` (the default image) or `python` (Debian 12 with
     python3); empty means `image`, or the default. Setting both is INVALID_ARGUMENT.
     """
+    pull_policy: _images_pb2.PullPolicy.ValueType
+    """When to ask the registry for the image (default: pull only when absent)."""
     @_builtins.property
     def workspace(self) -> Global___WorkspaceManifest: ...
     @_builtins.property
@@ -232,10 +236,11 @@ class CreateSessionRequest(_message.Message):
         from_snapshot_id: _builtins.str = ...,
         isolation: _common_pb2.Isolation.ValueType = ...,
         template: _builtins.str = ...,
+        pull_policy: _images_pb2.PullPolicy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "shell", b"shell", "workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "template", b"template", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "pull_policy", b"pull_policy", "session_id", b"session_id", "shell", b"shell", "template", b"template", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -732,6 +737,7 @@ class Session(_message.Message):
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
     ISOLATION_FIELD_NUMBER: _builtins.int
     TEMPLATE_FIELD_NUMBER: _builtins.int
+    IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     state: Global___SessionState.ValueType
     image: _builtins.str
@@ -746,6 +752,10 @@ class Session(_message.Message):
     """The isolation tier the sandbox runs under."""
     template: _builtins.str
     """The template the session was created from (empty: an image was named, or the default)."""
+    image_digest: _builtins.str
+    """The digest the session runs (`sha256:...`: the registry's manifest digest, or the image id
+    of a local image); a resume or fork of it runs the same one.
+    """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -778,10 +788,11 @@ class Session(_message.Message):
         workspace_id: _builtins.str = ...,
         isolation: _common_pb2.Isolation.ValueType = ...,
         template: _builtins.str = ...,
+        image_digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "shell", b"shell"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "fingerprint", b"fingerprint", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "state", b"state", "template", b"template", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "state", b"state", "template", b"template", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
