@@ -285,6 +285,11 @@ export type ErrorReason =
   | 'ERROR_REASON_IMAGE_HAS_VOLUMES'
   | 'ERROR_REASON_TENANT_STREAM_QUOTA'
   | 'ERROR_REASON_STREAM_IDLE'
+  | 'ERROR_REASON_ISOLATION_UNAVAILABLE'
+  | 'ERROR_REASON_ISOLATION_NOT_ALLOWED'
+  | 'ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED'
+  | 'ERROR_REASON_TEMPLATE_NOT_FOUND'
+  | 'ERROR_REASON_TEMPLATE_WITH_IMAGE'
   | 'ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND'
   | 'ERROR_REASON_REGISTRY_UNAUTHORIZED'
   | 'ERROR_REASON_REGISTRY_UNREACHABLE'
@@ -618,6 +623,8 @@ export interface CreateSessionRequest {
   lease_ttl: Duration | null;
   user: string;
   from_snapshot_id: string;
+  isolation: Isolation;
+  template: string;
   pull_policy: PullPolicy;
 }
 
@@ -733,6 +740,8 @@ export interface Session {
   shell: ShellPolicy | null;
   user: string;
   workspace_id: string;
+  isolation: Isolation;
+  template: string;
   image_digest: string;
 }
 

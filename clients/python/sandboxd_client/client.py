@@ -318,10 +318,16 @@ class SandboxClient(ImagesMixin):
         lease_ttl: float | None = None,
         user: str = "",
         from_snapshot_id: str = "",
+        isolation: str = "",
+        template: str = "",
         pull_policy: str = "",
         timeout: float | None = UNSET,
     ) -> Session:
         """Create a session. Every command is denied unless named in `allow` or `allow_all`.
+
+        `isolation` is "runc" or "gvisor" (empty: the server's default; `server_info()` lists
+        the tiers on offer); a tier the server cannot give is refused, never replaced.
+        `template` names a template ("python", "busybox") instead of an `image`.
 
         With a caller-chosen `session_id` the call is idempotent (the same request returns
         the same session), so it is retried on transient errors; without one it never is.
@@ -344,6 +350,10 @@ class SandboxClient(ImagesMixin):
             lease_ttl=duration(lease_ttl),
             user=user,
             from_snapshot_id=from_snapshot_id,
+            isolation=common_pb2.Isolation.Value("ISOLATION_" + isolation.upper())
+            if isolation
+            else common_pb2.ISOLATION_UNSPECIFIED,
+            template=template,
             pull_policy=pull_policy_pb(pull_policy),
         )
         resp = await self._unary(

@@ -241,6 +241,8 @@ class SessionInfo:
     shell: ShellPolicy = ShellPolicy()
     user: str = ""
     workspace_id: str = ""
+    isolation: str = ""  # RUNC or GVISOR
+    template: str = ""
     image_digest: str = ""  # the digest it runs (a resume or fork runs the same)
 
     @classmethod
@@ -259,6 +261,8 @@ class SessionInfo:
             shell=ShellPolicy.from_pb(m.shell),
             user=m.user,
             workspace_id=m.workspace_id,
+            isolation=enum_name(common_pb2.Isolation, m.isolation, "ISOLATION_"),
+            template=m.template,
             image_digest=m.image_digest,
         )
 
