@@ -36,6 +36,7 @@ from sandboxd.engine.protocol import (
     SandboxStatus,
 )
 from sandboxd.errors import FailedPrecondition, Internal, NotFound, SandboxError
+from sandboxd.isolation import Isolation
 from sandboxd.profile import HELPER_IN_CONTAINER
 
 WORKSPACE = "/workspace"
@@ -191,6 +192,8 @@ class FakeEngine:
         self.stats: dict[str, SandboxStats] = {}
         self.ooms: asyncio.Queue[str] = asyncio.Queue()
 
+        # The isolation tiers whose runtime is "registered"; a test adds or removes some.
+        self.tiers: set[Isolation] = {Isolation.RUNC}
         # A registry the fake pulls from: pullable reference -> (digest, layer sizes).
         self.remote: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.digests: dict[str, str] = {}  # image name -> registry digest once pulled
@@ -234,6 +237,10 @@ class FakeEngine:
         self._call("image_exists")
         return image in self.images
 
+    async def isolation_tiers(self) -> frozenset[Isolation]:
+        self._call("isolation_tiers")
+        return frozenset(self.tiers)
+
     def sandbox_shape(self, request: SandboxRequest) -> str:
         spec = request.spec
         shaped = {
@@ -242,6 +249,7 @@ class FakeEngine:
             "env": spec.env,
             "user": spec.user,
             "network": dataclasses.asdict(request.network) if request.network else None,
+            "isolation": spec.isolation.value,
         }
         return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()
 
@@ -254,6 +262,8 @@ class FakeEngine:
                 f'Conflict. The container name "/{request.name}" is already in use',
                 reason="ENGINE_CONFLICT",
             )
+        if request.spec.isolation not in self.tiers:  # Docker: "unknown or invalid runtime name"
+            raise Internal(f"unknown or invalid runtime name: {request.spec.isolation.value}")
         sandbox_id = hashlib.sha256(f"fake-{next(self._ids)}".encode()).hexdigest()
         self.sandboxes[sandbox_id] = FakeSandbox(sandbox_id, request)
         self._call("create_sandbox:after")  # a create whose answer is lost
@@ -275,7 +285,9 @@ class FakeEngine:
         if box is None:
             return None
         conforms = expected is None or (
-            not box.limits_changed and box.request.spec.limits == expected.spec.limits
+            not box.limits_changed
+            and box.request.spec.limits == expected.spec.limits
+            and box.request.spec.isolation is expected.spec.isolation
         )
         return SandboxStatus(running=box.running, conforms=conforms)
 

@@ -326,6 +326,54 @@ class MetricsSection:
     )
 
 
+def _tiers_problem(value: str) -> str | None:
+    from sandboxd.isolation import parse_tiers  # isolation imports nothing from here
+
+    try:
+        parse_tiers(value)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+@dataclass(frozen=True)
+class IsolationSection:
+    """Isolation tiers (runc, gvisor): which a session gets by default and which it may ask."""
+
+    default: str = setting(
+        "runc",
+        TEXT,
+        "tier of a session that does not ask for one: runc or gvisor",
+        check=_tiers_problem,
+        flat="isolation_default",
+    )
+    allowed: str = setting(
+        "runc,gvisor",
+        TEXT,
+        "comma-separated tiers sessions may ask for (those the engine lacks are refused)",
+        check=_tiers_problem,
+        flat="isolation_allowed",
+    )
+    gvisor_runtime: str = setting(
+        "runsc",
+        TEXT,
+        "name of the engine runtime that gives the gvisor tier (see `make gvisor`)",
+        flat="isolation_gvisor_runtime",
+    )
+
+
+@dataclass(frozen=True)
+class TemplatesSection:
+    """Templates sessions may be created from by name."""
+
+    python_image: str = setting(
+        "sandboxd-runtime:python",
+        TEXT,
+        "image of the built-in `python` template (make python-image builds it)",
+        flat="template_python_image",
+    )
+
+
 @dataclass(frozen=True)
 class AuditSection:
     """The durable audit log (service/sandboxd/audit): what is kept, how long, and its export."""
@@ -393,6 +441,8 @@ class Config:
     images: ImagesSection = field(default_factory=ImagesSection)
     archive: ArchiveSection = field(default_factory=ArchiveSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
+    isolation: IsolationSection = field(default_factory=IsolationSection)
+    templates: TemplatesSection = field(default_factory=TemplatesSection)
     audit: AuditSection = field(default_factory=AuditSection)
     events: EventsSection = field(default_factory=EventsSection)
 

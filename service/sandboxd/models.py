@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from sandboxd.isolation import Isolation
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -161,6 +163,8 @@ class SessionSpec:
     uid: int
     gid: int
     manifest: WorkspaceManifest
+    isolation: Isolation = Isolation.RUNC
+    template: str = ""  # the template's name, when the session was created from one
     # The image resolved at create (sandboxd.pulls): reported digest, and the image id a
     # rebuild runs, so a resume never picks up what the tag names later. Not fingerprinted:
     # a retried create of the same request is the same session whatever the tag does.
@@ -217,6 +221,9 @@ class SessionSpec:
                 ],
                 "directories": sorted(self.manifest.directories),
             },
+            # Only a non-default tier enters, so every runc fingerprint stays as it was.
+            **({"isolation": self.isolation.value} if self.isolation is not Isolation.RUNC else {}),
+            **({"template": self.template} if self.template else {}),
         }
         canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()

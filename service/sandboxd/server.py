@@ -47,6 +47,7 @@ from sandboxd.events import EventHub, LeaseWarner, ObservedStore
 from sandboxd.events.stats import OomWatcher, StatsReader
 from sandboxd.execution import Executor
 from sandboxd.files import Files
+from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
 from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
 from sandboxd.metrics import Metrics, MetricsServer
 from sandboxd.pool import WarmPool
@@ -187,6 +188,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 helper_path=config.engine.helper,
                 keeper_user=config.engine.keeper_user,
                 on_error=metrics.engine_error,
+                gvisor_runtime=config.isolation.gvisor_runtime,
             )
         )
         audit_store = (
@@ -205,6 +207,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         audit.start()
         stack.push_async_callback(audit.close)  # after the gRPC server stopped: flush, then close
         hub = EventHub(config.events.window)
+        tiers = IsolationTiers(
+            parse_tier(config.isolation.default), parse_tiers(config.isolation.allowed)
+        )
         store = await stack.enter_async_context(
             ObservedStore(config.server.data_dir / "sessions.db", hub, server_lifecycle(audit))
         )
@@ -256,6 +261,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             egress=egress,
             on_session_end=[processes.end_session],
             on_expiry=ExpiryPolicy(terms, keeper, store, suspend_for=ENDED_RETENTION),
+            tiers=tiers,
             pulls=pulls,
         )
         snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
@@ -292,7 +298,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         )
         sweeper = Sweeper(sessions, engine, owner_id, snapshots, pulls=pulls)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminService(config, engine, egress, sweeper, pulls), server
+            AdminService(config, engine, egress, sweeper, tiers=tiers, pulls=pulls), server
         )
         audit_pb2_grpc.add_AuditServiceServicer_to_server(
             AuditService(AuditLog(audit_store)), server
@@ -309,7 +315,14 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             raise ConfigError(
                 f"cannot listen on {config.server.listen} (address in use or invalid)"
             )
-        monitor = EngineMonitor(engine, health_servicer, sessions.reconcile)
+
+        async def on_engine_up() -> None:
+            # The runtimes first: an operator may have registered runsc while it was away.
+            with contextlib.suppress(SandboxError):
+                await tiers.refresh(engine)
+            await sessions.reconcile()
+
+        monitor = EngineMonitor(engine, health_servicer, on_engine_up)
         await monitor.check()  # reconcile before the first call when the engine is up
         pool.start()  # after reconcile removed an earlier run's leftovers
         if config.metrics.listen:

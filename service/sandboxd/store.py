@@ -16,6 +16,7 @@ from typing import Any
 
 import aiosqlite
 
+from sandboxd.isolation import Isolation
 from sandboxd.models import (
     Limits,
     ManifestFile,
@@ -78,6 +79,8 @@ def _spec_to_json(spec: SessionSpec) -> str:
             "env": spec.env,
             "uid": spec.uid,
             "gid": spec.gid,
+            "isolation": spec.isolation.value,
+            "template": spec.template,
             "manifest": {
                 "id": spec.manifest.id,
                 "files": [
@@ -135,6 +138,8 @@ def _spec_from_json(text: str) -> SessionSpec:
             ),
             directories=tuple(m["directories"]),
         ),
+        isolation=Isolation(d.get("isolation", Isolation.RUNC.value)),
+        template=d.get("template", ""),
     )
 
 

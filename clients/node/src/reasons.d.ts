@@ -189,6 +189,16 @@ export declare class InvalidTimeRangeError extends InvalidArgument {}
 export declare class InvalidSequenceError extends InvalidArgument {}
 /** INVALID_ARGUMENT: An ExpiryAction value this server does not know. */
 export declare class InvalidExpiryActionError extends InvalidArgument {}
+/** FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now (e.g. gvisor without runsc registered); never silently replaced by another tier. */
+export declare class IsolationUnavailableError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed). */
+export declare class IsolationNotAllowedError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY. */
+export declare class IsolationNetworkUnsupportedError extends FailedPrecondition {}
+/** NOT_FOUND: No template of that name (built-in: busybox, python). */
+export declare class TemplateNotFoundError extends NotFound {}
+/** INVALID_ARGUMENT: CreateSession names both a template and an image. */
+export declare class TemplateWithImageError extends InvalidArgument {}
 /** NOT_FOUND: The registry has no such repository, tag or digest. */
 export declare class RegistryImageNotFoundError extends NotFound {}
 /** FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file). */
@@ -309,6 +319,11 @@ export type Reason =
   | 'INVALID_TIME_RANGE'
   | 'INVALID_SEQUENCE'
   | 'INVALID_EXPIRY_ACTION'
+  | 'ISOLATION_UNAVAILABLE'
+  | 'ISOLATION_NOT_ALLOWED'
+  | 'ISOLATION_NETWORK_UNSUPPORTED'
+  | 'TEMPLATE_NOT_FOUND'
+  | 'TEMPLATE_WITH_IMAGE'
   | 'REGISTRY_IMAGE_NOT_FOUND'
   | 'REGISTRY_UNAUTHORIZED'
   | 'REGISTRY_UNREACHABLE'

@@ -189,6 +189,16 @@ export class InvalidTimeRangeError extends InvalidArgument {}
 export class InvalidSequenceError extends InvalidArgument {}
 /** INVALID_ARGUMENT: An ExpiryAction value this server does not know. */
 export class InvalidExpiryActionError extends InvalidArgument {}
+/** FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now (e.g. gvisor without runsc registered); never silently replaced by another tier. */
+export class IsolationUnavailableError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed). */
+export class IsolationNotAllowedError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY. */
+export class IsolationNetworkUnsupportedError extends FailedPrecondition {}
+/** NOT_FOUND: No template of that name (built-in: busybox, python). */
+export class TemplateNotFoundError extends NotFound {}
+/** INVALID_ARGUMENT: CreateSession names both a template and an image. */
+export class TemplateWithImageError extends InvalidArgument {}
 /** NOT_FOUND: The registry has no such repository, tag or digest. */
 export class RegistryImageNotFoundError extends NotFound {}
 /** FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file). */
@@ -310,6 +320,11 @@ export const REASONS = Object.freeze({
   INVALID_TIME_RANGE: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidTimeRangeError },
   INVALID_SEQUENCE: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidSequenceError },
   INVALID_EXPIRY_ACTION: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidExpiryActionError },
+  ISOLATION_UNAVAILABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: IsolationUnavailableError },
+  ISOLATION_NOT_ALLOWED: { code: 'FAILED_PRECONDITION', retryable: false, error: IsolationNotAllowedError },
+  ISOLATION_NETWORK_UNSUPPORTED: { code: 'FAILED_PRECONDITION', retryable: false, error: IsolationNetworkUnsupportedError },
+  TEMPLATE_NOT_FOUND: { code: 'NOT_FOUND', retryable: false, error: TemplateNotFoundError },
+  TEMPLATE_WITH_IMAGE: { code: 'INVALID_ARGUMENT', retryable: false, error: TemplateWithImageError },
   REGISTRY_IMAGE_NOT_FOUND: { code: 'NOT_FOUND', retryable: false, error: RegistryImageNotFoundError },
   REGISTRY_UNAUTHORIZED: { code: 'FAILED_PRECONDITION', retryable: false, error: RegistryUnauthorizedError },
   REGISTRY_UNREACHABLE: { code: 'UNAVAILABLE', retryable: true, error: RegistryUnreachableError },

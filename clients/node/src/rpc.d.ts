@@ -320,6 +320,11 @@ export type ErrorReason =
   | 'ERROR_REASON_INVALID_TIME_RANGE'
   | 'ERROR_REASON_INVALID_SEQUENCE'
   | 'ERROR_REASON_INVALID_EXPIRY_ACTION'
+  | 'ERROR_REASON_ISOLATION_UNAVAILABLE'
+  | 'ERROR_REASON_ISOLATION_NOT_ALLOWED'
+  | 'ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED'
+  | 'ERROR_REASON_TEMPLATE_NOT_FOUND'
+  | 'ERROR_REASON_TEMPLATE_WITH_IMAGE'
   | 'ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND'
   | 'ERROR_REASON_REGISTRY_UNAUTHORIZED'
   | 'ERROR_REASON_REGISTRY_UNREACHABLE'
@@ -722,6 +727,8 @@ export interface CreateSessionRequest {
   from_snapshot_id: string;
   on_expiry: ExpiryAction;
   renew_on_activity: boolean;
+  isolation: Isolation;
+  template: string;
   pull_policy: PullPolicy;
 }
 
@@ -840,6 +847,8 @@ export interface Session {
   on_expiry: ExpiryAction;
   renew_on_activity: boolean;
   end_reason: string;
+  isolation: Isolation;
+  template: string;
   image_digest: string;
 }
 

@@ -74,6 +74,8 @@ async def cmd_create(client: SandboxClient, args: argparse.Namespace) -> int:
         user=args.user or "",
         network=policy_from(args),
         from_snapshot_id=getattr(args, "snapshot", "") or "",
+        isolation=args.isolation or "",
+        template=args.template or "",
         pull_policy=args.pull_policy or "",
     )
     emit(args, session.info, session.id)
@@ -154,6 +156,10 @@ def _session_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", metavar="KEY=VALUE")
     p.add_argument("--file", action="append", metavar="REMOTE=LOCAL", help="declare a file")
     p.add_argument("--image")
+    p.add_argument("--template", help="a template by name, e.g. python (instead of --image)")
+    p.add_argument(
+        "--isolation", choices=("runc", "gvisor"), help="isolation tier (default: the server's)"
+    )
     p.add_argument(
         "--pull-policy",
         choices=("IF_NOT_PRESENT", "ALWAYS", "NEVER"),

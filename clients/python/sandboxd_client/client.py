@@ -324,10 +324,16 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin):
         from_snapshot_id: str = "",
         on_expiry: str = "",
         renew_on_activity: bool = False,
+        isolation: str = "",
+        template: str = "",
         pull_policy: str = "",
         timeout: float | None = UNSET,
     ) -> Session:
         """Create a session. Every command is denied unless named in `allow` or `allow_all`.
+
+        `isolation` is "runc" or "gvisor" (empty: the server's default; `server_info()` lists
+        the tiers on offer); a tier the server cannot give is refused, never replaced.
+        `template` names a template ("python", "busybox") instead of an `image`.
 
         With a caller-chosen `session_id` the call is idempotent (the same request returns
         the same session), so it is retried on transient errors; without one it never is.
@@ -352,6 +358,10 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin):
             from_snapshot_id=from_snapshot_id,
             on_expiry=enum_value(leases_pb2.ExpiryAction, on_expiry, "EXPIRY_ACTION_"),
             renew_on_activity=renew_on_activity,
+            isolation=common_pb2.Isolation.Value("ISOLATION_" + isolation.upper())
+            if isolation
+            else common_pb2.ISOLATION_UNSPECIFIED,
+            template=template,
             pull_policy=pull_policy_pb(pull_policy),
         )
         resp = await self._unary(

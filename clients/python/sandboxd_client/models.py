@@ -245,6 +245,8 @@ class SessionInfo:
     on_expiry: str = ""  # DELETE, SUSPEND, SNAPSHOT_THEN_DELETE
     renew_on_activity: bool = False
     end_reason: str = ""  # why an ended session ended
+    isolation: str = ""  # RUNC or GVISOR
+    template: str = ""
     image_digest: str = ""  # the digest it runs (a resume or fork runs the same)
 
     @classmethod
@@ -266,6 +268,8 @@ class SessionInfo:
             on_expiry=enum_name(leases_pb2.ExpiryAction, m.on_expiry, "EXPIRY_ACTION_"),
             renew_on_activity=m.renew_on_activity,
             end_reason=m.end_reason,
+            isolation=enum_name(common_pb2.Isolation, m.isolation, "ISOLATION_"),
+            template=m.template,
             image_digest=m.image_digest,
         )
 

@@ -12,6 +12,7 @@ from sandboxd.egress.networks import EgressManager, FilterMode
 from sandboxd.egress.policy import DEFAULT_QUOTAS, MAX_QUOTAS
 from sandboxd.engine import Engine
 from sandboxd.errors import Internal
+from sandboxd.isolation import IsolationTiers
 from sandboxd.pulls import Pulls
 from sandboxd.sweeper import Sweeper
 from sandboxd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, images_pb2
@@ -42,8 +43,10 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         engine: Engine,
         egress: EgressManager | None = None,
         sweeper: Sweeper | None = None,
+        tiers: IsolationTiers | None = None,
         pulls: Pulls | None = None,
     ) -> None:
+        self._tiers = tiers  # None: runc only
         self._pulls = pulls
         self._config = config
         self._engine = engine
@@ -94,7 +97,11 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
             proxy_quotas_max=egress_convert.quotas_pb(MAX_QUOTAS),
             api_version=API_VERSION,
             features=self._features(),
-            isolation_tiers=[common_pb2.ISOLATION_RUNC],
+            isolation_tiers=(
+                [convert.ISOLATION_PB[t] for t in self._tiers.available()]
+                if self._tiers is not None
+                else [common_pb2.ISOLATION_RUNC]
+            ),
         )
 
     def _features(self) -> list[str]:

@@ -7,6 +7,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from sandboxd import validation
 from sandboxd.api import egress_convert, image_convert
 from sandboxd.errors import InvalidArgument
+from sandboxd.isolation import Isolation
 from sandboxd.models import (
     ExecEvent,
     ExecExited,
@@ -94,6 +95,23 @@ def limits_request(pb: common_pb2.ResourceLimits) -> LimitsRequest:
     )
 
 
+ISOLATION_PB = {
+    Isolation.RUNC: common_pb2.ISOLATION_RUNC,
+    Isolation.GVISOR: common_pb2.ISOLATION_GVISOR,
+}
+
+
+def isolation_from_pb(value: int) -> Isolation | None:
+    """UNSPECIFIED is the server's default (None); a number this server does not know is an
+    invalid argument, not a silent default."""
+    if value == common_pb2.ISOLATION_UNSPECIFIED:
+        return None
+    for tier, number in ISOLATION_PB.items():
+        if number == value:
+            return tier
+    raise InvalidArgument(f"unknown isolation {value}", reason=Reason.INVALID_ARGUMENT)
+
+
 def limits_pb(limits: Limits) -> common_pb2.ResourceLimits:
     return common_pb2.ResourceLimits(
         memory_bytes=limits.memory_bytes,
@@ -150,6 +168,8 @@ def create_input(req: session_pb2.CreateSessionRequest) -> CreateSessionInput:
             directories=tuple(req.workspace.directories),
         ),
         from_snapshot_id=req.from_snapshot_id,
+        isolation=isolation_from_pb(req.isolation),
+        template=req.template,
         pull_policy=image_convert.pull_policy(req.pull_policy),
     )
 
@@ -180,6 +200,8 @@ def session_pb(s: Session) -> session_pb2.Session:
         ),
         user=s.spec.user,
         workspace_id=s.spec.manifest.id,
+        isolation=ISOLATION_PB[s.spec.isolation],
+        template=s.spec.template,
         image_digest=s.spec.image_digest,
     )
 

@@ -18,6 +18,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sandboxd.isolation import Isolation
 from sandboxd.models import SessionSpec
 
 
@@ -149,6 +150,11 @@ class Engine(Protocol):
         ...
 
     async def image_exists(self, image: str) -> bool: ...
+
+    async def isolation_tiers(self) -> frozenset[Isolation]:
+        """The isolation tiers the engine can run now (its registered runtimes); asked at
+        start-up and whenever the engine comes back, since an operator may add a runtime."""
+        ...
 
     # ----- sandboxes ---------------------------------------------------------------------
 

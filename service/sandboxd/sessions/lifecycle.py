@@ -30,6 +30,7 @@ from sandboxd.errors import (
     SandboxError,
     SessionNotFound,
 )
+from sandboxd.isolation import IsolationTiers
 from sandboxd.labels import LABEL_AUTO
 from sandboxd.models import NetworkPolicy, PullPolicy, Session, SessionState
 from sandboxd.pool import WarmPool
@@ -63,9 +64,11 @@ class SessionManager:
         egress: EgressManager | None = None,
         on_session_end: Sequence[SessionEndHook] = (),
         on_expiry: ExpiryHook | None = None,
+        tiers: IsolationTiers | None = None,
         pulls: Pulls | None = None,
     ) -> None:
         self._config = config
+        self._tiers = tiers  # None: runc only
         self._pulls = pulls  # None: images are never pulled (absent is IMAGE_NOT_FOUND)
         self._engine = engine
         self._store = store
@@ -122,7 +125,9 @@ class SessionManager:
     # ----- create -----------------------------------------------------------------------
 
     async def create(self, req: CreateSessionInput) -> Session:
-        checked = check_create(req, self._config, self._allowlist if self._egress else None)
+        checked = check_create(
+            req, self._config, self._allowlist if self._egress else None, self._tiers
+        )
         session_id, spec = checked.session_id, checked.spec
         fingerprint = spec.fingerprint()
         async with self._locks.locked(session_id):

@@ -17,6 +17,7 @@ from sandboxd import tenancy, validation
 from sandboxd.config import Config
 from sandboxd.egress.policy import validate_policy
 from sandboxd.errors import InvalidArgument, ResourceExhausted
+from sandboxd.isolation import Isolation, IsolationTiers, check_isolation
 from sandboxd.models import (
     LIMIT_NAMES,
     Limits,
@@ -31,6 +32,7 @@ from sandboxd.models import (
 )
 from sandboxd.reasons import Reason
 from sandboxd.secrets import bindings as secret_bindings
+from sandboxd.templates import resolve_template
 
 MAX_MANIFEST_ENTRIES = 10_000
 MAX_ALLOW_ENTRIES = 256
@@ -56,6 +58,8 @@ class CreateSessionInput:
     user: str = ""
     manifest: WorkspaceManifest = field(default_factory=WorkspaceManifest)
     from_snapshot_id: str = ""
+    isolation: Isolation | None = None  # None: the server's default tier
+    template: str = ""
     pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
 
 
@@ -70,7 +74,10 @@ class CheckedCreate:
 
 
 def check_create(
-    req: CreateSessionInput, config: Config, allowlist: AllowlistCheck
+    req: CreateSessionInput,
+    config: Config,
+    allowlist: AllowlistCheck,
+    tiers: IsolationTiers | None = None,
 ) -> CheckedCreate:
     """Every field of a create request, in the order a caller reads the errors."""
     if req.session_id:
@@ -82,9 +89,18 @@ def check_create(
     uid, gid = validation.parse_user(req.user)
     env = validation.validate_env(req.env)
     network = check_network(req.network, allowlist)
+    isolation = check_isolation(
+        req.isolation, tiers, network_allowlist=network.mode is NetworkMode.ALLOWLIST
+    )
     shell = check_shell(req.shell)
     manifest = check_manifest(req.manifest, limits)
-    image = validation.validate_image(req.image or config.engine.image)
+    named = resolve_template(
+        req.template,
+        req.image,
+        default_image=config.engine.image,
+        python_image=config.templates.python_image,
+    )
+    image = validation.validate_image(named or config.engine.image)
     lease = check_lease(req.lease_ttl_s, "lease_ttl", config)
     spec = SessionSpec(
         image=image,
@@ -95,6 +111,8 @@ def check_create(
         uid=uid,
         gid=gid,
         manifest=manifest,
+        isolation=isolation,
+        template=req.template,
     )
     labels = validation.validate_labels(req.labels)
     return CheckedCreate(

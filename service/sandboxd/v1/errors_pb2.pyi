@@ -235,6 +235,20 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INVALID_ARGUMENT: A negative after_sequence."""
     ERROR_REASON_INVALID_EXPIRY_ACTION: _ErrorReason.ValueType  # 144
     """INVALID_ARGUMENT: An ExpiryAction value this server does not know."""
+    ERROR_REASON_ISOLATION_UNAVAILABLE: _ErrorReason.ValueType  # 120
+    """FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now
+    (e.g. gvisor without runsc registered); never silently replaced by another tier.
+    """
+    ERROR_REASON_ISOLATION_NOT_ALLOWED: _ErrorReason.ValueType  # 121
+    """FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed)."""
+    ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED: _ErrorReason.ValueType  # 122
+    """FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its
+    sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
+    """
+    ERROR_REASON_TEMPLATE_NOT_FOUND: _ErrorReason.ValueType  # 123
+    """NOT_FOUND: No template of that name (built-in: busybox, python)."""
+    ERROR_REASON_TEMPLATE_WITH_IMAGE: _ErrorReason.ValueType  # 124
+    """INVALID_ARGUMENT: CreateSession names both a template and an image."""
     ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND: _ErrorReason.ValueType  # 180
     """NOT_FOUND: The registry has no such repository, tag or digest."""
     ERROR_REASON_REGISTRY_UNAUTHORIZED: _ErrorReason.ValueType  # 181
@@ -474,6 +488,20 @@ ERROR_REASON_INVALID_SEQUENCE: ErrorReason.ValueType  # 143
 """INVALID_ARGUMENT: A negative after_sequence."""
 ERROR_REASON_INVALID_EXPIRY_ACTION: ErrorReason.ValueType  # 144
 """INVALID_ARGUMENT: An ExpiryAction value this server does not know."""
+ERROR_REASON_ISOLATION_UNAVAILABLE: ErrorReason.ValueType  # 120
+"""FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now
+(e.g. gvisor without runsc registered); never silently replaced by another tier.
+"""
+ERROR_REASON_ISOLATION_NOT_ALLOWED: ErrorReason.ValueType  # 121
+"""FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed)."""
+ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED: ErrorReason.ValueType  # 122
+"""FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its
+sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
+"""
+ERROR_REASON_TEMPLATE_NOT_FOUND: ErrorReason.ValueType  # 123
+"""NOT_FOUND: No template of that name (built-in: busybox, python)."""
+ERROR_REASON_TEMPLATE_WITH_IMAGE: ErrorReason.ValueType  # 124
+"""INVALID_ARGUMENT: CreateSession names both a template and an image."""
 ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND: ErrorReason.ValueType  # 180
 """NOT_FOUND: The registry has no such repository, tag or digest."""
 ERROR_REASON_REGISTRY_UNAUTHORIZED: ErrorReason.ValueType  # 181

@@ -184,6 +184,8 @@ class CreateSessionRequest(_message.Message):
     FROM_SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
     ON_EXPIRY_FIELD_NUMBER: _builtins.int
     RENEW_ON_ACTIVITY_FIELD_NUMBER: _builtins.int
+    ISOLATION_FIELD_NUMBER: _builtins.int
+    TEMPLATE_FIELD_NUMBER: _builtins.int
     PULL_POLICY_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Optional caller-chosen id; makes the call idempotent."""
@@ -198,6 +200,14 @@ class CreateSessionRequest(_message.Message):
     renew_on_activity: _builtins.bool
     """Commands (Exec, Run, Interact, StartProcess) renew the lease by its default length. Off by
     default: nothing but RenewLease renews a lease, reading or reconnecting never does.
+    """
+    isolation: _common_pb2.Isolation.ValueType
+    """Kernel boundary of the sandbox; UNSPECIFIED means the server's default (GetServerInfo lists
+    the tiers on offer). A tier the server cannot give is FAILED_PRECONDITION, never replaced.
+    """
+    template: _builtins.str
+    """A template by name: the built-in `busybox` (the default image) or `python` (Debian 12 with
+    python3); empty means `image`, or the default. Setting both is INVALID_ARGUMENT.
     """
     pull_policy: _images_pb2.PullPolicy.ValueType
     """When to ask the registry for the image (default: pull only when absent)."""
@@ -235,11 +245,13 @@ class CreateSessionRequest(_message.Message):
         from_snapshot_id: _builtins.str = ...,
         on_expiry: _leases_pb2.ExpiryAction.ValueType = ...,
         renew_on_activity: _builtins.bool = ...,
+        isolation: _common_pb2.Isolation.ValueType = ...,
+        template: _builtins.str = ...,
         pull_policy: _images_pb2.PullPolicy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "shell", b"shell", "workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "pull_policy", b"pull_policy", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "pull_policy", b"pull_policy", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "template", b"template", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -745,6 +757,8 @@ class Session(_message.Message):
     ON_EXPIRY_FIELD_NUMBER: _builtins.int
     RENEW_ON_ACTIVITY_FIELD_NUMBER: _builtins.int
     END_REASON_FIELD_NUMBER: _builtins.int
+    ISOLATION_FIELD_NUMBER: _builtins.int
+    TEMPLATE_FIELD_NUMBER: _builtins.int
     IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     state: Global___SessionState.ValueType
@@ -762,6 +776,10 @@ class Session(_message.Message):
     """Why an ended session ended (e.g. "lease expired", "lease expired; suspended",
     "container lost"); empty while it runs.
     """
+    isolation: _common_pb2.Isolation.ValueType
+    """The isolation tier the sandbox runs under."""
+    template: _builtins.str
+    """The template the session was created from (empty: an image was named, or the default)."""
     image_digest: _builtins.str
     """The digest the session runs (`sha256:...`: the registry's manifest digest, or the image id
     of a local image); a resume or fork of it runs the same one.
@@ -799,11 +817,13 @@ class Session(_message.Message):
         on_expiry: _leases_pb2.ExpiryAction.ValueType = ...,
         renew_on_activity: _builtins.bool = ...,
         end_reason: _builtins.str = ...,
+        isolation: _common_pb2.Isolation.ValueType = ...,
+        template: _builtins.str = ...,
         image_digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "shell", b"shell"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "end_reason", b"end_reason", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "state", b"state", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "end_reason", b"end_reason", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "state", b"state", "template", b"template", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
