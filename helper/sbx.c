@@ -912,12 +912,50 @@ static int cmd_list(int argc, char **argv)
 
 #define REMOVE_RETRIES 8
 
+/* chmod the entry `name` of `pfd` itself, never what it links to: opened
+ * O_PATH|O_NOFOLLOW and changed through its /proc/self/fd link, so a
+ * directory swapped for a symlink meanwhile is refused, not followed.  Only
+ * directories and regular files.  Returns -1 with errno set on failure. */
+static int chmod_entry(int pfd, const char *name, mode_t mode, bool only_dir)
+{
+	int fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	struct stat st;
+	int rc = fstat(fd, &st);
+	if (rc == 0 && !S_ISDIR(st.st_mode) && (only_dir || !S_ISREG(st.st_mode))) {
+		errno = only_dir ? ENOTDIR : EINVAL;
+		rc = -1;
+	}
+	if (rc == 0 && (st.st_mode & 07777) != mode) {
+		char link[64];
+		snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+		rc = chmod(link, mode);
+	}
+	int e = errno;
+	close(fd);
+	errno = e;
+	return rc;
+}
+
+/* A directory about to be emptied is opened up first: its owner may have made
+ * it unwritable (555) or unsearchable (000), which would stop the removal
+ * halfway.  Its mode no longer matters, it is going away. */
+static void open_up(int pfd, const char *name)
+{
+	struct stat st;
+	if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) &&
+	    (st.st_mode & 0700) != 0700)
+		(void)chmod_entry(pfd, name, (st.st_mode & 07777) | 0700, true);
+}
+
 /* Remove everything inside the directory `name` of `pfd`, depth first, one
  * open directory at a time (see struct walk).  Something inside that keeps
  * creating entries makes a directory be emptied again, REMOVE_RETRIES times
  * at most, then ENOTEMPTY.  Returns -1 with errno set on failure. */
 static int empty_dir(int pfd, const char *name)
 {
+	open_up(pfd, name);
 	int dfd = open_beneath(pfd, name, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
 	if (dfd < 0)
 		return -1;
@@ -973,6 +1011,7 @@ static int empty_dir(int pfd, const char *name)
 			rc = -1;
 			break;
 		}
+		open_up(w.fd, entry);
 		int cfd = open_beneath(w.fd, entry, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
 		if (cfd < 0 || walk_push(&w, cfd, NULL, entry) < 0) {
 			if (errno == ENOENT)
@@ -1025,6 +1064,29 @@ static int cmd_remove(int argc, char **argv)
 		r = unlinkat(pfd, name, 0);
 	if (r < 0)
 		fail_errno(errno, "remove", norm);
+	return 0;
+}
+
+/* `sbx chmod PATH MODE`: set the mode of a directory or regular file (never
+ * through a symlink).  An import unpacks directories open (u+rwx) so that tar
+ * can fill them, then gives each its own mode back with this, deepest first. */
+static int cmd_chmod(int argc, char **argv)
+{
+	char *pos[2];
+	parse_args(argc, argv, NULL, NULL, pos, 2);
+	char *norm = norm_path(pos[0]);
+	const char *ms = pos[1];
+	if (!*ms || strlen(ms) > 4 || strspn(ms, "01234567") != strlen(ms))
+		usage("invalid MODE %s: expected octal like 755", ms);
+	mode_t mode = (mode_t)strtoul(ms, NULL, 8) & 0777; /* no suid/sgid/sticky */
+	open_root();
+	if (is_root(norm))
+		fail(1, "EINVAL", "refusing to change the mode of the root directory");
+	const char *name;
+	char *parent = split_parent(norm, &name);
+	int pfd = open_dir_path(parent, norm);
+	if (chmod_entry(pfd, name, mode, false) < 0)
+		fail_errno(errno, "chmod", norm);
 	return 0;
 }
 
@@ -2171,7 +2233,7 @@ int main(int argc, char **argv)
 		i += 2;
 	}
 	if (i >= argc)
-		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|merge|idle ...");
+		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|idle ...");
 	const char *sub = argv[i++];
 	int rest = argc - i;
 	char **rv = argv + i;
@@ -2184,6 +2246,7 @@ int main(int argc, char **argv)
 		{"stat", cmd_stat},   {"read", cmd_read},   {"write", cmd_write},
 		{"list", cmd_list},   {"remove", cmd_remove}, {"mkdir", cmd_mkdir},
 		{"idle", cmd_idle},   {"merge", cmd_merge}, {"reap", cmd_reap},
+		{"chmod", cmd_chmod},
 	};
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(sub, cmds[k].name))

@@ -375,8 +375,15 @@ class FakeArchive:
         yield data
 
     async def import_(
-        self, session: Any, path: str, replace: bool, chunks: AsyncIterator[bytes]
+        self,
+        session: Any,
+        path: str,
+        replace: bool,
+        chunks: AsyncIterator[bytes],
+        *,
+        trusted: bool = False,
     ) -> None:
+        del trusted  # the fake unpacks everything it is given
         data = b"".join([c async for c in chunks])
         box = self._engine._get(session.container_id)
         if replace:

@@ -52,7 +52,13 @@ class WorkspaceArchive(Protocol):
     def export(self, session: Session, path: str) -> AsyncIterator[bytes]: ...
 
     async def import_(
-        self, session: Session, path: str, replace: bool, chunks: AsyncIterator[bytes]
+        self,
+        session: Session,
+        path: str,
+        replace: bool,
+        chunks: AsyncIterator[bytes],
+        *,
+        trusted: bool = False,
     ) -> Any: ...
 
 
@@ -143,7 +149,7 @@ class SnapshotKeeper:
 
     async def restore(self, session: Session, snap: Snapshot) -> None:
         """Replace the (fresh) sandbox's workspace with the snapshot's content."""
-        await self._archive.import_(session, ".", True, self._store.read(snap.sha256))
+        await self._archive.import_(session, ".", True, self._store.read(snap.sha256), trusted=True)
 
     async def adopt(self, snap: Snapshot, session: Session) -> Snapshot:
         """A fork's own record of the snapshot it started from (same tar, no copy), so the

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from conftest import ServerProcess, Stubs, run
-from hypothesis import HealthCheck, Phase, assume, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from sandboxd.v1 import (
@@ -173,17 +173,10 @@ SANDBOX_MAKERS = {
 # each with what happens today. The fuzzer leaves these out so that it keeps searching for what
 # nobody has found yet; the regressions below keep them as strict xfails, which turn red the
 # moment one is fixed (then delete its line here).
-KNOWN_GAPS = {
-    "fifo": "restore applies the caller's import rules and refuses the fifo it exported",
-    "non_utf8": "restore fails INTERNAL: member names are encoded as strict UTF-8",
-    "sparse": "restore applies the per-file API cap, not workspace_bytes; export is not sparse",
-    "symlink_dangling": "restore refuses the absolute link target it exported",
-    "unreadable": "export runs tar as the sandbox user, who cannot read a 000 file: INTERNAL",
-    "unwritable_dir": "extraction creates a 555 directory before its children: INTERNAL",
-}
-# ExportArchive + ImportArchive may refuse fifos, sparse and absolute links with a clear reason
-# (the caller's import rules); these three still fail INTERNAL there.
-KNOWN_EXPORT_GAPS = {k: KNOWN_GAPS[k] for k in ("non_utf8", "unreadable", "unwritable_dir")}
+KNOWN_GAPS: dict[str, str] = {}
+# ExportArchive + ImportArchive may refuse fifos, sparse files and absolute links with a clear
+# reason (the caller's import rules); nothing may fail INTERNAL there.
+KNOWN_EXPORT_GAPS: dict[str, str] = {}
 FUZZ_MAKERS = sorted(set(SANDBOX_MAKERS) - set(KNOWN_GAPS))
 
 
@@ -298,9 +291,6 @@ class WorkspaceMachine(RuleBasedStateMachine):
     def import_archive(
         self, items: list[tuple[str, str, bytes]], replace: bool, bad: bool, path: str
     ) -> None:
-        # Known gap (test_regression_refused_import_into_missing_folder): left out of the
-        # search until fixed, so the fuzzer keeps looking for what is not known yet.
-        assume(not path or f"./{path}|directory|" in self.tree)
         self.do_import(items, replace, bad, path)
 
     def do_import(
@@ -531,9 +521,6 @@ def test_regression_export_import_of_what_the_sandbox_made(
     fresh.healthy()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a refused import into a missing folder leaves the folder created"
-)
 def test_regression_refused_import_into_missing_folder(fresh: WorkspaceMachine) -> None:
     fresh.do_import([("file", "b", b"x")], False, True, "d/e")
     fresh.healthy()

@@ -50,7 +50,13 @@ from sandboxd.archive.pipe import (
 )
 from sandboxd.archive.policy import ArchiveLimits, MemberChecker
 from sandboxd.engine import Engine
-from sandboxd.errors import AlreadyExists, InvalidArgument, ResourceExhausted, SandboxError
+from sandboxd.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    SandboxError,
+)
 from sandboxd.files import Files
 from sandboxd.helper_client import (
     STDERR_LIMIT,
@@ -145,6 +151,19 @@ def check_and_forward(source: Source, sink: Sink | None, checker: MemberChecker)
     return checker.members, written
 
 
+def _export_error(result: HelperResult, rel: str) -> SandboxError:
+    """tar -c runs as the sandbox user: a file or folder that user made unreadable (000)
+    cannot be carried. Said plainly (and before a Suspend stops anything), not INTERNAL."""
+    if result.exit_code not in (126, 127) and "permission denied" in result.stderr_text.lower():
+        return FailedPrecondition(
+            f"the workspace holds an entry its user cannot read (mode 000?), so it cannot be "
+            f"archived; give it read permission (chmod u+r) first: {result.stderr_text[:300]}",
+            reason=Reason.WORKSPACE_UNREADABLE,
+            metadata={"path": rel},
+        )
+    return tool_error("export", "tar", result, rel)
+
+
 def _too_large(path: str, cap: int) -> ResourceExhausted:
     return ResourceExhausted(
         f"the archive of {path!r} is over {cap} bytes, more than the workspace can hold plus "
@@ -225,7 +244,7 @@ class ArchiveIO:
                     size = 0
             code = await stream.wait_exit_code()
         if code != 0:
-            raise tool_error("export", "tar", HelperResult(code, b"", bytes(stderr)), rel)
+            raise _export_error(HelperResult(code, b"", bytes(stderr)), rel)
         if pending:
             yield b"".join(pending)
 
@@ -237,31 +256,38 @@ class ArchiveIO:
         chunks: AsyncIterator[bytes],
         *,
         max_total_bytes: int | None = None,
+        trusted: bool = False,
     ) -> ImportResult:
         """Check every member, unpack into a staging folder, then merge it into place."""
         rel = validation.workspace_relpath(path or ".")
         limits = session.spec.limits
-        if rel != ".":
-            with contextlib.suppress(AlreadyExists):
-                await self._helper(session, ["mkdir", rel, "--parents"], rel)
-        existing: set[int] = set() if replace else await self._symlinks_under(session, rel)
+        total = max_total_bytes or limits.workspace_bytes
+        # A missing destination is made only right before the merge, and taken back if the
+        # merge fails: a refused or cancelled import leaves no folder behind.
+        missing = await self._missing_top(session, rel)
+        existing: set[int] = (
+            set() if replace or missing else await self._symlinks_under(session, rel)
+        )
         checker = MemberChecker(
             ArchiveLimits(
                 max_members=self._max_members,
-                max_file_bytes=limits.file_bytes,
-                max_total_bytes=max_total_bytes or limits.workspace_bytes,
+                # The server's own snapshot holds what the sandbox made: one file may be as
+                # large as the workspace; a caller's file is held to the API's file cap.
+                max_file_bytes=total if trusted else limits.file_bytes,
+                max_total_bytes=total,
+                trusted=trusted,
             ),
             existing_hashes=existing,
         )
         stage = STAGE_PREFIX + secrets.token_hex(6)
         spool = await asyncio.to_thread(self._new_spool) if replace else None
-        merged = False
+        merged = made = False
         try:
             await self._helper(session, ["mkdir", stage], stage)
             try:
                 members, content = await self._unpack(session, stage, chunks, checker, spool)
             except NoRoom:
-                if spool is None:
+                if spool is None or missing:
                     raise
                 # The whole archive was checked and is within the cap, but does not fit beside
                 # the content it replaces: empty the destination, then unpack again.
@@ -271,18 +297,48 @@ class ArchiveIO:
                 await self._helper(session, ["merge", stage, rel, "--replace"], rel)
                 await self._helper(session, ["mkdir", stage], stage)
                 await asyncio.to_thread(spool.seek, 0)
+                again = MemberChecker(checker.limits)
                 members, content = await self._unpack(
-                    session, stage, _read_spool(spool), MemberChecker(checker.limits), None
+                    session, stage, _read_spool(spool), again, None
                 )
+                checker.deferred_modes[:] = again.deferred_modes
+            if missing:
+                made = True
+                await self._helper(session, ["mkdir", rel, "--parents"], rel)
             args = ["merge", stage, rel] + (["--replace"] if replace else [])
             await self._helper(session, args, rel)
             merged = True
         finally:
             if not merged:
                 await asyncio.shield(self._remove_stage(session, stage))
+                if made and missing:
+                    await asyncio.shield(self._remove_stage(session, missing))
             if spool is not None:
                 await asyncio.shield(asyncio.to_thread(spool.close))
+        await self._close_directories(session, rel, checker.deferred_modes)
         return ImportResult(files=members, bytes=content)
+
+    async def _missing_top(self, session: Session, rel: str) -> str | None:
+        """The outermost folder of `rel` that does not exist yet, None when `rel` exists."""
+        if rel == ".":
+            return None
+        parts = rel.split("/")
+        for i in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:i])
+            try:
+                await self._files.stat(session, prefix)
+            except NotFound:
+                return prefix
+        return None
+
+    async def _close_directories(
+        self, session: Session, rel: str, modes: list[tuple[str, int]]
+    ) -> None:
+        """Give the directories unpacked open (u+rwx) their own modes, deepest first."""
+        base = "" if rel == "." else rel + "/"
+        for name, mode in sorted(modes, key=lambda m: -m[0].count("/")):
+            where = base + name
+            await self._helper(session, ["chmod", where, f"{mode:o}"], where)
 
     def _new_spool(self) -> BinaryIO:
         self._spool_dir.mkdir(parents=True, exist_ok=True)

@@ -225,6 +225,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
     ERROR_REASON_STREAM_IDLE: _ErrorReason.ValueType  # 99
     """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
+    ERROR_REASON_WORKSPACE_UNREADABLE: _ErrorReason.ValueType  # 100
+    """FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode
+    000), so no snapshot or export can carry it; refused before anything was stopped. Give it
+    read permission (chmod u+r) and try again.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -438,4 +443,9 @@ ERROR_REASON_TENANT_STREAM_QUOTA: ErrorReason.ValueType  # 98
 """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
 ERROR_REASON_STREAM_IDLE: ErrorReason.ValueType  # 99
 """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
+ERROR_REASON_WORKSPACE_UNREADABLE: ErrorReason.ValueType  # 100
+"""FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode
+000), so no snapshot or export can carry it; refused before anything was stopped. Give it
+read permission (chmod u+r) and try again.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -108,6 +108,7 @@ class Reason(StrEnum):
     IMAGE_HAS_VOLUMES = "IMAGE_HAS_VOLUMES"
     TENANT_STREAM_QUOTA = "TENANT_STREAM_QUOTA"
     STREAM_IDLE = "STREAM_IDLE"
+    WORKSPACE_UNREADABLE = "WORKSPACE_UNREADABLE"
 
 
 # The one gRPC status code each reason is sent with.
@@ -211,6 +212,7 @@ CODE: dict[str, str] = {
     "IMAGE_HAS_VOLUMES": "FAILED_PRECONDITION",
     "TENANT_STREAM_QUOTA": "RESOURCE_EXHAUSTED",
     "STREAM_IDLE": "DEADLINE_EXCEEDED",
+    "WORKSPACE_UNREADABLE": "FAILED_PRECONDITION",
 }
 
 # Reasons after which the same call may succeed later.
