@@ -1809,6 +1809,72 @@ static void discard_pending_stdin(void)
 	}
 }
 
+/*
+ * The status record: an exit status of 128+N is either a command that died
+ * of signal N or one that called exit(128+N); the exec's exit code cannot
+ * tell them apart.  When the command dies of a signal, the supervisor of a
+ * `run --id ID` leaves "signal N" in STATUS_DIR/ID, which `sbx status ID`
+ * prints (and removes).  No record: the command exited normally.  The
+ * record is written by the sandbox user, so a command can only ever claim a
+ * signal for itself, which it could as well have raised.
+ */
+#define STATUS_DIR "/tmp"
+#define STATUS_PREFIX ".sbx-status-"
+static const char *g_run_id;
+
+static bool valid_run_id(const char *id)
+{
+	size_t n = strlen(id);
+	return n > 0 && n <= 64 &&
+	       strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") == n;
+}
+
+static void write_status(int sig)
+{
+	if (!g_run_id || !valid_run_id(g_run_id))
+		return;
+	char path[128], text[32];
+	snprintf(path, sizeof path, STATUS_DIR "/" STATUS_PREFIX "%s", g_run_id);
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return; /* best effort: the server then reports the exit code only */
+	int n = snprintf(text, sizeof text, "signal %d\n", sig);
+	(void)write_all(fd, text, (size_t)n);
+	close(fd);
+}
+
+/* `sbx status ID`: "signal N" when the command run with --id ID died of
+ * signal N, "exit" otherwise; the record is removed. */
+static int cmd_status(int argc, char **argv)
+{
+	char *pos[1];
+	parse_args(argc, argv, NULL, NULL, pos, 1);
+	if (!valid_run_id(pos[0]))
+		usage("invalid ID %s", pos[0]);
+	char path[128], text[32] = {0};
+	snprintf(path, sizeof path, STATUS_DIR "/" STATUS_PREFIX "%s", pos[0]);
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0) {
+		if (errno != ENOENT)
+			fail_errno(errno, "status", pos[0]);
+		puts("exit");
+		return 0;
+	}
+	struct stat st;
+	ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode)
+			    ? read_retry(fd, text, sizeof text - 1) : -1;
+	close(fd);
+	unlink(path);
+	int sig = 0;
+	char extra;
+	if (n > 0 && sscanf(text, "signal %d%c", &sig, &extra) == 2 && extra == '\n' &&
+	    sig > 0 && sig < 65)
+		printf("signal %d\n", sig);
+	else
+		puts("exit");
+	return 0;
+}
+
 static int cmd_run(int argc, char **argv)
 {
 	const char *cwd = NULL;
@@ -1832,7 +1898,9 @@ static int cmd_run(int argc, char **argv)
 			ws.ws_col = (unsigned short)cols;
 			tty = true;
 		} else if (!strcmp(argv[i], "--id") && i + 1 < argc) {
-			i++; /* only matched from /proc/PID/cmdline by kill/signal */
+			/* matched from /proc/PID/cmdline by kill/signal; names the
+			 * status record (see write_status) */
+			g_run_id = argv[++i];
 		} else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) {
 			timeout_ms = parse_uint(argv[++i], "--timeout-ms");
 		} else if (!strcmp(argv[i], "--cwd") && i + 1 < argc) {
@@ -2006,8 +2074,10 @@ static int cmd_run(int argc, char **argv)
 					_exit(EXIT_KILLED);
 				status = cstatus;
 				discard_pending_stdin();
-				if (WIFSIGNALED(status))
+				if (WIFSIGNALED(status)) {
+					write_status(WTERMSIG(status));
 					_exit(128 + WTERMSIG(status));
+				}
 				_exit(WEXITSTATUS(status));
 			}
 		} else if (sig == SIGUSR2) {
@@ -2233,7 +2303,7 @@ int main(int argc, char **argv)
 		i += 2;
 	}
 	if (i >= argc)
-		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|idle ...");
+		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|status|idle ...");
 	const char *sub = argv[i++];
 	int rest = argc - i;
 	char **rv = argv + i;
@@ -2246,7 +2316,7 @@ int main(int argc, char **argv)
 		{"stat", cmd_stat},   {"read", cmd_read},   {"write", cmd_write},
 		{"list", cmd_list},   {"remove", cmd_remove}, {"mkdir", cmd_mkdir},
 		{"idle", cmd_idle},   {"merge", cmd_merge}, {"reap", cmd_reap},
-		{"chmod", cmd_chmod},
+		{"chmod", cmd_chmod}, {"status", cmd_status},
 	};
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(sub, cmds[k].name))
