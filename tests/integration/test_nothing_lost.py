@@ -7,11 +7,13 @@ The fuzzer (test_fuzz_workspace.py) searches sequences; these pin single guarant
 from __future__ import annotations
 
 import io
+import subprocess
 import tarfile
+import time
 
 import grpc
 import pytest
-from conftest import SessionFactory, Stubs, expect_error, run
+from conftest import ServerProcess, SessionFactory, Stubs, expect_error, run
 from sandboxd.v1 import (
     common_pb2,
     session_pb2,
@@ -145,3 +147,49 @@ def test_restore_takes_back_what_the_sandbox_made(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
         ), err.details()  # type: ignore[attr-defined]
         assert _sh(stubs, other, "ls -A /workspace") == b""
+
+
+def _container_of(sid: str, owner: str) -> str:
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=io.sandboxd.session={sid}"]
+        + ["--filter", f"label=io.sandboxd.owner={owner}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert len(out) == 1, out
+    return out[0]
+
+
+def test_a_paused_container_is_busy_not_lost(
+    stubs: Stubs, server: ServerProcess, new_session: SessionFactory
+) -> None:
+    """Paused (as a commit or an operator does) answers every exec with 409: retryable
+    UNAVAILABLE, the session stays RUNNING with its files; deleting it does not hang."""
+    sid = new_session().session_id
+    _sh(stubs, sid, "printf keep > /workspace/k")
+    cid = _container_of(sid, server.owner_id)
+    subprocess.run(["docker", "pause", cid], check=True, capture_output=True)
+    try:
+        expect_error(lambda: run(stubs, sid, "true"), grpc.StatusCode.UNAVAILABLE)
+        got = stubs.sessions.GetSession(session_pb2.GetSessionRequest(session_id=sid)).session
+        assert got.state == session_pb2.SESSION_STATE_RUNNING
+    finally:
+        subprocess.run(["docker", "unpause", cid], check=True, capture_output=True)
+    assert _sh(stubs, sid, "cat /workspace/k") == b"keep"
+    subprocess.run(["docker", "pause", cid], check=True, capture_output=True)
+    start = time.monotonic()
+    stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid), timeout=60)
+    assert time.monotonic() - start < 30
+    assert subprocess.run(["docker", "inspect", cid], capture_output=True).returncode != 0
+
+
+def test_reserved_identities_are_refused(stubs: Stubs) -> None:
+    for user in ("65533:65533", "65533:1000", "1000:65533"):
+        expect_error(
+            lambda user=user: stubs.sessions.CreateSession(  # type: ignore[misc]
+                session_pb2.CreateSessionRequest(user=user)
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_USER",
+        )

@@ -39,7 +39,10 @@ from sandboxd.errors import EngineUnavailable, FailedPrecondition, Internal, Not
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 from sandboxd.reasons import Reason
 
+# Every request has a deadline (streams of exec output excepted: those last as long as the
+# command, bounded by its own timeout).
 _ENGINE_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=5, sock_connect=5)
+REMOVE_TIMEOUT_S = 20.0
 
 
 @contextlib.contextmanager
@@ -235,10 +238,20 @@ class DockerEngine:
             await self._container(sandbox_id).start()
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
-        """Force-remove; a container that is already gone is not an error."""
+        """Force-remove; a container that is already gone is not an error.
+
+        Bounded: a removal that does not finish within REMOVE_TIMEOUT_S (a paused container on
+        an engine that will not kill a frozen one) is retried once after an unpause."""
+        container = self._container(sandbox_id)
         try:
             with self._translate(f"removing container {sandbox_id[:12]}"):
-                await self._container(sandbox_id).delete(force=True, v=True)
+                try:
+                    async with asyncio.timeout(REMOVE_TIMEOUT_S):
+                        await container.delete(force=True, v=True)
+                except TimeoutError:
+                    with contextlib.suppress(aiodocker.DockerError):
+                        await asyncio.wait_for(container.unpause(), REMOVE_TIMEOUT_S)
+                    await asyncio.wait_for(container.delete(force=True, v=True), REMOVE_TIMEOUT_S)
         except NotFound:
             pass
         except FailedPrecondition:
@@ -397,10 +410,14 @@ class DockerEngine:
     async def commit_sandbox(
         self, sandbox_id: str, repository: str, tag: str, labels: Mapping[str, str]
     ) -> str:
-        """docker commit; returns the new image's id."""
+        """docker commit; returns the new image's id.
+
+        Without pausing: a paused container answers every exec with 409 (which must not read
+        as "gone"), and one left paused by a commit cut short would stay frozen. The
+        workspace is a tmpfs the commit does not hold anyway (its tar is taken beside)."""
         with self._translate(f"committing container {sandbox_id[:12]}"):
             result = await self._container(sandbox_id).commit(
-                repository=repository, tag=tag, config={"Labels": dict(labels)}, pause=True
+                repository=repository, tag=tag, config={"Labels": dict(labels)}, pause=False
             )
         return str(result.get("Id", ""))
 

@@ -56,6 +56,17 @@ def container_lost(session_id: str, *, retry: bool = False) -> SandboxError:
     )
 
 
+def container_busy(session_id: str) -> SandboxError:
+    """The engine refused a call on a sandbox that is still there (paused for a commit,
+    restarting, or slow): retryable, and the session is not touched."""
+    return Unavailable(
+        f"the container of session {session_id!r} is busy (paused, committing or restarting); "
+        "retry",
+        reason=Reason.UNAVAILABLE,
+        metadata={"session_id": session_id, "retry": "true"},
+    )
+
+
 class Recovery:
     def __init__(
         self,
@@ -94,11 +105,28 @@ class Recovery:
         log.warning("container lost", extra={"session_id": session.session_id})
 
     async def container_lost(self, session: Session) -> SandboxError:
-        """Record that the engine no longer has the sandbox; the error to report."""
+        """An engine call on the sandbox failed as if it were gone; the error to report.
+
+        Busy is not lost: a paused, committing or restarting container, or an exec that
+        vanished, answers like a missing one (404/409). So the session is marked lost only
+        after a check that cannot race: under its lock, the record still names the same
+        sandbox, and the engine, asked afresh, says it is gone or stopped. Otherwise the
+        caller gets a retryable UNAVAILABLE and the session stays as it is. An engine that
+        does not answer the check raises (EngineUnavailable): nothing is marked either.
+        """
         async with self._locks.locked(session.session_id):
             current = await self._store.get(session.session_id)
-            if current is not None:
+            if (
+                current is not None
+                and current.state is SessionState.RUNNING
+                and current.container_id == session.container_id
+            ):
+                running, _ = await self._sandboxes.status(current)
+                if running:
+                    return container_busy(session.session_id)
                 await self.mark_lost(current)
+            elif current is not None and current.state is SessionState.RUNNING:
+                return container_busy(session.session_id)  # rebuilt meanwhile: try again
             retry = current is not None and current.state is SessionState.SUSPENDED
         return container_lost(session.session_id, retry=retry)
 
