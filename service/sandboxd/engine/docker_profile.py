@@ -7,8 +7,8 @@ Docker adapter builds these documents; the domain asks for a `SandboxRequest`.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from sandboxd import images
@@ -16,13 +16,15 @@ from sandboxd.engine.protocol import SandboxRequest, SessionNetwork
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 from sandboxd.profile import HELPER_IN_CONTAINER, TMP_BYTES, base_env
 
+HELPER_DIR = posixpath.dirname(HELPER_IN_CONTAINER)
+
 NO_PROXY = "localhost,127.0.0.1,::1"
 # The HostConfig fields a tampering check compares (plus CapAdd and no-new-privileges).
 _CHECKED = ("Memory", "MemorySwap", "NanoCpus", "PidsLimit", "ReadonlyRootfs", "Privileged")
 
 
 def container_config(
-    request: SandboxRequest, *, helper_path: Path, keeper_user: str
+    request: SandboxRequest, *, helper_volume: str, keeper_user: str
 ) -> dict[str, Any]:
     """The create request; the main process idles as `keeper_user`.
 
@@ -78,7 +80,9 @@ def container_config(
             "PidsLimit": limits.pids,
             "Init": True,
             "IpcMode": "private",
-            "Binds": [f"{helper_path.resolve()}:{HELPER_IN_CONTAINER}:ro"],
+            # The helper comes from a volume named after its content, never bound from the
+            # server's own file: /proc/self/mountinfo would show the server host's path.
+            "Binds": [f"{helper_volume}:{HELPER_DIR}:ro"],
             "RestartPolicy": {"Name": "no"},
             "AutoRemove": False,
             "LogConfig": {"Type": "none", "Config": {}},
