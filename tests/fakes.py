@@ -114,6 +114,8 @@ def _run(box: FakeSandbox, argv: list[str], stdin: bytes) -> tuple[int, list[tup
     cwd = ""
     if argv[:2] == [HELPER_IN_CONTAINER, "run"]:
         rest = argv[2:]
+        if rest[:1] == ["--clean-env"]:
+            rest = rest[1:]
         if rest[:1] == ["--cwd"]:
             cwd = _workspace_rel(rest[1])
             rest = rest[2:]
