@@ -109,6 +109,11 @@ class Sandboxes:
                 await self._engine.remove_sandbox(session.container_id)
             else:
                 await self.remove_by_name(session.session_id)
+            # Again once the sandbox is gone: a command started between the first round and
+            # the removal (a StartProcess racing a Delete) must not outlive the session and
+            # show up under a new session that reuses the id.
+            for hook in self._on_end:
+                await hook(session.session_id)
         except SandboxError:
             if not quiet:
                 raise
