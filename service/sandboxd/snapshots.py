@@ -215,7 +215,8 @@ class Snapshots:
                 reason=Reason.SNAPSHOT_KIND_UNSUPPORTED,
             )
         checked = validation.validate_labels(labels)
-        async with self._sessions.use(session_id) as session:
+        # Exclusive: no file call or import is half-way through the tree it takes.
+        async with self._sessions.use(session_id, exclusive=True) as session:
             snap = await self._keeper.take(session, checked, image=kind == KIND_IMAGE)
         # A DeleteSession that ran meanwhile forgot the session's snapshots before this one
         # was recorded: check under the session's lock, and take back an orphan.

@@ -420,6 +420,143 @@ class WorkspaceMachine(RuleBasedStateMachine):
             session_pb2.DeleteSessionRequest(session_id=other), timeout=CALL_TIMEOUT
         )
 
+    # -- rules: concurrent pairs (issue 19, item 4) ---------------------------------------------
+    def _pair(self, a, b):  # type: ignore[no-untyped-def]
+        """Run two calls at once on threads; each one's (result, error), as `_call` gives."""
+        out: list[object] = [None, None]
+        start = threading.Barrier(2)
+
+        def go(i: int, fn) -> None:  # type: ignore[no-untyped-def]
+            start.wait()
+            try:
+                out[i] = fn()
+            except BaseException as exc:  # re-raised on the test's thread below
+                out[i] = exc
+
+        threads = [threading.Thread(target=go, args=(i, f)) for i, f in enumerate((a, b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(CALL_TIMEOUT * 2)
+            assert not t.is_alive(), "a call of a concurrent pair outlived its deadline"
+        for got in out:
+            if isinstance(got, BaseException):
+                raise got
+        return out
+
+    def _write_call(self, path: str, content: bytes, sid: str = ""):  # type: ignore[no-untyped-def]
+        req = filesystem_pb2.WriteFileRequest(
+            session_id=sid or self.sid, path=path, content=content, mode=0o644, make_parents=True
+        )
+        return lambda: self._call(self.stubs.files.WriteFile, req)
+
+    def _ensure_running(self) -> None:
+        if self._state(self.sid) == session_pb2.SESSION_STATE_SUSPENDED:
+            _, err = self._call(
+                self.stubs.sessions.ResumeSession,
+                session_pb2.ResumeSessionRequest(session_id=self.sid),
+            )
+            assert err is None, f"suspended fine, cannot resume: {err.details()}"  # type: ignore[attr-defined]
+
+    @rule(content=st.binary(min_size=1, max_size=256), path=paths)
+    def write_racing_suspend(self, content: bytes, path: str) -> None:
+        """A WriteFile that answered OK is in the workspace after the Suspend + Resume that
+        raced it; one that failed changed nothing."""
+        suspend = session_pb2.SuspendSessionRequest(session_id=self.sid)
+        (_, werr), (_, serr) = self._pair(
+            self._write_call(path, content),
+            lambda: self._call(self.stubs.sessions.SuspendSession, suspend),
+        )
+        self._ensure_running()
+        now = tree(self.stubs, self.sid)
+        if werr is None:
+            got = self.stubs.files.ReadFile(
+                filesystem_pb2.ReadFileRequest(session_id=self.sid, path=path),
+                timeout=CALL_TIMEOUT,
+            )
+            assert got.content == content, "a write that answered OK was lost by a Suspend"
+        else:
+            assert now == self.tree, f"a failed write ({werr.details()}) changed the tree"  # type: ignore[attr-defined]
+        if serr is not None:
+            assert serr.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE)  # type: ignore[attr-defined]
+        self.tree = now
+
+    @rule(items=members)
+    def import_racing_snapshot(self, items: list[tuple[str, str, bytes]]) -> None:
+        """A snapshot taken while an import runs holds the tree before it or after it, never
+        a part of it: the fork shows one of the two."""
+        before = self.tree
+        data = make_tar(items)
+        snap_req = snapshot_pb2.CreateSnapshotRequest(session_id=self.sid)
+        (_, ierr), (snap, serr) = self._pair(
+            lambda: self._call(
+                snaps(self.stubs).ImportArchive, import_requests(self.sid, data, replace=False)
+            ),
+            lambda: self._call(snaps(self.stubs).CreateSnapshot, snap_req),
+        )
+        after = tree(self.stubs, self.sid)
+        if ierr is not None:
+            assert after == before, f"a failed import ({ierr.details()}) changed the tree"  # type: ignore[attr-defined]
+        self.tree = after
+        if serr is not None:
+            return
+        fork, err = self._call(
+            self.stubs.sessions.CreateSession,
+            session_pb2.CreateSessionRequest(
+                from_snapshot_id=snap.snapshot.snapshot_id,
+                shell=common_pb2.ShellPolicy(allow_all=True),
+            ),
+        )
+        assert err is None, f"snapshot taken fine, fork refused: {err.details()}"  # type: ignore[attr-defined]
+        fid = fork.session.session_id
+        self.extra.append(fid)
+        forked = tree(self.stubs, fid)
+        assert forked in (before, after), f"a snapshot caught half an import:\n{forked}"
+        self.stubs.sessions.DeleteSession(
+            session_pb2.DeleteSessionRequest(session_id=fid), timeout=CALL_TIMEOUT
+        )
+        snaps(self.stubs).DeleteSnapshot(
+            snapshot_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot.snapshot_id),
+            timeout=CALL_TIMEOUT,
+        )
+
+    @rule(what=st.sampled_from(["process", "write", "snapshot"]))
+    def delete_racing_then_reuse_id(self, what: str) -> None:
+        """DeleteSession racing a StartProcess, WriteFile or CreateSnapshot on a session with
+        a chosen id; a new session under the same id then shows nothing of the old one."""
+        sid = "fz-" + os.urandom(4).hex()
+        self.extra.append(sid)
+        create = session_pb2.CreateSessionRequest(
+            session_id=sid, shell=common_pb2.ShellPolicy(allow_all=True)
+        )
+        self.stubs.sessions.CreateSession(create, timeout=CALL_TIMEOUT)
+        other = {
+            "process": lambda: self._call(
+                self.stubs.processes.StartProcess,
+                process_pb2.StartProcessRequest(
+                    session_id=sid, argv=["sh", "-c", "echo old; sleep 30"]
+                ),
+            ),
+            "write": self._write_call("old", b"old", sid),
+            "snapshot": lambda: self._call(
+                snaps(self.stubs).CreateSnapshot,
+                snapshot_pb2.CreateSnapshotRequest(session_id=sid),
+            ),
+        }[what]
+        delete = session_pb2.DeleteSessionRequest(session_id=sid)
+        self._pair(other, lambda: self._call(self.stubs.sessions.DeleteSession, delete))
+        self.stubs.sessions.CreateSession(create, timeout=CALL_TIMEOUT)
+        assert tree(self.stubs, sid) == "", "a new session under a reused id has old files"
+        procs = self.stubs.processes.ListProcesses(
+            process_pb2.ListProcessesRequest(session_id=sid), timeout=CALL_TIMEOUT
+        )
+        assert list(procs.processes) == [], "a new session under a reused id has old processes"
+        listed = snaps(self.stubs).ListSnapshots(
+            snapshot_pb2.ListSnapshotsRequest(session_id=sid), timeout=CALL_TIMEOUT
+        )
+        assert list(listed.snapshots) == [], "a new session under a reused id has old snapshots"
+        self.stubs.sessions.DeleteSession(delete, timeout=CALL_TIMEOUT)
+
     # -- invariants ----------------------------------------------------------------------------
     @invariant()
     def healthy(self) -> None:
@@ -523,4 +660,20 @@ def test_regression_export_import_of_what_the_sandbox_made(
 
 def test_regression_refused_import_into_missing_folder(fresh: WorkspaceMachine) -> None:
     fresh.do_import([("file", "b", b"x")], False, True, "d/e")
+    fresh.healthy()
+
+
+def test_regression_write_racing_suspend(fresh: WorkspaceMachine) -> None:
+    fresh.write_racing_suspend(b"raced", "d/a")
+    fresh.healthy()
+
+
+def test_regression_import_racing_snapshot(fresh: WorkspaceMachine) -> None:
+    fresh.import_racing_snapshot([("file", "a", b"x"), ("dir", "d", b""), ("file", "d/b", b"y")])
+    fresh.healthy()
+
+
+@pytest.mark.parametrize("what", ["process", "write", "snapshot"])
+def test_regression_delete_racing_then_reuse_id(fresh: WorkspaceMachine, what: str) -> None:
+    fresh.delete_racing_then_reuse_id(what)
     fresh.healthy()

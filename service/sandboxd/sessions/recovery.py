@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 from sandboxd.egress.networks import EgressManager
 from sandboxd.engine.protocol import Engine
-from sandboxd.errors import FailedPrecondition, SandboxError, Unavailable
+from sandboxd.errors import FailedPrecondition, SandboxError, SessionNotFound, Unavailable
 from sandboxd.models import Session, SessionState
 from sandboxd.pool import WarmPool
 from sandboxd.reasons import Reason
@@ -116,19 +116,35 @@ class Recovery:
         """
         async with self._locks.locked(session.session_id):
             current = await self._store.get(session.session_id)
+            if current is None or current.created_at != session.created_at:
+                return SessionNotFound(session.session_id)  # deleted meanwhile
             if (
-                current is not None
-                and current.state is SessionState.RUNNING
+                current.state is SessionState.RUNNING
                 and current.container_id == session.container_id
             ):
                 running, _ = await self._sandboxes.status(current)
                 if running:
                     return container_busy(session.session_id)
                 await self.mark_lost(current)
-            elif current is not None and current.state is SessionState.RUNNING:
+            elif current.state is SessionState.RUNNING:
                 return container_busy(session.session_id)  # rebuilt meanwhile: try again
-            retry = current is not None and current.state is SessionState.SUSPENDED
+            retry = current.state is SessionState.SUSPENDED
         return container_lost(session.session_id, retry=retry)
+
+    async def raced(self, session: Session) -> SandboxError | None:
+        """After an engine failure of a call on `session`: the answer if the call raced a
+        Delete (SESSION_NOT_FOUND), or a Suspend or rebuild that took its sandbox away
+        (retryable UNAVAILABLE): as if it had come after them. None: it raced nothing, the
+        failure stands."""
+        async with self._locks.locked(session.session_id):
+            current = await self._store.get(session.session_id)
+        if current is None or current.created_at != session.created_at:
+            return SessionNotFound(session.session_id)
+        if current.state is not SessionState.RUNNING or current.container_id != (
+            session.container_id
+        ):
+            return container_busy(session.session_id)
+        return None
 
     # ----- leases -------------------------------------------------------------------------
 
