@@ -376,6 +376,10 @@ class FakeArchive:
             await self.export_gate.wait()
         yield data
 
+    async def tidy(self, session: Any) -> None:
+        """The fake unpacks in one step: it never leaves a staging folder to remove."""
+        del session
+
     async def import_(
         self,
         session: Any,

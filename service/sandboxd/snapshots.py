@@ -61,6 +61,8 @@ class WorkspaceArchive(Protocol):
         trusted: bool = False,
     ) -> Any: ...
 
+    async def tidy(self, session: Session) -> None: ...
+
 
 def _not_found(snapshot_id: str) -> NotFound:
     return NotFound(
@@ -166,6 +168,9 @@ class SnapshotKeeper:
         )
         await self._store.insert(own)
         return own
+
+    async def tidy(self, session: Session) -> None:
+        await self._archive.tidy(session)
 
     async def forget_session(self, session_id: str) -> None:
         for snap in await self._store.of_session(session_id):

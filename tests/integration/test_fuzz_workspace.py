@@ -25,15 +25,26 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import random
+import secrets
+import signal
 import subprocess
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
-from conftest import ServerProcess, Stubs, run
+from conftest import (
+    ServerProcess,
+    Stubs,
+    make_stubs,
+    remove_owned_containers,
+    run,
+    start_server,
+)
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -677,3 +688,116 @@ def test_regression_import_racing_snapshot(fresh: WorkspaceMachine) -> None:
 def test_regression_delete_racing_then_reuse_id(fresh: WorkspaceMachine, what: str) -> None:
     fresh.delete_racing_then_reuse_id(what)
     fresh.healthy()
+
+
+# -- the same promises with the server SIGKILLed at a random point of an operation ----------------
+
+KILL_OPS = ["write", "import", "import_replace", "remove", "suspend", "snapshot"]
+
+
+def _kill_op(stubs: Stubs, sid: str, op: str, data: bytes) -> Callable[[], object]:
+    calls: dict[str, Callable[[], object]] = {
+        "write": lambda: stubs.files.WriteFile(
+            filesystem_pb2.WriteFileRequest(session_id=sid, path="d/a", content=b"new", mode=0o600),
+            timeout=CALL_TIMEOUT,
+        ),
+        "import": lambda: snaps(stubs).ImportArchive(
+            import_requests(sid, data, replace=False), timeout=CALL_TIMEOUT
+        ),
+        "import_replace": lambda: snaps(stubs).ImportArchive(
+            import_requests(sid, data, replace=True), timeout=CALL_TIMEOUT
+        ),
+        "remove": lambda: stubs.files.Remove(
+            filesystem_pb2.RemoveRequest(session_id=sid, path="d", recursive=True),
+            timeout=CALL_TIMEOUT,
+        ),
+        "suspend": lambda: stubs.sessions.SuspendSession(
+            session_pb2.SuspendSessionRequest(session_id=sid), timeout=CALL_TIMEOUT
+        ),
+        "snapshot": lambda: snaps(stubs).CreateSnapshot(
+            snapshot_pb2.CreateSnapshotRequest(session_id=sid), timeout=CALL_TIMEOUT
+        ),
+    }
+    return calls[op]
+
+
+def _running_tree(stubs: Stubs, sid: str) -> str:
+    """The session's tree once it runs again (a Suspend in flight may have left it suspended,
+    a lost container is rebuilt from its snapshot)."""
+    deadline = time.monotonic() + CALL_TIMEOUT
+    while True:
+        state = stubs.sessions.GetSession(
+            session_pb2.GetSessionRequest(session_id=sid), timeout=CALL_TIMEOUT
+        ).session.state
+        assert state in (session_pb2.SESSION_STATE_RUNNING, session_pb2.SESSION_STATE_SUSPENDED), (
+            f"illegal state after a restart: {state}"
+        )
+        try:
+            stubs.sessions.ResumeSession(
+                session_pb2.ResumeSessionRequest(session_id=sid), timeout=CALL_TIMEOUT
+            )
+            return tree(stubs, sid)
+        except grpc.RpcError as err:
+            retryable = err.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+            assert retryable and time.monotonic() < deadline, err.details()  # type: ignore[attr-defined]
+            time.sleep(0.2)
+
+
+@pytest.mark.timeout(0)
+def test_server_sigkilled_mid_operation(tmp_path: Path) -> None:
+    """After a restart every session is in a legal state and every workspace is as before or
+    as after the operation in flight; nothing is left paused. Random operation and moment;
+    a soak repeats it."""
+    owner = "fzk" + secrets.token_hex(4)
+    rnd = random.Random(None if SOAK_SECONDS else 19)
+    rounds = max(4, EXAMPLES)
+    end = time.monotonic() + SOAK_SECONDS
+    srv = start_server(tmp_path, owner)
+    try:
+        n = 0
+        while n < rounds or time.monotonic() < end:
+            n += 1
+            stubs = make_stubs(srv.address)
+            op, delay = rnd.choice(KILL_OPS), rnd.uniform(0, 0.4)
+            made = []
+            for _ in range(2):  # the session under test, and a twin that shows "after"
+                sid = stubs.sessions.CreateSession(
+                    session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True)),
+                    timeout=CALL_TIMEOUT,
+                ).session.session_id
+                sh(stubs, sid, "cd /workspace && mkdir -p d && printf old > d/a && ln -s a d/l")
+                made.append(sid)
+            sid, twin = made
+            before = tree(stubs, sid)
+            data = make_tar(
+                [("file", "a", b"new"), ("dir", "n", b""), ("file", "n/x", rnd.randbytes(4096))]
+            )
+            _kill_op(stubs, twin, op, data)()
+            after = _running_tree(stubs, twin)
+            worker = threading.Thread(target=_swallow, args=(_kill_op(stubs, sid, op, data),))
+            worker.start()
+            time.sleep(delay)
+            srv.stop(signal.SIGKILL)
+            worker.join(CALL_TIMEOUT)
+            stubs.channel.close()
+            srv = start_server(tmp_path, owner)
+            stubs = make_stubs(srv.address)
+            got = _running_tree(stubs, sid)
+            assert got in (before, after), (
+                f"{op} killed after {delay:.3f}s left a workspace that is neither before nor "
+                f"after:\nbefore:\n{before}\nafter:\n{after}\ngot:\n{got}"
+            )
+            assert paused_containers(owner) == []
+            for s in made:
+                stubs.sessions.DeleteSession(
+                    session_pb2.DeleteSessionRequest(session_id=s), timeout=CALL_TIMEOUT
+                )
+            stubs.channel.close()
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
+
+
+def _swallow(call: Callable[[], object]) -> None:
+    with contextlib.suppress(grpc.RpcError):
+        call()

@@ -318,6 +318,15 @@ class ArchiveIO:
         await self._close_directories(session, rel, checker.deferred_modes)
         return ImportResult(files=members, bytes=content)
 
+    async def tidy(self, session: Session) -> None:
+        """Remove the staging folders of imports a dead server left behind (at start-up,
+        before any import of this server can have made one): the workspace is then as it
+        was before the import, as a refused one leaves it."""
+        for entry in await self._files.list_dir(session, ".", 1):
+            if entry.path.startswith(STAGE_PREFIX) and "/" not in entry.path:
+                log.info("removing an interrupted import's staging folder %s", entry.path)
+                await self._remove_stage(session, entry.path)
+
     async def _missing_top(self, session: Session, rel: str) -> str | None:
         """The outermost folder of `rel` that does not exist yet, None when `rel` exists."""
         if rel == ".":

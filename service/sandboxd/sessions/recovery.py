@@ -89,6 +89,10 @@ class Recovery:
         self._pool = pool
         self._egress = egress
         self._due = asyncio.Event()  # set by a read that saw an ended lease
+        # The first reconcile runs before this server serves a call: what an operation of a
+        # server that died left in a workspace (an import's staging folder) is removed then.
+        self._started = now()
+        self._tidied = False
 
     # ----- lost sandboxes -----------------------------------------------------------------
 
@@ -145,6 +149,12 @@ class Recovery:
         ):
             return container_busy(session.session_id)
         return None
+
+    async def _tidy(self, session: Session) -> None:
+        try:
+            await self._keeper.tidy(session)
+        except SandboxError as exc:
+            log.warning("could not tidy the workspace of %s: %s", session.session_id, exc)
 
     # ----- leases -------------------------------------------------------------------------
 
@@ -243,6 +253,9 @@ class Recovery:
                     running, _ = await self._sandboxes.status(current)
                     if not running:
                         await self.mark_lost(current)
+                    elif not self._tidied and current.created_at < self._started:
+                        await self._tidy(current)
+        self._tidied = True
         if self._egress is not None:
             ids = [row.session_id for row in await self._store.index()]
             await self._egress.reconcile(self._store.get, self._locks.locked, ids)
