@@ -376,6 +376,12 @@ class FakeArchive:
             await self.export_gate.wait()
         yield data
 
+    async def check_restorable(self, session: Any, chunks: AsyncIterator[bytes]) -> None:
+        """The fake restores whatever it exported: read it through, as the real check does."""
+        del session
+        async for _ in chunks:
+            pass
+
     async def tidy(self, session: Any) -> None:
         """The fake unpacks in one step: it never leaves a staging folder to remove."""
         del session

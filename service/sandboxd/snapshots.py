@@ -63,6 +63,8 @@ class WorkspaceArchive(Protocol):
 
     async def tidy(self, session: Session) -> None: ...
 
+    async def check_restorable(self, session: Session, chunks: AsyncIterator[bytes]) -> None: ...
+
 
 def _not_found(snapshot_id: str) -> NotFound:
     return NotFound(
@@ -132,6 +134,12 @@ class SnapshotKeeper:
         except BaseException:
             if snap.image:
                 await asyncio.shield(self.remove_image(snap.image))
+            raise
+        try:
+            # Refused now, while the session runs, rather than found out at Resume.
+            await self._archive.check_restorable(session, self._store.read(snap.sha256))
+        except BaseException:
+            await asyncio.shield(self.delete(snap.snapshot_id))
             raise
         log.info(
             "snapshot taken",

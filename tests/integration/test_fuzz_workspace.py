@@ -178,6 +178,9 @@ SANDBOX_MAKERS = {
     "long_name": "printf l > " + "n" * 255,
     "non_utf8": "printf x > \"$(printf 'bad\\377name')\"",
     "exec_bits": "printf '#!/bin/sh\\n' > run.sh && chmod 755 run.sh",
+    "hardlinked_symlink": "ln -sf a s_link && ln -f s_link s_hard",
+    "deep_path": "p=$(printf 'x%.0s' $(seq 200)); mkdir -p $p/$p/$p/$p/$p/$p/$p/$p/$p/$p"
+    " && cd $p/$p/$p/$p/$p/$p/$p/$p/$p/$p && mkdir -p $p/$p/$p/$p/$p/$p/$p/$p/$p/$p/$p",
 }
 
 # What the sandbox can make that a carrying operation does not yet round-trip (issue 19, item 2),

@@ -52,6 +52,7 @@ from sandboxd.archive.policy import ArchiveLimits, MemberChecker
 from sandboxd.engine import Engine
 from sandboxd.errors import (
     FailedPrecondition,
+    Internal,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
@@ -161,7 +162,16 @@ def _export_error(result: HelperResult, rel: str) -> SandboxError:
             reason=Reason.WORKSPACE_UNREADABLE,
             metadata={"path": rel},
         )
-    return tool_error("export", "tar", result, rel)
+    err = tool_error("export", "tar", result, rel)
+    if isinstance(err, Internal) and result.exit_code in (1, 2):
+        # tar ran and gave up on some entry (a path too long for it...): the workspace
+        # cannot be carried as it is; said with tar's own words (their end names the cause).
+        return FailedPrecondition(
+            f"the workspace holds an entry that cannot be archived: ...{result.stderr_text[-400:]}",
+            reason=Reason.WORKSPACE_NOT_ARCHIVABLE,
+            metadata={"path": rel},
+        )
+    return err
 
 
 def _too_large(path: str, cap: int) -> ResourceExhausted:
@@ -317,6 +327,39 @@ class ArchiveIO:
                 await asyncio.shield(asyncio.to_thread(spool.close))
         await self._close_directories(session, rel, checker.deferred_modes)
         return ImportResult(files=members, bytes=content)
+
+    def trusted_limits(self, session: Session) -> ArchiveLimits:
+        """What a restore of the server's own snapshot of `session` is held to."""
+        cap = session.spec.limits.workspace_bytes
+        return ArchiveLimits(self._max_members, cap, cap, trusted=True)
+
+    async def check_restorable(self, session: Session, chunks: AsyncIterator[bytes]) -> None:
+        """Raise what a restore of this tar would refuse, before anything relies on it.
+
+        A snapshot is checked against the trusted rules right after it is taken, while the
+        session still runs: a workspace that could not come back (a name longer than any
+        restore accepts...) is refused then, never found out at Resume."""
+        loop = asyncio.get_running_loop()
+        inbox = Inbox(loop, INBOX_BYTES)
+        checker = MemberChecker(self.trusted_limits(session))
+
+        async def feed() -> None:
+            try:
+                async for data in chunks:
+                    await inbox.put(data)
+            except BaseException:
+                inbox.end(Cancelled())
+                raise
+            inbox.end()
+
+        feeder = asyncio.create_task(feed())
+        try:
+            await asyncio.to_thread(check_and_forward, Source(inbox), None, checker)
+        finally:
+            inbox.cancel()  # a thread still reading stops at once
+            feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeder
 
     async def tidy(self, session: Session) -> None:
         """Remove the staging folders of imports a dead server left behind (at start-up,

@@ -230,6 +230,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     000), so no snapshot or export can carry it; refused before anything was stopped. Give it
     read permission (chmod u+r) and try again.
     """
+    ERROR_REASON_WORKSPACE_NOT_ARCHIVABLE: _ErrorReason.ValueType  # 101
+    """FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than
+    tar or a restore accepts...), so no snapshot or export can carry it; refused before
+    anything was stopped. The message names the entry.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -447,5 +452,10 @@ ERROR_REASON_WORKSPACE_UNREADABLE: ErrorReason.ValueType  # 100
 """FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode
 000), so no snapshot or export can carry it; refused before anything was stopped. Give it
 read permission (chmod u+r) and try again.
+"""
+ERROR_REASON_WORKSPACE_NOT_ARCHIVABLE: ErrorReason.ValueType  # 101
+"""FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than
+tar or a restore accepts...), so no snapshot or export can carry it; refused before
+anything was stopped. The message names the entry.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
