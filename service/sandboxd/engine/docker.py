@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import io
 import ipaddress
 import json
-import tarfile
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -30,6 +28,7 @@ from aiodocker.stream import Stream
 from sandboxd import images
 from sandboxd.engine import compat
 from sandboxd.engine.docker_profile import conforms, container_config
+from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
     NetworkAddress,
     NetworkInfo,
@@ -43,38 +42,6 @@ from sandboxd.reasons import Reason
 
 # Every request has a deadline (streams of exec output excepted: those last as long as the
 # command, bounded by its own timeout).
-HELPER_VOLUME_PREFIX = "sandboxd-helper-"
-LABEL_HELPER = "io.sandboxd.helper"
-
-
-def _file_sha256(path: Path) -> str:
-    """Read once, when the engine is made (start-up): the helper is about a MiB."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _single_file_tar(name: str, data: bytes, mode: int) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        info = tarfile.TarInfo(name)
-        info.size, info.mode, info.uid, info.gid = len(data), mode, 0, 0
-        tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-async def _archived_file(container: DockerContainer, path: str) -> bytes | None:
-    """The content of one file of a container (through a volume), None when missing."""
-    try:
-        tar = await container.get_archive(path)
-    except aiodocker.DockerError as exc:
-        if exc.status == 404:
-            return None
-        raise
-    with tar:
-        member = tar.next()
-        got = tar.extractfile(member) if member is not None and member.isreg() else None
-        return got.read() if got is not None else None
-
-
 _ENGINE_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=5, sock_connect=5)
 REMOVE_TIMEOUT_S = 20.0
 
@@ -188,10 +155,7 @@ class DockerEngine:
         keeper_user: str,
         on_error: Callable[[str], None] | None = None,
     ) -> None:
-        self._helper_path = helper_path  # copied into a volume mounted read-only in every sandbox
-        self._helper_volume = HELPER_VOLUME_PREFIX + _file_sha256(helper_path)[:32]
-        self._helper_lock = asyncio.Lock()
-        self._helper_ready = False
+        self._helper = HelperVolume(helper_path)  # mounted read-only in every sandbox
         self._keeper_user = keeper_user
         self._on_error = on_error  # told the kind of every engine failure (metrics)
         self._docker_host = docker_host
@@ -256,7 +220,7 @@ class DockerEngine:
 
     def _config(self, request: SandboxRequest) -> dict[str, Any]:
         return container_config(
-            request, helper_volume=self._helper_volume, keeper_user=self._keeper_user
+            request, helper_volume=self._helper.name, keeper_user=self._keeper_user
         )
 
     def sandbox_shape(self, request: SandboxRequest) -> str:
@@ -264,53 +228,13 @@ class DockerEngine:
         return hashlib.sha256(json.dumps(shaped, sort_keys=True, default=str).encode()).hexdigest()
 
     async def create_sandbox(self, request: SandboxRequest) -> str:
-        await self._ensure_helper_volume(request.spec.image)
+        with self._translate(f"filling the helper volume {self._helper.name}"):
+            await self._helper.ensure(self.docker, request.spec.image)
         with self._translate(f"creating container {request.name}"):
             container = await self.docker.containers.create(
                 self._config(request), name=request.name
             )
         return str(container.id)
-
-    async def _ensure_helper_volume(self, image: str) -> None:
-        """The helper's volume holds exactly the helper (checked by content, filled if not).
-
-        Named by the helper's digest, so servers of the same build share it and a new build
-        gets its own; filled through a container that is created, never started (the
-        engine's archive API writes into its volume). One cheap inspect per create when the
-        volume is there: an engine whose volumes were wiped gets it back."""
-        async with self._helper_lock:
-            try:
-                with self._translate(f"inspecting volume {self._helper_volume}"):
-                    await self.docker.volumes.get(self._helper_volume)  # type: ignore[no-untyped-call]
-                if self._helper_ready:
-                    return
-            except NotFound:
-                pass
-            data = await asyncio.to_thread(self._helper_path.read_bytes)
-            name = HELPER_VOLUME_PREFIX + hashlib.sha256(data).hexdigest()[:32]
-            if name != self._helper_volume:
-                raise Internal(f"the helper {self._helper_path} changed since the server started")
-            with self._translate(f"filling volume {name}"):
-                await self.docker.volumes.create(  # type: ignore[no-untyped-call]
-                    {"Name": name, "Labels": {LABEL_HELPER: name[len(HELPER_VOLUME_PREFIX) :]}}
-                )
-                filler = await self.docker.containers.create(
-                    {
-                        "Image": image,
-                        "Cmd": ["true"],
-                        "Entrypoint": [],
-                        "NetworkDisabled": True,
-                        "Labels": {LABEL_HELPER: "filler"},
-                        "HostConfig": {"Binds": [f"{name}:/h"], "NetworkMode": "none"},
-                    }
-                )
-                try:
-                    if await _archived_file(filler, "/h/sbx") != data:
-                        payload = _single_file_tar("sbx", data, 0o755)
-                        await filler.put_archive("/h", payload)  # type: ignore[no-untyped-call]
-                finally:
-                    await filler.delete(force=True)
-            self._helper_ready = True
 
     async def start_sandbox(self, sandbox_id: str) -> None:
         with self._translate(f"starting container {sandbox_id[:12]}"):
