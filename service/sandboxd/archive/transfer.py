@@ -271,6 +271,9 @@ class ArchiveIO:
             feeder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await feeder
+            close = getattr(chunks, "aclose", None)  # `async for` left it open (its file)
+            if close is not None:
+                await close()
 
     async def tidy(self, session: Session) -> None:
         """Remove the staging folders of imports a dead server left behind (at start-up,
