@@ -159,7 +159,13 @@ class SnapshotKeeper:
 
     async def restore(self, session: Session, snap: Snapshot) -> None:
         """Replace the (fresh) sandbox's workspace with the snapshot's content."""
-        await self._archive.import_(session, ".", True, self._store.read(snap.sha256), trusted=True)
+        reader = self._store.read(snap.sha256)
+        try:
+            await self._archive.import_(session, ".", True, reader, trusted=True)
+        finally:
+            close = getattr(reader, "aclose", None)  # a refused restore stops reading early
+            if close is not None:
+                await asyncio.shield(close())
 
     async def adopt(self, snap: Snapshot, session: Session) -> Snapshot:
         """A fork's own record of the snapshot it started from (same tar, no copy), so the
