@@ -1135,6 +1135,11 @@ static int open_sub(int pfd, const char *name)
 /* Merge the directory `src` into `dst` (both taken over), with a bounded
  * number of descriptors whatever the depth (see struct walk): the walk goes
  * down both trees in step, and back up through ".." checked on both. */
+/* A dry run first: a destination directory the merge may not write (a 555
+ * folder of the sandbox user's) is refused before anything moved, so a
+ * refused merge leaves DEST as it was. */
+static bool g_merge_dry;
+
 static void merge_tree(int src, int dst)
 {
 	struct walk w = {.fd = -1};
@@ -1205,6 +1210,12 @@ static void merge_tree(int src, int dst)
 			dfd = d2;
 			continue;
 		}
+		if (g_merge_dry) {
+			/* Only look: every directory that would change must let us. */
+			if (faccessat(dfd, ".", W_OK | X_OK, AT_EACCESS) < 0)
+				fail_errno(errno, "merge", sub);
+			continue;
+		}
 		if (exists && S_ISDIR(ds.st_mode)) {
 			if (remove_dir(dfd, name, true) < 0)
 				fail_errno(errno, "merge", sub);
@@ -1266,8 +1277,21 @@ static int cmd_merge(int argc, char **argv)
 	struct stat st;
 	if (fstat(sfd, &st) < 0)
 		fail_errno(errno, "stat stage", stage);
-	if (replace)
+	if (replace) {
+		/* Emptied first: only DEST itself must take the new entries. */
+		if (faccessat(dfd, ".", W_OK | X_OK, AT_EACCESS) < 0)
+			fail_errno(errno, "merge", dest);
 		clear_dir_except(dfd, st.st_dev, st.st_ino);
+	} else {
+		/* Fresh descriptors: the walk reads and closes what it is given. */
+		int s2 = openat(sfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		int d2 = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (s2 < 0 || d2 < 0)
+			fail_errno(errno, "merge", dest);
+		g_merge_dry = true;
+		merge_tree(s2, d2);
+		g_merge_dry = false;
+	}
 	merge_tree(sfd, dfd);
 	const char *name;
 	char *parent = split_parent(stage, &name);

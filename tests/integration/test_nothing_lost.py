@@ -207,3 +207,23 @@ def test_no_host_path_of_the_server_inside_a_sandbox(
     for host_path in {str(repo), str(repo.parent), str(Path.cwd())}:
         assert host_path.encode() not in seen, seen.decode(errors="replace")
     assert b"/.sandboxd" in seen  # the helper is there (this Run went through it)
+
+
+def test_import_into_an_unwritable_folder_is_refused_whole(
+    stubs: Stubs, new_session: SessionFactory
+) -> None:
+    """The merge looks before it moves: a 555 folder in the way refuses the import before
+    `a` (merged first) has landed."""
+    sid = new_session().session_id
+    _sh(stubs, sid, "cd /workspace && mkdir ro && printf k > ro/k && chmod 555 ro")
+    before = _sh(stubs, sid, TREE_SCRIPT)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in ("a", "ro/x"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(grpc.RpcError) as err:
+        import_tar(stubs, sid, buf.getvalue())
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value.details()  # type: ignore[attr-defined]
+    assert _sh(stubs, sid, TREE_SCRIPT) == before
