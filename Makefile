@@ -79,7 +79,7 @@ test-unit: venv helper
 SANDBOXD_SOAK_SECONDS ?= 3600
 soak: venv helper image
 	SANDBOXD_SOAK_SECONDS=$(SANDBOXD_SOAK_SECONDS) $(PY) -m pytest -x -q \
-		tests/integration/test_fuzz_workspace.py -k "fuzzer"
+		tests/integration/test_fuzz_workspace.py -k "fuzzer or sigkilled"
 
 lint: venv buf
 	$(VENV)/bin/ruff check service tests bench clients/python
