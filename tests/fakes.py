@@ -118,6 +118,8 @@ def _run(box: FakeSandbox, argv: list[str], stdin: bytes) -> tuple[int, list[tup
     cwd = ""
     if argv[:2] == [HELPER_IN_CONTAINER, "run"]:
         rest = argv[2:]
+        if rest[:1] == ["--clean-env"]:
+            rest = rest[1:]
         if rest[:1] == ["--cwd"]:
             cwd = _workspace_rel(rest[1])
             rest = rest[2:]
@@ -449,9 +451,26 @@ class FakeArchive:
             await self.export_gate.wait()
         yield data
 
+    async def check_restorable(self, session: Any, chunks: AsyncIterator[bytes]) -> None:
+        """The fake restores whatever it exported: read it through, as the real check does."""
+        del session
+        async for _ in chunks:
+            pass
+
+    async def tidy(self, session: Any) -> None:
+        """The fake unpacks in one step: it never leaves a staging folder to remove."""
+        del session
+
     async def import_(
-        self, session: Any, path: str, replace: bool, chunks: AsyncIterator[bytes]
+        self,
+        session: Any,
+        path: str,
+        replace: bool,
+        chunks: AsyncIterator[bytes],
+        *,
+        trusted: bool = False,
     ) -> None:
+        del trusted  # the fake unpacks everything it is given
         data = b"".join([c async for c in chunks])
         box = self._engine._get(session.container_id)
         if replace:

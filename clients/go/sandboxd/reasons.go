@@ -238,6 +238,10 @@ var (
 	ErrSecretBindingInvalid = &Error{Code: codes.InvalidArgument, Reason: "SECRET_BINDING_INVALID"}
 	// ErrSecretRefNotFound: INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant.
 	ErrSecretRefNotFound = &Error{Code: codes.InvalidArgument, Reason: "SECRET_REF_NOT_FOUND"}
+	// ErrWorkspaceUnreadable: FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode 000), so no snapshot or export can carry it; refused before anything was stopped. Give it read permission (chmod u+r) and try again.
+	ErrWorkspaceUnreadable = &Error{Code: codes.FailedPrecondition, Reason: "WORKSPACE_UNREADABLE"}
+	// ErrWorkspaceNotArchivable: FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry.
+	ErrWorkspaceNotArchivable = &Error{Code: codes.FailedPrecondition, Reason: "WORKSPACE_NOT_ARCHIVABLE"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -358,4 +362,6 @@ var Reasons = map[string]ReasonInfo{
 	"IMAGE_PULL_FAILED":             {codes.Internal, false, ErrImagePullFailed},
 	"SECRET_BINDING_INVALID":        {codes.InvalidArgument, false, ErrSecretBindingInvalid},
 	"SECRET_REF_NOT_FOUND":          {codes.InvalidArgument, false, ErrSecretRefNotFound},
+	"WORKSPACE_UNREADABLE":          {codes.FailedPrecondition, false, ErrWorkspaceUnreadable},
+	"WORKSPACE_NOT_ARCHIVABLE":      {codes.FailedPrecondition, false, ErrWorkspaceNotArchivable},
 }

@@ -213,6 +213,10 @@ export declare class ImagePullFailedError extends Internal {}
 export declare class SecretBindingInvalidError extends InvalidArgument {}
 /** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
 export declare class SecretRefNotFoundError extends InvalidArgument {}
+/** FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode 000), so no snapshot or export can carry it; refused before anything was stopped. Give it read permission (chmod u+r) and try again. */
+export declare class WorkspaceUnreadableError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry. */
+export declare class WorkspaceNotArchivableError extends FailedPrecondition {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -330,7 +334,9 @@ export type Reason =
   | 'IMAGE_TOO_LARGE'
   | 'IMAGE_PULL_FAILED'
   | 'SECRET_BINDING_INVALID'
-  | 'SECRET_REF_NOT_FOUND';
+  | 'SECRET_REF_NOT_FOUND'
+  | 'WORKSPACE_UNREADABLE'
+  | 'WORKSPACE_NOT_ARCHIVABLE';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

@@ -213,6 +213,10 @@ export class ImagePullFailedError extends Internal {}
 export class SecretBindingInvalidError extends InvalidArgument {}
 /** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
 export class SecretRefNotFoundError extends InvalidArgument {}
+/** FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode 000), so no snapshot or export can carry it; refused before anything was stopped. Give it read permission (chmod u+r) and try again. */
+export class WorkspaceUnreadableError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry. */
+export class WorkspaceNotArchivableError extends FailedPrecondition {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -332,4 +336,6 @@ export const REASONS = Object.freeze({
   IMAGE_PULL_FAILED: { code: 'INTERNAL', retryable: false, error: ImagePullFailedError },
   SECRET_BINDING_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretBindingInvalidError },
   SECRET_REF_NOT_FOUND: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretRefNotFoundError },
+  WORKSPACE_UNREADABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: WorkspaceUnreadableError },
+  WORKSPACE_NOT_ARCHIVABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: WorkspaceNotArchivableError },
 });

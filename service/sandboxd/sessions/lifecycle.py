@@ -25,6 +25,7 @@ from sandboxd.engine.protocol import Engine
 from sandboxd.errors import (
     AlreadyExists,
     FailedPrecondition,
+    Internal,
     InvalidArgument,
     NotFound,
     SandboxError,
@@ -38,6 +39,7 @@ from sandboxd.pulls import Pulls, Resolved
 from sandboxd.reasons import Reason
 from sandboxd.secrets.bindings import settle_secrets
 from sandboxd.sessions import paging
+from sandboxd.sessions.gate import WorkspaceGate
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.manifest import write_manifest
@@ -76,6 +78,7 @@ class SessionManager:
         self._egress = egress  # None: ALLOWLIST sessions are refused (NETWORK_MODE_UNSUPPORTED)
         self.owner_id = owner_id
         self._locks = SessionLocks()
+        self._gate = WorkspaceGate()
         self._quota = QuotaGate(config, store)
         # What lives in a sandbox beyond one call (background processes) ends with it.
         self._sandboxes = Sandboxes(
@@ -267,24 +270,44 @@ class SessionManager:
         return session
 
     @contextlib.asynccontextmanager
-    async def use(self, session_id: str) -> AsyncIterator[Session]:
+    async def use(
+        self, session_id: str, *, exclusive: bool = False, gate: bool = True
+    ) -> AsyncIterator[Session]:
         """A running session for the duration of one operation.
 
-        An engine that says the sandbox is gone or stopped marks the session lost.
+        Holds the session's workspace gate (sessions/gate.py): shared for file calls and
+        imports, `exclusive` for a snapshot. An engine that says the sandbox is gone or
+        stopped marks the session lost (after a check, recovery.py); an engine failure of
+        a call that raced a Delete, Suspend or rebuild is answered as if the call had come
+        after it. The gate is let go before either check, which takes the session's lock.
         """
         session = await self.require_running(session_id)
-        try:
-            yield session
-        except (NotFound, FailedPrecondition) as exc:
-            if exc.reason in (Reason.ENGINE_OBJECT_NOT_FOUND, Reason.ENGINE_CONFLICT):
-                raise await self.container_lost(session) from exc
-            raise
+        failure: SandboxError | None = None
+        hold = (
+            (self._gate.exclusive if exclusive else self._gate.shared)(session_id)
+            if gate
+            else contextlib.nullcontext()
+        )
+        async with hold:
+            try:
+                yield session
+            except (NotFound, FailedPrecondition) as exc:
+                if exc.reason not in (Reason.ENGINE_OBJECT_NOT_FOUND, Reason.ENGINE_CONFLICT):
+                    raise
+                failure = exc
+            except Internal as exc:
+                failure = exc
+        if isinstance(failure, Internal):
+            raise await self._recovery.raced(session) or failure
+        if failure is not None:
+            raise await self.container_lost(session) from failure
 
     @contextlib.asynccontextmanager
     async def use_for_command(self, session_id: str) -> AsyncIterator[Session]:
         """`use`, holding one of the tenant's exec slots: a running command counts against
-        tenant_max_concurrent_execs until it ends."""
-        async with self.use(session_id) as session, self.exec_slots.slot():
+        tenant_max_concurrent_execs until it ends. Commands do not hold the workspace gate
+        (they may run for minutes; a Suspend ends them)."""
+        async with self.use(session_id, gate=False) as session, self.exec_slots.slot():
             yield session
 
     async def is_current(self, session: Session) -> bool:
@@ -327,8 +350,9 @@ class SessionManager:
             if session.state is SessionState.SUSPENDED:
                 return session
             _require_live(session)
-            await self._keeper.take(session, {LABEL_AUTO: "suspend"})
-            await self._sandboxes.teardown(session, quiet=False, keep_network=True)
+            async with self._gate.exclusive(session_id):  # no file call half-way through
+                await self._keeper.take(session, {LABEL_AUTO: "suspend"})
+                await self._sandboxes.teardown(session, quiet=False, keep_network=True)
             await self._sandboxes.release_network(session)
             session.state = SessionState.SUSPENDED
             session.container_id = ""

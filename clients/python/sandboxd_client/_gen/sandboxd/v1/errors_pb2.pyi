@@ -265,6 +265,16 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     ERROR_REASON_SECRET_REF_NOT_FOUND: _ErrorReason.ValueType  # 201
     """INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant."""
+    ERROR_REASON_WORKSPACE_UNREADABLE: _ErrorReason.ValueType  # 100
+    """FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode
+    000), so no snapshot or export can carry it; refused before anything was stopped. Give it
+    read permission (chmod u+r) and try again.
+    """
+    ERROR_REASON_WORKSPACE_NOT_ARCHIVABLE: _ErrorReason.ValueType  # 101
+    """FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than
+    tar or a restore accepts...), so no snapshot or export can carry it; refused before
+    anything was stopped. The message names the entry.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -518,4 +528,14 @@ template), or names a secret a live update cannot add.
 """
 ERROR_REASON_SECRET_REF_NOT_FOUND: ErrorReason.ValueType  # 201
 """INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant."""
+ERROR_REASON_WORKSPACE_UNREADABLE: ErrorReason.ValueType  # 100
+"""FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode
+000), so no snapshot or export can carry it; refused before anything was stopped. Give it
+read permission (chmod u+r) and try again.
+"""
+ERROR_REASON_WORKSPACE_NOT_ARCHIVABLE: ErrorReason.ValueType  # 101
+"""FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than
+tar or a restore accepts...), so no snapshot or export can carry it; refused before
+anything was stopped. The message names the entry.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
