@@ -319,6 +319,40 @@ export interface MakeDirResponse {
   info: FileInfo | null;
 }
 
+export type OutputEncoding =
+  | 'OUTPUT_ENCODING_UNSPECIFIED'
+  | 'OUTPUT_ENCODING_BYTES'
+  | 'OUTPUT_ENCODING_UTF8_LOSSY';
+
+export type ProcessOrigin =
+  | 'PROCESS_ORIGIN_UNSPECIFIED'
+  | 'PROCESS_ORIGIN_START_PROCESS'
+  | 'PROCESS_ORIGIN_EXEC'
+  | 'PROCESS_ORIGIN_RUN'
+  | 'PROCESS_ORIGIN_INTERACT';
+
+export interface GetProcessRequest {
+  session_id: string;
+  process_id: string;
+}
+
+export interface SendProcessInputRequest {
+  session_id: string;
+  process_id: string;
+  data: Buffer;
+}
+
+export interface SendProcessInputResponse {
+}
+
+export interface CloseProcessStdinRequest {
+  session_id: string;
+  process_id: string;
+}
+
+export interface CloseProcessStdinResponse {
+}
+
 /** sandboxd.v1.ProcessService: SandboxClient.processes. */
 export interface ProcessServiceClient {
   exec(request: Init<ExecRequest>, options?: CallOptions): AsyncGenerator<ExecResponse, void, undefined>;
@@ -328,6 +362,9 @@ export interface ProcessServiceClient {
   attachProcess(request: Init<AttachProcessRequest>, options?: CallOptions): AsyncGenerator<AttachProcessResponse, void, undefined>;
   listProcesses(request: Init<ListProcessesRequest>, options?: CallOptions): Promise<ListProcessesResponse>;
   signalProcess(request: Init<SignalProcessRequest>, options?: CallOptions): Promise<SignalProcessResponse>;
+  getProcess(request: Init<GetProcessRequest>, options?: CallOptions): Promise<GetProcessResponse>;
+  sendProcessInput(request: Init<SendProcessInputRequest>, options?: CallOptions): Promise<SendProcessInputResponse>;
+  closeProcessStdin(request: Init<CloseProcessStdinRequest>, options?: CallOptions): Promise<CloseProcessStdinResponse>;
 }
 
 export type OutputStream =
@@ -382,6 +419,7 @@ export interface RunRequest {
   stdin: Buffer;
   timeout: Duration | null;
   max_output_bytes: number;
+  output_encoding: OutputEncoding;
 }
 
 export interface RunResponse {
@@ -393,6 +431,8 @@ export interface RunResponse {
   duration: Duration | null;
   signal: string;
   process_id: string;
+  stdout_text: string;
+  stderr_text: string;
 }
 
 export interface PtySize {
@@ -447,6 +487,8 @@ export interface StartProcessRequest {
   timeout: Duration | null;
   max_output_bytes: number;
   process_id: string;
+  output_buffer_bytes: number;
+  keep_stdin_open: boolean;
 }
 
 export type ProcessState =
@@ -466,6 +508,8 @@ export interface Process {
   stderr_bytes: number;
   stdout_first_offset: number;
   stderr_first_offset: number;
+  origin: ProcessOrigin;
+  stdin_open: boolean;
 }
 
 export interface StartProcessResponse {
@@ -509,6 +553,10 @@ export interface SignalProcessRequest {
 }
 
 export interface SignalProcessResponse {
+}
+
+export interface GetProcessResponse {
+  process: Process | null;
 }
 
 /** sandboxd.v1.SessionService: SandboxClient.sessions. */

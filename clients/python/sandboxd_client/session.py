@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from sandboxd_client._gen.sandboxd.v1 import (
     filesystem_pb2,
+    polish_pb2,
     process_pb2,
     session_pb2,
     snapshot_pb2,
@@ -34,6 +35,7 @@ from sandboxd_client.models import (
     duration,
     enum_value,
 )
+from sandboxd_client.session_processes import ProcessHandles
 
 if TYPE_CHECKING:
     from sandboxd_client.client import SandboxClient
@@ -59,7 +61,7 @@ def _exec_fields(
     }
 
 
-class Session:
+class Session(ProcessHandles):
     """One sandbox session. Its methods call the server; `info` is the last reply seen."""
 
     def __init__(self, client: SandboxClient, info: SessionInfo) -> None:
@@ -227,10 +229,17 @@ class Session:
         timeout: float | None = None,
         max_output_bytes: int = 0,
         deadline: float | None = None,
+        text: bool = False,
     ) -> RunResult:
-        """Run a command and return its collected output (a non-zero exit is not raised)."""
+        """Run a command and return its collected output (a non-zero exit is not raised).
+
+        With `text` the result also has `stdout_text`/`stderr_text` (UTF-8, invalid bytes as
+        U+FFFD), decoded by the server."""
         req = process_pb2.RunRequest(
-            **_exec_fields(self.id, argv, cwd, env, stdin, timeout, max_output_bytes)
+            **_exec_fields(self.id, argv, cwd, env, stdin, timeout, max_output_bytes),
+            output_encoding=(
+                polish_pb2.OUTPUT_ENCODING_UTF8_LOSSY if text else polish_pb2.OUTPUT_ENCODING_BYTES
+            ),
         )
         resp = await self._client._unary(
             "ProcessService/Run", lambda t: self._stubs.processes.Run(req, timeout=t), deadline
@@ -274,11 +283,19 @@ class Session:
         timeout: float | None = None,
         max_output_bytes: int = 0,
         deadline: float | None = UNSET,
+        output_buffer_bytes: int = 0,
+        keep_stdin_open: bool = False,
     ) -> ProcessInfo:
-        """Start a background process: it outlives this call; `attach` replays its output."""
+        """Start a background process: it outlives this call; `attach` replays its output.
+
+        With `output_buffer_bytes` (the ring kept per stream) `max_output_bytes` is the cap
+        that cuts output, as for `run`; without it, it is the ring size (deprecated meaning).
+        `keep_stdin_open` lets `send_input` add stdin until `close_stdin`."""
         req = process_pb2.StartProcessRequest(
             **_exec_fields(self.id, argv, cwd, env, stdin, timeout, max_output_bytes),
             process_id=process_id,
+            output_buffer_bytes=output_buffer_bytes,
+            keep_stdin_open=keep_stdin_open,
         )
         resp = await self._client._unary(
             "ProcessService/StartProcess",

@@ -4,6 +4,7 @@ processes. Each method only translates; the work is in execution, interactive, p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
@@ -18,13 +19,22 @@ from sandboxd.models import (
     ExecExited,
     ExecKeepalive,
     ExecOutput,
+    ExecSpec,
     ExecStarted,
     OutputStream,
+    Session,
 )
-from sandboxd.processes import AttachEvent, BackgroundProcess, OutputGap, ProcessManager
+from sandboxd.processes import (
+    AttachEvent,
+    BackgroundProcess,
+    OutputGap,
+    ProcessManager,
+    ProcessOrigin,
+    StartOptions,
+)
 from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager
-from sandboxd.v1 import process_pb2, process_pb2_grpc
+from sandboxd.v1 import polish_pb2, process_pb2, process_pb2_grpc
 
 # What a RunResponse needs besides stdout and stderr (ids, status, duration), generously.
 _REPLY_ENVELOPE_BYTES = 64 * 1024
@@ -91,6 +101,8 @@ def _process_pb(p: BackgroundProcess) -> process_pb2.Process:
         stderr_bytes=err.end,
         stdout_first_offset=out.start,
         stderr_first_offset=err.start,
+        origin=polish_pb2.ProcessOrigin.ValueType(p.origin.value),
+        stdin_open=p.command is not None and not p.command.stdin_closed,
     )
     pb.started_at.FromDatetime(p.started_at)
     if p.exited is not None:
@@ -148,22 +160,30 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
     ) -> AsyncGenerator[process_pb2.ExecResponse, None]:
         async with self._sessions.use_for_command(request.session_id) as session:
             spec = prepare(session, _exec_input(request), self._config.limits.max)
-            async for event in self._executor.stream(
+            events = self._executor.stream(
                 session, spec, keepalive_s=self._config.server.keepalive_interval_s
-            ):
+            )
+            tracked = self._processes.track(session.session_id, spec, ProcessOrigin.EXEC, events)
+            async for event in tracked:
                 yield _event_pb(event, process_pb2.ExecResponse)
 
     @unary
     async def Run(self, request: process_pb2.RunRequest, context: Ctx) -> process_pb2.RunResponse:
         """Collects the output into one reply: what would not fit one message is dropped (the
         command runs on to its end) and `truncated` set, so the exit status always arrives."""
+        if request.output_encoding not in polish_pb2.OutputEncoding.values():
+            raise InvalidArgument(
+                f"unknown output_encoding {request.output_encoding}", reason=Reason.INVALID_ARGUMENT
+            )
         out = {OutputStream.STDOUT: bytearray(), OutputStream.STDERR: bytearray()}
         room = self._config.max_message_bytes - _REPLY_ENVELOPE_BYTES
         cut = False
         response = process_pb2.RunResponse()
         async with self._sessions.use_for_command(request.session_id) as session:
             spec = prepare(session, _exec_input(request), self._config.limits.max)
-            async for event in self._executor.stream(session, spec):
+            events = self._executor.stream(session, spec)
+            tracked = self._processes.track(session.session_id, spec, ProcessOrigin.RUN, events)
+            async for event in tracked:
                 match event:
                     case ExecStarted(process_id=pid):
                         response.process_id = pid
@@ -180,6 +200,10 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
                         response.duration.CopyFrom(convert.duration_pb(event.duration_s))
         response.stdout = bytes(out[OutputStream.STDOUT])
         response.stderr = bytes(out[OutputStream.STDERR])
+        if request.output_encoding == polish_pb2.OUTPUT_ENCODING_UTF8_LOSSY:
+            # A cut may split a character: its bytes become U+FFFD like any invalid byte.
+            response.stdout_text = response.stdout.decode("utf-8", errors="replace")
+            response.stderr_text = response.stderr.decode("utf-8", errors="replace")
         return response
 
     @stream
@@ -198,14 +222,16 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         pty = PtySize(start.pty.rows, start.pty.cols) if start.HasField("pty") else None
         async with self._sessions.use_for_command(start.request.session_id) as session:
             spec = prepare(session, _exec_input(start.request), self._config.limits.max)
-            async for event in interactive.interact(
+            events = interactive.interact(
                 self._executor,
                 session,
                 spec,
                 pty,
                 _controls(requests),
                 self._config.server.keepalive_interval_s,
-            ):
+            )
+            origin = ProcessOrigin.INTERACT
+            async for event in self._processes.track(session.session_id, spec, origin, events):
                 yield _event_pb(event, process_pb2.InteractResponse)
 
     @unary
@@ -213,11 +239,28 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         self, request: process_pb2.StartProcessRequest, context: Ctx
     ) -> process_pb2.StartProcessResponse:
         async with self._sessions.use(request.session_id) as session:
-            spec = prepare(session, _exec_input(request), self._config.limits.max)
+            spec, options = self._start_spec(session, request)
             # The process holds one of the tenant's exec slots until it ends.
             slot = self._sessions.exec_slots.slot()
-            proc = await self._processes.start(session, spec, request.process_id, slot)
+            proc = await self._processes.start(session, spec, request.process_id, slot, options)
         return process_pb2.StartProcessResponse(process=_process_pb(proc))
+
+    def _start_spec(
+        self, session: Session, request: process_pb2.StartProcessRequest
+    ) -> tuple[ExecSpec, StartOptions]:
+        """Without output_buffer_bytes, max_output_bytes is the ring size (its deprecated
+        meaning) and output is never cut; with it, max_output_bytes is the cap, as for Exec."""
+        inp = _exec_input(request)
+        if request.output_buffer_bytes == 0:
+            spec = prepare(session, inp, self._config.limits.max)
+            return spec, StartOptions(spec.max_output_bytes, False, request.keep_stdin_open)
+        ring = prepare(
+            session,
+            dataclasses.replace(inp, max_output_bytes=request.output_buffer_bytes),
+            self._config.limits.max,
+        ).max_output_bytes
+        spec = prepare(session, inp, self._config.limits.max)
+        return spec, StartOptions(ring, True, request.keep_stdin_open)
 
     @stream
     async def AttachProcess(
@@ -246,3 +289,27 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         async with self._sessions.use(request.session_id) as session:
             await self._processes.signal(session, request.process_id, request.signal)
         return process_pb2.SignalProcessResponse()
+
+    @unary
+    async def GetProcess(
+        self, request: polish_pb2.GetProcessRequest, context: Ctx
+    ) -> process_pb2.GetProcessResponse:
+        async with self._sessions.use(request.session_id) as session:
+            proc = self._processes.get(session.session_id, request.process_id)
+        return process_pb2.GetProcessResponse(process=_process_pb(proc))
+
+    @unary
+    async def SendProcessInput(
+        self, request: polish_pb2.SendProcessInputRequest, context: Ctx
+    ) -> polish_pb2.SendProcessInputResponse:
+        async with self._sessions.use(request.session_id) as session:
+            await self._processes.send_input(session.session_id, request.process_id, request.data)
+        return polish_pb2.SendProcessInputResponse()
+
+    @unary
+    async def CloseProcessStdin(
+        self, request: polish_pb2.CloseProcessStdinRequest, context: Ctx
+    ) -> polish_pb2.CloseProcessStdinResponse:
+        async with self._sessions.use(request.session_id) as session:
+            await self._processes.close_stdin(session.session_id, request.process_id)
+        return polish_pb2.CloseProcessStdinResponse()
