@@ -239,6 +239,9 @@ export interface FilesystemServiceClient {
   stat(request: Init<StatRequest>, options?: CallOptions): Promise<StatResponse>;
   remove(request: Init<RemoveRequest>, options?: CallOptions): Promise<RemoveResponse>;
   makeDir(request: Init<MakeDirRequest>, options?: CallOptions): Promise<MakeDirResponse>;
+  readFileStream(request: Init<ReadFileStreamRequest>, options?: CallOptions): AsyncGenerator<ReadFileStreamResponse, void, undefined>;
+  writeFileStream(requests: Requests<WriteFileStreamRequest>, options?: CallOptions): Promise<WriteFileStreamResponse>;
+  move(request: Init<MoveRequest>, options?: CallOptions): Promise<MoveResponse>;
 }
 
 export type FileType =
@@ -317,6 +320,50 @@ export interface MakeDirRequest {
 
 export interface MakeDirResponse {
   info: FileInfo | null;
+}
+
+export interface WriteFileStreamResponse {
+  info: FileInfo | null;
+}
+
+export interface MoveResponse {
+  info: FileInfo | null;
+}
+
+export interface ReadFileStreamRequest {
+  session_id: string;
+  path: string;
+  offset: number;
+  length: number;
+}
+
+export interface FileChunk {
+  data: Buffer;
+  offset: number;
+}
+
+export interface ReadFileStreamResponse {
+  chunk: FileChunk | null;
+}
+
+export interface WriteFileStreamHeader {
+  session_id: string;
+  path: string;
+  mode: number;
+  make_parents: boolean;
+}
+
+export interface WriteFileStreamRequest {
+  header: WriteFileStreamHeader | null;
+  data: Buffer;
+  message?: 'header' | 'data';
+}
+
+export interface MoveRequest {
+  session_id: string;
+  source_path: string;
+  destination_path: string;
+  overwrite: boolean;
 }
 
 export type OutputEncoding =

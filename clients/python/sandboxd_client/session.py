@@ -35,6 +35,7 @@ from sandboxd_client.models import (
     duration,
     enum_value,
 )
+from sandboxd_client.session_files import FileTransfers
 from sandboxd_client.session_processes import ProcessHandles
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def _exec_fields(
     }
 
 
-class Session(ProcessHandles):
+class Session(ProcessHandles, FileTransfers):
     """One sandbox session. Its methods call the server; `info` is the last reply seen."""
 
     def __init__(self, client: SandboxClient, info: SessionInfo) -> None:

@@ -355,3 +355,43 @@ class MakeDirResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MakeDirResponse: _TypeAlias = MakeDirResponse  # noqa: Y015
+
+@_typing.final
+class WriteFileStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INFO_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def info(self) -> Global___FileInfo: ...
+    def __init__(
+        self,
+        *,
+        info: Global___FileInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteFileStreamResponse: _TypeAlias = WriteFileStreamResponse  # noqa: Y015
+
+@_typing.final
+class MoveResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INFO_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def info(self) -> Global___FileInfo: ...
+    def __init__(
+        self,
+        *,
+        info: Global___FileInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MoveResponse: _TypeAlias = MoveResponse  # noqa: Y015
