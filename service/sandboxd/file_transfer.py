@@ -120,10 +120,10 @@ class FileTransfer:
         upload = _upload_name(rel)
         args = ["write", upload, format(mode, "o"), str(cap)]
         args += ["--parents"] if make_parents else []
-        started = False
+        exec_id: str | None = None
         try:
             async with self.helper.open(session, args, stdin=True) as stream:
-                started = True
+                exec_id = stream.exec_id
                 async for data in chunks:
                     await stream.write(data)
                 stream.close_stdin()
@@ -133,8 +133,9 @@ class FileTransfer:
                 raise file_error(HelperResult(code, out, err), rel)
             return await self.move(session, upload, rel, overwrite=True, shown=rel)
         except BaseException:
-            if started:
-                self._remove_later(session, upload)
+            if exec_id is not None:
+                # Shielded: a cancelled call still has its upload removed, by our own task.
+                await asyncio.shield(self._remove_later(session, upload, exec_id))
             raise
 
     async def move(
@@ -151,17 +152,21 @@ class FileTransfer:
         result = await self.helper.checked(session, args, shown or src, max_stdout=64 * 1024)
         return parse_records(result.stdout)[0]
 
-    def _remove_later(self, session: Session, upload: str) -> None:
-        """Remove a failed upload in a task of our own: the call may be cancelled already."""
+    def _remove_later(self, session: Session, upload: str, exec_id: str) -> asyncio.Task[None]:
+        """Remove a failed upload once its `sbx write` has ended (a helper whose stdin was cut
+        may still finish the file after the call is gone), in a task of our own."""
 
         async def remove() -> None:
             with contextlib.suppress(SandboxError, TimeoutError, OSError):
                 async with asyncio.timeout(CLEANUP_TIMEOUT_S):
+                    while (await self.helper.engine.exec_inspect(exec_id)).get("Running"):
+                        await asyncio.sleep(0.05)
                     await self.helper.run(session, ["remove", upload])
 
         task = asyncio.create_task(remove(), name=f"remove upload {upload}")
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
+        return task
 
 
 def _size(header: bytes) -> int:
