@@ -228,7 +228,8 @@ class Snapshots:
         size = paging.page_size(page_size)
         if session_id:
             await self._sessions.get(session_id)  # NOT_FOUND for a missing or hidden session
-        after = paging.decode_token(page_token, _is_snapshot_id)
+        bound = f"snapshots {session_id} {tenancy.current()!r}"
+        after = paging.decode_token(page_token, _is_snapshot_id, bound)
         found: list[Snapshot] = []
         while len(found) <= size:
             batch = await self._store.page(session_id=session_id, after=after, limit=size + 1)
@@ -239,7 +240,7 @@ class Snapshots:
         token = ""
         if len(found) > size:
             found = found[:size]
-            token = paging.encode_token(found[-1].snapshot_id)
+            token = paging.encode_token(found[-1].snapshot_id, bound)
         return found, token
 
     async def delete(self, snapshot_id: str) -> None:

@@ -288,10 +288,13 @@ export interface ListDirRequest {
   session_id: string;
   path: string;
   depth: number;
+  page_size: number;
+  page_token: string;
 }
 
 export interface ListDirResponse {
   entries: FileInfo[];
+  next_page_token: string;
 }
 
 export interface StatRequest {
@@ -587,10 +590,13 @@ export interface AttachProcessResponse {
 
 export interface ListProcessesRequest {
   session_id: string;
+  page_size: number;
+  page_token: string;
 }
 
 export interface ListProcessesResponse {
   processes: Process[];
+  next_page_token: string;
 }
 
 export interface SignalProcessRequest {

@@ -330,14 +330,22 @@ class Session(ProcessHandles, FileTransfers):
             yield event
 
     @rpc("ProcessService/ListProcesses")
-    async def processes(self, *, timeout: float | None = UNSET) -> list[ProcessInfo]:
-        req = process_pb2.ListProcessesRequest(session_id=self.id)
-        resp = await self._client._unary(
+    async def processes(
+        self, *, page_size: int = 0, timeout: float | None = UNSET
+    ) -> AsyncIterator[ProcessInfo]:
+        """The background processes in start order, following pages as the loop goes."""
+        async for resp in self._client._paged(
             "ProcessService/ListProcesses",
-            lambda t: self._stubs.processes.ListProcesses(req, timeout=t),
+            lambda token, t: self._stubs.processes.ListProcesses(
+                process_pb2.ListProcessesRequest(
+                    session_id=self.id, page_size=page_size, page_token=token
+                ),
+                timeout=t,
+            ),
             timeout,
-        )
-        return [ProcessInfo.from_pb(p) for p in resp.processes]
+        ):
+            for p in resp.processes:
+                yield ProcessInfo.from_pb(p)
 
     @rpc("ProcessService/SignalProcess")
     async def signal_process(
@@ -387,15 +395,31 @@ class Session(ProcessHandles, FileTransfers):
 
     @rpc("FilesystemService/ListDir")
     async def list_dir(
-        self, path: str = "", *, depth: int = 0, timeout: float | None = UNSET
-    ) -> list[FileInfo]:
-        req = filesystem_pb2.ListDirRequest(session_id=self.id, path=path, depth=depth)
-        resp = await self._client._unary(
+        self,
+        path: str = "",
+        *,
+        depth: int = 0,
+        page_size: int = 0,
+        timeout: float | None = UNSET,
+    ) -> AsyncIterator[FileInfo]:
+        """The entries beneath `path`, following pages as the loop goes (`page_size` 0: the
+        whole listing in one reply, in walk order; else pages in path order)."""
+        async for resp in self._client._paged(
             "FilesystemService/ListDir",
-            lambda t: self._stubs.files.ListDir(req, timeout=t),
+            lambda token, t: self._stubs.files.ListDir(
+                filesystem_pb2.ListDirRequest(
+                    session_id=self.id,
+                    path=path,
+                    depth=depth,
+                    page_size=page_size,
+                    page_token=token,
+                ),
+                timeout=t,
+            ),
             timeout,
-        )
-        return [FileInfo.from_pb(e) for e in resp.entries]
+        ):
+            for e in resp.entries:
+                yield FileInfo.from_pb(e)
 
     @rpc("FilesystemService/Stat")
     async def stat(self, path: str, *, timeout: float | None = UNSET) -> FileInfo:

@@ -155,7 +155,8 @@ class FileTransfers:
             await self._download_file(remote, dst)
             return [dst]
         got = []
-        entries: list[FileInfo] = await self.list_dir(remote, depth=32)  # type: ignore[attr-defined]
+        listing: AsyncIterator[FileInfo] = self.list_dir(remote, depth=32)  # type: ignore[attr-defined]
+        entries = [e async for e in listing]
         base = info.path.rstrip("/")
         for entry in entries:
             if entry.type != "FILE":

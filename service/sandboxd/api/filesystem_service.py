@@ -10,7 +10,7 @@ from sandboxd.errors import InvalidArgument
 from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
 from sandboxd.reasons import Reason
-from sandboxd.sessions import SessionManager
+from sandboxd.sessions import SessionManager, paging
 from sandboxd.v1 import filesystem_ext_pb2, filesystem_pb2, filesystem_pb2_grpc
 
 
@@ -59,7 +59,18 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
     ) -> filesystem_pb2.ListDirResponse:
         async with self._sessions.use(request.session_id) as session:
             entries = await self._files.list_dir(session, request.path, request.depth)
-        return filesystem_pb2.ListDirResponse(entries=[convert.file_info_pb(e) for e in entries])
+        token = ""
+        if request.page_size or request.page_token:
+            entries, token = paging.page(
+                sorted(entries, key=lambda e: e.path),
+                lambda e: e.path,
+                paging.page_size(request.page_size),
+                request.page_token,
+                f"listdir {session.session_id} {request.path!r} {request.depth}",
+            )
+        return filesystem_pb2.ListDirResponse(
+            entries=[convert.file_info_pb(e) for e in entries], next_page_token=token
+        )
 
     @unary
     async def Stat(

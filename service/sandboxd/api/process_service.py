@@ -33,7 +33,7 @@ from sandboxd.processes import (
     StartOptions,
 )
 from sandboxd.reasons import Reason
-from sandboxd.sessions import SessionManager
+from sandboxd.sessions import SessionManager, paging
 from sandboxd.v1 import polish_pb2, process_pb2, process_pb2_grpc
 
 # What a RunResponse needs besides stdout and stderr (ids, status, duration), generously.
@@ -108,6 +108,11 @@ def _process_pb(p: BackgroundProcess) -> process_pb2.Process:
     if p.exited is not None:
         pb.exited.CopyFrom(convert.exited_pb(p.exited))
     return pb
+
+
+def _process_key(p: BackgroundProcess) -> str:
+    """Start order (the order ListProcesses always had), unique by the id."""
+    return f"{p.started_at.isoformat()} {p.process_id}"
 
 
 def _first_message_error(what: str) -> InvalidArgument:
@@ -280,7 +285,18 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
     ) -> process_pb2.ListProcessesResponse:
         async with self._sessions.use(request.session_id) as session:
             procs = self._processes.list(session.session_id)
-        return process_pb2.ListProcessesResponse(processes=[_process_pb(p) for p in procs])
+        token = ""
+        if request.page_size or request.page_token:
+            procs, token = paging.page(
+                procs,
+                _process_key,
+                paging.page_size(request.page_size),
+                request.page_token,
+                f"processes {session.session_id}",
+            )
+        return process_pb2.ListProcessesResponse(
+            processes=[_process_pb(p) for p in procs], next_page_token=token
+        )
 
     @unary
     async def SignalProcess(

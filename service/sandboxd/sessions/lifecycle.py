@@ -194,15 +194,16 @@ class SessionManager:
         self, label_selector: Mapping[str, str], page_size: int, page_token: str
     ) -> tuple[list[Session], str]:
         size = paging.page_size(page_size)
-        after = paging.decode_token(page_token, _is_session_id)
         selector = validation.validate_labels(label_selector)
+        bound = f"sessions {sorted(selector.items())!r} {tenancy.current()!r}"
+        after = paging.decode_token(page_token, _is_session_id, bound)
         sessions = await self._store.page(
             after=after, limit=size + 1, labels=selector, tenant=tenancy.current()
         )
         token = ""
         if len(sessions) > size:
             sessions = sessions[:size]
-            token = paging.encode_token(sessions[-1].session_id)
+            token = paging.encode_token(sessions[-1].session_id, bound)
         for s in sessions:
             self._note_lease(s)
         return sessions, token
@@ -371,18 +372,14 @@ class SessionManager:
         """A page of the session's egress audit, oldest first; the token is the last seq."""
         await self.get(session_id)  # NOT_FOUND for unknown and other tenants' sessions
         size = paging.page_size(page_size)
-        try:
-            after = int(page_token) if page_token else 0
-        except ValueError:
-            raise InvalidArgument(
-                "page_token is not one this server issued", reason=Reason.INVALID_PAGE_TOKEN
-            ) from None
+        bound = f"egress {session_id}"
+        after = int(paging.decode_token(page_token, str.isdigit, bound) or 0)
         audit = self._egress.audit(session_id) if self._egress is not None else None
         events = audit.events(after_seq=after, limit=size + 1) if audit is not None else []
         token = ""
         if len(events) > size:
             events = events[:size]
-            token = str(events[-1].seq)
+            token = paging.encode_token(str(events[-1].seq), bound)
         return events, token
 
 

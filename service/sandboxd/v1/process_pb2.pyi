@@ -862,15 +862,25 @@ class ListProcessesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    page_size: _builtins.int
+    """At most this many processes per page (at most 1000); zero means all of them (at most 64
+    are kept per session), as before paging.
+    """
+    page_token: _builtins.str
+    """A next_page_token of the same list; opaque, bound to the session it was made for."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -881,16 +891,20 @@ class ListProcessesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PROCESSES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
     @_builtins.property
     def processes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Process]: ...
     def __init__(
         self,
         *,
         processes: _abc.Iterable[Global___Process] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["processes", b"processes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "processes", b"processes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -189,21 +189,31 @@ class ListDirRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
     DEPTH_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     path: _builtins.str
     """Empty means the workspace root."""
     depth: _builtins.int
     """Levels to descend; 0 or 1 lists direct children only."""
+    page_size: _builtins.int
+    """At most this many entries per page (at most 1000), in path order; zero means the whole
+    listing in one reply, in walk order, as before paging.
+    """
+    page_token: _builtins.str
+    """A next_page_token of the same listing; opaque, bound to the path and depth it was made for."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         path: _builtins.str = ...,
         depth: _builtins.int = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["depth", b"depth", "path", b"path", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["depth", b"depth", "page_size", b"page_size", "page_token", b"page_token", "path", b"path", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -214,16 +224,20 @@ class ListDirResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileInfo]: ...
     def __init__(
         self,
         *,
         entries: _abc.Iterable[Global___FileInfo] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
