@@ -40,6 +40,8 @@ def test_readme_cookbook(tmp_path: Path) -> None:
 
     run = next(o for o in objects if "stdout" in o)
     assert base64.b64decode(str(run["stdout"])).split() == [b"6", b"hi"], output
+    text = next(o for o in objects if "stdout_text" in o)
+    assert text["stdout_text"] == "héllo\n", output
 
     infos = [o["info"] for o in objects if isinstance(o.get("info"), dict)]
     assert [i["path"] for i in infos] == ["src/pkg", "src/pkg/main.sh", "src/pkg/main.sh"]  # type: ignore[index]
