@@ -48,6 +48,7 @@ export interface SecurityDefaults {
   commands_denied_by_default: boolean;
   lease_seconds: number;
   image: string;
+  lease: Duration | null;
 }
 
 export interface GetServerInfoResponse {
@@ -63,6 +64,7 @@ export interface GetServerInfoResponse {
   api_version: string;
   features: string[];
   isolation_tiers: Isolation[];
+  lease_max: Duration | null;
 }
 
 export type EgressFilter =
@@ -118,6 +120,8 @@ export interface ProxyQuotas {
   idle_timeout: Duration | null;
   tunnel_lifetime: Duration | null;
   header_timeout: Duration | null;
+  max_up_bytes: number;
+  max_down_bytes: number;
 }
 
 export type Assurance =
@@ -259,6 +263,7 @@ export interface FileInfo {
   mode: number;
   modified_at: Timestamp | null;
   symlink_target: string;
+  size_bytes: number;
 }
 
 export interface ReadFileRequest {
@@ -270,6 +275,7 @@ export interface ReadFileResponse {
   content: Buffer;
   mode: number;
   size: number;
+  size_bytes: number;
 }
 
 export interface WriteFileRequest {
@@ -736,6 +742,8 @@ export interface EgressEvent {
   bytes_down: number;
   duration: Duration | null;
   ended: string;
+  up_bytes: number;
+  down_bytes: number;
 }
 
 export interface SuspendSessionRequest {
@@ -815,6 +823,7 @@ export interface ImportArchiveRequest {
 export interface ImportArchiveResponse {
   files: number;
   bytes: number;
+  content_bytes: number;
 }
 
 export interface Snapshot {

@@ -70,10 +70,12 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
                 commands_denied_by_default=True,
                 lease_seconds=int(c.leases.default_s),
                 image=c.engine.image,
+                lease=convert.duration_pb(c.leases.default_s),
             ),
             limits_max=convert.limits_pb(c.limits.max),
             assurance=common_pb2.ASSURANCE_ENFORCED,
             lease_max_seconds=int(c.leases.max_s),
+            lease_max=convert.duration_pb(c.leases.max_s),
             egress_filter=_EGRESS_FILTER[
                 self._egress.filter_mode if self._egress else FilterMode.UNAVAILABLE
             ],

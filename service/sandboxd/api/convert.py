@@ -211,6 +211,7 @@ def file_info_pb(info: FileInfo) -> filesystem_pb2.FileInfo:
         name=info.name,
         type=_FILE_TYPE[info.type],
         size=info.size,
+        size_bytes=info.size,
         mode=info.mode,
         modified_at=timestamp_pb(info.modified_ns),
         symlink_target=info.symlink_target,

@@ -41,7 +41,9 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
     ) -> filesystem_pb2.ReadFileResponse:
         async with self._sessions.use(request.session_id) as session:
             got = await self._files.read(session, request.path)
-        return filesystem_pb2.ReadFileResponse(content=got.content, mode=got.mode, size=got.size)
+        return filesystem_pb2.ReadFileResponse(
+            content=got.content, mode=got.mode, size=got.size, size_bytes=got.size
+        )
 
     @unary
     async def WriteFile(

@@ -83,7 +83,9 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
             result = await self._archive.import_(
                 session, header.path, header.replace, _data(request)
             )
-        return snapshot_pb2.ImportArchiveResponse(files=result.files, bytes=result.bytes)
+        return snapshot_pb2.ImportArchiveResponse(
+            files=result.files, bytes=result.bytes, content_bytes=result.bytes
+        )
 
     @unary
     async def CreateSnapshot(

@@ -18,6 +18,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _FileType:
@@ -52,15 +57,27 @@ class FileInfo(_message.Message):
     MODE_FIELD_NUMBER: _builtins.int
     MODIFIED_AT_FIELD_NUMBER: _builtins.int
     SYMLINK_TARGET_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     """Path relative to /workspace ("." for the workspace itself)."""
     name: _builtins.str
     type: Global___FileType.ValueType
-    size: _builtins.int
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def size(self) -> _builtins.int:
+        """Deprecated: size_bytes."""
+
+    @size.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def size(self, value: _builtins.int) -> None:
+        """Deprecated: size_bytes."""
+
     mode: _builtins.int
     """Permission bits."""
     symlink_target: _builtins.str
     """The link's target, for symlinks."""
+    size_bytes: _builtins.int
+    """Size in bytes (for a symlink: of the link itself)."""
     @_builtins.property
     def modified_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -73,10 +90,11 @@ class FileInfo(_message.Message):
         mode: _builtins.int = ...,
         modified_at: _timestamp_pb2.Timestamp | None = ...,
         symlink_target: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["modified_at", b"modified_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "modified_at", b"modified_at", "name", b"name", "path", b"path", "size", b"size", "symlink_target", b"symlink_target", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "modified_at", b"modified_at", "name", b"name", "path", b"path", "size", b"size", "size_bytes", b"size_bytes", "symlink_target", b"symlink_target", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -111,19 +129,31 @@ class ReadFileResponse(_message.Message):
     CONTENT_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     SIZE_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
     content: _builtins.bytes
     mode: _builtins.int
-    size: _builtins.int
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def size(self) -> _builtins.int:
+        """Deprecated: size_bytes."""
+
+    @size.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def size(self, value: _builtins.int) -> None:
+        """Deprecated: size_bytes."""
+
+    size_bytes: _builtins.int
     def __init__(
         self,
         *,
         content: _builtins.bytes = ...,
         mode: _builtins.int = ...,
         size: _builtins.int = ...,
+        size_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "mode", b"mode", "size", b"size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "mode", b"mode", "size", b"size", "size_bytes", b"size_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -20,6 +20,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _SessionState:
@@ -551,6 +556,8 @@ class EgressEvent(_message.Message):
     BYTES_DOWN_FIELD_NUMBER: _builtins.int
     DURATION_FIELD_NUMBER: _builtins.int
     ENDED_FIELD_NUMBER: _builtins.int
+    UP_BYTES_FIELD_NUMBER: _builtins.int
+    DOWN_BYTES_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Increasing per session."""
     method: _builtins.str
@@ -565,10 +572,27 @@ class EgressEvent(_message.Message):
     """
     address: _builtins.str
     """The checked address dialled, or the address that made the answer refused."""
-    bytes_up: _builtins.int
-    bytes_down: _builtins.int
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def bytes_up(self) -> _builtins.int:
+        """Deprecated: up_bytes and down_bytes."""
+
+    @bytes_up.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def bytes_up(self, value: _builtins.int) -> None:
+        """Deprecated: up_bytes and down_bytes."""
+
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def bytes_down(self) -> _builtins.int: ...
+    @bytes_down.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def bytes_down(self, value: _builtins.int) -> None: ...
     ended: _builtins.str
     """How an allowed connection ended: closed, idle_timeout, lifetime, byte_quota, reset."""
+    up_bytes: _builtins.int
+    """Bytes sent (up) and received (down) through the connection."""
+    down_bytes: _builtins.int
     @_builtins.property
     def time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -588,10 +612,12 @@ class EgressEvent(_message.Message):
         bytes_down: _builtins.int = ...,
         duration: _duration_pb2.Duration | None = ...,
         ended: _builtins.str = ...,
+        up_bytes: _builtins.int = ...,
+        down_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_down", b"bytes_down", "bytes_up", b"bytes_up", "duration", b"duration", "ended", b"ended", "host", b"host", "method", b"method", "port", b"port", "reason", b"reason", "seq", b"seq", "time", b"time", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_down", b"bytes_down", "bytes_up", b"bytes_up", "down_bytes", b"down_bytes", "duration", b"duration", "ended", b"ended", "host", b"host", "method", b"method", "port", b"port", "reason", b"reason", "seq", b"seq", "time", b"time", "up_bytes", b"up_bytes", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -18,6 +18,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _SnapshotKind:
@@ -169,19 +174,31 @@ class ImportArchiveResponse(_message.Message):
 
     FILES_FIELD_NUMBER: _builtins.int
     BYTES_FIELD_NUMBER: _builtins.int
+    CONTENT_BYTES_FIELD_NUMBER: _builtins.int
     files: _builtins.int
     """Members written (files, directories and links)."""
-    bytes: _builtins.int
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def bytes(self) -> _builtins.int:
+        """Deprecated: content_bytes."""
+
+    @bytes.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def bytes(self, value: _builtins.int) -> None:
+        """Deprecated: content_bytes."""
+
+    content_bytes: _builtins.int
     """Bytes of file content written."""
     def __init__(
         self,
         *,
         files: _builtins.int = ...,
         bytes: _builtins.int = ...,
+        content_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "files", b"files"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "content_bytes", b"content_bytes", "files", b"files"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
