@@ -545,6 +545,7 @@ export interface StartProcessRequest {
   process_id: string;
   output_buffer_bytes: number;
   keep_stdin_open: boolean;
+  request_id: string;
 }
 
 export type ProcessState =
@@ -702,11 +703,13 @@ export interface DeleteSessionRequest {
 }
 
 export interface DeleteSessionResponse {
+  existed: boolean;
 }
 
 export interface UpdateNetworkPolicyRequest {
   session_id: string;
   network: NetworkPolicy | null;
+  update_mask: buf_FieldMask | null;
 }
 
 export interface UpdateNetworkPolicyResponse {
@@ -841,6 +844,7 @@ export interface CreateSnapshotRequest {
   session_id: string;
   labels: Record<string, string>;
   kind: SnapshotKind;
+  request_id: string;
 }
 
 export interface CreateSnapshotResponse {

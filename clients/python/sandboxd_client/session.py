@@ -12,6 +12,8 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from google.protobuf import field_mask_pb2
+
 from sandboxd_client._gen.sandboxd.v1 import (
     filesystem_pb2,
     polish_pb2,
@@ -127,14 +129,16 @@ class Session(ProcessHandles, FileTransfers):
         )
 
     @rpc("SessionService/DeleteSession")
-    async def delete(self, *, timeout: float | None = UNSET) -> None:
-        """Remove the session and its container; deleting twice is not an error."""
+    async def delete(self, *, timeout: float | None = UNSET) -> bool:
+        """Remove the session and its container; deleting twice is not an error. True when
+        this call removed it (false: it was gone already)."""
         req = session_pb2.DeleteSessionRequest(session_id=self.id)
-        await self._client._unary(
+        resp = await self._client._unary(
             "SessionService/DeleteSession",
             lambda t: self._stubs.sessions.DeleteSession(req, timeout=t),
             timeout,
         )
+        return bool(resp.existed)
 
     @rpc("SessionService/SuspendSession")
     async def suspend(self, *, timeout: float | None = UNSET) -> Self:
@@ -161,9 +165,19 @@ class Session(ProcessHandles, FileTransfers):
 
     @rpc("SessionService/UpdateNetworkPolicy")
     async def update_network_policy(
-        self, network: NetworkPolicy, *, timeout: float | None = UNSET
+        self,
+        network: NetworkPolicy,
+        *,
+        fields: Sequence[str] = (),
+        timeout: float | None = UNSET,
     ) -> Self:
-        req = session_pb2.UpdateNetworkPolicyRequest(session_id=self.id, network=network.to_pb())
+        """Replace the policy, or with `fields` (e.g. ["allowed_domains"]) only those fields of
+        it (a field mask), the rest kept as they are."""
+        req = session_pb2.UpdateNetworkPolicyRequest(
+            session_id=self.id,
+            network=network.to_pb(),
+            update_mask=field_mask_pb2.FieldMask(paths=list(fields)) if fields else None,
+        )
         return await self._session_call(
             "SessionService/UpdateNetworkPolicy",
             lambda t: self._stubs.sessions.UpdateNetworkPolicy(req, timeout=t),
@@ -286,6 +300,7 @@ class Session(ProcessHandles, FileTransfers):
         deadline: float | None = UNSET,
         output_buffer_bytes: int = 0,
         keep_stdin_open: bool = False,
+        request_id: str = "",
     ) -> ProcessInfo:
         """Start a background process: it outlives this call; `attach` replays its output.
 
@@ -297,11 +312,13 @@ class Session(ProcessHandles, FileTransfers):
             process_id=process_id,
             output_buffer_bytes=output_buffer_bytes,
             keep_stdin_open=keep_stdin_open,
+            request_id=request_id,
         )
         resp = await self._client._unary(
             "ProcessService/StartProcess",
             lambda t: self._stubs.processes.StartProcess(req, timeout=t),
             deadline,
+            idempotent=True if request_id else None,
         )
         return ProcessInfo.from_pb(resp.process)
 
@@ -498,18 +515,22 @@ class Session(ProcessHandles, FileTransfers):
         *,
         kind: str = "",
         labels: Mapping[str, str] | None = None,
+        request_id: str = "",
         timeout: float | None = UNSET,
     ) -> SnapshotInfo:
-        """Snapshot the workspace ("TAR", the default) or the whole container ("IMAGE")."""
+        """Snapshot the workspace ("TAR", the default) or the whole container ("IMAGE").
+        With a `request_id` the call is retried safely: a retry returns the first snapshot."""
         req = snapshot_pb2.CreateSnapshotRequest(
             session_id=self.id,
             labels=dict(labels or {}),
             kind=enum_value(snapshot_pb2.SnapshotKind, kind, "SNAPSHOT_KIND_"),
+            request_id=request_id,
         )
         resp = await self._client._unary(
             "SnapshotService/CreateSnapshot",
             lambda t: self._stubs.snapshots.CreateSnapshot(req, timeout=t),
             timeout,
+            idempotent=True if request_id else None,
         )
         return SnapshotInfo.from_pb(resp.snapshot)
 

@@ -5,6 +5,7 @@ processes. Each method only translates; the work is in execution, interactive, p
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
@@ -33,6 +34,7 @@ from sandboxd.processes import (
     StartOptions,
 )
 from sandboxd.reasons import Reason
+from sandboxd.request_ids import validate_request_id
 from sandboxd.sessions import SessionManager, paging
 from sandboxd.v1 import polish_pb2, process_pb2, process_pb2_grpc
 
@@ -108,6 +110,15 @@ def _process_pb(p: BackgroundProcess) -> process_pb2.Process:
     if p.exited is not None:
         pb.exited.CopyFrom(convert.exited_pb(p.exited))
     return pb
+
+
+def _request_process_id(request_id: str) -> str:
+    """A retry with one request_id names one process: the id is derived from it, so the
+    idempotent start by process_id applies (same command: the same process)."""
+    if not request_id:
+        return ""
+    rid = validate_request_id(request_id)
+    return "r-" + hashlib.sha256(rid.encode()).hexdigest()[:32]
 
 
 def _process_key(p: BackgroundProcess) -> str:
@@ -247,7 +258,8 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
             spec, options = self._start_spec(session, request)
             # The process holds one of the tenant's exec slots until it ends.
             slot = self._sessions.exec_slots.slot()
-            proc = await self._processes.start(session, spec, request.process_id, slot, options)
+            pid = request.process_id or _request_process_id(request.request_id)
+            proc = await self._processes.start(session, spec, pid, slot, options)
         return process_pb2.StartProcessResponse(process=_process_pb(proc))
 
     def _start_spec(

@@ -263,16 +263,18 @@ class SessionManager:
             await self._store.update(session)
             return session
 
-    async def delete(self, session_id: str) -> None:
+    async def delete(self, session_id: str) -> bool:
+        """Whether this call removed the session (deleting is idempotent)."""
         validation.validate_session_id(session_id)
         async with self._locks.locked(session_id):
             session = await self._store.get(session_id)
             if session is None or session.tenant != tenancy.current():
-                return  # idempotent, and another tenant's session is not there for this caller
+                return False  # idempotent; another tenant's session is not there for the caller
             await self._sandboxes.teardown(session)
             await self._store.delete(session_id)
             await self._keeper.forget_session(session_id)
             log.info("session deleted", extra={"session_id": session_id})
+            return True
 
     async def suspend(self, session_id: str) -> Session:
         """Snapshot the workspace, then remove the sandbox; lease and snapshot stay."""

@@ -619,6 +619,7 @@ class StartProcessRequest(_message.Message):
     PROCESS_ID_FIELD_NUMBER: _builtins.int
     OUTPUT_BUFFER_BYTES_FIELD_NUMBER: _builtins.int
     KEEP_STDIN_OPEN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     cwd: _builtins.str
     stdin: _builtins.bytes
@@ -641,6 +642,10 @@ class StartProcessRequest(_message.Message):
     """Keep stdin open after `stdin` is written: SendProcessInput adds more, CloseProcessStdin
     ends it. Default false: stdin is closed once `stdin` is written, as before.
     """
+    request_id: _builtins.str
+    """Optional, caller-chosen (AIP-155), for safe retries when the caller names no process_id:
+    a retry with the same request_id and command returns the process the first call started.
+    """
     @_builtins.property
     def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -662,10 +667,11 @@ class StartProcessRequest(_message.Message):
         process_id: _builtins.str = ...,
         output_buffer_bytes: _builtins.int = ...,
         keep_stdin_open: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "env", b"env", "keep_stdin_open", b"keep_stdin_open", "max_output_bytes", b"max_output_bytes", "output_buffer_bytes", b"output_buffer_bytes", "process_id", b"process_id", "session_id", b"session_id", "stdin", b"stdin", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "env", b"env", "keep_stdin_open", b"keep_stdin_open", "max_output_bytes", b"max_output_bytes", "output_buffer_bytes", b"output_buffer_bytes", "process_id", b"process_id", "request_id", b"request_id", "session_id", b"session_id", "stdin", b"stdin", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

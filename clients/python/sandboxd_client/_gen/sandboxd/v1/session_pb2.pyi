@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -433,12 +434,17 @@ Global___DeleteSessionRequest: _TypeAlias = DeleteSessionRequest  # noqa: Y015
 class DeleteSessionResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    EXISTED_FIELD_NUMBER: _builtins.int
+    existed: _builtins.bool
+    """This call removed the session (false: there was none to remove)."""
     def __init__(
         self,
+        *,
+        existed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["existed", b"existed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -450,20 +456,28 @@ class UpdateNetworkPolicyRequest(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     NETWORK_FIELD_NUMBER: _builtins.int
+    UPDATE_MASK_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     @_builtins.property
     def network(self) -> _common_pb2.NetworkPolicy:
         """The new policy; mode must stay what the session was created with (ALLOWLIST)."""
+
+    @_builtins.property
+    def update_mask(self) -> _field_mask_pb2.FieldMask:
+        """The fields of `network` to change (AIP-134), e.g. "allowed_domains"; the others keep
+        their values. Unset or empty: `network` replaces the whole policy, as before.
+        """
 
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         network: _common_pb2.NetworkPolicy | None = ...,
+        update_mask: _field_mask_pb2.FieldMask | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["network", b"network"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["network", b"network", "update_mask", b"update_mask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["network", b"network", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["network", b"network", "session_id", b"session_id", "update_mask", b"update_mask"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
