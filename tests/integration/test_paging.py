@@ -4,10 +4,12 @@ without page_size answers in one reply as before paging."""
 
 from __future__ import annotations
 
+import secrets
+
 import grpc
 from conftest import SessionFactory, Stubs, expect_error, run
 from google.protobuf import duration_pb2
-from sandboxd.v1 import filesystem_pb2, process_pb2, session_pb2
+from sandboxd.v1 import filesystem_pb2, process_pb2, session_pb2, snapshot_pb2, snapshot_pb2_grpc
 
 F = filesystem_pb2
 P = process_pb2
@@ -108,4 +110,41 @@ def test_a_token_of_one_list_is_refused_by_another(
         ),
         grpc.StatusCode.INVALID_ARGUMENT,
         "INVALID_PAGE_TOKEN",
+    )
+
+
+def test_list_sessions_state_filter(stubs: Stubs, new_session: SessionFactory) -> None:
+    label = {"state-filter": secrets.token_hex(4)}
+    running = new_session(labels=label).session_id
+    suspended = new_session(labels=label).session_id
+    stubs.sessions.SuspendSession(session_pb2.SuspendSessionRequest(session_id=suspended))
+
+    def listed(state: int) -> list[str]:
+        req = session_pb2.ListSessionsRequest(label_selector=label, state=state)  # type: ignore[arg-type]
+        return [s.session_id for s in stubs.sessions.ListSessions(req).sessions]
+
+    assert sorted(listed(session_pb2.SESSION_STATE_UNSPECIFIED)) == sorted([running, suspended])
+    assert listed(session_pb2.SESSION_STATE_RUNNING) == [running]
+    assert listed(session_pb2.SESSION_STATE_SUSPENDED) == [suspended]
+    assert listed(session_pb2.SESSION_STATE_FAILED) == []
+    expect_error(lambda: listed(99), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
+
+
+def test_list_snapshots_label_selector(stubs: Stubs, new_session: SessionFactory) -> None:
+    sid = new_session().session_id
+    snaps = snapshot_pb2_grpc.SnapshotServiceStub(stubs.channel)
+    tagged = snaps.CreateSnapshot(
+        snapshot_pb2.CreateSnapshotRequest(session_id=sid, labels={"keep": "yes"})
+    ).snapshot
+    snaps.CreateSnapshot(snapshot_pb2.CreateSnapshotRequest(session_id=sid, labels={"keep": "no"}))
+
+    def listed(selector: dict[str, str]) -> list[str]:
+        req = snapshot_pb2.ListSnapshotsRequest(session_id=sid, label_selector=selector)
+        return [s.snapshot_id for s in snaps.ListSnapshots(req).snapshots]
+
+    assert listed({"keep": "yes"}) == [tagged.snapshot_id]
+    assert len(listed({})) == 2
+    assert listed({"keep": "maybe"}) == []
+    expect_error(
+        lambda: listed({"bad key!": "x"}), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_LABELS"
     )

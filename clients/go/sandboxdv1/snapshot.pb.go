@@ -774,6 +774,8 @@ type ListSnapshotsRequest struct {
 	// At most this many per page (default 100, at most 1000).
 	PageSize  int32  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only snapshots carrying every one of these labels.
+	LabelSelector map[string]string `protobuf:"bytes,120,rep,name=label_selector,json=labelSelector,proto3" json:"label_selector,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
 }
 
 func (x *ListSnapshotsRequest) Reset() {
@@ -827,6 +829,13 @@ func (x *ListSnapshotsRequest) GetPageToken() string {
 		return x.PageToken
 	}
 	return ""
+}
+
+func (x *ListSnapshotsRequest) GetLabelSelector() map[string]string {
+	if x != nil {
+		return x.LabelSelector
+	}
+	return nil
 }
 
 type ListSnapshotsResponse struct {
@@ -1155,14 +1164,24 @@ var file_sandboxd_v1_snapshot_proto_rawDesc = []byte{
 	0x74, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x31, 0x0a, 0x08, 0x73, 0x6e, 0x61,
 	0x70, 0x73, 0x68, 0x6f, 0x74, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x15, 0x2e, 0x73, 0x61,
 	0x6e, 0x64, 0x62, 0x6f, 0x78, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x6e, 0x61, 0x70, 0x73, 0x68,
-	0x6f, 0x74, 0x52, 0x08, 0x73, 0x6e, 0x61, 0x70, 0x73, 0x68, 0x6f, 0x74, 0x22, 0x71, 0x0a, 0x14,
-	0x4c, 0x69, 0x73, 0x74, 0x53, 0x6e, 0x61, 0x70, 0x73, 0x68, 0x6f, 0x74, 0x73, 0x52, 0x65, 0x71,
-	0x75, 0x65, 0x73, 0x74, 0x12, 0x1d, 0x0a, 0x0a, 0x73, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e, 0x5f,
-	0x69, 0x64, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x09, 0x73, 0x65, 0x73, 0x73, 0x69, 0x6f,
-	0x6e, 0x49, 0x64, 0x12, 0x1b, 0x0a, 0x09, 0x70, 0x61, 0x67, 0x65, 0x5f, 0x73, 0x69, 0x7a, 0x65,
-	0x18, 0x02, 0x20, 0x01, 0x28, 0x05, 0x52, 0x08, 0x70, 0x61, 0x67, 0x65, 0x53, 0x69, 0x7a, 0x65,
-	0x12, 0x1d, 0x0a, 0x0a, 0x70, 0x61, 0x67, 0x65, 0x5f, 0x74, 0x6f, 0x6b, 0x65, 0x6e, 0x18, 0x03,
-	0x20, 0x01, 0x28, 0x09, 0x52, 0x09, 0x70, 0x61, 0x67, 0x65, 0x54, 0x6f, 0x6b, 0x65, 0x6e, 0x22,
+	0x6f, 0x74, 0x52, 0x08, 0x73, 0x6e, 0x61, 0x70, 0x73, 0x68, 0x6f, 0x74, 0x22, 0x90, 0x02, 0x0a,
+	0x14, 0x4c, 0x69, 0x73, 0x74, 0x53, 0x6e, 0x61, 0x70, 0x73, 0x68, 0x6f, 0x74, 0x73, 0x52, 0x65,
+	0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x1d, 0x0a, 0x0a, 0x73, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e,
+	0x5f, 0x69, 0x64, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x09, 0x73, 0x65, 0x73, 0x73, 0x69,
+	0x6f, 0x6e, 0x49, 0x64, 0x12, 0x1b, 0x0a, 0x09, 0x70, 0x61, 0x67, 0x65, 0x5f, 0x73, 0x69, 0x7a,
+	0x65, 0x18, 0x02, 0x20, 0x01, 0x28, 0x05, 0x52, 0x08, 0x70, 0x61, 0x67, 0x65, 0x53, 0x69, 0x7a,
+	0x65, 0x12, 0x1d, 0x0a, 0x0a, 0x70, 0x61, 0x67, 0x65, 0x5f, 0x74, 0x6f, 0x6b, 0x65, 0x6e, 0x18,
+	0x03, 0x20, 0x01, 0x28, 0x09, 0x52, 0x09, 0x70, 0x61, 0x67, 0x65, 0x54, 0x6f, 0x6b, 0x65, 0x6e,
+	0x12, 0x5b, 0x0a, 0x0e, 0x6c, 0x61, 0x62, 0x65, 0x6c, 0x5f, 0x73, 0x65, 0x6c, 0x65, 0x63, 0x74,
+	0x6f, 0x72, 0x18, 0x78, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x34, 0x2e, 0x73, 0x61, 0x6e, 0x64, 0x62,
+	0x6f, 0x78, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x4c, 0x69, 0x73, 0x74, 0x53, 0x6e, 0x61, 0x70, 0x73,
+	0x68, 0x6f, 0x74, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x2e, 0x4c, 0x61, 0x62, 0x65,
+	0x6c, 0x53, 0x65, 0x6c, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x45, 0x6e, 0x74, 0x72, 0x79, 0x52, 0x0d,
+	0x6c, 0x61, 0x62, 0x65, 0x6c, 0x53, 0x65, 0x6c, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x1a, 0x40, 0x0a,
+	0x12, 0x4c, 0x61, 0x62, 0x65, 0x6c, 0x53, 0x65, 0x6c, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x45, 0x6e,
+	0x74, 0x72, 0x79, 0x12, 0x10, 0x0a, 0x03, 0x6b, 0x65, 0x79, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09,
+	0x52, 0x03, 0x6b, 0x65, 0x79, 0x12, 0x14, 0x0a, 0x05, 0x76, 0x61, 0x6c, 0x75, 0x65, 0x18, 0x02,
+	0x20, 0x01, 0x28, 0x09, 0x52, 0x05, 0x76, 0x61, 0x6c, 0x75, 0x65, 0x3a, 0x02, 0x38, 0x01, 0x22,
 	0x74, 0x0a, 0x15, 0x4c, 0x69, 0x73, 0x74, 0x53, 0x6e, 0x61, 0x70, 0x73, 0x68, 0x6f, 0x74, 0x73,
 	0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x33, 0x0a, 0x09, 0x73, 0x6e, 0x61, 0x70,
 	0x73, 0x68, 0x6f, 0x74, 0x73, 0x18, 0x01, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x15, 0x2e, 0x73, 0x61,
@@ -1251,7 +1270,7 @@ func file_sandboxd_v1_snapshot_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_v1_snapshot_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sandboxd_v1_snapshot_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_sandboxd_v1_snapshot_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_sandboxd_v1_snapshot_proto_goTypes = []interface{}{
 	(SnapshotKind)(0),                // 0: sandboxd.v1.SnapshotKind
 	(*ArchiveChunk)(nil),             // 1: sandboxd.v1.ArchiveChunk
@@ -1273,39 +1292,41 @@ var file_sandboxd_v1_snapshot_proto_goTypes = []interface{}{
 	(*DownloadSnapshotResponse)(nil), // 17: sandboxd.v1.DownloadSnapshotResponse
 	nil,                              // 18: sandboxd.v1.Snapshot.LabelsEntry
 	nil,                              // 19: sandboxd.v1.CreateSnapshotRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),    // 20: google.protobuf.Timestamp
+	nil,                              // 20: sandboxd.v1.ListSnapshotsRequest.LabelSelectorEntry
+	(*timestamppb.Timestamp)(nil),    // 21: google.protobuf.Timestamp
 }
 var file_sandboxd_v1_snapshot_proto_depIdxs = []int32{
 	1,  // 0: sandboxd.v1.ExportArchiveResponse.chunk:type_name -> sandboxd.v1.ArchiveChunk
 	4,  // 1: sandboxd.v1.ImportArchiveRequest.header:type_name -> sandboxd.v1.ImportArchiveHeader
-	20, // 2: sandboxd.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	21, // 2: sandboxd.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
 	0,  // 3: sandboxd.v1.Snapshot.kind:type_name -> sandboxd.v1.SnapshotKind
 	18, // 4: sandboxd.v1.Snapshot.labels:type_name -> sandboxd.v1.Snapshot.LabelsEntry
 	19, // 5: sandboxd.v1.CreateSnapshotRequest.labels:type_name -> sandboxd.v1.CreateSnapshotRequest.LabelsEntry
 	0,  // 6: sandboxd.v1.CreateSnapshotRequest.kind:type_name -> sandboxd.v1.SnapshotKind
 	7,  // 7: sandboxd.v1.CreateSnapshotResponse.snapshot:type_name -> sandboxd.v1.Snapshot
 	7,  // 8: sandboxd.v1.GetSnapshotResponse.snapshot:type_name -> sandboxd.v1.Snapshot
-	7,  // 9: sandboxd.v1.ListSnapshotsResponse.snapshots:type_name -> sandboxd.v1.Snapshot
-	1,  // 10: sandboxd.v1.DownloadSnapshotResponse.chunk:type_name -> sandboxd.v1.ArchiveChunk
-	2,  // 11: sandboxd.v1.SnapshotService.ExportArchive:input_type -> sandboxd.v1.ExportArchiveRequest
-	5,  // 12: sandboxd.v1.SnapshotService.ImportArchive:input_type -> sandboxd.v1.ImportArchiveRequest
-	8,  // 13: sandboxd.v1.SnapshotService.CreateSnapshot:input_type -> sandboxd.v1.CreateSnapshotRequest
-	10, // 14: sandboxd.v1.SnapshotService.GetSnapshot:input_type -> sandboxd.v1.GetSnapshotRequest
-	12, // 15: sandboxd.v1.SnapshotService.ListSnapshots:input_type -> sandboxd.v1.ListSnapshotsRequest
-	14, // 16: sandboxd.v1.SnapshotService.DeleteSnapshot:input_type -> sandboxd.v1.DeleteSnapshotRequest
-	16, // 17: sandboxd.v1.SnapshotService.DownloadSnapshot:input_type -> sandboxd.v1.DownloadSnapshotRequest
-	3,  // 18: sandboxd.v1.SnapshotService.ExportArchive:output_type -> sandboxd.v1.ExportArchiveResponse
-	6,  // 19: sandboxd.v1.SnapshotService.ImportArchive:output_type -> sandboxd.v1.ImportArchiveResponse
-	9,  // 20: sandboxd.v1.SnapshotService.CreateSnapshot:output_type -> sandboxd.v1.CreateSnapshotResponse
-	11, // 21: sandboxd.v1.SnapshotService.GetSnapshot:output_type -> sandboxd.v1.GetSnapshotResponse
-	13, // 22: sandboxd.v1.SnapshotService.ListSnapshots:output_type -> sandboxd.v1.ListSnapshotsResponse
-	15, // 23: sandboxd.v1.SnapshotService.DeleteSnapshot:output_type -> sandboxd.v1.DeleteSnapshotResponse
-	17, // 24: sandboxd.v1.SnapshotService.DownloadSnapshot:output_type -> sandboxd.v1.DownloadSnapshotResponse
-	18, // [18:25] is the sub-list for method output_type
-	11, // [11:18] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	20, // 9: sandboxd.v1.ListSnapshotsRequest.label_selector:type_name -> sandboxd.v1.ListSnapshotsRequest.LabelSelectorEntry
+	7,  // 10: sandboxd.v1.ListSnapshotsResponse.snapshots:type_name -> sandboxd.v1.Snapshot
+	1,  // 11: sandboxd.v1.DownloadSnapshotResponse.chunk:type_name -> sandboxd.v1.ArchiveChunk
+	2,  // 12: sandboxd.v1.SnapshotService.ExportArchive:input_type -> sandboxd.v1.ExportArchiveRequest
+	5,  // 13: sandboxd.v1.SnapshotService.ImportArchive:input_type -> sandboxd.v1.ImportArchiveRequest
+	8,  // 14: sandboxd.v1.SnapshotService.CreateSnapshot:input_type -> sandboxd.v1.CreateSnapshotRequest
+	10, // 15: sandboxd.v1.SnapshotService.GetSnapshot:input_type -> sandboxd.v1.GetSnapshotRequest
+	12, // 16: sandboxd.v1.SnapshotService.ListSnapshots:input_type -> sandboxd.v1.ListSnapshotsRequest
+	14, // 17: sandboxd.v1.SnapshotService.DeleteSnapshot:input_type -> sandboxd.v1.DeleteSnapshotRequest
+	16, // 18: sandboxd.v1.SnapshotService.DownloadSnapshot:input_type -> sandboxd.v1.DownloadSnapshotRequest
+	3,  // 19: sandboxd.v1.SnapshotService.ExportArchive:output_type -> sandboxd.v1.ExportArchiveResponse
+	6,  // 20: sandboxd.v1.SnapshotService.ImportArchive:output_type -> sandboxd.v1.ImportArchiveResponse
+	9,  // 21: sandboxd.v1.SnapshotService.CreateSnapshot:output_type -> sandboxd.v1.CreateSnapshotResponse
+	11, // 22: sandboxd.v1.SnapshotService.GetSnapshot:output_type -> sandboxd.v1.GetSnapshotResponse
+	13, // 23: sandboxd.v1.SnapshotService.ListSnapshots:output_type -> sandboxd.v1.ListSnapshotsResponse
+	15, // 24: sandboxd.v1.SnapshotService.DeleteSnapshot:output_type -> sandboxd.v1.DeleteSnapshotResponse
+	17, // 25: sandboxd.v1.SnapshotService.DownloadSnapshot:output_type -> sandboxd.v1.DownloadSnapshotResponse
+	19, // [19:26] is the sub-list for method output_type
+	12, // [12:19] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_v1_snapshot_proto_init() }
@@ -1529,7 +1550,7 @@ func file_sandboxd_v1_snapshot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: file_sandboxd_v1_snapshot_proto_rawDesc,
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

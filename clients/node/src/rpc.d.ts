@@ -682,6 +682,7 @@ export interface ListSessionsRequest {
   label_selector: Record<string, string>;
   page_size: number;
   page_token: string;
+  state: SessionState;
 }
 
 export interface ListSessionsResponse {
@@ -863,6 +864,7 @@ export interface ListSnapshotsRequest {
   session_id: string;
   page_size: number;
   page_token: string;
+  label_selector: Record<string, string>;
 }
 
 export interface ListSnapshotsResponse {

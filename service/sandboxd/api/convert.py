@@ -35,6 +35,18 @@ _STATE = {
     SessionState.EXPIRED: session_pb2.SESSION_STATE_EXPIRED,
     SessionState.FAILED: session_pb2.SESSION_STATE_FAILED,
 }
+
+
+def session_state(pb: session_pb2.SessionState.ValueType) -> SessionState | None:
+    """A state filter: None for UNSPECIFIED (any state); an unknown value is refused."""
+    if pb == session_pb2.SESSION_STATE_UNSPECIFIED:
+        return None
+    for state, value in _STATE.items():
+        if value == pb:
+            return state
+    raise InvalidArgument(f"unknown session state {pb}", reason=Reason.INVALID_ARGUMENT)
+
+
 _NETWORK_MODE_TO_PB = {
     NetworkMode.DENY: common_pb2.NETWORK_MODE_DENY,
     NetworkMode.ALLOWLIST: common_pb2.NETWORK_MODE_ALLOWLIST,

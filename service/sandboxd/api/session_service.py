@@ -54,7 +54,10 @@ class SessionService(session_pb2_grpc.SessionServiceServicer):
         self, request: session_pb2.ListSessionsRequest, context: Ctx
     ) -> session_pb2.ListSessionsResponse:
         sessions, token = await self._sessions.list_sessions(
-            dict(request.label_selector), request.page_size, request.page_token
+            dict(request.label_selector),
+            request.page_size,
+            request.page_token,
+            convert.session_state(request.state),
         )
         return session_pb2.ListSessionsResponse(
             sessions=[convert.session_pb(s) for s in sessions], next_page_token=token

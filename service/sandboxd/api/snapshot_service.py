@@ -132,7 +132,10 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
         self, request: snapshot_pb2.ListSnapshotsRequest, context: Ctx
     ) -> snapshot_pb2.ListSnapshotsResponse:
         snaps, token = await self._snapshots.list(
-            request.session_id, request.page_size, request.page_token
+            request.session_id,
+            request.page_size,
+            request.page_token,
+            dict(request.label_selector),
         )
         return snapshot_pb2.ListSnapshotsResponse(
             snapshots=[snapshot_pb(s) for s in snaps], next_page_token=token

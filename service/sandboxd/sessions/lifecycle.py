@@ -191,14 +191,22 @@ class SessionManager:
         return session
 
     async def list_sessions(
-        self, label_selector: Mapping[str, str], page_size: int, page_token: str
+        self,
+        label_selector: Mapping[str, str],
+        page_size: int,
+        page_token: str,
+        state: SessionState | None = None,
     ) -> tuple[list[Session], str]:
         size = paging.page_size(page_size)
         selector = validation.validate_labels(label_selector)
-        bound = f"sessions {sorted(selector.items())!r} {tenancy.current()!r}"
+        bound = f"sessions {sorted(selector.items())!r} {state} {tenancy.current()!r}"
         after = paging.decode_token(page_token, _is_session_id, bound)
         sessions = await self._store.page(
-            after=after, limit=size + 1, labels=selector, tenant=tenancy.current()
+            after=after,
+            limit=size + 1,
+            labels=selector,
+            tenant=tenancy.current(),
+            state=state.value if state is not None else None,
         )
         token = ""
         if len(sessions) > size:

@@ -321,9 +321,14 @@ class ListSessionsRequest(_message.Message):
     LABEL_SELECTOR_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """At most this many sessions per page (default 100, at most 1000)."""
     page_token: _builtins.str
+    state: Global___SessionState.ValueType
+    """Only sessions in this state (as recorded: a lease that just ended may show its session
+    RUNNING until the sweep); UNSPECIFIED: every state.
+    """
     @_builtins.property
     def label_selector(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Only sessions carrying every one of these labels."""
@@ -334,10 +339,11 @@ class ListSessionsRequest(_message.Message):
         label_selector: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        state: Global___SessionState.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["label_selector", b"label_selector", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["label_selector", b"label_selector", "page_size", b"page_size", "page_token", b"page_token", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
