@@ -218,3 +218,28 @@ def test_run_output_encoding_utf8_lossy(stubs: Stubs, new_session: SessionFactor
         grpc.StatusCode.INVALID_ARGUMENT,
         "INVALID_ARGUMENT",
     )
+
+
+def test_signals_as_enums_beside_the_strings(stubs: Stubs, new_session: SessionFactory) -> None:
+    sid = new_session().session_id
+    proc = start(stubs, sid, "sleep", "60")
+    stubs.processes.SignalProcess(
+        P.SignalProcessRequest(
+            session_id=sid, process_id=proc.process_id, signal_value=X.SIGNAL_SIGTERM
+        )
+    )
+    events = attach(stubs, sid, proc.process_id)
+    exited = events[-1].exited
+    assert exited.signal == "SIGTERM" and exited.signal_value == X.SIGNAL_SIGTERM
+    other = start(stubs, sid, "sleep", "60")
+    expect_error(
+        lambda: stubs.processes.SignalProcess(
+            P.SignalProcessRequest(session_id=sid, process_id=other.process_id, signal_value=77)
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_SIGNAL",
+    )
+    # The string still works, and an exit by itself has no signal.
+    signal(stubs, sid, other.process_id, "SIGKILL")
+    assert attach(stubs, sid, other.process_id)[-1].exited.signal_value == X.SIGNAL_SIGKILL
+    assert run(stubs, sid, "true").signal == ""

@@ -4,6 +4,8 @@ to retry (AIP-155)."""
 
 from __future__ import annotations
 
+import time
+
 import grpc
 from conftest import SessionFactory, Stubs, expect_error
 from google.protobuf import duration_pb2
@@ -72,3 +74,15 @@ def test_create_snapshot_request_id_makes_a_retry_return_the_first_snapshot(
     snaps.DeleteSnapshot(snapshot_pb2.DeleteSnapshotRequest(snapshot_id=first.snapshot_id))
     assert create("snap-1").snapshot_id != first.snapshot_id  # deleted: made again
     expect_error(lambda: create("x" * 200), grpc.StatusCode.INVALID_ARGUMENT)
+
+
+def test_session_state_reason(stubs: Stubs, new_session: SessionFactory) -> None:
+    s = new_session()
+    assert not s.HasField("state_reason")
+    stubs.sessions.RenewLease(
+        session_pb2.RenewLeaseRequest(session_id=s.session_id, ttl=duration_pb2.Duration(seconds=1))
+    )
+    time.sleep(1.5)
+    got = stubs.sessions.GetSession(session_pb2.GetSessionRequest(session_id=s.session_id))
+    why = got.session.state_reason
+    assert why.reason == "LEASE_EXPIRED" and not why.recoverable and why.message

@@ -409,6 +409,25 @@ export interface CloseProcessStdinRequest {
 export interface CloseProcessStdinResponse {
 }
 
+export interface SessionStateReason {
+  reason: string;
+  message: string;
+  recoverable: boolean;
+}
+
+export type Signal =
+  | 'SIGNAL_UNSPECIFIED'
+  | 'SIGNAL_SIGHUP'
+  | 'SIGNAL_SIGINT'
+  | 'SIGNAL_SIGQUIT'
+  | 'SIGNAL_SIGKILL'
+  | 'SIGNAL_SIGUSR1'
+  | 'SIGNAL_SIGUSR2'
+  | 'SIGNAL_SIGTERM'
+  | 'SIGNAL_SIGCONT'
+  | 'SIGNAL_SIGSTOP'
+  | 'SIGNAL_SIGWINCH';
+
 /** sandboxd.v1.ProcessService: SandboxClient.processes. */
 export interface ProcessServiceClient {
   exec(request: Init<ExecRequest>, options?: CallOptions): AsyncGenerator<ExecResponse, void, undefined>;
@@ -454,6 +473,7 @@ export interface ProcessExited {
   timed_out: boolean;
   truncated: boolean;
   duration: Duration | null;
+  signal_value: Signal;
 }
 
 export interface Keepalive {
@@ -510,6 +530,7 @@ export interface InteractCloseStdin {
 
 export interface InteractSignal {
   signal: string;
+  signal_value: Signal;
 }
 
 export interface InteractResize {
@@ -610,6 +631,7 @@ export interface SignalProcessRequest {
   session_id: string;
   process_id: string;
   signal: string;
+  signal_value: Signal;
 }
 
 export interface SignalProcessResponse {
@@ -781,6 +803,7 @@ export interface Session {
   shell: ShellPolicy | null;
   user: string;
   workspace_id: string;
+  state_reason: SessionStateReason | null;
 }
 
 /** sandboxd.v1.SnapshotService: SandboxClient.snapshots. */

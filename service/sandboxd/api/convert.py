@@ -26,7 +26,8 @@ from sandboxd.models import (
 )
 from sandboxd.reasons import Reason
 from sandboxd.sessions import CreateSessionInput
-from sandboxd.v1 import common_pb2, filesystem_pb2, process_pb2, session_pb2
+from sandboxd.state_reason import state_reason
+from sandboxd.v1 import common_pb2, filesystem_pb2, polish_pb2, process_pb2, session_pb2
 
 _STATE = {
     SessionState.CREATING: session_pb2.SESSION_STATE_CREATING,
@@ -187,7 +188,34 @@ def session_pb(s: Session) -> session_pb2.Session:
         ),
         user=s.spec.user,
         workspace_id=s.spec.manifest.id,
+        state_reason=_state_reason_pb(s),
     )
+
+
+def _state_reason_pb(s: Session) -> polish_pb2.SessionStateReason | None:
+    why = state_reason(s)
+    if why is None:
+        return None
+    return polish_pb2.SessionStateReason(
+        reason=why.reason, message=why.message, recoverable=why.recoverable
+    )
+
+
+def signal_name(name: str, value: int) -> str:
+    """A request's signal: the enum when set (it wins), else the v1 string."""
+    if not value:
+        return name
+    try:
+        return polish_pb2.Signal.Name(value).removeprefix("SIGNAL_")  # type: ignore[arg-type]
+    except ValueError:
+        return f"signal number {value}"  # refused by validate_signal as INVALID_SIGNAL
+
+
+def signal_value(name: str) -> polish_pb2.Signal.ValueType:
+    try:
+        return polish_pb2.Signal.Value("SIGNAL_" + name) if name else polish_pb2.SIGNAL_UNSPECIFIED
+    except ValueError:
+        return polish_pb2.SIGNAL_UNSPECIFIED
 
 
 def exec_response(event: ExecEvent) -> process_pb2.ExecResponse:
@@ -214,6 +242,7 @@ def exited_pb(e: ExecExited) -> process_pb2.ProcessExited:
         timed_out=e.timed_out,
         truncated=e.truncated,
         duration=duration_pb(e.duration_s),
+        signal_value=signal_value(e.signal),
     )
 
 

@@ -143,7 +143,9 @@ async def _controls(
             case "close_stdin":
                 yield interactive.CloseStdin()
             case "signal":
-                yield interactive.SendSignal(req.signal.signal)
+                yield interactive.SendSignal(
+                    convert.signal_name(req.signal.signal, req.signal.signal_value)
+                )
             case "resize":
                 yield interactive.Resize(req.resize.rows, req.resize.cols)
             case "start":
@@ -315,7 +317,8 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         self, request: process_pb2.SignalProcessRequest, context: Ctx
     ) -> process_pb2.SignalProcessResponse:
         async with self._sessions.use(request.session_id) as session:
-            await self._processes.signal(session, request.process_id, request.signal)
+            name = convert.signal_name(request.signal, request.signal_value)
+            await self._processes.signal(session, request.process_id, name)
         return process_pb2.SignalProcessResponse()
 
     @unary

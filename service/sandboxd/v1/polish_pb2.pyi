@@ -73,6 +73,40 @@ PROCESS_ORIGIN_RUN: ProcessOrigin.ValueType  # 3
 PROCESS_ORIGIN_INTERACT: ProcessOrigin.ValueType  # 4
 Global___ProcessOrigin: _TypeAlias = ProcessOrigin  # noqa: Y015
 
+class _Signal:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SignalEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Signal.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SIGNAL_UNSPECIFIED: _Signal.ValueType  # 0
+    SIGNAL_SIGHUP: _Signal.ValueType  # 1
+    SIGNAL_SIGINT: _Signal.ValueType  # 2
+    SIGNAL_SIGQUIT: _Signal.ValueType  # 3
+    SIGNAL_SIGKILL: _Signal.ValueType  # 9
+    SIGNAL_SIGUSR1: _Signal.ValueType  # 10
+    SIGNAL_SIGUSR2: _Signal.ValueType  # 12
+    SIGNAL_SIGTERM: _Signal.ValueType  # 15
+    SIGNAL_SIGCONT: _Signal.ValueType  # 18
+    SIGNAL_SIGSTOP: _Signal.ValueType  # 19
+    SIGNAL_SIGWINCH: _Signal.ValueType  # 28
+
+class Signal(_Signal, metaclass=_SignalEnumTypeWrapper):
+    """Which signal (values are Linux's signal numbers); the strings of v1 stay accepted."""
+
+SIGNAL_UNSPECIFIED: Signal.ValueType  # 0
+SIGNAL_SIGHUP: Signal.ValueType  # 1
+SIGNAL_SIGINT: Signal.ValueType  # 2
+SIGNAL_SIGQUIT: Signal.ValueType  # 3
+SIGNAL_SIGKILL: Signal.ValueType  # 9
+SIGNAL_SIGUSR1: Signal.ValueType  # 10
+SIGNAL_SIGUSR2: Signal.ValueType  # 12
+SIGNAL_SIGTERM: Signal.ValueType  # 15
+SIGNAL_SIGCONT: Signal.ValueType  # 18
+SIGNAL_SIGSTOP: Signal.ValueType  # 19
+SIGNAL_SIGWINCH: Signal.ValueType  # 28
+Global___Signal: _TypeAlias = Signal  # noqa: Y015
+
 @_typing.final
 class GetProcessRequest(_message.Message):
     """Any process id that Exec, Run, Interact or StartProcess reported. A process of Exec, Run or
@@ -181,3 +215,37 @@ class CloseProcessStdinResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CloseProcessStdinResponse: _TypeAlias = CloseProcessStdinResponse  # noqa: Y015
+
+@_typing.final
+class SessionStateReason(_message.Message):
+    """Why a session is in its state, when that is not the plain course of things."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    RECOVERABLE_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """The ErrorReason (without its prefix) calls on the session answer with, e.g.
+    LEASE_EXPIRED (EXPIRED) or CONTAINER_LOST (FAILED, or SUSPENDED after a lost container).
+    """
+    message: _builtins.str
+    """For a person."""
+    recoverable: _builtins.bool
+    """A call can bring the session back (a SUSPENDED session is rebuilt from its snapshot);
+    false for EXPIRED and FAILED, which never run again.
+    """
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        recoverable: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason", "recoverable", b"recoverable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionStateReason: _TypeAlias = SessionStateReason  # noqa: Y015

@@ -184,6 +184,7 @@ class ProcessExited(_message.Message):
     TIMED_OUT_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
     DURATION_FIELD_NUMBER: _builtins.int
+    SIGNAL_VALUE_FIELD_NUMBER: _builtins.int
     exit_code: _builtins.int
     """The exit code; 128+N when killed by signal N."""
     signal: _builtins.str
@@ -191,6 +192,8 @@ class ProcessExited(_message.Message):
     timed_out: _builtins.bool
     truncated: _builtins.bool
     """Output went over the cap: it was cut there and the command killed."""
+    signal_value: _polish_pb2.Signal.ValueType
+    """`signal` as an enum (UNSPECIFIED if it exited, or for a signal the enum lacks)."""
     @_builtins.property
     def duration(self) -> _duration_pb2.Duration: ...
     def __init__(
@@ -201,10 +204,11 @@ class ProcessExited(_message.Message):
         timed_out: _builtins.bool = ...,
         truncated: _builtins.bool = ...,
         duration: _duration_pb2.Duration | None = ...,
+        signal_value: _polish_pb2.Signal.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration", "exit_code", b"exit_code", "signal", b"signal", "timed_out", b"timed_out", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration", "exit_code", b"exit_code", "signal", b"signal", "signal_value", b"signal_value", "timed_out", b"timed_out", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -472,18 +476,22 @@ class InteractSignal(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SIGNAL_FIELD_NUMBER: _builtins.int
+    SIGNAL_VALUE_FIELD_NUMBER: _builtins.int
     signal: _builtins.str
     """One of SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGUSR1, SIGUSR2, SIGSTOP, SIGCONT,
     SIGWINCH.
     """
+    signal_value: _polish_pb2.Signal.ValueType
+    """The signal as an enum; wins over `signal` when set."""
     def __init__(
         self,
         *,
         signal: _builtins.str = ...,
+        signal_value: _polish_pb2.Signal.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["signal", b"signal"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["signal", b"signal", "signal_value", b"signal_value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -925,22 +933,26 @@ class SignalProcessRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     PROCESS_ID_FIELD_NUMBER: _builtins.int
     SIGNAL_FIELD_NUMBER: _builtins.int
+    SIGNAL_VALUE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     process_id: _builtins.str
     signal: _builtins.str
     """One of SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGUSR1, SIGUSR2, SIGSTOP, SIGCONT,
     SIGWINCH.
     """
+    signal_value: _polish_pb2.Signal.ValueType
+    """The signal as an enum; wins over `signal` when set."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         process_id: _builtins.str = ...,
         signal: _builtins.str = ...,
+        signal_value: _polish_pb2.Signal.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["process_id", b"process_id", "session_id", b"session_id", "signal", b"signal"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["process_id", b"process_id", "session_id", b"session_id", "signal", b"signal", "signal_value", b"signal_value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -12,6 +12,7 @@ from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from sandboxd.v1 import common_pb2 as _common_pb2
+from sandboxd.v1 import polish_pb2 as _polish_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -764,6 +765,7 @@ class Session(_message.Message):
     SHELL_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    STATE_REASON_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     state: Global___SessionState.ValueType
     image: _builtins.str
@@ -788,6 +790,12 @@ class Session(_message.Message):
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
     def shell(self) -> _common_pb2.ShellPolicy: ...
+    @_builtins.property
+    def state_reason(self) -> _polish_pb2.SessionStateReason:
+        """Why the session is EXPIRED or FAILED (or SUSPENDED), and whether it can recover; unset
+        while it runs normally.
+        """
+
     def __init__(
         self,
         *,
@@ -804,10 +812,11 @@ class Session(_message.Message):
         shell: _common_pb2.ShellPolicy | None = ...,
         user: _builtins.str = ...,
         workspace_id: _builtins.str = ...,
+        state_reason: _polish_pb2.SessionStateReason | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "shell", b"shell"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "shell", b"shell", "state_reason", b"state_reason"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "fingerprint", b"fingerprint", "image", b"image", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "state", b"state", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "fingerprint", b"fingerprint", "image", b"image", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "state", b"state", "state_reason", b"state_reason", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

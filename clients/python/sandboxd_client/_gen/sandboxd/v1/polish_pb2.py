@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandboxd/v1/polish.proto\x12\x0bsandboxd.v1\";\n\x11GetProcessRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprocess_id\x18\x02 \x01(\t\"O\n\x17SendProcessInputRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprocess_id\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x1a\n\x18SendProcessInputResponse\"B\n\x18\x43loseProcessStdinRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprocess_id\x18\x02 \x01(\t\"\x1b\n\x19\x43loseProcessStdinResponse*l\n\x0eOutputEncoding\x12\x1f\n\x1bOUTPUT_ENCODING_UNSPECIFIED\x10\x00\x12\x19\n\x15OUTPUT_ENCODING_BYTES\x10\x01\x12\x1e\n\x1aOUTPUT_ENCODING_UTF8_LOSSY\x10\x02*\x9f\x01\n\rProcessOrigin\x12\x1e\n\x1aPROCESS_ORIGIN_UNSPECIFIED\x10\x00\x12 \n\x1cPROCESS_ORIGIN_START_PROCESS\x10\x01\x12\x17\n\x13PROCESS_ORIGIN_EXEC\x10\x02\x12\x16\n\x12PROCESS_ORIGIN_RUN\x10\x03\x12\x1b\n\x17PROCESS_ORIGIN_INTERACT\x10\x04\x42?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandboxd/v1/polish.proto\x12\x0bsandboxd.v1\";\n\x11GetProcessRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprocess_id\x18\x02 \x01(\t\"O\n\x17SendProcessInputRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprocess_id\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x1a\n\x18SendProcessInputResponse\"B\n\x18\x43loseProcessStdinRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprocess_id\x18\x02 \x01(\t\"\x1b\n\x19\x43loseProcessStdinResponse\"J\n\x12SessionStateReason\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0brecoverable\x18\x03 \x01(\x08*l\n\x0eOutputEncoding\x12\x1f\n\x1bOUTPUT_ENCODING_UNSPECIFIED\x10\x00\x12\x19\n\x15OUTPUT_ENCODING_BYTES\x10\x01\x12\x1e\n\x1aOUTPUT_ENCODING_UTF8_LOSSY\x10\x02*\x9f\x01\n\rProcessOrigin\x12\x1e\n\x1aPROCESS_ORIGIN_UNSPECIFIED\x10\x00\x12 \n\x1cPROCESS_ORIGIN_START_PROCESS\x10\x01\x12\x17\n\x13PROCESS_ORIGIN_EXEC\x10\x02\x12\x16\n\x12PROCESS_ORIGIN_RUN\x10\x03\x12\x1b\n\x17PROCESS_ORIGIN_INTERACT\x10\x04*\xe7\x01\n\x06Signal\x12\x16\n\x12SIGNAL_UNSPECIFIED\x10\x00\x12\x11\n\rSIGNAL_SIGHUP\x10\x01\x12\x11\n\rSIGNAL_SIGINT\x10\x02\x12\x12\n\x0eSIGNAL_SIGQUIT\x10\x03\x12\x12\n\x0eSIGNAL_SIGKILL\x10\t\x12\x12\n\x0eSIGNAL_SIGUSR1\x10\n\x12\x12\n\x0eSIGNAL_SIGUSR2\x10\x0c\x12\x12\n\x0eSIGNAL_SIGTERM\x10\x0f\x12\x12\n\x0eSIGNAL_SIGCONT\x10\x12\x12\x12\n\x0eSIGNAL_SIGSTOP\x10\x13\x12\x13\n\x0fSIGNAL_SIGWINCH\x10\x1c\x42?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,10 +32,12 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sandboxd_client._gen.sandbo
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1'
-  _globals['_OUTPUTENCODING']._serialized_start=308
-  _globals['_OUTPUTENCODING']._serialized_end=416
-  _globals['_PROCESSORIGIN']._serialized_start=419
-  _globals['_PROCESSORIGIN']._serialized_end=578
+  _globals['_OUTPUTENCODING']._serialized_start=384
+  _globals['_OUTPUTENCODING']._serialized_end=492
+  _globals['_PROCESSORIGIN']._serialized_start=495
+  _globals['_PROCESSORIGIN']._serialized_end=654
+  _globals['_SIGNAL']._serialized_start=657
+  _globals['_SIGNAL']._serialized_end=888
   _globals['_GETPROCESSREQUEST']._serialized_start=41
   _globals['_GETPROCESSREQUEST']._serialized_end=100
   _globals['_SENDPROCESSINPUTREQUEST']._serialized_start=102
@@ -46,4 +48,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLOSEPROCESSSTDINREQUEST']._serialized_end=277
   _globals['_CLOSEPROCESSSTDINRESPONSE']._serialized_start=279
   _globals['_CLOSEPROCESSSTDINRESPONSE']._serialized_end=306
+  _globals['_SESSIONSTATEREASON']._serialized_start=308
+  _globals['_SESSIONSTATEREASON']._serialized_end=382
 # @@protoc_insertion_point(module_scope)
