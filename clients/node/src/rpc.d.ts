@@ -12,6 +12,8 @@ export type Init<T> = T extends Buffer
 
 export interface Duration { seconds: number; nanos: number }
 export interface Timestamp { seconds: number; nanos: number }
+/** The fields of a message to change (UpdateNetworkPolicy.update_mask), e.g. ["allowed_domains"]. */
+export interface FieldMask { paths: string[] }
 
 /** Options of every call. */
 export interface CallOptions {
@@ -732,7 +734,7 @@ export interface DeleteSessionResponse {
 export interface UpdateNetworkPolicyRequest {
   session_id: string;
   network: NetworkPolicy | null;
-  update_mask: buf_FieldMask | null;
+  update_mask: FieldMask | null;
 }
 
 export interface UpdateNetworkPolicyResponse {
