@@ -7,9 +7,10 @@ from __future__ import annotations
 import time
 
 import grpc
-from conftest import SessionFactory, Stubs, expect_error
+from conftest import ServerProcess, SessionFactory, Stubs, expect_error
 from google.protobuf import duration_pb2
 from sandboxd.v1 import process_pb2, session_pb2, snapshot_pb2, snapshot_pb2_grpc
+from sandboxd_client import SandboxClient
 
 P = process_pb2
 
@@ -86,3 +87,17 @@ def test_session_state_reason(stubs: Stubs, new_session: SessionFactory) -> None
     got = stubs.sessions.GetSession(session_pb2.GetSessionRequest(session_id=s.session_id))
     why = got.session.state_reason
     assert why.reason == "LEASE_EXPIRED" and not why.recoverable and why.message
+
+
+async def test_the_python_client_shows_the_state_reason(
+    server: ServerProcess, stubs: Stubs, new_session: SessionFactory
+) -> None:
+    sid = new_session().session_id
+    stubs.sessions.RenewLease(
+        session_pb2.RenewLeaseRequest(session_id=sid, ttl=duration_pb2.Duration(seconds=1))
+    )
+    time.sleep(1.5)
+    async with SandboxClient(server.address) as client:
+        info = (await client.get_session(sid)).info
+    assert info.state_reason is not None
+    assert info.state_reason.reason == "LEASE_EXPIRED" and not info.state_reason.recoverable

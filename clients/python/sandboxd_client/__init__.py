@@ -34,6 +34,7 @@ from sandboxd_client.models import (
     SessionInfo,
     SnapshotInfo,
     Started,
+    StateReason,
     SweepResult,
 )
 from sandboxd_client.session import Session
@@ -65,6 +66,7 @@ __all__ = [
     "ServerInfo",
     "Session",
     "SessionInfo",
+    "StateReason",
     "SnapshotInfo",
     "Started",
     "SweepResult",

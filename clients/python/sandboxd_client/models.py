@@ -23,6 +23,7 @@ from sandboxd_client._gen.sandboxd.v1 import (
     admin_pb2,
     common_pb2,
     filesystem_pb2,
+    polish_pb2,
     session_pb2,
     snapshot_pb2,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "SessionInfo",
     "ShellPolicy",
     "SnapshotInfo",
+    "StateReason",
     "Started",
     "Stream",
     "SweepResult",
@@ -193,6 +195,20 @@ class NetworkPolicy:
 
 
 @dataclasses.dataclass(frozen=True)
+class StateReason:
+    """Why a session is in its state: the error reason its calls get, for a person, and
+    whether a call can bring it back."""
+
+    reason: str
+    message: str
+    recoverable: bool
+
+    @classmethod
+    def from_pb(cls, m: polish_pb2.SessionStateReason) -> Self:
+        return cls(m.reason, m.message, m.recoverable)
+
+
+@dataclasses.dataclass(frozen=True)
 class SessionInfo:
     session_id: str
     state: str  # CREATING, RUNNING, SUSPENDED, EXPIRED, FAILED
@@ -207,6 +223,8 @@ class SessionInfo:
     shell: ShellPolicy = ShellPolicy()
     user: str = ""
     workspace_id: str = ""
+    # Why the session is EXPIRED or FAILED, and whether it can recover; None while it runs.
+    state_reason: StateReason | None = None
 
     @classmethod
     def from_pb(cls, m: session_pb2.Session) -> Self:
@@ -224,6 +242,9 @@ class SessionInfo:
             shell=ShellPolicy.from_pb(m.shell),
             user=m.user,
             workspace_id=m.workspace_id,
+            state_reason=StateReason.from_pb(m.state_reason)
+            if m.HasField("state_reason")
+            else None,
         )
 
 
