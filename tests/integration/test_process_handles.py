@@ -12,9 +12,10 @@ import time
 from collections.abc import Iterator
 
 import grpc
-from conftest import SessionFactory, Stubs, expect_error, run, wait_until
+from conftest import ServerProcess, SessionFactory, Stubs, expect_error, run, wait_until
 from google.protobuf import duration_pb2
 from sandboxd.v1 import polish_pb2, process_pb2
+from sandboxd_client import SandboxClient
 
 P = process_pb2
 X = polish_pb2
@@ -243,3 +244,30 @@ def test_signals_as_enums_beside_the_strings(stubs: Stubs, new_session: SessionF
     signal(stubs, sid, other.process_id, "SIGKILL")
     assert attach(stubs, sid, other.process_id)[-1].exited.signal_value == X.SIGNAL_SIGKILL
     assert run(stubs, sid, "true").signal == ""
+
+
+async def test_the_python_client_process_handles(server: ServerProcess) -> None:
+    async with SandboxClient(server.address) as client:
+        session = await client.create_session(allow_all=True)
+        async with session:
+            result = await session.run(["sh", "-c", "printf 'caf\\303\\251'"], text=True)
+            assert result.stdout_text == "café"
+            got = await session.get_process(result.process_id)
+            assert got.origin == "RUN" and got.state == "EXITED"
+            proc = await session.start_process(
+                ["cat"], stdin=b"1", keep_stdin_open=True, output_buffer_bytes=4096
+            )
+            assert proc.stdin_open
+            await session.send_input(proc.process_id, b"2")
+            await session.close_stdin(proc.process_id)
+            out = b"".join(
+                [e.data async for e in session.attach(proc.process_id) if hasattr(e, "data")]
+            )
+            assert out == b"12"
+            again = await session.start_process(["true"], request_id="retry-me")
+            same = await session.start_process(["true"], request_id="retry-me")
+            assert again.process_id == same.process_id
+            assert [p.process_id async for p in session.processes(page_size=1)] == [
+                proc.process_id,
+                again.process_id,
+            ]
