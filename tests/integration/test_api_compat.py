@@ -41,3 +41,14 @@ def test_deprecated_fields_are_filled_beside_their_twins(
         )
     )
     assert imported.bytes == imported.content_bytes == 3
+
+
+def test_make_dir_takes_make_parents_and_still_parents(
+    stubs: Stubs, new_session: SessionFactory
+) -> None:
+    sid = new_session().session_id
+    for i, fields in enumerate(({"parents": True}, {"make_parents": True})):
+        info = stubs.files.MakeDir(
+            filesystem_pb2.MakeDirRequest(session_id=sid, path=f"a{i}/b/c", **fields)  # type: ignore[arg-type]
+        ).info
+        assert info.path == f"a{i}/b/c"

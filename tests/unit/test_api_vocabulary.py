@@ -114,6 +114,13 @@ def test_new_timestamps_end_in_time() -> None:
             assert f.name.endswith("_time") or f.full_name in OLD_TIMESTAMPS, f.full_name
 
 
+def test_one_name_for_making_parents() -> None:
+    for f in _fields():
+        if f.name == "parents":
+            assert _deprecated(f), f"{f.full_name}: call it make_parents"
+            assert "make_parents" in f.containing_type.fields_by_name, f.full_name
+
+
 def test_the_rules_see_what_they_judge() -> None:
     """The scans are not vacuous: they find the old fields they allow."""
     sizes = {f.full_name for f in _fields() if _is_size(f)}

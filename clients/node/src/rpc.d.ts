@@ -327,6 +327,7 @@ export interface MakeDirRequest {
   session_id: string;
   path: string;
   parents: boolean;
+  make_parents: boolean;
 }
 
 export interface MakeDirResponse {

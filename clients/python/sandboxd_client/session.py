@@ -459,7 +459,10 @@ class Session(ProcessHandles, FileTransfers):
     async def make_dir(
         self, path: str, *, parents: bool = False, timeout: float | None = UNSET
     ) -> FileInfo:
-        req = filesystem_pb2.MakeDirRequest(session_id=self.id, path=path, parents=parents)
+        # Both names: a server from before make_parents reads `parents`.
+        req = filesystem_pb2.MakeDirRequest(
+            session_id=self.id, path=path, parents=parents, make_parents=parents
+        )
         resp = await self._client._unary(
             "FilesystemService/MakeDir",
             lambda t: self._stubs.files.MakeDir(req, timeout=t),

@@ -95,7 +95,8 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
         self, request: filesystem_pb2.MakeDirRequest, context: Ctx
     ) -> filesystem_pb2.MakeDirResponse:
         async with self._sessions.use(request.session_id) as session:
-            info = await self._files.make_dir(session, request.path, request.parents)
+            parents = request.make_parents or request.parents
+            info = await self._files.make_dir(session, request.path, parents)
         return filesystem_pb2.MakeDirResponse(info=convert.file_info_pb(info))
 
     @stream

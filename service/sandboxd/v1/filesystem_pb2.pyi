@@ -362,19 +362,32 @@ class MakeDirRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
     PARENTS_FIELD_NUMBER: _builtins.int
+    MAKE_PARENTS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     path: _builtins.str
-    parents: _builtins.bool
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def parents(self) -> _builtins.bool:
+        """Deprecated: make_parents (either one set means it)."""
+
+    @parents.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def parents(self, value: _builtins.bool) -> None:
+        """Deprecated: make_parents (either one set means it)."""
+
+    make_parents: _builtins.bool
+    """Create missing parent directories, and succeed if the folder exists (as WriteFile's)."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         path: _builtins.str = ...,
         parents: _builtins.bool = ...,
+        make_parents: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["parents", b"parents", "path", b"path", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["make_parents", b"make_parents", "parents", b"parents", "path", b"path", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
