@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 64 * 1024  # largest chunk sent; small messages keep memory and latency low
 HEADER_BYTES = 4096  # the `sbx read` header line is far shorter
 UPLOAD_PREFIX = ".sbx-upload-"
-CLEANUP_TIMEOUT_S = 10.0
+CLEANUP_TIMEOUT_S = 30.0
 
 
 def _upload_name(rel: str) -> str:
@@ -152,6 +152,13 @@ class FileTransfer:
         result = await self.helper.checked(session, args, shown or src, max_stdout=64 * 1024)
         return parse_records(result.stdout)[0]
 
+    async def _running(self, exec_id: str) -> bool:
+        """Whether the helper still runs; an exec the engine no longer knows has ended."""
+        try:
+            return bool((await self.helper.engine.exec_inspect(exec_id)).get("Running"))
+        except SandboxError:
+            return False
+
     def _remove_later(self, session: Session, upload: str, exec_id: str) -> asyncio.Task[None]:
         """Remove a failed upload once its `sbx write` has ended (a helper whose stdin was cut
         may still finish the file after the call is gone), in a task of our own."""
@@ -159,7 +166,7 @@ class FileTransfer:
         async def remove() -> None:
             with contextlib.suppress(SandboxError, TimeoutError, OSError):
                 async with asyncio.timeout(CLEANUP_TIMEOUT_S):
-                    while (await self.helper.engine.exec_inspect(exec_id)).get("Running"):
+                    while await self._running(exec_id):
                         await asyncio.sleep(0.05)
                     await self.helper.run(session, ["remove", upload])
 

@@ -108,7 +108,7 @@ def test_write_stream_is_all_or_nothing(stubs: Stubs, new_session: SessionFactor
     def wait_clean() -> bool:
         return uploads_left(stubs, sid) == []
 
-    assert wait_until(wait_clean, timeout=15)
+    assert wait_until(wait_clean, timeout=40)
 
 
 def test_write_stream_bad_input(stubs: Stubs, new_session: SessionFactory) -> None:

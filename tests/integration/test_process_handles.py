@@ -223,7 +223,9 @@ def test_run_output_encoding_utf8_lossy(stubs: Stubs, new_session: SessionFactor
 
 def test_signals_as_enums_beside_the_strings(stubs: Stubs, new_session: SessionFactory) -> None:
     sid = new_session().session_id
-    proc = start(stubs, sid, "sleep", "60")
+    proc = start(stubs, sid, "sh", "-c", "echo ready; exec sleep 60")
+    # Signalled once it runs (a signal sent before its supervisor is up finds nothing).
+    assert wait_until(lambda: get(stubs, sid, proc.process_id).stdout_bytes > 0)
     stubs.processes.SignalProcess(
         P.SignalProcessRequest(
             session_id=sid, process_id=proc.process_id, signal_value=X.SIGNAL_SIGTERM
@@ -232,7 +234,8 @@ def test_signals_as_enums_beside_the_strings(stubs: Stubs, new_session: SessionF
     events = attach(stubs, sid, proc.process_id)
     exited = events[-1].exited
     assert exited.signal == "SIGTERM" and exited.signal_value == X.SIGNAL_SIGTERM
-    other = start(stubs, sid, "sleep", "60")
+    other = start(stubs, sid, "sh", "-c", "echo ready; exec sleep 60")
+    assert wait_until(lambda: get(stubs, sid, other.process_id).stdout_bytes > 0)
     expect_error(
         lambda: stubs.processes.SignalProcess(
             P.SignalProcessRequest(session_id=sid, process_id=other.process_id, signal_value=77)

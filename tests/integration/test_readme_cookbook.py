@@ -56,4 +56,5 @@ def test_readme_cookbook(tmp_path: Path) -> None:
     assert "grpcurl exit status 69" in output
 
     assert {"status": "SERVING"} in objects
-    assert objects[-2:] == [{}, {}], output  # two deletes, both succeed
+    # two deletes, both succeed; the first says it removed the session
+    assert objects[-2:] == [{"existed": True}, {}], output
