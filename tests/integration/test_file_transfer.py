@@ -5,15 +5,23 @@ and the Python client's upload, download and write_files over them."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import secrets
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from conftest import ServerProcess, SessionFactory, Stubs, expect_error, run, wait_until
-from sandboxd.v1 import common_pb2, filesystem_ext_pb2, filesystem_pb2
+from sandboxd.v1 import (
+    common_pb2,
+    filesystem_ext_pb2,
+    filesystem_pb2,
+    snapshot_pb2,
+    snapshot_pb2_grpc,
+)
 from sandboxd_client import SandboxClient
 
 F = filesystem_pb2
@@ -242,3 +250,23 @@ async def test_python_client_upload_download_write_files(
             assert b"".join(chunks) == big[10:]
             info = await session.move("single.txt", "moved.txt")
             assert info.path == "moved.txt"
+
+
+def test_export_archive_of_a_single_file(stubs: Stubs, new_session: SessionFactory) -> None:
+    sid = new_session().session_id
+    write_stream(stubs, sid, "dir/-odd name.txt", [b"one file"], make_parents=True, mode=0o640)
+    write_stream(stubs, sid, "dir/other.txt", [b"not this"])
+    snaps = snapshot_pb2_grpc.SnapshotServiceStub(stubs.channel)
+    req = snapshot_pb2.ExportArchiveRequest(session_id=sid, path="dir/-odd name.txt")
+    data = b"".join(r.chunk.data for r in snaps.ExportArchive(req, timeout=60))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = tar.getmembers()
+        assert [m.name for m in members] == ["./-odd name.txt"]
+        assert members[0].mode & 0o777 == 0o640
+        extracted = tar.extractfile(members[0])
+        assert extracted is not None and extracted.read() == b"one file"
+    # A folder exports as before: its contents under ".".
+    req = snapshot_pb2.ExportArchiveRequest(session_id=sid, path="dir")
+    data = b"".join(r.chunk.data for r in snaps.ExportArchive(req, timeout=60))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert sorted(tar.getnames()) == [".", "./-odd name.txt", "./other.txt"]
