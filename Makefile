@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 IMAGE ?= sandboxd-runtime:busybox
 PROTOS := $(wildcard proto/sandboxd/v1/*.proto)
 
-.PHONY: all run test test-unit gvisor proto lint bench engine image python-image helper venv clean node-deps buf go-deps
+.PHONY: all run test test-unit gvisor registry proto lint bench engine image python-image helper venv clean node-deps buf go-deps
 
 all: venv helper
 
@@ -52,6 +52,10 @@ image: engine
 gvisor: engine
 	bash scripts/ensure-gvisor.sh
 
+# Debian's distribution registry and htpasswd, for the registry tests (tests start and stop it).
+registry:
+	bash scripts/ensure-registry.sh
+
 # Debian with python3: a real HTTP/TLS client for the egress tests (about a minute, once).
 python-image: engine
 	bash scripts/build-python-image.sh sandboxd-runtime:python
@@ -72,7 +76,7 @@ go-deps:
 run: venv helper image
 	$(PY) -m sandboxd
 
-test: venv helper image python-image gvisor node-deps go-deps
+test: venv helper image python-image gvisor node-deps go-deps registry
 	$(PY) -m pytest
 
 # The Docker-free layer (tests/unit): parsers, policies, and the domain against the fake engine.

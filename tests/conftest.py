@@ -163,13 +163,72 @@ def remove_owned_containers(owner_id: str) -> None:
         subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
 
 
+# Modules whose every test also runs on a server whose sessions default to gVisor (a
+# representative subset: the whole suite twice would double CI time). A module joins by name here
+# or by setting `TIERS = ("runc", "gvisor")` at its top level.
+TIERED_MODULES = frozenset(
+    {
+        "test_sessions",
+        "test_exec",
+        "test_files",
+        "test_archive",
+        "test_hostile_exec",
+        "test_hostile_paths",
+        "test_isolation",
+    }
+)
+
+
+def gvisor_registered() -> bool:
+    """Whether the engine has the `runsc` runtime (`make gvisor` registers it)."""
+    out = subprocess.run(
+        ["docker", "info", "--format", "{{json .Runtimes}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return '"runsc"' in out
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "tier" not in metafunc.fixturenames:
+        return
+    module = metafunc.module
+    tiers = getattr(module, "TIERS", None)
+    if tiers is None and module.__name__.rpartition(".")[2] in TIERED_MODULES:
+        tiers = ("runc", "gvisor")
+    if tiers:
+        metafunc.parametrize("tier", tiers, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def tier(request: pytest.FixtureRequest) -> str:
+    """The isolation tier this module's sessions default to (runc unless parametrised)."""
+    value = str(getattr(request, "param", "runc"))
+    if value == "gvisor" and not gvisor_registered():
+        pytest.skip("gVisor tier skipped: runsc is not registered with the engine (`make gvisor`)")
+    return value
+
+
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    owner = "test" + secrets.token_hex(4)
-    srv = start_server(tmp_path_factory.mktemp("data"), owner)
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
+def _servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
+    """One server per tier, started when a test first needs it and kept for the session."""
+    started: dict[str, ServerProcess] = {}
+    yield started
+    for srv in started.values():
+        srv.stop()
+        remove_owned_containers(srv.owner_id)
+
+
+@pytest.fixture(scope="module")
+def server(
+    _servers: dict[str, ServerProcess], tier: str, tmp_path_factory: pytest.TempPathFactory
+) -> ServerProcess:
+    if tier not in _servers:
+        owner = "test" + secrets.token_hex(4)
+        extra = ("--isolation-default", tier) if tier != "runc" else ()
+        _servers[tier] = start_server(tmp_path_factory.mktemp("data"), owner, *extra)
+    return _servers[tier]
 
 
 @dataclass
@@ -199,10 +258,18 @@ def make_stubs(address: str) -> Stubs:
 
 
 @pytest.fixture(scope="session")
-def stubs(server: ServerProcess) -> Iterator[Stubs]:
-    s = make_stubs(server.address)
-    yield s
-    s.channel.close()
+def _stubs_by_address() -> Iterator[dict[str, Stubs]]:
+    made: dict[str, Stubs] = {}
+    yield made
+    for s in made.values():
+        s.channel.close()
+
+
+@pytest.fixture(scope="module")
+def stubs(server: ServerProcess, _stubs_by_address: dict[str, Stubs]) -> Stubs:
+    if server.address not in _stubs_by_address:
+        _stubs_by_address[server.address] = make_stubs(server.address)
+    return _stubs_by_address[server.address]
 
 
 SessionFactory = Callable[..., session_pb2.Session]

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -12,7 +13,8 @@ from typing import Any
 import pytest
 from sandboxd.config import DEFAULT_LIMITS
 from sandboxd.engine.protocol import Engine, SandboxRequest
-from sandboxd.errors import FailedPrecondition, NotFound, ResourceExhausted
+from sandboxd.errors import FailedPrecondition, NotFound, ResourceExhausted, SandboxError
+from sandboxd.isolation import Isolation
 from sandboxd.models import (
     LimitsRequest,
     ManifestFile,
@@ -134,7 +136,33 @@ def _session(session_id: str, s: SessionSpec, sid: str, manifest: WorkspaceManif
     )
 
 
+async def isolation(engine: Engine, owner: str) -> None:
+    tiers = await engine.isolation_tiers()
+    assert Isolation.RUNC in tiers
+    g = dataclasses.replace(spec(), isolation=Isolation.GVISOR)
+    assert engine.sandbox_shape(request(owner, "i")) != engine.sandbox_shape(request(owner, "i", g))
+    if Isolation.GVISOR not in tiers:
+        with pytest.raises(SandboxError):  # never created under another runtime
+            await engine.create_sandbox(request(owner, "i1", g))
+        return
+    req = request(owner, "i1", g)
+    sid = await engine.create_sandbox(req)
+    try:
+        await engine.start_sandbox(sid)
+        status = await engine.inspect_sandbox(sid, req)
+        assert status is not None and status.running and status.conforms
+        # The same sandbox checked against a runc request does not conform (runtime moved).
+        runc = await engine.inspect_sandbox(sid, request(owner, "i1"))
+        assert runc is not None and not runc.conforms
+        files = (ManifestFile("g.txt", b"under gvisor", 0o644),)
+        await write_manifest(engine, _session("i1", g, sid, WorkspaceManifest(files=files)))
+        assert await _exec(engine, sid, ["cat", "/workspace/g.txt"]) == (0, b"under gvisor", b"")
+    finally:
+        await engine.remove_sandbox(sid)
+
+
 SCENARIOS: dict[str, Callable[[Engine, str], Awaitable[None]]] = {
+    "isolation": isolation,
     "lifecycle": lifecycle,
     "refusals": refusals,
     "shapes": shapes,

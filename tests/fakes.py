@@ -26,13 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxd.engine.protocol import (
+    ImageDetails,
     NetworkAddress,
     NetworkInfo,
+    PullProgress,
     SandboxInfo,
     SandboxRequest,
     SandboxStatus,
 )
 from sandboxd.errors import FailedPrecondition, Internal, NotFound, SandboxError
+from sandboxd.isolation import Isolation
 from sandboxd.profile import HELPER_IN_CONTAINER
 
 WORKSPACE = "/workspace"
@@ -185,6 +188,11 @@ class FakeEngine:
         self._ids = itertools.count(1)
         self._failures: dict[str, SandboxError] = {}
         self._execs: dict[str, FakeExecStream] = {}
+        # The isolation tiers whose runtime is "registered"; a test adds or removes some.
+        self.tiers: set[Isolation] = {Isolation.RUNC}
+        # A registry the fake pulls from: pullable reference -> (digest, layer sizes).
+        self.remote: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.digests: dict[str, str] = {}  # image name -> registry digest once pulled
 
     # ----- test hooks ---------------------------------------------------------------------
 
@@ -225,6 +233,10 @@ class FakeEngine:
         self._call("image_exists")
         return image in self.images
 
+    async def isolation_tiers(self) -> frozenset[Isolation]:
+        self._call("isolation_tiers")
+        return frozenset(self.tiers)
+
     def sandbox_shape(self, request: SandboxRequest) -> str:
         spec = request.spec
         shaped = {
@@ -233,6 +245,7 @@ class FakeEngine:
             "env": spec.env,
             "user": spec.user,
             "network": dataclasses.asdict(request.network) if request.network else None,
+            "isolation": spec.isolation.value,
         }
         return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()
 
@@ -245,6 +258,8 @@ class FakeEngine:
                 f'Conflict. The container name "/{request.name}" is already in use',
                 reason="ENGINE_CONFLICT",
             )
+        if request.spec.isolation not in self.tiers:  # Docker: "unknown or invalid runtime name"
+            raise Internal(f"unknown or invalid runtime name: {request.spec.isolation.value}")
         sandbox_id = hashlib.sha256(f"fake-{next(self._ids)}".encode()).hexdigest()
         self.sandboxes[sandbox_id] = FakeSandbox(sandbox_id, request)
         self._call("create_sandbox:after")  # a create whose answer is lost
@@ -266,7 +281,9 @@ class FakeEngine:
         if box is None:
             return None
         conforms = expected is None or (
-            not box.limits_changed and box.request.spec.limits == expected.spec.limits
+            not box.limits_changed
+            and box.request.spec.limits == expected.spec.limits
+            and box.request.spec.isolation is expected.spec.isolation
         )
         return SandboxStatus(running=box.running, conforms=conforms)
 
@@ -355,6 +372,38 @@ class FakeEngine:
         return [
             i for i, labels in self.images.items() if labels.get("io.sandboxd.owner") == owner_id
         ]
+
+    # ----- registry pulls -------------------------------------------------------------------
+
+    async def inspect_image(self, image: str) -> ImageDetails | None:
+        self._call("inspect_image")
+        for name in self.images:
+            image_id = "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+            digest = self.digests.get(name, "")
+            repo = name.rsplit(":", 1)[0] if "/" in name or ":" in name else name
+            refs = {name, image_id, f"{repo}@{digest}" if digest else name}
+            if image in refs:
+                return ImageDetails(
+                    image_id=image_id,
+                    repo_digests=(f"{repo}@{digest}",) if digest else (),
+                    repo_tags=(name,),
+                    size_bytes=1000,
+                )
+        return None
+
+    async def pull_image(
+        self, reference: str, auth: Mapping[str, str] | None = None
+    ) -> AsyncIterator[PullProgress]:
+        self._call("pull_image")
+        if reference not in self.remote:
+            raise NotFound(f"manifest unknown: {reference}", reason="REGISTRY_IMAGE_NOT_FOUND")
+        digest, layers = self.remote[reference]
+        for i, size in enumerate(layers):
+            await asyncio.sleep(0)
+            yield PullProgress("Downloading", f"layer{i}", size, size)
+            yield PullProgress("Pull complete", f"layer{i}")
+        self.images[reference] = {}
+        self.digests[reference] = digest
 
 
 class FakeArchive:

@@ -54,6 +54,7 @@ async def session_stack(
     engine: Any = None,
     archive: Callable[[Any], Any] | None = None,
     owner: str = OWNER,
+    tiers: Any = None,
     **settings: Any,
 ) -> AsyncIterator[Stack]:
     config = dataclasses.replace(Config(data_dir=tmp_path, pool_size=pool_size), **settings)
@@ -69,7 +70,7 @@ async def session_stack(
             ended.append(session_id)
 
         sessions = SessionManager(
-            config, engine, store, owner, keeper, pool=pool, on_session_end=[on_end]
+            config, engine, store, owner, keeper, pool=pool, on_session_end=[on_end], tiers=tiers
         )
         snapshots = Snapshots(keeper, snap_store, sessions, engine, store)
         stack = Stack(engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended)

@@ -188,7 +188,7 @@ class TenancySection:
         0, INT, "running commands per tenant (0: no cap)", lo=0, flat="tenant_max_concurrent_execs"
     )
     max_streams: int = setting(
-        64, INT, "open streaming RPCs per tenant (0: no cap)", lo=0, flat="tenant_max_streams"
+        256, INT, "open streaming RPCs per tenant (0: no cap)", lo=0, flat="tenant_max_streams"
     )
     stream_idle_timeout_s: float = setting(
         60.0,
@@ -241,6 +241,26 @@ class EgressSection:
         hi=60,
         flat="egress_dns_timeout_s",
     )
+    upstream_ca_file: str = setting(
+        "",
+        TEXT,
+        "PEM bundle trusted besides the system roots when the proxy verifies an upstream it "
+        "injects a secret for (private upstreams, tests)",
+        flat="egress_upstream_ca_file",
+    )
+    secrets_file: str = setting(
+        "",
+        TEXT,
+        "operator secrets for secret_ref: lines `tenant/name value` (re-read when changed)",
+        flat="secrets_file",
+    )
+    secrets_key_file: str = setting(
+        "",
+        TEXT,
+        "32-byte key (raw or hex), outside the data dir, sealing inline secret values in the "
+        "store; empty: a key in memory only (inline values of live sessions lost on restart)",
+        flat="secrets_key_file",
+    )
 
 
 @dataclass(frozen=True)
@@ -253,6 +273,34 @@ class ImagesSection:
         "comma-separated image patterns sessions may use ('*' any run of characters); the "
         "default image and a tenant's own snapshot images are always allowed",
         flat="image_allowlist",
+    )
+    registry_auth_file: Path | None = setting(
+        None,
+        OPTIONAL_PATH,
+        "registry credentials for pulls, in the format of Docker's config.json `auths` "
+        "(read by the server only; never taken from callers, never logged)",
+        flat="registry_auth_file",
+    )
+    max_image_bytes: int = setting(
+        8 * GiB,
+        SIZE,
+        "largest image a pull may fetch (the manifest's layer sizes, then the pull's progress)",
+        lo=1,
+        flat="max_image_bytes",
+    )
+    pull_timeout_s: float = setting(
+        600.0,
+        DURATION,
+        "longest one pull may take (a create also ends it at its own deadline)",
+        lo=1,
+        flat="pull_timeout_s",
+    )
+    unused_after_s: float = setting(
+        7 * 24 * 3600.0,
+        DURATION,
+        "a pulled image no session used for this long is removed by the sweep",
+        lo=0,
+        flat="image_unused_after_s",
     )
 
 
@@ -278,6 +326,54 @@ class MetricsSection:
     )
 
 
+def _tiers_problem(value: str) -> str | None:
+    from sandboxd.isolation import parse_tiers  # isolation imports nothing from here
+
+    try:
+        parse_tiers(value)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+@dataclass(frozen=True)
+class IsolationSection:
+    """Isolation tiers (runc, gvisor): which a session gets by default and which it may ask."""
+
+    default: str = setting(
+        "runc",
+        TEXT,
+        "tier of a session that does not ask for one: runc or gvisor",
+        check=_tiers_problem,
+        flat="isolation_default",
+    )
+    allowed: str = setting(
+        "runc,gvisor",
+        TEXT,
+        "comma-separated tiers sessions may ask for (those the engine lacks are refused)",
+        check=_tiers_problem,
+        flat="isolation_allowed",
+    )
+    gvisor_runtime: str = setting(
+        "runsc",
+        TEXT,
+        "name of the engine runtime that gives the gvisor tier (see `make gvisor`)",
+        flat="isolation_gvisor_runtime",
+    )
+
+
+@dataclass(frozen=True)
+class TemplatesSection:
+    """Templates sessions may be created from by name."""
+
+    python_image: str = setting(
+        "sandboxd-runtime:python",
+        TEXT,
+        "image of the built-in `python` template (make python-image builds it)",
+        flat="template_python_image",
+    )
+
+
 @dataclass(frozen=True, init=False)
 class Config:
     server: ServerSection = field(default_factory=ServerSection)
@@ -289,6 +385,8 @@ class Config:
     images: ImagesSection = field(default_factory=ImagesSection)
     archive: ArchiveSection = field(default_factory=ArchiveSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
+    isolation: IsolationSection = field(default_factory=IsolationSection)
+    templates: TemplatesSection = field(default_factory=TemplatesSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.

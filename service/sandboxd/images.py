@@ -19,7 +19,6 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from sandboxd import tenancy
 from sandboxd.errors import FailedPrecondition, PermissionDenied
 from sandboxd.reasons import Reason
 
@@ -71,14 +70,14 @@ def parse_patterns(text: str) -> tuple[str, ...]:
 
 def allowed_patterns(
     server_allowlist: str,
-    grants: tenancy.TenantGrants | None = None,
+    tenant_allowlist: str | None,
     *,
     default_image: str = "",
 ) -> tuple[str, ...]:
     """The server's `image_allowlist`, its default `image` (the operator chose it), and the
-    tenant's `image_allowlist=` from the tokens file (grants: the current call's by default)."""
-    grants = tenancy.current_grants() if grants is None else grants
-    texts = [server_allowlist, grants.image_allowlist or ""]
+    tenant's `image_allowlist=` from the tokens file (the caller passes the current grant:
+    this module stays below tenancy, which validates tokens-file patterns with it)."""
+    texts = [server_allowlist, tenant_allowlist or ""]
     default = (normalize_reference(default_image),) if default_image else ()
     return parse_patterns(",".join(texts)) + default
 

@@ -108,6 +108,12 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.secret_events = Counter(
+            "sandboxd_secret_events",
+            "Secrets injected by the egress proxy, and placeholders sent elsewhere, by tenant",
+            ["tenant", "kind"],
+            registry=r,
+        )
         for state in SessionState:
             self.sessions.labels(state.value).set(0)
         for kind in ("unavailable", "not_found", "conflict", "internal"):
@@ -119,6 +125,10 @@ class Metrics:
 
     def proxy_decision(self, allowed: bool) -> None:
         self.proxy_decisions.labels("allow" if allowed else "deny").inc()
+
+    def secret_event(self, tenant: str, kind: str) -> None:
+        """kind: secret_injected or secret_misdirected (no session label: bounded series)."""
+        self.secret_events.labels(tenant, kind).inc()
 
     def engine_error(self, kind: str) -> None:
         self.engine_errors.labels(kind).inc()

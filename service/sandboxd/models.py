@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from sandboxd.isolation import Isolation
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -55,6 +57,14 @@ class SessionState(enum.StrEnum):
     FAILED = "FAILED"
 
 
+class PullPolicy(enum.StrEnum):
+    """When a create asks the registry for its image (sandboxd.pulls)."""
+
+    IF_NOT_PRESENT = "IF_NOT_PRESENT"
+    ALWAYS = "ALWAYS"
+    NEVER = "NEVER"
+
+
 class NetworkMode(enum.StrEnum):
     DENY = "DENY"
     ALLOWLIST = "ALLOWLIST"
@@ -78,12 +88,44 @@ class ProxyQuotas:
 
 
 @dataclass(frozen=True)
+class SecretBinding:
+    """A secret the egress proxy adds to requests for its hosts (sandboxd.secrets).
+
+    `value` is the plaintext as a caller sent it: only between the API and validation, which
+    seals it (`sealed`, with a key outside the data directory) and drops it. It is never in
+    a repr, an answer, the store or the fingerprint. `placeholder` is what the sandbox sees.
+    """
+
+    name: str
+    hosts: tuple[str, ...] = ()
+    header: str = ""
+    template: str = ""
+    secret_ref: str = ""
+    placeholder: str = ""
+    sealed: bytes = field(default=b"", repr=False)
+    value: bytes | None = field(default=None, repr=False, compare=False)
+
+    def public(self) -> dict[str, Any]:
+        """What may be stored, returned and fingerprinted (no value, sealed or not)."""
+        return {
+            "name": self.name,
+            "hosts": list(self.hosts),
+            "header": self.header,
+            "template": self.template,
+            "secret_ref": self.secret_ref,
+            "placeholder": self.placeholder,
+        }
+
+
+@dataclass(frozen=True)
 class NetworkPolicy:
     mode: NetworkMode = NetworkMode.DENY
     allowed_domains: tuple[str, ...] = ()
     allowed_ports: tuple[int, ...] = ()
     allow_private_networks: bool = False
     quotas: ProxyQuotas = field(default_factory=ProxyQuotas)  # resolved (all set) for ALLOWLIST
+    secrets: tuple[SecretBinding, ...] = ()
+    refuse_misdirected_secrets: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +163,13 @@ class SessionSpec:
     uid: int
     gid: int
     manifest: WorkspaceManifest
+    isolation: Isolation = Isolation.RUNC
+    template: str = ""  # the template's name, when the session was created from one
+    # The image resolved at create (sandboxd.pulls): reported digest, and the image id a
+    # rebuild runs, so a resume never picks up what the tag names later. Not fingerprinted:
+    # a retried create of the same request is the same session whatever the tag does.
+    image_digest: str = ""
+    image_id: str = ""
 
     @property
     def user(self) -> str:
@@ -148,6 +197,15 @@ class SessionSpec:
                     if self.network.mode is NetworkMode.ALLOWLIST
                     else {}
                 ),
+                # Sessions without secrets keep the fingerprints they had.
+                **(
+                    {
+                        "secrets": [b.public() for b in self.network.secrets],
+                        "refuse_misdirected_secrets": self.network.refuse_misdirected_secrets,
+                    }
+                    if self.network.secrets or self.network.refuse_misdirected_secrets
+                    else {}
+                ),
             },
             "env": dict(sorted(self.env.items())),
             "user": self.user,
@@ -163,6 +221,9 @@ class SessionSpec:
                 ],
                 "directories": sorted(self.manifest.directories),
             },
+            # Only a non-default tier enters, so every runc fingerprint stays as it was.
+            **({"isolation": self.isolation.value} if self.isolation is not Isolation.RUNC else {}),
+            **({"template": self.template} if self.template else {}),
         }
         canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()

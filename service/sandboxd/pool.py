@@ -29,6 +29,7 @@ import secrets
 from sandboxd.config import Config
 from sandboxd.engine.protocol import Engine, SandboxRequest
 from sandboxd.errors import SandboxError
+from sandboxd.isolation import parse_tier
 from sandboxd.metrics import Metrics
 from sandboxd.models import NetworkPolicy, SessionSpec, ShellPolicy, WorkspaceManifest
 from sandboxd.validation import parse_user
@@ -50,6 +51,7 @@ def default_spec(config: Config) -> SessionSpec:
         uid=uid,
         gid=gid,
         manifest=WorkspaceManifest(),
+        isolation=parse_tier(config.isolation.default),
     )
 
 

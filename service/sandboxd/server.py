@@ -40,9 +40,13 @@ from sandboxd.engine import DockerEngine, Engine
 from sandboxd.errors import ConfigError, SandboxError
 from sandboxd.execution import Executor
 from sandboxd.files import Files
+from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
 from sandboxd.metrics import Metrics, MetricsServer
 from sandboxd.pool import WarmPool
 from sandboxd.processes import ProcessManager
+from sandboxd.pulls import Pulls, live_images
+from sandboxd.secrets import vault
+from sandboxd.secrets.setup import SecretsSetup
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
@@ -172,7 +176,11 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 helper_path=config.engine.helper,
                 keeper_user=config.engine.keeper_user,
                 on_error=metrics.engine_error,
+                gvisor_runtime=config.isolation.gvisor_runtime,
             )
+        )
+        tiers = IsolationTiers(
+            parse_tier(config.isolation.default), parse_tiers(config.isolation.allowed)
         )
         store = await stack.enter_async_context(
             SessionStore(config.server.data_dir / "sessions.db")
@@ -194,6 +202,11 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 ),
                 protected=await _protected(config),
                 private_networks_granted=_private_networks_grant(config),
+                secrets=SecretsSetup(
+                    vault.configure(config.egress.secrets_key_file, config.egress.secrets_file),
+                    config.egress.upstream_ca_file,
+                    metrics.secret_event,
+                ),
             )
         )
         executor = Executor(engine)
@@ -206,6 +219,8 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         )
         snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
         keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
+        pulls = Pulls(config, engine, live_images=lambda: live_images(store))
+        stack.push_async_callback(pulls.close)
         sessions = SessionManager(
             config,
             engine,
@@ -215,6 +230,8 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             pool=pool,
             egress=egress,
             on_session_end=[processes.end_session],
+            tiers=tiers,
+            pulls=pulls,
         )
         snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
 
@@ -243,9 +260,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(
             SnapshotService(sessions, archive, snapshots), server
         )
-        sweeper = Sweeper(sessions, engine, owner_id, snapshots)
+        sweeper = Sweeper(sessions, engine, owner_id, snapshots, pulls=pulls)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminService(config, engine, egress, sweeper), server
+            AdminService(config, engine, egress, sweeper, tiers=tiers, pulls=pulls), server
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -259,7 +276,14 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             raise ConfigError(
                 f"cannot listen on {config.server.listen} (address in use or invalid)"
             )
-        monitor = EngineMonitor(engine, health_servicer, sessions.reconcile)
+
+        async def on_engine_up() -> None:
+            # The runtimes first: an operator may have registered runsc while it was away.
+            with contextlib.suppress(SandboxError):
+                await tiers.refresh(engine)
+            await sessions.reconcile()
+
+        monitor = EngineMonitor(engine, health_servicer, on_engine_up)
         await monitor.check()  # reconcile before the first call when the engine is up
         pool.start()  # after reconcile removed an earlier run's leftovers
         if config.metrics.listen:

@@ -16,12 +16,14 @@ from typing import Any
 
 import aiosqlite
 
+from sandboxd.isolation import Isolation
 from sandboxd.models import (
     Limits,
     ManifestFile,
     NetworkMode,
     NetworkPolicy,
     ProxyQuotas,
+    SecretBinding,
     Session,
     SessionSpec,
     SessionState,
@@ -57,6 +59,8 @@ def _spec_to_json(spec: SessionSpec) -> str:
     return json.dumps(
         {
             "image": spec.image,
+            "image_digest": spec.image_digest,
+            "image_id": spec.image_id,
             "limits": spec.limits.to_dict(),
             "shell": {"allow": list(spec.shell.allow), "allow_all": spec.shell.allow_all},
             "network": {
@@ -65,10 +69,18 @@ def _spec_to_json(spec: SessionSpec) -> str:
                 "allowed_ports": list(spec.network.allowed_ports),
                 "allow_private_networks": spec.network.allow_private_networks,
                 "quotas": spec.network.quotas.to_dict(),
+                # Never a plaintext value: the sealed bytes, useless without the key.
+                "secrets": [
+                    {**b.public(), "sealed": base64.b64encode(b.sealed).decode()}
+                    for b in spec.network.secrets
+                ],
+                "refuse_misdirected_secrets": spec.network.refuse_misdirected_secrets,
             },
             "env": spec.env,
             "uid": spec.uid,
             "gid": spec.gid,
+            "isolation": spec.isolation.value,
+            "template": spec.template,
             "manifest": {
                 "id": spec.manifest.id,
                 "files": [
@@ -85,11 +97,25 @@ def _spec_to_json(spec: SessionSpec) -> str:
     )
 
 
+def _binding(d: dict[str, Any]) -> SecretBinding:
+    return SecretBinding(
+        name=d["name"],
+        hosts=tuple(d["hosts"]),
+        header=d["header"],
+        template=d["template"],
+        secret_ref=d["secret_ref"],
+        placeholder=d["placeholder"],
+        sealed=base64.b64decode(d["sealed"]),
+    )
+
+
 def _spec_from_json(text: str) -> SessionSpec:
     d: dict[str, Any] = json.loads(text)
     m = d["manifest"]
     return SessionSpec(
         image=d["image"],
+        image_digest=d.get("image_digest", ""),
+        image_id=d.get("image_id", ""),
         limits=Limits.from_dict(d["limits"]),
         shell=ShellPolicy(allow=tuple(d["shell"]["allow"]), allow_all=d["shell"]["allow_all"]),
         network=NetworkPolicy(
@@ -98,6 +124,8 @@ def _spec_from_json(text: str) -> SessionSpec:
             allowed_ports=tuple(d["network"]["allowed_ports"]),
             allow_private_networks=d["network"]["allow_private_networks"],
             quotas=ProxyQuotas(**d["network"].get("quotas", {})),
+            secrets=tuple(_binding(b) for b in d["network"].get("secrets", [])),
+            refuse_misdirected_secrets=d["network"].get("refuse_misdirected_secrets", False),
         ),
         env=dict(d["env"]),
         uid=d["uid"],
@@ -110,6 +138,8 @@ def _spec_from_json(text: str) -> SessionSpec:
             ),
             directories=tuple(m["directories"]),
         ),
+        isolation=Isolation(d.get("isolation", Isolation.RUNC.value)),
+        template=d.get("template", ""),
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import SandboxError
+from sandboxd.pulls import Pulls
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshots import Snapshots
 
@@ -30,8 +31,15 @@ class SweepResult:
 
 class Sweeper:
     def __init__(
-        self, sessions: SessionManager, engine: Engine, owner_id: str, snapshots: Snapshots
+        self,
+        sessions: SessionManager,
+        engine: Engine,
+        owner_id: str,
+        snapshots: Snapshots,
+        *,
+        pulls: Pulls | None = None,
     ) -> None:
+        self._pulls = pulls  # pulled images unused for image_unused_after_s go too
         self._snapshots = snapshots
         self._sessions = sessions
         self._engine = engine
@@ -46,6 +54,8 @@ class Sweeper:
             await self._sessions.reconcile()
             containers_after, networks_after = await self._owned()
             images = await self._snapshots.sweep_images()
+            if self._pulls is not None:
+                images += await self._pulls.sweep()
             return SweepResult(
                 expired_sessions=expired,
                 removed_containers=len(containers - containers_after),

@@ -119,15 +119,18 @@ class TenantGrants:
     admin: bool = False
     private_networks: bool | None = None
     image_allowlist: str | None = None
+    isolation: str | None = None  # the tenant's tiers, its default first (server's if None)
 
     def merged(self, other: TenantGrants) -> TenantGrants:
         """One tenant on several lines: a grant on any line holds; allowlists add up."""
         images = [i for i in (self.image_allowlist, other.image_allowlist) if i is not None]
         private = [p for p in (self.private_networks, other.private_networks) if p is not None]
+        tiers = [t for t in (self.isolation, other.isolation) if t is not None]
         return TenantGrants(
             admin=self.admin or other.admin,
             private_networks=any(private) if private else None,
             image_allowlist=",".join(images) if images else None,
+            isolation=",".join(tiers) if tiers else None,
         )
 
 
@@ -169,7 +172,7 @@ class TokenTable:
 
 def _grants(where: str, options: list[str]) -> TenantGrants:
     """`admin`, `egress_private_networks=allow|deny`, `image_allowlist=pattern,pattern`."""
-    admin, private, images = False, None, None
+    admin, private, images, tiers = False, None, None, None
     for option in options:
         key, sep, value = option.partition("=")
         if option == "admin":
@@ -184,12 +187,21 @@ def _grants(where: str, options: list[str]) -> TenantGrants:
             except ValueError as exc:
                 raise ConfigError(f"{where}: image_allowlist: {exc}") from None
             images = value
+        elif sep and key == "isolation":
+            from sandboxd.isolation import parse_tiers  # isolation imports nothing from here
+
+            try:
+                parse_tiers(value)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: isolation: {exc}") from None
+            tiers = value
         else:
             raise ConfigError(
                 f"{where}: unknown option {option[:60]!r} (known: admin, "
-                "egress_private_networks=allow|deny, image_allowlist=pattern,...)"
+                "egress_private_networks=allow|deny, image_allowlist=pattern,..., "
+                "isolation=tier,...)"
             )
-    return TenantGrants(admin, private, images)
+    return TenantGrants(admin, private, images, tiers)
 
 
 def load_tokens(path: Path) -> TokenTable:

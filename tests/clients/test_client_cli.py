@@ -327,3 +327,15 @@ def test_network_policy_and_egress_log(server: ServerProcess) -> None:
             ctl(server, "rm", session["session_id"])
     else:
         assert json.loads(made.stderr)["error"]["reason"] == "EGRESS_UNAVAILABLE"
+
+
+def test_create_with_an_isolation_tier(server: ServerProcess) -> None:
+    made = ctl(server, "-o", "json", "create", "--allow", "echo", "--isolation", "runc")
+    assert made.returncode == 0, made.stderr
+    info = json.loads(made.stdout)
+    try:
+        assert info["isolation"] == "RUNC"
+    finally:
+        ctl(server, "rm", info["session_id"])
+    bad = ctl(server, "create", "--isolation", "kvm")
+    assert bad.returncode != 0 and b"invalid choice" in bad.stderr

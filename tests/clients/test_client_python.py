@@ -243,7 +243,8 @@ async def test_server_info_and_sweep(client: SandboxClient) -> None:
     assert isinstance(info, ServerInfo) and _is_plain(info) and _is_plain(info.security_defaults)
     assert info.api_version == "v1" and info.version
     assert {"pty", "background_processes", "snapshots"} <= set(info.features)
-    assert info.isolation_tiers == ("RUNC",)
+    # gvisor too where `make gvisor` registered runsc with the engine.
+    assert info.isolation_tiers in (("RUNC",), ("RUNC", "GVISOR"))
     assert info.security_defaults.user == "65534:65534"
     swept = await client.sweep()
     assert swept.expired_sessions >= 0
@@ -350,3 +351,23 @@ async def test_archive_round_trip_and_refusal(client: SandboxClient) -> None:
             async for _ in session.export_archive("no-such-folder"):
                 pass
         assert missing.value.reason in ("FILE_NOT_FOUND", "NOT_A_DIRECTORY")
+
+
+async def test_isolation_is_asked_and_echoed(client: SandboxClient) -> None:
+    async with await client.create_session(allow=["echo"], isolation="runc") as session:
+        assert session.info.isolation == "RUNC"
+    info = await client.server_info()
+    if "GVISOR" not in info.isolation_tiers:
+        with pytest.raises(errors.FailedPrecondition) as refused:
+            await client.create_session(allow=["echo"], isolation="gvisor")
+        assert refused.value.reason == "ISOLATION_UNAVAILABLE"
+        return
+    async with await client.create_session(allow=["echo"], isolation="gvisor") as session:
+        assert session.info.isolation == "GVISOR"
+        assert (await session.run(["echo", "hi"])).stdout == b"hi\n"
+
+
+async def test_the_python_template(client: SandboxClient) -> None:
+    async with await client.create_session(allow=["python3"], template="python") as session:
+        assert session.info.template == "python"
+        assert (await session.run(["python3", "-c", "print(6 * 7)"])).stdout == b"42\n"

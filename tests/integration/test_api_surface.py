@@ -24,7 +24,7 @@ from conftest import (
 from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
-from sandboxd.v1 import common_pb2, filesystem_pb2, process_pb2, session_pb2
+from sandboxd.v1 import common_pb2, filesystem_pb2, images_pb2, process_pb2, session_pb2
 
 # The public contract (API.md): typed out here, not read from the server's own tables.
 SANDBOXD_SERVICES = {
@@ -192,7 +192,9 @@ ERROR_CASES: list[tuple[str, ErrorCase, grpc.StatusCode, str]] = [
     (
         "missing image",
         lambda s, sid: s.sessions.CreateSession(
-            S.CreateSessionRequest(image="sandboxd-runtime:no-such-image")
+            S.CreateSessionRequest(
+                image="sandboxd-runtime:no-such-image", pull_policy=images_pb2.PULL_POLICY_NEVER
+            )
         ),
         grpc.StatusCode.FAILED_PRECONDITION,
         "IMAGE_NOT_FOUND",

@@ -16,6 +16,7 @@ from google.protobuf import duration_pb2
 from sandboxd.v1 import (
     common_pb2,
     filesystem_pb2,
+    images_pb2,
     process_pb2,
     session_pb2,
     snapshot_pb2,
@@ -94,7 +95,7 @@ BAD_CREATE: list[tuple[str, dict[str, object], grpc.StatusCode, str]] = [
     ("image-long", {"image": "a" * 600}, INVALID, "INVALID_IMAGE"),
     (
         "image-missing",
-        {"image": "sandboxd-runtime:no-such-image"},
+        {"image": "sandboxd-runtime:no-such-image", "pull_policy": images_pb2.PULL_POLICY_NEVER},
         grpc.StatusCode.FAILED_PRECONDITION,
         "IMAGE_NOT_FOUND",
     ),

@@ -20,7 +20,7 @@ from conftest import (
     wait_until,
 )
 from google.protobuf import duration_pb2
-from sandboxd.v1 import common_pb2, session_pb2
+from sandboxd.v1 import common_pb2, images_pb2, session_pb2
 
 S = session_pb2
 
@@ -331,7 +331,9 @@ def test_manifest_file_over_cap_is_resource_exhausted(stubs: Stubs) -> None:
 def test_missing_image_is_failed_precondition(stubs: Stubs) -> None:
     expect_error(
         lambda: stubs.sessions.CreateSession(
-            S.CreateSessionRequest(image="sandboxd-runtime:no-such-image")
+            S.CreateSessionRequest(
+                image="sandboxd-runtime:no-such-image", pull_policy=images_pb2.PULL_POLICY_NEVER
+            )
         ),
         grpc.StatusCode.FAILED_PRECONDITION,
         "IMAGE_NOT_FOUND",

@@ -111,7 +111,10 @@ def test_every_size_ends_in_bytes() -> None:
 def test_new_timestamps_end_in_time() -> None:
     for f in _fields():
         if f.message_type is not None and f.message_type.full_name == "google.protobuf.Timestamp":
-            assert f.name.endswith("_time") or f.full_name in OLD_TIMESTAMPS, f.full_name
+            if f.name.endswith("_time") or f.full_name in OLD_TIMESTAMPS:
+                continue
+            twin = f.name.removesuffix("_at") + "_time"
+            assert _deprecated(f) and twin in f.containing_type.fields_by_name, f.full_name
 
 
 def test_one_name_for_making_parents() -> None:

@@ -92,16 +92,21 @@ def test_health_checks_off() -> None:
 
 def test_a_tenants_allowlist_adds_to_the_servers() -> None:
     alpha = tenancy.TenantGrants(image_allowlist="python:3.*")
-    check_image("python:3.12", allowed_patterns("sandboxd-runtime:*", alpha))
-    check_image("sandboxd-runtime:busybox", allowed_patterns("sandboxd-runtime:*", alpha))
+    check_image("python:3.12", allowed_patterns("sandboxd-runtime:*", alpha.image_allowlist))
+    check_image(
+        "sandboxd-runtime:busybox", allowed_patterns("sandboxd-runtime:*", alpha.image_allowlist)
+    )
     with pytest.raises(PermissionDenied):  # another tenant (or the local one) has no such grant
-        check_image("python:3.12", allowed_patterns("sandboxd-runtime:*", tenancy.TenantGrants()))
+        check_image(
+            "python:3.12",
+            allowed_patterns("sandboxd-runtime:*", tenancy.TenantGrants().image_allowlist),
+        )
     with pytest.raises(PermissionDenied):
-        check_image("python:3.12", allowed_patterns("sandboxd-runtime:*"))
+        check_image("python:3.12", allowed_patterns("sandboxd-runtime:*", None))
 
 
 def test_the_operators_default_image_is_allowed() -> None:
-    patterns = allowed_patterns("sandboxd-runtime:*", tenancy.TenantGrants(), default_image="alp")
+    patterns = allowed_patterns("sandboxd-runtime:*", None, default_image="alp")
     check_image("alp", patterns)
     check_image("docker.io/library/alp:latest", patterns)
     with pytest.raises(PermissionDenied):

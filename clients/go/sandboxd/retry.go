@@ -56,6 +56,7 @@ var Idempotent = map[string]bool{
 	"/sandboxd.v1.SnapshotService/DownloadSnapshot":   true,
 	"/sandboxd.v1.AdminService/GetServerInfo":         true,
 	"/sandboxd.v1.AdminService/Sweep":                 true,
+	"/sandboxd.v1.AdminService/ListImages":            true,
 }
 
 // IdempotentWithID are the RPCs idempotent when the request names its id: the field that does.

@@ -20,6 +20,10 @@ type AdminServiceClient interface {
 	GetServerInfo(ctx context.Context, in *GetServerInfoRequest, opts ...grpc.CallOption) (*GetServerInfoResponse, error)
 	// Expires ended leases and removes this server's containers that no session claims.
 	Sweep(ctx context.Context, in *SweepRequest, opts ...grpc.CallOption) (*SweepResponse, error)
+	// Pulls an image the caller may use (pre-warming), streaming the engine's progress.
+	PullImage(ctx context.Context, in *PullImageRequest, opts ...grpc.CallOption) (AdminService_PullImageClient, error)
+	// The images the caller may use that the engine holds, with digest, size and last use.
+	ListImages(ctx context.Context, in *ListImagesRequest, opts ...grpc.CallOption) (*ListImagesResponse, error)
 }
 
 type adminServiceClient struct {
@@ -48,6 +52,47 @@ func (c *adminServiceClient) Sweep(ctx context.Context, in *SweepRequest, opts .
 	return out, nil
 }
 
+func (c *adminServiceClient) PullImage(ctx context.Context, in *PullImageRequest, opts ...grpc.CallOption) (AdminService_PullImageClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_AdminService_serviceDesc.Streams[0], "/sandboxd.v1.AdminService/PullImage", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &adminServicePullImageClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type AdminService_PullImageClient interface {
+	Recv() (*PullImageResponse, error)
+	grpc.ClientStream
+}
+
+type adminServicePullImageClient struct {
+	grpc.ClientStream
+}
+
+func (x *adminServicePullImageClient) Recv() (*PullImageResponse, error) {
+	m := new(PullImageResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (c *adminServiceClient) ListImages(ctx context.Context, in *ListImagesRequest, opts ...grpc.CallOption) (*ListImagesResponse, error) {
+	out := new(ListImagesResponse)
+	err := c.cc.Invoke(ctx, "/sandboxd.v1.AdminService/ListImages", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility
@@ -55,6 +100,10 @@ type AdminServiceServer interface {
 	GetServerInfo(context.Context, *GetServerInfoRequest) (*GetServerInfoResponse, error)
 	// Expires ended leases and removes this server's containers that no session claims.
 	Sweep(context.Context, *SweepRequest) (*SweepResponse, error)
+	// Pulls an image the caller may use (pre-warming), streaming the engine's progress.
+	PullImage(*PullImageRequest, AdminService_PullImageServer) error
+	// The images the caller may use that the engine holds, with digest, size and last use.
+	ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -67,6 +116,12 @@ func (UnimplementedAdminServiceServer) GetServerInfo(context.Context, *GetServer
 }
 func (UnimplementedAdminServiceServer) Sweep(context.Context, *SweepRequest) (*SweepResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Sweep not implemented")
+}
+func (UnimplementedAdminServiceServer) PullImage(*PullImageRequest, AdminService_PullImageServer) error {
+	return status.Errorf(codes.Unimplemented, "method PullImage not implemented")
+}
+func (UnimplementedAdminServiceServer) ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListImages not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 
@@ -117,6 +172,45 @@ func _AdminService_Sweep_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_PullImage_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(PullImageRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AdminServiceServer).PullImage(m, &adminServicePullImageServer{stream})
+}
+
+type AdminService_PullImageServer interface {
+	Send(*PullImageResponse) error
+	grpc.ServerStream
+}
+
+type adminServicePullImageServer struct {
+	grpc.ServerStream
+}
+
+func (x *adminServicePullImageServer) Send(m *PullImageResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func _AdminService_ListImages_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListImagesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListImages(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sandboxd.v1.AdminService/ListImages",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListImages(ctx, req.(*ListImagesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _AdminService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sandboxd.v1.AdminService",
 	HandlerType: (*AdminServiceServer)(nil),
@@ -129,7 +223,17 @@ var _AdminService_serviceDesc = grpc.ServiceDesc{
 			MethodName: "Sweep",
 			Handler:    _AdminService_Sweep_Handler,
 		},
+		{
+			MethodName: "ListImages",
+			Handler:    _AdminService_ListImages_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "PullImage",
+			Handler:       _AdminService_PullImage_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "sandboxd/v1/admin.proto",
 }

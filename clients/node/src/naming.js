@@ -48,6 +48,7 @@ export const IDEMPOTENT = new Set([
   'sandboxd.v1.SnapshotService/DownloadSnapshot',
   'sandboxd.v1.AdminService/GetServerInfo',
   'sandboxd.v1.AdminService/Sweep',
+  'sandboxd.v1.AdminService/ListImages',
 ]);
 
 /** RPCs that are idempotent when the caller chose the id: the request field that names it. */

@@ -179,6 +179,30 @@ export declare class ImageHasVolumesError extends FailedPrecondition {}
 export declare class TenantStreamQuotaError extends ResourceExhausted {}
 /** DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout. */
 export declare class StreamIdleError extends DeadlineExceeded {}
+/** FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now (e.g. gvisor without runsc registered); never silently replaced by another tier. */
+export declare class IsolationUnavailableError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed). */
+export declare class IsolationNotAllowedError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY. */
+export declare class IsolationNetworkUnsupportedError extends FailedPrecondition {}
+/** NOT_FOUND: No template of that name (built-in: busybox, python). */
+export declare class TemplateNotFoundError extends NotFound {}
+/** INVALID_ARGUMENT: CreateSession names both a template and an image. */
+export declare class TemplateWithImageError extends InvalidArgument {}
+/** NOT_FOUND: The registry has no such repository, tag or digest. */
+export declare class RegistryImageNotFoundError extends NotFound {}
+/** FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file). */
+export declare class RegistryUnauthorizedError extends FailedPrecondition {}
+/** UNAVAILABLE, retryable: The registry did not answer. */
+export declare class RegistryUnreachableError extends Unavailable {}
+/** RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes. */
+export declare class ImageTooLargeError extends ResourceExhausted {}
+/** INTERNAL: The engine failed the pull for another reason (its message says which). */
+export declare class ImagePullFailedError extends Internal {}
+/** INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header, template), or names a secret a live update cannot add. */
+export declare class SecretBindingInvalidError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
+export declare class SecretRefNotFoundError extends InvalidArgument {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -279,7 +303,19 @@ export type Reason =
   | 'IMAGE_NOT_ALLOWED'
   | 'IMAGE_HAS_VOLUMES'
   | 'TENANT_STREAM_QUOTA'
-  | 'STREAM_IDLE';
+  | 'STREAM_IDLE'
+  | 'ISOLATION_UNAVAILABLE'
+  | 'ISOLATION_NOT_ALLOWED'
+  | 'ISOLATION_NETWORK_UNSUPPORTED'
+  | 'TEMPLATE_NOT_FOUND'
+  | 'TEMPLATE_WITH_IMAGE'
+  | 'REGISTRY_IMAGE_NOT_FOUND'
+  | 'REGISTRY_UNAUTHORIZED'
+  | 'REGISTRY_UNREACHABLE'
+  | 'IMAGE_TOO_LARGE'
+  | 'IMAGE_PULL_FAILED'
+  | 'SECRET_BINDING_INVALID'
+  | 'SECRET_REF_NOT_FOUND';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

@@ -179,6 +179,30 @@ export class ImageHasVolumesError extends FailedPrecondition {}
 export class TenantStreamQuotaError extends ResourceExhausted {}
 /** DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout. */
 export class StreamIdleError extends DeadlineExceeded {}
+/** FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now (e.g. gvisor without runsc registered); never silently replaced by another tier. */
+export class IsolationUnavailableError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed). */
+export class IsolationNotAllowedError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY. */
+export class IsolationNetworkUnsupportedError extends FailedPrecondition {}
+/** NOT_FOUND: No template of that name (built-in: busybox, python). */
+export class TemplateNotFoundError extends NotFound {}
+/** INVALID_ARGUMENT: CreateSession names both a template and an image. */
+export class TemplateWithImageError extends InvalidArgument {}
+/** NOT_FOUND: The registry has no such repository, tag or digest. */
+export class RegistryImageNotFoundError extends NotFound {}
+/** FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file). */
+export class RegistryUnauthorizedError extends FailedPrecondition {}
+/** UNAVAILABLE, retryable: The registry did not answer. */
+export class RegistryUnreachableError extends Unavailable {}
+/** RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes. */
+export class ImageTooLargeError extends ResourceExhausted {}
+/** INTERNAL: The engine failed the pull for another reason (its message says which). */
+export class ImagePullFailedError extends Internal {}
+/** INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header, template), or names a secret a live update cannot add. */
+export class SecretBindingInvalidError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
+export class SecretRefNotFoundError extends InvalidArgument {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -281,4 +305,16 @@ export const REASONS = Object.freeze({
   IMAGE_HAS_VOLUMES: { code: 'FAILED_PRECONDITION', retryable: false, error: ImageHasVolumesError },
   TENANT_STREAM_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TenantStreamQuotaError },
   STREAM_IDLE: { code: 'DEADLINE_EXCEEDED', retryable: false, error: StreamIdleError },
+  ISOLATION_UNAVAILABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: IsolationUnavailableError },
+  ISOLATION_NOT_ALLOWED: { code: 'FAILED_PRECONDITION', retryable: false, error: IsolationNotAllowedError },
+  ISOLATION_NETWORK_UNSUPPORTED: { code: 'FAILED_PRECONDITION', retryable: false, error: IsolationNetworkUnsupportedError },
+  TEMPLATE_NOT_FOUND: { code: 'NOT_FOUND', retryable: false, error: TemplateNotFoundError },
+  TEMPLATE_WITH_IMAGE: { code: 'INVALID_ARGUMENT', retryable: false, error: TemplateWithImageError },
+  REGISTRY_IMAGE_NOT_FOUND: { code: 'NOT_FOUND', retryable: false, error: RegistryImageNotFoundError },
+  REGISTRY_UNAUTHORIZED: { code: 'FAILED_PRECONDITION', retryable: false, error: RegistryUnauthorizedError },
+  REGISTRY_UNREACHABLE: { code: 'UNAVAILABLE', retryable: true, error: RegistryUnreachableError },
+  IMAGE_TOO_LARGE: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: ImageTooLargeError },
+  IMAGE_PULL_FAILED: { code: 'INTERNAL', retryable: false, error: ImagePullFailedError },
+  SECRET_BINDING_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretBindingInvalidError },
+  SECRET_REF_NOT_FOUND: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretRefNotFoundError },
 });

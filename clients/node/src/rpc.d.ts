@@ -33,6 +33,8 @@ export type Requests<T> = Iterable<Init<T>> | AsyncIterable<Init<T>>;
 export interface AdminServiceClient {
   getServerInfo(request: Init<GetServerInfoRequest>, options?: CallOptions): Promise<GetServerInfoResponse>;
   sweep(request: Init<SweepRequest>, options?: CallOptions): Promise<SweepResponse>;
+  pullImage(request: Init<PullImageRequest>, options?: CallOptions): AsyncGenerator<PullImageResponse, void, undefined>;
+  listImages(request: Init<ListImagesRequest>, options?: CallOptions): Promise<ListImagesResponse>;
 }
 
 export interface GetServerInfoRequest {
@@ -111,6 +113,8 @@ export interface NetworkPolicy {
   allowed_ports: number[];
   allow_private_networks: boolean;
   quotas: ProxyQuotas | null;
+  secrets: SecretBinding[];
+  refuse_misdirected_secrets: boolean;
 }
 
 export interface ProxyQuotas {
@@ -134,6 +138,61 @@ export type Isolation =
   | 'ISOLATION_UNSPECIFIED'
   | 'ISOLATION_RUNC'
   | 'ISOLATION_GVISOR';
+
+export interface SecretBinding {
+  name: string;
+  value: Buffer;
+  secret_ref: string;
+  hosts: string[];
+  header: string;
+  template: string;
+}
+
+export type PullPolicy =
+  | 'PULL_POLICY_UNSPECIFIED'
+  | 'PULL_POLICY_IF_NOT_PRESENT'
+  | 'PULL_POLICY_ALWAYS'
+  | 'PULL_POLICY_NEVER';
+
+export interface PullImageRequest {
+  image: string;
+}
+
+export interface PullImageProgress {
+  status: string;
+  current_bytes: number;
+  total_bytes: number;
+  layers_total: number;
+  layers_done: number;
+}
+
+export interface PullImageDone {
+  image_digest: string;
+}
+
+export interface PullImageResponse {
+  progress: PullImageProgress | null;
+  done: PullImageDone | null;
+  event?: 'progress' | 'done';
+}
+
+export interface ListImagesRequest {
+  page_size: number;
+  page_token: string;
+}
+
+export interface ImageInfo {
+  name: string;
+  digest: string;
+  size_bytes: number;
+  last_used_at: Timestamp | null;
+  last_used_time: Timestamp | null;
+}
+
+export interface ListImagesResponse {
+  images: ImageInfo[];
+  next_page_token: string;
+}
 
 export type ErrorReason =
   | 'ERROR_REASON_UNSPECIFIED'
@@ -235,7 +294,19 @@ export type ErrorReason =
   | 'ERROR_REASON_IMAGE_NOT_ALLOWED'
   | 'ERROR_REASON_IMAGE_HAS_VOLUMES'
   | 'ERROR_REASON_TENANT_STREAM_QUOTA'
-  | 'ERROR_REASON_STREAM_IDLE';
+  | 'ERROR_REASON_STREAM_IDLE'
+  | 'ERROR_REASON_ISOLATION_UNAVAILABLE'
+  | 'ERROR_REASON_ISOLATION_NOT_ALLOWED'
+  | 'ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED'
+  | 'ERROR_REASON_TEMPLATE_NOT_FOUND'
+  | 'ERROR_REASON_TEMPLATE_WITH_IMAGE'
+  | 'ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND'
+  | 'ERROR_REASON_REGISTRY_UNAUTHORIZED'
+  | 'ERROR_REASON_REGISTRY_UNREACHABLE'
+  | 'ERROR_REASON_IMAGE_TOO_LARGE'
+  | 'ERROR_REASON_IMAGE_PULL_FAILED'
+  | 'ERROR_REASON_SECRET_BINDING_INVALID'
+  | 'ERROR_REASON_SECRET_REF_NOT_FOUND';
 
 /** sandboxd.v1.FilesystemService: SandboxClient.files. */
 export interface FilesystemServiceClient {
@@ -689,6 +760,9 @@ export interface CreateSessionRequest {
   lease_ttl: Duration | null;
   user: string;
   from_snapshot_id: string;
+  isolation: Isolation;
+  template: string;
+  pull_policy: PullPolicy;
 }
 
 export interface CreateSessionResponse {
@@ -773,6 +847,8 @@ export interface EgressEvent {
   ended: string;
   up_bytes: number;
   down_bytes: number;
+  kind: string;
+  secret: string;
 }
 
 export interface SuspendSessionRequest {
@@ -807,6 +883,9 @@ export interface Session {
   user: string;
   workspace_id: string;
   state_reason: SessionStateReason | null;
+  isolation: Isolation;
+  template: string;
+  image_digest: string;
 }
 
 /** sandboxd.v1.SnapshotService: SandboxClient.snapshots. */

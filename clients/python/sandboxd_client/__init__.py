@@ -15,6 +15,7 @@ from sandboxd_client import errors
 from sandboxd_client._rpc import RetryPolicy
 from sandboxd_client.client import API_VERSION, DEFAULT_ADDRESS, TLS, SandboxClient
 from sandboxd_client.errors import Reason, SandboxError
+from sandboxd_client.images import ImageInfo, PullDone, PullProgress
 from sandboxd_client.interaction import Interaction
 from sandboxd_client.models import (
     ArchiveImported,
@@ -30,6 +31,7 @@ from sandboxd_client.models import (
     ProxyQuotas,
     ResourceLimits,
     RunResult,
+    SecretBinding,
     ServerInfo,
     SessionInfo,
     SnapshotInfo,
@@ -42,6 +44,9 @@ from sandboxd_client.session import Session
 __version__ = "0.2.0"
 
 __all__ = [
+    "ImageInfo",
+    "PullDone",
+    "PullProgress",
     "API_VERSION",
     "DEFAULT_ADDRESS",
     "TLS",
@@ -57,6 +62,7 @@ __all__ = [
     "OutputGap",
     "ProcessInfo",
     "ProxyQuotas",
+    "SecretBinding",
     "Reason",
     "ResourceLimits",
     "RetryPolicy",

@@ -33,6 +33,7 @@ IDEMPOTENT = frozenset(
     f"{PACKAGE}.{name}"
     for name in (
         "AdminService/GetServerInfo",
+        "AdminService/ListImages",
         "SessionService/GetSession",
         "SessionService/ListSessions",
         "SessionService/RenewLease",

@@ -29,6 +29,7 @@ from typing import Any
 
 from sandboxd_client.cli_completion import completion_script
 from sandboxd_client.cli_files import cmd_cp
+from sandboxd_client.cli_images import add_image_commands
 from sandboxd_client.cli_network import add_policy_options, cmd_egress, cmd_network, policy_from
 from sandboxd_client.cli_output import emit, pairs, table, wants_json, when
 from sandboxd_client.cli_processes import (
@@ -72,6 +73,9 @@ async def cmd_create(client: SandboxClient, args: argparse.Namespace) -> int:
         user=args.user or "",
         network=policy_from(args),
         from_snapshot_id=getattr(args, "snapshot", "") or "",
+        isolation=args.isolation or "",
+        template=args.template or "",
+        pull_policy=args.pull_policy or "",
     )
     emit(args, session.info, session.id)
     return 0
@@ -151,6 +155,15 @@ def _session_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", metavar="KEY=VALUE")
     p.add_argument("--file", action="append", metavar="REMOTE=LOCAL", help="declare a file")
     p.add_argument("--image")
+    p.add_argument("--template", help="a template by name, e.g. python (instead of --image)")
+    p.add_argument(
+        "--isolation", choices=("runc", "gvisor"), help="isolation tier (default: the server's)"
+    )
+    p.add_argument(
+        "--pull-policy",
+        choices=("IF_NOT_PRESENT", "ALWAYS", "NEVER"),
+        help="when to ask the registry for the image (default IF_NOT_PRESENT)",
+    )
     p.add_argument("--user", help="numeric uid:gid")
     p.add_argument("--lease", type=float, metavar="SECONDS")
     p.add_argument("--json", action="store_true", help="same as -o json")
@@ -246,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action="store_true", default=None, help="always show progress")
     p.add_argument("--no-progress", action="store_false", dest="progress")
 
+    add_image_commands(sub)
     snap = sub.add_parser("snapshot", help="snapshots: create, ls, get, rm, download")
     ssub = snap.add_subparsers(dest="snapshot_command", required=True)
     p = ssub.add_parser("create", help="snapshot a session, print the snapshot id")

@@ -48,6 +48,7 @@ from sandboxd_client.errors import (
     SandboxError,
     from_rpc_error,
 )
+from sandboxd_client.images import ImagesMixin, pull_policy_pb
 from sandboxd_client.models import (
     NetworkPolicy,
     ResourceLimits,
@@ -95,7 +96,7 @@ def check_api_version(info: ServerInfo, address: str) -> None:
         )
 
 
-class SandboxClient:
+class SandboxClient(ImagesMixin):
     """A connection to one sandboxd server; use as `async with SandboxClient(addr) as c`.
 
     `token` is sent as a bearer token on every call. `timeout` is the default deadline in
@@ -318,9 +319,16 @@ class SandboxClient:
         lease_ttl: float | None = None,
         user: str = "",
         from_snapshot_id: str = "",
+        isolation: str = "",
+        template: str = "",
+        pull_policy: str = "",
         timeout: float | None = UNSET,
     ) -> Session:
         """Create a session. Every command is denied unless named in `allow` or `allow_all`.
+
+        `isolation` is "runc" or "gvisor" (empty: the server's default; `server_info()` lists
+        the tiers on offer); a tier the server cannot give is refused, never replaced.
+        `template` names a template ("python", "busybox") instead of an `image`.
 
         With a caller-chosen `session_id` the call is idempotent (the same request returns
         the same session), so it is retried on transient errors; without one it never is.
@@ -343,6 +351,11 @@ class SandboxClient:
             lease_ttl=duration(lease_ttl),
             user=user,
             from_snapshot_id=from_snapshot_id,
+            isolation=common_pb2.Isolation.Value("ISOLATION_" + isolation.upper())
+            if isolation
+            else common_pb2.ISOLATION_UNSPECIFIED,
+            template=template,
+            pull_policy=pull_policy_pb(pull_policy),
         )
         resp = await self._unary(
             "SessionService/CreateSession",

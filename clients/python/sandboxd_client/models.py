@@ -24,6 +24,7 @@ from sandboxd_client._gen.sandboxd.v1 import (
     common_pb2,
     filesystem_pb2,
     polish_pb2,
+    secrets_pb2,
     session_pb2,
     snapshot_pb2,
 )
@@ -162,6 +163,33 @@ class ProxyQuotas:
 
 
 @dataclasses.dataclass(frozen=True)
+class SecretBinding:
+    """A secret the server's egress proxy adds for `hosts`; the sandbox's variable `name` holds
+    a placeholder. `value` is write-only (a session read back has it empty); or `secret_ref`."""
+
+    name: str
+    hosts: tuple[str, ...] = ()
+    value: bytes = dataclasses.field(default=b"", repr=False)
+    secret_ref: str = ""
+    header: str = ""
+    template: str = ""
+
+    @classmethod
+    def from_pb(cls, m: secrets_pb2.SecretBinding) -> Self:
+        return cls(m.name, tuple(m.hosts), m.value, m.secret_ref, m.header, m.template)
+
+    def to_pb(self) -> secrets_pb2.SecretBinding:
+        return secrets_pb2.SecretBinding(
+            name=self.name,
+            hosts=list(self.hosts),
+            value=self.value,
+            secret_ref=self.secret_ref,
+            header=self.header,
+            template=self.template,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class NetworkPolicy:
     """`mode` "DENY" (no network, the default) or "ALLOWLIST" (declared names and ports)."""
 
@@ -170,6 +198,8 @@ class NetworkPolicy:
     allowed_ports: tuple[int, ...] = ()
     allow_private_networks: bool = False
     quotas: ProxyQuotas | None = None
+    secrets: tuple[SecretBinding, ...] = ()
+    refuse_misdirected_secrets: bool = False
 
     @classmethod
     def from_pb(cls, m: common_pb2.NetworkPolicy) -> Self:
@@ -179,6 +209,8 @@ class NetworkPolicy:
             tuple(m.allowed_ports),
             m.allow_private_networks,
             ProxyQuotas.from_pb(m.quotas) if m.HasField("quotas") else None,
+            tuple(SecretBinding.from_pb(b) for b in m.secrets),
+            m.refuse_misdirected_secrets,
         )
 
     def to_pb(self) -> common_pb2.NetworkPolicy:
@@ -188,6 +220,8 @@ class NetworkPolicy:
             allowed_ports=list(self.allowed_ports),
             allow_private_networks=self.allow_private_networks,
             quotas=self.quotas.to_pb() if self.quotas is not None else None,
+            secrets=[b.to_pb() for b in self.secrets],
+            refuse_misdirected_secrets=self.refuse_misdirected_secrets,
         )
 
 
@@ -225,6 +259,9 @@ class SessionInfo:
     workspace_id: str = ""
     # Why the session is EXPIRED or FAILED, and whether it can recover; None while it runs.
     state_reason: StateReason | None = None
+    isolation: str = ""  # RUNC or GVISOR
+    template: str = ""
+    image_digest: str = ""  # the digest it runs (a resume or fork runs the same)
 
     @classmethod
     def from_pb(cls, m: session_pb2.Session) -> Self:
@@ -245,6 +282,9 @@ class SessionInfo:
             state_reason=StateReason.from_pb(m.state_reason)
             if m.HasField("state_reason")
             else None,
+            isolation=enum_name(common_pb2.Isolation, m.isolation, "ISOLATION_"),
+            template=m.template,
+            image_digest=m.image_digest,
         )
 
 
@@ -262,6 +302,8 @@ class EgressEvent:
     bytes_down: int
     duration: float
     ended: str
+    kind: str = "egress"  # or secret_injected, secret_misdirected
+    secret: str = ""  # the secret's name for those kinds
 
     @classmethod
     def from_pb(cls, m: session_pb2.EgressEvent) -> Self:
@@ -278,6 +320,8 @@ class EgressEvent:
             m.bytes_down,
             seconds(m.duration),
             m.ended,
+            m.kind or "egress",
+            m.secret,
         )
 
 

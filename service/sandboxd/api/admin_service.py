@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from sandboxd import __version__
-from sandboxd.api import convert, egress_convert
-from sandboxd.api.errors import Ctx, unary
+from collections.abc import AsyncGenerator
+
+from sandboxd import __version__, images, tenancy, validation
+from sandboxd.api import convert, egress_convert, image_convert
+from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config import Config
 from sandboxd.egress.networks import EgressManager, FilterMode
 from sandboxd.egress.policy import DEFAULT_QUOTAS, MAX_QUOTAS
 from sandboxd.engine import Engine
+from sandboxd.errors import Internal
+from sandboxd.isolation import IsolationTiers
+from sandboxd.pulls import Pulls
+from sandboxd.sessions import paging
 from sandboxd.sweeper import Sweeper
-from sandboxd.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+from sandboxd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, images_pb2
 
 _EGRESS_FILTER = {
     FilterMode.IPTABLES: admin_pb2.EGRESS_FILTER_IPTABLES,
@@ -21,7 +27,14 @@ _EGRESS_FILTER = {
 # The major version of the API this server speaks: clients refuse a server of another one.
 API_VERSION = "v1"
 # What every server of this version offers; optional extras are added per configuration.
-_BASE_FEATURES = ("pty", "background_processes", "snapshots", "image_snapshots", "archives")
+_BASE_FEATURES = (
+    "pty",
+    "background_processes",
+    "snapshots",
+    "image_snapshots",
+    "archives",
+    "image_pulls",
+)
 
 
 class AdminService(admin_pb2_grpc.AdminServiceServicer):
@@ -31,7 +44,11 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         engine: Engine,
         egress: EgressManager | None = None,
         sweeper: Sweeper | None = None,
+        tiers: IsolationTiers | None = None,
+        pulls: Pulls | None = None,
     ) -> None:
+        self._tiers = tiers  # None: runc only
+        self._pulls = pulls
         self._config = config
         self._engine = engine
         self._egress = egress
@@ -83,7 +100,11 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
             proxy_quotas_max=egress_convert.quotas_pb(MAX_QUOTAS),
             api_version=API_VERSION,
             features=self._features(),
-            isolation_tiers=[common_pb2.ISOLATION_RUNC],
+            isolation_tiers=(
+                [convert.ISOLATION_PB[t] for t in self._tiers.available()]
+                if self._tiers is not None
+                else [common_pb2.ISOLATION_RUNC]
+            ),
         )
 
     def _features(self) -> list[str]:
@@ -94,3 +115,52 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         if self._config.metrics.listen:
             features.append("metrics")
         return features
+
+    # ----- images from a registry (sandboxd.pulls) ----------------------------------------
+
+    def _image_patterns(self) -> tuple[str, ...]:
+        return images.allowed_patterns(
+            self._config.images.allowlist,
+            tenancy.current_grants().image_allowlist,
+            default_image=self._config.engine.image,
+        )
+
+    def _need_pulls(self) -> Pulls:
+        if self._pulls is None:  # pragma: no cover - server.py always passes one
+            raise Internal("this server does not pull images")
+        return self._pulls
+
+    @stream
+    async def PullImage(
+        self, request: images_pb2.PullImageRequest, context: Ctx
+    ) -> AsyncGenerator[images_pb2.PullImageResponse, None]:
+        pulls = self._need_pulls()
+        image = validation.validate_image(request.image)
+        images.check_image(image, self._image_patterns())  # before any registry traffic
+        async for event in pulls.watch(image):
+            yield image_convert.pull_event_pb(event)
+
+    @unary
+    async def ListImages(
+        self, request: images_pb2.ListImagesRequest, context: Ctx
+    ) -> images_pb2.ListImagesResponse:
+        usable = await self._need_pulls().usable(self._image_patterns())
+        token = ""
+        if request.page_size or request.page_token:
+            usable, token = paging.page(
+                sorted(usable, key=_image_key),
+                _image_key,
+                paging.page_size(request.page_size),
+                request.page_token,
+                f"images {tenancy.current()!r}",
+            )
+        return images_pb2.ListImagesResponse(
+            images=[image_convert.image_info_pb(rec, last) for rec, last in usable],
+            next_page_token=token,
+        )
+
+
+def _image_key(usable: tuple[object, float]) -> str:
+    """ListImages pages in name order; the digest keeps two tags of one name apart."""
+    image = usable[0]
+    return f"{getattr(image, 'name', '')} {getattr(image, 'digest', '')}"

@@ -5,8 +5,9 @@ from __future__ import annotations
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from sandboxd import validation
-from sandboxd.api import egress_convert
+from sandboxd.api import egress_convert, image_convert
 from sandboxd.errors import InvalidArgument
+from sandboxd.isolation import Isolation
 from sandboxd.models import (
     ExecEvent,
     ExecExited,
@@ -107,6 +108,23 @@ def limits_request(pb: common_pb2.ResourceLimits) -> LimitsRequest:
     )
 
 
+ISOLATION_PB = {
+    Isolation.RUNC: common_pb2.ISOLATION_RUNC,
+    Isolation.GVISOR: common_pb2.ISOLATION_GVISOR,
+}
+
+
+def isolation_from_pb(value: int) -> Isolation | None:
+    """UNSPECIFIED is the server's default (None); a number this server does not know is an
+    invalid argument, not a silent default."""
+    if value == common_pb2.ISOLATION_UNSPECIFIED:
+        return None
+    for tier, number in ISOLATION_PB.items():
+        if number == value:
+            return tier
+    raise InvalidArgument(f"unknown isolation {value}", reason=Reason.INVALID_ARGUMENT)
+
+
 def limits_pb(limits: Limits) -> common_pb2.ResourceLimits:
     return common_pb2.ResourceLimits(
         memory_bytes=limits.memory_bytes,
@@ -129,6 +147,8 @@ def network_policy(pb: common_pb2.NetworkPolicy) -> NetworkPolicy:
         allowed_ports=tuple(pb.allowed_ports),
         allow_private_networks=pb.allow_private_networks,
         quotas=egress_convert.quotas(pb.quotas),
+        secrets=egress_convert.secrets(pb.secrets),
+        refuse_misdirected_secrets=pb.refuse_misdirected_secrets,
     )
 
 
@@ -139,6 +159,8 @@ def network_pb(policy: NetworkPolicy) -> common_pb2.NetworkPolicy:
         allowed_ports=list(policy.allowed_ports),
         allow_private_networks=policy.allow_private_networks,
         quotas=egress_convert.quotas_pb(policy.quotas),
+        secrets=egress_convert.secrets_pb(policy.secrets),
+        refuse_misdirected_secrets=policy.refuse_misdirected_secrets,
     )
 
 
@@ -159,6 +181,9 @@ def create_input(req: session_pb2.CreateSessionRequest) -> CreateSessionInput:
             directories=tuple(req.workspace.directories),
         ),
         from_snapshot_id=req.from_snapshot_id,
+        isolation=isolation_from_pb(req.isolation),
+        template=req.template,
+        pull_policy=image_convert.pull_policy(req.pull_policy),
     )
 
 
@@ -189,6 +214,9 @@ def session_pb(s: Session) -> session_pb2.Session:
         user=s.spec.user,
         workspace_id=s.spec.manifest.id,
         state_reason=_state_reason_pb(s),
+        isolation=ISOLATION_PB[s.spec.isolation],
+        template=s.spec.template,
+        image_digest=s.spec.image_digest,
     )
 
 

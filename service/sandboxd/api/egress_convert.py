@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from sandboxd import validation
 from sandboxd.egress.audit import EgressEvent
-from sandboxd.models import ProxyQuotas
-from sandboxd.v1 import common_pb2, session_pb2
+from sandboxd.models import ProxyQuotas, SecretBinding
+from sandboxd.v1 import common_pb2, secrets_pb2, session_pb2
 
 
 def _seconds(value: duration_pb2.Duration) -> float | None:
@@ -71,4 +73,34 @@ def event_pb(e: EgressEvent) -> session_pb2.EgressEvent:
         down_bytes=e.bytes_down,
         duration=_duration(e.duration_s),
         ended=e.ended,
+        kind=e.kind,
+        secret=e.secret,
     )
+
+
+def secrets(pbs: Sequence[secrets_pb2.SecretBinding]) -> tuple[SecretBinding, ...]:
+    return tuple(
+        SecretBinding(
+            name=pb.name,
+            hosts=tuple(pb.hosts),
+            header=pb.header,
+            template=pb.template,
+            secret_ref=pb.secret_ref,
+            value=pb.value or None,
+        )
+        for pb in pbs
+    )
+
+
+def secrets_pb(bindings: Sequence[SecretBinding]) -> list[secrets_pb2.SecretBinding]:
+    """Values are write-only: never in an answer, sealed or not."""
+    return [
+        secrets_pb2.SecretBinding(
+            name=b.name,
+            hosts=list(b.hosts),
+            header=b.header,
+            template=b.template,
+            secret_ref=b.secret_ref,
+        )
+        for b in bindings
+    ]

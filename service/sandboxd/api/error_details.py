@@ -28,6 +28,7 @@ RETRYABLE = frozenset(
         Reason.ENGINE_UNAVAILABLE,
         Reason.ENGINE_CONFLICT,
         Reason.CONTAINER_REBUILDING,
+        Reason.REGISTRY_UNREACHABLE,
     }
 )
 RETRY_DELAY_S = 1

@@ -34,6 +34,8 @@ class EgressEvent:
     bytes_down: int = 0
     duration_s: float = 0.0
     ended: str = ""  # how an allowed connection ended: closed, idle_timeout, lifetime, ...
+    kind: str = "egress"  # or secret_injected / secret_misdirected (sandboxd.secrets)
+    secret: str = ""  # the secret's name for the secret kinds (never its value)
 
 
 class AuditLog:
@@ -44,9 +46,11 @@ class AuditLog:
         session_id: str,
         max_events: int = MAX_EVENTS,
         on_decision: Callable[[bool], None] | None = None,
+        on_secret: Callable[[str], None] | None = None,
     ) -> None:
         self.session_id = session_id
         self._on_decision = on_decision  # metrics: counts verdicts, not tunnel ends
+        self._on_secret = on_secret  # metrics: counts secret events by kind
         self._events: collections.deque[EgressEvent] = collections.deque(maxlen=max_events)
         self._seq = 0
 
@@ -63,6 +67,8 @@ class AuditLog:
         bytes_down: int = 0,
         duration_s: float = 0.0,
         ended: str = "",
+        kind: str = "egress",
+        secret: str = "",
     ) -> EgressEvent:
         self._seq += 1
         event = EgressEvent(
@@ -79,9 +85,14 @@ class AuditLog:
             bytes_down=bytes_down,
             duration_s=round(duration_s, 3),
             ended=ended,
+            kind=kind,
+            secret=secret[:128],
         )
         self._events.append(event)
-        if self._on_decision is not None and not ended:
+        if kind != "egress":
+            if self._on_secret is not None:
+                self._on_secret(kind)
+        elif self._on_decision is not None and not ended:
             self._on_decision(allowed)
         verdict = "ALLOWED" if allowed else "REFUSED"
         # One line per decision; with the JSON log format every field is its own key.
@@ -94,7 +105,7 @@ class AuditLog:
             method or "-",
             event.host or "-",
             port,
-            reason or ended or "",
+            reason or ended or (f"{kind} {secret}" if secret else ""),
             extra=extra,
         )
         return event

@@ -27,9 +27,11 @@ from sandboxd.egress.target import TargetError, normalize_name
 from sandboxd.engine.docker_profile import NO_PROXY, apply_to_container
 from sandboxd.engine.protocol import Engine, SessionNetwork
 from sandboxd.errors import ConfigError, FailedPrecondition, Internal, SandboxError
+from sandboxd.helper_client import HelperClient
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_SESSION
 from sandboxd.models import NetworkMode, NetworkPolicy, Session, SessionState
 from sandboxd.reasons import Reason
+from sandboxd.secrets.setup import SecretsSetup
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +103,11 @@ class EgressManager:
         resolver: Resolver | None = None,
         protected: Protected | None = None,
         private_networks_granted: Callable[[str], bool] = lambda tenant: False,
+        secrets: SecretsSetup | None = None,
     ) -> None:
         self._engine = engine
+        self._secrets = secrets or SecretsSetup()
+        self._helper = HelperClient(engine)
         self._on_decision = on_decision
         self._owner_id = owner_id
         self._port = proxy_port
@@ -191,7 +196,12 @@ class EgressManager:
         if existing is not None:
             existing.rules = rules
             return net
-        audit = self._audit.setdefault(sid, AuditLog(sid, on_decision=self._on_decision))
+        audit = self._audit.setdefault(
+            sid,
+            AuditLog(
+                sid, on_decision=self._on_decision, on_secret=self._secrets.counter(session.tenant)
+            ),
+        )
         proxy = EgressProxy(
             sid,
             rules,
@@ -200,6 +210,7 @@ class EgressManager:
             audit,
             peer_network=subnet,
             protected=self._protected,
+            interceptor=self._secrets.interceptor(sid, session.tenant, policy),
         )
         try:
             await proxy.start(gateway, self._port)
@@ -218,6 +229,14 @@ class EgressManager:
             tenant = self._tenants.get(session_id, "")
             proxy.rules = _rules(policy, bool(tenant) and self._granted(tenant))
             proxy.quotas = ResolvedQuotas.of(policy.quotas)
+            if proxy.interceptor is not None:
+                proxy.interceptor.update(policy.secrets, policy.refuse_misdirected_secrets)
+
+    async def install_trust(self, session: Session) -> None:
+        """The session CA into a started sandbox that has secrets (its proxy draws the CA)."""
+        proxy = self._proxies.get(session.session_id)
+        if proxy is not None and proxy.interceptor is not None and session.container_id:
+            await proxy.interceptor.install_trust(self._helper, session.container_id)
 
     async def release(self, session_id: str, *, keep_audit: bool = False) -> None:
         """Close the proxy, remove the filter and the network (after the container is gone)."""
@@ -266,5 +285,6 @@ class EgressManager:
                 if session.state is SessionState.RUNNING and sid not in self._proxies:
                     try:
                         await self.prepare(session)
+                        await self.install_trust(session)  # a new CA since the restart
                     except SandboxError as exc:
                         log.warning("egress: cannot restore the proxy of %s: %s", sid, exc)

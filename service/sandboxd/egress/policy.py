@@ -14,6 +14,7 @@ from sandboxd.egress.target import TargetError, normalize_pattern
 from sandboxd.errors import InvalidArgument, PermissionDenied
 from sandboxd.models import NetworkMode, NetworkPolicy, ProxyQuotas
 from sandboxd.reasons import Reason
+from sandboxd.secrets import bindings
 
 MAX_DOMAINS = 256
 MAX_PORTS = 64
@@ -107,10 +108,16 @@ def validate_policy(
     if private_networks_granted is None:
         private_networks_granted = tenancy.current_grants().private_networks is True
     if asked.mode is not NetworkMode.ALLOWLIST:
-        if asked.allowed_domains or asked.allowed_ports or asked.allow_private_networks:
+        if (
+            asked.allowed_domains
+            or asked.allowed_ports
+            or asked.allow_private_networks
+            or asked.secrets
+            or asked.refuse_misdirected_secrets
+        ):
             raise InvalidArgument(
-                "network.allowed_domains, allowed_ports and allow_private_networks need "
-                "network.mode ALLOWLIST",
+                "network.allowed_domains, allowed_ports, allow_private_networks and secrets "
+                "need network.mode ALLOWLIST",
                 reason=Reason.NETWORK_POLICY_INVALID,
             )
         if any(v is not None for v in dataclasses.asdict(asked.quotas).values()):
@@ -151,10 +158,13 @@ def validate_policy(
             "network.mode ALLOWLIST needs at least one allowed domain and one allowed port",
             reason=Reason.NETWORK_POLICY_INVALID,
         )
+    allowed_domains = tuple(sorted(domains))
     return NetworkPolicy(
         mode=NetworkMode.ALLOWLIST,
-        allowed_domains=tuple(sorted(domains)),
+        allowed_domains=allowed_domains,
         allowed_ports=tuple(sorted(set(asked.allowed_ports))),
         allow_private_networks=asked.allow_private_networks,
         quotas=resolve_quotas(asked.quotas, default_quotas, max_quotas),
+        secrets=bindings.validate(asked.secrets, allowed_domains),
+        refuse_misdirected_secrets=asked.refuse_misdirected_secrets,
     )

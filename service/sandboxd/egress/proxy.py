@@ -29,6 +29,8 @@ from sandboxd.egress.target import (
     name_allowed,
     parse_request_head,
 )
+from sandboxd.secrets import inject, mitm
+from sandboxd.secrets.interceptor import Interceptor
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +101,10 @@ class EgressProxy:
         audit: AuditLog,
         peer_network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None,
         protected: Protected | None = None,
+        interceptor: Interceptor | None = None,
     ) -> None:
         self.session_id = session_id
+        self.interceptor = interceptor  # secrets: TLS terminated for their bound hosts
         self.rules = rules
         self.quotas = quotas
         self.audit = audit
@@ -165,6 +169,7 @@ class EgressProxy:
             try:
                 decision = await self._decide(reader)
                 up_reader, upstream, address = await self._dial(decision)
+                relay = await self._secrets(decision, upstream)
             except Refused as exc:
                 self.audit.record(
                     method=exc.method,
@@ -177,7 +182,7 @@ class EgressProxy:
                 reply(writer, exc.status, exc.reason, str(exc))
                 await linger_close(reader, writer)
                 return
-            await self._carry(decision, address, reader, writer, up_reader, upstream)
+            await self._carry(decision, address, reader, writer, up_reader, upstream, relay)
         except (ConnectionError, OSError):
             pass
         finally:
@@ -193,6 +198,7 @@ class EgressProxy:
         writer: asyncio.StreamWriter,
         up_reader: asyncio.StreamReader,
         upstream: asyncio.StreamWriter,
+        relay: mitm.HttpRelay | None = None,
     ) -> None:
         """Move the bytes of an allowed request; one audit event with the totals at the end."""
         loop = asyncio.get_running_loop()
@@ -206,14 +212,21 @@ class EgressProxy:
             else:
                 writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
                 await writer.drain()
+            if relay is not None and self.interceptor is not None:
+                relay.bind_counts(counts)
+                await relay.terminate(writer, self.interceptor.ca, self.quotas.header_timeout_s)
+                async with asyncio.timeout(self.quotas.tunnel_lifetime_s):
+                    await relay.run(reader, writer, up_reader, upstream)
+                return
             ended = await self._relay(
                 reader, writer, up_reader, upstream, counts, both=not decision.upstream_head
             )
         except _QuotaCut:
             ended = "byte_quota"
         except TimeoutError:
-            ended = "idle_timeout"
-        except (ConnectionError, OSError):
+            lived = loop.time() - started >= self.quotas.tunnel_lifetime_s
+            ended = "lifetime" if lived else "idle_timeout"
+        except (ConnectionError, OSError, inject.HeadError):
             ended = "reset"
         except asyncio.CancelledError:
             ended = "proxy_closed"
@@ -230,6 +243,30 @@ class EgressProxy:
                 duration_s=loop.time() - started,
                 ended=ended,
             )
+
+    async def _secrets(self, d: _Decision, upstream: asyncio.StreamWriter) -> mitm.HttpRelay | None:
+        """A placeholder in a plain request (never given a value) is audited, and refused if
+        the policy says so; a CONNECT to a bound host gets the intercepting relay, upstream
+        TLS verified first. None: a plain tunnel or request, untouched."""
+        if self.interceptor is None:
+            return None
+
+        def record(kind: str, method: str, name: str) -> None:
+            self.audit.record(
+                method=method or d.method, host=d.host, port=d.port, allowed=True, kind=kind,
+                secret=name,
+            )  # fmt: skip
+
+        try:
+            if d.upstream_head:
+                self.interceptor.check_plain(d.host, d.upstream_head, record)
+                return None
+            idle = self.quotas.idle_timeout_s
+            return await self.interceptor.relay(d.host, upstream, record, self._send, idle)
+        except mitm.Refusal as exc:
+            raise Refused(exc.status, exc.reason, str(exc)).about(
+                d.method, d.host, d.port
+            ) from None
 
     def _peer_allowed(self, writer: asyncio.StreamWriter) -> bool:
         if self._peer_network is None:

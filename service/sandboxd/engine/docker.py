@@ -26,16 +26,20 @@ from aiodocker.execs import Exec
 from aiodocker.stream import Stream
 
 from sandboxd import images
-from sandboxd.engine import compat
+from sandboxd.engine import compat, docker_pull
 from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.protocol import (
+    ImageDetails,
     NetworkAddress,
     NetworkInfo,
+    PullProgress,
     SandboxInfo,
     SandboxRequest,
     SandboxStatus,
 )
+from sandboxd.engine.runsc_leftovers import end_leftovers
 from sandboxd.errors import EngineUnavailable, FailedPrecondition, Internal, NotFound
+from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 from sandboxd.reasons import Reason
 
@@ -150,11 +154,15 @@ class DockerEngine:
         helper_path: Path,
         keeper_user: str,
         on_error: Callable[[str], None] | None = None,
+        gvisor_runtime: str = "runsc",
     ) -> None:
+        # The engine runtime of each tier: HostConfig.Runtime of every sandbox says which.
+        self._runtimes = {Isolation.RUNC: "runc", Isolation.GVISOR: gvisor_runtime}
         self._helper_path = helper_path  # bind-mounted read-only into every sandbox
         self._keeper_user = keeper_user
         self._on_error = on_error  # told the kind of every engine failure (metrics)
         self._docker_host = docker_host
+        self._local = not docker_host or docker_host.startswith("unix://")
         self._pool_size = pool_size
         self._docker: aiodocker.Docker | None = None
         self.api_version = ""
@@ -212,11 +220,21 @@ class DockerEngine:
         images.refuse_volumes(image, info)
         return True
 
+    async def isolation_tiers(self) -> frozenset[Isolation]:
+        """The tiers whose runtime is registered with the engine (`docker info` Runtimes)."""
+        with self._translate("engine info"):
+            info = await self.docker.system.info()
+        registered = set((info.get("Runtimes") or {}).keys())
+        return frozenset(t for t, name in self._runtimes.items() if name in registered)
+
     # ----- sandboxes ---------------------------------------------------------------------
 
     def _config(self, request: SandboxRequest) -> dict[str, Any]:
         return container_config(
-            request, helper_path=self._helper_path, keeper_user=self._keeper_user
+            request,
+            helper_path=self._helper_path,
+            keeper_user=self._keeper_user,
+            runtime=self._runtimes[request.spec.isolation],
         )
 
     def sandbox_shape(self, request: SandboxRequest) -> str:
@@ -231,8 +249,14 @@ class DockerEngine:
         return str(container.id)
 
     async def start_sandbox(self, sandbox_id: str) -> None:
-        with self._translate(f"starting container {sandbox_id[:12]}"):
-            await self._container(sandbox_id).start()
+        try:
+            with self._translate(f"starting container {sandbox_id[:12]}"):
+                await self._container(sandbox_id).start()
+        except BaseException:
+            # A runsc start that failed may leave its gofer/sandbox processes on this host.
+            if self._local:
+                await asyncio.shield(asyncio.to_thread(end_leftovers, sandbox_id))
+            raise
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         """Force-remove; a container that is already gone is not an error."""
@@ -421,3 +445,13 @@ class DockerEngine:
 
     def _container(self, sandbox_id: str) -> DockerContainer:
         return self.docker.containers.container(sandbox_id)
+
+    # ----- registry pulls (sandboxd.engine.docker_pull) ----------------------------------
+
+    async def inspect_image(self, image: str) -> ImageDetails | None:
+        return await docker_pull.inspect(self.docker, image)
+
+    def pull_image(
+        self, reference: str, auth: Mapping[str, str] | None = None
+    ) -> AsyncIterator[PullProgress]:
+        return docker_pull.pull(self.docker, reference, auth)

@@ -13,18 +13,30 @@ from typing import Any
 
 from sandboxd import images
 from sandboxd.engine.protocol import SandboxRequest, SessionNetwork
+from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 from sandboxd.profile import HELPER_IN_CONTAINER, TMP_BYTES, base_env
+from sandboxd.secrets import trust
 
 NO_PROXY = "localhost,127.0.0.1,::1"
 # The HostConfig fields a tampering check compares (plus CapAdd and no-new-privileges).
-_CHECKED = ("Memory", "MemorySwap", "NanoCpus", "PidsLimit", "ReadonlyRootfs", "Privileged")
+# Runtime: a sandbox moved from gvisor to runc would lose its kernel boundary unnoticed.
+_CHECKED = (
+    "Memory",
+    "MemorySwap",
+    "NanoCpus",
+    "PidsLimit",
+    "ReadonlyRootfs",
+    "Privileged",
+    "Runtime",
+)
 
 
 def container_config(
-    request: SandboxRequest, *, helper_path: Path, keeper_user: str
+    request: SandboxRequest, *, helper_path: Path, keeper_user: str, runtime: str = "runc"
 ) -> dict[str, Any]:
-    """The create request; the main process idles as `keeper_user`.
+    """The create request; the main process idles as `keeper_user`, under the OCI `runtime`
+    of the session's isolation tier (runc, or runsc for gvisor).
 
     The keeper runs under a uid different from the sandbox user, so `kill -9 -1` run by a
     command cannot end the container (and with it the workspace tmpfs).
@@ -41,12 +53,15 @@ def container_config(
         }
     )
     config: dict[str, Any] = {
-        "Image": spec.image,
+        # A resumed session runs the image it was created from, whatever the tag says now.
+        "Image": spec.image_id or spec.image,
         "Cmd": [HELPER_IN_CONTAINER, "idle"],
         "Entrypoint": [],
         "User": keeper_user,
         "WorkingDir": "/",
-        "Env": [f"{k}={v}" for k, v in base_env(spec).items()],
+        "Env": [
+            f"{k}={v}" for k, v in {**base_env(spec), **trust.sandbox_env(spec.network)}.items()
+        ],
         "Hostname": "sandbox",
         "Labels": labels,
         "NetworkDisabled": True,
@@ -60,6 +75,7 @@ def container_config(
         "Healthcheck": images.HEALTHCHECK_OFF,
         "HostConfig": {
             "NetworkMode": "none",
+            "Runtime": runtime,
             "ReadonlyRootfs": True,
             "Tmpfs": {
                 "/workspace": (
@@ -67,6 +83,7 @@ def container_config(
                     f"uid={spec.uid},gid={spec.gid},mode=0700"
                 ),
                 "/tmp": f"rw,noexec,nosuid,nodev,size={TMP_BYTES},mode=1777",
+                **trust.tmpfs(spec.network),
             },
             "CapDrop": ["ALL"],
             "CapAdd": [],
@@ -85,9 +102,30 @@ def container_config(
             "Ulimits": [{"Name": "core", "Soft": 0, "Hard": 0}],
         },
     }
+    if spec.isolation is Isolation.GVISOR:
+        config["HostConfig"].update(gvisor_pids(limits.pids))
     if request.network is not None:
         config = apply_to_container(config, request.network)
     return config
+
+
+# Host threads of gVisor's own Sentry and gofer (about 60 idle, more per task under the ptrace
+# platform), all in the container's pids cgroup: measured, a cgroup cap of 64 crashes the Sentry.
+GVISOR_HOST_PIDS = 1024
+GVISOR_HOST_PIDS_PER_TASK = 8
+
+
+def gvisor_pids(pids: int) -> dict[str, Any]:
+    """Under gVisor the session's `pids` is enforced by the Sentry (RLIMIT_NPROC of the
+    sandbox user: measured to refuse fork with EAGAIN), while the host cgroup cap stays as a
+    backstop sized for the Sentry's own threads."""
+    return {
+        "PidsLimit": GVISOR_HOST_PIDS + pids * GVISOR_HOST_PIDS_PER_TASK,
+        "Ulimits": [
+            {"Name": "core", "Soft": 0, "Hard": 0},
+            {"Name": "nproc", "Soft": pids, "Hard": pids},
+        ],
+    }
 
 
 def apply_to_container(config: dict[str, Any], net: SessionNetwork) -> dict[str, Any]:

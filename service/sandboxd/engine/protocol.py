@@ -13,11 +13,12 @@ ENGINE_CONFLICT; anything else the engine refuses is `Internal`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sandboxd.isolation import Isolation
 from sandboxd.models import SessionSpec
 
 
@@ -78,6 +79,26 @@ class NetworkAddress:
     subnet: str
 
 
+@dataclass(frozen=True)
+class ImageDetails:
+    """What the engine holds of one image (registry pulls, ListImages, the image sweep)."""
+
+    image_id: str
+    repo_digests: tuple[str, ...] = ()
+    repo_tags: tuple[str, ...] = ()
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PullProgress:
+    """One line of a pull's progress: `layer` is empty for lines about the whole image."""
+
+    status: str
+    layer: str = ""
+    current: int = 0
+    total: int = 0
+
+
 class ExecStream(Protocol):
     """A running command with its stdio: 1 = stdout, 2 = stderr (one stream with a tty)."""
 
@@ -117,6 +138,11 @@ class Engine(Protocol):
         ...
 
     async def image_exists(self, image: str) -> bool: ...
+
+    async def isolation_tiers(self) -> frozenset[Isolation]:
+        """The isolation tiers the engine can run now (its registered runtimes); asked at
+        start-up and whenever the engine comes back, since an operator may add a runtime."""
+        ...
 
     # ----- sandboxes ---------------------------------------------------------------------
 
@@ -193,4 +219,18 @@ class Engine(Protocol):
 
     async def list_images(self, owner_id: str) -> list[str]:
         """Ids of the images labelled with this owner id."""
+        ...
+
+    # ----- registry pulls (sandboxd.pulls) -----------------------------------------------
+
+    async def inspect_image(self, image: str) -> ImageDetails | None:
+        """None when the engine does not hold it; no VOLUME check (that is image_exists)."""
+        ...
+
+    def pull_image(
+        self, reference: str, auth: Mapping[str, str] | None = None
+    ) -> AsyncIterator[PullProgress]:
+        """Pull `reference` (`name:tag` or `name@sha256:...`), yielding progress until it is
+        complete; closing the iterator early abandons the pull. `auth`: the registry's
+        `username`/`password` (never logged). Registry refusals are `PullRefused`."""
         ...

@@ -30,10 +30,13 @@ from sandboxd.errors import (
     SandboxError,
     SessionNotFound,
 )
+from sandboxd.isolation import IsolationTiers
 from sandboxd.labels import LABEL_AUTO
-from sandboxd.models import NetworkPolicy, Session, SessionState
+from sandboxd.models import NetworkPolicy, PullPolicy, Session, SessionState
 from sandboxd.pool import WarmPool
+from sandboxd.pulls import Pulls, Resolved
 from sandboxd.reasons import Reason
+from sandboxd.secrets.bindings import settle_secrets
 from sandboxd.sessions import paging
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.locks import SessionLocks
@@ -60,8 +63,12 @@ class SessionManager:
         pool: WarmPool | None = None,
         egress: EgressManager | None = None,
         on_session_end: Sequence[SessionEndHook] = (),
+        tiers: IsolationTiers | None = None,
+        pulls: Pulls | None = None,
     ) -> None:
         self._config = config
+        self._tiers = tiers  # None: runc only
+        self._pulls = pulls  # None: images are never pulled (absent is IMAGE_NOT_FOUND)
         self._engine = engine
         self._store = store
         self._keeper = keeper
@@ -109,7 +116,9 @@ class SessionManager:
     # ----- create -----------------------------------------------------------------------
 
     async def create(self, req: CreateSessionInput) -> Session:
-        checked = check_create(req, self._config, self._allowlist if self._egress else None)
+        checked = check_create(
+            req, self._config, self._allowlist if self._egress else None, self._tiers
+        )
         session_id, spec = checked.session_id, checked.spec
         fingerprint = spec.fingerprint()
         async with self._locks.locked(session_id):
@@ -135,10 +144,17 @@ class SessionManager:
             images.check_image(
                 spec.image,
                 images.allowed_patterns(
-                    self._config.images.allowlist, default_image=self._config.engine.image
+                    self._config.images.allowlist,
+                    tenancy.current_grants().image_allowlist,
+                    default_image=self._config.engine.image,
                 ),
                 own_images=await self._keeper.images_of(tenancy.current()),
             )
+            resolved = await self._resolve_image(spec.image, checked.pull_policy, source)
+            if source is not None and resolved is not None:  # a fork runs its source's image
+                spec = dataclasses.replace(
+                    spec, image_digest=resolved.digest, image_id=resolved.image_id
+                )
             if not await self._engine.image_exists(spec.image):
                 raise FailedPrecondition(
                     f"image {spec.image!r} is not present on the engine (images are not pulled)",
@@ -167,6 +183,8 @@ class SessionManager:
                     await self._keeper.restore(session, source)
                     undo.push(lambda: self._keeper.forget_session(session_id))
                     await self._keeper.adopt(source, session)
+                if resolved is not None:
+                    await self._record_image(session, resolved)
                 session.state = SessionState.RUNNING
                 await self._store.update(session)
             except BaseException:
@@ -174,6 +192,26 @@ class SessionManager:
                 raise
             log.info("session created", extra={"session_id": session_id})
             return session
+
+    async def _resolve_image(
+        self, image: str, policy: PullPolicy, source: Snapshot | None
+    ) -> Resolved | None:
+        """The image on the engine, pulled under `policy` (sandboxd.pulls); a fork runs the
+        digest its source session ran."""
+        if self._pulls is None:
+            return None
+        like = await self._store.get(source.session_id) if source is not None else None
+        return await self._pulls.for_session(image, policy, like=like.spec if like else None)
+
+    async def _record_image(self, session: Session, resolved: Resolved) -> None:
+        """After provision (the warm pool matches the unpinned shape): the digest it runs."""
+        if session.spec.image_id != resolved.image_id:
+            session.spec = dataclasses.replace(
+                session.spec, image_digest=resolved.digest, image_id=resolved.image_id
+            )
+            await self._store.update_spec(session)
+        if self._pulls is not None:
+            await self._pulls.note_use(resolved.image_id)
 
     async def _fork_source(self, snapshot_id: str) -> Snapshot | None:
         """The snapshot a fork starts from (NOT_FOUND before anything is created)."""
@@ -337,6 +375,8 @@ class SessionManager:
         await self._store.update(session)
         undo = Undo()
         try:
+            if self._pulls is not None and session.spec.image_id:
+                await self._pulls.pinned(session.spec)  # the digest it ran, never the tag's
             await self._sandboxes.provision(session, undo)
             await self._keeper.restore(session, snap)
             session.state = SessionState.RUNNING
@@ -358,7 +398,7 @@ class SessionManager:
 
     async def update_network_policy(self, session_id: str, asked: NetworkPolicy) -> Session:
         """A live session's new allowlist: new proxy connections follow it, open tunnels stay."""
-        network = check_network(asked, self._allowlist if self._egress else None)
+        network = check_network(asked, self._allowlist if self._egress else None, live=True)
         async with self._locks.locked(session_id):
             session = await self.require_running(session_id)
             if session.spec.network.mode is not network.mode:
@@ -368,6 +408,7 @@ class SessionManager:
                     reason=Reason.NETWORK_MODE_FIXED,
                     metadata={"session_id": session_id},
                 )
+            network = settle_secrets(network, session.spec.network)
             session.spec = dataclasses.replace(session.spec, network=network)
             session.fingerprint = session.spec.fingerprint()
             await self._store.update_spec(session)

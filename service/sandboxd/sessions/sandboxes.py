@@ -94,6 +94,8 @@ class Sandboxes:
         undo.push(lambda: self._engine.remove_sandbox(sandbox_id))
         await self._store.update(session)
         await self._engine.start_sandbox(sandbox_id)
+        if network is not None and self._egress is not None:
+            await self._egress.install_trust(session)  # secrets: the session CA
 
     async def teardown(
         self, session: Session, *, keep_network: bool = False, quiet: bool = False

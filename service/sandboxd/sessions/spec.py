@@ -8,6 +8,7 @@ images, users) live in `sandboxd.validation` and are called from here.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from sandboxd import tenancy, validation
 from sandboxd.config import Config
 from sandboxd.egress.policy import validate_policy
 from sandboxd.errors import InvalidArgument, ResourceExhausted
+from sandboxd.isolation import Isolation, IsolationTiers, check_isolation
 from sandboxd.models import (
     LIMIT_NAMES,
     Limits,
@@ -23,11 +25,14 @@ from sandboxd.models import (
     ManifestFile,
     NetworkMode,
     NetworkPolicy,
+    PullPolicy,
     SessionSpec,
     ShellPolicy,
     WorkspaceManifest,
 )
 from sandboxd.reasons import Reason
+from sandboxd.secrets import bindings as secret_bindings
+from sandboxd.templates import resolve_template
 
 MAX_MANIFEST_ENTRIES = 10_000
 MAX_ALLOW_ENTRIES = 256
@@ -53,6 +58,9 @@ class CreateSessionInput:
     user: str = ""
     manifest: WorkspaceManifest = field(default_factory=WorkspaceManifest)
     from_snapshot_id: str = ""
+    isolation: Isolation | None = None  # None: the server's default tier
+    template: str = ""
+    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
 
 
 @dataclass(frozen=True)
@@ -62,10 +70,14 @@ class CheckedCreate:
     lease_s: float
     labels: dict[str, str]
     from_snapshot_id: str
+    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
 
 
 def check_create(
-    req: CreateSessionInput, config: Config, allowlist: AllowlistCheck
+    req: CreateSessionInput,
+    config: Config,
+    allowlist: AllowlistCheck,
+    tiers: IsolationTiers | None = None,
 ) -> CheckedCreate:
     """Every field of a create request, in the order a caller reads the errors."""
     if req.session_id:
@@ -77,9 +89,18 @@ def check_create(
     uid, gid = validation.parse_user(req.user)
     env = validation.validate_env(req.env)
     network = check_network(req.network, allowlist)
+    isolation = check_isolation(
+        req.isolation, tiers, network_allowlist=network.mode is NetworkMode.ALLOWLIST
+    )
     shell = check_shell(req.shell)
     manifest = check_manifest(req.manifest, limits)
-    image = validation.validate_image(req.image or config.engine.image)
+    named = resolve_template(
+        req.template,
+        req.image,
+        default_image=config.engine.image,
+        python_image=config.templates.python_image,
+    )
+    image = validation.validate_image(named or config.engine.image)
     lease = check_lease(req.lease_ttl_s, "lease_ttl", config)
     spec = SessionSpec(
         image=image,
@@ -90,9 +111,13 @@ def check_create(
         uid=uid,
         gid=gid,
         manifest=manifest,
+        isolation=isolation,
+        template=req.template,
     )
     labels = validation.validate_labels(req.labels)
-    return CheckedCreate(session_id, spec, lease, labels, req.from_snapshot_id)
+    return CheckedCreate(
+        session_id, spec, lease, labels, req.from_snapshot_id, PullPolicy(req.pull_policy)
+    )
 
 
 def resolve_limits(requested: LimitsRequest, defaults: Limits, maxima: Limits) -> Limits:
@@ -138,8 +163,15 @@ def _proto_limit_name(name: str) -> str:
     return "command_timeout" if name == "command_timeout_s" else name
 
 
-def check_network(asked: NetworkPolicy, allowlist: AllowlistCheck) -> NetworkPolicy:
+def check_network(
+    asked: NetworkPolicy, allowlist: AllowlistCheck, *, live: bool = False
+) -> NetworkPolicy:
+    """`live`: an update of a running session, whose secrets are settled against its own."""
     network = validate_policy(asked)
+    if not live:
+        network = dataclasses.replace(
+            network, secrets=secret_bindings.settle(network.secrets, None)
+        )
     if network.mode is NetworkMode.ALLOWLIST:
         if allowlist is None:
             raise InvalidArgument(

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from sandboxd.v1 import admin_pb2 as sandboxd_dot_v1_dot_admin__pb2
+from sandboxd.v1 import images_pb2 as sandboxd_dot_v1_dot_images__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -45,6 +46,16 @@ class AdminServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_admin__pb2.SweepRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_admin__pb2.SweepResponse.FromString,
                 _registered_method=True)
+        self.PullImage = channel.unary_stream(
+                '/sandboxd.v1.AdminService/PullImage',
+                request_serializer=sandboxd_dot_v1_dot_images__pb2.PullImageRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_images__pb2.PullImageResponse.FromString,
+                _registered_method=True)
+        self.ListImages = channel.unary_unary(
+                '/sandboxd.v1.AdminService/ListImages',
+                request_serializer=sandboxd_dot_v1_dot_images__pb2.ListImagesRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_images__pb2.ListImagesResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -64,6 +75,20 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullImage(self, request, context):
+        """Pulls an image the caller may use (pre-warming), streaming the engine's progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListImages(self, request, context):
+        """The images the caller may use that the engine holds, with digest, size and last use.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +101,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Sweep,
                     request_deserializer=sandboxd_dot_v1_dot_admin__pb2.SweepRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_admin__pb2.SweepResponse.SerializeToString,
+            ),
+            'PullImage': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullImage,
+                    request_deserializer=sandboxd_dot_v1_dot_images__pb2.PullImageRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_images__pb2.PullImageResponse.SerializeToString,
+            ),
+            'ListImages': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListImages,
+                    request_deserializer=sandboxd_dot_v1_dot_images__pb2.ListImagesRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_images__pb2.ListImagesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +168,60 @@ class AdminService:
             '/sandboxd.v1.AdminService/Sweep',
             sandboxd_dot_v1_dot_admin__pb2.SweepRequest.SerializeToString,
             sandboxd_dot_v1_dot_admin__pb2.SweepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullImage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sandboxd.v1.AdminService/PullImage',
+            sandboxd_dot_v1_dot_images__pb2.PullImageRequest.SerializeToString,
+            sandboxd_dot_v1_dot_images__pb2.PullImageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListImages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.AdminService/ListImages',
+            sandboxd_dot_v1_dot_images__pb2.ListImagesRequest.SerializeToString,
+            sandboxd_dot_v1_dot_images__pb2.ListImagesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from grpc import aio as _aio
 from sandboxd.v1 import admin_pb2 as _admin_pb2
+from sandboxd.v1 import images_pb2 as _images_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -36,6 +37,10 @@ class AdminServiceStub:
     GetServerInfo: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetServerInfoRequest, _admin_pb2.GetServerInfoResponse]
     Sweep: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SweepRequest, _admin_pb2.SweepResponse]
     """Expires ended leases and removes this server's containers that no session claims."""
+    PullImage: _grpc.UnaryStreamMultiCallable[_images_pb2.PullImageRequest, _images_pb2.PullImageResponse]
+    """Pulls an image the caller may use (pre-warming), streaming the engine's progress."""
+    ListImages: _grpc.UnaryUnaryMultiCallable[_images_pb2.ListImagesRequest, _images_pb2.ListImagesResponse]
+    """The images the caller may use that the engine holds, with digest, size and last use."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -45,6 +50,10 @@ class AdminServiceAsyncStub(AdminServiceStub):
     GetServerInfo: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetServerInfoRequest, _admin_pb2.GetServerInfoResponse]  # type: ignore[assignment]
     Sweep: _aio.UnaryUnaryMultiCallable[_admin_pb2.SweepRequest, _admin_pb2.SweepResponse]  # type: ignore[assignment]
     """Expires ended leases and removes this server's containers that no session claims."""
+    PullImage: _aio.UnaryStreamMultiCallable[_images_pb2.PullImageRequest, _images_pb2.PullImageResponse]  # type: ignore[assignment]
+    """Pulls an image the caller may use (pre-warming), streaming the engine's progress."""
+    ListImages: _aio.UnaryUnaryMultiCallable[_images_pb2.ListImagesRequest, _images_pb2.ListImagesResponse]  # type: ignore[assignment]
+    """The images the caller may use that the engine holds, with digest, size and last use."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Server information for operators and clients."""
@@ -63,5 +72,21 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.SweepResponse, _abc.Awaitable[_admin_pb2.SweepResponse]]:
         """Expires ended leases and removes this server's containers that no session claims."""
+
+    @_abc_1.abstractmethod
+    def PullImage(
+        self,
+        request: _images_pb2.PullImageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_images_pb2.PullImageResponse], _abc.AsyncIterator[_images_pb2.PullImageResponse]]:
+        """Pulls an image the caller may use (pre-warming), streaming the engine's progress."""
+
+    @_abc_1.abstractmethod
+    def ListImages(
+        self,
+        request: _images_pb2.ListImagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_images_pb2.ListImagesResponse, _abc.Awaitable[_images_pb2.ListImagesResponse]]:
+        """The images the caller may use that the engine holds, with digest, size and last use."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

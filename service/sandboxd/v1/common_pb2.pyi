@@ -9,6 +9,7 @@ from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from sandboxd.v1 import secrets_pb2 as _secrets_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -178,8 +179,14 @@ class NetworkPolicy(_message.Message):
     ALLOWED_PORTS_FIELD_NUMBER: _builtins.int
     ALLOW_PRIVATE_NETWORKS_FIELD_NUMBER: _builtins.int
     QUOTAS_FIELD_NUMBER: _builtins.int
+    SECRETS_FIELD_NUMBER: _builtins.int
+    REFUSE_MISDIRECTED_SECRETS_FIELD_NUMBER: _builtins.int
     mode: Global___NetworkMode.ValueType
     allow_private_networks: _builtins.bool
+    refuse_misdirected_secrets: _builtins.bool
+    """Refuse (HTTP 403) a request that carries a secret's placeholder to a host the secret is
+    not bound to, instead of relaying it unreplaced; either way it is audited.
+    """
     @_builtins.property
     def allowed_domains(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -187,6 +194,10 @@ class NetworkPolicy(_message.Message):
     @_builtins.property
     def quotas(self) -> Global___ProxyQuotas:
         """Quotas of the session's egress proxy (ALLOWLIST only); unset fields take server defaults."""
+
+    @_builtins.property
+    def secrets(self) -> _containers.RepeatedCompositeFieldContainer[_secrets_pb2.SecretBinding]:
+        """Secrets the proxy adds for their hosts (ALLOWLIST only); values are never returned."""
 
     def __init__(
         self,
@@ -196,10 +207,12 @@ class NetworkPolicy(_message.Message):
         allowed_ports: _abc.Iterable[_builtins.int] | None = ...,
         allow_private_networks: _builtins.bool = ...,
         quotas: Global___ProxyQuotas | None = ...,
+        secrets: _abc.Iterable[_secrets_pb2.SecretBinding] | None = ...,
+        refuse_misdirected_secrets: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["quotas", b"quotas"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_private_networks", b"allow_private_networks", "allowed_domains", b"allowed_domains", "allowed_ports", b"allowed_ports", "mode", b"mode", "quotas", b"quotas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_private_networks", b"allow_private_networks", "allowed_domains", b"allowed_domains", "allowed_ports", b"allowed_ports", "mode", b"mode", "quotas", b"quotas", "refuse_misdirected_secrets", b"refuse_misdirected_secrets", "secrets", b"secrets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

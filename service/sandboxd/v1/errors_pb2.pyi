@@ -225,6 +225,36 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
     ERROR_REASON_STREAM_IDLE: _ErrorReason.ValueType  # 99
     """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
+    ERROR_REASON_ISOLATION_UNAVAILABLE: _ErrorReason.ValueType  # 120
+    """FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now
+    (e.g. gvisor without runsc registered); never silently replaced by another tier.
+    """
+    ERROR_REASON_ISOLATION_NOT_ALLOWED: _ErrorReason.ValueType  # 121
+    """FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed)."""
+    ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED: _ErrorReason.ValueType  # 122
+    """FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its
+    sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
+    """
+    ERROR_REASON_TEMPLATE_NOT_FOUND: _ErrorReason.ValueType  # 123
+    """NOT_FOUND: No template of that name (built-in: busybox, python)."""
+    ERROR_REASON_TEMPLATE_WITH_IMAGE: _ErrorReason.ValueType  # 124
+    """INVALID_ARGUMENT: CreateSession names both a template and an image."""
+    ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND: _ErrorReason.ValueType  # 180
+    """NOT_FOUND: The registry has no such repository, tag or digest."""
+    ERROR_REASON_REGISTRY_UNAUTHORIZED: _ErrorReason.ValueType  # 181
+    """FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file)."""
+    ERROR_REASON_REGISTRY_UNREACHABLE: _ErrorReason.ValueType  # 182
+    """UNAVAILABLE, retryable: The registry did not answer."""
+    ERROR_REASON_IMAGE_TOO_LARGE: _ErrorReason.ValueType  # 183
+    """RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes."""
+    ERROR_REASON_IMAGE_PULL_FAILED: _ErrorReason.ValueType  # 184
+    """INTERNAL: The engine failed the pull for another reason (its message says which)."""
+    ERROR_REASON_SECRET_BINDING_INVALID: _ErrorReason.ValueType  # 200
+    """INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header,
+    template), or names a secret a live update cannot add.
+    """
+    ERROR_REASON_SECRET_REF_NOT_FOUND: _ErrorReason.ValueType  # 201
+    """INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -438,4 +468,34 @@ ERROR_REASON_TENANT_STREAM_QUOTA: ErrorReason.ValueType  # 98
 """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
 ERROR_REASON_STREAM_IDLE: ErrorReason.ValueType  # 99
 """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
+ERROR_REASON_ISOLATION_UNAVAILABLE: ErrorReason.ValueType  # 120
+"""FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now
+(e.g. gvisor without runsc registered); never silently replaced by another tier.
+"""
+ERROR_REASON_ISOLATION_NOT_ALLOWED: ErrorReason.ValueType  # 121
+"""FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed)."""
+ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED: ErrorReason.ValueType  # 122
+"""FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its
+sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
+"""
+ERROR_REASON_TEMPLATE_NOT_FOUND: ErrorReason.ValueType  # 123
+"""NOT_FOUND: No template of that name (built-in: busybox, python)."""
+ERROR_REASON_TEMPLATE_WITH_IMAGE: ErrorReason.ValueType  # 124
+"""INVALID_ARGUMENT: CreateSession names both a template and an image."""
+ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND: ErrorReason.ValueType  # 180
+"""NOT_FOUND: The registry has no such repository, tag or digest."""
+ERROR_REASON_REGISTRY_UNAUTHORIZED: ErrorReason.ValueType  # 181
+"""FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file)."""
+ERROR_REASON_REGISTRY_UNREACHABLE: ErrorReason.ValueType  # 182
+"""UNAVAILABLE, retryable: The registry did not answer."""
+ERROR_REASON_IMAGE_TOO_LARGE: ErrorReason.ValueType  # 183
+"""RESOURCE_EXHAUSTED: The image is larger than the server's max_image_bytes."""
+ERROR_REASON_IMAGE_PULL_FAILED: ErrorReason.ValueType  # 184
+"""INTERNAL: The engine failed the pull for another reason (its message says which)."""
+ERROR_REASON_SECRET_BINDING_INVALID: ErrorReason.ValueType  # 200
+"""INVALID_ARGUMENT: A network.secrets binding is malformed (name, source, hosts, header,
+template), or names a secret a live update cannot add.
+"""
+ERROR_REASON_SECRET_REF_NOT_FOUND: ErrorReason.ValueType  # 201
+"""INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

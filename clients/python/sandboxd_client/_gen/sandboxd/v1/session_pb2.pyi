@@ -12,6 +12,7 @@ from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from sandboxd_client._gen.sandboxd.v1 import common_pb2 as _common_pb2
+from sandboxd_client._gen.sandboxd.v1 import images_pb2 as _images_pb2
 from sandboxd_client._gen.sandboxd.v1 import polish_pb2 as _polish_pb2
 import builtins as _builtins
 import sys
@@ -187,6 +188,9 @@ class CreateSessionRequest(_message.Message):
     LEASE_TTL_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
     FROM_SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
+    ISOLATION_FIELD_NUMBER: _builtins.int
+    TEMPLATE_FIELD_NUMBER: _builtins.int
+    PULL_POLICY_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Optional caller-chosen id; makes the call idempotent."""
     image: _builtins.str
@@ -195,6 +199,16 @@ class CreateSessionRequest(_message.Message):
     """Numeric "uid:gid"; empty means 65534:65534. uid 0 and gid 0 are refused."""
     from_snapshot_id: _builtins.str
     """Fork: start from this snapshot's workspace instead of the manifest's files."""
+    isolation: _common_pb2.Isolation.ValueType
+    """Kernel boundary of the sandbox; UNSPECIFIED means the server's default (GetServerInfo lists
+    the tiers on offer). A tier the server cannot give is FAILED_PRECONDITION, never replaced.
+    """
+    template: _builtins.str
+    """A template by name: the built-in `busybox` (the default image) or `python` (Debian 12 with
+    python3); empty means `image`, or the default. Setting both is INVALID_ARGUMENT.
+    """
+    pull_policy: _images_pb2.PullPolicy.ValueType
+    """When to ask the registry for the image (default: pull only when absent)."""
     @_builtins.property
     def workspace(self) -> Global___WorkspaceManifest: ...
     @_builtins.property
@@ -227,10 +241,13 @@ class CreateSessionRequest(_message.Message):
         lease_ttl: _duration_pb2.Duration | None = ...,
         user: _builtins.str = ...,
         from_snapshot_id: _builtins.str = ...,
+        isolation: _common_pb2.Isolation.ValueType = ...,
+        template: _builtins.str = ...,
+        pull_policy: _images_pb2.PullPolicy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "shell", b"shell", "workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "pull_policy", b"pull_policy", "session_id", b"session_id", "shell", b"shell", "template", b"template", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -579,6 +596,8 @@ class EgressEvent(_message.Message):
     ENDED_FIELD_NUMBER: _builtins.int
     UP_BYTES_FIELD_NUMBER: _builtins.int
     DOWN_BYTES_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Increasing per session."""
     method: _builtins.str
@@ -614,6 +633,10 @@ class EgressEvent(_message.Message):
     up_bytes: _builtins.int
     """Bytes sent (up) and received (down) through the connection."""
     down_bytes: _builtins.int
+    kind: _builtins.str
+    """`egress` (a proxy decision), `secret_injected` or `secret_misdirected`."""
+    secret: _builtins.str
+    """The secret's name for the secret kinds (never its value)."""
     @_builtins.property
     def time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -635,10 +658,12 @@ class EgressEvent(_message.Message):
         ended: _builtins.str = ...,
         up_bytes: _builtins.int = ...,
         down_bytes: _builtins.int = ...,
+        kind: _builtins.str = ...,
+        secret: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_down", b"bytes_down", "bytes_up", b"bytes_up", "down_bytes", b"down_bytes", "duration", b"duration", "ended", b"ended", "host", b"host", "method", b"method", "port", b"port", "reason", b"reason", "seq", b"seq", "time", b"time", "up_bytes", b"up_bytes", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_down", b"bytes_down", "bytes_up", b"bytes_up", "down_bytes", b"down_bytes", "duration", b"duration", "ended", b"ended", "host", b"host", "kind", b"kind", "method", b"method", "port", b"port", "reason", b"reason", "secret", b"secret", "seq", b"seq", "time", b"time", "up_bytes", b"up_bytes", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -766,6 +791,9 @@ class Session(_message.Message):
     USER_FIELD_NUMBER: _builtins.int
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
     STATE_REASON_FIELD_NUMBER: _builtins.int
+    ISOLATION_FIELD_NUMBER: _builtins.int
+    TEMPLATE_FIELD_NUMBER: _builtins.int
+    IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     state: Global___SessionState.ValueType
     image: _builtins.str
@@ -776,6 +804,14 @@ class Session(_message.Message):
     """The numeric "uid:gid" commands run as."""
     workspace_id: _builtins.str
     """The manifest's id."""
+    isolation: _common_pb2.Isolation.ValueType
+    """The isolation tier the sandbox runs under."""
+    template: _builtins.str
+    """The template the session was created from (empty: an image was named, or the default)."""
+    image_digest: _builtins.str
+    """The digest the session runs (`sha256:...`: the registry's manifest digest, or the image id
+    of a local image); a resume or fork of it runs the same one.
+    """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -813,10 +849,13 @@ class Session(_message.Message):
         user: _builtins.str = ...,
         workspace_id: _builtins.str = ...,
         state_reason: _polish_pb2.SessionStateReason | None = ...,
+        isolation: _common_pb2.Isolation.ValueType = ...,
+        template: _builtins.str = ...,
+        image_digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "shell", b"shell", "state_reason", b"state_reason"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "fingerprint", b"fingerprint", "image", b"image", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "state", b"state", "state_reason", b"state_reason", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "state", b"state", "state_reason", b"state_reason", "template", b"template", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

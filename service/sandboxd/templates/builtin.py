@@ -1,0 +1,32 @@
+"""The built-in templates: `busybox` (the server's default image) and `python` (Debian 12 with
+python3 and its standard library, built offline by scripts/build-python-image.sh).
+
+A template resolves to the image a session runs; the image then passes the same checks as a
+named one (allowlist, present on the engine, no VOLUMEs), so a template can never reach an image
+the caller could not name. Pure: nothing here asks the engine.
+"""
+
+from __future__ import annotations
+
+from sandboxd.errors import InvalidArgument, NotFound
+from sandboxd.reasons import Reason
+
+BUILTIN_TEMPLATES = ("busybox", "python")
+
+
+def resolve_template(name: str, image: str, *, default_image: str, python_image: str) -> str:
+    """The image of a create request that names `name` (and maybe `image`): '' keeps `image`."""
+    if not name:
+        return image
+    if image:
+        raise InvalidArgument(
+            "set either template or image, not both", reason=Reason.TEMPLATE_WITH_IMAGE
+        )
+    images = {"busybox": default_image, "python": python_image}
+    if name not in images:
+        raise NotFound(
+            f"no template {name[:64]!r} (built-in: {', '.join(BUILTIN_TEMPLATES)})",
+            reason=Reason.TEMPLATE_NOT_FOUND,
+            metadata={"template": name[:64]},
+        )
+    return images[name]

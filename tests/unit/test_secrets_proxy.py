@@ -1,0 +1,153 @@
+"""The egress proxy with a session Interceptor, in-process over loopback (no Docker): a bound
+host is intercepted and gets its header, an unbound one stays a plain end-to-end tunnel, an
+upstream that does not verify refuses the CONNECT, a placeholder in plain HTTP is audited."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sandboxd.egress.addresses import Protected
+from sandboxd.egress.audit import AuditLog
+from sandboxd.egress.policy import DEFAULT_QUOTAS, ResolvedQuotas
+from sandboxd.egress.proxy import EgressProxy, Rules
+from sandboxd.egress.resolver import Resolver
+from sandboxd.models import SecretBinding
+from sandboxd.secrets.interceptor import Interceptor
+from sandboxd.secrets.vault import Vault
+from testcerts import CertAuthority
+
+HOSTS = ("api.test", "plain.test", "bad.test")
+PH = "sbx_secret_" + "c" * 40
+
+
+@dataclasses.dataclass
+class Rig:
+    proxy: EgressProxy
+    port: int
+    heads: list[bytes]
+    client: ssl.SSLContext
+    upstream_ca: CertAuthority
+    events: list[tuple[str, str]]
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    ca, rogue = CertAuthority.create("up CA"), CertAuthority.create("rogue")
+    good = ca.server_context(tmp_path, "api.test", "plain.test")
+    bad = rogue.server_context(tmp_path, "bad.test")
+
+    def sni(sock: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+        if name == "bad.test":
+            sock.context = bad
+
+    good.sni_callback = sni  # type: ignore[assignment]
+    heads: list[bytes] = []
+
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while head := await r.readuntil(b"\r\n\r\n"):
+                heads.append(head)
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await w.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+        finally:
+            w.close()
+
+    upstream = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=good)
+    port = upstream.sockets[0].getsockname()[1]
+    vault = Vault()
+    binding = SecretBinding(
+        name="API_KEY",
+        hosts=("api.test", "bad.test"),
+        header="Authorization",
+        template="Bearer {secret}",
+        placeholder=PH,
+        sealed=vault.sealer.seal(b"real-value", "API_KEY"),
+    )
+    trust = ssl.create_default_context(cadata=ca.pem.decode())
+    events: list[tuple[str, str]] = []
+    interceptor = Interceptor("s1", "t", (binding,), False, vault, trust)
+    proxy = EgressProxy(
+        "s1",
+        Rules(HOSTS, frozenset({port}), allow_private_networks=True),
+        ResolvedQuotas.of(DEFAULT_QUOTAS),
+        Resolver({h: ("127.0.0.1",) for h in HOSTS}),
+        AuditLog("s1", on_secret=lambda kind: events.append(("metric", kind))),
+        protected=Protected(host_addresses=frozenset, always=()),
+        interceptor=interceptor,
+    )
+    await proxy.start("127.0.0.1", 0)
+    client = ssl.create_default_context(cadata=ca.pem.decode())
+    client.load_verify_locations(cadata=interceptor.ca.pem.decode())
+    yield Rig(proxy, port, heads, client, ca, events)
+    await proxy.close()
+    upstream.close()
+
+
+async def connect(x: Rig, host: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    r, w = await asyncio.open_connection(*x.proxy.address)
+    w.write(f"CONNECT {host}:{x.port} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    return r, w, await r.readuntil(b"\r\n\r\n")
+
+
+async def get(x: Rig, host: str, *headers: str) -> tuple[bytes, Any]:
+    r, w, status = await connect(x, host)
+    assert status.startswith(b"HTTP/1.1 200"), status
+    await w.start_tls(x.client, server_hostname=host)
+    issuer = w.get_extra_info("ssl_object").getpeercert()["issuer"]
+    w.write(("\r\n".join(["GET / HTTP/1.1", f"Host: {host}", *headers]) + "\r\n\r\n").encode())
+    answer = await r.readuntil(b"ok")
+    w.close()
+    return answer, issuer
+
+
+async def test_bound_host_intercepted_and_given_its_header(rig: Rig) -> None:
+    answer, issuer = await get(rig, "api.test", "Authorization: Bearer " + PH)
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert "sandboxd session" in str(issuer)  # the session CA's leaf
+    assert b"Authorization: Bearer real-value\r\n" in rig.heads[-1]
+    await asyncio.sleep(0.05)
+    kinds = [(e.kind, e.secret) for e in rig.proxy.audit.events()]
+    assert ("secret_injected", "API_KEY") in kinds
+    ended = [e for e in rig.proxy.audit.events() if e.ended]
+    assert ended and ended[-1].bytes_up > 0 and ended[-1].bytes_down > 0
+    assert ("metric", "secret_injected") in rig.events
+
+
+async def test_unbound_host_is_a_plain_tunnel_to_the_real_certificate(rig: Rig) -> None:
+    answer, issuer = await get(rig, "plain.test", "X: " + PH)
+    assert "up CA" in str(issuer)  # end to end: the upstream's own certificate
+    assert PH.encode() in rig.heads[-1]  # opaque: nothing replaced, nothing seen
+    assert not [e for e in rig.proxy.audit.events() if e.kind != "egress"]
+
+
+async def test_upstream_that_does_not_verify_refuses_the_connect(rig: Rig) -> None:
+    _, w, status = await connect(rig, "bad.test")
+    w.close()
+    assert status.startswith(b"HTTP/1.1 502") and b"UPSTREAM_CERT_INVALID" in status
+    refused = [e for e in rig.proxy.audit.events() if not e.allowed]
+    assert refused[-1].reason == "UPSTREAM_CERT_INVALID" and refused[-1].host == "bad.test"
+    assert rig.heads == []
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+async def test_placeholder_in_plain_http_audited_or_refused(rig: Rig, refuse: bool) -> None:
+    assert rig.proxy.interceptor is not None
+    rig.proxy.interceptor.update(rig.proxy.interceptor.view().bindings, refuse)
+    r, w = await asyncio.open_connection(*rig.proxy.address)
+    w.write(f"GET http://api.test:{rig.port}/ HTTP/1.1\r\nX-K: {PH}\r\n\r\n".encode())
+    head = await r.read(4096)
+    w.close()
+    mis = [e for e in rig.proxy.audit.events() if e.kind == "secret_misdirected"]
+    assert [(e.host, e.secret) for e in mis] == [("api.test", "API_KEY")]
+    if refuse:
+        assert head.startswith(b"HTTP/1.1 403") and b"SECRET_MISDIRECTED" in head
+    else:
+        assert not head.startswith(b"HTTP/1.1 403")  # relayed (to a TLS port: it fails there)
