@@ -1281,6 +1281,35 @@ static int cmd_mkdir(int argc, char **argv)
 }
 
 /*
+ * `sbx move SRC DST [--overwrite]`: rename within the root (Move, and the commit of a
+ * streamed write).  Both parents are resolved beneath the root, so neither path leads
+ * through a symlink out of it; SRC and DST themselves are names in those directories (a
+ * symlink is moved as itself).  Without --overwrite an existing DST is EEXIST, atomically
+ * (RENAME_NOREPLACE).
+ */
+static int cmd_move(int argc, char **argv)
+{
+	char *pos[2];
+	bool overwrite = false;
+	parse_args(argc, argv, "--overwrite", &overwrite, pos, 2);
+	char *src = norm_path(pos[0]);
+	char *dst = norm_path(pos[1]);
+	open_root();
+	if (is_root(src) || is_root(dst))
+		fail(1, "EINVAL", "move %s to %s: the workspace root cannot move", src, dst);
+	const char *sname, *dname;
+	char *sparent = split_parent(src, &sname);
+	char *dparent = split_parent(dst, &dname);
+	int sfd = open_dir_path(sparent, src);
+	int dfd = open_dir_path(dparent, dst);
+	unsigned int flags = overwrite ? 0 : 1 /* RENAME_NOREPLACE */;
+	if (syscall(SYS_renameat2, sfd, sname, dfd, dname, flags) < 0)
+		fail_errno(errno, "move", errno == EEXIST || errno == ENOTEMPTY ? dst : src);
+	print_stat(dst, dfd, dname);
+	return 0;
+}
+
+/*
  * `sbx merge STAGE DEST [--replace]`: the swap half of an archive import.
  * The server unpacked a checked archive into the fresh directory STAGE; this
  * moves its entries into DEST with renameat, so nothing is ever written
@@ -2520,7 +2549,7 @@ int main(int argc, char **argv)
 		i += 2;
 	}
 	if (i >= argc)
-		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|status|idle ...");
+		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|move|status|idle ...");
 	const char *sub = argv[i++];
 	int rest = argc - i;
 	char **rv = argv + i;
@@ -2534,6 +2563,7 @@ int main(int argc, char **argv)
 		{"list", cmd_list},   {"remove", cmd_remove}, {"mkdir", cmd_mkdir},
 		{"idle", cmd_idle},   {"merge", cmd_merge}, {"reap", cmd_reap},
 		{"chmod", cmd_chmod}, {"status", cmd_status},
+		{"move", cmd_move},
 	};
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(sub, cmds[k].name))

@@ -200,7 +200,14 @@ def tool_error(what: str, tool: str, result: HelperResult, path: str) -> Sandbox
             reason=Reason.PATH_OUTSIDE_WORKSPACE,
             metadata=meta,
         )
-    if err is not None and err.name in ("ENOENT", "ENOTDIR"):
+    if err is not None and err.name == "ENOENT":
+        # A missing path is FILE_NOT_FOUND in every RPC (issue 21), as in file_error.
+        return NotFound(
+            f"{what}: {path}: no such file or directory (or {tool} is missing from the image)",
+            reason=Reason.FILE_NOT_FOUND,
+            metadata=meta,
+        )
+    if err is not None and err.name == "ENOTDIR":
         return FailedPrecondition(
             f"{what}: {path} is not a folder in the workspace (or {tool} is missing from the "
             "image)",

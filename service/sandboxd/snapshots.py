@@ -249,23 +249,34 @@ class Snapshots:
         return await self._keeper.lookup(snapshot_id)
 
     async def list(
-        self, session_id: str, page_size: int, page_token: str
+        self,
+        session_id: str,
+        page_size: int,
+        page_token: str,
+        label_selector: Mapping[str, str] | None = None,
     ) -> tuple[list[Snapshot], str]:
         size = paging.page_size(page_size)
         if session_id:
             await self._sessions.get(session_id)  # NOT_FOUND for a missing or hidden session
-        after = paging.decode_token(page_token, _is_snapshot_id)
+        selector = validation.validate_labels(label_selector or {})
+        bound = f"snapshots {session_id} {sorted(selector.items())!r} {tenancy.current()!r}"
+        after = paging.decode_token(page_token, _is_snapshot_id, bound)
         found: list[Snapshot] = []
         while len(found) <= size:
             batch = await self._store.page(session_id=session_id, after=after, limit=size + 1)
-            found += [s for s in batch if s.tenant == tenancy.current()]
+            found += [
+                s
+                for s in batch
+                if s.tenant == tenancy.current()
+                and all(s.labels.get(k) == v for k, v in selector.items())
+            ]
             if len(batch) < size + 1:
                 break
             after = batch[-1].snapshot_id
         token = ""
         if len(found) > size:
             found = found[:size]
-            token = paging.encode_token(found[-1].snapshot_id)
+            token = paging.encode_token(found[-1].snapshot_id, bound)
         return found, token
 
     async def delete(self, snapshot_id: str) -> None:

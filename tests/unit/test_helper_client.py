@@ -176,6 +176,8 @@ def test_tool_errors() -> None:
     escape = err(127, b'{"error":"ESCAPE"}')
     assert isinstance(escape, InvalidArgument) and escape.reason == "PATH_OUTSIDE_WORKSPACE"
     missing = err(127, b'{"error":"ENOENT"}')
-    assert isinstance(missing, FailedPrecondition) and missing.reason == "NOT_A_DIRECTORY"
+    assert isinstance(missing, NotFound) and missing.reason == "FILE_NOT_FOUND"
+    not_dir = err(127, b'{"error":"ENOTDIR"}')
+    assert isinstance(not_dir, FailedPrecondition) and not_dir.reason == "NOT_A_DIRECTORY"
     # The tool's own JSON-looking output with an ordinary exit is the tool's, not sbx's.
     assert isinstance(err(2, b'{"error":"ESCAPE"}'), Internal)

@@ -47,6 +47,8 @@ var Idempotent = map[string]bool{
 	"/sandboxd.v1.FilesystemService/Stat":             true,
 	"/sandboxd.v1.ProcessService/AttachProcess":       true,
 	"/sandboxd.v1.ProcessService/ListProcesses":       true,
+	"/sandboxd.v1.ProcessService/GetProcess":          true,
+	"/sandboxd.v1.ProcessService/CloseProcessStdin":   true,
 	"/sandboxd.v1.SnapshotService/ExportArchive":      true,
 	"/sandboxd.v1.SnapshotService/GetSnapshot":        true,
 	"/sandboxd.v1.SnapshotService/ListSnapshots":      true,

@@ -25,7 +25,9 @@ type SessionServiceClient interface {
 	ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error)
 	// Extends a session's lease.
 	RenewLease(ctx context.Context, in *RenewLeaseRequest, opts ...grpc.CallOption) (*RenewLeaseResponse, error)
-	// Removes a session and its container; idempotent.
+	// Removes a session and its container. Idempotent: a session that is not there (deleted
+	// already, or never made) is no error; the reply's `existed` says whether this call removed
+	// one.
 	DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error)
 	// Replaces a live session's network allowlist (and proxy quotas); applies to new proxy
 	// connections, open tunnels keep running. The fingerprint changes with it.
@@ -218,7 +220,9 @@ type SessionServiceServer interface {
 	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
 	// Extends a session's lease.
 	RenewLease(context.Context, *RenewLeaseRequest) (*RenewLeaseResponse, error)
-	// Removes a session and its container; idempotent.
+	// Removes a session and its container. Idempotent: a session that is not there (deleted
+	// already, or never made) is no error; the reply's `existed` says whether this call removed
+	// one.
 	DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error)
 	// Replaces a live session's network allowlist (and proxy quotas); applies to new proxy
 	// connections, open tunnels keep running. The fingerprint changes with it.

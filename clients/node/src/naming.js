@@ -39,6 +39,8 @@ export const IDEMPOTENT = new Set([
   'sandboxd.v1.FilesystemService/Stat',
   'sandboxd.v1.ProcessService/AttachProcess',
   'sandboxd.v1.ProcessService/ListProcesses',
+  'sandboxd.v1.ProcessService/GetProcess',
+  'sandboxd.v1.ProcessService/CloseProcessStdin',
   'sandboxd.v1.SnapshotService/ExportArchive',
   'sandboxd.v1.SnapshotService/GetSnapshot',
   'sandboxd.v1.SnapshotService/ListSnapshots',

@@ -12,6 +12,8 @@ export type Init<T> = T extends Buffer
 
 export interface Duration { seconds: number; nanos: number }
 export interface Timestamp { seconds: number; nanos: number }
+/** The fields of a message to change (UpdateNetworkPolicy.update_mask), e.g. ["allowed_domains"]. */
+export interface FieldMask { paths: string[] }
 
 /** Options of every call. */
 export interface CallOptions {
@@ -50,6 +52,7 @@ export interface SecurityDefaults {
   commands_denied_by_default: boolean;
   lease_seconds: number;
   image: string;
+  lease: Duration | null;
 }
 
 export interface GetServerInfoResponse {
@@ -65,6 +68,7 @@ export interface GetServerInfoResponse {
   api_version: string;
   features: string[];
   isolation_tiers: Isolation[];
+  lease_max: Duration | null;
 }
 
 export type EgressFilter =
@@ -122,6 +126,8 @@ export interface ProxyQuotas {
   idle_timeout: Duration | null;
   tunnel_lifetime: Duration | null;
   header_timeout: Duration | null;
+  max_up_bytes: number;
+  max_down_bytes: number;
 }
 
 export type Assurance =
@@ -171,6 +177,8 @@ export interface PullImageResponse {
 }
 
 export interface ListImagesRequest {
+  page_size: number;
+  page_token: string;
 }
 
 export interface ImageInfo {
@@ -178,10 +186,12 @@ export interface ImageInfo {
   digest: string;
   size_bytes: number;
   last_used_at: Timestamp | null;
+  last_used_time: Timestamp | null;
 }
 
 export interface ListImagesResponse {
   images: ImageInfo[];
+  next_page_token: string;
 }
 
 /** sandboxd.v1.AuditService: SandboxClient.audit. */
@@ -401,6 +411,9 @@ export interface FilesystemServiceClient {
   stat(request: Init<StatRequest>, options?: CallOptions): Promise<StatResponse>;
   remove(request: Init<RemoveRequest>, options?: CallOptions): Promise<RemoveResponse>;
   makeDir(request: Init<MakeDirRequest>, options?: CallOptions): Promise<MakeDirResponse>;
+  readFileStream(request: Init<ReadFileStreamRequest>, options?: CallOptions): AsyncGenerator<ReadFileStreamResponse, void, undefined>;
+  writeFileStream(requests: Requests<WriteFileStreamRequest>, options?: CallOptions): Promise<WriteFileStreamResponse>;
+  move(request: Init<MoveRequest>, options?: CallOptions): Promise<MoveResponse>;
 }
 
 export type FileType =
@@ -418,6 +431,7 @@ export interface FileInfo {
   mode: number;
   modified_at: Timestamp | null;
   symlink_target: string;
+  size_bytes: number;
 }
 
 export interface ReadFileRequest {
@@ -429,6 +443,7 @@ export interface ReadFileResponse {
   content: Buffer;
   mode: number;
   size: number;
+  size_bytes: number;
 }
 
 export interface WriteFileRequest {
@@ -447,10 +462,13 @@ export interface ListDirRequest {
   session_id: string;
   path: string;
   depth: number;
+  page_size: number;
+  page_token: string;
 }
 
 export interface ListDirResponse {
   entries: FileInfo[];
+  next_page_token: string;
 }
 
 export interface StatRequest {
@@ -475,10 +493,55 @@ export interface MakeDirRequest {
   session_id: string;
   path: string;
   parents: boolean;
+  make_parents: boolean;
 }
 
 export interface MakeDirResponse {
   info: FileInfo | null;
+}
+
+export interface WriteFileStreamResponse {
+  info: FileInfo | null;
+}
+
+export interface MoveResponse {
+  info: FileInfo | null;
+}
+
+export interface ReadFileStreamRequest {
+  session_id: string;
+  path: string;
+  offset: number;
+  length: number;
+}
+
+export interface FileChunk {
+  data: Buffer;
+  offset: number;
+}
+
+export interface ReadFileStreamResponse {
+  chunk: FileChunk | null;
+}
+
+export interface WriteFileStreamHeader {
+  session_id: string;
+  path: string;
+  mode: number;
+  make_parents: boolean;
+}
+
+export interface WriteFileStreamRequest {
+  header: WriteFileStreamHeader | null;
+  data: Buffer;
+  message?: 'header' | 'data';
+}
+
+export interface MoveRequest {
+  session_id: string;
+  source_path: string;
+  destination_path: string;
+  overwrite: boolean;
 }
 
 export type ExpiryAction =
@@ -486,6 +549,59 @@ export type ExpiryAction =
   | 'EXPIRY_ACTION_DELETE'
   | 'EXPIRY_ACTION_SUSPEND'
   | 'EXPIRY_ACTION_SNAPSHOT_THEN_DELETE';
+
+export type OutputEncoding =
+  | 'OUTPUT_ENCODING_UNSPECIFIED'
+  | 'OUTPUT_ENCODING_BYTES'
+  | 'OUTPUT_ENCODING_UTF8_LOSSY';
+
+export type ProcessOrigin =
+  | 'PROCESS_ORIGIN_UNSPECIFIED'
+  | 'PROCESS_ORIGIN_START_PROCESS'
+  | 'PROCESS_ORIGIN_EXEC'
+  | 'PROCESS_ORIGIN_RUN'
+  | 'PROCESS_ORIGIN_INTERACT';
+
+export interface GetProcessRequest {
+  session_id: string;
+  process_id: string;
+}
+
+export interface SendProcessInputRequest {
+  session_id: string;
+  process_id: string;
+  data: Buffer;
+}
+
+export interface SendProcessInputResponse {
+}
+
+export interface CloseProcessStdinRequest {
+  session_id: string;
+  process_id: string;
+}
+
+export interface CloseProcessStdinResponse {
+}
+
+export interface SessionStateReason {
+  reason: string;
+  message: string;
+  recoverable: boolean;
+}
+
+export type Signal =
+  | 'SIGNAL_UNSPECIFIED'
+  | 'SIGNAL_SIGHUP'
+  | 'SIGNAL_SIGINT'
+  | 'SIGNAL_SIGQUIT'
+  | 'SIGNAL_SIGKILL'
+  | 'SIGNAL_SIGUSR1'
+  | 'SIGNAL_SIGUSR2'
+  | 'SIGNAL_SIGTERM'
+  | 'SIGNAL_SIGCONT'
+  | 'SIGNAL_SIGSTOP'
+  | 'SIGNAL_SIGWINCH';
 
 /** sandboxd.v1.ProcessService: SandboxClient.processes. */
 export interface ProcessServiceClient {
@@ -496,6 +612,9 @@ export interface ProcessServiceClient {
   attachProcess(request: Init<AttachProcessRequest>, options?: CallOptions): AsyncGenerator<AttachProcessResponse, void, undefined>;
   listProcesses(request: Init<ListProcessesRequest>, options?: CallOptions): Promise<ListProcessesResponse>;
   signalProcess(request: Init<SignalProcessRequest>, options?: CallOptions): Promise<SignalProcessResponse>;
+  getProcess(request: Init<GetProcessRequest>, options?: CallOptions): Promise<GetProcessResponse>;
+  sendProcessInput(request: Init<SendProcessInputRequest>, options?: CallOptions): Promise<SendProcessInputResponse>;
+  closeProcessStdin(request: Init<CloseProcessStdinRequest>, options?: CallOptions): Promise<CloseProcessStdinResponse>;
 }
 
 export type OutputStream =
@@ -529,6 +648,7 @@ export interface ProcessExited {
   timed_out: boolean;
   truncated: boolean;
   duration: Duration | null;
+  signal_value: Signal;
 }
 
 export interface Keepalive {
@@ -550,6 +670,7 @@ export interface RunRequest {
   stdin: Buffer;
   timeout: Duration | null;
   max_output_bytes: number;
+  output_encoding: OutputEncoding;
 }
 
 export interface RunResponse {
@@ -561,6 +682,8 @@ export interface RunResponse {
   duration: Duration | null;
   signal: string;
   process_id: string;
+  stdout_text: string;
+  stderr_text: string;
 }
 
 export interface PtySize {
@@ -582,6 +705,7 @@ export interface InteractCloseStdin {
 
 export interface InteractSignal {
   signal: string;
+  signal_value: Signal;
 }
 
 export interface InteractResize {
@@ -615,6 +739,9 @@ export interface StartProcessRequest {
   timeout: Duration | null;
   max_output_bytes: number;
   process_id: string;
+  output_buffer_bytes: number;
+  keep_stdin_open: boolean;
+  request_id: string;
 }
 
 export type ProcessState =
@@ -634,6 +761,8 @@ export interface Process {
   stderr_bytes: number;
   stdout_first_offset: number;
   stderr_first_offset: number;
+  origin: ProcessOrigin;
+  stdin_open: boolean;
 }
 
 export interface StartProcessResponse {
@@ -664,19 +793,27 @@ export interface AttachProcessResponse {
 
 export interface ListProcessesRequest {
   session_id: string;
+  page_size: number;
+  page_token: string;
 }
 
 export interface ListProcessesResponse {
   processes: Process[];
+  next_page_token: string;
 }
 
 export interface SignalProcessRequest {
   session_id: string;
   process_id: string;
   signal: string;
+  signal_value: Signal;
 }
 
 export interface SignalProcessResponse {
+}
+
+export interface GetProcessResponse {
+  process: Process | null;
 }
 
 /** sandboxd.v1.SessionService: SandboxClient.sessions. */
@@ -750,6 +887,7 @@ export interface ListSessionsRequest {
   label_selector: Record<string, string>;
   page_size: number;
   page_token: string;
+  state: SessionState;
 }
 
 export interface ListSessionsResponse {
@@ -771,11 +909,13 @@ export interface DeleteSessionRequest {
 }
 
 export interface DeleteSessionResponse {
+  existed: boolean;
 }
 
 export interface UpdateNetworkPolicyRequest {
   session_id: string;
   network: NetworkPolicy | null;
+  update_mask: FieldMask | null;
 }
 
 export interface UpdateNetworkPolicyResponse {
@@ -811,6 +951,8 @@ export interface EgressEvent {
   bytes_down: number;
   duration: Duration | null;
   ended: string;
+  up_bytes: number;
+  down_bytes: number;
   kind: string;
   secret: string;
 }
@@ -849,6 +991,7 @@ export interface Session {
   on_expiry: ExpiryAction;
   renew_on_activity: boolean;
   end_reason: string;
+  state_reason: SessionStateReason | null;
   isolation: Isolation;
   template: string;
   image_digest: string;
@@ -898,6 +1041,7 @@ export interface ImportArchiveRequest {
 export interface ImportArchiveResponse {
   files: number;
   bytes: number;
+  content_bytes: number;
 }
 
 export interface Snapshot {
@@ -915,6 +1059,7 @@ export interface CreateSnapshotRequest {
   session_id: string;
   labels: Record<string, string>;
   kind: SnapshotKind;
+  request_id: string;
 }
 
 export interface CreateSnapshotResponse {
@@ -933,6 +1078,7 @@ export interface ListSnapshotsRequest {
   session_id: string;
   page_size: number;
   page_token: string;
+  label_selector: Record<string, string>;
 }
 
 export interface ListSnapshotsResponse {

@@ -37,6 +37,7 @@ from sandboxd_client.models import (
     SessionInfo,
     SnapshotInfo,
     Started,
+    StateReason,
     SweepResult,
 )
 from sandboxd_client.session import Session
@@ -76,6 +77,7 @@ __all__ = [
     "ServerInfo",
     "Session",
     "SessionInfo",
+    "StateReason",
     "SnapshotInfo",
     "Started",
     "SweepResult",

@@ -46,6 +46,8 @@ IDEMPOTENT = frozenset(
         "FilesystemService/Stat",
         "ProcessService/AttachProcess",
         "ProcessService/ListProcesses",
+        "ProcessService/GetProcess",
+        "ProcessService/CloseProcessStdin",
         "SnapshotService/ExportArchive",
         "SnapshotService/GetSnapshot",
         "SnapshotService/ListSnapshots",

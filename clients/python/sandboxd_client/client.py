@@ -391,17 +391,23 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin):
         self,
         labels: Mapping[str, str] | None = None,
         *,
+        state: str = "",
         page_size: int = 0,
         timeout: float | None = UNSET,
     ) -> AsyncIterator[Session]:
-        """Every session carrying all of `labels`, following pages as the loop goes."""
+        """Every session carrying all of `labels` (and in `state`, e.g. "RUNNING", if given),
+        following pages as the loop goes."""
 
         selector = dict(labels or {})
+        state_pb = enum_value(session_pb2.SessionState, state, "SESSION_STATE_")
         async for resp in self._paged(
             "SessionService/ListSessions",
             lambda token, t: self.stubs.sessions.ListSessions(
                 session_pb2.ListSessionsRequest(
-                    label_selector=selector, page_size=page_size, page_token=token
+                    label_selector=selector,
+                    page_size=page_size,
+                    page_token=token,
+                    state=state_pb,
                 ),
                 timeout=t,
             ),
@@ -426,15 +432,24 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin):
 
     @rpc("SnapshotService/ListSnapshots")
     async def list_snapshots(
-        self, session_id: str = "", *, page_size: int = 0, timeout: float | None = UNSET
+        self,
+        session_id: str = "",
+        *,
+        labels: Mapping[str, str] | None = None,
+        page_size: int = 0,
+        timeout: float | None = UNSET,
     ) -> AsyncIterator[SnapshotInfo]:
-        """Snapshots of one session (or every session of the caller's), page by page."""
+        """Snapshots of one session (or every session of the caller's) carrying all of
+        `labels`, page by page."""
 
         async for resp in self._paged(
             "SnapshotService/ListSnapshots",
             lambda token, t: self.stubs.snapshots.ListSnapshots(
                 snapshot_pb2.ListSnapshotsRequest(
-                    session_id=session_id, page_size=page_size, page_token=token
+                    session_id=session_id,
+                    page_size=page_size,
+                    page_token=token,
+                    label_selector=dict(labels or {}),
                 ),
                 timeout=t,
             ),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import tempfile
@@ -135,6 +136,17 @@ class ArchiveIO:
         self._max_members = max_members
         self._spool_dir = spool_dir or Path(tempfile.gettempdir())
 
+    async def _is_file(self, session: Session, rel: str) -> bool:
+        """Whether `rel` is a regular file (anything else exports as a folder, or fails as
+        one); `sbx stat` never follows a symlink."""
+        result = await self._helper_client.run(session, ["stat", rel])
+        if result.exit_code != 0:
+            return False  # the folder export reports what is wrong with the path
+        try:
+            return bool(json.loads(result.stdout.splitlines()[0]).get("type") == "file")
+        except (ValueError, IndexError, AttributeError):
+            return False
+
     async def export(self, session: Session, path: str) -> AsyncIterator[bytes]:
         """Yields the tar of `path` in chunks as tar writes it; raises if tar fails.
 
@@ -145,6 +157,11 @@ class ArchiveIO:
         rel = validation.workspace_relpath(path or ".")
         cap = policy.stream_allowance(session.spec.limits.workspace_bytes, self._max_members)
         argv = tool_argv(rel, ["tar", "-c", "-f", "-", "."])
+        if rel != "." and await self._is_file(session, rel):
+            # A single file (issue 21): tar of its folder with the one member "./NAME"; the
+            # folder is resolved beneath the workspace by sbx, the name archived as itself.
+            parent, _, name = rel.rpartition("/")
+            argv = tool_argv(parent or ".", ["tar", "-c", "-f", "-", f"./{name}"])
         stderr = bytearray()
         pending: list[bytes] = []  # joined once per chunk: one copy of each byte
         size = total = 0

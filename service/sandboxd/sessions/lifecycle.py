@@ -241,18 +241,27 @@ class SessionManager:
         return session
 
     async def list_sessions(
-        self, label_selector: Mapping[str, str], page_size: int, page_token: str
+        self,
+        label_selector: Mapping[str, str],
+        page_size: int,
+        page_token: str,
+        state: SessionState | None = None,
     ) -> tuple[list[Session], str]:
         size = paging.page_size(page_size)
-        after = paging.decode_token(page_token, _is_session_id)
         selector = validation.validate_labels(label_selector)
+        bound = f"sessions {sorted(selector.items())!r} {state} {tenancy.current()!r}"
+        after = paging.decode_token(page_token, _is_session_id, bound)
         sessions = await self._store.page(
-            after=after, limit=size + 1, labels=selector, tenant=tenancy.current()
+            after=after,
+            limit=size + 1,
+            labels=selector,
+            tenant=tenancy.current(),
+            state=state.value if state is not None else None,
         )
         token = ""
         if len(sessions) > size:
             sessions = sessions[:size]
-            token = paging.encode_token(sessions[-1].session_id)
+            token = paging.encode_token(sessions[-1].session_id, bound)
         for s in sessions:
             self._note_lease(s)
         return sessions, token
@@ -332,16 +341,18 @@ class SessionManager:
             await self._store.update(session)
             return session
 
-    async def delete(self, session_id: str) -> None:
+    async def delete(self, session_id: str) -> bool:
+        """Whether this call removed the session (deleting is idempotent)."""
         validation.validate_session_id(session_id)
         async with self._locks.locked(session_id):
             session = await self._store.get(session_id)
             if session is None or session.tenant != tenancy.current():
-                return  # idempotent, and another tenant's session is not there for this caller
+                return False  # idempotent; another tenant's session is not there for the caller
             await self._sandboxes.teardown(session)
             await self._store.delete(session_id)
             await self._keeper.forget_session(session_id)
             log.info("session deleted", extra={"session_id": session_id})
+            return True
 
     async def suspend(self, session_id: str) -> Session:
         """Snapshot the workspace, then remove the sandbox; lease and snapshot stay."""
@@ -445,18 +456,14 @@ class SessionManager:
         """A page of the session's egress audit, oldest first; the token is the last seq."""
         await self.get(session_id)  # NOT_FOUND for unknown and other tenants' sessions
         size = paging.page_size(page_size)
-        try:
-            after = int(page_token) if page_token else 0
-        except ValueError:
-            raise InvalidArgument(
-                "page_token is not one this server issued", reason=Reason.INVALID_PAGE_TOKEN
-            ) from None
+        bound = f"egress {session_id}"
+        after = int(paging.decode_token(page_token, str.isdigit, bound) or 0)
         audit = self._egress.audit(session_id) if self._egress is not None else None
         events = audit.events(after_seq=after, limit=size + 1) if audit is not None else []
         token = ""
         if len(events) > size:
             events = events[:size]
-            token = str(events[-1].seq)
+            token = paging.encode_token(str(events[-1].seq), bound)
         return events, token
 
 

@@ -43,7 +43,10 @@ class SessionServiceStub:
     RenewLease: _grpc.UnaryUnaryMultiCallable[_session_pb2.RenewLeaseRequest, _session_pb2.RenewLeaseResponse]
     """Extends a session's lease."""
     DeleteSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.DeleteSessionRequest, _session_pb2.DeleteSessionResponse]
-    """Removes a session and its container; idempotent."""
+    """Removes a session and its container. Idempotent: a session that is not there (deleted
+    already, or never made) is no error; the reply's `existed` says whether this call removed
+    one.
+    """
     UpdateNetworkPolicy: _grpc.UnaryUnaryMultiCallable[_session_pb2.UpdateNetworkPolicyRequest, _session_pb2.UpdateNetworkPolicyResponse]
     """Replaces a live session's network allowlist (and proxy quotas); applies to new proxy
     connections, open tunnels keep running. The fingerprint changes with it.
@@ -75,7 +78,10 @@ class SessionServiceAsyncStub(SessionServiceStub):
     RenewLease: _aio.UnaryUnaryMultiCallable[_session_pb2.RenewLeaseRequest, _session_pb2.RenewLeaseResponse]  # type: ignore[assignment]
     """Extends a session's lease."""
     DeleteSession: _aio.UnaryUnaryMultiCallable[_session_pb2.DeleteSessionRequest, _session_pb2.DeleteSessionResponse]  # type: ignore[assignment]
-    """Removes a session and its container; idempotent."""
+    """Removes a session and its container. Idempotent: a session that is not there (deleted
+    already, or never made) is no error; the reply's `existed` says whether this call removed
+    one.
+    """
     UpdateNetworkPolicy: _aio.UnaryUnaryMultiCallable[_session_pb2.UpdateNetworkPolicyRequest, _session_pb2.UpdateNetworkPolicyResponse]  # type: ignore[assignment]
     """Replaces a live session's network allowlist (and proxy quotas); applies to new proxy
     connections, open tunnels keep running. The fingerprint changes with it.
@@ -134,7 +140,10 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _session_pb2.DeleteSessionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.DeleteSessionResponse, _abc.Awaitable[_session_pb2.DeleteSessionResponse]]:
-        """Removes a session and its container; idempotent."""
+        """Removes a session and its container. Idempotent: a session that is not there (deleted
+        already, or never made) is no error; the reply's `existed` says whether this call removed
+        one.
+        """
 
     @_abc_1.abstractmethod
     def UpdateNetworkPolicy(

@@ -131,7 +131,9 @@ class SessionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteSession(self, request, context):
-        """Removes a session and its container; idempotent.
+        """Removes a session and its container. Idempotent: a session that is not there (deleted
+        already, or never made) is no error; the reply's `existed` says whether this call removed
+        one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
