@@ -4,7 +4,8 @@
 the one implementation the server runs (see docs/architecture.md for adding another).
 """
 
-from sandboxd.engine.docker import DockerEngine, DockerExecStream
+from sandboxd.engine.docker import DockerEngine
+from sandboxd.engine.docker_exec import DockerExecStream
 from sandboxd.engine.protocol import (
     Engine,
     ExecStream,

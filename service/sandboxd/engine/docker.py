@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import ipaddress
 import json
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -23,10 +23,11 @@ import aiodocker
 import aiohttp
 from aiodocker.containers import DockerContainer
 from aiodocker.execs import Exec
-from aiodocker.stream import Stream
 
 from sandboxd import images
 from sandboxd.engine import compat, docker_pull, docker_stats
+from sandboxd.engine.docker_errors import translate_errors
+from sandboxd.engine.docker_exec import DockerExecStream
 from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
@@ -40,112 +41,14 @@ from sandboxd.engine.protocol import (
     SandboxStatus,
 )
 from sandboxd.engine.runsc_leftovers import end_leftovers
-from sandboxd.errors import EngineUnavailable, FailedPrecondition, Internal, NotFound
+from sandboxd.errors import FailedPrecondition, Internal, NotFound
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
-from sandboxd.reasons import Reason
 
 # Every request has a deadline (streams of exec output excepted: those last as long as the
 # command, bounded by its own timeout).
 _ENGINE_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=5, sock_connect=5)
 REMOVE_TIMEOUT_S = 20.0
-
-
-@contextlib.contextmanager
-def _translate(what: str, on_error: Callable[[str], None] | None = None) -> Iterator[None]:
-    try:
-        yield
-    except aiodocker.DockerError as exc:
-        if exc.status == 900:  # aiodocker's code for "could not connect to the engine"
-            if on_error is not None:
-                on_error("unavailable")
-            raise EngineUnavailable(
-                f"{what}: the Docker engine does not answer ({exc.message})"
-            ) from exc
-        if on_error is not None:
-            on_error({404: "not_found", 409: "conflict"}.get(exc.status, "internal"))
-        message = str(exc.message).strip() if exc.message else f"HTTP {exc.status}"
-        if exc.status == 404:
-            raise NotFound(f"{what}: {message}", reason=Reason.ENGINE_OBJECT_NOT_FOUND) from exc
-        if exc.status == 409:
-            raise FailedPrecondition(f"{what}: {message}", reason=Reason.ENGINE_CONFLICT) from exc
-        raise Internal(f"{what}: the engine answered {exc.status}: {message}") from exc
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        if on_error is not None:
-            on_error("unavailable")
-        raise EngineUnavailable(
-            f"{what}: the Docker engine does not answer ({type(exc).__name__}: {exc})"
-        ) from exc
-
-
-class DockerExecStream:
-    """A running `docker exec` with its multiplexed stdio (the protocol's ExecStream)."""
-
-    def __init__(self, engine: DockerEngine, exec_id: str, stream: Stream) -> None:
-        self._engine = engine
-        self.exec_id = exec_id
-        self._stream = stream
-        self._stdin_closed = False
-
-    async def read(self) -> tuple[int, bytes] | None:
-        """Next (fd, data) chunk, 1 = stdout and 2 = stderr; None at the end of output."""
-        with self._engine._translate("reading exec output"):
-            msg = await self._stream.read_out()
-        if msg is None:
-            return None
-        return msg.stream, msg.data
-
-    async def read_joined(self, limit: int) -> tuple[int, bytes] | None:
-        """Like read(), joined with the frames of the same fd that have already arrived, up to
-        about `limit` bytes: one step per batch instead of per frame (busybox writes 4 KiB at a
-        time). Waits only for the first frame; order across fds is kept."""
-        first = await self.read()
-        if first is None or len(first[1]) >= limit:
-            return first
-        fd, data = first
-        parts = [data]
-        with self._engine._translate("reading exec output"):
-            await compat.read_buffered(self._stream, fd, parts, limit)
-        return (fd, data) if len(parts) == 1 else (fd, b"".join(parts))
-
-    async def write(self, data: bytes) -> None:
-        with self._engine._translate("writing exec stdin"):
-            await self._stream.write_in(data)
-
-    def close_stdin(self) -> None:
-        """Half-close: the command sees EOF on stdin while its output keeps flowing.
-
-        aiodocker's own `close()` also drops the connection, so reach for the transport.
-        """
-        if self._stdin_closed:
-            return
-        self._stdin_closed = True
-        compat.write_eof(self._stream)
-
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await self._stream.close()
-
-    async def exit_code(self) -> int | None:
-        """The exit code once the process has ended (None while it still runs)."""
-        info = await self._engine.exec_inspect(self.exec_id)
-        if info.get("Running"):
-            return None
-        code = info.get("ExitCode")
-        return int(code) if code is not None else None
-
-    async def wait_exit_code(self) -> int:
-        """The exit code after the output ended; -1 if the engine never records one.
-
-        The output ends a moment before the engine records the exit, so poll briefly.
-        """
-        for delay in (0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0):
-            if delay:
-                await asyncio.sleep(delay)
-            code = await self.exit_code()
-            if code is not None:
-                return code
-        return -1
 
 
 class DockerEngine:
@@ -370,7 +273,7 @@ class DockerEngine:
             return dict(await Exec(self.docker, exec_id).inspect())
 
     def _translate(self, what: str) -> contextlib.AbstractContextManager[None]:
-        return _translate(what, self._on_error)
+        return translate_errors(what, self._on_error)
 
     # ----- networks (the egress allowlist's per-session Internal networks) ---------------
 

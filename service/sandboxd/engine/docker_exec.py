@@ -1,0 +1,85 @@
+"""A running `docker exec` as the protocol's `ExecStream`: multiplexed stdio, half-close of
+stdin, and the exit code once the engine records it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+from aiodocker.stream import Stream
+
+from sandboxd.engine import compat
+
+if TYPE_CHECKING:
+    from sandboxd.engine.docker import DockerEngine
+
+
+class DockerExecStream:
+    """A running `docker exec` with its multiplexed stdio (the protocol's ExecStream)."""
+
+    def __init__(self, engine: DockerEngine, exec_id: str, stream: Stream) -> None:
+        self._engine = engine
+        self.exec_id = exec_id
+        self._stream = stream
+        self._stdin_closed = False
+
+    async def read(self) -> tuple[int, bytes] | None:
+        """Next (fd, data) chunk, 1 = stdout and 2 = stderr; None at the end of output."""
+        with self._engine._translate("reading exec output"):
+            msg = await self._stream.read_out()
+        if msg is None:
+            return None
+        return msg.stream, msg.data
+
+    async def read_joined(self, limit: int) -> tuple[int, bytes] | None:
+        """Like read(), joined with the frames of the same fd that have already arrived, up to
+        about `limit` bytes: one step per batch instead of per frame (busybox writes 4 KiB at a
+        time). Waits only for the first frame; order across fds is kept."""
+        first = await self.read()
+        if first is None or len(first[1]) >= limit:
+            return first
+        fd, data = first
+        parts = [data]
+        with self._engine._translate("reading exec output"):
+            await compat.read_buffered(self._stream, fd, parts, limit)
+        return (fd, data) if len(parts) == 1 else (fd, b"".join(parts))
+
+    async def write(self, data: bytes) -> None:
+        with self._engine._translate("writing exec stdin"):
+            await self._stream.write_in(data)
+
+    def close_stdin(self) -> None:
+        """Half-close: the command sees EOF on stdin while its output keeps flowing.
+
+        aiodocker's own `close()` also drops the connection, so reach for the transport.
+        """
+        if self._stdin_closed:
+            return
+        self._stdin_closed = True
+        compat.write_eof(self._stream)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._stream.close()
+
+    async def exit_code(self) -> int | None:
+        """The exit code once the process has ended (None while it still runs)."""
+        info = await self._engine.exec_inspect(self.exec_id)
+        if info.get("Running"):
+            return None
+        code = info.get("ExitCode")
+        return int(code) if code is not None else None
+
+    async def wait_exit_code(self) -> int:
+        """The exit code after the output ended; -1 if the engine never records one.
+
+        The output ends a moment before the engine records the exit, so poll briefly.
+        """
+        for delay in (0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0):
+            if delay:
+                await asyncio.sleep(delay)
+            code = await self.exit_code()
+            if code is not None:
+                return code
+        return -1
