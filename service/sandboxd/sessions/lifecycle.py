@@ -32,7 +32,6 @@ from sandboxd.errors import (
     SessionNotFound,
 )
 from sandboxd.isolation import IsolationTiers
-from sandboxd.labels import LABEL_AUTO
 from sandboxd.models import NetworkPolicy, PullPolicy, Session, SessionState
 from sandboxd.pool import WarmPool
 from sandboxd.pulls import Pulls, Resolved
@@ -41,12 +40,14 @@ from sandboxd.secrets.bindings import settle_secrets
 from sandboxd.sessions import paging
 from sandboxd.sessions.gate import WorkspaceGate
 from sandboxd.sessions.keeper import WorkspaceKeeper
+from sandboxd.sessions.liveness import lease_ended, require_live
 from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.manifest import write_manifest
 from sandboxd.sessions.quota import QuotaGate
-from sandboxd.sessions.recovery import ExpiryHook, Recovery, container_lost, now
+from sandboxd.sessions.recovery import ExpiryHook, Recovery, now
 from sandboxd.sessions.sandboxes import Sandboxes, SessionEndHook, Undo
 from sandboxd.sessions.spec import CreateSessionInput, check_create, check_lease, check_network
+from sandboxd.sessions.suspension import Suspension
 from sandboxd.snapshot_store import Snapshot
 from sandboxd.store import SessionStore
 
@@ -94,6 +95,16 @@ class SessionManager:
             pool=pool,
             egress=egress,
             on_expiry=on_expiry,
+        )
+        self._suspension = Suspension(
+            get=self.get,
+            store=store,
+            locks=self._locks,
+            gate=self._gate,
+            keeper=keeper,
+            sandboxes=self._sandboxes,
+            recovery=self._recovery,
+            pulls=pulls,
         )
         # Commands (Exec, Run, ...) hold one of these per tenant while they run.
         self.exec_slots = tenancy.ExecSlots(config.tenancy.max_concurrent_execs)
@@ -267,13 +278,13 @@ class SessionManager:
         return sessions, token
 
     def _note_lease(self, session: Session) -> None:
-        if _lease_ended(session):
+        if lease_ended(session):
             self._recovery.wake()
 
     async def require_running(self, session_id: str) -> Session:
         """The session, if commands and file operations may use it now."""
         session = await self.get(session_id)
-        _require_live(session)
+        require_live(session)
         if session.state is SessionState.SUSPENDED:
             return await self.resume(session_id, None)  # rebuilt from its snapshot, lazily
         return session
@@ -331,7 +342,7 @@ class SessionManager:
         lease_s = check_lease(ttl_s, "ttl", self._config)
         async with self._locks.locked(session_id):
             session = await self.get(session_id)
-            if session.state is SessionState.EXPIRED or _lease_ended(session):
+            if session.state is SessionState.EXPIRED or lease_ended(session):
                 raise FailedPrecondition(
                     f"the lease of session {session_id!r} already expired",
                     reason=Reason.LEASE_EXPIRED,
@@ -356,78 +367,11 @@ class SessionManager:
 
     async def suspend(self, session_id: str) -> Session:
         """Snapshot the workspace, then remove the sandbox; lease and snapshot stay."""
-        async with self._locks.locked(session_id):
-            session = await self.get(session_id)
-            if session.state is SessionState.SUSPENDED:
-                return session
-            _require_live(session)
-            async with self._gate.exclusive(session_id):  # no file call half-way through
-                await self._keeper.take(session, {LABEL_AUTO: "suspend"})
-                await self._sandboxes.teardown(session, quiet=False, keep_network=True)
-            await self._sandboxes.release_network(session)
-            session.state = SessionState.SUSPENDED
-            session.container_id = ""
-            await self._store.update(session)
-            log.info("session suspended", extra={"session_id": session_id})
-            return session
+        return await self._suspension.suspend(session_id)
 
     async def resume(self, session_id: str, expected_fingerprint: str | None) -> Session:
-        """Running again: a removed, lost or tampered-with sandbox is rebuilt from the last
-        snapshot. An expired lease is refused, never answered with an empty workspace."""
-        async with self._locks.locked(session_id):
-            session = await self.get(session_id)
-            if expected_fingerprint is not None and expected_fingerprint != session.fingerprint:
-                raise FailedPrecondition(
-                    f"session {session_id!r} has fingerprint {session.fingerprint}, not the "
-                    "expected one",
-                    reason=Reason.MANIFEST_CONFLICT,
-                    metadata={"session_id": session_id, "fingerprint": session.fingerprint},
-                )
-            _require_live(session)
-            if session.state is SessionState.RUNNING:
-                running, conforms = await self._sandboxes.status(session)
-                if running and conforms:
-                    return session
-                if running:
-                    log.warning(
-                        "container limits changed behind our back; not reused",
-                        extra={"session_id": session_id},
-                    )
-            snap = await self._keeper.latest(session_id)
-            if snap is None:
-                await self._recovery.mark_lost(session)
-                raise container_lost(session_id)
-            await self._rebuild(session, snap)
-            return session
-
-    async def _rebuild(self, session: Session, snap: Snapshot) -> None:
-        """A new sandbox for an existing record, its workspace restored from `snap`."""
-        await self._sandboxes.teardown(session, keep_network=True)
-        session.state = SessionState.SUSPENDED
-        session.container_id = ""
-        await self._store.update(session)
-        undo = Undo()
-        try:
-            if self._pulls is not None and session.spec.image_id:
-                await self._pulls.pinned(session.spec)  # the digest it ran, never the tag's
-            await self._sandboxes.provision(session, undo)
-            await self._keeper.restore(session, snap)
-            session.state = SessionState.RUNNING
-            await self._store.update(session)
-        except BaseException:
-            await asyncio.shield(self._undo_rebuild(session, undo))
-            raise
-        log.info(
-            "session resumed from snapshot %s",
-            snap.snapshot_id,
-            extra={"session_id": session.session_id},
-        )
-
-    async def _undo_rebuild(self, session: Session, undo: Undo) -> None:
-        await undo.run()
-        session.state = SessionState.SUSPENDED
-        session.container_id = ""
-        await self._store.update(session)
+        """Running again, rebuilt from the last snapshot where the sandbox is gone."""
+        return await self._suspension.resume(session_id, expected_fingerprint)
 
     async def update_network_policy(self, session_id: str, asked: NetworkPolicy) -> Session:
         """A live session's new allowlist: new proxy connections follow it, open tunnels stay."""
@@ -467,33 +411,9 @@ class SessionManager:
         return events, token
 
 
-def _lease_ended(session: Session) -> bool:
-    return session.state is not SessionState.EXPIRED and session.lease_expires_at <= now()
-
-
 def _is_session_id(value: str) -> bool:
     try:
         validation.validate_session_id(value)
     except SandboxError:
         return False
     return True
-
-
-def _require_live(session: Session) -> None:
-    """Refuse a session that can no longer run: RUNNING and SUSPENDED pass."""
-    if session.state is SessionState.EXPIRED or _lease_ended(session):
-        raise FailedPrecondition(
-            f"the lease of session {session.session_id!r} expired; its container was removed",
-            reason=Reason.LEASE_EXPIRED,
-            metadata={"session_id": session.session_id},
-        )
-    if session.state is SessionState.FAILED:
-        # Only a lost sandbox fails a session: say so on every later call too, not just on
-        # the one that found out (reconcile may have been the one).
-        raise container_lost(session.session_id)
-    if session.state is SessionState.CREATING:
-        raise FailedPrecondition(
-            f"session {session.session_id!r} is still being created",
-            reason=Reason.SESSION_NOT_RUNNING,
-            metadata={"session_id": session.session_id, "state": session.state.value},
-        )

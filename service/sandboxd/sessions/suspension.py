@@ -1,0 +1,128 @@
+"""Suspend and resume: a session's workspace carried across the removal of its sandbox.
+
+Suspend snapshots the workspace and removes the sandbox, keeping the record, lease and
+snapshot; resume (or the first call on a suspended or lost sandbox) builds a new sandbox of the
+same spec, the same image digest, and restores the last snapshot into it. Both run under the
+session's lock, and suspend holds the workspace gate so no file call is half-way through.
+A rebuild that fails takes back its steps and leaves the session SUSPENDED, never half-made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from sandboxd.errors import FailedPrecondition
+from sandboxd.labels import LABEL_AUTO
+from sandboxd.models import Session, SessionState
+from sandboxd.pulls import Pulls
+from sandboxd.reasons import Reason
+from sandboxd.sessions.gate import WorkspaceGate
+from sandboxd.sessions.keeper import WorkspaceKeeper
+from sandboxd.sessions.liveness import require_live
+from sandboxd.sessions.locks import SessionLocks
+from sandboxd.sessions.recovery import Recovery, container_lost
+from sandboxd.sessions.sandboxes import Sandboxes, Undo
+from sandboxd.snapshot_store import Snapshot
+from sandboxd.store import SessionStore
+
+log = logging.getLogger(__name__)
+
+
+class Suspension:
+    def __init__(
+        self,
+        *,
+        get: Callable[[str], Awaitable[Session]],
+        store: SessionStore,
+        locks: SessionLocks,
+        gate: WorkspaceGate,
+        keeper: WorkspaceKeeper,
+        sandboxes: Sandboxes,
+        recovery: Recovery,
+        pulls: Pulls | None,
+    ) -> None:
+        self._get = get
+        self._store = store
+        self._locks = locks
+        self._gate = gate
+        self._keeper = keeper
+        self._sandboxes = sandboxes
+        self._recovery = recovery
+        self._pulls = pulls
+
+    async def suspend(self, session_id: str) -> Session:
+        """Snapshot the workspace, then remove the sandbox; lease and snapshot stay."""
+        async with self._locks.locked(session_id):
+            session = await self._get(session_id)
+            if session.state is SessionState.SUSPENDED:
+                return session
+            require_live(session)
+            async with self._gate.exclusive(session_id):  # no file call half-way through
+                await self._keeper.take(session, {LABEL_AUTO: "suspend"})
+                await self._sandboxes.teardown(session, quiet=False, keep_network=True)
+            await self._sandboxes.release_network(session)
+            session.state = SessionState.SUSPENDED
+            session.container_id = ""
+            await self._store.update(session)
+            log.info("session suspended", extra={"session_id": session_id})
+            return session
+
+    async def resume(self, session_id: str, expected_fingerprint: str | None) -> Session:
+        """Running again: a removed, lost or tampered-with sandbox is rebuilt from the last
+        snapshot. An expired lease is refused, never answered with an empty workspace."""
+        async with self._locks.locked(session_id):
+            session = await self._get(session_id)
+            if expected_fingerprint is not None and expected_fingerprint != session.fingerprint:
+                raise FailedPrecondition(
+                    f"session {session_id!r} has fingerprint {session.fingerprint}, not the "
+                    "expected one",
+                    reason=Reason.MANIFEST_CONFLICT,
+                    metadata={"session_id": session_id, "fingerprint": session.fingerprint},
+                )
+            require_live(session)
+            if session.state is SessionState.RUNNING:
+                running, conforms = await self._sandboxes.status(session)
+                if running and conforms:
+                    return session
+                if running:
+                    log.warning(
+                        "container limits changed behind our back; not reused",
+                        extra={"session_id": session_id},
+                    )
+            snap = await self._keeper.latest(session_id)
+            if snap is None:
+                await self._recovery.mark_lost(session)
+                raise container_lost(session_id)
+            await self._rebuild(session, snap)
+            return session
+
+    async def _rebuild(self, session: Session, snap: Snapshot) -> None:
+        """A new sandbox for an existing record, its workspace restored from `snap`."""
+        await self._sandboxes.teardown(session, keep_network=True)
+        session.state = SessionState.SUSPENDED
+        session.container_id = ""
+        await self._store.update(session)
+        undo = Undo()
+        try:
+            if self._pulls is not None and session.spec.image_id:
+                await self._pulls.pinned(session.spec)  # the digest it ran, never the tag's
+            await self._sandboxes.provision(session, undo)
+            await self._keeper.restore(session, snap)
+            session.state = SessionState.RUNNING
+            await self._store.update(session)
+        except BaseException:
+            await asyncio.shield(self._undo_rebuild(session, undo))
+            raise
+        log.info(
+            "session resumed from snapshot %s",
+            snap.snapshot_id,
+            extra={"session_id": session.session_id},
+        )
+
+    async def _undo_rebuild(self, session: Session, undo: Undo) -> None:
+        await undo.run()
+        session.state = SessionState.SUSPENDED
+        session.container_id = ""
+        await self._store.update(session)
