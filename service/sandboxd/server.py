@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import signal
@@ -31,6 +32,7 @@ from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
 from sandboxd.api.session_service import SessionService
 from sandboxd.api.snapshot_service import SnapshotService
+from sandboxd.api.template_service import TemplateService
 from sandboxd.archive import ArchiveIO
 from sandboxd.config import Config, listens_on_loopback
 from sandboxd.egress.addresses import Protected
@@ -52,6 +54,8 @@ from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.store import SessionStore
 from sandboxd.sweeper import Sweeper
+from sandboxd.templates.builds import Templates, template_in_use
+from sandboxd.templates.store import TemplateStore
 from sandboxd.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -63,6 +67,8 @@ from sandboxd.v1 import (
     session_pb2_grpc,
     snapshot_pb2,
     snapshot_pb2_grpc,
+    template_pb2,
+    template_pb2_grpc,
 )
 
 log = logging.getLogger(__name__)
@@ -73,6 +79,7 @@ SERVICE_NAMES = (
     filesystem_pb2.DESCRIPTOR.services_by_name["FilesystemService"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
     snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name,
+    template_pb2.DESCRIPTOR.services_by_name["TemplateService"].full_name,
 )
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
@@ -221,6 +228,14 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
         pulls = Pulls(config, engine, live_images=lambda: live_images(store))
         stack.push_async_callback(pulls.close)
+        templates = Templates(
+            config,
+            engine,
+            await TemplateStore(store.db).open(),
+            config.server.data_dir / "spool",
+            in_use=functools.partial(template_in_use, store),
+        )
+        stack.push_async_callback(templates.close)
         sessions = SessionManager(
             config,
             engine,
@@ -232,6 +247,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             on_session_end=[processes.end_session],
             tiers=tiers,
             pulls=pulls,
+            templates=templates,
         )
         snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
 
@@ -264,6 +280,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             AdminService(config, engine, egress, sweeper, tiers=tiers, pulls=pulls), server
         )
+        template_pb2_grpc.add_TemplateServiceServicer_to_server(TemplateService(templates), server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         _add_reflection(server)

@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import ipaddress
 import json
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -26,9 +26,10 @@ from aiodocker.execs import Exec
 from aiodocker.stream import Stream
 
 from sandboxd import images
-from sandboxd.engine import compat, docker_pull
+from sandboxd.engine import compat, docker_build, docker_pull
 from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.protocol import (
+    BuildLimits,
     ImageDetails,
     NetworkAddress,
     NetworkInfo,
@@ -455,3 +456,22 @@ class DockerEngine:
         self, reference: str, auth: Mapping[str, str] | None = None
     ) -> AsyncIterator[PullProgress]:
         return docker_pull.pull(self.docker, reference, auth)
+
+    # ----- image builds (sandboxd.engine.docker_build) -----------------------------------
+
+    def build_image(
+        self,
+        context: Path,
+        *,
+        dockerfile: str,
+        tag: str,
+        labels: Mapping[str, str],
+        limits: BuildLimits,
+    ) -> AsyncGenerator[str, None]:
+        return docker_build.build(
+            self.docker, context, dockerfile=dockerfile, tag=tag, labels=labels, limits=limits
+        )
+
+    async def prune_images(self, labels: Mapping[str, str]) -> None:
+        with self._translate("pruning images"):
+            await docker_build.prune(self.docker, labels)

@@ -1,0 +1,279 @@
+"""Templates built from a Dockerfile (issue 17): build, list, create from, delete, and the
+rules of a safe build (FROM, no network, time limit, context cap, tenants, cleanup)."""
+
+from __future__ import annotations
+
+import io
+import secrets
+import subprocess
+import tarfile
+from collections.abc import Callable, Iterator
+
+import grpc
+import pytest
+from authutil import authed_stubs, write_tokens
+from conftest import (
+    ServerProcess,
+    Stubs,
+    error_info,
+    remove_owned_containers,
+    run,
+    start_server,
+)
+from sandboxd.v1 import common_pb2, session_pb2, template_pb2, template_pb2_grpc
+
+T = template_pb2
+TOKENS = {"a-" + secrets.token_urlsafe(16): "alpha", "b-" + secrets.token_urlsafe(16): "beta"}
+TOKEN_OF = {tenant: token for token, tenant in TOKENS.items()}
+ALL = common_pb2.ShellPolicy(allow_all=True)
+CONTEXT_CAP = 256 * 1024
+TIMEOUT_S = 6
+
+
+@pytest.fixture(scope="module")
+def tpl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("templates")
+    tokens = write_tokens(tmp / "tokens", TOKENS)
+    srv = start_server(
+        tmp / "data",
+        "tpl" + secrets.token_hex(4),
+        "--tokens-file",
+        str(tokens),
+        "--template-max-context-bytes",
+        str(CONTEXT_CAP),
+        "--template-build-timeout-s",
+        str(TIMEOUT_S),
+    )
+    yield srv
+    srv.stop()
+    remove_owned_containers(srv.owner_id)
+
+
+def _stubs(srv: ServerProcess, tenant: str) -> tuple[Stubs, template_pb2_grpc.TemplateServiceStub]:
+    s = authed_stubs(srv.address, TOKEN_OF[tenant])
+    return s, template_pb2_grpc.TemplateServiceStub(s.channel)
+
+
+@pytest.fixture(scope="module")
+def alpha(tpl_server: ServerProcess) -> tuple[Stubs, template_pb2_grpc.TemplateServiceStub]:
+    return _stubs(tpl_server, "alpha")
+
+
+@pytest.fixture(scope="module")
+def beta(tpl_server: ServerProcess) -> tuple[Stubs, template_pb2_grpc.TemplateServiceStub]:
+    return _stubs(tpl_server, "beta")
+
+
+def context_tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def requests(name: str, dockerfile: str, context: bytes = b"", chunk: int = 64 * 1024):
+    yield T.BuildTemplateRequest(spec=T.TemplateSpec(name=name, dockerfile=dockerfile))
+    for i in range(0, len(context), chunk):
+        yield T.BuildTemplateRequest(context=context[i : i + chunk])
+
+
+def build(
+    tpl: template_pb2_grpc.TemplateServiceStub, name: str, dockerfile: str, context: bytes = b""
+) -> tuple[list[str], T.Template]:
+    lines, done = [], None
+    for resp in tpl.BuildTemplate(requests(name, dockerfile, context), timeout=120):
+        if resp.WhichOneof("event") == "log":
+            lines.append(resp.log.line)
+        else:
+            done = resp.done.template
+    assert done is not None, lines
+    return lines, done
+
+
+def build_error(
+    tpl: template_pb2_grpc.TemplateServiceStub, name: str, dockerfile: str, context: bytes = b""
+) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in tpl.BuildTemplate(requests(name, dockerfile, context), timeout=120):
+            pass
+    return info.value
+
+
+def expect_error(code: grpc.StatusCode, call: Callable[[], object]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    assert info.value.code() == code, info.value.details()
+    return info.value
+
+
+def images_labelled(build_label_prefix: str = "io.sandboxd.template.name") -> set[str]:
+    out = subprocess.run(
+        ["docker", "images", "-aq", "--no-trunc", "--filter", f"label={build_label_prefix}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return set(out.split())
+
+
+def images_of_template(name: str) -> set[str]:
+    return images_labelled(f"io.sandboxd.template.name={name}")
+
+
+def images_with_build_label() -> set[str]:
+    return images_labelled("io.sandboxd.template.build")
+
+
+def test_build_list_create_read_delete(alpha) -> None:
+    stubs, tpl = alpha
+    name = "hello-" + secrets.token_hex(3)
+    dockerfile = "FROM busybox\nCOPY greeting.txt /opt/greeting.txt\nUSER root\n"
+    lines, done = build(tpl, name, dockerfile, context_tar({"greeting.txt": b"hi from ctx\n"}))
+    assert done.name == name and done.state == T.TEMPLATE_STATE_READY and not done.builtin
+    assert done.size_bytes > 0
+    assert any("COPY" in line for line in lines), lines
+    listed = tpl.ListTemplates(T.ListTemplatesRequest())
+    names = {t.name: t for t in listed.templates}
+    assert names[name].state == T.TEMPLATE_STATE_READY
+    assert names["busybox"].builtin and names["python"].builtin
+    assert tpl.GetTemplate(T.GetTemplateRequest(name=name)).name == name
+
+    session = stubs.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(template=name, shell=ALL)
+    ).session
+    try:
+        assert session.template == name
+        out = run(stubs, session.session_id, "cat", "/opt/greeting.txt")
+        assert out.stdout == b"hi from ctx\n"
+        # USER root in the Dockerfile does not make the session root.
+        assert run(stubs, session.session_id, "id", "-u").stdout.strip() != b"0"
+        # Deleting a template a live session uses is refused.
+        err = expect_error(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            lambda: tpl.DeleteTemplate(T.DeleteTemplateRequest(name=name)),
+        )
+        assert error_info(err).reason == "TEMPLATE_IN_USE"
+    finally:
+        stubs.sessions.DeleteSession(
+            session_pb2.DeleteSessionRequest(session_id=session.session_id)
+        )
+    tpl.DeleteTemplate(T.DeleteTemplateRequest(name=name))
+    err = expect_error(
+        grpc.StatusCode.NOT_FOUND, lambda: tpl.GetTemplate(T.GetTemplateRequest(name=name))
+    )
+    assert error_info(err).reason == "TEMPLATE_NOT_FOUND"
+    assert images_of_template(name) == set()
+
+
+def test_template_on_template(alpha) -> None:
+    stubs, tpl = alpha
+    base, child = "base-" + secrets.token_hex(3), "child-" + secrets.token_hex(3)
+    build(tpl, base, "FROM busybox\nRUN echo one > /one\n")
+    _, done = build(tpl, child, f"FROM {base}\nRUN cat /one > /two\n")
+    assert done.state == T.TEMPLATE_STATE_READY
+    for n in (child, base):
+        tpl.DeleteTemplate(T.DeleteTemplateRequest(name=n))
+
+
+@pytest.mark.parametrize(
+    "dockerfile",
+    [
+        "FROM alpine:3.19\n",
+        "FROM nosuchimage-" + "x" * 8 + "\n",
+        "FROM busybox AS a\nFROM busybox\nCOPY --from=a /bin/sh /x\n",
+        "FROM busybox\nCOPY --from=alpine:3.19 /etc/os-release /x\n",
+        "ARG B=busybox\nFROM $B\n",
+        "FROM --platform=linux/amd64 busybox\n",
+        "# syntax=docker/dockerfile:1\nFROM busybox\n",
+        "FROM busybox\nADD http://127.0.0.1/x /x\n",
+        "FROM busybox\nVOLUME /data\n",
+        "FROM busybox\nONBUILD RUN true\n",
+    ],
+)
+def test_from_and_instructions_refused(alpha, dockerfile: str) -> None:
+    _, tpl = alpha
+    err = build_error(tpl, "bad-" + secrets.token_hex(3), dockerfile)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert error_info(err).reason == "TEMPLATE_FROM_NOT_ALLOWED"
+
+
+def test_run_with_network_fails_and_leaves_nothing(alpha) -> None:
+    _, tpl = alpha
+    name = "net-" + secrets.token_hex(3)
+    before = images_with_build_label()
+    err = build_error(
+        tpl, name, "FROM busybox\nRUN echo step-one > /a\nRUN wget -T 3 -q -O- http://1.1.1.1/\n"
+    )
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
+    assert error_info(err).reason == "TEMPLATE_BUILD_FAILED"
+    got = tpl.GetTemplate(T.GetTemplateRequest(name=name))
+    assert got.state == T.TEMPLATE_STATE_FAILED and got.message
+    assert images_with_build_label() - before == set()  # the RUN echo layer was pruned
+
+
+def test_build_over_time_limit(alpha) -> None:
+    _, tpl = alpha
+    name = "slow-" + secrets.token_hex(3)
+    before = images_with_build_label()
+    err = build_error(tpl, name, "FROM busybox\nRUN echo x > /x\nRUN sleep 60\n")
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+    assert error_info(err).reason == "TEMPLATE_BUILD_TIMEOUT"
+    import time
+
+    deadline = time.monotonic() + 30
+    while images_with_build_label() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert images_with_build_label() - before == set()
+
+
+def test_context_over_cap(alpha) -> None:
+    _, tpl = alpha
+    big = context_tar({"big.bin": secrets.token_bytes(CONTEXT_CAP + 1)})
+    err = build_error(tpl, "big-" + secrets.token_hex(3), "FROM busybox\nCOPY big.bin /\n", big)
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error_info(err).reason == "TEMPLATE_CONTEXT_TOO_LARGE"
+
+
+def test_other_tenant_cannot_see_or_use(alpha, beta) -> None:
+    _, tpl_a = alpha
+    stubs_b, tpl_b = beta
+    name = "mine-" + secrets.token_hex(3)
+    build(tpl_a, name, "FROM busybox\nRUN echo a > /a\n")
+    try:
+        for call in (
+            lambda: tpl_b.GetTemplate(T.GetTemplateRequest(name=name)),
+            lambda: tpl_b.DeleteTemplate(T.DeleteTemplateRequest(name=name)),
+            lambda: stubs_b.sessions.CreateSession(
+                session_pb2.CreateSessionRequest(template=name, shell=ALL)
+            ),
+        ):
+            err = expect_error(grpc.StatusCode.NOT_FOUND, call)
+            assert error_info(err).reason == "TEMPLATE_NOT_FOUND"
+        assert name not in {t.name for t in tpl_b.ListTemplates(T.ListTemplatesRequest()).templates}
+        # Nor can beta build FROM alpha's template.
+        err = build_error(tpl_b, "steal-" + secrets.token_hex(3), f"FROM {name}\n")
+        assert error_info(err).reason == "TEMPLATE_FROM_NOT_ALLOWED"
+    finally:
+        tpl_a.DeleteTemplate(T.DeleteTemplateRequest(name=name))
+
+
+def test_builtin_names_refused(alpha) -> None:
+    _, tpl = alpha
+    err = build_error(tpl, "python", "FROM busybox\n")
+    assert error_info(err).reason == "TEMPLATE_BUILTIN"
+    err = expect_error(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        lambda: tpl.DeleteTemplate(T.DeleteTemplateRequest(name="busybox")),
+    )
+    assert error_info(err).reason == "TEMPLATE_BUILTIN"
+
+
+def test_first_message_must_be_spec(alpha) -> None:
+    _, tpl = alpha
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in tpl.BuildTemplate(iter([T.BuildTemplateRequest(context=b"x")]), timeout=30):
+            pass
+    assert error_info(info.value).reason == "TEMPLATE_SPEC_INVALID"
