@@ -4,10 +4,13 @@ rules of a safe build (FROM, no network, time limit, context cap, tenants, clean
 from __future__ import annotations
 
 import io
+import os
 import secrets
 import subprocess
+import sys
 import tarfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -277,3 +280,50 @@ def test_first_message_must_be_spec(alpha) -> None:
         for _ in tpl.BuildTemplate(iter([T.BuildTemplateRequest(context=b"x")]), timeout=30):
             pass
     assert error_info(info.value).reason == "TEMPLATE_SPEC_INVALID"
+
+
+SANDBOXCTL = Path(sys.executable).parent / "sandboxctl"
+
+
+def test_sandboxctl_template_build_ls_rm(tpl_server: ServerProcess, tmp_path: Path) -> None:
+    name = "ctl-" + secrets.token_hex(3)
+    (tmp_path / "hello.txt").write_text("from the cli\n")
+    (tmp_path / "Dockerfile").write_text("FROM busybox\nCOPY hello.txt /opt/hello.txt\nUSER 0\n")
+    env = {**os.environ, "SANDBOXD_ADDR": tpl_server.address, "SANDBOXD_TOKEN": TOKEN_OF["alpha"]}
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(SANDBOXCTL), *args], capture_output=True, text=True, env=env, timeout=120
+        )
+
+    built = ctl("template", "build", name, str(tmp_path))
+    assert built.returncode == 0, built.stderr
+    assert f"{name} READY" in built.stdout and "COPY" in built.stderr
+    listed = ctl("template", "ls")
+    assert name in listed.stdout and "busybox" in listed.stdout
+    other = tmp_path / "other.Dockerfile"
+    other.write_text("FROM busybox\nRUN false\n")
+    failed = ctl("template", "build", name + "-x", str(tmp_path), "-f", str(other))
+    assert failed.returncode != 0 and "TEMPLATE_BUILD_FAILED" in failed.stderr
+    assert ctl("template", "rm", name, name + "-x").returncode == 0
+    assert name not in ctl("template", "ls").stdout
+
+
+async def test_python_client(tpl_server: ServerProcess) -> None:
+    from sandboxd_client import BuildLogLine, SandboxClient, Template
+
+    name = "py-" + secrets.token_hex(3)
+    async with SandboxClient(tpl_server.address, token=TOKEN_OF["alpha"]) as client:
+        events = [
+            e
+            async for e in client.build_template(
+                name, "FROM busybox\nCOPY f /f\n", context_tar({"f": b"x"})
+            )
+        ]
+        assert any(isinstance(e, BuildLogLine) for e in events)
+        done = events[-1]
+        assert isinstance(done, Template) and done.state == "READY" and done.name == name
+        assert (await client.get_template(name)).size_bytes == done.size_bytes
+        assert name in [t.name async for t in client.list_templates(page_size=1)]
+        await client.delete_template(name)
+        assert name not in [t.name async for t in client.list_templates()]

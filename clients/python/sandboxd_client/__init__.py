@@ -39,10 +39,13 @@ from sandboxd_client.models import (
     SweepResult,
 )
 from sandboxd_client.session import Session
+from sandboxd_client.templates import BuildLogLine, Template
 
 __version__ = "0.2.0"
 
 __all__ = [
+    "BuildLogLine",
+    "Template",
     "ImageInfo",
     "PullDone",
     "PullProgress",

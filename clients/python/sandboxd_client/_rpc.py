@@ -50,6 +50,9 @@ IDEMPOTENT = frozenset(
         "SnapshotService/GetSnapshot",
         "SnapshotService/ListSnapshots",
         "SnapshotService/DownloadSnapshot",
+        "TemplateService/GetTemplate",
+        "TemplateService/ListTemplates",
+        "TemplateService/DeleteTemplate",
     )
 )
 

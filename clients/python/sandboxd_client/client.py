@@ -58,6 +58,7 @@ from sandboxd_client.models import (
     duration,
 )
 from sandboxd_client.session import Session
+from sandboxd_client.templates import TemplatesMixin
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 API_VERSION = "v1"
@@ -95,7 +96,7 @@ def check_api_version(info: ServerInfo, address: str) -> None:
         )
 
 
-class SandboxClient(ImagesMixin):
+class SandboxClient(ImagesMixin, TemplatesMixin):
     """A connection to one sandboxd server; use as `async with SandboxClient(addr) as c`.
 
     `token` is sent as a bearer token on every call. `timeout` is the default deadline in
