@@ -234,7 +234,10 @@ class FakeEngine:
 
     async def image_exists(self, image: str) -> bool:
         self._call("image_exists")
-        return image in self.images
+        # By name, or by the id inspect_image gives it (a built template's image).
+        return image in self.images or any(
+            image == "sha256:" + hashlib.sha256(name.encode()).hexdigest() for name in self.images
+        )
 
     async def isolation_tiers(self) -> frozenset[Isolation]:
         self._call("isolation_tiers")

@@ -76,7 +76,10 @@ class Templates:
         store: TemplateStore,
         spool_dir: Path,
         in_use: InUse,
+        *,
+        settle_s: float = SETTLE_S,
     ) -> None:
+        self._settle_s = settle_s
         self._config = config
         self._engine = engine
         self._store = store
@@ -334,7 +337,7 @@ class Templates:
         """Prune once more when an abandoned step has settled (its commit may land late)."""
 
         async def prune() -> None:
-            await asyncio.sleep(SETTLE_S)
+            await asyncio.sleep(self._settle_s)
             await self._prune(build_id)
 
         task = asyncio.get_running_loop().create_task(prune())
