@@ -55,6 +55,9 @@ var Idempotent = map[string]bool{
 	"/sandboxd.v1.AdminService/GetServerInfo":         true,
 	"/sandboxd.v1.AdminService/Sweep":                 true,
 	"/sandboxd.v1.AdminService/ListImages":            true,
+	"/sandboxd.v1.TemplateService/GetTemplate":        true,
+	"/sandboxd.v1.TemplateService/ListTemplates":      true,
+	"/sandboxd.v1.TemplateService/DeleteTemplate":     true,
 }
 
 // IdempotentWithID are the RPCs idempotent when the request names its id: the field that does.
