@@ -142,7 +142,7 @@ def test_build_list_create_read_delete(alpha) -> None:
     names = {t.name: t for t in listed.templates}
     assert names[name].state == T.TEMPLATE_STATE_READY
     assert names["busybox"].builtin and names["python"].builtin
-    assert tpl.GetTemplate(T.GetTemplateRequest(name=name)).name == name
+    assert tpl.GetTemplate(T.GetTemplateRequest(name=name)).template.name == name
 
     session = stubs.sessions.CreateSession(
         session_pb2.CreateSessionRequest(template=name, shell=ALL)
@@ -212,7 +212,7 @@ def test_run_with_network_fails_and_leaves_nothing(alpha) -> None:
     )
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
     assert error_info(err).reason == "TEMPLATE_BUILD_FAILED"
-    got = tpl.GetTemplate(T.GetTemplateRequest(name=name))
+    got = tpl.GetTemplate(T.GetTemplateRequest(name=name)).template
     assert got.state == T.TEMPLATE_STATE_FAILED and got.message
     assert images_with_build_label() - before == set()  # the RUN echo layer was pruned
 

@@ -21,7 +21,7 @@ type TemplateServiceClient interface {
 	// Streams the build log, then `done` with the template. Safe builds: FROM names a template or
 	// an allowlisted image, no network, the server's memory, CPU, time and context-size limits.
 	BuildTemplate(ctx context.Context, opts ...grpc.CallOption) (TemplateService_BuildTemplateClient, error)
-	GetTemplate(ctx context.Context, in *GetTemplateRequest, opts ...grpc.CallOption) (*Template, error)
+	GetTemplate(ctx context.Context, in *GetTemplateRequest, opts ...grpc.CallOption) (*GetTemplateResponse, error)
 	ListTemplates(ctx context.Context, in *ListTemplatesRequest, opts ...grpc.CallOption) (*ListTemplatesResponse, error)
 	// Refused (FAILED_PRECONDITION TEMPLATE_IN_USE) while a live session runs the template.
 	DeleteTemplate(ctx context.Context, in *DeleteTemplateRequest, opts ...grpc.CallOption) (*DeleteTemplateResponse, error)
@@ -66,8 +66,8 @@ func (x *templateServiceBuildTemplateClient) Recv() (*BuildTemplateResponse, err
 	return m, nil
 }
 
-func (c *templateServiceClient) GetTemplate(ctx context.Context, in *GetTemplateRequest, opts ...grpc.CallOption) (*Template, error) {
-	out := new(Template)
+func (c *templateServiceClient) GetTemplate(ctx context.Context, in *GetTemplateRequest, opts ...grpc.CallOption) (*GetTemplateResponse, error) {
+	out := new(GetTemplateResponse)
 	err := c.cc.Invoke(ctx, "/sandboxd.v1.TemplateService/GetTemplate", in, out, opts...)
 	if err != nil {
 		return nil, err
@@ -101,7 +101,7 @@ type TemplateServiceServer interface {
 	// Streams the build log, then `done` with the template. Safe builds: FROM names a template or
 	// an allowlisted image, no network, the server's memory, CPU, time and context-size limits.
 	BuildTemplate(TemplateService_BuildTemplateServer) error
-	GetTemplate(context.Context, *GetTemplateRequest) (*Template, error)
+	GetTemplate(context.Context, *GetTemplateRequest) (*GetTemplateResponse, error)
 	ListTemplates(context.Context, *ListTemplatesRequest) (*ListTemplatesResponse, error)
 	// Refused (FAILED_PRECONDITION TEMPLATE_IN_USE) while a live session runs the template.
 	DeleteTemplate(context.Context, *DeleteTemplateRequest) (*DeleteTemplateResponse, error)
@@ -115,7 +115,7 @@ type UnimplementedTemplateServiceServer struct {
 func (UnimplementedTemplateServiceServer) BuildTemplate(TemplateService_BuildTemplateServer) error {
 	return status.Errorf(codes.Unimplemented, "method BuildTemplate not implemented")
 }
-func (UnimplementedTemplateServiceServer) GetTemplate(context.Context, *GetTemplateRequest) (*Template, error) {
+func (UnimplementedTemplateServiceServer) GetTemplate(context.Context, *GetTemplateRequest) (*GetTemplateResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetTemplate not implemented")
 }
 func (UnimplementedTemplateServiceServer) ListTemplates(context.Context, *ListTemplatesRequest) (*ListTemplatesResponse, error) {

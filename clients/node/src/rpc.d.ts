@@ -858,7 +858,7 @@ export interface DownloadSnapshotResponse {
 /** sandboxd.v1.TemplateService: SandboxClient.templates. */
 export interface TemplateServiceClient {
   buildTemplate(requests: Requests<BuildTemplateRequest>, options?: CallOptions): AsyncGenerator<BuildTemplateResponse, void, undefined>;
-  getTemplate(request: Init<GetTemplateRequest>, options?: CallOptions): Promise<Template>;
+  getTemplate(request: Init<GetTemplateRequest>, options?: CallOptions): Promise<GetTemplateResponse>;
   listTemplates(request: Init<ListTemplatesRequest>, options?: CallOptions): Promise<ListTemplatesResponse>;
   deleteTemplate(request: Init<DeleteTemplateRequest>, options?: CallOptions): Promise<DeleteTemplateResponse>;
 }
@@ -905,6 +905,10 @@ export interface BuildTemplateResponse {
 
 export interface GetTemplateRequest {
   name: string;
+}
+
+export interface GetTemplateResponse {
+  template: Template | null;
 }
 
 export interface ListTemplatesRequest {

@@ -108,7 +108,7 @@ class TemplatesMixin:
         resp = await self._unary(
             "TemplateService/GetTemplate", lambda t: stub.GetTemplate(req, timeout=t), timeout
         )
-        return Template.from_pb(resp)
+        return Template.from_pb(resp.template)
 
     @rpc("TemplateService/ListTemplates")
     async def list_templates(

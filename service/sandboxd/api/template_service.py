@@ -72,8 +72,10 @@ class TemplateService(template_pb2_grpc.TemplateServiceServicer):
     @unary
     async def GetTemplate(
         self, request: template_pb2.GetTemplateRequest, context: Ctx
-    ) -> template_pb2.Template:
-        return template_pb(await self._templates.get(request.name))
+    ) -> template_pb2.GetTemplateResponse:
+        return template_pb2.GetTemplateResponse(
+            template=template_pb(await self._templates.get(request.name))
+        )
 
     @unary
     async def ListTemplates(

@@ -211,6 +211,26 @@ class GetTemplateRequest(_message.Message):
 Global___GetTemplateRequest: _TypeAlias = GetTemplateRequest  # noqa: Y015
 
 @_typing.final
+class GetTemplateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEMPLATE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def template(self) -> Global___Template: ...
+    def __init__(
+        self,
+        *,
+        template: Global___Template | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["template", b"template"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["template", b"template"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTemplateResponse: _TypeAlias = GetTemplateResponse  # noqa: Y015
+
+@_typing.final
 class ListTemplatesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

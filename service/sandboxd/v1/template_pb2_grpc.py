@@ -44,7 +44,7 @@ class TemplateServiceStub:
         self.GetTemplate = channel.unary_unary(
                 '/sandboxd.v1.TemplateService/GetTemplate',
                 request_serializer=sandboxd_dot_v1_dot_template__pb2.GetTemplateRequest.SerializeToString,
-                response_deserializer=sandboxd_dot_v1_dot_template__pb2.Template.FromString,
+                response_deserializer=sandboxd_dot_v1_dot_template__pb2.GetTemplateResponse.FromString,
                 _registered_method=True)
         self.ListTemplates = channel.unary_unary(
                 '/sandboxd.v1.TemplateService/ListTemplates',
@@ -102,7 +102,7 @@ def add_TemplateServiceServicer_to_server(servicer, server):
             'GetTemplate': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTemplate,
                     request_deserializer=sandboxd_dot_v1_dot_template__pb2.GetTemplateRequest.FromString,
-                    response_serializer=sandboxd_dot_v1_dot_template__pb2.Template.SerializeToString,
+                    response_serializer=sandboxd_dot_v1_dot_template__pb2.GetTemplateResponse.SerializeToString,
             ),
             'ListTemplates': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTemplates,
@@ -170,7 +170,7 @@ class TemplateService:
             target,
             '/sandboxd.v1.TemplateService/GetTemplate',
             sandboxd_dot_v1_dot_template__pb2.GetTemplateRequest.SerializeToString,
-            sandboxd_dot_v1_dot_template__pb2.Template.FromString,
+            sandboxd_dot_v1_dot_template__pb2.GetTemplateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,7 +40,7 @@ class TemplateServiceStub:
     Streams the build log, then `done` with the template. Safe builds: FROM names a template or
     an allowlisted image, no network, the server's memory, CPU, time and context-size limits.
     """
-    GetTemplate: _grpc.UnaryUnaryMultiCallable[_template_pb2.GetTemplateRequest, _template_pb2.Template]
+    GetTemplate: _grpc.UnaryUnaryMultiCallable[_template_pb2.GetTemplateRequest, _template_pb2.GetTemplateResponse]
     ListTemplates: _grpc.UnaryUnaryMultiCallable[_template_pb2.ListTemplatesRequest, _template_pb2.ListTemplatesResponse]
     DeleteTemplate: _grpc.UnaryUnaryMultiCallable[_template_pb2.DeleteTemplateRequest, _template_pb2.DeleteTemplateResponse]
     """Refused (FAILED_PRECONDITION TEMPLATE_IN_USE) while a live session runs the template."""
@@ -57,7 +57,7 @@ class TemplateServiceAsyncStub(TemplateServiceStub):
     Streams the build log, then `done` with the template. Safe builds: FROM names a template or
     an allowlisted image, no network, the server's memory, CPU, time and context-size limits.
     """
-    GetTemplate: _aio.UnaryUnaryMultiCallable[_template_pb2.GetTemplateRequest, _template_pb2.Template]  # type: ignore[assignment]
+    GetTemplate: _aio.UnaryUnaryMultiCallable[_template_pb2.GetTemplateRequest, _template_pb2.GetTemplateResponse]  # type: ignore[assignment]
     ListTemplates: _aio.UnaryUnaryMultiCallable[_template_pb2.ListTemplatesRequest, _template_pb2.ListTemplatesResponse]  # type: ignore[assignment]
     DeleteTemplate: _aio.UnaryUnaryMultiCallable[_template_pb2.DeleteTemplateRequest, _template_pb2.DeleteTemplateResponse]  # type: ignore[assignment]
     """Refused (FAILED_PRECONDITION TEMPLATE_IN_USE) while a live session runs the template."""
@@ -83,7 +83,7 @@ class TemplateServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _template_pb2.GetTemplateRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_template_pb2.Template, _abc.Awaitable[_template_pb2.Template]]: ...
+    ) -> _typing.Union[_template_pb2.GetTemplateResponse, _abc.Awaitable[_template_pb2.GetTemplateResponse]]: ...
 
     @_abc_1.abstractmethod
     def ListTemplates(
