@@ -327,3 +327,22 @@ async def test_python_client(tpl_server: ServerProcess) -> None:
         assert name in [t.name async for t in client.list_templates(page_size=1)]
         await client.delete_template(name)
         assert name not in [t.name async for t in client.list_templates()]
+
+
+def test_readme_templates_walkthrough(tmp_path: Path) -> None:
+    from test_readme import README, run_walkthrough, walkthroughs
+
+    script = walkthroughs(README.read_text())["templates"]
+    owner = "readmetpl" + secrets.token_hex(3)
+    server = start_server(tmp_path / "data", owner)
+    try:
+        lines = run_walkthrough(script, server.address, tmp_path)
+    finally:
+        server.stop()
+        remove_owned_containers(owner)
+    output = "\n".join(text for _, text in lines)
+    assert "TEMPLATE_STATE_READY" in output, output
+    # "hello from a template\n", base64, as Run's stdout
+    assert "aGVsbG8gZnJvbSBhIHRlbXBsYXRlCg==" in output, output
+    assert "greeter-cli READY" in output, output
+    assert images_of_template("greeter") == set() and images_of_template("greeter-cli") == set()
