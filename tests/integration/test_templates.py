@@ -3,12 +3,15 @@ rules of a safe build (FROM, no network, time limit, context cap, tenants, clean
 
 from __future__ import annotations
 
+import http.server
 import io
+import json
 import os
 import secrets
 import subprocess
 import sys
 import tarfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -203,18 +206,57 @@ def test_from_and_instructions_refused(alpha, dockerfile: str) -> None:
     assert error_info(err).reason == "TEMPLATE_FROM_NOT_ALLOWED"
 
 
+def _bridge_gateway() -> str:
+    out = subprocess.run(
+        ["docker", "network", "inspect", "bridge", "--format", "{{json .IPAM.Config}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    gateways = [c.get("Gateway") for c in json.loads(out) if c.get("Gateway")]
+    if gateways:
+        return str(gateways[0])
+    addr = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show", "docker0"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return addr[addr.index("inet") + 1].split("/")[0]
+
+
 def test_run_with_network_fails_and_leaves_nothing(alpha) -> None:
+    """A RUN that reaches for a server on this machine (the Docker bridge's gateway, which any
+    bridged container reaches) fails: builds have no network at all."""
     _, tpl = alpha
-    name = "net-" + secrets.token_hex(3)
-    before = images_with_build_label()
-    err = build_error(
-        tpl, name, "FROM busybox\nRUN echo step-one > /a\nRUN wget -T 3 -q -O- http://1.1.1.1/\n"
-    )
-    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
-    assert error_info(err).reason == "TEMPLATE_BUILD_FAILED"
-    got = tpl.GetTemplate(T.GetTemplateRequest(name=name)).template
-    assert got.state == T.TEMPLATE_STATE_FAILED and got.message
-    assert images_with_build_label() - before == set()  # the RUN echo layer was pruned
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            hits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Handler)  # noqa: S104
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        port = httpd.server_address[1]
+        name = "net-" + secrets.token_hex(3)
+        before = images_with_build_label()
+        probe = (
+            f'RUN printf "GET /probe HTTP/1.0\\r\\n\\r\\n" | timeout 3 nc {_bridge_gateway()} '
+            f"{port} | head -1 | grep 200\n"
+        )
+        err = build_error(tpl, name, "FROM busybox\nRUN echo step-one > /a\n" + probe)
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
+        assert error_info(err).reason == "TEMPLATE_BUILD_FAILED"
+        assert hits == []
+        got = tpl.GetTemplate(T.GetTemplateRequest(name=name)).template
+        assert got.state == T.TEMPLATE_STATE_FAILED and got.message
+        assert images_with_build_label() - before == set()  # the RUN echo layer was pruned
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def test_build_over_time_limit(alpha) -> None:
