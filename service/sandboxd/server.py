@@ -299,6 +299,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             with contextlib.suppress(SandboxError):
                 await tiers.refresh(engine)
             await sessions.reconcile()
+            await templates.recover()
 
         monitor = EngineMonitor(engine, health_servicer, on_engine_up)
         await monitor.check()  # reconcile before the first call when the engine is up

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -266,12 +267,44 @@ def test_build_over_time_limit(alpha) -> None:
     err = build_error(tpl, name, "FROM busybox\nRUN echo x > /x\nRUN sleep 60\n")
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
     assert error_info(err).reason == "TEMPLATE_BUILD_TIMEOUT"
-    import time
-
     deadline = time.monotonic() + 30
     while images_with_build_label() - before and time.monotonic() < deadline:
         time.sleep(0.5)
     assert images_with_build_label() - before == set()
+
+
+def _build_containers() -> set[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", "label=io.sandboxd.template.build"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return set(out.split())
+
+
+def test_cancelled_build_leaves_nothing(alpha) -> None:
+    _, tpl = alpha
+    name = "gone-" + secrets.token_hex(3)
+    before = images_with_build_label()
+    call = tpl.BuildTemplate(
+        requests(name, "FROM busybox\nRUN echo x > /x\nRUN sleep 60\n"), timeout=120
+    )
+    for resp in call:
+        if "sleep" in resp.log.line:
+            break
+    time.sleep(1)  # the sleep step's container is running now
+    call.cancel()
+    deadline = time.monotonic() + 30
+    while (images_with_build_label() - before or _build_containers()) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    assert images_with_build_label() - before == set()
+    assert _build_containers() == set()
+    got = tpl.GetTemplate(T.GetTemplateRequest(name=name)).template
+    assert got.state == T.TEMPLATE_STATE_FAILED
+    tpl.DeleteTemplate(T.DeleteTemplateRequest(name=name))
 
 
 def test_context_over_cap(alpha) -> None:

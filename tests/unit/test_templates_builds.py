@@ -7,6 +7,7 @@ import asyncio
 import io
 import tarfile
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,26 @@ async def test_list_pages(env: Env) -> None:
         if not token:
             break
     assert names == ["a1", "busybox", "c3", "python", "z9"]
+
+
+async def test_a_build_cut_short_by_a_crash_is_failed_and_pruned(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    config = Config(data_dir=tmp_path)
+    async with SessionStore(tmp_path / "sessions.db") as store:
+        tstore = await TemplateStore(store.db).open()
+        crashed = TemplateRecord(
+            "half", TemplateState.BUILDING, datetime.now(UTC), tenant="t", build_id="b1"
+        )
+        await tstore.put(crashed)
+        engine.images["leftover"] = {LABEL_BUILD: "b1"}
+        engine.images["other"] = {LABEL_BUILD: "b2"}
+        reopened = await TemplateStore(store.db).open()  # as at the next start
+        got = await reopened.get("t", "half")
+        assert got is not None and got.state is TemplateState.FAILED
+        templates = Templates(config, engine, reopened, tmp_path / "spool", _never_used)
+        await templates.recover()
+        assert "leftover" not in engine.images and "other" in engine.images
+
+
+async def _never_used(tenant: str, name: str) -> bool:
+    return False

@@ -100,6 +100,12 @@ class Templates:
             "python": self._config.templates.python_image,
         }
 
+    async def recover(self) -> None:
+        """Prune what failed builds left, a build the server's crash cut short among them
+        (called when the engine answers, at start-up and after an outage)."""
+        for build_id in await self._store.failed_build_ids():
+            await self._prune(build_id)
+
     # ----- reads ------------------------------------------------------------------------
 
     async def ready_images(self, tenant: str) -> dict[str, str]:

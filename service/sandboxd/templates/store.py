@@ -105,6 +105,14 @@ class TemplateStore:
         ) as cur:
             return [_row(r) for r in await cur.fetchall()]
 
+    async def failed_build_ids(self) -> list[str]:
+        """Build labels of every failed build (all tenants): what a crash may have left."""
+        async with self._db.execute(
+            "SELECT build_id FROM templates WHERE state = ? AND build_id != ''",
+            (TemplateState.FAILED,),
+        ) as cur:
+            return [r["build_id"] for r in await cur.fetchall()]
+
     async def delete(self, tenant: str, name: str) -> None:
         await self._db.execute(
             "DELETE FROM templates WHERE tenant = ? AND name = ?", (tenant, name)
