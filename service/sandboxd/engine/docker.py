@@ -29,7 +29,6 @@ from sandboxd import images
 from sandboxd.engine import compat, docker_build, docker_pull
 from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.protocol import (
-    BuildLimits,
     ImageDetails,
     NetworkAddress,
     NetworkInfo,
@@ -459,18 +458,8 @@ class DockerEngine:
 
     # ----- image builds (sandboxd.engine.docker_build) -----------------------------------
 
-    def build_image(
-        self,
-        context: Path,
-        *,
-        dockerfile: str,
-        tag: str,
-        labels: Mapping[str, str],
-        limits: BuildLimits,
-    ) -> AsyncGenerator[str, None]:
-        return docker_build.build(
-            self.docker, context, dockerfile=dockerfile, tag=tag, labels=labels, limits=limits
-        )
+    def build_image(self, context: Path, **options: Any) -> AsyncGenerator[str, None]:
+        return docker_build.build(self.docker, context, **options)
 
     async def prune_images(self, labels: Mapping[str, str]) -> None:
         with self._translate("pruning images"):
