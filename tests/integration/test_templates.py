@@ -35,6 +35,7 @@ TOKEN_OF = {tenant: token for token, tenant in TOKENS.items()}
 ALL = common_pb2.ShellPolicy(allow_all=True)
 CONTEXT_CAP = 256 * 1024
 TIMEOUT_S = 6
+BUILD_MEMORY = 96 * 1024 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,8 @@ def tpl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
         str(CONTEXT_CAP),
         "--template-build-timeout-s",
         str(TIMEOUT_S),
+        "--template-build-memory-bytes",
+        str(BUILD_MEMORY),
     )
     yield srv
     srv.stop()
@@ -304,6 +307,63 @@ def test_cancelled_build_leaves_nothing(alpha) -> None:
     assert _build_containers() == set()
     got = tpl.GetTemplate(T.GetTemplateRequest(name=name)).template
     assert got.state == T.TEMPLATE_STATE_FAILED
+    tpl.DeleteTemplate(T.DeleteTemplateRequest(name=name))
+
+
+def test_build_steps_run_with_the_limits(alpha) -> None:
+    """The step container of a RUN: no network, the memory cap without swap, a CPU quota; a
+    step that outruns the build's time limit (it holds a hungry process) is ended."""
+    _, tpl = alpha
+    name = "lim-" + secrets.token_hex(3)
+    call = tpl.BuildTemplate(requests(name, "FROM busybox\nRUN sleep 60\n"), timeout=120)
+    seen: dict[str, object] = {}
+    try:
+        for resp in call:
+            if "Running in" in resp.log.line:
+                step = resp.log.line.split()[-1]
+                out = subprocess.run(
+                    ["docker", "inspect", step, "--format", "{{json .HostConfig}}"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+                seen = json.loads(out)
+                break
+    except grpc.RpcError:
+        pass
+    call.cancel()
+    assert seen["NetworkMode"] == "none"
+    assert seen["Memory"] == BUILD_MEMORY and seen["MemorySwap"] == BUILD_MEMORY
+    assert seen["CpuQuota"] == 100_000 and seen["CpuPeriod"] == 100_000
+
+
+def test_busy_step_over_time_limit_is_ended(alpha) -> None:
+    _, tpl = alpha
+    started = time.monotonic()
+    err = build_error(
+        tpl,
+        "busy-" + secrets.token_hex(3),
+        "FROM busybox\nRUN head -c 268435456 /dev/zero | tr \\\\0 a | awk '{print length}'\n",
+    )
+    assert time.monotonic() - started < TIMEOUT_S + 20
+    assert error_info(err).reason in ("TEMPLATE_BUILD_TIMEOUT", "TEMPLATE_BUILD_FAILED")
+
+
+def test_image_healthcheck_never_runs(alpha) -> None:
+    stubs, tpl = alpha
+    name = "hc-" + secrets.token_hex(3)
+    build(tpl, name, "FROM busybox\nHEALTHCHECK --interval=1s CMD touch /tmp/hc-ran\n")
+    session = stubs.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(template=name, shell=ALL)
+    ).session
+    try:
+        time.sleep(3)
+        out = run(stubs, session.session_id, "sh", "-c", "ls /tmp/hc-ran 2>&1 || echo absent")
+        assert b"absent" in out.stdout
+    finally:
+        stubs.sessions.DeleteSession(
+            session_pb2.DeleteSessionRequest(session_id=session.session_id)
+        )
     tpl.DeleteTemplate(T.DeleteTemplateRequest(name=name))
 
 

@@ -318,21 +318,29 @@ class Templates:
             labels={LABEL_BUILD: record.build_id, LABEL_TEMPLATE: record.name},
             limits=limits,
         )
-        # Not `asyncio.timeout` around the yields: its cancel would land in the consumer.
+        # Not `asyncio.timeout` around the yields: its cancel would land in the consumer. On
+        # expiry the running step is ended first, so the engine ends the stream it would
+        # otherwise hold open until the step finished.
         deadline = asyncio.get_running_loop().time() + cfg.build_timeout_s
         async with contextlib.aclosing(lines):
             while True:
-                left = deadline - asyncio.get_running_loop().time()
-                try:
-                    line = await asyncio.wait_for(anext(lines), max(left, 0.001))
-                except StopAsyncIteration:
-                    return
-                except TimeoutError:
+                left = max(deadline - asyncio.get_running_loop().time(), 0.001)
+                step = asyncio.ensure_future(anext(lines))
+                done, _ = await asyncio.wait({step}, timeout=left)
+                if not done:
+                    await asyncio.shield(self._prune(record.build_id))
+                    step.cancel()
+                    with contextlib.suppress(BaseException):
+                        await step
                     raise ResourceExhausted(
                         f"the build ran longer than {cfg.build_timeout_s:g}s "
                         "(template_build_timeout_s)",
                         reason=Reason.TEMPLATE_BUILD_TIMEOUT,
-                    ) from None
+                    )
+                try:
+                    line = step.result()
+                except StopAsyncIteration:
+                    return
                 yield line
 
     async def _prune(self, build_id: str) -> None:
