@@ -286,7 +286,7 @@ def _build_containers() -> set[str]:
     return set(out.split())
 
 
-def test_cancelled_build_leaves_nothing(alpha) -> None:
+def test_cancelled_build_leaves_nothing(alpha, tpl_server: ServerProcess) -> None:
     _, tpl = alpha
     name = "gone-" + secrets.token_hex(3)
     before = images_with_build_label()
@@ -308,6 +308,7 @@ def test_cancelled_build_leaves_nothing(alpha) -> None:
     got = tpl.GetTemplate(T.GetTemplateRequest(name=name)).template
     assert got.state == T.TEMPLATE_STATE_FAILED
     tpl.DeleteTemplate(T.DeleteTemplateRequest(name=name))
+    assert "Traceback" not in tpl_server.log(), tpl_server.log()
 
 
 def test_build_steps_run_with_the_limits(alpha) -> None:

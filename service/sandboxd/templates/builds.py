@@ -326,12 +326,13 @@ class Templates:
             while True:
                 left = max(deadline - asyncio.get_running_loop().time(), 0.001)
                 step = asyncio.ensure_future(anext(lines))
-                done, _ = await asyncio.wait({step}, timeout=left)
+                try:
+                    done, _ = await asyncio.wait({step}, timeout=left)
+                except BaseException:  # the call was cancelled
+                    await self._abandon(step, record.build_id)
+                    raise
                 if not done:
-                    await asyncio.shield(self._prune(record.build_id))
-                    step.cancel()
-                    with contextlib.suppress(BaseException):
-                        await step
+                    await self._abandon(step, record.build_id)
                     raise ResourceExhausted(
                         f"the build ran longer than {cfg.build_timeout_s:g}s "
                         "(template_build_timeout_s)",
@@ -342,6 +343,14 @@ class Templates:
                 except StopAsyncIteration:
                     return
                 yield line
+
+    async def _abandon(self, step: asyncio.Future[str], build_id: str) -> None:
+        """End the running step, then the read waiting on its stream (which the engine now
+        closes), so the generator is no longer running when it is closed."""
+        await asyncio.shield(self._prune(build_id))
+        step.cancel()
+        with contextlib.suppress(BaseException):
+            await step
 
     async def _prune(self, build_id: str) -> None:
         with contextlib.suppress(SandboxError):
