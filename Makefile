@@ -83,6 +83,13 @@ test: venv helper image python-image gvisor node-deps go-deps registry
 test-unit: venv helper
 	$(PY) -m pytest tests/unit
 
+# The workspace fuzzer (tests/integration/test_fuzz_workspace.py) for SANDBOXD_SOAK_SECONDS
+# (default one hour), exploring (not derandomized) and shrinking what it finds.
+SANDBOXD_SOAK_SECONDS ?= 3600
+soak: venv helper image
+	SANDBOXD_SOAK_SECONDS=$(SANDBOXD_SOAK_SECONDS) $(PY) -m pytest -x -q \
+		tests/integration/test_fuzz_workspace.py -k "fuzzer or sigkilled"
+
 lint: venv buf
 	$(VENV)/bin/ruff check service tests bench clients/python
 	$(VENV)/bin/ruff format --check service tests bench clients/python

@@ -15,6 +15,7 @@ import sys
 import time
 
 from sandboxd.engine.docker_profile import container_config
+from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.isolation import Isolation
 from sandboxd.v1 import admin_pb2, common_pb2, process_pb2, session_pb2
@@ -58,8 +59,12 @@ async def _tier(ctx: BenchContext, tier: Isolation) -> dict[str, Metric]:
     async def raw_start() -> str:
         name = "raw-" + secrets.token_hex(6)
         request = SandboxRequest(spec=spec, owner_id=ctx.raw_owner, name=name, session_id=name)
+        await ctx.ensure_helper_volume()
         config = container_config(
-            request, helper_path=ctx.helper, keeper_user=ctx.keeper_user, runtime=_RUNTIME[tier]
+            request,
+            helper_volume=HelperVolume(ctx.helper).name,
+            keeper_user=ctx.keeper_user,
+            runtime=_RUNTIME[tier],
         )
         container = await ctx.docker.containers.create(config, name=f"sandboxd-bench-{name}")
         await container.start()

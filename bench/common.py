@@ -38,6 +38,7 @@ import aiohttp
 import grpc
 from sandboxd.config import DEFAULT_LIMITS
 from sandboxd.engine.docker_profile import container_config
+from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.models import NetworkPolicy, SessionSpec, ShellPolicy, WorkspaceManifest
 from sandboxd.profile import HELPER_IN_CONTAINER
@@ -129,11 +130,18 @@ class BenchContext:
             session_id=name,
             fingerprint=spec.fingerprint(),
         )
-        return container_config(request, helper_path=self.helper, keeper_user=self.keeper_user)
+        return container_config(
+            request, helper_volume=HelperVolume(self.helper).name, keeper_user=self.keeper_user
+        )
+
+    async def ensure_helper_volume(self) -> None:
+        """The helper volume the server's sandboxes mount (made by the server too; idempotent)."""
+        await HelperVolume(self.helper).ensure(self.docker, self.image)
 
     async def raw_create_start(self, spec: SessionSpec | None = None) -> str:
         """Create and start a container exactly as the server would; returns its id."""
         name = "raw-" + secrets.token_hex(6)
+        await self.ensure_helper_volume()
         container = await self.docker.containers.create(
             self.raw_config(name, spec), name=f"sandboxd-bench-{name}"
         )

@@ -1074,12 +1074,50 @@ static int cmd_list(int argc, char **argv)
 
 #define REMOVE_RETRIES 8
 
+/* chmod the entry `name` of `pfd` itself, never what it links to: opened
+ * O_PATH|O_NOFOLLOW and changed through its /proc/self/fd link, so a
+ * directory swapped for a symlink meanwhile is refused, not followed.  Only
+ * directories and regular files.  Returns -1 with errno set on failure. */
+static int chmod_entry(int pfd, const char *name, mode_t mode, bool only_dir)
+{
+	int fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	struct stat st;
+	int rc = fstat(fd, &st);
+	if (rc == 0 && !S_ISDIR(st.st_mode) && (only_dir || !S_ISREG(st.st_mode))) {
+		errno = only_dir ? ENOTDIR : EINVAL;
+		rc = -1;
+	}
+	if (rc == 0 && (st.st_mode & 07777) != mode) {
+		char link[64];
+		snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+		rc = chmod(link, mode);
+	}
+	int e = errno;
+	close(fd);
+	errno = e;
+	return rc;
+}
+
+/* A directory about to be emptied is opened up first: its owner may have made
+ * it unwritable (555) or unsearchable (000), which would stop the removal
+ * halfway.  Its mode no longer matters, it is going away. */
+static void open_up(int pfd, const char *name)
+{
+	struct stat st;
+	if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) &&
+	    (st.st_mode & 0700) != 0700)
+		(void)chmod_entry(pfd, name, (st.st_mode & 07777) | 0700, true);
+}
+
 /* Remove everything inside the directory `name` of `pfd`, depth first, one
  * open directory at a time (see struct walk).  Something inside that keeps
  * creating entries makes a directory be emptied again, REMOVE_RETRIES times
  * at most, then ENOTEMPTY.  Returns -1 with errno set on failure. */
 static int empty_dir(int pfd, const char *name)
 {
+	open_up(pfd, name);
 	int dfd = open_beneath(pfd, name, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
 	if (dfd < 0)
 		return -1;
@@ -1135,6 +1173,7 @@ static int empty_dir(int pfd, const char *name)
 			rc = -1;
 			break;
 		}
+		open_up(w.fd, entry);
 		int cfd = open_beneath(w.fd, entry, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
 		if (cfd < 0 || walk_push(&w, cfd, NULL, entry) < 0) {
 			if (errno == ENOENT)
@@ -1190,6 +1229,29 @@ static int cmd_remove(int argc, char **argv)
 	return 0;
 }
 
+/* `sbx chmod PATH MODE`: set the mode of a directory or regular file (never
+ * through a symlink).  An import unpacks directories open (u+rwx) so that tar
+ * can fill them, then gives each its own mode back with this, deepest first. */
+static int cmd_chmod(int argc, char **argv)
+{
+	char *pos[2];
+	parse_args(argc, argv, NULL, NULL, pos, 2);
+	char *norm = norm_path(pos[0]);
+	const char *ms = pos[1];
+	if (!*ms || strlen(ms) > 4 || strspn(ms, "01234567") != strlen(ms))
+		usage("invalid MODE %s: expected octal like 755", ms);
+	mode_t mode = (mode_t)strtoul(ms, NULL, 8) & 0777; /* no suid/sgid/sticky */
+	open_root();
+	if (is_root(norm))
+		fail(1, "EINVAL", "refusing to change the mode of the root directory");
+	const char *name;
+	char *parent = split_parent(norm, &name);
+	int pfd = open_dir_path(parent, norm);
+	if (chmod_entry(pfd, name, mode, false) < 0)
+		fail_errno(errno, "chmod", norm);
+	return 0;
+}
+
 static int cmd_mkdir(int argc, char **argv)
 {
 	char *pos[1];
@@ -1219,6 +1281,35 @@ static int cmd_mkdir(int argc, char **argv)
 }
 
 /*
+ * `sbx move SRC DST [--overwrite]`: rename within the root (Move, and the commit of a
+ * streamed write).  Both parents are resolved beneath the root, so neither path leads
+ * through a symlink out of it; SRC and DST themselves are names in those directories (a
+ * symlink is moved as itself).  Without --overwrite an existing DST is EEXIST, atomically
+ * (RENAME_NOREPLACE).
+ */
+static int cmd_move(int argc, char **argv)
+{
+	char *pos[2];
+	bool overwrite = false;
+	parse_args(argc, argv, "--overwrite", &overwrite, pos, 2);
+	char *src = norm_path(pos[0]);
+	char *dst = norm_path(pos[1]);
+	open_root();
+	if (is_root(src) || is_root(dst))
+		fail(1, "EINVAL", "move %s to %s: the workspace root cannot move", src, dst);
+	const char *sname, *dname;
+	char *sparent = split_parent(src, &sname);
+	char *dparent = split_parent(dst, &dname);
+	int sfd = open_dir_path(sparent, src);
+	int dfd = open_dir_path(dparent, dst);
+	unsigned int flags = overwrite ? 0 : 1 /* RENAME_NOREPLACE */;
+	if (syscall(SYS_renameat2, sfd, sname, dfd, dname, flags) < 0)
+		fail_errno(errno, "move", errno == EEXIST || errno == ENOTEMPTY ? dst : src);
+	print_stat(dst, dfd, dname);
+	return 0;
+}
+
+/*
  * `sbx merge STAGE DEST [--replace]`: the swap half of an archive import.
  * The server unpacked a checked archive into the fresh directory STAGE; this
  * moves its entries into DEST with renameat, so nothing is ever written
@@ -1235,6 +1326,11 @@ static int open_sub(int pfd, const char *name)
 /* Merge the directory `src` into `dst` (both taken over), with a bounded
  * number of descriptors whatever the depth (see struct walk): the walk goes
  * down both trees in step, and back up through ".." checked on both. */
+/* A dry run first: a destination directory the merge may not write (a 555
+ * folder of the sandbox user's) is refused before anything moved, so a
+ * refused merge leaves DEST as it was. */
+static bool g_merge_dry;
+
 static void merge_tree(int src, int dst)
 {
 	struct walk w = {.fd = -1};
@@ -1305,6 +1401,12 @@ static void merge_tree(int src, int dst)
 			dfd = d2;
 			continue;
 		}
+		if (g_merge_dry) {
+			/* Only look: every directory that would change must let us. */
+			if (faccessat(dfd, ".", W_OK | X_OK, AT_EACCESS) < 0)
+				fail_errno(errno, "merge", sub);
+			continue;
+		}
 		if (exists && S_ISDIR(ds.st_mode)) {
 			if (remove_dir(dfd, name, true) < 0)
 				fail_errno(errno, "merge", sub);
@@ -1366,8 +1468,21 @@ static int cmd_merge(int argc, char **argv)
 	struct stat st;
 	if (fstat(sfd, &st) < 0)
 		fail_errno(errno, "stat stage", stage);
-	if (replace)
+	if (replace) {
+		/* Emptied first: only DEST itself must take the new entries. */
+		if (faccessat(dfd, ".", W_OK | X_OK, AT_EACCESS) < 0)
+			fail_errno(errno, "merge", dest);
 		clear_dir_except(dfd, st.st_dev, st.st_ino);
+	} else {
+		/* Fresh descriptors: the walk reads and closes what it is given. */
+		int s2 = openat(sfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		int d2 = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (s2 < 0 || d2 < 0)
+			fail_errno(errno, "merge", dest);
+		g_merge_dry = true;
+		merge_tree(s2, d2);
+		g_merge_dry = false;
+	}
 	merge_tree(sfd, dfd);
 	const char *name;
 	char *parent = split_parent(stage, &name);
@@ -1936,6 +2051,72 @@ static void discard_pending_stdin(void)
 	}
 }
 
+/*
+ * The status record: an exit status of 128+N is either a command that died
+ * of signal N or one that called exit(128+N); the exec's exit code cannot
+ * tell them apart.  When the command dies of a signal, the supervisor of a
+ * `run --id ID` leaves "signal N" in STATUS_DIR/ID, which `sbx status ID`
+ * prints (and removes).  No record: the command exited normally.  The
+ * record is written by the sandbox user, so a command can only ever claim a
+ * signal for itself, which it could as well have raised.
+ */
+#define STATUS_DIR "/tmp"
+#define STATUS_PREFIX ".sbx-status-"
+static const char *g_run_id;
+
+static bool valid_run_id(const char *id)
+{
+	size_t n = strlen(id);
+	return n > 0 && n <= 64 &&
+	       strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") == n;
+}
+
+static void write_status(int sig)
+{
+	if (!g_run_id || !valid_run_id(g_run_id))
+		return;
+	char path[128], text[32];
+	snprintf(path, sizeof path, STATUS_DIR "/" STATUS_PREFIX "%s", g_run_id);
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return; /* best effort: the server then reports the exit code only */
+	int n = snprintf(text, sizeof text, "signal %d\n", sig);
+	(void)write_all(fd, text, (size_t)n);
+	close(fd);
+}
+
+/* `sbx status ID`: "signal N" when the command run with --id ID died of
+ * signal N, "exit" otherwise; the record is removed. */
+static int cmd_status(int argc, char **argv)
+{
+	char *pos[1];
+	parse_args(argc, argv, NULL, NULL, pos, 1);
+	if (!valid_run_id(pos[0]))
+		usage("invalid ID %s", pos[0]);
+	char path[128], text[32] = {0};
+	snprintf(path, sizeof path, STATUS_DIR "/" STATUS_PREFIX "%s", pos[0]);
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0) {
+		if (errno != ENOENT)
+			fail_errno(errno, "status", pos[0]);
+		puts("exit");
+		return 0;
+	}
+	struct stat st;
+	ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode)
+			    ? read_retry(fd, text, sizeof text - 1) : -1;
+	close(fd);
+	unlink(path);
+	int sig = 0;
+	char extra;
+	if (n > 0 && sscanf(text, "signal %d%c", &sig, &extra) == 2 && extra == '\n' &&
+	    sig > 0 && sig < 65)
+		printf("signal %d\n", sig);
+	else
+		puts("exit");
+	return 0;
+}
+
 static int cmd_run(int argc, char **argv)
 {
 	const char *cwd = NULL;
@@ -1959,7 +2140,9 @@ static int cmd_run(int argc, char **argv)
 			ws.ws_col = (unsigned short)cols;
 			tty = true;
 		} else if (!strcmp(argv[i], "--id") && i + 1 < argc) {
-			i++; /* only matched from /proc/PID/cmdline by kill/signal */
+			/* matched from /proc/PID/cmdline by kill/signal; names the
+			 * status record (see write_status) */
+			g_run_id = argv[++i];
 		} else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) {
 			timeout_ms = parse_uint(argv[++i], "--timeout-ms");
 		} else if (!strcmp(argv[i], "--cwd") && i + 1 < argc) {
@@ -2133,8 +2316,10 @@ static int cmd_run(int argc, char **argv)
 					_exit(EXIT_KILLED);
 				status = cstatus;
 				discard_pending_stdin();
-				if (WIFSIGNALED(status))
+				if (WIFSIGNALED(status)) {
+					write_status(WTERMSIG(status));
 					_exit(128 + WTERMSIG(status));
+				}
 				_exit(WEXITSTATUS(status));
 			}
 		} else if (sig == SIGUSR2) {
@@ -2364,7 +2549,7 @@ int main(int argc, char **argv)
 		i += 2;
 	}
 	if (i >= argc)
-		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|merge|idle ...");
+		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|move|status|idle ...");
 	const char *sub = argv[i++];
 	int rest = argc - i;
 	char **rv = argv + i;
@@ -2377,6 +2562,8 @@ int main(int argc, char **argv)
 		{"stat", cmd_stat},   {"read", cmd_read},   {"write", cmd_write},
 		{"list", cmd_list},   {"remove", cmd_remove}, {"mkdir", cmd_mkdir},
 		{"idle", cmd_idle},   {"merge", cmd_merge}, {"reap", cmd_reap},
+		{"chmod", cmd_chmod}, {"status", cmd_status},
+		{"move", cmd_move},
 	};
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(sub, cmds[k].name))

@@ -34,6 +34,7 @@ from sandboxd.engine.protocol import (
     PullProgress,
     SandboxInfo,
     SandboxRequest,
+    SandboxStats,
     SandboxStatus,
 )
 from sandboxd.errors import FailedPrecondition, Internal, NotFound, SandboxError
@@ -119,6 +120,8 @@ def _run(box: FakeSandbox, argv: list[str], stdin: bytes) -> tuple[int, list[tup
     cwd = ""
     if argv[:2] == [HELPER_IN_CONTAINER, "run"]:
         rest = argv[2:]
+        if rest[:1] == ["--clean-env"]:
+            rest = rest[1:]
         if rest[:1] == ["--cwd"]:
             cwd = _workspace_rel(rest[1])
             rest = rest[2:]
@@ -191,6 +194,9 @@ class FakeEngine:
         self._ids = itertools.count(1)
         self._failures: dict[str, SandboxError] = {}
         self._execs: dict[str, FakeExecStream] = {}
+        self.stats: dict[str, SandboxStats] = {}
+        self.ooms: asyncio.Queue[str] = asyncio.Queue()
+
         # The isolation tiers whose runtime is "registered"; a test adds or removes some.
         self.tiers: set[Isolation] = {Isolation.RUNC}
         # A registry the fake pulls from: pullable reference -> (digest, layer sizes).
@@ -379,6 +385,28 @@ class FakeEngine:
             i for i, labels in self.images.items() if labels.get("io.sandboxd.owner") == owner_id
         ]
 
+    # ----- observation ---------------------------------------------------------------------
+
+    def set_stats(self, sandbox_id: str, stats: SandboxStats) -> None:
+        self.stats[sandbox_id] = stats
+
+    def oom_kill(self, sandbox_id: str) -> None:
+        """As if the kernel OOM-killed a process in the sandbox."""
+        self.ooms.put_nowait(sandbox_id)
+
+    async def sandbox_stats(self, sandbox_id: str) -> SandboxStats:
+        self._call("sandbox_stats")
+        if sandbox_id not in self.sandboxes:
+            raise NotFound(f"no sandbox {sandbox_id}")
+        return self.stats.get(sandbox_id, SandboxStats())
+
+    async def oom_kills(self, owner_id: str) -> AsyncIterator[str]:
+        while True:
+            sandbox_id = await self.ooms.get()
+            box = self.sandboxes.get(sandbox_id)
+            if box is not None and box.request.owner_id == owner_id:
+                yield sandbox_id
+
     # ----- registry pulls -------------------------------------------------------------------
 
     async def inspect_image(self, image: str) -> ImageDetails | None:
@@ -469,9 +497,26 @@ class FakeArchive:
             await self.export_gate.wait()
         yield data
 
+    async def check_restorable(self, session: Any, chunks: AsyncIterator[bytes]) -> None:
+        """The fake restores whatever it exported: read it through, as the real check does."""
+        del session
+        async for _ in chunks:
+            pass
+
+    async def tidy(self, session: Any) -> None:
+        """The fake unpacks in one step: it never leaves a staging folder to remove."""
+        del session
+
     async def import_(
-        self, session: Any, path: str, replace: bool, chunks: AsyncIterator[bytes]
+        self,
+        session: Any,
+        path: str,
+        replace: bool,
+        chunks: AsyncIterator[bytes],
+        *,
+        trusted: bool = False,
     ) -> None:
+        del trusted  # the fake unpacks everything it is given
         data = b"".join([c async for c in chunks])
         box = self._engine._get(session.container_id)
         if replace:

@@ -405,6 +405,62 @@ class TemplatesSection:
     )
 
 
+@dataclass(frozen=True)
+class AuditSection:
+    """The durable audit log (service/sandboxd/audit): what is kept, how long, and its export."""
+
+    enabled: bool = setting(True, BOOL, "record audit events in the store", flat="audit_enabled")
+    max_age_s: float = setting(
+        30 * 86400.0,
+        DURATION,
+        "audit events older than this are pruned",
+        lo=1,
+        flat="audit_max_age",
+    )
+    max_bytes: int = setting(
+        256 * MiB,
+        SIZE,
+        "the audit events kept take at most this many bytes",
+        lo=1,
+        flat="audit_max_bytes",
+    )
+    batch_window_s: float = setting(
+        0.0,
+        DURATION,
+        "audit commits wait this long to gather more events (0: none)",
+        lo=0,
+        hi=1.0,
+        flat="audit_batch_window",
+    )
+    export_path: Path | None = setting(
+        None,
+        OPTIONAL_PATH,
+        "append every audit event to this JSON Lines file (empty: none)",
+        flat="audit_export_path",
+    )
+
+
+@dataclass(frozen=True)
+class EventsSection:
+    """Session events (WatchSession, WatchSessions)."""
+
+    lease_warning_s: float = setting(
+        60.0,
+        DURATION,
+        "LEASE_EXPIRING is sent this long before a lease ends",
+        lo=0.1,
+        flat="events_lease_warning",
+    )
+    window: int = setting(
+        1000,
+        INT,
+        "events kept per tenant for a reconnecting watcher",
+        lo=1,
+        hi=100_000,
+        flat="events_window",
+    )
+
+
 @dataclass(frozen=True, init=False)
 class Config:
     server: ServerSection = field(default_factory=ServerSection)
@@ -418,6 +474,8 @@ class Config:
     metrics: MetricsSection = field(default_factory=MetricsSection)
     isolation: IsolationSection = field(default_factory=IsolationSection)
     templates: TemplatesSection = field(default_factory=TemplatesSection)
+    audit: AuditSection = field(default_factory=AuditSection)
+    events: EventsSection = field(default_factory=EventsSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.

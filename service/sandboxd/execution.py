@@ -55,11 +55,19 @@ KILL_TIMEOUT_S = 5.0
 HELPER_TIMEOUT_S = 10.0
 
 
-def _signal_name(exit_code: int) -> str:
-    if 128 < exit_code <= 128 + 64:
+def _signal_name(number: int) -> str:
+    if 0 < number <= 64:
         with contextlib.suppress(ValueError):
-            return signal.Signals(exit_code - 128).name
+            return signal.Signals(number).name
     return ""
+
+
+def parse_status(stdout: bytes) -> int:
+    """`sbx status`'s answer: the signal the command died of, 0 when it exited."""
+    words = stdout.decode(errors="replace").split()
+    if len(words) == 2 and words[0] == "signal" and words[1].isdigit():
+        return int(words[1])
+    return 0
 
 
 def new_token() -> str:
@@ -138,7 +146,16 @@ class Command:
                 "resize needs a terminal: start the command with a pty",
                 reason=Reason.NOT_A_TERMINAL,
             )
-        await self._executor.engine.exec_resize(self._stream.exec_id, size.rows, size.cols)
+        if self.finished:
+            return  # the terminal is gone with the command: nothing to resize
+        try:
+            await self._executor.engine.exec_resize(self._stream.exec_id, size.rows, size.cols)
+        except SandboxError:
+            # The command ended between the check and the call (the engine refuses a resize
+            # of an exec that is not running): a no-op, like the one above.
+            info = await self._executor.engine.exec_inspect(self._stream.exec_id)
+            if info.get("Running"):
+                raise
 
     def fail(self, exc: SandboxError) -> None:
         """End `events` with `exc` (a bad control message): the caller gets the error."""
@@ -200,16 +217,26 @@ class Command:
                 offsets[fd] += len(piece)
             if truncated:
                 break
+        signal_name = ""
         if timed_out or truncated:
             await self._kill_draining()
             exit_code = 137
+            signal_name = "SIGKILL"
         else:
             await self._pump  # surfaces an engine error raised while reading
             exit_code = await self._stream.wait_exit_code()
+            if 128 < exit_code <= 128 + 64:
+                # `exit 130` and death by SIGINT look alike here: only the supervisor's
+                # status record tells them apart.
+                signal_name = await self._executor.exit_signal(self._session, self.token)
+                if exit_code == 137 and not signal_name:
+                    # Not asked for by us and no record: the supervisor itself was killed,
+                    # maybe leaving orphans of the command behind.
+                    await self._executor.reap(self._session)
         self.finished = True
         yield ExecExited(
             exit_code=exit_code,
-            signal="SIGKILL" if timed_out or truncated else _signal_name(exit_code),
+            signal=signal_name,
             timed_out=timed_out,
             truncated=truncated,
             duration_s=time.monotonic() - self.started,
@@ -327,6 +354,23 @@ class Executor:
         raise InvalidArgument(
             f"sbx signal failed ({code}): {said[:200]}", reason=Reason.INVALID_SIGNAL
         )
+
+    async def exit_signal(self, session: Session, token: str) -> str:
+        """The signal the command started with `token` died of, as the supervisor saw it;
+        "" when it exited by itself (or the record cannot be read: the code still stands)."""
+        try:
+            result = await self.helper.run(session, ["status", token], timeout_s=HELPER_TIMEOUT_S)
+        except SandboxError as exc:
+            log.warning("process %s: no status record: %s", token, exc)
+            return ""
+        return _signal_name(parse_status(result.stdout)) if result.exit_code == 0 else ""
+
+    async def reap(self, session: Session) -> None:
+        """Kill what a killed supervisor left behind (`sbx reap`); best effort."""
+        try:
+            await self.helper.run(session, ["reap"], timeout_s=HELPER_TIMEOUT_S)
+        except SandboxError as exc:
+            log.warning("session %s: reap failed: %s", session.session_id, exc)
 
     async def _helper(
         self, session: Session, args: list[str], timeout_s: float

@@ -49,7 +49,7 @@ def _file_info(record: dict[str, Any]) -> FileInfo:
     )
 
 
-def _parse_records(stdout: bytes) -> list[FileInfo]:
+def parse_records(stdout: bytes) -> list[FileInfo]:
     try:
         return [_file_info(json.loads(line)) for line in stdout.splitlines() if line.strip()]
     except (ValueError, KeyError, TypeError) as exc:
@@ -100,12 +100,12 @@ class Files:
             )
         args = ["write", rel, format(mode, "o"), str(cap)] + (["--parents"] if make_parents else [])
         result = await self._checked(session, args, rel, stdin=content, max_stdout=64 * 1024)
-        return _parse_records(result.stdout)[0]
+        return parse_records(result.stdout)[0]
 
     async def stat(self, session: Session, path: str) -> FileInfo:
         rel = validation.workspace_relpath(path or ".")
         result = await self._checked(session, ["stat", rel], rel, max_stdout=64 * 1024)
-        return _parse_records(result.stdout)[0]
+        return parse_records(result.stdout)[0]
 
     async def list_dir(self, session: Session, path: str, depth: int) -> list[FileInfo]:
         rel = validation.workspace_relpath(path or ".")
@@ -125,7 +125,7 @@ class Files:
                     reason=Reason.LISTING_TOO_LARGE,
                     metadata={"path": rel, "limit": str(LISTING_BYTES)},
                 ) from None
-            return _parse_records(result.stdout)
+            return parse_records(result.stdout)
 
     async def walk(self, session: Session, path: str) -> AsyncGenerator[FileInfo, None]:
         """Every entry beneath `path` (MAX_LIST_DEPTH levels), streamed: for internal scans
@@ -135,7 +135,7 @@ class Files:
         async with contextlib.aclosing(lines):  # the exec ends with the walk, however it ends
             async for line in lines:
                 if line.strip():
-                    yield _parse_records(line)[0]
+                    yield parse_records(line)[0]
 
     async def remove(self, session: Session, path: str, recursive: bool) -> None:
         rel = validation.workspace_relpath(path, allow_root=False)
@@ -148,4 +148,4 @@ class Files:
         result = await self._checked(
             session, ["mkdir", rel] + (["--parents"] if parents else []), rel, max_stdout=64 * 1024
         )
-        return _parse_records(result.stdout)[0]
+        return parse_records(result.stdout)[0]

@@ -10,7 +10,8 @@ Internal runs never see the session's environment: a caller's `PATH` must not ch
 `tar` the server runs, and loader variables (`LD_PRELOAD`...) must not load code into it. The
 engine adds the container's environment (the session's env) to every exec, and an exec can
 only override variables, not remove them; so the exec overrides the dangerous ones, and a
-tool run under `sbx run` starts through `env -i` with a fixed, complete environment.
+tool run under `sbx run --clean-env` starts with a fixed, complete environment (PATH, HOME,
+LANG) that the supervisor builds itself.
 
 Commands a caller asked for (Exec, Run, processes) are not internal runs: execution.py
 starts those with the caller's environment.
@@ -66,8 +67,6 @@ INTERNAL_ENV: dict[str, str] = {
     "LANG": "C.UTF-8",
     **{name: "" for name in LOADER_VARIABLES},
 }
-# What a tool under `sbx run` starts with: nothing of the session's environment at all.
-CLEAN_ENV_ARGV = ("env", "-i", f"PATH={DEFAULT_PATH}", "HOME=/workspace", "LANG=C.UTF-8")
 
 
 @dataclass(frozen=True)
@@ -127,7 +126,7 @@ class NoRoom(ResourceExhausted):
 def tool_argv(cwd: str, argv: Sequence[str]) -> list[str]:
     """The `sbx` arguments that run an internal tool in `cwd` (checked beneath /workspace)
     with the environment cleared."""
-    return ["run", "--cwd", cwd, "--", *CLEAN_ENV_ARGV, *argv]
+    return ["run", "--clean-env", "--cwd", cwd, "--", *argv]
 
 
 def file_error(result: HelperResult, path: str) -> SandboxError:
@@ -201,7 +200,14 @@ def tool_error(what: str, tool: str, result: HelperResult, path: str) -> Sandbox
             reason=Reason.PATH_OUTSIDE_WORKSPACE,
             metadata=meta,
         )
-    if err is not None and err.name in ("ENOENT", "ENOTDIR"):
+    if err is not None and err.name == "ENOENT":
+        # A missing path is FILE_NOT_FOUND in every RPC (issue 21), as in file_error.
+        return NotFound(
+            f"{what}: {path}: no such file or directory (or {tool} is missing from the image)",
+            reason=Reason.FILE_NOT_FOUND,
+            metadata=meta,
+        )
+    if err is not None and err.name == "ENOTDIR":
         return FailedPrecondition(
             f"{what}: {path} is not a folder in the workspace (or {tool} is missing from the "
             "image)",

@@ -19,9 +19,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 CURRENT_SESSION: ContextVar[str] = ContextVar("sandboxd_session_id", default="")
+# The W3C trace id of the call being served (its `traceparent` metadata), set by the RPC layer.
+CURRENT_TRACE: ContextVar[str] = ContextVar("sandboxd_trace_id", default="")
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+
+class TraceFilter(logging.Filter):
+    """Every line logged while serving a traced call carries its `trace_id` (an extra field)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "trace_id") and (trace := CURRENT_TRACE.get()):
+            record.trace_id = trace
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -49,6 +60,7 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(level: str, fmt: str) -> None:
     """Install the one stderr handler of the server process (replacing any earlier one)."""
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(TraceFilter())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

@@ -16,6 +16,13 @@ Exposed (all prefixed `sandboxd_`):
   engine_errors_total{kind}            Docker failures: unavailable, not_found, conflict, internal
   pool_available                       warm containers ready to claim
   pool_claims_total{result}            CreateSession served warm (hit) or cold (miss)
+  tenant_events_total{tenant,kind}     audited actions per tenant (command, file_write, egress,
+                                       lifecycle, refused, ...: the audit log's kinds)
+  tenant_command_seconds{tenant}       histogram of command durations per tenant
+  tenant_output_bytes_total{tenant}    command output bytes per tenant
+  tenant_egress_total{tenant,verdict}  egress decisions per tenant (allowed, refused)
+Per-tenant series never carry a session label; tenants are the tokens file's (bounded by the
+operator), and past `MAX_TENANTS` distinct ones the rest count as tenant "other".
 plus the standard process_* (RSS, CPU, open fds) and python_* collectors.
 """
 
@@ -23,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 
 from aiohttp import web
@@ -41,6 +48,8 @@ from prometheus_client import (
 from sandboxd.models import SessionState
 
 log = logging.getLogger(__name__)
+
+MAX_TENANTS = 1000  # distinct tenant label values; beyond, "other" (bounded cardinality)
 
 # RPCs range from a ~1 ms Stat to a create that waits for Docker, to Exec streams of minutes.
 _RPC_BUCKETS = (
@@ -108,6 +117,32 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.tenant_events = Counter(
+            "sandboxd_tenant_events",
+            "Audited actions per tenant and kind",
+            ["tenant", "kind"],
+            registry=r,
+        )
+        self.tenant_command_seconds = Histogram(
+            "sandboxd_tenant_command_seconds",
+            "Command durations per tenant",
+            ["tenant"],
+            buckets=_RPC_BUCKETS,
+            registry=r,
+        )
+        self.tenant_output_bytes = Counter(
+            "sandboxd_tenant_output_bytes",
+            "Command output bytes per tenant",
+            ["tenant"],
+            registry=r,
+        )
+        self.tenant_egress = Counter(
+            "sandboxd_tenant_egress",
+            "Egress decisions per tenant",
+            ["tenant", "verdict"],
+            registry=r,
+        )
+        self._tenants: set[str] = set()
         self.secret_events = Counter(
             "sandboxd_secret_events",
             "Secrets injected by the egress proxy, and placeholders sent elsewhere, by tenant",
@@ -125,6 +160,32 @@ class Metrics:
 
     def proxy_decision(self, allowed: bool) -> None:
         self.proxy_decisions.labels("allow" if allowed else "deny").inc()
+
+    def _tenant(self, tenant: str) -> str:
+        if tenant in self._tenants:
+            return tenant
+        if len(self._tenants) >= MAX_TENANTS:
+            return "other"
+        self._tenants.add(tenant)
+        return tenant
+
+    def audited(self, tenant: str, kind: str, attributes: Mapping[str, str]) -> None:
+        """One audited action (sandboxd.audit feeds every event here, audit on or off)."""
+        t = self._tenant(tenant)
+        self.tenant_events.labels(t, kind).inc()
+        if kind == "command" and "duration_s" in attributes:
+            try:
+                seconds = float(attributes["duration_s"])
+                out = sum(
+                    int(attributes.get(k) or 0)
+                    for k in ("stdout_bytes", "stderr_bytes", "output_bytes")
+                )
+            except ValueError:
+                return  # never fail a call over a number it did not report as one
+            self.tenant_command_seconds.labels(t).observe(seconds)
+            self.tenant_output_bytes.labels(t).inc(out)
+        elif kind == "egress":
+            self.tenant_egress.labels(t, attributes.get("verdict", "")).inc()
 
     def secret_event(self, tenant: str, kind: str) -> None:
         """kind: secret_injected or secret_misdirected (no session label: bounded series)."""

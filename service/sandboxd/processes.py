@@ -5,49 +5,60 @@ session when it is deleted or its lease ends). Its output goes into one bounded 
 stream, addressed by absolute byte offset, so memory per process is capped and the process is
 never slowed by readers.
 
-Readers (`follow`) do not get pushed copies of the output: each keeps its own cursor per stream
-and reads the shared buffer when woken. A slow or dead reader therefore holds nothing and stalls
-nothing; if it falls so far behind that its next byte has left the buffer, it is told exactly
-which range it lost (`OutputGap`) rather than skipping it silently. The exit record is kept after
-the process ends, so a late reader still gets `exited`.
+Readers follow a process's record (process_record.py). The exit record is kept after the
+process ends, so a late reader still gets `exited`. Exec, Run and Interact commands are recorded
+too (`track`, with a smaller buffer): one process id works for GetProcess, AttachProcess and
+SignalProcess whichever call started the process; ListProcesses lists the background ones.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from sandboxd import validation
 from sandboxd.errors import (
     AlreadyExists,
     FailedPrecondition,
-    InvalidArgument,
     NotFound,
-    OutOfRange,
     ResourceExhausted,
     SandboxError,
 )
 from sandboxd.exec_spec import validate_signal
-from sandboxd.execution import CHUNK_BYTES, Executor, new_token
+from sandboxd.execution import Command, Executor, new_token
 from sandboxd.models import (
+    ExecEvent,
     ExecExited,
-    ExecKeepalive,
     ExecOutput,
     ExecSpec,
     ExecStarted,
-    OutputStream,
     Session,
+)
+from sandboxd.output_ring import OutputBuffer
+from sandboxd.process_record import (
+    AttachEvent,
+    BackgroundProcess,
+    OutputGap,
+    ProcessOrigin,
+    StartOptions,
 )
 from sandboxd.reasons import Reason
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "AttachEvent",
+    "BackgroundProcess",
+    "OutputBuffer",
+    "OutputGap",
+    "ProcessManager",
+    "ProcessOrigin",
+    "StartOptions",
+]
 
 MAX_PROCESSES_PER_SESSION = 64  # running plus retained exit records; oldest exited go first
 EXITED_OUTPUT_BYTES = 64 * 1024 * 1024  # output kept for exited processes, per session
@@ -56,168 +67,24 @@ EXITED_OUTPUT_BYTES = 64 * 1024 * 1024  # output kept for exited processes, per 
 # 64 processes x 2 x 16 MiB would let one session hold 2 GiB of server memory.
 # TODO(lead): setting
 SESSION_OUTPUT_BUFFER_BYTES = 128 * 1024 * 1024
-MERGE_BYTES = CHUNK_BYTES  # consecutive writes of one stream share a chunk (grown in place)...
-MAX_CHUNKS = 8192  # ...and the chunk count is bounded too, so tiny writes cannot bloat memory
+# What is kept per stream of an Exec, Run or Interact command for AttachProcess and GetProcess:
+# their caller gets all of it anyway, so only the tail is kept for a second reader.
+FOREGROUND_BUFFER_BYTES = 1024 * 1024
 
 
-@dataclass(frozen=True)
-class OutputGap:
-    """Bytes [offset, offset+length) of `stream` left the buffer before this reader got them."""
-
-    stream: OutputStream
-    offset: int
-    length: int
-
-
-AttachEvent = ExecStarted | ExecOutput | ExecExited | ExecKeepalive | OutputGap
-
-
-class OutputBuffer:
-    """The last `capacity` bytes of one stream, addressed by absolute offset.
-
-    Chunks keep the global sequence number of their first write so a reader can replay
-    stdout and stderr in the order they were produced.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.start = 0  # offset of the oldest retained byte
-        self.end = 0  # bytes produced so far
-        self._offsets: list[int] = []
-        self._data: list[bytearray] = []
-        self._seqs: list[int] = []
-        self._head = 0  # chunks before it were dropped (compacted now and then)
-
-    def append(self, data: bytes, seq: int, merge: bool) -> None:
-        if (
-            merge
-            and len(self._data) > self._head
-            and len(self._data[-1]) + len(data) <= MERGE_BYTES
-        ):
-            self._data[-1] += data
-        else:
-            self._offsets.append(self.end)
-            self._data.append(bytearray(data))
-            self._seqs.append(seq)
-        self.end += len(data)
-        self._trim()
-
-    def _trim(self) -> None:
-        while self.end - self.start > self.capacity or len(self._data) - self._head > MAX_CHUNKS:
-            first_end = self._offsets[self._head] + len(self._data[self._head])
-            if self.end - first_end >= self.capacity or len(self._data) - self._head > MAX_CHUNKS:
-                self.start = first_end
-                self._data[self._head] = bytearray()
-                self._head += 1
-            else:  # cut the first chunk: keep exactly `capacity` bytes
-                self.start = self.end - self.capacity
-                del self._data[self._head][: self.start - self._offsets[self._head]]
-                self._offsets[self._head] = self.start
-        if self._head > 64 and self._head * 2 > len(self._data):
-            del self._offsets[: self._head], self._data[: self._head], self._seqs[: self._head]
-            self._head = 0
-
-    def read(self, offset: int) -> tuple[int, bytes] | None:
-        """(seq, bytes from `offset` to the end of its chunk); None at the end.
-
-        `offset` must be at least `start` (the caller reports a gap otherwise).
-        """
-        if offset >= self.end:
-            return None
-        i = bisect.bisect_right(self._offsets, offset, lo=self._head) - 1
-        skip = offset - self._offsets[i]
-        with memoryview(self._data[i]) as view:  # released at once: the chunk may grow
-            return self._seqs[i], bytes(view[skip : skip + CHUNK_BYTES])
-
-
-class BackgroundProcess:
-    """One StartProcess process: its spec, output buffers and, once ended, its exit record."""
-
-    def __init__(self, session_id: str, process_id: str, spec: ExecSpec) -> None:
-        self.session_id = session_id
-        self.process_id = process_id
-        self.spec = spec
-        self.token = new_token()
-        self.started_at = datetime.now(tz=UTC)
-        self.output = {s: OutputBuffer(spec.max_output_bytes) for s in OutputStream}
-        self.exited: ExecExited | None = None
-        self.running: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.task: asyncio.Task[None] | None = None
-        self._seq = 0
-        self._last: OutputStream | None = None
-        self._changed = asyncio.Event()
-
-    def _notify(self) -> None:
-        # Readers hold the event they saw before looking; setting it wakes them all at once.
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    def append(self, stream: OutputStream, data: bytes) -> None:
-        self._seq += 1
-        self.output[stream].append(data, self._seq, merge=self._last is stream)
-        self._last = stream
-        self._notify()
-
-    def retained_bytes(self) -> int:
-        return sum(b.end - b.start for b in self.output.values())
-
-    def finish(self, exited: ExecExited) -> None:
-        if self.exited is None:
-            self.exited = exited
-            self._notify()
-
-    async def follow(
-        self, stdout_offset: int, stderr_offset: int, keepalive_s: float
-    ) -> AsyncIterator[AttachEvent]:
-        """started, then output from the offsets (gaps where it is gone), live output, exited."""
-        cursors = {OutputStream.STDOUT: stdout_offset, OutputStream.STDERR: stderr_offset}
-        for stream, offset in cursors.items():
-            name = stream.name.lower()
-            if offset < 0:
-                raise InvalidArgument(
-                    f"{name}_offset must not be negative", reason=Reason.INVALID_OFFSET
-                )
-            if offset > self.output[stream].end:
-                raise OutOfRange(
-                    f"{name}_offset {offset} is past the end of {name} "
-                    f"({self.output[stream].end} bytes so far)",
-                    reason=Reason.OFFSET_OUT_OF_RANGE,
-                    metadata={"stream": name, "end": str(self.output[stream].end)},
-                )
-        yield ExecStarted(self.process_id)
-        while True:
-            changed = self._changed
-            lost = [(s, b.start) for s, b in self.output.items() if cursors[s] < b.start]
-            if lost:
-                stream, start = lost[0]
-                # Move the cursor before yielding: the buffer may move on while we wait.
-                offset, cursors[stream] = cursors[stream], start
-                yield OutputGap(stream, offset, start - offset)
-                continue  # look again: more may have gone meanwhile
-            best: tuple[int, OutputStream, bytes] | None = None
-            for stream, buffer in self.output.items():
-                got = buffer.read(cursors[stream])
-                if got is not None and (best is None or got[0] < best[0]):
-                    best = (got[0], stream, got[1])
-            if best is not None:
-                _, stream, data = best
-                yield ExecOutput(stream, data, cursors[stream])
-                cursors[stream] += len(data)
-                continue
-            if self.exited is not None:
-                yield self.exited
-                return
-            try:
-                await asyncio.wait_for(changed.wait(), timeout=keepalive_s)
-            except TimeoutError:
-                yield ExecKeepalive()
+_BACKGROUND = ProcessOrigin.START_PROCESS
 
 
 class ProcessManager:
     """Owns every background process and the task running it."""
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        on_exit: Callable[[Session, BackgroundProcess], None] | None = None,
+    ) -> None:
         self._executor = executor
+        self._on_exit = on_exit  # the audit log and the session's event feed
         self._by_session: dict[str, dict[str, BackgroundProcess]] = {}
 
     async def close(self) -> None:
@@ -240,16 +107,18 @@ class ProcessManager:
         spec: ExecSpec,
         process_id: str = "",
         hold: AbstractAsyncContextManager[None] | None = None,
+        options: StartOptions | None = None,
     ) -> BackgroundProcess:
         """Start `spec` in the background; the same id with the same spec returns that process.
 
         `hold` (a tenant's exec slot) is entered before the process starts and left when it ends.
         """
+        options = options or StartOptions(spec.max_output_bytes)
         pid = validation.validate_process_id(process_id) if process_id else new_token()
         procs = self._by_session.setdefault(session.session_id, {})
         proc = procs.get(pid)
         if proc is not None:
-            if proc.spec != spec:
+            if proc.spec != spec or proc.options != options or proc.origin is not _BACKGROUND:
                 raise AlreadyExists(
                     f"process {pid!r} already exists in this session with a different command",
                     reason=Reason.PROCESS_ALREADY_EXISTS,
@@ -258,8 +127,8 @@ class ProcessManager:
             await asyncio.shield(proc.running)
             return proc
         self._make_room(procs)
-        self._reserve_buffers(procs, spec)
-        proc = BackgroundProcess(session.session_id, pid, spec)
+        self._reserve_buffers(procs, options.buffer_bytes)
+        proc = BackgroundProcess(session.session_id, pid, spec, options)
         procs[pid] = proc
         proc.task = asyncio.create_task(
             self._run(session, proc, hold or contextlib.nullcontext()), name=f"process {pid}"
@@ -284,14 +153,14 @@ class ProcessManager:
             del procs[old.process_id]
 
     @staticmethod
-    def _reserve_buffers(procs: dict[str, BackgroundProcess], spec: ExecSpec) -> None:
-        """Room in the session's buffer budget for two rings of `spec`'s output cap: old exit
+    def _reserve_buffers(procs: dict[str, BackgroundProcess], buffer_bytes: int) -> None:
+        """Room in the session's buffer budget for two rings of `buffer_bytes`: old exit
         records go first; if running processes hold it all, the start is refused."""
-        need = 2 * spec.max_output_bytes
+        need = 2 * buffer_bytes
 
         def reserved() -> int:
             return sum(
-                p.retained_bytes() if p.exited else 2 * p.spec.max_output_bytes
+                p.retained_bytes() if p.exited else 2 * p.options.buffer_bytes
                 for p in procs.values()
             )
 
@@ -325,6 +194,7 @@ class ProcessManager:
         self, session: Session, proc: BackgroundProcess, hold: AbstractAsyncContextManager[None]
     ) -> None:
         started = time.monotonic()
+        feeder: asyncio.Task[None] | None = None
         try:
             async with (
                 hold,
@@ -333,12 +203,17 @@ class ProcessManager:
                 ) as command,
             ):
                 proc.running.set_result(None)
-                command.feed(proc.spec.stdin)
-                async for event in command.events(cap_output=False):
+                if proc.options.keep_stdin_open:
+                    proc.command = command
+                    feeder = asyncio.create_task(self._first_stdin(proc, command))
+                else:
+                    command.feed(proc.spec.stdin)
+                async for event in command.events(cap_output=proc.options.cap_output):
                     if isinstance(event, ExecOutput):
                         proc.append(event.stream, event.data)
                     elif isinstance(event, ExecExited):
                         proc.finish(event)
+                proc.command = None
             procs = self._by_session.get(proc.session_id)
             if procs is not None:
                 self._forget_old_exited(procs)
@@ -353,6 +228,19 @@ class ProcessManager:
                 proc.running.cancel()
             proc.finish(ExecExited(137, "SIGKILL", False, False, time.monotonic() - started))
             raise
+        finally:
+            proc.command = None
+            if feeder is not None:
+                feeder.cancel()
+            if proc.exited is not None and self._on_exit is not None:
+                self._on_exit(session, proc)
+
+    @staticmethod
+    async def _first_stdin(proc: BackgroundProcess, command: Command) -> None:
+        """StartProcess's `stdin`, written before any SendProcessInput (the lock)."""
+        async with proc.stdin_lock:
+            with contextlib.suppress(SandboxError, ConnectionError):
+                await command.write(proc.spec.stdin)
 
     def get(self, session_id: str, process_id: str) -> BackgroundProcess:
         proc = self._by_session.get(session_id, {}).get(process_id)
@@ -365,7 +253,9 @@ class ProcessManager:
         return proc
 
     def list(self, session_id: str) -> list[BackgroundProcess]:
-        return sorted(self._by_session.get(session_id, {}).values(), key=lambda p: p.started_at)
+        """The background processes (StartProcess); those of Exec, Run, Interact are not listed."""
+        procs = self._by_session.get(session_id, {}).values()
+        return sorted((p for p in procs if p.origin is _BACKGROUND), key=lambda p: p.started_at)
 
     async def signal(self, session: Session, process_id: str, name: str) -> None:
         validate_signal(name)
@@ -377,3 +267,90 @@ class ProcessManager:
                 metadata={"process_id": process_id},
             )
         await self._executor.signal(session, proc.token, name)
+
+    async def send_input(self, session_id: str, process_id: str, data: bytes) -> None:
+        """More stdin for a background process started with keep_stdin_open."""
+        proc = self._open_stdin(session_id, process_id)
+        async with proc.stdin_lock:
+            command = self._open_stdin(session_id, process_id).command
+            assert command is not None
+            await command.write(data)
+
+    async def close_stdin(self, session_id: str, process_id: str) -> None:
+        """End of file on the process's stdin; a second close is a no-op."""
+        proc = self.get(session_id, process_id)
+        idle = proc.command is None or proc.command.stdin_closed
+        if proc.origin is _BACKGROUND and proc.exited is None and idle:
+            return  # already closed, or never kept open
+        proc = self._open_stdin(session_id, process_id)
+        async with proc.stdin_lock:
+            if proc.command is not None and not proc.command.stdin_closed:
+                proc.command.close_stdin()
+
+    def _open_stdin(self, session_id: str, process_id: str) -> BackgroundProcess:
+        proc = self.get(session_id, process_id)
+        if proc.exited is not None:
+            raise FailedPrecondition(
+                f"process {process_id!r} has already exited",
+                reason=Reason.PROCESS_EXITED,
+                metadata={"process_id": process_id},
+            )
+        if proc.command is None or proc.command.stdin_closed:
+            raise FailedPrecondition(
+                f"the stdin of process {process_id!r} is closed: only a StartProcess with "
+                "keep_stdin_open takes more input, until CloseProcessStdin",
+                reason=Reason.STDIN_CLOSED,
+                metadata={"process_id": process_id},
+            )
+        return proc
+
+    async def track(
+        self,
+        session_id: str,
+        spec: ExecSpec,
+        origin: ProcessOrigin,
+        events: AsyncIterator[ExecEvent],
+    ) -> AsyncIterator[ExecEvent]:
+        """Pass an Exec, Run or Interact command's events through, recording it under the id it
+        reports so GetProcess, AttachProcess and SignalProcess find it (its tail of output only).
+
+        A session at MAX_PROCESSES_PER_SESSION running processes leaves the command untracked
+        rather than refusing it: those calls never had such a limit.
+        """
+        proc: BackgroundProcess | None = None
+        started = time.monotonic()
+        try:
+            async for event in events:
+                if isinstance(event, ExecStarted):
+                    proc = self._record(session_id, spec, origin, event.process_id)
+                elif proc is not None and isinstance(event, ExecOutput):
+                    proc.append(event.stream, event.data)
+                elif proc is not None and isinstance(event, ExecExited):
+                    proc.finish(event)
+                yield event
+        finally:
+            if proc is not None and proc.exited is None:  # the call ended first: it was killed
+                proc.finish(ExecExited(137, "SIGKILL", False, False, time.monotonic() - started))
+            procs = self._by_session.get(session_id)
+            if procs is not None:
+                self._forget_old_exited(procs)
+
+    def _record(
+        self, session_id: str, spec: ExecSpec, origin: ProcessOrigin, process_id: str
+    ) -> BackgroundProcess | None:
+        procs = self._by_session.setdefault(session_id, {})
+        if process_id in procs:
+            return None
+        if len(procs) >= MAX_PROCESSES_PER_SESSION:
+            exited = [p for p in procs.values() if p.exited is not None]
+            if not exited:
+                return None
+            del procs[min(exited, key=lambda p: p.started_at).process_id]
+        size = min(spec.max_output_bytes, FOREGROUND_BUFFER_BYTES)
+        # Exec, Run and Interact start their command with the process id as its token.
+        proc = BackgroundProcess(
+            session_id, process_id, spec, StartOptions(size), origin, token=process_id
+        )
+        proc.running.set_result(None)
+        procs[process_id] = proc
+        return proc

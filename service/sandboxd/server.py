@@ -25,24 +25,31 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 
 from sandboxd import tenancy
 from sandboxd.api.admin_service import AdminService
+from sandboxd.api.audit_interceptor import AuditInterceptor
+from sandboxd.api.audit_service import AuditService
 from sandboxd.api.auth import AuthInterceptor, LocalTenantInterceptor
 from sandboxd.api.filesystem_service import FilesystemService
 from sandboxd.api.limits import StreamCaps, StreamGuard
 from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
-from sandboxd.api.session_service import SessionService
+from sandboxd.api.session_leases import LeaseSessionService, renew_on_activity
 from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.api.template_service import TemplateService
 from sandboxd.archive import ArchiveIO
+from sandboxd.audit import AuditLog, AuditStore, AuditWriter
+from sandboxd.audit.egress import background_exit, egress_sink, server_lifecycle
 from sandboxd.config import Config, listens_on_loopback
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.networks import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
 from sandboxd.engine import DockerEngine, Engine
 from sandboxd.errors import ConfigError, SandboxError
+from sandboxd.events import EventHub, LeaseWarner, ObservedStore
+from sandboxd.events.stats import OomWatcher, StatsReader
 from sandboxd.execution import Executor
 from sandboxd.files import Files
 from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
+from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
 from sandboxd.metrics import Metrics, MetricsServer
 from sandboxd.pool import WarmPool
 from sandboxd.processes import ProcessManager
@@ -50,15 +57,17 @@ from sandboxd.pulls import Pulls, live_images
 from sandboxd.secrets import vault
 from sandboxd.secrets.setup import SecretsSetup
 from sandboxd.sessions import SessionManager
+from sandboxd.sessions.recovery import ENDED_RETENTION
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
-from sandboxd.store import SessionStore
 from sandboxd.sweeper import Sweeper
 from sandboxd.templates.builds import Templates, template_in_use
 from sandboxd.templates.store import TemplateStore
 from sandboxd.v1 import (
     admin_pb2,
     admin_pb2_grpc,
+    audit_pb2,
+    audit_pb2_grpc,
     filesystem_pb2,
     filesystem_pb2_grpc,
     process_pb2,
@@ -79,8 +88,10 @@ SERVICE_NAMES = (
     filesystem_pb2.DESCRIPTOR.services_by_name["FilesystemService"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
     snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name,
+    audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name,
     template_pb2.DESCRIPTOR.services_by_name["TemplateService"].full_name,
 )
+AUDIT_RETENTION_INTERVAL_S = 300.0
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 
@@ -186,11 +197,27 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 gvisor_runtime=config.isolation.gvisor_runtime,
             )
         )
+        audit_store = (
+            await stack.enter_async_context(AuditStore(config.server.data_dir / "audit.db"))
+            if config.audit.enabled
+            else None
+        )
+        audit = AuditWriter(
+            audit_store,
+            export_path=config.audit.export_path,
+            max_age_s=config.audit.max_age_s,
+            max_bytes=config.audit.max_bytes,
+            batch_window_s=config.audit.batch_window_s,
+            on_event=lambda e: metrics.audited(e.tenant, e.kind, e.attributes),
+        )
+        audit.start()
+        stack.push_async_callback(audit.close)  # after the gRPC server stopped: flush, then close
+        hub = EventHub(config.events.window)
         tiers = IsolationTiers(
             parse_tier(config.isolation.default), parse_tiers(config.isolation.allowed)
         )
         store = await stack.enter_async_context(
-            SessionStore(config.server.data_dir / "sessions.db")
+            ObservedStore(config.server.data_dir / "sessions.db", hub, server_lifecycle(audit))
         )
         pool = WarmPool.for_config(engine, config, owner_id, metrics)
         stack.push_async_callback(pool.close)  # after the gRPC server stopped, before the engine
@@ -202,6 +229,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 proxy_port=config.egress.proxy_port,
                 allow_unfiltered=config.egress.allow_unfiltered,
                 on_decision=metrics.proxy_decision,
+                on_event=egress_sink(audit, hub),
                 resolver=Resolver(
                     parse_static_hosts(config.egress.proxy_hosts),
                     threads=config.egress.resolver_threads,
@@ -218,7 +246,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         )
         executor = Executor(engine)
         stack.push_async_callback(executor.close)
-        processes = ProcessManager(executor)
+        processes = ProcessManager(executor, on_exit=background_exit(audit, hub))
         stack.push_async_callback(processes.close)  # before executor.close awaits the kills
         files = Files(engine)
         archive = ArchiveIO(
@@ -226,6 +254,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         )
         snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
         keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
+        terms = await LeaseTermsStore(store.db).open()
         pulls = Pulls(config, engine, live_images=lambda: live_images(store))
         stack.push_async_callback(pulls.close)
         templates = Templates(
@@ -245,6 +274,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             pool=pool,
             egress=egress,
             on_session_end=[processes.end_session],
+            on_expiry=ExpiryPolicy(terms, keeper, store, suspend_for=ENDED_RETENTION),
             tiers=tiers,
             pulls=pulls,
             templates=templates,
@@ -257,6 +287,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 StreamGuard(config.tenancy.stream_idle_timeout_s),
                 MetricsInterceptor(metrics),
                 *_interceptors(config),
+                AuditInterceptor(
+                    audit, hub, functools.partial(renew_on_activity, sessions, terms)
+                ),  # inside authentication: the tenant is known
                 # Innermost: the tenant is known here (set by authentication, or the default).
                 StreamCaps(config.tenancy.max_streams),
             ],
@@ -266,7 +299,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 ("grpc.so_reuseport", 0),
             ],
         )
-        session_pb2_grpc.add_SessionServiceServicer_to_server(SessionService(sessions), server)
+        session_pb2_grpc.add_SessionServiceServicer_to_server(
+            LeaseSessionService(sessions, hub, StatsReader(engine, hub), terms), server
+        )
         process_pb2_grpc.add_ProcessServiceServicer_to_server(
             ProcessService(sessions, executor, config, processes), server
         )
@@ -279,6 +314,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         sweeper = Sweeper(sessions, engine, owner_id, snapshots, pulls=pulls)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             AdminService(config, engine, egress, sweeper, tiers=tiers, pulls=pulls), server
+        )
+        audit_pb2_grpc.add_AuditServiceServicer_to_server(
+            AuditService(AuditLog(audit_store)), server
         )
         template_pb2_grpc.add_TemplateServiceServicer_to_server(TemplateService(templates), server)
         health_servicer = health.aio.HealthServicer()
@@ -323,6 +361,13 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 tg.create_task(monitor.run(config.engine.engine_check_interval_s)),
                 tg.create_task(sessions.run_reaper(config.leases.reaper_interval_s)),
                 tg.create_task(sweeper.run()),
+                tg.create_task(audit.run_retention(AUDIT_RETENTION_INTERVAL_S)),
+                tg.create_task(OomWatcher(engine, store, hub, owner_id).run()),
+                tg.create_task(
+                    LeaseWarner(store, hub, config.events.lease_warning_s).run(
+                        min(5.0, config.events.lease_warning_s / 4)
+                    )
+                ),
             ]
             await stop.wait()
             log.info(

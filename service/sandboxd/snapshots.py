@@ -52,8 +52,18 @@ class WorkspaceArchive(Protocol):
     def export(self, session: Session, path: str) -> AsyncIterator[bytes]: ...
 
     async def import_(
-        self, session: Session, path: str, replace: bool, chunks: AsyncIterator[bytes]
+        self,
+        session: Session,
+        path: str,
+        replace: bool,
+        chunks: AsyncIterator[bytes],
+        *,
+        trusted: bool = False,
     ) -> Any: ...
+
+    async def tidy(self, session: Session) -> None: ...
+
+    async def check_restorable(self, session: Session, chunks: AsyncIterator[bytes]) -> None: ...
 
 
 def _not_found(snapshot_id: str) -> NotFound:
@@ -125,6 +135,12 @@ class SnapshotKeeper:
             if snap.image:
                 await asyncio.shield(self.remove_image(snap.image))
             raise
+        try:
+            # Refused now, while the session runs, rather than found out at Resume.
+            await self._archive.check_restorable(session, self._store.read(snap.sha256))
+        except BaseException:
+            await asyncio.shield(self.delete(snap.snapshot_id))
+            raise
         log.info(
             "snapshot taken",
             extra={"session_id": session.session_id, "snapshot_id": snap.snapshot_id},
@@ -143,7 +159,13 @@ class SnapshotKeeper:
 
     async def restore(self, session: Session, snap: Snapshot) -> None:
         """Replace the (fresh) sandbox's workspace with the snapshot's content."""
-        await self._archive.import_(session, ".", True, self._store.read(snap.sha256))
+        reader = self._store.read(snap.sha256)
+        try:
+            await self._archive.import_(session, ".", True, reader, trusted=True)
+        finally:
+            close = getattr(reader, "aclose", None)  # a refused restore stops reading early
+            if close is not None:
+                await asyncio.shield(close())
 
     async def adopt(self, snap: Snapshot, session: Session) -> Snapshot:
         """A fork's own record of the snapshot it started from (same tar, no copy), so the
@@ -160,6 +182,9 @@ class SnapshotKeeper:
         )
         await self._store.insert(own)
         return own
+
+    async def tidy(self, session: Session) -> None:
+        await self._archive.tidy(session)
 
     async def forget_session(self, session_id: str) -> None:
         for snap in await self._store.of_session(session_id):
@@ -209,7 +234,8 @@ class Snapshots:
                 reason=Reason.SNAPSHOT_KIND_UNSUPPORTED,
             )
         checked = validation.validate_labels(labels)
-        async with self._sessions.use(session_id) as session:
+        # Exclusive: no file call or import is half-way through the tree it takes.
+        async with self._sessions.use(session_id, exclusive=True) as session:
             snap = await self._keeper.take(session, checked, image=kind == KIND_IMAGE)
         # A DeleteSession that ran meanwhile forgot the session's snapshots before this one
         # was recorded: check under the session's lock, and take back an orphan.
@@ -223,23 +249,34 @@ class Snapshots:
         return await self._keeper.lookup(snapshot_id)
 
     async def list(
-        self, session_id: str, page_size: int, page_token: str
+        self,
+        session_id: str,
+        page_size: int,
+        page_token: str,
+        label_selector: Mapping[str, str] | None = None,
     ) -> tuple[list[Snapshot], str]:
         size = paging.page_size(page_size)
         if session_id:
             await self._sessions.get(session_id)  # NOT_FOUND for a missing or hidden session
-        after = paging.decode_token(page_token, _is_snapshot_id)
+        selector = validation.validate_labels(label_selector or {})
+        bound = f"snapshots {session_id} {sorted(selector.items())!r} {tenancy.current()!r}"
+        after = paging.decode_token(page_token, _is_snapshot_id, bound)
         found: list[Snapshot] = []
         while len(found) <= size:
             batch = await self._store.page(session_id=session_id, after=after, limit=size + 1)
-            found += [s for s in batch if s.tenant == tenancy.current()]
+            found += [
+                s
+                for s in batch
+                if s.tenant == tenancy.current()
+                and all(s.labels.get(k) == v for k, v in selector.items())
+            ]
             if len(batch) < size + 1:
                 break
             after = batch[-1].snapshot_id
         token = ""
         if len(found) > size:
             found = found[:size]
-            token = paging.encode_token(found[-1].snapshot_id)
+            token = paging.encode_token(found[-1].snapshot_id, bound)
         return found, token
 
     async def delete(self, snapshot_id: str) -> None:

@@ -262,10 +262,14 @@ class SessionStore:
         limit: int,
         labels: Mapping[str, str] | None = None,
         tenant: str | None = None,
+        state: str | None = None,
     ) -> list[Session]:
-        """Sessions ordered by id, after the given id; label and tenant filters in SQL."""
+        """Sessions ordered by id, after the given id; label, tenant and state filters in SQL."""
         sql = "SELECT * FROM sessions WHERE session_id > ?"
         params: list[Any] = [after]
+        if state is not None:
+            sql += " AND state = ?"
+            params.append(state)
         if tenant is not None:
             sql += " AND tenant = ?"
             params.append(tenant)

@@ -101,7 +101,7 @@ async def with_session(
     assert (await session.read_file(s["write"]["path"])).decode() == s["write"]["content"]
     assert (await session.stat(s["write"]["path"])).size == s["expect"]["size"]
     await session.make_dir(s["make_dir"], parents=True)
-    listed = {e.path for e in await session.list_dir("", depth=3)}
+    listed = {e.path async for e in session.list_dir("", depth=3)}
     assert set(s["expect"]["listed"]) <= listed, listed
     await session.remove(s["remove_dir"], recursive=True)
     ok(s)
@@ -115,7 +115,7 @@ async def with_session(
 
     s = steps["background"]
     await session.start_process(s["argv"], process_id=s["process_id"])
-    assert s["process_id"] in [p.process_id for p in await session.processes()]
+    assert s["process_id"] in [p.process_id async for p in session.processes()]
     seen, out, _ = await collect(session.attach(s["process_id"]))
     assert out == s["expect"]["stdout"]
     assert isinstance(seen[-1], Exited) and seen[-1].exit_code == s["expect"]["exit_code"]

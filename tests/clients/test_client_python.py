@@ -65,7 +65,7 @@ async def test_session_lifecycle_exec_and_files(client: SandboxClient) -> None:
         assert (await session.stat("notes/todo.txt")).size == 8
         made = await session.make_dir("a/b", parents=True)
         assert made.type == "DIRECTORY"
-        entries = await session.list_dir("", depth=3)
+        entries = [e async for e in session.list_dir("", depth=3)]
         assert all(isinstance(e, FileInfo) for e in entries)
         assert {"hello.txt", "notes", "notes/todo.txt", "a", "a/b"} <= {e.path for e in entries}
         await session.remove("a", recursive=True)
@@ -151,13 +151,13 @@ async def test_background_process_attach_replay_and_signal(client: SandboxClient
                 assert event.offset == 4 and event.data.startswith(b"two")
                 break
 
-        assert [p.process_id for p in await session.processes()] == ["bg-1"]
+        assert [p.process_id async for p in session.processes()] == ["bg-1"]
         await session.signal_process("bg-1", "SIGKILL")
         last = None
         async for event in session.attach("bg-1"):
             last = event
         assert isinstance(last, Exited) and last.signal == "SIGKILL"
-        (done,) = await session.processes()
+        (done,) = [p async for p in session.processes()]
         assert done.state == "EXITED" and done.exited is not None
         with pytest.raises(errors.ProcessNotFound):
             await session.signal_process("nope", "SIGTERM")

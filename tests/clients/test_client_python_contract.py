@@ -24,6 +24,7 @@ from sandboxd_client._gen import reasons
 from sandboxd_client._gen.sandboxd.v1 import (
     admin_pb2,
     admin_pb2_grpc,
+    audit_pb2,
     errors_pb2,
     filesystem_pb2,
     process_pb2,
@@ -40,7 +41,15 @@ from sandboxd_client._rpc import IDEMPOTENT
 from sandboxd_client.interaction import Interaction
 from sandboxd_client.session import Session
 
-FILES = (admin_pb2, filesystem_pb2, process_pb2, session_pb2, snapshot_pb2, template_pb2)
+FILES = (
+    admin_pb2,
+    audit_pb2,
+    filesystem_pb2,
+    process_pb2,
+    session_pb2,
+    snapshot_pb2,
+    template_pb2,
+)
 
 
 def _all_rpcs() -> set[str]:

@@ -173,9 +173,7 @@ def test_export_does_not_follow_symlinks_out(stubs: Stubs, sid: str) -> None:
 def test_export_path_outside_is_refused(stubs: Stubs, sid: str) -> None:
     expect_error(lambda: export_tar(stubs, sid, "../etc"), IA, "PATH_OUTSIDE_WORKSPACE")
     expect_error(
-        lambda: export_tar(stubs, sid, "missing"),
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "NOT_A_DIRECTORY",
+        lambda: export_tar(stubs, sid, "missing"), grpc.StatusCode.NOT_FOUND, "FILE_NOT_FOUND"
     )
 
 

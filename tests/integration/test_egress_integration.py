@@ -616,3 +616,32 @@ def test_real_http_and_tls_clients(estubs: Stubs, session_with, upstreams) -> No
     r = run(estubs, s.session_id, "python3", "client.py", f"https://other.test:{https}/")
     assert r.exit_code != 0 and "403" in r.stderr.decode()
     assert os.environ.get("NEVER_SET_BY_TESTS") is None
+
+
+def test_update_network_policy_with_a_field_mask(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
+    """AIP-134: only the masked fields change; the others keep their values."""
+    from google.protobuf import field_mask_pb2
+
+    echo = upstreams["echo"]
+    s = session_with(allowlist(["up.test"], [echo], private=True))
+    updated = estubs.sessions.UpdateNetworkPolicy(
+        session_pb2.UpdateNetworkPolicyRequest(
+            session_id=s.session_id,
+            network=common_pb2.NetworkPolicy(allowed_domains=["other.test"]),
+            update_mask=field_mask_pb2.FieldMask(paths=["allowed_domains"]),
+        )
+    ).session
+    assert list(updated.network.allowed_domains) == ["other.test"]
+    assert list(updated.network.allowed_ports) == [echo]  # not in the mask: kept
+    assert updated.network.mode == ALLOWLIST and updated.network.allow_private_networks
+    expect_error(
+        lambda: estubs.sessions.UpdateNetworkPolicy(
+            session_pb2.UpdateNetworkPolicyRequest(
+                session_id=s.session_id,
+                network=common_pb2.NetworkPolicy(),
+                update_mask=field_mask_pb2.FieldMask(paths=["no_such_field"]),
+            )
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "NETWORK_POLICY_INVALID",
+    )

@@ -25,16 +25,27 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import random
+import secrets
+import signal
 import subprocess
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
-from conftest import ServerProcess, Stubs, run
-from hypothesis import HealthCheck, Phase, assume, settings
+from conftest import (
+    ServerProcess,
+    Stubs,
+    make_stubs,
+    remove_owned_containers,
+    run,
+    start_server,
+)
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from sandboxd.v1 import (
@@ -167,23 +178,19 @@ SANDBOX_MAKERS = {
     "long_name": "printf l > " + "n" * 255,
     "non_utf8": "printf x > \"$(printf 'bad\\377name')\"",
     "exec_bits": "printf '#!/bin/sh\\n' > run.sh && chmod 755 run.sh",
+    "hardlinked_symlink": "ln -sf a s_link && ln -f s_link s_hard",
+    "deep_path": "p=$(printf 'x%.0s' $(seq 200)); mkdir -p $p/$p/$p/$p/$p/$p/$p/$p/$p/$p"
+    " && cd $p/$p/$p/$p/$p/$p/$p/$p/$p/$p && mkdir -p $p/$p/$p/$p/$p/$p/$p/$p/$p/$p/$p",
 }
 
 # What the sandbox can make that a carrying operation does not yet round-trip (issue 19, item 2),
 # each with what happens today. The fuzzer leaves these out so that it keeps searching for what
 # nobody has found yet; the regressions below keep them as strict xfails, which turn red the
 # moment one is fixed (then delete its line here).
-KNOWN_GAPS = {
-    "fifo": "restore applies the caller's import rules and refuses the fifo it exported",
-    "non_utf8": "restore fails INTERNAL: member names are encoded as strict UTF-8",
-    "sparse": "restore applies the per-file API cap, not workspace_bytes; export is not sparse",
-    "symlink_dangling": "restore refuses the absolute link target it exported",
-    "unreadable": "export runs tar as the sandbox user, who cannot read a 000 file: INTERNAL",
-    "unwritable_dir": "extraction creates a 555 directory before its children: INTERNAL",
-}
-# ExportArchive + ImportArchive may refuse fifos, sparse and absolute links with a clear reason
-# (the caller's import rules); these three still fail INTERNAL there.
-KNOWN_EXPORT_GAPS = {k: KNOWN_GAPS[k] for k in ("non_utf8", "unreadable", "unwritable_dir")}
+KNOWN_GAPS: dict[str, str] = {}
+# ExportArchive + ImportArchive may refuse fifos, sparse files and absolute links with a clear
+# reason (the caller's import rules); nothing may fail INTERNAL there.
+KNOWN_EXPORT_GAPS: dict[str, str] = {}
 FUZZ_MAKERS = sorted(set(SANDBOX_MAKERS) - set(KNOWN_GAPS))
 
 
@@ -298,9 +305,6 @@ class WorkspaceMachine(RuleBasedStateMachine):
     def import_archive(
         self, items: list[tuple[str, str, bytes]], replace: bool, bad: bool, path: str
     ) -> None:
-        # Known gap (test_regression_refused_import_into_missing_folder): left out of the
-        # search until fixed, so the fuzzer keeps looking for what is not known yet.
-        assume(not path or f"./{path}|directory|" in self.tree)
         self.do_import(items, replace, bad, path)
 
     def do_import(
@@ -430,6 +434,143 @@ class WorkspaceMachine(RuleBasedStateMachine):
             session_pb2.DeleteSessionRequest(session_id=other), timeout=CALL_TIMEOUT
         )
 
+    # -- rules: concurrent pairs (issue 19, item 4) ---------------------------------------------
+    def _pair(self, a, b):  # type: ignore[no-untyped-def]
+        """Run two calls at once on threads; each one's (result, error), as `_call` gives."""
+        out: list[object] = [None, None]
+        start = threading.Barrier(2)
+
+        def go(i: int, fn) -> None:  # type: ignore[no-untyped-def]
+            start.wait()
+            try:
+                out[i] = fn()
+            except BaseException as exc:  # re-raised on the test's thread below
+                out[i] = exc
+
+        threads = [threading.Thread(target=go, args=(i, f)) for i, f in enumerate((a, b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(CALL_TIMEOUT * 2)
+            assert not t.is_alive(), "a call of a concurrent pair outlived its deadline"
+        for got in out:
+            if isinstance(got, BaseException):
+                raise got
+        return out
+
+    def _write_call(self, path: str, content: bytes, sid: str = ""):  # type: ignore[no-untyped-def]
+        req = filesystem_pb2.WriteFileRequest(
+            session_id=sid or self.sid, path=path, content=content, mode=0o644, make_parents=True
+        )
+        return lambda: self._call(self.stubs.files.WriteFile, req)
+
+    def _ensure_running(self) -> None:
+        if self._state(self.sid) == session_pb2.SESSION_STATE_SUSPENDED:
+            _, err = self._call(
+                self.stubs.sessions.ResumeSession,
+                session_pb2.ResumeSessionRequest(session_id=self.sid),
+            )
+            assert err is None, f"suspended fine, cannot resume: {err.details()}"  # type: ignore[attr-defined]
+
+    @rule(content=st.binary(min_size=1, max_size=256), path=paths)
+    def write_racing_suspend(self, content: bytes, path: str) -> None:
+        """A WriteFile that answered OK is in the workspace after the Suspend + Resume that
+        raced it; one that failed changed nothing."""
+        suspend = session_pb2.SuspendSessionRequest(session_id=self.sid)
+        (_, werr), (_, serr) = self._pair(
+            self._write_call(path, content),
+            lambda: self._call(self.stubs.sessions.SuspendSession, suspend),
+        )
+        self._ensure_running()
+        now = tree(self.stubs, self.sid)
+        if werr is None:
+            got = self.stubs.files.ReadFile(
+                filesystem_pb2.ReadFileRequest(session_id=self.sid, path=path),
+                timeout=CALL_TIMEOUT,
+            )
+            assert got.content == content, "a write that answered OK was lost by a Suspend"
+        else:
+            assert now == self.tree, f"a failed write ({werr.details()}) changed the tree"  # type: ignore[attr-defined]
+        if serr is not None:
+            assert serr.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE)  # type: ignore[attr-defined]
+        self.tree = now
+
+    @rule(items=members)
+    def import_racing_snapshot(self, items: list[tuple[str, str, bytes]]) -> None:
+        """A snapshot taken while an import runs holds the tree before it or after it, never
+        a part of it: the fork shows one of the two."""
+        before = self.tree
+        data = make_tar(items)
+        snap_req = snapshot_pb2.CreateSnapshotRequest(session_id=self.sid)
+        (_, ierr), (snap, serr) = self._pair(
+            lambda: self._call(
+                snaps(self.stubs).ImportArchive, import_requests(self.sid, data, replace=False)
+            ),
+            lambda: self._call(snaps(self.stubs).CreateSnapshot, snap_req),
+        )
+        after = tree(self.stubs, self.sid)
+        if ierr is not None:
+            assert after == before, f"a failed import ({ierr.details()}) changed the tree"  # type: ignore[attr-defined]
+        self.tree = after
+        if serr is not None:
+            return
+        fork, err = self._call(
+            self.stubs.sessions.CreateSession,
+            session_pb2.CreateSessionRequest(
+                from_snapshot_id=snap.snapshot.snapshot_id,
+                shell=common_pb2.ShellPolicy(allow_all=True),
+            ),
+        )
+        assert err is None, f"snapshot taken fine, fork refused: {err.details()}"  # type: ignore[attr-defined]
+        fid = fork.session.session_id
+        self.extra.append(fid)
+        forked = tree(self.stubs, fid)
+        assert forked in (before, after), f"a snapshot caught half an import:\n{forked}"
+        self.stubs.sessions.DeleteSession(
+            session_pb2.DeleteSessionRequest(session_id=fid), timeout=CALL_TIMEOUT
+        )
+        snaps(self.stubs).DeleteSnapshot(
+            snapshot_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot.snapshot_id),
+            timeout=CALL_TIMEOUT,
+        )
+
+    @rule(what=st.sampled_from(["process", "write", "snapshot"]))
+    def delete_racing_then_reuse_id(self, what: str) -> None:
+        """DeleteSession racing a StartProcess, WriteFile or CreateSnapshot on a session with
+        a chosen id; a new session under the same id then shows nothing of the old one."""
+        sid = "fz-" + os.urandom(4).hex()
+        self.extra.append(sid)
+        create = session_pb2.CreateSessionRequest(
+            session_id=sid, shell=common_pb2.ShellPolicy(allow_all=True)
+        )
+        self.stubs.sessions.CreateSession(create, timeout=CALL_TIMEOUT)
+        other = {
+            "process": lambda: self._call(
+                self.stubs.processes.StartProcess,
+                process_pb2.StartProcessRequest(
+                    session_id=sid, argv=["sh", "-c", "echo old; sleep 30"]
+                ),
+            ),
+            "write": self._write_call("old", b"old", sid),
+            "snapshot": lambda: self._call(
+                snaps(self.stubs).CreateSnapshot,
+                snapshot_pb2.CreateSnapshotRequest(session_id=sid),
+            ),
+        }[what]
+        delete = session_pb2.DeleteSessionRequest(session_id=sid)
+        self._pair(other, lambda: self._call(self.stubs.sessions.DeleteSession, delete))
+        self.stubs.sessions.CreateSession(create, timeout=CALL_TIMEOUT)
+        assert tree(self.stubs, sid) == "", "a new session under a reused id has old files"
+        procs = self.stubs.processes.ListProcesses(
+            process_pb2.ListProcessesRequest(session_id=sid), timeout=CALL_TIMEOUT
+        )
+        assert list(procs.processes) == [], "a new session under a reused id has old processes"
+        listed = snaps(self.stubs).ListSnapshots(
+            snapshot_pb2.ListSnapshotsRequest(session_id=sid), timeout=CALL_TIMEOUT
+        )
+        assert list(listed.snapshots) == [], "a new session under a reused id has old snapshots"
+        self.stubs.sessions.DeleteSession(delete, timeout=CALL_TIMEOUT)
+
     # -- invariants ----------------------------------------------------------------------------
     @invariant()
     def healthy(self) -> None:
@@ -531,9 +672,135 @@ def test_regression_export_import_of_what_the_sandbox_made(
     fresh.healthy()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a refused import into a missing folder leaves the folder created"
-)
 def test_regression_refused_import_into_missing_folder(fresh: WorkspaceMachine) -> None:
     fresh.do_import([("file", "b", b"x")], False, True, "d/e")
     fresh.healthy()
+
+
+def test_regression_write_racing_suspend(fresh: WorkspaceMachine) -> None:
+    fresh.write_racing_suspend(b"raced", "d/a")
+    fresh.healthy()
+
+
+def test_regression_import_racing_snapshot(fresh: WorkspaceMachine) -> None:
+    fresh.import_racing_snapshot([("file", "a", b"x"), ("dir", "d", b""), ("file", "d/b", b"y")])
+    fresh.healthy()
+
+
+@pytest.mark.parametrize("what", ["process", "write", "snapshot"])
+def test_regression_delete_racing_then_reuse_id(fresh: WorkspaceMachine, what: str) -> None:
+    fresh.delete_racing_then_reuse_id(what)
+    fresh.healthy()
+
+
+# -- the same promises with the server SIGKILLed at a random point of an operation ----------------
+
+KILL_OPS = ["write", "import", "import_replace", "remove", "suspend", "snapshot"]
+
+
+def _kill_op(stubs: Stubs, sid: str, op: str, data: bytes) -> Callable[[], object]:
+    calls: dict[str, Callable[[], object]] = {
+        "write": lambda: stubs.files.WriteFile(
+            filesystem_pb2.WriteFileRequest(session_id=sid, path="d/a", content=b"new", mode=0o600),
+            timeout=CALL_TIMEOUT,
+        ),
+        "import": lambda: snaps(stubs).ImportArchive(
+            import_requests(sid, data, replace=False), timeout=CALL_TIMEOUT
+        ),
+        "import_replace": lambda: snaps(stubs).ImportArchive(
+            import_requests(sid, data, replace=True), timeout=CALL_TIMEOUT
+        ),
+        "remove": lambda: stubs.files.Remove(
+            filesystem_pb2.RemoveRequest(session_id=sid, path="d", recursive=True),
+            timeout=CALL_TIMEOUT,
+        ),
+        "suspend": lambda: stubs.sessions.SuspendSession(
+            session_pb2.SuspendSessionRequest(session_id=sid), timeout=CALL_TIMEOUT
+        ),
+        "snapshot": lambda: snaps(stubs).CreateSnapshot(
+            snapshot_pb2.CreateSnapshotRequest(session_id=sid), timeout=CALL_TIMEOUT
+        ),
+    }
+    return calls[op]
+
+
+def _running_tree(stubs: Stubs, sid: str) -> str:
+    """The session's tree once it runs again (a Suspend in flight may have left it suspended,
+    a lost container is rebuilt from its snapshot)."""
+    deadline = time.monotonic() + CALL_TIMEOUT
+    while True:
+        state = stubs.sessions.GetSession(
+            session_pb2.GetSessionRequest(session_id=sid), timeout=CALL_TIMEOUT
+        ).session.state
+        assert state in (session_pb2.SESSION_STATE_RUNNING, session_pb2.SESSION_STATE_SUSPENDED), (
+            f"illegal state after a restart: {state}"
+        )
+        try:
+            stubs.sessions.ResumeSession(
+                session_pb2.ResumeSessionRequest(session_id=sid), timeout=CALL_TIMEOUT
+            )
+            return tree(stubs, sid)
+        except grpc.RpcError as err:
+            retryable = err.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+            assert retryable and time.monotonic() < deadline, err.details()  # type: ignore[attr-defined]
+            time.sleep(0.2)
+
+
+@pytest.mark.timeout(0)
+def test_server_sigkilled_mid_operation(tmp_path: Path) -> None:
+    """After a restart every session is in a legal state and every workspace is as before or
+    as after the operation in flight; nothing is left paused. Random operation and moment;
+    a soak repeats it."""
+    owner = "fzk" + secrets.token_hex(4)
+    rnd = random.Random(None if SOAK_SECONDS else 19)
+    rounds = max(4, EXAMPLES)
+    end = time.monotonic() + SOAK_SECONDS
+    srv = start_server(tmp_path, owner)
+    try:
+        n = 0
+        while n < rounds or time.monotonic() < end:
+            n += 1
+            stubs = make_stubs(srv.address)
+            op, delay = rnd.choice(KILL_OPS), rnd.uniform(0, 0.4)
+            made = []
+            for _ in range(2):  # the session under test, and a twin that shows "after"
+                sid = stubs.sessions.CreateSession(
+                    session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True)),
+                    timeout=CALL_TIMEOUT,
+                ).session.session_id
+                sh(stubs, sid, "cd /workspace && mkdir -p d && printf old > d/a && ln -s a d/l")
+                made.append(sid)
+            sid, twin = made
+            before = tree(stubs, sid)
+            data = make_tar(
+                [("file", "a", b"new"), ("dir", "n", b""), ("file", "n/x", rnd.randbytes(4096))]
+            )
+            _kill_op(stubs, twin, op, data)()
+            after = _running_tree(stubs, twin)
+            worker = threading.Thread(target=_swallow, args=(_kill_op(stubs, sid, op, data),))
+            worker.start()
+            time.sleep(delay)
+            srv.stop(signal.SIGKILL)
+            worker.join(CALL_TIMEOUT)
+            stubs.channel.close()
+            srv = start_server(tmp_path, owner)
+            stubs = make_stubs(srv.address)
+            got = _running_tree(stubs, sid)
+            assert got in (before, after), (
+                f"{op} killed after {delay:.3f}s left a workspace that is neither before nor "
+                f"after:\nbefore:\n{before}\nafter:\n{after}\ngot:\n{got}"
+            )
+            assert paused_containers(owner) == []
+            for s in made:
+                stubs.sessions.DeleteSession(
+                    session_pb2.DeleteSessionRequest(session_id=s), timeout=CALL_TIMEOUT
+                )
+            stubs.channel.close()
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
+
+
+def _swallow(call: Callable[[], object]) -> None:
+    with contextlib.suppress(grpc.RpcError):
+        call()

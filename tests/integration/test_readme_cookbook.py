@@ -40,6 +40,8 @@ def test_readme_cookbook(tmp_path: Path) -> None:
 
     run = next(o for o in objects if "stdout" in o)
     assert base64.b64decode(str(run["stdout"])).split() == [b"6", b"hi"], output
+    text = next(o for o in objects if "stdout_text" in o)
+    assert text["stdout_text"] == "héllo\n", output
 
     infos = [o["info"] for o in objects if isinstance(o.get("info"), dict)]
     assert [i["path"] for i in infos] == ["src/pkg", "src/pkg/main.sh", "src/pkg/main.sh"]  # type: ignore[index]
@@ -54,4 +56,5 @@ def test_readme_cookbook(tmp_path: Path) -> None:
     assert "grpcurl exit status 69" in output
 
     assert {"status": "SERVING"} in objects
-    assert objects[-2:] == [{}, {}], output  # two deletes, both succeed
+    # two deletes, both succeed; the first says it removed the session
+    assert objects[-2:] == [{"existed": True}, {}], output

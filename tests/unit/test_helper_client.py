@@ -23,7 +23,6 @@ from sandboxd.errors import (
     ResourceExhausted,
 )
 from sandboxd.helper_client import (
-    CLEAN_ENV_ARGV,
     INTERNAL_ENV,
     HelperClient,
     HelperResult,
@@ -96,9 +95,7 @@ async def test_every_internal_exec_overrides_path_and_loader_variables() -> None
 
 def test_a_tool_starts_with_a_cleared_environment() -> None:
     argv = tool_argv("dir", ["tar", "-c"])
-    assert argv[:5] == ["run", "--cwd", "dir", "--", "env"]
-    assert argv[4 : 4 + len(CLEAN_ENV_ARGV)] == list(CLEAN_ENV_ARGV)
-    assert "-i" in argv and argv[-2:] == ["tar", "-c"]
+    assert argv == ["run", "--clean-env", "--cwd", "dir", "--", "tar", "-c"]
 
 
 async def test_run_feeds_stdin_then_half_closes_and_collects_both_streams() -> None:
@@ -179,6 +176,8 @@ def test_tool_errors() -> None:
     escape = err(127, b'{"error":"ESCAPE"}')
     assert isinstance(escape, InvalidArgument) and escape.reason == "PATH_OUTSIDE_WORKSPACE"
     missing = err(127, b'{"error":"ENOENT"}')
-    assert isinstance(missing, FailedPrecondition) and missing.reason == "NOT_A_DIRECTORY"
+    assert isinstance(missing, NotFound) and missing.reason == "FILE_NOT_FOUND"
+    not_dir = err(127, b'{"error":"ENOTDIR"}')
+    assert isinstance(not_dir, FailedPrecondition) and not_dir.reason == "NOT_A_DIRECTORY"
     # The tool's own JSON-looking output with an ordinary exit is the tool's, not sbx's.
     assert isinstance(err(2, b'{"error":"ESCAPE"}'), Internal)

@@ -286,6 +286,13 @@ def test_allowed_ipv4_is_global_unicast(addr: ipaddress.IPv4Address) -> None:
 @given(st.integers(0, 2**128 - 1).map(ipaddress.IPv6Address))
 def test_allowed_ipv6_is_in_2000_3_only(addr: ipaddress.IPv6Address) -> None:
     if addresses.classify(addr).allowed:
+        if addr.ipv4_mapped is not None:
+            # IPv4-mapped addresses are judged by the IPv4 address they carry (README, egress).
+            assert addresses.classify(addr.ipv4_mapped).allowed
+            return
+        if addr in ipaddress.IPv6Network("64:ff9b::/96"):  # NAT64: the same rule
+            assert addresses.classify(ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)).allowed
+            return
         assert addr in ipaddress.IPv6Network("2000::/3")
         for net in ("2001::/23", "2001:db8::/32", "2002::/16", "3fff::/20"):
             assert addr not in ipaddress.IPv6Network(net)

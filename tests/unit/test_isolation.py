@@ -114,9 +114,12 @@ def test_the_profile_names_the_runtime_and_checks_it(tmp_path: Path) -> None:
 
     spec = default_spec(Config(data_dir=tmp_path))
     request = SandboxRequest(spec=spec, owner_id="o", name="n")
-    helper = tmp_path / "sbx"
-    runsc = container_config(request, helper_path=helper, keeper_user="1:1", runtime="runsc")
-    runc = container_config(request, helper_path=helper, keeper_user="1:1", runtime="runc")
+    runsc = container_config(
+        request, helper_volume="sandboxd-helper-test", keeper_user="1:1", runtime="runsc"
+    )
+    runc = container_config(
+        request, helper_volume="sandboxd-helper-test", keeper_user="1:1", runtime="runc"
+    )
     assert runsc["HostConfig"]["Runtime"] == "runsc"
     # A sandbox moved to another runtime no longer conforms (tampering check).
     assert conforms(runsc, {"HostConfig": runsc["HostConfig"]})
@@ -131,7 +134,9 @@ def test_under_gvisor_pids_is_the_sandbox_users_nproc(tmp_path: Path) -> None:
 
     spec = dataclasses.replace(default_spec(Config(data_dir=tmp_path)), isolation=Isolation.GVISOR)
     request = SandboxRequest(spec=spec, owner_id="o", name="n")
-    host = container_config(request, helper_path=tmp_path, keeper_user="1:1", runtime="runsc")
+    host = container_config(
+        request, helper_volume="sandboxd-helper-test", keeper_user="1:1", runtime="runsc"
+    )
     pids = spec.limits.pids
     assert {"Name": "nproc", "Soft": pids, "Hard": pids} in host["HostConfig"]["Ulimits"]
     # The host cgroup keeps a cap, sized for the Sentry's own threads (64 crashed it).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sandboxd import processes
+from sandboxd import output_ring, processes
 from sandboxd.errors import InvalidArgument, OutOfRange
 from sandboxd.models import ExecExited, ExecKeepalive, ExecOutput, ExecSpec, ExecStarted
 from sandboxd.models import OutputStream as S
@@ -39,7 +39,7 @@ def test_merging_and_chunk_bound_keep_memory_small(monkeypatch: pytest.MonkeyPat
     for i in range(10_000):
         buf.append(b"x", i, merge=True)
     assert len(buf._data) - buf._head == 1  # one chunk, grown in place
-    monkeypatch.setattr(processes, "MAX_CHUNKS", 100)
+    monkeypatch.setattr(output_ring, "MAX_CHUNKS", 100)
     buf = OutputBuffer(1_000_000)
     for i in range(1000):
         buf.append(b"%03d" % (i % 1000), i, merge=False)

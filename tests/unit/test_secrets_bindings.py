@@ -219,7 +219,7 @@ def test_container_gets_placeholders_ca_variables_and_trust_tmpfs(tmp_path: Path
     spec = _spec(network)
     config = container_config(
         SandboxRequest(spec=spec, owner_id="o", name="n", session_id="s", fingerprint="f"),
-        helper_path=tmp_path / "sbx",
+        helper_volume="sandboxd-helper-test",
         keeper_user="1:1",
     )
     env = dict(e.split("=", 1) for e in config["Env"])
@@ -234,7 +234,7 @@ def test_container_gets_placeholders_ca_variables_and_trust_tmpfs(tmp_path: Path
         SandboxRequest(
             spec=_spec(NetworkPolicy()), owner_id="o", name="n", session_id="s", fingerprint="f"
         ),
-        helper_path=tmp_path / "sbx",
+        helper_volume="sandboxd-helper-test",
         keeper_user="1:1",
     )
     assert trust.TRUST_DIR not in plain["HostConfig"]["Tmpfs"]

@@ -59,15 +59,15 @@ async def test_background_processes_reserve_their_rings_within_the_session_budge
     cap = 16 * MiB
     fits = budget // (2 * cap)
     for i in range(fits):
-        ProcessManager._reserve_buffers(procs, _spec(cap))
+        ProcessManager._reserve_buffers(procs, cap)
         procs[f"p{i}"] = BackgroundProcess("s", f"p{i}", _spec(cap))
     with pytest.raises(ResourceExhausted) as exc:
-        ProcessManager._reserve_buffers(procs, _spec(cap))
+        ProcessManager._reserve_buffers(procs, cap)
     assert exc.value.reason == "OUTPUT_BUFFER_BUDGET"
     # An exited process keeps only what it still holds; the oldest exit records go first.
     procs["p0"].finish(ExecExited(0, "", False, False, 0.1))
-    ProcessManager._reserve_buffers(procs, _spec(cap))
+    ProcessManager._reserve_buffers(procs, cap)
     assert "p0" in procs  # it holds nothing: no need to forget it
     procs["p0"].output[next(iter(procs["p0"].output))].append(b"z" * 100, 1, merge=False)
-    ProcessManager._reserve_buffers(procs, _spec(cap))
+    ProcessManager._reserve_buffers(procs, cap)
     assert "p0" not in procs  # its 100 bytes were in the way: its exit record went

@@ -46,6 +46,7 @@ type Client struct {
 	Files     pb.FilesystemServiceClient
 	Snapshots pb.SnapshotServiceClient
 	Admin     pb.AdminServiceClient
+	Audit     pb.AuditServiceClient
 	Templates pb.TemplateServiceClient
 
 	mu           sync.Mutex
@@ -126,6 +127,7 @@ func Dial(address string, opts ...Option) (*Client, error) {
 	c.Files = pb.NewFilesystemServiceClient(conn)
 	c.Snapshots = pb.NewSnapshotServiceClient(conn)
 	c.Admin = pb.NewAdminServiceClient(conn)
+	c.Audit = pb.NewAuditServiceClient(conn)
 	c.Templates = pb.NewTemplateServiceClient(conn)
 	return c, nil
 }

@@ -158,3 +158,39 @@ func TestImportRefusedEarlyIsTypedAndQuick(t *testing.T) {
 		t.Fatalf("took %v", d)
 	}
 }
+
+func TestUploadDownloadAndProcessHandles(t *testing.T) {
+	c, ctx := dial(t)
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{Shell: &pb.ShellPolicy{AllowAll: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.DeleteSession(context.Background(), s.GetSessionId())
+	sid := s.GetSessionId()
+	content := bytes.Repeat([]byte("0123456789"), 50_000)
+	info, err := c.Upload(ctx, sid, "d/f.bin", bytes.NewReader(content), 0o600, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.GetSizeBytes() != int64(len(content)) || info.GetMode() != 0o600 {
+		t.Fatalf("info %v", info)
+	}
+	var back bytes.Buffer
+	if err := c.Download(ctx, sid, "d/f.bin", 5, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(back.Bytes(), content[5:]) {
+		t.Fatalf("downloaded %d bytes", back.Len())
+	}
+	ran, err := c.Run(ctx, &pb.RunRequest{SessionId: sid, Argv: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Processes.GetProcess(ctx, &pb.GetProcessRequest{SessionId: sid, ProcessId: ran.GetProcessId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.GetProcess().GetOrigin() != pb.ProcessOrigin_PROCESS_ORIGIN_RUN {
+		t.Fatalf("origin %v", got.GetProcess().GetOrigin())
+	}
+}

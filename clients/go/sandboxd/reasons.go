@@ -204,6 +204,16 @@ var (
 	ErrTenantStreamQuota = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_STREAM_QUOTA"}
 	// ErrStreamIdle: DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout.
 	ErrStreamIdle = &Error{Code: codes.DeadlineExceeded, Reason: "STREAM_IDLE"}
+	// ErrAuditTenantNotAllowed: PERMISSION_DENIED: Another tenant's audit events are for admin tenants only.
+	ErrAuditTenantNotAllowed = &Error{Code: codes.PermissionDenied, Reason: "AUDIT_TENANT_NOT_ALLOWED"}
+	// ErrInvalidAuditKind: INVALID_ARGUMENT: An audit event kind this server does not record.
+	ErrInvalidAuditKind = &Error{Code: codes.InvalidArgument, Reason: "INVALID_AUDIT_KIND"}
+	// ErrInvalidTimeRange: INVALID_ARGUMENT: A time range whose end is before its start.
+	ErrInvalidTimeRange = &Error{Code: codes.InvalidArgument, Reason: "INVALID_TIME_RANGE"}
+	// ErrInvalidSequence: INVALID_ARGUMENT: A negative after_sequence.
+	ErrInvalidSequence = &Error{Code: codes.InvalidArgument, Reason: "INVALID_SEQUENCE"}
+	// ErrInvalidExpiryAction: INVALID_ARGUMENT: An ExpiryAction value this server does not know.
+	ErrInvalidExpiryAction = &Error{Code: codes.InvalidArgument, Reason: "INVALID_EXPIRY_ACTION"}
 	// ErrIsolationUnavailable: FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now (e.g. gvisor without runsc registered); never silently replaced by another tier.
 	ErrIsolationUnavailable = &Error{Code: codes.FailedPrecondition, Reason: "ISOLATION_UNAVAILABLE"}
 	// ErrIsolationNotAllowed: FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed).
@@ -246,6 +256,10 @@ var (
 	ErrSecretBindingInvalid = &Error{Code: codes.InvalidArgument, Reason: "SECRET_BINDING_INVALID"}
 	// ErrSecretRefNotFound: INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant.
 	ErrSecretRefNotFound = &Error{Code: codes.InvalidArgument, Reason: "SECRET_REF_NOT_FOUND"}
+	// ErrWorkspaceUnreadable: FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode 000), so no snapshot or export can carry it; refused before anything was stopped. Give it read permission (chmod u+r) and try again.
+	ErrWorkspaceUnreadable = &Error{Code: codes.FailedPrecondition, Reason: "WORKSPACE_UNREADABLE"}
+	// ErrWorkspaceNotArchivable: FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry.
+	ErrWorkspaceNotArchivable = &Error{Code: codes.FailedPrecondition, Reason: "WORKSPACE_NOT_ARCHIVABLE"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -349,6 +363,11 @@ var Reasons = map[string]ReasonInfo{
 	"IMAGE_HAS_VOLUMES":             {codes.FailedPrecondition, false, ErrImageHasVolumes},
 	"TENANT_STREAM_QUOTA":           {codes.ResourceExhausted, false, ErrTenantStreamQuota},
 	"STREAM_IDLE":                   {codes.DeadlineExceeded, false, ErrStreamIdle},
+	"AUDIT_TENANT_NOT_ALLOWED":      {codes.PermissionDenied, false, ErrAuditTenantNotAllowed},
+	"INVALID_AUDIT_KIND":            {codes.InvalidArgument, false, ErrInvalidAuditKind},
+	"INVALID_TIME_RANGE":            {codes.InvalidArgument, false, ErrInvalidTimeRange},
+	"INVALID_SEQUENCE":              {codes.InvalidArgument, false, ErrInvalidSequence},
+	"INVALID_EXPIRY_ACTION":         {codes.InvalidArgument, false, ErrInvalidExpiryAction},
 	"ISOLATION_UNAVAILABLE":         {codes.FailedPrecondition, false, ErrIsolationUnavailable},
 	"ISOLATION_NOT_ALLOWED":         {codes.FailedPrecondition, false, ErrIsolationNotAllowed},
 	"ISOLATION_NETWORK_UNSUPPORTED": {codes.FailedPrecondition, false, ErrIsolationNetworkUnsupported},
@@ -370,4 +389,6 @@ var Reasons = map[string]ReasonInfo{
 	"IMAGE_PULL_FAILED":             {codes.Internal, false, ErrImagePullFailed},
 	"SECRET_BINDING_INVALID":        {codes.InvalidArgument, false, ErrSecretBindingInvalid},
 	"SECRET_REF_NOT_FOUND":          {codes.InvalidArgument, false, ErrSecretRefNotFound},
+	"WORKSPACE_UNREADABLE":          {codes.FailedPrecondition, false, ErrWorkspaceUnreadable},
+	"WORKSPACE_NOT_ARCHIVABLE":      {codes.FailedPrecondition, false, ErrWorkspaceNotArchivable},
 }

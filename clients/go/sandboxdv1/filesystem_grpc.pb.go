@@ -23,6 +23,12 @@ type FilesystemServiceClient interface {
 	Stat(ctx context.Context, in *StatRequest, opts ...grpc.CallOption) (*StatResponse, error)
 	Remove(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveResponse, error)
 	MakeDir(ctx context.Context, in *MakeDirRequest, opts ...grpc.CallOption) (*MakeDirResponse, error)
+	// A file's bytes in chunks, from `offset`, for files up to the session's workspace_bytes.
+	ReadFileStream(ctx context.Context, in *ReadFileStreamRequest, opts ...grpc.CallOption) (FilesystemService_ReadFileStreamClient, error)
+	// A file written from chunks (first a header), all or nothing.
+	WriteFileStream(ctx context.Context, opts ...grpc.CallOption) (FilesystemService_WriteFileStreamClient, error)
+	// Rename a file or directory within the workspace.
+	Move(ctx context.Context, in *MoveRequest, opts ...grpc.CallOption) (*MoveResponse, error)
 }
 
 type filesystemServiceClient struct {
@@ -87,6 +93,81 @@ func (c *filesystemServiceClient) MakeDir(ctx context.Context, in *MakeDirReques
 	return out, nil
 }
 
+func (c *filesystemServiceClient) ReadFileStream(ctx context.Context, in *ReadFileStreamRequest, opts ...grpc.CallOption) (FilesystemService_ReadFileStreamClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_FilesystemService_serviceDesc.Streams[0], "/sandboxd.v1.FilesystemService/ReadFileStream", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &filesystemServiceReadFileStreamClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type FilesystemService_ReadFileStreamClient interface {
+	Recv() (*ReadFileStreamResponse, error)
+	grpc.ClientStream
+}
+
+type filesystemServiceReadFileStreamClient struct {
+	grpc.ClientStream
+}
+
+func (x *filesystemServiceReadFileStreamClient) Recv() (*ReadFileStreamResponse, error) {
+	m := new(ReadFileStreamResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (c *filesystemServiceClient) WriteFileStream(ctx context.Context, opts ...grpc.CallOption) (FilesystemService_WriteFileStreamClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_FilesystemService_serviceDesc.Streams[1], "/sandboxd.v1.FilesystemService/WriteFileStream", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &filesystemServiceWriteFileStreamClient{stream}
+	return x, nil
+}
+
+type FilesystemService_WriteFileStreamClient interface {
+	Send(*WriteFileStreamRequest) error
+	CloseAndRecv() (*WriteFileStreamResponse, error)
+	grpc.ClientStream
+}
+
+type filesystemServiceWriteFileStreamClient struct {
+	grpc.ClientStream
+}
+
+func (x *filesystemServiceWriteFileStreamClient) Send(m *WriteFileStreamRequest) error {
+	return x.ClientStream.SendMsg(m)
+}
+
+func (x *filesystemServiceWriteFileStreamClient) CloseAndRecv() (*WriteFileStreamResponse, error) {
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	m := new(WriteFileStreamResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (c *filesystemServiceClient) Move(ctx context.Context, in *MoveRequest, opts ...grpc.CallOption) (*MoveResponse, error) {
+	out := new(MoveResponse)
+	err := c.cc.Invoke(ctx, "/sandboxd.v1.FilesystemService/Move", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // FilesystemServiceServer is the server API for FilesystemService service.
 // All implementations must embed UnimplementedFilesystemServiceServer
 // for forward compatibility
@@ -97,6 +178,12 @@ type FilesystemServiceServer interface {
 	Stat(context.Context, *StatRequest) (*StatResponse, error)
 	Remove(context.Context, *RemoveRequest) (*RemoveResponse, error)
 	MakeDir(context.Context, *MakeDirRequest) (*MakeDirResponse, error)
+	// A file's bytes in chunks, from `offset`, for files up to the session's workspace_bytes.
+	ReadFileStream(*ReadFileStreamRequest, FilesystemService_ReadFileStreamServer) error
+	// A file written from chunks (first a header), all or nothing.
+	WriteFileStream(FilesystemService_WriteFileStreamServer) error
+	// Rename a file or directory within the workspace.
+	Move(context.Context, *MoveRequest) (*MoveResponse, error)
 	mustEmbedUnimplementedFilesystemServiceServer()
 }
 
@@ -121,6 +208,15 @@ func (UnimplementedFilesystemServiceServer) Remove(context.Context, *RemoveReque
 }
 func (UnimplementedFilesystemServiceServer) MakeDir(context.Context, *MakeDirRequest) (*MakeDirResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method MakeDir not implemented")
+}
+func (UnimplementedFilesystemServiceServer) ReadFileStream(*ReadFileStreamRequest, FilesystemService_ReadFileStreamServer) error {
+	return status.Errorf(codes.Unimplemented, "method ReadFileStream not implemented")
+}
+func (UnimplementedFilesystemServiceServer) WriteFileStream(FilesystemService_WriteFileStreamServer) error {
+	return status.Errorf(codes.Unimplemented, "method WriteFileStream not implemented")
+}
+func (UnimplementedFilesystemServiceServer) Move(context.Context, *MoveRequest) (*MoveResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Move not implemented")
 }
 func (UnimplementedFilesystemServiceServer) mustEmbedUnimplementedFilesystemServiceServer() {}
 
@@ -243,6 +339,71 @@ func _FilesystemService_MakeDir_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _FilesystemService_ReadFileStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ReadFileStreamRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(FilesystemServiceServer).ReadFileStream(m, &filesystemServiceReadFileStreamServer{stream})
+}
+
+type FilesystemService_ReadFileStreamServer interface {
+	Send(*ReadFileStreamResponse) error
+	grpc.ServerStream
+}
+
+type filesystemServiceReadFileStreamServer struct {
+	grpc.ServerStream
+}
+
+func (x *filesystemServiceReadFileStreamServer) Send(m *ReadFileStreamResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func _FilesystemService_WriteFileStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(FilesystemServiceServer).WriteFileStream(&filesystemServiceWriteFileStreamServer{stream})
+}
+
+type FilesystemService_WriteFileStreamServer interface {
+	SendAndClose(*WriteFileStreamResponse) error
+	Recv() (*WriteFileStreamRequest, error)
+	grpc.ServerStream
+}
+
+type filesystemServiceWriteFileStreamServer struct {
+	grpc.ServerStream
+}
+
+func (x *filesystemServiceWriteFileStreamServer) SendAndClose(m *WriteFileStreamResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func (x *filesystemServiceWriteFileStreamServer) Recv() (*WriteFileStreamRequest, error) {
+	m := new(WriteFileStreamRequest)
+	if err := x.ServerStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func _FilesystemService_Move_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FilesystemServiceServer).Move(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sandboxd.v1.FilesystemService/Move",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FilesystemServiceServer).Move(ctx, req.(*MoveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _FilesystemService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sandboxd.v1.FilesystemService",
 	HandlerType: (*FilesystemServiceServer)(nil),
@@ -271,7 +432,22 @@ var _FilesystemService_serviceDesc = grpc.ServiceDesc{
 			MethodName: "MakeDir",
 			Handler:    _FilesystemService_MakeDir_Handler,
 		},
+		{
+			MethodName: "Move",
+			Handler:    _FilesystemService_Move_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ReadFileStream",
+			Handler:       _FilesystemService_ReadFileStream_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WriteFileStream",
+			Handler:       _FilesystemService_WriteFileStream_Handler,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "sandboxd/v1/filesystem.proto",
 }

@@ -32,6 +32,12 @@ type ProcessServiceClient interface {
 	ListProcesses(ctx context.Context, in *ListProcessesRequest, opts ...grpc.CallOption) (*ListProcessesResponse, error)
 	// Sends a signal to a background process's process group.
 	SignalProcess(ctx context.Context, in *SignalProcessRequest, opts ...grpc.CallOption) (*SignalProcessResponse, error)
+	// A process by the id Exec, Run, Interact or StartProcess reported: running or exited.
+	GetProcess(ctx context.Context, in *GetProcessRequest, opts ...grpc.CallOption) (*GetProcessResponse, error)
+	// More stdin for a background process started with `keep_stdin_open`.
+	SendProcessInput(ctx context.Context, in *SendProcessInputRequest, opts ...grpc.CallOption) (*SendProcessInputResponse, error)
+	// End of file on a background process's stdin.
+	CloseProcessStdin(ctx context.Context, in *CloseProcessStdinRequest, opts ...grpc.CallOption) (*CloseProcessStdinResponse, error)
 }
 
 type processServiceClient struct {
@@ -173,6 +179,33 @@ func (c *processServiceClient) SignalProcess(ctx context.Context, in *SignalProc
 	return out, nil
 }
 
+func (c *processServiceClient) GetProcess(ctx context.Context, in *GetProcessRequest, opts ...grpc.CallOption) (*GetProcessResponse, error) {
+	out := new(GetProcessResponse)
+	err := c.cc.Invoke(ctx, "/sandboxd.v1.ProcessService/GetProcess", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *processServiceClient) SendProcessInput(ctx context.Context, in *SendProcessInputRequest, opts ...grpc.CallOption) (*SendProcessInputResponse, error) {
+	out := new(SendProcessInputResponse)
+	err := c.cc.Invoke(ctx, "/sandboxd.v1.ProcessService/SendProcessInput", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *processServiceClient) CloseProcessStdin(ctx context.Context, in *CloseProcessStdinRequest, opts ...grpc.CallOption) (*CloseProcessStdinResponse, error) {
+	out := new(CloseProcessStdinResponse)
+	err := c.cc.Invoke(ctx, "/sandboxd.v1.ProcessService/CloseProcessStdin", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ProcessServiceServer is the server API for ProcessService service.
 // All implementations must embed UnimplementedProcessServiceServer
 // for forward compatibility
@@ -192,6 +225,12 @@ type ProcessServiceServer interface {
 	ListProcesses(context.Context, *ListProcessesRequest) (*ListProcessesResponse, error)
 	// Sends a signal to a background process's process group.
 	SignalProcess(context.Context, *SignalProcessRequest) (*SignalProcessResponse, error)
+	// A process by the id Exec, Run, Interact or StartProcess reported: running or exited.
+	GetProcess(context.Context, *GetProcessRequest) (*GetProcessResponse, error)
+	// More stdin for a background process started with `keep_stdin_open`.
+	SendProcessInput(context.Context, *SendProcessInputRequest) (*SendProcessInputResponse, error)
+	// End of file on a background process's stdin.
+	CloseProcessStdin(context.Context, *CloseProcessStdinRequest) (*CloseProcessStdinResponse, error)
 	mustEmbedUnimplementedProcessServiceServer()
 }
 
@@ -219,6 +258,15 @@ func (UnimplementedProcessServiceServer) ListProcesses(context.Context, *ListPro
 }
 func (UnimplementedProcessServiceServer) SignalProcess(context.Context, *SignalProcessRequest) (*SignalProcessResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SignalProcess not implemented")
+}
+func (UnimplementedProcessServiceServer) GetProcess(context.Context, *GetProcessRequest) (*GetProcessResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetProcess not implemented")
+}
+func (UnimplementedProcessServiceServer) SendProcessInput(context.Context, *SendProcessInputRequest) (*SendProcessInputResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SendProcessInput not implemented")
+}
+func (UnimplementedProcessServiceServer) CloseProcessStdin(context.Context, *CloseProcessStdinRequest) (*CloseProcessStdinResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CloseProcessStdin not implemented")
 }
 func (UnimplementedProcessServiceServer) mustEmbedUnimplementedProcessServiceServer() {}
 
@@ -373,6 +421,60 @@ func _ProcessService_SignalProcess_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ProcessService_GetProcess_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetProcessRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ProcessServiceServer).GetProcess(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sandboxd.v1.ProcessService/GetProcess",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ProcessServiceServer).GetProcess(ctx, req.(*GetProcessRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ProcessService_SendProcessInput_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SendProcessInputRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ProcessServiceServer).SendProcessInput(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sandboxd.v1.ProcessService/SendProcessInput",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ProcessServiceServer).SendProcessInput(ctx, req.(*SendProcessInputRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ProcessService_CloseProcessStdin_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloseProcessStdinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ProcessServiceServer).CloseProcessStdin(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sandboxd.v1.ProcessService/CloseProcessStdin",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ProcessServiceServer).CloseProcessStdin(ctx, req.(*CloseProcessStdinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _ProcessService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sandboxd.v1.ProcessService",
 	HandlerType: (*ProcessServiceServer)(nil),
@@ -392,6 +494,18 @@ var _ProcessService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SignalProcess",
 			Handler:    _ProcessService_SignalProcess_Handler,
+		},
+		{
+			MethodName: "GetProcess",
+			Handler:    _ProcessService_GetProcess_Handler,
+		},
+		{
+			MethodName: "SendProcessInput",
+			Handler:    _ProcessService_SendProcessInput_Handler,
+		},
+		{
+			MethodName: "CloseProcessStdin",
+			Handler:    _ProcessService_CloseProcessStdin_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -25,7 +25,9 @@ type SessionServiceClient interface {
 	ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error)
 	// Extends a session's lease.
 	RenewLease(ctx context.Context, in *RenewLeaseRequest, opts ...grpc.CallOption) (*RenewLeaseResponse, error)
-	// Removes a session and its container; idempotent.
+	// Removes a session and its container. Idempotent: a session that is not there (deleted
+	// already, or never made) is no error; the reply's `existed` says whether this call removed
+	// one.
 	DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error)
 	// Replaces a live session's network allowlist (and proxy quotas); applies to new proxy
 	// connections, open tunnels keep running. The fingerprint changes with it.
@@ -36,6 +38,12 @@ type SessionServiceClient interface {
 	SuspendSession(ctx context.Context, in *SuspendSessionRequest, opts ...grpc.CallOption) (*SuspendSessionResponse, error)
 	// Runs the session again, rebuilding a removed or lost container from its last snapshot.
 	ResumeSession(ctx context.Context, in *ResumeSessionRequest, opts ...grpc.CallOption) (*ResumeSessionResponse, error)
+	// Streams one session's events: the kept ones after `after_sequence`, then live ones.
+	WatchSession(ctx context.Context, in *WatchSessionRequest, opts ...grpc.CallOption) (SessionService_WatchSessionClient, error)
+	// Streams the events of every session of the caller's tenant (optionally by labels).
+	WatchSessions(ctx context.Context, in *WatchSessionsRequest, opts ...grpc.CallOption) (SessionService_WatchSessionsClient, error)
+	// One reading of a session's resource use (CPU, memory and its peak, workspace, processes).
+	GetSessionStats(ctx context.Context, in *GetSessionStatsRequest, opts ...grpc.CallOption) (*GetSessionStatsResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -127,6 +135,79 @@ func (c *sessionServiceClient) ResumeSession(ctx context.Context, in *ResumeSess
 	return out, nil
 }
 
+func (c *sessionServiceClient) WatchSession(ctx context.Context, in *WatchSessionRequest, opts ...grpc.CallOption) (SessionService_WatchSessionClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_SessionService_serviceDesc.Streams[0], "/sandboxd.v1.SessionService/WatchSession", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &sessionServiceWatchSessionClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type SessionService_WatchSessionClient interface {
+	Recv() (*WatchSessionResponse, error)
+	grpc.ClientStream
+}
+
+type sessionServiceWatchSessionClient struct {
+	grpc.ClientStream
+}
+
+func (x *sessionServiceWatchSessionClient) Recv() (*WatchSessionResponse, error) {
+	m := new(WatchSessionResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (c *sessionServiceClient) WatchSessions(ctx context.Context, in *WatchSessionsRequest, opts ...grpc.CallOption) (SessionService_WatchSessionsClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_SessionService_serviceDesc.Streams[1], "/sandboxd.v1.SessionService/WatchSessions", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &sessionServiceWatchSessionsClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type SessionService_WatchSessionsClient interface {
+	Recv() (*WatchSessionsResponse, error)
+	grpc.ClientStream
+}
+
+type sessionServiceWatchSessionsClient struct {
+	grpc.ClientStream
+}
+
+func (x *sessionServiceWatchSessionsClient) Recv() (*WatchSessionsResponse, error) {
+	m := new(WatchSessionsResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (c *sessionServiceClient) GetSessionStats(ctx context.Context, in *GetSessionStatsRequest, opts ...grpc.CallOption) (*GetSessionStatsResponse, error) {
+	out := new(GetSessionStatsResponse)
+	err := c.cc.Invoke(ctx, "/sandboxd.v1.SessionService/GetSessionStats", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility
@@ -139,7 +220,9 @@ type SessionServiceServer interface {
 	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
 	// Extends a session's lease.
 	RenewLease(context.Context, *RenewLeaseRequest) (*RenewLeaseResponse, error)
-	// Removes a session and its container; idempotent.
+	// Removes a session and its container. Idempotent: a session that is not there (deleted
+	// already, or never made) is no error; the reply's `existed` says whether this call removed
+	// one.
 	DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error)
 	// Replaces a live session's network allowlist (and proxy quotas); applies to new proxy
 	// connections, open tunnels keep running. The fingerprint changes with it.
@@ -150,6 +233,12 @@ type SessionServiceServer interface {
 	SuspendSession(context.Context, *SuspendSessionRequest) (*SuspendSessionResponse, error)
 	// Runs the session again, rebuilding a removed or lost container from its last snapshot.
 	ResumeSession(context.Context, *ResumeSessionRequest) (*ResumeSessionResponse, error)
+	// Streams one session's events: the kept ones after `after_sequence`, then live ones.
+	WatchSession(*WatchSessionRequest, SessionService_WatchSessionServer) error
+	// Streams the events of every session of the caller's tenant (optionally by labels).
+	WatchSessions(*WatchSessionsRequest, SessionService_WatchSessionsServer) error
+	// One reading of a session's resource use (CPU, memory and its peak, workspace, processes).
+	GetSessionStats(context.Context, *GetSessionStatsRequest) (*GetSessionStatsResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -183,6 +272,15 @@ func (UnimplementedSessionServiceServer) SuspendSession(context.Context, *Suspen
 }
 func (UnimplementedSessionServiceServer) ResumeSession(context.Context, *ResumeSessionRequest) (*ResumeSessionResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ResumeSession not implemented")
+}
+func (UnimplementedSessionServiceServer) WatchSession(*WatchSessionRequest, SessionService_WatchSessionServer) error {
+	return status.Errorf(codes.Unimplemented, "method WatchSession not implemented")
+}
+func (UnimplementedSessionServiceServer) WatchSessions(*WatchSessionsRequest, SessionService_WatchSessionsServer) error {
+	return status.Errorf(codes.Unimplemented, "method WatchSessions not implemented")
+}
+func (UnimplementedSessionServiceServer) GetSessionStats(context.Context, *GetSessionStatsRequest) (*GetSessionStatsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetSessionStats not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 
@@ -359,6 +457,66 @@ func _SessionService_ResumeSession_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_WatchSession_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchSessionRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SessionServiceServer).WatchSession(m, &sessionServiceWatchSessionServer{stream})
+}
+
+type SessionService_WatchSessionServer interface {
+	Send(*WatchSessionResponse) error
+	grpc.ServerStream
+}
+
+type sessionServiceWatchSessionServer struct {
+	grpc.ServerStream
+}
+
+func (x *sessionServiceWatchSessionServer) Send(m *WatchSessionResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func _SessionService_WatchSessions_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchSessionsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SessionServiceServer).WatchSessions(m, &sessionServiceWatchSessionsServer{stream})
+}
+
+type SessionService_WatchSessionsServer interface {
+	Send(*WatchSessionsResponse) error
+	grpc.ServerStream
+}
+
+type sessionServiceWatchSessionsServer struct {
+	grpc.ServerStream
+}
+
+func (x *sessionServiceWatchSessionsServer) Send(m *WatchSessionsResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func _SessionService_GetSessionStats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetSessionStatsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).GetSessionStats(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sandboxd.v1.SessionService/GetSessionStats",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).GetSessionStats(ctx, req.(*GetSessionStatsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _SessionService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sandboxd.v1.SessionService",
 	HandlerType: (*SessionServiceServer)(nil),
@@ -399,7 +557,22 @@ var _SessionService_serviceDesc = grpc.ServiceDesc{
 			MethodName: "ResumeSession",
 			Handler:    _SessionService_ResumeSession_Handler,
 		},
+		{
+			MethodName: "GetSessionStats",
+			Handler:    _SessionService_GetSessionStats_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchSession",
+			Handler:       _SessionService_WatchSession_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchSessions",
+			Handler:       _SessionService_WatchSessions_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "sandboxd/v1/session.proto",
 }

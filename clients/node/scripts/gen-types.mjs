@@ -19,7 +19,11 @@ const SCALARS = {
   fixed32: 'number', sfixed32: 'number', int64: 'number', uint64: 'number', sint64: 'number',
   fixed64: 'number', sfixed64: 'number', bool: 'boolean', string: 'string', bytes: 'Buffer',
 };
-const WELL_KNOWN = { '.google.protobuf.Duration': 'Duration', '.google.protobuf.Timestamp': 'Timestamp' };
+const WELL_KNOWN = {
+  '.google.protobuf.Duration': 'Duration',
+  '.google.protobuf.Timestamp': 'Timestamp',
+  '.google.protobuf.FieldMask': 'FieldMask',
+};
 
 export function generate(dir = PROTO_DIR) {
   const root = new protobuf.Root();
@@ -46,6 +50,8 @@ export function generate(dir = PROTO_DIR) {
     '',
     'export interface Duration { seconds: number; nanos: number }',
     'export interface Timestamp { seconds: number; nanos: number }',
+    '/** The fields of a message to change (UpdateNetworkPolicy.update_mask), e.g. ["allowed_domains"]. */',
+    'export interface FieldMask { paths: string[] }',
     '',
     '/** Options of every call. */',
     'export interface CallOptions {',

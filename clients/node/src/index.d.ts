@@ -117,7 +117,15 @@ export declare class Session {
   resume(opts?: CallOptions): Promise<this>;
   exec(argv: string[], opts?: ExecOptions): AsyncGenerator<ExecEvent, void, undefined>;
   run(argv: string[], opts?: Omit<ExecOptions, 'keepalives'>): Promise<RunResult>;
-  startProcess(argv: string[], opts?: ExecOptions & { processId?: string }): Promise<Process>;
+  startProcess(
+    argv: string[],
+    opts?: ExecOptions & {
+      processId?: string;
+      outputBufferBytes?: number;
+      keepStdinOpen?: boolean;
+      requestId?: string;
+    },
+  ): Promise<Process>;
   attach(
     processId: string,
     opts?: CallOptions & { stdoutOffset?: number; stderrOffset?: number; keepalives?: boolean },
@@ -141,6 +149,23 @@ export declare class Session {
     opts?: CallOptions & { replace?: boolean },
   ): Promise<{ files: number; bytes: number }>;
   snapshot(labels?: Record<string, string>, opts?: CallOptions): Promise<Snapshot>;
+  getProcess(processId: string, opts?: CallOptions): Promise<Process>;
+  sendProcessInput(processId: string, data: string | Uint8Array, opts?: CallOptions): Promise<void>;
+  closeProcessStdin(processId: string, opts?: CallOptions): Promise<void>;
+  readFileStream(
+    path: string,
+    opts?: CallOptions & { offset?: number; length?: number },
+  ): AsyncGenerator<Buffer, void, undefined>;
+  writeFileStream(
+    path: string,
+    chunks: Iterable<Uint8Array> | AsyncIterable<Uint8Array>,
+    opts?: CallOptions & { mode?: number; makeParents?: boolean },
+  ): Promise<FileInfo>;
+  move(
+    sourcePath: string,
+    destinationPath: string,
+    opts?: CallOptions & { overwrite?: boolean },
+  ): Promise<FileInfo>;
 }
 
 export interface ClientOptions {

@@ -281,7 +281,13 @@ export class Session {
 
   /** Starts a background process; `processId` makes the start idempotent (and retried). */
   async startProcess(argv, opts = {}) {
-    const req = { ...this._execRequest(argv, opts), process_id: opts.processId ?? '' };
+    const req = {
+      ...this._execRequest(argv, opts),
+      process_id: opts.processId ?? '',
+      output_buffer_bytes: opts.outputBufferBytes ?? 0,
+      keep_stdin_open: opts.keepStdinOpen ?? false,
+      request_id: opts.requestId ?? '',
+    };
     const call = { deadline: opts.deadline, signal: opts.signal, metadata: opts.metadata };
     return (await this.client.processes.startProcess(req, call)).process;
   }
@@ -341,6 +347,50 @@ export class Session {
   async makeDir(dirPath, { parents = false, ...opts } = {}) {
     const req = { session_id: this.id, path: dirPath, parents };
     return (await this.client.files.makeDir(req, opts)).info;
+  }
+
+  /** Any process by the id Exec, Run, Interact or StartProcess reported. */
+  async getProcess(processId, opts) {
+    const req = { session_id: this.id, process_id: processId };
+    return (await this.client.processes.getProcess(req, opts)).process;
+  }
+
+  /** More stdin for a process started with `keepStdinOpen` (never retried). */
+  async sendProcessInput(processId, data, opts) {
+    const req = { session_id: this.id, process_id: processId, data: Buffer.from(data) };
+    await this.client.processes.sendProcessInput(req, opts);
+  }
+
+  /** End of file on the process's stdin; closing twice is fine. */
+  async closeProcessStdin(processId, opts) {
+    await this.client.processes.closeProcessStdin({ session_id: this.id, process_id: processId }, opts);
+  }
+
+  /** A file's bytes from `offset` (`length` at most; 0: to the end), as Buffers. */
+  async *readFileStream(filePath, { offset = 0, length = 0, ...opts } = {}) {
+    const req = { session_id: this.id, path: filePath, offset, length };
+    for await (const resp of this.client.files.readFileStream(req, opts)) yield resp.chunk.data;
+  }
+
+  /** Writes chunks (an iterable or async iterable of Buffers) to `filePath`, all or nothing. */
+  async writeFileStream(filePath, chunks, { mode = 0, makeParents = false, ...opts } = {}) {
+    const id = this.id;
+    async function* requests() {
+      yield { header: { session_id: id, path: filePath, mode, make_parents: makeParents } };
+      for await (const data of chunks) yield { data: Buffer.from(data) };
+    }
+    return (await this.client.files.writeFileStream(requests(), opts)).info;
+  }
+
+  /** Renames within the workspace; an existing destination needs `overwrite`. */
+  async move(sourcePath, destinationPath, { overwrite = false, ...opts } = {}) {
+    const req = {
+      session_id: this.id,
+      source_path: sourcePath,
+      destination_path: destinationPath,
+      overwrite,
+    };
+    return (await this.client.files.move(req, opts)).info;
   }
 
   /** A tar of the folder `dirPath` (empty: the workspace), as Buffers while it is made. */

@@ -179,6 +179,16 @@ export declare class ImageHasVolumesError extends FailedPrecondition {}
 export declare class TenantStreamQuotaError extends ResourceExhausted {}
 /** DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout. */
 export declare class StreamIdleError extends DeadlineExceeded {}
+/** PERMISSION_DENIED: Another tenant's audit events are for admin tenants only. */
+export declare class AuditTenantNotAllowedError extends PermissionDenied {}
+/** INVALID_ARGUMENT: An audit event kind this server does not record. */
+export declare class InvalidAuditKindError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A time range whose end is before its start. */
+export declare class InvalidTimeRangeError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A negative after_sequence. */
+export declare class InvalidSequenceError extends InvalidArgument {}
+/** INVALID_ARGUMENT: An ExpiryAction value this server does not know. */
+export declare class InvalidExpiryActionError extends InvalidArgument {}
 /** FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now (e.g. gvisor without runsc registered); never silently replaced by another tier. */
 export declare class IsolationUnavailableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed). */
@@ -221,6 +231,10 @@ export declare class ImagePullFailedError extends Internal {}
 export declare class SecretBindingInvalidError extends InvalidArgument {}
 /** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
 export declare class SecretRefNotFoundError extends InvalidArgument {}
+/** FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode 000), so no snapshot or export can carry it; refused before anything was stopped. Give it read permission (chmod u+r) and try again. */
+export declare class WorkspaceUnreadableError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry. */
+export declare class WorkspaceNotArchivableError extends FailedPrecondition {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -322,6 +336,11 @@ export type Reason =
   | 'IMAGE_HAS_VOLUMES'
   | 'TENANT_STREAM_QUOTA'
   | 'STREAM_IDLE'
+  | 'AUDIT_TENANT_NOT_ALLOWED'
+  | 'INVALID_AUDIT_KIND'
+  | 'INVALID_TIME_RANGE'
+  | 'INVALID_SEQUENCE'
+  | 'INVALID_EXPIRY_ACTION'
   | 'ISOLATION_UNAVAILABLE'
   | 'ISOLATION_NOT_ALLOWED'
   | 'ISOLATION_NETWORK_UNSUPPORTED'
@@ -342,7 +361,9 @@ export type Reason =
   | 'IMAGE_TOO_LARGE'
   | 'IMAGE_PULL_FAILED'
   | 'SECRET_BINDING_INVALID'
-  | 'SECRET_REF_NOT_FOUND';
+  | 'SECRET_REF_NOT_FOUND'
+  | 'WORKSPACE_UNREADABLE'
+  | 'WORKSPACE_NOT_ARCHIVABLE';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

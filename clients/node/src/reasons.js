@@ -179,6 +179,16 @@ export class ImageHasVolumesError extends FailedPrecondition {}
 export class TenantStreamQuotaError extends ResourceExhausted {}
 /** DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout. */
 export class StreamIdleError extends DeadlineExceeded {}
+/** PERMISSION_DENIED: Another tenant's audit events are for admin tenants only. */
+export class AuditTenantNotAllowedError extends PermissionDenied {}
+/** INVALID_ARGUMENT: An audit event kind this server does not record. */
+export class InvalidAuditKindError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A time range whose end is before its start. */
+export class InvalidTimeRangeError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A negative after_sequence. */
+export class InvalidSequenceError extends InvalidArgument {}
+/** INVALID_ARGUMENT: An ExpiryAction value this server does not know. */
+export class InvalidExpiryActionError extends InvalidArgument {}
 /** FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now (e.g. gvisor without runsc registered); never silently replaced by another tier. */
 export class IsolationUnavailableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed). */
@@ -221,6 +231,10 @@ export class ImagePullFailedError extends Internal {}
 export class SecretBindingInvalidError extends InvalidArgument {}
 /** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
 export class SecretRefNotFoundError extends InvalidArgument {}
+/** FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode 000), so no snapshot or export can carry it; refused before anything was stopped. Give it read permission (chmod u+r) and try again. */
+export class WorkspaceUnreadableError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry. */
+export class WorkspaceNotArchivableError extends FailedPrecondition {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -323,6 +337,11 @@ export const REASONS = Object.freeze({
   IMAGE_HAS_VOLUMES: { code: 'FAILED_PRECONDITION', retryable: false, error: ImageHasVolumesError },
   TENANT_STREAM_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TenantStreamQuotaError },
   STREAM_IDLE: { code: 'DEADLINE_EXCEEDED', retryable: false, error: StreamIdleError },
+  AUDIT_TENANT_NOT_ALLOWED: { code: 'PERMISSION_DENIED', retryable: false, error: AuditTenantNotAllowedError },
+  INVALID_AUDIT_KIND: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidAuditKindError },
+  INVALID_TIME_RANGE: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidTimeRangeError },
+  INVALID_SEQUENCE: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidSequenceError },
+  INVALID_EXPIRY_ACTION: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidExpiryActionError },
   ISOLATION_UNAVAILABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: IsolationUnavailableError },
   ISOLATION_NOT_ALLOWED: { code: 'FAILED_PRECONDITION', retryable: false, error: IsolationNotAllowedError },
   ISOLATION_NETWORK_UNSUPPORTED: { code: 'FAILED_PRECONDITION', retryable: false, error: IsolationNetworkUnsupportedError },
@@ -344,4 +363,6 @@ export const REASONS = Object.freeze({
   IMAGE_PULL_FAILED: { code: 'INTERNAL', retryable: false, error: ImagePullFailedError },
   SECRET_BINDING_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretBindingInvalidError },
   SECRET_REF_NOT_FOUND: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretRefNotFoundError },
+  WORKSPACE_UNREADABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: WorkspaceUnreadableError },
+  WORKSPACE_NOT_ARCHIVABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: WorkspaceNotArchivableError },
 });

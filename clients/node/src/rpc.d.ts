@@ -12,6 +12,8 @@ export type Init<T> = T extends Buffer
 
 export interface Duration { seconds: number; nanos: number }
 export interface Timestamp { seconds: number; nanos: number }
+/** The fields of a message to change (UpdateNetworkPolicy.update_mask), e.g. ["allowed_domains"]. */
+export interface FieldMask { paths: string[] }
 
 /** Options of every call. */
 export interface CallOptions {
@@ -50,6 +52,7 @@ export interface SecurityDefaults {
   commands_denied_by_default: boolean;
   lease_seconds: number;
   image: string;
+  lease: Duration | null;
 }
 
 export interface GetServerInfoResponse {
@@ -65,6 +68,7 @@ export interface GetServerInfoResponse {
   api_version: string;
   features: string[];
   isolation_tiers: Isolation[];
+  lease_max: Duration | null;
 }
 
 export type EgressFilter =
@@ -122,6 +126,8 @@ export interface ProxyQuotas {
   idle_timeout: Duration | null;
   tunnel_lifetime: Duration | null;
   header_timeout: Duration | null;
+  max_up_bytes: number;
+  max_down_bytes: number;
 }
 
 export type Assurance =
@@ -171,6 +177,8 @@ export interface PullImageResponse {
 }
 
 export interface ListImagesRequest {
+  page_size: number;
+  page_token: string;
 }
 
 export interface ImageInfo {
@@ -178,10 +186,42 @@ export interface ImageInfo {
   digest: string;
   size_bytes: number;
   last_used_at: Timestamp | null;
+  last_used_time: Timestamp | null;
 }
 
 export interface ListImagesResponse {
   images: ImageInfo[];
+  next_page_token: string;
+}
+
+/** sandboxd.v1.AuditService: SandboxClient.audit. */
+export interface AuditServiceClient {
+  listAuditEvents(request: Init<ListAuditEventsRequest>, options?: CallOptions): Promise<ListAuditEventsResponse>;
+}
+
+export interface ListAuditEventsRequest {
+  session_id: string;
+  kinds: string[];
+  start_time: Timestamp | null;
+  end_time: Timestamp | null;
+  tenant: string;
+  page_size: number;
+  page_token: string;
+}
+
+export interface ListAuditEventsResponse {
+  events: AuditEvent[];
+  next_page_token: string;
+}
+
+export interface AuditEvent {
+  id: string;
+  time: Timestamp | null;
+  tenant: string;
+  session_id: string;
+  kind: string;
+  attributes: Record<string, string>;
+  trace_id: string;
 }
 
 export type ErrorReason =
@@ -285,6 +325,11 @@ export type ErrorReason =
   | 'ERROR_REASON_IMAGE_HAS_VOLUMES'
   | 'ERROR_REASON_TENANT_STREAM_QUOTA'
   | 'ERROR_REASON_STREAM_IDLE'
+  | 'ERROR_REASON_AUDIT_TENANT_NOT_ALLOWED'
+  | 'ERROR_REASON_INVALID_AUDIT_KIND'
+  | 'ERROR_REASON_INVALID_TIME_RANGE'
+  | 'ERROR_REASON_INVALID_SEQUENCE'
+  | 'ERROR_REASON_INVALID_EXPIRY_ACTION'
   | 'ERROR_REASON_ISOLATION_UNAVAILABLE'
   | 'ERROR_REASON_ISOLATION_NOT_ALLOWED'
   | 'ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED'
@@ -305,7 +350,67 @@ export type ErrorReason =
   | 'ERROR_REASON_IMAGE_TOO_LARGE'
   | 'ERROR_REASON_IMAGE_PULL_FAILED'
   | 'ERROR_REASON_SECRET_BINDING_INVALID'
-  | 'ERROR_REASON_SECRET_REF_NOT_FOUND';
+  | 'ERROR_REASON_SECRET_REF_NOT_FOUND'
+  | 'ERROR_REASON_WORKSPACE_UNREADABLE'
+  | 'ERROR_REASON_WORKSPACE_NOT_ARCHIVABLE';
+
+export type SessionEventKind =
+  | 'SESSION_EVENT_KIND_UNSPECIFIED'
+  | 'SESSION_EVENT_KIND_STATE_CHANGED'
+  | 'SESSION_EVENT_KIND_LEASE_EXPIRING'
+  | 'SESSION_EVENT_KIND_LEASE_RENEWED'
+  | 'SESSION_EVENT_KIND_OOM_KILLED'
+  | 'SESSION_EVENT_KIND_CPU_THROTTLED'
+  | 'SESSION_EVENT_KIND_WORKSPACE_NEARLY_FULL'
+  | 'SESSION_EVENT_KIND_PROCESS_STARTED'
+  | 'SESSION_EVENT_KIND_PROCESS_EXITED'
+  | 'SESSION_EVENT_KIND_EGRESS_REFUSED'
+  | 'SESSION_EVENT_KIND_EVENTS_LOST';
+
+export interface SessionEvent {
+  sequence: number;
+  session_id: string;
+  time: Timestamp | null;
+  kind: SessionEventKind;
+  state: string;
+  message: string;
+  attributes: Record<string, string>;
+}
+
+export interface WatchSessionRequest {
+  session_id: string;
+  after_sequence: number;
+}
+
+export interface WatchSessionResponse {
+  event: SessionEvent | null;
+}
+
+export interface WatchSessionsRequest {
+  label_selector: Record<string, string>;
+  after_sequence: number;
+}
+
+export interface WatchSessionsResponse {
+  event: SessionEvent | null;
+}
+
+export interface GetSessionStatsRequest {
+  session_id: string;
+}
+
+export interface SessionStats {
+  cpu_seconds: number;
+  memory_bytes: number;
+  memory_peak_bytes: number;
+  workspace_bytes: number;
+  processes: number;
+  egress_bytes: number;
+}
+
+export interface GetSessionStatsResponse {
+  stats: SessionStats | null;
+}
 
 /** sandboxd.v1.FilesystemService: SandboxClient.files. */
 export interface FilesystemServiceClient {
@@ -315,6 +420,9 @@ export interface FilesystemServiceClient {
   stat(request: Init<StatRequest>, options?: CallOptions): Promise<StatResponse>;
   remove(request: Init<RemoveRequest>, options?: CallOptions): Promise<RemoveResponse>;
   makeDir(request: Init<MakeDirRequest>, options?: CallOptions): Promise<MakeDirResponse>;
+  readFileStream(request: Init<ReadFileStreamRequest>, options?: CallOptions): AsyncGenerator<ReadFileStreamResponse, void, undefined>;
+  writeFileStream(requests: Requests<WriteFileStreamRequest>, options?: CallOptions): Promise<WriteFileStreamResponse>;
+  move(request: Init<MoveRequest>, options?: CallOptions): Promise<MoveResponse>;
 }
 
 export type FileType =
@@ -332,6 +440,7 @@ export interface FileInfo {
   mode: number;
   modified_at: Timestamp | null;
   symlink_target: string;
+  size_bytes: number;
 }
 
 export interface ReadFileRequest {
@@ -343,6 +452,7 @@ export interface ReadFileResponse {
   content: Buffer;
   mode: number;
   size: number;
+  size_bytes: number;
 }
 
 export interface WriteFileRequest {
@@ -361,10 +471,13 @@ export interface ListDirRequest {
   session_id: string;
   path: string;
   depth: number;
+  page_size: number;
+  page_token: string;
 }
 
 export interface ListDirResponse {
   entries: FileInfo[];
+  next_page_token: string;
 }
 
 export interface StatRequest {
@@ -389,11 +502,115 @@ export interface MakeDirRequest {
   session_id: string;
   path: string;
   parents: boolean;
+  make_parents: boolean;
 }
 
 export interface MakeDirResponse {
   info: FileInfo | null;
 }
+
+export interface WriteFileStreamResponse {
+  info: FileInfo | null;
+}
+
+export interface MoveResponse {
+  info: FileInfo | null;
+}
+
+export interface ReadFileStreamRequest {
+  session_id: string;
+  path: string;
+  offset: number;
+  length: number;
+}
+
+export interface FileChunk {
+  data: Buffer;
+  offset: number;
+}
+
+export interface ReadFileStreamResponse {
+  chunk: FileChunk | null;
+}
+
+export interface WriteFileStreamHeader {
+  session_id: string;
+  path: string;
+  mode: number;
+  make_parents: boolean;
+}
+
+export interface WriteFileStreamRequest {
+  header: WriteFileStreamHeader | null;
+  data: Buffer;
+  message?: 'header' | 'data';
+}
+
+export interface MoveRequest {
+  session_id: string;
+  source_path: string;
+  destination_path: string;
+  overwrite: boolean;
+}
+
+export type ExpiryAction =
+  | 'EXPIRY_ACTION_UNSPECIFIED'
+  | 'EXPIRY_ACTION_DELETE'
+  | 'EXPIRY_ACTION_SUSPEND'
+  | 'EXPIRY_ACTION_SNAPSHOT_THEN_DELETE';
+
+export type OutputEncoding =
+  | 'OUTPUT_ENCODING_UNSPECIFIED'
+  | 'OUTPUT_ENCODING_BYTES'
+  | 'OUTPUT_ENCODING_UTF8_LOSSY';
+
+export type ProcessOrigin =
+  | 'PROCESS_ORIGIN_UNSPECIFIED'
+  | 'PROCESS_ORIGIN_START_PROCESS'
+  | 'PROCESS_ORIGIN_EXEC'
+  | 'PROCESS_ORIGIN_RUN'
+  | 'PROCESS_ORIGIN_INTERACT';
+
+export interface GetProcessRequest {
+  session_id: string;
+  process_id: string;
+}
+
+export interface SendProcessInputRequest {
+  session_id: string;
+  process_id: string;
+  data: Buffer;
+}
+
+export interface SendProcessInputResponse {
+}
+
+export interface CloseProcessStdinRequest {
+  session_id: string;
+  process_id: string;
+}
+
+export interface CloseProcessStdinResponse {
+}
+
+export interface SessionStateReason {
+  reason: string;
+  message: string;
+  recoverable: boolean;
+}
+
+export type Signal =
+  | 'SIGNAL_UNSPECIFIED'
+  | 'SIGNAL_SIGHUP'
+  | 'SIGNAL_SIGINT'
+  | 'SIGNAL_SIGQUIT'
+  | 'SIGNAL_SIGKILL'
+  | 'SIGNAL_SIGUSR1'
+  | 'SIGNAL_SIGUSR2'
+  | 'SIGNAL_SIGTERM'
+  | 'SIGNAL_SIGCONT'
+  | 'SIGNAL_SIGSTOP'
+  | 'SIGNAL_SIGWINCH';
 
 /** sandboxd.v1.ProcessService: SandboxClient.processes. */
 export interface ProcessServiceClient {
@@ -404,6 +621,9 @@ export interface ProcessServiceClient {
   attachProcess(request: Init<AttachProcessRequest>, options?: CallOptions): AsyncGenerator<AttachProcessResponse, void, undefined>;
   listProcesses(request: Init<ListProcessesRequest>, options?: CallOptions): Promise<ListProcessesResponse>;
   signalProcess(request: Init<SignalProcessRequest>, options?: CallOptions): Promise<SignalProcessResponse>;
+  getProcess(request: Init<GetProcessRequest>, options?: CallOptions): Promise<GetProcessResponse>;
+  sendProcessInput(request: Init<SendProcessInputRequest>, options?: CallOptions): Promise<SendProcessInputResponse>;
+  closeProcessStdin(request: Init<CloseProcessStdinRequest>, options?: CallOptions): Promise<CloseProcessStdinResponse>;
 }
 
 export type OutputStream =
@@ -437,6 +657,7 @@ export interface ProcessExited {
   timed_out: boolean;
   truncated: boolean;
   duration: Duration | null;
+  signal_value: Signal;
 }
 
 export interface Keepalive {
@@ -458,6 +679,7 @@ export interface RunRequest {
   stdin: Buffer;
   timeout: Duration | null;
   max_output_bytes: number;
+  output_encoding: OutputEncoding;
 }
 
 export interface RunResponse {
@@ -469,6 +691,8 @@ export interface RunResponse {
   duration: Duration | null;
   signal: string;
   process_id: string;
+  stdout_text: string;
+  stderr_text: string;
 }
 
 export interface PtySize {
@@ -490,6 +714,7 @@ export interface InteractCloseStdin {
 
 export interface InteractSignal {
   signal: string;
+  signal_value: Signal;
 }
 
 export interface InteractResize {
@@ -523,6 +748,9 @@ export interface StartProcessRequest {
   timeout: Duration | null;
   max_output_bytes: number;
   process_id: string;
+  output_buffer_bytes: number;
+  keep_stdin_open: boolean;
+  request_id: string;
 }
 
 export type ProcessState =
@@ -542,6 +770,8 @@ export interface Process {
   stderr_bytes: number;
   stdout_first_offset: number;
   stderr_first_offset: number;
+  origin: ProcessOrigin;
+  stdin_open: boolean;
 }
 
 export interface StartProcessResponse {
@@ -572,19 +802,27 @@ export interface AttachProcessResponse {
 
 export interface ListProcessesRequest {
   session_id: string;
+  page_size: number;
+  page_token: string;
 }
 
 export interface ListProcessesResponse {
   processes: Process[];
+  next_page_token: string;
 }
 
 export interface SignalProcessRequest {
   session_id: string;
   process_id: string;
   signal: string;
+  signal_value: Signal;
 }
 
 export interface SignalProcessResponse {
+}
+
+export interface GetProcessResponse {
+  process: Process | null;
 }
 
 /** sandboxd.v1.SessionService: SandboxClient.sessions. */
@@ -598,6 +836,9 @@ export interface SessionServiceClient {
   listEgressEvents(request: Init<ListEgressEventsRequest>, options?: CallOptions): Promise<ListEgressEventsResponse>;
   suspendSession(request: Init<SuspendSessionRequest>, options?: CallOptions): Promise<SuspendSessionResponse>;
   resumeSession(request: Init<ResumeSessionRequest>, options?: CallOptions): Promise<ResumeSessionResponse>;
+  watchSession(request: Init<WatchSessionRequest>, options?: CallOptions): AsyncGenerator<WatchSessionResponse, void, undefined>;
+  watchSessions(request: Init<WatchSessionsRequest>, options?: CallOptions): AsyncGenerator<WatchSessionsResponse, void, undefined>;
+  getSessionStats(request: Init<GetSessionStatsRequest>, options?: CallOptions): Promise<GetSessionStatsResponse>;
 }
 
 export type SessionState =
@@ -632,6 +873,8 @@ export interface CreateSessionRequest {
   lease_ttl: Duration | null;
   user: string;
   from_snapshot_id: string;
+  on_expiry: ExpiryAction;
+  renew_on_activity: boolean;
   isolation: Isolation;
   template: string;
   pull_policy: PullPolicy;
@@ -653,6 +896,7 @@ export interface ListSessionsRequest {
   label_selector: Record<string, string>;
   page_size: number;
   page_token: string;
+  state: SessionState;
 }
 
 export interface ListSessionsResponse {
@@ -674,11 +918,13 @@ export interface DeleteSessionRequest {
 }
 
 export interface DeleteSessionResponse {
+  existed: boolean;
 }
 
 export interface UpdateNetworkPolicyRequest {
   session_id: string;
   network: NetworkPolicy | null;
+  update_mask: FieldMask | null;
 }
 
 export interface UpdateNetworkPolicyResponse {
@@ -714,6 +960,8 @@ export interface EgressEvent {
   bytes_down: number;
   duration: Duration | null;
   ended: string;
+  up_bytes: number;
+  down_bytes: number;
   kind: string;
   secret: string;
 }
@@ -749,6 +997,10 @@ export interface Session {
   shell: ShellPolicy | null;
   user: string;
   workspace_id: string;
+  on_expiry: ExpiryAction;
+  renew_on_activity: boolean;
+  end_reason: string;
+  state_reason: SessionStateReason | null;
   isolation: Isolation;
   template: string;
   image_digest: string;
@@ -798,6 +1050,7 @@ export interface ImportArchiveRequest {
 export interface ImportArchiveResponse {
   files: number;
   bytes: number;
+  content_bytes: number;
 }
 
 export interface Snapshot {
@@ -815,6 +1068,7 @@ export interface CreateSnapshotRequest {
   session_id: string;
   labels: Record<string, string>;
   kind: SnapshotKind;
+  request_id: string;
 }
 
 export interface CreateSnapshotResponse {
@@ -833,6 +1087,7 @@ export interface ListSnapshotsRequest {
   session_id: string;
   page_size: number;
   page_token: string;
+  label_selector: Record<string, string>;
 }
 
 export interface ListSnapshotsResponse {
@@ -874,7 +1129,7 @@ export interface Template {
   state: TemplateState;
   builtin: boolean;
   size_bytes: number;
-  created_at: Timestamp | null;
+  create_time: Timestamp | null;
   message: string;
 }
 
@@ -931,6 +1186,7 @@ export interface DeleteTemplateResponse {
 /** The service properties of SandboxClient. */
 export interface Services {
   readonly admin: AdminServiceClient;
+  readonly audit: AuditServiceClient;
   readonly files: FilesystemServiceClient;
   readonly processes: ProcessServiceClient;
   readonly sessions: SessionServiceClient;

@@ -217,3 +217,36 @@ test('a client stream the server refuses early ends with its typed error, not a 
     await session.delete();
   }
 });
+
+test('one handle for every process, streamed files and move (API polish)', async () => {
+  const session = await client.createSession({ shell: { allow_all: true } });
+  try {
+    const ran = await session.run(['sh', '-c', 'echo hi']);
+    const got = await session.getProcess(ran.processId);
+    assert.equal(got.origin, 'PROCESS_ORIGIN_RUN');
+    assert.equal(got.state, 'PROCESS_STATE_EXITED');
+
+    const cat = await session.startProcess(['cat'], { stdin: Buffer.from('a\n'), keepStdinOpen: true });
+    assert.equal(cat.stdin_open, true);
+    await session.sendProcessInput(cat.process_id, 'b\n');
+    await session.closeProcessStdin(cat.process_id);
+    const out = [];
+    for await (const ev of session.attach(cat.process_id)) {
+      if (ev.type === 'output') out.push(ev.data);
+    }
+    assert.equal(Buffer.concat(out).toString(), 'a\nb\n');
+
+    const big = randomBytes(300_000);
+    const info = await session.writeFileStream('d/big.bin', [big.subarray(0, 100_000), big.subarray(100_000)], {
+      makeParents: true,
+    });
+    assert.equal(info.size_bytes, big.length);
+    const moved = await session.move('d/big.bin', 'big.bin');
+    assert.equal(moved.path, 'big.bin');
+    const back = [];
+    for await (const chunk of session.readFileStream('big.bin', { offset: 10 })) back.push(chunk);
+    assert.deepEqual(Buffer.concat(back), big.subarray(10));
+  } finally {
+    await session.delete();
+  }
+});

@@ -13,6 +13,7 @@ The package carries its own stubs (`sandboxd_client._gen`); results are the data
 
 from sandboxd_client import errors
 from sandboxd_client._rpc import RetryPolicy
+from sandboxd_client.audit import AuditEvent
 from sandboxd_client.client import API_VERSION, DEFAULT_ADDRESS, TLS, SandboxClient
 from sandboxd_client.errors import Reason, SandboxError
 from sandboxd_client.images import ImageInfo, PullDone, PullProgress
@@ -36,14 +37,19 @@ from sandboxd_client.models import (
     SessionInfo,
     SnapshotInfo,
     Started,
+    StateReason,
     SweepResult,
 )
 from sandboxd_client.session import Session
 from sandboxd_client.templates import BuildLogLine, Template
+from sandboxd_client.watch import SessionEvent, SessionStats
 
 __version__ = "0.2.0"
 
 __all__ = [
+    "AuditEvent",
+    "SessionEvent",
+    "SessionStats",
     "BuildLogLine",
     "Template",
     "ImageInfo",
@@ -74,6 +80,7 @@ __all__ = [
     "ServerInfo",
     "Session",
     "SessionInfo",
+    "StateReason",
     "SnapshotInfo",
     "Started",
     "SweepResult",

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sandboxd_client.cli_audit import add_audit_options, add_watch_options, cmd_audit, cmd_watch
 from sandboxd_client.cli_completion import completion_script
 from sandboxd_client.cli_files import cmd_cp
 from sandboxd_client.cli_images import add_image_commands
@@ -282,6 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_snapshot_download)
     p.add_argument("snapshot")
     p.add_argument("file")
+
+    add_audit_options(add("audit", cmd_audit, "the audit log: who ran what, when (filters)"))
+    add_watch_options(add("watch", cmd_watch, "session events, live: watch [SESSION]"))
 
     p = add("completion", cmd_completion, "print a shell completion script")
     p.add_argument("shell", choices=("bash", "zsh"))

@@ -28,7 +28,7 @@ async def cmd_image_pull(client: SandboxClient, args: argparse.Namespace) -> int
 
 
 async def cmd_image_ls(client: SandboxClient, args: argparse.Namespace) -> int:
-    found = await client.list_images()
+    found = [i async for i in client.list_images()]
     rows: list[tuple[Any, ...]] = [("IMAGE", "DIGEST", "SIZE", "LAST USED")]
     rows += [(i.name, i.digest, str(i.size_bytes), when(i.last_used_at)) for i in found]
     emit(args, found, lambda: table(rows))

@@ -76,7 +76,7 @@ async def cmd_start(client: SandboxClient, args: argparse.Namespace) -> int:
 
 
 async def cmd_ps(client: SandboxClient, args: argparse.Namespace) -> int:
-    procs = await client.session(args.session).processes()
+    procs = [p async for p in client.session(args.session).processes()]
 
     def text() -> str:
         rows = [("PROCESS", "STATE", "EXIT", "STARTED", "STDOUT", "STDERR", "COMMAND")]

@@ -28,11 +28,13 @@ from typing import Any, Self, TypeVar
 import grpc
 
 from sandboxd_client import _channel
+from sandboxd_client._convert import enum_value
 from sandboxd_client._gen.sandboxd.v1 import (
     admin_pb2,
     admin_pb2_grpc,
     common_pb2,
     filesystem_pb2_grpc,
+    leases_pb2,
     process_pb2_grpc,
     session_pb2,
     session_pb2_grpc,
@@ -40,6 +42,7 @@ from sandboxd_client._gen.sandboxd.v1 import (
     snapshot_pb2_grpc,
 )
 from sandboxd_client._rpc import IDEMPOTENT, PACKAGE, UNSET, RetryPolicy, rpc
+from sandboxd_client.audit import AuditMixin
 from sandboxd_client.errors import (
     DeadlineExceeded,
     EngineUnavailable,
@@ -59,6 +62,7 @@ from sandboxd_client.models import (
 )
 from sandboxd_client.session import Session
 from sandboxd_client.templates import TemplatesMixin
+from sandboxd_client.watch import WatchMixin
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 API_VERSION = "v1"
@@ -96,7 +100,7 @@ def check_api_version(info: ServerInfo, address: str) -> None:
         )
 
 
-class SandboxClient(ImagesMixin, TemplatesMixin):
+class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin):
     """A connection to one sandboxd server; use as `async with SandboxClient(addr) as c`.
 
     `token` is sent as a bearer token on every call. `timeout` is the default deadline in
@@ -319,6 +323,8 @@ class SandboxClient(ImagesMixin, TemplatesMixin):
         lease_ttl: float | None = None,
         user: str = "",
         from_snapshot_id: str = "",
+        on_expiry: str = "",
+        renew_on_activity: bool = False,
         isolation: str = "",
         template: str = "",
         pull_policy: str = "",
@@ -351,6 +357,8 @@ class SandboxClient(ImagesMixin, TemplatesMixin):
             lease_ttl=duration(lease_ttl),
             user=user,
             from_snapshot_id=from_snapshot_id,
+            on_expiry=enum_value(leases_pb2.ExpiryAction, on_expiry, "EXPIRY_ACTION_"),
+            renew_on_activity=renew_on_activity,
             isolation=common_pb2.Isolation.Value("ISOLATION_" + isolation.upper())
             if isolation
             else common_pb2.ISOLATION_UNSPECIFIED,
@@ -384,17 +392,23 @@ class SandboxClient(ImagesMixin, TemplatesMixin):
         self,
         labels: Mapping[str, str] | None = None,
         *,
+        state: str = "",
         page_size: int = 0,
         timeout: float | None = UNSET,
     ) -> AsyncIterator[Session]:
-        """Every session carrying all of `labels`, following pages as the loop goes."""
+        """Every session carrying all of `labels` (and in `state`, e.g. "RUNNING", if given),
+        following pages as the loop goes."""
 
         selector = dict(labels or {})
+        state_pb = enum_value(session_pb2.SessionState, state, "SESSION_STATE_")
         async for resp in self._paged(
             "SessionService/ListSessions",
             lambda token, t: self.stubs.sessions.ListSessions(
                 session_pb2.ListSessionsRequest(
-                    label_selector=selector, page_size=page_size, page_token=token
+                    label_selector=selector,
+                    page_size=page_size,
+                    page_token=token,
+                    state=state_pb,
                 ),
                 timeout=t,
             ),
@@ -419,15 +433,24 @@ class SandboxClient(ImagesMixin, TemplatesMixin):
 
     @rpc("SnapshotService/ListSnapshots")
     async def list_snapshots(
-        self, session_id: str = "", *, page_size: int = 0, timeout: float | None = UNSET
+        self,
+        session_id: str = "",
+        *,
+        labels: Mapping[str, str] | None = None,
+        page_size: int = 0,
+        timeout: float | None = UNSET,
     ) -> AsyncIterator[SnapshotInfo]:
-        """Snapshots of one session (or every session of the caller's), page by page."""
+        """Snapshots of one session (or every session of the caller's) carrying all of
+        `labels`, page by page."""
 
         async for resp in self._paged(
             "SnapshotService/ListSnapshots",
             lambda token, t: self.stubs.snapshots.ListSnapshots(
                 snapshot_pb2.ListSnapshotsRequest(
-                    session_id=session_id, page_size=page_size, page_token=token
+                    session_id=session_id,
+                    page_size=page_size,
+                    page_token=token,
+                    label_selector=dict(labels or {}),
                 ),
                 timeout=t,
             ),

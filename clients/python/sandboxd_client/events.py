@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal, Self
 
 from sandboxd_client._convert import enum_name, seconds, timestamp
-from sandboxd_client._gen.sandboxd.v1 import process_pb2
+from sandboxd_client._gen.sandboxd.v1 import polish_pb2, process_pb2
 
 Stream = Literal["stdout", "stderr"]
 
@@ -111,6 +111,9 @@ class RunResult:
     signal: str = ""
     duration: float = 0.0
     process_id: str = ""
+    # Filled when run(..., text=True) asked for OUTPUT_ENCODING_UTF8_LOSSY.
+    stdout_text: str = ""
+    stderr_text: str = ""
 
     @property
     def ok(self) -> bool:
@@ -127,6 +130,8 @@ class RunResult:
             r.signal,
             seconds(r.duration),
             r.process_id,
+            r.stdout_text,
+            r.stderr_text,
         )
 
 
@@ -145,6 +150,8 @@ class ProcessInfo:
     stderr_bytes: int
     stdout_first_offset: int
     stderr_first_offset: int
+    origin: str = "START_PROCESS"  # or EXEC, RUN, INTERACT (GetProcess)
+    stdin_open: bool = False  # send_input still takes more
 
     @classmethod
     def from_pb(cls, m: process_pb2.Process) -> Self:
@@ -160,4 +167,7 @@ class ProcessInfo:
             m.stderr_bytes,
             m.stdout_first_offset,
             m.stderr_first_offset,
+            # A server from before GetProcess knew only background processes.
+            enum_name(polish_pb2.ProcessOrigin, m.origin or 1, "PROCESS_ORIGIN_"),
+            m.stdin_open,
         )

@@ -71,6 +71,7 @@ class ImagesMixin:
     stubs: Any
     _server_stream: Callable[..., AsyncIterator[Any]]
     _unary: Callable[..., Awaitable[Any]]
+    _paged: Callable[..., AsyncIterator[Any]]
 
     @rpc("AdminService/PullImage")
     async def pull_image(
@@ -84,15 +85,20 @@ class ImagesMixin:
             yield pull_event(resp)
 
     @rpc("AdminService/ListImages")
-    async def list_images(self, *, timeout: float | None = UNSET) -> list[ImageInfo]:
-        """Images the caller may use that the engine holds, with digest, size and last use."""
-        req = images_pb2.ListImagesRequest()
-        resp = await self._unary(
+    async def list_images(
+        self, *, page_size: int = 0, timeout: float | None = UNSET
+    ) -> AsyncIterator[ImageInfo]:
+        """Images the caller may use that the engine holds, with digest, size and last use,
+        following pages as the loop goes (`page_size` 0: all in one reply)."""
+        async for resp in self._paged(
             "AdminService/ListImages",
-            lambda t: self.stubs.admin.ListImages(req, timeout=t),
+            lambda token, t: self.stubs.admin.ListImages(
+                images_pb2.ListImagesRequest(page_size=page_size, page_token=token), timeout=t
+            ),
             timeout,
-        )
-        return [ImageInfo.from_pb(i) for i in resp.images]
+        ):
+            for i in resp.images:
+                yield ImageInfo.from_pb(i)
 
 
 __all__ = ["ImageInfo", "ImagesMixin", "PullDone", "PullProgress", "pull_policy_pb"]

@@ -23,6 +23,8 @@ from sandboxd_client._gen.sandboxd.v1 import (
     admin_pb2,
     common_pb2,
     filesystem_pb2,
+    leases_pb2,
+    polish_pb2,
     secrets_pb2,
     session_pb2,
     snapshot_pb2,
@@ -59,6 +61,7 @@ __all__ = [
     "SessionInfo",
     "ShellPolicy",
     "SnapshotInfo",
+    "StateReason",
     "Started",
     "Stream",
     "SweepResult",
@@ -227,6 +230,20 @@ class NetworkPolicy:
 
 
 @dataclasses.dataclass(frozen=True)
+class StateReason:
+    """Why a session is in its state: the error reason its calls get, for a person, and
+    whether a call can bring it back."""
+
+    reason: str
+    message: str
+    recoverable: bool
+
+    @classmethod
+    def from_pb(cls, m: polish_pb2.SessionStateReason) -> Self:
+        return cls(m.reason, m.message, m.recoverable)
+
+
+@dataclasses.dataclass(frozen=True)
 class SessionInfo:
     session_id: str
     state: str  # CREATING, RUNNING, SUSPENDED, EXPIRED, FAILED
@@ -241,6 +258,11 @@ class SessionInfo:
     shell: ShellPolicy = ShellPolicy()
     user: str = ""
     workspace_id: str = ""
+    on_expiry: str = ""  # DELETE, SUSPEND, SNAPSHOT_THEN_DELETE
+    renew_on_activity: bool = False
+    end_reason: str = ""  # why an ended session ended
+    # Why the session is EXPIRED or FAILED, and whether it can recover; None while it runs.
+    state_reason: StateReason | None = None
     isolation: str = ""  # RUNC or GVISOR
     template: str = ""
     image_digest: str = ""  # the digest it runs (a resume or fork runs the same)
@@ -261,6 +283,12 @@ class SessionInfo:
             shell=ShellPolicy.from_pb(m.shell),
             user=m.user,
             workspace_id=m.workspace_id,
+            on_expiry=enum_name(leases_pb2.ExpiryAction, m.on_expiry, "EXPIRY_ACTION_"),
+            renew_on_activity=m.renew_on_activity,
+            end_reason=m.end_reason,
+            state_reason=StateReason.from_pb(m.state_reason)
+            if m.HasField("state_reason")
+            else None,
             isolation=enum_name(common_pb2.Isolation, m.isolation, "ISOLATION_"),
             template=m.template,
             image_digest=m.image_digest,

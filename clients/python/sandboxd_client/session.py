@@ -12,8 +12,11 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from google.protobuf import field_mask_pb2
+
 from sandboxd_client._gen.sandboxd.v1 import (
     filesystem_pb2,
+    polish_pb2,
     process_pb2,
     session_pb2,
     snapshot_pb2,
@@ -34,6 +37,8 @@ from sandboxd_client.models import (
     duration,
     enum_value,
 )
+from sandboxd_client.session_files import FileTransfers
+from sandboxd_client.session_processes import ProcessHandles
 
 if TYPE_CHECKING:
     from sandboxd_client.client import SandboxClient
@@ -59,7 +64,7 @@ def _exec_fields(
     }
 
 
-class Session:
+class Session(ProcessHandles, FileTransfers):
     """One sandbox session. Its methods call the server; `info` is the last reply seen."""
 
     def __init__(self, client: SandboxClient, info: SessionInfo) -> None:
@@ -124,14 +129,16 @@ class Session:
         )
 
     @rpc("SessionService/DeleteSession")
-    async def delete(self, *, timeout: float | None = UNSET) -> None:
-        """Remove the session and its container; deleting twice is not an error."""
+    async def delete(self, *, timeout: float | None = UNSET) -> bool:
+        """Remove the session and its container; deleting twice is not an error. True when
+        this call removed it (false: it was gone already)."""
         req = session_pb2.DeleteSessionRequest(session_id=self.id)
-        await self._client._unary(
+        resp = await self._client._unary(
             "SessionService/DeleteSession",
             lambda t: self._stubs.sessions.DeleteSession(req, timeout=t),
             timeout,
         )
+        return bool(resp.existed)
 
     @rpc("SessionService/SuspendSession")
     async def suspend(self, *, timeout: float | None = UNSET) -> Self:
@@ -158,9 +165,19 @@ class Session:
 
     @rpc("SessionService/UpdateNetworkPolicy")
     async def update_network_policy(
-        self, network: NetworkPolicy, *, timeout: float | None = UNSET
+        self,
+        network: NetworkPolicy,
+        *,
+        fields: Sequence[str] = (),
+        timeout: float | None = UNSET,
     ) -> Self:
-        req = session_pb2.UpdateNetworkPolicyRequest(session_id=self.id, network=network.to_pb())
+        """Replace the policy, or with `fields` (e.g. ["allowed_domains"]) only those fields of
+        it (a field mask), the rest kept as they are."""
+        req = session_pb2.UpdateNetworkPolicyRequest(
+            session_id=self.id,
+            network=network.to_pb(),
+            update_mask=field_mask_pb2.FieldMask(paths=list(fields)) if fields else None,
+        )
         return await self._session_call(
             "SessionService/UpdateNetworkPolicy",
             lambda t: self._stubs.sessions.UpdateNetworkPolicy(req, timeout=t),
@@ -227,10 +244,17 @@ class Session:
         timeout: float | None = None,
         max_output_bytes: int = 0,
         deadline: float | None = None,
+        text: bool = False,
     ) -> RunResult:
-        """Run a command and return its collected output (a non-zero exit is not raised)."""
+        """Run a command and return its collected output (a non-zero exit is not raised).
+
+        With `text` the result also has `stdout_text`/`stderr_text` (UTF-8, invalid bytes as
+        U+FFFD), decoded by the server."""
         req = process_pb2.RunRequest(
-            **_exec_fields(self.id, argv, cwd, env, stdin, timeout, max_output_bytes)
+            **_exec_fields(self.id, argv, cwd, env, stdin, timeout, max_output_bytes),
+            output_encoding=(
+                polish_pb2.OUTPUT_ENCODING_UTF8_LOSSY if text else polish_pb2.OUTPUT_ENCODING_BYTES
+            ),
         )
         resp = await self._client._unary(
             "ProcessService/Run", lambda t: self._stubs.processes.Run(req, timeout=t), deadline
@@ -274,16 +298,27 @@ class Session:
         timeout: float | None = None,
         max_output_bytes: int = 0,
         deadline: float | None = UNSET,
+        output_buffer_bytes: int = 0,
+        keep_stdin_open: bool = False,
+        request_id: str = "",
     ) -> ProcessInfo:
-        """Start a background process: it outlives this call; `attach` replays its output."""
+        """Start a background process: it outlives this call; `attach` replays its output.
+
+        With `output_buffer_bytes` (the ring kept per stream) `max_output_bytes` is the cap
+        that cuts output, as for `run`; without it, it is the ring size (deprecated meaning).
+        `keep_stdin_open` lets `send_input` add stdin until `close_stdin`."""
         req = process_pb2.StartProcessRequest(
             **_exec_fields(self.id, argv, cwd, env, stdin, timeout, max_output_bytes),
             process_id=process_id,
+            output_buffer_bytes=output_buffer_bytes,
+            keep_stdin_open=keep_stdin_open,
+            request_id=request_id,
         )
         resp = await self._client._unary(
             "ProcessService/StartProcess",
             lambda t: self._stubs.processes.StartProcess(req, timeout=t),
             deadline,
+            idempotent=True if request_id else None,
         )
         return ProcessInfo.from_pb(resp.process)
 
@@ -312,14 +347,22 @@ class Session:
             yield event
 
     @rpc("ProcessService/ListProcesses")
-    async def processes(self, *, timeout: float | None = UNSET) -> list[ProcessInfo]:
-        req = process_pb2.ListProcessesRequest(session_id=self.id)
-        resp = await self._client._unary(
+    async def processes(
+        self, *, page_size: int = 0, timeout: float | None = UNSET
+    ) -> AsyncIterator[ProcessInfo]:
+        """The background processes in start order, following pages as the loop goes."""
+        async for resp in self._client._paged(
             "ProcessService/ListProcesses",
-            lambda t: self._stubs.processes.ListProcesses(req, timeout=t),
+            lambda token, t: self._stubs.processes.ListProcesses(
+                process_pb2.ListProcessesRequest(
+                    session_id=self.id, page_size=page_size, page_token=token
+                ),
+                timeout=t,
+            ),
             timeout,
-        )
-        return [ProcessInfo.from_pb(p) for p in resp.processes]
+        ):
+            for p in resp.processes:
+                yield ProcessInfo.from_pb(p)
 
     @rpc("ProcessService/SignalProcess")
     async def signal_process(
@@ -369,15 +412,31 @@ class Session:
 
     @rpc("FilesystemService/ListDir")
     async def list_dir(
-        self, path: str = "", *, depth: int = 0, timeout: float | None = UNSET
-    ) -> list[FileInfo]:
-        req = filesystem_pb2.ListDirRequest(session_id=self.id, path=path, depth=depth)
-        resp = await self._client._unary(
+        self,
+        path: str = "",
+        *,
+        depth: int = 0,
+        page_size: int = 0,
+        timeout: float | None = UNSET,
+    ) -> AsyncIterator[FileInfo]:
+        """The entries beneath `path`, following pages as the loop goes (`page_size` 0: the
+        whole listing in one reply, in walk order; else pages in path order)."""
+        async for resp in self._client._paged(
             "FilesystemService/ListDir",
-            lambda t: self._stubs.files.ListDir(req, timeout=t),
+            lambda token, t: self._stubs.files.ListDir(
+                filesystem_pb2.ListDirRequest(
+                    session_id=self.id,
+                    path=path,
+                    depth=depth,
+                    page_size=page_size,
+                    page_token=token,
+                ),
+                timeout=t,
+            ),
             timeout,
-        )
-        return [FileInfo.from_pb(e) for e in resp.entries]
+        ):
+            for e in resp.entries:
+                yield FileInfo.from_pb(e)
 
     @rpc("FilesystemService/Stat")
     async def stat(self, path: str, *, timeout: float | None = UNSET) -> FileInfo:
@@ -400,7 +459,10 @@ class Session:
     async def make_dir(
         self, path: str, *, parents: bool = False, timeout: float | None = UNSET
     ) -> FileInfo:
-        req = filesystem_pb2.MakeDirRequest(session_id=self.id, path=path, parents=parents)
+        # Both names: a server from before make_parents reads `parents`.
+        req = filesystem_pb2.MakeDirRequest(
+            session_id=self.id, path=path, parents=parents, make_parents=parents
+        )
         resp = await self._client._unary(
             "FilesystemService/MakeDir",
             lambda t: self._stubs.files.MakeDir(req, timeout=t),
@@ -456,18 +518,22 @@ class Session:
         *,
         kind: str = "",
         labels: Mapping[str, str] | None = None,
+        request_id: str = "",
         timeout: float | None = UNSET,
     ) -> SnapshotInfo:
-        """Snapshot the workspace ("TAR", the default) or the whole container ("IMAGE")."""
+        """Snapshot the workspace ("TAR", the default) or the whole container ("IMAGE").
+        With a `request_id` the call is retried safely: a retry returns the first snapshot."""
         req = snapshot_pb2.CreateSnapshotRequest(
             session_id=self.id,
             labels=dict(labels or {}),
             kind=enum_value(snapshot_pb2.SnapshotKind, kind, "SNAPSHOT_KIND_"),
+            request_id=request_id,
         )
         resp = await self._client._unary(
             "SnapshotService/CreateSnapshot",
             lambda t: self._stubs.snapshots.CreateSnapshot(req, timeout=t),
             timeout,
+            idempotent=True if request_id else None,
         )
         return SnapshotInfo.from_pb(resp.snapshot)
 

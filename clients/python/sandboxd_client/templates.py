@@ -36,7 +36,7 @@ class Template:
             _STATES.get(m.state, "UNSPECIFIED"),
             m.builtin,
             m.size_bytes,
-            timestamp(m, "created_at"),
+            timestamp(m, "create_time"),
             m.message,
         )
 

@@ -14,6 +14,7 @@ from sandboxd.engine import Engine
 from sandboxd.errors import Internal
 from sandboxd.isolation import IsolationTiers
 from sandboxd.pulls import Pulls
+from sandboxd.sessions import paging
 from sandboxd.sweeper import Sweeper
 from sandboxd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, images_pb2
 
@@ -86,10 +87,12 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
                 commands_denied_by_default=True,
                 lease_seconds=int(c.leases.default_s),
                 image=c.engine.image,
+                lease=convert.duration_pb(c.leases.default_s),
             ),
             limits_max=convert.limits_pb(c.limits.max),
             assurance=common_pb2.ASSURANCE_ENFORCED,
             lease_max_seconds=int(c.leases.max_s),
+            lease_max=convert.duration_pb(c.leases.max_s),
             egress_filter=_EGRESS_FILTER[
                 self._egress.filter_mode if self._egress else FilterMode.UNAVAILABLE
             ],
@@ -142,6 +145,22 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         self, request: images_pb2.ListImagesRequest, context: Ctx
     ) -> images_pb2.ListImagesResponse:
         usable = await self._need_pulls().usable(self._image_patterns())
+        token = ""
+        if request.page_size or request.page_token:
+            usable, token = paging.page(
+                sorted(usable, key=_image_key),
+                _image_key,
+                paging.page_size(request.page_size),
+                request.page_token,
+                f"images {tenancy.current()!r}",
+            )
         return images_pb2.ListImagesResponse(
-            images=[image_convert.image_info_pb(rec, last) for rec, last in usable]
+            images=[image_convert.image_info_pb(rec, last) for rec, last in usable],
+            next_page_token=token,
         )
+
+
+def _image_key(usable: tuple[object, float]) -> str:
+    """ListImages pages in name order; the digest keeps two tags of one name apart."""
+    image = usable[0]
+    return f"{getattr(image, 'name', '')} {getattr(image, 'digest', '')}"

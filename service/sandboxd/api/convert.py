@@ -27,7 +27,8 @@ from sandboxd.models import (
 )
 from sandboxd.reasons import Reason
 from sandboxd.sessions import CreateSessionInput
-from sandboxd.v1 import common_pb2, filesystem_pb2, process_pb2, session_pb2
+from sandboxd.state_reason import state_reason
+from sandboxd.v1 import common_pb2, filesystem_pb2, polish_pb2, process_pb2, session_pb2
 
 _STATE = {
     SessionState.CREATING: session_pb2.SESSION_STATE_CREATING,
@@ -36,6 +37,18 @@ _STATE = {
     SessionState.EXPIRED: session_pb2.SESSION_STATE_EXPIRED,
     SessionState.FAILED: session_pb2.SESSION_STATE_FAILED,
 }
+
+
+def session_state(pb: session_pb2.SessionState.ValueType) -> SessionState | None:
+    """A state filter: None for UNSPECIFIED (any state); an unknown value is refused."""
+    if pb == session_pb2.SESSION_STATE_UNSPECIFIED:
+        return None
+    for state, value in _STATE.items():
+        if value == pb:
+            return state
+    raise InvalidArgument(f"unknown session state {pb}", reason=Reason.INVALID_ARGUMENT)
+
+
 _NETWORK_MODE_TO_PB = {
     NetworkMode.DENY: common_pb2.NETWORK_MODE_DENY,
     NetworkMode.ALLOWLIST: common_pb2.NETWORK_MODE_ALLOWLIST,
@@ -200,10 +213,37 @@ def session_pb(s: Session) -> session_pb2.Session:
         ),
         user=s.spec.user,
         workspace_id=s.spec.manifest.id,
+        state_reason=_state_reason_pb(s),
         isolation=ISOLATION_PB[s.spec.isolation],
         template=s.spec.template,
         image_digest=s.spec.image_digest,
     )
+
+
+def _state_reason_pb(s: Session) -> polish_pb2.SessionStateReason | None:
+    why = state_reason(s)
+    if why is None:
+        return None
+    return polish_pb2.SessionStateReason(
+        reason=why.reason, message=why.message, recoverable=why.recoverable
+    )
+
+
+def signal_name(name: str, value: int) -> str:
+    """A request's signal: the enum when set (it wins), else the v1 string."""
+    if not value:
+        return name
+    try:
+        return polish_pb2.Signal.Name(value).removeprefix("SIGNAL_")  # type: ignore[arg-type]
+    except ValueError:
+        return f"signal number {value}"  # refused by validate_signal as INVALID_SIGNAL
+
+
+def signal_value(name: str) -> polish_pb2.Signal.ValueType:
+    try:
+        return polish_pb2.Signal.Value("SIGNAL_" + name) if name else polish_pb2.SIGNAL_UNSPECIFIED
+    except ValueError:
+        return polish_pb2.SIGNAL_UNSPECIFIED
 
 
 def exec_response(event: ExecEvent) -> process_pb2.ExecResponse:
@@ -230,6 +270,7 @@ def exited_pb(e: ExecExited) -> process_pb2.ProcessExited:
         timed_out=e.timed_out,
         truncated=e.truncated,
         duration=duration_pb(e.duration_s),
+        signal_value=signal_value(e.signal),
     )
 
 
@@ -239,6 +280,7 @@ def file_info_pb(info: FileInfo) -> filesystem_pb2.FileInfo:
         name=info.name,
         type=_FILE_TYPE[info.type],
         size=info.size,
+        size_bytes=info.size,
         mode=info.mode,
         modified_at=timestamp_pb(info.modified_ns),
         symlink_target=info.symlink_target,

@@ -19,6 +19,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from sandboxd import errors
+from sandboxd.api import error_details
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +62,16 @@ def to_status(exc: errors.SandboxError) -> grpc.Status:
         log.error("internal error: %s", exc.message)
         exc = _INTERNAL
     code = status_code_for(exc)
-    info = error_details_pb2.ErrorInfo(reason=exc.reason, domain=DOMAIN, metadata=exc.metadata)
-    detail = any_pb2.Any()
-    detail.Pack(info)
-    proto = status_pb2.Status(code=code.value[0], message=exc.message, details=[detail])
+    info = error_details_pb2.ErrorInfo(
+        reason=exc.reason, domain=DOMAIN, metadata=error_details.metadata(exc.metadata)
+    )
+    details = [any_pb2.Any()]
+    details[0].Pack(info)
+    retry = error_details.retry_info(exc.reason)
+    if retry is not None:
+        details.append(any_pb2.Any())
+        details[-1].Pack(retry)
+    proto = status_pb2.Status(code=code.value[0], message=exc.message, details=details)
     return rpc_status.to_status(proto)
 
 

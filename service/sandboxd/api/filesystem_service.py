@@ -1,18 +1,39 @@
-"""FilesystemService: translate messages, delegate to Files."""
+"""FilesystemService: translate messages, delegate to Files and FileTransfer."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, AsyncIterator
+
 from sandboxd.api import convert
-from sandboxd.api.errors import Ctx, unary
+from sandboxd.api.errors import Ctx, stream, unary
+from sandboxd.errors import InvalidArgument
+from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
-from sandboxd.sessions import SessionManager
-from sandboxd.v1 import filesystem_pb2, filesystem_pb2_grpc
+from sandboxd.reasons import Reason
+from sandboxd.sessions import SessionManager, paging
+from sandboxd.v1 import filesystem_ext_pb2, filesystem_pb2, filesystem_pb2_grpc
+
+
+async def _data(
+    requests: AsyncIterator[filesystem_ext_pb2.WriteFileStreamRequest],
+) -> AsyncIterator[bytes]:
+    async for req in requests:
+        if req.HasField("header"):
+            raise InvalidArgument(
+                "WriteFileStream: only the first message may carry a header",
+                reason=Reason.INVALID_ARGUMENT,
+            )
+        if req.data:
+            yield req.data
 
 
 class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
-    def __init__(self, sessions: SessionManager, files: Files) -> None:
+    def __init__(
+        self, sessions: SessionManager, files: Files, transfer: FileTransfer | None = None
+    ) -> None:
         self._sessions = sessions
         self._files = files
+        self._transfer = transfer or FileTransfer(files.helper)
 
     @unary
     async def ReadFile(
@@ -20,7 +41,9 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
     ) -> filesystem_pb2.ReadFileResponse:
         async with self._sessions.use(request.session_id) as session:
             got = await self._files.read(session, request.path)
-        return filesystem_pb2.ReadFileResponse(content=got.content, mode=got.mode, size=got.size)
+        return filesystem_pb2.ReadFileResponse(
+            content=got.content, mode=got.mode, size=got.size, size_bytes=got.size
+        )
 
     @unary
     async def WriteFile(
@@ -38,7 +61,18 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
     ) -> filesystem_pb2.ListDirResponse:
         async with self._sessions.use(request.session_id) as session:
             entries = await self._files.list_dir(session, request.path, request.depth)
-        return filesystem_pb2.ListDirResponse(entries=[convert.file_info_pb(e) for e in entries])
+        token = ""
+        if request.page_size or request.page_token:
+            entries, token = paging.page(
+                sorted(entries, key=lambda e: e.path),
+                lambda e: e.path,
+                paging.page_size(request.page_size),
+                request.page_token,
+                f"listdir {session.session_id} {request.path!r} {request.depth}",
+            )
+        return filesystem_pb2.ListDirResponse(
+            entries=[convert.file_info_pb(e) for e in entries], next_page_token=token
+        )
 
     @unary
     async def Stat(
@@ -61,5 +95,45 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
         self, request: filesystem_pb2.MakeDirRequest, context: Ctx
     ) -> filesystem_pb2.MakeDirResponse:
         async with self._sessions.use(request.session_id) as session:
-            info = await self._files.make_dir(session, request.path, request.parents)
+            parents = request.make_parents or request.parents
+            info = await self._files.make_dir(session, request.path, parents)
         return filesystem_pb2.MakeDirResponse(info=convert.file_info_pb(info))
+
+    @stream
+    async def ReadFileStream(
+        self, request: filesystem_ext_pb2.ReadFileStreamRequest, context: Ctx
+    ) -> AsyncGenerator[filesystem_ext_pb2.ReadFileStreamResponse, None]:
+        async with self._sessions.use(request.session_id) as session:
+            chunks = self._transfer.read(session, request.path, request.offset, request.length)
+            async for offset, data in chunks:
+                yield filesystem_ext_pb2.ReadFileStreamResponse(
+                    chunk=filesystem_ext_pb2.FileChunk(data=data, offset=offset)
+                )
+
+    @unary
+    async def WriteFileStream(
+        self, request: AsyncIterator[filesystem_ext_pb2.WriteFileStreamRequest], context: Ctx
+    ) -> filesystem_pb2.WriteFileStreamResponse:
+        requests = aiter(request)
+        first = await anext(requests, None)
+        if first is None or not first.HasField("header"):
+            raise InvalidArgument(
+                "WriteFileStream: the first message must carry the header",
+                reason=Reason.INVALID_FIRST_MESSAGE,
+            )
+        h = first.header
+        async with self._sessions.use(h.session_id) as session:
+            info = await self._transfer.write(
+                session, h.path, h.mode, h.make_parents, _data(requests)
+            )
+        return filesystem_pb2.WriteFileStreamResponse(info=convert.file_info_pb(info))
+
+    @unary
+    async def Move(
+        self, request: filesystem_ext_pb2.MoveRequest, context: Ctx
+    ) -> filesystem_pb2.MoveResponse:
+        async with self._sessions.use(request.session_id) as session:
+            info = await self._transfer.move(
+                session, request.source_path, request.destination_path, request.overwrite
+            )
+        return filesystem_pb2.MoveResponse(info=convert.file_info_pb(info))

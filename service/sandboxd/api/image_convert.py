@@ -43,4 +43,5 @@ def image_info_pb(image: PulledImage, last_used_at: float) -> images_pb2.ImageIn
         ts = timestamp_pb2.Timestamp()
         ts.FromNanoseconds(int(last_used_at * 1e9))
         info.last_used_at.CopyFrom(ts)
+        info.last_used_time.CopyFrom(ts)
     return info

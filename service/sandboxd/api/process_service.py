@@ -4,6 +4,8 @@ processes. Each method only translates; the work is in execution, interactive, p
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
@@ -18,13 +20,23 @@ from sandboxd.models import (
     ExecExited,
     ExecKeepalive,
     ExecOutput,
+    ExecSpec,
     ExecStarted,
     OutputStream,
+    Session,
 )
-from sandboxd.processes import AttachEvent, BackgroundProcess, OutputGap, ProcessManager
+from sandboxd.processes import (
+    AttachEvent,
+    BackgroundProcess,
+    OutputGap,
+    ProcessManager,
+    ProcessOrigin,
+    StartOptions,
+)
 from sandboxd.reasons import Reason
-from sandboxd.sessions import SessionManager
-from sandboxd.v1 import process_pb2, process_pb2_grpc
+from sandboxd.request_ids import validate_request_id
+from sandboxd.sessions import SessionManager, paging
+from sandboxd.v1 import polish_pb2, process_pb2, process_pb2_grpc
 
 # What a RunResponse needs besides stdout and stderr (ids, status, duration), generously.
 _REPLY_ENVELOPE_BYTES = 64 * 1024
@@ -91,11 +103,27 @@ def _process_pb(p: BackgroundProcess) -> process_pb2.Process:
         stderr_bytes=err.end,
         stdout_first_offset=out.start,
         stderr_first_offset=err.start,
+        origin=polish_pb2.ProcessOrigin.ValueType(p.origin.value),
+        stdin_open=p.command is not None and not p.command.stdin_closed,
     )
     pb.started_at.FromDatetime(p.started_at)
     if p.exited is not None:
         pb.exited.CopyFrom(convert.exited_pb(p.exited))
     return pb
+
+
+def _request_process_id(request_id: str) -> str:
+    """A retry with one request_id names one process: the id is derived from it, so the
+    idempotent start by process_id applies (same command: the same process)."""
+    if not request_id:
+        return ""
+    rid = validate_request_id(request_id)
+    return "r-" + hashlib.sha256(rid.encode()).hexdigest()[:32]
+
+
+def _process_key(p: BackgroundProcess) -> str:
+    """Start order (the order ListProcesses always had), unique by the id."""
+    return f"{p.started_at.isoformat()} {p.process_id}"
 
 
 def _first_message_error(what: str) -> InvalidArgument:
@@ -115,7 +143,9 @@ async def _controls(
             case "close_stdin":
                 yield interactive.CloseStdin()
             case "signal":
-                yield interactive.SendSignal(req.signal.signal)
+                yield interactive.SendSignal(
+                    convert.signal_name(req.signal.signal, req.signal.signal_value)
+                )
             case "resize":
                 yield interactive.Resize(req.resize.rows, req.resize.cols)
             case "start":
@@ -148,22 +178,30 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
     ) -> AsyncGenerator[process_pb2.ExecResponse, None]:
         async with self._sessions.use_for_command(request.session_id) as session:
             spec = prepare(session, _exec_input(request), self._config.limits.max)
-            async for event in self._executor.stream(
+            events = self._executor.stream(
                 session, spec, keepalive_s=self._config.server.keepalive_interval_s
-            ):
+            )
+            tracked = self._processes.track(session.session_id, spec, ProcessOrigin.EXEC, events)
+            async for event in tracked:
                 yield _event_pb(event, process_pb2.ExecResponse)
 
     @unary
     async def Run(self, request: process_pb2.RunRequest, context: Ctx) -> process_pb2.RunResponse:
         """Collects the output into one reply: what would not fit one message is dropped (the
         command runs on to its end) and `truncated` set, so the exit status always arrives."""
+        if request.output_encoding not in polish_pb2.OutputEncoding.values():
+            raise InvalidArgument(
+                f"unknown output_encoding {request.output_encoding}", reason=Reason.INVALID_ARGUMENT
+            )
         out = {OutputStream.STDOUT: bytearray(), OutputStream.STDERR: bytearray()}
         room = self._config.max_message_bytes - _REPLY_ENVELOPE_BYTES
         cut = False
         response = process_pb2.RunResponse()
         async with self._sessions.use_for_command(request.session_id) as session:
             spec = prepare(session, _exec_input(request), self._config.limits.max)
-            async for event in self._executor.stream(session, spec):
+            events = self._executor.stream(session, spec)
+            tracked = self._processes.track(session.session_id, spec, ProcessOrigin.RUN, events)
+            async for event in tracked:
                 match event:
                     case ExecStarted(process_id=pid):
                         response.process_id = pid
@@ -180,6 +218,10 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
                         response.duration.CopyFrom(convert.duration_pb(event.duration_s))
         response.stdout = bytes(out[OutputStream.STDOUT])
         response.stderr = bytes(out[OutputStream.STDERR])
+        if request.output_encoding == polish_pb2.OUTPUT_ENCODING_UTF8_LOSSY:
+            # A cut may split a character: its bytes become U+FFFD like any invalid byte.
+            response.stdout_text = response.stdout.decode("utf-8", errors="replace")
+            response.stderr_text = response.stderr.decode("utf-8", errors="replace")
         return response
 
     @stream
@@ -198,14 +240,16 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         pty = PtySize(start.pty.rows, start.pty.cols) if start.HasField("pty") else None
         async with self._sessions.use_for_command(start.request.session_id) as session:
             spec = prepare(session, _exec_input(start.request), self._config.limits.max)
-            async for event in interactive.interact(
+            events = interactive.interact(
                 self._executor,
                 session,
                 spec,
                 pty,
                 _controls(requests),
                 self._config.server.keepalive_interval_s,
-            ):
+            )
+            origin = ProcessOrigin.INTERACT
+            async for event in self._processes.track(session.session_id, spec, origin, events):
                 yield _event_pb(event, process_pb2.InteractResponse)
 
     @unary
@@ -213,11 +257,29 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         self, request: process_pb2.StartProcessRequest, context: Ctx
     ) -> process_pb2.StartProcessResponse:
         async with self._sessions.use(request.session_id) as session:
-            spec = prepare(session, _exec_input(request), self._config.limits.max)
+            spec, options = self._start_spec(session, request)
             # The process holds one of the tenant's exec slots until it ends.
             slot = self._sessions.exec_slots.slot()
-            proc = await self._processes.start(session, spec, request.process_id, slot)
+            pid = request.process_id or _request_process_id(request.request_id)
+            proc = await self._processes.start(session, spec, pid, slot, options)
         return process_pb2.StartProcessResponse(process=_process_pb(proc))
+
+    def _start_spec(
+        self, session: Session, request: process_pb2.StartProcessRequest
+    ) -> tuple[ExecSpec, StartOptions]:
+        """Without output_buffer_bytes, max_output_bytes is the ring size (its deprecated
+        meaning) and output is never cut; with it, max_output_bytes is the cap, as for Exec."""
+        inp = _exec_input(request)
+        if request.output_buffer_bytes == 0:
+            spec = prepare(session, inp, self._config.limits.max)
+            return spec, StartOptions(spec.max_output_bytes, False, request.keep_stdin_open)
+        ring = prepare(
+            session,
+            dataclasses.replace(inp, max_output_bytes=request.output_buffer_bytes),
+            self._config.limits.max,
+        ).max_output_bytes
+        spec = prepare(session, inp, self._config.limits.max)
+        return spec, StartOptions(ring, True, request.keep_stdin_open)
 
     @stream
     async def AttachProcess(
@@ -237,12 +299,48 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
     ) -> process_pb2.ListProcessesResponse:
         async with self._sessions.use(request.session_id) as session:
             procs = self._processes.list(session.session_id)
-        return process_pb2.ListProcessesResponse(processes=[_process_pb(p) for p in procs])
+        token = ""
+        if request.page_size or request.page_token:
+            procs, token = paging.page(
+                procs,
+                _process_key,
+                paging.page_size(request.page_size),
+                request.page_token,
+                f"processes {session.session_id}",
+            )
+        return process_pb2.ListProcessesResponse(
+            processes=[_process_pb(p) for p in procs], next_page_token=token
+        )
 
     @unary
     async def SignalProcess(
         self, request: process_pb2.SignalProcessRequest, context: Ctx
     ) -> process_pb2.SignalProcessResponse:
         async with self._sessions.use(request.session_id) as session:
-            await self._processes.signal(session, request.process_id, request.signal)
+            name = convert.signal_name(request.signal, request.signal_value)
+            await self._processes.signal(session, request.process_id, name)
         return process_pb2.SignalProcessResponse()
+
+    @unary
+    async def GetProcess(
+        self, request: polish_pb2.GetProcessRequest, context: Ctx
+    ) -> process_pb2.GetProcessResponse:
+        async with self._sessions.use(request.session_id) as session:
+            proc = self._processes.get(session.session_id, request.process_id)
+        return process_pb2.GetProcessResponse(process=_process_pb(proc))
+
+    @unary
+    async def SendProcessInput(
+        self, request: polish_pb2.SendProcessInputRequest, context: Ctx
+    ) -> polish_pb2.SendProcessInputResponse:
+        async with self._sessions.use(request.session_id) as session:
+            await self._processes.send_input(session.session_id, request.process_id, request.data)
+        return polish_pb2.SendProcessInputResponse()
+
+    @unary
+    async def CloseProcessStdin(
+        self, request: polish_pb2.CloseProcessStdinRequest, context: Ctx
+    ) -> polish_pb2.CloseProcessStdinResponse:
+        async with self._sessions.use(request.session_id) as session:
+            await self._processes.close_stdin(session.session_id, request.process_id)
+        return polish_pb2.CloseProcessStdinResponse()

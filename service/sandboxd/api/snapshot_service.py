@@ -8,8 +8,9 @@ from google.protobuf import timestamp_pb2
 
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.archive import ArchiveIO
-from sandboxd.errors import InvalidArgument
+from sandboxd.errors import InvalidArgument, NotFound
 from sandboxd.reasons import Reason
+from sandboxd.request_ids import RequestIds
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import Snapshot
 from sandboxd.snapshots import KIND_IMAGE, KIND_TAR, Snapshots
@@ -55,10 +56,17 @@ async def _data(
 
 
 class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
-    def __init__(self, sessions: SessionManager, archive: ArchiveIO, snapshots: Snapshots) -> None:
+    def __init__(
+        self,
+        sessions: SessionManager,
+        archive: ArchiveIO,
+        snapshots: Snapshots,
+        requests: RequestIds | None = None,
+    ) -> None:
         self._sessions = sessions
         self._archive = archive
         self._snapshots = snapshots
+        self._requests = requests or RequestIds()
 
     @stream
     async def ExportArchive(
@@ -83,15 +91,33 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
             result = await self._archive.import_(
                 session, header.path, header.replace, _data(request)
             )
-        return snapshot_pb2.ImportArchiveResponse(files=result.files, bytes=result.bytes)
+        return snapshot_pb2.ImportArchiveResponse(
+            files=result.files, bytes=result.bytes, content_bytes=result.bytes
+        )
 
     @unary
     async def CreateSnapshot(
         self, request: snapshot_pb2.CreateSnapshotRequest, context: Ctx
     ) -> snapshot_pb2.CreateSnapshotResponse:
-        snap = await self._snapshots.create(
-            request.session_id, dict(request.labels), _KIND_FROM_PB.get(request.kind, "?")
-        )
+        async def make() -> str:
+            snap = await self._snapshots.create(
+                request.session_id, dict(request.labels), _KIND_FROM_PB.get(request.kind, "?")
+            )
+            return snap.snapshot_id
+
+        async def still_there(snapshot_id: str) -> bool:
+            try:
+                await self._snapshots.get(snapshot_id)
+            except NotFound:
+                return False
+            return True
+
+        if not request.request_id:
+            snapshot_id = await make()
+        else:
+            scope = f"snapshot {request.session_id}"
+            snapshot_id, _ = await self._requests.once(scope, request.request_id, make, still_there)
+        snap = await self._snapshots.get(snapshot_id)
         return snapshot_pb2.CreateSnapshotResponse(snapshot=snapshot_pb(snap))
 
     @unary
@@ -106,7 +132,10 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
         self, request: snapshot_pb2.ListSnapshotsRequest, context: Ctx
     ) -> snapshot_pb2.ListSnapshotsResponse:
         snaps, token = await self._snapshots.list(
-            request.session_id, request.page_size, request.page_token
+            request.session_id,
+            request.page_size,
+            request.page_token,
+            dict(request.label_selector),
         )
         return snapshot_pb2.ListSnapshotsResponse(
             snapshots=[snapshot_pb(s) for s in snaps], next_page_token=token

@@ -26,7 +26,7 @@ def template_pb(t: TemplateRecord) -> template_pb2.Template:
         size_bytes=t.size_bytes,
         message=t.message,
     )
-    pb.created_at.FromDatetime(t.created_at)
+    pb.create_time.FromDatetime(t.created_at)
     return pb
 
 

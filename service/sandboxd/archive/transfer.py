@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
-import tarfile
 import tempfile
 import threading
 from collections.abc import AsyncIterator
@@ -33,10 +33,9 @@ from typing import Any, BinaryIO
 
 from sandboxd import validation
 from sandboxd.archive import policy
+from sandboxd.archive.check import check_and_forward
 from sandboxd.archive.pipe import (
-    BLOCK,
     INBOX_BYTES,
-    OUT_BATCH,
     OUTBOX_BYTES,
     Cancelled,
     Inbox,
@@ -50,7 +49,13 @@ from sandboxd.archive.pipe import (
 )
 from sandboxd.archive.policy import ArchiveLimits, MemberChecker
 from sandboxd.engine import Engine
-from sandboxd.errors import AlreadyExists, InvalidArgument, ResourceExhausted, SandboxError
+from sandboxd.errors import (
+    FailedPrecondition,
+    Internal,
+    NotFound,
+    ResourceExhausted,
+    SandboxError,
+)
 from sandboxd.files import Files
 from sandboxd.helper_client import (
     STDERR_LIMIT,
@@ -74,7 +79,6 @@ CHUNK_BYTES = 256 * 1024
 MAX_TRAILING_BYTES = 1024 * 1024  # after the end-of-archive marker (tar pads to 10 KiB records)
 SPOOL_READ_BYTES = 256 * 1024
 STAGE_PREFIX = ".sbx-import-"
-_ZEROS = bytes(BLOCK)
 
 
 @dataclass(frozen=True)
@@ -83,66 +87,26 @@ class ImportResult:
     bytes: int
 
 
-def check_and_forward(source: Source, sink: Sink | None, checker: MemberChecker) -> tuple[int, int]:
-    """Runs on the import thread: parse, check, re-emit. Returns (members, content bytes).
-
-    tarfile parses the headers (`r:` over the forward-only source); each member goes out as
-    the header tarfile would write for the sanitised TarInfo (`addfile` in PAX format), then
-    its data passed through as it came, then the padding; at the end, tarfile's end blocks.
-    """
-    written = 0
-    try:
-        src = tarfile.open(fileobj=source, mode="r:")  # type: ignore[call-overload]
-    except tarfile.ReadError as exc:
-        raise InvalidArgument(
-            f"the data is not a tar archive ({exc})", reason=Reason.ARCHIVE_INVALID
-        ) from None
-    try:
-        while True:
-            try:
-                info = src.next()
-            except tarfile.TarError as exc:
-                raise InvalidArgument(
-                    f"the archive is damaged ({exc})", reason=Reason.ARCHIVE_INVALID
-                ) from None
-            except RecursionError:  # tarfile recurses once per chained extension header
-                raise policy.invalid("too many extended headers in a row") from None
-            if info is None:
-                break
-            # tarfile keeps every TarInfo it has seen: 100 000 members would be tens of MiB.
-            # Nothing here looks back, so let them go.
-            src.members.clear()
-            policy.check_global_headers(src.pax_headers)
-            clean = checker.check(info)
-            if clean is None:
-                continue
-            if sink is not None:
-                sink.limit = policy.stream_allowance(
-                    checker.limits.max_total_bytes, checker.members
-                )
-            if sink is not None:
-                sink.write(clean.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape"))
-            if clean.isreg():
-                remaining = clean.size
-                while remaining:
-                    view = source.read_view(min(remaining, OUT_BATCH))
-                    if not view:
-                        raise _truncated(info.name)
-                    if sink is not None:
-                        sink.write(view)
-                    remaining -= len(view)
-                if sink is not None and clean.size % BLOCK:
-                    sink.write(_ZEROS[: BLOCK - clean.size % BLOCK])
-                written += clean.size
-        _check_end(source, src.offset)
-        if sink is not None:
-            # tarfile's close() in `w` mode: two zero blocks, then zeros to a whole record.
-            end = 2 * BLOCK + (-(sink.written + 2 * BLOCK)) % tarfile.RECORDSIZE
-            sink.write(bytes(end))
-            sink.flush()
-    finally:
-        src.close()
-    return checker.members, written
+def _export_error(result: HelperResult, rel: str) -> SandboxError:
+    """tar -c runs as the sandbox user: a file or folder that user made unreadable (000)
+    cannot be carried. Said plainly (and before a Suspend stops anything), not INTERNAL."""
+    if result.exit_code not in (126, 127) and "permission denied" in result.stderr_text.lower():
+        return FailedPrecondition(
+            f"the workspace holds an entry its user cannot read (mode 000?), so it cannot be "
+            f"archived; give it read permission (chmod u+r) first: {result.stderr_text[:300]}",
+            reason=Reason.WORKSPACE_UNREADABLE,
+            metadata={"path": rel},
+        )
+    err = tool_error("export", "tar", result, rel)
+    if isinstance(err, Internal) and result.exit_code in (1, 2):
+        # tar ran and gave up on some entry (a path too long for it...): the workspace
+        # cannot be carried as it is; said with tar's own words (their end names the cause).
+        return FailedPrecondition(
+            f"the workspace holds an entry that cannot be archived: ...{result.stderr_text[-400:]}",
+            reason=Reason.WORKSPACE_NOT_ARCHIVABLE,
+            metadata={"path": rel},
+        )
+    return err
 
 
 def _too_large(path: str, cap: int) -> ResourceExhausted:
@@ -152,29 +116,6 @@ def _too_large(path: str, cap: int) -> ResourceExhausted:
         reason=Reason.ARCHIVE_TOO_LARGE,
         metadata={"path": path, "limit": str(cap)},
     )
-
-
-def _truncated(name: str) -> InvalidArgument:
-    return InvalidArgument(
-        f"the archive ends inside member {name!r} (truncated, or the header lies about its size)",
-        reason=Reason.ARCHIVE_TRUNCATED,
-        metadata={"member": name[:512]},
-    )
-
-
-def _check_end(source: Source, offset: int) -> None:
-    """tarfile's stream mode ends quietly on a missing or garbage header: refuse both."""
-    block = source.block_at(offset)
-    if block is None or len(block) < BLOCK:
-        raise InvalidArgument(
-            "the archive is truncated (no end-of-archive marker)", reason=Reason.ARCHIVE_TRUNCATED
-        )
-    if block.count(0) != BLOCK:
-        raise InvalidArgument(
-            "the archive holds data that is not a tar header (damaged, or a member lies about "
-            "its size)",
-            reason=Reason.ARCHIVE_INVALID,
-        )
 
 
 class ArchiveIO:
@@ -195,6 +136,17 @@ class ArchiveIO:
         self._max_members = max_members
         self._spool_dir = spool_dir or Path(tempfile.gettempdir())
 
+    async def _is_file(self, session: Session, rel: str) -> bool:
+        """Whether `rel` is a regular file (anything else exports as a folder, or fails as
+        one); `sbx stat` never follows a symlink."""
+        result = await self._helper_client.run(session, ["stat", rel])
+        if result.exit_code != 0:
+            return False  # the folder export reports what is wrong with the path
+        try:
+            return bool(json.loads(result.stdout.splitlines()[0]).get("type") == "file")
+        except (ValueError, IndexError, AttributeError):
+            return False
+
     async def export(self, session: Session, path: str) -> AsyncIterator[bytes]:
         """Yields the tar of `path` in chunks as tar writes it; raises if tar fails.
 
@@ -205,6 +157,11 @@ class ArchiveIO:
         rel = validation.workspace_relpath(path or ".")
         cap = policy.stream_allowance(session.spec.limits.workspace_bytes, self._max_members)
         argv = tool_argv(rel, ["tar", "-c", "-f", "-", "."])
+        if rel != "." and await self._is_file(session, rel):
+            # A single file (issue 21): tar of its folder with the one member "./NAME"; the
+            # folder is resolved beneath the workspace by sbx, the name archived as itself.
+            parent, _, name = rel.rpartition("/")
+            argv = tool_argv(parent or ".", ["tar", "-c", "-f", "-", f"./{name}"])
         stderr = bytearray()
         pending: list[bytes] = []  # joined once per chunk: one copy of each byte
         size = total = 0
@@ -225,7 +182,7 @@ class ArchiveIO:
                     size = 0
             code = await stream.wait_exit_code()
         if code != 0:
-            raise tool_error("export", "tar", HelperResult(code, b"", bytes(stderr)), rel)
+            raise _export_error(HelperResult(code, b"", bytes(stderr)), rel)
         if pending:
             yield b"".join(pending)
 
@@ -237,31 +194,38 @@ class ArchiveIO:
         chunks: AsyncIterator[bytes],
         *,
         max_total_bytes: int | None = None,
+        trusted: bool = False,
     ) -> ImportResult:
         """Check every member, unpack into a staging folder, then merge it into place."""
         rel = validation.workspace_relpath(path or ".")
         limits = session.spec.limits
-        if rel != ".":
-            with contextlib.suppress(AlreadyExists):
-                await self._helper(session, ["mkdir", rel, "--parents"], rel)
-        existing: set[int] = set() if replace else await self._symlinks_under(session, rel)
+        total = max_total_bytes or limits.workspace_bytes
+        # A missing destination is made only right before the merge, and taken back if the
+        # merge fails: a refused or cancelled import leaves no folder behind.
+        missing = await self._missing_top(session, rel)
+        existing: set[int] = (
+            set() if replace or missing else await self._symlinks_under(session, rel)
+        )
         checker = MemberChecker(
             ArchiveLimits(
                 max_members=self._max_members,
-                max_file_bytes=limits.file_bytes,
-                max_total_bytes=max_total_bytes or limits.workspace_bytes,
+                # The server's own snapshot holds what the sandbox made: one file may be as
+                # large as the workspace; a caller's file is held to the API's file cap.
+                max_file_bytes=total if trusted else limits.file_bytes,
+                max_total_bytes=total,
+                trusted=trusted,
             ),
             existing_hashes=existing,
         )
         stage = STAGE_PREFIX + secrets.token_hex(6)
         spool = await asyncio.to_thread(self._new_spool) if replace else None
-        merged = False
+        merged = made = False
         try:
             await self._helper(session, ["mkdir", stage], stage)
             try:
                 members, content = await self._unpack(session, stage, chunks, checker, spool)
             except NoRoom:
-                if spool is None:
+                if spool is None or missing:
                     raise
                 # The whole archive was checked and is within the cap, but does not fit beside
                 # the content it replaces: empty the destination, then unpack again.
@@ -271,18 +235,93 @@ class ArchiveIO:
                 await self._helper(session, ["merge", stage, rel, "--replace"], rel)
                 await self._helper(session, ["mkdir", stage], stage)
                 await asyncio.to_thread(spool.seek, 0)
+                again = MemberChecker(checker.limits)
                 members, content = await self._unpack(
-                    session, stage, _read_spool(spool), MemberChecker(checker.limits), None
+                    session, stage, _read_spool(spool), again, None
                 )
+                checker.deferred_modes[:] = again.deferred_modes
+            if missing:
+                made = True
+                await self._helper(session, ["mkdir", rel, "--parents"], rel)
             args = ["merge", stage, rel] + (["--replace"] if replace else [])
             await self._helper(session, args, rel)
             merged = True
         finally:
             if not merged:
                 await asyncio.shield(self._remove_stage(session, stage))
+                if made and missing:
+                    await asyncio.shield(self._remove_stage(session, missing))
             if spool is not None:
                 await asyncio.shield(asyncio.to_thread(spool.close))
+        await self._close_directories(session, rel, checker.deferred_modes)
         return ImportResult(files=members, bytes=content)
+
+    def trusted_limits(self, session: Session) -> ArchiveLimits:
+        """What a restore of the server's own snapshot of `session` is held to."""
+        cap = session.spec.limits.workspace_bytes
+        return ArchiveLimits(self._max_members, cap, cap, trusted=True)
+
+    async def check_restorable(self, session: Session, chunks: AsyncIterator[bytes]) -> None:
+        """Raise what a restore of this tar would refuse, before anything relies on it.
+
+        A snapshot is checked against the trusted rules right after it is taken, while the
+        session still runs: a workspace that could not come back (a name longer than any
+        restore accepts...) is refused then, never found out at Resume."""
+        loop = asyncio.get_running_loop()
+        inbox = Inbox(loop, INBOX_BYTES)
+        checker = MemberChecker(self.trusted_limits(session))
+
+        async def feed() -> None:
+            try:
+                async for data in chunks:
+                    await inbox.put(data)
+            except BaseException:
+                inbox.end(Cancelled())
+                raise
+            inbox.end()
+
+        feeder = asyncio.create_task(feed())
+        try:
+            await asyncio.to_thread(check_and_forward, Source(inbox), None, checker)
+        finally:
+            inbox.cancel()  # a thread still reading stops at once
+            feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeder
+            close = getattr(chunks, "aclose", None)  # `async for` left it open (its file)
+            if close is not None:
+                await close()
+
+    async def tidy(self, session: Session) -> None:
+        """Remove the staging folders of imports a dead server left behind (at start-up,
+        before any import of this server can have made one): the workspace is then as it
+        was before the import, as a refused one leaves it."""
+        for entry in await self._files.list_dir(session, ".", 1):
+            if entry.path.startswith(STAGE_PREFIX) and "/" not in entry.path:
+                log.info("removing an interrupted import's staging folder %s", entry.path)
+                await self._remove_stage(session, entry.path)
+
+    async def _missing_top(self, session: Session, rel: str) -> str | None:
+        """The outermost folder of `rel` that does not exist yet, None when `rel` exists."""
+        if rel == ".":
+            return None
+        parts = rel.split("/")
+        for i in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:i])
+            try:
+                await self._files.stat(session, prefix)
+            except NotFound:
+                return prefix
+        return None
+
+    async def _close_directories(
+        self, session: Session, rel: str, modes: list[tuple[str, int]]
+    ) -> None:
+        """Give the directories unpacked open (u+rwx) their own modes, deepest first."""
+        base = "" if rel == "." else rel + "/"
+        for name, mode in sorted(modes, key=lambda m: -m[0].count("/")):
+            where = base + name
+            await self._helper(session, ["chmod", where, f"{mode:o}"], where)
 
     def _new_spool(self) -> BinaryIO:
         self._spool_dir.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """Egress audit: one structured log line per proxy decision, and a bounded per-session record.
 
 The record is what the API reads back (ListEgressEvents); it is kept in memory, newest
-`MAX_EVENTS` per session, and dropped with the session. The log line is the durable copy.
+`MAX_EVENTS` per session, and dropped with the session. The durable copy is the audit log:
+every decision (not the tunnel ends) goes to `on_event`, the server's audit writer.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class EgressEvent:
     secret: str = ""  # the secret's name for the secret kinds (never its value)
 
 
+# (tenant, event) -> None: must not block (it runs on the proxy's path).
+EgressSink = Callable[[str, EgressEvent], None]
+
+
 class AuditLog:
     """The bounded event record of one session."""
 
@@ -46,9 +51,13 @@ class AuditLog:
         session_id: str,
         max_events: int = MAX_EVENTS,
         on_decision: Callable[[bool], None] | None = None,
+        on_event: EgressSink | None = None,
+        tenant: str = "",
         on_secret: Callable[[str], None] | None = None,
     ) -> None:
         self.session_id = session_id
+        self.tenant = tenant
+        self._on_event = on_event  # the durable audit log: decisions only
         self._on_decision = on_decision  # metrics: counts verdicts, not tunnel ends
         self._on_secret = on_secret  # metrics: counts secret events by kind
         self._events: collections.deque[EgressEvent] = collections.deque(maxlen=max_events)
@@ -94,6 +103,8 @@ class AuditLog:
                 self._on_secret(kind)
         elif self._on_decision is not None and not ended:
             self._on_decision(allowed)
+        if self._on_event is not None and not ended:
+            self._on_event(self.tenant, event)
         verdict = "ALLOWED" if allowed else "REFUSED"
         # One line per decision; with the JSON log format every field is its own key.
         extra = {f"egress_{k}": v for k, v in asdict(event).items() if k not in ("time",)}

@@ -19,7 +19,7 @@ from types import TracebackType
 
 from sandboxd.egress import firewall
 from sandboxd.egress.addresses import Protected
-from sandboxd.egress.audit import AuditLog
+from sandboxd.egress.audit import AuditLog, EgressSink
 from sandboxd.egress.policy import ResolvedQuotas
 from sandboxd.egress.proxy import EgressProxy, Rules
 from sandboxd.egress.resolver import Resolver
@@ -100,6 +100,7 @@ class EgressManager:
         static_hosts: dict[str, tuple[str, ...]] | None = None,
         allow_unfiltered: bool = False,
         on_decision: Callable[[bool], None] | None = None,
+        on_event: EgressSink | None = None,
         resolver: Resolver | None = None,
         protected: Protected | None = None,
         private_networks_granted: Callable[[str], bool] = lambda tenant: False,
@@ -109,6 +110,7 @@ class EgressManager:
         self._secrets = secrets or SecretsSetup()
         self._helper = HelperClient(engine)
         self._on_decision = on_decision
+        self._on_event = on_event
         self._owner_id = owner_id
         self._port = proxy_port
         self._resolver = resolver or Resolver(static_hosts)
@@ -199,7 +201,11 @@ class EgressManager:
         audit = self._audit.setdefault(
             sid,
             AuditLog(
-                sid, on_decision=self._on_decision, on_secret=self._secrets.counter(session.tenant)
+                sid,
+                on_decision=self._on_decision,
+                on_secret=self._secrets.counter(session.tenant),
+                on_event=self._on_event,
+                tenant=session.tenant,
             ),
         )
         proxy = EgressProxy(

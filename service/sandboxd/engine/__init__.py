@@ -12,6 +12,7 @@ from sandboxd.engine.protocol import (
     NetworkInfo,
     SandboxInfo,
     SandboxRequest,
+    SandboxStats,
     SandboxStatus,
     SessionNetwork,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "NetworkInfo",
     "SandboxInfo",
     "SandboxRequest",
+    "SandboxStats",
     "SandboxStatus",
     "SessionNetwork",
 ]

@@ -11,9 +11,11 @@ checked against, with a message that says what to pin.
 
 from __future__ import annotations
 
+import contextlib
 from importlib import metadata
 from typing import Any
 
+import aiodocker
 import aiohttp
 from aiodocker.containers import DockerContainer
 from aiodocker.stream import Stream
@@ -84,3 +86,12 @@ def widen_pool(connector: aiohttp.BaseConnector | None, size: int) -> None:
 def container_document(container: DockerContainer) -> dict[str, Any]:
     """The list entry (Id, Names, Labels, State...) aiodocker keeps of a listed container."""
     return dict(container._container)
+
+
+def events_query(
+    docker: aiodocker.Docker, params: dict[str, str]
+) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
+    """GET /events as our own stream (aiodocker's `events` channel is one per client), with no
+    total timeout: it runs for the server's life."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=None, connect=5)
+    return docker._query("events", params=params, timeout=timeout)

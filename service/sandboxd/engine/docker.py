@@ -26,8 +26,9 @@ from aiodocker.execs import Exec
 from aiodocker.stream import Stream
 
 from sandboxd import images
-from sandboxd.engine import compat, docker_build, docker_pull
+from sandboxd.engine import compat, docker_build, docker_pull, docker_stats
 from sandboxd.engine.docker_profile import conforms, container_config
+from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
     ImageDetails,
     NetworkAddress,
@@ -35,6 +36,7 @@ from sandboxd.engine.protocol import (
     PullProgress,
     SandboxInfo,
     SandboxRequest,
+    SandboxStats,
     SandboxStatus,
 )
 from sandboxd.engine.runsc_leftovers import end_leftovers
@@ -43,7 +45,10 @@ from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 from sandboxd.reasons import Reason
 
+# Every request has a deadline (streams of exec output excepted: those last as long as the
+# command, bounded by its own timeout).
 _ENGINE_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=5, sock_connect=5)
+REMOVE_TIMEOUT_S = 20.0
 
 
 @contextlib.contextmanager
@@ -158,7 +163,7 @@ class DockerEngine:
     ) -> None:
         # The engine runtime of each tier: HostConfig.Runtime of every sandbox says which.
         self._runtimes = {Isolation.RUNC: "runc", Isolation.GVISOR: gvisor_runtime}
-        self._helper_path = helper_path  # bind-mounted read-only into every sandbox
+        self._helper = HelperVolume(helper_path)  # mounted read-only in every sandbox
         self._keeper_user = keeper_user
         self._on_error = on_error  # told the kind of every engine failure (metrics)
         self._docker_host = docker_host
@@ -232,7 +237,7 @@ class DockerEngine:
     def _config(self, request: SandboxRequest) -> dict[str, Any]:
         return container_config(
             request,
-            helper_path=self._helper_path,
+            helper_volume=self._helper.name,
             keeper_user=self._keeper_user,
             runtime=self._runtimes[request.spec.isolation],
         )
@@ -242,6 +247,8 @@ class DockerEngine:
         return hashlib.sha256(json.dumps(shaped, sort_keys=True, default=str).encode()).hexdigest()
 
     async def create_sandbox(self, request: SandboxRequest) -> str:
+        with self._translate(f"filling the helper volume {self._helper.name}"):
+            await self._helper.ensure(self.docker, request.spec.image)
         with self._translate(f"creating container {request.name}"):
             container = await self.docker.containers.create(
                 self._config(request), name=request.name
@@ -259,10 +266,20 @@ class DockerEngine:
             raise
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
-        """Force-remove; a container that is already gone is not an error."""
+        """Force-remove; a container that is already gone is not an error.
+
+        Bounded: a removal that does not finish within REMOVE_TIMEOUT_S (a paused container on
+        an engine that will not kill a frozen one) is retried once after an unpause."""
+        container = self._container(sandbox_id)
         try:
             with self._translate(f"removing container {sandbox_id[:12]}"):
-                await self._container(sandbox_id).delete(force=True, v=True)
+                try:
+                    async with asyncio.timeout(REMOVE_TIMEOUT_S):
+                        await container.delete(force=True, v=True)
+                except TimeoutError:
+                    with contextlib.suppress(aiodocker.DockerError):
+                        await asyncio.wait_for(container.unpause(), REMOVE_TIMEOUT_S)
+                    await asyncio.wait_for(container.delete(force=True, v=True), REMOVE_TIMEOUT_S)
         except NotFound:
             pass
         except FailedPrecondition:
@@ -421,10 +438,14 @@ class DockerEngine:
     async def commit_sandbox(
         self, sandbox_id: str, repository: str, tag: str, labels: Mapping[str, str]
     ) -> str:
-        """docker commit; returns the new image's id."""
+        """docker commit; returns the new image's id.
+
+        Without pausing: a paused container answers every exec with 409 (which must not read
+        as "gone"), and one left paused by a commit cut short would stay frozen. The
+        workspace is a tmpfs the commit does not hold anyway (its tar is taken beside)."""
         with self._translate(f"committing container {sandbox_id[:12]}"):
             result = await self._container(sandbox_id).commit(
-                repository=repository, tag=tag, config={"Labels": dict(labels)}, pause=True
+                repository=repository, tag=tag, config={"Labels": dict(labels)}, pause=False
             )
         return str(result.get("Id", ""))
 
@@ -445,6 +466,17 @@ class DockerEngine:
 
     def _container(self, sandbox_id: str) -> DockerContainer:
         return self.docker.containers.container(sandbox_id)
+
+    # ----- observation (docker_stats) -----------------------------------------------------
+
+    async def sandbox_stats(self, sandbox_id: str) -> SandboxStats:
+        with self._translate(f"stats of container {sandbox_id[:12]}"):
+            return await docker_stats.read_stats(self.docker, sandbox_id)
+
+    async def oom_kills(self, owner_id: str) -> AsyncIterator[str]:
+        with self._translate("engine events"):
+            async for sandbox_id in docker_stats.oom_kills(self.docker, owner_id):
+                yield sandbox_id
 
     # ----- registry pulls (sandboxd.engine.docker_pull) ----------------------------------
 

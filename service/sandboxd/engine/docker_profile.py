@@ -7,8 +7,8 @@ Docker adapter builds these documents; the domain asks for a `SandboxRequest`.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from sandboxd import images
@@ -17,6 +17,8 @@ from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 from sandboxd.profile import HELPER_IN_CONTAINER, TMP_BYTES, base_env
 from sandboxd.secrets import trust
+
+HELPER_DIR = posixpath.dirname(HELPER_IN_CONTAINER)
 
 NO_PROXY = "localhost,127.0.0.1,::1"
 # The HostConfig fields a tampering check compares (plus CapAdd and no-new-privileges).
@@ -33,7 +35,7 @@ _CHECKED = (
 
 
 def container_config(
-    request: SandboxRequest, *, helper_path: Path, keeper_user: str, runtime: str = "runc"
+    request: SandboxRequest, *, helper_volume: str, keeper_user: str, runtime: str = "runc"
 ) -> dict[str, Any]:
     """The create request; the main process idles as `keeper_user`, under the OCI `runtime`
     of the session's isolation tier (runc, or runsc for gvisor).
@@ -95,7 +97,9 @@ def container_config(
             "PidsLimit": limits.pids,
             "Init": True,
             "IpcMode": "private",
-            "Binds": [f"{helper_path.resolve()}:{HELPER_IN_CONTAINER}:ro"],
+            # The helper comes from a volume named after its content, never bound from the
+            # server's own file: /proc/self/mountinfo would show the server host's path.
+            "Binds": [f"{helper_volume}:{HELPER_DIR}:ro"],
             "RestartPolicy": {"Name": "no"},
             "AutoRemove": False,
             "LogConfig": {"Type": "none", "Config": {}},

@@ -68,6 +68,18 @@ class SandboxInfo:
 
 
 @dataclass(frozen=True)
+class SandboxStats:
+    """One reading of a sandbox's resource use (the engine's stats API)."""
+
+    cpu_seconds: float = 0.0
+    memory_bytes: int = 0
+    memory_peak_bytes: int = 0  # 0 where the engine cannot say (cgroup v2 without memory.peak)
+    processes: int = 0
+    network_bytes: int = 0  # received + sent over its networks (the egress proxy's traffic)
+    cpu_throttled_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class NetworkInfo:
     network_id: str
     name: str
@@ -228,6 +240,17 @@ class Engine(Protocol):
 
     async def list_images(self, owner_id: str) -> list[str]:
         """Ids of the images labelled with this owner id."""
+        ...
+
+    # ----- observation (session stats and events) ------------------------------------------
+
+    async def sandbox_stats(self, sandbox_id: str) -> SandboxStats:
+        """One reading now; NotFound when the sandbox is gone."""
+        ...
+
+    def oom_kills(self, owner_id: str) -> AsyncIterator[str]:
+        """Ids of this owner's sandboxes as the kernel OOM-kills a process in them, live,
+        until cancelled (the engine's event stream)."""
         ...
 
     # ----- registry pulls (sandboxd.pulls) -----------------------------------------------

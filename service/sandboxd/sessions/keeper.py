@@ -31,6 +31,10 @@ class WorkspaceKeeper(Protocol):
 
     async def forget_session(self, session_id: str) -> None: ...
 
+    async def tidy(self, session: Session) -> None:
+        """Remove what an operation cut short by a dead server left in the workspace."""
+        ...
+
     async def images_of(self, tenant: str) -> list[str]:
         """Image ids of the tenant's image snapshots: the only snapshot images it may run."""
         ...

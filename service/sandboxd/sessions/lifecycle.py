@@ -25,6 +25,7 @@ from sandboxd.engine.protocol import Engine
 from sandboxd.errors import (
     AlreadyExists,
     FailedPrecondition,
+    Internal,
     InvalidArgument,
     NotFound,
     SandboxError,
@@ -38,11 +39,12 @@ from sandboxd.pulls import Pulls, Resolved
 from sandboxd.reasons import Reason
 from sandboxd.secrets.bindings import settle_secrets
 from sandboxd.sessions import paging
+from sandboxd.sessions.gate import WorkspaceGate
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.manifest import write_manifest
 from sandboxd.sessions.quota import QuotaGate
-from sandboxd.sessions.recovery import Recovery, container_lost, now
+from sandboxd.sessions.recovery import ExpiryHook, Recovery, container_lost, now
 from sandboxd.sessions.sandboxes import Sandboxes, SessionEndHook, Undo
 from sandboxd.sessions.spec import CreateSessionInput, check_create, check_lease, check_network
 from sandboxd.snapshot_store import Snapshot
@@ -64,6 +66,7 @@ class SessionManager:
         pool: WarmPool | None = None,
         egress: EgressManager | None = None,
         on_session_end: Sequence[SessionEndHook] = (),
+        on_expiry: ExpiryHook | None = None,
         tiers: IsolationTiers | None = None,
         pulls: Pulls | None = None,
         templates: TemplateImages | None = None,
@@ -78,13 +81,22 @@ class SessionManager:
         self._egress = egress  # None: ALLOWLIST sessions are refused (NETWORK_MODE_UNSUPPORTED)
         self.owner_id = owner_id
         self._locks = SessionLocks()
+        self._gate = WorkspaceGate()
         self._quota = QuotaGate(config, store)
         # What lives in a sandbox beyond one call (background processes) ends with it.
         self._sandboxes = Sandboxes(
             engine, store, owner_id, pool=pool, egress=egress, on_session_end=on_session_end
         )
         self._recovery = Recovery(
-            engine, store, self._locks, self._sandboxes, keeper, owner_id, pool=pool, egress=egress
+            engine,
+            store,
+            self._locks,
+            self._sandboxes,
+            keeper,
+            owner_id,
+            pool=pool,
+            egress=egress,
+            on_expiry=on_expiry,
         )
         # Commands (Exec, Run, ...) hold one of these per tenant while they run.
         self.exec_slots = tenancy.ExecSlots(config.tenancy.max_concurrent_execs)
@@ -244,18 +256,27 @@ class SessionManager:
         return session
 
     async def list_sessions(
-        self, label_selector: Mapping[str, str], page_size: int, page_token: str
+        self,
+        label_selector: Mapping[str, str],
+        page_size: int,
+        page_token: str,
+        state: SessionState | None = None,
     ) -> tuple[list[Session], str]:
         size = paging.page_size(page_size)
-        after = paging.decode_token(page_token, _is_session_id)
         selector = validation.validate_labels(label_selector)
+        bound = f"sessions {sorted(selector.items())!r} {state} {tenancy.current()!r}"
+        after = paging.decode_token(page_token, _is_session_id, bound)
         sessions = await self._store.page(
-            after=after, limit=size + 1, labels=selector, tenant=tenancy.current()
+            after=after,
+            limit=size + 1,
+            labels=selector,
+            tenant=tenancy.current(),
+            state=state.value if state is not None else None,
         )
         token = ""
         if len(sessions) > size:
             sessions = sessions[:size]
-            token = paging.encode_token(sessions[-1].session_id)
+            token = paging.encode_token(sessions[-1].session_id, bound)
         for s in sessions:
             self._note_lease(s)
         return sessions, token
@@ -273,24 +294,44 @@ class SessionManager:
         return session
 
     @contextlib.asynccontextmanager
-    async def use(self, session_id: str) -> AsyncIterator[Session]:
+    async def use(
+        self, session_id: str, *, exclusive: bool = False, gate: bool = True
+    ) -> AsyncIterator[Session]:
         """A running session for the duration of one operation.
 
-        An engine that says the sandbox is gone or stopped marks the session lost.
+        Holds the session's workspace gate (sessions/gate.py): shared for file calls and
+        imports, `exclusive` for a snapshot. An engine that says the sandbox is gone or
+        stopped marks the session lost (after a check, recovery.py); an engine failure of
+        a call that raced a Delete, Suspend or rebuild is answered as if the call had come
+        after it. The gate is let go before either check, which takes the session's lock.
         """
         session = await self.require_running(session_id)
-        try:
-            yield session
-        except (NotFound, FailedPrecondition) as exc:
-            if exc.reason in (Reason.ENGINE_OBJECT_NOT_FOUND, Reason.ENGINE_CONFLICT):
-                raise await self.container_lost(session) from exc
-            raise
+        failure: SandboxError | None = None
+        hold = (
+            (self._gate.exclusive if exclusive else self._gate.shared)(session_id)
+            if gate
+            else contextlib.nullcontext()
+        )
+        async with hold:
+            try:
+                yield session
+            except (NotFound, FailedPrecondition) as exc:
+                if exc.reason not in (Reason.ENGINE_OBJECT_NOT_FOUND, Reason.ENGINE_CONFLICT):
+                    raise
+                failure = exc
+            except Internal as exc:
+                failure = exc
+        if isinstance(failure, Internal):
+            raise await self._recovery.raced(session) or failure
+        if failure is not None:
+            raise await self.container_lost(session) from failure
 
     @contextlib.asynccontextmanager
     async def use_for_command(self, session_id: str) -> AsyncIterator[Session]:
         """`use`, holding one of the tenant's exec slots: a running command counts against
-        tenant_max_concurrent_execs until it ends."""
-        async with self.use(session_id) as session, self.exec_slots.slot():
+        tenant_max_concurrent_execs until it ends. Commands do not hold the workspace gate
+        (they may run for minutes; a Suspend ends them)."""
+        async with self.use(session_id, gate=False) as session, self.exec_slots.slot():
             yield session
 
     async def is_current(self, session: Session) -> bool:
@@ -315,16 +356,18 @@ class SessionManager:
             await self._store.update(session)
             return session
 
-    async def delete(self, session_id: str) -> None:
+    async def delete(self, session_id: str) -> bool:
+        """Whether this call removed the session (deleting is idempotent)."""
         validation.validate_session_id(session_id)
         async with self._locks.locked(session_id):
             session = await self._store.get(session_id)
             if session is None or session.tenant != tenancy.current():
-                return  # idempotent, and another tenant's session is not there for this caller
+                return False  # idempotent; another tenant's session is not there for the caller
             await self._sandboxes.teardown(session)
             await self._store.delete(session_id)
             await self._keeper.forget_session(session_id)
             log.info("session deleted", extra={"session_id": session_id})
+            return True
 
     async def suspend(self, session_id: str) -> Session:
         """Snapshot the workspace, then remove the sandbox; lease and snapshot stay."""
@@ -333,8 +376,9 @@ class SessionManager:
             if session.state is SessionState.SUSPENDED:
                 return session
             _require_live(session)
-            await self._keeper.take(session, {LABEL_AUTO: "suspend"})
-            await self._sandboxes.teardown(session, quiet=False, keep_network=True)
+            async with self._gate.exclusive(session_id):  # no file call half-way through
+                await self._keeper.take(session, {LABEL_AUTO: "suspend"})
+                await self._sandboxes.teardown(session, quiet=False, keep_network=True)
             await self._sandboxes.release_network(session)
             session.state = SessionState.SUSPENDED
             session.container_id = ""
@@ -427,18 +471,14 @@ class SessionManager:
         """A page of the session's egress audit, oldest first; the token is the last seq."""
         await self.get(session_id)  # NOT_FOUND for unknown and other tenants' sessions
         size = paging.page_size(page_size)
-        try:
-            after = int(page_token) if page_token else 0
-        except ValueError:
-            raise InvalidArgument(
-                "page_token is not one this server issued", reason=Reason.INVALID_PAGE_TOKEN
-            ) from None
+        bound = f"egress {session_id}"
+        after = int(paging.decode_token(page_token, str.isdigit, bound) or 0)
         audit = self._egress.audit(session_id) if self._egress is not None else None
         events = audit.events(after_seq=after, limit=size + 1) if audit is not None else []
         token = ""
         if len(events) > size:
             events = events[:size]
-            token = str(events[-1].seq)
+            token = paging.encode_token(str(events[-1].seq), bound)
         return events, token
 
 

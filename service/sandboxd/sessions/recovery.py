@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from sandboxd.egress.networks import EgressManager
 from sandboxd.engine.protocol import Engine
-from sandboxd.errors import FailedPrecondition, SandboxError, Unavailable
+from sandboxd.errors import FailedPrecondition, SandboxError, SessionNotFound, Unavailable
 from sandboxd.models import Session, SessionState
 from sandboxd.pool import WarmPool
 from sandboxd.reasons import Reason
@@ -56,6 +57,22 @@ def container_lost(session_id: str, *, retry: bool = False) -> SandboxError:
     )
 
 
+# Called under the session's lock when its lease ended (sandboxd.leases.ExpiryPolicy):
+# True when it handled the session (suspended it) instead of the default expiry.
+ExpiryHook = Callable[[Session, Sandboxes], Awaitable[bool]]
+
+
+def container_busy(session_id: str) -> SandboxError:
+    """The engine refused a call on a sandbox that is still there (paused for a commit,
+    restarting, or slow): retryable, and the session is not touched."""
+    return Unavailable(
+        f"the container of session {session_id!r} is busy (paused, committing or restarting); "
+        "retry",
+        reason=Reason.UNAVAILABLE,
+        metadata={"session_id": session_id, "retry": "true"},
+    )
+
+
 class Recovery:
     def __init__(
         self,
@@ -68,7 +85,9 @@ class Recovery:
         *,
         pool: WarmPool | None = None,
         egress: EgressManager | None = None,
+        on_expiry: ExpiryHook | None = None,
     ) -> None:
+        self._on_expiry = on_expiry
         self._engine = engine
         self._store = store
         self._locks = locks
@@ -78,6 +97,10 @@ class Recovery:
         self._pool = pool
         self._egress = egress
         self._due = asyncio.Event()  # set by a read that saw an ended lease
+        # The first reconcile runs before this server serves a call: what an operation of a
+        # server that died left in a workspace (an import's staging folder) is removed then.
+        self._started = now()
+        self._tidied = False
 
     # ----- lost sandboxes -----------------------------------------------------------------
 
@@ -94,18 +117,59 @@ class Recovery:
         log.warning("container lost", extra={"session_id": session.session_id})
 
     async def container_lost(self, session: Session) -> SandboxError:
-        """Record that the engine no longer has the sandbox; the error to report."""
+        """An engine call on the sandbox failed as if it were gone; the error to report.
+
+        Busy is not lost: a paused, committing or restarting container, or an exec that
+        vanished, answers like a missing one (404/409). So the session is marked lost only
+        after a check that cannot race: under its lock, the record still names the same
+        sandbox, and the engine, asked afresh, says it is gone or stopped. Otherwise the
+        caller gets a retryable UNAVAILABLE and the session stays as it is. An engine that
+        does not answer the check raises (EngineUnavailable): nothing is marked either.
+        """
         async with self._locks.locked(session.session_id):
             current = await self._store.get(session.session_id)
-            if current is not None:
+            if current is None or current.created_at != session.created_at:
+                return SessionNotFound(session.session_id)  # deleted meanwhile
+            if (
+                current.state is SessionState.RUNNING
+                and current.container_id == session.container_id
+            ):
+                running, _ = await self._sandboxes.status(current)
+                if running:
+                    return container_busy(session.session_id)
                 await self.mark_lost(current)
-            retry = current is not None and current.state is SessionState.SUSPENDED
+            elif current.state is SessionState.RUNNING:
+                return container_busy(session.session_id)  # rebuilt meanwhile: try again
+            retry = current.state is SessionState.SUSPENDED
         return container_lost(session.session_id, retry=retry)
+
+    async def raced(self, session: Session) -> SandboxError | None:
+        """After an engine failure of a call on `session`: the answer if the call raced a
+        Delete (SESSION_NOT_FOUND), or a Suspend or rebuild that took its sandbox away
+        (retryable UNAVAILABLE): as if it had come after them. None: it raced nothing, the
+        failure stands."""
+        async with self._locks.locked(session.session_id):
+            current = await self._store.get(session.session_id)
+        if current is None or current.created_at != session.created_at:
+            return SessionNotFound(session.session_id)
+        if current.state is not SessionState.RUNNING or current.container_id != (
+            session.container_id
+        ):
+            return container_busy(session.session_id)
+        return None
+
+    async def _tidy(self, session: Session) -> None:
+        try:
+            await self._keeper.tidy(session)
+        except SandboxError as exc:
+            log.warning("could not tidy the workspace of %s: %s", session.session_id, exc)
 
     # ----- leases -------------------------------------------------------------------------
 
     async def expire(self, session: Session) -> None:
         """Under the session's lock: remove the sandbox of an ended lease, keep the record."""
+        if self._on_expiry is not None and await self._on_expiry(session, self._sandboxes):
+            return
         await self._sandboxes.teardown(session)
         session.state = SessionState.EXPIRED
         session.container_id = ""
@@ -199,6 +263,9 @@ class Recovery:
                     running, _ = await self._sandboxes.status(current)
                     if not running:
                         await self.mark_lost(current)
+                    elif not self._tidied and current.created_at < self._started:
+                        await self._tidy(current)
+        self._tidied = True
         if self._egress is not None:
             ids = [row.session_id for row in await self._store.index()]
             await self._egress.reconcile(self._store.get, self._locks.locked, ids)

@@ -105,12 +105,17 @@ class Sandboxes:
         `quiet` logs engine failures instead of raising them (a best-effort cleanup).
         """
         try:
-            for hook in self._on_end:
-                await hook(session.session_id)
-            if session.container_id:
-                await self._engine.remove_sandbox(session.container_id)
-            else:
-                await self.remove_by_name(session.session_id)
+            try:
+                if session.container_id:
+                    await self._engine.remove_sandbox(session.container_id)
+                else:
+                    await self.remove_by_name(session.session_id)
+            finally:
+                # Once the sandbox is gone (or its removal failed), not before: a command
+                # started before the removal (a StartProcess racing a Delete) is forgotten
+                # too, and cannot show up under a new session that reuses the id.
+                for hook in self._on_end:
+                    await hook(session.session_id)
         except SandboxError:
             if not quiet:
                 raise

@@ -89,6 +89,7 @@ def check_create(
         session_id = tenancy.generated_session_id(secrets.token_hex(8))
     limits = resolve_limits(req.limits, config.limits.default, config.limits.max)
     uid, gid = validation.parse_user(req.user)
+    check_reserved_user(uid, gid, config.engine.keeper_user)
     env = validation.validate_env(req.env)
     network = check_network(req.network, allowlist)
     isolation = check_isolation(
@@ -121,6 +122,21 @@ def check_create(
     return CheckedCreate(
         session_id, spec, lease, labels, req.from_snapshot_id, PullPolicy(req.pull_policy)
     )
+
+
+def check_reserved_user(uid: int, gid: int, keeper_user: str) -> None:
+    """The keeper's uid and gid are the server's (issue 19, item 5): a session running as
+    either could signal the container's main process (`kill -9 -1`) or own its files, and
+    end the container with the workspace in it. Root is refused by parse_user already."""
+    k_uid, _, k_gid = keeper_user.partition(":")
+    if uid == int(k_uid) or gid == int(k_gid):  # numeric: config.py checks keeper_user
+        shown = f"{uid}:{gid}"
+        raise InvalidArgument(
+            f"user {shown} is refused: uid {k_uid} and gid {k_gid} are reserved for the "
+            "server's own process in every sandbox; choose another numeric 'uid:gid'",
+            reason=Reason.INVALID_USER,
+            metadata={"user": shown},
+        )
 
 
 def resolve_limits(requested: LimitsRequest, defaults: Limits, maxima: Limits) -> Limits:

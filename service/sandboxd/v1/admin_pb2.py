@@ -22,11 +22,12 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from sandboxd.v1 import common_pb2 as sandboxd_dot_v1_dot_common__pb2
 from sandboxd.v1 import images_pb2 as sandboxd_dot_v1_dot_images__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sandboxd/v1/admin.proto\x12\x0bsandboxd.v1\x1a\x18sandboxd/v1/common.proto\x1a\x18sandboxd/v1/images.proto\"\x16\n\x14GetServerInfoRequest\"\xca\x02\n\x10SecurityDefaults\x12\x0c\n\x04user\x18\x01 \x01(\t\x12!\n\x19read_only_root_filesystem\x18\x02 \x01(\x08\x12\x1c\n\x14\x63\x61pabilities_dropped\x18\x03 \x03(\t\x12\x19\n\x11no_new_privileges\x18\x04 \x01(\x08\x12\x17\n\x0fseccomp_profile\x18\x05 \x01(\t\x12\x0c\n\x04init\x18\x06 \x01(\x08\x12.\n\x0cnetwork_mode\x18\x07 \x01(\x0e\x32\x18.sandboxd.v1.NetworkMode\x12+\n\x06limits\x18\x08 \x01(\x0b\x32\x1b.sandboxd.v1.ResourceLimits\x12\"\n\x1a\x63ommands_denied_by_default\x18\t \x01(\x08\x12\x15\n\rlease_seconds\x18\n \x01(\x03\x12\r\n\x05image\x18\x0b \x01(\t\"\xeb\x03\n\x15GetServerInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x1a\n\x12\x64ocker_api_version\x18\x02 \x01(\t\x12\x38\n\x11security_defaults\x18\x03 \x01(\x0b\x32\x1d.sandboxd.v1.SecurityDefaults\x12/\n\nlimits_max\x18\x04 \x01(\x0b\x32\x1b.sandboxd.v1.ResourceLimits\x12)\n\tassurance\x18\x05 \x01(\x0e\x32\x16.sandboxd.v1.Assurance\x12\x19\n\x11lease_max_seconds\x18\x06 \x01(\x03\x12\x30\n\regress_filter\x18\x07 \x01(\x0e\x32\x19.sandboxd.v1.EgressFilter\x12\x36\n\x14proxy_quotas_default\x18\x08 \x01(\x0b\x32\x18.sandboxd.v1.ProxyQuotas\x12\x32\n\x10proxy_quotas_max\x18\t \x01(\x0b\x32\x18.sandboxd.v1.ProxyQuotas\x12\x13\n\x0b\x61pi_version\x18\n \x01(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x0b \x03(\t\x12/\n\x0fisolation_tiers\x18\x0c \x03(\x0e\x32\x16.sandboxd.v1.Isolation\"\x0e\n\x0cSweepRequest\"w\n\rSweepResponse\x12\x18\n\x10\x65xpired_sessions\x18\x01 \x01(\x03\x12\x1a\n\x12removed_containers\x18\x02 \x01(\x03\x12\x18\n\x10removed_networks\x18\x03 \x01(\x03\x12\x16\n\x0eremoved_images\x18\x04 \x01(\x03*\x86\x01\n\x0c\x45gressFilter\x12\x1d\n\x19\x45GRESS_FILTER_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45GRESS_FILTER_IPTABLES\x10\x01\x12\x1c\n\x18\x45GRESS_FILTER_UNFILTERED\x10\x02\x12\x1d\n\x19\x45GRESS_FILTER_UNAVAILABLE\x10\x03\x32\xc3\x02\n\x0c\x41\x64minService\x12V\n\rGetServerInfo\x12!.sandboxd.v1.GetServerInfoRequest\x1a\".sandboxd.v1.GetServerInfoResponse\x12>\n\x05Sweep\x12\x19.sandboxd.v1.SweepRequest\x1a\x1a.sandboxd.v1.SweepResponse\x12L\n\tPullImage\x12\x1d.sandboxd.v1.PullImageRequest\x1a\x1e.sandboxd.v1.PullImageResponse0\x01\x12M\n\nListImages\x12\x1e.sandboxd.v1.ListImagesRequest\x1a\x1f.sandboxd.v1.ListImagesResponseB?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sandboxd/v1/admin.proto\x12\x0bsandboxd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x18sandboxd/v1/common.proto\x1a\x18sandboxd/v1/images.proto\"\x16\n\x14GetServerInfoRequest\"\xf8\x02\n\x10SecurityDefaults\x12\x0c\n\x04user\x18\x01 \x01(\t\x12!\n\x19read_only_root_filesystem\x18\x02 \x01(\x08\x12\x1c\n\x14\x63\x61pabilities_dropped\x18\x03 \x03(\t\x12\x19\n\x11no_new_privileges\x18\x04 \x01(\x08\x12\x17\n\x0fseccomp_profile\x18\x05 \x01(\t\x12\x0c\n\x04init\x18\x06 \x01(\x08\x12.\n\x0cnetwork_mode\x18\x07 \x01(\x0e\x32\x18.sandboxd.v1.NetworkMode\x12+\n\x06limits\x18\x08 \x01(\x0b\x32\x1b.sandboxd.v1.ResourceLimits\x12\"\n\x1a\x63ommands_denied_by_default\x18\t \x01(\x08\x12\x19\n\rlease_seconds\x18\n \x01(\x03\x42\x02\x18\x01\x12\r\n\x05image\x18\x0b \x01(\t\x12(\n\x05lease\x18x \x01(\x0b\x32\x19.google.protobuf.Duration\"\x9d\x04\n\x15GetServerInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x1a\n\x12\x64ocker_api_version\x18\x02 \x01(\t\x12\x38\n\x11security_defaults\x18\x03 \x01(\x0b\x32\x1d.sandboxd.v1.SecurityDefaults\x12/\n\nlimits_max\x18\x04 \x01(\x0b\x32\x1b.sandboxd.v1.ResourceLimits\x12)\n\tassurance\x18\x05 \x01(\x0e\x32\x16.sandboxd.v1.Assurance\x12\x1d\n\x11lease_max_seconds\x18\x06 \x01(\x03\x42\x02\x18\x01\x12\x30\n\regress_filter\x18\x07 \x01(\x0e\x32\x19.sandboxd.v1.EgressFilter\x12\x36\n\x14proxy_quotas_default\x18\x08 \x01(\x0b\x32\x18.sandboxd.v1.ProxyQuotas\x12\x32\n\x10proxy_quotas_max\x18\t \x01(\x0b\x32\x18.sandboxd.v1.ProxyQuotas\x12\x13\n\x0b\x61pi_version\x18\n \x01(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x0b \x03(\t\x12/\n\x0fisolation_tiers\x18\x0c \x03(\x0e\x32\x16.sandboxd.v1.Isolation\x12,\n\tlease_max\x18x \x01(\x0b\x32\x19.google.protobuf.Duration\"\x0e\n\x0cSweepRequest\"w\n\rSweepResponse\x12\x18\n\x10\x65xpired_sessions\x18\x01 \x01(\x03\x12\x1a\n\x12removed_containers\x18\x02 \x01(\x03\x12\x18\n\x10removed_networks\x18\x03 \x01(\x03\x12\x16\n\x0eremoved_images\x18\x04 \x01(\x03*\x86\x01\n\x0c\x45gressFilter\x12\x1d\n\x19\x45GRESS_FILTER_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45GRESS_FILTER_IPTABLES\x10\x01\x12\x1c\n\x18\x45GRESS_FILTER_UNFILTERED\x10\x02\x12\x1d\n\x19\x45GRESS_FILTER_UNAVAILABLE\x10\x03\x32\xc3\x02\n\x0c\x41\x64minService\x12V\n\rGetServerInfo\x12!.sandboxd.v1.GetServerInfoRequest\x1a\".sandboxd.v1.GetServerInfoResponse\x12>\n\x05Sweep\x12\x19.sandboxd.v1.SweepRequest\x1a\x1a.sandboxd.v1.SweepResponse\x12L\n\tPullImage\x12\x1d.sandboxd.v1.PullImageRequest\x1a\x1e.sandboxd.v1.PullImageResponse0\x01\x12M\n\nListImages\x12\x1e.sandboxd.v1.ListImagesRequest\x1a\x1f.sandboxd.v1.ListImagesResponseB?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,18 +35,22 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sandboxd.v1.admin_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1'
-  _globals['_EGRESSFILTER']._serialized_start=1081
-  _globals['_EGRESSFILTER']._serialized_end=1215
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=92
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=114
-  _globals['_SECURITYDEFAULTS']._serialized_start=117
-  _globals['_SECURITYDEFAULTS']._serialized_end=447
-  _globals['_GETSERVERINFORESPONSE']._serialized_start=450
-  _globals['_GETSERVERINFORESPONSE']._serialized_end=941
-  _globals['_SWEEPREQUEST']._serialized_start=943
-  _globals['_SWEEPREQUEST']._serialized_end=957
-  _globals['_SWEEPRESPONSE']._serialized_start=959
-  _globals['_SWEEPRESPONSE']._serialized_end=1078
-  _globals['_ADMINSERVICE']._serialized_start=1218
-  _globals['_ADMINSERVICE']._serialized_end=1541
+  _globals['_SECURITYDEFAULTS'].fields_by_name['lease_seconds']._loaded_options = None
+  _globals['_SECURITYDEFAULTS'].fields_by_name['lease_seconds']._serialized_options = b'\030\001'
+  _globals['_GETSERVERINFORESPONSE'].fields_by_name['lease_max_seconds']._loaded_options = None
+  _globals['_GETSERVERINFORESPONSE'].fields_by_name['lease_max_seconds']._serialized_options = b'\030\001'
+  _globals['_EGRESSFILTER']._serialized_start=1209
+  _globals['_EGRESSFILTER']._serialized_end=1343
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=124
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=146
+  _globals['_SECURITYDEFAULTS']._serialized_start=149
+  _globals['_SECURITYDEFAULTS']._serialized_end=525
+  _globals['_GETSERVERINFORESPONSE']._serialized_start=528
+  _globals['_GETSERVERINFORESPONSE']._serialized_end=1069
+  _globals['_SWEEPREQUEST']._serialized_start=1071
+  _globals['_SWEEPREQUEST']._serialized_end=1085
+  _globals['_SWEEPRESPONSE']._serialized_start=1087
+  _globals['_SWEEPRESPONSE']._serialized_end=1206
+  _globals['_ADMINSERVICE']._serialized_start=1346
+  _globals['_ADMINSERVICE']._serialized_end=1669
 # @@protoc_insertion_point(module_scope)

@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -17,6 +18,11 @@ if sys.version_info >= (3, 11):
     from typing import TypeAlias as _TypeAlias, Never as _Never
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
+
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -78,6 +84,7 @@ class SecurityDefaults(_message.Message):
     COMMANDS_DENIED_BY_DEFAULT_FIELD_NUMBER: _builtins.int
     LEASE_SECONDS_FIELD_NUMBER: _builtins.int
     IMAGE_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
     user: _builtins.str
     """Numeric "uid:gid" commands run as by default."""
     read_only_root_filesystem: _builtins.bool
@@ -88,8 +95,16 @@ class SecurityDefaults(_message.Message):
     network_mode: _common_pb2.NetworkMode.ValueType
     commands_denied_by_default: _builtins.bool
     """Every command is denied until a session declares an allowlist."""
-    lease_seconds: _builtins.int
-    """Seconds of a default lease."""
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def lease_seconds(self) -> _builtins.int:
+        """Deprecated: lease. Seconds of a default lease."""
+
+    @lease_seconds.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def lease_seconds(self, value: _builtins.int) -> None:
+        """Deprecated: lease. Seconds of a default lease."""
+
     image: _builtins.str
     @_builtins.property
     def capabilities_dropped(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -98,6 +113,10 @@ class SecurityDefaults(_message.Message):
     @_builtins.property
     def limits(self) -> _common_pb2.ResourceLimits:
         """Default limits of a session that sets none."""
+
+    @_builtins.property
+    def lease(self) -> _duration_pb2.Duration:
+        """A default lease."""
 
     def __init__(
         self,
@@ -113,10 +132,11 @@ class SecurityDefaults(_message.Message):
         commands_denied_by_default: _builtins.bool = ...,
         lease_seconds: _builtins.int = ...,
         image: _builtins.str = ...,
+        lease: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities_dropped", b"capabilities_dropped", "commands_denied_by_default", b"commands_denied_by_default", "image", b"image", "init", b"init", "lease_seconds", b"lease_seconds", "limits", b"limits", "network_mode", b"network_mode", "no_new_privileges", b"no_new_privileges", "read_only_root_filesystem", b"read_only_root_filesystem", "seccomp_profile", b"seccomp_profile", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities_dropped", b"capabilities_dropped", "commands_denied_by_default", b"commands_denied_by_default", "image", b"image", "init", b"init", "lease", b"lease", "lease_seconds", b"lease_seconds", "limits", b"limits", "network_mode", b"network_mode", "no_new_privileges", b"no_new_privileges", "read_only_root_filesystem", b"read_only_root_filesystem", "seccomp_profile", b"seccomp_profile", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -138,11 +158,20 @@ class GetServerInfoResponse(_message.Message):
     API_VERSION_FIELD_NUMBER: _builtins.int
     FEATURES_FIELD_NUMBER: _builtins.int
     ISOLATION_TIERS_FIELD_NUMBER: _builtins.int
+    LEASE_MAX_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     docker_api_version: _builtins.str
     assurance: _common_pb2.Assurance.ValueType
-    lease_max_seconds: _builtins.int
-    """Longest lease in seconds."""
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def lease_max_seconds(self) -> _builtins.int:
+        """Deprecated: lease_max. Longest lease in seconds."""
+
+    @lease_max_seconds.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def lease_max_seconds(self, value: _builtins.int) -> None:
+        """Deprecated: lease_max. Longest lease in seconds."""
+
     egress_filter: Global___EgressFilter.ValueType
     """How session networks of ALLOWLIST sessions are protected on the host."""
     api_version: _builtins.str
@@ -170,6 +199,10 @@ class GetServerInfoResponse(_message.Message):
     def isolation_tiers(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.Isolation.ValueType]:
         """The isolation tiers a session may ask for on this server."""
 
+    @_builtins.property
+    def lease_max(self) -> _duration_pb2.Duration:
+        """The longest lease."""
+
     def __init__(
         self,
         *,
@@ -185,10 +218,11 @@ class GetServerInfoResponse(_message.Message):
         api_version: _builtins.str = ...,
         features: _abc.Iterable[_builtins.str] | None = ...,
         isolation_tiers: _abc.Iterable[_common_pb2.Isolation.ValueType] | None = ...,
+        lease_max: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["limits_max", b"limits_max", "proxy_quotas_default", b"proxy_quotas_default", "proxy_quotas_max", b"proxy_quotas_max", "security_defaults", b"security_defaults"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_max", b"lease_max", "limits_max", b"limits_max", "proxy_quotas_default", b"proxy_quotas_default", "proxy_quotas_max", b"proxy_quotas_max", "security_defaults", b"security_defaults"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_version", b"api_version", "assurance", b"assurance", "docker_api_version", b"docker_api_version", "egress_filter", b"egress_filter", "features", b"features", "isolation_tiers", b"isolation_tiers", "lease_max_seconds", b"lease_max_seconds", "limits_max", b"limits_max", "proxy_quotas_default", b"proxy_quotas_default", "proxy_quotas_max", b"proxy_quotas_max", "security_defaults", b"security_defaults", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_version", b"api_version", "assurance", b"assurance", "docker_api_version", b"docker_api_version", "egress_filter", b"egress_filter", "features", b"features", "isolation_tiers", b"isolation_tiers", "lease_max", b"lease_max", "lease_max_seconds", b"lease_max_seconds", "limits_max", b"limits_max", "proxy_quotas_default", b"proxy_quotas_default", "proxy_quotas_max", b"proxy_quotas_max", "security_defaults", b"security_defaults", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from sandboxd.v1 import polish_pb2 as sandboxd_dot_v1_dot_polish__pb2
 from sandboxd.v1 import process_pb2 as sandboxd_dot_v1_dot_process__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -70,6 +71,21 @@ class ProcessServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_process__pb2.SignalProcessRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_process__pb2.SignalProcessResponse.FromString,
                 _registered_method=True)
+        self.GetProcess = channel.unary_unary(
+                '/sandboxd.v1.ProcessService/GetProcess',
+                request_serializer=sandboxd_dot_v1_dot_polish__pb2.GetProcessRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_process__pb2.GetProcessResponse.FromString,
+                _registered_method=True)
+        self.SendProcessInput = channel.unary_unary(
+                '/sandboxd.v1.ProcessService/SendProcessInput',
+                request_serializer=sandboxd_dot_v1_dot_polish__pb2.SendProcessInputRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_polish__pb2.SendProcessInputResponse.FromString,
+                _registered_method=True)
+        self.CloseProcessStdin = channel.unary_unary(
+                '/sandboxd.v1.ProcessService/CloseProcessStdin',
+                request_serializer=sandboxd_dot_v1_dot_polish__pb2.CloseProcessStdinRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_polish__pb2.CloseProcessStdinResponse.FromString,
+                _registered_method=True)
 
 
 class ProcessServiceServicer:
@@ -126,6 +142,27 @@ class ProcessServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetProcess(self, request, context):
+        """A process by the id Exec, Run, Interact or StartProcess reported: running or exited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendProcessInput(self, request, context):
+        """More stdin for a background process started with `keep_stdin_open`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseProcessStdin(self, request, context):
+        """End of file on a background process's stdin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProcessServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +200,21 @@ def add_ProcessServiceServicer_to_server(servicer, server):
                     servicer.SignalProcess,
                     request_deserializer=sandboxd_dot_v1_dot_process__pb2.SignalProcessRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_process__pb2.SignalProcessResponse.SerializeToString,
+            ),
+            'GetProcess': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetProcess,
+                    request_deserializer=sandboxd_dot_v1_dot_polish__pb2.GetProcessRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_process__pb2.GetProcessResponse.SerializeToString,
+            ),
+            'SendProcessInput': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendProcessInput,
+                    request_deserializer=sandboxd_dot_v1_dot_polish__pb2.SendProcessInputRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_polish__pb2.SendProcessInputResponse.SerializeToString,
+            ),
+            'CloseProcessStdin': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseProcessStdin,
+                    request_deserializer=sandboxd_dot_v1_dot_polish__pb2.CloseProcessStdinRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_polish__pb2.CloseProcessStdinResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,6 +407,87 @@ class ProcessService:
             '/sandboxd.v1.ProcessService/SignalProcess',
             sandboxd_dot_v1_dot_process__pb2.SignalProcessRequest.SerializeToString,
             sandboxd_dot_v1_dot_process__pb2.SignalProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.ProcessService/GetProcess',
+            sandboxd_dot_v1_dot_polish__pb2.GetProcessRequest.SerializeToString,
+            sandboxd_dot_v1_dot_process__pb2.GetProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendProcessInput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.ProcessService/SendProcessInput',
+            sandboxd_dot_v1_dot_polish__pb2.SendProcessInputRequest.SerializeToString,
+            sandboxd_dot_v1_dot_polish__pb2.SendProcessInputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseProcessStdin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.ProcessService/CloseProcessStdin',
+            sandboxd_dot_v1_dot_polish__pb2.CloseProcessStdinRequest.SerializeToString,
+            sandboxd_dot_v1_dot_polish__pb2.CloseProcessStdinResponse.FromString,
             options,
             channel_credentials,
             insecure,

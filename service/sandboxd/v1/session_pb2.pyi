@@ -6,12 +6,15 @@ isort:skip_file
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from sandboxd.v1 import common_pb2 as _common_pb2
 from sandboxd.v1 import images_pb2 as _images_pb2
+from sandboxd.v1 import leases_pb2 as _leases_pb2
+from sandboxd.v1 import polish_pb2 as _polish_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -20,6 +23,11 @@ if sys.version_info >= (3, 11):
     from typing import TypeAlias as _TypeAlias, Never as _Never
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
+
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -181,6 +189,8 @@ class CreateSessionRequest(_message.Message):
     LEASE_TTL_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
     FROM_SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
+    ON_EXPIRY_FIELD_NUMBER: _builtins.int
+    RENEW_ON_ACTIVITY_FIELD_NUMBER: _builtins.int
     ISOLATION_FIELD_NUMBER: _builtins.int
     TEMPLATE_FIELD_NUMBER: _builtins.int
     PULL_POLICY_FIELD_NUMBER: _builtins.int
@@ -192,6 +202,12 @@ class CreateSessionRequest(_message.Message):
     """Numeric "uid:gid"; empty means 65534:65534. uid 0 and gid 0 are refused."""
     from_snapshot_id: _builtins.str
     """Fork: start from this snapshot's workspace instead of the manifest's files."""
+    on_expiry: _leases_pb2.ExpiryAction.ValueType
+    """What happens when the lease ends (unset: EXPIRY_ACTION_DELETE)."""
+    renew_on_activity: _builtins.bool
+    """Commands (Exec, Run, Interact, StartProcess) renew the lease by its default length. Off by
+    default: nothing but RenewLease renews a lease, reading or reconnecting never does.
+    """
     isolation: _common_pb2.Isolation.ValueType
     """Kernel boundary of the sandbox; UNSPECIFIED means the server's default (GetServerInfo lists
     the tiers on offer). A tier the server cannot give is FAILED_PRECONDITION, never replaced.
@@ -234,13 +250,15 @@ class CreateSessionRequest(_message.Message):
         lease_ttl: _duration_pb2.Duration | None = ...,
         user: _builtins.str = ...,
         from_snapshot_id: _builtins.str = ...,
+        on_expiry: _leases_pb2.ExpiryAction.ValueType = ...,
+        renew_on_activity: _builtins.bool = ...,
         isolation: _common_pb2.Isolation.ValueType = ...,
         template: _builtins.str = ...,
         pull_policy: _images_pb2.PullPolicy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "shell", b"shell", "workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "pull_policy", b"pull_policy", "session_id", b"session_id", "shell", b"shell", "template", b"template", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "pull_policy", b"pull_policy", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "template", b"template", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -332,9 +350,14 @@ class ListSessionsRequest(_message.Message):
     LABEL_SELECTOR_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """At most this many sessions per page (default 100, at most 1000)."""
     page_token: _builtins.str
+    state: Global___SessionState.ValueType
+    """Only sessions in this state (as recorded: a lease that just ended may show its session
+    RUNNING until the sweep); UNSPECIFIED: every state.
+    """
     @_builtins.property
     def label_selector(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Only sessions carrying every one of these labels."""
@@ -345,10 +368,11 @@ class ListSessionsRequest(_message.Message):
         label_selector: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        state: Global___SessionState.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["label_selector", b"label_selector", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["label_selector", b"label_selector", "page_size", b"page_size", "page_token", b"page_token", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -445,12 +469,17 @@ Global___DeleteSessionRequest: _TypeAlias = DeleteSessionRequest  # noqa: Y015
 class DeleteSessionResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    EXISTED_FIELD_NUMBER: _builtins.int
+    existed: _builtins.bool
+    """This call removed the session (false: there was none to remove)."""
     def __init__(
         self,
+        *,
+        existed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["existed", b"existed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -462,20 +491,28 @@ class UpdateNetworkPolicyRequest(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     NETWORK_FIELD_NUMBER: _builtins.int
+    UPDATE_MASK_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     @_builtins.property
     def network(self) -> _common_pb2.NetworkPolicy:
         """The new policy; mode must stay what the session was created with (ALLOWLIST)."""
+
+    @_builtins.property
+    def update_mask(self) -> _field_mask_pb2.FieldMask:
+        """The fields of `network` to change (AIP-134), e.g. "allowed_domains"; the others keep
+        their values. Unset or empty: `network` replaces the whole policy, as before.
+        """
 
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         network: _common_pb2.NetworkPolicy | None = ...,
+        update_mask: _field_mask_pb2.FieldMask | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["network", b"network"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["network", b"network", "update_mask", b"update_mask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["network", b"network", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["network", b"network", "session_id", b"session_id", "update_mask", b"update_mask"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -568,6 +605,8 @@ class EgressEvent(_message.Message):
     BYTES_DOWN_FIELD_NUMBER: _builtins.int
     DURATION_FIELD_NUMBER: _builtins.int
     ENDED_FIELD_NUMBER: _builtins.int
+    UP_BYTES_FIELD_NUMBER: _builtins.int
+    DOWN_BYTES_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     SECRET_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
@@ -584,10 +623,27 @@ class EgressEvent(_message.Message):
     """
     address: _builtins.str
     """The checked address dialled, or the address that made the answer refused."""
-    bytes_up: _builtins.int
-    bytes_down: _builtins.int
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def bytes_up(self) -> _builtins.int:
+        """Deprecated: up_bytes and down_bytes."""
+
+    @bytes_up.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def bytes_up(self, value: _builtins.int) -> None:
+        """Deprecated: up_bytes and down_bytes."""
+
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def bytes_down(self) -> _builtins.int: ...
+    @bytes_down.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def bytes_down(self, value: _builtins.int) -> None: ...
     ended: _builtins.str
     """How an allowed connection ended: closed, idle_timeout, lifetime, byte_quota, reset."""
+    up_bytes: _builtins.int
+    """Bytes sent (up) and received (down) through the connection."""
+    down_bytes: _builtins.int
     kind: _builtins.str
     """`egress` (a proxy decision), `secret_injected` or `secret_misdirected`."""
     secret: _builtins.str
@@ -611,12 +667,14 @@ class EgressEvent(_message.Message):
         bytes_down: _builtins.int = ...,
         duration: _duration_pb2.Duration | None = ...,
         ended: _builtins.str = ...,
+        up_bytes: _builtins.int = ...,
+        down_bytes: _builtins.int = ...,
         kind: _builtins.str = ...,
         secret: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_down", b"bytes_down", "bytes_up", b"bytes_up", "duration", b"duration", "ended", b"ended", "host", b"host", "kind", b"kind", "method", b"method", "port", b"port", "reason", b"reason", "secret", b"secret", "seq", b"seq", "time", b"time", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_down", b"bytes_down", "bytes_up", b"bytes_up", "down_bytes", b"down_bytes", "duration", b"duration", "ended", b"ended", "host", b"host", "kind", b"kind", "method", b"method", "port", b"port", "reason", b"reason", "secret", b"secret", "seq", b"seq", "time", b"time", "up_bytes", b"up_bytes", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -743,6 +801,10 @@ class Session(_message.Message):
     SHELL_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    ON_EXPIRY_FIELD_NUMBER: _builtins.int
+    RENEW_ON_ACTIVITY_FIELD_NUMBER: _builtins.int
+    END_REASON_FIELD_NUMBER: _builtins.int
+    STATE_REASON_FIELD_NUMBER: _builtins.int
     ISOLATION_FIELD_NUMBER: _builtins.int
     TEMPLATE_FIELD_NUMBER: _builtins.int
     IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
@@ -756,6 +818,12 @@ class Session(_message.Message):
     """The numeric "uid:gid" commands run as."""
     workspace_id: _builtins.str
     """The manifest's id."""
+    on_expiry: _leases_pb2.ExpiryAction.ValueType
+    renew_on_activity: _builtins.bool
+    end_reason: _builtins.str
+    """Why an ended session ended (e.g. "lease expired", "lease expired; suspended",
+    "container lost"); empty while it runs.
+    """
     isolation: _common_pb2.Isolation.ValueType
     """The isolation tier the sandbox runs under."""
     template: _builtins.str
@@ -778,6 +846,12 @@ class Session(_message.Message):
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
     def shell(self) -> _common_pb2.ShellPolicy: ...
+    @_builtins.property
+    def state_reason(self) -> _polish_pb2.SessionStateReason:
+        """Why the session is EXPIRED or FAILED (or SUSPENDED), and whether it can recover; unset
+        while it runs normally.
+        """
+
     def __init__(
         self,
         *,
@@ -794,13 +868,17 @@ class Session(_message.Message):
         shell: _common_pb2.ShellPolicy | None = ...,
         user: _builtins.str = ...,
         workspace_id: _builtins.str = ...,
+        on_expiry: _leases_pb2.ExpiryAction.ValueType = ...,
+        renew_on_activity: _builtins.bool = ...,
+        end_reason: _builtins.str = ...,
+        state_reason: _polish_pb2.SessionStateReason | None = ...,
         isolation: _common_pb2.Isolation.ValueType = ...,
         template: _builtins.str = ...,
         image_digest: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "shell", b"shell"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "shell", b"shell", "state_reason", b"state_reason"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "session_id", b"session_id", "shell", b"shell", "state", b"state", "template", b"template", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "end_reason", b"end_reason", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "state", b"state", "state_reason", b"state_reason", "template", b"template", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from sandboxd.v1 import events_pb2 as _events_pb2
 from sandboxd.v1 import session_pb2 as _session_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -42,7 +43,10 @@ class SessionServiceStub:
     RenewLease: _grpc.UnaryUnaryMultiCallable[_session_pb2.RenewLeaseRequest, _session_pb2.RenewLeaseResponse]
     """Extends a session's lease."""
     DeleteSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.DeleteSessionRequest, _session_pb2.DeleteSessionResponse]
-    """Removes a session and its container; idempotent."""
+    """Removes a session and its container. Idempotent: a session that is not there (deleted
+    already, or never made) is no error; the reply's `existed` says whether this call removed
+    one.
+    """
     UpdateNetworkPolicy: _grpc.UnaryUnaryMultiCallable[_session_pb2.UpdateNetworkPolicyRequest, _session_pb2.UpdateNetworkPolicyResponse]
     """Replaces a live session's network allowlist (and proxy quotas); applies to new proxy
     connections, open tunnels keep running. The fingerprint changes with it.
@@ -53,6 +57,12 @@ class SessionServiceStub:
     """Snapshots the workspace, then removes the container; the lease and snapshot are kept."""
     ResumeSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.ResumeSessionRequest, _session_pb2.ResumeSessionResponse]
     """Runs the session again, rebuilding a removed or lost container from its last snapshot."""
+    WatchSession: _grpc.UnaryStreamMultiCallable[_events_pb2.WatchSessionRequest, _events_pb2.WatchSessionResponse]
+    """Streams one session's events: the kept ones after `after_sequence`, then live ones."""
+    WatchSessions: _grpc.UnaryStreamMultiCallable[_events_pb2.WatchSessionsRequest, _events_pb2.WatchSessionsResponse]
+    """Streams the events of every session of the caller's tenant (optionally by labels)."""
+    GetSessionStats: _grpc.UnaryUnaryMultiCallable[_events_pb2.GetSessionStatsRequest, _events_pb2.GetSessionStatsResponse]
+    """One reading of a session's resource use (CPU, memory and its peak, workspace, processes)."""
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -68,7 +78,10 @@ class SessionServiceAsyncStub(SessionServiceStub):
     RenewLease: _aio.UnaryUnaryMultiCallable[_session_pb2.RenewLeaseRequest, _session_pb2.RenewLeaseResponse]  # type: ignore[assignment]
     """Extends a session's lease."""
     DeleteSession: _aio.UnaryUnaryMultiCallable[_session_pb2.DeleteSessionRequest, _session_pb2.DeleteSessionResponse]  # type: ignore[assignment]
-    """Removes a session and its container; idempotent."""
+    """Removes a session and its container. Idempotent: a session that is not there (deleted
+    already, or never made) is no error; the reply's `existed` says whether this call removed
+    one.
+    """
     UpdateNetworkPolicy: _aio.UnaryUnaryMultiCallable[_session_pb2.UpdateNetworkPolicyRequest, _session_pb2.UpdateNetworkPolicyResponse]  # type: ignore[assignment]
     """Replaces a live session's network allowlist (and proxy quotas); applies to new proxy
     connections, open tunnels keep running. The fingerprint changes with it.
@@ -79,6 +92,12 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """Snapshots the workspace, then removes the container; the lease and snapshot are kept."""
     ResumeSession: _aio.UnaryUnaryMultiCallable[_session_pb2.ResumeSessionRequest, _session_pb2.ResumeSessionResponse]  # type: ignore[assignment]
     """Runs the session again, rebuilding a removed or lost container from its last snapshot."""
+    WatchSession: _aio.UnaryStreamMultiCallable[_events_pb2.WatchSessionRequest, _events_pb2.WatchSessionResponse]  # type: ignore[assignment]
+    """Streams one session's events: the kept ones after `after_sequence`, then live ones."""
+    WatchSessions: _aio.UnaryStreamMultiCallable[_events_pb2.WatchSessionsRequest, _events_pb2.WatchSessionsResponse]  # type: ignore[assignment]
+    """Streams the events of every session of the caller's tenant (optionally by labels)."""
+    GetSessionStats: _aio.UnaryUnaryMultiCallable[_events_pb2.GetSessionStatsRequest, _events_pb2.GetSessionStatsResponse]  # type: ignore[assignment]
+    """One reading of a session's resource use (CPU, memory and its peak, workspace, processes)."""
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """Sessions: one hardened container each, with a leased lifetime."""
@@ -121,7 +140,10 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _session_pb2.DeleteSessionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.DeleteSessionResponse, _abc.Awaitable[_session_pb2.DeleteSessionResponse]]:
-        """Removes a session and its container; idempotent."""
+        """Removes a session and its container. Idempotent: a session that is not there (deleted
+        already, or never made) is no error; the reply's `existed` says whether this call removed
+        one.
+        """
 
     @_abc_1.abstractmethod
     def UpdateNetworkPolicy(
@@ -156,5 +178,29 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.ResumeSessionResponse, _abc.Awaitable[_session_pb2.ResumeSessionResponse]]:
         """Runs the session again, rebuilding a removed or lost container from its last snapshot."""
+
+    @_abc_1.abstractmethod
+    def WatchSession(
+        self,
+        request: _events_pb2.WatchSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_events_pb2.WatchSessionResponse], _abc.AsyncIterator[_events_pb2.WatchSessionResponse]]:
+        """Streams one session's events: the kept ones after `after_sequence`, then live ones."""
+
+    @_abc_1.abstractmethod
+    def WatchSessions(
+        self,
+        request: _events_pb2.WatchSessionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_events_pb2.WatchSessionsResponse], _abc.AsyncIterator[_events_pb2.WatchSessionsResponse]]:
+        """Streams the events of every session of the caller's tenant (optionally by labels)."""
+
+    @_abc_1.abstractmethod
+    def GetSessionStats(
+        self,
+        request: _events_pb2.GetSessionStatsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_events_pb2.GetSessionStatsResponse, _abc.Awaitable[_events_pb2.GetSessionStatsResponse]]:
+        """One reading of a session's resource use (CPU, memory and its peak, workspace, processes)."""
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -18,6 +18,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _SnapshotKind:
@@ -169,19 +174,31 @@ class ImportArchiveResponse(_message.Message):
 
     FILES_FIELD_NUMBER: _builtins.int
     BYTES_FIELD_NUMBER: _builtins.int
+    CONTENT_BYTES_FIELD_NUMBER: _builtins.int
     files: _builtins.int
     """Members written (files, directories and links)."""
-    bytes: _builtins.int
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def bytes(self) -> _builtins.int:
+        """Deprecated: content_bytes."""
+
+    @bytes.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def bytes(self, value: _builtins.int) -> None:
+        """Deprecated: content_bytes."""
+
+    content_bytes: _builtins.int
     """Bytes of file content written."""
     def __init__(
         self,
         *,
         files: _builtins.int = ...,
         bytes: _builtins.int = ...,
+        content_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "files", b"files"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "content_bytes", b"content_bytes", "files", b"files"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -279,9 +296,15 @@ class CreateSnapshotRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     kind: Global___SnapshotKind.ValueType
     """TAR when unset."""
+    request_id: _builtins.str
+    """Optional, caller-chosen (AIP-155): a retry with the same request_id (within this
+    server's memory of recent requests) returns the snapshot the first call made instead of
+    taking another.
+    """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -290,10 +313,11 @@ class CreateSnapshotRequest(_message.Message):
         session_id: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         kind: Global___SnapshotKind.ValueType = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "labels", b"labels", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "labels", b"labels", "request_id", b"request_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -362,24 +386,50 @@ Global___GetSnapshotResponse: _TypeAlias = GetSnapshotResponse  # noqa: Y015
 class ListSnapshotsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelSelectorEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     SESSION_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    LABEL_SELECTOR_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Only this session's snapshots; empty means every snapshot."""
     page_size: _builtins.int
     """At most this many per page (default 100, at most 1000)."""
     page_token: _builtins.str
+    @_builtins.property
+    def label_selector(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Only snapshots carrying every one of these labels."""
+
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        label_selector: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["label_selector", b"label_selector", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

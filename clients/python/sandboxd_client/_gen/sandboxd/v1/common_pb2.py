@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from sandboxd_client._gen.sandboxd.v1 import secrets_pb2 as sandboxd_dot_v1_dot_secrets__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandboxd/v1/common.proto\x12\x0bsandboxd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19sandboxd/v1/secrets.proto\"\xbf\x01\n\x0eResourceLimits\x12\x14\n\x0cmemory_bytes\x18\x01 \x01(\x03\x12\x12\n\ncpu_millis\x18\x02 \x01(\x03\x12\x0c\n\x04pids\x18\x03 \x01(\x03\x12\x17\n\x0fworkspace_bytes\x18\x04 \x01(\x03\x12\x12\n\nfile_bytes\x18\x05 \x01(\x03\x12\x14\n\x0coutput_bytes\x18\x06 \x01(\x03\x12\x32\n\x0f\x63ommand_timeout\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"/\n\x0bShellPolicy\x12\r\n\x05\x61llow\x18\x01 \x03(\t\x12\x11\n\tallow_all\x18\x02 \x01(\x08\"\x82\x02\n\rNetworkPolicy\x12&\n\x04mode\x18\x01 \x01(\x0e\x32\x18.sandboxd.v1.NetworkMode\x12\x17\n\x0f\x61llowed_domains\x18\x02 \x03(\t\x12\x15\n\rallowed_ports\x18\x03 \x03(\r\x12\x1e\n\x16\x61llow_private_networks\x18\x04 \x01(\x08\x12(\n\x06quotas\x18\x05 \x01(\x0b\x32\x18.sandboxd.v1.ProxyQuotas\x12+\n\x07secrets\x18\x32 \x03(\x0b\x32\x1a.sandboxd.v1.SecretBinding\x12\"\n\x1arefuse_misdirected_secrets\x18\x33 \x01(\x08\"\x9b\x02\n\x0bProxyQuotas\x12\x17\n\x0fmax_connections\x18\x01 \x01(\r\x12\x17\n\x0fmax_dns_lookups\x18\x02 \x01(\r\x12\x14\n\x0cmax_requests\x18\x03 \x01(\x04\x12\x14\n\x0cmax_bytes_up\x18\x04 \x01(\x04\x12\x16\n\x0emax_bytes_down\x18\x05 \x01(\x04\x12/\n\x0cidle_timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x32\n\x0ftunnel_lifetime\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0eheader_timeout\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration*^\n\x0bNetworkMode\x12\x1c\n\x18NETWORK_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11NETWORK_MODE_DENY\x10\x01\x12\x1a\n\x16NETWORK_MODE_ALLOWLIST\x10\x02*>\n\tAssurance\x12\x19\n\x15\x41SSURANCE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41SSURANCE_ENFORCED\x10\x01*P\n\tIsolation\x12\x19\n\x15ISOLATION_UNSPECIFIED\x10\x00\x12\x12\n\x0eISOLATION_RUNC\x10\x01\x12\x14\n\x10ISOLATION_GVISOR\x10\x02\x42?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandboxd/v1/common.proto\x12\x0bsandboxd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19sandboxd/v1/secrets.proto\"\xbf\x01\n\x0eResourceLimits\x12\x14\n\x0cmemory_bytes\x18\x01 \x01(\x03\x12\x12\n\ncpu_millis\x18\x02 \x01(\x03\x12\x0c\n\x04pids\x18\x03 \x01(\x03\x12\x17\n\x0fworkspace_bytes\x18\x04 \x01(\x03\x12\x12\n\nfile_bytes\x18\x05 \x01(\x03\x12\x14\n\x0coutput_bytes\x18\x06 \x01(\x03\x12\x32\n\x0f\x63ommand_timeout\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"/\n\x0bShellPolicy\x12\r\n\x05\x61llow\x18\x01 \x03(\t\x12\x11\n\tallow_all\x18\x02 \x01(\x08\"\x82\x02\n\rNetworkPolicy\x12&\n\x04mode\x18\x01 \x01(\x0e\x32\x18.sandboxd.v1.NetworkMode\x12\x17\n\x0f\x61llowed_domains\x18\x02 \x03(\t\x12\x15\n\rallowed_ports\x18\x03 \x03(\r\x12\x1e\n\x16\x61llow_private_networks\x18\x04 \x01(\x08\x12(\n\x06quotas\x18\x05 \x01(\x0b\x32\x18.sandboxd.v1.ProxyQuotas\x12+\n\x07secrets\x18\x32 \x03(\x0b\x32\x1a.sandboxd.v1.SecretBinding\x12\"\n\x1arefuse_misdirected_secrets\x18\x33 \x01(\x08\"\xd1\x02\n\x0bProxyQuotas\x12\x17\n\x0fmax_connections\x18\x01 \x01(\r\x12\x17\n\x0fmax_dns_lookups\x18\x02 \x01(\r\x12\x14\n\x0cmax_requests\x18\x03 \x01(\x04\x12\x18\n\x0cmax_bytes_up\x18\x04 \x01(\x04\x42\x02\x18\x01\x12\x1a\n\x0emax_bytes_down\x18\x05 \x01(\x04\x42\x02\x18\x01\x12/\n\x0cidle_timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x32\n\x0ftunnel_lifetime\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0eheader_timeout\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cmax_up_bytes\x18x \x01(\x04\x12\x16\n\x0emax_down_bytes\x18y \x01(\x04*^\n\x0bNetworkMode\x12\x1c\n\x18NETWORK_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11NETWORK_MODE_DENY\x10\x01\x12\x1a\n\x16NETWORK_MODE_ALLOWLIST\x10\x02*>\n\tAssurance\x12\x19\n\x15\x41SSURANCE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41SSURANCE_ENFORCED\x10\x01*P\n\tIsolation\x12\x19\n\x15ISOLATION_UNSPECIFIED\x10\x00\x12\x12\n\x0eISOLATION_RUNC\x10\x01\x12\x14\n\x10ISOLATION_GVISOR\x10\x02\x42?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,12 +34,16 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sandboxd_client._gen.sandbo
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1'
-  _globals['_NETWORKMODE']._serialized_start=890
-  _globals['_NETWORKMODE']._serialized_end=984
-  _globals['_ASSURANCE']._serialized_start=986
-  _globals['_ASSURANCE']._serialized_end=1048
-  _globals['_ISOLATION']._serialized_start=1050
-  _globals['_ISOLATION']._serialized_end=1130
+  _globals['_PROXYQUOTAS'].fields_by_name['max_bytes_up']._loaded_options = None
+  _globals['_PROXYQUOTAS'].fields_by_name['max_bytes_up']._serialized_options = b'\030\001'
+  _globals['_PROXYQUOTAS'].fields_by_name['max_bytes_down']._loaded_options = None
+  _globals['_PROXYQUOTAS'].fields_by_name['max_bytes_down']._serialized_options = b'\030\001'
+  _globals['_NETWORKMODE']._serialized_start=944
+  _globals['_NETWORKMODE']._serialized_end=1038
+  _globals['_ASSURANCE']._serialized_start=1040
+  _globals['_ASSURANCE']._serialized_end=1102
+  _globals['_ISOLATION']._serialized_start=1104
+  _globals['_ISOLATION']._serialized_end=1184
   _globals['_RESOURCELIMITS']._serialized_start=101
   _globals['_RESOURCELIMITS']._serialized_end=292
   _globals['_SHELLPOLICY']._serialized_start=294
@@ -47,5 +51,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NETWORKPOLICY']._serialized_start=344
   _globals['_NETWORKPOLICY']._serialized_end=602
   _globals['_PROXYQUOTAS']._serialized_start=605
-  _globals['_PROXYQUOTAS']._serialized_end=888
+  _globals['_PROXYQUOTAS']._serialized_end=942
 # @@protoc_insertion_point(module_scope)

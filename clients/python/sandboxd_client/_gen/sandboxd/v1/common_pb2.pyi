@@ -19,6 +19,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _NetworkMode:
@@ -227,15 +232,41 @@ class ProxyQuotas(_message.Message):
     IDLE_TIMEOUT_FIELD_NUMBER: _builtins.int
     TUNNEL_LIFETIME_FIELD_NUMBER: _builtins.int
     HEADER_TIMEOUT_FIELD_NUMBER: _builtins.int
+    MAX_UP_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_DOWN_BYTES_FIELD_NUMBER: _builtins.int
     max_connections: _builtins.int
     """Open client connections at once; one more is refused with HTTP 429."""
     max_dns_lookups: _builtins.int
     """Name lookups in flight at once."""
     max_requests: _builtins.int
     """Requests over the proxy's life."""
-    max_bytes_up: _builtins.int
-    """Bytes from the session to upstreams, and back, over the proxy's life."""
-    max_bytes_down: _builtins.int
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def max_bytes_up(self) -> _builtins.int:
+        """Bytes from the session to upstreams, and back, over the proxy's life.
+        Deprecated: max_up_bytes (which wins when set).
+        """
+
+    @max_bytes_up.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def max_bytes_up(self, value: _builtins.int) -> None:
+        """Bytes from the session to upstreams, and back, over the proxy's life.
+        Deprecated: max_up_bytes (which wins when set).
+        """
+
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def max_bytes_down(self) -> _builtins.int:
+        """Deprecated: max_down_bytes (which wins when set)."""
+
+    @max_bytes_down.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def max_bytes_down(self, value: _builtins.int) -> None:
+        """Deprecated: max_down_bytes (which wins when set)."""
+
+    max_up_bytes: _builtins.int
+    """Bytes a session may send (up) and receive (down) through the proxy in all."""
+    max_down_bytes: _builtins.int
     @_builtins.property
     def idle_timeout(self) -> _duration_pb2.Duration:
         """A connection with no traffic either way for this long is closed."""
@@ -259,10 +290,12 @@ class ProxyQuotas(_message.Message):
         idle_timeout: _duration_pb2.Duration | None = ...,
         tunnel_lifetime: _duration_pb2.Duration | None = ...,
         header_timeout: _duration_pb2.Duration | None = ...,
+        max_up_bytes: _builtins.int = ...,
+        max_down_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["header_timeout", b"header_timeout", "idle_timeout", b"idle_timeout", "tunnel_lifetime", b"tunnel_lifetime"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header_timeout", b"header_timeout", "idle_timeout", b"idle_timeout", "max_bytes_down", b"max_bytes_down", "max_bytes_up", b"max_bytes_up", "max_connections", b"max_connections", "max_dns_lookups", b"max_dns_lookups", "max_requests", b"max_requests", "tunnel_lifetime", b"tunnel_lifetime"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header_timeout", b"header_timeout", "idle_timeout", b"idle_timeout", "max_bytes_down", b"max_bytes_down", "max_bytes_up", b"max_bytes_up", "max_connections", b"max_connections", "max_dns_lookups", b"max_dns_lookups", "max_down_bytes", b"max_down_bytes", "max_requests", b"max_requests", "max_up_bytes", b"max_up_bytes", "tunnel_lifetime", b"tunnel_lifetime"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

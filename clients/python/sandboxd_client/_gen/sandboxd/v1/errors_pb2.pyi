@@ -225,6 +225,16 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
     ERROR_REASON_STREAM_IDLE: _ErrorReason.ValueType  # 99
     """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
+    ERROR_REASON_AUDIT_TENANT_NOT_ALLOWED: _ErrorReason.ValueType  # 140
+    """PERMISSION_DENIED: Another tenant's audit events are for admin tenants only."""
+    ERROR_REASON_INVALID_AUDIT_KIND: _ErrorReason.ValueType  # 141
+    """INVALID_ARGUMENT: An audit event kind this server does not record."""
+    ERROR_REASON_INVALID_TIME_RANGE: _ErrorReason.ValueType  # 142
+    """INVALID_ARGUMENT: A time range whose end is before its start."""
+    ERROR_REASON_INVALID_SEQUENCE: _ErrorReason.ValueType  # 143
+    """INVALID_ARGUMENT: A negative after_sequence."""
+    ERROR_REASON_INVALID_EXPIRY_ACTION: _ErrorReason.ValueType  # 144
+    """INVALID_ARGUMENT: An ExpiryAction value this server does not know."""
     ERROR_REASON_ISOLATION_UNAVAILABLE: _ErrorReason.ValueType  # 120
     """FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now
     (e.g. gvisor without runsc registered); never silently replaced by another tier.
@@ -277,6 +287,16 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     ERROR_REASON_SECRET_REF_NOT_FOUND: _ErrorReason.ValueType  # 201
     """INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant."""
+    ERROR_REASON_WORKSPACE_UNREADABLE: _ErrorReason.ValueType  # 100
+    """FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode
+    000), so no snapshot or export can carry it; refused before anything was stopped. Give it
+    read permission (chmod u+r) and try again.
+    """
+    ERROR_REASON_WORKSPACE_NOT_ARCHIVABLE: _ErrorReason.ValueType  # 101
+    """FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than
+    tar or a restore accepts...), so no snapshot or export can carry it; refused before
+    anything was stopped. The message names the entry.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -490,6 +510,16 @@ ERROR_REASON_TENANT_STREAM_QUOTA: ErrorReason.ValueType  # 98
 """RESOURCE_EXHAUSTED: The tenant has as many open streams as tenant_max_streams allows."""
 ERROR_REASON_STREAM_IDLE: ErrorReason.ValueType  # 99
 """DEADLINE_EXCEEDED: A client stream sent or read nothing for the stream idle timeout."""
+ERROR_REASON_AUDIT_TENANT_NOT_ALLOWED: ErrorReason.ValueType  # 140
+"""PERMISSION_DENIED: Another tenant's audit events are for admin tenants only."""
+ERROR_REASON_INVALID_AUDIT_KIND: ErrorReason.ValueType  # 141
+"""INVALID_ARGUMENT: An audit event kind this server does not record."""
+ERROR_REASON_INVALID_TIME_RANGE: ErrorReason.ValueType  # 142
+"""INVALID_ARGUMENT: A time range whose end is before its start."""
+ERROR_REASON_INVALID_SEQUENCE: ErrorReason.ValueType  # 143
+"""INVALID_ARGUMENT: A negative after_sequence."""
+ERROR_REASON_INVALID_EXPIRY_ACTION: ErrorReason.ValueType  # 144
+"""INVALID_ARGUMENT: An ExpiryAction value this server does not know."""
 ERROR_REASON_ISOLATION_UNAVAILABLE: ErrorReason.ValueType  # 120
 """FAILED_PRECONDITION: The isolation tier asked for has no runtime on this engine now
 (e.g. gvisor without runsc registered); never silently replaced by another tier.
@@ -542,4 +572,14 @@ template), or names a secret a live update cannot add.
 """
 ERROR_REASON_SECRET_REF_NOT_FOUND: ErrorReason.ValueType  # 201
 """INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant."""
+ERROR_REASON_WORKSPACE_UNREADABLE: ErrorReason.ValueType  # 100
+"""FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode
+000), so no snapshot or export can carry it; refused before anything was stopped. Give it
+read permission (chmod u+r) and try again.
+"""
+ERROR_REASON_WORKSPACE_NOT_ARCHIVABLE: ErrorReason.ValueType  # 101
+"""FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than
+tar or a restore accepts...), so no snapshot or export can carry it; refused before
+anything was stopped. The message names the entry.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -18,6 +18,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _FileType:
@@ -52,15 +57,27 @@ class FileInfo(_message.Message):
     MODE_FIELD_NUMBER: _builtins.int
     MODIFIED_AT_FIELD_NUMBER: _builtins.int
     SYMLINK_TARGET_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     """Path relative to /workspace ("." for the workspace itself)."""
     name: _builtins.str
     type: Global___FileType.ValueType
-    size: _builtins.int
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def size(self) -> _builtins.int:
+        """Deprecated: size_bytes."""
+
+    @size.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def size(self, value: _builtins.int) -> None:
+        """Deprecated: size_bytes."""
+
     mode: _builtins.int
     """Permission bits."""
     symlink_target: _builtins.str
     """The link's target, for symlinks."""
+    size_bytes: _builtins.int
+    """Size in bytes (for a symlink: of the link itself)."""
     @_builtins.property
     def modified_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -73,10 +90,11 @@ class FileInfo(_message.Message):
         mode: _builtins.int = ...,
         modified_at: _timestamp_pb2.Timestamp | None = ...,
         symlink_target: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["modified_at", b"modified_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "modified_at", b"modified_at", "name", b"name", "path", b"path", "size", b"size", "symlink_target", b"symlink_target", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "modified_at", b"modified_at", "name", b"name", "path", b"path", "size", b"size", "size_bytes", b"size_bytes", "symlink_target", b"symlink_target", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -111,19 +129,31 @@ class ReadFileResponse(_message.Message):
     CONTENT_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     SIZE_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
     content: _builtins.bytes
     mode: _builtins.int
-    size: _builtins.int
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def size(self) -> _builtins.int:
+        """Deprecated: size_bytes."""
+
+    @size.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def size(self, value: _builtins.int) -> None:
+        """Deprecated: size_bytes."""
+
+    size_bytes: _builtins.int
     def __init__(
         self,
         *,
         content: _builtins.bytes = ...,
         mode: _builtins.int = ...,
         size: _builtins.int = ...,
+        size_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "mode", b"mode", "size", b"size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "mode", b"mode", "size", b"size", "size_bytes", b"size_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -189,21 +219,31 @@ class ListDirRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
     DEPTH_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     path: _builtins.str
     """Empty means the workspace root."""
     depth: _builtins.int
     """Levels to descend; 0 or 1 lists direct children only."""
+    page_size: _builtins.int
+    """At most this many entries per page (at most 1000), in path order; zero means the whole
+    listing in one reply, in walk order, as before paging.
+    """
+    page_token: _builtins.str
+    """A next_page_token of the same listing; opaque, bound to the path and depth it was made for."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         path: _builtins.str = ...,
         depth: _builtins.int = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["depth", b"depth", "path", b"path", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["depth", b"depth", "page_size", b"page_size", "page_token", b"page_token", "path", b"path", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -214,16 +254,20 @@ class ListDirResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileInfo]: ...
     def __init__(
         self,
         *,
         entries: _abc.Iterable[Global___FileInfo] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -318,19 +362,32 @@ class MakeDirRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
     PARENTS_FIELD_NUMBER: _builtins.int
+    MAKE_PARENTS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     path: _builtins.str
-    parents: _builtins.bool
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def parents(self) -> _builtins.bool:
+        """Deprecated: make_parents (either one set means it)."""
+
+    @parents.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def parents(self, value: _builtins.bool) -> None:
+        """Deprecated: make_parents (either one set means it)."""
+
+    make_parents: _builtins.bool
+    """Create missing parent directories, and succeed if the folder exists (as WriteFile's)."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         path: _builtins.str = ...,
         parents: _builtins.bool = ...,
+        make_parents: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["parents", b"parents", "path", b"path", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["make_parents", b"make_parents", "parents", b"parents", "path", b"path", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -355,3 +412,43 @@ class MakeDirResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MakeDirResponse: _TypeAlias = MakeDirResponse  # noqa: Y015
+
+@_typing.final
+class WriteFileStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INFO_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def info(self) -> Global___FileInfo: ...
+    def __init__(
+        self,
+        *,
+        info: Global___FileInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteFileStreamResponse: _TypeAlias = WriteFileStreamResponse  # noqa: Y015
+
+@_typing.final
+class MoveResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INFO_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def info(self) -> Global___FileInfo: ...
+    def __init__(
+        self,
+        *,
+        info: Global___FileInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MoveResponse: _TypeAlias = MoveResponse  # noqa: Y015

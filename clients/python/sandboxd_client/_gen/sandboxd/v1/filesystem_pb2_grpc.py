@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from sandboxd_client._gen.sandboxd.v1 import filesystem_ext_pb2 as sandboxd_dot_v1_dot_filesystem__ext__pb2
 from sandboxd_client._gen.sandboxd.v1 import filesystem_pb2 as sandboxd_dot_v1_dot_filesystem__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -66,6 +67,21 @@ class FilesystemServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_filesystem__pb2.MakeDirRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_filesystem__pb2.MakeDirResponse.FromString,
                 _registered_method=True)
+        self.ReadFileStream = channel.unary_stream(
+                '/sandboxd.v1.FilesystemService/ReadFileStream',
+                request_serializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.ReadFileStreamRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.ReadFileStreamResponse.FromString,
+                _registered_method=True)
+        self.WriteFileStream = channel.stream_unary(
+                '/sandboxd.v1.FilesystemService/WriteFileStream',
+                request_serializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.WriteFileStreamRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_filesystem__pb2.WriteFileStreamResponse.FromString,
+                _registered_method=True)
+        self.Move = channel.unary_unary(
+                '/sandboxd.v1.FilesystemService/Move',
+                request_serializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.MoveRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_filesystem__pb2.MoveResponse.FromString,
+                _registered_method=True)
 
 
 class FilesystemServiceServicer:
@@ -109,6 +125,27 @@ class FilesystemServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadFileStream(self, request, context):
+        """A file's bytes in chunks, from `offset`, for files up to the session's workspace_bytes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteFileStream(self, request_iterator, context):
+        """A file written from chunks (first a header), all or nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Move(self, request, context):
+        """Rename a file or directory within the workspace.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FilesystemServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -141,6 +178,21 @@ def add_FilesystemServiceServicer_to_server(servicer, server):
                     servicer.MakeDir,
                     request_deserializer=sandboxd_dot_v1_dot_filesystem__pb2.MakeDirRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_filesystem__pb2.MakeDirResponse.SerializeToString,
+            ),
+            'ReadFileStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadFileStream,
+                    request_deserializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.ReadFileStreamRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.ReadFileStreamResponse.SerializeToString,
+            ),
+            'WriteFileStream': grpc.stream_unary_rpc_method_handler(
+                    servicer.WriteFileStream,
+                    request_deserializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.WriteFileStreamRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_filesystem__pb2.WriteFileStreamResponse.SerializeToString,
+            ),
+            'Move': grpc.unary_unary_rpc_method_handler(
+                    servicer.Move,
+                    request_deserializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.MoveRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_filesystem__pb2.MoveResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +359,87 @@ class FilesystemService:
             '/sandboxd.v1.FilesystemService/MakeDir',
             sandboxd_dot_v1_dot_filesystem__pb2.MakeDirRequest.SerializeToString,
             sandboxd_dot_v1_dot_filesystem__pb2.MakeDirResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadFileStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sandboxd.v1.FilesystemService/ReadFileStream',
+            sandboxd_dot_v1_dot_filesystem__ext__pb2.ReadFileStreamRequest.SerializeToString,
+            sandboxd_dot_v1_dot_filesystem__ext__pb2.ReadFileStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteFileStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/sandboxd.v1.FilesystemService/WriteFileStream',
+            sandboxd_dot_v1_dot_filesystem__ext__pb2.WriteFileStreamRequest.SerializeToString,
+            sandboxd_dot_v1_dot_filesystem__pb2.WriteFileStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Move(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.FilesystemService/Move',
+            sandboxd_dot_v1_dot_filesystem__ext__pb2.MoveRequest.SerializeToString,
+            sandboxd_dot_v1_dot_filesystem__pb2.MoveResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,6 +18,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _PullPolicy:
@@ -155,12 +160,21 @@ Global___PullImageResponse: _TypeAlias = PullImageResponse  # noqa: Y015
 class ListImagesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """At most this many images per page (at most 1000); zero: all of them in one reply."""
+    page_token: _builtins.str
+    """A next_page_token of the same list; opaque, bound to the caller."""
     def __init__(
         self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -176,12 +190,18 @@ class ImageInfo(_message.Message):
     DIGEST_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     LAST_USED_AT_FIELD_NUMBER: _builtins.int
+    LAST_USED_TIME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The reference it was pulled or asked for by."""
     digest: _builtins.str
     size_bytes: _builtins.int
     @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def last_used_at(self) -> _timestamp_pb2.Timestamp:
+        """Deprecated: last_used_time (the same value)."""
+
+    @_builtins.property
+    def last_used_time(self) -> _timestamp_pb2.Timestamp:
         """When a session last started from it (unset: never, since this server started)."""
 
     def __init__(
@@ -191,10 +211,11 @@ class ImageInfo(_message.Message):
         digest: _builtins.str = ...,
         size_bytes: _builtins.int = ...,
         last_used_at: _timestamp_pb2.Timestamp | None = ...,
+        last_used_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["last_used_at", b"last_used_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_used_at", b"last_used_at", "last_used_time", b"last_used_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "last_used_at", b"last_used_at", "name", b"name", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "last_used_at", b"last_used_at", "last_used_time", b"last_used_time", "name", b"name", "size_bytes", b"size_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -205,16 +226,20 @@ class ListImagesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     IMAGES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
     @_builtins.property
     def images(self) -> _containers.RepeatedCompositeFieldContainer[Global___ImageInfo]: ...
     def __init__(
         self,
         *,
         images: _abc.Iterable[Global___ImageInfo] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["images", b"images"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["images", b"images", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

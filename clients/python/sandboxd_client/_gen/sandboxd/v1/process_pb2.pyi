@@ -10,6 +10,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from sandboxd_client._gen.sandboxd.v1 import polish_pb2 as _polish_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -183,6 +184,7 @@ class ProcessExited(_message.Message):
     TIMED_OUT_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
     DURATION_FIELD_NUMBER: _builtins.int
+    SIGNAL_VALUE_FIELD_NUMBER: _builtins.int
     exit_code: _builtins.int
     """The exit code; 128+N when killed by signal N."""
     signal: _builtins.str
@@ -190,6 +192,8 @@ class ProcessExited(_message.Message):
     timed_out: _builtins.bool
     truncated: _builtins.bool
     """Output went over the cap: it was cut there and the command killed."""
+    signal_value: _polish_pb2.Signal.ValueType
+    """`signal` as an enum (UNSPECIFIED if it exited, or for a signal the enum lacks)."""
     @_builtins.property
     def duration(self) -> _duration_pb2.Duration: ...
     def __init__(
@@ -200,10 +204,11 @@ class ProcessExited(_message.Message):
         timed_out: _builtins.bool = ...,
         truncated: _builtins.bool = ...,
         duration: _duration_pb2.Duration | None = ...,
+        signal_value: _polish_pb2.Signal.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration", "exit_code", b"exit_code", "signal", b"signal", "timed_out", b"timed_out", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration", "exit_code", b"exit_code", "signal", b"signal", "signal_value", b"signal_value", "timed_out", b"timed_out", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -291,10 +296,13 @@ class RunRequest(_message.Message):
     STDIN_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
     MAX_OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
+    OUTPUT_ENCODING_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     cwd: _builtins.str
     stdin: _builtins.bytes
     max_output_bytes: _builtins.int
+    output_encoding: _polish_pb2.OutputEncoding.ValueType
+    """OUTPUT_ENCODING_UTF8_LOSSY also fills RunResponse.stdout_text and stderr_text."""
     @_builtins.property
     def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -311,10 +319,11 @@ class RunRequest(_message.Message):
         stdin: _builtins.bytes = ...,
         timeout: _duration_pb2.Duration | None = ...,
         max_output_bytes: _builtins.int = ...,
+        output_encoding: _polish_pb2.OutputEncoding.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "env", b"env", "max_output_bytes", b"max_output_bytes", "session_id", b"session_id", "stdin", b"stdin", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "env", b"env", "max_output_bytes", b"max_output_bytes", "output_encoding", b"output_encoding", "session_id", b"session_id", "stdin", b"stdin", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -332,6 +341,8 @@ class RunResponse(_message.Message):
     DURATION_FIELD_NUMBER: _builtins.int
     SIGNAL_FIELD_NUMBER: _builtins.int
     PROCESS_ID_FIELD_NUMBER: _builtins.int
+    STDOUT_TEXT_FIELD_NUMBER: _builtins.int
+    STDERR_TEXT_FIELD_NUMBER: _builtins.int
     exit_code: _builtins.int
     stdout: _builtins.bytes
     stderr: _builtins.bytes
@@ -339,6 +350,9 @@ class RunResponse(_message.Message):
     truncated: _builtins.bool
     signal: _builtins.str
     process_id: _builtins.str
+    stdout_text: _builtins.str
+    """With OUTPUT_ENCODING_UTF8_LOSSY: `stdout` and `stderr` as UTF-8, invalid bytes as U+FFFD."""
+    stderr_text: _builtins.str
     @_builtins.property
     def duration(self) -> _duration_pb2.Duration: ...
     def __init__(
@@ -352,10 +366,12 @@ class RunResponse(_message.Message):
         duration: _duration_pb2.Duration | None = ...,
         signal: _builtins.str = ...,
         process_id: _builtins.str = ...,
+        stdout_text: _builtins.str = ...,
+        stderr_text: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration", "exit_code", b"exit_code", "process_id", b"process_id", "signal", b"signal", "stderr", b"stderr", "stdout", b"stdout", "timed_out", b"timed_out", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration", "exit_code", b"exit_code", "process_id", b"process_id", "signal", b"signal", "stderr", b"stderr", "stderr_text", b"stderr_text", "stdout", b"stdout", "stdout_text", b"stdout_text", "timed_out", b"timed_out", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -460,18 +476,22 @@ class InteractSignal(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SIGNAL_FIELD_NUMBER: _builtins.int
+    SIGNAL_VALUE_FIELD_NUMBER: _builtins.int
     signal: _builtins.str
     """One of SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGUSR1, SIGUSR2, SIGSTOP, SIGCONT,
     SIGWINCH.
     """
+    signal_value: _polish_pb2.Signal.ValueType
+    """The signal as an enum; wins over `signal` when set."""
     def __init__(
         self,
         *,
         signal: _builtins.str = ...,
+        signal_value: _polish_pb2.Signal.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["signal", b"signal"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["signal", b"signal", "signal_value", b"signal_value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -605,17 +625,34 @@ class StartProcessRequest(_message.Message):
     TIMEOUT_FIELD_NUMBER: _builtins.int
     MAX_OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
     PROCESS_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_BUFFER_BYTES_FIELD_NUMBER: _builtins.int
+    KEEP_STDIN_OPEN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     cwd: _builtins.str
     stdin: _builtins.bytes
     """Written to standard input, which is then closed."""
     max_output_bytes: _builtins.int
-    """Size of the buffer kept per stream; zero means the session's output_bytes. Output is never
-    cut: older output falls out of the buffer and a late reader is told of the gap.
+    """Deprecated meaning, kept while `output_buffer_bytes` is zero: the size of the buffer kept
+    per stream (zero: the session's output_bytes), output never cut. When `output_buffer_bytes`
+    is set it means what it means for Exec: the cap per stream at which output is cut and the
+    process killed (zero: the session's output_bytes).
     """
     process_id: _builtins.str
     """Optional, caller-chosen: a start with the id of a process with the same command returns
     that process (idempotent); with a different command it is ALREADY_EXISTS.
+    """
+    output_buffer_bytes: _builtins.int
+    """Size of the ring buffer kept per stream, at most the session's output_bytes: older output
+    falls out of it and a late reader is told of the gap. Zero: the old meaning above.
+    """
+    keep_stdin_open: _builtins.bool
+    """Keep stdin open after `stdin` is written: SendProcessInput adds more, CloseProcessStdin
+    ends it. Default false: stdin is closed once `stdin` is written, as before.
+    """
+    request_id: _builtins.str
+    """Optional, caller-chosen (AIP-155), for safe retries when the caller names no process_id:
+    a retry with the same request_id and command returns the process the first call started.
     """
     @_builtins.property
     def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -636,10 +673,13 @@ class StartProcessRequest(_message.Message):
         timeout: _duration_pb2.Duration | None = ...,
         max_output_bytes: _builtins.int = ...,
         process_id: _builtins.str = ...,
+        output_buffer_bytes: _builtins.int = ...,
+        keep_stdin_open: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "env", b"env", "max_output_bytes", b"max_output_bytes", "process_id", b"process_id", "session_id", b"session_id", "stdin", b"stdin", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "env", b"env", "keep_stdin_open", b"keep_stdin_open", "max_output_bytes", b"max_output_bytes", "output_buffer_bytes", b"output_buffer_bytes", "process_id", b"process_id", "request_id", b"request_id", "session_id", b"session_id", "stdin", b"stdin", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -662,6 +702,8 @@ class Process(_message.Message):
     STDERR_BYTES_FIELD_NUMBER: _builtins.int
     STDOUT_FIRST_OFFSET_FIELD_NUMBER: _builtins.int
     STDERR_FIRST_OFFSET_FIELD_NUMBER: _builtins.int
+    ORIGIN_FIELD_NUMBER: _builtins.int
+    STDIN_OPEN_FIELD_NUMBER: _builtins.int
     process_id: _builtins.str
     session_id: _builtins.str
     cwd: _builtins.str
@@ -672,6 +714,10 @@ class Process(_message.Message):
     stdout_first_offset: _builtins.int
     """Offset of the oldest byte still in the buffer per stream; earlier output is gone."""
     stderr_first_offset: _builtins.int
+    origin: _polish_pb2.ProcessOrigin.ValueType
+    """Which call started it (GetProcess also knows those of Exec, Run and Interact)."""
+    stdin_open: _builtins.bool
+    """Whether its stdin still takes SendProcessInput."""
     @_builtins.property
     def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -694,10 +740,12 @@ class Process(_message.Message):
         stderr_bytes: _builtins.int = ...,
         stdout_first_offset: _builtins.int = ...,
         stderr_first_offset: _builtins.int = ...,
+        origin: _polish_pb2.ProcessOrigin.ValueType = ...,
+        stdin_open: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["exited", b"exited", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "exited", b"exited", "process_id", b"process_id", "session_id", b"session_id", "started_at", b"started_at", "state", b"state", "stderr_bytes", b"stderr_bytes", "stderr_first_offset", b"stderr_first_offset", "stdout_bytes", b"stdout_bytes", "stdout_first_offset", b"stdout_first_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "exited", b"exited", "origin", b"origin", "process_id", b"process_id", "session_id", b"session_id", "started_at", b"started_at", "state", b"state", "stderr_bytes", b"stderr_bytes", "stderr_first_offset", b"stderr_first_offset", "stdin_open", b"stdin_open", "stdout_bytes", b"stdout_bytes", "stdout_first_offset", b"stdout_first_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -725,6 +773,10 @@ Global___StartProcessResponse: _TypeAlias = StartProcessResponse  # noqa: Y015
 
 @_typing.final
 class AttachProcessRequest(_message.Message):
+    """Any process id that Exec, Run, Interact or StartProcess reported. For Exec, Run and Interact
+    only their last output is kept (a smaller buffer; earlier output is reported as a gap).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
@@ -824,15 +876,25 @@ class ListProcessesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    page_size: _builtins.int
+    """At most this many processes per page (at most 1000); zero means all of them (at most 64
+    are kept per session), as before paging.
+    """
+    page_token: _builtins.str
+    """A next_page_token of the same list; opaque, bound to the session it was made for."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -843,16 +905,20 @@ class ListProcessesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PROCESSES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
     @_builtins.property
     def processes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Process]: ...
     def __init__(
         self,
         *,
         processes: _abc.Iterable[Global___Process] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["processes", b"processes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "processes", b"processes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -860,27 +926,33 @@ Global___ListProcessesResponse: _TypeAlias = ListProcessesResponse  # noqa: Y015
 
 @_typing.final
 class SignalProcessRequest(_message.Message):
+    """Any process id that Exec, Run, Interact or StartProcess reported, while the process runs."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     PROCESS_ID_FIELD_NUMBER: _builtins.int
     SIGNAL_FIELD_NUMBER: _builtins.int
+    SIGNAL_VALUE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     process_id: _builtins.str
     signal: _builtins.str
     """One of SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGUSR1, SIGUSR2, SIGSTOP, SIGCONT,
     SIGWINCH.
     """
+    signal_value: _polish_pb2.Signal.ValueType
+    """The signal as an enum; wins over `signal` when set."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         process_id: _builtins.str = ...,
         signal: _builtins.str = ...,
+        signal_value: _polish_pb2.Signal.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["process_id", b"process_id", "session_id", b"session_id", "signal", b"signal"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["process_id", b"process_id", "session_id", b"session_id", "signal", b"signal", "signal_value", b"signal_value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -900,3 +972,23 @@ class SignalProcessResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SignalProcessResponse: _TypeAlias = SignalProcessResponse  # noqa: Y015
+
+@_typing.final
+class GetProcessResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def process(self) -> Global___Process: ...
+    def __init__(
+        self,
+        *,
+        process: Global___Process | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["process", b"process"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["process", b"process"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetProcessResponse: _TypeAlias = GetProcessResponse  # noqa: Y015

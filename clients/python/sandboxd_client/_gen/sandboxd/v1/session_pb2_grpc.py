@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from sandboxd_client._gen.sandboxd.v1 import events_pb2 as sandboxd_dot_v1_dot_events__pb2
 from sandboxd_client._gen.sandboxd.v1 import session_pb2 as sandboxd_dot_v1_dot_session__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -80,6 +81,21 @@ class SessionServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_session__pb2.ResumeSessionRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_session__pb2.ResumeSessionResponse.FromString,
                 _registered_method=True)
+        self.WatchSession = channel.unary_stream(
+                '/sandboxd.v1.SessionService/WatchSession',
+                request_serializer=sandboxd_dot_v1_dot_events__pb2.WatchSessionRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_events__pb2.WatchSessionResponse.FromString,
+                _registered_method=True)
+        self.WatchSessions = channel.unary_stream(
+                '/sandboxd.v1.SessionService/WatchSessions',
+                request_serializer=sandboxd_dot_v1_dot_events__pb2.WatchSessionsRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_events__pb2.WatchSessionsResponse.FromString,
+                _registered_method=True)
+        self.GetSessionStats = channel.unary_unary(
+                '/sandboxd.v1.SessionService/GetSessionStats',
+                request_serializer=sandboxd_dot_v1_dot_events__pb2.GetSessionStatsRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_events__pb2.GetSessionStatsResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -115,7 +131,9 @@ class SessionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteSession(self, request, context):
-        """Removes a session and its container; idempotent.
+        """Removes a session and its container. Idempotent: a session that is not there (deleted
+        already, or never made) is no error; the reply's `existed` says whether this call removed
+        one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -145,6 +163,27 @@ class SessionServiceServicer:
 
     def ResumeSession(self, request, context):
         """Runs the session again, rebuilding a removed or lost container from its last snapshot.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchSession(self, request, context):
+        """Streams one session's events: the kept ones after `after_sequence`, then live ones.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchSessions(self, request, context):
+        """Streams the events of every session of the caller's tenant (optionally by labels).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSessionStats(self, request, context):
+        """One reading of a session's resource use (CPU, memory and its peak, workspace, processes).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -197,6 +236,21 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.ResumeSession,
                     request_deserializer=sandboxd_dot_v1_dot_session__pb2.ResumeSessionRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_session__pb2.ResumeSessionResponse.SerializeToString,
+            ),
+            'WatchSession': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchSession,
+                    request_deserializer=sandboxd_dot_v1_dot_events__pb2.WatchSessionRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_events__pb2.WatchSessionResponse.SerializeToString,
+            ),
+            'WatchSessions': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchSessions,
+                    request_deserializer=sandboxd_dot_v1_dot_events__pb2.WatchSessionsRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_events__pb2.WatchSessionsResponse.SerializeToString,
+            ),
+            'GetSessionStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSessionStats,
+                    request_deserializer=sandboxd_dot_v1_dot_events__pb2.GetSessionStatsRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_events__pb2.GetSessionStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +497,87 @@ class SessionService:
             '/sandboxd.v1.SessionService/ResumeSession',
             sandboxd_dot_v1_dot_session__pb2.ResumeSessionRequest.SerializeToString,
             sandboxd_dot_v1_dot_session__pb2.ResumeSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sandboxd.v1.SessionService/WatchSession',
+            sandboxd_dot_v1_dot_events__pb2.WatchSessionRequest.SerializeToString,
+            sandboxd_dot_v1_dot_events__pb2.WatchSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sandboxd.v1.SessionService/WatchSessions',
+            sandboxd_dot_v1_dot_events__pb2.WatchSessionsRequest.SerializeToString,
+            sandboxd_dot_v1_dot_events__pb2.WatchSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSessionStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.SessionService/GetSessionStats',
+            sandboxd_dot_v1_dot_events__pb2.GetSessionStatsRequest.SerializeToString,
+            sandboxd_dot_v1_dot_events__pb2.GetSessionStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,7 +47,7 @@ class Template(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     BUILTIN_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
-    CREATED_AT_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     state: Global___TemplateState.ValueType
@@ -57,7 +57,7 @@ class Template(_message.Message):
     message: _builtins.str
     """Why a build failed, or what a building template is doing."""
     @_builtins.property
-    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def create_time(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -65,12 +65,12 @@ class Template(_message.Message):
         state: Global___TemplateState.ValueType = ...,
         builtin: _builtins.bool = ...,
         size_bytes: _builtins.int = ...,
-        created_at: _timestamp_pb2.Timestamp | None = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
         message: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["builtin", b"builtin", "created_at", b"created_at", "message", b"message", "name", b"name", "size_bytes", b"size_bytes", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["builtin", b"builtin", "create_time", b"create_time", "message", b"message", "name", b"name", "size_bytes", b"size_bytes", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,191 @@
+"""What each audited RPC says about itself: proto messages -> an audit event's kind and attributes.
+
+A `Tally` follows one call: it sees the request (or each streamed request), each reply, and says
+when the call's outcome is known (`final`: Run's reply, Exec's `exited` event, an import's reply)
+so the interceptor records the event before that reply reaches the caller. Read-only RPCs have no
+tally and are recorded only when refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+# ServiceName/Method -> (kind, action) for the calls recorded when they succeed.
+_LIFECYCLE = {
+    "SessionService/CreateSession": "create",
+    "SessionService/DeleteSession": "delete",
+    "SessionService/RenewLease": "renew",
+    "SessionService/SuspendSession": "suspend",
+    "SessionService/ResumeSession": "resume",
+    "SessionService/UpdateNetworkPolicy": "update_network_policy",
+    "ProcessService/SignalProcess": "signal_process",
+    "SnapshotService/DeleteSnapshot": "delete_snapshot",
+}
+
+
+def _duration_s(d: Any) -> str:
+    return f"{d.seconds + d.nanos / 1e9:.3f}"
+
+
+def _exit_attrs(exited: Any) -> dict[str, object]:
+    return {
+        "exit_code": exited.exit_code,
+        "signal": exited.signal or None,
+        "timed_out": exited.timed_out,
+        "truncated": exited.truncated,
+        "duration_s": _duration_s(exited.duration),
+    }
+
+
+class Tally:
+    """The audit record of one call in the making."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.kind = ""
+        self.session_id = ""
+        self.attributes: dict[str, object] = {}
+        self._out_bytes = 0
+        self._in_bytes = 0
+        self._digest: Any = None
+        self.started = ""  # the process id, once a `started` reply was seen
+
+    # Requests ---------------------------------------------------------------------------------
+
+    def request(self, request: Any) -> None:
+        """Each request message (one for unary calls, each for client streams)."""
+        m = self.method
+        sid = getattr(request, "session_id", None)
+        if isinstance(sid, str) and sid and not self.session_id:
+            self.session_id = sid
+        if m in ("ProcessService/Run", "ProcessService/Exec", "ProcessService/StartProcess"):
+            self._command(request)
+        elif m == "ProcessService/Interact" and request.HasField("start"):
+            self.session_id = request.start.request.session_id
+            self._command(request.start.request)
+            self.attributes["pty"] = request.start.HasField("pty")
+        elif m == "FilesystemService/WriteFile":
+            self.kind = "file_write"
+            self.attributes.update(path=request.path, bytes=len(request.content), mode=request.mode)
+        elif m == "FilesystemService/MakeDir":
+            self.kind = "file_write"
+            self.attributes.update(path=request.path, type="directory")
+        elif m == "FilesystemService/Remove":
+            self.kind = "file_remove"
+            self.attributes.update(path=request.path, recursive=request.recursive)
+        elif m == "SnapshotService/ExportArchive":
+            self.kind = "archive_export"
+            self.attributes["path"] = request.path
+            self._digest = hashlib.sha256()
+        elif m == "SnapshotService/ImportArchive":
+            self.kind = "archive_import"
+            if request.HasField("header"):
+                self.session_id = request.header.session_id
+                self.attributes.update(path=request.header.path, replace=request.header.replace)
+                self._digest = hashlib.sha256()
+            elif self._digest is not None:
+                self._in_bytes += len(request.data)
+                self._digest.update(request.data)
+        elif m == "SnapshotService/CreateSnapshot":
+            self.kind = "snapshot"
+            self.attributes["action"] = "create"
+        elif m in _LIFECYCLE:
+            self.kind = "lifecycle"
+            self.attributes["action"] = _LIFECYCLE[m]
+            for name in ("snapshot_id", "process_id", "signal"):
+                value = getattr(request, name, None)
+                if isinstance(value, str) and value:
+                    self.attributes[name] = value
+
+    def _command(self, request: Any) -> None:
+        self.kind = "command"
+        self.attributes.update(argv=list(request.argv), cwd=request.cwd or "/workspace")
+        if self.method == "ProcessService/StartProcess":
+            self.attributes["background"] = True
+
+    # Replies ----------------------------------------------------------------------------------
+
+    def reply(self, reply: Any) -> bool:
+        """Each reply message; True when it is the one that tells the caller the outcome."""
+        m = self.method
+        if m == "ProcessService/Run":
+            self.attributes.update(_exit_attrs(reply))
+            self.attributes.update(
+                stdout_bytes=len(reply.stdout),
+                stderr_bytes=len(reply.stderr),
+                process_id=reply.process_id or None,
+            )
+            return True
+        if m in ("ProcessService/Exec", "ProcessService/Interact"):
+            event = reply.WhichOneof("event")
+            if event == "started":
+                self.attributes["process_id"] = reply.started.process_id
+                self.started = reply.started.process_id
+            elif event == "output":
+                self._out_bytes += len(reply.output.data)
+            elif event == "exited":
+                self.attributes.update(_exit_attrs(reply.exited))
+                self.attributes["output_bytes"] = self._out_bytes
+                return True
+            return False
+        if m == "ProcessService/StartProcess":
+            self.attributes["process_id"] = reply.process.process_id
+            self.started = reply.process.process_id
+            return True
+        if m == "SnapshotService/ExportArchive":
+            data = reply.chunk.data
+            self._out_bytes += len(data)
+            self._digest.update(data)
+            return False
+        if m == "SnapshotService/ImportArchive":
+            self.attributes.update(
+                files=reply.files,
+                bytes_written=reply.bytes,
+                tar_bytes=self._in_bytes,
+                sha256=self._digest.hexdigest() if self._digest is not None else None,
+            )
+            return True
+        if m == "SnapshotService/CreateSnapshot":
+            snap = reply.snapshot
+            self.session_id = self.session_id or snap.session_id
+            self.attributes.update(
+                snapshot_id=snap.snapshot_id,
+                size_bytes=snap.size_bytes,
+                sha256=snap.sha256 or None,
+                image=snap.image or None,
+            )
+            return True
+        if m == "FilesystemService/WriteFile" and reply.HasField("info"):
+            self.attributes["size"] = reply.info.size
+        if m == "SessionService/CreateSession" and reply.HasField("session"):
+            self.session_id = reply.session.session_id
+            self.attributes["image"] = reply.session.image
+        return True
+
+    def ended(self) -> None:
+        """A server stream ran to its end (ExportArchive: the totals are known now)."""
+        if self.method == "SnapshotService/ExportArchive" and self._digest is not None:
+            self.attributes.update(tar_bytes=self._out_bytes, sha256=self._digest.hexdigest())
+
+
+def audited(method: str) -> bool:
+    """Is a successful call of `method` (`Service/Method`) an audit event?"""
+    return method in _AUDITED
+
+
+_AUDITED = frozenset(
+    {
+        "ProcessService/Run",
+        "ProcessService/Exec",
+        "ProcessService/Interact",
+        "ProcessService/StartProcess",
+        "FilesystemService/WriteFile",
+        "FilesystemService/MakeDir",
+        "FilesystemService/Remove",
+        "SnapshotService/ExportArchive",
+        "SnapshotService/ImportArchive",
+        "SnapshotService/CreateSnapshot",
+        *_LIFECYCLE,
+    }
+)

@@ -1,0 +1,79 @@
+"""Per-session lease terms, in their own table of the session database.
+
+Their own table (not the session's spec JSON) because they are not part of what a session is
+(its fingerprint) but of how its end is handled, and `end_reason` is written when it ends.
+A session without a row has the defaults: delete at expiry, no renewal on activity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aiosqlite
+
+DELETE = "DELETE"
+SUSPEND = "SUSPEND"
+SNAPSHOT_THEN_DELETE = "SNAPSHOT_THEN_DELETE"
+EXPIRY_ACTIONS = (DELETE, SUSPEND, SNAPSHOT_THEN_DELETE)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS session_terms (
+    session_id TEXT PRIMARY KEY,
+    on_expiry TEXT NOT NULL,
+    renew_on_activity INTEGER NOT NULL,
+    end_reason TEXT NOT NULL DEFAULT ''
+);
+"""
+
+
+@dataclass(frozen=True)
+class LeaseTerms:
+    on_expiry: str = DELETE
+    renew_on_activity: bool = False
+    end_reason: str = ""
+
+
+class LeaseTermsStore:
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+
+    async def open(self) -> LeaseTermsStore:
+        await self._db.executescript(_SCHEMA)
+        await self._db.commit()
+        return self
+
+    async def set_terms(self, session_id: str, on_expiry: str, renew_on_activity: bool) -> None:
+        await self._db.execute(
+            "INSERT INTO session_terms (session_id, on_expiry, renew_on_activity)"
+            " VALUES (?, ?, ?) ON CONFLICT(session_id) DO UPDATE SET"
+            " on_expiry = excluded.on_expiry, renew_on_activity = excluded.renew_on_activity",
+            (session_id, on_expiry, int(renew_on_activity)),
+        )
+        await self._db.commit()
+
+    async def get(self, session_id: str) -> LeaseTerms:
+        async with self._db.execute(
+            "SELECT on_expiry, renew_on_activity, end_reason FROM session_terms"
+            " WHERE session_id = ?",
+            (session_id,),
+        ) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            return LeaseTerms()
+        return LeaseTerms(str(row[0]), bool(row[1]), str(row[2]))
+
+    async def set_end_reason(self, session_id: str, reason: str) -> None:
+        await self._db.execute(
+            "INSERT INTO session_terms (session_id, on_expiry, renew_on_activity, end_reason)"
+            " VALUES (?, ?, 0, ?) ON CONFLICT(session_id) DO UPDATE SET"
+            " end_reason = excluded.end_reason",
+            (session_id, DELETE, reason),
+        )
+        await self._db.commit()
+
+    async def forget_orphans(self) -> None:
+        """Rows of sessions whose record is gone (deleted, or pruned after retention)."""
+        await self._db.execute(
+            "DELETE FROM session_terms WHERE session_id NOT IN (SELECT session_id FROM sessions)"
+        )
+        await self._db.commit()

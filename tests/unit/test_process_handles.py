@@ -1,0 +1,89 @@
+"""ProcessManager's record of Exec, Run and Interact commands (`track`), without an engine: the
+events pass through unchanged, the command is found by its id while it runs and after, a call
+that ends early leaves a killed record, and ListProcesses still lists background ones only."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from sandboxd import processes
+from sandboxd.errors import FailedPrecondition
+from sandboxd.models import ExecEvent, ExecExited, ExecOutput, ExecSpec, ExecStarted
+from sandboxd.models import OutputStream as S
+from sandboxd.processes import BackgroundProcess, ProcessManager, ProcessOrigin
+
+
+def _spec(cap: int = 1 << 20) -> ExecSpec:
+    return ExecSpec(argv=["x"], cwd=".", env={}, stdin=b"", timeout_s=5, max_output_bytes=cap)
+
+
+async def _events(*items: ExecEvent) -> AsyncIterator[ExecEvent]:
+    for item in items:
+        yield item
+
+
+def _manager() -> ProcessManager:
+    return ProcessManager(executor=None)  # type: ignore[arg-type]  # track never runs commands
+
+
+async def test_track_passes_events_through_and_records_the_command() -> None:
+    pm = _manager()
+    events = [
+        ExecStarted("p-1"),
+        ExecOutput(S.STDOUT, b"hello", 0),
+        ExecExited(3, "", False, False, 0.1),
+    ]
+    seen = [e async for e in pm.track("s", _spec(), ProcessOrigin.RUN, _events(*events))]
+    assert seen == events
+    proc = pm.get("s", "p-1")
+    assert proc.origin is ProcessOrigin.RUN and proc.token == "p-1"
+    assert proc.exited is not None and proc.exited.exit_code == 3
+    assert proc.output[S.STDOUT].end == 5
+    assert pm.list("s") == []  # not a background process
+
+
+async def test_a_call_that_ends_early_leaves_a_killed_record() -> None:
+    pm = _manager()
+    stream = pm.track(
+        "s",
+        _spec(),
+        ProcessOrigin.EXEC,
+        _events(ExecStarted("p-2"), ExecOutput(S.STDOUT, b"a", 0), ExecOutput(S.STDOUT, b"b", 1)),
+    )
+    assert isinstance(await anext(stream), ExecStarted)
+    assert pm.get("s", "p-2").exited is None  # running: found by its id
+    await stream.aclose()
+    exited = pm.get("s", "p-2").exited
+    assert exited is not None and exited.signal == "SIGKILL"
+
+
+async def test_the_foreground_buffer_is_small_and_never_refuses_a_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(processes, "MAX_PROCESSES_PER_SESSION", 2)
+    pm = _manager()
+    for i in range(3):  # more than the limit: the oldest exited record makes room
+        events = _events(ExecStarted(f"p-{i}"), ExecExited(0, "", False, False, 0.1))
+        _ = [e async for e in pm.track("s", _spec(64 << 20), ProcessOrigin.EXEC, events)]
+    assert [p.process_id for p in pm._by_session["s"].values()] == ["p-1", "p-2"]
+    assert pm.get("s", "p-2").options.buffer_bytes == processes.FOREGROUND_BUFFER_BYTES
+
+
+async def test_stdin_calls_on_a_process_without_open_stdin() -> None:
+    pm = _manager()
+    events = _events(ExecStarted("p-9"), ExecOutput(S.STDOUT, b"x", 0))
+    stream = pm.track("s", _spec(), ProcessOrigin.INTERACT, events)
+    await anext(stream)
+    with pytest.raises(FailedPrecondition) as exc:
+        await pm.send_input("s", "p-9", b"more")
+    assert exc.value.reason == "STDIN_CLOSED"
+    with pytest.raises(FailedPrecondition):
+        await pm.close_stdin("s", "p-9")  # not a background process: its stdin is not ours
+    await stream.aclose()
+    with pytest.raises(FailedPrecondition) as exc:
+        await pm.send_input("s", "p-9", b"more")
+    assert exc.value.reason == "PROCESS_EXITED"
+    bg = BackgroundProcess("s", "bg", _spec())
+    pm._by_session["s"]["bg"] = bg
+    await pm.close_stdin("s", "bg")  # a background process whose stdin is closed: a no-op
