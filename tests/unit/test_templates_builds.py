@@ -189,3 +189,18 @@ async def test_a_build_cut_short_by_a_crash_is_failed_and_pruned(tmp_path: Path)
 
 async def _never_used(tenant: str, name: str) -> bool:
     return False
+
+
+async def test_a_page_token_answers_its_own_tenant_only(env: Env) -> None:
+    for n in ("a1", "c3"):
+        await env.build(n, "FROM busybox\n")
+    _, token = await env.templates.list(1, "")
+    assert token
+
+    async def as_beta() -> None:
+        tenancy.use_tenant("beta")
+        with pytest.raises(InvalidArgument) as info:
+            await env.templates.list(1, token)
+        assert info.value.reason == "INVALID_PAGE_TOKEN"
+
+    await asyncio.create_task(as_beta())

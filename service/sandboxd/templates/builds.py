@@ -147,13 +147,14 @@ class Templates:
 
     async def list(self, page_size: int, page_token: str) -> tuple[list[TemplateRecord], str]:
         size = paging.page_size(page_size)
-        after = paging.decode_token(page_token, lambda k: bool(dockerfile.NAME_RE.match(k)))
+        bound = f"ListTemplates|{tenancy.current()}"  # a token answers this list only
+        after = paging.decode_token(page_token, lambda k: bool(dockerfile.NAME_RE.match(k)), bound)
         own = await self._store.of_tenant(tenancy.current())
         everything = [await self._builtin(n) for n in BUILTIN_TEMPLATES] + own
         everything.sort(key=lambda t: t.name)
         rest = [t for t in everything if t.name > after]
         page = rest[:size]
-        token = paging.encode_token(page[-1].name) if len(rest) > size else ""
+        token = paging.encode_token(page[-1].name, bound) if len(rest) > size else ""
         return page, token
 
     # ----- delete -----------------------------------------------------------------------
