@@ -318,7 +318,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         audit_pb2_grpc.add_AuditServiceServicer_to_server(
             AuditService(AuditLog(audit_store)), server
         )
-        template_pb2_grpc.add_TemplateServiceServicer_to_server(TemplateService(templates), server)
+        template_pb2_grpc.add_TemplateServiceServicer_to_server(
+            TemplateService(templates, config.tenancy.stream_idle_timeout_s), server
+        )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         _add_reflection(server)

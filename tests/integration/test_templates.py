@@ -36,6 +36,7 @@ ALL = common_pb2.ShellPolicy(allow_all=True)
 CONTEXT_CAP = 256 * 1024
 TIMEOUT_S = 6
 BUILD_MEMORY = 96 * 1024 * 1024
+IDLE_S = 4
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,8 @@ def tpl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
         str(TIMEOUT_S),
         "--template-build-memory-bytes",
         str(BUILD_MEMORY),
+        "--stream-idle-timeout-s",
+        str(IDLE_S),
     )
     yield srv
     srv.stop()
@@ -482,3 +485,20 @@ def test_readme_templates_walkthrough(tmp_path: Path) -> None:
     assert "aGVsbG8gZnJvbSBhIHRlbXBsYXRlCg==" in output, output
     assert "greeter-cli READY" in output, output
     assert images_of_template("greeter") == set() and images_of_template("greeter-cli") == set()
+
+
+def test_stalled_upload_is_abandoned(alpha) -> None:
+    """A client that sends its spec and then nothing does not hold a build slot for long."""
+    _, tpl = alpha
+
+    def stalled() -> Iterator[T.BuildTemplateRequest]:
+        yield T.BuildTemplateRequest(spec=T.TemplateSpec(name="stall", dockerfile="FROM busybox\n"))
+        time.sleep(IDLE_S + 8)
+        yield T.BuildTemplateRequest(context=b"")
+
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in tpl.BuildTemplate(stalled(), timeout=60):
+            pass
+    assert error_info(info.value).reason == "STREAM_IDLE"
+    assert time.monotonic() - started < IDLE_S + 6

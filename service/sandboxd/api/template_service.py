@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from sandboxd.api.errors import Ctx, stream, unary
+from sandboxd.api.limits import idle_limited
 from sandboxd.errors import InvalidArgument
 from sandboxd.reasons import Reason
 from sandboxd.templates.builds import BuildLog, Templates
@@ -44,14 +45,15 @@ async def _context(
 
 
 class TemplateService(template_pb2_grpc.TemplateServiceServicer):
-    def __init__(self, templates: Templates) -> None:
+    def __init__(self, templates: Templates, idle_s: float) -> None:
         self._templates = templates
+        self._idle_s = idle_s  # a stalled upload must not hold a build slot
 
     @stream
     async def BuildTemplate(
         self, request: AsyncIterator[template_pb2.BuildTemplateRequest], context: Ctx
     ) -> AsyncGenerator[template_pb2.BuildTemplateResponse, None]:
-        requests = aiter(request)
+        requests = aiter(idle_limited(request, self._idle_s))
         try:
             first = await anext(requests)
         except StopAsyncIteration:
