@@ -21,11 +21,13 @@ import io
 import itertools
 import json
 import tarfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sandboxd.engine.protocol import (
+    BuildLimits,
     ImageDetails,
     NetworkAddress,
     NetworkInfo,
@@ -185,6 +187,7 @@ def _tar(box: FakeSandbox, cwd: str) -> bytes:
 class FakeEngine:
     def __init__(self, images: Sequence[str] = ("sandboxd-runtime:busybox",)) -> None:
         self.images: dict[str, dict[str, str]] = {image: {} for image in images}
+        self.builds: list[str] = []  # the Dockerfiles build_image was given
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.networks: dict[str, tuple[dict[str, str], NetworkAddress]] = {}
         self.calls: list[str] = []
@@ -237,7 +240,10 @@ class FakeEngine:
 
     async def image_exists(self, image: str) -> bool:
         self._call("image_exists")
-        return image in self.images
+        # By name, or by the id inspect_image gives it (a built template's image).
+        return image in self.images or any(
+            image == "sha256:" + hashlib.sha256(name.encode()).hexdigest() for name in self.images
+        )
 
     async def isolation_tiers(self) -> frozenset[Isolation]:
         self._call("isolation_tiers")
@@ -432,6 +438,46 @@ class FakeEngine:
             yield PullProgress("Pull complete", f"layer{i}")
         self.images[reference] = {}
         self.digests[reference] = digest
+
+    # ----- image builds ---------------------------------------------------------------------
+
+    async def build_image(
+        self,
+        context: Path,
+        *,
+        dockerfile: str,
+        tag: str,
+        labels: Mapping[str, str],
+        limits: BuildLimits,
+    ) -> AsyncGenerator[str, None]:
+        """Runs no step: logs each instruction, fails on `RUN false`, tags `tag` with `labels`
+        (and the Dockerfile's LABELs) when all went well."""
+        self._call("build_image")
+        with tarfile.open(context) as tar:
+            member = tar.extractfile(dockerfile)
+            assert member is not None
+            text = member.read().decode()
+        self.builds.append(text)
+        own = dict(labels)
+        for n, line in enumerate(text.splitlines(), 1):
+            await asyncio.sleep(0)
+            yield f"Step {n} : {line}"
+            if line.startswith("LABEL "):
+                key, _, value = line[6:].partition("=")
+                own[key] = value.strip('"')
+            if line.strip() == "RUN false":
+                self.images[f"intermediate-{n}"] = dict(own)
+                raise FailedPrecondition(
+                    "The command '/bin/sh -c false' returned a non-zero code: 1",
+                    reason="TEMPLATE_BUILD_FAILED",
+                )
+        self.images[tag] = own
+
+    async def prune_images(self, labels: Mapping[str, str]) -> None:
+        self._call("prune_images")
+        for name, own in list(self.images.items()):
+            if all(own.get(k) == v for k, v in labels.items()):
+                del self.images[name]
 
 
 class FakeArchive:

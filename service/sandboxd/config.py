@@ -372,6 +372,37 @@ class TemplatesSection:
         "image of the built-in `python` template (make python-image builds it)",
         flat="template_python_image",
     )
+    max_context_bytes: int = setting(
+        64 * 1024**2,
+        SIZE,
+        "largest build context BuildTemplate accepts (counted while it streams in)",
+        lo=1,
+        flat="template_max_context_bytes",
+    )
+    build_timeout_s: float = setting(
+        300.0,
+        DURATION,
+        "longest a template build may run before it is stopped and cleaned up",
+        lo=1,
+        flat="template_build_timeout_s",
+    )
+    max_builds: int = setting(
+        2, INT, "template builds one tenant may run at once", lo=1, flat="template_max_builds"
+    )
+    build_memory_bytes: int = setting(
+        1024**3,
+        SIZE,
+        "memory limit of each template build step",
+        lo=6 * 1024**2,
+        flat="template_build_memory_bytes",
+    )
+    build_millicpus: int = setting(
+        1000,
+        INT,
+        "CPU each template build step may use, in thousandths of a CPU",
+        lo=10,
+        flat="template_build_millicpus",
+    )
 
 
 @dataclass(frozen=True)

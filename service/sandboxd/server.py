@@ -34,6 +34,7 @@ from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
 from sandboxd.api.session_leases import LeaseSessionService, renew_on_activity
 from sandboxd.api.snapshot_service import SnapshotService
+from sandboxd.api.template_service import TemplateService
 from sandboxd.archive import ArchiveIO
 from sandboxd.audit import AuditLog, AuditStore, AuditWriter
 from sandboxd.audit.egress import background_exit, egress_sink, server_lifecycle
@@ -60,6 +61,8 @@ from sandboxd.sessions.recovery import ENDED_RETENTION
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.sweeper import Sweeper
+from sandboxd.templates.builds import Templates, template_in_use
+from sandboxd.templates.store import TemplateStore
 from sandboxd.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -73,6 +76,8 @@ from sandboxd.v1 import (
     session_pb2_grpc,
     snapshot_pb2,
     snapshot_pb2_grpc,
+    template_pb2,
+    template_pb2_grpc,
 )
 
 log = logging.getLogger(__name__)
@@ -84,6 +89,7 @@ SERVICE_NAMES = (
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
     snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name,
     audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name,
+    template_pb2.DESCRIPTOR.services_by_name["TemplateService"].full_name,
 )
 AUDIT_RETENTION_INTERVAL_S = 300.0
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
@@ -251,6 +257,14 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         terms = await LeaseTermsStore(store.db).open()
         pulls = Pulls(config, engine, live_images=lambda: live_images(store))
         stack.push_async_callback(pulls.close)
+        templates = Templates(
+            config,
+            engine,
+            await TemplateStore(store.db).open(),
+            config.server.data_dir / "spool",
+            in_use=functools.partial(template_in_use, store),
+        )
+        stack.push_async_callback(templates.close)
         sessions = SessionManager(
             config,
             engine,
@@ -263,6 +277,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             on_expiry=ExpiryPolicy(terms, keeper, store, suspend_for=ENDED_RETENTION),
             tiers=tiers,
             pulls=pulls,
+            templates=templates,
         )
         snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
 
@@ -303,6 +318,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         audit_pb2_grpc.add_AuditServiceServicer_to_server(
             AuditService(AuditLog(audit_store)), server
         )
+        template_pb2_grpc.add_TemplateServiceServicer_to_server(
+            TemplateService(templates, config.tenancy.stream_idle_timeout_s), server
+        )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         _add_reflection(server)
@@ -321,6 +339,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             with contextlib.suppress(SandboxError):
                 await tiers.refresh(engine)
             await sessions.reconcile()
+            await templates.recover()
 
         monitor = EngineMonitor(engine, health_servicer, on_engine_up)
         await monitor.check()  # reconcile before the first call when the engine is up

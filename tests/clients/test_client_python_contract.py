@@ -32,6 +32,7 @@ from sandboxd_client._gen.sandboxd.v1 import (
     session_pb2,
     session_pb2_grpc,
     snapshot_pb2,
+    template_pb2,
 )
 from sandboxd_client._gen.sandboxd.v1 import (
     admin_pb2 as _admin,
@@ -40,7 +41,15 @@ from sandboxd_client._rpc import IDEMPOTENT
 from sandboxd_client.interaction import Interaction
 from sandboxd_client.session import Session
 
-FILES = (admin_pb2, audit_pb2, filesystem_pb2, process_pb2, session_pb2, snapshot_pb2)
+FILES = (
+    admin_pb2,
+    audit_pb2,
+    filesystem_pb2,
+    process_pb2,
+    session_pb2,
+    snapshot_pb2,
+    template_pb2,
+)
 
 
 def _all_rpcs() -> set[str]:

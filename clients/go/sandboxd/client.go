@@ -47,6 +47,7 @@ type Client struct {
 	Snapshots pb.SnapshotServiceClient
 	Admin     pb.AdminServiceClient
 	Audit     pb.AuditServiceClient
+	Templates pb.TemplateServiceClient
 
 	mu           sync.Mutex
 	checked      bool
@@ -127,6 +128,7 @@ func Dial(address string, opts ...Option) (*Client, error) {
 	c.Snapshots = pb.NewSnapshotServiceClient(conn)
 	c.Admin = pb.NewAdminServiceClient(conn)
 	c.Audit = pb.NewAuditServiceClient(conn)
+	c.Templates = pb.NewTemplateServiceClient(conn)
 	return c, nil
 }
 

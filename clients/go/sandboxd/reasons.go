@@ -224,6 +224,24 @@ var (
 	ErrTemplateNotFound = &Error{Code: codes.NotFound, Reason: "TEMPLATE_NOT_FOUND"}
 	// ErrTemplateWithImage: INVALID_ARGUMENT: CreateSession names both a template and an image.
 	ErrTemplateWithImage = &Error{Code: codes.InvalidArgument, Reason: "TEMPLATE_WITH_IMAGE"}
+	// ErrTemplateFromNotAllowed: INVALID_ARGUMENT: A Dockerfile's FROM names neither a template nor an allowlisted image (or uses a build stage, a variable or a platform flag).
+	ErrTemplateFromNotAllowed = &Error{Code: codes.InvalidArgument, Reason: "TEMPLATE_FROM_NOT_ALLOWED"}
+	// ErrTemplateSpecInvalid: INVALID_ARGUMENT: The BuildTemplate stream is malformed (no spec first, a bad name, an empty Dockerfile, a built-in name).
+	ErrTemplateSpecInvalid = &Error{Code: codes.InvalidArgument, Reason: "TEMPLATE_SPEC_INVALID"}
+	// ErrTemplateContextTooLarge: RESOURCE_EXHAUSTED: The build context is larger than the server's templates.max_context_bytes.
+	ErrTemplateContextTooLarge = &Error{Code: codes.ResourceExhausted, Reason: "TEMPLATE_CONTEXT_TOO_LARGE"}
+	// ErrTemplateBuildFailed: FAILED_PRECONDITION: The build failed (a step exited non-zero; the log says which).
+	ErrTemplateBuildFailed = &Error{Code: codes.FailedPrecondition, Reason: "TEMPLATE_BUILD_FAILED"}
+	// ErrTemplateBuildTimeout: RESOURCE_EXHAUSTED: The build ran longer than the server's templates.build_timeout_s.
+	ErrTemplateBuildTimeout = &Error{Code: codes.ResourceExhausted, Reason: "TEMPLATE_BUILD_TIMEOUT"}
+	// ErrTemplateBuildsBusy: RESOURCE_EXHAUSTED, retryable: The tenant already runs templates.max_builds builds.
+	ErrTemplateBuildsBusy = &Error{Code: codes.ResourceExhausted, Reason: "TEMPLATE_BUILDS_BUSY"}
+	// ErrTemplateInUse: FAILED_PRECONDITION: A live session runs the template; delete those sessions first.
+	ErrTemplateInUse = &Error{Code: codes.FailedPrecondition, Reason: "TEMPLATE_IN_USE"}
+	// ErrTemplateBuiltin: FAILED_PRECONDITION: Built-in templates cannot be built over or deleted.
+	ErrTemplateBuiltin = &Error{Code: codes.FailedPrecondition, Reason: "TEMPLATE_BUILTIN"}
+	// ErrTemplateBusy: FAILED_PRECONDITION: A template of that name is being built right now.
+	ErrTemplateBusy = &Error{Code: codes.FailedPrecondition, Reason: "TEMPLATE_BUSY"}
 	// ErrRegistryImageNotFound: NOT_FOUND: The registry has no such repository, tag or digest.
 	ErrRegistryImageNotFound = &Error{Code: codes.NotFound, Reason: "REGISTRY_IMAGE_NOT_FOUND"}
 	// ErrRegistryUnauthorized: FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file).
@@ -355,6 +373,15 @@ var Reasons = map[string]ReasonInfo{
 	"ISOLATION_NETWORK_UNSUPPORTED": {codes.FailedPrecondition, false, ErrIsolationNetworkUnsupported},
 	"TEMPLATE_NOT_FOUND":            {codes.NotFound, false, ErrTemplateNotFound},
 	"TEMPLATE_WITH_IMAGE":           {codes.InvalidArgument, false, ErrTemplateWithImage},
+	"TEMPLATE_FROM_NOT_ALLOWED":     {codes.InvalidArgument, false, ErrTemplateFromNotAllowed},
+	"TEMPLATE_SPEC_INVALID":         {codes.InvalidArgument, false, ErrTemplateSpecInvalid},
+	"TEMPLATE_CONTEXT_TOO_LARGE":    {codes.ResourceExhausted, false, ErrTemplateContextTooLarge},
+	"TEMPLATE_BUILD_FAILED":         {codes.FailedPrecondition, false, ErrTemplateBuildFailed},
+	"TEMPLATE_BUILD_TIMEOUT":        {codes.ResourceExhausted, false, ErrTemplateBuildTimeout},
+	"TEMPLATE_BUILDS_BUSY":          {codes.ResourceExhausted, true, ErrTemplateBuildsBusy},
+	"TEMPLATE_IN_USE":               {codes.FailedPrecondition, false, ErrTemplateInUse},
+	"TEMPLATE_BUILTIN":              {codes.FailedPrecondition, false, ErrTemplateBuiltin},
+	"TEMPLATE_BUSY":                 {codes.FailedPrecondition, false, ErrTemplateBusy},
 	"REGISTRY_IMAGE_NOT_FOUND":      {codes.NotFound, false, ErrRegistryImageNotFound},
 	"REGISTRY_UNAUTHORIZED":         {codes.FailedPrecondition, false, ErrRegistryUnauthorized},
 	"REGISTRY_UNREACHABLE":          {codes.Unavailable, true, ErrRegistryUnreachable},

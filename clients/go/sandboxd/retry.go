@@ -59,6 +59,9 @@ var Idempotent = map[string]bool{
 	"/sandboxd.v1.AuditService/ListAuditEvents":       true,
 	"/sandboxd.v1.SessionService/GetSessionStats":     true,
 	"/sandboxd.v1.AdminService/ListImages":            true,
+	"/sandboxd.v1.TemplateService/GetTemplate":        true,
+	"/sandboxd.v1.TemplateService/ListTemplates":      true,
+	"/sandboxd.v1.TemplateService/DeleteTemplate":     true,
 }
 
 // IdempotentWithID are the RPCs idempotent when the request names its id: the field that does.

@@ -51,6 +51,9 @@ export const IDEMPOTENT = new Set([
   'sandboxd.v1.AuditService/ListAuditEvents',
   'sandboxd.v1.SessionService/GetSessionStats',
   'sandboxd.v1.AdminService/ListImages',
+  'sandboxd.v1.TemplateService/GetTemplate',
+  'sandboxd.v1.TemplateService/ListTemplates',
+  'sandboxd.v1.TemplateService/DeleteTemplate',
 ]);
 
 /** RPCs that are idempotent when the caller chose the id: the request field that names it. */

@@ -199,6 +199,24 @@ export declare class IsolationNetworkUnsupportedError extends FailedPrecondition
 export declare class TemplateNotFoundError extends NotFound {}
 /** INVALID_ARGUMENT: CreateSession names both a template and an image. */
 export declare class TemplateWithImageError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A Dockerfile's FROM names neither a template nor an allowlisted image (or uses a build stage, a variable or a platform flag). */
+export declare class TemplateFromNotAllowedError extends InvalidArgument {}
+/** INVALID_ARGUMENT: The BuildTemplate stream is malformed (no spec first, a bad name, an empty Dockerfile, a built-in name). */
+export declare class TemplateSpecInvalidError extends InvalidArgument {}
+/** RESOURCE_EXHAUSTED: The build context is larger than the server's templates.max_context_bytes. */
+export declare class TemplateContextTooLargeError extends ResourceExhausted {}
+/** FAILED_PRECONDITION: The build failed (a step exited non-zero; the log says which). */
+export declare class TemplateBuildFailedError extends FailedPrecondition {}
+/** RESOURCE_EXHAUSTED: The build ran longer than the server's templates.build_timeout_s. */
+export declare class TemplateBuildTimeoutError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED, retryable: The tenant already runs templates.max_builds builds. */
+export declare class TemplateBuildsBusyError extends ResourceExhausted {}
+/** FAILED_PRECONDITION: A live session runs the template; delete those sessions first. */
+export declare class TemplateInUseError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: Built-in templates cannot be built over or deleted. */
+export declare class TemplateBuiltinError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: A template of that name is being built right now. */
+export declare class TemplateBusyError extends FailedPrecondition {}
 /** NOT_FOUND: The registry has no such repository, tag or digest. */
 export declare class RegistryImageNotFoundError extends NotFound {}
 /** FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file). */
@@ -328,6 +346,15 @@ export type Reason =
   | 'ISOLATION_NETWORK_UNSUPPORTED'
   | 'TEMPLATE_NOT_FOUND'
   | 'TEMPLATE_WITH_IMAGE'
+  | 'TEMPLATE_FROM_NOT_ALLOWED'
+  | 'TEMPLATE_SPEC_INVALID'
+  | 'TEMPLATE_CONTEXT_TOO_LARGE'
+  | 'TEMPLATE_BUILD_FAILED'
+  | 'TEMPLATE_BUILD_TIMEOUT'
+  | 'TEMPLATE_BUILDS_BUSY'
+  | 'TEMPLATE_IN_USE'
+  | 'TEMPLATE_BUILTIN'
+  | 'TEMPLATE_BUSY'
   | 'REGISTRY_IMAGE_NOT_FOUND'
   | 'REGISTRY_UNAUTHORIZED'
   | 'REGISTRY_UNREACHABLE'

@@ -199,6 +199,24 @@ export class IsolationNetworkUnsupportedError extends FailedPrecondition {}
 export class TemplateNotFoundError extends NotFound {}
 /** INVALID_ARGUMENT: CreateSession names both a template and an image. */
 export class TemplateWithImageError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A Dockerfile's FROM names neither a template nor an allowlisted image (or uses a build stage, a variable or a platform flag). */
+export class TemplateFromNotAllowedError extends InvalidArgument {}
+/** INVALID_ARGUMENT: The BuildTemplate stream is malformed (no spec first, a bad name, an empty Dockerfile, a built-in name). */
+export class TemplateSpecInvalidError extends InvalidArgument {}
+/** RESOURCE_EXHAUSTED: The build context is larger than the server's templates.max_context_bytes. */
+export class TemplateContextTooLargeError extends ResourceExhausted {}
+/** FAILED_PRECONDITION: The build failed (a step exited non-zero; the log says which). */
+export class TemplateBuildFailedError extends FailedPrecondition {}
+/** RESOURCE_EXHAUSTED: The build ran longer than the server's templates.build_timeout_s. */
+export class TemplateBuildTimeoutError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED, retryable: The tenant already runs templates.max_builds builds. */
+export class TemplateBuildsBusyError extends ResourceExhausted {}
+/** FAILED_PRECONDITION: A live session runs the template; delete those sessions first. */
+export class TemplateInUseError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: Built-in templates cannot be built over or deleted. */
+export class TemplateBuiltinError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: A template of that name is being built right now. */
+export class TemplateBusyError extends FailedPrecondition {}
 /** NOT_FOUND: The registry has no such repository, tag or digest. */
 export class RegistryImageNotFoundError extends NotFound {}
 /** FAILED_PRECONDITION: The registry refused the server's credentials (registry_auth_file). */
@@ -329,6 +347,15 @@ export const REASONS = Object.freeze({
   ISOLATION_NETWORK_UNSUPPORTED: { code: 'FAILED_PRECONDITION', retryable: false, error: IsolationNetworkUnsupportedError },
   TEMPLATE_NOT_FOUND: { code: 'NOT_FOUND', retryable: false, error: TemplateNotFoundError },
   TEMPLATE_WITH_IMAGE: { code: 'INVALID_ARGUMENT', retryable: false, error: TemplateWithImageError },
+  TEMPLATE_FROM_NOT_ALLOWED: { code: 'INVALID_ARGUMENT', retryable: false, error: TemplateFromNotAllowedError },
+  TEMPLATE_SPEC_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: TemplateSpecInvalidError },
+  TEMPLATE_CONTEXT_TOO_LARGE: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TemplateContextTooLargeError },
+  TEMPLATE_BUILD_FAILED: { code: 'FAILED_PRECONDITION', retryable: false, error: TemplateBuildFailedError },
+  TEMPLATE_BUILD_TIMEOUT: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TemplateBuildTimeoutError },
+  TEMPLATE_BUILDS_BUSY: { code: 'RESOURCE_EXHAUSTED', retryable: true, error: TemplateBuildsBusyError },
+  TEMPLATE_IN_USE: { code: 'FAILED_PRECONDITION', retryable: false, error: TemplateInUseError },
+  TEMPLATE_BUILTIN: { code: 'FAILED_PRECONDITION', retryable: false, error: TemplateBuiltinError },
+  TEMPLATE_BUSY: { code: 'FAILED_PRECONDITION', retryable: false, error: TemplateBusyError },
   REGISTRY_IMAGE_NOT_FOUND: { code: 'NOT_FOUND', retryable: false, error: RegistryImageNotFoundError },
   REGISTRY_UNAUTHORIZED: { code: 'FAILED_PRECONDITION', retryable: false, error: RegistryUnauthorizedError },
   REGISTRY_UNREACHABLE: { code: 'UNAVAILABLE', retryable: true, error: RegistryUnreachableError },

@@ -335,6 +335,15 @@ export type ErrorReason =
   | 'ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED'
   | 'ERROR_REASON_TEMPLATE_NOT_FOUND'
   | 'ERROR_REASON_TEMPLATE_WITH_IMAGE'
+  | 'ERROR_REASON_TEMPLATE_FROM_NOT_ALLOWED'
+  | 'ERROR_REASON_TEMPLATE_SPEC_INVALID'
+  | 'ERROR_REASON_TEMPLATE_CONTEXT_TOO_LARGE'
+  | 'ERROR_REASON_TEMPLATE_BUILD_FAILED'
+  | 'ERROR_REASON_TEMPLATE_BUILD_TIMEOUT'
+  | 'ERROR_REASON_TEMPLATE_BUILDS_BUSY'
+  | 'ERROR_REASON_TEMPLATE_IN_USE'
+  | 'ERROR_REASON_TEMPLATE_BUILTIN'
+  | 'ERROR_REASON_TEMPLATE_BUSY'
   | 'ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND'
   | 'ERROR_REASON_REGISTRY_UNAUTHORIZED'
   | 'ERROR_REASON_REGISTRY_UNREACHABLE'
@@ -1101,6 +1110,79 @@ export interface DownloadSnapshotResponse {
   chunk: ArchiveChunk | null;
 }
 
+/** sandboxd.v1.TemplateService: SandboxClient.templates. */
+export interface TemplateServiceClient {
+  buildTemplate(requests: Requests<BuildTemplateRequest>, options?: CallOptions): AsyncGenerator<BuildTemplateResponse, void, undefined>;
+  getTemplate(request: Init<GetTemplateRequest>, options?: CallOptions): Promise<GetTemplateResponse>;
+  listTemplates(request: Init<ListTemplatesRequest>, options?: CallOptions): Promise<ListTemplatesResponse>;
+  deleteTemplate(request: Init<DeleteTemplateRequest>, options?: CallOptions): Promise<DeleteTemplateResponse>;
+}
+
+export type TemplateState =
+  | 'TEMPLATE_STATE_UNSPECIFIED'
+  | 'TEMPLATE_STATE_BUILDING'
+  | 'TEMPLATE_STATE_READY'
+  | 'TEMPLATE_STATE_FAILED';
+
+export interface Template {
+  name: string;
+  state: TemplateState;
+  builtin: boolean;
+  size_bytes: number;
+  create_time: Timestamp | null;
+  message: string;
+}
+
+export interface TemplateSpec {
+  name: string;
+  dockerfile: string;
+}
+
+export interface BuildTemplateRequest {
+  spec: TemplateSpec | null;
+  context: Buffer;
+  payload?: 'spec' | 'context';
+}
+
+export interface BuildLogLine {
+  line: string;
+}
+
+export interface BuildTemplateDone {
+  template: Template | null;
+}
+
+export interface BuildTemplateResponse {
+  log: BuildLogLine | null;
+  done: BuildTemplateDone | null;
+  event?: 'log' | 'done';
+}
+
+export interface GetTemplateRequest {
+  name: string;
+}
+
+export interface GetTemplateResponse {
+  template: Template | null;
+}
+
+export interface ListTemplatesRequest {
+  page_size: number;
+  page_token: string;
+}
+
+export interface ListTemplatesResponse {
+  templates: Template[];
+  next_page_token: string;
+}
+
+export interface DeleteTemplateRequest {
+  name: string;
+}
+
+export interface DeleteTemplateResponse {
+}
+
 /** The service properties of SandboxClient. */
 export interface Services {
   readonly admin: AdminServiceClient;
@@ -1109,4 +1191,5 @@ export interface Services {
   readonly processes: ProcessServiceClient;
   readonly sessions: SessionServiceClient;
   readonly snapshots: SnapshotServiceClient;
+  readonly templates: TemplateServiceClient;
 }

@@ -41,6 +41,7 @@ from sandboxd_client.models import (
     SweepResult,
 )
 from sandboxd_client.session import Session
+from sandboxd_client.templates import BuildLogLine, Template
 from sandboxd_client.watch import SessionEvent, SessionStats
 
 __version__ = "0.2.0"
@@ -49,6 +50,8 @@ __all__ = [
     "AuditEvent",
     "SessionEvent",
     "SessionStats",
+    "BuildLogLine",
+    "Template",
     "ImageInfo",
     "PullDone",
     "PullProgress",

@@ -54,6 +54,9 @@ IDEMPOTENT = frozenset(
         "SnapshotService/DownloadSnapshot",
         "AuditService/ListAuditEvents",
         "SessionService/GetSessionStats",
+        "TemplateService/GetTemplate",
+        "TemplateService/ListTemplates",
+        "TemplateService/DeleteTemplate",
     )
 )
 

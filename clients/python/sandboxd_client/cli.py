@@ -48,6 +48,7 @@ from sandboxd_client.cli_snapshots import (
     cmd_snapshot_ls,
     cmd_snapshot_rm,
 )
+from sandboxd_client.cli_templates import add_template_commands
 from sandboxd_client.client import TLS, SandboxClient
 from sandboxd_client.errors import SandboxError
 from sandboxd_client.models import as_dict
@@ -261,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_false", dest="progress")
 
     add_image_commands(sub)
+    add_template_commands(sub)
     snap = sub.add_parser("snapshot", help="snapshots: create, ls, get, rm, download")
     ssub = snap.add_subparsers(dest="snapshot_command", required=True)
     p = ssub.add_parser("create", help="snapshot a session, print the snapshot id")

@@ -61,6 +61,7 @@ from sandboxd_client.models import (
     duration,
 )
 from sandboxd_client.session import Session
+from sandboxd_client.templates import TemplatesMixin
 from sandboxd_client.watch import WatchMixin
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -99,7 +100,7 @@ def check_api_version(info: ServerInfo, address: str) -> None:
         )
 
 
-class SandboxClient(AuditMixin, WatchMixin, ImagesMixin):
+class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin):
     """A connection to one sandboxd server; use as `async with SandboxClient(addr) as c`.
 
     `token` is sent as a bearer token on every call. `timeout` is the default deadline in

@@ -29,6 +29,7 @@ RETRYABLE = frozenset(
         Reason.ENGINE_CONFLICT,
         Reason.CONTAINER_REBUILDING,
         Reason.REGISTRY_UNREACHABLE,
+        Reason.TEMPLATE_BUILDS_BUSY,
     }
 )
 RETRY_DELAY_S = 1

@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import ipaddress
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -25,7 +25,7 @@ from aiodocker.containers import DockerContainer
 from aiodocker.execs import Exec
 
 from sandboxd import images
-from sandboxd.engine import compat, docker_pull, docker_stats
+from sandboxd.engine import compat, docker_build, docker_pull, docker_stats
 from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_exec import DockerExecStream
 from sandboxd.engine.docker_profile import conforms, container_config
@@ -390,3 +390,12 @@ class DockerEngine:
         self, reference: str, auth: Mapping[str, str] | None = None
     ) -> AsyncIterator[PullProgress]:
         return docker_pull.pull(self.docker, reference, auth)
+
+    # ----- image builds (sandboxd.engine.docker_build) -----------------------------------
+
+    def build_image(self, context: Path, **options: Any) -> AsyncGenerator[str, None]:
+        return docker_build.build(self.docker, context, **options)
+
+    async def prune_images(self, labels: Mapping[str, str]) -> None:
+        with self._translate("pruning images"):
+            await docker_build.prune(self.docker, labels)

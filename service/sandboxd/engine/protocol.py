@@ -13,9 +13,10 @@ ENGINE_CONFLICT; anything else the engine refuses is `Internal`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from sandboxd.isolation import Isolation
@@ -99,6 +100,14 @@ class ImageDetails:
     repo_digests: tuple[str, ...] = ()
     repo_tags: tuple[str, ...] = ()
     size_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class BuildLimits:
+    """What each step of an image build may use (templates)."""
+
+    memory_bytes: int
+    millicpus: int
 
 
 @dataclass(frozen=True)
@@ -256,4 +265,24 @@ class Engine(Protocol):
         """Pull `reference` (`name:tag` or `name@sha256:...`), yielding progress until it is
         complete; closing the iterator early abandons the pull. `auth`: the registry's
         `username`/`password` (never logged). Registry refusals are `PullRefused`."""
+        ...
+
+    # ----- image builds (sandboxd.templates) ---------------------------------------------
+
+    def build_image(
+        self,
+        context: Path,
+        *,
+        dockerfile: str,
+        tag: str,
+        labels: Mapping[str, str],
+        limits: BuildLimits,
+    ) -> AsyncGenerator[str, None]:
+        """Build the tar at `context` (its Dockerfile at `dockerfile` inside it) with no network
+        and `limits`, tagging the result `tag`; yields the log's lines. A failing step is
+        FailedPrecondition TEMPLATE_BUILD_FAILED; closing the iterator early abandons it."""
+        ...
+
+    async def prune_images(self, labels: Mapping[str, str]) -> None:
+        """Remove every image carrying all of `labels` that no container uses."""
         ...

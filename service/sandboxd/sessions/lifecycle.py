@@ -50,6 +50,7 @@ from sandboxd.sessions.spec import CreateSessionInput, check_create, check_lease
 from sandboxd.sessions.suspension import Suspension
 from sandboxd.snapshot_store import Snapshot
 from sandboxd.store import SessionStore
+from sandboxd.templates.builtin import TemplateImages
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,10 @@ class SessionManager:
         on_expiry: ExpiryHook | None = None,
         tiers: IsolationTiers | None = None,
         pulls: Pulls | None = None,
+        templates: TemplateImages | None = None,
     ) -> None:
         self._config = config
+        self._templates = templates  # None: the built-in templates only
         self._tiers = tiers  # None: runc only
         self._pulls = pulls  # None: images are never pulled (absent is IMAGE_NOT_FOUND)
         self._engine = engine
@@ -139,8 +142,17 @@ class SessionManager:
     # ----- create -----------------------------------------------------------------------
 
     async def create(self, req: CreateSessionInput) -> Session:
+        own_templates = (
+            await self._templates.ready_images(tenancy.current())
+            if self._templates is not None and req.template
+            else {}
+        )
         checked = check_create(
-            req, self._config, self._allowlist if self._egress else None, self._tiers
+            req,
+            self._config,
+            self._allowlist if self._egress else None,
+            self._tiers,
+            own_templates=own_templates,
         )
         session_id, spec = checked.session_id, checked.spec
         fingerprint = spec.fingerprint()
@@ -171,7 +183,10 @@ class SessionManager:
                     tenancy.current_grants().image_allowlist,
                     default_image=self._config.engine.image,
                 ),
-                own_images=await self._keeper.images_of(tenancy.current()),
+                own_images=[
+                    *await self._keeper.images_of(tenancy.current()),
+                    *own_templates.values(),
+                ],
             )
             resolved = await self._resolve_image(spec.image, checked.pull_policy, source)
             if source is not None and resolved is not None:  # a fork runs its source's image

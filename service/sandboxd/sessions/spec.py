@@ -78,6 +78,8 @@ def check_create(
     config: Config,
     allowlist: AllowlistCheck,
     tiers: IsolationTiers | None = None,
+    *,
+    own_templates: Mapping[str, str] | None = None,
 ) -> CheckedCreate:
     """Every field of a create request, in the order a caller reads the errors."""
     if req.session_id:
@@ -100,6 +102,7 @@ def check_create(
         req.image,
         default_image=config.engine.image,
         python_image=config.templates.python_image,
+        own=own_templates or {},
     )
     image = validation.validate_image(named or config.engine.image)
     lease = check_lease(req.lease_ttl_s, "lease_ttl", config)

@@ -8,21 +8,41 @@ the caller could not name. Pure: nothing here asks the engine.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Protocol
+
 from sandboxd.errors import InvalidArgument, NotFound
 from sandboxd.reasons import Reason
 
 BUILTIN_TEMPLATES = ("busybox", "python")
 
 
-def resolve_template(name: str, image: str, *, default_image: str, python_image: str) -> str:
-    """The image of a create request that names `name` (and maybe `image`): '' keeps `image`."""
+class TemplateImages(Protocol):
+    """The tenant-built templates a create may name (sandboxd.templates.builds.Templates)."""
+
+    async def ready_images(self, tenant: str) -> dict[str, str]:
+        """Name -> image id of the tenant's built templates."""
+        ...
+
+
+def resolve_template(
+    name: str,
+    image: str,
+    *,
+    default_image: str,
+    python_image: str,
+    own: Mapping[str, str] | None = None,
+) -> str:
+    """The image of a create request that names `name` (and maybe `image`): '' keeps `image`.
+
+    `own`: the calling tenant's built templates, name -> image id (sandboxd.templates.builds)."""
     if not name:
         return image
     if image:
         raise InvalidArgument(
             "set either template or image, not both", reason=Reason.TEMPLATE_WITH_IMAGE
         )
-    images = {"busybox": default_image, "python": python_image}
+    images = {**(own or {}), "busybox": default_image, "python": python_image}
     if name not in images:
         raise NotFound(
             f"no template {name[:64]!r} (built-in: {', '.join(BUILTIN_TEMPLATES)})",

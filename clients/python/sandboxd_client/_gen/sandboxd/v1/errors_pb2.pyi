@@ -249,6 +249,28 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """NOT_FOUND: No template of that name (built-in: busybox, python)."""
     ERROR_REASON_TEMPLATE_WITH_IMAGE: _ErrorReason.ValueType  # 124
     """INVALID_ARGUMENT: CreateSession names both a template and an image."""
+    ERROR_REASON_TEMPLATE_FROM_NOT_ALLOWED: _ErrorReason.ValueType  # 125
+    """INVALID_ARGUMENT: A Dockerfile's FROM names neither a template nor an allowlisted image
+    (or uses a build stage, a variable or a platform flag).
+    """
+    ERROR_REASON_TEMPLATE_SPEC_INVALID: _ErrorReason.ValueType  # 126
+    """INVALID_ARGUMENT: The BuildTemplate stream is malformed (no spec first, a bad name, an
+    empty Dockerfile, a built-in name).
+    """
+    ERROR_REASON_TEMPLATE_CONTEXT_TOO_LARGE: _ErrorReason.ValueType  # 127
+    """RESOURCE_EXHAUSTED: The build context is larger than the server's templates.max_context_bytes."""
+    ERROR_REASON_TEMPLATE_BUILD_FAILED: _ErrorReason.ValueType  # 128
+    """FAILED_PRECONDITION: The build failed (a step exited non-zero; the log says which)."""
+    ERROR_REASON_TEMPLATE_BUILD_TIMEOUT: _ErrorReason.ValueType  # 129
+    """RESOURCE_EXHAUSTED: The build ran longer than the server's templates.build_timeout_s."""
+    ERROR_REASON_TEMPLATE_BUILDS_BUSY: _ErrorReason.ValueType  # 130
+    """RESOURCE_EXHAUSTED, retryable: The tenant already runs templates.max_builds builds."""
+    ERROR_REASON_TEMPLATE_IN_USE: _ErrorReason.ValueType  # 131
+    """FAILED_PRECONDITION: A live session runs the template; delete those sessions first."""
+    ERROR_REASON_TEMPLATE_BUILTIN: _ErrorReason.ValueType  # 132
+    """FAILED_PRECONDITION: Built-in templates cannot be built over or deleted."""
+    ERROR_REASON_TEMPLATE_BUSY: _ErrorReason.ValueType  # 133
+    """FAILED_PRECONDITION: A template of that name is being built right now."""
     ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND: _ErrorReason.ValueType  # 180
     """NOT_FOUND: The registry has no such repository, tag or digest."""
     ERROR_REASON_REGISTRY_UNAUTHORIZED: _ErrorReason.ValueType  # 181
@@ -512,6 +534,28 @@ ERROR_REASON_TEMPLATE_NOT_FOUND: ErrorReason.ValueType  # 123
 """NOT_FOUND: No template of that name (built-in: busybox, python)."""
 ERROR_REASON_TEMPLATE_WITH_IMAGE: ErrorReason.ValueType  # 124
 """INVALID_ARGUMENT: CreateSession names both a template and an image."""
+ERROR_REASON_TEMPLATE_FROM_NOT_ALLOWED: ErrorReason.ValueType  # 125
+"""INVALID_ARGUMENT: A Dockerfile's FROM names neither a template nor an allowlisted image
+(or uses a build stage, a variable or a platform flag).
+"""
+ERROR_REASON_TEMPLATE_SPEC_INVALID: ErrorReason.ValueType  # 126
+"""INVALID_ARGUMENT: The BuildTemplate stream is malformed (no spec first, a bad name, an
+empty Dockerfile, a built-in name).
+"""
+ERROR_REASON_TEMPLATE_CONTEXT_TOO_LARGE: ErrorReason.ValueType  # 127
+"""RESOURCE_EXHAUSTED: The build context is larger than the server's templates.max_context_bytes."""
+ERROR_REASON_TEMPLATE_BUILD_FAILED: ErrorReason.ValueType  # 128
+"""FAILED_PRECONDITION: The build failed (a step exited non-zero; the log says which)."""
+ERROR_REASON_TEMPLATE_BUILD_TIMEOUT: ErrorReason.ValueType  # 129
+"""RESOURCE_EXHAUSTED: The build ran longer than the server's templates.build_timeout_s."""
+ERROR_REASON_TEMPLATE_BUILDS_BUSY: ErrorReason.ValueType  # 130
+"""RESOURCE_EXHAUSTED, retryable: The tenant already runs templates.max_builds builds."""
+ERROR_REASON_TEMPLATE_IN_USE: ErrorReason.ValueType  # 131
+"""FAILED_PRECONDITION: A live session runs the template; delete those sessions first."""
+ERROR_REASON_TEMPLATE_BUILTIN: ErrorReason.ValueType  # 132
+"""FAILED_PRECONDITION: Built-in templates cannot be built over or deleted."""
+ERROR_REASON_TEMPLATE_BUSY: ErrorReason.ValueType  # 133
+"""FAILED_PRECONDITION: A template of that name is being built right now."""
 ERROR_REASON_REGISTRY_IMAGE_NOT_FOUND: ErrorReason.ValueType  # 180
 """NOT_FOUND: The registry has no such repository, tag or digest."""
 ERROR_REASON_REGISTRY_UNAUTHORIZED: ErrorReason.ValueType  # 181

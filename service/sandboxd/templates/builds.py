@@ -1,0 +1,383 @@
+"""Templates a tenant builds from a Dockerfile, and the built-in ones: build, look up, delete.
+
+A template belongs to the tenant that built it; others get NOT_FOUND, as for a name never used.
+A build starts only from a template or an allowlisted image (`dockerfile`), runs with no
+network and the server's memory, CPU and time limits, and leaves nothing behind when it fails
+or is cancelled: every image it made carries its build label and is pruned by it. The image
+it makes passes the session image rules again afterwards (no VOLUMEs).
+
+Deleting a template that a live session (one that may run again) was created from is refused
+(TEMPLATE_IN_USE): the session's sandbox, or its restart after a suspension, needs the image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sandboxd import images, tenancy
+from sandboxd.config import Config
+from sandboxd.engine.protocol import BuildLimits, Engine
+from sandboxd.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    SandboxError,
+)
+from sandboxd.models import SessionState
+from sandboxd.reasons import Reason
+from sandboxd.sessions import paging
+from sandboxd.store import SessionStore
+from sandboxd.templates import context, dockerfile
+from sandboxd.templates.builtin import BUILTIN_TEMPLATES
+from sandboxd.templates.store import TemplateRecord, TemplateState, TemplateStore
+
+LABEL_BUILD = "io.sandboxd.template.build"
+LABEL_TEMPLATE = "io.sandboxd.template.name"
+TAG_REPOSITORY = "sandboxd-template"
+SETTLE_S = 3.0  # a cancelled build's last step may still commit; prune again after this
+
+InUse = Callable[[str, str], Awaitable[bool]]
+
+
+@dataclass(frozen=True)
+class BuildLog:
+    line: str
+
+
+def _not_found(name: str) -> NotFound:
+    return NotFound(
+        f"no template {name[:64]!r} (built-in: {', '.join(BUILTIN_TEMPLATES)})",
+        reason=Reason.TEMPLATE_NOT_FOUND,
+        metadata={"template": name[:64]},
+    )
+
+
+def _builtin_refused(name: str, what: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"{name!r} is a built-in template: it cannot be {what}",
+        reason=Reason.TEMPLATE_BUILTIN,
+        metadata={"template": name},
+    )
+
+
+class Templates:
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine,
+        store: TemplateStore,
+        spool_dir: Path,
+        in_use: InUse,
+        *,
+        settle_s: float = SETTLE_S,
+    ) -> None:
+        self._settle_s = settle_s
+        self._config = config
+        self._engine = engine
+        self._store = store
+        self._spool_dir = spool_dir
+        self._in_use = in_use
+        self._building: set[tuple[str, str]] = set()
+        self._cleanups: set[asyncio.Task[None]] = set()
+        self._started = datetime.now(UTC)
+
+    async def close(self) -> None:
+        for task in self._cleanups:
+            task.cancel()
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
+
+    def _builtin_images(self) -> dict[str, str]:
+        return {
+            "busybox": self._config.engine.image,
+            "python": self._config.templates.python_image,
+        }
+
+    async def recover(self) -> None:
+        """Prune what failed builds left, a build the server's crash cut short among them
+        (called when the engine answers, at start-up and after an outage)."""
+        for build_id in await self._store.failed_build_ids():
+            await self._prune(build_id)
+
+    # ----- reads ------------------------------------------------------------------------
+
+    async def ready_images(self, tenant: str) -> dict[str, str]:
+        """The tenant's built templates, name -> image id (CreateSession `template`)."""
+        return {
+            t.name: t.image
+            for t in await self._store.of_tenant(tenant)
+            if t.state is TemplateState.READY
+        }
+
+    async def _builtin(self, name: str) -> TemplateRecord:
+        image = self._builtin_images()[name]
+        details = await self._engine.inspect_image(image)
+        if details is None:
+            return TemplateRecord(
+                name,
+                TemplateState.FAILED,
+                self._started,
+                builtin=True,
+                image=image,
+                message=f"image {image} is not on the engine (make image / make python-image)",
+            )
+        return TemplateRecord(
+            name,
+            TemplateState.READY,
+            self._started,
+            builtin=True,
+            image=image,
+            size_bytes=details.size_bytes,
+        )
+
+    async def get(self, name: str) -> TemplateRecord:
+        if name in BUILTIN_TEMPLATES:
+            return await self._builtin(name)
+        found = await self._store.get(tenancy.current(), name)
+        if found is None:
+            raise _not_found(name)
+        return found
+
+    async def list(self, page_size: int, page_token: str) -> tuple[list[TemplateRecord], str]:
+        size = paging.page_size(page_size)
+        bound = f"ListTemplates|{tenancy.current()}"  # a token answers this list only
+        after = paging.decode_token(page_token, lambda k: bool(dockerfile.NAME_RE.match(k)), bound)
+        own = await self._store.of_tenant(tenancy.current())
+        everything = [await self._builtin(n) for n in BUILTIN_TEMPLATES] + own
+        everything.sort(key=lambda t: t.name)
+        rest = [t for t in everything if t.name > after]
+        page = rest[:size]
+        token = paging.encode_token(page[-1].name, bound) if len(rest) > size else ""
+        return page, token
+
+    # ----- delete -----------------------------------------------------------------------
+
+    async def delete(self, name: str) -> None:
+        if name in BUILTIN_TEMPLATES:
+            raise _builtin_refused(name, "deleted")
+        tenant = tenancy.current()
+        found = await self._store.get(tenant, name)
+        if found is None:
+            raise _not_found(name)
+        if (tenant, name) in self._building:
+            raise FailedPrecondition(
+                f"template {name!r} is being built", reason=Reason.TEMPLATE_BUSY
+            )
+        if await self._in_use(tenant, name):
+            raise FailedPrecondition(
+                f"template {name!r} is used by live sessions: delete them first",
+                reason=Reason.TEMPLATE_IN_USE,
+                metadata={"template": name},
+            )
+        await self._store.delete(tenant, name)
+        await self._remove(found)
+
+    async def _remove(self, t: TemplateRecord) -> None:
+        if t.build_id:
+            await self._engine.prune_images({LABEL_BUILD: t.build_id})
+
+    # ----- build ------------------------------------------------------------------------
+
+    async def _resolve_base(self, tenant: str, base: str) -> str:
+        builtin = self._builtin_images()
+        own = await self._store.get(tenant, base)
+        if base in builtin:
+            image = builtin[base]
+        elif own is not None and own.state is TemplateState.READY:
+            image = own.image
+        else:
+            try:
+                images.check_image(
+                    base,
+                    images.allowed_patterns(
+                        self._config.images.allowlist,
+                        tenancy.current_grants().image_allowlist,
+                        default_image=self._config.engine.image,
+                    ),
+                )
+            except PermissionDenied:
+                raise InvalidArgument(
+                    f"FROM {base[:100]!r}: neither a template ({', '.join(BUILTIN_TEMPLATES)} "
+                    "or one of yours) nor an image on this server's allowlist",
+                    reason=Reason.TEMPLATE_FROM_NOT_ALLOWED,
+                    metadata={"image": base[:100]},
+                ) from None
+            image = base
+        if not await self._engine.image_exists(image):
+            raise InvalidArgument(
+                f"FROM {base[:100]!r}: the image is not present on the engine",
+                reason=Reason.TEMPLATE_FROM_NOT_ALLOWED,
+                metadata={"image": base[:100]},
+            )
+        return image
+
+    def _claim(self, tenant: str, name: str) -> None:
+        if (tenant, name) in self._building:
+            raise FailedPrecondition(
+                f"template {name!r} is being built", reason=Reason.TEMPLATE_BUSY
+            )
+        running = sum(1 for t, _ in self._building if t == tenant)
+        if running >= self._config.templates.max_builds:
+            raise ResourceExhausted(
+                f"{running} template builds are running (template_max_builds); retry later",
+                reason=Reason.TEMPLATE_BUILDS_BUSY,
+            )
+        self._building.add((tenant, name))
+
+    async def build(
+        self, name: str, text: str, chunks: AsyncIterator[bytes]
+    ) -> AsyncIterator[BuildLog | TemplateRecord]:
+        """Log lines as the engine reports them, then the READY template."""
+        dockerfile.check_name(name)
+        if name in BUILTIN_TEMPLATES:
+            raise _builtin_refused(name, "built over")
+        parsed = dockerfile.parse(text)
+        tenant = tenancy.current()
+        self._claim(tenant, name)
+        try:
+            base = await self._resolve_base(tenant, parsed.base)
+            async for event in self._build(tenant, name, parsed, base, chunks):
+                yield event
+        finally:
+            self._building.discard((tenant, name))
+
+    async def _build(
+        self,
+        tenant: str,
+        name: str,
+        parsed: dockerfile.Dockerfile,
+        base: str,
+        chunks: AsyncIterator[bytes],
+    ) -> AsyncIterator[BuildLog | TemplateRecord]:
+        build_id = secrets.token_hex(8)
+        previous = await self._store.get(tenant, name)
+        keep_previous = previous is not None and previous.state is TemplateState.READY
+        record = TemplateRecord(
+            name,
+            TemplateState.BUILDING,
+            datetime.now(UTC),
+            tenant=tenant,
+            tag=f"{TAG_REPOSITORY}:{build_id}",
+            build_id=build_id,
+            message="building",
+        )
+        if not keep_previous:
+            await self._store.put(record)
+        path = self._spool_dir / f"template-{build_id}.tar"
+        await asyncio.to_thread(self._spool_dir.mkdir, parents=True, exist_ok=True)
+        try:
+            await context.spool(chunks, path, self._config.templates.max_context_bytes)
+            member = f".sandboxd-dockerfile-{build_id}"
+            text = parsed.rewritten(base, (LABEL_BUILD, build_id))
+            await asyncio.to_thread(context.add_dockerfile, path, member, text)
+            async for line in self._run(path, member, record):
+                yield BuildLog(line)
+            details = await self._engine.inspect_image(record.tag)
+            await self._engine.image_exists(record.tag)  # refuses VOLUMEs (from the base)
+            if details is None:
+                raise FailedPrecondition(
+                    "the build finished without an image", reason=Reason.TEMPLATE_BUILD_FAILED
+                )
+            record = replace(
+                record,
+                state=TemplateState.READY,
+                image=details.image_id,
+                size_bytes=details.size_bytes,
+                message="",
+            )
+            await self._store.put(record)
+        except BaseException as e:
+            await asyncio.shield(self._prune(build_id))
+            self._clean_up(build_id)
+            if not keep_previous:
+                message = e.message if isinstance(e, SandboxError) else "the build was cancelled"
+                await asyncio.shield(
+                    self._store.put(replace(record, state=TemplateState.FAILED, message=message))
+                )
+            raise
+        finally:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(path.unlink, missing_ok=True)
+        if previous is not None and keep_previous:
+            await self._remove(previous)
+        yield record
+
+    async def _run(self, path: Path, member: str, record: TemplateRecord) -> AsyncIterator[str]:
+        cfg = self._config.templates
+        limits = BuildLimits(cfg.build_memory_bytes, cfg.build_millicpus)
+        lines = self._engine.build_image(
+            path,
+            dockerfile=member,
+            tag=record.tag,
+            labels={LABEL_BUILD: record.build_id, LABEL_TEMPLATE: record.name},
+            limits=limits,
+        )
+        # Not `asyncio.timeout` around the yields: its cancel would land in the consumer. On
+        # expiry the running step is ended first, so the engine ends the stream it would
+        # otherwise hold open until the step finished.
+        deadline = asyncio.get_running_loop().time() + cfg.build_timeout_s
+        async with contextlib.aclosing(lines):
+            while True:
+                left = max(deadline - asyncio.get_running_loop().time(), 0.001)
+                step = asyncio.ensure_future(anext(lines))
+                try:
+                    done, _ = await asyncio.wait({step}, timeout=left)
+                except BaseException:  # the call was cancelled
+                    await self._abandon(step, record.build_id)
+                    raise
+                if not done:
+                    await self._abandon(step, record.build_id)
+                    raise ResourceExhausted(
+                        f"the build ran longer than {cfg.build_timeout_s:g}s "
+                        "(template_build_timeout_s)",
+                        reason=Reason.TEMPLATE_BUILD_TIMEOUT,
+                    )
+                try:
+                    line = step.result()
+                except StopAsyncIteration:
+                    return
+                yield line
+
+    async def _abandon(self, step: asyncio.Future[str], build_id: str) -> None:
+        """End the running step, then the read waiting on its stream (which the engine now
+        closes), so the generator is no longer running when it is closed."""
+        await asyncio.shield(self._prune(build_id))
+        step.cancel()
+        with contextlib.suppress(BaseException):
+            await step
+
+    async def _prune(self, build_id: str) -> None:
+        with contextlib.suppress(SandboxError):
+            await self._engine.prune_images({LABEL_BUILD: build_id})
+
+    def _clean_up(self, build_id: str) -> None:
+        """Prune once more when an abandoned step has settled (its commit may land late)."""
+
+        async def prune() -> None:
+            await asyncio.sleep(self._settle_s)
+            await self._prune(build_id)
+
+        task = asyncio.get_running_loop().create_task(prune())
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def wait_cleanups(self) -> None:
+        """Until every pending prune ran (tests, and shutdown's grace)."""
+        await asyncio.gather(*list(self._cleanups), return_exceptions=True)
+
+
+async def template_in_use(store: SessionStore, tenant: str, name: str) -> bool:
+    """Whether a session of the tenant that may run again was created from the template."""
+    return any(
+        s.tenant == tenant
+        and s.spec.template == name
+        and s.state not in (SessionState.EXPIRED, SessionState.FAILED)
+        for s in await store.all()
+    )

@@ -1,0 +1,58 @@
+"""A build context on its way to the engine: spooled to disk while counted, never held whole.
+
+The caller's tar arrives in chunks; each is counted against the cap before it is written, so a
+context over the cap costs at most one chunk past it. The checked Dockerfile is then appended to
+the spooled tar under a name of the server's, so the caller's own files (a `Dockerfile` among
+them) are built from but never the instructions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import tarfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from sandboxd.errors import InvalidArgument, ResourceExhausted
+from sandboxd.reasons import Reason
+
+
+async def spool(chunks: AsyncIterator[bytes], dest: Path, cap: int) -> int:
+    """Write the chunks to `dest` (off the loop); ResourceExhausted once they pass `cap`."""
+    total = 0
+    f = await asyncio.to_thread(dest.open, "wb")
+    try:
+        async for chunk in chunks:
+            total += len(chunk)
+            if total > cap:
+                raise ResourceExhausted(
+                    f"the build context is larger than this server's limit of {cap} bytes "
+                    "(setting template_max_context_bytes)",
+                    reason=Reason.TEMPLATE_CONTEXT_TOO_LARGE,
+                    metadata={"limit_bytes": str(cap)},
+                )
+            await asyncio.to_thread(f.write, chunk)
+    finally:
+        await asyncio.to_thread(f.close)
+    return total
+
+
+def add_dockerfile(tar_path: Path, member: str, text: str) -> None:
+    """Append the Dockerfile to the spooled tar (a new tar when the caller sent no context)."""
+    data = text.encode()
+    info = tarfile.TarInfo(member)
+    info.size = len(data)
+    info.mode = 0o644
+    try:
+        with (
+            tarfile.open(tar_path, "a")
+            if tar_path.stat().st_size > 0
+            else tarfile.open(tar_path, "w")
+        ) as tar:
+            tar.addfile(info, io.BytesIO(data))
+    except tarfile.TarError as e:
+        raise InvalidArgument(
+            f"the build context is not an uncompressed tar ({e})",
+            reason=Reason.TEMPLATE_SPEC_INVALID,
+        ) from e

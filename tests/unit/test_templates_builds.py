@@ -1,0 +1,206 @@
+"""Template builds on the engine fake (sandboxd.templates.builds): records, the rewritten
+Dockerfile, cleanup of failed builds, the per-tenant cap, tenants, and delete rules."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import tarfile
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from fakes import FakeEngine
+from sandboxd import tenancy
+from sandboxd.config import Config
+from sandboxd.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from sandboxd.store import SessionStore
+from sandboxd.templates.builds import LABEL_BUILD, BuildLog, Templates
+from sandboxd.templates.store import TemplateRecord, TemplateState, TemplateStore
+
+
+async def _chunks(*parts: bytes) -> AsyncIterator[bytes]:
+    for p in parts:
+        yield p
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class Env:
+    def __init__(self, templates: Templates, engine: FakeEngine, used: set[tuple[str, str]]):
+        self.templates, self.engine, self.used = templates, engine, used
+
+    async def build(self, name: str, text: str, *parts: bytes) -> list[BuildLog | TemplateRecord]:
+        return [e async for e in self.templates.build(name, text, _chunks(*parts))]
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    engine = FakeEngine()
+    used: set[tuple[str, str]] = set()
+
+    async def in_use(tenant: str, name: str) -> bool:
+        return (tenant, name) in used
+
+    config = Config(data_dir=tmp_path, template_max_context_bytes=16384, template_max_builds=1)
+    async with SessionStore(tmp_path / "sessions.db") as store:
+        tstore = await TemplateStore(store.db).open()
+        templates = Templates(config, engine, tstore, tmp_path / "spool", in_use, settle_s=0)
+        yield Env(templates, engine, used)
+        await templates.wait_cleanups()
+        await templates.close()
+
+
+async def test_build_records_and_rewrites_from(env: Env) -> None:
+    events = await env.build("web", "FROM busybox\nCOPY a /a\n", _tar({"a": b"1"}))
+    *logs, done = events
+    assert all(isinstance(e, BuildLog) for e in logs) and logs
+    assert isinstance(done, TemplateRecord) and done.state is TemplateState.READY
+    (built,) = env.engine.builds
+    assert built.splitlines()[0] == "FROM sandboxd-runtime:busybox"  # the resolved base
+    assert built.splitlines()[1].startswith(f"LABEL {LABEL_BUILD}=")
+    assert (await env.templates.get("web")).image == done.image
+    assert await env.templates.ready_images(tenancy.current()) == {"web": done.image}
+    assert list((env.templates._spool_dir).iterdir()) == []  # the spooled context is gone
+
+
+async def test_failed_build_leaves_no_image_and_a_failed_record(env: Env) -> None:
+    before = set(env.engine.images)
+    with pytest.raises(FailedPrecondition) as info:
+        await env.build("bad", "FROM busybox\nRUN echo\nRUN false\n")
+    assert info.value.reason == "TEMPLATE_BUILD_FAILED"
+    assert set(env.engine.images) == before  # the intermediate was pruned by its label
+    got = await env.templates.get("bad")
+    assert got.state is TemplateState.FAILED and "non-zero" in got.message
+
+
+async def test_context_over_cap(env: Env) -> None:
+    with pytest.raises(ResourceExhausted) as info:
+        await env.build("big", "FROM busybox\n", b"x" * 9000, b"y" * 9000)
+    assert info.value.reason == "TEMPLATE_CONTEXT_TOO_LARGE"
+    assert env.engine.builds == []
+
+
+async def test_concurrent_builds_capped_per_tenant(env: Env) -> None:
+    gate = asyncio.Event()
+
+    async def slow() -> AsyncIterator[bytes]:
+        await gate.wait()
+        yield b""
+
+    held = env.templates.build("one", "FROM busybox\n", slow())
+    first = asyncio.ensure_future(anext(held))
+    await asyncio.sleep(0.05)
+    with pytest.raises(ResourceExhausted) as info:
+        await env.build("two", "FROM busybox\n")
+    assert info.value.reason == "TEMPLATE_BUILDS_BUSY"
+
+    async def other_tenant() -> list[BuildLog | TemplateRecord]:
+        tenancy.use_tenant("beta")
+        return await env.build("two", "FROM busybox\n")
+
+    assert await asyncio.create_task(other_tenant())  # the cap is per tenant
+    gate.set()
+    await first
+    await held.aclose()
+
+
+async def test_from_rules_resolve(env: Env) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        await env.build("x", "FROM alpine:3.19\n")  # not on the allowlist
+    assert info.value.reason == "TEMPLATE_FROM_NOT_ALLOWED"
+    await env.build("base", "FROM busybox\n")
+    await env.build("child", "FROM base\n")
+    base = await env.templates.get("base")
+    assert env.engine.builds[-1].splitlines()[0] == f"FROM {base.image}"
+
+
+async def test_tenants_do_not_see_each_other(env: Env) -> None:
+    await env.build("mine", "FROM busybox\n")
+
+    async def as_beta() -> None:
+        tenancy.use_tenant("beta")
+        with pytest.raises(NotFound):
+            await env.templates.get("mine")
+        with pytest.raises(NotFound):
+            await env.templates.delete("mine")
+        with pytest.raises(InvalidArgument):
+            await env.build("steal", "FROM mine\n")
+        page, _ = await env.templates.list(0, "")
+        assert [t.name for t in page] == ["busybox", "python"]
+
+    await asyncio.create_task(as_beta())
+
+
+async def test_delete_rules(env: Env) -> None:
+    await env.build("used", "FROM busybox\n")
+    env.used.add((tenancy.current(), "used"))
+    with pytest.raises(FailedPrecondition) as info:
+        await env.templates.delete("used")
+    assert info.value.reason == "TEMPLATE_IN_USE"
+    env.used.clear()
+    record = await env.templates.get("used")
+    await env.templates.delete("used")
+    assert record.tag not in env.engine.images
+    with pytest.raises(FailedPrecondition) as info:
+        await env.templates.delete("busybox")
+    assert info.value.reason == "TEMPLATE_BUILTIN"
+
+
+async def test_list_pages(env: Env) -> None:
+    for n in ("a1", "c3", "z9"):
+        await env.build(n, "FROM busybox\n")
+    names, token = [], ""
+    while True:
+        page, token = await env.templates.list(2, token)
+        names += [t.name for t in page]
+        if not token:
+            break
+    assert names == ["a1", "busybox", "c3", "python", "z9"]
+
+
+async def test_a_build_cut_short_by_a_crash_is_failed_and_pruned(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    config = Config(data_dir=tmp_path)
+    async with SessionStore(tmp_path / "sessions.db") as store:
+        tstore = await TemplateStore(store.db).open()
+        crashed = TemplateRecord(
+            "half", TemplateState.BUILDING, datetime.now(UTC), tenant="t", build_id="b1"
+        )
+        await tstore.put(crashed)
+        engine.images["leftover"] = {LABEL_BUILD: "b1"}
+        engine.images["other"] = {LABEL_BUILD: "b2"}
+        reopened = await TemplateStore(store.db).open()  # as at the next start
+        got = await reopened.get("t", "half")
+        assert got is not None and got.state is TemplateState.FAILED
+        templates = Templates(config, engine, reopened, tmp_path / "spool", _never_used)
+        await templates.recover()
+        assert "leftover" not in engine.images and "other" in engine.images
+
+
+async def _never_used(tenant: str, name: str) -> bool:
+    return False
+
+
+async def test_a_page_token_answers_its_own_tenant_only(env: Env) -> None:
+    for n in ("a1", "c3"):
+        await env.build(n, "FROM busybox\n")
+    _, token = await env.templates.list(1, "")
+    assert token
+
+    async def as_beta() -> None:
+        tenancy.use_tenant("beta")
+        with pytest.raises(InvalidArgument) as info:
+            await env.templates.list(1, token)
+        assert info.value.reason == "INVALID_PAGE_TOKEN"
+
+    await asyncio.create_task(as_beta())
