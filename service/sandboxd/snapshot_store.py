@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -224,14 +224,25 @@ class SnapshotStore:
             raise
         return snap
 
-    async def read(self, sha256: str) -> AsyncIterator[bytes]:
+    async def read(self, sha256: str) -> AsyncGenerator[bytes, None]:
         """The stored tar in chunks; raises FileNotFoundError when it is gone."""
-        fh = await asyncio.to_thread(self.path_of(sha256).open, "rb")
+        opening = asyncio.ensure_future(asyncio.to_thread(self.path_of(sha256).open, "rb"))
+        try:
+            fh = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            # Cancelled while the thread opens it: the file still opens, so close it then.
+            opening.add_done_callback(_close_opened)
+            raise
         try:
             while chunk := await asyncio.to_thread(fh.read, READ_CHUNK):
                 yield chunk
         finally:
-            await asyncio.to_thread(fh.close)
+            fh.close()  # read-only: nothing to flush, and it must close even at loop shutdown
+
+
+def _close_opened(opening: asyncio.Future[Any]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
 
 
 class _HashingWriter:

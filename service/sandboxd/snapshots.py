@@ -136,8 +136,10 @@ class SnapshotKeeper:
                 await asyncio.shield(self.remove_image(snap.image))
             raise
         try:
-            # Refused now, while the session runs, rather than found out at Resume.
-            await self._archive.check_restorable(session, self._store.read(snap.sha256))
+            # Refused now, while the session runs, rather than found out at Resume. aclosing:
+            # the check may stop reading early, and the tar's file must close now, not at GC.
+            async with contextlib.aclosing(self._store.read(snap.sha256)) as reader:
+                await self._archive.check_restorable(session, reader)
         except BaseException:
             await asyncio.shield(self.delete(snap.snapshot_id))
             raise
@@ -159,13 +161,9 @@ class SnapshotKeeper:
 
     async def restore(self, session: Session, snap: Snapshot) -> None:
         """Replace the (fresh) sandbox's workspace with the snapshot's content."""
-        reader = self._store.read(snap.sha256)
-        try:
+        # aclosing: a refused restore stops reading early; the tar's file closes now.
+        async with contextlib.aclosing(self._store.read(snap.sha256)) as reader:
             await self._archive.import_(session, ".", True, reader, trusted=True)
-        finally:
-            close = getattr(reader, "aclose", None)  # a refused restore stops reading early
-            if close is not None:
-                await asyncio.shield(close())
 
     async def adopt(self, snap: Snapshot, session: Session) -> Snapshot:
         """A fork's own record of the snapshot it started from (same tar, no copy), so the
@@ -310,8 +308,9 @@ class Snapshots:
     async def download(self, snapshot_id: str) -> AsyncIterator[bytes]:
         snap = await self._keeper.lookup(snapshot_id)
         try:
-            async for chunk in self._store.read(snap.sha256):
-                yield chunk
+            async with contextlib.aclosing(self._store.read(snap.sha256)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
         except FileNotFoundError:
             raise _not_found(snapshot_id) from None
 
