@@ -124,9 +124,14 @@ class FileTransfer:
         try:
             async with self.helper.open(session, args, stdin=True) as stream:
                 exec_id = stream.exec_id
-                async for data in chunks:
-                    await stream.write(data)
-                stream.close_stdin()
+                try:
+                    async for data in chunks:
+                        await stream.write(data)
+                finally:
+                    # EOF whatever happened: a helper left waiting on stdin would outlive the
+                    # call and keep its half-written upload (the engine need not close an
+                    # exec's stdin when the connection drops).
+                    stream.close_stdin()
                 out, err = await drain(stream, max_stdout=64 * 1024)
                 code = await stream.wait_exit_code()
             if code != 0:

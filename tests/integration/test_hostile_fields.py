@@ -228,6 +228,9 @@ def _requests(f: Field, value: Any, ctx: Context) -> list[message.Message]:
     return [msg]
 
 
+WATCH_S = 2.0  # how long a watch RPC is held open before the caller leaves
+
+
 def call(ctx: Context, f: Field, value: Any) -> tuple[grpc.StatusCode, Any]:
     """Send the request(s); the status code and, on success, the (last) response."""
     method = f.method
@@ -246,6 +249,15 @@ def call(ctx: Context, f: Field, value: Any) -> tuple[grpc.StatusCode, Any]:
                 pass
         elif method.client_streaming:
             last = channel.stream_unary(name, **kw)(iter(reqs), timeout=CALL_TIMEOUT_S)
+        elif method.server_streaming and method.name.startswith("Watch"):
+            # A watch is live until the caller leaves: accepted is OK, and it must keep
+            # answering (not fail) for as long as the caller stays.
+            try:
+                for last in channel.unary_stream(name, **kw)(reqs[0], timeout=WATCH_S):  # noqa: B007
+                    pass
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:  # type: ignore[attr-defined]
+                    raise
         elif method.server_streaming:
             for last in channel.unary_stream(name, **kw)(reqs[0], timeout=CALL_TIMEOUT_S):  # noqa: B007
                 pass

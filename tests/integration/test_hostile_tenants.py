@@ -161,7 +161,7 @@ def test_open_streams_are_capped_per_tenant(alpha: Stubs, beta: Stubs) -> None:
 
 
 def _export_code(s: Stubs, sid: str) -> grpc.StatusCode:
-    """The code of a small export of a missing folder (past the stream cap: FAILED_PRECONDITION)."""
+    """The code of a small export of a missing folder (past the stream cap: NOT_FOUND)."""
     try:
         list(
             _snap(s).ExportArchive(
@@ -191,7 +191,7 @@ def test_export_behind_a_reader_that_stopped_reading_ends(alpha: Stubs, beta: St
         while (code := _export_code(alpha, sid)) == grpc.StatusCode.RESOURCE_EXHAUSTED:
             assert time.monotonic() - started < 30, "the stalled export still holds its slot"
             time.sleep(0.5)
-        assert code == grpc.StatusCode.FAILED_PRECONDITION  # past the cap: no such folder
+        assert code == grpc.StatusCode.NOT_FOUND  # past the cap: no such folder (FILE_NOT_FOUND)
         assert run(beta, bystander, "true").exit_code == 0
         replies.cancel()
     finally:

@@ -197,14 +197,17 @@ def test_reserved_identities_are_refused(stubs: Stubs) -> None:
 
 
 def test_no_host_path_of_the_server_inside_a_sandbox(
-    stubs: Stubs, new_session: SessionFactory
+    stubs: Stubs, new_session: SessionFactory, server: ServerProcess
 ) -> None:
     """The helper comes from a volume named after its content, not bound from the server's
     checkout: nothing in mountinfo or the environment names where the server lives."""
     sid = new_session().session_id
     seen = _sh(stubs, sid, "cat /proc/self/mountinfo; tr '\\0' '\\n' < /proc/self/environ")
     repo = Path(__file__).resolve().parents[2]
-    for host_path in {str(repo), str(repo.parent), str(Path.cwd())}:
+    # The checkout (where the helper is built) and the server's data directory: a sandbox
+    # names neither. (Not their parents: a checkout under /tmp has /tmp, which every
+    # sandbox has as its own tmpfs.)
+    for host_path in {str(repo), str(Path.cwd()), str(server.data_dir)}:
         assert host_path.encode() not in seen, seen.decode(errors="replace")
     assert b"/.sandboxd" in seen  # the helper is there (this Run went through it)
 
