@@ -277,8 +277,11 @@ class ProcessManager:
             await command.write(data)
 
     async def close_stdin(self, session_id: str, process_id: str) -> None:
-        """End of file on the process's stdin; a second close is a no-op."""
+        """End of file on the process's stdin; idempotent: a second close, or a close after the
+        process ended (its stdin is closed for good), is a no-op, so a retry never fails."""
         proc = self.get(session_id, process_id)
+        if proc.exited is not None:
+            return
         idle = proc.command is None or proc.command.stdin_closed
         if proc.origin is _BACKGROUND and proc.exited is None and idle:
             return  # already closed, or never kept open

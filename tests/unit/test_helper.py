@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import signal
 import stat
@@ -85,8 +84,15 @@ class Env:
         self.root = root
         self.outside = outside
 
-    def __call__(self, *args: str, input: bytes = b"", timeout: float = 10, **kw) -> Result:
+    def __call__(
+        self, *args: str, input: bytes = b"", timeout: float = 10, few_fds: bool = False, **kw
+    ) -> Result:
         cmd = [self.sbx, "--root", str(self.root), *args]
+        if few_fds:
+            # Far fewer descriptors than a deep tree has levels. Through prlimit rather than a
+            # preexec_fn: Python code between fork and exec in a process that has gRPC loaded
+            # (the whole suite runs in one) can abort in gRPC's fork handlers.
+            cmd = ["prlimit", "--nofile=64:64", "--", *cmd]
         cp = subprocess.run(
             cmd, input=input, capture_output=True, timeout=timeout, umask=0o022, check=False, **kw
         )
@@ -570,11 +576,6 @@ def _deep_tree(top: Path, depth: int) -> None:
         os.close(fd)
 
 
-def _few_fds() -> None:
-    # Far fewer descriptors than the tree is deep: the walk must not hold one per level.
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-
-
 @pytest.fixture
 def mem_env(sbx, tmp_path):
     """A root on tmpfs when the host has one, like the sandbox's workspace (disk is slow)."""
@@ -591,20 +592,20 @@ def mem_env(sbx, tmp_path):
 
 def test_remove_recursive_deep_tree_with_bounded_descriptors(mem_env):
     _deep_tree(mem_env.root / "deep", 60_000)
-    mem_env.ok("remove", "deep", "--recursive", preexec_fn=_few_fds, timeout=60)
+    mem_env.ok("remove", "deep", "--recursive", few_fds=True, timeout=60)
     assert not (mem_env.root / "deep").exists()
 
 
 def test_list_deep_tree_with_bounded_descriptors(mem_env):
     env = mem_env
     _deep_tree(env.root / "deep", 3_000)
-    r = env.ok("list", "deep", "100000", preexec_fn=_few_fds, timeout=60)
+    r = env.ok("list", "deep", "100000", few_fds=True, timeout=60)
     got = paths(r)
     # Listed, in pre-order, down to the directories whose children's paths could reach
     # PATH_MAX (path + "/" + a 255-byte name): "deep" + k * "/a" is descended while
     # 4 + 2k + 256 < 4096, so k runs to 1918.
     assert got == ["deep" + "/a" * k for k in range(1, 1919)]
-    env.ok("remove", "deep", "--recursive", preexec_fn=_few_fds, timeout=60)
+    env.ok("remove", "deep", "--recursive", few_fds=True, timeout=60)
 
 
 def test_remove_permission_denied(open_env):
@@ -1089,7 +1090,7 @@ def test_merge_deep_trees_with_bounded_descriptors(mem_env):
     with os.fdopen(os.open("new", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as fh:
         fh.write("new\n")
     os.close(fd)
-    env.ok("merge", ".stage", "dest", preexec_fn=_few_fds, timeout=60)
+    env.ok("merge", ".stage", "dest", few_fds=True, timeout=60)
     assert not (env.root / ".stage").exists()
     fd = os.open(env.root / "dest", os.O_RDONLY | os.O_DIRECTORY)
     for _ in range(3_000):
@@ -1100,7 +1101,7 @@ def test_merge_deep_trees_with_bounded_descriptors(mem_env):
         assert sorted(os.listdir(fd)) == ["f", "new"]
     finally:
         os.close(fd)
-    env.ok("remove", "dest", "--recursive", preexec_fn=_few_fds, timeout=60)
+    env.ok("remove", "dest", "--recursive", few_fds=True, timeout=60)
 
 
 def test_kill_by_token_reaches_a_stopped_supervisor(env):
