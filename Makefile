@@ -36,10 +36,13 @@ buf: node-deps
 
 helper: build/sbx
 
-build/sbx: helper/sbx.c scripts/ensure-build-tools.sh
+# One static binary from every helper/*.c: sbx.c holds the shared pieces and the subcommand
+# table, each larger subcommand (helper/sbx.h lists them) has a file of its own.
+HELPER_SRC := $(wildcard helper/*.c)
+build/sbx: $(HELPER_SRC) $(wildcard helper/*.h) scripts/ensure-build-tools.sh
 	bash scripts/ensure-build-tools.sh
 	mkdir -p build
-	gcc -static -O2 -Wall -Wextra -Werror -o $@ helper/sbx.c
+	gcc -static -O2 -Wall -Wextra -Werror -o $@ $(HELPER_SRC)
 
 engine:
 	bash scripts/ensure-docker.sh

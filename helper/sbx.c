@@ -14,7 +14,7 @@
  * Protocol (see helper/README.md): results on stdout as JSON lines, errors
  * as exactly one JSON line {"error":NAME,"message":...} on stderr.
  *
- * Build: gcc -static -O2 -Wall -Wextra -Werror -o build/sbx helper/sbx.c
+ * Build: `make helper` (every helper C file into one static build/sbx)
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -39,6 +39,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "sbx.h"
 
 #define LIST_MAX 100000
 #define EXIT_KILLED 137

@@ -1,0 +1,11 @@
+/*
+ * sbx.h - what the helper's source files share.
+ *
+ * sbx.c keeps the subcommand table and the pieces every subcommand uses; a
+ * larger subcommand lives in a file of its own and is declared here, so the
+ * table is the one place that names them all.
+ */
+#ifndef SBX_H
+#define SBX_H
+
+#endif
