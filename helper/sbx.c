@@ -44,19 +44,17 @@
 
 #define LIST_MAX 100000
 #define EXIT_KILLED 137
-/* Magic links (/proc/self/fd/...) could point anywhere; never follow them. */
-#define RES_BENEATH (RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
 /* For walking trees we own: a symlink must never be traversed at all. */
 #define RES_NOSYM (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
 
-static const char *g_root = "/workspace";
-static int g_rootfd = -1;
+const char *g_root = "/workspace";
+int g_rootfd = -1;
 
 /* ------------------------------------------------------------------ */
 /* Low-level I/O and growable buffers                                  */
 /* ------------------------------------------------------------------ */
 
-static int write_all(int fd, const void *p, size_t n)
+int write_all(int fd, const void *p, size_t n)
 {
 	const char *c = p;
 	while (n > 0) {
@@ -89,7 +87,7 @@ static void oom(void)
 	_exit(1);
 }
 
-static void *xmalloc(size_t n)
+void *xmalloc(size_t n)
 {
 	void *p = malloc(n ? n : 1);
 	if (!p)
@@ -97,7 +95,7 @@ static void *xmalloc(size_t n)
 	return p;
 }
 
-static char *xstrdup(const char *s)
+char *xstrdup(const char *s)
 {
 	char *p = strdup(s);
 	if (!p)
@@ -105,12 +103,7 @@ static char *xstrdup(const char *s)
 	return p;
 }
 
-struct buf {
-	char *p;
-	size_t len, cap;
-};
-
-static void buf_add(struct buf *b, const char *s, size_t n)
+void buf_add(struct buf *b, const char *s, size_t n)
 {
 	if (b->len + n + 1 > b->cap) {
 		size_t nc = b->cap ? b->cap : 256;
@@ -127,13 +120,13 @@ static void buf_add(struct buf *b, const char *s, size_t n)
 	b->p[b->len] = '\0';
 }
 
-static void buf_puts(struct buf *b, const char *s)
+void buf_puts(struct buf *b, const char *s)
 {
 	buf_add(b, s, strlen(s));
 }
 
 __attribute__((format(printf, 2, 3)))
-static void buf_printf(struct buf *b, const char *fmt, ...)
+void buf_printf(struct buf *b, const char *fmt, ...)
 {
 	char tmp[128];
 	va_list ap;
@@ -182,7 +175,7 @@ static size_t utf8_len(const unsigned char *s, size_t n)
 
 /* File names are arbitrary bytes; JSON must be valid UTF-8, so each bad
  * byte becomes U+FFFD (lossy, but never produces unparsable output). */
-static void buf_json_str(struct buf *b, const char *str, size_t n)
+void buf_json_str(struct buf *b, const char *str, size_t n)
 {
 	const unsigned char *s = (const unsigned char *)str;
 	buf_add(b, "\"", 1);
@@ -252,7 +245,7 @@ static void drain_stdin(void)
 }
 
 __attribute__((noreturn, format(printf, 3, 4)))
-static void fail(int code, const char *name, const char *fmt, ...)
+void fail(int code, const char *name, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -296,7 +289,7 @@ static void fail_errno_code(int code, int e, const char *what, const char *path)
 }
 
 __attribute__((noreturn))
-static void fail_errno(int e, const char *what, const char *path)
+void fail_errno(int e, const char *what, const char *path)
 {
 	fail_errno_code(1, e, what, path);
 }
@@ -305,7 +298,7 @@ static void fail_errno(int e, const char *what, const char *path)
 /* Argument parsing helpers                                            */
 /* ------------------------------------------------------------------ */
 
-static uint64_t parse_uint(const char *s, const char *what)
+uint64_t parse_uint(const char *s, const char *what)
 {
 	uint64_t v = 0;
 	if (!*s)
@@ -505,7 +498,7 @@ static int walk_beneath(int dirfd, const char *path, uint64_t flags,
 
 static bool g_no_openat2;
 
-static int open_beneath(int dirfd, const char *path, uint64_t flags,
+int open_beneath(int dirfd, const char *path, uint64_t flags,
 			uint64_t mode, uint64_t resolve)
 {
 	if (g_no_openat2)
@@ -531,7 +524,7 @@ static int open_beneath(int dirfd, const char *path, uint64_t flags,
 	}
 }
 
-static void open_root(void)
+void open_root(void)
 {
 	g_rootfd = open(g_root, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (g_rootfd < 0)
@@ -541,7 +534,7 @@ static void open_root(void)
 /* Normalise a root-relative path: drop empty and "." components, refuse
  * ".." and absolute paths outright (the server already normalises, so these
  * only show up in attacks or bugs).  Returns "." for the root itself. */
-static char *norm_path(const char *in)
+char *norm_path(const char *in)
 {
 	if (!*in)
 		fail(1, "EINVAL", "empty path");
@@ -641,7 +634,7 @@ static void out_flush(void)
 	g_out.len = 0;
 }
 
-static const char *type_name(mode_t m)
+const char *type_name(mode_t m)
 {
 	if (S_ISREG(m))
 		return "file";
@@ -2551,7 +2544,7 @@ int main(int argc, char **argv)
 		i += 2;
 	}
 	if (i >= argc)
-		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|move|status|idle ...");
+		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|move|status|idle|watch ...");
 	const char *sub = argv[i++];
 	int rest = argc - i;
 	char **rv = argv + i;
@@ -2566,6 +2559,7 @@ int main(int argc, char **argv)
 		{"idle", cmd_idle},   {"merge", cmd_merge}, {"reap", cmd_reap},
 		{"chmod", cmd_chmod}, {"status", cmd_status},
 		{"move", cmd_move},
+		{"watch", cmd_watch},
 	};
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(sub, cmds[k].name))

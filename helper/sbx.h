@@ -8,4 +8,39 @@
 #ifndef SBX_H
 #define SBX_H
 
+#include <linux/openat2.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Magic links (/proc/self/fd/...) could point anywhere; never follow them. */
+#define RES_BENEATH (RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+
+/* Shared by the subcommands (defined in sbx.c). */
+struct buf {
+	char *p;
+	size_t len, cap;
+};
+extern const char *g_root;
+extern int g_rootfd;
+int write_all(int fd, const void *p, size_t n);
+void *xmalloc(size_t n);
+char *xstrdup(const char *s);
+void buf_add(struct buf *b, const char *s, size_t n);
+void buf_puts(struct buf *b, const char *s);
+__attribute__((format(printf, 2, 3))) void buf_printf(struct buf *b, const char *fmt, ...);
+void buf_json_str(struct buf *b, const char *str, size_t n);
+__attribute__((noreturn, format(printf, 3, 4))) void fail(int code, const char *name,
+							  const char *fmt, ...);
+__attribute__((noreturn)) void fail_errno(int e, const char *what, const char *path);
+uint64_t parse_uint(const char *s, const char *what);
+int open_beneath(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
+void open_root(void);
+char *norm_path(const char *in);
+const char *type_name(mode_t m);
+
+/* Subcommands in files of their own. */
+int cmd_watch(int argc, char **argv); /* watch.c */
+
 #endif
