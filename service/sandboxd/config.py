@@ -37,6 +37,7 @@ from sandboxd.config_sections import (
     ServerSection,
     TemplatesSection,
     TenancySection,
+    WatchSection,
 )
 from sandboxd.errors import ConfigError
 from sandboxd.models import LIMIT_NAMES
@@ -75,6 +76,7 @@ class Config:
     templates: TemplatesSection = field(default_factory=TemplatesSection)
     audit: AuditSection = field(default_factory=AuditSection)
     events: EventsSection = field(default_factory=EventsSection)
+    watch: WatchSection = field(default_factory=WatchSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.

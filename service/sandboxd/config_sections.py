@@ -432,3 +432,36 @@ class EventsSection:
         hi=100_000,
         flat="events_window",
     )
+
+
+@dataclass(frozen=True)
+class WatchSection:
+    """Directory watches (FilesystemService.WatchDir)."""
+
+    max_per_session: int = setting(
+        64, INT, "open WatchDir streams per session", lo=1, hi=10_000, flat="watch_max_per_session"
+    )
+    coalesce_s: float = setting(
+        0.05,
+        DURATION,
+        "MODIFIED events of one file within this window are sent as one (0: each one)",
+        lo=0,
+        hi=10.0,
+        flat="watch_coalesce",
+    )
+    queue: int = setting(
+        1024,
+        INT,
+        "events a watch holds for a slow client before it drops them for an OVERFLOW event",
+        lo=1,
+        hi=1_000_000,
+        flat="watch_queue",
+    )
+    max_directories: int = setting(
+        8192,
+        INT,
+        "directories one recursive watch may watch (beyond: OVERFLOW)",
+        lo=1,
+        hi=1_000_000,
+        flat="watch_max_directories",
+    )

@@ -39,6 +39,7 @@ from sandboxd.archive import ArchiveIO
 from sandboxd.audit import AuditLog, AuditStore, AuditWriter
 from sandboxd.audit.egress import background_exit, egress_sink, server_lifecycle
 from sandboxd.config import Config, listens_on_loopback
+from sandboxd.dir_watch import DirWatches
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.networks import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
@@ -306,7 +307,10 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             ProcessService(sessions, executor, config, processes), server
         )
         filesystem_pb2_grpc.add_FilesystemServiceServicer_to_server(
-            FilesystemService(sessions, files), server
+            FilesystemService(
+                sessions, files, watches=DirWatches(files.helper, sessions, config.watch)
+            ),
+            server,
         )
         snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(
             SnapshotService(sessions, archive, snapshots), server

@@ -260,6 +260,8 @@ var (
 	ErrWorkspaceUnreadable = &Error{Code: codes.FailedPrecondition, Reason: "WORKSPACE_UNREADABLE"}
 	// ErrWorkspaceNotArchivable: FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry.
 	ErrWorkspaceNotArchivable = &Error{Code: codes.FailedPrecondition, Reason: "WORKSPACE_NOT_ARCHIVABLE"}
+	// ErrWatchLimit: RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first.
+	ErrWatchLimit = &Error{Code: codes.ResourceExhausted, Reason: "WATCH_LIMIT"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -391,4 +393,5 @@ var Reasons = map[string]ReasonInfo{
 	"SECRET_REF_NOT_FOUND":          {codes.InvalidArgument, false, ErrSecretRefNotFound},
 	"WORKSPACE_UNREADABLE":          {codes.FailedPrecondition, false, ErrWorkspaceUnreadable},
 	"WORKSPACE_NOT_ARCHIVABLE":      {codes.FailedPrecondition, false, ErrWorkspaceNotArchivable},
+	"WATCH_LIMIT":                   {codes.ResourceExhausted, false, ErrWatchLimit},
 }

@@ -235,6 +235,8 @@ export declare class SecretRefNotFoundError extends InvalidArgument {}
 export declare class WorkspaceUnreadableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry. */
 export declare class WorkspaceNotArchivableError extends FailedPrecondition {}
+/** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
+export declare class WatchLimitError extends ResourceExhausted {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -363,7 +365,8 @@ export type Reason =
   | 'SECRET_BINDING_INVALID'
   | 'SECRET_REF_NOT_FOUND'
   | 'WORKSPACE_UNREADABLE'
-  | 'WORKSPACE_NOT_ARCHIVABLE';
+  | 'WORKSPACE_NOT_ARCHIVABLE'
+  | 'WATCH_LIMIT';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

@@ -235,6 +235,8 @@ export class SecretRefNotFoundError extends InvalidArgument {}
 export class WorkspaceUnreadableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry. */
 export class WorkspaceNotArchivableError extends FailedPrecondition {}
+/** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
+export class WatchLimitError extends ResourceExhausted {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -365,4 +367,5 @@ export const REASONS = Object.freeze({
   SECRET_REF_NOT_FOUND: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretRefNotFoundError },
   WORKSPACE_UNREADABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: WorkspaceUnreadableError },
   WORKSPACE_NOT_ARCHIVABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: WorkspaceNotArchivableError },
+  WATCH_LIMIT: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: WatchLimitError },
 });

@@ -352,7 +352,8 @@ export type ErrorReason =
   | 'ERROR_REASON_SECRET_BINDING_INVALID'
   | 'ERROR_REASON_SECRET_REF_NOT_FOUND'
   | 'ERROR_REASON_WORKSPACE_UNREADABLE'
-  | 'ERROR_REASON_WORKSPACE_NOT_ARCHIVABLE';
+  | 'ERROR_REASON_WORKSPACE_NOT_ARCHIVABLE'
+  | 'ERROR_REASON_WATCH_LIMIT';
 
 export type SessionEventKind =
   | 'SESSION_EVENT_KIND_UNSPECIFIED'
@@ -423,6 +424,7 @@ export interface FilesystemServiceClient {
   readFileStream(request: Init<ReadFileStreamRequest>, options?: CallOptions): AsyncGenerator<ReadFileStreamResponse, void, undefined>;
   writeFileStream(requests: Requests<WriteFileStreamRequest>, options?: CallOptions): Promise<WriteFileStreamResponse>;
   move(request: Init<MoveRequest>, options?: CallOptions): Promise<MoveResponse>;
+  watchDir(request: Init<WatchDirRequest>, options?: CallOptions): AsyncGenerator<WatchDirResponse, void, undefined>;
 }
 
 export type FileType =
@@ -517,6 +519,18 @@ export interface MoveResponse {
   info: FileInfo | null;
 }
 
+export interface FileEvent {
+  sequence: number;
+  kind: FileEventKind;
+  path: string;
+  old_path: string;
+  type: FileType;
+}
+
+export interface WatchDirResponse {
+  event: FileEvent | null;
+}
+
 export interface ReadFileStreamRequest {
   session_id: string;
   path: string;
@@ -552,6 +566,21 @@ export interface MoveRequest {
   destination_path: string;
   overwrite: boolean;
 }
+
+export interface WatchDirRequest {
+  session_id: string;
+  path: string;
+  recursive: boolean;
+}
+
+export type FileEventKind =
+  | 'FILE_EVENT_KIND_UNSPECIFIED'
+  | 'FILE_EVENT_KIND_CREATED'
+  | 'FILE_EVENT_KIND_MODIFIED'
+  | 'FILE_EVENT_KIND_REMOVED'
+  | 'FILE_EVENT_KIND_RENAMED'
+  | 'FILE_EVENT_KIND_ATTRIBUTES'
+  | 'FILE_EVENT_KIND_OVERFLOW';
 
 export type ExpiryAction =
   | 'EXPIRY_ACTION_UNSPECIFIED'

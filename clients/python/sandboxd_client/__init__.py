@@ -15,6 +15,7 @@ from sandboxd_client import errors
 from sandboxd_client._rpc import RetryPolicy
 from sandboxd_client.audit import AuditEvent
 from sandboxd_client.client import API_VERSION, DEFAULT_ADDRESS, TLS, SandboxClient
+from sandboxd_client.dir_watch import FileEvent
 from sandboxd_client.errors import Reason, SandboxError
 from sandboxd_client.images import ImageInfo, PullDone, PullProgress
 from sandboxd_client.interaction import Interaction
@@ -62,6 +63,7 @@ __all__ = [
     "EgressEvent",
     "Event",
     "Exited",
+    "FileEvent",
     "FileInfo",
     "Interaction",
     "Keepalive",

@@ -285,7 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
 
     add_audit_options(add("audit", cmd_audit, "the audit log: who ran what, when (filters)"))
-    add_watch_options(add("watch", cmd_watch, "session events, live: watch [SESSION]"))
+    add_watch_options(
+        add(
+            "watch", cmd_watch, "live session events, or a folder's changes: watch [SESSION [PATH]]"
+        )
+    )
 
     p = add("completion", cmd_completion, "print a shell completion script")
     p.add_argument("shell", choices=("bash", "zsh"))

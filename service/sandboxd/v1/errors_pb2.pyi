@@ -297,6 +297,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     tar or a restore accepts...), so no snapshot or export can carry it; refused before
     anything was stopped. The message names the entry.
     """
+    ERROR_REASON_WATCH_LIMIT: _ErrorReason.ValueType  # 230
+    """RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams;
+    end one first.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -581,5 +585,9 @@ ERROR_REASON_WORKSPACE_NOT_ARCHIVABLE: ErrorReason.ValueType  # 101
 """FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than
 tar or a restore accepts...), so no snapshot or export can carry it; refused before
 anything was stopped. The message names the entry.
+"""
+ERROR_REASON_WATCH_LIMIT: ErrorReason.ValueType  # 230
+"""RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams;
+end one first.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -136,6 +136,7 @@ class Reason(StrEnum):
     SECRET_REF_NOT_FOUND = "SECRET_REF_NOT_FOUND"
     WORKSPACE_UNREADABLE = "WORKSPACE_UNREADABLE"
     WORKSPACE_NOT_ARCHIVABLE = "WORKSPACE_NOT_ARCHIVABLE"
+    WATCH_LIMIT = "WATCH_LIMIT"
 
 
 # The one gRPC status code each reason is sent with.
@@ -267,6 +268,7 @@ CODE: dict[str, str] = {
     "SECRET_REF_NOT_FOUND": "INVALID_ARGUMENT",
     "WORKSPACE_UNREADABLE": "FAILED_PRECONDITION",
     "WORKSPACE_NOT_ARCHIVABLE": "FAILED_PRECONDITION",
+    "WATCH_LIMIT": "RESOURCE_EXHAUSTED",
 }
 
 # Reasons after which the same call may succeed later.
