@@ -1,9 +1,9 @@
 """A directory watch next to the same watcher run with a raw `docker exec`, in the same rounds.
 
 - `watch_write_to_event`: from a WriteFile call's start to its CREATED event on an open WatchDir
-  stream (p50 ms), against a raw `docker exec sh -c 'echo x > /workspace/f'` to the line of `sbx watch`
-  running under its own raw `docker exec` in a container of the same profile: the same
-  watcher and the same kind of write, without the server in between.
+  stream (p50 ms), against a raw `docker exec sh -c 'echo x > /workspace/f'` to the line of
+  `sbx watch` running under its own raw `docker exec` in a container of the same profile: the
+  same watcher and the same kind of write, without the server in between.
 """
 
 from __future__ import annotations
