@@ -566,8 +566,11 @@ static void handle(const struct inotify_event *ev)
 		const char *type = known_del(path);
 		emit("removed", path, NULL, isdir ? "dir" : type);
 	} else if (ev->mask & IN_MODIFY) {
+		/* Only a file's content is modified: what a create left unknown. */
 		const char *type = known_type(path);
-		emit("modified", path, NULL, type ? type : "file");
+		if (!type)
+			known_add(path, type = "file");
+		emit("modified", path, NULL, type);
 	} else if (ev->mask & IN_ATTRIB) {
 		const char *type = isdir ? "dir" : known_type(path);
 		emit("attributes", path, NULL, type ? type : stat_type(path));

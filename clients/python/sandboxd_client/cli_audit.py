@@ -1,11 +1,12 @@
 """sandboxctl audit (the audit log, filtered, oldest first) and sandboxctl watch (session
-events, live); JSON Lines with -o json."""
+events, or with a PATH a workspace folder's changes, live); JSON Lines with -o json."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
 import json
+import sys
 from typing import Any
 
 from sandboxd_client.cli_output import pairs, table, wants_json, when
@@ -111,13 +112,16 @@ async def cmd_watch_dir(client: SandboxClient, args: argparse.Namespace) -> int:
     """One line per change: sequence, kind, path (old -> new for a rename), type."""
     session = client.session(args.session)
     n = 0
-    async for e in session.watch_dir(args.path or "", recursive=args.recursive):
-        if wants_json(args):
-            print(json.dumps(as_dict(e), sort_keys=True), flush=True)
-        else:
-            where = f"{e.old_path} -> {e.path}" if e.old_path else e.path
-            print(f"{e.sequence} {e.kind} {where} {e.type}".rstrip(), flush=True)
-        n += 1
-        if args.count and n >= args.count:
-            break
+    async with session.watching(args.path or "", recursive=args.recursive) as events:
+        # On stderr, so that stdout stays one line per event: changes from now on are shown.
+        print(f"watching {args.path or '/workspace'}", file=sys.stderr, flush=True)
+        async for e in events:
+            if wants_json(args):
+                print(json.dumps(as_dict(e), sort_keys=True), flush=True)
+            else:
+                where = f"{e.old_path} -> {e.path}" if e.old_path else e.path
+                print(f"{e.sequence} {e.kind} {where} {e.type}".rstrip(), flush=True)
+            n += 1
+            if args.count and n >= args.count:
+                break
     return 0

@@ -61,7 +61,11 @@ class DirWatching:
         req = watch_pb2.WatchDirRequest(session_id=self.id, path=path, recursive=recursive)
         call = self._client.stubs.files.WatchDir(req, timeout=self._client._remaining(deadline))
         try:
-            await call.initial_metadata()
+            headers = dict(await call.initial_metadata() or ())
+            if READY_HEADER not in headers:
+                # Refused before the watch was in place: the status says why.
+                async for _ in call:
+                    pass
         except grpc.RpcError as err:
             call.cancel()
             raise from_rpc_error(err, self._client.address) from None
