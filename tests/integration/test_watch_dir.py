@@ -321,3 +321,35 @@ def _opens(s: Stubs, sid: str) -> bool:
         return dict(call.initial_metadata()).get("sandboxd-watch") == "ready"
     finally:
         call.cancel()
+
+
+def test_session_suspend_ends_the_stream(
+    stubs: Stubs,
+    new_session: SessionFactory,
+    watch,  # type: ignore[no-untyped-def]
+) -> None:
+    sid = new_session().session_id
+    w = watch(sid)
+    stubs.sessions.SuspendSession(session_pb2.SuspendSessionRequest(session_id=sid))
+    assert w.collect(quiet=20) == []
+    assert isinstance(w.ended, grpc.RpcError), w.ended
+    assert w.ended.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(w.ended).reason == "SESSION_NOT_RUNNING"
+    # The watch did not resume the session: it stays suspended until a call needs it.
+    state = stubs.sessions.GetSession(session_pb2.GetSessionRequest(session_id=sid)).session.state
+    assert state == session_pb2.SESSION_STATE_SUSPENDED
+
+
+def test_removing_the_watched_directory_ends_the_stream_cleanly(
+    stubs: Stubs,
+    new_session: SessionFactory,
+    watch,  # type: ignore[no-untyped-def]
+) -> None:
+    sid = new_session().session_id
+    stubs.files.MakeDir(F.MakeDirRequest(session_id=sid, path="d/e", parents=True))
+    w = watch(sid, "d", recursive=True)
+    stubs.files.Remove(F.RemoveRequest(session_id=sid, path="d", recursive=True))
+    events = w.collect(quiet=10)
+    assert events[-1].kind == K.FILE_EVENT_KIND_REMOVED and events[-1].path == "d"
+    assert isinstance(w.ended, StopIteration), w.ended  # status OK
+    assert wait_until(lambda: not _watchers(stubs, sid), timeout=10)
