@@ -47,6 +47,7 @@ from sandboxd.errors import ConfigError, SandboxError
 from sandboxd.events import EventHub, LeaseWarner, ObservedStore
 from sandboxd.events.stats import OomWatcher, StatsReader
 from sandboxd.execution import Executor
+from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
 from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
 from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
@@ -305,8 +306,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         process_pb2_grpc.add_ProcessServiceServicer_to_server(
             ProcessService(sessions, executor, config, processes), server
         )
+        transfer = FileTransfer(files.helper, config.tenancy.stream_idle_timeout_s)
         filesystem_pb2_grpc.add_FilesystemServiceServicer_to_server(
-            FilesystemService(sessions, files), server
+            FilesystemService(sessions, files, transfer), server
         )
         snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(
             SnapshotService(sessions, archive, snapshots), server
@@ -383,6 +385,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 log.warning("second signal: stopping now")
                 await server.stop(0)
             forced.cancel()
+            await transfer.close(0 if force.is_set() else config.server.shutdown_grace_s)
             if not force.is_set() and config.server.shutdown_snapshot_s > 0:
                 # No call is in flight now: save every running workspace, so that an engine
                 # restarting after us (a reboot) loses nothing.
