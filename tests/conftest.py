@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import mountcheck
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -29,8 +30,9 @@ from sandboxd.v1 import (
     session_pb2_grpc,
 )
 
-# Fixtures of the hostile-input suite (bystander, victim, guard), kept in their own module.
-pytest_plugins = ["hostile"]
+# Fixtures of the hostile-input suite (bystander, victim, guard), kept in their own module;
+# mountcheck: no container of a test's server has a bind mount (checked in every engine test).
+pytest_plugins = ["hostile", "mountcheck"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -124,6 +126,7 @@ def start_server(
         "0.5",
         *extra,
     ]
+    mountcheck.OWNERS.add(owner_id)
     proc = subprocess.Popen(
         args,
         stdout=subprocess.PIPE,

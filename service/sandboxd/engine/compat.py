@@ -1,10 +1,10 @@
 """Every reach into aiodocker's and aiohttp's private attributes, behind a version check.
 
-The Docker adapter needs four things those libraries do not offer publicly: starting an exec
+The Docker adapter needs three things those libraries do not offer publicly: starting an exec
 stream before its first read (`Stream._init`), peeking at the frames already queued
-(`Stream._queue` and its `_buffer`), half-closing stdin (`Stream._resp`'s transport) and
-widening the connection pool of a TLS connector aiodocker built (`BaseConnector._limit`); plus
-the raw inspect document of a listed container (`DockerContainer._container`). They live here
+(`Stream._queue` and its `_buffer`) and half-closing stdin (`Stream._resp`'s transport, and
+under TLS the TCP transport beneath asyncio's SSL transport); plus the raw inspect document of
+a listed container (`DockerContainer._container`). They live here
 and nowhere else, and `check_versions` refuses at start-up any library version they were not
 checked against, with a message that says what to pin.
 """
@@ -73,14 +73,15 @@ def write_eof(stream: Stream) -> None:
     """Half-close the exec's stdin; aiodocker's own close() drops the whole connection."""
     resp = stream._resp
     transport = resp.connection.transport if resp and resp.connection else None
+    if transport is not None and not transport.can_write_eof():
+        # A TLS engine (tcp://): asyncio's SSL transport cannot half-close, so end the TCP
+        # stream beneath it once the TLS layer has handed it every record, as the docker CLI
+        # does; the engine reads EOF at a record boundary as the end of stdin.
+        ssl_protocol = getattr(transport, "_ssl_protocol", None)
+        if ssl_protocol is not None and not ssl_protocol._write_backlog:
+            transport = ssl_protocol._transport
     if transport is not None and transport.can_write_eof():
         transport.write_eof()
-
-
-def widen_pool(connector: aiohttp.BaseConnector | None, size: int) -> None:
-    """Raise the connection limit of a connector aiodocker built itself (tcp:// with TLS)."""
-    if connector is not None:
-        connector._limit = size
 
 
 def container_document(container: DockerContainer) -> dict[str, Any]:

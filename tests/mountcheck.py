@@ -1,0 +1,160 @@
+"""No sandbox container has a bind mount from the server's file system (issue 13, outcome 4).
+
+A bind shows a path of the server's host inside the sandbox and cannot exist on a remote engine,
+so every container a test's server makes is checked, in every test of the engine layers
+(integration/, clients/): volumes (the helper's) and tmpfs are fine, a mount of Type `bind` fails
+the test that made it. Two looks, so short-lived containers are not missed:
+
+- a `docker events` watcher inspects each container the moment the engine reports its creation;
+- after each test body (before its fixtures delete sessions), every container still there.
+
+Which containers: those labelled with the owner id of a server this run started
+(`conftest.start_server` records them in `OWNERS`), never another run's (the soak, other suites
+on the same engine). `bind_mounts` is also what test_remote_engine.py asks of its own engine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+LABEL_OWNER = "io.sandboxd.owner"
+OWNERS: set[str] = set()  # owner ids of the servers this run started
+_ENGINE_LAYERS = ("integration", "clients")
+
+
+def bind_mounts(
+    container_ids: Sequence[str], docker: Sequence[str] = ("docker",)
+) -> dict[str, list[str]]:
+    """Container id -> its bind mounts ("source -> destination"); only containers that have
+    any. Containers gone by now are skipped (`docker inspect` names them on stderr)."""
+    if not container_ids:
+        return {}
+    fmt = "{{.Id}} {{json .Mounts}}"
+    cp = subprocess.run(
+        [*docker, "inspect", "--type", "container", "--format", fmt, *container_ids],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    found: dict[str, list[str]] = {}
+    for line in cp.stdout.splitlines():
+        cid, _, mounts = line.partition(" ")
+        binds = [
+            f"{m.get('Source')} -> {m.get('Destination')}"
+            for m in json.loads(mounts or "[]") or []
+            if m.get("Type") == "bind"
+        ]
+        if binds:
+            found[cid] = binds
+    return found
+
+
+def owned_containers(owners: set[str], docker: Sequence[str] = ("docker",)) -> list[str]:
+    """Ids of the containers (running or not) labelled with one of `owners`."""
+    if not owners:
+        return []
+    fmt = '{{.ID}} {{.Label "' + LABEL_OWNER + '"}}'
+    cp = subprocess.run(
+        [*docker, "ps", "-a", "--no-trunc", "--filter", f"label={LABEL_OWNER}", "--format", fmt],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    ids = []
+    for line in cp.stdout.splitlines():
+        cid, _, owner = line.partition(" ")
+        if owner in owners:
+            ids.append(cid)
+    return ids
+
+
+class MountWatch:
+    """Inspects each container of `OWNERS` as the engine creates it; keeps what it found."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, list[str]] = {}
+        self.checked = 0
+        self._lock = threading.Lock()
+        fmt = '{{.ID}} {{index .Actor.Attributes "' + LABEL_OWNER + '"}}'
+        self._proc = subprocess.Popen(
+            ["docker", "events", "--filter", "type=container", "--filter", "event=create"]
+            + ["--filter", f"label={LABEL_OWNER}", "--format", fmt],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            cid, _, owner = line.strip().partition(" ")
+            if owner in OWNERS:
+                self.record(bind_mounts([cid]), 1)
+
+    def record(self, found: dict[str, list[str]], checked: int) -> None:
+        with self._lock:
+            self.found.update(found)
+            self.checked += checked
+
+    def take(self) -> dict[str, list[str]]:
+        with self._lock:
+            found, self.found = self.found, {}
+            return found
+
+    def close(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(10)
+        self._reader.join(5)
+
+
+_watch: MountWatch | None = None
+
+
+def _in_engine_layer(item: pytest.Item) -> bool:
+    return Path(str(item.path)).parent.name in _ENGINE_LAYERS
+
+
+@pytest.fixture(scope="session")
+def _mount_watch() -> Iterator[MountWatch]:
+    global _watch
+    _watch = MountWatch()
+    yield _watch
+    _watch.close()
+    _watch = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """After the test body, before its fixtures remove sessions: every container still there."""
+    yield
+    if _watch is not None and _in_engine_layer(item):
+        ids = owned_containers(set(OWNERS))
+        _watch.record(bind_mounts(ids), len(ids))
+
+
+@pytest.fixture(autouse=True)
+def no_bind_mounts(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails a test of the engine layers whose server made a container with a bind mount."""
+    if not _in_engine_layer(request.node):
+        yield
+        return
+    watch: MountWatch = request.getfixturevalue("_mount_watch")
+    yield
+    found = watch.take()
+    if found:
+        lines = [f"{cid[:12]}: {', '.join(binds)}" for cid, binds in sorted(found.items())]
+        pytest.fail(
+            "a sandbox container has a bind mount from the server's file system:\n"
+            + "\n".join(lines),
+            pytrace=False,
+        )
