@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import mountcheck
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -126,7 +125,9 @@ def start_server(
         "0.5",
         *extra,
     ]
-    mountcheck.OWNERS.add(owner_id)
+    import mountcheck  # loaded as a plugin above (imported here after, so it is rewritten)
+
+    mountcheck.watch_owner(owner_id)
     proc = subprocess.Popen(
         args,
         stdout=subprocess.PIPE,

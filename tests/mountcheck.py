@@ -5,12 +5,13 @@ so every container a test's server makes is checked, in every test of the engine
 (integration/, clients/): volumes (the helper's) and tmpfs are fine, a mount of Type `bind` fails
 the test that made it. Two looks, so short-lived containers are not missed:
 
-- a `docker events` watcher inspects each container the moment the engine reports its creation;
+- a `docker events` watcher (started with the run's first server) inspects each container the
+  moment the engine reports its creation;
 - after each test body (before its fixtures delete sessions), every container still there.
 
 Which containers: those labelled with the owner id of a server this run started
-(`conftest.start_server` records them in `OWNERS`), never another run's (the soak, other suites
-on the same engine). `bind_mounts` is also what test_remote_engine.py asks of its own engine.
+(`conftest.start_server` records them with `watch_owner`), never another run's (the soak, other
+suites on the same engine). `bind_mounts` is also what test_remote_engine.py asks of its own engine.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -84,8 +86,10 @@ class MountWatch:
         self.checked = 0
         self._lock = threading.Lock()
         fmt = '{{.ID}} {{index .Actor.Attributes "' + LABEL_OWNER + '"}}'
+        # --since now: events from this moment are replayed even if the subscription lags.
         self._proc = subprocess.Popen(
-            ["docker", "events", "--filter", "type=container", "--filter", "event=create"]
+            ["docker", "events", "--since", f"{time.time():.3f}"]
+            + ["--filter", "type=container", "--filter", "event=create"]
             + ["--filter", f"label={LABEL_OWNER}", "--format", fmt],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -115,22 +119,30 @@ class MountWatch:
         self._proc.terminate()
         self._proc.wait(10)
         self._reader.join(5)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
 
 _watch: MountWatch | None = None
 
 
+def watch_owner(owner_id: str) -> None:
+    """Check the containers of a server about to start (the watcher starts with the first)."""
+    global _watch
+    OWNERS.add(owner_id)
+    if _watch is None:
+        _watch = MountWatch()
+
+
+def pytest_sessionfinish() -> None:
+    global _watch
+    if _watch is not None:
+        _watch.close()
+        _watch = None
+
+
 def _in_engine_layer(item: pytest.Item) -> bool:
     return Path(str(item.path)).parent.name in _ENGINE_LAYERS
-
-
-@pytest.fixture(scope="session")
-def _mount_watch() -> Iterator[MountWatch]:
-    global _watch
-    _watch = MountWatch()
-    yield _watch
-    _watch.close()
-    _watch = None
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -145,12 +157,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def no_bind_mounts(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fails a test of the engine layers whose server made a container with a bind mount."""
-    if not _in_engine_layer(request.node):
-        yield
-        return
-    watch: MountWatch = request.getfixturevalue("_mount_watch")
     yield
-    found = watch.take()
+    found = _watch.take() if _watch is not None and _in_engine_layer(request.node) else {}
     if found:
         lines = [f"{cid[:12]}: {', '.join(binds)}" for cid, binds in sorted(found.items())]
         pytest.fail(
