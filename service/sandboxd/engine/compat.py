@@ -11,7 +11,9 @@ checked against, with a message that says what to pin.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import socket
 from importlib import metadata
 from typing import Any
 
@@ -74,14 +76,35 @@ def write_eof(stream: Stream) -> None:
     resp = stream._resp
     transport = resp.connection.transport if resp and resp.connection else None
     if transport is not None and not transport.can_write_eof():
-        # A TLS engine (tcp://): asyncio's SSL transport cannot half-close, so end the TCP
-        # stream beneath it once the TLS layer has handed it every record, as the docker CLI
-        # does; the engine reads EOF at a record boundary as the end of stdin.
-        ssl_protocol = getattr(transport, "_ssl_protocol", None)
-        if ssl_protocol is not None and not ssl_protocol._write_backlog:
-            transport = ssl_protocol._transport
-    if transport is not None and transport.can_write_eof():
+        _write_eof_under_tls(transport)
+    elif transport is not None:
         transport.write_eof()
+
+
+def _write_eof_under_tls(transport: asyncio.BaseTransport) -> None:
+    """A TLS engine (tcp://): asyncio's SSL transport cannot half-close, so end the TCP stream
+    beneath it, as the docker CLI does (the engine reads EOF at a record boundary as the end of
+    stdin). At the socket, once every record has left: the close_notify TLS sends at the end
+    then meets a quiet EPIPE, where the transport's own write_eof would make it raise."""
+    ssl_protocol = getattr(transport, "_ssl_protocol", None)
+    raw = getattr(ssl_protocol, "_transport", None)
+    if ssl_protocol is not None and raw is not None:
+        _shutdown_when_flushed(ssl_protocol, raw, 0.002)
+
+
+def _shutdown_when_flushed(ssl_protocol: Any, raw: asyncio.Transport, delay: float) -> None:
+    if raw.is_closing():
+        return
+    if ssl_protocol._write_backlog or raw.get_write_buffer_size():
+        # Records still queued (the engine reads slowly): look again, less often each time.
+        loop = asyncio.get_running_loop()
+        later = min(delay * 2, 0.1)
+        loop.call_later(delay, _shutdown_when_flushed, ssl_protocol, raw, later)
+        return
+    sock = raw.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_WR)
 
 
 def container_document(container: DockerContainer) -> dict[str, Any]:
