@@ -61,6 +61,7 @@ from sandboxd.v1 import (
 
 pytestmark = [
     pytest.mark.engine,
+    pytest.mark.timeout(180),  # the scenario takes seconds; a stalled stream fails, not hangs
     pytest.mark.skipif(
         os.geteuid() != 0
         or any(shutil.which(tool) is None for tool in ("dockerd", "docker", "ip", "nsenter")),
@@ -332,6 +333,10 @@ def test_core_scenario_on_a_remote_engine(
         check=True,
     ).stdout.split()
     assert local == []
+    # The helper reached the remote engine through its API: a volume, not a path of this host.
+    mounts = engine.docker("inspect", "--format", "{{json .Mounts}}", on_remote[0]).stdout
+    assert b'"Type":"volume"' in mounts and b"sandboxd-helper-" in mounts, mounts
+    assert b'"Type":"bind"' not in mounts, mounts
 
     # Run
     r = run(stubs, sid, "sh", "-c", "echo out; echo err >&2; exit 3")
