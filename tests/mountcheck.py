@@ -35,6 +35,11 @@ def bind_mounts(
 ) -> dict[str, list[str]]:
     """Container id -> its bind mounts ("source -> destination"); only containers that have
     any. Containers gone by now are skipped (`docker inspect` names them on stderr)."""
+    return {cid: binds for cid, binds in _mounts(container_ids, docker).items() if binds}
+
+
+def _mounts(container_ids: Sequence[str], docker: Sequence[str]) -> dict[str, list[str]]:
+    """Container id -> its bind mounts, for every container that could be inspected."""
     if not container_ids:
         return {}
     fmt = "{{.Id}} {{json .Mounts}}"
@@ -48,13 +53,11 @@ def bind_mounts(
     found: dict[str, list[str]] = {}
     for line in cp.stdout.splitlines():
         cid, _, mounts = line.partition(" ")
-        binds = [
+        found[cid] = [
             f"{m.get('Source')} -> {m.get('Destination')}"
             for m in json.loads(mounts or "[]") or []
             if m.get("Type") == "bind"
         ]
-        if binds:
-            found[cid] = binds
     return found
 
 
@@ -83,7 +86,7 @@ class MountWatch:
 
     def __init__(self) -> None:
         self.found: dict[str, list[str]] = {}
-        self.checked = 0
+        self._seen: set[str] = set()  # inspected already
         self._lock = threading.Lock()
         fmt = '{{.ID}} {{index .Actor.Attributes "' + LABEL_OWNER + '"}}'
         # --since now: events from this moment are replayed even if the subscription lags.
@@ -103,12 +106,16 @@ class MountWatch:
         for line in self._proc.stdout:
             cid, _, owner = line.strip().partition(" ")
             if owner in OWNERS:
-                self.record(bind_mounts([cid]), 1)
+                self.check([cid])
 
-    def record(self, found: dict[str, list[str]], checked: int) -> None:
+    def check(self, container_ids: Sequence[str]) -> None:
+        """Inspect the containers not inspected yet (a container's mounts never change)."""
         with self._lock:
-            self.found.update(found)
-            self.checked += checked
+            new = [c for c in container_ids if c not in self._seen]
+        inspected = _mounts(new, ("docker",))
+        with self._lock:
+            self._seen.update(inspected)
+            self.found.update({cid: binds for cid, binds in inspected.items() if binds})
 
     def take(self) -> dict[str, list[str]]:
         with self._lock:
@@ -150,8 +157,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     """After the test body, before its fixtures remove sessions: every container still there."""
     yield
     if _watch is not None and _in_engine_layer(item):
-        ids = owned_containers(set(OWNERS))
-        _watch.record(bind_mounts(ids), len(ids))
+        _watch.check(owned_containers(set(OWNERS)))
 
 
 @pytest.fixture(autouse=True)
