@@ -42,7 +42,7 @@ from sandboxd.config import Config, listens_on_loopback
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.networks import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
-from sandboxd.engine import DockerEngine, Engine
+from sandboxd.engine import DockerEngine, Engine, docker_tls
 from sandboxd.errors import ConfigError, SandboxError
 from sandboxd.events import EventHub, LeaseWarner, ObservedStore
 from sandboxd.events.stats import OomWatcher, StatsReader
@@ -186,6 +186,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
 
+    engine_address = docker_tls.from_settings(config.engine)  # checked by validate already
     async with AsyncExitStack() as stack:
         metrics = Metrics()
         engine: Engine = await stack.enter_async_context(
@@ -196,6 +197,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 keeper_user=config.engine.keeper_user,
                 on_error=metrics.engine_error,
                 gvisor_runtime=config.isolation.gvisor_runtime,
+                address=engine_address,
             )
         )
         audit_store = (
@@ -238,6 +240,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 ),
                 protected=await _protected(config),
                 private_networks_granted=_private_networks_grant(config),
+                local_engine=engine_address.local,
                 secrets=SecretsSetup(
                     vault.configure(config.egress.secrets_key_file, config.egress.secrets_file),
                     config.egress.upstream_ca_file,
