@@ -687,6 +687,24 @@ def test_regression_write_racing_suspend(fresh: WorkspaceMachine) -> None:
     fresh.healthy()
 
 
+@pytest.mark.parametrize("first", ["s_link", "s_hard"])
+def test_regression_symlink_with_two_names_is_carried(fresh: WorkspaceMachine, first: str) -> None:
+    """Found by the one-hour soak: a symlink with a second name (`ln` of a symlink) made the
+    Suspend that raced a write fail INVALID_ARGUMENT; now it is carried whichever name the
+    snapshot's tar meets first, and each carrying operation keeps both names."""
+    other = "s_hard" if first == "s_link" else "s_link"
+    sh(fresh.stubs, fresh.sid, f"cd /workspace && ln -s a {first} && ln {first} {other}")
+    fresh.tree = tree(fresh.stubs, fresh.sid)
+    fresh.write_racing_suspend(b"raced", "d/a")
+    fresh.suspend_resume()
+    fresh.snapshot_and_fork()
+    fresh.healthy()
+    links = sh(
+        fresh.stubs, fresh.sid, "cd /workspace && stat -c %h:%i s_link s_hard"
+    ).stdout.split()
+    assert len(links) == 2 and links[0] == links[1] and links[0].startswith(b"2:"), links
+
+
 def test_regression_import_racing_snapshot(fresh: WorkspaceMachine) -> None:
     fresh.import_racing_snapshot([("file", "a", b"x"), ("dir", "d", b""), ("file", "d/b", b"y")])
     fresh.healthy()
