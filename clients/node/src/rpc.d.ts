@@ -648,10 +648,13 @@ export interface UnpublishPortResponse {
 
 export interface ListPortsRequest {
   session_id: string;
+  page_size: number;
+  page_token: string;
 }
 
 export interface ListPortsResponse {
   previews: Preview[];
+  next_page_token: string;
 }
 
 /** sandboxd.v1.ProcessService: SandboxClient.processes. */
