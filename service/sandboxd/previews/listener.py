@@ -1,0 +1,288 @@
+"""The preview listener: HTTP(S) on `preview_listen`, relaying to ports inside sandboxes.
+
+Why asyncio streams and not aiohttp's web server: aiohttp parses every message into its own
+objects and writes its own (it de-chunks request bodies, re-chunks streamed answers, and
+takes over an upgraded connection only through its WebSocketResponse, which re-frames the
+messages; its public API never hands the raw connection over after a 101). A preview must pass
+chunked bodies, Server-Sent Events and WebSocket frames through unchanged, so the listener
+frames HTTP/1.1 itself (`http1`) and relays bytes (`relay`); TLS is the standard library's.
+
+Each client connection is one task, owned here and cancelled at shutdown. Every request on it
+is routed and checked again (`access`), so a keep-alive connection can never carry a request
+to a preview its token does not open; its connection to the sandbox is reused while requests
+go to the same preview. Answers: 400 malformed request, 401/403/404 (access), 404 session not
+running, 429 over a session's preview limits, 502 nothing answers on the port, 504 the
+sandbox did not begin its answer within `preview_timeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+from sandboxd.audit.events import AuditEvent
+from sandboxd.models import SessionState
+from sandboxd.previews import access, http1
+from sandboxd.previews.connections import Connection, OpenConnections, OverLimit
+from sandboxd.previews.dialer import ByteStream, PortDialer
+from sandboxd.previews.metrics import PreviewMetrics
+from sandboxd.previews.publishing import Address
+from sandboxd.previews.registry import PortRegistry, Publication
+from sandboxd.previews.relay import ClientStream, SandboxGone, SandboxSilent, exchange
+from sandboxd.previews.settings import PreviewsSection
+from sandboxd.previews.tokens import TokenSigner
+from sandboxd.store import SessionStore
+
+log = logging.getLogger(__name__)
+
+Audit = Callable[[AuditEvent], None]
+
+
+class Refused(Exception):
+    def __init__(self, status: int, why: str, message: str, headers: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.status, self.why, self.message, self.headers = status, why, message, headers
+
+
+def tls_context(cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    if cert is None or key is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+class Backend:
+    """The connection to one preview that a client connection holds (reused while the
+    requests go to the same session, port and publication)."""
+
+    def __init__(self, key: tuple[str, int, int], stream: ByteStream, conn: Connection) -> None:
+        self.key, self.stream, self.conn = key, stream, conn
+        self.stack = AsyncExitStack()
+
+
+class PreviewListener:
+    def __init__(
+        self,
+        settings: PreviewsSection,
+        *,
+        registry: PortRegistry,
+        signer: TokenSigner,
+        connections: OpenConnections,
+        dialer: PortDialer,
+        store: SessionStore,
+        metrics: PreviewMetrics,
+        audit: Audit,
+        address: Address,
+        tls: ssl.SSLContext | None,
+    ) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._signer = signer
+        self._connections = connections
+        self._dialer = dialer
+        self._store = store
+        self._metrics = metrics
+        self._audit = audit
+        self._address = address
+        self._tls = tls
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> PreviewListener:
+        host, _, port = self._settings.listen.rpartition(":")
+        self._server = await asyncio.start_server(
+            self._accept, host.strip("[]"), int(port), ssl=self._tls
+        )
+        bound = self._server.sockets[0].getsockname()
+        self._address.scheme = "https" if self._tls else "http"
+        self._address.host = host
+        self._address.port = int(bound[1])
+        log.info("previews on %s:%d (%s)", host, bound[1], self._address.scheme)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._metrics.connections.inc()
+        client = ClientStream(reader, writer)
+        backend: Backend | None = None
+        try:
+            while True:
+                backend, keep = await self._one(client, backend)
+                if not keep:
+                    break
+        except (asyncio.CancelledError, ConnectionError, OSError, EOFError, http1.BadMessage):
+            pass
+        finally:
+            self._metrics.connections.dec()
+            if backend is not None:
+                with contextlib.suppress(Exception):
+                    await backend.stack.aclose()
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            self._tasks.discard(task)
+
+    async def _one(
+        self, client: ClientStream, backend: Backend | None
+    ) -> tuple[Backend | None, bool]:
+        """Serve one request; (the backend kept for the next, whether to read another)."""
+        try:
+            async with asyncio.timeout(self._settings.idle_timeout_s):
+                head = await http1.read_head(client)
+        except (TimeoutError, EOFError):
+            return backend, False
+        except http1.BadMessage as exc:
+            await self._refuse(client, Refused(400, "bad_request", str(exc)))
+            return backend, False
+        started = time.monotonic()
+        pub: Publication | None = None
+        method, path, status = "", "", 0
+        try:
+            req = http1.request_line(head)
+            method, path = req.method, req.target.split("?", 1)[0][:512]
+            target = access.route(head, req.target, self._settings.domain)
+            if target is None:
+                raise Refused(404, "not_a_preview", "not a preview address")
+            if target.path_routed and path.rstrip("/").count("/") == 3 and not path.endswith("/"):
+                query = req.target[len(path) :]
+                raise Refused(308, "redirect", "", (f"Location: {path}/{query}",))
+            creds, target = access.take_credentials(head, target)
+            pub = await self._registry.get(target.session_id, target.port)
+            verdict = access.check(self._signer, pub, target, creds)
+            if isinstance(verdict, access.Refusal):
+                raise Refused(verdict.status, verdict.why, verdict.message)
+            assert pub is not None
+            framing = http1.request_framing(head)
+            head.start = f"{req.method} {target.rest} {req.version}"
+            cookie = ""
+            if creds.from_query and verdict == creds.from_query:
+                cookie = access.cookie_header(
+                    verdict, target, pub.expires_at, secure=self._tls is not None
+                )
+            backend = await self._backend(backend, pub)
+            conn = backend.conn
+
+            def meter(n: int, direction: str) -> None:
+                self._metrics.bytes.labels(direction).inc(n)
+                self._connections.count_bytes(conn, n)
+
+            try:
+                outcome = await exchange(
+                    client,
+                    backend.stream,
+                    head,
+                    req.method,
+                    framing,
+                    timeout_s=self._settings.timeout_s,
+                    set_cookie=cookie,
+                    meter=meter,
+                )
+            except SandboxSilent:
+                raise Refused(
+                    504, "sandbox_timeout", "the sandbox did not answer in time"
+                ) from None
+            except SandboxGone as exc:
+                what = "nothing listens on" if exc.why == "ECONNREFUSED" else "no answer from"
+                raise Refused(502, "sandbox_closed", f"{what} port {pub.port}") from None
+            status = outcome.status
+            if outcome.upgraded or not outcome.keep_alive:
+                return backend, False
+            return backend, True
+        except Refused as r:
+            status = r.status
+            await self._refuse(client, r)
+            return backend, False
+        except OverLimit as exc:
+            status = 429
+            await self._refuse(client, Refused(429, "preview_quota", exc.what))
+            return backend, False
+        except http1.BadMessage as exc:
+            status = status or 400
+            if status == 400:
+                await self._refuse(client, Refused(400, "bad_request", str(exc)))
+            return backend, False
+        finally:
+            self._record(pub, method, path, status, started)
+
+    async def _backend(self, backend: Backend | None, pub: Publication) -> Backend:
+        key = (pub.session_id, pub.port, pub.generation)
+        if backend is not None and backend.key == key:
+            return backend
+        if backend is not None:
+            await backend.stack.aclose()
+        session = await self._store.get(pub.session_id)
+        if (
+            session is None
+            or session.state is not SessionState.RUNNING
+            or not session.container_id
+            or session.lease_expires_at.timestamp() <= time.time()
+        ):
+            raise Refused(404, "session_not_running", "the session is not running")
+        stack = AsyncExitStack()
+        try:
+            conn = stack.enter_context(self._connections.hold(*key))
+            stream = await stack.enter_async_context(self._dialer.open(session, pub.port))
+        except BaseException:
+            await stack.aclose()
+            raise
+        fresh = Backend(key, stream, conn)
+        fresh.stack = stack
+        return fresh
+
+    async def _refuse(self, client: ClientStream, r: Refused) -> None:
+        body = (r.message + "\n").encode() if r.message else b""
+        phrase = http.HTTPStatus(r.status).phrase
+        lines = [
+            f"HTTP/1.1 {r.status} {phrase}",
+            "Content-Type: text/plain; charset=utf-8",
+            f"Content-Length: {len(body)}",
+            "Cache-Control: no-store",
+            "Connection: close",
+            f"X-Sandboxd-Refusal: {r.why}",
+            *r.headers,
+            "",
+            "",
+        ]
+        with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+            await client.write("\r\n".join(lines).encode() + body)
+
+    def _record(
+        self, pub: Publication | None, method: str, path: str, status: int, started: float
+    ) -> None:
+        code = str(status or 0)
+        self._metrics.requests.labels(code).inc()
+        self._metrics.duration.observe(time.monotonic() - started)
+        if pub is None:
+            return  # no tenant to file it under: counted, not audited
+        self._audit(
+            AuditEvent.of(
+                "preview",
+                time=time.time(),
+                tenant=pub.tenant,
+                session_id=pub.session_id,
+                port=pub.port,
+                method=method,
+                path=path,
+                status=status,
+            )
+        )
