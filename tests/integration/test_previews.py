@@ -10,10 +10,12 @@ import asyncio
 import base64
 import http.client
 import json
+import os
 import re
 import secrets
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -605,3 +607,47 @@ def test_deleting_the_session_closes_its_previews(alice: Stubs) -> None:
         404,
         "not_published",
     )
+
+
+# ----- the clients --------------------------------------------------------------------------
+
+
+def test_python_client_and_sandboxctl(
+    preview_server: ServerProcess, httpd: tuple[str, previews_pb2.Preview]
+) -> None:
+    from sandboxd_client import Preview, SandboxClient
+    from sandboxd_client.errors import SandboxError
+
+    sid, _ = httpd
+
+    async def go() -> tuple[Preview, list[Preview], str]:
+        async with SandboxClient(preview_server.address, token=TOKEN_ALICE, timeout=30) as c:
+            p = await c.publish_port(sid, 8080, ttl=600)
+            listed = [x async for x in c.list_ports(sid)]
+            await c.publish_port(sid, 8084)
+            await c.unpublish_port(sid, 8084)
+            try:
+                await c.unpublish_port(sid, 8084)
+                reason = ""
+            except SandboxError as exc:
+                reason = exc.reason
+            return p, listed, reason
+
+    p, listed, reason = asyncio.run(go())
+    assert isinstance(p, Preview) and p.expires_at is not None and p.token
+    assert _get(p.path_url, headers=p.headers).body == b"hello from busybox\n"
+    assert [(x.port, x.token) for x in listed] == [(8080, "")]
+    assert reason == "PORT_NOT_PUBLISHED"
+
+    ctl = [sys.executable, "-m", "sandboxd_client.cli", "--addr", preview_server.address]
+    env = {**os.environ, "SANDBOXD_TOKEN": TOKEN_ALICE}
+    out = subprocess.run(
+        [*ctl, "-o", "json", "publish", sid, "8085"], capture_output=True, env=env, check=True
+    )
+    published = json.loads(out.stdout)
+    assert published["port"] == 8085 and published["token"]
+    ports = subprocess.run([*ctl, "ports", sid], capture_output=True, env=env, check=True)
+    assert b"8085" in ports.stdout and published["token"].encode() not in ports.stdout
+    subprocess.run([*ctl, "unpublish", sid, "8085"], env=env, check=True)
+    again = subprocess.run([*ctl, "unpublish", sid, "8085"], capture_output=True, env=env)
+    assert again.returncode != 0 and b"PORT_NOT_PUBLISHED" in again.stderr
