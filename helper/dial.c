@@ -36,7 +36,7 @@
 
 #include "sbx.h"
 
-#define DIAL_BUF 65536
+#define DIAL_BUF (256 * 1024)
 
 struct dir {
 	int in, out;

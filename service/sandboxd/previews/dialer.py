@@ -23,7 +23,7 @@ from sandboxd.helper_client import INTERNAL_ENV
 from sandboxd.models import Session
 from sandboxd.profile import HELPER_IN_CONTAINER
 
-READ_CHUNK = 64 * 1024
+READ_CHUNK = 256 * 1024
 STDERR_KEEP = 4096
 
 
@@ -80,9 +80,17 @@ class Buffered:
         return True
 
     async def read_some(self, limit: int = READ_CHUNK) -> bytes:
-        if not self._buf and not await self._fill():
+        if not self._buf and not self._eof:
+            data = await self.pull()  # the common case of a body: passed on without a copy
+            if not data:
+                self._eof = True
+                return b""
+            if len(data) <= limit:
+                return data
+            self._buf += data
+        if not self._buf:
             return b""
-        n = min(limit, READ_CHUNK)
+        n = limit
         out = bytes(self._buf[:n])
         del self._buf[:n]
         return out

@@ -28,6 +28,9 @@ class ClientStream(Buffered):
         super().__init__()
         self._reader = reader
         self.writer = writer
+        # A few of the relay's reads in flight to the client before a write waits (the
+        # default 64 KiB would stop the relay at every one of them).
+        writer.transport.set_write_buffer_limits(high=1024 * 1024)
 
     async def pull(self) -> bytes:
         try:
