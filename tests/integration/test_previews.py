@@ -29,12 +29,15 @@ from conftest import (
     ServerProcess,
     Stubs,
     error_info,
+    make_stubs,
     remove_owned_containers,
     start_server,
     wait_until,
 )
 from google.protobuf import duration_pb2
 from sandboxd.v1 import (
+    audit_pb2,
+    audit_pb2_grpc,
     common_pb2,
     filesystem_pb2,
     previews_pb2,
@@ -651,3 +654,59 @@ def test_python_client_and_sandboxctl(
     subprocess.run([*ctl, "unpublish", sid, "8085"], env=env, check=True)
     again = subprocess.run([*ctl, "unpublish", sid, "8085"], capture_output=True, env=env)
     assert again.returncode != 0 and b"PORT_NOT_PUBLISHED" in again.stderr
+
+
+# ----- accounting and restarts --------------------------------------------------------------
+
+
+def test_preview_requests_are_audited(
+    alice: Stubs, httpd: tuple[str, previews_pb2.Preview]
+) -> None:
+    sid, _ = httpd
+    fresh = _publish(alice, sid, 8080)
+    hdr = {"X-Sandboxd-Token": fresh.token}
+    assert _get(fresh.path_url + "?q=secret", headers=hdr).status == 200
+    assert _get(fresh.path_url).status == 401
+    audit = audit_pb2_grpc.AuditServiceStub(alice.channel)
+    events = audit.ListAuditEvents(
+        audit_pb2.ListAuditEventsRequest(session_id=sid, kinds=["preview"])
+    ).events
+    statuses = [e.attributes["status"] for e in events]
+    assert "200" in statuses and "401" in statuses
+    assert all(e.tenant == "alice" and e.attributes["port"] == "8080" for e in events)
+    assert all("secret" not in e.attributes["path"] for e in events)  # no query, no token
+
+
+def test_published_ports_and_tokens_survive_a_restart(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    data = tmp_path_factory.mktemp("restart")
+    owner = "prevr" + secrets.token_hex(3)
+    flags = ("--preview-listen", "127.0.0.1:0")
+    first = start_server(data, owner, *flags)
+    try:
+        stubs = make_stubs(first.address)
+        sid = _session(stubs)
+        _start(stubs, sid, "httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/workspace")
+        p = _publish(stubs, sid, 8080)
+        _wait_serving(p)
+        stubs.channel.close()
+        assert first.stop() == 0, first.log()
+
+        second = start_server(data, owner, *flags)
+        try:
+            stubs = make_stubs(second.address)
+            _start(stubs, sid, "httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/workspace")
+            listed = stubs.sessions.ListPorts(previews_pb2.ListPortsRequest(session_id=sid))
+            [again] = listed.previews
+            assert again.port == 8080 and again.expires_at == p.expires_at
+            moved = previews_pb2.Preview(path_url=again.path_url, token=p.token)
+            answer = _wait_serving(moved)  # httpd's own 404 (no index): the old token opens
+            assert answer.status == 404 and "x-sandboxd-refusal" not in answer.headers
+            stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
+            stubs.channel.close()
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+        remove_owned_containers(owner)
