@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -709,4 +710,57 @@ def test_published_ports_and_tokens_survive_a_restart(
             second.stop()
     finally:
         first.stop()
+        remove_owned_containers(owner)
+
+
+def test_the_listener_speaks_tls_with_the_servers_certificate(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    from authutil import Pki
+
+    data = tmp_path_factory.mktemp("tlsprev")
+    pki = Pki(data, "prev")
+    tokens = write_tokens(data / "tokens", {TOKEN_ALICE: "alice"})
+    owner = "prevt" + secrets.token_hex(3)
+    srv = start_server(
+        data / "data",
+        owner,
+        *("--tokens-file", str(tokens), "--preview-listen", "127.0.0.1:0"),
+        *("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)),
+    )
+    try:
+        creds = grpc.ssl_channel_credentials(pki.ca_pem)
+        stubs = authed_stubs(srv.address, TOKEN_ALICE, credentials=creds)
+        sid = _session(stubs)
+        stubs.files.WriteFile(
+            filesystem_pb2.WriteFileRequest(session_id=sid, path="index.html", content=b"tls\n")
+        )
+        _start(stubs, sid, "httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/workspace")
+        p = _publish(stubs, sid, 8080)
+        assert p.path_url.startswith("https://")
+        port = urlsplit(p.path_url).port
+        ctx = ssl.create_default_context(cafile=str(pki.ca_path))
+        answers: list[tuple[int, bytes, str]] = []
+
+        def fetch() -> bool:
+            conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
+            try:
+                conn.request("GET", urlsplit(p.path_url).path + f"?sandboxd_token={p.token}")
+                r = conn.getresponse()
+                answers.append((r.status, r.read(), r.getheader("Set-Cookie") or ""))
+            finally:
+                conn.close()
+            return answers[-1][0] == 200
+
+        assert wait_until(fetch, timeout=20), answers[-1]
+        assert answers[-1][1] == b"tls\n" and "Secure" in answers[-1][2]
+        plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+            plain.request("GET", "/")
+            plain.getresponse().read()
+        plain.close()
+        stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
+        stubs.channel.close()
+    finally:
+        srv.stop()
         remove_owned_containers(owner)
