@@ -674,7 +674,8 @@ def test_preview_requests_are_audited(
     ).events
     statuses = [e.attributes["status"] for e in events]
     assert "200" in statuses and "401" in statuses
-    assert all(e.tenant == "alice" and e.attributes["port"] == "8080" for e in events)
+    assert all(e.tenant == "alice" and e.attributes["port"].isdigit() for e in events)
+    assert any(e.attributes["port"] == "8080" and e.attributes["status"] == "200" for e in events)
     assert all("secret" not in e.attributes["path"] for e in events)  # no query, no token
 
 

@@ -398,3 +398,47 @@ async def test_previews_off_without_a_listener(tmp_path: Path) -> None:
             with pytest.raises(FailedPrecondition) as err:
                 await previews.publish("s1", 80, None, False)
             assert err.value.reason == "PREVIEWS_DISABLED"
+
+
+async def test_a_kept_alive_sandbox_connection_closed_between_requests_is_redialed(
+    tmp_path: Path,
+) -> None:
+    async def one_then_close(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")  # keep-alive, then gone
+        await w.drain()
+
+    async with _world(tmp_path) as world:
+        await world.sessions.create(CreateSessionInput(session_id="s1"))
+        await world.backend(8080, one_then_close)
+        p = await world.previews.publish("s1", 8080, None, False)
+        port = int(p.path_url.split(":")[2].split("/")[0])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for _ in range(2):
+                writer.write(_req("/preview/s1/8080/", p.token))
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                assert head.startswith(b"HTTP/1.1 200 OK")
+                assert await reader.readexactly(2) == b"ok"
+                await asyncio.sleep(0.1)  # the sandbox side closes meanwhile
+        finally:
+            writer.close()
+        assert world.dialer.dials == 2
+
+
+async def test_a_broken_answer_body_ends_the_connection_without_a_second_answer(
+    tmp_path: Path,
+) -> None:
+    async def bad_chunks(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+        await w.drain()
+        await asyncio.sleep(5)
+
+    async with _world(tmp_path) as world:
+        await world.sessions.create(CreateSessionInput(session_id="s1"))
+        await world.backend(8080, bad_chunks)
+        p = await world.previews.publish("s1", 8080, None, False)
+        got = await _exchange(p.path_url, _req("/preview/s1/8080/", p.token))
+        assert got == b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        assert world.audit[-1].attributes["status"] == "502"

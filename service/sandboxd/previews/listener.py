@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http
 import logging
 import ssl
@@ -35,7 +36,7 @@ from sandboxd.previews.dialer import ByteStream, PortDialer
 from sandboxd.previews.metrics import PreviewMetrics
 from sandboxd.previews.publishing import Address
 from sandboxd.previews.registry import PortRegistry, Publication
-from sandboxd.previews.relay import ClientStream, SandboxGone, SandboxSilent, exchange
+from sandboxd.previews.relay import ClientStream, Outcome, SandboxGone, SandboxSilent, exchange
 from sandboxd.previews.settings import PreviewsSection
 from sandboxd.previews.tokens import TokenSigner
 from sandboxd.store import SessionStore
@@ -63,9 +64,27 @@ class Backend:
     """The connection to one preview that a client connection holds (reused while the
     requests go to the same session, port and publication)."""
 
-    def __init__(self, key: tuple[str, int, int], stream: ByteStream, conn: Connection) -> None:
-        self.key, self.stream, self.conn = key, stream, conn
-        self.stack = AsyncExitStack()
+    def __init__(
+        self, key: tuple[str, int, int], stream: ByteStream, conn: Connection, stack: AsyncExitStack
+    ) -> None:
+        self.key, self.stream, self.conn, self.stack = key, stream, conn, stack
+
+
+class Link:
+    """A client connection's current Backend (at most one; closed when replaced or at the end)."""
+
+    def __init__(self) -> None:
+        self.backend: Backend | None = None
+
+    async def drop(self) -> None:
+        backend, self.backend = self.backend, None
+        if backend is not None:
+            with contextlib.suppress(Exception):
+                await backend.stack.aclose()
+
+
+class Broken(Exception):
+    """The exchange failed after its answer began: the connection just ends."""
 
 
 class PreviewListener:
@@ -124,36 +143,30 @@ class PreviewListener:
         self._tasks.add(task)
         self._metrics.connections.inc()
         client = ClientStream(reader, writer)
-        backend: Backend | None = None
+        link = Link()
         try:
-            while True:
-                backend, keep = await self._one(client, backend)
-                if not keep:
-                    break
+            while await self._one(client, link):
+                pass
         except (asyncio.CancelledError, ConnectionError, OSError, EOFError, http1.BadMessage):
             pass
         finally:
             self._metrics.connections.dec()
-            if backend is not None:
-                with contextlib.suppress(Exception):
-                    await backend.stack.aclose()
+            await link.drop()
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
             self._tasks.discard(task)
 
-    async def _one(
-        self, client: ClientStream, backend: Backend | None
-    ) -> tuple[Backend | None, bool]:
-        """Serve one request; (the backend kept for the next, whether to read another)."""
+    async def _one(self, client: ClientStream, link: Link) -> bool:
+        """Serve one request; whether to read another on the connection."""
         try:
             async with asyncio.timeout(self._settings.idle_timeout_s):
                 head = await http1.read_head(client)
         except (TimeoutError, EOFError):
-            return backend, False
+            return False
         except http1.BadMessage as exc:
             await self._refuse(client, Refused(400, "bad_request", str(exc)))
-            return backend, False
+            return False
         started = time.monotonic()
         pub: Publication | None = None
         method, path, status = "", "", 0
@@ -176,22 +189,50 @@ class PreviewListener:
             head.start = f"{req.method} {target.rest} {req.version}"
             cookie = ""
             if creds.from_query and verdict == creds.from_query:
-                cookie = access.cookie_header(
-                    verdict, target, pub.expires_at, secure=self._tls is not None
-                )
-            backend = await self._backend(backend, pub)
-            conn = backend.conn
+                secure = self._tls is not None
+                cookie = access.cookie_header(verdict, target, pub.expires_at, secure=secure)
+            outcome = await self._relay(client, link, pub, head, req.method, framing, cookie)
+            status = outcome.status
+            return outcome.keep_alive and not outcome.upgraded
+        except Refused as r:
+            status = r.status
+            await self._refuse(client, r)
+            return False
+        except OverLimit as exc:
+            status = 429
+            await self._refuse(client, Refused(429, "preview_quota", exc.what))
+            return False
+        except http1.BadMessage as exc:  # the request's own head or framing
+            status = 400
+            await self._refuse(client, Refused(400, "bad_request", str(exc)))
+            return False
+        except Broken:
+            status = status or 502
+            return False
+        finally:
+            self._record(pub, method, path, status, started)
 
-            def meter(n: int, direction: str) -> None:
-                self._metrics.bytes.labels(direction).inc(n)
-                self._connections.count_bytes(conn, n)
-
+    async def _relay(
+        self,
+        client: ClientStream,
+        link: Link,
+        pub: Publication,
+        head: http1.Head,
+        method: str,
+        framing: http1.Framing,
+        cookie: str,
+    ) -> Outcome:
+        key = (pub.session_id, pub.port, pub.generation)
+        reused = link.backend is not None and link.backend.key == key
+        for attempt in (1, 2):
+            backend = await self._backend(link, pub)
+            meter = functools.partial(self._meter, backend.conn)
             try:
-                outcome = await exchange(
+                return await exchange(
                     client,
                     backend.stream,
                     head,
-                    req.method,
+                    method,
                     framing,
                     timeout_s=self._settings.timeout_s,
                     set_cookie=cookie,
@@ -202,34 +243,24 @@ class PreviewListener:
                     504, "sandbox_timeout", "the sandbox did not answer in time"
                 ) from None
             except SandboxGone as exc:
+                await link.drop()
+                if reused and attempt == 1 and framing == http1.NONE:
+                    continue  # a kept-alive sandbox connection closed between requests
                 what = "nothing listens on" if exc.why == "ECONNREFUSED" else "no answer from"
                 raise Refused(502, "sandbox_closed", f"{what} port {pub.port}") from None
-            status = outcome.status
-            if outcome.upgraded or not outcome.keep_alive:
-                return backend, False
-            return backend, True
-        except Refused as r:
-            status = r.status
-            await self._refuse(client, r)
-            return backend, False
-        except OverLimit as exc:
-            status = 429
-            await self._refuse(client, Refused(429, "preview_quota", exc.what))
-            return backend, False
-        except http1.BadMessage as exc:
-            status = status or 400
-            if status == 400:
-                await self._refuse(client, Refused(400, "bad_request", str(exc)))
-            return backend, False
-        finally:
-            self._record(pub, method, path, status, started)
+            except (http1.BadMessage, EOFError):
+                raise Broken from None  # after the answer began: nothing more to say
+        raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _backend(self, backend: Backend | None, pub: Publication) -> Backend:
+    def _meter(self, conn: Connection, n: int, direction: str) -> None:
+        self._metrics.bytes.labels(direction).inc(n)
+        self._connections.count_bytes(conn, n)
+
+    async def _backend(self, link: Link, pub: Publication) -> Backend:
         key = (pub.session_id, pub.port, pub.generation)
-        if backend is not None and backend.key == key:
-            return backend
-        if backend is not None:
-            await backend.stack.aclose()
+        if link.backend is not None and link.backend.key == key:
+            return link.backend
+        await link.drop()
         session = await self._store.get(pub.session_id)
         if (
             session is None
@@ -245,9 +276,8 @@ class PreviewListener:
         except BaseException:
             await stack.aclose()
             raise
-        fresh = Backend(key, stream, conn)
-        fresh.stack = stack
-        return fresh
+        link.backend = Backend(key, stream, conn, stack)
+        return link.backend
 
     async def _refuse(self, client: ClientStream, r: Refused) -> None:
         body = (r.message + "\n").encode() if r.message else b""
