@@ -442,3 +442,18 @@ async def test_a_broken_answer_body_ends_the_connection_without_a_second_answer(
         got = await _exchange(p.path_url, _req("/preview/s1/8080/", p.token))
         assert got == b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
         assert world.audit[-1].attributes["status"] == "502"
+
+
+async def test_a_full_listener_answers_503_at_once(tmp_path: Path) -> None:
+    async with _world(tmp_path, preview_max_clients=2) as world:
+        await world.sessions.create(CreateSessionInput(session_id="s1"))
+        p = await world.previews.publish("s1", 8080, None, False)
+        port = int(p.path_url.split(":")[2].split("/")[0])
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        try:
+            got = await _exchange(p.path_url, b"")
+            assert got.startswith(b"HTTP/1.1 503 ") and b"listener_full" in got
+        finally:
+            for _, w in idle:
+                w.close()

@@ -140,9 +140,15 @@ class PreviewListener:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        client = ClientStream(reader, writer)
+        if len(self._tasks) >= self._settings.max_clients:
+            # Before any head is read: a flood of idle connections costs one write each.
+            await self._refuse(client, Refused(503, "listener_full", "too many connections"))
+            self._metrics.requests.labels("503").inc()
+            writer.close()
+            return
         self._tasks.add(task)
         self._metrics.connections.inc()
-        client = ClientStream(reader, writer)
         link = Link()
         try:
             while await self._one(client, link):

@@ -62,6 +62,13 @@ class PreviewsSection:
         lo=1,
         flat="preview_max_ttl",
     )
+    max_clients: int = setting(
+        1024,
+        INT,
+        "open client connections of the whole listener (beyond: 503 at once)",
+        lo=1,
+        flat="preview_max_clients",
+    )
     max_ports: int = setting(16, INT, "published ports per session", lo=1, flat="preview_max_ports")
     max_connections: int = setting(
         64,
