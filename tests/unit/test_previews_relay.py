@@ -51,7 +51,7 @@ class LoopbackDialer:
         try:
             yield ClientStream(reader, writer)
         finally:
-            writer.close()
+            await _close(writer)
 
 
 @dataclasses.dataclass
@@ -75,7 +75,7 @@ class World:
             except (asyncio.CancelledError, ConnectionError, asyncio.IncompleteReadError):
                 pass
             finally:
-                w.close()
+                await _close(w)
                 self.handlers.discard(task)
 
         server = await asyncio.start_server(guarded, "127.0.0.1", 0)
@@ -115,7 +115,15 @@ async def _world(tmp_path: Path, **settings: object) -> AsyncIterator[World]:
                 for task in list(world.handlers):
                     task.cancel()
                 await asyncio.gather(*world.handlers, return_exceptions=True)
-                await asyncio.sleep(0)
+                for s in world.servers:
+                    await s.wait_closed()
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Closed and waited for: a transport left closing would warn in a later test's GC."""
+    writer.close()
+    with contextlib.suppress(ConnectionError, OSError):
+        await writer.wait_closed()
 
 
 async def _exchange(url: str, raw: bytes, *, until: bytes = b"", read_all: bool = True) -> bytes:
@@ -128,7 +136,7 @@ async def _exchange(url: str, raw: bytes, *, until: bytes = b"", read_all: bool 
             return await asyncio.wait_for(reader.readuntil(until), 10)
         return await asyncio.wait_for(reader.read(), 10) if read_all else b""
     finally:
-        writer.close()
+        await _close(writer)
 
 
 def _req(path: str, token: str, *extra: str, method: str = "GET") -> bytes:
@@ -324,7 +332,7 @@ async def test_ending_the_session_cuts_its_connections(tmp_path: Path) -> None:
         assert await world.sessions.delete("s1")
         rest = await asyncio.wait_for(reader.read(), 5)  # ends: the connection was cut
         assert rest.count(b"data") < 200
-        writer.close()
+        await _close(writer)
         got = await _exchange(p.path_url, _req("/preview/s1/8080/", p.token))
         assert b"X-Sandboxd-Refusal: not_published" in got
 
@@ -422,7 +430,7 @@ async def test_a_kept_alive_sandbox_connection_closed_between_requests_is_redial
                 assert await reader.readexactly(2) == b"ok"
                 await asyncio.sleep(0.1)  # the sandbox side closes meanwhile
         finally:
-            writer.close()
+            await _close(writer)
         assert world.dialer.dials == 2
 
 
@@ -456,4 +464,4 @@ async def test_a_full_listener_answers_503_at_once(tmp_path: Path) -> None:
             assert got.startswith(b"HTTP/1.1 503 ") and b"listener_full" in got
         finally:
             for _, w in idle:
-                w.close()
+                await _close(w)
