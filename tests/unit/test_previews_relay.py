@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,8 @@ class World:
     dialer: LoopbackDialer
     audit: list[AuditEvent]
     servers: list[asyncio.Server]
+    registry: CollectorRegistry
+    store: ObservedStore
     handlers: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
 
     async def backend(self, port: int, handler: Handler) -> None:
@@ -89,6 +92,7 @@ async def _world(tmp_path: Path, **settings: object) -> AsyncIterator[World]:
     engine = FakeEngine()
     audit: list[AuditEvent] = []
     dialer = LoopbackDialer()
+    registry = CollectorRegistry()
     async with ObservedStore(tmp_path / "sessions.db", EventHub()) as store:
         parts = await setup.prepare(config, store)
         snaps = await SnapshotStore(store.db, tmp_path / "snapshots").open()
@@ -102,11 +106,11 @@ async def _world(tmp_path: Path, **settings: object) -> AsyncIterator[World]:
             engine=engine,
             store=store,
             sessions=sessions,
-            metrics_registry=CollectorRegistry(),
+            metrics_registry=registry,
             audit=audit.append,
             dialer=dialer,
         ) as previews:
-            world = World(sessions, previews, dialer, audit, [])
+            world = World(sessions, previews, dialer, audit, [], registry, store)
             try:
                 yield world
             finally:
@@ -163,6 +167,9 @@ async def test_chunked_answers_pass_byte_for_byte(tmp_path: Path) -> None:
         got = await _exchange(p.path_url, _req("/preview/s1/8080/", p.token))
         assert got == answer
         assert world.audit[-1].kind == "preview" and world.audit[-1].attributes["status"] == "200"
+        sample = world.registry.get_sample_value
+        assert sample("sandboxd_preview_requests_total", {"code": "200"}) == 1
+        assert sample("sandboxd_preview_bytes_total", {"direction": "out"}) == len(answer)
 
 
 async def test_keep_alive_reuses_one_sandbox_connection(tmp_path: Path) -> None:
@@ -465,3 +472,18 @@ async def test_a_full_listener_answers_503_at_once(tmp_path: Path) -> None:
         finally:
             for _, w in idle:
                 await _close(w)
+
+
+async def test_an_expired_lease_closes_the_previews(tmp_path: Path) -> None:
+    async with _world(tmp_path) as world:
+        s = await world.sessions.create(CreateSessionInput(session_id="s1"))
+        p = await world.previews.publish("s1", 8080, None, False)
+        s.lease_expires_at = datetime.now(UTC) - timedelta(seconds=1)
+        await world.store.update(s)
+        got = await _exchange(p.path_url, _req("/preview/s1/8080/", p.token))
+        assert b"X-Sandboxd-Refusal: session_not_running" in got  # before the reaper ran
+        assert await world.sessions.reap_once() == 1
+        listed, _ = await world.previews.list_ports("s1", 0, "")
+        assert listed == []
+        got = await _exchange(p.path_url, _req("/preview/s1/8080/", p.token))
+        assert b"X-Sandboxd-Refusal: not_published" in got
