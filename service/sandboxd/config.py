@@ -144,8 +144,9 @@ def validate(config: Config) -> None:
     problem = host_port_problem(server.listen, "127.0.0.1:50051")
     if problem:
         raise ConfigError(f"listen {server.listen!r}: {problem}")
-    if engine.docker_host and not engine.docker_host.startswith(("unix://", "tcp://")):
-        raise ConfigError(f"docker_host {engine.docker_host!r}: must start with unix:// or tcp://")
+    from sandboxd.engine import docker_tls  # imports only the sections from here
+
+    docker_tls.from_settings(engine)  # the address and TLS files of the engine
     if not engine.image.strip():
         raise ConfigError("image: must not be empty")
     for name in LIMIT_NAMES:

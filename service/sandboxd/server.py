@@ -43,11 +43,12 @@ from sandboxd.config import Config, listens_on_loopback
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.networks import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
-from sandboxd.engine import DockerEngine, Engine
+from sandboxd.engine import DockerEngine, Engine, docker_tls
 from sandboxd.errors import ConfigError, SandboxError
 from sandboxd.events import EventHub, LeaseWarner, ObservedStore
 from sandboxd.events.stats import OomWatcher, StatsReader
 from sandboxd.execution import Executor
+from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
 from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
 from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
@@ -187,6 +188,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
 
+    engine_address = docker_tls.from_settings(config.engine)  # checked by validate already
     async with AsyncExitStack() as stack:
         metrics = Metrics()
         engine: Engine = await stack.enter_async_context(
@@ -197,6 +199,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 keeper_user=config.engine.keeper_user,
                 on_error=metrics.engine_error,
                 gvisor_runtime=config.isolation.gvisor_runtime,
+                address=engine_address,
             )
         )
         audit_store = (
@@ -239,6 +242,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 ),
                 protected=await _protected(config),
                 private_networks_granted=_private_networks_grant(config),
+                local_engine=engine_address.local,
                 secrets=SecretsSetup(
                     vault.configure(config.egress.secrets_key_file, config.egress.secrets_file),
                     config.egress.upstream_ca_file,
@@ -319,8 +323,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         process_pb2_grpc.add_ProcessServiceServicer_to_server(
             ProcessService(sessions, executor, config, processes), server
         )
+        transfer = FileTransfer(files.helper, config.tenancy.stream_idle_timeout_s)
         filesystem_pb2_grpc.add_FilesystemServiceServicer_to_server(
-            FilesystemService(sessions, files), server
+            FilesystemService(sessions, files, transfer), server
         )
         snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(
             SnapshotService(sessions, archive, snapshots), server
@@ -397,6 +402,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 log.warning("second signal: stopping now")
                 await server.stop(0)
             forced.cancel()
+            await transfer.close(0 if force.is_set() else config.server.shutdown_grace_s)
             if not force.is_set() and config.server.shutdown_snapshot_s > 0:
                 # No call is in flight now: save every running workspace, so that an engine
                 # restarting after us (a reboot) loses nothing.

@@ -45,6 +45,7 @@ from conftest import (
     run,
     start_server,
 )
+from google.protobuf import duration_pb2
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -584,8 +585,12 @@ class WorkspaceMachine(RuleBasedStateMachine):
 
 @pytest.fixture(scope="module")
 def fuzz_bystander(stubs: Stubs) -> Iterator[str]:
+    # Its lease outlives the run (a one-hour soak found the default 15 minutes ending it).
+    lease = duration_pb2.Duration(seconds=int(min(86_400, SOAK_SECONDS + 3_600)))
     sid = stubs.sessions.CreateSession(
-        session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
+        session_pb2.CreateSessionRequest(
+            shell=common_pb2.ShellPolicy(allow_all=True), lease_ttl=lease
+        )
     ).session.session_id
     run(stubs, sid, "sh", "-c", "cd /workspace && mkdir -p k && printf keep > k/f && ln -s f k/l")
     yield sid
