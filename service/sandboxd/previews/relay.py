@@ -111,9 +111,9 @@ async def exchange(
         if response == http1.UNTIL_CLOSE:
             # The answer ends when the sandbox closes; the engine's exec stream carries that
             # only once `sbx dial` exits, which it does when its stdin ends too. The
-            # connection cannot be reused anyway: end the request side once it is sent.
-            await upload
-            backend.close_write()
+            # connection cannot be reused anyway: end the request side once it is sent
+            # (without waiting for it here: a sandbox may answer before reading a body).
+            upload.add_done_callback(lambda _: _close_write(backend))
         await http1.relay_body(backend, to_client, response)
         if not upload.done():
             # The sandbox answered before reading the whole request body: the connection's
@@ -151,6 +151,11 @@ async def _answer_head(
             await to_client(answer.encode())
             continue
         return answer
+
+
+def _close_write(stream: ByteStream) -> None:
+    with contextlib.suppress(Exception):  # a stream already gone has nothing to half-close
+        stream.close_write()
 
 
 def _keeps_alive(request: Head, answer: Head, version: str) -> bool:
