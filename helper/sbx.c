@@ -2623,6 +2623,7 @@ int main(int argc, char **argv)
 		{"idle", cmd_idle},   {"merge", cmd_merge}, {"reap", cmd_reap},
 		{"chmod", cmd_chmod}, {"status", cmd_status},
 		{"move", cmd_move},
+		{"dial", cmd_dial},
 	};
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(sub, cmds[k].name))

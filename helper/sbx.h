@@ -8,4 +8,7 @@
 #ifndef SBX_H
 #define SBX_H
 
+/* dial.c: `sbx dial PORT`, a byte stream to 127.0.0.1:PORT (previews) */
+int cmd_dial(int argc, char **argv);
+
 #endif

@@ -40,6 +40,7 @@ from sandboxd.config_sections import (
 )
 from sandboxd.errors import ConfigError
 from sandboxd.models import LIMIT_NAMES
+from sandboxd.previews.settings import PreviewsSection
 from sandboxd.settings import (
     SettingTable,
     host_port_problem,
@@ -75,6 +76,7 @@ class Config:
     templates: TemplatesSection = field(default_factory=TemplatesSection)
     audit: AuditSection = field(default_factory=AuditSection)
     events: EventsSection = field(default_factory=EventsSection)
+    previews: PreviewsSection = field(default_factory=PreviewsSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.

@@ -32,7 +32,8 @@ from sandboxd.api.filesystem_service import FilesystemService
 from sandboxd.api.limits import StreamCaps, StreamGuard
 from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
-from sandboxd.api.session_leases import LeaseSessionService, renew_on_activity
+from sandboxd.api.session_leases import renew_on_activity
+from sandboxd.api.session_previews import PreviewSessionService
 from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.api.template_service import TemplateService
 from sandboxd.archive import ArchiveIO
@@ -53,6 +54,7 @@ from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
 from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
 from sandboxd.metrics import Metrics, MetricsServer
 from sandboxd.pool import WarmPool
+from sandboxd.previews import setup as previews_setup
 from sandboxd.processes import ProcessManager
 from sandboxd.pulls import Pulls, live_images
 from sandboxd.secrets import vault
@@ -269,6 +271,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             in_use=functools.partial(template_in_use, store),
         )
         stack.push_async_callback(templates.close)
+        preview_parts = await previews_setup.prepare(config, store)
         sessions = SessionManager(
             config,
             engine,
@@ -277,13 +280,24 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             keeper,
             pool=pool,
             egress=egress,
-            on_session_end=[processes.end_session],
+            on_session_end=[processes.end_session, preview_parts.end_session],
             on_expiry=ExpiryPolicy(terms, keeper, store, suspend_for=ENDED_RETENTION),
             tiers=tiers,
             pulls=pulls,
             templates=templates,
         )
         snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
+        previews = await stack.enter_async_context(
+            previews_setup.serve(
+                preview_parts,
+                config,
+                engine=engine,
+                store=store,
+                sessions=sessions,
+                metrics_registry=metrics.registry,
+                audit=audit.record_nowait,
+            )
+        )
 
         server = grpc.aio.server(
             interceptors=[
@@ -304,7 +318,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             ],
         )
         session_pb2_grpc.add_SessionServiceServicer_to_server(
-            LeaseSessionService(sessions, hub, StatsReader(engine, hub), terms), server
+            PreviewSessionService(sessions, hub, StatsReader(engine, hub), terms, previews), server
         )
         process_pb2_grpc.add_ProcessServiceServicer_to_server(
             ProcessService(sessions, executor, config, processes), server

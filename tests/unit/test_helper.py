@@ -25,7 +25,8 @@ LIST_MAX = 100_000
 
 
 def _build(out: str) -> None:
-    cmd = ["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-o", out, str(SRC)]
+    sources = [str(p) for p in sorted(SRC.parent.glob("*.c"))]  # sbx.c and its subcommands
+    cmd = ["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-o", out, *sources]
     cp = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert cp.returncode == 0, f"gcc failed:\n{cp.stderr}"
 
