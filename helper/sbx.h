@@ -42,5 +42,7 @@ const char *type_name(mode_t m);
 
 /* Subcommands in files of their own. */
 int cmd_watch(int argc, char **argv); /* watch.c */
+/* dial.c: `sbx dial PORT`, a byte stream to 127.0.0.1:PORT (previews) */
+int cmd_dial(int argc, char **argv);
 
 #endif
