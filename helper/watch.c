@@ -495,9 +495,10 @@ static void moved_to(const struct inotify_event *ev, const char *path, bool isdi
 	g_pend.set = false;
 	g_pend.path = NULL;
 	if (temp) {
-		/* `sbx write` replacing or creating `path` through its temp file. */
+		/* `sbx write` replacing or creating `path` through its temp file:
+		 * always a regular file (made O_EXCL), whatever is there now. */
 		bool existed = known_type(path) != NULL;
-		const char *type = stat_type(path);
+		const char *type = "file";
 		known_add(path, type);
 		emit(existed ? "modified" : "created", path, NULL, type);
 	} else {
