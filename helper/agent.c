@@ -1325,10 +1325,18 @@ static void on_stream_frame(uint8_t type, uint32_t id, const unsigned char *p, s
 		stream_drop(s);
 		return;
 	case F_SIGNAL:
-		if (bytes || n != 1 || p[0] < 1 || p[0] >= NSIG)
+		if (bytes || n < 1 || n > 2 || p[0] < 1 || p[0] >= NSIG || (n == 2 && p[1] > 1))
 			break;
-		if (s->cmd && s->cmd->started && !s->cmd->reaped)
+		if (!s->cmd || !s->cmd->started || s->cmd->reaped)
+			return;
+		if (n == 2 && p[1] == 1) {
+			/* relayed by the `sbx run` supervisor to its command's group */
+			union sigval v = {.sival_int = p[0]};
+			sigqueue(s->cmd->pid, SIGUSR2, v);
+			kill(s->cmd->pid, SIGCONT);
+		} else {
 			kill(-s->cmd->pid, p[0]);
+		}
 		return;
 	case F_RESIZE:
 		if (bytes || n != 4 || !s->cmd || !s->cmd->tty)
