@@ -1853,6 +1853,8 @@ int cmd_agent(int argc, char **argv)
 	g_out = xmalloc(OUT_CAP);
 	set_nonblock(0);
 	set_nonblock(1);
+	/* Diagnostics are dropped rather than ever blocking the loop. */
+	set_nonblock(2);
 	g_last_rx = now_ms();
 	for (;;) {
 		out_flush();
