@@ -215,7 +215,9 @@ class AgentProcess:
 
     def close(self) -> int:
         """Closes the agent's input (outside a PID namespace it then ends what it runs and
-        exits); its stderr is kept in `stderr_text`."""
+        exits); its stderr is kept in `stderr_text`. Idempotent."""
+        if self.proc.stderr is None or self.proc.stderr.closed:
+            return self.proc.wait()
         try:
             self.stdin.close()
         except BrokenPipeError:
