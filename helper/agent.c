@@ -36,6 +36,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <grp.h>
 #include <termios.h>
 #include <time.h>
 #include <unistd.h>
@@ -147,6 +148,13 @@ static uint16_t g_listen_port;
 static char g_listen_error[160];
 static char g_instance[33];
 static pid_t g_self;
+/* --user UID:GID: the identity commands run as, when the agent runs as
+ * another (root with only CAP_SETUID, CAP_SETGID and CAP_KILL): then no
+ * command can signal, stop or read the agent whatever the runtime does for
+ * PID 1.  Without it commands run as the agent's own uid. */
+static bool g_switch_user;
+static uid_t g_cmd_uid;
+static gid_t g_cmd_gid;
 static uint64_t g_next_sweep;
 
 static uint64_t now_ms(void)
@@ -553,7 +561,7 @@ static void stream_write_in(struct stream *s)
 /* exec                                                                */
 /* ------------------------------------------------------------------ */
 
-enum { ST_CWD = 1, ST_EXEC, ST_SETUP };
+enum { ST_CWD = 1, ST_EXEC, ST_SETUP, ST_IDENTITY };
 
 struct report {
 	int stage;
@@ -590,6 +598,11 @@ static void child_main(int rep, int in, int out, int err, int tty_slave, const c
 	 * agent died; inside, the namespace ends with its PID 1. */
 	if (g_self != 1)
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
+	/* The command's identity before anything it could name is touched; a
+	 * command never runs as the agent when told otherwise. */
+	if (g_switch_user && (setgroups(0, NULL) < 0 || setresgid(g_cmd_gid, g_cmd_gid, g_cmd_gid) < 0 ||
+			      setresuid(g_cmd_uid, g_cmd_uid, g_cmd_uid) < 0))
+		child_fail(rep, ST_IDENTITY, errno);
 	if (chdir(g_root) < 0 || (cwd && *cwd && chdir(cwd) < 0))
 		child_fail(rep, ST_CWD, errno);
 	execve(argv[0], argv, envp);
@@ -839,6 +852,8 @@ static void cmd_report(struct cmd *c)
 		const char *err = "INVALID";
 		if (r.stage == ST_CWD)
 			err = "CWD";
+		else if (r.stage == ST_IDENTITY)
+			err = "IDENTITY";
 		else if (r.stage == ST_SETUP)
 			err = "RESOURCE";
 		else if (r.err == ENOENT || r.err == ENOTDIR)
@@ -1817,13 +1832,26 @@ static int poll_timeout(uint64_t now)
 
 int cmd_agent(int argc, char **argv)
 {
-	(void)argv;
-	if (argc > 0) {
-		static const char msg[] = "usage: sbx [--root DIR] agent\n";
+	unsigned long uid, gid;
+	char extra;
+	if (argc == 2 && !strcmp(argv[0], "--user") &&
+	    sscanf(argv[1], "%lu:%lu%c", &uid, &gid, &extra) == 2 && uid > 0 && gid > 0 &&
+	    uid < 0xFFFFFFFFul && gid < 0xFFFFFFFFul) {
+		g_switch_user = true;
+		g_cmd_uid = (uid_t)uid;
+		g_cmd_gid = (gid_t)gid;
+	} else if (argc > 0) {
+		static const char msg[] = "usage: sbx [--root DIR] agent [--user UID:GID]\n";
 		(void)!write(2, msg, sizeof msg - 1);
 		return 2;
 	}
 	g_self = getpid();
+	/* Nothing of the container's environment is the commands' business
+	 * (they get exactly the env of their request), and gVisor lets
+	 * /proc/1/environ be read whatever the dumpable flag says: the strings
+	 * are wiped where the kernel shows them from. */
+	for (char **e = environ; e && *e; e++)
+		memset(*e, 0, strlen(*e));
 	/* Same uid as the commands: without this they could ptrace the agent
 	 * or read its memory through /proc. */
 	prctl(PR_SET_DUMPABLE, 0);
