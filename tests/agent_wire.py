@@ -18,6 +18,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[1]
+HELPER_SOURCES = sorted(str(p) for p in (REPO / "helper").glob("*.c"))
+STATIC_FLAGS = ["-static", "-O2", "-Wall", "-Wextra", "-Werror"]
+# As `make helper-asan` builds build/sbx-asan.
+ASAN_FLAGS = [
+    "-O1",
+    "-g",
+    "-fno-omit-frame-pointer",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=undefined",
+]
+SANITIZER_MARKS = ("AddressSanitizer", "runtime error:", "LeakSanitizer", "UndefinedBehavior")
+ASAN_ENV = {
+    "ASAN_OPTIONS": "detect_leaks=0:exitcode=99",
+    "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+}
+
 MAX_PAYLOAD = 65536
 SYNC = b"\xff\xff\xff\xffSANDBOXDSYNC"
 
@@ -80,6 +97,18 @@ def window(stream: int, increment: int) -> bytes:
     return encode(WINDOW, stream, struct.pack(">I", increment))
 
 
+def build_helper(out: Path, asan: bool) -> str | None:
+    """Compiles the helper from helper/*.c; the compiler's complaint when it cannot."""
+    flags = ASAN_FLAGS if asan else STATIC_FLAGS
+    cp = subprocess.run(
+        ["gcc", *flags, "-o", str(out), *HELPER_SOURCES],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return None if cp.returncode == 0 else cp.stderr.strip()[:500]
+
+
 class Decoder:
     """Splits the agent's byte stream into frames; a bad length is an error (the agent never
     writes one, and completes a frame it began even when an epoch ends)."""
@@ -104,9 +133,15 @@ class Decoder:
 class AgentProcess:
     """`sbx agent` on pipes, with a workspace root of the test's own."""
 
-    def __init__(self, binary: Path, root: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        root: Path,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
         self.proc = subprocess.Popen(
-            [str(binary), "--root", str(root), "agent"],
+            [str(binary), "--root", str(root), "agent", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -12,7 +12,6 @@ import shutil
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -25,6 +24,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_wire import (  # noqa: E402
+    ASAN_ENV,
     CLOSE,
     DATA,
     EOF,
@@ -37,11 +37,13 @@ from agent_wire import (  # noqa: E402
     PONG,
     RESET,
     RESIZE,
+    SANITIZER_MARKS,
     SIGNAL,
     SYNC,
     WINDOW,
     AgentProcess,
     Frame,
+    build_helper,
     data,
     encode,
     encode_json,
@@ -50,31 +52,35 @@ from agent_wire import (  # noqa: E402
     window,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-SOURCES = sorted(str(p) for p in (REPO / "helper").glob("*.c"))
 SH = shutil.which("sh") or "/bin/sh"
 
 
-@pytest.fixture(scope="module")
-def agent_bin() -> Iterator[Path]:
+@pytest.fixture(scope="module", params=["static", "asan"])
+def agent_bin(request: pytest.FixtureRequest) -> Iterator[tuple[Path, bool]]:
+    """Every test runs against the static helper and against its ASan/UBSan build."""
+    asan = request.param == "asan"
     d = Path(tempfile.mkdtemp(prefix="sbx-agent-"))
     try:
         out = d / "sbx"
-        cmd = ["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(out), *SOURCES]
-        cp = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        assert cp.returncode == 0, cp.stderr
-        yield out
+        problem = build_helper(out, asan)
+        if problem is not None:
+            assert asan, problem
+            pytest.skip(f"the compiler cannot build the sanitizer helper: {problem}")
+        yield out, asan
     finally:
         shutil.rmtree(d)
 
 
 @pytest.fixture
-def agent(agent_bin: Path, tmp_path: Path) -> Iterator[AgentProcess]:
-    a = AgentProcess(agent_bin, tmp_path)
+def agent(agent_bin: tuple[Path, bool], tmp_path: Path) -> Iterator[AgentProcess]:
+    binary, asan = agent_bin
+    env = {"PATH": "/usr/bin:/bin", **(ASAN_ENV if asan else {})}
+    a = AgentProcess(binary, tmp_path, env=env)
     try:
         yield a
     finally:
         a.close()
+        assert not any(m in a.stderr_text for m in SANITIZER_MARKS), a.stderr_text
 
 
 def run(a: AgentProcess, script: str, **fields: object) -> list[Frame]:
@@ -582,3 +588,30 @@ def test_agent_exits_only_when_the_test_closes_its_input(agent: AgentProcess) ->
     pid = agent.read().json()["pid"]
     assert agent.close() == 0
     assert not alive(pid)
+
+
+def test_frames_after_a_stream_ended_are_ignored(agent: AgentProcess) -> None:
+    agent.hello()
+    sid = agent.open("exec", argv=["/bin/true"], env={}, stdin=True)
+    assert exit_of(agent.stream_frames(sid))["exit_code"] == 0
+    # crossed the EXIT in flight: no answer, the epoch goes on
+    for raw in (data(sid, b"late"), window(sid, 10), encode(EOF, sid, b"\0"), encode(CLOSE, sid)):
+        agent.send(raw)
+    agent.send(encode(PING, 0, b"after..."))
+    assert agent.read() == Frame(PONG, 0, b"after...")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching identity needs root (CAP_SETUID)")
+def test_user_option_runs_commands_under_that_identity(agent_bin: tuple[Path, bool]) -> None:
+    binary, asan = agent_bin
+    root = Path(tempfile.mkdtemp(prefix="sbx-agent-user-"))  # reachable by nobody, unlike tmp_path
+    root.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", **(ASAN_ENV if asan else {})}
+    a = AgentProcess(binary, root, env=env, args=("--user", "65534:65534"))
+    try:
+        a.hello()
+        frames = run(a, "id -u; id -g; id -G; grep CapEff /proc/self/status")
+        assert output(frames).split() == [b"65534", b"65534", b"65534", b"CapEff:", b"0" * 16]
+    finally:
+        a.close()
+        shutil.rmtree(root)
