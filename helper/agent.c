@@ -53,10 +53,10 @@
 #define OUT_HIGH (256u * 1024u)
 /* One input frame makes at most a few frames of output; room for them. */
 #define OUT_CAP (OUT_HIGH + 4u * (HDR_LEN + MAX_PAYLOAD))
-#define CHUNK 32768u
+#define CHUNK (MAX_PAYLOAD - 1u)
 #define MAX_STREAMS 1024
-#define MAX_DETACHED 256
-#define MAX_ID 128
+#define MAX_DETACHED 128
+#define MAX_ID 64
 #define DEFAULT_WINDOW 262144u
 #define MIN_WINDOW 1024u
 #define MAX_WINDOW (16u * 1024u * 1024u)
@@ -706,6 +706,22 @@ fail:
 	return -1;
 }
 
+/* Process ids are short and plain, so that HELLO_OK with every record
+ * always fits one frame (MAX_DETACHED records of a few hundred bytes). */
+static bool valid_id(const char *id)
+{
+	size_t n = strlen(id);
+	if (n < 1 || n > MAX_ID)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char c = id[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      c == '.' || c == '_' || c == ':' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
 static int nonneg_u16(const struct jval *v, unsigned *out)
 {
 	if (!v || v->type != J_NUM || !v->is_int || v->i < 1 || v->i > 65535)
@@ -735,9 +751,8 @@ static void open_exec(uint32_t id, const struct jval *req)
 			why = "tty must be null or {\"rows\",\"cols\"} in 1..65535";
 		else if (detv && detv->type != J_NULL) {
 			const struct jval *idv = json_get(detv, "id"), *bv = json_get(detv, "buffer");
-			if (detv->type != J_OBJ || !idv || idv->type != J_STR || !idv->s[0] ||
-			    strlen(idv->s) > MAX_ID)
-				why = "detach.id must be a string of 1..128 bytes";
+			if (detv->type != J_OBJ || !idv || idv->type != J_STR || !valid_id(idv->s))
+				why = "detach.id must be 1..64 of A-Z a-z 0-9 . _ : -";
 			else if (bv && (bv->type != J_NUM || !bv->is_int || bv->i < 1 ||
 					bv->i > (int64_t)MAX_RING))
 				why = "detach.buffer must be 1..67108864";
@@ -757,7 +772,8 @@ static void open_exec(uint32_t id, const struct jval *req)
 		goto out;
 	}
 	if (did && g_ndetached >= MAX_DETACHED) {
-		out_error(F_RESET, id, "RESOURCE", "at most %d detached processes", MAX_DETACHED);
+		out_error(F_RESET, id, "RESOURCE", "at most %d detached processes (forget ended ones)",
+			  MAX_DETACHED);
 		goto out;
 	}
 	bool want_stdin = stdinv && stdinv->type == J_BOOL && stdinv->b;
