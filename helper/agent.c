@@ -524,6 +524,8 @@ static void stream_eof_done(struct stream *s)
 
 static void stream_write_in(struct stream *s)
 {
+	if (s->connecting)
+		return; /* kept until the connection is made */
 	int fd = stream_sink(s);
 	while (s->ib_len > 0) {
 		if (fd < 0) {
