@@ -155,7 +155,7 @@ static pid_t g_self;
 static bool g_switch_user;
 static uid_t g_cmd_uid;
 static gid_t g_cmd_gid;
-static uint64_t g_next_sweep;
+static uint64_t g_next_sweep, g_last_sweep;
 
 static uint64_t now_ms(void)
 {
@@ -1532,7 +1532,10 @@ static void reap(void)
 		c->status = st;
 		/* What is left in its process group has no command any more. */
 		kill(-pid, SIGKILL);
-		g_next_sweep = 0;
+		/* its orphans soon, but a burst of short commands scans /proc
+		 * at most ten times a second */
+		if (g_next_sweep > g_last_sweep + 100)
+			g_next_sweep = g_last_sweep + 100;
 		if (!c->owner && !c->detached && c->rep_fd < 0)
 			cmd_free(c);
 	}
@@ -1646,6 +1649,7 @@ static void timers(uint64_t now)
 	}
 	if (now >= g_next_sweep) {
 		sweep_orphans();
+		g_last_sweep = now;
 		g_next_sweep = now + SWEEP_MS;
 	}
 	if (g_epoch && g_stdin_open) {

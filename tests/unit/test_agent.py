@@ -317,7 +317,7 @@ def test_orphans_of_a_command_are_killed(agent: AgentProcess, tmp_path: Path) ->
     # a double-forked, setsid escapee during a running command dies as well
     sid = agent.open(
         "exec",
-        argv=[SH, "-c", "setsid sh -c 'sleep 4343 & echo $!' > esc; sleep 3"],
+        argv=[SH, "-c", "setsid sh -c 'sleep 4343 & echo $!' > esc; sleep 2"],
         env={"PATH": "/usr/bin:/bin"},
     )
     assert agent.read().type == OPEN_OK
