@@ -344,7 +344,7 @@ def test_unrefilled_window_stalls_only_its_own_stream(agent: AgentProcess) -> No
     got_slow = 0
     fast_frames: list[Frame] = []
     deadline = time.monotonic() + 20
-    while not (fast_frames and fast_frames[-1].type == EXIT):
+    while not (fast_frames and fast_frames[-1].type == EXIT and got_slow >= 4096):
         assert time.monotonic() < deadline
         f = agent.read()
         if f.stream == slow and f.type == DATA:
@@ -354,6 +354,7 @@ def test_unrefilled_window_stalls_only_its_own_stream(agent: AgentProcess) -> No
             if f.type == DATA:
                 agent.send(window(fast, len(f.data)))
     assert len(output(fast_frames)) == 200000
+    assert agent.quiet(0.3) == []
     assert got_slow == 4096  # exactly the window, then it waits
     agent.send(window(slow, 1_000_000))
     frames = agent.stream_frames(slow)
@@ -442,11 +443,15 @@ def test_detached_survives_new_epoch_and_attach_replays(agent: AgentProcess) -> 
         detach={"id": "job-1", "buffer": 4096},
     )
     pid = agent.read().json()["pid"]
-    time.sleep(0.2)
-    ok = agent.hello().json()  # a new server: the exec stream is gone, the process is not
-    (rec,) = ok["processes"]
+    want = len(b"".join(b"line%d\n" % i for i in range(5)))
+    deadline = time.monotonic() + 10
+    while True:  # a new server: the exec stream is gone, the process is not
+        (rec,) = agent.hello().json()["processes"]
+        if rec["end"]["1"] == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert rec["id"] == "job-1" and rec["pid"] == pid and rec["running"] is True
-    assert rec["end"]["1"] == len(b"".join(b"line%d\n" % i for i in range(5)))
+    assert rec["end"]["1"] == want
     assert alive(pid)
     att = agent.open("attach", id="job-1", offsets={"1": 6, "2": 0})
     f = agent.read()
@@ -477,8 +482,10 @@ def test_detached_ring_keeps_the_newest_bytes(agent: AgentProcess) -> None:
         detach={"id": "big", "buffer": 1024},
     )
     assert agent.read().type == OPEN_OK
-    agent.hello()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while agent.hello().json()["processes"][0]["end"]["1"] < 10003:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     att = agent.open("attach", id="big", offsets={"1": 0, "2": 0})
     f = agent.read()
     assert f.json()["start"]["1"] == 10003 - 1024 and f.json()["end"]["1"] == 10003
