@@ -622,3 +622,42 @@ def test_user_option_runs_commands_under_that_identity(agent_bin: tuple[Path, bo
     finally:
         a.close()
         shutil.rmtree(root)
+
+
+def test_signal_relayed_by_the_sbx_run_supervisor(
+    agent: AgentProcess, agent_bin: tuple[Path, bool], tmp_path: Path
+) -> None:
+    """SIGNAL with relay 1 reaches the command under `sbx run` (which traps it); without relay
+    it reaches the supervisor, which ends the whole tree."""
+    binary, _ = agent_bin
+    agent.hello()
+    script = "trap 'echo got-int; exit 5' INT; echo ready; while :; do sleep 0.05; done"
+    argv = [str(binary), "--root", str(tmp_path), "run", "--", SH, "-c", script]
+    env = {"PATH": "/usr/bin:/bin"}
+    sid = agent.open("exec", argv=argv, env=env)
+    assert agent.read().type == OPEN_OK
+    assert agent.read().data == b"ready\n"
+    agent.send(encode(SIGNAL, sid, bytes([signal.SIGINT, 1])))
+    frames = agent.stream_frames(sid)
+    assert output(frames) == b"got-int\n" and exit_of(frames)["exit_code"] == 5
+    sid = agent.open("exec", argv=argv, env=env)
+    assert agent.read().type == OPEN_OK
+    assert agent.read().data == b"ready\n"
+    agent.send(encode(SIGNAL, sid, bytes([signal.SIGINT])))
+    frames = agent.stream_frames(sid)
+    assert output(frames) == b"" and exit_of(frames)["exit_code"] == 137
+    sid = agent.open("exec", argv=["/bin/sleep", "30"], env={})
+    assert agent.read().type == OPEN_OK
+    agent.send(encode(SIGNAL, sid, bytes([signal.SIGINT, 2])))  # no such relay
+    f = agent.read()
+    assert (f.type, f.stream, f.json()["error"]) == (RESET, sid, "PROTOCOL")
+
+
+def test_egress_connection_outside_an_epoch_is_closed(agent: AgentProcess) -> None:
+    port = free_port()
+    agent.hello(egress_port=port, keepalive_ms=100)
+    agent.read_until(lambda f: f.type == GOAWAY, timeout=5)  # the epoch ends, the port stays
+    c = socket.create_connection(("127.0.0.1", port), timeout=5)
+    assert c.recv(10) == b""
+    c.close()
+    assert agent.quiet(0.2) == []
