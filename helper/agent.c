@@ -1092,6 +1092,7 @@ static void dial_connected(struct stream *s)
 	s->connecting = false;
 	s->established = true;
 	out_frame(F_OPEN_OK, s->id, "{}", 2);
+	stream_write_in(s); /* what came (DATA, EOF) while it connected */
 }
 
 static void sock_read(struct stream *s)
@@ -1308,7 +1309,9 @@ static void on_stream_frame(uint8_t type, uint32_t id, const unsigned char *p, s
 		/* A frame for a stream this side already ended may have crossed
 		 * the end in flight: ignored.  One for an id never opened is not. */
 		bool used = (id & 1) ? id <= g_max_odd : id < g_next_even;
-		if (!used || type > F_CLOSE || type < F_OPEN)
+		/* A RESET is never answered with one: two sides that did so
+		 * could bounce them forever. */
+		if (type != F_RESET && (!used || type > F_CLOSE || type < F_OPEN))
 			out_error(F_RESET, id, "PROTOCOL", "frame type 0x%02x on a stream not open",
 				  type);
 		return;
@@ -1406,6 +1409,7 @@ static void on_frame(uint8_t type, uint32_t id, const unsigned char *p, size_t n
 		out_frame(F_PONG, 0, p, n > 8 ? 8 : n);
 		return;
 	case F_PONG:
+	case F_RESET: /* a notice; never answered with a RESET */
 		return;
 	case F_GOAWAY:
 		end_epoch(NULL, NULL);

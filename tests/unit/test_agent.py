@@ -406,6 +406,9 @@ def test_data_after_eof_and_frames_on_streams_never_opened(agent: AgentProcess) 
     f = agent.read()
     assert (f.type, f.stream, f.json()["error"]) == (RESET, 1001, "PROTOCOL")
     agent.send(window(sid, 100))
+    # a RESET is never answered with a RESET, on a stream never opened nor on stream 0
+    agent.send(encode_json(RESET, 2001, {"error": "PROTOCOL", "message": "?"}))
+    agent.send(encode_json(RESET, 0, {"error": "PROTOCOL", "message": "?"}))
     agent.send(encode(PING, 0, b"12345678"))
     assert agent.read().type == PONG
 
