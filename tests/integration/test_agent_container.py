@@ -294,3 +294,52 @@ async def test_orphans_are_killed(
             await asyncio.sleep(0.1)
         else:
             raise AssertionError(f"{needle} is still running")
+
+
+async def test_egress_through_the_channel_with_only_loopback(
+    agent: tuple[Channel, DockerContainer],
+) -> None:
+    """No network interface but lo; a sandbox process's connection to the agent's loopback port
+    becomes an egress stream, answered here as the server's proxy would."""
+    ch, _ = agent
+    nonce = uuid.uuid4().hex
+    await ch.send(
+        SYNC
+        + encode_json(
+            HELLO, 0, {"version": 1, "nonce": nonce, "keepalive_ms": 60000, "egress_port": 3128}
+        )
+    )
+    while True:
+        f = await ch.read()
+        if f.type == HELLO_OK and json.loads(f.payload)["nonce"] == nonce:
+            assert json.loads(f.payload)["egress_port"] == 3128
+            break
+    links, _ = await ch.run("/bin/sh", "-c", "ip -o link | cut -d: -f2")
+    assert links.split() == [b"lo"]
+    sid = ch.next_id
+    ch.next_id += 2
+    body = {
+        "kind": "exec",
+        "argv": ["/bin/wget", "-q", "-O-", "http://127.0.0.1:3128/x"],
+        "env": {},
+    }
+    await ch.send(encode_json(OPEN, sid, body))
+    got, request = b"", b""
+    while True:
+        f = await ch.read()
+        if f.type == OPEN and f.stream % 2 == 0:
+            assert json.loads(f.payload)["kind"] == "egress"
+            egress = f.stream
+            await ch.send(encode(0x11, egress, b"{}"))
+        elif f.type == 0x12 and f.stream % 2 == 0:
+            request += f.payload[1:]
+            if b"\r\n\r\n" in request:
+                reply = b"HTTP/1.0 200 OK\r\nContent-Length: 7\r\n\r\nthrough"
+                await ch.send(encode(0x12, egress, b"\0" + reply))
+                await ch.send(encode(0x13, egress, b"\0"))
+        elif f.stream == sid and f.type == 0x12:
+            got += f.payload[1:]
+        elif f.stream == sid and f.type == EXIT:
+            break
+    assert request.startswith(b"GET /x HTTP/1.1\r\n")
+    assert got == b"through"
