@@ -395,7 +395,8 @@ def test_stream_opened_twice(agent: AgentProcess) -> None:
 
 def test_data_after_eof_and_frames_on_streams_never_opened(agent: AgentProcess) -> None:
     agent.hello()
-    sid = agent.open("exec", argv=["/bin/cat"], env={}, stdin=True)
+    # still running after its stdin ends: the late DATA cannot cross its EXIT
+    sid = agent.open("exec", argv=[SH, "-c", "cat; sleep 30"], env={}, stdin=True)
     assert agent.read().type == OPEN_OK
     agent.send(encode(EOF, sid, b"\0"))
     agent.send(data(sid, b"late"))
