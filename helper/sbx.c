@@ -234,15 +234,36 @@ static char g_tmp_name[64];
  */
 static bool g_drain_stdin;
 
+/*
+ * `write --idle-ms N`: the longest wait for the next byte on stdin.  An engine
+ * need not deliver EOF when the server's connection drops (a cancelled
+ * upload), and a writer waiting forever would keep its temp file and a
+ * process of the session's.  0: no bound.
+ */
+static int g_idle_ms;
+
+/* read(2) on stdin bounded by g_idle_ms: -1 with ETIMEDOUT when nothing came. */
+static ssize_t read_stdin(void *p, size_t n)
+{
+	if (g_idle_ms > 0) {
+		struct pollfd pfd = {.fd = STDIN_FILENO, .events = POLLIN};
+		int r;
+		do
+			r = poll(&pfd, 1, g_idle_ms);
+		while (r < 0 && errno == EINTR);
+		if (r == 0) {
+			errno = ETIMEDOUT;
+			return -1;
+		}
+	}
+	return read_retry(STDIN_FILENO, p, n);
+}
+
 static void drain_stdin(void)
 {
 	char buf[65536];
-	for (;;) {
-		ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
-		if (n > 0 || (n < 0 && errno == EINTR))
-			continue;
-		return;
-	}
+	while (read_stdin(buf, sizeof buf) > 0)
+		;
 }
 
 __attribute__((noreturn, format(printf, 3, 4)))
@@ -773,11 +794,31 @@ static int cmd_read(int argc, char **argv)
 	return 0;
 }
 
+/* Async-signal-safe: unlinkat and _exit only. */
+static void write_ended(int sig)
+{
+	if (g_tmp_name[0])
+		unlinkat(g_tmp_dirfd, g_tmp_name, 0);
+	_exit(128 + sig);
+}
+
 static int cmd_write(int argc, char **argv)
 {
 	g_drain_stdin = true;
 	char *pos[3];
 	bool parents = false;
+	/* `--idle-ms N` first (parse_args knows one boolean flag). */
+	for (int i = 0; i + 1 < argc; i++) {
+		if (!strcmp(argv[i], "--"))
+			break;
+		if (strcmp(argv[i], "--idle-ms"))
+			continue;
+		uint64_t ms = parse_uint(argv[i + 1], "--idle-ms");
+		g_idle_ms = ms > INT_MAX ? INT_MAX : (int)ms;
+		memmove(argv + i, argv + i + 2, (size_t)(argc - i - 2) * sizeof *argv);
+		argc -= 2;
+		break;
+	}
 	parse_args(argc, argv, "--parents", &parents, pos, 3);
 	char *norm = norm_path(pos[0]);
 	const char *ms = pos[1];
@@ -802,6 +843,13 @@ static int cmd_write(int argc, char **argv)
 	 * atomic and never crosses a filesystem. */
 	int fd = -1;
 	g_tmp_dirfd = pfd;
+	/* SIGHUP/SIGTERM (a cancelled call) held until the handler that
+	 * removes the temp file is in place, so no moment leaves it behind. */
+	sigset_t ends, old;
+	sigemptyset(&ends);
+	sigaddset(&ends, SIGHUP);
+	sigaddset(&ends, SIGTERM);
+	sigprocmask(SIG_BLOCK, &ends, &old);
 	for (int tries = 0; fd < 0; tries++) {
 		uint32_t rnd;
 		if (getrandom(&rnd, sizeof rnd, 0) != sizeof rnd)
@@ -816,10 +864,19 @@ static int cmd_write(int argc, char **argv)
 		}
 	}
 
+	/* Ended by the server (SIGHUP/SIGTERM: a cancelled call), the temp
+	 * file goes with us. */
+	struct sigaction sa = {.sa_handler = write_ended};
+	sigaction(SIGHUP, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigprocmask(SIG_SETMASK, &old, NULL);
+
 	static char chunk[65536];
 	uint64_t total = 0;
 	for (;;) {
-		ssize_t n = read_retry(0, chunk, sizeof chunk);
+		ssize_t n = read_stdin(chunk, sizeof chunk);
+		if (n < 0 && errno == ETIMEDOUT)
+			fail(1, "TIMEOUT", "write %s: no data on stdin for %d ms", norm, g_idle_ms);
 		if (n < 0)
 			fail_errno(errno, "read", "stdin");
 		if (n == 0)
@@ -2545,7 +2602,7 @@ int main(int argc, char **argv)
 		i += 2;
 	}
 	if (i >= argc)
-		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|move|status|idle|agent ...");
+		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|move|status|idle|dial|agent ...");
 	const char *sub = argv[i++];
 	int rest = argc - i;
 	char **rv = argv + i;
@@ -2559,7 +2616,9 @@ int main(int argc, char **argv)
 		{"list", cmd_list},   {"remove", cmd_remove}, {"mkdir", cmd_mkdir},
 		{"idle", cmd_idle},   {"merge", cmd_merge}, {"reap", cmd_reap},
 		{"chmod", cmd_chmod}, {"status", cmd_status},
-		{"move", cmd_move},   {"agent", cmd_agent},
+		{"move", cmd_move},
+		{"dial", cmd_dial},
+		{"agent", cmd_agent},
 	};
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(sub, cmds[k].name))

@@ -29,4 +29,7 @@ int cmd_agent(int argc, char **argv);
 /* The --root the helper was started with (default /workspace). */
 extern const char *g_root;
 
+/* dial.c: `sbx dial PORT`, a byte stream to 127.0.0.1:PORT (previews) */
+int cmd_dial(int argc, char **argv);
+
 #endif

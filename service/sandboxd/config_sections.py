@@ -76,6 +76,19 @@ class EngineSection:
     docker_host: str = setting(
         "", TEXT, "Docker engine address, unix:// or tcp:// (else DOCKER_HOST)"
     )
+    docker_tls_ca: Path | None = setting(
+        None, OPTIONAL_PATH, "PEM CA bundle the tcp:// engine's certificate must chain to"
+    )
+    docker_tls_cert: Path | None = setting(
+        None, OPTIONAL_PATH, "PEM client certificate presented to the tcp:// engine"
+    )
+    docker_tls_key: Path | None = setting(None, OPTIONAL_PATH, "PEM private key of docker_tls_cert")
+    docker_tls_verify: bool = setting(
+        True, BOOL, "check the tcp:// engine's certificate and name (false: encrypted only)"
+    )
+    docker_allow_plain_tcp: bool = setting(
+        False, BOOL, "allow a tcp:// engine without TLS (whoever reaches it owns its host)"
+    )
     docker_pool_size: int = setting(
         1024, INT, "connections to the engine (one per open stream)", lo=10
     )

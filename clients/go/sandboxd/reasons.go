@@ -256,6 +256,18 @@ var (
 	ErrSecretBindingInvalid = &Error{Code: codes.InvalidArgument, Reason: "SECRET_BINDING_INVALID"}
 	// ErrSecretRefNotFound: INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant.
 	ErrSecretRefNotFound = &Error{Code: codes.InvalidArgument, Reason: "SECRET_REF_NOT_FOUND"}
+	// ErrPreviewsDisabled: FAILED_PRECONDITION: The server serves no previews (set preview_listen).
+	ErrPreviewsDisabled = &Error{Code: codes.FailedPrecondition, Reason: "PREVIEWS_DISABLED"}
+	// ErrPreviewPortInvalid: INVALID_ARGUMENT: The port is not 1-65535.
+	ErrPreviewPortInvalid = &Error{Code: codes.InvalidArgument, Reason: "PREVIEW_PORT_INVALID"}
+	// ErrPreviewTtlInvalid: INVALID_ARGUMENT: The token's ttl is negative or longer than the server's preview_max_ttl.
+	ErrPreviewTtlInvalid = &Error{Code: codes.InvalidArgument, Reason: "PREVIEW_TTL_INVALID"}
+	// ErrPreviewPublicNotAllowed: PERMISSION_DENIED: A public preview needs the operator's preview_public grant for the tenant.
+	ErrPreviewPublicNotAllowed = &Error{Code: codes.PermissionDenied, Reason: "PREVIEW_PUBLIC_NOT_ALLOWED"}
+	// ErrPortNotPublished: NOT_FOUND: The session has not published that port.
+	ErrPortNotPublished = &Error{Code: codes.NotFound, Reason: "PORT_NOT_PUBLISHED"}
+	// ErrPreviewPortsQuota: RESOURCE_EXHAUSTED: The session already publishes preview_max_ports ports.
+	ErrPreviewPortsQuota = &Error{Code: codes.ResourceExhausted, Reason: "PREVIEW_PORTS_QUOTA"}
 	// ErrWorkspaceUnreadable: FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode 000), so no snapshot or export can carry it; refused before anything was stopped. Give it read permission (chmod u+r) and try again.
 	ErrWorkspaceUnreadable = &Error{Code: codes.FailedPrecondition, Reason: "WORKSPACE_UNREADABLE"}
 	// ErrWorkspaceNotArchivable: FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry.
@@ -389,6 +401,12 @@ var Reasons = map[string]ReasonInfo{
 	"IMAGE_PULL_FAILED":             {codes.Internal, false, ErrImagePullFailed},
 	"SECRET_BINDING_INVALID":        {codes.InvalidArgument, false, ErrSecretBindingInvalid},
 	"SECRET_REF_NOT_FOUND":          {codes.InvalidArgument, false, ErrSecretRefNotFound},
+	"PREVIEWS_DISABLED":             {codes.FailedPrecondition, false, ErrPreviewsDisabled},
+	"PREVIEW_PORT_INVALID":          {codes.InvalidArgument, false, ErrPreviewPortInvalid},
+	"PREVIEW_TTL_INVALID":           {codes.InvalidArgument, false, ErrPreviewTtlInvalid},
+	"PREVIEW_PUBLIC_NOT_ALLOWED":    {codes.PermissionDenied, false, ErrPreviewPublicNotAllowed},
+	"PORT_NOT_PUBLISHED":            {codes.NotFound, false, ErrPortNotPublished},
+	"PREVIEW_PORTS_QUOTA":           {codes.ResourceExhausted, false, ErrPreviewPortsQuota},
 	"WORKSPACE_UNREADABLE":          {codes.FailedPrecondition, false, ErrWorkspaceUnreadable},
 	"WORKSPACE_NOT_ARCHIVABLE":      {codes.FailedPrecondition, false, ErrWorkspaceNotArchivable},
 }

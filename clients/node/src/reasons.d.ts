@@ -231,6 +231,18 @@ export declare class ImagePullFailedError extends Internal {}
 export declare class SecretBindingInvalidError extends InvalidArgument {}
 /** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
 export declare class SecretRefNotFoundError extends InvalidArgument {}
+/** FAILED_PRECONDITION: The server serves no previews (set preview_listen). */
+export declare class PreviewsDisabledError extends FailedPrecondition {}
+/** INVALID_ARGUMENT: The port is not 1-65535. */
+export declare class PreviewPortInvalidError extends InvalidArgument {}
+/** INVALID_ARGUMENT: The token's ttl is negative or longer than the server's preview_max_ttl. */
+export declare class PreviewTtlInvalidError extends InvalidArgument {}
+/** PERMISSION_DENIED: A public preview needs the operator's preview_public grant for the tenant. */
+export declare class PreviewPublicNotAllowedError extends PermissionDenied {}
+/** NOT_FOUND: The session has not published that port. */
+export declare class PortNotPublishedError extends NotFound {}
+/** RESOURCE_EXHAUSTED: The session already publishes preview_max_ports ports. */
+export declare class PreviewPortsQuotaError extends ResourceExhausted {}
 /** FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode 000), so no snapshot or export can carry it; refused before anything was stopped. Give it read permission (chmod u+r) and try again. */
 export declare class WorkspaceUnreadableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry. */
@@ -362,6 +374,12 @@ export type Reason =
   | 'IMAGE_PULL_FAILED'
   | 'SECRET_BINDING_INVALID'
   | 'SECRET_REF_NOT_FOUND'
+  | 'PREVIEWS_DISABLED'
+  | 'PREVIEW_PORT_INVALID'
+  | 'PREVIEW_TTL_INVALID'
+  | 'PREVIEW_PUBLIC_NOT_ALLOWED'
+  | 'PORT_NOT_PUBLISHED'
+  | 'PREVIEW_PORTS_QUOTA'
   | 'WORKSPACE_UNREADABLE'
   | 'WORKSPACE_NOT_ARCHIVABLE';
 

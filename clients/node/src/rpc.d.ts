@@ -351,6 +351,12 @@ export type ErrorReason =
   | 'ERROR_REASON_IMAGE_PULL_FAILED'
   | 'ERROR_REASON_SECRET_BINDING_INVALID'
   | 'ERROR_REASON_SECRET_REF_NOT_FOUND'
+  | 'ERROR_REASON_PREVIEWS_DISABLED'
+  | 'ERROR_REASON_PREVIEW_PORT_INVALID'
+  | 'ERROR_REASON_PREVIEW_TTL_INVALID'
+  | 'ERROR_REASON_PREVIEW_PUBLIC_NOT_ALLOWED'
+  | 'ERROR_REASON_PORT_NOT_PUBLISHED'
+  | 'ERROR_REASON_PREVIEW_PORTS_QUOTA'
   | 'ERROR_REASON_WORKSPACE_UNREADABLE'
   | 'ERROR_REASON_WORKSPACE_NOT_ARCHIVABLE';
 
@@ -612,6 +618,45 @@ export type Signal =
   | 'SIGNAL_SIGSTOP'
   | 'SIGNAL_SIGWINCH';
 
+export interface Preview {
+  port: number;
+  url: string;
+  path_url: string;
+  token: string;
+  expires_at: Timestamp | null;
+  public: boolean;
+}
+
+export interface PublishPortRequest {
+  session_id: string;
+  port: number;
+  ttl: Duration | null;
+  public: boolean;
+}
+
+export interface PublishPortResponse {
+  preview: Preview | null;
+}
+
+export interface UnpublishPortRequest {
+  session_id: string;
+  port: number;
+}
+
+export interface UnpublishPortResponse {
+}
+
+export interface ListPortsRequest {
+  session_id: string;
+  page_size: number;
+  page_token: string;
+}
+
+export interface ListPortsResponse {
+  previews: Preview[];
+  next_page_token: string;
+}
+
 /** sandboxd.v1.ProcessService: SandboxClient.processes. */
 export interface ProcessServiceClient {
   exec(request: Init<ExecRequest>, options?: CallOptions): AsyncGenerator<ExecResponse, void, undefined>;
@@ -839,6 +884,9 @@ export interface SessionServiceClient {
   watchSession(request: Init<WatchSessionRequest>, options?: CallOptions): AsyncGenerator<WatchSessionResponse, void, undefined>;
   watchSessions(request: Init<WatchSessionsRequest>, options?: CallOptions): AsyncGenerator<WatchSessionsResponse, void, undefined>;
   getSessionStats(request: Init<GetSessionStatsRequest>, options?: CallOptions): Promise<GetSessionStatsResponse>;
+  publishPort(request: Init<PublishPortRequest>, options?: CallOptions): Promise<PublishPortResponse>;
+  unpublishPort(request: Init<UnpublishPortRequest>, options?: CallOptions): Promise<UnpublishPortResponse>;
+  listPorts(request: Init<ListPortsRequest>, options?: CallOptions): Promise<ListPortsResponse>;
 }
 
 export type SessionState =

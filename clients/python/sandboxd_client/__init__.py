@@ -40,6 +40,7 @@ from sandboxd_client.models import (
     StateReason,
     SweepResult,
 )
+from sandboxd_client.previews import Preview
 from sandboxd_client.session import Session
 from sandboxd_client.templates import BuildLogLine, Template
 from sandboxd_client.watch import SessionEvent, SessionStats
@@ -50,6 +51,7 @@ __all__ = [
     "AuditEvent",
     "SessionEvent",
     "SessionStats",
+    "Preview",
     "BuildLogLine",
     "Template",
     "ImageInfo",

@@ -105,8 +105,10 @@ class EgressManager:
         protected: Protected | None = None,
         private_networks_granted: Callable[[str], bool] = lambda tenant: False,
         secrets: SecretsSetup | None = None,
+        local_engine: bool = True,
     ) -> None:
         self._engine = engine
+        self._local_engine = local_engine
         self._secrets = secrets or SecretsSetup()
         self._helper = HelperClient(engine)
         self._on_decision = on_decision
@@ -125,6 +127,13 @@ class EgressManager:
         self.filter_problem = ""
 
     async def __aenter__(self) -> EgressManager:
+        if not self._local_engine:
+            # Each proxy listens on its session network's gateway, an address of the engine's
+            # host, and the filter is this host's iptables: neither exists for a remote engine
+            # (egress moves onto the agent's channel, which needs neither).
+            self.filter_problem = "the Docker engine is remote (tcp://)"
+            log.warning("egress: %s; ALLOWLIST sessions are refused", self.filter_problem)
+            return self
         ok, problem = await firewall.available()
         if ok:
             self.filter_mode = FilterMode.IPTABLES
@@ -153,6 +162,13 @@ class EgressManager:
         self._resolver.close()
 
     def require_available(self) -> None:
+        if not self._local_engine:
+            raise FailedPrecondition(
+                "network.mode ALLOWLIST needs a local Docker engine for now: its proxy listens "
+                "on the session network's gateway on the engine's host, and this server's "
+                "engine is remote (tcp://)",
+                reason=Reason.EGRESS_UNAVAILABLE,
+            )
         if self.filter_mode is FilterMode.UNAVAILABLE:
             raise FailedPrecondition(
                 "network.mode ALLOWLIST needs a host filter (iptables) this server cannot "

@@ -29,6 +29,7 @@ from sandboxd.engine import compat, docker_build, docker_pull, docker_stats
 from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_exec import DockerExecStream
 from sandboxd.engine.docker_profile import conforms, container_config
+from sandboxd.engine.docker_tls import EngineAddress, engine_address
 from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
     ImageDetails,
@@ -63,34 +64,36 @@ class DockerEngine:
         keeper_user: str,
         on_error: Callable[[str], None] | None = None,
         gvisor_runtime: str = "runsc",
+        address: EngineAddress | None = None,
     ) -> None:
         # The engine runtime of each tier: HostConfig.Runtime of every sandbox says which.
         self._runtimes = {Isolation.RUNC: "runc", Isolation.GVISOR: gvisor_runtime}
         self._helper = HelperVolume(helper_path)  # mounted read-only in every sandbox
         self._keeper_user = keeper_user
         self._on_error = on_error  # told the kind of every engine failure (metrics)
-        self._docker_host = docker_host
-        self._local = not docker_host or docker_host.startswith("unix://")
+        # tcp:// with TLS: the checked address the server built from its settings (docker_tls).
+        self._address = address or engine_address(docker_host)
+        self._local = self._address.local
         self._pool_size = pool_size
         self._docker: aiodocker.Docker | None = None
         self.api_version = ""
 
     async def __aenter__(self) -> DockerEngine:
         compat.check_versions()
-        # config.load_config already folded DOCKER_HOST in; empty means the local socket.
-        host = self._docker_host or "unix:///var/run/docker.sock"
-        connector: aiohttp.BaseConnector | None = None
-        if host.startswith("unix://"):
-            # Every open exec stream holds one connection: size the pool for many.
-            connector = aiohttp.UnixConnector(host[len("unix://") :], limit=self._pool_size)
+        # One long-lived client; every open exec stream holds one connection: size the pool.
+        address = self._address
+        connector: aiohttp.BaseConnector = (
+            aiohttp.UnixConnector(address.socket_path, limit=self._pool_size)
+            if address.socket_path
+            else aiohttp.TCPConnector(ssl=address.tls or True, limit=self._pool_size)
+        )
         self._connector = connector
-        # With our own unix connector aiodocker needs a dummy host for URL composition: given
-        # the unix:// address itself it builds "unix:/path/version", which aiohttp refuses.
-        url = "unix://localhost" if connector is not None else host
-        self._docker = aiodocker.Docker(url=url, connector=connector, timeout=_ENGINE_TIMEOUT)
-        if connector is None:
-            # tcp://: let aiodocker build its TLS-aware connector, then widen its pool.
-            compat.widen_pool(self._docker.session.connector, self._pool_size)
+        # Given our own connector aiodocker only composes URLs from this one: a dummy host for a
+        # unix socket (given the unix:// address it builds "unix:/path/version", which aiohttp
+        # refuses), https:// for a TLS engine.
+        self._docker = aiodocker.Docker(
+            url=address.url, connector=connector, timeout=_ENGINE_TIMEOUT
+        )
         return self
 
     async def __aexit__(
@@ -101,8 +104,7 @@ class DockerEngine:
     ) -> None:
         if self._docker is not None:
             await self._docker.close()
-        if self._connector is not None:
-            await self._connector.close()
+        await self._connector.close()
 
     @property
     def docker(self) -> aiodocker.Docker:

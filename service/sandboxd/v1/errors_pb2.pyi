@@ -287,6 +287,18 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     ERROR_REASON_SECRET_REF_NOT_FOUND: _ErrorReason.ValueType  # 201
     """INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant."""
+    ERROR_REASON_PREVIEWS_DISABLED: _ErrorReason.ValueType  # 240
+    """FAILED_PRECONDITION: The server serves no previews (set preview_listen)."""
+    ERROR_REASON_PREVIEW_PORT_INVALID: _ErrorReason.ValueType  # 241
+    """INVALID_ARGUMENT: The port is not 1-65535."""
+    ERROR_REASON_PREVIEW_TTL_INVALID: _ErrorReason.ValueType  # 242
+    """INVALID_ARGUMENT: The token's ttl is negative or longer than the server's preview_max_ttl."""
+    ERROR_REASON_PREVIEW_PUBLIC_NOT_ALLOWED: _ErrorReason.ValueType  # 243
+    """PERMISSION_DENIED: A public preview needs the operator's preview_public grant for the tenant."""
+    ERROR_REASON_PORT_NOT_PUBLISHED: _ErrorReason.ValueType  # 244
+    """NOT_FOUND: The session has not published that port."""
+    ERROR_REASON_PREVIEW_PORTS_QUOTA: _ErrorReason.ValueType  # 245
+    """RESOURCE_EXHAUSTED: The session already publishes preview_max_ports ports."""
     ERROR_REASON_WORKSPACE_UNREADABLE: _ErrorReason.ValueType  # 100
     """FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode
     000), so no snapshot or export can carry it; refused before anything was stopped. Give it
@@ -572,6 +584,18 @@ template), or names a secret a live update cannot add.
 """
 ERROR_REASON_SECRET_REF_NOT_FOUND: ErrorReason.ValueType  # 201
 """INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant."""
+ERROR_REASON_PREVIEWS_DISABLED: ErrorReason.ValueType  # 240
+"""FAILED_PRECONDITION: The server serves no previews (set preview_listen)."""
+ERROR_REASON_PREVIEW_PORT_INVALID: ErrorReason.ValueType  # 241
+"""INVALID_ARGUMENT: The port is not 1-65535."""
+ERROR_REASON_PREVIEW_TTL_INVALID: ErrorReason.ValueType  # 242
+"""INVALID_ARGUMENT: The token's ttl is negative or longer than the server's preview_max_ttl."""
+ERROR_REASON_PREVIEW_PUBLIC_NOT_ALLOWED: ErrorReason.ValueType  # 243
+"""PERMISSION_DENIED: A public preview needs the operator's preview_public grant for the tenant."""
+ERROR_REASON_PORT_NOT_PUBLISHED: ErrorReason.ValueType  # 244
+"""NOT_FOUND: The session has not published that port."""
+ERROR_REASON_PREVIEW_PORTS_QUOTA: ErrorReason.ValueType  # 245
+"""RESOURCE_EXHAUSTED: The session already publishes preview_max_ports ports."""
 ERROR_REASON_WORKSPACE_UNREADABLE: ErrorReason.ValueType  # 100
 """FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode
 000), so no snapshot or export can carry it; refused before anything was stopped. Give it
