@@ -15,16 +15,19 @@ from sandboxd.agent.streams import AgentStream
 def exec_request(
     argv: Sequence[str],
     *,
+    base_env: Mapping[str, str],
     env: Mapping[str, str] | None,
     workdir: str | None,
     stdin: bool,
     tty: bool,
 ) -> dict[str, Any]:
-    """The OPEN `exec` request of docs/agent.md. A tty starts at 24x80, as `docker exec`'s
-    does until its first resize."""
+    """The OPEN `exec` request of docs/agent.md, with what `docker exec` gives a command: the
+    container's environment (`base_env`) overridden by `env`, the working directory `/` unless
+    told, and a tty of 24x80 until its first resize. (The agent runs a command with exactly
+    the `env` it is given.)"""
     return {
         "argv": list(argv),
-        "env": dict(env or {}),
+        "env": {**base_env, **(env or {})},
         "cwd": workdir or "/",
         "stdin": stdin,
         "tty": {"rows": 24, "cols": 80} if tty else None,
@@ -33,9 +36,9 @@ def exec_request(
 
 
 def exit_status(exit_doc: Mapping[str, Any]) -> int:
-    """EXIT as a shell (and `docker exec`) reports it: 128 + the signal that ended it."""
-    sig = exit_doc.get("signal")
-    return 128 + int(sig) if isinstance(sig, int) else int(exit_doc["exit_code"])
+    """EXIT's `exit_code` is already what a shell (and `docker exec`) reports: 128 + N when
+    signal N ended the process."""
+    return int(exit_doc["exit_code"])
 
 
 class AgentExec:

@@ -39,6 +39,7 @@ class Attached:
 
     transport: Transport
     user: str
+    env: Mapping[str, str] = field(default_factory=dict)  # the container's (docker exec's base)
 
 
 class AgentPort(Protocol):
@@ -56,6 +57,7 @@ class AgentPort(Protocol):
 class _Entry:
     channel: Channel
     user: str
+    env: Mapping[str, str]
     rescuing: asyncio.Task[None] | None = None
     rescued_at: float = 0.0
     execs: set[str] = field(default_factory=set)
@@ -116,7 +118,7 @@ class AgentRouter:
                 resend_s=s.resend_s,
                 on_lost=lambda ch, why: self._lost(sandbox_id, ch, why),
             )
-            entry = _Entry(channel, attached.user)
+            entry = _Entry(channel, attached.user, attached.env)
             self._entries[sandbox_id] = entry
             try:
                 hello = await channel.start()
@@ -217,13 +219,14 @@ class AgentRouter:
         stdin: bool,
         tty: bool,
     ) -> AsyncIterator[AgentExec]:
-        request = exec_request(argv, env=env, workdir=workdir, stdin=stdin, tty=tty)
+        entry = self._entries.get(sandbox_id)
+        base = entry.env if entry is not None else {}
+        request = exec_request(argv, base_env=base, env=env, workdir=workdir, stdin=stdin, tty=tty)
         stream = await channel.open("exec", request)
         opened = stream.opened.result()
         pid = opened.get("pid")
         exec_id = f"agent-{sandbox_id[:12]}-{next(self._ids)}"
         handle = AgentExec(channel, stream, exec_id, pid if isinstance(pid, int) else 0)
-        entry = self._entries.get(sandbox_id)
         if entry is not None:
             entry.execs.add(exec_id)
         self._execs[exec_id] = handle

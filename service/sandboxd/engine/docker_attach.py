@@ -75,8 +75,11 @@ class DockerAgentPort:
             info = await container.show()
             stream = container.attach(stdin=True, stdout=True, stderr=True, logs=False)
             await compat.start_stream(stream)
-        user = str((info.get("Config") or {}).get("User") or "")
-        return Attached(AttachTransport(stream, sandbox_id[:12]), user)
+        config = info.get("Config") or {}
+        env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+        return Attached(
+            AttachTransport(stream, sandbox_id[:12]), str(config.get("User") or ""), env
+        )
 
     async def rescue(self, sandbox_id: str, user: str) -> str:
         """`kill -KILL -1` as the sandbox user through `docker exec` (every process of that
