@@ -173,10 +173,12 @@ class Channel:
 
     # ----- epochs --------------------------------------------------------------------------
 
-    def _new_epoch(self, error: SandboxError) -> None:
+    def _new_epoch(self, error: SandboxError, goaway: bytes = b"") -> None:
         self.epoch += 1
         self._fail_streams(error)
         self._writer.clear()
+        if goaway:
+            self._send_now(goaway)
         self._next_id = 1
         self._peer_last_id = 0
         self._nonce = secrets.token_hex(16)
@@ -232,12 +234,8 @@ class Channel:
         if len(self._epoch_errors) > EPOCH_ERRORS_PER_MINUTE:
             self._end(State.LOST, f"protocol errors in a row ({why})")
             return
-        with contextlib.suppress(WriterOverflow):
-            self._writer.clear()
-            self._writer.send_now(
-                frames.encode_json(FrameType.GOAWAY, 0, {"error": "PROTOCOL", "message": why})
-            )
-        self._new_epoch(agent_restarted(f"the agent broke the channel protocol: {why}"))
+        goaway = frames.encode_json(FrameType.GOAWAY, 0, {"error": "PROTOCOL", "message": why})
+        self._new_epoch(agent_restarted(f"the agent broke the channel protocol: {why}"), goaway)
 
     def _end(self, state: State, why: str, *, notify: bool = True) -> None:
         if self.state in (State.CLOSED, State.LOST) and state is not State.CLOSED:
