@@ -49,7 +49,7 @@
 /* For walking trees we own: a symlink must never be traversed at all. */
 #define RES_NOSYM (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
 
-static const char *g_root = "/workspace";
+const char *g_root = "/workspace";
 static int g_rootfd = -1;
 
 /* ------------------------------------------------------------------ */
@@ -82,14 +82,14 @@ static ssize_t read_retry(int fd, void *p, size_t n)
 }
 
 /* Out of memory: nothing sane left to do, but keep the protocol intact. */
-static void oom(void)
+void oom(void)
 {
 	static const char msg[] = "{\"error\":\"EIO\",\"message\":\"out of memory\"}\n";
 	(void)!write(2, msg, sizeof msg - 1);
 	_exit(1);
 }
 
-static void *xmalloc(size_t n)
+void *xmalloc(size_t n)
 {
 	void *p = malloc(n ? n : 1);
 	if (!p)
@@ -105,12 +105,7 @@ static char *xstrdup(const char *s)
 	return p;
 }
 
-struct buf {
-	char *p;
-	size_t len, cap;
-};
-
-static void buf_add(struct buf *b, const char *s, size_t n)
+void buf_add(struct buf *b, const char *s, size_t n)
 {
 	if (b->len + n + 1 > b->cap) {
 		size_t nc = b->cap ? b->cap : 256;
@@ -127,13 +122,12 @@ static void buf_add(struct buf *b, const char *s, size_t n)
 	b->p[b->len] = '\0';
 }
 
-static void buf_puts(struct buf *b, const char *s)
+void buf_puts(struct buf *b, const char *s)
 {
 	buf_add(b, s, strlen(s));
 }
 
-__attribute__((format(printf, 2, 3)))
-static void buf_printf(struct buf *b, const char *fmt, ...)
+void buf_printf(struct buf *b, const char *fmt, ...)
 {
 	char tmp[128];
 	va_list ap;
@@ -182,7 +176,7 @@ static size_t utf8_len(const unsigned char *s, size_t n)
 
 /* File names are arbitrary bytes; JSON must be valid UTF-8, so each bad
  * byte becomes U+FFFD (lossy, but never produces unparsable output). */
-static void buf_json_str(struct buf *b, const char *str, size_t n)
+void buf_json_str(struct buf *b, const char *str, size_t n)
 {
 	const unsigned char *s = (const unsigned char *)str;
 	buf_add(b, "\"", 1);
@@ -2608,7 +2602,7 @@ int main(int argc, char **argv)
 		i += 2;
 	}
 	if (i >= argc)
-		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|move|status|idle ...");
+		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|move|status|idle|agent ...");
 	const char *sub = argv[i++];
 	int rest = argc - i;
 	char **rv = argv + i;
@@ -2622,7 +2616,7 @@ int main(int argc, char **argv)
 		{"list", cmd_list},   {"remove", cmd_remove}, {"mkdir", cmd_mkdir},
 		{"idle", cmd_idle},   {"merge", cmd_merge}, {"reap", cmd_reap},
 		{"chmod", cmd_chmod}, {"status", cmd_status},
-		{"move", cmd_move},
+		{"move", cmd_move},   {"agent", cmd_agent},
 	};
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(sub, cmds[k].name))

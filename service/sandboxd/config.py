@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd.config_sections import (
+    AgentSection,
     ArchiveSection,
     AuditSection,
     EgressSection,
@@ -75,6 +76,7 @@ class Config:
     templates: TemplatesSection = field(default_factory=TemplatesSection)
     audit: AuditSection = field(default_factory=AuditSection)
     events: EventsSection = field(default_factory=EventsSection)
+    agent: AgentSection = field(default_factory=AgentSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.

@@ -432,3 +432,34 @@ class EventsSection:
         hi=100_000,
         flat="events_window",
     )
+
+
+@dataclass(frozen=True)
+class AgentSection:
+    """The in-sandbox agent and its channel (docs/agent.md)."""
+
+    enabled: bool = setting(
+        True,
+        BOOL,
+        "run commands through each sandbox's agent (off: docker exec and an idle keeper)",
+        flat="agent",
+    )
+    keepalive_s: float = setting(
+        5.0, DURATION, "agent channel keepalive period", lo=0.1, hi=300, flat="agent_keepalive"
+    )
+    handshake_s: float = setting(
+        10.0,
+        DURATION,
+        "how long an agent may take to answer a new channel epoch",
+        lo=0.5,
+        hi=300,
+        flat="agent_handshake",
+    )
+    window: int = setting(
+        262144,
+        SIZE,
+        "flow-control window of each agent stream, per direction",
+        lo=4096,
+        hi=16 * MiB,
+        flat="agent_window",
+    )

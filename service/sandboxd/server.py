@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from sandboxd import tenancy
+from sandboxd.agent.router import agent_settings
 from sandboxd.api.admin_service import AdminService
 from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.api.audit_service import AuditService
@@ -196,6 +197,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 keeper_user=config.engine.keeper_user,
                 on_error=metrics.engine_error,
                 gvisor_runtime=config.isolation.gvisor_runtime,
+                agent=agent_settings(config),
             )
         )
         audit_store = (

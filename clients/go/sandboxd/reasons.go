@@ -260,6 +260,12 @@ var (
 	ErrWorkspaceUnreadable = &Error{Code: codes.FailedPrecondition, Reason: "WORKSPACE_UNREADABLE"}
 	// ErrWorkspaceNotArchivable: FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry.
 	ErrWorkspaceNotArchivable = &Error{Code: codes.FailedPrecondition, Reason: "WORKSPACE_NOT_ARCHIVABLE"}
+	// ErrAgentUnavailable: UNAVAILABLE, retryable: The session's in-sandbox agent does not answer on its channel (no handshake within 10 s, or its keepalive was lost); the server is rescuing it (everything of the sandbox user killed, the agent woken and a new channel epoch begun). Retry shortly.
+	ErrAgentUnavailable = &Error{Code: codes.Unavailable, Reason: "AGENT_UNAVAILABLE"}
+	// ErrAgentRestarted: UNAVAILABLE, retryable: The channel to the session's agent was re-established while this call ran (keepalive lost, a protocol error, a server restart): the command or transfer of this call was ended and its remaining output is lost. Other sessions are unaffected.
+	ErrAgentRestarted = &Error{Code: codes.Unavailable, Reason: "AGENT_RESTARTED"}
+	// ErrAgentProtocolError: INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed or unexpected frame); the stream was reset, the rest of the session is unaffected.
+	ErrAgentProtocolError = &Error{Code: codes.Internal, Reason: "AGENT_PROTOCOL_ERROR"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -391,4 +397,7 @@ var Reasons = map[string]ReasonInfo{
 	"SECRET_REF_NOT_FOUND":          {codes.InvalidArgument, false, ErrSecretRefNotFound},
 	"WORKSPACE_UNREADABLE":          {codes.FailedPrecondition, false, ErrWorkspaceUnreadable},
 	"WORKSPACE_NOT_ARCHIVABLE":      {codes.FailedPrecondition, false, ErrWorkspaceNotArchivable},
+	"AGENT_UNAVAILABLE":             {codes.Unavailable, true, ErrAgentUnavailable},
+	"AGENT_RESTARTED":               {codes.Unavailable, true, ErrAgentRestarted},
+	"AGENT_PROTOCOL_ERROR":          {codes.Internal, false, ErrAgentProtocolError},
 }

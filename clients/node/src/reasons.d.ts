@@ -235,6 +235,12 @@ export declare class SecretRefNotFoundError extends InvalidArgument {}
 export declare class WorkspaceUnreadableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry. */
 export declare class WorkspaceNotArchivableError extends FailedPrecondition {}
+/** UNAVAILABLE, retryable: The session's in-sandbox agent does not answer on its channel (no handshake within 10 s, or its keepalive was lost); the server is rescuing it (everything of the sandbox user killed, the agent woken and a new channel epoch begun). Retry shortly. */
+export declare class AgentUnavailableError extends Unavailable {}
+/** UNAVAILABLE, retryable: The channel to the session's agent was re-established while this call ran (keepalive lost, a protocol error, a server restart): the command or transfer of this call was ended and its remaining output is lost. Other sessions are unaffected. */
+export declare class AgentRestartedError extends Unavailable {}
+/** INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed or unexpected frame); the stream was reset, the rest of the session is unaffected. */
+export declare class AgentProtocolErrorError extends Internal {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -363,7 +369,10 @@ export type Reason =
   | 'SECRET_BINDING_INVALID'
   | 'SECRET_REF_NOT_FOUND'
   | 'WORKSPACE_UNREADABLE'
-  | 'WORKSPACE_NOT_ARCHIVABLE';
+  | 'WORKSPACE_NOT_ARCHIVABLE'
+  | 'AGENT_UNAVAILABLE'
+  | 'AGENT_RESTARTED'
+  | 'AGENT_PROTOCOL_ERROR';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

@@ -235,6 +235,12 @@ export class SecretRefNotFoundError extends InvalidArgument {}
 export class WorkspaceUnreadableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry. */
 export class WorkspaceNotArchivableError extends FailedPrecondition {}
+/** UNAVAILABLE, retryable: The session's in-sandbox agent does not answer on its channel (no handshake within 10 s, or its keepalive was lost); the server is rescuing it (everything of the sandbox user killed, the agent woken and a new channel epoch begun). Retry shortly. */
+export class AgentUnavailableError extends Unavailable {}
+/** UNAVAILABLE, retryable: The channel to the session's agent was re-established while this call ran (keepalive lost, a protocol error, a server restart): the command or transfer of this call was ended and its remaining output is lost. Other sessions are unaffected. */
+export class AgentRestartedError extends Unavailable {}
+/** INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed or unexpected frame); the stream was reset, the rest of the session is unaffected. */
+export class AgentProtocolErrorError extends Internal {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -365,4 +371,7 @@ export const REASONS = Object.freeze({
   SECRET_REF_NOT_FOUND: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretRefNotFoundError },
   WORKSPACE_UNREADABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: WorkspaceUnreadableError },
   WORKSPACE_NOT_ARCHIVABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: WorkspaceNotArchivableError },
+  AGENT_UNAVAILABLE: { code: 'UNAVAILABLE', retryable: true, error: AgentUnavailableError },
+  AGENT_RESTARTED: { code: 'UNAVAILABLE', retryable: true, error: AgentRestartedError },
+  AGENT_PROTOCOL_ERROR: { code: 'INTERNAL', retryable: false, error: AgentProtocolErrorError },
 });

@@ -25,12 +25,15 @@ from aiodocker.containers import DockerContainer
 from aiodocker.execs import Exec
 
 from sandboxd import images
+from sandboxd.agent.router import AgentRouter, ChannelSettings
 from sandboxd.engine import compat, docker_build, docker_pull, docker_stats
+from sandboxd.engine.docker_attach import DockerAgentPort
 from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_exec import DockerExecStream
 from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
+    ExecStream,
     ImageDetails,
     NetworkAddress,
     NetworkInfo,
@@ -63,6 +66,7 @@ class DockerEngine:
         keeper_user: str,
         on_error: Callable[[str], None] | None = None,
         gvisor_runtime: str = "runsc",
+        agent: ChannelSettings | None = None,
     ) -> None:
         # The engine runtime of each tier: HostConfig.Runtime of every sandbox says which.
         self._runtimes = {Isolation.RUNC: "runc", Isolation.GVISOR: gvisor_runtime}
@@ -74,6 +78,9 @@ class DockerEngine:
         self._pool_size = pool_size
         self._docker: aiodocker.Docker | None = None
         self.api_version = ""
+        # With an agent, every sandbox's main process is `sbx agent` and commands go over its
+        # channel (sandboxd.agent); without, the idle keeper and `docker exec`, as before.
+        self.agents = AgentRouter(DockerAgentPort(self), agent) if agent is not None else None
 
     async def __aenter__(self) -> DockerEngine:
         compat.check_versions()
@@ -99,6 +106,8 @@ class DockerEngine:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self.agents is not None:
+            await self.agents.close()
         if self._docker is not None:
             await self._docker.close()
         if self._connector is not None:
@@ -143,6 +152,7 @@ class DockerEngine:
             helper_volume=self._helper.name,
             keeper_user=self._keeper_user,
             runtime=self._runtimes[request.spec.isolation],
+            agent=self.agents is not None,
         )
 
     def sandbox_shape(self, request: SandboxRequest) -> str:
@@ -162,6 +172,8 @@ class DockerEngine:
         try:
             with self._translate(f"starting container {sandbox_id[:12]}"):
                 await self._container(sandbox_id).start()
+            if self.agents is not None:
+                await self.agents.open(sandbox_id)
         except BaseException:
             # A runsc start that failed may leave its gofer/sandbox processes on this host.
             if self._local:
@@ -173,6 +185,8 @@ class DockerEngine:
 
         Bounded: a removal that does not finish within REMOVE_TIMEOUT_S (a paused container on
         an engine that will not kill a frozen one) is retried once after an unpause."""
+        if self.agents is not None:
+            await self.agents.forget(sandbox_id)
         container = self._container(sandbox_id)
         try:
             with self._translate(f"removing container {sandbox_id[:12]}"):
@@ -241,11 +255,38 @@ class DockerEngine:
         workdir: str | None = None,
         stdin: bool = False,
         tty: bool = False,
-    ) -> AsyncIterator[DockerExecStream]:
+    ) -> AsyncIterator[ExecStream]:
         """Start a command in the container and yield its stream; closed on exit.
 
-        With `tty` the command gets a terminal: its output arrives as one stream (fd 1).
+        Over the sandbox's agent channel when it has one and the agent runs as `user`; else
+        (and in the rescue path) a `docker exec`. With `tty` the command gets a terminal: its
+        output arrives as one stream (fd 1).
         """
+        channel = await self.agents.serves(container_id, user) if self.agents else None
+        if self.agents is not None and channel is not None:
+            async with self.agents.exec(
+                container_id, channel, argv, env=env, workdir=workdir, stdin=stdin, tty=tty
+            ) as agent_stream:
+                yield agent_stream
+            return
+        async with self.docker_exec(
+            container_id, argv, user=user, env=env, workdir=workdir, stdin=stdin, tty=tty
+        ) as stream:
+            yield stream
+
+    @contextlib.asynccontextmanager
+    async def docker_exec(
+        self,
+        container_id: str,
+        argv: Sequence[str],
+        *,
+        user: str,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        stdin: bool = False,
+        tty: bool = False,
+    ) -> AsyncIterator[DockerExecStream]:
+        """A `docker exec`: the path without an agent, and the rescue path."""
         with self._translate(f"exec in container {container_id[:12]}"):
             execution = await self._container(container_id).exec(
                 list(argv),
@@ -265,15 +306,22 @@ class DockerEngine:
 
     async def exec_resize(self, exec_id: str, rows: int, cols: int) -> None:
         """Set the terminal size of a running tty exec (the command gets SIGWINCH)."""
+        if self.agents is not None and self.agents.owns(exec_id):
+            self.agents.resize(exec_id, rows, cols)
+            return
         with self._translate(f"resizing exec {exec_id[:12]}"):
             await Exec(self.docker, exec_id).resize(h=rows, w=cols)
 
     async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
+        if self.agents is not None and self.agents.owns(exec_id):
+            return self.agents.inspect(exec_id)
         with self._translate(f"inspecting exec {exec_id[:12]}"):
             return dict(await Exec(self.docker, exec_id).inspect())
 
     def _translate(self, what: str) -> contextlib.AbstractContextManager[None]:
         return translate_errors(what, self._on_error)
+
+    translate = _translate  # for the engine's own helpers (docker_attach)
 
     # ----- networks (the egress allowlist's per-session Internal networks) ---------------
 

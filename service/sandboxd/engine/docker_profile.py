@@ -35,13 +35,21 @@ _CHECKED = (
 
 
 def container_config(
-    request: SandboxRequest, *, helper_volume: str, keeper_user: str, runtime: str = "runc"
+    request: SandboxRequest,
+    *,
+    helper_volume: str,
+    keeper_user: str,
+    runtime: str = "runc",
+    agent: bool = True,
 ) -> dict[str, Any]:
-    """The create request; the main process idles as `keeper_user`, under the OCI `runtime`
-    of the session's isolation tier (runc, or runsc for gvisor).
+    """The create request, under the OCI `runtime` of the session's isolation tier (runc, or
+    runsc for gvisor).
 
-    The keeper runs under a uid different from the sandbox user, so `kill -9 -1` run by a
-    command cannot end the container (and with it the workspace tmpfs).
+    With `agent` the main process is the in-sandbox agent (docs/agent.md), as the session's
+    own uid:gid: PID 1 of the container (`Init` off), so the kernel drops the signals a
+    command sends it (`kill -9 -1` cannot end the container and its workspace tmpfs), with
+    stdin open for the server's channel. Without, it idles as `keeper_user`, a uid different
+    from the sandbox user's, behind Docker's init, and commands are `docker exec`s.
     """
     spec = request.spec
     limits = spec.limits
@@ -57,9 +65,9 @@ def container_config(
     config: dict[str, Any] = {
         # A resumed session runs the image it was created from, whatever the tag says now.
         "Image": spec.image_id or spec.image,
-        "Cmd": [HELPER_IN_CONTAINER, "idle"],
+        "Cmd": [HELPER_IN_CONTAINER, "agent" if agent else "idle"],
         "Entrypoint": [],
-        "User": keeper_user,
+        "User": spec.user if agent else keeper_user,
         "WorkingDir": "/",
         "Env": [
             f"{k}={v}" for k, v in {**base_env(spec), **trust.sandbox_env(spec.network)}.items()
@@ -67,11 +75,13 @@ def container_config(
         "Hostname": "sandbox",
         "Labels": labels,
         "NetworkDisabled": True,
-        "AttachStdin": False,
-        "AttachStdout": False,
-        "AttachStderr": False,
+        "AttachStdin": agent,
+        "AttachStdout": agent,
+        "AttachStderr": agent,
         "Tty": False,
-        "OpenStdin": False,
+        # The channel's pipe: kept open across attachments (a server restart re-attaches).
+        "OpenStdin": agent,
+        "StdinOnce": False,
         "StopSignal": "SIGKILL",
         # An image's HEALTHCHECK would run commands outside every supervisor (finding 12.8).
         "Healthcheck": images.HEALTHCHECK_OFF,
@@ -95,7 +105,7 @@ def container_config(
             "MemorySwap": limits.memory_bytes,
             "NanoCpus": limits.cpu_millis * 1_000_000,
             "PidsLimit": limits.pids,
-            "Init": True,
+            "Init": not agent,
             "IpcMode": "private",
             # The helper comes from a volume named after its content, never bound from the
             # server's own file: /proc/self/mountinfo would show the server host's path.

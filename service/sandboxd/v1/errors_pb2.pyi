@@ -297,6 +297,20 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     tar or a restore accepts...), so no snapshot or export can carry it; refused before
     anything was stopped. The message names the entry.
     """
+    ERROR_REASON_AGENT_UNAVAILABLE: _ErrorReason.ValueType  # 220
+    """UNAVAILABLE, retryable: The session's in-sandbox agent does not answer on its channel (no
+    handshake within 10 s, or its keepalive was lost); the server is rescuing it (everything of
+    the sandbox user killed, the agent woken and a new channel epoch begun). Retry shortly.
+    """
+    ERROR_REASON_AGENT_RESTARTED: _ErrorReason.ValueType  # 221
+    """UNAVAILABLE, retryable: The channel to the session's agent was re-established while this
+    call ran (keepalive lost, a protocol error, a server restart): the command or transfer of
+    this call was ended and its remaining output is lost. Other sessions are unaffected.
+    """
+    ERROR_REASON_AGENT_PROTOCOL_ERROR: _ErrorReason.ValueType  # 222
+    """INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed
+    or unexpected frame); the stream was reset, the rest of the session is unaffected.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -581,5 +595,19 @@ ERROR_REASON_WORKSPACE_NOT_ARCHIVABLE: ErrorReason.ValueType  # 101
 """FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than
 tar or a restore accepts...), so no snapshot or export can carry it; refused before
 anything was stopped. The message names the entry.
+"""
+ERROR_REASON_AGENT_UNAVAILABLE: ErrorReason.ValueType  # 220
+"""UNAVAILABLE, retryable: The session's in-sandbox agent does not answer on its channel (no
+handshake within 10 s, or its keepalive was lost); the server is rescuing it (everything of
+the sandbox user killed, the agent woken and a new channel epoch begun). Retry shortly.
+"""
+ERROR_REASON_AGENT_RESTARTED: ErrorReason.ValueType  # 221
+"""UNAVAILABLE, retryable: The channel to the session's agent was re-established while this
+call ran (keepalive lost, a protocol error, a server restart): the command or transfer of
+this call was ended and its remaining output is lost. Other sessions are unaffected.
+"""
+ERROR_REASON_AGENT_PROTOCOL_ERROR: ErrorReason.ValueType  # 222
+"""INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed
+or unexpected frame); the stream was reset, the rest of the session is unaffected.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -1,0 +1,100 @@
+"""The agent channel's pipe on Docker: the container's attached stdio (`Tty: false`, so the
+engine multiplexes stdout and stderr with its 8-byte headers), and the rescue path's
+`docker exec`.
+
+stdout carries the agent's frames; stderr is only its diagnostics, logged at debug and capped.
+Nothing of the server's file system is involved, so the same pipe works with a remote engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+import aiodocker
+import aiohttp
+from aiodocker.stream import Stream
+
+from sandboxd.agent.router import Attached
+from sandboxd.engine import compat
+
+if TYPE_CHECKING:
+    from sandboxd.engine.docker import DockerEngine
+
+log = logging.getLogger(__name__)
+
+STDERR_LOGGED = 64 * 1024  # of the agent's diagnostics per attachment
+RESCUE_TIMEOUT_S = 10.0
+
+
+class AttachTransport:
+    """One `POST /containers/{id}/attach` hijacked connection, as the channel's Transport."""
+
+    def __init__(self, stream: Stream, name: str) -> None:
+        self._stream = stream
+        self._name = name
+        self._stderr = 0
+
+    async def read(self) -> bytes | None:
+        while True:
+            try:
+                msg = await self._stream.read_out()
+            except (aiohttp.ClientError, OSError, aiodocker.DockerError) as exc:
+                log.info("agent pipe of %s ended: %s", self._name, exc)
+                return None
+            if msg is None:
+                return None
+            if msg.stream != 2:
+                return bytes(msg.data)
+            if self._stderr < STDERR_LOGGED:
+                text = msg.data[: STDERR_LOGGED - self._stderr]
+                self._stderr += len(text)
+                log.debug("agent %s: %s", self._name, text.decode(errors="replace").rstrip())
+
+    async def write(self, data: bytes) -> None:
+        try:
+            await self._stream.write_in(data)
+        except (aiohttp.ClientError, RuntimeError, AssertionError) as exc:
+            raise ConnectionError(f"the agent pipe of {self._name} is closed: {exc}") from exc
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._stream.close()
+
+
+class DockerAgentPort:
+    """The router's port on Docker (sandboxd.agent.router.AgentPort)."""
+
+    def __init__(self, engine: DockerEngine) -> None:
+        self._engine = engine
+
+    async def attach(self, sandbox_id: str) -> Attached:
+        container = self._engine.docker.containers.container(sandbox_id)
+        with self._engine.translate(f"attaching to container {sandbox_id[:12]}"):
+            info = await container.show()
+            stream = container.attach(stdin=True, stdout=True, stderr=True, logs=False)
+            await compat.start_stream(stream)
+        config = info.get("Config") or {}
+        env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+        return Attached(
+            AttachTransport(stream, sandbox_id[:12]), str(config.get("User") or ""), env
+        )
+
+    async def rescue(self, sandbox_id: str, user: str) -> str:
+        """`kill -KILL -1` as the sandbox user through `docker exec` (every process of that
+        user but the agent, which is PID 1 of the container and immune to signals from inside),
+        then SIGCONT to the agent from the engine (a stopped agent runs again)."""
+        done = []
+        with contextlib.suppress(Exception):
+            async with self._engine.docker_exec(
+                sandbox_id, ["/bin/sh", "-c", "kill -KILL -1"], user=user
+            ) as stream:
+                while await stream.read() is not None:
+                    pass
+                done.append(f"killed every process of {user} (exit {await stream.exit_code()})")
+        container = self._engine.docker.containers.container(sandbox_id)
+        with self._engine.translate(f"waking the agent of {sandbox_id[:12]}"):
+            await container.kill(signal="SIGCONT")
+        done.append("sent SIGCONT to the agent")
+        return ", ".join(done)
