@@ -180,15 +180,13 @@ class EgressSection:
     """The per-session egress proxy of ALLOWLIST sessions."""
 
     proxy_port: int = setting(
-        3128, INT, "egress proxy port on each session network's gateway", lo=1, hi=65535
+        3128,
+        INT,
+        "port the agent listens on for egress, on each ALLOWLIST sandbox's loopback",
+        lo=1,
+        hi=65535,
     )
     proxy_hosts: str = setting("", TEXT, "static egress name map name=address,... (before DNS)")
-    allow_unfiltered: bool = setting(
-        False,
-        BOOL,
-        "allow ALLOWLIST sessions when no iptables filter can be installed (weaker)",
-        flat="egress_allow_unfiltered",
-    )
     private_networks: str = setting(
         "deny",
         TEXT,

@@ -41,7 +41,7 @@ from sandboxd.audit import AuditLog, AuditStore, AuditWriter
 from sandboxd.audit.egress import background_exit, egress_sink, server_lifecycle
 from sandboxd.config import Config, listens_on_loopback
 from sandboxd.egress.addresses import Protected
-from sandboxd.egress.networks import EgressManager, parse_static_hosts
+from sandboxd.egress.manager import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
 from sandboxd.engine import DockerEngine, Engine
 from sandboxd.errors import ConfigError, SandboxError
@@ -189,7 +189,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
 
     async with AsyncExitStack() as stack:
         metrics = Metrics()
-        engine: Engine = await stack.enter_async_context(
+        docker = await stack.enter_async_context(
             DockerEngine(
                 config.engine.docker_host,
                 config.engine.docker_pool_size,
@@ -200,6 +200,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 agent=agent_settings(config),
             )
         )
+        engine: Engine = docker
         audit_store = (
             await stack.enter_async_context(AuditStore(config.server.data_dir / "audit.db"))
             if config.audit.enabled
@@ -224,13 +225,14 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         )
         pool = WarmPool.for_config(engine, config, owner_id, metrics)
         stack.push_async_callback(pool.close)  # after the gRPC server stopped, before the engine
-        # Proxies close before the engine; networks and host filters stay (fail closed).
+        # Proxies close before the engine. Sandboxes have no network: their agents carry egress
+        # over the channels to these proxies (docs/agent.md).
         egress = await stack.enter_async_context(
             EgressManager(
                 engine,
                 owner_id,
                 proxy_port=config.egress.proxy_port,
-                allow_unfiltered=config.egress.allow_unfiltered,
+                channels=docker.agents.open if docker.agents is not None else None,
                 on_decision=metrics.proxy_decision,
                 on_event=egress_sink(audit, hub),
                 resolver=Resolver(
@@ -247,6 +249,8 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 ),
             )
         )
+        if docker.agents is not None:
+            docker.agents.egress = egress  # the agents' egress streams go to these proxies
         executor = Executor(engine)
         stack.push_async_callback(executor.close)
         processes = ProcessManager(executor, on_exit=background_exit(audit, hub))

@@ -4,12 +4,8 @@ the container settings of an ALLOWLIST session."""
 from __future__ import annotations
 
 import pytest
-from sandboxd.egress.networks import (
-    SessionNetwork,
-    apply_to_container,
-    bridge_name,
-    parse_static_hosts,
-)
+from sandboxd.egress.manager import parse_static_hosts
+from sandboxd.engine.docker_profile import apply_to_container
 from sandboxd.egress.policy import DEFAULT_QUOTAS, MAX_QUOTAS, validate_policy
 from sandboxd.errors import ConfigError, InvalidArgument
 from sandboxd.models import NetworkMode, NetworkPolicy, ProxyQuotas
@@ -103,61 +99,14 @@ def test_container_settings() -> None:
         "NetworkDisabled": True,
         "HostConfig": {"NetworkMode": "none", "Memory": 1},
     }
-    net = SessionNetwork("sandboxd-net-o-s", "172.30.0.1", "http://172.30.0.1:3128")
-    out = apply_to_container(config, net)
-    assert out["NetworkDisabled"] is False
-    assert out["HostConfig"] == {
-        "NetworkMode": "sandboxd-net-o-s",
-        "Memory": 1,
-        "Dns": ["172.30.0.1"],
-    }
+    out = apply_to_container(config, 3128)
+    # No network of its own: loopback only, the agent's listener there is the proxy.
+    assert out["NetworkDisabled"] is True
+    assert out["HostConfig"] == {"NetworkMode": "none", "Memory": 1}
     env = dict(e.split("=", 1) for e in out["Env"])
-    assert env["HTTP_PROXY"] == env["https_proxy"] == "http://172.30.0.1:3128"
-    assert env["NO_PROXY"] == "localhost,127.0.0.1,::1"
+    assert env["HTTP_PROXY"] == env["https_proxy"] == "http://127.0.0.1:3128"
+    assert env["HTTPS_PROXY"] == env["http_proxy"] == "http://127.0.0.1:3128"
+    assert env["NO_PROXY"] == env["no_proxy"] == "localhost,127.0.0.1,::1"
     assert env["PATH"] == "/bin"
-    assert config["HostConfig"]["NetworkMode"] == "none"  # the input is not changed
-
-
-def test_bridge_names_fit_linux_interfaces() -> None:
-    name = bridge_name("o" * 64, "s" * 128)
-    assert len(name) <= 15 and name.startswith("sbx")
-    assert name == bridge_name("o" * 64, "s" * 128) != bridge_name("o", "s")
-
-
-def _private() -> NetworkPolicy:
-    return NetworkPolicy(
-        NetworkMode.ALLOWLIST,
-        allowed_domains=("up.test",),
-        allowed_ports=(443,),
-        allow_private_networks=True,
-    )
-
-
-def test_private_networks_need_the_operators_grant() -> None:
-    """Finding 12.3: a caller cannot switch the address checks off by itself."""
-    import contextvars
-
-    from sandboxd import tenancy
-    from sandboxd.errors import PermissionDenied
-
-    with pytest.raises(PermissionDenied) as excinfo:
-        validate_policy(_private())  # outside any call: nothing granted
-    assert excinfo.value.reason == "PRIVATE_NETWORKS_NOT_GRANTED"
-    with pytest.raises(PermissionDenied):
-        validate_policy(_private(), private_networks_granted=False)
-    assert validate_policy(_private(), private_networks_granted=True).allow_private_networks
-
-    def as_tenant(grants: tenancy.TenantGrants, server: str) -> NetworkPolicy:
-        tenancy.use_tenant("alpha", tenancy.resolved_grants(grants, server))
-        return validate_policy(_private())
-
-    granted = tenancy.TenantGrants(private_networks=True)
-    denied = tenancy.TenantGrants(private_networks=False)
-    assert contextvars.copy_context().run(as_tenant, tenancy.TenantGrants(), "allow")
-    assert contextvars.copy_context().run(as_tenant, granted, "deny")
-    for grants, server in ((tenancy.TenantGrants(), "deny"), (denied, "allow")):
-        with pytest.raises(PermissionDenied):
-            contextvars.copy_context().run(as_tenant, grants, server)
-    # not asking needs no grant
-    plain = NetworkPolicy(NetworkMode.ALLOWLIST, allowed_domains=("a.test",), allowed_ports=(1,))
-    assert not validate_policy(plain).allow_private_networks
+    assert "HTTP_PROXY=http://evil" not in out["Env"]
+    assert config["Env"] == ["PATH=/bin", "HTTP_PROXY=http://evil"]  # the input is not changed

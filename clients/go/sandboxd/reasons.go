@@ -80,7 +80,7 @@ var (
 	ErrNetworkModeFixed = &Error{Code: codes.FailedPrecondition, Reason: "NETWORK_MODE_FIXED"}
 	// ErrNetworkPolicyInvalid: INVALID_ARGUMENT: The network policy (domains, ports, quotas) is malformed.
 	ErrNetworkPolicyInvalid = &Error{Code: codes.InvalidArgument, Reason: "NETWORK_POLICY_INVALID"}
-	// ErrEgressUnavailable: FAILED_PRECONDITION: ALLOWLIST networking needs a host filter this server cannot install.
+	// ErrEgressUnavailable: FAILED_PRECONDITION: ALLOWLIST networking needs the in-sandbox agent, which carries egress over its channel; this server runs with the agent off.
 	ErrEgressUnavailable = &Error{Code: codes.FailedPrecondition, Reason: "EGRESS_UNAVAILABLE"}
 	// ErrTenantSessionQuota: RESOURCE_EXHAUSTED: The tenant has as many live sessions as it may.
 	ErrTenantSessionQuota = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_SESSION_QUOTA"}
@@ -218,7 +218,7 @@ var (
 	ErrIsolationUnavailable = &Error{Code: codes.FailedPrecondition, Reason: "ISOLATION_UNAVAILABLE"}
 	// ErrIsolationNotAllowed: FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed).
 	ErrIsolationNotAllowed = &Error{Code: codes.FailedPrecondition, Reason: "ISOLATION_NOT_ALLOWED"}
-	// ErrIsolationNetworkUnsupported: FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
+	// ErrIsolationNetworkUnsupported: FAILED_PRECONDITION: No longer sent: ALLOWLIST networking works under every isolation tier (egress goes over the agent's channel). Older servers refused it under gvisor.
 	ErrIsolationNetworkUnsupported = &Error{Code: codes.FailedPrecondition, Reason: "ISOLATION_NETWORK_UNSUPPORTED"}
 	// ErrTemplateNotFound: NOT_FOUND: No template of that name (built-in: busybox, python).
 	ErrTemplateNotFound = &Error{Code: codes.NotFound, Reason: "TEMPLATE_NOT_FOUND"}

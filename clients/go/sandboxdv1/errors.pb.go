@@ -104,7 +104,8 @@ const (
 	ErrorReason_ERROR_REASON_NETWORK_MODE_FIXED ErrorReason = 36
 	// INVALID_ARGUMENT: The network policy (domains, ports, quotas) is malformed.
 	ErrorReason_ERROR_REASON_NETWORK_POLICY_INVALID ErrorReason = 37
-	// FAILED_PRECONDITION: ALLOWLIST networking needs a host filter this server cannot install.
+	// FAILED_PRECONDITION: ALLOWLIST networking needs the in-sandbox agent, which carries egress
+	// over its channel; this server runs with the agent off.
 	ErrorReason_ERROR_REASON_EGRESS_UNAVAILABLE ErrorReason = 38
 	// RESOURCE_EXHAUSTED: The tenant has as many live sessions as it may.
 	ErrorReason_ERROR_REASON_TENANT_SESSION_QUOTA ErrorReason = 39
@@ -245,8 +246,8 @@ const (
 	ErrorReason_ERROR_REASON_ISOLATION_UNAVAILABLE ErrorReason = 120
 	// FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed).
 	ErrorReason_ERROR_REASON_ISOLATION_NOT_ALLOWED ErrorReason = 121
-	// FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its
-	// sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
+	// FAILED_PRECONDITION: No longer sent: ALLOWLIST networking works under every isolation tier
+	// (egress goes over the agent's channel). Older servers refused it under gvisor.
 	ErrorReason_ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED ErrorReason = 122
 	// NOT_FOUND: No template of that name (built-in: busybox, python).
 	ErrorReason_ERROR_REASON_TEMPLATE_NOT_FOUND ErrorReason = 123

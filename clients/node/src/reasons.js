@@ -55,7 +55,7 @@ export class NetworkModeUnsupportedError extends InvalidArgument {}
 export class NetworkModeFixedError extends FailedPrecondition {}
 /** INVALID_ARGUMENT: The network policy (domains, ports, quotas) is malformed. */
 export class NetworkPolicyInvalidError extends InvalidArgument {}
-/** FAILED_PRECONDITION: ALLOWLIST networking needs a host filter this server cannot install. */
+/** FAILED_PRECONDITION: ALLOWLIST networking needs the in-sandbox agent, which carries egress over its channel; this server runs with the agent off. */
 export class EgressUnavailableError extends FailedPrecondition {}
 /** RESOURCE_EXHAUSTED: The tenant has as many live sessions as it may. */
 export class TenantSessionQuotaError extends ResourceExhausted {}
@@ -193,7 +193,7 @@ export class InvalidExpiryActionError extends InvalidArgument {}
 export class IsolationUnavailableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed). */
 export class IsolationNotAllowedError extends FailedPrecondition {}
-/** FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY. */
+/** FAILED_PRECONDITION: No longer sent: ALLOWLIST networking works under every isolation tier (egress goes over the agent's channel). Older servers refused it under gvisor. */
 export class IsolationNetworkUnsupportedError extends FailedPrecondition {}
 /** NOT_FOUND: No template of that name (built-in: busybox, python). */
 export class TemplateNotFoundError extends NotFound {}

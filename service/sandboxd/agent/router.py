@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sandboxd.agent.channel import Channel, State
+from sandboxd.agent.egress_route import EgressEndpoints, egress_port, peer_open_handler
 from sandboxd.agent.exec_stream import AgentExec, exec_request
 from sandboxd.agent.streams import agent_unavailable
 from sandboxd.agent.transport import Transport
@@ -40,6 +41,7 @@ class Attached:
     transport: Transport
     user: str
     env: Mapping[str, str] = field(default_factory=dict)  # the container's (docker exec's base)
+    session_id: str = ""  # the session the server labelled the container with (egress)
 
 
 class AgentPort(Protocol):
@@ -94,6 +96,7 @@ class AgentRouter:
         self._ended: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.egress: EgressEndpoints | None = None  # the server's proxies (set once, at start)
 
     # ----- channels ------------------------------------------------------------------------
 
@@ -117,6 +120,8 @@ class AgentRouter:
                 handshake_s=s.handshake_s,
                 resend_s=s.resend_s,
                 on_lost=lambda ch, why: self._lost(sandbox_id, ch, why),
+                egress_port=egress_port(self.egress, attached.session_id),
+                on_peer_open=peer_open_handler(self.egress, attached.session_id),
             )
             entry = _Entry(channel, attached.user, attached.env)
             self._entries[sandbox_id] = entry

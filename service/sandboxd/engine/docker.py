@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import ipaddress
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -35,8 +34,6 @@ from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
     ExecStream,
     ImageDetails,
-    NetworkAddress,
-    NetworkInfo,
     PullProgress,
     SandboxInfo,
     SandboxRequest,
@@ -44,7 +41,7 @@ from sandboxd.engine.protocol import (
     SandboxStatus,
 )
 from sandboxd.engine.runsc_leftovers import end_leftovers
-from sandboxd.errors import FailedPrecondition, Internal, NotFound
+from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 
@@ -322,67 +319,6 @@ class DockerEngine:
         return translate_errors(what, self._on_error)
 
     translate = _translate  # for the engine's own helpers (docker_attach)
-
-    # ----- networks (the egress allowlist's per-session Internal networks) ---------------
-
-    async def ensure_network(
-        self, name: str, labels: Mapping[str, str], bridge: str
-    ) -> NetworkAddress:
-        info = await self._inspect_network(name)
-        if info is None:
-            with self._translate(f"creating network {name}"):
-                network = await self.docker.networks.create(
-                    {
-                        "Name": name,
-                        "Driver": "bridge",
-                        "Internal": True,
-                        "CheckDuplicate": True,
-                        "EnableIPv6": False,
-                        "Labels": dict(labels),
-                        "Options": {
-                            "com.docker.network.bridge.name": bridge,
-                            "com.docker.network.bridge.enable_icc": "false",
-                        },
-                    }
-                )
-                info = dict(await network.show())
-        try:
-            ipam = info["IPAM"]["Config"][0]
-            gateway = str(ipaddress.ip_address(ipam["Gateway"]))
-            subnet = str(ipaddress.ip_network(ipam["Subnet"], strict=False))
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise Internal(f"network {name} has no usable IPAM gateway: {exc}") from exc
-        return NetworkAddress(gateway=gateway, subnet=subnet)
-
-    async def _inspect_network(self, name_or_id: str) -> dict[str, Any] | None:
-        try:
-            with self._translate(f"inspecting network {name_or_id[:64]}"):
-                network = await self.docker.networks.get(name_or_id)
-                return dict(await network.show())
-        except NotFound:
-            return None
-
-    async def remove_network(self, name: str) -> None:
-        """Remove; a network that is already gone is not an error."""
-        try:
-            with self._translate(f"removing network {name[:64]}"):
-                network = await self.docker.networks.get(name)
-                await network.delete()
-        except NotFound:
-            pass
-
-    async def list_networks(self, owner_id: str) -> list[NetworkInfo]:
-        filters = {"label": [f"{LABEL_OWNER}={owner_id}"]}
-        with self._translate("listing networks"):
-            found = await self.docker.networks.list(filters=filters)
-        return [
-            NetworkInfo(
-                network_id=str(n.get("Id", "")),
-                name=str(n.get("Name", "")),
-                session_id=str((n.get("Labels") or {}).get(LABEL_SESSION, "")),
-            )
-            for n in found
-        ]
 
     # ----- images (IMAGE snapshots) ------------------------------------------------------
 

@@ -18,6 +18,7 @@ from aiodocker.stream import Stream
 
 from sandboxd.agent.router import Attached
 from sandboxd.engine import compat
+from sandboxd.labels import LABEL_SESSION
 
 if TYPE_CHECKING:
     from sandboxd.engine.docker import DockerEngine
@@ -77,8 +78,12 @@ class DockerAgentPort:
             await compat.start_stream(stream)
         config = info.get("Config") or {}
         env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+        labels = config.get("Labels") or {}
         return Attached(
-            AttachTransport(stream, sandbox_id[:12]), str(config.get("User") or ""), env
+            AttachTransport(stream, sandbox_id[:12]),
+            str(config.get("User") or ""),
+            env,
+            session_id=str(labels.get(LABEL_SESSION, "")),
         )
 
     async def rescue(self, sandbox_id: str, user: str) -> str:

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from sandboxd.egress.networks import EgressManager
+from sandboxd.egress.manager import EgressManager
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import FailedPrecondition, SandboxError, SessionNotFound, Unavailable
 from sandboxd.models import Session, SessionState
