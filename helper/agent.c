@@ -1410,6 +1410,7 @@ static void process_input(void)
 				g_in_off += SYNC_LEN;
 				if (g_epoch)
 					end_epoch(NULL, NULL);
+				g_hunting = false;
 				continue;
 			}
 		}
@@ -1443,7 +1444,18 @@ static void read_channel(void)
 	}
 	if (g_in_len == IN_CAP)
 		return;
+	/* A frame left half-written by a server that died: when the next
+	 * bytes, after a pause, begin with a SYNC marker, they are a new
+	 * server's, not the rest of that frame (which would swallow them). */
+	size_t had = g_in_len;
+	bool partial = !g_hunting && g_in_len > g_in_off;
+	uint64_t paused = now_ms() - g_last_rx;
 	ssize_t n = read(0, g_in + g_in_len, IN_CAP - g_in_len);
+	if (n >= (ssize_t)SYNC_LEN && partial && paused >= 100 &&
+	    !memcmp(g_in + had, SYNC_MARK, SYNC_LEN)) {
+		logf_("agent: a half-written frame dropped before a SYNC");
+		g_in_off = had;
+	}
 	if (n < 0 && (errno == EINTR || errno == EAGAIN))
 		return;
 	if (n <= 0) {
@@ -1841,6 +1853,8 @@ int cmd_agent(int argc, char **argv)
 	g_out = xmalloc(OUT_CAP);
 	set_nonblock(0);
 	set_nonblock(1);
+	/* Diagnostics are dropped rather than ever blocking the loop. */
+	set_nonblock(2);
 	g_last_rx = now_ms();
 	for (;;) {
 		out_flush();

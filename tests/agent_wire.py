@@ -82,7 +82,7 @@ def window(stream: int, increment: int) -> bytes:
 
 class Decoder:
     """Splits the agent's byte stream into frames; a bad length is an error (the agent never
-    writes one)."""
+    writes one, and completes a frame it began even when an epoch ends)."""
 
     def __init__(self) -> None:
         self.buf = bytearray()
@@ -125,19 +125,27 @@ class AgentProcess:
         self.stdin.write(raw)
         self.stdin.flush()
 
-    def hello(self, **fields: object) -> Frame:
-        """SYNC + HELLO; returns the HELLO_OK with this nonce (what precedes it is dropped)."""
+    def hello(self, retry: float = 0.5, timeout: float = 10, **fields: object) -> Frame:
+        """SYNC + HELLO, resent every `retry` seconds as the server does, until the HELLO_OK
+        with this nonce (what precedes it is dropped)."""
         self.nonce += 1
         nonce = f"{self.nonce:016x}"
         body = {"version": 1, "nonce": nonce, "window": 262144, "keepalive_ms": 60000}
         body.update(fields)
-        self.send(SYNC + encode_json(HELLO, 0, body))
         self.next_id = 1
-        while True:
-            f = self.read(timeout=10)
-            if f.type == HELLO_OK and f.json().get("nonce") == nonce:
-                self.pending.clear()
-                return f
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.send(SYNC + encode_json(HELLO, 0, body))
+            resend = time.monotonic() + retry
+            while time.monotonic() < resend:
+                try:
+                    f = self.read(timeout=max(0.01, resend - time.monotonic()))
+                except TimeoutError:
+                    break
+                if f.type == HELLO_OK and _nonce_of(f) == nonce:
+                    self.pending.clear()
+                    return f
+        raise TimeoutError("no HELLO_OK from the agent")
 
     def open_id(self) -> int:
         sid = self.next_id
@@ -206,6 +214,10 @@ class AgentProcess:
             self.pending[:0] = others
 
     def close(self) -> int:
+        """Closes the agent's input (outside a PID namespace it then ends what it runs and
+        exits); its stderr is kept in `stderr_text`. Idempotent."""
+        if self.proc.stderr is None or self.proc.stderr.closed:
+            return self.proc.wait()
         try:
             self.stdin.close()
         except BrokenPipeError:
@@ -217,12 +229,16 @@ class AgentProcess:
                 self.proc.kill()
                 self.proc.wait()
             assert self.proc.stdout is not None and self.proc.stderr is not None
+            self.stderr_text = self.proc.stderr.read().decode(errors="replace")
             self.proc.stdout.close()
             self.proc.stderr.close()
 
-    def stderr(self) -> str:
-        assert self.proc.stderr is not None
-        return self.proc.stderr.read().decode(errors="replace")
+
+def _nonce_of(f: Frame) -> object:
+    try:
+        return json.loads(f.payload).get("nonce")
+    except ValueError:
+        return None
 
 
 def output(frames: list[Frame], fd: int = 1) -> bytes:
