@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from sandboxd.egress.manager import parse_static_hosts
-from sandboxd.engine.docker_profile import apply_to_container
 from sandboxd.egress.policy import DEFAULT_QUOTAS, MAX_QUOTAS, validate_policy
+from sandboxd.engine.docker_profile import apply_to_container
 from sandboxd.errors import ConfigError, InvalidArgument
 from sandboxd.models import NetworkMode, NetworkPolicy, ProxyQuotas
 

@@ -79,7 +79,10 @@ class ByteStream(AgentStream):
 
 
 class ChannelTransport(asyncio.Transport):
-    """The asyncio side of one `ByteStream`."""
+    """The asyncio side of one `ByteStream`; `StreamWriter.start_tls` works on it (the
+    secrets relay terminates TLS on a sandbox's connection)."""
+
+    _start_tls_compatible = True  # what loop.start_tls checks
 
     def __init__(
         self,
@@ -115,8 +118,7 @@ class ChannelTransport(asyncio.Transport):
         if self._lost:
             return
         self._unacked += len(chunk)
-        assert isinstance(self._protocol, asyncio.Protocol)
-        self._protocol.data_received(chunk)
+        _feed(self._protocol, chunk)
         self._grant()
 
     def received_eof(self) -> None:
@@ -246,6 +248,22 @@ class ChannelTransport(asyncio.Transport):
                 self._stream.reset("IO", "the server could not write to the stream")
 
 
+def _feed(protocol: asyncio.BaseProtocol, chunk: bytes) -> None:
+    """Data to a protocol, buffered (TLS: asyncio's SSLProtocol) or not."""
+    if isinstance(protocol, asyncio.BufferedProtocol):
+        view = memoryview(chunk)
+        while view:
+            buf = memoryview(protocol.get_buffer(len(view)))
+            n = min(len(buf), len(view))
+            if n == 0:
+                raise RuntimeError("a buffered protocol offered an empty buffer")
+            buf[:n] = view[:n]
+            protocol.buffer_updated(n)
+            view = view[n:]
+    elif isinstance(protocol, asyncio.Protocol):
+        protocol.data_received(chunk)
+
+
 def open_stream_pair(
     stream: ByteStream,
     *,
@@ -253,14 +271,30 @@ def open_stream_pair(
     extra: dict[str, Any] | None = None,
     on_done: Callable[[ByteStream], None] | None = None,
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """StreamReader/StreamWriter over `stream` (as `asyncio.open_connection` gives for a
-    socket); `limit` is the reader's, which also bounds what waits unread."""
+    """StreamReader/StreamWriter over `stream`, as `asyncio.open_connection` gives them (the
+    client's end: `start_tls` is a TLS client); `limit` is the reader's, which also bounds
+    what waits unread."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=limit, loop=loop)
     protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
     transport = ChannelTransport(stream, protocol, extra=extra, on_done=on_done)
-    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-    return reader, writer
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
+def serve_stream(
+    stream: ByteStream,
+    accept: Callable[[asyncio.StreamReader, asyncio.StreamWriter], None],
+    *,
+    limit: int = 2**16,
+    extra: dict[str, Any] | None = None,
+    on_done: Callable[[ByteStream], None] | None = None,
+) -> None:
+    """Hand `stream` to `accept` as `asyncio.start_server` hands a connection to its callback
+    (the server's end: `start_tls` is a TLS server)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=limit, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, accept, loop=loop)
+    ChannelTransport(stream, protocol, extra=extra, on_done=on_done)  # connection_made: accept
 
 
 def peer_of(doc: dict[str, Any]) -> tuple[str, int] | None:

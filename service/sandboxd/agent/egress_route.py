@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
-from sandboxd.agent.byte_stream import ByteStream, open_stream_pair, peer_of
+from sandboxd.agent.byte_stream import ByteStream, peer_of, serve_stream
 from sandboxd.agent.channel import Channel, PeerOpen
 
 log = logging.getLogger(__name__)
@@ -60,12 +60,12 @@ def peer_open_handler(endpoints: EgressEndpoints | None, session_id: str) -> Pee
             )
             return
         stream = channel.accept(stream_id, "egress", ByteStream)
-        reader, writer = open_stream_pair(
+        serve_stream(
             stream,
+            proxy.accept,
             limit=proxy.read_limit,
             extra={"peername": peer_of(request), "session_id": session_id},
             on_done=channel.release,
         )
-        proxy.accept(reader, writer)
 
     return handle
