@@ -73,11 +73,11 @@ class Channel:
         handshake_s: float = 10.0,
         resend_s: float = 0.5,
         on_lost: Callable[[Channel, str], None] | None = None,
-        egress_port: int = 0,
+        egress_port: Callable[[], int] | int = 0,
         on_peer_open: PeerOpen | None = None,
     ) -> None:
         self.name = name
-        self._egress_port = egress_port  # HELLO's: the agent listens there for egress
+        self._egress_port = egress_port  # HELLO's (asked at each epoch): the agent's listener
         self._on_peer_open = on_peer_open
         self._transport = transport
         self._window = window
@@ -204,7 +204,9 @@ class Channel:
             "nonce": self._nonce,
             "window": self._window,
             "keepalive_ms": int(self._keepalive_s * 1000),
-            "egress_port": self._egress_port,
+            "egress_port": self._egress_port()
+            if callable(self._egress_port)
+            else self._egress_port,
         }
         return frames.SYNC + frames.encode_json(FrameType.HELLO, 0, hello)
 

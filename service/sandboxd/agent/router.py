@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -120,7 +121,7 @@ class AgentRouter:
                 handshake_s=s.handshake_s,
                 resend_s=s.resend_s,
                 on_lost=lambda ch, why: self._lost(sandbox_id, ch, why),
-                egress_port=egress_port(self.egress, attached.session_id),
+                egress_port=functools.partial(egress_port, self.egress, attached.session_id),
                 on_peer_open=peer_open_handler(self.egress, attached.session_id),
             )
             entry = _Entry(channel, attached.user, attached.env)
