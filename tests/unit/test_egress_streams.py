@@ -257,6 +257,79 @@ async def test_writes_wait_for_the_agents_window() -> None:
         writer.close()
 
 
+async def test_data_held_while_reading_is_paused_survives_a_clean_close() -> None:
+    sink = Sink()
+    async with channel_for(sink) as (agent, channel, _):
+        open_egress(agent, 2)
+        await agent.recv_type(w.OPEN_OK)
+        reader, writer = await sink.next()
+        writer.transport.pause_reading()  # as start_tls does before its handshake
+        agent.send(w.data(2, b"held "))
+        agent.send(w.data(2, b"bytes"))
+        agent.send(w.encode(w.EOF, 2, b"\x00"))
+        agent.send(w.encode(w.CLOSE, 2))
+        await asyncio.sleep(0.05)
+        assert reader._buffer == b""  # type: ignore[attr-defined]  # nothing delivered yet
+        assert channel.open_streams == 0  # the channel is done with it
+        writer.transport.resume_reading()
+        assert await asyncio.wait_for(reader.read(), 2) == b"held bytes"
+
+
+class Exploding(asyncio.Protocol):
+    def data_received(self, data: bytes) -> None:
+        raise RuntimeError("a protocol bug")
+
+
+async def test_a_failing_protocol_resets_its_stream_only() -> None:
+    sink = Sink()
+    async with channel_for(sink) as (agent, channel, _):
+        open_egress(agent, 2)
+        await agent.recv_type(w.OPEN_OK)
+        _, writer = await sink.next()
+        writer.transport.set_protocol(Exploding())
+        agent.send(w.data(2, b"boom"))
+        reset = await agent.recv_type(w.RESET)
+        assert (reset.stream, reset.json()["error"]) == (2, "ABORTED")
+        open_egress(agent, 4)  # the channel's reader lives on
+        assert (await agent.recv_type(w.OPEN_OK)).stream == 4
+        assert channel.open_streams == 1
+
+
+class Buffered(asyncio.BufferedProtocol):
+    """What start_tls puts on a transport (asyncio's SSLProtocol is a buffered protocol)."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray(8)
+        self.got = bytearray()
+        self.eof = False
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        return self.buf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.got += self.buf[:nbytes]
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        return True
+
+
+async def test_a_buffered_protocol_gets_data_and_eof() -> None:
+    sink = Sink()
+    async with channel_for(sink) as (agent, channel, _):
+        open_egress(agent, 2)
+        await agent.recv_type(w.OPEN_OK)
+        _, writer = await sink.next()
+        proto = Buffered()
+        writer.transport.set_protocol(proto)
+        agent.send(w.data(2, b"more than eight bytes"))
+        agent.send(w.encode(w.EOF, 2, b"\x00"))
+        open_egress(agent, 4)
+        assert (await agent.recv_type(w.OPEN_OK)).stream == 4  # the reader went on
+        assert proto.got == b"more than eight bytes" and proto.eof
+        assert channel.open_streams == 2
+
+
 # ----- the proxy over a stream -----------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,8 @@ from sandboxd.agent import frames
 from sandboxd.agent.frames import FrameType, StreamError
 from sandboxd.agent.streams import AgentStream
 from sandboxd.errors import SandboxError
+
+log = logging.getLogger(__name__)
 
 FD = 0
 HIGH_WATER = 64 * 1024
@@ -102,7 +105,13 @@ class ChannelTransport(asyncio.Transport):
         self._pending = asyncio.Event()
         self._writing_paused = False
         self._reading = True
-        self._unacked = 0  # bytes delivered to the protocol, not yet granted back
+        self._unacked = 0  # bytes taken by the protocol, not yet granted back
+        # What arrived while reading was paused: delivered on resume (at most one window,
+        # as no WINDOW goes out meanwhile); EOF after them.
+        self._held: collections.deque[bytes] = collections.deque()
+        self._held_eof = False
+        self._delivering = False
+        self._end_after_held = False  # ended cleanly while data was held: lost after it
         self._eof_wanted = False
         self._closing = False
         self._lost = False
@@ -117,35 +126,79 @@ class ChannelTransport(asyncio.Transport):
     def received(self, chunk: bytes) -> None:
         if self._lost:
             return
+        if not self._reading or self._held:
+            self._held.append(chunk)  # as a socket while paused: it stays unread
+            return
         self._unacked += len(chunk)
-        _feed(self._protocol, chunk)
+        self._call(_feed, self._protocol, chunk)
         self._grant()
 
     def received_eof(self) -> None:
         if self._lost:
             return
-        assert isinstance(self._protocol, asyncio.Protocol)
-        keep_open = self._protocol.eof_received()
+        if not self._reading or self._held:
+            self._held_eof = True
+            return
+        self._eof()
+
+    def _eof(self) -> None:
+        protocol = self._protocol
+        keep_open = False
+        if isinstance(protocol, asyncio.Protocol | asyncio.BufferedProtocol):  # TLS: buffered
+            keep_open = self._call(protocol.eof_received)
         if not keep_open:
             self.close()
 
-    def ended(self, error: SandboxError | None) -> None:
-        """The stream ended (CLOSE, RESET, the epoch's end, or our own finish)."""
-        if self._lost:
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A protocol callback; what it raises ends this stream, never the channel's reader."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            log.warning("byte stream %d: its protocol failed: %r", self._stream.id, exc)
+            self.abort()
+            return None
+
+    def _deliver_held(self) -> None:
+        """After resume_reading: what arrived meanwhile, while reading stays on."""
+        self._delivering = False
+        while self._held and self._reading and not self._lost:
+            chunk = self._held.popleft()
+            self._unacked += len(chunk)
+            self._call(_feed, self._protocol, chunk)
+        if self._held_eof and not self._held and self._reading and not self._lost:
+            self._held_eof = False
+            self._eof()
+        if self._end_after_held and not self._held and not self._held_eof and not self._lost:
+            self._lose(None)
             return
-        self._lost = True
+        self._grant()
+
+    def ended(self, error: SandboxError | None) -> None:
+        """The stream ended (CLOSE, RESET, the epoch's end, or our own finish). Nothing more
+        is written; a clean end delivers what is held first (a reset drops it, as a socket)."""
+        if self._lost or self._end_after_held:
+            return
         self._closing = True
         self._out.clear()
         self._out_bytes = 0
         if asyncio.current_task() is not self._writer:
             self._writer.cancel()
-        exc = ConnectionResetError(str(error)) if error is not None else None
-        self._loop.call_soon(self._protocol.connection_lost, exc)
         if self._on_done is not None:
             self._loop.call_soon(self._on_done, self._stream)
+        if error is None and (self._held or self._held_eof):
+            self._end_after_held = True
+            return
+        self._lose(ConnectionResetError(str(error)) if error is not None else None)
+
+    def _lose(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._held.clear()
+        self._loop.call_soon(self._protocol.connection_lost, exc)
 
     def _grant(self) -> None:
-        if self._reading and self._unacked >= self._stream._window // 2:
+        if self._lost or not self._reading or self._held:
+            return
+        if self._unacked >= self._stream._window // 2:
             consumed, self._unacked = self._unacked, 0
             self._stream.grant(consumed)
 
@@ -158,10 +211,12 @@ class ChannelTransport(asyncio.Transport):
         self._reading = False
 
     def resume_reading(self) -> None:
-        if not self._reading:
-            self._reading = True
-            consumed, self._unacked = self._unacked, 0
-            self._stream.grant(consumed)
+        if self._reading:
+            return
+        self._reading = True
+        if not self._delivering:  # later, as a socket's next read: never inside the caller
+            self._delivering = True
+            self._loop.call_soon(self._deliver_held)
 
     # ----- asyncio.WriteTransport ---------------------------------------------------------
 
