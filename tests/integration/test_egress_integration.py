@@ -215,12 +215,18 @@ def server_env(upstreams: dict[str, object]) -> dict[str, str]:
     }
 
 
+# Every test on egress_server runs on runc and gVisor sessions (conftest's `tier`: skipped
+# where runsc is not registered): both have only loopback, egress over the agent's channel.
+TIERS = ("runc", "gvisor")
+
+
 @pytest.fixture(scope="module")
 def egress_server(
-    tmp_path_factory: pytest.TempPathFactory, upstreams: dict[str, object]
+    tmp_path_factory: pytest.TempPathFactory, upstreams: dict[str, object], tier: str
 ) -> Iterator[ServerProcess]:
     owner = "egr" + secrets.token_hex(4)
-    srv = start_server(tmp_path_factory.mktemp("egress"), owner, env=server_env(upstreams))
+    extra = ("--isolation-default", tier) if tier != "runc" else ()
+    srv = start_server(tmp_path_factory.mktemp("egress"), owner, *extra, env=server_env(upstreams))
     yield srv
     srv.stop()
     remove_owned_containers(owner)
