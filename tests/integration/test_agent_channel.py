@@ -143,3 +143,14 @@ def test_an_agent_that_stops_answering_is_rescued(tmp_path: Path) -> None:
     finally:
         srv.stop()
         remove_owned_containers(owner)
+
+
+def test_signals_from_inside_leave_the_agent_running(
+    stubs: Stubs, new_session: SessionFactory
+) -> None:
+    """`kill -STOP -1`, `kill -STOP 1`, `kill -9 1` as the sandbox user (the agent's own uid):
+    the kernel drops them for PID 1 of the namespace, and the session keeps working."""
+    sid = new_session().session_id
+    run(stubs, sid, "/bin/sh", "-c", "kill -STOP -1; kill -STOP 1; kill -KILL 1; kill -9 -1")
+    r = run(stubs, sid, "/bin/sh", "-c", "echo alive; grep State /proc/1/status")
+    assert r.stdout.startswith(b"alive\n") and b"stopped" not in r.stdout, r.stdout

@@ -48,7 +48,10 @@ class Attached:
 class AgentPort(Protocol):
     """What the router needs of the engine (the Docker adapter: engine/docker_attach.py)."""
 
-    async def attach(self, sandbox_id: str) -> Attached: ...
+    async def attach(self, sandbox_id: str) -> Attached | None:
+        """None when the sandbox's main process is not the agent (the agent is off for its
+        tier, or it predates the agent): its commands are the engine's own execs."""
+        ...
 
     async def rescue(self, sandbox_id: str, user: str) -> str:
         """Kill every process of `user` in the sandbox and wake its agent (outside the
@@ -93,6 +96,7 @@ class AgentRouter:
         self._settings = settings or ChannelSettings()
         self._entries: dict[str, _Entry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._without: set[str] = set()  # sandboxes whose main process is not the agent
         self._execs: dict[str, AgentExec] = {}
         self._ended: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._ids = itertools.count(1)
@@ -101,9 +105,11 @@ class AgentRouter:
 
     # ----- channels ------------------------------------------------------------------------
 
-    async def open(self, sandbox_id: str) -> Channel:
-        """The sandbox's channel, attached and handshaken; AGENT_UNAVAILABLE if the agent
-        does not answer (a rescue is then under way)."""
+    async def open(self, sandbox_id: str) -> Channel | None:
+        """The sandbox's channel, attached and handshaken (None for a sandbox without an
+        agent); AGENT_UNAVAILABLE if the agent does not answer (a rescue is then under way)."""
+        if sandbox_id in self._without:
+            return None
         lock = self._locks.setdefault(sandbox_id, asyncio.Lock())
         async with lock:
             entry = self._entries.get(sandbox_id)
@@ -112,6 +118,9 @@ class AgentRouter:
             if entry is not None:
                 await self._drop(sandbox_id, entry)
             attached = await self._port.attach(sandbox_id)
+            if attached is None:
+                self._without.add(sandbox_id)
+                return None
             s = self._settings
             channel = Channel(
                 attached.transport,
@@ -154,6 +163,7 @@ class AgentRouter:
         """The sandbox is being removed: close its channel."""
         entry = self._entries.pop(sandbox_id, None)
         self._locks.pop(sandbox_id, None)
+        self._without.discard(sandbox_id)
         if entry is not None:
             await self._drop(sandbox_id, entry)
 
@@ -211,7 +221,7 @@ class AgentRouter:
         (then only the engine's own exec can run it)."""
         channel = await self.open(sandbox_id)
         entry = self._entries.get(sandbox_id)
-        return channel if entry is not None and entry.user == user else None
+        return channel if channel is not None and entry is not None and entry.user == user else None
 
     @contextlib.asynccontextmanager
     async def exec(

@@ -26,7 +26,7 @@ from aiodocker.execs import Exec
 from sandboxd import images
 from sandboxd.agent.router import AgentRouter, ChannelSettings
 from sandboxd.engine import compat, docker_build, docker_pull, docker_stats
-from sandboxd.engine.docker_attach import DockerAgentPort
+from sandboxd.engine.docker_attach import DockerAgentPort, exec_over_agent
 from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_exec import DockerExecStream
 from sandboxd.engine.docker_profile import conforms, container_config
@@ -69,14 +69,14 @@ class DockerEngine:
         self._runtimes = {Isolation.RUNC: "runc", Isolation.GVISOR: gvisor_runtime}
         self._helper = HelperVolume(helper_path)  # mounted read-only in every sandbox
         self._keeper_user = keeper_user
+        self.keeper_user = keeper_user  # an agent running as this user carries egress only
         self._on_error = on_error  # told the kind of every engine failure (metrics)
         self._docker_host = docker_host
         self._local = not docker_host or docker_host.startswith("unix://")
         self._pool_size = pool_size
         self._docker: aiodocker.Docker | None = None
         self.api_version = ""
-        # With an agent, every sandbox's main process is `sbx agent` and commands go over its
-        # channel (sandboxd.agent); without, the idle keeper and `docker exec`, as before.
+        # With an agent, sandboxes run `sbx agent` and commands go over its channel.
         self.agents = AgentRouter(DockerAgentPort(self), agent) if agent is not None else None
 
     async def __aenter__(self) -> DockerEngine:
@@ -149,7 +149,10 @@ class DockerEngine:
             helper_volume=self._helper.name,
             keeper_user=self._keeper_user,
             runtime=self._runtimes[request.spec.isolation],
-            agent=self.agents is not None,
+            # runsc lets a same-uid process SIGKILL PID 1 (measured): gVisor keeps the keeper.
+            agent=self.agents is not None and request.spec.isolation is not Isolation.GVISOR,
+            # ...and an ALLOWLIST gVisor sandbox's keeper is the agent, for its egress only.
+            egress_agent=self.agents is not None and bool(request.egress_port),
         )
 
     def sandbox_shape(self, request: SandboxRequest) -> str:
@@ -211,6 +214,10 @@ class DockerEngine:
         except NotFound:
             return None
 
+    async def running(self, sandbox_id: str) -> bool:
+        info = await self._inspect(sandbox_id)
+        return bool(info and (info.get("State") or {}).get("Running"))
+
     async def inspect_sandbox(
         self, sandbox_id: str, expected: SandboxRequest | None = None
     ) -> SandboxStatus | None:
@@ -261,8 +268,8 @@ class DockerEngine:
         """
         channel = await self.agents.serves(container_id, user) if self.agents else None
         if self.agents is not None and channel is not None:
-            async with self.agents.exec(
-                container_id, channel, argv, env=env, workdir=workdir, stdin=stdin, tty=tty
+            async with exec_over_agent(
+                self, channel, container_id, argv, env=env, workdir=workdir, stdin=stdin, tty=tty
             ) as agent_stream:
                 yield agent_stream
             return

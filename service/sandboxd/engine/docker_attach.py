@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import aiodocker
 import aiohttp
 from aiodocker.stream import Stream
 
+from sandboxd.agent.channel import Channel
+from sandboxd.agent.exec_stream import AgentExec
 from sandboxd.agent.router import Attached
 from sandboxd.engine import compat
+from sandboxd.errors import FailedPrecondition, NotFound, Unavailable
 from sandboxd.labels import LABEL_SESSION
+from sandboxd.profile import HELPER_IN_CONTAINER
+from sandboxd.reasons import Reason
 
 if TYPE_CHECKING:
     from sandboxd.engine.docker import DockerEngine
@@ -26,7 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STDERR_LOGGED = 64 * 1024  # of the agent's diagnostics per attachment
-RESCUE_TIMEOUT_S = 10.0
+AGENT_CMD = [HELPER_IN_CONTAINER, "agent"]
 
 
 class AttachTransport:
@@ -70,13 +76,21 @@ class DockerAgentPort:
     def __init__(self, engine: DockerEngine) -> None:
         self._engine = engine
 
-    async def attach(self, sandbox_id: str) -> Attached:
+    async def attach(self, sandbox_id: str) -> Attached | None:
         container = self._engine.docker.containers.container(sandbox_id)
         with self._engine.translate(f"attaching to container {sandbox_id[:12]}"):
             info = await container.show()
+        config = info.get("Config") or {}
+        if list(config.get("Cmd") or []) != AGENT_CMD:
+            return None
+        if not (info.get("State") or {}).get("Running"):
+            # As `docker exec` answers a stopped container: the session's check follows.
+            raise FailedPrecondition(
+                f"container {sandbox_id[:12]} is not running", reason=Reason.ENGINE_CONFLICT
+            )
+        with self._engine.translate(f"attaching to container {sandbox_id[:12]}"):
             stream = container.attach(stdin=True, stdout=True, stderr=True, logs=False)
             await compat.start_stream(stream)
-        config = info.get("Config") or {}
         env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
         labels = config.get("Labels") or {}
         return Attached(
@@ -91,6 +105,8 @@ class DockerAgentPort:
         user but the agent, which is PID 1 of the container and immune to signals from inside),
         then SIGCONT to the agent from the engine (a stopped agent runs again)."""
         done = []
+        if user == self._engine.keeper_user:  # an egress-only agent: no command ran under it,
+            return "left the keeper's processes alone (egress only)"  # and none can touch it
         with contextlib.suppress(Exception):
             async with self._engine.docker_exec(
                 sandbox_id, ["/bin/sh", "-c", "kill -KILL -1"], user=user
@@ -103,3 +119,32 @@ class DockerAgentPort:
             await container.kill(signal="SIGCONT")
         done.append("sent SIGCONT to the agent")
         return ", ".join(done)
+
+
+@contextlib.asynccontextmanager
+async def exec_over_agent(
+    engine: DockerEngine,
+    channel: Channel,
+    container_id: str,
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None,
+    workdir: str | None,
+    stdin: bool,
+    tty: bool,
+) -> AsyncIterator[AgentExec]:
+    """A command over the sandbox's channel. When the pipe ends under it because the sandbox
+    stopped, that is the session's loss (what a `docker exec` on it would say: the object is
+    gone), not the agent's."""
+    assert engine.agents is not None
+    try:
+        async with engine.agents.exec(
+            container_id, channel, argv, env=env, workdir=workdir, stdin=stdin, tty=tty
+        ) as stream:
+            yield stream
+    except Unavailable as exc:
+        if exc.reason == Reason.AGENT_RESTARTED and not await engine.running(container_id):
+            raise NotFound(
+                f"container {container_id[:12]} stopped", reason=Reason.ENGINE_OBJECT_NOT_FOUND
+            ) from exc
+        raise

@@ -41,6 +41,7 @@ def container_config(
     keeper_user: str,
     runtime: str = "runc",
     agent: bool = True,
+    egress_agent: bool = False,
 ) -> dict[str, Any]:
     """The create request, under the OCI `runtime` of the session's isolation tier (runc, or
     runsc for gvisor).
@@ -49,7 +50,10 @@ def container_config(
     own uid:gid: PID 1 of the container (`Init` off), so the kernel drops the signals a
     command sends it (`kill -9 -1` cannot end the container and its workspace tmpfs), with
     stdin open for the server's channel. Without, it idles as `keeper_user`, a uid different
-    from the sandbox user's, behind Docker's init, and commands are `docker exec`s.
+    from the sandbox user's, behind Docker's init, and commands are `docker exec`s; with
+    `egress_agent` too (an ALLOWLIST sandbox without the agent as PID 1: gVisor) that keeper is
+    the agent, still as `keeper_user` behind Docker's init (so a command can neither signal nor
+    trace it), whose channel carries the sandbox's egress and no command.
     """
     spec = request.spec
     limits = spec.limits
@@ -116,6 +120,9 @@ def container_config(
             "Ulimits": [{"Name": "core", "Soft": 0, "Hard": 0}],
         },
     }
+    if egress_agent and not agent:
+        config["Cmd"] = [HELPER_IN_CONTAINER, "agent"]
+        config.update(AttachStdin=True, AttachStdout=True, AttachStderr=True, OpenStdin=True)
     if spec.isolation is Isolation.GVISOR:
         config["HostConfig"].update(gvisor_pids(limits.pids))
     if request.egress_port:
