@@ -3,12 +3,20 @@ the container settings of an ALLOWLIST session."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+from typing import Any
+
 import pytest
+from sandboxd.config import Config
 from sandboxd.egress.manager import parse_static_hosts
 from sandboxd.egress.policy import DEFAULT_QUOTAS, MAX_QUOTAS, validate_policy
-from sandboxd.engine.docker_profile import apply_to_container
+from sandboxd.engine.docker_profile import apply_to_container, container_config
+from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.errors import ConfigError, InvalidArgument
+from sandboxd.isolation import Isolation
 from sandboxd.models import NetworkMode, NetworkPolicy, ProxyQuotas
+from sandboxd.pool import default_spec
 
 ALLOW = NetworkMode.ALLOWLIST
 
@@ -110,3 +118,25 @@ def test_container_settings() -> None:
     assert env["PATH"] == "/bin"
     assert "HTTP_PROXY=http://evil" not in out["Env"]
     assert config["Env"] == ["PATH=/bin", "HTTP_PROXY=http://evil"]  # the input is not changed
+
+
+def test_an_allowlist_sandbox_without_the_agent_as_pid_1_has_it_as_its_keeper(
+    tmp_path: Path,
+) -> None:
+    """gVisor keeps the keeper (runsc lets a same-uid process SIGKILL PID 1): for an ALLOWLIST
+    session that keeper is the agent, as the keeper user behind Docker's init, carrying egress
+    only; every other sandbox keeps its profile."""
+    spec = dataclasses.replace(default_spec(Config(data_dir=tmp_path)), isolation=Isolation.GVISOR)
+    common: dict[str, Any] = {"helper_volume": "v", "keeper_user": "65533:65533"}
+    allow = SandboxRequest(spec=spec, owner_id="o", name="n", egress_port=3128)
+    keeper = container_config(allow, runtime="runsc", agent=False, egress_agent=True, **common)
+    assert keeper["Cmd"][-1] == "agent" and keeper["User"] == "65533:65533"
+    assert keeper["HostConfig"]["Init"] is True and keeper["HostConfig"]["NetworkMode"] == "none"
+    assert keeper["OpenStdin"] and keeper["AttachStdout"] and not keeper["Tty"]
+    env = dict(e.split("=", 1) for e in keeper["Env"])
+    assert env["HTTPS_PROXY"] == "http://127.0.0.1:3128"
+    deny = SandboxRequest(spec=spec, owner_id="o", name="n")
+    idle = container_config(deny, runtime="runsc", agent=False, egress_agent=False, **common)
+    assert idle["Cmd"][-1] == "idle" and not idle["OpenStdin"]
+    pid1 = container_config(allow, agent=True, egress_agent=True, **common)
+    assert pid1["User"] == spec.user and pid1["HostConfig"]["Init"] is False
