@@ -36,6 +36,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <grp.h>
 #include <termios.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,10 +53,10 @@
 #define OUT_HIGH (256u * 1024u)
 /* One input frame makes at most a few frames of output; room for them. */
 #define OUT_CAP (OUT_HIGH + 4u * (HDR_LEN + MAX_PAYLOAD))
-#define CHUNK 32768u
+#define CHUNK (MAX_PAYLOAD - 1u)
 #define MAX_STREAMS 1024
-#define MAX_DETACHED 256
-#define MAX_ID 128
+#define MAX_DETACHED 128
+#define MAX_ID 64
 #define DEFAULT_WINDOW 262144u
 #define MIN_WINDOW 1024u
 #define MAX_WINDOW (16u * 1024u * 1024u)
@@ -147,7 +148,14 @@ static uint16_t g_listen_port;
 static char g_listen_error[160];
 static char g_instance[33];
 static pid_t g_self;
-static uint64_t g_next_sweep;
+/* --user UID:GID: the identity commands run as, when the agent runs as
+ * another (root with only CAP_SETUID, CAP_SETGID and CAP_KILL): then no
+ * command can signal, stop or read the agent whatever the runtime does for
+ * PID 1.  Without it commands run as the agent's own uid. */
+static bool g_switch_user;
+static uid_t g_cmd_uid;
+static gid_t g_cmd_gid;
+static uint64_t g_next_sweep, g_last_sweep;
 
 static uint64_t now_ms(void)
 {
@@ -516,6 +524,8 @@ static void stream_eof_done(struct stream *s)
 
 static void stream_write_in(struct stream *s)
 {
+	if (s->connecting)
+		return; /* kept until the connection is made */
 	int fd = stream_sink(s);
 	while (s->ib_len > 0) {
 		if (fd < 0) {
@@ -553,7 +563,7 @@ static void stream_write_in(struct stream *s)
 /* exec                                                                */
 /* ------------------------------------------------------------------ */
 
-enum { ST_CWD = 1, ST_EXEC, ST_SETUP };
+enum { ST_CWD = 1, ST_EXEC, ST_SETUP, ST_IDENTITY };
 
 struct report {
 	int stage;
@@ -590,6 +600,11 @@ static void child_main(int rep, int in, int out, int err, int tty_slave, const c
 	 * agent died; inside, the namespace ends with its PID 1. */
 	if (g_self != 1)
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
+	/* The command's identity before anything it could name is touched; a
+	 * command never runs as the agent when told otherwise. */
+	if (g_switch_user && (setgroups(0, NULL) < 0 || setresgid(g_cmd_gid, g_cmd_gid, g_cmd_gid) < 0 ||
+			      setresuid(g_cmd_uid, g_cmd_uid, g_cmd_uid) < 0))
+		child_fail(rep, ST_IDENTITY, errno);
 	if (chdir(g_root) < 0 || (cwd && *cwd && chdir(cwd) < 0))
 		child_fail(rep, ST_CWD, errno);
 	execve(argv[0], argv, envp);
@@ -693,6 +708,22 @@ fail:
 	return -1;
 }
 
+/* Process ids are short and plain, so that HELLO_OK with every record
+ * always fits one frame (MAX_DETACHED records of a few hundred bytes). */
+static bool valid_id(const char *id)
+{
+	size_t n = strlen(id);
+	if (n < 1 || n > MAX_ID)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char c = id[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      c == '.' || c == '_' || c == ':' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
 static int nonneg_u16(const struct jval *v, unsigned *out)
 {
 	if (!v || v->type != J_NUM || !v->is_int || v->i < 1 || v->i > 65535)
@@ -722,9 +753,8 @@ static void open_exec(uint32_t id, const struct jval *req)
 			why = "tty must be null or {\"rows\",\"cols\"} in 1..65535";
 		else if (detv && detv->type != J_NULL) {
 			const struct jval *idv = json_get(detv, "id"), *bv = json_get(detv, "buffer");
-			if (detv->type != J_OBJ || !idv || idv->type != J_STR || !idv->s[0] ||
-			    strlen(idv->s) > MAX_ID)
-				why = "detach.id must be a string of 1..128 bytes";
+			if (detv->type != J_OBJ || !idv || idv->type != J_STR || !valid_id(idv->s))
+				why = "detach.id must be 1..64 of A-Z a-z 0-9 . _ : -";
 			else if (bv && (bv->type != J_NUM || !bv->is_int || bv->i < 1 ||
 					bv->i > (int64_t)MAX_RING))
 				why = "detach.buffer must be 1..67108864";
@@ -744,7 +774,8 @@ static void open_exec(uint32_t id, const struct jval *req)
 		goto out;
 	}
 	if (did && g_ndetached >= MAX_DETACHED) {
-		out_error(F_RESET, id, "RESOURCE", "at most %d detached processes", MAX_DETACHED);
+		out_error(F_RESET, id, "RESOURCE", "at most %d detached processes (forget ended ones)",
+			  MAX_DETACHED);
 		goto out;
 	}
 	bool want_stdin = stdinv && stdinv->type == J_BOOL && stdinv->b;
@@ -839,6 +870,8 @@ static void cmd_report(struct cmd *c)
 		const char *err = "INVALID";
 		if (r.stage == ST_CWD)
 			err = "CWD";
+		else if (r.stage == ST_IDENTITY)
+			err = "IDENTITY";
 		else if (r.stage == ST_SETUP)
 			err = "RESOURCE";
 		else if (r.err == ENOENT || r.err == ENOTDIR)
@@ -1059,6 +1092,7 @@ static void dial_connected(struct stream *s)
 	s->connecting = false;
 	s->established = true;
 	out_frame(F_OPEN_OK, s->id, "{}", 2);
+	stream_write_in(s); /* what came (DATA, EOF) while it connected */
 }
 
 static void sock_read(struct stream *s)
@@ -1275,7 +1309,9 @@ static void on_stream_frame(uint8_t type, uint32_t id, const unsigned char *p, s
 		/* A frame for a stream this side already ended may have crossed
 		 * the end in flight: ignored.  One for an id never opened is not. */
 		bool used = (id & 1) ? id <= g_max_odd : id < g_next_even;
-		if (!used || type > F_CLOSE || type < F_OPEN)
+		/* A RESET is never answered with one: two sides that did so
+		 * could bounce them forever. */
+		if (type != F_RESET && (!used || type > F_CLOSE || type < F_OPEN))
 			out_error(F_RESET, id, "PROTOCOL", "frame type 0x%02x on a stream not open",
 				  type);
 		return;
@@ -1373,6 +1409,7 @@ static void on_frame(uint8_t type, uint32_t id, const unsigned char *p, size_t n
 		out_frame(F_PONG, 0, p, n > 8 ? 8 : n);
 		return;
 	case F_PONG:
+	case F_RESET: /* a notice; never answered with a RESET */
 		return;
 	case F_GOAWAY:
 		end_epoch(NULL, NULL);
@@ -1499,7 +1536,10 @@ static void reap(void)
 		c->status = st;
 		/* What is left in its process group has no command any more. */
 		kill(-pid, SIGKILL);
-		g_next_sweep = 0;
+		/* its orphans soon, but a burst of short commands scans /proc
+		 * at most ten times a second */
+		if (g_next_sweep > g_last_sweep + 100)
+			g_next_sweep = g_last_sweep + 100;
 		if (!c->owner && !c->detached && c->rep_fd < 0)
 			cmd_free(c);
 	}
@@ -1613,6 +1653,7 @@ static void timers(uint64_t now)
 	}
 	if (now >= g_next_sweep) {
 		sweep_orphans();
+		g_last_sweep = now;
 		g_next_sweep = now + SWEEP_MS;
 	}
 	if (g_epoch && g_stdin_open) {
@@ -1817,13 +1858,26 @@ static int poll_timeout(uint64_t now)
 
 int cmd_agent(int argc, char **argv)
 {
-	(void)argv;
-	if (argc > 0) {
-		static const char msg[] = "usage: sbx [--root DIR] agent\n";
+	unsigned long uid, gid;
+	char extra;
+	if (argc == 2 && !strcmp(argv[0], "--user") &&
+	    sscanf(argv[1], "%lu:%lu%c", &uid, &gid, &extra) == 2 && uid > 0 && gid > 0 &&
+	    uid < 0xFFFFFFFFul && gid < 0xFFFFFFFFul) {
+		g_switch_user = true;
+		g_cmd_uid = (uid_t)uid;
+		g_cmd_gid = (gid_t)gid;
+	} else if (argc > 0) {
+		static const char msg[] = "usage: sbx [--root DIR] agent [--user UID:GID]\n";
 		(void)!write(2, msg, sizeof msg - 1);
 		return 2;
 	}
 	g_self = getpid();
+	/* Nothing of the container's environment is the commands' business
+	 * (they get exactly the env of their request), and gVisor lets
+	 * /proc/1/environ be read whatever the dumpable flag says: the strings
+	 * are wiped where the kernel shows them from. */
+	for (char **e = environ; e && *e; e++)
+		memset(*e, 0, strlen(*e));
 	/* Same uid as the commands: without this they could ptrace the agent
 	 * or read its memory through /proc. */
 	prctl(PR_SET_DUMPABLE, 0);

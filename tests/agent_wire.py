@@ -11,12 +11,30 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import struct
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+HELPER_SOURCES = sorted(str(p) for p in (REPO / "helper").glob("*.c"))
+STATIC_FLAGS = ["-static", "-O2", "-Wall", "-Wextra", "-Werror"]
+# As `make helper-asan` builds build/sbx-asan.
+ASAN_FLAGS = [
+    "-O1",
+    "-g",
+    "-fno-omit-frame-pointer",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=undefined",
+]
+SANITIZER_MARKS = ("AddressSanitizer", "runtime error:", "LeakSanitizer", "UndefinedBehavior")
+ASAN_ENV = {
+    "ASAN_OPTIONS": "detect_leaks=0:exitcode=99",
+    "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+}
 
 MAX_PAYLOAD = 65536
 SYNC = b"\xff\xff\xff\xffSANDBOXDSYNC"
@@ -80,6 +98,25 @@ def window(stream: int, increment: int) -> bytes:
     return encode(WINDOW, stream, struct.pack(">I", increment))
 
 
+def build_helper(out: Path, asan: bool) -> str | None:
+    """The helper from helper/*.c at `out`: a copy of what `make helper` / `make helper-asan`
+    built when it is newer than every source, else compiled; the compiler's complaint when it
+    cannot be."""
+    built = REPO / "build" / ("sbx-asan" if asan else "sbx")
+    sources = [Path(p) for p in HELPER_SOURCES] + list((REPO / "helper").glob("*.h"))
+    if built.exists() and built.stat().st_mtime > max(p.stat().st_mtime for p in sources):
+        shutil.copy2(built, out)
+        return None
+    flags = ASAN_FLAGS if asan else STATIC_FLAGS
+    cp = subprocess.run(
+        ["gcc", *flags, "-o", str(out), *HELPER_SOURCES],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return None if cp.returncode == 0 else cp.stderr.strip()[:500]
+
+
 class Decoder:
     """Splits the agent's byte stream into frames; a bad length is an error (the agent never
     writes one, and completes a frame it began even when an epoch ends)."""
@@ -104,9 +141,15 @@ class Decoder:
 class AgentProcess:
     """`sbx agent` on pipes, with a workspace root of the test's own."""
 
-    def __init__(self, binary: Path, root: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        root: Path,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
         self.proc = subprocess.Popen(
-            [str(binary), "--root", str(root), "agent"],
+            [str(binary), "--root", str(root), "agent", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -20,36 +19,25 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_wire import SYNC, AgentProcess, encode  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
-SOURCES = sorted(str(p) for p in (REPO / "helper").glob("*.c"))
-ASAN_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
-SANITIZER_MARKS = ("AddressSanitizer", "runtime error:", "LeakSanitizer", "UndefinedBehavior")
+from agent_wire import ASAN_ENV, SANITIZER_MARKS, SYNC, AgentProcess, build_helper, encode  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def asan_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
     d = Path(tempfile.mkdtemp(prefix="sbx-asan-"))
     out = d / "sbx-asan"
-    cmd = ["gcc", "-O1", "-g", "-fno-omit-frame-pointer", *ASAN_FLAGS, "-o", str(out), *SOURCES]
-    cp = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if cp.returncode != 0:
+    problem = build_helper(out, asan=True)
+    if problem is not None:
         shutil.rmtree(d)
-        pytest.skip(f"the compiler cannot build the sanitizer helper: {cp.stderr.strip()[:300]}")
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:exitcode=99",
-        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
-    }
+        pytest.skip(f"the compiler cannot build the sanitizer helper: {problem}")
+    env = {"PATH": "/usr/bin:/bin", **ASAN_ENV}
     a = AgentProcess(out, tmp_path_factory.mktemp("ws"), env=env)
     try:
         yield a
     finally:
         a.close()
-        report = a.stderr_text
         shutil.rmtree(d)
-        assert not any(m in report for m in SANITIZER_MARKS), report
+        assert not any(m in a.stderr_text for m in SANITIZER_MARKS), a.stderr_text
 
 
 json_values = st.recursive(
