@@ -330,6 +330,25 @@ async def test_a_buffered_protocol_gets_data_and_eof() -> None:
         assert channel.open_streams == 2
 
 
+class Failing:
+    read_limit = 1024
+
+    def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise RuntimeError("an acceptor bug")
+
+
+async def test_a_failing_acceptor_resets_its_stream_only() -> None:
+    async with channel_for(Failing()) as (agent, channel, _):
+        open_egress(agent, 2)
+        assert (await agent.recv_type(w.OPEN_OK)).stream == 2
+        reset = await agent.recv_type(w.RESET)
+        assert (reset.stream, reset.json()["error"]) == (2, "ABORTED")
+        open_egress(agent, 4)
+        assert (await agent.recv_type(w.OPEN_OK)).stream == 4  # the reader went on
+        await asyncio.sleep(0.01)
+        assert channel.state.value == "ready"
+
+
 # ----- the proxy over a stream -----------------------------------------------------------------
 
 

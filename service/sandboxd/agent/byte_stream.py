@@ -117,7 +117,7 @@ class ChannelTransport(asyncio.Transport):
         self._lost = False
         self._writer = self._loop.create_task(self._write_loop(), name=f"byte-stream {stream.id}")
         stream.transport = self
-        protocol.connection_made(self)
+        self._call(protocol.connection_made, self)  # a failing acceptor resets this stream
         if stream.ended:  # failed before it was wired: deliver that now
             self.ended(stream.error)
 
