@@ -306,8 +306,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 ("grpc.so_reuseport", 0),
             ],
         )
+        stats = StatsReader(engine, hub, egress.bytes_moved)
         session_pb2_grpc.add_SessionServiceServicer_to_server(
-            LeaseSessionService(sessions, hub, StatsReader(engine, hub), terms), server
+            LeaseSessionService(sessions, hub, stats, terms), server
         )
         process_pb2_grpc.add_ProcessServiceServicer_to_server(
             ProcessService(sessions, executor, config, processes), server

@@ -339,6 +339,13 @@ def test_allowed_name_and_port_tunnel(estubs: Stubs, session_with, upstreams) ->
     ).events
     assert [e.verdict for e in events] == [session_pb2.EGRESS_VERDICT_ALLOWED] * 3
     assert events[0].host == "up.test" and events[0].bytes_up == 5
+    from sandboxd.v1 import events_pb2
+
+    stats = estubs.sessions.GetSessionStats(
+        events_pb2.GetSessionStatsRequest(session_id=s.session_id)
+    ).stats
+    moved = sum(e.bytes_up + e.bytes_down for e in events)
+    assert stats.egress_bytes >= moved > 0  # what the proxy carried (no interface to count)
 
 
 def test_refusals_make_no_connection(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]

@@ -133,6 +133,11 @@ class EgressManager:
     def proxy(self, session_id: str) -> EgressProxy | None:
         return self._proxies.get(session_id)
 
+    def bytes_moved(self, session_id: str) -> int:
+        """Bytes the session's proxy carried, both ways, since it (re)started."""
+        proxy = self._proxies.get(session_id)
+        return proxy.budget.used["up"] + proxy.budget.used["down"] if proxy else 0
+
     # ----- what the agent channels ask (sandboxd.agent.egress_route.EgressEndpoints) -------
 
     def egress_port(self, session_id: str) -> int:
