@@ -110,6 +110,7 @@ async def test_a_restart_brings_proxies_back_before_opening_the_channels(
         session_stack(tmp_path, engine=engine, egress=again, archive=TidyingArchive) as st,
     ):
         await st.sessions.reconcile()
+        await again.settled()
         assert again.acceptor("a1") is not None
         # Opened (by reconcile tidying the workspace, or by the egress reconcile) once the
         # proxy was there: its HELLO carries the port.

@@ -101,6 +101,7 @@ class EgressManager:
         self._tenants: dict[str, str] = {}  # session id -> tenant, for policy updates
         self._proxies: dict[str, EgressProxy] = {}
         self._audit: dict[str, AuditLog] = {}
+        self._opening: set[asyncio.Task[None]] = set()  # channels opened after a restart
         self.filter_mode = FilterMode.NO_NETWORK if channels else FilterMode.UNAVAILABLE
 
     async def __aenter__(self) -> EgressManager:
@@ -114,6 +115,10 @@ class EgressManager:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        for task in list(self._opening):
+            task.cancel()
+        if self._opening:
+            await asyncio.gather(*self._opening, return_exceptions=True)
         for proxy in list(self._proxies.values()):
             await proxy.close()
         self._proxies.clear()
@@ -238,13 +243,34 @@ class EgressManager:
                 if session.state is SessionState.RUNNING and sid not in self._proxies:
                     try:
                         await self.prepare(session)
-                        await self._open_channel(session)
-                        await self.install_trust(session)  # a new CA since the restart
+                        # Before the server serves a call: a new CA since the restart (its
+                        # command opens the agent's channel too).
+                        await self.install_trust(session)
                     except SandboxError as exc:
                         log.warning("egress: cannot restore the proxy of %s: %s", sid, exc)
+                        continue
+                    self._open_channel(session)
 
-    async def _open_channel(self, session: Session) -> None:
-        """The agent listens (and carries egress) only while its channel is open."""
-        if self._channels is not None and session.container_id:
-            async with asyncio.timeout(30):
-                await self._channels(session.container_id)
+    def _open_channel(self, session: Session) -> None:
+        """The agent listens (and carries egress) only while its channel is open: open it in
+        a task of its own (an agent that does not answer holds up neither start-up nor other
+        sessions)."""
+        if self._channels is None or not session.container_id:
+            return
+        channels = self._channels
+
+        async def run() -> None:
+            try:
+                async with asyncio.timeout(60):
+                    await channels(session.container_id)
+            except (SandboxError, TimeoutError) as exc:
+                log.warning("egress: the agent of %s: %s", session.session_id, exc)
+
+        task = asyncio.get_running_loop().create_task(run(), name=f"egress {session.session_id}")
+        self._opening.add(task)
+        task.add_done_callback(self._opening.discard)
+
+    async def settled(self) -> None:
+        """Wait for the channels being opened after a restart (tests, shutdown)."""
+        if self._opening:
+            await asyncio.gather(*self._opening, return_exceptions=True)
