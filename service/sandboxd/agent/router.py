@@ -74,7 +74,7 @@ class _Entry:
 
 @dataclass(frozen=True)
 class ChannelSettings:
-    window: int = 262144
+    window: int = 1 << 20
     keepalive_s: float = 5.0
     handshake_s: float = 10.0
     resend_s: float = 0.5
