@@ -454,7 +454,7 @@ class AgentSection:
         flat="agent_handshake",
     )
     window: int = setting(
-        262144,
+        1 * MiB,
         SIZE,
         "flow-control window of each agent stream, per direction",
         lo=4096,

@@ -154,3 +154,48 @@ def test_signals_from_inside_leave_the_agent_running(
     run(stubs, sid, "/bin/sh", "-c", "kill -STOP -1; kill -STOP 1; kill -KILL 1; kill -9 -1")
     r = run(stubs, sid, "/bin/sh", "-c", "echo alive; grep State /proc/1/status")
     assert r.stdout.startswith(b"alive\n") and b"stopped" not in r.stdout, r.stdout
+
+
+def test_a_command_running_when_the_server_dies_is_killed(tmp_path: Path) -> None:
+    """Server SIGKILL during an Exec: the agent's keepalive ends the epoch and with it every
+    non-detached command (its whole tree); after a restart nothing of it is left."""
+    import threading
+
+    owner = "t-agent-orphan-" + str(int(time.time()))
+    data = tmp_path / "data"
+    srv = start_server(data, owner)
+    try:
+        stubs = make_stubs(f"127.0.0.1:{srv.port}")
+        sid = stubs.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
+        ).session.session_id
+        caught: list[grpc.RpcError] = []
+
+        def long_run() -> None:
+            try:
+                run(stubs, sid, "/bin/sh", "-c", "sleep 4243 & sleep 4242")
+            except grpc.RpcError as err:
+                caught.append(err)
+
+        thread = threading.Thread(target=long_run, daemon=True)
+        thread.start()
+        cid = _container_of(sid, owner)
+
+        def running() -> bool:
+            out = subprocess.run(["docker", "top", cid], capture_output=True, text=True).stdout
+            return "sleep 4242" in out
+
+        assert wait_until(running, timeout=10)
+        srv.stop(signal.SIGKILL)
+        thread.join(10)
+        assert caught and caught[0].code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+        # Two keepalive periods (the agent's: 2 x 5 s) and the command's tree is gone.
+        assert wait_until(lambda: not running(), timeout=20)
+        out = subprocess.run(["docker", "top", cid], capture_output=True, text=True)
+        assert "sleep 4243" not in out.stdout, out.stdout
+        srv = start_server(data, owner)
+        stubs = make_stubs(f"127.0.0.1:{srv.port}")
+        assert run(stubs, sid, "/bin/true").exit_code == 0
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)

@@ -395,7 +395,8 @@ def test_stream_opened_twice(agent: AgentProcess) -> None:
 
 def test_data_after_eof_and_frames_on_streams_never_opened(agent: AgentProcess) -> None:
     agent.hello()
-    sid = agent.open("exec", argv=["/bin/cat"], env={}, stdin=True)
+    # still running after its stdin ends: the late DATA cannot cross its EXIT
+    sid = agent.open("exec", argv=[SH, "-c", "cat; sleep 30"], env={}, stdin=True)
     assert agent.read().type == OPEN_OK
     agent.send(encode(EOF, sid, b"\0"))
     agent.send(data(sid, b"late"))
@@ -664,3 +665,17 @@ def test_egress_connection_outside_an_epoch_is_closed(agent: AgentProcess) -> No
     assert c.recv(10) == b""
     c.close()
     assert agent.quiet(0.2) == []
+
+
+def test_a_frame_begun_is_finished_when_the_epoch_ends(agent: AgentProcess) -> None:
+    """The reader stops while the agent is mid-frame (its output pipe full); a new epoch drops
+    the queued frames but the one begun is written whole: the stream stays parseable up to the
+    new HELLO_OK (the codec raises on any length out of range)."""
+    agent.hello(window=16 * 1024 * 1024)
+    sid = agent.open("exec", argv=["/usr/bin/head", "-c", "20000000", "/dev/zero"], env={})
+    time.sleep(0.5)  # nobody reads: the pipe and the agent's queue fill
+    ok = agent.hello()
+    assert ok.type == 0x02
+    agent.send(encode(PING, 0, b"aligned!"))
+    assert agent.read() == Frame(PONG, 0, b"aligned!")
+    assert sid == 1

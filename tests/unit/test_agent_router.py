@@ -116,3 +116,13 @@ async def test_an_agent_that_does_not_answer_is_rescued() -> None:
     finally:
         await router.close()
         port.stop()
+
+
+def test_a_bare_command_name_goes_through_sbx_run() -> None:
+    """The agent executes absolute paths only; `docker exec` searched PATH (stats run `df`)."""
+    from sandboxd.agent.exec_stream import exec_request
+
+    req = exec_request(["df", "-k"], base_env={}, env=None, workdir=None, stdin=False, tty=False)
+    assert req["argv"] == ["/.sandboxd/sbx", "run", "--", "df", "-k"]
+    req = exec_request(["/bin/df"], base_env={}, env=None, workdir=None, stdin=False, tty=False)
+    assert req["argv"] == ["/bin/df"]

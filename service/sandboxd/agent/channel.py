@@ -379,6 +379,8 @@ class Channel:
             return  # never answer a RESET with a RESET
         if sid % 2 == 1 and sid < self._next_id:
             return  # a stream we ended: what the agent sent before it saw our RESET
+        if sid % 2 == 0 and frame.type != FrameType.OPEN and sid <= self._peer_last_id:
+            return  # an agent stream we refused: what it sent before it saw our RESET
         if sid % 2 == 0 and frame.type == FrameType.OPEN:
             if sid <= self._peer_last_id:
                 self._send_now(frames.reset(sid, "PROTOCOL", f"stream {sid} opened twice"))
@@ -386,7 +388,7 @@ class Channel:
             self._peer_last_id = sid
             self._peer_open(sid, frame)
             return
-        log.info(
+        log.debug(
             "agent channel %s: frame %#x on stream %d it was never given",
             self.name,
             frame.type,

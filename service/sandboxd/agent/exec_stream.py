@@ -10,6 +10,7 @@ from typing import Any
 from sandboxd.agent import frames
 from sandboxd.agent.channel import Channel
 from sandboxd.agent.streams import AgentStream
+from sandboxd.profile import HELPER_IN_CONTAINER
 
 
 def exec_request(
@@ -24,7 +25,10 @@ def exec_request(
     """The OPEN `exec` request of docs/agent.md, with what `docker exec` gives a command: the
     container's environment (`base_env`) overridden by `env`, the working directory `/` unless
     told, and a tty of 24x80 until its first resize. (The agent runs a command with exactly
-    the `env` it is given.)"""
+    the `env` it is given.) The agent executes absolute paths only: a bare name (`df`) goes
+    through `sbx run`, which searches PATH as `docker exec` did."""
+    if argv and not argv[0].startswith("/"):
+        argv = [HELPER_IN_CONTAINER, "run", "--", *argv]
     return {
         "argv": list(argv),
         "env": {**base_env, **(env or {})},

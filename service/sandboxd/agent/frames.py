@@ -136,21 +136,29 @@ class FrameDecoder:
 
     def __init__(self) -> None:
         self._buf = bytearray()
+        self._at = 0  # strict mode: where the next frame begins (compacted on feed)
         self._scanning_for: str | None = None
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        return len(self._buf) - self._at
 
     def scan_for(self, nonce: str) -> None:
         """Discard everything until a HELLO_OK carrying `nonce` (a new epoch began)."""
+        self._compact()
         self._scanning_for = nonce
+
+    def _compact(self) -> None:
+        if self._at:
+            del self._buf[: self._at]
+            self._at = 0
 
     @property
     def scanning(self) -> bool:
         return self._scanning_for is not None
 
     def feed(self, chunk: bytes) -> None:
+        self._compact()
         self._buf += chunk
 
     def next(self) -> Frame | None:
@@ -160,17 +168,19 @@ class FrameDecoder:
         """
         if self._scanning_for is not None:
             return self._scan()
-        if len(self._buf) < HEADER.size:
+        at = self._at
+        if len(self._buf) - at < HEADER.size:
             return None
-        length, ftype, stream = HEADER.unpack_from(self._buf)
+        length, ftype, stream = HEADER.unpack_from(self._buf, at)
         if length > MAX_PAYLOAD:
             self._buf.clear()
+            self._at = 0
             raise FrameError(f"frame length {length} over {MAX_PAYLOAD}")
-        end = HEADER.size + length
+        end = at + HEADER.size + length
         if len(self._buf) < end:
             return None
-        frame = Frame(ftype, stream, bytes(self._buf[HEADER.size : end]))
-        del self._buf[:end]
+        frame = Frame(ftype, stream, bytes(self._buf[at + HEADER.size : end]))
+        self._at = end
         return frame
 
     def _scan(self) -> Frame | None:

@@ -35,6 +35,11 @@ RESCUE_RETRY_S = 10.0  # a rescue that failed is tried again on use, at most thi
 KEPT_EXITS = 4096  # ended execs whose inspect answer is kept (the kill path asks after close)
 
 
+class Paused(Exception):
+    """The engine has frozen the sandbox (docker pause): its agent cannot answer, and nothing
+    is to be killed for that."""
+
+
 @dataclass(frozen=True)
 class Attached:
     """A pipe to a sandbox's agent, and the uid:gid the agent (hence every command) runs as."""
@@ -55,7 +60,7 @@ class AgentPort(Protocol):
 
     async def rescue(self, sandbox_id: str, user: str) -> str:
         """Kill every process of `user` in the sandbox and wake its agent (outside the
-        channel); says what was done."""
+        channel); says what was done. `Paused` when the engine has frozen the sandbox."""
         ...
 
 
@@ -66,12 +71,13 @@ class _Entry:
     env: Mapping[str, str]
     rescuing: asyncio.Task[None] | None = None
     rescued_at: float = 0.0
+    paused: bool = False
     execs: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
 class ChannelSettings:
-    window: int = 262144
+    window: int = 1 << 20
     keepalive_s: float = 5.0
     handshake_s: float = 10.0
     resend_s: float = 0.5
@@ -150,12 +156,16 @@ class AgentRouter:
             return channel
 
     async def _usable(self, sandbox_id: str, entry: _Entry) -> Channel:
+        """A LOST channel is rescued now (or the rescue under way awaited) before answering."""
         if entry.channel.state is State.LOST:
-            self._lost(sandbox_id, entry.channel, entry.channel.why)
-            raise agent_unavailable(
-                f"the sandbox's agent does not answer ({entry.channel.why}); the server is "
-                "restarting it, try again shortly"
-            )
+            self._lost(sandbox_id, entry.channel, entry.channel.why, now=True)
+            if entry.rescuing is not None:
+                await asyncio.wait({entry.rescuing}, timeout=self._settings.handshake_s + 15)
+            if entry.channel.state is State.LOST:
+                raise agent_unavailable(
+                    f"the sandbox's agent does not answer ({entry.channel.why}); the server is "
+                    "rescuing it, try again shortly"
+                )
         await entry.channel.ready()
         return entry.channel
 
@@ -188,13 +198,15 @@ class AgentRouter:
 
     # ----- rescue --------------------------------------------------------------------------
 
-    def _lost(self, sandbox_id: str, channel: Channel, why: str) -> None:
+    def _lost(self, sandbox_id: str, channel: Channel, why: str, *, now: bool = False) -> None:
+        """Start a rescue unless one runs; on its own (not for a caller: `now`) at most every
+        RESCUE_RETRY_S."""
         entry = self._entries.get(sandbox_id)
         if entry is None or entry.channel is not channel or channel.state is not State.LOST:
             return
         if entry.rescuing is not None and not entry.rescuing.done():
             return
-        if time.monotonic() - entry.rescued_at < RESCUE_RETRY_S:
+        if not now and time.monotonic() - entry.rescued_at < RESCUE_RETRY_S:
             return
         entry.rescued_at = time.monotonic()
         task = asyncio.get_running_loop().create_task(self._rescue(sandbox_id, entry, why))
@@ -205,12 +217,23 @@ class AgentRouter:
     async def _rescue(self, sandbox_id: str, entry: _Entry, why: str) -> None:
         log.warning("agent of %s does not answer (%s): rescuing", sandbox_id[:12], why)
         try:
+            if entry.paused:
+                # It was silent because the engine froze the sandbox: nothing to kill if it
+                # answers now.
+                entry.paused = False
+                with contextlib.suppress(SandboxError):
+                    hello = await entry.channel.resync()
+                    log.warning("agent of %s answers again after a pause", sandbox_id[:12])
+                    return
             done = await self._port.rescue(sandbox_id, entry.user)
             log.warning("agent of %s: %s", sandbox_id[:12], done)
             hello = await entry.channel.resync()
             log.warning("agent of %s answers again (agent %s)", sandbox_id[:12], hello.instance)
         except asyncio.CancelledError:
             raise
+        except Paused:
+            entry.paused = True
+            log.warning("agent of %s: its sandbox is paused; rescued once it runs", sandbox_id[:12])
         except Exception as exc:
             log.error("agent of %s could not be rescued: %s", sandbox_id[:12], exc)
 

@@ -19,7 +19,7 @@ from aiodocker.stream import Stream
 
 from sandboxd.agent.channel import Channel
 from sandboxd.agent.exec_stream import AgentExec
-from sandboxd.agent.router import Attached
+from sandboxd.agent.router import Attached, Paused
 from sandboxd.engine import compat
 from sandboxd.errors import FailedPrecondition, NotFound, Unavailable
 from sandboxd.labels import LABEL_SESSION
@@ -104,6 +104,10 @@ class DockerAgentPort:
         """`kill -KILL -1` as the sandbox user through `docker exec` (every process of that
         user but the agent, which is PID 1 of the container and immune to signals from inside),
         then SIGCONT to the agent from the engine (a stopped agent runs again)."""
+        with self._engine.translate(f"inspecting container {sandbox_id[:12]}"):
+            state = (await self._engine.docker.containers.container(sandbox_id).show())["State"]
+        if state.get("Paused"):
+            raise Paused(f"container {sandbox_id[:12]} is paused")
         done = []
         if user == self._engine.keeper_user:  # an egress-only agent: no command ran under it,
             return "left the keeper's processes alone (egress only)"  # and none can touch it
