@@ -60,6 +60,14 @@ class EchoHandler(socketserver.BaseRequestHandler):
         self.request.sendall(b"ECHO:" + data)
 
 
+class StreamEchoHandler(socketserver.BaseRequestHandler):
+    """Echoes everything until the client's end (bulk transfers both ways)."""
+
+    def handle(self) -> None:
+        while data := self.request.recv(1 << 16):
+            self.request.sendall(data)
+
+
 class HelloHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
 
@@ -180,12 +188,14 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ob
         serving(Threaded((gateway, 0), handler)) as echo_port,
         serving(Threaded((gateway, 0), HelloHandler)) as http_port,
         serving(https) as https_port,
-        relay(gateway, [echo_port, http_port, https_port]) as relay_address,
+        serving(Threaded((gateway, 0), StreamEchoHandler)) as stream_port,
+        relay(gateway, [echo_port, http_port, https_port, stream_port]) as relay_address,
     ):
         yield {
             "echo": echo_port,
             "http": http_port,
             "https": https_port,
+            "stream": stream_port,
             "counter": counter,
             "ca": (certs / "cert.pem").read_bytes(),
             "relay": relay_address,
@@ -346,6 +356,37 @@ def test_allowed_name_and_port_tunnel(estubs: Stubs, session_with, upstreams) ->
     ).stats
     moved = sum(e.bytes_up + e.bytes_down for e in events)
     assert stats.egress_bytes >= moved > 0  # what the proxy carried (no interface to count)
+
+
+def test_a_large_tunnel_keeps_every_byte(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
+    """Megabytes each way through the agent's channel (flow control on every hop): every byte
+    echoed back, counted by the audit."""
+    echo, size = upstreams["stream"], 6 * 1024 * 1024
+    s = session_with(allowlist(["up.test"], [echo], private=True))
+    script = (
+        'P=${HTTP_PROXY#http://}; (printf "%b" "$PAYLOAD"; head -c $SIZE /dev/urandom) '
+        '| nc -w 10 "${P%:*}" "${P#*:}" | wc -c'
+    )
+    r = run(
+        estubs,
+        s.session_id,
+        "sh",
+        "-c",
+        script,
+        env={"PAYLOAD": connect("up.test", echo), "SIZE": str(size)},
+        timeout=_secs(60),
+    )
+    head = len(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+    assert int(r.stdout.decode().strip() or 0) == head + size, r.stderr
+
+    def ended() -> list[session_pb2.EgressEvent]:
+        events = estubs.sessions.ListEgressEvents(
+            session_pb2.ListEgressEventsRequest(session_id=s.session_id)
+        ).events
+        return [e for e in events if e.bytes_up or e.bytes_down]
+
+    assert wait_until(lambda: bool(ended()), 10)
+    assert (ended()[-1].bytes_up, ended()[-1].bytes_down) == (size, size)
 
 
 def test_refusals_make_no_connection(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
