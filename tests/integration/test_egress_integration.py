@@ -468,6 +468,16 @@ def test_direct_socket_to_another_host_port_fails(estubs: Stubs, session_with, u
     assert "ECHO" not in r.stdout.decode()
 
 
+def test_a_deny_session_has_no_listener_and_no_interface(estubs: Stubs, session_with) -> None:  # type: ignore[no-untyped-def]
+    s = session_with(common_pb2.NetworkPolicy(mode=common_pb2.NETWORK_MODE_DENY))
+    assert_loopback_only(estubs, s.session_id)
+    env = run(estubs, s.session_id, "env").stdout.decode()
+    assert "HTTP_PROXY=" not in env and "https_proxy=" not in env
+    probe = 'printf "CONNECT up.test:80 HTTP/1.1\\r\\n\\r\\n" | nc -w 2 127.0.0.1 3128'
+    r = run(estubs, s.session_id, "sh", "-c", probe)
+    assert r.exit_code != 0 and not r.stdout, r  # nothing listens: no egress at all
+
+
 def test_update_network_policy(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
     echo = upstreams["echo"]
     s = session_with(allowlist(["up.test"], [echo], private=True))
