@@ -275,6 +275,20 @@ async def test_data_held_while_reading_is_paused_survives_a_clean_close() -> Non
         assert await asyncio.wait_for(reader.read(), 2) == b"held bytes"
 
 
+async def test_closing_while_data_is_held_after_a_clean_end_completes() -> None:
+    sink = Sink()
+    async with channel_for(sink) as (agent, _, _):
+        open_egress(agent, 2)
+        await agent.recv_type(w.OPEN_OK)
+        _, writer = await sink.next()
+        writer.transport.pause_reading()
+        agent.send(w.data(2, b"never read"))
+        agent.send(w.encode(w.CLOSE, 2))
+        await asyncio.sleep(0.05)
+        writer.close()
+        await asyncio.wait_for(writer.wait_closed(), 2)
+
+
 class Exploding(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         raise RuntimeError("a protocol bug")

@@ -255,6 +255,9 @@ class ChannelTransport(asyncio.Transport):
 
     def close(self) -> None:
         """Send what is buffered, then CLOSE."""
+        if self._end_after_held and not self._lost:  # ended already; drop what is held
+            self._lose(None)
+            return
         if self._closing:
             return
         self._closing = True
@@ -262,6 +265,9 @@ class ChannelTransport(asyncio.Transport):
 
     def abort(self) -> None:
         if self._lost:
+            return
+        if self._end_after_held:
+            self._lose(ConnectionResetError("aborted"))
             return
         self._stream.reset("ABORTED", "the server's end of the connection was aborted")
 
