@@ -605,6 +605,13 @@ static void child_main(int rep, int in, int out, int err, int tty_slave, const c
 	if (g_switch_user && (setgroups(0, NULL) < 0 || setresgid(g_cmd_gid, g_cmd_gid, g_cmd_gid) < 0 ||
 			      setresuid(g_cmd_uid, g_cmd_uid, g_cmd_uid) < 0))
 		child_fail(rep, ST_IDENTITY, errno);
+	/* The memory cgroup's OOM killer takes a command before the agent
+	 * (whose death would end the sandbox); raising it needs no privilege. */
+	int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	if (oom >= 0) {
+		(void)!write(oom, "500", 3);
+		close(oom);
+	}
 	if (chdir(g_root) < 0 || (cwd && *cwd && chdir(cwd) < 0))
 		child_fail(rep, ST_CWD, errno);
 	execve(argv[0], argv, envp);
