@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd.config_sections import (
+    AgentSection,
     ArchiveSection,
     AuditSection,
     EgressSection,
@@ -77,6 +78,7 @@ class Config:
     audit: AuditSection = field(default_factory=AuditSection)
     events: EventsSection = field(default_factory=EventsSection)
     previews: PreviewsSection = field(default_factory=PreviewsSection)
+    agent: AgentSection = field(default_factory=AgentSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.
