@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 IMAGE ?= sandboxd-runtime:busybox
 PROTOS := $(wildcard proto/sandboxd/v1/*.proto)
 
-.PHONY: all run test test-unit gvisor registry proto lint bench engine image python-image helper venv clean node-deps buf go-deps
+.PHONY: all run test test-unit gvisor registry proto lint bench engine image python-image helper helper-asan venv clean node-deps buf go-deps
 
 all: venv helper
 
@@ -44,6 +44,18 @@ build/sbx: $(HELPER_SRC) $(wildcard helper/*.h) scripts/ensure-build-tools.sh
 	mkdir -p build
 	gcc -static -O2 -Wall -Wextra -Werror -o $@ $(HELPER_SRC)
 
+# The same sources under AddressSanitizer and UBSan (dynamic: the sanitizers need their runtime),
+# for the agent's fuzz tests (tests/unit/test_agent_fuzz.py). Where the compiler cannot build it,
+# the target says so and those tests skip with that reason.
+helper-asan: build/sbx-asan
+
+build/sbx-asan: $(HELPER_SRC) $(wildcard helper/*.h) scripts/ensure-build-tools.sh
+	bash scripts/ensure-build-tools.sh
+	mkdir -p build
+	gcc -O1 -Wall -Wextra -Werror -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+		-fno-omit-frame-pointer -g -o $@ $(HELPER_SRC) \
+		|| { rm -f $@; echo "helper-asan: the compiler cannot build with -fsanitize=address,undefined" >&2; }
+
 engine:
 	bash scripts/ensure-docker.sh
 
@@ -79,11 +91,11 @@ go-deps:
 run: venv helper image
 	$(PY) -m sandboxd
 
-test: venv helper image python-image gvisor node-deps go-deps registry
+test: venv helper helper-asan image python-image gvisor node-deps go-deps registry
 	$(PY) -m pytest
 
 # The Docker-free layer (tests/unit): parsers, policies, and the domain against the fake engine.
-test-unit: venv helper
+test-unit: venv helper helper-asan
 	$(PY) -m pytest tests/unit
 
 # The workspace fuzzer (tests/integration/test_fuzz_workspace.py) for SANDBOXD_SOAK_SECONDS

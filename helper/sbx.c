@@ -80,7 +80,7 @@ static ssize_t read_retry(int fd, void *p, size_t n)
 }
 
 /* Out of memory: nothing sane left to do, but keep the protocol intact. */
-static void oom(void)
+void oom(void)
 {
 	static const char msg[] = "{\"error\":\"EIO\",\"message\":\"out of memory\"}\n";
 	(void)!write(2, msg, sizeof msg - 1);
@@ -125,7 +125,6 @@ void buf_puts(struct buf *b, const char *s)
 	buf_add(b, s, strlen(s));
 }
 
-__attribute__((format(printf, 2, 3)))
 void buf_printf(struct buf *b, const char *fmt, ...)
 {
 	char tmp[128];
@@ -2601,7 +2600,7 @@ int main(int argc, char **argv)
 		i += 2;
 	}
 	if (i >= argc)
-		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|move|status|idle|watch|dial ...");
+		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|move|status|idle|watch|dial|agent ...");
 	const char *sub = argv[i++];
 	int rest = argc - i;
 	char **rv = argv + i;
@@ -2618,6 +2617,7 @@ int main(int argc, char **argv)
 		{"move", cmd_move},
 		{"watch", cmd_watch},
 		{"dial", cmd_dial},
+		{"agent", cmd_agent},
 	};
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(sub, cmds[k].name))

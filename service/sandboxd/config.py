@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd.config_sections import (
+    AgentSection,
     ArchiveSection,
     AuditSection,
     EgressSection,
@@ -79,6 +80,7 @@ class Config:
     events: EventsSection = field(default_factory=EventsSection)
     watch: WatchSection = field(default_factory=WatchSection)
     previews: PreviewsSection = field(default_factory=PreviewsSection)
+    agent: AgentSection = field(default_factory=AgentSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.

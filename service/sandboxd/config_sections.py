@@ -193,15 +193,13 @@ class EgressSection:
     """The per-session egress proxy of ALLOWLIST sessions."""
 
     proxy_port: int = setting(
-        3128, INT, "egress proxy port on each session network's gateway", lo=1, hi=65535
+        3128,
+        INT,
+        "port the agent listens on for egress, on each ALLOWLIST sandbox's loopback",
+        lo=1,
+        hi=65535,
     )
     proxy_hosts: str = setting("", TEXT, "static egress name map name=address,... (before DNS)")
-    allow_unfiltered: bool = setting(
-        False,
-        BOOL,
-        "allow ALLOWLIST sessions when no iptables filter can be installed (weaker)",
-        flat="egress_allow_unfiltered",
-    )
     private_networks: str = setting(
         "deny",
         TEXT,
@@ -444,6 +442,37 @@ class EventsSection:
         lo=1,
         hi=100_000,
         flat="events_window",
+    )
+
+
+@dataclass(frozen=True)
+class AgentSection:
+    """The in-sandbox agent and its channel (docs/agent.md)."""
+
+    enabled: bool = setting(
+        True,
+        BOOL,
+        "run commands through each sandbox's agent (off: docker exec and an idle keeper)",
+        flat="agent",
+    )
+    keepalive_s: float = setting(
+        5.0, DURATION, "agent channel keepalive period", lo=0.1, hi=300, flat="agent_keepalive"
+    )
+    handshake_s: float = setting(
+        10.0,
+        DURATION,
+        "how long an agent may take to answer a new channel epoch",
+        lo=0.5,
+        hi=300,
+        flat="agent_handshake",
+    )
+    window: int = setting(
+        1 * MiB,
+        SIZE,
+        "flow-control window of each agent stream, per direction",
+        lo=4096,
+        hi=16 * MiB,
+        flat="agent_window",
     )
 
 

@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from sandboxd import tenancy
+from sandboxd.agent.router import agent_settings
 from sandboxd.api.admin_service import AdminService
 from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.api.audit_service import AuditService
@@ -42,7 +43,7 @@ from sandboxd.audit.egress import background_exit, egress_sink, server_lifecycle
 from sandboxd.config import Config, listens_on_loopback
 from sandboxd.dir_watch import DirWatches
 from sandboxd.egress.addresses import Protected
-from sandboxd.egress.networks import EgressManager, parse_static_hosts
+from sandboxd.egress.manager import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
 from sandboxd.engine import DockerEngine, Engine, docker_tls
 from sandboxd.errors import ConfigError, SandboxError
@@ -192,7 +193,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
     engine_address = docker_tls.from_settings(config.engine)  # checked by validate already
     async with AsyncExitStack() as stack:
         metrics = Metrics()
-        engine: Engine = await stack.enter_async_context(
+        docker = await stack.enter_async_context(
             DockerEngine(
                 config.engine.docker_host,
                 config.engine.docker_pool_size,
@@ -201,8 +202,10 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 on_error=metrics.engine_error,
                 gvisor_runtime=config.isolation.gvisor_runtime,
                 address=engine_address,
+                agent=agent_settings(config),
             )
         )
+        engine: Engine = docker
         audit_store = (
             await stack.enter_async_context(AuditStore(config.server.data_dir / "audit.db"))
             if config.audit.enabled
@@ -227,13 +230,14 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         )
         pool = WarmPool.for_config(engine, config, owner_id, metrics)
         stack.push_async_callback(pool.close)  # after the gRPC server stopped, before the engine
-        # Proxies close before the engine; networks and host filters stay (fail closed).
+        # Proxies close before the engine. Sandboxes have no network: their agents carry egress
+        # over the channels to these proxies (docs/agent.md).
         egress = await stack.enter_async_context(
             EgressManager(
                 engine,
                 owner_id,
                 proxy_port=config.egress.proxy_port,
-                allow_unfiltered=config.egress.allow_unfiltered,
+                channels=docker.agents.open if docker.agents is not None else None,
                 on_decision=metrics.proxy_decision,
                 on_event=egress_sink(audit, hub),
                 resolver=Resolver(
@@ -243,7 +247,6 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 ),
                 protected=await _protected(config),
                 private_networks_granted=_private_networks_grant(config),
-                local_engine=engine_address.local,
                 secrets=SecretsSetup(
                     vault.configure(config.egress.secrets_key_file, config.egress.secrets_file),
                     config.egress.upstream_ca_file,
@@ -251,6 +254,8 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 ),
             )
         )
+        if docker.agents is not None:
+            docker.agents.egress = egress  # the agents' egress streams go to these proxies
         executor = Executor(engine)
         stack.push_async_callback(executor.close)
         processes = ProcessManager(executor, on_exit=background_exit(audit, hub))
@@ -318,8 +323,9 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 ("grpc.so_reuseport", 0),
             ],
         )
+        stats = StatsReader(engine, hub, egress.bytes_moved)
         session_pb2_grpc.add_SessionServiceServicer_to_server(
-            PreviewSessionService(sessions, hub, StatsReader(engine, hub), terms, previews), server
+            PreviewSessionService(sessions, hub, stats, terms, previews), server
         )
         process_pb2_grpc.add_ProcessServiceServicer_to_server(
             ProcessService(sessions, executor, config, processes), server

@@ -11,6 +11,7 @@ import mountcheck
 import pytest
 from conftest import HELPER
 from engine_contract import SCENARIOS, SESSION_SCENARIOS, new_owner
+from sandboxd.agent.router import ChannelSettings
 from sandboxd.archive import ArchiveIO
 from sandboxd.engine import DockerEngine
 from sandboxd.files import Files
@@ -23,9 +24,11 @@ def watched(owner: str) -> str:
     return owner
 
 
-@pytest.fixture
-async def docker() -> AsyncIterator[DockerEngine]:
-    async with DockerEngine(helper_path=HELPER, keeper_user="65533:65533") as engine:
+@pytest.fixture(params=["agent", "docker-exec"])
+async def docker(request: pytest.FixtureRequest) -> AsyncIterator[DockerEngine]:
+    """Both ways commands run: over each sandbox's agent channel, and `docker exec`."""
+    agent = ChannelSettings() if request.param == "agent" else None
+    async with DockerEngine(helper_path=HELPER, keeper_user="65533:65533", agent=agent) as engine:
         yield engine
 
 

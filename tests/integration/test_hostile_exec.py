@@ -187,7 +187,8 @@ def test_fork_bomb_is_contained(stubs: Stubs, victim: str) -> None:
 
 def test_kill_everything_keeps_the_container(stubs: Stubs, victim: str) -> None:
     run(stubs, victim, "sh", "-c", "kill -9 -1")
-    assert run(stubs, victim, "kill", "-9", "1").exit_code != 0
+    # Refused (the keeper: another uid) or ignored (the agent: PID 1 of the namespace).
+    run(stubs, victim, "kill", "-9", "1")
     _still_works(stubs, victim)
 
 

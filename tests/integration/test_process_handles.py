@@ -128,7 +128,9 @@ def test_send_input_and_close_stdin_of_a_background_process(
     stubs: Stubs, new_session: SessionFactory
 ) -> None:
     sid = new_session().session_id
-    proc = start(stubs, sid, "cat", stdin=b"first\n", keep_stdin_open=True)
+    # It outlives its stdin by a moment, so STDIN_CLOSED is not raced by its exit (the agent
+    # starts and ends commands in a few ms).
+    proc = start(stubs, sid, "sh", "-c", "cat; sleep 2", stdin=b"first\n", keep_stdin_open=True)
     assert proc.stdin_open and proc.origin == X.PROCESS_ORIGIN_START_PROCESS
     send = X.SendProcessInputRequest(session_id=sid, process_id=proc.process_id, data=b"more\n")
     stubs.processes.SendProcessInput(send, timeout=30)

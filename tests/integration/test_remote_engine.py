@@ -477,21 +477,25 @@ def test_core_scenario_on_a_remote_engine(
     assert owned(engine, server.owner_id) == []
 
 
-def test_allowlist_egress_is_refused_clearly_on_a_remote_engine(stubs: Stubs) -> None:
-    """The egress proxy listens on each session network's gateway on the engine's host, which a
-    remote engine does not share: refused with a reason, and no host iptables rule installed
-    (the suite's host check would see one)."""
+def test_allowlist_egress_reaches_this_servers_proxy_from_a_remote_engine(stubs: Stubs) -> None:
+    """Egress rides the agent's channel, so a remote engine needs nothing of this host: the
+    sandbox has only loopback, and its CONNECT reaches this server's proxy, which decides
+    (a name outside the allowlist is refused by the proxy itself; nothing is dialled)."""
     policy = common_pb2.NetworkPolicy(
         mode=common_pb2.NETWORK_MODE_ALLOWLIST, allowed_domains=["example.com"], allowed_ports=[443]
     )
-    err = expect_error(
-        lambda: stubs.sessions.CreateSession(
-            session_pb2.CreateSessionRequest(shell=ALL, network=policy)
-        ),
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "EGRESS_UNAVAILABLE",
-    )
-    assert "remote" in err.details()  # type: ignore[attr-defined]
+    sid = stubs.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(shell=ALL, network=policy)
+    ).session.session_id
+    try:
+        links = run(stubs, sid, "ls", "/sys/class/net").stdout.split()
+        assert links == [b"lo"], links
+        ask = "CONNECT other.invalid:443 HTTP/1.1\\r\\nHost: other.invalid:443\\r\\n\\r\\n"
+        nc = 'P=${HTTP_PROXY#http://}; printf "%b" "$PAYLOAD" | nc -w 5 "${P%:*}" "${P#*:}"'
+        out = run(stubs, sid, "sh", "-c", nc, env={"PAYLOAD": ask}).stdout.decode(errors="replace")
+        assert "X-Sandboxd-Egress-Reason: NAME_NOT_ALLOWED" in out, out
+    finally:
+        stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
 
 
 @pytest.mark.parametrize("wrong", ["client certificate", "engine CA"])

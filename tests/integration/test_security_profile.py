@@ -53,7 +53,8 @@ def test_host_config(inspected: dict[str, Any]) -> None:
     assert hc["Memory"] == 256 * MiB and hc["MemorySwap"] == 256 * MiB
     assert hc["NanoCpus"] == 500_000_000
     assert hc["PidsLimit"] == 64
-    assert hc["Init"] is True
+    # The agent is PID 1 itself (docs/agent.md): no Docker init in front of it.
+    assert hc["Init"] is False
     assert hc["Tmpfs"]["/workspace"].startswith(
         "rw,nosuid,nodev,size=67108864,uid=65534,gid=65534,mode=0700"
     )
@@ -66,7 +67,8 @@ def test_config_and_labels(
     inspected: dict[str, Any], default_session: session_pb2.Session, server: ServerProcess
 ) -> None:
     cfg = inspected["Config"]
-    assert cfg["User"] != "" and not cfg["User"].startswith("0")
+    assert cfg["User"] == "65534:65534"  # the agent runs as the session's user
+    assert cfg["Cmd"] == ["/.sandboxd/sbx", "agent"] and cfg["OpenStdin"] is True
     labels = cfg["Labels"]
     assert labels["io.sandboxd.owner"] == server.owner_id
     assert labels["io.sandboxd.session"] == default_session.session_id

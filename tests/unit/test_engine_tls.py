@@ -3,7 +3,6 @@ with client certificates, and a clear error for every wrong setting, at start-up
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from pathlib import Path
 
@@ -12,11 +11,9 @@ import pytest
 from authutil import Pki
 from conftest import HELPER
 from sandboxd.config import load_config
-from sandboxd.egress.networks import EgressManager
 from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_tls import engine_address
-from sandboxd.errors import ConfigError, EngineUnavailable, FailedPrecondition
-from sandboxd.reasons import Reason
+from sandboxd.errors import ConfigError, EngineUnavailable
 
 H = ["--helper", str(HELPER)]
 REMOTE = "tcp://10.254.0.2:2376"
@@ -153,20 +150,3 @@ def test_a_tls_failure_says_so_and_what_to_check() -> None:
 def test_an_engine_that_is_down_is_not_called_a_tls_failure() -> None:
     message = str(_raised(ConnectionRefusedError(111, "Connection refused")))
     assert "does not answer" in message and "TLS" not in message
-
-
-# ----- egress with a remote engine ------------------------------------------------------------
-
-
-def test_allowlist_egress_is_refused_for_a_remote_engine() -> None:
-    """The proxy listens on the session network's gateway, an address of the engine's host: with
-    a remote engine ALLOWLIST is refused with its reason, and no host filter is looked for."""
-
-    async def check() -> None:
-        async with EgressManager(engine=None, owner_id="o", local_engine=False) as egress:  # type: ignore[arg-type]
-            with pytest.raises(FailedPrecondition) as info:
-                egress.require_available()
-            assert info.value.reason == Reason.EGRESS_UNAVAILABLE
-            assert "remote" in str(info.value)
-
-    asyncio.run(check())

@@ -487,3 +487,29 @@ async def test_an_expired_lease_closes_the_previews(tmp_path: Path) -> None:
         assert listed == []
         got = await _exchange(p.path_url, _req("/preview/s1/8080/", p.token))
         assert b"X-Sandboxd-Refusal: not_published" in got
+
+
+def test_a_request_to_a_dial_that_already_ended_is_dropped_for_its_error_line() -> None:
+    """Over the agent's channel a write to an ended `sbx dial` fails at once (docker exec took
+    it silently): the relay must still read the end and the error line, and answer 502."""
+    from sandboxd.previews.dialer import ExecByteStream
+
+    class Ended:
+        exec_id = "x"
+
+        def __init__(self) -> None:
+            self.frames = [(2, b'{"error":"ECONNREFUSED","message":"nothing listens"}\n')]
+
+        async def write(self, data: bytes) -> None:
+            raise ConnectionError("the command has ended")
+
+        async def read_joined(self, limit: int) -> tuple[int, bytes] | None:
+            return self.frames.pop(0) if self.frames else None
+
+    async def check() -> None:
+        stream = ExecByteStream(Ended())  # type: ignore[arg-type]
+        await stream.write(b"GET / HTTP/1.1\r\n\r\n")
+        assert await stream.read_some() == b""
+        assert stream.failure() == "ECONNREFUSED"
+
+    asyncio.run(check())

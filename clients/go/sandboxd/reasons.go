@@ -80,7 +80,7 @@ var (
 	ErrNetworkModeFixed = &Error{Code: codes.FailedPrecondition, Reason: "NETWORK_MODE_FIXED"}
 	// ErrNetworkPolicyInvalid: INVALID_ARGUMENT: The network policy (domains, ports, quotas) is malformed.
 	ErrNetworkPolicyInvalid = &Error{Code: codes.InvalidArgument, Reason: "NETWORK_POLICY_INVALID"}
-	// ErrEgressUnavailable: FAILED_PRECONDITION: ALLOWLIST networking needs a host filter this server cannot install.
+	// ErrEgressUnavailable: FAILED_PRECONDITION: ALLOWLIST networking needs the in-sandbox agent, which carries egress over its channel; this server runs with the agent off.
 	ErrEgressUnavailable = &Error{Code: codes.FailedPrecondition, Reason: "EGRESS_UNAVAILABLE"}
 	// ErrTenantSessionQuota: RESOURCE_EXHAUSTED: The tenant has as many live sessions as it may.
 	ErrTenantSessionQuota = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_SESSION_QUOTA"}
@@ -218,7 +218,7 @@ var (
 	ErrIsolationUnavailable = &Error{Code: codes.FailedPrecondition, Reason: "ISOLATION_UNAVAILABLE"}
 	// ErrIsolationNotAllowed: FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed).
 	ErrIsolationNotAllowed = &Error{Code: codes.FailedPrecondition, Reason: "ISOLATION_NOT_ALLOWED"}
-	// ErrIsolationNetworkUnsupported: FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
+	// ErrIsolationNetworkUnsupported: FAILED_PRECONDITION: No longer sent: ALLOWLIST networking works under every isolation tier (egress goes over the agent's channel). Older servers refused it under gvisor.
 	ErrIsolationNetworkUnsupported = &Error{Code: codes.FailedPrecondition, Reason: "ISOLATION_NETWORK_UNSUPPORTED"}
 	// ErrTemplateNotFound: NOT_FOUND: No template of that name (built-in: busybox, python).
 	ErrTemplateNotFound = &Error{Code: codes.NotFound, Reason: "TEMPLATE_NOT_FOUND"}
@@ -272,6 +272,12 @@ var (
 	ErrWorkspaceUnreadable = &Error{Code: codes.FailedPrecondition, Reason: "WORKSPACE_UNREADABLE"}
 	// ErrWorkspaceNotArchivable: FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry.
 	ErrWorkspaceNotArchivable = &Error{Code: codes.FailedPrecondition, Reason: "WORKSPACE_NOT_ARCHIVABLE"}
+	// ErrAgentUnavailable: UNAVAILABLE, retryable: The session's in-sandbox agent does not answer on its channel (no handshake within 10 s, or its keepalive was lost); the server is rescuing it (everything of the sandbox user killed, the agent woken and a new channel epoch begun). Retry shortly.
+	ErrAgentUnavailable = &Error{Code: codes.Unavailable, Reason: "AGENT_UNAVAILABLE"}
+	// ErrAgentRestarted: UNAVAILABLE, retryable: The channel to the session's agent was re-established while this call ran (keepalive lost, a protocol error, a server restart): the command or transfer of this call was ended and its remaining output is lost. Other sessions are unaffected.
+	ErrAgentRestarted = &Error{Code: codes.Unavailable, Reason: "AGENT_RESTARTED"}
+	// ErrAgentProtocolError: INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed or unexpected frame); the stream was reset, the rest of the session is unaffected.
+	ErrAgentProtocolError = &Error{Code: codes.Internal, Reason: "AGENT_PROTOCOL_ERROR"}
 	// ErrWatchLimit: RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first.
 	ErrWatchLimit = &Error{Code: codes.ResourceExhausted, Reason: "WATCH_LIMIT"}
 )
@@ -411,5 +417,8 @@ var Reasons = map[string]ReasonInfo{
 	"PREVIEW_PORTS_QUOTA":           {codes.ResourceExhausted, false, ErrPreviewPortsQuota},
 	"WORKSPACE_UNREADABLE":          {codes.FailedPrecondition, false, ErrWorkspaceUnreadable},
 	"WORKSPACE_NOT_ARCHIVABLE":      {codes.FailedPrecondition, false, ErrWorkspaceNotArchivable},
+	"AGENT_UNAVAILABLE":             {codes.Unavailable, true, ErrAgentUnavailable},
+	"AGENT_RESTARTED":               {codes.Unavailable, true, ErrAgentRestarted},
+	"AGENT_PROTOCOL_ERROR":          {codes.Internal, false, ErrAgentProtocolError},
 	"WATCH_LIMIT":                   {codes.ResourceExhausted, false, ErrWatchLimit},
 }

@@ -55,7 +55,7 @@ export declare class NetworkModeUnsupportedError extends InvalidArgument {}
 export declare class NetworkModeFixedError extends FailedPrecondition {}
 /** INVALID_ARGUMENT: The network policy (domains, ports, quotas) is malformed. */
 export declare class NetworkPolicyInvalidError extends InvalidArgument {}
-/** FAILED_PRECONDITION: ALLOWLIST networking needs a host filter this server cannot install. */
+/** FAILED_PRECONDITION: ALLOWLIST networking needs the in-sandbox agent, which carries egress over its channel; this server runs with the agent off. */
 export declare class EgressUnavailableError extends FailedPrecondition {}
 /** RESOURCE_EXHAUSTED: The tenant has as many live sessions as it may. */
 export declare class TenantSessionQuotaError extends ResourceExhausted {}
@@ -193,7 +193,7 @@ export declare class InvalidExpiryActionError extends InvalidArgument {}
 export declare class IsolationUnavailableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed). */
 export declare class IsolationNotAllowedError extends FailedPrecondition {}
-/** FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY. */
+/** FAILED_PRECONDITION: No longer sent: ALLOWLIST networking works under every isolation tier (egress goes over the agent's channel). Older servers refused it under gvisor. */
 export declare class IsolationNetworkUnsupportedError extends FailedPrecondition {}
 /** NOT_FOUND: No template of that name (built-in: busybox, python). */
 export declare class TemplateNotFoundError extends NotFound {}
@@ -247,6 +247,12 @@ export declare class PreviewPortsQuotaError extends ResourceExhausted {}
 export declare class WorkspaceUnreadableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry. */
 export declare class WorkspaceNotArchivableError extends FailedPrecondition {}
+/** UNAVAILABLE, retryable: The session's in-sandbox agent does not answer on its channel (no handshake within 10 s, or its keepalive was lost); the server is rescuing it (everything of the sandbox user killed, the agent woken and a new channel epoch begun). Retry shortly. */
+export declare class AgentUnavailableError extends Unavailable {}
+/** UNAVAILABLE, retryable: The channel to the session's agent was re-established while this call ran (keepalive lost, a protocol error, a server restart): the command or transfer of this call was ended and its remaining output is lost. Other sessions are unaffected. */
+export declare class AgentRestartedError extends Unavailable {}
+/** INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed or unexpected frame); the stream was reset, the rest of the session is unaffected. */
+export declare class AgentProtocolErrorError extends Internal {}
 /** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
 export declare class WatchLimitError extends ResourceExhausted {}
 
@@ -384,6 +390,9 @@ export type Reason =
   | 'PREVIEW_PORTS_QUOTA'
   | 'WORKSPACE_UNREADABLE'
   | 'WORKSPACE_NOT_ARCHIVABLE'
+  | 'AGENT_UNAVAILABLE'
+  | 'AGENT_RESTARTED'
+  | 'AGENT_PROTOCOL_ERROR'
   | 'WATCH_LIMIT';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */

@@ -55,7 +55,7 @@ export class NetworkModeUnsupportedError extends InvalidArgument {}
 export class NetworkModeFixedError extends FailedPrecondition {}
 /** INVALID_ARGUMENT: The network policy (domains, ports, quotas) is malformed. */
 export class NetworkPolicyInvalidError extends InvalidArgument {}
-/** FAILED_PRECONDITION: ALLOWLIST networking needs a host filter this server cannot install. */
+/** FAILED_PRECONDITION: ALLOWLIST networking needs the in-sandbox agent, which carries egress over its channel; this server runs with the agent off. */
 export class EgressUnavailableError extends FailedPrecondition {}
 /** RESOURCE_EXHAUSTED: The tenant has as many live sessions as it may. */
 export class TenantSessionQuotaError extends ResourceExhausted {}
@@ -193,7 +193,7 @@ export class InvalidExpiryActionError extends InvalidArgument {}
 export class IsolationUnavailableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed). */
 export class IsolationNotAllowedError extends FailedPrecondition {}
-/** FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY. */
+/** FAILED_PRECONDITION: No longer sent: ALLOWLIST networking works under every isolation tier (egress goes over the agent's channel). Older servers refused it under gvisor. */
 export class IsolationNetworkUnsupportedError extends FailedPrecondition {}
 /** NOT_FOUND: No template of that name (built-in: busybox, python). */
 export class TemplateNotFoundError extends NotFound {}
@@ -247,6 +247,12 @@ export class PreviewPortsQuotaError extends ResourceExhausted {}
 export class WorkspaceUnreadableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry. */
 export class WorkspaceNotArchivableError extends FailedPrecondition {}
+/** UNAVAILABLE, retryable: The session's in-sandbox agent does not answer on its channel (no handshake within 10 s, or its keepalive was lost); the server is rescuing it (everything of the sandbox user killed, the agent woken and a new channel epoch begun). Retry shortly. */
+export class AgentUnavailableError extends Unavailable {}
+/** UNAVAILABLE, retryable: The channel to the session's agent was re-established while this call ran (keepalive lost, a protocol error, a server restart): the command or transfer of this call was ended and its remaining output is lost. Other sessions are unaffected. */
+export class AgentRestartedError extends Unavailable {}
+/** INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed or unexpected frame); the stream was reset, the rest of the session is unaffected. */
+export class AgentProtocolErrorError extends Internal {}
 /** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
 export class WatchLimitError extends ResourceExhausted {}
 
@@ -385,5 +391,8 @@ export const REASONS = Object.freeze({
   PREVIEW_PORTS_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: PreviewPortsQuotaError },
   WORKSPACE_UNREADABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: WorkspaceUnreadableError },
   WORKSPACE_NOT_ARCHIVABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: WorkspaceNotArchivableError },
+  AGENT_UNAVAILABLE: { code: 'UNAVAILABLE', retryable: true, error: AgentUnavailableError },
+  AGENT_RESTARTED: { code: 'UNAVAILABLE', retryable: true, error: AgentRestartedError },
+  AGENT_PROTOCOL_ERROR: { code: 'INTERNAL', retryable: false, error: AgentProtocolErrorError },
   WATCH_LIMIT: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: WatchLimitError },
 });

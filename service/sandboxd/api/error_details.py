@@ -30,6 +30,8 @@ RETRYABLE = frozenset(
         Reason.CONTAINER_REBUILDING,
         Reason.REGISTRY_UNREACHABLE,
         Reason.TEMPLATE_BUILDS_BUSY,
+        Reason.AGENT_UNAVAILABLE,
+        Reason.AGENT_RESTARTED,
     }
 )
 RETRY_DELAY_S = 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import ipaddress
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,16 +24,17 @@ from aiodocker.containers import DockerContainer
 from aiodocker.execs import Exec
 
 from sandboxd import images
+from sandboxd.agent.router import AgentRouter, ChannelSettings
 from sandboxd.engine import compat, docker_build, docker_pull, docker_stats
+from sandboxd.engine.docker_attach import DockerAgentPort, exec_over_agent
 from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_exec import DockerExecStream
 from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.docker_tls import EngineAddress, engine_address
 from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
+    ExecStream,
     ImageDetails,
-    NetworkAddress,
-    NetworkInfo,
     PullProgress,
     SandboxInfo,
     SandboxRequest,
@@ -42,7 +42,7 @@ from sandboxd.engine.protocol import (
     SandboxStatus,
 )
 from sandboxd.engine.runsc_leftovers import end_leftovers
-from sandboxd.errors import FailedPrecondition, Internal, NotFound
+from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 
@@ -65,11 +65,13 @@ class DockerEngine:
         on_error: Callable[[str], None] | None = None,
         gvisor_runtime: str = "runsc",
         address: EngineAddress | None = None,
+        agent: ChannelSettings | None = None,
     ) -> None:
         # The engine runtime of each tier: HostConfig.Runtime of every sandbox says which.
         self._runtimes = {Isolation.RUNC: "runc", Isolation.GVISOR: gvisor_runtime}
         self._helper = HelperVolume(helper_path)  # mounted read-only in every sandbox
         self._keeper_user = keeper_user
+        self.keeper_user = keeper_user  # an agent running as this user carries egress only
         self._on_error = on_error  # told the kind of every engine failure (metrics)
         # tcp:// with TLS: the checked address the server built from its settings (docker_tls).
         self._address = address or engine_address(docker_host)
@@ -77,6 +79,8 @@ class DockerEngine:
         self._pool_size = pool_size
         self._docker: aiodocker.Docker | None = None
         self.api_version = ""
+        # With an agent, sandboxes run `sbx agent` and commands go over its channel.
+        self.agents = AgentRouter(DockerAgentPort(self), agent) if agent is not None else None
 
     async def __aenter__(self) -> DockerEngine:
         compat.check_versions()
@@ -102,6 +106,8 @@ class DockerEngine:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self.agents is not None:
+            await self.agents.close()
         if self._docker is not None:
             await self._docker.close()
         await self._connector.close()
@@ -145,6 +151,10 @@ class DockerEngine:
             helper_volume=self._helper.name,
             keeper_user=self._keeper_user,
             runtime=self._runtimes[request.spec.isolation],
+            # runsc lets a same-uid process SIGKILL PID 1 (measured): gVisor keeps the keeper.
+            agent=self.agents is not None and request.spec.isolation is not Isolation.GVISOR,
+            # ...and an ALLOWLIST gVisor sandbox's keeper is the agent, for its egress only.
+            egress_agent=self.agents is not None and bool(request.egress_port),
         )
 
     def sandbox_shape(self, request: SandboxRequest) -> str:
@@ -164,6 +174,8 @@ class DockerEngine:
         try:
             with self._translate(f"starting container {sandbox_id[:12]}"):
                 await self._container(sandbox_id).start()
+            if self.agents is not None:
+                await self.agents.open(sandbox_id)
         except BaseException:
             # A runsc start that failed may leave its gofer/sandbox processes on this host.
             if self._local:
@@ -175,6 +187,8 @@ class DockerEngine:
 
         Bounded: a removal that does not finish within REMOVE_TIMEOUT_S (a paused container on
         an engine that will not kill a frozen one) is retried once after an unpause."""
+        if self.agents is not None:
+            await self.agents.forget(sandbox_id)
         container = self._container(sandbox_id)
         try:
             with self._translate(f"removing container {sandbox_id[:12]}"):
@@ -201,6 +215,10 @@ class DockerEngine:
                 return dict(await self._container(sandbox_id).show())
         except NotFound:
             return None
+
+    async def running(self, sandbox_id: str) -> bool:
+        info = await self._inspect(sandbox_id)
+        return bool(info and (info.get("State") or {}).get("Running"))
 
     async def inspect_sandbox(
         self, sandbox_id: str, expected: SandboxRequest | None = None
@@ -243,11 +261,38 @@ class DockerEngine:
         workdir: str | None = None,
         stdin: bool = False,
         tty: bool = False,
-    ) -> AsyncIterator[DockerExecStream]:
+    ) -> AsyncIterator[ExecStream]:
         """Start a command in the container and yield its stream; closed on exit.
 
-        With `tty` the command gets a terminal: its output arrives as one stream (fd 1).
+        Over the sandbox's agent channel when it has one and the agent runs as `user`; else
+        (and in the rescue path) a `docker exec`. With `tty` the command gets a terminal: its
+        output arrives as one stream (fd 1).
         """
+        channel = await self.agents.serves(container_id, user) if self.agents else None
+        if self.agents is not None and channel is not None:
+            async with exec_over_agent(
+                self, channel, container_id, argv, env=env, workdir=workdir, stdin=stdin, tty=tty
+            ) as agent_stream:
+                yield agent_stream
+            return
+        async with self.docker_exec(
+            container_id, argv, user=user, env=env, workdir=workdir, stdin=stdin, tty=tty
+        ) as stream:
+            yield stream
+
+    @contextlib.asynccontextmanager
+    async def docker_exec(
+        self,
+        container_id: str,
+        argv: Sequence[str],
+        *,
+        user: str,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        stdin: bool = False,
+        tty: bool = False,
+    ) -> AsyncIterator[DockerExecStream]:
+        """A `docker exec`: the path without an agent, and the rescue path."""
         with self._translate(f"exec in container {container_id[:12]}"):
             execution = await self._container(container_id).exec(
                 list(argv),
@@ -267,76 +312,22 @@ class DockerEngine:
 
     async def exec_resize(self, exec_id: str, rows: int, cols: int) -> None:
         """Set the terminal size of a running tty exec (the command gets SIGWINCH)."""
+        if self.agents is not None and self.agents.owns(exec_id):
+            self.agents.resize(exec_id, rows, cols)
+            return
         with self._translate(f"resizing exec {exec_id[:12]}"):
             await Exec(self.docker, exec_id).resize(h=rows, w=cols)
 
     async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
+        if self.agents is not None and self.agents.owns(exec_id):
+            return self.agents.inspect(exec_id)
         with self._translate(f"inspecting exec {exec_id[:12]}"):
             return dict(await Exec(self.docker, exec_id).inspect())
 
     def _translate(self, what: str) -> contextlib.AbstractContextManager[None]:
         return translate_errors(what, self._on_error)
 
-    # ----- networks (the egress allowlist's per-session Internal networks) ---------------
-
-    async def ensure_network(
-        self, name: str, labels: Mapping[str, str], bridge: str
-    ) -> NetworkAddress:
-        info = await self._inspect_network(name)
-        if info is None:
-            with self._translate(f"creating network {name}"):
-                network = await self.docker.networks.create(
-                    {
-                        "Name": name,
-                        "Driver": "bridge",
-                        "Internal": True,
-                        "CheckDuplicate": True,
-                        "EnableIPv6": False,
-                        "Labels": dict(labels),
-                        "Options": {
-                            "com.docker.network.bridge.name": bridge,
-                            "com.docker.network.bridge.enable_icc": "false",
-                        },
-                    }
-                )
-                info = dict(await network.show())
-        try:
-            ipam = info["IPAM"]["Config"][0]
-            gateway = str(ipaddress.ip_address(ipam["Gateway"]))
-            subnet = str(ipaddress.ip_network(ipam["Subnet"], strict=False))
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise Internal(f"network {name} has no usable IPAM gateway: {exc}") from exc
-        return NetworkAddress(gateway=gateway, subnet=subnet)
-
-    async def _inspect_network(self, name_or_id: str) -> dict[str, Any] | None:
-        try:
-            with self._translate(f"inspecting network {name_or_id[:64]}"):
-                network = await self.docker.networks.get(name_or_id)
-                return dict(await network.show())
-        except NotFound:
-            return None
-
-    async def remove_network(self, name: str) -> None:
-        """Remove; a network that is already gone is not an error."""
-        try:
-            with self._translate(f"removing network {name[:64]}"):
-                network = await self.docker.networks.get(name)
-                await network.delete()
-        except NotFound:
-            pass
-
-    async def list_networks(self, owner_id: str) -> list[NetworkInfo]:
-        filters = {"label": [f"{LABEL_OWNER}={owner_id}"]}
-        with self._translate("listing networks"):
-            found = await self.docker.networks.list(filters=filters)
-        return [
-            NetworkInfo(
-                network_id=str(n.get("Id", "")),
-                name=str(n.get("Name", "")),
-                session_id=str((n.get("Labels") or {}).get(LABEL_SESSION, "")),
-            )
-            for n in found
-        ]
+    translate = _translate  # for the engine's own helpers (docker_attach)
 
     # ----- images (IMAGE snapshots) ------------------------------------------------------
 

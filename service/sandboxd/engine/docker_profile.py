@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandboxd import images
-from sandboxd.engine.protocol import SandboxRequest, SessionNetwork
+from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 from sandboxd.profile import HELPER_IN_CONTAINER, TMP_BYTES, base_env
@@ -35,13 +35,25 @@ _CHECKED = (
 
 
 def container_config(
-    request: SandboxRequest, *, helper_volume: str, keeper_user: str, runtime: str = "runc"
+    request: SandboxRequest,
+    *,
+    helper_volume: str,
+    keeper_user: str,
+    runtime: str = "runc",
+    agent: bool = True,
+    egress_agent: bool = False,
 ) -> dict[str, Any]:
-    """The create request; the main process idles as `keeper_user`, under the OCI `runtime`
-    of the session's isolation tier (runc, or runsc for gvisor).
+    """The create request, under the OCI `runtime` of the session's isolation tier (runc, or
+    runsc for gvisor).
 
-    The keeper runs under a uid different from the sandbox user, so `kill -9 -1` run by a
-    command cannot end the container (and with it the workspace tmpfs).
+    With `agent` the main process is the in-sandbox agent (docs/agent.md), as the session's
+    own uid:gid: PID 1 of the container (`Init` off), so the kernel drops the signals a
+    command sends it (`kill -9 -1` cannot end the container and its workspace tmpfs), with
+    stdin open for the server's channel. Without, it idles as `keeper_user`, a uid different
+    from the sandbox user's, behind Docker's init, and commands are `docker exec`s; with
+    `egress_agent` too (an ALLOWLIST sandbox without the agent as PID 1: gVisor) that keeper is
+    the agent, still as `keeper_user` behind Docker's init (so a command can neither signal nor
+    trace it), whose channel carries the sandbox's egress and no command.
     """
     spec = request.spec
     limits = spec.limits
@@ -57,9 +69,9 @@ def container_config(
     config: dict[str, Any] = {
         # A resumed session runs the image it was created from, whatever the tag says now.
         "Image": spec.image_id or spec.image,
-        "Cmd": [HELPER_IN_CONTAINER, "idle"],
+        "Cmd": [HELPER_IN_CONTAINER, "agent" if agent else "idle"],
         "Entrypoint": [],
-        "User": keeper_user,
+        "User": spec.user if agent else keeper_user,
         "WorkingDir": "/",
         "Env": [
             f"{k}={v}" for k, v in {**base_env(spec), **trust.sandbox_env(spec.network)}.items()
@@ -67,11 +79,13 @@ def container_config(
         "Hostname": "sandbox",
         "Labels": labels,
         "NetworkDisabled": True,
-        "AttachStdin": False,
-        "AttachStdout": False,
-        "AttachStderr": False,
+        "AttachStdin": agent,
+        "AttachStdout": agent,
+        "AttachStderr": agent,
         "Tty": False,
-        "OpenStdin": False,
+        # The channel's pipe: kept open across attachments (a server restart re-attaches).
+        "OpenStdin": agent,
+        "StdinOnce": False,
         "StopSignal": "SIGKILL",
         # An image's HEALTHCHECK would run commands outside every supervisor (finding 12.8).
         "Healthcheck": images.HEALTHCHECK_OFF,
@@ -95,7 +109,7 @@ def container_config(
             "MemorySwap": limits.memory_bytes,
             "NanoCpus": limits.cpu_millis * 1_000_000,
             "PidsLimit": limits.pids,
-            "Init": True,
+            "Init": not agent,
             "IpcMode": "private",
             # The helper comes from a volume named after its content, never bound from the
             # server's own file: /proc/self/mountinfo would show the server host's path.
@@ -106,10 +120,13 @@ def container_config(
             "Ulimits": [{"Name": "core", "Soft": 0, "Hard": 0}],
         },
     }
+    if egress_agent and not agent:
+        config["Cmd"] = [HELPER_IN_CONTAINER, "agent"]
+        config.update(AttachStdin=True, AttachStdout=True, AttachStderr=True, OpenStdin=True)
     if spec.isolation is Isolation.GVISOR:
         config["HostConfig"].update(gvisor_pids(limits.pids))
-    if request.network is not None:
-        config = apply_to_container(config, request.network)
+    if request.egress_port:
+        config = apply_to_container(config, request.egress_port)
     return config
 
 
@@ -132,18 +149,17 @@ def gvisor_pids(pids: int) -> dict[str, Any]:
     }
 
 
-def apply_to_container(config: dict[str, Any], net: SessionNetwork) -> dict[str, Any]:
-    """The session's container profile, attached to its network, with the proxy variables."""
+def apply_to_container(config: dict[str, Any], egress_port: int) -> dict[str, Any]:
+    """An ALLOWLIST session's container profile: still network mode none (loopback only), with
+    the proxy variables pointing at the agent's listener on the sandbox's loopback, which
+    carries each connection over the channel to the session's proxy (docs/agent.md)."""
     config = dict(config)
-    config["NetworkDisabled"] = False
-    # The embedded resolver forwards to the gateway, where the filter drops port 53: no name
-    # lookups (nor DNS tunnels) from the container, whatever resolver the host uses.
-    config["HostConfig"] = {**config["HostConfig"], "NetworkMode": net.name, "Dns": [net.gateway]}
+    proxy_url = f"http://127.0.0.1:{egress_port}"
     proxy_env = {
-        "HTTP_PROXY": net.proxy_url,
-        "HTTPS_PROXY": net.proxy_url,
-        "http_proxy": net.proxy_url,
-        "https_proxy": net.proxy_url,
+        "HTTP_PROXY": proxy_url,
+        "HTTPS_PROXY": proxy_url,
+        "http_proxy": proxy_url,
+        "https_proxy": proxy_url,
         "NO_PROXY": NO_PROXY,
         "no_proxy": NO_PROXY,
     }

@@ -140,7 +140,12 @@ class ExecByteStream(Buffered):
             self._stderr += data[: max(0, STDERR_KEEP - len(self._stderr))]
 
     async def write(self, data: bytes) -> None:
-        await self._stream.write(data)
+        """A request to a `sbx dial` that already ended (nothing listened) is dropped: what
+        the caller then reads is its end and its error line, which say why (a 502)."""
+        try:
+            await self._stream.write(data)
+        except ConnectionError:
+            return
 
     def close_write(self) -> None:
         self._stream.close_stdin()

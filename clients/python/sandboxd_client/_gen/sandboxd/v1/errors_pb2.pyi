@@ -98,7 +98,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_NETWORK_POLICY_INVALID: _ErrorReason.ValueType  # 37
     """INVALID_ARGUMENT: The network policy (domains, ports, quotas) is malformed."""
     ERROR_REASON_EGRESS_UNAVAILABLE: _ErrorReason.ValueType  # 38
-    """FAILED_PRECONDITION: ALLOWLIST networking needs a host filter this server cannot install."""
+    """FAILED_PRECONDITION: ALLOWLIST networking needs the in-sandbox agent, which carries egress
+    over its channel; this server runs with the agent off.
+    """
     ERROR_REASON_TENANT_SESSION_QUOTA: _ErrorReason.ValueType  # 39
     """RESOURCE_EXHAUSTED: The tenant has as many live sessions as it may."""
     ERROR_REASON_TENANT_MEMORY_QUOTA: _ErrorReason.ValueType  # 40
@@ -242,8 +244,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_ISOLATION_NOT_ALLOWED: _ErrorReason.ValueType  # 121
     """FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed)."""
     ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED: _ErrorReason.ValueType  # 122
-    """FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its
-    sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
+    """FAILED_PRECONDITION: No longer sent: ALLOWLIST networking works under every isolation tier
+    (egress goes over the agent's channel). Older servers refused it under gvisor.
     """
     ERROR_REASON_TEMPLATE_NOT_FOUND: _ErrorReason.ValueType  # 123
     """NOT_FOUND: No template of that name (built-in: busybox, python)."""
@@ -308,6 +310,20 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than
     tar or a restore accepts...), so no snapshot or export can carry it; refused before
     anything was stopped. The message names the entry.
+    """
+    ERROR_REASON_AGENT_UNAVAILABLE: _ErrorReason.ValueType  # 220
+    """UNAVAILABLE, retryable: The session's in-sandbox agent does not answer on its channel (no
+    handshake within 10 s, or its keepalive was lost); the server is rescuing it (everything of
+    the sandbox user killed, the agent woken and a new channel epoch begun). Retry shortly.
+    """
+    ERROR_REASON_AGENT_RESTARTED: _ErrorReason.ValueType  # 221
+    """UNAVAILABLE, retryable: The channel to the session's agent was re-established while this
+    call ran (keepalive lost, a protocol error, a server restart): the command or transfer of
+    this call was ended and its remaining output is lost. Other sessions are unaffected.
+    """
+    ERROR_REASON_AGENT_PROTOCOL_ERROR: _ErrorReason.ValueType  # 222
+    """INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed
+    or unexpected frame); the stream was reset, the rest of the session is unaffected.
     """
     ERROR_REASON_WATCH_LIMIT: _ErrorReason.ValueType  # 230
     """RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams;
@@ -399,7 +415,9 @@ ERROR_REASON_NETWORK_MODE_FIXED: ErrorReason.ValueType  # 36
 ERROR_REASON_NETWORK_POLICY_INVALID: ErrorReason.ValueType  # 37
 """INVALID_ARGUMENT: The network policy (domains, ports, quotas) is malformed."""
 ERROR_REASON_EGRESS_UNAVAILABLE: ErrorReason.ValueType  # 38
-"""FAILED_PRECONDITION: ALLOWLIST networking needs a host filter this server cannot install."""
+"""FAILED_PRECONDITION: ALLOWLIST networking needs the in-sandbox agent, which carries egress
+over its channel; this server runs with the agent off.
+"""
 ERROR_REASON_TENANT_SESSION_QUOTA: ErrorReason.ValueType  # 39
 """RESOURCE_EXHAUSTED: The tenant has as many live sessions as it may."""
 ERROR_REASON_TENANT_MEMORY_QUOTA: ErrorReason.ValueType  # 40
@@ -543,8 +561,8 @@ ERROR_REASON_ISOLATION_UNAVAILABLE: ErrorReason.ValueType  # 120
 ERROR_REASON_ISOLATION_NOT_ALLOWED: ErrorReason.ValueType  # 121
 """FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed)."""
 ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED: ErrorReason.ValueType  # 122
-"""FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its
-sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
+"""FAILED_PRECONDITION: No longer sent: ALLOWLIST networking works under every isolation tier
+(egress goes over the agent's channel). Older servers refused it under gvisor.
 """
 ERROR_REASON_TEMPLATE_NOT_FOUND: ErrorReason.ValueType  # 123
 """NOT_FOUND: No template of that name (built-in: busybox, python)."""
@@ -609,6 +627,20 @@ ERROR_REASON_WORKSPACE_NOT_ARCHIVABLE: ErrorReason.ValueType  # 101
 """FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than
 tar or a restore accepts...), so no snapshot or export can carry it; refused before
 anything was stopped. The message names the entry.
+"""
+ERROR_REASON_AGENT_UNAVAILABLE: ErrorReason.ValueType  # 220
+"""UNAVAILABLE, retryable: The session's in-sandbox agent does not answer on its channel (no
+handshake within 10 s, or its keepalive was lost); the server is rescuing it (everything of
+the sandbox user killed, the agent woken and a new channel epoch begun). Retry shortly.
+"""
+ERROR_REASON_AGENT_RESTARTED: ErrorReason.ValueType  # 221
+"""UNAVAILABLE, retryable: The channel to the session's agent was re-established while this
+call ran (keepalive lost, a protocol error, a server restart): the command or transfer of
+this call was ended and its remaining output is lost. Other sessions are unaffected.
+"""
+ERROR_REASON_AGENT_PROTOCOL_ERROR: ErrorReason.ValueType  # 222
+"""INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed
+or unexpected frame); the stream was reset, the rest of the session is unaffected.
 """
 ERROR_REASON_WATCH_LIMIT: ErrorReason.ValueType  # 230
 """RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams;

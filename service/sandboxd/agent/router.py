@@ -1,0 +1,296 @@
+"""The server's channels, one per sandbox, and the rescue of an agent that stops answering.
+
+The engine adapter asks this router for a sandbox's channel before every command: a channel is
+opened when its sandbox starts (pool members too), re-opened on first use after a server
+restart (the agent's detached processes survive: HELLO_OK lists them), and closed when the
+sandbox is removed. A channel that goes LOST (no HELLO_OK within the handshake bound, keepalive
+lost) is rescued once at a time: the port kills every process of the sandbox user and wakes the
+agent, then a new epoch begins; callers meanwhile get AGENT_UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sandboxd.agent.channel import Channel, State
+from sandboxd.agent.egress_route import EgressEndpoints, egress_port, peer_open_handler
+from sandboxd.agent.exec_stream import AgentExec, exec_request
+from sandboxd.agent.streams import agent_unavailable
+from sandboxd.agent.transport import Transport
+from sandboxd.config_sections import AgentSection
+from sandboxd.errors import SandboxError
+
+log = logging.getLogger(__name__)
+
+RESCUE_RETRY_S = 10.0  # a rescue that failed is tried again on use, at most this often
+KEPT_EXITS = 4096  # ended execs whose inspect answer is kept (the kill path asks after close)
+
+
+class Paused(Exception):
+    """The engine has frozen the sandbox (docker pause): its agent cannot answer, and nothing
+    is to be killed for that."""
+
+
+@dataclass(frozen=True)
+class Attached:
+    """A pipe to a sandbox's agent, and the uid:gid the agent (hence every command) runs as."""
+
+    transport: Transport
+    user: str
+    env: Mapping[str, str] = field(default_factory=dict)  # the container's (docker exec's base)
+    session_id: str = ""  # the session the server labelled the container with (egress)
+
+
+class AgentPort(Protocol):
+    """What the router needs of the engine (the Docker adapter: engine/docker_attach.py)."""
+
+    async def attach(self, sandbox_id: str) -> Attached | None:
+        """None when the sandbox's main process is not the agent (the agent is off for its
+        tier, or it predates the agent): its commands are the engine's own execs."""
+        ...
+
+    async def rescue(self, sandbox_id: str, user: str) -> str:
+        """Kill every process of `user` in the sandbox and wake its agent (outside the
+        channel); says what was done. `Paused` when the engine has frozen the sandbox."""
+        ...
+
+
+@dataclass
+class _Entry:
+    channel: Channel
+    user: str
+    env: Mapping[str, str]
+    rescuing: asyncio.Task[None] | None = None
+    rescued_at: float = 0.0
+    paused: bool = False
+    execs: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class ChannelSettings:
+    window: int = 1 << 20
+    keepalive_s: float = 5.0
+    handshake_s: float = 10.0
+    resend_s: float = 0.5
+
+
+def agent_settings(config: _HasAgent) -> ChannelSettings | None:
+    """The channel settings of the server's config; None when the agent is turned off."""
+    a = config.agent
+    if not a.enabled:
+        return None
+    return ChannelSettings(window=a.window, keepalive_s=a.keepalive_s, handshake_s=a.handshake_s)
+
+
+class _HasAgent(Protocol):
+    @property
+    def agent(self) -> AgentSection: ...
+
+
+class AgentRouter:
+    def __init__(self, port: AgentPort, settings: ChannelSettings | None = None) -> None:
+        self._port = port
+        self._settings = settings or ChannelSettings()
+        self._entries: dict[str, _Entry] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._without: set[str] = set()  # sandboxes whose main process is not the agent
+        self._execs: dict[str, AgentExec] = {}
+        self._ended: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.egress: EgressEndpoints | None = None  # the server's proxies (set once, at start)
+
+    # ----- channels ------------------------------------------------------------------------
+
+    async def open(self, sandbox_id: str) -> Channel | None:
+        """The sandbox's channel, attached and handshaken (None for a sandbox without an
+        agent); AGENT_UNAVAILABLE if the agent does not answer (a rescue is then under way)."""
+        if sandbox_id in self._without:
+            return None
+        lock = self._locks.setdefault(sandbox_id, asyncio.Lock())
+        async with lock:
+            entry = self._entries.get(sandbox_id)
+            if entry is not None and entry.channel.state is not State.CLOSED:
+                return await self._usable(sandbox_id, entry)
+            if entry is not None:
+                await self._drop(sandbox_id, entry)
+            attached = await self._port.attach(sandbox_id)
+            if attached is None:
+                self._without.add(sandbox_id)
+                return None
+            s = self._settings
+            channel = Channel(
+                attached.transport,
+                name=sandbox_id[:12],
+                window=s.window,
+                keepalive_s=s.keepalive_s,
+                handshake_s=s.handshake_s,
+                resend_s=s.resend_s,
+                on_lost=lambda ch, why: self._lost(sandbox_id, ch, why),
+                egress_port=functools.partial(egress_port, self.egress, attached.session_id),
+                on_peer_open=peer_open_handler(self.egress, attached.session_id),
+            )
+            entry = _Entry(channel, attached.user, attached.env)
+            self._entries[sandbox_id] = entry
+            try:
+                hello = await channel.start()
+            except SandboxError:
+                self._lost(sandbox_id, channel, channel.why)
+                raise
+            log.info(
+                "agent channel %s open: agent %s (pid %d), %d detached processes",
+                sandbox_id[:12],
+                hello.instance,
+                hello.pid,
+                len(hello.processes),
+            )
+            return channel
+
+    async def _usable(self, sandbox_id: str, entry: _Entry) -> Channel:
+        """A LOST channel is rescued now (or the rescue under way awaited) before answering."""
+        if entry.channel.state is State.LOST:
+            self._lost(sandbox_id, entry.channel, entry.channel.why, now=True)
+            if entry.rescuing is not None:
+                await asyncio.wait({entry.rescuing}, timeout=self._settings.handshake_s + 15)
+            if entry.channel.state is State.LOST:
+                raise agent_unavailable(
+                    f"the sandbox's agent does not answer ({entry.channel.why}); the server is "
+                    "rescuing it, try again shortly"
+                )
+        await entry.channel.ready()
+        return entry.channel
+
+    async def forget(self, sandbox_id: str) -> None:
+        """The sandbox is being removed: close its channel."""
+        entry = self._entries.pop(sandbox_id, None)
+        self._locks.pop(sandbox_id, None)
+        self._without.discard(sandbox_id)
+        if entry is not None:
+            await self._drop(sandbox_id, entry)
+
+    async def _drop(self, sandbox_id: str, entry: _Entry) -> None:
+        if entry.rescuing is not None:
+            entry.rescuing.cancel()
+        for exec_id in entry.execs:
+            self._execs.pop(exec_id, None)
+        await entry.channel.close()
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for sandbox_id in list(self._entries):
+            await self.forget(sandbox_id)
+        if self._tasks:
+            await asyncio.wait(self._tasks)
+
+    def state(self, sandbox_id: str) -> State | None:
+        entry = self._entries.get(sandbox_id)
+        return entry.channel.state if entry is not None else None
+
+    # ----- rescue --------------------------------------------------------------------------
+
+    def _lost(self, sandbox_id: str, channel: Channel, why: str, *, now: bool = False) -> None:
+        """Start a rescue unless one runs; on its own (not for a caller: `now`) at most every
+        RESCUE_RETRY_S."""
+        entry = self._entries.get(sandbox_id)
+        if entry is None or entry.channel is not channel or channel.state is not State.LOST:
+            return
+        if entry.rescuing is not None and not entry.rescuing.done():
+            return
+        if not now and time.monotonic() - entry.rescued_at < RESCUE_RETRY_S:
+            return
+        entry.rescued_at = time.monotonic()
+        task = asyncio.get_running_loop().create_task(self._rescue(sandbox_id, entry, why))
+        entry.rescuing = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _rescue(self, sandbox_id: str, entry: _Entry, why: str) -> None:
+        log.warning("agent of %s does not answer (%s): rescuing", sandbox_id[:12], why)
+        try:
+            if entry.paused:
+                # It was silent because the engine froze the sandbox: nothing to kill if it
+                # answers now.
+                entry.paused = False
+                with contextlib.suppress(SandboxError):
+                    hello = await entry.channel.resync()
+                    log.warning("agent of %s answers again after a pause", sandbox_id[:12])
+                    return
+            done = await self._port.rescue(sandbox_id, entry.user)
+            log.warning("agent of %s: %s", sandbox_id[:12], done)
+            hello = await entry.channel.resync()
+            log.warning("agent of %s answers again (agent %s)", sandbox_id[:12], hello.instance)
+        except asyncio.CancelledError:
+            raise
+        except Paused:
+            entry.paused = True
+            log.warning("agent of %s: its sandbox is paused; rescued once it runs", sandbox_id[:12])
+        except Exception as exc:
+            log.error("agent of %s could not be rescued: %s", sandbox_id[:12], exc)
+
+    # ----- commands ------------------------------------------------------------------------
+
+    async def serves(self, sandbox_id: str, user: str) -> Channel | None:
+        """The channel for a command as `user`; None when the agent runs as another user
+        (then only the engine's own exec can run it)."""
+        channel = await self.open(sandbox_id)
+        entry = self._entries.get(sandbox_id)
+        return channel if channel is not None and entry is not None and entry.user == user else None
+
+    @contextlib.asynccontextmanager
+    async def exec(
+        self,
+        sandbox_id: str,
+        channel: Channel,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None,
+        workdir: str | None,
+        stdin: bool,
+        tty: bool,
+    ) -> AsyncIterator[AgentExec]:
+        entry = self._entries.get(sandbox_id)
+        base = entry.env if entry is not None else {}
+        request = exec_request(argv, base_env=base, env=env, workdir=workdir, stdin=stdin, tty=tty)
+        stream = await channel.open("exec", request)
+        opened = stream.opened.result()
+        pid = opened.get("pid")
+        exec_id = f"agent-{sandbox_id[:12]}-{next(self._ids)}"
+        handle = AgentExec(channel, stream, exec_id, pid if isinstance(pid, int) else 0)
+        if entry is not None:
+            entry.execs.add(exec_id)
+        self._execs[exec_id] = handle
+        try:
+            yield handle
+        finally:
+            await handle.close()
+            self._execs.pop(exec_id, None)
+            if entry is not None:
+                entry.execs.discard(exec_id)
+            self._ended[exec_id] = handle.inspect()
+            while len(self._ended) > KEPT_EXITS:
+                self._ended.popitem(last=False)
+
+    def resize(self, exec_id: str, rows: int, cols: int) -> None:
+        handle = self._execs.get(exec_id)
+        if handle is not None:
+            handle.resize(rows, cols)
+
+    def inspect(self, exec_id: str) -> dict[str, Any]:
+        handle = self._execs.get(exec_id)
+        if handle is not None:
+            return handle.inspect()
+        return self._ended.get(exec_id) or {"Running": False, "ExitCode": -1}
+
+    @staticmethod
+    def owns(exec_id: str) -> bool:
+        return exec_id.startswith("agent-")

@@ -1,0 +1,154 @@
+"""The agent channel's pipe on Docker: the container's attached stdio (`Tty: false`, so the
+engine multiplexes stdout and stderr with its 8-byte headers), and the rescue path's
+`docker exec`.
+
+stdout carries the agent's frames; stderr is only its diagnostics, logged at debug and capped.
+Nothing of the server's file system is involved, so the same pipe works with a remote engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import aiodocker
+import aiohttp
+from aiodocker.stream import Stream
+
+from sandboxd.agent.channel import Channel
+from sandboxd.agent.exec_stream import AgentExec
+from sandboxd.agent.router import Attached, Paused
+from sandboxd.engine import compat
+from sandboxd.errors import FailedPrecondition, NotFound, Unavailable
+from sandboxd.labels import LABEL_SESSION
+from sandboxd.profile import HELPER_IN_CONTAINER
+from sandboxd.reasons import Reason
+
+if TYPE_CHECKING:
+    from sandboxd.engine.docker import DockerEngine
+
+log = logging.getLogger(__name__)
+
+STDERR_LOGGED = 64 * 1024  # of the agent's diagnostics per attachment
+AGENT_CMD = [HELPER_IN_CONTAINER, "agent"]
+
+
+class AttachTransport:
+    """One `POST /containers/{id}/attach` hijacked connection, as the channel's Transport."""
+
+    def __init__(self, stream: Stream, name: str) -> None:
+        self._stream = stream
+        self._name = name
+        self._stderr = 0
+
+    async def read(self) -> bytes | None:
+        while True:
+            try:
+                msg = await self._stream.read_out()
+            except (aiohttp.ClientError, OSError, aiodocker.DockerError) as exc:
+                log.info("agent pipe of %s ended: %s", self._name, exc)
+                return None
+            if msg is None:
+                return None
+            if msg.stream != 2:
+                return bytes(msg.data)
+            if self._stderr < STDERR_LOGGED:
+                text = msg.data[: STDERR_LOGGED - self._stderr]
+                self._stderr += len(text)
+                log.debug("agent %s: %s", self._name, text.decode(errors="replace").rstrip())
+
+    async def write(self, data: bytes) -> None:
+        try:
+            await self._stream.write_in(data)
+        except (aiohttp.ClientError, RuntimeError, AssertionError) as exc:
+            raise ConnectionError(f"the agent pipe of {self._name} is closed: {exc}") from exc
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._stream.close()
+
+
+class DockerAgentPort:
+    """The router's port on Docker (sandboxd.agent.router.AgentPort)."""
+
+    def __init__(self, engine: DockerEngine) -> None:
+        self._engine = engine
+
+    async def attach(self, sandbox_id: str) -> Attached | None:
+        container = self._engine.docker.containers.container(sandbox_id)
+        with self._engine.translate(f"attaching to container {sandbox_id[:12]}"):
+            info = await container.show()
+        config = info.get("Config") or {}
+        if list(config.get("Cmd") or []) != AGENT_CMD:
+            return None
+        if not (info.get("State") or {}).get("Running"):
+            # As `docker exec` answers a stopped container: the session's check follows.
+            raise FailedPrecondition(
+                f"container {sandbox_id[:12]} is not running", reason=Reason.ENGINE_CONFLICT
+            )
+        with self._engine.translate(f"attaching to container {sandbox_id[:12]}"):
+            stream = container.attach(stdin=True, stdout=True, stderr=True, logs=False)
+            await compat.start_stream(stream)
+        env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+        labels = config.get("Labels") or {}
+        return Attached(
+            AttachTransport(stream, sandbox_id[:12]),
+            str(config.get("User") or ""),
+            env,
+            session_id=str(labels.get(LABEL_SESSION, "")),
+        )
+
+    async def rescue(self, sandbox_id: str, user: str) -> str:
+        """`kill -KILL -1` as the sandbox user through `docker exec` (every process of that
+        user but the agent, which is PID 1 of the container and immune to signals from inside),
+        then SIGCONT to the agent from the engine (a stopped agent runs again)."""
+        with self._engine.translate(f"inspecting container {sandbox_id[:12]}"):
+            state = (await self._engine.docker.containers.container(sandbox_id).show())["State"]
+        if state.get("Paused"):
+            raise Paused(f"container {sandbox_id[:12]} is paused")
+        done = []
+        if user == self._engine.keeper_user:  # an egress-only agent: no command ran under it,
+            return "left the keeper's processes alone (egress only)"  # and none can touch it
+        with contextlib.suppress(Exception):
+            async with self._engine.docker_exec(
+                sandbox_id, ["/bin/sh", "-c", "kill -KILL -1"], user=user
+            ) as stream:
+                while await stream.read() is not None:
+                    pass
+                done.append(f"killed every process of {user} (exit {await stream.exit_code()})")
+        container = self._engine.docker.containers.container(sandbox_id)
+        with self._engine.translate(f"waking the agent of {sandbox_id[:12]}"):
+            await container.kill(signal="SIGCONT")
+        done.append("sent SIGCONT to the agent")
+        return ", ".join(done)
+
+
+@contextlib.asynccontextmanager
+async def exec_over_agent(
+    engine: DockerEngine,
+    channel: Channel,
+    container_id: str,
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None,
+    workdir: str | None,
+    stdin: bool,
+    tty: bool,
+) -> AsyncIterator[AgentExec]:
+    """A command over the sandbox's channel. When the pipe ends under it because the sandbox
+    stopped, that is the session's loss (what a `docker exec` on it would say: the object is
+    gone), not the agent's."""
+    assert engine.agents is not None
+    try:
+        async with engine.agents.exec(
+            container_id, channel, argv, env=env, workdir=workdir, stdin=stdin, tty=tty
+        ) as stream:
+            yield stream
+    except Unavailable as exc:
+        if exc.reason == Reason.AGENT_RESTARTED and not await engine.running(container_id):
+            raise NotFound(
+                f"container {container_id[:12]} stopped", reason=Reason.ENGINE_OBJECT_NOT_FOUND
+            ) from exc
+        raise

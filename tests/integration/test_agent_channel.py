@@ -1,0 +1,201 @@
+"""The agent channel on the real engine (issue 13, docs/agent.md): commands run by the agent
+(PID 1, the session's uid, no `docker exec`), a server killed and started again re-attaches,
+and an agent that stops answering is rescued with a clear error and a working session."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import (
+    SessionFactory,
+    Stubs,
+    error_info,
+    make_stubs,
+    remove_owned_containers,
+    run,
+    start_server,
+    wait_until,
+)
+from sandboxd.v1 import common_pb2, session_pb2
+
+
+def _container_of(sid: str, owner: str) -> str:
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=io.sandboxd.session={sid}"]
+        + ["--filter", f"label=io.sandboxd.owner={owner}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert len(out) == 1, out
+    return out[0]
+
+
+def _inspect(cid: str) -> dict[str, object]:
+    out = subprocess.run(
+        ["docker", "inspect", cid], capture_output=True, text=True, check=True
+    ).stdout
+    doc = json.loads(out)[0]
+    assert isinstance(doc, dict)
+    return doc
+
+
+def _exec_ids(cid: str) -> list[str]:
+    return list(_inspect(cid).get("ExecIDs") or [])  # type: ignore[call-overload]
+
+
+def test_the_agent_is_pid_1_and_runs_commands_without_docker_exec(
+    stubs: Stubs, server: object, new_session: SessionFactory
+) -> None:
+    s = new_session()
+    owner = server.owner_id  # type: ignore[attr-defined]
+    cid = _container_of(s.session_id, owner)
+    doc = _inspect(cid)
+    config, host = doc["Config"], doc["HostConfig"]
+    assert config["Cmd"] == ["/.sandboxd/sbx", "agent"]  # type: ignore[index]
+    assert config["User"] == "65534:65534"  # type: ignore[index]  # the session's, not a keeper
+    assert config["OpenStdin"] is True and config["StdinOnce"] is False  # type: ignore[index]
+    assert host["Init"] is False  # type: ignore[index]
+    # The command's parent chain: sbx run (the supervisor) whose parent is PID 1, the agent.
+    r = run(
+        stubs,
+        s.session_id,
+        "/bin/sh",
+        "-c",
+        'ppid() { sed -n "s/^PPid:\\t//p" /proc/$1/status; }; '
+        "sup=$(ppid $$); mon=$(ppid $sup); echo $(ppid $mon) $(tr '\\0' ' ' < /proc/1/cmdline)",
+    )
+    assert r.exit_code == 0, r.stderr
+    parent_of_supervisor, *cmdline = r.stdout.decode().split()
+    assert cmdline == ["/.sandboxd/sbx", "agent"]
+    assert parent_of_supervisor == "1"
+    # No `docker exec` was made for any of it (the engine lists every exec of a container).
+    assert _exec_ids(cid) == []
+    # Large output crosses the channel whole.
+    big = run(stubs, s.session_id, "/bin/sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' x")
+    assert big.stdout == b"x" * len(big.stdout) and len(big.stdout) >= 1 << 20
+    assert _exec_ids(cid) == []
+
+
+def test_a_server_killed_and_started_again_reattaches(tmp_path: Path) -> None:
+    owner = "t-agent-restart-" + str(int(time.time()))
+    data = tmp_path / "data"
+    srv = start_server(data, owner)
+    try:
+        stubs = make_stubs(f"127.0.0.1:{srv.port}")
+        sid = stubs.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
+        ).session.session_id
+        assert run(stubs, sid, "/bin/sh", "-c", "echo before > /workspace/f").exit_code == 0
+        cid = _container_of(sid, owner)
+        srv.stop(signal.SIGKILL)
+        srv = start_server(data, owner)
+        stubs = make_stubs(f"127.0.0.1:{srv.port}")
+        r = run(stubs, sid, "/bin/cat", "/workspace/f")
+        assert r.exit_code == 0 and r.stdout == b"before\n", r
+        assert _exec_ids(cid) == []  # re-attached to the same agent, no docker exec
+        # The agent kept running all along: the same container start.
+        assert _inspect(cid)["State"]["Running"] is True  # type: ignore[index]
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
+
+
+def test_an_agent_that_stops_answering_is_rescued(tmp_path: Path) -> None:
+    """SIGSTOP to the agent from the engine (the one sender a command cannot be: PID 1 ignores
+    every signal from inside its namespace): the call in flight fails with AGENT_UNAVAILABLE,
+    the server kills the sandbox user's processes and wakes the agent, and the session works."""
+    owner = "t-agent-rescue-" + str(int(time.time()))
+    srv = start_server(
+        tmp_path / "data", owner, "--agent-keepalive", "0.5s", "--agent-handshake", "2s"
+    )
+    try:
+        stubs = make_stubs(f"127.0.0.1:{srv.port}")
+        sid = stubs.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
+        ).session.session_id
+        cid = _container_of(sid, owner)
+        assert run(stubs, sid, "/bin/sh", "-c", "echo kept > /workspace/f").exit_code == 0
+        subprocess.run(["docker", "kill", "-s", "STOP", cid], check=True, capture_output=True)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as caught:
+            run(stubs, sid, "/bin/true")
+        err = caught.value
+        assert err.code() == grpc.StatusCode.UNAVAILABLE, err.details()  # type: ignore[attr-defined]
+        assert error_info(err).reason == "AGENT_UNAVAILABLE"
+        assert time.monotonic() - started < 10  # two keepalive periods, not a hang
+
+        def works() -> bool:
+            try:
+                return run(stubs, sid, "/bin/cat", "/workspace/f").stdout == b"kept\n"
+            except grpc.RpcError:
+                return False
+
+        assert wait_until(works, timeout=30, interval=0.5), srv.log()[-3000:]
+        assert any("does not answer" in line for line in srv.log_lines)
+        assert any("answers again" in line for line in srv.log_lines)
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
+
+
+def test_signals_from_inside_leave_the_agent_running(
+    stubs: Stubs, new_session: SessionFactory
+) -> None:
+    """`kill -STOP -1`, `kill -STOP 1`, `kill -9 1` as the sandbox user (the agent's own uid):
+    the kernel drops them for PID 1 of the namespace, and the session keeps working."""
+    sid = new_session().session_id
+    run(stubs, sid, "/bin/sh", "-c", "kill -STOP -1; kill -STOP 1; kill -KILL 1; kill -9 -1")
+    r = run(stubs, sid, "/bin/sh", "-c", "echo alive; grep State /proc/1/status")
+    assert r.stdout.startswith(b"alive\n") and b"stopped" not in r.stdout, r.stdout
+
+
+def test_a_command_running_when_the_server_dies_is_killed(tmp_path: Path) -> None:
+    """Server SIGKILL during an Exec: the agent's keepalive ends the epoch and with it every
+    non-detached command (its whole tree); after a restart nothing of it is left."""
+    import threading
+
+    owner = "t-agent-orphan-" + str(int(time.time()))
+    data = tmp_path / "data"
+    srv = start_server(data, owner)
+    try:
+        stubs = make_stubs(f"127.0.0.1:{srv.port}")
+        sid = stubs.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
+        ).session.session_id
+        caught: list[grpc.RpcError] = []
+
+        def long_run() -> None:
+            try:
+                run(stubs, sid, "/bin/sh", "-c", "sleep 4243 & sleep 4242")
+            except grpc.RpcError as err:
+                caught.append(err)
+
+        thread = threading.Thread(target=long_run, daemon=True)
+        thread.start()
+        cid = _container_of(sid, owner)
+
+        def running() -> bool:
+            out = subprocess.run(["docker", "top", cid], capture_output=True, text=True).stdout
+            return "sleep 4242" in out
+
+        assert wait_until(running, timeout=10)
+        srv.stop(signal.SIGKILL)
+        thread.join(10)
+        assert caught and caught[0].code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+        # Two keepalive periods (the agent's: 2 x 5 s) and the command's tree is gone.
+        assert wait_until(lambda: not running(), timeout=20)
+        out = subprocess.run(["docker", "top", cid], capture_output=True, text=True)
+        assert "sleep 4243" not in out.stdout, out.stdout
+        srv = start_server(data, owner)
+        stubs = make_stubs(f"127.0.0.1:{srv.port}")
+        assert run(stubs, sid, "/bin/true").exit_code == 0
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)

@@ -1,0 +1,155 @@
+"""The server's channel (service/sandboxd/agent/) against the real agent (`sbx agent`, built
+from helper/*.c) over pipes: the two implementations of docs/agent.md checked against each
+other without Docker. Outside a PID namespace the agent is a child subreaper, which is all
+these need."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from sandboxd.agent.channel import Channel, State
+from sandboxd.agent.exec_stream import AgentExec, exec_request
+from sandboxd.errors import SandboxError
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+@pytest.fixture(scope="module")
+def agent_binary() -> AsyncIterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="sbx-agent-"))
+    out = d / "sbx"
+    sources = sorted(str(p) for p in (REPO / "helper").glob("*.c"))
+    cp = subprocess.run(
+        ["gcc", "-static", "-O2", "-o", str(out), *sources], capture_output=True, text=True
+    )
+    assert cp.returncode == 0, cp.stderr
+    yield out  # type: ignore[misc]
+    out.unlink()
+    d.rmdir()
+
+
+class PipeTransport:
+    """The agent's stdin and stdout as the channel's transport."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        self._proc = proc
+        self._in = proc.stdin
+        self._out = proc.stdout
+
+    async def read(self) -> bytes | None:
+        chunk = await self._out.read(65536)
+        return chunk or None
+
+    async def write(self, data: bytes) -> None:
+        self._in.write(data)
+        await self._in.drain()
+
+    async def close(self) -> None:
+        pass  # the test ends the process itself
+
+
+@pytest.fixture
+async def agent(agent_binary: Path, tmp_path: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    root = tmp_path / "ws"
+    root.mkdir()
+    proc = await asyncio.create_subprocess_exec(
+        str(agent_binary),
+        "--root",
+        str(root),
+        "agent",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=ENV,
+    )
+    yield proc
+    proc.kill()
+    await proc.wait()
+
+
+async def _channel(proc: asyncio.subprocess.Process, **kw: float) -> Channel:
+    channel = Channel(PipeTransport(proc), name="real", window=65536, **kw)  # type: ignore[arg-type]
+    await asyncio.wait_for(channel.start(), 10)
+    return channel
+
+
+async def _exec(channel: Channel, *argv: str, stdin: bool = False) -> AgentExec:
+    req = exec_request(argv, base_env=ENV, env={"X": "42"}, workdir=None, stdin=stdin, tty=False)
+    stream = await channel.open("exec", req)
+    return AgentExec(channel, stream, f"agent-real-{stream.id}", stream.opened.result()["pid"])
+
+
+async def _drain(ex: AgentExec) -> tuple[bytes, bytes]:
+    out, err = bytearray(), bytearray()
+    while (chunk := await asyncio.wait_for(ex.read(), 10)) is not None:
+        (out if chunk[0] == 1 else err).extend(chunk[1])
+    return bytes(out), bytes(err)
+
+
+async def test_commands_over_the_real_agent(agent: asyncio.subprocess.Process) -> None:
+    channel = await _channel(agent)
+    assert channel.hello.pid == agent.pid and channel.state is State.READY
+    ex = await _exec(channel, "/bin/sh", "-c", 'echo "out $X"; echo err >&2; exit 3')
+    assert await _drain(ex) == (b"out 42\n", b"err\n")
+    assert await ex.wait_exit_code() == 3
+    # stdin, half-closed; output far past the window (flow control both ways).
+    cat = await _exec(channel, "/bin/cat", stdin=True)
+    payload = os.urandom(1 << 20)
+
+    async def feed() -> None:
+        await cat.write(payload)
+        cat.close_stdin()
+
+    feeder = asyncio.create_task(feed())
+    out, _ = await _drain(cat)
+    await feeder
+    assert out == payload
+    assert await cat.wait_exit_code() == 0
+    # A bare name is run through `sbx run` (PATH search), which the real agent cannot do: the
+    # agent refuses a relative argv[0] itself.
+    with pytest.raises(SandboxError):
+        await channel.open("exec", {"argv": ["sh"], "env": ENV, "cwd": "/", "stdin": False})
+    await channel.close()
+
+
+async def test_a_killed_command_reports_its_signal(agent: asyncio.subprocess.Process) -> None:
+    channel = await _channel(agent)
+    ex = await _exec(channel, "/bin/sh", "-c", "kill -TERM $$")
+    await _drain(ex)
+    assert await ex.wait_exit_code() == 128 + 15
+    await channel.close()
+
+
+async def test_a_new_epoch_ends_the_old_ones_commands(agent: asyncio.subprocess.Process) -> None:
+    """A server that restarts begins a new epoch on the same pipe: the old epoch's command is
+    ended by the agent, the new epoch works."""
+    first = await _channel(agent)
+    ex = await _exec(first, "/bin/sleep", "30")
+    pid = ex.pid
+    await first.close()
+    second = await _channel(agent)
+    for _ in range(100):
+        if not Path(f"/proc/{pid}").exists() or "Z" in _state(pid):
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError(f"the old epoch's command {pid} still runs")
+    again = await _exec(second, "/bin/echo", "fine")
+    assert await _drain(again) == (b"fine\n", b"")
+    await second.close()
+
+
+def _state(pid: int) -> str:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return "gone"
+    return next((line for line in status.splitlines() if line.startswith("State:")), "")
