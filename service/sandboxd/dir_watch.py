@@ -41,6 +41,8 @@ from sandboxd.models import FileType, Session, SessionState
 from sandboxd.reasons import Reason
 
 MAX_LINE = 64 * 1024  # one event: two paths of at most PATH_MAX, escaped
+# How long a watch whose watcher ended looks for the session's change of state (about 10 s).
+_SETTLE_DELAYS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 3.0)
 
 
 class FileEventKind(StrEnum):
@@ -231,8 +233,9 @@ class DirWatches:
                     try:
                         yield self._events(queue, pump, session, stream)
                     finally:
+                        # Its failure, if any, was answered by _events (or the watch was left).
                         pump.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
+                        with contextlib.suppress(asyncio.CancelledError, SandboxError):
                             await pump
                 finally:
                     await lines.aclose()
@@ -261,8 +264,9 @@ class DirWatches:
         if code == 0:
             return
         # A Delete or Suspend removes the sandbox before it updates the record: give it a
-        # moment, then the session's state says why the watch ended.
-        for delay in (0.0, 0.1, 0.25, 0.5, 1.0, 2.0):
+        # moment, then the session's state says why the watch ended. Past that, the error goes
+        # to SessionManager.use, which asks again under the session's lock.
+        for delay in _SETTLE_DELAYS:
             await asyncio.sleep(delay)
             await self._still_running(session)
         raise failure or Internal(f"the watcher ended (exit {code}) while its session runs")

@@ -25,6 +25,7 @@ from sandboxd.errors import (
     NotFound,
     ResourceExhausted,
     SessionNotFound,
+    Unavailable,
 )
 from sandboxd.helper_client import HelperClient
 from sandboxd.models import FileType, Session, SessionState
@@ -156,7 +157,7 @@ class Stream:
     """The watcher's exec: lines fed by the test, its stdin's end recorded."""
 
     def __init__(self) -> None:
-        self.frames: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
+        self.frames: asyncio.Queue[tuple[int, bytes] | Exception | None] = asyncio.Queue()
         self.stdin_closed = False
         self.closed = False
         self.code = 0
@@ -169,8 +170,14 @@ class Stream:
         self.code = code
         self.frames.put_nowait(None)
 
+    def fail(self, error: Exception) -> None:
+        self.frames.put_nowait(error)
+
     async def read(self) -> tuple[int, bytes] | None:
-        return await self.frames.get()
+        item = await self.frames.get()
+        if isinstance(item, Exception):
+            raise item
+        return item
 
     def close_stdin(self) -> None:
         self.stdin_closed = True
@@ -332,3 +339,18 @@ async def test_garbage_before_ready_is_internal(setup) -> None:  # type: ignore[
     engine.script = [b"hello"]
     with pytest.raises(Internal):
         await _enter(watches, session, "")
+
+
+async def test_a_channel_that_ends_with_the_sandbox_is_answered_by_the_sessions_state(  # type: ignore[no-untyped-def]
+    setup,
+) -> None:
+    """The watcher's stream fails (the agent's channel closed by a Suspend): the caller hears
+    SESSION_NOT_RUNNING, not the channel's error."""
+    watches, engine, records, session = setup
+    with pytest.raises(FailedPrecondition) as err:
+        async with watches.watch(session, "", False) as events:
+            records.session = dataclasses.replace(session, state=SessionState.SUSPENDED)
+            engine.streams[0].fail(Unavailable("the agent channel ended"))
+            async for _ in events:
+                pass
+    assert err.value.reason == Reason.SESSION_NOT_RUNNING
