@@ -463,3 +463,9 @@ class AgentSection:
         hi=16 * MiB,
         flat="agent_window",
     )
+    detached_processes: bool = setting(
+        False,
+        BOOL,
+        "background processes kept by the agent through a server restart (experimental)",
+        flat="agent_detached_processes",
+    )

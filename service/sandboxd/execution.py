@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator
 
 from sandboxd.engine import Engine, ExecStream
+from sandboxd.engine.protocol import Detach, DetachedExecs
 from sandboxd.errors import (
     EngineUnavailable,
     FailedPrecondition,
@@ -306,9 +307,15 @@ class Command:
 class Executor:
     """Starts commands and owns the kill tasks that must finish even if a caller goes away."""
 
-    def __init__(self, engine: Engine, helper: HelperClient | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        helper: HelperClient | None = None,
+        detached: DetachedExecs | None = None,
+    ) -> None:
         self.engine = engine
         self.helper = helper or HelperClient(engine)
+        self.detached = detached  # background processes the sandbox's agent keeps
         self._kills: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
@@ -388,8 +395,10 @@ class Executor:
         process_id: str = "",
         token: str = "",
         pty: PtySize | None = None,
+        detach: Detach | None = None,
     ) -> AsyncIterator[Command]:
-        """Start `spec` and yield its Command; leaving before `exited` kills its tree."""
+        """Start `spec` and yield its Command; leaving before `exited` kills its tree. With
+        `detach` (and an agent) the command outlives a server that dies (processes.py)."""
         token = token or new_token()
         argv = [
             HELPER_IN_CONTAINER,
@@ -404,13 +413,11 @@ class Executor:
             "--",
             *spec.argv,
         ]
-        async with self.engine.exec(
-            session.container_id,
-            argv,
-            user=session.spec.user,
-            env=spec.env,
-            stdin=True,
-            tty=pty is not None,
+        user, cid = session.spec.user, session.container_id
+        async with (
+            self.detached.exec(cid, argv, env=spec.env, workdir=None, detach=detach)
+            if detach and self.detached and await self.detached.serves(cid, user)
+            else self.engine.exec(cid, argv, user=user, env=spec.env, stdin=True, tty=bool(pty))
         ) as stream:
             command = Command(
                 self, session, spec, process_id or token, token, stream, tty=pty is not None

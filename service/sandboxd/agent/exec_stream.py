@@ -53,6 +53,7 @@ class AgentExec:
         self._stream = stream
         self.exec_id = exec_id
         self.pid = pid
+        self.opened: dict[str, Any] = stream.opened.result()  # OPEN_OK's document
 
     async def read(self) -> tuple[int, bytes] | None:
         return await self._stream.read()
