@@ -464,8 +464,8 @@ class AgentSection:
         flat="agent_window",
     )
     detached_processes: bool = setting(
-        False,
+        True,
         BOOL,
-        "background processes kept by the agent through a server restart (experimental)",
+        "background processes kept by the agent through a server crash and restart",
         flat="agent_detached_processes",
     )

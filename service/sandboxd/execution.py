@@ -71,6 +71,9 @@ def parse_status(stdout: bytes) -> int:
     return 0
 
 
+GAP_FD = 16  # (fd + GAP_FD, length) from a stream: `length` bytes of fd lost on the way
+
+
 def new_token() -> str:
     """The id `sbx run --id` is started with; `sbx kill`/`signal` find the supervisor by it."""
     return "p-" + secrets.token_hex(8)
@@ -205,6 +208,9 @@ class Command:
                 break
             fd, data = item
             if fd not in offsets:
+                if fd - GAP_FD in offsets:  # bytes lost on the way (agent/detached.py)
+                    offsets[fd - GAP_FD] += int.from_bytes(data, "big")
+                    yield ExecOutput(OutputStream(fd - GAP_FD), b"", offsets[fd - GAP_FD])
                 continue  # not an output stream (the engine only sends 1 and 2)
             if len(data) < CHUNK_BYTES:
                 data = self._coalesce(fd, data, held)

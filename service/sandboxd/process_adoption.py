@@ -95,7 +95,7 @@ async def follow(executor: Executor, session: Session, proc: BackgroundProcess) 
         try:
             async for event in command.events(cap_output=False):
                 if isinstance(event, ExecOutput):
-                    proc.append(event.stream, event.data)
+                    proc.append_at(event.stream, event.offset, event.data)
                 elif isinstance(event, ExecExited):
                     proc.finish(event)
         finally:

@@ -221,7 +221,7 @@ class ProcessManager:
                     command.feed(proc.spec.stdin)
                 async for event in command.events(cap_output=proc.options.cap_output):
                     if isinstance(event, ExecOutput):
-                        proc.append(event.stream, event.data)
+                        proc.append_at(event.stream, event.offset, event.data)
                     elif isinstance(event, ExecExited):
                         proc.finish(event)
                 proc.command = None

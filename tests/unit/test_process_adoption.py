@@ -46,3 +46,15 @@ def test_an_unreadable_command_line_gives_an_empty_spec() -> None:
         spec = spec_from_cmdline(junk, 1)
         assert spec.timeout_s in (UNKNOWN_TIMEOUT_S,) and spec.cwd == "/workspace"
     assert spec_from_cmdline(b"garbage", 1).argv == []
+
+
+def test_a_range_lost_on_the_way_is_a_gap_in_the_servers_ring() -> None:
+    from sandboxd.output_ring import OutputBuffer
+
+    buf = OutputBuffer(16)
+    buf.append(b"abcdef", 1, merge=False)
+    buf.skip(100)
+    assert (buf.start, buf.end) == (106, 106)
+    assert buf.read(106) is None  # nothing held: a reader at 0..105 is told of a gap
+    buf.append(b"xyz", 2, merge=True)
+    assert buf.read(106) == (2, b"xyz") and buf.end == 109

@@ -79,6 +79,10 @@ class AgentExec:
     def close_stdin(self) -> None:
         self._stream.send_eof(0)
 
+    @property
+    def reset_name(self) -> str:
+        return self._stream.reset_name
+
     async def close(self) -> None:
         self._channel.release(self._stream)
 
