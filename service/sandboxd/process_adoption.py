@@ -28,6 +28,18 @@ UNKNOWN_TIMEOUT_S = 7 * 24 * 3600.0  # the supervisor enforces the real one itse
 CMDLINE_BYTES = 256 * 1024
 
 
+AGENT_RING_MAX = 64 * 1024 * 1024  # the agent's bound of a detached ring
+
+
+def agent_ring(proc: BackgroundProcess) -> int:
+    """The agent's ring per stream: the server's, or all a capped process may write (so a
+    capped one never loses a byte on the way, and the cap is counted on real output)."""
+    size = proc.options.buffer_bytes
+    if proc.options.cap_output:
+        size = max(size, proc.spec.max_output_bytes)
+    return max(1, min(size, AGENT_RING_MAX))
+
+
 def detach_id(process_id: str, token: str) -> str:
     return f"{process_id}/{token}"
 

@@ -41,6 +41,7 @@ from sandboxd.models import (
 )
 from sandboxd.output_ring import OutputBuffer
 from sandboxd.process_adoption import (
+    agent_ring,
     detach_id,
     follow,
     kept_processes,
@@ -206,7 +207,7 @@ class ProcessManager:
         feeder: asyncio.Task[None] | None = None
         try:
             # Detached where the sandbox has an agent: it outlives a server that dies.
-            detach = Detach(detach_id(proc.process_id, proc.token), proc.options.buffer_bytes)
+            detach = Detach(detach_id(proc.process_id, proc.token), agent_ring(proc))
             async with (
                 hold,
                 self._executor.start(
