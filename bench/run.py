@@ -61,6 +61,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "secret_upload_throughput": ("min", 0.8),
     "export_throughput": ("min", 0.8),
     "import_throughput": ("min", 0.8),
+    "preview_download_throughput": ("min", 1.0),
 }
 RSS_TARGET_MIB = 80.0
 

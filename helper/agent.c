@@ -1,5 +1,7 @@
 /*
  * agent.c - `sbx agent`: the sandbox's main process (docs/agent.md).
+ * This file: the loop, the channel's frames, epochs and streams; the
+ * commands themselves are agent_exec.c's.
  *
  * One single-threaded poll loop over non-blocking descriptors: the channel
  * (frames in on stdin, out on stdout), the commands' pipes or pseudo
@@ -36,6 +38,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <grp.h>
 #include <termios.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,91 +46,19 @@
 #include "agent.h"
 #include "sbx.h"
 
-#define MAX_PAYLOAD 65536u
-#define HDR_LEN 9u
-#define SYNC_LEN 16u
-#define IN_CAP (2u * (HDR_LEN + MAX_PAYLOAD))
-/* Past this much unsent output the agent reads nothing more (channel or
- * commands) until the server has taken some. */
-#define OUT_HIGH (256u * 1024u)
-/* One input frame makes at most a few frames of output; room for them. */
-#define OUT_CAP (OUT_HIGH + 4u * (HDR_LEN + MAX_PAYLOAD))
-#define CHUNK 32768u
-#define MAX_STREAMS 1024
-#define MAX_DETACHED 256
-#define MAX_ID 128
-#define DEFAULT_WINDOW 262144u
-#define MIN_WINDOW 1024u
-#define MAX_WINDOW (16u * 1024u * 1024u)
-#define DEFAULT_KEEPALIVE_MS 15000
-#define DEFAULT_RING (1u << 20)
-#define MAX_RING (64u << 20)
-#define KILL_GRACE_MS 1000
-#define SWEEP_MS 1000
-
-enum {
-	F_HELLO = 0x01, F_HELLO_OK, F_PING, F_PONG, F_GOAWAY,
-	F_OPEN = 0x10, F_OPEN_OK, F_DATA, F_EOF, F_WINDOW, F_EXIT, F_RESET,
-	F_SIGNAL, F_RESIZE, F_CLOSE,
-};
-
 static const char SYNC_MARK[SYNC_LEN] = "\xFF\xFF\xFF\xFFSANDBOXDSYNC";
 
 /* ------------------------------------------------------------------ */
-/* State                                                               */
+/* State (what agent_exec.c shares is declared in agent.h)             */
 /* ------------------------------------------------------------------ */
 
-struct ring {
-	char *buf;
-	size_t cap;
-	uint64_t end; /* bytes ever written; the ring holds [end-cap, end) */
-};
-
-struct cmd {
-	struct cmd *next;
-	pid_t pid;	    /* the process the agent started (group and session leader) */
-	bool reaped;
-	int status;
-	int rep_fd;	    /* exec report pipe until exec happened or failed */
-	bool started;	    /* exec happened (OPEN_OK sent) */
-	bool tty;
-	int in_fd;	    /* stdin pipe or pty master (dup), -1 when closed */
-	int out_fd[3];	    /* [1], [2]: pipes; a tty has only [1] */
-	struct stream *owner; /* the exec stream of a non-detached command */
-	uint64_t kill_at;   /* SIGKILL due (ms), once its stream is gone */
-	bool detached;
-	char id[MAX_ID + 1];
-	struct ring ring[3];
-};
-
-enum kind { K_EXEC, K_ATTACH, K_DIAL, K_EGRESS };
-
-struct stream {
-	struct stream *next;
-	uint32_t id;
-	enum kind kind;
-	bool established;   /* OPEN_OK sent (or, for egress, received) */
-	struct cmd *cmd;    /* exec, attach */
-	int sock;	    /* dial, egress */
-	bool connecting;
-	/* server -> agent bytes not yet written to the process or socket */
-	char *ib;
-	size_t ib_len;
-	uint32_t recv_credit, consumed;
-	bool in_eof, in_eof_done;
-	/* agent -> server */
-	int64_t send_credit;
-	bool sock_eof;	    /* the socket's peer is done sending */
-	uint64_t cursor[3]; /* attach: next offset to send per fd */
-};
-
-static struct cmd *g_cmds;
-static struct stream *g_streams;
-static size_t g_nstreams, g_ndetached;
+struct cmd *g_cmds;
+struct stream *g_streams;
+size_t g_nstreams, g_ndetached;
 
 static bool g_epoch;		 /* HELLO received, answering */
 static bool g_hunting = true;	 /* discarding input until a SYNC marker */
-static uint32_t g_window = DEFAULT_WINDOW;
+uint32_t g_window = DEFAULT_WINDOW;
 static uint64_t g_keepalive = DEFAULT_KEEPALIVE_MS;
 static uint64_t g_last_rx, g_ping_sent_at;
 static uint32_t g_max_odd;	 /* highest stream id the server opened */
@@ -140,16 +71,23 @@ static char *g_out;
 static size_t g_out_head, g_out_len, g_out_frame_end;
 static bool g_out_broken;
 
-static int g_sigpipe[2] = {-1, -1};
-static int g_devnull = -1;
+int g_sigpipe[2] = {-1, -1};
+int g_devnull = -1;
 static int g_listen = -1;
 static uint16_t g_listen_port;
 static char g_listen_error[160];
 static char g_instance[33];
-static pid_t g_self;
-static uint64_t g_next_sweep;
+pid_t g_self;
+/* --user UID:GID: the identity commands run as, when the agent runs as
+ * another (root with only CAP_SETUID, CAP_SETGID and CAP_KILL): then no
+ * command can signal, stop or read the agent whatever the runtime does for
+ * PID 1.  Without it commands run as the agent's own uid. */
+bool g_switch_user;
+uid_t g_cmd_uid;
+gid_t g_cmd_gid;
+uint64_t g_next_sweep, g_last_sweep;
 
-static uint64_t now_ms(void)
+uint64_t now_ms(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -157,7 +95,7 @@ static uint64_t now_ms(void)
 }
 
 __attribute__((format(printf, 1, 2)))
-static void logf_(const char *fmt, ...)
+void logf_(const char *fmt, ...)
 {
 	char msg[512];
 	va_list ap;
@@ -172,14 +110,14 @@ static void logf_(const char *fmt, ...)
 	(void)!write(2, msg, (size_t)n);
 }
 
-static void set_nonblock(int fd)
+void set_nonblock(int fd)
 {
 	int fl = fcntl(fd, F_GETFL);
 	if (fl >= 0)
 		fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
-static void put32(unsigned char *p, uint32_t v)
+void put32(unsigned char *p, uint32_t v)
 {
 	p[0] = (unsigned char)(v >> 24);
 	p[1] = (unsigned char)(v >> 16);
@@ -187,12 +125,12 @@ static void put32(unsigned char *p, uint32_t v)
 	p[3] = (unsigned char)v;
 }
 
-static uint32_t get32(const unsigned char *p)
+uint32_t get32(const unsigned char *p)
 {
 	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-static void close_fd(int *fd)
+void close_fd(int *fd)
 {
 	if (*fd >= 0)
 		close(*fd);
@@ -208,14 +146,14 @@ static size_t out_pending(void)
 	return g_out_len - g_out_head;
 }
 
-static bool out_room(void)
+bool out_room(void)
 {
 	return out_pending() < OUT_HIGH;
 }
 
 /* Queue one frame of `n1 + n2` payload bytes.  Frames are queued whole;
  * outside an epoch (or with the channel gone) they are dropped. */
-static void out_frame2(uint8_t type, uint32_t stream, const void *p1, size_t n1, const void *p2,
+void out_frame2(uint8_t type, uint32_t stream, const void *p1, size_t n1, const void *p2,
 		       size_t n2)
 {
 	if ((!g_epoch && type != F_GOAWAY) || g_out_broken)
@@ -249,22 +187,22 @@ static void out_frame2(uint8_t type, uint32_t stream, const void *p1, size_t n1,
 	g_out_len += HDR_LEN + n;
 }
 
-static void out_frame(uint8_t type, uint32_t stream, const void *p, size_t n)
+void out_frame(uint8_t type, uint32_t stream, const void *p, size_t n)
 {
 	out_frame2(type, stream, p, n, NULL, 0);
 }
 
-static void out_json(uint8_t type, uint32_t stream, struct buf *b)
+void out_json(uint8_t type, uint32_t stream, struct buf *b)
 {
 	out_frame(type, stream, b->p, b->len);
 	free(b->p);
 	memset(b, 0, sizeof *b);
 }
 
-static void out_error(uint8_t type, uint32_t stream, const char *error, const char *fmt, ...)
+void out_error(uint8_t type, uint32_t stream, const char *error, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
-static void out_error(uint8_t type, uint32_t stream, const char *error, const char *fmt, ...)
+void out_error(uint8_t type, uint32_t stream, const char *error, const char *fmt, ...)
 {
 	char msg[512];
 	va_list ap;
@@ -321,109 +259,6 @@ static void out_flush(void)
 }
 
 /* ------------------------------------------------------------------ */
-/* Commands                                                            */
-/* ------------------------------------------------------------------ */
-
-static struct cmd *cmd_by_pid(pid_t pid)
-{
-	for (struct cmd *c = g_cmds; c; c = c->next)
-		if (c->pid == pid && !c->reaped)
-			return c;
-	return NULL;
-}
-
-static struct cmd *cmd_by_id(const char *id)
-{
-	for (struct cmd *c = g_cmds; c; c = c->next)
-		if (c->detached && !strcmp(c->id, id))
-			return c;
-	return NULL;
-}
-
-static void cmd_close_fds(struct cmd *c)
-{
-	close_fd(&c->in_fd);
-	close_fd(&c->out_fd[1]);
-	close_fd(&c->out_fd[2]);
-	close_fd(&c->rep_fd);
-}
-
-static void cmd_free(struct cmd *c)
-{
-	for (struct cmd **pp = &g_cmds; *pp; pp = &(*pp)->next) {
-		if (*pp == c) {
-			*pp = c->next;
-			break;
-		}
-	}
-	cmd_close_fds(c);
-	if (c->detached)
-		g_ndetached--;
-	free(c->ring[1].buf);
-	free(c->ring[2].buf);
-	free(c);
-}
-
-/* A non-detached command whose stream is gone: SIGHUP now (the `sbx run`
- * supervisor kills its whole tree on it), SIGKILL after KILL_GRACE_MS. */
-static void cmd_abandon(struct cmd *c)
-{
-	c->owner = NULL;
-	cmd_close_fds(c);
-	if (c->reaped) {
-		cmd_free(c);
-		return;
-	}
-	kill(c->pid, SIGHUP);
-	kill(c->pid, SIGCONT);
-	c->kill_at = now_ms() + KILL_GRACE_MS;
-}
-
-static uint64_t ring_start(const struct ring *r)
-{
-	return r->end > r->cap ? r->end - r->cap : 0;
-}
-
-static void exit_json(struct buf *b, const struct cmd *c)
-{
-	if (!c->reaped) {
-		buf_puts(b, "\"exit_code\":null,\"signal\":null");
-	} else if (WIFSIGNALED(c->status)) {
-		buf_printf(b, "\"exit_code\":%d,\"signal\":%d", 128 + WTERMSIG(c->status),
-			   WTERMSIG(c->status));
-	} else {
-		buf_printf(b, "\"exit_code\":%d,\"signal\":null", WEXITSTATUS(c->status));
-	}
-}
-
-static void offsets_json(struct buf *b, uint64_t o1, uint64_t o2)
-{
-	buf_printf(b, "{\"1\":%llu,\"2\":%llu}", (unsigned long long)o1, (unsigned long long)o2);
-}
-
-static void processes_json(struct buf *b)
-{
-	buf_puts(b, "[");
-	bool first = true;
-	for (struct cmd *c = g_cmds; c; c = c->next) {
-		if (!c->detached || !c->started)
-			continue;
-		buf_puts(b, first ? "{\"id\":" : ",{\"id\":");
-		first = false;
-		buf_json_str(b, c->id, strlen(c->id));
-		buf_printf(b, ",\"pid\":%ld,\"running\":%s,", (long)c->pid,
-			   c->reaped ? "false" : "true");
-		exit_json(b, c);
-		buf_puts(b, ",\"start\":");
-		offsets_json(b, ring_start(&c->ring[1]), ring_start(&c->ring[2]));
-		buf_puts(b, ",\"end\":");
-		offsets_json(b, c->ring[1].end, c->ring[2].end);
-		buf_puts(b, "}");
-	}
-	buf_puts(b, "]");
-}
-
-/* ------------------------------------------------------------------ */
 /* Streams                                                             */
 /* ------------------------------------------------------------------ */
 
@@ -435,7 +270,7 @@ static struct stream *stream_find(uint32_t id)
 	return NULL;
 }
 
-static struct stream *stream_new(uint32_t id, enum kind kind)
+struct stream *stream_new(uint32_t id, enum kind kind)
 {
 	struct stream *s = xmalloc(sizeof *s);
 	memset(s, 0, sizeof *s);
@@ -452,7 +287,7 @@ static struct stream *stream_new(uint32_t id, enum kind kind)
 
 /* Forget a stream (no frame sent).  A non-detached command loses its
  * only reader and is ended. */
-static void stream_drop(struct stream *s)
+void stream_drop(struct stream *s)
 {
 	for (struct stream **pp = &g_streams; *pp; pp = &(*pp)->next) {
 		if (*pp == s) {
@@ -516,6 +351,8 @@ static void stream_eof_done(struct stream *s)
 
 static void stream_write_in(struct stream *s)
 {
+	if (s->connecting)
+		return; /* kept until the connection is made */
 	int fd = stream_sink(s);
 	while (s->ib_len > 0) {
 		if (fd < 0) {
@@ -547,373 +384,6 @@ static void stream_write_in(struct stream *s)
 	}
 	if (s->in_eof && !s->in_eof_done)
 		stream_eof_done(s);
-}
-
-/* ------------------------------------------------------------------ */
-/* exec                                                                */
-/* ------------------------------------------------------------------ */
-
-enum { ST_CWD = 1, ST_EXEC, ST_SETUP };
-
-struct report {
-	int stage;
-	int err;
-};
-
-__attribute__((noreturn))
-static void child_fail(int fd, int stage, int err)
-{
-	struct report r = {stage, err};
-	(void)!write(fd, &r, sizeof r);
-	_exit(127);
-}
-
-__attribute__((noreturn))
-static void child_main(int rep, int in, int out, int err, int tty_slave, const char *cwd,
-		       char **argv, char **envp)
-{
-	if (setsid() < 0)
-		child_fail(rep, ST_SETUP, errno);
-	if (tty_slave >= 0) {
-		if (ioctl(tty_slave, TIOCSCTTY, 0) < 0)
-			child_fail(rep, ST_SETUP, errno);
-		in = out = err = tty_slave;
-	}
-	if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)
-		child_fail(rep, ST_SETUP, errno);
-	for (int sig = 1; sig < NSIG; sig++)
-		signal(sig, SIG_DFL);
-	sigset_t none;
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL);
-	/* Outside a PID namespace (tests) nothing else ends a command whose
-	 * agent died; inside, the namespace ends with its PID 1. */
-	if (g_self != 1)
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-	if (chdir(g_root) < 0 || (cwd && *cwd && chdir(cwd) < 0))
-		child_fail(rep, ST_CWD, errno);
-	execve(argv[0], argv, envp);
-	child_fail(rep, ST_EXEC, errno);
-}
-
-static void str_array_free(char **v)
-{
-	if (!v)
-		return;
-	for (char **p = v; *p; p++)
-		free(*p);
-	free(v);
-}
-
-static char *xstrdup_(const char *s)
-{
-	size_t n = strlen(s);
-	char *p = xmalloc(n + 1);
-	memcpy(p, s, n + 1);
-	return p;
-}
-
-/* argv and env from the request; NULL with *why set on a bad request. */
-static char **request_argv(const struct jval *a, const char **why)
-{
-	if (!a || a->type != J_ARR || a->n == 0 || a->n > 4096) {
-		*why = "argv must be a non-empty list";
-		return NULL;
-	}
-	char **v = xmalloc((a->n + 1) * sizeof *v);
-	size_t i = 0;
-	for (const struct jval *e = a->child; e; e = e->next) {
-		if (e->type != J_STR) {
-			v[i] = NULL;
-			str_array_free(v);
-			*why = "argv must hold strings";
-			return NULL;
-		}
-		v[i++] = xstrdup_(e->s);
-	}
-	v[i] = NULL;
-	if (v[0][0] != '/') {
-		str_array_free(v);
-		*why = "argv[0] must be an absolute path";
-		return NULL;
-	}
-	return v;
-}
-
-static char **request_env(const struct jval *o, const char **why)
-{
-	size_t n = o && o->type == J_OBJ ? o->n : 0;
-	if (o && o->type != J_OBJ && o->type != J_NULL) {
-		*why = "env must be an object";
-		return NULL;
-	}
-	char **v = xmalloc((n + 1) * sizeof *v);
-	size_t i = 0;
-	for (const struct jval *m = o && o->type == J_OBJ ? o->child : NULL; m; m = m->next) {
-		if (m->type != J_STR || !m->key[0] || strchr(m->key, '=')) {
-			v[i] = NULL;
-			str_array_free(v);
-			*why = "env must map names without '=' to strings";
-			return NULL;
-		}
-		size_t kl = strlen(m->key), vl = strlen(m->s);
-		char *e = xmalloc(kl + vl + 2);
-		memcpy(e, m->key, kl);
-		e[kl] = '=';
-		memcpy(e + kl + 1, m->s, vl + 1);
-		v[i++] = e;
-	}
-	v[i] = NULL;
-	return v;
-}
-
-static int open_pty(int *master, int *slave, unsigned rows, unsigned cols)
-{
-	*master = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
-	if (*master < 0)
-		return -1;
-	int unlock = 0;
-	if (ioctl(*master, TIOCSPTLCK, &unlock) < 0)
-		goto fail;
-	*slave = ioctl(*master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
-	if (*slave < 0) {
-		char name[64];
-		if (ptsname_r(*master, name, sizeof name) != 0)
-			goto fail;
-		*slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
-		if (*slave < 0)
-			goto fail;
-	}
-	struct winsize ws = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
-	ioctl(*master, TIOCSWINSZ, &ws);
-	set_nonblock(*master);
-	return 0;
-fail:
-	close_fd(master);
-	return -1;
-}
-
-static int nonneg_u16(const struct jval *v, unsigned *out)
-{
-	if (!v || v->type != J_NUM || !v->is_int || v->i < 1 || v->i > 65535)
-		return -1;
-	*out = (unsigned)v->i;
-	return 0;
-}
-
-static void open_exec(uint32_t id, const struct jval *req)
-{
-	const char *why = NULL;
-	const struct jval *cwdv = json_get(req, "cwd"), *stdinv = json_get(req, "stdin");
-	const struct jval *ttyv = json_get(req, "tty"), *detv = json_get(req, "detach");
-	char **argv = request_argv(json_get(req, "argv"), &why);
-	char **envp = argv ? request_env(json_get(req, "env"), &why) : NULL;
-	unsigned rows = 24, cols = 80;
-	size_t ring = DEFAULT_RING;
-	const char *did = NULL;
-	if (argv && envp) {
-		if (cwdv && cwdv->type != J_STR && cwdv->type != J_NULL)
-			why = "cwd must be a string";
-		else if (stdinv && stdinv->type != J_BOOL && stdinv->type != J_NULL)
-			why = "stdin must be a boolean";
-		else if (ttyv && ttyv->type != J_NULL &&
-			 (ttyv->type != J_OBJ || nonneg_u16(json_get(ttyv, "rows"), &rows) < 0 ||
-			  nonneg_u16(json_get(ttyv, "cols"), &cols) < 0))
-			why = "tty must be null or {\"rows\",\"cols\"} in 1..65535";
-		else if (detv && detv->type != J_NULL) {
-			const struct jval *idv = json_get(detv, "id"), *bv = json_get(detv, "buffer");
-			if (detv->type != J_OBJ || !idv || idv->type != J_STR || !idv->s[0] ||
-			    strlen(idv->s) > MAX_ID)
-				why = "detach.id must be a string of 1..128 bytes";
-			else if (bv && (bv->type != J_NUM || !bv->is_int || bv->i < 1 ||
-					bv->i > (int64_t)MAX_RING))
-				why = "detach.buffer must be 1..67108864";
-			else {
-				did = idv->s;
-				if (bv)
-					ring = (size_t)bv->i;
-			}
-		}
-	}
-	if (why || !argv || !envp) {
-		out_error(F_RESET, id, "INVALID", "%s", why ? why : "bad exec request");
-		goto out;
-	}
-	if (did && cmd_by_id(did)) {
-		out_error(F_RESET, id, "EXISTS", "a detached process with id %s exists", did);
-		goto out;
-	}
-	if (did && g_ndetached >= MAX_DETACHED) {
-		out_error(F_RESET, id, "RESOURCE", "at most %d detached processes", MAX_DETACHED);
-		goto out;
-	}
-	bool want_stdin = stdinv && stdinv->type == J_BOOL && stdinv->b;
-	bool tty = ttyv && ttyv->type == J_OBJ;
-	const char *cwd = cwdv && cwdv->type == J_STR ? cwdv->s : NULL;
-
-	int rep[2] = {-1, -1}, inp[2] = {-1, -1}, o1[2] = {-1, -1}, o2[2] = {-1, -1};
-	int master = -1, slave = -1;
-	bool ok = pipe2(rep, O_CLOEXEC) == 0;
-	if (ok && tty)
-		ok = open_pty(&master, &slave, rows, cols) == 0;
-	else if (ok)
-		ok = (!want_stdin || pipe2(inp, O_CLOEXEC) == 0) && pipe2(o1, O_CLOEXEC) == 0 &&
-		     pipe2(o2, O_CLOEXEC) == 0;
-	pid_t pid = ok ? fork() : -1;
-	if (pid == 0)
-		child_main(rep[1], want_stdin ? inp[0] : g_devnull, o1[1], o2[1], slave, cwd, argv,
-			   envp);
-	int e = errno;
-	close_fd(&rep[1]);
-	close_fd(&inp[0]);
-	close_fd(&o1[1]);
-	close_fd(&o2[1]);
-	close_fd(&slave);
-	if (pid < 0) {
-		close_fd(&rep[0]);
-		close_fd(&inp[1]);
-		close_fd(&o1[0]);
-		close_fd(&o2[0]);
-		close_fd(&master);
-		out_error(F_RESET, id, "RESOURCE", "cannot start the command: %s", strerror(e));
-		goto out;
-	}
-	struct cmd *c = xmalloc(sizeof *c);
-	memset(c, 0, sizeof *c);
-	c->pid = pid;
-	c->rep_fd = rep[0];
-	c->tty = tty;
-	c->in_fd = -1;
-	c->out_fd[0] = c->out_fd[1] = c->out_fd[2] = -1;
-	if (tty) {
-		c->out_fd[1] = master;
-		if (want_stdin) {
-			c->in_fd = fcntl(master, F_DUPFD_CLOEXEC, 3);
-		}
-	} else {
-		c->in_fd = inp[1];
-		c->out_fd[1] = o1[0];
-		c->out_fd[2] = o2[0];
-	}
-	for (int k = 0; k < 3; k++)
-		if (c->out_fd[k] >= 0)
-			set_nonblock(c->out_fd[k]);
-	if (c->in_fd >= 0)
-		set_nonblock(c->in_fd);
-	if (did) {
-		c->detached = true;
-		snprintf(c->id, sizeof c->id, "%s", did);
-		for (int k = 1; k <= 2; k++) {
-			c->ring[k].cap = ring;
-			c->ring[k].buf = xmalloc(ring);
-		}
-		g_ndetached++;
-	}
-	c->next = g_cmds;
-	g_cmds = c;
-	struct stream *s = stream_new(id, K_EXEC);
-	s->cmd = c;
-	if (!did)
-		c->owner = s;
-out:
-	str_array_free(argv);
-	str_array_free(envp);
-}
-
-/* The exec report pipe: EOF means exec happened, a report means it failed. */
-static void cmd_report(struct cmd *c)
-{
-	struct report r;
-	ssize_t n;
-	do
-		n = read(c->rep_fd, &r, sizeof r);
-	while (n < 0 && errno == EINTR);
-	if (n < 0 && errno == EAGAIN)
-		return;
-	close_fd(&c->rep_fd);
-	struct stream *s = NULL;
-	for (struct stream *t = g_streams; t; t = t->next)
-		if (t->kind == K_EXEC && t->cmd == c)
-			s = t;
-	if (n == (ssize_t)sizeof r) {
-		const char *err = "INVALID";
-		if (r.stage == ST_CWD)
-			err = "CWD";
-		else if (r.stage == ST_SETUP)
-			err = "RESOURCE";
-		else if (r.err == ENOENT || r.err == ENOTDIR)
-			err = "NOT_FOUND";
-		else if (r.err == EACCES || r.err == EPERM)
-			err = "PERMISSION_DENIED";
-		if (s) {
-			out_error(F_RESET, s->id, err, "%s: %s",
-				  r.stage == ST_CWD ? "cwd" : "exec", strerror(r.err));
-			s->cmd = NULL;
-			stream_drop(s);
-		}
-		/* the child exits at once; reaped as any other */
-		c->owner = NULL;
-		cmd_close_fds(c);
-		if (c->detached) {
-			c->detached = false;
-			g_ndetached--;
-		}
-		if (c->reaped)
-			cmd_free(c);
-		return;
-	}
-	c->started = true;
-	if (s) {
-		s->established = true;
-		struct buf b = {0};
-		buf_printf(&b, "{\"pid\":%ld}", (long)c->pid);
-		out_json(F_OPEN_OK, s->id, &b);
-	}
-}
-
-/* Read a non-detached command's output into DATA frames (within the
- * stream's window), a detached one's into its ring (always). */
-static void cmd_read(struct cmd *c, int k)
-{
-	char tmp[CHUNK];
-	for (int rounds = 0; rounds < 4 && c->out_fd[k] >= 0; rounds++) {
-		size_t want = CHUNK;
-		char *dst = tmp;
-		struct stream *s = c->owner;
-		if (!c->detached) {
-			if (!s || !out_room() || s->send_credit <= 0)
-				return;
-			if ((int64_t)want > s->send_credit)
-				want = (size_t)s->send_credit;
-		} else {
-			struct ring *r = &c->ring[k];
-			size_t pos = (size_t)(r->end % r->cap);
-			dst = r->buf + pos;
-			want = r->cap - pos < CHUNK ? r->cap - pos : CHUNK;
-		}
-		ssize_t n = read(c->out_fd[k], dst, want);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && errno == EAGAIN)
-			return;
-		if (n <= 0) {
-			/* EOF; a terminal says EIO once no process holds it */
-			close_fd(&c->out_fd[k]);
-			return;
-		}
-		if (c->detached) {
-			c->ring[k].end += (uint64_t)n;
-		} else {
-			unsigned char fd = (unsigned char)k;
-			out_frame2(F_DATA, s->id, &fd, 1, tmp, (size_t)n);
-			s->send_credit -= n;
-		}
-	}
-}
-
-static bool cmd_output_done(const struct cmd *c)
-{
-	return c->reaped && c->out_fd[1] < 0 && c->out_fd[2] < 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1059,6 +529,7 @@ static void dial_connected(struct stream *s)
 	s->connecting = false;
 	s->established = true;
 	out_frame(F_OPEN_OK, s->id, "{}", 2);
+	stream_write_in(s); /* what came (DATA, EOF) while it connected */
 }
 
 static void sock_read(struct stream *s)
@@ -1275,7 +746,9 @@ static void on_stream_frame(uint8_t type, uint32_t id, const unsigned char *p, s
 		/* A frame for a stream this side already ended may have crossed
 		 * the end in flight: ignored.  One for an id never opened is not. */
 		bool used = (id & 1) ? id <= g_max_odd : id < g_next_even;
-		if (!used || type > F_CLOSE || type < F_OPEN)
+		/* A RESET is never answered with one: two sides that did so
+		 * could bounce them forever. */
+		if (type != F_RESET && (!used || type > F_CLOSE || type < F_OPEN))
 			out_error(F_RESET, id, "PROTOCOL", "frame type 0x%02x on a stream not open",
 				  type);
 		return;
@@ -1373,6 +846,7 @@ static void on_frame(uint8_t type, uint32_t id, const unsigned char *p, size_t n
 		out_frame(F_PONG, 0, p, n > 8 ? 8 : n);
 		return;
 	case F_PONG:
+	case F_RESET: /* a notice; never answered with a RESET */
 		return;
 	case F_GOAWAY:
 		end_epoch(NULL, NULL);
@@ -1410,6 +884,7 @@ static void process_input(void)
 				g_in_off += SYNC_LEN;
 				if (g_epoch)
 					end_epoch(NULL, NULL);
+				g_hunting = false;
 				continue;
 			}
 		}
@@ -1443,7 +918,18 @@ static void read_channel(void)
 	}
 	if (g_in_len == IN_CAP)
 		return;
+	/* A frame left half-written by a server that died: when the next
+	 * bytes, after a pause, begin with a SYNC marker, they are a new
+	 * server's, not the rest of that frame (which would swallow them). */
+	size_t had = g_in_len;
+	bool partial = !g_hunting && g_in_len > g_in_off;
+	uint64_t paused = now_ms() - g_last_rx;
 	ssize_t n = read(0, g_in + g_in_len, IN_CAP - g_in_len);
+	if (n >= (ssize_t)SYNC_LEN && partial && paused >= 100 &&
+	    !memcmp(g_in + had, SYNC_MARK, SYNC_LEN)) {
+		logf_("agent: a half-written frame dropped before a SYNC");
+		g_in_off = had;
+	}
 	if (n < 0 && (errno == EINTR || errno == EAGAIN))
 		return;
 	if (n <= 0) {
@@ -1458,138 +944,6 @@ static void read_channel(void)
 	process_input();
 }
 
-/* ------------------------------------------------------------------ */
-/* Children and orphans                                                */
-/* ------------------------------------------------------------------ */
-
-static void on_sigchld(int sig)
-{
-	(void)sig;
-	int e = errno;
-	(void)!write(g_sigpipe[1], "c", 1);
-	errno = e;
-}
-
-static void reap(void)
-{
-	char drain[64];
-	while (read(g_sigpipe[0], drain, sizeof drain) > 0)
-		;
-	for (;;) {
-		int st;
-		pid_t pid = waitpid(-1, &st, WNOHANG);
-		if (pid <= 0)
-			break;
-		struct cmd *c = cmd_by_pid(pid);
-		if (!c)
-			continue;
-		c->reaped = true;
-		c->status = st;
-		/* What is left in its process group has no command any more. */
-		kill(-pid, SIGKILL);
-		g_next_sweep = 0;
-		if (!c->owner && !c->detached && c->rep_fd < 0)
-			cmd_free(c);
-	}
-}
-
-struct pinfo {
-	pid_t pid, ppid, sid;
-	char state;
-};
-
-static bool read_pinfo(pid_t pid, struct pinfo *pi)
-{
-	char path[64], buf[1024];
-	snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return false;
-	ssize_t n = read(fd, buf, sizeof buf - 1);
-	close(fd);
-	if (n <= 0)
-		return false;
-	buf[n] = '\0';
-	char *p = strrchr(buf, ')');
-	long ppid, pgrp, sid;
-	if (!p || sscanf(p + 1, " %c %ld %ld %ld", &pi->state, &ppid, &pgrp, &sid) != 4)
-		return false;
-	pi->pid = pid;
-	pi->ppid = (pid_t)ppid;
-	pi->sid = (pid_t)sid;
-	return true;
-}
-
-/*
- * Orphans: processes whose parent is the agent (reparented to PID 1, or to
- * the subreaper in tests) that it did not start, and that belong to no live
- * command, i.e. share no session with any live command's process tree.  A
- * tree whose `sbx run` supervisor and monitor were killed together, or what
- * `kill -9 -1` left, dies here; their children come next round.
- */
-static void sweep_orphans(void)
-{
-	size_t n = 0, cap = 256;
-	struct pinfo *v = xmalloc(cap * sizeof *v);
-	DIR *d = opendir("/proc");
-	struct dirent *e;
-	while (d && (e = readdir(d))) {
-		char *end;
-		long pid = strtol(e->d_name, &end, 10);
-		if (*end || pid <= 0 || pid == g_self)
-			continue;
-		if (n == cap) {
-			cap *= 2;
-			struct pinfo *nv = realloc(v, cap * sizeof *v);
-			if (!nv)
-				oom();
-			v = nv;
-		}
-		if (read_pinfo((pid_t)pid, &v[n]))
-			n++;
-	}
-	if (d)
-		closedir(d);
-	bool any = false;
-	for (size_t i = 0; i < n && !any; i++)
-		any = v[i].ppid == g_self && !cmd_by_pid(v[i].pid) && v[i].state != 'Z';
-	if (!any) {
-		free(v);
-		return;
-	}
-	/* Live command trees: each started, unreaped command and its
-	 * descendants (fixpoint over the parent relation). */
-	bool *live = xmalloc((n ? n : 1) * sizeof *live);
-	for (size_t i = 0; i < n; i++) {
-		struct cmd *c = cmd_by_pid(v[i].pid);
-		live[i] = c && v[i].ppid == g_self;
-	}
-	for (bool changed = true; changed;) {
-		changed = false;
-		for (size_t i = 0; i < n; i++) {
-			if (live[i])
-				continue;
-			for (size_t j = 0; j < n; j++) {
-				if (live[j] && v[j].pid == v[i].ppid) {
-					live[i] = changed = true;
-					break;
-				}
-			}
-		}
-	}
-	for (size_t i = 0; i < n; i++) {
-		if (v[i].ppid != g_self || live[i] || v[i].state == 'Z')
-			continue;
-		bool shared = false;
-		for (size_t j = 0; j < n && !shared; j++)
-			shared = live[j] && v[j].sid == v[i].sid;
-		if (!shared)
-			kill(v[i].pid, SIGKILL);
-	}
-	free(live);
-	free(v);
-}
-
 static void timers(uint64_t now)
 {
 	for (struct cmd *c = g_cmds; c; c = c->next) {
@@ -1601,6 +955,7 @@ static void timers(uint64_t now)
 	}
 	if (now >= g_next_sweep) {
 		sweep_orphans();
+		g_last_sweep = now;
 		g_next_sweep = now + SWEEP_MS;
 	}
 	if (g_epoch && g_stdin_open) {
@@ -1805,13 +1160,26 @@ static int poll_timeout(uint64_t now)
 
 int cmd_agent(int argc, char **argv)
 {
-	(void)argv;
-	if (argc > 0) {
-		static const char msg[] = "usage: sbx [--root DIR] agent\n";
+	unsigned long uid, gid;
+	char extra;
+	if (argc == 2 && !strcmp(argv[0], "--user") &&
+	    sscanf(argv[1], "%lu:%lu%c", &uid, &gid, &extra) == 2 && uid > 0 && gid > 0 &&
+	    uid < 0xFFFFFFFFul && gid < 0xFFFFFFFFul) {
+		g_switch_user = true;
+		g_cmd_uid = (uid_t)uid;
+		g_cmd_gid = (gid_t)gid;
+	} else if (argc > 0) {
+		static const char msg[] = "usage: sbx [--root DIR] agent [--user UID:GID]\n";
 		(void)!write(2, msg, sizeof msg - 1);
 		return 2;
 	}
 	g_self = getpid();
+	/* Nothing of the container's environment is the commands' business
+	 * (they get exactly the env of their request), and gVisor lets
+	 * /proc/1/environ be read whatever the dumpable flag says: the strings
+	 * are wiped where the kernel shows them from. */
+	for (char **e = environ; e && *e; e++)
+		memset(*e, 0, strlen(*e));
 	/* Same uid as the commands: without this they could ptrace the agent
 	 * or read its memory through /proc. */
 	prctl(PR_SET_DUMPABLE, 0);
@@ -1841,6 +1209,8 @@ int cmd_agent(int argc, char **argv)
 	g_out = xmalloc(OUT_CAP);
 	set_nonblock(0);
 	set_nonblock(1);
+	/* Diagnostics are dropped rather than ever blocking the loop. */
+	set_nonblock(2);
 	g_last_rx = now_ms();
 	for (;;) {
 		out_flush();

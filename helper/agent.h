@@ -1,5 +1,7 @@
 /*
- * agent.h - what the agent's files (agent.c, agent_json.c) share.
+ * agent.h - what the agent's files share: agent.c (the loop, the channel's
+ * frames, epochs and streams), agent_exec.c (commands: starting them, their
+ * output, reaping, orphans) and agent_json.c (the requests' JSON).
  */
 #ifndef SBX_AGENT_H
 #define SBX_AGENT_H
@@ -7,6 +9,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
+
+#include "sbx.h"
 
 /* A parsed JSON value.  Every node and string of one document lives in one
  * arena (struct jdoc), freed at once; strings are NUL-terminated and never
@@ -41,5 +46,125 @@ int json_parse(struct jdoc *doc, const char *text, size_t len);
 void json_free(struct jdoc *doc);
 /* Member `key` of object `o`, or NULL (also when `o` is not an object). */
 const struct jval *json_get(const struct jval *o, const char *key);
+
+
+/* ---- the channel and its state (agent.c, agent_exec.c) ---- */
+
+#define MAX_PAYLOAD 65536u
+#define HDR_LEN 9u
+#define SYNC_LEN 16u
+#define IN_CAP (2u * (HDR_LEN + MAX_PAYLOAD))
+/* Past this much unsent output the agent reads nothing more (channel or
+ * commands) until the server has taken some. */
+#define OUT_HIGH (256u * 1024u)
+/* One input frame makes at most a few frames of output; room for them. */
+#define OUT_CAP (OUT_HIGH + 4u * (HDR_LEN + MAX_PAYLOAD))
+#define CHUNK (MAX_PAYLOAD - 1u)
+#define MAX_STREAMS 1024
+#define MAX_DETACHED 128
+#define MAX_ID 64
+#define DEFAULT_WINDOW 262144u
+#define MIN_WINDOW 1024u
+#define MAX_WINDOW (16u * 1024u * 1024u)
+#define DEFAULT_KEEPALIVE_MS 15000
+#define DEFAULT_RING (1u << 20)
+#define MAX_RING (64u << 20)
+#define KILL_GRACE_MS 1000
+#define SWEEP_MS 1000
+
+enum {
+	F_HELLO = 0x01, F_HELLO_OK, F_PING, F_PONG, F_GOAWAY,
+	F_OPEN = 0x10, F_OPEN_OK, F_DATA, F_EOF, F_WINDOW, F_EXIT, F_RESET,
+	F_SIGNAL, F_RESIZE, F_CLOSE,
+};
+
+struct ring {
+	char *buf;
+	size_t cap;
+	uint64_t end; /* bytes ever written; the ring holds [end-cap, end) */
+};
+
+struct cmd {
+	struct cmd *next;
+	pid_t pid;	    /* the process the agent started (group and session leader) */
+	bool reaped;
+	int status;
+	int rep_fd;	    /* exec report pipe until exec happened or failed */
+	bool started;	    /* exec happened (OPEN_OK sent) */
+	bool tty;
+	int in_fd;	    /* stdin pipe or pty master (dup), -1 when closed */
+	int out_fd[3];	    /* [1], [2]: pipes; a tty has only [1] */
+	struct stream *owner; /* the exec stream of a non-detached command */
+	uint64_t kill_at;   /* SIGKILL due (ms), once its stream is gone */
+	bool detached;
+	char id[MAX_ID + 1];
+	struct ring ring[3];
+};
+
+enum kind { K_EXEC, K_ATTACH, K_DIAL, K_EGRESS };
+
+struct stream {
+	struct stream *next;
+	uint32_t id;
+	enum kind kind;
+	bool established;   /* OPEN_OK sent (or, for egress, received) */
+	struct cmd *cmd;    /* exec, attach */
+	int sock;	    /* dial, egress */
+	bool connecting;
+	/* server -> agent bytes not yet written to the process or socket */
+	char *ib;
+	size_t ib_len;
+	uint32_t recv_credit, consumed;
+	bool in_eof, in_eof_done;
+	/* agent -> server */
+	int64_t send_credit;
+	bool sock_eof;	    /* the socket's peer is done sending */
+	uint64_t cursor[3]; /* attach: next offset to send per fd */
+};
+
+extern struct cmd *g_cmds;
+extern struct stream *g_streams;
+extern size_t g_nstreams, g_ndetached;
+extern uint32_t g_window;
+extern int g_sigpipe[2];
+extern int g_devnull;
+extern pid_t g_self;
+extern bool g_switch_user;
+extern uid_t g_cmd_uid;
+extern gid_t g_cmd_gid;
+extern uint64_t g_next_sweep, g_last_sweep;
+
+struct cmd *cmd_by_pid(pid_t pid);
+struct cmd *cmd_by_id(const char *id);
+struct stream *stream_new(uint32_t id, enum kind kind);
+void cmd_close_fds(struct cmd *c);
+void cmd_free(struct cmd *c);
+void cmd_abandon(struct cmd *c);
+uint64_t ring_start(const struct ring *r);
+void exit_json(struct buf *b, const struct cmd *c);
+void offsets_json(struct buf *b, uint64_t o1, uint64_t o2);
+void processes_json(struct buf *b);
+int nonneg_u16(const struct jval *v, unsigned *out);
+void open_exec(uint32_t id, const struct jval *req);
+void cmd_report(struct cmd *c);
+void cmd_read(struct cmd *c, int k);
+bool cmd_output_done(const struct cmd *c);
+void on_sigchld(int sig);
+void reap(void);
+void sweep_orphans(void);
+uint64_t now_ms(void);
+__attribute__((format(printf, 1, 2))) void logf_(const char *fmt, ...);
+void set_nonblock(int fd);
+void put32(unsigned char *p, uint32_t v);
+uint32_t get32(const unsigned char *p);
+void close_fd(int *fd);
+bool out_room(void);
+void out_frame2(uint8_t type, uint32_t stream, const void *p1, size_t n1, const void *p2,
+		       size_t n2);
+void out_frame(uint8_t type, uint32_t stream, const void *p, size_t n);
+void out_json(uint8_t type, uint32_t stream, struct buf *b);
+void out_error(uint8_t type, uint32_t stream, const char *error, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+void stream_drop(struct stream *s);
 
 #endif

@@ -44,19 +44,17 @@
 
 #define LIST_MAX 100000
 #define EXIT_KILLED 137
-/* Magic links (/proc/self/fd/...) could point anywhere; never follow them. */
-#define RES_BENEATH (RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
 /* For walking trees we own: a symlink must never be traversed at all. */
 #define RES_NOSYM (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
 
 const char *g_root = "/workspace";
-static int g_rootfd = -1;
+int g_rootfd = -1;
 
 /* ------------------------------------------------------------------ */
 /* Low-level I/O and growable buffers                                  */
 /* ------------------------------------------------------------------ */
 
-static int write_all(int fd, const void *p, size_t n)
+int write_all(int fd, const void *p, size_t n)
 {
 	const char *c = p;
 	while (n > 0) {
@@ -97,7 +95,7 @@ void *xmalloc(size_t n)
 	return p;
 }
 
-static char *xstrdup(const char *s)
+char *xstrdup(const char *s)
 {
 	char *p = strdup(s);
 	if (!p)
@@ -234,19 +232,40 @@ static char g_tmp_name[64];
  */
 static bool g_drain_stdin;
 
+/*
+ * `write --idle-ms N`: the longest wait for the next byte on stdin.  An engine
+ * need not deliver EOF when the server's connection drops (a cancelled
+ * upload), and a writer waiting forever would keep its temp file and a
+ * process of the session's.  0: no bound.
+ */
+static int g_idle_ms;
+
+/* read(2) on stdin bounded by g_idle_ms: -1 with ETIMEDOUT when nothing came. */
+static ssize_t read_stdin(void *p, size_t n)
+{
+	if (g_idle_ms > 0) {
+		struct pollfd pfd = {.fd = STDIN_FILENO, .events = POLLIN};
+		int r;
+		do
+			r = poll(&pfd, 1, g_idle_ms);
+		while (r < 0 && errno == EINTR);
+		if (r == 0) {
+			errno = ETIMEDOUT;
+			return -1;
+		}
+	}
+	return read_retry(STDIN_FILENO, p, n);
+}
+
 static void drain_stdin(void)
 {
 	char buf[65536];
-	for (;;) {
-		ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
-		if (n > 0 || (n < 0 && errno == EINTR))
-			continue;
-		return;
-	}
+	while (read_stdin(buf, sizeof buf) > 0)
+		;
 }
 
 __attribute__((noreturn, format(printf, 3, 4)))
-static void fail(int code, const char *name, const char *fmt, ...)
+void fail(int code, const char *name, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -290,7 +309,7 @@ static void fail_errno_code(int code, int e, const char *what, const char *path)
 }
 
 __attribute__((noreturn))
-static void fail_errno(int e, const char *what, const char *path)
+void fail_errno(int e, const char *what, const char *path)
 {
 	fail_errno_code(1, e, what, path);
 }
@@ -299,7 +318,7 @@ static void fail_errno(int e, const char *what, const char *path)
 /* Argument parsing helpers                                            */
 /* ------------------------------------------------------------------ */
 
-static uint64_t parse_uint(const char *s, const char *what)
+uint64_t parse_uint(const char *s, const char *what)
 {
 	uint64_t v = 0;
 	if (!*s)
@@ -499,7 +518,7 @@ static int walk_beneath(int dirfd, const char *path, uint64_t flags,
 
 static bool g_no_openat2;
 
-static int open_beneath(int dirfd, const char *path, uint64_t flags,
+int open_beneath(int dirfd, const char *path, uint64_t flags,
 			uint64_t mode, uint64_t resolve)
 {
 	if (g_no_openat2)
@@ -525,7 +544,7 @@ static int open_beneath(int dirfd, const char *path, uint64_t flags,
 	}
 }
 
-static void open_root(void)
+void open_root(void)
 {
 	g_rootfd = open(g_root, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (g_rootfd < 0)
@@ -535,7 +554,7 @@ static void open_root(void)
 /* Normalise a root-relative path: drop empty and "." components, refuse
  * ".." and absolute paths outright (the server already normalises, so these
  * only show up in attacks or bugs).  Returns "." for the root itself. */
-static char *norm_path(const char *in)
+char *norm_path(const char *in)
 {
 	if (!*in)
 		fail(1, "EINVAL", "empty path");
@@ -635,7 +654,7 @@ static void out_flush(void)
 	g_out.len = 0;
 }
 
-static const char *type_name(mode_t m)
+const char *type_name(mode_t m)
 {
 	if (S_ISREG(m))
 		return "file";
@@ -773,11 +792,31 @@ static int cmd_read(int argc, char **argv)
 	return 0;
 }
 
+/* Async-signal-safe: unlinkat and _exit only. */
+static void write_ended(int sig)
+{
+	if (g_tmp_name[0])
+		unlinkat(g_tmp_dirfd, g_tmp_name, 0);
+	_exit(128 + sig);
+}
+
 static int cmd_write(int argc, char **argv)
 {
 	g_drain_stdin = true;
 	char *pos[3];
 	bool parents = false;
+	/* `--idle-ms N` first (parse_args knows one boolean flag). */
+	for (int i = 0; i + 1 < argc; i++) {
+		if (!strcmp(argv[i], "--"))
+			break;
+		if (strcmp(argv[i], "--idle-ms"))
+			continue;
+		uint64_t ms = parse_uint(argv[i + 1], "--idle-ms");
+		g_idle_ms = ms > INT_MAX ? INT_MAX : (int)ms;
+		memmove(argv + i, argv + i + 2, (size_t)(argc - i - 2) * sizeof *argv);
+		argc -= 2;
+		break;
+	}
 	parse_args(argc, argv, "--parents", &parents, pos, 3);
 	char *norm = norm_path(pos[0]);
 	const char *ms = pos[1];
@@ -802,6 +841,13 @@ static int cmd_write(int argc, char **argv)
 	 * atomic and never crosses a filesystem. */
 	int fd = -1;
 	g_tmp_dirfd = pfd;
+	/* SIGHUP/SIGTERM (a cancelled call) held until the handler that
+	 * removes the temp file is in place, so no moment leaves it behind. */
+	sigset_t ends, old;
+	sigemptyset(&ends);
+	sigaddset(&ends, SIGHUP);
+	sigaddset(&ends, SIGTERM);
+	sigprocmask(SIG_BLOCK, &ends, &old);
 	for (int tries = 0; fd < 0; tries++) {
 		uint32_t rnd;
 		if (getrandom(&rnd, sizeof rnd, 0) != sizeof rnd)
@@ -816,10 +862,19 @@ static int cmd_write(int argc, char **argv)
 		}
 	}
 
+	/* Ended by the server (SIGHUP/SIGTERM: a cancelled call), the temp
+	 * file goes with us. */
+	struct sigaction sa = {.sa_handler = write_ended};
+	sigaction(SIGHUP, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigprocmask(SIG_SETMASK, &old, NULL);
+
 	static char chunk[65536];
 	uint64_t total = 0;
 	for (;;) {
-		ssize_t n = read_retry(0, chunk, sizeof chunk);
+		ssize_t n = read_stdin(chunk, sizeof chunk);
+		if (n < 0 && errno == ETIMEDOUT)
+			fail(1, "TIMEOUT", "write %s: no data on stdin for %d ms", norm, g_idle_ms);
 		if (n < 0)
 			fail_errno(errno, "read", "stdin");
 		if (n == 0)
@@ -2545,7 +2600,7 @@ int main(int argc, char **argv)
 		i += 2;
 	}
 	if (i >= argc)
-		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|move|status|idle|agent ...");
+		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|move|status|idle|watch|dial|agent ...");
 	const char *sub = argv[i++];
 	int rest = argc - i;
 	char **rv = argv + i;
@@ -2559,7 +2614,10 @@ int main(int argc, char **argv)
 		{"list", cmd_list},   {"remove", cmd_remove}, {"mkdir", cmd_mkdir},
 		{"idle", cmd_idle},   {"merge", cmd_merge}, {"reap", cmd_reap},
 		{"chmod", cmd_chmod}, {"status", cmd_status},
-		{"move", cmd_move},   {"agent", cmd_agent},
+		{"move", cmd_move},
+		{"watch", cmd_watch},
+		{"dial", cmd_dial},
+		{"agent", cmd_agent},
 	};
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(sub, cmds[k].name))

@@ -11,12 +11,30 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import struct
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+HELPER_SOURCES = sorted(str(p) for p in (REPO / "helper").glob("*.c"))
+STATIC_FLAGS = ["-static", "-O2", "-Wall", "-Wextra", "-Werror"]
+# As `make helper-asan` builds build/sbx-asan.
+ASAN_FLAGS = [
+    "-O1",
+    "-g",
+    "-fno-omit-frame-pointer",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=undefined",
+]
+SANITIZER_MARKS = ("AddressSanitizer", "runtime error:", "LeakSanitizer", "UndefinedBehavior")
+ASAN_ENV = {
+    "ASAN_OPTIONS": "detect_leaks=0:exitcode=99",
+    "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+}
 
 MAX_PAYLOAD = 65536
 SYNC = b"\xff\xff\xff\xffSANDBOXDSYNC"
@@ -80,9 +98,28 @@ def window(stream: int, increment: int) -> bytes:
     return encode(WINDOW, stream, struct.pack(">I", increment))
 
 
+def build_helper(out: Path, asan: bool) -> str | None:
+    """The helper from helper/*.c at `out`: a copy of what `make helper` / `make helper-asan`
+    built when it is newer than every source, else compiled; the compiler's complaint when it
+    cannot be."""
+    built = REPO / "build" / ("sbx-asan" if asan else "sbx")
+    sources = [Path(p) for p in HELPER_SOURCES] + list((REPO / "helper").glob("*.h"))
+    if built.exists() and built.stat().st_mtime > max(p.stat().st_mtime for p in sources):
+        shutil.copy2(built, out)
+        return None
+    flags = ASAN_FLAGS if asan else STATIC_FLAGS
+    cp = subprocess.run(
+        ["gcc", *flags, "-o", str(out), *HELPER_SOURCES],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return None if cp.returncode == 0 else cp.stderr.strip()[:500]
+
+
 class Decoder:
     """Splits the agent's byte stream into frames; a bad length is an error (the agent never
-    writes one)."""
+    writes one, and completes a frame it began even when an epoch ends)."""
 
     def __init__(self) -> None:
         self.buf = bytearray()
@@ -104,9 +141,15 @@ class Decoder:
 class AgentProcess:
     """`sbx agent` on pipes, with a workspace root of the test's own."""
 
-    def __init__(self, binary: Path, root: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        root: Path,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
         self.proc = subprocess.Popen(
-            [str(binary), "--root", str(root), "agent"],
+            [str(binary), "--root", str(root), "agent", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -125,19 +168,27 @@ class AgentProcess:
         self.stdin.write(raw)
         self.stdin.flush()
 
-    def hello(self, **fields: object) -> Frame:
-        """SYNC + HELLO; returns the HELLO_OK with this nonce (what precedes it is dropped)."""
+    def hello(self, retry: float = 0.5, timeout: float = 10, **fields: object) -> Frame:
+        """SYNC + HELLO, resent every `retry` seconds as the server does, until the HELLO_OK
+        with this nonce (what precedes it is dropped)."""
         self.nonce += 1
         nonce = f"{self.nonce:016x}"
         body = {"version": 1, "nonce": nonce, "window": 262144, "keepalive_ms": 60000}
         body.update(fields)
-        self.send(SYNC + encode_json(HELLO, 0, body))
         self.next_id = 1
-        while True:
-            f = self.read(timeout=10)
-            if f.type == HELLO_OK and f.json().get("nonce") == nonce:
-                self.pending.clear()
-                return f
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.send(SYNC + encode_json(HELLO, 0, body))
+            resend = time.monotonic() + retry
+            while time.monotonic() < resend:
+                try:
+                    f = self.read(timeout=max(0.01, resend - time.monotonic()))
+                except TimeoutError:
+                    break
+                if f.type == HELLO_OK and _nonce_of(f) == nonce:
+                    self.pending.clear()
+                    return f
+        raise TimeoutError("no HELLO_OK from the agent")
 
     def open_id(self) -> int:
         sid = self.next_id
@@ -206,6 +257,10 @@ class AgentProcess:
             self.pending[:0] = others
 
     def close(self) -> int:
+        """Closes the agent's input (outside a PID namespace it then ends what it runs and
+        exits); its stderr is kept in `stderr_text`. Idempotent."""
+        if self.proc.stderr is None or self.proc.stderr.closed:
+            return self.proc.wait()
         try:
             self.stdin.close()
         except BrokenPipeError:
@@ -217,12 +272,16 @@ class AgentProcess:
                 self.proc.kill()
                 self.proc.wait()
             assert self.proc.stdout is not None and self.proc.stderr is not None
+            self.stderr_text = self.proc.stderr.read().decode(errors="replace")
             self.proc.stdout.close()
             self.proc.stderr.close()
 
-    def stderr(self) -> str:
-        assert self.proc.stderr is not None
-        return self.proc.stderr.read().decode(errors="replace")
+
+def _nonce_of(f: Frame) -> object:
+    try:
+        return json.loads(f.payload).get("nonce")
+    except ValueError:
+        return None
 
 
 def output(frames: list[Frame], fd: int = 1) -> bytes:

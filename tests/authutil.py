@@ -154,6 +154,7 @@ def _cert(
     *,
     ca: bool,
     server: bool = False,
+    ips: tuple[str, ...] = ("127.0.0.1",),
 ) -> Any:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
@@ -173,7 +174,8 @@ def _cert(
     if server:
         builder = builder.add_extension(
             x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                [x509.DNSName("localhost")]
+                + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
             ),
             critical=False,
         ).add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -208,6 +210,20 @@ class Pki:
         path = self.dir / filename
         path.write_bytes(data)
         return path
+
+    def server_for(self, ip: str) -> tuple[Path, Path]:
+        """(certificate, key) files of a server certificate for the address `ip`."""
+        key = _key()
+        cert = _cert(ip, key, f"{self.name} test CA", self.ca_key, ca=False, server=True, ips=(ip,))
+        return (
+            self._write(f"{self.name}-{ip}.crt", cert.public_bytes(self._pem)),
+            self._write(f"{self.name}-{ip}.key", _pem_key(key)),
+        )
+
+    def client_files(self, cn: str = "client") -> tuple[Path, Path]:
+        """(certificate, key) files of a client certificate this CA signed."""
+        key, cert = self.client(cn)
+        return self._write(f"{cn}.crt", cert), self._write(f"{cn}.key", key)
 
     def client(self, cn: str = "client") -> tuple[bytes, bytes]:
         """(key PEM, certificate PEM) of a client certificate this CA signed."""

@@ -29,8 +29,9 @@ from sandboxd.v1 import (
     session_pb2_grpc,
 )
 
-# Fixtures of the hostile-input suite (bystander, victim, guard), kept in their own module.
-pytest_plugins = ["hostile"]
+# Fixtures of the hostile-input suite (bystander, victim, guard), kept in their own module;
+# mountcheck: no container of a test's server has a bind mount (checked in every engine test).
+pytest_plugins = ["hostile", "mountcheck"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -124,6 +125,9 @@ def start_server(
         "0.5",
         *extra,
     ]
+    import mountcheck  # loaded as a plugin above (imported here after, so it is rewritten)
+
+    mountcheck.watch_owner(owner_id)
     proc = subprocess.Popen(
         args,
         stdout=subprocess.PIPE,

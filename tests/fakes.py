@@ -1,6 +1,6 @@
 """An in-memory implementation of `sandboxd.engine.Engine`, for Docker-free unit tests.
 
-It keeps sandboxes, networks and images in dicts and behaves like the Docker adapter where the
+It keeps sandboxes and images in dicts and behaves like the Docker adapter where the
 domain can tell: names are unique (a second create is ENGINE_CONFLICT), a missing image or
 sandbox is ENGINE_OBJECT_NOT_FOUND, removal is idempotent, `sandbox_shape` ignores bookkeeping.
 Commands run against a per-sandbox dict of workspace files: `tar -x -f - -C /workspace`,
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import io
 import itertools
@@ -29,8 +28,6 @@ from typing import Any
 from sandboxd.engine.protocol import (
     BuildLimits,
     ImageDetails,
-    NetworkAddress,
-    NetworkInfo,
     PullProgress,
     SandboxInfo,
     SandboxRequest,
@@ -189,7 +186,6 @@ class FakeEngine:
         self.images: dict[str, dict[str, str]] = {image: {} for image in images}
         self.builds: list[str] = []  # the Dockerfiles build_image was given
         self.sandboxes: dict[str, FakeSandbox] = {}
-        self.networks: dict[str, tuple[dict[str, str], NetworkAddress]] = {}
         self.calls: list[str] = []
         self._ids = itertools.count(1)
         self._failures: dict[str, SandboxError] = {}
@@ -256,7 +252,7 @@ class FakeEngine:
             "limits": spec.limits.to_dict(),
             "env": spec.env,
             "user": spec.user,
-            "network": dataclasses.asdict(request.network) if request.network else None,
+            "egress_port": request.egress_port,
             "isolation": spec.isolation.value,
         }
         return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()
@@ -344,27 +340,6 @@ class FakeEngine:
         self._call("exec_inspect")
         stream = self._execs[exec_id]
         return {"Running": stream.code is None, "ExitCode": stream.code}
-
-    async def ensure_network(
-        self, name: str, labels: Mapping[str, str], bridge: str
-    ) -> NetworkAddress:
-        self._call("ensure_network")
-        if name not in self.networks:
-            n = len(self.networks) + 1
-            self.networks[name] = (dict(labels), NetworkAddress(f"10.99.{n}.1", f"10.99.{n}.0/24"))
-        return self.networks[name][1]
-
-    async def remove_network(self, name: str) -> None:
-        self._call("remove_network")
-        self.networks.pop(name, None)
-
-    async def list_networks(self, owner_id: str) -> list[NetworkInfo]:
-        self._call("list_networks")
-        return [
-            NetworkInfo(name, name, labels.get("io.sandboxd.session", ""))
-            for name, (labels, _) in self.networks.items()
-            if labels.get("io.sandboxd.owner") == owner_id
-        ]
 
     async def commit_sandbox(
         self, sandbox_id: str, repository: str, tag: str, labels: Mapping[str, str]

@@ -55,6 +55,7 @@ async def session_stack(
     archive: Callable[[Any], Any] | None = None,
     owner: str = OWNER,
     tiers: Any = None,
+    egress: Any = None,
     **settings: Any,
 ) -> AsyncIterator[Stack]:
     config = dataclasses.replace(Config(data_dir=tmp_path, pool_size=pool_size), **settings)
@@ -70,7 +71,15 @@ async def session_stack(
             ended.append(session_id)
 
         sessions = SessionManager(
-            config, engine, store, owner, keeper, pool=pool, on_session_end=[on_end], tiers=tiers
+            config,
+            engine,
+            store,
+            owner,
+            keeper,
+            pool=pool,
+            on_session_end=[on_end],
+            tiers=tiers,
+            egress=egress,
         )
         snapshots = Snapshots(keeper, snap_store, sessions, engine, store)
         stack = Stack(engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended)

@@ -38,9 +38,11 @@ from sandboxd.config_sections import (
     ServerSection,
     TemplatesSection,
     TenancySection,
+    WatchSection,
 )
 from sandboxd.errors import ConfigError
 from sandboxd.models import LIMIT_NAMES
+from sandboxd.previews.settings import PreviewsSection
 from sandboxd.settings import (
     SettingTable,
     host_port_problem,
@@ -76,6 +78,8 @@ class Config:
     templates: TemplatesSection = field(default_factory=TemplatesSection)
     audit: AuditSection = field(default_factory=AuditSection)
     events: EventsSection = field(default_factory=EventsSection)
+    watch: WatchSection = field(default_factory=WatchSection)
+    previews: PreviewsSection = field(default_factory=PreviewsSection)
     agent: AgentSection = field(default_factory=AgentSection)
 
     def __init__(self, **settings: Any) -> None:
@@ -144,8 +148,9 @@ def validate(config: Config) -> None:
     problem = host_port_problem(server.listen, "127.0.0.1:50051")
     if problem:
         raise ConfigError(f"listen {server.listen!r}: {problem}")
-    if engine.docker_host and not engine.docker_host.startswith(("unix://", "tcp://")):
-        raise ConfigError(f"docker_host {engine.docker_host!r}: must start with unix:// or tcp://")
+    from sandboxd.engine import docker_tls  # imports only the sections from here
+
+    docker_tls.from_settings(engine)  # the address and TLS files of the engine
     if not engine.image.strip():
         raise ConfigError("image: must not be empty")
     for name in LIMIT_NAMES:

@@ -76,6 +76,19 @@ class EngineSection:
     docker_host: str = setting(
         "", TEXT, "Docker engine address, unix:// or tcp:// (else DOCKER_HOST)"
     )
+    docker_tls_ca: Path | None = setting(
+        None, OPTIONAL_PATH, "PEM CA bundle the tcp:// engine's certificate must chain to"
+    )
+    docker_tls_cert: Path | None = setting(
+        None, OPTIONAL_PATH, "PEM client certificate presented to the tcp:// engine"
+    )
+    docker_tls_key: Path | None = setting(None, OPTIONAL_PATH, "PEM private key of docker_tls_cert")
+    docker_tls_verify: bool = setting(
+        True, BOOL, "check the tcp:// engine's certificate and name (false: encrypted only)"
+    )
+    docker_allow_plain_tcp: bool = setting(
+        False, BOOL, "allow a tcp:// engine without TLS (whoever reaches it owns its host)"
+    )
     docker_pool_size: int = setting(
         1024, INT, "connections to the engine (one per open stream)", lo=10
     )
@@ -180,15 +193,13 @@ class EgressSection:
     """The per-session egress proxy of ALLOWLIST sessions."""
 
     proxy_port: int = setting(
-        3128, INT, "egress proxy port on each session network's gateway", lo=1, hi=65535
+        3128,
+        INT,
+        "port the agent listens on for egress, on each ALLOWLIST sandbox's loopback",
+        lo=1,
+        hi=65535,
     )
     proxy_hosts: str = setting("", TEXT, "static egress name map name=address,... (before DNS)")
-    allow_unfiltered: bool = setting(
-        False,
-        BOOL,
-        "allow ALLOWLIST sessions when no iptables filter can be installed (weaker)",
-        flat="egress_allow_unfiltered",
-    )
     private_networks: str = setting(
         "deny",
         TEXT,
@@ -468,4 +479,37 @@ class AgentSection:
         BOOL,
         "background processes kept by the agent through a server crash and restart",
         flat="agent_detached_processes",
+    )
+
+
+@dataclass(frozen=True)
+class WatchSection:
+    """Directory watches (FilesystemService.WatchDir)."""
+
+    max_per_session: int = setting(
+        64, INT, "open WatchDir streams per session", lo=1, hi=10_000, flat="watch_max_per_session"
+    )
+    coalesce_s: float = setting(
+        0.05,
+        DURATION,
+        "MODIFIED events of one file within this window are sent as one (0: each one)",
+        lo=0,
+        hi=10.0,
+        flat="watch_coalesce",
+    )
+    queue: int = setting(
+        1024,
+        INT,
+        "events a watch holds for a slow client before it drops them for an OVERFLOW event",
+        lo=1,
+        hi=1_000_000,
+        flat="watch_queue",
+    )
+    max_directories: int = setting(
+        8192,
+        INT,
+        "directories one recursive watch may watch (beyond: OVERFLOW)",
+        lo=1,
+        hi=1_000_000,
+        flat="watch_max_directories",
     )

@@ -13,7 +13,6 @@ the helper does with the half-written upload, and the upload is removed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import secrets
@@ -31,7 +30,11 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 64 * 1024  # largest chunk sent; small messages keep memory and latency low
 HEADER_BYTES = 4096  # the `sbx read` header line is far shorter
 UPLOAD_PREFIX = ".sbx-upload-"
+# After a failed upload's `sbx write` ended, how long its removal may take.
 CLEANUP_TIMEOUT_S = 30.0
+# The writer's own bound on a silent stdin, beyond the wait for the client's next chunk: an
+# engine need not pass EOF on when the call's connection drops, and the writer then ends itself.
+WRITER_IDLE_MARGIN_S = 5.0
 
 
 def _upload_name(rel: str) -> str:
@@ -43,14 +46,21 @@ def _upload_name(rel: str) -> str:
 class FileTransfer:
     """ReadFileStream, WriteFileStream and Move over the `sbx` helper."""
 
-    def __init__(self, helper: HelperClient) -> None:
+    def __init__(self, helper: HelperClient, upload_idle_s: float = 60.0) -> None:
+        """`upload_idle_s`: the longest wait for a client's next chunk (the tenancy section's
+        `stream_idle_timeout_s`); the in-sandbox writer gives up a little after it."""
         self.helper = helper
+        self._writer_idle_ms = int((upload_idle_s + WRITER_IDLE_MARGIN_S) * 1000)
         self._cleanups: set[asyncio.Task[None]] = set()
 
-    async def close(self) -> None:
-        """Server shutdown: let the removals of failed uploads finish, briefly."""
+    async def close(self, timeout_s: float = CLEANUP_TIMEOUT_S) -> None:
+        """Server shutdown: let the removals of failed uploads finish for `timeout_s`, then
+        cancel what is left (its writer still ends itself on its idle bound)."""
         if self._cleanups:
-            await asyncio.wait(self._cleanups, timeout=CLEANUP_TIMEOUT_S)
+            await asyncio.wait(self._cleanups, timeout=timeout_s)
+        for task in list(self._cleanups):
+            task.cancel()
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
 
     async def read(
         self, session: Session, path: str, offset: int, length: int
@@ -118,7 +128,14 @@ class FileTransfer:
         mode = validation.validate_file_mode(mode, default=0o644)
         cap = session.spec.limits.workspace_bytes
         upload = _upload_name(rel)
-        args = ["write", upload, format(mode, "o"), str(cap)]
+        args = [
+            "write",
+            upload,
+            format(mode, "o"),
+            str(cap),
+            "--idle-ms",
+            str(self._writer_idle_ms),
+        ]
         args += ["--parents"] if make_parents else []
         exec_id: str | None = None
         try:
@@ -169,11 +186,14 @@ class FileTransfer:
         may still finish the file after the call is gone), in a task of our own."""
 
         async def remove() -> None:
-            with contextlib.suppress(SandboxError, TimeoutError, OSError):
-                async with asyncio.timeout(CLEANUP_TIMEOUT_S):
+            try:
+                # The writer ends on EOF, on its idle bound, or with the call's connection.
+                async with asyncio.timeout(self._writer_idle_ms / 1000 + CLEANUP_TIMEOUT_S):
                     while await self._running(exec_id):
                         await asyncio.sleep(0.05)
                     await self.helper.run(session, ["remove", upload])
+            except (SandboxError, TimeoutError, OSError) as exc:
+                log.warning("a failed upload %s was not removed: %s", upload, exc)
 
         task = asyncio.create_task(remove(), name=f"remove upload {upload}")
         self._cleanups.add(task)

@@ -104,22 +104,14 @@ class IsolationTiers:
         return tier
 
 
-def check_isolation(
-    asked: Isolation | None, tiers: IsolationTiers | None, *, network_allowlist: bool
-) -> Isolation:
+def check_isolation(asked: Isolation | None, tiers: IsolationTiers | None) -> Isolation:
     """The tier of a create request. Without `tiers` (an embedding without an engine check)
-    only runc exists. gVisor sandboxes have no network interface (runsc runs with
-    --network=none), so an ALLOWLIST session is refused under it rather than run without egress.
+    only runc exists. Every tier allows ALLOWLIST: no sandbox has a network interface (runsc
+    runs with --network=none, runc with network mode none), egress goes over the agent's
+    channel.
     """
     if tiers is None:
         tier = IsolationTiers(Isolation.RUNC, {Isolation.RUNC}).choose(asked)
     else:
         tier = tiers.choose(asked, tenancy.current_grants().isolation)
-    if tier is Isolation.GVISOR and network_allowlist:
-        raise FailedPrecondition(
-            "network.mode ALLOWLIST is not available under gvisor isolation (its sandboxes have "
-            "no network interface); use isolation runc, or network mode DENY",
-            reason=Reason.ISOLATION_NETWORK_UNSUPPORTED,
-            metadata={"isolation": tier.value},
-        )
     return tier

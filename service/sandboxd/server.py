@@ -34,26 +34,30 @@ from sandboxd.api.filesystem_service import FilesystemService
 from sandboxd.api.limits import StreamCaps, StreamGuard
 from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
-from sandboxd.api.session_leases import LeaseSessionService, renew_on_activity
+from sandboxd.api.session_leases import renew_on_activity
+from sandboxd.api.session_previews import PreviewSessionService
 from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.api.template_service import TemplateService
 from sandboxd.archive import ArchiveIO
 from sandboxd.audit import AuditLog, AuditStore, AuditWriter
 from sandboxd.audit.egress import background_exit, egress_sink, server_lifecycle
 from sandboxd.config import Config, listens_on_loopback
+from sandboxd.dir_watch import DirWatches
 from sandboxd.egress.addresses import Protected
-from sandboxd.egress.networks import EgressManager, parse_static_hosts
+from sandboxd.egress.manager import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
-from sandboxd.engine import DockerEngine, Engine
+from sandboxd.engine import DockerEngine, Engine, docker_tls
 from sandboxd.errors import ConfigError, SandboxError
 from sandboxd.events import EventHub, LeaseWarner, ObservedStore
 from sandboxd.events.stats import OomWatcher, StatsReader
 from sandboxd.execution import Executor
+from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
 from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
 from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
 from sandboxd.metrics import Metrics, MetricsServer
 from sandboxd.pool import WarmPool
+from sandboxd.previews import setup as previews_setup
 from sandboxd.processes import ProcessManager
 from sandboxd.pulls import Pulls, live_images
 from sandboxd.secrets import vault
@@ -187,9 +191,10 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
 
+    engine_address = docker_tls.from_settings(config.engine)  # checked by validate already
     async with AsyncExitStack() as stack:
         metrics = Metrics()
-        engine: Engine = await stack.enter_async_context(
+        docker = await stack.enter_async_context(
             DockerEngine(
                 config.engine.docker_host,
                 config.engine.docker_pool_size,
@@ -197,9 +202,11 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 keeper_user=config.engine.keeper_user,
                 on_error=metrics.engine_error,
                 gvisor_runtime=config.isolation.gvisor_runtime,
+                address=engine_address,
                 agent=agent_settings(config),
             )
         )
+        engine: Engine = docker
         audit_store = (
             await stack.enter_async_context(AuditStore(config.server.data_dir / "audit.db"))
             if config.audit.enabled
@@ -224,13 +231,14 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         )
         pool = WarmPool.for_config(engine, config, owner_id, metrics)
         stack.push_async_callback(pool.close)  # after the gRPC server stopped, before the engine
-        # Proxies close before the engine; networks and host filters stay (fail closed).
+        # Proxies close before the engine. Sandboxes have no network: their agents carry egress
+        # over the channels to these proxies (docs/agent.md).
         egress = await stack.enter_async_context(
             EgressManager(
                 engine,
                 owner_id,
                 proxy_port=config.egress.proxy_port,
-                allow_unfiltered=config.egress.allow_unfiltered,
+                channels=docker.agents.open if docker.agents is not None else None,
                 on_decision=metrics.proxy_decision,
                 on_event=egress_sink(audit, hub),
                 resolver=Resolver(
@@ -247,6 +255,8 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 ),
             )
         )
+        if docker.agents is not None:
+            docker.agents.egress = egress  # the agents' egress streams go to these proxies
         detached = agent_processes(engine) if config.agent.detached_processes else None
         executor = Executor(engine, detached=detached)
         stack.push_async_callback(executor.close)
@@ -269,6 +279,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             in_use=functools.partial(template_in_use, store),
         )
         stack.push_async_callback(templates.close)
+        preview_parts = await previews_setup.prepare(config, store)
         sessions = SessionManager(
             config,
             engine,
@@ -277,13 +288,24 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             keeper,
             pool=pool,
             egress=egress,
-            on_session_end=[processes.end_session],
+            on_session_end=[processes.end_session, preview_parts.end_session],
             on_expiry=ExpiryPolicy(terms, keeper, store, suspend_for=ENDED_RETENTION),
             tiers=tiers,
             pulls=pulls,
             templates=templates,
         )
         snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
+        previews = await stack.enter_async_context(
+            previews_setup.serve(
+                preview_parts,
+                config,
+                engine=engine,
+                store=store,
+                sessions=sessions,
+                metrics_registry=metrics.registry,
+                audit=audit.record_nowait,
+            )
+        )
 
         server = grpc.aio.server(
             interceptors=[
@@ -303,14 +325,19 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 ("grpc.so_reuseport", 0),
             ],
         )
+        stats = StatsReader(engine, hub, egress.bytes_moved)
         session_pb2_grpc.add_SessionServiceServicer_to_server(
-            LeaseSessionService(sessions, hub, StatsReader(engine, hub), terms), server
+            PreviewSessionService(sessions, hub, stats, terms, previews), server
         )
         process_pb2_grpc.add_ProcessServiceServicer_to_server(
             ProcessService(sessions, executor, config, processes), server
         )
+        transfer = FileTransfer(files.helper, config.tenancy.stream_idle_timeout_s)
         filesystem_pb2_grpc.add_FilesystemServiceServicer_to_server(
-            FilesystemService(sessions, files), server
+            FilesystemService(
+                sessions, files, transfer, DirWatches(files.helper, sessions, config.watch)
+            ),
+            server,
         )
         snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(
             SnapshotService(sessions, archive, snapshots), server
@@ -388,6 +415,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 log.warning("second signal: stopping now")
                 await server.stop(0)
             forced.cancel()
+            await transfer.close(0 if force.is_set() else config.server.shutdown_grace_s)
             if not force.is_set() and config.server.shutdown_snapshot_s > 0:
                 # No call is in flight now: save every running workspace, so that an engine
                 # restarting after us (a reboot) loses nothing.

@@ -10,8 +10,6 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import aiosqlite
@@ -30,6 +28,7 @@ from sandboxd.models import (
     ShellPolicy,
     WorkspaceManifest,
 )
+from sandboxd.sqlite_file import SqliteFile
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -165,31 +164,11 @@ def _row_to_session(row: aiosqlite.Row) -> Session:
     )
 
 
-class SessionStore:
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._db: aiosqlite.Connection | None = None
+class SessionStore(SqliteFile):
+    SCHEMA = _SCHEMA
 
-    async def __aenter__(self) -> SessionStore:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = await aiosqlite.connect(self._path)
-        self._db.row_factory = aiosqlite.Row
-        await self._db.execute("PRAGMA journal_mode=WAL")
-        await self._db.execute("PRAGMA synchronous=NORMAL")
-        await self._db.executescript(_SCHEMA)
+    async def _migrate(self) -> None:
         await self._migrate_tenant()
-        await self._db.commit()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._db is not None:
-            await self._db.close()
-            self._db = None
 
     async def _migrate_tenant(self) -> None:
         """Databases from before tenants: every existing session belongs to "default"."""
@@ -202,12 +181,6 @@ class SessionStore:
         await self.db.execute(
             "CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, state)"
         )
-
-    @property
-    def db(self) -> aiosqlite.Connection:
-        if self._db is None:
-            raise RuntimeError("SessionStore used outside its 'async with'")
-        return self._db
 
     async def insert(self, s: Session) -> None:
         await self.db.execute(

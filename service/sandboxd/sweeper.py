@@ -25,7 +25,6 @@ SWEEP_INTERVAL_S = 60.0
 class SweepResult:
     expired_sessions: int
     removed_containers: int
-    removed_networks: int = 0
     removed_images: int = 0
 
 
@@ -49,25 +48,23 @@ class Sweeper:
     async def sweep(self) -> SweepResult:
         async with self._lock:
             expired = await self._sessions.reap_once()
-            containers, networks = await self._owned()
-            # Removes unclaimed containers and session networks, notes lost containers.
+            containers = await self._owned()
+            # Removes unclaimed containers, notes lost containers.
             await self._sessions.reconcile()
-            containers_after, networks_after = await self._owned()
+            containers_after = await self._owned()
             images = await self._snapshots.sweep_images()
             if self._pulls is not None:
                 images += await self._pulls.sweep()
             return SweepResult(
                 expired_sessions=expired,
                 removed_containers=len(containers - containers_after),
-                removed_networks=len(networks - networks_after),
                 removed_images=images,
             )
 
-    async def _owned(self) -> tuple[set[str], set[str]]:
-        """Ids of the containers and networks labelled with this server's owner id."""
+    async def _owned(self) -> set[str]:
+        """Ids of the containers labelled with this server's owner id."""
         found = await self._engine.list_sandboxes(self._owner_id)
-        nets = await self._engine.list_networks(self._owner_id)
-        return {s.sandbox_id for s in found}, {n.network_id for n in nets}
+        return {s.sandbox_id for s in found}
 
     async def run(self, interval_s: float = SWEEP_INTERVAL_S) -> None:
         while True:
@@ -77,15 +74,10 @@ class Sweeper:
             except SandboxError as exc:
                 log.warning("sweep: %s", exc)
                 continue
-            if (
-                any((result.expired_sessions, result.removed_containers, result.removed_networks))
-                or result.removed_images
-            ):
+            if any((result.expired_sessions, result.removed_containers)) or result.removed_images:
                 log.info(
-                    "sweep: %d lease(s) expired, %d container(s), %d network(s) and %d "
-                    "image(s) removed",
+                    "sweep: %d lease(s) expired, %d container(s) and %d image(s) removed",
                     result.expired_sessions,
                     result.removed_containers,
-                    result.removed_networks,
                     result.removed_images,
                 )

@@ -120,6 +120,7 @@ class TenantGrants:
     private_networks: bool | None = None
     image_allowlist: str | None = None
     isolation: str | None = None  # the tenant's tiers, its default first (server's if None)
+    preview_public: bool = False  # may publish a port with `public: true` (no token)
 
     def merged(self, other: TenantGrants) -> TenantGrants:
         """One tenant on several lines: a grant on any line holds; allowlists add up."""
@@ -131,11 +132,12 @@ class TenantGrants:
             private_networks=any(private) if private else None,
             image_allowlist=",".join(images) if images else None,
             isolation=",".join(tiers) if tiers else None,
+            preview_public=self.preview_public or other.preview_public,
         )
 
 
 # Without a tokens file the one local tenant is the operator: it may administer.
-LOCAL_GRANTS = TenantGrants(admin=True)
+LOCAL_GRANTS = TenantGrants(admin=True, preview_public=True)
 NO_GRANTS = TenantGrants()
 
 
@@ -172,11 +174,13 @@ class TokenTable:
 
 def _grants(where: str, options: list[str]) -> TenantGrants:
     """`admin`, `egress_private_networks=allow|deny`, `image_allowlist=pattern,pattern`."""
-    admin, private, images, tiers = False, None, None, None
+    admin, private, images, tiers, public = False, None, None, None, False
     for option in options:
         key, sep, value = option.partition("=")
         if option == "admin":
             admin = True
+        elif option == "preview_public":
+            public = True
         elif sep and key == "egress_private_networks" and value in ("allow", "deny"):
             private = value == "allow"
         elif sep and key == "image_allowlist":
@@ -199,9 +203,9 @@ def _grants(where: str, options: list[str]) -> TenantGrants:
             raise ConfigError(
                 f"{where}: unknown option {option[:60]!r} (known: admin, "
                 "egress_private_networks=allow|deny, image_allowlist=pattern,..., "
-                "isolation=tier,...)"
+                "isolation=tier,..., preview_public)"
             )
-    return TenantGrants(admin, private, images, tiers)
+    return TenantGrants(admin, private, images, tiers, public)
 
 
 def load_tokens(path: Path) -> TokenTable:

@@ -97,6 +97,7 @@ def test_go_client(server: ServerProcess) -> None:
         "TestClosedPortIsUnavailableWithinTheDeadline",
         "TestIdempotentCallsRetryNonIdempotentNever",
         "TestConformance",
+        "TestWatchDir",
     ):
         assert f"--- PASS: {name} " in result.stdout, name
     assert passed_steps(result.stdout) == conformance_steps(), result.stdout

@@ -1,5 +1,7 @@
-"""The egress allowlist end to end: real containers on their Internal networks, the proxy in a
-real server process, upstreams this test runs (names mapped with SANDBOXD_PROXY_HOSTS).
+"""The egress allowlist end to end: real containers with no network interface but loopback
+(network mode none), the agent inside each carrying every connection to its loopback proxy
+port over the channel to the proxy in a real server process, upstreams this test runs (names
+mapped with SANDBOXD_PROXY_HOSTS).
 
 The proxy never dials the host itself, whatever the grant (tests/integration/
 test_hostile_egress.py), so the upstreams are reached through a relay container on Docker's
@@ -9,7 +11,6 @@ gateway. Nothing here sends traffic anywhere but this host and the test's own co
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import http.server
@@ -38,7 +39,6 @@ from conftest import (
     wait_until,
 )
 from google.protobuf import duration_pb2
-from sandboxd.egress import firewall
 from sandboxd.v1 import admin_pb2, common_pb2, session_pb2
 
 PYTHON_IMAGE = "sandboxd-runtime:python"
@@ -58,6 +58,14 @@ class EchoHandler(socketserver.BaseRequestHandler):
         self.counter.connections += 1
         data = self.request.recv(4096)
         self.request.sendall(b"ECHO:" + data)
+
+
+class StreamEchoHandler(socketserver.BaseRequestHandler):
+    """Echoes everything until the client's end (bulk transfers both ways)."""
+
+    def handle(self) -> None:
+        while data := self.request.recv(1 << 16):
+            self.request.sendall(data)
 
 
 class HelloHandler(http.server.BaseHTTPRequestHandler):
@@ -180,12 +188,14 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ob
         serving(Threaded((gateway, 0), handler)) as echo_port,
         serving(Threaded((gateway, 0), HelloHandler)) as http_port,
         serving(https) as https_port,
-        relay(gateway, [echo_port, http_port, https_port]) as relay_address,
+        serving(Threaded((gateway, 0), StreamEchoHandler)) as stream_port,
+        relay(gateway, [echo_port, http_port, https_port, stream_port]) as relay_address,
     ):
         yield {
             "echo": echo_port,
             "http": http_port,
             "https": https_port,
+            "stream": stream_port,
             "counter": counter,
             "ca": (certs / "cert.pem").read_bytes(),
             "relay": relay_address,
@@ -215,39 +225,50 @@ def server_env(upstreams: dict[str, object]) -> dict[str, str]:
     }
 
 
+# Every test on egress_server runs on runc and gVisor sessions (conftest's `tier`: skipped
+# where runsc is not registered): both have only loopback, egress over the agent's channel.
+TIERS = ("runc", "gvisor")
+
+
 @pytest.fixture(scope="module")
 def egress_server(
-    tmp_path_factory: pytest.TempPathFactory, upstreams: dict[str, object]
+    tmp_path_factory: pytest.TempPathFactory, upstreams: dict[str, object], tier: str
 ) -> Iterator[ServerProcess]:
     owner = "egr" + secrets.token_hex(4)
-    srv = start_server(tmp_path_factory.mktemp("egress"), owner, env=server_env(upstreams))
+    extra = ("--isolation-default", tier) if tier != "runc" else ()
+    srv = start_server(tmp_path_factory.mktemp("egress"), owner, *extra, env=server_env(upstreams))
     yield srv
     srv.stop()
     remove_owned_containers(owner)
-    remove_owned_networks(owner)
+    assert_no_owned_networks(owner)
 
 
-def remove_owned_networks(owner_id: str) -> None:
-    """Networks a test server left behind, and their host filter chains."""
-    ids = subprocess.run(
+def owned_networks(owner_id: str) -> list[str]:
+    return subprocess.run(
         ["docker", "network", "ls", "-q", "--filter", f"label=io.sandboxd.owner={owner_id}"],
         capture_output=True,
         text=True,
-        check=False,
+        check=True,
     ).stdout.split()
-    for net in ids:
-        bridge = subprocess.run(
-            ["docker", "network", "inspect", "-f", BRIDGE_FORMAT, net],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        subprocess.run(["docker", "network", "rm", net], capture_output=True, check=False)
-        if bridge.startswith("sbx"):
-            asyncio.run(firewall.remove(bridge))
 
 
-BRIDGE_FORMAT = '{{index .Options "com.docker.network.bridge.name"}}'
+def assert_no_owned_networks(owner_id: str) -> None:
+    """Sessions have no networks: no network ever carries a test server's labels."""
+    assert owned_networks(owner_id) == []
+
+
+def assert_loopback_only(stubs: Stubs, sid: str) -> None:
+    """`ip link` in the session shows only `lo`; the engine says network mode none."""
+    links = run(stubs, sid, "ip", "-o", "link").stdout.decode()
+    assert [line.split(":")[1].strip() for line in links.splitlines()] == ["lo"], links
+    assert run(stubs, sid, "ls", "/sys/class/net").stdout.decode().split() == ["lo"]
+    cid = container_of(stubs, sid)
+    mode = _docker("inspect", "-f", "{{.HostConfig.NetworkMode}}", cid).strip()
+    assert mode == "none"
+
+
+def container_of(stubs: Stubs, sid: str) -> str:
+    return _docker("ps", "-q", "--no-trunc", "--filter", f"label=io.sandboxd.session={sid}").strip()
 
 
 @pytest.fixture(scope="module")
@@ -328,6 +349,44 @@ def test_allowed_name_and_port_tunnel(estubs: Stubs, session_with, upstreams) ->
     ).events
     assert [e.verdict for e in events] == [session_pb2.EGRESS_VERDICT_ALLOWED] * 3
     assert events[0].host == "up.test" and events[0].bytes_up == 5
+    from sandboxd.v1 import events_pb2
+
+    stats = estubs.sessions.GetSessionStats(
+        events_pb2.GetSessionStatsRequest(session_id=s.session_id)
+    ).stats
+    moved = sum(e.bytes_up + e.bytes_down for e in events)
+    assert stats.egress_bytes >= moved > 0  # what the proxy carried (no interface to count)
+
+
+def test_a_large_tunnel_keeps_every_byte(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
+    """Megabytes each way through the agent's channel (flow control on every hop): every byte
+    echoed back, counted by the audit."""
+    echo, size = upstreams["stream"], 6 * 1024 * 1024
+    s = session_with(allowlist(["up.test"], [echo], private=True))
+    script = (
+        'P=${HTTP_PROXY#http://}; (printf "%b" "$PAYLOAD"; head -c $SIZE /dev/urandom) '
+        '| nc -w 10 "${P%:*}" "${P#*:}" | wc -c'
+    )
+    r = run(
+        estubs,
+        s.session_id,
+        "sh",
+        "-c",
+        script,
+        env={"PAYLOAD": connect("up.test", echo), "SIZE": str(size)},
+        timeout=_secs(60),
+    )
+    head = len(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+    assert int(r.stdout.decode().strip() or 0) == head + size, r.stderr
+
+    def ended() -> list[session_pb2.EgressEvent]:
+        events = estubs.sessions.ListEgressEvents(
+            session_pb2.ListEgressEventsRequest(session_id=s.session_id)
+        ).events
+        return [e for e in events if e.bytes_up or e.bytes_down]
+
+    assert wait_until(lambda: bool(ended()), 10)
+    assert (ended()[-1].bytes_up, ended()[-1].bytes_down) == (size, size)
 
 
 def test_refusals_make_no_connection(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
@@ -394,7 +453,9 @@ def test_connection_quota(estubs: Stubs, session_with, upstreams) -> None:  # ty
 def test_direct_socket_to_another_host_port_fails(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
     s = session_with(allowlist(["up.test"], [upstreams["echo"]], private=True))
     proxy = run(estubs, s.session_id, "sh", "-c", "echo ${HTTP_PROXY#http://}").stdout.decode()
-    gateway = proxy.strip().rsplit(":", 1)[0]
+    assert proxy.strip() == "127.0.0.1:3128"  # the agent's listener, on the sandbox's loopback
+    assert_loopback_only(estubs, s.session_id)
+    gateway = bridge_gateway()  # an address of this host (docker0): no route there at all
     with socket.create_server((gateway, 0)) as listener:
         listener.settimeout(0.1)
         port = listener.getsockname()[1]
@@ -405,6 +466,16 @@ def test_direct_socket_to_another_host_port_fails(estubs: Stubs, session_with, u
     # the echo upstream on 127.0.0.1 (through the gateway's host) is not reachable either
     r = run(estubs, s.session_id, "sh", "-c", f"echo hi | nc -w 2 {gateway} {upstreams['echo']}")
     assert "ECHO" not in r.stdout.decode()
+
+
+def test_a_deny_session_has_no_listener_and_no_interface(estubs: Stubs, session_with) -> None:  # type: ignore[no-untyped-def]
+    s = session_with(common_pb2.NetworkPolicy(mode=common_pb2.NETWORK_MODE_DENY))
+    assert_loopback_only(estubs, s.session_id)
+    env = run(estubs, s.session_id, "env").stdout.decode()
+    assert "HTTP_PROXY=" not in env and "https_proxy=" not in env
+    probe = 'printf "CONNECT up.test:80 HTTP/1.1\\r\\n\\r\\n" | nc -w 2 127.0.0.1 3128'
+    r = run(estubs, s.session_id, "sh", "-c", probe)
+    assert r.exit_code != 0 and not r.stdout, r  # nothing listens: no egress at all
 
 
 def test_update_network_policy(estubs: Stubs, session_with, upstreams) -> None:  # type: ignore[no-untyped-def]
@@ -464,41 +535,26 @@ def test_fingerprint_normalizes_domains_and_includes_quotas(estubs: Stubs, sessi
 
 def test_server_info_reports_filter(estubs: Stubs) -> None:
     info = estubs.admin.GetServerInfo(admin_pb2.GetServerInfoRequest())
-    assert info.egress_filter == admin_pb2.EGRESS_FILTER_IPTABLES
+    assert info.egress_filter == admin_pb2.EGRESS_FILTER_NO_NETWORK
+    assert "egress" in info.features
     assert info.proxy_quotas_max.max_connections >= info.proxy_quotas_default.max_connections
 
 
-def test_network_filter_and_proxy_removed_with_session(
-    estubs: Stubs, egress_server, upstreams
-) -> None:  # type: ignore[no-untyped-def]
+def test_no_network_and_proxy_removed_with_session(estubs: Stubs, egress_server, upstreams) -> None:  # type: ignore[no-untyped-def]
+    echo = upstreams["echo"]
     s = estubs.sessions.CreateSession(
         session_pb2.CreateSessionRequest(
             shell=common_pb2.ShellPolicy(allow_all=True),
-            network=allowlist(["up.test"], [upstreams["echo"]], private=True),
+            network=allowlist(["up.test"], [echo], private=True),
         )
     ).session
-    name = f"sandboxd-net-{egress_server.owner_id}-{s.session_id}"
-    fmt = '{{.Internal}} {{index .Labels "io.sandboxd.session"}}'
-    info = subprocess.run(
-        ["docker", "network", "inspect", "-f", fmt, name],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert info == ["true", s.session_id]
-    rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout
-    assert rules.count("SBX-sbx") >= 3
+    assert_loopback_only(estubs, s.session_id)
+    assert_no_owned_networks(egress_server.owner_id)
+    out = through_proxy(estubs, s.session_id, connect("up.test", echo, "del"))
+    assert out.endswith("ECHO:del"), out
     estubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=s.session_id))
-    gone = subprocess.run(["docker", "network", "inspect", name], capture_output=True)
-    assert gone.returncode != 0
-    bridge_rules = [
-        line
-        for line in subprocess.run(
-            ["iptables", "-S"], capture_output=True, text=True
-        ).stdout.splitlines()
-        if "SBX-sbx" in line
-    ]
-    assert not any(name in line for line in bridge_rules)
+    assert container_of(estubs, s.session_id) == ""
+    assert_no_owned_networks(egress_server.owner_id)
 
 
 def test_proxy_comes_back_after_restart(tmp_path: Path, upstreams) -> None:  # type: ignore[no-untyped-def]
@@ -518,18 +574,10 @@ def test_proxy_comes_back_after_restart(tmp_path: Path, upstreams) -> None:  # t
         ).endswith("ECHO:1")
         stubs.channel.close()
         srv.stop()
-        ghost = f"sandboxd-net-{owner}-ghost"  # a network no session claims
-        subprocess.run(
-            ["docker", "network", "create", "--internal", "--label", f"io.sandboxd.owner={owner}"]
-            + ["--label", "io.sandboxd.session=ghost", ghost],
-            check=True,
-            capture_output=True,
-        )
         srv = start_server(tmp_path, owner, env=env)
         stubs = make_stubs(srv.address)
         assert wait_until(lambda: "egress proxy of" in srv.log(), 10)
-        gone = subprocess.run(["docker", "network", "inspect", ghost], capture_output=True)
-        assert gone.returncode != 0, "an unclaimed network survived start-up"
+        assert_no_owned_networks(owner)
         out = through_proxy(stubs, s.session_id, connect("up.test", upstreams["echo"], "2"))
         assert out.endswith("ECHO:2"), out + srv.log()
         stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=s.session_id))
@@ -537,14 +585,34 @@ def test_proxy_comes_back_after_restart(tmp_path: Path, upstreams) -> None:  # t
     finally:
         srv.stop()
         remove_owned_containers(owner)
-        remove_owned_networks(owner)
+        assert_no_owned_networks(owner)
 
 
-def test_without_iptables_allowlist_is_refused_unless_opted_in(tmp_path: Path) -> None:
-    # A PATH with no iptables: the filter cannot be installed.
-    env = {"PATH": "/nonexistent"}
+def test_without_iptables_egress_works_and_without_the_agent_it_is_refused(
+    tmp_path: Path, upstreams
+) -> None:  # type: ignore[no-untyped-def]
+    # A PATH with no iptables: nothing on the host needs a filter any more.
+    env = {**server_env(upstreams), "PATH": "/nonexistent"}
     owner = "egr" + secrets.token_hex(4)
     srv = start_server(tmp_path / "a", owner, env=env)
+    try:
+        stubs = make_stubs(srv.address)
+        info = stubs.admin.GetServerInfo(admin_pb2.GetServerInfoRequest())
+        assert info.egress_filter == admin_pb2.EGRESS_FILTER_NO_NETWORK
+        s = stubs.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(
+                shell=common_pb2.ShellPolicy(allow_all=True),
+                network=allowlist(["up.test"], [upstreams["echo"]], private=True),
+            )
+        ).session
+        out = through_proxy(stubs, s.session_id, connect("up.test", upstreams["echo"], "np"))
+        assert out.endswith("ECHO:np"), out
+        stubs.channel.close()
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
+    # Without the agent (docker exec and an idle keeper) nothing could carry egress.
+    srv = start_server(tmp_path / "b", owner, env={**env, "SANDBOXD_AGENT": "false"})
     try:
         stubs = make_stubs(srv.address)
         info = stubs.admin.GetServerInfo(admin_pb2.GetServerInfoRequest())
@@ -559,18 +627,8 @@ def test_without_iptables_allowlist_is_refused_unless_opted_in(tmp_path: Path) -
         stubs.channel.close()
     finally:
         srv.stop()
-    srv = start_server(
-        tmp_path / "b", owner, env={**env, "SANDBOXD_EGRESS_ALLOW_UNFILTERED": "true"}
-    )
-    try:
-        stubs = make_stubs(srv.address)
-        info = stubs.admin.GetServerInfo(admin_pb2.GetServerInfoRequest())
-        assert info.egress_filter == admin_pb2.EGRESS_FILTER_UNFILTERED
-        stubs.channel.close()
-    finally:
-        srv.stop()
         remove_owned_containers(owner)
-        remove_owned_networks(owner)
+        assert_no_owned_networks(owner)
 
 
 CLIENT = r"""

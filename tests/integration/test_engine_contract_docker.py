@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import mountcheck
 import pytest
 from conftest import HELPER
 from engine_contract import SCENARIOS, SESSION_SCENARIOS, new_owner
@@ -15,6 +16,12 @@ from sandboxd.archive import ArchiveIO
 from sandboxd.engine import DockerEngine
 from sandboxd.files import Files
 from session_stack import session_stack
+
+
+def watched(owner: str) -> str:
+    """Its containers are checked for bind mounts like those of a server (tests/mountcheck.py)."""
+    mountcheck.watch_owner(owner)
+    return owner
 
 
 @pytest.fixture(params=["agent", "docker-exec"])
@@ -32,7 +39,7 @@ async def _remove_all(docker: DockerEngine, owner: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 async def test_docker_engine_keeps_the_contract(docker: DockerEngine, name: str) -> None:
-    owner = new_owner()
+    owner = watched(new_owner())
     try:
         await SCENARIOS[name](docker, owner)
     finally:
@@ -43,7 +50,7 @@ async def test_docker_engine_keeps_the_contract(docker: DockerEngine, name: str)
 async def test_sessions_over_the_docker_engine(
     docker: DockerEngine, name: str, tmp_path: Path
 ) -> None:
-    owner = new_owner()
+    owner = watched(new_owner())
 
     def archive(engine: Any) -> ArchiveIO:
         return ArchiveIO(engine, Files(engine), spool_dir=tmp_path / "spool")

@@ -9,6 +9,7 @@ import io
 import os
 import secrets
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def write_stream(
 
 
 def uploads_left(stubs: Stubs, sid: str) -> list[str]:
-    out = run(stubs, sid, "find", ".", "-name", ".sbx-upload-*").stdout.decode()
+    # Uploads and the writer's own temp files.
+    out = run(stubs, sid, "find", ".", "-name", ".sbx-*").stdout.decode()
     return out.split()
 
 
@@ -112,11 +114,13 @@ def test_write_stream_is_all_or_nothing(stubs: Stubs, new_session: SessionFactor
     with pytest.raises(grpc.RpcError):
         stubs.files.WriteFileStream(cancelled(), timeout=60)
     assert read_stream(stubs, sid, "keep.txt") == b"original"
-    # Not asserted here: that the half-written upload (a hidden `.sbx-upload-*` file) is gone
-    # within 40 s of the failed call. The server removes it in a task of its own once the
-    # helper ends; on a clean-clone CI run that removal did not happen in time, twice, while
-    # it always does on a warm checkout. The workspace's visible files are whole either way;
-    # the cleanup is a known open defect (closing note), not a guarantee of this test.
+    # Nothing of the failed uploads stays: the server removes the upload once its writer
+    # ended, and a writer whose EOF the engine lost ends itself (`--idle-ms`, a little over the
+    # server's stream idle timeout of 60 s), so this may take that long, never longer.
+    deadline = time.monotonic() + 100
+    while debris := uploads_left(stubs, sid):
+        assert time.monotonic() < deadline, debris
+        time.sleep(0.5)
 
 
 def test_write_stream_bad_input(stubs: Stubs, new_session: SessionFactory) -> None:

@@ -45,6 +45,7 @@ from conftest import (
     run,
     start_server,
 )
+from google.protobuf import duration_pb2
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -584,8 +585,12 @@ class WorkspaceMachine(RuleBasedStateMachine):
 
 @pytest.fixture(scope="module")
 def fuzz_bystander(stubs: Stubs) -> Iterator[str]:
+    # Its lease outlives the run (a one-hour soak found the default 15 minutes ending it).
+    lease = duration_pb2.Duration(seconds=int(min(86_400, SOAK_SECONDS + 3_600)))
     sid = stubs.sessions.CreateSession(
-        session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
+        session_pb2.CreateSessionRequest(
+            shell=common_pb2.ShellPolicy(allow_all=True), lease_ttl=lease
+        )
     ).session.session_id
     run(stubs, sid, "sh", "-c", "cd /workspace && mkdir -p k && printf keep > k/f && ln -s f k/l")
     yield sid
@@ -680,6 +685,24 @@ def test_regression_refused_import_into_missing_folder(fresh: WorkspaceMachine) 
 def test_regression_write_racing_suspend(fresh: WorkspaceMachine) -> None:
     fresh.write_racing_suspend(b"raced", "d/a")
     fresh.healthy()
+
+
+@pytest.mark.parametrize("first", ["s_link", "s_hard"])
+def test_regression_symlink_with_two_names_is_carried(fresh: WorkspaceMachine, first: str) -> None:
+    """Found by the one-hour soak: a symlink with a second name (`ln` of a symlink) made the
+    Suspend that raced a write fail INVALID_ARGUMENT; now it is carried whichever name the
+    snapshot's tar meets first, and each carrying operation keeps both names."""
+    other = "s_hard" if first == "s_link" else "s_link"
+    sh(fresh.stubs, fresh.sid, f"cd /workspace && ln -s a {first} && ln {first} {other}")
+    fresh.tree = tree(fresh.stubs, fresh.sid)
+    fresh.write_racing_suspend(b"raced", "d/a")
+    fresh.suspend_resume()
+    fresh.snapshot_and_fork()
+    fresh.healthy()
+    links = sh(
+        fresh.stubs, fresh.sid, "cd /workspace && stat -c %h:%i s_link s_hard"
+    ).stdout.split()
+    assert len(links) == 2 and links[0] == links[1] and links[0].startswith(b"2:"), links
 
 
 def test_regression_import_racing_snapshot(fresh: WorkspaceMachine) -> None:

@@ -23,9 +23,9 @@ from conftest import (
 from sandboxd.v1 import common_pb2, session_pb2
 from test_egress_integration import (
     allowlist,
+    assert_no_owned_networks,
     bridge_gateway,
     connect,
-    remove_owned_networks,
     through_proxy,
 )
 from test_egress_integration import (
@@ -86,7 +86,7 @@ def granted_server(
     yield srv
     srv.stop()
     remove_owned_containers(owner)
-    remove_owned_networks(owner)
+    assert_no_owned_networks(owner)
 
 
 alpha = tenant_fixture("granted_server", ALPHA)
@@ -142,7 +142,7 @@ def test_without_a_grant_the_default_is_deny(tmp_path_factory: pytest.TempPathFa
     finally:
         srv.stop()
         remove_owned_containers(owner)
-        remove_owned_networks(owner)
+        assert_no_owned_networks(owner)
 
 
 def test_the_host_and_metadata_are_refused_whatever_the_grant(

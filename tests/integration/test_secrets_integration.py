@@ -46,9 +46,9 @@ from sandboxd.v1 import (
 from test_egress_integration import (
     PYTHON_IMAGE,
     Threaded,
+    assert_no_owned_networks,
     bridge_gateway,
     relay,
-    remove_owned_networks,
     serving,
 )
 from testcerts import CertAuthority
@@ -154,7 +154,7 @@ def secrets_server(
     yield srv, metrics
     srv.stop()
     remove_owned_containers(owner)
-    remove_owned_networks(owner)
+    assert_no_owned_networks(owner)
 
 
 @pytest.fixture(scope="module")
@@ -573,7 +573,7 @@ def test_restart_new_ca_installed_inline_values_need_the_key_file(
     finally:
         srv.stop()
         remove_owned_containers(owner)
-        remove_owned_networks(owner)
+        assert_no_owned_networks(owner)
 
 
 @pytest.mark.parametrize("image", [IMAGE, PYTHON_IMAGE])

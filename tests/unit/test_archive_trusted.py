@@ -50,7 +50,12 @@ def test_what_the_sandbox_makes_passes_trusted_only(info: tarfile.TarInfo) -> No
         [_info("../x")],
         [_info("/abs")],
         [_info("l", tarfile.SYMTYPE, link="/etc"), _info("l/passwd")],  # through a symlink
-        [_info("l", tarfile.SYMTYPE, link="a"), _info("h", tarfile.LNKTYPE, link="l")],
+        # A second name of a symlink is a symlink too: nothing goes through it.
+        [
+            _info("l", tarfile.SYMTYPE, link="/etc"),
+            _info("h", tarfile.LNKTYPE, link="l"),
+            _info("h/passwd"),
+        ],
         [_info("h", tarfile.LNKTYPE, link="../outside")],
         [_info("huge", size=2000)],
         [_info("c", tarfile.CHRTYPE)],
@@ -71,3 +76,16 @@ def test_closed_directories_are_unpacked_open_and_remembered() -> None:
         out = checker.check(info)
         assert out is not None and out.mode & 0o700 == 0o700
     assert checker.deferred_modes == [("ro", 0o555), ("ro/none", 0o000)]
+
+
+def test_a_symlink_with_two_names_passes_trusted_only() -> None:
+    """`ln -s a l && ln l h` in the sandbox: its snapshot carries h as a hardlink to the symlink
+    l. tar -x makes it with link(2), which never follows l; a caller's archive may not."""
+    members = [_info("l", tarfile.SYMTYPE, link="a"), _info("h", tarfile.LNKTYPE, link="l")]
+    trusted = MemberChecker(_limits(True))
+    out = [trusted.check(m) for m in members]
+    assert out[1] is not None and out[1].islnk() and out[1].linkname == "l"
+    untrusted = MemberChecker(_limits(False))
+    untrusted.check(members[0])
+    with pytest.raises(InvalidArgument, match="a hardlink to a symlink"):
+        untrusted.check(members[1])

@@ -163,9 +163,10 @@ def test_config_flag_over_config_environment(tmp_path: Path) -> None:
 
 
 def test_docker_host_sources(tmp_path: Path) -> None:
-    assert load_config(H, env={"DOCKER_HOST": "tcp://10.0.0.1:2375"}).engine.docker_host == (
-        "tcp://10.0.0.1:2375"
-    )
+    plain = {"SANDBOXD_DOCKER_ALLOW_PLAIN_TCP": "true"}  # tcp:// without TLS, allowed explicitly
+    assert load_config(
+        H, env={"DOCKER_HOST": "tcp://10.0.0.1:2375", **plain}
+    ).engine.docker_host == ("tcp://10.0.0.1:2375")
     both = {"DOCKER_HOST": "tcp://10.0.0.1:2375", "SANDBOXD_DOCKER_HOST": "unix:///run/d.sock"}
     assert load_config(H, env=both).engine.docker_host == "unix:///run/d.sock"
     flag = [*H, "--docker-host", "unix:///run/flag.sock"]
@@ -178,7 +179,7 @@ def test_docker_host_sources(tmp_path: Path) -> None:
     )
     assert (
         load_config(
-            [*H, "--config", str(path)], env={"DOCKER_HOST": "tcp://h:1"}
+            [*H, "--config", str(path)], env={"DOCKER_HOST": "tcp://h:1", **plain}
         ).engine.docker_host
         == "tcp://h:1"
     )

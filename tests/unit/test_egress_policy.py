@@ -3,16 +3,20 @@ the container settings of an ALLOWLIST session."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+from typing import Any
+
 import pytest
-from sandboxd.egress.networks import (
-    SessionNetwork,
-    apply_to_container,
-    bridge_name,
-    parse_static_hosts,
-)
+from sandboxd.config import Config
+from sandboxd.egress.manager import parse_static_hosts
 from sandboxd.egress.policy import DEFAULT_QUOTAS, MAX_QUOTAS, validate_policy
+from sandboxd.engine.docker_profile import apply_to_container, container_config
+from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.errors import ConfigError, InvalidArgument
+from sandboxd.isolation import Isolation
 from sandboxd.models import NetworkMode, NetworkPolicy, ProxyQuotas
+from sandboxd.pool import default_spec
 
 ALLOW = NetworkMode.ALLOWLIST
 
@@ -103,61 +107,36 @@ def test_container_settings() -> None:
         "NetworkDisabled": True,
         "HostConfig": {"NetworkMode": "none", "Memory": 1},
     }
-    net = SessionNetwork("sandboxd-net-o-s", "172.30.0.1", "http://172.30.0.1:3128")
-    out = apply_to_container(config, net)
-    assert out["NetworkDisabled"] is False
-    assert out["HostConfig"] == {
-        "NetworkMode": "sandboxd-net-o-s",
-        "Memory": 1,
-        "Dns": ["172.30.0.1"],
-    }
+    out = apply_to_container(config, 3128)
+    # No network of its own: loopback only, the agent's listener there is the proxy.
+    assert out["NetworkDisabled"] is True
+    assert out["HostConfig"] == {"NetworkMode": "none", "Memory": 1}
     env = dict(e.split("=", 1) for e in out["Env"])
-    assert env["HTTP_PROXY"] == env["https_proxy"] == "http://172.30.0.1:3128"
-    assert env["NO_PROXY"] == "localhost,127.0.0.1,::1"
+    assert env["HTTP_PROXY"] == env["https_proxy"] == "http://127.0.0.1:3128"
+    assert env["HTTPS_PROXY"] == env["http_proxy"] == "http://127.0.0.1:3128"
+    assert env["NO_PROXY"] == env["no_proxy"] == "localhost,127.0.0.1,::1"
     assert env["PATH"] == "/bin"
-    assert config["HostConfig"]["NetworkMode"] == "none"  # the input is not changed
+    assert "HTTP_PROXY=http://evil" not in out["Env"]
+    assert config["Env"] == ["PATH=/bin", "HTTP_PROXY=http://evil"]  # the input is not changed
 
 
-def test_bridge_names_fit_linux_interfaces() -> None:
-    name = bridge_name("o" * 64, "s" * 128)
-    assert len(name) <= 15 and name.startswith("sbx")
-    assert name == bridge_name("o" * 64, "s" * 128) != bridge_name("o", "s")
-
-
-def _private() -> NetworkPolicy:
-    return NetworkPolicy(
-        NetworkMode.ALLOWLIST,
-        allowed_domains=("up.test",),
-        allowed_ports=(443,),
-        allow_private_networks=True,
-    )
-
-
-def test_private_networks_need_the_operators_grant() -> None:
-    """Finding 12.3: a caller cannot switch the address checks off by itself."""
-    import contextvars
-
-    from sandboxd import tenancy
-    from sandboxd.errors import PermissionDenied
-
-    with pytest.raises(PermissionDenied) as excinfo:
-        validate_policy(_private())  # outside any call: nothing granted
-    assert excinfo.value.reason == "PRIVATE_NETWORKS_NOT_GRANTED"
-    with pytest.raises(PermissionDenied):
-        validate_policy(_private(), private_networks_granted=False)
-    assert validate_policy(_private(), private_networks_granted=True).allow_private_networks
-
-    def as_tenant(grants: tenancy.TenantGrants, server: str) -> NetworkPolicy:
-        tenancy.use_tenant("alpha", tenancy.resolved_grants(grants, server))
-        return validate_policy(_private())
-
-    granted = tenancy.TenantGrants(private_networks=True)
-    denied = tenancy.TenantGrants(private_networks=False)
-    assert contextvars.copy_context().run(as_tenant, tenancy.TenantGrants(), "allow")
-    assert contextvars.copy_context().run(as_tenant, granted, "deny")
-    for grants, server in ((tenancy.TenantGrants(), "deny"), (denied, "allow")):
-        with pytest.raises(PermissionDenied):
-            contextvars.copy_context().run(as_tenant, grants, server)
-    # not asking needs no grant
-    plain = NetworkPolicy(NetworkMode.ALLOWLIST, allowed_domains=("a.test",), allowed_ports=(1,))
-    assert not validate_policy(plain).allow_private_networks
+def test_an_allowlist_sandbox_without_the_agent_as_pid_1_has_it_as_its_keeper(
+    tmp_path: Path,
+) -> None:
+    """gVisor keeps the keeper (runsc lets a same-uid process SIGKILL PID 1): for an ALLOWLIST
+    session that keeper is the agent, as the keeper user behind Docker's init, carrying egress
+    only; every other sandbox keeps its profile."""
+    spec = dataclasses.replace(default_spec(Config(data_dir=tmp_path)), isolation=Isolation.GVISOR)
+    common: dict[str, Any] = {"helper_volume": "v", "keeper_user": "65533:65533"}
+    allow = SandboxRequest(spec=spec, owner_id="o", name="n", egress_port=3128)
+    keeper = container_config(allow, runtime="runsc", agent=False, egress_agent=True, **common)
+    assert keeper["Cmd"][-1] == "agent" and keeper["User"] == "65533:65533"
+    assert keeper["HostConfig"]["Init"] is True and keeper["HostConfig"]["NetworkMode"] == "none"
+    assert keeper["OpenStdin"] and keeper["AttachStdout"] and not keeper["Tty"]
+    env = dict(e.split("=", 1) for e in keeper["Env"])
+    assert env["HTTPS_PROXY"] == "http://127.0.0.1:3128"
+    deny = SandboxRequest(spec=spec, owner_id="o", name="n")
+    idle = container_config(deny, runtime="runsc", agent=False, egress_agent=False, **common)
+    assert idle["Cmd"][-1] == "idle" and not idle["OpenStdin"]
+    pid1 = container_config(allow, agent=True, egress_agent=True, **common)
+    assert pid1["User"] == spec.user and pid1["HostConfig"]["Init"] is False

@@ -1,5 +1,8 @@
-"""The egress proxy in-process, over real loopback sockets (no Docker): the decision order,
-refusals that never dial, quotas, plain-HTTP rewriting, and the audit record."""
+"""The egress proxy in-process (no Docker): the decision order, refusals that never dial,
+quotas, plain-HTTP rewriting, and the audit record. Every test runs twice: connections handed
+to the proxy by a loopback listener of the test's own, and the real path of a sandbox's
+connection: the agent (`sbx agent`, a child process over pipes) accepts it on its loopback
+listener and carries it as an `egress` stream over the server's Channel to the proxy."""
 
 from __future__ import annotations
 
@@ -7,9 +10,11 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
+from egress_link import HELPER, front
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import DEFAULT_QUOTAS, ResolvedQuotas
@@ -19,6 +24,33 @@ from sandboxd.egress.resolver import Resolver
 # The upstreams of these tests listen on loopback, which the server's proxy never dials
 # (tests/unit/test_egress_addresses.py); here only the proxy's mechanics are under test.
 LOOPBACK_UPSTREAMS = Protected(host_addresses=frozenset, always=())
+
+_FRONT = {"kind": "loopback", "tmp": Path("/nonexistent")}
+_ADDRESS: dict[int, tuple[str, int]] = {}
+
+
+@pytest.fixture(autouse=True, params=["loopback", "agent"])
+def connections_via(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """How this test's connections reach the proxy."""
+    if request.param == "agent" and not HELPER.exists():
+        pytest.skip("build/sbx is not built (make helper)")
+    _FRONT.update(kind=request.param, tmp=tmp_path)
+    yield str(request.param)
+
+
+@contextlib.asynccontextmanager
+async def serving(proxy: EgressProxy) -> AsyncIterator[EgressProxy]:
+    async with front(str(_FRONT["kind"]), proxy, Path(_FRONT["tmp"])) as address:
+        _ADDRESS[id(proxy)] = address
+        try:
+            yield proxy
+        finally:
+            _ADDRESS.pop(id(proxy), None)
+            await proxy.close()
+
+
+def address(proxy: EgressProxy) -> tuple[str, int]:
+    return _ADDRESS[id(proxy)]
 
 
 class Upstream:
@@ -92,17 +124,14 @@ async def proxy_for(
         AuditLog("s-test"),
         protected=LOOPBACK_UPSTREAMS,
     )
-    await proxy.start("127.0.0.1", 0)
-    try:
+    async with serving(proxy):
         yield proxy
-    finally:
-        await proxy.close()
 
 
 async def ask(
     proxy: EgressProxy, head: bytes
 ) -> tuple[bytes, asyncio.StreamReader, asyncio.StreamWriter]:
-    r, w = await asyncio.open_connection(*proxy.address)
+    r, w = await asyncio.open_connection(*address(proxy))
     w.write(head)
     await w.drain()
     status = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
@@ -197,12 +226,12 @@ async def test_malformed_and_slow_heads() -> None:
     async with Upstream() as up, proxy_for(up.port, header_timeout_s=0.3) as proxy:
         bare_lf = b"CONNECT up.test:80 HTTP/1.1\r\nA: b\nC: d\r\n\r\n"
         assert (await refused(proxy, bare_lf))[1] == "MALFORMED_REQUEST"
-        r, w = await asyncio.open_connection(*proxy.address)
+        r, w = await asyncio.open_connection(*address(proxy))
         w.write(b"CONNECT up.test")
         status = await asyncio.wait_for(r.read(), 5)
         assert status.startswith(b"HTTP/1.1 408") and b"HEADER_TIMEOUT" in status
         w.close()
-        r, w = await asyncio.open_connection(*proxy.address)
+        r, w = await asyncio.open_connection(*address(proxy))
         w.write(b"CONNECT up.test:1 HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n")
         status = await asyncio.wait_for(r.read(), 5)
         assert status.startswith(b"HTTP/1.1 431")
@@ -214,7 +243,7 @@ async def test_connection_quota_leaves_open_tunnels_alone() -> None:
     async with Upstream() as up, proxy_for(up.port, max_connections=1) as proxy:
         status, r, w = await ask(proxy, f"CONNECT up.test:{up.port} HTTP/1.1\r\n\r\n".encode())
         assert status.startswith(b"HTTP/1.1 200")
-        r2, w2 = await asyncio.open_connection(*proxy.address)
+        r2, w2 = await asyncio.open_connection(*address(proxy))
         second = await asyncio.wait_for(r2.read(), 5)
         assert second.startswith(b"HTTP/1.1 429") and b"QUOTA_CONNECTIONS" in second
         w2.close()
@@ -306,8 +335,7 @@ async def test_dns_quota() -> None:
             AuditLog("s-test"),
             protected=LOOPBACK_UPSTREAMS,
         )
-        await proxy.start("127.0.0.1", 0)
-        try:
+        async with serving(proxy):
             head = f"CONNECT up.test:{up.port} HTTP/1.1\r\n\r\n".encode()
             first = asyncio.create_task(ask(proxy, head))
             await asyncio.sleep(0.1)  # the first lookup is in flight
@@ -315,5 +343,3 @@ async def test_dns_quota() -> None:
             status, _, w = await first
             assert status.startswith(b"HTTP/1.1 200")  # the first one was not affected
             w.close()
-        finally:
-            await proxy.close()

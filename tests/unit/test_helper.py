@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# The helper is every helper/*.c (the Makefile's HELPER_SRC).
-SOURCES = sorted(str(p) for p in (REPO / "helper").glob("*.c"))
+SRC = REPO / "helper" / "sbx.c"
 LIST_MAX = 100_000
 
 
 def _build(out: str) -> None:
-    cmd = ["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-o", out, *SOURCES]
+    sources = [str(p) for p in sorted(SRC.parent.glob("*.c"))]  # sbx.c and its subcommands
+    cmd = ["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-o", out, *sources]
     cp = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert cp.returncode == 0, f"gcc failed:\n{cp.stderr}"
 
@@ -361,6 +361,56 @@ def test_write_too_large_is_atomic(env):
     env.fail("TOO_LARGE", "write", "f", "644", "1000", input=b"x" * 200_000)
     assert (env.root / "f").read_bytes() == b"hello\n"
     assert sorted(os.listdir(env.root)) == before  # temp file gone
+
+
+def test_write_idle_bound_ends_a_writer_whose_stdin_never_closes(env):
+    """An engine need not pass EOF on when a cancelled upload's connection drops: the writer
+    ends itself after --idle-ms without data and leaves no temp file."""
+    before = sorted(os.listdir(env.root))
+    with subprocess.Popen(
+        [env.sbx, "--root", str(env.root), "write", "f", "644", "100", "--idle-ms", "200"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdin is not None and proc.stderr is not None
+        proc.stdin.write(b"half")
+        proc.stdin.flush()  # some data, then silence with stdin still open
+        try:
+            assert proc.wait(timeout=10) == 1
+        finally:
+            proc.kill()
+        assert b'"TIMEOUT"' in proc.stderr.read()
+    assert (env.root / "f").read_bytes() == b"hello\n"
+    assert sorted(os.listdir(env.root)) == before
+
+
+def test_write_idle_bound_is_checked(env):
+    env.fail("EINVAL", "write", "f", "644", "10", "--idle-ms", "soon", input=b"x", rc=2)
+    env.ok("write", "f", "644", "10", "--idle-ms", "5000", input=b"x")
+    assert (env.root / "f").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_write_ended_by_a_signal_leaves_no_temp_file(env, sig):
+    """The server ends a cancelled upload's writer with SIGHUP (the agent) or SIGTERM."""
+    before = sorted(os.listdir(env.root))
+    with subprocess.Popen(
+        [env.sbx, "--root", str(env.root), "write", "f", "644", "100"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    ) as proc:
+        assert proc.stdin is not None
+        proc.stdin.write(b"half")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 10
+        while not any(n.endswith(".tmp") for n in os.listdir(env.root)):
+            assert time.monotonic() < deadline, "the writer never made its temp file"
+            time.sleep(0.01)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=10) == 128 + sig  # our handler, not the default death
+    assert sorted(os.listdir(env.root)) == before
 
 
 def test_write_parents(env):

@@ -86,16 +86,15 @@ async def test_operator_makes_gvisor_the_only_tier(tmp_path: Path) -> None:
         assert refused.value.reason == Reason.ISOLATION_NOT_ALLOWED
 
 
-def test_allowlist_networking_is_refused_under_gvisor() -> None:
+def test_allowlist_networking_is_allowed_under_every_tier() -> None:
+    # No sandbox has a network interface: egress goes over the agent's channel, gVisor too.
     tiers = IsolationTiers(Isolation.RUNC, BOTH)
     tiers._engine = frozenset(BOTH)
-    with pytest.raises(FailedPrecondition) as refused:
-        check_isolation(Isolation.GVISOR, tiers, network_allowlist=True)
-    assert refused.value.reason == Reason.ISOLATION_NETWORK_UNSUPPORTED
-    assert check_isolation(Isolation.RUNC, tiers, network_allowlist=True) is Isolation.RUNC
-    assert check_isolation(None, None, network_allowlist=False) is Isolation.RUNC
+    assert check_isolation(Isolation.GVISOR, tiers) is Isolation.GVISOR
+    assert check_isolation(Isolation.RUNC, tiers) is Isolation.RUNC
+    assert check_isolation(None, None) is Isolation.RUNC
     with pytest.raises(FailedPrecondition):
-        check_isolation(Isolation.GVISOR, None, network_allowlist=False)
+        check_isolation(Isolation.GVISOR, None)
 
 
 def test_settings_are_checked() -> None:
@@ -159,7 +158,7 @@ def test_a_tenant_can_be_held_to_gvisor_in_the_tokens_file(tmp_path: Path) -> No
     async def as_tenant(tenant: str, asked: Isolation | None) -> Isolation:
         async def call() -> Isolation:
             tenancy.use_tenant(tenant, table.grants_of(tenant))
-            return check_isolation(asked, tiers, network_allowlist=False)
+            return check_isolation(asked, tiers)
 
         return await asyncio.create_task(call())
 

@@ -1,6 +1,8 @@
-"""The egress proxy with a session Interceptor, in-process over loopback (no Docker): a bound
-host is intercepted and gets its header, an unbound one stays a plain end-to-end tunnel, an
-upstream that does not verify refuses the CONNECT, a placeholder in plain HTTP is audited."""
+"""The egress proxy with a session Interceptor, in-process (no Docker): a bound host is
+intercepted and gets its header, an unbound one stays a plain end-to-end tunnel, an upstream
+that does not verify refuses the CONNECT, a placeholder in plain HTTP is audited. Each test runs
+with connections handed in by a loopback listener and through the agent's channel (the TLS
+interception then runs over a channel stream: tests/egress_link.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from egress_link import HELPER, front
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import DEFAULT_QUOTAS, ResolvedQuotas
@@ -34,10 +37,13 @@ class Rig:
     client: ssl.SSLContext
     upstream_ca: CertAuthority
     events: list[tuple[str, str]]
+    address: tuple[str, int]
 
 
-@pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+@pytest.fixture(params=["loopback", "agent"])
+async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Rig]:
+    if request.param == "agent" and not HELPER.exists():
+        pytest.skip("build/sbx is not built (make helper)")
     ca, rogue = CertAuthority.create("up CA"), CertAuthority.create("rogue")
     good = ca.server_context(tmp_path, "api.test", "plain.test")
     bad = rogue.server_context(tmp_path, "bad.test")
@@ -83,16 +89,16 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         protected=Protected(host_addresses=frozenset, always=()),
         interceptor=interceptor,
     )
-    await proxy.start("127.0.0.1", 0)
     client = ssl.create_default_context(cadata=ca.pem.decode())
     client.load_verify_locations(cadata=interceptor.ca.pem.decode())
-    yield Rig(proxy, port, heads, client, ca, events)
+    async with front(request.param, proxy, tmp_path) as address:
+        yield Rig(proxy, port, heads, client, ca, events, address)
     await proxy.close()
     upstream.close()
 
 
 async def connect(x: Rig, host: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
-    r, w = await asyncio.open_connection(*x.proxy.address)
+    r, w = await asyncio.open_connection(*x.address)
     w.write(f"CONNECT {host}:{x.port} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
     return r, w, await r.readuntil(b"\r\n\r\n")
 
@@ -141,7 +147,7 @@ async def test_upstream_that_does_not_verify_refuses_the_connect(rig: Rig) -> No
 async def test_placeholder_in_plain_http_audited_or_refused(rig: Rig, refuse: bool) -> None:
     assert rig.proxy.interceptor is not None
     rig.proxy.interceptor.update(rig.proxy.interceptor.view().bindings, refuse)
-    r, w = await asyncio.open_connection(*rig.proxy.address)
+    r, w = await asyncio.open_connection(*rig.address)
     w.write(f"GET http://api.test:{rig.port}/ HTTP/1.1\r\nX-K: {PH}\r\n\r\n".encode())
     head = await r.read(4096)
     w.close()

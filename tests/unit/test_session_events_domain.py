@@ -166,11 +166,12 @@ async def test_stats_reader_and_cpu_throttling_between_readings(tmp_path: Path) 
     async with _observed(tmp_path) as (hub, store, sessions):
         s = await sessions.create(CreateSessionInput(session_id="s1"))
         engine = sessions._engine  # type: ignore[attr-defined]
-        reader = StatsReader(engine, hub)
+        reader = StatsReader(engine, hub, lambda sid: {"s1": 40}.get(sid, 0))
         watch = hub.watch("default", 0, lambda e: e.kind == "CPU_THROTTLED")
         engine.set_stats(s.container_id, SandboxStats(cpu_seconds=1.0, memory_bytes=7))
         first = await reader.read(s)
         assert (first.cpu_seconds, first.memory_bytes) == (1.0, 7)
+        assert first.egress_bytes == 40  # what the session's proxy moved
         await asyncio.sleep(0.2)
         engine.set_stats(s.container_id, SandboxStats(cpu_throttled_s=10.0))  # all the time
         await reader.read(s)

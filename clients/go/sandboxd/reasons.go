@@ -80,7 +80,7 @@ var (
 	ErrNetworkModeFixed = &Error{Code: codes.FailedPrecondition, Reason: "NETWORK_MODE_FIXED"}
 	// ErrNetworkPolicyInvalid: INVALID_ARGUMENT: The network policy (domains, ports, quotas) is malformed.
 	ErrNetworkPolicyInvalid = &Error{Code: codes.InvalidArgument, Reason: "NETWORK_POLICY_INVALID"}
-	// ErrEgressUnavailable: FAILED_PRECONDITION: ALLOWLIST networking needs a host filter this server cannot install.
+	// ErrEgressUnavailable: FAILED_PRECONDITION: ALLOWLIST networking needs the in-sandbox agent, which carries egress over its channel; this server runs with the agent off.
 	ErrEgressUnavailable = &Error{Code: codes.FailedPrecondition, Reason: "EGRESS_UNAVAILABLE"}
 	// ErrTenantSessionQuota: RESOURCE_EXHAUSTED: The tenant has as many live sessions as it may.
 	ErrTenantSessionQuota = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_SESSION_QUOTA"}
@@ -218,7 +218,7 @@ var (
 	ErrIsolationUnavailable = &Error{Code: codes.FailedPrecondition, Reason: "ISOLATION_UNAVAILABLE"}
 	// ErrIsolationNotAllowed: FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed).
 	ErrIsolationNotAllowed = &Error{Code: codes.FailedPrecondition, Reason: "ISOLATION_NOT_ALLOWED"}
-	// ErrIsolationNetworkUnsupported: FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
+	// ErrIsolationNetworkUnsupported: FAILED_PRECONDITION: No longer sent: ALLOWLIST networking works under every isolation tier (egress goes over the agent's channel). Older servers refused it under gvisor.
 	ErrIsolationNetworkUnsupported = &Error{Code: codes.FailedPrecondition, Reason: "ISOLATION_NETWORK_UNSUPPORTED"}
 	// ErrTemplateNotFound: NOT_FOUND: No template of that name (built-in: busybox, python).
 	ErrTemplateNotFound = &Error{Code: codes.NotFound, Reason: "TEMPLATE_NOT_FOUND"}
@@ -256,6 +256,18 @@ var (
 	ErrSecretBindingInvalid = &Error{Code: codes.InvalidArgument, Reason: "SECRET_BINDING_INVALID"}
 	// ErrSecretRefNotFound: INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant.
 	ErrSecretRefNotFound = &Error{Code: codes.InvalidArgument, Reason: "SECRET_REF_NOT_FOUND"}
+	// ErrPreviewsDisabled: FAILED_PRECONDITION: The server serves no previews (set preview_listen).
+	ErrPreviewsDisabled = &Error{Code: codes.FailedPrecondition, Reason: "PREVIEWS_DISABLED"}
+	// ErrPreviewPortInvalid: INVALID_ARGUMENT: The port is not 1-65535.
+	ErrPreviewPortInvalid = &Error{Code: codes.InvalidArgument, Reason: "PREVIEW_PORT_INVALID"}
+	// ErrPreviewTtlInvalid: INVALID_ARGUMENT: The token's ttl is negative or longer than the server's preview_max_ttl.
+	ErrPreviewTtlInvalid = &Error{Code: codes.InvalidArgument, Reason: "PREVIEW_TTL_INVALID"}
+	// ErrPreviewPublicNotAllowed: PERMISSION_DENIED: A public preview needs the operator's preview_public grant for the tenant.
+	ErrPreviewPublicNotAllowed = &Error{Code: codes.PermissionDenied, Reason: "PREVIEW_PUBLIC_NOT_ALLOWED"}
+	// ErrPortNotPublished: NOT_FOUND: The session has not published that port.
+	ErrPortNotPublished = &Error{Code: codes.NotFound, Reason: "PORT_NOT_PUBLISHED"}
+	// ErrPreviewPortsQuota: RESOURCE_EXHAUSTED: The session already publishes preview_max_ports ports.
+	ErrPreviewPortsQuota = &Error{Code: codes.ResourceExhausted, Reason: "PREVIEW_PORTS_QUOTA"}
 	// ErrWorkspaceUnreadable: FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode 000), so no snapshot or export can carry it; refused before anything was stopped. Give it read permission (chmod u+r) and try again.
 	ErrWorkspaceUnreadable = &Error{Code: codes.FailedPrecondition, Reason: "WORKSPACE_UNREADABLE"}
 	// ErrWorkspaceNotArchivable: FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry.
@@ -266,6 +278,8 @@ var (
 	ErrAgentRestarted = &Error{Code: codes.Unavailable, Reason: "AGENT_RESTARTED"}
 	// ErrAgentProtocolError: INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed or unexpected frame); the stream was reset, the rest of the session is unaffected.
 	ErrAgentProtocolError = &Error{Code: codes.Internal, Reason: "AGENT_PROTOCOL_ERROR"}
+	// ErrWatchLimit: RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first.
+	ErrWatchLimit = &Error{Code: codes.ResourceExhausted, Reason: "WATCH_LIMIT"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -395,9 +409,16 @@ var Reasons = map[string]ReasonInfo{
 	"IMAGE_PULL_FAILED":             {codes.Internal, false, ErrImagePullFailed},
 	"SECRET_BINDING_INVALID":        {codes.InvalidArgument, false, ErrSecretBindingInvalid},
 	"SECRET_REF_NOT_FOUND":          {codes.InvalidArgument, false, ErrSecretRefNotFound},
+	"PREVIEWS_DISABLED":             {codes.FailedPrecondition, false, ErrPreviewsDisabled},
+	"PREVIEW_PORT_INVALID":          {codes.InvalidArgument, false, ErrPreviewPortInvalid},
+	"PREVIEW_TTL_INVALID":           {codes.InvalidArgument, false, ErrPreviewTtlInvalid},
+	"PREVIEW_PUBLIC_NOT_ALLOWED":    {codes.PermissionDenied, false, ErrPreviewPublicNotAllowed},
+	"PORT_NOT_PUBLISHED":            {codes.NotFound, false, ErrPortNotPublished},
+	"PREVIEW_PORTS_QUOTA":           {codes.ResourceExhausted, false, ErrPreviewPortsQuota},
 	"WORKSPACE_UNREADABLE":          {codes.FailedPrecondition, false, ErrWorkspaceUnreadable},
 	"WORKSPACE_NOT_ARCHIVABLE":      {codes.FailedPrecondition, false, ErrWorkspaceNotArchivable},
 	"AGENT_UNAVAILABLE":             {codes.Unavailable, true, ErrAgentUnavailable},
 	"AGENT_RESTARTED":               {codes.Unavailable, true, ErrAgentRestarted},
 	"AGENT_PROTOCOL_ERROR":          {codes.Internal, false, ErrAgentProtocolError},
+	"WATCH_LIMIT":                   {codes.ResourceExhausted, false, ErrWatchLimit},
 }

@@ -62,6 +62,7 @@ var Idempotent = map[string]bool{
 	"/sandboxd.v1.TemplateService/GetTemplate":        true,
 	"/sandboxd.v1.TemplateService/ListTemplates":      true,
 	"/sandboxd.v1.TemplateService/DeleteTemplate":     true,
+	"/sandboxd.v1.SessionService/ListPorts":           true,
 }
 
 // IdempotentWithID are the RPCs idempotent when the request names its id: the field that does.

@@ -466,7 +466,8 @@ type SessionStats struct {
 	// Bytes used in /workspace.
 	WorkspaceBytes int64 `protobuf:"varint,4,opt,name=workspace_bytes,json=workspaceBytes,proto3" json:"workspace_bytes,omitempty"`
 	Processes      int64 `protobuf:"varint,5,opt,name=processes,proto3" json:"processes,omitempty"`
-	// Bytes through its egress proxy network (received + sent); 0 without network.
+	// Bytes its egress proxy carried, both ways, since the proxy started (ALLOWLIST sessions;
+	// sandboxes have no network interface of their own); 0 without egress.
 	EgressBytes int64 `protobuf:"varint,6,opt,name=egress_bytes,json=egressBytes,proto3" json:"egress_bytes,omitempty"`
 }
 

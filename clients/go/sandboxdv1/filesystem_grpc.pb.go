@@ -29,6 +29,9 @@ type FilesystemServiceClient interface {
 	WriteFileStream(ctx context.Context, opts ...grpc.CallOption) (FilesystemService_WriteFileStreamClient, error)
 	// Rename a file or directory within the workspace.
 	Move(ctx context.Context, in *MoveRequest, opts ...grpc.CallOption) (*MoveResponse, error)
+	// Changes beneath a directory of /workspace as they happen, until the client cancels or the
+	// session ends (watch.proto).
+	WatchDir(ctx context.Context, in *WatchDirRequest, opts ...grpc.CallOption) (FilesystemService_WatchDirClient, error)
 }
 
 type filesystemServiceClient struct {
@@ -168,6 +171,38 @@ func (c *filesystemServiceClient) Move(ctx context.Context, in *MoveRequest, opt
 	return out, nil
 }
 
+func (c *filesystemServiceClient) WatchDir(ctx context.Context, in *WatchDirRequest, opts ...grpc.CallOption) (FilesystemService_WatchDirClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_FilesystemService_serviceDesc.Streams[2], "/sandboxd.v1.FilesystemService/WatchDir", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &filesystemServiceWatchDirClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type FilesystemService_WatchDirClient interface {
+	Recv() (*WatchDirResponse, error)
+	grpc.ClientStream
+}
+
+type filesystemServiceWatchDirClient struct {
+	grpc.ClientStream
+}
+
+func (x *filesystemServiceWatchDirClient) Recv() (*WatchDirResponse, error) {
+	m := new(WatchDirResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // FilesystemServiceServer is the server API for FilesystemService service.
 // All implementations must embed UnimplementedFilesystemServiceServer
 // for forward compatibility
@@ -184,6 +219,9 @@ type FilesystemServiceServer interface {
 	WriteFileStream(FilesystemService_WriteFileStreamServer) error
 	// Rename a file or directory within the workspace.
 	Move(context.Context, *MoveRequest) (*MoveResponse, error)
+	// Changes beneath a directory of /workspace as they happen, until the client cancels or the
+	// session ends (watch.proto).
+	WatchDir(*WatchDirRequest, FilesystemService_WatchDirServer) error
 	mustEmbedUnimplementedFilesystemServiceServer()
 }
 
@@ -217,6 +255,9 @@ func (UnimplementedFilesystemServiceServer) WriteFileStream(FilesystemService_Wr
 }
 func (UnimplementedFilesystemServiceServer) Move(context.Context, *MoveRequest) (*MoveResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Move not implemented")
+}
+func (UnimplementedFilesystemServiceServer) WatchDir(*WatchDirRequest, FilesystemService_WatchDirServer) error {
+	return status.Errorf(codes.Unimplemented, "method WatchDir not implemented")
 }
 func (UnimplementedFilesystemServiceServer) mustEmbedUnimplementedFilesystemServiceServer() {}
 
@@ -404,6 +445,27 @@ func _FilesystemService_Move_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _FilesystemService_WatchDir_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchDirRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(FilesystemServiceServer).WatchDir(m, &filesystemServiceWatchDirServer{stream})
+}
+
+type FilesystemService_WatchDirServer interface {
+	Send(*WatchDirResponse) error
+	grpc.ServerStream
+}
+
+type filesystemServiceWatchDirServer struct {
+	grpc.ServerStream
+}
+
+func (x *filesystemServiceWatchDirServer) Send(m *WatchDirResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
 var _FilesystemService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sandboxd.v1.FilesystemService",
 	HandlerType: (*FilesystemServiceServer)(nil),
@@ -447,6 +509,11 @@ var _FilesystemService_serviceDesc = grpc.ServiceDesc{
 			StreamName:    "WriteFileStream",
 			Handler:       _FilesystemService_WriteFileStream_Handler,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "WatchDir",
+			Handler:       _FilesystemService_WatchDir_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "sandboxd/v1/filesystem.proto",

@@ -44,6 +44,13 @@ type SessionServiceClient interface {
 	WatchSessions(ctx context.Context, in *WatchSessionsRequest, opts ...grpc.CallOption) (SessionService_WatchSessionsClient, error)
 	// One reading of a session's resource use (CPU, memory and its peak, workspace, processes).
 	GetSessionStats(ctx context.Context, in *GetSessionStatsRequest, opts ...grpc.CallOption) (*GetSessionStatsResponse, error)
+	// Publishes a port of the sandbox through the preview listener: its URLs and a new token
+	// (older tokens of the port are revoked).
+	PublishPort(ctx context.Context, in *PublishPortRequest, opts ...grpc.CallOption) (*PublishPortResponse, error)
+	// Closes a port's preview and revokes its tokens; open preview connections are cut.
+	UnpublishPort(ctx context.Context, in *UnpublishPortRequest, opts ...grpc.CallOption) (*UnpublishPortResponse, error)
+	// Lists the session's published ports (tokens are not included).
+	ListPorts(ctx context.Context, in *ListPortsRequest, opts ...grpc.CallOption) (*ListPortsResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -208,6 +215,33 @@ func (c *sessionServiceClient) GetSessionStats(ctx context.Context, in *GetSessi
 	return out, nil
 }
 
+func (c *sessionServiceClient) PublishPort(ctx context.Context, in *PublishPortRequest, opts ...grpc.CallOption) (*PublishPortResponse, error) {
+	out := new(PublishPortResponse)
+	err := c.cc.Invoke(ctx, "/sandboxd.v1.SessionService/PublishPort", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) UnpublishPort(ctx context.Context, in *UnpublishPortRequest, opts ...grpc.CallOption) (*UnpublishPortResponse, error) {
+	out := new(UnpublishPortResponse)
+	err := c.cc.Invoke(ctx, "/sandboxd.v1.SessionService/UnpublishPort", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) ListPorts(ctx context.Context, in *ListPortsRequest, opts ...grpc.CallOption) (*ListPortsResponse, error) {
+	out := new(ListPortsResponse)
+	err := c.cc.Invoke(ctx, "/sandboxd.v1.SessionService/ListPorts", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility
@@ -239,6 +273,13 @@ type SessionServiceServer interface {
 	WatchSessions(*WatchSessionsRequest, SessionService_WatchSessionsServer) error
 	// One reading of a session's resource use (CPU, memory and its peak, workspace, processes).
 	GetSessionStats(context.Context, *GetSessionStatsRequest) (*GetSessionStatsResponse, error)
+	// Publishes a port of the sandbox through the preview listener: its URLs and a new token
+	// (older tokens of the port are revoked).
+	PublishPort(context.Context, *PublishPortRequest) (*PublishPortResponse, error)
+	// Closes a port's preview and revokes its tokens; open preview connections are cut.
+	UnpublishPort(context.Context, *UnpublishPortRequest) (*UnpublishPortResponse, error)
+	// Lists the session's published ports (tokens are not included).
+	ListPorts(context.Context, *ListPortsRequest) (*ListPortsResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -281,6 +322,15 @@ func (UnimplementedSessionServiceServer) WatchSessions(*WatchSessionsRequest, Se
 }
 func (UnimplementedSessionServiceServer) GetSessionStats(context.Context, *GetSessionStatsRequest) (*GetSessionStatsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetSessionStats not implemented")
+}
+func (UnimplementedSessionServiceServer) PublishPort(context.Context, *PublishPortRequest) (*PublishPortResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method PublishPort not implemented")
+}
+func (UnimplementedSessionServiceServer) UnpublishPort(context.Context, *UnpublishPortRequest) (*UnpublishPortResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method UnpublishPort not implemented")
+}
+func (UnimplementedSessionServiceServer) ListPorts(context.Context, *ListPortsRequest) (*ListPortsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListPorts not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 
@@ -517,6 +567,60 @@ func _SessionService_GetSessionStats_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_PublishPort_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PublishPortRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).PublishPort(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sandboxd.v1.SessionService/PublishPort",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).PublishPort(ctx, req.(*PublishPortRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_UnpublishPort_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UnpublishPortRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).UnpublishPort(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sandboxd.v1.SessionService/UnpublishPort",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).UnpublishPort(ctx, req.(*UnpublishPortRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_ListPorts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListPortsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).ListPorts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sandboxd.v1.SessionService/ListPorts",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).ListPorts(ctx, req.(*ListPortsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _SessionService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sandboxd.v1.SessionService",
 	HandlerType: (*SessionServiceServer)(nil),
@@ -560,6 +664,18 @@ var _SessionService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetSessionStats",
 			Handler:    _SessionService_GetSessionStats_Handler,
+		},
+		{
+			MethodName: "PublishPort",
+			Handler:    _SessionService_PublishPort_Handler,
+		},
+		{
+			MethodName: "UnpublishPort",
+			Handler:    _SessionService_UnpublishPort_Handler,
+		},
+		{
+			MethodName: "ListPorts",
+			Handler:    _SessionService_ListPorts_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -3,6 +3,7 @@
 // numbers, bytes as Buffers.
 import type {
   CallOptions,
+  FileEvent,
   FileInfo,
   GetServerInfoResponse,
   Init,
@@ -166,6 +167,17 @@ export declare class Session {
     destinationPath: string,
     opts?: CallOptions & { overwrite?: boolean },
   ): Promise<FileInfo>;
+  /**
+   * Changes beneath a folder (empty: the workspace) until the loop is left or the session ends;
+   * `onReady` runs once the watch is in place. OVERFLOW: events were lost, list again.
+   */
+  watchDir(
+    path?: string,
+    opts?: CallOptions & {
+      recursive?: boolean;
+      onReady?: (headers: Record<string, string | Buffer>) => void;
+    },
+  ): AsyncGenerator<FileEvent, void, undefined>;
 }
 
 export interface ClientOptions {

@@ -393,6 +393,18 @@ export class Session {
     return (await this.client.files.move(req, opts)).info;
   }
 
+  /**
+   * Changes beneath the folder `dirPath` (empty: the workspace) as FileEvents, until the loop is
+   * left (which ends the watch) or the session ends. `onReady` is called once the watch is in
+   * place: every change after it is reported. An OVERFLOW event means events were lost: list
+   * the folder again.
+   */
+  async *watchDir(dirPath = '', { recursive = false, onReady, ...opts } = {}) {
+    const req = { session_id: this.id, path: dirPath, recursive };
+    const events = this.client.files.watchDir(req, { ...opts, onMetadata: onReady });
+    for await (const resp of events) yield resp.event;
+  }
+
   /** A tar of the folder `dirPath` (empty: the workspace), as Buffers while it is made. */
   async *exportArchive(dirPath = '', opts = {}) {
     const req = { session_id: this.id, path: dirPath };
@@ -679,6 +691,8 @@ export class SandboxClient {
       this._metadata(opts.metadata),
       this._callOptions(deadline),
     );
+    // The response headers: for WatchDir, the sign that the watch is in place.
+    if (opts.onMetadata) call.once('metadata', (md) => opts.onMetadata(md.getMap()));
     yield* this._read(call, opts.signal);
   }
 

@@ -54,6 +54,7 @@ export const IDEMPOTENT = new Set([
   'sandboxd.v1.TemplateService/GetTemplate',
   'sandboxd.v1.TemplateService/ListTemplates',
   'sandboxd.v1.TemplateService/DeleteTemplate',
+  'sandboxd.v1.SessionService/ListPorts',
 ]);
 
 /** RPCs that are idempotent when the caller chose the id: the request field that names it. */

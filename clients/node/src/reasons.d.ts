@@ -55,7 +55,7 @@ export declare class NetworkModeUnsupportedError extends InvalidArgument {}
 export declare class NetworkModeFixedError extends FailedPrecondition {}
 /** INVALID_ARGUMENT: The network policy (domains, ports, quotas) is malformed. */
 export declare class NetworkPolicyInvalidError extends InvalidArgument {}
-/** FAILED_PRECONDITION: ALLOWLIST networking needs a host filter this server cannot install. */
+/** FAILED_PRECONDITION: ALLOWLIST networking needs the in-sandbox agent, which carries egress over its channel; this server runs with the agent off. */
 export declare class EgressUnavailableError extends FailedPrecondition {}
 /** RESOURCE_EXHAUSTED: The tenant has as many live sessions as it may. */
 export declare class TenantSessionQuotaError extends ResourceExhausted {}
@@ -193,7 +193,7 @@ export declare class InvalidExpiryActionError extends InvalidArgument {}
 export declare class IsolationUnavailableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed). */
 export declare class IsolationNotAllowedError extends FailedPrecondition {}
-/** FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY. */
+/** FAILED_PRECONDITION: No longer sent: ALLOWLIST networking works under every isolation tier (egress goes over the agent's channel). Older servers refused it under gvisor. */
 export declare class IsolationNetworkUnsupportedError extends FailedPrecondition {}
 /** NOT_FOUND: No template of that name (built-in: busybox, python). */
 export declare class TemplateNotFoundError extends NotFound {}
@@ -231,6 +231,18 @@ export declare class ImagePullFailedError extends Internal {}
 export declare class SecretBindingInvalidError extends InvalidArgument {}
 /** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
 export declare class SecretRefNotFoundError extends InvalidArgument {}
+/** FAILED_PRECONDITION: The server serves no previews (set preview_listen). */
+export declare class PreviewsDisabledError extends FailedPrecondition {}
+/** INVALID_ARGUMENT: The port is not 1-65535. */
+export declare class PreviewPortInvalidError extends InvalidArgument {}
+/** INVALID_ARGUMENT: The token's ttl is negative or longer than the server's preview_max_ttl. */
+export declare class PreviewTtlInvalidError extends InvalidArgument {}
+/** PERMISSION_DENIED: A public preview needs the operator's preview_public grant for the tenant. */
+export declare class PreviewPublicNotAllowedError extends PermissionDenied {}
+/** NOT_FOUND: The session has not published that port. */
+export declare class PortNotPublishedError extends NotFound {}
+/** RESOURCE_EXHAUSTED: The session already publishes preview_max_ports ports. */
+export declare class PreviewPortsQuotaError extends ResourceExhausted {}
 /** FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode 000), so no snapshot or export can carry it; refused before anything was stopped. Give it read permission (chmod u+r) and try again. */
 export declare class WorkspaceUnreadableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry. */
@@ -241,6 +253,8 @@ export declare class AgentUnavailableError extends Unavailable {}
 export declare class AgentRestartedError extends Unavailable {}
 /** INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed or unexpected frame); the stream was reset, the rest of the session is unaffected. */
 export declare class AgentProtocolErrorError extends Internal {}
+/** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
+export declare class WatchLimitError extends ResourceExhausted {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -368,11 +382,18 @@ export type Reason =
   | 'IMAGE_PULL_FAILED'
   | 'SECRET_BINDING_INVALID'
   | 'SECRET_REF_NOT_FOUND'
+  | 'PREVIEWS_DISABLED'
+  | 'PREVIEW_PORT_INVALID'
+  | 'PREVIEW_TTL_INVALID'
+  | 'PREVIEW_PUBLIC_NOT_ALLOWED'
+  | 'PORT_NOT_PUBLISHED'
+  | 'PREVIEW_PORTS_QUOTA'
   | 'WORKSPACE_UNREADABLE'
   | 'WORKSPACE_NOT_ARCHIVABLE'
   | 'AGENT_UNAVAILABLE'
   | 'AGENT_RESTARTED'
-  | 'AGENT_PROTOCOL_ERROR';
+  | 'AGENT_PROTOCOL_ERROR'
+  | 'WATCH_LIMIT';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

@@ -55,7 +55,7 @@ export class NetworkModeUnsupportedError extends InvalidArgument {}
 export class NetworkModeFixedError extends FailedPrecondition {}
 /** INVALID_ARGUMENT: The network policy (domains, ports, quotas) is malformed. */
 export class NetworkPolicyInvalidError extends InvalidArgument {}
-/** FAILED_PRECONDITION: ALLOWLIST networking needs a host filter this server cannot install. */
+/** FAILED_PRECONDITION: ALLOWLIST networking needs the in-sandbox agent, which carries egress over its channel; this server runs with the agent off. */
 export class EgressUnavailableError extends FailedPrecondition {}
 /** RESOURCE_EXHAUSTED: The tenant has as many live sessions as it may. */
 export class TenantSessionQuotaError extends ResourceExhausted {}
@@ -193,7 +193,7 @@ export class InvalidExpiryActionError extends InvalidArgument {}
 export class IsolationUnavailableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed). */
 export class IsolationNotAllowedError extends FailedPrecondition {}
-/** FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its sandboxes have no network interface); use runc or NETWORK_MODE_DENY. */
+/** FAILED_PRECONDITION: No longer sent: ALLOWLIST networking works under every isolation tier (egress goes over the agent's channel). Older servers refused it under gvisor. */
 export class IsolationNetworkUnsupportedError extends FailedPrecondition {}
 /** NOT_FOUND: No template of that name (built-in: busybox, python). */
 export class TemplateNotFoundError extends NotFound {}
@@ -231,6 +231,18 @@ export class ImagePullFailedError extends Internal {}
 export class SecretBindingInvalidError extends InvalidArgument {}
 /** INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant. */
 export class SecretRefNotFoundError extends InvalidArgument {}
+/** FAILED_PRECONDITION: The server serves no previews (set preview_listen). */
+export class PreviewsDisabledError extends FailedPrecondition {}
+/** INVALID_ARGUMENT: The port is not 1-65535. */
+export class PreviewPortInvalidError extends InvalidArgument {}
+/** INVALID_ARGUMENT: The token's ttl is negative or longer than the server's preview_max_ttl. */
+export class PreviewTtlInvalidError extends InvalidArgument {}
+/** PERMISSION_DENIED: A public preview needs the operator's preview_public grant for the tenant. */
+export class PreviewPublicNotAllowedError extends PermissionDenied {}
+/** NOT_FOUND: The session has not published that port. */
+export class PortNotPublishedError extends NotFound {}
+/** RESOURCE_EXHAUSTED: The session already publishes preview_max_ports ports. */
+export class PreviewPortsQuotaError extends ResourceExhausted {}
 /** FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode 000), so no snapshot or export can carry it; refused before anything was stopped. Give it read permission (chmod u+r) and try again. */
 export class WorkspaceUnreadableError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: The workspace holds an entry tar cannot archive (a path longer than tar or a restore accepts...), so no snapshot or export can carry it; refused before anything was stopped. The message names the entry. */
@@ -241,6 +253,8 @@ export class AgentUnavailableError extends Unavailable {}
 export class AgentRestartedError extends Unavailable {}
 /** INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed or unexpected frame); the stream was reset, the rest of the session is unaffected. */
 export class AgentProtocolErrorError extends Internal {}
+/** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
+export class WatchLimitError extends ResourceExhausted {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -369,9 +383,16 @@ export const REASONS = Object.freeze({
   IMAGE_PULL_FAILED: { code: 'INTERNAL', retryable: false, error: ImagePullFailedError },
   SECRET_BINDING_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretBindingInvalidError },
   SECRET_REF_NOT_FOUND: { code: 'INVALID_ARGUMENT', retryable: false, error: SecretRefNotFoundError },
+  PREVIEWS_DISABLED: { code: 'FAILED_PRECONDITION', retryable: false, error: PreviewsDisabledError },
+  PREVIEW_PORT_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: PreviewPortInvalidError },
+  PREVIEW_TTL_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: PreviewTtlInvalidError },
+  PREVIEW_PUBLIC_NOT_ALLOWED: { code: 'PERMISSION_DENIED', retryable: false, error: PreviewPublicNotAllowedError },
+  PORT_NOT_PUBLISHED: { code: 'NOT_FOUND', retryable: false, error: PortNotPublishedError },
+  PREVIEW_PORTS_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: PreviewPortsQuotaError },
   WORKSPACE_UNREADABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: WorkspaceUnreadableError },
   WORKSPACE_NOT_ARCHIVABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: WorkspaceNotArchivableError },
   AGENT_UNAVAILABLE: { code: 'UNAVAILABLE', retryable: true, error: AgentUnavailableError },
   AGENT_RESTARTED: { code: 'UNAVAILABLE', retryable: true, error: AgentRestartedError },
   AGENT_PROTOCOL_ERROR: { code: 'INTERNAL', retryable: false, error: AgentProtocolErrorError },
+  WATCH_LIMIT: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: WatchLimitError },
 });

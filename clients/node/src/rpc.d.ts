@@ -75,7 +75,8 @@ export type EgressFilter =
   | 'EGRESS_FILTER_UNSPECIFIED'
   | 'EGRESS_FILTER_IPTABLES'
   | 'EGRESS_FILTER_UNFILTERED'
-  | 'EGRESS_FILTER_UNAVAILABLE';
+  | 'EGRESS_FILTER_UNAVAILABLE'
+  | 'EGRESS_FILTER_NO_NETWORK';
 
 export interface SweepRequest {
 }
@@ -351,11 +352,18 @@ export type ErrorReason =
   | 'ERROR_REASON_IMAGE_PULL_FAILED'
   | 'ERROR_REASON_SECRET_BINDING_INVALID'
   | 'ERROR_REASON_SECRET_REF_NOT_FOUND'
+  | 'ERROR_REASON_PREVIEWS_DISABLED'
+  | 'ERROR_REASON_PREVIEW_PORT_INVALID'
+  | 'ERROR_REASON_PREVIEW_TTL_INVALID'
+  | 'ERROR_REASON_PREVIEW_PUBLIC_NOT_ALLOWED'
+  | 'ERROR_REASON_PORT_NOT_PUBLISHED'
+  | 'ERROR_REASON_PREVIEW_PORTS_QUOTA'
   | 'ERROR_REASON_WORKSPACE_UNREADABLE'
   | 'ERROR_REASON_WORKSPACE_NOT_ARCHIVABLE'
   | 'ERROR_REASON_AGENT_UNAVAILABLE'
   | 'ERROR_REASON_AGENT_RESTARTED'
-  | 'ERROR_REASON_AGENT_PROTOCOL_ERROR';
+  | 'ERROR_REASON_AGENT_PROTOCOL_ERROR'
+  | 'ERROR_REASON_WATCH_LIMIT';
 
 export type SessionEventKind =
   | 'SESSION_EVENT_KIND_UNSPECIFIED'
@@ -426,6 +434,7 @@ export interface FilesystemServiceClient {
   readFileStream(request: Init<ReadFileStreamRequest>, options?: CallOptions): AsyncGenerator<ReadFileStreamResponse, void, undefined>;
   writeFileStream(requests: Requests<WriteFileStreamRequest>, options?: CallOptions): Promise<WriteFileStreamResponse>;
   move(request: Init<MoveRequest>, options?: CallOptions): Promise<MoveResponse>;
+  watchDir(request: Init<WatchDirRequest>, options?: CallOptions): AsyncGenerator<WatchDirResponse, void, undefined>;
 }
 
 export type FileType =
@@ -520,6 +529,18 @@ export interface MoveResponse {
   info: FileInfo | null;
 }
 
+export interface FileEvent {
+  sequence: number;
+  kind: FileEventKind;
+  path: string;
+  old_path: string;
+  type: FileType;
+}
+
+export interface WatchDirResponse {
+  event: FileEvent | null;
+}
+
 export interface ReadFileStreamRequest {
   session_id: string;
   path: string;
@@ -555,6 +576,21 @@ export interface MoveRequest {
   destination_path: string;
   overwrite: boolean;
 }
+
+export interface WatchDirRequest {
+  session_id: string;
+  path: string;
+  recursive: boolean;
+}
+
+export type FileEventKind =
+  | 'FILE_EVENT_KIND_UNSPECIFIED'
+  | 'FILE_EVENT_KIND_CREATED'
+  | 'FILE_EVENT_KIND_MODIFIED'
+  | 'FILE_EVENT_KIND_REMOVED'
+  | 'FILE_EVENT_KIND_RENAMED'
+  | 'FILE_EVENT_KIND_ATTRIBUTES'
+  | 'FILE_EVENT_KIND_OVERFLOW';
 
 export type ExpiryAction =
   | 'EXPIRY_ACTION_UNSPECIFIED'
@@ -614,6 +650,45 @@ export type Signal =
   | 'SIGNAL_SIGCONT'
   | 'SIGNAL_SIGSTOP'
   | 'SIGNAL_SIGWINCH';
+
+export interface Preview {
+  port: number;
+  url: string;
+  path_url: string;
+  token: string;
+  expires_at: Timestamp | null;
+  public: boolean;
+}
+
+export interface PublishPortRequest {
+  session_id: string;
+  port: number;
+  ttl: Duration | null;
+  public: boolean;
+}
+
+export interface PublishPortResponse {
+  preview: Preview | null;
+}
+
+export interface UnpublishPortRequest {
+  session_id: string;
+  port: number;
+}
+
+export interface UnpublishPortResponse {
+}
+
+export interface ListPortsRequest {
+  session_id: string;
+  page_size: number;
+  page_token: string;
+}
+
+export interface ListPortsResponse {
+  previews: Preview[];
+  next_page_token: string;
+}
 
 /** sandboxd.v1.ProcessService: SandboxClient.processes. */
 export interface ProcessServiceClient {
@@ -842,6 +917,9 @@ export interface SessionServiceClient {
   watchSession(request: Init<WatchSessionRequest>, options?: CallOptions): AsyncGenerator<WatchSessionResponse, void, undefined>;
   watchSessions(request: Init<WatchSessionsRequest>, options?: CallOptions): AsyncGenerator<WatchSessionsResponse, void, undefined>;
   getSessionStats(request: Init<GetSessionStatsRequest>, options?: CallOptions): Promise<GetSessionStatsResponse>;
+  publishPort(request: Init<PublishPortRequest>, options?: CallOptions): Promise<PublishPortResponse>;
+  unpublishPort(request: Init<UnpublishPortRequest>, options?: CallOptions): Promise<UnpublishPortResponse>;
+  listPorts(request: Init<ListPortsRequest>, options?: CallOptions): Promise<ListPortsResponse>;
 }
 
 export type SessionState =

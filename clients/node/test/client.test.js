@@ -250,3 +250,26 @@ test('one handle for every process, streamed files and move (API polish)', async
     await session.delete();
   }
 });
+
+test('watchDir: events after onReady, typed refusals, leaving the loop ends the watch', async () => {
+  const session = await client.createSession({ shell: { allow_all: true } });
+  try {
+    const missing = session.watchDir('missing');
+    await assert.rejects(missing.next(), (err) => err.reason === 'FILE_NOT_FOUND');
+
+    let ready;
+    const inPlace = new Promise((resolve) => (ready = resolve));
+    const events = session.watchDir('', { recursive: true, onReady: ready });
+    const first = events.next(); // starts the call; the watch is in place once onReady runs
+    await inPlace;
+    await session.writeFile('node.txt', 'x');
+    const { value } = await first;
+    assert.equal(value.kind, 'FILE_EVENT_KIND_CREATED');
+    assert.equal(value.path, 'node.txt');
+    assert.equal(value.type, 'FILE_TYPE_FILE');
+    assert.equal(Number(value.sequence), 1);
+    await events.return(); // leaving ends the call
+  } finally {
+    await session.delete();
+  }
+});

@@ -49,6 +49,11 @@ async function example(): Promise<number> {
       { data: new Uint8Array(10) },
     ]);
     void done.files;
+    for await (const fe of session.watchDir('src', { recursive: true, onReady: () => {} })) {
+      const kind: 'FILE_EVENT_KIND_OVERFLOW' | string = fe.kind;
+      void [kind, fe.sequence, fe.path, fe.old_path, fe.type];
+      break;
+    }
     await session.delete();
     return code + size + apiVersion.length;
   } catch (err) {

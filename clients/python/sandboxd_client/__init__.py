@@ -15,6 +15,7 @@ from sandboxd_client import errors
 from sandboxd_client._rpc import RetryPolicy
 from sandboxd_client.audit import AuditEvent
 from sandboxd_client.client import API_VERSION, DEFAULT_ADDRESS, TLS, SandboxClient
+from sandboxd_client.dir_watch import FileEvent
 from sandboxd_client.errors import Reason, SandboxError
 from sandboxd_client.images import ImageInfo, PullDone, PullProgress
 from sandboxd_client.interaction import Interaction
@@ -40,6 +41,7 @@ from sandboxd_client.models import (
     StateReason,
     SweepResult,
 )
+from sandboxd_client.previews import Preview
 from sandboxd_client.session import Session
 from sandboxd_client.templates import BuildLogLine, Template
 from sandboxd_client.watch import SessionEvent, SessionStats
@@ -50,6 +52,7 @@ __all__ = [
     "AuditEvent",
     "SessionEvent",
     "SessionStats",
+    "Preview",
     "BuildLogLine",
     "Template",
     "ImageInfo",
@@ -62,6 +65,7 @@ __all__ = [
     "EgressEvent",
     "Event",
     "Exited",
+    "FileEvent",
     "FileInfo",
     "Interaction",
     "Keepalive",

@@ -54,6 +54,7 @@ IDEMPOTENT = frozenset(
         "SnapshotService/DownloadSnapshot",
         "AuditService/ListAuditEvents",
         "SessionService/GetSessionStats",
+        "SessionService/ListPorts",
         "TemplateService/GetTemplate",
         "TemplateService/ListTemplates",
         "TemplateService/DeleteTemplate",

@@ -33,6 +33,7 @@ from sandboxd_client.cli_files import cmd_cp
 from sandboxd_client.cli_images import add_image_commands
 from sandboxd_client.cli_network import add_policy_options, cmd_egress, cmd_network, policy_from
 from sandboxd_client.cli_output import emit, pairs, table, wants_json, when
+from sandboxd_client.cli_previews import add_preview_commands
 from sandboxd_client.cli_processes import (
     cmd_attach,
     cmd_exec,
@@ -263,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_image_commands(sub)
     add_template_commands(sub)
+    add_preview_commands(sub)
     snap = sub.add_parser("snapshot", help="snapshots: create, ls, get, rm, download")
     ssub = snap.add_subparsers(dest="snapshot_command", required=True)
     p = ssub.add_parser("create", help="snapshot a session, print the snapshot id")
@@ -285,7 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
 
     add_audit_options(add("audit", cmd_audit, "the audit log: who ran what, when (filters)"))
-    add_watch_options(add("watch", cmd_watch, "session events, live: watch [SESSION]"))
+    add_watch_options(
+        add(
+            "watch", cmd_watch, "live session events, or a folder's changes: watch [SESSION [PATH]]"
+        )
+    )
 
     p = add("completion", cmd_completion, "print a shell completion script")
     p.add_argument("shell", choices=("bash", "zsh"))

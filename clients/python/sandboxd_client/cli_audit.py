@@ -1,11 +1,12 @@
 """sandboxctl audit (the audit log, filtered, oldest first) and sandboxctl watch (session
-events, live); JSON Lines with -o json."""
+events, or with a PATH a workspace folder's changes, live); JSON Lines with -o json."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
 import json
+import sys
 from typing import Any
 
 from sandboxd_client.cli_output import pairs, table, wants_json, when
@@ -72,13 +73,20 @@ async def cmd_audit(client: SandboxClient, args: argparse.Namespace) -> int:
 
 def add_watch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("session", nargs="?", help="one session (else every session of yours)")
+    p.add_argument(
+        "path", nargs="?", help="a directory of the session's workspace: its changes instead"
+    )
+    p.add_argument("--recursive", action="store_true", help="with PATH: every folder beneath")
     p.add_argument("--label", action="append", metavar="KEY=VALUE", help="filter (repeat)")
     p.add_argument("--after", type=int, default=0, metavar="SEQUENCE", help="replay after this")
     p.add_argument("--count", type=int, default=0, help="stop after this many events")
 
 
 async def cmd_watch(client: SandboxClient, args: argparse.Namespace) -> int:
-    """Session events as they happen; each line starts with the sequence to resume after."""
+    """Session events as they happen; each line starts with the sequence to resume after.
+    With a PATH (or --recursive): the changes beneath that workspace folder instead."""
+    if args.session and (args.path is not None or args.recursive):
+        return await cmd_watch_dir(client, args)
     if args.session:
         events = client.watch_session(args.session, after_sequence=args.after)
     else:
@@ -97,4 +105,23 @@ async def cmd_watch(client: SandboxClient, args: argparse.Namespace) -> int:
         n += 1
         if args.count and n >= args.count:
             break
+    return 0
+
+
+async def cmd_watch_dir(client: SandboxClient, args: argparse.Namespace) -> int:
+    """One line per change: sequence, kind, path (old -> new for a rename), type."""
+    session = client.session(args.session)
+    n = 0
+    async with session.watching(args.path or "", recursive=args.recursive) as events:
+        # On stderr, so that stdout stays one line per event: changes from now on are shown.
+        print(f"watching {args.path or '/workspace'}", file=sys.stderr, flush=True)
+        async for e in events:
+            if wants_json(args):
+                print(json.dumps(as_dict(e), sort_keys=True), flush=True)
+            else:
+                where = f"{e.old_path} -> {e.path}" if e.old_path else e.path
+                print(f"{e.sequence} {e.kind} {where} {e.type}".rstrip(), flush=True)
+            n += 1
+            if args.count and n >= args.count:
+                break
     return 0

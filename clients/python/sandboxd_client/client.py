@@ -60,6 +60,7 @@ from sandboxd_client.models import (
     SweepResult,
     duration,
 )
+from sandboxd_client.previews import PreviewsMixin
 from sandboxd_client.session import Session
 from sandboxd_client.templates import TemplatesMixin
 from sandboxd_client.watch import WatchMixin
@@ -100,7 +101,7 @@ def check_api_version(info: ServerInfo, address: str) -> None:
         )
 
 
-class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin):
+class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, PreviewsMixin):
     """A connection to one sandboxd server; use as `async with SandboxClient(addr) as c`.
 
     `token` is sent as a bearer token on every call. `timeout` is the default deadline in

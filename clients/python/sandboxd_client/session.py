@@ -22,6 +22,7 @@ from sandboxd_client._gen.sandboxd.v1 import (
     snapshot_pb2,
 )
 from sandboxd_client._rpc import UNSET, rpc
+from sandboxd_client.dir_watch import DirWatching
 from sandboxd_client.events import events_of
 from sandboxd_client.interaction import Interaction
 from sandboxd_client.models import (
@@ -64,7 +65,7 @@ def _exec_fields(
     }
 
 
-class Session(ProcessHandles, FileTransfers):
+class Session(ProcessHandles, FileTransfers, DirWatching):
     """One sandbox session. Its methods call the server; `info` is the last reply seen."""
 
     def __init__(self, client: SandboxClient, info: SessionInfo) -> None:

@@ -19,7 +19,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sandboxd.agent import frames
 from sandboxd.agent.frames import Frame, FrameDecoder, FrameError, FrameType, StreamError
@@ -35,6 +35,11 @@ from sandboxd.errors import InvalidArgument, SandboxError
 log = logging.getLogger(__name__)
 
 EPOCH_ERRORS_PER_MINUTE = 5  # more protocol epochs than this: the agent is broken, LOST
+
+S = TypeVar("S", bound=AgentStream)
+# A stream the agent opened (egress): (channel, stream id, its OPEN request). The handler
+# answers at once, never blocking: `accept` (OPEN_OK) or `refuse` (RESET).
+PeerOpen = Callable[["Channel", int, dict[str, Any]], None]
 
 
 class State(enum.Enum):
@@ -68,8 +73,12 @@ class Channel:
         handshake_s: float = 10.0,
         resend_s: float = 0.5,
         on_lost: Callable[[Channel, str], None] | None = None,
+        egress_port: Callable[[], int] | int = 0,
+        on_peer_open: PeerOpen | None = None,
     ) -> None:
         self.name = name
+        self._egress_port = egress_port  # HELLO's (asked at each epoch): the agent's listener
+        self._on_peer_open = on_peer_open
         self._transport = transport
         self._window = window
         self._keepalive_s = keepalive_s
@@ -195,6 +204,9 @@ class Channel:
             "nonce": self._nonce,
             "window": self._window,
             "keepalive_ms": int(self._keepalive_s * 1000),
+            "egress_port": self._egress_port()
+            if callable(self._egress_port)
+            else self._egress_port,
         }
         return frames.SYNC + frames.encode_json(FrameType.HELLO, 0, hello)
 
@@ -374,8 +386,7 @@ class Channel:
                 self._send_now(frames.reset(sid, "PROTOCOL", f"stream {sid} opened twice"))
                 return
             self._peer_last_id = sid
-            # The agent's own streams (egress) are not served by this server yet.
-            self._send_now(frames.reset(sid, "REFUSED", "no egress over this channel"))
+            self._peer_open(sid, frame)
             return
         log.debug(
             "agent channel %s: frame %#x on stream %d it was never given",
@@ -384,6 +395,36 @@ class Channel:
             sid,
         )
         self._send_now(frames.reset(sid, "PROTOCOL", f"stream {sid} is not open"))
+
+    def _peer_open(self, sid: int, frame: Frame) -> None:
+        if self._on_peer_open is None:
+            self.refuse(sid, "REFUSED", "no egress over this channel")
+            return
+        try:
+            doc = frames.parse_json(frame)
+        except StreamError as exc:
+            self.refuse(sid, "PROTOCOL", str(exc))
+            return
+        self._on_peer_open(self, sid, doc)
+
+    def accept(self, stream_id: int, kind: str, cls: type[S]) -> S:
+        """Serve a stream the agent opened (OPEN_OK); its frames go to the new stream."""
+        stream = cls(
+            stream_id,
+            kind,
+            window=self._window,
+            send=self._writer.send,
+            send_now=self._send_now,
+            fds=frozenset({0}),
+        )
+        stream.opened.set_result({})
+        self._streams[stream_id] = stream
+        self._send_now(frames.encode_json(FrameType.OPEN_OK, stream_id, {}))
+        return stream
+
+    def refuse(self, stream_id: int, error: str, message: str) -> None:
+        """Answer a stream the agent opened with RESET."""
+        self._send_now(frames.reset(stream_id, error, message[:500]))
 
     @staticmethod
     def _to_stream(stream: AgentStream, frame: Frame) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sandboxd.agent.channel import Channel, State
+from sandboxd.agent.egress_route import EgressEndpoints, egress_port, peer_open_handler
 from sandboxd.agent.exec_stream import AgentExec, exec_request
 from sandboxd.agent.streams import agent_unavailable
 from sandboxd.agent.transport import Transport
@@ -45,6 +47,7 @@ class Attached:
     transport: Transport
     user: str
     env: Mapping[str, str] = field(default_factory=dict)  # the container's (docker exec's base)
+    session_id: str = ""  # the session the server labelled the container with (egress)
 
 
 class AgentPort(Protocol):
@@ -104,6 +107,7 @@ class AgentRouter:
         self._ended: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.egress: EgressEndpoints | None = None  # the server's proxies (set once, at start)
 
     # ----- channels ------------------------------------------------------------------------
 
@@ -132,6 +136,8 @@ class AgentRouter:
                 handshake_s=s.handshake_s,
                 resend_s=s.resend_s,
                 on_lost=lambda ch, why: self._lost(sandbox_id, ch, why),
+                egress_port=functools.partial(egress_port, self.egress, attached.session_id),
+                on_peer_open=peer_open_handler(self.egress, attached.session_id),
             )
             entry = _Entry(channel, attached.user, attached.env)
             self._entries[sandbox_id] = entry

@@ -8,7 +8,7 @@ from sandboxd import __version__, images, tenancy, validation
 from sandboxd.api import convert, egress_convert, image_convert
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config import Config
-from sandboxd.egress.networks import EgressManager, FilterMode
+from sandboxd.egress.manager import EgressManager, FilterMode
 from sandboxd.egress.policy import DEFAULT_QUOTAS, MAX_QUOTAS
 from sandboxd.engine import Engine
 from sandboxd.errors import Internal
@@ -19,8 +19,7 @@ from sandboxd.sweeper import Sweeper
 from sandboxd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, images_pb2
 
 _EGRESS_FILTER = {
-    FilterMode.IPTABLES: admin_pb2.EGRESS_FILTER_IPTABLES,
-    FilterMode.UNFILTERED: admin_pb2.EGRESS_FILTER_UNFILTERED,
+    FilterMode.NO_NETWORK: admin_pb2.EGRESS_FILTER_NO_NETWORK,
     FilterMode.UNAVAILABLE: admin_pb2.EGRESS_FILTER_UNAVAILABLE,
 }
 
@@ -62,7 +61,6 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         return admin_pb2.SweepResponse(
             expired_sessions=r.expired_sessions,
             removed_containers=r.removed_containers,
-            removed_networks=r.removed_networks,
             removed_images=r.removed_images,
         )
 

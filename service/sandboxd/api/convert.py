@@ -6,6 +6,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from sandboxd import validation
 from sandboxd.api import egress_convert, image_convert
+from sandboxd.dir_watch import FileEvent
 from sandboxd.errors import InvalidArgument
 from sandboxd.isolation import Isolation
 from sandboxd.models import (
@@ -28,7 +29,7 @@ from sandboxd.models import (
 from sandboxd.reasons import Reason
 from sandboxd.sessions import CreateSessionInput
 from sandboxd.state_reason import state_reason
-from sandboxd.v1 import common_pb2, filesystem_pb2, polish_pb2, process_pb2, session_pb2
+from sandboxd.v1 import common_pb2, filesystem_pb2, polish_pb2, process_pb2, session_pb2, watch_pb2
 
 _STATE = {
     SessionState.CREATING: session_pb2.SESSION_STATE_CREATING,
@@ -284,4 +285,18 @@ def file_info_pb(info: FileInfo) -> filesystem_pb2.FileInfo:
         mode=info.mode,
         modified_at=timestamp_pb(info.modified_ns),
         symlink_target=info.symlink_target,
+    )
+
+
+def file_event_pb(event: FileEvent) -> filesystem_pb2.FileEvent:
+    return filesystem_pb2.FileEvent(
+        sequence=event.sequence,
+        kind=watch_pb2.FileEventKind.Value(f"FILE_EVENT_KIND_{event.kind.name}"),
+        path=event.path,
+        old_path=event.old_path,
+        type=(
+            _FILE_TYPE[event.type]
+            if event.type is not None
+            else filesystem_pb2.FILE_TYPE_UNSPECIFIED
+        ),
     )

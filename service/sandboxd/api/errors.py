@@ -88,20 +88,29 @@ Resp = TypeVar("Resp")
 Ctx: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
+@contextlib.asynccontextmanager
+async def _answered(context: Ctx, where: str) -> AsyncIterator[None]:
+    """Every failure inside becomes the call's status: a domain error its own, anything else
+    (a bug) the fixed internal one, logged with its traceback."""
+    try:
+        yield
+    except errors.SandboxError as exc:
+        await abort(context, exc)
+    except grpc.aio.AbortError:
+        raise
+    except Exception:
+        log.exception("unexpected error in %s", where)
+        await abort(context, _INTERNAL)
+
+
 def unary(
     fn: Callable[[S, Req, Ctx], Awaitable[Resp]],
 ) -> Callable[[S, Req, Ctx], Awaitable[Resp]]:
     @functools.wraps(fn)
     async def wrapper(self: S, request: Req, context: Ctx) -> Resp:
-        try:
+        async with _answered(context, fn.__qualname__):
             return await fn(self, request, context)
-        except errors.SandboxError as exc:
-            await abort(context, exc)
-        except grpc.aio.AbortError:
-            raise
-        except Exception:
-            log.exception("unexpected error in %s", fn.__qualname__)
-            await abort(context, _INTERNAL)
+        raise AssertionError("unreachable: the call was answered")  # pragma: no cover
 
     return wrapper
 
@@ -111,18 +120,11 @@ def stream(
 ) -> Callable[[S, Req, Ctx], AsyncIterator[Resp]]:
     @functools.wraps(fn)
     async def wrapper(self: S, request: Req, context: Ctx) -> AsyncIterator[Resp]:
-        try:
+        async with _answered(context, fn.__qualname__):
             # aclosing: a cancelled call closes the inner generator now, so its cleanup
             # (killing the command) runs at once rather than whenever GC gets to it.
             async with contextlib.aclosing(fn(self, request, context)) as items:
                 async for item in items:
                     yield item
-        except errors.SandboxError as exc:
-            await abort(context, exc)
-        except grpc.aio.AbortError:
-            raise
-        except Exception:
-            log.exception("unexpected error in %s", fn.__qualname__)
-            await abort(context, _INTERNAL)
 
     return wrapper

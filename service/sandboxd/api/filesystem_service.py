@@ -1,4 +1,4 @@
-"""FilesystemService: translate messages, delegate to Files and FileTransfer."""
+"""FilesystemService: translate messages, delegate to Files, FileTransfer and DirWatches."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 from sandboxd.api import convert
 from sandboxd.api.errors import Ctx, stream, unary
+from sandboxd.config_sections import WatchSection
+from sandboxd.dir_watch import DirWatches
 from sandboxd.errors import InvalidArgument
 from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
 from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager, paging
-from sandboxd.v1 import filesystem_ext_pb2, filesystem_pb2, filesystem_pb2_grpc
+from sandboxd.v1 import filesystem_ext_pb2, filesystem_pb2, filesystem_pb2_grpc, watch_pb2
 
 
 async def _data(
@@ -29,11 +31,16 @@ async def _data(
 
 class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
     def __init__(
-        self, sessions: SessionManager, files: Files, transfer: FileTransfer | None = None
+        self,
+        sessions: SessionManager,
+        files: Files,
+        transfer: FileTransfer | None = None,
+        watches: DirWatches | None = None,
     ) -> None:
         self._sessions = sessions
         self._files = files
         self._transfer = transfer or FileTransfer(files.helper)
+        self._watches = watches or DirWatches(files.helper, sessions, WatchSection())
 
     @unary
     async def ReadFile(
@@ -137,3 +144,14 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
                 session, request.source_path, request.destination_path, request.overwrite
             )
         return filesystem_pb2.MoveResponse(info=convert.file_info_pb(info))
+
+    @stream
+    async def WatchDir(
+        self, request: watch_pb2.WatchDirRequest, context: Ctx
+    ) -> AsyncGenerator[filesystem_pb2.WatchDirResponse, None]:
+        # No workspace gate: a watch may last for hours, and a snapshot must not wait for it.
+        async with self._sessions.use(request.session_id, gate=False) as session:
+            async with self._watches.watch(session, request.path, request.recursive) as events:
+                await context.send_initial_metadata((("sandboxd-watch", "ready"),))
+                async for event in events:
+                    yield filesystem_pb2.WatchDirResponse(event=convert.file_event_pb(event))

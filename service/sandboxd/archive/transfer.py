@@ -52,6 +52,7 @@ from sandboxd.engine import Engine
 from sandboxd.errors import (
     FailedPrecondition,
     Internal,
+    InvalidArgument,
     NotFound,
     ResourceExhausted,
     SandboxError,
@@ -283,6 +284,13 @@ class ArchiveIO:
         feeder = asyncio.create_task(feed())
         try:
             await asyncio.to_thread(check_and_forward, Source(inbox), None, checker)
+        except InvalidArgument as exc:
+            # Not the caller's argument: the workspace holds what a restore would refuse.
+            raise FailedPrecondition(
+                f"the workspace cannot be carried: {exc.message}",
+                reason=Reason.WORKSPACE_NOT_ARCHIVABLE,
+                metadata={**exc.metadata, "refused_by": exc.reason},
+            ) from None
         finally:
             inbox.cancel()  # a thread still reading stops at once
             feeder.cancel()

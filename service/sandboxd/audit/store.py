@@ -11,12 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
-from pathlib import Path
-from types import TracebackType
-
-import aiosqlite
 
 from sandboxd.audit.events import AuditEvent, AuditQuery
+from sandboxd.sqlite_file import SqliteFile
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS audit_events (
@@ -34,35 +31,9 @@ CREATE INDEX IF NOT EXISTS audit_time ON audit_events (time);
 """
 
 
-class AuditStore:
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._db: aiosqlite.Connection | None = None
-
-    async def __aenter__(self) -> AuditStore:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = await aiosqlite.connect(self._path)
-        await self._db.execute("PRAGMA journal_mode=WAL")
-        await self._db.execute("PRAGMA synchronous=NORMAL")
-        await self._db.executescript(_SCHEMA)
-        await self._db.commit()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._db is not None:
-            await self._db.close()
-            self._db = None
-
-    @property
-    def db(self) -> aiosqlite.Connection:
-        if self._db is None:
-            raise RuntimeError("audit store is not open")
-        return self._db
+class AuditStore(SqliteFile):
+    SCHEMA = _SCHEMA
+    ROWS_BY_NAME = False
 
     async def append(self, events: Sequence[AuditEvent]) -> list[AuditEvent]:
         """Write a batch in one transaction; the events with their ids once it is committed."""

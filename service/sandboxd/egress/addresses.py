@@ -173,8 +173,8 @@ def local_addresses(proc: Path = Path("/proc/net")) -> frozenset[IPAddress]:
 class Protected:
     """What no grant opens: fixed addresses (the engine's, the listeners') and the host's own.
 
-    The host's addresses are read live (a session network adds a gateway address on each
-    create), cached for `ttl_s`; `refresh()` drops the cache when the server adds one itself.
+    The host's addresses are read live (interfaces come and go), cached for `ttl_s`;
+    `refresh()` drops the cache.
     """
 
     addresses: frozenset[IPAddress] = frozenset()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 from dataclasses import dataclass
 
@@ -36,6 +35,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0
 MAX_LINGERING = 64
+READ_LIMIT = MAX_HEAD_BYTES  # of a connection's StreamReader: a longer head is refused
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,10 @@ class _QuotaCut(Exception):
 
 
 class EgressProxy:
-    """One session's proxy server; owned by the EgressManager, closed with the session."""
+    """One session's proxy; owned by the EgressManager, closed with the session. It has no
+    listener: the session's connections are handed to `accept`."""
+
+    read_limit = READ_LIMIT
 
     def __init__(
         self,
@@ -99,7 +102,6 @@ class EgressProxy:
         quotas: ResolvedQuotas,
         resolver: Resolver,
         audit: AuditLog,
-        peer_network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None,
         protected: Protected | None = None,
         interceptor: Interceptor | None = None,
     ) -> None:
@@ -109,43 +111,35 @@ class EgressProxy:
         self.quotas = quotas
         self.audit = audit
         self._resolver = resolver
-        self._peer_network = peer_network
         self._protected = protected or Protected()
-        self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing: set[asyncio.Task[None]] = set()  # refused over quota, lingering
         self._dns_in_flight = 0
         self.requests = 0
         self.budget = _Budget(quotas.max_bytes_up, quotas.max_bytes_down)
-        self.address: tuple[str, int] = ("", 0)
+        self._closed = False
 
     @property
     def active(self) -> int:
         return len(self._tasks)
 
-    async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(
-            self._accept, host, port, limit=MAX_HEAD_BYTES, reuse_address=True
-        )
-        sockname = self._server.sockets[0].getsockname()
-        self.address = (str(sockname[0]), int(sockname[1]))
-
     async def close(self) -> None:
-        """Stop listening and cut every open connection."""
-        if self._server is not None:
-            self._server.close()
+        """Cut every open connection; connections handed in later are closed at once."""
+        self._closed = True
         tasks = self._tasks | self._closing
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(5):
-                    await self._server.wait_closed()
-            self._server = None
 
-    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one connection of this session's sandbox (an `egress` stream of its agent's
+        channel, already known to be the session's: no address to check). Never blocks: the
+        connection gets a task of its own, owned by the proxy. `reader` should have a limit
+        of `READ_LIMIT` (a longer head is HEAD_TOO_LARGE)."""
+        if self._closed:
+            writer.close()
+            return
         # Over the connection quota: refuse here, before a task exists; tunnels keep running.
         if len(self._tasks) >= self.quotas.max_connections:
             self.audit.record(method="", host="", port=0, allowed=False, reason="QUOTA_CONNECTIONS")
@@ -164,8 +158,6 @@ class EgressProxy:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream: asyncio.StreamWriter | None = None
         try:
-            if not self._peer_allowed(writer):
-                return
             try:
                 decision = await self._decide(reader)
                 up_reader, upstream, address = await self._dial(decision)
@@ -267,15 +259,6 @@ class EgressProxy:
             raise Refused(exc.status, exc.reason, str(exc)).about(
                 d.method, d.host, d.port
             ) from None
-
-    def _peer_allowed(self, writer: asyncio.StreamWriter) -> bool:
-        if self._peer_network is None:
-            return True
-        peer = writer.get_extra_info("peername")
-        try:
-            return ipaddress.ip_address(peer[0]) in self._peer_network
-        except (TypeError, ValueError, IndexError):
-            return False
 
     async def _decide(self, reader: asyncio.StreamReader) -> _Decision:
         """Read and judge one request, up to the checked addresses; Refused otherwise."""

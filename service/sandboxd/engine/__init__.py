@@ -9,13 +9,10 @@ from sandboxd.engine.docker_exec import DockerExecStream
 from sandboxd.engine.protocol import (
     Engine,
     ExecStream,
-    NetworkAddress,
-    NetworkInfo,
     SandboxInfo,
     SandboxRequest,
     SandboxStats,
     SandboxStatus,
-    SessionNetwork,
 )
 
 __all__ = [
@@ -23,11 +20,8 @@ __all__ = [
     "DockerExecStream",
     "Engine",
     "ExecStream",
-    "NetworkAddress",
-    "NetworkInfo",
     "SandboxInfo",
     "SandboxRequest",
     "SandboxStats",
     "SandboxStatus",
-    "SessionNetwork",
 ]

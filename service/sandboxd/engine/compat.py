@@ -1,17 +1,19 @@
 """Every reach into aiodocker's and aiohttp's private attributes, behind a version check.
 
-The Docker adapter needs four things those libraries do not offer publicly: starting an exec
+The Docker adapter needs three things those libraries do not offer publicly: starting an exec
 stream before its first read (`Stream._init`), peeking at the frames already queued
-(`Stream._queue` and its `_buffer`), half-closing stdin (`Stream._resp`'s transport) and
-widening the connection pool of a TLS connector aiodocker built (`BaseConnector._limit`); plus
-the raw inspect document of a listed container (`DockerContainer._container`). They live here
+(`Stream._queue` and its `_buffer`) and half-closing stdin (`Stream._resp`'s transport, and
+under TLS the TCP transport beneath asyncio's SSL transport); plus the raw inspect document of
+a listed container (`DockerContainer._container`). They live here
 and nowhere else, and `check_versions` refuses at start-up any library version they were not
 checked against, with a message that says what to pin.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import socket
 from importlib import metadata
 from typing import Any
 
@@ -73,14 +75,36 @@ def write_eof(stream: Stream) -> None:
     """Half-close the exec's stdin; aiodocker's own close() drops the whole connection."""
     resp = stream._resp
     transport = resp.connection.transport if resp and resp.connection else None
-    if transport is not None and transport.can_write_eof():
+    if transport is not None and not transport.can_write_eof():
+        _write_eof_under_tls(transport)
+    elif transport is not None:
         transport.write_eof()
 
 
-def widen_pool(connector: aiohttp.BaseConnector | None, size: int) -> None:
-    """Raise the connection limit of a connector aiodocker built itself (tcp:// with TLS)."""
-    if connector is not None:
-        connector._limit = size
+def _write_eof_under_tls(transport: asyncio.BaseTransport) -> None:
+    """A TLS engine (tcp://): asyncio's SSL transport cannot half-close, so end the TCP stream
+    beneath it, as the docker CLI does (the engine reads EOF at a record boundary as the end of
+    stdin). At the socket, once every record has left: the close_notify TLS sends at the end
+    then meets a quiet EPIPE, where the transport's own write_eof would make it raise."""
+    ssl_protocol = getattr(transport, "_ssl_protocol", None)
+    raw = getattr(ssl_protocol, "_transport", None)
+    if ssl_protocol is not None and raw is not None:
+        _shutdown_when_flushed(ssl_protocol, raw, 0.002)
+
+
+def _shutdown_when_flushed(ssl_protocol: Any, raw: asyncio.Transport, delay: float) -> None:
+    if raw.is_closing():
+        return
+    if ssl_protocol._write_backlog or raw.get_write_buffer_size():
+        # Records still queued (the engine reads slowly): look again, less often each time.
+        loop = asyncio.get_running_loop()
+        later = min(delay * 2, 0.1)
+        loop.call_later(delay, _shutdown_when_flushed, ssl_protocol, raw, later)
+        return
+    sock = raw.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_WR)
 
 
 def container_document(container: DockerContainer) -> dict[str, Any]:

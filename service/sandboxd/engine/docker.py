@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import ipaddress
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -31,12 +30,11 @@ from sandboxd.engine.docker_attach import DockerAgentPort, exec_over_agent
 from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_exec import DockerExecStream
 from sandboxd.engine.docker_profile import conforms, container_config
+from sandboxd.engine.docker_tls import EngineAddress, engine_address
 from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
     ExecStream,
     ImageDetails,
-    NetworkAddress,
-    NetworkInfo,
     PullProgress,
     SandboxInfo,
     SandboxRequest,
@@ -44,7 +42,7 @@ from sandboxd.engine.protocol import (
     SandboxStatus,
 )
 from sandboxd.engine.runsc_leftovers import end_leftovers
-from sandboxd.errors import FailedPrecondition, Internal, NotFound
+from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 
@@ -66,15 +64,18 @@ class DockerEngine:
         keeper_user: str,
         on_error: Callable[[str], None] | None = None,
         gvisor_runtime: str = "runsc",
+        address: EngineAddress | None = None,
         agent: ChannelSettings | None = None,
     ) -> None:
         # The engine runtime of each tier: HostConfig.Runtime of every sandbox says which.
         self._runtimes = {Isolation.RUNC: "runc", Isolation.GVISOR: gvisor_runtime}
         self._helper = HelperVolume(helper_path)  # mounted read-only in every sandbox
         self._keeper_user = keeper_user
+        self.keeper_user = keeper_user  # an agent running as this user carries egress only
         self._on_error = on_error  # told the kind of every engine failure (metrics)
-        self._docker_host = docker_host
-        self._local = not docker_host or docker_host.startswith("unix://")
+        # tcp:// with TLS: the checked address the server built from its settings (docker_tls).
+        self._address = address or engine_address(docker_host)
+        self._local = self._address.local
         self._pool_size = pool_size
         self._docker: aiodocker.Docker | None = None
         self.api_version = ""
@@ -83,20 +84,20 @@ class DockerEngine:
 
     async def __aenter__(self) -> DockerEngine:
         compat.check_versions()
-        # config.load_config already folded DOCKER_HOST in; empty means the local socket.
-        host = self._docker_host or "unix:///var/run/docker.sock"
-        connector: aiohttp.BaseConnector | None = None
-        if host.startswith("unix://"):
-            # Every open exec stream holds one connection: size the pool for many.
-            connector = aiohttp.UnixConnector(host[len("unix://") :], limit=self._pool_size)
+        # One long-lived client; every open exec stream holds one connection: size the pool.
+        address = self._address
+        connector: aiohttp.BaseConnector = (
+            aiohttp.UnixConnector(address.socket_path, limit=self._pool_size)
+            if address.socket_path
+            else aiohttp.TCPConnector(ssl=address.tls or True, limit=self._pool_size)
+        )
         self._connector = connector
-        # With our own unix connector aiodocker needs a dummy host for URL composition: given
-        # the unix:// address itself it builds "unix:/path/version", which aiohttp refuses.
-        url = "unix://localhost" if connector is not None else host
-        self._docker = aiodocker.Docker(url=url, connector=connector, timeout=_ENGINE_TIMEOUT)
-        if connector is None:
-            # tcp://: let aiodocker build its TLS-aware connector, then widen its pool.
-            compat.widen_pool(self._docker.session.connector, self._pool_size)
+        # Given our own connector aiodocker only composes URLs from this one: a dummy host for a
+        # unix socket (given the unix:// address it builds "unix:/path/version", which aiohttp
+        # refuses), https:// for a TLS engine.
+        self._docker = aiodocker.Docker(
+            url=address.url, connector=connector, timeout=_ENGINE_TIMEOUT
+        )
         return self
 
     async def __aexit__(
@@ -109,8 +110,7 @@ class DockerEngine:
             await self.agents.close()
         if self._docker is not None:
             await self._docker.close()
-        if self._connector is not None:
-            await self._connector.close()
+        await self._connector.close()
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -153,6 +153,8 @@ class DockerEngine:
             runtime=self._runtimes[request.spec.isolation],
             # runsc lets a same-uid process SIGKILL PID 1 (measured): gVisor keeps the keeper.
             agent=self.agents is not None and request.spec.isolation is not Isolation.GVISOR,
+            # ...and an ALLOWLIST gVisor sandbox's keeper is the agent, for its egress only.
+            egress_agent=self.agents is not None and bool(request.egress_port),
         )
 
     def sandbox_shape(self, request: SandboxRequest) -> str:
@@ -326,67 +328,6 @@ class DockerEngine:
         return translate_errors(what, self._on_error)
 
     translate = _translate  # for the engine's own helpers (docker_attach)
-
-    # ----- networks (the egress allowlist's per-session Internal networks) ---------------
-
-    async def ensure_network(
-        self, name: str, labels: Mapping[str, str], bridge: str
-    ) -> NetworkAddress:
-        info = await self._inspect_network(name)
-        if info is None:
-            with self._translate(f"creating network {name}"):
-                network = await self.docker.networks.create(
-                    {
-                        "Name": name,
-                        "Driver": "bridge",
-                        "Internal": True,
-                        "CheckDuplicate": True,
-                        "EnableIPv6": False,
-                        "Labels": dict(labels),
-                        "Options": {
-                            "com.docker.network.bridge.name": bridge,
-                            "com.docker.network.bridge.enable_icc": "false",
-                        },
-                    }
-                )
-                info = dict(await network.show())
-        try:
-            ipam = info["IPAM"]["Config"][0]
-            gateway = str(ipaddress.ip_address(ipam["Gateway"]))
-            subnet = str(ipaddress.ip_network(ipam["Subnet"], strict=False))
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise Internal(f"network {name} has no usable IPAM gateway: {exc}") from exc
-        return NetworkAddress(gateway=gateway, subnet=subnet)
-
-    async def _inspect_network(self, name_or_id: str) -> dict[str, Any] | None:
-        try:
-            with self._translate(f"inspecting network {name_or_id[:64]}"):
-                network = await self.docker.networks.get(name_or_id)
-                return dict(await network.show())
-        except NotFound:
-            return None
-
-    async def remove_network(self, name: str) -> None:
-        """Remove; a network that is already gone is not an error."""
-        try:
-            with self._translate(f"removing network {name[:64]}"):
-                network = await self.docker.networks.get(name)
-                await network.delete()
-        except NotFound:
-            pass
-
-    async def list_networks(self, owner_id: str) -> list[NetworkInfo]:
-        filters = {"label": [f"{LABEL_OWNER}={owner_id}"]}
-        with self._translate("listing networks"):
-            found = await self.docker.networks.list(filters=filters)
-        return [
-            NetworkInfo(
-                network_id=str(n.get("Id", "")),
-                name=str(n.get("Name", "")),
-                session_id=str((n.get("Labels") or {}).get(LABEL_SESSION, "")),
-            )
-            for n in found
-        ]
 
     # ----- images (IMAGE snapshots) ------------------------------------------------------
 

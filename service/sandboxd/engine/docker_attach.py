@@ -22,6 +22,7 @@ from sandboxd.agent.exec_stream import AgentExec
 from sandboxd.agent.router import Attached, Paused
 from sandboxd.engine import compat
 from sandboxd.errors import FailedPrecondition, NotFound, Unavailable
+from sandboxd.labels import LABEL_SESSION
 from sandboxd.profile import HELPER_IN_CONTAINER
 from sandboxd.reasons import Reason
 
@@ -91,8 +92,12 @@ class DockerAgentPort:
             stream = container.attach(stdin=True, stdout=True, stderr=True, logs=False)
             await compat.start_stream(stream)
         env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+        labels = config.get("Labels") or {}
         return Attached(
-            AttachTransport(stream, sandbox_id[:12]), str(config.get("User") or ""), env
+            AttachTransport(stream, sandbox_id[:12]),
+            str(config.get("User") or ""),
+            env,
+            session_id=str(labels.get(LABEL_SESSION, "")),
         )
 
     async def rescue(self, sandbox_id: str, user: str) -> str:
@@ -104,6 +109,8 @@ class DockerAgentPort:
         if state.get("Paused"):
             raise Paused(f"container {sandbox_id[:12]} is paused")
         done = []
+        if user == self._engine.keeper_user:  # an egress-only agent: no command ran under it,
+            return "left the keeper's processes alone (egress only)"  # and none can touch it
         with contextlib.suppress(Exception):
             async with self._engine.docker_exec(
                 sandbox_id, ["/bin/sh", "-c", "kill -KILL -1"], user=user

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandboxd import images
-from sandboxd.engine.protocol import SandboxRequest, SessionNetwork
+from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 from sandboxd.profile import HELPER_IN_CONTAINER, TMP_BYTES, base_env
@@ -41,6 +41,7 @@ def container_config(
     keeper_user: str,
     runtime: str = "runc",
     agent: bool = True,
+    egress_agent: bool = False,
 ) -> dict[str, Any]:
     """The create request, under the OCI `runtime` of the session's isolation tier (runc, or
     runsc for gvisor).
@@ -49,7 +50,10 @@ def container_config(
     own uid:gid: PID 1 of the container (`Init` off), so the kernel drops the signals a
     command sends it (`kill -9 -1` cannot end the container and its workspace tmpfs), with
     stdin open for the server's channel. Without, it idles as `keeper_user`, a uid different
-    from the sandbox user's, behind Docker's init, and commands are `docker exec`s.
+    from the sandbox user's, behind Docker's init, and commands are `docker exec`s; with
+    `egress_agent` too (an ALLOWLIST sandbox without the agent as PID 1: gVisor) that keeper is
+    the agent, still as `keeper_user` behind Docker's init (so a command can neither signal nor
+    trace it), whose channel carries the sandbox's egress and no command.
     """
     spec = request.spec
     limits = spec.limits
@@ -116,10 +120,13 @@ def container_config(
             "Ulimits": [{"Name": "core", "Soft": 0, "Hard": 0}],
         },
     }
+    if egress_agent and not agent:
+        config["Cmd"] = [HELPER_IN_CONTAINER, "agent"]
+        config.update(AttachStdin=True, AttachStdout=True, AttachStderr=True, OpenStdin=True)
     if spec.isolation is Isolation.GVISOR:
         config["HostConfig"].update(gvisor_pids(limits.pids))
-    if request.network is not None:
-        config = apply_to_container(config, request.network)
+    if request.egress_port:
+        config = apply_to_container(config, request.egress_port)
     return config
 
 
@@ -142,18 +149,17 @@ def gvisor_pids(pids: int) -> dict[str, Any]:
     }
 
 
-def apply_to_container(config: dict[str, Any], net: SessionNetwork) -> dict[str, Any]:
-    """The session's container profile, attached to its network, with the proxy variables."""
+def apply_to_container(config: dict[str, Any], egress_port: int) -> dict[str, Any]:
+    """An ALLOWLIST session's container profile: still network mode none (loopback only), with
+    the proxy variables pointing at the agent's listener on the sandbox's loopback, which
+    carries each connection over the channel to the session's proxy (docs/agent.md)."""
     config = dict(config)
-    config["NetworkDisabled"] = False
-    # The embedded resolver forwards to the gateway, where the filter drops port 53: no name
-    # lookups (nor DNS tunnels) from the container, whatever resolver the host uses.
-    config["HostConfig"] = {**config["HostConfig"], "NetworkMode": net.name, "Dns": [net.gateway]}
+    proxy_url = f"http://127.0.0.1:{egress_port}"
     proxy_env = {
-        "HTTP_PROXY": net.proxy_url,
-        "HTTPS_PROXY": net.proxy_url,
-        "http_proxy": net.proxy_url,
-        "https_proxy": net.proxy_url,
+        "HTTP_PROXY": proxy_url,
+        "HTTPS_PROXY": proxy_url,
+        "http_proxy": proxy_url,
+        "https_proxy": proxy_url,
         "NO_PROXY": NO_PROXY,
         "no_proxy": NO_PROXY,
     }

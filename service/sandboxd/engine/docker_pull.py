@@ -14,6 +14,7 @@ from typing import Any
 
 import aiodocker
 
+from sandboxd.engine.docker_errors import engine_unavailable
 from sandboxd.engine.protocol import ImageDetails, PullProgress
 from sandboxd.errors import (
     EngineUnavailable,
@@ -38,12 +39,14 @@ _UNREACHABLE = re.compile(
 )
 
 
-def pull_error(reference: str, status: int, message: str) -> SandboxError:
+def pull_error(
+    reference: str, status: int, message: str, cause: BaseException | None = None
+) -> SandboxError:
     """The domain error of a failed pull, from the engine's status and message."""
     text = message.strip()[:400] or f"HTTP {status}"
     meta = {"image": reference[:200]}
     if status == 900:
-        return EngineUnavailable(f"pulling {reference}: the Docker engine does not answer")
+        return engine_unavailable(f"pulling {reference}", cause or EngineUnavailable(text), text)
     # Order matters: "pull access denied ... repository does not exist" is a missing image.
     if _NOT_FOUND.search(text) or status == 404:
         return NotFound(
@@ -100,9 +103,10 @@ async def pull(
                 raise pull_error(reference, 500, str(line.get("error") or detail.get("message")))
             yield _progress(line)
     except aiodocker.DockerError as exc:
-        raise pull_error(reference, exc.status, str(exc.message)) from exc
+        raise pull_error(reference, exc.status, str(exc.message), exc) from exc
     except (TimeoutError, OSError) as exc:
-        raise EngineUnavailable(f"pulling {reference}: the Docker engine does not answer") from exc
+        detail = f"{type(exc).__name__}: {exc}"
+        raise engine_unavailable(f"pulling {reference}", exc, detail) from exc
 
 
 async def inspect(docker: aiodocker.Docker, image: str) -> ImageDetails | None:
@@ -111,7 +115,7 @@ async def inspect(docker: aiodocker.Docker, image: str) -> ImageDetails | None:
     except aiodocker.DockerError as exc:
         if exc.status == 404:
             return None
-        raise pull_error(image, exc.status, str(exc.message)) from exc
+        raise pull_error(image, exc.status, str(exc.message), exc) from exc
     return ImageDetails(
         image_id=str(info.get("Id", "")),
         repo_digests=tuple(str(d) for d in info.get("RepoDigests") or ()),

@@ -24,15 +24,6 @@ from sandboxd.models import SessionSpec
 
 
 @dataclass(frozen=True)
-class SessionNetwork:
-    """A session's own network (ALLOWLIST egress): its name, gateway and proxy address."""
-
-    name: str
-    gateway: str
-    proxy_url: str
-
-
-@dataclass(frozen=True)
 class SandboxRequest:
     """One sandbox to create: the session's spec and what marks the sandbox as ours.
 
@@ -44,7 +35,9 @@ class SandboxRequest:
     name: str
     session_id: str = ""
     fingerprint: str = ""
-    network: SessionNetwork | None = None
+    # ALLOWLIST sessions: the port the agent listens on for egress, in the sandbox's loopback
+    # (HTTP(S)_PROXY point there); 0 for every other session. No session has a network.
+    egress_port: int = 0
     pool_generation: str = ""
 
 
@@ -75,21 +68,8 @@ class SandboxStats:
     memory_bytes: int = 0
     memory_peak_bytes: int = 0  # 0 where the engine cannot say (cgroup v2 without memory.peak)
     processes: int = 0
-    network_bytes: int = 0  # received + sent over its networks (the egress proxy's traffic)
+    network_bytes: int = 0  # received + sent over its network interfaces (none but loopback)
     cpu_throttled_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class NetworkInfo:
-    network_id: str
-    name: str
-    session_id: str = ""
-
-
-@dataclass(frozen=True)
-class NetworkAddress:
-    gateway: str
-    subnet: str
 
 
 @dataclass(frozen=True)
@@ -211,20 +191,6 @@ class Engine(Protocol):
     async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
         """At least `Running` (bool) and `ExitCode` (int or None)."""
         ...
-
-    # ----- networks (the egress allowlist's per-session internal networks) ---------------
-
-    async def ensure_network(
-        self, name: str, labels: Mapping[str, str], bridge: str
-    ) -> NetworkAddress:
-        """An internal (no route out) network with that name, created if missing."""
-        ...
-
-    async def remove_network(self, name: str) -> None:
-        """One already gone is not an error."""
-        ...
-
-    async def list_networks(self, owner_id: str) -> list[NetworkInfo]: ...
 
     # ----- images (IMAGE snapshots) ------------------------------------------------------
 

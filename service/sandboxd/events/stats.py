@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandboxd.engine.protocol import Engine, SandboxStats
@@ -51,9 +52,16 @@ async def workspace_used(engine: Engine, session: Session) -> int:
 
 
 class StatsReader:
-    def __init__(self, engine: Engine, hub: EventHub) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        hub: EventHub,
+        egress_bytes: Callable[[str], int] | None = None,
+    ) -> None:
         self._engine = engine
         self._hub = hub
+        # Sandboxes have no interface but loopback: their egress is what their proxy moved.
+        self._egress_bytes = egress_bytes
         self._full_warned: set[str] = set()
         self._throttle: dict[str, tuple[float, float]] = {}  # session -> (throttled s, at)
 
@@ -72,7 +80,8 @@ class StatsReader:
             memory_peak_bytes=raw.memory_peak_bytes,
             workspace_bytes=used,
             processes=raw.processes,
-            egress_bytes=raw.network_bytes,
+            egress_bytes=raw.network_bytes
+            + (self._egress_bytes(session.session_id) if self._egress_bytes else 0),
         )
 
     def _note_throttling(self, session: Session, throttled_s: float) -> None:

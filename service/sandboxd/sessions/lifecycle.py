@@ -20,7 +20,7 @@ from datetime import timedelta
 from sandboxd import images, tenancy, validation
 from sandboxd.config import Config
 from sandboxd.egress.audit import EgressEvent
-from sandboxd.egress.networks import EgressManager
+from sandboxd.egress.manager import EgressManager
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import (
     AlreadyExists,

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from sandboxd.egress.networks import EgressManager
+from sandboxd.egress.manager import EgressManager
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import FailedPrecondition, SandboxError, SessionNotFound, Unavailable
 from sandboxd.models import Session, SessionState
@@ -248,6 +248,8 @@ class Recovery:
                 if not claimed:
                     log.info("removing orphan container %s", found.sandbox_id[:12])
                     await self._engine.remove_sandbox(found.sandbox_id)
+        if self._egress is not None:  # proxies first: tidying opens the agents' channels
+            await self._reconcile_egress()
         for row in rows:
             if row.state not in (SessionState.CREATING, SessionState.RUNNING):
                 continue
@@ -266,6 +268,10 @@ class Recovery:
                     elif not self._tidied and current.created_at < self._started:
                         await self._tidy(current)
         self._tidied = True
+        if self._egress is not None:  # and the proxies of sessions found lost go
+            await self._reconcile_egress()
+
+    async def _reconcile_egress(self) -> None:
         if self._egress is not None:
             ids = [row.session_id for row in await self._store.index()]
             await self._egress.reconcile(self._store.get, self._locks.locked, ids)

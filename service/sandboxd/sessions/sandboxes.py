@@ -2,7 +2,7 @@
 
 `provision` records each step it completes on an `Undo` stack, so a create or rebuild that
 fails half-way removes exactly what it made. `teardown` is the one way a session's sandbox
-goes: the session-end hooks (background processes), the sandbox, then its egress network.
+goes: the session-end hooks (background processes), the sandbox, then its egress proxy.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from sandboxd.egress.networks import EgressManager
-from sandboxd.engine.protocol import Engine, SandboxRequest, SessionNetwork
+from sandboxd.egress.manager import EgressManager
+from sandboxd.engine.protocol import Engine, SandboxRequest
 from sandboxd.errors import SandboxError
 from sandboxd.models import NetworkMode, Session
 from sandboxd.pool import WarmPool
@@ -60,23 +60,24 @@ class Sandboxes:
         self._egress = egress
         self._on_end = list(on_session_end)
 
-    def request(self, session: Session, network: SessionNetwork | None = None) -> SandboxRequest:
+    def request(self, session: Session) -> SandboxRequest:
+        allowlist = session.spec.network.mode is NetworkMode.ALLOWLIST
         return SandboxRequest(
             spec=session.spec,
             owner_id=self._owner_id,
             name=container_name(self._owner_id, session.session_id),
             session_id=session.session_id,
             fingerprint=session.fingerprint,
-            network=network,
+            egress_port=self._egress.port if allowlist and self._egress is not None else 0,
         )
 
     async def provision(self, session: Session, undo: Undo) -> None:
         """A started sandbox for `session`, its id recorded in the store."""
-        network = None
-        if session.spec.network.mode is NetworkMode.ALLOWLIST and self._egress is not None:
+        egress = session.spec.network.mode is NetworkMode.ALLOWLIST and self._egress is not None
+        if egress and self._egress is not None:
             undo.push(lambda: self._release_egress(session))
-            network = await self._egress.prepare(session)
-        request = self.request(session, network)
+            await self._egress.prepare(session)  # before the start: the agent's HELLO asks
+        request = self.request(session)
         warm = await self._pool.claim(request) if self._pool is not None else None
         if warm is not None and self._pool is not None:
             # Started already; carries the pool label, linked by the stored id.
@@ -94,13 +95,13 @@ class Sandboxes:
         undo.push(lambda: self._engine.remove_sandbox(sandbox_id))
         await self._store.update(session)
         await self._engine.start_sandbox(sandbox_id)
-        if network is not None and self._egress is not None:
+        if egress and self._egress is not None:
             await self._egress.install_trust(session)  # secrets: the session CA
 
     async def teardown(
         self, session: Session, *, keep_network: bool = False, quiet: bool = False
     ) -> None:
-        """End what runs in the sandbox, remove it, release its network (unless kept).
+        """End what runs in the sandbox, remove it, close its egress proxy (unless kept).
 
         `quiet` logs engine failures instead of raising them (a best-effort cleanup).
         """
@@ -129,7 +130,7 @@ class Sandboxes:
                 raise
 
     async def release_network(self, session: Session) -> None:
-        """The session's egress network goes; the sandbox stays (already lost)."""
+        """The session's egress proxy goes; the sandbox stays (already lost)."""
         with contextlib.suppress(SandboxError):
             await self._release_egress(session)
 

@@ -92,9 +92,7 @@ def check_create(
     check_reserved_user(uid, gid, config.engine.keeper_user)
     env = validation.validate_env(req.env)
     network = check_network(req.network, allowlist)
-    isolation = check_isolation(
-        req.isolation, tiers, network_allowlist=network.mode is NetworkMode.ALLOWLIST
-    )
+    isolation = check_isolation(req.isolation, tiers)
     shell = check_shell(req.shell)
     manifest = check_manifest(req.manifest, limits)
     named = resolve_template(

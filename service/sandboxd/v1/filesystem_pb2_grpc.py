@@ -5,6 +5,7 @@ import warnings
 
 from sandboxd.v1 import filesystem_ext_pb2 as sandboxd_dot_v1_dot_filesystem__ext__pb2
 from sandboxd.v1 import filesystem_pb2 as sandboxd_dot_v1_dot_filesystem__pb2
+from sandboxd.v1 import watch_pb2 as sandboxd_dot_v1_dot_watch__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -82,6 +83,11 @@ class FilesystemServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.MoveRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_filesystem__pb2.MoveResponse.FromString,
                 _registered_method=True)
+        self.WatchDir = channel.unary_stream(
+                '/sandboxd.v1.FilesystemService/WatchDir',
+                request_serializer=sandboxd_dot_v1_dot_watch__pb2.WatchDirRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_filesystem__pb2.WatchDirResponse.FromString,
+                _registered_method=True)
 
 
 class FilesystemServiceServicer:
@@ -146,6 +152,14 @@ class FilesystemServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchDir(self, request, context):
+        """Changes beneath a directory of /workspace as they happen, until the client cancels or the
+        session ends (watch.proto).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FilesystemServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -193,6 +207,11 @@ def add_FilesystemServiceServicer_to_server(servicer, server):
                     servicer.Move,
                     request_deserializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.MoveRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_filesystem__pb2.MoveResponse.SerializeToString,
+            ),
+            'WatchDir': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchDir,
+                    request_deserializer=sandboxd_dot_v1_dot_watch__pb2.WatchDirRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_filesystem__pb2.WatchDirResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -440,6 +459,33 @@ class FilesystemService:
             '/sandboxd.v1.FilesystemService/Move',
             sandboxd_dot_v1_dot_filesystem__ext__pb2.MoveRequest.SerializeToString,
             sandboxd_dot_v1_dot_filesystem__pb2.MoveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchDir(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sandboxd.v1.FilesystemService/WatchDir',
+            sandboxd_dot_v1_dot_watch__pb2.WatchDirRequest.SerializeToString,
+            sandboxd_dot_v1_dot_filesystem__pb2.WatchDirResponse.FromString,
             options,
             channel_credentials,
             insecure,

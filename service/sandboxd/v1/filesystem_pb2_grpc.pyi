@@ -7,6 +7,7 @@ from collections import abc as _abc
 from grpc import aio as _aio
 from sandboxd.v1 import filesystem_ext_pb2 as _filesystem_ext_pb2
 from sandboxd.v1 import filesystem_pb2 as _filesystem_pb2
+from sandboxd.v1 import watch_pb2 as _watch_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -48,6 +49,10 @@ class FilesystemServiceStub:
     """A file written from chunks (first a header), all or nothing."""
     Move: _grpc.UnaryUnaryMultiCallable[_filesystem_ext_pb2.MoveRequest, _filesystem_pb2.MoveResponse]
     """Rename a file or directory within the workspace."""
+    WatchDir: _grpc.UnaryStreamMultiCallable[_watch_pb2.WatchDirRequest, _filesystem_pb2.WatchDirResponse]
+    """Changes beneath a directory of /workspace as they happen, until the client cancels or the
+    session ends (watch.proto).
+    """
 
 @_typing.type_check_only
 class FilesystemServiceAsyncStub(FilesystemServiceStub):
@@ -68,6 +73,10 @@ class FilesystemServiceAsyncStub(FilesystemServiceStub):
     """A file written from chunks (first a header), all or nothing."""
     Move: _aio.UnaryUnaryMultiCallable[_filesystem_ext_pb2.MoveRequest, _filesystem_pb2.MoveResponse]  # type: ignore[assignment]
     """Rename a file or directory within the workspace."""
+    WatchDir: _aio.UnaryStreamMultiCallable[_watch_pb2.WatchDirRequest, _filesystem_pb2.WatchDirResponse]  # type: ignore[assignment]
+    """Changes beneath a directory of /workspace as they happen, until the client cancels or the
+    session ends (watch.proto).
+    """
 
 class FilesystemServiceServicer(metaclass=_abc_1.ABCMeta):
     """Files in a session's /workspace. Paths are relative to /workspace or absolute under it;
@@ -139,5 +148,15 @@ class FilesystemServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_filesystem_pb2.MoveResponse, _abc.Awaitable[_filesystem_pb2.MoveResponse]]:
         """Rename a file or directory within the workspace."""
+
+    @_abc_1.abstractmethod
+    def WatchDir(
+        self,
+        request: _watch_pb2.WatchDirRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_filesystem_pb2.WatchDirResponse], _abc.AsyncIterator[_filesystem_pb2.WatchDirResponse]]:
+        """Changes beneath a directory of /workspace as they happen, until the client cancels or the
+        session ends (watch.proto).
+        """
 
 def add_FilesystemServiceServicer_to_server(servicer: FilesystemServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from sandboxd.v1 import events_pb2 as sandboxd_dot_v1_dot_events__pb2
+from sandboxd.v1 import previews_pb2 as sandboxd_dot_v1_dot_previews__pb2
 from sandboxd.v1 import session_pb2 as sandboxd_dot_v1_dot_session__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -95,6 +96,21 @@ class SessionServiceStub:
                 '/sandboxd.v1.SessionService/GetSessionStats',
                 request_serializer=sandboxd_dot_v1_dot_events__pb2.GetSessionStatsRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_events__pb2.GetSessionStatsResponse.FromString,
+                _registered_method=True)
+        self.PublishPort = channel.unary_unary(
+                '/sandboxd.v1.SessionService/PublishPort',
+                request_serializer=sandboxd_dot_v1_dot_previews__pb2.PublishPortRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_previews__pb2.PublishPortResponse.FromString,
+                _registered_method=True)
+        self.UnpublishPort = channel.unary_unary(
+                '/sandboxd.v1.SessionService/UnpublishPort',
+                request_serializer=sandboxd_dot_v1_dot_previews__pb2.UnpublishPortRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_previews__pb2.UnpublishPortResponse.FromString,
+                _registered_method=True)
+        self.ListPorts = channel.unary_unary(
+                '/sandboxd.v1.SessionService/ListPorts',
+                request_serializer=sandboxd_dot_v1_dot_previews__pb2.ListPortsRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_previews__pb2.ListPortsResponse.FromString,
                 _registered_method=True)
 
 
@@ -189,6 +205,28 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PublishPort(self, request, context):
+        """Publishes a port of the sandbox through the preview listener: its URLs and a new token
+        (older tokens of the port are revoked).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnpublishPort(self, request, context):
+        """Closes a port's preview and revokes its tokens; open preview connections are cut.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPorts(self, request, context):
+        """Lists the session's published ports (tokens are not included).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -251,6 +289,21 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.GetSessionStats,
                     request_deserializer=sandboxd_dot_v1_dot_events__pb2.GetSessionStatsRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_events__pb2.GetSessionStatsResponse.SerializeToString,
+            ),
+            'PublishPort': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishPort,
+                    request_deserializer=sandboxd_dot_v1_dot_previews__pb2.PublishPortRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_previews__pb2.PublishPortResponse.SerializeToString,
+            ),
+            'UnpublishPort': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnpublishPort,
+                    request_deserializer=sandboxd_dot_v1_dot_previews__pb2.UnpublishPortRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_previews__pb2.UnpublishPortResponse.SerializeToString,
+            ),
+            'ListPorts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPorts,
+                    request_deserializer=sandboxd_dot_v1_dot_previews__pb2.ListPortsRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_previews__pb2.ListPortsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -578,6 +631,87 @@ class SessionService:
             '/sandboxd.v1.SessionService/GetSessionStats',
             sandboxd_dot_v1_dot_events__pb2.GetSessionStatsRequest.SerializeToString,
             sandboxd_dot_v1_dot_events__pb2.GetSessionStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishPort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.SessionService/PublishPort',
+            sandboxd_dot_v1_dot_previews__pb2.PublishPortRequest.SerializeToString,
+            sandboxd_dot_v1_dot_previews__pb2.PublishPortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnpublishPort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.SessionService/UnpublishPort',
+            sandboxd_dot_v1_dot_previews__pb2.UnpublishPortRequest.SerializeToString,
+            sandboxd_dot_v1_dot_previews__pb2.UnpublishPortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPorts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.SessionService/ListPorts',
+            sandboxd_dot_v1_dot_previews__pb2.ListPortsRequest.SerializeToString,
+            sandboxd_dot_v1_dot_previews__pb2.ListPortsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from grpc import aio as _aio
 from sandboxd.v1 import events_pb2 as _events_pb2
+from sandboxd.v1 import previews_pb2 as _previews_pb2
 from sandboxd.v1 import session_pb2 as _session_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -63,6 +64,14 @@ class SessionServiceStub:
     """Streams the events of every session of the caller's tenant (optionally by labels)."""
     GetSessionStats: _grpc.UnaryUnaryMultiCallable[_events_pb2.GetSessionStatsRequest, _events_pb2.GetSessionStatsResponse]
     """One reading of a session's resource use (CPU, memory and its peak, workspace, processes)."""
+    PublishPort: _grpc.UnaryUnaryMultiCallable[_previews_pb2.PublishPortRequest, _previews_pb2.PublishPortResponse]
+    """Publishes a port of the sandbox through the preview listener: its URLs and a new token
+    (older tokens of the port are revoked).
+    """
+    UnpublishPort: _grpc.UnaryUnaryMultiCallable[_previews_pb2.UnpublishPortRequest, _previews_pb2.UnpublishPortResponse]
+    """Closes a port's preview and revokes its tokens; open preview connections are cut."""
+    ListPorts: _grpc.UnaryUnaryMultiCallable[_previews_pb2.ListPortsRequest, _previews_pb2.ListPortsResponse]
+    """Lists the session's published ports (tokens are not included)."""
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -98,6 +107,14 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """Streams the events of every session of the caller's tenant (optionally by labels)."""
     GetSessionStats: _aio.UnaryUnaryMultiCallable[_events_pb2.GetSessionStatsRequest, _events_pb2.GetSessionStatsResponse]  # type: ignore[assignment]
     """One reading of a session's resource use (CPU, memory and its peak, workspace, processes)."""
+    PublishPort: _aio.UnaryUnaryMultiCallable[_previews_pb2.PublishPortRequest, _previews_pb2.PublishPortResponse]  # type: ignore[assignment]
+    """Publishes a port of the sandbox through the preview listener: its URLs and a new token
+    (older tokens of the port are revoked).
+    """
+    UnpublishPort: _aio.UnaryUnaryMultiCallable[_previews_pb2.UnpublishPortRequest, _previews_pb2.UnpublishPortResponse]  # type: ignore[assignment]
+    """Closes a port's preview and revokes its tokens; open preview connections are cut."""
+    ListPorts: _aio.UnaryUnaryMultiCallable[_previews_pb2.ListPortsRequest, _previews_pb2.ListPortsResponse]  # type: ignore[assignment]
+    """Lists the session's published ports (tokens are not included)."""
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """Sessions: one hardened container each, with a leased lifetime."""
@@ -202,5 +219,31 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_events_pb2.GetSessionStatsResponse, _abc.Awaitable[_events_pb2.GetSessionStatsResponse]]:
         """One reading of a session's resource use (CPU, memory and its peak, workspace, processes)."""
+
+    @_abc_1.abstractmethod
+    def PublishPort(
+        self,
+        request: _previews_pb2.PublishPortRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_previews_pb2.PublishPortResponse, _abc.Awaitable[_previews_pb2.PublishPortResponse]]:
+        """Publishes a port of the sandbox through the preview listener: its URLs and a new token
+        (older tokens of the port are revoked).
+        """
+
+    @_abc_1.abstractmethod
+    def UnpublishPort(
+        self,
+        request: _previews_pb2.UnpublishPortRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_previews_pb2.UnpublishPortResponse, _abc.Awaitable[_previews_pb2.UnpublishPortResponse]]:
+        """Closes a port's preview and revokes its tokens; open preview connections are cut."""
+
+    @_abc_1.abstractmethod
+    def ListPorts(
+        self,
+        request: _previews_pb2.ListPortsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_previews_pb2.ListPortsResponse, _abc.Awaitable[_previews_pb2.ListPortsResponse]]:
+        """Lists the session's published ports (tokens are not included)."""
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

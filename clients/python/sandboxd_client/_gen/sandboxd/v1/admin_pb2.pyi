@@ -34,22 +34,36 @@ class _EgressFilterEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EgressFi
     DESCRIPTOR: _descriptor.EnumDescriptor
     EGRESS_FILTER_UNSPECIFIED: _EgressFilter.ValueType  # 0
     EGRESS_FILTER_IPTABLES: _EgressFilter.ValueType  # 1
-    """iptables: from a session network only the proxy port on its gateway is reachable."""
+    """No longer reported: sessions had networks of their own, filtered with iptables."""
     EGRESS_FILTER_UNFILTERED: _EgressFilter.ValueType  # 2
-    """No filter could be installed and the operator opted in: other host ports are reachable."""
+    """No longer reported: sessions had networks of their own, unfiltered."""
     EGRESS_FILTER_UNAVAILABLE: _EgressFilter.ValueType  # 3
-    """No filter could be installed: ALLOWLIST sessions are refused (EGRESS_UNAVAILABLE)."""
+    """This server cannot give egress (its in-sandbox agent is off): ALLOWLIST sessions are
+    refused (EGRESS_UNAVAILABLE).
+    """
+    EGRESS_FILTER_NO_NETWORK: _EgressFilter.ValueType  # 4
+    """No sandbox has a network interface but loopback: the agent inside carries each
+    connection to the session's proxy over its channel, so nothing of the host is reachable
+    from a sandbox and no host filter is needed.
+    """
 
 class EgressFilter(_EgressFilter, metaclass=_EgressFilterEnumTypeWrapper):
-    """The host-side protection of ALLOWLIST session networks."""
+    """How ALLOWLIST sessions reach the egress proxy, and what protects the host from them."""
 
 EGRESS_FILTER_UNSPECIFIED: EgressFilter.ValueType  # 0
 EGRESS_FILTER_IPTABLES: EgressFilter.ValueType  # 1
-"""iptables: from a session network only the proxy port on its gateway is reachable."""
+"""No longer reported: sessions had networks of their own, filtered with iptables."""
 EGRESS_FILTER_UNFILTERED: EgressFilter.ValueType  # 2
-"""No filter could be installed and the operator opted in: other host ports are reachable."""
+"""No longer reported: sessions had networks of their own, unfiltered."""
 EGRESS_FILTER_UNAVAILABLE: EgressFilter.ValueType  # 3
-"""No filter could be installed: ALLOWLIST sessions are refused (EGRESS_UNAVAILABLE)."""
+"""This server cannot give egress (its in-sandbox agent is off): ALLOWLIST sessions are
+refused (EGRESS_UNAVAILABLE).
+"""
+EGRESS_FILTER_NO_NETWORK: EgressFilter.ValueType  # 4
+"""No sandbox has a network interface but loopback: the agent inside carries each
+connection to the session's proxy over its channel, so nothing of the host is reachable
+from a sandbox and no host filter is needed.
+"""
 Global___EgressFilter: _TypeAlias = EgressFilter  # noqa: Y015
 
 @_typing.final
@@ -173,7 +187,9 @@ class GetServerInfoResponse(_message.Message):
         """Deprecated: lease_max. Longest lease in seconds."""
 
     egress_filter: Global___EgressFilter.ValueType
-    """How session networks of ALLOWLIST sessions are protected on the host."""
+    """How ALLOWLIST sessions reach the egress proxy: EGRESS_FILTER_NO_NETWORK (over the agent's
+    channel, no network interface), or EGRESS_FILTER_UNAVAILABLE (ALLOWLIST refused).
+    """
     api_version: _builtins.str
     """The API's major version ("v1"): a client refuses a server of another major version."""
     @_builtins.property
@@ -254,6 +270,7 @@ class SweepResponse(_message.Message):
     expired_sessions: _builtins.int
     removed_containers: _builtins.int
     removed_networks: _builtins.int
+    """Always 0: sessions have no networks any more."""
     removed_images: _builtins.int
     def __init__(
         self,

@@ -98,7 +98,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_NETWORK_POLICY_INVALID: _ErrorReason.ValueType  # 37
     """INVALID_ARGUMENT: The network policy (domains, ports, quotas) is malformed."""
     ERROR_REASON_EGRESS_UNAVAILABLE: _ErrorReason.ValueType  # 38
-    """FAILED_PRECONDITION: ALLOWLIST networking needs a host filter this server cannot install."""
+    """FAILED_PRECONDITION: ALLOWLIST networking needs the in-sandbox agent, which carries egress
+    over its channel; this server runs with the agent off.
+    """
     ERROR_REASON_TENANT_SESSION_QUOTA: _ErrorReason.ValueType  # 39
     """RESOURCE_EXHAUSTED: The tenant has as many live sessions as it may."""
     ERROR_REASON_TENANT_MEMORY_QUOTA: _ErrorReason.ValueType  # 40
@@ -242,8 +244,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_ISOLATION_NOT_ALLOWED: _ErrorReason.ValueType  # 121
     """FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed)."""
     ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED: _ErrorReason.ValueType  # 122
-    """FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its
-    sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
+    """FAILED_PRECONDITION: No longer sent: ALLOWLIST networking works under every isolation tier
+    (egress goes over the agent's channel). Older servers refused it under gvisor.
     """
     ERROR_REASON_TEMPLATE_NOT_FOUND: _ErrorReason.ValueType  # 123
     """NOT_FOUND: No template of that name (built-in: busybox, python)."""
@@ -287,6 +289,18 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     ERROR_REASON_SECRET_REF_NOT_FOUND: _ErrorReason.ValueType  # 201
     """INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant."""
+    ERROR_REASON_PREVIEWS_DISABLED: _ErrorReason.ValueType  # 240
+    """FAILED_PRECONDITION: The server serves no previews (set preview_listen)."""
+    ERROR_REASON_PREVIEW_PORT_INVALID: _ErrorReason.ValueType  # 241
+    """INVALID_ARGUMENT: The port is not 1-65535."""
+    ERROR_REASON_PREVIEW_TTL_INVALID: _ErrorReason.ValueType  # 242
+    """INVALID_ARGUMENT: The token's ttl is negative or longer than the server's preview_max_ttl."""
+    ERROR_REASON_PREVIEW_PUBLIC_NOT_ALLOWED: _ErrorReason.ValueType  # 243
+    """PERMISSION_DENIED: A public preview needs the operator's preview_public grant for the tenant."""
+    ERROR_REASON_PORT_NOT_PUBLISHED: _ErrorReason.ValueType  # 244
+    """NOT_FOUND: The session has not published that port."""
+    ERROR_REASON_PREVIEW_PORTS_QUOTA: _ErrorReason.ValueType  # 245
+    """RESOURCE_EXHAUSTED: The session already publishes preview_max_ports ports."""
     ERROR_REASON_WORKSPACE_UNREADABLE: _ErrorReason.ValueType  # 100
     """FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode
     000), so no snapshot or export can carry it; refused before anything was stopped. Give it
@@ -310,6 +324,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_AGENT_PROTOCOL_ERROR: _ErrorReason.ValueType  # 222
     """INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed
     or unexpected frame); the stream was reset, the rest of the session is unaffected.
+    """
+    ERROR_REASON_WATCH_LIMIT: _ErrorReason.ValueType  # 230
+    """RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams;
+    end one first.
     """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
@@ -397,7 +415,9 @@ ERROR_REASON_NETWORK_MODE_FIXED: ErrorReason.ValueType  # 36
 ERROR_REASON_NETWORK_POLICY_INVALID: ErrorReason.ValueType  # 37
 """INVALID_ARGUMENT: The network policy (domains, ports, quotas) is malformed."""
 ERROR_REASON_EGRESS_UNAVAILABLE: ErrorReason.ValueType  # 38
-"""FAILED_PRECONDITION: ALLOWLIST networking needs a host filter this server cannot install."""
+"""FAILED_PRECONDITION: ALLOWLIST networking needs the in-sandbox agent, which carries egress
+over its channel; this server runs with the agent off.
+"""
 ERROR_REASON_TENANT_SESSION_QUOTA: ErrorReason.ValueType  # 39
 """RESOURCE_EXHAUSTED: The tenant has as many live sessions as it may."""
 ERROR_REASON_TENANT_MEMORY_QUOTA: ErrorReason.ValueType  # 40
@@ -541,8 +561,8 @@ ERROR_REASON_ISOLATION_UNAVAILABLE: ErrorReason.ValueType  # 120
 ERROR_REASON_ISOLATION_NOT_ALLOWED: ErrorReason.ValueType  # 121
 """FAILED_PRECONDITION: The isolation tier is not one the operator allows (isolation_allowed)."""
 ERROR_REASON_ISOLATION_NETWORK_UNSUPPORTED: ErrorReason.ValueType  # 122
-"""FAILED_PRECONDITION: ALLOWLIST networking is not available under gvisor isolation (its
-sandboxes have no network interface); use runc or NETWORK_MODE_DENY.
+"""FAILED_PRECONDITION: No longer sent: ALLOWLIST networking works under every isolation tier
+(egress goes over the agent's channel). Older servers refused it under gvisor.
 """
 ERROR_REASON_TEMPLATE_NOT_FOUND: ErrorReason.ValueType  # 123
 """NOT_FOUND: No template of that name (built-in: busybox, python)."""
@@ -586,6 +606,18 @@ template), or names a secret a live update cannot add.
 """
 ERROR_REASON_SECRET_REF_NOT_FOUND: ErrorReason.ValueType  # 201
 """INVALID_ARGUMENT: A binding's secret_ref is not in the operator's secrets file for the tenant."""
+ERROR_REASON_PREVIEWS_DISABLED: ErrorReason.ValueType  # 240
+"""FAILED_PRECONDITION: The server serves no previews (set preview_listen)."""
+ERROR_REASON_PREVIEW_PORT_INVALID: ErrorReason.ValueType  # 241
+"""INVALID_ARGUMENT: The port is not 1-65535."""
+ERROR_REASON_PREVIEW_TTL_INVALID: ErrorReason.ValueType  # 242
+"""INVALID_ARGUMENT: The token's ttl is negative or longer than the server's preview_max_ttl."""
+ERROR_REASON_PREVIEW_PUBLIC_NOT_ALLOWED: ErrorReason.ValueType  # 243
+"""PERMISSION_DENIED: A public preview needs the operator's preview_public grant for the tenant."""
+ERROR_REASON_PORT_NOT_PUBLISHED: ErrorReason.ValueType  # 244
+"""NOT_FOUND: The session has not published that port."""
+ERROR_REASON_PREVIEW_PORTS_QUOTA: ErrorReason.ValueType  # 245
+"""RESOURCE_EXHAUSTED: The session already publishes preview_max_ports ports."""
 ERROR_REASON_WORKSPACE_UNREADABLE: ErrorReason.ValueType  # 100
 """FAILED_PRECONDITION: The workspace holds a file or folder its own user cannot read (mode
 000), so no snapshot or export can carry it; refused before anything was stopped. Give it
@@ -609,5 +641,9 @@ this call was ended and its remaining output is lost. Other sessions are unaffec
 ERROR_REASON_AGENT_PROTOCOL_ERROR: ErrorReason.ValueType  # 222
 """INTERNAL: The session's agent broke the channel protocol on this call's stream (a malformed
 or unexpected frame); the stream was reset, the rest of the session is unaffected.
+"""
+ERROR_REASON_WATCH_LIMIT: ErrorReason.ValueType  # 230
+"""RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams;
+end one first.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -279,7 +279,9 @@ class SessionStats(_message.Message):
     """Bytes used in /workspace."""
     processes: _builtins.int
     egress_bytes: _builtins.int
-    """Bytes through its egress proxy network (received + sent); 0 without network."""
+    """Bytes its egress proxy carried, both ways, since the proxy started (ALLOWLIST sessions;
+    sandboxes have no network interface of their own); 0 without egress.
+    """
     def __init__(
         self,
         *,

@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from sandboxd_client._gen.sandboxd.v1 import watch_pb2 as _watch_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -452,3 +453,62 @@ class MoveResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MoveResponse: _TypeAlias = MoveResponse  # noqa: Y015
+
+@_typing.final
+class FileEvent(_message.Message):
+    """One change beneath a watched directory (WatchDir)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    OLD_PATH_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """Increases by one with each event of the watch (a gap never happens: lost events are an
+    OVERFLOW event).
+    """
+    kind: _watch_pb2.FileEventKind.ValueType
+    path: _builtins.str
+    """Relative to /workspace."""
+    old_path: _builtins.str
+    """RENAMED: where it was."""
+    type: Global___FileType.ValueType
+    """What changed; UNSPECIFIED when it was gone before the watcher could look."""
+    def __init__(
+        self,
+        *,
+        sequence: _builtins.int = ...,
+        kind: _watch_pb2.FileEventKind.ValueType = ...,
+        path: _builtins.str = ...,
+        old_path: _builtins.str = ...,
+        type: Global___FileType.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "old_path", b"old_path", "path", b"path", "sequence", b"sequence", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileEvent: _TypeAlias = FileEvent  # noqa: Y015
+
+@_typing.final
+class WatchDirResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def event(self) -> Global___FileEvent: ...
+    def __init__(
+        self,
+        *,
+        event: Global___FileEvent | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchDirResponse: _TypeAlias = WatchDirResponse  # noqa: Y015

@@ -1,59 +1,49 @@
-"""The egress manager: per-session Internal networks, their host filters and proxies.
+"""The egress manager: the proxies of ALLOWLIST sessions, served over the agents' channels.
 
-Owned by the server (entered into its AsyncExitStack). For an ALLOWLIST session it creates the
-network `sandboxd-net-<owner>-<session>` (labelled like containers), installs the bridge filter,
-and starts the session's proxy on the gateway address; `release` undoes all three. Networks and
-filters outlive a server restart (the containers stay attached and stay filtered while no proxy
-listens: fail closed); `reconcile` brings the proxies back and removes what no session claims.
+Owned by the server (entered into its AsyncExitStack). A session has no network interface at
+all, ALLOWLIST or not (network mode none, only loopback): the in-sandbox agent listens on the
+sandbox's 127.0.0.1:`proxy_port` (HTTP(S)_PROXY point there) and carries each connection as an
+`egress` stream over its channel (docs/agent.md); the channel hands the stream to the proxy of
+the session its container is labelled with. So no Docker network, bridge or host filter exists
+to make, protect or clean up; `prepare` and `release` are the proxy's, `reconcile` brings the
+proxies of live sessions back after a restart (and opens their channels, so a process that
+outlived the server has its egress back without a call).
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
-import hashlib
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 
-from sandboxd.egress import firewall
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.audit import AuditLog, EgressSink
 from sandboxd.egress.policy import ResolvedQuotas
 from sandboxd.egress.proxy import EgressProxy, Rules
 from sandboxd.egress.resolver import Resolver
 from sandboxd.egress.target import TargetError, normalize_name
-from sandboxd.engine.docker_profile import NO_PROXY, apply_to_container
-from sandboxd.engine.protocol import Engine, SessionNetwork
-from sandboxd.errors import ConfigError, FailedPrecondition, Internal, SandboxError
+from sandboxd.engine.protocol import Engine
+from sandboxd.errors import ConfigError, FailedPrecondition, SandboxError
 from sandboxd.helper_client import HelperClient
-from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_SESSION
 from sandboxd.models import NetworkMode, NetworkPolicy, Session, SessionState
 from sandboxd.reasons import Reason
 from sandboxd.secrets.setup import SecretsSetup
 
 log = logging.getLogger(__name__)
 
-# The container side of a session network is the engine adapter's (re-exported for callers).
-__all__ = [
-    "NO_PROXY",
-    "EgressManager",
-    "FilterMode",
-    "SessionNetwork",
-    "apply_to_container",
-    "bridge_name",
-    "network_name",
-    "parse_static_hosts",
-]
+# Opens (or finds) the agent channel of a sandbox by its id.
+ChannelOpener = Callable[[str], Awaitable[object]]
 
 
 class FilterMode(enum.StrEnum):
-    """How the host side of a session network is protected (GetServerInfo reports it)."""
+    """How sandboxes reach the proxy (GetServerInfo reports it)."""
 
-    IPTABLES = "IPTABLES"  # only the proxy port is reachable from a session network
-    UNFILTERED = "UNFILTERED"  # no filter could be installed; the operator accepted that
-    UNAVAILABLE = "UNAVAILABLE"  # no filter, not accepted: ALLOWLIST sessions are refused
+    NO_NETWORK = "NO_NETWORK"  # no interface but loopback; egress over the agent's channel
+    UNAVAILABLE = "UNAVAILABLE"  # no agent channel: ALLOWLIST sessions are refused
 
 
 def parse_static_hosts(text: str) -> dict[str, tuple[str, ...]]:
@@ -72,15 +62,6 @@ def parse_static_hosts(text: str) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in hosts.items()}
 
 
-def network_name(owner_id: str, session_id: str) -> str:
-    return f"sandboxd-net-{owner_id}-{session_id}"
-
-
-def bridge_name(owner_id: str, session_id: str) -> str:
-    """A Linux interface name (at most 15 bytes) that is stable across restarts."""
-    return "sbx" + hashlib.sha256(f"{owner_id}/{session_id}".encode()).hexdigest()[:12]
-
-
 def _rules(policy: NetworkPolicy, granted: bool) -> Rules:
     """The proxy's rules: private networks only when asked for AND granted to the tenant."""
     return Rules(
@@ -97,8 +78,7 @@ class EgressManager:
         owner_id: str,
         *,
         proxy_port: int = 3128,
-        static_hosts: dict[str, tuple[str, ...]] | None = None,
-        allow_unfiltered: bool = False,
+        channels: ChannelOpener | None = None,
         on_decision: Callable[[bool], None] | None = None,
         on_event: EgressSink | None = None,
         resolver: Resolver | None = None,
@@ -112,32 +92,21 @@ class EgressManager:
         self._on_decision = on_decision
         self._on_event = on_event
         self._owner_id = owner_id
-        self._port = proxy_port
-        self._resolver = resolver or Resolver(static_hosts)
+        self.port = proxy_port  # where each sandbox's agent listens, on its loopback
+        self._channels = channels
+        self._resolver = resolver or Resolver()
         self._protected = protected or Protected()
         # tenant -> may its sessions reach private networks (the operator's grant)
         self._granted = private_networks_granted
         self._tenants: dict[str, str] = {}  # session id -> tenant, for policy updates
-        self._allow_unfiltered = allow_unfiltered
         self._proxies: dict[str, EgressProxy] = {}
         self._audit: dict[str, AuditLog] = {}
-        self.filter_mode = FilterMode.UNAVAILABLE
-        self.filter_problem = ""
+        self._opening: set[asyncio.Task[None]] = set()  # channels opened after a restart
+        self.filter_mode = FilterMode.NO_NETWORK if channels else FilterMode.UNAVAILABLE
 
     async def __aenter__(self) -> EgressManager:
-        ok, problem = await firewall.available()
-        if ok:
-            self.filter_mode = FilterMode.IPTABLES
-        else:
-            self.filter_problem = problem
-            self.filter_mode = (
-                FilterMode.UNFILTERED if self._allow_unfiltered else FilterMode.UNAVAILABLE
-            )
-            log.warning(
-                "egress: no host filter (%s); ALLOWLIST sessions are %s",
-                problem,
-                "allowed UNFILTERED (operator opt-in)" if self._allow_unfiltered else "refused",
-            )
+        if self.filter_mode is FilterMode.UNAVAILABLE:
+            log.warning("egress: the agent is off (setting agent); ALLOWLIST sessions are refused")
         return self
 
     async def __aexit__(
@@ -146,7 +115,10 @@ class EgressManager:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # Networks and filters stay: attached containers remain cut off until a restart.
+        for task in list(self._opening):
+            task.cancel()
+        if self._opening:
+            await asyncio.gather(*self._opening, return_exceptions=True)
         for proxy in list(self._proxies.values()):
             await proxy.close()
         self._proxies.clear()
@@ -155,9 +127,8 @@ class EgressManager:
     def require_available(self) -> None:
         if self.filter_mode is FilterMode.UNAVAILABLE:
             raise FailedPrecondition(
-                "network.mode ALLOWLIST needs a host filter (iptables) this server cannot "
-                f"install ({self.filter_problem}); the operator may opt into the weaker "
-                "unfiltered mode with egress_allow_unfiltered",
+                "network.mode ALLOWLIST needs the in-sandbox agent, which carries the "
+                "sandbox's egress over its channel (the server runs with the setting agent off)",
                 reason=Reason.EGRESS_UNAVAILABLE,
             )
 
@@ -167,37 +138,36 @@ class EgressManager:
     def proxy(self, session_id: str) -> EgressProxy | None:
         return self._proxies.get(session_id)
 
-    async def prepare(self, session: Session) -> SessionNetwork:
-        """Network, filter and proxy of a session; idempotent (restart, resume, retry)."""
+    def bytes_moved(self, session_id: str) -> int:
+        """Bytes the session's proxy carried, both ways, since it (re)started."""
+        proxy = self._proxies.get(session_id)
+        return proxy.budget.used["up"] + proxy.budget.used["down"] if proxy else 0
+
+    # ----- what the agent channels ask (sandboxd.agent.egress_route.EgressEndpoints) -------
+
+    def egress_port(self, session_id: str) -> int:
+        """The port the agent of `session_id` listens on (HELLO's egress_port); 0: none."""
+        return self.port if session_id in self._proxies else 0
+
+    def acceptor(self, session_id: str) -> EgressProxy | None:
+        """Whom an `egress` stream of that session's agent goes to; None: refused."""
+        return self._proxies.get(session_id)
+
+    # ----- a session's proxy --------------------------------------------------------------
+
+    async def prepare(self, session: Session) -> int:
+        """The proxy of an ALLOWLIST session, ready before its sandbox starts (the agent's
+        channel asks for it at its first HELLO); idempotent (restart, resume, retry). The
+        port the agent listens on."""
         self.require_available()
         sid = session.session_id
-        name = network_name(self._owner_id, sid)
-        bridge = bridge_name(self._owner_id, sid)
-        address = await self._engine.ensure_network(
-            name,
-            {
-                LABEL_OWNER: self._owner_id,
-                LABEL_SESSION: sid,
-                LABEL_FINGERPRINT: session.fingerprint,
-            },
-            bridge,
-        )
-        gateway = address.gateway
-        subnet = ipaddress.ip_network(address.subnet, strict=False)
-        if self.filter_mode is FilterMode.IPTABLES:
-            try:
-                await firewall.install(bridge, gateway, self._port)
-            except firewall.FirewallError as exc:
-                raise Internal(f"could not install the egress filter of {name}: {exc}") from exc
-        self._protected.refresh()  # the new gateway is one of the host's addresses now
-        net = SessionNetwork(name, gateway, f"http://{gateway}:{self._port}")
         policy = session.spec.network
         self._tenants[sid] = session.tenant
         rules = _rules(policy, self._granted(session.tenant))
         existing = self._proxies.get(sid)
         if existing is not None:
             existing.rules = rules
-            return net
+            return self.port
         audit = self._audit.setdefault(
             sid,
             AuditLog(
@@ -208,25 +178,17 @@ class EgressManager:
                 tenant=session.tenant,
             ),
         )
-        proxy = EgressProxy(
+        self._proxies[sid] = EgressProxy(
             sid,
             rules,
             ResolvedQuotas.of(policy.quotas),
             self._resolver,
             audit,
-            peer_network=subnet,
             protected=self._protected,
             interceptor=self._secrets.interceptor(sid, session.tenant, policy),
         )
-        try:
-            await proxy.start(gateway, self._port)
-        except OSError as exc:
-            raise Internal(
-                f"egress proxy of {sid} cannot listen on {net.proxy_url}: {exc}"
-            ) from exc
-        self._proxies[sid] = proxy
-        log.info("egress proxy of %s up at %s", sid, net.proxy_url)
-        return net
+        log.info("egress proxy of %s up (agent port %d)", sid, self.port)
+        return self.port
 
     def update(self, session_id: str, policy: NetworkPolicy) -> None:
         """New rules for new connections; open tunnels keep what they were allowed."""
@@ -245,22 +207,13 @@ class EgressManager:
             await proxy.interceptor.install_trust(self._helper, session.container_id)
 
     async def release(self, session_id: str, *, keep_audit: bool = False) -> None:
-        """Close the proxy, remove the filter and the network (after the container is gone)."""
+        """Close the proxy (its open tunnels are cut); the audit stays when asked."""
         proxy = self._proxies.pop(session_id, None)
         self._tenants.pop(session_id, None)
         if proxy is not None:
             await proxy.close()
         if not keep_audit:
             self._audit.pop(session_id, None)
-        await self._remove(session_id)
-
-    async def _remove(self, session_id: str) -> None:
-        if self.filter_mode is FilterMode.IPTABLES:
-            await firewall.remove(bridge_name(self._owner_id, session_id))
-        try:
-            await self._engine.remove_network(network_name(self._owner_id, session_id))
-        except SandboxError as exc:
-            log.warning("egress: could not remove the network of %s: %s", session_id, exc)
 
     async def reconcile(
         self,
@@ -268,14 +221,13 @@ class EgressManager:
         locked: Callable[[str], AbstractAsyncContextManager[None]],
         session_ids: Sequence[str],
     ) -> None:
-        """Proxies back for live ALLOWLIST sessions; networks no session claims removed.
+        """Proxies back for live ALLOWLIST sessions, and their agents' channels open; proxies
+        no session claims any more closed.
 
         Runs beside live calls: each decision is taken under the session's lock on a fresh
         read, so a delete or create in progress is never undone.
         """
-        networks = await self._engine.list_networks(self._owner_id)
-        labelled = {n.session_id for n in networks}
-        for sid in sorted((labelled | set(session_ids)) - {""}):
+        for sid in sorted((set(self._proxies) | set(session_ids)) - {""}):
             async with locked(sid):
                 session = await load(sid)
                 wanted = (
@@ -284,13 +236,41 @@ class EgressManager:
                     and session.state in (SessionState.RUNNING, SessionState.CREATING)
                 )
                 if session is None or not wanted:
-                    if sid in labelled or sid in self._proxies:
-                        log.info("egress: removing what session %s no longer claims", sid)
+                    if sid in self._proxies:
+                        log.info("egress: closing the proxy of %s (no longer claimed)", sid)
                         await self.release(sid, keep_audit=session is not None)
                     continue
                 if session.state is SessionState.RUNNING and sid not in self._proxies:
                     try:
                         await self.prepare(session)
-                        await self.install_trust(session)  # a new CA since the restart
+                        # Before the server serves a call: a new CA since the restart (its
+                        # command opens the agent's channel too).
+                        await self.install_trust(session)
                     except SandboxError as exc:
                         log.warning("egress: cannot restore the proxy of %s: %s", sid, exc)
+                        continue
+                    self._open_channel(session)
+
+    def _open_channel(self, session: Session) -> None:
+        """The agent listens (and carries egress) only while its channel is open: open it in
+        a task of its own (an agent that does not answer holds up neither start-up nor other
+        sessions)."""
+        if self._channels is None or not session.container_id:
+            return
+        channels = self._channels
+
+        async def run() -> None:
+            try:
+                async with asyncio.timeout(60):
+                    await channels(session.container_id)
+            except (SandboxError, TimeoutError) as exc:
+                log.warning("egress: the agent of %s: %s", session.session_id, exc)
+
+        task = asyncio.get_running_loop().create_task(run(), name=f"egress {session.session_id}")
+        self._opening.add(task)
+        task.add_done_callback(self._opening.discard)
+
+    async def settled(self) -> None:
+        """Wait for the channels being opened after a restart (tests, shutdown)."""
+        if self._opening:
+            await asyncio.gather(*self._opening, return_exceptions=True)

@@ -1,0 +1,109 @@
+"""Previews (SessionService.PublishPort, UnpublishPort, ListPorts): a session's ports over
+the server's HTTP(S) preview listener, as a mixin of SandboxClient, with the typed `Preview`."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Self
+
+import grpc
+
+from sandboxd_client._convert import duration, timestamp
+from sandboxd_client._gen.sandboxd.v1 import previews_pb2, session_pb2_grpc
+from sandboxd_client._rpc import UNSET, rpc
+
+TOKEN_HEADER = "X-Sandboxd-Token"
+
+
+@dataclass(frozen=True)
+class Preview:
+    """A published port: `url` (host-routed, empty without a preview domain) and `path_url`
+    (path-routed). `token` (PublishPort only; empty for a public preview) goes in header
+    `X-Sandboxd-Token`, or once in query parameter `sandboxd_token`."""
+
+    port: int
+    url: str
+    path_url: str
+    token: str
+    expires_at: dt.datetime | None
+    public: bool = False
+
+    @classmethod
+    def from_pb(cls, msg: Any) -> Self:
+        return cls(
+            port=msg.port,
+            url=msg.url,
+            path_url=msg.path_url,
+            token=msg.token,
+            expires_at=timestamp(msg, "expires_at"),
+            public=msg.public,
+        )
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The header that opens the preview (none for a public one)."""
+        return {TOKEN_HEADER: self.token} if self.token else {}
+
+
+class PreviewsMixin:
+    """The host class provides `channel`, `_unary` and `_paged`."""
+
+    channel: grpc.aio.Channel
+    _unary: Callable[..., Awaitable[Any]]
+    _paged: Callable[..., AsyncIterator[Any]]
+
+    @rpc("SessionService/PublishPort")
+    async def publish_port(
+        self,
+        session_id: str,
+        port: int,
+        *,
+        ttl: float | None = None,
+        public: bool = False,
+        timeout: float | None = UNSET,
+    ) -> Preview:
+        """Publish `port` of the session: its URLs and a new token (`ttl` seconds, default
+        one hour); older tokens of the port stop working."""
+        stub = session_pb2_grpc.SessionServiceStub(self.channel)
+        req = previews_pb2.PublishPortRequest(
+            session_id=session_id, port=port, ttl=duration(ttl), public=public
+        )
+        resp = await self._unary(
+            "SessionService/PublishPort", lambda t: stub.PublishPort(req, timeout=t), timeout
+        )
+        return Preview.from_pb(resp.preview)
+
+    @rpc("SessionService/UnpublishPort")
+    async def unpublish_port(
+        self, session_id: str, port: int, *, timeout: float | None = UNSET
+    ) -> None:
+        """Close the port's preview and revoke its tokens (PORT_NOT_PUBLISHED if it is not)."""
+        stub = session_pb2_grpc.SessionServiceStub(self.channel)
+        req = previews_pb2.UnpublishPortRequest(session_id=session_id, port=port)
+        await self._unary(
+            "SessionService/UnpublishPort", lambda t: stub.UnpublishPort(req, timeout=t), timeout
+        )
+
+    @rpc("SessionService/ListPorts")
+    async def list_ports(
+        self, session_id: str, *, page_size: int = 0, timeout: float | None = UNSET
+    ) -> AsyncIterator[Preview]:
+        """The session's published ports, by port (tokens not included), following pages."""
+        stub = session_pb2_grpc.SessionServiceStub(self.channel)
+        async for resp in self._paged(
+            "SessionService/ListPorts",
+            lambda token, t: stub.ListPorts(
+                previews_pb2.ListPortsRequest(
+                    session_id=session_id, page_size=page_size, page_token=token
+                ),
+                timeout=t,
+            ),
+            timeout,
+        ):
+            for p in resp.previews:
+                yield Preview.from_pb(p)
+
+
+__all__ = ["TOKEN_HEADER", "Preview", "PreviewsMixin"]

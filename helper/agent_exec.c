@@ -1,0 +1,661 @@
+/*
+ * agent_exec.c - the agent's commands: starting them (fork, identity, stdio,
+ * pty, a report pipe for a failed exec), their output (DATA frames within the
+ * window, or a detached process's ring), reaping them, and killing orphans.
+ * See agent.c for the loop that drives it and docs/agent.md for the protocol.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "sbx.h"
+
+/* ------------------------------------------------------------------ */
+/* Commands                                                            */
+/* ------------------------------------------------------------------ */
+
+struct cmd *cmd_by_pid(pid_t pid)
+{
+	for (struct cmd *c = g_cmds; c; c = c->next)
+		if (c->pid == pid && !c->reaped)
+			return c;
+	return NULL;
+}
+
+struct cmd *cmd_by_id(const char *id)
+{
+	for (struct cmd *c = g_cmds; c; c = c->next)
+		if (c->detached && !strcmp(c->id, id))
+			return c;
+	return NULL;
+}
+
+void cmd_close_fds(struct cmd *c)
+{
+	close_fd(&c->in_fd);
+	close_fd(&c->out_fd[1]);
+	close_fd(&c->out_fd[2]);
+	close_fd(&c->rep_fd);
+}
+
+void cmd_free(struct cmd *c)
+{
+	for (struct cmd **pp = &g_cmds; *pp; pp = &(*pp)->next) {
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	}
+	cmd_close_fds(c);
+	if (c->detached)
+		g_ndetached--;
+	free(c->ring[1].buf);
+	free(c->ring[2].buf);
+	free(c);
+}
+
+/* A non-detached command whose stream is gone: SIGHUP now (the `sbx run`
+ * supervisor kills its whole tree on it), SIGKILL after KILL_GRACE_MS. */
+void cmd_abandon(struct cmd *c)
+{
+	c->owner = NULL;
+	cmd_close_fds(c);
+	if (c->reaped) {
+		cmd_free(c);
+		return;
+	}
+	kill(c->pid, SIGHUP);
+	kill(c->pid, SIGCONT);
+	c->kill_at = now_ms() + KILL_GRACE_MS;
+}
+
+uint64_t ring_start(const struct ring *r)
+{
+	return r->end > r->cap ? r->end - r->cap : 0;
+}
+
+void exit_json(struct buf *b, const struct cmd *c)
+{
+	if (!c->reaped) {
+		buf_puts(b, "\"exit_code\":null,\"signal\":null");
+	} else if (WIFSIGNALED(c->status)) {
+		buf_printf(b, "\"exit_code\":%d,\"signal\":%d", 128 + WTERMSIG(c->status),
+			   WTERMSIG(c->status));
+	} else {
+		buf_printf(b, "\"exit_code\":%d,\"signal\":null", WEXITSTATUS(c->status));
+	}
+}
+
+void offsets_json(struct buf *b, uint64_t o1, uint64_t o2)
+{
+	buf_printf(b, "{\"1\":%llu,\"2\":%llu}", (unsigned long long)o1, (unsigned long long)o2);
+}
+
+void processes_json(struct buf *b)
+{
+	buf_puts(b, "[");
+	bool first = true;
+	for (struct cmd *c = g_cmds; c; c = c->next) {
+		if (!c->detached || !c->started)
+			continue;
+		buf_puts(b, first ? "{\"id\":" : ",{\"id\":");
+		first = false;
+		buf_json_str(b, c->id, strlen(c->id));
+		buf_printf(b, ",\"pid\":%ld,\"running\":%s,", (long)c->pid,
+			   c->reaped ? "false" : "true");
+		exit_json(b, c);
+		buf_puts(b, ",\"start\":");
+		offsets_json(b, ring_start(&c->ring[1]), ring_start(&c->ring[2]));
+		buf_puts(b, ",\"end\":");
+		offsets_json(b, c->ring[1].end, c->ring[2].end);
+		buf_puts(b, "}");
+	}
+	buf_puts(b, "]");
+}
+
+/* ------------------------------------------------------------------ */
+/* exec                                                                */
+/* ------------------------------------------------------------------ */
+
+enum { ST_CWD = 1, ST_EXEC, ST_SETUP, ST_IDENTITY };
+
+struct report {
+	int stage;
+	int err;
+};
+
+__attribute__((noreturn))
+static void child_fail(int fd, int stage, int err)
+{
+	struct report r = {stage, err};
+	(void)!write(fd, &r, sizeof r);
+	_exit(127);
+}
+
+__attribute__((noreturn))
+static void child_main(int rep, int in, int out, int err, int tty_slave, const char *cwd,
+		       char **argv, char **envp)
+{
+	if (setsid() < 0)
+		child_fail(rep, ST_SETUP, errno);
+	if (tty_slave >= 0) {
+		if (ioctl(tty_slave, TIOCSCTTY, 0) < 0)
+			child_fail(rep, ST_SETUP, errno);
+		in = out = err = tty_slave;
+	}
+	if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)
+		child_fail(rep, ST_SETUP, errno);
+	for (int sig = 1; sig < NSIG; sig++)
+		signal(sig, SIG_DFL);
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	/* Outside a PID namespace (tests) nothing else ends a command whose
+	 * agent died; inside, the namespace ends with its PID 1. */
+	if (g_self != 1)
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+	/* The command's identity before anything it could name is touched; a
+	 * command never runs as the agent when told otherwise. */
+	if (g_switch_user && (setgroups(0, NULL) < 0 || setresgid(g_cmd_gid, g_cmd_gid, g_cmd_gid) < 0 ||
+			      setresuid(g_cmd_uid, g_cmd_uid, g_cmd_uid) < 0))
+		child_fail(rep, ST_IDENTITY, errno);
+	/* The memory cgroup's OOM killer takes a command before the agent
+	 * (whose death would end the sandbox); raising it needs no privilege. */
+	int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	if (oom >= 0) {
+		(void)!write(oom, "500", 3);
+		close(oom);
+	}
+	if (chdir(g_root) < 0 || (cwd && *cwd && chdir(cwd) < 0))
+		child_fail(rep, ST_CWD, errno);
+	execve(argv[0], argv, envp);
+	child_fail(rep, ST_EXEC, errno);
+}
+
+static void str_array_free(char **v)
+{
+	if (!v)
+		return;
+	for (char **p = v; *p; p++)
+		free(*p);
+	free(v);
+}
+
+static char *xstrdup_(const char *s)
+{
+	size_t n = strlen(s);
+	char *p = xmalloc(n + 1);
+	memcpy(p, s, n + 1);
+	return p;
+}
+
+/* argv and env from the request; NULL with *why set on a bad request. */
+static char **request_argv(const struct jval *a, const char **why)
+{
+	if (!a || a->type != J_ARR || a->n == 0 || a->n > 4096) {
+		*why = "argv must be a non-empty list";
+		return NULL;
+	}
+	char **v = xmalloc((a->n + 1) * sizeof *v);
+	size_t i = 0;
+	for (const struct jval *e = a->child; e; e = e->next) {
+		if (e->type != J_STR) {
+			v[i] = NULL;
+			str_array_free(v);
+			*why = "argv must hold strings";
+			return NULL;
+		}
+		v[i++] = xstrdup_(e->s);
+	}
+	v[i] = NULL;
+	if (v[0][0] != '/') {
+		str_array_free(v);
+		*why = "argv[0] must be an absolute path";
+		return NULL;
+	}
+	return v;
+}
+
+static char **request_env(const struct jval *o, const char **why)
+{
+	size_t n = o && o->type == J_OBJ ? o->n : 0;
+	if (o && o->type != J_OBJ && o->type != J_NULL) {
+		*why = "env must be an object";
+		return NULL;
+	}
+	char **v = xmalloc((n + 1) * sizeof *v);
+	size_t i = 0;
+	for (const struct jval *m = o && o->type == J_OBJ ? o->child : NULL; m; m = m->next) {
+		if (m->type != J_STR || !m->key[0] || strchr(m->key, '=')) {
+			v[i] = NULL;
+			str_array_free(v);
+			*why = "env must map names without '=' to strings";
+			return NULL;
+		}
+		size_t kl = strlen(m->key), vl = strlen(m->s);
+		char *e = xmalloc(kl + vl + 2);
+		memcpy(e, m->key, kl);
+		e[kl] = '=';
+		memcpy(e + kl + 1, m->s, vl + 1);
+		v[i++] = e;
+	}
+	v[i] = NULL;
+	return v;
+}
+
+static int open_pty(int *master, int *slave, unsigned rows, unsigned cols)
+{
+	*master = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+	if (*master < 0)
+		return -1;
+	int unlock = 0;
+	if (ioctl(*master, TIOCSPTLCK, &unlock) < 0)
+		goto fail;
+	*slave = ioctl(*master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+	if (*slave < 0) {
+		char name[64];
+		if (ptsname_r(*master, name, sizeof name) != 0)
+			goto fail;
+		*slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+		if (*slave < 0)
+			goto fail;
+	}
+	struct winsize ws = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
+	ioctl(*master, TIOCSWINSZ, &ws);
+	set_nonblock(*master);
+	return 0;
+fail:
+	close_fd(master);
+	return -1;
+}
+
+/* Process ids are short and plain, so that HELLO_OK with every record
+ * always fits one frame (MAX_DETACHED records of a few hundred bytes). */
+static bool valid_id(const char *id)
+{
+	size_t n = strlen(id);
+	if (n < 1 || n > MAX_ID)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char c = id[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      c == '.' || c == '_' || c == ':' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
+int nonneg_u16(const struct jval *v, unsigned *out)
+{
+	if (!v || v->type != J_NUM || !v->is_int || v->i < 1 || v->i > 65535)
+		return -1;
+	*out = (unsigned)v->i;
+	return 0;
+}
+
+void open_exec(uint32_t id, const struct jval *req)
+{
+	const char *why = NULL;
+	const struct jval *cwdv = json_get(req, "cwd"), *stdinv = json_get(req, "stdin");
+	const struct jval *ttyv = json_get(req, "tty"), *detv = json_get(req, "detach");
+	char **argv = request_argv(json_get(req, "argv"), &why);
+	char **envp = argv ? request_env(json_get(req, "env"), &why) : NULL;
+	unsigned rows = 24, cols = 80;
+	size_t ring = DEFAULT_RING;
+	const char *did = NULL;
+	if (argv && envp) {
+		if (cwdv && cwdv->type != J_STR && cwdv->type != J_NULL)
+			why = "cwd must be a string";
+		else if (stdinv && stdinv->type != J_BOOL && stdinv->type != J_NULL)
+			why = "stdin must be a boolean";
+		else if (ttyv && ttyv->type != J_NULL &&
+			 (ttyv->type != J_OBJ || nonneg_u16(json_get(ttyv, "rows"), &rows) < 0 ||
+			  nonneg_u16(json_get(ttyv, "cols"), &cols) < 0))
+			why = "tty must be null or {\"rows\",\"cols\"} in 1..65535";
+		else if (detv && detv->type != J_NULL) {
+			const struct jval *idv = json_get(detv, "id"), *bv = json_get(detv, "buffer");
+			if (detv->type != J_OBJ || !idv || idv->type != J_STR || !valid_id(idv->s))
+				why = "detach.id must be 1..64 of A-Z a-z 0-9 . _ : -";
+			else if (bv && (bv->type != J_NUM || !bv->is_int || bv->i < 1 ||
+					bv->i > (int64_t)MAX_RING))
+				why = "detach.buffer must be 1..67108864";
+			else {
+				did = idv->s;
+				if (bv)
+					ring = (size_t)bv->i;
+			}
+		}
+	}
+	if (why || !argv || !envp) {
+		out_error(F_RESET, id, "INVALID", "%s", why ? why : "bad exec request");
+		goto out;
+	}
+	if (did && cmd_by_id(did)) {
+		out_error(F_RESET, id, "EXISTS", "a detached process with id %s exists", did);
+		goto out;
+	}
+	if (did && g_ndetached >= MAX_DETACHED) {
+		out_error(F_RESET, id, "RESOURCE", "at most %d detached processes (forget ended ones)",
+			  MAX_DETACHED);
+		goto out;
+	}
+	bool want_stdin = stdinv && stdinv->type == J_BOOL && stdinv->b;
+	bool tty = ttyv && ttyv->type == J_OBJ;
+	const char *cwd = cwdv && cwdv->type == J_STR ? cwdv->s : NULL;
+
+	int rep[2] = {-1, -1}, inp[2] = {-1, -1}, o1[2] = {-1, -1}, o2[2] = {-1, -1};
+	int master = -1, slave = -1;
+	bool ok = pipe2(rep, O_CLOEXEC) == 0;
+	if (ok && tty)
+		ok = open_pty(&master, &slave, rows, cols) == 0;
+	else if (ok)
+		ok = (!want_stdin || pipe2(inp, O_CLOEXEC) == 0) && pipe2(o1, O_CLOEXEC) == 0 &&
+		     pipe2(o2, O_CLOEXEC) == 0;
+	pid_t pid = ok ? fork() : -1;
+	if (pid == 0)
+		child_main(rep[1], want_stdin ? inp[0] : g_devnull, o1[1], o2[1], slave, cwd, argv,
+			   envp);
+	int e = errno;
+	close_fd(&rep[1]);
+	close_fd(&inp[0]);
+	close_fd(&o1[1]);
+	close_fd(&o2[1]);
+	close_fd(&slave);
+	if (pid < 0) {
+		close_fd(&rep[0]);
+		close_fd(&inp[1]);
+		close_fd(&o1[0]);
+		close_fd(&o2[0]);
+		close_fd(&master);
+		out_error(F_RESET, id, "RESOURCE", "cannot start the command: %s", strerror(e));
+		goto out;
+	}
+	struct cmd *c = xmalloc(sizeof *c);
+	memset(c, 0, sizeof *c);
+	c->pid = pid;
+	c->rep_fd = rep[0];
+	c->tty = tty;
+	c->in_fd = -1;
+	c->out_fd[0] = c->out_fd[1] = c->out_fd[2] = -1;
+	if (tty) {
+		c->out_fd[1] = master;
+		if (want_stdin) {
+			c->in_fd = fcntl(master, F_DUPFD_CLOEXEC, 3);
+		}
+	} else {
+		c->in_fd = inp[1];
+		c->out_fd[1] = o1[0];
+		c->out_fd[2] = o2[0];
+	}
+	for (int k = 0; k < 3; k++)
+		if (c->out_fd[k] >= 0)
+			set_nonblock(c->out_fd[k]);
+	if (c->in_fd >= 0)
+		set_nonblock(c->in_fd);
+	if (did) {
+		c->detached = true;
+		snprintf(c->id, sizeof c->id, "%s", did);
+		for (int k = 1; k <= 2; k++) {
+			c->ring[k].cap = ring;
+			c->ring[k].buf = xmalloc(ring);
+		}
+		g_ndetached++;
+	}
+	c->next = g_cmds;
+	g_cmds = c;
+	struct stream *s = stream_new(id, K_EXEC);
+	s->cmd = c;
+	if (!did)
+		c->owner = s;
+out:
+	str_array_free(argv);
+	str_array_free(envp);
+}
+
+/* The exec report pipe: EOF means exec happened, a report means it failed. */
+void cmd_report(struct cmd *c)
+{
+	struct report r;
+	ssize_t n;
+	do
+		n = read(c->rep_fd, &r, sizeof r);
+	while (n < 0 && errno == EINTR);
+	if (n < 0 && errno == EAGAIN)
+		return;
+	close_fd(&c->rep_fd);
+	struct stream *s = NULL;
+	for (struct stream *t = g_streams; t; t = t->next)
+		if (t->kind == K_EXEC && t->cmd == c)
+			s = t;
+	if (n == (ssize_t)sizeof r) {
+		const char *err = "INVALID";
+		if (r.stage == ST_CWD)
+			err = "CWD";
+		else if (r.stage == ST_IDENTITY)
+			err = "IDENTITY";
+		else if (r.stage == ST_SETUP)
+			err = "RESOURCE";
+		else if (r.err == ENOENT || r.err == ENOTDIR)
+			err = "NOT_FOUND";
+		else if (r.err == EACCES || r.err == EPERM)
+			err = "PERMISSION_DENIED";
+		if (s) {
+			out_error(F_RESET, s->id, err, "%s: %s",
+				  r.stage == ST_CWD ? "cwd" : "exec", strerror(r.err));
+			s->cmd = NULL;
+			stream_drop(s);
+		}
+		/* the child exits at once; reaped as any other */
+		c->owner = NULL;
+		cmd_close_fds(c);
+		if (c->detached) {
+			c->detached = false;
+			g_ndetached--;
+		}
+		if (c->reaped)
+			cmd_free(c);
+		return;
+	}
+	c->started = true;
+	if (s) {
+		s->established = true;
+		struct buf b = {0};
+		buf_printf(&b, "{\"pid\":%ld}", (long)c->pid);
+		out_json(F_OPEN_OK, s->id, &b);
+	}
+}
+
+/* Read a non-detached command's output into DATA frames (within the
+ * stream's window), a detached one's into its ring (always). */
+void cmd_read(struct cmd *c, int k)
+{
+	char tmp[CHUNK];
+	for (int rounds = 0; rounds < 4 && c->out_fd[k] >= 0; rounds++) {
+		size_t want = CHUNK;
+		char *dst = tmp;
+		struct stream *s = c->owner;
+		if (!c->detached) {
+			if (!s || !out_room() || s->send_credit <= 0)
+				return;
+			if ((int64_t)want > s->send_credit)
+				want = (size_t)s->send_credit;
+		} else {
+			struct ring *r = &c->ring[k];
+			size_t pos = (size_t)(r->end % r->cap);
+			dst = r->buf + pos;
+			want = r->cap - pos < CHUNK ? r->cap - pos : CHUNK;
+		}
+		ssize_t n = read(c->out_fd[k], dst, want);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == EAGAIN)
+			return;
+		if (n <= 0) {
+			/* EOF; a terminal says EIO once no process holds it */
+			close_fd(&c->out_fd[k]);
+			return;
+		}
+		if (c->detached) {
+			c->ring[k].end += (uint64_t)n;
+		} else {
+			unsigned char fd = (unsigned char)k;
+			out_frame2(F_DATA, s->id, &fd, 1, tmp, (size_t)n);
+			s->send_credit -= n;
+		}
+	}
+}
+
+bool cmd_output_done(const struct cmd *c)
+{
+	return c->reaped && c->out_fd[1] < 0 && c->out_fd[2] < 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Children and orphans                                                */
+/* ------------------------------------------------------------------ */
+
+void on_sigchld(int sig)
+{
+	(void)sig;
+	int e = errno;
+	(void)!write(g_sigpipe[1], "c", 1);
+	errno = e;
+}
+
+void reap(void)
+{
+	char drain[64];
+	while (read(g_sigpipe[0], drain, sizeof drain) > 0)
+		;
+	for (;;) {
+		int st;
+		pid_t pid = waitpid(-1, &st, WNOHANG);
+		if (pid <= 0)
+			break;
+		struct cmd *c = cmd_by_pid(pid);
+		if (!c)
+			continue;
+		c->reaped = true;
+		c->status = st;
+		/* What is left in its process group has no command any more. */
+		kill(-pid, SIGKILL);
+		/* its orphans soon, but a burst of short commands scans /proc
+		 * at most ten times a second */
+		if (g_next_sweep > g_last_sweep + 100)
+			g_next_sweep = g_last_sweep + 100;
+		if (!c->owner && !c->detached && c->rep_fd < 0)
+			cmd_free(c);
+	}
+}
+
+struct pinfo {
+	pid_t pid, ppid, sid;
+	char state;
+};
+
+static bool read_pinfo(pid_t pid, struct pinfo *pi)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	char *p = strrchr(buf, ')');
+	long ppid, pgrp, sid;
+	if (!p || sscanf(p + 1, " %c %ld %ld %ld", &pi->state, &ppid, &pgrp, &sid) != 4)
+		return false;
+	pi->pid = pid;
+	pi->ppid = (pid_t)ppid;
+	pi->sid = (pid_t)sid;
+	return true;
+}
+
+/*
+ * Orphans: processes whose parent is the agent (reparented to PID 1, or to
+ * the subreaper in tests) that it did not start, and that belong to no live
+ * command, i.e. share no session with any live command's process tree.  A
+ * tree whose `sbx run` supervisor and monitor were killed together, or what
+ * `kill -9 -1` left, dies here; their children come next round.
+ */
+void sweep_orphans(void)
+{
+	size_t n = 0, cap = 256;
+	struct pinfo *v = xmalloc(cap * sizeof *v);
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		char *end;
+		long pid = strtol(e->d_name, &end, 10);
+		if (*end || pid <= 0 || pid == g_self)
+			continue;
+		if (n == cap) {
+			cap *= 2;
+			struct pinfo *nv = realloc(v, cap * sizeof *v);
+			if (!nv)
+				oom();
+			v = nv;
+		}
+		if (read_pinfo((pid_t)pid, &v[n]))
+			n++;
+	}
+	if (d)
+		closedir(d);
+	bool any = false;
+	for (size_t i = 0; i < n && !any; i++)
+		any = v[i].ppid == g_self && !cmd_by_pid(v[i].pid) && v[i].state != 'Z';
+	if (!any) {
+		free(v);
+		return;
+	}
+	/* Live command trees: each started, unreaped command and its
+	 * descendants (fixpoint over the parent relation). */
+	bool *live = xmalloc((n ? n : 1) * sizeof *live);
+	for (size_t i = 0; i < n; i++) {
+		struct cmd *c = cmd_by_pid(v[i].pid);
+		live[i] = c && v[i].ppid == g_self;
+	}
+	for (bool changed = true; changed;) {
+		changed = false;
+		for (size_t i = 0; i < n; i++) {
+			if (live[i])
+				continue;
+			for (size_t j = 0; j < n; j++) {
+				if (live[j] && v[j].pid == v[i].ppid) {
+					live[i] = changed = true;
+					break;
+				}
+			}
+		}
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (v[i].ppid != g_self || live[i] || v[i].state == 'Z')
+			continue;
+		bool shared = false;
+		for (size_t j = 0; j < n && !shared; j++)
+			shared = live[j] && v[j].sid == v[i].sid;
+		if (!shared)
+			kill(v[i].pid, SIGKILL);
+	}
+	free(live);
+	free(v);
+}

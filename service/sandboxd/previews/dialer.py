@@ -1,0 +1,177 @@
+"""How the server reaches a port inside a sandbox: a byte stream from a `PortDialer`.
+
+Today `ExecDialer` starts `sbx dial PORT` (helper/dial.c) through `Engine.exec`; with the
+in-sandbox agent's channel (docs/agent.md) that becomes an OPEN of kind `dial` on the
+session's channel, behind the same `PortDialer` interface, so the relay (`listener.py`) never
+knows which. Either way the sandbox needs no network interface.
+
+`ByteStream` is the relay's view of one connection: buffered reads (a head up to its blank
+line, exact lengths, whatever is there), writes that wait for the other side (backpressure),
+and a half-close. Reads pull from the engine only when asked, so a slow preview client stops
+the engine's stream, which stops `sbx dial`, which stops reading the sandbox's socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from sandboxd.engine import Engine, ExecStream
+from sandboxd.helper_client import INTERNAL_ENV
+from sandboxd.models import Session
+from sandboxd.profile import HELPER_IN_CONTAINER
+
+READ_CHUNK = 256 * 1024
+STDERR_KEEP = 4096
+
+
+class ByteStream(Protocol):
+    async def read_some(self, limit: int = READ_CHUNK) -> bytes:
+        """What is there (at most `limit`, waiting for at least one byte); b"" at the end."""
+        ...
+
+    async def read_until(self, separator: bytes, limit: int) -> bytes:
+        """Up to and including `separator`; raises `TooLong` past `limit`, `EOFError` at the end."""
+        ...
+
+    async def read_exactly(self, n: int) -> bytes: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    def close_write(self) -> None: ...
+
+    def failure(self) -> str:
+        """Why the stream ended early, as the dialer saw it ("" when it did not say)."""
+        ...
+
+
+class TooLong(Exception):
+    """A head or chunk line longer than allowed."""
+
+
+class PortDialer(Protocol):
+    def open(
+        self, session: Session, port: int
+    ) -> contextlib.AbstractAsyncContextManager[ByteStream]:
+        """A byte stream to 127.0.0.1:`port` inside the session's sandbox; closed on exit."""
+        ...
+
+
+class Buffered:
+    """Buffered reads over a `pull()` of chunks (b"" at the end); the base of both sides."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._eof = False
+
+    async def pull(self) -> bytes:
+        raise NotImplementedError
+
+    async def _fill(self) -> bool:
+        if self._eof:
+            return False
+        data = await self.pull()
+        if not data:
+            self._eof = True
+            return False
+        self._buf += data
+        return True
+
+    async def read_some(self, limit: int = READ_CHUNK) -> bytes:
+        if not self._buf and not self._eof:
+            data = await self.pull()  # the common case of a body: passed on without a copy
+            if not data:
+                self._eof = True
+                return b""
+            if len(data) <= limit:
+                return data
+            self._buf += data
+        if not self._buf:
+            return b""
+        n = limit
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+    async def read_until(self, separator: bytes, limit: int) -> bytes:
+        start = 0
+        while True:
+            at = self._buf.find(separator, start)
+            if at >= 0:
+                end = at + len(separator)
+                if end > limit:
+                    raise TooLong
+                out = bytes(self._buf[:end])
+                del self._buf[:end]
+                return out
+            if len(self._buf) > limit:
+                raise TooLong
+            start = max(0, len(self._buf) - len(separator) + 1)
+            if not await self._fill():
+                raise EOFError
+
+    async def read_exactly(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            if not await self._fill():
+                raise EOFError
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+
+class ExecByteStream(Buffered):
+    """`sbx dial`'s stdout and stdin as a ByteStream; its stderr kept for the error line."""
+
+    def __init__(self, stream: ExecStream) -> None:
+        super().__init__()
+        self._stream = stream
+        self._stderr = bytearray()
+
+    async def pull(self) -> bytes:
+        while True:
+            frame = await self._stream.read_joined(READ_CHUNK)
+            if frame is None:
+                return b""
+            fd, data = frame
+            if fd == 1:
+                return data
+            self._stderr += data[: max(0, STDERR_KEEP - len(self._stderr))]
+
+    async def write(self, data: bytes) -> None:
+        """A request to a `sbx dial` that already ended (nothing listened) is dropped: what
+        the caller then reads is its end and its error line, which say why (a 502)."""
+        try:
+            await self._stream.write(data)
+        except ConnectionError:
+            return
+
+    def close_write(self) -> None:
+        self._stream.close_stdin()
+
+    def failure(self) -> str:
+        lines = self._stderr.decode(errors="replace").strip().splitlines()
+        if not lines:
+            return ""
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            return str(json.loads(lines[-1])["error"])
+        return "EIO"
+
+
+class ExecDialer:
+    """`sbx dial PORT` over `Engine.exec`, as the session's user."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    @contextlib.asynccontextmanager
+    async def open(self, session: Session, port: int) -> AsyncIterator[ByteStream]:
+        async with self._engine.exec(
+            session.container_id,
+            [HELPER_IN_CONTAINER, "dial", str(port)],
+            user=session.spec.user,
+            env=INTERNAL_ENV,
+            stdin=True,
+        ) as stream:
+            yield ExecByteStream(stream)

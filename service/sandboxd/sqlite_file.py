@@ -1,0 +1,63 @@
+"""One SQLite file of the data directory, opened by `async with`: the shared way to open it.
+
+Every store of the server (sessions, audit) keeps its own file with the same settings: WAL, so
+readers never wait for the writer; synchronous=NORMAL, so a commit is durable against a crash
+of the server (the case the stores guard against) without an fsync per transaction; aiosqlite,
+so the event loop never blocks on disk. A subclass names its schema and may migrate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import aiosqlite
+
+
+class SqliteFile:
+    """Base of a store kept in one SQLite file; `db` is usable inside `async with` only."""
+
+    SCHEMA = ""
+    ROWS_BY_NAME = True  # rows as aiosqlite.Row (by name and index) rather than tuples
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._db: aiosqlite.Connection | None = None
+
+    async def __aenter__(self) -> Self:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        db = await aiosqlite.connect(self._path)
+        try:
+            if self.ROWS_BY_NAME:
+                db.row_factory = aiosqlite.Row
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=NORMAL")
+            await db.executescript(self.SCHEMA)
+            self._db = db
+            await self._migrate()
+            await db.commit()
+        except BaseException:
+            self._db = None
+            await db.close()
+            raise
+        return self
+
+    async def _migrate(self) -> None:
+        """Bring a file written by an older server up to SCHEMA (nothing by default)."""
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._db is not None:
+            await self._db.close()
+            self._db = None
+
+    @property
+    def db(self) -> aiosqlite.Connection:
+        if self._db is None:
+            raise RuntimeError(f"{type(self).__name__} used outside its 'async with'")
+        return self._db

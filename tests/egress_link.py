@@ -1,0 +1,124 @@
+"""How a unit test hands connections to an in-process EgressProxy (which has no listener).
+
+`LoopbackFront`: a listener of the test's own on 127.0.0.1 gives each accepted socket to
+`proxy.accept` (the proxy's mechanics alone). `AgentFront`: the real path without Docker: the
+static helper's `sbx agent` runs as a child process over pipes, the server's `Channel` talks to
+it and routes its `egress` streams (sandboxd.agent.egress_route) to the proxy, and the test
+connects to the agent's listener on 127.0.0.1:<free port> like a sandbox process would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from sandboxd.agent.channel import Channel
+from sandboxd.agent.egress_route import EgressAcceptor, peer_open_handler
+from sandboxd.egress.proxy import EgressProxy
+
+HELPER = Path(__file__).resolve().parents[1] / "build" / "sbx"
+SESSION = "s-test"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class PipeTransport:
+    """The channel's Transport over a child's stdin/stdout."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        self._proc = proc
+        self._in = proc.stdin
+        self._out = proc.stdout
+
+    async def read(self) -> bytes | None:
+        chunk = await self._out.read(1 << 16)
+        return chunk or None
+
+    async def write(self, data: bytes) -> None:
+        self._in.write(data)
+        await self._in.drain()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._in.close()
+
+
+class OneSession:
+    """EgressEndpoints with one session's proxy (or none: every stream refused)."""
+
+    def __init__(self, proxy: EgressAcceptor | None, port: int) -> None:
+        self.proxy = proxy
+        self.port = port
+
+    def egress_port(self, session_id: str) -> int:
+        return self.port if session_id == SESSION else 0
+
+    def acceptor(self, session_id: str) -> EgressAcceptor | None:
+        return self.proxy if session_id == SESSION else None
+
+
+@contextlib.asynccontextmanager
+async def loopback_front(proxy: EgressProxy) -> AsyncIterator[tuple[str, int]]:
+    server = await asyncio.start_server(
+        proxy.accept, "127.0.0.1", 0, limit=proxy.read_limit, reuse_address=True
+    )
+    try:
+        yield "127.0.0.1", int(server.sockets[0].getsockname()[1])
+    finally:
+        server.close()
+
+
+@contextlib.asynccontextmanager
+async def agent_front(
+    proxy: EgressAcceptor | None, tmp: Path, *, session_id: str = SESSION, window: int = 262144
+) -> AsyncIterator[tuple[str, int]]:
+    """The agent's egress listener, its streams served by `proxy` through a real Channel."""
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        str(HELPER),
+        "--root",
+        str(tmp),
+        "agent",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    endpoints = OneSession(proxy, port)
+    channel = Channel(
+        PipeTransport(proc),
+        name="egress-test",
+        window=window,
+        handshake_s=5.0,
+        resend_s=0.2,
+        egress_port=endpoints.egress_port(session_id),
+        on_peer_open=peer_open_handler(endpoints, session_id),
+    )
+    try:
+        hello = await channel.start()
+        assert hello.pid > 0
+        yield "127.0.0.1", port
+    finally:
+        await channel.close()
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def front(kind: str, proxy: EgressProxy, tmp: Path) -> AsyncIterator[tuple[str, int]]:
+    if kind == "agent":
+        async with agent_front(proxy, tmp) as address:
+            yield address
+    else:
+        async with loopback_front(proxy) as address:
+            yield address

@@ -1,0 +1,350 @@
+"""`sbx agent` as PID 1 of a container shaped like a session's, over the engine's attach.
+
+The container is what a session's is (busybox runtime image, uid 1000, every capability dropped,
+no-new-privileges, read-only root, network none, no init, the helper from its content-named
+volume) with the agent as its main process and stdin open. The sandbox user's attempts to end,
+stop or read the agent leave it answering, and the orphan test leaves nothing running; under
+gVisor too when the engine has runsc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+import warnings
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiodocker
+import pytest
+from aiodocker.containers import DockerContainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agent_wire import (  # noqa: E402
+    EXIT,
+    HELLO,
+    HELLO_OK,
+    OPEN,
+    PING,
+    PONG,
+    RESET,
+    SYNC,
+    Decoder,
+    Frame,
+    encode,
+    encode_json,
+)
+from sandboxd.engine.helper_volume import HelperVolume  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "sandboxd-runtime:busybox"
+TIERS = ("runc", "gvisor")
+RUNTIMES = {"runc": "runc", "gvisor": "runsc"}
+LABEL = "io.sandboxd.test-agent"
+SBX = "/.sandboxd/sbx"
+CANARY = "canary-" + uuid.uuid4().hex
+
+
+class Channel:
+    """The server's side, reduced to what the test needs: frames over the attach stream."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.decoder = Decoder()
+        self.frames: asyncio.Queue[Frame] = asyncio.Queue()
+        self.stderr = bytearray()
+        self.next_id = 1
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        while True:
+            msg = await self.stream.read_out()
+            if msg is None:
+                return
+            if msg.stream == 1:
+                for f in self.decoder.feed(msg.data):
+                    self.frames.put_nowait(f)
+            else:
+                self.stderr += msg.data
+
+    async def send(self, raw: bytes) -> None:
+        await self.stream.write_in(raw)
+
+    async def read(self, timeout: float = 15) -> Frame:
+        return await asyncio.wait_for(self.frames.get(), timeout)
+
+    async def hello(self) -> dict[str, Any]:
+        nonce = uuid.uuid4().hex
+        body = {"version": 1, "nonce": nonce, "window": 262144, "keepalive_ms": 60000}
+        for _ in range(40):
+            await self.send(SYNC + encode_json(HELLO, 0, body))
+            try:
+                while True:
+                    f = await self.read(timeout=0.5)
+                    if f.type == HELLO_OK and json.loads(f.payload)["nonce"] == nonce:
+                        self.next_id = 1
+                        result: dict[str, Any] = json.loads(f.payload)
+                        return result
+            except TimeoutError:
+                continue
+        raise AssertionError(f"the agent never answered; stderr: {bytes(self.stderr)!r}")
+
+    async def ping(self) -> None:
+        token = uuid.uuid4().bytes[:8]
+        await self.send(encode(PING, 0, token))
+        while True:
+            f = await self.read()
+            if f.type == PONG and f.payload == token:
+                return
+
+    async def run(self, *argv: str) -> tuple[bytes, dict[str, Any]]:
+        """One exec; stdout and stderr together, and the EXIT record."""
+        sid = self.next_id
+        self.next_id += 2
+        body = {"kind": "exec", "argv": list(argv), "env": {"PATH": "/bin:/usr/bin"}}
+        await self.send(encode_json(OPEN, sid, body))
+        out = b""
+        while True:
+            f = await self.read()
+            if f.stream != sid:
+                continue
+            if f.type == 0x12:
+                out += f.payload[1:]
+            elif f.type == EXIT:
+                return out, json.loads(f.payload)
+            elif f.type == RESET:
+                raise AssertionError(f"exec {argv} reset: {f.payload!r}")
+
+    async def close(self) -> None:
+        self.reader.cancel()
+        await asyncio.gather(self.reader, return_exceptions=True)
+        await self.stream.close()
+
+
+# "sandbox-uid": the agent runs as the sandbox user (uid 1000), as docs/agent.md first said.
+# "separate-uid": the agent runs as root with only CAP_SETUID, CAP_SETGID and CAP_KILL and
+# starts every command as uid 1000 (`sbx agent --user 1000:1000`): no command can signal,
+# stop or read it whatever the runtime does for a PID 1 (gVisor does not protect it).
+IDENTITIES = {
+    "sandbox-uid": ("1000:1000", [], []),
+    "separate-uid": ("0:0", ["SETUID", "SETGID", "KILL"], ["--user", "1000:1000"]),
+}
+GVISOR_PID1 = (
+    "gVisor does not protect a PID 1 from its own namespace: an agent of the sandbox user's uid "
+    "can be killed, stopped and read by the sandbox user (run it with --user, see docs/agent.md)"
+)
+
+
+@pytest.fixture(params=sorted(IDENTITIES))
+def identity(request: pytest.FixtureRequest, tier: str) -> str:
+    name: str = request.param
+    return name
+
+
+def gvisor_gap(tier: str, identity: str) -> None:
+    if tier == "gvisor" and identity == "sandbox-uid":
+        pytest.xfail(GVISOR_PID1)
+
+
+@pytest.fixture
+async def agent(tier: str, identity: str) -> AsyncIterator[tuple[Channel, DockerContainer]]:
+    user, caps, extra = IDENTITIES[identity]
+    docker = aiodocker.Docker()
+    container: DockerContainer | None = None
+    channel: Channel | None = None
+    try:
+        volume = HelperVolume(REPO / "build" / "sbx")
+        with warnings.catch_warnings():
+            # aiohttp warns that a body over 1 MiB given as bytes may block the loop: the
+            # helper's tar is (HelperVolume passes bytes to put_archive); once per volume.
+            warnings.simplefilter("ignore", ResourceWarning)
+            await volume.ensure(docker, IMAGE)
+        container = await docker.containers.create(
+            {
+                "Image": IMAGE,
+                "Entrypoint": [],
+                "Cmd": [SBX, "agent", *extra],
+                "User": user,
+                "Env": [f"AGENT_CANARY={CANARY}"],
+                "OpenStdin": True,
+                "StdinOnce": False,
+                "AttachStdin": True,
+                "AttachStdout": True,
+                "AttachStderr": True,
+                "Tty": False,
+                "NetworkDisabled": True,
+                "Labels": {LABEL: "1"},
+                "HostConfig": {
+                    "NetworkMode": "none",
+                    "Runtime": RUNTIMES[tier],
+                    "ReadonlyRootfs": True,
+                    "Tmpfs": {"/workspace": "rw,nosuid,nodev,size=16m,uid=1000,gid=1000"},
+                    "CapDrop": ["ALL"],
+                    "CapAdd": caps,
+                    "SecurityOpt": ["no-new-privileges:true"],
+                    "Init": False,
+                    "PidsLimit": 512,
+                    "Memory": 256 * 1024 * 1024,
+                    "LogConfig": {"Type": "none"},
+                    "Binds": [f"{volume.name}:/.sandboxd:ro"],
+                },
+            },
+            name=f"sandboxd-test-agent-{uuid.uuid4().hex[:12]}",
+        )
+        stream = container.attach(stdin=True, stdout=True, stderr=True)
+        await stream._init()  # attach before start: nothing the agent writes is missed
+        await container.start()
+        channel = Channel(stream)
+        yield channel, container
+    finally:
+        if channel is not None:
+            await channel.close()
+        if container is not None:
+            await container.delete(force=True)
+        await docker.close()
+
+
+PROCS = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done"
+
+
+async def still_running(ch: Channel, needle: str) -> bool:
+    out, _ = await ch.run("/bin/sh", "-c", PROCS)
+    return any(needle in line for line in out.decode(errors="replace").splitlines())
+
+
+async def test_agent_is_pid1_of_the_sandbox_user(agent: tuple[Channel, DockerContainer]) -> None:
+    ch, _ = agent
+    ok = await ch.hello()
+    assert ok["pid"] == 1
+    out, ex = await ch.run("/bin/sh", "-c", "id -u; id -g; id -G; grep CapEff /proc/self/status")
+    assert out.split() == [b"1000", b"1000", b"1000", b"CapEff:", b"0000000000000000"]
+    assert ex["exit_code"] == 0
+
+
+async def survives(ch: Channel, container: DockerContainer, script: str) -> None:
+    """Runs `script` as the sandbox user, then the agent must still answer, as itself."""
+    before = await ch.hello()
+    sid = ch.next_id
+    await ch.send(
+        encode_json(OPEN, sid, {"kind": "exec", "argv": ["/bin/sh", "-c", script], "env": {}})
+    )
+    await asyncio.sleep(0.5)
+    await ch.ping()
+    after = await ch.hello()
+    assert after["instance"] == before["instance"]  # the same agent, never restarted
+    state, _ = await ch.run("/bin/sh", "-c", "grep State /proc/1/status")
+    assert b"S (sleeping)" in state or b"R (running)" in state, state
+    assert (await container.show())["State"]["Running"] is True
+
+
+async def test_kill_9_minus_1(agent: tuple[Channel, DockerContainer]) -> None:
+    await survives(*agent, "sleep 300 & kill -9 -1")
+
+
+async def test_kill_stop_minus_1(
+    agent: tuple[Channel, DockerContainer], tier: str, identity: str
+) -> None:
+    gvisor_gap(tier, identity)
+    await survives(*agent, "sleep 300 & kill -STOP -1; kill -STOP 1")
+
+
+async def test_kill_pid_1(agent: tuple[Channel, DockerContainer], tier: str, identity: str) -> None:
+    gvisor_gap(tier, identity)
+    await survives(*agent, "kill -KILL 1; kill -TERM 1; kill -INT 1; kill -HUP 1")
+
+
+async def test_memory_and_environment_are_not_readable(
+    agent: tuple[Channel, DockerContainer], tier: str, identity: str
+) -> None:
+    gvisor_gap(tier, identity)
+    ch, _ = agent
+    await ch.hello()
+    # non-dumpable: the same uid has no ptrace access, so neither environ nor mem opens
+    probe = (
+        "cat /proc/self/environ > /dev/null && echo self=ok; "
+        "cat /proc/1/environ 2>/dev/null; echo; "
+        "(exec 3</proc/1/mem) 2>/dev/null; echo mem=$?; "
+        "readlink /proc/1/exe >/dev/null 2>&1; echo exe=$?; "
+        "(exec 3</proc/self/mem) && echo own-mem=ok"
+    )
+    out, _ = await ch.run("/bin/sh", "-c", probe)
+    lines = out.splitlines()
+    assert lines[0] == b"self=ok", out
+    assert CANARY.encode() not in out and lines[-1] == b"own-mem=ok", out
+    assert b"mem=0" not in lines and b"exe=0" not in lines, out
+    await ch.ping()
+
+
+async def test_orphans_are_killed(
+    agent: tuple[Channel, DockerContainer], tier: str, identity: str
+) -> None:
+    gvisor_gap(tier, identity)  # its $PPID is the agent
+    ch, _ = agent
+    await ch.hello()
+    # under the `sbx run` supervisor, as the server runs commands
+    _, ex = await ch.run(SBX, "run", "--", "/bin/sh", "-c", "sleep 4242 & kill -KILL $PPID")
+    assert ex["exit_code"] == 137
+    # directly under the agent: $PPID is PID 1 itself, which the signal cannot reach
+    await ch.run("/bin/sh", "-c", "sleep 4343 & kill -KILL $PPID")
+    # setsid + double fork from a command that then exits
+    await ch.run("/bin/sh", "-c", "setsid sh -c 'sleep 4444 &' ; exit 0")
+    for needle in ("sleep 4242", "sleep 4343", "sleep 4444"):
+        for _ in range(40):
+            if not await still_running(ch, needle):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"{needle} is still running")
+
+
+async def test_egress_through_the_channel_with_only_loopback(
+    agent: tuple[Channel, DockerContainer],
+) -> None:
+    """No network interface but lo; a sandbox process's connection to the agent's loopback port
+    becomes an egress stream, answered here as the server's proxy would."""
+    ch, _ = agent
+    nonce = uuid.uuid4().hex
+    await ch.send(
+        SYNC
+        + encode_json(
+            HELLO, 0, {"version": 1, "nonce": nonce, "keepalive_ms": 60000, "egress_port": 3128}
+        )
+    )
+    while True:
+        f = await ch.read()
+        if f.type == HELLO_OK and json.loads(f.payload)["nonce"] == nonce:
+            assert json.loads(f.payload)["egress_port"] == 3128
+            break
+    links, _ = await ch.run("/bin/sh", "-c", "ip -o link | cut -d: -f2")
+    assert links.split() == [b"lo"]
+    sid = ch.next_id
+    ch.next_id += 2
+    body = {
+        "kind": "exec",
+        "argv": ["/bin/wget", "-q", "-O-", "http://127.0.0.1:3128/x"],
+        "env": {},
+    }
+    await ch.send(encode_json(OPEN, sid, body))
+    got, request = b"", b""
+    while True:
+        f = await ch.read()
+        if f.type == OPEN and f.stream % 2 == 0:
+            assert json.loads(f.payload)["kind"] == "egress"
+            egress = f.stream
+            await ch.send(encode(0x11, egress, b"{}"))
+        elif f.type == 0x12 and f.stream % 2 == 0:
+            request += f.payload[1:]
+            if b"\r\n\r\n" in request:
+                reply = b"HTTP/1.0 200 OK\r\nContent-Length: 7\r\n\r\nthrough"
+                await ch.send(encode(0x12, egress, b"\0" + reply))
+                await ch.send(encode(0x13, egress, b"\0"))
+        elif f.stream == sid and f.type == 0x12:
+            got += f.payload[1:]
+        elif f.stream == sid and f.type == EXIT:
+            break
+    assert request.startswith(b"GET /x HTTP/1.1\r\n")
+    assert got == b"through"
