@@ -208,9 +208,13 @@ class Command:
                 break
             fd, data = item
             if fd not in offsets:
-                if fd - GAP_FD in offsets:  # bytes lost on the way (agent/detached.py)
-                    offsets[fd - GAP_FD] += int.from_bytes(data, "big")
-                    yield ExecOutput(OutputStream(fd - GAP_FD), b"", offsets[fd - GAP_FD])
+                if (g := fd - GAP_FD) in offsets:  # bytes lost on the way (agent/detached.py)
+                    offsets[g] += int.from_bytes(data, "big")
+                    if cap_output and offsets[g] >= spec.max_output_bytes:
+                        offsets[g], truncated = spec.max_output_bytes, True
+                    yield ExecOutput(OutputStream(g), b"", offsets[g])
+                    if truncated:
+                        break
                 continue  # not an output stream (the engine only sends 1 and 2)
             if len(data) < CHUNK_BYTES:
                 data = self._coalesce(fd, data, held)

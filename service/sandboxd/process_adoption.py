@@ -21,6 +21,7 @@ from sandboxd.errors import SandboxError
 from sandboxd.execution import Command, Executor
 from sandboxd.models import ExecExited, ExecOutput, ExecSpec, Session, SessionState
 from sandboxd.process_record import BackgroundProcess
+from sandboxd.validation.identity import SESSION_ID_RE
 
 log = logging.getLogger(__name__)
 
@@ -31,22 +32,29 @@ CMDLINE_BYTES = 256 * 1024
 AGENT_RING_MAX = 64 * 1024 * 1024  # the agent's bound of a detached ring
 
 
+AGENT_RING_SLACK = 1024 * 1024
+
+
 def agent_ring(proc: BackgroundProcess) -> int:
-    """The agent's ring per stream: the server's, or all a capped process may write (so a
-    capped one never loses a byte on the way, and the cap is counted on real output)."""
+    """The agent's ring per stream (in the sandbox's memory, touched only as it fills): at
+    least the server's ring plus slack, so that the live stream loses nothing a server that
+    keeps up would have kept; for a capped process all it may write plus slack (it writes on
+    until the server's kill lands)."""
     size = proc.options.buffer_bytes
     if proc.options.cap_output:
         size = max(size, proc.spec.max_output_bytes)
-    return max(1, min(size, AGENT_RING_MAX))
+    return max(1, min(size + AGENT_RING_SLACK, AGENT_RING_MAX))
 
 
 def detach_id(process_id: str, token: str) -> str:
-    return f"{process_id}/{token}"
+    """The agent's id of a background process: its process id, which is its `sbx run` token
+    too (both fit the agent's rule for ids: 1..64 of A-Z a-z 0-9 . _ : -)."""
+    return process_id
 
 
 def parse_detach_id(value: str) -> tuple[str, str] | None:
-    process_id, sep, token = value.partition("/")
-    return (process_id, token) if sep and process_id and token else None
+    """(process id, token) of an agent's record; None for one that is not a process id."""
+    return (value, value) if SESSION_ID_RE.match(value) else None
 
 
 def spec_from_cmdline(cmdline: bytes, buffer_bytes: int) -> ExecSpec:

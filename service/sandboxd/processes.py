@@ -138,7 +138,8 @@ class ProcessManager:
             return proc
         self._make_room(procs)
         self._reserve_buffers(procs, options.buffer_bytes)
-        proc = BackgroundProcess(session.session_id, pid, spec, options)
+        # Its id is its token too: the agent keeps it under that id (process_adoption.py).
+        proc = BackgroundProcess(session.session_id, pid, spec, options, token=pid)
         procs[pid] = proc
         proc.task = asyncio.create_task(
             self._run(session, proc, hold or contextlib.nullcontext()), name=f"process {pid}"

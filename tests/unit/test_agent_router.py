@@ -149,7 +149,7 @@ async def test_a_detached_stream_attaches_again_after_a_gap() -> None:
 
         async def agent_side() -> None:
             sid, req = await peer.accept_open(pid=9)
-            assert req["detach"] == {"id": "bg/p-1", "buffer": 4096}
+            assert req["detach"] == {"id": "bg-1", "buffer": 4096}
             peer.output(sid, b"12345")
             peer.send_json(w.RESET, sid, {"error": "GAP", "message": "ring overran"})
             frame = await peer.recv_type(w.OPEN)
@@ -162,7 +162,7 @@ async def test_a_detached_stream_attaches_again_after_a_gap() -> None:
         script = asyncio.create_task(agent_side())
         got = []
         async with detached.exec(
-            "sb-g", ["/bin/x"], env={}, workdir=None, detach=Detach("bg/p-1", 4096)
+            "sb-g", ["/bin/x"], env={}, workdir=None, detach=Detach("bg-1", 4096)
         ) as stream:
             while (item := await asyncio.wait_for(stream.read(), 2)) is not None:
                 got.append(item)

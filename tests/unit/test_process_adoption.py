@@ -12,8 +12,9 @@ from sandboxd.process_adoption import (
 
 
 def test_detach_ids_round_trip_and_foreign_ones_are_ignored() -> None:
-    assert parse_detach_id(detach_id("bg-1", "p-0123")) == ("bg-1", "p-0123")
-    for foreign in ("", "no-slash", "/p-1", "bg/", "/"):
+    assert detach_id("bg-1", "bg-1") == "bg-1"
+    assert parse_detach_id("bg-1") == ("bg-1", "bg-1")
+    for foreign in ("", "Upper", "a/b", "x:y", "-lead", "a" * 64):
         assert parse_detach_id(foreign) is None
 
 
