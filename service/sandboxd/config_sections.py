@@ -474,6 +474,12 @@ class AgentSection:
         hi=16 * MiB,
         flat="agent_window",
     )
+    detached_processes: bool = setting(
+        True,
+        BOOL,
+        "background processes kept by the agent through a server crash and restart",
+        flat="agent_detached_processes",
+    )
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator
 
 from sandboxd.engine import Engine, ExecStream
+from sandboxd.engine.protocol import Detach, DetachedExecs
 from sandboxd.errors import (
     EngineUnavailable,
     FailedPrecondition,
@@ -68,6 +69,9 @@ def parse_status(stdout: bytes) -> int:
     if len(words) == 2 and words[0] == "signal" and words[1].isdigit():
         return int(words[1])
     return 0
+
+
+GAP_FD = 16  # (fd + GAP_FD, length) from a stream: `length` bytes of fd lost on the way
 
 
 def new_token() -> str:
@@ -204,6 +208,13 @@ class Command:
                 break
             fd, data = item
             if fd not in offsets:
+                if (g := fd - GAP_FD) in offsets:  # bytes lost on the way (agent/detached.py)
+                    offsets[g] += int.from_bytes(data, "big")
+                    if cap_output and offsets[g] >= spec.max_output_bytes:
+                        offsets[g], truncated = spec.max_output_bytes, True
+                    yield ExecOutput(OutputStream(g), b"", offsets[g])
+                    if truncated:
+                        break
                 continue  # not an output stream (the engine only sends 1 and 2)
             if len(data) < CHUNK_BYTES:
                 data = self._coalesce(fd, data, held)
@@ -306,9 +317,15 @@ class Command:
 class Executor:
     """Starts commands and owns the kill tasks that must finish even if a caller goes away."""
 
-    def __init__(self, engine: Engine, helper: HelperClient | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        helper: HelperClient | None = None,
+        detached: DetachedExecs | None = None,
+    ) -> None:
         self.engine = engine
         self.helper = helper or HelperClient(engine)
+        self.detached = detached  # background processes the sandbox's agent keeps
         self._kills: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
@@ -388,8 +405,10 @@ class Executor:
         process_id: str = "",
         token: str = "",
         pty: PtySize | None = None,
+        detach: Detach | None = None,
     ) -> AsyncIterator[Command]:
-        """Start `spec` and yield its Command; leaving before `exited` kills its tree."""
+        """Start `spec` and yield its Command; leaving before `exited` kills its tree. With
+        `detach` (and an agent) the command outlives a server that dies (processes.py)."""
         token = token or new_token()
         argv = [
             HELPER_IN_CONTAINER,
@@ -404,13 +423,11 @@ class Executor:
             "--",
             *spec.argv,
         ]
-        async with self.engine.exec(
-            session.container_id,
-            argv,
-            user=session.spec.user,
-            env=spec.env,
-            stdin=True,
-            tty=pty is not None,
+        user, cid = session.spec.user, session.container_id
+        async with (
+            self.detached.exec(cid, argv, env=spec.env, workdir=None, detach=detach)
+            if detach and self.detached and await self.detached.serves(cid, user)
+            else self.engine.exec(cid, argv, user=user, env=spec.env, stdin=True, tty=bool(pty))
         ) as stream:
             command = Command(
                 self, session, spec, process_id or token, token, stream, tty=pty is not None

@@ -44,6 +44,15 @@ class OutputBuffer:
         self.end += len(data)
         self._trim()
 
+    def skip(self, length: int) -> None:
+        """`length` bytes were produced but lost before they reached us (the agent's ring of a
+        detached process overran): the offsets move on, and what is held goes with them, so
+        every reader behind is told of one gap up to the new end."""
+        self.end += length
+        self.start = self.end
+        self._head = len(self._data)
+        self._trim()
+
     def _trim(self) -> None:
         while self.end - self.start > self.capacity or len(self._data) - self._head > MAX_CHUNKS:
             first_end = self._offsets[self._head] + len(self._data[self._head])

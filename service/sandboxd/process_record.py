@@ -99,6 +99,15 @@ class BackgroundProcess:
         self._last = stream
         self._notify()
 
+    def append_at(self, stream: OutputStream, offset: int, data: bytes) -> None:
+        """`append`, after skipping to `offset` (a range lost on the way: detached commands)."""
+        buf = self.output[stream]
+        if offset > buf.end:
+            buf.skip(offset - buf.end)
+            self._notify()
+        if data:
+            self.append(stream, data)
+
     def retained_bytes(self) -> int:
         return sum(b.end - b.start for b in self.output.values())
 

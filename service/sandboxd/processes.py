@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
 from sandboxd import validation
+from sandboxd.engine.protocol import Detach
 from sandboxd.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -39,6 +40,15 @@ from sandboxd.models import (
     Session,
 )
 from sandboxd.output_ring import OutputBuffer
+from sandboxd.process_adoption import (
+    agent_ring,
+    detach_id,
+    follow,
+    kept_processes,
+    read_cmdline,
+    running_sessions,
+    spec_from_cmdline,
+)
 from sandboxd.process_record import (
     AttachEvent,
     BackgroundProcess,
@@ -128,7 +138,8 @@ class ProcessManager:
             return proc
         self._make_room(procs)
         self._reserve_buffers(procs, options.buffer_bytes)
-        proc = BackgroundProcess(session.session_id, pid, spec, options)
+        # Its id is its token too: the agent keeps it under that id (process_adoption.py).
+        proc = BackgroundProcess(session.session_id, pid, spec, options, token=pid)
         procs[pid] = proc
         proc.task = asyncio.create_task(
             self._run(session, proc, hold or contextlib.nullcontext()), name=f"process {pid}"
@@ -196,10 +207,12 @@ class ProcessManager:
         started = time.monotonic()
         feeder: asyncio.Task[None] | None = None
         try:
+            # Detached where the sandbox has an agent: it outlives a server that dies.
+            detach = Detach(detach_id(proc.process_id, proc.token), agent_ring(proc))
             async with (
                 hold,
                 self._executor.start(
-                    session, proc.spec, process_id=proc.process_id, token=proc.token
+                    session, proc.spec, process_id=proc.process_id, token=proc.token, detach=detach
                 ) as command,
             ):
                 proc.running.set_result(None)
@@ -210,7 +223,7 @@ class ProcessManager:
                     command.feed(proc.spec.stdin)
                 async for event in command.events(cap_output=proc.options.cap_output):
                     if isinstance(event, ExecOutput):
-                        proc.append(event.stream, event.data)
+                        proc.append_at(event.stream, event.offset, event.data)
                     elif isinstance(event, ExecExited):
                         proc.finish(event)
                 proc.command = None
@@ -234,6 +247,76 @@ class ProcessManager:
                 feeder.cancel()
             if proc.exited is not None and self._on_exit is not None:
                 self._on_exit(session, proc)
+            await self._forget_detached(session, proc)
+
+    async def _forget_detached(self, session: Session, proc: BackgroundProcess) -> None:
+        """The agent's record of an ended detached process is dropped once its exit is ours."""
+        detached = self._executor.detached
+        if detached is None or proc.exited is None:
+            return
+        with contextlib.suppress(SandboxError, ConnectionError, TimeoutError):
+            async with asyncio.timeout(5):
+                await detached.forget(session.container_id, detach_id(proc.process_id, proc.token))
+
+    async def adopt_running(self, sessions: list[Session]) -> None:
+        """At start: adopt what the agents of the running sessions kept, one session at a
+        time, each failure its session's only."""
+        for session in running_sessions(sessions):
+            try:
+                if n := await self.adopt(session):
+                    log.info("session %s: %d background processes adopted", session.session_id, n)
+            except (SandboxError, ConnectionError, TimeoutError) as exc:
+                log.warning(
+                    "session %s: background processes not adopted: %s", session.session_id, exc
+                )
+
+    async def adopt(self, session: Session) -> int:
+        """Take back the background processes the session's agent kept while no server was
+        there (process_adoption.py); how many."""
+        detached = self._executor.detached
+        if detached is None:
+            return 0
+        procs = self._by_session.setdefault(session.session_id, {})
+        adopted = 0
+        for process_id, token, record in await kept_processes(detached, session):
+            if process_id in procs or len(procs) >= MAX_PROCESSES_PER_SESSION:
+                continue
+            pid = record.get("pid")
+            cmdline = b""
+            if record.get("running") and isinstance(pid, int):
+                cmdline = await read_cmdline(self._executor, session, pid)
+            spec = spec_from_cmdline(cmdline, FOREGROUND_BUFFER_BYTES)
+            proc = BackgroundProcess(
+                session.session_id,
+                process_id,
+                spec,
+                StartOptions(spec.max_output_bytes),
+                _BACKGROUND,
+                token=token,
+            )
+            proc.running.set_result(None)
+            procs[process_id] = proc
+            proc.task = asyncio.create_task(
+                self._follow(session, proc), name=f"process {process_id}"
+            )
+            adopted += 1
+        return adopted
+
+    async def _follow(self, session: Session, proc: BackgroundProcess) -> None:
+        """An adopted process: its output from the agent's ring, then live, then its exit."""
+        started = time.monotonic()
+        try:
+            await follow(self._executor, session, proc)
+        except SandboxError as exc:
+            log.warning("adopted process %s: %s", proc.process_id, exc)
+            proc.finish(ExecExited(-1, "", False, False, time.monotonic() - started))
+        except asyncio.CancelledError:
+            proc.finish(ExecExited(137, "SIGKILL", False, False, time.monotonic() - started))
+            raise
+        finally:
+            if proc.exited is not None and self._on_exit is not None:
+                self._on_exit(session, proc)
+            await self._forget_detached(session, proc)
 
     @staticmethod
     async def _first_stdin(proc: BackgroundProcess, command: Command) -> None:

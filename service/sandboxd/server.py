@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from sandboxd import tenancy
+from sandboxd.agent.detached import for_engine as agent_processes
 from sandboxd.agent.router import agent_settings
 from sandboxd.api.admin_service import AdminService
 from sandboxd.api.audit_interceptor import AuditInterceptor
@@ -256,7 +257,8 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         )
         if docker.agents is not None:
             docker.agents.egress = egress  # the agents' egress streams go to these proxies
-        executor = Executor(engine)
+        detached = agent_processes(engine) if config.agent.detached_processes else None
+        executor = Executor(engine, detached=detached)
         stack.push_async_callback(executor.close)
         processes = ProcessManager(executor, on_exit=background_exit(audit, hub))
         stack.push_async_callback(processes.close)  # before executor.close awaits the kills
@@ -394,6 +396,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
                 tg.create_task(sweeper.run()),
                 tg.create_task(audit.run_retention(AUDIT_RETENTION_INTERVAL_S)),
                 tg.create_task(OomWatcher(engine, store, hub, owner_id).run()),
+                tg.create_task(processes.adopt_running(await store.all())),
                 tg.create_task(
                     LeaseWarner(store, hub, config.events.lease_warning_s).run(
                         min(5.0, config.events.lease_warning_s / 4)

@@ -199,3 +199,67 @@ def test_a_command_running_when_the_server_dies_is_killed(tmp_path: Path) -> Non
     finally:
         srv.stop()
         remove_owned_containers(owner)
+
+
+def test_background_processes_outlive_a_server_sigkill(tmp_path: Path) -> None:
+    """Issue 13, outcome 2: a background process keeps running through a server SIGKILL and a
+    restart; ListProcesses shows it, AttachProcess from 0 replays its whole output and follows
+    it live, SignalProcess works, and its exit is recorded."""
+    from google.protobuf import duration_pb2
+    from sandboxd.v1 import process_pb2 as P
+
+    owner = "t-agent-bg-" + str(int(time.time()))
+    data = tmp_path / "data"
+    detached = ("--agent-detached-processes", "true")
+    srv = start_server(data, owner, *detached)
+    try:
+        stubs = make_stubs(f"127.0.0.1:{srv.port}")
+        sid = stubs.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
+        ).session.session_id
+        minute = duration_pb2.Duration(seconds=60)
+        script = "echo before; sleep 4; echo after; echo oops >&2; exit 7"
+        stubs.processes.StartProcess(
+            P.StartProcessRequest(
+                session_id=sid, process_id="bg-a", argv=["sh", "-c", script], timeout=minute
+            )
+        )
+        stubs.processes.StartProcess(
+            P.StartProcessRequest(
+                session_id=sid, process_id="bg-b", argv=["sleep", "300"], timeout=minute
+            )
+        )
+        time.sleep(0.5)
+        srv.stop(signal.SIGKILL)
+        srv = start_server(data, owner, *detached)
+        stubs = make_stubs(f"127.0.0.1:{srv.port}")
+
+        def listed() -> dict[str, P.Process]:
+            req = P.ListProcessesRequest(session_id=sid)
+            return {p.process_id: p for p in stubs.processes.ListProcesses(req).processes}
+
+        assert wait_until(lambda: {"bg-a", "bg-b"} <= set(listed()), timeout=20), srv.log()
+        procs = listed()
+        assert procs["bg-b"].state == P.PROCESS_STATE_RUNNING
+        assert list(procs["bg-b"].argv) == ["sleep", "300"]
+        events = list(
+            stubs.processes.AttachProcess(
+                P.AttachProcessRequest(session_id=sid, process_id="bg-a"), timeout=30
+            )
+        )
+        out = b"".join(
+            e.output.data for e in events if e.HasField("output") and e.output.stream == 1
+        )
+        err = b"".join(
+            e.output.data for e in events if e.HasField("output") and e.output.stream == 2
+        )
+        assert out == b"before\nafter\n" and err == b"oops\n", events
+        assert events[-1].exited.exit_code == 7
+        stubs.processes.SignalProcess(
+            P.SignalProcessRequest(session_id=sid, process_id="bg-b", signal="SIGTERM")
+        )
+        assert wait_until(lambda: listed()["bg-b"].state == P.PROCESS_STATE_EXITED, timeout=10)
+        assert listed()["bg-b"].exited.signal == "SIGTERM"
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)

@@ -190,6 +190,8 @@ def test_output_buffer_bytes_is_the_ring_and_max_output_bytes_then_the_cap(
     sid = new_session().session_id
     script = "i=0; while [ $i -lt 400 ]; do echo 0123456789abcdefghij; i=$((i+1)); done; sleep 60"
     proc = start(stubs, sid, "sh", "-c", script, output_buffer_bytes=1024, max_output_bytes=4096)
+    # Attach once it has ended (cut at the cap), so the reader is surely behind the ring.
+    assert wait_until(lambda: get(stubs, sid, proc.process_id).state == P.PROCESS_STATE_EXITED)
     events = attach(stubs, sid, proc.process_id)
     exited = events[-1].exited
     assert exited.truncated and exited.signal == "SIGKILL"

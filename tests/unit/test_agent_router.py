@@ -126,3 +126,48 @@ def test_a_bare_command_name_goes_through_sbx_run() -> None:
     assert req["argv"] == ["/.sandboxd/sbx", "run", "--", "df", "-k"]
     req = exec_request(["/bin/df"], base_env={}, env=None, workdir=None, stdin=False, tty=False)
     assert req["argv"] == ["/bin/df"]
+
+
+async def test_a_detached_stream_attaches_again_after_a_gap() -> None:
+    """The agent's ring overran (RESET GAP): the stream attaches again from where it was and
+    reports the lost range before the rest of the output (sandboxd.agent.detached)."""
+    from sandboxd.agent.detached import GAP_FD, AgentProcesses
+    from sandboxd.engine.protocol import Detach
+
+    peer = ScriptedAgent()
+
+    class GapPort(Port):
+        async def attach(self, sandbox_id: str) -> Attached | None:
+            return Attached(peer.transport, "65534:65534", {})
+
+    router = AgentRouter(GapPort(), FAST)
+    detached = AgentProcesses(router)
+    serving = asyncio.create_task(peer.handshake())
+    try:
+        await asyncio.wait_for(router.open("sb-g"), 2)
+        await serving
+
+        async def agent_side() -> None:
+            sid, req = await peer.accept_open(pid=9)
+            assert req["detach"] == {"id": "bg-1", "buffer": 4096}
+            peer.output(sid, b"12345")
+            peer.send_json(w.RESET, sid, {"error": "GAP", "message": "ring overran"})
+            frame = await peer.recv_type(w.OPEN)
+            got = frame.json()
+            assert got["kind"] == "attach" and got["offsets"] == {"1": 5, "2": 0}
+            peer.send_json(w.OPEN_OK, frame.stream, {"start": {"1": 1000, "2": 0}})
+            peer.output(frame.stream, b"tail")
+            peer.send_json(w.EXIT, frame.stream, {"exit_code": 0, "signal": None})
+
+        script = asyncio.create_task(agent_side())
+        got = []
+        async with detached.exec(
+            "sb-g", ["/bin/x"], env={}, workdir=None, detach=Detach("bg-1", 4096)
+        ) as stream:
+            while (item := await asyncio.wait_for(stream.read(), 2)) is not None:
+                got.append(item)
+            assert await stream.wait_exit_code() == 0
+        await script
+        assert got == [(1, b"12345"), (1 + GAP_FD, (995).to_bytes(8, "big")), (1, b"tail")]
+    finally:
+        await router.close()

@@ -53,6 +53,7 @@ class AgentExec:
         self._stream = stream
         self.exec_id = exec_id
         self.pid = pid
+        self.opened: dict[str, Any] = stream.opened.result()  # OPEN_OK's document
 
     async def read(self) -> tuple[int, bytes] | None:
         return await self._stream.read()
@@ -77,6 +78,10 @@ class AgentExec:
 
     def close_stdin(self) -> None:
         self._stream.send_eof(0)
+
+    @property
+    def reset_name(self) -> str:
+        return self._stream.reset_name
 
     async def close(self) -> None:
         self._channel.release(self._stream)

@@ -257,15 +257,35 @@ class AgentRouter:
         workdir: str | None,
         stdin: bool,
         tty: bool,
+        detach: dict[str, Any] | None = None,
     ) -> AsyncIterator[AgentExec]:
         entry = self._entries.get(sandbox_id)
         base = entry.env if entry is not None else {}
         request = exec_request(argv, base_env=base, env=env, workdir=workdir, stdin=stdin, tty=tty)
-        stream = await channel.open("exec", request)
-        opened = stream.opened.result()
-        pid = opened.get("pid")
+        request["detach"] = detach
+        async with self._handle(sandbox_id, channel, "exec", request) as handle:
+            yield handle
+
+    @contextlib.asynccontextmanager
+    async def open_kind(
+        self, sandbox_id: str, kind: str, request: dict[str, Any]
+    ) -> AsyncIterator[AgentExec]:
+        """A stream of another kind (attach, processes, forget) on the sandbox's channel."""
+        channel = await self.open(sandbox_id)
+        if channel is None:
+            raise agent_unavailable(f"sandbox {sandbox_id[:12]} has no agent")
+        async with self._handle(sandbox_id, channel, kind, request) as handle:
+            yield handle
+
+    @contextlib.asynccontextmanager
+    async def _handle(
+        self, sandbox_id: str, channel: Channel, kind: str, request: dict[str, Any]
+    ) -> AsyncIterator[AgentExec]:
+        stream = await channel.open(kind, request)
+        pid = stream.opened.result().get("pid")
         exec_id = f"agent-{sandbox_id[:12]}-{next(self._ids)}"
         handle = AgentExec(channel, stream, exec_id, pid if isinstance(pid, int) else 0)
+        entry = self._entries.get(sandbox_id)
         if entry is not None:
             entry.execs.add(exec_id)
         self._execs[exec_id] = handle

@@ -73,6 +73,7 @@ class AgentStream:
         self.ended = False  # no more frames will come (EXIT, CLOSE, RESET, epoch end)
         self.error: SandboxError | None = None
         self.reset_by_us = False
+        self.reset_name = ""  # the agent's RESET error, when it reset the stream
         self.done = asyncio.Event()
 
     # ----- the reader's side ---------------------------------------------------------------
@@ -129,6 +130,7 @@ class AgentStream:
     def on_reset(self, doc: dict[str, Any]) -> None:
         name = str(doc.get("error", "UNKNOWN"))[:64]
         message = str(doc.get("message", ""))[:500]
+        self.reset_name = name
         err: SandboxError = protocol_error(
             f"the agent reset the {self.kind} stream: {name}: {message}"
         )

@@ -252,3 +252,42 @@ class Engine(Protocol):
     async def prune_images(self, labels: Mapping[str, str]) -> None:
         """Remove every image carrying all of `labels` that no container uses."""
         ...
+
+
+@dataclass(frozen=True)
+class Detach:
+    """A command that outlives the server's connection: the sandbox's agent keeps it running
+    and its output in a ring of `buffer_bytes` per stream, under `detach_id`."""
+
+    detach_id: str
+    buffer_bytes: int
+
+
+class DetachedExecs(Protocol):
+    """Commands kept by the in-sandbox agent (sandboxd.agent.detached); only sandboxes with an
+    agent have them (`serves`)."""
+
+    async def serves(self, container_id: str, user: str) -> bool: ...
+
+    def exec(
+        self,
+        container_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None,
+        workdir: str | None,
+        detach: Detach,
+    ) -> AbstractAsyncContextManager[ExecStream]:
+        """Start it: the stream replays its output from offset 0, then follows it live; its
+        stdin is the command's. Closing the stream leaves the command running."""
+        ...
+
+    def attach(self, container_id: str, detach_id: str) -> AbstractAsyncContextManager[ExecStream]:
+        """Its output from the oldest byte still held, then live, then its exit."""
+        ...
+
+    async def listing(self, container_id: str) -> list[dict[str, Any]]:
+        """The agent's records: `id`, `pid`, `running`, `exit_code`, `signal`."""
+        ...
+
+    async def forget(self, container_id: str, detach_id: str) -> None: ...
