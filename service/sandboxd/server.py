@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from sandboxd import tenancy
@@ -30,6 +30,7 @@ from sandboxd.api.admin_service import AdminService
 from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.api.audit_service import AuditService
 from sandboxd.api.auth import AuthInterceptor, LocalTenantInterceptor
+from sandboxd.api.engine_health import EngineMonitor
 from sandboxd.api.filesystem_service import FilesystemService
 from sandboxd.api.limits import StreamCaps, StreamGuard
 from sandboxd.api.observe import MetricsInterceptor
@@ -131,50 +132,6 @@ def _add_reflection(server: grpc.aio.Server) -> None:
         },
     )
     server.add_generic_rpc_handlers((v1,))
-
-
-class EngineMonitor:
-    """Pings the engine; health is SERVING only while it answers."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        health_servicer: health.aio.HealthServicer,
-        on_up: Callable[[], object],
-    ) -> None:
-        self._engine = engine
-        self._health = health_servicer
-        self._on_up = on_up
-        self.up: bool | None = None
-
-    async def check(self) -> bool:
-        try:
-            api_version = await self._engine.ping()
-            up = True
-        except SandboxError as exc:
-            if self.up is not False:
-                log.warning("engine unavailable: %s", exc)
-            up = False
-        if up != self.up:
-            status = (
-                health_pb2.HealthCheckResponse.SERVING
-                if up
-                else health_pb2.HealthCheckResponse.NOT_SERVING
-            )
-            for name in ("", *SERVICE_NAMES):
-                await self._health.set(name, status)
-            if up:
-                log.info("engine available (API %s)", api_version)
-                result = self._on_up()
-                if asyncio.iscoroutine(result):
-                    await result
-        self.up = up
-        return up
-
-    async def run(self, interval_s: float) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            await self.check()
 
 
 async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -> None:
@@ -372,7 +329,7 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             await sessions.reconcile()
             await templates.recover()
 
-        monitor = EngineMonitor(engine, health_servicer, on_engine_up)
+        monitor = EngineMonitor(engine, health_servicer, on_engine_up, SERVICE_NAMES)
         await monitor.check()  # reconcile before the first call when the engine is up
         pool.start()  # after reconcile removed an earlier run's leftovers
         if config.metrics.listen:
