@@ -1,0 +1,65 @@
+"""Health follows the engine: SERVING only while the engine answers (grpc health protocol).
+
+The one place the engine's availability becomes the server's health: load balancers and
+clients' health checks stop sending work to a server whose engine is gone, and `on_up` lets the
+server reconcile whenever the engine comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from grpc_health.v1 import health, health_pb2
+
+from sandboxd.engine import Engine
+from sandboxd.errors import SandboxError
+
+log = logging.getLogger(__name__)
+
+
+class EngineMonitor:
+    """Pings the engine; health is SERVING only while it answers."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        health_servicer: health.aio.HealthServicer,
+        on_up: Callable[[], object],
+        service_names: Sequence[str],
+    ) -> None:
+        self._engine = engine
+        self._health = health_servicer
+        self._on_up = on_up
+        self._names = ("", *service_names)
+        self.up: bool | None = None
+
+    async def check(self) -> bool:
+        try:
+            api_version = await self._engine.ping()
+            up = True
+        except SandboxError as exc:
+            if self.up is not False:
+                log.warning("engine unavailable: %s", exc)
+            up = False
+        if up != self.up:
+            status = (
+                health_pb2.HealthCheckResponse.SERVING
+                if up
+                else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
+            for name in self._names:
+                await self._health.set(name, status)
+            if up:
+                log.info("engine available (API %s)", api_version)
+                result = self._on_up()
+                if asyncio.iscoroutine(result):
+                    await result
+        self.up = up
+        return up
+
+    async def run(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.check()
