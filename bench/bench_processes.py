@@ -14,6 +14,7 @@ Both sides run in the same session profile and image; the raw exec runs as the s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -23,6 +24,7 @@ from sandboxd.v1 import common_pb2, process_pb2
 from bench.common import (
     BenchContext,
     Metric,
+    Sample,
     interleave,
     latency_metric,
     mb_per_s,
@@ -57,14 +59,11 @@ def _start(session_id: str, argv: list[str]) -> P.InteractRequest:
     return P.InteractRequest(start=P.InteractStart(request=request))
 
 
-async def _round_trip(ctx: BenchContext, session_id: str, container_id: str) -> Metric:
+@contextlib.asynccontextmanager
+async def interact_echo(ctx: BenchContext, session_id: str) -> AsyncIterator[Sample]:
+    """An open Interact stream running `cat`; each sample writes one byte and awaits its echo."""
     requests = _Requests(_start(session_id, ["cat"]))
     call = ctx.stubs.processes.Interact(requests)
-    raw_exec = await ctx.docker.containers.container(container_id).exec(
-        ["cat"], stdin=True, user="65534:65534"
-    )
-    raw = raw_exec.start(detach=False)
-    await raw._init()
     try:
         first = await call.read()
         assert first.HasField("started"), first
@@ -77,19 +76,38 @@ async def _round_trip(ctx: BenchContext, session_id: str, container_id: str) -> 
                 if event.HasField("output"):
                     return (time.perf_counter() - start) * 1000
 
+        yield ours
+    finally:
+        requests.queue.put_nowait(P.InteractRequest(close_stdin=P.InteractCloseStdin()))
+        requests.queue.put_nowait(None)
+        call.cancel()
+
+
+@contextlib.asynccontextmanager
+async def raw_echo(ctx: BenchContext, container_id: str) -> AsyncIterator[Sample]:
+    """The same over a raw `docker exec -i cat` (as the session's uid)."""
+    raw_exec = await ctx.docker.containers.container(container_id).exec(
+        ["cat"], stdin=True, user="65534:65534"
+    )
+    raw = raw_exec.start(detach=False)
+    await raw._init()
+    try:
+
         async def theirs() -> float:
             start = time.perf_counter()
             await raw.write_in(b"x")
             await raw.read_out()
             return (time.perf_counter() - start) * 1000
 
+        yield theirs
+    finally:
+        await raw.close()
+
+
+async def _round_trip(ctx: BenchContext, session_id: str, container_id: str) -> Metric:
+    async with interact_echo(ctx, session_id) as ours, raw_echo(ctx, container_id) as theirs:
         o, r = await interleave(ctx, ours, theirs)
         return latency_metric(o, r)
-    finally:
-        requests.queue.put_nowait(P.InteractRequest(close_stdin=P.InteractCloseStdin()))
-        requests.queue.put_nowait(None)
-        call.cancel()
-        await raw.close()
 
 
 async def _raw_stream(ctx: BenchContext, container_id: str) -> float:

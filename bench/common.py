@@ -279,6 +279,7 @@ __all__ = [
     "MB",
     "BenchContext",
     "Metric",
+    "Sample",
     "Stubs",
     "default_spec",
     "interleave",
