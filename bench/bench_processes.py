@@ -2,6 +2,8 @@
 
 - `interact_round_trip`: one stdin byte to its echo on an open Interact stream running `cat`,
   against the same on a raw `docker exec -i cat` stream (p50 ms; target ratio at most 1.0).
+  Its extra `grpc_unary_floor_p50` is a unary health check's p50 (ms) right after: what one
+  gRPC exchange with this server costs before any sandbox work.
 - `interact_stdout_throughput`: a 16 MB stdout stream through Interact, against a raw exec
   streaming the same command (median MB/s; target ratio at least 1.0).
 - `attach_process_throughput`: a 16 MB background process followed live with AttachProcess
@@ -15,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import time
 from collections.abc import AsyncIterator
 
 from google.protobuf import duration_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sandboxd.v1 import common_pb2, process_pb2
 
 from bench.common import (
@@ -29,6 +33,7 @@ from bench.common import (
     latency_metric,
     mb_per_s,
     throughput_metric,
+    timed_ms,
 )
 
 P = process_pb2
@@ -107,7 +112,16 @@ async def raw_echo(ctx: BenchContext, container_id: str) -> AsyncIterator[Sample
 async def _round_trip(ctx: BenchContext, session_id: str, container_id: str) -> Metric:
     async with interact_echo(ctx, session_id) as ours, raw_echo(ctx, container_id) as theirs:
         o, r = await interleave(ctx, ours, theirs)
-        return latency_metric(o, r)
+    metric = latency_metric(o, r)
+    # For the reading: the same number of unary health checks right after, the floor of one
+    # gRPC request and answer through this server (interceptors included) and this client.
+    health = health_pb2_grpc.HealthStub(ctx.channel)
+    floor = [
+        await timed_ms(lambda: health.Check(health_pb2.HealthCheckRequest()))
+        for _ in range(ctx.warmup + ctx.rounds)
+    ][ctx.warmup :]
+    metric.extra["grpc_unary_floor_p50"] = round(statistics.median(floor), 3)
+    return metric
 
 
 async def _raw_stream(ctx: BenchContext, container_id: str) -> float:

@@ -105,6 +105,17 @@ async def _load(args: argparse.Namespace) -> None:
 
                 from bench import bench_processes
 
+                async def export_archive() -> None:
+                    from sandboxd.v1 import snapshot_pb2_grpc
+
+                    from bench import bench_archive
+
+                    if not archive:
+                        await bench_archive._fill_session(ctx, sid)
+                        archive.append(b"filled")
+                    snaps = snapshot_pb2_grpc.SnapshotServiceStub(channel)
+                    await bench_archive._export_count(snaps, sid)
+
                 async def interact_stream() -> None:
                     await bench_processes._interact_stream(ctx, sid)
 
@@ -112,10 +123,13 @@ async def _load(args: argparse.Namespace) -> None:
                     await bench_processes._attach_stream(ctx, sid)
 
                 archive: list[bytes] = []
-                if args.operation == "import_archive":
-                    await import_archive()  # fill and export before sampling starts
+                if args.operation in ("import_archive", "export_archive"):
+                    # fill (and export) before sampling starts
+                    fill = import_archive if args.operation == "import_archive" else export_archive
+                    await fill()
                 ops: dict[str, Callable[[], Awaitable[None]]] = {
                     "import_archive": import_archive,
+                    "export_archive": export_archive,
                     "exec_stream": exec_stream,
                     "interact_stream": interact_stream,
                     "attach_stream": attach_stream,
@@ -179,6 +193,7 @@ def main() -> int:
             "run_true",
             "create_cold",
             "import_archive",
+            "export_archive",
         ],
     )
     parser.add_argument("--seconds", type=int, default=15)
