@@ -105,9 +105,10 @@ class Server:
         if not self.port:
             raise RuntimeError("sandboxd did not start:\n" + "".join(self.lines[-50:]))
 
-    def rss_mib(self) -> float:
+    def rss_mib(self, key: str = "VmRSS") -> float:
+        """VmRSS now (or VmHWM: the peak since start, or since bench_archive reset it)."""
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        kib = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
+        kib = int(re.search(rf"{key}:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
         return kib / 1024
 
     async def stop(self) -> None:
@@ -236,6 +237,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 results["server_idle_rss"] = {
                     "mib": round(idle_rss, 1),
                     "after_bench_mib": round(server.rss_mib(), 1),
+                    "peak_mib": round(server.rss_mib("VmHWM"), 1),
                     "full_bench": only is None,
                 }
             finally:
@@ -326,6 +328,8 @@ def print_table(results: dict[str, Any]) -> None:
                 f"{name:<28}{mib:>10.1f}{'':>10}{'MiB':>7}{'':>8}"
                 f"  < {target:g}  {'ok' if met else 'MISSED'}"
             )
+        if "peak_mib" in rss:
+            print(f"{'server_rss_peak':<28}{rss['peak_mib']:>10.1f}{'':>10}{'MiB':>7}")
         if not rss.get("full_bench", True):
             print("(server_rss_after_bench: after the selected modules only, not the full bench)")
 
