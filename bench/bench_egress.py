@@ -2,8 +2,10 @@
 
 The proxy is the server's own `EgressProxy` (same parsing, name check, static-map lookup,
 address check and relay), run with a local upstream on its own event loop in a thread, as it
-runs in the server process; the client is the benchmark's loop. Raw is the same client talking
-to the same upstream directly, in the same rounds. Only loopback is used.
+runs in the server process; the client is the benchmark's loop and reaches it over a loopback
+listener (in a session, the agent's channel carries the connection instead; that hop is not
+measured here). Raw is the same client talking to the same upstream directly, in the same
+rounds. Only loopback is used.
 
     egress_connect_latency   open + CONNECT + first echoed byte, vs open + first echoed byte
     egress_tunnel_throughput MB/s of a download through a tunnel, vs the same download direct
@@ -82,7 +84,7 @@ async def _upstream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
 async def run(ctx: BenchContext) -> dict[str, Metric]:
     with _Host() as host:
 
-        async def start() -> tuple[asyncio.Server, EgressProxy, int]:
+        async def start() -> tuple[asyncio.Server, EgressProxy, asyncio.Server, int]:
             upstream = await asyncio.start_server(_upstream, "127.0.0.1", 0)
             port = upstream.sockets[0].getsockname()[1]
             quotas = dataclasses.replace(
@@ -97,15 +99,20 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
                 # The server never dials loopback; the benchmark's upstream can only be there.
                 protected=Protected(host_addresses=frozenset, always=()),
             )
-            await proxy.start("127.0.0.1", 0)
-            return upstream, proxy, port
+            # The proxy has no listener of its own (the server hands it each `egress` stream of
+            # the agent's channel): a loopback listener hands it the benchmark's connections.
+            listener = await asyncio.start_server(
+                proxy.accept, "127.0.0.1", 0, limit=EgressProxy.read_limit
+            )
+            return upstream, proxy, listener, port
 
-        upstream, proxy, port = await host.call(start)
+        upstream, proxy, listener, port = await host.call(start)
+        proxy_address = listener.sockets[0].getsockname()[:2]
         try:
             connect = f"CONNECT up.bench:{port} HTTP/1.1\r\n\r\n".encode()
 
             async def open_tunnel() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-                r, w = await asyncio.open_connection(*proxy.address, limit=CHUNK)
+                r, w = await asyncio.open_connection(*proxy_address, limit=CHUNK)
                 w.write(connect)
                 status = await r.readuntil(b"\r\n\r\n")
                 if not status.startswith(b"HTTP/1.1 200"):
@@ -151,6 +158,7 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
         finally:
 
             async def stop() -> None:
+                listener.close()
                 await proxy.close()
                 upstream.close()
                 await upstream.wait_closed()

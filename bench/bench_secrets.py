@@ -122,7 +122,7 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
         upstream = await remote.call(serve)
         port = upstream.sockets[0].getsockname()[1]
 
-        async def start() -> EgressProxy:
+        async def start() -> tuple[EgressProxy, asyncio.Server]:
             quotas = dataclasses.replace(
                 ResolvedQuotas.of(DEFAULT_QUOTAS), max_bytes_up=1 << 50, max_requests=1 << 40
             )
@@ -146,10 +146,14 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
                 protected=Protected(host_addresses=frozenset, always=()),
                 interceptor=Interceptor("bench", "t", (binding,), False, vault, upstream_ctx),
             )
-            await proxy.start("127.0.0.1", 0)
-            return proxy
+            # No listener of its own (the agent's channel hands it connections): a loopback one.
+            listener = await asyncio.start_server(
+                proxy.accept, "127.0.0.1", 0, limit=EgressProxy.read_limit
+            )
+            return proxy, listener
 
-        proxy = await host.call(start)
+        proxy, listener = await host.call(start)
+        proxy_address = listener.sockets[0].getsockname()[:2]
         assert proxy.interceptor is not None
         client_ctx = ssl.create_default_context(cafile=str(ca_file))
         client_ctx.load_verify_locations(cadata=proxy.interceptor.ca.pem.decode())
@@ -157,7 +161,7 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
         try:
 
             async def open_via(name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-                r, w = await asyncio.open_connection(*proxy.address, limit=CHUNK)
+                r, w = await asyncio.open_connection(*proxy_address, limit=CHUNK)
                 w.write(f"CONNECT {name}:{port} HTTP/1.1\r\n\r\n".encode())
                 status = await r.readuntil(b"\r\n\r\n")
                 if not status.startswith(b"HTTP/1.1 200"):
@@ -211,6 +215,7 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
         finally:
 
             async def stop() -> None:
+                listener.close()
                 await proxy.close()
 
             async def stop_upstream() -> None:

@@ -9,7 +9,8 @@ import or raises is reported and skipped, its metrics are simply missing), calls
 shared context, and writes every metric to `bench/results.json` as
 `{"ours": x, "raw": y, "ratio": x / y, "unit": ...}`. A name that an earlier module already
 produced is ignored with a warning: pick your own names (`bench_core.py` owns
-`create_session_cold`, `create_session_warm`, `run_true` and `exec_stream_throughput`).
+`create_session_cold`, `create_session_warm`, `time_to_interactive`, `run_true` and
+`exec_stream_throughput`).
 
 Fairness rules for a module:
 - compare against the same operation done directly with `ctx.docker` (one long-lived aiodocker
@@ -279,6 +280,7 @@ __all__ = [
     "MB",
     "BenchContext",
     "Metric",
+    "Sample",
     "Stubs",
     "default_spec",
     "interleave",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -69,7 +70,7 @@ async def _load(args: argparse.Namespace) -> None:
                 pool_size=POOL_SIZE,
             )
             limits = common_pb2.ResourceLimits(output_bytes=16 * 1024 * 1024)
-            async with ctx.session(limits=limits) as s:
+            async with ctx.session(limits=limits) as s, contextlib.AsyncExitStack() as stack:
                 sid = s.session_id
 
                 async def exec_stream() -> None:
@@ -102,15 +103,46 @@ async def _load(args: argparse.Namespace) -> None:
                         bench_archive._import_requests(sid, archive[0])
                     )
 
+                from bench import bench_processes
+
+                async def export_archive() -> None:
+                    from sandboxd.v1 import snapshot_pb2_grpc
+
+                    from bench import bench_archive
+
+                    if not archive:
+                        await bench_archive._fill_session(ctx, sid)
+                        archive.append(b"filled")
+                    snaps = snapshot_pb2_grpc.SnapshotServiceStub(channel)
+                    await bench_archive._export_count(snaps, sid)
+
+                async def interact_stream() -> None:
+                    await bench_processes._interact_stream(ctx, sid)
+
+                async def attach_stream() -> None:
+                    await bench_processes._attach_stream(ctx, sid)
+
                 archive: list[bytes] = []
-                if args.operation == "import_archive":
-                    await import_archive()  # fill and export before sampling starts
+                if args.operation in ("import_archive", "export_archive"):
+                    # fill (and export) before sampling starts
+                    fill = import_archive if args.operation == "import_archive" else export_archive
+                    await fill()
                 ops: dict[str, Callable[[], Awaitable[None]]] = {
                     "import_archive": import_archive,
+                    "export_archive": export_archive,
                     "exec_stream": exec_stream,
+                    "interact_stream": interact_stream,
+                    "attach_stream": attach_stream,
                     "run_true": run_true,
                     "create_cold": create,
                 }
+                if args.operation == "interact_round_trip":
+                    echo = await stack.enter_async_context(bench_processes.interact_echo(ctx, sid))
+
+                    async def round_trip() -> None:
+                        await echo()
+
+                    ops["interact_round_trip"] = round_trip
                 op = ops[args.operation]
                 spy = await asyncio.create_subprocess_exec(
                     shutil.which("py-spy") or str(REPO / ".venv" / "bin" / "py-spy"),
@@ -152,7 +184,17 @@ def top(path: str, n: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "operation", choices=["exec_stream", "run_true", "create_cold", "import_archive"]
+        "operation",
+        choices=[
+            "exec_stream",
+            "interact_stream",
+            "attach_stream",
+            "interact_round_trip",
+            "run_true",
+            "create_cold",
+            "import_archive",
+            "export_archive",
+        ],
     )
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--output", default="/tmp/sandboxd-profile.txt")

@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 from conftest import REPO, remove_owned_containers
 
-CORE = ("create_session_cold", "create_session_warm", "run_true", "exec_stream_throughput")
+CORE = (
+    "create_session_cold",
+    "create_session_warm",
+    "time_to_interactive",
+    "run_true",
+    "exec_stream_throughput",
+)
 
 
 def test_bench_runner_writes_results(tmp_path: Path) -> None:
@@ -44,6 +50,11 @@ def test_bench_runner_writes_results(tmp_path: Path) -> None:
         assert m["ratio"] == pytest.approx(m["ours"] / m["raw"], rel=0.01)
         assert m["unit"] in ("ms", "MB/s")
     assert results["server_idle_rss"]["mib"] > 0
+    assert results["server_idle_rss"]["after_bench_mib"] > 0
+    # Each row with a target carries its verdict; time to interactive is an absolute bound.
+    assert results["targets"]["run_true"]["target"] == "<= 0.5"
+    assert results["targets"]["time_to_interactive"]["target"] == "ours <= 20 ms"
+    assert isinstance(results["targets"]["time_to_interactive"]["met"], bool)
     assert "create_session_warm" in proc.stdout  # the table
     for owner in (results["server_owner"], results["raw_owner"]):
         left = subprocess.run(
