@@ -27,7 +27,16 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import IMAGE, ServerProcess, Stubs, expect_error, make_stubs, run, start_server
+from conftest import (
+    IMAGE,
+    ServerProcess,
+    Stubs,
+    error_info,
+    expect_error,
+    make_stubs,
+    run,
+    start_server,
+)
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sandboxd.v1 import admin_pb2, common_pb2, process_pb2, session_pb2
 
@@ -191,6 +200,8 @@ def test_engine_stops_and_starts_again(engine: PrivateEngine, tmp_path: Path) ->
         shell = common_pb2.ShellPolicy(allow=["sh", "echo", "cat", "sleep"])
         old = stubs.sessions.CreateSession(session_pb2.CreateSessionRequest(shell=shell)).session
         assert run(stubs, old.session_id, "echo", "before").stdout == b"before\n"
+        # A session with no command in flight when the engine goes.
+        idle = stubs.sessions.CreateSession(session_pb2.CreateSessionRequest(shell=shell)).session
 
         # A command in flight when the engine goes: its call must end, not hang.
         ended: list[object] = []
@@ -229,11 +240,20 @@ def test_engine_stops_and_starts_again(engine: PrivateEngine, tmp_path: Path) ->
         )
         assert took < 6, f"CreateSession took {took:.1f} s to fail during the outage"
         took = timed_error(
-            lambda: run(stubs, old.session_id, "echo", "during"),
+            lambda: run(stubs, idle.session_id, "echo", "during"),
             grpc.StatusCode.UNAVAILABLE,
             "ENGINE_UNAVAILABLE",
         )
         assert took < 6, f"Run took {took:.1f} s to fail during the outage"
+        # The session whose command was in flight saw its container stopped by the engine on
+        # its way down (the engine still answered: not running): lost at once, truthfully, or
+        # the engine unavailable if the engine was gone before the check.
+        with pytest.raises(grpc.RpcError) as during:
+            run(stubs, old.session_id, "echo", "during")
+        assert (during.value.code(), error_info(during.value).reason) in (  # type: ignore[attr-defined]
+            (grpc.StatusCode.UNAVAILABLE, "ENGINE_UNAVAILABLE"),
+            (grpc.StatusCode.FAILED_PRECONDITION, "CONTAINER_LOST"),
+        ), during.value
         expect_error(
             lambda: stubs.admin.GetServerInfo(admin_pb2.GetServerInfoRequest()),
             grpc.StatusCode.UNAVAILABLE,
@@ -248,16 +268,21 @@ def test_engine_stops_and_starts_again(engine: PrivateEngine, tmp_path: Path) ->
         new = stubs.sessions.CreateSession(session_pb2.CreateSessionRequest(shell=shell)).session
         assert run(stubs, new.session_id, "echo", "after").stdout == b"after\n"
 
-        # The old container did not survive the engine restart: a clear, lasting error.
-        for _ in range(2):
-            expect_error(
-                lambda: run(stubs, old.session_id, "echo", "lost"),
-                grpc.StatusCode.FAILED_PRECONDITION,
-                "CONTAINER_LOST",
+        # The old containers did not survive the engine restart: a clear, lasting error.
+        for gone in (old, idle):
+            for _ in range(2):
+                expect_error(
+                    lambda: run(stubs, gone.session_id, "echo", "lost"),  # noqa: B023
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    "CONTAINER_LOST",
+                )
+            got = stubs.sessions.GetSession(
+                session_pb2.GetSessionRequest(session_id=gone.session_id)
             )
-        got = stubs.sessions.GetSession(session_pb2.GetSessionRequest(session_id=old.session_id))
-        assert got.session.state == session_pb2.SESSION_STATE_FAILED
-        stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=old.session_id))
+            assert got.session.state == session_pb2.SESSION_STATE_FAILED
+            stubs.sessions.DeleteSession(
+                session_pb2.DeleteSessionRequest(session_id=gone.session_id)
+            )
         stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=new.session_id))
         assert engine.docker("ps", "-aq").stdout.split() == []
     finally:
