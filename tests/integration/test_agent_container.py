@@ -13,7 +13,6 @@ import asyncio
 import json
 import sys
 import uuid
-import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -158,11 +157,7 @@ async def agent(tier: str, identity: str) -> AsyncIterator[tuple[Channel, Docker
     channel: Channel | None = None
     try:
         volume = HelperVolume(REPO / "build" / "sbx")
-        with warnings.catch_warnings():
-            # aiohttp warns that a body over 1 MiB given as bytes may block the loop: the
-            # helper's tar is (HelperVolume passes bytes to put_archive); once per volume.
-            warnings.simplefilter("ignore", ResourceWarning)
-            await volume.ensure(docker, IMAGE)
+        await volume.ensure(docker, IMAGE)
         container = await docker.containers.create(
             {
                 "Image": IMAGE,

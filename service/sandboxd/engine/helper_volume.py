@@ -91,7 +91,9 @@ class HelperVolume:
             )
             try:
                 if await _archived_file(filler, "/h/sbx") != data:
-                    payload = _single_file_tar("sbx", data, 0o755)
+                    # A file object: aiohttp streams it (raw bytes over 1 MiB, as the helper
+                    # now is, would be sent in one blocking write, and warned about).
+                    payload = io.BytesIO(_single_file_tar("sbx", data, 0o755))
                     await filler.put_archive("/h", payload)  # type: ignore[no-untyped-call]
             finally:
                 await filler.delete(force=True)
