@@ -283,6 +283,11 @@ def malformed(duration: tuple[int, int]) -> bool:
 DOCUMENTED = {
     "AttachProcess.stdout_offset": grpc.StatusCode.OUT_OF_RANGE,  # past the end of the output
     "AttachProcess.stderr_offset": grpc.StatusCode.OUT_OF_RANGE,
+    # A valid port or lifetime on this suite's server, which serves no previews: PREVIEWS_DISABLED
+    # (a bad one is still INVALID_ARGUMENT: checked before whether previews are served).
+    "PublishPort.port": grpc.StatusCode.FAILED_PRECONDITION,
+    "PublishPort.ttl": grpc.StatusCode.FAILED_PRECONDITION,
+    "PublishPort.public": grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

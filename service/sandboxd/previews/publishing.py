@@ -99,9 +99,11 @@ class Previews:
     async def publish(
         self, session_id: str, port: int, ttl_s: float | None, public: bool
     ) -> Preview:
-        self._enabled()
+        # The request's own faults first (INVALID_ARGUMENT whatever the server serves), then
+        # whether this server serves previews at all.
         self._port(port)
         ttl = self._ttl(ttl_s)
+        self._enabled()
         if public and not tenancy.current_grants().preview_public:
             raise PermissionDenied(
                 "a public preview needs the operator's preview_public grant for this tenant",
