@@ -134,7 +134,7 @@ class ProcessManager:
                     reason=Reason.PROCESS_ALREADY_EXISTS,
                     metadata={"process_id": pid},
                 )
-            await asyncio.shield(proc.running)
+            await self._started(proc)
             return proc
         self._make_room(procs)
         self._reserve_buffers(procs, options.buffer_bytes)
@@ -145,12 +145,29 @@ class ProcessManager:
             self._run(session, proc, hold or contextlib.nullcontext()), name=f"process {pid}"
         )
         try:
-            await asyncio.shield(proc.running)
+            await self._started(proc)
         except SandboxError:
             if procs.get(pid) is proc:
                 del procs[pid]
             raise
         return proc
+
+    @staticmethod
+    async def _started(proc: BackgroundProcess) -> None:
+        """Wait until the process runs. Its start ended by the session's end (DeleteSession or
+        the lease racing this call cancels it) is an answer, never a call left unanswered."""
+        try:
+            await asyncio.shield(proc.running)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if proc.running.cancelled() and (task is None or not task.cancelling()):
+                raise FailedPrecondition(
+                    f"the session {proc.session_id!r} ended while process "
+                    f"{proc.process_id!r} was starting",
+                    reason=Reason.SESSION_NOT_RUNNING,
+                    metadata={"session_id": proc.session_id, "process_id": proc.process_id},
+                ) from None
+            raise
 
     @staticmethod
     def _forget_old_exited(procs: dict[str, BackgroundProcess]) -> None:

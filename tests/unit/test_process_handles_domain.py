@@ -4,6 +4,9 @@ that ends early leaves a killed record, and ListProcesses still lists background
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import types
 from collections.abc import AsyncIterator
 
 import pytest
@@ -87,3 +90,32 @@ async def test_stdin_calls_on_a_process_without_open_stdin() -> None:
     bg = BackgroundProcess("s", "bg", _spec())
     pm._by_session["s"]["bg"] = bg
     await pm.close_stdin("s", "bg")  # a background process whose stdin is closed: a no-op
+
+
+class _NeverStarts:
+    """An executor whose command never gets going (its sandbox is being removed)."""
+
+    detached = None
+
+    def start(
+        self, *args: object, **kwargs: object
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        @contextlib.asynccontextmanager
+        async def hang() -> AsyncIterator[None]:
+            await asyncio.Event().wait()
+            yield
+
+        return hang()
+
+
+async def test_a_start_racing_the_sessions_end_is_answered() -> None:
+    """Found by the fuzzer in CI: DeleteSession racing StartProcess cancelled the start, and the
+    StartProcess call got no answer until its deadline. It is SESSION_NOT_RUNNING now."""
+    pm = ProcessManager(executor=_NeverStarts())  # type: ignore[arg-type]
+    session = types.SimpleNamespace(session_id="s", container_id="c")
+    start = asyncio.create_task(pm.start(session, _spec(), "p-1"))  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    await pm.end_session("s")
+    with pytest.raises(FailedPrecondition) as info:
+        await asyncio.wait_for(start, 5)
+    assert info.value.reason == "SESSION_NOT_RUNNING"

@@ -7,6 +7,7 @@ the caller gets a fixed "internal error" message, never the exception text.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -98,6 +99,14 @@ async def _answered(context: Ctx, where: str) -> AsyncIterator[None]:
         await abort(context, exc)
     except grpc.aio.AbortError:
         raise
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise  # this call was cancelled (its client, its deadline, the server stopping)
+        # Something else's cancellation leaked into the call (a future another task ended):
+        # re-raised, the call would get no answer until its deadline. A bug, answered.
+        log.error("a cancellation that was not this call's reached %s", where, exc_info=True)
+        await abort(context, _INTERNAL)
     except Exception:
         log.exception("unexpected error in %s", where)
         await abort(context, _INTERNAL)
