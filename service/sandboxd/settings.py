@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import logging
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -20,7 +21,18 @@ from typing import Any
 
 from sandboxd.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
+
+# Settings an earlier release had, by name, with why they went: a configuration file that
+# still sets one loads (with a warning) rather than stopping a server at its upgrade.
+RETIRED: dict[str, str] = {
+    "egress_allow_unfiltered": (
+        "sandboxes have no network interface: egress always goes through the proxy over the "
+        "agent's channel, so there is no unfiltered mode to allow"
+    ),
+}
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgG]i?[bB]?|[bB])?\s*$")
 _SIZE_UNITS = {"": 1, "b": 1, "k": KiB, "m": MiB, "g": GiB}
@@ -275,10 +287,21 @@ class SettingTable:
                     flat = by_field.get(sub, sub if self.places.get(sub, ("",))[0] == key else "")
                     if flat:
                         found[flat] = (sub_value, f"file {path} [{key}]")
+                    elif f"{key}_{sub}" in RETIRED or sub in RETIRED:
+                        name = f"{key}_{sub}" if f"{key}_{sub}" in RETIRED else sub
+                        log.warning(
+                            "configuration file %s: [%s] %s is retired (%s)",
+                            path,
+                            key,
+                            sub,
+                            RETIRED[name],
+                        )
                     else:
                         unknown.append(f"{key}.{sub}")
             elif key in self.places:
                 found[key] = (value, f"file {path}")
+            elif key in RETIRED:
+                log.warning("configuration file %s: %s is retired (%s)", path, key, RETIRED[key])
             else:
                 unknown.append(key)
         if unknown:

@@ -408,3 +408,15 @@ def test_root_keeper_refused_from_every_source(spelling: str) -> None:
         load_config([*H, "--keeper-user", spelling], env={})
     with pytest.raises(ConfigError, match="keeper_user"):
         load_config(H, env={"SANDBOXD_KEEPER_USER": spelling})
+
+
+@pytest.mark.parametrize(
+    "text", ["egress_allow_unfiltered = true\n", "[egress]\nallow_unfiltered = true\n"]
+)
+def test_a_retired_setting_in_the_file_loads_with_a_warning(
+    tmp_path: Path, text: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An upgraded server keeps starting with its old file; the log says what went and why."""
+    path = _toml(tmp_path, text)
+    load_config([*H, "--config", str(path)], env={})
+    assert "allow_unfiltered is retired" in caplog.text
