@@ -51,3 +51,23 @@ async def test_the_calls_own_cancellation_goes_through() -> None:
     with pytest.raises(asyncio.CancelledError):
         await call
     assert context.status is None
+
+
+def test_a_status_quoting_a_long_name_fits_a_clients_trailer_limit() -> None:
+    """Found in CI: a refused archive member's 4 KiB name, quoted in the message and again in
+    the details, made trailers over a client's 8 KiB limit: the client saw 'Stream removed'
+    instead of the refusal. Every status now fits, whatever it quotes."""
+    import base64
+    import urllib.parse
+
+    from sandboxd.errors import InvalidArgument
+
+    name = "\u00e9/" * 3000  # long, and non-ASCII: percent-encoding triples each byte
+    exc = InvalidArgument(f"archive member {name!r}: too deep", metadata={"member": name})
+    status = errors.to_status(exc)
+    trailers = dict(status.trailing_metadata)
+    details = trailers["grpc-status-details-bin"]
+    encoded = urllib.parse.quote(status.details, safe=" ")
+    size = len(encoded) + len(base64.b64encode(details)) + 200  # other trailers, generously
+    assert size < 8 * 1024, size
+    assert status.details.startswith("archive member") and status.details.endswith("\u2026")

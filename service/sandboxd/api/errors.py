@@ -56,6 +56,20 @@ def status_code_for(exc: errors.SandboxError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+# A status travels in trailers (grpc-message, and grpc-status-details-bin with the message
+# again): clients refuse trailers over 8 KiB by default ("Stream removed"), so a message that
+# quotes a caller's 4 KiB path, or metadata that does, is cut to fit.
+MAX_MESSAGE_BYTES = 1024  # UTF-8; percent-encoded in grpc-message, at most 3 KiB there
+MAX_METADATA_VALUE_BYTES = 256
+
+
+def _bounded(text: str, limit: int) -> str:
+    raw = text.encode("utf-8", "surrogateescape")
+    if len(raw) <= limit:
+        return text
+    return raw[: limit - 3].decode("utf-8", "ignore") + "\u2026"  # the ellipsis is 3 bytes
+
+
 def to_status(exc: errors.SandboxError) -> grpc.Status:
     if isinstance(exc, errors.Internal) and exc is not _INTERNAL:
         # An engine answer we did not expect: its text is for the operator's log (it may name
@@ -63,16 +77,19 @@ def to_status(exc: errors.SandboxError) -> grpc.Status:
         log.error("internal error: %s", exc.message)
         exc = _INTERNAL
     code = status_code_for(exc)
-    info = error_details_pb2.ErrorInfo(
-        reason=exc.reason, domain=DOMAIN, metadata=error_details.metadata(exc.metadata)
-    )
+    metadata = {
+        k: _bounded(v, MAX_METADATA_VALUE_BYTES)
+        for k, v in error_details.metadata(exc.metadata).items()
+    }
+    info = error_details_pb2.ErrorInfo(reason=exc.reason, domain=DOMAIN, metadata=metadata)
     details = [any_pb2.Any()]
     details[0].Pack(info)
     retry = error_details.retry_info(exc.reason)
     if retry is not None:
         details.append(any_pb2.Any())
         details[-1].Pack(retry)
-    proto = status_pb2.Status(code=code.value[0], message=exc.message, details=details)
+    message = _bounded(exc.message, MAX_MESSAGE_BYTES)
+    proto = status_pb2.Status(code=code.value[0], message=message, details=details)
     return rpc_status.to_status(proto)
 
 
