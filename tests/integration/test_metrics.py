@@ -66,14 +66,17 @@ def test_metrics_count_sessions_rpcs_and_output(observed: tuple[ServerProcess, S
     with pytest.raises(grpc.RpcError):
         stubs.sessions.GetSession(session_pb2.GetSessionRequest(session_id="no-such-session"))
 
+    missing = (
+        'sandboxd_rpc_duration_seconds_count{code="NOT_FOUND",method="SessionService/GetSession"}'
+    )
+    # A call is counted as its handler ends, which may be a moment after its caller has the
+    # answer (seen once in CI under load): wait for the count rather than race it.
+    assert wait_until(lambda: f"\n{missing} " in scrape(srv), timeout=10)
+    assert value(scrape(srv), missing) >= 1
     text = scrape(srv)
     assert value(text, 'sandboxd_sessions{state="RUNNING"}') >= 1
     create = 'sandboxd_rpc_duration_seconds_count{code="OK",method="SessionService/CreateSession"}'
     assert value(text, create) >= 1
-    missing = (
-        'sandboxd_rpc_duration_seconds_count{code="NOT_FOUND",method="SessionService/GetSession"}'
-    )
-    assert value(text, missing) >= 1
     assert value(text, 'sandboxd_exec_output_bytes_total{stream="stdout"}') >= 5
     assert value(text, 'sandboxd_exec_output_bytes_total{stream="stderr"}') >= 3
     assert value(text, "sandboxd_pool_available") == 0
