@@ -421,8 +421,9 @@ static void open_attach(uint32_t id, const struct jval *req)
 	out_json(F_OPEN_OK, id, &b);
 }
 
-/* Send a detached process's output to a stream attached to it. */
-static void attach_pump(struct stream *s)
+/* Send a detached process's output to a stream attached to it. Returns
+ * false when the stream was reset (and freed): the caller must not touch it. */
+static bool attach_pump(struct stream *s)
 {
 	struct cmd *c = s->cmd;
 	for (int k = 1; k <= 2; k++) {
@@ -430,7 +431,7 @@ static void attach_pump(struct stream *s)
 		while (s->cursor[k] < r->end && s->send_credit > 0 && out_room()) {
 			if (s->cursor[k] < ring_start(r)) {
 				stream_reset(s, "GAP", "output overwritten before it was sent; attach again");
-				return;
+				return false;
 			}
 			size_t pos = (size_t)(s->cursor[k] % r->cap);
 			uint64_t n = r->end - s->cursor[k];
@@ -446,6 +447,7 @@ static void attach_pump(struct stream *s)
 			s->send_credit -= (int64_t)n;
 		}
 	}
+	return true;
 }
 
 static void open_processes(uint32_t id)
@@ -982,8 +984,7 @@ static void pump_streams(void)
 		if (!s->established)
 			continue;
 		if (s->kind == K_ATTACH || (s->kind == K_EXEC && s->cmd && s->cmd->detached)) {
-			attach_pump(s);
-			if (stream_find(s->id) != s)
+			if (!attach_pump(s))
 				continue;
 			struct cmd *c = s->cmd;
 			if (cmd_output_done(c) && s->cursor[1] == c->ring[1].end &&

@@ -502,6 +502,44 @@ def test_detached_ring_keeps_the_newest_bytes(agent: AgentProcess) -> None:
     assert output(frames) == b"a" * 1021 + b"END"
 
 
+def test_a_reader_overrun_by_the_ring_is_reset_and_the_agent_goes_on(
+    agent: AgentProcess,
+) -> None:
+    """A detached exec's own stream falls behind its ring (the server gives no window back)
+    and is reset with GAP. Found by ASan in CI: the agent read the freed stream right after
+    resetting it; this makes that path happen every time."""
+    agent.hello(window=1024)
+    sid = agent.open(
+        "exec",
+        argv=[SH, "-c", "head -c 20000 /dev/zero | tr '\\0' a; printf END"],
+        env={},
+        detach={"id": "fast", "buffer": 1024},
+    )
+    assert agent.read().type == OPEN_OK
+    mine: list[Frame] = []
+    deadline = time.monotonic() + 10
+    while True:
+        agent.send(encode_json(OPEN, agent.open_id(), {"kind": "processes"}))
+        listed = agent.read_until(lambda f: f.type == OPEN_OK and "processes" in f.json())
+        mine += [f for f in listed if f.stream == sid]
+        if listed[-1].json()["processes"][0]["end"]["1"] >= 20003:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # Whether the ring overran the stream while it still had window, or only once the
+    # window came back, the stream ends with GAP.
+    agent.send(window(sid, 1 << 20))
+    if not any(f.type == RESET for f in mine):
+        mine += agent.stream_frames(sid)
+    assert mine[-1].type == RESET and mine[-1].json()["error"] == "GAP", mine
+    # The agent is whole: the process attaches again from its ring, and a command runs.
+    att = agent.open("attach", id="fast", offsets={"1": 0, "2": 0})
+    opened = agent.read_until(lambda f: f.stream == att)[-1]
+    assert opened.type == OPEN_OK and opened.json()["start"]["1"] == 20003 - 1024
+    assert output(agent.stream_frames(att)).endswith(b"END")
+    assert exit_of(run(agent, "exit 3"))["exit_code"] == 3
+
+
 def test_detached_errors_and_signal_through_attach(agent: AgentProcess) -> None:
     agent.hello()
     agent.open("exec", argv=["/bin/sleep", "30"], env={}, detach={"id": "d"})
