@@ -129,60 +129,42 @@ def tool_argv(cwd: str, argv: Sequence[str]) -> list[str]:
     return ["run", "--clean-env", "--cwd", cwd, "--", *argv]
 
 
+# How each errno-like name the file subcommands report reaches the caller: the error class,
+# the reason, and the message after the path ("{message}" is the helper's own text).
+_FILE_ERRORS: dict[str, tuple[type[SandboxError], Reason, str]] = {
+    "ENOENT": (NotFound, Reason.FILE_NOT_FOUND, "no such file or directory"),
+    "ENOTDIR": (FailedPrecondition, Reason.NOT_A_DIRECTORY, "not a directory"),
+    "EISDIR": (FailedPrecondition, Reason.IS_A_DIRECTORY, "is a directory"),
+    "EEXIST": (AlreadyExists, Reason.FILE_EXISTS, "already exists"),
+    "ENOTEMPTY": (
+        FailedPrecondition,
+        Reason.DIRECTORY_NOT_EMPTY,
+        "directory not empty (set recursive)",
+    ),
+    "ENOSPC": (NoRoom, Reason.WORKSPACE_FULL, "the workspace is full"),
+    "EACCES": (PermissionDenied, Reason.FILE_PERMISSION_DENIED, "permission denied"),
+    "ESCAPE": (
+        InvalidArgument,
+        Reason.PATH_OUTSIDE_WORKSPACE,
+        "resolves outside /workspace (symlinks are not followed out)",
+    ),
+    "TOO_LARGE": (ResourceExhausted, Reason.FILE_TOO_LARGE, "{message}"),
+    "EINVAL": (InvalidArgument, Reason.PATH_INVALID, "{message}"),
+}
+
+
 def file_error(result: HelperResult, path: str) -> SandboxError:
     """A file subcommand's failure as the domain error a caller should see."""
     err = result.error
     if err is None:
         return Internal(f"file helper failed (exit {result.exit_code}): {result.stderr_text[:500]}")
-    meta = {"path": path}
     shown = path if path != "." else "/workspace"
-    match err.name:
-        case "ENOENT":
-            return NotFound(
-                f"{shown}: no such file or directory", reason=Reason.FILE_NOT_FOUND, metadata=meta
-            )
-        case "ENOTDIR":
-            return FailedPrecondition(
-                f"{shown}: not a directory", reason=Reason.NOT_A_DIRECTORY, metadata=meta
-            )
-        case "EISDIR":
-            return FailedPrecondition(
-                f"{shown}: is a directory", reason=Reason.IS_A_DIRECTORY, metadata=meta
-            )
-        case "EEXIST":
-            return AlreadyExists(
-                f"{shown}: already exists", reason=Reason.FILE_EXISTS, metadata=meta
-            )
-        case "ENOTEMPTY":
-            return FailedPrecondition(
-                f"{shown}: directory not empty (set recursive)",
-                reason=Reason.DIRECTORY_NOT_EMPTY,
-                metadata=meta,
-            )
-        case "ENOSPC":
-            return NoRoom(
-                f"{shown}: the workspace is full", reason=Reason.WORKSPACE_FULL, metadata=meta
-            )
-        case "EACCES":
-            return PermissionDenied(
-                f"{shown}: permission denied", reason=Reason.FILE_PERMISSION_DENIED, metadata=meta
-            )
-        case "ESCAPE":
-            return InvalidArgument(
-                f"{shown}: resolves outside /workspace (symlinks are not followed out)",
-                reason=Reason.PATH_OUTSIDE_WORKSPACE,
-                metadata=meta,
-            )
-        case "TOO_LARGE":
-            return ResourceExhausted(
-                f"{shown}: {err.message}", reason=Reason.FILE_TOO_LARGE, metadata=meta
-            )
-        case "EINVAL":
-            return InvalidArgument(
-                f"{shown}: {err.message}", reason=Reason.PATH_INVALID, metadata=meta
-            )
-        case _:
-            return Internal(f"{shown}: {err.message or err.name}")
+    known = _FILE_ERRORS.get(err.name)
+    if known is None:
+        return Internal(f"{shown}: {err.message or err.name}")
+    cls, reason, text = known
+    text = text.replace("{message}", err.message)
+    return cls(f"{shown}: {text}", reason=reason, metadata={"path": path})
 
 
 def tool_error(what: str, tool: str, result: HelperResult, path: str) -> SandboxError:
