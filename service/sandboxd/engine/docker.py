@@ -26,7 +26,7 @@ from aiodocker.execs import Exec
 
 from sandboxd import images
 from sandboxd.agent.router import AgentRouter, ChannelSettings
-from sandboxd.engine import compat, docker_build, docker_pull, docker_stats
+from sandboxd.engine import compat, docker_build, docker_networks, docker_pull, docker_stats
 from sandboxd.engine.docker_attach import DockerAgentPort, exec_over_agent
 from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_exec import DockerExecStream
@@ -36,6 +36,7 @@ from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
     ExecStream,
     ImageDetails,
+    NetworkInfo,
     PullProgress,
     SandboxInfo,
     SandboxRequest,
@@ -388,6 +389,19 @@ class DockerEngine:
         with self._translate("listing images"):
             found = await self.docker.images.list(filters=filters)
         return [str(i.get("Id", "")) for i in found if i.get("Id")]
+
+    # ----- leftover networks (sandboxd.engine.docker_networks) ---------------------------
+
+    async def list_networks(self, owner_id: str) -> list[NetworkInfo]:
+        with self._translate("listing networks"):
+            return await docker_networks.owned(self.docker, owner_id)
+
+    async def remove_network(self, network_id: str) -> None:
+        try:
+            with self._translate(f"removing network {network_id[:12]}"):
+                await docker_networks.remove(self.docker, network_id)
+        except NotFound:
+            pass
 
     def _container(self, sandbox_id: str) -> DockerContainer:
         return self.docker.containers.container(sandbox_id)

@@ -61,6 +61,16 @@ class SandboxInfo:
 
 
 @dataclass(frozen=True)
+class NetworkInfo:
+    """A network labelled with this server's owner id: servers before egress went over the
+    agent's channel made one per ALLOWLIST session (`sandboxd-net-<owner>-<session>`)."""
+
+    network_id: str
+    name: str
+    containers: int = 0  # attached now: one in use is never removed
+
+
+@dataclass(frozen=True)
 class SandboxStats:
     """One reading of a sandbox's resource use (the engine's stats API)."""
 
@@ -206,6 +216,16 @@ class Engine(Protocol):
 
     async def list_images(self, owner_id: str) -> list[str]:
         """Ids of the images labelled with this owner id."""
+        ...
+
+    # ----- leftover networks (servers before egress over the agent) ---------------------
+
+    async def list_networks(self, owner_id: str) -> list[NetworkInfo]:
+        """The networks labelled with this owner id, with how many containers each holds."""
+        ...
+
+    async def remove_network(self, network_id: str) -> None:
+        """One already gone is not an error."""
         ...
 
     # ----- observation (session stats and events) ------------------------------------------
