@@ -6,6 +6,7 @@ the others say which session, pool generation or snapshot an object belongs to.
 
 from __future__ import annotations
 
+LABEL_PREFIX = "io.sandboxd."  # every key below, and the templates' (templates/builds.py)
 LABEL_OWNER = "io.sandboxd.owner"
 LABEL_SESSION = "io.sandboxd.session"
 LABEL_FINGERPRINT = "io.sandboxd.fingerprint"

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -26,7 +25,14 @@ from aiodocker.execs import Exec
 
 from sandboxd import images
 from sandboxd.agent.router import AgentRouter, ChannelSettings
-from sandboxd.engine import compat, docker_build, docker_networks, docker_pull, docker_stats
+from sandboxd.engine import (
+    compat,
+    docker_build,
+    docker_commit,
+    docker_networks,
+    docker_pull,
+    docker_stats,
+)
 from sandboxd.engine.docker_attach import DockerAgentPort, exec_over_agent
 from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_exec import DockerExecStream
@@ -44,7 +50,7 @@ from sandboxd.engine.protocol import (
     SandboxStatus,
 )
 from sandboxd.engine.runsc_leftovers import end_leftovers
-from sandboxd.errors import FailedPrecondition, Internal, NotFound, SandboxError
+from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 
@@ -52,8 +58,6 @@ from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 # command, bounded by its own timeout).
 _ENGINE_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=5, sock_connect=5)
 REMOVE_TIMEOUT_S = 20.0
-
-log = logging.getLogger(__name__)
 
 
 class DockerEngine:
@@ -338,42 +342,11 @@ class DockerEngine:
     async def commit_sandbox(
         self, sandbox_id: str, repository: str, tag: str, labels: Mapping[str, str]
     ) -> str:
-        """Freeze the sandbox's filesystem into an image; returns the new image's id.
-
-        Docker's commit merges the committed container's config (Env, Cmd, User, Labels...)
-        into the image and no key can be taken back out: a commit of the sandbox itself would
-        hand its session's env (secrets, placeholders, proxy), its agent command and its user
-        to every session started from the image. The sandbox's root filesystem is read-only
-        (a checked control): its changes live only in tmpfs mounts a commit never holds. So a
-        stand-in created from the sandbox's own image with that image's config, never started,
-        is committed: the same filesystem, the image's own config, plus `labels`."""
-        with self._translate(f"inspecting container {sandbox_id[:12]}"):
-            info = await self._container(sandbox_id).show()
-        if not (info.get("HostConfig") or {}).get("ReadonlyRootfs"):
-            raise Internal(f"container {sandbox_id[:12]} has a writable root: not committed")
-        image_id = str(info.get("Image", ""))
-        with self._translate(f"inspecting image {image_id[:19]}"):
-            image = await self.docker.images.inspect(image_id)
-        with self._translate(f"committing container {sandbox_id[:12]}"):
-            stand_in = await self.docker.containers.create(
-                commit_stand_in(image_id, image.get("Config") or {}),
-                name=f"{repository}-{tag}",
-            )
-        try:
-            with self._translate(f"committing container {sandbox_id[:12]}"):
-                result = await stand_in.commit(
-                    repository=repository, tag=tag, config={"Labels": dict(labels)}, pause=False
-                )
-        finally:
-            await asyncio.shield(self._remove_stand_in(stand_in))
-        return str(result.get("Id", ""))
-
-    async def _remove_stand_in(self, container: DockerContainer) -> None:
-        try:
-            with self._translate(f"removing container {container.id[:12]}"):
-                await container.delete(force=True)
-        except SandboxError as exc:  # never started, no processes: only a name left behind
-            log.warning("commit stand-in %s not removed: %s", container.id[:12], exc)
+        """Freeze the sandbox's filesystem into an image (`docker_commit`: a stand-in is
+        committed, so that the image carries none of the sandbox's runtime config)."""
+        return await docker_commit.commit(
+            self.docker, self._translate, sandbox_id, repository, tag, labels
+        )
 
     async def remove_image(self, image: str) -> None:
         """Remove an image; one already gone is not an error. A refusal (in use) is
@@ -435,13 +408,3 @@ class DockerEngine:
     async def prune_images(self, labels: Mapping[str, str]) -> None:
         with self._translate("pruning images"):
             await docker_build.prune(self.docker, labels)
-
-
-def commit_stand_in(image_id: str, image_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The create request of a commit's stand-in: the image alone, so that every field of its
-    config is the image's. Docker refuses a container without a command: an image that has
-    none gets a placeholder, the one thing of the stand-in its commit keeps."""
-    config: dict[str, Any] = {"Image": image_id}
-    if not image_config.get("Cmd") and not image_config.get("Entrypoint"):
-        config["Cmd"] = ["true"]
-    return config

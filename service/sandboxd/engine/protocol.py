@@ -207,7 +207,9 @@ class Engine(Protocol):
     async def commit_sandbox(
         self, sandbox_id: str, repository: str, tag: str, labels: Mapping[str, str]
     ) -> str:
-        """Freeze the sandbox's filesystem into an image; returns the image id."""
+        """Freeze the sandbox's filesystem into an image; returns the image id. The image
+        carries its base image's config and `labels`, nothing of the sandbox's own (its env,
+        command, user, labels), and no sandboxd label of the base that `labels` does not set."""
         ...
 
     async def remove_image(self, image: str) -> None:
