@@ -353,6 +353,10 @@ class FakeEngine:
         self.images[image_id] = dict(labels)
         return image_id
 
+    async def remove_commit_leftovers(self, owner_id: str) -> list[str]:
+        self._call("remove_commit_leftovers")
+        return []  # the fake's commit leaves nothing behind
+
     async def remove_image(self, image: str) -> None:
         self._call("remove_image")
         self.images.pop(image, None)

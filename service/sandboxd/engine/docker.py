@@ -87,6 +87,7 @@ class DockerEngine:
         self._pool_size = pool_size
         self._docker: aiodocker.Docker | None = None
         self.api_version = ""
+        self._committing: set[str] = set()  # names of the commit stand-ins in use now
         # With an agent, sandboxes run `sbx agent` and commands go over its channel.
         self.agents = AgentRouter(DockerAgentPort(self), agent) if agent is not None else None
 
@@ -345,7 +346,12 @@ class DockerEngine:
         """Freeze the sandbox's filesystem into an image (`docker_commit`: a stand-in is
         committed, so that the image carries none of the sandbox's runtime config)."""
         return await docker_commit.commit(
-            self.docker, self._translate, sandbox_id, repository, tag, labels
+            self.docker, self._translate, sandbox_id, repository, tag, labels, self._committing
+        )
+
+    async def remove_commit_leftovers(self, owner_id: str) -> list[str]:
+        return await docker_commit.leftovers(
+            self.docker, self._translate, owner_id, self._committing
         )
 
     async def remove_image(self, image: str) -> None:

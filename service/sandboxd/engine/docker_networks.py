@@ -3,7 +3,7 @@
 Sessions have had no network since egress went over the agent's channel; servers before that
 made one internal network per ALLOWLIST session, labelled like its container. A server
 upgraded from one finds them at start and removes those no container holds
-(sandboxd.sessions.leftover_networks).
+(sandboxd.sessions.leftovers).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""An older server's session networks: removed at reconcile when ours and unused, on the fake."""
+"""What an older or dead server left (session networks, commit stand-ins): removed at
+reconcile when ours and unused, on the fake."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ async def test_only_this_owners_unused_session_networks_go(
             "n4": ("sandboxd-net-unlabelled", {}, 0),
             "n5": ("an-operators-net", {"io.sandboxd.owner": OWNER}, 0),  # not one we named
         }
-        with caplog.at_level(logging.INFO, logger="sandboxd.sessions.leftover_networks"):
+        with caplog.at_level(logging.INFO, logger="sandboxd.sessions.leftovers"):
             await st.sessions.reconcile()
         assert set(st.engine.networks) == {"n2", "n3", "n4", "n5"}
         assert f"removed leftover network {OWN}-s1" in caplog.text
@@ -46,3 +47,15 @@ async def test_a_failed_removal_is_tried_again(tmp_path: Path) -> None:
         assert "n1" in st.engine.networks
         await st.sessions.reconcile()
         assert st.engine.networks == {}
+
+
+async def test_a_failed_stand_in_cleanup_is_tried_again(tmp_path: Path) -> None:
+    async with session_stack(tmp_path) as st:
+        st.engine.fail("remove_commit_leftovers", EngineUnavailable("engine went away"))
+        await st.sessions.reconcile()
+        st.engine.calls.clear()
+        await st.sessions.reconcile()
+        assert "remove_commit_leftovers" in st.engine.calls
+        st.engine.calls.clear()
+        await st.sessions.reconcile()
+        assert "remove_commit_leftovers" not in st.engine.calls

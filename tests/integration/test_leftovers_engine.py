@@ -1,5 +1,6 @@
-"""A server upgraded from one that made a network per ALLOWLIST session removes those it
-left behind, at start: only its own (owner label and name), only those no container uses."""
+"""What an older or a dead server left behind is removed at start: the networks of a server
+that made one per ALLOWLIST session (only its own by owner label and name, only those no
+container uses), and the never-started stand-ins of commits cut short (only its own)."""
 
 from __future__ import annotations
 
@@ -54,5 +55,28 @@ def test_own_unused_session_networks_are_removed_at_start(tmp_path: Path, made: 
         assert not _exists(gone), server.log()
         assert f"removed leftover network {gone}" in server.log()
         assert _exists(in_use) and _exists(theirs) and _exists(unlabelled)
+    finally:
+        server.stop()
+
+
+def _container_exists(name: str) -> bool:
+    return _docker("container", "inspect", name, check=False).returncode == 0
+
+
+def test_own_commit_stand_ins_left_by_a_dead_server_are_removed_at_start(
+    tmp_path: Path, made: list[str]
+) -> None:
+    owner = "standin" + secrets.token_hex(4)
+    other = "standother" + secrets.token_hex(4)
+    ours = f"sandboxd-snapshot-{owner}-snap-0123456789abcdef"
+    theirs = f"sandboxd-snapshot-{other}-snap-0123456789abcdef"
+    for name, of in ((ours, owner), (theirs, other)):
+        _docker("create", "--name", name, "--label", f"io.sandboxd.commit-of={of}", IMAGE, "true")
+        made.append(name)
+    server = start_server(tmp_path, owner)
+    try:
+        assert not _container_exists(ours), server.log()
+        assert f"removed the stand-in {ours}" in server.log()
+        assert _container_exists(theirs)
     finally:
         server.stop()
