@@ -15,6 +15,7 @@ import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from agent_pipes import PipeTransport, agent_process
 from sandboxd.agent.channel import Channel
 from sandboxd.agent.egress_route import EgressAcceptor, peer_open_handler
 from sandboxd.egress.proxy import EgressProxy
@@ -28,28 +29,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-class PipeTransport:
-    """The channel's Transport over a child's stdin/stdout."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdin is not None and proc.stdout is not None
-        self._proc = proc
-        self._in = proc.stdin
-        self._out = proc.stdout
-
-    async def read(self) -> bytes | None:
-        chunk = await self._out.read(1 << 16)
-        return chunk or None
-
-    async def write(self, data: bytes) -> None:
-        self._in.write(data)
-        await self._in.drain()
-
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._in.close()
 
 
 class OneSession:
@@ -83,35 +62,23 @@ async def agent_front(
 ) -> AsyncIterator[tuple[str, int]]:
     """The agent's egress listener, its streams served by `proxy` through a real Channel."""
     port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        str(HELPER),
-        "--root",
-        str(tmp),
-        "agent",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        env={"PATH": "/usr/bin:/bin"},
-    )
     endpoints = OneSession(proxy, port)
-    channel = Channel(
-        PipeTransport(proc),
-        name="egress-test",
-        window=window,
-        handshake_s=5.0,
-        resend_s=0.2,
-        egress_port=endpoints.egress_port(session_id),
-        on_peer_open=peer_open_handler(endpoints, session_id),
-    )
-    try:
-        hello = await channel.start()
-        assert hello.pid > 0
-        yield "127.0.0.1", port
-    finally:
-        await channel.close()
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
+    async with agent_process(HELPER, tmp, {"PATH": "/usr/bin:/bin"}) as proc:
+        channel = Channel(
+            PipeTransport(proc, close_stdin=True),
+            name="egress-test",
+            window=window,
+            handshake_s=5.0,
+            resend_s=0.2,
+            egress_port=endpoints.egress_port(session_id),
+            on_peer_open=peer_open_handler(endpoints, session_id),
+        )
+        try:
+            hello = await channel.start()
+            assert hello.pid > 0
+            yield "127.0.0.1", port
+        finally:
+            await channel.close()
 
 
 @contextlib.asynccontextmanager

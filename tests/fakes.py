@@ -28,6 +28,7 @@ from typing import Any
 from sandboxd.engine.protocol import (
     BuildLimits,
     ImageDetails,
+    NetworkInfo,
     PullProgress,
     SandboxInfo,
     SandboxRequest,
@@ -198,6 +199,8 @@ class FakeEngine:
         # A registry the fake pulls from: pullable reference -> (digest, layer sizes).
         self.remote: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.digests: dict[str, str] = {}  # image name -> registry digest once pulled
+        # Networks (as an older server left them): id -> (name, labels, containers attached).
+        self.networks: dict[str, tuple[str, dict[str, str], int]] = {}
 
     # ----- test hooks ---------------------------------------------------------------------
 
@@ -350,6 +353,10 @@ class FakeEngine:
         self.images[image_id] = dict(labels)
         return image_id
 
+    async def remove_commit_leftovers(self, owner_id: str) -> list[str]:
+        self._call("remove_commit_leftovers")
+        return []  # the fake's commit leaves nothing behind
+
     async def remove_image(self, image: str) -> None:
         self._call("remove_image")
         self.images.pop(image, None)
@@ -361,6 +368,21 @@ class FakeEngine:
         ]
 
     # ----- observation ---------------------------------------------------------------------
+
+    async def list_networks(self, owner_id: str) -> list[NetworkInfo]:
+        self._call("list_networks")
+        return [
+            NetworkInfo(network_id=nid, name=name, containers=held)
+            for nid, (name, labels, held) in self.networks.items()
+            if labels.get("io.sandboxd.owner") == owner_id
+        ]
+
+    async def remove_network(self, network_id: str) -> None:
+        self._call("remove_network")
+        held = self.networks.get(network_id, ("", {}, 0))[2]
+        if held:
+            raise Internal(f"network {network_id} has active endpoints")
+        self.networks.pop(network_id, None)
 
     def set_stats(self, sandbox_id: str, stats: SandboxStats) -> None:
         self.stats[sandbox_id] = stats

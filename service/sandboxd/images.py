@@ -1,7 +1,7 @@
 """Which images a session may run: the operator's allowlist, pure and table-tested.
 
 Without it a caller could run any image the engine holds: unrelated local images, and other
-tenants' snapshot images, whose committed config keeps that session's environment. An image
+tenants' snapshot images (another tenant's session frozen into an image). An image
 passes when its reference matches a pattern of the allowlist (the server's `image_allowlist`,
 or the tenant's own from the tokens file), or when it is one of the calling tenant's own
 snapshot images (by full id, or an id prefix of at least 12 hex digits). Images that declare

@@ -6,11 +6,14 @@ the others say which session, pool generation or snapshot an object belongs to.
 
 from __future__ import annotations
 
+LABEL_PREFIX = "io.sandboxd."  # every key below, and the templates' (templates/builds.py)
 LABEL_OWNER = "io.sandboxd.owner"
 LABEL_SESSION = "io.sandboxd.session"
 LABEL_FINGERPRINT = "io.sandboxd.fingerprint"
 LABEL_POOL = "io.sandboxd.pool"
 LABEL_SNAPSHOT = "io.sandboxd.snapshot"
+# On the never-started container an IMAGE snapshot is committed from (engine/docker_commit.py).
+LABEL_COMMIT_OF = "io.sandboxd.commit-of"
 # On snapshots (not engine objects): set on those the server takes by itself, and on a fork's
 # own record of the snapshot it started from.
 LABEL_AUTO = "io.sandboxd.auto"

@@ -1,78 +1,44 @@
 """The server's channel (service/sandboxd/agent/) against the real agent (`sbx agent`, built
 from helper/*.c) over pipes: the two implementations of docs/agent.md checked against each
-other without Docker. Outside a PID namespace the agent is a child subreaper, which is all
-these need."""
+other without Docker (the agent over pipes: tests/agent_pipes.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
+import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from agent_pipes import PipeTransport, agent_process
+from agent_wire import build_helper
 from sandboxd.agent.channel import Channel, State
 from sandboxd.agent.exec_stream import AgentExec, exec_request
 from sandboxd.errors import SandboxError
 
-REPO = Path(__file__).resolve().parents[2]
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
 @pytest.fixture(scope="module")
-def agent_binary() -> AsyncIterator[Path]:
+def agent_binary() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="sbx-agent-"))
-    out = d / "sbx"
-    sources = sorted(str(p) for p in (REPO / "helper").glob("*.c"))
-    cp = subprocess.run(
-        ["gcc", "-static", "-O2", "-o", str(out), *sources], capture_output=True, text=True
-    )
-    assert cp.returncode == 0, cp.stderr
-    yield out  # type: ignore[misc]
-    out.unlink()
-    d.rmdir()
-
-
-class PipeTransport:
-    """The agent's stdin and stdout as the channel's transport."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdin is not None and proc.stdout is not None
-        self._proc = proc
-        self._in = proc.stdin
-        self._out = proc.stdout
-
-    async def read(self) -> bytes | None:
-        chunk = await self._out.read(65536)
-        return chunk or None
-
-    async def write(self, data: bytes) -> None:
-        self._in.write(data)
-        await self._in.drain()
-
-    async def close(self) -> None:
-        pass  # the test ends the process itself
+    try:
+        out = d / "sbx"
+        problem = build_helper(out, asan=False)
+        assert problem is None, problem
+        yield out
+    finally:
+        shutil.rmtree(d)
 
 
 @pytest.fixture
 async def agent(agent_binary: Path, tmp_path: Path) -> AsyncIterator[asyncio.subprocess.Process]:
     root = tmp_path / "ws"
     root.mkdir()
-    proc = await asyncio.create_subprocess_exec(
-        str(agent_binary),
-        "--root",
-        str(root),
-        "agent",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        env=ENV,
-    )
-    yield proc
-    proc.kill()
-    await proc.wait()
+    async with agent_process(agent_binary, root, ENV) as proc:
+        yield proc
 
 
 async def _channel(proc: asyncio.subprocess.Process, **kw: float) -> Channel:

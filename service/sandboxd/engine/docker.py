@@ -25,7 +25,14 @@ from aiodocker.execs import Exec
 
 from sandboxd import images
 from sandboxd.agent.router import AgentRouter, ChannelSettings
-from sandboxd.engine import compat, docker_build, docker_pull, docker_stats
+from sandboxd.engine import (
+    compat,
+    docker_build,
+    docker_commit,
+    docker_networks,
+    docker_pull,
+    docker_stats,
+)
 from sandboxd.engine.docker_attach import DockerAgentPort, exec_over_agent
 from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_exec import DockerExecStream
@@ -35,6 +42,7 @@ from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
     ExecStream,
     ImageDetails,
+    NetworkInfo,
     PullProgress,
     SandboxInfo,
     SandboxRequest,
@@ -79,6 +87,7 @@ class DockerEngine:
         self._pool_size = pool_size
         self._docker: aiodocker.Docker | None = None
         self.api_version = ""
+        self._committing: set[str] = set()  # names of the commit stand-ins in use now
         # With an agent, sandboxes run `sbx agent` and commands go over its channel.
         self.agents = AgentRouter(DockerAgentPort(self), agent) if agent is not None else None
 
@@ -334,16 +343,16 @@ class DockerEngine:
     async def commit_sandbox(
         self, sandbox_id: str, repository: str, tag: str, labels: Mapping[str, str]
     ) -> str:
-        """docker commit; returns the new image's id.
+        """Freeze the sandbox's filesystem into an image (`docker_commit`: a stand-in is
+        committed, so that the image carries none of the sandbox's runtime config)."""
+        return await docker_commit.commit(
+            self.docker, self._translate, sandbox_id, repository, tag, labels, self._committing
+        )
 
-        Without pausing: a paused container answers every exec with 409 (which must not read
-        as "gone"), and one left paused by a commit cut short would stay frozen. The
-        workspace is a tmpfs the commit does not hold anyway (its tar is taken beside)."""
-        with self._translate(f"committing container {sandbox_id[:12]}"):
-            result = await self._container(sandbox_id).commit(
-                repository=repository, tag=tag, config={"Labels": dict(labels)}, pause=False
-            )
-        return str(result.get("Id", ""))
+    async def remove_commit_leftovers(self, owner_id: str) -> list[str]:
+        return await docker_commit.leftovers(
+            self.docker, self._translate, owner_id, self._committing
+        )
 
     async def remove_image(self, image: str) -> None:
         """Remove an image; one already gone is not an error. A refusal (in use) is
@@ -359,6 +368,19 @@ class DockerEngine:
         with self._translate("listing images"):
             found = await self.docker.images.list(filters=filters)
         return [str(i.get("Id", "")) for i in found if i.get("Id")]
+
+    # ----- leftover networks (sandboxd.engine.docker_networks) ---------------------------
+
+    async def list_networks(self, owner_id: str) -> list[NetworkInfo]:
+        with self._translate("listing networks"):
+            return await docker_networks.owned(self.docker, owner_id)
+
+    async def remove_network(self, network_id: str) -> None:
+        try:
+            with self._translate(f"removing network {network_id[:12]}"):
+                await docker_networks.remove(self.docker, network_id)
+        except NotFound:
+            pass
 
     def _container(self, sandbox_id: str) -> DockerContainer:
         return self.docker.containers.container(sandbox_id)

@@ -61,6 +61,16 @@ class SandboxInfo:
 
 
 @dataclass(frozen=True)
+class NetworkInfo:
+    """A network labelled with this server's owner id: servers before egress went over the
+    agent's channel made one per ALLOWLIST session (`sandboxd-net-<owner>-<session>`)."""
+
+    network_id: str
+    name: str
+    containers: int = 0  # attached now: one in use is never removed
+
+
+@dataclass(frozen=True)
 class SandboxStats:
     """One reading of a sandbox's resource use (the engine's stats API)."""
 
@@ -197,7 +207,14 @@ class Engine(Protocol):
     async def commit_sandbox(
         self, sandbox_id: str, repository: str, tag: str, labels: Mapping[str, str]
     ) -> str:
-        """Freeze the sandbox's filesystem into an image; returns the image id."""
+        """Freeze the sandbox's filesystem into an image; returns the image id. The image
+        carries its base image's config and `labels`, nothing of the sandbox's own (its env,
+        command, user, labels), and no sandboxd label of the base that `labels` does not set."""
+        ...
+
+    async def remove_commit_leftovers(self, owner_id: str) -> list[str]:
+        """Remove what commits of this owner cut short by a dead server left behind (none
+        under way is touched); the names of what was removed, for the log."""
         ...
 
     async def remove_image(self, image: str) -> None:
@@ -206,6 +223,16 @@ class Engine(Protocol):
 
     async def list_images(self, owner_id: str) -> list[str]:
         """Ids of the images labelled with this owner id."""
+        ...
+
+    # ----- leftover networks (servers before egress over the agent) ---------------------
+
+    async def list_networks(self, owner_id: str) -> list[NetworkInfo]:
+        """The networks labelled with this owner id, with how many containers each holds."""
+        ...
+
+    async def remove_network(self, network_id: str) -> None:
+        """One already gone is not an error."""
         ...
 
     # ----- observation (session stats and events) ------------------------------------------

@@ -21,6 +21,7 @@ from sandboxd.models import Session, SessionState
 from sandboxd.pool import WarmPool
 from sandboxd.reasons import Reason
 from sandboxd.sessions.keeper import WorkspaceKeeper
+from sandboxd.sessions.leftovers import remove_leftovers
 from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.sandboxes import Sandboxes
 from sandboxd.store import SessionStore
@@ -101,6 +102,7 @@ class Recovery:
         # server that died left in a workspace (an import's staging folder) is removed then.
         self._started = now()
         self._tidied = False
+        self._leftovers_cleared = False  # an older or dead server's networks, stand-ins
 
     # ----- lost sandboxes -----------------------------------------------------------------
 
@@ -248,6 +250,8 @@ class Recovery:
                 if not claimed:
                     log.info("removing orphan container %s", found.sandbox_id[:12])
                     await self._engine.remove_sandbox(found.sandbox_id)
+        if not self._leftovers_cleared:  # after the orphans that may have held a network
+            self._leftovers_cleared = await remove_leftovers(self._engine, self._owner_id)
         if self._egress is not None:  # proxies first: tidying opens the agents' channels
             await self._reconcile_egress()
         for row in rows:

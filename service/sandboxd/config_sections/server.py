@@ -1,0 +1,146 @@
+"""Sections of the server process itself: its gRPC port and state, the container engine,
+the metrics endpoint and the isolation tiers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandboxd.errors import ConfigError
+from sandboxd.settings import (
+    BOOL,
+    DURATION,
+    INT,
+    OPTIONAL_PATH,
+    PATH,
+    TEXT,
+    host_port_problem,
+    setting,
+)
+
+
+def _keeper_problem(value: str) -> str | None:
+    uid, sep, gid = value.partition(":")
+    if not sep or not uid.isdigit() or not gid.isdigit() or not uid.isascii() or not gid.isascii():
+        return "a numeric non-root uid:gid"
+    if int(uid) == 0 or int(gid) == 0:  # any spelling of root ("00:00", "0:5", "5:000")
+        return "a numeric non-root uid:gid (uid 0 and gid 0 are root)"
+    return None
+
+
+def _owner_problem(value: str) -> str | None:
+    ok = len(value) <= 64 and all(c.isascii() and (c.isalnum() or c in "_.-") for c in value)
+    return None if ok else "letters, digits, '_', '.', '-' only"
+
+
+def _metrics_listen_problem(value: str) -> str | None:
+    return host_port_problem(value, "127.0.0.1:9464") if value else None
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    """The gRPC port, server state and the shape of shutdown."""
+
+    listen: str = setting("127.0.0.1:50051", TEXT, "address to serve gRPC on, host:port")
+    data_dir: Path = setting(Path("./data"), PATH, "session database and server state")
+    owner_id: str = setting(
+        "", TEXT, "label value marking this server's containers", check=_owner_problem
+    )
+    shutdown_grace_s: float = setting(5.0, DURATION, "grace for in-flight RPCs on SIGTERM", lo=0)
+    shutdown_snapshot_s: float = setting(
+        10.0, DURATION, "time SIGTERM gives to snapshotting running sessions (0: none)", lo=0
+    )
+    keepalive_interval_s: float = setting(
+        15.0, DURATION, "keepalive period of quiet process streams", lo=0, lo_open=True
+    )
+    log_level: str = setting(
+        "INFO", TEXT, "DEBUG, INFO, WARNING or ERROR", choices=("DEBUG", "INFO", "WARNING", "ERROR")
+    )
+    log_format: str = setting(
+        "json", TEXT, "json (one object per line) or text", choices=("json", "text")
+    )
+
+
+@dataclass(frozen=True)
+class EngineSection:
+    """The container engine, the runtime image and what runs in each container."""
+
+    docker_host: str = setting(
+        "", TEXT, "Docker engine address, unix:// or tcp:// (else DOCKER_HOST)"
+    )
+    docker_tls_ca: Path | None = setting(
+        None, OPTIONAL_PATH, "PEM CA bundle the tcp:// engine's certificate must chain to"
+    )
+    docker_tls_cert: Path | None = setting(
+        None, OPTIONAL_PATH, "PEM client certificate presented to the tcp:// engine"
+    )
+    docker_tls_key: Path | None = setting(None, OPTIONAL_PATH, "PEM private key of docker_tls_cert")
+    docker_tls_verify: bool = setting(
+        True, BOOL, "check the tcp:// engine's certificate and name (false: encrypted only)"
+    )
+    docker_allow_plain_tcp: bool = setting(
+        False, BOOL, "allow a tcp:// engine without TLS (whoever reaches it owns its host)"
+    )
+    docker_pool_size: int = setting(
+        1024, INT, "connections to the engine (one per open stream)", lo=10
+    )
+    image: str = setting("sandboxd-runtime:busybox", TEXT, "default runtime image of a session")
+    helper: Path = setting(Path(), PATH, "path of the static sbx helper binary mounted in")
+    keeper_user: str = setting(
+        "65533:65533", TEXT, "uid:gid of each container's idle main process", check=_keeper_problem
+    )
+    pool_size: int = setting(
+        0, INT, "warm containers kept for default sessions (0: off)", lo=0, hi=256
+    )
+    engine_check_interval_s: float = setting(
+        2.0, DURATION, "how often the engine is pinged", lo=0, lo_open=True
+    )
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    """The Prometheus endpoint."""
+
+    listen: str = setting(
+        "",
+        TEXT,
+        "Prometheus /metrics address host:port (empty: off)",
+        check=_metrics_listen_problem,
+        flat="metrics_listen",
+    )
+
+
+def _tiers_problem(value: str) -> str | None:
+    from sandboxd.isolation import parse_tiers  # isolation imports nothing from here
+
+    try:
+        parse_tiers(value)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+@dataclass(frozen=True)
+class IsolationSection:
+    """Isolation tiers (runc, gvisor): which a session gets by default and which it may ask."""
+
+    default: str = setting(
+        "runc",
+        TEXT,
+        "tier of a session that does not ask for one: runc or gvisor",
+        check=_tiers_problem,
+        flat="isolation_default",
+    )
+    allowed: str = setting(
+        "runc,gvisor",
+        TEXT,
+        "comma-separated tiers sessions may ask for (those the engine lacks are refused)",
+        check=_tiers_problem,
+        flat="isolation_allowed",
+    )
+    gvisor_runtime: str = setting(
+        "runsc",
+        TEXT,
+        "name of the engine runtime that gives the gvisor tier (see `make gvisor`)",
+        flat="isolation_gvisor_runtime",
+    )

@@ -1,0 +1,163 @@
+"""Sections of what a session gets: resource limits, leases, archives, events, the
+in-sandbox agent and directory watches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sandboxd.config_sections.units import GiB, MiB
+from sandboxd.models import LIMIT_NAMES, Limits
+from sandboxd.settings import (
+    BOOL,
+    DURATION,
+    INT,
+    SIZE,
+    setting,
+)
+
+
+@dataclass(frozen=True)
+class LimitsSection:
+    """Resource limits of a session: what it gets when it asks for none, and the most it may ask."""
+
+    default_memory_bytes: int = setting(256 * MiB, SIZE, "default memory_bytes", lo=6 * MiB)
+    default_cpu_millis: int = setting(500, INT, "default cpu_millis", lo=10)
+    default_pids: int = setting(64, INT, "default pids", lo=1)
+    default_workspace_bytes: int = setting(64 * MiB, SIZE, "default workspace_bytes", lo=1)
+    default_file_bytes: int = setting(1 * MiB, SIZE, "default file_bytes", lo=1)
+    default_output_bytes: int = setting(1 * MiB, SIZE, "default output_bytes", lo=1)
+    default_command_timeout_s: float = setting(
+        10.0, DURATION, "default command_timeout_s", lo=0, lo_open=True
+    )
+    max_memory_bytes: int = setting(2 * GiB, SIZE, "largest memory_bytes", lo=1)
+    max_cpu_millis: int = setting(2000, INT, "largest cpu_millis", lo=1)
+    max_pids: int = setting(512, INT, "largest pids", lo=1)
+    max_workspace_bytes: int = setting(1 * GiB, SIZE, "largest workspace_bytes", lo=1)
+    max_file_bytes: int = setting(16 * MiB, SIZE, "largest file_bytes", lo=1)
+    max_output_bytes: int = setting(16 * MiB, SIZE, "largest output_bytes", lo=1)
+    max_command_timeout_s: float = setting(
+        3600.0, DURATION, "largest command_timeout_s", lo=0, lo_open=True
+    )
+
+    @property
+    def default(self) -> Limits:
+        return Limits(**{n: getattr(self, f"default_{n}") for n in LIMIT_NAMES})
+
+    @property
+    def max(self) -> Limits:
+        return Limits(**{n: getattr(self, f"max_{n}") for n in LIMIT_NAMES})
+
+
+@dataclass(frozen=True)
+class LeasesSection:
+    """How long sessions live and how often expired ones are reaped."""
+
+    default_s: float = setting(
+        900.0, DURATION, "lease of a session that asks for none", flat="lease_default_s"
+    )
+    max_s: float = setting(
+        86400.0, DURATION, "longest lease a session may have", flat="lease_max_s"
+    )
+    reaper_interval_s: float = setting(
+        5.0, DURATION, "how often expired leases are reaped", lo=0, lo_open=True
+    )
+
+
+@dataclass(frozen=True)
+class ArchiveSection:
+    """Archive import and export."""
+
+    max_members: int = setting(
+        100_000, INT, "most members one imported tar may hold", lo=1, flat="archive_max_members"
+    )
+
+
+@dataclass(frozen=True)
+class EventsSection:
+    """Session events (WatchSession, WatchSessions)."""
+
+    lease_warning_s: float = setting(
+        60.0,
+        DURATION,
+        "LEASE_EXPIRING is sent this long before a lease ends",
+        lo=0.1,
+        flat="events_lease_warning",
+    )
+    window: int = setting(
+        1000,
+        INT,
+        "events kept per tenant for a reconnecting watcher",
+        lo=1,
+        hi=100_000,
+        flat="events_window",
+    )
+
+
+@dataclass(frozen=True)
+class AgentSection:
+    """The in-sandbox agent and its channel (docs/agent.md)."""
+
+    enabled: bool = setting(
+        True,
+        BOOL,
+        "run commands through each sandbox's agent (off: docker exec and an idle keeper)",
+        flat="agent",
+    )
+    keepalive_s: float = setting(
+        5.0, DURATION, "agent channel keepalive period", lo=0.1, hi=300, flat="agent_keepalive"
+    )
+    handshake_s: float = setting(
+        10.0,
+        DURATION,
+        "how long an agent may take to answer a new channel epoch",
+        lo=0.5,
+        hi=300,
+        flat="agent_handshake",
+    )
+    window: int = setting(
+        1 * MiB,
+        SIZE,
+        "flow-control window of each agent stream, per direction",
+        lo=4096,
+        hi=16 * MiB,
+        flat="agent_window",
+    )
+    detached_processes: bool = setting(
+        True,
+        BOOL,
+        "background processes kept by the agent through a server crash and restart",
+        flat="agent_detached_processes",
+    )
+
+
+@dataclass(frozen=True)
+class WatchSection:
+    """Directory watches (FilesystemService.WatchDir)."""
+
+    max_per_session: int = setting(
+        64, INT, "open WatchDir streams per session", lo=1, hi=10_000, flat="watch_max_per_session"
+    )
+    coalesce_s: float = setting(
+        0.05,
+        DURATION,
+        "MODIFIED events of one file within this window are sent as one (0: each one)",
+        lo=0,
+        hi=10.0,
+        flat="watch_coalesce",
+    )
+    queue: int = setting(
+        1024,
+        INT,
+        "events a watch holds for a slow client before it drops them for an OVERFLOW event",
+        lo=1,
+        hi=1_000_000,
+        flat="watch_queue",
+    )
+    max_directories: int = setting(
+        8192,
+        INT,
+        "directories one recursive watch may watch (beyond: OVERFLOW)",
+        lo=1,
+        hi=1_000_000,
+        flat="watch_max_directories",
+    )

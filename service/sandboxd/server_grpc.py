@@ -1,0 +1,188 @@
+"""The gRPC server of `serve`: interceptors, servicers, health, reflection and its port.
+
+Servicers get the collaborators built by sandboxd.server_parts; authentication, TLS and the
+stream guards are chosen from the configuration here.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import grpc
+from grpc_health.v1 import health, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
+
+from sandboxd import tenancy
+from sandboxd.api.admin_service import AdminService
+from sandboxd.api.audit_interceptor import AuditInterceptor
+from sandboxd.api.audit_service import AuditService
+from sandboxd.api.auth import AuthInterceptor, LocalTenantInterceptor
+from sandboxd.api.filesystem_service import FilesystemService
+from sandboxd.api.limits import StreamCaps, StreamGuard
+from sandboxd.api.observe import MetricsInterceptor
+from sandboxd.api.process_service import ProcessService
+from sandboxd.api.session_leases import renew_on_activity
+from sandboxd.api.session_previews import PreviewSessionService
+from sandboxd.api.snapshot_service import SnapshotService
+from sandboxd.api.template_service import TemplateService
+from sandboxd.audit import AuditLog
+from sandboxd.config import Config, listens_on_loopback
+from sandboxd.dir_watch import DirWatches
+from sandboxd.errors import ConfigError
+from sandboxd.events.stats import StatsReader
+from sandboxd.server_parts import Parts
+from sandboxd.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    audit_pb2,
+    audit_pb2_grpc,
+    filesystem_pb2,
+    filesystem_pb2_grpc,
+    process_pb2,
+    process_pb2_grpc,
+    session_pb2,
+    session_pb2_grpc,
+    snapshot_pb2,
+    snapshot_pb2_grpc,
+    template_pb2,
+    template_pb2_grpc,
+)
+
+# The server's own log lines keep the logger name operators filter on.
+log = logging.getLogger("sandboxd.server")
+
+SERVICE_NAMES = (
+    session_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
+    process_pb2.DESCRIPTOR.services_by_name["ProcessService"].full_name,
+    filesystem_pb2.DESCRIPTOR.services_by_name["FilesystemService"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+    snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name,
+    audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name,
+    template_pb2.DESCRIPTOR.services_by_name["TemplateService"].full_name,
+)
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
+def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """Every service on one server, not yet listening; its health servicer (the engine
+    monitor and the shutdown drive it)."""
+    p = parts
+    server = grpc.aio.server(
+        interceptors=[
+            # Outermost: times every stream's reads and writes, whatever runs inside.
+            StreamGuard(config.tenancy.stream_idle_timeout_s),
+            MetricsInterceptor(p.metrics),
+            *_interceptors(config),
+            AuditInterceptor(
+                p.audit, p.hub, functools.partial(renew_on_activity, p.sessions, p.terms)
+            ),  # inside authentication: the tenant is known
+            # Innermost: the tenant is known here (set by authentication, or the default).
+            StreamCaps(config.tenancy.max_streams),
+        ],
+        options=[
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    stats = StatsReader(p.engine, p.hub, p.egress.bytes_moved)
+    session_pb2_grpc.add_SessionServiceServicer_to_server(
+        PreviewSessionService(p.sessions, p.hub, stats, p.terms, p.previews), server
+    )
+    process_pb2_grpc.add_ProcessServiceServicer_to_server(
+        ProcessService(p.sessions, p.executor, config, p.processes), server
+    )
+    filesystem_pb2_grpc.add_FilesystemServiceServicer_to_server(
+        FilesystemService(
+            p.sessions,
+            p.files,
+            p.transfer,
+            DirWatches(p.files.helper, p.sessions, config.watch),
+        ),
+        server,
+    )
+    snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(
+        SnapshotService(p.sessions, p.archive, p.snapshots), server
+    )
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(
+        AdminService(config, p.engine, p.egress, p.sweeper, tiers=p.tiers, pulls=p.pulls), server
+    )
+    audit_pb2_grpc.add_AuditServiceServicer_to_server(AuditService(AuditLog(p.audit_store)), server)
+    template_pb2_grpc.add_TemplateServiceServicer_to_server(
+        TemplateService(p.templates, config.tenancy.stream_idle_timeout_s), server
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    _add_reflection(server)
+    return server, health_servicer
+
+
+def listen(server: grpc.aio.Server, config: Config) -> int:
+    """Bind the configured address (TLS when a certificate is configured); the port bound."""
+    try:
+        port = _add_port(server, config)
+    except RuntimeError as exc:
+        raise ConfigError(f"cannot listen on {config.server.listen}: {exc}") from None
+    if port == 0:
+        raise ConfigError(f"cannot listen on {config.server.listen} (address in use or invalid)")
+    return port
+
+
+def _add_reflection(server: grpc.aio.Server) -> None:
+    names = (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1)
+    servicer = reflection.aio.ReflectionServicer(names)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+    # v1 and v1alpha share one wire format: serve the same servicer under the v1 name too
+    # (grpcio-reflection ships only v1alpha; grpcurl 1.8 asks v1alpha, newer tools ask v1).
+    v1 = grpc.method_handlers_generic_handler(
+        REFLECTION_V1,
+        {
+            "ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
+                servicer.ServerReflectionInfo,
+                request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+                response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((v1,))
+
+
+def _interceptors(config: Config) -> list[grpc.aio.ServerInterceptor]:
+    """Bearer-token authentication when a tokens file is configured; else one tenant."""
+    if config.tenancy.tokens_file is None:
+        if not listens_on_loopback(config.server.listen):
+            log.warning(
+                "INSECURE: serving %s with no authentication (allow_insecure_public_listen): "
+                "anyone who can reach this port can run commands",
+                config.server.listen,
+            )
+        return [LocalTenantInterceptor(config.egress.private_networks)]
+    tokens = tenancy.load_tokens(config.tenancy.tokens_file)
+    log.info(
+        "authentication on: %d token(s) for %d tenant(s)",
+        len(tokens.entries),
+        len(tokens.tenants),
+    )
+    if config.tenancy.tls_cert is None and not listens_on_loopback(config.server.listen):
+        log.warning(
+            "bearer tokens on %s travel in plaintext: set tls_cert and tls_key",
+            config.server.listen,
+        )
+    return [AuthInterceptor(tokens, config.egress.private_networks)]
+
+
+def _add_port(server: grpc.aio.Server, config: Config) -> int:
+    """TLS when a certificate is configured, mutual TLS when a client CA is too."""
+    if config.tenancy.tls_cert is None or config.tenancy.tls_key is None:
+        return int(server.add_insecure_port(config.server.listen))
+    try:
+        key, cert = config.tenancy.tls_key.read_bytes(), config.tenancy.tls_cert.read_bytes()
+        ca = config.tenancy.tls_client_ca.read_bytes() if config.tenancy.tls_client_ca else None
+    except OSError as exc:
+        raise ConfigError(f"cannot read TLS files: {exc}") from None
+    credentials = grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+    )
+    log.info("TLS on (%s)", "client certificates required" if ca else "server certificate only")
+    return int(server.add_secure_port(config.server.listen, credentials))

@@ -1,0 +1,240 @@
+"""The server's collaborators, built from its configuration: engine, stores, managers.
+
+Whoever creates a resource closes it: each long-lived part is entered into the caller's
+AsyncExitStack (or leaves a close callback there) as it is made, so the stack closes them in
+the reverse order: the audit writer, the pool, the proxies and the engine after the gRPC
+server stopped (sandboxd.server_run), and the engine last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import socket
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from sandboxd import tenancy
+from sandboxd.agent.detached import for_engine as agent_processes
+from sandboxd.agent.router import agent_settings
+from sandboxd.archive import ArchiveIO
+from sandboxd.audit import AuditStore, AuditWriter
+from sandboxd.audit.egress import background_exit, egress_sink, server_lifecycle
+from sandboxd.config import Config
+from sandboxd.egress.addresses import Protected
+from sandboxd.egress.manager import EgressManager, parse_static_hosts
+from sandboxd.egress.resolver import Resolver
+from sandboxd.engine import DockerEngine, Engine, docker_tls
+from sandboxd.events import EventHub, ObservedStore
+from sandboxd.execution import Executor
+from sandboxd.file_transfer import FileTransfer
+from sandboxd.files import Files
+from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
+from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
+from sandboxd.metrics import Metrics
+from sandboxd.pool import WarmPool
+from sandboxd.previews import setup as previews_setup
+from sandboxd.previews.publishing import Previews
+from sandboxd.processes import ProcessManager
+from sandboxd.pulls import Pulls, live_images
+from sandboxd.secrets import vault
+from sandboxd.secrets.setup import SecretsSetup
+from sandboxd.sessions import SessionManager
+from sandboxd.sessions.recovery import ENDED_RETENTION
+from sandboxd.snapshot_store import SnapshotStore
+from sandboxd.snapshots import SnapshotKeeper, Snapshots
+from sandboxd.sweeper import Sweeper
+from sandboxd.templates.builds import Templates, template_in_use
+from sandboxd.templates.store import TemplateStore
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Everything the servicers and the background work are given."""
+
+    owner_id: str
+    metrics: Metrics
+    engine: Engine
+    audit_store: AuditStore | None
+    audit: AuditWriter
+    hub: EventHub
+    tiers: IsolationTiers
+    store: ObservedStore
+    pool: WarmPool
+    egress: EgressManager
+    executor: Executor
+    processes: ProcessManager
+    files: Files
+    archive: ArchiveIO
+    terms: LeaseTermsStore
+    pulls: Pulls
+    templates: Templates
+    sessions: SessionManager
+    snapshots: Snapshots
+    previews: Previews
+    transfer: FileTransfer
+    sweeper: Sweeper
+
+
+async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
+    metrics = Metrics()
+    engine_address = docker_tls.from_settings(config.engine)  # checked by validate already
+    docker = await stack.enter_async_context(
+        DockerEngine(
+            config.engine.docker_host,
+            config.engine.docker_pool_size,
+            helper_path=config.engine.helper,
+            keeper_user=config.engine.keeper_user,
+            on_error=metrics.engine_error,
+            gvisor_runtime=config.isolation.gvisor_runtime,
+            address=engine_address,
+            agent=agent_settings(config),
+        )
+    )
+    engine: Engine = docker
+    audit_store = (
+        await stack.enter_async_context(AuditStore(config.server.data_dir / "audit.db"))
+        if config.audit.enabled
+        else None
+    )
+    audit = AuditWriter(
+        audit_store,
+        export_path=config.audit.export_path,
+        max_age_s=config.audit.max_age_s,
+        max_bytes=config.audit.max_bytes,
+        batch_window_s=config.audit.batch_window_s,
+        on_event=lambda e: metrics.audited(e.tenant, e.kind, e.attributes),
+    )
+    audit.start()
+    stack.push_async_callback(audit.close)  # after the gRPC server stopped: flush, then close
+    hub = EventHub(config.events.window)
+    tiers = IsolationTiers(
+        parse_tier(config.isolation.default), parse_tiers(config.isolation.allowed)
+    )
+    store = await stack.enter_async_context(
+        ObservedStore(config.server.data_dir / "sessions.db", hub, server_lifecycle(audit))
+    )
+    pool = WarmPool.for_config(engine, config, owner_id, metrics)
+    stack.push_async_callback(pool.close)  # after the gRPC server stopped, before the engine
+    # Proxies close before the engine. Sandboxes have no network: their agents carry egress
+    # over the channels to these proxies (docs/agent.md).
+    egress = await stack.enter_async_context(
+        EgressManager(
+            engine,
+            owner_id,
+            proxy_port=config.egress.proxy_port,
+            channels=docker.agents.open if docker.agents is not None else None,
+            on_decision=metrics.proxy_decision,
+            on_event=egress_sink(audit, hub),
+            resolver=Resolver(
+                parse_static_hosts(config.egress.proxy_hosts),
+                threads=config.egress.resolver_threads,
+                timeout_s=config.egress.dns_timeout_s,
+            ),
+            protected=await _protected(config),
+            private_networks_granted=_private_networks_grant(config),
+            secrets=SecretsSetup(
+                vault.configure(config.egress.secrets_key_file, config.egress.secrets_file),
+                config.egress.upstream_ca_file,
+                metrics.secret_event,
+            ),
+        )
+    )
+    if docker.agents is not None:
+        docker.agents.egress = egress  # the agents' egress streams go to these proxies
+    detached = agent_processes(engine) if config.agent.detached_processes else None
+    executor = Executor(engine, detached=detached)
+    stack.push_async_callback(executor.close)
+    processes = ProcessManager(executor, on_exit=background_exit(audit, hub))
+    stack.push_async_callback(processes.close)  # before executor.close awaits the kills
+    files = Files(engine)
+    archive = ArchiveIO(
+        engine, files, config.archive.max_members, spool_dir=config.server.data_dir / "spool"
+    )
+    snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
+    keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
+    terms = await LeaseTermsStore(store.db).open()
+    pulls = Pulls(config, engine, live_images=lambda: live_images(store))
+    stack.push_async_callback(pulls.close)
+    templates = Templates(
+        config,
+        engine,
+        await TemplateStore(store.db).open(),
+        config.server.data_dir / "spool",
+        in_use=functools.partial(template_in_use, store),
+    )
+    stack.push_async_callback(templates.close)
+    preview_parts = await previews_setup.prepare(config, store)
+    sessions = SessionManager(
+        config,
+        engine,
+        store,
+        owner_id,
+        keeper,
+        pool=pool,
+        egress=egress,
+        on_session_end=[processes.end_session, preview_parts.end_session],
+        on_expiry=ExpiryPolicy(terms, keeper, store, suspend_for=ENDED_RETENTION),
+        tiers=tiers,
+        pulls=pulls,
+        templates=templates,
+    )
+    snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
+    previews = await stack.enter_async_context(
+        previews_setup.serve(
+            preview_parts,
+            config,
+            engine=engine,
+            store=store,
+            sessions=sessions,
+            metrics_registry=metrics.registry,
+            audit=audit.record_nowait,
+        )
+    )
+    return Parts(
+        owner_id=owner_id,
+        metrics=metrics,
+        engine=engine,
+        audit_store=audit_store,
+        audit=audit,
+        hub=hub,
+        tiers=tiers,
+        store=store,
+        pool=pool,
+        egress=egress,
+        executor=executor,
+        processes=processes,
+        files=files,
+        archive=archive,
+        terms=terms,
+        pulls=pulls,
+        templates=templates,
+        sessions=sessions,
+        snapshots=snapshots,
+        previews=previews,
+        transfer=FileTransfer(files.helper, config.tenancy.stream_idle_timeout_s),
+        sweeper=Sweeper(sessions, engine, owner_id, snapshots, pulls=pulls),
+    )
+
+
+async def _protected(config: Config) -> Protected:
+    """Addresses the egress proxy never dials: the listeners' and the engine's (by name too)."""
+    hosts = [config.server.listen.rpartition(":")[0], config.metrics.listen.rpartition(":")[0]]
+    if config.engine.docker_host.startswith("tcp://"):
+        engine_host = urlsplit(config.engine.docker_host).hostname or ""
+        hosts.append(engine_host)
+        with contextlib.suppress(OSError, UnicodeError):
+            infos = await asyncio.to_thread(socket.getaddrinfo, engine_host, None)
+            hosts += [str(info[4][0]) for info in infos]
+    return Protected.of(hosts)
+
+
+def _private_networks_grant(config: Config) -> Callable[[str], bool]:
+    """tenant -> may its sessions reach private networks (tokens-file grant, else setting)."""
+    path = config.tenancy.tokens_file
+    grants = tenancy.load_tokens(path).grants_of if path else (lambda _: tenancy.LOCAL_GRANTS)
+    setting = config.egress.private_networks
+    return lambda tenant: tenancy.private_networks_allowed(setting, grants(tenant))

@@ -1,0 +1,60 @@
+"""What an older or a dead server left on the engine: removed when this one first reaches it.
+
+Networks: before egress went over the agent's channel every ALLOWLIST session had its own
+Docker network, `sandboxd-net-<owner>-<session>`, labelled with the owner id like its
+container. Sessions have no network now, so nothing removes those of a server upgraded in
+place. Only networks carrying this server's owner label AND that name are touched (never
+another owner's, never an unlabelled one), and only when no container is attached to them.
+
+Commit stand-ins: the never-started container an IMAGE snapshot is committed from, left by a
+server that died mid-commit (the engine finds them by their own label).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sandboxd.engine.protocol import Engine
+from sandboxd.errors import SandboxError
+
+log = logging.getLogger(__name__)
+
+NAME_PREFIX = "sandboxd-net-"
+
+
+async def remove_leftovers(engine: Engine, owner_id: str) -> bool:
+    """Remove this owner's leftovers; True when none is left to try again (a network still
+    in use, by a sandbox of the older server, is tried at each reconcile until that sandbox
+    is gone)."""
+    done = True
+    try:
+        for name in await engine.remove_commit_leftovers(owner_id):
+            log.info("removed the stand-in %s of a commit cut short", name)
+    except SandboxError as exc:
+        log.warning("commit leftovers not removed: %s", exc)
+        done = False
+    return await _remove_networks(engine, owner_id) and done
+
+
+async def _remove_networks(engine: Engine, owner_id: str) -> bool:
+    done = True
+    prefix = f"{NAME_PREFIX}{owner_id}-"
+    for network in await engine.list_networks(owner_id):
+        if not network.name.startswith(prefix):
+            continue
+        if network.containers:
+            log.info(
+                "leftover network %s kept: %d container(s) still attached",
+                network.name,
+                network.containers,
+            )
+            done = False
+            continue
+        try:
+            await engine.remove_network(network.network_id)
+        except SandboxError as exc:
+            log.warning("leftover network %s not removed: %s", network.name, exc)
+            done = False
+            continue
+        log.info("removed leftover network %s (made by an older server)", network.name)
+    return done

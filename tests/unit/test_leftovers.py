@@ -1,0 +1,61 @@
+"""What an older or dead server left (session networks, commit stand-ins): removed at
+reconcile when ours and unused, on the fake."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from sandboxd.errors import EngineUnavailable
+from session_stack import OWNER, session_stack
+
+OWN = "sandboxd-net-" + OWNER
+
+
+async def test_only_this_owners_unused_session_networks_go(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with session_stack(tmp_path) as st:
+        ours = {"io.sandboxd.owner": OWNER, "io.sandboxd.session": "s1"}
+        st.engine.networks = {
+            "n1": (f"{OWN}-s1", ours, 0),
+            "n2": (f"{OWN}-s2", ours, 1),  # a sandbox of the older server still on it
+            "n3": ("sandboxd-net-other-s1", {"io.sandboxd.owner": "other"}, 0),
+            "n4": ("sandboxd-net-unlabelled", {}, 0),
+            "n5": ("an-operators-net", {"io.sandboxd.owner": OWNER}, 0),  # not one we named
+        }
+        with caplog.at_level(logging.INFO, logger="sandboxd.sessions.leftovers"):
+            await st.sessions.reconcile()
+        assert set(st.engine.networks) == {"n2", "n3", "n4", "n5"}
+        assert f"removed leftover network {OWN}-s1" in caplog.text
+        # The one still in use is tried again at the next reconcile, once its sandbox is gone.
+        name, labels, _ = st.engine.networks["n2"]
+        st.engine.networks["n2"] = (name, labels, 0)
+        await st.sessions.reconcile()
+        assert set(st.engine.networks) == {"n3", "n4", "n5"}
+        st.engine.calls.clear()
+        await st.sessions.reconcile()
+        assert "list_networks" not in st.engine.calls  # nothing left: not asked again
+
+
+async def test_a_failed_removal_is_tried_again(tmp_path: Path) -> None:
+    async with session_stack(tmp_path) as st:
+        st.engine.networks = {"n1": (f"{OWN}-s1", {"io.sandboxd.owner": OWNER}, 0)}
+        st.engine.fail("remove_network", EngineUnavailable("engine went away"))
+        await st.sessions.reconcile()
+        assert "n1" in st.engine.networks
+        await st.sessions.reconcile()
+        assert st.engine.networks == {}
+
+
+async def test_a_failed_stand_in_cleanup_is_tried_again(tmp_path: Path) -> None:
+    async with session_stack(tmp_path) as st:
+        st.engine.fail("remove_commit_leftovers", EngineUnavailable("engine went away"))
+        await st.sessions.reconcile()
+        st.engine.calls.clear()
+        await st.sessions.reconcile()
+        assert "remove_commit_leftovers" in st.engine.calls
+        st.engine.calls.clear()
+        await st.sessions.reconcile()
+        assert "remove_commit_leftovers" not in st.engine.calls
