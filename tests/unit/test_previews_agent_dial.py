@@ -1,6 +1,6 @@
 """Previews over the agent channel's `dial` streams, at the channel's seam: the real preview
 listener and relay, the server's real channel, and the real agent (`sbx agent` over pipes,
-built from helper/*.c) dialling TCP servers of the test on this machine's loopback; a scripted
+`make helper`'s build/sbx) dialling TCP servers of the test on this machine's loopback; a scripted
 agent where the real one cannot be made to misbehave (an OPEN never answered).
 
 What is checked: an answer comes through byte for byte; nothing listening is 502 (the agent's
@@ -12,77 +12,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import socket
 import struct
-import subprocess
-import tempfile
 import types
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import agent_wire as w
 import pytest
 from agent_peer import ScriptedAgent
-from fakes import FakeArchive, FakeEngine
-from prometheus_client import CollectorRegistry
+from egress_link import HELPER, PipeTransport, free_port
+from fakes import FakeEngine
+from preview_world import Parts, close, preview_parts
 from sandboxd.agent.channel import Channel
-from sandboxd.audit.events import AuditEvent
-from sandboxd.config import Config
-from sandboxd.events import EventHub, ObservedStore
 from sandboxd.models import Session
 from sandboxd.previews import setup
 from sandboxd.previews.agent_dial import AgentDialer
 from sandboxd.previews.dialer import ByteStream, ExecDialer
-from sandboxd.previews.publishing import Previews
-from sandboxd.sessions import CreateSessionInput, SessionManager
-from sandboxd.snapshot_store import SnapshotStore
-from sandboxd.snapshots import SnapshotKeeper
+from sandboxd.sessions import CreateSessionInput
 
-REPO = Path(__file__).resolve().parents[2]
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 WINDOW = 65536
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@pytest.fixture(scope="module")
-def agent_binary() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="sbx-dial-"))
-    out = d / "sbx"
-    sources = sorted(str(p) for p in (REPO / "helper").glob("*.c"))
-    cp = subprocess.run(
-        ["gcc", "-static", "-O2", "-o", str(out), *sources], capture_output=True, text=True
-    )
-    assert cp.returncode == 0, cp.stderr
-    yield out
-    out.unlink()
-    d.rmdir()
-
-
-class PipeTransport:
-    """The agent's stdin and stdout as the channel's transport."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdin is not None and proc.stdout is not None
-        self._in, self._out = proc.stdin, proc.stdout
-
-    async def read(self) -> bytes | None:
-        return await self._out.read(65536) or None
-
-    async def write(self, data: bytes) -> None:
-        self._in.write(data)
-        await self._in.drain()
-
-    async def close(self) -> None:
-        pass
 
 
 @pytest.fixture
-async def real_channel(agent_binary: Path, tmp_path: Path) -> AsyncIterator[Channel]:
+async def real_channel(tmp_path: Path) -> AsyncIterator[Channel]:
     root = tmp_path / "ws"
     root.mkdir()
     proc = await asyncio.create_subprocess_exec(
-        str(agent_binary),
+        str(HELPER),
         "--root",
         str(root),
         "agent",
@@ -112,72 +70,20 @@ class NoExec:
         raise AssertionError("sbx dial over an exec for a sandbox with an agent channel")
 
 
-@dataclasses.dataclass
-class World:
-    sessions: SessionManager
-    previews: Previews
-    audit: list[AuditEvent]
-    fallback: NoExec
-    servers: list[asyncio.Server] = dataclasses.field(default_factory=list)
-    handlers: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
-
-    async def backend(self, handler: Handler) -> int:
-        """A TCP server on loopback for the agent to dial; its port."""
-
-        async def guarded(r: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            self.handlers.add(task)
-            try:
-                await handler(r, wr)
-            except (asyncio.CancelledError, ConnectionError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                wr.close()
-                self.handlers.discard(task)
-
-        server = await asyncio.start_server(guarded, "127.0.0.1", 0)
-        self.servers.append(server)
-        return int(server.sockets[0].getsockname()[1])
+World = Parts[AgentDialer]
 
 
 @contextlib.asynccontextmanager
 async def _world(tmp_path: Path, channel: Channel, **settings: object) -> AsyncIterator[World]:
-    config = Config(data_dir=tmp_path, preview_listen="127.0.0.1:0", **settings)
-    engine = FakeEngine()
-    audit: list[AuditEvent] = []
+    """Previews whose dialer opens `dial` streams on `channel` (never the exec fallback)."""
     fallback = NoExec()
 
     async def channels(container_id: str) -> Channel | None:
         return channel
 
-    async with ObservedStore(tmp_path / "sessions.db", EventHub()) as store:
-        parts = await setup.prepare(config, store)
-        snaps = await SnapshotStore(store.db, tmp_path / "snapshots").open()
-        keeper = SnapshotKeeper(snaps, FakeArchive(engine), engine, "sbxunit")
-        sessions = SessionManager(
-            config, engine, store, "sbxunit", keeper, on_session_end=[parts.end_session]
-        )
-        async with setup.serve(
-            parts,
-            config,
-            engine=engine,
-            store=store,
-            sessions=sessions,
-            metrics_registry=CollectorRegistry(),
-            audit=audit.append,
-            dialer=AgentDialer(channels, fallback),
-        ) as previews:
-            world = World(sessions, previews, audit, fallback)
-            await sessions.create(CreateSessionInput(session_id="s1"))
-            try:
-                yield world
-            finally:
-                for s in world.servers:
-                    s.close()
-                for task in list(world.handlers):
-                    task.cancel()
-                await asyncio.gather(*world.handlers, return_exceptions=True)
+    async with preview_parts(tmp_path, AgentDialer(channels, fallback), **settings) as world:
+        await world.sessions.create(CreateSessionInput(session_id="s1"))
+        yield world
     assert fallback.used == 0
 
 
@@ -202,19 +108,6 @@ def _req(port: int, token: str, *extra: str, method: str = "GET", path: str = ""
     return "\r\n".join(lines).encode()
 
 
-async def _close(writer: asyncio.StreamWriter) -> None:
-    writer.close()
-    with contextlib.suppress(ConnectionError, OSError):
-        await writer.wait_closed()
-
-
-def _free_port() -> int:
-    """A loopback port nothing listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_an_answer_comes_through_the_agents_dial_and_the_stream_is_closed(
     tmp_path: Path, real_channel: Channel
 ) -> None:
@@ -228,7 +121,7 @@ async def test_an_answer_comes_through_the_agents_dial_and_the_stream_is_closed(
             await wr.drain()
 
     async with _world(tmp_path, real_channel) as world:
-        port = await world.backend(serve)
+        port = await world.serve(serve)
         reader, writer, token = await _connect(world, port)
         for _ in range(2):  # keep-alive: one dial stream for both
             writer.write(_req(port, token))
@@ -236,7 +129,7 @@ async def test_an_answer_comes_through_the_agents_dial_and_the_stream_is_closed(
             assert head.startswith(b"HTTP/1.1 200 OK")
             assert await asyncio.wait_for(reader.readexactly(len(body)), 10) == body
         assert real_channel.open_streams == 1
-        await _close(writer)
+        await close(writer)
         for _ in range(100):  # the listener ends the stream once the client is gone
             if real_channel.open_streams == 0:
                 break
@@ -249,11 +142,11 @@ async def test_nothing_listening_is_502_from_the_agents_refusal(
     tmp_path: Path, real_channel: Channel
 ) -> None:
     async with _world(tmp_path, real_channel) as world:
-        port = _free_port()
+        port = free_port()
         reader, writer, token = await _connect(world, port)
         writer.write(_req(port, token))
         got = await asyncio.wait_for(reader.read(), 10)
-        await _close(writer)
+        await close(writer)
         assert got.startswith(b"HTTP/1.1 502 "), got
         assert b"X-Sandboxd-Refusal: sandbox_closed" in got
         assert f"nothing listens on port {port}".encode() in got
@@ -281,7 +174,7 @@ async def test_a_reset_mid_answer_aborts_the_clients_connection(
         wr.transport.abort()  # RST: the agent reads ECONNRESET, RESET IO on the stream
 
     async with _world(tmp_path, real_channel) as world:
-        port = await world.backend(serve)
+        port = await world.serve(serve)
         reader, writer, token = await _connect(world, port)
         writer.write(_req(port, token))
         await asyncio.wait_for(reader.readuntil(b"part one "), 10)
@@ -289,7 +182,7 @@ async def test_a_reset_mid_answer_aborts_the_clients_connection(
         with pytest.raises(ConnectionResetError):
             rest = await asyncio.wait_for(reader.read(), 10)
             raise AssertionError(f"the client saw a clean end after {rest!r}")
-        await _close(writer)
+        await close(writer)
 
 
 async def test_half_closes_both_ways_through_an_upgraded_connection(
@@ -312,7 +205,7 @@ async def test_half_closes_both_ways_through_an_upgraded_connection(
         wr.write_eof()
 
     async with _world(tmp_path, real_channel) as world:
-        port = await world.backend(serve)
+        port = await world.serve(serve)
         reader, writer, token = await _connect(world, port)
         writer.write(_req(port, token, "Connection: Upgrade", "Upgrade: x"))
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
@@ -322,7 +215,7 @@ async def test_half_closes_both_ways_through_an_upgraded_connection(
         writer.write_eof()
         await asyncio.wait_for(got_eof.wait(), 10)
         assert await asyncio.wait_for(reader.read(), 10) == b"after your EOF: tunnelled bytes"
-        await _close(writer)
+        await close(writer)
         assert world.audit[-1].attributes["status"] == "101"
 
 
@@ -342,7 +235,7 @@ async def test_a_client_that_reads_nothing_holds_the_sandbox_back(
             written += len(block)
 
     async with _world(tmp_path, real_channel) as world:
-        port = await world.backend(serve)
+        port = await world.serve(serve)
         p = await world.previews.publish("s1", port, None, False)
         listen = int(p.path_url.split(":")[2].split("/")[0])
         with socket.socket() as s:
@@ -380,7 +273,7 @@ async def test_an_open_the_agent_never_answers_is_504_and_reset(tmp_path: Path) 
             assert got.startswith(b"HTTP/1.1 504 ") and b"sandbox_timeout" in got
             reset = await agent.recv_type(w.RESET)
             assert reset.stream == opened.stream
-            await _close(writer)
+            await close(writer)
             assert channel.open_streams == 0
     finally:
         await channel.close()
