@@ -1,7 +1,7 @@
 """Previews over the agent channel's `dial` streams, at the channel's seam: the real preview
-listener and relay, the server's real channel, and the real agent (`sbx agent` over pipes,
-`make helper`'s build/sbx) dialling TCP servers of the test on this machine's loopback; a scripted
-agent where the real one cannot be made to misbehave (an OPEN never answered).
+listener and relay, the server's real channel, and the real agent (`sbx agent` over pipes, its
+static and its ASan/UBSan build) dialling TCP servers of the test on this machine's loopback; a
+scripted agent where the real one cannot be made to misbehave (an OPEN never answered).
 
 What is checked: an answer comes through byte for byte; nothing listening is 502 (the agent's
 RESET `REFUSED`), a reset mid-answer aborts the client's connection (never a clean end), both
@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import socket
 import struct
+import tempfile
 import types
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import agent_wire as w
 import pytest
 from agent_peer import ScriptedAgent
-from egress_link import HELPER, PipeTransport, free_port
+from egress_link import PipeTransport, free_port
 from fakes import FakeEngine
 from preview_world import Parts, close, preview_parts
 from sandboxd.agent.channel import Channel
@@ -35,26 +37,47 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 WINDOW = 65536
 
 
+@pytest.fixture(scope="module", params=["static", "asan"])
+def agent_bin(request: pytest.FixtureRequest) -> Iterator[tuple[Path, bool]]:
+    """The static helper and its ASan/UBSan build (`make helper`, `make helper-asan`)."""
+    asan = request.param == "asan"
+    d = Path(tempfile.mkdtemp(prefix="sbx-dial-"))
+    try:
+        out = d / "sbx"
+        problem = w.build_helper(out, asan)
+        if problem is not None:
+            assert asan, problem
+            pytest.skip(f"the compiler cannot build the sanitizer helper: {problem}")
+        yield out, asan
+    finally:
+        shutil.rmtree(d)
+
+
 @pytest.fixture
-async def real_channel(tmp_path: Path) -> AsyncIterator[Channel]:
+async def real_channel(agent_bin: tuple[Path, bool], tmp_path: Path) -> AsyncIterator[Channel]:
+    binary, asan = agent_bin
     root = tmp_path / "ws"
     root.mkdir()
-    proc = await asyncio.create_subprocess_exec(
-        str(HELPER),
-        "--root",
-        str(root),
-        "agent",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        env=ENV,
-    )
+    log = tmp_path / "agent.stderr"
+    with log.open("wb") as stderr:
+        proc = await asyncio.create_subprocess_exec(
+            str(binary),
+            "--root",
+            str(root),
+            "agent",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=stderr,
+            env={**ENV, **(w.ASAN_ENV if asan else {})},
+        )
     channel = Channel(PipeTransport(proc), name="dial", window=WINDOW)  # type: ignore[arg-type]
     await asyncio.wait_for(channel.start(), 10)
     yield channel
     await channel.close()
     proc.kill()
     await proc.wait()
+    said = log.read_text(errors="replace")
+    assert not any(mark in said for mark in w.SANITIZER_MARKS), said[-4000:]
 
 
 class NoExec:
