@@ -512,6 +512,85 @@ def test_websocket_echo_and_sse(alice: Stubs) -> None:
         alice.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
 
 
+# What runs in the sandbox: each process's argv, as JSON lines (the image has no `ps`).
+LIST_PROCESSES = (
+    "import json, os\n"
+    "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+    "    try:\n"
+    "        argv = open('/proc/%s/cmdline' % pid, 'rb').read().split(b'\\0')[:-1]\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    print(json.dumps([a.decode(errors='replace') for a in argv]))\n"
+)
+
+
+def _processes(stubs: Stubs, sid: str) -> list[list[str]]:
+    r = stubs.processes.Run(
+        process_pb2.RunRequest(session_id=sid, argv=["python3", "-c", LIST_PROCESSES])
+    )
+    assert r.exit_code == 0, r.stderr
+    return [json.loads(line) for line in r.stdout.decode().splitlines() if line]
+
+
+@needs_python
+def test_an_agent_sandbox_relays_without_a_process_per_connection(alice: Stubs) -> None:
+    """The agent dials the port itself (its channel's `dial` streams): while a preview streams,
+    no `sbx dial` runs in the sandbox (it did when previews ran one over an exec)."""
+    sid = _python_session(alice, ("sse", 7006))
+    try:
+        p = _publish(alice, sid, 7006)
+        _wait_listening(alice, sid, 7006)
+
+        async def go() -> tuple[list[list[str]], int]:
+            hdr = {"X-Sandboxd-Token": p.token}
+            events, during = 0, []
+            async with aiohttp.ClientSession() as http_client:
+                async with http_client.get(_loopback(p.path_url), headers=hdr) as r:
+                    async for line in r.content:
+                        events += line.startswith(b"data:")
+                        if events == 2:  # the preview's connection is open and streaming
+                            during = await asyncio.to_thread(_processes, alice, sid)
+                        if events == 4:  # and still is after the look
+                            break
+            return during, events
+
+        during, events = asyncio.run(go())
+        assert events == 4
+        assert any("/workspace/srv.py" in argv for argv in during), during  # a real listing
+        dials = [argv for argv in during if len(argv) > 1 and argv[1] == "dial"]
+        assert dials == [], dials
+    finally:
+        alice.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
+
+
+def test_without_an_agent_previews_keep_sbx_dial(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """`agent = false`: no channel, so a preview runs `sbx dial` over a docker exec; answers
+    and the 502 of a port nothing listens on are the same."""
+    data = tmp_path_factory.mktemp("noagent")
+    owner = "preva" + secrets.token_hex(3)
+    srv = start_server(data, owner, "--preview-listen", "127.0.0.1:0", "--agent", "false")
+    try:
+        stubs = make_stubs(srv.address)
+        sid = _session(stubs)
+        stubs.files.WriteFile(
+            filesystem_pb2.WriteFileRequest(session_id=sid, path="index.html", content=b"exec\n")
+        )
+        _start(stubs, sid, "httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/workspace")
+        p = _publish(stubs, sid, 8080)
+        answer = _wait_serving(p)
+        assert answer.status == 200 and answer.body == b"exec\n"
+        empty = _publish(stubs, sid, 8083)
+        r = _get(empty.path_url, headers={"X-Sandboxd-Token": empty.token})
+        assert _refusal(r) == (502, "sandbox_closed") and b"nothing listens" in r.body
+        stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
+        stubs.channel.close()
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
+
+
 def _wait_listening(stubs: Stubs, sid: str, port: int) -> None:
     script = (
         "import socket,sys\ntry:\n"

@@ -10,8 +10,9 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 import pytest
@@ -32,14 +33,18 @@ F = filesystem_pb2
 K = watch_pb2.FileEventKind
 
 
+Event = filesystem_pb2.FileEvent
+
+
 class Watch:
     """One WatchDir call, read by a thread into a queue (the test's thread never blocks)."""
 
     def __init__(self, stubs: Stubs, sid: str, path: str = "", recursive: bool = False) -> None:
+        self.sid = sid
         self.call = stubs.files.WatchDir(
             watch_pb2.WatchDirRequest(session_id=sid, path=path, recursive=recursive)
         )
-        self.events: queue.Queue[filesystem_pb2.FileEvent | BaseException | None] = queue.Queue()
+        self.events: queue.Queue[Event | BaseException | None] = queue.Queue()
         self.ended: BaseException | None = None
 
     def start(self) -> Watch:
@@ -56,28 +61,37 @@ class Watch:
         except grpc.RpcError as err:
             self.events.put(err)
 
-    def collect(self, quiet: float = 1.0, limit: float = 20.0) -> list[filesystem_pb2.FileEvent]:
-        got: list[filesystem_pb2.FileEvent] = []
+    def collect(
+        self, quiet: float = 1.0, limit: float = 20.0, until: Callable[[Event], bool] | None = None
+    ) -> list[Event]:
+        """The events that come: until one matches `until` (pauses do not end the wait then),
+        else until a pause of `quiet` seconds; at most `limit` seconds, or to the stream's end
+        (`ended`: the RpcError, or StopIteration for a status OK)."""
+        got: list[Event] = []
         end = time.monotonic() + limit
-        while time.monotonic() < end:
+        while (left := end - time.monotonic()) > 0:
             try:
-                item = self.events.get(timeout=quiet)
+                item = self.events.get(timeout=min(quiet if until is None else 0.2, left))
             except queue.Empty:
-                break
+                if until is None:
+                    break
+                continue
             if item is None or isinstance(item, BaseException):
                 self.ended = item if isinstance(item, BaseException) else StopIteration()
                 break
             got.append(item)
-        return got
-
-    def until(self, predicate, limit: float = 20.0) -> list[filesystem_pb2.FileEvent]:  # type: ignore[no-untyped-def]
-        got: list[filesystem_pb2.FileEvent] = []
-        end = time.monotonic() + limit
-        while time.monotonic() < end and not any(predicate(e) for e in got):
-            got += self.collect(quiet=0.2, limit=0.5)
-            if self.ended is not None:
+            if until is not None and until(item):
                 break
         return got
+
+    def assert_ended_with(self, code: grpc.StatusCode, reason: str, quiet: float) -> None:
+        """The stream ends with that status, no event before it, within `quiet` seconds."""
+        started = time.monotonic()
+        assert self.collect(quiet=quiet) == []
+        assert time.monotonic() - started < quiet
+        assert isinstance(self.ended, grpc.RpcError), self.ended
+        assert self.ended.code() == code
+        assert error_info(self.ended).reason == reason
 
 
 def brief(events: list[filesystem_pb2.FileEvent]) -> list[tuple[str, ...]]:
@@ -99,20 +113,25 @@ def watches() -> Iterator[list[Watch]]:
         w.call.cancel()
 
 
+class Watcher(Protocol):
+    def __call__(self, sid: str = "", path: str = "", recursive: bool = False) -> Watch:
+        """A watch in place on `sid` (a new session when empty), cancelled after the test."""
+        ...
+
+
 @pytest.fixture
-def watch(stubs: Stubs, watches: list[Watch]):  # type: ignore[no-untyped-def]
-    def start(sid: str, path: str = "", recursive: bool = False) -> Watch:
-        w = Watch(stubs, sid, path, recursive)
+def watch(stubs: Stubs, new_session: SessionFactory, watches: list[Watch]) -> Watcher:
+    def start(sid: str = "", path: str = "", recursive: bool = False) -> Watch:
+        w = Watch(stubs, sid or new_session().session_id, path, recursive)
         watches.append(w)
         return w.start()
 
     return start
 
 
-def test_sequence_through_run(stubs: Stubs, new_session: SessionFactory, watch) -> None:  # type: ignore[no-untyped-def]
-    sid = new_session().session_id
-    w = watch(sid)
-    run(stubs, sid, "sh", "-c", "echo a > f; echo b >> f; mv f g; chmod 600 g; rm g")
+def test_sequence_through_run(stubs: Stubs, watch: Watcher) -> None:
+    w = watch()
+    run(stubs, w.sid, "sh", "-c", "echo a > f; echo b >> f; mv f g; chmod 600 g; rm g")
     events = w.collect()
     kinds = brief(events)
     assert kinds[0] == ("CREATED", "f")
@@ -123,13 +142,9 @@ def test_sequence_through_run(stubs: Stubs, new_session: SessionFactory, watch) 
     assert {e.type for e in events} <= {F.FILE_TYPE_FILE, F.FILE_TYPE_UNSPECIFIED}
 
 
-def test_sequence_through_write_file_and_move(
-    stubs: Stubs,
-    new_session: SessionFactory,
-    watch,  # type: ignore[no-untyped-def]
-) -> None:
-    sid = new_session().session_id
-    w = watch(sid, "/workspace")
+def test_sequence_through_write_file_and_move(stubs: Stubs, watch: Watcher) -> None:
+    w = watch(path="/workspace")
+    sid = w.sid
     stubs.files.WriteFile(F.WriteFileRequest(session_id=sid, path="a.txt", content=b"1"))
     stubs.files.WriteFile(F.WriteFileRequest(session_id=sid, path="a.txt", content=b"22"))
     stubs.files.Move(
@@ -146,28 +161,22 @@ def test_sequence_through_write_file_and_move(
     assert [e.sequence for e in events] == [1, 2, 3, 4]
 
 
-def test_recursive_sees_directories_made_after_the_watch(
-    stubs: Stubs,
-    new_session: SessionFactory,
-    watch,  # type: ignore[no-untyped-def]
-) -> None:
-    sid = new_session().session_id
-    flat = watch(sid)
+def test_recursive_sees_directories_made_after_the_watch(stubs: Stubs, watch: Watcher) -> None:
+    flat = watch()
+    sid = flat.sid
     deep = watch(sid, recursive=True)
     run(stubs, sid, "sh", "-c", "mkdir -p a/b/c && echo x > a/b/c/made.txt")
     stubs.files.WriteFile(
         F.WriteFileRequest(session_id=sid, path="a/b/c/api.txt", content=b"y", make_parents=True)
     )
-    got = {(k[0], k[1]) for k in brief(deep.until(lambda e: e.path == "a/b/c/api.txt"))}
+    got = {(k[0], k[1]) for k in brief(deep.collect(until=lambda e: e.path == "a/b/c/api.txt"))}
     for want in ("a", "a/b", "a/b/c", "a/b/c/made.txt", "a/b/c/api.txt"):
         assert ("CREATED", want) in got, (want, got)
     assert brief(flat.collect()) == [("CREATED", "a")]
 
 
 def test_modified_is_coalesced_per_file(
-    stubs: Stubs,
-    new_session: SessionFactory,
-    watch,  # type: ignore[no-untyped-def]
+    stubs: Stubs, new_session: SessionFactory, watch: Watcher
 ) -> None:
     sid = new_session().session_id
     stubs.files.WriteFile(F.WriteFileRequest(session_id=sid, path="log", content=b""))
@@ -201,12 +210,13 @@ def test_refused_paths(
     assert error_info(err.value).reason == reason
 
 
-def test_fifty_watches_on_one_session(stubs: Stubs, new_session: SessionFactory, watch) -> None:  # type: ignore[no-untyped-def]
-    sid = new_session().session_id
-    all_watches = [watch(sid, recursive=bool(i % 2)) for i in range(50)]
+def test_fifty_watches_on_one_session(stubs: Stubs, watch: Watcher) -> None:
+    first = watch()
+    all_watches = [first, *(watch(first.sid, recursive=bool(i % 2)) for i in range(1, 50))]
+    sid = first.sid
     stubs.files.WriteFile(F.WriteFileRequest(session_id=sid, path="hello", content=b"x"))
     for w in all_watches:
-        assert ("CREATED", "hello") in brief(w.until(lambda e: e.path == "hello"))
+        assert ("CREATED", "hello") in brief(w.collect(until=lambda e: e.path == "hello"))
 
 
 def _watchers(stubs: Stubs, sid: str) -> list[str]:
@@ -214,33 +224,20 @@ def _watchers(stubs: Stubs, sid: str) -> list[str]:
     return [line for line in out.splitlines() if " watch " in line and "sbx" in line]
 
 
-def test_cancel_leaves_no_watcher_running(
-    stubs: Stubs,
-    new_session: SessionFactory,
-    watch,  # type: ignore[no-untyped-def]
-) -> None:
-    sid = new_session().session_id
-    ws = [watch(sid), watch(sid, "", True)]
+def test_cancel_leaves_no_watcher_running(stubs: Stubs, watch: Watcher) -> None:
+    ws = [watch()]
+    sid = ws[0].sid
+    ws.append(watch(sid, "", True))
     assert len(_watchers(stubs, sid)) == 2
     for w in ws:
         w.call.cancel()
     assert wait_until(lambda: not _watchers(stubs, sid), timeout=10), _watchers(stubs, sid)
 
 
-def test_session_delete_ends_the_stream(
-    stubs: Stubs,
-    new_session: SessionFactory,
-    watch,  # type: ignore[no-untyped-def]
-) -> None:
-    sid = new_session().session_id
-    w = watch(sid)
-    stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
-    started = time.monotonic()
-    assert w.collect(quiet=15) == []
-    assert time.monotonic() - started < 15
-    assert isinstance(w.ended, grpc.RpcError), w.ended
-    assert w.ended.code() == grpc.StatusCode.NOT_FOUND
-    assert error_info(w.ended).reason == "SESSION_NOT_FOUND"
+def test_session_delete_ends_the_stream(stubs: Stubs, watch: Watcher) -> None:
+    w = watch()
+    stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=w.sid))
+    w.assert_ended_with(grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND", quiet=15)
 
 
 @pytest.fixture(scope="module")
@@ -323,27 +320,18 @@ def _opens(s: Stubs, sid: str) -> bool:
         call.cancel()
 
 
-def test_session_suspend_ends_the_stream(
-    stubs: Stubs,
-    new_session: SessionFactory,
-    watch,  # type: ignore[no-untyped-def]
-) -> None:
-    sid = new_session().session_id
-    w = watch(sid)
+def test_session_suspend_ends_the_stream(stubs: Stubs, watch: Watcher) -> None:
+    w = watch()
+    sid = w.sid
     stubs.sessions.SuspendSession(session_pb2.SuspendSessionRequest(session_id=sid))
-    assert w.collect(quiet=20) == []
-    assert isinstance(w.ended, grpc.RpcError), w.ended
-    assert w.ended.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert error_info(w.ended).reason == "SESSION_NOT_RUNNING"
+    w.assert_ended_with(grpc.StatusCode.FAILED_PRECONDITION, "SESSION_NOT_RUNNING", quiet=20)
     # The watch did not resume the session: it stays suspended until a call needs it.
     state = stubs.sessions.GetSession(session_pb2.GetSessionRequest(session_id=sid)).session.state
     assert state == session_pb2.SESSION_STATE_SUSPENDED
 
 
 def test_removing_the_watched_directory_ends_the_stream_cleanly(
-    stubs: Stubs,
-    new_session: SessionFactory,
-    watch,  # type: ignore[no-untyped-def]
+    stubs: Stubs, new_session: SessionFactory, watch: Watcher
 ) -> None:
     sid = new_session().session_id
     stubs.files.MakeDir(F.MakeDirRequest(session_id=sid, path="d/e", parents=True))

@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from fakes import FakeArchive, FakeEngine
-from prometheus_client import CollectorRegistry
+from preview_world import Handler, Parts, close, preview_parts
 from sandboxd import tenancy
-from sandboxd.audit.events import AuditEvent
-from sandboxd.config import Config
 from sandboxd.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -25,17 +21,10 @@ from sandboxd.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
-from sandboxd.events import EventHub, ObservedStore
 from sandboxd.models import Session
-from sandboxd.previews import setup
 from sandboxd.previews.dialer import ByteStream
-from sandboxd.previews.publishing import Previews
 from sandboxd.previews.relay import ClientStream
-from sandboxd.sessions import CreateSessionInput, SessionManager
-from sandboxd.snapshot_store import SnapshotStore
-from sandboxd.snapshots import SnapshotKeeper
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+from sandboxd.sessions import CreateSessionInput
 
 
 class LoopbackDialer:
@@ -52,82 +41,19 @@ class LoopbackDialer:
         try:
             yield ClientStream(reader, writer)
         finally:
-            await _close(writer)
+            await close(writer)
 
 
-@dataclasses.dataclass
-class World:
-    sessions: SessionManager
-    previews: Previews
-    dialer: LoopbackDialer
-    audit: list[AuditEvent]
-    servers: list[asyncio.Server]
-    registry: CollectorRegistry
-    store: ObservedStore
-    handlers: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
-
-    async def backend(self, port: int, handler: Handler) -> None:
-        """A local server for sandbox port `port`; its connections end with the test."""
-
-        async def guarded(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            self.handlers.add(task)
-            try:
-                await handler(r, w)
-            except (asyncio.CancelledError, ConnectionError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                await _close(w)
-                self.handlers.discard(task)
-
-        server = await asyncio.start_server(guarded, "127.0.0.1", 0)
-        self.servers.append(server)
-        self.dialer.ports[port] = server.sockets[0].getsockname()[1]
+World = Parts[LoopbackDialer]
 
 
-@contextlib.asynccontextmanager
-async def _world(tmp_path: Path, **settings: object) -> AsyncIterator[World]:
-    config = Config(data_dir=tmp_path, preview_listen="127.0.0.1:0", **settings)
-    engine = FakeEngine()
-    audit: list[AuditEvent] = []
-    dialer = LoopbackDialer()
-    registry = CollectorRegistry()
-    async with ObservedStore(tmp_path / "sessions.db", EventHub()) as store:
-        parts = await setup.prepare(config, store)
-        snaps = await SnapshotStore(store.db, tmp_path / "snapshots").open()
-        keeper = SnapshotKeeper(snaps, FakeArchive(engine), engine, "sbxunit")
-        sessions = SessionManager(
-            config, engine, store, "sbxunit", keeper, on_session_end=[parts.end_session]
-        )
-        async with setup.serve(
-            parts,
-            config,
-            engine=engine,
-            store=store,
-            sessions=sessions,
-            metrics_registry=registry,
-            audit=audit.append,
-            dialer=dialer,
-        ) as previews:
-            world = World(sessions, previews, dialer, audit, [], registry, store)
-            try:
-                yield world
-            finally:
-                for s in world.servers:
-                    s.close()
-                for task in list(world.handlers):
-                    task.cancel()
-                await asyncio.gather(*world.handlers, return_exceptions=True)
-                for s in world.servers:
-                    await s.wait_closed()
+async def _backend(world: World, port: int, handler: Handler) -> None:
+    """A local server for sandbox port `port`; its connections end with the test."""
+    world.dialer.ports[port] = await world.serve(handler)
 
 
-async def _close(writer: asyncio.StreamWriter) -> None:
-    """Closed and waited for: a transport left closing would warn in a later test's GC."""
-    writer.close()
-    with contextlib.suppress(ConnectionError, OSError):
-        await writer.wait_closed()
+def _world(tmp_path: Path, **settings: object) -> contextlib.AbstractAsyncContextManager[World]:
+    return preview_parts(tmp_path, LoopbackDialer(), **settings)
 
 
 async def _exchange(url: str, raw: bytes, *, until: bytes = b"", read_all: bool = True) -> bytes:
@@ -140,7 +66,7 @@ async def _exchange(url: str, raw: bytes, *, until: bytes = b"", read_all: bool 
             return await asyncio.wait_for(reader.readuntil(until), 10)
         return await asyncio.wait_for(reader.read(), 10) if read_all else b""
     finally:
-        await _close(writer)
+        await close(writer)
 
 
 def _req(path: str, token: str, *extra: str, method: str = "GET") -> bytes:
@@ -162,7 +88,7 @@ async def test_chunked_answers_pass_byte_for_byte(tmp_path: Path) -> None:
 
     async with _world(tmp_path) as world:
         s = await world.sessions.create(CreateSessionInput(session_id="s1"))
-        await world.backend(8080, serve)
+        await _backend(world, 8080, serve)
         p = await world.previews.publish(s.session_id, 8080, None, False)
         got = await _exchange(p.path_url, _req("/preview/s1/8080/", p.token))
         assert got == answer
@@ -188,7 +114,7 @@ async def test_keep_alive_reuses_one_sandbox_connection(tmp_path: Path) -> None:
 
     async with _world(tmp_path) as world:
         s = await world.sessions.create(CreateSessionInput(session_id="s1"))
-        await world.backend(8080, serve)
+        await _backend(world, 8080, serve)
         p = await world.previews.publish(s.session_id, 8080, None, False)
         three = (
             _req("/preview/s1/8080/a", p.token)
@@ -214,7 +140,7 @@ async def test_every_request_on_a_connection_is_checked(tmp_path: Path) -> None:
     async with _world(tmp_path) as world:
         await world.sessions.create(CreateSessionInput(session_id="s1"))
         await world.sessions.create(CreateSessionInput(session_id="s2"))
-        await world.backend(8080, serve)
+        await _backend(world, 8080, serve)
         p1 = await world.previews.publish("s1", 8080, None, False)
         await world.previews.publish("s2", 8080, None, False)
         # s1's token opens s1; the next request on the same connection goes to s2 with it.
@@ -246,7 +172,7 @@ async def test_ambiguous_requests_are_refused_before_the_sandbox(
 
     async with _world(tmp_path) as world:
         await world.sessions.create(CreateSessionInput(session_id="s1"))
-        await world.backend(8080, serve)
+        await _backend(world, 8080, serve)
         p = await world.previews.publish("s1", 8080, None, False)
         got = await _exchange(p.path_url, _req("/preview/s1/8080/", p.token, *extra) + b"hello")
         assert got.startswith(b"HTTP/1.1 400 "), got
@@ -267,7 +193,7 @@ async def test_expect_continue_and_a_streamed_upload(tmp_path: Path) -> None:
 
     async with _world(tmp_path) as world:
         await world.sessions.create(CreateSessionInput(session_id="s1"))
-        await world.backend(8080, serve)
+        await _backend(world, 8080, serve)
         p = await world.previews.publish("s1", 8080, None, False)
         chunked = b"3\r\nabc\r\n0\r\n\r\n"
         req = _req(
@@ -292,8 +218,8 @@ async def test_a_silent_sandbox_is_504_and_a_closed_one_502(tmp_path: Path) -> N
 
     async with _world(tmp_path, preview_timeout=0.3) as world:
         await world.sessions.create(CreateSessionInput(session_id="s1"))
-        await world.backend(8080, silent)
-        await world.backend(8081, closes)
+        await _backend(world, 8080, silent)
+        await _backend(world, 8081, closes)
         p = await world.previews.publish("s1", 8080, None, False)
         got = await _exchange(p.path_url, _req("/preview/s1/8080/", p.token))
         assert got.startswith(b"HTTP/1.1 504 ") and b"X-Sandboxd-Refusal: sandbox_timeout" in got
@@ -308,7 +234,7 @@ async def test_connections_over_the_session_limit_are_429(tmp_path: Path) -> Non
 
     async with _world(tmp_path, preview_max_connections=1) as world:
         await world.sessions.create(CreateSessionInput(session_id="s1"))
-        await world.backend(8080, silent)
+        await _backend(world, 8080, silent)
         p = await world.previews.publish("s1", 8080, None, False)
         first = asyncio.create_task(_exchange(p.path_url, _req("/preview/s1/8080/", p.token)))
         await asyncio.sleep(0.2)
@@ -330,7 +256,7 @@ async def test_ending_the_session_cuts_its_connections(tmp_path: Path) -> None:
 
     async with _world(tmp_path) as world:
         await world.sessions.create(CreateSessionInput(session_id="s1"))
-        await world.backend(8080, stream)
+        await _backend(world, 8080, stream)
         p = await world.previews.publish("s1", 8080, None, False)
         port = int(p.path_url.split(":")[2].split("/")[0])
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -339,7 +265,7 @@ async def test_ending_the_session_cuts_its_connections(tmp_path: Path) -> None:
         assert await world.sessions.delete("s1")
         rest = await asyncio.wait_for(reader.read(), 5)  # ends: the connection was cut
         assert rest.count(b"data") < 200
-        await _close(writer)
+        await close(writer)
         got = await _exchange(p.path_url, _req("/preview/s1/8080/", p.token))
         assert b"X-Sandboxd-Refusal: not_published" in got
 
@@ -393,26 +319,11 @@ async def test_tenants_and_the_public_grant(tmp_path: Path) -> None:
 
 
 async def test_previews_off_without_a_listener(tmp_path: Path) -> None:
-    config = Config(data_dir=tmp_path)
-    engine = FakeEngine()
-    async with ObservedStore(tmp_path / "sessions.db", EventHub()) as store:
-        parts = await setup.prepare(config, store)
-        snaps = await SnapshotStore(store.db, tmp_path / "snapshots").open()
-        keeper = SnapshotKeeper(snaps, FakeArchive(engine), engine, "sbxunit")
-        sessions = SessionManager(config, engine, store, "sbxunit", keeper)
-        async with setup.serve(
-            parts,
-            config,
-            engine=engine,
-            store=store,
-            sessions=sessions,
-            metrics_registry=CollectorRegistry(),
-            audit=lambda e: None,
-        ) as previews:
-            await sessions.create(CreateSessionInput(session_id="s1"))
-            with pytest.raises(FailedPrecondition) as err:
-                await previews.publish("s1", 80, None, False)
-            assert err.value.reason == "PREVIEWS_DISABLED"
+    async with preview_parts(tmp_path, LoopbackDialer(), preview_listen="") as world:
+        await world.sessions.create(CreateSessionInput(session_id="s1"))
+        with pytest.raises(FailedPrecondition) as err:
+            await world.previews.publish("s1", 80, None, False)
+        assert err.value.reason == "PREVIEWS_DISABLED"
 
 
 async def test_a_kept_alive_sandbox_connection_closed_between_requests_is_redialed(
@@ -425,7 +336,7 @@ async def test_a_kept_alive_sandbox_connection_closed_between_requests_is_redial
 
     async with _world(tmp_path) as world:
         await world.sessions.create(CreateSessionInput(session_id="s1"))
-        await world.backend(8080, one_then_close)
+        await _backend(world, 8080, one_then_close)
         p = await world.previews.publish("s1", 8080, None, False)
         port = int(p.path_url.split(":")[2].split("/")[0])
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -437,7 +348,7 @@ async def test_a_kept_alive_sandbox_connection_closed_between_requests_is_redial
                 assert await reader.readexactly(2) == b"ok"
                 await asyncio.sleep(0.1)  # the sandbox side closes meanwhile
         finally:
-            await _close(writer)
+            await close(writer)
         assert world.dialer.dials == 2
 
 
@@ -452,7 +363,7 @@ async def test_a_broken_answer_body_ends_the_connection_without_a_second_answer(
 
     async with _world(tmp_path) as world:
         await world.sessions.create(CreateSessionInput(session_id="s1"))
-        await world.backend(8080, bad_chunks)
+        await _backend(world, 8080, bad_chunks)
         p = await world.previews.publish("s1", 8080, None, False)
         got = await _exchange(p.path_url, _req("/preview/s1/8080/", p.token))
         assert got == b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -471,7 +382,7 @@ async def test_a_full_listener_answers_503_at_once(tmp_path: Path) -> None:
             assert got.startswith(b"HTTP/1.1 503 ") and b"listener_full" in got
         finally:
             for _, w in idle:
-                await _close(w)
+                await close(w)
 
 
 async def test_an_expired_lease_closes_the_previews(tmp_path: Path) -> None:

@@ -4,15 +4,14 @@ the server's HTTP(S) preview listener, as a mixin of SandboxClient, with the typ
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Self
 
-import grpc
-
 from sandboxd_client._convert import duration, timestamp
-from sandboxd_client._gen.sandboxd.v1 import previews_pb2, session_pb2_grpc
+from sandboxd_client._gen.sandboxd.v1 import previews_pb2
 from sandboxd_client._rpc import UNSET, rpc
+from sandboxd_client._session_calls import SessionCalls
 
 TOKEN_HEADER = "X-Sandboxd-Token"
 
@@ -47,12 +46,8 @@ class Preview:
         return {TOKEN_HEADER: self.token} if self.token else {}
 
 
-class PreviewsMixin:
-    """The host class provides `channel`, `_unary` and `_paged`."""
-
-    channel: grpc.aio.Channel
-    _unary: Callable[..., Awaitable[Any]]
-    _paged: Callable[..., AsyncIterator[Any]]
+class PreviewsMixin(SessionCalls):
+    """SessionService's preview calls, a mixin of SandboxClient."""
 
     @rpc("SessionService/PublishPort")
     async def publish_port(
@@ -66,13 +61,10 @@ class PreviewsMixin:
     ) -> Preview:
         """Publish `port` of the session: its URLs and a new token (`ttl` seconds, default
         one hour); older tokens of the port stop working."""
-        stub = session_pb2_grpc.SessionServiceStub(self.channel)
         req = previews_pb2.PublishPortRequest(
             session_id=session_id, port=port, ttl=duration(ttl), public=public
         )
-        resp = await self._unary(
-            "SessionService/PublishPort", lambda t: stub.PublishPort(req, timeout=t), timeout
-        )
+        resp = await self._session_unary("PublishPort", req, timeout)
         return Preview.from_pb(resp.preview)
 
     @rpc("SessionService/UnpublishPort")
@@ -80,30 +72,24 @@ class PreviewsMixin:
         self, session_id: str, port: int, *, timeout: float | None = UNSET
     ) -> None:
         """Close the port's preview and revoke its tokens (PORT_NOT_PUBLISHED if it is not)."""
-        stub = session_pb2_grpc.SessionServiceStub(self.channel)
         req = previews_pb2.UnpublishPortRequest(session_id=session_id, port=port)
-        await self._unary(
-            "SessionService/UnpublishPort", lambda t: stub.UnpublishPort(req, timeout=t), timeout
-        )
+        await self._session_unary("UnpublishPort", req, timeout)
 
     @rpc("SessionService/ListPorts")
     async def list_ports(
         self, session_id: str, *, page_size: int = 0, timeout: float | None = UNSET
     ) -> AsyncIterator[Preview]:
         """The session's published ports, by port (tokens not included), following pages."""
-        stub = session_pb2_grpc.SessionServiceStub(self.channel)
-        async for resp in self._paged(
-            "SessionService/ListPorts",
-            lambda token, t: stub.ListPorts(
-                previews_pb2.ListPortsRequest(
-                    session_id=session_id, page_size=page_size, page_token=token
-                ),
-                timeout=t,
-            ),
-            timeout,
+
+        def request(token: str) -> Any:
+            return previews_pb2.ListPortsRequest(
+                session_id=session_id, page_size=page_size, page_token=token
+            )
+
+        async for preview in self._session_pages(
+            "ListPorts", request, timeout, lambda resp: map(Preview.from_pb, resp.previews)
         ):
-            for p in resp.previews:
-                yield Preview.from_pb(p)
+            yield preview
 
 
 __all__ = ["TOKEN_HEADER", "Preview", "PreviewsMixin"]

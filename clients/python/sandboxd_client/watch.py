@@ -5,15 +5,14 @@ A mixin of `SandboxClient`."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-import grpc
-
 from sandboxd_client._convert import timestamp
-from sandboxd_client._gen.sandboxd.v1 import events_pb2, session_pb2_grpc
+from sandboxd_client._gen.sandboxd.v1 import events_pb2
 from sandboxd_client._rpc import UNSET, rpc
+from sandboxd_client._session_calls import SessionCalls
 
 
 @dataclass(frozen=True)
@@ -66,25 +65,16 @@ class SessionStats:
         )
 
 
-class WatchMixin:
-    """SessionService's event streams; the host class provides `channel` and `_server_stream`."""
-
-    channel: grpc.aio.Channel
-    _server_stream: Callable[..., AsyncIterator[Any]]
-    _unary: Callable[..., Awaitable[Any]]
+class WatchMixin(SessionCalls):
+    """SessionService's event streams and stats, a mixin of SandboxClient."""
 
     @rpc("SessionService/GetSessionStats")
     async def get_session_stats(
         self, session_id: str, *, timeout: float | None = UNSET
     ) -> SessionStats:
         """CPU, memory (and its peak), workspace bytes, processes and egress bytes now."""
-        stub = session_pb2_grpc.SessionServiceStub(self.channel)
         req = events_pb2.GetSessionStatsRequest(session_id=session_id)
-        resp = await self._unary(
-            "SessionService/GetSessionStats",
-            lambda t: stub.GetSessionStats(req, timeout=t),
-            timeout,
-        )
+        resp = await self._session_unary("GetSessionStats", req, timeout)
         return SessionStats.from_pb(resp.stats)
 
     @rpc("SessionService/WatchSession")
@@ -92,10 +82,9 @@ class WatchMixin:
         self, session_id: str, *, after_sequence: int = 0, timeout: float | None = None
     ) -> AsyncIterator[SessionEvent]:
         """One session's kept events after `after_sequence`, then live ones (until deleted)."""
-        stub = session_pb2_grpc.SessionServiceStub(self.channel)
         req = events_pb2.WatchSessionRequest(session_id=session_id, after_sequence=after_sequence)
-        async for resp in self._server_stream(lambda t: stub.WatchSession(req, timeout=t), timeout):
-            yield SessionEvent.from_pb(resp.event)
+        async for event in self._session_stream("WatchSession", req, timeout, _event):
+            yield event
 
     @rpc("SessionService/WatchSessions")
     async def watch_sessions(
@@ -106,14 +95,15 @@ class WatchMixin:
         timeout: float | None = None,
     ) -> AsyncIterator[SessionEvent]:
         """Events of every session of the caller's tenant carrying all of `labels`."""
-        stub = session_pb2_grpc.SessionServiceStub(self.channel)
         req = events_pb2.WatchSessionsRequest(
             label_selector=dict(labels or {}), after_sequence=after_sequence
         )
-        async for resp in self._server_stream(
-            lambda t: stub.WatchSessions(req, timeout=t), timeout
-        ):
-            yield SessionEvent.from_pb(resp.event)
+        async for event in self._session_stream("WatchSessions", req, timeout, _event):
+            yield event
+
+
+def _event(resp: Any) -> SessionEvent:
+    return SessionEvent.from_pb(resp.event)
 
 
 __all__ = ["SessionEvent", "SessionStats", "WatchMixin"]

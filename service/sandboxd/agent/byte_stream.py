@@ -9,6 +9,11 @@ agent's window in the transport's own writer task, and the protocol is paused ab
 water mark (`StreamWriter.drain` waits). `write_eof` is EOF fd 0 (a half-close), `close` sends
 what is buffered and then CLOSE, `abort` is RESET at once. RESET from the agent, or the end of
 the channel's epoch, is `connection_lost` with a ConnectionResetError.
+
+A `ByteStream` hands its frames to a `StreamSink`: the `ChannelTransport` here, or another
+consumer that reads the frames as they are (the previews' relay, previews/agent_dial.py). A
+stream the server opens may receive DATA before its user attaches a sink (the OPEN_OK and the
+first bytes can arrive in one read); those wait in the stream (at most one window).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import collections
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from sandboxd.agent import frames
 from sandboxd.agent.frames import FrameType, StreamError
@@ -33,10 +38,48 @@ LOW_WATER = 16 * 1024
 CLOSE_FLUSH_S = 10.0  # a closed transport's last bytes wait at most this for the agent's window
 
 
-class ByteStream(AgentStream):
-    """An fd-0 stream whose frames go to a `ChannelTransport` instead of a read buffer."""
+class StreamSink(Protocol):
+    """Where a `ByteStream`'s frames go (called by the channel's reader: never blocking)."""
 
-    transport: ChannelTransport | None = None
+    def received(self, chunk: bytes) -> None: ...
+
+    def received_eof(self) -> None: ...
+
+    def ended(self, error: SandboxError | None) -> None: ...
+
+
+class ByteStream(AgentStream):
+    """An fd-0 stream whose frames go to a `StreamSink` instead of a read buffer."""
+
+    transport: StreamSink | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._early: list[bytes] = []  # arrived before a sink was attached
+        self._early_eof = False
+
+    @property
+    def window(self) -> int:
+        """The window the server grants the agent (a sink grants back by halves of it)."""
+        return self._window
+
+    def attach(self, sink: StreamSink) -> None:
+        """Give the stream its sink; what arrived before (bytes, EOF, the end) goes there now."""
+        self.transport = sink
+        early, self._early = self._early, []
+        for chunk in early:
+            sink.received(chunk)
+        if self._early_eof:
+            sink.received_eof()
+        if self.ended:
+            sink.ended(self.error)
+
+    def on_reset(self, doc: dict[str, Any]) -> None:
+        """As any stream's, and the agent's name for it (REFUSED, IO...) kept in the error's
+        metadata, `agent_error`: a byte stream's user maps it to its own answer."""
+        super().on_reset(doc)
+        if self.error is not None:
+            self.error.metadata.setdefault("agent_error", self.reset_name)
 
     def on_data(self, fd: int, chunk: bytes) -> None:
         self._require_open("DATA")
@@ -51,6 +94,8 @@ class ByteStream(AgentStream):
         self._credit -= len(chunk)
         if chunk and self.transport is not None:
             self.transport.received(chunk)
+        elif chunk:
+            self._early.append(chunk)
 
     def on_eof(self, fd: int) -> None:
         self._require_open("EOF")
@@ -59,6 +104,8 @@ class ByteStream(AgentStream):
         self._eof.add(fd)
         if self.transport is not None:
             self.transport.received_eof()
+        else:
+            self._early_eof = True
 
     def on_exit(self, doc: dict[str, Any]) -> None:
         raise StreamError("EXIT on a byte stream")
@@ -198,7 +245,7 @@ class ChannelTransport(asyncio.Transport):
     def _grant(self) -> None:
         if self._lost or not self._reading or self._held:
             return
-        if self._unacked >= self._stream._window // 2:
+        if self._unacked >= self._stream.window // 2:
             consumed, self._unacked = self._unacked, 0
             self._stream.grant(consumed)
 

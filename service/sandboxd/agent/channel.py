@@ -141,8 +141,15 @@ class Channel:
     # ----- streams -------------------------------------------------------------------------
 
     async def open(
-        self, kind: str, request: dict[str, Any], *, fds: frozenset[int] = frozenset({1, 2})
+        self,
+        kind: str,
+        request: dict[str, Any],
+        *,
+        fds: frozenset[int] = frozenset({1, 2}),
+        cls: type[AgentStream] = AgentStream,
     ) -> AgentStream:
+        """A stream of `kind` once the agent answered OPEN_OK; `cls` is the stream's class (a
+        byte stream's frames go to its own sink)."""
         await self.ready()
         try:
             frame = frames.encode_json(FrameType.OPEN, self._next_id, {"kind": kind, **request})
@@ -150,7 +157,7 @@ class Channel:
             raise InvalidArgument(
                 f"the {kind} request is too large for the channel: {exc}"
             ) from None
-        stream = AgentStream(
+        stream = cls(
             self._next_id,
             kind,
             window=self._window,

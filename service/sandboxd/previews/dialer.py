@@ -1,14 +1,16 @@
 """How the server reaches a port inside a sandbox: a byte stream from a `PortDialer`.
 
-Today `ExecDialer` starts `sbx dial PORT` (helper/dial.c) through `Engine.exec`; with the
-in-sandbox agent's channel (docs/agent.md) that becomes an OPEN of kind `dial` on the
-session's channel, behind the same `PortDialer` interface, so the relay (`listener.py`) never
-knows which. Either way the sandbox needs no network interface.
+With the in-sandbox agent's channel (docs/agent.md) it is an OPEN of kind `dial` on the
+session's channel (`agent_dial.AgentDialer`); a sandbox without an agent channel starts
+`sbx dial PORT` (helper/dial.c) through `Engine.exec` (`ExecDialer`, here). Both sit behind
+the same `PortDialer` interface, so the relay (`listener.py`) never knows which. Either way
+the sandbox needs no network interface.
 
 `ByteStream` is the relay's view of one connection: buffered reads (a head up to its blank
 line, exact lengths, whatever is there), writes that wait for the other side (backpressure),
-and a half-close. Reads pull from the engine only when asked, so a slow preview client stops
-the engine's stream, which stops `sbx dial`, which stops reading the sandbox's socket.
+and a half-close. Reads pull from the sandbox only when asked, so a slow preview client stops
+the channel's stream (or the engine's), which stops the agent (or `sbx dial`) reading the
+sandbox's socket.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ class ByteStream(Protocol):
 
 class TooLong(Exception):
     """A head or chunk line longer than allowed."""
+
+
+class BackendReset(ConnectionResetError):
+    """The sandbox's side of the connection was reset (not ended): what was relayed so far is
+    not the whole of it, so the client's connection is aborted too."""
 
 
 class PortDialer(Protocol):

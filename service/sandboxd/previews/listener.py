@@ -32,7 +32,7 @@ from sandboxd.audit.events import AuditEvent
 from sandboxd.models import SessionState
 from sandboxd.previews import access, http1
 from sandboxd.previews.connections import Connection, OpenConnections, OverLimit
-from sandboxd.previews.dialer import ByteStream, PortDialer
+from sandboxd.previews.dialer import BackendReset, ByteStream, PortDialer
 from sandboxd.previews.metrics import PreviewMetrics
 from sandboxd.previews.publishing import Address
 from sandboxd.previews.registry import PortRegistry, Publication
@@ -256,6 +256,9 @@ class PreviewListener:
                 raise Refused(502, "sandbox_closed", f"{what} port {pub.port}") from None
             except (http1.BadMessage, EOFError):
                 raise Broken from None  # after the answer began: nothing more to say
+            except BackendReset:
+                client.abort()  # a reset is not an end: the client must not take it for one
+                raise Broken from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _meter(self, conn: Connection, n: int, direction: str) -> None:

@@ -5,19 +5,25 @@ Protocols`, both directions as raw bytes until each side is done (WebSocket and 
 upgrade).
 
 Backpressure: each direction is a loop that reads only after the previous write was taken
-(`ClientStream.write` waits for the socket to drain; the engine's stream waits likewise), so
+(`ClientStream.write` waits for the socket to drain; the sandbox's stream waits likewise), so
 a slow client holds at most a few buffers of a response, never the response.
+
+A reset of the sandbox's side (`BackendReset`) before the answer head is a 502 like its end;
+after it, it propagates (the listener aborts the client's connection), and in a tunnel it
+aborts the client's connection at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandboxd.previews import http1
-from sandboxd.previews.dialer import Buffered, ByteStream
+from sandboxd.previews.dialer import BackendReset, Buffered, ByteStream
 from sandboxd.previews.http1 import BadMessage, Framing, Head
 
 
@@ -49,6 +55,15 @@ class ClientStream(Buffered):
 
     def failure(self) -> str:
         return ""
+
+    def abort(self) -> None:
+        """The sandbox's side was reset: the client sees a reset too (RST: a linger of 0),
+        never a clean end."""
+        with contextlib.suppress(OSError, RuntimeError, AttributeError):
+            sock = self.writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.writer.transport.abort()
 
 
 class SandboxSilent(Exception):
@@ -95,7 +110,13 @@ async def exchange(
         meter(len(data), "out")
         await client.write(data)
 
-    await to_backend(head.encode())
+    try:
+        # Within the answer's timeout too: the first write waits for the sandbox's side to be
+        # open (an agent's OPEN_OK), which a sandbox that does not answer never gives.
+        async with asyncio.timeout(timeout_s):
+            await to_backend(head.encode())
+    except TimeoutError:
+        raise SandboxSilent from None
     upload = asyncio.create_task(http1.relay_body(client, to_backend, framing))
     try:
         answer = await _answer_head(client, backend, to_client, timeout_s)
@@ -109,8 +130,9 @@ async def exchange(
             return Outcome(101, keep_alive=False, upgraded=True)
         response = http1.response_framing(answer, method, status)
         if response == http1.UNTIL_CLOSE:
-            # The answer ends when the sandbox closes; the engine's exec stream carries that
-            # only once `sbx dial` exits, which it does when its stdin ends too. The
+            # The answer ends when the sandbox closes; an exec of `sbx dial` carries that only
+            # once it exits, which it does when its stdin ends too (a `dial` stream of the
+            # agent ends when both directions are done). The
             # connection cannot be reused anyway: end the request side once it is sent
             # (without waiting for it here: a sandbox may answer before reading a body).
             upload.add_done_callback(lambda _: _close_write(backend))
@@ -139,7 +161,7 @@ async def _answer_head(
                 answer = await http1.read_head(backend)
         except TimeoutError:
             raise SandboxSilent from None
-        except EOFError:
+        except (EOFError, ConnectionError):
             raise SandboxGone(backend.failure() or "closed") from None
         except BadMessage:
             raise SandboxGone("malformed answer") from None
@@ -178,9 +200,14 @@ async def _tunnel(
     """Raw bytes both ways after an upgrade, each direction half-closed on its own."""
 
     async def pump(source: ByteStream, sink: http1.Sink, done: Callable[[], None]) -> None:
-        with contextlib.suppress(ConnectionError, OSError):
+        try:
             while data := await source.read_some():
                 await sink(data)
+        except BackendReset:
+            client.abort()
+            return
+        except (ConnectionError, OSError):
+            pass
         done()
 
     async with asyncio.TaskGroup() as tg:

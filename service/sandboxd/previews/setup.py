@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from sandboxd.agent.router import AgentRouter
 from sandboxd.audit.events import AuditEvent
 from sandboxd.config import Config
 from sandboxd.engine import Engine
 from sandboxd.errors import ConfigError
 from sandboxd.models import SessionState
+from sandboxd.previews.agent_dial import AgentDialer
 from sandboxd.previews.connections import OpenConnections
 from sandboxd.previews.dialer import ExecDialer, PortDialer
 from sandboxd.previews.listener import PreviewListener, tls_context
@@ -82,7 +84,7 @@ async def serve(
         registry=parts.registry,
         signer=parts.signer,
         connections=parts.connections,
-        dialer=dialer or ExecDialer(engine),
+        dialer=dialer or dialer_for(engine),
         store=store,
         metrics=PreviewMetrics(metrics_registry),
         audit=audit,
@@ -97,3 +99,13 @@ async def serve(
         yield previews
     finally:
         await listener.__aexit__(None, None, None)
+
+
+def dialer_for(engine: Engine) -> PortDialer:
+    """The agent's `dial` streams when the engine has agent channels (DockerEngine with the
+    agent on), falling back to `sbx dial` over an exec for a sandbox without one."""
+    exec_dialer = ExecDialer(engine)
+    router = getattr(engine, "agents", None)
+    if isinstance(router, AgentRouter):
+        return AgentDialer(router.open, exec_dialer)
+    return exec_dialer
