@@ -22,8 +22,12 @@ from sandboxd.api.filesystem_service import FilesystemService
 from sandboxd.api.limits import StreamCaps, StreamGuard
 from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
-from sandboxd.api.session_leases import renew_on_activity
-from sandboxd.api.session_previews import PreviewSessionService
+from sandboxd.api.session_events import SessionEventRpcs
+from sandboxd.api.session_leases import LeaseEcho, renew_on_activity
+from sandboxd.api.session_lifecycle import SessionLifecycleRpcs
+from sandboxd.api.session_network import SessionNetworkRpcs
+from sandboxd.api.session_previews import SessionPreviewRpcs
+from sandboxd.api.session_service import SessionService
 from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.api.template_service import TemplateService
 from sandboxd.audit import AuditLog
@@ -86,9 +90,14 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
             ("grpc.so_reuseport", 0),
         ],
     )
-    stats = StatsReader(p.engine, p.hub, p.egress.bytes_moved)
     session_pb2_grpc.add_SessionServiceServicer_to_server(
-        PreviewSessionService(p.sessions, p.hub, stats, p.terms, p.previews), server
+        SessionService(
+            SessionLifecycleRpcs(p.sessions, LeaseEcho(p.terms)),
+            SessionNetworkRpcs(p.sessions),
+            SessionEventRpcs(p.sessions, p.hub, StatsReader(p.engine, p.hub, p.egress.bytes_moved)),
+            SessionPreviewRpcs(p.previews),
+        ),
+        server,
     )
     process_pb2_grpc.add_ProcessServiceServicer_to_server(
         ProcessService(p.sessions, p.executor, config, p.processes), server

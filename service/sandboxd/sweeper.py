@@ -7,8 +7,8 @@ with that label filter), so containers of other servers and of people are never 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from dataclasses import dataclass
 
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import SandboxError
@@ -21,11 +21,12 @@ log = logging.getLogger(__name__)
 SWEEP_INTERVAL_S = 60.0
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class SweepResult:
     expired_sessions: int
     removed_containers: int
     removed_images: int = 0
+    removed_networks: int = 0  # an older server's session networks (sessions/leftovers.py)
 
 
 class Sweeper:
@@ -49,8 +50,9 @@ class Sweeper:
         async with self._lock:
             expired = await self._sessions.reap_once()
             containers = await self._owned()
-            # Removes unclaimed containers, notes lost containers.
-            await self._sessions.reconcile()
+            # Removes unclaimed containers, notes lost containers, and an older server's
+            # networks until none is left (one still in use goes once its sandbox has).
+            networks = await self._sessions.reconcile()
             containers_after = await self._owned()
             images = await self._snapshots.sweep_images()
             if self._pulls is not None:
@@ -59,6 +61,7 @@ class Sweeper:
                 expired_sessions=expired,
                 removed_containers=len(containers - containers_after),
                 removed_images=images,
+                removed_networks=networks,
             )
 
     async def _owned(self) -> set[str]:
@@ -74,10 +77,12 @@ class Sweeper:
             except SandboxError as exc:
                 log.warning("sweep: %s", exc)
                 continue
-            if any((result.expired_sessions, result.removed_containers)) or result.removed_images:
+            if any(dataclasses.astuple(result)):
                 log.info(
-                    "sweep: %d lease(s) expired, %d container(s) and %d image(s) removed",
+                    "sweep: %d lease(s) expired, %d container(s), %d image(s) and "
+                    "%d network(s) removed",
                     result.expired_sessions,
                     result.removed_containers,
                     result.removed_images,
+                    result.removed_networks,
                 )

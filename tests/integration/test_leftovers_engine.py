@@ -1,6 +1,7 @@
 """What an older or a dead server left behind is removed at start: the networks of a server
 that made one per ALLOWLIST session (only its own by owner label and name, only those no
-container uses), and the never-started stand-ins of commits cut short (only its own)."""
+container uses; one in use goes at the first Sweep after, counted), and the never-started
+stand-ins of commits cut short (only its own)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import IMAGE, start_server
+from conftest import IMAGE, make_stubs, start_server
+from sandboxd.v1 import admin_pb2
 
 
 def _docker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -55,6 +57,15 @@ def test_own_unused_session_networks_are_removed_at_start(tmp_path: Path, made: 
         assert not _exists(gone), server.log()
         assert f"removed leftover network {gone}" in server.log()
         assert _exists(in_use) and _exists(theirs) and _exists(unlabelled)
+        stubs = make_stubs(server.address)
+        try:
+            assert stubs.admin.Sweep(admin_pb2.SweepRequest(), timeout=60).removed_networks == 0
+            _docker("rm", "-f", holder)  # the older server's sandbox is gone: its network may go
+            swept = stubs.admin.Sweep(admin_pb2.SweepRequest(), timeout=60)
+            assert swept.removed_networks == 1, server.log()
+            assert not _exists(in_use) and _exists(theirs) and _exists(unlabelled)
+        finally:
+            stubs.channel.close()
     finally:
         server.stop()
 

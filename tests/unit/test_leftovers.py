@@ -1,5 +1,5 @@
 """What an older or dead server left (session networks, commit stand-ins): removed at
-reconcile when ours and unused, on the fake."""
+reconcile when ours and unused, and counted by Sweep, on the fake."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from sandboxd.errors import EngineUnavailable
+from sandboxd.sweeper import Sweeper
 from session_stack import OWNER, session_stack
 
 OWN = "sandboxd-net-" + OWNER
@@ -59,3 +60,34 @@ async def test_a_failed_stand_in_cleanup_is_tried_again(tmp_path: Path) -> None:
         st.engine.calls.clear()
         await st.sessions.reconcile()
         assert "remove_commit_leftovers" not in st.engine.calls
+
+
+async def test_sweep_reports_the_networks_it_removed(tmp_path: Path) -> None:
+    """Sweep's `removed_networks` counts the leftover networks its reconcile removed: one
+    freed only after start (its older sandbox gone) is counted by the sweep that removed it."""
+    async with session_stack(tmp_path) as st:
+        sweeper = Sweeper(st.sessions, st.engine, OWNER, st.snapshots)
+        ours = {"io.sandboxd.owner": OWNER}
+        st.engine.networks = {
+            "n1": (f"{OWN}-s1", ours, 0),
+            "n2": (f"{OWN}-s2", ours, 1),  # still in use
+            "n3": (f"{OWN}-s3", ours, 0),
+            "n4": ("sandboxd-net-other-s1", {"io.sandboxd.owner": "other"}, 0),
+        }
+        assert (await sweeper.sweep()).removed_networks == 2
+        assert (await sweeper.sweep()).removed_networks == 0  # n2 still in use
+        name, labels, _ = st.engine.networks["n2"]
+        st.engine.networks["n2"] = (name, labels, 0)
+        assert (await sweeper.sweep()).removed_networks == 1
+        assert set(st.engine.networks) == {"n4"}
+        assert (await sweeper.sweep()).removed_networks == 0
+
+
+async def test_sweep_counts_no_network_it_failed_to_remove(tmp_path: Path) -> None:
+    async with session_stack(tmp_path) as st:
+        sweeper = Sweeper(st.sessions, st.engine, OWNER, st.snapshots)
+        st.engine.networks = {"n1": (f"{OWN}-s1", {"io.sandboxd.owner": OWNER}, 0)}
+        st.engine.fail("remove_network", EngineUnavailable("engine went away"))
+        assert (await sweeper.sweep()).removed_networks == 0
+        assert (await sweeper.sweep()).removed_networks == 1
+        assert st.engine.networks == {}

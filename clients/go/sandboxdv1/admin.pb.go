@@ -470,7 +470,8 @@ type SweepResponse struct {
 
 	ExpiredSessions   int64 `protobuf:"varint,1,opt,name=expired_sessions,json=expiredSessions,proto3" json:"expired_sessions,omitempty"`
 	RemovedContainers int64 `protobuf:"varint,2,opt,name=removed_containers,json=removedContainers,proto3" json:"removed_containers,omitempty"`
-	// Always 0: sessions have no networks any more.
+	// Networks an older server made (one per ALLOWLIST session) that this sweep removed once
+	// no container used them; 0 once none is left, as sessions have no networks now.
 	RemovedNetworks int64 `protobuf:"varint,3,opt,name=removed_networks,json=removedNetworks,proto3" json:"removed_networks,omitempty"`
 	RemovedImages   int64 `protobuf:"varint,4,opt,name=removed_images,json=removedImages,proto3" json:"removed_images,omitempty"`
 }

@@ -62,6 +62,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
             expired_sessions=r.expired_sessions,
             removed_containers=r.removed_containers,
             removed_images=r.removed_images,
+            removed_networks=r.removed_networks,
         )
 
     @unary

@@ -1,7 +1,7 @@
-"""WatchSession and WatchSessions: SessionService's event streams, over the domain's EventHub.
+"""GetSessionStats, WatchSession and WatchSessions: the session RPCs over the domain's
+EventHub and StatsReader.
 
-A subclass of SessionService, so the servicer of the other session RPCs stays as it is and
-this feature lives in one module; server.py registers this class.
+Proto <-> domain only; domain errors are mapped by the servicer (`session_service.py`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from collections.abc import AsyncGenerator, Mapping
 from google.protobuf import timestamp_pb2
 
 from sandboxd import tenancy
-from sandboxd.api.errors import Ctx, stream, unary
-from sandboxd.api.session_service import SessionService
 from sandboxd.errors import InvalidArgument
 from sandboxd.events import EventHub, SessionEvent
 from sandboxd.events.stats import StatsReader
@@ -45,15 +43,14 @@ def _ends_session(e: SessionEvent) -> bool:
     return e.kind == "STATE_CHANGED" and e.attributes.get("deleted") == "true"
 
 
-class WatchingSessionService(SessionService):
+class SessionEventRpcs:
     def __init__(self, sessions: SessionManager, hub: EventHub, stats: StatsReader) -> None:
-        super().__init__(sessions)
+        self._sessions = sessions
         self._hub = hub
         self._stats = stats
 
-    @unary
     async def GetSessionStats(
-        self, request: events_pb2.GetSessionStatsRequest, context: Ctx
+        self, request: events_pb2.GetSessionStatsRequest
     ) -> events_pb2.GetSessionStatsResponse:
         session = await self._sessions.get(request.session_id)
         s = await self._stats.read(session)
@@ -68,9 +65,8 @@ class WatchingSessionService(SessionService):
             )
         )
 
-    @stream
     async def WatchSession(
-        self, request: events_pb2.WatchSessionRequest, context: Ctx
+        self, request: events_pb2.WatchSessionRequest
     ) -> AsyncGenerator[events_pb2.WatchSessionResponse, None]:
         after = _after(request.after_sequence)
         session = await self._sessions.get(request.session_id)  # NOT_FOUND: missing or theirs
@@ -83,9 +79,8 @@ class WatchingSessionService(SessionService):
             if _ends_session(e):
                 return  # a deleted session has nothing more to say
 
-    @stream
     async def WatchSessions(
-        self, request: events_pb2.WatchSessionsRequest, context: Ctx
+        self, request: events_pb2.WatchSessionsRequest
     ) -> AsyncGenerator[events_pb2.WatchSessionsResponse, None]:
         after = _after(request.after_sequence)
         selector: Mapping[str, str] = dict(request.label_selector)
@@ -109,4 +104,4 @@ class WatchingSessionService(SessionService):
             yield events_pb2.WatchSessionsResponse(event=event_pb(e))
 
 
-__all__ = ["WatchingSessionService", "event_pb"]
+__all__ = ["SessionEventRpcs", "event_pb"]

@@ -1,123 +1,132 @@
-"""SessionService: translate messages, delegate to SessionManager."""
+"""SessionService: the one servicer of `sandboxd.v1.SessionService`, assembled from the
+handlers of its concerns.
+
+Each concern owns its RPCs and its collaborators in its own module: a session's life
+(`session_lifecycle.py`, with the lease terms of `session_leases.py`), its network
+(`session_network.py`), its events and stats (`session_events.py`), its previews
+(`session_previews.py`). This class only routes each RPC to its handler and maps domain
+errors to gRPC statuses (`unary`, `stream`), so no handler depends on another's class.
+"""
 
 from __future__ import annotations
 
-from google.protobuf import field_mask_pb2
+from collections.abc import AsyncGenerator
 
-from sandboxd.api import convert, egress_convert
-from sandboxd.api.errors import Ctx, unary
-from sandboxd.errors import InvalidArgument
-from sandboxd.reasons import Reason
-from sandboxd.sessions import SessionManager
-from sandboxd.v1 import common_pb2, session_pb2, session_pb2_grpc
-
-
-def _masked(
-    mask: field_mask_pb2.FieldMask,
-    asked: common_pb2.NetworkPolicy,
-    current: common_pb2.NetworkPolicy,
-) -> common_pb2.NetworkPolicy:
-    """The current policy with the masked fields taken from the request (AIP-134): a list in
-    the mask is replaced whole, as are the quotas when "quotas" is named."""
-    if not mask.IsValidForDescriptor(common_pb2.NetworkPolicy.DESCRIPTOR):
-        raise InvalidArgument(
-            f"update_mask names a field NetworkPolicy has not: {list(mask.paths)!r}",
-            reason=Reason.NETWORK_POLICY_INVALID,
-            metadata={"field": "update_mask"},
-        )
-    merged = common_pb2.NetworkPolicy()
-    merged.CopyFrom(current)
-    mask.MergeMessage(asked, merged, replace_message_field=True, replace_repeated_field=True)
-    return merged
+from sandboxd.api.errors import Ctx, stream, unary
+from sandboxd.api.session_events import SessionEventRpcs
+from sandboxd.api.session_lifecycle import SessionLifecycleRpcs
+from sandboxd.api.session_network import SessionNetworkRpcs
+from sandboxd.api.session_previews import SessionPreviewRpcs
+from sandboxd.v1 import events_pb2, previews_pb2, session_pb2, session_pb2_grpc
 
 
 class SessionService(session_pb2_grpc.SessionServiceServicer):
-    def __init__(self, sessions: SessionManager) -> None:
-        self._sessions = sessions
+    def __init__(
+        self,
+        lifecycle: SessionLifecycleRpcs,
+        network: SessionNetworkRpcs,
+        events: SessionEventRpcs,
+        previews: SessionPreviewRpcs,
+    ) -> None:
+        self._lifecycle = lifecycle
+        self._network = network
+        self._events = events
+        self._previews = previews
+
+    # ----- a session's life (session_lifecycle.py) ------------------------------------------
 
     @unary
     async def CreateSession(
         self, request: session_pb2.CreateSessionRequest, context: Ctx
     ) -> session_pb2.CreateSessionResponse:
-        session = await self._sessions.create(convert.create_input(request))
-        return session_pb2.CreateSessionResponse(session=convert.session_pb(session))
+        return await self._lifecycle.CreateSession(request)
 
     @unary
     async def GetSession(
         self, request: session_pb2.GetSessionRequest, context: Ctx
     ) -> session_pb2.GetSessionResponse:
-        session = await self._sessions.get(request.session_id)
-        return session_pb2.GetSessionResponse(session=convert.session_pb(session))
+        return await self._lifecycle.GetSession(request)
 
     @unary
     async def ListSessions(
         self, request: session_pb2.ListSessionsRequest, context: Ctx
     ) -> session_pb2.ListSessionsResponse:
-        sessions, token = await self._sessions.list_sessions(
-            dict(request.label_selector),
-            request.page_size,
-            request.page_token,
-            convert.session_state(request.state),
-        )
-        return session_pb2.ListSessionsResponse(
-            sessions=[convert.session_pb(s) for s in sessions], next_page_token=token
-        )
+        return await self._lifecycle.ListSessions(request)
 
     @unary
     async def RenewLease(
         self, request: session_pb2.RenewLeaseRequest, context: Ctx
     ) -> session_pb2.RenewLeaseResponse:
-        ttl = convert.optional_duration_s(request.ttl, request.HasField("ttl"))
-        session = await self._sessions.renew(request.session_id, ttl)
-        return session_pb2.RenewLeaseResponse(session=convert.session_pb(session))
+        return await self._lifecycle.RenewLease(request)
 
     @unary
     async def DeleteSession(
         self, request: session_pb2.DeleteSessionRequest, context: Ctx
     ) -> session_pb2.DeleteSessionResponse:
-        existed = await self._sessions.delete(request.session_id)
-        return session_pb2.DeleteSessionResponse(existed=existed)
+        return await self._lifecycle.DeleteSession(request)
 
     @unary
     async def SuspendSession(
         self, request: session_pb2.SuspendSessionRequest, context: Ctx
     ) -> session_pb2.SuspendSessionResponse:
-        session = await self._sessions.suspend(request.session_id)
-        return session_pb2.SuspendSessionResponse(session=convert.session_pb(session))
+        return await self._lifecycle.SuspendSession(request)
 
     @unary
     async def ResumeSession(
         self, request: session_pb2.ResumeSessionRequest, context: Ctx
     ) -> session_pb2.ResumeSessionResponse:
-        expected = (
-            request.expected_fingerprint if request.HasField("expected_fingerprint") else None
-        )
-        session = await self._sessions.resume(request.session_id, expected)
-        return session_pb2.ResumeSessionResponse(session=convert.session_pb(session))
+        return await self._lifecycle.ResumeSession(request)
+
+    # ----- its network (session_network.py) -------------------------------------------------
 
     @unary
     async def UpdateNetworkPolicy(
         self, request: session_pb2.UpdateNetworkPolicyRequest, context: Ctx
     ) -> session_pb2.UpdateNetworkPolicyResponse:
-        network = request.network
-        if request.HasField("update_mask") and request.update_mask.paths:
-            network = _masked(
-                request.update_mask,
-                request.network,
-                convert.session_pb(await self._sessions.get(request.session_id)).network,
-            )
-        session = await self._sessions.update_network_policy(
-            request.session_id, convert.network_policy(network)
-        )
-        return session_pb2.UpdateNetworkPolicyResponse(session=convert.session_pb(session))
+        return await self._network.UpdateNetworkPolicy(request)
 
     @unary
     async def ListEgressEvents(
         self, request: session_pb2.ListEgressEventsRequest, context: Ctx
     ) -> session_pb2.ListEgressEventsResponse:
-        events, token = await self._sessions.egress_events(
-            request.session_id, request.page_size, request.page_token
-        )
-        return session_pb2.ListEgressEventsResponse(
-            events=[egress_convert.event_pb(e) for e in events], next_page_token=token
-        )
+        return await self._network.ListEgressEvents(request)
+
+    # ----- its events and stats (session_events.py) -----------------------------------------
+
+    @stream
+    def WatchSession(
+        self, request: events_pb2.WatchSessionRequest, context: Ctx
+    ) -> AsyncGenerator[events_pb2.WatchSessionResponse, None]:
+        return self._events.WatchSession(request)
+
+    @stream
+    def WatchSessions(
+        self, request: events_pb2.WatchSessionsRequest, context: Ctx
+    ) -> AsyncGenerator[events_pb2.WatchSessionsResponse, None]:
+        return self._events.WatchSessions(request)
+
+    @unary
+    async def GetSessionStats(
+        self, request: events_pb2.GetSessionStatsRequest, context: Ctx
+    ) -> events_pb2.GetSessionStatsResponse:
+        return await self._events.GetSessionStats(request)
+
+    # ----- its previews (session_previews.py) -----------------------------------------------
+
+    @unary
+    async def PublishPort(
+        self, request: previews_pb2.PublishPortRequest, context: Ctx
+    ) -> previews_pb2.PublishPortResponse:
+        return await self._previews.PublishPort(request)
+
+    @unary
+    async def UnpublishPort(
+        self, request: previews_pb2.UnpublishPortRequest, context: Ctx
+    ) -> previews_pb2.UnpublishPortResponse:
+        return await self._previews.UnpublishPort(request)
+
+    @unary
+    async def ListPorts(
+        self, request: previews_pb2.ListPortsRequest, context: Ctx
+    ) -> previews_pb2.ListPortsResponse:
+        return await self._previews.ListPorts(request)

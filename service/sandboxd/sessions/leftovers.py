@@ -1,4 +1,5 @@
-"""What an older or a dead server left on the engine: removed when this one first reaches it.
+"""What an older or a dead server left on the engine: removed when this one first reaches it
+(the start-up reconcile), and by each sweep's reconcile while some could not be removed yet.
 
 Networks: before egress went over the agent's channel every ALLOWLIST session had its own
 Docker network, `sandboxd-net-<owner>-<session>`, labelled with the owner id like its
@@ -13,6 +14,7 @@ server that died mid-commit (the engine finds them by their own label).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import SandboxError
@@ -22,10 +24,19 @@ log = logging.getLogger(__name__)
 NAME_PREFIX = "sandboxd-net-"
 
 
-async def remove_leftovers(engine: Engine, owner_id: str) -> bool:
-    """Remove this owner's leftovers; True when none is left to try again (a network still
-    in use, by a sandbox of the older server, is tried at each reconcile until that sandbox
-    is gone)."""
+@dataclass(frozen=True)
+class Removed:
+    """What one pass removed (`networks`: what Sweep reports as `removed_networks`), and
+    whether none is left to try again."""
+
+    networks: int
+    done: bool
+
+
+async def remove_leftovers(engine: Engine, owner_id: str) -> Removed:
+    """Remove this owner's leftovers. One not removed (a network still in use, by a sandbox
+    of the older server; an engine error) leaves `done` False: it is tried at each reconcile
+    until it is gone."""
     done = True
     try:
         for name in await engine.remove_commit_leftovers(owner_id):
@@ -33,11 +44,13 @@ async def remove_leftovers(engine: Engine, owner_id: str) -> bool:
     except SandboxError as exc:
         log.warning("commit leftovers not removed: %s", exc)
         done = False
-    return await _remove_networks(engine, owner_id) and done
+    networks = await _remove_networks(engine, owner_id)
+    return Removed(networks=networks.networks, done=networks.done and done)
 
 
-async def _remove_networks(engine: Engine, owner_id: str) -> bool:
+async def _remove_networks(engine: Engine, owner_id: str) -> Removed:
     done = True
+    removed = 0
     prefix = f"{NAME_PREFIX}{owner_id}-"
     for network in await engine.list_networks(owner_id):
         if not network.name.startswith(prefix):
@@ -56,5 +69,6 @@ async def _remove_networks(engine: Engine, owner_id: str) -> bool:
             log.warning("leftover network %s not removed: %s", network.name, exc)
             done = False
             continue
+        removed += 1
         log.info("removed leftover network %s (made by an older server)", network.name)
-    return done
+    return Removed(networks=removed, done=done)

@@ -118,7 +118,8 @@ class SessionManager:
         """Expire the leases that ended, prune ended records; how many expired."""
         return await self._recovery.reap_once()
 
-    async def reconcile(self) -> None:
+    async def reconcile(self) -> int:
+        """How many leftover networks it removed (Sweep reports them)."""
         return await self._recovery.reconcile()
 
     async def run_reaper(self, interval_s: float) -> None:

@@ -224,9 +224,10 @@ class Recovery:
 
     # ----- reconcile ----------------------------------------------------------------------
 
-    async def reconcile(self) -> None:
+    async def reconcile(self) -> int:
         """When the engine comes up (and every sweep): note lost sandboxes, remove ours that
-        no record claims, finish creates that died with a previous server."""
+        no record claims, finish creates that died with a previous server, remove what an
+        older or dead server left (until none is left); how many leftover networks went."""
         sandboxes = await self._engine.list_sandboxes(self._owner_id)
         # Pool members carry no session label. Snapshot what the pool holds *before* reading
         # the records: a claim leaves the pool only once its record names it.
@@ -250,8 +251,11 @@ class Recovery:
                 if not claimed:
                     log.info("removing orphan container %s", found.sandbox_id[:12])
                     await self._engine.remove_sandbox(found.sandbox_id)
+        removed_networks = 0
         if not self._leftovers_cleared:  # after the orphans that may have held a network
-            self._leftovers_cleared = await remove_leftovers(self._engine, self._owner_id)
+            leftovers = await remove_leftovers(self._engine, self._owner_id)
+            self._leftovers_cleared = leftovers.done
+            removed_networks = leftovers.networks
         if self._egress is not None:  # proxies first: tidying opens the agents' channels
             await self._reconcile_egress()
         for row in rows:
@@ -274,6 +278,7 @@ class Recovery:
         self._tidied = True
         if self._egress is not None:  # and the proxies of sessions found lost go
             await self._reconcile_egress()
+        return removed_networks
 
     async def _reconcile_egress(self) -> None:
         if self._egress is not None:

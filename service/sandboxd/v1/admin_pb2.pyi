@@ -270,7 +270,9 @@ class SweepResponse(_message.Message):
     expired_sessions: _builtins.int
     removed_containers: _builtins.int
     removed_networks: _builtins.int
-    """Always 0: sessions have no networks any more."""
+    """Networks an older server made (one per ALLOWLIST session) that this sweep removed once
+    no container used them; 0 once none is left, as sessions have no networks now.
+    """
     removed_images: _builtins.int
     def __init__(
         self,
