@@ -93,7 +93,7 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
     session_pb2_grpc.add_SessionServiceServicer_to_server(
         SessionService(
             SessionLifecycleRpcs(p.sessions, LeaseEcho(p.terms)),
-            SessionNetworkRpcs(p.sessions),
+            SessionNetworkRpcs(p.sessions, LeaseEcho(p.terms)),
             SessionEventRpcs(p.sessions, p.hub, StatsReader(p.engine, p.hub, p.egress.bytes_moved)),
             SessionPreviewRpcs(p.previews),
         ),

@@ -141,3 +141,16 @@ def test_an_unknown_expiry_action_is_refused(ls: Stubs) -> None:
     with pytest.raises(grpc.RpcError) as bad:
         ls.sessions.CreateSession(S.CreateSessionRequest(on_expiry=99))  # type: ignore[arg-type]
     assert error_info(bad.value).reason == "INVALID_EXPIRY_ACTION"
+
+
+def test_every_session_answer_carries_its_lease_terms(ls: Stubs) -> None:
+    """UpdateNetworkPolicy answers with the Session too: its terms, not an unset field's
+    defaults (they were missing there once, while Get/List/Renew had them)."""
+    sid = _create(ls, 600, on_expiry=L.EXPIRY_ACTION_SUSPEND, renew_on_activity=True).session_id
+    try:
+        updated = ls.sessions.UpdateNetworkPolicy(
+            S.UpdateNetworkPolicyRequest(session_id=sid, network=common_pb2.NetworkPolicy())
+        ).session
+        assert updated.on_expiry == L.EXPIRY_ACTION_SUSPEND and updated.renew_on_activity
+    finally:
+        ls.sessions.DeleteSession(S.DeleteSessionRequest(session_id=sid))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from google.protobuf import field_mask_pb2
 
 from sandboxd.api import convert, egress_convert
+from sandboxd.api.session_leases import LeaseEcho
 from sandboxd.errors import InvalidArgument
 from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager
@@ -35,8 +36,12 @@ def _masked(
 
 
 class SessionNetworkRpcs:
-    def __init__(self, sessions: SessionManager) -> None:
+    """`leases`: the Session this answers with carries its lease terms like every other
+    (API.md), not the defaults of an unset field."""
+
+    def __init__(self, sessions: SessionManager, leases: LeaseEcho) -> None:
         self._sessions = sessions
+        self._leases = leases
 
     async def UpdateNetworkPolicy(
         self, request: session_pb2.UpdateNetworkPolicyRequest
@@ -51,7 +56,9 @@ class SessionNetworkRpcs:
         session = await self._sessions.update_network_policy(
             request.session_id, convert.network_policy(network)
         )
-        return session_pb2.UpdateNetworkPolicyResponse(session=convert.session_pb(session))
+        answer = convert.session_pb(session)
+        await self._leases.echo(answer)
+        return session_pb2.UpdateNetworkPolicyResponse(session=answer)
 
     async def ListEgressEvents(
         self, request: session_pb2.ListEgressEventsRequest
