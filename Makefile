@@ -45,8 +45,9 @@ build/sbx: $(HELPER_SRC) $(wildcard helper/*.h) scripts/ensure-build-tools.sh
 	gcc -static -O2 -Wall -Wextra -Werror -o $@ $(HELPER_SRC)
 
 # The same sources under AddressSanitizer and UBSan (dynamic: the sanitizers need their runtime),
-# for the agent's fuzz tests (tests/unit/test_agent_fuzz.py). Where the compiler cannot build it,
-# the target says so and those tests skip with that reason.
+# for every unit test of the real agent over pipes (tests/agent_pipes.py runs each against both
+# builds). Where the compiler cannot build it, the target says so and those tests skip with that
+# reason.
 helper-asan: build/sbx-asan
 
 build/sbx-asan: $(HELPER_SRC) $(wildcard helper/*.h) scripts/ensure-build-tools.sh

@@ -30,8 +30,9 @@ from sandboxd.v1 import (
 )
 
 # Fixtures of the hostile-input suite (bystander, victim, guard), kept in their own module;
-# mountcheck: no container of a test's server has a bind mount (checked in every engine test).
-pytest_plugins = ["hostile", "mountcheck"]
+# mountcheck: no container of a test's server has a bind mount (checked in every engine test);
+# agent_pipes: the helper's builds, made once per session, for the real agent over pipes.
+pytest_plugins = ["hostile", "mountcheck", "agent_pipes"]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,9 +2,13 @@
 
 `LoopbackFront`: a listener of the test's own on 127.0.0.1 gives each accepted socket to
 `proxy.accept` (the proxy's mechanics alone). `AgentFront`: the real path without Docker: the
-static helper's `sbx agent` runs as a child process over pipes, the server's `Channel` talks to
-it and routes its `egress` streams (sandboxd.agent.egress_route) to the proxy, and the test
-connects to the agent's listener on 127.0.0.1:<free port> like a sandbox process would.
+helper's `sbx agent` (its static and its ASan/UBSan build, tests/agent_pipes.py) runs as a child
+process over pipes, the server's `Channel` talks to it and routes its `egress` streams
+(sandboxd.agent.egress_route) to the proxy, and the test connects to the agent's listener on
+127.0.0.1:<free port> like a sandbox process would.
+
+A test runs over every front in `FRONTS` by taking `front_helper(request)` (None for the
+loopback one) and serving its proxy with `front(helper, proxy, tmp)`.
 """
 
 from __future__ import annotations
@@ -15,13 +19,23 @@ import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from agent_pipes import PipeTransport, agent_process
+import pytest
+from agent_pipes import Builds, Helper, PipeTransport, agent_process
 from sandboxd.agent.channel import Channel
 from sandboxd.agent.egress_route import EgressAcceptor, peer_open_handler
 from sandboxd.egress.proxy import EgressProxy
 
-HELPER = Path(__file__).resolve().parents[1] / "build" / "sbx"
 SESSION = "s-test"
+FRONTS = ("loopback", "agent", "agent-asan")
+
+
+def front_helper(request: pytest.FixtureRequest) -> Helper | None:
+    """The helper build a test parametrized over `FRONTS` connects through (session fixture
+    `helper_builds`); None for the loopback front."""
+    if request.param == "loopback":
+        return None
+    builds: Builds = request.getfixturevalue("helper_builds")
+    return builds.get("asan" if request.param == "agent-asan" else "static")
 
 
 def free_port() -> int:
@@ -58,12 +72,17 @@ async def loopback_front(proxy: EgressProxy) -> AsyncIterator[tuple[str, int]]:
 
 @contextlib.asynccontextmanager
 async def agent_front(
-    proxy: EgressAcceptor | None, tmp: Path, *, session_id: str = SESSION, window: int = 262144
+    helper: Helper,
+    proxy: EgressAcceptor | None,
+    tmp: Path,
+    *,
+    session_id: str = SESSION,
+    window: int = 262144,
 ) -> AsyncIterator[tuple[str, int]]:
     """The agent's egress listener, its streams served by `proxy` through a real Channel."""
     port = free_port()
     endpoints = OneSession(proxy, port)
-    async with agent_process(HELPER, tmp, {"PATH": "/usr/bin:/bin"}) as proc:
+    async with agent_process(helper, tmp) as proc:
         channel = Channel(
             PipeTransport(proc, close_stdin=True),
             name="egress-test",
@@ -82,9 +101,12 @@ async def agent_front(
 
 
 @contextlib.asynccontextmanager
-async def front(kind: str, proxy: EgressProxy, tmp: Path) -> AsyncIterator[tuple[str, int]]:
-    if kind == "agent":
-        async with agent_front(proxy, tmp) as address:
+async def front(
+    helper: Helper | None, proxy: EgressProxy, tmp: Path
+) -> AsyncIterator[tuple[str, int]]:
+    """Connections to `proxy` through the agent `helper` runs, or a loopback listener (None)."""
+    if helper is not None:
+        async with agent_front(helper, proxy, tmp) as address:
             yield address
     else:
         async with loopback_front(proxy) as address:

@@ -23,8 +23,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agent_pipes import AgentProcess, Helper, running_agent  # noqa: E402
 from agent_wire import (  # noqa: E402
-    ASAN_ENV,
     CLOSE,
     DATA,
     EOF,
@@ -37,13 +37,10 @@ from agent_wire import (  # noqa: E402
     PONG,
     RESET,
     RESIZE,
-    SANITIZER_MARKS,
     SIGNAL,
     SYNC,
     WINDOW,
-    AgentProcess,
     Frame,
-    build_helper,
     data,
     encode,
     encode_json,
@@ -55,32 +52,11 @@ from agent_wire import (  # noqa: E402
 SH = shutil.which("sh") or "/bin/sh"
 
 
-@pytest.fixture(scope="module", params=["static", "asan"])
-def agent_bin(request: pytest.FixtureRequest) -> Iterator[tuple[Path, bool]]:
-    """Every test runs against the static helper and against its ASan/UBSan build."""
-    asan = request.param == "asan"
-    d = Path(tempfile.mkdtemp(prefix="sbx-agent-"))
-    try:
-        out = d / "sbx"
-        problem = build_helper(out, asan)
-        if problem is not None:
-            assert asan, problem
-            pytest.skip(f"the compiler cannot build the sanitizer helper: {problem}")
-        yield out, asan
-    finally:
-        shutil.rmtree(d)
-
-
 @pytest.fixture
-def agent(agent_bin: tuple[Path, bool], tmp_path: Path) -> Iterator[AgentProcess]:
-    binary, asan = agent_bin
-    env = {"PATH": "/usr/bin:/bin", **(ASAN_ENV if asan else {})}
-    a = AgentProcess(binary, tmp_path, env=env)
-    try:
+def agent(agent_helper: Helper, tmp_path: Path) -> Iterator[AgentProcess]:
+    """The agent, static and ASan/UBSan (tests/agent_pipes.py): a sanitizer report fails."""
+    with running_agent(agent_helper, tmp_path) as a:
         yield a
-    finally:
-        a.close()
-        assert not any(m in a.stderr_text for m in SANITIZER_MARKS), a.stderr_text
 
 
 def run(a: AgentProcess, script: str, **fields: object) -> list[Frame]:
@@ -656,30 +632,26 @@ def test_frames_after_a_stream_ended_are_ignored(agent: AgentProcess) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching identity needs root (CAP_SETUID)")
-def test_user_option_runs_commands_under_that_identity(agent_bin: tuple[Path, bool]) -> None:
-    binary, asan = agent_bin
+def test_user_option_runs_commands_under_that_identity(agent_helper: Helper) -> None:
     root = Path(tempfile.mkdtemp(prefix="sbx-agent-user-"))  # reachable by nobody, unlike tmp_path
     root.chmod(0o755)
-    env = {"PATH": "/usr/bin:/bin", **(ASAN_ENV if asan else {})}
-    a = AgentProcess(binary, root, env=env, args=("--user", "65534:65534"))
     try:
-        a.hello()
-        frames = run(a, "id -u; id -g; id -G; grep CapEff /proc/self/status")
-        assert output(frames).split() == [b"65534", b"65534", b"65534", b"CapEff:", b"0" * 16]
+        with running_agent(agent_helper, root, args=("--user", "65534:65534")) as a:
+            a.hello()
+            frames = run(a, "id -u; id -g; id -G; grep CapEff /proc/self/status")
+            assert output(frames).split() == [b"65534", b"65534", b"65534", b"CapEff:", b"0" * 16]
     finally:
-        a.close()
         shutil.rmtree(root)
 
 
 def test_signal_relayed_by_the_sbx_run_supervisor(
-    agent: AgentProcess, agent_bin: tuple[Path, bool], tmp_path: Path
+    agent: AgentProcess, agent_helper: Helper, tmp_path: Path
 ) -> None:
     """SIGNAL with relay 1 reaches the command under `sbx run` (which traps it); without relay
     it reaches the supervisor, which ends the whole tree."""
-    binary, _ = agent_bin
     agent.hello()
     script = "trap 'echo got-int; exit 5' INT; echo ready; while :; do sleep 0.05; done"
-    argv = [str(binary), "--root", str(tmp_path), "run", "--", SH, "-c", script]
+    argv = [str(agent_helper.path), "--root", str(tmp_path), "run", "--", SH, "-c", script]
     env = {"PATH": "/usr/bin:/bin"}
     sid = agent.open("exec", argv=argv, env=env)
     assert agent.read().type == OPEN_OK

@@ -1,19 +1,17 @@
 """The server's channel (service/sandboxd/agent/) against the real agent (`sbx agent`, built
-from helper/*.c) over pipes: the two implementations of docs/agent.md checked against each
-other without Docker (the agent over pipes: tests/agent_pipes.py)."""
+from helper/*.c, static and ASan/UBSan: a sanitizer report fails the test) over pipes: the two
+implementations of docs/agent.md checked against each other without Docker (the agent over
+pipes: tests/agent_pipes.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from agent_pipes import PipeTransport, agent_process
-from agent_wire import build_helper
+from agent_pipes import Helper, PipeTransport, agent_process
 from sandboxd.agent.channel import Channel, State
 from sandboxd.agent.exec_stream import AgentExec, exec_request
 from sandboxd.errors import SandboxError
@@ -21,23 +19,11 @@ from sandboxd.errors import SandboxError
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
-@pytest.fixture(scope="module")
-def agent_binary() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="sbx-agent-"))
-    try:
-        out = d / "sbx"
-        problem = build_helper(out, asan=False)
-        assert problem is None, problem
-        yield out
-    finally:
-        shutil.rmtree(d)
-
-
 @pytest.fixture
-async def agent(agent_binary: Path, tmp_path: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+async def agent(agent_helper: Helper, tmp_path: Path) -> AsyncIterator[asyncio.subprocess.Process]:
     root = tmp_path / "ws"
     root.mkdir()
-    async with agent_process(agent_binary, root, ENV) as proc:
+    async with agent_process(agent_helper, root, ENV) as proc:
         yield proc
 
 

@@ -7,9 +7,7 @@ at the end no sanitizer report may be on its stderr. Bounded for the unit layer.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,25 +17,17 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_wire import ASAN_ENV, SANITIZER_MARKS, SYNC, AgentProcess, build_helper, encode  # noqa: E402
+from agent_pipes import AgentProcess, Builds, running_agent  # noqa: E402
+from agent_wire import SYNC, encode  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def asan_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
-    d = Path(tempfile.mkdtemp(prefix="sbx-asan-"))
-    out = d / "sbx-asan"
-    problem = build_helper(out, asan=True)
-    if problem is not None:
-        shutil.rmtree(d)
-        pytest.skip(f"the compiler cannot build the sanitizer helper: {problem}")
-    env = {"PATH": "/usr/bin:/bin", **ASAN_ENV}
-    a = AgentProcess(out, tmp_path_factory.mktemp("ws"), env=env)
-    try:
+def asan_agent(
+    helper_builds: Builds, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[AgentProcess]:
+    """One sanitizer agent for every example; a report on its stderr fails at teardown."""
+    with running_agent(helper_builds.get("asan"), tmp_path_factory.mktemp("ws")) as a:
         yield a
-    finally:
-        a.close()
-        shutil.rmtree(d)
-        assert not any(m in a.stderr_text for m in SANITIZER_MARKS), a.stderr_text
 
 
 json_values = st.recursive(

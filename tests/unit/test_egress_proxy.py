@@ -1,8 +1,9 @@
 """The egress proxy in-process (no Docker): the decision order, refusals that never dial,
-quotas, plain-HTTP rewriting, and the audit record. Every test runs twice: connections handed
-to the proxy by a loopback listener of the test's own, and the real path of a sandbox's
-connection: the agent (`sbx agent`, a child process over pipes) accepts it on its loopback
-listener and carries it as an `egress` stream over the server's Channel to the proxy."""
+quotas, plain-HTTP rewriting, and the audit record. Every test runs over each front: connections
+handed to the proxy by a loopback listener of the test's own, and the real path of a sandbox's
+connection: the agent (`sbx agent`, a child process over pipes, static and ASan/UBSan) accepts it
+on its loopback listener and carries it as an `egress` stream over the server's Channel to the
+proxy."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import dataclasses
 import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from egress_link import HELPER, front
+from egress_link import FRONTS, front, front_helper
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import DEFAULT_QUOTAS, ResolvedQuotas
@@ -25,22 +27,20 @@ from sandboxd.egress.resolver import Resolver
 # (tests/unit/test_egress_addresses.py); here only the proxy's mechanics are under test.
 LOOPBACK_UPSTREAMS = Protected(host_addresses=frozenset, always=())
 
-_FRONT = {"kind": "loopback", "tmp": Path("/nonexistent")}
+_FRONT: dict[str, Any] = {"helper": None, "tmp": Path("/nonexistent")}
 _ADDRESS: dict[int, tuple[str, int]] = {}
 
 
-@pytest.fixture(autouse=True, params=["loopback", "agent"])
+@pytest.fixture(autouse=True, params=FRONTS)
 def connections_via(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """How this test's connections reach the proxy."""
-    if request.param == "agent" and not HELPER.exists():
-        pytest.skip("build/sbx is not built (make helper)")
-    _FRONT.update(kind=request.param, tmp=tmp_path)
+    _FRONT.update(helper=front_helper(request), tmp=tmp_path)
     yield str(request.param)
 
 
 @contextlib.asynccontextmanager
 async def serving(proxy: EgressProxy) -> AsyncIterator[EgressProxy]:
-    async with front(str(_FRONT["kind"]), proxy, Path(_FRONT["tmp"])) as address:
+    async with front(_FRONT["helper"], proxy, _FRONT["tmp"]) as address:
         _ADDRESS[id(proxy)] = address
         try:
             yield proxy

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import socket
 import struct
-import tempfile
 import types
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import agent_wire as w
 import pytest
 from agent_peer import ScriptedAgent
-from egress_link import PipeTransport, free_port
+from agent_pipes import Helper, PipeTransport, agent_process
+from egress_link import free_port
 from fakes import FakeEngine
 from preview_world import Parts, close, preview_parts
 from sandboxd.agent.channel import Channel
@@ -37,47 +36,18 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 WINDOW = 65536
 
 
-@pytest.fixture(scope="module", params=["static", "asan"])
-def agent_bin(request: pytest.FixtureRequest) -> Iterator[tuple[Path, bool]]:
-    """The static helper and its ASan/UBSan build (`make helper`, `make helper-asan`)."""
-    asan = request.param == "asan"
-    d = Path(tempfile.mkdtemp(prefix="sbx-dial-"))
-    try:
-        out = d / "sbx"
-        problem = w.build_helper(out, asan)
-        if problem is not None:
-            assert asan, problem
-            pytest.skip(f"the compiler cannot build the sanitizer helper: {problem}")
-        yield out, asan
-    finally:
-        shutil.rmtree(d)
-
-
 @pytest.fixture
-async def real_channel(agent_bin: tuple[Path, bool], tmp_path: Path) -> AsyncIterator[Channel]:
-    binary, asan = agent_bin
+async def real_channel(agent_helper: Helper, tmp_path: Path) -> AsyncIterator[Channel]:
+    """A channel on the real agent, static and ASan/UBSan (a sanitizer report fails)."""
     root = tmp_path / "ws"
     root.mkdir()
-    log = tmp_path / "agent.stderr"
-    with log.open("wb") as stderr:
-        proc = await asyncio.create_subprocess_exec(
-            str(binary),
-            "--root",
-            str(root),
-            "agent",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=stderr,
-            env={**ENV, **(w.ASAN_ENV if asan else {})},
-        )
-    channel = Channel(PipeTransport(proc), name="dial", window=WINDOW)  # type: ignore[arg-type]
-    await asyncio.wait_for(channel.start(), 10)
-    yield channel
-    await channel.close()
-    proc.kill()
-    await proc.wait()
-    said = log.read_text(errors="replace")
-    assert not any(mark in said for mark in w.SANITIZER_MARKS), said[-4000:]
+    async with agent_process(agent_helper, root, ENV) as proc:
+        channel = Channel(PipeTransport(proc), name="dial", window=WINDOW)  # type: ignore[arg-type]
+        await asyncio.wait_for(channel.start(), 10)
+        try:
+            yield channel
+        finally:
+            await channel.close()
 
 
 class NoExec:

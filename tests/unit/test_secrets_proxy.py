@@ -1,8 +1,8 @@
 """The egress proxy with a session Interceptor, in-process (no Docker): a bound host is
 intercepted and gets its header, an unbound one stays a plain end-to-end tunnel, an upstream
 that does not verify refuses the CONNECT, a placeholder in plain HTTP is audited. Each test runs
-with connections handed in by a loopback listener and through the agent's channel (the TLS
-interception then runs over a channel stream: tests/egress_link.py)."""
+with connections handed in by a loopback listener and through the agent's channel, static and
+ASan/UBSan (the TLS interception then runs over a channel stream: tests/egress_link.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from egress_link import HELPER, front
+from egress_link import FRONTS, front, front_helper
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import DEFAULT_QUOTAS, ResolvedQuotas
@@ -40,10 +40,9 @@ class Rig:
     address: tuple[str, int]
 
 
-@pytest.fixture(params=["loopback", "agent"])
+@pytest.fixture(params=FRONTS)
 async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Rig]:
-    if request.param == "agent" and not HELPER.exists():
-        pytest.skip("build/sbx is not built (make helper)")
+    helper = front_helper(request)
     ca, rogue = CertAuthority.create("up CA"), CertAuthority.create("rogue")
     good = ca.server_context(tmp_path, "api.test", "plain.test")
     bad = rogue.server_context(tmp_path, "bad.test")
@@ -91,7 +90,7 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[R
     )
     client = ssl.create_default_context(cadata=ca.pem.decode())
     client.load_verify_locations(cadata=interceptor.ca.pem.decode())
-    async with front(request.param, proxy, tmp_path) as address:
+    async with front(helper, proxy, tmp_path) as address:
         yield Rig(proxy, port, heads, client, ca, events, address)
     await proxy.close()
     upstream.close()
