@@ -507,8 +507,11 @@ void cmd_read(struct cmd *c, int k)
 		ssize_t n = read(c->out_fd[k], dst, want);
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n < 0 && errno == EAGAIN)
+		if (n < 0 && errno == EAGAIN) {
+			if (c->tty_done_at && now_ms() >= c->tty_done_at)
+				close_fd(&c->out_fd[k]); /* see TTY_DONE_MS */
 			return;
+		}
 		if (n <= 0) {
 			/* EOF; a terminal says EIO once no process holds it */
 			close_fd(&c->out_fd[k]);
@@ -556,6 +559,8 @@ void reap(void)
 			continue;
 		c->reaped = true;
 		c->status = st;
+		if (c->tty)
+			c->tty_done_at = now_ms() + TTY_DONE_MS;
 		/* What is left in its process group has no command any more. */
 		kill(-pid, SIGKILL);
 		/* its orphans soon, but a burst of short commands scans /proc

@@ -419,3 +419,34 @@ async def test_ptrace_of_the_agent_is_refused(agent: tuple[Channel, DockerContai
     lines = out.decode().split("\n")
     assert [line.split()[1] for line in lines if line] == ["-1", "-1"], out
     await survives(ch, container, "true")
+
+
+async def test_a_tty_command_ends_with_its_output(agent: tuple[Channel, DockerContainer]) -> None:
+    """gVisor's pty master gives no EIO once the command is gone while the agent holds the
+    master open for stdin (measured: the EXIT never came); the agent ends a reaped tty
+    command's output at its first empty read instead."""
+    ch, _ = agent
+    await ch.hello()
+    sid = ch.next_id
+    ch.next_id += 2
+    body = {
+        "kind": "exec",
+        "argv": ["/bin/sh", "-c", "echo done; stty size"],
+        "env": {"PATH": "/bin"},
+        "tty": {"rows": 30, "cols": 100},
+        "stdin": True,  # as Interact asks: the agent keeps the terminal open for stdin
+    }
+    await ch.send(encode_json(OPEN, sid, body))
+    out = b""
+    while True:
+        f = await ch.read(timeout=10)
+        if f.stream != sid:
+            continue
+        if f.type == 0x12:
+            out += f.payload[1:]
+        elif f.type == EXIT:
+            break
+        elif f.type == RESET:
+            raise AssertionError(f.payload)
+    assert out == b"done\r\n30 100\r\n", out
+    assert json.loads(f.payload)["exit_code"] == 0
