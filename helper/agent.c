@@ -954,6 +954,10 @@ static void timers(uint64_t now)
 			kill(-c->pid, SIGKILL);
 			c->kill_at = now + KILL_GRACE_MS;
 		}
+		/* A reaped tty command whose terminal gives no EIO (gVisor): its
+		 * output is over at the first empty read (cmd_read). */
+		if (c->tty_done_at && now >= c->tty_done_at && c->out_fd[1] >= 0)
+			cmd_read(c, 1);
 	}
 	if (now >= g_next_sweep) {
 		sweep_orphans();
@@ -1148,9 +1152,13 @@ static void dispatch(size_t i)
 static int poll_timeout(uint64_t now)
 {
 	uint64_t next = g_next_sweep;
-	for (struct cmd *c = g_cmds; c; c = c->next)
+	for (struct cmd *c = g_cmds; c; c = c->next) {
 		if (c->kill_at && c->kill_at < next)
 			next = c->kill_at;
+		/* once past, the terminal's data or the stream's window wakes us */
+		if (c->tty_done_at > now && c->out_fd[1] >= 0 && c->tty_done_at < next)
+			next = c->tty_done_at;
+	}
 	if (g_epoch && g_stdin_open) {
 		uint64_t k = g_last_rx + (g_ping_sent_at ? 2 * g_keepalive : g_keepalive);
 		if (k < next)

@@ -71,6 +71,11 @@ const struct jval *json_get(const struct jval *o, const char *key);
 #define MAX_RING (64u << 20)
 #define KILL_GRACE_MS 1000
 #define SWEEP_MS 1000
+/* A tty command's output is over once its terminal reads empty this long
+ * after the command was reaped: gVisor's pty master never says EIO when the
+ * last holder of the terminal is gone (measured: the command's EXIT never
+ * came), Linux's does, normally well within this. */
+#define TTY_DONE_MS 100
 
 enum {
 	F_HELLO = 0x01, F_HELLO_OK, F_PING, F_PONG, F_GOAWAY,
@@ -96,6 +101,7 @@ struct cmd {
 	int out_fd[3];	    /* [1], [2]: pipes; a tty has only [1] */
 	struct stream *owner; /* the exec stream of a non-detached command */
 	uint64_t kill_at;   /* SIGKILL due (ms), once its stream is gone */
+	uint64_t tty_done_at; /* reaped tty: output over at its first empty read after */
 	bool detached;
 	char id[MAX_ID + 1];
 	struct ring ring[3];

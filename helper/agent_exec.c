@@ -169,18 +169,22 @@ static void child_main(int rep, int in, int out, int err, int tty_slave, const c
 	 * agent died; inside, the namespace ends with its PID 1. */
 	if (g_self != 1)
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
-	/* The command's identity before anything it could name is touched; a
-	 * command never runs as the agent when told otherwise. */
-	if (g_switch_user && (setgroups(0, NULL) < 0 || setresgid(g_cmd_gid, g_cmd_gid, g_cmd_gid) < 0 ||
-			      setresuid(g_cmd_uid, g_cmd_uid, g_cmd_uid) < 0))
-		child_fail(rep, ST_IDENTITY, errno);
 	/* The memory cgroup's OOM killer takes a command before the agent
-	 * (whose death would end the sandbox); raising it needs no privilege. */
+	 * (whose death would end the sandbox); raising it needs no privilege.
+	 * Written before the identity switch: the child inherits the agent's
+	 * non-dumpable flag, so its /proc/self files belong to root, and only
+	 * the --user agent's child is root here (measured: as the command's own
+	 * uid the write fails and the command kept 0). */
 	int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
 	if (oom >= 0) {
 		(void)!write(oom, "500", 3);
 		close(oom);
 	}
+	/* The command's identity before anything it could name is touched; a
+	 * command never runs as the agent when told otherwise. */
+	if (g_switch_user && (setgroups(0, NULL) < 0 || setresgid(g_cmd_gid, g_cmd_gid, g_cmd_gid) < 0 ||
+			      setresuid(g_cmd_uid, g_cmd_uid, g_cmd_uid) < 0))
+		child_fail(rep, ST_IDENTITY, errno);
 	if (chdir(g_root) < 0 || (cwd && *cwd && chdir(cwd) < 0))
 		child_fail(rep, ST_CWD, errno);
 	execve(argv[0], argv, envp);
@@ -503,8 +507,11 @@ void cmd_read(struct cmd *c, int k)
 		ssize_t n = read(c->out_fd[k], dst, want);
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n < 0 && errno == EAGAIN)
+		if (n < 0 && errno == EAGAIN) {
+			if (c->tty_done_at && now_ms() >= c->tty_done_at)
+				close_fd(&c->out_fd[k]); /* see TTY_DONE_MS */
 			return;
+		}
 		if (n <= 0) {
 			/* EOF; a terminal says EIO once no process holds it */
 			close_fd(&c->out_fd[k]);
@@ -552,6 +559,8 @@ void reap(void)
 			continue;
 		c->reaped = true;
 		c->status = st;
+		if (c->tty)
+			c->tty_done_at = now_ms() + TTY_DONE_MS;
 		/* What is left in its process group has no command any more. */
 		kill(-pid, SIGKILL);
 		/* its orphans soon, but a burst of short commands scans /proc

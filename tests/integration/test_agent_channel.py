@@ -24,6 +24,13 @@ from conftest import (
 )
 from sandboxd.v1 import common_pb2, session_pb2
 
+TIERS = ("runc", "gvisor")  # the same agent under both (sbx agent --user, docs/agent.md)
+
+
+def _tier(tier: str) -> tuple[str, ...]:
+    """start_server's arguments for a server whose sessions run under `tier`."""
+    return ("--isolation-default", tier) if tier != "runc" else ()
+
 
 def _container_of(sid: str, owner: str) -> str:
     out = subprocess.run(
@@ -58,8 +65,10 @@ def test_the_agent_is_pid_1_and_runs_commands_without_docker_exec(
     cid = _container_of(s.session_id, owner)
     doc = _inspect(cid)
     config, host = doc["Config"], doc["HostConfig"]
-    assert config["Cmd"] == ["/.sandboxd/sbx", "agent"]  # type: ignore[index]
-    assert config["User"] == "65534:65534"  # type: ignore[index]  # the session's, not a keeper
+    # Commands as the session's uid:gid, not a keeper's; the agent itself as root with three
+    # capabilities (tests/integration/test_agent_identity.py).
+    assert config["Cmd"] == ["/.sandboxd/sbx", "agent", "--user", "65534:65534"]  # type: ignore[index]
+    assert config["User"] == "0:0"  # type: ignore[index]
     assert config["OpenStdin"] is True and config["StdinOnce"] is False  # type: ignore[index]
     assert host["Init"] is False  # type: ignore[index]
     # The command's parent chain: sbx run (the supervisor) whose parent is PID 1, the agent.
@@ -73,7 +82,7 @@ def test_the_agent_is_pid_1_and_runs_commands_without_docker_exec(
     )
     assert r.exit_code == 0, r.stderr
     parent_of_supervisor, *cmdline = r.stdout.decode().split()
-    assert cmdline == ["/.sandboxd/sbx", "agent"]
+    assert cmdline == ["/.sandboxd/sbx", "agent", "--user", "65534:65534"]
     assert parent_of_supervisor == "1"
     # No `docker exec` was made for any of it (the engine lists every exec of a container).
     assert _exec_ids(cid) == []
@@ -83,10 +92,10 @@ def test_the_agent_is_pid_1_and_runs_commands_without_docker_exec(
     assert _exec_ids(cid) == []
 
 
-def test_a_server_killed_and_started_again_reattaches(tmp_path: Path) -> None:
+def test_a_server_killed_and_started_again_reattaches(tmp_path: Path, tier: str) -> None:
     owner = "t-agent-restart-" + str(int(time.time()))
     data = tmp_path / "data"
-    srv = start_server(data, owner)
+    srv = start_server(data, owner, *_tier(tier))
     try:
         stubs = make_stubs(f"127.0.0.1:{srv.port}")
         sid = stubs.sessions.CreateSession(
@@ -95,7 +104,7 @@ def test_a_server_killed_and_started_again_reattaches(tmp_path: Path) -> None:
         assert run(stubs, sid, "/bin/sh", "-c", "echo before > /workspace/f").exit_code == 0
         cid = _container_of(sid, owner)
         srv.stop(signal.SIGKILL)
-        srv = start_server(data, owner)
+        srv = start_server(data, owner, *_tier(tier))
         stubs = make_stubs(f"127.0.0.1:{srv.port}")
         r = run(stubs, sid, "/bin/cat", "/workspace/f")
         assert r.exit_code == 0 and r.stdout == b"before\n", r
@@ -107,13 +116,19 @@ def test_a_server_killed_and_started_again_reattaches(tmp_path: Path) -> None:
         remove_owned_containers(owner)
 
 
-def test_an_agent_that_stops_answering_is_rescued(tmp_path: Path) -> None:
+def test_an_agent_that_stops_answering_is_rescued(tmp_path: Path, tier: str) -> None:
     """SIGSTOP to the agent from the engine (the one sender a command cannot be: PID 1 ignores
     every signal from inside its namespace): the call in flight fails with AGENT_UNAVAILABLE,
     the server kills the sandbox user's processes and wakes the agent, and the session works."""
     owner = "t-agent-rescue-" + str(int(time.time()))
     srv = start_server(
-        tmp_path / "data", owner, "--agent-keepalive", "0.5s", "--agent-handshake", "2s"
+        tmp_path / "data",
+        owner,
+        "--agent-keepalive",
+        "0.5s",
+        "--agent-handshake",
+        "2s",
+        *_tier(tier),
     )
     try:
         stubs = make_stubs(f"127.0.0.1:{srv.port}")
@@ -156,14 +171,14 @@ def test_signals_from_inside_leave_the_agent_running(
     assert r.stdout.startswith(b"alive\n") and b"stopped" not in r.stdout, r.stdout
 
 
-def test_a_command_running_when_the_server_dies_is_killed(tmp_path: Path) -> None:
+def test_a_command_running_when_the_server_dies_is_killed(tmp_path: Path, tier: str) -> None:
     """Server SIGKILL during an Exec: the agent's keepalive ends the epoch and with it every
     non-detached command (its whole tree); after a restart nothing of it is left."""
     import threading
 
     owner = "t-agent-orphan-" + str(int(time.time()))
     data = tmp_path / "data"
-    srv = start_server(data, owner)
+    srv = start_server(data, owner, *_tier(tier))
     try:
         stubs = make_stubs(f"127.0.0.1:{srv.port}")
         sid = stubs.sessions.CreateSession(
@@ -181,9 +196,13 @@ def test_a_command_running_when_the_server_dies_is_killed(tmp_path: Path) -> Non
         thread.start()
         cid = _container_of(sid, owner)
 
+        def processes() -> str:
+            # `docker top` of a runsc container lists the host's processes, not the sandbox's.
+            ps = ["docker", "exec", "-u", "65534:65534", cid, "ps", "-o", "args"]
+            return subprocess.run(ps, capture_output=True, text=True).stdout
+
         def running() -> bool:
-            out = subprocess.run(["docker", "top", cid], capture_output=True, text=True).stdout
-            return "sleep 4242" in out
+            return "sleep 4242" in processes()
 
         assert wait_until(running, timeout=10)
         srv.stop(signal.SIGKILL)
@@ -191,9 +210,8 @@ def test_a_command_running_when_the_server_dies_is_killed(tmp_path: Path) -> Non
         assert caught and caught[0].code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
         # Two keepalive periods (the agent's: 2 x 5 s) and the command's tree is gone.
         assert wait_until(lambda: not running(), timeout=20)
-        out = subprocess.run(["docker", "top", cid], capture_output=True, text=True)
-        assert "sleep 4243" not in out.stdout, out.stdout
-        srv = start_server(data, owner)
+        assert "sleep 4243" not in processes()
+        srv = start_server(data, owner, *_tier(tier))
         stubs = make_stubs(f"127.0.0.1:{srv.port}")
         assert run(stubs, sid, "/bin/true").exit_code == 0
     finally:
@@ -201,7 +219,7 @@ def test_a_command_running_when_the_server_dies_is_killed(tmp_path: Path) -> Non
         remove_owned_containers(owner)
 
 
-def test_background_processes_outlive_a_server_sigkill(tmp_path: Path) -> None:
+def test_background_processes_outlive_a_server_sigkill(tmp_path: Path, tier: str) -> None:
     """Issue 13, outcome 2: a background process keeps running through a server SIGKILL and a
     restart; ListProcesses shows it, AttachProcess from 0 replays its whole output and follows
     it live, SignalProcess works, and its exit is recorded."""
@@ -211,7 +229,7 @@ def test_background_processes_outlive_a_server_sigkill(tmp_path: Path) -> None:
     owner = "t-agent-bg-" + str(int(time.time()))
     data = tmp_path / "data"
     detached = ("--agent-detached-processes", "true")
-    srv = start_server(data, owner, *detached)
+    srv = start_server(data, owner, *detached, *_tier(tier))
     try:
         stubs = make_stubs(f"127.0.0.1:{srv.port}")
         sid = stubs.sessions.CreateSession(
@@ -231,7 +249,7 @@ def test_background_processes_outlive_a_server_sigkill(tmp_path: Path) -> None:
         )
         time.sleep(0.5)
         srv.stop(signal.SIGKILL)
-        srv = start_server(data, owner, *detached)
+        srv = start_server(data, owner, *detached, *_tier(tier))
         stubs = make_stubs(f"127.0.0.1:{srv.port}")
 
         def listed() -> dict[str, P.Process]:

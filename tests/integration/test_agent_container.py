@@ -1,10 +1,13 @@
 """`sbx agent` as PID 1 of a container shaped like a session's, over the engine's attach.
 
-The container is what a session's is (busybox runtime image, uid 1000, every capability dropped,
-no-new-privileges, read-only root, network none, no init, the helper from its content-named
-volume) with the agent as its main process and stdin open. The sandbox user's attempts to end,
-stop or read the agent leave it answering, and the orphan test leaves nothing running; under
-gVisor too when the engine has runsc.
+The container is shaped like a session's (busybox runtime image, read-only root, network none,
+no init, no-new-privileges, the helper from its content-named volume) with the agent as its main
+process and stdin open, under two identities: the server's (`separate-uid`: root with only
+CAP_SETUID, CAP_SETGID and CAP_KILL, commands as uid 1000) and the agent as the sandbox user
+itself (`sandbox-uid`, every capability dropped), kept to show what the server's choice defends
+against: the xfails are strict, each is measured to fail. The sandbox user's attempts to end,
+stop, limit or read the agent leave it answering, and the orphan test leaves nothing running;
+under gVisor too when the engine has runsc.
 """
 
 from __future__ import annotations
@@ -134,7 +137,14 @@ IDENTITIES = {
 }
 GVISOR_PID1 = (
     "gVisor does not protect a PID 1 from its own namespace: an agent of the sandbox user's uid "
-    "can be killed, stopped and read by the sandbox user (run it with --user, see docs/agent.md)"
+    "can be killed and stopped by the sandbox user (the server runs it with --user, docs/agent.md)"
+)
+
+
+SAME_UID_LIMITS = (
+    "prlimit(2) asks only that the uids and gids match, not that the target be dumpable: a "
+    "command of the agent's own uid can lower the agent's limits (RLIMIT_NOFILE: it can no longer "
+    "start a command; RLIMIT_CPU: the kernel's SIGKILL ends it, PID 1 or not) under every runtime"
 )
 
 
@@ -144,23 +154,32 @@ def identity(request: pytest.FixtureRequest, tier: str) -> str:
     return name
 
 
-def gvisor_gap(tier: str, identity: str) -> None:
+@pytest.fixture
+def image() -> str:
+    """The runtime image of the agent's container (a test may parametrize another)."""
+    return IMAGE
+
+
+def gvisor_gap(request: pytest.FixtureRequest, tier: str, identity: str) -> None:
+    """The test runs and must fail (strict): the gap is measured, not assumed."""
     if tier == "gvisor" and identity == "sandbox-uid":
-        pytest.xfail(GVISOR_PID1)
+        request.applymarker(pytest.mark.xfail(reason=GVISOR_PID1, strict=True))
 
 
 @pytest.fixture
-async def agent(tier: str, identity: str) -> AsyncIterator[tuple[Channel, DockerContainer]]:
+async def agent(
+    tier: str, identity: str, image: str
+) -> AsyncIterator[tuple[Channel, DockerContainer]]:
     user, caps, extra = IDENTITIES[identity]
     docker = aiodocker.Docker()
     container: DockerContainer | None = None
     channel: Channel | None = None
     try:
         volume = HelperVolume(REPO / "build" / "sbx")
-        await volume.ensure(docker, IMAGE)
+        await volume.ensure(docker, image)
         container = await docker.containers.create(
             {
-                "Image": IMAGE,
+                "Image": image,
                 "Entrypoint": [],
                 "Cmd": [SBX, "agent", *extra],
                 "User": user,
@@ -211,13 +230,19 @@ async def still_running(ch: Channel, needle: str) -> bool:
     return any(needle in line for line in out.decode(errors="replace").splitlines())
 
 
-async def test_agent_is_pid1_of_the_sandbox_user(agent: tuple[Channel, DockerContainer]) -> None:
+async def test_agent_is_pid1_of_the_sandbox_user(
+    agent: tuple[Channel, DockerContainer], identity: str
+) -> None:
     ch, _ = agent
     ok = await ch.hello()
     assert ok["pid"] == 1
     out, ex = await ch.run("/bin/sh", "-c", "id -u; id -g; id -G; grep CapEff /proc/self/status")
     assert out.split() == [b"1000", b"1000", b"1000", b"CapEff:", b"0000000000000000"]
     assert ex["exit_code"] == 0
+    # The OOM killer's first choice is a command, not the agent. Only the --user agent's child
+    # can set it: the agent is non-dumpable, so its child's /proc/self files belong to root.
+    oom, _ = await ch.run("/bin/cat", "/proc/self/oom_score_adj")
+    assert oom == (b"500\n" if identity == "separate-uid" else b"0\n"), oom
 
 
 async def survives(ch: Channel, container: DockerContainer, script: str) -> None:
@@ -241,21 +266,30 @@ async def test_kill_9_minus_1(agent: tuple[Channel, DockerContainer]) -> None:
 
 
 async def test_kill_stop_minus_1(
-    agent: tuple[Channel, DockerContainer], tier: str, identity: str
+    agent: tuple[Channel, DockerContainer],
+    tier: str,
+    identity: str,
+    request: pytest.FixtureRequest,
 ) -> None:
-    gvisor_gap(tier, identity)
+    gvisor_gap(request, tier, identity)
     await survives(*agent, "sleep 300 & kill -STOP -1; kill -STOP 1")
 
 
-async def test_kill_pid_1(agent: tuple[Channel, DockerContainer], tier: str, identity: str) -> None:
-    gvisor_gap(tier, identity)
+async def test_kill_pid_1(
+    agent: tuple[Channel, DockerContainer],
+    tier: str,
+    identity: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    gvisor_gap(request, tier, identity)
     await survives(*agent, "kill -KILL 1; kill -TERM 1; kill -INT 1; kill -HUP 1")
 
 
 async def test_memory_and_environment_are_not_readable(
-    agent: tuple[Channel, DockerContainer], tier: str, identity: str
+    agent: tuple[Channel, DockerContainer],
 ) -> None:
-    gvisor_gap(tier, identity)
+    # Under gVisor too for the agent's own uid (measured): its memory does not open, and the
+    # environment strings it wiped at start are all /proc/1/environ shows.
     ch, _ = agent
     await ch.hello()
     # non-dumpable: the same uid has no ptrace access, so neither environ nor mem opens
@@ -275,9 +309,12 @@ async def test_memory_and_environment_are_not_readable(
 
 
 async def test_orphans_are_killed(
-    agent: tuple[Channel, DockerContainer], tier: str, identity: str
+    agent: tuple[Channel, DockerContainer],
+    tier: str,
+    identity: str,
+    request: pytest.FixtureRequest,
 ) -> None:
-    gvisor_gap(tier, identity)  # its $PPID is the agent
+    gvisor_gap(request, tier, identity)  # its $PPID is the agent
     ch, _ = agent
     await ch.hello()
     # under the `sbx run` supervisor, as the server runs commands
@@ -343,3 +380,73 @@ async def test_egress_through_the_channel_with_only_loopback(
             break
     assert request.startswith(b"GET /x HTTP/1.1\r\n")
     assert got == b"through"
+
+
+PYTHON_IMAGE = "sandboxd-runtime:python"
+# A process of the agent's own uid lowers the agent's file limit (prlimit(2) asks only that the
+# ids match); the agent, unable to open the pipes of a command, then starts none. `survives`
+# runs a command afterwards.
+LOWER_THE_AGENTS_LIMITS = "prlimit --pid 1 --nofile=4:4 --cpu=1:1 && echo lowered"
+
+
+@pytest.mark.parametrize("image", [PYTHON_IMAGE])
+async def test_the_agents_resource_limits_are_out_of_reach(
+    agent: tuple[Channel, DockerContainer], identity: str, request: pytest.FixtureRequest
+) -> None:
+    if identity == "sandbox-uid":
+        request.applymarker(pytest.mark.xfail(reason=SAME_UID_LIMITS, strict=True))
+    ch, container = agent
+    await ch.hello()
+    out, _ = await ch.run("/bin/sh", "-c", LOWER_THE_AGENTS_LIMITS)
+    assert b"lowered" not in out and b"not permitted" in out, out
+    await survives(ch, container, "kill -CHLD 1; true")
+    limits, _ = await ch.run("/bin/sh", "-c", "grep -E 'open files|cpu time' /proc/1/limits")
+    assert b" 4 " not in limits and b" 1 " not in limits, limits
+
+
+@pytest.mark.parametrize("image", [PYTHON_IMAGE])
+async def test_ptrace_of_the_agent_is_refused(agent: tuple[Channel, DockerContainer]) -> None:
+    ch, container = agent
+    await ch.hello()
+    probe = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "for req in (16, 0x4206):  # PTRACE_ATTACH, PTRACE_SEIZE\n"
+        "    r = libc.ptrace(req, 1, 0, 0)\n"
+        "    print(req, r, ctypes.get_errno())\n"
+    )
+    out, _ = await ch.run("/usr/bin/python3", "-c", probe)
+    lines = out.decode().split("\n")
+    assert [line.split()[1] for line in lines if line] == ["-1", "-1"], out
+    await survives(ch, container, "true")
+
+
+async def test_a_tty_command_ends_with_its_output(agent: tuple[Channel, DockerContainer]) -> None:
+    """gVisor's pty master gives no EIO once the command is gone while the agent holds the
+    master open for stdin (measured: the EXIT never came); the agent ends a reaped tty
+    command's output at its first empty read instead."""
+    ch, _ = agent
+    await ch.hello()
+    sid = ch.next_id
+    ch.next_id += 2
+    body = {
+        "kind": "exec",
+        "argv": ["/bin/sh", "-c", "echo done; stty size"],
+        "env": {"PATH": "/bin"},
+        "tty": {"rows": 30, "cols": 100},
+        "stdin": True,  # as Interact asks: the agent keeps the terminal open for stdin
+    }
+    await ch.send(encode_json(OPEN, sid, body))
+    out = b""
+    while True:
+        f = await ch.read(timeout=10)
+        if f.stream != sid:
+            continue
+        if f.type == 0x12:
+            out += f.payload[1:]
+        elif f.type == EXIT:
+            break
+        elif f.type == RESET:
+            raise AssertionError(f.payload)
+    assert out == b"done\r\n30 100\r\n", out
+    assert json.loads(f.payload)["exit_code"] == 0

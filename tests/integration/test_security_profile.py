@@ -45,7 +45,10 @@ def inspected(default_session: session_pb2.Session, server: ServerProcess) -> di
 def test_host_config(inspected: dict[str, Any]) -> None:
     hc = inspected["HostConfig"]
     assert hc["ReadonlyRootfs"] is True
-    assert hc["CapDrop"] == ["ALL"] and not hc["CapAdd"]
+    # The agent (PID 1) alone holds these three, to start each command as the session's uid
+    # and gid and signal it; the commands hold none (test_seen_from_inside).
+    assert hc["CapDrop"] == ["ALL"]
+    assert sorted(c.removeprefix("CAP_") for c in hc["CapAdd"]) == ["KILL", "SETGID", "SETUID"]
     assert "no-new-privileges:true" in hc["SecurityOpt"]
     assert not any(o.startswith("seccomp=unconfined") for o in hc["SecurityOpt"])
     assert hc["Privileged"] is False
@@ -67,8 +70,9 @@ def test_config_and_labels(
     inspected: dict[str, Any], default_session: session_pb2.Session, server: ServerProcess
 ) -> None:
     cfg = inspected["Config"]
-    assert cfg["User"] == "65534:65534"  # the agent runs as the session's user
-    assert cfg["Cmd"] == ["/.sandboxd/sbx", "agent"] and cfg["OpenStdin"] is True
+    assert cfg["User"] == "0:0"  # the agent, which runs every command as the session's user
+    assert cfg["Cmd"] == ["/.sandboxd/sbx", "agent", "--user", "65534:65534"]
+    assert cfg["OpenStdin"] is True
     labels = cfg["Labels"]
     assert labels["io.sandboxd.owner"] == server.owner_id
     assert labels["io.sandboxd.session"] == default_session.session_id
@@ -84,7 +88,11 @@ def test_seen_from_inside(stubs: Stubs, default_session: session_pb2.Session) ->
     status = run(stubs, sid, "cat", "/proc/self/status").stdout.decode()
     fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
     assert int(fields["CapEff"], 16) == 0 and int(fields["CapPrm"], 16) == 0
-    assert int(fields["CapBnd"], 16) == 0
+    assert int(fields["CapInh"], 16) == 0 and int(fields["CapAmb"], 16) == 0
+    # The bounding set is the container's (the agent's three: dropping it needs CAP_SETPCAP);
+    # with no-new-privileges an execve grants nothing within it.
+    assert int(fields["CapBnd"], 16) == (1 << 5) | (1 << 6) | (1 << 7)  # KILL, SETGID, SETUID
+    assert fields["Groups"].strip() == ""
     assert fields["NoNewPrivs"].strip() == "1"
     assert fields["Seccomp"].strip() == "2"  # filter mode: Docker's default profile
     # read-only root, writable workspace, noexec /tmp

@@ -120,23 +120,20 @@ def test_container_settings() -> None:
     assert config["Env"] == ["PATH=/bin", "HTTP_PROXY=http://evil"]  # the input is not changed
 
 
-def test_an_allowlist_sandbox_without_the_agent_as_pid_1_has_it_as_its_keeper(
-    tmp_path: Path,
-) -> None:
-    """gVisor keeps the keeper (runsc lets a same-uid process SIGKILL PID 1): for an ALLOWLIST
-    session that keeper is the agent, as the keeper user behind Docker's init, carrying egress
-    only; every other sandbox keeps its profile."""
+def test_an_allowlist_gvisor_sandbox_has_the_one_agent_as_pid_1(tmp_path: Path) -> None:
+    """gVisor runs the same agent as runc (`sbx agent --user`, docs/agent.md): for an ALLOWLIST
+    session it carries the egress and the commands alike. Only `agent = false` keeps the idle
+    keeper, which carries nothing (that server offers no ALLOWLIST)."""
     spec = dataclasses.replace(default_spec(Config(data_dir=tmp_path)), isolation=Isolation.GVISOR)
     common: dict[str, Any] = {"helper_volume": "v", "keeper_user": "65533:65533"}
     allow = SandboxRequest(spec=spec, owner_id="o", name="n", egress_port=3128)
-    keeper = container_config(allow, runtime="runsc", agent=False, egress_agent=True, **common)
-    assert keeper["Cmd"][-1] == "agent" and keeper["User"] == "65533:65533"
-    assert keeper["HostConfig"]["Init"] is True and keeper["HostConfig"]["NetworkMode"] == "none"
-    assert keeper["OpenStdin"] and keeper["AttachStdout"] and not keeper["Tty"]
-    env = dict(e.split("=", 1) for e in keeper["Env"])
+    agent = container_config(allow, runtime="runsc", **common)
+    assert agent["Cmd"][1:] == ["agent", "--user", spec.user] and agent["User"] == "0:0"
+    assert agent["HostConfig"]["Init"] is False and agent["HostConfig"]["NetworkMode"] == "none"
+    assert agent["OpenStdin"] and agent["AttachStdout"] and not agent["Tty"]
+    env = dict(e.split("=", 1) for e in agent["Env"])
     assert env["HTTPS_PROXY"] == "http://127.0.0.1:3128"
     deny = SandboxRequest(spec=spec, owner_id="o", name="n")
-    idle = container_config(deny, runtime="runsc", agent=False, egress_agent=False, **common)
+    idle = container_config(deny, runtime="runsc", agent=False, **common)
     assert idle["Cmd"][-1] == "idle" and not idle["OpenStdin"]
-    pid1 = container_config(allow, agent=True, egress_agent=True, **common)
-    assert pid1["User"] == spec.user and pid1["HostConfig"]["Init"] is False
+    assert idle["User"] == "65533:65533" and idle["HostConfig"]["Init"] is True

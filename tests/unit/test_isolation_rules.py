@@ -121,8 +121,8 @@ def test_the_profile_names_the_runtime_and_checks_it(tmp_path: Path) -> None:
     )
     assert runsc["HostConfig"]["Runtime"] == "runsc"
     # A sandbox moved to another runtime no longer conforms (tampering check).
-    assert conforms(runsc, {"HostConfig": runsc["HostConfig"]})
-    assert not conforms(runsc, {"HostConfig": runc["HostConfig"]})
+    assert conforms(runsc, {"Config": runsc, "HostConfig": runsc["HostConfig"]})
+    assert not conforms(runsc, {"Config": runsc, "HostConfig": runc["HostConfig"]})
 
 
 def test_under_gvisor_pids_is_the_sandbox_users_nproc(tmp_path: Path) -> None:

@@ -54,8 +54,9 @@ class AgentPort(Protocol):
     """What the router needs of the engine (the Docker adapter: engine/docker_attach.py)."""
 
     async def attach(self, sandbox_id: str) -> Attached | None:
-        """None when the sandbox's main process is not the agent (the agent is off for its
-        tier, or it predates the agent): its commands are the engine's own execs."""
+        """None when the sandbox's main process is not the agent (`sbx agent`, with or
+        without `--user UID:GID`; the agent is off, or the sandbox predates it): its commands
+        are the engine's own execs. `Attached.user` is who the agent runs commands as."""
         ...
 
     async def rescue(self, sandbox_id: str, user: str) -> str:

@@ -160,10 +160,8 @@ class DockerEngine:
             helper_volume=self._helper.name,
             keeper_user=self._keeper_user,
             runtime=self._runtimes[request.spec.isolation],
-            # runsc lets a same-uid process SIGKILL PID 1 (measured): gVisor keeps the keeper.
-            agent=self.agents is not None and request.spec.isolation is not Isolation.GVISOR,
-            # ...and an ALLOWLIST gVisor sandbox's keeper is the agent, for its egress only.
-            egress_agent=self.agents is not None and bool(request.egress_port),
+            # The same agent under every runtime (`sbx agent --user`: docs/agent.md).
+            agent=self.agents is not None,
         )
 
     def sandbox_shape(self, request: SandboxRequest) -> str:

@@ -21,9 +21,9 @@ from sandboxd.agent.channel import Channel
 from sandboxd.agent.exec_stream import AgentExec
 from sandboxd.agent.router import Attached, Paused
 from sandboxd.engine import compat
+from sandboxd.engine.docker_profile import commands_user
 from sandboxd.errors import FailedPrecondition, NotFound, Unavailable
 from sandboxd.labels import LABEL_SESSION
-from sandboxd.profile import HELPER_IN_CONTAINER
 from sandboxd.reasons import Reason
 
 if TYPE_CHECKING:
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STDERR_LOGGED = 64 * 1024  # of the agent's diagnostics per attachment
-AGENT_CMD = [HELPER_IN_CONTAINER, "agent"]
 
 
 class AttachTransport:
@@ -81,7 +80,8 @@ class DockerAgentPort:
         with self._engine.translate(f"attaching to container {sandbox_id[:12]}"):
             info = await container.show()
         config = info.get("Config") or {}
-        if list(config.get("Cmd") or []) != AGENT_CMD:
+        user = commands_user(config)
+        if user is None:
             return None
         if not (info.get("State") or {}).get("Running"):
             # As `docker exec` answers a stopped container: the session's check follows.
@@ -95,22 +95,22 @@ class DockerAgentPort:
         labels = config.get("Labels") or {}
         return Attached(
             AttachTransport(stream, sandbox_id[:12]),
-            str(config.get("User") or ""),
+            user,
             env,
             session_id=str(labels.get(LABEL_SESSION, "")),
         )
 
     async def rescue(self, sandbox_id: str, user: str) -> str:
         """`kill -KILL -1` as the sandbox user through `docker exec` (every process of that
-        user but the agent, which is PID 1 of the container and immune to signals from inside),
-        then SIGCONT to the agent from the engine (a stopped agent runs again)."""
+        user; the agent is root, and PID 1 of the container), then SIGCONT to the agent from
+        the engine (an agent stopped from outside the sandbox runs again)."""
         with self._engine.translate(f"inspecting container {sandbox_id[:12]}"):
             state = (await self._engine.docker.containers.container(sandbox_id).show())["State"]
         if state.get("Paused"):
             raise Paused(f"container {sandbox_id[:12]} is paused")
         done = []
-        if user == self._engine.keeper_user:  # an egress-only agent: no command ran under it,
-            return "left the keeper's processes alone (egress only)"  # and none can touch it
+        if user == self._engine.keeper_user:  # an older server's egress-only gVisor agent:
+            return "left the keeper's processes alone (egress only)"  # no command ran under it
         with contextlib.suppress(Exception):
             async with self._engine.docker_exec(
                 sandbox_id, ["/bin/sh", "-c", "kill -KILL -1"], user=user

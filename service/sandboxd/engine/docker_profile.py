@@ -21,7 +21,16 @@ from sandboxd.secrets import trust
 HELPER_DIR = posixpath.dirname(HELPER_IN_CONTAINER)
 
 NO_PROXY = "localhost,127.0.0.1,::1"
-# The HostConfig fields a tampering check compares (plus CapAdd and no-new-privileges).
+# The agent's own identity: root with only these capabilities (Docker's names), no-new-privileges.
+# It starts every command as the session's uid:gid (`sbx agent --user UID:GID`): a command then
+# holds no capability and shares no uid with the agent, so it can neither signal, stop, trace,
+# limit (prlimit) nor read it under any runtime (gVisor does not protect a PID 1 from its own
+# namespace; prlimit asks only for matching uids). CAP_KILL: the agent signals their processes.
+AGENT_USER = "0:0"
+AGENT_CAPS = ("SETUID", "SETGID", "KILL")
+AGENT_CMD = (HELPER_IN_CONTAINER, "agent")
+# The HostConfig fields a tampering check compares (plus the capabilities, no-new-privileges,
+# and the main process's command and user, which say who the commands run as).
 # Runtime: a sandbox moved from gvisor to runc would lose its kernel boundary unnoticed.
 _CHECKED = (
     "Memory",
@@ -41,19 +50,15 @@ def container_config(
     keeper_user: str,
     runtime: str = "runc",
     agent: bool = True,
-    egress_agent: bool = False,
 ) -> dict[str, Any]:
     """The create request, under the OCI `runtime` of the session's isolation tier (runc, or
     runsc for gvisor).
 
-    With `agent` the main process is the in-sandbox agent (docs/agent.md), as the session's
-    own uid:gid: PID 1 of the container (`Init` off), so the kernel drops the signals a
-    command sends it (`kill -9 -1` cannot end the container and its workspace tmpfs), with
-    stdin open for the server's channel. Without, it idles as `keeper_user`, a uid different
-    from the sandbox user's, behind Docker's init, and commands are `docker exec`s; with
-    `egress_agent` too (an ALLOWLIST sandbox without the agent as PID 1: gVisor) that keeper is
-    the agent, still as `keeper_user` behind Docker's init (so a command can neither signal nor
-    trace it), whose channel carries the sandbox's egress and no command.
+    With `agent` the main process is the in-sandbox agent (docs/agent.md), the same under
+    every runtime: PID 1 of the container (`Init` off), stdin open for the server's channel,
+    as root with only AGENT_CAPS, starting every command as the session's uid:gid. Without
+    (the setting `agent = false`), it idles as `keeper_user`, a uid different from the sandbox
+    user's, behind Docker's init, with no capability, and commands are `docker exec`s.
     """
     spec = request.spec
     limits = spec.limits
@@ -69,9 +74,9 @@ def container_config(
     config: dict[str, Any] = {
         # A resumed session runs the image it was created from, whatever the tag says now.
         "Image": spec.image_id or spec.image,
-        "Cmd": [HELPER_IN_CONTAINER, "agent" if agent else "idle"],
+        "Cmd": agent_command(spec.user) if agent else [HELPER_IN_CONTAINER, "idle"],
         "Entrypoint": [],
-        "User": spec.user if agent else keeper_user,
+        "User": AGENT_USER if agent else keeper_user,
         "WorkingDir": "/",
         "Env": [
             f"{k}={v}" for k, v in {**base_env(spec), **trust.sandbox_env(spec.network)}.items()
@@ -102,7 +107,7 @@ def container_config(
                 **trust.tmpfs(spec.network),
             },
             "CapDrop": ["ALL"],
-            "CapAdd": [],
+            "CapAdd": list(AGENT_CAPS) if agent else [],
             "SecurityOpt": ["no-new-privileges:true"],
             "Privileged": False,
             "Memory": limits.memory_bytes,
@@ -120,9 +125,6 @@ def container_config(
             "Ulimits": [{"Name": "core", "Soft": 0, "Hard": 0}],
         },
     }
-    if egress_agent and not agent:
-        config["Cmd"] = [HELPER_IN_CONTAINER, "agent"]
-        config.update(AttachStdin=True, AttachStdout=True, AttachStderr=True, OpenStdin=True)
     if spec.isolation is Isolation.GVISOR:
         config["HostConfig"].update(gvisor_pids(limits.pids))
     if request.egress_port:
@@ -168,10 +170,52 @@ def apply_to_container(config: dict[str, Any], egress_port: int) -> dict[str, An
     return config
 
 
+def agent_command(user: str) -> list[str]:
+    """The agent's command line: every command it starts runs as `user` (the session's)."""
+    return [*AGENT_CMD, "--user", user]
+
+
+def commands_user(config: Mapping[str, Any]) -> str | None:
+    """Who the commands of a container's agent run as, from its `Config` (docker inspect);
+    None when its main process is not the agent (`agent = false`: the keeper).
+
+    `sbx agent --user U` runs them as U. A bare `sbx agent` (made by an older server) runs
+    them as itself, the container's user: the session's, or, for a gVisor sandbox's agent
+    that carried egress only, `keeper_user`, which no command runs as.
+    """
+    cmd = list(config.get("Cmd") or [])
+    if cmd[:2] != list(AGENT_CMD):
+        return None
+    if len(cmd) == 2:
+        return str(config.get("User") or "")
+    if len(cmd) == 4 and cmd[2] == "--user":
+        return str(cmd[3])
+    return None
+
+
+def _caps(names: object) -> frozenset[str]:
+    """Capability names as a set, spelled as Docker reports either way (`KILL`, `CAP_KILL`)."""
+    if not isinstance(names, list):
+        return frozenset()
+    return frozenset(str(n).upper().removeprefix("CAP_") for n in names)
+
+
 def conforms(want: Mapping[str, Any], info: Mapping[str, Any]) -> bool:
-    """False when a container's limits or security settings are not the requested ones."""
+    """False when a container's limits or security settings are not the requested ones: every
+    capability added must be exactly the requested set (the agent's three, or none), and the
+    main process the requested command as the requested user (with the agent's capabilities,
+    another command line could run commands as root)."""
     wanted = want["HostConfig"]
     have = info.get("HostConfig") or {}
     if any(have.get(k) != wanted.get(k) for k in _CHECKED):
         return False
-    return not have.get("CapAdd") and "no-new-privileges:true" in (have.get("SecurityOpt") or [])
+    if _caps(have.get("CapAdd")) != _caps(wanted.get("CapAdd")):
+        return False
+    if "ALL" not in _caps(have.get("CapDrop")):
+        return False
+    config = info.get("Config") or {}
+    if list(config.get("Cmd") or []) != list(want["Cmd"]):
+        return False
+    if str(config.get("User") or "") != want["User"]:
+        return False
+    return "no-new-privileges:true" in (have.get("SecurityOpt") or [])
