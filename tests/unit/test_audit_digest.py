@@ -20,9 +20,7 @@ def _chunks() -> list[bytes]:
 
 
 @pytest.mark.parametrize("batch", [1, 1000, 64 * 1024, audit_describe.HASH_BATCH])
-async def test_digest_matches_hashing_in_order(
-    monkeypatch: pytest.MonkeyPatch, batch: int
-) -> None:
+async def test_digest_matches_hashing_in_order(monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
     monkeypatch.setattr(audit_describe, "HASH_BATCH", batch)
     chunks = _chunks()
     digest = Digest()
