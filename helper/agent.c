@@ -1227,10 +1227,6 @@ int cmd_agent(int argc, char **argv)
 	g_out = xmalloc(OUT_CAP);
 	set_nonblock(0);
 	set_nonblock(1);
-	/* The channel's pipe to the engine (64 KiB by default): room for a few
-	 * whole frames, so the engine reads them in fewer, larger pieces.  Best
-	 * effort: not a pipe, or the host's pipe limits. */
-	(void)fcntl(1, F_SETPIPE_SZ, (int)CHANNEL_PIPE);
 	/* Diagnostics are dropped rather than ever blocking the loop. */
 	set_nonblock(2);
 	g_last_rx = now_ms();

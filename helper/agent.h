@@ -73,7 +73,6 @@ const struct jval *json_get(const struct jval *o, const char *key);
 /* A command's stdout pipe (64 KiB by default): what it may write during a
  * hold without blocking.  Best effort (the host's per-user pipe limits). */
 #define CMD_PIPE (256u * 1024u)
-#define CHANNEL_PIPE (1024u * 1024u)
 #define MAX_STREAMS 1024
 #define MAX_DETACHED 128
 #define MAX_ID 64
