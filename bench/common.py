@@ -186,6 +186,10 @@ class BenchContext:
         fields.setdefault("shell", common_pb2.ShellPolicy(allow_all=True))
         resp = await self.stubs.sessions.CreateSession(session_pb2.CreateSessionRequest(**fields))
         try:
+            if self.pool_size and self.metrics_url:
+                # A pool hit starts a refill (a create+start, 0.25 s after the claim): let it
+                # finish before the caller measures anything in the session.
+                await self.pool_ready()
             yield resp.session
         finally:
             await self.delete_session(resp.session.session_id)

@@ -157,7 +157,7 @@ async def _load(args: argparse.Namespace) -> None:
                     "250",
                     "--output",
                     args.output,
-                    "--nonblocking",
+                    *(["--native"] if args.native else ["--nonblocking"]),
                 )
                 deadline = time.monotonic() + args.seconds
                 count = 0
@@ -199,6 +199,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--output", default="/tmp/sandboxd-profile.txt")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--native", action="store_true", help="C frames too (py-spy pauses the server to sample)"
+    )
     args = parser.parse_args()
     asyncio.run(_load(args))
     top(args.output, args.top)

@@ -94,6 +94,13 @@ uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+uint64_t now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 __attribute__((format(printf, 1, 2)))
 void logf_(const char *fmt, ...)
 {
@@ -1050,8 +1057,13 @@ static void pset(int fd, short ev, enum ptag tag, void *ptr, int k)
 	g_pn++;
 }
 
+/* The earliest end of a hold on a command's output (0: none), set by build_poll. */
+static uint64_t g_hold_wake_us;
+
 static void build_poll(void)
 {
+	uint64_t now = now_us();
+	g_hold_wake_us = 0;
 	g_pn = 0;
 	pset(g_sigpipe[0], POLLIN, P_SIG, NULL, 0);
 	if (g_stdin_open && out_room())
@@ -1073,6 +1085,11 @@ static void build_poll(void)
 			if (!c->detached &&
 			    (!c->owner || !out_room() || c->owner->send_credit <= 0))
 				continue;
+			if (c->hold_until_us[k] > now) {
+				if (!g_hold_wake_us || c->hold_until_us[k] < g_hold_wake_us)
+					g_hold_wake_us = c->hold_until_us[k];
+				continue;
+			}
 			pset(c->out_fd[k], POLLIN, P_CMDOUT, c, k);
 		}
 	}
@@ -1243,7 +1260,15 @@ int cmd_agent(int argc, char **argv)
 				return 0;
 		}
 		build_poll();
-		int r = poll(g_pfd, g_pn, poll_timeout(now_ms()));
+		int ms = poll_timeout(now_ms());
+		struct timespec wait = {ms / 1000, (long)(ms % 1000) * 1000000L};
+		if (g_hold_wake_us) {
+			uint64_t now = now_us();
+			uint64_t us = g_hold_wake_us > now ? g_hold_wake_us - now : 0;
+			if (us < (uint64_t)ms * 1000u)
+				wait = (struct timespec){0, (long)us * 1000L};
+		}
+		int r = ppoll(g_pfd, g_pn, &wait, NULL);
 		if (r < 0 && errno != EINTR) {
 			logf_("agent: poll: %s", strerror(errno));
 			struct timespec ts = {0, 10000000};

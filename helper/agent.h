@@ -60,6 +60,19 @@ const struct jval *json_get(const struct jval *o, const char *key);
 /* One input frame makes at most a few frames of output; room for them. */
 #define OUT_CAP (OUT_HIGH + 4u * (HDR_LEN + MAX_PAYLOAD))
 #define CHUNK (MAX_PAYLOAD - 1u)
+/* A command's output that flows without a pause (its previous read was
+ * under FLOW_US ago, or one read found FLOW_BYTES) is read again only
+ * HOLD_US later, so what it writes
+ * meanwhile leaves in one frame instead of one per write (4 KiB each for
+ * many tools): far fewer frames, engine messages and gRPC messages for a
+ * stream, and a latency of HOLD_US only for output that is already
+ * streaming.  Output after a pause (an echo, a prompt) is read at once. */
+#define FLOW_US 100u
+#define FLOW_BYTES 16384u
+#define HOLD_US 500u
+/* A command's stdout pipe (64 KiB by default): what it may write during a
+ * hold without blocking.  Best effort (the host's per-user pipe limits). */
+#define CMD_PIPE (256u * 1024u)
 #define MAX_STREAMS 1024
 #define MAX_DETACHED 128
 #define MAX_ID 64
@@ -105,6 +118,8 @@ struct cmd {
 	bool detached;
 	char id[MAX_ID + 1];
 	struct ring ring[3];
+	uint64_t last_read_us[3]; /* when out_fd[k] last gave data */
+	uint64_t hold_until_us[3]; /* out_fd[k] is not polled before this */
 };
 
 enum kind { K_EXEC, K_ATTACH, K_DIAL, K_EGRESS };
@@ -159,6 +174,7 @@ void on_sigchld(int sig);
 void reap(void);
 void sweep_orphans(void);
 uint64_t now_ms(void);
+uint64_t now_us(void);
 __attribute__((format(printf, 1, 2))) void logf_(const char *fmt, ...);
 void set_nonblock(int fd);
 void put32(unsigned char *p, uint32_t v);

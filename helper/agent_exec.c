@@ -370,6 +370,8 @@ void open_exec(uint32_t id, const struct jval *req)
 	else if (ok)
 		ok = (!want_stdin || pipe2(inp, O_CLOEXEC) == 0) && pipe2(o1, O_CLOEXEC) == 0 &&
 		     pipe2(o2, O_CLOEXEC) == 0;
+	if (ok && !tty)
+		(void)fcntl(o1[0], F_SETPIPE_SZ, (int)CMD_PIPE); /* best effort */
 	pid_t pid = ok ? fork() : -1;
 	if (pid == 0)
 		child_main(rep[1], want_stdin ? inp[0] : g_devnull, o1[1], o2[1], slave, cwd, argv,
@@ -523,6 +525,15 @@ void cmd_read(struct cmd *c, int k)
 			unsigned char fd = (unsigned char)k;
 			out_frame2(F_DATA, s->id, &fd, 1, tmp, (size_t)n);
 			s->send_credit -= n;
+		}
+		uint64_t now = now_us();
+		bool flowing = now - c->last_read_us[k] < FLOW_US || n >= (ssize_t)FLOW_BYTES;
+		c->last_read_us[k] = now;
+		if ((size_t)n < want) {
+			/* Drained: while output flows, let the next writes gather (HOLD_US). */
+			if (flowing)
+				c->hold_until_us[k] = now + HOLD_US;
+			return;
 		}
 	}
 }

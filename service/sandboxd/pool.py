@@ -12,6 +12,9 @@ Labels cannot change after creation, so pooled containers carry `io.sandboxd.poo
 session only by the stored container id. Reconciliation leaves containers the pool currently
 holds alone (`owns`), and removes pool containers of earlier generations that no session claims.
 
+A claim's refill starts `REFILL_DELAY_S` later, so the claimant's first commands do not
+compete with a create+start; claims that come meanwhile share that one wait.
+
 Invariants: a member is popped synchronously before anything awaits, so no container is ever
 handed out twice; the refill task is owned here and cancelled by `close`, which also removes
 every member (and the one being created, if any).
@@ -37,6 +40,10 @@ from sandboxd.validation import parse_user
 log = logging.getLogger(__name__)
 
 _BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# A claim's refill waits this long first: a create+start keeps the engine (and on a small
+# host every core) busy for a fifth of a second, and the claimant's first commands, a few
+# milliseconds after its CreateSession, would wait behind it (time to interactive).
+REFILL_DELAY_S = 0.25
 
 
 def default_spec(config: Config) -> SessionSpec:
@@ -77,8 +84,10 @@ class WarmPool:
         template: SandboxRequest,
         generation: str,
         metrics: Metrics | None = None,
+        refill_delay_s: float = REFILL_DELAY_S,
     ) -> None:
         self._engine = engine
+        self._refill_delay_s = refill_delay_s
         self._size = size
         self._owner_id = owner_id
         self._template = template
@@ -197,6 +206,8 @@ class WarmPool:
                 failures = 0
             self._wanted.clear()
             await self._wanted.wait()
+            if self._refill_delay_s > 0:
+                await asyncio.sleep(self._refill_delay_s)  # the claimant goes first
 
     async def _create_one(self) -> str:
         name = f"{self._template.name}-{secrets.token_hex(4)}"

@@ -318,6 +318,20 @@ def test_orphans_of_a_command_are_killed(agent: AgentProcess, tmp_path: Path) ->
 # ---------------------------------------------------------------- flow control
 
 
+def test_streamed_output_is_gathered_into_large_frames(agent: AgentProcess) -> None:
+    """A command writing 4 KiB at a time without a pause: its output is read again only after
+    a short hold, so it leaves in frames of many writes, not one frame per write; every byte
+    arrives, in order."""
+    agent.hello()
+    writes, size = 256, 4096
+    script = f'i=0; while [ $i -lt {writes} ]; do printf "%{size}s" ""; i=$((i+1)); done'
+    frames = run(agent, script)
+    out = [f for f in frames if f.type == DATA and f.payload[0] == 1]
+    assert sum(len(f.payload) - 1 for f in out) == writes * size
+    assert exit_of(frames)["exit_code"] == 0
+    assert len(out) <= writes // 4, f"{len(out)} frames for {writes} writes"
+
+
 def test_unrefilled_window_stalls_only_its_own_stream(agent: AgentProcess) -> None:
     agent.hello(window=4096)
     slow = agent.open("exec", argv=["/bin/sh", "-c", "yes slow | head -c 1000000"], env={})

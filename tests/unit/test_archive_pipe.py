@@ -63,6 +63,19 @@ async def test_inbox_hands_every_chunk_to_the_thread_in_order_and_bounds_its_byt
     assert max(seen_sizes) < 1000 + max(map(len, chunks))  # below the limit, plus one chunk
 
 
+async def test_a_waiting_thread_gets_a_small_chunk_while_the_client_still_sends() -> None:
+    """The thread is woken for a batch of chunks, not each one; a client that pauses after a
+    few bytes (its stream still open) has them read anyway, so a bad member is refused at once
+    rather than when the client gives up."""
+    inbox = pipe.Inbox(asyncio.get_running_loop(), limit=pipe.INBOX_BYTES)
+    consumer = asyncio.ensure_future(_run_thread(inbox.get))
+    while not inbox._thread_waits:
+        await asyncio.sleep(0.001)
+    await inbox.put(b"abc")  # far below INBOX_WAKE, and no end()
+    assert await consumer == b"abc"
+    inbox.end()
+
+
 async def test_inbox_error_reaches_the_thread_where_the_data_stops() -> None:
     inbox = pipe.Inbox(asyncio.get_running_loop(), limit=1000)
     await inbox.put(b"abc")

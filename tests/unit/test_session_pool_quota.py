@@ -6,8 +6,11 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from fakes import FakeEngine
+from sandboxd.config import Config
 from sandboxd.errors import ResourceExhausted
 from sandboxd.models import LimitsRequest
+from sandboxd.pool import WarmPool, pool_template
 from sandboxd.sessions import CreateSessionInput
 from session_stack import as_tenant, session_stack
 
@@ -84,3 +87,40 @@ async def test_tenant_memory_quota_counts_concurrent_creates(tmp_path: Path) -> 
         refused = [r for r in results if isinstance(r, ResourceExhausted)]
         assert len(refused) == 2 and all(r.reason == "TENANT_MEMORY_QUOTA" for r in refused)
         assert len(st.engine.sandboxes) == 2
+
+
+async def _claim_then_count_creates(tmp_path: Path, delay: float) -> tuple[int, int]:
+    """(creates, available) a few loop turns after a claim, with the refill waiting `delay`."""
+    engine = FakeEngine()
+    config = Config(data_dir=tmp_path, pool_size=1)
+    template = pool_template(config, "owner", "gen")
+    pool = WarmPool(
+        engine,
+        size=1,
+        owner_id="owner",
+        template=template,
+        generation="gen",
+        refill_delay_s=delay,
+    )
+    pool.start()
+    try:
+        await _filled(pool, 1)
+        claimed = await pool.claim(template)
+        assert claimed is not None
+        pool.settled(claimed)
+        if delay == 0:
+            await _filled(pool, 1)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        return engine.calls.count("create_sandbox"), pool.available
+    finally:
+        await pool.close()
+
+
+async def test_a_claims_refill_waits_so_the_claimants_first_commands_go_first(
+    tmp_path: Path,
+) -> None:
+    """The replacement's create+start is not started while the claimant begins its work (it
+    would compete for the engine and the CPU with the session's first Run)."""
+    assert await _claim_then_count_creates(tmp_path, 3600) == (1, 0)
+    assert await _claim_then_count_creates(tmp_path, 0) == (2, 1)

@@ -12,6 +12,8 @@ from sandboxd.agent.channel import Channel
 from sandboxd.agent.streams import AgentStream
 from sandboxd.profile import HELPER_IN_CONTAINER
 
+READ_JOIN = 64 * 1024  # execution.CHUNK_BYTES: the largest output event
+
 
 def exec_request(
     argv: Sequence[str],
@@ -56,7 +58,9 @@ class AgentExec:
         self.opened: dict[str, Any] = stream.opened.result()  # OPEN_OK's document
 
     async def read(self) -> tuple[int, bytes] | None:
-        return await self._stream.read()
+        """The next output, joined with what of the same fd has already arrived (up to a
+        gRPC message's worth): one queue item and one event instead of one per frame."""
+        return await self.read_joined(READ_JOIN)
 
     async def read_joined(self, limit: int) -> tuple[int, bytes] | None:
         first = await self._stream.read()

@@ -25,6 +25,7 @@ MAX_STREAM_ID = 2**32 - 1
 MAX_WINDOW = 2**31 - 1  # a window grown past this is the peer's bug: RESET FLOW_CONTROL
 _U32 = struct.Struct(">I")
 _RESIZE = struct.Struct(">HH")
+_FD = [bytes([fd]) for fd in range(256)]
 
 
 class FrameType(IntEnum):
@@ -79,8 +80,11 @@ def encode_json(ftype: int, stream: int, doc: dict[str, Any]) -> bytes:
     return encode(ftype, stream, json.dumps(doc, separators=(",", ":")).encode())
 
 
-def data(stream: int, fd: int, chunk: bytes) -> bytes:
-    return encode(FrameType.DATA, stream, bytes([fd]) + chunk)
+def data(stream: int, fd: int, chunk: bytes | memoryview) -> bytes:
+    """One DATA frame, its bytes copied once (`chunk` may be a view into a larger buffer)."""
+    if len(chunk) + 1 > MAX_PAYLOAD:
+        raise ValueError(f"frame payload of {len(chunk) + 1} bytes over {MAX_PAYLOAD}")
+    return b"".join((HEADER.pack(len(chunk) + 1, FrameType.DATA, stream), _FD[fd], chunk))
 
 
 def eof(stream: int, fd: int) -> bytes:
@@ -179,7 +183,8 @@ class FrameDecoder:
         end = at + HEADER.size + length
         if len(self._buf) < end:
             return None
-        frame = Frame(ftype, stream, bytes(self._buf[at + HEADER.size : end]))
+        with memoryview(self._buf) as view:  # one copy of the payload, not two
+            frame = Frame(ftype, stream, bytes(view[at + HEADER.size : end]))
         self._at = end
         return frame
 

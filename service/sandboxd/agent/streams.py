@@ -198,7 +198,7 @@ class AgentStream:
                 raise self.error or ConnectionError("the stream has ended")
             n = min(len(view), self._send_window, frames.MAX_PAYLOAD - 1)
             self._send_window -= n
-            await self._send(frames.data(self.id, fd, bytes(view[:n])))
+            await self._send(frames.data(self.id, fd, view[:n]))
             view = view[n:]
 
     def send_eof(self, fd: int) -> None:

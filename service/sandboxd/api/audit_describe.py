@@ -8,6 +8,9 @@ tally and are recorded only when refused.
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import concurrent.futures
 import hashlib
 from typing import Any
 
@@ -38,6 +41,66 @@ def _exit_attrs(exited: Any) -> dict[str, object]:
     }
 
 
+# Threads that hash transfers for their audit record: hashlib releases the GIL on large
+# updates, so a 48 MiB archive's SHA-256 (tens of ms of CPU) leaves the event loop free.
+_HASHERS = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="audit-sha256")
+HASH_BATCH = 1024 * 1024  # bytes handed to a hashing thread at once
+HASH_BACKLOG = 4  # batches in flight per transfer; past that the loop hashes itself
+
+
+class Digest:
+    """The SHA-256 of a transfer's bytes, in order, computed off the event loop.
+
+    Chunks are kept until a batch of `HASH_BATCH` bytes is complete, then hashed by a
+    thread; each batch waits for the one before it (submitted earlier, so already taken by
+    a thread: no batch ever waits for a later one). At most `HASH_BACKLOG` batches are in
+    flight (a few MiB): past that the caller hashes the batch itself, so a starved thread
+    never makes the server hold a whole archive. A small transfer never leaves the loop.
+    """
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._inflight: collections.deque[concurrent.futures.Future[None]] = collections.deque()
+
+    def update(self, data: bytes) -> None:
+        self._parts.append(data)
+        self._size += len(data)
+        if self._size >= HASH_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        parts, self._parts, self._size = self._parts, [], 0
+        while self._inflight and self._inflight[0].done():
+            self._inflight.popleft().result()
+        if len(self._inflight) >= HASH_BACKLOG:
+            # The threads lag (a starved host): wait for the oldest batch, one batch's
+            # hashing at most, rather than hold ever more of the transfer.
+            self._inflight.popleft().result()
+        previous = self._inflight[-1] if self._inflight else None
+        self._inflight.append(_HASHERS.submit(_hash_after, self._hash, previous, parts))
+
+    async def hexdigest(self) -> str:
+        """Every byte so far, once the threads are done (they never wait for the loop)."""
+        if self._inflight:
+            await asyncio.wrap_future(self._inflight[-1])
+            self._inflight.clear()
+        for part in self._parts:
+            self._hash.update(part)
+        self._parts, self._size = [], 0
+        return self._hash.hexdigest()
+
+
+def _hash_after(
+    digest: Any, previous: concurrent.futures.Future[None] | None, parts: list[bytes]
+) -> None:
+    if previous is not None:
+        previous.result()  # submitted earlier, so already running or done: never a deadlock
+    for part in parts:
+        digest.update(part)
+
+
 class Tally:
     """The audit record of one call in the making."""
 
@@ -48,7 +111,7 @@ class Tally:
         self.attributes: dict[str, object] = {}
         self._out_bytes = 0
         self._in_bytes = 0
-        self._digest: Any = None
+        self._digest: Digest | None = None
         self.started = ""  # the process id, once a `started` reply was seen
 
     # Requests ---------------------------------------------------------------------------------
@@ -77,13 +140,13 @@ class Tally:
         elif m == "SnapshotService/ExportArchive":
             self.kind = "archive_export"
             self.attributes["path"] = request.path
-            self._digest = hashlib.sha256()
+            self._digest = Digest()
         elif m == "SnapshotService/ImportArchive":
             self.kind = "archive_import"
             if request.HasField("header"):
                 self.session_id = request.header.session_id
                 self.attributes.update(path=request.header.path, replace=request.header.replace)
-                self._digest = hashlib.sha256()
+                self._digest = Digest()
             elif self._digest is not None:
                 self._in_bytes += len(request.data)
                 self._digest.update(request.data)
@@ -136,14 +199,15 @@ class Tally:
         if m == "SnapshotService/ExportArchive":
             data = reply.chunk.data
             self._out_bytes += len(data)
-            self._digest.update(data)
+            if self._digest is not None:
+                self._digest.update(data)
             return False
         if m == "SnapshotService/ImportArchive":
             self.attributes.update(
                 files=reply.files,
                 bytes_written=reply.bytes,
                 tar_bytes=self._in_bytes,
-                sha256=self._digest.hexdigest() if self._digest is not None else None,
+                sha256=None,  # set by `settle`, once the hashing threads are done
             )
             return True
         if m == "SnapshotService/CreateSnapshot":
@@ -166,7 +230,12 @@ class Tally:
     def ended(self) -> None:
         """A server stream ran to its end (ExportArchive: the totals are known now)."""
         if self.method == "SnapshotService/ExportArchive" and self._digest is not None:
-            self.attributes.update(tar_bytes=self._out_bytes, sha256=self._digest.hexdigest())
+            self.attributes["tar_bytes"] = self._out_bytes
+
+    async def settle(self) -> None:
+        """Before the record is written: the transfer's SHA-256, hashed off the loop."""
+        if self._digest is not None and "tar_bytes" in self.attributes:
+            self.attributes["sha256"] = await self._digest.hexdigest()
 
 
 def audited(method: str) -> bool:

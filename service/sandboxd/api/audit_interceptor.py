@@ -166,6 +166,7 @@ class _Call:
         """The call's event, committed before its answer; if the audit log cannot take it,
         the call fails UNAVAILABLE (an unrecorded action must not look recorded)."""
         try:
+            await tally.settle()
             await self.record(tally.kind, tally.session_id, tally.attributes)
         except SandboxError as exc:
             await abort(context, exc)

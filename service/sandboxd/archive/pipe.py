@@ -24,6 +24,8 @@ from sandboxd.reasons import Reason
 
 INBOX_BYTES = 1024 * 1024  # client chunks read ahead for the import thread (one always fits)
 OUTBOX_BYTES = 1024 * 1024  # sanitised output queued for the container, plus a batch in writing
+INBOX_WAKE = 256 * 1024  # a waiting import thread is woken once this much is queued (or at the end)
+INBOX_LINGER_S = 0.002  # ... or this long after a chunk arrived for it, whatever came since
 OUT_BATCH = 256 * 1024  # the import thread hands its output over in batches of this size
 BLOCK = tarfile.BLOCKSIZE
 _TAIL_BYTES = 4 * BLOCK  # what the import's source remembers for the end-of-archive check
@@ -49,8 +51,12 @@ class Inbox:
     """The client's chunks on their way from the loop (a feeder task) to the import thread.
 
     Bounded by bytes (one chunk always fits, however large). Neither side makes a round trip
-    per chunk: the thread takes what is there and blocks only when nothing is; the feeder is
-    woken from the thread only when it waited for room, once half the room is free again.
+    per chunk: the thread takes what is there and blocks only when nothing is; a thread that
+    waits is woken once `INBOX_WAKE` bytes (a quarter of the bound, so the feeder never waits
+    for room meanwhile) or the end arrived, or `INBOX_LINGER_S` after the first chunk it has
+    not seen (a client that pauses is answered as before), not for each chunk (each wake is a
+    switch of the GIL); the feeder is woken from the thread only when it waited for room, once
+    half the room is free again.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
@@ -64,6 +70,10 @@ class Inbox:
         self._cancelled = False
         self._discard = False
         self._room: asyncio.Future[None] | None = None
+        self._thread_waits = False
+        self._nudged = False  # the linger ran out: the waiting thread takes what is there
+        self._linger: asyncio.TimerHandle | None = None
+        self._wake_at = min(INBOX_WAKE, limit)
         self.discarded = 0  # bytes dropped after the archive's end
 
     async def put(self, data: bytes) -> None:
@@ -78,10 +88,21 @@ class Inbox:
                 if self._size < self._limit:
                     self._items.append(data)
                     self._size += len(data)
-                    self._cond.notify()
+                    if self._thread_waits:
+                        if self._size >= self._wake_at:
+                            self._cond.notify()
+                        elif self._linger is None:
+                            self._linger = self._loop.call_later(INBOX_LINGER_S, self._nudge)
                     return
                 room = self._room = self._loop.create_future()
             await room
+
+    def _nudge(self) -> None:
+        with self._cond:
+            self._linger = None
+            if self._thread_waits and self._items:
+                self._nudged = True
+                self._cond.notify()
 
     def end(self, error: BaseException | None = None) -> None:
         """Loop side: no more chunks; with `error`, the thread raises it once it gets there."""
@@ -117,7 +138,14 @@ class Inbox:
                     if self._error is not None:
                         raise self._error
                     return None
-                self._cond.wait()
+                self._thread_waits = True
+                try:
+                    while not (self._ended or self._cancelled or self._nudged) and (
+                        self._size < self._wake_at
+                    ):
+                        self._cond.wait()
+                finally:
+                    self._thread_waits = self._nudged = False
             if self._cancelled:
                 raise Cancelled
             data = self._items.popleft()
