@@ -51,8 +51,9 @@ async def _data(
                 "ImportArchive: only the first message may carry a header",
                 reason=Reason.ARCHIVE_HEADER_INVALID,
             )
-        if req.data:
-            yield req.data
+        data = req.data  # each read of a bytes field is a copy: read it once
+        if data:
+            yield data
 
 
 class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
