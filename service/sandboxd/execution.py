@@ -197,7 +197,10 @@ class Command:
             except asyncio.QueueEmpty:
                 wait = remaining if keepalive_s is None else min(remaining, keepalive_s)
                 try:
-                    item = await asyncio.wait_for(queue.get(), timeout=wait)
+                    # asyncio.timeout, not wait_for: no task made per wait (wait_for wraps
+                    # the get in one), and a get cut by the timer leaves its item queued.
+                    async with asyncio.timeout(wait):
+                        item = await queue.get()
                 except TimeoutError:
                     if keepalive_s is not None and wait < remaining:
                         yield ExecKeepalive()

@@ -148,8 +148,9 @@ class Tally:
                 self.attributes.update(path=request.header.path, replace=request.header.replace)
                 self._digest = Digest()
             elif self._digest is not None:
-                self._in_bytes += len(request.data)
-                self._digest.update(request.data)
+                data = request.data  # each read of a bytes field is a copy: one per message
+                self._in_bytes += len(data)
+                self._digest.update(data)
         elif m == "SnapshotService/CreateSnapshot":
             self.kind = "snapshot"
             self.attributes["action"] = "create"

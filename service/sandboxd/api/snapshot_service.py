@@ -51,8 +51,9 @@ async def _data(
                 "ImportArchive: only the first message may carry a header",
                 reason=Reason.ARCHIVE_HEADER_INVALID,
             )
-        if req.data:
-            yield req.data
+        data = req.data  # each read of a bytes field is a copy: read it once
+        if data:
+            yield data
 
 
 class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
@@ -74,7 +75,11 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
     ) -> AsyncGenerator[snapshot_pb2.ExportArchiveResponse, None]:
         async with self._sessions.use(request.session_id) as session:
             async for data in self._archive.export(session, request.path):
-                yield snapshot_pb2.ExportArchiveResponse(chunk=snapshot_pb2.ArchiveChunk(data=data))
+                reply = snapshot_pb2.ExportArchiveResponse()
+                # Set in place: `chunk=ArchiveChunk(data=...)` has upb merge the submessage (a
+                # serialize and parse, about 0.2 ms per 256 KiB); the assignment is microseconds.
+                reply.chunk.data = data
+                yield reply
 
     @unary
     async def ImportArchive(
@@ -153,4 +158,6 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
         self, request: snapshot_pb2.DownloadSnapshotRequest, context: Ctx
     ) -> AsyncGenerator[snapshot_pb2.DownloadSnapshotResponse, None]:
         async for data in self._snapshots.download(request.snapshot_id):
-            yield snapshot_pb2.DownloadSnapshotResponse(chunk=snapshot_pb2.ArchiveChunk(data=data))
+            reply = snapshot_pb2.DownloadSnapshotResponse()
+            reply.chunk.data = data
+            yield reply

@@ -374,8 +374,6 @@ class Sink:
         payload = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
         payload = bytes(payload) if isinstance(payload, memoryview) else payload
         self._parts, self._size = [], 0
-        if self._spool is not None:
-            self._spool.write(payload)  # on the import thread: blocking here is fine
         if not self.failed:
             try:
                 self._outbox.put(payload)
@@ -385,6 +383,10 @@ class Sink:
                 if self._spool is None:
                     raise SinkError(str(exc)) from exc
                 self.failed = True
+        if self._spool is not None:
+            # After the hand-over: the loop sends this batch to tar while the thread copies
+            # it to the spool (on the import thread: blocking here is fine).
+            self._spool.write(payload)
 
 
 def retrieve(fut: asyncio.Future[Any]) -> None:
