@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from sandboxd.config import DEFAULT_LIMITS
-from sandboxd.engine.protocol import Engine, SandboxRequest
+from sandboxd.engine.protocol import Engine, ExecRequest, SandboxRequest
 from sandboxd.errors import FailedPrecondition, NotFound, ResourceExhausted, SandboxError
 from sandboxd.isolation import Isolation
 from sandboxd.models import (
@@ -55,7 +55,7 @@ def request(owner: str, session_id: str, s: SessionSpec | None = None) -> Sandbo
 
 async def _exec(engine: Engine, sandbox_id: str, argv: list[str]) -> tuple[int, bytes, bytes]:
     out, err = bytearray(), bytearray()
-    async with engine.exec(sandbox_id, argv, user="65534:65534") as stream:
+    async with engine.exec(sandbox_id, ExecRequest(argv, user="65534:65534")) as stream:
         while (chunk := await stream.read()) is not None:
             (out if chunk[0] == 1 else err).extend(chunk[1])
         code = await stream.wait_exit_code()

@@ -27,6 +27,7 @@ from typing import Any
 
 from sandboxd.engine.protocol import (
     BuildLimits,
+    ExecRequest,
     ImageDetails,
     NetworkInfo,
     PullProgress,
@@ -312,24 +313,16 @@ class FakeEngine:
         ]
 
     @contextlib.asynccontextmanager
-    async def exec(
-        self,
-        container_id: str,
-        argv: Sequence[str],
-        *,
-        user: str,
-        env: Mapping[str, str] | None = None,
-        workdir: str | None = None,
-        stdin: bool = False,
-        tty: bool = False,
-    ) -> AsyncIterator[FakeExecStream]:
+    async def exec(self, container_id: str, request: ExecRequest) -> AsyncIterator[FakeExecStream]:
         self._call("exec")
         box = self._get(container_id)
         if not box.running:
             raise FailedPrecondition(
                 f"container {container_id[:12]} is not running", reason="ENGINE_CONFLICT"
             )
-        stream = FakeExecStream(self, f"exec-{next(self._ids)}", box, list(argv), stdin)
+        stream = FakeExecStream(
+            self, f"exec-{next(self._ids)}", box, list(request.argv), request.stdin
+        )
         self._execs[stream.exec_id] = stream
         try:
             yield stream

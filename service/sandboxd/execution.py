@@ -20,7 +20,7 @@ import signal
 import time
 from collections.abc import AsyncIterator
 
-from sandboxd.engine import Engine, ExecStream
+from sandboxd.engine import Engine, ExecRequest, ExecStream
 from sandboxd.engine.protocol import Detach, DetachedExecs
 from sandboxd.errors import (
     EngineUnavailable,
@@ -430,7 +430,9 @@ class Executor:
         async with (
             self.detached.exec(cid, argv, env=spec.env, workdir=None, detach=detach)
             if detach and self.detached and await self.detached.serves(cid, user)
-            else self.engine.exec(cid, argv, user=user, env=spec.env, stdin=True, tty=bool(pty))
+            else self.engine.exec(
+                cid, ExecRequest(argv, user=user, env=spec.env, stdin=True, tty=bool(pty))
+            )
         ) as stream:
             command = Command(
                 self, session, spec, process_id or token, token, stream, tty=pty is not None

@@ -25,7 +25,7 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from sandboxd.engine import Engine, ExecStream
+from sandboxd.engine import Engine, ExecRequest, ExecStream
 from sandboxd.errors import (
     AlreadyExists,
     EngineUnavailable,
@@ -223,13 +223,10 @@ class HelperClient:
     ) -> AsyncIterator[ExecStream]:
         """A started `sbx ARGS` (ARGS from `tool_argv` for a tool), for callers that stream."""
         where = _where(target)
-        async with self.engine.exec(
-            where.container_id,
-            [HELPER_IN_CONTAINER, *args],
-            user=where.user,
-            env=INTERNAL_ENV,
-            stdin=stdin,
-        ) as stream:
+        request = ExecRequest(
+            [HELPER_IN_CONTAINER, *args], user=where.user, env=INTERNAL_ENV, stdin=stdin
+        )
+        async with self.engine.exec(where.container_id, request) as stream:
             yield stream
 
     async def run(

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from sandboxd.engine.protocol import DetachedExecs
+from sandboxd.engine.protocol import DetachedExecs, ExecRequest
 from sandboxd.errors import SandboxError
 from sandboxd.execution import Command, Executor
 from sandboxd.models import ExecExited, ExecOutput, ExecSpec, Session, SessionState
@@ -75,7 +75,8 @@ async def read_cmdline(executor: Executor, session: Session, pid: int) -> bytes:
     with contextlib.suppress(SandboxError, TimeoutError):
         async with asyncio.timeout(5):
             async with executor.engine.exec(
-                session.container_id, ["/bin/cat", f"/proc/{pid}/cmdline"], user=session.spec.user
+                session.container_id,
+                ExecRequest(["/bin/cat", f"/proc/{pid}/cmdline"], session.spec.user),
             ) as stream:
                 while (chunk := await stream.read()) is not None:
                     if chunk[0] == 1 and len(out) < CMDLINE_BYTES:

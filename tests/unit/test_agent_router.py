@@ -11,6 +11,7 @@ import pytest
 from agent_peer import ScriptedAgent
 from sandboxd.agent.channel import State
 from sandboxd.agent.router import AgentRouter, Attached, ChannelSettings
+from sandboxd.engine.protocol import ExecRequest
 from sandboxd.errors import SandboxError
 from sandboxd.reasons import Reason
 
@@ -60,9 +61,7 @@ async def _run(router: AgentRouter, sandbox: str, argv0: str) -> bytes:
     channel = await router.serves(sandbox, "65534:65534")
     assert channel is not None
     out = b""
-    async with router.exec(
-        sandbox, channel, [argv0], env={"X": "1"}, workdir=None, stdin=False, tty=False
-    ) as ex:
+    async with router.exec(sandbox, channel, ExecRequest([argv0], "", env={"X": "1"})) as ex:
         while (chunk := await ex.read()) is not None:
             out += chunk[1]
         assert await ex.wait_exit_code() == 0

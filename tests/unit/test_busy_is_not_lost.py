@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sandboxd.engine.protocol import ExecRequest
 from sandboxd.errors import FailedPrecondition, NotFound, Unavailable
 from sandboxd.models import SessionState
 from sandboxd.reasons import Reason
@@ -28,7 +29,7 @@ async def test_a_refusal_from_a_running_container_is_busy_not_lost(
         st.engine.fail("exec", refusal)  # type: ignore[arg-type]
         with pytest.raises(Unavailable) as exc:
             async with st.sessions.use("busy") as session:
-                async with st.engine.exec(session.container_id, ["true"], user="1:1"):
+                async with st.engine.exec(session.container_id, ExecRequest(["true"], user="1:1")):
                     pass
         assert exc.value.metadata["retry"] == "true"
         stored = await st.store.get("busy")

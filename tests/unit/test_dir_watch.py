@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from sandboxd.config_sections import WatchSection
 from sandboxd.dir_watch import DirWatches, FileEvent, FileEventKind, WatchQueue, parse_event
+from sandboxd.engine.protocol import ExecRequest
 from sandboxd.errors import (
     FailedPrecondition,
     Internal,
@@ -196,12 +197,12 @@ class Engine:
         self.script: list[bytes] = [b'{"kind":"ready"}']
 
     @contextlib.asynccontextmanager
-    async def exec(self, container_id: str, argv: Sequence[str], **kw: Any) -> AsyncIterator[Any]:
-        assert kw["stdin"] is True  # the watcher ends when its stdin does
+    async def exec(self, container_id: str, request: ExecRequest) -> AsyncIterator[Any]:
+        assert request.stdin is True  # the watcher ends when its stdin does
         stream = Stream()
         stream.say(*self.script)
         self.streams.append(stream)
-        self.argv.append(list(argv))
+        self.argv.append(list(request.argv))
         yield stream
 
 

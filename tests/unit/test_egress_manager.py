@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from fakes import FakeArchive, FakeEngine
 from sandboxd.egress.manager import EgressManager, FilterMode
+from sandboxd.engine.protocol import ExecRequest
 from sandboxd.errors import FailedPrecondition
 from sandboxd.models import NetworkMode, NetworkPolicy
 from sandboxd.reasons import Reason
@@ -58,7 +59,9 @@ class TidyingArchive(FakeArchive):
     """As the real one: tidying a workspace after a restart runs a command in the sandbox."""
 
     async def tidy(self, session: Any) -> None:
-        async with self._engine.exec(session.container_id, ["true"], user="1000:1000") as s:
+        async with self._engine.exec(
+            session.container_id, ExecRequest(["true"], user="1000:1000")
+        ) as s:
             await s.read()
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from sandboxd.engine.protocol import ExecRequest
 from sandboxd.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -65,10 +66,8 @@ class _Engine:
         self.stream: _Stream | None = None
 
     @contextlib.asynccontextmanager
-    async def exec(
-        self, container_id: str, argv: Sequence[str], **kw: Any
-    ) -> AsyncIterator[_Stream]:
-        self.calls.append({"container_id": container_id, "argv": list(argv), **kw})
+    async def exec(self, container_id: str, request: ExecRequest) -> AsyncIterator[_Stream]:
+        self.calls.append({"container_id": container_id, **vars(request)})
         self.stream = _Stream(self.frames, self.code)
         yield self.stream
 

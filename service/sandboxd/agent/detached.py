@@ -12,7 +12,7 @@ from typing import Any
 
 from sandboxd.agent.exec_stream import AgentExec
 from sandboxd.agent.router import AgentRouter
-from sandboxd.engine.protocol import Detach
+from sandboxd.engine.protocol import Detach, ExecRequest
 from sandboxd.errors import SandboxError
 
 GAP_FD = 16  # sandboxd.execution.GAP_FD (the agent package does not import the domain)
@@ -122,11 +122,7 @@ class AgentProcesses:
                 self._router.exec(
                     container_id,
                     channel,
-                    argv,
-                    env=env,
-                    workdir=workdir,
-                    stdin=True,
-                    tty=False,
+                    ExecRequest(argv, user="", env=env, workdir=workdir, stdin=True),
                     detach={"id": detach.detach_id, "buffer": detach.buffer_bytes},
                 )
             )

@@ -17,9 +17,9 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandboxd.agent.channel import Channel, State
 from sandboxd.agent.egress_route import EgressEndpoints, egress_port, peer_open_handler
@@ -28,6 +28,9 @@ from sandboxd.agent.streams import agent_unavailable
 from sandboxd.agent.transport import Transport
 from sandboxd.config_sections import AgentSection
 from sandboxd.errors import SandboxError
+
+if TYPE_CHECKING:  # the engine package imports this module
+    from sandboxd.engine.protocol import ExecRequest
 
 log = logging.getLogger(__name__)
 
@@ -252,19 +255,23 @@ class AgentRouter:
         self,
         sandbox_id: str,
         channel: Channel,
-        argv: Sequence[str],
+        request: ExecRequest,
         *,
-        env: Mapping[str, str] | None,
-        workdir: str | None,
-        stdin: bool,
-        tty: bool,
         detach: dict[str, Any] | None = None,
     ) -> AsyncIterator[AgentExec]:
+        """`request.user` is not sent: the agent starts every command as the session's user."""
         entry = self._entries.get(sandbox_id)
         base = entry.env if entry is not None else {}
-        request = exec_request(argv, base_env=base, env=env, workdir=workdir, stdin=stdin, tty=tty)
-        request["detach"] = detach
-        async with self._handle(sandbox_id, channel, "exec", request) as handle:
+        opened = exec_request(
+            request.argv,
+            base_env=base,
+            env=request.env,
+            workdir=request.workdir,
+            stdin=request.stdin,
+            tty=request.tty,
+        )
+        opened["detach"] = detach
+        async with self._handle(sandbox_id, channel, "exec", opened) as handle:
             yield handle
 
     @contextlib.asynccontextmanager

@@ -8,6 +8,7 @@ from sandboxd.engine.docker import DockerEngine
 from sandboxd.engine.docker_exec import DockerExecStream
 from sandboxd.engine.protocol import (
     Engine,
+    ExecRequest,
     ExecStream,
     SandboxInfo,
     SandboxRequest,
@@ -19,6 +20,7 @@ __all__ = [
     "DockerEngine",
     "DockerExecStream",
     "Engine",
+    "ExecRequest",
     "ExecStream",
     "SandboxInfo",
     "SandboxRequest",

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -40,6 +40,7 @@ from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.docker_tls import EngineAddress, engine_address
 from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
+    ExecRequest,
     ExecStream,
     ImageDetails,
     NetworkInfo,
@@ -258,56 +259,35 @@ class DockerEngine:
         return result
 
     @contextlib.asynccontextmanager
-    async def exec(
-        self,
-        container_id: str,
-        argv: Sequence[str],
-        *,
-        user: str,
-        env: Mapping[str, str] | None = None,
-        workdir: str | None = None,
-        stdin: bool = False,
-        tty: bool = False,
-    ) -> AsyncIterator[ExecStream]:
+    async def exec(self, container_id: str, request: ExecRequest) -> AsyncIterator[ExecStream]:
         """Start a command in the container and yield its stream; closed on exit.
 
         Over the sandbox's agent channel when it has one and the agent runs as `user`; else
         (and in the rescue path) a `docker exec`. With `tty` the command gets a terminal: its
         output arrives as one stream (fd 1).
         """
-        channel = await self.agents.serves(container_id, user) if self.agents else None
-        if self.agents is not None and channel is not None:
-            async with exec_over_agent(
-                self, channel, container_id, argv, env=env, workdir=workdir, stdin=stdin, tty=tty
-            ) as agent_stream:
+        agents = self.agents
+        channel = await agents.serves(container_id, request.user) if agents else None
+        if channel is not None:
+            async with exec_over_agent(self, channel, container_id, request) as agent_stream:
                 yield agent_stream
             return
-        async with self.docker_exec(
-            container_id, argv, user=user, env=env, workdir=workdir, stdin=stdin, tty=tty
-        ) as stream:
+        async with self.docker_exec(container_id, request) as stream:
             yield stream
 
     @contextlib.asynccontextmanager
     async def docker_exec(
-        self,
-        container_id: str,
-        argv: Sequence[str],
-        *,
-        user: str,
-        env: Mapping[str, str] | None = None,
-        workdir: str | None = None,
-        stdin: bool = False,
-        tty: bool = False,
+        self, container_id: str, request: ExecRequest
     ) -> AsyncIterator[DockerExecStream]:
         """A `docker exec`: the path without an agent, and the rescue path."""
         with self._translate(f"exec in container {container_id[:12]}"):
             execution = await self._container(container_id).exec(
-                list(argv),
-                stdin=stdin,
-                tty=tty,
-                user=user,
-                environment=dict(env or {}),
-                workdir=workdir,
+                list(request.argv),
+                stdin=request.stdin,
+                tty=request.tty,
+                user=request.user,
+                environment=dict(request.env or {}),
+                workdir=request.workdir,
             )
             stream = execution.start(timeout=None)
             await compat.start_stream(stream)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import aiodocker
@@ -22,6 +22,7 @@ from sandboxd.agent.exec_stream import AgentExec
 from sandboxd.agent.router import Attached, Paused
 from sandboxd.engine import compat
 from sandboxd.engine.docker_profile import commands_user
+from sandboxd.engine.protocol import ExecRequest
 from sandboxd.errors import FailedPrecondition, NotFound, Unavailable
 from sandboxd.labels import LABEL_SESSION
 from sandboxd.reasons import Reason
@@ -113,7 +114,7 @@ class DockerAgentPort:
             return "left the keeper's processes alone (egress only)"  # no command ran under it
         with contextlib.suppress(Exception):
             async with self._engine.docker_exec(
-                sandbox_id, ["/bin/sh", "-c", "kill -KILL -1"], user=user
+                sandbox_id, ExecRequest(["/bin/sh", "-c", "kill -KILL -1"], user=user)
             ) as stream:
                 while await stream.read() is not None:
                     pass
@@ -130,21 +131,14 @@ async def exec_over_agent(
     engine: DockerEngine,
     channel: Channel,
     container_id: str,
-    argv: Sequence[str],
-    *,
-    env: Mapping[str, str] | None,
-    workdir: str | None,
-    stdin: bool,
-    tty: bool,
+    request: ExecRequest,
 ) -> AsyncIterator[AgentExec]:
     """A command over the sandbox's channel. When the pipe ends under it because the sandbox
     stopped, that is the session's loss (what a `docker exec` on it would say: the object is
     gone), not the agent's."""
     assert engine.agents is not None
     try:
-        async with engine.agents.exec(
-            container_id, channel, argv, env=env, workdir=workdir, stdin=stdin, tty=tty
-        ) as stream:
+        async with engine.agents.exec(container_id, channel, request) as stream:
             yield stream
     except Unavailable as exc:
         if exc.reason == Reason.AGENT_RESTARTED and not await engine.running(container_id):

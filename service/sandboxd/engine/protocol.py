@@ -42,6 +42,19 @@ class SandboxRequest:
 
 
 @dataclass(frozen=True)
+class ExecRequest:
+    """One command to start in a sandbox, as every path that starts one takes it (the agent's
+    channel, `docker exec`, the fake): one type, so the paths cannot drift apart."""
+
+    argv: Sequence[str]
+    user: str
+    env: Mapping[str, str] | None = None
+    workdir: str | None = None
+    stdin: bool = False
+    tty: bool = False
+
+
+@dataclass(frozen=True)
 class SandboxStatus:
     """What the engine says of one sandbox: running, and (when asked against a request)
     whether its limits and security settings are still the ones it was created with."""
@@ -182,15 +195,7 @@ class Engine(Protocol):
     async def list_sandboxes(self, owner_id: str) -> list[SandboxInfo]: ...
 
     def exec(
-        self,
-        container_id: str,
-        argv: Sequence[str],
-        *,
-        user: str,
-        env: Mapping[str, str] | None = None,
-        workdir: str | None = None,
-        stdin: bool = False,
-        tty: bool = False,
+        self, container_id: str, request: ExecRequest
     ) -> AbstractAsyncContextManager[ExecStream]:
         """Start a command in the sandbox `container_id` (a sandbox id; the name is the one
         exec callers have always used); the stream is closed when the context exits."""

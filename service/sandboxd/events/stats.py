@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sandboxd.engine.protocol import Engine, SandboxStats
+from sandboxd.engine.protocol import Engine, ExecRequest, SandboxStats
 from sandboxd.errors import SandboxError
 from sandboxd.events.hub import EventHub
 from sandboxd.events.observed_store import state_name
@@ -41,7 +41,7 @@ async def workspace_used(engine: Engine, session: Session) -> int:
     out = bytearray()
     async with asyncio.timeout(DF_TIMEOUT_S):
         async with engine.exec(
-            session.container_id, ["df", "-P", "-k", "/workspace"], user=session.spec.user
+            session.container_id, ExecRequest(["df", "-P", "-k", "/workspace"], session.spec.user)
         ) as stream:
             while (chunk := await stream.read()) is not None:
                 if chunk[0] == 1 and len(out) < 4096:

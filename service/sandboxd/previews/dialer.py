@@ -20,7 +20,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from sandboxd.engine import Engine, ExecStream
+from sandboxd.engine import Engine, ExecRequest, ExecStream
 from sandboxd.helper_client import INTERNAL_ENV
 from sandboxd.models import Session
 from sandboxd.profile import HELPER_IN_CONTAINER
@@ -174,11 +174,11 @@ class ExecDialer:
 
     @contextlib.asynccontextmanager
     async def open(self, session: Session, port: int) -> AsyncIterator[ByteStream]:
-        async with self._engine.exec(
-            session.container_id,
+        request = ExecRequest(
             [HELPER_IN_CONTAINER, "dial", str(port)],
             user=session.spec.user,
             env=INTERNAL_ENV,
             stdin=True,
-        ) as stream:
+        )
+        async with self._engine.exec(session.container_id, request) as stream:
             yield ExecByteStream(stream)
