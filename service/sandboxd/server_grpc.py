@@ -90,10 +90,11 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
             ("grpc.so_reuseport", 0),
         ],
     )
+    leases = LeaseEcho(p.terms)
     session_pb2_grpc.add_SessionServiceServicer_to_server(
         SessionService(
-            SessionLifecycleRpcs(p.sessions, LeaseEcho(p.terms)),
-            SessionNetworkRpcs(p.sessions, LeaseEcho(p.terms)),
+            SessionLifecycleRpcs(p.sessions, leases),
+            SessionNetworkRpcs(p.sessions, leases),
             SessionEventRpcs(p.sessions, p.hub, StatsReader(p.engine, p.hub, p.egress.bytes_moved)),
             SessionPreviewRpcs(p.previews),
         ),
