@@ -79,7 +79,10 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
             MetricsInterceptor(p.metrics),
             *_interceptors(config),
             AuditInterceptor(
-                p.audit, p.hub, functools.partial(renew_on_activity, p.sessions, p.terms)
+                p.audit,
+                p.hashers,
+                p.hub,
+                functools.partial(renew_on_activity, p.sessions, p.terms),
             ),  # inside authentication: the tenant is known
             # Innermost: the tenant is known here (set by authentication, or the default).
             StreamCaps(config.tenancy.max_streams),

@@ -2,13 +2,14 @@
 
 Whoever creates a resource closes it: each long-lived part is entered into the caller's
 AsyncExitStack (or leaves a close callback there) as it is made, so the stack closes them in
-the reverse order: the audit writer, the pool, the proxies and the engine after the gRPC
-server stopped (sandboxd.server_run), and the engine last.
+the reverse order: the audit writer, its hashing threads, the pool, the proxies and the engine
+after the gRPC server stopped (sandboxd.server_run), and the engine last.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import socket
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit
 from sandboxd import tenancy
 from sandboxd.agent.detached import for_engine as agent_processes
 from sandboxd.agent.router import agent_settings
+from sandboxd.api.audit_describe import hashing_threads
 from sandboxd.archive import ArchiveIO
 from sandboxd.audit import AuditStore, AuditWriter
 from sandboxd.audit.egress import background_exit, egress_sink, server_lifecycle
@@ -60,6 +62,7 @@ class Parts:
     engine: Engine
     audit_store: AuditStore | None
     audit: AuditWriter
+    hashers: concurrent.futures.Executor  # hash audited transfers (audit_describe.Digest)
     hub: EventHub
     tiers: IsolationTiers
     store: ObservedStore
@@ -100,6 +103,9 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         if config.audit.enabled
         else None
     )
+    # Before the writer, so closed after it: the last call's digest is hashed and its record
+    # written before these threads stop.
+    hashers = await stack.enter_async_context(hashing_threads())
     audit = AuditWriter(
         audit_store,
         export_path=config.audit.export_path,
@@ -200,6 +206,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         engine=engine,
         audit_store=audit_store,
         audit=audit,
+        hashers=hashers,
         hub=hub,
         tiers=tiers,
         store=store,

@@ -1,17 +1,33 @@
-"""The audit record's SHA-256 of an archive transfer, hashed off the event loop in batches:
-the same digest as hashing every byte in order, whatever the chunk sizes and however far the
-hashing threads lag."""
+"""The audit record's SHA-256 of an archive transfer, hashed off the event loop in batches by
+the server's own threads: the same digest as hashing every byte in order, whatever the chunk
+sizes and however far the hashing threads lag; a lagging pipeline slows the transfer without
+blocking the loop; and the threads stop with the server, after the last call's record."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import hashlib
 import os
 import threading
+import time
+from collections.abc import AsyncIterator, Iterator
 
+import grpc
 import pytest
 from sandboxd.api import audit_describe
-from sandboxd.api.audit_describe import Digest, Tally
-from sandboxd.v1 import snapshot_pb2
+from sandboxd.api.audit_describe import Digest, Tally, hashing_threads
+from sandboxd.api.audit_interceptor import AuditInterceptor
+from sandboxd.audit import AuditEvent, AuditWriter
+from sandboxd.v1 import snapshot_pb2, snapshot_pb2_grpc
+
+
+@pytest.fixture
+def hashers() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
+    pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="test-sha256")
+    yield pool
+    pool.shutdown(wait=True)
 
 
 def _chunks() -> list[bytes]:
@@ -20,23 +36,67 @@ def _chunks() -> list[bytes]:
 
 
 @pytest.mark.parametrize("batch", [1, 1000, 64 * 1024, audit_describe.HASH_BATCH])
-async def test_digest_matches_hashing_in_order(monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
+async def test_digest_matches_hashing_in_order(
+    monkeypatch: pytest.MonkeyPatch, hashers: concurrent.futures.Executor, batch: int
+) -> None:
     monkeypatch.setattr(audit_describe, "HASH_BATCH", batch)
     chunks = _chunks()
-    digest = Digest()
+    digest = Digest(hashers)
     for chunk in chunks:
-        digest.update(chunk)
+        await digest.update(chunk)
     assert await digest.hexdigest() == hashlib.sha256(b"".join(chunks)).hexdigest()
 
 
-async def test_lagging_threads_bound_the_batches_in_flight(
-    monkeypatch: pytest.MonkeyPatch,
+async def test_a_long_transfer_has_hashlibs_digest(hashers: concurrent.futures.Executor) -> None:
+    """48 MiB in gRPC-sized chunks of an odd size: many batches through the pipeline."""
+    block = os.urandom(65_519)
+    count = 48 * 1024 * 1024 // len(block)
+    exp = Tally("SnapshotService/ExportArchive", hashers)
+    await exp.request(snapshot_pb2.ExportArchiveRequest(session_id="s", path="."))
+    reply = snapshot_pb2.ExportArchiveResponse(chunk={"data": block})
+    for _ in range(count):
+        assert not await exp.reply(reply)
+    exp.ended()
+    await exp.settle()
+    assert exp.attributes["sha256"] == hashlib.sha256(block * count).hexdigest()
+    assert exp.attributes["tar_bytes"] == len(block) * count
+
+
+class _LoopLag:
+    """The longest the loop went without running a 1 ms ticker: a blocking call shows here."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.001)
+            now = time.monotonic()
+            self.worst = max(self.worst, now - last)
+            last = now
+
+    async def __aenter__(self) -> _LoopLag:
+        self._task = asyncio.create_task(self._tick())
+        await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+async def test_a_full_pipeline_makes_the_transfer_wait_not_the_loop(
+    monkeypatch: pytest.MonkeyPatch, hashers: concurrent.futures.Executor
 ) -> None:
-    """Threads that do not get to run: the loop waits for the oldest batch rather than hold
-    more than the backlog, and the digest is still every byte in order."""
+    """Threads that do not get to run for 0.5 s: the feeding call waits (no more than the
+    backlog in flight, no more than one batch held), while the loop goes on serving others;
+    the digest is still every byte in order."""
     gate = threading.Event()
     real = audit_describe._hash_after
-    most = 0
 
     def slow(*args: object) -> None:
         gate.wait()
@@ -44,39 +104,123 @@ async def test_lagging_threads_bound_the_batches_in_flight(
 
     monkeypatch.setattr(audit_describe, "HASH_BATCH", 10)
     monkeypatch.setattr(audit_describe, "_hash_after", slow)
-    digest = Digest()
+    digest = Digest(hashers)
     chunks = [os.urandom(10) for _ in range(3 * audit_describe.HASH_BACKLOG)]
-    releaser = threading.Timer(0.2, gate.set)
-    releaser.start()
-    try:
+    fed = 0
+    most = 0
+
+    async def feed() -> None:
+        nonlocal fed, most
         for chunk in chunks:
-            digest.update(chunk)
+            await digest.update(chunk)
+            fed += 1
             most = max(most, len(digest._inflight))
+            assert digest._size < audit_describe.HASH_BATCH  # nothing piles up beyond a batch
+
+    releaser = threading.Timer(0.5, gate.set)
+    try:
+        async with _LoopLag() as lag:
+            releaser.start()
+            feeder = asyncio.create_task(feed())
+            await asyncio.sleep(0.25)
+            stalled_at = fed  # the threads are still held: the feeder waits for room
+            await feeder
     finally:
         gate.set()
         releaser.cancel()
+    assert stalled_at == audit_describe.HASH_BACKLOG
     assert most <= audit_describe.HASH_BACKLOG
+    assert lag.worst < 0.2, f"the loop was blocked for {lag.worst:.3f} s"
     assert await digest.hexdigest() == hashlib.sha256(b"".join(chunks)).hexdigest()
 
 
-async def test_import_and_export_records_carry_the_digest_once_settled() -> None:
+async def test_import_and_export_records_carry_the_digest_once_settled(
+    hashers: concurrent.futures.Executor,
+) -> None:
     data = [os.urandom(200_000) for _ in range(12)]
     expected = hashlib.sha256(b"".join(data)).hexdigest()
 
-    imp = Tally("SnapshotService/ImportArchive")
-    imp.request(snapshot_pb2.ImportArchiveRequest(header={"session_id": "s", "path": "."}))
+    imp = Tally("SnapshotService/ImportArchive", hashers)
+    await imp.request(snapshot_pb2.ImportArchiveRequest(header={"session_id": "s", "path": "."}))
     for chunk in data:
-        imp.request(snapshot_pb2.ImportArchiveRequest(data=chunk))
-    assert imp.reply(snapshot_pb2.ImportArchiveResponse(files=1, bytes=5))
+        await imp.request(snapshot_pb2.ImportArchiveRequest(data=chunk))
+    assert await imp.reply(snapshot_pb2.ImportArchiveResponse(files=1, bytes=5))
     await imp.settle()
     assert imp.attributes["sha256"] == expected
     assert imp.attributes["tar_bytes"] == sum(map(len, data))
 
-    exp = Tally("SnapshotService/ExportArchive")
-    exp.request(snapshot_pb2.ExportArchiveRequest(session_id="s", path="."))
+    exp = Tally("SnapshotService/ExportArchive", hashers)
+    await exp.request(snapshot_pb2.ExportArchiveRequest(session_id="s", path="."))
     for chunk in data:
-        assert not exp.reply(snapshot_pb2.ExportArchiveResponse(chunk={"data": chunk}))
+        assert not await exp.reply(snapshot_pb2.ExportArchiveResponse(chunk={"data": chunk}))
     exp.ended()
     await exp.settle()
     assert exp.attributes["sha256"] == expected
     assert exp.attributes["tar_bytes"] == sum(map(len, data))
+
+
+# The server's stop, in the order sandboxd.server composes it ---------------------------------
+
+_CHUNK = os.urandom(256 * 1024)
+_CHUNKS = 40  # 10 MiB: several batches, still streaming when the stop is asked
+
+
+class _Exporter(snapshot_pb2_grpc.SnapshotServiceServicer):  # type: ignore[misc]
+    """A stand-in for the archive servicer: the audit layer around it is what is tested."""
+
+    def __init__(self) -> None:
+        self.streaming = asyncio.Event()
+
+    async def ExportArchive(  # noqa: N802
+        self, request: snapshot_pb2.ExportArchiveRequest, context: object
+    ) -> AsyncIterator[snapshot_pb2.ExportArchiveResponse]:
+        for i in range(_CHUNKS):
+            if i == 4:
+                self.streaming.set()
+            yield snapshot_pb2.ExportArchiveResponse(chunk={"data": _CHUNK})
+            await asyncio.sleep(0.005)
+
+
+async def test_the_hashing_threads_stop_with_the_server_after_the_last_record() -> None:
+    """Stopped as sandboxd.server_parts/server_run do it: threads entered before the audit
+    writer's close, the gRPC server stopped (draining an export in flight) before the stack
+    closes. The export's record carries its digest, written while the threads still ran, and
+    the threads are shut down once the stack is closed."""
+    seen: list[tuple[AuditEvent, bool]] = []
+    exporter = _Exporter()
+    async with contextlib.AsyncExitStack() as stack:
+        pool = await stack.enter_async_context(hashing_threads())
+
+        def alive() -> bool:
+            try:
+                pool.submit(int)
+            except RuntimeError:  # "cannot schedule new futures after shutdown"
+                return False
+            return True
+
+        writer = AuditWriter(None, on_event=lambda e: seen.append((e, alive())))
+        stack.push_async_callback(writer.close)
+        server = grpc.aio.server(interceptors=[AuditInterceptor(writer, pool)])
+        snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(exporter, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        got = bytearray()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = snapshot_pb2_grpc.SnapshotServiceStub(channel).ExportArchive(
+                snapshot_pb2.ExportArchiveRequest(session_id="s-1", path=".")
+            )
+
+            async def read() -> None:
+                async for reply in call:
+                    got.extend(reply.chunk.data)
+
+            reader = asyncio.create_task(read())
+            await exporter.streaming.wait()
+            await server.stop(10)  # the drain: the call in flight runs to its end
+            await reader
+        assert alive()  # the server stopped; its stack is not closed yet
+    assert len(got) == len(_CHUNK) * _CHUNKS
+    [(event, threads_ran)] = [(e, a) for e, a in seen if e.kind == "archive_export"]
+    assert event.attributes["sha256"] == hashlib.sha256(got).hexdigest()
+    assert threads_ran
+    assert not alive()

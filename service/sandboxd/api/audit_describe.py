@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import hashlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 # ServiceName/Method -> (kind, action) for the calls recorded when they succeed.
@@ -41,45 +43,63 @@ def _exit_attrs(exited: Any) -> dict[str, object]:
     }
 
 
-# Threads that hash transfers for their audit record: hashlib releases the GIL on large
-# updates, so a 48 MiB archive's SHA-256 (tens of ms of CPU) leaves the event loop free.
-_HASHERS = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="audit-sha256")
 HASH_BATCH = 1024 * 1024  # bytes handed to a hashing thread at once
-HASH_BACKLOG = 4  # batches in flight per transfer; past that the loop hashes itself
+HASH_BACKLOG = 4  # batches in flight per transfer; past that the transfer waits for the oldest
+HASH_THREADS = 2
+
+
+@contextlib.asynccontextmanager
+async def hashing_threads(
+    threads: int = HASH_THREADS,
+) -> AsyncIterator[concurrent.futures.ThreadPoolExecutor]:
+    """The threads that hash transfers for their audit record, owned by the server.
+
+    hashlib releases the GIL on large updates, so a 48 MiB archive's SHA-256 (tens of ms of
+    CPU) leaves the event loop free. The server enters this before its audit writer, so the
+    threads stop after the gRPC server stopped and the last call's record was written; the
+    wait for a batch still being hashed (a cancelled call's) runs off the loop.
+    """
+    pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="audit-sha256")
+    try:
+        yield pool
+    finally:
+        await asyncio.to_thread(pool.shutdown, wait=True)
 
 
 class Digest:
     """The SHA-256 of a transfer's bytes, in order, computed off the event loop.
 
-    Chunks are kept until a batch of `HASH_BATCH` bytes is complete, then hashed by a
-    thread; each batch waits for the one before it (submitted earlier, so already taken by
+    Chunks are kept until a batch of `HASH_BATCH` bytes is complete, then hashed by one of
+    `hashers`; each batch waits for the one before it (submitted earlier, so already taken by
     a thread: no batch ever waits for a later one). At most `HASH_BACKLOG` batches are in
-    flight (a few MiB): past that the caller hashes the batch itself, so a starved thread
-    never makes the server hold a whole archive. A small transfer never leaves the loop.
+    flight (a few MiB): past that `update` awaits the oldest, so a starved thread slows the
+    transfer (its stream is not read or written meanwhile) rather than make the server hold
+    a whole archive, and the loop is never blocked. A small transfer never leaves the loop.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, hashers: concurrent.futures.Executor) -> None:
+        self._hashers = hashers
         self._hash = hashlib.sha256()
         self._parts: list[bytes] = []
         self._size = 0
         self._inflight: collections.deque[concurrent.futures.Future[None]] = collections.deque()
 
-    def update(self, data: bytes) -> None:
+    async def update(self, data: bytes) -> None:
         self._parts.append(data)
         self._size += len(data)
         if self._size >= HASH_BATCH:
-            self._flush()
+            await self._flush()
 
-    def _flush(self) -> None:
+    async def _flush(self) -> None:
         parts, self._parts, self._size = self._parts, [], 0
         while self._inflight and self._inflight[0].done():
             self._inflight.popleft().result()
         if len(self._inflight) >= HASH_BACKLOG:
-            # The threads lag (a starved host): wait for the oldest batch, one batch's
-            # hashing at most, rather than hold ever more of the transfer.
-            self._inflight.popleft().result()
+            # The threads lag (a starved host): the transfer waits for the oldest batch, one
+            # batch's hashing at most, rather than hold ever more of it.
+            await asyncio.wrap_future(self._inflight.popleft())
         previous = self._inflight[-1] if self._inflight else None
-        self._inflight.append(_HASHERS.submit(_hash_after, self._hash, previous, parts))
+        self._inflight.append(self._hashers.submit(_hash_after, self._hash, previous, parts))
 
     async def hexdigest(self) -> str:
         """Every byte so far, once the threads are done (they never wait for the loop)."""
@@ -104,8 +124,9 @@ def _hash_after(
 class Tally:
     """The audit record of one call in the making."""
 
-    def __init__(self, method: str) -> None:
+    def __init__(self, method: str, hashers: concurrent.futures.Executor) -> None:
         self.method = method
+        self._hashers = hashers  # where a transfer's digest is hashed
         self.kind = ""
         self.session_id = ""
         self.attributes: dict[str, object] = {}
@@ -116,8 +137,9 @@ class Tally:
 
     # Requests ---------------------------------------------------------------------------------
 
-    def request(self, request: Any) -> None:
-        """Each request message (one for unary calls, each for client streams)."""
+    async def request(self, request: Any) -> None:
+        """Each request message (one for unary calls, each for client streams); awaits when a
+        transfer's hashing lags (the caller reads no further request meanwhile)."""
         m = self.method
         sid = getattr(request, "session_id", None)
         if isinstance(sid, str) and sid and not self.session_id:
@@ -140,17 +162,17 @@ class Tally:
         elif m == "SnapshotService/ExportArchive":
             self.kind = "archive_export"
             self.attributes["path"] = request.path
-            self._digest = Digest()
+            self._digest = Digest(self._hashers)
         elif m == "SnapshotService/ImportArchive":
             self.kind = "archive_import"
             if request.HasField("header"):
                 self.session_id = request.header.session_id
                 self.attributes.update(path=request.header.path, replace=request.header.replace)
-                self._digest = Digest()
+                self._digest = Digest(self._hashers)
             elif self._digest is not None:
                 data = request.data  # each read of a bytes field is a copy: one per message
                 self._in_bytes += len(data)
-                self._digest.update(data)
+                await self._digest.update(data)
         elif m == "SnapshotService/CreateSnapshot":
             self.kind = "snapshot"
             self.attributes["action"] = "create"
@@ -170,8 +192,9 @@ class Tally:
 
     # Replies ----------------------------------------------------------------------------------
 
-    def reply(self, reply: Any) -> bool:
-        """Each reply message; True when it is the one that tells the caller the outcome."""
+    async def reply(self, reply: Any) -> bool:
+        """Each reply message; True when it is the one that tells the caller the outcome.
+        Awaits when a transfer's hashing lags (the reply is passed on after)."""
         m = self.method
         if m == "ProcessService/Run":
             self.attributes.update(_exit_attrs(reply))
@@ -201,7 +224,7 @@ class Tally:
             data = reply.chunk.data
             self._out_bytes += len(data)
             if self._digest is not None:
-                self._digest.update(data)
+                await self._digest.update(data)
             return False
         if m == "SnapshotService/ImportArchive":
             self.attributes.update(

@@ -10,6 +10,7 @@ the status reaches the caller. It also takes the W3C `traceparent` of the call's
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import inspect
 import logging
@@ -71,10 +72,12 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(
         self,
         writer: AuditWriter,
+        hashers: concurrent.futures.Executor,
         hub: EventHub | None = None,
         on_activity: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self._writer = writer
+        self._hashers = hashers  # the server's (audit_describe.hashing_threads)
         self._hub = hub
         self._on_activity = on_activity  # a command ran: renew_on_activity
 
@@ -91,7 +94,7 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler  # health and reflection: nothing to audit
         method = full.removeprefix("sandboxd.v1.")
         trace = trace_id_of(handler_call_details.invocation_metadata)
-        call = _Call(self._writer, self._hub, method, trace, self._on_activity)
+        call = _Call(self._writer, self._hashers, self._hub, method, trace, self._on_activity)
         if handler.unary_unary is not None:
             return handler._replace(unary_unary=call.unary(handler.unary_unary))
         if handler.stream_unary is not None:
@@ -109,12 +112,14 @@ class _Call:
     def __init__(
         self,
         writer: AuditWriter,
+        hashers: concurrent.futures.Executor,
         hub: EventHub | None,
         method: str,
         trace: str,
         on_activity: Callable[[str], Awaitable[None]] | None,
     ) -> None:
         self.writer = writer
+        self.hashers = hashers
         self.hub = hub
         self.on_activity = on_activity
         self.method = method
@@ -126,7 +131,7 @@ class _Call:
         if self.trace:
             CURRENT_TRACE.set(self.trace)
         CURRENT_CALL.set(self.method)
-        return Tally(self.method)
+        return Tally(self.method, self.hashers)
 
     def processes(self, tally: Tally, exited: bool) -> None:
         """Process started/exited on the session's event feed (after the audit record)."""
@@ -195,13 +200,13 @@ class _Call:
     def unary(self, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def audited_unary(request: Any, context: Any) -> Any:
             tally = self.begin()
-            tally.request(request)
+            await tally.request(request)
             try:
                 response = await behavior(request, context)
             except BaseException as exc:
                 await self.refused(tally, context, exc)
                 raise
-            if self.audited and tally.reply(response):
+            if self.audited and await tally.reply(response):
                 await self.commit(context, tally)
                 self.processes(tally, exited="exit_code" in tally.attributes)
                 await self.activity(tally)
@@ -219,7 +224,7 @@ class _Call:
             except BaseException as exc:
                 await self.refused(tally, context, exc)
                 raise
-            if self.audited and tally.reply(response):
+            if self.audited and await tally.reply(response):
                 await self.commit(context, tally)
             return response
 
@@ -234,12 +239,12 @@ class _Call:
             if streaming:
                 request = _tallied(request, tally)
             else:
-                tally.request(request)
+                await tally.request(request)
             done = not self.audited
             try:
                 async with contextlib.aclosing(behavior(request, context)) as items:
                     async for item in items:
-                        if not done and tally.reply(item):
+                        if not done and await tally.reply(item):
                             done = True  # the outcome: recorded before the caller sees it
                             await self.commit(context, tally)
                             self.processes(tally, exited=True)
@@ -259,5 +264,5 @@ class _Call:
 
 async def _tallied(requests: AsyncIterator[Any], tally: Tally) -> AsyncIterator[Any]:
     async for request in requests:
-        tally.request(request)
+        await tally.request(request)
         yield request
