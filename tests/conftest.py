@@ -37,16 +37,19 @@ pytest_plugins = ["hostile", "mountcheck", "agent_pipes"]
 
 @pytest.fixture(scope="session", autouse=True)
 def host_untouched() -> Iterator[None]:
-    """The suite leaves the host's interfaces, iptables rules and /etc/docker as it found them.
+    """The suite leaves the host's interfaces, iptables rules, /etc/docker and the engine's
+    images as it found them.
 
     tests/hostenv.py says what is compared and what is left out (per-network state of networks
-    that exist, counters). A change fails the last test's teardown with a diff.
+    that exist, counters, the Makefile's images, other runs' servers' images). A change fails
+    the last test's teardown with a diff.
     """
     import hostenv
+    import mountcheck
 
     before = hostenv.settled_snapshot()
     yield
-    diff = hostenv.changes_since(before)
+    diff = hostenv.changes_since(before, frozenset(mountcheck.OWNERS))
     if diff:
         pytest.fail("the suite changed the host:\n" + diff, pytrace=False)
 
@@ -158,14 +161,24 @@ def start_server(
 
 
 def remove_owned_containers(owner_id: str) -> None:
+    """What a stopped test server leaves on the engine: its containers, then its images (IMAGE
+    snapshots, labelled with its owner id; a snapshot a test did not delete, or could not
+    because it failed first, would outlive the run: tests/hostenv.py reports such images)."""
+    owned = f"label=io.sandboxd.owner={owner_id}"
     ids = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=io.sandboxd.owner={owner_id}"],
+        ["docker", "ps", "-aq", "--filter", owned], capture_output=True, text=True, check=False
+    ).stdout.split()
+    if ids:
+        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
+    images = subprocess.run(
+        ["docker", "images", "-aq", "--no-trunc", "--filter", owned],
         capture_output=True,
         text=True,
         check=False,
     ).stdout.split()
-    if ids:
-        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
+    if images:
+        # Forced: a snapshot image may carry a second tag (a test's own); its containers are gone.
+        subprocess.run(["docker", "rmi", "-f", *set(images)], capture_output=True, check=False)
 
 
 # Modules whose every test also runs on a server whose sessions default to gVisor (a

@@ -1,4 +1,4 @@
-"""The host as the suite found it: interfaces, addresses, iptables rules and /etc/docker.
+"""The host as the suite found it: interfaces, addresses, iptables rules, /etc/docker, images.
 
 `make test` on a user's machine must leave the host's Docker engine as it was (issue 12): a private
 dockerd in the host's network namespace once deleted `docker0`. The session fixture `host_untouched`
@@ -11,6 +11,13 @@ sandboxd's `SBX-<bridge>` chains, so sessions still running elsewhere on the eng
 count; veth pairs (they go with their container); packet counters and link state (a bridge is
 DOWN while no container is attached). A bridge or chain whose network is gone is a leak, and
 is reported like any other change.
+
+Images: every image the engine lists (by reference, dangling ones by id) that appeared during
+the suite is a leftover: a snapshot image a test did not delete, a template, an image a test
+built or pulled. Left out: the images the Makefile builds on purpose for the suite
+(`sandboxd-runtime:*`), and images labelled with the owner id of a server this run did not
+start (another suite's or the soak's, on the same engine; `mountcheck.OWNERS` says which are
+ours). Only additions count: an image someone else removes during a long run is not a leak.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ class HostState:
     addresses: tuple[str, ...]
     iptables: tuple[str, ...]
     etc_docker: tuple[str, ...]
+    images: tuple[str, ...] = ()
 
     def diff(self, after: HostState) -> str:
         """A unified diff per part that changed; empty when the host is as it was."""
@@ -49,6 +57,10 @@ class HostState:
                         list(a), list(b), f"{part} before", f"{part} after", lineterm=""
                     )
                 )
+        added = sorted(set(after.images) - set(self.images))
+        if added:
+            out.append("images left behind (not there before the suite):")
+            out.extend(f"+{line}" for line in added)
         return "\n".join(out)
 
 
@@ -138,7 +150,47 @@ def live_bridges() -> frozenset[str]:
     return frozenset(names)
 
 
-def snapshot() -> HostState:
+# Built on purpose for the suite by the Makefile (scripts/build-*-image.sh), kept between runs.
+_MAKEFILE_IMAGES = ("sandboxd-runtime:",)
+LABEL_OWNER = "io.sandboxd.owner"
+
+
+def normalise_images(
+    lines: list[str], owner_of: dict[str, str], owners: frozenset[str] = frozenset()
+) -> tuple[str, ...]:
+    """`docker images` lines ("<id> <repository>:<tag>") as "reference id", without the
+    Makefile's images and those of servers not in `owners` (`owner_of`: image id -> owner)."""
+    keep = set()
+    for line in lines:
+        image_id, _, ref = line.partition(" ")
+        if not ref or ref.startswith(_MAKEFILE_IMAGES):
+            continue
+        owner = owner_of.get(image_id)
+        if owner and owner not in owners:
+            continue  # another suite's server made it: that suite's check reports it
+        short = image_id.removeprefix("sha256:")[:12]
+        keep.add(f"{ref} {short}" + (f" (server {owner})" if owner else ""))
+    return tuple(sorted(keep))
+
+
+def images(owners: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """The engine's images by reference (see `normalise_images`); `owners`: this run's servers."""
+    fmt = "{{.ID}} {{.Repository}}:{{.Tag}}"
+    lines = _lines(["docker", "images", "--no-trunc", "--format", fmt])
+    if lines and lines[0].startswith("<"):
+        return tuple(lines)
+    owner_of: dict[str, str] = {}
+    labelled = _lines(["docker", "images", "-q", "--no-trunc", "--filter", f"label={LABEL_OWNER}"])
+    if labelled and not labelled[0].startswith("<"):
+        owner_fmt = f'{{{{.Id}}}} {{{{index .Config.Labels "{LABEL_OWNER}"}}}}'
+        inspect = ["docker", "image", "inspect", "--format", owner_fmt, *sorted(set(labelled))]
+        for line in _lines(inspect):
+            image_id, _, owner = line.partition(" ")
+            owner_of[image_id] = owner.strip()
+    return normalise_images(lines, owner_of, owners)
+
+
+def snapshot(owners: frozenset[str] = frozenset()) -> HostState:
     links = _lines(["ip", "-o", "link"])
     addresses = _lines(["ip", "-o", "addr"])
     iptables = _lines(["iptables-save"]) if os.geteuid() == 0 else ["<not root>"]
@@ -149,6 +201,7 @@ def snapshot() -> HostState:
         addresses=normalise_addresses(addresses, bridges),
         iptables=normalise_iptables(iptables, bridges),
         etc_docker=etc_docker(),
+        images=images(owners),
     )
 
 
@@ -165,11 +218,14 @@ def settled_snapshot(tries: int = 5, pause_s: float = 0.5) -> HostState:
     return last
 
 
-def changes_since(before: HostState, tries: int = 5, pause_s: float = 1.0) -> str:
-    """The diff from `before` that persists over `tries` looks (empty when none does)."""
+def changes_since(
+    before: HostState, owners: frozenset[str] = frozenset(), tries: int = 5, pause_s: float = 1.0
+) -> str:
+    """The diff from `before` that persists over `tries` looks (empty when none does);
+    `owners`: the owner ids of the servers this run started (their images count)."""
     diff = ""
     for _ in range(tries):
-        diff = before.diff(snapshot())
+        diff = before.diff(snapshot(owners))
         if not diff:
             return ""
         time.sleep(pause_s)

@@ -7,11 +7,14 @@ them. The image must carry only what its base image had (plus the snapshot's lab
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import subprocess
+from collections.abc import Iterator
 from typing import Any
 
+import grpc
 from conftest import IMAGE, ServerProcess, SessionFactory, Stubs, run, wait_until
 from google.protobuf import duration_pb2
 from sandboxd.v1 import (
@@ -84,10 +87,40 @@ def test_an_image_snapshot_of_a_template_session_outlives_the_template(
     tpl = template_pb2_grpc.TemplateServiceStub(stubs.channel)
     name = "snapbase-" + secrets.token_hex(3)
     spec = template_pb2.TemplateSpec(name=name, dockerfile="FROM busybox\n")
-    for _ in tpl.BuildTemplate(iter([template_pb2.BuildTemplateRequest(spec=spec)]), timeout=120):
-        pass
+    with _template_removed(stubs, name):
+        for _ in tpl.BuildTemplate(
+            iter([template_pb2.BuildTemplateRequest(spec=spec)]), timeout=120
+        ):
+            pass
+        _snapshot_outlives_template(stubs, new_session, name)
+
+
+@contextlib.contextmanager
+def _template_removed(stubs: Stubs, name: str) -> Iterator[None]:
+    """The template (its images carry no owner label: no server teardown finds them) goes,
+    also on failure: after its sessions (labelled with its name), which hold it."""
+    try:
+        yield
+    finally:
+        listed = stubs.sessions.ListSessions(
+            session_pb2.ListSessionsRequest(label_selector={"template": name})
+        )
+        for s in listed.sessions:
+            with contextlib.suppress(grpc.RpcError):
+                stubs.sessions.DeleteSession(
+                    session_pb2.DeleteSessionRequest(session_id=s.session_id)
+                )
+        tpl = template_pb2_grpc.TemplateServiceStub(stubs.channel)
+        with contextlib.suppress(grpc.RpcError):  # NOT_FOUND: the test deleted it
+            tpl.DeleteTemplate(template_pb2.DeleteTemplateRequest(name=name))
+
+
+def _snapshot_outlives_template(stubs: Stubs, new_session: SessionFactory, name: str) -> None:
+    tpl = template_pb2_grpc.TemplateServiceStub(stubs.channel)
     snap_stub = snapshot_pb2_grpc.SnapshotServiceStub(stubs.channel)
-    sid = new_session(template=name, lease_ttl=duration_pb2.Duration(seconds=3)).session_id
+    sid = new_session(
+        template=name, lease_ttl=duration_pb2.Duration(seconds=3), labels={"template": name}
+    ).session_id
     snap = snap_stub.CreateSnapshot(
         snapshot_pb2.CreateSnapshotRequest(session_id=sid, kind=snapshot_pb2.SNAPSHOT_KIND_IMAGE)
     ).snapshot

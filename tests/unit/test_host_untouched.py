@@ -82,3 +82,52 @@ def test_etc_docker_changes_are_reported(tmp_path) -> None:
     (tmp_path / "daemon.json").write_text('{"bridge": "none"}\n')
     assert hostenv.etc_docker(tmp_path) != before
     assert hostenv.etc_docker(tmp_path / "missing") == ("<absent>",)
+
+
+RUNTIME = "sha256:9183a4570b05ced2b4e365ad6b9cf3a9614ce612f7b69327f7bda97a00a538ea"
+OURS = "sha256:ff45e9bd8121" + "0" * 52
+THEIRS = "sha256:5e5657e906c9" + "0" * 52
+TEMPLATE = "sha256:a0eac27351a6" + "0" * 52
+DANGLING = "sha256:d6008d3738ea" + "0" * 52
+IMAGES = [
+    f"{RUNTIME} sandboxd-runtime:busybox",
+    f"{RUNTIME[:7]}30a013c0044f sandboxd-runtime:python",
+]
+OWNER_OF = {OURS: "test12ce3e75", THEIRS: "soak0001"}
+
+
+def images_state(lines: list[str], owners: frozenset[str]) -> hostenv.HostState:
+    return hostenv.HostState((), (), (), (), hostenv.normalise_images(lines, OWNER_OF, owners))
+
+
+def test_images_left_by_the_suite_are_reported() -> None:
+    before = images_state(IMAGES, frozenset())
+    after = images_state(
+        [
+            *IMAGES,
+            f"{OURS} sandboxd-snapshot:test12ce3e75-snap-29939840e2af9312",
+            f"{TEMPLATE} sandboxd-template:8e13ac5c057d68ac",
+            f"{RUNTIME} 127.0.0.1:34621/rt:a-d8b4a4d6",  # a registry tag on the runtime image
+            f"{DANGLING} <none>:<none>",
+        ],
+        frozenset({"test12ce3e75"}),
+    )
+    diff = before.diff(after)
+    assert (
+        "+sandboxd-snapshot:test12ce3e75-snap-29939840e2af9312 ff45e9bd8121 (server test12ce3e75)"
+        in diff
+    )
+    assert "+sandboxd-template:8e13ac5c057d68ac a0eac27351a6" in diff
+    assert "+127.0.0.1:34621/rt:a-d8b4a4d6 9183a4570b05" in diff
+    assert "+<none>:<none> d6008d3738ea" in diff
+
+
+def test_the_makefiles_images_other_runs_images_and_removals_do_not_count() -> None:
+    old_leftover = f"{TEMPLATE} sandboxd-template:8e13ac5c057d68ac"
+    before = images_state([*IMAGES, old_leftover], frozenset())
+    rebuilt = [f"{DANGLING} sandboxd-runtime:busybox", IMAGES[1]]  # `make image` ran again
+    after = images_state(
+        [*rebuilt, f"{THEIRS} sandboxd-snapshot:soak0001-snap-5ec3bc3cfeb51b96"],
+        frozenset({"test12ce3e75"}),
+    )
+    assert before.diff(after) == ""
