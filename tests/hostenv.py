@@ -15,9 +15,10 @@ is reported like any other change.
 Images: every image the engine lists (by reference, dangling ones by id) that appeared during
 the suite is a leftover: a snapshot image a test did not delete, a template, an image a test
 built or pulled. Left out: the images the Makefile builds on purpose for the suite
-(`sandboxd-runtime:*`), and images labelled with the owner id of a server this run did not
-start (another suite's or the soak's, on the same engine; `mountcheck.OWNERS` says which are
-ours). Only additions count: an image someone else removes during a long run is not a leak.
+(`sandboxd-runtime:busybox` and `:python`), and images labelled with the owner id of a server
+this run did not start (another suite's or the soak's, on the same engine; `mountcheck.OWNERS`
+says which are ours). Only additions count: an image someone else removes during a long run
+is not a leak.
 """
 
 from __future__ import annotations
@@ -150,8 +151,15 @@ def live_bridges() -> frozenset[str]:
     return frozenset(names)
 
 
-# Built on purpose for the suite by the Makefile (scripts/build-*-image.sh), kept between runs.
-_MAKEFILE_IMAGES = ("sandboxd-runtime:",)
+# Built on purpose for the suite by the Makefile (scripts/build-*-image.sh), kept between runs
+# (and rebuilt when their recipe changes). Tests' own `sandboxd-runtime:test-*` images are not.
+_MAKEFILE_IMAGES = frozenset(
+    {
+        "sandboxd-runtime:busybox",
+        "sandboxd-runtime:python",
+        os.environ.get("SANDBOXD_TEST_IMAGE", "sandboxd-runtime:busybox"),
+    }
+)
 LABEL_OWNER = "io.sandboxd.owner"
 
 
@@ -163,7 +171,7 @@ def normalise_images(
     keep = set()
     for line in lines:
         image_id, _, ref = line.partition(" ")
-        if not ref or ref.startswith(_MAKEFILE_IMAGES):
+        if not ref or ref in _MAKEFILE_IMAGES:
             continue
         owner = owner_of.get(image_id)
         if owner and owner not in owners:

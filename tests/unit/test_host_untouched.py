@@ -109,6 +109,7 @@ def test_images_left_by_the_suite_are_reported() -> None:
             f"{TEMPLATE} sandboxd-template:8e13ac5c057d68ac",
             f"{RUNTIME} 127.0.0.1:34621/rt:a-d8b4a4d6",  # a registry tag on the runtime image
             f"{DANGLING} <none>:<none>",
+            f"{TEMPLATE} sandboxd-runtime:test-volume-1a2b",  # a test's own, named like ours
         ],
         frozenset({"test12ce3e75"}),
     )
@@ -120,6 +121,7 @@ def test_images_left_by_the_suite_are_reported() -> None:
     assert "+sandboxd-template:8e13ac5c057d68ac a0eac27351a6" in diff
     assert "+127.0.0.1:34621/rt:a-d8b4a4d6 9183a4570b05" in diff
     assert "+<none>:<none> d6008d3738ea" in diff
+    assert "+sandboxd-runtime:test-volume-1a2b a0eac27351a6" in diff
 
 
 def test_the_makefiles_images_other_runs_images_and_removals_do_not_count() -> None:
