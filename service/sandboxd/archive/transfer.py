@@ -139,6 +139,10 @@ class ArchiveIO:
         self._max_members = max_members
         self._spools = Spools(spool_dir or Path(tempfile.gettempdir()))
 
+    def close(self) -> None:
+        """Server shutdown: close the idle spools kept for the next replace imports."""
+        self._spools.close()
+
     async def _is_file(self, session: Session, rel: str) -> bool:
         """Whether `rel` is a regular file (anything else exports as a folder, or fails as
         one); `sbx stat` never follows a symlink."""
@@ -385,7 +389,9 @@ class ArchiveIO:
                             break
                         try:
                             await stream.write(item)
-                        except SandboxError:
+                        except (SandboxError, OSError):
+                            # tar exited (no room...): over the agent's channel a broken stdin
+                            # is a ConnectionError; its exit status and stderr say why.
                             sink.tar_gone()
 
             def work() -> None:
