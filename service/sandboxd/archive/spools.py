@@ -26,7 +26,7 @@ from sandboxd.archive.pipe import retrieve
 
 READ_BYTES = 256 * 1024
 KEEP = 2  # idle spools kept for the next replace imports
-KEEP_BYTES = 256 * 1024 * 1024  # a spool that grew past this is closed, not kept
+KEEP_BYTES = 128 * 1024 * 1024  # a spool grown past this is closed, not kept (disk: KEEP x)
 
 
 class Spool:
