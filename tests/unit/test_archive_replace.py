@@ -17,7 +17,7 @@ from sandboxd.archive import ArchiveIO
 from sandboxd.helper_client import HelperResult
 from sandboxd.models import Session, SessionState
 
-from tests.unit.test_dir_watch import spec
+from tests.engine_contract import spec
 
 
 class TarStream:
