@@ -70,6 +70,11 @@ async def _load(args: argparse.Namespace) -> None:
                 pool_size=POOL_SIZE,
             )
             limits = common_pb2.ResourceLimits(output_bytes=16 * 1024 * 1024)
+            if args.operation in ("import_archive", "export_archive"):
+                # bench_archive's shape: room for the new tree beside the old one (a default
+                # 64 MiB workspace would profile the replace's empty-then-unpack-again path)
+                limits.workspace_bytes = 128 * 1024 * 1024
+                limits.memory_bytes = 512 * 1024 * 1024
             async with ctx.session(limits=limits) as s, contextlib.AsyncExitStack() as stack:
                 sid = s.session_id
 

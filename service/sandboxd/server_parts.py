@@ -160,6 +160,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     archive = ArchiveIO(
         engine, files, config.archive.max_members, spool_dir=config.server.data_dir / "spool"
     )
+    stack.callback(archive.close)
     snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
     keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
     terms = await LeaseTermsStore(store.db).open()

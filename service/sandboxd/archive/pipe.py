@@ -16,7 +16,7 @@ import asyncio
 import collections
 import tarfile
 import threading
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sandboxd.archive import policy
 from sandboxd.errors import ResourceExhausted
@@ -32,6 +32,12 @@ _TAIL_BYTES = 4 * BLOCK  # what the import's source remembers for the end-of-arc
 _PAX_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
 
 T = TypeVar("T")
+
+
+class SpoolWriter(Protocol):
+    """Where a replace keeps its sanitised archive (spools.py; a BytesIO in tests)."""
+
+    def write(self, data: bytes, /) -> object: ...
 
 
 class Cancelled(Exception):
@@ -336,7 +342,7 @@ class Sink:
     the import can then empty the destination and unpack again from the spool.
     """
 
-    def __init__(self, outbox: Outbox, spool: BinaryIO | None) -> None:
+    def __init__(self, outbox: Outbox, spool: SpoolWriter | None) -> None:
         self._outbox = outbox
         self._spool = spool
         self.limit: int | None = None  # most bytes that may be written so far (the caller's)

@@ -29,7 +29,7 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from sandboxd import validation
 from sandboxd.archive import policy
@@ -48,6 +48,7 @@ from sandboxd.archive.pipe import (
     settle,
 )
 from sandboxd.archive.policy import ArchiveLimits, MemberChecker
+from sandboxd.archive.spools import Spool, Spools
 from sandboxd.engine import Engine
 from sandboxd.errors import (
     FailedPrecondition,
@@ -80,7 +81,6 @@ log = logging.getLogger(__name__)
 # 220-251 ms (and a lower ratio in the bench), so bigger is not better here.
 CHUNK_BYTES = 256 * 1024
 MAX_TRAILING_BYTES = 1024 * 1024  # after the end-of-archive marker (tar pads to 10 KiB records)
-SPOOL_READ_BYTES = 256 * 1024
 STAGE_PREFIX = ".sbx-import-"
 
 
@@ -137,7 +137,11 @@ class ArchiveIO:
         self._helper_client = helper or files.helper
         self._files = files
         self._max_members = max_members
-        self._spool_dir = spool_dir or Path(tempfile.gettempdir())
+        self._spools = Spools(spool_dir or Path(tempfile.gettempdir()))
+
+    def close(self) -> None:
+        """Server shutdown: close the idle spools kept for the next replace imports."""
+        self._spools.close()
 
     async def _is_file(self, session: Session, rel: str) -> bool:
         """Whether `rel` is a regular file (anything else exports as a folder, or fails as
@@ -221,7 +225,7 @@ class ArchiveIO:
             existing_hashes=existing,
         )
         stage = STAGE_PREFIX + secrets.token_hex(6)
-        spool = await asyncio.to_thread(self._new_spool) if replace else None
+        spool = await self._spools.take() if replace else None
         merged = made = False
         try:
             await self._helper(session, ["mkdir", stage], stage)
@@ -237,11 +241,12 @@ class ArchiveIO:
                 await self._helper(session, ["mkdir", stage], stage)
                 await self._helper(session, ["merge", stage, rel, "--replace"], rel)
                 await self._helper(session, ["mkdir", stage], stage)
-                await asyncio.to_thread(spool.seek, 0)
                 again = MemberChecker(checker.limits)
+                spool.settled = False  # read on threads until this unpack is done
                 members, content = await self._unpack(
-                    session, stage, _read_spool(spool), again, None
+                    session, stage, spool.read_back(), again, None
                 )
+                spool.settled = True
                 checker.deferred_modes[:] = again.deferred_modes
             if missing:
                 made = True
@@ -255,10 +260,7 @@ class ArchiveIO:
                 if made and missing:
                     await asyncio.shield(self._remove_stage(session, missing))
             if spool is not None:
-                # Not awaited: freeing a 48 MiB spool's pages takes milliseconds the caller
-                # need not wait for (the file is unlinked already, nothing is left behind).
-                closing = asyncio.get_running_loop().run_in_executor(None, spool.close)
-                closing.add_done_callback(retrieve)
+                self._spools.give_back(spool)
         await self._close_directories(session, rel, checker.deferred_modes)
         return ImportResult(files=members, bytes=content)
 
@@ -336,10 +338,6 @@ class ArchiveIO:
             where = base + name
             await self._helper(session, ["chmod", where, f"{mode:o}"], where)
 
-    def _new_spool(self) -> BinaryIO:
-        self._spool_dir.mkdir(parents=True, exist_ok=True)
-        return tempfile.TemporaryFile(dir=self._spool_dir)  # unlinked at once: no leftovers
-
     async def _symlinks_under(self, session: Session, rel: str) -> set[int]:
         """Symlinks already in the destination, relative to it: nothing may land beneath one.
 
@@ -359,7 +357,7 @@ class ArchiveIO:
         stage: str,
         chunks: AsyncIterator[bytes],
         checker: MemberChecker,
-        spool: BinaryIO | None,
+        spool: Spool | None,
     ) -> tuple[int, int]:
         loop = asyncio.get_running_loop()
         inbox, outbox = Inbox(loop, INBOX_BYTES), Outbox(loop, OUTBOX_BYTES)
@@ -391,7 +389,9 @@ class ArchiveIO:
                             break
                         try:
                             await stream.write(item)
-                        except SandboxError:
+                        except (SandboxError, OSError):
+                            # tar exited (no room...): over the agent's channel a broken stdin
+                            # is a ConnectionError; its exit status and stderr say why.
                             sink.tar_gone()
 
             def work() -> None:
@@ -455,6 +455,8 @@ class ArchiveIO:
                     await reader
                 # The thread ends promptly once cancelled; wait so nothing outlives the call.
                 await asyncio.shield(join_thread(thread))
+                if spool is not None:
+                    spool.settled = True  # nothing writes to it any more: it may be reused
         if code != 0 or counts is None or sink.failed or sink.gone:
             raise tool_error("import", "tar", HelperResult(code, b"", bytes(stderr)), stage)
         return counts
@@ -467,8 +469,3 @@ class ArchiveIO:
             await self._helper(session, ["remove", stage, "--recursive"], stage)
         except SandboxError as exc:
             log.warning("could not remove import staging folder %s: %s", stage, exc)
-
-
-async def _read_spool(spool: BinaryIO) -> AsyncIterator[bytes]:
-    while chunk := await asyncio.to_thread(spool.read, SPOOL_READ_BYTES):
-        yield chunk

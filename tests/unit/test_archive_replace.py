@@ -1,0 +1,119 @@
+"""A replace import whose archive fits only without the old content, driven through ArchiveIO
+with a scripted helper in place of the sandbox: the first `tar -x` runs out of room, and its
+stdin breaks the way the agent's channel breaks it (ConnectionError, not a domain error)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import tarfile
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sandboxd.archive import ArchiveIO
+from sandboxd.helper_client import HelperResult
+from sandboxd.models import Session, SessionState
+
+from tests.engine_contract import spec
+
+
+class TarStream:
+    """One `tar -x`: `full` makes it run out of room after its first write."""
+
+    def __init__(self, full: bool) -> None:
+        self.exec_id = "e"
+        self.full = full
+        self.stdin = bytearray()
+        self.writes = 0
+        self._gone = asyncio.Event()
+        self._stderr_sent = False
+
+    async def write(self, data: bytes) -> None:
+        self.writes += 1
+        if self.full and self.writes > 1:
+            self._gone.set()  # tar died of ENOSPC: the agent reports the stream ended
+            raise ConnectionError("stdin of the command: the stream has ended")
+        self.stdin += data
+        await asyncio.sleep(0)
+
+    def close_stdin(self) -> None:
+        self._gone.set()
+
+    async def read(self) -> tuple[int, bytes] | None:
+        await self._gone.wait()  # tar's stderr arrives only after the write broke
+        if self.full and not self._stderr_sent:
+            self._stderr_sent = True
+            return 2, b"tar: write error: No space left on device\n"
+        return None
+
+    async def wait_exit_code(self) -> int:
+        await self._gone.wait()
+        return 1 if self.full else 0
+
+
+class Helper:
+    def __init__(self) -> None:
+        self.tars: list[TarStream] = []
+        self.ran: list[list[str]] = []
+
+    @contextlib.asynccontextmanager
+    async def open(
+        self, target: Any, args: Sequence[str], *, stdin: bool = False
+    ) -> AsyncIterator[TarStream]:
+        stream = TarStream(full=not self.tars)
+        self.tars.append(stream)
+        yield stream
+
+    async def checked(self, target: Any, args: Sequence[str], path: str) -> HelperResult:
+        self.ran.append(list(args))
+        return HelperResult(0, b"", b"")
+
+
+def _session() -> Session:
+    now = datetime.now(tz=UTC)
+    return Session(
+        session_id="s1",
+        spec=spec(),
+        fingerprint="f" * 64,
+        state=SessionState.RUNNING,
+        created_at=now,
+        lease_expires_at=now,
+        container_id="c1",
+    )
+
+
+def _archive() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(8):
+            info = tarfile.TarInfo(f"f{i}")
+            info.size = 200_000
+            tar.addfile(info, io.BytesIO(bytes([65 + i]) * info.size))
+    return buf.getvalue()
+
+
+async def test_a_replace_that_runs_out_of_room_unpacks_again_from_its_spool(
+    tmp_path: Path,
+) -> None:
+    helper = Helper()
+    archive = ArchiveIO(None, None, spool_dir=tmp_path, helper=helper)  # type: ignore[arg-type]
+    data = _archive()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(data), 64 * 1024):
+            yield data[i : i + 64 * 1024]
+
+    try:
+        result = await archive.import_(_session(), ".", True, chunks())
+    finally:
+        archive.close()
+    assert (result.files, result.bytes) == (8, 8 * 200_000)
+    assert len(helper.tars) == 2  # the second run had the whole archive, from the spool
+    with tarfile.open(fileobj=io.BytesIO(bytes(helper.tars[1].stdin))) as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
+    assert got == {f"f{i}": bytes([65 + i]) * 200_000 for i in range(8)}
+    stage = helper.ran[0][1]
+    assert ["merge", stage, ".", "--replace"] in helper.ran  # emptied, then merged
