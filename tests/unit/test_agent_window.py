@@ -20,7 +20,9 @@ from agent_pipes import Helper, PipeTransport, agent_process
 from sandboxd.agent import byte_stream, streams
 from sandboxd.agent.channel import Channel
 from sandboxd.agent.exec_stream import AgentExec, exec_request
-from sandboxd.errors import SandboxError
+from sandboxd.agent.router import agent_settings
+from sandboxd.config import load_config
+from sandboxd.errors import ConfigError, SandboxError
 from sandboxd.reasons import Reason
 
 WINDOW = 4096
@@ -250,3 +252,18 @@ async def test_the_real_agent_sends_into_a_grown_window(
     assert await ex.wait_exit_code() == 0
     assert stream._window == 1 << 20  # it grew (and the agent used it: the bytes are whole)
     await channel.close()
+
+
+# ----- the setting -------------------------------------------------------------------------------
+
+
+def test_agent_window_max_reaches_the_channels() -> None:
+    config = load_config(
+        [], {"SANDBOXD_AGENT_WINDOW_MAX": "2MiB", "SANDBOXD_AGENT_WINDOW": "64KiB"}
+    )
+    settings = agent_settings(config)
+    assert settings is not None
+    assert (settings.window, settings.window_max) == (64 << 10, 2 << 20)
+    assert agent_settings(load_config([], {})).window_max == 8 << 20  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="agent_window_max"):
+        load_config([], {"SANDBOXD_AGENT_WINDOW_MAX": "1GiB"})  # bounded: 64 MiB at most
