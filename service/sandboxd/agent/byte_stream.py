@@ -4,7 +4,8 @@ as an asyncio Transport, so its user gets real `StreamReader`/`StreamWriter` obj
 The channel's reader hands each frame straight to the stream's protocol (never blocking), and
 flow control follows asyncio's: the window the agent may fill is granted back only while the
 protocol reads (`pause_reading` holds the WINDOW updates, `resume_reading` sends them), so
-what waits in the server is bounded by the reader's limit plus one window; writes wait for the
+what waits in the server is bounded by the reader's limit plus the stream's window (which grows
+for a reader that keeps up, at most to `window_max`: streams.py); writes wait for the
 agent's window in the transport's own writer task, and the protocol is paused above the high
 water mark (`StreamWriter.drain` waits). `write_eof` is EOF fd 0 (a half-close), `close` sends
 what is buffered and then CLOSE, `abort` is RESET at once. RESET from the agent, or the end of
@@ -60,7 +61,8 @@ class ByteStream(AgentStream):
 
     @property
     def window(self) -> int:
-        """The window the server grants the agent (a sink grants back by halves of it)."""
+        """The window the server grants the agent now (a sink grants back by halves of it;
+        it grows while the sink keeps up)."""
         return self._window
 
     def attach(self, sink: StreamSink) -> None:
@@ -111,10 +113,10 @@ class ByteStream(AgentStream):
         raise StreamError("EXIT on a byte stream")
 
     def grant(self, consumed: int) -> None:
-        """Give the agent back `consumed` bytes of window (what the protocol has taken)."""
+        """Give the agent back `consumed` bytes of window (what the protocol has taken), and
+        grow the window when the sink keeps up (what it has not taken is counted unread)."""
         if consumed > 0 and not self.ended:
-            self._credit += consumed
-            self._send_now(frames.window(self.id, consumed))
+            self._grant_back(consumed)
 
     def finish(self) -> None:
         """CLOSE: done in both directions; the stream ends here without an answer."""

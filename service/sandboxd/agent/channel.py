@@ -69,6 +69,7 @@ class Channel:
         *,
         name: str,
         window: int = frames.DEFAULT_WINDOW,
+        window_max: int = 0,
         keepalive_s: float = 5.0,
         handshake_s: float = 10.0,
         resend_s: float = 0.5,
@@ -81,6 +82,7 @@ class Channel:
         self._on_peer_open = on_peer_open
         self._transport = transport
         self._window = window
+        self._window_max = window_max  # a stream's inbound window grows to this (streams.py)
         self._keepalive_s = keepalive_s
         self._handshake_s = handshake_s
         self._resend_s = resend_s
@@ -161,6 +163,7 @@ class Channel:
             self._next_id,
             kind,
             window=self._window,
+            window_max=self._window_max,
             send=self._writer.send,
             send_now=self._send_now,
             fds=fds,
@@ -420,6 +423,7 @@ class Channel:
             stream_id,
             kind,
             window=self._window,
+            window_max=self._window_max,
             send=self._writer.send,
             send_now=self._send_now,
             fds=frozenset({0}),

@@ -82,6 +82,7 @@ class _Entry:
 @dataclass(frozen=True)
 class ChannelSettings:
     window: int = 1 << 20
+    window_max: int = 8 << 20
     keepalive_s: float = 5.0
     handshake_s: float = 10.0
     resend_s: float = 0.5
@@ -92,7 +93,12 @@ def agent_settings(config: _HasAgent) -> ChannelSettings | None:
     a = config.agent
     if not a.enabled:
         return None
-    return ChannelSettings(window=a.window, keepalive_s=a.keepalive_s, handshake_s=a.handshake_s)
+    return ChannelSettings(
+        window=a.window,
+        window_max=a.window_max,
+        keepalive_s=a.keepalive_s,
+        handshake_s=a.handshake_s,
+    )
 
 
 class _HasAgent(Protocol):
@@ -136,6 +142,7 @@ class AgentRouter:
                 attached.transport,
                 name=sandbox_id[:12],
                 window=s.window,
+                window_max=s.window_max,
                 keepalive_s=s.keepalive_s,
                 handshake_s=s.handshake_s,
                 resend_s=s.resend_s,

@@ -1,6 +1,13 @@
 """One stream of the agent channel: its inbound buffer bounded by the window it granted, its
 outbound window, and how it ends (EXIT, CLOSE, RESET, or the epoch's end).
 
+The inbound window tunes itself (`window_max` above `window`): a stream whose reader keeps up
+and whose half window was consumed within `GROW_WITHIN_S` of the previous grant is latency-bound
+(the agent waits for WINDOW through docker attach), so that grant also doubles the window, up to
+`window_max`. A stream with a slow or stalled reader sends no grant, or grants with its buffer
+still full, and so keeps its window: what waits unread in the server is at most the stream's
+current window, never more than `window_max`.
+
 The channel's reader calls the `on_*` methods (never blocking: they only append and signal);
 the stream's user calls `read`/`write`. The reader raises `StreamError` for a frame that breaks
 this stream's rules, and the channel answers it with RESET on this stream only.
@@ -10,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +35,12 @@ from sandboxd.reasons import Reason
 
 SendNow = Callable[[bytes], None]
 Send = Callable[[bytes], Any]  # an awaitable sender (FrameWriter.send)
+
+# A half window consumed within this of the previous grant, by a reader that kept up, grows the
+# window: the stream moves at least half a window per this time, which a window round trip
+# through docker attach (milliseconds) would otherwise throttle; an interactive or trickling
+# stream never grants that often and keeps the configured window.
+GROW_WITHIN_S = 0.05
 
 
 def agent_restarted(what: str) -> Unavailable:
@@ -53,10 +67,13 @@ class AgentStream:
         send: Send,
         send_now: SendNow,
         fds: frozenset[int] = frozenset({1, 2}),
+        window_max: int = 0,
     ) -> None:
         self.id = stream_id
         self.kind = kind
-        self._window = window
+        self._window = window  # what the agent may have sent us unread (grows to window_max)
+        self._window_max = max(window, window_max)
+        self._granted_at = time.monotonic()
         self._send = send
         self._send_now = send_now
         self._fds = fds
@@ -183,9 +200,27 @@ class AgentStream:
     def _consumed_bytes(self, n: int) -> None:
         self._consumed += n
         if self._consumed >= self._window // 2 and not self.ended:
-            self._credit += self._consumed
-            self._send_now(frames.window(self.id, self._consumed))
-            self._consumed = 0
+            consumed, self._consumed = self._consumed, 0
+            self._grant_back(consumed)
+
+    def _grant_back(self, consumed: int) -> None:
+        """WINDOW for `consumed` bytes, plus the window's growth when the reader keeps up: it
+        holds at most a quarter of the window unread, and consumed this half window within
+        GROW_WITHIN_S of the previous grant (the agent waited on credit, not on the reader)."""
+        now = time.monotonic()
+        unread = self._window - self._credit - consumed  # arrived, not yet consumed
+        increment = consumed
+        if (
+            self._window < self._window_max
+            and unread <= self._window // 4
+            and now - self._granted_at <= GROW_WITHIN_S
+        ):
+            grown = min(self._window * 2, self._window_max)
+            increment += grown - self._window
+            self._window = grown
+        self._granted_at = now
+        self._credit += increment
+        self._send_now(frames.window(self.id, increment))
 
     async def write(self, fd: int, data: bytes) -> None:
         """DATA on `fd`, in chunks no larger than the agent's window allows."""

@@ -122,6 +122,15 @@ class AgentSection:
         hi=16 * MiB,
         flat="agent_window",
     )
+    window_max: int = setting(
+        8 * MiB,
+        SIZE,
+        "the largest an agent stream's inbound window grows to while its reader keeps up "
+        "(bulk output; below agent_window: no growth)",
+        lo=4096,
+        hi=64 * MiB,
+        flat="agent_window_max",
+    )
     detached_processes: bool = setting(
         True,
         BOOL,
