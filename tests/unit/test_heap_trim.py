@@ -146,3 +146,40 @@ def test_freed_heap_memory_below_a_live_block_is_given_back() -> None:
     assert result["freed"] > 80 * MIB
     # ...and given back by the trim
     assert result["freed"] - result["after"] > 64 * MIB
+
+
+_THREADS = """
+import ctypes, threading
+from sandboxd.heap import tune_malloc
+
+tune_malloc()  # as `main` does, before any thread starts
+barrier = threading.Barrier(8)
+
+
+def work() -> None:
+    blocks = [bytearray(200_000) for _ in range(20)]  # each thread allocates while all live
+    barrier.wait()
+    del blocks
+
+
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+ctypes.CDLL(None).malloc_stats()  # one "Arena N:" line per arena, on stderr
+"""
+
+
+@pytest.mark.skipif(HeapTrimmer.for_this_process() is None, reason="needs glibc's malloc")
+def test_threads_share_a_bounded_number_of_arenas() -> None:
+    """Eight allocating threads would get eight arenas of their own, each keeping free memory."""
+    stats = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_THREADS)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(SERVICE)},
+    ).stderr
+    arenas = [line for line in stats.splitlines() if line.startswith("Arena ")]
+    assert 1 <= len(arenas) <= 2, stats
