@@ -21,6 +21,7 @@ from sandboxd.config import Config
 from sandboxd.errors import SandboxError
 from sandboxd.events import LeaseWarner
 from sandboxd.events.stats import OomWatcher
+from sandboxd.heap import HeapTrimmer
 from sandboxd.metrics import MetricsServer
 from sandboxd.server_grpc import SERVICE_NAMES
 from sandboxd.server_parts import Parts
@@ -67,7 +68,9 @@ async def background(
 ) -> list[asyncio.Task[None]]:
     """The server's background work, in `tg`; the caller cancels it after the shutdown."""
     p = parts
+    trimmer = HeapTrimmer.for_this_process()
     return [
+        *([tg.create_task(trimmer.run())] if trimmer else []),
         tg.create_task(monitor.run(config.engine.engine_check_interval_s)),
         tg.create_task(p.sessions.run_reaper(config.leases.reaper_interval_s)),
         tg.create_task(p.sweeper.run()),

@@ -2,7 +2,8 @@
 
 The CA key is drawn per proxy (per session and server run) and never leaves this object; its
 certificate is what the sandbox trusts. Leaf keys and certificates reach OpenSSL through an
-anonymous memory file (memfd), never a path on disk.
+anonymous memory file (memfd), never a path on disk. Imported when a session first binds a
+secret (`interceptor.py`): `cryptography` costs a server that never needs it some 12 MiB.
 """
 
 from __future__ import annotations
@@ -113,12 +114,3 @@ class SessionCA:
             serialization.NoEncryption(),
         )
         return key_pem, cert.public_bytes(serialization.Encoding.PEM)
-
-
-def upstream_context(extra_ca_file: str) -> ssl.SSLContext:
-    """Verifies real upstreams: the system roots, plus `egress_upstream_ca_file` if set."""
-    ctx = ssl.create_default_context()
-    if extra_ca_file:
-        ctx.load_verify_locations(cafile=extra_ca_file)
-    ctx.set_alpn_protocols(["http/1.1"])
-    return ctx

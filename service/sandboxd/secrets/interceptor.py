@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 from sandboxd.helper_client import HelperClient, Where
 from sandboxd.models import SecretBinding
-from sandboxd.secrets.ca import SessionCA
 from sandboxd.secrets.inject import bound, misdirected
 from sandboxd.secrets.mitm import HttpRelay, Record, Refusal, Secrets, Send, secure_upstream
 from sandboxd.secrets.trust import IMAGE_ROOTS, MAX_ROOTS_BYTES, TRUST_DIR
@@ -32,6 +31,8 @@ class Interceptor:
         vault: Vault,
         upstream: ssl.SSLContext,
     ) -> None:
+        from sandboxd.secrets.ca import SessionCA  # cryptography: only once a secret is bound
+
         self.ca = SessionCA(session_id)
         self.upstream = upstream
         self._tenant = tenant

@@ -15,10 +15,10 @@ import asyncio
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sandboxd.egress.target import MAX_HEAD_BYTES
 from sandboxd.models import SecretBinding
-from sandboxd.secrets.ca import SessionCA
 from sandboxd.secrets.inject import (
     Head,
     HeadError,
@@ -30,6 +30,9 @@ from sandboxd.secrets.inject import (
     parse_head,
 )
 from sandboxd.secrets.vault import SecretUnavailable
+
+if TYPE_CHECKING:
+    from sandboxd.secrets.ca import SessionCA
 
 CHUNK = 256 * 1024
 # The proxy's budgeted write: (writer, data, direction, per-connection counts).

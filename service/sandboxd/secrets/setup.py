@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 from sandboxd.errors import ConfigError
 from sandboxd.models import NetworkPolicy
-from sandboxd.secrets.ca import upstream_context
 from sandboxd.secrets.interceptor import Interceptor
 from sandboxd.secrets.vault import Vault, vault
 
@@ -55,3 +54,12 @@ class SecretsSetup:
         if on_event is None:
             return None
         return lambda kind: on_event(tenant, kind)
+
+
+def upstream_context(extra_ca_file: str) -> ssl.SSLContext:
+    """Verifies real upstreams: the system roots, plus `egress_upstream_ca_file` if set."""
+    ctx = ssl.create_default_context()
+    if extra_ca_file:
+        ctx.load_verify_locations(cafile=extra_ca_file)
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
