@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
@@ -123,11 +124,25 @@ def _same(message: bytes) -> bytes:
     return message
 
 
-async def _serve_echo() -> None:
-    """A bare grpc.aio bidi echo server (what `--echo-server` runs in the child process)."""
+async def _serve_echo(container_id: str | None) -> None:
+    """A bare grpc.aio bidi echo server (what `--echo-server` runs in the child process); with
+    a container, each message goes through a raw `docker exec -i cat` there and back."""
+    relay: Any = None
+    if container_id:
+        import aiodocker
+
+        docker = aiodocker.Docker()
+        exec_ = await docker.containers.container(container_id).exec(
+            ["cat"], stdin=True, user="65534:65534"
+        )
+        relay = exec_.start(detach=False)
+        await relay._init()
 
     async def echo(requests: AsyncIterator[bytes], context: object) -> AsyncIterator[bytes]:
         async for message in requests:
+            if relay is not None:
+                await relay.write_in(message)
+                message = bytes((await relay.read_out()).data)
             yield message
 
     server = grpc.aio.server()
@@ -142,14 +157,16 @@ async def _serve_echo() -> None:
 
 
 @contextlib.asynccontextmanager
-async def bare_echo() -> AsyncIterator[Sample]:
-    """An open bidi stream to a bare echo server in a child process; each sample sends one
-    byte the way `interact_echo` does (a queue-fed request iterator) and awaits its echo."""
+async def bare_echo(container_id: str | None = None) -> AsyncIterator[Sample]:
+    """An open bidi stream to a bare echo server in a child process (relaying through a raw
+    `docker exec -i cat` in `container_id`, if given); each sample sends one byte the way
+    `interact_echo` does (a queue-fed request iterator) and awaits its echo."""
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "bench.bench_processes",
         "--echo-server",
+        *([container_id] if container_id else []),
         cwd=Path(__file__).resolve().parents[1],
         stdout=asyncio.subprocess.PIPE,
     )
@@ -191,6 +208,9 @@ async def _round_trip(ctx: BenchContext, session_id: str, container_id: str) -> 
     async with bare_echo() as bare:
         bidi = [await bare() for _ in samples][ctx.warmup :]
     metric.extra["grpc_bidi_floor_p50"] = round(statistics.median(bidi), 3)
+    async with bare_echo(container_id) as relayed:
+        through = [await relayed() for _ in samples][ctx.warmup :]
+    metric.extra["grpc_exec_floor_p50"] = round(statistics.median(through), 3)
     health = health_pb2_grpc.HealthStub(ctx.channel)
     unary = [
         await timed_ms(lambda: health.Check(health_pb2.HealthCheckRequest())) for _ in samples
@@ -257,5 +277,5 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
     return metrics
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--echo-server"]:
-    asyncio.run(_serve_echo())
+if __name__ == "__main__" and sys.argv[1:2] == ["--echo-server"]:
+    asyncio.run(_serve_echo(sys.argv[2] if len(sys.argv) > 2 else None))
