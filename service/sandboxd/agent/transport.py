@@ -49,7 +49,6 @@ class FrameWriter:
         self._room = asyncio.Event()
         self._room.set()
         self._failed: BaseException | None = None
-        self._writing = False  # a transport.write is in progress (the task's or a sender's)
 
     def send_now(self, frame: bytes) -> None:
         if self._failed is not None:
@@ -65,24 +64,7 @@ class FrameWriter:
             await self._room.wait()
         if self._failed is not None:
             raise ConnectionError("the agent channel is closed") from self._failed
-        if self._queue or self._writing:
-            self._push(frame, False)
-            return
-        # Nothing queued and no write under way: write it here. The writer task's wake-up is
-        # a turn of the event loop on each keystroke's way (Interact's round trip); the FIFO
-        # holds, since everything sent before has been handed to the transport.
-        self._writing = True
-        try:
-            await self._transport.write(frame)
-        except BaseException as exc:
-            if not isinstance(exc, asyncio.CancelledError):
-                self._failed = exc  # the pipe broke: the task ends the channel (below)
-                self._room.set()
-            raise
-        finally:
-            self._writing = False
-            if self._queue or self._failed is not None:
-                self._pending.set()  # what came meanwhile (or the failure) goes to the task
+        self._push(frame, False)
 
     def clear(self) -> None:
         """Drop what is queued (a new epoch: the old one's frames mean nothing now)."""
@@ -101,11 +83,6 @@ class FrameWriter:
         try:
             while True:
                 await self._pending.wait()
-                if self._failed is not None:
-                    raise self._failed
-                if self._writing:
-                    self._pending.clear()  # a sender is writing: it sets _pending when done
-                    continue
                 batch: list[bytes] = []
                 size = 0
                 while self._queue and size < 256 * 1024:
@@ -119,11 +96,7 @@ class FrameWriter:
                 if self._bytes < self._max_bytes:
                     self._room.set()
                 if batch:
-                    self._writing = True
-                    try:
-                        await self._transport.write(b"".join(batch))
-                    finally:
-                        self._writing = False
+                    await self._transport.write(b"".join(batch))
         except BaseException as exc:
             self._failed = exc
             self._room.set()
