@@ -2,8 +2,12 @@
 
 - `interact_round_trip`: one stdin byte to its echo on an open Interact stream running `cat`,
   against the same on a raw `docker exec -i cat` stream (p50 ms; target ratio at most 1.0).
-  Its extra `grpc_unary_floor_p50` is a unary health check's p50 (ms) right after: what one
-  gRPC exchange with this server costs before any sandbox work.
+  Its extras are two gRPC floors (p50 ms, sampled right after, as many as the round trip):
+  `grpc_bidi_floor_p50`, one byte to its echo on an open bidi stream of a bare grpc.aio echo
+  server in a child process (the same library, the same client and request pattern, no
+  sandbox work: the least any gRPC round trip of this client costs), and
+  `grpc_unary_floor_p50`, a unary health check of this server (a new HTTP/2 stream per call,
+  which an open Interact does not pay).
 - `interact_stdout_throughput`: a 16 MB stdout stream through Interact, against a raw exec
   streaming the same command (median MB/s; target ratio at least 1.0).
 - `attach_process_throughput`: a 16 MB background process followed live with AttachProcess
@@ -18,9 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import statistics
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
+import grpc
 from google.protobuf import duration_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sandboxd.v1 import common_pb2, process_pb2
@@ -109,18 +117,105 @@ async def raw_echo(ctx: BenchContext, container_id: str) -> AsyncIterator[Sample
         await raw.close()
 
 
+_ECHO = "/bench.Echo/Echo"
+
+
+def _same(message: bytes) -> bytes:
+    return message
+
+
+async def _serve_echo(container_id: str | None) -> None:
+    """A bare grpc.aio bidi echo server (what `--echo-server` runs in the child process); with
+    a container, each message goes through a raw `docker exec -i cat` there and back."""
+    relay: Any = None
+    if container_id:
+        import aiodocker
+
+        docker = aiodocker.Docker()
+        exec_ = await docker.containers.container(container_id).exec(
+            ["cat"], stdin=True, user="65534:65534"
+        )
+        relay = exec_.start(detach=False)
+        await relay._init()
+
+    async def echo(requests: AsyncIterator[bytes], context: object) -> AsyncIterator[bytes]:
+        async for message in requests:
+            if relay is not None:
+                await relay.write_in(message)
+                message = bytes((await relay.read_out()).data)
+            yield message
+
+    server = grpc.aio.server()
+    handler = grpc.stream_stream_rpc_method_handler(echo, _same, _same)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("bench.Echo", {"Echo": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, flush=True)
+    await server.wait_for_termination()
+
+
+@contextlib.asynccontextmanager
+async def bare_echo(container_id: str | None = None) -> AsyncIterator[Sample]:
+    """An open bidi stream to a bare echo server in a child process (relaying through a raw
+    `docker exec -i cat` in `container_id`, if given); each sample sends one byte the way
+    `interact_echo` does (a queue-fed request iterator) and awaits its echo."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.bench_processes",
+        "--echo-server",
+        *([container_id] if container_id else []),
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None
+        port = int(await asyncio.wait_for(child.stdout.readline(), 30))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+            async def requests() -> AsyncIterator[bytes]:
+                while (item := await queue.get()) is not None:
+                    yield item
+
+            call = channel.stream_stream(_ECHO, _same, _same)(requests())
+
+            async def echo() -> float:
+                start = time.perf_counter()
+                queue.put_nowait(b"x")
+                await call.read()
+                return (time.perf_counter() - start) * 1000
+
+            try:
+                yield echo
+            finally:
+                queue.put_nowait(None)
+                call.cancel()
+    finally:
+        child.kill()
+        await child.wait()
+
+
 async def _round_trip(ctx: BenchContext, session_id: str, container_id: str) -> Metric:
     async with interact_echo(ctx, session_id) as ours, raw_echo(ctx, container_id) as theirs:
         o, r = await interleave(ctx, ours, theirs)
     metric = latency_metric(o, r)
-    # For the reading: the same number of unary health checks right after, the floor of one
-    # gRPC request and answer through this server (interceptors included) and this client.
+    # For the reading, as many samples right after: a bare bidi echo's round trip (the floor of
+    # any gRPC stream round trip of this client) and a unary health check through this server.
+    samples = range(ctx.warmup + ctx.rounds)
+    async with bare_echo() as bare:
+        bidi = [await bare() for _ in samples][ctx.warmup :]
+    metric.extra["grpc_bidi_floor_p50"] = round(statistics.median(bidi), 3)
+    async with bare_echo(container_id) as relayed:
+        through = [await relayed() for _ in samples][ctx.warmup :]
+    metric.extra["grpc_exec_floor_p50"] = round(statistics.median(through), 3)
     health = health_pb2_grpc.HealthStub(ctx.channel)
-    floor = [
-        await timed_ms(lambda: health.Check(health_pb2.HealthCheckRequest()))
-        for _ in range(ctx.warmup + ctx.rounds)
+    unary = [
+        await timed_ms(lambda: health.Check(health_pb2.HealthCheckRequest())) for _ in samples
     ][ctx.warmup :]
-    metric.extra["grpc_unary_floor_p50"] = round(statistics.median(floor), 3)
+    metric.extra["grpc_unary_floor_p50"] = round(statistics.median(unary), 3)
     return metric
 
 
@@ -180,3 +275,7 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
         )
         metrics["attach_process_throughput"] = throughput_metric(o, r)
     return metrics
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--echo-server"]:
+    asyncio.run(_serve_echo(sys.argv[2] if len(sys.argv) > 2 else None))

@@ -68,11 +68,14 @@ def _event_pb(event: AttachEvent, cls: type[_EventResponse]) -> _EventResponse:
         case ExecStarted(process_id=pid):
             return cls(started=process_pb2.ProcessStarted(process_id=pid))
         case ExecOutput(stream=s, data=data, offset=offset):
-            return cls(
-                output=process_pb2.ProcessOutput(
-                    stream=process_pb2.OutputStream.ValueType(s.value), data=data, offset=offset
-                )
-            )
+            # Filled in place: a submessage passed as a keyword is merged into the reply, which
+            # copies its data again (about 130 us per 64 KiB chunk, against 5 in place).
+            response = cls()
+            output = response.output
+            output.stream = process_pb2.OutputStream.ValueType(s.value)
+            output.data = data
+            output.offset = offset
+            return response
         case ExecExited():
             return cls(exited=convert.exited_pb(event))
         case ExecKeepalive():
