@@ -10,10 +10,7 @@ from sandboxd.dir_watch import FileEvent
 from sandboxd.errors import InvalidArgument
 from sandboxd.isolation import Isolation
 from sandboxd.models import (
-    ExecEvent,
     ExecExited,
-    ExecOutput,
-    ExecStarted,
     FileInfo,
     FileType,
     Limits,
@@ -245,23 +242,6 @@ def signal_value(name: str) -> polish_pb2.Signal.ValueType:
         return polish_pb2.Signal.Value("SIGNAL_" + name) if name else polish_pb2.SIGNAL_UNSPECIFIED
     except ValueError:
         return polish_pb2.SIGNAL_UNSPECIFIED
-
-
-def exec_response(event: ExecEvent) -> process_pb2.ExecResponse:
-    match event:
-        case ExecStarted(process_id=pid):
-            return process_pb2.ExecResponse(started=process_pb2.ProcessStarted(process_id=pid))
-        case ExecOutput(stream=stream, data=data, offset=offset):
-            return process_pb2.ExecResponse(
-                output=process_pb2.ProcessOutput(
-                    stream=process_pb2.OutputStream.ValueType(stream.value),
-                    data=data,
-                    offset=offset,
-                )
-            )
-        case ExecExited():
-            return process_pb2.ExecResponse(exited=exited_pb(event))
-    raise TypeError(f"unknown event {event!r}")
 
 
 def exited_pb(e: ExecExited) -> process_pb2.ProcessExited:

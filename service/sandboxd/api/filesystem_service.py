@@ -113,9 +113,11 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
         async with self._sessions.use(request.session_id) as session:
             chunks = self._transfer.read(session, request.path, request.offset, request.length)
             async for offset, data in chunks:
-                yield filesystem_ext_pb2.ReadFileStreamResponse(
-                    chunk=filesystem_ext_pb2.FileChunk(data=data, offset=offset)
-                )
+                # Filled in place: a submessage passed as a keyword is merged, copying data again.
+                response = filesystem_ext_pb2.ReadFileStreamResponse()
+                response.chunk.data = data
+                response.chunk.offset = offset
+                yield response
 
     @unary
     async def WriteFileStream(
