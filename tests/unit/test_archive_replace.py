@@ -117,3 +117,78 @@ async def test_a_replace_that_runs_out_of_room_unpacks_again_from_its_spool(
     assert got == {f"f{i}": bytes([65 + i]) * 200_000 for i in range(8)}
     stage = helper.ran[0][1]
     assert ["merge", stage, ".", "--replace"] in helper.ran  # emptied, then merged
+
+
+class BrokenTar(TarStream):
+    """A `tar -x` that fails for a reason other than room (no second try from the spool)."""
+
+    async def read(self) -> tuple[int, bytes] | None:
+        await self._gone.wait()
+        if not self._stderr_sent:
+            self._stderr_sent = True
+            return 2, b"tar: invalid tar magic\n"
+        return None
+
+
+class StuckCleanup(Helper):
+    """`tar -x` fails; the staging folder's removal then waits until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.removing = asyncio.Event()
+        self.release = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def open(
+        self, target: Any, args: Sequence[str], *, stdin: bool = False
+    ) -> AsyncIterator[TarStream]:
+        stream = BrokenTar(full=True)
+        self.tars.append(stream)
+        yield stream
+
+    async def checked(self, target: Any, args: Sequence[str], path: str) -> HelperResult:
+        if args[0] == "remove":
+            self.removing.set()
+            await self.release.wait()  # an engine slow to answer
+        return await super().checked(target, args, path)
+
+
+async def test_a_replace_cancelled_during_its_clean_up_still_returns_its_spool(
+    tmp_path: Path,
+) -> None:
+    """The engine-outage CI run found two spool files left to the garbage collector: a call
+    cancelled while its failed import removed the staging folder skipped the spool's return."""
+    helper = StuckCleanup()
+    archive = ArchiveIO(None, None, spool_dir=tmp_path, helper=helper)  # type: ignore[arg-type]
+    taken: list[Any] = []
+    spools = archive._spools  # noqa: SLF001 - the spool is what this test follows
+    take = spools.take
+
+    async def spy() -> Any:
+        spool = await take()
+        taken.append(spool)
+        return spool
+
+    spools.take = spy  # type: ignore[method-assign]
+    data = _archive()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(data), 64 * 1024):
+            yield data[i : i + 64 * 1024]
+
+    call = asyncio.create_task(archive.import_(_session(), ".", True, chunks()))
+    await asyncio.wait_for(helper.removing.wait(), 10)
+    call.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(call, 10)
+    try:
+        (spool,) = taken
+        for _ in range(100):  # an unsettled spool is closed on a thread
+            if spool.file.closed or spool.file in spools._idle:  # noqa: SLF001
+                break
+            await asyncio.sleep(0.01)
+        assert spool.file.closed or spool.file in spools._idle  # noqa: SLF001
+    finally:
+        helper.release.set()  # the shielded removal ends too
+        await asyncio.sleep(0.05)
+        archive.close()

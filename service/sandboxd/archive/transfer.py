@@ -255,12 +255,16 @@ class ArchiveIO:
             await self._helper(session, args, rel)
             merged = True
         finally:
-            if not merged:
-                await asyncio.shield(self._remove_stage(session, stage))
-                if made and missing:
-                    await asyncio.shield(self._remove_stage(session, missing))
-            if spool is not None:
-                self._spools.give_back(spool)
+            try:
+                if not merged:
+                    await asyncio.shield(self._remove_stage(session, stage))
+                    if made and missing:
+                        await asyncio.shield(self._remove_stage(session, missing))
+            finally:
+                # Also when the clean-up above is cancelled or fails: the spool is returned
+                # (or closed) whatever happened, never left open for the garbage collector.
+                if spool is not None:
+                    self._spools.give_back(spool)
         await self._close_directories(session, rel, checker.deferred_modes)
         return ImportResult(files=members, bytes=content)
 
