@@ -3,6 +3,10 @@
 Readers (`follow`) do not get pushed copies of the output: each keeps its own cursor per stream
 and reads the shared buffers when woken, so a slow or dead reader holds nothing and stalls
 nothing; one that fell behind the buffer is told exactly which range it lost (`OutputGap`).
+
+A background process whose sandbox has the agent keeps no ring here (`AgentKept`): its output
+stays in the agent's ring, in the sandbox's memory, and the record holds only how far each stream
+got; readers attach to the agent (process_agent_output.py).
 """
 
 from __future__ import annotations
@@ -58,6 +62,17 @@ class OutputGap:
 AttachEvent = ExecStarted | ExecOutput | ExecExited | ExecKeepalive | OutputGap
 
 
+@dataclass(frozen=True)
+class AgentKept:
+    """The output of a background process is in the ring of its sandbox's agent, under
+    `detach_id`; `retention` is how much of each stream AttachProcess offers (the process's
+    ring as asked for: the agent's own ring has slack for the server's live reader)."""
+
+    container_id: str
+    detach_id: str
+    retention: int
+
+
 class BackgroundProcess:
     """One StartProcess process: its spec, output buffers and, once ended, its exit record."""
 
@@ -78,6 +93,8 @@ class BackgroundProcess:
         self.token = token or new_token()
         self.started_at = datetime.now(tz=UTC)
         self.output = {s: OutputBuffer(self.options.buffer_bytes) for s in OutputStream}
+        self.agent: AgentKept | None = None
+        self._ends = {s: 0 for s in OutputStream}  # bytes produced, when the agent keeps them
         # The running command while its stdin takes SendProcessInput (keep_stdin_open).
         self.command: Command | None = None
         self.stdin_lock = asyncio.Lock()  # the first `stdin` goes before any later input
@@ -93,7 +110,30 @@ class BackgroundProcess:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def keep_in_agent(self, kept: AgentKept) -> None:
+        """From now on the agent holds the output: this record keeps only its offsets."""
+        self.agent = kept
+        self.output = {}
+
+    def changed(self) -> asyncio.Event:
+        """Set at the next change of the record (output offsets, exit)."""
+        return self._changed
+
+    def end(self, stream: OutputStream) -> int:
+        """Bytes of `stream` produced so far (as far as the server has seen)."""
+        return self.output[stream].end if self.agent is None else self._ends[stream]
+
+    def first_offset(self, stream: OutputStream) -> int:
+        """The oldest offset of `stream` AttachProcess still replays."""
+        if self.agent is None:
+            return self.output[stream].start
+        return max(0, self._ends[stream] - self.agent.retention)
+
     def append(self, stream: OutputStream, data: bytes) -> None:
+        if self.agent is not None:
+            self._ends[stream] += len(data)
+            self._notify()
+            return
         self._seq += 1
         self.output[stream].append(data, self._seq, merge=self._last is stream)
         self._last = stream
@@ -101,6 +141,10 @@ class BackgroundProcess:
 
     def append_at(self, stream: OutputStream, offset: int, data: bytes) -> None:
         """`append`, after skipping to `offset` (a range lost on the way: detached commands)."""
+        if self.agent is not None:
+            self._ends[stream] = max(self._ends[stream], offset + len(data))
+            self._notify()
+            return
         buf = self.output[stream]
         if offset > buf.end:
             buf.skip(offset - buf.end)
@@ -120,6 +164,7 @@ class BackgroundProcess:
         self, stdout_offset: int, stderr_offset: int, keepalive_s: float
     ) -> AsyncIterator[AttachEvent]:
         """started, then output from the offsets (gaps where it is gone), live output, exited."""
+        assert self.agent is None, "the agent holds this output: process_agent_output.follow"
         cursors = {OutputStream.STDOUT: stdout_offset, OutputStream.STDERR: stderr_offset}
         for stream, offset in cursors.items():
             name = stream.name.lower()
