@@ -1,0 +1,190 @@
+"""Background processes whose output the sandbox's agent keeps (processes.py,
+process_agent_output.py): the server holds no ring, AttachProcess reads the agent's ring from
+the offsets asked for, and the agent's record goes when the server's does.
+
+The agent here is an in-memory stand-in for engine.protocol.DetachedExecs that keeps a ring per
+fd as the agent does (the last `capacity` bytes, by absolute offset; attach clamps the offsets
+into what it holds and reports the loss as (fd + GAP_FD, length), as agent/detached.py does)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+
+import pytest
+from sandboxd import processes
+from sandboxd.errors import InvalidArgument, OutOfRange
+from sandboxd.execution import GAP_FD
+from sandboxd.models import ExecExited, ExecKeepalive, ExecOutput, ExecSpec, ExecStarted
+from sandboxd.models import OutputStream as S
+from sandboxd.process_agent_output import follow
+from sandboxd.process_record import AgentKept, AttachEvent, BackgroundProcess, OutputGap
+from sandboxd.processes import ProcessManager
+
+MiB = 1024 * 1024
+
+
+class _Ring:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.data = bytearray()  # the last `capacity` bytes
+        self.end = 0
+
+    @property
+    def start(self) -> int:
+        return self.end - len(self.data)
+
+    def write(self, chunk: bytes) -> None:
+        self.data += chunk
+        self.end += len(chunk)
+        del self.data[: max(0, len(self.data) - self.capacity)]
+
+
+class _Attached:
+    def __init__(self, rings: dict[int, _Ring], offsets: Mapping[int, int]) -> None:
+        self.exec_id = "attach"
+        self.start = {fd: r.start for fd, r in rings.items()}
+        self.end = {fd: r.end for fd, r in rings.items()}
+        self._items: list[tuple[int, bytes]] = []
+        for fd, ring in rings.items():
+            at = offsets.get(fd, 0)
+            if at < ring.start:
+                self._items.append((fd + GAP_FD, (ring.start - at).to_bytes(8, "big")))
+                at = ring.start
+            at = min(at, ring.end)
+            self._items.append((fd, bytes(ring.data[at - ring.start :])))
+
+    async def read(self) -> tuple[int, bytes] | None:
+        return self._items.pop(0) if self._items else None
+
+
+class _Agent:
+    def __init__(self) -> None:
+        self.rings: dict[str, dict[int, _Ring]] = {}
+        self.forgotten: list[str] = []
+        self.open_streams = 0
+
+    def add(self, detach_id: str, capacity: int) -> dict[int, _Ring]:
+        self.rings[detach_id] = {1: _Ring(capacity), 2: _Ring(capacity)}
+        return self.rings[detach_id]
+
+    async def serves(self, container_id: str, user: str) -> bool:
+        return True
+
+    @contextlib.asynccontextmanager
+    async def attach(
+        self, container_id: str, detach_id: str, offsets: Mapping[int, int] | None = None
+    ) -> AsyncIterator[_Attached]:
+        self.open_streams += 1
+        try:
+            yield _Attached(self.rings[detach_id], offsets or {})
+        finally:
+            self.open_streams -= 1
+
+    async def forget(self, container_id: str, detach_id: str) -> None:
+        self.forgotten.append(detach_id)
+        del self.rings[detach_id]
+
+
+class _Executor:
+    def __init__(self, agent: _Agent) -> None:
+        self.detached = agent
+
+
+def _spec() -> ExecSpec:
+    return ExecSpec(["sh"], ".", {}, b"", 10, 1000)
+
+
+async def _kept(agent: _Agent, name: str, retention: int, capacity: int) -> BackgroundProcess:
+    proc = BackgroundProcess("s", name, _spec())
+    proc.keep_in_agent(AgentKept("c", name, retention))
+    agent.add(name, capacity)
+    return proc
+
+
+def _produce(agent: _Agent, proc: BackgroundProcess, fd: int, data: bytes) -> None:
+    """The process writes: the agent's ring takes it, the server's reader sees the offsets."""
+    ring = agent.rings[proc.process_id][fd]
+    proc.append_at(S(fd), ring.end, data)
+    ring.write(data)
+
+
+async def _all(events: AsyncIterator[AttachEvent]) -> list[AttachEvent]:
+    return [e async for e in events]
+
+
+async def test_the_server_holds_no_output_and_attach_replays_from_the_agent() -> None:
+    agent = _Agent()
+    proc = await _kept(agent, "p", retention=64 * MiB, capacity=64 * MiB + MiB)
+    for _ in range(64):
+        _produce(agent, proc, 1, b"x" * MiB)
+    _produce(agent, proc, 2, b"err")
+    pm = ProcessManager(_Executor(agent))  # type: ignore[arg-type]
+    pm._by_session["s"] = {"p": proc}
+    assert pm.held_bytes() == 0 and proc.retained_bytes() == 0
+    assert (proc.end(S.STDOUT), proc.first_offset(S.STDOUT)) == (64 * MiB, 0)
+    proc.finish(ExecExited(0, "", False, False, 1.0))
+    events = await _all(pm.follow(proc, 0, 0, 5))
+    assert events[0] == ExecStarted("p") and events[-1] == proc.exited
+    out = b"".join(e.data for e in events if isinstance(e, ExecOutput) and e.stream is S.STDOUT)
+    assert out == b"x" * 64 * MiB
+    assert ExecOutput(S.STDERR, b"err", 0) in events
+    assert agent.open_streams == 0  # each reader's stream is closed when it is done
+
+
+async def test_output_older_than_the_ring_is_a_gap_and_offsets_are_checked() -> None:
+    agent = _Agent()
+    # The agent's ring has slack over the process's ring (1000): what it holds beyond is not
+    # offered, so a reader sees the same range as with a server ring.
+    proc = await _kept(agent, "p", retention=1000, capacity=5000)
+    _produce(agent, proc, 1, bytes(range(256)) * 20)  # 5120 bytes: 120 gone from the agent too
+    proc.finish(ExecExited(0, "", False, False, 1.0))
+    assert proc.first_offset(S.STDOUT) == 4120
+    events = await _all(follow(agent, proc, 10, 0, 5))  # type: ignore[arg-type]
+    assert events[1] == OutputGap(S.STDOUT, 10, 4110)
+    assert events[2] == ExecOutput(S.STDOUT, (bytes(range(256)) * 20)[4120:], 4120)
+    assert events[3:] == [proc.exited]
+    with pytest.raises(OutOfRange):
+        await _all(follow(agent, proc, 5121, 0, 5))  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        await _all(follow(agent, proc, 0, -1, 5))  # type: ignore[arg-type]
+    assert agent.open_streams == 0
+
+
+async def test_exited_comes_from_the_record_and_quiet_readers_get_keepalives() -> None:
+    agent = _Agent()
+    proc = await _kept(agent, "p", retention=MiB, capacity=MiB)
+    _produce(agent, proc, 1, b"hi")
+    reader = follow(agent, proc, 0, 0, 0.01)  # type: ignore[arg-type]
+    assert await anext(reader) == ExecStarted("p")
+    assert await anext(reader) == ExecOutput(S.STDOUT, b"hi", 0)
+    assert await anext(reader) == ExecKeepalive()  # the agent's stream ended; no exit yet
+    exited = ExecExited(3, "", False, False, 1.0)
+    asyncio.get_running_loop().call_later(0.02, proc.finish, exited)
+    rest = [e async for e in reader]
+    assert rest[-1] == exited and all(e == ExecKeepalive() for e in rest[:-1])
+
+
+async def test_an_exited_process_keeps_its_agent_output_until_its_record_is_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(processes, "MAX_PROCESSES_PER_SESSION", 2)
+    agent = _Agent()
+    pm = ProcessManager(_Executor(agent))  # type: ignore[arg-type]
+    procs = pm._by_session.setdefault("s", {})
+    for name in ("old", "new"):
+        procs[name] = await _kept(agent, name, MiB, MiB)
+        _produce(agent, procs[name], 1, b"out " + name.encode())
+        procs[name].finish(ExecExited(0, "", False, False, 1.0))
+        await asyncio.sleep(0.001)  # distinct start times
+    pm._forget_old_exited(procs)  # the server holds no bytes: nothing goes for bytes
+    assert sorted(procs) == ["new", "old"] and not agent.forgotten
+    pm._make_room(procs)  # a third process: the oldest exited record goes, in the agent too
+    await asyncio.wait(pm._forgets["s"])
+    assert sorted(procs) == ["new"] and agent.forgotten == ["old"]
+    assert sorted(agent.rings) == ["new"]
+    events = await _all(pm.follow(procs["new"], 0, 0, 5))
+    assert ExecOutput(S.STDOUT, b"out new", 0) in events
+    await pm.close()  # shutdown: the agent forgets what no server will read
+    assert agent.forgotten == ["old", "new"] and not agent.rings
