@@ -5,8 +5,9 @@ and reads the shared buffers when woken, so a slow or dead reader holds nothing 
 nothing; one that fell behind the buffer is told exactly which range it lost (`OutputGap`).
 
 A background process whose sandbox has the agent keeps no ring here (`AgentKept`): its output
-stays in the agent's ring, in the sandbox's memory, and the record holds only how far each stream
-got; readers attach to the agent (process_agent_output.py).
+stays in the agent's ring, in the sandbox's memory, and the record holds how far each stream got
+and, while the process runs, a small live `tail` of what the server's own reader passes on
+anyway; readers within the tail read it, others attach to the agent (process_agent_output.py).
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ class OutputGap:
     length: int
 
 
+# The live tail per stream of a process the agent keeps (at most its ring size): enough for a
+# follower that keeps up to read from the server, so live output crosses the agent's channel
+# once, not once more per follower; small enough that server memory per running process stays
+# bounded whatever it writes (two streams: 2 MiB). A reader further behind reads the agent.
+TAIL_BYTES = 1024 * 1024
+
 AttachEvent = ExecStarted | ExecOutput | ExecExited | ExecKeepalive | OutputGap
 
 
@@ -71,6 +78,19 @@ class AgentKept:
     container_id: str
     detach_id: str
     retention: int
+
+
+def next_output(
+    buffers: dict[OutputStream, OutputBuffer], cursors: dict[OutputStream, int]
+) -> tuple[OutputStream, bytes] | None:
+    """The next bytes a reader at `cursors` (each at least its buffer's start) gets: of the
+    stream written first, so stdout and stderr replay in the order they were produced."""
+    best: tuple[int, OutputStream, bytes] | None = None
+    for stream, buffer in buffers.items():
+        got = buffer.read(cursors[stream])
+        if got is not None and (best is None or got[0] < best[0]):
+            best = (got[0], stream, got[1])
+    return None if best is None else best[1:]
 
 
 class BackgroundProcess:
@@ -94,6 +114,7 @@ class BackgroundProcess:
         self.started_at = datetime.now(tz=UTC)
         self.output = {s: OutputBuffer(self.options.buffer_bytes) for s in OutputStream}
         self.agent: AgentKept | None = None
+        self.tail: dict[OutputStream, OutputBuffer] = {}  # while running, when the agent keeps
         self._ends = {s: 0 for s in OutputStream}  # bytes produced, when the agent keeps them
         # The running command while its stdin takes SendProcessInput (keep_stdin_open).
         self.command: Command | None = None
@@ -114,6 +135,9 @@ class BackgroundProcess:
         """From now on the agent holds the output: this record keeps only its offsets."""
         self.agent = kept
         self.output = {}
+        size = min(kept.retention, TAIL_BYTES)
+        if self.exited is None and size > 0:
+            self.tail = {s: OutputBuffer(size) for s in OutputStream}
 
     def changed(self) -> asyncio.Event:
         """Set at the next change of the record (output offsets, exit)."""
@@ -132,32 +156,36 @@ class BackgroundProcess:
     def append(self, stream: OutputStream, data: bytes) -> None:
         if self.agent is not None:
             self._ends[stream] += len(data)
-            self._notify()
-            return
-        self._seq += 1
-        self.output[stream].append(data, self._seq, merge=self._last is stream)
+        buf = self.output.get(stream) or self.tail.get(stream)
+        if buf is not None:
+            self._seq += 1
+            buf.append(data, self._seq, merge=self._last is stream)
         self._last = stream
         self._notify()
 
     def append_at(self, stream: OutputStream, offset: int, data: bytes) -> None:
         """`append`, after skipping to `offset` (a range lost on the way: detached commands)."""
-        if self.agent is not None:
-            self._ends[stream] = max(self._ends[stream], offset + len(data))
-            self._notify()
-            return
-        buf = self.output[stream]
-        if offset > buf.end:
-            buf.skip(offset - buf.end)
+        end = self.end(stream)
+        if offset > end:
+            if self.agent is not None:
+                self._ends[stream] = offset
+            if (buf := self.output.get(stream) or self.tail.get(stream)) is not None:
+                buf.skip(offset - end)
             self._notify()
         if data:
             self.append(stream, data)
 
     def retained_bytes(self) -> int:
+        """Bytes held in the server's rings (the live tail is not: it goes at the exit)."""
         return sum(b.end - b.start for b in self.output.values())
+
+    def tail_bytes(self) -> int:
+        return sum(b.end - b.start for b in self.tail.values())
 
     def finish(self, exited: ExecExited) -> None:
         if self.exited is None:
             self.exited = exited
+            self.tail = {}  # late readers behind read the agent's copy, kept with the record
             self._notify()
 
     async def follow(
@@ -189,13 +217,8 @@ class BackgroundProcess:
                 offset, cursors[stream] = cursors[stream], start
                 yield OutputGap(stream, offset, start - offset)
                 continue  # look again: more may have gone meanwhile
-            best: tuple[int, OutputStream, bytes] | None = None
-            for stream, buffer in self.output.items():
-                got = buffer.read(cursors[stream])
-                if got is not None and (best is None or got[0] < best[0]):
-                    best = (got[0], stream, got[1])
-            if best is not None:
-                _, stream, data = best
+            if (got := next_output(self.output, cursors)) is not None:
+                stream, data = got
                 yield ExecOutput(stream, data, cursors[stream])
                 cursors[stream] += len(data)
                 continue

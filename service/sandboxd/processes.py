@@ -121,8 +121,13 @@ class ProcessManager:
             await asyncio.wait(tasks)
 
     def held_bytes(self) -> int:
-        """Output bytes the server holds in rings for all sessions (the agent's are not)."""
-        return sum(p.retained_bytes() for ps in self._by_session.values() for p in ps.values())
+        """Output bytes the server holds in rings and live tails for all sessions (the agent's
+        are not)."""
+        return sum(
+            p.retained_bytes() + p.tail_bytes()
+            for ps in self._by_session.values()
+            for p in ps.values()
+        )
 
     def _drop(self, procs: dict[str, BackgroundProcess], proc: BackgroundProcess) -> None:
         """Forget a record; the agent's copy of its output goes too (a task this owns)."""

@@ -1,6 +1,7 @@
 """Background processes whose output the sandbox's agent keeps (processes.py,
-process_agent_output.py): the server holds no ring, AttachProcess reads the agent's ring from
-the offsets asked for, and the agent's record goes when the server's does.
+process_agent_output.py): the server holds no ring, only a live tail while the process runs;
+AttachProcess reads the tail where its cursors are within it, else the agent's ring from them,
+and the agent's record goes when the server's does.
 
 The agent here is an in-memory stand-in for engine.protocol.DetachedExecs that keeps a ring per
 fd as the agent does (the last `capacity` bytes, by absolute offset; attach clamps the offsets
@@ -19,10 +20,17 @@ from sandboxd.execution import GAP_FD
 from sandboxd.models import ExecExited, ExecKeepalive, ExecOutput, ExecSpec, ExecStarted
 from sandboxd.models import OutputStream as S
 from sandboxd.process_agent_output import follow
-from sandboxd.process_record import AgentKept, AttachEvent, BackgroundProcess, OutputGap
+from sandboxd.process_record import (
+    TAIL_BYTES,
+    AgentKept,
+    AttachEvent,
+    BackgroundProcess,
+    OutputGap,
+)
 from sandboxd.processes import ProcessManager
 
 MiB = 1024 * 1024
+_PIECE = 100_000  # not a divisor of the tail's size: switches fall inside a piece
 
 
 class _Ring:
@@ -53,7 +61,10 @@ class _Attached:
                 self._items.append((fd + GAP_FD, (ring.start - at).to_bytes(8, "big")))
                 at = ring.start
             at = min(at, ring.end)
-            self._items.append((fd, bytes(ring.data[at - ring.start :])))
+            held = bytes(ring.data[at - ring.start :])
+            # In pieces, as the agent's DATA frames come: a reader may switch between two.
+            for i in range(0, len(held), _PIECE):
+                self._items.append((fd, held[i : i + _PIECE]))
 
     async def read(self) -> tuple[int, bytes] | None:
         return self._items.pop(0) if self._items else None
@@ -64,6 +75,7 @@ class _Agent:
         self.rings: dict[str, dict[int, _Ring]] = {}
         self.forgotten: list[str] = []
         self.open_streams = 0
+        self.attaches = 0
 
     def add(self, detach_id: str, capacity: int) -> dict[int, _Ring]:
         self.rings[detach_id] = {1: _Ring(capacity), 2: _Ring(capacity)}
@@ -77,6 +89,7 @@ class _Agent:
         self, container_id: str, detach_id: str, offsets: Mapping[int, int] | None = None
     ) -> AsyncIterator[_Attached]:
         self.open_streams += 1
+        self.attaches += 1
         try:
             yield _Attached(self.rings[detach_id], offsets or {})
         finally:
@@ -122,9 +135,11 @@ async def test_the_server_holds_no_output_and_attach_replays_from_the_agent() ->
     _produce(agent, proc, 2, b"err")
     pm = ProcessManager(_Executor(agent))  # type: ignore[arg-type]
     pm._by_session["s"] = {"p": proc}
-    assert pm.held_bytes() == 0 and proc.retained_bytes() == 0
+    # While it runs the server holds only the live tail, whatever the process wrote.
+    assert pm.held_bytes() == TAIL_BYTES + 3 and proc.retained_bytes() == 0
     assert (proc.end(S.STDOUT), proc.first_offset(S.STDOUT)) == (64 * MiB, 0)
     proc.finish(ExecExited(0, "", False, False, 1.0))
+    assert pm.held_bytes() == 0
     events = await _all(pm.follow(proc, 0, 0, 5))
     assert events[0] == ExecStarted("p") and events[-1] == proc.exited
     out = b"".join(e.data for e in events if isinstance(e, ExecOutput) and e.stream is S.STDOUT)
@@ -188,3 +203,121 @@ async def test_an_exited_process_keeps_its_agent_output_until_its_record_is_forg
     assert ExecOutput(S.STDOUT, b"out new", 0) in events
     await pm.close()  # shutdown: the agent forgets what no server will read
     assert agent.forgotten == ["old", "new"] and not agent.rings
+
+
+def _stdout(events: list[AttachEvent], start: int = 0) -> bytes:
+    """The stdout bytes of `events`, checked contiguous from `start` (nothing twice or lost)."""
+    out = bytearray()
+    for e in events:
+        if isinstance(e, ExecOutput) and e.stream is S.STDOUT:
+            assert e.offset == start + len(out), (e.offset, start + len(out))
+            out += e.data
+    return bytes(out)
+
+
+def _pattern(n: int, seed: int = 0) -> bytes:
+    cycle = bytes((seed + i * 7) % 251 for i in range(251))  # no period dividing the pieces'
+    return (cycle * (n // 251 + 1))[:n]
+
+
+async def _take(reader: AsyncIterator[AttachEvent], n: int) -> list[AttachEvent]:
+    """The next events until `n` bytes of output came."""
+    got: list[AttachEvent] = []
+    while sum(len(e.data) for e in got if isinstance(e, ExecOutput)) < n:
+        got.append(await anext(reader))
+    return got
+
+
+async def _upto(reader: AsyncIterator[AttachEvent], end: int) -> list[AttachEvent]:
+    """The next events until stdout came up to offset `end`."""
+    got: list[AttachEvent] = []
+    while not got or not (
+        isinstance(e := got[-1], ExecOutput)
+        and e.stream is S.STDOUT
+        and e.offset + len(e.data) >= end
+    ):
+        got.append(await anext(reader))
+    return got
+
+
+async def test_a_live_follower_reads_the_tail_and_opens_no_agent_stream() -> None:
+    agent = _Agent()
+    proc = await _kept(agent, "p", retention=8 * MiB, capacity=9 * MiB)
+    data = _pattern(3 * MiB)
+    reader = follow(agent, proc, 0, 0, 5)  # type: ignore[arg-type]
+    assert await anext(reader) == ExecStarted("p")
+    events: list[AttachEvent] = []
+    for i in range(0, len(data), 64 * 1024):  # the follower keeps up with the writer
+        _produce(agent, proc, 1, data[i : i + 64 * 1024])
+        _produce(agent, proc, 2, b"e")
+        events += await _take(reader, 64 * 1024 + 1)
+    proc.finish(ExecExited(0, "", False, False, 1.0))
+    events += [e async for e in reader]
+    assert _stdout(events) == data and events[-1] == proc.exited
+    errs = [e for e in events if isinstance(e, ExecOutput) and e.stream is S.STDERR]
+    assert b"".join(e.data for e in errs) == b"e" * 48
+    assert agent.attaches == 0  # live output crossed the agent's channel once (the server's)
+
+
+async def test_an_old_offset_reader_switches_from_the_agent_to_the_tail_byte_exact() -> None:
+    agent = _Agent()
+    proc = await _kept(agent, "p", retention=8 * MiB, capacity=9 * MiB)
+    data = _pattern(3 * MiB + 777 + 100_000)
+    _produce(agent, proc, 1, data[: 3 * MiB + 777])
+    assert proc.tail[S.STDOUT].start == 2 * MiB + 777
+    reader = follow(agent, proc, 1000, 0, 5)  # type: ignore[arg-type]
+    events = [await anext(reader)]
+    assert events == [ExecStarted("p")] and agent.open_streams == 1
+    events += await _upto(reader, 2 * MiB + 777)  # from the agent up to the tail's start
+    assert agent.open_streams == 1
+    events += await _upto(reader, 3 * MiB + 777)
+    assert agent.open_streams == 0 and agent.attaches == 1  # on the tail now
+    _produce(agent, proc, 1, data[3 * MiB + 777 :])
+    events += await _upto(reader, len(data))
+    proc.finish(ExecExited(0, "", False, False, 1.0))
+    events += [e async for e in reader]
+    assert _stdout(events, 1000) == data[1000:] and events[-1] == proc.exited
+    assert agent.attaches == 1
+
+
+async def test_a_reader_behind_the_tail_reads_the_agent_then_the_tail_again() -> None:
+    agent = _Agent()
+    proc = await _kept(agent, "p", retention=8 * MiB, capacity=9 * MiB)
+    data = _pattern(6 * MiB, seed=3)
+    reader = follow(agent, proc, 0, 0, 5)  # type: ignore[arg-type]
+    events = [await anext(reader)]
+    _produce(agent, proc, 1, data[:1000])
+    events += await _take(reader, 1000)
+    assert agent.attaches == 0
+    _produce(agent, proc, 1, data[1000 : 4 * MiB])  # the reader is 4 MiB behind: off the tail
+    assert proc.tail[S.STDOUT].start > 1000
+    events.append(await anext(reader))
+    assert agent.open_streams == 1 and agent.attaches == 1  # from the agent's ring
+    events += await _upto(reader, 4 * MiB)
+    assert agent.open_streams == 0  # within the tail again: the agent's stream closed
+    for i in range(4 * MiB, len(data), 64 * 1024):  # it keeps up now: the tail serves it
+        _produce(agent, proc, 1, data[i : i + 64 * 1024])
+        events += await _upto(reader, i + 64 * 1024)
+    proc.finish(ExecExited(0, "", False, False, 1.0))
+    events += [e async for e in reader]
+    assert _stdout(events) == data and agent.attaches == 1
+
+
+async def test_the_exit_drops_the_tail_and_readers_behind_finish_from_the_agent() -> None:
+    agent = _Agent()
+    pm = ProcessManager(_Executor(agent))  # type: ignore[arg-type]
+    proc = await _kept(agent, "p", retention=8 * MiB, capacity=9 * MiB)
+    pm._by_session["s"] = {"p": proc}
+    data = _pattern(2 * MiB, seed=5)
+    _produce(agent, proc, 1, data)
+    behind = follow(agent, proc, MiB + 5, 0, 5)  # type: ignore[arg-type]
+    at_end = follow(agent, proc, 2 * MiB, 0, 5)  # type: ignore[arg-type]
+    first = [await anext(behind), await anext(behind)]  # on the tail
+    assert await anext(at_end) == ExecStarted("p") and agent.attaches == 0
+    assert pm.held_bytes() == TAIL_BYTES
+    proc.finish(ExecExited(0, "", False, False, 1.0))
+    assert proc.tail == {} and pm.held_bytes() == 0
+    assert [e async for e in at_end] == [proc.exited] and agent.attaches == 0
+    rest = [e async for e in behind]  # the rest from the agent's copy
+    assert _stdout(first + rest, MiB + 5) == data[MiB + 5 :] and rest[-1] == proc.exited
+    assert agent.attaches == 1 and agent.open_streams == 0
