@@ -6,9 +6,10 @@ tail reads it, with its own cursors, as readers of a server ring do: a live foll
 second pass over the agent's channel. A reader further back (an old offset, or it fell behind
 the tail) opens its own `attach` stream to the agent from its cursors, so replay flows with the
 channel's flow control (a slow reader holds only its stream's window, and stalls nothing else),
-and goes back to the tail, closing that stream, as soon as its cursors are within it again. After
-the exit the tail is gone and readers still behind finish from the agent. `exited` comes from
-the server's record, once the last byte was delivered.
+and goes back to the tail, closing that stream, as soon as its cursors are within it again. The
+exit drops the record's tail: a reader on it finishes from the tail it holds (final then), a
+later or further-back one from the agent. `exited` comes from the server's record, once the last
+byte was delivered.
 
 The agent's ring has slack beyond the process's ring (for the server's own live reader), so a
 reader is offered the same range as with a server ring: at most `retention` bytes back from the
@@ -106,22 +107,25 @@ class _Reader:
         yield proc.exited
 
     async def from_tail(self) -> AsyncIterator[AttachEvent]:
-        """Until the reader falls behind the tail, or the exit drops it."""
+        """Until the reader falls behind the tail. The exit drops the record's tail, but a
+        reader on it reads on from the tail it holds (final then: nothing comes after the
+        exit), rather than open an agent stream for its last bytes; it goes with that reader."""
         proc, cursor = self.proc, self.cursor
+        tail = proc.tail
         while True:
             changed = proc.changed()
-            if not proc.tail:  # exited: all read, or the rest from the agent's copy
-                if self.at_end():
-                    async for event in self._exited():
-                        yield event
-                return
-            if any(cursor[s] < proc.tail[s].start for s in _FDS):
+            if tail and any(cursor[s] < tail[s].start for s in _FDS):
                 return  # fell behind the tail
-            if (got := next_output(proc.tail, cursor)) is not None:
+            if (got := next_output(tail, cursor)) is not None:
                 stream, data = got
                 yield ExecOutput(stream, data, cursor[stream])
                 cursor[stream] += len(data)
                 continue
+            if proc.exited is not None:  # all the tail held is read
+                if self.at_end():
+                    async for event in self._exited():
+                        yield event
+                return  # else the rest from the agent's copy
             try:
                 await asyncio.wait_for(changed.wait(), timeout=self.keepalive_s)
             except TimeoutError:

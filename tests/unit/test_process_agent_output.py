@@ -310,14 +310,19 @@ async def test_the_exit_drops_the_tail_and_readers_behind_finish_from_the_agent(
     pm._by_session["s"] = {"p": proc}
     data = _pattern(2 * MiB, seed=5)
     _produce(agent, proc, 1, data)
-    behind = follow(agent, proc, MiB + 5, 0, 5)  # type: ignore[arg-type]
+    on_tail = follow(agent, proc, MiB + 5, 0, 5)  # type: ignore[arg-type]
     at_end = follow(agent, proc, 2 * MiB, 0, 5)  # type: ignore[arg-type]
-    first = [await anext(behind), await anext(behind)]  # on the tail
+    first = [await anext(on_tail), await anext(on_tail)]
     assert await anext(at_end) == ExecStarted("p") and agent.attaches == 0
     assert pm.held_bytes() == TAIL_BYTES
     proc.finish(ExecExited(0, "", False, False, 1.0))
-    assert proc.tail == {} and pm.held_bytes() == 0
+    assert proc.tail == {} and pm.held_bytes() == 0  # the record holds no output any more
     assert [e async for e in at_end] == [proc.exited] and agent.attaches == 0
-    rest = [e async for e in behind]  # the rest from the agent's copy
+    # A reader on the tail finishes from the (final) tail it holds: no agent stream.
+    rest = [e async for e in on_tail]
     assert _stdout(first + rest, MiB + 5) == data[MiB + 5 :] and rest[-1] == proc.exited
+    assert agent.attaches == 0
+    # A reader that comes after the exit, from an offset the tail held, reads the agent's copy.
+    late = [e async for e in follow(agent, proc, MiB + 5, 0, 5)]  # type: ignore[arg-type]
+    assert _stdout(late, MiB + 5) == data[MiB + 5 :] and late[-1] == proc.exited
     assert agent.attaches == 1 and agent.open_streams == 0
