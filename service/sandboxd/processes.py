@@ -3,7 +3,7 @@
 A `BackgroundProcess` runs in a task the `ProcessManager` owns (closed on shutdown, and for a
 session when it is deleted or its lease ends). Where the sandbox has the agent, its output stays
 in the agent's ring (in the sandbox's memory) until the record is forgotten here; the server
-keeps a 1 MiB live tail per stream while it runs, for followers that keep up, and readers
+keeps a 4 MiB live tail per stream while it runs, for followers that keep up, and readers
 further back read the agent's ring (process_agent_output.py); else (`agent = false`) it goes into
 one bounded ring buffer per stream here, under the session's `process_output_buffer_bytes`.
 Either way it is addressed by absolute byte offset and the process is never slowed by readers.

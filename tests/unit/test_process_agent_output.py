@@ -14,14 +14,13 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 
 import pytest
-from sandboxd import processes
+from sandboxd import process_record, processes
 from sandboxd.errors import InvalidArgument, OutOfRange
 from sandboxd.execution import GAP_FD
 from sandboxd.models import ExecExited, ExecKeepalive, ExecOutput, ExecSpec, ExecStarted
 from sandboxd.models import OutputStream as S
 from sandboxd.process_agent_output import follow
 from sandboxd.process_record import (
-    TAIL_BYTES,
     AgentKept,
     AttachEvent,
     BackgroundProcess,
@@ -30,6 +29,14 @@ from sandboxd.process_record import (
 from sandboxd.processes import ProcessManager
 
 MiB = 1024 * 1024
+
+
+@pytest.fixture(autouse=True)
+def _small_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1 MiB live tail: the tests move readers on and off it with a few MiB."""
+    monkeypatch.setattr(process_record, "TAIL_BYTES", MiB)
+
+
 _PIECE = 100_000  # not a divisor of the tail's size: switches fall inside a piece
 
 
@@ -136,7 +143,7 @@ async def test_the_server_holds_no_output_and_attach_replays_from_the_agent() ->
     pm = ProcessManager(_Executor(agent))  # type: ignore[arg-type]
     pm._by_session["s"] = {"p": proc}
     # While it runs the server holds only the live tail, whatever the process wrote.
-    assert pm.held_bytes() == TAIL_BYTES + 3 and proc.retained_bytes() == 0
+    assert pm.held_bytes() == MiB + 3 and proc.retained_bytes() == 0
     assert (proc.end(S.STDOUT), proc.first_offset(S.STDOUT)) == (64 * MiB, 0)
     proc.finish(ExecExited(0, "", False, False, 1.0))
     assert pm.held_bytes() == 0
@@ -314,7 +321,7 @@ async def test_the_exit_drops_the_tail_and_readers_behind_finish_from_the_agent(
     at_end = follow(agent, proc, 2 * MiB, 0, 5)  # type: ignore[arg-type]
     first = [await anext(on_tail), await anext(on_tail)]
     assert await anext(at_end) == ExecStarted("p") and agent.attaches == 0
-    assert pm.held_bytes() == TAIL_BYTES
+    assert pm.held_bytes() == MiB
     proc.finish(ExecExited(0, "", False, False, 1.0))
     assert proc.tail == {} and pm.held_bytes() == 0  # the record holds no output any more
     assert [e async for e in at_end] == [proc.exited] and agent.attaches == 0
