@@ -134,11 +134,12 @@ class BackgroundProcess:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def keep_in_agent(self, kept: AgentKept) -> None:
-        """From now on the agent holds the output: this record keeps only its offsets."""
+    def keep_in_agent(self, kept: AgentKept, tail_bytes: int | None = None) -> None:
+        """From now on the agent holds the output: this record keeps only its offsets, and a
+        live tail of at most `tail_bytes` per stream (0: none, every reader reads the agent)."""
         self.agent = kept
         self.output = {}
-        size = min(kept.retention, TAIL_BYTES)
+        size = min(kept.retention, TAIL_BYTES if tail_bytes is None else tail_bytes)
         if self.exited is None and size > 0:
             self.tail = {s: OutputBuffer(size) for s in OutputStream}
 
@@ -181,6 +182,10 @@ class BackgroundProcess:
     def retained_bytes(self) -> int:
         """Bytes held in the server's rings (the live tail is not: it goes at the exit)."""
         return sum(b.end - b.start for b in self.output.values())
+
+    def tail_capacity(self) -> int:
+        """What the live tail may come to hold (both streams), while the process runs."""
+        return sum(b.capacity for b in self.tail.values())
 
     def tail_bytes(self) -> int:
         return sum(b.end - b.start for b in self.tail.values())

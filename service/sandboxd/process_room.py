@@ -2,14 +2,15 @@
 the ProcessManager drops what they name (and the agent's copy of the output with it).
 
 Records are bounded by count per session; output rings held in the server's memory (Exec, Run
-and Interact tails, background processes of sandboxes without the agent) also by bytes. An
-agent's rings are the sandbox's memory: only the record count bounds them.
+and Interact tails, background processes of sandboxes without the agent, and the live tails of
+running processes the agent keeps) also by bytes. An agent's rings are the sandbox's memory:
+only the record count bounds them.
 """
 
 from __future__ import annotations
 
 from sandboxd.errors import ResourceExhausted
-from sandboxd.process_record import BackgroundProcess
+from sandboxd.process_record import TAIL_BYTES, BackgroundProcess
 from sandboxd.reasons import Reason
 
 Records = dict[str, BackgroundProcess]
@@ -60,6 +61,21 @@ def for_buffers(procs: Records, buffer_bytes: int, budget: int) -> list[Backgrou
             metadata={"limit": str(budget)},
         )
     return drop
+
+
+def tail_room(procs: Records, new: BackgroundProcess, budget: int) -> int:
+    """Bytes per stream a new live tail may have within the session's `budget` for output held
+    here (rings of processes without the agent, and the tails of running ones with it): a
+    tail is an optimisation, so a session at its budget gets a smaller one or none (its
+    followers then read the agent) rather than a refusal."""
+    held = sum(
+        (p.retained_bytes() if p.exited else 2 * p.options.buffer_bytes)
+        if p.agent is None
+        else p.tail_capacity()
+        for p in procs.values()
+        if p is not new
+    )
+    return max(0, min(TAIL_BYTES, (budget - held) // 2))
 
 
 def oldest_exited(procs: Records) -> BackgroundProcess | None:

@@ -250,8 +250,12 @@ class ProcessManager:
                 ) as command,
             ):
                 if command.kept_by_agent:  # its output stays in the agent's ring
-                    retention = proc.options.buffer_bytes
-                    proc.keep_in_agent(AgentKept(session.container_id, detach.detach_id, retention))
+                    siblings = self._by_session.get(proc.session_id, {})
+                    tail = room.tail_room(siblings, proc, self._output_budget)
+                    kept = AgentKept(
+                        session.container_id, detach.detach_id, proc.options.buffer_bytes
+                    )
+                    proc.keep_in_agent(kept, tail)
                 proc.running.set_result(None)
                 if proc.options.keep_stdin_open:
                     proc.command = command

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import pytest
 from sandboxd import process_record, processes
+from sandboxd import process_room as room
 from sandboxd.errors import InvalidArgument, OutOfRange
 from sandboxd.execution import GAP_FD
 from sandboxd.models import ExecExited, ExecKeepalive, ExecOutput, ExecSpec, ExecStarted
@@ -333,3 +334,22 @@ async def test_the_exit_drops_the_tail_and_readers_behind_finish_from_the_agent(
     late = [e async for e in follow(agent, proc, MiB + 5, 0, 5)]  # type: ignore[arg-type]
     assert _stdout(late, MiB + 5) == data[MiB + 5 :] and late[-1] == proc.exited
     assert agent.attaches == 1 and agent.open_streams == 0
+
+
+async def test_live_tails_stay_within_the_sessions_output_budget() -> None:
+    """A tail is server memory: running processes' tails (and rings held here) count against
+    the session's `process_output_buffer_bytes`, so 64 running writers cannot make the server
+    hold 64 x 8 MiB; past the budget a new process gets a smaller tail or none."""
+    budget = 20 * MiB
+    procs: dict[str, BackgroundProcess] = {}
+    tails = []
+    for i in range(6):
+        proc = BackgroundProcess("s", f"p{i}", _spec())
+        tail = room.tail_room(procs, proc, budget)
+        proc.keep_in_agent(AgentKept("c", proc.process_id, 16 * MiB), tail)
+        procs[proc.process_id] = proc
+        tails.append(tail)
+    full = room.TAIL_BYTES
+    assert tails == [full, full, (budget - 4 * full) // 2, 0, 0, 0]
+    assert sum(p.tail_capacity() for p in procs.values()) == budget
+    assert all(p.tail_capacity() == 2 * t for p, t in zip(procs.values(), tails, strict=True))

@@ -41,8 +41,8 @@ class LimitsSection:
     process_output_buffer_bytes: int = setting(
         128 * MiB,
         SIZE,
-        "server memory the output rings of one session's background processes may reserve "
-        "(only sandboxes without the agent: the agent keeps them in the sandbox's memory)",
+        "server memory one session's background processes may hold: their output rings "
+        "without the agent; with it, the live tails of the running ones",
         lo=1,
     )
     listing_bytes: int = setting(
