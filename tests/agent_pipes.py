@@ -189,6 +189,22 @@ async def agent_process(
             check_stderr(log)
 
 
+# The environment the channel tests give the agent and their commands.
+CHANNEL_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+@pytest.fixture
+async def piped_agent(
+    agent_helper: Helper, tmp_path: Path
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """The agent (static, then ASan) on pipes, with a workspace root of the test's own, for
+    the server's channel to talk to."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    async with agent_process(agent_helper, root, CHANNEL_ENV) as proc:
+        yield proc
+
+
 # ---------------------------------------------------------------- synchronous: frame by frame
 
 

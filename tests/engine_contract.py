@@ -43,6 +43,21 @@ def spec(**limits: int) -> SessionSpec:
     )
 
 
+def running_session() -> Session:
+    """A RUNNING session record of `spec()` in container c1, for domain code driven without
+    the session manager."""
+    now = datetime.now(tz=UTC)
+    return Session(
+        session_id="s1",
+        spec=spec(),
+        fingerprint="f" * 64,
+        state=SessionState.RUNNING,
+        created_at=now,
+        lease_expires_at=now,
+        container_id="c1",
+    )
+
+
 def request(owner: str, session_id: str, s: SessionSpec | None = None) -> SandboxRequest:
     return SandboxRequest(
         spec=s or spec(),

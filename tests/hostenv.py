@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxd.labels import LABEL_OWNER
+
 _VETH = re.compile(r"\bveth[0-9a-zA-Z]+\b")
 _COUNTERS = re.compile(r"\[\d+:\d+\]")
 _LINK = re.compile(r"^\d+:\s+(?P<name>[^:@\s]+)(?:@\S+)?:.*?link/(?P<type>\S+)(?: (?P<mac>\S+))?")
@@ -160,7 +162,6 @@ _MAKEFILE_IMAGES = frozenset(
         os.environ.get("SANDBOXD_TEST_IMAGE", "sandboxd-runtime:busybox"),
     }
 )
-LABEL_OWNER = "io.sandboxd.owner"
 
 
 def normalise_images(

@@ -24,8 +24,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from sandboxd.labels import LABEL_OWNER
 
-LABEL_OWNER = "io.sandboxd.owner"
 OWNERS: set[str] = set()  # owner ids of the servers this run started
 _ENGINE_LAYERS = ("integration", "clients")
 

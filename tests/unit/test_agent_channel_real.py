@@ -7,24 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from agent_pipes import Helper, PipeTransport, agent_process
+from agent_pipes import CHANNEL_ENV, PipeTransport
 from sandboxd.agent.channel import Channel, State
 from sandboxd.agent.exec_stream import AgentExec, exec_request
 from sandboxd.errors import SandboxError
 
-ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-
-
-@pytest.fixture
-async def agent(agent_helper: Helper, tmp_path: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    root = tmp_path / "ws"
-    root.mkdir()
-    async with agent_process(agent_helper, root, ENV) as proc:
-        yield proc
+ENV = CHANNEL_ENV
 
 
 async def _channel(proc: asyncio.subprocess.Process, **kw: float) -> Channel:
@@ -46,9 +37,9 @@ async def _drain(ex: AgentExec) -> tuple[bytes, bytes]:
     return bytes(out), bytes(err)
 
 
-async def test_commands_over_the_real_agent(agent: asyncio.subprocess.Process) -> None:
-    channel = await _channel(agent)
-    assert channel.hello.pid == agent.pid and channel.state is State.READY
+async def test_commands_over_the_real_agent(piped_agent: asyncio.subprocess.Process) -> None:
+    channel = await _channel(piped_agent)
+    assert channel.hello.pid == piped_agent.pid and channel.state is State.READY
     ex = await _exec(channel, "/bin/sh", "-c", 'echo "out $X"; echo err >&2; exit 3')
     assert await _drain(ex) == (b"out 42\n", b"err\n")
     assert await ex.wait_exit_code() == 3
@@ -72,22 +63,24 @@ async def test_commands_over_the_real_agent(agent: asyncio.subprocess.Process) -
     await channel.close()
 
 
-async def test_a_killed_command_reports_its_signal(agent: asyncio.subprocess.Process) -> None:
-    channel = await _channel(agent)
+async def test_a_killed_command_reports_its_signal(piped_agent: asyncio.subprocess.Process) -> None:
+    channel = await _channel(piped_agent)
     ex = await _exec(channel, "/bin/sh", "-c", "kill -TERM $$")
     await _drain(ex)
     assert await ex.wait_exit_code() == 128 + 15
     await channel.close()
 
 
-async def test_a_new_epoch_ends_the_old_ones_commands(agent: asyncio.subprocess.Process) -> None:
+async def test_a_new_epoch_ends_the_old_ones_commands(
+    piped_agent: asyncio.subprocess.Process,
+) -> None:
     """A server that restarts begins a new epoch on the same pipe: the old epoch's command is
     ended by the agent, the new epoch works."""
-    first = await _channel(agent)
+    first = await _channel(piped_agent)
     ex = await _exec(first, "/bin/sleep", "30")
     pid = ex.pid
     await first.close()
-    second = await _channel(agent)
+    second = await _channel(piped_agent)
     for _ in range(100):
         if not Path(f"/proc/{pid}").exists() or "Z" in _state(pid):
             break

@@ -16,7 +16,7 @@ from pathlib import Path
 import agent_wire as w
 import pytest
 from agent_peer import ScriptedAgent
-from agent_pipes import Helper, PipeTransport, agent_process
+from agent_pipes import CHANNEL_ENV, PipeTransport
 from sandboxd.agent import byte_stream, streams
 from sandboxd.agent.channel import Channel
 from sandboxd.agent.exec_stream import AgentExec, exec_request
@@ -27,7 +27,7 @@ from sandboxd.reasons import Reason
 
 WINDOW = 4096
 WINDOW_MAX = 4 * WINDOW
-ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+ENV = CHANNEL_ENV
 
 
 @pytest.fixture
@@ -216,20 +216,12 @@ async def test_a_byte_stream_grows_while_its_protocol_keeps_up(
 # ----- the real agent (static and ASan) takes the larger increments ----------------------------
 
 
-@pytest.fixture
-async def real(agent_helper: Helper, tmp_path: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    root = tmp_path / "ws"
-    root.mkdir()
-    async with agent_process(agent_helper, root, ENV) as proc:
-        yield proc
-
-
 @pytest.mark.usefixtures("patient")
 async def test_the_real_agent_sends_into_a_grown_window(
-    real: asyncio.subprocess.Process, tmp_path: Path
+    piped_agent: asyncio.subprocess.Process, tmp_path: Path
 ) -> None:
     channel = Channel(
-        PipeTransport(real),  # type: ignore[arg-type]
+        PipeTransport(piped_agent),  # type: ignore[arg-type]
         name="real",
         window=65536,
         window_max=1 << 20,

@@ -9,15 +9,13 @@ import contextlib
 import io
 import tarfile
 from collections.abc import AsyncIterator, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sandboxd.archive import ArchiveIO
 from sandboxd.helper_client import HelperResult
-from sandboxd.models import Session, SessionState
 
-from tests.engine_contract import spec
+from tests.engine_contract import running_session
 
 
 class TarStream:
@@ -72,19 +70,6 @@ class Helper:
         return HelperResult(0, b"", b"")
 
 
-def _session() -> Session:
-    now = datetime.now(tz=UTC)
-    return Session(
-        session_id="s1",
-        spec=spec(),
-        fingerprint="f" * 64,
-        state=SessionState.RUNNING,
-        created_at=now,
-        lease_expires_at=now,
-        container_id="c1",
-    )
-
-
 def _archive() -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -107,7 +92,7 @@ async def test_a_replace_that_runs_out_of_room_unpacks_again_from_its_spool(
             yield data[i : i + 64 * 1024]
 
     try:
-        result = await archive.import_(_session(), ".", True, chunks())
+        result = await archive.import_(running_session(), ".", True, chunks())
     finally:
         archive.close()
     assert (result.files, result.bytes) == (8, 8 * 200_000)
@@ -176,7 +161,7 @@ async def test_a_replace_cancelled_during_its_clean_up_still_returns_its_spool(
         for i in range(0, len(data), 64 * 1024):
             yield data[i : i + 64 * 1024]
 
-    call = asyncio.create_task(archive.import_(_session(), ".", True, chunks()))
+    call = asyncio.create_task(archive.import_(running_session(), ".", True, chunks()))
     await asyncio.wait_for(helper.removing.wait(), 10)
     call.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -32,7 +31,7 @@ from sandboxd.helper_client import HelperClient
 from sandboxd.models import FileType, Session, SessionState
 from sandboxd.reasons import Reason
 
-from tests.engine_contract import spec
+from tests.engine_contract import running_session
 
 C, M, R = FileEventKind.CREATED, FileEventKind.MODIFIED, FileEventKind.REMOVED
 
@@ -216,22 +215,9 @@ class Records:
         return self.session
 
 
-def make_session() -> Session:
-    now = datetime.now(tz=UTC)
-    return Session(
-        session_id="s1",
-        spec=spec(),
-        fingerprint="f" * 64,
-        state=SessionState.RUNNING,
-        created_at=now,
-        lease_expires_at=now,
-        container_id="c1",
-    )
-
-
 @pytest.fixture
 def setup() -> tuple[DirWatches, Engine, Records, Session]:
-    engine, session = Engine(), make_session()
+    engine, session = Engine(), running_session()
     records = Records(session)
     settings = WatchSection(max_per_session=2, coalesce_s=0.0, queue=16, max_directories=99)
     return DirWatches(HelperClient(engine), records, settings), engine, records, session  # type: ignore[arg-type]

@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
-import textwrap
 import threading
-from pathlib import Path
 
 import pytest
+from fresh_python import run_snippet
 from sandboxd.heap import HeapTrimmer, HeapUsage
 
 MIB = 1024 * 1024
-SERVICE = Path(__file__).resolve().parents[2] / "service"
 
 
 class ScriptedHeap:
@@ -133,13 +129,7 @@ print(json.dumps({"freed": freed.resident, "after": trimmer._probe().resident,
 
 @pytest.mark.skipif(HeapTrimmer.for_this_process() is None, reason="needs glibc's malloc")
 def test_freed_heap_memory_below_a_live_block_is_given_back() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_FRAGMENT)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": str(SERVICE)},
-    ).stdout
+    out = run_snippet(_FRAGMENT).stdout
     result = json.loads(out)
     assert result["checks"] == [False, True]
     # freed but resident: what malloc alone keeps (the small blocks pin the heap's top)...
@@ -174,12 +164,6 @@ ctypes.CDLL(None).malloc_stats()  # one "Arena N:" line per arena, on stderr
 @pytest.mark.skipif(HeapTrimmer.for_this_process() is None, reason="needs glibc's malloc")
 def test_threads_share_a_bounded_number_of_arenas() -> None:
     """Eight allocating threads would get eight arenas of their own, each keeping free memory."""
-    stats = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_THREADS)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": str(SERVICE)},
-    ).stderr
+    stats = run_snippet(_THREADS).stderr
     arenas = [line for line in stats.splitlines() if line.startswith("Arena ")]
     assert 1 <= len(arenas) <= 2, stats

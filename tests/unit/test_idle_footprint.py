@@ -7,12 +7,8 @@ when a secret is first sealed or a session's CA drawn, not at start-up.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
-SERVICE = Path(__file__).resolve().parents[2] / "service"
+from fresh_python import run_snippet
 
 _START = """
 import json, sys
@@ -30,13 +26,7 @@ print(json.dumps({"at_start": at_start, "opened": sealer.open(sealed, "ctx").dec
 
 
 def test_start_up_does_not_load_cryptography_and_sealing_still_works() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_START)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": str(SERVICE)},
-    ).stdout
+    out = run_snippet(_START).stdout
     result = json.loads(out)
     assert result["at_start"] == []
     assert result["opened"] == "value"
