@@ -47,7 +47,9 @@ def test_bench_runner_writes_results(tmp_path: Path) -> None:
     for name in CORE:
         m = results["metrics"][name]
         assert m["ours"] > 0 and m["raw"] > 0, m
-        assert m["ratio"] == pytest.approx(m["ours"] / m["raw"], rel=0.01)
+        # results.json rounds the ratio to 3 decimals: up to 5e-4 off, over 1% of a ratio
+        # under 0.05 (create_session_warm's is 0.04)
+        assert m["ratio"] == pytest.approx(m["ours"] / m["raw"], rel=0.01, abs=6e-4)
         assert m["unit"] in ("ms", "MB/s")
     assert results["server_idle_rss"]["mib"] > 0
     assert results["server_idle_rss"]["after_bench_mib"] > 0
