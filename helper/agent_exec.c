@@ -70,18 +70,24 @@ void cmd_free(struct cmd *c)
 }
 
 /* A non-detached command whose stream is gone: SIGHUP now (the `sbx run`
- * supervisor kills its whole tree on it), SIGKILL after KILL_GRACE_MS. */
+ * supervisor kills its whole tree on it), SIGKILL after KILL_GRACE_MS.
+ *
+ * The signal goes before the pipes close: closing stdin is an EOF, and a
+ * command that took it for the end of its input would finish what was
+ * cancelled (`sbx write` would give a cut-short upload its name).  A signal
+ * sent first is already pending when that EOF can be read, so the command's
+ * handler runs before it sees the EOF. */
 void cmd_abandon(struct cmd *c)
 {
 	c->owner = NULL;
-	cmd_close_fds(c);
-	if (c->reaped) {
-		cmd_free(c);
-		return;
+	if (!c->reaped) {
+		kill(c->pid, SIGHUP);
+		kill(c->pid, SIGCONT);
+		c->kill_at = now_ms() + KILL_GRACE_MS;
 	}
-	kill(c->pid, SIGHUP);
-	kill(c->pid, SIGCONT);
-	c->kill_at = now_ms() + KILL_GRACE_MS;
+	cmd_close_fds(c);
+	if (c->reaped)
+		cmd_free(c);
 }
 
 uint64_t ring_start(const struct ring *r)

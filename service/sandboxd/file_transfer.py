@@ -13,12 +13,14 @@ the helper does with the half-written upload, and the upload is removed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
 from collections.abc import AsyncIterator
 
 from sandboxd import validation
+from sandboxd.engine import ExecStream
 from sandboxd.errors import Internal, InvalidArgument, OutOfRange, SandboxError
 from sandboxd.files import parse_records
 from sandboxd.helper_client import STDERR_LIMIT, HelperClient, HelperResult, drain, file_error
@@ -141,16 +143,15 @@ class FileTransfer:
         try:
             async with self.helper.open(session, args, stdin=True) as stream:
                 exec_id = stream.exec_id
-                try:
-                    async for data in chunks:
-                        await stream.write(data)
-                finally:
-                    # EOF whatever happened: a helper left waiting on stdin would outlive the
-                    # call and keep its half-written upload (the engine need not close an
-                    # exec's stdin when the connection drops).
-                    stream.close_stdin()
-                out, err = await drain(stream, max_stdout=64 * 1024)
-                code = await stream.wait_exit_code()
+                # EOF only after the client's last chunk: it is the writer's go-ahead to give
+                # the upload its name. A call that fails before never sends it, and leaving
+                # this block ends the writer (the agent signals it before closing its stdin;
+                # over `docker exec` its `--idle-ms` bound ends it), which removes its own
+                # temp file.
+                async for data in chunks:
+                    await stream.write(data)
+                stream.close_stdin()
+                out, err, code = await _outcome_of_writer(stream)
             if code != 0:
                 raise file_error(HelperResult(code, out, err), rel)
             return await self.move(session, upload, rel, overwrite=True, shown=rel)
@@ -199,6 +200,28 @@ class FileTransfer:
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
         return task
+
+
+async def _outcome_of_writer(stream: ExecStream) -> tuple[bytes, bytes, int]:
+    """The writer's stdout, stderr and exit code, after its EOF was sent.
+
+    From EOF on, the writer completes on its own in a moment (close, rename). A call cancelled
+    now still waits for that, bounded, before the stream is closed: closing it would end the
+    writer perhaps midway through its rename, and the removal of the upload that follows must
+    come after the rename, not race it.
+    """
+
+    async def outcome() -> tuple[bytes, bytes, int]:
+        out, err = await drain(stream, max_stdout=64 * 1024)
+        return out, err, await stream.wait_exit_code()
+
+    task = asyncio.ensure_future(outcome())
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, CLEANUP_TIMEOUT_S)
+        raise
 
 
 def _size(header: bytes) -> int:

@@ -286,6 +286,47 @@ def test_reset_of_exec_sends_sighup_then_kill(agent: AgentProcess) -> None:
     assert agent.quiet(0.2) == []  # nothing more on that stream
 
 
+# Blocks SIGHUP and spins on a non-blocking stdin (a reader already running sees an EOF at
+# once), then writes whether a SIGHUP was pending when the EOF came.
+HUP_PROBE = """
+import os, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+os.set_blocking(0, False)
+print("ready", flush=True)
+while True:
+    try:
+        if not os.read(0, 4096):
+            break
+    except BlockingIOError:
+        pass
+pending = signal.SIGHUP in signal.sigpending()
+with open(sys.argv[1], "w") as f:
+    f.write("pending" if pending else "not yet")
+"""
+
+
+def test_a_reset_command_is_signalled_before_its_stdin_ends(
+    agent: AgentProcess, tmp_path: Path
+) -> None:
+    """Closing a reset command's stdin is an EOF: a command that took it for the end of its
+    input (`sbx write`, which then gives its upload its name) would complete a cancelled call.
+    The SIGHUP must be pending before that EOF can be read, every time."""
+    agent.hello()
+    for i in range(8):
+        mark = tmp_path / f"seen-{i}"
+        sid = agent.open(
+            "exec", argv=[sys.executable, "-c", HUP_PROBE, str(mark)], env={}, stdin=True
+        )
+        assert agent.read().type == OPEN_OK
+        assert agent.read().data == b"ready\n"
+        agent.send(encode_json(RESET, sid, {"error": "CANCELLED", "message": "client went away"}))
+        deadline = time.monotonic() + 10
+        while not mark.exists() or not mark.read_text():
+            assert time.monotonic() < deadline, "the probe never saw its stdin end"
+            time.sleep(0.01)
+        assert mark.read_text() == "pending", i
+
+
 def test_orphans_of_a_command_are_killed(agent: AgentProcess, tmp_path: Path) -> None:
     agent.hello()
     # the orphan test: the command's parent is killed, its child is reparented to the agent
