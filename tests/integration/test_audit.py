@@ -132,9 +132,11 @@ def test_jsonl_export_is_readable_while_the_server_writes(
         seen = 0
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline:  # read the file as a shipper would, mid-write
-            with path.open() as f:
-                lines = f.readlines()
-            complete = [ln for ln in lines if ln.endswith("\n")]
+            # One read from the start, up to its last newline. (Not readlines(): a readline that
+            # meets the end of the file mid-record returns that part, and the next one returns
+            # the rest of the record, appended meanwhile, as if it were a line of its own.)
+            data = path.read_bytes()
+            complete = data[: data.rfind(b"\n") + 1].splitlines()
             docs = [json.loads(ln) for ln in complete]  # every complete line is one JSON object
             assert all({"id", "time", "tenant", "kind", "attributes"} <= d.keys() for d in docs)
             seen = max(seen, sum(1 for d in docs if d["session_id"] == sid))

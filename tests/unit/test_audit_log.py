@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -140,6 +141,29 @@ async def test_export_appends_one_json_object_per_line(tmp_path: Path) -> None:
     assert len(docs) == 22
     assert json.loads(docs[0]["attributes"]["argv"]) == ["echo", "hi"]
     assert [int(d["id"]) for d in docs] == list(range(1, 23))
+
+
+async def test_export_lines_survive_short_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write(2) may take fewer bytes than given: the rest must follow, or the next batch
+    lands after half a line."""
+    real_write = os.write
+
+    def short_write(fd: int, data: bytes | memoryview) -> int:
+        return real_write(fd, bytes(data[:7]))
+
+    monkeypatch.setattr("sandboxd.audit.writer.os.write", short_write)
+    export = tmp_path / "audit.jsonl"
+    async with AuditStore(tmp_path / "audit.db") as store:
+        writer = AuditWriter(store, export_path=export)
+        writer.start()
+        await asyncio.gather(*(writer.record(_event(n=i)) for i in range(5)))
+        await writer.record(_event(n=5))
+        await writer.close()
+    assert [json.loads(line)["attributes"]["n"] for line in export.read_text().splitlines()] == [
+        str(i) for i in range(6)
+    ]
 
 
 async def test_egress_decisions_reach_the_writer_without_blocking(tmp_path: Path) -> None:

@@ -146,7 +146,7 @@ class AuditWriter:
                 written = await self._store.append([event for event, _ in batch])
                 if self._export_fd is not None:
                     data = "".join(e.to_json() + "\n" for e in written).encode()
-                    await asyncio.to_thread(os.write, self._export_fd, data)
+                    await asyncio.to_thread(_append, self._export_fd, data)
             except Exception as exc:
                 log.exception("audit write failed (%d event(s))", len(batch))
                 failure = Unavailable(f"the audit log could not be written: {exc}")
@@ -160,3 +160,11 @@ class AuditWriter:
             finally:
                 for _ in batch:
                     self._queue.task_done()
+
+
+def _append(fd: int, data: bytes) -> None:
+    """All of `data`: a write may take less than it was given (a signal, a nearly full disk),
+    and a shipper reading the export must never meet half a line followed by the next."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
