@@ -108,6 +108,7 @@ class Command:
         self.started = time.monotonic()
         self.finished = False
         self.stdin_closed = False
+        self.kept_by_agent = False  # a detached exec: the sandbox's agent holds its output
         self._failure: SandboxError | None = None
         self._queue: asyncio.Queue[_Item] = asyncio.Queue(QUEUE_CHUNKS)
         self._pump = asyncio.create_task(self._pump_output())
@@ -427,9 +428,10 @@ class Executor:
             *spec.argv,
         ]
         user, cid = session.spec.user, session.container_id
+        kept = bool(detach and self.detached and await self.detached.serves(cid, user))
         async with (
             self.detached.exec(cid, argv, env=spec.env, workdir=None, detach=detach)
-            if detach and self.detached and await self.detached.serves(cid, user)
+            if detach and self.detached and kept
             else self.engine.exec(
                 cid, ExecRequest(argv, user=user, env=spec.env, stdin=True, tty=bool(pty))
             )
@@ -437,6 +439,7 @@ class Executor:
             command = Command(
                 self, session, spec, process_id or token, token, stream, tty=pty is not None
             )
+            command.kept_by_agent = kept
             try:
                 yield command
             finally:

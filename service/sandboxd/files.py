@@ -21,12 +21,11 @@ from sandboxd.models import FileContent, FileInfo, FileType, Session
 from sandboxd.reasons import Reason
 
 MAX_LIST_DEPTH = 32
-# The most a listing may print (JSON lines, longer than the reply they become): a reply over
-# gRPC's message limit fails only after all the work, so a listing past this stops at once.
-# TODO(lead): setting (ListDir has no page_size/page_token in the proto yet)
+# Defaults of the settings `listing_bytes` and `file_buffer_bytes`. The most a walk may print
+# (JSON lines, longer than the entries they become): ListDir pages are cut from the whole walk,
+# so a walk past this stops at once rather than after all the work.
 LISTING_BYTES = 8 * 1024 * 1024
 # What one session's listings and reads may hold in server memory at once.
-# TODO(lead): setting
 SESSION_BUFFER_BYTES = 32 * 1024 * 1024
 
 _TYPES = {
@@ -62,9 +61,11 @@ class Files:
         engine: Engine,
         helper: HelperClient | None = None,
         buffers: ByteBudget | None = None,
+        listing_bytes: int = LISTING_BYTES,
     ) -> None:
         self.helper = helper or HelperClient(engine)
         self.buffers = buffers or ByteBudget(SESSION_BUFFER_BYTES)
+        self._listing_bytes = listing_bytes
 
     async def _checked(
         self, session: Session, args: list[str], path: str, **kw: Any
@@ -113,17 +114,17 @@ class Files:
             raise InvalidArgument(
                 f"depth must be between 0 and {MAX_LIST_DEPTH}", reason=Reason.INVALID_DEPTH
             )
-        async with self.buffers.hold(session.session_id, LISTING_BYTES, "ListDir"):
+        async with self.buffers.hold(session.session_id, self._listing_bytes, "ListDir"):
             try:
                 result = await self._checked(
-                    session, ["list", rel, str(max(depth, 1))], rel, max_stdout=LISTING_BYTES
+                    session, ["list", rel, str(max(depth, 1))], rel, max_stdout=self._listing_bytes
                 )
             except StdoutOverflow:
                 raise ResourceExhausted(
-                    f"the listing of {rel!r} is over {LISTING_BYTES} bytes: list a narrower "
+                    f"the listing of {rel!r} is over {self._listing_bytes} bytes: list a narrower "
                     "folder or fewer levels (depth)",
                     reason=Reason.LISTING_TOO_LARGE,
-                    metadata={"path": rel, "limit": str(LISTING_BYTES)},
+                    metadata={"path": rel, "limit": str(self._listing_bytes)},
                 ) from None
             return parse_records(result.stdout)
 

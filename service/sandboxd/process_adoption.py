@@ -46,6 +46,24 @@ def agent_ring(proc: BackgroundProcess) -> int:
     return max(1, min(size + AGENT_RING_SLACK, AGENT_RING_MAX))
 
 
+def agent_ring_held(record: dict[str, Any]) -> int:
+    """How much of each stream an adopted process offers to AttachProcess: what its agent's
+    ring holds once full (`end - start` of the listing), else all of it up to AGENT_RING_MAX
+    (its ring size is not in the record; readers get the agent's `start` either way)."""
+    start, end = record.get("start"), record.get("end")
+    held = [
+        e - s
+        for fd in ("1", "2")
+        if isinstance(start, dict)
+        and isinstance(end, dict)
+        and isinstance(s := start.get(fd), int)
+        and isinstance(e := end.get(fd), int)
+        and s > 0
+        and e > s
+    ]
+    return max(held, default=AGENT_RING_MAX)
+
+
 def detach_id(process_id: str, token: str) -> str:
     """The agent's id of a background process: its process id, which is its `sbx run` token
     too (both fit the agent's rule for ids: 1..64 of A-Z a-z 0-9 . _ : -)."""

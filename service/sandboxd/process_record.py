@@ -3,6 +3,11 @@
 Readers (`follow`) do not get pushed copies of the output: each keeps its own cursor per stream
 and reads the shared buffers when woken, so a slow or dead reader holds nothing and stalls
 nothing; one that fell behind the buffer is told exactly which range it lost (`OutputGap`).
+
+A background process whose sandbox has the agent keeps no ring here (`AgentKept`): its output
+stays in the agent's ring, in the sandbox's memory, and the record holds how far each stream got
+and, while the process runs, a small live `tail` of what the server's own reader passes on
+anyway; readers within the tail read it, others attach to the agent (process_agent_output.py).
 """
 
 from __future__ import annotations
@@ -55,7 +60,40 @@ class OutputGap:
     length: int
 
 
+# The live tail per stream of a process the agent keeps (at most its ring size): what the server's
+# own reader passes on anyway, so a follower within it reads from the server and live output
+# crosses the agent's channel once, not once more per follower. The server's reader drains the
+# agent at channel speed, faster than gRPC hands the bytes to a client: with 1 MiB most followers
+# of a 16 MB burst fell behind it (and read it all again from the agent: 0.7-0.9x raw); 4 MiB
+# kept them on it (parity with a whole server ring). Server memory per running process stays
+# bounded whatever it writes (two streams: 8 MiB), and goes at the exit.
+TAIL_BYTES = 4 * 1024 * 1024
+
 AttachEvent = ExecStarted | ExecOutput | ExecExited | ExecKeepalive | OutputGap
+
+
+@dataclass(frozen=True)
+class AgentKept:
+    """The output of a background process is in the ring of its sandbox's agent, under
+    `detach_id`; `retention` is how much of each stream AttachProcess offers (the process's
+    ring as asked for: the agent's own ring has slack for the server's live reader)."""
+
+    container_id: str
+    detach_id: str
+    retention: int
+
+
+def next_output(
+    buffers: dict[OutputStream, OutputBuffer], cursors: dict[OutputStream, int]
+) -> tuple[OutputStream, bytes] | None:
+    """The next bytes a reader at `cursors` (each at least its buffer's start) gets: of the
+    stream written first, so stdout and stderr replay in the order they were produced."""
+    best: tuple[int, OutputStream, bytes] | None = None
+    for stream, buffer in buffers.items():
+        got = buffer.read(cursors[stream])
+        if got is not None and (best is None or got[0] < best[0]):
+            best = (got[0], stream, got[1])
+    return None if best is None else best[1:]
 
 
 class BackgroundProcess:
@@ -78,6 +116,9 @@ class BackgroundProcess:
         self.token = token or new_token()
         self.started_at = datetime.now(tz=UTC)
         self.output = {s: OutputBuffer(self.options.buffer_bytes) for s in OutputStream}
+        self.agent: AgentKept | None = None
+        self.tail: dict[OutputStream, OutputBuffer] = {}  # while running, when the agent keeps
+        self._ends = {s: 0 for s in OutputStream}  # bytes produced, when the agent keeps them
         # The running command while its stdin takes SendProcessInput (keep_stdin_open).
         self.command: Command | None = None
         self.stdin_lock = asyncio.Lock()  # the first `stdin` goes before any later input
@@ -93,33 +134,73 @@ class BackgroundProcess:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def keep_in_agent(self, kept: AgentKept, tail_bytes: int | None = None) -> None:
+        """From now on the agent holds the output: this record keeps only its offsets, and a
+        live tail of at most `tail_bytes` per stream (0: none, every reader reads the agent)."""
+        self.agent = kept
+        self.output = {}
+        size = min(kept.retention, TAIL_BYTES if tail_bytes is None else tail_bytes)
+        if self.exited is None and size > 0:
+            self.tail = {s: OutputBuffer(size) for s in OutputStream}
+
+    def changed(self) -> asyncio.Event:
+        """Set at the next change of the record (output offsets, exit)."""
+        return self._changed
+
+    def end(self, stream: OutputStream) -> int:
+        """Bytes of `stream` produced so far (as far as the server has seen)."""
+        return self.output[stream].end if self.agent is None else self._ends[stream]
+
+    def first_offset(self, stream: OutputStream) -> int:
+        """The oldest offset of `stream` AttachProcess still replays."""
+        if self.agent is None:
+            return self.output[stream].start
+        return max(0, self._ends[stream] - self.agent.retention)
+
     def append(self, stream: OutputStream, data: bytes) -> None:
-        self._seq += 1
-        self.output[stream].append(data, self._seq, merge=self._last is stream)
+        if self.agent is not None:
+            self._ends[stream] += len(data)
+        buf = self.output.get(stream) or self.tail.get(stream)
+        if buf is not None:
+            self._seq += 1
+            buf.append(data, self._seq, merge=self._last is stream)
         self._last = stream
         self._notify()
 
     def append_at(self, stream: OutputStream, offset: int, data: bytes) -> None:
         """`append`, after skipping to `offset` (a range lost on the way: detached commands)."""
-        buf = self.output[stream]
-        if offset > buf.end:
-            buf.skip(offset - buf.end)
+        end = self.end(stream)
+        if offset > end:
+            if self.agent is not None:
+                self._ends[stream] = offset
+            if (buf := self.output.get(stream) or self.tail.get(stream)) is not None:
+                buf.skip(offset - end)
             self._notify()
         if data:
             self.append(stream, data)
 
     def retained_bytes(self) -> int:
+        """Bytes held in the server's rings (the live tail is not: it goes at the exit)."""
         return sum(b.end - b.start for b in self.output.values())
+
+    def tail_capacity(self) -> int:
+        """What the live tail may come to hold (both streams), while the process runs."""
+        return sum(b.capacity for b in self.tail.values())
+
+    def tail_bytes(self) -> int:
+        return sum(b.end - b.start for b in self.tail.values())
 
     def finish(self, exited: ExecExited) -> None:
         if self.exited is None:
             self.exited = exited
+            self.tail = {}  # late readers behind read the agent's copy, kept with the record
             self._notify()
 
     async def follow(
         self, stdout_offset: int, stderr_offset: int, keepalive_s: float
     ) -> AsyncIterator[AttachEvent]:
         """started, then output from the offsets (gaps where it is gone), live output, exited."""
+        assert self.agent is None, "the agent holds this output: process_agent_output.follow"
         cursors = {OutputStream.STDOUT: stdout_offset, OutputStream.STDERR: stderr_offset}
         for stream, offset in cursors.items():
             name = stream.name.lower()
@@ -144,13 +225,8 @@ class BackgroundProcess:
                 offset, cursors[stream] = cursors[stream], start
                 yield OutputGap(stream, offset, start - offset)
                 continue  # look again: more may have gone meanwhile
-            best: tuple[int, OutputStream, bytes] | None = None
-            for stream, buffer in self.output.items():
-                got = buffer.read(cursors[stream])
-                if got is not None and (best is None or got[0] < best[0]):
-                    best = (got[0], stream, got[1])
-            if best is not None:
-                _, stream, data = best
+            if (got := next_output(self.output, cursors)) is not None:
+                stream, data = got
                 yield ExecOutput(stream, data, cursors[stream])
                 cursors[stream] += len(data)
                 continue

@@ -1,9 +1,12 @@
 """Background processes: started by one call, outliving it, reattached to by byte offset.
 
 A `BackgroundProcess` runs in a task the `ProcessManager` owns (closed on shutdown, and for a
-session when it is deleted or its lease ends). Its output goes into one bounded ring buffer per
-stream, addressed by absolute byte offset, so memory per process is capped and the process is
-never slowed by readers.
+session when it is deleted or its lease ends). Where the sandbox has the agent, its output stays
+in the agent's ring (in the sandbox's memory) until the record is forgotten here; the server
+keeps a 4 MiB live tail per stream while it runs, for followers that keep up, and readers
+further back read the agent's ring (process_agent_output.py); else (`agent = false`) it goes into
+one bounded ring buffer per stream here, under the session's `process_output_buffer_bytes`.
+Either way it is addressed by absolute byte offset and the process is never slowed by readers.
 
 Readers follow a process's record (process_record.py). The exit record is kept after the
 process ends, so a late reader still gets `exited`. Exec, Run and Interact commands are recorded
@@ -20,17 +23,17 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
-from sandboxd import validation
-from sandboxd.engine.protocol import Detach
+from sandboxd import process_room as room
+from sandboxd import process_stdin, validation
+from sandboxd.engine.protocol import Detach, DetachedExecs
 from sandboxd.errors import (
     AlreadyExists,
     FailedPrecondition,
     NotFound,
-    ResourceExhausted,
     SandboxError,
 )
 from sandboxd.exec_spec import validate_signal
-from sandboxd.execution import Command, Executor, new_token
+from sandboxd.execution import Executor, new_token
 from sandboxd.models import (
     ExecEvent,
     ExecExited,
@@ -42,6 +45,7 @@ from sandboxd.models import (
 from sandboxd.output_ring import OutputBuffer
 from sandboxd.process_adoption import (
     agent_ring,
+    agent_ring_held,
     detach_id,
     follow,
     kept_processes,
@@ -49,7 +53,9 @@ from sandboxd.process_adoption import (
     running_sessions,
     spec_from_cmdline,
 )
+from sandboxd.process_agent_output import follow as follow_agent
 from sandboxd.process_record import (
+    AgentKept,
     AttachEvent,
     BackgroundProcess,
     OutputGap,
@@ -71,12 +77,13 @@ __all__ = [
 ]
 
 MAX_PROCESSES_PER_SESSION = 64  # running plus retained exit records; oldest exited go first
-EXITED_OUTPUT_BYTES = 64 * 1024 * 1024  # output kept for exited processes, per session
-# Output buffers one session's background processes may reserve in all: a running process
-# reserves two rings of its max_output_bytes, an exited one what it still keeps. Without it,
-# 64 processes x 2 x 16 MiB would let one session hold 2 GiB of server memory.
-# TODO(lead): setting
+# Output the server keeps for exited processes, per session (rings held here: Exec, Run and
+# Interact tails, and background processes of sandboxes without the agent).
+EXITED_OUTPUT_BYTES = 64 * 1024 * 1024
+# Default of the setting `process_output_buffer_bytes`: what the rings held here for one
+# session's background processes may reserve in all (only sandboxes without the agent).
 SESSION_OUTPUT_BUFFER_BYTES = 128 * 1024 * 1024
+FORGET_TIMEOUT_S = 5.0
 # What is kept per stream of an Exec, Run or Interact command for AttachProcess and GetProcess:
 # their caller gets all of it anyway, so only the tail is kept for a second reader.
 FOREGROUND_BUFFER_BYTES = 1024 * 1024
@@ -92,19 +99,64 @@ class ProcessManager:
         self,
         executor: Executor,
         on_exit: Callable[[Session, BackgroundProcess], None] | None = None,
+        output_budget: int = SESSION_OUTPUT_BUFFER_BYTES,
     ) -> None:
         self._executor = executor
         self._on_exit = on_exit  # the audit log and the session's event feed
+        self._output_budget = output_budget  # per session, rings held here
         self._by_session: dict[str, dict[str, BackgroundProcess]] = {}
+        # Forgets sent to agents for records dropped here, per session: a start waits for them,
+        # so the agent never holds more records than this server (its own limit is 128).
+        self._forgets: dict[str, set[asyncio.Task[None]]] = {}
 
     async def close(self) -> None:
-        """Server shutdown: end every background process (their trees are killed)."""
+        """Server shutdown: end every background process (their trees are killed), and drop
+        the agents' records of exited ones, which no server will read any more."""
+        for procs in self._by_session.values():
+            for proc in [p for p in procs.values() if p.exited is not None]:
+                self._drop(procs, proc)
+        tasks = [t for ts in self._forgets.values() for t in ts]
         for session_id in list(self._by_session):
             await self.end_session(session_id)
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def held_bytes(self) -> int:
+        """Output bytes the server holds in rings and live tails for all sessions (the agent's
+        are not)."""
+        return sum(
+            p.retained_bytes() + p.tail_bytes()
+            for ps in self._by_session.values()
+            for p in ps.values()
+        )
+
+    def _drop(self, procs: dict[str, BackgroundProcess], proc: BackgroundProcess) -> None:
+        """Forget a record; the agent's copy of its output goes too (a task this owns)."""
+        del procs[proc.process_id]
+        if proc.agent is None or (detached := self._executor.detached) is None:
+            return
+        task = asyncio.create_task(self._forget(detached, proc.agent))
+        tasks = self._forgets.setdefault(proc.session_id, set())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    @staticmethod
+    async def _forget(detached: DetachedExecs, kept: AgentKept) -> None:
+        with contextlib.suppress(SandboxError, ConnectionError, TimeoutError):
+            async with asyncio.timeout(FORGET_TIMEOUT_S):
+                await detached.forget(kept.container_id, kept.detach_id)
+
+    async def _agent_keeps(self, session: Session) -> bool:
+        detached = self._executor.detached
+        return detached is not None and await detached.serves(
+            session.container_id, session.spec.user
+        )
 
     async def end_session(self, session_id: str) -> None:
         """The session is being deleted or its lease ended: end and forget its processes."""
         procs = self._by_session.pop(session_id, {})
+        if not self._forgets.get(session_id):
+            self._forgets.pop(session_id, None)
         tasks = [p.task for p in procs.values() if p.task is not None and not p.task.done()]
         for task in tasks:
             task.cancel()
@@ -137,7 +189,13 @@ class ProcessManager:
             await self._started(proc)
             return proc
         self._make_room(procs)
-        self._reserve_buffers(procs, options.buffer_bytes)
+        if not await self._agent_keeps(session):
+            for old in room.for_buffers(procs, options.buffer_bytes, self._output_budget):
+                self._drop(procs, old)
+        if forgets := self._forgets.get(session.session_id):
+            await asyncio.wait(forgets)  # the agent's room for the new record
+        if pid in procs:  # another start of this id won the race meanwhile
+            return await self.start(session, spec, pid, hold, options)
         # Its id is its token too: the agent keeps it under that id (process_adoption.py).
         proc = BackgroundProcess(session.session_id, pid, spec, options, token=pid)
         procs[pid] = proc
@@ -169,54 +227,13 @@ class ProcessManager:
                 ) from None
             raise
 
-    @staticmethod
-    def _forget_old_exited(procs: dict[str, BackgroundProcess]) -> None:
-        """Exit records keep their output for late readers, up to EXITED_OUTPUT_BYTES in all."""
-        exited = sorted((p for p in procs.values() if p.exited), key=lambda p: p.started_at)
-        total = sum(p.retained_bytes() for p in exited)
-        for old in exited:
-            if total <= EXITED_OUTPUT_BYTES:
-                break
-            total -= old.retained_bytes()
-            del procs[old.process_id]
-
-    @staticmethod
-    def _reserve_buffers(procs: dict[str, BackgroundProcess], buffer_bytes: int) -> None:
-        """Room in the session's buffer budget for two rings of `buffer_bytes`: old exit
-        records go first; if running processes hold it all, the start is refused."""
-        need = 2 * buffer_bytes
-
-        def reserved() -> int:
-            return sum(
-                p.retained_bytes() if p.exited else 2 * p.options.buffer_bytes
-                for p in procs.values()
-            )
-
-        exited = sorted((p for p in procs.values() if p.exited), key=lambda p: p.started_at)
-        while reserved() + need > SESSION_OUTPUT_BUFFER_BYTES and exited:
-            del procs[exited.pop(0).process_id]
-        if reserved() + need > SESSION_OUTPUT_BUFFER_BYTES:
-            raise ResourceExhausted(
-                f"this session's background processes already reserve {reserved()} bytes of "
-                f"output buffers; {need} more (two streams of max_output_bytes) would pass the "
-                f"budget of {SESSION_OUTPUT_BUFFER_BYTES}: end a process or lower "
-                "max_output_bytes",
-                reason=Reason.OUTPUT_BUFFER_BUDGET,
-                metadata={"limit": str(SESSION_OUTPUT_BUFFER_BYTES)},
-            )
+    def _forget_old_exited(self, procs: dict[str, BackgroundProcess]) -> None:
+        for old in room.past_exited_budget(procs, EXITED_OUTPUT_BYTES):
+            self._drop(procs, old)
 
     def _make_room(self, procs: dict[str, BackgroundProcess]) -> None:
-        if len(procs) < MAX_PROCESSES_PER_SESSION:
-            return
-        exited = [p for p in procs.values() if p.exited is not None]
-        if not exited:
-            raise ResourceExhausted(
-                f"this session already runs {MAX_PROCESSES_PER_SESSION} background processes",
-                reason=Reason.TOO_MANY_PROCESSES,
-                metadata={"limit": str(MAX_PROCESSES_PER_SESSION)},
-            )
-        oldest = min(exited, key=lambda p: p.started_at)
-        del procs[oldest.process_id]
+        if (old := room.for_one_more(procs, MAX_PROCESSES_PER_SESSION)) is not None:
+            self._drop(procs, old)
 
     async def _run(
         self, session: Session, proc: BackgroundProcess, hold: AbstractAsyncContextManager[None]
@@ -232,10 +249,17 @@ class ProcessManager:
                     session, proc.spec, process_id=proc.process_id, token=proc.token, detach=detach
                 ) as command,
             ):
+                if command.kept_by_agent:  # its output stays in the agent's ring
+                    siblings = self._by_session.get(proc.session_id, {})
+                    tail = room.tail_room(siblings, proc, self._output_budget)
+                    kept = AgentKept(
+                        session.container_id, detach.detach_id, proc.options.buffer_bytes
+                    )
+                    proc.keep_in_agent(kept, tail)
                 proc.running.set_result(None)
                 if proc.options.keep_stdin_open:
                     proc.command = command
-                    feeder = asyncio.create_task(self._first_stdin(proc, command))
+                    feeder = asyncio.create_task(process_stdin.first(proc, command))
                 else:
                     command.feed(proc.spec.stdin)
                 async for event in command.events(cap_output=proc.options.cap_output):
@@ -267,13 +291,16 @@ class ProcessManager:
             await self._forget_detached(session, proc)
 
     async def _forget_detached(self, session: Session, proc: BackgroundProcess) -> None:
-        """The agent's record of an ended detached process is dropped once its exit is ours."""
+        """The agent's record of an ended detached process is dropped once its exit is ours
+        and this server no longer holds the record (the session ended, or never had it: an
+        exited record keeps the agent's output until `_drop`)."""
         detached = self._executor.detached
         if detached is None or proc.exited is None:
             return
-        with contextlib.suppress(SandboxError, ConnectionError, TimeoutError):
-            async with asyncio.timeout(5):
-                await detached.forget(session.container_id, detach_id(proc.process_id, proc.token))
+        if self._by_session.get(proc.session_id, {}).get(proc.process_id) is proc:
+            return
+        kept = AgentKept(session.container_id, detach_id(proc.process_id, proc.token), 0)
+        await self._forget(detached, proc.agent or kept)
 
     async def adopt_running(self, sessions: list[Session]) -> None:
         """At start: adopt what the agents of the running sessions kept, one session at a
@@ -303,6 +330,7 @@ class ProcessManager:
             if record.get("running") and isinstance(pid, int):
                 cmdline = await read_cmdline(self._executor, session, pid)
             spec = spec_from_cmdline(cmdline, FOREGROUND_BUFFER_BYTES)
+            ring = agent_ring_held(record)
             proc = BackgroundProcess(
                 session.session_id,
                 process_id,
@@ -311,6 +339,7 @@ class ProcessManager:
                 _BACKGROUND,
                 token=token,
             )
+            proc.keep_in_agent(AgentKept(session.container_id, detach_id(process_id, token), ring))
             proc.running.set_result(None)
             procs[process_id] = proc
             proc.task = asyncio.create_task(
@@ -335,12 +364,14 @@ class ProcessManager:
                 self._on_exit(session, proc)
             await self._forget_detached(session, proc)
 
-    @staticmethod
-    async def _first_stdin(proc: BackgroundProcess, command: Command) -> None:
-        """StartProcess's `stdin`, written before any SendProcessInput (the lock)."""
-        async with proc.stdin_lock:
-            with contextlib.suppress(SandboxError, ConnectionError):
-                await command.write(proc.spec.stdin)
+    def follow(
+        self, proc: BackgroundProcess, stdout_offset: int, stderr_offset: int, keepalive_s: float
+    ) -> AsyncIterator[AttachEvent]:
+        """AttachProcess: from the agent's ring where it holds the output, else from ours."""
+        detached = self._executor.detached
+        if proc.agent is not None and detached is not None:
+            return follow_agent(detached, proc, stdout_offset, stderr_offset, keepalive_s)
+        return proc.follow(stdout_offset, stderr_offset, keepalive_s)
 
     def get(self, session_id: str, process_id: str) -> BackgroundProcess:
         proc = self._by_session.get(session_id, {}).get(process_id)
@@ -370,42 +401,10 @@ class ProcessManager:
 
     async def send_input(self, session_id: str, process_id: str, data: bytes) -> None:
         """More stdin for a background process started with keep_stdin_open."""
-        proc = self._open_stdin(session_id, process_id)
-        async with proc.stdin_lock:
-            command = self._open_stdin(session_id, process_id).command
-            assert command is not None
-            await command.write(data)
+        await process_stdin.send(lambda: self.get(session_id, process_id), data)
 
     async def close_stdin(self, session_id: str, process_id: str) -> None:
-        """End of file on the process's stdin; idempotent: a second close, or a close after the
-        process ended (its stdin is closed for good), is a no-op, so a retry never fails."""
-        proc = self.get(session_id, process_id)
-        if proc.exited is not None:
-            return
-        idle = proc.command is None or proc.command.stdin_closed
-        if proc.origin is _BACKGROUND and proc.exited is None and idle:
-            return  # already closed, or never kept open
-        proc = self._open_stdin(session_id, process_id)
-        async with proc.stdin_lock:
-            if proc.command is not None and not proc.command.stdin_closed:
-                proc.command.close_stdin()
-
-    def _open_stdin(self, session_id: str, process_id: str) -> BackgroundProcess:
-        proc = self.get(session_id, process_id)
-        if proc.exited is not None:
-            raise FailedPrecondition(
-                f"process {process_id!r} has already exited",
-                reason=Reason.PROCESS_EXITED,
-                metadata={"process_id": process_id},
-            )
-        if proc.command is None or proc.command.stdin_closed:
-            raise FailedPrecondition(
-                f"the stdin of process {process_id!r} is closed: only a StartProcess with "
-                "keep_stdin_open takes more input, until CloseProcessStdin",
-                reason=Reason.STDIN_CLOSED,
-                metadata={"process_id": process_id},
-            )
-        return proc
+        await process_stdin.close(lambda: self.get(session_id, process_id))
 
     async def track(
         self,
@@ -445,10 +444,9 @@ class ProcessManager:
         if process_id in procs:
             return None
         if len(procs) >= MAX_PROCESSES_PER_SESSION:
-            exited = [p for p in procs.values() if p.exited is not None]
-            if not exited:
+            if (oldest := room.oldest_exited(procs)) is None:
                 return None
-            del procs[min(exited, key=lambda p: p.started_at).process_id]
+            self._drop(procs, oldest)
         size = min(spec.max_output_bytes, FOREGROUND_BUFFER_BYTES)
         # Exec, Run and Interact start their command with the process id as its token.
         proc = BackgroundProcess(

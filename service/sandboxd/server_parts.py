@@ -25,6 +25,7 @@ from sandboxd.api.audit_describe import hashing_threads
 from sandboxd.archive import ArchiveIO
 from sandboxd.audit import AuditStore, AuditWriter
 from sandboxd.audit.egress import background_exit, egress_sink, server_lifecycle
+from sandboxd.budget import ByteBudget
 from sandboxd.config import Config
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.manager import EgressManager, parse_static_hosts
@@ -154,9 +155,17 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     detached = agent_processes(engine) if config.agent.detached_processes else None
     executor = Executor(engine, detached=detached)
     stack.push_async_callback(executor.close)
-    processes = ProcessManager(executor, on_exit=background_exit(audit, hub))
+    processes = ProcessManager(
+        executor,
+        on_exit=background_exit(audit, hub),
+        output_budget=config.limits.process_output_buffer_bytes,
+    )
     stack.push_async_callback(processes.close)  # before executor.close awaits the kills
-    files = Files(engine)
+    files = Files(
+        engine,
+        buffers=ByteBudget(config.limits.file_buffer_bytes),
+        listing_bytes=config.limits.listing_bytes,
+    )
     archive = ArchiveIO(
         engine, files, config.archive.max_members, spool_dir=config.server.data_dir / "spool"
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import os
+import secrets
 import tarfile
 import threading
 import time
@@ -25,10 +26,20 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import ServerProcess, SessionFactory, Stubs, error_info, expect_error, run
+from conftest import (
+    ServerProcess,
+    SessionFactory,
+    Stubs,
+    error_info,
+    expect_error,
+    make_stubs,
+    remove_owned_containers,
+    run,
+    start_server,
+)
 from google.protobuf import duration_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sandboxd.v1 import common_pb2, filesystem_pb2, process_pb2, snapshot_pb2
+from sandboxd.v1 import common_pb2, filesystem_pb2, process_pb2, session_pb2, snapshot_pb2
 from test_archive import dir_, import_tar, make_tar, member, snap_stub, tree
 
 pytestmark = pytest.mark.usefixtures("guard")
@@ -313,9 +324,36 @@ def test_listing_larger_than_a_reply_is_refused_with_a_reason(
 
 
 def test_background_output_buffers_have_a_session_budget(
-    stubs: Stubs, new_session: SessionFactory
+    stubs: Stubs, new_session: SessionFactory, tmp_path: Path
 ) -> None:
+    # With the agent (the default) the rings are the agent's, in the sandbox's memory: the
+    # server's budget does not apply.
     s = new_session(limits=common_pb2.ResourceLimits(output_bytes=16 * MiB))
+    for _ in range(8):
+        stubs.processes.StartProcess(
+            process_pb2.StartProcessRequest(
+                session_id=s.session_id, argv=["sleep", "30"], max_output_bytes=16 * MiB
+            )
+        )
+    # Without it (`agent = false`) they are the server's: process_output_buffer_bytes.
+    owner = "testsd" + secrets.token_hex(3)
+    srv = start_server(tmp_path, owner, "--agent", "false")
+    try:
+        own = make_stubs(srv.address)
+        _server_budget(own)
+        own.channel.close()
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
+
+
+def _server_budget(stubs: Stubs) -> None:
+    s = stubs.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(
+            shell=common_pb2.ShellPolicy(allow_all=True),
+            limits=common_pb2.ResourceLimits(output_bytes=16 * MiB),
+        )
+    ).session
     started = 0
     with pytest.raises(grpc.RpcError) as excinfo:
         for i in range(8):  # 8 x 2 x 16 MiB of rings would be 256 MiB for one session

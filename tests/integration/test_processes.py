@@ -201,11 +201,12 @@ def test_a_stalled_reader_does_not_stall_the_process_or_other_readers(
         sid,
         "sh",
         "-c",
-        "read x < f; yes 0123456789abcdef | head -c 8000000; echo end >&2",
+        "read x < f; yes 0123456789abcdef | head -c 32000000; echo end >&2",
         max_output_bytes=1024 * 1024,
         process_id="loud",
     )
-    # A reader that attaches and then never reads (until the end).
+    # A reader that attaches and then never reads (until the end). With the agent it holds at
+    # most its agent stream's window (agent_window_max) and gRPC's buffers: 32 MB is beyond.
     stalled = stubs.processes.AttachProcess(
         P.AttachProcessRequest(session_id=sid, process_id="loud"), timeout=60
     )
@@ -214,7 +215,7 @@ def test_a_stalled_reader_does_not_stall_the_process_or_other_readers(
     run(stubs, sid, "sh", "-c", "echo go > f")
     done = wait_exited(stubs, sid, "loud", timeout=30)
     assert done.exited.exit_code == 0
-    assert done.stdout_bytes == 8_000_000
+    assert done.stdout_bytes == 32_000_000
     assert time.monotonic() - started < 20
     events = attach(stubs, sid, "loud")
     assert collected(events, P.OUTPUT_STREAM_STDERR) == b"end\n"
@@ -223,7 +224,7 @@ def test_a_stalled_reader_does_not_stall_the_process_or_other_readers(
     rest = list(stalled)
     gap = sum(e.gap.length for e in rest if e.HasField("gap"))
     got = len(collected(rest, P.OUTPUT_STREAM_STDOUT))
-    assert gap > 0 and gap + got == 8_000_000
+    assert gap > 0 and gap + got == 32_000_000
     assert rest[-1].HasField("exited")
 
 

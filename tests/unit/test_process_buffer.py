@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sandboxd import output_ring, processes
+from sandboxd import output_ring, process_room
 from sandboxd.errors import InvalidArgument, OutOfRange
 from sandboxd.models import ExecExited, ExecKeepalive, ExecOutput, ExecSpec, ExecStarted
 from sandboxd.models import OutputStream as S
@@ -127,7 +127,6 @@ async def test_follow_sends_keepalives_and_wakes_on_output() -> None:
 async def test_exit_records_are_forgotten_oldest_first_past_the_output_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(processes, "EXITED_OUTPUT_BYTES", 10)
     procs = {}
     for name in ("old", "mid", "new", "running"):
         proc = BackgroundProcess("s", name, _spec(100))
@@ -136,5 +135,6 @@ async def test_exit_records_are_forgotten_oldest_first_past_the_output_budget(
             proc.finish(ExecExited(0, "", False, False, 1.0))
         procs[name] = proc
         await asyncio.sleep(0.001)  # distinct start times
-    processes.ProcessManager._forget_old_exited(procs)
+    for old in process_room.past_exited_budget(procs, 10):
+        del procs[old.process_id]
     assert sorted(procs) == ["mid", "new", "running"]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sandboxd import processes
+from sandboxd import process_room, processes
 from sandboxd.budget import ByteBudget
 from sandboxd.errors import ResourceExhausted
 from sandboxd.models import ExecExited, ExecSpec
-from sandboxd.processes import BackgroundProcess, ProcessManager
+from sandboxd.processes import BackgroundProcess
 
 MiB = 1024 * 1024
 
@@ -53,21 +53,26 @@ def _spec(cap: int) -> ExecSpec:
     )
 
 
+def _reserve(procs: dict[str, BackgroundProcess], cap: int, budget: int) -> None:
+    for old in process_room.for_buffers(procs, cap, budget):
+        del procs[old.process_id]
+
+
 async def test_background_processes_reserve_their_rings_within_the_session_budget() -> None:
     procs: dict[str, BackgroundProcess] = {}
     budget = processes.SESSION_OUTPUT_BUFFER_BYTES
     cap = 16 * MiB
     fits = budget // (2 * cap)
     for i in range(fits):
-        ProcessManager._reserve_buffers(procs, cap)
+        _reserve(procs, cap, budget)
         procs[f"p{i}"] = BackgroundProcess("s", f"p{i}", _spec(cap))
     with pytest.raises(ResourceExhausted) as exc:
-        ProcessManager._reserve_buffers(procs, cap)
+        _reserve(procs, cap, budget)
     assert exc.value.reason == "OUTPUT_BUFFER_BUDGET"
     # An exited process keeps only what it still holds; the oldest exit records go first.
     procs["p0"].finish(ExecExited(0, "", False, False, 0.1))
-    ProcessManager._reserve_buffers(procs, cap)
+    _reserve(procs, cap, budget)
     assert "p0" in procs  # it holds nothing: no need to forget it
     procs["p0"].output[next(iter(procs["p0"].output))].append(b"z" * 100, 1, merge=False)
-    ProcessManager._reserve_buffers(procs, cap)
+    _reserve(procs, cap, budget)
     assert "p0" not in procs  # its 100 bytes were in the way: its exit record went

@@ -26,14 +26,21 @@ class DetachedStream:
     says what the ring lost, and `read` reports it as (fd + GAP_FD, length) before going on."""
 
     def __init__(
-        self, router: AgentRouter, sandbox_id: str, detach_id: str, stack: AsyncExitStack
+        self,
+        router: AgentRouter,
+        sandbox_id: str,
+        detach_id: str,
+        stack: AsyncExitStack,
+        offsets: Mapping[int, int] | None = None,
     ) -> None:
         self._router = router
         self._sandbox = sandbox_id
         self._id = detach_id
         self._stack = stack
         self._cur: AgentExec | None = None
-        self._offsets = {1: 0, 2: 0}
+        self._offsets = {1: 0, 2: 0} | {fd: max(0, n) for fd, n in (offsets or {}).items()}
+        self.start = {1: 0, 2: 0}  # the agent's ring when the stream (last) opened
+        self.end = {1: 0, 2: 0}
         self._pending: list[tuple[int, bytes]] = []
         self._reattached = 0
         self.exec_id = ""
@@ -48,8 +55,11 @@ class DetachedStream:
             )
         self._cur = first
         self.exec_id = self.exec_id or first.exec_id
-        start = first.opened.get("start")
+        start, end = first.opened.get("start"), first.opened.get("end")
         for fd in (1, 2):
+            for doc, into in ((start, self.start), (end, self.end)):
+                got = doc.get(str(fd)) if isinstance(doc, dict) else None
+                into[fd] = got if isinstance(got, int) and got >= 0 else 0
             held = start.get(str(fd)) if isinstance(start, dict) else None
             if isinstance(held, int) and held > self._offsets[fd]:
                 self._pending.append((fd + GAP_FD, (held - self._offsets[fd]).to_bytes(8, "big")))
@@ -131,9 +141,11 @@ class AgentProcesses:
             yield stream
 
     @contextlib.asynccontextmanager
-    async def attach(self, container_id: str, detach_id: str) -> AsyncIterator[DetachedStream]:
+    async def attach(
+        self, container_id: str, detach_id: str, offsets: Mapping[int, int] | None = None
+    ) -> AsyncIterator[DetachedStream]:
         async with AsyncExitStack() as stack:
-            stream = DetachedStream(self._router, container_id, detach_id, stack)
+            stream = DetachedStream(self._router, container_id, detach_id, stack, offsets)
             await stream.attach()
             yield stream
 

@@ -93,7 +93,7 @@ def _event_pb(event: AttachEvent, cls: type[_EventResponse]) -> _EventResponse:
 
 
 def _process_pb(p: BackgroundProcess) -> process_pb2.Process:
-    out, err = p.output[OutputStream.STDOUT], p.output[OutputStream.STDERR]
+    out, err = OutputStream.STDOUT, OutputStream.STDERR
     pb = process_pb2.Process(
         process_id=p.process_id,
         session_id=p.session_id,
@@ -102,10 +102,10 @@ def _process_pb(p: BackgroundProcess) -> process_pb2.Process:
         state=process_pb2.PROCESS_STATE_EXITED
         if p.exited is not None
         else process_pb2.PROCESS_STATE_RUNNING,
-        stdout_bytes=out.end,
-        stderr_bytes=err.end,
-        stdout_first_offset=out.start,
-        stderr_first_offset=err.start,
+        stdout_bytes=p.end(out),
+        stderr_bytes=p.end(err),
+        stdout_first_offset=p.first_offset(out),
+        stderr_first_offset=p.first_offset(err),
         origin=polish_pb2.ProcessOrigin.ValueType(p.origin.value),
         stdin_open=p.command is not None and not p.command.stdin_closed,
     )
@@ -290,8 +290,11 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
     ) -> AsyncGenerator[process_pb2.AttachProcessResponse, None]:
         async with self._sessions.use(request.session_id) as session:
             proc = self._processes.get(session.session_id, request.process_id)
-        events = proc.follow(
-            request.stdout_offset, request.stderr_offset, self._config.server.keepalive_interval_s
+        events = self._processes.follow(
+            proc,
+            request.stdout_offset,
+            request.stderr_offset,
+            self._config.server.keepalive_interval_s,
         )
         async for event in events:
             yield _event_pb(event, process_pb2.AttachProcessResponse)

@@ -38,6 +38,22 @@ class LimitsSection:
     max_command_timeout_s: float = setting(
         3600.0, DURATION, "largest command_timeout_s", lo=0, lo_open=True
     )
+    process_output_buffer_bytes: int = setting(
+        128 * MiB,
+        SIZE,
+        "server memory one session's background processes may hold: their output rings "
+        "without the agent; with it, the live tails of the running ones",
+        lo=1,
+    )
+    listing_bytes: int = setting(
+        8 * MiB, SIZE, "the most one ListDir walk may print before it is refused", lo=4096
+    )
+    file_buffer_bytes: int = setting(
+        32 * MiB,
+        SIZE,
+        "server memory one session's listings and file reads may hold at once",
+        lo=4096,
+    )
 
     @property
     def default(self) -> Limits:

@@ -295,6 +295,14 @@ class Detach:
     buffer_bytes: int
 
 
+class DetachedOutput(ExecStream, Protocol):
+    """An attach stream of a detached command. `start` and `end` (per fd, 1 and 2): the oldest
+    offset the agent's ring held and the bytes produced when the stream (last) opened."""
+
+    start: dict[int, int]
+    end: dict[int, int]
+
+
 class DetachedExecs(Protocol):
     """Commands kept by the in-sandbox agent (sandboxd.agent.detached); only sandboxes with an
     agent have them (`serves`)."""
@@ -314,8 +322,11 @@ class DetachedExecs(Protocol):
         stdin is the command's. Closing the stream leaves the command running."""
         ...
 
-    def attach(self, container_id: str, detach_id: str) -> AbstractAsyncContextManager[ExecStream]:
-        """Its output from the oldest byte still held, then live, then its exit."""
+    def attach(
+        self, container_id: str, detach_id: str, offsets: Mapping[int, int] | None = None
+    ) -> AbstractAsyncContextManager[DetachedOutput]:
+        """Its output from `offsets` (fd 1, 2; default 0), or from the oldest byte still held
+        when they are older (a (fd + GAP_FD, length) item first), then live, then its exit."""
         ...
 
     async def listing(self, container_id: str) -> list[dict[str, Any]]:

@@ -1,0 +1,98 @@
+"""Which process records make room for another (processes.py): pure choices, no side effects;
+the ProcessManager drops what they name (and the agent's copy of the output with it).
+
+Records are bounded by count per session; output rings held in the server's memory (Exec, Run
+and Interact tails, background processes of sandboxes without the agent, and the live tails of
+running processes the agent keeps) also by bytes. An agent's rings are the sandbox's memory:
+only the record count bounds them.
+"""
+
+from __future__ import annotations
+
+from sandboxd.errors import ResourceExhausted
+from sandboxd.process_record import TAIL_BYTES, BackgroundProcess
+from sandboxd.reasons import Reason
+
+Records = dict[str, BackgroundProcess]
+
+
+def held_exited(procs: Records) -> list[BackgroundProcess]:
+    """Exited records whose output is held here (not by an agent), oldest first."""
+    held = (p for p in procs.values() if p.exited and p.agent is None)
+    return sorted(held, key=lambda p: p.started_at)
+
+
+def past_exited_budget(procs: Records, limit: int) -> list[BackgroundProcess]:
+    """Exit records keep their output for late readers, up to `limit` bytes in all held here:
+    the oldest beyond it go."""
+    exited = held_exited(procs)
+    total = sum(p.retained_bytes() for p in exited)
+    drop = []
+    for old in exited:
+        if total <= limit:
+            break
+        total -= old.retained_bytes()
+        drop.append(old)
+    return drop
+
+
+def for_buffers(procs: Records, buffer_bytes: int, budget: int) -> list[BackgroundProcess]:
+    """Room in the session's `budget` for two rings of `buffer_bytes` held here: the old exit
+    records to drop for it; if running processes hold it all, the start is refused."""
+    need = 2 * buffer_bytes
+    reserved = sum(
+        p.retained_bytes() if p.exited else 2 * p.options.buffer_bytes
+        for p in procs.values()
+        if p.agent is None
+    )
+    drop = []
+    for old in held_exited(procs):
+        if reserved + need <= budget:
+            break
+        reserved -= old.retained_bytes()
+        drop.append(old)
+    if reserved + need > budget:
+        raise ResourceExhausted(
+            f"this session's background processes already reserve {reserved} bytes of "
+            f"output buffers; {need} more (two streams of max_output_bytes) would pass the "
+            f"budget of {budget} (process_output_buffer_bytes): end a process or lower "
+            "max_output_bytes",
+            reason=Reason.OUTPUT_BUFFER_BUDGET,
+            metadata={"limit": str(budget)},
+        )
+    return drop
+
+
+def tail_room(procs: Records, new: BackgroundProcess, budget: int) -> int:
+    """Bytes per stream a new live tail may have within the session's `budget` for output held
+    here (rings of processes without the agent, and the tails of running ones with it): a
+    tail is an optimisation, so a session at its budget gets a smaller one or none (its
+    followers then read the agent) rather than a refusal."""
+    held = sum(
+        (p.retained_bytes() if p.exited else 2 * p.options.buffer_bytes)
+        if p.agent is None
+        else p.tail_capacity()
+        for p in procs.values()
+        if p is not new
+    )
+    return max(0, min(TAIL_BYTES, (budget - held) // 2))
+
+
+def oldest_exited(procs: Records) -> BackgroundProcess | None:
+    exited = [p for p in procs.values() if p.exited is not None]
+    return min(exited, key=lambda p: p.started_at) if exited else None
+
+
+def for_one_more(procs: Records, limit: int) -> BackgroundProcess | None:
+    """The record to drop for one more process (the oldest exited) at `limit` records; None
+    below it. Refused when all of them run."""
+    if len(procs) < limit:
+        return None
+    oldest = oldest_exited(procs)
+    if oldest is None:
+        raise ResourceExhausted(
+            f"this session already runs {limit} background processes",
+            reason=Reason.TOO_MANY_PROCESSES,
+            metadata={"limit": str(limit)},
+        )
+    return oldest
