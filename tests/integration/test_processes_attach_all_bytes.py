@@ -1,0 +1,78 @@
+"""AttachProcess from offset 0 of a fast 16 MB writer gets every byte over a real server, the
+agent keeping the output (issue 13): what `make bench`'s attach_process_throughput does, with
+the content checked (numbered lines, in order, each offset where the last output ended), the
+exit checked (code 0: the process wrote it all), and readers at different speeds at once, so
+some move between the server's live tail and the agent's ring while others stay on the tail.
+A reader that truly fell off the agent's ring would get a `gap`; none may here (the ring holds
+it all), and never a short read."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from conftest import SessionFactory, Stubs
+from google.protobuf import duration_pb2
+from sandboxd.v1 import common_pb2, process_pb2
+
+P = process_pb2
+MiB = 1024 * 1024
+COUNT = 2_000_000  # "%07d\n": 16,000,000 bytes, as the bench writes
+WANT = b"".join(b"%07d\n" % i for i in range(COUNT))
+
+
+def _read(stubs: Stubs, sid: str, pid: str, pause_s: float) -> tuple[bytes, list[str], int]:
+    """stdout (checked contiguous from 0), anything unexpected, the exit code (-999: none)."""
+    out = bytearray()
+    odd: list[str] = []
+    code = -999
+    request = P.AttachProcessRequest(session_id=sid, process_id=pid)
+    for event in stubs.processes.AttachProcess(request, timeout=180):
+        if code != -999:
+            odd.append(f"an event after the exit: {event}")
+        if event.HasField("output"):
+            o = event.output
+            if o.stream != P.OUTPUT_STREAM_STDOUT:
+                odd.append(f"stderr output {o.data[:80]!r}")
+            elif o.offset != len(out):
+                odd.append(f"output at {o.offset} after {len(out)} bytes")
+            out += o.data
+        elif event.HasField("gap"):
+            odd.append(f"gap {event.gap}")
+        elif event.HasField("exited"):
+            code = event.exited.exit_code
+        if pause_s:
+            time.sleep(pause_s)
+    return bytes(out), odd, code
+
+
+def test_attach_from_zero_gets_every_byte_of_a_fast_writer(
+    stubs: Stubs, new_session: SessionFactory
+) -> None:
+    sid = new_session(limits=common_pb2.ResourceLimits(output_bytes=16 * MiB)).session_id
+    problems = []
+    with ThreadPoolExecutor(4) as pool:
+        for round_ in range(6):
+            pid = stubs.processes.StartProcess(
+                P.StartProcessRequest(
+                    session_id=sid,
+                    argv=["seq", "-w", "0", str(COUNT - 1)],
+                    max_output_bytes=16 * MiB,
+                    timeout=duration_pb2.Duration(seconds=120),
+                )
+            ).process.process_id
+            # As fast as the client goes (twice), a little slower, and slow: the slow ones
+            # fall behind the live tail and read the agent's ring.
+            readers = [pool.submit(_read, stubs, sid, pid, p) for p in (0, 0, 0.0005, 0.003)]
+            for i, reader in enumerate(readers):
+                out, odd, code = reader.result()
+                if out != WANT or odd or code != 0:
+                    first = next(
+                        (k for k, (a, b) in enumerate(zip(out, WANT, strict=False)) if a != b),
+                        min(len(out), len(WANT)),
+                    )
+                    problems.append(
+                        f"round {round_} reader {i}: {len(out)} of {len(WANT)} bytes, first "
+                        f"difference at {first}, exit {code}, {odd[:3]}"
+                    )
+    assert not problems, "\n".join(problems)
