@@ -136,7 +136,7 @@ async def follow(executor: Executor, session: Session, proc: BackgroundProcess) 
                 if isinstance(event, ExecOutput):
                     proc.append_at(event.stream, event.offset, event.data)
                 elif isinstance(event, ExecExited):
-                    proc.finish(event)
+                    proc.finish(event, complete=True)
         finally:
             if not command.finished:
                 executor.kill(session, proc.token, stream.exec_id)

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from sandboxd.engine.protocol import DetachedExecs
-from sandboxd.errors import InvalidArgument, OutOfRange
+from sandboxd.errors import Internal, InvalidArgument, OutOfRange
 from sandboxd.execution import GAP_FD
 from sandboxd.models import ExecKeepalive, ExecOutput, ExecStarted, OutputStream
 from sandboxd.process_record import AttachEvent, BackgroundProcess, OutputGap, next_output
@@ -55,19 +55,49 @@ async def follow(
     stderr_offset: int,
     keepalive_s: float,
 ) -> AsyncIterator[AttachEvent]:
-    """started, then output from the offsets (gaps where it is gone), live output, exited."""
+    """started, then output from the offsets (gaps where it is gone), live output, exited.
+
+    `exited` comes only once the reader has all of the output: up to the record's end where
+    the server's own reader saw all of it (`output_complete`), else up to the end of the
+    agent's copy (its stream's EXIT), never at a short end."""
     reader = _Reader(detached, proc, stdout_offset, stderr_offset, keepalive_s)
     _check_offsets(reader.cursor, None)
     first = not reader.in_tail()
     if not first:
         yield ExecStarted(proc.process_id)
-    while not reader.done:
-        caught_up = proc.exited is not None and reader.at_end()  # only `exited` is left
-        on_tail = not first and (caught_up or reader.in_tail())
+    short = 0  # times the agent's stream ended before the record's end
+    while first or not reader.finished():  # first: the agent checks the offsets, says started
+        if reader.agent_ended:  # the agent's copy ended: the process has, or is ending
+            async for event in reader.until_exit():
+                yield event
+            if reader.finished():
+                break
+            short += 1  # the agent's stream ended short of what the server saw: once more
+            if short > MAX_SHORT_ENDS:
+                raise _short_end(proc, reader.cursor)
+            reader.agent_ended = False
+        on_tail = not first and reader.in_tail()
         part = reader.from_tail() if on_tail else reader.from_agent(first)
         first = False
         async for event in part:
             yield event
+    assert proc.exited is not None
+    yield proc.exited
+
+
+# An agent stream that ends (EXIT) before the bytes the server's own reader got is a broken
+# agent: the reader attaches again from where it is this often, then fails loudly.
+MAX_SHORT_ENDS = 2
+
+
+def _short_end(proc: BackgroundProcess, cursor: dict[OutputStream, int]) -> Internal:
+    ends = {s.name.lower(): (cursor[s], proc.end(s)) for s in _FDS}
+    return Internal(
+        f"the agent's copy of process {proc.process_id!r}'s output ended before what the "
+        f"server saw (read, seen): {ends}",
+        reason=Reason.AGENT_PROTOCOL_ERROR,
+        metadata={"process_id": proc.process_id},
+    )
 
 
 class _Reader:
@@ -85,7 +115,7 @@ class _Reader:
         self.proc = proc
         self.cursor = {OutputStream.STDOUT: stdout_offset, OutputStream.STDERR: stderr_offset}
         self.keepalive_s = keepalive_s
-        self.done = False
+        self.agent_ended = False  # the last agent stream ended (EXIT): its copy's end
 
     def in_tail(self) -> bool:
         tail = self.proc.tail
@@ -94,8 +124,25 @@ class _Reader:
     def at_end(self) -> bool:
         return all(self.cursor[s] >= self.proc.end(s) for s in _FDS)
 
-    async def _exited(self) -> AsyncIterator[AttachEvent]:
-        """The record's exit (it follows the agent's at once), keepalives until then."""
+    def finished(self) -> bool:
+        """The process has exited and this reader has all of its output. The record's end is
+        the end only when the server's reader saw the whole output; when it did not (it failed
+        or was cancelled: its end is short), only the agent's EXIT tells."""
+        proc = self.proc
+        if proc.exited is None or not self.at_end():
+            return False
+        return proc.output_complete or self.agent_ended
+
+    def limits(self) -> dict[OutputStream, int] | None:
+        """How far a reader of the agent's copy may go: the record's end once it is final (a
+        capped or timed-out process's output past its cut is not output)."""
+        proc = self.proc
+        if proc.exited is None or not proc.output_complete:
+            return None
+        return {s: proc.end(s) for s in _FDS}
+
+    async def until_exit(self) -> AsyncIterator[AttachEvent]:
+        """Keepalives until the record's exit (it follows the agent's at once)."""
         proc = self.proc
         while proc.exited is None:
             changed = proc.changed()
@@ -103,13 +150,11 @@ class _Reader:
                 await asyncio.wait_for(changed.wait(), timeout=self.keepalive_s)
             except TimeoutError:
                 yield ExecKeepalive()
-        self.done = True
-        yield proc.exited
 
     async def from_tail(self) -> AsyncIterator[AttachEvent]:
-        """Until the reader falls behind the tail. The exit drops the record's tail, but a
-        reader on it reads on from the tail it holds (final then: nothing comes after the
-        exit), rather than open an agent stream for its last bytes; it goes with that reader."""
+        """Until the reader falls behind the tail, or has read all the tail held at the exit.
+        The exit drops the record's tail, but a reader on it reads on from the tail it holds
+        (final then: nothing comes after the exit); it goes with that reader."""
         proc, cursor = self.proc, self.cursor
         tail = proc.tail
         while True:
@@ -121,11 +166,8 @@ class _Reader:
                 yield ExecOutput(stream, data, cursor[stream])
                 cursor[stream] += len(data)
                 continue
-            if proc.exited is not None:  # all the tail held is read
-                if self.at_end():
-                    async for event in self._exited():
-                        yield event
-                return  # else the rest from the agent's copy
+            if proc.exited is not None:
+                return  # all the tail held is read: the end, or the rest from the agent
             try:
                 await asyncio.wait_for(changed.wait(), timeout=self.keepalive_s)
             except TimeoutError:
@@ -133,7 +175,8 @@ class _Reader:
 
     async def from_agent(self, first: bool) -> AsyncIterator[AttachEvent]:
         """From the agent's ring at the cursors, until they are within the tail again (the
-        stream closes then) or the exit."""
+        stream closes then), the reader has all of the output, or the agent's stream ends
+        (`agent_ended`)."""
         proc, cursor = self.proc, self.cursor
         kept = proc.agent
         assert kept is not None
@@ -150,7 +193,7 @@ class _Reader:
                     cursor[s] = held
             reading: asyncio.Future[Any] | None = None
             try:
-                while not self.in_tail():
+                while not self.in_tail() and not self.finished():
                     reading = reading or asyncio.ensure_future(stream.read())
                     done, _ = await asyncio.wait({reading}, timeout=self.keepalive_s)
                     if not done:
@@ -158,23 +201,24 @@ class _Reader:
                         continue
                     item, reading = reading.result(), None
                     if item is None:
-                        break
-                    for event in _advance(item, at, cursor):
+                        self.agent_ended = True
+                        return
+                    for event in _advance(item, at, cursor, self.limits()):
                         yield event
-                else:
-                    return  # within the tail: read on from it
             finally:
                 if reading is not None:  # the reader went away: the stream closes after it
                     reading.cancel()
                     await asyncio.wait({reading})
-        async for event in self._exited():
-            yield event
 
 
 def _advance(
-    item: tuple[int, bytes], at: dict[OutputStream, int], cursor: dict[OutputStream, int]
+    item: tuple[int, bytes],
+    at: dict[OutputStream, int],
+    cursor: dict[OutputStream, int],
+    limits: dict[OutputStream, int] | None = None,
 ) -> list[AttachEvent]:
-    """What one item of an agent stream at `at` gives a reader at `cursor` (both moved on)."""
+    """What one item of an agent stream at `at` gives a reader at `cursor` (both moved on),
+    nothing past `limits` (the record's final end)."""
     fd, data = item
     if fd - GAP_FD in (1, 2):  # the agent's ring overwrote what had not come yet
         s = OutputStream(fd - GAP_FD)
@@ -188,9 +232,10 @@ def _advance(
         return []
     s = OutputStream(fd)
     before, at[s] = at[s], at[s] + len(data)
-    if at[s] <= cursor[s]:
+    end = at[s] if limits is None else min(at[s], limits[s])
+    if end <= cursor[s]:
         return []
-    piece = data[cursor[s] - before :] if cursor[s] > before else data
+    piece = data[max(0, cursor[s] - before) : end - before]
     out = ExecOutput(s, piece, cursor[s])
-    cursor[s] = at[s]
+    cursor[s] = end
     return [out]

@@ -123,6 +123,10 @@ class BackgroundProcess:
         self.command: Command | None = None
         self.stdin_lock = asyncio.Lock()  # the first `stdin` goes before any later input
         self.exited: ExecExited | None = None
+        # The server's own reader saw the whole output up to the exit (or cut it there: a cap,
+        # a timeout), so `end` is final. Not when it failed or was cancelled: then only the
+        # agent's copy knows where the output ends.
+        self.output_complete = False
         self.running: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
         self._seq = 0
@@ -190,9 +194,12 @@ class BackgroundProcess:
     def tail_bytes(self) -> int:
         return sum(b.end - b.start for b in self.tail.values())
 
-    def finish(self, exited: ExecExited) -> None:
+    def finish(self, exited: ExecExited, *, complete: bool = False) -> None:
+        """The exit; `complete` when the output up to it was all seen here (the command's own
+        `exited`), not when the reader ended early and the exit is made up (-1, SIGKILL)."""
         if self.exited is None:
             self.exited = exited
+            self.output_complete = complete
             self.tail = {}  # late readers behind read the agent's copy, kept with the record
             self._notify()
 

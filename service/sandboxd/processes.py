@@ -266,7 +266,7 @@ class ProcessManager:
                     if isinstance(event, ExecOutput):
                         proc.append_at(event.stream, event.offset, event.data)
                     elif isinstance(event, ExecExited):
-                        proc.finish(event)
+                        proc.finish(event, complete=True)
                 proc.command = None
             procs = self._by_session.get(proc.session_id)
             if procs is not None:
@@ -428,7 +428,7 @@ class ProcessManager:
                 elif proc is not None and isinstance(event, ExecOutput):
                     proc.append(event.stream, event.data)
                 elif proc is not None and isinstance(event, ExecExited):
-                    proc.finish(event)
+                    proc.finish(event, complete=True)
                 yield event
         finally:
             if proc is not None and proc.exited is None:  # the call ended first: it was killed

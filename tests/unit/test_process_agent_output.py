@@ -14,9 +14,9 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 
 import pytest
-from sandboxd import process_record, processes
+from sandboxd import process_agent_output, process_record, processes
 from sandboxd import process_room as room
-from sandboxd.errors import InvalidArgument, OutOfRange
+from sandboxd.errors import Internal, InvalidArgument, OutOfRange
 from sandboxd.execution import GAP_FD
 from sandboxd.models import ExecExited, ExecKeepalive, ExecOutput, ExecSpec, ExecStarted
 from sandboxd.models import OutputStream as S
@@ -28,6 +28,7 @@ from sandboxd.process_record import (
     OutputGap,
 )
 from sandboxd.processes import ProcessManager
+from sandboxd.reasons import Reason
 
 MiB = 1024 * 1024
 
@@ -146,7 +147,7 @@ async def test_the_server_holds_no_output_and_attach_replays_from_the_agent() ->
     # While it runs the server holds only the live tail, whatever the process wrote.
     assert pm.held_bytes() == MiB + 3 and proc.retained_bytes() == 0
     assert (proc.end(S.STDOUT), proc.first_offset(S.STDOUT)) == (64 * MiB, 0)
-    proc.finish(ExecExited(0, "", False, False, 1.0))
+    proc.finish(ExecExited(0, "", False, False, 1.0), complete=True)
     assert pm.held_bytes() == 0
     events = await _all(pm.follow(proc, 0, 0, 5))
     assert events[0] == ExecStarted("p") and events[-1] == proc.exited
@@ -162,7 +163,7 @@ async def test_output_older_than_the_ring_is_a_gap_and_offsets_are_checked() -> 
     # offered, so a reader sees the same range as with a server ring.
     proc = await _kept(agent, "p", retention=1000, capacity=5000)
     _produce(agent, proc, 1, bytes(range(256)) * 20)  # 5120 bytes: 120 gone from the agent too
-    proc.finish(ExecExited(0, "", False, False, 1.0))
+    proc.finish(ExecExited(0, "", False, False, 1.0), complete=True)
     assert proc.first_offset(S.STDOUT) == 4120
     events = await _all(follow(agent, proc, 10, 0, 5))  # type: ignore[arg-type]
     assert events[1] == OutputGap(S.STDOUT, 10, 4110)
@@ -199,7 +200,7 @@ async def test_an_exited_process_keeps_its_agent_output_until_its_record_is_forg
     for name in ("old", "new"):
         procs[name] = await _kept(agent, name, MiB, MiB)
         _produce(agent, procs[name], 1, b"out " + name.encode())
-        procs[name].finish(ExecExited(0, "", False, False, 1.0))
+        procs[name].finish(ExecExited(0, "", False, False, 1.0), complete=True)
         await asyncio.sleep(0.001)  # distinct start times
     pm._forget_old_exited(procs)  # the server holds no bytes: nothing goes for bytes
     assert sorted(procs) == ["new", "old"] and not agent.forgotten
@@ -259,7 +260,7 @@ async def test_a_live_follower_reads_the_tail_and_opens_no_agent_stream() -> Non
         _produce(agent, proc, 1, data[i : i + 64 * 1024])
         _produce(agent, proc, 2, b"e")
         events += await _take(reader, 64 * 1024 + 1)
-    proc.finish(ExecExited(0, "", False, False, 1.0))
+    proc.finish(ExecExited(0, "", False, False, 1.0), complete=True)
     events += [e async for e in reader]
     assert _stdout(events) == data and events[-1] == proc.exited
     errs = [e for e in events if isinstance(e, ExecOutput) and e.stream is S.STDERR]
@@ -282,7 +283,7 @@ async def test_an_old_offset_reader_switches_from_the_agent_to_the_tail_byte_exa
     assert agent.open_streams == 0 and agent.attaches == 1  # on the tail now
     _produce(agent, proc, 1, data[3 * MiB + 777 :])
     events += await _upto(reader, len(data))
-    proc.finish(ExecExited(0, "", False, False, 1.0))
+    proc.finish(ExecExited(0, "", False, False, 1.0), complete=True)
     events += [e async for e in reader]
     assert _stdout(events, 1000) == data[1000:] and events[-1] == proc.exited
     assert agent.attaches == 1
@@ -306,7 +307,7 @@ async def test_a_reader_behind_the_tail_reads_the_agent_then_the_tail_again() ->
     for i in range(4 * MiB, len(data), 64 * 1024):  # it keeps up now: the tail serves it
         _produce(agent, proc, 1, data[i : i + 64 * 1024])
         events += await _upto(reader, i + 64 * 1024)
-    proc.finish(ExecExited(0, "", False, False, 1.0))
+    proc.finish(ExecExited(0, "", False, False, 1.0), complete=True)
     events += [e async for e in reader]
     assert _stdout(events) == data and agent.attaches == 1
 
@@ -323,7 +324,7 @@ async def test_the_exit_drops_the_tail_and_readers_behind_finish_from_the_agent(
     first = [await anext(on_tail), await anext(on_tail)]
     assert await anext(at_end) == ExecStarted("p") and agent.attaches == 0
     assert pm.held_bytes() == MiB
-    proc.finish(ExecExited(0, "", False, False, 1.0))
+    proc.finish(ExecExited(0, "", False, False, 1.0), complete=True)
     assert proc.tail == {} and pm.held_bytes() == 0  # the record holds no output any more
     assert [e async for e in at_end] == [proc.exited] and agent.attaches == 0
     # A reader on the tail finishes from the (final) tail it holds: no agent stream.
@@ -353,3 +354,66 @@ async def test_live_tails_stay_within_the_sessions_output_budget() -> None:
     assert tails == [full, full, (budget - 4 * full) // 2, 0, 0, 0]
     assert sum(p.tail_capacity() for p in procs.values()) == budget
     assert all(p.tail_capacity() == 2 * t for p, t in zip(procs.values(), tails, strict=True))
+
+
+async def test_a_reader_on_the_tail_finishes_from_the_agent_when_the_servers_reader_failed() -> (
+    None
+):
+    """The server's own reader failed mid-way (its stream broke: the record's exit is made up,
+    -1, and its end is short of what the process wrote): a reader on the tail must not take
+    that end for the end of output. It reads the rest from the agent's copy, whose EXIT is the
+    end (before: it got `exited` at the server's end, silently short)."""
+    agent = _Agent()
+    proc = await _kept(agent, "p", retention=8 * MiB, capacity=9 * MiB)
+    data = _pattern(3 * MiB, seed=7)
+    reader = follow(agent, proc, 0, 0, 5)  # type: ignore[arg-type]
+    assert await anext(reader) == ExecStarted("p")
+    _produce(agent, proc, 1, data[: 2 * MiB])
+    events = await _upto(reader, 2 * MiB)  # on the tail, at the server's end
+    assert proc.tail and agent.open_streams == 0
+    attaches = agent.attaches
+    agent.rings["p"][1].write(data[2 * MiB :])  # the agent has more; the server never saw it
+    proc.finish(ExecExited(-1, "", False, False, 1.0))  # its reader broke: not complete
+    events += [e async for e in reader]
+    assert _stdout(events) == data and events[-1] == proc.exited
+    assert agent.attaches == attaches + 1 and agent.open_streams == 0
+    # A late reader from an offset the server saw reads on to the agent's end too.
+    late = [e async for e in follow(agent, proc, MiB, 0, 5)]  # type: ignore[arg-type]
+    assert _stdout(late, MiB) == data[MiB:] and late[-1] == proc.exited
+
+
+async def test_an_agent_copy_that_ends_before_the_records_end_is_an_error_not_a_short_read() -> (
+    None
+):
+    """The agent's stream ends (EXIT) before bytes the server's own reader got: a broken copy.
+    The reader attaches again from where it is, then fails loudly (AGENT_PROTOCOL_ERROR):
+    never `exited` after a short read."""
+    agent = _Agent()
+    proc = await _kept(agent, "p", retention=8 * MiB, capacity=9 * MiB)
+    data = _pattern(2 * MiB, seed=9)
+    _produce(agent, proc, 1, data[:MiB])
+    proc.append(S.STDOUT, data[MiB:])  # seen by the server, missing in the agent's copy
+    proc.finish(ExecExited(0, "", False, False, 1.0), complete=True)
+    reader = follow(agent, proc, 0, 0, 5)  # type: ignore[arg-type]
+    events: list[AttachEvent] = []
+    with pytest.raises(Internal) as caught:
+        async for event in reader:
+            events.append(event)
+    assert caught.value.reason == Reason.AGENT_PROTOCOL_ERROR
+    assert _stdout(events) == data[:MiB] and not any(isinstance(e, ExecExited) for e in events)
+    assert agent.attaches == 1 + process_agent_output.MAX_SHORT_ENDS
+    assert agent.open_streams == 0
+
+
+async def test_a_reader_of_the_agents_copy_stops_at_the_records_final_end() -> None:
+    """A capped or timed-out process: the server cut its output (the record's end is final)
+    while the agent's ring holds what it wrote on until the kill landed. A reader of the
+    agent's copy gets exactly the record's output, as a reader of the tail does."""
+    agent = _Agent()
+    proc = await _kept(agent, "p", retention=8 * MiB, capacity=9 * MiB)
+    data = _pattern(MiB + 500, seed=11)
+    _produce(agent, proc, 1, data[:MiB])
+    agent.rings["p"][1].write(data[MiB:])  # written past the cut: not output
+    proc.finish(ExecExited(137, "SIGKILL", False, True, 1.0), complete=True)
+    events = [e async for e in follow(agent, proc, 10, 0, 5)]  # type: ignore[arg-type]
+    assert _stdout(events, 10) == data[10:MiB] and events[-1] == proc.exited
