@@ -48,6 +48,7 @@ P = process_pb2
 STREAM_BYTES = 16 * 1000 * 1000
 SIXTEEN_MIB = 16 * 1024 * 1024
 _PRODUCE = ["head", "-c", str(STREAM_BYTES), "/dev/zero"]
+_ZEROS = bytes(1 << 20)  # what _PRODUCE writes, to check an output event against (1.5 us)
 
 
 class _Requests:
@@ -250,13 +251,26 @@ async def _attach_stream(ctx: BenchContext, session_id: str) -> float:
         )
     )
     received = 0
+    exit_code: int | None = None
     attach = P.AttachProcessRequest(session_id=session_id, process_id=started.process.process_id)
     async for event in ctx.stubs.processes.AttachProcess(attach):
         if event.HasField("output"):
-            received += len(event.output.data)
+            # Every byte, once, in order, as written (/dev/zero): a short or misplaced read
+            # fails the bench loudly rather than passing for a fast one.
+            out = event.output
+            if out.offset != received or out.stream != P.OUTPUT_STREAM_STDOUT:
+                raise AssertionError(f"output at {out.offset} after {received} bytes: {out}")
+            if out.data != _ZEROS[: len(out.data)]:
+                raise AssertionError(f"output at {out.offset} is not what was written")
+            received += len(out.data)
         elif event.HasField("gap"):
             raise AssertionError(f"unexpected gap {event.gap}")
-    assert received == STREAM_BYTES, received
+        elif event.HasField("exited"):
+            exit_code = event.exited.exit_code
+    if received != STREAM_BYTES or exit_code != 0:
+        raise AssertionError(
+            f"AttachProcess got {received} of {STREAM_BYTES} bytes, exit {exit_code}"
+        )
     return mb_per_s(received, time.perf_counter() - start)
 
 

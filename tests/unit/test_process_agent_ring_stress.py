@@ -26,6 +26,7 @@ from sandboxd import process_record, process_room
 from sandboxd.agent.detached import AgentProcesses, DetachedStream
 from sandboxd.agent.router import AgentRouter, Attached, ChannelSettings
 from sandboxd.engine.protocol import Detach
+from sandboxd.errors import Internal
 from sandboxd.execution import Command
 from sandboxd.models import ExecExited, ExecKeepalive, ExecOutput, ExecSpec, ExecStarted, Session
 from sandboxd.models import OutputStream as S
@@ -94,12 +95,34 @@ class _CountingAgent(AgentProcesses):
             yield stream
 
 
+class _Breaking:
+    """The server's own reader's stream, broken after `after` bytes (as when the agent resets
+    it: IO): the server's record then ends short of what the process writes on."""
+
+    def __init__(self, stream: DetachedStream, after: int) -> None:
+        self._stream = stream
+        self._left = after
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+    async def read(self) -> tuple[int, bytes] | None:
+        if self._left <= 0:
+            raise Internal("the agent reset the exec stream: IO: (injected)")
+        item = await self._stream.read()
+        if item is not None:
+            self._left -= len(item[1])
+        return item
+
+
 class _AgentExecutor:
     """The executor's part the ProcessManager uses, with `Executor.start`'s detached path
-    minus the `sbx run` wrapper: the command runs as the agent's own detached process."""
+    minus the `sbx run` wrapper: the command runs as the agent's own detached process (and is
+    not killed when the server's reader fails: it writes on into the agent's ring)."""
 
     def __init__(self, detached: _CountingAgent) -> None:
         self.detached = detached
+        self.break_after: int | None = None
 
     @contextlib.asynccontextmanager
     async def start(
@@ -115,20 +138,20 @@ class _AgentExecutor:
         async with self.detached.exec(
             session.container_id, spec.argv, env=spec.env, workdir=spec.cwd, detach=detach
         ) as stream:
+            read = stream if self.break_after is None else _Breaking(stream, self.break_after)
             command = Command(
                 self,  # type: ignore[arg-type]
                 session,
                 spec,
                 process_id or token,
                 token,
-                stream,
+                read,  # type: ignore[arg-type]
                 tty=False,
             )
             command.kept_by_agent = True
             try:
                 yield command
             finally:
-                assert command.finished, "the command must run to its exit here"
                 await command._stop()
 
 
@@ -212,7 +235,8 @@ async def _stress(
                 f"{first_bad}), stderr {len(err)}/{len(want_err)}, gaps {gaps}, "
                 f"exit {exited} (record {proc.exited}), {after} events after it"
             )
-    assert proc.exited is not None and proc.exited.exit_code == 0, proc.exited
+    want_code = 0 if pm._executor.break_after is None else -1  # type: ignore[attr-defined]
+    assert proc.exited is not None and proc.exited.exit_code == want_code, proc.exited
     return problems
 
 
@@ -245,3 +269,19 @@ async def test_every_reader_of_a_fast_writer_gets_every_byte_across_switches(
             problems += await _stress(pm, session, 1_000_000, 12, seed, pause_s=0.05)
         assert not problems, "\n".join(problems)
         assert _attaches(pm) > 3 * 12 * 2, "readers must switch between the tail and the agent"
+
+
+@pytest.mark.usefixtures("small_tail")
+async def test_readers_get_every_byte_when_the_servers_own_reader_fails_midway(
+    helper_builds: Builds, tmp_path: Path
+) -> None:
+    """The server's own reader of the process breaks after 6 MB (its record's exit is made
+    up: -1) while the process writes on into the agent's ring: readers on the tail must not
+    take the server's short end for the end of output; they read the rest from the agent's
+    copy, to its end (before the fix: `exited` after about 6 MB, no gap, no error)."""
+    async with _manager(helper_builds, tmp_path, MiB, 8 * MiB) as (pm, session):
+        pm._executor.break_after = 6_000_000  # type: ignore[attr-defined]
+        problems = []
+        for seed in range(10, 12):
+            problems += await _stress(pm, session, 1_000_000, 8, seed, pause_s=0.05)
+        assert not problems, "\n".join(problems)
