@@ -479,10 +479,12 @@ static void open_forget(uint32_t id, const struct jval *req)
 		out_error(F_RESET, id, "RUNNING", "the process is still running");
 		return;
 	}
+	/* Readers still attached are told (a stream dropped without a word
+	 * would leave its reader waiting for output that never comes). */
 	for (struct stream *s = g_streams, *n; s; s = n) {
 		n = s->next;
 		if (s->cmd == c)
-			stream_drop(s);
+			stream_reset(s, "GONE", "the detached process was forgotten");
 	}
 	cmd_free(c);
 	out_frame(F_OPEN_OK, id, "{}", 2);

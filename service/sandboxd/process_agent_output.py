@@ -62,6 +62,16 @@ async def follow(
     agent's copy (its stream's EXIT), never at a short end."""
     reader = _Reader(detached, proc, stdout_offset, stderr_offset, keepalive_s)
     _check_offsets(reader.cursor, None)
+    proc.followers += 1  # its agent copy is not forgotten under it for room (process_room.py)
+    try:
+        async for event in _follow(reader):
+            yield event
+    finally:
+        proc.followers -= 1
+
+
+async def _follow(reader: _Reader) -> AsyncIterator[AttachEvent]:
+    proc = reader.proc
     first = not reader.in_tail()
     if not first:
         yield ExecStarted(proc.process_id)

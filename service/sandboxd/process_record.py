@@ -127,6 +127,7 @@ class BackgroundProcess:
         # a timeout), so `end` is final. Not when it failed or was cancelled: then only the
         # agent's copy knows where the output ends.
         self.output_complete = False
+        self.followers = 0  # AttachProcess readers now (the agent's copy stays while they read)
         self.running: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
         self._seq = 0
@@ -190,6 +191,13 @@ class BackgroundProcess:
     def tail_capacity(self) -> int:
         """What the live tail may come to hold (both streams), while the process runs."""
         return sum(b.capacity for b in self.tail.values())
+
+    def agent_bytes(self) -> int:
+        """About what the agent's ring of this process holds in the sandbox's memory: each
+        stream's output up to the ring's size (0 when the server holds the output)."""
+        if self.agent is None:
+            return 0
+        return sum(min(n, self.agent.retention) for n in self._ends.values())
 
     def tail_bytes(self) -> int:
         return sum(b.end - b.start for b in self.tail.values())

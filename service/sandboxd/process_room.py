@@ -4,16 +4,26 @@ the ProcessManager drops what they name (and the agent's copy of the output with
 Records are bounded by count per session; output rings held in the server's memory (Exec, Run
 and Interact tails, background processes of sandboxes without the agent, and the live tails of
 running processes the agent keeps) also by bytes. An agent's rings are the sandbox's memory:
-only the record count bounds them.
+its exited ones are bounded per session too (a share of the sandbox's memory).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from sandboxd.errors import ResourceExhausted
 from sandboxd.process_record import TAIL_BYTES, BackgroundProcess
 from sandboxd.reasons import Reason
 
 Records = dict[str, BackgroundProcess]
+
+# Output the sandbox's agent keeps for exited background processes, per session: at most this,
+# and at most a quarter of the sandbox's memory limit (the rest is its commands' and agent's).
+AGENT_EXITED_OUTPUT_BYTES = 64 * 1024 * 1024
+
+
+def agent_exited_limit(sandbox_memory: int) -> int:
+    return min(AGENT_EXITED_OUTPUT_BYTES, sandbox_memory // 4)
 
 
 def held_exited(procs: Records) -> list[BackgroundProcess]:
@@ -27,11 +37,36 @@ def past_exited_budget(procs: Records, limit: int) -> list[BackgroundProcess]:
     the oldest beyond it go."""
     exited = held_exited(procs)
     total = sum(p.retained_bytes() for p in exited)
+    return _oldest_past(exited, total, limit, BackgroundProcess.retained_bytes)
+
+
+def past_agent_budget(procs: Records, limit: int) -> list[BackgroundProcess]:
+    """The agent keeps an exited process's output in the sandbox's memory until its record
+    goes: up to `limit` bytes in all per session, the oldest beyond it go (and the agent frees
+    their rings). Unbounded, a session's exited rings took the memory its commands and its
+    agent need: the 16th 16 MB writer in a 256 MiB sandbox got the agent OOM-killed and the
+    sandbox with it. The newest exited record and records being read stay."""
+    exited = sorted(
+        (p for p in procs.values() if p.exited and p.agent is not None),
+        key=lambda p: p.started_at,
+    )
+    candidates = [p for p in exited[:-1] if p.followers == 0]
+    total = sum(p.agent_bytes() for p in exited)
+    return _oldest_past(candidates, total, limit, BackgroundProcess.agent_bytes)
+
+
+def _oldest_past(
+    candidates: list[BackgroundProcess],
+    total: int,
+    limit: int,
+    size: Callable[[BackgroundProcess], int],
+) -> list[BackgroundProcess]:
+    """The first of `candidates` (oldest first) to drop to bring `total` within `limit`."""
     drop = []
-    for old in exited:
+    for old in candidates:
         if total <= limit:
             break
-        total -= old.retained_bytes()
+        total -= size(old)
         drop.append(old)
     return drop
 

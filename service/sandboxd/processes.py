@@ -227,9 +227,16 @@ class ProcessManager:
                 ) from None
             raise
 
-    def _forget_old_exited(self, procs: dict[str, BackgroundProcess]) -> None:
+    def _forget_old_exited(
+        self, procs: dict[str, BackgroundProcess], sandbox_memory: int = 0
+    ) -> None:
+        """Old exited records past the server's budget, and past the agent's share of the
+        sandbox's memory (`sandbox_memory`, its limit; 0: not a process the agent keeps)."""
         for old in room.past_exited_budget(procs, EXITED_OUTPUT_BYTES):
             self._drop(procs, old)
+        if sandbox_memory:
+            for old in room.past_agent_budget(procs, room.agent_exited_limit(sandbox_memory)):
+                self._drop(procs, old)
 
     def _make_room(self, procs: dict[str, BackgroundProcess]) -> None:
         if (old := room.for_one_more(procs, MAX_PROCESSES_PER_SESSION)) is not None:
@@ -270,7 +277,7 @@ class ProcessManager:
                 proc.command = None
             procs = self._by_session.get(proc.session_id)
             if procs is not None:
-                self._forget_old_exited(procs)
+                self._forget_old_exited(procs, session.spec.limits.memory_bytes)
         except SandboxError as exc:
             if not proc.running.done():
                 proc.running.set_exception(exc)

@@ -76,3 +76,31 @@ def test_attach_from_zero_gets_every_byte_of_a_fast_writer(
                         f"difference at {first}, exit {code}, {odd[:3]}"
                     )
     assert not problems, "\n".join(problems)
+
+
+def test_many_writers_in_one_session_do_not_fill_the_sandbox_with_kept_output(
+    stubs: Stubs, new_session: SessionFactory
+) -> None:
+    """The full bench's pattern: 20 of its 33 writers of 16 MB in one session of the default
+    256 MiB, each read whole. The agent keeps an exited process's output in the sandbox's
+    memory until its record goes; unbounded, the 16th writer's output got the agent OOM-killed
+    and the sandbox with it (before the fix in the live tail, its reader got `exited` at about
+    6.8 MB, silently). Old exited records' output now goes past a quarter of the sandbox's
+    memory."""
+    sid = new_session(limits=common_pb2.ResourceLimits(output_bytes=16 * MiB)).session_id
+    problems = []
+    for round_ in range(20):
+        pid = stubs.processes.StartProcess(
+            P.StartProcessRequest(
+                session_id=sid,
+                argv=["seq", "-w", "0", str(COUNT - 1)],
+                max_output_bytes=16 * MiB,
+                timeout=duration_pb2.Duration(seconds=120),
+            )
+        ).process.process_id
+        out, odd, code = _read(stubs, sid, pid, 0)
+        if out != WANT or odd or code != 0:
+            problems.append(f"round {round_}: {len(out)} bytes, exit {code}, {odd[:3]}")
+    assert not problems, "\n".join(problems)
+    listed = stubs.processes.ListProcesses(P.ListProcessesRequest(session_id=sid)).processes
+    assert 1 <= len(listed) <= 5, len(listed)  # 64 MiB of 16 MB outputs: the newest four

@@ -417,3 +417,32 @@ async def test_a_reader_of_the_agents_copy_stops_at_the_records_final_end() -> N
     proc.finish(ExecExited(137, "SIGKILL", False, True, 1.0), complete=True)
     events = [e async for e in follow(agent, proc, 10, 0, 5)]  # type: ignore[arg-type]
     assert _stdout(events, 10) == data[10:MiB] and events[-1] == proc.exited
+
+
+async def test_exited_output_the_agent_keeps_is_bounded_by_the_sandboxs_memory() -> None:
+    """Each exited record keeps its output in the agent's ring, in the sandbox's memory, until
+    the record goes: the oldest go past a quarter of the sandbox's memory (64 MiB at most), or a
+    session's 16th 16 MB writer in a 256 MiB sandbox got its agent OOM-killed (the sandbox
+    with it). The newest exited record, and one being read, stay."""
+    agent = _Agent()
+    pm = ProcessManager(_Executor(agent))  # type: ignore[arg-type]
+    procs = pm._by_session.setdefault("s", {})
+    for i in range(6):
+        proc = procs[f"p{i}"] = await _kept(agent, f"p{i}", 16 * MiB, 17 * MiB)
+        _produce(agent, proc, 1, b"x" * (15 * MiB))
+        proc.finish(ExecExited(0, "", False, False, 1.0), complete=True)
+        await asyncio.sleep(0.001)  # distinct start times
+    assert room.agent_exited_limit(256 * MiB) == 64 * MiB
+    assert room.agent_exited_limit(64 * MiB) == 16 * MiB
+    reader = pm.follow(procs["p0"], 0, 0, 5)  # p0 is being read: it stays
+    assert await anext(reader) == ExecStarted("p0")
+    pm._forget_old_exited(procs, 256 * MiB)
+    await asyncio.wait(pm._forgets["s"])
+    assert sorted(procs) == ["p0", "p3", "p4", "p5"] and agent.forgotten == ["p1", "p2"]
+    await reader.aclose()
+    pm._forget_old_exited(procs, 128 * MiB)  # 32 MiB, and p0 is read no more: it goes first
+    await asyncio.wait(pm._forgets["s"])
+    assert sorted(procs) == ["p4", "p5"] and agent.forgotten == ["p1", "p2", "p0", "p3"]
+    pm._forget_old_exited(procs, 16 * MiB)  # a small sandbox: only the newest stays
+    await asyncio.wait(pm._forgets["s"])
+    assert sorted(procs) == ["p5"]
