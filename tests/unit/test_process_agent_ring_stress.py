@@ -268,7 +268,10 @@ async def test_every_reader_of_a_fast_writer_gets_every_byte_across_switches(
         for seed in range(3):
             problems += await _stress(pm, session, 1_000_000, 12, seed, pause_s=0.05)
         assert not problems, "\n".join(problems)
-        assert _attaches(pm) > 3 * 12 * 2, "readers must switch between the tail and the agent"
+        # More agent streams than readers: readers went back and forth (80-90 and 340-390
+        # measured with small and default windows).
+        switches = _attaches(pm)
+        assert switches > 3 * 12, f"readers must switch between the tail and the agent: {switches}"
 
 
 @pytest.mark.usefixtures("small_tail")
