@@ -25,7 +25,7 @@ from contextlib import AbstractAsyncContextManager
 
 from sandboxd import process_room as room
 from sandboxd import process_stdin, validation
-from sandboxd.engine.protocol import Detach, DetachedExecs
+from sandboxd.engine.protocol import Detach
 from sandboxd.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -54,6 +54,7 @@ from sandboxd.process_adoption import (
     spec_from_cmdline,
 )
 from sandboxd.process_agent_output import follow as follow_agent
+from sandboxd.process_forgets import Forgets, forget
 from sandboxd.process_record import (
     AgentKept,
     AttachEvent,
@@ -83,7 +84,6 @@ EXITED_OUTPUT_BYTES = 64 * 1024 * 1024
 # Default of the setting `process_output_buffer_bytes`: what the rings held here for one
 # session's background processes may reserve in all (only sandboxes without the agent).
 SESSION_OUTPUT_BUFFER_BYTES = 128 * 1024 * 1024
-FORGET_TIMEOUT_S = 5.0
 # What is kept per stream of an Exec, Run or Interact command for AttachProcess and GetProcess:
 # their caller gets all of it anyway, so only the tail is kept for a second reader.
 FOREGROUND_BUFFER_BYTES = 1024 * 1024
@@ -105,9 +105,7 @@ class ProcessManager:
         self._on_exit = on_exit  # the audit log and the session's event feed
         self._output_budget = output_budget  # per session, rings held here
         self._by_session: dict[str, dict[str, BackgroundProcess]] = {}
-        # Forgets sent to agents for records dropped here, per session: a start waits for them,
-        # so the agent never holds more records than this server (its own limit is 128).
-        self._forgets: dict[str, set[asyncio.Task[None]]] = {}
+        self._forgets = Forgets()  # of the agents' copies of records dropped here
 
     async def close(self) -> None:
         """Server shutdown: end every background process (their trees are killed), and drop
@@ -115,7 +113,7 @@ class ProcessManager:
         for procs in self._by_session.values():
             for proc in [p for p in procs.values() if p.exited is not None]:
                 self._drop(procs, proc)
-        tasks = [t for ts in self._forgets.values() for t in ts]
+        tasks = self._forgets.pending()
         for session_id in list(self._by_session):
             await self.end_session(session_id)
         if tasks:
@@ -135,16 +133,7 @@ class ProcessManager:
         del procs[proc.process_id]
         if proc.agent is None or (detached := self._executor.detached) is None:
             return
-        task = asyncio.create_task(self._forget(detached, proc.agent))
-        tasks = self._forgets.setdefault(proc.session_id, set())
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    @staticmethod
-    async def _forget(detached: DetachedExecs, kept: AgentKept) -> None:
-        with contextlib.suppress(SandboxError, ConnectionError, TimeoutError):
-            async with asyncio.timeout(FORGET_TIMEOUT_S):
-                await detached.forget(kept.container_id, kept.detach_id)
+        self._forgets.send(proc.session_id, detached, proc.agent)
 
     async def _agent_keeps(self, session: Session) -> bool:
         detached = self._executor.detached
@@ -155,8 +144,6 @@ class ProcessManager:
     async def end_session(self, session_id: str) -> None:
         """The session is being deleted or its lease ended: end and forget its processes."""
         procs = self._by_session.pop(session_id, {})
-        if not self._forgets.get(session_id):
-            self._forgets.pop(session_id, None)
         tasks = [p.task for p in procs.values() if p.task is not None and not p.task.done()]
         for task in tasks:
             task.cancel()
@@ -192,8 +179,7 @@ class ProcessManager:
         if not await self._agent_keeps(session):
             for old in room.for_buffers(procs, options.buffer_bytes, self._output_budget):
                 self._drop(procs, old)
-        if forgets := self._forgets.get(session.session_id):
-            await asyncio.wait(forgets)  # the agent's room for the new record
+        await self._forgets.settled(session.session_id)  # the agent's room for the new record
         if pid in procs:  # another start of this id won the race meanwhile
             return await self.start(session, spec, pid, hold, options)
         # Its id is its token too: the agent keeps it under that id (process_adoption.py).
@@ -307,7 +293,7 @@ class ProcessManager:
         if self._by_session.get(proc.session_id, {}).get(proc.process_id) is proc:
             return
         kept = AgentKept(session.container_id, detach_id(proc.process_id, proc.token), 0)
-        await self._forget(detached, proc.agent or kept)
+        await forget(detached, proc.agent or kept)
 
     async def adopt_running(self, sessions: list[Session]) -> None:
         """At start: adopt what the agents of the running sessions kept, one session at a

@@ -205,7 +205,7 @@ async def test_an_exited_process_keeps_its_agent_output_until_its_record_is_forg
     pm._forget_old_exited(procs)  # the server holds no bytes: nothing goes for bytes
     assert sorted(procs) == ["new", "old"] and not agent.forgotten
     pm._make_room(procs)  # a third process: the oldest exited record goes, in the agent too
-    await asyncio.wait(pm._forgets["s"])
+    await pm._forgets.settled("s")
     assert sorted(procs) == ["new"] and agent.forgotten == ["old"]
     assert sorted(agent.rings) == ["new"]
     events = await _all(pm.follow(procs["new"], 0, 0, 5))
@@ -437,12 +437,12 @@ async def test_exited_output_the_agent_keeps_is_bounded_by_the_sandboxs_memory()
     reader = pm.follow(procs["p0"], 0, 0, 5)  # p0 is being read: it stays
     assert await anext(reader) == ExecStarted("p0")
     pm._forget_old_exited(procs, 256 * MiB)
-    await asyncio.wait(pm._forgets["s"])
+    await pm._forgets.settled("s")
     assert sorted(procs) == ["p0", "p3", "p4", "p5"] and agent.forgotten == ["p1", "p2"]
     await reader.aclose()
     pm._forget_old_exited(procs, 128 * MiB)  # 32 MiB, and p0 is read no more: it goes first
-    await asyncio.wait(pm._forgets["s"])
+    await pm._forgets.settled("s")
     assert sorted(procs) == ["p4", "p5"] and agent.forgotten == ["p1", "p2", "p0", "p3"]
     pm._forget_old_exited(procs, 16 * MiB)  # a small sandbox: only the newest stays
-    await asyncio.wait(pm._forgets["s"])
+    await pm._forgets.settled("s")
     assert sorted(procs) == ["p5"]
