@@ -1,13 +1,28 @@
 """Secret injection cost: an HTTPS request through the intercepting path next to the same
 request through a plain tunnel, and a 20 MiB upload both ways.
 
+What runs where, as in a deployment: the client is `curl` (a separate process, as a program in
+the sandbox is), the upstream a local HTTPS server with a CA of its own in a child process (as
+another machine would be), and only the proxy runs in this process, on its event loop (the
+server's proxies run on the server's loop). So the CPU of the client's and the upstream's TLS
+is not charged to the proxy's thread, and the two sides differ only by the proxy's own work.
+Only loopback is used (curl's CONNECT names resolve to 127.0.0.1 in the proxy's static map).
+
 The proxy is the server's own `EgressProxy` with a session `Interceptor` (per-session CA,
-upstream verification, HTTP/1.1 relay, header injection), on its own event loop in a thread as
-in the server; the upstream is a local HTTPS server with a CA of its own. "raw" is the same
-client, same upstream, through a plain CONNECT tunnel (TLS end to end). Only loopback is used.
+upstream verification, HTTP/1.1 relay, header injection), fed by a loopback listener (in a
+session, the agent's channel carries the connection instead; that hop is not measured here).
+"ours" CONNECTs to the host the secret is bound to: the proxy terminates the client's TLS with
+a leaf of the session CA, rewrites the head, and opens TLS of its own to the upstream (two TLS
+passes more than a tunnel); "raw" is the same curl command, same upstream, same bytes, to the
+other name, an unbound host: a plain CONNECT tunnel, TLS end to end between curl and upstream.
+The upstream answers with the bytes it received and whether an Authorization header came, and
+both are checked on every sample. Times are curl's own `time_total` (CONNECT, TLS, request,
+answer; not its process start); each metric also carries the proxy's CPU time (this thread).
 
     secret_request_latency    open + CONNECT + TLS + GET answered, injected vs plain tunnel
+                              (extra: proxy CPU ms per request, both sides)
     secret_upload_throughput  MB/s of a 20 MiB POST, intercepted vs plain tunnel (target 0.8x)
+                              (extra: proxy CPU ms per MiB, both sides)
 """
 
 from __future__ import annotations
@@ -17,6 +32,9 @@ import dataclasses
 import datetime
 import os
 import ssl
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Coroutine
@@ -36,7 +54,6 @@ from sandboxd.models import SecretBinding
 from sandboxd.secrets.interceptor import Interceptor
 from sandboxd.secrets.vault import Vault
 
-from bench.bench_egress import _Host
 from bench.common import (
     BenchContext,
     Metric,
@@ -44,12 +61,14 @@ from bench.common import (
     latency_metric,
     mb_per_s,
     throughput_metric,
-    timed_ms,
 )
 
 UPLOAD_BYTES = 20 * 1024 * 1024
+MIB = 1024 * 1024
 CHUNK = 256 * 1024
 HOSTS = ("secret.bench", "plain.bench")
+CURL = "/usr/bin/curl"
+SECRET = b"bench-secret-value"
 
 
 def _tls_files(folder: Path) -> tuple[Path, Path]:
@@ -90,16 +109,25 @@ def _tls_files(folder: Path) -> tuple[Path, Path]:
 
 
 async def _upstream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-    """HTTP/1.1 keep-alive: each request's body is read and its length answered."""
+    """HTTP/1.1 keep-alive: each request's body is read; the answer is `<bytes> <auth>`, auth
+    1 when the request had an Authorization header with the bench's secret."""
     try:
         while head := await r.readuntil(b"\r\n\r\n"):
-            length = 0
+            length, auth = 0, 0
             for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":", 1)[1])
-            while length > 0:
-                length -= len(await r.read(min(CHUNK, length)))
-            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                key, _, value = line.partition(b":")
+                if key.lower() == b"content-length":
+                    length = int(value)
+                elif key.lower() == b"authorization" and SECRET in value:
+                    auth = 1
+            got = 0
+            while got < length:
+                chunk = await r.read(min(CHUNK, length - got))
+                if not chunk:
+                    return
+                got += len(chunk)
+            answer = f"{got} {auth}".encode()
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
             await w.drain()
     except (ConnectionError, asyncio.IncompleteReadError):
         pass
@@ -107,120 +135,152 @@ async def _upstream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         w.close()
 
 
+async def _serve_upstream(cert: str) -> None:
+    """The child process: serve until killed; print the port first."""
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert)
+    server = await asyncio.start_server(_upstream, "127.0.0.1", 0, ssl=server_ctx)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+
+
+async def _start_proxy(port: int, ca_file: Path) -> tuple[EgressProxy, asyncio.Server]:
+    quotas = dataclasses.replace(
+        ResolvedQuotas.of(DEFAULT_QUOTAS), max_bytes_up=1 << 50, max_requests=1 << 40
+    )
+    vault = Vault()
+    binding = SecretBinding(
+        name="API_KEY",
+        hosts=(HOSTS[0],),
+        header="Authorization",
+        template="Bearer {secret}",
+        placeholder="sbx_secret_" + "0" * 40,
+        sealed=vault.sealer.seal(SECRET, "API_KEY"),
+    )
+    upstream_ctx = ssl.create_default_context(cafile=str(ca_file))
+    upstream_ctx.set_alpn_protocols(["http/1.1"])
+    proxy = EgressProxy(
+        "bench",
+        Rules(HOSTS, frozenset({port}), allow_private_networks=True),
+        quotas,
+        Resolver({h: ("127.0.0.1",) for h in HOSTS}),
+        AuditLog("bench"),
+        # The server never dials loopback; the benchmark's upstream can only be there.
+        protected=Protected(host_addresses=frozenset, always=()),
+        interceptor=Interceptor("bench", "t", (binding,), False, vault, upstream_ctx),
+    )
+    # No listener of its own (the agent's channel hands it connections): a loopback one.
+    listener = await asyncio.start_server(
+        proxy.accept, "127.0.0.1", 0, limit=EgressProxy.read_limit
+    )
+    return proxy, listener
+
+
 async def run(ctx: BenchContext) -> dict[str, Metric]:
     folder = Path(tempfile.mkdtemp(prefix="sandboxd-bench-secrets-"))
     ca_file, up_file = _tls_files(folder)
-    # The upstream on a loop of its own: in the server process the proxy does not share its
-    # thread with the upstream's TLS.
-    with _Host() as host, _Host() as remote:
-
-        async def serve() -> asyncio.Server:
-            server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            server_ctx.load_cert_chain(up_file)
-            return await asyncio.start_server(_upstream, "127.0.0.1", 0, ssl=server_ctx)
-
-        upstream = await remote.call(serve)
-        port = upstream.sockets[0].getsockname()[1]
-
-        async def start() -> tuple[EgressProxy, asyncio.Server]:
-            quotas = dataclasses.replace(
-                ResolvedQuotas.of(DEFAULT_QUOTAS), max_bytes_up=1 << 50, max_requests=1 << 40
-            )
-            vault = Vault()
-            binding = SecretBinding(
-                name="API_KEY",
-                hosts=(HOSTS[0],),
-                header="Authorization",
-                template="Bearer {secret}",
-                placeholder="sbx_secret_" + "0" * 40,
-                sealed=vault.sealer.seal(b"bench-secret-value", "API_KEY"),
-            )
-            upstream_ctx = ssl.create_default_context(cafile=str(ca_file))
-            upstream_ctx.set_alpn_protocols(["http/1.1"])
-            proxy = EgressProxy(
-                "bench",
-                Rules(HOSTS, frozenset({port}), allow_private_networks=True),
-                quotas,
-                Resolver({h: ("127.0.0.1",) for h in HOSTS}),
-                AuditLog("bench"),
-                protected=Protected(host_addresses=frozenset, always=()),
-                interceptor=Interceptor("bench", "t", (binding,), False, vault, upstream_ctx),
-            )
-            # No listener of its own (the agent's channel hands it connections): a loopback one.
-            listener = await asyncio.start_server(
-                proxy.accept, "127.0.0.1", 0, limit=EgressProxy.read_limit
-            )
-            return proxy, listener
-
-        proxy, listener = await host.call(start)
-        proxy_address = listener.sockets[0].getsockname()[:2]
+    body_file = folder / "upload.bin"
+    body_file.write_bytes(os.urandom(UPLOAD_BYTES))
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.bench_secrets",
+        "--upstream",
+        str(up_file),
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=asyncio.subprocess.PIPE,
+    )
+    listener: asyncio.Server | None = None
+    proxy: EgressProxy | None = None
+    try:
+        assert child.stdout is not None
+        port = int(await asyncio.wait_for(child.stdout.readline(), 30))
+        proxy, listener = await _start_proxy(port, ca_file)
         assert proxy.interceptor is not None
-        client_ctx = ssl.create_default_context(cafile=str(ca_file))
-        client_ctx.load_verify_locations(cadata=proxy.interceptor.ca.pem.decode())
-        body = os.urandom(CHUNK)
-        try:
+        # curl trusts the upstream's CA (the tunnel) and the session CA (the interception),
+        # as a sandbox's bundle holds the image's roots and the session CA.
+        bundle = folder / "client-ca.pem"
+        bundle.write_bytes(ca_file.read_bytes() + proxy.interceptor.ca.pem)
+        proxy_port = listener.sockets[0].getsockname()[1]
+        cpu: dict[str, list[float]] = {}
 
-            async def open_via(name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-                r, w = await asyncio.open_connection(*proxy_address, limit=CHUNK)
-                w.write(f"CONNECT {name}:{port} HTTP/1.1\r\n\r\n".encode())
-                status = await r.readuntil(b"\r\n\r\n")
-                if not status.startswith(b"HTTP/1.1 200"):
-                    raise RuntimeError(f"proxy refused: {status!r}")
-                await w.start_tls(client_ctx, server_hostname=name)
-                return r, w
+        async def curl(name: str, upload: bool) -> tuple[float, int]:
+            """One curl run: (seconds of curl's time_total, bytes the upstream received)."""
+            args = [
+                CURL, "-q", "-sS", "--http1.1", "--noproxy", "",
+                "--proxy", f"http://127.0.0.1:{proxy_port}", "--cacert", str(bundle),
+                "-H", "Expect:", "-w", "\n%{http_code} %{time_total}",
+            ]  # fmt: skip
+            if upload:
+                args += ["--data-binary", f"@{body_file}"]
+            args.append(f"https://{name}:{port}/u")
+            # Started and waited for in a thread of its own: this thread's CPU time is then
+            # the proxy's loop alone.
+            done = await asyncio.to_thread(
+                subprocess.run,
+                args,
+                capture_output=True,
+                check=False,
+                env={"PATH": os.environ.get("PATH", ""), "HOME": str(folder)},
+            )
+            out, err = done.stdout, done.stderr
+            answer, _, timing = out.decode().rpartition("\n")
+            status, _, total = timing.partition(" ")
+            got, _, auth = answer.partition(" ")
+            if done.returncode != 0 or status != "200":
+                raise RuntimeError(f"curl via {name}: {done.returncode} {out!r} {err!r}")
+            if auth != ("1" if name == HOSTS[0] else "0"):
+                raise RuntimeError(f"the upstream saw auth={auth} via {name}")
+            return float(total), int(got)
 
-            async def answered(r: asyncio.StreamReader) -> None:
-                head = await r.readuntil(b"\r\n\r\n")
-                if not head.startswith(b"HTTP/1.1 200"):
-                    raise RuntimeError(f"upstream answered {head[:60]!r}")
-                await r.readexactly(2)
+        def sample(
+            name: str, upload: bool, convert: Callable[[float], float]
+        ) -> Callable[[], Coroutine[Any, Any, float]]:
+            async def once() -> float:
+                before = time.thread_time()
+                seconds, got = await curl(name, upload)
+                spent = (time.thread_time() - before) * 1000
+                if got != (UPLOAD_BYTES if upload else 0):
+                    raise RuntimeError(f"the upstream received {got} bytes via {name}")
+                cpu.setdefault(f"{name} {upload}", []).append(spent)
+                return convert(seconds)
 
-            def request(name: str) -> Callable[[], Coroutine[Any, Any, float]]:
-                async def sample() -> float:
-                    async def once() -> None:
-                        r, w = await open_via(name)
-                        w.write(f"GET / HTTP/1.1\r\nHost: {name}\r\n\r\n".encode())
-                        await answered(r)
-                        w.close()
+            return once
 
-                    return await timed_ms(once)
+        def cpu_extra(metric: Metric, upload: bool, key: str, per: float) -> Metric:
+            for side, name in (("ours", HOSTS[0]), ("raw", HOSTS[1])):
+                spent = cpu[f"{name} {upload}"][-metric.extra["samples"] :]
+                metric.extra[f"{side}_proxy_{key}"] = round(statistics.median(spent) / per, 3)
+            return metric
 
-                return sample
+        def ms(seconds: float) -> float:
+            return seconds * 1000
 
-            def upload(name: str) -> Callable[[], Coroutine[Any, Any, float]]:
-                async def sample() -> float:
-                    start = time.perf_counter()
-                    r, w = await open_via(name)
-                    w.write(
-                        f"POST /u HTTP/1.1\r\nHost: {name}\r\n"
-                        f"Content-Length: {UPLOAD_BYTES}\r\n\r\n".encode()
-                    )
-                    left = UPLOAD_BYTES
-                    while left > 0:
-                        w.write(body[: min(CHUNK, left)])
-                        left -= CHUNK
-                        await w.drain()
-                    await answered(r)
-                    w.close()
-                    return mb_per_s(UPLOAD_BYTES, time.perf_counter() - start)
+        def mbs(seconds: float) -> float:
+            return mb_per_s(UPLOAD_BYTES, seconds)
 
-                return sample
+        ours, raw = await interleave(ctx, sample(HOSTS[0], False, ms), sample(HOSTS[1], False, ms))
+        results = {
+            "secret_request_latency": cpu_extra(latency_metric(ours, raw), False, "cpu_ms", 1)
+        }
+        slow = dataclasses.replace(ctx, rounds=max(3, ctx.rounds // 5), warmup=1)
+        ours, raw = await interleave(slow, sample(HOSTS[0], True, mbs), sample(HOSTS[1], True, mbs))
+        results["secret_upload_throughput"] = cpu_extra(
+            throughput_metric(ours, raw), True, "cpu_ms_per_mib", UPLOAD_BYTES / MIB
+        )
+        return results
+    finally:
+        if listener is not None:
+            listener.close()
+        if proxy is not None:
+            await proxy.close()
+        if child.returncode is None:
+            child.kill()
+        await child.wait()
+        for path in folder.iterdir():
+            path.unlink()
+        folder.rmdir()
 
-            ours, raw = await interleave(ctx, request(HOSTS[0]), request(HOSTS[1]))
-            results = {"secret_request_latency": latency_metric(ours, raw)}
-            slow = dataclasses.replace(ctx, rounds=max(3, ctx.rounds // 5), warmup=1)
-            ours, raw = await interleave(slow, upload(HOSTS[0]), upload(HOSTS[1]))
-            results["secret_upload_throughput"] = throughput_metric(ours, raw)
-            return results
-        finally:
 
-            async def stop() -> None:
-                listener.close()
-                await proxy.close()
-
-            async def stop_upstream() -> None:
-                upstream.close()
-                await upstream.wait_closed()
-
-            await host.call(stop)
-            await remote.call(stop_upstream)
+if __name__ == "__main__" and sys.argv[1:2] == ["--upstream"]:
+    asyncio.run(_serve_upstream(sys.argv[2]))
