@@ -31,6 +31,7 @@ import asyncio
 import dataclasses
 import datetime
 import os
+import socketserver
 import ssl
 import statistics
 import subprocess
@@ -39,7 +40,7 @@ import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -108,40 +109,49 @@ def _tls_files(folder: Path) -> tuple[Path, Path]:
     return folder / "ca.pem", folder / "up.pem"
 
 
-async def _upstream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-    """HTTP/1.1 keep-alive: each request's body is read; the answer is `<bytes> <auth>`, auth
-    1 when the request had an Authorization header with the bench's secret."""
-    try:
-        while head := await r.readuntil(b"\r\n\r\n"):
+class _Upstream(socketserver.BaseRequestHandler):
+    """HTTP/1.1 keep-alive over TLS: each request's body is read and dropped; the answer is
+    `<bytes> <auth>`, auth 1 when the request had an Authorization header with the bench's
+    secret. Blocking, one thread per connection: a real upstream is another machine, so this
+    one should take as little of the two cores as it can (asyncio's TLS costs twice as much)."""
+
+    context: ssl.SSLContext
+
+    def handle(self) -> None:
+        try:
+            with self.context.wrap_socket(self.request, server_side=True) as conn:
+                self._serve(conn.makefile("rb", buffering=CHUNK), conn)
+        except (OSError, ValueError):
+            pass
+
+    def _serve(self, r: BinaryIO, conn: ssl.SSLSocket) -> None:
+        sink = memoryview(bytearray(CHUNK))
+        while head := r.readline():
             length, auth = 0, 0
-            for line in head.split(b"\r\n"):
-                key, _, value = line.partition(b":")
+            while head not in (b"\r\n", b""):
+                key, _, value = head.partition(b":")
                 if key.lower() == b"content-length":
                     length = int(value)
                 elif key.lower() == b"authorization" and SECRET in value:
                     auth = 1
+                head = r.readline()
             got = 0
-            while got < length:
-                chunk = await r.read(min(CHUNK, length - got))
-                if not chunk:
-                    return
-                got += len(chunk)
+            while got < length and (n := r.readinto(sink[: min(CHUNK, length - got)])):
+                got += n
+            if got < length:
+                return
             answer = f"{got} {auth}".encode()
-            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
-            await w.drain()
-    except (ConnectionError, asyncio.IncompleteReadError):
-        pass
-    finally:
-        w.close()
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
 
 
-async def _serve_upstream(cert: str) -> None:
+def _serve_upstream(cert: str) -> None:
     """The child process: serve until killed; print the port first."""
-    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server_ctx.load_cert_chain(cert)
-    server = await asyncio.start_server(_upstream, "127.0.0.1", 0, ssl=server_ctx)
-    print(server.sockets[0].getsockname()[1], flush=True)
-    await server.serve_forever()
+    _Upstream.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    _Upstream.context.load_cert_chain(cert)
+    socketserver.ThreadingTCPServer.daemon_threads = True
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Upstream) as server:
+        print(server.server_address[1], flush=True)
+        server.serve_forever()
 
 
 async def _start_proxy(port: int, ca_file: Path) -> tuple[EgressProxy, asyncio.Server]:
@@ -283,4 +293,4 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--upstream"]:
-    asyncio.run(_serve_upstream(sys.argv[2]))
+    _serve_upstream(sys.argv[2])
