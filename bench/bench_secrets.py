@@ -24,7 +24,8 @@ Each metric also carries the proxy's CPU time (this thread: the proxy's loop alo
 measure to compare code by on a shared machine. Intercepting costs the proxy one TLS decrypt
 and one encrypt of every byte more than a tunnel (AES-256-GCM, about 0.5 ms per MiB alone) plus
 asyncio's TLS layer (records read one by one, buffers copied): on 2 cores, where curl, the
-upstream and the proxy share the CPU, that is what holds the upload ratio near 0.7.
+upstream and the proxy share the CPU, that is what keeps the upload ratio around 0.8 rather
+than above it (0.7-0.9 from run to run).
 
     secret_request_latency    open + CONNECT + TLS + GET answered, injected vs plain tunnel
                               (extra: `*_proxy_cpu_ms`, the proxy's CPU per request)

@@ -39,7 +39,8 @@ CHUNK = 256 * 1024
 # one read of the connection brings (up to 256 KiB of records) in one go, and a StreamReader
 # pauses its transport above twice its limit: with the plain side's 16 KiB every chunk of an
 # upload paused and resumed the connection (two epoll calls and a loop pass each, the sender
-# stalled meanwhile). Heads and chunk lines from the sandbox keep MAX_HEAD_BYTES (`_head`).
+# stalled meanwhile). A head or chunk line from the sandbox over MAX_HEAD_BYTES is still cut
+# (`_head`, `_line`); one that never ends is buffered up to this limit or the idle timeout.
 TLS_READ_LIMIT = CHUNK // 2
 # The proxy's budgeted write: (writer, data, direction, per-connection counts).
 Send = Callable[[asyncio.StreamWriter, bytes, str, dict[str, int]], Awaitable[None]]
