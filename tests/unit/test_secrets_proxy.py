@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ssl
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import DEFAULT_QUOTAS, ResolvedQuotas
 from sandboxd.egress.proxy import EgressProxy, Rules
 from sandboxd.egress.resolver import Resolver
+from sandboxd.egress.target import MAX_HEAD_BYTES
 from sandboxd.models import SecretBinding
 from sandboxd.secrets.interceptor import Interceptor
 from sandboxd.secrets.vault import Vault
@@ -38,6 +40,7 @@ class Rig:
     upstream_ca: CertAuthority
     events: list[tuple[str, str]]
     address: tuple[str, int]
+    release: asyncio.Event  # lets a `POST /stall` upstream go
 
 
 @pytest.fixture(params=FRONTS)
@@ -53,11 +56,15 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[R
 
     good.sni_callback = sni  # type: ignore[assignment]
     heads: list[bytes] = []
+    release = asyncio.Event()
 
     async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         try:
             while head := await r.readuntil(b"\r\n\r\n"):
                 heads.append(head)
+                if head.startswith(b"POST /stall"):
+                    await release.wait()  # reads no more: the body backs up to the sandbox
+                    return
                 w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                 await w.drain()
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
@@ -91,7 +98,8 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[R
     client = ssl.create_default_context(cadata=ca.pem.decode())
     client.load_verify_locations(cadata=interceptor.ca.pem.decode())
     async with front(helper, proxy, tmp_path) as address:
-        yield Rig(proxy, port, heads, client, ca, events, address)
+        yield Rig(proxy, port, heads, client, ca, events, address, release)
+    release.set()
     await proxy.close()
     upstream.close()
 
@@ -156,3 +164,72 @@ async def test_placeholder_in_plain_http_audited_or_refused(rig: Rig, refuse: bo
         assert head.startswith(b"HTTP/1.1 403") and b"SECRET_MISDIRECTED" in head
     else:
         assert not head.startswith(b"HTTP/1.1 403")  # relayed (to a TLS port: it fails there)
+
+
+async def intercepted(x: Rig) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    r, w, status = await connect(x, "api.test")
+    assert status.startswith(b"HTTP/1.1 200"), status
+    await w.start_tls(x.client, server_hostname="api.test")
+    return r, w
+
+
+async def ended(x: Rig) -> list[str]:
+    """The `ended` of each finished connection (once the proxy has recorded them all)."""
+    for _ in range(200):
+        if x.proxy.active == 0:
+            break
+        await asyncio.sleep(0.01)
+    return [e.ended for e in x.proxy.audit.events() if e.ended]
+
+
+async def test_intercepted_head_over_the_limit_cuts_the_connection(rig: Rig) -> None:
+    """The terminated side reads more at a time than a plain one, but a sandbox's head is
+    still held to MAX_HEAD_BYTES: cut as malformed, nothing sent upstream."""
+    r, w = await intercepted(rig)
+    w.write(b"GET / HTTP/1.1\r\nHost: api.test\r\nX: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n")
+    assert await r.read(4096) == b""
+    w.close()
+    assert await ended(rig) == ["reset"]
+    assert rig.heads == []
+
+
+async def test_intercepted_chunk_line_over_the_limit_cuts_the_connection(rig: Rig) -> None:
+    """A chunk-size line longer than a head ends the connection as malformed ("reset" in the
+    audit), not as an error of the proxy's own task."""
+    r, w = await intercepted(rig)
+    w.write(
+        b"POST / HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"5;ext=" + b"x" * MAX_HEAD_BYTES + b"\r\nhello\r\n0\r\n\r\n"
+    )  # fmt: skip
+    await w.drain()
+    assert await r.read(4096) == b""  # cut, no answer relayed
+    w.close()
+    assert await ended(rig) == ["reset"]
+
+
+async def test_intercepted_upload_to_a_stalled_upstream_is_held_back(rig: Rig) -> None:
+    """The terminated side keeps asyncio's flow control: with an upstream that reads nothing,
+    the sandbox's writes stall, and the proxy holds a bounded amount, not the upload."""
+    total, block = 48 * 1024 * 1024, b"z" * (1024 * 1024)
+    r, w = await intercepted(rig)
+    w.write(b"POST /stall HTTP/1.1\r\nHost: api.test\r\nContent-Length: %d\r\n\r\n" % total)
+    tracing = tracemalloc.is_tracing()
+    tracemalloc.start()
+    try:
+        start, _ = tracemalloc.get_traced_memory()
+        sent = 0
+        while sent < total:
+            w.write(block)
+            try:
+                async with asyncio.timeout(0.5):
+                    await w.drain()
+            except TimeoutError:
+                break
+            sent += len(block)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    w.close()
+    assert sent < total  # the sandbox was held back
+    assert peak - start < 16 * 1024 * 1024, (sent, peak - start)

@@ -206,9 +206,14 @@ class EgressProxy:
                 await writer.drain()
             if relay is not None and self.interceptor is not None:
                 relay.bind_counts(counts)
-                await relay.terminate(writer, self.interceptor.ca, self.quotas.header_timeout_s)
-                async with asyncio.timeout(self.quotas.tunnel_lifetime_s):
-                    await relay.run(reader, writer, up_reader, upstream)
+                tls = await relay.terminate(
+                    writer, self.interceptor.ca, self.quotas.header_timeout_s
+                )
+                try:
+                    async with asyncio.timeout(self.quotas.tunnel_lifetime_s):
+                        await relay.run(*tls, up_reader, upstream)
+                finally:
+                    tls[1].close()
                 return
             ended = await self._relay(
                 reader, writer, up_reader, upstream, counts, both=not decision.upstream_head

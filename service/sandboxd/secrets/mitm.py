@@ -35,6 +35,13 @@ if TYPE_CHECKING:
     from sandboxd.secrets.ca import SessionCA
 
 CHUNK = 256 * 1024
+# The limit of the sandbox side's reader once its TLS is terminated. asyncio decrypts all that
+# one read of the connection brings (up to 256 KiB of records) in one go, and a StreamReader
+# pauses its transport above twice its limit: with the plain side's 16 KiB every chunk of an
+# upload paused and resumed the connection (two epoll calls and a loop pass each, the sender
+# stalled meanwhile). A head or chunk line from the sandbox over MAX_HEAD_BYTES is still cut
+# (`_head`, `_line`); one that never ends is buffered up to this limit or the idle timeout.
+TLS_READ_LIMIT = CHUNK // 2
 # The proxy's budgeted write: (writer, data, direction, per-connection counts).
 Send = Callable[[asyncio.StreamWriter, bytes, str, dict[str, int]], Awaitable[None]]
 
@@ -79,17 +86,33 @@ async def secure_upstream(
         ) from None
 
 
-async def _head(r: asyncio.StreamReader, timeout_s: float) -> bytes | None:
-    """One head, or None when the peer closed cleanly between messages."""
+async def _head(r: asyncio.StreamReader, timeout_s: float, most: int | None) -> bytes | None:
+    """One head (at most `most` bytes, else the reader's limit), or None when the peer closed
+    cleanly between messages."""
     async with asyncio.timeout(timeout_s):
         try:
-            return await r.readuntil(b"\r\n\r\n")
+            raw = await r.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError as exc:
             if exc.partial:
                 raise HeadError("connection closed mid-head") from None
             return None
         except asyncio.LimitOverrunError:
             raise HeadError("head too large") from None
+    if most is not None and len(raw) > most:
+        raise HeadError("head too large")
+    return raw
+
+
+async def _line(r: asyncio.StreamReader, timeout_s: float, most: int | None) -> bytes:
+    """One line of a chunked body (size or trailer), bounded as heads are."""
+    async with asyncio.timeout(timeout_s):
+        try:
+            line = await r.readuntil(b"\r\n")
+        except asyncio.LimitOverrunError:
+            raise HeadError("chunk line too long") from None
+    if most is not None and len(line) > most:
+        raise HeadError("chunk line too long")
+    return line
 
 
 def _error(status: int, reason: str, message: str) -> bytes:
@@ -126,9 +149,22 @@ class HttpRelay:
 
     async def terminate(
         self, writer: asyncio.StreamWriter, ca: SessionCA, timeout_s: float
-    ) -> None:
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The sandbox's side over TLS with a leaf of the session CA: a reader (its limit
+        `TLS_READ_LIMIT`) and writer of its own; the caller closes that writer. (The plain
+        ones are not read again: the sandbox sends nothing before the CONNECT's answer.)"""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(TLS_READ_LIMIT, loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
         async with asyncio.timeout(timeout_s):
-            await writer.start_tls(ca.context(self.host))
+            await writer.drain()
+            transport = await loop.start_tls(
+                writer.transport, protocol, ca.context(self.host), server_side=True
+            )
+        if transport is None:
+            raise ConnectionResetError("the sandbox closed during the TLS handshake")
+        protocol.connection_made(transport)  # start_tls does not call it: flow control needs it
+        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
     async def run(
         self,
@@ -139,7 +175,7 @@ class HttpRelay:
     ) -> None:
         """Relay requests until either side closes or a message says so."""
         while True:
-            raw = await _head(client_r, self._idle)
+            raw = await _head(client_r, self._idle, MAX_HEAD_BYTES)
             if raw is None:
                 return
             try:
@@ -200,7 +236,7 @@ class HttpRelay:
     ) -> bool:
         """Relay one response; whether the connection carries another request."""
         while True:
-            raw = await _head(up_r, self._idle)
+            raw = await _head(up_r, self._idle, None)
             if raw is None:
                 return False
             resp = parse_head(raw)
@@ -247,9 +283,9 @@ class HttpRelay:
             await self._send(w, chunk, way)
 
     async def _chunked(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, way: str) -> None:
+        most = MAX_HEAD_BYTES if way == "up" else None  # the sandbox's lines, as its heads
         while True:
-            async with asyncio.timeout(self._idle):
-                line = await r.readuntil(b"\r\n")
+            line = await _line(r, self._idle, most)
             size_text = line.split(b";", 1)[0].strip()
             try:
                 size = int(size_text, 16)
@@ -260,8 +296,7 @@ class HttpRelay:
             await self._send(w, line, way)
             if size == 0:
                 while True:  # trailers, up to the empty line
-                    async with asyncio.timeout(self._idle):
-                        trailer = await r.readuntil(b"\r\n")
+                    trailer = await _line(r, self._idle, most)
                     await self._send(w, trailer, way)
                     if trailer == b"\r\n":
                         return
