@@ -21,6 +21,18 @@ COUNT = 2_000_000  # "%07d\n": 16,000,000 bytes, as the bench writes
 WANT = b"".join(b"%07d\n" % i for i in range(COUNT))
 
 
+def _start_writer(stubs: Stubs, sid: str) -> str:
+    """The 16 MB writer of numbered lines, as a background process."""
+    return stubs.processes.StartProcess(
+        P.StartProcessRequest(
+            session_id=sid,
+            argv=["seq", "-w", "0", str(COUNT - 1)],
+            max_output_bytes=16 * MiB,
+            timeout=duration_pb2.Duration(seconds=120),
+        )
+    ).process.process_id
+
+
 def _read(stubs: Stubs, sid: str, pid: str, pause_s: float) -> tuple[bytes, list[str], int]:
     """stdout (checked contiguous from 0), anything unexpected, the exit code (-999: none)."""
     out = bytearray()
@@ -53,14 +65,7 @@ def test_attach_from_zero_gets_every_byte_of_a_fast_writer(
     problems = []
     with ThreadPoolExecutor(4) as pool:
         for round_ in range(6):
-            pid = stubs.processes.StartProcess(
-                P.StartProcessRequest(
-                    session_id=sid,
-                    argv=["seq", "-w", "0", str(COUNT - 1)],
-                    max_output_bytes=16 * MiB,
-                    timeout=duration_pb2.Duration(seconds=120),
-                )
-            ).process.process_id
+            pid = _start_writer(stubs, sid)
             # As fast as the client goes (twice), a little slower, and slow: the slow ones
             # fall behind the live tail and read the agent's ring.
             readers = [pool.submit(_read, stubs, sid, pid, p) for p in (0, 0, 0.0005, 0.003)]
@@ -90,14 +95,7 @@ def test_many_writers_in_one_session_do_not_fill_the_sandbox_with_kept_output(
     sid = new_session(limits=common_pb2.ResourceLimits(output_bytes=16 * MiB)).session_id
     problems = []
     for round_ in range(20):
-        pid = stubs.processes.StartProcess(
-            P.StartProcessRequest(
-                session_id=sid,
-                argv=["seq", "-w", "0", str(COUNT - 1)],
-                max_output_bytes=16 * MiB,
-                timeout=duration_pb2.Duration(seconds=120),
-            )
-        ).process.process_id
+        pid = _start_writer(stubs, sid)
         out, odd, code = _read(stubs, sid, pid, 0)
         if out != WANT or odd or code != 0:
             problems.append(f"round {round_}: {len(out)} bytes, exit {code}, {odd[:3]}")
