@@ -356,6 +356,15 @@ def run(stubs: Stubs, session_id: str, *argv: str, **fields: object) -> process_
     )
 
 
+def first_difference(got: bytes, want: bytes) -> int:
+    """Where `got` first differs from `want` (the shorter one's length when one is a prefix),
+    for a failure message about a long output."""
+    return next(
+        (k for k, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+        min(len(got), len(want)),
+    )
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 10, interval: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

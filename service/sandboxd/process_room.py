@@ -71,15 +71,17 @@ def _oldest_past(
     return drop
 
 
+def _ring_reserve(proc: BackgroundProcess) -> int:
+    """What a process whose rings are held here counts against the budget: two rings of its
+    buffer size while it runs, what it still keeps once exited."""
+    return proc.retained_bytes() if proc.exited else 2 * proc.options.buffer_bytes
+
+
 def for_buffers(procs: Records, buffer_bytes: int, budget: int) -> list[BackgroundProcess]:
     """Room in the session's `budget` for two rings of `buffer_bytes` held here: the old exit
     records to drop for it; if running processes hold it all, the start is refused."""
     need = 2 * buffer_bytes
-    reserved = sum(
-        p.retained_bytes() if p.exited else 2 * p.options.buffer_bytes
-        for p in procs.values()
-        if p.agent is None
-    )
+    reserved = sum(_ring_reserve(p) for p in procs.values() if p.agent is None)
     drop = []
     for old in held_exited(procs):
         if reserved + need <= budget:
@@ -104,9 +106,7 @@ def tail_room(procs: Records, new: BackgroundProcess, budget: int) -> int:
     tail is an optimisation, so a session at its budget gets a smaller one or none (its
     followers then read the agent) rather than a refusal."""
     held = sum(
-        (p.retained_bytes() if p.exited else 2 * p.options.buffer_bytes)
-        if p.agent is None
-        else p.tail_capacity()
+        _ring_reserve(p) if p.agent is None else p.tail_capacity()
         for p in procs.values()
         if p is not new
     )

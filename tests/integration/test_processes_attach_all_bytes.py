@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import SessionFactory, Stubs
+from conftest import SessionFactory, Stubs, first_difference
 from google.protobuf import duration_pb2
 from sandboxd.v1 import common_pb2, process_pb2
 
@@ -72,10 +72,7 @@ def test_attach_from_zero_gets_every_byte_of_a_fast_writer(
             for i, reader in enumerate(readers):
                 out, odd, code = reader.result()
                 if out != WANT or odd or code != 0:
-                    first = next(
-                        (k for k, (a, b) in enumerate(zip(out, WANT, strict=False)) if a != b),
-                        min(len(out), len(WANT)),
-                    )
+                    first = first_difference(out, WANT)
                     problems.append(
                         f"round {round_} reader {i}: {len(out)} of {len(WANT)} bytes, first "
                         f"difference at {first}, exit {code}, {odd[:3]}"

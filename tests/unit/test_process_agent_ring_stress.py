@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from agent_pipes import CHANNEL_ENV, Builds, PipeTransport, agent_process
+from conftest import first_difference
 from engine_contract import running_session
 from sandboxd import process_record, process_room
 from sandboxd.agent.detached import AgentProcesses, DetachedStream
@@ -226,10 +227,7 @@ async def _stress(
     problems = []
     for i, (out, err, gaps, exited, after) in enumerate(results):
         if out != want_out or err != want_err or gaps or exited != proc.exited or after:
-            first_bad = next(
-                (k for k, (a, b) in enumerate(zip(out, want_out, strict=False)) if a != b),
-                min(len(out), len(want_out)),
-            )
+            first_bad = first_difference(out, want_out)
             problems.append(
                 f"reader {i}: stdout {len(out)}/{len(want_out)} (first difference at "
                 f"{first_bad}), stderr {len(err)}/{len(want_err)}, gaps {gaps}, "
