@@ -191,7 +191,10 @@ def test_image_snapshot_and_a_refused_removal_retried_by_sweep(
         assert subprocess.run(exists, capture_output=True).returncode == 0  # refused: in use
     finally:
         subprocess.run(["docker", "rm", "-f", holder], capture_output=True)
-    assert stubs.admin.Sweep(admin_pb2.SweepRequest()).removed_images >= 1
+    # The server's own periodic sweep may retry the removal first (CI run of stop 24: its
+    # log said "3 image(s) ... removed" and this call counted 0), so the check is the
+    # image's absence once a Sweep has returned: a sweep that never retried leaves it.
+    stubs.admin.Sweep(admin_pb2.SweepRequest())
     assert subprocess.run(exists, capture_output=True).returncode != 0
 
 
@@ -408,8 +411,9 @@ def test_sweep_removes_only_unclaimed_containers_of_this_server(
                  "--label", "io.sandboxd.session=nobody-claims-this", image, "true"],
                 check=True, capture_output=True,
             )  # fmt: skip
-        reply = stubs.admin.Sweep(admin_pb2.SweepRequest())
-        assert reply.removed_containers >= 1
+        # Not its count: the server's periodic sweep may have removed it first (the unit
+        # twin, test_leftovers, checks the count).
+        stubs.admin.Sweep(admin_pb2.SweepRequest())
 
         def exists(name: str) -> bool:
             return subprocess.run(["docker", "inspect", name], capture_output=True).returncode == 0

@@ -7,7 +7,9 @@ import logging
 from pathlib import Path
 
 import pytest
-from sandboxd.errors import EngineUnavailable
+from sandboxd.errors import EngineUnavailable, FailedPrecondition
+from sandboxd.sessions import CreateSessionInput
+from sandboxd.snapshots import KIND_IMAGE
 from sandboxd.sweeper import Sweeper
 from session_stack import OWNER, session_stack
 
@@ -91,3 +93,33 @@ async def test_sweep_counts_no_network_it_failed_to_remove(tmp_path: Path) -> No
         assert (await sweeper.sweep()).removed_networks == 0
         assert (await sweeper.sweep()).removed_networks == 1
         assert st.engine.networks == {}
+
+
+async def test_sweep_counts_the_image_whose_refused_removal_it_retried(tmp_path: Path) -> None:
+    """The count the integration twin cannot check (the server's periodic sweep may retry
+    first there): an image snapshot whose removal Docker refused is removed, and counted,
+    by the next sweep, and by that one only."""
+    async with session_stack(tmp_path) as st:
+        sweeper = Sweeper(st.sessions, st.engine, OWNER, st.snapshots)
+        await st.sessions.create(CreateSessionInput(session_id="s"))
+        snap = await st.snapshots.create("s", {}, KIND_IMAGE)
+        st.engine.fail("remove_image", FailedPrecondition("image is being used by a container"))
+        await st.snapshots.delete(snap.snapshot_id)
+        assert snap.image in st.engine.images  # refused: remembered, not forgotten
+        assert (await sweeper.sweep()).removed_images == 1
+        assert snap.image not in st.engine.images
+        assert (await sweeper.sweep()).removed_images == 0
+
+
+async def test_sweep_counts_the_unclaimed_containers_it_removed(tmp_path: Path) -> None:
+    async with session_stack(tmp_path) as st:
+        sweeper = Sweeper(st.sessions, st.engine, OWNER, st.snapshots)
+        await st.sessions.create(CreateSessionInput(session_id="kept"))
+        await st.sessions.create(CreateSessionInput(session_id="gone"))
+        gone = await st.store.get("gone")
+        assert gone is not None
+        await st.store.delete("gone")  # its record lost: the container is nobody's now
+        assert (await sweeper.sweep()).removed_containers == 1
+        assert gone.container_id not in st.engine.sandboxes
+        assert len(st.engine.sandboxes) == 1
+        assert (await sweeper.sweep()).removed_containers == 0
