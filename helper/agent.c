@@ -55,6 +55,7 @@ static const char SYNC_MARK[SYNC_LEN] = "\xFF\xFF\xFF\xFFSANDBOXDSYNC";
 struct cmd *g_cmds;
 struct stream *g_streams;
 size_t g_nstreams, g_ndetached;
+uint64_t g_ring_fill, g_ring_budget = DEFAULT_RING_BUDGET; /* see DEFAULT_RING_BUDGET */
 
 static bool g_epoch;		 /* HELLO received, answering */
 static bool g_hunting = true;	 /* discarding input until a SYNC marker */

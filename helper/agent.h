@@ -82,6 +82,15 @@ const struct jval *json_get(const struct jval *o, const char *key);
 #define DEFAULT_KEEPALIVE_MS 15000
 #define DEFAULT_RING (1u << 20)
 #define MAX_RING (64u << 20)
+/* The output all detached processes' rings may hold together (the
+ * sandbox's memory): the server sends its share with each detached exec;
+ * this until it has.  A ring still filling when the total is reached stops
+ * growing and wraps where it is (RING_FLOOR at least), so its oldest output
+ * is overwritten (a reader from there is told GAP) instead of the agent
+ * being OOM-killed, which ends the sandbox. */
+#define DEFAULT_RING_BUDGET (128u << 20)
+#define MAX_RING_BUDGET (1ull << 40)
+#define RING_FLOOR (64u << 10)
 #define KILL_GRACE_MS 1000
 #define SWEEP_MS 1000
 /* A tty command's output is over once its terminal reads empty this long
@@ -146,6 +155,7 @@ struct stream {
 extern struct cmd *g_cmds;
 extern struct stream *g_streams;
 extern size_t g_nstreams, g_ndetached;
+extern uint64_t g_ring_fill, g_ring_budget;
 extern uint32_t g_window;
 extern int g_sigpipe[2];
 extern int g_devnull;
@@ -162,6 +172,7 @@ void cmd_close_fds(struct cmd *c);
 void cmd_free(struct cmd *c);
 void cmd_abandon(struct cmd *c);
 uint64_t ring_start(const struct ring *r);
+uint64_t ring_fill(const struct ring *r);
 void exit_json(struct buf *b, const struct cmd *c);
 void offsets_json(struct buf *b, uint64_t o1, uint64_t o2);
 void processes_json(struct buf *b);

@@ -64,8 +64,10 @@ void cmd_free(struct cmd *c)
 	cmd_close_fds(c);
 	if (c->detached)
 		g_ndetached--;
-	free(c->ring[1].buf);
-	free(c->ring[2].buf);
+	for (int k = 1; k <= 2; k++) {
+		g_ring_fill -= ring_fill(&c->ring[k]);
+		free(c->ring[k].buf);
+	}
 	free(c);
 }
 
@@ -93,6 +95,24 @@ void cmd_abandon(struct cmd *c)
 uint64_t ring_start(const struct ring *r)
 {
 	return r->end > r->cap ? r->end - r->cap : 0;
+}
+
+uint64_t ring_fill(const struct ring *r)
+{
+	return r->end < r->cap ? r->end : r->cap;
+}
+
+/* Before a ring grows: at the budget, it wraps where it is instead.  The
+ * bytes it holds stay where they are (offset % cap is the offset itself
+ * for every offset below a cap of at least `end`), so readers go on, and
+ * the next write overwrites its oldest. */
+static void ring_hold(struct ring *r)
+{
+	if (r->end >= r->cap || g_ring_fill < g_ring_budget)
+		return;
+	size_t cap = r->end > RING_FLOOR ? (size_t)r->end : RING_FLOOR;
+	if (cap < r->cap)
+		r->cap = cap;
 }
 
 void exit_json(struct buf *b, const struct cmd *c)
@@ -327,6 +347,7 @@ void open_exec(uint32_t id, const struct jval *req)
 	char **envp = argv ? request_env(json_get(req, "env"), &why) : NULL;
 	unsigned rows = 24, cols = 80;
 	size_t ring = DEFAULT_RING;
+	uint64_t budget = 0;
 	const char *did = NULL;
 	if (argv && envp) {
 		if (cwdv && cwdv->type != J_STR && cwdv->type != J_NULL)
@@ -339,15 +360,21 @@ void open_exec(uint32_t id, const struct jval *req)
 			why = "tty must be null or {\"rows\",\"cols\"} in 1..65535";
 		else if (detv && detv->type != J_NULL) {
 			const struct jval *idv = json_get(detv, "id"), *bv = json_get(detv, "buffer");
+			const struct jval *budv = json_get(detv, "budget");
 			if (detv->type != J_OBJ || !idv || idv->type != J_STR || !valid_id(idv->s))
 				why = "detach.id must be 1..64 of A-Z a-z 0-9 . _ : -";
 			else if (bv && (bv->type != J_NUM || !bv->is_int || bv->i < 1 ||
 					bv->i > (int64_t)MAX_RING))
 				why = "detach.buffer must be 1..67108864";
+			else if (budv && (budv->type != J_NUM || !budv->is_int || budv->i < 1 ||
+					  budv->i > (int64_t)MAX_RING_BUDGET))
+				why = "detach.budget must be 1..2^40";
 			else {
 				did = idv->s;
 				if (bv)
 					ring = (size_t)bv->i;
+				if (budv)
+					budget = (uint64_t)budv->i;
 			}
 		}
 	}
@@ -427,6 +454,8 @@ void open_exec(uint32_t id, const struct jval *req)
 			c->ring[k].buf = xmalloc(ring);
 		}
 		g_ndetached++;
+		if (budget)
+			g_ring_budget = budget; /* the server's latest word on the sandbox's share */
 	}
 	c->next = g_cmds;
 	g_cmds = c;
@@ -508,6 +537,7 @@ void cmd_read(struct cmd *c, int k)
 				want = (size_t)s->send_credit;
 		} else {
 			struct ring *r = &c->ring[k];
+			ring_hold(r);
 			size_t pos = (size_t)(r->end % r->cap);
 			dst = r->buf + pos;
 			want = r->cap - pos < CHUNK ? r->cap - pos : CHUNK;
@@ -526,7 +556,9 @@ void cmd_read(struct cmd *c, int k)
 			return;
 		}
 		if (c->detached) {
+			uint64_t before = ring_fill(&c->ring[k]);
 			c->ring[k].end += (uint64_t)n;
+			g_ring_fill += ring_fill(&c->ring[k]) - before;
 		} else {
 			unsigned char fd = (unsigned char)k;
 			out_frame2(F_DATA, s->id, &fd, 1, tmp, (size_t)n);

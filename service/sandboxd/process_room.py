@@ -26,6 +26,15 @@ def agent_exited_limit(sandbox_memory: int) -> int:
     return min(AGENT_EXITED_OUTPUT_BYTES, sandbox_memory // 4)
 
 
+def agent_ring_budget(sandbox_memory: int) -> int:
+    """What the agent's rings, running and exited, may hold together: half the sandbox's
+    memory. Past it a ring still filling wraps where it is (its readers see a gap) rather than
+    the agent being OOM-killed, which stops the sandbox: 12 processes writing 16 MB each and
+    staying alive did that to a 256 MiB sandbox. Exited rings are dropped first, by
+    `past_agent_budget`, at a quarter. 0 (no limit known): the agent's own default."""
+    return max(0, sandbox_memory // 2)
+
+
 def held_exited(procs: Records) -> list[BackgroundProcess]:
     """Exited records whose output is held here (not by an agent), oldest first."""
     held = (p for p in procs.values() if p.exited and p.agent is None)

@@ -29,6 +29,7 @@ from sandboxd.engine.protocol import Detach
 from sandboxd.errors import (
     AlreadyExists,
     FailedPrecondition,
+    Internal,
     NotFound,
     SandboxError,
 )
@@ -235,7 +236,11 @@ class ProcessManager:
         feeder: asyncio.Task[None] | None = None
         try:
             # Detached where the sandbox has an agent: it outlives a server that dies.
-            detach = Detach(detach_id(proc.process_id, proc.token), agent_ring(proc))
+            detach = Detach(
+                detach_id(proc.process_id, proc.token),
+                agent_ring(proc),
+                room.agent_ring_budget(session.spec.limits.memory_bytes),
+            )
             async with (
                 hold,
                 self._executor.start(
@@ -269,6 +274,12 @@ class ProcessManager:
                 proc.running.set_exception(exc)
                 return
             log.warning("background process %s: %s", proc.process_id, exc)
+            proc.finish(ExecExited(-1, "", False, False, time.monotonic() - started))
+        except Exception as exc:  # a fault of ours: its caller and readers still get an end
+            log.exception("background process %s failed", proc.process_id)
+            if not proc.running.done():
+                proc.running.set_exception(Internal(f"the process could not be started: {exc}"))
+                return
             proc.finish(ExecExited(-1, "", False, False, time.monotonic() - started))
         except asyncio.CancelledError:
             if not proc.running.done():

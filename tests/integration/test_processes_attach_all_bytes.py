@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import SessionFactory, Stubs, first_difference
+from conftest import SessionFactory, Stubs, first_difference, run
 from google.protobuf import duration_pb2
 from sandboxd.v1 import common_pb2, process_pb2
 
@@ -99,3 +99,50 @@ def test_many_writers_in_one_session_do_not_fill_the_sandbox_with_kept_output(
     assert not problems, "\n".join(problems)
     listed = stubs.processes.ListProcesses(P.ListProcessesRequest(session_id=sid)).processes
     assert 1 <= len(listed) <= 5, len(listed)  # 64 MiB of 16 MB outputs: the newest four
+
+
+def test_running_writers_do_not_fill_the_sandbox_with_their_rings(
+    stubs: Stubs, new_session: SessionFactory
+) -> None:
+    """14 processes that write 16 MB each and stay alive, in one session of the default
+    256 MiB. Their rings in the agent held 224 MB and the agent was OOM-killed with the
+    sandbox ("container … is not running"). Past half the sandbox's memory a ring still
+    filling now wraps where it is: the session works on, and a reader from offset 0 of any of
+    them gets a gap, then the newest output to the end, never a short read."""
+    sid = new_session(limits=common_pb2.ResourceLimits(output_bytes=16 * MiB)).session_id
+    pids = [
+        stubs.processes.StartProcess(
+            P.StartProcessRequest(
+                session_id=sid,
+                argv=["sh", "-c", f"seq -w 0 {COUNT - 1}; exec sleep 600"],
+                max_output_bytes=16 * MiB,
+                timeout=duration_pb2.Duration(seconds=300),
+            )
+        ).process.process_id
+        for _ in range(14)
+    ]
+    deadline = time.monotonic() + 180
+    while True:
+        listed = stubs.processes.ListProcesses(P.ListProcessesRequest(session_id=sid)).processes
+        if all(p.stdout_bytes == len(WANT) for p in listed if p.process_id in pids):
+            break
+        assert time.monotonic() < deadline, [(p.process_id, p.stdout_bytes) for p in listed]
+        time.sleep(0.5)
+    assert all(p.state == P.PROCESS_STATE_RUNNING for p in listed if p.process_id in pids)
+    assert run(stubs, sid, "true").exit_code == 0  # the sandbox and its agent are whole
+    for pid in (pids[0], pids[-1]):
+        stubs.processes.SignalProcess(
+            P.SignalProcessRequest(session_id=sid, process_id=pid, signal="SIGKILL")
+        )
+        out, at, code = bytearray(), 0, -999
+        request = P.AttachProcessRequest(session_id=sid, process_id=pid)
+        for event in stubs.processes.AttachProcess(request, timeout=120):
+            if event.HasField("gap"):
+                assert not out, "a gap after output"
+                at = event.gap.offset + event.gap.length
+            elif event.HasField("output") and event.output.stream == P.OUTPUT_STREAM_STDOUT:
+                assert event.output.offset == at + len(out)
+                out += event.output.data
+            elif event.HasField("exited"):
+                code = event.exited.exit_code
+        assert code == 137 and bytes(out) == WANT[at:], (pid, at, len(out), code)

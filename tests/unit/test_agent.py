@@ -571,6 +571,65 @@ def test_a_reader_overrun_by_the_ring_is_reset_and_the_agent_goes_on(
     assert exit_of(run(agent, "exit 3"))["exit_code"] == 3
 
 
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        (line,) = [x for x in f if x.startswith("VmRSS:")]
+    return int(line.split()[1]) * 1024
+
+
+def test_rings_past_the_budget_wrap_where_they_are(agent: AgentProcess) -> None:
+    """Six running writers of 4 MB with 8 MiB rings each and a budget of 6 MiB for all: the
+    agent's memory grows by about the budget, not by 24 MB (before the budget: 64 writers
+    with 16 MiB rings could take a 256 MiB sandbox's memory and the agent, OOM-killed, ended
+    the sandbox). A ring stopped by the budget keeps its newest output and says where it starts."""
+    agent.hello()
+    base = _rss(agent.proc.pid)
+    n, size, budget = 6, 4_000_000, 6 << 20
+    for i in range(n):
+        script = f"head -c {size} /dev/zero | tr '\\0' {'abcdef'[i]}; printf E; sleep 60"
+        sid = agent.open(
+            "exec",
+            argv=[SH, "-c", script],
+            env={},
+            detach={"id": f"w{i}", "buffer": 8 << 20, "budget": budget},
+        )
+        assert agent.read_until(lambda f, sid=sid: f.stream == sid)[-1].type == OPEN_OK
+        # Ending the exec stream leaves the process alone, writing into its ring.
+        agent.send(encode_json(RESET, sid, {"error": "CANCELLED", "message": "not reading"}))
+    deadline = time.monotonic() + 30
+    while True:
+        procs = agent.hello().json()["processes"]
+        if all(p["end"]["1"] == size + 1 for p in procs) and len(procs) == n:
+            break
+        assert time.monotonic() < deadline, procs
+        time.sleep(0.05)
+    held = sum(p["end"]["1"] - p["start"]["1"] for p in procs)
+    assert budget <= held <= budget + n * (128 << 10), procs  # a read past it, or the floor
+    growth = _rss(agent.proc.pid) - base
+    assert growth < budget + (4 << 20), f"the agent grew by {growth} bytes"
+    # A ring stopped early (the writers run at once: which ones is chance) still serves its
+    # newest bytes, from where it now starts.
+    wrapped = [p for p in procs if p["start"]["1"] > 0]
+    assert wrapped, procs
+    for p in wrapped[:2]:
+        att = agent.open("attach", id=p["id"], offsets={"1": 0, "2": 0})
+        opened = agent.read_until(lambda f, att=att: f.stream == att)[-1]
+        assert opened.json()["start"]["1"] == p["start"]["1"]
+        agent.send(encode(SIGNAL, att, bytes([signal.SIGKILL])))
+        letter = b"abcdef"[int(p["id"][1:])]
+        assert output(agent.stream_frames(att)) == bytes([letter]) * (size - p["start"]["1"]) + b"E"
+    assert exit_of(run(agent, "exit 4"))["exit_code"] == 4
+
+
+@pytest.mark.parametrize("budget", [0, -1, 1 << 41, "big", 1.5])
+def test_a_bad_ring_budget_is_refused(agent: AgentProcess, budget: object) -> None:
+    agent.hello()
+    agent.open("exec", argv=["/bin/true"], env={}, detach={"id": "b", "budget": budget})
+    reset = agent.read()
+    assert reset.type == RESET and reset.json()["error"] == "INVALID", reset
+    assert "budget" in reset.json()["message"]
+
+
 def test_detached_errors_and_signal_through_attach(agent: AgentProcess) -> None:
     agent.hello()
     agent.open("exec", argv=["/bin/sleep", "30"], env={}, detach={"id": "d"})

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 from sandboxd import processes
-from sandboxd.errors import FailedPrecondition
+from sandboxd.engine.protocol import Detach
+from sandboxd.errors import FailedPrecondition, Internal, Unavailable
 from sandboxd.models import ExecEvent, ExecExited, ExecOutput, ExecSpec, ExecStarted
 from sandboxd.models import OutputStream as S
 from sandboxd.processes import BackgroundProcess, ProcessManager, ProcessOrigin
@@ -112,10 +113,68 @@ async def test_a_start_racing_the_sessions_end_is_answered() -> None:
     """Found by the fuzzer in CI: DeleteSession racing StartProcess cancelled the start, and the
     StartProcess call got no answer until its deadline. It is SESSION_NOT_RUNNING now."""
     pm = ProcessManager(executor=_NeverStarts())  # type: ignore[arg-type]
-    session = types.SimpleNamespace(session_id="s", container_id="c")
+    session = _session()
     start = asyncio.create_task(pm.start(session, _spec(), "p-1"))  # type: ignore[arg-type]
     await asyncio.sleep(0.01)
     await pm.end_session("s")
     with pytest.raises(FailedPrecondition) as info:
         await asyncio.wait_for(start, 5)
     assert info.value.reason == "SESSION_NOT_RUNNING"
+
+
+class _RecordsDetach:
+    """An executor that notes what a start asks of the agent, then fails the start."""
+
+    detached = None
+
+    def __init__(self) -> None:
+        self.detach: object = None
+
+    def start(
+        self, *args: object, detach: object = None, **kwargs: object
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        self.detach = detach
+
+        @contextlib.asynccontextmanager
+        async def refused() -> AsyncIterator[None]:
+            raise Unavailable("the engine went away")
+            yield
+
+        return refused()
+
+
+async def test_the_agent_is_given_half_the_sandboxs_memory_for_all_its_rings() -> None:
+    """Without a budget the agent's rings of running processes grew until the agent was
+    OOM-killed with its sandbox (helper/agent.h, DEFAULT_RING_BUDGET)."""
+    executor = _RecordsDetach()
+    pm = ProcessManager(executor=executor)  # type: ignore[arg-type]
+    with pytest.raises(Unavailable):
+        await pm.start(_session(), _spec(), "p-1")  # type: ignore[arg-type]
+    assert isinstance(executor.detach, Detach)
+    assert executor.detach.budget_bytes == 128 << 20
+
+
+def _session(memory: int = 256 << 20) -> types.SimpleNamespace:
+    limits = types.SimpleNamespace(memory_bytes=memory)
+    return types.SimpleNamespace(
+        session_id="s", container_id="c", spec=types.SimpleNamespace(limits=limits)
+    )
+
+
+class _Faulty:
+    """An executor with a fault of ours (not a SandboxError) in its start."""
+
+    detached = None
+
+    def start(self, *args: object, **kwargs: object) -> object:
+        raise RuntimeError("a bug")
+
+
+async def test_a_fault_in_a_start_is_answered_not_left_waiting() -> None:
+    """A start that failed with anything but a SandboxError left StartProcess waiting until
+    the session ended (found while adding the agent's ring budget: a test session without a
+    spec)."""
+    pm = ProcessManager(executor=_Faulty())  # type: ignore[arg-type]
+    with pytest.raises(Internal) as info:
+        await asyncio.wait_for(pm.start(_session(), _spec(), "p-1"), 5)  # type: ignore[arg-type]
+    assert "a bug" in str(info.value)

@@ -16,7 +16,10 @@ from sandboxd.engine.protocol import Detach, ExecRequest
 from sandboxd.errors import SandboxError
 
 GAP_FD = 16  # sandboxd.execution.GAP_FD (the agent package does not import the domain)
-MAX_REATTACH = 1000  # per stream: an agent that answers every attach with GAP is broken
+# In a row, with no byte read between: an agent that answers every attach with GAP is broken.
+# Not in all: a fast writer's ring wrapped small by the agent's budget (docs/agent.md) overruns
+# a live reader again and again, for as long as it writes.
+MAX_REATTACH = 1000
 
 
 class DetachedStream:
@@ -83,6 +86,7 @@ class DetachedStream:
                 continue
             if item is not None and item[0] in self._offsets:
                 self._offsets[item[0]] += len(item[1])
+                self._reattached = 0
             return item
 
     async def read_joined(self, limit: int) -> tuple[int, bytes] | None:
@@ -133,7 +137,11 @@ class AgentProcesses:
                     container_id,
                     channel,
                     ExecRequest(argv, user="", env=env, workdir=workdir, stdin=True),
-                    detach={"id": detach.detach_id, "buffer": detach.buffer_bytes},
+                    detach={
+                        "id": detach.detach_id,
+                        "buffer": detach.buffer_bytes,
+                        **({"budget": detach.budget_bytes} if detach.budget_bytes else {}),
+                    },
                 )
             )
             stream = DetachedStream(self._router, container_id, detach.detach_id, stack)

@@ -289,10 +289,12 @@ class Engine(Protocol):
 @dataclass(frozen=True)
 class Detach:
     """A command that outlives the server's connection: the sandbox's agent keeps it running
-    and its output in a ring of `buffer_bytes` per stream, under `detach_id`."""
+    and its output in a ring of `buffer_bytes` per stream, under `detach_id`; `budget_bytes`
+    (0: the agent's own) bounds what all the sandbox's rings hold together."""
 
     detach_id: str
     buffer_bytes: int
+    budget_bytes: int = 0
 
 
 class DetachedOutput(ExecStream, Protocol):
