@@ -101,9 +101,14 @@ class ProcessManager:
         executor: Executor,
         on_exit: Callable[[Session, BackgroundProcess], None] | None = None,
         output_budget: int = SESSION_OUTPUT_BUFFER_BYTES,
+        on_start: Callable[[Session, BackgroundProcess], None] | None = None,
     ) -> None:
         self._executor = executor
         self._on_exit = on_exit  # the audit log and the session's event feed
+        # The feed's PROCESS_STARTED, from here rather than from the StartProcess call's answer,
+        # so that it always comes before the process's PROCESS_EXITED: a command that exits at
+        # once was seen exiting before its call was answered (CI, stop 25).
+        self._on_start = on_start
         self._output_budget = output_budget  # per session, rings held here
         self._by_session: dict[str, dict[str, BackgroundProcess]] = {}
         self._forgets = Forgets()  # of the agents' copies of records dropped here
@@ -255,6 +260,8 @@ class ProcessManager:
                     )
                     proc.keep_in_agent(kept, tail)
                 proc.running.set_result(None)
+                if self._on_start is not None:
+                    self._on_start(session, proc)
                 if proc.options.keep_stdin_open:
                     proc.command = command
                     feeder = asyncio.create_task(process_stdin.first(proc, command))

@@ -24,7 +24,12 @@ from sandboxd.agent.router import agent_settings
 from sandboxd.api.audit_describe import hashing_threads
 from sandboxd.archive import ArchiveIO
 from sandboxd.audit import AuditStore, AuditWriter
-from sandboxd.audit.egress import background_exit, egress_sink, server_lifecycle
+from sandboxd.audit.egress import (
+    background_exit,
+    background_start,
+    egress_sink,
+    server_lifecycle,
+)
 from sandboxd.budget import ByteBudget
 from sandboxd.config import Config
 from sandboxd.egress.addresses import Protected
@@ -159,6 +164,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         executor,
         on_exit=background_exit(audit, hub),
         output_budget=config.limits.process_output_buffer_bytes,
+        on_start=background_start(hub),
     )
     stack.push_async_callback(processes.close)  # before executor.close awaits the kills
     files = Files(

@@ -18,6 +18,7 @@ import random
 import sys
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agent_pipes import CHANNEL_ENV, Builds, PipeTransport, agent_process
@@ -158,7 +159,7 @@ class _AgentExecutor:
 
 @contextlib.asynccontextmanager
 async def _manager(
-    helper_builds: Builds, tmp_path: Path, window: int, window_max: int
+    helper_builds: Builds, tmp_path: Path, window: int, window_max: int, **hooks: Any
 ) -> AsyncIterator[tuple[ProcessManager, Session]]:
     root = tmp_path / "ws"
     root.mkdir()
@@ -166,7 +167,7 @@ async def _manager(
     settings = ChannelSettings(window=window, window_max=window_max, keepalive_s=30.0)
     async with agent_process(helper_builds.get("static"), root, CHANNEL_ENV) as agent:
         router = AgentRouter(_Port(agent, session.spec.user), settings)  # type: ignore[arg-type]
-        pm = ProcessManager(_AgentExecutor(_CountingAgent(router)))  # type: ignore[arg-type]
+        pm = ProcessManager(_AgentExecutor(_CountingAgent(router)), **hooks)  # type: ignore[arg-type]
         try:
             yield pm, session
         finally:
@@ -286,3 +287,29 @@ async def test_readers_get_every_byte_when_the_servers_own_reader_fails_midway(
         for seed in range(10, 12):
             problems += await _stress(pm, session, 1_000_000, 8, seed, pause_s=0.05)
         assert not problems, "\n".join(problems)
+
+
+async def test_a_process_that_exits_at_once_is_announced_started_then_exited(
+    helper_builds: Builds, tmp_path: Path
+) -> None:
+    """The feed's PROCESS_STARTED comes from the manager, before anything of the process is
+    read, so its PROCESS_EXITED never comes first. When the StartProcess call's answer made
+    it, a command that exited at once was announced exited first (CI, stop 25: a watcher
+    waiting for STARTED had already passed the EXITED)."""
+    seen: list[tuple[str, str, bool]] = []
+
+    def hook(kind: str) -> Any:
+        return lambda session, proc: seen.append((kind, proc.process_id, proc.exited is None))
+
+    async with _manager(
+        helper_builds, tmp_path, MiB, 8 * MiB, on_start=hook("start"), on_exit=hook("exit")
+    ) as (pm, session):
+        for i in range(20):
+            spec = ExecSpec(["/bin/sh", "-c", "exit 5"], "/", {}, b"", 30.0, MiB)
+            proc = await pm.start(session, spec, f"quick-{i}")
+            async with asyncio.timeout(30):
+                await proc.task
+            assert proc.exited is not None and proc.exited.exit_code == 5
+    assert seen == [
+        (kind, f"quick-{i}", kind == "start") for i in range(20) for kind in ("start", "exit")
+    ]

@@ -217,8 +217,8 @@ class Tally:
                 return True
             return False
         if m == "ProcessService/StartProcess":
+            # Its PROCESS_STARTED is the ProcessManager's (processes.py says why).
             self.attributes["process_id"] = reply.process.process_id
-            self.started = reply.process.process_id
             return True
         if m == "SnapshotService/ExportArchive":
             data = reply.chunk.data

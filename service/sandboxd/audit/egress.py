@@ -36,6 +36,23 @@ def server_lifecycle(writer: AuditWriter) -> Callable[[Session], None]:
     return record
 
 
+def background_start(hub: EventHub | None) -> Callable[[Session, BackgroundProcess], None]:
+    """A background process runs: PROCESS_STARTED on the session's feed (its StartProcess
+    call's audit record is the interceptor's)."""
+
+    def record(s: Session, proc: BackgroundProcess) -> None:
+        if hub is not None:
+            hub.publish(
+                s.tenant,
+                s.session_id,
+                "PROCESS_STARTED",
+                process_id=proc.process_id,
+                argv=list(proc.spec.argv),
+            )
+
+    return record
+
+
 def background_exit(
     writer: AuditWriter, hub: EventHub | None
 ) -> Callable[[Session, BackgroundProcess], None]:
