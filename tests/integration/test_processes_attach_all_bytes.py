@@ -104,12 +104,14 @@ def test_many_writers_in_one_session_do_not_fill_the_sandbox_with_kept_output(
 def test_running_writers_do_not_fill_the_sandbox_with_their_rings(
     stubs: Stubs, new_session: SessionFactory
 ) -> None:
-    """14 processes that write 16 MB each and stay alive, in one session of the default
-    256 MiB. Their rings in the agent held 224 MB and the agent was OOM-killed with the
+    """20 processes that write 16 MB each and stay alive, in one session of the default
+    256 MiB. Their rings in the agent held 320 MB and the agent was OOM-killed with the
     sandbox ("container … is not running"). Past half the sandbox's memory a ring still
     filling now wraps where it is: the session works on, and a reader from offset 0 of any of
-    them gets a gap, then the newest output to the end, never a short read."""
-    sid = new_session(limits=common_pb2.ResourceLimits(output_bytes=16 * MiB)).session_id
+    them gets a gap, then the newest output to the end, never a short read. (More pids than
+    the default 64, within the default largest: each process is four with its supervisor.)"""
+    limits = common_pb2.ResourceLimits(output_bytes=16 * MiB, pids=256)
+    sid = new_session(limits=limits).session_id
     pids = [
         stubs.processes.StartProcess(
             P.StartProcessRequest(
@@ -119,7 +121,7 @@ def test_running_writers_do_not_fill_the_sandbox_with_their_rings(
                 timeout=duration_pb2.Duration(seconds=300),
             )
         ).process.process_id
-        for _ in range(14)
+        for _ in range(20)
     ]
     deadline = time.monotonic() + 180
     while True:
