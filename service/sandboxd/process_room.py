@@ -29,9 +29,10 @@ def agent_exited_limit(sandbox_memory: int) -> int:
 def agent_ring_budget(sandbox_memory: int) -> int:
     """What the agent's rings, running and exited, may hold together: half the sandbox's
     memory. Past it a ring still filling wraps where it is (its readers see a gap) rather than
-    the agent being OOM-killed, which stops the sandbox: 12 processes writing 16 MB each and
-    staying alive did that to a 256 MiB sandbox. Exited rings are dropped first, by
-    `past_agent_budget`, at a quarter. 0 (no limit known): the agent's own default."""
+    the agent being OOM-killed, which stops the sandbox: 20 processes writing 16 MB each and
+    staying alive did that to a 256 MiB sandbox (pids raised to 256, within the default
+    cap). Exited rings are dropped first, by `past_agent_budget`, at a quarter. 0 (no limit
+    known): the agent's own default."""
     return max(0, sandbox_memory // 2)
 
 

@@ -276,17 +276,14 @@ class ProcessManager:
             procs = self._by_session.get(proc.session_id)
             if procs is not None:
                 self._forget_old_exited(procs, session.spec.limits.memory_bytes)
-        except SandboxError as exc:
+        except Exception as exc:  # a fault of ours too: its caller and readers still get an end
+            if not isinstance(exc, SandboxError):
+                log.exception("background process %s failed", proc.process_id)
+                exc = Internal(f"the background process failed: {exc}")
             if not proc.running.done():
                 proc.running.set_exception(exc)
                 return
             log.warning("background process %s: %s", proc.process_id, exc)
-            proc.finish(ExecExited(-1, "", False, False, time.monotonic() - started))
-        except Exception as exc:  # a fault of ours: its caller and readers still get an end
-            log.exception("background process %s failed", proc.process_id)
-            if not proc.running.done():
-                proc.running.set_exception(Internal(f"the process could not be started: {exc}"))
-                return
             proc.finish(ExecExited(-1, "", False, False, time.monotonic() - started))
         except asyncio.CancelledError:
             if not proc.running.done():

@@ -56,8 +56,9 @@ def background_start(hub: EventHub | None) -> Callable[[Session, BackgroundProce
 def background_exit(
     writer: AuditWriter, hub: EventHub | None
 ) -> Callable[[Session, BackgroundProcess], None]:
-    """A background process ended (its StartProcess call answered long ago): its command event
-    with the exit, and PROCESS_EXITED on the session's feed."""
+    """A background process ended (its StartProcess call has its own event, committed when it
+    answered, which may be after this one): its command event with the exit, and
+    PROCESS_EXITED on the session's feed."""
 
     def record(s: Session, proc: BackgroundProcess) -> None:
         exited = proc.exited
