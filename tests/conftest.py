@@ -356,6 +356,14 @@ def run(stubs: Stubs, session_id: str, *argv: str, **fields: object) -> process_
     )
 
 
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process `pid` (VmRSS), for tests that bound what a process keeps."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
 def first_difference(got: bytes, want: bytes) -> int:
     """Where `got` first differs from `want` (the shorter one's length when one is a prefix),
     for a failure message about a long output."""

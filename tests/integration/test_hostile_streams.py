@@ -34,6 +34,7 @@ from conftest import (
     expect_error,
     make_stubs,
     remove_owned_containers,
+    rss_bytes,
     run,
     start_server,
 )
@@ -55,26 +56,19 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 class _PeakRss:
     """Samples the server's resident memory while a call runs."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.base = _rss(pid)
+        self.base = rss_bytes(pid)
         self.peak = self.base
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
         while not self._stop.wait(0.02):
-            self.peak = max(self.peak, _rss(self.pid))
+            self.peak = max(self.peak, rss_bytes(self.pid))
 
     def __enter__(self) -> _PeakRss:
         self._thread.start()
@@ -83,7 +77,7 @@ class _PeakRss:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, _rss(self.pid))
+        self.peak = max(self.peak, rss_bytes(self.pid))
 
 
 class _HealthProbe:

@@ -11,7 +11,6 @@ import base64
 import http.client
 import json
 import os
-import re
 import secrets
 import socket
 import ssl
@@ -32,6 +31,7 @@ from conftest import (
     error_info,
     make_stubs,
     remove_owned_containers,
+    rss_bytes,
     start_server,
     wait_until,
 )
@@ -620,11 +620,6 @@ def test_silent_sandbox_times_out_cleanly(alice: Stubs) -> None:
         alice.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
 
 
-def _rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))  # type: ignore[union-attr]
-
-
 @needs_python
 def test_slow_client_does_not_hold_server_memory(
     alice: Stubs, preview_server: ServerProcess
@@ -636,7 +631,7 @@ def test_slow_client_does_not_hold_server_memory(
         p = _publish(alice, sid, 7004)
         _wait_listening(alice, sid, 7004)
         size = 256 * 1024 * 1024
-        before = _rss_kib(preview_server.proc.pid)
+        before = rss_bytes(preview_server.proc.pid) // 1024
         port = urlsplit(p.path_url).port
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
@@ -644,7 +639,7 @@ def test_slow_client_does_not_hold_server_memory(
             request = f"GET {path}{size} HTTP/1.1\r\nHost: x\r\nX-Sandboxd-Token: {p.token}\r\n\r\n"
             s.sendall(request.encode())
             time.sleep(4)  # the sandbox would have sent it all by now, had nobody pushed back
-            grown = _rss_kib(preview_server.proc.pid) - before
+            grown = rss_bytes(preview_server.proc.pid) // 1024 - before
             assert grown < 32 * 1024, f"server grew {grown} KiB for a client reading nothing"
             got = 0
             s.settimeout(30)

@@ -5,10 +5,9 @@ AttachProcess from 0 still replays what the agent's ring holds, with the rest a 
 from __future__ import annotations
 
 import secrets
-from pathlib import Path
 
 import pytest
-from conftest import make_stubs, remove_owned_containers, start_server, wait_until
+from conftest import make_stubs, remove_owned_containers, rss_bytes, start_server, wait_until
 from google.protobuf import duration_pb2
 from sandboxd.v1 import common_pb2, process_pb2, session_pb2
 
@@ -16,13 +15,6 @@ P = process_pb2
 MiB = 1024 * 1024
 RING = 16 * MiB  # the largest max_output_bytes (limits), the ring of each stream
 WRITTEN = 64 * MiB
-
-
-def _rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def test_background_output_is_held_by_the_agent_not_the_server(
@@ -47,7 +39,7 @@ def test_background_output_is_held_by_the_agent_not_the_server(
                 P.AttachProcessRequest(session_id=sid, process_id=warm.process_id), timeout=60
             )
         )
-        before = _rss(srv.proc.pid)
+        before = rss_bytes(srv.proc.pid)
         names = [f"loud-{i}" for i in range(3)]  # 16 MiB rings: 48 MiB in a server ring
         for name in names:
             stubs.processes.StartProcess(
@@ -75,7 +67,7 @@ def test_background_output_is_held_by_the_agent_not_the_server(
             assert procs[name].exited.exit_code == 0
             assert procs[name].stdout_bytes == WRITTEN
             assert procs[name].stdout_first_offset == WRITTEN - RING
-        grown = _rss(srv.proc.pid) - before
+        grown = rss_bytes(srv.proc.pid) - before
         # A server ring per process would hold 3 x 16 MiB of it now (48 MiB and more of RSS).
         assert grown < 32 * MiB, f"server RSS grew by {grown / MiB:.1f} MiB"
 

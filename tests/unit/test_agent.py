@@ -48,6 +48,7 @@ from agent_wire import (  # noqa: E402
     output,
     window,
 )
+from conftest import rss_bytes  # noqa: E402
 
 SH = shutil.which("sh") or "/bin/sh"
 
@@ -571,19 +572,13 @@ def test_a_reader_overrun_by_the_ring_is_reset_and_the_agent_goes_on(
     assert exit_of(run(agent, "exit 3"))["exit_code"] == 3
 
 
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        (line,) = [x for x in f if x.startswith("VmRSS:")]
-    return int(line.split()[1]) * 1024
-
-
 def test_rings_past_the_budget_wrap_where_they_are(agent: AgentProcess) -> None:
     """Six running writers of 4 MB with 8 MiB rings each and a budget of 6 MiB for all: the
     agent's memory grows by about the budget, not by 24 MB (before the budget: 64 writers
     with 16 MiB rings could take a 256 MiB sandbox's memory and the agent, OOM-killed, ended
     the sandbox). A ring stopped by the budget keeps its newest output and says where it starts."""
     agent.hello()
-    base = _rss(agent.proc.pid)
+    base = rss_bytes(agent.proc.pid)
     n, size, budget = 6, 4_000_000, 6 << 20
     for i in range(n):
         script = f"head -c {size} /dev/zero | tr '\\0' {'abcdef'[i]}; printf E; sleep 60"
@@ -605,7 +600,7 @@ def test_rings_past_the_budget_wrap_where_they_are(agent: AgentProcess) -> None:
         time.sleep(0.05)
     held = sum(p["end"]["1"] - p["start"]["1"] for p in procs)
     assert budget <= held <= budget + n * (128 << 10), procs  # a read past it, or the floor
-    growth = _rss(agent.proc.pid) - base
+    growth = rss_bytes(agent.proc.pid) - base
     assert growth < budget + (4 << 20), f"the agent grew by {growth} bytes"
     # A ring stopped early (the writers run at once: which ones is chance) still serves its
     # newest bytes, from where it now starts.
