@@ -107,7 +107,7 @@ class ProcessManager:
         self._on_exit = on_exit  # the audit log and the session's event feed
         # The feed's PROCESS_STARTED, from here rather than from the StartProcess call's answer,
         # so that it always comes before the process's PROCESS_EXITED: a command that exits at
-        # once was seen exiting before its call was answered (CI, stop 25).
+        # once was seen exiting before its call was answered (found in CI).
         self._on_start = on_start
         self._output_budget = output_budget  # per session, rings held here
         self._by_session: dict[str, dict[str, BackgroundProcess]] = {}
