@@ -96,8 +96,10 @@ test: venv helper helper-asan image python-image gvisor node-deps go-deps regist
 	$(PY) -m pytest
 
 # The Docker-free layer (tests/unit): parsers, policies, and the domain against the fake engine.
+# DOCKER_HOST names a socket nobody serves, so a unit test that reached for an engine fails here
+# instead of passing on a developer's machine that happens to run one.
 test-unit: venv helper helper-asan
-	$(PY) -m pytest tests/unit
+	DOCKER_HOST=unix:///nonexistent/sandboxd-unit-layer.sock $(PY) -m pytest tests/unit
 
 # The workspace fuzzer (tests/integration/test_fuzz_workspace.py) for SANDBOXD_SOAK_SECONDS
 # (default one hour), exploring (not derandomized) and shrinking what it finds.
