@@ -11,7 +11,6 @@ import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from sandboxd import tenancy
 from sandboxd.api.admin_service import AdminService
@@ -19,6 +18,7 @@ from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.api.audit_service import AuditService
 from sandboxd.api.auth import AuthInterceptor, LocalTenantInterceptor
 from sandboxd.api.filesystem_service import FilesystemService
+from sandboxd.api.introspection import Health, add_reflection
 from sandboxd.api.limits import StreamCaps, StreamGuard
 from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
@@ -65,7 +65,6 @@ SERVICE_NAMES = (
     audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name,
     template_pb2.DESCRIPTOR.services_by_name["TemplateService"].full_name,
 )
-REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 
 def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
@@ -125,9 +124,9 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
     template_pb2_grpc.add_TemplateServiceServicer_to_server(
         TemplateService(p.templates, config.tenancy.stream_idle_timeout_s), server
     )
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = Health()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    _add_reflection(server)
+    add_reflection(server, SERVICE_NAMES)
     return server, health_servicer
 
 
@@ -140,25 +139,6 @@ def listen(server: grpc.aio.Server, config: Config) -> int:
     if port == 0:
         raise ConfigError(f"cannot listen on {config.server.listen} (address in use or invalid)")
     return port
-
-
-def _add_reflection(server: grpc.aio.Server) -> None:
-    names = (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1)
-    servicer = reflection.aio.ReflectionServicer(names)
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
-    # v1 and v1alpha share one wire format: serve the same servicer under the v1 name too
-    # (grpcio-reflection ships only v1alpha; grpcurl 1.8 asks v1alpha, newer tools ask v1).
-    v1 = grpc.method_handlers_generic_handler(
-        REFLECTION_V1,
-        {
-            "ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
-                servicer.ServerReflectionInfo,
-                request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
-                response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
-            )
-        },
-    )
-    server.add_generic_rpc_handlers((v1,))
 
 
 def _interceptors(config: Config) -> list[grpc.aio.ServerInterceptor]:

@@ -105,7 +105,7 @@ func TestErrorsAreTyped(t *testing.T) {
 	if !errors.As(err, &e) || !errors.Is(err, sandboxd.ErrSessionNotFound) {
 		t.Fatalf("not a SessionNotFound: %v", err)
 	}
-	if e.Code != codes.NotFound || !errors.Is(err, sandboxd.ErrNotFound) || e.Metadata["session_id"] != "no-such-session" {
+	if e.Code != codes.NotFound || !errors.Is(err, sandboxd.ErrNotFound) || e.Metadata["sessionId"] != "no-such-session" {
 		t.Fatalf("%+v", e)
 	}
 
