@@ -12,7 +12,6 @@ import logging
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
-from sandboxd import tenancy
 from sandboxd.api.admin_service import AdminService
 from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.api.audit_service import AuditService
@@ -36,6 +35,7 @@ from sandboxd.dir_watch import DirWatches
 from sandboxd.errors import ConfigError
 from sandboxd.events.stats import StatsReader
 from sandboxd.server_parts import Parts
+from sandboxd.token_file import TokenFile
 from sandboxd.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -76,7 +76,7 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
             # Outermost: times every stream's reads and writes, whatever runs inside.
             StreamGuard(config.tenancy.stream_idle_timeout_s),
             MetricsInterceptor(p.metrics),
-            *_interceptors(config),
+            *_interceptors(config, p.tokens),
             AuditInterceptor(
                 p.audit,
                 p.hashers,
@@ -141,9 +141,9 @@ def listen(server: grpc.aio.Server, config: Config) -> int:
     return port
 
 
-def _interceptors(config: Config) -> list[grpc.aio.ServerInterceptor]:
+def _interceptors(config: Config, tokens: TokenFile | None) -> list[grpc.aio.ServerInterceptor]:
     """Bearer-token authentication when a tokens file is configured; else one tenant."""
-    if config.tenancy.tokens_file is None:
+    if tokens is None:
         if not listens_on_loopback(config.server.listen):
             log.warning(
                 "INSECURE: serving %s with no authentication (allow_insecure_public_listen): "
@@ -151,11 +151,10 @@ def _interceptors(config: Config) -> list[grpc.aio.ServerInterceptor]:
                 config.server.listen,
             )
         return [LocalTenantInterceptor(config.egress.private_networks)]
-    tokens = tenancy.load_tokens(config.tenancy.tokens_file)
     log.info(
         "authentication on: %d token(s) for %d tenant(s)",
-        len(tokens.entries),
-        len(tokens.tenants),
+        len(tokens.table.entries),
+        len(tokens.table.tenants),
     )
     if config.tenancy.tls_cert is None and not listens_on_loopback(config.server.listen):
         log.warning(

@@ -57,6 +57,7 @@ from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.sweeper import Sweeper
 from sandboxd.templates.builds import Templates, template_in_use
 from sandboxd.templates.store import TemplateStore
+from sandboxd.token_file import TokenFile
 
 
 @dataclass(frozen=True)
@@ -86,10 +87,13 @@ class Parts:
     previews: Previews
     transfer: FileTransfer
     sweeper: Sweeper
+    tokens: TokenFile | None  # the tenants' tokens, reloaded on SIGHUP; None: one local tenant
 
 
 async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     metrics = Metrics()
+    path = config.tenancy.tokens_file
+    tokens = TokenFile(path) if path is not None else None
     engine_address = docker_tls.from_settings(config.engine)  # checked by validate already
     docker = await stack.enter_async_context(
         DockerEngine(
@@ -147,7 +151,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
                 timeout_s=config.egress.dns_timeout_s,
             ),
             protected=await _protected(config),
-            private_networks_granted=_private_networks_grant(config),
+            private_networks_granted=_private_networks_grant(config, tokens),
             secrets=SecretsSetup(
                 vault.configure(config.egress.secrets_key_file, config.egress.secrets_file),
                 config.egress.upstream_ca_file,
@@ -240,6 +244,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         previews=previews,
         transfer=FileTransfer(files.helper, config.tenancy.stream_idle_timeout_s),
         sweeper=Sweeper(sessions, engine, owner_id, snapshots, pulls=pulls),
+        tokens=tokens,
     )
 
 
@@ -255,9 +260,13 @@ async def _protected(config: Config) -> Protected:
     return Protected.of(hosts)
 
 
-def _private_networks_grant(config: Config) -> Callable[[str], bool]:
-    """tenant -> may its sessions reach private networks (tokens-file grant, else setting)."""
-    path = config.tenancy.tokens_file
-    grants = tenancy.load_tokens(path).grants_of if path else (lambda _: tenancy.LOCAL_GRANTS)
+def _private_networks_grant(config: Config, tokens: TokenFile | None) -> Callable[[str], bool]:
+    """tenant -> may its sessions reach private networks (tokens-file grant, else setting);
+    asked at each decision, so a reloaded tokens file counts from then on."""
     setting = config.egress.private_networks
-    return lambda tenant: tenancy.private_networks_allowed(setting, grants(tenant))
+
+    def granted(tenant: str) -> bool:
+        grants = tokens.grants_of(tenant) if tokens is not None else tenancy.LOCAL_GRANTS
+        return tenancy.private_networks_allowed(setting, grants)
+
+    return granted

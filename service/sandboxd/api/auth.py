@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -65,8 +65,17 @@ class LocalTenantInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return None if handler is None else _as_tenant(handler, None, self._grants)
 
 
+class Tokens(Protocol):
+    """Who a token belongs to and what that tenant was granted: a `tenancy.TokenTable`, or
+    the server's `TokenFile`, which a SIGHUP replaces whole between two calls."""
+
+    def authenticate(self, token: str) -> str | None: ...
+
+    def grants_of(self, tenant: str) -> tenancy.TenantGrants: ...
+
+
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, tokens: tenancy.TokenTable, private_networks: str = "deny") -> None:
+    def __init__(self, tokens: Tokens, private_networks: str = "deny") -> None:
         self._tokens = tokens
         self._private_networks = private_networks  # the server's egress_private_networks
 
