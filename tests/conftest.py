@@ -132,6 +132,10 @@ def start_server(
         "0.5",
         "--engine-check-interval-s",
         "0.5",
+        # Metrics are on by default at 127.0.0.1:9464; test servers run side by side, so each
+        # takes a port of its own (a later --metrics-listen in `extra` wins).
+        "--metrics-listen",
+        "127.0.0.1:0",
         *extra,
     ]
     import mountcheck  # loaded as a plugin above (imported here after, so it is rewritten)

@@ -36,6 +36,7 @@ from sandboxd.errors import ConfigError
 from sandboxd.events.stats import StatsReader
 from sandboxd.server_parts import Parts
 from sandboxd.token_file import TokenFile
+from sandboxd.tracing import TracingInterceptor
 from sandboxd.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -75,7 +76,8 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
         interceptors=[
             # Outermost: times every stream's reads and writes, whatever runs inside.
             StreamGuard(config.tenancy.stream_idle_timeout_s),
-            MetricsInterceptor(p.metrics),
+            TracingInterceptor(p.tracer),  # the call's span is current for all that follows
+            MetricsInterceptor(p.metrics, access_log=config.metrics.access_log),
             *_interceptors(config, p.tokens),
             AuditInterceptor(
                 p.audit,

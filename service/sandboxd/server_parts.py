@@ -18,6 +18,8 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from opentelemetry.trace import Tracer
+
 from sandboxd import tenancy
 from sandboxd.agent.detached import for_engine as agent_processes
 from sandboxd.agent.router import agent_settings
@@ -54,10 +56,11 @@ from sandboxd.sessions import SessionManager
 from sandboxd.sessions.recovery import ENDED_RETENTION
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
-from sandboxd.sweeper import Sweeper
+from sandboxd.sweeper import Sweeper, SweepResult
 from sandboxd.templates.builds import Templates, template_in_use
 from sandboxd.templates.store import TemplateStore
 from sandboxd.token_file import TokenFile
+from sandboxd.tracing import provider_for, traced, tracer_of
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class Parts:
     transfer: FileTransfer
     sweeper: Sweeper
     tokens: TokenFile | None  # the tenants' tokens, reloaded on SIGHUP; None: one local tenant
+    tracer: Tracer  # spans of every RPC (TracingInterceptor) and engine and agent call
 
 
 async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
@@ -107,7 +111,11 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             agent=agent_settings(config),
         )
     )
-    engine: Engine = docker
+    provider = provider_for(config.metrics.otlp_endpoint)
+    if provider is not None:  # flushes what is left when the server stops (off the loop)
+        stack.push_async_callback(asyncio.to_thread, provider.shutdown)
+    tracer = tracer_of(provider)
+    engine: Engine = traced(docker, tracer, "engine")
     audit_store = (
         await stack.enter_async_context(AuditStore(config.server.data_dir / "audit.db"))
         if config.audit.enabled
@@ -161,6 +169,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     )
     if docker.agents is not None:
         docker.agents.egress = egress  # the agents' egress streams go to these proxies
+        docker.agents = traced(docker.agents, tracer, "agent")
     detached = agent_processes(engine) if config.agent.detached_processes else None
     executor = Executor(engine, detached=detached)
     stack.push_async_callback(executor.close)
@@ -203,7 +212,9 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         pool=pool,
         egress=egress,
         on_session_end=[processes.end_session, preview_parts.end_session],
-        on_expiry=ExpiryPolicy(terms, keeper, store, suspend_for=ENDED_RETENTION),
+        on_expiry=ExpiryPolicy(
+            terms, keeper, store, suspend_for=ENDED_RETENTION, on_expired=metrics.lease_expired
+        ),
         tiers=tiers,
         pulls=pulls,
         templates=templates,
@@ -243,14 +254,31 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         snapshots=snapshots,
         previews=previews,
         transfer=FileTransfer(files.helper, config.tenancy.stream_idle_timeout_s),
-        sweeper=Sweeper(sessions, engine, owner_id, snapshots, pulls=pulls),
+        sweeper=Sweeper(
+            sessions, engine, owner_id, snapshots, pulls=pulls, on_swept=_counted(metrics)
+        ),
         tokens=tokens,
+        tracer=tracer,
     )
+
+
+def _counted(metrics: Metrics) -> Callable[[SweepResult], None]:
+    def count(result: SweepResult) -> None:
+        metrics.swept_away(
+            containers=result.removed_containers,
+            images=result.removed_images,
+            networks=result.removed_networks,
+            sessions=result.expired_sessions,
+        )
+
+    return count
 
 
 async def _protected(config: Config) -> Protected:
     """Addresses the egress proxy never dials: the listeners' and the engine's (by name too)."""
-    hosts = [config.server.listen.rpartition(":")[0], config.metrics.listen.rpartition(":")[0]]
+    hosts = [config.server.listen.rpartition(":")[0]]
+    if config.metrics.served:
+        hosts.append(config.metrics.listen.rpartition(":")[0])
     if config.engine.docker_host.startswith("tcp://"):
         engine_host = urlsplit(config.engine.docker_host).hostname or ""
         hosts.append(engine_host)

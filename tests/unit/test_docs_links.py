@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
 WEB_ADDRESS = re.compile(r"https?://[^\s)`\"'>]+")
 EXAMPLE_HOST = re.compile(
-    r"https?://(localhost|127\.0\.0\.1|\[::1\]|[^/]*example\.(com|org|net)|[<{$])"
+    r"https?://(localhost|127\.0\.0\.1|\[::1\]|host\b|[^/]*example\.(com|org|net)|[<{$])"
 )
 
 

@@ -111,7 +111,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         features = list(_BASE_FEATURES)
         if self._egress is not None and self._egress.filter_mode is not FilterMode.UNAVAILABLE:
             features.append("egress")
-        if self._config.metrics.listen:
+        if self._config.metrics.served:
             features.append("metrics")
         return features
 

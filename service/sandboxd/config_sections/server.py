@@ -33,8 +33,20 @@ def _owner_problem(value: str) -> str | None:
     return None if ok else "letters, digits, '_', '.', '-' only"
 
 
+METRICS_OFF = ("", "off")
+
+
 def _metrics_listen_problem(value: str) -> str | None:
-    return host_port_problem(value, "127.0.0.1:9464") if value else None
+    return None if value in METRICS_OFF else host_port_problem(value, "127.0.0.1:9464")
+
+
+def _otlp_endpoint_problem(value: str) -> str | None:
+    if not value:
+        return None
+    address = value.split("://", 1)[1] if "://" in value else value
+    if "://" in value and value.split("://", 1)[0] not in ("http", "https"):
+        return "use host:port, http://host:port (plaintext) or https://host:port"
+    return host_port_problem(address.rstrip("/"), "127.0.0.1:4317", ip_only=False)
 
 
 @dataclass(frozen=True)
@@ -99,15 +111,30 @@ class EngineSection:
 
 @dataclass(frozen=True)
 class MetricsSection:
-    """The Prometheus endpoint."""
+    """What an operator watches: the Prometheus endpoint, traces and the access log."""
 
     listen: str = setting(
-        "",
+        "127.0.0.1:9464",
         TEXT,
-        "Prometheus /metrics address host:port (empty: off)",
+        "Prometheus /metrics address host:port (off: none); loopback unless set otherwise",
         check=_metrics_listen_problem,
         flat="metrics_listen",
     )
+    otlp_endpoint: str = setting(
+        "",
+        TEXT,
+        "OpenTelemetry collector for traces over OTLP/gRPC: host:port or https://host:port "
+        "(TLS), http://host:port (plaintext); empty: spans are not exported",
+        check=_otlp_endpoint_problem,
+    )
+    access_log: bool = setting(
+        True, BOOL, "one INFO line per RPC: method, tenant, session, code, duration"
+    )
+
+    @property
+    def served(self) -> bool:
+        """Whether /metrics is served at all (`metrics_listen = "off"` turns it off)."""
+        return self.listen not in METRICS_OFF
 
 
 def _tiers_problem(value: str) -> str | None:
