@@ -28,6 +28,7 @@ from sandboxd.models import (
     ShellPolicy,
     WorkspaceManifest,
 )
+from sandboxd.schema import add_column, statements, steps_of
 from sandboxd.sqlite_file import SqliteFile
 
 _SCHEMA = """
@@ -165,22 +166,16 @@ def _row_to_session(row: aiosqlite.Row) -> Session:
 
 
 class SessionStore(SqliteFile):
-    SCHEMA = _SCHEMA
-
-    async def _migrate(self) -> None:
-        await self._migrate_tenant()
-
-    async def _migrate_tenant(self) -> None:
-        """Databases from before tenants: every existing session belongs to "default"."""
-        async with self.db.execute("PRAGMA table_info(sessions)") as cur:
-            columns = {row["name"] for row in await cur.fetchall()}
-        if "tenant" not in columns:
-            await self.db.execute(
-                "ALTER TABLE sessions ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'"
-            )
-        await self.db.execute(
-            "CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, state)"
-        )
+    PART = "sessions"
+    STEPS = (
+        # 0.1.0: the table, and tenants (every session of a database from before them is
+        # "default"'s).
+        steps_of(
+            statements(_SCHEMA),
+            add_column("sessions", "tenant", "TEXT NOT NULL DEFAULT 'default'"),
+            statements("CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, state)"),
+        ),
+    )
 
     async def insert(self, s: Session) -> None:
         await self.db.execute(
