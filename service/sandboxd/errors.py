@@ -88,6 +88,12 @@ class Unauthenticated(SandboxError):
     default_reason = Reason.UNAUTHENTICATED
 
 
+class DeadlineExceeded(SandboxError):
+    """A call that ran out of its time (an idle interaction)."""
+
+    default_reason = Reason.INTERACT_IDLE
+
+
 class EngineUnavailable(Unavailable):
     """The Docker engine did not answer; retrying later may succeed."""
 

@@ -280,6 +280,8 @@ var (
 	ErrAgentProtocolError = &Error{Code: codes.Internal, Reason: "AGENT_PROTOCOL_ERROR"}
 	// ErrWatchLimit: RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first.
 	ErrWatchLimit = &Error{Code: codes.ResourceExhausted, Reason: "WATCH_LIMIT"}
+	// ErrInteractIdle: DEADLINE_EXCEEDED: An Interact call had no message from the caller and no output from its command for its idle timeout (InteractStart.idle_timeout, default interact_idle_timeout_s), so its command was ended. Start it again; a longer idle_timeout keeps a quiet terminal open.
+	ErrInteractIdle = &Error{Code: codes.DeadlineExceeded, Reason: "INTERACT_IDLE"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -421,4 +423,5 @@ var Reasons = map[string]ReasonInfo{
 	"AGENT_RESTARTED":               {codes.Unavailable, true, ErrAgentRestarted},
 	"AGENT_PROTOCOL_ERROR":          {codes.Internal, false, ErrAgentProtocolError},
 	"WATCH_LIMIT":                   {codes.ResourceExhausted, false, ErrWatchLimit},
+	"INTERACT_IDLE":                 {codes.DeadlineExceeded, false, ErrInteractIdle},
 }

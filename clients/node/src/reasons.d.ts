@@ -255,6 +255,8 @@ export declare class AgentRestartedError extends Unavailable {}
 export declare class AgentProtocolErrorError extends Internal {}
 /** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
 export declare class WatchLimitError extends ResourceExhausted {}
+/** DEADLINE_EXCEEDED: An Interact call had no message from the caller and no output from its command for its idle timeout (InteractStart.idle_timeout, default interact_idle_timeout_s), so its command was ended. Start it again; a longer idle_timeout keeps a quiet terminal open. */
+export declare class InteractIdleError extends DeadlineExceeded {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -393,7 +395,8 @@ export type Reason =
   | 'AGENT_UNAVAILABLE'
   | 'AGENT_RESTARTED'
   | 'AGENT_PROTOCOL_ERROR'
-  | 'WATCH_LIMIT';
+  | 'WATCH_LIMIT'
+  | 'INTERACT_IDLE';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

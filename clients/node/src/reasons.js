@@ -255,6 +255,8 @@ export class AgentRestartedError extends Unavailable {}
 export class AgentProtocolErrorError extends Internal {}
 /** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
 export class WatchLimitError extends ResourceExhausted {}
+/** DEADLINE_EXCEEDED: An Interact call had no message from the caller and no output from its command for its idle timeout (InteractStart.idle_timeout, default interact_idle_timeout_s), so its command was ended. Start it again; a longer idle_timeout keeps a quiet terminal open. */
+export class InteractIdleError extends DeadlineExceeded {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -395,4 +397,5 @@ export const REASONS = Object.freeze({
   AGENT_RESTARTED: { code: 'UNAVAILABLE', retryable: true, error: AgentRestartedError },
   AGENT_PROTOCOL_ERROR: { code: 'INTERNAL', retryable: false, error: AgentProtocolErrorError },
   WATCH_LIMIT: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: WatchLimitError },
+  INTERACT_IDLE: { code: 'DEADLINE_EXCEEDED', retryable: false, error: InteractIdleError },
 });

@@ -363,7 +363,8 @@ export type ErrorReason =
   | 'ERROR_REASON_AGENT_UNAVAILABLE'
   | 'ERROR_REASON_AGENT_RESTARTED'
   | 'ERROR_REASON_AGENT_PROTOCOL_ERROR'
-  | 'ERROR_REASON_WATCH_LIMIT';
+  | 'ERROR_REASON_WATCH_LIMIT'
+  | 'ERROR_REASON_INTERACT_IDLE';
 
 export type SessionEventKind =
   | 'SESSION_EVENT_KIND_UNSPECIFIED'
@@ -781,6 +782,7 @@ export interface PtySize {
 export interface InteractStart {
   request: ExecRequest | null;
   pty: PtySize | null;
+  idle_timeout: Duration | null;
 }
 
 export interface InteractStdin {

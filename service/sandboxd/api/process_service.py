@@ -129,6 +129,21 @@ def _process_key(p: BackgroundProcess) -> str:
     return f"{p.started_at.isoformat()} {p.process_id}"
 
 
+def _idle_timeout_s(start: process_pb2.InteractStart, default_s: float, max_s: float) -> float:
+    if not start.HasField("idle_timeout"):
+        return default_s
+    asked = convert.optional_duration_s(start.idle_timeout, True)
+    if asked is None or asked <= 0:
+        return default_s
+    if asked > max_s:
+        raise InvalidArgument(
+            f"idle_timeout of {asked:g} s is above the server maximum of {max_s:g} s (lease_max_s)",
+            reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
+            metadata={"limit": "idle_timeout", "maximum": f"{max_s:g}s"},
+        )
+    return asked
+
+
 def _first_message_error(what: str) -> InvalidArgument:
     return InvalidArgument(
         f"the first Interact message must be `start` (got {what})",
@@ -241,8 +256,15 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
             raise _first_message_error(f"`{action}`" if action else "an empty message")
         start = first.start
         pty = PtySize(start.pty.rows, start.pty.cols) if start.HasField("pty") else None
+        lease_max_s = self._config.leases.max_s
+        idle_s = _idle_timeout_s(start, self._config.server.interact_idle_timeout_s, lease_max_s)
         async with self._sessions.use_for_command(start.request.session_id) as session:
-            spec = prepare(session, _exec_input(start.request), self._config.limits.max)
+            spec = prepare(
+                session,
+                _exec_input(start.request),
+                self._config.limits.max,
+                interactive_s=lease_max_s,
+            )
             events = interactive.interact(
                 self._executor,
                 session,
@@ -250,6 +272,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
                 pty,
                 _controls(requests),
                 self._config.server.keepalive_interval_s,
+                idle_s,
             )
             origin = ProcessOrigin.INTERACT
             async for event in self._processes.track(session.session_id, spec, origin, events):

@@ -65,6 +65,14 @@ class ServerSection:
     keepalive_interval_s: float = setting(
         15.0, DURATION, "keepalive period of quiet process streams", lo=0, lo_open=True
     )
+    interact_idle_timeout_s: float = setting(
+        1800.0,
+        DURATION,
+        "Interact ends a command with no input and no output for this long (a call may ask "
+        "for another, up to lease_max_s)",
+        lo=0,
+        lo_open=True,
+    )
     log_level: str = setting(
         "INFO", TEXT, "DEBUG, INFO, WARNING or ERROR", choices=("DEBUG", "INFO", "WARNING", "ERROR")
     )

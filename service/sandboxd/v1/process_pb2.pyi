@@ -409,12 +409,25 @@ class InteractStart(_message.Message):
 
     REQUEST_FIELD_NUMBER: _builtins.int
     PTY_FIELD_NUMBER: _builtins.int
+    IDLE_TIMEOUT_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def request(self) -> Global___ExecRequest: ...
+    def request(self) -> Global___ExecRequest:
+        """The command. Unlike Exec and Run, an interactive command has no deadline unless
+        `request.timeout` is set, and no output cap unless `request.max_output_bytes` is: it runs
+        until it exits, the call ends, the session ends (its lease), or `idle_timeout` passes.
+        """
+
     @_builtins.property
     def pty(self) -> Global___PtySize:
         """When set, the command runs on a terminal of this size: stdout and stderr are merged into
         the stdout stream, and the terminal echoes and handles control characters (^C).
+        """
+
+    @_builtins.property
+    def idle_timeout(self) -> _duration_pb2.Duration:
+        """End the command (INTERACT_IDLE) after this long with no message from the caller and no
+        output from the command. Zero: the server's interact_idle_timeout_s (30 minutes unless the
+        operator set another); at most the server's lease_max_s.
         """
 
     def __init__(
@@ -422,10 +435,11 @@ class InteractStart(_message.Message):
         *,
         request: Global___ExecRequest | None = ...,
         pty: Global___PtySize | None = ...,
+        idle_timeout: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["pty", b"pty", "request", b"request"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["idle_timeout", b"idle_timeout", "pty", b"pty", "request", b"request"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pty", b"pty", "request", b"request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idle_timeout", b"idle_timeout", "pty", b"pty", "request", b"request"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

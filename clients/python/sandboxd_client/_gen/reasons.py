@@ -146,6 +146,7 @@ class Reason(StrEnum):
     AGENT_RESTARTED = "AGENT_RESTARTED"
     AGENT_PROTOCOL_ERROR = "AGENT_PROTOCOL_ERROR"
     WATCH_LIMIT = "WATCH_LIMIT"
+    INTERACT_IDLE = "INTERACT_IDLE"
 
 
 # The one gRPC status code each reason is sent with.
@@ -287,6 +288,7 @@ CODE: dict[str, str] = {
     "AGENT_RESTARTED": "UNAVAILABLE",
     "AGENT_PROTOCOL_ERROR": "INTERNAL",
     "WATCH_LIMIT": "RESOURCE_EXHAUSTED",
+    "INTERACT_IDLE": "DEADLINE_EXCEEDED",
 }
 
 # Reasons after which the same call may succeed later.

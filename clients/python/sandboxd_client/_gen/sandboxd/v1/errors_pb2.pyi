@@ -329,6 +329,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams;
     end one first.
     """
+    ERROR_REASON_INTERACT_IDLE: _ErrorReason.ValueType  # 320
+    """DEADLINE_EXCEEDED: An Interact call had no message from the caller and no output from its
+    command for its idle timeout (InteractStart.idle_timeout, default interact_idle_timeout_s),
+    so its command was ended. Start it again; a longer idle_timeout keeps a quiet terminal open.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -645,5 +650,10 @@ or unexpected frame); the stream was reset, the rest of the session is unaffecte
 ERROR_REASON_WATCH_LIMIT: ErrorReason.ValueType  # 230
 """RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams;
 end one first.
+"""
+ERROR_REASON_INTERACT_IDLE: ErrorReason.ValueType  # 320
+"""DEADLINE_EXCEEDED: An Interact call had no message from the caller and no output from its
+command for its idle timeout (InteractStart.idle_timeout, default interact_idle_timeout_s),
+so its command was ended. Start it again; a longer idle_timeout keeps a quiet terminal open.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
