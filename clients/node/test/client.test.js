@@ -181,6 +181,33 @@ test('interact: a bidirectional stream fed from an async generator', async () =>
   }
 });
 
+test('session.interact: a terminal that outlives the command timeout, typed into as it runs', async () => {
+  const session = await client.createSession({
+    shell: { allow_all: true },
+    limits: { command_timeout: { seconds: 1, nanos: 0 } },
+  });
+  try {
+    const term = session.interact(['sh'], { pty: { rows: 20, cols: 70 }, idleTimeout: 60 });
+    let out = '';
+    let exit = null;
+    let typed = false;
+    for await (const event of term) {
+      if (event.type === 'output') out += event.data.toString();
+      if (!typed && out.includes('$ ')) {
+        typed = true;
+        term.send('stty size; sleep 2; echo still-$((40+2)); exit 4\n');
+      }
+      if (event.type === 'exited') exit = event;
+    }
+    assert.match(out, /20 70/);
+    assert.match(out, /still-42/);
+    assert.equal(exit.exitCode, 4);
+    assert.equal(exit.timedOut, false);
+  } finally {
+    await session.delete();
+  }
+});
+
 test('an AbortSignal ends a running exec with Cancelled', async () => {
   const session = await client.createSession({ shell: { allow: ['sleep'] } });
   try {
