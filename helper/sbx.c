@@ -227,6 +227,26 @@ static int g_tmp_dirfd = -1;
 static char g_tmp_name[64];
 
 /*
+ * The directories `write --parents` made, each as its parent's descriptor and
+ * its name, removed again (deepest first) if the write fails or is ended: a
+ * refused write changes nothing, not even the folders on its way.  Plain
+ * arrays, so the signal handler may walk them.  Past MADE_MAX new levels the
+ * deeper ones are not noted (their removal then stops at the first non-empty).
+ */
+#define MADE_MAX 128
+static int g_made_fd[MADE_MAX];
+static char *g_made_name[MADE_MAX];
+static volatile int g_made;
+
+static void unmake_dirs(void)
+{
+	while (g_made > 0) {
+		int k = --g_made;
+		(void)unlinkat(g_made_fd[k], g_made_name[k], AT_REMOVEDIR);
+	}
+}
+
+/*
  * Set by subcommands that take data on stdin.  On failure they still read it
  * to the end: the engine keeps an exec's output open until its stdin has been
  * delivered (the shim holds the pipe), so an unread stdin would make the
@@ -281,6 +301,7 @@ void fail(int code, const char *name, const char *fmt, ...)
 	}
 	if (g_tmp_name[0])
 		unlinkat(g_tmp_dirfd, g_tmp_name, 0);
+	unmake_dirs();
 	if (g_drain_stdin)
 		drain_stdin();
 	exit(code);
@@ -626,7 +647,15 @@ static int open_dir_path(const char *norm, const char *shown)
 
 /* mkdir -p beneath the root.  Each prefix is re-resolved from the root fd,
  * so a component swapped for a symlink mid-walk still cannot lead outside. */
+static int mkdir_parents_noting(const char *norm, bool note);
+
 static int mkdir_parents(const char *norm)
+{
+	return mkdir_parents_noting(norm, false);
+}
+
+/* mkdir -p; with `note`, each directory made is noted for unmake_dirs(). */
+static int mkdir_parents_noting(const char *norm, bool note)
 {
 	int cur = open_dir_path(".", ".");
 	if (is_root(norm))
@@ -636,8 +665,17 @@ static int mkdir_parents(const char *norm)
 		char *slash = strchr(p, '/');
 		if (slash)
 			*slash = '\0';
-		if (mkdirat(cur, p, 0755) < 0 && errno != EEXIST)
+		if (mkdirat(cur, p, 0755) == 0) {
+			if (note && g_made < MADE_MAX) {
+				int k = g_made;
+				g_made_name[k] = xstrdup(p);
+				g_made_fd[k] = dup(cur);
+				if (g_made_fd[k] >= 0)
+					g_made = k + 1;
+			}
+		} else if (errno != EEXIST) {
 			fail_errno(errno, "mkdir", prefix);
+		}
 		close(cur);
 		cur = open_dir_path(prefix, prefix);
 		if (!slash)
@@ -805,6 +843,7 @@ static void write_ended(int sig)
 {
 	if (g_tmp_name[0])
 		unlinkat(g_tmp_dirfd, g_tmp_name, 0);
+	unmake_dirs();
 	_exit(128 + sig);
 }
 
@@ -838,7 +877,15 @@ static int cmd_write(int argc, char **argv)
 
 	const char *name;
 	char *parent = split_parent(norm, &name);
-	int pfd = parents ? mkdir_parents(parent) : open_dir_path(parent, norm);
+	/* SIGHUP/SIGTERM (a cancelled call) held until the handler that
+	 * removes the temp file and the folders made on its way is in place,
+	 * so no moment leaves either behind. */
+	sigset_t ends, old;
+	sigemptyset(&ends);
+	sigaddset(&ends, SIGHUP);
+	sigaddset(&ends, SIGTERM);
+	sigprocmask(SIG_BLOCK, &ends, &old);
+	int pfd = parents ? mkdir_parents_noting(parent, true) : open_dir_path(parent, norm);
 
 	/* Cheap early refusal; the rename below re-checks atomically. */
 	struct stat st;
@@ -849,13 +896,6 @@ static int cmd_write(int argc, char **argv)
 	 * atomic and never crosses a filesystem. */
 	int fd = -1;
 	g_tmp_dirfd = pfd;
-	/* SIGHUP/SIGTERM (a cancelled call) held until the handler that
-	 * removes the temp file is in place, so no moment leaves it behind. */
-	sigset_t ends, old;
-	sigemptyset(&ends);
-	sigaddset(&ends, SIGHUP);
-	sigaddset(&ends, SIGTERM);
-	sigprocmask(SIG_BLOCK, &ends, &old);
 	for (int tries = 0; fd < 0; tries++) {
 		uint32_t rnd;
 		if (getrandom(&rnd, sizeof rnd, 0) != sizeof rnd)
@@ -903,6 +943,7 @@ static int cmd_write(int argc, char **argv)
 	if (renameat(pfd, g_tmp_name, pfd, name) < 0)
 		fail_errno(errno, "write", norm);
 	g_tmp_name[0] = '\0';
+	g_made = 0; /* written: the folders on its way stay */
 	print_stat(norm, pfd, name);
 	return 0;
 }

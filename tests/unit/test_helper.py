@@ -1282,3 +1282,30 @@ def test_a_refused_remove_changes_nothing(open_env):
     before = _entries(root)
     open_env.fail("EACCES", "remove", "p/t", "--recursive", **unpriv_kwargs())
     assert _entries(root) == before
+
+
+def test_a_refused_write_takes_back_the_folders_it_made(env):
+    # Over its size limit, and ended by a signal mid-stream: "new/deeper" goes with the file.
+    before = _entries(env.root)
+    env.fail("TOO_LARGE", "write", "new/deeper/f", "644", "3", "--parents", input=b"four")
+    assert _entries(env.root) == before
+    proc = subprocess.Popen(
+        [env.sbx, "--root", str(env.root), "write", "sub/new/deeper/f", "644", "100", "--parents"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(b"part")
+    proc.stdin.flush()
+    for _ in range(200):
+        if (env.root / "sub" / "new" / "deeper").exists():
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+    proc.stdin.close()
+    assert proc.stderr is not None
+    proc.stderr.close()
+    assert _entries(env.root) == before
+    env.ok("write", "new/deeper/f", "644", "3", "--parents", input=b"ok")  # a write keeps them
+    assert (env.root / "new" / "deeper" / "f").read_bytes() == b"ok"
