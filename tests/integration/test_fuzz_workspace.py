@@ -1,11 +1,18 @@
 """A stateful fuzzer against the real server: nothing a caller does loses a workspace's files.
 
-Hypothesis drives random sequences of workspace-changing calls (WriteFile, Remove, MakeDir,
-ImportArchive with and without `replace`, good, refused and client-cancelled), commands of the
-sandbox that create every kind of file it can (fifos, symlinks, hardlinks, unreadable files,
-unwritable directories, sparse files, empty directories, long and non-UTF-8 names), and the
-operations that must carry a workspace across (Suspend/Resume, CreateSnapshot + fork,
-ExportArchive + ImportArchive into a fresh session).
+Hypothesis drives random sequences of workspace-changing calls (WriteFile, WriteFileStream,
+Remove, MakeDir, Move, ImportArchive with and without `replace`, good, refused and
+client-cancelled), commands of the sandbox that create every kind of file it can (fifos,
+symlinks, hardlinks, unreadable files, unwritable directories, sparse files, empty directories,
+long and non-UTF-8 names), and the operations that must carry a workspace across
+(Suspend/Resume, CreateSnapshot + fork, ExportArchive + ImportArchive into a fresh session).
+
+The edges are in the model: each session has a small workspace (4 to 8 MiB) that the sandbox
+fills to the last byte or a page short; writes and imports are sized to the exact free space
+and a byte or a page either side (past it: refused, nothing changed); writes sit at the file
+cap and one byte past, imports at the member count cap and one past, names at 255 and 256
+bytes. The fuzzer runs its own server (count cap MAX_MEMBERS) and talks to it through a channel
+with gRPC's default message limits (4 MiB received), as grpcurl and every language's client.
 
 The model is the last tree observed, read with a script inside the sandbox (type, mode, size,
 content hash or link target of every entry). After every step:
@@ -67,8 +74,8 @@ from sandboxd.v1 import (
 
 CALL_TIMEOUT = 60.0  # every call carries a deadline; DEADLINE_EXCEEDED is a finding
 SOAK_SECONDS = float(os.environ.get("SANDBOXD_SOAK_SECONDS", "0"))
-EXAMPLES = int(os.environ.get("SANDBOXD_FUZZ_EXAMPLES", "6"))
-STEPS = int(os.environ.get("SANDBOXD_FUZZ_STEPS", "12"))
+EXAMPLES = int(os.environ.get("SANDBOXD_FUZZ_EXAMPLES", "10"))
+STEPS = int(os.environ.get("SANDBOXD_FUZZ_STEPS", "15"))
 
 MiB = 1024 * 1024
 PAGE = 4096  # tmpfs counts whole pages
