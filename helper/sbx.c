@@ -647,13 +647,6 @@ static int open_dir_path(const char *norm, const char *shown)
 
 /* mkdir -p beneath the root.  Each prefix is re-resolved from the root fd,
  * so a component swapped for a symlink mid-walk still cannot lead outside. */
-static int mkdir_parents_noting(const char *norm, bool note);
-
-static int mkdir_parents(const char *norm)
-{
-	return mkdir_parents_noting(norm, false);
-}
-
 /* mkdir -p; with `note`, each directory made is noted for unmake_dirs(). */
 static int mkdir_parents_noting(const char *norm, bool note)
 {
@@ -1412,7 +1405,8 @@ static int cmd_mkdir(int argc, char **argv)
 	}
 	const char *name;
 	char *parent = split_parent(norm, &name);
-	int pfd = parents ? mkdir_parents(parent) : open_dir_path(parent, norm);
+	/* A refused last step takes back the parents made for it. */
+	int pfd = parents ? mkdir_parents_noting(parent, true) : open_dir_path(parent, norm);
 	if (mkdirat(pfd, name, 0755) < 0) {
 		int e = errno;
 		struct stat st;
@@ -1421,6 +1415,7 @@ static int cmd_mkdir(int argc, char **argv)
 		      S_ISDIR(st.st_mode)))
 			fail_errno(e, "mkdir", norm);
 	}
+	g_made = 0;
 	print_stat(norm, pfd, name);
 	return 0;
 }

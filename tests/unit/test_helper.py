@@ -1309,3 +1309,11 @@ def test_a_refused_write_takes_back_the_folders_it_made(env):
     assert _entries(env.root) == before
     env.ok("write", "new/deeper/f", "644", "3", "--parents", input=b"ok")  # a write keeps them
     assert (env.root / "new" / "deeper" / "f").read_bytes() == b"ok"
+
+
+def test_a_refused_mkdir_takes_back_the_parents_it_made(env):
+    before = _entries(env.root)
+    env.fail("EINVAL", "mkdir", "new/deeper/" + "n" * 256, "--parents")  # ENAMETOOLONG last
+    assert _entries(env.root) == before
+    env.ok("mkdir", "new/deeper/d", "--parents")
+    assert (env.root / "new" / "deeper" / "d").is_dir()
