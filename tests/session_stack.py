@@ -88,9 +88,6 @@ async def session_stack(
         finally:
             if pool is not None:
                 await pool.close()
-            close = getattr(workspace, "close", None)
-            if close is not None:  # a real ArchiveIO keeps spool files open for reuse
-                close()
 
 
 async def as_tenant(tenant: str, call: Callable[[], Awaitable[T]]) -> T:

@@ -185,10 +185,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         buffers=ByteBudget(config.limits.file_buffer_bytes),
         listing_bytes=config.limits.listing_bytes,
     )
-    archive = ArchiveIO(
-        engine, files, config.archive.max_members, spool_dir=config.server.data_dir / "spool"
-    )
-    stack.callback(archive.close)
+    archive = ArchiveIO(engine, files, config.archive.max_members)
     snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
     keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
     terms = await LeaseTermsStore(store.db).open()
