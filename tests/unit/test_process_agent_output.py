@@ -18,6 +18,7 @@ from sandboxd import process_agent_output, process_record, processes
 from sandboxd import process_room as room
 from sandboxd.errors import Internal, InvalidArgument, OutOfRange
 from sandboxd.execution import GAP_FD
+from sandboxd.isolation import Isolation
 from sandboxd.models import ExecExited, ExecKeepalive, ExecOutput, ExecSpec, ExecStarted
 from sandboxd.models import OutputStream as S
 from sandboxd.process_agent_output import follow
@@ -432,17 +433,31 @@ async def test_exited_output_the_agent_keeps_is_bounded_by_the_sandboxs_memory()
         _produce(agent, proc, 1, b"x" * (15 * MiB))
         proc.finish(ExecExited(0, "", False, False, 1.0), complete=True)
         await asyncio.sleep(0.001)  # distinct start times
-    assert room.agent_exited_limit(256 * MiB) == 64 * MiB
-    assert room.agent_exited_limit(64 * MiB) == 16 * MiB
+    budget = room.agent_ring_budget(256 * MiB, 64 * MiB)
+    assert budget == 128 * MiB and room.agent_exited_limit(budget) == 64 * MiB
+    assert room.agent_exited_limit(room.agent_ring_budget(64 * MiB, 16 * MiB)) == 16 * MiB
     reader = pm.follow(procs["p0"], 0, 0, 5)  # p0 is being read: it stays
     assert await anext(reader) == ExecStarted("p0")
-    pm._forget_old_exited(procs, 256 * MiB)
+    pm._forget_old_exited(procs, budget)
     await pm._forgets.settled("s")
     assert sorted(procs) == ["p0", "p3", "p4", "p5"] and agent.forgotten == ["p1", "p2"]
     await reader.aclose()
-    pm._forget_old_exited(procs, 128 * MiB)  # 32 MiB, and p0 is read no more: it goes first
+    pm._forget_old_exited(procs, 64 * MiB)  # 32 MiB, and p0 is read no more: it goes first
     await pm._forgets.settled("s")
     assert sorted(procs) == ["p4", "p5"] and agent.forgotten == ["p1", "p2", "p0", "p3"]
-    pm._forget_old_exited(procs, 16 * MiB)  # a small sandbox: only the newest stays
+    pm._forget_old_exited(procs, 8 * MiB)  # a small sandbox: only the newest stays
     await pm._forgets.settled("s")
     assert sorted(procs) == ["p5"]
+
+
+def test_the_agents_budget_leaves_room_for_the_workspace_and_the_commands() -> None:
+    """The agent's budget is half the sandbox's memory under runc, a quarter under gVisor
+    (whose Sentry shares the cgroup, and whose sandbox ends whole when it is full), and never
+    so much that the workspace's tmpfs, full, and the agent's rings leave the commands less
+    than a quarter: with 128 MiB and a 64 MiB workspace half was 64 MiB, and the rings plus the
+    workspace filled the sandbox with nothing but the agent left to kill."""
+    assert room.agent_ring_budget(256 * MiB, 64 * MiB) == 128 * MiB
+    assert room.agent_ring_budget(256 * MiB, 64 * MiB, Isolation.GVISOR) == 64 * MiB
+    assert room.agent_ring_budget(128 * MiB, 64 * MiB) == 32 * MiB
+    assert room.agent_ring_budget(64 * MiB, 64 * MiB) == room.AGENT_MIN_BUDGET
+    assert room.agent_ring_budget(0) == 0  # no limit known: the agent's default
