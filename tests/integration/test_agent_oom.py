@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+import pytest
 from conftest import ServerProcess, SessionFactory, Stubs, run
 from google.protobuf import duration_pb2
 from sandboxd.v1 import common_pb2, process_pb2, session_pb2
@@ -31,6 +32,14 @@ STARTS = 24  # per caller: 72 starts of 16 MiB writers, past the ~50 that ended 
 # 16 MiB of output as fast as the sandbox goes; every fourth stays alive holding its ring.
 WRITE = "head -c 16777216 /dev/zero"
 STAY = f"{WRITE}; exec sleep 600"
+
+
+# Measured with runsc 0.0~20221219 (SECURITY.md, "Memory of the agent"): the host's OOM killer
+# takes the Sentry, so a full cgroup ends a gVisor sandbox whole (oom_score_adj inside is only
+# stored), and the pids limit counts the Sentry's host threads, not the sandbox's processes:
+# three callers reached 100 processes in a session of 64 pids, their own memory (162 MiB in the
+# sandbox) and the Sentry's (43 MiB) filled it with the agent at a quarter of it.
+GVISOR_WHOLE = "gVisor: a full sandbox ends whole, and its pids limit does not bound processes"
 
 
 def _container(sid: str, server: ServerProcess) -> dict[str, Any]:
@@ -84,6 +93,8 @@ def _run_true(stubs: Stubs, sid: str) -> int:
 def test_concurrent_writers_never_get_the_agent_killed(
     stubs: Stubs, server: ServerProcess, new_session: SessionFactory, tier: str
 ) -> None:
+    if tier == "gvisor":
+        pytest.xfail(GVISOR_WHOLE)
     limits = common_pb2.ResourceLimits(output_bytes=16 * MiB)
     sid = new_session(limits=limits).session_id
     before = _container(sid, server)
@@ -123,3 +134,42 @@ def test_concurrent_writers_never_get_the_agent_killed(
     # -1 is an exit made up for a process whose agent stream failed (the agent gone).
     codes = {p.exited.exit_code for p in listed if p.HasField("exited")}
     assert -1 not in codes, codes
+
+
+def test_a_full_workspace_and_full_rings_leave_the_agent_alive(
+    stubs: Stubs, server: ServerProcess, new_session: SessionFactory, tier: str
+) -> None:
+    """A sandbox of 128 MiB whose workspace (64 MiB, the default) is filled while eight
+    running writers' rings hold the agent's budget. Before, that budget was half the memory:
+    the rings and the workspace's tmpfs pages filled the cgroup, the OOM killer found the agent
+    (64 MiB of rings, oom_score_adj 0) above every command (a few MiB, 500) and the sandbox
+    ended. The budget now leaves the workspace and a quarter to the commands, which the OOM
+    killer scores first: the writer of the workspace may be killed, the agent never."""
+    if tier == "gvisor":
+        pytest.xfail(GVISOR_WHOLE)
+    limits = common_pb2.ResourceLimits(memory_bytes=128 * MiB, output_bytes=16 * MiB)
+    sid = new_session(limits=limits).session_id
+    before = _container(sid, server)
+    for _ in range(8):
+        stubs.processes.StartProcess(
+            P.StartProcessRequest(
+                session_id=sid,
+                argv=["sh", "-c", STAY],
+                max_output_bytes=16 * MiB,
+                timeout=duration_pb2.Duration(seconds=120),
+            )
+        )
+    deadline = time.monotonic() + 60
+    while True:
+        listed = stubs.processes.ListProcesses(P.ListProcessesRequest(session_id=sid)).processes
+        if len(listed) == 8 and all(p.stdout_bytes == 16 * MiB for p in listed):
+            break
+        assert time.monotonic() < deadline, [p.stdout_bytes for p in listed]
+        time.sleep(0.2)
+    with contextlib.suppress(grpc.RpcError):  # the writer may be the OOM killer's victim
+        run(stubs, sid, "dd", "if=/dev/zero", "of=/workspace/fill", "bs=1M", "count=64")
+    assert _run_true(stubs, sid) == 0
+    after = _container(sid, server)
+    assert after["Id"] == before["Id"]
+    assert after["State"]["StartedAt"] == before["State"]["StartedAt"]
+    assert after["State"]["Running"] and not after["State"]["OOMKilled"], after["State"]
