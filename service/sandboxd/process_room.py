@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sandboxd.agent.memory import agent_ring_budget
 from sandboxd.errors import ResourceExhausted
 from sandboxd.isolation import Isolation
 from sandboxd.models import SessionSpec
@@ -22,35 +23,13 @@ Records = dict[str, BackgroundProcess]
 # Output the sandbox's agent keeps for exited background processes, per session: at most this,
 # and at most half the agent's budget (the rest is its running processes').
 AGENT_EXITED_OUTPUT_BYTES = 64 * 1024 * 1024
-# The least budget an agent is given (its rings' floors come on top: docs/agent.md, "Memory").
-AGENT_MIN_BUDGET = 4 * 1024 * 1024
-
-
-def agent_ring_budget(
-    memory: int, workspace: int = 0, isolation: Isolation = Isolation.RUNC
-) -> int:
-    """What the agent's rings (running and exited) and its streams' input buffers may hold
-    together, of a sandbox of `memory` bytes whose workspace tmpfs may hold `workspace` (its
-    pages are the sandbox's memory too): half the memory under runc, a quarter under gVisor,
-    whose Sentry takes its own share of the same cgroup (measured: 37 MiB at this load) and
-    whose sandbox ends whole when the cgroup is full (no process of it is the OOM killer's
-    victim alone); and never more than what leaves a quarter of the memory to the commands
-    with the workspace full. Past it a ring still filling wraps where it is (its readers see a
-    gap) rather than the agent pressing the sandbox's memory: 20 processes writing 16 MB each
-    and staying alive got the agent OOM-killed with its sandbox before any budget; at half
-    the memory, three callers starting such writers ended a gVisor sandbox. 0 (no limit
-    known): the agent's own default."""
-    if memory <= 0:
-        return 0
-    share = memory // 2 if isolation is Isolation.RUNC else memory // 4
-    room = memory - workspace - memory // 4
-    return max(AGENT_MIN_BUDGET, min(share, room))
 
 
 def session_agent_budget(spec: SessionSpec) -> int:
     """The agent's budget in a session's sandbox."""
     limits = spec.limits
-    return agent_ring_budget(limits.memory_bytes, limits.workspace_bytes, spec.isolation)
+    gvisor = spec.isolation is Isolation.GVISOR
+    return agent_ring_budget(limits.memory_bytes, limits.workspace_bytes, gvisor=gvisor)
 
 
 def agent_exited_limit(budget: int) -> int:
