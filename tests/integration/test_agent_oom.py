@@ -42,6 +42,12 @@ STAY = f"{WRITE}; exec sleep 600"
 GVISOR_WHOLE = "gVisor: a full sandbox ends whole, and its pids limit does not bound processes"
 
 
+def _gvisor_xfail(request: pytest.FixtureRequest, tier: str) -> None:
+    """Runs under gVisor too, and must fail there until a gVisor sandbox bounds what ends it."""
+    if tier == "gvisor":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=GVISOR_WHOLE))
+
+
 def _container(sid: str, server: ServerProcess) -> dict[str, Any]:
     ids = subprocess.run(
         ["docker", "ps", "-aq", "--filter", f"label=io.sandboxd.session={sid}"]
@@ -91,10 +97,13 @@ def _run_true(stubs: Stubs, sid: str) -> int:
 
 
 def test_concurrent_writers_never_get_the_agent_killed(
-    stubs: Stubs, server: ServerProcess, new_session: SessionFactory, tier: str
+    stubs: Stubs,
+    server: ServerProcess,
+    new_session: SessionFactory,
+    tier: str,
+    request: pytest.FixtureRequest,
 ) -> None:
-    if tier == "gvisor":
-        pytest.xfail(GVISOR_WHOLE)
+    _gvisor_xfail(request, tier)
     limits = common_pb2.ResourceLimits(output_bytes=16 * MiB)
     sid = new_session(limits=limits).session_id
     before = _container(sid, server)
@@ -137,7 +146,11 @@ def test_concurrent_writers_never_get_the_agent_killed(
 
 
 def test_a_full_workspace_and_full_rings_leave_the_agent_alive(
-    stubs: Stubs, server: ServerProcess, new_session: SessionFactory, tier: str
+    stubs: Stubs,
+    server: ServerProcess,
+    new_session: SessionFactory,
+    tier: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """A sandbox of 128 MiB whose workspace (64 MiB, the default) is filled while eight
     running writers' rings hold the agent's budget. Before, that budget was half the memory:
@@ -145,8 +158,7 @@ def test_a_full_workspace_and_full_rings_leave_the_agent_alive(
     (64 MiB of rings, oom_score_adj 0) above every command (a few MiB, 500) and the sandbox
     ended. The budget now leaves the workspace and a quarter to the commands, which the OOM
     killer scores first: the writer of the workspace may be killed, the agent never."""
-    if tier == "gvisor":
-        pytest.xfail(GVISOR_WHOLE)
+    _gvisor_xfail(request, tier)
     limits = common_pb2.ResourceLimits(memory_bytes=128 * MiB, output_bytes=16 * MiB)
     sid = new_session(limits=limits).session_id
     before = _container(sid, server)
