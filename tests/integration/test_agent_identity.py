@@ -61,7 +61,7 @@ def test_the_agent_runs_the_commands_as_the_session_with_nothing_of_its_own(
     if tier == "runc":  # gVisor's status has no such line (its Sentry runs under both)
         assert status["NoNewPrivs"] == "1"
     # The OOM killer takes a command before the agent.
-    assert run(stubs, sid, "cat", "/proc/self/oom_score_adj").stdout == b"500\n"
+    assert run(stubs, sid, "cat", "/proc/self/oom_score_adj").stdout == b"1000\n"
     # Run by the agent itself: the supervisor's parent is PID 1, the --user agent, and the
     # engine made no `docker exec` for any of it.
     chain = run(

@@ -32,8 +32,10 @@ AGENT_CMD = (HELPER_IN_CONTAINER, "agent")
 # The HostConfig fields a tampering check compares (plus the capabilities, no-new-privileges,
 # and the main process's command and user, which say who the commands run as).
 # Runtime: a sandbox moved from gvisor to runc would lose its kernel boundary unnoticed.
+# OomScoreAdj: the agent's, 0, below every command's 1000 (SECURITY.md, "Memory of the agent").
 _CHECKED = (
     "Memory",
+    "OomScoreAdj",
     "MemorySwap",
     "NanoCpus",
     "PidsLimit",
@@ -97,6 +99,9 @@ def container_config(
         "HostConfig": {
             "NetworkMode": "none",
             "Runtime": runtime,
+            # The agent's (PID 1's): a lower one needs CAP_SYS_RESOURCE in the engine, which
+            # not every engine has (this one's dockerd has not: measured).
+            "OomScoreAdj": 0,
             "ReadonlyRootfs": True,
             "Tmpfs": {
                 "/workspace": (
