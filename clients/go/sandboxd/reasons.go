@@ -280,6 +280,10 @@ var (
 	ErrAgentProtocolError = &Error{Code: codes.Internal, Reason: "AGENT_PROTOCOL_ERROR"}
 	// ErrWatchLimit: RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first.
 	ErrWatchLimit = &Error{Code: codes.ResourceExhausted, Reason: "WATCH_LIMIT"}
+	// ErrKernelLimitReached: RESOURCE_EXHAUSTED: A limit the kernel keeps for the session's own host uid is reached (inotify instances or watches: fs.inotify.max_user_instances, max_user_watches); the session's own use counts, no other tenant's. Close watches or file watchers in the session.
+	ErrKernelLimitReached = &Error{Code: codes.ResourceExhausted, Reason: "KERNEL_LIMIT_REACHED"}
+	// ErrHostIdsExhausted: RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created.
+	ErrHostIdsExhausted = &Error{Code: codes.ResourceExhausted, Reason: "HOST_IDS_EXHAUSTED"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -421,4 +425,6 @@ var Reasons = map[string]ReasonInfo{
 	"AGENT_RESTARTED":               {codes.Unavailable, true, ErrAgentRestarted},
 	"AGENT_PROTOCOL_ERROR":          {codes.Internal, false, ErrAgentProtocolError},
 	"WATCH_LIMIT":                   {codes.ResourceExhausted, false, ErrWatchLimit},
+	"KERNEL_LIMIT_REACHED":          {codes.ResourceExhausted, false, ErrKernelLimitReached},
+	"HOST_IDS_EXHAUSTED":            {codes.ResourceExhausted, false, ErrHostIdsExhausted},
 }

@@ -255,6 +255,10 @@ export declare class AgentRestartedError extends Unavailable {}
 export declare class AgentProtocolErrorError extends Internal {}
 /** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
 export declare class WatchLimitError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: A limit the kernel keeps for the session's own host uid is reached (inotify instances or watches: fs.inotify.max_user_instances, max_user_watches); the session's own use counts, no other tenant's. Close watches or file watchers in the session. */
+export declare class KernelLimitReachedError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created. */
+export declare class HostIdsExhaustedError extends ResourceExhausted {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -393,7 +397,9 @@ export type Reason =
   | 'AGENT_UNAVAILABLE'
   | 'AGENT_RESTARTED'
   | 'AGENT_PROTOCOL_ERROR'
-  | 'WATCH_LIMIT';
+  | 'WATCH_LIMIT'
+  | 'KERNEL_LIMIT_REACHED'
+  | 'HOST_IDS_EXHAUSTED';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

@@ -255,6 +255,10 @@ export class AgentRestartedError extends Unavailable {}
 export class AgentProtocolErrorError extends Internal {}
 /** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
 export class WatchLimitError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: A limit the kernel keeps for the session's own host uid is reached (inotify instances or watches: fs.inotify.max_user_instances, max_user_watches); the session's own use counts, no other tenant's. Close watches or file watchers in the session. */
+export class KernelLimitReachedError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created. */
+export class HostIdsExhaustedError extends ResourceExhausted {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -395,4 +399,6 @@ export const REASONS = Object.freeze({
   AGENT_RESTARTED: { code: 'UNAVAILABLE', retryable: true, error: AgentRestartedError },
   AGENT_PROTOCOL_ERROR: { code: 'INTERNAL', retryable: false, error: AgentProtocolErrorError },
   WATCH_LIMIT: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: WatchLimitError },
+  KERNEL_LIMIT_REACHED: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: KernelLimitReachedError },
+  HOST_IDS_EXHAUSTED: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: HostIdsExhaustedError },
 });

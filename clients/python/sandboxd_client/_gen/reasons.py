@@ -146,6 +146,8 @@ class Reason(StrEnum):
     AGENT_RESTARTED = "AGENT_RESTARTED"
     AGENT_PROTOCOL_ERROR = "AGENT_PROTOCOL_ERROR"
     WATCH_LIMIT = "WATCH_LIMIT"
+    KERNEL_LIMIT_REACHED = "KERNEL_LIMIT_REACHED"
+    HOST_IDS_EXHAUSTED = "HOST_IDS_EXHAUSTED"
 
 
 # The one gRPC status code each reason is sent with.
@@ -287,6 +289,8 @@ CODE: dict[str, str] = {
     "AGENT_RESTARTED": "UNAVAILABLE",
     "AGENT_PROTOCOL_ERROR": "INTERNAL",
     "WATCH_LIMIT": "RESOURCE_EXHAUSTED",
+    "KERNEL_LIMIT_REACHED": "RESOURCE_EXHAUSTED",
+    "HOST_IDS_EXHAUSTED": "RESOURCE_EXHAUSTED",
 }
 
 # Reasons after which the same call may succeed later.
