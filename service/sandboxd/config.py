@@ -154,6 +154,9 @@ def validate(config: Config) -> None:
     docker_tls.from_settings(engine)  # the address and TLS files of the engine
     if not engine.image.strip():
         raise ConfigError("image: must not be empty")
+    host_ids_problem = _host_ids_problem(engine)
+    if host_ids_problem:
+        raise ConfigError(host_ids_problem)
     for name in LIMIT_NAMES:
         default, maximum = getattr(limits, f"default_{name}"), getattr(limits, f"max_{name}")
         if default > maximum:
@@ -169,9 +172,6 @@ def validate(config: Config) -> None:
             f"helper {str(engine.helper)!r} is missing or not executable; "
             "build it with 'make helper' or point SANDBOXD_HELPER at it"
         )
-    host_ids_problem = _host_ids_problem(engine)
-    if host_ids_problem:
-        raise ConfigError(host_ids_problem)
     from sandboxd.images import parse_patterns  # images imports nothing from here
 
     try:
