@@ -17,7 +17,16 @@ from pathlib import Path
 import grpc
 import pytest
 from authutil import authed_stubs, write_tokens
-from conftest import ServerProcess, Stubs, error_info, remove_owned_containers, run, start_server
+from conftest import (
+    ServerProcess,
+    Stubs,
+    error_info,
+    expect_error,
+    make_stubs,
+    remove_owned_containers,
+    run,
+    start_server,
+)
 from google.protobuf import duration_pb2
 from sandboxd.v1 import (
     common_pb2,
@@ -31,6 +40,7 @@ from sandboxd.v1 import (
 TIERS = ("runc", "gvisor")
 ALPHA = "alpha-" + secrets.token_urlsafe(24)
 BETA = "beta-" + secrets.token_urlsafe(24)
+EXHAUSTED = "HOST_IDS_EXHAUSTED"
 ASKED = "4242:4242"  # what both tenants ask for; no one else on the host is this uid
 
 # Opens inotify instances until the kernel refuses (at most 4096: gVisor's Sentry keeps no
@@ -252,3 +262,57 @@ def _container(session_id: str) -> str:
     ).stdout.split()
     assert len(ids) == 1, ids
     return ids[0]
+
+
+def test_a_used_up_block_refuses_and_records_hold_their_ids_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Two ids: two sessions hold them, a third create is HOST_IDS_EXHAUSTED with nothing
+    made, also while one is suspended and after a restart (the ids are in the records); the
+    delete of one frees its id for the next create."""
+    owner = "hidb" + secrets.token_hex(4)
+    block = ("--host-uid-first", "1950000000", "--host-uid-count", "2")
+    srv = start_server(tmp_path / "data", owner, *block)
+    try:
+        s = make_stubs(srv.address)
+        a, b = (_default_session(s) for _ in range(2))
+        assert {a.user, b.user} == {"1950000000:1950000000", "1950000001:1950000001"}
+        expect_error(lambda: _default_session(s), grpc.StatusCode.RESOURCE_EXHAUSTED, EXHAUSTED)
+        s.sessions.SuspendSession(session_pb2.SuspendSessionRequest(session_id=a.session_id))
+        expect_error(lambda: _default_session(s), grpc.StatusCode.RESOURCE_EXHAUSTED, EXHAUSTED)
+        s.channel.close()
+        srv.stop()
+        srv = start_server(tmp_path / "data", owner, *block)
+        s = make_stubs(srv.address)
+        expect_error(lambda: _default_session(s), grpc.StatusCode.RESOURCE_EXHAUSTED, EXHAUSTED)
+        listed = s.sessions.ListSessions(session_pb2.ListSessionsRequest()).sessions
+        assert sorted(x.user for x in listed) == sorted([a.user, b.user])  # one each, still
+        run_as = run(s, b.session_id, "id", "-u").stdout.decode().strip()
+        assert f"{run_as}:{run_as}" == b.user  # adopted or resumed, as its own uid
+        _delete(s, a.session_id)
+        c = _default_session(s)
+        assert c.user == a.user
+        assert run(s, c.session_id, "id", "-u").stdout.decode().strip() == a.user.split(":")[0]
+        s.channel.close()
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
+
+
+def test_a_block_holding_a_reserved_id_stops_the_server(tmp_path: Path) -> None:
+    """The keeper's uid (65533 by default) and nobody in the block: the server does not start."""
+    with pytest.raises(RuntimeError, match="keeper"):
+        start_server(
+            tmp_path / "data",
+            "hidc" + secrets.token_hex(4),
+            "--host-uid-first",
+            "60000",
+            "--host-uid-count",
+            "10000",
+        )
+
+
+def _default_session(s: Stubs) -> session_pb2.Session:
+    return s.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
+    ).session

@@ -53,7 +53,8 @@ def test_create_get_delete(
     assert s.session_id.startswith("s-")
     assert len(s.fingerprint) == 64
     assert s.assurance == common_pb2.ASSURANCE_ENFORCED
-    assert s.user == "65534:65534"
+    uid = int(s.user.partition(":")[0])  # the session's own host identity (uid = gid)
+    assert s.user == f"{uid}:{uid}" and 1_900_000_000 <= uid < 1_900_065_536
     assert s.limits.memory_bytes == 256 * 1024 * 1024
     assert s.limits.pids == 64
     assert s.limits.command_timeout.seconds == 10
