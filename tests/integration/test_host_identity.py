@@ -202,7 +202,7 @@ def test_sessions_run_as_their_own_host_uid(alpha: Stubs, beta: Stubs, tier: str
 
 def test_suspend_keeps_the_uid_and_a_fork_gets_its_own(alpha: Stubs, tier: str) -> None:
     a = _python_session(alpha)
-    fork_id = ""
+    forks: list[str] = []
     try:
         sid, uid = a.session_id, _uid(a)
         assert run(alpha, sid, "sh", "-c", "mkdir d && echo x > d/f").exit_code == 0
@@ -213,22 +213,27 @@ def test_suspend_keeps_the_uid_and_a_fork_gets_its_own(alpha: Stubs, tier: str) 
         assert resumed.user == a.user
         assert _owners(alpha, sid, "/workspace", "/workspace/d", "/workspace/d/f") == [uid] * 3
         snaps = snapshot_pb2_grpc.SnapshotServiceStub(alpha.channel)
-        snap = snaps.CreateSnapshot(snapshot_pb2.CreateSnapshotRequest(session_id=sid)).snapshot
-        fork = alpha.sessions.CreateSession(
-            session_pb2.CreateSessionRequest(
-                from_snapshot_id=snap.snapshot_id,
-                template="python",
-                shell=common_pb2.ShellPolicy(allow_all=True),
-            )
-        ).session
-        fork_id = fork.session_id
-        assert _uid(fork) != uid
-        assert _owners(alpha, fork_id, "/workspace", "/workspace/d/f") == [_uid(fork)] * 2
-        assert run(alpha, fork_id, "sh", "-c", "echo y >> d/f").exit_code == 0
+        users = {a.user}
+        for kind in (snapshot_pb2.SNAPSHOT_KIND_TAR, snapshot_pb2.SNAPSHOT_KIND_IMAGE):
+            snap = snaps.CreateSnapshot(
+                snapshot_pb2.CreateSnapshotRequest(session_id=sid, kind=kind)
+            ).snapshot
+            fork = alpha.sessions.CreateSession(
+                session_pb2.CreateSessionRequest(
+                    from_snapshot_id=snap.snapshot_id,
+                    template="python",
+                    shell=common_pb2.ShellPolicy(allow_all=True),
+                )
+            ).session
+            forks.append(fork.session_id)
+            assert fork.user not in users, kind  # its own, not its source's nor another fork's
+            users.add(fork.user)
+            owners = _owners(alpha, fork.session_id, "/workspace", "/workspace/d/f")
+            assert owners == [_uid(fork)] * 2, kind
+            assert run(alpha, fork.session_id, "sh", "-c", "echo y >> d/f").exit_code == 0
     finally:
-        _delete(alpha, a.session_id)
-        if fork_id:
-            _delete(alpha, fork_id)
+        for made in (a.session_id, *forks):
+            _delete(alpha, made)
 
 
 def _host_uids_of_commands(session_id: str) -> set[int]:
