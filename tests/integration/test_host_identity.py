@@ -321,3 +321,23 @@ def _default_session(s: Stubs) -> session_pb2.Session:
     return s.sessions.CreateSession(
         session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
     ).session
+
+
+def test_without_the_agent_commands_run_as_the_sessions_own_uid(tmp_path: Path) -> None:
+    """`agent = false`: commands are `docker exec`s as the session's user and the main process
+    an idle keeper; each session still runs as (and owns its workspace as) its own uid."""
+    owner = "hidn" + secrets.token_hex(4)
+    srv = start_server(tmp_path / "data", owner, "--agent", "false")
+    try:
+        s = make_stubs(srv.address)
+        a, b = (_default_session(s) for _ in range(2))
+        assert a.user != b.user
+        for session in (a, b):
+            uid = session.user.partition(":")[0]
+            r = run(s, session.session_id, "sh", "-c", "id -u; stat -c %u /workspace")
+            assert r.stdout.decode().split() == [uid, uid], r
+            assert _watch_error(s, session.session_id) is None
+        s.channel.close()
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
