@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from fakes import FakeArchive, FakeEngine
 from sandboxd import tenancy
 from sandboxd.config import Config
+from sandboxd.host_ids import HostIds
 from sandboxd.pool import WarmPool
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import SnapshotStore
@@ -64,7 +65,8 @@ async def session_stack(
         snap_store = await SnapshotStore(store.db, tmp_path / "snapshots").open()
         workspace = archive(engine) if archive is not None else FakeArchive(engine)
         keeper = SnapshotKeeper(snap_store, workspace, engine, owner)
-        pool = WarmPool.for_config(engine, config, owner) if pool_size else None
+        host_ids = HostIds.for_config(config, store)
+        pool = WarmPool.for_config(engine, config, owner, host_ids) if pool_size else None
         ended: list[str] = []
 
         async def on_end(session_id: str) -> None:
@@ -80,6 +82,7 @@ async def session_stack(
             on_session_end=[on_end],
             tiers=tiers,
             egress=egress,
+            host_ids=host_ids,
         )
         snapshots = Snapshots(keeper, snap_store, sessions, engine, store)
         stack = Stack(engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended)

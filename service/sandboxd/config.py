@@ -40,6 +40,7 @@ from sandboxd.config_sections import (
     TenancySection,
     WatchSection,
 )
+from sandboxd.config_sections.server import MAX_ID
 from sandboxd.errors import ConfigError, ConfigProblems
 from sandboxd.models import LIMIT_NAMES
 from sandboxd.previews.settings import PreviewsSection
@@ -201,6 +202,9 @@ def _engine_problems(config: Config) -> Iterator[str]:
     docker_tls.from_settings(engine)  # the address and TLS files of the engine
     if not engine.image.strip():
         yield "image: must not be empty"
+    host_ids_problem = _host_ids_problem(engine)
+    if host_ids_problem:
+        yield host_ids_problem
     if not engine.helper.is_file() or not os.access(engine.helper, os.X_OK):
         yield (
             f"helper {str(engine.helper)!r} is missing or not executable; "
@@ -243,6 +247,30 @@ _CHECKS: tuple[Callable[[Config], Iterator[str]], ...] = (
     _limit_problems,
     _image_problems,
 )
+
+
+def _host_ids_problem(engine: EngineSection) -> str | None:
+    """The host uid block of sessions holds no id that is someone else's: the keeper's uid and
+    gid (a session of that uid could signal the keeper), nobody (65534, every other container's
+    default user), 65535 (16-bit -1), and it stays within what a uid may be."""
+    first, count = engine.host_uid_first, engine.host_uid_count
+    last = first + count - 1
+    if last > MAX_ID:
+        return f"host_uid_first + host_uid_count - 1 ({last}) is above {MAX_ID}"
+    k_uid, _, k_gid = engine.keeper_user.partition(":")
+    reserved = (
+        (int(k_uid), "the keeper's uid (keeper_user)"),
+        (int(k_gid), "the keeper's gid (keeper_user)"),
+        (65534, "nobody"),
+        (65535, "the 16-bit -1"),
+    )
+    for value, what in reserved:
+        if first <= value <= last:
+            return (
+                f"host_uid_first..+host_uid_count ({first}-{last}) contains {value}, {what}; "
+                "choose a block that does not"
+            )
+    return None
 
 
 def listens_on_loopback(listen: str) -> bool:

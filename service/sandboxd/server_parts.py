@@ -42,6 +42,7 @@ from sandboxd.events import EventHub, ObservedStore
 from sandboxd.execution import Executor
 from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
+from sandboxd.host_ids import HostIds
 from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
 from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
 from sandboxd.metrics import Metrics
@@ -141,7 +142,8 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     store = await stack.enter_async_context(
         ObservedStore(config.server.data_dir / "sessions.db", hub, server_lifecycle(audit))
     )
-    pool = WarmPool.for_config(engine, config, owner_id, metrics)
+    host_ids = HostIds.for_config(config, store)  # sessions' and warm containers' own uids
+    pool = WarmPool.for_config(engine, config, owner_id, host_ids, metrics)
     stack.push_async_callback(pool.close)  # after the gRPC server stopped, before the engine
     # Proxies close before the engine. Sandboxes have no network: their agents carry egress
     # over the channels to these proxies (docs/agent.md).
@@ -215,6 +217,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         tiers=tiers,
         pulls=pulls,
         templates=templates,
+        host_ids=host_ids,
     )
     snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
     previews = await stack.enter_async_context(

@@ -79,6 +79,7 @@ def _spec_to_json(spec: SessionSpec) -> str:
             "env": spec.env,
             "uid": spec.uid,
             "gid": spec.gid,
+            "requested_user": spec.requested_user,
             "isolation": spec.isolation.value,
             "template": spec.template,
             "manifest": {
@@ -130,6 +131,7 @@ def _spec_from_json(text: str) -> SessionSpec:
         env=dict(d["env"]),
         uid=d["uid"],
         gid=d["gid"],
+        requested_user=d.get("requested_user", ""),
         manifest=WorkspaceManifest(
             id=m["id"],
             files=tuple(
@@ -261,6 +263,15 @@ class SessionStore(SqliteFile):
             row = await cur.fetchone()
         assert row is not None
         return int(row[0]), int(row[1])
+
+    async def host_ids_between(self, first: int, last: int) -> set[int]:
+        """Every uid or gid in [first, last] a record holds, whatever its state: an id stays
+        taken until its record is deleted (DeleteSession, or pruned an hour after it ended)."""
+        async with self.db.execute(
+            "SELECT json_extract(spec, '$.uid'), json_extract(spec, '$.gid') FROM sessions"
+        ) as cur:
+            rows = await cur.fetchall()
+        return {int(v) for row in rows for v in row if v is not None and first <= int(v) <= last}
 
     async def count_by_state(self) -> dict[str, int]:
         """How many sessions are in each state (metrics; reads no specs)."""

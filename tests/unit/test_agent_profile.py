@@ -153,3 +153,17 @@ def test_another_oom_score_for_the_agent_does_not_conform(tmp_path: Path, tier: 
         info = inspected(config)
         info["HostConfig"]["OomScoreAdj"] = other
         assert not conforms(config, info), other
+
+
+@pytest.mark.parametrize("agent", [True, False])
+def test_a_workspace_owned_by_another_uid_does_not_conform(tmp_path: Path, agent: bool) -> None:
+    """The workspace tmpfs is the session's host identity's: a container whose workspace was
+    made for another uid (a warm container of another identity, a hand-made one) is not it,
+    also without the agent, where no command line names the user."""
+    config = config_for(tmp_path, Isolation.RUNC, agent=agent)
+    info = inspected(config)
+    tmpfs = info["HostConfig"]["Tmpfs"]
+    tmpfs["/workspace"] = tmpfs["/workspace"].replace("uid=1234,gid=4321", "uid=77,gid=77")
+    assert not conforms(config, info)
+    del tmpfs["/workspace"]
+    assert not conforms(config, info)

@@ -282,6 +282,10 @@ var (
 	ErrWatchLimit = &Error{Code: codes.ResourceExhausted, Reason: "WATCH_LIMIT"}
 	// ErrInteractIdle: DEADLINE_EXCEEDED: An Interact call had no message from the caller and no output from its command for its idle timeout (InteractStart.idle_timeout, default interact_idle_timeout_s), so its command was ended. Start it again; a longer idle_timeout keeps a quiet terminal open.
 	ErrInteractIdle = &Error{Code: codes.DeadlineExceeded, Reason: "INTERACT_IDLE"}
+	// ErrKernelLimitReached: RESOURCE_EXHAUSTED: A limit the kernel keeps for the session's own host uid is reached (inotify instances or watches: fs.inotify.max_user_instances, max_user_watches); the session's own use counts, no other tenant's. Close watches or file watchers in the session.
+	ErrKernelLimitReached = &Error{Code: codes.ResourceExhausted, Reason: "KERNEL_LIMIT_REACHED"}
+	// ErrHostIdsExhausted: RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created.
+	ErrHostIdsExhausted = &Error{Code: codes.ResourceExhausted, Reason: "HOST_IDS_EXHAUSTED"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -424,4 +428,6 @@ var Reasons = map[string]ReasonInfo{
 	"AGENT_PROTOCOL_ERROR":          {codes.Internal, false, ErrAgentProtocolError},
 	"WATCH_LIMIT":                   {codes.ResourceExhausted, false, ErrWatchLimit},
 	"INTERACT_IDLE":                 {codes.DeadlineExceeded, false, ErrInteractIdle},
+	"KERNEL_LIMIT_REACHED":          {codes.ResourceExhausted, false, ErrKernelLimitReached},
+	"HOST_IDS_EXHAUSTED":            {codes.ResourceExhausted, false, ErrHostIdsExhausted},
 }

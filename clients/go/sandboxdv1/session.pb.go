@@ -282,7 +282,9 @@ type CreateSessionRequest struct {
 	Labels map[string]string `protobuf:"bytes,8,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
 	// Lease length; zero means the server default.
 	LeaseTtl *durationpb.Duration `protobuf:"bytes,9,opt,name=lease_ttl,json=leaseTtl,proto3" json:"lease_ttl,omitempty"`
-	// Numeric "uid:gid"; empty means 65534:65534. uid 0 and gid 0 are refused.
+	// Numeric "uid:gid"; empty means 65534:65534. uid 0 and gid 0 are refused. Checked and part
+	// of the fingerprint, but not the identity: the server allocates each session a host uid of
+	// its own (Session.user), so no per-uid kernel limit is shared with another session.
 	User string `protobuf:"bytes,10,opt,name=user,proto3" json:"user,omitempty"`
 	// Fork: start from this snapshot's workspace instead of the manifest's files.
 	FromSnapshotId string `protobuf:"bytes,11,opt,name=from_snapshot_id,json=fromSnapshotId,proto3" json:"from_snapshot_id,omitempty"`
@@ -1545,7 +1547,8 @@ type Session struct {
 	Labels    map[string]string `protobuf:"bytes,9,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
 	Assurance Assurance         `protobuf:"varint,10,opt,name=assurance,proto3,enum=sandboxd.v1.Assurance" json:"assurance,omitempty"`
 	Shell     *ShellPolicy      `protobuf:"bytes,11,opt,name=shell,proto3" json:"shell,omitempty"`
-	// The numeric "uid:gid" commands run as.
+	// The numeric "uid:gid" commands run as: the session's own host identity, allocated by the
+	// server (what `id -u` says inside and who owns /workspace).
 	User string `protobuf:"bytes,12,opt,name=user,proto3" json:"user,omitempty"`
 	// The manifest's id.
 	WorkspaceId     string       `protobuf:"bytes,13,opt,name=workspace_id,json=workspaceId,proto3" json:"workspace_id,omitempty"`

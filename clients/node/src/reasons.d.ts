@@ -257,6 +257,10 @@ export declare class AgentProtocolErrorError extends Internal {}
 export declare class WatchLimitError extends ResourceExhausted {}
 /** DEADLINE_EXCEEDED: An Interact call had no message from the caller and no output from its command for its idle timeout (InteractStart.idle_timeout, default interact_idle_timeout_s), so its command was ended. Start it again; a longer idle_timeout keeps a quiet terminal open. */
 export declare class InteractIdleError extends DeadlineExceeded {}
+/** RESOURCE_EXHAUSTED: A limit the kernel keeps for the session's own host uid is reached (inotify instances or watches: fs.inotify.max_user_instances, max_user_watches); the session's own use counts, no other tenant's. Close watches or file watchers in the session. */
+export declare class KernelLimitReachedError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created. */
+export declare class HostIdsExhaustedError extends ResourceExhausted {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -396,7 +400,9 @@ export type Reason =
   | 'AGENT_RESTARTED'
   | 'AGENT_PROTOCOL_ERROR'
   | 'WATCH_LIMIT'
-  | 'INTERACT_IDLE';
+  | 'INTERACT_IDLE'
+  | 'KERNEL_LIMIT_REACHED'
+  | 'HOST_IDS_EXHAUSTED';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

@@ -257,6 +257,10 @@ export class AgentProtocolErrorError extends Internal {}
 export class WatchLimitError extends ResourceExhausted {}
 /** DEADLINE_EXCEEDED: An Interact call had no message from the caller and no output from its command for its idle timeout (InteractStart.idle_timeout, default interact_idle_timeout_s), so its command was ended. Start it again; a longer idle_timeout keeps a quiet terminal open. */
 export class InteractIdleError extends DeadlineExceeded {}
+/** RESOURCE_EXHAUSTED: A limit the kernel keeps for the session's own host uid is reached (inotify instances or watches: fs.inotify.max_user_instances, max_user_watches); the session's own use counts, no other tenant's. Close watches or file watchers in the session. */
+export class KernelLimitReachedError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created. */
+export class HostIdsExhaustedError extends ResourceExhausted {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -398,4 +402,6 @@ export const REASONS = Object.freeze({
   AGENT_PROTOCOL_ERROR: { code: 'INTERNAL', retryable: false, error: AgentProtocolErrorError },
   WATCH_LIMIT: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: WatchLimitError },
   INTERACT_IDLE: { code: 'DEADLINE_EXCEEDED', retryable: false, error: InteractIdleError },
+  KERNEL_LIMIT_REACHED: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: KernelLimitReachedError },
+  HOST_IDS_EXHAUSTED: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: HostIdsExhaustedError },
 });

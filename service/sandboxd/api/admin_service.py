@@ -71,11 +71,13 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.GetServerInfoResponse:
         api_version = await self._engine.ping()
         c = self._config
+        first_id = c.engine.host_uid_first
         return admin_pb2.GetServerInfoResponse(
             version=__version__,
             docker_api_version=api_version,
             security_defaults=admin_pb2.SecurityDefaults(
-                user="65534:65534",
+                # No one identity: each session gets its own from this block (uid = gid).
+                user=f"{first_id}-{first_id + c.engine.host_uid_count - 1}",
                 read_only_root_filesystem=True,
                 capabilities_dropped=["ALL"],
                 no_new_privileges=True,

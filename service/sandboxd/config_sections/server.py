@@ -18,6 +18,11 @@ from sandboxd.settings import (
     setting,
 )
 
+# The first id of the default block: systemd's "unused" span above 1879048191 (its container
+# ranges end there) and below its foreign ranges (2147352576): docs/uids-gids of systemd.
+HOST_UID_FIRST = 1_900_000_000
+MAX_ID = 2**31 - 1  # validation's bound on a uid or gid
+
 
 def _keeper_problem(value: str) -> str | None:
     uid, sep, gid = value.partition(":")
@@ -111,6 +116,16 @@ class EngineSection:
     )
     pool_size: int = setting(
         0, INT, "warm containers kept for default sessions (0: off)", lo=0, hi=256
+    )
+    # Each session's own host uid and gid (the same number), so that no kernel count kept per
+    # uid (inotify instances, pipe pages, message queues, RLIMIT_NPROC...) is shared between
+    # sessions. The default block lies in the ids systemd leaves unused (above its container
+    # ranges, below 2^31): no normal or system user, no nspawn or rootless-podman range.
+    host_uid_first: int = setting(
+        HOST_UID_FIRST, INT, "first host uid (and gid) allocated to sessions", lo=1000, hi=MAX_ID
+    )
+    host_uid_count: int = setting(
+        65536, INT, "how many host uids sessions are allocated from", lo=1, hi=1 << 24
     )
     engine_check_interval_s: float = setting(
         2.0, DURATION, "how often the engine is pinged", lo=0, lo_open=True

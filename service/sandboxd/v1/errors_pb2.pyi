@@ -334,6 +334,15 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     command for its idle timeout (InteractStart.idle_timeout, default interact_idle_timeout_s),
     so its command was ended. Start it again; a longer idle_timeout keeps a quiet terminal open.
     """
+    ERROR_REASON_KERNEL_LIMIT_REACHED: _ErrorReason.ValueType  # 250
+    """RESOURCE_EXHAUSTED: A limit the kernel keeps for the session's own host uid is reached
+    (inotify instances or watches: fs.inotify.max_user_instances, max_user_watches); the
+    session's own use counts, no other tenant's. Close watches or file watchers in the session.
+    """
+    ERROR_REASON_HOST_IDS_EXHAUSTED: _ErrorReason.ValueType  # 251
+    """RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by
+    a session; delete sessions, or the operator widens host_uid_count. Nothing was created.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -655,5 +664,14 @@ ERROR_REASON_INTERACT_IDLE: ErrorReason.ValueType  # 320
 """DEADLINE_EXCEEDED: An Interact call had no message from the caller and no output from its
 command for its idle timeout (InteractStart.idle_timeout, default interact_idle_timeout_s),
 so its command was ended. Start it again; a longer idle_timeout keeps a quiet terminal open.
+"""
+ERROR_REASON_KERNEL_LIMIT_REACHED: ErrorReason.ValueType  # 250
+"""RESOURCE_EXHAUSTED: A limit the kernel keeps for the session's own host uid is reached
+(inotify instances or watches: fs.inotify.max_user_instances, max_user_watches); the
+session's own use counts, no other tenant's. Close watches or file watchers in the session.
+"""
+ERROR_REASON_HOST_IDS_EXHAUSTED: ErrorReason.ValueType  # 251
+"""RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by
+a session; delete sessions, or the operator widens host_uid_count. Nothing was created.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -199,7 +199,10 @@ class CreateSessionRequest(_message.Message):
     image: _builtins.str
     """Container image; empty means the server's default runtime image."""
     user: _builtins.str
-    """Numeric "uid:gid"; empty means 65534:65534. uid 0 and gid 0 are refused."""
+    """Numeric "uid:gid"; empty means 65534:65534. uid 0 and gid 0 are refused. Checked and part
+    of the fingerprint, but not the identity: the server allocates each session a host uid of
+    its own (Session.user), so no per-uid kernel limit is shared with another session.
+    """
     from_snapshot_id: _builtins.str
     """Fork: start from this snapshot's workspace instead of the manifest's files."""
     on_expiry: _leases_pb2.ExpiryAction.ValueType
@@ -815,7 +818,9 @@ class Session(_message.Message):
     """sha256 of the manifest and every security-relevant setting."""
     assurance: _common_pb2.Assurance.ValueType
     user: _builtins.str
-    """The numeric "uid:gid" commands run as."""
+    """The numeric "uid:gid" commands run as: the session's own host identity, allocated by the
+    server (what `id -u` says inside and who owns /workspace).
+    """
     workspace_id: _builtins.str
     """The manifest's id."""
     on_expiry: _leases_pb2.ExpiryAction.ValueType

@@ -147,6 +147,8 @@ class Reason(StrEnum):
     AGENT_PROTOCOL_ERROR = "AGENT_PROTOCOL_ERROR"
     WATCH_LIMIT = "WATCH_LIMIT"
     INTERACT_IDLE = "INTERACT_IDLE"
+    KERNEL_LIMIT_REACHED = "KERNEL_LIMIT_REACHED"
+    HOST_IDS_EXHAUSTED = "HOST_IDS_EXHAUSTED"
 
 
 # The one gRPC status code each reason is sent with.
@@ -289,6 +291,8 @@ CODE: dict[str, str] = {
     "AGENT_PROTOCOL_ERROR": "INTERNAL",
     "WATCH_LIMIT": "RESOURCE_EXHAUSTED",
     "INTERACT_IDLE": "DEADLINE_EXCEEDED",
+    "KERNEL_LIMIT_REACHED": "RESOURCE_EXHAUSTED",
+    "HOST_IDS_EXHAUSTED": "RESOURCE_EXHAUSTED",
 }
 
 # Reasons after which the same call may succeed later.
