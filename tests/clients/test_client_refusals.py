@@ -1,0 +1,53 @@
+"""A refusal reaches the caller as itself: the server's status of a client-streaming or bidi
+call, never the transport error of a write the ended call no longer takes.
+
+Each upload here is refused by the server while the client still has most of it to send, which
+is when a write can fail on the half-closed stream. The loops make the race come up: before
+the client kept the first status, about a third of the imports below came back as `INTERNAL:
+Internal error from Core`.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import AsyncIterator
+
+import pytest
+from conftest import ServerProcess
+from sandboxd_client import SandboxClient, errors
+
+TRIES = 12
+MiB = 1024 * 1024
+
+
+def _big_member_tar(size: int) -> bytes:
+    """A tar whose first member is larger than any file cap: refused at its header."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("big.bin")
+        info.size = size
+        tar.addfile(info, io.BytesIO(b"\0" * size))
+    return buf.getvalue()
+
+
+async def _chunks(data: bytes, size: int = 64 * 1024) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), size):
+        yield data[i : i + size]
+
+
+@pytest.fixture
+async def client(server: ServerProcess) -> AsyncIterator[SandboxClient]:
+    async with SandboxClient(server.address, timeout=120) as c:
+        yield c
+
+
+async def test_a_refused_import_is_its_own_error_every_time(client: SandboxClient) -> None:
+    tar = _big_member_tar(48 * MiB)
+    async with await client.create_session(allow=["true"]) as session:
+        seen = []
+        for _ in range(TRIES):
+            with pytest.raises(errors.SandboxError) as caught:
+                await session.import_archive(_chunks(tar))
+            seen.append(f"{caught.value.code.name}/{caught.value.reason}")
+        assert set(seen) == {"RESOURCE_EXHAUSTED/FILE_TOO_LARGE"}, seen
