@@ -280,6 +280,8 @@ var (
 	ErrAgentProtocolError = &Error{Code: codes.Internal, Reason: "AGENT_PROTOCOL_ERROR"}
 	// ErrWatchLimit: RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first.
 	ErrWatchLimit = &Error{Code: codes.ResourceExhausted, Reason: "WATCH_LIMIT"}
+	// ErrReplyTooLarge: RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`.
+	ErrReplyTooLarge = &Error{Code: codes.ResourceExhausted, Reason: "REPLY_TOO_LARGE"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -421,4 +423,5 @@ var Reasons = map[string]ReasonInfo{
 	"AGENT_RESTARTED":               {codes.Unavailable, true, ErrAgentRestarted},
 	"AGENT_PROTOCOL_ERROR":          {codes.Internal, false, ErrAgentProtocolError},
 	"WATCH_LIMIT":                   {codes.ResourceExhausted, false, ErrWatchLimit},
+	"REPLY_TOO_LARGE":               {codes.ResourceExhausted, false, ErrReplyTooLarge},
 }

@@ -255,6 +255,8 @@ export declare class AgentRestartedError extends Unavailable {}
 export declare class AgentProtocolErrorError extends Internal {}
 /** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
 export declare class WatchLimitError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`. */
+export declare class ReplyTooLargeError extends ResourceExhausted {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -393,7 +395,8 @@ export type Reason =
   | 'AGENT_UNAVAILABLE'
   | 'AGENT_RESTARTED'
   | 'AGENT_PROTOCOL_ERROR'
-  | 'WATCH_LIMIT';
+  | 'WATCH_LIMIT'
+  | 'REPLY_TOO_LARGE';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

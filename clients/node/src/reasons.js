@@ -255,6 +255,8 @@ export class AgentRestartedError extends Unavailable {}
 export class AgentProtocolErrorError extends Internal {}
 /** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
 export class WatchLimitError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`. */
+export class ReplyTooLargeError extends ResourceExhausted {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -395,4 +397,5 @@ export const REASONS = Object.freeze({
   AGENT_RESTARTED: { code: 'UNAVAILABLE', retryable: true, error: AgentRestartedError },
   AGENT_PROTOCOL_ERROR: { code: 'INTERNAL', retryable: false, error: AgentProtocolErrorError },
   WATCH_LIMIT: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: WatchLimitError },
+  REPLY_TOO_LARGE: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: ReplyTooLargeError },
 });

@@ -146,6 +146,7 @@ class Reason(StrEnum):
     AGENT_RESTARTED = "AGENT_RESTARTED"
     AGENT_PROTOCOL_ERROR = "AGENT_PROTOCOL_ERROR"
     WATCH_LIMIT = "WATCH_LIMIT"
+    REPLY_TOO_LARGE = "REPLY_TOO_LARGE"
 
 
 # The one gRPC status code each reason is sent with.
@@ -287,6 +288,7 @@ CODE: dict[str, str] = {
     "AGENT_RESTARTED": "UNAVAILABLE",
     "AGENT_PROTOCOL_ERROR": "INTERNAL",
     "WATCH_LIMIT": "RESOURCE_EXHAUSTED",
+    "REPLY_TOO_LARGE": "RESOURCE_EXHAUSTED",
 }
 
 # Reasons after which the same call may succeed later.

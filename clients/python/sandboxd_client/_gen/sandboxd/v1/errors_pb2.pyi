@@ -329,6 +329,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams;
     end one first.
     """
+    ERROR_REASON_REPLY_TOO_LARGE: _ErrorReason.ValueType  # 260
+    """RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's
+    max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the
+    way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -645,5 +650,10 @@ or unexpected frame); the stream was reset, the rest of the session is unaffecte
 ERROR_REASON_WATCH_LIMIT: ErrorReason.ValueType  # 230
 """RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams;
 end one first.
+"""
+ERROR_REASON_REPLY_TOO_LARGE: ErrorReason.ValueType  # 260
+"""RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's
+max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the
+way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
