@@ -32,7 +32,7 @@ from sandboxd.reasons import Reason
 KiB = 1024
 MiB = 1024 * KiB
 DEFAULT_REPLY_BYTES = 4 * MiB  # gRPC's default max_receive_message_length, every language
-MIN_REPLY_BYTES = 64 * KiB  # a smaller max_reply_bytes is taken as this: every reply fits it
+MIN_REPLY_BYTES = 1 * MiB  # a smaller max_reply_bytes is taken as this: every single resource fits
 FIELD = "max_reply_bytes"
 # Room left beside a page's entries for its other fields: the next_page_token (a signed key
 # and filter: a 4 KiB path at most, base64) and the message's own framing.

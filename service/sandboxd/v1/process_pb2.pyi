@@ -306,8 +306,8 @@ class RunRequest(_message.Message):
     """OUTPUT_ENCODING_UTF8_LOSSY also fills RunResponse.stdout_text and stderr_text."""
     max_reply_bytes: _builtins.int
     """The largest reply message this caller accepts, in bytes (its channel's receive limit).
-    0: 4 MiB (4194304), gRPC's default receive limit in every language; 65536 at least, and
-    at most the server's message limit (a larger value is taken as that). Output that would
+    0: 4 MiB (4194304), gRPC's default receive limit in every language; a smaller value is
+    taken as 1 MiB, a larger one as at most the server's message limit. Output that would
     not fit is cut (stdout and stderr together, with the rest of the reply) and `truncated`
     set: the exit status always arrives. Exec streams output in small messages instead.
     """
