@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from conftest import ServerProcess
-from sandboxd_client import SandboxClient, errors
+from sandboxd_client import ResourceLimits, SandboxClient, errors
 
 TRIES = 12
 MiB = 1024 * 1024
@@ -51,3 +51,22 @@ async def test_a_refused_import_is_its_own_error_every_time(client: SandboxClien
                 await session.import_archive(_chunks(tar))
             seen.append(f"{caught.value.code.name}/{caught.value.reason}")
         assert set(seen) == {"RESOURCE_EXHAUSTED/FILE_TOO_LARGE"}, seen
+
+
+# ----- replies: the client says how much it takes ---------------------------------------------
+
+SCRIPT = "head -c 9000000 /dev/zero; head -c 9000000 /dev/zero >&2; exit 3"
+
+
+async def test_run_gets_what_the_clients_channel_takes(server: ServerProcess) -> None:
+    """The client receives up to 64 MiB and says so (max_reply_bytes): more than a default
+    reply's 4 MiB of the output, and the exit status. With its receive limit set back to
+    gRPC's default, the same Run answers within 4 MiB, truncated, still with its status."""
+    for receive, more_than_default in ((None, True), (4 * MiB, False)):
+        options = [] if receive is None else [("grpc.max_receive_message_length", receive)]
+        async with SandboxClient(server.address, timeout=120, options=options) as c:
+            limits = ResourceLimits(output_bytes=16 * MiB)
+            async with await c.create_session(allow=["sh", "head"], limits=limits) as session:
+                got = await session.run(["sh", "-c", SCRIPT], max_output_bytes=16 * MiB)
+        assert got.exit_code == 3 and got.truncated
+        assert (len(got.stdout) + len(got.stderr) > 4 * MiB) == more_than_default
