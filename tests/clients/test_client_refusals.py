@@ -70,3 +70,15 @@ async def test_run_gets_what_the_clients_channel_takes(server: ServerProcess) ->
                 got = await session.run(["sh", "-c", SCRIPT], max_output_bytes=16 * MiB)
         assert got.exit_code == 3 and got.truncated
         assert (len(got.stdout) + len(got.stderr) > 4 * MiB) == more_than_default
+
+
+async def test_a_refused_stream_write_is_its_own_error_every_time(client: SandboxClient) -> None:
+    data = b"\0" * (48 * MiB)
+    limits = ResourceLimits(workspace_bytes=4 * MiB)
+    async with await client.create_session(allow=["true"], limits=limits) as session:
+        seen = set()
+        for _ in range(TRIES):
+            with pytest.raises(errors.SandboxError) as caught:
+                await session.write_file_stream("big.bin", _chunks(data))
+            seen.add(f"{caught.value.code.name}/{caught.value.reason}")
+        assert seen == {"RESOURCE_EXHAUSTED/FILE_TOO_LARGE"}, seen
