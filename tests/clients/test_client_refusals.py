@@ -82,3 +82,20 @@ async def test_a_refused_stream_write_is_its_own_error_every_time(client: Sandbo
                 await session.write_file_stream("big.bin", _chunks(data))
             seen.add(f"{caught.value.code.name}/{caught.value.reason}")
         assert seen == {"RESOURCE_EXHAUSTED/FILE_TOO_LARGE"}, seen
+
+
+async def test_interact_that_ends_while_the_client_writes_ends_as_itself(
+    client: SandboxClient,
+) -> None:
+    """A command that exits at once while the client keeps sending stdin: every try ends with
+    its `exited` event (exit 3), never an error from a write the ended call refused."""
+    from sandboxd_client import Exited
+
+    chunk = b"\0" * (256 * 1024)
+    async with await client.create_session(allow=["sh"]) as session:
+        for _ in range(TRIES):
+            async with session.interact(["sh", "-c", "exit 3"]) as proc:
+                for _ in range(64):
+                    await proc.send(chunk)
+                events = [e async for e in proc]
+            assert isinstance(events[-1], Exited) and events[-1].exit_code == 3

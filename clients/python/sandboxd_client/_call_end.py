@@ -51,11 +51,12 @@ class CallEnd:
 
     def __init__(self) -> None:
         self.ended = False
+        self._first_ok = False
         self._first: grpc.aio.AioRpcError | None = None
 
     def watch(self, call: C) -> C:
         """`call` itself, its end now observed."""
-        self.ended, self._first = False, None
+        self.ended, self._first_ok, self._first = False, False, None
         add = getattr(call, "add_done_callback", None)
         if add is not None:
             add(self._on_done)
@@ -64,7 +65,8 @@ class CallEnd:
     def _on_done(self, call: Any) -> None:
         self.ended = True
         code = _now(call.code())
-        if code is None or code == grpc.StatusCode.OK:
+        self._first_ok = code == grpc.StatusCode.OK
+        if code is None or self._first_ok:
             return
         self._first = grpc.aio.AioRpcError(
             code,
@@ -81,6 +83,11 @@ class CallEnd:
         if first is not None and is_write_failure(err) and not is_write_failure(first):
             return first
         return err
+
+    def ended_ok(self, err: grpc.RpcError) -> bool:
+        """Whether `err` is only the failed write that took the place of the server's OK: a
+        stream that ended well (its responses all read) then, not an error."""
+        return self._first_ok and is_write_failure(err)
 
     async def until_ended(self, requests: AsyncIterable[T]) -> AsyncIterator[T]:
         """`requests` until the call has ended (then nothing more is read from them)."""

@@ -293,6 +293,8 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, Preview
             async for resp in stream:
                 yield resp
         except grpc.RpcError as err:
+            if ends.ended_ok(err):
+                return
             exc = from_rpc_error(ends.server_status(err), self.address)
         else:
             return

@@ -47,6 +47,8 @@ class Interaction:
         try:
             await self._call.write(req)
         except grpc.RpcError as err:
+            if self._ends.ended_ok(err):
+                return  # the command ended as this was written: its events say how
             raise from_rpc_error(self._ends.server_status(err), self._client.address) from None
         except grpc.aio.UsageError:
             pass  # the call has ended: its events (and error) say why
@@ -75,6 +77,8 @@ class Interaction:
                 yield event
             return
         except grpc.RpcError as err:
+            if self._ends.ended_ok(err):
+                return
             exc = from_rpc_error(self._ends.server_status(err), self._client.address)
         raise exc
 
