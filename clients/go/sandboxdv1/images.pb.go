@@ -348,7 +348,9 @@ type ListImagesRequest struct {
 	// A next_page_token of the same list; opaque, bound to the caller.
 	PageToken string `protobuf:"bytes,121,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	// The largest reply message this caller accepts, in bytes, as in RunRequest (0: 4 MiB). A
-	// page that would not fit is cut short (fewer entries, next_page_token set).
+	// page that would not fit is cut short (fewer entries, next_page_token set); with
+	// page_size 0 (everything in one reply) a list that would not fit is refused
+	// (REPLY_TOO_LARGE).
 	MaxReplyBytes int64 `protobuf:"varint,260,opt,name=max_reply_bytes,json=maxReplyBytes,proto3" json:"max_reply_bytes,omitempty"`
 }
 

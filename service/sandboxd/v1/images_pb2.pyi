@@ -169,7 +169,9 @@ class ListImagesRequest(_message.Message):
     """A next_page_token of the same list; opaque, bound to the caller."""
     max_reply_bytes: _builtins.int
     """The largest reply message this caller accepts, in bytes, as in RunRequest (0: 4 MiB). A
-    page that would not fit is cut short (fewer entries, next_page_token set).
+    page that would not fit is cut short (fewer entries, next_page_token set); with
+    page_size 0 (everything in one reply) a list that would not fit is refused
+    (REPLY_TOO_LARGE).
     """
     def __init__(
         self,
