@@ -99,3 +99,18 @@ async def test_interact_that_ends_while_the_client_writes_ends_as_itself(
                     await proc.send(chunk)
                 events = [e async for e in proc]
             assert isinstance(events[-1], Exited) and events[-1].exit_code == 3
+
+
+async def test_a_build_refused_at_its_spec_is_its_own_error_every_time(
+    client: SandboxClient,
+) -> None:
+    """BuildTemplate (bidi) refused at its first message, a built-in name, while the client
+    still streams a 48 MB context."""
+    context = b"\0" * (48 * MiB)
+    seen = set()
+    for _ in range(TRIES):
+        with pytest.raises(errors.SandboxError) as caught:
+            async for _ in client.build_template("busybox", "FROM busybox\n", _chunks(context)):
+                pass
+        seen.add(f"{caught.value.code.name}/{caught.value.reason}")
+    assert seen == {"FAILED_PRECONDITION/TEMPLATE_BUILTIN"}, seen
