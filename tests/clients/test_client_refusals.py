@@ -5,7 +5,7 @@ Each upload here is refused by the server while the client still has most of it 
 is when a write can fail on the half-closed stream. The loops make the race come up: before
 the client kept the first status, about a third of the imports and some of the builds below came
 back as `INTERNAL: Internal error from Core` (WriteFileStream and Interact did not show it in
-these loops; they are kept as regressions). The last test is the client's side of reply
+these loops; they are kept as regressions). One test is the client's side of reply
 sizes: it says how much its channel takes (`max_reply_bytes`).
 """
 
