@@ -21,6 +21,7 @@ from sandboxd.api.introspection import Health, add_reflection
 from sandboxd.api.limits import StreamCaps, StreamGuard
 from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
+from sandboxd.api.reply_limit import ReplyLimit
 from sandboxd.api.session_events import SessionEventRpcs
 from sandboxd.api.session_leases import LeaseEcho, renew_on_activity
 from sandboxd.api.session_lifecycle import SessionLifecycleRpcs
@@ -87,6 +88,9 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
             ),  # inside authentication: the tenant is known
             # Innermost: the tenant is known here (set by authentication, or the default).
             StreamCaps(config.tenancy.max_streams),
+            # Innermost of all: every reply message the servicer makes, at most the caller's
+            # limit (a request's max_reply_bytes, else 4 MiB).
+            ReplyLimit(config.max_message_bytes),
         ],
         options=[
             ("grpc.max_receive_message_length", config.max_message_bytes),

@@ -466,3 +466,22 @@ def test_create_with_an_isolation_tier(server: ServerProcess) -> None:
         ctl(server, "rm", info["session_id"])
     bad = ctl(server, "create", "--isolation", "kvm")
     assert bad.returncode != 0 and b"invalid choice" in bad.stderr
+
+
+def test_a_refused_cp_is_the_servers_reason_every_time(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """A 48 MB file over the session's file cap is refused at its header while sandboxctl still
+    streams the rest: the error is FILE_TOO_LARGE each time, never the transport's INTERNAL
+    (which 2 of 4 tries printed before the client kept the server's status)."""
+    big = tmp_path / "big.bin"
+    with big.open("wb") as f:
+        f.truncate(48 * 1024 * 1024)
+    sid = ctl(server, "create", "--allow", "sh").stdout.decode().strip()
+    try:
+        for i in range(6):
+            up = ctl(server, "cp", "--no-progress", str(big), f"{sid}:")
+            assert up.returncode == 1, up.stderr
+            assert up.stderr.decode().startswith("sandboxctl: FILE_TOO_LARGE: "), (i, up.stderr)
+    finally:
+        ctl(server, "rm", sid)

@@ -286,6 +286,8 @@ var (
 	ErrKernelLimitReached = &Error{Code: codes.ResourceExhausted, Reason: "KERNEL_LIMIT_REACHED"}
 	// ErrHostIdsExhausted: RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created.
 	ErrHostIdsExhausted = &Error{Code: codes.ResourceExhausted, Reason: "HOST_IDS_EXHAUSTED"}
+	// ErrReplyTooLarge: RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`.
+	ErrReplyTooLarge = &Error{Code: codes.ResourceExhausted, Reason: "REPLY_TOO_LARGE"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -430,4 +432,5 @@ var Reasons = map[string]ReasonInfo{
 	"INTERACT_IDLE":                 {codes.DeadlineExceeded, false, ErrInteractIdle},
 	"KERNEL_LIMIT_REACHED":          {codes.ResourceExhausted, false, ErrKernelLimitReached},
 	"HOST_IDS_EXHAUSTED":            {codes.ResourceExhausted, false, ErrHostIdsExhausted},
+	"REPLY_TOO_LARGE":               {codes.ResourceExhausted, false, ErrReplyTooLarge},
 }

@@ -34,6 +34,12 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 export const API_MAJOR = 1;
 export const DEFAULT_ADDRESS = '127.0.0.1:50051';
 const MAX_MESSAGE = 64 * 1024 * 1024;
+/**
+ * The request field by which a caller tells the server the largest reply it accepts: without
+ * it a server answers at most 4 MiB (gRPC's default receive limit). This client receives up to
+ * MAX_MESSAGE, so every request that has the field says so, unless the caller set it.
+ */
+const REPLY_FIELD = 'max_reply_bytes';
 /** Longest the first-use GetServerInfo may take when the caller set no deadline. */
 const CHECK_TIMEOUT_MS = 20_000;
 const RETRY = { maxAttempts: 5, initialBackoffMs: 100, maxBackoffMs: 2000, multiplier: 2 };
@@ -70,7 +76,12 @@ export function loadServices(dir = PROTO_DIR) {
   for (const [fullName, def] of Object.entries(definition)) {
     if (!fullName.startsWith('sandboxd.v1.') || typeof def.format === 'string') continue;
     const name = fullName.slice('sandboxd.v1.'.length);
-    const methods = Object.entries(def).map(([rpc, m]) => ({ ...m, name: rpc, method: methodName(rpc) }));
+    const methods = Object.entries(def).map(([rpc, m]) => ({
+      ...m,
+      name: rpc,
+      method: methodName(rpc),
+      takesReplyLimit: (m.requestType?.type?.field ?? []).some((f) => f.name === REPLY_FIELD),
+    }));
     services.push({ name, fullName, property: serviceProperty(name), methods });
   }
   return services;
@@ -712,11 +723,12 @@ export class SandboxClient {
       const signal = opts.signal;
       if (signal?.aborted) return reject(abortError(signal));
       const onAbort = () => call.cancel();
+      const req = request ?? {};
       const call = this._grpc.makeUnaryRequest(
         m.path,
         m.requestSerialize,
         m.responseDeserialize,
-        request ?? {},
+        m.takesReplyLimit && !req[REPLY_FIELD] ? { ...req, [REPLY_FIELD]: MAX_MESSAGE } : req,
         this._metadata(opts.metadata),
         this._callOptions(deadline),
         (err, resp) => {

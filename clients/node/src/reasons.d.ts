@@ -261,6 +261,8 @@ export declare class InteractIdleError extends DeadlineExceeded {}
 export declare class KernelLimitReachedError extends ResourceExhausted {}
 /** RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created. */
 export declare class HostIdsExhaustedError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`. */
+export declare class ReplyTooLargeError extends ResourceExhausted {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -402,7 +404,8 @@ export type Reason =
   | 'WATCH_LIMIT'
   | 'INTERACT_IDLE'
   | 'KERNEL_LIMIT_REACHED'
-  | 'HOST_IDS_EXHAUSTED';
+  | 'HOST_IDS_EXHAUSTED'
+  | 'REPLY_TOO_LARGE';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

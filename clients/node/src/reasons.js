@@ -261,6 +261,8 @@ export class InteractIdleError extends DeadlineExceeded {}
 export class KernelLimitReachedError extends ResourceExhausted {}
 /** RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created. */
 export class HostIdsExhaustedError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`. */
+export class ReplyTooLargeError extends ResourceExhausted {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -404,4 +406,5 @@ export const REASONS = Object.freeze({
   INTERACT_IDLE: { code: 'DEADLINE_EXCEEDED', retryable: false, error: InteractIdleError },
   KERNEL_LIMIT_REACHED: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: KernelLimitReachedError },
   HOST_IDS_EXHAUSTED: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: HostIdsExhaustedError },
+  REPLY_TOO_LARGE: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: ReplyTooLargeError },
 });

@@ -180,6 +180,7 @@ export interface PullImageResponse {
 export interface ListImagesRequest {
   page_size: number;
   page_token: string;
+  max_reply_bytes: number;
 }
 
 export interface ImageInfo {
@@ -208,6 +209,7 @@ export interface ListAuditEventsRequest {
   tenant: string;
   page_size: number;
   page_token: string;
+  max_reply_bytes: number;
 }
 
 export interface ListAuditEventsResponse {
@@ -366,7 +368,8 @@ export type ErrorReason =
   | 'ERROR_REASON_WATCH_LIMIT'
   | 'ERROR_REASON_INTERACT_IDLE'
   | 'ERROR_REASON_KERNEL_LIMIT_REACHED'
-  | 'ERROR_REASON_HOST_IDS_EXHAUSTED';
+  | 'ERROR_REASON_HOST_IDS_EXHAUSTED'
+  | 'ERROR_REASON_REPLY_TOO_LARGE';
 
 export type SessionEventKind =
   | 'SESSION_EVENT_KIND_UNSPECIFIED'
@@ -461,6 +464,7 @@ export interface FileInfo {
 export interface ReadFileRequest {
   session_id: string;
   path: string;
+  max_reply_bytes: number;
 }
 
 export interface ReadFileResponse {
@@ -488,6 +492,7 @@ export interface ListDirRequest {
   depth: number;
   page_size: number;
   page_token: string;
+  max_reply_bytes: number;
 }
 
 export interface ListDirResponse {
@@ -686,6 +691,7 @@ export interface ListPortsRequest {
   session_id: string;
   page_size: number;
   page_token: string;
+  max_reply_bytes: number;
 }
 
 export interface ListPortsResponse {
@@ -761,6 +767,7 @@ export interface RunRequest {
   timeout: Duration | null;
   max_output_bytes: number;
   output_encoding: OutputEncoding;
+  max_reply_bytes: number;
 }
 
 export interface RunResponse {
@@ -886,6 +893,7 @@ export interface ListProcessesRequest {
   session_id: string;
   page_size: number;
   page_token: string;
+  max_reply_bytes: number;
 }
 
 export interface ListProcessesResponse {
@@ -982,6 +990,7 @@ export interface ListSessionsRequest {
   page_size: number;
   page_token: string;
   state: SessionState;
+  max_reply_bytes: number;
 }
 
 export interface ListSessionsResponse {
@@ -1020,6 +1029,7 @@ export interface ListEgressEventsRequest {
   session_id: string;
   page_size: number;
   page_token: string;
+  max_reply_bytes: number;
 }
 
 export interface ListEgressEventsResponse {
@@ -1173,6 +1183,7 @@ export interface ListSnapshotsRequest {
   page_size: number;
   page_token: string;
   label_selector: Record<string, string>;
+  max_reply_bytes: number;
 }
 
 export interface ListSnapshotsResponse {
@@ -1254,6 +1265,7 @@ export interface GetTemplateResponse {
 export interface ListTemplatesRequest {
   page_size: number;
   page_token: string;
+  max_reply_bytes: number;
 }
 
 export interface ListTemplatesResponse {

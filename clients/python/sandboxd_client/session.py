@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from google.protobuf import field_mask_pb2
 
+from sandboxd_client._call_end import CallEnd
 from sandboxd_client._gen.sandboxd.v1 import (
     filesystem_pb2,
     polish_pb2,
@@ -513,10 +514,12 @@ class Session(ProcessHandles, FileTransfers, DirWatching):
                 if data:
                     yield snapshot_pb2.ImportArchiveRequest(data=data)
 
+        ends = CallEnd()  # the server's refusal ends the upload: stop reading `chunks`
         resp = await self._client._unary(
             "SnapshotService/ImportArchive",
-            lambda t: self._stubs.snapshots.ImportArchive(requests(), timeout=t),
+            lambda t: self._stubs.snapshots.ImportArchive(ends.until_ended(requests()), timeout=t),
             deadline,
+            ends=ends,
         )
         return ArchiveImported(files=resp.files, bytes=resp.bytes)
 

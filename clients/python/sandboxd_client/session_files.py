@@ -13,6 +13,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from sandboxd_client._call_end import CallEnd
 from sandboxd_client._gen.sandboxd.v1 import filesystem_ext_pb2
 from sandboxd_client._rpc import UNSET, rpc
 from sandboxd_client.models import ArchiveImported, FileInfo
@@ -91,10 +92,12 @@ class FileTransfers:
                 if chunk:
                     yield filesystem_ext_pb2.WriteFileStreamRequest(data=chunk)
 
+        ends = CallEnd()  # the server's refusal ends the upload: stop reading `data`
         resp = await self._client._unary(
             "FilesystemService/WriteFileStream",
-            lambda t: self._stubs.files.WriteFileStream(requests(), timeout=t),
+            lambda t: self._stubs.files.WriteFileStream(ends.until_ended(requests()), timeout=t),
             deadline,
+            ends=ends,
         )
         return FileInfo.from_pb(resp.info)
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 
 from sandboxd import __version__, images, tenancy, validation
-from sandboxd.api import convert, egress_convert, image_convert
+from sandboxd.api import convert, egress_convert, image_convert, replies
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config import Config
 from sandboxd.egress.manager import EgressManager, FilterMode
 from sandboxd.egress.policy import DEFAULT_QUOTAS, MAX_QUOTAS
 from sandboxd.engine import Engine
-from sandboxd.errors import Internal
+from sandboxd.errors import Internal, ResourceExhausted
 from sandboxd.isolation import IsolationTiers
 from sandboxd.pulls import Pulls
 from sandboxd.sessions import paging
@@ -146,18 +146,29 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         self, request: images_pb2.ListImagesRequest, context: Ctx
     ) -> images_pb2.ListImagesResponse:
         usable = await self._need_pulls().usable(self._image_patterns())
-        token = ""
-        if request.page_size or request.page_token:
-            usable, token = paging.page(
-                sorted(usable, key=_image_key),
-                _image_key,
-                paging.page_size(request.page_size),
-                request.page_token,
-                f"images {tenancy.current()!r}",
+        paged = bool(request.page_size or request.page_token)
+        if paged:
+            usable = sorted(usable, key=_image_key)
+        bound = f"images {tenancy.current()!r}"
+
+        async def page(size: int) -> images_pb2.ListImagesResponse:
+            chosen, token = usable, ""
+            if paged:
+                chosen, token = paging.page(
+                    usable, _image_key, paging.page_size(size), request.page_token, bound
+                )
+            return images_pb2.ListImagesResponse(
+                images=[image_convert.image_info_pb(rec, last) for rec, last in chosen],
+                next_page_token=token,
             )
-        return images_pb2.ListImagesResponse(
-            images=[image_convert.image_info_pb(rec, last) for rec, last in usable],
-            next_page_token=token,
+
+        def whole(size: int, limit: int) -> ResourceExhausted:
+            return replies.too_large(
+                "the list of every image", size, limit, "ask for pages (page_size)"
+            )
+
+        return await replies.fitted_page(
+            page, "images", request.page_size, whole=None if paged else whole
         )
 
 

@@ -149,6 +149,7 @@ class Reason(StrEnum):
     INTERACT_IDLE = "INTERACT_IDLE"
     KERNEL_LIMIT_REACHED = "KERNEL_LIMIT_REACHED"
     HOST_IDS_EXHAUSTED = "HOST_IDS_EXHAUSTED"
+    REPLY_TOO_LARGE = "REPLY_TOO_LARGE"
 
 
 # The one gRPC status code each reason is sent with.
@@ -293,6 +294,7 @@ CODE: dict[str, str] = {
     "INTERACT_IDLE": "DEADLINE_EXCEEDED",
     "KERNEL_LIMIT_REACHED": "RESOURCE_EXHAUSTED",
     "HOST_IDS_EXHAUSTED": "RESOURCE_EXHAUSTED",
+    "REPLY_TOO_LARGE": "RESOURCE_EXHAUSTED",
 }
 
 # Reasons after which the same call may succeed later.

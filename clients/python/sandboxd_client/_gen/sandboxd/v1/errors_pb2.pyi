@@ -343,6 +343,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by
     a session; delete sessions, or the operator widens host_uid_count. Nothing was created.
     """
+    ERROR_REASON_REPLY_TOO_LARGE: _ErrorReason.ValueType  # 260
+    """RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's
+    max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the
+    way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -673,5 +678,10 @@ session's own use counts, no other tenant's. Close watches or file watchers in t
 ERROR_REASON_HOST_IDS_EXHAUSTED: ErrorReason.ValueType  # 251
 """RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by
 a session; delete sessions, or the operator widens host_uid_count. Nothing was created.
+"""
+ERROR_REASON_REPLY_TOO_LARGE: ErrorReason.ValueType  # 260
+"""RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's
+max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the
+way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
