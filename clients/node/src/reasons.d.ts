@@ -255,6 +255,10 @@ export declare class AgentRestartedError extends Unavailable {}
 export declare class AgentProtocolErrorError extends Internal {}
 /** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
 export declare class WatchLimitError extends ResourceExhausted {}
+/** INVALID_ARGUMENT: A Dockerfile instruction the build rules refuse (ADD, ONBUILD, VOLUME, flags, heredocs, parser directives, variables in LABEL, io.sandboxd.* label keys...); the message names the line and the rule. */
+export declare class TemplateInstructionNotAllowedError extends InvalidArgument {}
+/** RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first. */
+export declare class TenantImageQuotaError extends ResourceExhausted {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -393,7 +397,9 @@ export type Reason =
   | 'AGENT_UNAVAILABLE'
   | 'AGENT_RESTARTED'
   | 'AGENT_PROTOCOL_ERROR'
-  | 'WATCH_LIMIT';
+  | 'WATCH_LIMIT'
+  | 'TEMPLATE_INSTRUCTION_NOT_ALLOWED'
+  | 'TENANT_IMAGE_QUOTA';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

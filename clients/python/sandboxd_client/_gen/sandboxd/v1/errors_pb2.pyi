@@ -329,6 +329,15 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams;
     end one first.
     """
+    ERROR_REASON_TEMPLATE_INSTRUCTION_NOT_ALLOWED: _ErrorReason.ValueType  # 246
+    """INVALID_ARGUMENT: A Dockerfile instruction the build rules refuse (ADD, ONBUILD, VOLUME,
+    flags, heredocs, parser directives, variables in LABEL, io.sandboxd.* label keys...); the
+    message names the line and the rule.
+    """
+    ERROR_REASON_TENANT_IMAGE_QUOTA: _ErrorReason.ValueType  # 247
+    """RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
+    image quota (tenant_max_image_bytes); delete some first.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -645,5 +654,14 @@ or unexpected frame); the stream was reset, the rest of the session is unaffecte
 ERROR_REASON_WATCH_LIMIT: ErrorReason.ValueType  # 230
 """RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams;
 end one first.
+"""
+ERROR_REASON_TEMPLATE_INSTRUCTION_NOT_ALLOWED: ErrorReason.ValueType  # 246
+"""INVALID_ARGUMENT: A Dockerfile instruction the build rules refuse (ADD, ONBUILD, VOLUME,
+flags, heredocs, parser directives, variables in LABEL, io.sandboxd.* label keys...); the
+message names the line and the rule.
+"""
+ERROR_REASON_TENANT_IMAGE_QUOTA: ErrorReason.ValueType  # 247
+"""RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
+image quota (tenant_max_image_bytes); delete some first.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
