@@ -1,9 +1,13 @@
 """Image builds on the Docker Engine API (the Docker adapter's part of templates).
 
-The classic builder (`POST /build`) runs each step in a container with the limits given here:
-network `none`, a memory cap without swap, a CPU quota. Intermediate containers are always
-removed (`forcerm`); intermediate images are removed by `prune_images` with the build's own
-label, which the caller's Dockerfile carries from its first step on.
+The classic builder (`POST /build`, asked for by `version=1` so that a daemon whose default
+moves to BuildKit does not bring its frontends, heredocs, `RUN --mount` or `--network` with
+it) runs each step in a container with the limits given here: network `none`, a memory cap
+without swap, a CPU quota. Intermediate containers are always removed (`forcerm`);
+intermediate images are removed by `prune_images` with the build's own label, which the
+caller's Dockerfile carries from its first step on. The engine offers no disk limit for a
+build (`--storage-opt size` needs overlay2 on xfs with project quotas, and `POST /build` takes
+none), so `usage` measures what the build has made so far for the caller to stop it by.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ def build_params(
 ) -> dict[str, str]:
     return {
         "t": tag,
+        "version": "1",
         "dockerfile": dockerfile,
         "rm": "1",
         "forcerm": "1",
@@ -111,3 +116,15 @@ async def prune(docker: aiodocker.Docker, labels: Mapping[str, str]) -> None:
         "images/prune", "POST", params={"filters": json.dumps(filters)}
     ) as response:
         await response.read()
+
+
+async def usage(docker: aiodocker.Docker, labels: Mapping[str, str]) -> int:
+    """The largest image or step container root filesystem carrying all of `labels`."""
+    filters = json.dumps({"label": [f"{k}={v}" for k, v in labels.items()]})
+    made = await docker._query_json("images/json", params={"all": "1", "filters": filters})
+    steps = await docker._query_json(
+        "containers/json", params={"all": "1", "size": "1", "filters": filters}
+    )
+    sizes = [int(i.get("Size") or 0) for i in made or ()]
+    sizes += [int(c.get("SizeRootFs") or 0) for c in steps or ()]
+    return max(sizes, default=0)
