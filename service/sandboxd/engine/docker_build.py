@@ -7,7 +7,8 @@ without swap, a CPU quota. Intermediate containers are always removed (`forcerm`
 intermediate images are removed by `prune_images` with the build's own label, which the
 caller's Dockerfile carries from its first step on. The engine offers no disk limit for a
 build (`--storage-opt size` needs overlay2 on xfs with project quotas, and `POST /build` takes
-none), so `usage` measures what the build has made so far for the caller to stop it by.
+none), so `usage` measures what the build has made so far for the caller to stop it by, and
+each step runs with RLIMIT_FSIZE (`ulimits`), which bounds any one file a step writes.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
 def build_params(
     dockerfile: str, tag: str, labels: Mapping[str, str], limits: BuildLimits
 ) -> dict[str, str]:
-    return {
+    params = {
         "t": tag,
         "version": "1",
         "dockerfile": dockerfile,
@@ -54,6 +55,10 @@ def build_params(
         "cpuquota": str(max(1000, limits.millicpus * CPU_PERIOD_US // 1000)),
         "labels": json.dumps(dict(labels)),
     }
+    if limits.file_bytes:
+        n = limits.file_bytes
+        params["ulimits"] = json.dumps([{"Name": "fsize", "Soft": n, "Hard": n}])
+    return params
 
 
 async def build(

@@ -112,6 +112,7 @@ class BuildLimits:
 
     memory_bytes: int
     millicpus: int
+    file_bytes: int = 0  # the largest file a step may write (RLIMIT_FSIZE); 0: no limit
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from sandboxd.errors import ResourceExhausted, SandboxError
 from sandboxd.reasons import Reason
 
-WATCH_EVERY_S = 0.5
+WATCH_EVERY_S = 0.25
 
 Measure = Callable[[], Awaitable[int]]  # bytes the build has made so far
 Judge = Callable[[int], SandboxError | None]  # the refusal for that size, or None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -48,6 +49,25 @@ TAG_REPOSITORY = "sandboxd-template"
 SETTLE_S = 3.0  # a cancelled build's last step may still commit; prune again after this
 
 InUse = Callable[[str, str], Awaitable[bool]]
+_RECENT_LINES = 20
+# What a step's log says when the file size limit stopped it: the kernel's EFBIG, the
+# shell's SIGXFSZ. (A step could print these itself: it only mislabels its own failure.)
+_FILE_LIMIT_MESSAGES = ("File too large", "File size limit exceeded")
+
+
+@dataclass(frozen=True)
+class _Limit:
+    """A build's size limit: `cap` (max_image_bytes), `room` (the tenant's quota left) and
+    its base's size, which every image it makes includes."""
+
+    room: int
+    cap: int
+    base_bytes: int
+
+    @property
+    def file_bytes(self) -> int:
+        """The most one file a RUN step writes may hold (RLIMIT_FSIZE of the step)."""
+        return max(1, min(self.room, self.cap) - self.base_bytes)
 
 
 @dataclass(frozen=True)
@@ -192,7 +212,8 @@ class Templates:
 
     # ----- build ------------------------------------------------------------------------
 
-    async def _resolve_base(self, tenant: str, base: str) -> str:
+    async def _resolve_base(self, tenant: str, base: str) -> tuple[str, int]:
+        """The image a FROM names, and its size."""
         builtin = self._builtin_images()
         own = await self._store.get(tenant, base)
         if base in builtin:
@@ -231,7 +252,7 @@ class Templates:
                 reason=Reason.TEMPLATE_FROM_NOT_ALLOWED,
                 metadata={"image": base[:100]},
             )
-        return image
+        return image, details.size_bytes
 
     def _claim(self, tenant: str, name: str) -> None:
         if (tenant, name) in self._building:
@@ -257,9 +278,10 @@ class Templates:
         tenant = tenancy.current()
         self._claim(tenant, name)
         try:
-            base = await self._resolve_base(tenant, parsed.base)
+            base, base_bytes = await self._resolve_base(tenant, parsed.base)
             room = await self._quota.check_room(tenant, f"template {name!r}", besides=name)
-            async for event in self._build(tenant, name, parsed, base, chunks, room):
+            limit = _Limit(room, self._config.images.max_image_bytes, base_bytes)
+            async for event in self._build(tenant, name, parsed, base, chunks, limit):
                 yield event
         finally:
             self._building.discard((tenant, name))
@@ -272,7 +294,7 @@ class Templates:
         parsed: dockerfile.Dockerfile,
         base: str,
         chunks: AsyncIterator[bytes],
-        room: int,
+        limit: _Limit,
     ) -> AsyncIterator[BuildLog | TemplateRecord]:
         build_id = secrets.token_hex(8)
         previous = await self._store.get(tenant, name)
@@ -295,9 +317,18 @@ class Templates:
             member = f".sandboxd-dockerfile-{build_id}"
             text = parsed.rewritten(base, (LABEL_BUILD, build_id))
             await asyncio.to_thread(context.add_dockerfile, path, member, text)
-            judge = self._judge(tenant, name, room)
-            async for line in self._run(path, member, record, judge):
-                yield BuildLog(line)
+            judge = self._judge(tenant, name, limit.room)
+            recent: deque[str] = deque(maxlen=_RECENT_LINES)
+            try:
+                async for line in self._run(path, member, record, judge, limit.file_bytes):
+                    recent.append(line)
+                    yield BuildLog(line)
+            except FailedPrecondition as e:
+                if e.reason == Reason.TEMPLATE_BUILD_FAILED and any(
+                    m in line for line in recent for m in _FILE_LIMIT_MESSAGES
+                ):
+                    raise self._file_limit_refused(name, limit) from e
+                raise
             details = await self._engine.inspect_image(record.tag)
             await self._engine.image_exists(record.tag)  # refuses VOLUMEs (from the base)
             if details is None:
@@ -350,11 +381,28 @@ class Templates:
 
         return judge
 
+    def _file_limit_refused(self, name: str, limit: _Limit) -> SandboxError:
+        """A step stopped by the file size limit: the build's size limit, said so."""
+        what = f"a step of template {name!r} wrote a file past the {limit.file_bytes} bytes left"
+        if limit.cap <= limit.room:
+            return ResourceExhausted(
+                f"{what} under this server's limit of {limit.cap} bytes (setting "
+                "max_image_bytes); the build was stopped (its log names the step)",
+                reason=Reason.IMAGE_TOO_LARGE,
+                metadata={"limit_bytes": str(limit.cap)},
+            )
+        return self._quota.refused(what)
+
     def _run(
-        self, path: Path, member: str, record: TemplateRecord, judge: build_run.Judge
+        self,
+        path: Path,
+        member: str,
+        record: TemplateRecord,
+        judge: build_run.Judge,
+        file_bytes: int,
     ) -> AsyncIterator[str]:
         cfg = self._config.templates
-        limits = BuildLimits(cfg.build_memory_bytes, cfg.build_millicpus)
+        limits = BuildLimits(cfg.build_memory_bytes, cfg.build_millicpus, file_bytes)
         labels = {LABEL_BUILD: record.build_id}
         lines = self._engine.build_image(
             path,
