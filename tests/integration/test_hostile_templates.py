@@ -94,12 +94,14 @@ class Listener:
         self.sock.close()
 
 
-# Each a build the engine would fetch http://127.0.0.1:PORT/x for, from its own host.
+# Each a build the engine would fetch http://127.0.0.1:PORT/x for, from its own host. The
+# first (an ARG) and the last (an ENV) passed the checker this server had, and the engine
+# fetched the listener; the two between were refused by its `://` rule already.
 FETCHING = [
     "FROM busybox\nARG U=http://127.0.0.1:{port}/x\nADD $U /opt/x\n",
     "FROM busybox\nENV H=127.0.0.1:{port}\nADD http://${{H}}/x /opt/x\n",
     "FROM busybox\nADD ${{U:-http://127.0.0.1:{port}/x}} /opt/x\n",
-    "FROM busybox\nRUN true\nADD ./a \\\n\n http://127.0.0.1:{port}/x /opt/x\n",
+    "FROM busybox\nENV U=http://127.0.0.1:{port}/x\nRUN true\nADD $U /opt/x\n",
 ]
 
 
@@ -161,3 +163,23 @@ def test_a_run_writing_past_max_image_bytes_is_stopped_and_leaves_nothing(
     got = tpl.GetTemplate(T.GetTemplateRequest(name=name)).template
     assert got.state == T.TEMPLATE_STATE_FAILED and "max_image_bytes" in got.message
     assert "Traceback" not in srv.log(), srv.log()
+
+
+@pytest.mark.parametrize(
+    "label",
+    [
+        "io\\.sandboxd.template.build=other",
+        'io.sand"boxd".template.build=other',
+        "$K=other",
+        "a=1 IO.SANDBOXD.template.name=other",
+        "io.sandboxd.template.build other",
+    ],
+)
+def test_the_label_namespace_is_the_servers_however_spelled(tpl, label: str) -> None:
+    """The engine takes quotes and escapes out of a LABEL key and expands its variables: a
+    key that would be io.sandboxd.* once it has is refused before the engine sees it."""
+    dockerfile = f"FROM busybox\nARG K=io.sandboxd.template.build\nLABEL {label}\n"
+    lines, err = _build(tpl, "label-" + secrets.token_hex(3), dockerfile)
+    assert err is not None, ("the engine set a label of the server's", lines)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert error_info(err).reason == "TEMPLATE_INSTRUCTION_NOT_ALLOWED"

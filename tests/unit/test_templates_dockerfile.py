@@ -67,7 +67,8 @@ def test_refused(text: str) -> None:
 
 
 # Each (Dockerfile, what the refusal names). KEPT: refused before and still, by the rule now
-# named. HOSTILE: every row passed the checker this module replaced (measured against it).
+# named. HOSTILE: every row passed the checker this module replaced (measured against it);
+# the groups say which the engine then acted on.
 KEPT = [
     ("FROM busybox\nRUN echo \\\x0c\nADD http://127.0.0.1/x /x\n", "U+000C"),
     ("FROM busybox\nRUN echo \\\u2028\nADD http://127.0.0.1/x /x\n", "U+2028"),
@@ -86,7 +87,8 @@ KEPT = [
     ("# escape=`\nFROM busybox\n", "parser directive"),
 ]
 HOSTILE = [
-    # A URL the builder's expansion makes: from an ARG, an ENV, a default.
+    # A URL the builder's expansion makes: from an ARG, an ENV, a default. The engine fetched
+    # the first two (tests/integration/test_hostile_templates.py).
     ("FROM busybox\nARG U=http://127.0.0.1:9/x\nADD $U /opt/x\n", "ADD is not allowed"),
     ("FROM busybox\nENV U=http://169.254.169.254/\nADD ${U} /x\n", "ADD is not allowed"),
     ("FROM busybox\nADD ${U:-http}$S /x\n", "ADD is not allowed"),
@@ -94,24 +96,28 @@ HOSTILE = [
     ("FROM busybox\nADD --keep-git-dir=true $G /x\n", "ADD is not allowed"),
     # ADD of a local archive: unpacked by the engine past every size counted.
     ("FROM busybox\nADD local.tar.gz /x\n", "use COPY"),
-    # Lines the old lexer joined or cut where the engine's parser does not.
+    # Lines the old lexer joined or cut where the engine's parser does not. The old server
+    # sent the engine its own joined lines, so these did not reach it as written; they are
+    # refused now so that no layout the two parsers could read apart is ever sent.
     ("FROM busybox\nADD ./a \\\n\n http://127.0.0.1/x /x\n", "ADD is not allowed"),
     ("FROM busybox\nLABEL a=1 \\\n\n io.sandboxd.x=2\n", "io.sandboxd"),
     ("FROM busybox\nRUN echo \\\u00a0\nADD http://127.0.0.1/x /x\n", "U+00A0"),
     ("FROM busybox\nRUN echo a\x00b\n", "U+0000"),
     ("FROM busybox\nRUN true \\", "ends inside a continued instruction"),
     ("# check=skip=all\nFROM busybox\n", "parser directive"),
-    # The server's label namespace, however the key is spelled.
+    # The server's label namespace, however the key is spelled (the engine set the first
+    # four: it takes escapes and quotes out and expands variables in keys).
     ("FROM busybox\nLABEL io\\.sandboxd.template.build=x\n", "io.sandboxd"),
     ('FROM busybox\nLABEL io.sand"boxd".template.build=x\n', "io.sandboxd"),
     ("FROM busybox\nARG K=io.sandboxd.template.build\nLABEL $K=other\n", "variables"),
     ("FROM busybox\nENV P=io.sand\nLABEL ${P}boxd.x=1\n", "variables"),
-    # Flags the engine's flag parser reads after taking quotes and escapes out.
+    # Flags the engine's flag parser reads after taking quotes and escapes out (`--from`).
     ("FROM busybox\nCOPY --fr\\om=alpine /etc/passwd /x\n", "--from=alpine"),
     ('FROM busybox\nCOPY --"from"=alpine /etc/passwd /x\n', "--from=alpine"),
     ("FROM busybox\nCOPY --chown=$U a /a\n", "literal --chown"),
     ("FROM busybox\nCOPY --chmod=4755 a /a\n", "--chmod"),
-    # Heredocs and instructions this server does not build.
+    # Heredocs and instructions this server does not build (the engine refused these itself;
+    # refused here with the rule named).
     ("FROM busybox\nCOPY <<EOF /x\n", "heredocs"),
     ("FROM busybox\nRUN <<EOF\n", "heredocs"),
     ("FROM busybox\nFOO bar\n", "not an instruction"),
