@@ -16,6 +16,7 @@ from sandboxd.errors import ResourceExhausted
 from sandboxd.image_quota import ImageQuota
 from sandboxd.sessions import CreateSessionInput
 from sandboxd.store import SessionStore
+from sandboxd.templates import build_run
 from sandboxd.templates.builds import LABEL_BUILD, Templates
 from sandboxd.templates.store import TemplateState, TemplateStore
 from session_stack import session_stack
@@ -182,3 +183,16 @@ async def test_an_image_snapshot_over_max_image_bytes_is_refused(tmp_path: Path)
 def test_the_setting_has_a_default() -> None:
     assert Config().tenancy.max_image_bytes == 20 * 1024**3
     assert dataclasses.is_dataclass(Config().tenancy)
+
+
+def test_a_steps_file_size_limit_is_the_room_left_above_its_base() -> None:
+    over_quota = ImageQuota(1, FakeEngine(), None, None).refused  # type: ignore[arg-type]
+    by_cap = build_run.SizeLimit(room=10_000, cap=5000, base_bytes=1000)
+    assert by_cap.file_bytes == 4000
+    assert by_cap.file_limit_refused("t", over_quota).reason == "IMAGE_TOO_LARGE"
+    by_quota = build_run.SizeLimit(room=3000, cap=5000, base_bytes=1000)
+    assert by_quota.file_bytes == 2000
+    assert by_quota.file_limit_refused("t", over_quota).reason == "TENANT_IMAGE_QUOTA"
+    assert build_run.SizeLimit(room=10, cap=5000, base_bytes=1000).file_bytes == 1
+    assert build_run.hit_file_limit(["dd: error writing '/big': File too large"])
+    assert not build_run.hit_file_limit(["returned a non-zero code: 1"])

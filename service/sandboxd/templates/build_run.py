@@ -13,16 +13,65 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 from sandboxd.errors import ResourceExhausted, SandboxError
 from sandboxd.reasons import Reason
 
 WATCH_EVERY_S = 0.25
+RECENT_LINES = 20  # log lines kept to tell a step the file size limit stopped
+# What a step's log says when the file size limit stopped it: the kernel's EFBIG, the
+# shell's SIGXFSZ. (A step could print these itself: it only relabels its own failure.)
+_FILE_LIMIT_MESSAGES = ("File too large", "File size limit exceeded")
 
 Measure = Callable[[], Awaitable[int]]  # bytes the build has made so far
 Judge = Callable[[int], SandboxError | None]  # the refusal for that size, or None
 Abandon = Callable[[], Awaitable[None]]  # end the build's running step, prune what it made
+
+
+@dataclass(frozen=True)
+class SizeLimit:
+    """A build's size limit: `cap` (max_image_bytes), `room` (the tenant's quota left) and
+    its base's size, which every image it makes includes."""
+
+    room: int
+    cap: int
+    base_bytes: int
+
+    @property
+    def file_bytes(self) -> int:
+        """The most one file a RUN step writes may hold (RLIMIT_FSIZE of the step)."""
+        return max(1, min(self.room, self.cap) - self.base_bytes)
+
+    def too_large(self, size: int) -> SandboxError | None:
+        if size <= self.cap:
+            return None
+        return ResourceExhausted(
+            f"the template's image passed this server's limit of {self.cap} bytes "
+            f"(setting max_image_bytes) at {size} bytes; the build was stopped",
+            reason=Reason.IMAGE_TOO_LARGE,
+            metadata={"limit_bytes": str(self.cap), "size_bytes": str(size)},
+        )
+
+    def file_limit_refused(
+        self, name: str, over_quota: Callable[[str], SandboxError]
+    ) -> SandboxError:
+        """A step stopped by the file size limit: the build's size limit, said so."""
+        what = f"a step of template {name!r} wrote a file past the {self.file_bytes} bytes left"
+        if self.cap > self.room:
+            return over_quota(what)
+        return ResourceExhausted(
+            f"{what} under this server's limit of {self.cap} bytes (setting "
+            "max_image_bytes); the build was stopped (its log names the step)",
+            reason=Reason.IMAGE_TOO_LARGE,
+            metadata={"limit_bytes": str(self.cap)},
+        )
+
+
+def hit_file_limit(lines: Iterable[str]) -> bool:
+    """Whether a failed step's last log lines say the file size limit stopped it."""
+    return any(m in line for line in lines for m in _FILE_LIMIT_MESSAGES)
 
 
 async def _watch(measure: Measure, judge: Judge, every_s: float) -> SandboxError:

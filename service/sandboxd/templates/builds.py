@@ -49,25 +49,6 @@ TAG_REPOSITORY = "sandboxd-template"
 SETTLE_S = 3.0  # a cancelled build's last step may still commit; prune again after this
 
 InUse = Callable[[str, str], Awaitable[bool]]
-_RECENT_LINES = 20
-# What a step's log says when the file size limit stopped it: the kernel's EFBIG, the
-# shell's SIGXFSZ. (A step could print these itself: it only mislabels its own failure.)
-_FILE_LIMIT_MESSAGES = ("File too large", "File size limit exceeded")
-
-
-@dataclass(frozen=True)
-class _Limit:
-    """A build's size limit: `cap` (max_image_bytes), `room` (the tenant's quota left) and
-    its base's size, which every image it makes includes."""
-
-    room: int
-    cap: int
-    base_bytes: int
-
-    @property
-    def file_bytes(self) -> int:
-        """The most one file a RUN step writes may hold (RLIMIT_FSIZE of the step)."""
-        return max(1, min(self.room, self.cap) - self.base_bytes)
 
 
 @dataclass(frozen=True)
@@ -280,7 +261,7 @@ class Templates:
         try:
             base, base_bytes = await self._resolve_base(tenant, parsed.base)
             room = await self._quota.check_room(tenant, f"template {name!r}", besides=name)
-            limit = _Limit(room, self._config.images.max_image_bytes, base_bytes)
+            limit = build_run.SizeLimit(room, self._config.images.max_image_bytes, base_bytes)
             async for event in self._build(tenant, name, parsed, base, chunks, limit):
                 yield event
         finally:
@@ -294,7 +275,7 @@ class Templates:
         parsed: dockerfile.Dockerfile,
         base: str,
         chunks: AsyncIterator[bytes],
-        limit: _Limit,
+        limit: build_run.SizeLimit,
     ) -> AsyncIterator[BuildLog | TemplateRecord]:
         build_id = secrets.token_hex(8)
         previous = await self._store.get(tenant, name)
@@ -317,17 +298,15 @@ class Templates:
             member = f".sandboxd-dockerfile-{build_id}"
             text = parsed.rewritten(base, (LABEL_BUILD, build_id))
             await asyncio.to_thread(context.add_dockerfile, path, member, text)
-            judge = self._judge(tenant, name, limit.room)
-            recent: deque[str] = deque(maxlen=_RECENT_LINES)
+            judge = self._judge(tenant, name, limit)
+            recent: deque[str] = deque(maxlen=build_run.RECENT_LINES)
             try:
                 async for line in self._run(path, member, record, judge, limit.file_bytes):
                     recent.append(line)
                     yield BuildLog(line)
             except FailedPrecondition as e:
-                if e.reason == Reason.TEMPLATE_BUILD_FAILED and any(
-                    m in line for line in recent for m in _FILE_LIMIT_MESSAGES
-                ):
-                    raise self._file_limit_refused(name, limit) from e
+                if e.reason == Reason.TEMPLATE_BUILD_FAILED and build_run.hit_file_limit(recent):
+                    raise limit.file_limit_refused(name, self._quota.refused) from e
                 raise
             details = await self._engine.inspect_image(record.tag)
             await self._engine.image_exists(record.tag)  # refuses VOLUMEs (from the base)
@@ -361,37 +340,19 @@ class Templates:
             await self._remove(previous)
         yield record
 
-    def _judge(self, tenant: str, name: str, room: int) -> build_run.Judge:
+    def _judge(self, tenant: str, name: str, limit: build_run.SizeLimit) -> build_run.Judge:
         """The refusal for a build that has made `size` bytes: over `max_image_bytes`, or
         over the tenant's room less what its other running builds have made."""
-        cap = self._config.images.max_image_bytes
 
         def judge(size: int) -> SandboxError | None:
             self._quota.building[(tenant, name)] = size
-            if size > cap:
-                return ResourceExhausted(
-                    f"the template's image passed this server's limit of {cap} bytes "
-                    f"(setting max_image_bytes) at {size} bytes; the build was stopped",
-                    reason=Reason.IMAGE_TOO_LARGE,
-                    metadata={"limit_bytes": str(cap), "size_bytes": str(size)},
-                )
-            if size > room - self._quota.running(tenant, besides=name):
+            if (refusal := limit.too_large(size)) is not None:
+                return refusal
+            if size > limit.room - self._quota.running(tenant, besides=name):
                 return self._quota.refused(f"template {name!r} ({size} bytes so far)")
             return None
 
         return judge
-
-    def _file_limit_refused(self, name: str, limit: _Limit) -> SandboxError:
-        """A step stopped by the file size limit: the build's size limit, said so."""
-        what = f"a step of template {name!r} wrote a file past the {limit.file_bytes} bytes left"
-        if limit.cap <= limit.room:
-            return ResourceExhausted(
-                f"{what} under this server's limit of {limit.cap} bytes (setting "
-                "max_image_bytes); the build was stopped (its log names the step)",
-                reason=Reason.IMAGE_TOO_LARGE,
-                metadata={"limit_bytes": str(limit.cap)},
-            )
-        return self._quota.refused(what)
 
     def _run(
         self,
