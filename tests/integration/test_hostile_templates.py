@@ -16,7 +16,13 @@ import grpc
 import pytest
 from authutil import authed_stubs, write_tokens
 from conftest import ServerProcess, error_info, remove_owned_containers, start_server
-from sandboxd.v1 import template_pb2, template_pb2_grpc
+from sandboxd.v1 import (
+    session_pb2,
+    snapshot_pb2,
+    snapshot_pb2_grpc,
+    template_pb2,
+    template_pb2_grpc,
+)
 
 T = template_pb2
 TOKEN = "h-" + secrets.token_urlsafe(16)
@@ -183,3 +189,67 @@ def test_the_label_namespace_is_the_servers_however_spelled(tpl, label: str) -> 
     assert err is not None, ("the engine set a label of the server's", lines)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
     assert error_info(err).reason == "TEMPLATE_INSTRUCTION_NOT_ALLOWED"
+
+
+QUOTA = 5 * MiB  # the busybox runtime image is about 2 MiB: two image snapshots fit, not three
+
+
+@pytest.fixture(scope="module")
+def quota_srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("image-quota")
+    server = start_server(
+        tmp / "data",
+        "hquota" + secrets.token_hex(4),
+        "--tokens-file",
+        str(write_tokens(tmp / "tokens", {TOKEN: "mallory"})),
+        "--tenant-max-image-bytes",
+        str(QUOTA),
+    )
+    yield server
+    server.stop()
+    remove_owned_containers(server.owner_id)
+
+
+def _images_of(owner_id: str) -> set[str]:
+    out = subprocess.run(
+        ["docker", "images", "-q", "--no-trunc", "--filter", f"label=io.sandboxd.owner={owner_id}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return set(out.split())
+
+
+def test_templates_and_image_snapshots_share_the_tenants_image_quota(quota_srv) -> None:
+    stubs = authed_stubs(quota_srv.address, TOKEN)
+    snaps = snapshot_pb2_grpc.SnapshotServiceStub(stubs.channel)
+    tpl = template_pb2_grpc.TemplateServiceStub(stubs.channel)
+    sid = stubs.sessions.CreateSession(session_pb2.CreateSessionRequest()).session.session_id
+    image = snapshot_pb2.SNAPSHOT_KIND_IMAGE
+    try:
+        kept = [
+            snaps.CreateSnapshot(snapshot_pb2.CreateSnapshotRequest(session_id=sid, kind=image))
+            for _ in range(2)
+        ]
+        held = _images_of(quota_srv.owner_id)
+        with pytest.raises(grpc.RpcError) as info:
+            snaps.CreateSnapshot(snapshot_pb2.CreateSnapshotRequest(session_id=sid, kind=image))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+        assert error_info(info.value).reason == "TENANT_IMAGE_QUOTA"
+        assert _images_of(quota_srv.owner_id) == held  # the third commit was taken back
+
+        # A template is a tenant image too: with about 1 MiB of room, a busybox one stops.
+        lines, err = _build(tpl, "q-" + secrets.token_hex(3), "FROM busybox\nRUN true\n")
+        assert err is not None, lines
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+        assert error_info(err).reason == "TENANT_IMAGE_QUOTA"
+
+        snaps.DeleteSnapshot(
+            snapshot_pb2.DeleteSnapshotRequest(snapshot_id=kept[0].snapshot.snapshot_id)
+        )
+        name = "q-" + secrets.token_hex(3)
+        _, err = _build(tpl, name, "FROM busybox\nRUN true\n")
+        assert err is None, err.details()  # room again
+        tpl.DeleteTemplate(T.DeleteTemplateRequest(name=name))
+    finally:
+        stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
