@@ -159,11 +159,13 @@ def test_a_run_writing_past_max_image_bytes_is_stopped_and_leaves_nothing(
     assert error_info(err).reason == "IMAGE_TOO_LARGE"
     assert not any("echo after" in line for line in lines), lines
     (build_id,) = {m.group(1) for ln in lines if (m := re.search(rf'{LABEL_BUILD}="(\w+)"', ln))}
-    deadline = time.monotonic() + 30  # a stopped step's commit may land late: pruned again
-    while (_labelled("images", build_id) or _labelled("ps", build_id)) and (
-        time.monotonic() < deadline
-    ):
-        time.sleep(0.5)
+    # A stopped step's commit may land seconds later (a 400 MB layer): the server prunes
+    # again until nothing of the build is seen twice in a row; so does this wait.
+    deadline, quiet = time.monotonic() + 60, 0
+    while quiet < 2 and time.monotonic() < deadline:
+        time.sleep(4)
+        left = _labelled("images", build_id) + _labelled("ps", build_id)
+        quiet = quiet + 1 if not left else 0
     assert _labelled("images", build_id) == [], "an image of the stopped build was left"
     assert _labelled("ps", build_id) == [], "a step container of the stopped build was left"
     got = tpl.GetTemplate(T.GetTemplateRequest(name=name)).template

@@ -196,3 +196,39 @@ def test_a_steps_file_size_limit_is_the_room_left_above_its_base() -> None:
     assert build_run.SizeLimit(room=10, cap=5000, base_bytes=1000).file_bytes == 1
     assert build_run.hit_file_limit(["dd: error writing '/big': File too large"])
     assert not build_run.hit_file_limit(["returned a non-zero code: 1"])
+
+
+async def test_shutdown_runs_the_late_prune_of_a_stopped_build(tmp_path: Path) -> None:
+    """A stopped build's last commit may land after it was pruned: the prune again after the
+    settle time also runs when the server shuts down within it."""
+    engine = FakeEngine()
+    engine.build_step_s = 0.05
+
+    async def none(tenant: str) -> list[str]:
+        return []
+
+    async def in_use(tenant: str, name: str) -> bool:
+        return False
+
+    config = Config(data_dir=tmp_path, max_image_bytes=CAP)
+    async with SessionStore(tmp_path / "sessions.db") as store:
+        tstore = await TemplateStore(store.db).open()
+        templates = Templates(
+            config,
+            engine,
+            tstore,
+            tmp_path / "spool",
+            in_use,
+            quota=ImageQuota(0, engine, tstore, none),
+            settle_s=0.2,
+            watch_every_s=0.005,
+        )
+        with pytest.raises(ResourceExhausted):
+            async for _ in templates.build("big", "FROM busybox\nRUN write 100000\n", _nothing()):
+                pass
+        record = await tstore.get(tenancy.current(), "big")
+        assert record is not None and record.build_id
+        build_id = record.build_id
+        engine.images["late-commit"] = {LABEL_BUILD: build_id}  # the engine's late commit
+        await templates.close()  # at once: within the settle time
+        assert "late-commit" not in engine.images

@@ -47,6 +47,8 @@ LABEL_BUILD = "io.sandboxd.template.build"
 LABEL_TEMPLATE = "io.sandboxd.template.name"
 TAG_REPOSITORY = "sandboxd-template"
 SETTLE_S = 3.0  # a cancelled build's last step may still commit; prune again after this
+SETTLE_ROUNDS = 10
+CLOSE_GRACE_S = 5.0  # the longest shutdown waits for that prune beyond its settle time
 
 InUse = Callable[[str, str], Awaitable[bool]]
 
@@ -98,9 +100,14 @@ class Templates:
         self._started = datetime.now(UTC)
 
     async def close(self) -> None:
-        for task in self._cleanups:
+        """Shutdown: the pending prunes of abandoned builds run first (an abandoned step's
+        commit may still land), bounded by their settle time; then any left is cancelled."""
+        pending = list(self._cleanups)
+        if pending:
+            await asyncio.wait(pending, timeout=2 * self._settle_s + CLOSE_GRACE_S)
+        for task in pending:
             task.cancel()
-        await asyncio.gather(*self._cleanups, return_exceptions=True)
+        await asyncio.gather(*pending, return_exceptions=True)
 
     def _builtin_images(self) -> dict[str, str]:
         return {
@@ -386,11 +393,20 @@ class Templates:
             await self._engine.prune_images({LABEL_BUILD: build_id})
 
     def _clean_up(self, build_id: str) -> None:
-        """Prune once more when an abandoned step has settled (its commit may land late)."""
+        """Prune again until an abandoned build has settled: its last commit may land late
+        (measured: a 400 MB step's commit landed after a prune 3 s on), so every `settle_s`,
+        until two measures in a row find nothing of it, for at most SETTLE_ROUNDS."""
 
         async def prune() -> None:
-            await asyncio.sleep(self._settle_s)
-            await self._prune(build_id)
+            quiet = 0
+            for _ in range(SETTLE_ROUNDS):
+                await asyncio.sleep(self._settle_s)
+                await self._prune(build_id)
+                with contextlib.suppress(SandboxError):
+                    left = await self._engine.build_usage({LABEL_BUILD: build_id})
+                    quiet = quiet + 1 if left == 0 else 0
+                if quiet >= 2:
+                    return
 
         task = asyncio.get_running_loop().create_task(prune())
         self._cleanups.add(task)
