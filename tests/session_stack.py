@@ -17,11 +17,13 @@ from fakes import FakeArchive, FakeEngine
 from sandboxd import tenancy
 from sandboxd.config import Config
 from sandboxd.host_ids import HostIds
+from sandboxd.image_quota import ImageQuota
 from sandboxd.pool import WarmPool
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.store import SessionStore
+from sandboxd.templates.store import TemplateStore
 
 OWNER = "sbxunit"
 T = TypeVar("T")
@@ -84,7 +86,21 @@ async def session_stack(
             egress=egress,
             host_ids=host_ids,
         )
-        snapshots = Snapshots(keeper, snap_store, sessions, engine, store)
+        quota = ImageQuota(
+            config.tenancy.max_image_bytes,
+            engine,
+            await TemplateStore(store.db).open(),
+            snap_store.images_of,
+        )
+        snapshots = Snapshots(
+            keeper,
+            snap_store,
+            sessions,
+            engine,
+            store,
+            quota=quota,
+            max_image_bytes=config.images.max_image_bytes,
+        )
         stack = Stack(engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended)
         try:
             yield stack

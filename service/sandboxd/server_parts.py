@@ -43,6 +43,7 @@ from sandboxd.execution import Executor
 from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
 from sandboxd.host_ids import HostIds
+from sandboxd.image_quota import ImageQuota
 from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
 from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
 from sandboxd.metrics import Metrics
@@ -193,12 +194,17 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     terms = await LeaseTermsStore(store.db).open()
     pulls = Pulls(config, engine, live_images=lambda: live_images(store))
     stack.push_async_callback(pulls.close)
+    template_store = await TemplateStore(store.db).open()
+    image_quota = ImageQuota(
+        config.tenancy.max_image_bytes, engine, template_store, snapshot_store.images_of
+    )
     templates = Templates(
         config,
         engine,
-        await TemplateStore(store.db).open(),
+        template_store,
         config.server.data_dir / "spool",
         in_use=functools.partial(template_in_use, store),
+        quota=image_quota,
     )
     stack.push_async_callback(templates.close)
     preview_parts = await previews_setup.prepare(config, store)
@@ -219,7 +225,15 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         templates=templates,
         host_ids=host_ids,
     )
-    snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
+    snapshots = Snapshots(
+        keeper,
+        snapshot_store,
+        sessions,
+        engine,
+        store,
+        quota=image_quota,
+        max_image_bytes=config.images.max_image_bytes,
+    )
     previews = await stack.enter_async_context(
         previews_setup.serve(
             preview_parts,

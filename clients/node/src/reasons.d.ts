@@ -263,6 +263,10 @@ export declare class KernelLimitReachedError extends ResourceExhausted {}
 export declare class HostIdsExhaustedError extends ResourceExhausted {}
 /** RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`. */
 export declare class ReplyTooLargeError extends ResourceExhausted {}
+/** INVALID_ARGUMENT: A Dockerfile instruction the build rules refuse (ADD, ONBUILD, VOLUME, flags, heredocs, parser directives, variables in LABEL, io.sandboxd.* label keys...); the message names the line and the rule. */
+export declare class TemplateInstructionNotAllowedError extends InvalidArgument {}
+/** RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first. */
+export declare class TenantImageQuotaError extends ResourceExhausted {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -405,7 +409,9 @@ export type Reason =
   | 'INTERACT_IDLE'
   | 'KERNEL_LIMIT_REACHED'
   | 'HOST_IDS_EXHAUSTED'
-  | 'REPLY_TOO_LARGE';
+  | 'REPLY_TOO_LARGE'
+  | 'TEMPLATE_INSTRUCTION_NOT_ALLOWED'
+  | 'TENANT_IMAGE_QUOTA';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

@@ -263,6 +263,10 @@ export class KernelLimitReachedError extends ResourceExhausted {}
 export class HostIdsExhaustedError extends ResourceExhausted {}
 /** RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`. */
 export class ReplyTooLargeError extends ResourceExhausted {}
+/** INVALID_ARGUMENT: A Dockerfile instruction the build rules refuse (ADD, ONBUILD, VOLUME, flags, heredocs, parser directives, variables in LABEL, io.sandboxd.* label keys...); the message names the line and the rule. */
+export class TemplateInstructionNotAllowedError extends InvalidArgument {}
+/** RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first. */
+export class TenantImageQuotaError extends ResourceExhausted {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -407,4 +411,6 @@ export const REASONS = Object.freeze({
   KERNEL_LIMIT_REACHED: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: KernelLimitReachedError },
   HOST_IDS_EXHAUSTED: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: HostIdsExhaustedError },
   REPLY_TOO_LARGE: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: ReplyTooLargeError },
+  TEMPLATE_INSTRUCTION_NOT_ALLOWED: { code: 'INVALID_ARGUMENT', retryable: false, error: TemplateInstructionNotAllowedError },
+  TENANT_IMAGE_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TenantImageQuotaError },
 });

@@ -348,6 +348,15 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the
     way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`.
     """
+    ERROR_REASON_TEMPLATE_INSTRUCTION_NOT_ALLOWED: _ErrorReason.ValueType  # 246
+    """INVALID_ARGUMENT: A Dockerfile instruction the build rules refuse (ADD, ONBUILD, VOLUME,
+    flags, heredocs, parser directives, variables in LABEL, io.sandboxd.* label keys...); the
+    message names the line and the rule.
+    """
+    ERROR_REASON_TENANT_IMAGE_QUOTA: _ErrorReason.ValueType  # 247
+    """RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
+    image quota (tenant_max_image_bytes); delete some first.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -683,5 +692,14 @@ ERROR_REASON_REPLY_TOO_LARGE: ErrorReason.ValueType  # 260
 """RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's
 max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the
 way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`.
+"""
+ERROR_REASON_TEMPLATE_INSTRUCTION_NOT_ALLOWED: ErrorReason.ValueType  # 246
+"""INVALID_ARGUMENT: A Dockerfile instruction the build rules refuse (ADD, ONBUILD, VOLUME,
+flags, heredocs, parser directives, variables in LABEL, io.sandboxd.* label keys...); the
+message names the line and the rule.
+"""
+ERROR_REASON_TENANT_IMAGE_QUOTA: ErrorReason.ValueType  # 247
+"""RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
+image quota (tenant_max_image_bytes); delete some first.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
