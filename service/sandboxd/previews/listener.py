@@ -30,13 +30,21 @@ from pathlib import Path
 
 from sandboxd.audit.events import AuditEvent
 from sandboxd.models import SessionState
-from sandboxd.previews import access, http1
+from sandboxd.previews import access, http1, upgrade
 from sandboxd.previews.connections import Connection, OpenConnections, OverLimit
 from sandboxd.previews.dialer import BackendReset, ByteStream, PortDialer
 from sandboxd.previews.metrics import PreviewMetrics
 from sandboxd.previews.publishing import Address
 from sandboxd.previews.registry import PortRegistry, Publication
-from sandboxd.previews.relay import ClientStream, Outcome, SandboxGone, SandboxSilent, exchange
+from sandboxd.previews.relay import (
+    BadRequestBody,
+    ClientStream,
+    Outcome,
+    SandboxBroke,
+    SandboxGone,
+    SandboxSilent,
+    exchange,
+)
 from sandboxd.previews.settings import PreviewsSection
 from sandboxd.previews.tokens import TokenSigner
 from sandboxd.store import SessionStore
@@ -167,7 +175,7 @@ class PreviewListener:
         """Serve one request; whether to read another on the connection."""
         try:
             async with asyncio.timeout(self._settings.idle_timeout_s):
-                head = await http1.read_head(client)
+                head = await http1.read_request(client)
         except (TimeoutError, EOFError):
             return False
         except http1.BadMessage as exc:
@@ -177,13 +185,12 @@ class PreviewListener:
         pub: Publication | None = None
         method, path, status = "", "", 0
         try:
-            req = http1.request_line(head)
-            method, path = req.method, req.target.split("?", 1)[0][:512]
-            target = access.route(head, req.target, self._settings.domain)
+            method, path = head.method, head.target.split("?", 1)[0][:512]
+            target = access.route(head, head.target, self._settings.domain)
             if target is None:
                 raise Refused(404, "not_a_preview", "not a preview address")
             if target.path_routed and path.rstrip("/").count("/") == 3 and not path.endswith("/"):
-                query = req.target[len(path) :]
+                query = head.target[len(path) :]
                 raise Refused(308, "redirect", "", (f"Location: {path}/{query}",))
             creds, target = access.take_credentials(head, target)
             pub = await self._registry.get(target.session_id, target.port)
@@ -192,13 +199,16 @@ class PreviewListener:
                 raise Refused(verdict.status, verdict.why, verdict.message)
             assert pub is not None
             framing = http1.request_framing(head)
-            head.start = f"{req.method} {target.rest} {req.version}"
+            upgrade.check_request(head, framing)
+            head.start = f"{head.method} {target.rest} {head.version}"
             cookie = ""
             if creds.from_query and verdict == creds.from_query:
                 secure = self._tls is not None
                 cookie = access.cookie_header(verdict, target, pub.expires_at, secure=secure)
-            outcome = await self._relay(client, link, pub, head, req.method, framing, cookie)
+            outcome = await self._relay(client, link, pub, head, head.method, framing, cookie)
             status = outcome.status
+            if not outcome.backend_reusable:
+                await link.drop()
             return outcome.keep_alive and not outcome.upgraded
         except Refused as r:
             status = r.status
@@ -244,6 +254,12 @@ class PreviewListener:
                     set_cookie=cookie,
                     meter=meter,
                 )
+            except BadRequestBody as exc:
+                await link.drop()
+                raise Refused(400, "bad_request", str(exc)) from None
+            except SandboxBroke as exc:
+                await link.drop()
+                raise Refused(502, "sandbox_protocol", f"the sandbox answered {exc}") from None
             except SandboxSilent:
                 raise Refused(
                     504, "sandbox_timeout", "the sandbox did not answer in time"
