@@ -140,6 +140,10 @@ class Buffered:
     def buffered(self) -> int:
         return len(self._buf)
 
+    async def readable(self) -> bool:
+        """Whether more bytes come (waiting for the first of them); False at the end."""
+        return bool(self._buf) or await self._fill()
+
     async def read_exactly(self, n: int) -> bytes:
         while len(self._buf) < n:
             if not await self._fill():
