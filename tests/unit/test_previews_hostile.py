@@ -411,3 +411,19 @@ async def test_requests_for_other_previews_never_share_a_sandbox_connection(
         assert b"GET /2 " in b.seen and b"GET /1 " not in b.seen
         assert pb.token.encode() not in a and pa.token.encode() not in b
         assert w.dialer.dials == 3
+
+
+async def test_http10_keeps_a_connection_only_when_both_ends_say_keep_alive(
+    tmp_path: Path,
+) -> None:
+    """An HTTP/1.0 request without `Connection: keep-alive` ends its connection with its
+    answer: a request pipelined after it is never read (nor relayed)."""
+    rec = Recorder()
+    async with world(tmp_path) as w:
+        p = await _tenant_preview(w, "alice", 8080)
+        await backend(w, 8080, answering_ok(rec))
+        one = f"GET /preview/alice.s/8080/one HTTP/1.0\r\nX-Sandboxd-Token: {p.token}\r\n\r\n"
+        got = await exchange(p.path_url, one.encode() + req("/preview/alice.s/8080/two", p.token))
+        assert got.count(b"200 OK") == 1
+        await asyncio.sleep(0.05)
+        assert b"/one" in rec and b"/two" not in rec
