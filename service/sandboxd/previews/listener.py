@@ -191,10 +191,8 @@ class PreviewListener:
                 first = None
         except TimeoutError:  # the TLS handshake did not end within the head's deadline
             self._metrics.refused.labels("head_timeout").inc()
-        except (asyncio.CancelledError, ConnectionError, OSError, EOFError, http1.BadMessage):
-            pass
-        except ssl.SSLError:
-            pass
+        except (asyncio.CancelledError, OSError, EOFError, http1.BadMessage):
+            pass  # OSError: a reset, a failed TLS handshake (ssl.SSLError) alike
         finally:
             self._admission.leave(ticket)
             self._metrics.connections.dec()
