@@ -69,6 +69,38 @@ SERVICE_NAMES = (
 )
 
 
+def transport_options(
+    max_message_bytes: int, handshake_timeout_ms: int = 10_000
+) -> list[tuple[str, int]]:
+    """The gRPC port's transport limits, set here rather than left to the library's defaults
+    (which change between releases), since any caller may reach them before authentication:
+    - concurrent HTTP/2 streams per connection: bounded (a stream past it waits in the
+      client), so one connection holds at most that many calls, refused or not;
+    - request metadata: 16 KiB in all (an authorization header is a few dozen bytes);
+    - pings: a client may not ping without calls, nor more often than every 5 minutes without
+      data; two strikes end the connection (GOAWAY too_many_pings);
+    - a connection that has not finished its handshake (TLS and the HTTP/2 preface) within
+      `handshake_timeout_ms` is closed (the library's default is 120 s);
+    - a connection without any call for 5 minutes is closed (clients reconnect on their own):
+      idle connections do not pile up.
+    No per-source connection cap exists in gRPC's core; SECURITY.md says what covers it."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+        ("grpc.max_metadata_size", 16 * 1024),
+        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", 300_000),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.max_connection_idle_ms", 300_000),
+        ("grpc.server_handshake_timeout_ms", handshake_timeout_ms),
+    ]
+
+
+MAX_CONCURRENT_STREAMS = 512
+
+
 def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """Every service on one server, not yet listening; its health servicer (the engine
     monitor and the shutdown drive it)."""
@@ -92,11 +124,7 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
             # limit (a request's max_reply_bytes, else 4 MiB).
             ReplyLimit(config.max_message_bytes),
         ],
-        options=[
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.max_send_message_length", config.max_message_bytes),
-            ("grpc.so_reuseport", 0),
-        ],
+        options=transport_options(config.max_message_bytes),
     )
     leases = LeaseEcho(p.terms)
     session_pb2_grpc.add_SessionServiceServicer_to_server(

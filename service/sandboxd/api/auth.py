@@ -128,13 +128,18 @@ def needs_admin(method: str) -> bool:
 
 
 def _refusing(handler: Any, exc: errors.SandboxError) -> Any:
-    """A handler of the same kind that only aborts: the servicer never sees the call."""
+    """A handler that only aborts: the servicer never sees the call. It is a client-streaming
+    one whatever the method is, so the server starts it at once instead of first reading the
+    request message (a unary method's handler runs only once the whole message arrived: an
+    unauthenticated caller could otherwise hold the stream, and a buffer of up to
+    max_message_bytes, by sending it slowly or never). The client sees the status alone,
+    which is all any refused call gets."""
 
-    async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def refuse(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await context.abort_with_status(to_status(exc))
 
-    kind = _kind(handler)
-    return handler._replace(**{kind: refuse})
+    del handler
+    return grpc.stream_unary_rpc_method_handler(refuse)
 
 
 def _as_tenant(handler: Any, tenant: str | None, grants: tenancy.TenantGrants) -> Any:
