@@ -258,13 +258,14 @@ def _host_ids_problem(engine: EngineSection) -> str | None:
     if last > MAX_ID:
         return f"host_uid_first + host_uid_count - 1 ({last}) is above {MAX_ID}"
     k_uid, _, k_gid = engine.keeper_user.partition(":")
-    reserved = [(65534, "nobody"), (65535, "the 16-bit -1")]
+    reserved = []
     # A keeper_user that is not numeric is its own problem (its setting's check says so).
     if k_uid.isascii() and k_uid.isdigit() and k_gid.isascii() and k_gid.isdigit():
         reserved += [
             (int(k_uid), "the keeper's uid (keeper_user)"),
             (int(k_gid), "the keeper's gid (keeper_user)"),
         ]
+    reserved += [(65534, "nobody"), (65535, "the 16-bit -1")]
     for value, what in reserved:
         if first <= value <= last:
             return (
