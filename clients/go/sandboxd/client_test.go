@@ -264,3 +264,55 @@ func TestInteractIdleEndsAQuietTerminal(t *testing.T) {
 		return
 	}
 }
+
+func TestUploadDirAndDownloadDirKeepLinksAndModes(t *testing.T) {
+	c, ctx := dial(t)
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{
+		Shell:  &pb.ShellPolicy{AllowAll: true},
+		Limits: &pb.ResourceLimits{FileBytes: 4 << 20},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.DeleteSession(context.Background(), s.GetSessionId())
+	src := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(src+"/src/pkg", 0o755))
+	must(os.WriteFile(src+"/src/run.sh", []byte("echo run\n"), 0o755))
+	must(os.WriteFile(src+"/src/pkg/secret", []byte("only me"), 0o600))
+	big := bytes.Repeat([]byte("0123456789abcdef"), 3<<16) // 3 MiB: several chunks
+	must(os.WriteFile(src+"/big.bin", big, 0o644))
+	must(os.Symlink("run.sh", src+"/src/latest"))
+	var sent int64
+	done, err := c.UploadDir(ctx, s.GetSessionId(), src, "proj", false, func(n int64) { sent = n })
+	must(err)
+	if done.GetFiles() < 3 || sent < int64(len(big)) {
+		t.Fatalf("imported %d files, sent %d bytes", done.GetFiles(), sent)
+	}
+	ran, err := c.Run(ctx, &pb.RunRequest{SessionId: s.GetSessionId(), Argv: []string{
+		"sh", "-c", "cd proj && sh src/run.sh && readlink src/latest && stat -c %a src/run.sh src/pkg/secret"}})
+	must(err)
+	if got := string(ran.GetStdout()); got != "run\nrun.sh\n755\n600\n" {
+		t.Fatalf("inside the session: %q (%s)", got, ran.GetStderr())
+	}
+	back := t.TempDir() + "/back"
+	must(c.DownloadDir(ctx, s.GetSessionId(), "proj", back, nil))
+	if got, _ := os.ReadFile(back + "/big.bin"); !bytes.Equal(got, big) {
+		t.Fatal("big.bin came back different")
+	}
+	if link, _ := os.Readlink(back + "/src/latest"); link != "run.sh" {
+		t.Fatalf("link %q", link)
+	}
+	for path, want := range map[string]os.FileMode{"/src/run.sh": 0o755, "/src/pkg/secret": 0o600} {
+		info, err := os.Stat(back + path)
+		must(err)
+		if info.Mode().Perm() != want {
+			t.Fatalf("%s: mode %o", path, info.Mode().Perm())
+		}
+	}
+}
