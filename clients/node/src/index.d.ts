@@ -137,6 +137,16 @@ export declare class Session {
   exec(argv: string[], opts?: ExecOptions): AsyncGenerator<ExecEvent, void, undefined>;
   run(argv: string[], opts?: Omit<ExecOptions, 'keepalives'>): Promise<RunResult>;
   interact(argv: string[], opts?: InteractOptions): Interaction;
+  uploadDir(
+    localDir: string,
+    dirPath?: string,
+    opts?: CallOptions & { replace?: boolean; progress?: (bytes: number) => void },
+  ): Promise<{ files: number; bytes: number }>;
+  downloadDir(
+    dirPath: string,
+    localDir: string,
+    opts?: CallOptions & { progress?: (bytes: number) => void },
+  ): Promise<number>;
   startProcess(
     argv: string[],
     opts?: ExecOptions & {

@@ -24,6 +24,7 @@ import { fromGrpcError } from './decode.js';
 import { IDEMPOTENT, IDEMPOTENT_WITH_ID, methodName, serviceProperty } from './naming.js';
 
 export * from './errors.js';
+import { tarChunks, untarChunks } from './folders.js';
 export * from './reasons.js';
 export { DOMAIN, fromGrpcError } from './decode.js';
 export { IDEMPOTENT, IDEMPOTENT_WITH_ID, methodName, serviceProperty } from './naming.js';
@@ -535,6 +536,22 @@ export class Session {
     }
     const resp = await this.client.snapshots.importArchive(requests(), opts);
     return { files: resp.files, bytes: resp.bytes };
+  }
+
+  /**
+   * The local folder `localDir`'s contents into the workspace folder `dirPath` (empty: the
+   * workspace), in one call: a tar made while it is sent, symlinks and modes kept.
+   * `progress(bytes)` follows the tar. Each file is bounded by the session's file_bytes
+   * (1 MiB unless the session asked for more, up to the server's max_file_bytes): a larger one
+   * is refused FileTooLargeError and nothing lands.
+   */
+  async uploadDir(localDir, dirPath = '', { replace = false, progress, ...opts } = {}) {
+    return this.importArchive(tarChunks(localDir, progress), dirPath, { replace, ...opts });
+  }
+
+  /** The workspace folder `dirPath` into the local folder `localDir`, unpacked as it arrives. */
+  async downloadDir(dirPath, localDir, { progress, ...opts } = {}) {
+    return untarChunks(this.exportArchive(dirPath, opts), localDir, progress);
   }
 
   /** Stores a snapshot of the workspace server-side. */

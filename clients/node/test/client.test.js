@@ -208,6 +208,38 @@ test('session.interact: a terminal that outlives the command timeout, typed into
   }
 });
 
+test('uploadDir and downloadDir: a folder up and back, links and modes kept', async () => {
+  const fs = await import('node:fs/promises');
+  const os = await import('node:os');
+  const src = await fs.mkdtemp(path.join(os.tmpdir(), 'sbx-up-'));
+  const back = path.join(await fs.mkdtemp(path.join(os.tmpdir(), 'sbx-back-')), 'back');
+  await fs.mkdir(path.join(src, 'src', 'pkg'), { recursive: true });
+  await fs.writeFile(path.join(src, 'src', 'run.sh'), 'echo run\n', { mode: 0o755 });
+  await fs.writeFile(path.join(src, 'src', 'pkg', 'secret'), 'only me', { mode: 0o600 });
+  const big = randomBytes(3 * 1024 * 1024 + 5);
+  await fs.writeFile(path.join(src, 'big.bin'), big);
+  await fs.symlink('run.sh', path.join(src, 'src', 'latest'));
+  const session = await client.createSession({
+    shell: { allow_all: true },
+    limits: { file_bytes: 4 * 1024 * 1024 },
+  });
+  try {
+    let sent = 0;
+    const done = await session.uploadDir(src, 'proj', { progress: (n) => (sent = n) });
+    assert.ok(done.files >= 3 && sent >= big.length);
+    const ran = await session.run([
+      'sh', '-c', 'cd proj && sh src/run.sh && readlink src/latest && stat -c %a src/run.sh src/pkg/secret',
+    ]);
+    assert.equal(ran.stdout.toString(), 'run\nrun.sh\n755\n600\n');
+    await session.downloadDir('proj', back);
+    assert.ok((await fs.readFile(path.join(back, 'big.bin'))).equals(big));
+    assert.equal(await fs.readlink(path.join(back, 'src', 'latest')), 'run.sh');
+    assert.equal((await fs.stat(path.join(back, 'src', 'pkg', 'secret'))).mode & 0o777, 0o600);
+  } finally {
+    await session.delete();
+  }
+});
+
 test('an AbortSignal ends a running exec with Cancelled', async () => {
   const session = await client.createSession({ shell: { allow: ['sleep'] } });
   try {
