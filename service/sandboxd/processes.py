@@ -45,14 +45,13 @@ from sandboxd.models import (
 )
 from sandboxd.output_ring import OutputBuffer
 from sandboxd.process_adoption import (
+    KeptClock,
+    adopted_record,
     agent_ring,
-    agent_ring_held,
     detach_id,
     follow,
     kept_processes,
-    read_cmdline,
     running_sessions,
-    spec_from_cmdline,
 )
 from sandboxd.process_agent_output import follow as follow_agent
 from sandboxd.process_forgets import Forgets, forget
@@ -245,6 +244,7 @@ class ProcessManager:
                 detach_id(proc.process_id, proc.token),
                 agent_ring(proc),
                 room.agent_ring_budget(session.spec.limits.memory_bytes),
+                timeout_ms=round(proc.spec.timeout_s * 1000),
             )
             async with (
                 hold,
@@ -333,34 +333,22 @@ class ProcessManager:
         for process_id, token, record in await kept_processes(detached, session):
             if process_id in procs or len(procs) >= MAX_PROCESSES_PER_SESSION:
                 continue
-            pid = record.get("pid")
-            cmdline = b""
-            if record.get("running") and isinstance(pid, int):
-                cmdline = await read_cmdline(self._executor, session, pid)
-            spec = spec_from_cmdline(cmdline, FOREGROUND_BUFFER_BYTES)
-            ring = agent_ring_held(record)
-            proc = BackgroundProcess(
-                session.session_id,
-                process_id,
-                spec,
-                StartOptions(spec.max_output_bytes),
-                _BACKGROUND,
-                token=token,
+            proc, clock = await adopted_record(
+                self._executor, session, (process_id, token), record, FOREGROUND_BUFFER_BYTES
             )
-            proc.keep_in_agent(AgentKept(session.container_id, detach_id(process_id, token), ring))
             proc.running.set_result(None)
             procs[process_id] = proc
             proc.task = asyncio.create_task(
-                self._follow(session, proc), name=f"process {process_id}"
+                self._follow(session, proc, clock), name=f"process {process_id}"
             )
             adopted += 1
         return adopted
 
-    async def _follow(self, session: Session, proc: BackgroundProcess) -> None:
+    async def _follow(self, session: Session, proc: BackgroundProcess, clock: KeptClock) -> None:
         """An adopted process: its output from the agent's ring, then live, then its exit."""
-        started = time.monotonic()
+        started = clock.started_monotonic(time.monotonic()) or time.monotonic()
         try:
-            await follow(self._executor, session, proc)
+            await follow(self._executor, session, proc, clock)
         except SandboxError as exc:
             log.warning("adopted process %s: %s", proc.process_id, exc)
             proc.finish(ExecExited(-1, "", False, False, time.monotonic() - started))
