@@ -10,6 +10,7 @@ after the original one), with margins of seconds, never about speed.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import secrets
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiodocker
 import grpc
 import pytest
 from conftest import (
@@ -29,7 +31,15 @@ from conftest import (
     start_server,
 )
 from google.protobuf import duration_pb2
-from sandboxd.v1 import common_pb2, polish_pb2, process_pb2, session_pb2
+from sandboxd.v1 import (
+    common_pb2,
+    events_pb2,
+    polish_pb2,
+    process_pb2,
+    session_pb2,
+    snapshot_pb2,
+    snapshot_pb2_grpc,
+)
 
 CALL_TIMEOUT = 60.0
 SOAK_SECONDS = float(os.environ.get("SANDBOXD_SOAK_SECONDS", "0"))
@@ -66,6 +76,10 @@ def restartable(tmp_path: Path) -> Iterator[Restartable]:
         box.stubs.channel.close()
         box.srv.stop()
         remove_owned_containers(owner)
+
+
+def snaps(stubs: Stubs) -> snapshot_pb2_grpc.SnapshotServiceStub:
+    return snapshot_pb2_grpc.SnapshotServiceStub(stubs.channel)
 
 
 def new_session(stubs: Stubs) -> str:
@@ -215,3 +229,126 @@ def test_restart_model_with_timed_background_processes(restartable: Restartable)
         box.stubs.sessions.DeleteSession(
             session_pb2.DeleteSessionRequest(session_id=sid), timeout=CALL_TIMEOUT
         )
+
+
+# ----- a dead sandbox loses its processes, not its files ----------------------------------------
+
+
+def kill_container(owner: str, sid: str) -> None:
+    """What an OOM-killed agent, an engine that killed the container or a host reboot leave:
+    the session's container stopped. The agent (PID 1) of this image is no longer the sandbox's
+    OOM victim of choice, so the engine's kill stands for every kind of death."""
+
+    async def kill() -> None:
+        async with aiodocker.Docker() as docker:
+            found = await docker.containers.list(
+                all=True,
+                filters={"label": [f"io.sandboxd.owner={owner}", f"io.sandboxd.session={sid}"]},
+            )
+            assert len(found) == 1, found
+            await found[0].kill(signal="SIGKILL")
+
+    asyncio.run(kill())
+
+
+def sh(stubs: Stubs, sid: str, script: str) -> process_pb2.RunResponse:
+    return stubs.processes.Run(
+        process_pb2.RunRequest(session_id=sid, argv=["sh", "-c", script]), timeout=CALL_TIMEOUT
+    )
+
+
+def run_after_death(stubs: Stubs, sid: str, script: str) -> process_pb2.RunResponse:
+    """The first call after the death: CONTAINER_REBUILDING (retryable) until it is rebuilt."""
+    end = time.monotonic() + 60
+    while True:
+        try:
+            return sh(stubs, sid, script)
+        except grpc.RpcError as err:
+            if err.code() is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > end:
+                raise
+            time.sleep(0.2)
+
+
+def session(stubs: Stubs, sid: str) -> session_pb2.Session:
+    return stubs.sessions.GetSession(
+        session_pb2.GetSessionRequest(session_id=sid), timeout=CALL_TIMEOUT
+    ).session
+
+
+def state_events(stubs: Stubs, sid: str) -> list[events_pb2.SessionEvent]:
+    """The session's kept STATE_CHANGED events (the watch replays them, then is cut off)."""
+    got: list[events_pb2.SessionEvent] = []
+    watch = stubs.sessions.WatchSession(events_pb2.WatchSessionRequest(session_id=sid), timeout=3)
+    try:
+        for item in watch:
+            if item.event.kind == events_pb2.SESSION_EVENT_KIND_STATE_CHANGED:
+                got.append(item.event)
+    except grpc.RpcError as err:
+        assert err.code() is grpc.StatusCode.DEADLINE_EXCEEDED, err
+    return got
+
+
+def test_dead_sandbox_is_rebuilt_from_its_snapshot_and_says_what_was_lost(
+    restartable: Restartable,
+) -> None:
+    box = restartable
+    stubs = box.stubs
+    sid = new_session(stubs)
+    sh(stubs, sid, "mkdir -p d && printf kept > d/saved")
+    snap = snaps(stubs).CreateSnapshot(
+        snapshot_pb2.CreateSnapshotRequest(session_id=sid), timeout=CALL_TIMEOUT
+    )
+    sh(stubs, sid, "printf gone > d/unsaved")
+    start(stubs, sid, "bg", 600, 600)
+    kill_container(box.owner, sid)
+
+    got = run_after_death(stubs, sid, "cat d/saved; test -e d/unsaved && echo unsaved; true")
+    assert got.stdout == b"kept", got.stdout  # the snapshot's files, not what came after it
+    s = session(stubs, sid)
+    assert s.state == session_pb2.SESSION_STATE_RUNNING
+    assert s.HasField("lost_at") and s.restored_from == snap.snapshot.snapshot_id
+    assert s.restored_state_at == snap.snapshot.created_at
+    assert "processes ended" in s.lost_message and snap.snapshot.snapshot_id in s.lost_message
+    # Its process died with the sandbox: never reported running on (its record went with the
+    # sandbox, or says it exited).
+    try:
+        proc = stubs.processes.GetProcess(
+            polish_pb2.GetProcessRequest(session_id=sid, process_id="bg"), timeout=CALL_TIMEOUT
+        ).process
+        assert proc.state == process_pb2.PROCESS_STATE_EXITED, proc
+    except grpc.RpcError as err:
+        assert err.code() is grpc.StatusCode.NOT_FOUND, err
+    # The feed said it too: a STATE_CHANGED back to RUNNING, naming what came back.
+    told = [e for e in state_events(stubs, sid) if e.attributes.get("restored_from")]
+    assert told and told[-1].state == "SESSION_STATE_RUNNING", state_events(stubs, sid)
+    assert told[-1].attributes["restored_from"] == snap.snapshot.snapshot_id
+    assert "lost" in told[-1].message
+    # A server started again still says so (the record is durable).
+    box.sigkill_and_restart()
+    again = session(box.stubs, sid)
+    assert (again.restored_from, again.lost_at) == (s.restored_from, s.lost_at)
+
+
+def test_dead_sandbox_without_a_snapshot_says_its_workspace_is_gone(
+    restartable: Restartable,
+) -> None:
+    box = restartable
+    stubs = box.stubs
+    sid = new_session(stubs)
+    sh(stubs, sid, "printf x > f")
+    kill_container(box.owner, sid)
+    end = time.monotonic() + 60
+    while True:  # the first call (or the sweep) finds it dead
+        try:
+            sh(stubs, sid, "true")
+        except grpc.RpcError as err:
+            if err.code() is grpc.StatusCode.FAILED_PRECONDITION:
+                break
+            assert err.code() is grpc.StatusCode.UNAVAILABLE, err
+        assert time.monotonic() < end
+        time.sleep(0.2)
+    s = session(stubs, sid)
+    assert s.state == session_pb2.SESSION_STATE_FAILED
+    assert s.HasField("lost_at") and s.restored_from == ""
+    assert not s.HasField("restored_state_at")
+    assert "no snapshot" in s.lost_message and "workspace" in s.lost_message

@@ -1085,6 +1085,10 @@ export interface Session {
   isolation: Isolation;
   template: string;
   image_digest: string;
+  lost_at: Timestamp | null;
+  restored_from: string;
+  restored_state_at: Timestamp | null;
+  lost_message: string;
 }
 
 /** sandboxd.v1.SnapshotService: SandboxClient.snapshots. */
