@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -203,6 +203,69 @@ async def adopted_record(
     kept = AgentKept(session.container_id, detach_id(process_id, token), agent_ring_held(record))
     proc.keep_in_agent(kept)
     return proc, clock
+
+
+class AdoptionGate:
+    """Calls on a session's processes wait until a server that starts has adopted what its
+    agent kept: else, right after a restart, a running process is NOT_FOUND and a StartProcess
+    of its id starts it a second time. Closed before the server serves its first call; each
+    session opens when its adoption ends (failed or not), all of them when adoption ends, and
+    a wait is bounded (`wait`'s timeout): an agent that does not answer delays, never hangs."""
+
+    def __init__(self) -> None:
+        self._open = True
+        self._pending: set[str] | None = None  # None: not listed yet, every session waits
+        self._changed = asyncio.Event()
+
+    def close(self) -> None:
+        self._open, self._pending = False, None
+
+    def expect(self, session_ids: Iterable[str]) -> None:
+        self._pending = set(session_ids)
+        self._wake()
+
+    def done(self, session_id: str) -> None:
+        if self._pending is not None:
+            self._pending.discard(session_id)
+        self._wake()
+
+    def finish(self) -> None:
+        self._open = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def waiting(self, session_id: str) -> bool:
+        return not self._open and (self._pending is None or session_id in self._pending)
+
+    async def wait(self, session_id: str, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self.waiting(session_id):
+                    await self._changed.wait()
+
+
+async def adopt_all(
+    running: list[Session], adopt: Callable[[Session], Awaitable[int]], gate: AdoptionGate
+) -> None:
+    """Adopt each running session's kept processes, one session at a time, each failure its
+    session's only; each session's calls wait (`gate`) until its own adoption ended."""
+    gate.expect(s.session_id for s in running)
+    try:
+        for session in running:
+            try:
+                if n := await adopt(session):
+                    log.info("session %s: %d background processes adopted", session.session_id, n)
+            except (SandboxError, ConnectionError, TimeoutError) as exc:
+                log.warning(
+                    "session %s: background processes not adopted: %s", session.session_id, exc
+                )
+            finally:
+                gate.done(session.session_id)
+    finally:
+        gate.finish()
 
 
 def running_sessions(sessions: Iterable[Session]) -> list[Session]:

@@ -45,7 +45,9 @@ from sandboxd.models import (
 )
 from sandboxd.output_ring import OutputBuffer
 from sandboxd.process_adoption import (
+    AdoptionGate,
     KeptClock,
+    adopt_all,
     adopted_record,
     agent_ring,
     detach_id,
@@ -90,6 +92,7 @@ FOREGROUND_BUFFER_BYTES = 1024 * 1024
 
 
 _BACKGROUND = ProcessOrigin.START_PROCESS
+ADOPTION_WAIT_S = 30.0  # the longest a call on a session's processes waits for its adoption
 
 
 class ProcessManager:
@@ -111,6 +114,7 @@ class ProcessManager:
         self._output_budget = output_budget  # per session, rings held here
         self._by_session: dict[str, dict[str, BackgroundProcess]] = {}
         self._forgets = Forgets()  # of the agents' copies of records dropped here
+        self._adoption = AdoptionGate()
 
     async def close(self) -> None:
         """Server shutdown: end every background process (their trees are killed), and drop
@@ -169,6 +173,7 @@ class ProcessManager:
         """
         options = options or StartOptions(spec.max_output_bytes)
         pid = validation.validate_process_id(process_id) if process_id else new_token()
+        await self.adopted(session.session_id)  # the same id kept by the agent is that one
         procs = self._by_session.setdefault(session.session_id, {})
         proc = procs.get(pid)
         if proc is not None:
@@ -310,17 +315,18 @@ class ProcessManager:
         kept = AgentKept(session.container_id, detach_id(proc.process_id, proc.token), 0)
         await forget(detached, proc.agent or kept)
 
+    def expect_adoption(self) -> None:
+        """Before the server serves: calls on processes wait for `adopt_running`."""
+        self._adoption.close()
+
+    async def adopted(self, session_id: str) -> None:
+        """Until the session's kept processes are adopted (at once when none are awaited)."""
+        if self._adoption.waiting(session_id):
+            await self._adoption.wait(session_id, ADOPTION_WAIT_S)
+
     async def adopt_running(self, sessions: list[Session]) -> None:
-        """At start: adopt what the agents of the running sessions kept, one session at a
-        time, each failure its session's only."""
-        for session in running_sessions(sessions):
-            try:
-                if n := await self.adopt(session):
-                    log.info("session %s: %d background processes adopted", session.session_id, n)
-            except (SandboxError, ConnectionError, TimeoutError) as exc:
-                log.warning(
-                    "session %s: background processes not adopted: %s", session.session_id, exc
-                )
+        """At start: adopt what the agents of the running sessions kept (process_adoption)."""
+        await adopt_all(running_sessions(sessions), self.adopt, self._adoption)
 
     async def adopt(self, session: Session) -> int:
         """Take back the background processes the session's agent kept while no server was
@@ -386,6 +392,7 @@ class ProcessManager:
 
     async def signal(self, session: Session, process_id: str, name: str) -> None:
         validate_signal(name)
+        await self.adopted(session.session_id)
         proc = self.get(session.session_id, process_id)
         if proc.exited is not None:
             raise FailedPrecondition(

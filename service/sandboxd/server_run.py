@@ -59,6 +59,7 @@ async def start(
         await stack.enter_async_context(
             MetricsServer(p.metrics, config.metrics.listen, refresh_metrics)
         )
+    p.processes.expect_adoption()  # calls on processes wait for what the agents kept
     await server.start()
     return monitor
 

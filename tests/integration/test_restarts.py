@@ -104,18 +104,11 @@ def start(
 
 
 def get(stubs: Stubs, sid: str, pid: str) -> process_pb2.Process:
-    """The process's record; a restarted server adopts in the background after it starts
-    serving, so NOT_FOUND is waited out for a while."""
-    end = time.monotonic() + 30
-    while True:
-        try:
-            return stubs.processes.GetProcess(
-                polish_pb2.GetProcessRequest(session_id=sid, process_id=pid), timeout=CALL_TIMEOUT
-            ).process
-        except grpc.RpcError as err:
-            if err.code() is not grpc.StatusCode.NOT_FOUND or time.monotonic() > end:
-                raise
-            time.sleep(0.1)
+    """The process's record. Right after a restart too: calls on a session's processes wait
+    for its adoption, never answer NOT_FOUND for a process its agent kept."""
+    return stubs.processes.GetProcess(
+        polish_pb2.GetProcessRequest(session_id=sid, process_id=pid), timeout=CALL_TIMEOUT
+    ).process
 
 
 def wait_exited(

@@ -97,3 +97,25 @@ def test_a_sigkill_past_the_deadline_while_no_server_was_there_is_a_timeout() ->
     assert (done.exit_code, done.timed_out, done.duration_s) == (0, False, 2.0)
     live = ExecExited(137, "SIGKILL", True, False, 10.0)  # followed live: as the server saw it
     assert adopted_exit(live, KeptClock(5.0, None, 10.0), None) == live
+
+
+async def test_calls_wait_for_their_sessions_adoption_and_never_hang() -> None:
+    import asyncio
+
+    from sandboxd.process_adoption import AdoptionGate
+
+    gate = AdoptionGate()
+    assert not gate.waiting("s-1")  # a server that adopts nothing: no wait at all
+    gate.close()
+    assert gate.waiting("s-1") and gate.waiting("s-new")  # not listed yet: every session
+    waiter = asyncio.create_task(gate.wait("s-1", 30))
+    gate.expect(["s-1", "s-2"])
+    assert not gate.waiting("s-new") and gate.waiting("s-1")
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    gate.done("s-1")
+    await asyncio.wait_for(waiter, 1)
+    assert gate.waiting("s-2")
+    await gate.wait("s-2", 0.01)  # bounded: an agent that never answers only delays
+    gate.finish()
+    assert not gate.waiting("s-2")
