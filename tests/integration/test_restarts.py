@@ -29,6 +29,7 @@ from conftest import (
     make_stubs,
     remove_owned_containers,
     start_server,
+    wait_until,
 )
 from google.protobuf import duration_pb2
 from sandboxd.v1 import (
@@ -345,3 +346,38 @@ def test_dead_sandbox_without_a_snapshot_says_its_workspace_is_gone(
     assert s.HasField("lost_at") and s.restored_from == ""
     assert not s.HasField("restored_state_at")
     assert "no snapshot" in s.lost_message and "workspace" in s.lost_message
+
+
+def test_checkpoints_rebuild_a_dead_sandbox_that_has_no_snapshot_of_its_own(tmp_path: Path) -> None:
+    """With `checkpoint_interval_s` the server keeps each running workspace itself (one
+    checkpoint per session, the previous one dropped): a sandbox that dies without any
+    CreateSnapshot of its caller is rebuilt from the checkpoint, not lost."""
+    owner = "rst" + secrets.token_hex(4)
+    srv = start_server(tmp_path, owner, "--checkpoint-interval-s", "1")
+    stubs = make_stubs(srv.address)
+    try:
+        sid = new_session(stubs)
+        sh(stubs, sid, "printf kept > f")
+
+        def checkpoints() -> list[str]:
+            listed = snaps(stubs).ListSnapshots(
+                snapshot_pb2.ListSnapshotsRequest(
+                    session_id=sid, label_selector={"io.sandboxd.auto": "checkpoint"}
+                ),
+                timeout=CALL_TIMEOUT,
+            )
+            return [s.snapshot_id for s in listed.snapshots]
+
+        assert wait_until(lambda: bool(checkpoints()), timeout=30)
+        first = checkpoints()
+        assert wait_until(lambda: checkpoints() not in ([], first), timeout=30)
+        assert len(checkpoints()) == 1  # the previous one went once the next was kept
+        kill_container(owner, sid)
+        got = run_after_death(stubs, sid, "cat f")
+        assert got.stdout == b"kept"
+        s = session(stubs, sid)
+        assert s.state == session_pb2.SESSION_STATE_RUNNING and s.restored_from.startswith("snap-")
+    finally:
+        stubs.channel.close()
+        srv.stop()
+        remove_owned_containers(owner)
