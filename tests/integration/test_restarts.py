@@ -300,8 +300,8 @@ def test_dead_sandbox_is_rebuilt_from_its_snapshot_and_says_what_was_lost(
     assert got.stdout == b"kept", got.stdout  # the snapshot's files, not what came after it
     s = session(stubs, sid)
     assert s.state == session_pb2.SESSION_STATE_RUNNING
-    assert s.HasField("lost_at") and s.restored_from == snap.snapshot.snapshot_id
-    assert s.restored_state_at == snap.snapshot.created_at
+    assert s.HasField("lost_time") and s.restored_from == snap.snapshot.snapshot_id
+    assert s.restored_state_time == snap.snapshot.created_at
     assert "processes ended" in s.lost_message and snap.snapshot.snapshot_id in s.lost_message
     # Its process died with the sandbox: never reported running on (its record went with the
     # sandbox, or says it exited).
@@ -320,7 +320,7 @@ def test_dead_sandbox_is_rebuilt_from_its_snapshot_and_says_what_was_lost(
     # A server started again still says so (the record is durable).
     box.sigkill_and_restart()
     again = session(box.stubs, sid)
-    assert (again.restored_from, again.lost_at) == (s.restored_from, s.lost_at)
+    assert (again.restored_from, again.lost_time) == (s.restored_from, s.lost_time)
 
 
 def test_dead_sandbox_without_a_snapshot_says_its_workspace_is_gone(
@@ -343,8 +343,8 @@ def test_dead_sandbox_without_a_snapshot_says_its_workspace_is_gone(
         time.sleep(0.2)
     s = session(stubs, sid)
     assert s.state == session_pb2.SESSION_STATE_FAILED
-    assert s.HasField("lost_at") and s.restored_from == ""
-    assert not s.HasField("restored_state_at")
+    assert s.HasField("lost_time") and s.restored_from == ""
+    assert not s.HasField("restored_state_time")
     assert "no snapshot" in s.lost_message and "workspace" in s.lost_message
 
 

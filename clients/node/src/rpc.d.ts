@@ -1085,9 +1085,9 @@ export interface Session {
   isolation: Isolation;
   template: string;
   image_digest: string;
-  lost_at: Timestamp | null;
+  lost_time: Timestamp | null;
   restored_from: string;
-  restored_state_at: Timestamp | null;
+  restored_state_time: Timestamp | null;
   lost_message: string;
 }
 

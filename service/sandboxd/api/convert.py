@@ -223,16 +223,16 @@ def session_pb(s: Session) -> session_pb2.Session:
 
 
 def _loss_fields(loss: Loss | None) -> dict[str, Any]:
-    """Session.lost_at, restored_from, restored_state_at, lost_message."""
+    """Session.lost_time, restored_from, restored_state_time, lost_message."""
     if loss is None:
         return {}
     lost_at = timestamp_pb2.Timestamp()
     lost_at.FromDatetime(loss.lost_at)
-    fields: dict[str, Any] = {"lost_at": lost_at, "lost_message": loss.message()}
+    fields: dict[str, Any] = {"lost_time": lost_at, "lost_message": loss.message()}
     if loss.snapshot_id and loss.restored_at is not None and loss.snapshot_at is not None:
         state_at = timestamp_pb2.Timestamp()
         state_at.FromDatetime(loss.snapshot_at)
-        fields |= {"restored_from": loss.snapshot_id, "restored_state_at": state_at}
+        fields |= {"restored_from": loss.snapshot_id, "restored_state_time": state_at}
     return fields
 
 

@@ -18,11 +18,11 @@ from sandboxd.store import SessionStore
 
 def loss_attributes(loss: Loss) -> dict[str, str]:
     """The event's message and attributes of a sandbox's death (models.Loss)."""
-    attrs = {"message": loss.message(), "lost_at": loss.lost_at.isoformat()}
+    attrs = {"message": loss.message(), "lost_time": loss.lost_at.isoformat()}
     if loss.restored_at is not None and loss.snapshot_at is not None:
         attrs |= {
             "restored_from": loss.snapshot_id,
-            "restored_state_at": loss.snapshot_at.isoformat(),
+            "restored_state_time": loss.snapshot_at.isoformat(),
         }
     return attrs
 
