@@ -44,7 +44,7 @@ class Checkpoints:
             token = tenancy.current_tenant.set(session.tenant)  # as the session's tenant
             try:
                 snap = await self._snapshots.create(
-                    session.session_id, {AUTO_LABEL: CHECKPOINT}, ""
+                    session.session_id, {AUTO_LABEL: CHECKPOINT}, "", resume=False
                 )
                 for old in await self._store.of_session(session.session_id):
                     if old.labels.get(AUTO_LABEL) == CHECKPOINT and old.snapshot_id != (

@@ -225,7 +225,11 @@ class Snapshots:
         self._engine = engine
         self._session_store = session_store
 
-    async def create(self, session_id: str, labels: Mapping[str, str], kind: str) -> Snapshot:
+    async def create(
+        self, session_id: str, labels: Mapping[str, str], kind: str, *, resume: bool = True
+    ) -> Snapshot:
+        """A snapshot of the session's workspace; `resume` False: refused for a suspended
+        session rather than waking it (the server's checkpoints)."""
         if kind not in ("", KIND_TAR, KIND_IMAGE):
             raise InvalidArgument(
                 f"snapshot kind {kind!r} is not one this server knows; use TAR or IMAGE",
@@ -233,7 +237,7 @@ class Snapshots:
             )
         checked = validation.validate_labels(labels)
         # Exclusive: no file call or import is half-way through the tree it takes.
-        async with self._sessions.use(session_id, exclusive=True) as session:
+        async with self._sessions.use(session_id, exclusive=True, resume=resume) as session:
             snap = await self._keeper.take(session, checked, image=kind == KIND_IMAGE)
         # A DeleteSession that ran meanwhile forgot the session's snapshots before this one
         # was recorded: check under the session's lock, and take back an orphan.
