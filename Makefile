@@ -92,12 +92,17 @@ go-deps:
 run: venv helper image
 	$(PY) -m sandboxd
 
+# The Docker-free layer first, on every core (its tests share nothing but the helper builds),
+# then the engine layers one test at a time (they share one engine and its host).
 test: venv helper helper-asan image python-image gvisor node-deps go-deps registry
-	$(PY) -m pytest
+	DOCKER_HOST=unix:///nonexistent/sandboxd-unit-layer.sock $(PY) -m pytest -n auto tests/unit
+	$(PY) -m pytest tests/integration tests/clients
 
 # The Docker-free layer (tests/unit): parsers, policies, and the domain against the fake engine.
+# DOCKER_HOST names a socket nobody serves, so a unit test that reached for an engine fails here
+# instead of passing on a developer's machine that happens to run one.
 test-unit: venv helper helper-asan
-	$(PY) -m pytest tests/unit
+	DOCKER_HOST=unix:///nonexistent/sandboxd-unit-layer.sock $(PY) -m pytest -n auto tests/unit
 
 # The workspace fuzzer (tests/integration/test_fuzz_workspace.py) for SANDBOXD_SOAK_SECONDS
 # (default one hour), exploring (not derandomized) and shrinking what it finds.

@@ -21,6 +21,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <poll.h>
@@ -55,7 +56,7 @@ static const char SYNC_MARK[SYNC_LEN] = "\xFF\xFF\xFF\xFFSANDBOXDSYNC";
 struct cmd *g_cmds;
 struct stream *g_streams;
 size_t g_nstreams, g_ndetached;
-uint64_t g_ring_fill, g_ring_budget = DEFAULT_RING_BUDGET; /* see DEFAULT_RING_BUDGET */
+uint64_t g_held, g_budget = DEFAULT_RING_BUDGET; /* see DEFAULT_RING_BUDGET */
 
 static bool g_epoch;		 /* HELLO received, answering */
 static bool g_hunting = true;	 /* discarding input until a SYNC marker */
@@ -293,6 +294,35 @@ struct stream *stream_new(uint32_t id, enum kind kind)
 	return s;
 }
 
+/* A stream's input buffer: mapped when bytes must first wait (the process
+ * or socket does not take them at once), its pages reserved against the
+ * budget before they are touched, all of it given back once it drains. */
+static void ib_release(struct stream *s)
+{
+	mem_unmap(s->ib, s->ib_size);
+	g_held -= s->ib_held;
+	s->ib = NULL;
+	s->ib_size = s->ib_held = 0;
+}
+
+static bool ib_reserve(struct stream *s, size_t len)
+{
+	if (!s->ib) {
+		s->ib = mem_map(g_window);
+		if (!s->ib)
+			return false;
+		s->ib_size = g_window;
+	}
+	size_t need = (len + 4095) & ~(size_t)4095;
+	if (need <= s->ib_held)
+		return true;
+	if (g_held + (need - s->ib_held) > g_budget)
+		return false;
+	g_held += need - s->ib_held;
+	s->ib_held = need;
+	return true;
+}
+
 /* Forget a stream (no frame sent).  A non-detached command loses its
  * only reader and is ended. */
 void stream_drop(struct stream *s)
@@ -307,7 +337,7 @@ void stream_drop(struct stream *s)
 	if (s->kind == K_EXEC && s->cmd && !s->cmd->detached && s->cmd->owner == s)
 		cmd_abandon(s->cmd);
 	close_fd(&s->sock);
-	free(s->ib);
+	ib_release(s);
 	free(s);
 }
 
@@ -390,6 +420,8 @@ static void stream_write_in(struct stream *s)
 		s->ib_len -= (size_t)w;
 		stream_consumed(s, (size_t)w);
 	}
+	if (s->ib_len == 0 && s->ib)
+		ib_release(s);
 	if (s->in_eof && !s->in_eof_done)
 		stream_eof_done(s);
 }
@@ -679,6 +711,12 @@ static void on_hello(const char *p, size_t n)
 				     MAX_WINDOW);
 	g_keepalive = clamp_u(json_get(doc.root, "keepalive_ms"), DEFAULT_KEEPALIVE_MS, 20,
 			      3600000);
+	/* The server's share of the sandbox's memory for the agent (absent:
+	 * the latest one given holds). */
+	const struct jval *budget = json_get(doc.root, "budget");
+	if (budget && budget->type == J_NUM && budget->is_int && budget->i >= 1 &&
+	    (uint64_t)budget->i <= MAX_RING_BUDGET)
+		g_budget = (uint64_t)budget->i;
 	listen_egress((uint32_t)clamp_u(json_get(doc.root, "egress_port"), 0, 0, 65535));
 	g_epoch = true;
 	g_max_odd = 0;
@@ -779,15 +817,32 @@ static void on_stream_frame(uint8_t type, uint32_t id, const unsigned char *p, s
 			stream_reset(s, "FLOW_CONTROL", "DATA beyond the window");
 			return;
 		}
-		if (!s->ib)
-			s->ib = xmalloc(g_window);
 		if (s->ib_len + n - 1 > g_window) {
 			stream_reset(s, "FLOW_CONTROL", "DATA beyond the window");
 			return;
 		}
-		memcpy(s->ib + s->ib_len, p + 1, n - 1);
-		s->ib_len += n - 1;
 		s->recv_credit -= (uint32_t)(n - 1);
+		{
+			/* What the process or socket takes at once needs no buffer. */
+			const char *src = (const char *)p + 1;
+			size_t m = n - 1;
+			int fd = s->connecting || s->ib_len ? -1 : stream_sink(s);
+			ssize_t w = fd >= 0 && m ? write(fd, src, m) : -1;
+			if (w > 0) {
+				src += w;
+				m -= (size_t)w;
+				stream_consumed(s, (size_t)w);
+			}
+			if (m && !ib_reserve(s, s->ib_len + m)) {
+				stream_reset(s, "MEMORY", "the agent's memory budget has no room "
+					     "for this stream's input");
+				return;
+			}
+			if (m) {
+				memcpy(s->ib + s->ib_len, src, m);
+				s->ib_len += m;
+			}
+		}
 		stream_write_in(s);
 		return;
 	case F_EOF:
@@ -1235,6 +1290,9 @@ int cmd_agent(int argc, char **argv)
 	}
 	for (size_t k = 0; k < sizeof rnd; k++)
 		snprintf(g_instance + 2 * k, 3, "%02x", rnd[k]);
+	/* A fixed threshold: glibc's own grows it to the largest block freed,
+	 * and the heap then keeps freed memory resident that nothing counts. */
+	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
 	g_out = xmalloc(OUT_CAP);
 	set_nonblock(0);
 	set_nonblock(1);

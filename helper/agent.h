@@ -82,15 +82,26 @@ const struct jval *json_get(const struct jval *o, const char *key);
 #define DEFAULT_KEEPALIVE_MS 15000
 #define DEFAULT_RING (1u << 20)
 #define MAX_RING (64u << 20)
-/* The output all detached processes' rings may hold together (the
- * sandbox's memory): the server sends its share with each detached exec;
- * this until it has.  A ring still filling when the total is reached stops
- * growing and wraps where it is (RING_FLOOR at least), so its oldest output
- * is overwritten (a reader from there is told GAP) instead of the agent
- * being OOM-killed, which ends the sandbox. */
+/* The agent's memory budget (docs/agent.md, "Memory"): what its rings and
+ * its streams' input buffers may hold together.  The server sends its share
+ * of the sandbox's memory (HELLO's and each detached exec's "budget"); this
+ * until it has.  Every byte is reserved before it is touched: a ring grows
+ * only while the reservation fits, else it stops growing and wraps where it
+ * is (its oldest output is overwritten, a reader from there is told GAP);
+ * an input buffer that would pass it ends its stream (RESET MEMORY).  So the
+ * memory cgroup's OOM killer is never pressed by what the agent holds, and
+ * it takes a command first anyway (OOM_SCORE_ADJ). */
 #define DEFAULT_RING_BUDGET (128u << 20)
 #define MAX_RING_BUDGET (1ull << 40)
+/* Each ring's first RING_FLOOR bytes come outside the budget, so a process
+ * started at the budget still keeps its newest output: at most
+ * MAX_DETACHED * 2 * RING_FLOOR (16 MiB) in all, a bound of its own. */
 #define RING_FLOOR (64u << 10)
+/* Every command's oom_score_adj: the memory cgroup's OOM killer then scores
+ * any command above the agent (0), whose death would end the sandbox: a
+ * command's points are its memory plus the whole limit's, more than all the
+ * agent can hold within the limit. */
+#define OOM_SCORE_ADJ "1000"
 #define KILL_GRACE_MS 1000
 #define SWEEP_MS 1000
 /* A tty command's output is over once its terminal reads empty this long
@@ -106,8 +117,9 @@ enum {
 };
 
 struct ring {
-	char *buf;
-	size_t cap;
+	char *buf;	/* mapped with `size` (mem_map), touched only as it fills */
+	size_t size;
+	size_t cap;	/* where it wraps: `size`, or less once the budget stopped it */
 	uint64_t end; /* bytes ever written; the ring holds [end-cap, end) */
 };
 
@@ -146,8 +158,9 @@ struct stream {
 	int sock;	    /* dial, egress */
 	bool connecting;
 	/* server -> agent bytes not yet written to the process or socket */
-	char *ib;
-	size_t ib_len;
+	char *ib;	    /* mapped with ib_size (mem_map) when bytes must wait */
+	size_t ib_len, ib_size;
+	size_t ib_held;	    /* bytes of the budget it holds (its touched pages) */
 	uint32_t recv_credit, consumed;
 	bool in_eof, in_eof_done;
 	/* agent -> server */
@@ -159,7 +172,9 @@ struct stream {
 extern struct cmd *g_cmds;
 extern struct stream *g_streams;
 extern size_t g_nstreams, g_ndetached;
-extern uint64_t g_ring_fill, g_ring_budget;
+/* Bytes of the budget held (rings past their floor, input buffers) and the
+ * budget itself. */
+extern uint64_t g_held, g_budget;
 extern uint32_t g_window;
 extern int g_sigpipe[2];
 extern int g_devnull;
@@ -175,6 +190,8 @@ struct stream *stream_new(uint32_t id, enum kind kind);
 void cmd_close_fds(struct cmd *c);
 void cmd_free(struct cmd *c);
 void cmd_abandon(struct cmd *c);
+void *mem_map(size_t n);
+void mem_unmap(void *p, size_t n);
 uint64_t ring_start(const struct ring *r);
 uint64_t ring_fill(const struct ring *r);
 void exit_json(struct buf *b, const struct cmd *c);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -53,6 +54,35 @@ void cmd_close_fds(struct cmd *c)
 	close_fd(&c->rep_fd);
 }
 
+/* Memory the budget counts comes straight from the kernel, not malloc: it
+ * is touched only as it fills, and all of it goes back when freed (glibc's
+ * heap kept freed rings resident once its threshold had grown past their
+ * size, so the agent held more than it counted). */
+void *mem_map(size_t n)
+{
+	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+		       -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+void mem_unmap(void *p, size_t n)
+{
+	if (p)
+		munmap(p, n);
+}
+
+uint64_t ring_fill(const struct ring *r)
+{
+	return r->end < r->cap ? r->end : r->cap;
+}
+
+/* What a ring holds of the budget: all it holds past its floor. */
+static uint64_t ring_held(const struct ring *r)
+{
+	uint64_t fill = ring_fill(r);
+	return fill > RING_FLOOR ? fill - RING_FLOOR : 0;
+}
+
 void cmd_free(struct cmd *c)
 {
 	for (struct cmd **pp = &g_cmds; *pp; pp = &(*pp)->next) {
@@ -65,8 +95,8 @@ void cmd_free(struct cmd *c)
 	if (c->detached)
 		g_ndetached--;
 	for (int k = 1; k <= 2; k++) {
-		g_ring_fill -= ring_fill(&c->ring[k]);
-		free(c->ring[k].buf);
+		g_held -= ring_held(&c->ring[k]);
+		mem_unmap(c->ring[k].buf, c->ring[k].size);
 	}
 	free(c);
 }
@@ -97,22 +127,21 @@ uint64_t ring_start(const struct ring *r)
 	return r->end > r->cap ? r->end - r->cap : 0;
 }
 
-uint64_t ring_fill(const struct ring *r)
+/* How many new bytes a ring may take before it is touched: what is left
+ * of its floor plus what is left of the budget.  With none it wraps where it
+ * is instead (its end is then past its floor).  The bytes it holds stay
+ * where they are (offset % cap is the offset itself for every offset below
+ * a cap of at least `end`), so readers go on, and the next write overwrites
+ * its oldest. */
+static uint64_t ring_room(struct ring *r)
 {
-	return r->end < r->cap ? r->end : r->cap;
-}
-
-/* Before a ring grows: at the budget, it wraps where it is instead.  The
- * bytes it holds stay where they are (offset % cap is the offset itself
- * for every offset below a cap of at least `end`), so readers go on, and
- * the next write overwrites its oldest. */
-static void ring_hold(struct ring *r)
-{
-	if (r->end >= r->cap || g_ring_fill < g_ring_budget)
-		return;
-	size_t cap = r->end > RING_FLOOR ? (size_t)r->end : RING_FLOOR;
-	if (cap < r->cap)
-		r->cap = cap;
+	if (r->end >= r->cap)
+		return UINT64_MAX; /* full: writes overwrite, nothing new is touched */
+	uint64_t floor = r->end < RING_FLOOR ? RING_FLOOR - r->end : 0;
+	uint64_t room = floor + (g_budget > g_held ? g_budget - g_held : 0);
+	if (room == 0)
+		r->cap = (size_t)r->end;
+	return room ? room : UINT64_MAX;
 }
 
 void exit_json(struct buf *b, const struct cmd *c)
@@ -204,14 +233,15 @@ static void child_main(int rep, int in, int out, int err, int tty_slave, const c
 	if (g_self != 1)
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 	/* The memory cgroup's OOM killer takes a command before the agent
-	 * (whose death would end the sandbox); raising it needs no privilege.
+	 * (whose death would end the sandbox; see OOM_SCORE_ADJ); raising it
+	 * needs no privilege.
 	 * Written before the identity switch: the child inherits the agent's
 	 * non-dumpable flag, so its /proc/self files belong to root, and only
 	 * the --user agent's child is root here (measured: as the command's own
 	 * uid the write fails and the command kept 0). */
 	int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
 	if (oom >= 0) {
-		(void)!write(oom, "500", 3);
+		(void)!write(oom, OOM_SCORE_ADJ, sizeof OOM_SCORE_ADJ - 1);
 		close(oom);
 	}
 	/* The command's identity before anything it could name is touched; a
@@ -405,6 +435,16 @@ void open_exec(uint32_t id, const struct jval *req)
 			  MAX_DETACHED);
 		goto out;
 	}
+	if (did && budget)
+		g_budget = budget; /* the server's latest word on the sandbox's share */
+	/* A detached process's rings, mapped before it starts (touched only as
+	 * they fill, within the budget: ring_room). */
+	char *rings[3] = {NULL, NULL, NULL};
+	if (did && (!(rings[1] = mem_map(ring)) || !(rings[2] = mem_map(ring)))) {
+		mem_unmap(rings[1], ring);
+		out_error(F_RESET, id, "RESOURCE", "cannot map the output rings: %s", strerror(errno));
+		goto out;
+	}
 	bool want_stdin = stdinv && stdinv->type == J_BOOL && stdinv->b;
 	bool tty = ttyv && ttyv->type == J_OBJ;
 	const char *cwd = cwdv && cwdv->type == J_STR ? cwdv->s : NULL;
@@ -435,6 +475,8 @@ void open_exec(uint32_t id, const struct jval *req)
 		close_fd(&o1[0]);
 		close_fd(&o2[0]);
 		close_fd(&master);
+		mem_unmap(rings[1], ring);
+		mem_unmap(rings[2], ring);
 		out_error(F_RESET, id, "RESOURCE", "cannot start the command: %s", strerror(e));
 		goto out;
 	}
@@ -466,12 +508,10 @@ void open_exec(uint32_t id, const struct jval *req)
 		c->detached = true;
 		snprintf(c->id, sizeof c->id, "%s", did);
 		for (int k = 1; k <= 2; k++) {
-			c->ring[k].cap = ring;
-			c->ring[k].buf = xmalloc(ring);
+			c->ring[k].cap = c->ring[k].size = ring;
+			c->ring[k].buf = rings[k];
 		}
 		g_ndetached++;
-		if (budget)
-			g_ring_budget = budget; /* the server's latest word on the sandbox's share */
 	}
 	c->next = g_cmds;
 	g_cmds = c;
@@ -553,10 +593,12 @@ void cmd_read(struct cmd *c, int k)
 				want = (size_t)s->send_credit;
 		} else {
 			struct ring *r = &c->ring[k];
-			ring_hold(r);
+			uint64_t room = ring_room(r);
 			size_t pos = (size_t)(r->end % r->cap);
 			dst = r->buf + pos;
 			want = r->cap - pos < CHUNK ? r->cap - pos : CHUNK;
+			if (room < want)
+				want = (size_t)room;
 		}
 		ssize_t n = read(c->out_fd[k], dst, want);
 		if (n < 0 && errno == EINTR)
@@ -572,9 +614,9 @@ void cmd_read(struct cmd *c, int k)
 			return;
 		}
 		if (c->detached) {
-			uint64_t before = ring_fill(&c->ring[k]);
+			uint64_t before = ring_held(&c->ring[k]);
 			c->ring[k].end += (uint64_t)n;
-			g_ring_fill += ring_fill(&c->ring[k]) - before;
+			g_held += ring_held(&c->ring[k]) - before;
 		} else {
 			unsigned char fd = (unsigned char)k;
 			out_frame2(F_DATA, s->id, &fd, 1, tmp, (size_t)n);

@@ -219,9 +219,32 @@ static void emit_error(const char *name, const char *fmt, va_list ap)
 	free(b.p);
 }
 
+/* Set while a merge swaps: fail() first undoes what it did (cmd_merge). */
+static void (*g_undo)(void);
+
 /* `write`'s temp file, removed on any failure so errors never leave debris. */
 static int g_tmp_dirfd = -1;
 static char g_tmp_name[64];
+
+/*
+ * The directories `write --parents` made, each as its parent's descriptor and
+ * its name, removed again (deepest first) if the write fails or is ended: a
+ * refused write changes nothing, not even the folders on its way.  Plain
+ * arrays, so the signal handler may walk them.  Past MADE_MAX new levels the
+ * deeper ones are not noted (their removal then stops at the first non-empty).
+ */
+#define MADE_MAX 128
+static int g_made_fd[MADE_MAX];
+static char *g_made_name[MADE_MAX];
+static volatile int g_made;
+
+static void unmake_dirs(void)
+{
+	while (g_made > 0) {
+		int k = --g_made;
+		(void)unlinkat(g_made_fd[k], g_made_name[k], AT_REMOVEDIR);
+	}
+}
 
 /*
  * Set by subcommands that take data on stdin.  On failure they still read it
@@ -271,8 +294,14 @@ void fail(int code, const char *name, const char *fmt, ...)
 	va_start(ap, fmt);
 	emit_error(name, fmt, ap);
 	va_end(ap);
+	if (g_undo) {
+		void (*undo)(void) = g_undo;
+		g_undo = NULL;
+		undo();
+	}
 	if (g_tmp_name[0])
 		unlinkat(g_tmp_dirfd, g_tmp_name, 0);
+	unmake_dirs();
 	if (g_drain_stdin)
 		drain_stdin();
 	exit(code);
@@ -618,7 +647,8 @@ static int open_dir_path(const char *norm, const char *shown)
 
 /* mkdir -p beneath the root.  Each prefix is re-resolved from the root fd,
  * so a component swapped for a symlink mid-walk still cannot lead outside. */
-static int mkdir_parents(const char *norm)
+/* mkdir -p; with `note`, each directory made is noted for unmake_dirs(). */
+static int mkdir_parents_noting(const char *norm, bool note)
 {
 	int cur = open_dir_path(".", ".");
 	if (is_root(norm))
@@ -628,8 +658,17 @@ static int mkdir_parents(const char *norm)
 		char *slash = strchr(p, '/');
 		if (slash)
 			*slash = '\0';
-		if (mkdirat(cur, p, 0755) < 0 && errno != EEXIST)
+		if (mkdirat(cur, p, 0755) == 0) {
+			if (note && g_made < MADE_MAX) {
+				int k = g_made;
+				g_made_name[k] = xstrdup(p);
+				g_made_fd[k] = dup(cur);
+				if (g_made_fd[k] >= 0)
+					g_made = k + 1;
+			}
+		} else if (errno != EEXIST) {
 			fail_errno(errno, "mkdir", prefix);
+		}
 		close(cur);
 		cur = open_dir_path(prefix, prefix);
 		if (!slash)
@@ -797,6 +836,7 @@ static void write_ended(int sig)
 {
 	if (g_tmp_name[0])
 		unlinkat(g_tmp_dirfd, g_tmp_name, 0);
+	unmake_dirs();
 	_exit(128 + sig);
 }
 
@@ -830,7 +870,15 @@ static int cmd_write(int argc, char **argv)
 
 	const char *name;
 	char *parent = split_parent(norm, &name);
-	int pfd = parents ? mkdir_parents(parent) : open_dir_path(parent, norm);
+	/* SIGHUP/SIGTERM (a cancelled call) held until the handler that
+	 * removes the temp file and the folders made on its way is in place,
+	 * so no moment leaves either behind. */
+	sigset_t ends, old;
+	sigemptyset(&ends);
+	sigaddset(&ends, SIGHUP);
+	sigaddset(&ends, SIGTERM);
+	sigprocmask(SIG_BLOCK, &ends, &old);
+	int pfd = parents ? mkdir_parents_noting(parent, true) : open_dir_path(parent, norm);
 
 	/* Cheap early refusal; the rename below re-checks atomically. */
 	struct stat st;
@@ -841,13 +889,6 @@ static int cmd_write(int argc, char **argv)
 	 * atomic and never crosses a filesystem. */
 	int fd = -1;
 	g_tmp_dirfd = pfd;
-	/* SIGHUP/SIGTERM (a cancelled call) held until the handler that
-	 * removes the temp file is in place, so no moment leaves it behind. */
-	sigset_t ends, old;
-	sigemptyset(&ends);
-	sigaddset(&ends, SIGHUP);
-	sigaddset(&ends, SIGTERM);
-	sigprocmask(SIG_BLOCK, &ends, &old);
 	for (int tries = 0; fd < 0; tries++) {
 		uint32_t rnd;
 		if (getrandom(&rnd, sizeof rnd, 0) != sizeof rnd)
@@ -895,6 +936,7 @@ static int cmd_write(int argc, char **argv)
 	if (renameat(pfd, g_tmp_name, pfd, name) < 0)
 		fail_errno(errno, "write", norm);
 	g_tmp_name[0] = '\0';
+	g_made = 0; /* written: the folders on its way stay */
 	print_stat(norm, pfd, name);
 	return 0;
 }
@@ -1255,6 +1297,49 @@ static int remove_dir(int pfd, const char *name, bool recursive)
 	}
 }
 
+/*
+ * A tree is taken out of its place in one rename before it is deleted: a
+ * removal that fails midway (something inside keeps making entries, an entry
+ * its user cannot remove) must not leave half a tree where the whole one was.
+ * The tree goes to the root under the import staging prefix, where the
+ * server's start-up tidy finds whatever a failed deletion leaves; the remove
+ * has taken effect once the rename is done.  A directory moving to another
+ * parent must be writable (its ".." changes): one without u+w gets it first
+ * (it is going away), and its mode back if the rename is refused, so a
+ * refused remove changes nothing.  An empty directory is simply removed.
+ */
+static int remove_tree(int pfd, const char *name, const struct stat *st)
+{
+	if (unlinkat(pfd, name, AT_REMOVEDIR) == 0)
+		return 0;
+	if (errno != ENOTEMPTY && errno != EEXIST)
+		return -1;
+	char aside[64];
+	uint32_t rnd;
+	if (getrandom(&rnd, sizeof rnd, 0) != sizeof rnd)
+		rnd = (uint32_t)clock();
+	snprintf(aside, sizeof aside, ".sbx-import-rm-%ld-%08x", (long)getpid(), rnd);
+	bool chmodded = !(st->st_mode & S_IWUSR);
+	if (chmodded && chmod_entry(pfd, name, (st->st_mode & 07777) | S_IWUSR, true) < 0)
+		return -1;
+	sigset_t ends;
+	sigemptyset(&ends);
+	sigaddset(&ends, SIGHUP);
+	sigaddset(&ends, SIGTERM);
+	sigaddset(&ends, SIGINT);
+	sigaddset(&ends, SIGPIPE);
+	sigprocmask(SIG_BLOCK, &ends, NULL); /* once aside, the deletion runs to its end */
+	if (renameat(pfd, name, g_rootfd, aside) < 0) {
+		int e = errno;
+		if (chmodded)
+			(void)chmod_entry(pfd, name, st->st_mode & 07777, true);
+		errno = e;
+		return -1;
+	}
+	(void)remove_dir(g_rootfd, aside, true);
+	return 0;
+}
+
 static int cmd_remove(int argc, char **argv)
 {
 	char *pos[1];
@@ -1271,8 +1356,10 @@ static int cmd_remove(int argc, char **argv)
 	if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
 		fail_errno(errno, "remove", norm);
 	int r;
-	if (S_ISDIR(st.st_mode))
-		r = remove_dir(pfd, name, recursive);
+	if (S_ISDIR(st.st_mode) && recursive)
+		r = remove_tree(pfd, name, &st);
+	else if (S_ISDIR(st.st_mode))
+		r = remove_dir(pfd, name, false);
 	else
 		r = unlinkat(pfd, name, 0);
 	if (r < 0)
@@ -1318,7 +1405,8 @@ static int cmd_mkdir(int argc, char **argv)
 	}
 	const char *name;
 	char *parent = split_parent(norm, &name);
-	int pfd = parents ? mkdir_parents(parent) : open_dir_path(parent, norm);
+	/* A refused last step takes back the parents made for it. */
+	int pfd = parents ? mkdir_parents_noting(parent, true) : open_dir_path(parent, norm);
 	if (mkdirat(pfd, name, 0755) < 0) {
 		int e = errno;
 		struct stat st;
@@ -1327,6 +1415,7 @@ static int cmd_mkdir(int argc, char **argv)
 		      S_ISDIR(st.st_mode)))
 			fail_errno(e, "mkdir", norm);
 	}
+	g_made = 0;
 	print_stat(norm, pfd, name);
 	return 0;
 }
@@ -1361,25 +1450,159 @@ static int cmd_move(int argc, char **argv)
 }
 
 /*
- * `sbx merge STAGE DEST [--replace]`: the swap half of an archive import.
- * The server unpacked a checked archive into the fresh directory STAGE; this
- * moves its entries into DEST with renameat, so nothing is ever written
- * through a symlink: a directory is merged into a real directory only
+ * `sbx merge STAGE DEST [--replace]`: the swap half of an archive import, all
+ * or nothing.  The server unpacked a checked archive into the fresh directory
+ * STAGE; this moves its entries into DEST with renameat, so nothing is ever
+ * written through a symlink: a directory is merged into a real directory only
  * (O_NOFOLLOW), and anything else in the way (a file, a symlink) is replaced,
- * never followed.  --replace first empties DEST (sparing STAGE if it lives
- * there).  STAGE is removed at the end.
+ * never followed.  --replace takes the place of everything in DEST (sparing
+ * STAGE if it lives there).
+ *
+ * Nothing of DEST is deleted before all of STAGE is in place: an entry that
+ * gives way (one a staged entry replaces, or with --replace every entry) is
+ * first renamed into TRASH, the directory STAGE.old made beside STAGE, and
+ * each rename is written down.  A failure at any step (a rename refused, a
+ * directory moved meanwhile) renames everything back, last first, so a
+ * refused merge leaves DEST as it was.  Only then are TRASH and STAGE removed;
+ * what a failed removal leaves has the import staging prefix, which the
+ * server removes at its next start.  Renames need no room: a full workspace
+ * cannot stop the swap halfway, and SIGHUP/SIGTERM (a cancelled call) are held
+ * until the end, so neither can a cancel.
  */
 static int open_sub(int pfd, const char *name)
 {
 	return open_beneath(pfd, name, O_RDONLY | O_DIRECTORY, 0, RES_NOSYM);
 }
 
+/* One rename of the swap, as the undo needs it. */
+struct undo {
+	char *path;	/* relative to DEST, and to STAGE */
+	long trash;	/* DEST's entry that gave way is TRASH/<trash>; -1: none */
+	bool staged;	/* DEST/path now holds what was STAGE/path */
+	bool chmodded;	/* the entry that gave way had `mode` (u+w added to move it) */
+	mode_t mode;
+};
+
+static struct {
+	struct undo *v;
+	size_t n, cap;
+	long next;
+	int stage, dest, trash;	/* directories, open for the whole merge */
+	int parent;		/* STAGE's parent, where TRASH is */
+	const char *trash_name;
+} g_swap = {.stage = -1, .dest = -1, .trash = -1, .parent = -1};
+
+/* The parent of `path` beneath `base` (a new descriptor), and its last name. */
+static int open_parent(int base, const char *path, const char **name)
+{
+	const char *slash = strrchr(path, '/');
+	if (!slash) {
+		*name = path;
+		return dup(base);
+	}
+	*name = slash + 1;
+	char *parent = xmalloc((size_t)(slash - path) + 1);
+	memcpy(parent, path, (size_t)(slash - path));
+	parent[slash - path] = '\0';
+	int fd = open_sub(base, parent);
+	free(parent);
+	return fd;
+}
+
+static void trash_name(char *out, size_t n, long k)
+{
+	snprintf(out, n, "%ld", k);
+}
+
+/* Rename everything back, last first: staged entries to STAGE, the entries
+ * that gave way from TRASH to their place, with their own modes. */
+static void swap_undo(void)
+{
+	for (size_t k = g_swap.n; k-- > 0;) {
+		struct undo *u = &g_swap.v[k];
+		const char *name, *sname;
+		int d = open_parent(g_swap.dest, u->path, &name);
+		if (d < 0)
+			continue;
+		if (u->staged) {
+			int s = open_parent(g_swap.stage, u->path, &sname);
+			if (s >= 0) {
+				(void)renameat(d, name, s, sname);
+				close(s);
+			}
+		}
+		if (u->trash >= 0) {
+			char t[32];
+			trash_name(t, sizeof t, u->trash);
+			if (renameat(g_swap.trash, t, d, name) == 0 && u->chmodded)
+				(void)chmod_entry(d, name, u->mode, true);
+		}
+		close(d);
+	}
+	g_swap.n = 0;
+	(void)unlinkat(g_swap.parent, g_swap.trash_name, AT_REMOVEDIR); /* empty again */
+}
+
+static struct undo *swap_note(const char *path)
+{
+	if (g_swap.n == g_swap.cap) {
+		g_swap.cap = g_swap.cap ? g_swap.cap * 2 : 64;
+		struct undo *nv = realloc(g_swap.v, g_swap.cap * sizeof *nv);
+		if (!nv)
+			oom();
+		g_swap.v = nv;
+	}
+	struct undo *u = &g_swap.v[g_swap.n++];
+	*u = (struct undo){.path = xstrdup(path), .trash = -1};
+	return u;
+}
+
+/* DEST's entry `name` of `dfd` (DEST/path) gives way: renamed into TRASH.  A
+ * directory moving to another parent must be writable (its ".." changes), so
+ * one without u+w gets it for the move, and back on an undo. */
+static void set_aside(int dfd, const char *name, const char *path)
+{
+	struct stat st;
+	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		fail_errno(errno, "merge", path);
+	bool chmodded = false;
+	if (S_ISDIR(st.st_mode) && !(st.st_mode & S_IWUSR)) {
+		if (chmod_entry(dfd, name, (st.st_mode & 07777) | S_IWUSR, true) < 0)
+			fail_errno(errno, "merge", path);
+		chmodded = true;
+	}
+	char t[32];
+	long k = g_swap.next++;
+	trash_name(t, sizeof t, k);
+	if (renameat(dfd, name, g_swap.trash, t) < 0) {
+		int e = errno;
+		if (chmodded)
+			(void)chmod_entry(dfd, name, st.st_mode & 07777, true);
+		fail_errno(e, "merge", path);
+	}
+	struct undo *u = swap_note(path);
+	u->trash = k;
+	u->chmodded = chmodded;
+	u->mode = st.st_mode & 07777;
+}
+
+/* STAGE/path (`name` of `sfd`) into its place in DEST (`dfd`), which is free. */
+static void bring_in(int sfd, int dfd, const char *name, const char *path)
+{
+	if (syscall(SYS_renameat2, sfd, name, dfd, name, 1 /* RENAME_NOREPLACE */) < 0)
+		fail_errno(errno, "merge", path);
+	struct undo *last = g_swap.n ? &g_swap.v[g_swap.n - 1] : NULL;
+	if (last && !last->staged && last->trash >= 0 && !strcmp(last->path, path))
+		last->staged = true;
+	else
+		swap_note(path)->staged = true;
+}
+
 /* Merge the directory `src` into `dst` (both taken over), with a bounded
  * number of descriptors whatever the depth (see struct walk): the walk goes
  * down both trees in step, and back up through ".." checked on both. */
 /* A dry run first: a destination directory the merge may not write (a 555
- * folder of the sandbox user's) is refused before anything moved, so a
- * refused merge leaves DEST as it was. */
+ * folder of the sandbox user's) is refused before anything moved. */
 static bool g_merge_dry;
 
 static void merge_tree(int src, int dst)
@@ -1458,15 +1681,9 @@ static void merge_tree(int src, int dst)
 				fail_errno(errno, "merge", sub);
 			continue;
 		}
-		if (exists && S_ISDIR(ds.st_mode)) {
-			if (remove_dir(dfd, name, true) < 0)
-				fail_errno(errno, "merge", sub);
-		} else if (exists && S_ISDIR(ss.st_mode)) {
-			if (unlinkat(dfd, name, 0) < 0)
-				fail_errno(errno, "merge", sub);
-		}
-		if (renameat(w.fd, name, dfd, name) < 0)
-			fail_errno(errno, "merge", sub);
+		if (exists)
+			set_aside(dfd, name, sub);
+		bring_in(w.fd, dfd, name, sub);
 	}
 	walk_free(&w);
 	close(dfd);
@@ -1474,7 +1691,15 @@ static void merge_tree(int src, int dst)
 	free(rel.p);
 }
 
-static void clear_dir_except(int dfd, dev_t dev, ino_t ino)
+static bool same_entry(const struct stat *a, const struct stat *b)
+{
+	return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+/* --replace: every entry of DEST but STAGE and TRASH into TRASH, then every
+ * entry of STAGE into DEST. */
+static void replace_all(int sfd, int dfd, const struct stat *stage_st,
+			const struct stat *trash_st)
 {
 	int fd = dup(dfd);
 	DIR *d = fd < 0 ? NULL : fdopendir(fd);
@@ -1482,22 +1707,38 @@ static void clear_dir_except(int dfd, dev_t dev, ino_t ino)
 		fail_errno(errno, "replace", ".");
 	size_t n;
 	char **names = read_names(d, &n, NULL, ".");
+	closedir(d);
 	for (size_t i = 0; i < n; i++) {
 		struct stat st;
-		if (fstatat(dfd, names[i], &st, AT_SYMLINK_NOFOLLOW) == 0) {
-			if (st.st_dev == dev && st.st_ino == ino) {
-				free(names[i]);
+		if (fstatat(dfd, names[i], &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			if (errno == ENOENT)
 				continue;
-			}
-			int r = S_ISDIR(st.st_mode) ? remove_dir(dfd, names[i], true)
-						    : unlinkat(dfd, names[i], 0);
-			if (r < 0 && errno != ENOENT)
-				fail_errno(errno, "replace", names[i]);
+			fail_errno(errno, "replace", names[i]);
 		}
-		free(names[i]);
+		if (!same_entry(&st, stage_st) && !same_entry(&st, trash_st))
+			set_aside(dfd, names[i], names[i]);
 	}
-	free(names);
+	fd = dup(sfd);
+	d = fd < 0 ? NULL : fdopendir(fd);
+	if (!d)
+		fail_errno(errno, "replace", ".");
+	size_t m;
+	char **staged = read_names(d, &m, NULL, ".");
 	closedir(d);
+	for (size_t i = 0; i < m; i++)
+		bring_in(sfd, dfd, staged[i], staged[i]);
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	for (size_t i = 0; i < m; i++)
+		free(staged[i]);
+	free(names);
+	free(staged);
+}
+
+/* Best effort once the swap is done: a leftover is removed at the server's next start. */
+static void remove_quietly(int pfd, const char *name)
+{
+	(void)remove_dir(pfd, name, true);
 }
 
 static int cmd_merge(int argc, char **argv)
@@ -1516,14 +1757,12 @@ static int cmd_merge(int argc, char **argv)
 	int dfd = open_beneath(g_rootfd, dest, O_RDONLY | O_DIRECTORY, 0, RES_BENEATH);
 	if (dfd < 0)
 		fail_errno(errno, "open", dest);
-	struct stat st;
+	struct stat st, tst;
 	if (fstat(sfd, &st) < 0)
 		fail_errno(errno, "stat stage", stage);
 	if (replace) {
-		/* Emptied first: only DEST itself must take the new entries. */
 		if (faccessat(dfd, ".", W_OK | X_OK, AT_EACCESS) < 0)
 			fail_errno(errno, "merge", dest);
-		clear_dir_except(dfd, st.st_dev, st.st_ino);
 	} else {
 		/* Fresh descriptors: the walk reads and closes what it is given. */
 		int s2 = openat(sfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -1534,12 +1773,42 @@ static int cmd_merge(int argc, char **argv)
 		merge_tree(s2, d2);
 		g_merge_dry = false;
 	}
-	merge_tree(sfd, dfd);
 	const char *name;
 	char *parent = split_parent(stage, &name);
-	int pfd = open_dir_path(parent, stage);
-	if (remove_dir(pfd, name, true) < 0)
-		fail_errno(errno, "remove stage", stage);
+	int pfd = open_beneath(g_rootfd, parent, O_RDONLY | O_DIRECTORY, 0, RES_BENEATH);
+	if (pfd < 0)
+		fail_errno(errno, "open", parent);
+	char *trash = xmalloc(strlen(name) + 5);
+	snprintf(trash, strlen(name) + 5, "%s.old", name);
+	if (mkdirat(pfd, trash, 0700) < 0)
+		fail_errno(errno, "make the trash of", stage);
+	g_swap.trash = open_sub(pfd, trash);
+	if (g_swap.trash < 0 || fstat(g_swap.trash, &tst) < 0) {
+		int e = errno;
+		(void)unlinkat(pfd, trash, AT_REMOVEDIR);
+		fail_errno(e, "open the trash of", stage);
+	}
+	sigset_t ends;
+	sigemptyset(&ends);
+	sigaddset(&ends, SIGHUP);
+	sigaddset(&ends, SIGTERM);
+	sigaddset(&ends, SIGINT);
+	sigaddset(&ends, SIGPIPE);
+	sigprocmask(SIG_BLOCK, &ends, NULL);
+	g_swap.stage = dup(sfd);
+	g_swap.dest = dup(dfd);
+	g_swap.parent = pfd;
+	g_swap.trash_name = trash;
+	if (g_swap.stage < 0 || g_swap.dest < 0)
+		fail_errno(errno, "merge", dest);
+	g_undo = swap_undo;
+	if (replace)
+		replace_all(sfd, dfd, &st, &tst);
+	else
+		merge_tree(sfd, dfd);
+	g_undo = NULL; /* in place: from here on nothing is taken back */
+	remove_quietly(pfd, trash);
+	remove_quietly(pfd, name);
 	return 0;
 }
 

@@ -639,13 +639,23 @@ int cmd_watch(int argc, char **argv)
 	if (fd < 0)
 		fail_errno(errno, "watch", norm);
 	close(fd);
+	/* EMFILE here is the kernel's count of inotify instances per uid
+	 * (fs.inotify.max_user_instances; this process holds a handful of
+	 * descriptors), ENFILE the host's file table, ENOSPC below its count of
+	 * watches per uid (max_user_watches): limits, not a full workspace. */
 	g_ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-	if (g_ifd < 0)
-		fail(1, errno == EMFILE ? "ENOSPC" : "EIO", "inotify: %s", strerror(errno));
+	if (g_ifd < 0) {
+		int e = errno;
+		if (e == EMFILE || e == ENFILE)
+			fail(1, "KERNEL_LIMIT", "inotify: the kernel's limit of inotify instances "
+			     "is reached (%s)", strerror(e));
+		fail(1, "EIO", "inotify: %s", strerror(e));
+	}
 	g_topwd = add_watch(norm);
 	if (g_topwd < 0) {
 		if (errno == ENOSPC)
-			fail(1, "ENOSPC", "watch %s: the inotify watch limit is reached", norm);
+			fail(1, "KERNEL_LIMIT", "watch %s: the kernel's limit of inotify watches is "
+			     "reached", norm);
 		fail_errno(errno, "watch", norm);
 	}
 	/* The top directory's contents are remembered, not reported. */

@@ -68,9 +68,12 @@ def request(owner: str, session_id: str, s: SessionSpec | None = None) -> Sandbo
     )
 
 
-async def _exec(engine: Engine, sandbox_id: str, argv: list[str]) -> tuple[int, bytes, bytes]:
+async def _exec(
+    engine: Engine, sandbox_id: str, argv: list[str], user: str = "65534:65534"
+) -> tuple[int, bytes, bytes]:
+    """`argv` as `user`: spec()'s, or a session's own host uid (each session has its own)."""
     out, err = bytearray(), bytearray()
-    async with engine.exec(sandbox_id, ExecRequest(argv, user="65534:65534")) as stream:
+    async with engine.exec(sandbox_id, ExecRequest(argv, user=user)) as stream:
         while (chunk := await stream.read()) is not None:
             (out if chunk[0] == 1 else err).extend(chunk[1])
         code = await stream.wait_exit_code()
@@ -195,7 +198,8 @@ SESSION_MANIFEST = WorkspaceManifest(files=(ManifestFile("src/a.txt", b"hello", 
 
 
 async def _cat(engine: Engine, session: Session, rel: str) -> bytes:
-    code, out, err = await _exec(engine, session.container_id, ["cat", f"/workspace/{rel}"])
+    argv = ["cat", f"/workspace/{rel}"]
+    code, out, err = await _exec(engine, session.container_id, argv, session.spec.user)
     assert code == 0, err
     return out
 

@@ -187,6 +187,10 @@ class FakeEngine:
     def __init__(self, images: Sequence[str] = ("sandboxd-runtime:busybox",)) -> None:
         self.images: dict[str, dict[str, str]] = {image: {} for image in images}
         self.builds: list[str] = []  # the Dockerfiles build_image was given
+        self.image_sizes: dict[str, int] = {}  # by name; inspect_image says 1000 for others
+        self.build_step_s = 0.0  # how long each build step takes (a watcher's chance)
+        self.build_steps: list[str] = []  # every build step started, in order
+        self.commit_bytes = 1000  # the size of the image commit_sandbox makes
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.calls: list[str] = []
         self._ids = itertools.count(1)
@@ -344,6 +348,7 @@ class FakeEngine:
         self._get(sandbox_id)
         image_id = "sha256:" + hashlib.sha256(f"{repository}:{tag}".encode()).hexdigest()
         self.images[image_id] = dict(labels)
+        self.image_sizes[image_id] = self.commit_bytes
         return image_id
 
     async def remove_commit_leftovers(self, owner_id: str) -> list[str]:
@@ -411,7 +416,7 @@ class FakeEngine:
                     image_id=image_id,
                     repo_digests=(f"{repo}@{digest}",) if digest else (),
                     repo_tags=(name,),
-                    size_bytes=1000,
+                    size_bytes=self.image_sizes.get(name, 1000),
                 )
         return None
 
@@ -440,8 +445,9 @@ class FakeEngine:
         labels: Mapping[str, str],
         limits: BuildLimits,
     ) -> AsyncGenerator[str, None]:
-        """Runs no step: logs each instruction, fails on `RUN false`, tags `tag` with `labels`
-        (and the Dockerfile's LABELs) when all went well."""
+        """Runs no step: logs each instruction, fails on `RUN false`, grows the image by N
+        bytes on `RUN write N` (an intermediate image of that size, as the engine commits
+        one), tags `tag` with `labels` (and the Dockerfile's LABELs) when all went well."""
         self._call("build_image")
         with tarfile.open(context) as tar:
             member = tar.extractfile(dockerfile)
@@ -449,12 +455,19 @@ class FakeEngine:
             text = member.read().decode()
         self.builds.append(text)
         own = dict(labels)
-        for n, line in enumerate(text.splitlines(), 1):
-            await asyncio.sleep(0)
+        lines = text.splitlines()
+        size = self.image_sizes.get(lines[0].removeprefix("FROM ").split()[0], 1000)
+        for n, line in enumerate(lines, 1):
+            await asyncio.sleep(self.build_step_s)
+            self.build_steps.append(line)
             yield f"Step {n} : {line}"
             if line.startswith("LABEL "):
                 key, _, value = line[6:].partition("=")
                 own[key] = value.strip('"')
+            if line.startswith("RUN write "):
+                size += int(line.split()[2])
+                self.images[f"intermediate-{n}"] = dict(own)
+                self.image_sizes[f"intermediate-{n}"] = size
             if line.strip() == "RUN false":
                 self.images[f"intermediate-{n}"] = dict(own)
                 raise FailedPrecondition(
@@ -462,6 +475,18 @@ class FakeEngine:
                     reason="TEMPLATE_BUILD_FAILED",
                 )
         self.images[tag] = own
+        self.image_sizes[tag] = size
+
+    async def build_usage(self, labels: Mapping[str, str]) -> int:
+        self._call("build_usage")
+        return max(
+            (
+                self.image_sizes.get(name, 1000)
+                for name, own in self.images.items()
+                if all(own.get(k) == v for k, v in labels.items())
+            ),
+            default=0,
+        )
 
     async def prune_images(self, labels: Mapping[str, str]) -> None:
         self._call("prune_images")

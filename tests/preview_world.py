@@ -17,9 +17,11 @@ from prometheus_client import CollectorRegistry
 from sandboxd.audit.events import AuditEvent
 from sandboxd.config import Config
 from sandboxd.events import EventHub, ObservedStore
+from sandboxd.models import Session
 from sandboxd.previews import setup
-from sandboxd.previews.dialer import PortDialer
+from sandboxd.previews.dialer import ByteStream, PortDialer
 from sandboxd.previews.publishing import Previews
+from sandboxd.previews.relay import ClientStream
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper
@@ -101,3 +103,54 @@ async def close(writer: asyncio.StreamWriter) -> None:
     writer.close()
     with contextlib.suppress(ConnectionError, OSError):
         await writer.wait_closed()
+
+
+class LoopbackDialer:
+    """Dials a local TCP server per sandbox port (what `sbx dial` reaches inside a sandbox)."""
+
+    def __init__(self) -> None:
+        self.ports: dict[int, int] = {}
+        self.dials = 0
+
+    @contextlib.asynccontextmanager
+    async def open(self, session: Session, port: int) -> AsyncIterator[ByteStream]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.ports[port])
+        self.dials += 1
+        try:
+            yield ClientStream(reader, writer)
+        finally:
+            await close(writer)
+
+
+World = Parts[LoopbackDialer]
+
+
+async def backend(world: World, port: int, handler: Handler) -> None:
+    """A local server for sandbox port `port`; its connections end with the test."""
+    world.dialer.ports[port] = await world.serve(handler)
+
+
+def world(tmp_path: Path, **settings: object) -> contextlib.AbstractAsyncContextManager[World]:
+    return preview_parts(tmp_path, LoopbackDialer(), **settings)
+
+
+def listener_port(url: str) -> int:
+    return int(url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+
+
+async def exchange(url: str, raw: bytes, *, until: bytes = b"", read_all: bool = True) -> bytes:
+    """`raw` sent on a new connection to the listener; what comes back until it closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", listener_port(url))
+    try:
+        writer.write(raw)
+        await writer.drain()
+        if until:
+            return await asyncio.wait_for(reader.readuntil(until), 10)
+        return await asyncio.wait_for(reader.read(), 10) if read_all else b""
+    finally:
+        await close(writer)
+
+
+def req(path: str, token: str, *extra: str, method: str = "GET") -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: x", f"X-Sandboxd-Token: {token}", *extra, "", ""]
+    return "\r\n".join(lines).encode()

@@ -16,11 +16,14 @@ from typing import Any, TypeVar
 from fakes import FakeArchive, FakeEngine
 from sandboxd import tenancy
 from sandboxd.config import Config
+from sandboxd.host_ids import HostIds
+from sandboxd.image_quota import ImageQuota
 from sandboxd.pool import WarmPool
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.store import SessionStore
+from sandboxd.templates.store import TemplateStore
 
 OWNER = "sbxunit"
 T = TypeVar("T")
@@ -64,7 +67,8 @@ async def session_stack(
         snap_store = await SnapshotStore(store.db, tmp_path / "snapshots").open()
         workspace = archive(engine) if archive is not None else FakeArchive(engine)
         keeper = SnapshotKeeper(snap_store, workspace, engine, owner)
-        pool = WarmPool.for_config(engine, config, owner) if pool_size else None
+        host_ids = HostIds.for_config(config, store)
+        pool = WarmPool.for_config(engine, config, owner, host_ids) if pool_size else None
         ended: list[str] = []
 
         async def on_end(session_id: str) -> None:
@@ -80,17 +84,29 @@ async def session_stack(
             on_session_end=[on_end],
             tiers=tiers,
             egress=egress,
+            host_ids=host_ids,
         )
-        snapshots = Snapshots(keeper, snap_store, sessions, engine, store)
+        quota = ImageQuota(
+            config.tenancy.max_image_bytes,
+            engine,
+            await TemplateStore(store.db).open(),
+            snap_store.images_of,
+        )
+        snapshots = Snapshots(
+            keeper,
+            snap_store,
+            sessions,
+            engine,
+            store,
+            quota=quota,
+            max_image_bytes=config.images.max_image_bytes,
+        )
         stack = Stack(engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended)
         try:
             yield stack
         finally:
             if pool is not None:
                 await pool.close()
-            close = getattr(workspace, "close", None)
-            if close is not None:  # a real ArchiveIO keeps spool files open for reuse
-                close()
 
 
 async def as_tenant(tenant: str, call: Callable[[], Awaitable[T]]) -> T:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,8 @@ from sandboxd.config_sections import (
     TenancySection,
     WatchSection,
 )
-from sandboxd.errors import ConfigError
+from sandboxd.config_sections.server import MAX_ID
+from sandboxd.errors import ConfigError, ConfigProblems
 from sandboxd.models import LIMIT_NAMES
 from sandboxd.previews.settings import PreviewsSection
 from sandboxd.settings import (
@@ -58,6 +59,8 @@ __all__ = [
     "load_config",
     "parse_duration",
     "parse_size",
+    "check_config",
+    "problems",
     "validate",
     "validate_access",
 ]
@@ -131,8 +134,9 @@ def _default_helper() -> Path:
 
 
 def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """The configuration from flags, environment, file and defaults, or ConfigProblems."""
     env = os.environ if env is None else env
-    raw = TABLE.gather(argv, env, extra_env={"docker_host": "DOCKER_HOST"})
+    raw = TABLE.gather(argv, env, extra_env=_EXTRA_ENV)
     values = TABLE.parse(raw)
     if "helper" not in values:
         values["helper"] = _default_helper()
@@ -141,39 +145,133 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
     return config
 
 
+_EXTRA_ENV = {"docker_host": "DOCKER_HOST"}
+
+
+def check_config(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> list[str]:
+    """Every problem of the configuration `load_config` would load, each naming its setting
+    and where its value came from (a flag, a variable, the file, or the default)."""
+    env = os.environ if env is None else env
+    try:
+        raw = TABLE.gather(argv, env, extra_env=_EXTRA_ENV)
+    except ConfigError as exc:  # the file itself: nothing in it can be judged
+        return [str(exc)]
+    found: list[str] = []
+    values = TABLE.parse(raw, found)
+    if "helper" not in values:
+        values["helper"] = _default_helper()
+    config: Config = TABLE.replace(Config(), values)
+    for problem in problems(config):
+        flat = problem.split(" ", 1)[0].rstrip(":")
+        # A value that did not parse is already a problem; the config holds its default.
+        given = flat in raw and flat in values
+        source = raw[flat][1] if given else "the default" if flat in TABLE.places else ""
+        found.append(f"{problem} (from {source})" if source else problem)
+    return found
+
+
 def validate(config: Config) -> None:
-    TABLE.check_declared(config)
-    validate_access(config)
-    server, engine, limits = config.server, config.engine, config.limits
-    problem = host_port_problem(server.listen, "127.0.0.1:50051")
+    """Stop at start-up on any problem (`problems` lists them all)."""
+    found = list(problems(config))
+    if found:
+        raise ConfigProblems(found)
+
+
+def problems(config: Config) -> Iterator[str]:
+    """Every problem of a loaded configuration, each starting with the setting it is about."""
+    yield from TABLE.declared_problems(config)
+    for check in _CHECKS:
+        try:
+            yield from check(config)
+        except ConfigError as exc:  # a check that can only say its first problem
+            yield str(exc)
+
+
+def _server_problems(config: Config) -> Iterator[str]:
+    problem = host_port_problem(config.server.listen, "127.0.0.1:50051")
     if problem:
-        raise ConfigError(f"listen {server.listen!r}: {problem}")
+        yield f"listen {config.server.listen!r}: {problem}"
+
+
+def _engine_problems(config: Config) -> Iterator[str]:
+    engine = config.engine
     from sandboxd.engine import docker_tls  # imports only the sections from here
 
     docker_tls.from_settings(engine)  # the address and TLS files of the engine
     if not engine.image.strip():
-        raise ConfigError("image: must not be empty")
-    for name in LIMIT_NAMES:
-        default, maximum = getattr(limits, f"default_{name}"), getattr(limits, f"max_{name}")
-        if default > maximum:
-            raise ConfigError(f"default_{name} ({default}) is larger than max_{name} ({maximum})")
-    leases = config.leases
-    if not 0 < leases.default_s <= leases.max_s:
-        raise ConfigError(
-            f"lease_default_s ({leases.default_s}) must be positive and at most "
-            f"lease_max_s ({leases.max_s})"
-        )
+        yield "image: must not be empty"
+    host_ids_problem = _host_ids_problem(engine)
+    if host_ids_problem:
+        yield host_ids_problem
     if not engine.helper.is_file() or not os.access(engine.helper, os.X_OK):
-        raise ConfigError(
+        yield (
             f"helper {str(engine.helper)!r} is missing or not executable; "
             "build it with 'make helper' or point SANDBOXD_HELPER at it"
         )
+
+
+def _limit_problems(config: Config) -> Iterator[str]:
+    limits = config.limits
+    for name in LIMIT_NAMES:
+        default, maximum = getattr(limits, f"default_{name}"), getattr(limits, f"max_{name}")
+        if default > maximum:
+            yield f"default_{name} ({default}) is larger than max_{name} ({maximum})"
+    leases = config.leases
+    if not 0 < leases.default_s <= leases.max_s:
+        yield (
+            f"lease_default_s ({leases.default_s}) must be positive and at most "
+            f"lease_max_s ({leases.max_s})"
+        )
+
+
+def _image_problems(config: Config) -> Iterator[str]:
     from sandboxd.images import parse_patterns  # images imports nothing from here
 
     try:
         parse_patterns(config.images.allowlist)
     except ValueError as exc:
-        raise ConfigError(f"image_allowlist: {exc}") from None
+        yield f"image_allowlist: {exc}"
+
+
+def _access_problems(config: Config) -> Iterator[str]:
+    validate_access(config)
+    return iter(())
+
+
+_CHECKS: tuple[Callable[[Config], Iterator[str]], ...] = (
+    _server_problems,
+    _access_problems,
+    _engine_problems,
+    _limit_problems,
+    _image_problems,
+)
+
+
+def _host_ids_problem(engine: EngineSection) -> str | None:
+    """The host uid block of sessions holds no id that is someone else's: the keeper's uid and
+    gid (a session of that uid could signal the keeper), nobody (65534, every other container's
+    default user), 65535 (16-bit -1), and it stays within what a uid may be."""
+    first, count = engine.host_uid_first, engine.host_uid_count
+    last = first + count - 1
+    if last > MAX_ID:
+        return f"host_uid_first + host_uid_count - 1 ({last}) is above {MAX_ID}"
+    k_uid, _, k_gid = engine.keeper_user.partition(":")
+    reserved = [(65534, "nobody"), (65535, "the 16-bit -1")]
+    # A keeper_user that is not numeric is its own problem (its setting's check says so).
+    if k_uid.isascii() and k_uid.isdigit() and k_gid.isascii() and k_gid.isdigit():
+        reserved += [
+            (int(k_uid), "the keeper's uid (keeper_user)"),
+            (int(k_gid), "the keeper's gid (keeper_user)"),
+        ]
+    for value, what in reserved:
+        if first <= value <= last:
+            return (
+                f"host_uid_first..+host_uid_count ({first}-{last}) contains {value}, {what}; "
+                "choose a block that does not"
+            )
+    return None
 
 
 def listens_on_loopback(listen: str) -> bool:
@@ -205,6 +303,7 @@ def validate_access(config: Config) -> None:
     if (
         t.tokens_file is None
         and not t.allow_insecure_public_listen
+        and host_port_problem(config.server.listen, "127.0.0.1:50051") is None  # else said once
         and not listens_on_loopback(config.server.listen)
     ):
         raise ConfigError(

@@ -88,6 +88,12 @@ class Unauthenticated(SandboxError):
     default_reason = Reason.UNAUTHENTICATED
 
 
+class DeadlineExceeded(SandboxError):
+    """A call that ran out of its time (an idle interaction)."""
+
+    default_reason = Reason.INTERACT_IDLE
+
+
 class EngineUnavailable(Unavailable):
     """The Docker engine did not answer; retrying later may succeed."""
 
@@ -103,3 +109,13 @@ class SessionNotFound(NotFound):
 
 class ConfigError(Exception):
     """Invalid server configuration; raised at start-up, never sent to a client."""
+
+
+class ConfigProblems(ConfigError):
+    """Every problem of a configuration at once (`sandboxd check-config` lists them all; the
+    server stops at start-up naming the first, and how many more there are)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        more = f" (and {len(problems) - 1} more: `sandboxd check-config` lists them)"
+        super().__init__(problems[0] + (more if len(problems) > 1 else ""))
+        self.problems = tuple(problems)

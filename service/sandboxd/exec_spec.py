@@ -71,8 +71,25 @@ class ExecRequestInput:
     max_output_bytes: int | None = None
 
 
-def prepare(session: Session, req: ExecRequestInput, max_limits: Limits) -> ExecSpec:
-    """Validate a command against the rules and the session's policy; nothing runs yet."""
+# The output cap of an interactive command that asks for none: its output streams to the
+# caller as it comes and nothing of it is kept, so no cap is needed to bound memory.
+UNCAPPED_OUTPUT = 1 << 62
+
+
+def prepare(
+    session: Session,
+    req: ExecRequestInput,
+    max_limits: Limits,
+    *,
+    interactive_s: float | None = None,
+) -> ExecSpec:
+    """Validate a command against the rules and the session's policy; nothing runs yet.
+
+    `interactive_s` (Interact): a command that asks for no timeout runs until it exits, up to
+    this long (the longest lease: the session's own end bounds it sooner), and one that asks
+    for no output cap has none. A terminal lasts as long as the person uses it; the session's
+    10-second command timeout and 1 MiB cap are for commands whose output is collected.
+    """
     argv = validation.validate_argv(req.argv)
     cwd = validation.validate_cwd(req.cwd)
     env = validation.validate_env(req.env or {})
@@ -80,6 +97,19 @@ def prepare(session: Session, req: ExecRequestInput, max_limits: Limits) -> Exec
         argv[0], session.spec.shell.allow, session.spec.shell.allow_all
     )
     limits = session.spec.limits
+    if interactive_s is not None and req.timeout_s is None:
+        return ExecSpec(
+            argv=argv,
+            cwd=cwd,
+            env=env,
+            stdin=_checked_stdin(req.stdin, limits),
+            timeout_s=interactive_s,
+            max_output_bytes=(
+                UNCAPPED_OUTPUT
+                if req.max_output_bytes is None
+                else _checked_cap(req.max_output_bytes, limits)
+            ),
+        )
     timeout = limits.command_timeout_s if req.timeout_s is None else req.timeout_s
     if timeout <= 0:
         raise InvalidArgument("timeout must be positive", reason=Reason.INVALID_TIMEOUT)
@@ -90,7 +120,16 @@ def prepare(session: Session, req: ExecRequestInput, max_limits: Limits) -> Exec
             reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
             metadata={"limit": "timeout", "maximum": f"{max_limits.command_timeout_s:g}s"},
         )
-    cap = limits.output_bytes if req.max_output_bytes is None else req.max_output_bytes
+    cap = _checked_cap(
+        limits.output_bytes if req.max_output_bytes is None else req.max_output_bytes, limits
+    )
+    stdin = _checked_stdin(req.stdin, limits)
+    return ExecSpec(
+        argv=argv, cwd=cwd, env=env, stdin=stdin, timeout_s=timeout, max_output_bytes=cap
+    )
+
+
+def _checked_cap(cap: int, limits: Limits) -> int:
     if cap <= 0:
         raise InvalidArgument("max_output_bytes must be positive", reason=Reason.INVALID_OUTPUT_CAP)
     if cap > limits.output_bytes:
@@ -99,11 +138,13 @@ def prepare(session: Session, req: ExecRequestInput, max_limits: Limits) -> Exec
             reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
             metadata={"limit": "max_output_bytes", "maximum": str(limits.output_bytes)},
         )
-    if len(req.stdin) > limits.file_bytes:
+    return cap
+
+
+def _checked_stdin(stdin: bytes, limits: Limits) -> bytes:
+    if len(stdin) > limits.file_bytes:
         raise InvalidArgument(
-            f"stdin of {len(req.stdin)} bytes is over the session's file cap {limits.file_bytes}",
+            f"stdin of {len(stdin)} bytes is over the session's file cap {limits.file_bytes}",
             reason=Reason.STDIN_TOO_LARGE,
         )
-    return ExecSpec(
-        argv=argv, cwd=cwd, env=env, stdin=req.stdin, timeout_s=timeout, max_output_bytes=cap
-    )
+    return stdin

@@ -72,13 +72,30 @@ class Files:
     ) -> HelperResult:
         return await self.helper.checked(session, args, path, **kw)
 
-    async def read(self, session: Session, path: str) -> FileContent:
+    async def read(self, session: Session, path: str, room: int | None = None) -> FileContent:
+        """The file whole, if it is at most the session's file cap and `room` bytes (what the
+        caller takes in one reply): a larger one is refused before it is read, one over
+        `room` with REPLY_TOO_LARGE naming ReadFileStream, which sends any file in chunks."""
         rel = validation.workspace_relpath(path, allow_root=False)
         cap = session.spec.limits.file_bytes
+        by_room = room is not None and room < cap
+        if room is not None:
+            cap = min(cap, room)
         async with self.buffers.hold(session.session_id, cap + 4096, "ReadFile"):
-            result = await self._checked(
-                session, ["read", rel, str(cap)], rel, max_stdout=cap + 4096
-            )
+            try:
+                result = await self._checked(
+                    session, ["read", rel, str(cap)], rel, max_stdout=cap + 4096
+                )
+            except ResourceExhausted as exc:
+                if not by_room or exc.reason != Reason.FILE_TOO_LARGE:
+                    raise
+                raise ResourceExhausted(
+                    f"{rel}: the file is larger than the {cap} bytes one ReadFile reply may "
+                    "carry to this caller (max_reply_bytes; 4 MiB when unset): read it with "
+                    "ReadFileStream, which sends it in chunks",
+                    reason=Reason.REPLY_TOO_LARGE,
+                    metadata={"path": rel, "limit": str(cap), "rpc": "ReadFileStream"},
+                ) from None
         header, sep, content = result.stdout.partition(b"\n")
         try:
             meta = json.loads(header)

@@ -149,6 +149,9 @@ _FILE_ERRORS: dict[str, tuple[type[SandboxError], Reason, str]] = {
         "resolves outside /workspace (symlinks are not followed out)",
     ),
     "TOO_LARGE": (ResourceExhausted, Reason.FILE_TOO_LARGE, "{message}"),
+    # A count the kernel keeps for the session's host uid (inotify instances or watches):
+    # the session's own, since each session has a uid of its own (host_ids.py).
+    "KERNEL_LIMIT": (ResourceExhausted, Reason.KERNEL_LIMIT_REACHED, "{message}"),
     "EINVAL": (InvalidArgument, Reason.PATH_INVALID, "{message}"),
 }
 

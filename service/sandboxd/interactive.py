@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from sandboxd.errors import SandboxError
+from sandboxd.errors import DeadlineExceeded, SandboxError
 from sandboxd.exec_spec import PtySize, validate_pty_size, validate_signal
 from sandboxd.execution import Command, Executor
-from sandboxd.models import ExecEvent, ExecSpec, Session
+from sandboxd.models import ExecEvent, ExecOutput, ExecSpec, Session
+from sandboxd.reasons import Reason
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,16 @@ class Resize:
 Control = StdinData | CloseStdin | SendSignal | Resize
 
 
+class _Activity:
+    """When the interaction last moved: a message from the caller or output of the command."""
+
+    def __init__(self) -> None:
+        self.at = time.monotonic()
+
+    def moved(self) -> None:
+        self.at = time.monotonic()
+
+
 async def interact(
     executor: Executor,
     session: Session,
@@ -49,30 +61,56 @@ async def interact(
     pty: PtySize | None,
     controls: AsyncIterator[Control],
     keepalive_s: float,
+    idle_s: float,
 ) -> AsyncIterator[ExecEvent]:
     """Run `spec` (on a terminal when `pty` is set) and yield its events while applying controls.
 
-    `spec.stdin`, if any, is written first; stdin stays open until a CloseStdin.
+    `spec.stdin`, if any, is written first; stdin stays open until a CloseStdin. With no
+    message and no output for `idle_s` the command is ended (INTERACT_IDLE): a terminal someone
+    walked away from does not hold its session's pids and memory until the lease ends.
     """
     if pty is not None:
         pty = validate_pty_size(pty.rows, pty.cols)
+    activity = _Activity()
     async with executor.start(session, spec, pty=pty) as command:
         if spec.stdin:
             await command.write(spec.stdin)
-        applier = asyncio.create_task(_apply(command, controls))
+        applier = asyncio.create_task(_apply(command, controls, activity))
+        watchdog = asyncio.create_task(_watch_idle(command, activity, idle_s))
         try:
             async for event in command.events(keepalive_s=keepalive_s):
+                if isinstance(event, ExecOutput):
+                    activity.moved()
                 yield event
         finally:
-            applier.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await applier
+            for task in (applier, watchdog):
+                task.cancel()
+            for task in (applier, watchdog):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
 
-async def _apply(command: Command, controls: AsyncIterator[Control]) -> None:
+async def _watch_idle(command: Command, activity: _Activity, idle_s: float) -> None:
+    while True:
+        left = activity.at + idle_s - time.monotonic()
+        if left <= 0:
+            command.fail(
+                DeadlineExceeded(
+                    f"no input and no output for {idle_s:g} s: the interactive command was "
+                    "ended (InteractStart.idle_timeout sets how long a quiet terminal stays open)",
+                    reason=Reason.INTERACT_IDLE,
+                    metadata={"idle_timeout": f"{idle_s:g}s"},
+                )
+            )
+            return
+        await asyncio.sleep(left)
+
+
+async def _apply(command: Command, controls: AsyncIterator[Control], activity: _Activity) -> None:
     """Apply the caller's messages in order; the first bad one fails the interaction."""
     try:
         async for control in controls:
+            activity.moved()
             match control:
                 case StdinData(data=data):
                     await command.write(data)

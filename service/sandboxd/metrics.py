@@ -21,6 +21,12 @@ Exposed (all prefixed `sandboxd_`):
   tenant_command_seconds{tenant}       histogram of command durations per tenant
   tenant_output_bytes_total{tenant}    command output bytes per tenant
   tenant_egress_total{tenant,verdict}  egress decisions per tenant (allowed, refused)
+  build_info{version,python,grpc}      1, with what this server is
+  engine_up                            1 while the engine answers its health check, else 0
+  rpc_in_flight{method}                calls being served (streams until their last message)
+  lease_expiries_total{action}         leases that ran out: delete, suspend, snapshot
+  swept_total{kind}                    what sweeps removed: containers, images, networks,
+                                       and sessions whose ended lease they expired
 Per-tenant series never carry a session label; tenants are the tokens file's (bounded by the
 operator), and past `MAX_TENANTS` distinct ones the rest count as tenant "other".
 plus the standard process_* (RSS, CPU, open fds) and python_* collectors.
@@ -30,9 +36,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import platform
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 
+import grpc
 from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -45,6 +53,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from sandboxd import __version__
 from sandboxd.models import SessionState
 
 log = logging.getLogger(__name__)
@@ -149,6 +158,40 @@ class Metrics:
             ["tenant", "kind"],
             registry=r,
         )
+        self.build_info = Gauge(
+            "sandboxd_build_info",
+            "This server: version, Python and grpcio (always 1)",
+            ["version", "python", "grpc"],
+            registry=r,
+        )
+        self.build_info.labels(
+            __version__, platform.python_version(), getattr(grpc, "__version__", "")
+        ).set(1)
+        self.engine_up = Gauge(
+            "sandboxd_engine_up", "1 while the engine answers its health check", registry=r
+        )
+        self.rpc_in_flight = Gauge(
+            "sandboxd_rpc_in_flight",
+            "Calls being served by method (streams until their last message)",
+            ["method"],
+            registry=r,
+        )
+        self.lease_expiries = Counter(
+            "sandboxd_lease_expiries",
+            "Leases that ran out, by what was done (delete, suspend, snapshot)",
+            ["action"],
+            registry=r,
+        )
+        self.swept = Counter(
+            "sandboxd_swept",
+            "What sweeps removed, by kind (containers, images, networks, expired sessions)",
+            ["kind"],
+            registry=r,
+        )
+        for action in ("delete", "suspend", "snapshot"):
+            self.lease_expiries.labels(action)
+        for kind in ("containers", "images", "networks", "sessions"):
+            self.swept.labels(kind)
         for state in SessionState:
             self.sessions.labels(state.value).set(0)
         for kind in ("unavailable", "not_found", "conflict", "internal"):
@@ -193,6 +236,25 @@ class Metrics:
 
     def engine_error(self, kind: str) -> None:
         self.engine_errors.labels(kind).inc()
+
+    def engine_answers(self, up: bool) -> None:
+        self.engine_up.set(1 if up else 0)
+
+    def lease_expired(self, action: str) -> None:
+        """action: delete, suspend or snapshot (kept, then deleted)."""
+        self.lease_expiries.labels(action).inc()
+
+    def swept_away(
+        self, *, containers: int = 0, images: int = 0, networks: int = 0, sessions: int = 0
+    ) -> None:
+        for kind, count in (
+            ("containers", containers),
+            ("images", images),
+            ("networks", networks),
+            ("sessions", sessions),
+        ):
+            if count:
+                self.swept.labels(kind).inc(count)
 
     def set_session_counts(self, counts: dict[str, int]) -> None:
         for state in SessionState:

@@ -160,6 +160,8 @@ class SessionSpec:
     shell: ShellPolicy
     network: NetworkPolicy
     env: dict[str, str]
+    # The host identity the sandbox's commands run as: allocated by the server, one per
+    # session (sandboxd.host_ids), never the caller's choice.
     uid: int
     gid: int
     manifest: WorkspaceManifest
@@ -170,10 +172,18 @@ class SessionSpec:
     # a retried create of the same request is the same session whatever the tag does.
     image_digest: str = ""
     image_id: str = ""
+    # The `user` of the create request, normalised ("uid:gid"): checked and fingerprinted (a
+    # retried create is the same request), not the identity. "": the same as `user` (records
+    # from before the server allocated identities, whose `user` was the request's).
+    requested_user: str = ""
 
     @property
     def user(self) -> str:
         return f"{self.uid}:{self.gid}"
+
+    def as_host(self, uid: int, gid: int) -> SessionSpec:
+        """This spec running as the host identity `uid:gid` (nothing else changes)."""
+        return dataclasses.replace(self, uid=uid, gid=gid)
 
     def fingerprint(self) -> str:
         """sha256 over the manifest and every security-relevant setting, canonically encoded.
@@ -208,7 +218,7 @@ class SessionSpec:
                 ),
             },
             "env": dict(sorted(self.env.items())),
-            "user": self.user,
+            "user": self.requested_user or self.user,
             "manifest": {
                 "id": self.manifest.id,
                 "files": [

@@ -7,6 +7,11 @@ comparison is the engine's own (`Engine.sandbox_shape`, over what it would creat
 profile setting can never hand out a container shaped for someone else. Workspace files are
 copied in on claim by the caller, exactly as after a cold start.
 
+Every member runs as a host identity of its own (host_ids.py), taken when it is
+made: its workspace tmpfs and its agent's `--user` are fixed at create. The shapes are
+compared with that identity left out, and the session that claims a member takes its uid
+(`Claimed`); the pool holds the id until the claimant's record does, or the member is gone.
+
 Labels cannot change after creation, so pooled containers carry `io.sandboxd.pool=<generation>`
 (one generation per server process) and no session label: a claimed container is linked to its
 session only by the stored container id. Reconciliation leaves containers the pool currently
@@ -28,10 +33,12 @@ import contextlib
 import dataclasses
 import logging
 import secrets
+from dataclasses import dataclass
 
 from sandboxd.config import Config
 from sandboxd.engine.protocol import Engine, SandboxRequest
 from sandboxd.errors import SandboxError
+from sandboxd.host_ids import HostIds
 from sandboxd.isolation import parse_tier
 from sandboxd.metrics import Metrics
 from sandboxd.models import NetworkPolicy, SessionSpec, ShellPolicy, WorkspaceManifest
@@ -72,6 +79,18 @@ def pool_template(config: Config, owner_id: str, generation: str) -> SandboxRequ
     )
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """A member handed to a session: the container, and the host uid (= gid) it runs as."""
+
+    container_id: str
+    host_id: int
+
+
+def _as_host(request: SandboxRequest, host_id: int) -> SandboxRequest:
+    return dataclasses.replace(request, spec=request.spec.as_host(host_id, host_id))
+
+
 class WarmPool:
     """Started containers of one shape, refilled in the background up to `size`."""
 
@@ -83,17 +102,22 @@ class WarmPool:
         owner_id: str,
         template: SandboxRequest,
         generation: str,
+        host_ids: HostIds,
         metrics: Metrics | None = None,
         refill_delay_s: float = REFILL_DELAY_S,
     ) -> None:
         self._engine = engine
+        self._host_ids = host_ids
         self._refill_delay_s = refill_delay_s
         self._size = size
         self._owner_id = owner_id
         self._template = template
         self.generation = generation
+        # The shape with the template's own identity in place of each request's and member's.
+        self._shape_id = template.spec.uid
         self.key = engine.sandbox_shape(template)
         self._members: collections.deque[str] = collections.deque()
+        self._ids: dict[str, int] = {}  # member (or claimed, unsettled) -> its host id
         self._claiming: set[str] = set()  # popped, not yet recorded by the session
         self._creating: asyncio.Future[str] | None = None
         self._creating_name = ""
@@ -108,6 +132,7 @@ class WarmPool:
         engine: Engine,
         config: Config,
         owner_id: str,
+        host_ids: HostIds,
         metrics: Metrics | None = None,
     ) -> WarmPool:
         generation = secrets.token_hex(6)
@@ -117,6 +142,7 @@ class WarmPool:
             owner_id=owner_id,
             template=pool_template(config, owner_id, generation),
             generation=generation,
+            host_ids=host_ids,
             metrics=metrics,
         )
 
@@ -135,14 +161,15 @@ class WarmPool:
         if self._size > 0 and self._task is None:
             self._task = asyncio.create_task(self._refill(), name="warm-pool-refill")
 
-    async def claim(self, request: SandboxRequest) -> str | None:
+    async def claim(self, request: SandboxRequest) -> Claimed | None:
         """A started container for `request`, or None (pool empty, or another shape).
 
-        The caller records the id with its session and then calls `settled(id)`.
+        The caller records the id, and the member's host id as its session's, and then calls
+        `settled(id)`.
         """
         if self._size == 0 or self._closed:
             return None
-        if self._engine.sandbox_shape(request) != self.key:
+        if self._engine.sandbox_shape(_as_host(request, self._shape_id)) != self.key:
             self._count("other_shape")
             return None
         while self._members:
@@ -158,17 +185,25 @@ class WarmPool:
                 raise
             if status is not None and status.running:
                 self._count("hit")
-                return container_id
+                return Claimed(container_id, self._ids[container_id])
             # Removed behind our back (by hand, an engine restart, a sweep): never hand it out.
             log.warning("pool container %s is gone; discarding it", container_id[:12])
             self._claiming.discard(container_id)
             await self._engine.remove_sandbox(container_id)
+            self._forget(container_id)
         self._count("empty")
         return None
 
     def settled(self, container_id: str) -> None:
-        """The claimant has recorded (or removed) the container: it is no longer ours."""
+        """The claimant has recorded (or removed) the container: it is no longer ours, and
+        its host id is held by the claimant's record (or by nothing)."""
         self._claiming.discard(container_id)
+        self._forget(container_id)
+
+    def _forget(self, container_id: str) -> None:
+        host_id = self._ids.pop(container_id, None)
+        if host_id is not None:
+            self._host_ids.release(host_id)
 
     def _changed(self) -> None:
         self._wanted.set()
@@ -211,20 +246,24 @@ class WarmPool:
 
     async def _create_one(self) -> str:
         name = f"{self._template.name}-{secrets.token_hex(4)}"
+        host_id = await self._host_ids.take()
         self._creating_name = name
         try:
-            container_id = await self._engine.create_sandbox(
-                dataclasses.replace(self._template, name=name)
-            )
+            request = _as_host(dataclasses.replace(self._template, name=name), host_id)
+            container_id = await self._engine.create_sandbox(request)
             try:
                 await self._engine.start_sandbox(container_id)
             except BaseException:
                 await asyncio.shield(self._engine.remove_sandbox(container_id))
                 raise
             # Joined before the name is forgotten: never a moment when neither says "ours".
+            self._ids[container_id] = host_id
             self._members.append(container_id)
             self._report()
             return container_id
+        except BaseException:
+            self._host_ids.release(host_id)
+            raise
         finally:
             self._creating_name = ""
 
@@ -251,6 +290,7 @@ class WarmPool:
         for container_id, result in zip(leftovers, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("warm pool: could not remove %s: %s", container_id[:12], result)
+            self._forget(container_id)
         self._report()
         if leftovers:
             log.info("warm pool drained: %d containers removed", len(leftovers))

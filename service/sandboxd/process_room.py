@@ -11,29 +11,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sandboxd.agent.memory import agent_ring_budget
 from sandboxd.errors import ResourceExhausted
+from sandboxd.isolation import Isolation
+from sandboxd.models import SessionSpec
 from sandboxd.process_record import TAIL_BYTES, BackgroundProcess
 from sandboxd.reasons import Reason
 
 Records = dict[str, BackgroundProcess]
 
 # Output the sandbox's agent keeps for exited background processes, per session: at most this,
-# and at most a quarter of the sandbox's memory limit (the rest is its commands' and agent's).
+# and at most half the agent's budget (the rest is its running processes').
 AGENT_EXITED_OUTPUT_BYTES = 64 * 1024 * 1024
 
 
-def agent_exited_limit(sandbox_memory: int) -> int:
-    return min(AGENT_EXITED_OUTPUT_BYTES, sandbox_memory // 4)
+def session_agent_budget(spec: SessionSpec) -> int:
+    """The agent's budget in a session's sandbox."""
+    limits = spec.limits
+    gvisor = spec.isolation is Isolation.GVISOR
+    return agent_ring_budget(limits.memory_bytes, limits.workspace_bytes, gvisor=gvisor)
 
 
-def agent_ring_budget(sandbox_memory: int) -> int:
-    """What the agent's rings, running and exited, may hold together: half the sandbox's
-    memory. Past it a ring still filling wraps where it is (its readers see a gap) rather than
-    the agent being OOM-killed, which stops the sandbox: 20 processes writing 16 MB each and
-    staying alive did that to a 256 MiB sandbox (pids raised to 256, within the default
-    cap). Exited rings are dropped first, by `past_agent_budget`, at a quarter. 0 (no limit
-    known): the agent's own default."""
-    return max(0, sandbox_memory // 2)
+def agent_exited_limit(budget: int) -> int:
+    """What an agent with `budget` keeps for exited processes (`past_agent_budget`)."""
+    return min(AGENT_EXITED_OUTPUT_BYTES, budget // 2)
 
 
 def held_exited(procs: Records) -> list[BackgroundProcess]:

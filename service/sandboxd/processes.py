@@ -224,14 +224,14 @@ class ProcessManager:
             raise
 
     def _forget_old_exited(
-        self, procs: dict[str, BackgroundProcess], sandbox_memory: int = 0
+        self, procs: dict[str, BackgroundProcess], agent_budget: int = 0
     ) -> None:
-        """Old exited records past the server's budget, and past the agent's share of the
-        sandbox's memory (`sandbox_memory`, its limit; 0: not a process the agent keeps)."""
+        """Old exited records past the server's budget, and past their share of the agent's
+        budget (`agent_budget`; 0: not a process the agent keeps)."""
         for old in room.past_exited_budget(procs, EXITED_OUTPUT_BYTES):
             self._drop(procs, old)
-        if sandbox_memory:
-            for old in room.past_agent_budget(procs, room.agent_exited_limit(sandbox_memory)):
+        if agent_budget:
+            for old in room.past_agent_budget(procs, room.agent_exited_limit(agent_budget)):
                 self._drop(procs, old)
 
     def _make_room(self, procs: dict[str, BackgroundProcess]) -> None:
@@ -248,7 +248,7 @@ class ProcessManager:
             detach = Detach(
                 detach_id(proc.process_id, proc.token),
                 agent_ring(proc),
-                room.agent_ring_budget(session.spec.limits.memory_bytes),
+                room.session_agent_budget(session.spec),
                 timeout_ms=round(proc.spec.timeout_s * 1000),
             )
             async with (
@@ -280,7 +280,7 @@ class ProcessManager:
                 proc.command = None
             procs = self._by_session.get(proc.session_id)
             if procs is not None:
-                self._forget_old_exited(procs, session.spec.limits.memory_bytes)
+                self._forget_old_exited(procs, room.session_agent_budget(session.spec))
         except Exception as exc:  # a fault of ours too: its caller and readers still get an end
             if not isinstance(exc, SandboxError):
                 log.exception("background process %s failed", proc.process_id)

@@ -41,10 +41,12 @@ def owner_id_for(config: Config) -> str:
     return owner
 
 
-def _signals() -> tuple[asyncio.Event, asyncio.Event]:
-    """(stop, force): the first SIGTERM/SIGINT asks for a drain, a second for an end now."""
+def _signals() -> tuple[asyncio.Event, asyncio.Event, asyncio.Event]:
+    """(stop, force, reload): the first SIGTERM/SIGINT asks for a drain, a second for an end
+    now; SIGHUP asks for the tokens file again (and never ends the server, its default)."""
     stop = asyncio.Event()
     force = asyncio.Event()
+    reload = asyncio.Event()
 
     def on_signal() -> None:
         if stop.is_set():
@@ -54,12 +56,20 @@ def _signals() -> tuple[asyncio.Event, asyncio.Event]:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
-    return stop, force
+    loop.add_signal_handler(signal.SIGHUP, reload.set)
+    return stop, force, reload
+
+
+async def _nothing_to_reload(reload: asyncio.Event) -> None:
+    while True:
+        await reload.wait()
+        reload.clear()
+        log.info("SIGHUP: no tokens_file is configured, nothing to reload")
 
 
 async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -> None:
     owner_id = owner_id_for(config)
-    stop, force = _signals()
+    stop, force, reload = _signals()
     async with AsyncExitStack() as stack:
         parts = await server_parts.build(config, owner_id, stack)
         server, health_servicer = grpc_server(config, parts)
@@ -71,6 +81,10 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
             ready(port)
         async with asyncio.TaskGroup() as tg:
             background = await server_run.background(tg, config, parts, monitor)
+            if parts.tokens is not None:
+                background.append(tg.create_task(parts.tokens.reload_on(reload)))
+            else:
+                background.append(tg.create_task(_nothing_to_reload(reload)))
             await stop.wait()
             await server_run.shut_down(config, parts, server, health_servicer, force)
             for task in background:

@@ -11,17 +11,17 @@ import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
-from sandboxd import tenancy
 from sandboxd.api.admin_service import AdminService
 from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.api.audit_service import AuditService
 from sandboxd.api.auth import AuthInterceptor, LocalTenantInterceptor
 from sandboxd.api.filesystem_service import FilesystemService
+from sandboxd.api.introspection import Health, add_reflection
 from sandboxd.api.limits import StreamCaps, StreamGuard
 from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
+from sandboxd.api.reply_limit import ReplyLimit
 from sandboxd.api.session_events import SessionEventRpcs
 from sandboxd.api.session_leases import LeaseEcho, renew_on_activity
 from sandboxd.api.session_lifecycle import SessionLifecycleRpcs
@@ -36,6 +36,8 @@ from sandboxd.dir_watch import DirWatches
 from sandboxd.errors import ConfigError
 from sandboxd.events.stats import StatsReader
 from sandboxd.server_parts import Parts
+from sandboxd.token_file import TokenFile
+from sandboxd.tracing import TracingInterceptor
 from sandboxd.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -65,7 +67,38 @@ SERVICE_NAMES = (
     audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name,
     template_pb2.DESCRIPTOR.services_by_name["TemplateService"].full_name,
 )
-REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
+def transport_options(
+    max_message_bytes: int, handshake_timeout_ms: int = 10_000
+) -> list[tuple[str, int]]:
+    """The gRPC port's transport limits, set here rather than left to the library's defaults
+    (which change between releases), since any caller may reach them before authentication:
+    - concurrent HTTP/2 streams per connection: bounded (a stream past it waits in the
+      client), so one connection holds at most that many calls, refused or not;
+    - request metadata: 16 KiB in all (an authorization header is a few dozen bytes);
+    - pings: a client may not ping without calls, nor more often than every 5 minutes without
+      data; two strikes end the connection (GOAWAY too_many_pings);
+    - a connection that has not finished its handshake (TLS and the HTTP/2 preface) within
+      `handshake_timeout_ms` is closed (the library's default is 120 s);
+    - a connection without any call for 5 minutes is closed (clients reconnect on their own):
+      idle connections do not pile up.
+    No per-source connection cap exists in gRPC's core; SECURITY.md says what covers it."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+        ("grpc.max_metadata_size", 16 * 1024),
+        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", 300_000),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.max_connection_idle_ms", 300_000),
+        ("grpc.server_handshake_timeout_ms", handshake_timeout_ms),
+    ]
+
+
+MAX_CONCURRENT_STREAMS = 512
 
 
 def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
@@ -76,8 +109,9 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
         interceptors=[
             # Outermost: times every stream's reads and writes, whatever runs inside.
             StreamGuard(config.tenancy.stream_idle_timeout_s),
-            MetricsInterceptor(p.metrics),
-            *_interceptors(config),
+            TracingInterceptor(p.tracer),  # the call's span is current for all that follows
+            MetricsInterceptor(p.metrics, access_log=config.metrics.access_log),
+            *_interceptors(config, p.tokens),
             AuditInterceptor(
                 p.audit,
                 p.hashers,
@@ -86,12 +120,11 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
             ),  # inside authentication: the tenant is known
             # Innermost: the tenant is known here (set by authentication, or the default).
             StreamCaps(config.tenancy.max_streams),
+            # Innermost of all: every reply message the servicer makes, at most the caller's
+            # limit (a request's max_reply_bytes, else 4 MiB).
+            ReplyLimit(config.max_message_bytes),
         ],
-        options=[
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.max_send_message_length", config.max_message_bytes),
-            ("grpc.so_reuseport", 0),
-        ],
+        options=transport_options(config.max_message_bytes),
     )
     leases = LeaseEcho(p.terms)
     session_pb2_grpc.add_SessionServiceServicer_to_server(
@@ -125,9 +158,9 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
     template_pb2_grpc.add_TemplateServiceServicer_to_server(
         TemplateService(p.templates, config.tenancy.stream_idle_timeout_s), server
     )
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = Health()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    _add_reflection(server)
+    add_reflection(server, SERVICE_NAMES)
     return server, health_servicer
 
 
@@ -142,28 +175,9 @@ def listen(server: grpc.aio.Server, config: Config) -> int:
     return port
 
 
-def _add_reflection(server: grpc.aio.Server) -> None:
-    names = (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1)
-    servicer = reflection.aio.ReflectionServicer(names)
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
-    # v1 and v1alpha share one wire format: serve the same servicer under the v1 name too
-    # (grpcio-reflection ships only v1alpha; grpcurl 1.8 asks v1alpha, newer tools ask v1).
-    v1 = grpc.method_handlers_generic_handler(
-        REFLECTION_V1,
-        {
-            "ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
-                servicer.ServerReflectionInfo,
-                request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
-                response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
-            )
-        },
-    )
-    server.add_generic_rpc_handlers((v1,))
-
-
-def _interceptors(config: Config) -> list[grpc.aio.ServerInterceptor]:
+def _interceptors(config: Config, tokens: TokenFile | None) -> list[grpc.aio.ServerInterceptor]:
     """Bearer-token authentication when a tokens file is configured; else one tenant."""
-    if config.tenancy.tokens_file is None:
+    if tokens is None:
         if not listens_on_loopback(config.server.listen):
             log.warning(
                 "INSECURE: serving %s with no authentication (allow_insecure_public_listen): "
@@ -171,11 +185,10 @@ def _interceptors(config: Config) -> list[grpc.aio.ServerInterceptor]:
                 config.server.listen,
             )
         return [LocalTenantInterceptor(config.egress.private_networks)]
-    tokens = tenancy.load_tokens(config.tenancy.tokens_file)
     log.info(
         "authentication on: %d token(s) for %d tenant(s)",
-        len(tokens.entries),
-        len(tokens.tenants),
+        len(tokens.table.entries),
+        len(tokens.table.tenants),
     )
     if config.tenancy.tls_cert is None and not listens_on_loopback(config.server.listen):
         log.warning(

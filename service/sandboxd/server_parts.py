@@ -18,6 +18,8 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from opentelemetry.trace import Tracer
+
 from sandboxd import tenancy
 from sandboxd.agent.detached import for_engine as agent_processes
 from sandboxd.agent.router import agent_settings
@@ -41,6 +43,8 @@ from sandboxd.events import EventHub, ObservedStore
 from sandboxd.execution import Executor
 from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
+from sandboxd.host_ids import HostIds
+from sandboxd.image_quota import ImageQuota
 from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
 from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
 from sandboxd.metrics import Metrics
@@ -55,9 +59,11 @@ from sandboxd.sessions import SessionManager
 from sandboxd.sessions.recovery import ENDED_RETENTION
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
-from sandboxd.sweeper import Sweeper
+from sandboxd.sweeper import Sweeper, SweepResult
 from sandboxd.templates.builds import Templates, template_in_use
 from sandboxd.templates.store import TemplateStore
+from sandboxd.token_file import TokenFile
+from sandboxd.tracing import provider_for, traced, tracer_of
 
 
 @dataclass(frozen=True)
@@ -88,10 +94,14 @@ class Parts:
     previews: Previews
     transfer: FileTransfer
     sweeper: Sweeper
+    tokens: TokenFile | None  # the tenants' tokens, reloaded on SIGHUP; None: one local tenant
+    tracer: Tracer  # spans of every RPC (TracingInterceptor) and engine and agent call
 
 
 async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     metrics = Metrics()
+    path = config.tenancy.tokens_file
+    tokens = TokenFile(path) if path is not None else None
     engine_address = docker_tls.from_settings(config.engine)  # checked by validate already
     docker = await stack.enter_async_context(
         DockerEngine(
@@ -105,7 +115,11 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             agent=agent_settings(config),
         )
     )
-    engine: Engine = docker
+    provider = provider_for(config.metrics.otlp_endpoint)
+    if provider is not None:  # flushes what is left when the server stops (off the loop)
+        stack.push_async_callback(asyncio.to_thread, provider.shutdown)
+    tracer = tracer_of(provider)
+    engine: Engine = traced(docker, tracer, "engine")
     audit_store = (
         await stack.enter_async_context(AuditStore(config.server.data_dir / "audit.db"))
         if config.audit.enabled
@@ -131,7 +145,8 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     store = await stack.enter_async_context(
         ObservedStore(config.server.data_dir / "sessions.db", hub, server_lifecycle(audit))
     )
-    pool = WarmPool.for_config(engine, config, owner_id, metrics)
+    host_ids = HostIds.for_config(config, store)  # sessions' and warm containers' own uids
+    pool = WarmPool.for_config(engine, config, owner_id, host_ids, metrics)
     stack.push_async_callback(pool.close)  # after the gRPC server stopped, before the engine
     # Proxies close before the engine. Sandboxes have no network: their agents carry egress
     # over the channels to these proxies (docs/agent.md).
@@ -149,7 +164,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
                 timeout_s=config.egress.dns_timeout_s,
             ),
             protected=await _protected(config),
-            private_networks_granted=_private_networks_grant(config),
+            private_networks_granted=_private_networks_grant(config, tokens),
             secrets=SecretsSetup(
                 vault.configure(config.egress.secrets_key_file, config.egress.secrets_file),
                 config.egress.upstream_ca_file,
@@ -159,6 +174,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     )
     if docker.agents is not None:
         docker.agents.egress = egress  # the agents' egress streams go to these proxies
+        docker.agents = traced(docker.agents, tracer, "agent")
     detached = agent_processes(engine) if config.agent.detached_processes else None
     executor = Executor(engine, detached=detached)
     stack.push_async_callback(executor.close)
@@ -174,21 +190,23 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         buffers=ByteBudget(config.limits.file_buffer_bytes),
         listing_bytes=config.limits.listing_bytes,
     )
-    archive = ArchiveIO(
-        engine, files, config.archive.max_members, spool_dir=config.server.data_dir / "spool"
-    )
-    stack.callback(archive.close)
+    archive = ArchiveIO(engine, files, config.archive.max_members)
     snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
     keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
     terms = await LeaseTermsStore(store.db).open()
     pulls = Pulls(config, engine, live_images=lambda: live_images(store))
     stack.push_async_callback(pulls.close)
+    template_store = await TemplateStore(store.db).open()
+    image_quota = ImageQuota(
+        config.tenancy.max_image_bytes, engine, template_store, snapshot_store.images_of
+    )
     templates = Templates(
         config,
         engine,
-        await TemplateStore(store.db).open(),
+        template_store,
         config.server.data_dir / "spool",
         in_use=functools.partial(template_in_use, store),
+        quota=image_quota,
     )
     stack.push_async_callback(templates.close)
     preview_parts = await previews_setup.prepare(config, store)
@@ -201,12 +219,23 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         pool=pool,
         egress=egress,
         on_session_end=[processes.end_session, preview_parts.end_session],
-        on_expiry=ExpiryPolicy(terms, keeper, store, suspend_for=ENDED_RETENTION),
+        on_expiry=ExpiryPolicy(
+            terms, keeper, store, suspend_for=ENDED_RETENTION, on_expired=metrics.lease_expired
+        ),
         tiers=tiers,
         pulls=pulls,
         templates=templates,
+        host_ids=host_ids,
     )
-    snapshots = Snapshots(keeper, snapshot_store, sessions, engine, store)
+    snapshots = Snapshots(
+        keeper,
+        snapshot_store,
+        sessions,
+        engine,
+        store,
+        quota=image_quota,
+        max_image_bytes=config.images.max_image_bytes,
+    )
     previews = await stack.enter_async_context(
         previews_setup.serve(
             preview_parts,
@@ -242,13 +271,31 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         checkpoints=Checkpoints(snapshots, store, snapshot_store),
         previews=previews,
         transfer=FileTransfer(files.helper, config.tenancy.stream_idle_timeout_s),
-        sweeper=Sweeper(sessions, engine, owner_id, snapshots, pulls=pulls),
+        sweeper=Sweeper(
+            sessions, engine, owner_id, snapshots, pulls=pulls, on_swept=_counted(metrics)
+        ),
+        tokens=tokens,
+        tracer=tracer,
     )
+
+
+def _counted(metrics: Metrics) -> Callable[[SweepResult], None]:
+    def count(result: SweepResult) -> None:
+        metrics.swept_away(
+            containers=result.removed_containers,
+            images=result.removed_images,
+            networks=result.removed_networks,
+            sessions=result.expired_sessions,
+        )
+
+    return count
 
 
 async def _protected(config: Config) -> Protected:
     """Addresses the egress proxy never dials: the listeners' and the engine's (by name too)."""
-    hosts = [config.server.listen.rpartition(":")[0], config.metrics.listen.rpartition(":")[0]]
+    hosts = [config.server.listen.rpartition(":")[0]]
+    if config.metrics.served:
+        hosts.append(config.metrics.listen.rpartition(":")[0])
     if config.engine.docker_host.startswith("tcp://"):
         engine_host = urlsplit(config.engine.docker_host).hostname or ""
         hosts.append(engine_host)
@@ -258,9 +305,13 @@ async def _protected(config: Config) -> Protected:
     return Protected.of(hosts)
 
 
-def _private_networks_grant(config: Config) -> Callable[[str], bool]:
-    """tenant -> may its sessions reach private networks (tokens-file grant, else setting)."""
-    path = config.tenancy.tokens_file
-    grants = tenancy.load_tokens(path).grants_of if path else (lambda _: tenancy.LOCAL_GRANTS)
+def _private_networks_grant(config: Config, tokens: TokenFile | None) -> Callable[[str], bool]:
+    """tenant -> may its sessions reach private networks (tokens-file grant, else setting);
+    asked at each decision, so a reloaded tokens file counts from then on."""
     setting = config.egress.private_networks
-    return lambda tenant: tenancy.private_networks_allowed(setting, grants(tenant))
+
+    def granted(tenant: str) -> bool:
+        grants = tokens.grants_of(tenant) if tokens is not None else tenancy.LOCAL_GRANTS
+        return tenancy.private_networks_allowed(setting, grants)
+
+    return granted

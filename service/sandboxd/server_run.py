@@ -17,8 +17,8 @@ import grpc
 from grpc_health.v1 import health
 
 from sandboxd.api.engine_health import EngineMonitor
-from sandboxd.config import Config
-from sandboxd.errors import SandboxError
+from sandboxd.config import TABLE, Config
+from sandboxd.errors import ConfigError, SandboxError
 from sandboxd.events import LeaseWarner
 from sandboxd.events.stats import OomWatcher
 from sandboxd.heap import HeapTrimmer
@@ -48,17 +48,30 @@ async def start(
         await p.sessions.reconcile()
         await p.templates.recover()
 
-    monitor = EngineMonitor(p.engine, health_servicer, on_engine_up, SERVICE_NAMES)
+    monitor = EngineMonitor(
+        p.engine, health_servicer, on_engine_up, SERVICE_NAMES, report=p.metrics.engine_answers
+    )
     await monitor.check()  # reconcile before the first call when the engine is up
     p.pool.start()  # after reconcile removed an earlier run's leftovers
-    if config.metrics.listen:
+    if config.metrics.served:
 
         async def refresh_metrics() -> None:
             p.metrics.set_session_counts(await p.store.count_by_state())
 
-        await stack.enter_async_context(
-            MetricsServer(p.metrics, config.metrics.listen, refresh_metrics)
-        )
+        metrics_server = MetricsServer(p.metrics, config.metrics.listen, refresh_metrics)
+        try:
+            await stack.enter_async_context(metrics_server)
+        except OSError as exc:
+            if config.metrics.listen != TABLE.default("metrics_listen"):
+                raise ConfigError(f"metrics_listen {config.metrics.listen}: {exc}") from None
+            # The default port may be taken by another server on this host: serving gRPC
+            # matters more than serving its metrics, and the log says how to have both.
+            log.warning(
+                "metrics not served: %s is taken (%s); set metrics_listen to another address, "
+                "or to off",
+                config.metrics.listen,
+                exc.strerror,
+            )
     p.processes.expect_adoption()  # calls on processes wait for what the agents kept
     await server.start()
     return monitor

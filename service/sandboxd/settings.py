@@ -14,12 +14,12 @@ import ipaddress
 import logging
 import re
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandboxd.errors import ConfigError
+from sandboxd.errors import ConfigError, ConfigProblems
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,21 @@ def host_port_problem(value: str, example: str, *, ip_only: bool = True) -> str 
     return None
 
 
+def _shown_default(value: Any) -> str:
+    """A default as an operator would write it: sizes in MiB or GiB where they divide."""
+    if value is None or value == "":
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and value >= 1 << 20:
+        for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+            if value % size == 0:
+                return f"{value // size} {unit}"
+    if isinstance(value, tuple | list | frozenset):
+        return ",".join(str(v) for v in value) or "none"
+    return str(value)
+
+
 class SettingTable:
     """Every setting of a config class: flat name -> (section, field, spec)."""
 
@@ -195,11 +210,16 @@ class SettingTable:
         return self.sections[section]()
 
     def parser(self) -> argparse.ArgumentParser:
+        from sandboxd import __version__
+
         parser = argparse.ArgumentParser(
             prog="sandboxd",
-            description="Serve isolated Docker sandboxes over gRPC.",
+            usage="sandboxd [serve | check-config] [--config FILE] [--SETTING VALUE ...]",
+            description="Serve isolated Docker sandboxes over gRPC. `sandboxd check-config` "
+            "lists every problem of a configuration (its setting and source) and exits 1 if any.",
             epilog="Every flag can also be set as SANDBOXD_<NAME> or in the TOML file.",
         )
+        parser.add_argument("--version", action="version", version=f"sandboxd {__version__}")
         parser.add_argument("--config", help="TOML configuration file (or SANDBOXD_CONFIG)")
         groups = {
             name: parser.add_argument_group(name, (cls.__doc__ or "").strip())
@@ -211,7 +231,9 @@ class SettingTable:
                 "--" + flat.replace("_", "-"),
                 dest=flat,
                 metavar=spec.kind.name.upper(),
-                help=spec.help,
+                help=f"{spec.help} (default: {_shown_default(self.default(flat))})".replace(
+                    "%", "%%"
+                ),
             )
         return parser
 
@@ -237,13 +259,22 @@ class SettingTable:
                 raw[flat] = (value, f"flag --{flat.replace('_', '-')}")
         return raw
 
-    def parse(self, raw: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
+    def parse(
+        self, raw: Mapping[str, tuple[Any, str]], problems: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Typed values; a value that does not parse is a problem naming the setting and its
+        source, gathered in `problems` when given (every one is reported), else raised."""
         values: dict[str, Any] = {}
+        found: list[str] = []
         for flat, (value, source) in raw.items():
             try:
                 values[flat] = self.specs[flat].kind.coerce(value)
             except (ValueError, TypeError) as exc:
-                raise ConfigError(f"{flat} (from {source}): {exc}") from None
+                found.append(f"{flat} (from {source}): {exc}")
+        if problems is not None:
+            problems.extend(found)
+        elif found:
+            raise ConfigProblems(found)
         return values
 
     def replace(self, config: Any, flat_values: Mapping[str, Any]) -> Any:
@@ -261,13 +292,17 @@ class SettingTable:
             },
         )
 
-    def check_declared(self, config: Any) -> None:
-        """The bounds, choices and checks of every declaration."""
+    def declared_problems(self, config: Any) -> Iterator[str]:
+        """The bounds, choices and checks of every declaration, each broken one once."""
         for flat, (section, name) in self.places.items():
             value = getattr(getattr(config, section), name)
             problem = self.specs[flat].problem(value)
             if problem:
-                raise ConfigError(f"{flat}: {problem} (got {value!r})")
+                yield f"{flat}: {problem} (got {value!r})"
+
+    def default(self, flat: str) -> Any:
+        section, name = self.places[flat]
+        return getattr(self.new(section), name)
 
     def _read_toml(self, path: Path) -> dict[str, tuple[Any, str]]:
         try:

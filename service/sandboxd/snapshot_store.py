@@ -19,6 +19,8 @@ from typing import Any, BinaryIO
 
 import aiosqlite
 
+from sandboxd.schema import migrate, statements
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (
     snapshot_id TEXT PRIMARY KEY,
@@ -38,6 +40,7 @@ CREATE TABLE IF NOT EXISTS pending_image_removals (
     since REAL NOT NULL
 );
 """
+_STEPS = (statements(_SCHEMA),)  # 0.1.0 (sandboxd.schema: new steps go at the end)
 
 READ_CHUNK = 256 * 1024
 
@@ -80,7 +83,7 @@ class SnapshotStore:
         self._content_lock = asyncio.Lock()
 
     async def open(self) -> SnapshotStore:
-        await self._db.executescript(_SCHEMA)
+        await migrate(self._db, "snapshots", _STEPS)
         await self._db.commit()
         await asyncio.to_thread(self._prepare_dirs)
         return self

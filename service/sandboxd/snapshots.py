@@ -20,7 +20,14 @@ from typing import Any, Protocol
 
 from sandboxd import tenancy, validation
 from sandboxd.engine.protocol import Engine
-from sandboxd.errors import InvalidArgument, NotFound, SandboxError, SessionNotFound
+from sandboxd.errors import (
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    SandboxError,
+    SessionNotFound,
+)
+from sandboxd.image_quota import ImageQuota
 from sandboxd.labels import (
     LABEL_AUTO,
     LABEL_FORKED_FROM,
@@ -218,7 +225,12 @@ class Snapshots:
         sessions: SessionManager,
         engine: Engine,
         session_store: SessionStore,
+        *,
+        quota: ImageQuota,
+        max_image_bytes: int,
     ) -> None:
+        self._quota = quota
+        self._max_image_bytes = max_image_bytes
         self._keeper = keeper
         self._store = store
         self._sessions = sessions
@@ -236,9 +248,14 @@ class Snapshots:
                 reason=Reason.SNAPSHOT_KIND_UNSUPPORTED,
             )
         checked = validation.validate_labels(labels)
+        image = kind == KIND_IMAGE
+        if image:
+            await self._quota.check_room(tenancy.current(), "an image snapshot")
         # Exclusive: no file call or import is half-way through the tree it takes.
         async with self._sessions.use(session_id, exclusive=True, resume=resume) as session:
-            snap = await self._keeper.take(session, checked, image=kind == KIND_IMAGE)
+            snap = await self._keeper.take(session, checked, image=image)
+        if image:
+            await self._keep_within_limits(snap)
         # A DeleteSession that ran meanwhile forgot the session's snapshots before this one
         # was recorded: check under the session's lock, and take back an orphan.
         async with self._sessions.locked(session_id):
@@ -246,6 +263,25 @@ class Snapshots:
                 await self._keeper.delete(snap.snapshot_id)
                 raise SessionNotFound(session_id)
         return snap
+
+    async def _keep_within_limits(self, snap: Snapshot) -> None:
+        """The committed image against max_image_bytes and the tenant's image quota (its
+        size is known only now): over either, the snapshot is taken back and refused."""
+        details = await self._engine.inspect_image(snap.image)
+        size = details.size_bytes if details is not None else 0
+        refusal: SandboxError | None = None
+        if size > self._max_image_bytes:
+            refusal = ResourceExhausted(
+                f"the snapshot's image is {size} bytes, over this server's limit of "
+                f"{self._max_image_bytes} (setting max_image_bytes)",
+                reason=Reason.IMAGE_TOO_LARGE,
+                metadata={"limit_bytes": str(self._max_image_bytes), "size_bytes": str(size)},
+            )
+        elif await self._quota.room(snap.tenant) - self._quota.running(snap.tenant) < 0:
+            refusal = self._quota.refused(f"an image snapshot of {size} bytes")
+        if refusal is not None:
+            await asyncio.shield(self._keeper.delete(snap.snapshot_id))
+            raise refusal
 
     async def get(self, snapshot_id: str) -> Snapshot:
         return await self._keeper.lookup(snapshot_id)

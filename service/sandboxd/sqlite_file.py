@@ -3,7 +3,8 @@
 Every store of the server (sessions, audit) keeps its own file with the same settings: WAL, so
 readers never wait for the writer; synchronous=NORMAL, so a commit is durable against a crash
 of the server (the case the stores guard against) without an fsync per transaction; aiosqlite,
-so the event loop never blocks on disk. A subclass names its schema and may migrate.
+so the event loop never blocks on disk. A subclass names its part and its schema steps
+(sandboxd.schema), run in order at open.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ from typing import Self
 
 import aiosqlite
 
+from sandboxd.schema import Step, migrate
+
 
 class SqliteFile:
     """Base of a store kept in one SQLite file; `db` is usable inside `async with` only."""
 
-    SCHEMA = ""
+    PART = ""  # the name of its schema version (sandboxd.schema)
+    STEPS: tuple[Step, ...] = ()
     ROWS_BY_NAME = True  # rows as aiosqlite.Row (by name and index) rather than tuples
 
     def __init__(self, path: Path) -> None:
@@ -33,18 +37,14 @@ class SqliteFile:
                 db.row_factory = aiosqlite.Row
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute("PRAGMA synchronous=NORMAL")
-            await db.executescript(self.SCHEMA)
             self._db = db
-            await self._migrate()
+            await migrate(db, self.PART, self.STEPS)
             await db.commit()
         except BaseException:
             self._db = None
             await db.close()
             raise
         return self
-
-    async def _migrate(self) -> None:
-        """Bring a file written by an older server up to SCHEMA (nothing by default)."""
 
     async def __aexit__(
         self,

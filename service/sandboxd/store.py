@@ -29,6 +29,7 @@ from sandboxd.models import (
     ShellPolicy,
     WorkspaceManifest,
 )
+from sandboxd.schema import add_column, statements, steps_of
 from sandboxd.sqlite_file import SqliteFile
 
 _SCHEMA = """
@@ -79,6 +80,7 @@ def _spec_to_json(spec: SessionSpec) -> str:
             "env": spec.env,
             "uid": spec.uid,
             "gid": spec.gid,
+            "requested_user": spec.requested_user,
             "isolation": spec.isolation.value,
             "template": spec.template,
             "manifest": {
@@ -130,6 +132,7 @@ def _spec_from_json(text: str) -> SessionSpec:
         env=dict(d["env"]),
         uid=d["uid"],
         gid=d["gid"],
+        requested_user=d.get("requested_user", ""),
         manifest=WorkspaceManifest(
             id=m["id"],
             files=tuple(
@@ -192,30 +195,18 @@ def _row_to_session(row: aiosqlite.Row) -> Session:
 
 
 class SessionStore(SqliteFile):
-    SCHEMA = _SCHEMA
-
-    async def _migrate(self) -> None:
-        await self._migrate_tenant()
-        await self._migrate_loss()
-
-    async def _migrate_loss(self) -> None:
-        """Databases from before sessions said what a dead sandbox lost: none did."""
-        async with self.db.execute("PRAGMA table_info(sessions)") as cur:
-            columns = {row["name"] for row in await cur.fetchall()}
-        if "loss" not in columns:
-            await self.db.execute("ALTER TABLE sessions ADD COLUMN loss TEXT NOT NULL DEFAULT ''")
-
-    async def _migrate_tenant(self) -> None:
-        """Databases from before tenants: every existing session belongs to "default"."""
-        async with self.db.execute("PRAGMA table_info(sessions)") as cur:
-            columns = {row["name"] for row in await cur.fetchall()}
-        if "tenant" not in columns:
-            await self.db.execute(
-                "ALTER TABLE sessions ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'"
-            )
-        await self.db.execute(
-            "CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, state)"
-        )
+    PART = "sessions"
+    STEPS = (
+        # 0.1.0: the table, and tenants (every session of a database from before them is
+        # "default"'s).
+        steps_of(
+            statements(_SCHEMA),
+            add_column("sessions", "tenant", "TEXT NOT NULL DEFAULT 'default'"),
+            statements("CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, state)"),
+        ),
+        # What a dead sandbox lost (models.Loss): none said so before.
+        add_column("sessions", "loss", "TEXT NOT NULL DEFAULT ''"),
+    )
 
     async def insert(self, s: Session) -> None:
         await self.db.execute(
@@ -307,6 +298,15 @@ class SessionStore(SqliteFile):
             row = await cur.fetchone()
         assert row is not None
         return int(row[0]), int(row[1])
+
+    async def host_ids_between(self, first: int, last: int) -> set[int]:
+        """Every uid or gid in [first, last] a record holds, whatever its state: an id stays
+        taken until its record is deleted (DeleteSession, or pruned an hour after it ended)."""
+        async with self.db.execute(
+            "SELECT json_extract(spec, '$.uid'), json_extract(spec, '$.gid') FROM sessions"
+        ) as cur:
+            rows = await cur.fetchall()
+        return {int(v) for row in rows for v in row if v is not None and first <= int(v) <= last}
 
     async def count_by_state(self) -> dict[str, int]:
         """How many sessions are in each state (metrics; reads no specs)."""

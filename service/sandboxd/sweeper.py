@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
 
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import SandboxError
@@ -38,8 +39,10 @@ class Sweeper:
         snapshots: Snapshots,
         *,
         pulls: Pulls | None = None,
+        on_swept: Callable[[SweepResult], None] | None = None,
     ) -> None:
         self._pulls = pulls  # pulled images unused for image_unused_after_s go too
+        self._on_swept = on_swept  # the metrics count what every sweep removed
         self._snapshots = snapshots
         self._sessions = sessions
         self._engine = engine
@@ -57,12 +60,15 @@ class Sweeper:
             images = await self._snapshots.sweep_images()
             if self._pulls is not None:
                 images += await self._pulls.sweep()
-            return SweepResult(
+            result = SweepResult(
                 expired_sessions=expired,
                 removed_containers=len(containers - containers_after),
                 removed_images=images,
                 removed_networks=networks,
             )
+            if self._on_swept is not None:
+                self._on_swept(result)
+            return result
 
     async def _owned(self) -> set[str]:
         """Ids of the containers labelled with this server's owner id."""

@@ -106,7 +106,7 @@ def test_sandboxctl_with_token_and_ca(tls_server: ServerProcess, pki: Pki) -> No
         ran = ctl(*ca, "exec", sid, "--", "echo", "over tls")
         assert (ran.returncode, ran.stdout) == (0, b"over tls\n")
         anonymous = ctl(*ca, "ls", SANDBOXD_TOKEN="")
-        assert anonymous.returncode == 1
+        assert anonymous.returncode == 125
         assert anonymous.stderr.startswith(b"sandboxctl: TOKEN_MISSING: ")
     finally:
         assert ctl(*ca, "rm", sid).returncode == 0

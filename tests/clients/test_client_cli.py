@@ -83,26 +83,26 @@ def test_exec_output_is_live(server: ServerProcess) -> None:
 
 def test_errors_exit_nonzero_with_the_servers_reason(server: ServerProcess) -> None:
     missing = ctl(server, "exec", "no-such-session", "--", "echo", "hi")
-    assert missing.returncode == 1
+    assert missing.returncode == 125
     assert missing.stderr.decode().startswith("sandboxctl: SESSION_NOT_FOUND: ")
 
     sid = ctl(server, "create", "--allow", "echo").stdout.decode().strip()
     try:
         denied = ctl(server, "exec", sid, "--", "rm", "-rf", "/workspace")
-        assert denied.returncode == 1
+        assert denied.returncode == 125
         assert "COMMAND_NOT_ALLOWED" in denied.stderr.decode()
     finally:
         ctl(server, "rm", sid)
 
     bad = ctl(server, "create", "--user", "0:0")
-    assert bad.returncode == 1 and "INVALID_USER" in bad.stderr.decode()
+    assert bad.returncode == 125 and "INVALID_USER" in bad.stderr.decode()
 
     down = subprocess.run(
         [str(SANDBOXCTL), "--addr", "127.0.0.1:1", "--call-timeout", "5", "ls"],
         capture_output=True,
         timeout=60,
     )
-    assert down.returncode == 1 and "UNAVAILABLE" in down.stderr.decode()
+    assert down.returncode == 125 and "UNAVAILABLE" in down.stderr.decode()
 
 
 def test_cp_in_and_out_with_progress(server: ServerProcess, tmp_path: Path) -> None:
@@ -136,7 +136,7 @@ def test_cp_in_and_out_with_progress(server: ServerProcess, tmp_path: Path) -> N
         assert (dest / "sub" / "blob.bin").read_bytes() == payload
 
         missing = ctl(server, "cp", f"{sid}:nope", str(tmp_path / "x"))
-        assert missing.returncode == 1 and missing.stderr.startswith(b"sandboxctl: ")
+        assert missing.returncode == 125 and missing.stderr.startswith(b"sandboxctl: ")
         assert b": " in missing.stderr.split(b"sandboxctl: ", 1)[1]
     finally:
         ctl(server, "rm", sid)
@@ -183,7 +183,7 @@ def test_background_processes_and_snapshots(server: ServerProcess, tmp_path: Pat
             _ok(ctl(server, "rm", fork))
         _ok(ctl(server, "snapshot", "rm", snap))
         gone = ctl(server, "-o", "json", "snapshot", "get", snap)
-        assert gone.returncode == 1
+        assert gone.returncode == 125
         assert json.loads(gone.stderr)["error"]["reason"] == "SNAPSHOT_NOT_FOUND"
     finally:
         ctl(server, "rm", sid)
@@ -265,6 +265,129 @@ def test_shell_is_an_interactive_pty(server: ServerProcess) -> None:
         ctl(server, "rm", sid)
 
 
+def _pty_run(server: ServerProcess, *args: str, script: bytes, marker: bytes) -> tuple[int, bytes]:
+    """sandboxctl on a real terminal: wait for `marker`, type `script`, read to the end."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [str(SANDBOXCTL), *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "SANDBOXD_ADDR": server.address},
+        start_new_session=True,
+    )
+    os.close(slave)
+    seen, typed = b"", False
+    end = time.monotonic() + 60
+    try:
+        while proc.poll() is None and time.monotonic() < end:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:
+                    break
+            if not typed and marker in seen:
+                os.write(master, script)
+                typed = True
+        return proc.wait(timeout=30), seen
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+
+
+def test_shell_new_outlasts_the_command_timeout_and_is_deleted_after(
+    server: ServerProcess,
+) -> None:
+    """`shell` died at the session's command timeout (137, no message); `--new` is
+    `docker run -it --rm`: a session of its own, gone when the shell exits."""
+    label = "shellnew=" + secrets.token_hex(4)
+    code, seen = _pty_run(
+        server,
+        "shell",
+        "--new",
+        "--command-timeout",
+        "1",
+        "--label",
+        label,
+        script=b"sleep 2.5; echo still-$((40+2)); exit 4\n",
+        marker=b"$ ",
+    )
+    assert code == 4, seen
+    assert b"still-42" in seen
+    assert _ok(ctl(server, "ls", "--label", label)).count("\n") <= 1  # the header alone
+
+
+def test_run_rm_and_run_that_keeps_its_session(server: ServerProcess) -> None:
+    label = "runrm=" + secrets.token_hex(4)
+    ran = ctl(
+        server, "run", "--rm", "--allow-all", "--label", label, "--", "sh", "-c", "echo hi; exit 3"
+    )
+    assert (ran.returncode, ran.stdout) == (3, b"hi\n"), ran.stderr
+    assert _ok(ctl(server, "ls", "--label", label)).count("\n") <= 1
+    kept = ctl(server, "run", "--allow", "true", "--label", label, "--", "true")
+    assert kept.returncode == 0 and b"kept (sandboxctl rm " in kept.stderr
+    sid = kept.stderr.decode().split("session ", 1)[1].split()[0]
+    assert sid in _ok(ctl(server, "ls", "--label", label))
+    _ok(ctl(server, "rm", sid))
+
+
+def test_create_takes_limit_flags(server: ServerProcess) -> None:
+    made = json.loads(
+        _ok(
+            ctl(
+                server,
+                "-o",
+                "json",
+                "create",
+                "--allow",
+                "true",
+                "--memory",
+                "128Mi",
+                "--command-timeout",
+                "30",
+                "--file-size",
+                "2Mi",
+                "--pids",
+                "80",
+                "--lease",
+                "600",
+            )
+        )
+    )
+    try:
+        limits = made["limits"]
+        assert limits["memory_bytes"] == 128 << 20 and limits["file_bytes"] == 2 << 20
+        assert limits["pids"] == 80 and limits["command_timeout"] == 30
+    finally:
+        ctl(server, "rm", made["session_id"])
+
+
+def test_own_failures_exit_125_and_a_closed_pipe_is_quiet(server: ServerProcess) -> None:
+    assert ctl(server, "no-such-command").returncode == 125
+    assert ctl(server, "create", "--memory", "lots").returncode == 125
+    version = ctl(server, "--version")
+    assert version.returncode == 0 and version.stdout.startswith(b"sandboxctl ")
+    sid = _ok(ctl(server, "create", "--allow-all")).strip()
+    try:
+        env = {**os.environ, "SANDBOXD_ADDR": server.address}
+        piped = subprocess.run(
+            f"{SANDBOXCTL} exec {sid} -- sh -c 'head -c 900000 /dev/zero | tr \\\\0 x' | head -c 5",
+            shell=True,
+            capture_output=True,
+            env=env,
+            timeout=60,
+        )
+        assert piped.stdout == b"xxxxx"
+        assert b"Traceback" not in piped.stderr and b"BrokenPipe" not in piped.stderr, piped.stderr
+    finally:
+        ctl(server, "rm", sid)
+
+
 def test_completion_scripts(tmp_path: Path) -> None:
     bash = subprocess.run([str(SANDBOXCTL), "completion", "bash"], capture_output=True, check=True)
     script = tmp_path / "c.sh"
@@ -278,6 +401,10 @@ def test_completion_scripts(tmp_path: Path) -> None:
     assert done.stdout.splitlines() == ["create", "--cwd"]
     zsh = subprocess.run([str(SANDBOXCTL), "completion", "zsh"], capture_output=True, check=True)
     assert zsh.stdout.startswith(b"#compdef sandboxctl")
+    fish = subprocess.run([str(SANDBOXCTL), "completion", "fish"], capture_output=True, check=True)
+    assert b"complete -c sandboxctl -n 'test (__sandboxctl_path) = \"snapshot\"' -a 'create'" in (
+        fish.stdout
+    )
 
 
 def test_a_closed_port_is_one_clear_line_not_a_trace() -> None:
@@ -289,7 +416,7 @@ def test_a_closed_port_is_one_clear_line_not_a_trace() -> None:
         timeout=60,
     )
     assert time.monotonic() - started < 10
-    assert done.returncode == 1
+    assert done.returncode == 125
     (line,) = done.stderr.splitlines()
     assert line.startswith("sandboxctl: UNAVAILABLE: cannot reach sandboxd at 127.0.0.1:1")
 
@@ -311,7 +438,7 @@ def test_network_policy_and_egress_log(server: ServerProcess) -> None:
         ]
         assert _ok(ctl(server, "network", sid)).strip() == "DENY"
         fixed = ctl(server, "network", sid, "--domain", "example.com", "--port", "443")
-        assert fixed.returncode == 1
+        assert fixed.returncode == 125
         assert fixed.stderr.startswith((b"sandboxctl: NETWORK_MODE_FIXED", b"sandboxctl: EGRESS_"))
     finally:
         ctl(server, "rm", sid)
@@ -339,3 +466,22 @@ def test_create_with_an_isolation_tier(server: ServerProcess) -> None:
         ctl(server, "rm", info["session_id"])
     bad = ctl(server, "create", "--isolation", "kvm")
     assert bad.returncode != 0 and b"invalid choice" in bad.stderr
+
+
+def test_a_refused_cp_is_the_servers_reason_every_time(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """A 48 MB file over the session's file cap is refused at its header while sandboxctl still
+    streams the rest: the error is FILE_TOO_LARGE each time, never the transport's INTERNAL
+    (which 2 of 4 tries printed before the client kept the server's status)."""
+    big = tmp_path / "big.bin"
+    with big.open("wb") as f:
+        f.truncate(48 * 1024 * 1024)
+    sid = ctl(server, "create", "--allow", "sh").stdout.decode().strip()
+    try:
+        for i in range(6):
+            up = ctl(server, "cp", "--no-progress", str(big), f"{sid}:")
+            assert up.returncode == 1, up.stderr
+            assert up.stderr.decode().startswith("sandboxctl: FILE_TOO_LARGE: "), (i, up.stderr)
+    finally:
+        ctl(server, "rm", sid)

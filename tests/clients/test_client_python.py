@@ -245,7 +245,7 @@ async def test_server_info_and_sweep(client: SandboxClient) -> None:
     assert {"pty", "background_processes", "snapshots"} <= set(info.features)
     # gvisor too where `make gvisor` registered runsc with the engine.
     assert info.isolation_tiers in (("RUNC",), ("RUNC", "GVISOR"))
-    assert info.security_defaults.user == "65534:65534"
+    assert info.security_defaults.user == "1900000000-1900065535"  # each session its own uid
     swept = await client.sweep()
     assert swept.expired_sessions >= 0
 

@@ -67,7 +67,7 @@ def test_the_agent_is_pid_1_and_runs_commands_without_docker_exec(
     config, host = doc["Config"], doc["HostConfig"]
     # Commands as the session's uid:gid, not a keeper's; the agent itself as root with three
     # capabilities (tests/integration/test_agent_identity.py).
-    assert config["Cmd"] == ["/.sandboxd/sbx", "agent", "--user", "65534:65534"]  # type: ignore[index]
+    assert config["Cmd"] == ["/.sandboxd/sbx", "agent", "--user", s.user]  # type: ignore[index]
     assert config["User"] == "0:0"  # type: ignore[index]
     assert config["OpenStdin"] is True and config["StdinOnce"] is False  # type: ignore[index]
     assert host["Init"] is False  # type: ignore[index]
@@ -82,7 +82,7 @@ def test_the_agent_is_pid_1_and_runs_commands_without_docker_exec(
     )
     assert r.exit_code == 0, r.stderr
     parent_of_supervisor, *cmdline = r.stdout.decode().split()
-    assert cmdline == ["/.sandboxd/sbx", "agent", "--user", "65534:65534"]
+    assert cmdline == ["/.sandboxd/sbx", "agent", "--user", s.user]
     assert parent_of_supervisor == "1"
     # No `docker exec` was made for any of it (the engine lists every exec of a container).
     assert _exec_ids(cid) == []

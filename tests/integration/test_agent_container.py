@@ -242,7 +242,7 @@ async def test_agent_is_pid1_of_the_sandbox_user(
     # The OOM killer's first choice is a command, not the agent. Only the --user agent's child
     # can set it: the agent is non-dumpable, so its child's /proc/self files belong to root.
     oom, _ = await ch.run("/bin/cat", "/proc/self/oom_score_adj")
-    assert oom == (b"500\n" if identity == "separate-uid" else b"0\n"), oom
+    assert oom == (b"1000\n" if identity == "separate-uid" else b"0\n"), oom
 
 
 async def survives(ch: Channel, container: DockerContainer, script: str) -> None:

@@ -17,8 +17,11 @@ from conftest import ServerProcess, SessionFactory, Stubs, run, wait_until
 
 TIERS = ("runc", "gvisor")
 RUNTIMES = {"runc": "runc", "gvisor": "runsc"}
-USER = "1234:4321"
-AGENT = ["/.sandboxd/sbx", "agent", "--user", USER]
+USER = "1234:4321"  # asked for; the session runs as the host uid the server allocated it
+
+
+def _agent(user: str) -> list[str]:
+    return ["/.sandboxd/sbx", "agent", "--user", user]
 
 
 def _container(sid: str, server: ServerProcess) -> dict[str, Any]:
@@ -43,25 +46,27 @@ def _status(stubs: Stubs, sid: str) -> dict[str, str]:
 def test_the_agent_runs_the_commands_as_the_session_with_nothing_of_its_own(
     stubs: Stubs, server: ServerProcess, new_session: SessionFactory, tier: str
 ) -> None:
-    sid = new_session(user=USER).session_id
+    session = new_session(user=USER)
+    sid, uid = session.session_id, session.user.partition(":")[0]
+    assert session.user == f"{uid}:{uid}" and session.user != USER
     doc = _container(sid, server)
     config, host = doc["Config"], doc["HostConfig"]
-    assert config["Cmd"] == AGENT and config["User"] == "0:0"
+    assert config["Cmd"] == _agent(session.user) and config["User"] == "0:0"
     assert host["Runtime"] == RUNTIMES[tier] and host["Init"] is False
     assert host["CapDrop"] == ["ALL"]
     assert sorted(c.removeprefix("CAP_") for c in host["CapAdd"]) == ["KILL", "SETGID", "SETUID"]
     assert host["SecurityOpt"] == ["no-new-privileges:true"] and host["ReadonlyRootfs"] is True
     ids = run(stubs, sid, "/bin/sh", "-c", "id -u; id -g; id -G")
-    assert ids.stdout.split() == [b"1234", b"4321", b"4321"], ids
+    assert ids.stdout.decode().split() == [uid] * 3, ids
     status = _status(stubs, sid)
-    assert status["Uid"].split() == ["1234"] * 4 and status["Gid"].split() == ["4321"] * 4
+    assert status["Uid"].split() == [uid] * 4 and status["Gid"].split() == [uid] * 4
     assert status["Groups"] == ""  # the agent dropped its own (root's) supplementary groups
     for field in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
         assert int(status.get(field, "0"), 16) == 0, (field, status)
     if tier == "runc":  # gVisor's status has no such line (its Sentry runs under both)
         assert status["NoNewPrivs"] == "1"
     # The OOM killer takes a command before the agent.
-    assert run(stubs, sid, "cat", "/proc/self/oom_score_adj").stdout == b"500\n"
+    assert run(stubs, sid, "cat", "/proc/self/oom_score_adj").stdout == b"1000\n"
     # Run by the agent itself: the supervisor's parent is PID 1, the --user agent, and the
     # engine made no `docker exec` for any of it.
     chain = run(
@@ -73,7 +78,7 @@ def test_the_agent_runs_the_commands_as_the_session_with_nothing_of_its_own(
         "sup=$(ppid $$); mon=$(ppid $sup); echo $(ppid $mon) $(tr '\\0' ' ' < /proc/1/cmdline)",
     )
     parent, *cmdline = chain.stdout.decode().split()
-    assert parent == "1" and cmdline == AGENT, chain
+    assert parent == "1" and cmdline == _agent(session.user), chain
     assert not _container(sid, server).get("ExecIDs")
 
 

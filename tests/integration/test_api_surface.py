@@ -125,6 +125,55 @@ def test_reflection_v1_serves_descriptors(stubs: Stubs) -> None:
     assert {"Exec", "Run"} <= methods
 
 
+BUF = REPO / "clients" / "node" / "node_modules" / ".bin" / "buf"
+
+
+def test_grpcurl_describes_every_service_and_the_error_reasons(server: ServerProcess) -> None:
+    """Every listed service resolves, the reflection ones included (newer tools stopped at
+    "Symbol not found: grpc.reflection.v1.ServerReflection"), and so does a type no service
+    names: the ErrorReason enum callers branch on."""
+    for name in grpcurl(server.address, "list").split():
+        out = grpcurl(server.address, "describe", name)
+        assert f"{name} is a service:" in out, out
+    out = grpcurl(server.address, "describe", "sandboxd.v1.ErrorReason")
+    assert "ERROR_REASON_SESSION_NOT_FOUND" in out
+
+
+def test_buf_curl_lists_every_method_and_calls_one(server: ServerProcess) -> None:
+    if not BUF.exists():
+        pytest.skip("buf is installed by `make node-deps` (clients/node/node_modules)")
+    base = ["--protocol", "grpc", "--http2-prior-knowledge"]
+    url = f"http://{server.address}"
+    listed = subprocess.run(
+        [str(BUF), "curl", "--list-methods", *base, url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert listed.returncode == 0, listed.stderr
+    methods = set(listed.stdout.split())
+    assert "sandboxd.v1.ProcessService/Run" in methods
+    assert "grpc.health.v1.Health/List" in methods
+    called = subprocess.run(
+        [str(BUF), "curl", *base, "-d", "{}", f"{url}/sandboxd.v1.AdminService/GetServerInfo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert called.returncode == 0, called.stderr
+    assert '"version"' in called.stdout
+
+
+def test_health_list_names_every_service(stubs: Stubs) -> None:
+    """Health/List answers (it was UNIMPLEMENTED with a Python exception text)."""
+    health = health_pb2_grpc.HealthStub(stubs.channel)
+    resp = health.List(health_pb2.HealthListRequest(), timeout=10)
+    assert set(resp.statuses) >= {"", *SANDBOXD_SERVICES}
+    assert resp.statuses[""].status == health_pb2.HealthCheckResponse.SERVING
+
+
 # ----- error details -------------------------------------------------------------------------
 
 

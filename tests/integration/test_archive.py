@@ -311,14 +311,15 @@ def test_archive_that_does_not_fit_beside_existing_files(
 def test_replace_that_fits_only_without_the_old_content(
     stubs: Stubs, new_session: SessionFactory
 ) -> None:
+    """The new tree is staged beside the old one: without room for both, the replace is
+    refused before the old content is touched (tests/integration/test_full_workspace.py)."""
     cap = 1024 * 1024
     s = new_session(limits=common_pb2.ResourceLimits(workspace_bytes=cap, file_bytes=cap))
     import_tar(stubs, s.session_id, make_tar(member("first", b"1" * 600_000)))
-    reply = import_tar(
-        stubs, s.session_id, make_tar(member("second", b"2" * 600_000)), replace=True
-    )
-    assert reply.bytes == 600_000
-    assert run(stubs, s.session_id, "ls", "-A", "/workspace").stdout.split() == [b"second"]
+    before = tree(stubs, s.session_id)
+    data = make_tar(member("second", b"2" * 600_000))
+    expect_error(lambda: import_tar(stubs, s.session_id, data, replace=True), RE, "WORKSPACE_FULL")
+    assert tree(stubs, s.session_id) == before
 
 
 def test_header_must_come_first_and_only_once(stubs: Stubs, sid: str) -> None:

@@ -347,7 +347,7 @@ def test_insecure_override_is_logged_loudly(caplog: pytest.LogCaptureFixture) ->
     from sandboxd.api.auth import AuthInterceptor, LocalTenantInterceptor
 
     with caplog.at_level("WARNING", logger="sandboxd.server"):
-        interceptors = _interceptors(config)
+        interceptors = _interceptors(config, None)
     # no authentication: only the local tenant's grants are set on each call
     assert [type(i) for i in interceptors] == [LocalTenantInterceptor]
     assert not any(isinstance(i, AuthInterceptor) for i in interceptors)
@@ -367,7 +367,9 @@ def test_tokens_without_tls_on_a_public_address_warn(
     config = load_config(
         ["--helper", str(HELPER), "--listen", "0.0.0.0:1", "--tokens-file", str(tokens)], env={}
     )
+    from sandboxd.token_file import TokenFile
+
     with caplog.at_level("INFO", logger="sandboxd.server"):
-        chain = _interceptors(config)
+        chain = _interceptors(config, TokenFile(tokens))
     assert len(chain) == 1 and isinstance(chain[0], AuthInterceptor)
     assert any("travel in plaintext" in r.getMessage() for r in caplog.records)

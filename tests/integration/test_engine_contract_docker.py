@@ -53,7 +53,7 @@ async def test_sessions_over_the_docker_engine(
     owner = watched(new_owner())
 
     def archive(engine: Any) -> ArchiveIO:
-        return ArchiveIO(engine, Files(engine), spool_dir=tmp_path / "spool")
+        return ArchiveIO(engine, Files(engine))
 
     try:
         async with session_stack(tmp_path, engine=docker, archive=archive, owner=owner) as st:

@@ -1,11 +1,18 @@
 """A stateful fuzzer against the real server: nothing a caller does loses a workspace's files.
 
-Hypothesis drives random sequences of workspace-changing calls (WriteFile, Remove, MakeDir,
-ImportArchive with and without `replace`, good, refused and client-cancelled), commands of the
-sandbox that create every kind of file it can (fifos, symlinks, hardlinks, unreadable files,
-unwritable directories, sparse files, empty directories, long and non-UTF-8 names), and the
-operations that must carry a workspace across (Suspend/Resume, CreateSnapshot + fork,
-ExportArchive + ImportArchive into a fresh session).
+Hypothesis drives random sequences of workspace-changing calls (WriteFile, WriteFileStream,
+Remove, MakeDir, Move, ImportArchive with and without `replace`, good, refused and
+client-cancelled), commands of the sandbox that create every kind of file it can (fifos,
+symlinks, hardlinks, unreadable files, unwritable directories, sparse files, empty directories,
+long and non-UTF-8 names), and the operations that must carry a workspace across
+(Suspend/Resume, CreateSnapshot + fork, ExportArchive + ImportArchive into a fresh session).
+
+The edges are in the model: each session has a small workspace (4 to 8 MiB) that the sandbox
+fills to the last byte or a page short; writes and imports are sized to the exact free space
+and a byte or a page either side (past it: refused, nothing changed); writes sit at the file
+cap and one byte past, imports at the member count cap and one past, names at 255 and 256
+bytes. The fuzzer runs its own server (count cap MAX_MEMBERS) and talks to it through a channel
+with gRPC's default message limits (4 MiB received), as grpcurl and every language's client.
 
 The model is the last tree observed, read with a script inside the sandbox (type, mode, size,
 content hash or link target of every entry). After every step:
@@ -23,6 +30,7 @@ SANDBOXD_SOAK_SECONDS says. Shrunk sequences that once failed stay below as plai
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import random
@@ -40,6 +48,7 @@ import pytest
 from conftest import (
     ServerProcess,
     Stubs,
+    error_info,
     make_stubs,
     remove_owned_containers,
     run,
@@ -50,18 +59,33 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from sandboxd.v1 import (
+    admin_pb2_grpc,
     common_pb2,
+    filesystem_ext_pb2,
     filesystem_pb2,
+    filesystem_pb2_grpc,
     process_pb2,
+    process_pb2_grpc,
     session_pb2,
+    session_pb2_grpc,
     snapshot_pb2,
     snapshot_pb2_grpc,
 )
 
 CALL_TIMEOUT = 60.0  # every call carries a deadline; DEADLINE_EXCEEDED is a finding
 SOAK_SECONDS = float(os.environ.get("SANDBOXD_SOAK_SECONDS", "0"))
-EXAMPLES = int(os.environ.get("SANDBOXD_FUZZ_EXAMPLES", "6"))
-STEPS = int(os.environ.get("SANDBOXD_FUZZ_STEPS", "12"))
+EXAMPLES = int(os.environ.get("SANDBOXD_FUZZ_EXAMPLES", "10"))
+STEPS = int(os.environ.get("SANDBOXD_FUZZ_STEPS", "15"))
+
+MiB = 1024 * 1024
+PAGE = 4096  # tmpfs counts whole pages
+# The fuzzer's own server holds an imported tar to this many members, so that an archive at
+# the count cap and one past it are small enough to build in a step.
+MAX_MEMBERS = 100
+# (workspace_bytes, file_bytes) of a machine's session: small enough to fill in a step, the
+# file cap below the workspace and equal to it.
+WORKSPACES = [(4 * MiB, 4 * MiB), (4 * MiB, MiB), (6 * MiB, 2 * MiB), (8 * MiB, 8 * MiB)]
+NAME_MAX = 255
 
 # A small name space so that operations collide: the interesting cases are overwrites,
 # removals of what another step made, and imports over existing trees.
@@ -96,6 +120,47 @@ def tree(stubs: Stubs, sid: str) -> str:
 
 def snaps(stubs: Stubs) -> snapshot_pb2_grpc.SnapshotServiceStub:
     return snapshot_pb2_grpc.SnapshotServiceStub(stubs.channel)
+
+
+def default_limit_stubs(address: str) -> Stubs:
+    """A channel with gRPC's own defaults (4 MiB received at most), as grpcurl and every
+    language's client have them: an answer larger than a default client takes is a finding,
+    not something a test's generous channel hides."""
+    channel = grpc.insecure_channel(address)
+    return Stubs(
+        channel,
+        session_pb2_grpc.SessionServiceStub(channel),
+        process_pb2_grpc.ProcessServiceStub(channel),
+        filesystem_pb2_grpc.FilesystemServiceStub(channel),
+        admin_pb2_grpc.AdminServiceStub(channel),
+    )
+
+
+def free_bytes(stubs: Stubs, sid: str) -> int:
+    """What the sandbox user may still write into the workspace."""
+    r = sh(stubs, sid, "stat -f -c '%a %S' /workspace")
+    assert r.exit_code == 0, r.stderr
+    blocks, size = r.stdout.split()
+    return int(blocks) * int(size)
+
+
+def stream_requests(
+    sid: str, path: str, content: bytes
+) -> Iterator[filesystem_ext_pb2.WriteFileStreamRequest]:
+    yield filesystem_ext_pb2.WriteFileStreamRequest(
+        header=filesystem_ext_pb2.WriteFileStreamHeader(
+            session_id=sid, path=path, mode=0o644, make_parents=True
+        )
+    )
+    for i in range(0, len(content), 64 * 1024):
+        yield filesystem_ext_pb2.WriteFileStreamRequest(data=content[i : i + 64 * 1024])
+
+
+def file_line(path: str, content: bytes, mode: int = 0o644) -> str:
+    """The tree's line of a regular file (the model compares content by hash)."""
+    md5 = hashlib.md5(content, usedforsecurity=False).hexdigest()
+    kind = "regular file" if content else "regular empty file"
+    return f"./{path}|{kind}|{mode:o}|{len(content)}|{md5}\n"
 
 
 def paused_containers(owner_id: str) -> list[str]:
@@ -216,12 +281,17 @@ class WorkspaceMachine(RuleBasedStateMachine):
         self.tree = ""
         self.extra: list[str] = []
 
-    @initialize()
-    def create(self) -> None:
+    @initialize(shape=st.sampled_from(WORKSPACES))
+    def create(self, shape: tuple[int, int] = (32 * MiB, MiB)) -> None:
+        """The fuzzer's sessions get small workspaces (WORKSPACES), so that its steps fill
+        them to the last byte; the plain regressions keep a roomy one unless they say."""
+        self.workspace_bytes, self.file_bytes = shape
         s = self.stubs.sessions.CreateSession(
             session_pb2.CreateSessionRequest(
                 shell=common_pb2.ShellPolicy(allow_all=True),
-                limits=common_pb2.ResourceLimits(workspace_bytes=32 * 1024 * 1024),
+                limits=common_pb2.ResourceLimits(
+                    workspace_bytes=self.workspace_bytes, file_bytes=self.file_bytes
+                ),
             ),
             timeout=CALL_TIMEOUT,
         ).session
@@ -344,6 +414,164 @@ class WorkspaceMachine(RuleBasedStateMachine):
                 break
             time.sleep(0.2)
         assert now == self.tree, f"a cancelled import changed the workspace:\n{self.tree}\n{now}"
+
+    # -- rules: the edges (a full workspace, the caps) ---------------------------------------
+    def _refused(self, what: str, err: grpc.RpcError | None, *reasons: str) -> None:
+        """A call past an edge must have been refused, with one of `reasons`, changing nothing."""
+        assert err is not None, f"{what} was accepted"
+        reason = error_info(err).reason
+        assert reason in reasons, f"{what}: {reason} {err.details()}"  # type: ignore[attr-defined]
+        self._unchanged_after_failure(what, err)
+
+    @rule(k=st.integers(0, 2), leave=st.sampled_from([0, 0, PAGE, 16 * PAGE]))
+    def sandbox_fills(self, k: int, leave: int) -> None:
+        """The sandbox fills its workspace to the last byte, or leaves a page or sixteen."""
+        more = free_bytes(self.stubs, self.sid) - leave
+        if more > 0:
+            sh(self.stubs, self.sid, f"head -c {more} /dev/zero >> /workspace/fill{k}")
+        self.tree = tree(self.stubs, self.sid)
+
+    @rule(
+        path=paths,
+        delta=st.sampled_from([-PAGE, -1, 0, 1, PAGE]),
+        byte=st.integers(0, 255),
+        streamed=st.booleans(),
+    )
+    def write_to_the_edge(self, path: str, delta: int, byte: int, streamed: bool) -> None:
+        """A write sized to the exact free space, or a byte or a page either side of it; one
+        over it is refused and the file it would replace is kept."""
+        free = free_bytes(self.stubs, self.sid)
+        content = bytes([byte]) * max(0, free + delta)
+        if streamed:
+            reqs = stream_requests(self.sid, path, content)
+            _, err = self._call(self.stubs.files.WriteFileStream, reqs)
+        else:
+            req = filesystem_pb2.WriteFileRequest(
+                session_id=self.sid, path=path, content=content, mode=0o644, make_parents=True
+            )
+            _, err = self._call(self.stubs.files.WriteFile, req)
+        cap = self.workspace_bytes if streamed else self.file_bytes
+        what = (
+            f"{'WriteFileStream' if streamed else 'WriteFile'} of {len(content)} bytes, {free} free"
+        )
+        if len(content) > free:
+            self._refused(what, err, "WORKSPACE_FULL", "FILE_TOO_LARGE")
+            return
+        if err is not None:
+            self._unchanged_after_failure(what, err)
+            return
+        assert len(content) <= cap, f"{what} over the file cap {cap} was accepted"
+        now = tree(self.stubs, self.sid)
+        assert file_line(path, content) in now, f"{what}: not in the tree"
+        self.tree = now
+
+    @rule(over=st.booleans(), streamed=st.booleans())
+    def write_at_the_file_cap(self, over: bool, streamed: bool) -> None:
+        """WriteFile at the file cap and one byte past it (refused FILE_TOO_LARGE); a streamed
+        write at the workspace cap and past it."""
+        cap = self.workspace_bytes if streamed else self.file_bytes
+        content = b"c" * (cap + over)
+        if streamed:
+            _, err = self._call(
+                self.stubs.files.WriteFileStream, stream_requests(self.sid, "cap", content)
+            )
+        else:
+            req = filesystem_pb2.WriteFileRequest(session_id=self.sid, path="cap", content=content)
+            _, err = self._call(self.stubs.files.WriteFile, req)
+        what = f"a write of {len(content)} bytes, cap {cap}"
+        if over:
+            self._refused(what, err, "FILE_TOO_LARGE", "WORKSPACE_FULL")
+            return
+        if err is not None:
+            self._unchanged_after_failure(what, err)
+            return
+        self.tree = tree(self.stubs, self.sid)
+
+    @rule(
+        delta=st.sampled_from([-PAGE, 0, 1, PAGE]),
+        replace=st.booleans(),
+        path=st.sampled_from(DIRS),
+    )
+    def import_to_the_edge(self, delta: int, replace: bool, path: str) -> None:
+        """An archive of one file sized to the free space, or a byte or a page either side;
+        with `replace` the new tree is staged beside the old one, so it needs the room too."""
+        free = free_bytes(self.stubs, self.sid)
+        size = max(0, free + delta)
+        data = make_tar([("file", "edge", b"\0" * size)])
+        _, err = self._call(
+            snaps(self.stubs).ImportArchive,
+            import_requests(self.sid, data, replace=replace, path=path),
+        )
+        what = f"ImportArchive of {size} bytes into {path!r}, {free} free, replace={replace}"
+        if size > free:
+            self._refused(what, err, "WORKSPACE_FULL", "FILE_TOO_LARGE")
+            return
+        if err is not None:
+            self._unchanged_after_failure(what, err)
+            return
+        self.tree = tree(self.stubs, self.sid)
+
+    @rule(extra=st.sampled_from([0, 1]), replace=st.booleans())
+    def import_at_the_count_cap(self, extra: int, replace: bool) -> None:
+        """An archive of exactly MAX_MEMBERS members, and one of one more (refused)."""
+        items = [("dir", "m", b"")] + [("file", f"m/{i}", b"") for i in range(MAX_MEMBERS - 1)]
+        items += [("file", "m/over", b"")] * extra
+        _, err = self._call(
+            snaps(self.stubs).ImportArchive,
+            import_requests(self.sid, make_tar(items), replace=replace, path="many"),
+        )
+        what = f"ImportArchive of {len(items)} members"
+        if extra:
+            self._refused(what, err, "ARCHIVE_TOO_MANY_MEMBERS")
+            return
+        if err is not None:
+            self._unchanged_after_failure(what, err)
+            return
+        # Out again, so that carrying operations stay within the same count.
+        req = filesystem_pb2.RemoveRequest(session_id=self.sid, path="many", recursive=True)
+        _, err = self._call(self.stubs.files.Remove, req)
+        assert err is None, err.details()  # type: ignore[attr-defined]
+        self.tree = tree(self.stubs, self.sid)
+
+    @rule(
+        length=st.sampled_from([NAME_MAX, NAME_MAX + 1]),
+        wide=st.booleans(),
+        folder=st.sampled_from(DIRS),
+        how=st.sampled_from(["write", "mkdir", "import", "move"]),
+    )
+    def name_at_its_limit(self, length: int, wide: bool, folder: str, how: str) -> None:
+        """A name of 255 bytes (the most a name may have) and one of 256 (refused), in
+        one-byte or two-byte characters."""
+        name = "é" * (length // 2) + "n" * (length % 2) if wide else "n" * length
+        path = f"{folder}/{name}" if folder else name
+        if how == "write":
+            req = filesystem_pb2.WriteFileRequest(
+                session_id=self.sid, path=path, content=b"n", make_parents=True
+            )
+            _, err = self._call(self.stubs.files.WriteFile, req)
+        elif how == "mkdir":
+            mk = filesystem_pb2.MakeDirRequest(session_id=self.sid, path=path, parents=True)
+            _, err = self._call(self.stubs.files.MakeDir, mk)
+        elif how == "import":
+            data = make_tar([("file", name, b"n")])
+            _, err = self._call(
+                snaps(self.stubs).ImportArchive,
+                import_requests(self.sid, data, replace=False, path=folder),
+            )
+        else:
+            move = filesystem_ext_pb2.MoveRequest(
+                session_id=self.sid, source_path="a", destination_path=path, overwrite=True
+            )
+            _, err = self._call(self.stubs.files.Move, move)
+        what = f"{how} of a name of {len(name.encode())} bytes"
+        if len(name.encode()) > NAME_MAX:
+            assert err is not None, f"{what} was accepted"
+            self._unchanged_after_failure(what, err)
+            return
+        if err is not None:
+            self._unchanged_after_failure(what, err)
+            return
+        self.tree = tree(self.stubs, self.sid)
 
     # -- rules: what the sandbox itself makes ------------------------------------------------
     @rule(maker=st.sampled_from(FUZZ_MAKERS))
@@ -584,7 +812,28 @@ class WorkspaceMachine(RuleBasedStateMachine):
 
 
 @pytest.fixture(scope="module")
-def fuzz_bystander(stubs: Stubs) -> Iterator[str]:
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The fuzzer's own server: its count cap (MAX_MEMBERS) within reach of a small archive."""
+    owner = "fzw" + secrets.token_hex(4)
+    data_dir = tmp_path_factory.mktemp("fuzz")
+    srv = start_server(data_dir, owner, "--archive-max-members", str(MAX_MEMBERS))
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
+
+
+@pytest.fixture(scope="module")
+def fuzz_stubs(fuzz_server: ServerProcess) -> Iterator[Stubs]:
+    stubs = default_limit_stubs(fuzz_server.address)
+    yield stubs
+    stubs.channel.close()
+
+
+@pytest.fixture(scope="module")
+def fuzz_bystander(fuzz_stubs: Stubs) -> Iterator[str]:
+    stubs = fuzz_stubs
     # Its lease outlives the run (a one-hour soak found the default 15 minutes ending it).
     lease = duration_pb2.Duration(seconds=int(min(86_400, SOAK_SECONDS + 3_600)))
     sid = stubs.sessions.CreateSession(
@@ -607,9 +856,11 @@ def _machine(server: ServerProcess, stubs: Stubs, bystander: str) -> type[Worksp
 
 
 @pytest.mark.timeout(0)  # bounded by the example and step counts, or by SANDBOXD_SOAK_SECONDS
-def test_workspace_fuzzer(server: ServerProcess, stubs: Stubs, fuzz_bystander: str) -> None:
+def test_workspace_fuzzer(
+    fuzz_server: ServerProcess, fuzz_stubs: Stubs, fuzz_bystander: str
+) -> None:
     """The bounded run of `make test`; `make soak` repeats it for SANDBOXD_SOAK_SECONDS."""
-    machine = _machine(server, stubs, fuzz_bystander)
+    machine = _machine(fuzz_server, fuzz_stubs, fuzz_bystander)
     cfg = settings(
         max_examples=EXAMPLES,
         stateful_step_count=STEPS,
@@ -633,8 +884,10 @@ def test_workspace_fuzzer(server: ServerProcess, stubs: Stubs, fuzz_bystander: s
 
 
 @pytest.fixture
-def fresh(server: ServerProcess, stubs: Stubs, fuzz_bystander: str) -> Iterator[WorkspaceMachine]:
-    m = _machine(server, stubs, fuzz_bystander)()
+def fresh(
+    fuzz_server: ServerProcess, fuzz_stubs: Stubs, fuzz_bystander: str
+) -> Iterator[WorkspaceMachine]:
+    m = _machine(fuzz_server, fuzz_stubs, fuzz_bystander)()
     m.create()
     yield m
     m.teardown()
@@ -714,6 +967,55 @@ def test_regression_import_racing_snapshot(fresh: WorkspaceMachine) -> None:
 def test_regression_delete_racing_then_reuse_id(fresh: WorkspaceMachine, what: str) -> None:
     fresh.delete_racing_then_reuse_id(what)
     fresh.healthy()
+
+
+@pytest.fixture
+def small(
+    fuzz_server: ServerProcess, fuzz_stubs: Stubs, fuzz_bystander: str
+) -> Iterator[WorkspaceMachine]:
+    m = _machine(fuzz_server, fuzz_stubs, fuzz_bystander)()
+    m.create((4 * MiB, 4 * MiB))
+    yield m
+    m.teardown()
+
+
+def test_regression_replace_import_into_a_full_workspace(small: WorkspaceMachine) -> None:
+    """Found outside the fuzzer (its workspaces were never full): a replace that did not fit
+    beside the old content emptied the destination to unpack again, and took the old content
+    with it whenever the second try failed as well. Now it needs room for both."""
+    small.write_file("d/a", b"x" * 70_000, 0o644, True)
+    small.sandbox_fills(0, 0)
+    small.import_to_the_edge(PAGE, True, "d")
+    small.import_to_the_edge(1, True, "")
+    small.healthy()
+
+
+def test_regression_write_over_a_file_in_a_full_workspace(small: WorkspaceMachine) -> None:
+    small.write_file("a", b"x" * 70_000, 0o644, False)
+    small.sandbox_fills(1, 0)
+    small.write_file("a", b"y" * 2048, 0o644, False)
+    small.write_to_the_edge("a", 1, 7, True)
+    small.write_to_the_edge("b", 0, 7, False)
+    small.healthy()
+
+
+def test_regression_carrying_a_full_workspace(small: WorkspaceMachine) -> None:
+    small.sandbox_makes("unwritable_dir")
+    small.sandbox_fills(0, 0)
+    small.suspend_resume()
+    small.snapshot_and_fork()
+    small.remove("d", True)
+    small.healthy()
+
+
+def test_regression_caps_at_their_edges(small: WorkspaceMachine) -> None:
+    for over in (False, True):
+        small.write_at_the_file_cap(over, False)
+        small.import_at_the_count_cap(int(over), False)
+    for length in (NAME_MAX, NAME_MAX + 1):
+        for how in ("write", "mkdir", "import", "move"):
+            small.name_at_its_limit(length, True, "d", how)
+    small.healthy()
 
 
 # -- the same promises with the server SIGKILLed at a random point of an operation ----------------

@@ -365,3 +365,85 @@ def test_keepalive_on_quiet_streams(fast_keepalive: Stubs) -> None:
         assert [e.WhichOneof("event") for e in events].count("keepalive") >= 2
     finally:
         stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
+
+
+# ----- a terminal lasts as long as it is used ------------------------------------------------
+
+
+def _short_session(new_session: SessionFactory) -> str:
+    """A session whose commands may run 1 s and print 4 KiB: an interactive one outlasts both."""
+    limits = common_pb2.ResourceLimits(
+        command_timeout=duration_pb2.Duration(seconds=1), output_bytes=4096
+    )
+    return str(new_session(limits=limits).session_id)
+
+
+def test_an_interactive_command_has_no_deadline_and_no_output_cap(
+    stubs: Stubs, new_session: SessionFactory
+) -> None:
+    """`sandboxctl shell` died at the session's command timeout (exit 137, no message)."""
+    sid = _short_session(new_session)
+    script = "sleep 2.5; head -c 100000 /dev/zero | tr '\\0' x; echo; echo done"
+    it = Interaction(stubs, start(sid, "sh", "-c", script))
+    exited = it.until_exit()
+    assert (exited.exit_code, exited.signal, exited.timed_out) == (0, "", False)
+    assert not exited.truncated
+    assert it.stdout().count(b"x") == 100000 and it.stdout().endswith(b"done\n")
+    # Exec and Run in the same session keep its timeout.
+    assert run(stubs, sid, "sleep", "3").timed_out
+
+
+def test_an_interactive_timeout_asked_for_still_holds(
+    stubs: Stubs, new_session: SessionFactory
+) -> None:
+    sid = new_session().session_id
+    it = Interaction(stubs, start(sid, "sleep", "30", timeout=duration_pb2.Duration(seconds=1)))
+    assert it.until_exit().timed_out
+
+
+def test_a_quiet_terminal_ends_at_its_idle_timeout_and_a_used_one_does_not(
+    stubs: Stubs, new_session: SessionFactory
+) -> None:
+    sid = new_session().session_id
+    idle = duration_pb2.Duration(seconds=1)
+    used = Interaction(
+        stubs,
+        P.InteractRequest(
+            start=P.InteractStart(
+                request=P.ExecRequest(session_id=sid, argv=["cat"]), idle_timeout=idle
+            )
+        ),
+    )
+    for n in range(6):  # typing every 0.4 s for 2.4 s: past the idle timeout, still open
+        used.stdin(b"line %d\n" % n)
+        time.sleep(0.4)
+    used.output_contains(b"line 5\n")
+    used.send(close_stdin=P.InteractCloseStdin())
+    assert used.until_exit().exit_code == 0
+    used.end_requests()
+
+    quiet = P.InteractRequest(
+        start=P.InteractStart(
+            request=P.ExecRequest(session_id=sid, argv=["sh", "-c", "echo ready; exec sleep 603"]),
+            idle_timeout=idle,
+        )
+    )
+    began = time.monotonic()
+    it = _expect_interact_error(stubs, [quiet], grpc.StatusCode.DEADLINE_EXCEEDED, "INTERACT_IDLE")
+    assert time.monotonic() - began < 15
+    assert b"ready" in it.stdout()
+    assert wait_until(lambda: not _alive(stubs, sid, "sleep 603"), timeout=5)
+
+
+def test_an_idle_timeout_past_the_longest_lease_is_refused(
+    stubs: Stubs, shared_session: session_pb2.Session
+) -> None:
+    too_long = P.InteractRequest(
+        start=P.InteractStart(
+            request=P.ExecRequest(session_id=shared_session.session_id, argv=["true"]),
+            idle_timeout=duration_pb2.Duration(seconds=10**9),
+        )
+    )
+    _expect_interact_error(
+        stubs, [too_long], grpc.StatusCode.INVALID_ARGUMENT, "LIMIT_EXCEEDS_MAXIMUM"
+    )

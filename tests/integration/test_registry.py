@@ -338,7 +338,7 @@ def test_sandboxctl_image_pull_and_ls(main: Stubs, registry: Registry) -> None:
         text=True,
         timeout=60,
     )
-    assert refused.returncode == 1 and "IMAGE_NOT_ALLOWED" in refused.stderr
+    assert refused.returncode == 125 and "IMAGE_NOT_ALLOWED" in refused.stderr
     registry.push(IMAGE, f"rt:ctl-never-{TAG}")
     never = subprocess.run(
         [
@@ -353,7 +353,7 @@ def test_sandboxctl_image_pull_and_ls(main: Stubs, registry: Registry) -> None:
         text=True,
         timeout=60,
     )
-    assert never.returncode == 1 and "IMAGE_NOT_FOUND" in never.stderr
+    assert never.returncode == 125 and "IMAGE_NOT_FOUND" in never.stderr
 
 
 def test_registry_unreachable(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -42,8 +42,16 @@ def inspected(default_session: session_pb2.Session, server: ServerProcess) -> di
     return json.loads(out.stdout)[0]  # type: ignore[no-any-return]
 
 
-def test_host_config(inspected: dict[str, Any]) -> None:
+def _uid(session: session_pb2.Session) -> str:
+    """The session's own host uid (its gid the same number): allocated by the server."""
+    uid, _, gid = session.user.partition(":")
+    assert uid == gid and 1_900_000_000 <= int(uid) < 1_900_065_536, session.user
+    return uid
+
+
+def test_host_config(inspected: dict[str, Any], default_session: session_pb2.Session) -> None:
     hc = inspected["HostConfig"]
+    uid = _uid(default_session)
     assert hc["ReadonlyRootfs"] is True
     # The agent (PID 1) alone holds these three, to start each command as the session's uid
     # and gid and signal it; the commands hold none (test_seen_from_inside).
@@ -58,8 +66,8 @@ def test_host_config(inspected: dict[str, Any]) -> None:
     assert hc["PidsLimit"] == 64
     # The agent is PID 1 itself (docs/agent.md): no Docker init in front of it.
     assert hc["Init"] is False
-    assert hc["Tmpfs"]["/workspace"].startswith(
-        "rw,nosuid,nodev,size=67108864,uid=65534,gid=65534,mode=0700"
+    assert hc["Tmpfs"]["/workspace"] == (
+        f"rw,nosuid,nodev,size=67108864,uid={uid},gid={uid},mode=0700"
     )
     assert "noexec" in hc["Tmpfs"]["/tmp"]
     assert hc["IpcMode"] == "private"
@@ -71,7 +79,7 @@ def test_config_and_labels(
 ) -> None:
     cfg = inspected["Config"]
     assert cfg["User"] == "0:0"  # the agent, which runs every command as the session's user
-    assert cfg["Cmd"] == ["/.sandboxd/sbx", "agent", "--user", "65534:65534"]
+    assert cfg["Cmd"] == ["/.sandboxd/sbx", "agent", "--user", default_session.user]
     assert cfg["OpenStdin"] is True
     labels = cfg["Labels"]
     assert labels["io.sandboxd.owner"] == server.owner_id
@@ -83,8 +91,9 @@ def test_config_and_labels(
 
 def test_seen_from_inside(stubs: Stubs, default_session: session_pb2.Session) -> None:
     sid = default_session.session_id
-    assert run(stubs, sid, "id", "-u").stdout == b"65534\n"
-    assert run(stubs, sid, "id", "-g").stdout == b"65534\n"
+    uid = _uid(default_session)
+    assert run(stubs, sid, "id", "-u").stdout.decode() == f"{uid}\n"
+    assert run(stubs, sid, "id", "-g").stdout.decode() == f"{uid}\n"
     status = run(stubs, sid, "cat", "/proc/self/status").stdout.decode()
     fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
     assert int(fields["CapEff"], 16) == 0 and int(fields["CapPrm"], 16) == 0
@@ -111,7 +120,7 @@ def test_seen_from_inside(stubs: Stubs, default_session: session_pb2.Session) ->
     # the workspace tmpfs has the declared size and owner
     df = run(stubs, sid, "df", "-k", "/workspace").stdout.decode().splitlines()[-1].split()
     assert int(df[1]) == 64 * 1024
-    assert run(stubs, sid, "stat", "-c", "%u %a", "/workspace").stdout == b"65534 700\n"
+    assert run(stubs, sid, "stat", "-c", "%u %a", "/workspace").stdout.decode() == f"{uid} 700\n"
 
 
 def test_pids_limit_holds(stubs: Stubs, default_session: session_pb2.Session) -> None:
@@ -128,7 +137,9 @@ def test_server_info_reports_the_defaults(stubs: Stubs) -> None:
     info = stubs.admin.GetServerInfo(admin_pb2.GetServerInfoRequest())
     assert info.version and info.docker_api_version
     d = info.security_defaults
-    assert d.user == "65534:65534" and d.read_only_root_filesystem and d.no_new_privileges
+    # No one identity: the block each session is allocated its own uid from.
+    assert d.user == "1900000000-1900065535"
+    assert d.read_only_root_filesystem and d.no_new_privileges
     assert list(d.capabilities_dropped) == ["ALL"] and d.init
     assert d.network_mode == common_pb2.NETWORK_MODE_DENY
     assert d.commands_denied_by_default

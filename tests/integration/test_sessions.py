@@ -53,7 +53,8 @@ def test_create_get_delete(
     assert s.session_id.startswith("s-")
     assert len(s.fingerprint) == 64
     assert s.assurance == common_pb2.ASSURANCE_ENFORCED
-    assert s.user == "65534:65534"
+    uid = int(s.user.partition(":")[0])  # the session's own host identity (uid = gid)
+    assert s.user == f"{uid}:{uid}" and 1_900_000_000 <= uid < 1_900_065_536
     assert s.limits.memory_bytes == 256 * 1024 * 1024
     assert s.limits.pids == 64
     assert s.limits.command_timeout.seconds == 10
@@ -89,8 +90,10 @@ def test_manifest_files_and_directories(stubs: Stubs, new_session: SessionFactor
     assert s.workspace_id == "m1"
     r = run(stubs, s.session_id, "cat", "src/main.py", "README")
     assert r.stdout == b"print(1)\nhi"
-    r = run(stubs, s.session_id, "stat", "-c", "%a %U", "src/main.py", "out/logs", "README")
-    assert r.stdout.split(b"\n")[:3] == [b"755 nobody", b"755 nobody", b"644 nobody"]
+    # Owned by the session's own host uid (which has no name in the image's /etc/passwd).
+    r = run(stubs, s.session_id, "stat", "-c", "%a %u", "src/main.py", "out/logs", "README")
+    uid = s.user.partition(":")[0]
+    assert r.stdout.decode().split("\n")[:3] == [f"755 {uid}", f"755 {uid}", f"644 {uid}"]
 
 
 def test_caller_chosen_id_is_idempotent(stubs: Stubs, new_session: SessionFactory) -> None:

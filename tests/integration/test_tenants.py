@@ -156,7 +156,7 @@ def test_other_tenants_session_is_not_found_like_a_missing_one(
         # the same answer, word for word, with only the id that was asked about changed
         assert theirs.details().replace(alpha_session, missing) == absent.details(), name  # type: ignore[attr-defined]
         for err, sid in ((theirs, alpha_session), (absent, missing)):  # old key and its twin
-            assert dict(error_info(err).metadata) == {"session_id": sid, "sessionId": sid}
+            assert dict(error_info(err).metadata) == {"sessionId": sid}
     # and nothing happened to alpha's session or its background process
     assert run(alpha, alpha_session, "cat", "secret.txt").stdout == b"alpha secret"
     assert run(alpha, alpha_session, "ls").stdout == b"secret.txt\n"

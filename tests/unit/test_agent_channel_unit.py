@@ -92,6 +92,7 @@ async def test_noise_and_another_nonce_before_the_answer_are_discarded() -> None
     starting = asyncio.create_task(channel.start())
     hello = (await agent.recv_type(w.HELLO)).json()
     assert hello["version"] == 1 and hello["window"] == WINDOW and len(hello["nonce"]) >= 16
+    assert "budget" not in hello  # none known: the agent keeps its own (docs/agent.md, "Memory")
     # A half frame of an old epoch claiming a long payload, an old HELLO_OK, then ours.
     agent.send(w.encode(w.DATA, 7, b"\x01partial")[:-3] + b"\x00\x00\xff\xff")
     agent.send_json(w.HELLO_OK, 0, {"version": 1, "nonce": "f" * 32})
@@ -379,3 +380,16 @@ async def test_close_cancels_its_tasks_and_fails_open_streams(
         await ex.read()
     assert agent.transport.closed
     assert json.dumps(ex.inspect())
+
+
+async def test_hello_carries_the_agents_memory_budget() -> None:
+    """The sandbox's share for the agent's buffers (agent/memory.py) goes in every HELLO, so
+    an agent knows its budget before any detached exec tells it again."""
+    agent = ScriptedAgent()
+    channel = Channel(agent.transport, name="test", window=WINDOW, resend_s=0.05, budget=1 << 25)
+    starting = asyncio.create_task(channel.start())
+    hello = (await agent.recv_type(w.HELLO)).json()
+    assert hello["budget"] == 1 << 25
+    agent.send_json(w.HELLO_OK, 0, {"version": 1, "nonce": hello["nonce"], "pid": 1})
+    await asyncio.wait_for(starting, 2)
+    await channel.close()

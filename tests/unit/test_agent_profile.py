@@ -141,3 +141,29 @@ def test_who_the_commands_of_an_agent_run_as() -> None:
     assert commands_user({"Cmd": [sbx, "agent"], "User": "65533:65533"}) == "65533:65533"
     for cmd in ([sbx, "idle"], [sbx, "agent", "--user"], [sbx, "agent", "-u", "7:8"], None, []):
         assert commands_user({"Cmd": cmd, "User": "0:0"}) is None, cmd
+
+
+@pytest.mark.parametrize("tier", list(Isolation))
+def test_another_oom_score_for_the_agent_does_not_conform(tmp_path: Path, tier: Isolation) -> None:
+    """The agent's oom_score_adj is Docker's 0, below every command's 1000: a container whose
+    PID 1 scores otherwise (1000: the agent the OOM killer's first choice) is not one of ours."""
+    config = config_for(tmp_path, tier)
+    assert config["HostConfig"]["OomScoreAdj"] == 0
+    for other in (1000, 500, -1000):
+        info = inspected(config)
+        info["HostConfig"]["OomScoreAdj"] = other
+        assert not conforms(config, info), other
+
+
+@pytest.mark.parametrize("agent", [True, False])
+def test_a_workspace_owned_by_another_uid_does_not_conform(tmp_path: Path, agent: bool) -> None:
+    """The workspace tmpfs is the session's host identity's: a container whose workspace was
+    made for another uid (a warm container of another identity, a hand-made one) is not it,
+    also without the agent, where no command line names the user."""
+    config = config_for(tmp_path, Isolation.RUNC, agent=agent)
+    info = inspected(config)
+    tmpfs = info["HostConfig"]["Tmpfs"]
+    tmpfs["/workspace"] = tmpfs["/workspace"].replace("uid=1234,gid=4321", "uid=77,gid=77")
+    assert not conforms(config, info)
+    del tmpfs["/workspace"]
+    assert not conforms(config, info)

@@ -13,6 +13,7 @@ from sandboxd.archive.policy import (
     ArchiveLimits,
     MemberChecker,
     ensure_safe_tarfile,
+    normalize_member_name,
     stream_allowance,
     tarfile_has_pax_regex_bug,
 )
@@ -129,3 +130,23 @@ def test_stream_allowance_covers_what_tar_writes_for_a_full_workspace() -> None:
             info.size = 1000
             tar.addfile(info, io.BytesIO(b"z" * 1000))
     assert len(buf.getvalue()) <= stream_allowance(50 * 1000, 50)
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("d/" + "n" * 255, True),
+        ("d/" + "n" * 256 + "/x", False),  # a name the kernel refuses: tar failed INTERNAL
+        ("é" * 127 + "n", True),  # 255 bytes in two-byte characters
+        ("é" * 128, False),
+        ("/".join(["p" * 200] * 20) + "/" + "q" * 75, True),  # 4095 bytes
+        ("/".join(["p" * 200] * 20) + "/" + "q" * 76, False),  # PATH_MAX with its NUL
+    ],
+)
+def test_member_names_the_kernel_would_refuse_are_refused_by_name(name: str, ok: bool) -> None:
+    if ok:
+        assert normalize_member_name(name) == name
+        return
+    with pytest.raises(InvalidArgument) as exc:
+        normalize_member_name(name)
+    assert exc.value.reason == "ARCHIVE_MEMBER_INVALID"

@@ -182,7 +182,7 @@ def _forward(
 ) -> tuple[tuple[int, int], bytes]:
     """check_and_forward with the outbox read afterwards in place of the container's tar."""
     outbox = pipe.Outbox(loop, limit=1 << 30)
-    sink = pipe.Sink(outbox, spool=None)
+    sink = pipe.Sink(outbox)
     counts = check_and_forward(_source(loop, data), sink, MemberChecker(limits))
     return counts, b"".join(bytes(x) for x in outbox._items)
 
@@ -221,33 +221,3 @@ def test_real_pax_records_pass_the_extension_checks(loop: asyncio.AbstractEventL
     assert (members, content) == (1, 3)
     with tarfile.open(fileobj=io.BytesIO(out)) as tar:
         assert tar.getnames() == [long]
-
-
-def test_a_replace_spools_every_batch_even_after_tar_gave_up(
-    loop: asyncio.AbstractEventLoop,
-) -> None:
-    """The spool is what a replace unpacks again once the old content is gone: it must hold
-    the whole sanitised archive, also the batches after tar stopped taking (no room)."""
-    data = _tar(*((f"f{i}", bytes([i]) * 200_000) for i in range(6)))
-    outbox = pipe.Outbox(loop, limit=1 << 30)
-    spool = io.BytesIO()
-    sink = pipe.Sink(outbox, spool=spool)
-    real_put = outbox.put
-    puts = 0
-
-    def put_then_gone(payload: bytes) -> None:
-        nonlocal puts
-        puts += 1
-        if puts == 2:
-            outbox.gone()  # tar exited (ENOSPC) while the check goes on
-        real_put(payload)
-
-    outbox.put = put_then_gone  # type: ignore[method-assign]
-    counts = check_and_forward(
-        _source(loop, data), sink, MemberChecker(ArchiveLimits(10, 1 << 20, 1 << 22))
-    )
-    assert counts == (6, 6 * 200_000)
-    assert sink.failed and puts == 2  # nothing more was offered to the gone tar
-    with tarfile.open(fileobj=io.BytesIO(spool.getvalue())) as tar:
-        got = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
-    assert got == {f"f{i}": bytes([i]) * 200_000 for i in range(6)}

@@ -1,6 +1,6 @@
 """A replace import whose archive fits only without the old content, driven through ArchiveIO
-with a scripted helper in place of the sandbox: the first `tar -x` runs out of room, and its
-stdin breaks the way the agent's channel breaks it (ConnectionError, not a domain error)."""
+with a scripted helper in place of the sandbox: the `tar -x` runs out of room, and its stdin
+breaks the way the agent's channel breaks it (ConnectionError, not a domain error)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import contextlib
 import io
 import tarfile
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import Any
 
+import pytest
 from sandboxd.archive import ArchiveIO
-from sandboxd.helper_client import HelperResult
+from sandboxd.helper_client import HelperResult, NoRoom
 
 from tests.engine_contract import running_session
 
@@ -80,28 +80,27 @@ def _archive() -> bytes:
     return buf.getvalue()
 
 
-async def test_a_replace_that_runs_out_of_room_unpacks_again_from_its_spool(
-    tmp_path: Path,
-) -> None:
+async def test_a_replace_that_runs_out_of_room_is_refused_before_the_old_content_is_touched() -> (
+    None
+):
+    """The new tree is staged beside the old one: a stage that fills the workspace ends the
+    import WORKSPACE_FULL with the stage removed and nothing merged (an earlier version
+    emptied the destination to unpack again, and a second failure left it empty)."""
     helper = Helper()
-    archive = ArchiveIO(None, None, spool_dir=tmp_path, helper=helper)  # type: ignore[arg-type]
+    archive = ArchiveIO(None, None, helper=helper)  # type: ignore[arg-type]
     data = _archive()
 
     async def chunks() -> AsyncIterator[bytes]:
         for i in range(0, len(data), 64 * 1024):
             yield data[i : i + 64 * 1024]
 
-    try:
-        result = await archive.import_(running_session(), ".", True, chunks())
-    finally:
-        archive.close()
-    assert (result.files, result.bytes) == (8, 8 * 200_000)
-    assert len(helper.tars) == 2  # the second run had the whole archive, from the spool
-    with tarfile.open(fileobj=io.BytesIO(bytes(helper.tars[1].stdin))) as tar:
-        got = {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
-    assert got == {f"f{i}": bytes([65 + i]) * 200_000 for i in range(8)}
+    with pytest.raises(NoRoom) as exc:
+        await archive.import_(running_session(), ".", True, chunks())
+    assert exc.value.reason == "WORKSPACE_FULL"
+    assert len(helper.tars) == 1  # no second unpack
     stage = helper.ran[0][1]
-    assert ["merge", stage, ".", "--replace"] in helper.ran  # emptied, then merged
+    assert not any(args[0] == "merge" for args in helper.ran), helper.ran
+    assert helper.ran[-1] == ["remove", stage, "--recursive"]
 
 
 class BrokenTar(TarStream):
@@ -138,23 +137,11 @@ class StuckCleanup(Helper):
         return await super().checked(target, args, path)
 
 
-async def test_a_replace_cancelled_during_its_clean_up_still_returns_its_spool(
-    tmp_path: Path,
-) -> None:
-    """The engine-outage CI run found two spool files left to the garbage collector: a call
-    cancelled while its failed import removed the staging folder skipped the spool's return."""
+async def test_a_failed_import_cancelled_during_its_clean_up_still_removes_the_stage() -> None:
+    """A call cancelled while its failed import removes the staging folder: the removal is
+    shielded and finishes (the workspace is left as it was), the call ends cancelled."""
     helper = StuckCleanup()
-    archive = ArchiveIO(None, None, spool_dir=tmp_path, helper=helper)  # type: ignore[arg-type]
-    taken: list[Any] = []
-    spools = archive._spools  # noqa: SLF001 - the spool is what this test follows
-    take = spools.take
-
-    async def spy() -> Any:
-        spool = await take()
-        taken.append(spool)
-        return spool
-
-    spools.take = spy  # type: ignore[method-assign]
+    archive = ArchiveIO(None, None, helper=helper)  # type: ignore[arg-type]
     data = _archive()
 
     async def chunks() -> AsyncIterator[bytes]:
@@ -164,16 +151,12 @@ async def test_a_replace_cancelled_during_its_clean_up_still_returns_its_spool(
     call = asyncio.create_task(archive.import_(running_session(), ".", True, chunks()))
     await asyncio.wait_for(helper.removing.wait(), 10)
     call.cancel()
+    helper.release.set()
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.wait_for(call, 10)
-    try:
-        (spool,) = taken
-        for _ in range(100):  # an unsettled spool is closed on a thread
-            if spool.file.closed or spool.file in spools._idle:  # noqa: SLF001
-                break
-            await asyncio.sleep(0.01)
-        assert spool.file.closed or spool.file in spools._idle  # noqa: SLF001
-    finally:
-        helper.release.set()  # the shielded removal ends too
-        await asyncio.sleep(0.05)
-        archive.close()
+    for _ in range(100):
+        if helper.ran and helper.ran[-1][0] == "remove":
+            break
+        await asyncio.sleep(0.01)
+    assert helper.ran[-1][0] == "remove"
+    assert not any(args[0] == "merge" for args in helper.ran)

@@ -3,12 +3,15 @@ api/error_details.py), checked on the status the server sends."""
 
 from __future__ import annotations
 
+import pytest
 from google.rpc import error_details_pb2, status_pb2
 from sandboxd import errors
 from sandboxd.api import error_details
 from sandboxd.api.errors import to_status
 from sandboxd.reasons import Reason
 from sandboxd.tools.genproto import reason_docs
+from sandboxd.validation import validate_session_id
+from sandboxd.validation.commands import check_command_allowed
 
 
 def _details(exc: errors.SandboxError) -> list[object]:
@@ -31,7 +34,7 @@ def test_retryable_set_is_what_errors_proto_marks() -> None:
     }
 
 
-def test_metadata_keys_are_sent_in_both_styles_with_units_in_the_new_key() -> None:
+def test_metadata_keys_are_sent_once_in_lower_camel_case_with_units_in_the_key() -> None:
     exc = errors.InvalidArgument(
         "too long",
         reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
@@ -41,12 +44,23 @@ def test_metadata_keys_are_sent_in_both_styles_with_units_in_the_new_key() -> No
     assert isinstance(info, error_details_pb2.ErrorInfo)
     assert dict(info.metadata) == {
         "limit": "timeout",
-        "maximum": "600s",  # deprecated key, as v1 sent it
         "maximumSeconds": "600",
-        "process_id": "p-1",
         "processId": "p-1",
         "path": "a",
     }
+
+
+def test_metadata_values_are_the_callers_values_not_quoted() -> None:
+    """A program reads ErrorInfo metadata: the command is `cat`, not `'cat'`."""
+
+    with pytest.raises(errors.InvalidArgument) as invalid:
+        validate_session_id("Bad Id")
+    (info,) = _details(invalid.value)
+    assert dict(info.metadata) == {"sessionId": "Bad Id"}
+    with pytest.raises(errors.PermissionDenied) as refused:
+        check_command_allowed("cat", allow=frozenset({"ls"}), allow_all=False)
+    (info,) = _details(refused.value)
+    assert dict(info.metadata) == {"command": "cat"}
 
 
 def test_retryable_reasons_carry_retry_info_and_others_do_not() -> None:

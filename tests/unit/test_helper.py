@@ -1168,3 +1168,152 @@ def test_kill_by_token_reaches_a_stopped_supervisor(env):
             assert _wait_dead(pid)
         finally:
             p.kill()
+
+
+# --------------------------------------------------------------------------
+# all or nothing: a merge or a remove that fails midway
+# --------------------------------------------------------------------------
+
+
+def _entries(p: Path) -> list:
+    """The tree as the API shows it (name, mode, content); a rename out and back changes
+    the folders' mtimes, not their entries."""
+    return [item[:3] for item in snapshot(p)]
+
+
+def _unmovable_dir(path: Path) -> None:
+    """A directory the unprivileged user cannot move to another folder (root's, 755): the
+    step that fails midway, after other entries were already handled."""
+    path.mkdir()
+    (path / "inside").write_text("root's\n")
+    os.chmod(path, 0o755)
+
+
+def _open_stage(root: Path, names: dict[str, str]) -> Path:
+    stage = root / ".stage"
+    stage.mkdir()
+    os.chmod(stage, 0o777)
+    for name, text in names.items():
+        (stage / name).write_text(text)
+    return stage
+
+
+def test_a_merge_refused_midway_puts_everything_back(open_env):
+    root = open_env.root
+    (root / "a").write_text("old a\n")
+    os.chmod(root / "a", 0o666)
+    _unmovable_dir(root / "z")
+    stage = _open_stage(root, {"a": "new a\n", "z": "new z\n"})
+    before = _entries(root)
+    open_env.fail("EACCES", "merge", ".stage", ".", **unpriv_kwargs())
+    assert _entries(root) == before  # "a" back in place, no trash left beside the stage
+    assert sorted(p.name for p in stage.iterdir()) == ["a", "z"]
+
+
+def test_a_replace_refused_midway_puts_everything_back(open_env):
+    root = open_env.root
+    dest = root / "dest"
+    dest.mkdir(mode=0o777)
+    os.chmod(dest, 0o777)
+    for name in ("a", "b"):
+        (dest / name).write_text(f"old {name}\n")
+    _unmovable_dir(dest / "z")
+    _open_stage(root, {"n": "new\n"})
+    before = _entries(root)
+    open_env.fail("EACCES", "merge", ".stage", "dest", "--replace", **unpriv_kwargs())
+    assert _entries(root) == before
+
+
+def test_a_replace_takes_back_a_readonly_folders_mode_on_undo(open_env):
+    root = open_env.root
+    dest = root / "dest"
+    dest.mkdir(mode=0o777)
+    os.chmod(dest, 0o777)
+    ro = dest / "ro"
+    ro.mkdir()
+    (ro / "x").write_text("x\n")
+    os.chown(ro, 65534, 65534)
+    os.chmod(ro, 0o555)  # given u+w for its move, and 555 back when the merge is undone
+    _unmovable_dir(dest / "z")
+    _open_stage(root, {"n": "new\n"})
+    before = _entries(root)
+    open_env.fail("EACCES", "merge", ".stage", "dest", "--replace", **unpriv_kwargs())
+    assert _entries(root) == before
+
+
+def test_a_replace_moves_readonly_folders_of_the_user(open_env):
+    root = open_env.root
+    ro = root / "ro"
+    ro.mkdir()
+    (ro / "x").write_text("x\n")
+    os.chown(ro, 65534, 65534)
+    os.chmod(ro, 0o555)
+    _open_stage(root, {"n": "new\n"})
+    open_env.ok("merge", ".stage", ".", "--replace", **unpriv_kwargs())
+    assert sorted(p.name for p in root.iterdir()) == ["n"]  # no stage, no trash left
+
+
+def test_a_remove_that_fails_midway_leaves_no_half_tree(open_env):
+    # Deleting "t" stops at "t/z" (root's): the tree was renamed aside first, so "t" is gone
+    # whole, and what could not be deleted waits under the staging prefix for the start-up tidy.
+    root = open_env.root
+    t = root / "t"
+    t.mkdir()
+    (t / "a").write_text("a\n")
+    os.chown(t / "a", 65534, 65534)
+    os.chown(t, 65534, 65534)
+    _unmovable_dir(t / "z")
+    open_env.ok("remove", "t", "--recursive", **unpriv_kwargs())
+    names = [p.name for p in root.iterdir()]
+    assert "t" not in names
+    assert len(names) == 1 and names[0].startswith(".sbx-import-rm-"), names
+
+
+def test_a_refused_remove_changes_nothing(open_env):
+    root = open_env.root
+    parent = root / "p"
+    parent.mkdir()
+    t = parent / "t"
+    t.mkdir()
+    (t / "a").write_text("a\n")
+    os.chown(t, 65534, 65534)
+    os.chown(t / "a", 65534, 65534)
+    os.chmod(parent, 0o755)  # root's: the user may not take "t" out of it
+    before = _entries(root)
+    open_env.fail("EACCES", "remove", "p/t", "--recursive", **unpriv_kwargs())
+    assert _entries(root) == before
+
+
+def test_a_refused_write_takes_back_the_folders_it_made(env):
+    # Over its size limit, and ended by a signal mid-stream: "new/deeper" goes with the file.
+    before = _entries(env.root)
+    env.fail("TOO_LARGE", "write", "new/deeper/f", "644", "3", "--parents", input=b"four")
+    assert _entries(env.root) == before
+    proc = subprocess.Popen(
+        [env.sbx, "--root", str(env.root), "write", "sub/new/deeper/f", "644", "100", "--parents"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(b"part")
+    proc.stdin.flush()
+    for _ in range(200):
+        if (env.root / "sub" / "new" / "deeper").exists():
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+    proc.stdin.close()
+    assert proc.stderr is not None
+    proc.stderr.close()
+    assert _entries(env.root) == before
+    env.ok("write", "new/deeper/f", "644", "3", "--parents", input=b"ok")  # a write keeps them
+    assert (env.root / "new" / "deeper" / "f").read_bytes() == b"ok"
+
+
+def test_a_refused_mkdir_takes_back_the_parents_it_made(env):
+    before = _entries(env.root)
+    env.fail("EINVAL", "mkdir", "new/deeper/" + "n" * 256, "--parents")  # ENAMETOOLONG last
+    assert _entries(env.root) == before
+    env.ok("mkdir", "new/deeper/d", "--parents")
+    assert (env.root / "new" / "deeper" / "d").is_dir()

@@ -153,6 +153,8 @@ def test_parse_error(stderr: bytes, expected: tuple[str, str] | None) -> None:
         ("ENOSPC", NoRoom, "WORKSPACE_FULL"),
         ("ESCAPE", InvalidArgument, "PATH_OUTSIDE_WORKSPACE"),
         ("TOO_LARGE", ResourceExhausted, "FILE_TOO_LARGE"),
+        # inotify instances or watches of the session's uid: a kernel limit, not a full disk
+        ("KERNEL_LIMIT", ResourceExhausted, "KERNEL_LIMIT_REACHED"),
         ("EINVAL", InvalidArgument, "PATH_INVALID"),
     ],
 )

@@ -7,12 +7,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from preview_world import Handler, Parts, close, preview_parts
+from preview_world import (
+    LoopbackDialer,
+    close,
+    preview_parts,
+)
+from preview_world import (
+    backend as _backend,
+)
+from preview_world import (
+    exchange as _exchange,
+)
+from preview_world import (
+    req as _req,
+)
+from preview_world import (
+    world as _world,
+)
 from sandboxd import tenancy
 from sandboxd.errors import (
     FailedPrecondition,
@@ -21,57 +36,7 @@ from sandboxd.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
-from sandboxd.models import Session
-from sandboxd.previews.dialer import ByteStream
-from sandboxd.previews.relay import ClientStream
 from sandboxd.sessions import CreateSessionInput
-
-
-class LoopbackDialer:
-    """Dials a local TCP server per sandbox port (what `sbx dial` reaches inside a sandbox)."""
-
-    def __init__(self) -> None:
-        self.ports: dict[int, int] = {}
-        self.dials = 0
-
-    @contextlib.asynccontextmanager
-    async def open(self, session: Session, port: int) -> AsyncIterator[ByteStream]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.ports[port])
-        self.dials += 1
-        try:
-            yield ClientStream(reader, writer)
-        finally:
-            await close(writer)
-
-
-World = Parts[LoopbackDialer]
-
-
-async def _backend(world: World, port: int, handler: Handler) -> None:
-    """A local server for sandbox port `port`; its connections end with the test."""
-    world.dialer.ports[port] = await world.serve(handler)
-
-
-def _world(tmp_path: Path, **settings: object) -> contextlib.AbstractAsyncContextManager[World]:
-    return preview_parts(tmp_path, LoopbackDialer(), **settings)
-
-
-async def _exchange(url: str, raw: bytes, *, until: bytes = b"", read_all: bool = True) -> bytes:
-    port = int(url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(raw)
-        await writer.drain()
-        if until:
-            return await asyncio.wait_for(reader.readuntil(until), 10)
-        return await asyncio.wait_for(reader.read(), 10) if read_all else b""
-    finally:
-        await close(writer)
-
-
-def _req(path: str, token: str, *extra: str, method: str = "GET") -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", "Host: x", f"X-Sandboxd-Token: {token}", *extra, "", ""]
-    return "\r\n".join(lines).encode()
 
 
 async def test_chunked_answers_pass_byte_for_byte(tmp_path: Path) -> None:

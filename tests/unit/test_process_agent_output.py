@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 import pytest
 from sandboxd import process_agent_output, process_record, processes
 from sandboxd import process_room as room
+from sandboxd.agent import memory
 from sandboxd.errors import Internal, InvalidArgument, OutOfRange
 from sandboxd.execution import GAP_FD
 from sandboxd.models import ExecExited, ExecKeepalive, ExecOutput, ExecSpec, ExecStarted
@@ -432,17 +433,36 @@ async def test_exited_output_the_agent_keeps_is_bounded_by_the_sandboxs_memory()
         _produce(agent, proc, 1, b"x" * (15 * MiB))
         proc.finish(ExecExited(0, "", False, False, 1.0), complete=True)
         await asyncio.sleep(0.001)  # distinct start times
-    assert room.agent_exited_limit(256 * MiB) == 64 * MiB
-    assert room.agent_exited_limit(64 * MiB) == 16 * MiB
+    budget = memory.agent_ring_budget(256 * MiB, 64 * MiB)
+    assert budget == 128 * MiB and room.agent_exited_limit(budget) == 64 * MiB
+    assert room.agent_exited_limit(memory.agent_ring_budget(64 * MiB, 16 * MiB)) == 16 * MiB
     reader = pm.follow(procs["p0"], 0, 0, 5)  # p0 is being read: it stays
     assert await anext(reader) == ExecStarted("p0")
-    pm._forget_old_exited(procs, 256 * MiB)
+    pm._forget_old_exited(procs, budget)
     await pm._forgets.settled("s")
     assert sorted(procs) == ["p0", "p3", "p4", "p5"] and agent.forgotten == ["p1", "p2"]
     await reader.aclose()
-    pm._forget_old_exited(procs, 128 * MiB)  # 32 MiB, and p0 is read no more: it goes first
+    pm._forget_old_exited(procs, 64 * MiB)  # 32 MiB, and p0 is read no more: it goes first
     await pm._forgets.settled("s")
     assert sorted(procs) == ["p4", "p5"] and agent.forgotten == ["p1", "p2", "p0", "p3"]
-    pm._forget_old_exited(procs, 16 * MiB)  # a small sandbox: only the newest stays
+    pm._forget_old_exited(procs, 8 * MiB)  # a small sandbox: only the newest stays
     await pm._forgets.settled("s")
     assert sorted(procs) == ["p5"]
+
+
+def test_the_agents_budget_leaves_room_for_the_workspace_and_the_commands() -> None:
+    """The agent's budget is half the sandbox's memory under runc, a quarter under gVisor
+    (whose Sentry shares the cgroup, and whose sandbox ends whole when it is full), and never
+    so much that the workspace's tmpfs, full, and the agent's rings leave the commands less
+    than a quarter: with 128 MiB and a 64 MiB workspace half was 64 MiB, and the rings plus the
+    workspace filled the sandbox with nothing but the agent left to kill."""
+    assert memory.agent_ring_budget(256 * MiB, 64 * MiB) == 128 * MiB
+    assert memory.agent_ring_budget(256 * MiB, 64 * MiB, gvisor=True) == 64 * MiB
+    assert memory.agent_ring_budget(128 * MiB, 64 * MiB) == 32 * MiB
+    assert memory.agent_ring_budget(64 * MiB, 64 * MiB) == memory.AGENT_MIN_BUDGET
+    assert memory.agent_ring_budget(0) == 0  # no limit known: the agent's own default
+    # HELLO's, from the container's own HostConfig (what docker_profile writes)
+    host = {"Memory": 128 * MiB, "Tmpfs": {"/workspace": f"rw,nosuid,size={64 * MiB},mode=1777"}}
+    assert memory.budget_of_container(host) == 32 * MiB
+    assert memory.budget_of_container({**host, "Memory": 256 * MiB, "Runtime": "runsc"}) == 64 * MiB
+    assert memory.budget_of_container({"Memory": 0}) == 0

@@ -13,6 +13,7 @@ import pytest
 from sandboxd import processes
 from sandboxd.engine.protocol import Detach
 from sandboxd.errors import FailedPrecondition, Internal, Unavailable
+from sandboxd.isolation import Isolation
 from sandboxd.models import ExecEvent, ExecExited, ExecOutput, ExecSpec, ExecStarted
 from sandboxd.models import OutputStream as S
 from sandboxd.processes import BackgroundProcess, ProcessManager, ProcessOrigin
@@ -143,22 +144,35 @@ class _RecordsDetach:
         return refused()
 
 
-async def test_the_agent_is_given_half_the_sandboxs_memory_for_all_its_rings() -> None:
+@pytest.mark.parametrize(
+    ("memory", "workspace", "isolation", "budget"),
+    [
+        (256 << 20, 64 << 20, Isolation.RUNC, 128 << 20),  # half
+        (256 << 20, 64 << 20, Isolation.GVISOR, 64 << 20),  # a quarter: the Sentry's share
+        (128 << 20, 64 << 20, Isolation.RUNC, 32 << 20),  # the workspace full and a quarter
+    ],
+)
+async def test_the_agent_is_given_its_budget_for_all_its_rings(
+    memory: int, workspace: int, isolation: Isolation, budget: int
+) -> None:
     """Without a budget the agent's rings of running processes grew until the agent was
-    OOM-killed with its sandbox (helper/agent.h, DEFAULT_RING_BUDGET)."""
+    OOM-killed with its sandbox (helper/agent.h, DEFAULT_RING_BUDGET); at half the memory a
+    full workspace left the agent the OOM killer's only choice (SECURITY.md, "Memory of the
+    agent")."""
     executor = _RecordsDetach()
     pm = ProcessManager(executor=executor)  # type: ignore[arg-type]
     with pytest.raises(Unavailable):
-        await pm.start(_session(), _spec(), "p-1")  # type: ignore[arg-type]
+        await pm.start(_session(memory, workspace, isolation), _spec(), "p-1")  # type: ignore[arg-type]
     assert isinstance(executor.detach, Detach)
-    assert executor.detach.budget_bytes == 128 << 20
+    assert executor.detach.budget_bytes == budget
 
 
-def _session(memory: int = 256 << 20) -> types.SimpleNamespace:
-    limits = types.SimpleNamespace(memory_bytes=memory)
-    return types.SimpleNamespace(
-        session_id="s", container_id="c", spec=types.SimpleNamespace(limits=limits)
-    )
+def _session(
+    memory: int = 256 << 20, workspace: int = 64 << 20, isolation: Isolation = Isolation.RUNC
+) -> types.SimpleNamespace:
+    limits = types.SimpleNamespace(memory_bytes=memory, workspace_bytes=workspace)
+    spec = types.SimpleNamespace(limits=limits, isolation=isolation)
+    return types.SimpleNamespace(session_id="s", container_id="c", spec=spec)
 
 
 class _Faulty:

@@ -9,6 +9,7 @@ import pytest
 from fakes import FakeEngine
 from sandboxd.config import Config
 from sandboxd.errors import ResourceExhausted
+from sandboxd.host_ids import HostIds
 from sandboxd.models import LimitsRequest
 from sandboxd.pool import WarmPool, pool_template
 from sandboxd.sessions import CreateSessionInput
@@ -89,6 +90,13 @@ async def test_tenant_memory_quota_counts_concurrent_creates(tmp_path: Path) -> 
         assert len(st.engine.sandboxes) == 2
 
 
+class _NoRecords:
+    """A store without sessions: only the pool holds ids."""
+
+    async def host_ids_between(self, first: int, last: int) -> set[int]:
+        return set()
+
+
 async def _claim_then_count_creates(tmp_path: Path, delay: float) -> tuple[int, int]:
     """(creates, available) a few loop turns after a claim, with the refill waiting `delay`."""
     engine = FakeEngine()
@@ -100,6 +108,7 @@ async def _claim_then_count_creates(tmp_path: Path, delay: float) -> tuple[int, 
         owner_id="owner",
         template=template,
         generation="gen",
+        host_ids=HostIds.for_config(config, _NoRecords()),
         refill_delay_s=delay,
     )
     pool.start()
@@ -107,7 +116,7 @@ async def _claim_then_count_creates(tmp_path: Path, delay: float) -> tuple[int, 
         await _filled(pool, 1)
         claimed = await pool.claim(template)
         assert claimed is not None
-        pool.settled(claimed)
+        pool.settled(claimed.container_id)
         if delay == 0:
             await _filled(pool, 1)
         for _ in range(50):

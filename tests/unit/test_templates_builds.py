@@ -4,7 +4,9 @@ Dockerfile, cleanup of failed builds, the per-tenant cap, tenants, and delete ru
 from __future__ import annotations
 
 import asyncio
+import gzip
 import io
+import subprocess
 import tarfile
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -15,6 +17,7 @@ from fakes import FakeEngine
 from sandboxd import tenancy
 from sandboxd.config import Config
 from sandboxd.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from sandboxd.image_quota import ImageQuota
 from sandboxd.store import SessionStore
 from sandboxd.templates.builds import LABEL_BUILD, BuildLog, Templates
 from sandboxd.templates.store import TemplateRecord, TemplateState, TemplateStore
@@ -54,7 +57,10 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     config = Config(data_dir=tmp_path, template_max_context_bytes=16384, template_max_builds=1)
     async with SessionStore(tmp_path / "sessions.db") as store:
         tstore = await TemplateStore(store.db).open()
-        templates = Templates(config, engine, tstore, tmp_path / "spool", in_use, settle_s=0)
+        quota = ImageQuota(0, engine, tstore, _no_snapshots)
+        templates = Templates(
+            config, engine, tstore, tmp_path / "spool", in_use, quota=quota, settle_s=0
+        )
         yield Env(templates, engine, used)
         await templates.wait_cleanups()
         await templates.close()
@@ -182,13 +188,20 @@ async def test_a_build_cut_short_by_a_crash_is_failed_and_pruned(tmp_path: Path)
         reopened = await TemplateStore(store.db).open()  # as at the next start
         got = await reopened.get("t", "half")
         assert got is not None and got.state is TemplateState.FAILED
-        templates = Templates(config, engine, reopened, tmp_path / "spool", _never_used)
+        quota = ImageQuota(0, engine, reopened, _no_snapshots)
+        templates = Templates(
+            config, engine, reopened, tmp_path / "spool", _never_used, quota=quota
+        )
         await templates.recover()
         assert "leftover" not in engine.images and "other" in engine.images
 
 
 async def _never_used(tenant: str, name: str) -> bool:
     return False
+
+
+async def _no_snapshots(tenant: str) -> list[str]:
+    return []
 
 
 async def test_a_page_token_answers_its_own_tenant_only(env: Env) -> None:
@@ -204,3 +217,40 @@ async def test_a_page_token_answers_its_own_tenant_only(env: Env) -> None:
         assert info.value.reason == "INVALID_PAGE_TOKEN"
 
     await asyncio.create_task(as_beta())
+
+
+def _sparse_tar(tmp_path: Path) -> bytes:
+    """A context whose one member declares 256 MiB of holes in a few KiB of tar (GNU tar)."""
+    hole = tmp_path / "hole"
+    with hole.open("wb") as f:
+        f.truncate(256 * 1024**2)
+    out = tmp_path / "sparse.tar"
+    subprocess.run(["tar", "--sparse", "-cf", str(out), "-C", str(tmp_path), "hole"], check=True)
+    return out.read_bytes()
+
+
+def _fifo_tar() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("pipe")
+        info.type = tarfile.FIFOTYPE
+        tar.addfile(info)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["sparse", "gzip", "fifo"])
+async def test_a_context_the_engine_would_unpack_past_its_size_is_refused(
+    env: Env, tmp_path: Path, kind: str
+) -> None:
+    """The engine unpacks the context onto its own disk: a sparse member (holes written out
+    as zeros), a compressed tar (inflated) or a special file are refused before it sees it."""
+    data = {
+        "sparse": lambda: _sparse_tar(tmp_path),
+        "gzip": lambda: gzip.compress(_tar({"a": b"0" * 10_000})),
+        "fifo": _fifo_tar,
+    }[kind]()
+    assert len(data) < 16384  # under the context cap
+    with pytest.raises(InvalidArgument) as info:
+        await env.build("ctx", "FROM busybox\nCOPY . /x\n", data)
+    assert info.value.reason == "TEMPLATE_SPEC_INVALID"
+    assert env.engine.builds == []

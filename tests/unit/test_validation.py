@@ -176,7 +176,7 @@ def test_path_boundary_is_exactly_4096_bytes() -> None:
 def test_outside_message_is_readable() -> None:
     err = _expect(InvalidArgument, "PATH_OUTSIDE_WORKSPACE", workspace_relpath, "/etc/passwd")
     assert err.message == "path '/etc/passwd' is outside /workspace"
-    assert err.metadata == {"path": "'/etc/passwd'"}
+    assert err.metadata == {"path": "/etc/passwd"}
 
 
 @pytest.mark.parametrize("path", [".", "./", "/workspace", "/workspace/", "/workspace/./"])
@@ -443,7 +443,7 @@ def test_check_command_allowed_rejects(argv0: str, allow: set[str]) -> None:
 def test_empty_allowlist_message_says_everything_is_denied() -> None:
     err = _expect(PermissionDenied, "COMMAND_NOT_ALLOWED", check_command_allowed, "ls", [], False)
     assert "every command is denied until the session declares an allowlist" in err.message
-    assert err.metadata == {"command": "'ls'"}
+    assert err.metadata == {"command": "ls"}
 
 
 def test_non_empty_allowlist_message_says_how_to_allow() -> None:

@@ -106,7 +106,8 @@ func Dial(address string, opts ...Option) (*Client, error) {
 	dialOpts := []grpc.DialOption{
 		grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage)),
-		grpc.WithChainUnaryInterceptor(c.unaryInterceptor),
+		// The server answers at most 4 MiB unless told more: this client takes maxMessage.
+		grpc.WithChainUnaryInterceptor(c.unaryInterceptor, replyLimitInterceptor(maxMessage)),
 		grpc.WithChainStreamInterceptor(c.streamInterceptor),
 	}
 	if o.tls != nil {

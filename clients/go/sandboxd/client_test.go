@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sandboxd/sandboxd/clients/go/sandboxd"
 	pb "github.com/sandboxd/sandboxd/clients/go/sandboxdv1"
@@ -105,7 +106,7 @@ func TestErrorsAreTyped(t *testing.T) {
 	if !errors.As(err, &e) || !errors.Is(err, sandboxd.ErrSessionNotFound) {
 		t.Fatalf("not a SessionNotFound: %v", err)
 	}
-	if e.Code != codes.NotFound || !errors.Is(err, sandboxd.ErrNotFound) || e.Metadata["session_id"] != "no-such-session" {
+	if e.Code != codes.NotFound || !errors.Is(err, sandboxd.ErrNotFound) || e.Metadata["sessionId"] != "no-such-session" {
 		t.Fatalf("%+v", e)
 	}
 
@@ -192,5 +193,74 @@ func TestUploadDownloadAndProcessHandles(t *testing.T) {
 	}
 	if got.GetProcess().GetOrigin() != pb.ProcessOrigin_PROCESS_ORIGIN_RUN {
 		t.Fatalf("origin %v", got.GetProcess().GetOrigin())
+	}
+}
+
+func TestInteractTerminalOutlivesTheCommandTimeout(t *testing.T) {
+	c, ctx := dial(t)
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{
+		Shell:  &pb.ShellPolicy{AllowAll: true},
+		Limits: &pb.ResourceLimits{CommandTimeout: durationpb.New(time.Second)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.DeleteSession(context.Background(), s.GetSessionId())
+	term, err := c.Interact(ctx, &pb.ExecRequest{SessionId: s.GetSessionId(), Argv: []string{"sh"}},
+		sandboxd.InteractOptions{Pty: &pb.PtySize{Rows: 20, Cols: 70}, IdleTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer term.Close()
+	var out bytes.Buffer
+	typed := false
+	for {
+		ev, err := term.Recv()
+		if err != nil {
+			t.Fatalf("%v (output %q)", err, out.String())
+		}
+		out.Write(ev.GetOutput().GetData())
+		if !typed && bytes.Contains(out.Bytes(), []byte("$ ")) {
+			typed = true
+			if _, err := term.Write([]byte("stty size; sleep 2; echo still-$((40+2)); exit 4\n")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if x := ev.GetExited(); x != nil {
+			if x.GetExitCode() != 4 || x.GetTimedOut() {
+				t.Fatalf("exit %d timed out %v", x.GetExitCode(), x.GetTimedOut())
+			}
+			break
+		}
+	}
+	for _, want := range []string{"20 70", "still-42"} {
+		if !bytes.Contains(out.Bytes(), []byte(want)) {
+			t.Fatalf("%q not in %q", want, out.String())
+		}
+	}
+}
+
+func TestInteractIdleEndsAQuietTerminal(t *testing.T) {
+	c, ctx := dial(t)
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{Shell: &pb.ShellPolicy{AllowAll: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.DeleteSession(context.Background(), s.GetSessionId())
+	term, err := c.Interact(ctx, &pb.ExecRequest{SessionId: s.GetSessionId(), Argv: []string{"sleep", "60"}},
+		sandboxd.InteractOptions{IdleTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer term.Close()
+	for {
+		_, err := term.Recv()
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, sandboxd.ErrInteractIdle) {
+			t.Fatalf("want InteractIdle, got %v", err)
+		}
+		return
 	}
 }

@@ -128,7 +128,8 @@ type SecurityDefaults struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// Numeric "uid:gid" commands run as by default.
+	// The host ids commands run as, "FIRST-LAST": every session is allocated a uid of its own
+	// from this block (its gid the same number), reported in its Session.user.
 	User                   string `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
 	ReadOnlyRootFilesystem bool   `protobuf:"varint,2,opt,name=read_only_root_filesystem,json=readOnlyRootFilesystem,proto3" json:"read_only_root_filesystem,omitempty"`
 	// Capabilities dropped ("ALL").

@@ -91,6 +91,24 @@ export interface ExecOptions extends Omit<CallOptions, 'timeout'> {
   keepalives?: boolean;
 }
 
+/** Options of an interactive command: no deadline or output cap unless asked for. */
+export interface InteractOptions extends ExecOptions {
+  /** A terminal of this size: stdout and stderr merged, ^C interrupts. */
+  pty?: { rows: number; cols: number };
+  /** Seconds with no input and no output before the command is ended (default 30 minutes). */
+  idleTimeout?: number;
+}
+
+/** A running Interact call: write to it while iterating its events. */
+export declare class Interaction implements AsyncIterable<ExecEvent> {
+  send(data: string | Uint8Array): void;
+  closeStdin(): void;
+  signal(name: string): void;
+  resize(rows: number, cols: number): void;
+  close(): Promise<void>;
+  [Symbol.asyncIterator](): AsyncIterator<ExecEvent>;
+}
+
 export interface RunResult {
   exitCode: number;
   stdout: Buffer;
@@ -118,6 +136,7 @@ export declare class Session {
   resume(opts?: CallOptions): Promise<this>;
   exec(argv: string[], opts?: ExecOptions): AsyncGenerator<ExecEvent, void, undefined>;
   run(argv: string[], opts?: Omit<ExecOptions, 'keepalives'>): Promise<RunResult>;
+  interact(argv: string[], opts?: InteractOptions): Interaction;
   startProcess(
     argv: string[],
     opts?: ExecOptions & {

@@ -34,6 +34,12 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 export const API_MAJOR = 1;
 export const DEFAULT_ADDRESS = '127.0.0.1:50051';
 const MAX_MESSAGE = 64 * 1024 * 1024;
+/**
+ * The request field by which a caller tells the server the largest reply it accepts: without
+ * it a server answers at most 4 MiB (gRPC's default receive limit). This client receives up to
+ * MAX_MESSAGE, so every request that has the field says so, unless the caller set it.
+ */
+const REPLY_FIELD = 'max_reply_bytes';
 /** Longest the first-use GetServerInfo may take when the caller set no deadline. */
 const CHECK_TIMEOUT_MS = 20_000;
 const RETRY = { maxAttempts: 5, initialBackoffMs: 100, maxBackoffMs: 2000, multiplier: 2 };
@@ -70,7 +76,12 @@ export function loadServices(dir = PROTO_DIR) {
   for (const [fullName, def] of Object.entries(definition)) {
     if (!fullName.startsWith('sandboxd.v1.') || typeof def.format === 'string') continue;
     const name = fullName.slice('sandboxd.v1.'.length);
-    const methods = Object.entries(def).map(([rpc, m]) => ({ ...m, name: rpc, method: methodName(rpc) }));
+    const methods = Object.entries(def).map(([rpc, m]) => ({
+      ...m,
+      name: rpc,
+      method: methodName(rpc),
+      takesReplyLimit: (m.requestType?.type?.field ?? []).some((f) => f.name === REPLY_FIELD),
+    }));
     services.push({ name, fullName, property: serviceProperty(name), methods });
   }
   return services;
@@ -196,6 +207,86 @@ export function toEvent(resp) {
   }
 }
 
+// ---- interactive commands ------------------------------------------------------------------
+
+/** Requests written in the order they were pushed; iterating waits for the next one. */
+class RequestQueue {
+  constructor() {
+    this._items = [];
+    this._wake = null;
+    this._ended = false;
+  }
+
+  push(item) {
+    if (this._ended) throw new Error('the interaction has ended');
+    this._items.push(item);
+    this._wake?.();
+  }
+
+  end() {
+    this._ended = true;
+    this._wake?.();
+  }
+
+  async *[Symbol.asyncIterator]() {
+    for (;;) {
+      while (this._items.length) yield this._items.shift();
+      if (this._ended) return;
+      await new Promise((resolve) => (this._wake = resolve));
+      this._wake = null;
+    }
+  }
+}
+
+/** A running Interact call (Session.interact): write to it, iterate its events. */
+export class Interaction {
+  constructor(client, start, opts = {}) {
+    this._requests = new RequestQueue();
+    this._requests.push({ start });
+    this._keepalives = Boolean(opts.keepalives);
+    this._events = client.processes.interact(this._requests, commandCall(opts));
+  }
+
+  /** Bytes (or a string, as UTF-8) for the command's stdin. */
+  send(data) {
+    this._requests.push({ stdin: { data: Buffer.from(data) } });
+  }
+
+  /** End of file on stdin; output keeps flowing. */
+  closeStdin() {
+    this._requests.push({ close_stdin: {} });
+  }
+
+  /** A signal for the command's process group: "SIGINT", "SIGTERM", ... */
+  signal(name) {
+    this._requests.push({ signal: { signal: name } });
+  }
+
+  /** A new terminal size (with a pty). */
+  resize(rows, cols) {
+    this._requests.push({ resize: { rows, cols } });
+  }
+
+  /** Ends the call (and the command) now. */
+  async close() {
+    this._requests.end();
+    await this._events.return();
+  }
+
+  async *[Symbol.asyncIterator]() {
+    try {
+      for await (const resp of this._events) {
+        const event = toEvent(resp);
+        if (event === null || (event.type === 'keepalive' && !this._keepalives)) continue;
+        if (event.type === 'exited') this._requests.end(); // nothing more to write
+        yield event;
+      }
+    } finally {
+      this._requests.end();
+    }
+  }
+}
+
 // ---- sessions -----------------------------------------------------------------------------
 
 /** One session; `info` is the last Session message the server sent for it. */
@@ -277,6 +368,27 @@ export class Session {
       duration: toSeconds(r.duration),
       processId: r.process_id,
     };
+  }
+
+  /**
+   * A command with live stdin, signals and (with `pty: {rows, cols}`) a terminal:
+   *
+   *   const term = session.interact(['sh'], { pty: { rows: 24, cols: 80 } });
+   *   term.send('echo hi; exit 3\n');
+   *   for await (const event of term) { ... }   // started, output..., exited
+   *
+   * Unlike exec, it has no deadline and no output cap unless `timeout` or `maxOutputBytes`
+   * is given; `idleTimeout` (seconds, default the server's 30 minutes) ends it after that
+   * long with no input and no output (InteractIdle). Leaving the loop ends the call and the
+   * command.
+   */
+  interact(argv, opts = {}) {
+    const start = {
+      request: this._execRequest(argv, opts),
+      pty: opts.pty ? { rows: opts.pty.rows, cols: opts.pty.cols } : undefined,
+      idle_timeout: seconds(opts.idleTimeout),
+    };
+    return new Interaction(this.client, start, opts);
   }
 
   /** Starts a background process; `processId` makes the start idempotent (and retried). */
@@ -611,11 +723,12 @@ export class SandboxClient {
       const signal = opts.signal;
       if (signal?.aborted) return reject(abortError(signal));
       const onAbort = () => call.cancel();
+      const req = request ?? {};
       const call = this._grpc.makeUnaryRequest(
         m.path,
         m.requestSerialize,
         m.responseDeserialize,
-        request ?? {},
+        m.takesReplyLimit && !req[REPLY_FIELD] ? { ...req, [REPLY_FIELD]: MAX_MESSAGE } : req,
         this._metadata(opts.metadata),
         this._callOptions(deadline),
         (err, resp) => {
@@ -704,12 +817,19 @@ export class SandboxClient {
   async _pump(call, requests, ended) {
     let over = false;
     const stop = ended.then(() => (over = true));
+    const stopped = stop.then(() => ({ done: true }));
+    const source = requests[Symbol.asyncIterator]();
     try {
-      for await (const req of requests) {
-        if (over) return;
-        if (!call.write(req)) await Promise.race([once(call, 'drain'), stop]);
+      for (;;) {
+        // A source that waits for its next request (an Interaction with nothing typed) must
+        // not hold the call open after the server ended it.
+        const next = await Promise.race([source.next(), stopped]);
+        if (next.done || over) break;
+        if (!call.write(next.value)) await Promise.race([once(call, 'drain'), stop]);
       }
       if (!over) call.end();
+      // Not awaited: a generator parked on its own await finishes only when that settles.
+      else source.return?.()?.catch?.(() => {});
     } catch (err) {
       call.cancel();
       throw err;

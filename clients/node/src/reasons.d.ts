@@ -255,6 +255,18 @@ export declare class AgentRestartedError extends Unavailable {}
 export declare class AgentProtocolErrorError extends Internal {}
 /** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
 export declare class WatchLimitError extends ResourceExhausted {}
+/** DEADLINE_EXCEEDED: An Interact call had no message from the caller and no output from its command for its idle timeout (InteractStart.idle_timeout, default interact_idle_timeout_s), so its command was ended. Start it again; a longer idle_timeout keeps a quiet terminal open. */
+export declare class InteractIdleError extends DeadlineExceeded {}
+/** RESOURCE_EXHAUSTED: A limit the kernel keeps for the session's own host uid is reached (inotify instances or watches: fs.inotify.max_user_instances, max_user_watches); the session's own use counts, no other tenant's. Close watches or file watchers in the session. */
+export declare class KernelLimitReachedError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created. */
+export declare class HostIdsExhaustedError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`. */
+export declare class ReplyTooLargeError extends ResourceExhausted {}
+/** INVALID_ARGUMENT: A Dockerfile instruction the build rules refuse (ADD, ONBUILD, VOLUME, flags, heredocs, parser directives, variables in LABEL, io.sandboxd.* label keys...); the message names the line and the rule. */
+export declare class TemplateInstructionNotAllowedError extends InvalidArgument {}
+/** RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first. */
+export declare class TenantImageQuotaError extends ResourceExhausted {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -393,7 +405,13 @@ export type Reason =
   | 'AGENT_UNAVAILABLE'
   | 'AGENT_RESTARTED'
   | 'AGENT_PROTOCOL_ERROR'
-  | 'WATCH_LIMIT';
+  | 'WATCH_LIMIT'
+  | 'INTERACT_IDLE'
+  | 'KERNEL_LIMIT_REACHED'
+  | 'HOST_IDS_EXHAUSTED'
+  | 'REPLY_TOO_LARGE'
+  | 'TEMPLATE_INSTRUCTION_NOT_ALLOWED'
+  | 'TENANT_IMAGE_QUOTA';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

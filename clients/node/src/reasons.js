@@ -255,6 +255,18 @@ export class AgentRestartedError extends Unavailable {}
 export class AgentProtocolErrorError extends Internal {}
 /** RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams; end one first. */
 export class WatchLimitError extends ResourceExhausted {}
+/** DEADLINE_EXCEEDED: An Interact call had no message from the caller and no output from its command for its idle timeout (InteractStart.idle_timeout, default interact_idle_timeout_s), so its command was ended. Start it again; a longer idle_timeout keeps a quiet terminal open. */
+export class InteractIdleError extends DeadlineExceeded {}
+/** RESOURCE_EXHAUSTED: A limit the kernel keeps for the session's own host uid is reached (inotify instances or watches: fs.inotify.max_user_instances, max_user_watches); the session's own use counts, no other tenant's. Close watches or file watchers in the session. */
+export class KernelLimitReachedError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created. */
+export class HostIdsExhaustedError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`. */
+export class ReplyTooLargeError extends ResourceExhausted {}
+/** INVALID_ARGUMENT: A Dockerfile instruction the build rules refuse (ADD, ONBUILD, VOLUME, flags, heredocs, parser directives, variables in LABEL, io.sandboxd.* label keys...); the message names the line and the rule. */
+export class TemplateInstructionNotAllowedError extends InvalidArgument {}
+/** RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first. */
+export class TenantImageQuotaError extends ResourceExhausted {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -395,4 +407,10 @@ export const REASONS = Object.freeze({
   AGENT_RESTARTED: { code: 'UNAVAILABLE', retryable: true, error: AgentRestartedError },
   AGENT_PROTOCOL_ERROR: { code: 'INTERNAL', retryable: false, error: AgentProtocolErrorError },
   WATCH_LIMIT: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: WatchLimitError },
+  INTERACT_IDLE: { code: 'DEADLINE_EXCEEDED', retryable: false, error: InteractIdleError },
+  KERNEL_LIMIT_REACHED: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: KernelLimitReachedError },
+  HOST_IDS_EXHAUSTED: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: HostIdsExhaustedError },
+  REPLY_TOO_LARGE: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: ReplyTooLargeError },
+  TEMPLATE_INSTRUCTION_NOT_ALLOWED: { code: 'INVALID_ARGUMENT', retryable: false, error: TemplateInstructionNotAllowedError },
+  TENANT_IMAGE_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TenantImageQuotaError },
 });

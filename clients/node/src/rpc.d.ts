@@ -180,6 +180,7 @@ export interface PullImageResponse {
 export interface ListImagesRequest {
   page_size: number;
   page_token: string;
+  max_reply_bytes: number;
 }
 
 export interface ImageInfo {
@@ -208,6 +209,7 @@ export interface ListAuditEventsRequest {
   tenant: string;
   page_size: number;
   page_token: string;
+  max_reply_bytes: number;
 }
 
 export interface ListAuditEventsResponse {
@@ -363,7 +365,13 @@ export type ErrorReason =
   | 'ERROR_REASON_AGENT_UNAVAILABLE'
   | 'ERROR_REASON_AGENT_RESTARTED'
   | 'ERROR_REASON_AGENT_PROTOCOL_ERROR'
-  | 'ERROR_REASON_WATCH_LIMIT';
+  | 'ERROR_REASON_WATCH_LIMIT'
+  | 'ERROR_REASON_INTERACT_IDLE'
+  | 'ERROR_REASON_KERNEL_LIMIT_REACHED'
+  | 'ERROR_REASON_HOST_IDS_EXHAUSTED'
+  | 'ERROR_REASON_REPLY_TOO_LARGE'
+  | 'ERROR_REASON_TEMPLATE_INSTRUCTION_NOT_ALLOWED'
+  | 'ERROR_REASON_TENANT_IMAGE_QUOTA';
 
 export type SessionEventKind =
   | 'SESSION_EVENT_KIND_UNSPECIFIED'
@@ -458,6 +466,7 @@ export interface FileInfo {
 export interface ReadFileRequest {
   session_id: string;
   path: string;
+  max_reply_bytes: number;
 }
 
 export interface ReadFileResponse {
@@ -485,6 +494,7 @@ export interface ListDirRequest {
   depth: number;
   page_size: number;
   page_token: string;
+  max_reply_bytes: number;
 }
 
 export interface ListDirResponse {
@@ -683,6 +693,7 @@ export interface ListPortsRequest {
   session_id: string;
   page_size: number;
   page_token: string;
+  max_reply_bytes: number;
 }
 
 export interface ListPortsResponse {
@@ -758,6 +769,7 @@ export interface RunRequest {
   timeout: Duration | null;
   max_output_bytes: number;
   output_encoding: OutputEncoding;
+  max_reply_bytes: number;
 }
 
 export interface RunResponse {
@@ -781,6 +793,7 @@ export interface PtySize {
 export interface InteractStart {
   request: ExecRequest | null;
   pty: PtySize | null;
+  idle_timeout: Duration | null;
 }
 
 export interface InteractStdin {
@@ -882,6 +895,7 @@ export interface ListProcessesRequest {
   session_id: string;
   page_size: number;
   page_token: string;
+  max_reply_bytes: number;
 }
 
 export interface ListProcessesResponse {
@@ -978,6 +992,7 @@ export interface ListSessionsRequest {
   page_size: number;
   page_token: string;
   state: SessionState;
+  max_reply_bytes: number;
 }
 
 export interface ListSessionsResponse {
@@ -1016,6 +1031,7 @@ export interface ListEgressEventsRequest {
   session_id: string;
   page_size: number;
   page_token: string;
+  max_reply_bytes: number;
 }
 
 export interface ListEgressEventsResponse {
@@ -1173,6 +1189,7 @@ export interface ListSnapshotsRequest {
   page_size: number;
   page_token: string;
   label_selector: Record<string, string>;
+  max_reply_bytes: number;
 }
 
 export interface ListSnapshotsResponse {
@@ -1254,6 +1271,7 @@ export interface GetTemplateResponse {
 export interface ListTemplatesRequest {
   page_size: number;
   page_token: string;
+  max_reply_bytes: number;
 }
 
 export interface ListTemplatesResponse {

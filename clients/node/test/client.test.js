@@ -181,6 +181,33 @@ test('interact: a bidirectional stream fed from an async generator', async () =>
   }
 });
 
+test('session.interact: a terminal that outlives the command timeout, typed into as it runs', async () => {
+  const session = await client.createSession({
+    shell: { allow_all: true },
+    limits: { command_timeout: { seconds: 1, nanos: 0 } },
+  });
+  try {
+    const term = session.interact(['sh'], { pty: { rows: 20, cols: 70 }, idleTimeout: 60 });
+    let out = '';
+    let exit = null;
+    let typed = false;
+    for await (const event of term) {
+      if (event.type === 'output') out += event.data.toString();
+      if (!typed && out.includes('$ ')) {
+        typed = true;
+        term.send('stty size; sleep 2; echo still-$((40+2)); exit 4\n');
+      }
+      if (event.type === 'exited') exit = event;
+    }
+    assert.match(out, /20 70/);
+    assert.match(out, /still-42/);
+    assert.equal(exit.exitCode, 4);
+    assert.equal(exit.timedOut, false);
+  } finally {
+    await session.delete();
+  }
+});
+
 test('an AbortSignal ends a running exec with Cancelled', async () => {
   const session = await client.createSession({ shell: { allow: ['sleep'] } });
   try {
@@ -269,6 +296,55 @@ test('watchDir: events after onReady, typed refusals, leaving the loop ends the 
     assert.equal(value.type, 'FILE_TYPE_FILE');
     assert.equal(Number(value.sequence), 1);
     await events.return(); // leaving ends the call
+  } finally {
+    await session.delete();
+  }
+});
+
+test('a Run over a default 4 MiB reply: this client takes more, and says so', async () => {
+  const session = await client.createSession({
+    shell: { allow: ['sh', 'head'] },
+    limits: { output_bytes: 16 * 1024 * 1024 },
+  });
+  try {
+    const script = 'head -c 9000000 /dev/zero; head -c 9000000 /dev/zero >&2; exit 3';
+    const r = await session.run(['sh', '-c', script], { maxOutputBytes: 16 * 1024 * 1024 });
+    assert.equal(r.exitCode, 3);
+    assert.ok(r.truncated);
+    assert.ok(r.stdout.length + r.stderr.length > 4 * 1024 * 1024, `${r.stdout.length}+${r.stderr.length}`);
+  } finally {
+    await session.delete();
+  }
+});
+
+test('an import refused at its first header is its own error every time', async () => {
+  const session = await client.createSession({ shell: { allow: ['sh'] } });
+  try {
+    const size = 48 * 1024 * 1024;
+    const header = Buffer.alloc(512);
+    header.write('big.bin', 0);
+    header.write('0000644\0', 100);
+    header.write('0000000\0', 108);
+    header.write('0000000\0', 116);
+    header.write(size.toString(8).padStart(11, '0') + '\0', 124);
+    header.write('00000000000\0', 136);
+    header.write('0', 156);
+    header.write('ustar\u000000', 257);
+    header.fill(' ', 148, 156);
+    let sum = 0;
+    for (const b of header) sum += b;
+    header.write(sum.toString(8).padStart(6, '0') + '\0 ', 148);
+    async function* chunks() {
+      yield header;
+      const zeros = Buffer.alloc(256 * 1024);
+      for (let sent = 0; sent < size; sent += zeros.length) yield zeros;
+    }
+    for (let i = 0; i < 12; i++) {
+      await assert.rejects(session.importArchive(chunks()), (err) => {
+        assert.equal(err.reason, 'FILE_TOO_LARGE', `try ${i}: ${err.reason} ${err.message}`);
+        return true;
+      });
+    }
   } finally {
     await session.delete();
   }

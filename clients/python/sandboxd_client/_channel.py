@@ -52,6 +52,8 @@ def open_channel(
     if retry is not None:
         options.append(("grpc.service_config", retry.service_config()))
     options.extend(extra)
+    receive = [v for k, v in options if k == "grpc.max_receive_message_length"][-1]
+    interceptors: list[Any] = [_ReplyLimit(int(receive) if int(receive) >= 0 else 2**62)]
     if tls is not None:
         creds = grpc.ssl_channel_credentials(
             tls.root_certificates, tls.private_key, tls.certificate_chain
@@ -62,9 +64,34 @@ def open_channel(
             )
         if tls.server_name:
             options.append(("grpc.ssl_target_name_override", tls.server_name))
-        return grpc.aio.secure_channel(address, creds, options=options)
-    interceptors = list(_token_interceptors(token)) if token is not None else []
+        return grpc.aio.secure_channel(address, creds, options=options, interceptors=interceptors)
+    if token is not None:
+        interceptors.extend(_token_interceptors(token))
     return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+
+
+REPLY_FIELD = "max_reply_bytes"
+
+
+class _ReplyLimit(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Tells the server the largest reply this channel takes: without `max_reply_bytes` a
+    server answers at most 4 MiB (gRPC's default receive limit), and this client receives up
+    to its own limit. Set on a copy of every request that has the field (Run, ReadFile, every
+    List), unless the caller set it."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+
+    async def intercept_unary_unary(
+        self, continuation: Callable[..., Any], details: grpc.aio.ClientCallDetails, req: Any
+    ) -> Any:
+        fields = getattr(getattr(req, "DESCRIPTOR", None), "fields_by_name", {})
+        if self._limit > 0 and REPLY_FIELD in fields and not getattr(req, REPLY_FIELD):
+            copy = type(req)()
+            copy.CopyFrom(req)
+            setattr(copy, REPLY_FIELD, self._limit)
+            req = copy
+        return await continuation(details, req)
 
 
 def _token_interceptors(token: str) -> Sequence[grpc.aio.ClientInterceptor]:

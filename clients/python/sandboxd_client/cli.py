@@ -25,13 +25,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sandboxd_client.cli_audit import add_audit_options, add_watch_options, cmd_audit, cmd_watch
 from sandboxd_client.cli_completion import completion_script
 from sandboxd_client.cli_files import cmd_cp
 from sandboxd_client.cli_images import add_image_commands
-from sandboxd_client.cli_network import add_policy_options, cmd_egress, cmd_network, policy_from
+from sandboxd_client.cli_network import add_policy_options, cmd_egress, cmd_network
 from sandboxd_client.cli_output import emit, pairs, table, wants_json, when
 from sandboxd_client.cli_previews import add_preview_commands
 from sandboxd_client.cli_processes import (
@@ -39,9 +39,9 @@ from sandboxd_client.cli_processes import (
     cmd_exec,
     cmd_kill,
     cmd_ps,
-    cmd_shell,
     cmd_start,
 )
+from sandboxd_client.cli_run import add_session_options, cmd_create, cmd_run, cmd_shell
 from sandboxd_client.cli_snapshots import (
     cmd_snapshot_create,
     cmd_snapshot_download,
@@ -54,34 +54,10 @@ from sandboxd_client.client import TLS, SandboxClient
 from sandboxd_client.errors import SandboxError
 from sandboxd_client.models import as_dict
 
-EXIT_ERROR = 1
-
-
-async def cmd_create(client: SandboxClient, args: argparse.Namespace) -> int:
-    files = {}
-    for spec in args.file or ():
-        remote, sep, local = spec.partition("=")
-        if not sep:
-            raise SystemExit(f"sandboxctl: --file must be REMOTE=LOCAL, got {spec!r}")
-        files[remote] = Path(local).read_bytes()
-    session = await client.create_session(
-        session_id=args.id or "",
-        allow=args.allow or (),
-        allow_all=args.allow_all,
-        files=files,
-        image=args.image or "",
-        env=pairs(args.env, "--env"),
-        labels=pairs(args.label, "--label"),
-        lease_ttl=args.lease,
-        user=args.user or "",
-        network=policy_from(args),
-        from_snapshot_id=getattr(args, "snapshot", "") or "",
-        isolation=args.isolation or "",
-        template=args.template or "",
-        pull_policy=args.pull_policy or "",
-    )
-    emit(args, session.info, session.id)
-    return 0
+# sandboxctl's own failures (a refused call, no server, a bad flag) exit 125, as docker's do, so
+# that they never read as the remote command's exit code (exec, run, shell and attach pass that
+# on: 0-124, 126-255, 128+N for a signal).
+EXIT_ERROR = 125
 
 
 async def cmd_ls(client: SandboxClient, args: argparse.Namespace) -> int:
@@ -150,29 +126,6 @@ async def cmd_completion(client: SandboxClient | None, args: argparse.Namespace)
 # ---- main --------------------------------------------------------------------------------------
 
 
-def _session_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--id", help="caller-chosen session id (makes create idempotent)")
-    p.add_argument("--allow", action="append", metavar="CMD", help="allow a command (repeat)")
-    p.add_argument("--allow-all", action="store_true", help="allow every command")
-    p.add_argument("--label", action="append", metavar="KEY=VALUE")
-    p.add_argument("--env", action="append", metavar="KEY=VALUE")
-    p.add_argument("--file", action="append", metavar="REMOTE=LOCAL", help="declare a file")
-    p.add_argument("--image")
-    p.add_argument("--template", help="a template by name, e.g. python (instead of --image)")
-    p.add_argument(
-        "--isolation", choices=("runc", "gvisor"), help="isolation tier (default: the server's)"
-    )
-    p.add_argument(
-        "--pull-policy",
-        choices=("IF_NOT_PRESENT", "ALWAYS", "NEVER"),
-        help="when to ask the registry for the image (default IF_NOT_PRESENT)",
-    )
-    p.add_argument("--user", help="numeric uid:gid")
-    p.add_argument("--lease", type=float, metavar="SECONDS")
-    p.add_argument("--json", action="store_true", help="same as -o json")
-    add_policy_options(p)
-
-
 def _command_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cwd")
     p.add_argument("--env", action="append", metavar="KEY=VALUE")
@@ -180,9 +133,8 @@ def _command_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="sandboxctl", description="Run commands in sandboxd sessions."
-    )
+    parser = _Parser(prog="sandboxctl", description="Run commands in sandboxd sessions.")
+    parser.add_argument("--version", action="version", version=f"sandboxctl {_version()}")
     parser.add_argument(
         "--addr",
         default=os.environ.get("SANDBOXD_ADDR", "127.0.0.1:50051"),
@@ -204,10 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    _session_options(add("create", cmd_create, "create a session and print its id"))
+    add_session_options(add("create", cmd_create, "create a session and print its id"))
     p = add("fork", cmd_create, "create a session from a snapshot")
     p.add_argument("snapshot")
-    _session_options(p)
+    add_session_options(p)
     p = add("ls", cmd_ls, "list sessions")
     p.add_argument("--label", action="append", metavar="KEY=VALUE", help="filter (repeat)")
     p.add_argument("--json", action="store_true", help="same as -o json")
@@ -231,9 +183,36 @@ def build_parser() -> argparse.ArgumentParser:
     _command_options(p)
     p.add_argument("-i", "--stdin", action="store_true", help="send local stdin to the command")
     p.add_argument("-v", "--verbose", action="store_true")
-    p = add("shell", cmd_shell, "an interactive terminal: shell SESSION [-- CMD ...] (sh)")
-    p.add_argument("session")
-    p.add_argument("--env", action="append", metavar="KEY=VALUE")
+    p = add(
+        "run",
+        cmd_run,
+        "create a session, run a command in it: run [--rm] [CREATE OPTIONS] -- CMD ...",
+    )
+    p.add_argument("--rm", action="store_true", help="delete the session when the command ends")
+    p.add_argument("--cwd")
+    p.add_argument("-t", "--timeout", type=float, metavar="SECONDS", help="command timeout")
+    p.add_argument("-i", "--stdin", action="store_true", help="send local stdin to the command")
+    add_session_options(p)
+    p = add(
+        "shell",
+        cmd_shell,
+        "an interactive terminal: shell SESSION [-- CMD ...] (sh), or shell --new [CREATE OPTIONS]",
+    )
+    p.add_argument("session", nargs="?")
+    p.add_argument(
+        "--new", action="store_true", help="in a new session, deleted when the shell exits"
+    )
+    p.add_argument(
+        "-t", "--timeout", type=float, metavar="SECONDS", help="end the shell after this long"
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="end it after this long with no typing and no output (default the server's, 30m)",
+    )
+    p.add_argument("--env", action="append", metavar="KEY=VALUE", help="for the shell")
+    add_session_options(p, env=False)
     p = add("start", cmd_start, "start a background process: start SESSION -- CMD ...")
     p.add_argument("session")
     p.add_argument("--id", help="caller-chosen process id")
@@ -294,8 +273,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = add("completion", cmd_completion, "print a shell completion script")
-    p.add_argument("shell", choices=("bash", "zsh"))
+    p.add_argument("shell", choices=("bash", "zsh", "fish"))
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one of sandboxctl's own failures: exit 125, not argparse's 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("sandboxd-client")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -324,6 +320,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     try:
         return asyncio.run(_main(args))
+    except BrokenPipeError:
+        # `sandboxctl ... | head`: the reader left. Say nothing (Python would print a traceback
+        # at exit flushing stdout again); 141 is what a shell reports for SIGPIPE.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13
+    except SystemExit as stop:
+        if isinstance(stop.code, str):  # a message of sandboxctl's own (a bad --file, ...)
+            print(stop.code, file=sys.stderr)
+            return EXIT_ERROR
+        raise
     except SandboxError as err:
         if wants_json(args):
             error = {"reason": err.reason, "message": err.message, "code": err.code.name}

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import io
 import sys
-import tarfile
-from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
 
 from sandboxd_client.cli_output import emit, wants_json
 from sandboxd_client.cli_progress import Progress
 from sandboxd_client.client import SandboxClient
 from sandboxd_client.session import Session
-
-_CHUNK = 256 * 1024
+from sandboxd_client.tar_stream import estimated_size, tar_chunks, untar_chunks
 
 
 def _split_remote(spec: str) -> tuple[str, str] | None:
@@ -38,23 +34,15 @@ async def cmd_cp(client: SandboxClient, args: argparse.Namespace) -> int:
 async def _upload(
     args: argparse.Namespace, session: Session, local: Path, path: str, show: bool
 ) -> int:
-    """Tar `local` (a file or a folder, under its own name) and stream it into `path`."""
+    """Tar `local` (a file or a folder, under its own name) and stream it into `path`, made as
+    it is sent (nothing whole in memory)."""
     if not local.exists():
         raise SystemExit(f"sandboxctl: {local}: no such file or directory")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        tar.add(local, arcname=local.resolve().name, filter=_portable)
-    data = buf.getvalue()
-    progress = Progress(f"{local} -> {session.id}:{path or '.'}", len(data), sys.stderr, show)
-
-    async def chunks() -> AsyncIterator[bytes]:
-        for i in range(0, len(data), _CHUNK):
-            piece = data[i : i + _CHUNK]
-            yield piece
-            progress.add(len(piece))
-
+    total = estimated_size(local) if local.is_dir() else local.stat().st_size + 1536
+    progress = Progress(f"{local} -> {session.id}:{path or '.'}", total, sys.stderr, show)
+    chunks = tar_chunks(local, arcname=local.resolve().name, progress=lambda n, _: progress.to(n))
     try:
-        done = await session.import_archive(chunks(), path)
+        done = await session.import_archive(chunks, path)
     finally:
         progress.finish()  # ends the bar's line, so an error prints on a line of its own
     if wants_json(args):
@@ -64,38 +52,26 @@ async def _upload(
     return 0
 
 
-def _portable(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    """Members without local owners or special bits: the server refuses setuid and devices."""
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.mode &= 0o777
-    return info
-
-
 async def _download(
     args: argparse.Namespace, session: Session, path: str, local: Path, show: bool
 ) -> int:
-    """Stream a tar of the folder `path`; unpack it as `local`, or into it when it exists.
+    """Stream a tar of the folder `path`; unpack it as `local`, or into it when it exists, as
+    it arrives.
 
     Like `docker cp`: an existing local folder receives the remote one under its own name;
     otherwise `local` is created with the remote folder's contents.
     """
     progress = Progress(f"{session.id}:{path or '.'} -> {local}", None, sys.stderr, show)
-    buf = io.BytesIO()
-    try:
-        async for data in session.export_archive(path):
-            buf.write(data)
-            progress.add(len(data))
-    finally:
-        progress.finish()
-    buf.seek(0)
     name = PurePosixPath(path).name
     if local.is_dir() and name not in ("", ".", ".."):
         local = local / name
-    local.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=buf, mode="r:") as tar:
-        tar.extractall(local, filter="data")  # refuses absolute paths, `..` and links out
-    emit(args, {"path": str(local), "bytes": progress.done}, "")
+    try:
+        size = await untar_chunks(
+            session.export_archive(path), local, progress=lambda n, _: progress.to(n)
+        )
+    finally:
+        progress.finish()
+    emit(args, {"path": str(local), "bytes": size}, "")
     return 0
 
 

@@ -12,7 +12,7 @@ from sandboxd_client.cli_shell import exit_status, run_shell
 from sandboxd_client.client import SandboxClient
 from sandboxd_client.models import Event, Exited, Output, OutputGap, Started, as_dict
 
-EXIT_ERROR = 1
+EXIT_ERROR = 125  # the stream ended with no exit status: a failure of ours, not the command's
 
 
 def _argv(args: argparse.Namespace, usage: str) -> list[str]:

@@ -55,14 +55,24 @@ def exit_status(event: Exited) -> int:
 
 
 async def run_shell(
-    session: Session, argv: Sequence[str], *, env: Mapping[str, str] | None = None
+    session: Session,
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    idle_timeout: float | None = None,
 ) -> int:
+    """A terminal on `argv` until it exits: no deadline unless `timeout`, and the server's idle
+    timeout (30 minutes of no typing and no output) unless `idle_timeout`."""
     loop = asyncio.get_running_loop()
     in_fd = sys.stdin.fileno()
     out = sys.stdout.buffer
     exit_code = 1
     term_env = {"TERM": os.environ.get("TERM", "xterm"), **(env or {})}
-    async with session.interact(argv, pty=_size(in_fd), env=term_env) as proc:
+    interaction = session.interact(
+        argv, pty=_size(in_fd), env=term_env, timeout=timeout, idle_timeout=idle_timeout
+    )
+    async with interaction as proc:
         stdin_data: asyncio.Queue[bytes] = asyncio.Queue(maxsize=16)
         reading = [True]
 

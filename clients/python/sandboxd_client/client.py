@@ -28,6 +28,7 @@ from typing import Any, Self, TypeVar
 import grpc
 
 from sandboxd_client import _channel
+from sandboxd_client._call_end import CallEnd
 from sandboxd_client._convert import enum_value
 from sandboxd_client._gen.sandboxd.v1 import (
     admin_pb2,
@@ -234,24 +235,28 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, Preview
         timeout: float | None,
         *,
         idempotent: bool | None = None,
+        ends: CallEnd | None = None,
     ) -> T:
         """Run one unary call: version check, deadline, typed errors, retries if idempotent.
 
         gRPC's retry policy already retried idempotent methods on UNAVAILABLE; this loop adds
         retryable reasons of other codes, and every retryable error when `idempotent` is given
         for a method that is idempotent only by its request (CreateSession with an id).
+        A client-streaming call passes the `ends` its request generator stops by; either way
+        the server's status is reported, never the failed write that took its place.
         """
         full = f"{PACKAGE}.{method}"
         by_request = idempotent is True and full not in IDEMPOTENT
         may_retry = self.retry is not None and (full in IDEMPOTENT or by_request)
         deadline = self._deadline(timeout)
         await self._check(deadline)
+        ends = ends or CallEnd()
         attempt = 0
         while True:
             try:
-                return await call(self._remaining(deadline))
+                return await ends.watch(call(self._remaining(deadline)))
             except grpc.RpcError as err:
-                exc = from_rpc_error(err, self.address)
+                exc = from_rpc_error(ends.server_status(err), self.address)
             if not self._should_retry(exc, attempt, may_retry, by_request):
                 raise exc
             assert self.retry is not None
@@ -272,17 +277,25 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, Preview
         return by_request or exc.code != grpc.StatusCode.UNAVAILABLE
 
     async def _server_stream(
-        self, call: Callable[[float | None], Any], timeout: float | None
+        self,
+        call: Callable[[float | None], Any],
+        timeout: float | None,
+        *,
+        ends: CallEnd | None = None,
     ) -> AsyncIterator[Any]:
-        """Responses of a server-streaming call; leaving the loop early cancels the call."""
+        """Responses of a server-streaming (or bidi: `ends` as for `_unary`) call; leaving the
+        loop early cancels the call."""
         deadline = self._deadline(timeout)
         await self._check(deadline)
-        stream = call(self._remaining(deadline))
+        ends = ends or CallEnd()
+        stream = ends.watch(call(self._remaining(deadline)))
         try:
             async for resp in stream:
                 yield resp
         except grpc.RpcError as err:
-            exc = from_rpc_error(err, self.address)
+            if ends.ended_ok(err):
+                return
+            exc = from_rpc_error(ends.server_status(err), self.address)
         else:
             return
         finally:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 
+from sandboxd_client._call_end import CallEnd
 from sandboxd_client._gen.sandboxd.v1 import process_pb2
 from sandboxd_client._rpc import UNSET
 from sandboxd_client.errors import from_rpc_error
@@ -26,10 +27,11 @@ class Interaction:
         self._client = client
         self._start = start
         self._call: Any = None
+        self._ends = CallEnd()
 
     async def __aenter__(self) -> Self:
         await self._client._check(self._client._deadline(UNSET))
-        self._call = self._client.stubs.processes.Interact()
+        self._call = self._ends.watch(self._client.stubs.processes.Interact())
         await self._write(process_pb2.InteractRequest(start=self._start))
         return self
 
@@ -40,10 +42,14 @@ class Interaction:
     async def _write(self, req: process_pb2.InteractRequest) -> None:
         if self._call is None:
             raise RuntimeError("use `async with session.interact(...) as proc`")
+        if self._ends.ended:
+            return  # the call has ended: its events (and error) say why
         try:
             await self._call.write(req)
         except grpc.RpcError as err:
-            raise from_rpc_error(err, self._client.address) from None
+            if self._ends.ended_ok(err):
+                return  # the command ended as this was written: its events say how
+            raise from_rpc_error(self._ends.server_status(err), self._client.address) from None
         except grpc.aio.UsageError:
             pass  # the call has ended: its events (and error) say why
 
@@ -71,7 +77,9 @@ class Interaction:
                 yield event
             return
         except grpc.RpcError as err:
-            exc = from_rpc_error(err, self._client.address)
+            if self._ends.ended_ok(err):
+                return
+            exc = from_rpc_error(self._ends.server_status(err), self._client.address)
         raise exc
 
     def __aiter__(self) -> AsyncIterator[Event]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from google.protobuf import field_mask_pb2
 
+from sandboxd_client._call_end import CallEnd
 from sandboxd_client._gen.sandboxd.v1 import (
     filesystem_pb2,
     polish_pb2,
@@ -272,18 +273,25 @@ class Session(ProcessHandles, FileTransfers, DirWatching):
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         max_output_bytes: int = 0,
+        idle_timeout: float | None = None,
     ) -> Interaction:
         """A command with live stdin, signals and (with `pty=(rows, cols)`) a terminal.
 
         async with session.interact(["sh"], pty=(24, 80)) as proc:
             await proc.send(b"echo hi; exit 3\\n")
             async for event in proc: ...
+
+        Unlike `run`, an interactive command has no deadline and no output cap unless
+        `timeout` or `max_output_bytes` is given: it runs while it is used. `idle_timeout`
+        (seconds; default the server's, 30 minutes) ends it after that long with no input and
+        no output (`InteractIdle`).
         """
         start = process_pb2.InteractStart(
             request=process_pb2.ExecRequest(
                 **_exec_fields(self.id, argv, cwd, env, b"", timeout, max_output_bytes)
             ),
             pty=process_pb2.PtySize(rows=pty[0], cols=pty[1]) if pty else None,
+            idle_timeout=duration(idle_timeout),
         )
         return Interaction(self._client, start)
 
@@ -506,10 +514,12 @@ class Session(ProcessHandles, FileTransfers, DirWatching):
                 if data:
                     yield snapshot_pb2.ImportArchiveRequest(data=data)
 
+        ends = CallEnd()  # the server's refusal ends the upload: stop reading `chunks`
         resp = await self._client._unary(
             "SnapshotService/ImportArchive",
-            lambda t: self._stubs.snapshots.ImportArchive(requests(), timeout=t),
+            lambda t: self._stubs.snapshots.ImportArchive(ends.until_ended(requests()), timeout=t),
             deadline,
+            ends=ends,
         )
         return ArchiveImported(files=resp.files, bytes=resp.bytes)
 

@@ -13,9 +13,11 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from sandboxd_client._call_end import CallEnd
 from sandboxd_client._gen.sandboxd.v1 import filesystem_ext_pb2
 from sandboxd_client._rpc import UNSET, rpc
-from sandboxd_client.models import FileInfo
+from sandboxd_client.models import ArchiveImported, FileInfo
+from sandboxd_client.tar_stream import Progress, tar_chunks, untar_chunks
 
 if TYPE_CHECKING:
     from sandboxd_client.client import SandboxClient
@@ -90,10 +92,12 @@ class FileTransfers:
                 if chunk:
                     yield filesystem_ext_pb2.WriteFileStreamRequest(data=chunk)
 
+        ends = CallEnd()  # the server's refusal ends the upload: stop reading `data`
         resp = await self._client._unary(
             "FilesystemService/WriteFileStream",
-            lambda t: self._stubs.files.WriteFileStream(requests(), timeout=t),
+            lambda t: self._stubs.files.WriteFileStream(ends.until_ended(requests()), timeout=t),
             deadline,
+            ends=ends,
         )
         return FileInfo.from_pb(resp.info)
 
@@ -145,6 +149,40 @@ class FileTransfers:
                 info = await self.write_file_stream(target, _file_chunks(f), make_parents=True)
             written.append(info)
         return written
+
+    async def upload_dir(
+        self,
+        local: str | os.PathLike[str],
+        remote: str = "",
+        *,
+        replace: bool = False,
+        progress: Progress | None = None,
+    ) -> ArchiveImported:
+        """The local folder's contents into the workspace folder `remote` (empty: the
+        workspace), in one call: a tar made as it is sent (nothing whole in memory), symlinks
+        as symlinks, modes kept (without setuid, setgid, sticky). `replace` swaps the folder's
+        old contents for these, all or nothing. `progress(sent, total)` follows the tar's bytes
+        (the total is an estimate). The session's per-file cap (`file_bytes`, 1 MiB unless
+        the session was created with more, up to the server's `max_file_bytes`) bounds each
+        file: a larger one is refused FILE_TOO_LARGE and nothing lands."""
+        src = Path(local)
+        if not src.is_dir():
+            raise NotADirectoryError(f"{src}: not a folder (upload() takes one file)")
+        chunks = tar_chunks(src, progress=progress)
+        return await self.import_archive(chunks, remote, replace=replace)  # type: ignore[attr-defined,no-any-return]
+
+    async def download_dir(
+        self,
+        remote: str,
+        local: str | os.PathLike[str],
+        *,
+        progress: Progress | None = None,
+    ) -> int:
+        """The workspace folder `remote` (empty: the whole workspace) into the local folder
+        `local` (made if missing), unpacked as it arrives; symlinks and modes kept, nothing
+        written outside `local`. `progress(received, None)`; returns the tar's size."""
+        chunks: AsyncIterator[bytes] = self.export_archive(remote)  # type: ignore[attr-defined]
+        return await untar_chunks(chunks, Path(local), progress=progress)
 
     async def download(self, remote: str, local: str | os.PathLike[str]) -> list[Path]:
         """The file `remote` to the local file `local`, or the folder `remote`'s files beneath

@@ -8,6 +8,7 @@ import datetime as dt
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Self
 
+from sandboxd_client._call_end import CallEnd
 from sandboxd_client._convert import timestamp
 from sandboxd_client._gen.sandboxd.v1 import template_pb2, template_pb2_grpc
 from sandboxd_client._rpc import UNSET, rpc
@@ -92,9 +93,13 @@ class TemplatesMixin:
         """Build `name` from a Dockerfile and a tar build context (bytes or chunks): the
         build's log lines as they come, then the READY Template."""
         stub = self._templates
+        ends = CallEnd()  # a build refused early ends the call: stop reading `context`
         async for resp in self._server_stream(
-            lambda t: stub.BuildTemplate(_requests(name, dockerfile, context), timeout=t),
+            lambda t: stub.BuildTemplate(
+                ends.until_ended(_requests(name, dockerfile, context)), timeout=t
+            ),
             timeout,
+            ends=ends,
         ):
             if resp.WhichOneof("event") == "done":
                 yield Template.from_pb(resp.done.template)

@@ -76,8 +76,10 @@ class Channel:
         on_lost: Callable[[Channel, str], None] | None = None,
         egress_port: Callable[[], int] | int = 0,
         on_peer_open: PeerOpen | None = None,
+        budget: int = 0,
     ) -> None:
         self.name = name
+        self._budget = budget  # HELLO's: the agent's memory budget (agent/memory.py); 0 none
         self._egress_port = egress_port  # HELLO's (asked at each epoch): the agent's listener
         self._on_peer_open = on_peer_open
         self._transport = transport
@@ -218,6 +220,8 @@ class Channel:
             if callable(self._egress_port)
             else self._egress_port,
         }
+        if self._budget:
+            hello["budget"] = self._budget
         return frames.SYNC + frames.encode_json(FrameType.HELLO, 0, hello)
 
     async def _handshake(self) -> None:

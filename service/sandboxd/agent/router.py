@@ -51,6 +51,7 @@ class Attached:
     user: str
     env: Mapping[str, str] = field(default_factory=dict)  # the container's (docker exec's base)
     session_id: str = ""  # the session the server labelled the container with (egress)
+    budget: int = 0  # the agent's memory budget (agent/memory.py), sent in HELLO; 0 none
 
 
 class AgentPort(Protocol):
@@ -149,6 +150,7 @@ class AgentRouter:
                 on_lost=lambda ch, why: self._lost(sandbox_id, ch, why),
                 egress_port=functools.partial(egress_port, self.egress, attached.session_id),
                 on_peer_open=peer_open_handler(self.egress, attached.session_id),
+                budget=attached.budget,
             )
             entry = _Entry(channel, attached.user, attached.env)
             self._entries[sandbox_id] = entry

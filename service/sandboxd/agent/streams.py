@@ -151,6 +151,8 @@ class AgentStream:
         err: SandboxError = protocol_error(
             f"the agent reset the {self.kind} stream: {name}: {message}"
         )
+        if name == "MEMORY":  # its input would pass the agent's memory budget (docs/agent.md)
+            err = ResourceExhausted(f"the agent ended the {self.kind} stream: {message}")
         if not self.opened.done():
             err = open_refused(self.kind, name, message)
         self.fail(err)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 
 from sandboxd import __version__, images, tenancy, validation
-from sandboxd.api import convert, egress_convert, image_convert
+from sandboxd.api import convert, egress_convert, image_convert, replies
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config import Config
 from sandboxd.egress.manager import EgressManager, FilterMode
 from sandboxd.egress.policy import DEFAULT_QUOTAS, MAX_QUOTAS
 from sandboxd.engine import Engine
-from sandboxd.errors import Internal
+from sandboxd.errors import Internal, ResourceExhausted
 from sandboxd.isolation import IsolationTiers
 from sandboxd.pulls import Pulls
 from sandboxd.sessions import paging
@@ -71,11 +71,13 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.GetServerInfoResponse:
         api_version = await self._engine.ping()
         c = self._config
+        first_id = c.engine.host_uid_first
         return admin_pb2.GetServerInfoResponse(
             version=__version__,
             docker_api_version=api_version,
             security_defaults=admin_pb2.SecurityDefaults(
-                user="65534:65534",
+                # No one identity: each session gets its own from this block (uid = gid).
+                user=f"{first_id}-{first_id + c.engine.host_uid_count - 1}",
                 read_only_root_filesystem=True,
                 capabilities_dropped=["ALL"],
                 no_new_privileges=True,
@@ -111,7 +113,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         features = list(_BASE_FEATURES)
         if self._egress is not None and self._egress.filter_mode is not FilterMode.UNAVAILABLE:
             features.append("egress")
-        if self._config.metrics.listen:
+        if self._config.metrics.served:
             features.append("metrics")
         return features
 
@@ -144,18 +146,29 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         self, request: images_pb2.ListImagesRequest, context: Ctx
     ) -> images_pb2.ListImagesResponse:
         usable = await self._need_pulls().usable(self._image_patterns())
-        token = ""
-        if request.page_size or request.page_token:
-            usable, token = paging.page(
-                sorted(usable, key=_image_key),
-                _image_key,
-                paging.page_size(request.page_size),
-                request.page_token,
-                f"images {tenancy.current()!r}",
+        paged = bool(request.page_size or request.page_token)
+        if paged:
+            usable = sorted(usable, key=_image_key)
+        bound = f"images {tenancy.current()!r}"
+
+        async def page(size: int) -> images_pb2.ListImagesResponse:
+            chosen, token = usable, ""
+            if paged:
+                chosen, token = paging.page(
+                    usable, _image_key, paging.page_size(size), request.page_token, bound
+                )
+            return images_pb2.ListImagesResponse(
+                images=[image_convert.image_info_pb(rec, last) for rec, last in chosen],
+                next_page_token=token,
             )
-        return images_pb2.ListImagesResponse(
-            images=[image_convert.image_info_pb(rec, last) for rec, last in usable],
-            next_page_token=token,
+
+        def whole(size: int, limit: int) -> ResourceExhausted:
+            return replies.too_large(
+                "the list of every image", size, limit, "ask for pages (page_size)"
+            )
+
+        return await replies.fitted_page(
+            page, "images", request.page_size, whole=None if paged else whole
         )
 
 

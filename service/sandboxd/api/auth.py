@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -65,8 +65,17 @@ class LocalTenantInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return None if handler is None else _as_tenant(handler, None, self._grants)
 
 
+class Tokens(Protocol):
+    """Who a token belongs to and what that tenant was granted: a `tenancy.TokenTable`, or
+    the server's `TokenFile`, which a SIGHUP replaces whole between two calls."""
+
+    def authenticate(self, token: str) -> str | None: ...
+
+    def grants_of(self, tenant: str) -> tenancy.TenantGrants: ...
+
+
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, tokens: tenancy.TokenTable, private_networks: str = "deny") -> None:
+    def __init__(self, tokens: Tokens, private_networks: str = "deny") -> None:
         self._tokens = tokens
         self._private_networks = private_networks  # the server's egress_private_networks
 
@@ -119,13 +128,18 @@ def needs_admin(method: str) -> bool:
 
 
 def _refusing(handler: Any, exc: errors.SandboxError) -> Any:
-    """A handler of the same kind that only aborts: the servicer never sees the call."""
+    """A handler that only aborts: the servicer never sees the call. It is a client-streaming
+    one whatever the method is, so the server starts it at once instead of first reading the
+    request message (a unary method's handler runs only once the whole message arrived: an
+    unauthenticated caller could otherwise hold the stream, and a buffer of up to
+    max_message_bytes, by sending it slowly or never). The client sees the status alone,
+    which is all any refused call gets."""
 
-    async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def refuse(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await context.abort_with_status(to_status(exc))
 
-    kind = _kind(handler)
-    return handler._replace(**{kind: refuse})
+    del handler
+    return grpc.stream_unary_rpc_method_handler(refuse)
 
 
 def _as_tenant(handler: Any, tenant: str | None, grants: tenancy.TenantGrants) -> Any:

@@ -28,7 +28,9 @@ class EngineMonitor:
         health_servicer: health.aio.HealthServicer,
         on_up: Callable[[], object],
         service_names: Sequence[str],
+        report: Callable[[bool], None] | None = None,
     ) -> None:
+        self._report = report  # the engine_up gauge
         self._engine = engine
         self._health = health_servicer
         self._on_up = on_up
@@ -57,6 +59,8 @@ class EngineMonitor:
                 if asyncio.iscoroutine(result):
                     await result
         self.up = up
+        if self._report is not None:
+            self._report(up)
         return up
 
     async def run(self, interval_s: float) -> None:

@@ -1,11 +1,10 @@
 """What an error carries besides its code and message, in AIP-193 form, decided here once.
 
 ErrorInfo metadata keys: the service's errors name their metadata in snake_case with units in
-the value ("maximum": "600s"), as v1 always sent them. AIP-193 wants lowerCamelCase keys with
-the unit in the key ("maximumSeconds": "600"). Renaming them would change what v1 clients
-read, so every key is sent both ways while v1 lasts: the old key (deprecated) and its
-lowerCamelCase twin, a seconds value ("600s") moving its unit into the key. Clients should
-read the lowerCamelCase keys.
+the value ("maximum": "600s"), which reads well in Python. The wire follows AIP-193:
+lowerCamelCase keys with the unit in the key ("maximumSeconds": "600"), each key once. Sending
+both spellings (as the first v1 releases did) doubled every key a tool such as grpcurl shows and
+left callers to guess which one to read.
 
 RetryInfo: a retryable reason (errors.proto marks them) also gets a google.rpc.RetryInfo with
 the delay to wait, beside the deprecated `retry` metadata some errors still carry.
@@ -44,14 +43,13 @@ def camel(key: str) -> str:
 
 
 def metadata(md: Mapping[str, str]) -> dict[str, str]:
-    """The metadata with each snake_case key's lowerCamelCase twin (units in the key)."""
-    out = dict(md)
+    """The metadata as the wire carries it: lowerCamelCase keys, a seconds unit in the key."""
+    out: dict[str, str] = {}
     for key, value in md.items():
-        twin, seconds = camel(key), _SECONDS.match(value)
+        wire, seconds = camel(key), _SECONDS.match(value)
         if seconds:
-            twin, value = twin + "Seconds", seconds.group(1)
-        if twin != key and twin not in out:
-            out[twin] = value
+            wire, value = wire + "Seconds", seconds.group(1)
+        out.setdefault(wire, value)
     return out
 
 

@@ -46,6 +46,7 @@ STATUS_BY_ERROR: tuple[tuple[type[errors.SandboxError], grpc.StatusCode], ...] =
     (errors.Internal, grpc.StatusCode.INTERNAL),
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (StreamIdle, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
 )
 
 

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from sandboxd.api import convert
+from sandboxd.api import convert, replies
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config_sections import WatchSection
 from sandboxd.dir_watch import DirWatches
-from sandboxd.errors import InvalidArgument
+from sandboxd.errors import InvalidArgument, ResourceExhausted
 from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
 from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager, paging
 from sandboxd.v1 import filesystem_ext_pb2, filesystem_pb2, filesystem_pb2_grpc, watch_pb2
+
+# ReadFileResponse's fields besides `content` (mode, size, size_bytes: varints), with room over.
+_READ_REPLY_OTHERS_BYTES = 64
 
 
 async def _data(
@@ -46,8 +49,9 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
     async def ReadFile(
         self, request: filesystem_pb2.ReadFileRequest, context: Ctx
     ) -> filesystem_pb2.ReadFileResponse:
+        room = replies.room_for_content(replies.current(), _READ_REPLY_OTHERS_BYTES)
         async with self._sessions.use(request.session_id) as session:
-            got = await self._files.read(session, request.path)
+            got = await self._files.read(session, request.path, room)
         return filesystem_pb2.ReadFileResponse(
             content=got.content, mode=got.mode, size=got.size, size_bytes=got.size
         )
@@ -68,17 +72,32 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
     ) -> filesystem_pb2.ListDirResponse:
         async with self._sessions.use(request.session_id) as session:
             entries = await self._files.list_dir(session, request.path, request.depth)
-        token = ""
-        if request.page_size or request.page_token:
-            entries, token = paging.page(
-                sorted(entries, key=lambda e: e.path),
-                lambda e: e.path,
-                paging.page_size(request.page_size),
-                request.page_token,
-                f"listdir {session.session_id} {request.path!r} {request.depth}",
+        paged = bool(request.page_size or request.page_token)
+        if paged:
+            entries = sorted(entries, key=lambda e: e.path)
+        bound = f"listdir {session.session_id} {request.path!r} {request.depth}"
+
+        async def page(size: int) -> filesystem_pb2.ListDirResponse:
+            chosen, token = entries, ""
+            if paged:
+                chosen, token = paging.page(
+                    entries, lambda e: e.path, paging.page_size(size), request.page_token, bound
+                )
+            return filesystem_pb2.ListDirResponse(
+                entries=[convert.file_info_pb(e) for e in chosen], next_page_token=token
             )
-        return filesystem_pb2.ListDirResponse(
-            entries=[convert.file_info_pb(e) for e in entries], next_page_token=token
+
+        def whole(size: int, limit: int) -> ResourceExhausted:
+            return ResourceExhausted(
+                f"the listing of {request.path or '.'!r} would be a {size}-byte reply, over the "
+                f"{limit} bytes this caller accepts (max_reply_bytes; 4 MiB when unset): ask for "
+                "pages (page_size), or list a narrower folder or fewer levels (depth)",
+                reason=Reason.LISTING_TOO_LARGE,
+                metadata={"path": request.path, "limit": str(limit), "size": str(size)},
+            )
+
+        return await replies.fitted_page(
+            page, "entries", request.page_size, whole=None if paged else whole
         )
 
     @unary

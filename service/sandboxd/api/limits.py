@@ -9,7 +9,8 @@ tenant must not be able to keep them forever or take them all:
   writes every streamed reply itself with the same timeout, so a client that stops reading
   (an ExportArchive behind a stalled reader) ends the call with the same error instead of
   holding it; the servicer's generator is closed and its cleanup runs at once. Interact's
-  input may stay quiet (a person at a terminal): its command's timeout bounds it.
+  input may stay quiet (a person at a terminal): its own idle timeout bounds it
+  (InteractStart.idle_timeout, no input and no output; sandboxd.interactive).
 - `StreamCaps` (after authentication, so the tenant is known) counts each tenant's open
   streaming calls and refuses one over `tenant_max_streams` with RESOURCE_EXHAUSTED, reason
   TENANT_STREAM_QUOTA, before the servicer runs.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
+from sandboxd import tenancy
 from sandboxd.logging_setup import CURRENT_SESSION
 from sandboxd.metrics import Metrics
 
@@ -38,10 +40,16 @@ def _note_session(request: Any) -> None:
         CURRENT_SESSION.set(sid)
 
 
-class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Times each call until its reply (or last streamed message); counts output bytes."""
+access = logging.getLogger("sandboxd.access")
 
-    def __init__(self, metrics: Metrics) -> None:
+
+class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Times each call until its reply (or last streamed message); counts output bytes, the
+    calls in flight, and writes the access log: one INFO line per call with its method,
+    tenant, session, code and duration (a line an operator greps before anything else)."""
+
+    def __init__(self, metrics: Metrics, *, access_log: bool = True) -> None:
+        self._access_log = access_log
         self._metrics = metrics
         self._stdout = metrics.exec_output_bytes.labels("stdout")
         self._stderr = metrics.exec_output_bytes.labels("stderr")
@@ -59,15 +67,35 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return None
         method = str(handler_call_details.method).lstrip("/").removeprefix("sandboxd.v1.")
         histogram = self._metrics.rpc_duration
+        in_flight = self._metrics.rpc_in_flight.labels(method)
         count = self._count_output
+        logged = self._access_log
 
         def observe(start: float, context: Any, failed: bool) -> None:
+            in_flight.dec()
             code = _code_name(context, failed)
-            histogram.labels(method, code).observe(time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            histogram.labels(method, code).observe(seconds)
+            if logged:
+                # The tenant was set inside the handler, in this same task's context.
+                tenant = tenancy.current_tenant.get()
+                access.info(
+                    "%s %s %.1f ms",
+                    method,
+                    code,
+                    seconds * 1000,
+                    extra={
+                        "rpc": method,
+                        "tenant": tenant,
+                        "code": code,
+                        "duration_ms": round(seconds * 1000, 3),
+                    },
+                )
 
         def wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             async def timed(request: Any, context: Any) -> Any:
                 start = time.perf_counter()
+                in_flight.inc()
                 _note_session(request)
                 failed = True
                 try:
@@ -87,6 +115,7 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
             async def timed(request: Any, context: Any) -> AsyncIterator[Any]:
                 start = time.perf_counter()
+                in_flight.inc()
                 _note_session(request)
                 failed = True
                 try:

@@ -10,10 +10,10 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
 from sandboxd import interactive
-from sandboxd.api import convert
+from sandboxd.api import convert, replies
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config import Config
-from sandboxd.errors import InvalidArgument
+from sandboxd.errors import InvalidArgument, ResourceExhausted
 from sandboxd.exec_spec import ExecRequestInput, PtySize, prepare
 from sandboxd.execution import Executor
 from sandboxd.models import (
@@ -38,9 +38,6 @@ from sandboxd.request_ids import validate_request_id
 from sandboxd.sessions import SessionManager, paging
 from sandboxd.v1 import polish_pb2, process_pb2, process_pb2_grpc
 
-# What a RunResponse needs besides stdout and stderr (ids, status, duration), generously.
-_REPLY_ENVELOPE_BYTES = 64 * 1024
-
 _Request = process_pb2.ExecRequest | process_pb2.RunRequest | process_pb2.StartProcessRequest
 _EventResponse = TypeVar(
     "_EventResponse",
@@ -60,6 +57,14 @@ def _exec_input(req: _Request) -> ExecRequestInput:
         timeout_s=convert.optional_duration_s(req.timeout, req.HasField("timeout")),
         max_output_bytes=req.max_output_bytes or None,
     )
+
+
+def _fill_text(response: process_pb2.RunResponse, lossy: bool) -> None:
+    """stdout_text/stderr_text for OUTPUT_ENCODING_UTF8_LOSSY (a cut may split a character:
+    its bytes become U+FFFD like any invalid byte); they count toward the reply's size."""
+    if lossy:
+        response.stdout_text = response.stdout.decode("utf-8", errors="replace")
+        response.stderr_text = response.stderr.decode("utf-8", errors="replace")
 
 
 def _event_pb(event: AttachEvent, cls: type[_EventResponse]) -> _EventResponse:
@@ -129,6 +134,21 @@ def _process_key(p: BackgroundProcess) -> str:
     return f"{p.started_at.isoformat()} {p.process_id}"
 
 
+def _idle_timeout_s(start: process_pb2.InteractStart, default_s: float, max_s: float) -> float:
+    if not start.HasField("idle_timeout"):
+        return default_s
+    asked = convert.optional_duration_s(start.idle_timeout, True)
+    if asked is None or asked <= 0:
+        return default_s
+    if asked > max_s:
+        raise InvalidArgument(
+            f"idle_timeout of {asked:g} s is above the server maximum of {max_s:g} s (lease_max_s)",
+            reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
+            metadata={"limit": "idle_timeout", "maximum": f"{max_s:g}s"},
+        )
+    return asked
+
+
 def _first_message_error(what: str) -> InvalidArgument:
     return InvalidArgument(
         f"the first Interact message must be `start` (got {what})",
@@ -190,14 +210,16 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
 
     @unary
     async def Run(self, request: process_pb2.RunRequest, context: Ctx) -> process_pb2.RunResponse:
-        """Collects the output into one reply: what would not fit one message is dropped (the
-        command runs on to its end) and `truncated` set, so the exit status always arrives."""
+        """Collects the output into one reply of at most the caller's limit (max_reply_bytes,
+        else 4 MiB): what would not fit is dropped (the command runs on to its end) and
+        `truncated` set, so the exit status always arrives."""
         if request.output_encoding not in polish_pb2.OutputEncoding.values():
             raise InvalidArgument(
                 f"unknown output_encoding {request.output_encoding}", reason=Reason.INVALID_ARGUMENT
             )
+        limit = replies.current()
         out = {OutputStream.STDOUT: bytearray(), OutputStream.STDERR: bytearray()}
-        room = self._config.max_message_bytes - _REPLY_ENVELOPE_BYTES
+        room = limit  # stdout and stderr together; the rest of the reply is measured at the end
         cut = False
         response = process_pb2.RunResponse()
         async with self._sessions.use_for_command(request.session_id) as session:
@@ -217,14 +239,15 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
                         response.exit_code = event.exit_code
                         response.signal = event.signal
                         response.timed_out = event.timed_out
-                        response.truncated = event.truncated or cut
+                        response.truncated = event.truncated
                         response.duration.CopyFrom(convert.duration_pb(event.duration_s))
         response.stdout = bytes(out[OutputStream.STDOUT])
         response.stderr = bytes(out[OutputStream.STDERR])
-        if request.output_encoding == polish_pb2.OUTPUT_ENCODING_UTF8_LOSSY:
-            # A cut may split a character: its bytes become U+FFFD like any invalid byte.
-            response.stdout_text = response.stdout.decode("utf-8", errors="replace")
-            response.stderr_text = response.stderr.decode("utf-8", errors="replace")
+        lossy = request.output_encoding == polish_pb2.OUTPUT_ENCODING_UTF8_LOSSY
+        _fill_text(response, lossy)
+        if cut or response.ByteSize() > limit:
+            response.truncated = True  # set before the fit measures the reply: it counts too
+        replies.cut_to_fit(response, ("stdout", "stderr"), limit, lambda r: _fill_text(r, lossy))
         return response
 
     @stream
@@ -241,8 +264,15 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
             raise _first_message_error(f"`{action}`" if action else "an empty message")
         start = first.start
         pty = PtySize(start.pty.rows, start.pty.cols) if start.HasField("pty") else None
+        lease_max_s = self._config.leases.max_s
+        idle_s = _idle_timeout_s(start, self._config.server.interact_idle_timeout_s, lease_max_s)
         async with self._sessions.use_for_command(start.request.session_id) as session:
-            spec = prepare(session, _exec_input(start.request), self._config.limits.max)
+            spec = prepare(
+                session,
+                _exec_input(start.request),
+                self._config.limits.max,
+                interactive_s=lease_max_s,
+            )
             events = interactive.interact(
                 self._executor,
                 session,
@@ -250,6 +280,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
                 pty,
                 _controls(requests),
                 self._config.server.keepalive_interval_s,
+                idle_s,
             )
             origin = ProcessOrigin.INTERACT
             async for event in self._processes.track(session.session_id, spec, origin, events):
@@ -307,17 +338,26 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         async with self._sessions.use(request.session_id) as session:
             await self._processes.adopted(session.session_id)
             procs = self._processes.list(session.session_id)
-        token = ""
-        if request.page_size or request.page_token:
-            procs, token = paging.page(
-                procs,
-                _process_key,
-                paging.page_size(request.page_size),
-                request.page_token,
-                f"processes {session.session_id}",
+        paged = bool(request.page_size or request.page_token)
+        bound = f"processes {session.session_id}"
+
+        async def page(size: int) -> process_pb2.ListProcessesResponse:
+            chosen, token = procs, ""
+            if paged:
+                chosen, token = paging.page(
+                    procs, _process_key, paging.page_size(size), request.page_token, bound
+                )
+            return process_pb2.ListProcessesResponse(
+                processes=[_process_pb(p) for p in chosen], next_page_token=token
             )
-        return process_pb2.ListProcessesResponse(
-            processes=[_process_pb(p) for p in procs], next_page_token=token
+
+        def whole(size: int, limit: int) -> ResourceExhausted:
+            return replies.too_large(
+                "the list of every process", size, limit, "ask for pages (page_size)"
+            )
+
+        return await replies.fitted_page(
+            page, "processes", request.page_size, whole=None if paged else whole
         )
 
     @unary

@@ -6,7 +6,7 @@ Proto <-> domain only (`SessionManager`); every Session returned carries its lea
 
 from __future__ import annotations
 
-from sandboxd.api import convert
+from sandboxd.api import convert, replies
 from sandboxd.api.session_leases import LeaseEcho, expiry_action
 from sandboxd.sessions import SessionManager
 from sandboxd.v1 import session_pb2
@@ -35,18 +35,21 @@ class SessionLifecycleRpcs:
     async def ListSessions(
         self, request: session_pb2.ListSessionsRequest
     ) -> session_pb2.ListSessionsResponse:
-        sessions, token = await self._sessions.list_sessions(
-            dict(request.label_selector),
-            request.page_size,
-            request.page_token,
-            convert.session_state(request.state),
-        )
-        response = session_pb2.ListSessionsResponse(
-            sessions=[convert.session_pb(s) for s in sessions], next_page_token=token
-        )
-        for s in response.sessions:
-            await self._leases.echo(s)
-        return response
+        async def page(size: int) -> session_pb2.ListSessionsResponse:
+            sessions, token = await self._sessions.list_sessions(
+                dict(request.label_selector),
+                size,
+                request.page_token,
+                convert.session_state(request.state),
+            )
+            response = session_pb2.ListSessionsResponse(
+                sessions=[convert.session_pb(s) for s in sessions], next_page_token=token
+            )
+            for s in response.sessions:
+                await self._leases.echo(s)
+            return response
+
+        return await replies.fitted_page(page, "sessions", request.page_size)
 
     async def RenewLease(
         self, request: session_pb2.RenewLeaseRequest

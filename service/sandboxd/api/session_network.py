@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from google.protobuf import field_mask_pb2
 
-from sandboxd.api import convert, egress_convert
+from sandboxd.api import convert, egress_convert, replies
 from sandboxd.api.session_leases import LeaseEcho
 from sandboxd.errors import InvalidArgument
 from sandboxd.reasons import Reason
@@ -63,9 +63,12 @@ class SessionNetworkRpcs:
     async def ListEgressEvents(
         self, request: session_pb2.ListEgressEventsRequest
     ) -> session_pb2.ListEgressEventsResponse:
-        events, token = await self._sessions.egress_events(
-            request.session_id, request.page_size, request.page_token
-        )
-        return session_pb2.ListEgressEventsResponse(
-            events=[egress_convert.event_pb(e) for e in events], next_page_token=token
-        )
+        async def page(size: int) -> session_pb2.ListEgressEventsResponse:
+            events, token = await self._sessions.egress_events(
+                request.session_id, size, request.page_token
+            )
+            return session_pb2.ListEgressEventsResponse(
+                events=[egress_convert.event_pb(e) for e in events], next_page_token=token
+            )
+
+        return await replies.fitted_page(page, "events", request.page_size)

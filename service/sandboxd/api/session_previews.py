@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from google.protobuf import timestamp_pb2
 
-from sandboxd.api import convert
+from sandboxd.api import convert, replies
 from sandboxd.previews.publishing import Preview, Previews
 from sandboxd.v1 import previews_pb2
 
@@ -48,9 +48,12 @@ class SessionPreviewRpcs:
     async def ListPorts(
         self, request: previews_pb2.ListPortsRequest
     ) -> previews_pb2.ListPortsResponse:
-        previews, token = await self._previews.list_ports(
-            request.session_id, request.page_size, request.page_token
-        )
-        return previews_pb2.ListPortsResponse(
-            previews=[preview_pb(p) for p in previews], next_page_token=token
-        )
+        async def page(size: int) -> previews_pb2.ListPortsResponse:
+            previews, token = await self._previews.list_ports(
+                request.session_id, size, request.page_token
+            )
+            return previews_pb2.ListPortsResponse(
+                previews=[preview_pb(p) for p in previews], next_page_token=token
+            )
+
+        return await replies.fitted_page(page, "previews", request.page_size)

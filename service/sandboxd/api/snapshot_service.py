@@ -6,6 +6,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 from google.protobuf import timestamp_pb2
 
+from sandboxd.api import replies
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.archive import ArchiveIO
 from sandboxd.errors import InvalidArgument, NotFound
@@ -136,15 +137,15 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
     async def ListSnapshots(
         self, request: snapshot_pb2.ListSnapshotsRequest, context: Ctx
     ) -> snapshot_pb2.ListSnapshotsResponse:
-        snaps, token = await self._snapshots.list(
-            request.session_id,
-            request.page_size,
-            request.page_token,
-            dict(request.label_selector),
-        )
-        return snapshot_pb2.ListSnapshotsResponse(
-            snapshots=[snapshot_pb(s) for s in snaps], next_page_token=token
-        )
+        async def page(size: int) -> snapshot_pb2.ListSnapshotsResponse:
+            snaps, token = await self._snapshots.list(
+                request.session_id, size, request.page_token, dict(request.label_selector)
+            )
+            return snapshot_pb2.ListSnapshotsResponse(
+                snapshots=[snapshot_pb(s) for s in snaps], next_page_token=token
+            )
+
+        return await replies.fitted_page(page, "snapshots", request.page_size)
 
     @unary
     async def DeleteSnapshot(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from sandboxd.api import replies
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.api.limits import idle_limited
 from sandboxd.errors import InvalidArgument
@@ -83,10 +84,13 @@ class TemplateService(template_pb2_grpc.TemplateServiceServicer):
     async def ListTemplates(
         self, request: template_pb2.ListTemplatesRequest, context: Ctx
     ) -> template_pb2.ListTemplatesResponse:
-        page, token = await self._templates.list(request.page_size, request.page_token)
-        return template_pb2.ListTemplatesResponse(
-            templates=[template_pb(t) for t in page], next_page_token=token
-        )
+        async def page(size: int) -> template_pb2.ListTemplatesResponse:
+            found, token = await self._templates.list(size, request.page_token)
+            return template_pb2.ListTemplatesResponse(
+                templates=[template_pb(t) for t in found], next_page_token=token
+            )
+
+        return await replies.fitted_page(page, "templates", request.page_size)
 
     @unary
     async def DeleteTemplate(

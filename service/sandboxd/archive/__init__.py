@@ -1,8 +1,8 @@
 """Tar transfer in and out of a session's workspace.
 
 policy.py: the member rules (pure); check.py: the check loop over a stream; pipe.py: the
-queues between the event loop and the import thread; spools.py: the replace's reused spool
-files; transfer.py: export and import, run through the in-sandbox helper.
+queues between the event loop and the import thread; transfer.py: export and import, run
+through the in-sandbox helper.
 """
 
 from sandboxd.archive.check import check_and_forward

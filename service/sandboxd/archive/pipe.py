@@ -16,7 +16,7 @@ import asyncio
 import collections
 import tarfile
 import threading
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from sandboxd.archive import policy
 from sandboxd.errors import ResourceExhausted
@@ -32,12 +32,6 @@ _TAIL_BYTES = 4 * BLOCK  # what the import's source remembers for the end-of-arc
 _PAX_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
 
 T = TypeVar("T")
-
-
-class SpoolWriter(Protocol):
-    """Where a replace keeps its sanitised archive (spools.py; a BytesIO in tests)."""
-
-    def write(self, data: bytes, /) -> object: ...
 
 
 class Cancelled(Exception):
@@ -336,17 +330,12 @@ class Source:
 class Sink:
     """Collects the sanitised archive on the import thread and hands it to the outbox in
     batches of OUT_BATCH bytes, for the loop's writer task to send to the container's `tar -x`.
-
-    With a spool (a replace), the sanitised archive is also kept in a server-side temporary
-    file, and a tar that gives up (no room beside the old content) does not stop the check:
-    the import can then empty the destination and unpack again from the spool.
+    A tar that gives up (no room) ends the import: nothing is unpacked again.
     """
 
-    def __init__(self, outbox: Outbox, spool: SpoolWriter | None) -> None:
+    def __init__(self, outbox: Outbox) -> None:
         self._outbox = outbox
-        self._spool = spool
         self.limit: int | None = None  # most bytes that may be written so far (the caller's)
-        self.failed = False
         self._parts: list[bytes | memoryview] = []
         self._size = 0
         self.written = 0  # bytes of sanitised archive so far
@@ -380,19 +369,12 @@ class Sink:
         payload = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
         payload = bytes(payload) if isinstance(payload, memoryview) else payload
         self._parts, self._size = [], 0
-        if not self.failed:
-            try:
-                self._outbox.put(payload)
-            except (SinkError, Cancelled) as exc:
-                if isinstance(exc, Cancelled) and not self.gone:
-                    raise
-                if self._spool is None:
-                    raise SinkError(str(exc)) from exc
-                self.failed = True
-        if self._spool is not None:
-            # After the hand-over: the loop sends this batch to tar while the thread copies
-            # it to the spool (on the import thread: blocking here is fine).
-            self._spool.write(payload)
+        try:
+            self._outbox.put(payload)
+        except (SinkError, Cancelled) as exc:
+            if isinstance(exc, Cancelled) and not self.gone:
+                raise
+            raise SinkError(str(exc)) from exc
 
 
 def retrieve(fut: asyncio.Future[Any]) -> None:

@@ -148,9 +148,19 @@ def normalize_member_name(raw: str) -> str:
     if ".." in parts:
         raise refuse(Reason.ARCHIVE_PATH_TRAVERSAL, raw, "'..' is not allowed in a member name")
     name = "/".join(parts)
-    # Names are bytes on Linux: tarfile hands non-UTF-8 ones over as surrogate escapes.
-    if len(name.encode(errors="surrogateescape")) > validation.MAX_PATH_BYTES:
+    # Names are bytes on Linux: tarfile hands non-UTF-8 ones over as surrogate escapes. What
+    # the kernel would refuse (a component over NAME_MAX, a path of PATH_MAX with its NUL) is
+    # refused here, by name, rather than by tar midway as an internal error.
+    if len(name.encode(errors="surrogateescape")) >= validation.MAX_PATH_BYTES:
         raise refuse(Reason.ARCHIVE_MEMBER_INVALID, raw[:256], "the name is too long")
+    longest = max((len(p.encode(errors="surrogateescape")) for p in parts), default=0)
+    if longest > validation.MAX_PATH_COMPONENT_BYTES:
+        raise refuse(
+            Reason.ARCHIVE_MEMBER_INVALID,
+            raw[:256],
+            f"a name in it is {longest} bytes, over the {validation.MAX_PATH_COMPONENT_BYTES} "
+            "a file name may have",
+        )
     return name
 
 

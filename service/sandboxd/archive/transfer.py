@@ -12,7 +12,10 @@ Python's tarfile, forward only as it streams, on a dedicated thread (pipe.py); e
 checked against SECURITY.md's archive rules (policy.py) and re-emitted, sanitised, to `tar -x`
 in a fresh staging folder inside the workspace. Only when the whole archive was good and tar
 succeeded does `sbx merge` move the staged entries into place with renameat (never through a
-symlink). Any refusal removes the staging folder: the workspace is as it was.
+symlink), all or nothing: what gives way is renamed aside and everything is renamed back if
+any step fails. The stage sits beside the content it replaces, so an archive is imported only
+when the workspace has room for both; otherwise it is refused WORKSPACE_FULL while the old
+content is untouched. Any refusal removes the staging folder: the workspace is as it was.
 
 Every tar and helper run goes through the helper client, without the session's environment.
 """
@@ -24,11 +27,9 @@ import contextlib
 import json
 import logging
 import secrets
-import tempfile
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sandboxd import validation
@@ -48,7 +49,6 @@ from sandboxd.archive.pipe import (
     settle,
 )
 from sandboxd.archive.policy import ArchiveLimits, MemberChecker
-from sandboxd.archive.spools import Spool, Spools
 from sandboxd.engine import Engine
 from sandboxd.errors import (
     FailedPrecondition,
@@ -63,7 +63,6 @@ from sandboxd.helper_client import (
     STDERR_LIMIT,
     HelperClient,
     HelperResult,
-    NoRoom,
     drain,
     tool_argv,
     tool_error,
@@ -129,7 +128,6 @@ class ArchiveIO:
         engine: Engine,
         files: Files,
         max_members: int = policy.DEFAULT_MAX_MEMBERS,
-        spool_dir: Path | None = None,
         helper: HelperClient | None = None,
     ) -> None:
         policy.ensure_safe_tarfile()  # start-up: no imports on a tarfile with CVE-2024-6232
@@ -137,11 +135,6 @@ class ArchiveIO:
         self._helper_client = helper or files.helper
         self._files = files
         self._max_members = max_members
-        self._spools = Spools(spool_dir or Path(tempfile.gettempdir()))
-
-    def close(self) -> None:
-        """Server shutdown: close the idle spools kept for the next replace imports."""
-        self._spools.close()
 
     async def _is_file(self, session: Session, rel: str) -> bool:
         """Whether `rel` is a regular file (anything else exports as a folder, or fails as
@@ -225,46 +218,26 @@ class ArchiveIO:
             existing_hashes=existing,
         )
         stage = STAGE_PREFIX + secrets.token_hex(6)
-        spool = await self._spools.take() if replace else None
         merged = made = False
         try:
             await self._helper(session, ["mkdir", stage], stage)
-            try:
-                members, content = await self._unpack(session, stage, chunks, checker, spool)
-            except NoRoom:
-                if spool is None or missing:
-                    raise
-                # The whole archive was checked and is within the cap, but does not fit beside
-                # the content it replaces: empty the destination, then unpack again.
-                log.info("replace import: emptying %s first to make room", rel)
-                await self._remove_stage(session, stage)
-                await self._helper(session, ["mkdir", stage], stage)
-                await self._helper(session, ["merge", stage, rel, "--replace"], rel)
-                await self._helper(session, ["mkdir", stage], stage)
-                again = MemberChecker(checker.limits)
-                spool.settled = False  # read on threads until this unpack is done
-                members, content = await self._unpack(
-                    session, stage, spool.read_back(), again, None
-                )
-                spool.settled = True
-                checker.deferred_modes[:] = again.deferred_modes
+            # The new tree is staged beside the old one, which needs room for both: a stage
+            # that fills the workspace is refused (NoRoom, WORKSPACE_FULL) here, before
+            # anything of the old content was touched.
+            members, content = await self._unpack(session, stage, chunks, checker)
             if missing:
                 made = True
                 await self._helper(session, ["mkdir", rel, "--parents"], rel)
+            # All or nothing: `sbx merge` renames what gives way aside and takes it all back
+            # if any step fails; it removes the stage once everything is in place.
             args = ["merge", stage, rel] + (["--replace"] if replace else [])
             await self._helper(session, args, rel)
             merged = True
         finally:
-            try:
-                if not merged:
-                    await asyncio.shield(self._remove_stage(session, stage))
-                    if made and missing:
-                        await asyncio.shield(self._remove_stage(session, missing))
-            finally:
-                # Also when the clean-up above is cancelled or fails: the spool is returned
-                # (or closed) whatever happened, never left open for the garbage collector.
-                if spool is not None:
-                    self._spools.give_back(spool)
+            if not merged:
+                await asyncio.shield(self._remove_stage(session, stage))
+                if made and missing:
+                    await asyncio.shield(self._remove_stage(session, missing))
         await self._close_directories(session, rel, checker.deferred_modes)
         return ImportResult(files=members, bytes=content)
 
@@ -361,7 +334,6 @@ class ArchiveIO:
         stage: str,
         chunks: AsyncIterator[bytes],
         checker: MemberChecker,
-        spool: Spool | None,
     ) -> tuple[int, int]:
         loop = asyncio.get_running_loop()
         inbox, outbox = Inbox(loop, INBOX_BYTES), Outbox(loop, OUTBOX_BYTES)
@@ -370,7 +342,7 @@ class ArchiveIO:
         argv = tool_argv(stage, ["tar", "-x", "-o", "-f", "-"])
         stderr = bytearray()
         async with self._helper_client.open(session, argv, stdin=True) as stream:
-            source, sink = Source(inbox), Sink(outbox, spool)
+            source, sink = Source(inbox), Sink(outbox)
 
             async def feed() -> None:
                 try:
@@ -459,9 +431,7 @@ class ArchiveIO:
                     await reader
                 # The thread ends promptly once cancelled; wait so nothing outlives the call.
                 await asyncio.shield(join_thread(thread))
-                if spool is not None:
-                    spool.settled = True  # nothing writes to it any more: it may be reused
-        if code != 0 or counts is None or sink.failed or sink.gone:
+        if code != 0 or counts is None or sink.gone:
             raise tool_error("import", "tar", HelperResult(code, b"", bytes(stderr)), stage)
         return counts
 

@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 
 from sandboxd.audit.events import AuditEvent, AuditQuery
+from sandboxd.schema import statements
 from sandboxd.sqlite_file import SqliteFile
 
 _SCHEMA = """
@@ -32,7 +33,8 @@ CREATE INDEX IF NOT EXISTS audit_time ON audit_events (time);
 
 
 class AuditStore(SqliteFile):
-    SCHEMA = _SCHEMA
+    PART = "audit_events"
+    STEPS = (statements(_SCHEMA),)  # 0.1.0
     ROWS_BY_NAME = False
 
     async def append(self, events: Sequence[AuditEvent]) -> list[AuditEvent]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandboxd.config_sections.units import MiB
+from sandboxd.config_sections.units import GiB, MiB
 from sandboxd.settings import (
     BOOL,
     DURATION,
@@ -38,6 +38,14 @@ class TenancySection:
     )
     max_concurrent_execs: int = setting(
         0, INT, "running commands per tenant (0: no cap)", lo=0, flat="tenant_max_concurrent_execs"
+    )
+    max_image_bytes: int = setting(
+        20 * GiB,
+        SIZE,
+        "bytes of a tenant's templates and image snapshots together, by whole image size "
+        "(beyond: TENANT_IMAGE_QUOTA; 0: no cap)",
+        lo=0,
+        flat="tenant_max_image_bytes",
     )
     max_streams: int = setting(
         256, INT, "open streaming RPCs per tenant (0: no cap)", lo=0, flat="tenant_max_streams"

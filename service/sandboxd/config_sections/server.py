@@ -18,6 +18,11 @@ from sandboxd.settings import (
     setting,
 )
 
+# The first id of the default block: systemd's "unused" span above 1879048191 (its container
+# ranges end there) and below its foreign ranges (2147352576): docs/uids-gids of systemd.
+HOST_UID_FIRST = 1_900_000_000
+MAX_ID = 2**31 - 1  # validation's bound on a uid or gid
+
 
 def _keeper_problem(value: str) -> str | None:
     uid, sep, gid = value.partition(":")
@@ -33,8 +38,20 @@ def _owner_problem(value: str) -> str | None:
     return None if ok else "letters, digits, '_', '.', '-' only"
 
 
+METRICS_OFF = ("", "off")
+
+
 def _metrics_listen_problem(value: str) -> str | None:
-    return host_port_problem(value, "127.0.0.1:9464") if value else None
+    return None if value in METRICS_OFF else host_port_problem(value, "127.0.0.1:9464")
+
+
+def _otlp_endpoint_problem(value: str) -> str | None:
+    if not value:
+        return None
+    address = value.split("://", 1)[1] if "://" in value else value
+    if "://" in value and value.split("://", 1)[0] not in ("http", "https"):
+        return "use host:port, http://host:port (plaintext) or https://host:port"
+    return host_port_problem(address.rstrip("/"), "127.0.0.1:4317", ip_only=False)
 
 
 @dataclass(frozen=True)
@@ -59,6 +76,14 @@ class ServerSection:
     )
     keepalive_interval_s: float = setting(
         15.0, DURATION, "keepalive period of quiet process streams", lo=0, lo_open=True
+    )
+    interact_idle_timeout_s: float = setting(
+        1800.0,
+        DURATION,
+        "Interact ends a command with no input and no output for this long (a call may ask "
+        "for another, up to lease_max_s)",
+        lo=0,
+        lo_open=True,
     )
     log_level: str = setting(
         "INFO", TEXT, "DEBUG, INFO, WARNING or ERROR", choices=("DEBUG", "INFO", "WARNING", "ERROR")
@@ -99,6 +124,16 @@ class EngineSection:
     pool_size: int = setting(
         0, INT, "warm containers kept for default sessions (0: off)", lo=0, hi=256
     )
+    # Each session's own host uid and gid (the same number), so that no kernel count kept per
+    # uid (inotify instances, pipe pages, message queues, RLIMIT_NPROC...) is shared between
+    # sessions. The default block lies in the ids systemd leaves unused (above its container
+    # ranges, below 2^31): no normal or system user, no nspawn or rootless-podman range.
+    host_uid_first: int = setting(
+        HOST_UID_FIRST, INT, "first host uid (and gid) allocated to sessions", lo=1000, hi=MAX_ID
+    )
+    host_uid_count: int = setting(
+        65536, INT, "how many host uids sessions are allocated from", lo=1, hi=1 << 24
+    )
     engine_check_interval_s: float = setting(
         2.0, DURATION, "how often the engine is pinged", lo=0, lo_open=True
     )
@@ -106,15 +141,30 @@ class EngineSection:
 
 @dataclass(frozen=True)
 class MetricsSection:
-    """The Prometheus endpoint."""
+    """What an operator watches: the Prometheus endpoint, traces and the access log."""
 
     listen: str = setting(
-        "",
+        "127.0.0.1:9464",
         TEXT,
-        "Prometheus /metrics address host:port (empty: off)",
+        "Prometheus /metrics address host:port (off: none); loopback unless set otherwise",
         check=_metrics_listen_problem,
         flat="metrics_listen",
     )
+    otlp_endpoint: str = setting(
+        "",
+        TEXT,
+        "OpenTelemetry collector for traces over OTLP/gRPC: host:port or https://host:port "
+        "(TLS), http://host:port (plaintext); empty: spans are not exported",
+        check=_otlp_endpoint_problem,
+    )
+    access_log: bool = setting(
+        True, BOOL, "one INFO line per RPC: method, tenant, session, code, duration"
+    )
+
+    @property
+    def served(self) -> bool:
+        """Whether /metrics is served at all (`metrics_listen = "off"` turns it off)."""
+        return self.listen not in METRICS_OFF
 
 
 def _tiers_problem(value: str) -> str | None:

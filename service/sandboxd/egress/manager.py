@@ -186,6 +186,7 @@ class EgressManager:
             audit,
             protected=self._protected,
             interceptor=self._secrets.interceptor(sid, session.tenant, policy),
+            tenant=session.tenant,
         )
         log.info("egress proxy of %s up (agent port %d)", sid, self.port)
         return self.port

@@ -104,8 +104,12 @@ class EgressProxy:
         audit: AuditLog,
         protected: Protected | None = None,
         interceptor: Interceptor | None = None,
+        tenant: str = "",
     ) -> None:
         self.session_id = session_id
+        # The resolver's threads are shared by every proxy: its per-owner share is the
+        # tenant's, so a tenant's many sessions together hold no more than one share.
+        self._lookup_owner = f"tenant:{tenant}" if tenant else f"session:{session_id}"
         self.interceptor = interceptor  # secrets: TLS terminated for their bound hosts
         self.rules = rules
         self.quotas = quotas
@@ -299,7 +303,7 @@ class EgressProxy:
             raise refuse(429, "QUOTA_DNS", "too many name lookups in flight")
         self._dns_in_flight += 1
         try:
-            answers = await self._resolver.resolve(req.host, req.port, owner=self.session_id)
+            answers = await self._resolver.resolve(req.host, req.port, owner=self._lookup_owner)
         except ResolverBusy as exc:
             raise refuse(429, "QUOTA_DNS", f"name lookups are busy: {exc}") from None
         except (OSError, TimeoutError, UnicodeError):

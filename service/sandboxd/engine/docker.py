@@ -392,3 +392,7 @@ class DockerEngine:
     async def prune_images(self, labels: Mapping[str, str]) -> None:
         with self._translate("pruning images"):
             await docker_build.prune(self.docker, labels)
+
+    async def build_usage(self, labels: Mapping[str, str]) -> int:
+        with self._translate("measuring a build"):
+            return await docker_build.usage(self.docker, labels)

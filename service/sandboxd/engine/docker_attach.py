@@ -19,6 +19,7 @@ from aiodocker.stream import Stream
 
 from sandboxd.agent.channel import Channel
 from sandboxd.agent.exec_stream import AgentExec
+from sandboxd.agent.memory import budget_of_container
 from sandboxd.agent.router import Attached, Paused
 from sandboxd.engine import compat
 from sandboxd.engine.docker_profile import commands_user
@@ -99,6 +100,7 @@ class DockerAgentPort:
             user,
             env,
             session_id=str(labels.get(LABEL_SESSION, "")),
+            budget=budget_of_container(info.get("HostConfig") or {}),
         )
 
     async def rescue(self, sandbox_id: str, user: str) -> str:

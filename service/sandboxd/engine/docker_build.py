@@ -1,9 +1,14 @@
 """Image builds on the Docker Engine API (the Docker adapter's part of templates).
 
-The classic builder (`POST /build`) runs each step in a container with the limits given here:
-network `none`, a memory cap without swap, a CPU quota. Intermediate containers are always
-removed (`forcerm`); intermediate images are removed by `prune_images` with the build's own
-label, which the caller's Dockerfile carries from its first step on.
+The classic builder (`POST /build`, asked for by `version=1` so that a daemon whose default
+moves to BuildKit does not bring its frontends, heredocs, `RUN --mount` or `--network` with
+it) runs each step in a container with the limits given here: network `none`, a memory cap
+without swap, a CPU quota. Intermediate containers are always removed (`forcerm`);
+intermediate images are removed by `prune_images` with the build's own label, which the
+caller's Dockerfile carries from its first step on. The engine offers no disk limit for a
+build (`--storage-opt size` needs overlay2 on xfs with project quotas, and `POST /build` takes
+none), so `usage` measures what the build has made so far for the caller to stop it by, and
+each step runs with RLIMIT_FSIZE (`ulimits`), which bounds any one file a step writes.
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
 def build_params(
     dockerfile: str, tag: str, labels: Mapping[str, str], limits: BuildLimits
 ) -> dict[str, str]:
-    return {
+    params = {
         "t": tag,
+        "version": "1",
         "dockerfile": dockerfile,
         "rm": "1",
         "forcerm": "1",
@@ -49,6 +55,10 @@ def build_params(
         "cpuquota": str(max(1000, limits.millicpus * CPU_PERIOD_US // 1000)),
         "labels": json.dumps(dict(labels)),
     }
+    if limits.file_bytes:
+        n = limits.file_bytes
+        params["ulimits"] = json.dumps([{"Name": "fsize", "Soft": n, "Hard": n}])
+    return params
 
 
 async def build(
@@ -111,3 +121,15 @@ async def prune(docker: aiodocker.Docker, labels: Mapping[str, str]) -> None:
         "images/prune", "POST", params={"filters": json.dumps(filters)}
     ) as response:
         await response.read()
+
+
+async def usage(docker: aiodocker.Docker, labels: Mapping[str, str]) -> int:
+    """The largest image or step container root filesystem carrying all of `labels`."""
+    filters = json.dumps({"label": [f"{k}={v}" for k, v in labels.items()]})
+    made = await docker._query_json("images/json", params={"all": "1", "filters": filters})
+    steps = await docker._query_json(
+        "containers/json", params={"all": "1", "size": "1", "filters": filters}
+    )
+    sizes = [int(i.get("Size") or 0) for i in made or ()]
+    sizes += [int(c.get("SizeRootFs") or 0) for c in steps or ()]
+    return max(sizes, default=0)

@@ -32,8 +32,10 @@ AGENT_CMD = (HELPER_IN_CONTAINER, "agent")
 # The HostConfig fields a tampering check compares (plus the capabilities, no-new-privileges,
 # and the main process's command and user, which say who the commands run as).
 # Runtime: a sandbox moved from gvisor to runc would lose its kernel boundary unnoticed.
+# OomScoreAdj: the agent's, 0, below every command's 1000 (SECURITY.md, "Memory of the agent").
 _CHECKED = (
     "Memory",
+    "OomScoreAdj",
     "MemorySwap",
     "NanoCpus",
     "PidsLimit",
@@ -97,6 +99,9 @@ def container_config(
         "HostConfig": {
             "NetworkMode": "none",
             "Runtime": runtime,
+            # The agent's (PID 1's): a lower one needs CAP_SYS_RESOURCE in the engine, which
+            # not every engine has (this one's dockerd has not: measured).
+            "OomScoreAdj": 0,
             "ReadonlyRootfs": True,
             "Tmpfs": {
                 "/workspace": (
@@ -202,9 +207,9 @@ def _caps(names: object) -> frozenset[str]:
 
 def conforms(want: Mapping[str, Any], info: Mapping[str, Any]) -> bool:
     """False when a container's limits or security settings are not the requested ones: every
-    capability added must be exactly the requested set (the agent's three, or none), and the
+    capability added must be exactly the requested set (the agent's three, or none), the
     main process the requested command as the requested user (with the agent's capabilities,
-    another command line could run commands as root)."""
+    another command line could run commands as root), the workspace the session's own."""
     wanted = want["HostConfig"]
     have = info.get("HostConfig") or {}
     if any(have.get(k) != wanted.get(k) for k in _CHECKED):
@@ -212,6 +217,11 @@ def conforms(want: Mapping[str, Any], info: Mapping[str, Any]) -> bool:
     if _caps(have.get("CapAdd")) != _caps(wanted.get("CapAdd")):
         return False
     if "ALL" not in _caps(have.get("CapDrop")):
+        return False
+    # The workspace's owner is the session's host uid (its `uid=`/`gid=`): another would be a
+    # container made for another identity.
+    workspace = (have.get("Tmpfs") or {}).get("/workspace")
+    if workspace != wanted["Tmpfs"]["/workspace"]:
         return False
     config = info.get("Config") or {}
     if list(config.get("Cmd") or []) != list(want["Cmd"]):

@@ -121,4 +121,5 @@ async def inspect(docker: aiodocker.Docker, image: str) -> ImageDetails | None:
         repo_digests=tuple(str(d) for d in info.get("RepoDigests") or ()),
         repo_tags=tuple(str(t) for t in info.get("RepoTags") or ()),
         size_bytes=int(info.get("Size") or 0),
+        onbuild=tuple(str(t) for t in (info.get("Config") or {}).get("OnBuild") or ()),
     )

@@ -103,6 +103,7 @@ class ImageDetails:
     repo_digests: tuple[str, ...] = ()
     repo_tags: tuple[str, ...] = ()
     size_bytes: int = 0
+    onbuild: tuple[str, ...] = ()  # the ONBUILD triggers a build FROM it would run
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class BuildLimits:
 
     memory_bytes: int
     millicpus: int
+    file_bytes: int = 0  # the largest file a step may write (RLIMIT_FSIZE); 0: no limit
 
 
 @dataclass(frozen=True)
@@ -283,6 +285,12 @@ class Engine(Protocol):
 
     async def prune_images(self, labels: Mapping[str, str]) -> None:
         """Remove every image carrying all of `labels` that no container uses."""
+        ...
+
+    async def build_usage(self, labels: Mapping[str, str]) -> int:
+        """How large, in bytes, the image a running build makes is so far: the largest of
+        the images and the step containers' root filesystems (image plus what the step
+        wrote) carrying all of `labels`; 0 when there are none."""
         ...
 
 

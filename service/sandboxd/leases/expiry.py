@@ -9,6 +9,7 @@ A snapshot that cannot be taken never keeps a session alive: it is logged, said 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -45,7 +46,9 @@ class ExpiryPolicy:
         store: SessionStore,
         *,
         suspend_for: timedelta,
+        on_expired: Callable[[str], None] | None = None,
     ) -> None:
+        self._on_expired = on_expired  # "delete", "suspend" or "snapshot": the metrics count
         self._terms = terms
         self._keeper = keeper
         self._store = store
@@ -53,7 +56,7 @@ class ExpiryPolicy:
 
     async def __call__(self, session: Session, sandboxes: Teardown) -> bool:
         terms = await self._terms.get(session.session_id)
-        reason = "lease expired"
+        reason, action = "lease expired", "delete"
         running = session.state is SessionState.RUNNING
         if terms.on_expiry in (SUSPEND, SNAPSHOT_THEN_DELETE) and running:
             try:
@@ -68,11 +71,17 @@ class ExpiryPolicy:
             else:
                 if terms.on_expiry == SUSPEND:
                     await self._suspend(session, sandboxes, snap)
+                    self._expired("suspend")
                     return True
-                reason = f"lease expired; snapshot {snap.snapshot_id} kept"
+                reason, action = f"lease expired; snapshot {snap.snapshot_id} kept", "snapshot"
         await self._terms.set_end_reason(session.session_id, reason)
         await self._terms.forget_orphans()
+        self._expired(action)
         return False
+
+    def _expired(self, action: str) -> None:
+        if self._on_expired is not None:
+            self._on_expired(action)
 
     async def _suspend(self, session: Session, sandboxes: Teardown, snap: Snapshot) -> None:
         await sandboxes.teardown(session, quiet=False, keep_network=True)

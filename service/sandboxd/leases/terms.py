@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import aiosqlite
 
+from sandboxd.schema import migrate, statements
+
 DELETE = "DELETE"
 SUSPEND = "SUSPEND"
 SNAPSHOT_THEN_DELETE = "SNAPSHOT_THEN_DELETE"
@@ -24,6 +26,7 @@ CREATE TABLE IF NOT EXISTS session_terms (
     end_reason TEXT NOT NULL DEFAULT ''
 );
 """
+_STEPS = (statements(_SCHEMA),)  # 0.1.0 (sandboxd.schema: new steps go at the end)
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class LeaseTermsStore:
         self._db = db
 
     async def open(self) -> LeaseTermsStore:
-        await self._db.executescript(_SCHEMA)
+        await migrate(self._db, "session_terms", _STEPS)
         await self._db.commit()
         return self
 

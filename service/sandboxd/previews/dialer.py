@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from sandboxd.engine import Engine, ExecRequest, ExecStream
@@ -28,14 +28,20 @@ from sandboxd.profile import HELPER_IN_CONTAINER
 READ_CHUNK = 256 * 1024
 STDERR_KEEP = 4096
 
+Inspect = Callable[[bytes], None]
+
 
 class ByteStream(Protocol):
     async def read_some(self, limit: int = READ_CHUNK) -> bytes:
         """What is there (at most `limit`, waiting for at least one byte); b"" at the end."""
         ...
 
-    async def read_until(self, separator: bytes, limit: int) -> bytes:
-        """Up to and including `separator`; raises `TooLong` past `limit`, `EOFError` at the end."""
+    async def read_until(
+        self, separator: bytes, limit: int, inspect: Inspect | None = None
+    ) -> bytes:
+        """Up to and including `separator`; raises `TooLong` past `limit`, `EOFError` at the end.
+        `inspect` sees the bytes of the answer as they arrive, in order and each once (a
+        parser that raises on the first bad byte, before the rest has come)."""
         ...
 
     async def read_exactly(self, n: int) -> bytes: ...
@@ -46,6 +52,11 @@ class ByteStream(Protocol):
 
     def failure(self) -> str:
         """Why the stream ended early, as the dialer saw it ("" when it did not say)."""
+        ...
+
+    def buffered(self) -> int:
+        """Bytes read from the other side and not yet taken (after a whole answer: bytes the
+        sandbox sent beyond it, which make its connection unfit for another request)."""
         ...
 
 
@@ -102,22 +113,36 @@ class Buffered:
         del self._buf[:n]
         return out
 
-    async def read_until(self, separator: bytes, limit: int) -> bytes:
-        start = 0
+    async def read_until(
+        self, separator: bytes, limit: int, inspect: Inspect | None = None
+    ) -> bytes:
+        start = seen = 0
         while True:
             at = self._buf.find(separator, start)
             if at >= 0:
                 end = at + len(separator)
                 if end > limit:
                     raise TooLong
+                if inspect is not None:
+                    inspect(bytes(self._buf[seen:end]))
                 out = bytes(self._buf[:end])
                 del self._buf[:end]
                 return out
             if len(self._buf) > limit:
                 raise TooLong
+            if inspect is not None and len(self._buf) > seen:
+                inspect(bytes(self._buf[seen:]))
+                seen = len(self._buf)
             start = max(0, len(self._buf) - len(separator) + 1)
             if not await self._fill():
                 raise EOFError
+
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    async def readable(self) -> bool:
+        """Whether more bytes come (waiting for the first of them); False at the end."""
+        return bool(self._buf) or await self._fill()
 
     async def read_exactly(self, n: int) -> bytes:
         while len(self._buf) < n:

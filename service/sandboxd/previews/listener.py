@@ -7,12 +7,19 @@ messages; its public API never hands the raw connection over after a 101). A pre
 chunked bodies, Server-Sent Events and WebSocket frames through unchanged, so the listener
 frames HTTP/1.1 itself (`http1`) and relays bytes (`relay`); TLS is the standard library's.
 
-Each client connection is one task, owned here and cancelled at shutdown. Every request on it
-is routed and checked again (`access`), so a keep-alive connection can never carry a request
-to a preview its token does not open; its connection to the sandbox is reused while requests
-go to the same preview. Answers: 400 malformed request, 401/403/404 (access), 404 session not
-running, 429 over a session's preview limits, 502 nothing answers on the port, 504 the
-sandbox did not begin its answer within `preview_timeout`.
+Each client connection is one task, owned here and cancelled at shutdown, and held under
+`admission`: pending (its own pool, a cap per source) until a request opened a preview, then
+counted against that preview's tenant. A new connection's first head (its TLS handshake
+included) must be whole within `head_timeout`, a kept-alive one's next head within
+`head_timeout` of its first byte. Every request is routed and checked again (`access`), so a
+keep-alive or pipelined connection can never carry a request to a preview its own token does
+not open; its connection to the sandbox is reused only while requests go to the same session,
+port and publication and the sandbox sent nothing beyond its answers, and it becomes a tunnel
+only for an upgrade both ends agreed on (`upgrade`). Answers: 400 malformed request, 401/403/404
+(access), 404 session not running, 408 no whole head in time, 429 over a session's preview
+limits or the tenant's connections, 502 nothing answers on the port or the sandbox answered
+what cannot be relayed, 503 the listener or the source is full, 504 the sandbox did not begin
+its answer within `preview_timeout`.
 """
 
 from __future__ import annotations
@@ -30,13 +37,22 @@ from pathlib import Path
 
 from sandboxd.audit.events import AuditEvent
 from sandboxd.models import SessionState
-from sandboxd.previews import access, http1
+from sandboxd.previews import access, http1, upgrade
+from sandboxd.previews.admission import Admission, Full, Ticket, source_of
 from sandboxd.previews.connections import Connection, OpenConnections, OverLimit
 from sandboxd.previews.dialer import BackendReset, ByteStream, PortDialer
 from sandboxd.previews.metrics import PreviewMetrics
 from sandboxd.previews.publishing import Address
 from sandboxd.previews.registry import PortRegistry, Publication
-from sandboxd.previews.relay import ClientStream, Outcome, SandboxGone, SandboxSilent, exchange
+from sandboxd.previews.relay import (
+    BadRequestBody,
+    ClientStream,
+    Outcome,
+    SandboxBroke,
+    SandboxGone,
+    SandboxSilent,
+    exchange,
+)
 from sandboxd.previews.settings import PreviewsSection
 from sandboxd.previews.tokens import TokenSigner
 from sandboxd.store import SessionStore
@@ -114,12 +130,18 @@ class PreviewListener:
         self._tls = tls
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._admission = Admission(
+            settings.max_clients,
+            settings.max_pending,
+            settings.max_pending_per_source,
+            settings.max_tenant_clients,
+        )
 
     async def __aenter__(self) -> PreviewListener:
         host, _, port = self._settings.listen.rpartition(":")
-        self._server = await asyncio.start_server(
-            self._accept, host.strip("[]"), int(port), ssl=self._tls
-        )
+        # TLS per connection (`_accept`), within the head's deadline and after admission: a
+        # handshake that never ends is a pending connection like a head that never ends.
+        self._server = await asyncio.start_server(self._accept, host.strip("[]"), int(port))
         bound = self._server.sockets[0].getsockname()
         self._address.scheme = "https" if self._tls else "http"
         self._address.host = host
@@ -140,22 +162,39 @@ class PreviewListener:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        client = ClientStream(reader, writer)
-        if len(self._tasks) >= self._settings.max_clients:
-            # Before any head is read: a flood of idle connections costs one write each.
-            await self._refuse(client, Refused(503, "listener_full", "too many connections"))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.head_timeout_s
+        evicted = self._admission.evicted
+        try:
+            ticket = self._admission.arrive(source_of(writer.get_extra_info("peername")), task)
+        except Full as full:
+            # Before any byte is read: a flood of connections costs one buffered write each.
+            self._metrics.refused.labels(full.why).inc()
             self._metrics.requests.labels("503").inc()
+            if self._tls is None:
+                writer.write(_refusal(Refused(503, full.why, full.message)))
             writer.close()
             return
+        finally:
+            if self._admission.evicted > evicted:
+                self._metrics.refused.labels("evicted").inc(self._admission.evicted - evicted)
         self._tasks.add(task)
         self._metrics.connections.inc()
         link = Link()
         try:
-            while await self._one(client, link):
-                pass
-        except (asyncio.CancelledError, ConnectionError, OSError, EOFError, http1.BadMessage):
-            pass
+            if self._tls is not None:
+                async with asyncio.timeout_at(deadline):
+                    await writer.start_tls(self._tls)
+            client = ClientStream(reader, writer)
+            first: float | None = deadline
+            while await self._one(client, link, ticket, first):
+                first = None
+        except TimeoutError:  # the TLS handshake did not end within the head's deadline
+            self._metrics.refused.labels("head_timeout").inc()
+        except (asyncio.CancelledError, OSError, EOFError, http1.BadMessage):
+            pass  # OSError: a reset, a failed TLS handshake (ssl.SSLError) alike
         finally:
+            self._admission.leave(ticket)
             self._metrics.connections.dec()
             await link.drop()
             writer.close()
@@ -163,27 +202,51 @@ class PreviewListener:
                 await writer.wait_closed()
             self._tasks.discard(task)
 
-    async def _one(self, client: ClientStream, link: Link) -> bool:
+    async def _next_head(self, client: ClientStream, deadline: float | None) -> http1.Head | None:
+        """The next request head, or None when the connection should just end. The head of a
+        new connection must be whole by `deadline`; on a kept-alive one, the next request may
+        wait `idle_timeout` for its first byte, then has `head_timeout` to be whole."""
+        if deadline is None:
+            try:
+                async with asyncio.timeout(self._settings.idle_timeout_s):
+                    if not await client.readable():
+                        return None
+            except TimeoutError:
+                return None
+            deadline = asyncio.get_running_loop().time() + self._settings.head_timeout_s
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await http1.read_request(client)
+        except TimeoutError:
+            self._metrics.refused.labels("head_timeout").inc()
+            if client.buffered():
+                why = "no whole request head in time"
+                await self._refuse(client, Refused(408, "head_timeout", why))
+            return None
+        except EOFError:
+            return None
+
+    async def _one(
+        self, client: ClientStream, link: Link, ticket: Ticket, deadline: float | None
+    ) -> bool:
         """Serve one request; whether to read another on the connection."""
         try:
-            async with asyncio.timeout(self._settings.idle_timeout_s):
-                head = await http1.read_head(client)
-        except (TimeoutError, EOFError):
-            return False
+            head = await self._next_head(client, deadline)
         except http1.BadMessage as exc:
             await self._refuse(client, Refused(400, "bad_request", str(exc)))
+            return False
+        if head is None:
             return False
         started = time.monotonic()
         pub: Publication | None = None
         method, path, status = "", "", 0
         try:
-            req = http1.request_line(head)
-            method, path = req.method, req.target.split("?", 1)[0][:512]
-            target = access.route(head, req.target, self._settings.domain)
+            method, path = head.method, head.target.split("?", 1)[0][:512]
+            target = access.route(head, head.target, self._settings.domain)
             if target is None:
                 raise Refused(404, "not_a_preview", "not a preview address")
             if target.path_routed and path.rstrip("/").count("/") == 3 and not path.endswith("/"):
-                query = req.target[len(path) :]
+                query = head.target[len(path) :]
                 raise Refused(308, "redirect", "", (f"Location: {path}/{query}",))
             creds, target = access.take_credentials(head, target)
             pub = await self._registry.get(target.session_id, target.port)
@@ -191,14 +254,22 @@ class PreviewListener:
             if isinstance(verdict, access.Refusal):
                 raise Refused(verdict.status, verdict.why, verdict.message)
             assert pub is not None
+            try:
+                self._admission.admit(ticket, pub.tenant)
+            except Full as full:
+                self._metrics.refused.labels(full.why).inc()
+                raise Refused(429, full.why, full.message) from None
             framing = http1.request_framing(head)
-            head.start = f"{req.method} {target.rest} {req.version}"
+            upgrade.check_request(head, framing)
+            head.start = f"{head.method} {target.rest} {head.version}"
             cookie = ""
             if creds.from_query and verdict == creds.from_query:
                 secure = self._tls is not None
                 cookie = access.cookie_header(verdict, target, pub.expires_at, secure=secure)
-            outcome = await self._relay(client, link, pub, head, req.method, framing, cookie)
+            outcome = await self._relay(client, link, pub, head, head.method, framing, cookie)
             status = outcome.status
+            if not outcome.backend_reusable:
+                await link.drop()
             return outcome.keep_alive and not outcome.upgraded
         except Refused as r:
             status = r.status
@@ -244,6 +315,12 @@ class PreviewListener:
                     set_cookie=cookie,
                     meter=meter,
                 )
+            except BadRequestBody as exc:
+                await link.drop()
+                raise Refused(400, "bad_request", str(exc)) from None
+            except SandboxBroke as exc:
+                await link.drop()
+                raise Refused(502, "sandbox_protocol", f"the sandbox answered {exc}") from None
             except SandboxSilent:
                 raise Refused(
                     504, "sandbox_timeout", "the sandbox did not answer in time"
@@ -289,21 +366,8 @@ class PreviewListener:
         return link.backend
 
     async def _refuse(self, client: ClientStream, r: Refused) -> None:
-        body = (r.message + "\n").encode() if r.message else b""
-        phrase = http.HTTPStatus(r.status).phrase
-        lines = [
-            f"HTTP/1.1 {r.status} {phrase}",
-            "Content-Type: text/plain; charset=utf-8",
-            f"Content-Length: {len(body)}",
-            "Cache-Control: no-store",
-            "Connection: close",
-            f"X-Sandboxd-Refusal: {r.why}",
-            *r.headers,
-            "",
-            "",
-        ]
         with contextlib.suppress(ConnectionError, OSError, RuntimeError):
-            await client.write("\r\n".join(lines).encode() + body)
+            await client.write(_refusal(r))
 
     def _record(
         self, pub: Publication | None, method: str, path: str, status: int, started: float
@@ -325,3 +389,20 @@ class PreviewListener:
                 status=status,
             )
         )
+
+
+def _refusal(r: Refused) -> bytes:
+    body = (r.message + "\n").encode() if r.message else b""
+    phrase = http.HTTPStatus(r.status).phrase
+    lines = [
+        f"HTTP/1.1 {r.status} {phrase}",
+        "Content-Type: text/plain; charset=utf-8",
+        f"Content-Length: {len(body)}",
+        "Cache-Control: no-store",
+        "Connection: close",
+        f"X-Sandboxd-Refusal: {r.why}",
+        *r.headers,
+        "",
+        "",
+    ]
+    return "\r\n".join(lines).encode() + body

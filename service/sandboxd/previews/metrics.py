@@ -3,6 +3,9 @@ preview_requests_total{code}          preview requests by HTTP status (0: the cl
 preview_request_seconds               histogram of a request until its answer ended
 preview_bytes_total{direction}        bytes relayed: in (to sandboxes), out (to clients)
 preview_connections                   open client connections of the preview listener
+preview_refused_connections_total{why} client connections closed before a request was served:
+                                      listener_full, source_full, evicted (the oldest pending
+                                      one, for a newer), head_timeout, tenant_full
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ class PreviewMetrics:
             "sandboxd_preview_bytes_total",
             "Bytes relayed by previews",
             ["direction"],
+            registry=registry,
+        )
+        self.refused = Counter(
+            "sandboxd_preview_refused_connections_total",
+            "Preview client connections closed before a request was served, by why",
+            ["why"],
             registry=registry,
         )
         self.connections = Gauge(

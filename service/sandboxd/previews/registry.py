@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import aiosqlite
 
+from sandboxd.schema import migrate, statements
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS preview_ports (
     session_id TEXT NOT NULL,
@@ -25,6 +27,7 @@ CREATE TABLE IF NOT EXISTS preview_ports (
     PRIMARY KEY (session_id, port)
 );
 """
+_STEPS = (statements(_SCHEMA),)  # 0.1.0 (sandboxd.schema: new steps go at the end)
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class PortRegistry:
         self._db = db
 
     async def open(self) -> PortRegistry:
-        await self._db.executescript(_SCHEMA)
+        await migrate(self._db, "preview_ports", _STEPS)
         await self._db.commit()
         return self
 

@@ -1,8 +1,16 @@
 """One HTTP exchange through a preview, relayed as it is: the request head (rewritten only to
-drop the preview's own credentials and prefix) and body to the sandbox, its interim answers,
-its answer head (plus the cookie of a query token) and body back, or, after `101 Switching
-Protocols`, both directions as raw bytes until each side is done (WebSocket and any other
-upgrade).
+drop the preview's own credentials and prefix) and body to the sandbox, its answer head (plus
+the cookie of a query token) and body back, or, after a `101 Switching Protocols` that grants
+the upgrade the request asked for (`upgrade`), both directions as raw bytes until each side is
+done (WebSocket and any other upgrade).
+
+Interim answers: `100 Continue` goes through once when the client sent `Expect:
+100-continue` (HTTP/1.1); `103 Early Hints` is dropped (its hints come again in the final
+answer, and a client then reads exactly one answer head per request, never one the sandbox
+shaped to look like the start of the next); any other 1xx, a 101 that was not asked for or
+does not match, ends the exchange before any of it reached the client (`SandboxBroke`: the
+listener answers 502 and closes the client's connection). All of them within the answer's
+one deadline: a sandbox cannot keep an exchange open with endless hints.
 
 Backpressure: each direction is a loop that reads only after the previous write was taken
 (`ClientStream.write` waits for the socket to drain; the sandbox's stream waits likewise), so
@@ -19,10 +27,10 @@ import asyncio
 import contextlib
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
-from sandboxd.previews import http1
+from sandboxd.previews import http1, upgrade
 from sandboxd.previews.dialer import BackendReset, Buffered, ByteStream
 from sandboxd.previews.http1 import BadMessage, Framing, Head
 
@@ -70,6 +78,15 @@ class SandboxSilent(Exception):
     """No answer head within the timeout (504)."""
 
 
+class BadRequestBody(Exception):
+    """The request's body was malformed (or cut) before the sandbox answered (400)."""
+
+
+class SandboxBroke(Exception):
+    """The sandbox answered what the relay must not pass on, before any of its answer reached
+    the client (502, the client's connection closed, never retried)."""
+
+
 class SandboxGone(Exception):
     """The sandbox side ended or answered garbage before its answer head (502)."""
 
@@ -83,6 +100,7 @@ class Outcome:
     status: int
     keep_alive: bool
     upgraded: bool = False
+    backend_reusable: bool = True  # no stray bytes of the sandbox after its answer
 
 
 Meter = Callable[[int, str], None]  # (bytes, direction "in" to the sandbox / "out" to client)
@@ -99,8 +117,9 @@ async def exchange(
     set_cookie: str,
     meter: Meter,
 ) -> Outcome:
-    """Relay one request and its answer; raises SandboxSilent/SandboxGone before any byte of
-    the answer reached the client (the caller answers 504/502), BadMessage/EOFError after."""
+    """Relay one request and its answer; raises SandboxSilent/SandboxGone/SandboxBroke before
+    any byte of the answer reached the client (the caller answers 504/502), BadMessage/EOFError
+    after."""
 
     async def to_backend(data: bytes) -> None:
         meter(len(data), "in")
@@ -119,8 +138,17 @@ async def exchange(
         raise SandboxSilent from None
     upload = asyncio.create_task(http1.relay_body(client, to_backend, framing))
     try:
-        answer = await _answer_head(client, backend, to_client, timeout_s)
-        version, status = http1.status_of(answer)
+        answer = await _answer_or_bad_upload(
+            upload, _answer_head(head, backend, to_client, timeout_s)
+        )
+        version, status = answer.version, answer.status
+        if status == 101 and not upgrade.granted(head, answer):
+            raise SandboxBroke("a 101 the request did not ask for")
+        try:
+            stray = _drop_body_headers(answer)
+            response = http1.response_framing(answer, method, status)
+        except BadMessage as exc:
+            raise SandboxBroke(str(exc)) from None
         if set_cookie:
             answer.headers.append(("Set-Cookie", set_cookie))
         await to_client(answer.encode())
@@ -128,7 +156,6 @@ async def exchange(
             await upload  # an upgrade request has no body; its end is the tunnel's start
             await _tunnel(client, backend, to_backend, to_client)
             return Outcome(101, keep_alive=False, upgraded=True)
-        response = http1.response_framing(answer, method, status)
         if response == http1.UNTIL_CLOSE:
             # The answer ends when the sandbox closes; an exec of `sbx dial` carries that only
             # once it exits, which it does when its stdin ends too (a `dial` stream of the
@@ -143,7 +170,8 @@ async def exchange(
             return Outcome(status, keep_alive=False)
         await upload
         keep = response != http1.UNTIL_CLOSE and _keeps_alive(head, answer, version)
-        return Outcome(status, keep_alive=keep)
+        reusable = not stray and backend.buffered() == 0
+        return Outcome(status, keep_alive=keep, backend_reusable=reusable)
     finally:
         if not upload.done():
             upload.cancel()
@@ -151,28 +179,70 @@ async def exchange(
                 await upload
 
 
-async def _answer_head(
-    client: ClientStream, backend: ByteStream, to_client: http1.Sink, timeout_s: float
+MAX_INTERIM = 16
+
+
+async def _answer_or_bad_upload(
+    upload: asyncio.Task[None], answer: Coroutine[None, None, Head]
 ) -> Head:
-    """The final answer head; interim 1xx answers (100 Continue, 103) go through as they come."""
-    while True:
-        try:
-            async with asyncio.timeout(timeout_s):
-                answer = await http1.read_head(backend)
-        except TimeoutError:
-            raise SandboxSilent from None
-        except (EOFError, ConnectionError):
-            raise SandboxGone(backend.failure() or "closed") from None
-        except BadMessage:
-            raise SandboxGone("malformed answer") from None
-        try:
-            _, status = http1.status_of(answer)
-        except BadMessage:
-            raise SandboxGone("malformed answer") from None
-        if 100 <= status < 200 and status != 101:
-            await to_client(answer.encode())
-            continue
-        return answer
+    """The answer head, unless the request's body turns out malformed (or the client ends
+    inside it) first: then BadMessage at once, the client's 400, not a wait for a sandbox
+    that may be waiting for the rest of the body."""
+    waiting = asyncio.create_task(answer)
+    try:
+        await asyncio.wait({waiting, upload}, return_when=asyncio.FIRST_COMPLETED)
+        if not waiting.done() and upload.exception() is not None:
+            raise BadRequestBody(str(upload.exception()) or "the client ended inside its body")
+        return await waiting
+    finally:
+        if not waiting.done():
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await waiting
+
+
+async def _answer_head(
+    request: Head, backend: ByteStream, to_client: http1.Sink, timeout_s: float
+) -> Head:
+    """The final answer head (or a 101); interim answers as the module says."""
+    expects = request.version == "HTTP/1.1" and "100-continue" in request.tokens("expect")
+    continued = False
+    try:
+        async with asyncio.timeout(timeout_s):
+            for _ in range(MAX_INTERIM):
+                answer = await http1.read_response(backend)
+                status = answer.status
+                if status >= 200 or status == 101:
+                    return answer
+                if status == 100 and not expects:
+                    raise SandboxBroke("100 Continue to a request that expected none")
+                if status == 100 and not continued:  # once: a second one is not news
+                    continued = True
+                    await to_client(answer.encode())
+                elif status not in (100, 103):
+                    raise SandboxBroke(f"an unexpected interim answer {status}")
+    except TimeoutError:
+        raise SandboxSilent from None
+    except (EOFError, ConnectionError):
+        raise SandboxGone(backend.failure() or "closed") from None
+    except BadMessage:
+        raise SandboxBroke("a malformed answer head") from None
+    raise SandboxBroke("too many interim answers")
+
+
+def _drop_body_headers(answer: Head) -> bool:
+    """Transfer-Encoding, and on a 204 Content-Length, are removed from answers that have no
+    body (RFC 9110 sections 8.6 and 6.1: a server must not send them there): a lenient client
+    would read the start of its next answer as this one's body. Whether one declared a body
+    (the sandbox may then send bytes that answer nothing: its connection is not reused)."""
+    if answer.status not in (204, 304):
+        return False
+    declared = http1.declares_body(answer) if answer.status == 204 else False
+    declared = declared or answer.get("transfer-encoding") is not None
+    answer.remove("transfer-encoding")
+    if answer.status == 204:
+        answer.remove("content-length")
+    return declared
 
 
 def _close_write(stream: ByteStream) -> None:
@@ -183,8 +253,7 @@ def _close_write(stream: ByteStream) -> None:
 def _keeps_alive(request: Head, answer: Head, version: str) -> bool:
     if "close" in request.tokens("connection") or "close" in answer.tokens("connection"):
         return False
-    req_version = request.start.rsplit(" ", 1)[-1]
-    if req_version == "HTTP/1.0" or version == "HTTP/1.0":
+    if request.version == "HTTP/1.0" or version == "HTTP/1.0":
         return "keep-alive" in request.tokens("connection") and "keep-alive" in answer.tokens(
             "connection"
         )

@@ -55,6 +55,15 @@ class PreviewsSection:
         lo_open=True,
         flat="preview_idle_timeout",
     )
+    head_timeout_s: float = setting(
+        10.0,
+        DURATION,
+        "how long a client may take to send a whole request head (of a new connection: from "
+        "its accept, TLS handshake included; of a kept-alive one: from its first byte)",
+        lo=0,
+        lo_open=True,
+        flat="preview_head_timeout",
+    )
     max_ttl_s: float = setting(
         7 * 86400.0,
         DURATION,
@@ -68,6 +77,28 @@ class PreviewsSection:
         "open client connections of the whole listener (beyond: 503 at once)",
         lo=1,
         flat="preview_max_clients",
+    )
+    max_pending: int = setting(
+        128,
+        INT,
+        "client connections of the whole listener that have not yet opened a preview (when "
+        "full, the oldest of them is closed for a new one)",
+        lo=1,
+        flat="preview_max_pending",
+    )
+    max_pending_per_source: int = setting(
+        16,
+        INT,
+        "of those, from one source address (an IPv6 /64; beyond: 503 at once; 0: no cap)",
+        lo=0,
+        flat="preview_max_pending_per_source",
+    )
+    max_tenant_clients: int = setting(
+        256,
+        INT,
+        "open client connections to one tenant's previews (beyond: 429; 0: no cap)",
+        lo=0,
+        flat="preview_max_tenant_clients",
     )
     max_ports: int = setting(16, INT, "published ports per session", lo=1, flat="preview_max_ports")
     max_connections: int = setting(

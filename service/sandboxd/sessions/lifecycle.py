@@ -31,6 +31,7 @@ from sandboxd.errors import (
     SandboxError,
     SessionNotFound,
 )
+from sandboxd.host_ids import HostIds
 from sandboxd.isolation import IsolationTiers
 from sandboxd.models import NetworkPolicy, PullPolicy, Session, SessionState
 from sandboxd.pool import WarmPool
@@ -71,8 +72,11 @@ class SessionManager:
         tiers: IsolationTiers | None = None,
         pulls: Pulls | None = None,
         templates: TemplateImages | None = None,
+        host_ids: HostIds | None = None,
     ) -> None:
         self._config = config
+        # Shared with the warm pool, whose containers hold ids too (server_parts.py).
+        self._host_ids = host_ids or HostIds.for_config(config, store)
         self._templates = templates  # None: the built-in templates only
         self._tiers = tiers  # None: runc only
         self._pulls = pulls  # None: images are never pulled (absent is IMAGE_NOT_FOUND)
@@ -201,17 +205,21 @@ class SessionManager:
                     metadata={"image": spec.image},
                 )
             created = now()
-            session = Session(
-                session_id=session_id,
-                spec=spec,
-                fingerprint=fingerprint,
-                state=SessionState.CREATING,
-                created_at=created,
-                lease_expires_at=created + timedelta(seconds=checked.lease_s),
-                labels=checked.labels,
-                tenant=tenancy.current(),
-            )
-            await self._quota.insert(session)
+            # The session's own host uid and gid, whatever `user` asked: held until the
+            # record that takes it is written (a fork gets its own; a warm container brings
+            # the one it was made with, sessions/sandboxes.py).
+            async with self._host_ids.holding() as host_id:
+                session = Session(
+                    session_id=session_id,
+                    spec=spec.as_host(host_id, host_id),
+                    fingerprint=fingerprint,
+                    state=SessionState.CREATING,
+                    created_at=created,
+                    lease_expires_at=created + timedelta(seconds=checked.lease_s),
+                    labels=checked.labels,
+                    tenant=tenancy.current(),
+                )
+                await self._quota.insert(session)
             undo = Undo()
             undo.push(lambda: self._store.delete(session_id))
             try:

@@ -71,22 +71,30 @@ class Sandboxes:
             egress_port=self._egress.port if allowlist and self._egress is not None else 0,
         )
 
-    async def provision(self, session: Session, undo: Undo) -> None:
-        """A started sandbox for `session`, its id recorded in the store."""
+    async def provision(self, session: Session, undo: Undo, *, warm_ok: bool = True) -> None:
+        """A started sandbox for `session`, its id recorded in the store.
+
+        `warm_ok`: a warm container may serve, and its host identity becomes the session's
+        (a create). A rebuild passes False: a resumed session keeps the uid its files and its
+        record have."""
         egress = session.spec.network.mode is NetworkMode.ALLOWLIST and self._egress is not None
         if egress and self._egress is not None:
             undo.push(lambda: self._release_egress(session))
             await self._egress.prepare(session)  # before the start: the agent's HELLO asks
         request = self.request(session)
-        warm = await self._pool.claim(request) if self._pool is not None else None
-        if warm is not None and self._pool is not None:
-            # Started already; carries the pool label, linked by the stored id.
-            session.container_id = warm
-            undo.push(lambda: self._engine.remove_sandbox(warm))
+        pool = self._pool if warm_ok else None
+        warm = await pool.claim(request) if pool is not None else None
+        if warm is not None and pool is not None:
+            # Started already; carries the pool label, linked by the stored id. The record
+            # takes the member's host id before the pool lets go of it.
+            session.container_id = warm.container_id
+            session.spec = session.spec.as_host(warm.host_id, warm.host_id)
+            undo.push(lambda: self._engine.remove_sandbox(warm.container_id))
             try:
+                await self._store.update_spec(session)
                 await self._store.update(session)
             finally:
-                self._pool.settled(warm)
+                pool.settled(warm.container_id)
             return
         # Pushed first: a create cancelled before the engine answered left it under its name.
         undo.push(lambda: self.remove_by_name(session.session_id))

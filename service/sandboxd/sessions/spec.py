@@ -88,6 +88,8 @@ def check_create(
     else:
         session_id = tenancy.generated_session_id(secrets.token_hex(8))
     limits = resolve_limits(req.limits, config.limits.default, config.limits.max)
+    # Checked as always and fingerprinted; the identity is the server's to allocate
+    # (sessions/host_ids.py): until then the spec runs as what was asked.
     uid, gid = validation.parse_user(req.user)
     check_reserved_user(uid, gid, config.engine.keeper_user)
     env = validation.validate_env(req.env)
@@ -115,6 +117,7 @@ def check_create(
         manifest=manifest,
         isolation=isolation,
         template=req.template,
+        requested_user=f"{uid}:{gid}",
     )
     labels = validation.validate_labels(req.labels)
     return CheckedCreate(

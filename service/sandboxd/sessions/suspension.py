@@ -113,7 +113,7 @@ class Suspension:
         try:
             if self._pulls is not None and session.spec.image_id:
                 await self._pulls.pinned(session.spec)  # the digest it ran, never the tag's
-            await self._sandboxes.provision(session, undo)
+            await self._sandboxes.provision(session, undo, warm_ok=False)
             await self._keeper.restore(session, snap)
             if session.loss is not None and session.loss.restored_at is None:
                 # A rebuild after a death: the record says from what, and how old it is.

@@ -1,10 +1,12 @@
 """Templates a tenant builds from a Dockerfile, and the built-in ones: build, look up, delete.
 
 A template belongs to the tenant that built it; others get NOT_FOUND, as for a name never used.
-A build starts only from a template or an allowlisted image (`dockerfile`), runs with no
-network and the server's memory, CPU and time limits, and leaves nothing behind when it fails
-or is cancelled: every image it made carries its build label and is pruned by it. The image
-it makes passes the session image rules again afterwards (no VOLUMEs).
+A build starts only from a template or an allowlisted image (`dockerfile`) that declares no
+ONBUILD triggers, runs with no network and the server's memory, CPU and time limits, and
+stops at a size limit (`build_run`): `max_image_bytes`, or the room left in the tenant's image
+quota (`sandboxd.image_quota`) when that is less. It leaves nothing behind when it fails, is
+cancelled or passes a limit: every image it made carries its build label and is pruned by
+it. The image it makes passes the session image rules again afterwards (no VOLUMEs).
 
 Deleting a template that a live session (one that may run again) was created from is refused
 (TEMPLATE_IN_USE): the session's sandbox, or its restart after a suspension, needs the image.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -31,11 +34,12 @@ from sandboxd.errors import (
     ResourceExhausted,
     SandboxError,
 )
+from sandboxd.image_quota import ImageQuota
 from sandboxd.models import SessionState
 from sandboxd.reasons import Reason
 from sandboxd.sessions import paging
 from sandboxd.store import SessionStore
-from sandboxd.templates import context, dockerfile
+from sandboxd.templates import build_run, context, dockerfile
 from sandboxd.templates.builtin import BUILTIN_TEMPLATES
 from sandboxd.templates.store import TemplateRecord, TemplateState, TemplateStore
 
@@ -43,6 +47,8 @@ LABEL_BUILD = "io.sandboxd.template.build"
 LABEL_TEMPLATE = "io.sandboxd.template.name"
 TAG_REPOSITORY = "sandboxd-template"
 SETTLE_S = 3.0  # a cancelled build's last step may still commit; prune again after this
+SETTLE_ROUNDS = 10
+CLOSE_GRACE_S = 5.0  # the longest shutdown waits for that prune beyond its settle time
 
 InUse = Callable[[str, str], Awaitable[bool]]
 
@@ -77,9 +83,13 @@ class Templates:
         spool_dir: Path,
         in_use: InUse,
         *,
+        quota: ImageQuota,
         settle_s: float = SETTLE_S,
+        watch_every_s: float = build_run.WATCH_EVERY_S,
     ) -> None:
         self._settle_s = settle_s
+        self._quota = quota
+        self._watch_every_s = watch_every_s
         self._config = config
         self._engine = engine
         self._store = store
@@ -90,9 +100,14 @@ class Templates:
         self._started = datetime.now(UTC)
 
     async def close(self) -> None:
-        for task in self._cleanups:
+        """Shutdown: the pending prunes of abandoned builds run first (an abandoned step's
+        commit may still land), bounded by their settle time; then any left is cancelled."""
+        pending = list(self._cleanups)
+        if pending:
+            await asyncio.wait(pending, timeout=2 * self._settle_s + CLOSE_GRACE_S)
+        for task in pending:
             task.cancel()
-        await asyncio.gather(*self._cleanups, return_exceptions=True)
+        await asyncio.gather(*pending, return_exceptions=True)
 
     def _builtin_images(self) -> dict[str, str]:
         return {
@@ -185,7 +200,8 @@ class Templates:
 
     # ----- build ------------------------------------------------------------------------
 
-    async def _resolve_base(self, tenant: str, base: str) -> str:
+    async def _resolve_base(self, tenant: str, base: str) -> tuple[str, int]:
+        """The image a FROM names, and its size."""
         builtin = self._builtin_images()
         own = await self._store.get(tenant, base)
         if base in builtin:
@@ -210,13 +226,21 @@ class Templates:
                     metadata={"image": base[:100]},
                 ) from None
             image = base
-        if not await self._engine.image_exists(image):
+        details = await self._engine.inspect_image(image)
+        if details is None or not await self._engine.image_exists(image):
             raise InvalidArgument(
                 f"FROM {base[:100]!r}: the image is not present on the engine",
                 reason=Reason.TEMPLATE_FROM_NOT_ALLOWED,
                 metadata={"image": base[:100]},
             )
-        return image
+        if details.onbuild:
+            raise InvalidArgument(
+                f"FROM {base[:100]!r}: the image declares ONBUILD triggers, which the build "
+                f"would run unchecked ({details.onbuild[0][:100]!r}...)",
+                reason=Reason.TEMPLATE_FROM_NOT_ALLOWED,
+                metadata={"image": base[:100]},
+            )
+        return image, details.size_bytes
 
     def _claim(self, tenant: str, name: str) -> None:
         if (tenant, name) in self._building:
@@ -242,11 +266,14 @@ class Templates:
         tenant = tenancy.current()
         self._claim(tenant, name)
         try:
-            base = await self._resolve_base(tenant, parsed.base)
-            async for event in self._build(tenant, name, parsed, base, chunks):
+            base, base_bytes = await self._resolve_base(tenant, parsed.base)
+            room = await self._quota.check_room(tenant, f"template {name!r}", besides=name)
+            limit = build_run.SizeLimit(room, self._config.images.max_image_bytes, base_bytes)
+            async for event in self._build(tenant, name, parsed, base, chunks, limit):
                 yield event
         finally:
             self._building.discard((tenant, name))
+            self._quota.building.pop((tenant, name), None)
 
     async def _build(
         self,
@@ -255,6 +282,7 @@ class Templates:
         parsed: dockerfile.Dockerfile,
         base: str,
         chunks: AsyncIterator[bytes],
+        limit: build_run.SizeLimit,
     ) -> AsyncIterator[BuildLog | TemplateRecord]:
         build_id = secrets.token_hex(8)
         previous = await self._store.get(tenant, name)
@@ -277,14 +305,24 @@ class Templates:
             member = f".sandboxd-dockerfile-{build_id}"
             text = parsed.rewritten(base, (LABEL_BUILD, build_id))
             await asyncio.to_thread(context.add_dockerfile, path, member, text)
-            async for line in self._run(path, member, record):
-                yield BuildLog(line)
+            judge = self._judge(tenant, name, limit)
+            recent: deque[str] = deque(maxlen=build_run.RECENT_LINES)
+            try:
+                async for line in self._run(path, member, record, judge, limit.file_bytes):
+                    recent.append(line)
+                    yield BuildLog(line)
+            except FailedPrecondition as e:
+                if e.reason == Reason.TEMPLATE_BUILD_FAILED and build_run.hit_file_limit(recent):
+                    raise limit.file_limit_refused(name, self._quota.refused) from e
+                raise
             details = await self._engine.inspect_image(record.tag)
             await self._engine.image_exists(record.tag)  # refuses VOLUMEs (from the base)
             if details is None:
                 raise FailedPrecondition(
                     "the build finished without an image", reason=Reason.TEMPLATE_BUILD_FAILED
                 )
+            if (refusal := judge(details.size_bytes)) is not None:
+                raise refusal
             record = replace(
                 record,
                 state=TemplateState.READY,
@@ -309,60 +347,66 @@ class Templates:
             await self._remove(previous)
         yield record
 
-    async def _run(self, path: Path, member: str, record: TemplateRecord) -> AsyncIterator[str]:
+    def _judge(self, tenant: str, name: str, limit: build_run.SizeLimit) -> build_run.Judge:
+        """The refusal for a build that has made `size` bytes: over `max_image_bytes`, or
+        over the tenant's room less what its other running builds have made."""
+
+        def judge(size: int) -> SandboxError | None:
+            self._quota.building[(tenant, name)] = size
+            if (refusal := limit.too_large(size)) is not None:
+                return refusal
+            if size > limit.room - self._quota.running(tenant, besides=name):
+                return self._quota.refused(f"template {name!r} ({size} bytes so far)")
+            return None
+
+        return judge
+
+    def _run(
+        self,
+        path: Path,
+        member: str,
+        record: TemplateRecord,
+        judge: build_run.Judge,
+        file_bytes: int,
+    ) -> AsyncIterator[str]:
         cfg = self._config.templates
-        limits = BuildLimits(cfg.build_memory_bytes, cfg.build_millicpus)
+        limits = BuildLimits(cfg.build_memory_bytes, cfg.build_millicpus, file_bytes)
+        labels = {LABEL_BUILD: record.build_id}
         lines = self._engine.build_image(
             path,
             dockerfile=member,
             tag=record.tag,
-            labels={LABEL_BUILD: record.build_id, LABEL_TEMPLATE: record.name},
+            labels={**labels, LABEL_TEMPLATE: record.name},
             limits=limits,
         )
-        # Not `asyncio.timeout` around the yields: its cancel would land in the consumer. On
-        # expiry the running step is ended first, so the engine ends the stream it would
-        # otherwise hold open until the step finished.
-        deadline = asyncio.get_running_loop().time() + cfg.build_timeout_s
-        async with contextlib.aclosing(lines):
-            while True:
-                left = max(deadline - asyncio.get_running_loop().time(), 0.001)
-                step = asyncio.ensure_future(anext(lines))
-                try:
-                    done, _ = await asyncio.wait({step}, timeout=left)
-                except BaseException:  # the call was cancelled
-                    await self._abandon(step, record.build_id)
-                    raise
-                if not done:
-                    await self._abandon(step, record.build_id)
-                    raise ResourceExhausted(
-                        f"the build ran longer than {cfg.build_timeout_s:g}s "
-                        "(template_build_timeout_s)",
-                        reason=Reason.TEMPLATE_BUILD_TIMEOUT,
-                    )
-                try:
-                    line = step.result()
-                except StopAsyncIteration:
-                    return
-                yield line
-
-    async def _abandon(self, step: asyncio.Future[str], build_id: str) -> None:
-        """End the running step, then the read waiting on its stream (which the engine now
-        closes), so the generator is no longer running when it is closed."""
-        await asyncio.shield(self._prune(build_id))
-        step.cancel()
-        with contextlib.suppress(BaseException):
-            await step
+        return build_run.run(
+            lines,
+            timeout_s=cfg.build_timeout_s,
+            measure=lambda: self._engine.build_usage(labels),
+            judge=judge,
+            abandon=lambda: self._prune(record.build_id),
+            watch_every_s=self._watch_every_s,
+        )
 
     async def _prune(self, build_id: str) -> None:
         with contextlib.suppress(SandboxError):
             await self._engine.prune_images({LABEL_BUILD: build_id})
 
     def _clean_up(self, build_id: str) -> None:
-        """Prune once more when an abandoned step has settled (its commit may land late)."""
+        """Prune again until an abandoned build has settled: its last commit may land late
+        (measured: a 400 MB step's commit landed after a prune 3 s on), so every `settle_s`,
+        until two measures in a row find nothing of it, for at most SETTLE_ROUNDS."""
 
         async def prune() -> None:
-            await asyncio.sleep(self._settle_s)
-            await self._prune(build_id)
+            quiet = 0
+            for _ in range(SETTLE_ROUNDS):
+                await asyncio.sleep(self._settle_s)
+                await self._prune(build_id)
+                with contextlib.suppress(SandboxError):
+                    left = await self._engine.build_usage({LABEL_BUILD: build_id})
+                    quiet = quiet + 1 if left == 0 else 0
+                if quiet >= 2:
+                    return
 
         task = asyncio.get_running_loop().create_task(prune())
         self._cleanups.add(task)

@@ -4,6 +4,12 @@ The caller's tar arrives in chunks; each is counted against the cap before it is
 context over the cap costs at most one chunk past it. The checked Dockerfile is then appended to
 the spooled tar under a name of the server's, so the caller's own files (a `Dockerfile` among
 them) are built from but never the instructions.
+
+The engine unpacks the context onto its own disk before the first step, so what it unpacks
+must be no more than what was counted: the context is an uncompressed tar (the engine would
+inflate a compressed one) of regular files, directories and links only. A sparse member is
+refused: it declares holes the engine writes out as zeros, a few bytes of context for any
+size of disk.
 """
 
 from __future__ import annotations
@@ -38,8 +44,24 @@ async def spool(chunks: AsyncIterator[bytes], dest: Path, cap: int) -> int:
     return total
 
 
+_KINDS = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE)
+
+
+def _check_member(m: tarfile.TarInfo) -> None:
+    sparse = m.issparse() or any(k.startswith("GNU.sparse") for k in m.pax_headers)
+    if sparse or m.type not in _KINDS:
+        what = "a sparse file" if sparse else "not a file, directory or link"
+        raise InvalidArgument(
+            f"build context member {m.name[:200]!r} is {what}: the engine would unpack "
+            "more than the context holds",
+            reason=Reason.TEMPLATE_SPEC_INVALID,
+            metadata={"member": m.name[:200]},
+        )
+
+
 def add_dockerfile(tar_path: Path, member: str, text: str) -> None:
-    """Append the Dockerfile to the spooled tar (a new tar when the caller sent no context)."""
+    """Check the spooled tar's members and append the Dockerfile to it (a new tar when the
+    caller sent no context)."""
     data = text.encode()
     info = tarfile.TarInfo(member)
     info.size = len(data)
@@ -50,6 +72,8 @@ def add_dockerfile(tar_path: Path, member: str, text: str) -> None:
             if tar_path.stat().st_size > 0
             else tarfile.open(tar_path, "w")
         ) as tar:
+            for m in tar.getmembers():
+                _check_member(m)
             tar.addfile(info, io.BytesIO(data))
     except tarfile.TarError as e:
         raise InvalidArgument(

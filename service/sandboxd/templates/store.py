@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 
 import aiosqlite
 
+from sandboxd.schema import migrate, statements
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS templates (
     tenant TEXT NOT NULL,
@@ -22,6 +24,7 @@ CREATE TABLE IF NOT EXISTS templates (
     PRIMARY KEY (tenant, name)
 );
 """
+_STEPS = (statements(_SCHEMA),)  # 0.1.0 (sandboxd.schema: new steps go at the end)
 
 
 class TemplateState(enum.StrEnum):
@@ -65,7 +68,7 @@ class TemplateStore:
         self._db = db
 
     async def open(self) -> TemplateStore:
-        await self._db.executescript(_SCHEMA)
+        await migrate(self._db, "templates", _STEPS)
         # A build the last run of the server did not finish never will.
         await self._db.execute(
             "UPDATE templates SET state = ?, message = ? WHERE state = ?",

@@ -107,17 +107,24 @@ class ReadFileRequest(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
+    MAX_REPLY_BYTES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     path: _builtins.str
+    max_reply_bytes: _builtins.int
+    """The largest reply message this caller accepts, in bytes, as in RunRequest (0: 4 MiB). A
+    file whose reply would not fit is refused with REPLY_TOO_LARGE before it is read: read it
+    with ReadFileStream, which sends any file in small chunks.
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         path: _builtins.str = ...,
+        max_reply_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_reply_bytes", b"max_reply_bytes", "path", b"path", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -222,6 +229,7 @@ class ListDirRequest(_message.Message):
     DEPTH_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    MAX_REPLY_BYTES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     path: _builtins.str
     """Empty means the workspace root."""
@@ -233,6 +241,12 @@ class ListDirRequest(_message.Message):
     """
     page_token: _builtins.str
     """A next_page_token of the same listing; opaque, bound to the path and depth it was made for."""
+    max_reply_bytes: _builtins.int
+    """The largest reply message this caller accepts, in bytes, as in RunRequest (0: 4 MiB). A
+    page that would not fit is cut short (fewer entries, next_page_token set); with
+    page_size 0 (everything in one reply) a listing that would not fit is refused
+    (LISTING_TOO_LARGE).
+    """
     def __init__(
         self,
         *,
@@ -241,10 +255,11 @@ class ListDirRequest(_message.Message):
         depth: _builtins.int = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        max_reply_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["depth", b"depth", "page_size", b"page_size", "page_token", b"page_token", "path", b"path", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["depth", b"depth", "max_reply_bytes", b"max_reply_bytes", "page_size", b"page_size", "page_token", b"page_token", "path", b"path", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -162,19 +162,27 @@ class ListImagesRequest(_message.Message):
 
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    MAX_REPLY_BYTES_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """At most this many images per page (at most 1000); zero: all of them in one reply."""
     page_token: _builtins.str
     """A next_page_token of the same list; opaque, bound to the caller."""
+    max_reply_bytes: _builtins.int
+    """The largest reply message this caller accepts, in bytes, as in RunRequest (0: 4 MiB). A
+    page that would not fit is cut short (fewer entries, next_page_token set); with
+    page_size 0 (everything in one reply) a list that would not fit is refused
+    (REPLY_TOO_LARGE).
+    """
     def __init__(
         self,
         *,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        max_reply_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_reply_bytes", b"max_reply_bytes", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

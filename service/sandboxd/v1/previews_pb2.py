@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asandboxd/v1/previews.proto\x12\x0bsandboxd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x85\x01\n\x07Preview\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x10\n\x08path_url\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\t\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06public\x18\x06 \x01(\x08\"n\n\x12PublishPortRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06public\x18\x04 \x01(\x08\"<\n\x13PublishPortResponse\x12%\n\x07preview\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Preview\"8\n\x14UnpublishPortRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\"\x17\n\x15UnpublishPortResponse\"M\n\x10ListPortsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"T\n\x11ListPortsResponse\x12&\n\x08previews\x18\x01 \x03(\x0b\x32\x14.sandboxd.v1.Preview\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\tB?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asandboxd/v1/previews.proto\x12\x0bsandboxd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x85\x01\n\x07Preview\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x10\n\x08path_url\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\t\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06public\x18\x06 \x01(\x08\"n\n\x12PublishPortRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06public\x18\x04 \x01(\x08\"<\n\x13PublishPortResponse\x12%\n\x07preview\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Preview\"8\n\x14UnpublishPortRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\"\x17\n\x15UnpublishPortResponse\"g\n\x10ListPortsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x18\n\x0fmax_reply_bytes\x18\x84\x02 \x01(\x03\"T\n\x11ListPortsResponse\x12&\n\x08previews\x18\x01 \x03(\x0b\x32\x14.sandboxd.v1.Preview\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\tB?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,7 +45,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UNPUBLISHPORTRESPONSE']._serialized_start=476
   _globals['_UNPUBLISHPORTRESPONSE']._serialized_end=499
   _globals['_LISTPORTSREQUEST']._serialized_start=501
-  _globals['_LISTPORTSREQUEST']._serialized_end=578
-  _globals['_LISTPORTSRESPONSE']._serialized_start=580
-  _globals['_LISTPORTSRESPONSE']._serialized_end=664
+  _globals['_LISTPORTSREQUEST']._serialized_end=604
+  _globals['_LISTPORTSRESPONSE']._serialized_start=606
+  _globals['_LISTPORTSRESPONSE']._serialized_end=690
 # @@protoc_insertion_point(module_scope)

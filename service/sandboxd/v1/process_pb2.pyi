@@ -297,12 +297,20 @@ class RunRequest(_message.Message):
     TIMEOUT_FIELD_NUMBER: _builtins.int
     MAX_OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
     OUTPUT_ENCODING_FIELD_NUMBER: _builtins.int
+    MAX_REPLY_BYTES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     cwd: _builtins.str
     stdin: _builtins.bytes
     max_output_bytes: _builtins.int
     output_encoding: _polish_pb2.OutputEncoding.ValueType
     """OUTPUT_ENCODING_UTF8_LOSSY also fills RunResponse.stdout_text and stderr_text."""
+    max_reply_bytes: _builtins.int
+    """The largest reply message this caller accepts, in bytes (its channel's receive limit).
+    0: 4 MiB (4194304), gRPC's default receive limit in every language; a smaller value is
+    taken as 1 MiB, a larger one as at most the server's message limit. Output that would
+    not fit is cut (stdout and stderr together, with the rest of the reply) and `truncated`
+    set: the exit status always arrives. Exec streams output in small messages instead.
+    """
     @_builtins.property
     def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -320,10 +328,11 @@ class RunRequest(_message.Message):
         timeout: _duration_pb2.Duration | None = ...,
         max_output_bytes: _builtins.int = ...,
         output_encoding: _polish_pb2.OutputEncoding.ValueType = ...,
+        max_reply_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "env", b"env", "max_output_bytes", b"max_output_bytes", "output_encoding", b"output_encoding", "session_id", b"session_id", "stdin", b"stdin", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "env", b"env", "max_output_bytes", b"max_output_bytes", "max_reply_bytes", b"max_reply_bytes", "output_encoding", b"output_encoding", "session_id", b"session_id", "stdin", b"stdin", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -409,12 +418,25 @@ class InteractStart(_message.Message):
 
     REQUEST_FIELD_NUMBER: _builtins.int
     PTY_FIELD_NUMBER: _builtins.int
+    IDLE_TIMEOUT_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def request(self) -> Global___ExecRequest: ...
+    def request(self) -> Global___ExecRequest:
+        """The command. Unlike Exec and Run, an interactive command has no deadline unless
+        `request.timeout` is set, and no output cap unless `request.max_output_bytes` is: it runs
+        until it exits, the call ends, the session ends (its lease), or `idle_timeout` passes.
+        """
+
     @_builtins.property
     def pty(self) -> Global___PtySize:
         """When set, the command runs on a terminal of this size: stdout and stderr are merged into
         the stdout stream, and the terminal echoes and handles control characters (^C).
+        """
+
+    @_builtins.property
+    def idle_timeout(self) -> _duration_pb2.Duration:
+        """End the command (INTERACT_IDLE) after this long with no message from the caller and no
+        output from the command. Zero: the server's interact_idle_timeout_s (30 minutes unless the
+        operator set another); at most the server's lease_max_s.
         """
 
     def __init__(
@@ -422,10 +444,11 @@ class InteractStart(_message.Message):
         *,
         request: Global___ExecRequest | None = ...,
         pty: Global___PtySize | None = ...,
+        idle_timeout: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["pty", b"pty", "request", b"request"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["idle_timeout", b"idle_timeout", "pty", b"pty", "request", b"request"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pty", b"pty", "request", b"request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idle_timeout", b"idle_timeout", "pty", b"pty", "request", b"request"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -878,6 +901,7 @@ class ListProcessesRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    MAX_REPLY_BYTES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     page_size: _builtins.int
     """At most this many processes per page (at most 1000); zero means all of them (at most 64
@@ -885,16 +909,23 @@ class ListProcessesRequest(_message.Message):
     """
     page_token: _builtins.str
     """A next_page_token of the same list; opaque, bound to the session it was made for."""
+    max_reply_bytes: _builtins.int
+    """The largest reply message this caller accepts, in bytes, as in RunRequest (0: 4 MiB). A
+    page that would not fit is cut short (fewer entries, next_page_token set); with
+    page_size 0 (everything in one reply) a listing that would not fit is refused
+    (REPLY_TOO_LARGE).
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        max_reply_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_reply_bytes", b"max_reply_bytes", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

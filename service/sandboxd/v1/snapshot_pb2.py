@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asandboxd/v1/snapshot.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x1c\n\x0c\x41rchiveChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"8\n\x14\x45xportArchiveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"A\n\x15\x45xportArchiveResponse\x12(\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.ArchiveChunk\"H\n\x13ImportArchiveHeader\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0f\n\x07replace\x18\x03 \x01(\x08\"e\n\x14ImportArchiveRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .sandboxd.v1.ImportArchiveHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\t\n\x07payload\"P\n\x15ImportArchiveResponse\x12\r\n\x05\x66iles\x18\x01 \x01(\x03\x12\x11\n\x05\x62ytes\x18\x02 \x01(\x03\x42\x02\x18\x01\x12\x15\n\rcontent_bytes\x18x \x01(\x03\"\xa1\x02\n\x08Snapshot\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x04kind\x18\x06 \x01(\x0e\x32\x19.sandboxd.v1.SnapshotKind\x12\x31\n\x06labels\x18\x07 \x03(\x0b\x32!.sandboxd.v1.Snapshot.LabelsEntry\x12\r\n\x05image\x18\x08 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd7\x01\n\x15\x43reateSnapshotRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12>\n\x06labels\x18\x02 \x03(\x0b\x32..sandboxd.v1.CreateSnapshotRequest.LabelsEntry\x12\'\n\x04kind\x18\x03 \x01(\x0e\x32\x19.sandboxd.v1.SnapshotKind\x12\x12\n\nrequest_id\x18x \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x16\x43reateSnapshotResponse\x12\'\n\x08snapshot\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.Snapshot\")\n\x12GetSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\">\n\x13GetSnapshotResponse\x12\'\n\x08snapshot\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.Snapshot\"\xd5\x01\n\x14ListSnapshotsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12L\n\x0elabel_selector\x18x \x03(\x0b\x32\x34.sandboxd.v1.ListSnapshotsRequest.LabelSelectorEntry\x1a\x34\n\x12LabelSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Z\n\x15ListSnapshotsResponse\x12(\n\tsnapshots\x18\x01 \x03(\x0b\x32\x15.sandboxd.v1.Snapshot\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\",\n\x15\x44\x65leteSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\"\x18\n\x16\x44\x65leteSnapshotResponse\".\n\x17\x44ownloadSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\"D\n\x18\x44ownloadSnapshotResponse\x12(\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.ArchiveChunk*]\n\x0cSnapshotKind\x12\x1d\n\x19SNAPSHOT_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11SNAPSHOT_KIND_TAR\x10\x01\x12\x17\n\x13SNAPSHOT_KIND_IMAGE\x10\x02\x32\x88\x05\n\x0fSnapshotService\x12X\n\rExportArchive\x12!.sandboxd.v1.ExportArchiveRequest\x1a\".sandboxd.v1.ExportArchiveResponse0\x01\x12X\n\rImportArchive\x12!.sandboxd.v1.ImportArchiveRequest\x1a\".sandboxd.v1.ImportArchiveResponse(\x01\x12Y\n\x0e\x43reateSnapshot\x12\".sandboxd.v1.CreateSnapshotRequest\x1a#.sandboxd.v1.CreateSnapshotResponse\x12P\n\x0bGetSnapshot\x12\x1f.sandboxd.v1.GetSnapshotRequest\x1a .sandboxd.v1.GetSnapshotResponse\x12V\n\rListSnapshots\x12!.sandboxd.v1.ListSnapshotsRequest\x1a\".sandboxd.v1.ListSnapshotsResponse\x12Y\n\x0e\x44\x65leteSnapshot\x12\".sandboxd.v1.DeleteSnapshotRequest\x1a#.sandboxd.v1.DeleteSnapshotResponse\x12\x61\n\x10\x44ownloadSnapshot\x12$.sandboxd.v1.DownloadSnapshotRequest\x1a%.sandboxd.v1.DownloadSnapshotResponse0\x01\x42?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asandboxd/v1/snapshot.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x1c\n\x0c\x41rchiveChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"8\n\x14\x45xportArchiveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"A\n\x15\x45xportArchiveResponse\x12(\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.ArchiveChunk\"H\n\x13ImportArchiveHeader\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0f\n\x07replace\x18\x03 \x01(\x08\"e\n\x14ImportArchiveRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .sandboxd.v1.ImportArchiveHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\t\n\x07payload\"P\n\x15ImportArchiveResponse\x12\r\n\x05\x66iles\x18\x01 \x01(\x03\x12\x11\n\x05\x62ytes\x18\x02 \x01(\x03\x42\x02\x18\x01\x12\x15\n\rcontent_bytes\x18x \x01(\x03\"\xa1\x02\n\x08Snapshot\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x04kind\x18\x06 \x01(\x0e\x32\x19.sandboxd.v1.SnapshotKind\x12\x31\n\x06labels\x18\x07 \x03(\x0b\x32!.sandboxd.v1.Snapshot.LabelsEntry\x12\r\n\x05image\x18\x08 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd7\x01\n\x15\x43reateSnapshotRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12>\n\x06labels\x18\x02 \x03(\x0b\x32..sandboxd.v1.CreateSnapshotRequest.LabelsEntry\x12\'\n\x04kind\x18\x03 \x01(\x0e\x32\x19.sandboxd.v1.SnapshotKind\x12\x12\n\nrequest_id\x18x \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x16\x43reateSnapshotResponse\x12\'\n\x08snapshot\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.Snapshot\")\n\x12GetSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\">\n\x13GetSnapshotResponse\x12\'\n\x08snapshot\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.Snapshot\"\xef\x01\n\x14ListSnapshotsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12L\n\x0elabel_selector\x18x \x03(\x0b\x32\x34.sandboxd.v1.ListSnapshotsRequest.LabelSelectorEntry\x12\x18\n\x0fmax_reply_bytes\x18\x84\x02 \x01(\x03\x1a\x34\n\x12LabelSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Z\n\x15ListSnapshotsResponse\x12(\n\tsnapshots\x18\x01 \x03(\x0b\x32\x15.sandboxd.v1.Snapshot\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\",\n\x15\x44\x65leteSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\"\x18\n\x16\x44\x65leteSnapshotResponse\".\n\x17\x44ownloadSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\"D\n\x18\x44ownloadSnapshotResponse\x12(\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.ArchiveChunk*]\n\x0cSnapshotKind\x12\x1d\n\x19SNAPSHOT_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11SNAPSHOT_KIND_TAR\x10\x01\x12\x17\n\x13SNAPSHOT_KIND_IMAGE\x10\x02\x32\x88\x05\n\x0fSnapshotService\x12X\n\rExportArchive\x12!.sandboxd.v1.ExportArchiveRequest\x1a\".sandboxd.v1.ExportArchiveResponse0\x01\x12X\n\rImportArchive\x12!.sandboxd.v1.ImportArchiveRequest\x1a\".sandboxd.v1.ImportArchiveResponse(\x01\x12Y\n\x0e\x43reateSnapshot\x12\".sandboxd.v1.CreateSnapshotRequest\x1a#.sandboxd.v1.CreateSnapshotResponse\x12P\n\x0bGetSnapshot\x12\x1f.sandboxd.v1.GetSnapshotRequest\x1a .sandboxd.v1.GetSnapshotResponse\x12V\n\rListSnapshots\x12!.sandboxd.v1.ListSnapshotsRequest\x1a\".sandboxd.v1.ListSnapshotsResponse\x12Y\n\x0e\x44\x65leteSnapshot\x12\".sandboxd.v1.DeleteSnapshotRequest\x1a#.sandboxd.v1.DeleteSnapshotResponse\x12\x61\n\x10\x44ownloadSnapshot\x12$.sandboxd.v1.DownloadSnapshotRequest\x1a%.sandboxd.v1.DownloadSnapshotResponse0\x01\x42?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,8 +41,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATESNAPSHOTREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_LISTSNAPSHOTSREQUEST_LABELSELECTORENTRY']._loaded_options = None
   _globals['_LISTSNAPSHOTSREQUEST_LABELSELECTORENTRY']._serialized_options = b'8\001'
-  _globals['_SNAPSHOTKIND']._serialized_start=1672
-  _globals['_SNAPSHOTKIND']._serialized_end=1765
+  _globals['_SNAPSHOTKIND']._serialized_start=1698
+  _globals['_SNAPSHOTKIND']._serialized_end=1791
   _globals['_ARCHIVECHUNK']._serialized_start=76
   _globals['_ARCHIVECHUNK']._serialized_end=104
   _globals['_EXPORTARCHIVEREQUEST']._serialized_start=106
@@ -70,19 +70,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSNAPSHOTRESPONSE']._serialized_start=1110
   _globals['_GETSNAPSHOTRESPONSE']._serialized_end=1172
   _globals['_LISTSNAPSHOTSREQUEST']._serialized_start=1175
-  _globals['_LISTSNAPSHOTSREQUEST']._serialized_end=1388
-  _globals['_LISTSNAPSHOTSREQUEST_LABELSELECTORENTRY']._serialized_start=1336
-  _globals['_LISTSNAPSHOTSREQUEST_LABELSELECTORENTRY']._serialized_end=1388
-  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_start=1390
-  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_end=1480
-  _globals['_DELETESNAPSHOTREQUEST']._serialized_start=1482
-  _globals['_DELETESNAPSHOTREQUEST']._serialized_end=1526
-  _globals['_DELETESNAPSHOTRESPONSE']._serialized_start=1528
-  _globals['_DELETESNAPSHOTRESPONSE']._serialized_end=1552
-  _globals['_DOWNLOADSNAPSHOTREQUEST']._serialized_start=1554
-  _globals['_DOWNLOADSNAPSHOTREQUEST']._serialized_end=1600
-  _globals['_DOWNLOADSNAPSHOTRESPONSE']._serialized_start=1602
-  _globals['_DOWNLOADSNAPSHOTRESPONSE']._serialized_end=1670
-  _globals['_SNAPSHOTSERVICE']._serialized_start=1768
-  _globals['_SNAPSHOTSERVICE']._serialized_end=2416
+  _globals['_LISTSNAPSHOTSREQUEST']._serialized_end=1414
+  _globals['_LISTSNAPSHOTSREQUEST_LABELSELECTORENTRY']._serialized_start=1362
+  _globals['_LISTSNAPSHOTSREQUEST_LABELSELECTORENTRY']._serialized_end=1414
+  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_start=1416
+  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_end=1506
+  _globals['_DELETESNAPSHOTREQUEST']._serialized_start=1508
+  _globals['_DELETESNAPSHOTREQUEST']._serialized_end=1552
+  _globals['_DELETESNAPSHOTRESPONSE']._serialized_start=1554
+  _globals['_DELETESNAPSHOTRESPONSE']._serialized_end=1578
+  _globals['_DOWNLOADSNAPSHOTREQUEST']._serialized_start=1580
+  _globals['_DOWNLOADSNAPSHOTREQUEST']._serialized_end=1626
+  _globals['_DOWNLOADSNAPSHOTRESPONSE']._serialized_start=1628
+  _globals['_DOWNLOADSNAPSHOTRESPONSE']._serialized_end=1696
+  _globals['_SNAPSHOTSERVICE']._serialized_start=1794
+  _globals['_SNAPSHOTSERVICE']._serialized_end=2442
 # @@protoc_insertion_point(module_scope)

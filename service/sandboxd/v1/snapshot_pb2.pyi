@@ -410,11 +410,16 @@ class ListSnapshotsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     LABEL_SELECTOR_FIELD_NUMBER: _builtins.int
+    MAX_REPLY_BYTES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Only this session's snapshots; empty means every snapshot."""
     page_size: _builtins.int
     """At most this many per page (default 100, at most 1000)."""
     page_token: _builtins.str
+    max_reply_bytes: _builtins.int
+    """The largest reply message this caller accepts, in bytes, as in RunRequest (0: 4 MiB). A
+    page that would not fit is cut short (fewer entries, next_page_token set).
+    """
     @_builtins.property
     def label_selector(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Only snapshots carrying every one of these labels."""
@@ -426,10 +431,11 @@ class ListSnapshotsRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         label_selector: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        max_reply_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["label_selector", b"label_selector", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["label_selector", b"label_selector", "max_reply_bytes", b"max_reply_bytes", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

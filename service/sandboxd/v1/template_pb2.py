@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asandboxd/v1/template.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaa\x01\n\x08Template\x12\x0c\n\x04name\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.sandboxd.v1.TemplateState\x12\x0f\n\x07\x62uiltin\x18\x03 \x01(\x08\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07message\x18\x06 \x01(\t\"0\n\x0cTemplateSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ndockerfile\x18\x02 \x01(\t\"_\n\x14\x42uildTemplateRequest\x12)\n\x04spec\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.TemplateSpecH\x00\x12\x11\n\x07\x63ontext\x18\x02 \x01(\x0cH\x00\x42\t\n\x07payload\"\x1c\n\x0c\x42uildLogLine\x12\x0c\n\x04line\x18\x01 \x01(\t\"<\n\x11\x42uildTemplateDone\x12\'\n\x08template\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.Template\"z\n\x15\x42uildTemplateResponse\x12(\n\x03log\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.BuildLogLineH\x00\x12.\n\x04\x64one\x18\x02 \x01(\x0b\x32\x1e.sandboxd.v1.BuildTemplateDoneH\x00\x42\x07\n\x05\x65vent\"\"\n\x12GetTemplateRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\">\n\x13GetTemplateResponse\x12\'\n\x08template\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.Template\"=\n\x14ListTemplatesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"Z\n\x15ListTemplatesResponse\x12(\n\ttemplates\x18\x01 \x03(\x0b\x32\x15.sandboxd.v1.Template\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"%\n\x15\x44\x65leteTemplateRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x18\n\x16\x44\x65leteTemplateResponse*\x81\x01\n\rTemplateState\x12\x1e\n\x1aTEMPLATE_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17TEMPLATE_STATE_BUILDING\x10\x01\x12\x18\n\x14TEMPLATE_STATE_READY\x10\x02\x12\x19\n\x15TEMPLATE_STATE_FAILED\x10\x03\x32\xf2\x02\n\x0fTemplateService\x12Z\n\rBuildTemplate\x12!.sandboxd.v1.BuildTemplateRequest\x1a\".sandboxd.v1.BuildTemplateResponse(\x01\x30\x01\x12P\n\x0bGetTemplate\x12\x1f.sandboxd.v1.GetTemplateRequest\x1a .sandboxd.v1.GetTemplateResponse\x12V\n\rListTemplates\x12!.sandboxd.v1.ListTemplatesRequest\x1a\".sandboxd.v1.ListTemplatesResponse\x12Y\n\x0e\x44\x65leteTemplate\x12\".sandboxd.v1.DeleteTemplateRequest\x1a#.sandboxd.v1.DeleteTemplateResponseB?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asandboxd/v1/template.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaa\x01\n\x08Template\x12\x0c\n\x04name\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.sandboxd.v1.TemplateState\x12\x0f\n\x07\x62uiltin\x18\x03 \x01(\x08\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07message\x18\x06 \x01(\t\"0\n\x0cTemplateSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ndockerfile\x18\x02 \x01(\t\"_\n\x14\x42uildTemplateRequest\x12)\n\x04spec\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.TemplateSpecH\x00\x12\x11\n\x07\x63ontext\x18\x02 \x01(\x0cH\x00\x42\t\n\x07payload\"\x1c\n\x0c\x42uildLogLine\x12\x0c\n\x04line\x18\x01 \x01(\t\"<\n\x11\x42uildTemplateDone\x12\'\n\x08template\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.Template\"z\n\x15\x42uildTemplateResponse\x12(\n\x03log\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.BuildLogLineH\x00\x12.\n\x04\x64one\x18\x02 \x01(\x0b\x32\x1e.sandboxd.v1.BuildTemplateDoneH\x00\x42\x07\n\x05\x65vent\"\"\n\x12GetTemplateRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\">\n\x13GetTemplateResponse\x12\'\n\x08template\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.Template\"W\n\x14ListTemplatesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x18\n\x0fmax_reply_bytes\x18\x84\x02 \x01(\x03\"Z\n\x15ListTemplatesResponse\x12(\n\ttemplates\x18\x01 \x03(\x0b\x32\x15.sandboxd.v1.Template\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"%\n\x15\x44\x65leteTemplateRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x18\n\x16\x44\x65leteTemplateResponse*\x81\x01\n\rTemplateState\x12\x1e\n\x1aTEMPLATE_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17TEMPLATE_STATE_BUILDING\x10\x01\x12\x18\n\x14TEMPLATE_STATE_READY\x10\x02\x12\x19\n\x15TEMPLATE_STATE_FAILED\x10\x03\x32\xf2\x02\n\x0fTemplateService\x12Z\n\rBuildTemplate\x12!.sandboxd.v1.BuildTemplateRequest\x1a\".sandboxd.v1.BuildTemplateResponse(\x01\x30\x01\x12P\n\x0bGetTemplate\x12\x1f.sandboxd.v1.GetTemplateRequest\x1a .sandboxd.v1.GetTemplateResponse\x12V\n\rListTemplates\x12!.sandboxd.v1.ListTemplatesRequest\x1a\".sandboxd.v1.ListTemplatesResponse\x12Y\n\x0e\x44\x65leteTemplate\x12\".sandboxd.v1.DeleteTemplateRequest\x1a#.sandboxd.v1.DeleteTemplateResponseB?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sandboxd.v1.template_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1'
-  _globals['_TEMPLATESTATE']._serialized_start=933
-  _globals['_TEMPLATESTATE']._serialized_end=1062
+  _globals['_TEMPLATESTATE']._serialized_start=959
+  _globals['_TEMPLATESTATE']._serialized_end=1088
   _globals['_TEMPLATE']._serialized_start=77
   _globals['_TEMPLATE']._serialized_end=247
   _globals['_TEMPLATESPEC']._serialized_start=249
@@ -52,13 +52,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETTEMPLATERESPONSE']._serialized_start=648
   _globals['_GETTEMPLATERESPONSE']._serialized_end=710
   _globals['_LISTTEMPLATESREQUEST']._serialized_start=712
-  _globals['_LISTTEMPLATESREQUEST']._serialized_end=773
-  _globals['_LISTTEMPLATESRESPONSE']._serialized_start=775
-  _globals['_LISTTEMPLATESRESPONSE']._serialized_end=865
-  _globals['_DELETETEMPLATEREQUEST']._serialized_start=867
-  _globals['_DELETETEMPLATEREQUEST']._serialized_end=904
-  _globals['_DELETETEMPLATERESPONSE']._serialized_start=906
-  _globals['_DELETETEMPLATERESPONSE']._serialized_end=930
-  _globals['_TEMPLATESERVICE']._serialized_start=1065
-  _globals['_TEMPLATESERVICE']._serialized_end=1435
+  _globals['_LISTTEMPLATESREQUEST']._serialized_end=799
+  _globals['_LISTTEMPLATESRESPONSE']._serialized_start=801
+  _globals['_LISTTEMPLATESRESPONSE']._serialized_end=891
+  _globals['_DELETETEMPLATEREQUEST']._serialized_start=893
+  _globals['_DELETETEMPLATEREQUEST']._serialized_end=930
+  _globals['_DELETETEMPLATERESPONSE']._serialized_start=932
+  _globals['_DELETETEMPLATERESPONSE']._serialized_end=956
+  _globals['_TEMPLATESERVICE']._serialized_start=1091
+  _globals['_TEMPLATESERVICE']._serialized_end=1461
 # @@protoc_insertion_point(module_scope)

@@ -15,6 +15,15 @@ def _show(value: str) -> str:
     return repr(value[:_SHOW_LIMIT]) + "..."
 
 
+def _plain(value: object) -> str:
+    """A caller value for ErrorInfo metadata: the value itself, not quoted (a program reads
+    it, and `'cat'` is not the command's name), valid UTF-8, cut short like `_show`."""
+    if not isinstance(value, str):
+        return "<non-string>"
+    text = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return text if len(text) <= _SHOW_LIMIT else text[:_SHOW_LIMIT] + "..."
+
+
 def _utf8_len(value: str) -> int | None:
     """Byte length on the wire; None for text that is not encodable (lone surrogates)."""
     try:

@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from sandboxd.errors import InvalidArgument, PermissionDenied
 from sandboxd.reasons import Reason
-from sandboxd.validation._text import _has_control, _show, _utf8_len
+from sandboxd.validation._text import _has_control, _plain, _show, _utf8_len
 
 # argv and the shell policy
 
@@ -110,7 +110,9 @@ def check_command_allowed(argv0: str, allow: Collection[str], allow_all: bool) -
             f"command {shown} is not in this session's allowlist; add {shown} to "
             "ShellPolicy.allow or set ShellPolicy.allow_all"
         )
-    raise PermissionDenied(message, reason=Reason.COMMAND_NOT_ALLOWED, metadata={"command": shown})
+    raise PermissionDenied(
+        message, reason=Reason.COMMAND_NOT_ALLOWED, metadata={"command": _plain(name)}
+    )
 
 
 # Environment
@@ -168,7 +170,7 @@ def _is_loader_key(key: str) -> bool:
 
 
 def _env_error(message: str, key: str, reason: str = Reason.INVALID_ENV) -> InvalidArgument:
-    return InvalidArgument(message, reason=reason, metadata={"key": _show(key)})
+    return InvalidArgument(message, reason=reason, metadata={"key": _plain(key)})
 
 
 def validate_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -189,7 +191,7 @@ def validate_env(env: Mapping[str, str]) -> dict[str, str]:
             raise InvalidArgument(
                 f"env key {shown} is invalid: keys match [A-Za-z_][A-Za-z0-9_]*",
                 reason=Reason.INVALID_ENV,
-                metadata={"key": shown},
+                metadata={"key": _plain(key)},
             )
         if len(key) > MAX_ENV_KEY_BYTES:  # ASCII by the pattern, so chars == bytes
             raise _env_error(

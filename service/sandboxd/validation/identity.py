@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from sandboxd.errors import InvalidArgument
 from sandboxd.reasons import Reason
-from sandboxd.validation._text import _has_control, _show, _utf8_len
+from sandboxd.validation._text import _has_control, _plain, _show, _utf8_len
 
 # User
 
@@ -45,20 +45,20 @@ def parse_user(user: str) -> tuple[int, int]:
                 f"user {shown} is invalid: a numeric 'uid:gid' is required "
                 "(names are not resolved), such as '65534:65534'"
             )
-        raise InvalidArgument(message, reason=Reason.INVALID_USER, metadata={"user": shown})
+        raise InvalidArgument(message, reason=Reason.INVALID_USER, metadata={"user": _plain(user)})
     uid, gid = int(match.group(1)), int(match.group(2))
     if uid == 0 or gid == 0:
         raise InvalidArgument(
             f"user {shown} is refused: root (uid 0 or gid 0) is not allowed; "
             "give a numeric non-root 'uid:gid' such as '65534:65534'",
             reason=Reason.INVALID_USER,
-            metadata={"user": shown},
+            metadata={"user": _plain(user)},
         )
     if uid > _MAX_ID or gid > _MAX_ID:
         raise InvalidArgument(
             f"user {shown} is invalid: uid and gid must be at most {_MAX_ID}",
             reason=Reason.INVALID_USER,
-            metadata={"user": shown},
+            metadata={"user": _plain(user)},
         )
     return uid, gid
 
@@ -76,7 +76,7 @@ def _validate_id(value: str, what: str, reason: str) -> str:
         raise InvalidArgument(
             f"{what} {shown} is invalid: use {_ID_RULE}",
             reason=reason,
-            metadata={what.replace(" ", "_"): shown},
+            metadata={what.replace(" ", "_"): _plain(value)},
         )
     return value
 
@@ -111,27 +111,27 @@ def validate_labels(labels: Mapping[str, str]) -> dict[str, str]:
                 f"label key {shown} is invalid: 1-128 characters of letters, digits, "
                 "'_', '.', '-', '/', starting and ending with a letter or digit",
                 reason=Reason.INVALID_LABELS,
-                metadata={"key": shown},
+                metadata={"key": _plain(key)},
             )
         if not isinstance(value, str):
             raise InvalidArgument(
                 f"label {_show(key)} has a non-string value",
                 reason=Reason.INVALID_LABELS,
-                metadata={"key": _show(key)},
+                metadata={"key": _plain(key)},
             )
         size = _utf8_len(value)
         if size is None or _has_control(value):
             raise InvalidArgument(
                 f"label {_show(key)} has a value with NUL or control characters",
                 reason=Reason.INVALID_LABELS,
-                metadata={"key": _show(key)},
+                metadata={"key": _plain(key)},
             )
         if size > MAX_LABEL_VALUE_BYTES:
             raise InvalidArgument(
                 f"label {_show(key)} has a value of {size} bytes; "
                 f"the limit is {MAX_LABEL_VALUE_BYTES}",
                 reason=Reason.INVALID_LABELS,
-                metadata={"key": _show(key)},
+                metadata={"key": _plain(key)},
             )
         result[key] = value
     return result
@@ -186,7 +186,7 @@ def validate_image(image: str) -> str:
             f"image {_show(image)} is not a valid image reference (e.g. alpine:3.21, "
             "registry.example.com:5000/team/tool:1.0, name@sha256:<digest>; lowercase name)",
             reason=Reason.INVALID_IMAGE,
-            metadata={"image": _show(image)},
+            metadata={"image": _plain(image)},
         )
     return image
 

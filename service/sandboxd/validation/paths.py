@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sandboxd.errors import InvalidArgument
 from sandboxd.reasons import Reason
-from sandboxd.validation._text import _show, _utf8_len
+from sandboxd.validation._text import _plain, _show, _utf8_len
 
 WORKSPACE = "/workspace"
 MAX_PATH_BYTES = 4096
@@ -15,7 +15,7 @@ _WORKSPACE_NAME = WORKSPACE.lstrip("/")
 
 
 def _path_error(path: str, message: str, reason: str) -> InvalidArgument:
-    return InvalidArgument(message, reason=reason, metadata={"path": _show(path)})
+    return InvalidArgument(message, reason=reason, metadata={"path": _plain(path)})
 
 
 def workspace_relpath(path: str, *, allow_root: bool = True) -> str:

@@ -100,7 +100,9 @@ class SecurityDefaults(_message.Message):
     IMAGE_FIELD_NUMBER: _builtins.int
     LEASE_FIELD_NUMBER: _builtins.int
     user: _builtins.str
-    """Numeric "uid:gid" commands run as by default."""
+    """The host ids commands run as, "FIRST-LAST": every session is allocated a uid of its own
+    from this block (its gid the same number), reported in its Session.user.
+    """
     read_only_root_filesystem: _builtins.bool
     no_new_privileges: _builtins.bool
     seccomp_profile: _builtins.str

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sandboxd/v1/audit.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd0\x01\n\x16ListAuditEventsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05kinds\x18\x02 \x03(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\t\"[\n\x17ListAuditEventsResponse\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.sandboxd.v1.AuditEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xf6\x01\n\nAuditEvent\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12;\n\nattributes\x18\x06 \x03(\x0b\x32\'.sandboxd.v1.AuditEvent.AttributesEntry\x12\x10\n\x08trace_id\x18\x07 \x01(\t\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32l\n\x0c\x41uditService\x12\\\n\x0fListAuditEvents\x12#.sandboxd.v1.ListAuditEventsRequest\x1a$.sandboxd.v1.ListAuditEventsResponseB?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sandboxd/v1/audit.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xea\x01\n\x16ListAuditEventsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05kinds\x18\x02 \x03(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\t\x12\x18\n\x0fmax_reply_bytes\x18\x84\x02 \x01(\x03\"[\n\x17ListAuditEventsResponse\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.sandboxd.v1.AuditEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xf6\x01\n\nAuditEvent\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12;\n\nattributes\x18\x06 \x03(\x0b\x32\'.sandboxd.v1.AuditEvent.AttributesEntry\x12\x10\n\x08trace_id\x18\x07 \x01(\t\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32l\n\x0c\x41uditService\x12\\\n\x0fListAuditEvents\x12#.sandboxd.v1.ListAuditEventsRequest\x1a$.sandboxd.v1.ListAuditEventsResponseB?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,13 +36,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AUDITEVENT_ATTRIBUTESENTRY']._loaded_options = None
   _globals['_AUDITEVENT_ATTRIBUTESENTRY']._serialized_options = b'8\001'
   _globals['_LISTAUDITEVENTSREQUEST']._serialized_start=74
-  _globals['_LISTAUDITEVENTSREQUEST']._serialized_end=282
-  _globals['_LISTAUDITEVENTSRESPONSE']._serialized_start=284
-  _globals['_LISTAUDITEVENTSRESPONSE']._serialized_end=375
-  _globals['_AUDITEVENT']._serialized_start=378
-  _globals['_AUDITEVENT']._serialized_end=624
-  _globals['_AUDITEVENT_ATTRIBUTESENTRY']._serialized_start=575
-  _globals['_AUDITEVENT_ATTRIBUTESENTRY']._serialized_end=624
-  _globals['_AUDITSERVICE']._serialized_start=626
-  _globals['_AUDITSERVICE']._serialized_end=734
+  _globals['_LISTAUDITEVENTSREQUEST']._serialized_end=308
+  _globals['_LISTAUDITEVENTSRESPONSE']._serialized_start=310
+  _globals['_LISTAUDITEVENTSRESPONSE']._serialized_end=401
+  _globals['_AUDITEVENT']._serialized_start=404
+  _globals['_AUDITEVENT']._serialized_end=650
+  _globals['_AUDITEVENT_ATTRIBUTESENTRY']._serialized_start=601
+  _globals['_AUDITEVENT_ATTRIBUTESENTRY']._serialized_end=650
+  _globals['_AUDITSERVICE']._serialized_start=652
+  _globals['_AUDITSERVICE']._serialized_end=760
 # @@protoc_insertion_point(module_scope)

@@ -30,6 +30,7 @@ class ListAuditEventsRequest(_message.Message):
     TENANT_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    MAX_REPLY_BYTES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Only events of this session."""
     tenant: _builtins.str
@@ -37,6 +38,10 @@ class ListAuditEventsRequest(_message.Message):
     page_size: _builtins.int
     """At most this many events per page (default 100, at most 1000)."""
     page_token: _builtins.str
+    max_reply_bytes: _builtins.int
+    """The largest reply message this caller accepts, in bytes, as in RunRequest (0: 4 MiB). A
+    page that would not fit is cut short (fewer entries, next_page_token set).
+    """
     @_builtins.property
     def kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Only events of these kinds (`command`, `file_write`, `file_remove`, `archive_import`,
@@ -62,10 +67,11 @@ class ListAuditEventsRequest(_message.Message):
         tenant: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        max_reply_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "kinds", b"kinds", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id", "start_time", b"start_time", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "kinds", b"kinds", "max_reply_bytes", b"max_reply_bytes", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id", "start_time", b"start_time", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

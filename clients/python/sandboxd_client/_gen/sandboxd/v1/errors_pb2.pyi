@@ -329,6 +329,34 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams;
     end one first.
     """
+    ERROR_REASON_INTERACT_IDLE: _ErrorReason.ValueType  # 320
+    """DEADLINE_EXCEEDED: An Interact call had no message from the caller and no output from its
+    command for its idle timeout (InteractStart.idle_timeout, default interact_idle_timeout_s),
+    so its command was ended. Start it again; a longer idle_timeout keeps a quiet terminal open.
+    """
+    ERROR_REASON_KERNEL_LIMIT_REACHED: _ErrorReason.ValueType  # 250
+    """RESOURCE_EXHAUSTED: A limit the kernel keeps for the session's own host uid is reached
+    (inotify instances or watches: fs.inotify.max_user_instances, max_user_watches); the
+    session's own use counts, no other tenant's. Close watches or file watchers in the session.
+    """
+    ERROR_REASON_HOST_IDS_EXHAUSTED: _ErrorReason.ValueType  # 251
+    """RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by
+    a session; delete sessions, or the operator widens host_uid_count. Nothing was created.
+    """
+    ERROR_REASON_REPLY_TOO_LARGE: _ErrorReason.ValueType  # 260
+    """RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's
+    max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the
+    way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`.
+    """
+    ERROR_REASON_TEMPLATE_INSTRUCTION_NOT_ALLOWED: _ErrorReason.ValueType  # 246
+    """INVALID_ARGUMENT: A Dockerfile instruction the build rules refuse (ADD, ONBUILD, VOLUME,
+    flags, heredocs, parser directives, variables in LABEL, io.sandboxd.* label keys...); the
+    message names the line and the rule.
+    """
+    ERROR_REASON_TENANT_IMAGE_QUOTA: _ErrorReason.ValueType  # 247
+    """RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
+    image quota (tenant_max_image_bytes); delete some first.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -645,5 +673,33 @@ or unexpected frame); the stream was reset, the rest of the session is unaffecte
 ERROR_REASON_WATCH_LIMIT: ErrorReason.ValueType  # 230
 """RESOURCE_EXHAUSTED: The session already has watch_max_per_session open WatchDir streams;
 end one first.
+"""
+ERROR_REASON_INTERACT_IDLE: ErrorReason.ValueType  # 320
+"""DEADLINE_EXCEEDED: An Interact call had no message from the caller and no output from its
+command for its idle timeout (InteractStart.idle_timeout, default interact_idle_timeout_s),
+so its command was ended. Start it again; a longer idle_timeout keeps a quiet terminal open.
+"""
+ERROR_REASON_KERNEL_LIMIT_REACHED: ErrorReason.ValueType  # 250
+"""RESOURCE_EXHAUSTED: A limit the kernel keeps for the session's own host uid is reached
+(inotify instances or watches: fs.inotify.max_user_instances, max_user_watches); the
+session's own use counts, no other tenant's. Close watches or file watchers in the session.
+"""
+ERROR_REASON_HOST_IDS_EXHAUSTED: ErrorReason.ValueType  # 251
+"""RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by
+a session; delete sessions, or the operator widens host_uid_count. Nothing was created.
+"""
+ERROR_REASON_REPLY_TOO_LARGE: ErrorReason.ValueType  # 260
+"""RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's
+max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the
+way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`.
+"""
+ERROR_REASON_TEMPLATE_INSTRUCTION_NOT_ALLOWED: ErrorReason.ValueType  # 246
+"""INVALID_ARGUMENT: A Dockerfile instruction the build rules refuse (ADD, ONBUILD, VOLUME,
+flags, heredocs, parser directives, variables in LABEL, io.sandboxd.* label keys...); the
+message names the line and the rule.
+"""
+ERROR_REASON_TENANT_IMAGE_QUOTA: ErrorReason.ValueType  # 247
+"""RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
+image quota (tenant_max_image_bytes); delete some first.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandboxd/v1/images.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"!\n\x10PullImageRequest\x12\r\n\x05image\x18\x01 \x01(\t\"z\n\x11PullImageProgress\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x15\n\rcurrent_bytes\x18\x02 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x14\n\x0clayers_total\x18\x04 \x01(\x05\x12\x13\n\x0blayers_done\x18\x05 \x01(\x05\"%\n\rPullImageDone\x12\x14\n\x0cimage_digest\x18\x01 \x01(\t\"|\n\x11PullImageResponse\x12\x32\n\x08progress\x18\x01 \x01(\x0b\x32\x1e.sandboxd.v1.PullImageProgressH\x00\x12*\n\x04\x64one\x18\x02 \x01(\x0b\x32\x1a.sandboxd.v1.PullImageDoneH\x00\x42\x07\n\x05\x65vent\":\n\x11ListImagesRequest\x12\x11\n\tpage_size\x18x \x01(\x05\x12\x12\n\npage_token\x18y \x01(\t\"\xa7\x01\n\tImageInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x34\n\x0clast_used_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x02\x18\x01\x12\x32\n\x0elast_used_time\x18x \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"U\n\x12ListImagesResponse\x12&\n\x06images\x18\x01 \x03(\x0b\x32\x16.sandboxd.v1.ImageInfo\x12\x17\n\x0fnext_page_token\x18x \x01(\t*x\n\nPullPolicy\x12\x1b\n\x17PULL_POLICY_UNSPECIFIED\x10\x00\x12\x1e\n\x1aPULL_POLICY_IF_NOT_PRESENT\x10\x01\x12\x16\n\x12PULL_POLICY_ALWAYS\x10\x02\x12\x15\n\x11PULL_POLICY_NEVER\x10\x03\x42?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandboxd/v1/images.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"!\n\x10PullImageRequest\x12\r\n\x05image\x18\x01 \x01(\t\"z\n\x11PullImageProgress\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x15\n\rcurrent_bytes\x18\x02 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x14\n\x0clayers_total\x18\x04 \x01(\x05\x12\x13\n\x0blayers_done\x18\x05 \x01(\x05\"%\n\rPullImageDone\x12\x14\n\x0cimage_digest\x18\x01 \x01(\t\"|\n\x11PullImageResponse\x12\x32\n\x08progress\x18\x01 \x01(\x0b\x32\x1e.sandboxd.v1.PullImageProgressH\x00\x12*\n\x04\x64one\x18\x02 \x01(\x0b\x32\x1a.sandboxd.v1.PullImageDoneH\x00\x42\x07\n\x05\x65vent\"T\n\x11ListImagesRequest\x12\x11\n\tpage_size\x18x \x01(\x05\x12\x12\n\npage_token\x18y \x01(\t\x12\x18\n\x0fmax_reply_bytes\x18\x84\x02 \x01(\x03\"\xa7\x01\n\tImageInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x34\n\x0clast_used_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x02\x18\x01\x12\x32\n\x0elast_used_time\x18x \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"U\n\x12ListImagesResponse\x12&\n\x06images\x18\x01 \x03(\x0b\x32\x16.sandboxd.v1.ImageInfo\x12\x17\n\x0fnext_page_token\x18x \x01(\t*x\n\nPullPolicy\x12\x1b\n\x17PULL_POLICY_UNSPECIFIED\x10\x00\x12\x1e\n\x1aPULL_POLICY_IF_NOT_PRESENT\x10\x01\x12\x16\n\x12PULL_POLICY_ALWAYS\x10\x02\x12\x15\n\x11PULL_POLICY_NEVER\x10\x03\x42?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1'
   _globals['_IMAGEINFO'].fields_by_name['last_used_at']._loaded_options = None
   _globals['_IMAGEINFO'].fields_by_name['last_used_at']._serialized_options = b'\030\001'
-  _globals['_PULLPOLICY']._serialized_start=715
-  _globals['_PULLPOLICY']._serialized_end=835
+  _globals['_PULLPOLICY']._serialized_start=741
+  _globals['_PULLPOLICY']._serialized_end=861
   _globals['_PULLIMAGEREQUEST']._serialized_start=74
   _globals['_PULLIMAGEREQUEST']._serialized_end=107
   _globals['_PULLIMAGEPROGRESS']._serialized_start=109
@@ -46,9 +46,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PULLIMAGERESPONSE']._serialized_start=272
   _globals['_PULLIMAGERESPONSE']._serialized_end=396
   _globals['_LISTIMAGESREQUEST']._serialized_start=398
-  _globals['_LISTIMAGESREQUEST']._serialized_end=456
-  _globals['_IMAGEINFO']._serialized_start=459
-  _globals['_IMAGEINFO']._serialized_end=626
-  _globals['_LISTIMAGESRESPONSE']._serialized_start=628
-  _globals['_LISTIMAGESRESPONSE']._serialized_end=713
+  _globals['_LISTIMAGESREQUEST']._serialized_end=482
+  _globals['_IMAGEINFO']._serialized_start=485
+  _globals['_IMAGEINFO']._serialized_end=652
+  _globals['_LISTIMAGESRESPONSE']._serialized_start=654
+  _globals['_LISTIMAGESRESPONSE']._serialized_end=739
 # @@protoc_insertion_point(module_scope)

@@ -199,7 +199,10 @@ class CreateSessionRequest(_message.Message):
     image: _builtins.str
     """Container image; empty means the server's default runtime image."""
     user: _builtins.str
-    """Numeric "uid:gid"; empty means 65534:65534. uid 0 and gid 0 are refused."""
+    """Numeric "uid:gid"; empty means 65534:65534. uid 0 and gid 0 are refused. Checked and part
+    of the fingerprint, but not the identity: the server allocates each session a host uid of
+    its own (Session.user), so no per-uid kernel limit is shared with another session.
+    """
     from_snapshot_id: _builtins.str
     """Fork: start from this snapshot's workspace instead of the manifest's files."""
     on_expiry: _leases_pb2.ExpiryAction.ValueType
@@ -351,12 +354,17 @@ class ListSessionsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    MAX_REPLY_BYTES_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """At most this many sessions per page (default 100, at most 1000)."""
     page_token: _builtins.str
     state: Global___SessionState.ValueType
     """Only sessions in this state (as recorded: a lease that just ended may show its session
     RUNNING until the sweep); UNSPECIFIED: every state.
+    """
+    max_reply_bytes: _builtins.int
+    """The largest reply message this caller accepts, in bytes, as in RunRequest (0: 4 MiB). A
+    page that would not fit is cut short (fewer entries, next_page_token set).
     """
     @_builtins.property
     def label_selector(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -369,10 +377,11 @@ class ListSessionsRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         state: Global___SessionState.ValueType = ...,
+        max_reply_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["label_selector", b"label_selector", "page_size", b"page_size", "page_token", b"page_token", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["label_selector", b"label_selector", "max_reply_bytes", b"max_reply_bytes", "page_size", b"page_size", "page_token", b"page_token", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -545,20 +554,26 @@ class ListEgressEventsRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    MAX_REPLY_BYTES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     page_size: _builtins.int
     """At most this many events per page (default 100, at most 1000)."""
     page_token: _builtins.str
+    max_reply_bytes: _builtins.int
+    """The largest reply message this caller accepts, in bytes, as in RunRequest (0: 4 MiB). A
+    page that would not fit is cut short (fewer entries, next_page_token set).
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        max_reply_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_reply_bytes", b"max_reply_bytes", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -819,7 +834,9 @@ class Session(_message.Message):
     """sha256 of the manifest and every security-relevant setting."""
     assurance: _common_pb2.Assurance.ValueType
     user: _builtins.str
-    """The numeric "uid:gid" commands run as."""
+    """The numeric "uid:gid" commands run as: the session's own host identity, allocated by the
+    server (what `id -u` says inside and who owns /workspace).
+    """
     workspace_id: _builtins.str
     """The manifest's id."""
     on_expiry: _leases_pb2.ExpiryAction.ValueType

@@ -1,0 +1,42 @@
+"""The agent's memory budget in a sandbox (docs/agent.md, "Memory"; SECURITY.md, "Memory of the
+agent"): one pure function, used by the engine adapter for HELLO (from the container's own
+limits) and by the process manager for each detached exec (from the session's)."""
+
+from __future__ import annotations
+
+# The least budget an agent is given (its rings' floors come on top: docs/agent.md, "Memory").
+AGENT_MIN_BUDGET = 4 * 1024 * 1024
+
+
+def agent_ring_budget(memory: int, workspace: int = 0, *, gvisor: bool = False) -> int:
+    """What the agent's rings (running and exited) and its streams' input buffers may hold
+    together, of a sandbox of `memory` bytes whose workspace tmpfs may hold `workspace` (its
+    pages are the sandbox's memory too): half the memory under runc, a quarter under gVisor,
+    whose Sentry takes its own share of the same cgroup (measured: 20 to 43 MiB of resident
+    memory besides the sandbox's own) and whose sandbox ends whole when the cgroup is full (no
+    process of it is the OOM killer's victim alone); and never more than what leaves a quarter
+    of the memory to the commands with the workspace full (a sandbox of 128 MiB with its 64 MiB
+    workspace full and half of it in rings had nothing left but the agent for the OOM killer).
+    Past it a ring still filling wraps where it is (its readers see a gap) rather than the
+    agent pressing the sandbox's memory. 0 (no limit known): the agent's own default."""
+    if memory <= 0:
+        return 0
+    share = memory // 4 if gvisor else memory // 2
+    room = memory - workspace - memory // 4
+    return max(AGENT_MIN_BUDGET, min(share, room))
+
+
+def budget_of_container(host_config: dict[str, object], runtime_gvisor: str = "runsc") -> int:
+    """The budget for a container from its HostConfig (Memory, the /workspace tmpfs's size,
+    Runtime): what the server sends in HELLO, before any detached exec says it again."""
+    memory = host_config.get("Memory")
+    if not isinstance(memory, int) or memory <= 0:
+        return 0
+    workspace = 0
+    tmpfs = host_config.get("Tmpfs")
+    options = tmpfs.get("/workspace", "") if isinstance(tmpfs, dict) else ""
+    for option in str(options).split(","):
+        if option.startswith("size=") and option[5:].isdigit():
+            workspace = int(option[5:])
+    gvisor = host_config.get("Runtime") == runtime_gvisor
+    return agent_ring_budget(memory, workspace, gvisor=gvisor)

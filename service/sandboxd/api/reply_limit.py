@@ -1,0 +1,104 @@
+"""The interceptor that holds every reply message to the caller's limit (api/replies.py).
+
+For each call it takes the limit from the request's `max_reply_bytes` (where the request has
+one; a negative value is INVALID_ARGUMENT before the servicer runs) or 4 MiB, bounded by the
+server's own message limit, and keeps it for the servicer (`replies.current`). Each reply
+message the servicer returns or yields is then measured as serialized: one still over the
+limit ends the call with RESOURCE_EXHAUSTED REPLY_TOO_LARGE, a status the caller can read,
+rather than a message its client would refuse (losing everything the reply said). The RPCs whose
+replies grow make them fit before this (replies.py); here is the net under every RPC, a new
+one included, so no reply can pass a default client's limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from sandboxd import errors
+from sandboxd.api import replies
+from sandboxd.api.errors import to_status
+
+
+class ReplyLimit(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self, server_max_bytes: int) -> None:
+        self._max = server_max_bytes
+
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: Any
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = str(handler_call_details.method)
+        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+            behavior = getattr(handler, kind)
+            if behavior is not None:
+                streamed_in = kind.startswith("stream_")
+                wrapped: Callable[..., Any]
+                if kind.endswith("_stream"):
+                    if not inspect.isasyncgenfunction(behavior):
+                        return handler  # a writer (reflection): nothing to measure here
+                    wrapped = self._each(behavior, method, streamed_in)
+                else:
+                    wrapped = self._once(behavior, method, streamed_in)
+                return handler._replace(**{kind: wrapped})
+        return handler
+
+    def _limit(self, request: Any, streamed_in: bool) -> int:
+        asked = 0
+        if not streamed_in and isinstance(request, Message):
+            if replies.FIELD in request.DESCRIPTOR.fields_by_name:
+                asked = int(getattr(request, replies.FIELD))
+        return replies.limit_for(asked, self._max)
+
+    def _once(
+        self, behavior: Callable[..., Awaitable[Any]], method: str, streamed_in: bool
+    ) -> Callable[..., Awaitable[Any]]:
+        async def bounded(request: Any, context: Any) -> Any:
+            try:
+                limit = self._limit(request, streamed_in)
+            except errors.SandboxError as exc:
+                await context.abort_with_status(to_status(exc))
+                raise AssertionError("abort_with_status returned") from None
+            replies.set_current(limit)
+            result = behavior(request, context)
+            response = await result if inspect.isawaitable(result) else result
+            await _check(response, limit, method, context)
+            return response
+
+        return bounded
+
+    def _each(
+        self, behavior: Callable[..., AsyncGenerator[Any, None]], method: str, streamed_in: bool
+    ) -> Callable[..., AsyncIterator[Any]]:
+        async def bounded(request: Any, context: Any) -> AsyncIterator[Any]:
+            try:
+                limit = self._limit(request, streamed_in)
+            except errors.SandboxError as exc:
+                await context.abort_with_status(to_status(exc))
+                raise AssertionError("abort_with_status returned") from None
+            replies.set_current(limit)
+            async with contextlib.aclosing(behavior(request, context)) as items:
+                async for item in items:
+                    await _check(item, limit, method, context)
+                    yield item
+
+        return bounded
+
+
+async def _check(message: Any, limit: int, method: str, context: Any) -> None:
+    if not isinstance(message, Message):
+        return
+    size = message.ByteSize()
+    if size > limit:
+        name = method.rsplit("/", 1)[-1]
+        exc = replies.too_large(
+            f"this {name} reply", size, limit, "the server could not make it smaller"
+        )
+        await context.abort_with_status(to_status(exc))

@@ -1,0 +1,213 @@
+"""Traces with OpenTelemetry: a span per RPC, child spans for every engine and agent call.
+
+The RPC span's parent is the caller's W3C `traceparent`, so a caller's trace continues through
+the server into the engine. Spans are exported over OTLP/gRPC when `otlp_endpoint` is set;
+otherwise the server records nothing (the API's no-op tracer keeps the caller's trace context,
+which is all the audit log and the log lines need), at the cost of a few microseconds a call.
+
+The tracer is an object passed to what needs it, not the process-wide provider: two servers in
+one process (as in tests) keep their spans apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from opentelemetry import trace
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from sandboxd import __version__
+
+T = TypeVar("T")
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def provider_for(endpoint: str, exporter: SpanExporter | None = None) -> TracerProvider | None:
+    """A provider exporting to `endpoint` (OTLP/gRPC), or None when no endpoint is set.
+
+    `exporter` replaces the OTLP one (tests hand in an in-memory exporter)."""
+    if not endpoint and exporter is None:
+        return None
+    if exporter is None:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        scheme, _, rest = endpoint.rpartition("://")
+        exporter = OTLPSpanExporter(endpoint=rest.rstrip("/"), insecure=scheme == "http")
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": "sandboxd", "service.version": __version__})
+    )
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def tracer_of(provider: TracerProvider | None) -> trace.Tracer:
+    if provider is None:
+        return trace.NoOpTracer()
+    return provider.get_tracer("sandboxd", __version__)
+
+
+class _Metadata(Getter[Any]):
+    """gRPC invocation metadata as the propagator reads it (keys are lower-case already)."""
+
+    def get(self, carrier: Any, key: str) -> list[str] | None:
+        values = [v for k, v in carrier or () if k == key and isinstance(v, str)]
+        return values or None
+
+    def keys(self, carrier: Any) -> list[str]:
+        return [k for k, _ in carrier or ()]
+
+
+_METADATA = _Metadata()
+
+
+def _code_of(context: Any) -> grpc.StatusCode | None:
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code
+    if isinstance(code, int) and code:
+        return next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+    return None
+
+
+class TracingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """A SERVER span around each call, the current span while its handler runs."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self._tracer = tracer
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[Any], Awaitable[Any]],
+        handler_call_details: Any,
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        full = str(handler_call_details.method).lstrip("/")
+        service, _, method = full.partition("/")
+        parent = _PROPAGATOR.extract(handler_call_details.invocation_metadata, getter=_METADATA)
+        attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+        tracer = self._tracer
+
+        def start() -> trace.Span:
+            return tracer.start_span(full, parent, SpanKind.SERVER, attributes)
+
+        def end(span: trace.Span, context: Any, error: BaseException | None) -> None:
+            code = _code_of(context)
+            if code is not None:
+                span.set_attribute("rpc.grpc.status_code", code.value[0])
+            if error is not None or (code is not None and code is not grpc.StatusCode.OK):
+                span.set_status(
+                    Status(StatusCode.ERROR, code.name if code else type(error).__name__)
+                )
+            span.end()
+
+        def unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+            async def traced(request: Any, context: Any) -> Any:
+                span, error = start(), None
+                try:
+                    with trace.use_span(span, end_on_exit=False):
+                        return await behavior(request, context)
+                except BaseException as exc:
+                    error = exc
+                    raise
+                finally:
+                    end(span, context, error)
+
+            return traced
+
+        def streaming(behavior: Callable[..., Any]) -> Callable[..., Any]:
+            if inspect.iscoroutinefunction(behavior):
+                return unary(behavior)
+
+            async def traced(request: Any, context: Any) -> AsyncIterator[Any]:
+                span, error = start(), None
+                try:
+                    with trace.use_span(span, end_on_exit=False):
+                        async with contextlib.aclosing(behavior(request, context)) as items:
+                            async for item in items:
+                                yield item
+                except BaseException as exc:
+                    error = exc
+                    raise
+                finally:
+                    end(span, context, error)
+
+            return traced
+
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=unary(handler.unary_unary))
+        if handler.stream_unary is not None:
+            return handler._replace(stream_unary=unary(handler.stream_unary))
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=streaming(handler.unary_stream))
+        if handler.stream_stream is not None:
+            return handler._replace(stream_stream=streaming(handler.stream_stream))
+        return handler
+
+
+class Traced:
+    """Calls of an engine or agent port, each a CLIENT span named `<port>.<method>`.
+
+    Coroutine methods are timed until they return; methods that give an async context manager
+    (an exec stream) until it is left. Everything else (attributes, plain methods) passes
+    through untouched, so the wrapped object keeps its whole interface.
+    """
+
+    def __init__(self, inner: Any, tracer: trace.Tracer, port: str) -> None:
+        self._inner = inner
+        self._tracer = tracer
+        self._port = port
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._inner, name, value)  # a collaborator set later lands on the port
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._inner, name)
+        if name.startswith("_") or not callable(value):
+            return value
+        span_name = f"{self._port}.{name}"
+        tracer = self._tracer
+        if inspect.iscoroutinefunction(value):
+
+            @functools.wraps(value)
+            async def call(*args: Any, **kwargs: Any) -> Any:
+                with tracer.start_as_current_span(span_name, kind=SpanKind.CLIENT):
+                    return await value(*args, **kwargs)
+
+            self.__dict__[name] = call  # wrapped once per method
+            return call
+        wrapped = getattr(value, "__wrapped__", None)
+        if wrapped is not None and inspect.isasyncgenfunction(wrapped):
+
+            @functools.wraps(value)
+            @contextlib.asynccontextmanager
+            async def opened(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+                with tracer.start_as_current_span(span_name, kind=SpanKind.CLIENT):
+                    async with value(*args, **kwargs) as inner:
+                        yield inner
+
+            self.__dict__[name] = opened
+            return opened
+        return value
+
+
+def traced(inner: T, tracer: trace.Tracer, port: str) -> T:
+    """`inner` with its calls traced, typed as itself (the wrapper has its whole interface)."""
+    if isinstance(tracer, trace.NoOpTracer):
+        return inner  # nothing would be recorded: keep the call path as it is
+    wrapper: Any = Traced(inner, tracer, port)
+    return wrapper  # type: ignore[no-any-return]

@@ -1,0 +1,114 @@
+"""The gRPC port before authentication: a call without a valid token is refused before the
+server reads its request, so an unauthenticated caller holds no stream waiting for (or
+buffering) a message; the transport's own limits are set, not left to defaults."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from sandboxd import tenancy
+from sandboxd.api.auth import AuthInterceptor
+from sandboxd.server_grpc import transport_options
+
+TOKEN = "alpha-token"
+
+
+def _table() -> tenancy.TokenTable:
+    return tenancy.TokenTable((("alpha", hashlib.sha256(TOKEN.encode()).digest()),))
+
+
+async def _echo(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+    return b"echo:" + request
+
+
+async def _count(
+    request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]
+) -> AsyncIterator[bytes]:
+    for i in range(3):
+        yield str(i).encode()
+
+
+async def _serve(handshake_timeout_ms: int = 10_000) -> tuple[grpc.aio.Server, int]:
+    options = transport_options(4 << 20, handshake_timeout_ms)
+    server = grpc.aio.server(interceptors=[AuthInterceptor(_table())], options=options)
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "t.S",
+                {
+                    "Unary": grpc.unary_unary_rpc_method_handler(_echo),
+                    "Stream": grpc.unary_stream_rpc_method_handler(_count),
+                },
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
+
+
+async def test_an_unauthenticated_call_is_refused_before_its_message() -> None:
+    """Headers, then a message that never comes: refused at once, not left waiting for it."""
+    server, port = await _serve()
+    never = asyncio.Event()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+
+            async def requests() -> AsyncIterator[bytes]:
+                await never.wait()
+                yield b""
+
+            call = channel.stream_unary("/t.S/Unary")(requests(), timeout=10)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        never.set()
+        await server.stop(None)
+
+
+async def test_refusals_and_answers_of_every_kind() -> None:
+    server, port = await _serve()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            unary = channel.unary_unary("/t.S/Unary")
+            stream = channel.unary_stream("/t.S/Stream")
+            for metadata in [(), (("authorization", "Bearer wrong"),)]:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await unary(b"x" * 100_000, metadata=metadata, timeout=10)
+                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    async for _ in stream(b"x", metadata=metadata, timeout=10):
+                        pass
+                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            good = (("authorization", f"Bearer {TOKEN}"),)
+            assert await unary(b"hi", metadata=good, timeout=10) == b"echo:hi"
+            assert [m async for m in stream(b"", metadata=good, timeout=10)] == [b"0", b"1", b"2"]
+    finally:
+        await server.stop(None)
+
+
+def test_the_transport_limits_are_set() -> None:
+    options = dict(transport_options(max_message_bytes=4 << 20))
+    assert options["grpc.max_concurrent_streams"] > 0
+    assert options["grpc.max_metadata_size"] <= 64 * 1024
+    assert options["grpc.http2.max_ping_strikes"] > 0
+    assert options["grpc.keepalive_permit_without_calls"] == 0
+    assert options["grpc.max_connection_idle_ms"] > 0
+
+
+async def test_a_connection_that_never_finishes_its_handshake_is_closed() -> None:
+    server, port = await _serve(handshake_timeout_ms=500)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"PRI * HTTP/2.0\r\n")  # the preface begun, never ended
+        await writer.drain()
+        await asyncio.wait_for(reader.read(), 10)  # at most a GOAWAY, then the end
+        assert reader.at_eof()
+        writer.close()
+    finally:
+        await server.stop(None)
