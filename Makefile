@@ -109,7 +109,8 @@ test-unit: venv helper helper-asan
 SANDBOXD_SOAK_SECONDS ?= 3600
 soak: venv helper image
 	SANDBOXD_SOAK_SECONDS=$(SANDBOXD_SOAK_SECONDS) $(PY) -m pytest -x -q \
-		tests/integration/test_fuzz_workspace.py -k "fuzzer or sigkilled"
+		tests/integration/test_fuzz_workspace.py tests/integration/test_restarts.py \
+		-k "fuzzer or sigkilled or restart_model"
 
 lint: venv buf
 	$(VENV)/bin/ruff check service tests bench clients/python

@@ -137,6 +137,10 @@ struct cmd {
 	uint64_t kill_at;   /* SIGKILL due (ms), once its stream is gone */
 	uint64_t tty_done_at; /* reaped tty: output over at its first empty read after */
 	bool detached;
+	/* Monotonic ms: when it started and ended, and the server's timeout for it
+	 * (-1: none given), so that a server started again keeps its deadline. */
+	uint64_t started_ms, ended_ms;
+	int64_t timeout_ms;
 	char id[MAX_ID + 1];
 	struct ring ring[3];
 	uint64_t last_read_us[3]; /* when out_fd[k] last gave data */

@@ -174,6 +174,14 @@ void processes_json(struct buf *b)
 		buf_printf(b, ",\"pid\":%ld,\"running\":%s,", (long)c->pid,
 			   c->reaped ? "false" : "true");
 		exit_json(b, c);
+		/* Ages, not clock times: the server's clock may not be the sandbox's. */
+		uint64_t now = now_ms();
+		buf_printf(b, ",\"age_ms\":%llu", (unsigned long long)(now - c->started_ms));
+		if (c->reaped)
+			buf_printf(b, ",\"ran_ms\":%llu",
+				   (unsigned long long)(c->ended_ms - c->started_ms));
+		if (c->timeout_ms >= 0)
+			buf_printf(b, ",\"timeout_ms\":%lld", (long long)c->timeout_ms);
 		buf_puts(b, ",\"start\":");
 		offsets_json(b, ring_start(&c->ring[1]), ring_start(&c->ring[2]));
 		buf_puts(b, ",\"end\":");
@@ -378,6 +386,7 @@ void open_exec(uint32_t id, const struct jval *req)
 	unsigned rows = 24, cols = 80;
 	size_t ring = DEFAULT_RING;
 	uint64_t budget = 0;
+	int64_t timeout_ms = -1;
 	const char *did = NULL;
 	if (argv && envp) {
 		if (cwdv && cwdv->type != J_STR && cwdv->type != J_NULL)
@@ -391,6 +400,7 @@ void open_exec(uint32_t id, const struct jval *req)
 		else if (detv && detv->type != J_NULL) {
 			const struct jval *idv = json_get(detv, "id"), *bv = json_get(detv, "buffer");
 			const struct jval *budv = json_get(detv, "budget");
+			const struct jval *tv = json_get(detv, "timeout_ms");
 			if (detv->type != J_OBJ || !idv || idv->type != J_STR || !valid_id(idv->s))
 				why = "detach.id must be 1..64 of A-Z a-z 0-9 . _ : -";
 			else if (bv && (bv->type != J_NUM || !bv->is_int || bv->i < 1 ||
@@ -399,7 +409,11 @@ void open_exec(uint32_t id, const struct jval *req)
 			else if (budv && (budv->type != J_NUM || !budv->is_int || budv->i < 1 ||
 					  budv->i > (int64_t)MAX_RING_BUDGET))
 				why = "detach.budget must be 1..2^40";
+			else if (tv && (tv->type != J_NUM || !tv->is_int || tv->i < 0))
+				why = "detach.timeout_ms must be a non-negative integer";
 			else {
+				if (tv)
+					timeout_ms = tv->i;
 				did = idv->s;
 				if (bv)
 					ring = (size_t)bv->i;
@@ -469,6 +483,8 @@ void open_exec(uint32_t id, const struct jval *req)
 	struct cmd *c = xmalloc(sizeof *c);
 	memset(c, 0, sizeof *c);
 	c->pid = pid;
+	c->started_ms = now_ms();
+	c->timeout_ms = timeout_ms;
 	c->rep_fd = rep[0];
 	c->tty = tty;
 	c->in_fd = -1;
@@ -649,6 +665,7 @@ void reap(void)
 		if (!c)
 			continue;
 		c->reaped = true;
+		c->ended_ms = now_ms();
 		c->status = st;
 		if (c->tty)
 			c->tty_done_at = now_ms() + TTY_DONE_MS;

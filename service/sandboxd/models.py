@@ -239,6 +239,33 @@ class SessionSpec:
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Loss:
+    """The session's sandbox died (its agent, its container, the engine or the host gone):
+    its processes ended then, and its workspace is rebuilt from the best source the server
+    holds. For a memory workspace that is its latest snapshot (CreateSnapshot, a suspend, a
+    fork's origin); a workspace that outlives its container would be one more source, chosen
+    the same way. `snapshot_id` empty: no source, the workspace is gone."""
+
+    lost_at: datetime
+    snapshot_id: str = ""
+    snapshot_at: datetime | None = None  # when the restored state was taken
+    restored_at: datetime | None = None  # when the rebuild finished; None: not (yet)
+
+    def message(self) -> str:
+        if not self.snapshot_id or self.snapshot_at is None:
+            return (
+                "the sandbox died and no snapshot of its workspace was held: its processes "
+                "and its workspace are lost"
+            )
+        rebuilt = "was rebuilt" if self.restored_at is not None else "is rebuilt on the next call"
+        return (
+            f"the sandbox died: its processes ended, and its workspace {rebuilt} from "
+            f"snapshot {self.snapshot_id} taken {self.snapshot_at.isoformat()}; changes after "
+            "that snapshot are lost"
+        )
+
+
 @dataclass
 class Session:
     """A session as the server knows it; persisted in the store."""
@@ -252,6 +279,7 @@ class Session:
     labels: dict[str, str] = field(default_factory=dict)
     container_id: str = ""
     tenant: str = "default"  # who may see it (sandboxd.tenancy); "default" without auth
+    loss: Loss | None = None  # its sandbox's last death, and what the rebuild brought back
 
 
 @dataclass(frozen=True)

@@ -45,14 +45,15 @@ from sandboxd.models import (
 )
 from sandboxd.output_ring import OutputBuffer
 from sandboxd.process_adoption import (
+    AdoptionGate,
+    KeptClock,
+    adopt_all,
+    adopted_record,
     agent_ring,
-    agent_ring_held,
     detach_id,
     follow,
     kept_processes,
-    read_cmdline,
     running_sessions,
-    spec_from_cmdline,
 )
 from sandboxd.process_agent_output import follow as follow_agent
 from sandboxd.process_forgets import Forgets, forget
@@ -91,6 +92,7 @@ FOREGROUND_BUFFER_BYTES = 1024 * 1024
 
 
 _BACKGROUND = ProcessOrigin.START_PROCESS
+ADOPTION_WAIT_S = 30.0  # the longest a call on a session's processes waits for its adoption
 
 
 class ProcessManager:
@@ -112,6 +114,7 @@ class ProcessManager:
         self._output_budget = output_budget  # per session, rings held here
         self._by_session: dict[str, dict[str, BackgroundProcess]] = {}
         self._forgets = Forgets()  # of the agents' copies of records dropped here
+        self._adoption = AdoptionGate()
 
     async def close(self) -> None:
         """Server shutdown: end every background process (their trees are killed), and drop
@@ -170,6 +173,7 @@ class ProcessManager:
         """
         options = options or StartOptions(spec.max_output_bytes)
         pid = validation.validate_process_id(process_id) if process_id else new_token()
+        await self.adopted(session.session_id)  # the same id kept by the agent is that one
         procs = self._by_session.setdefault(session.session_id, {})
         proc = procs.get(pid)
         if proc is not None:
@@ -245,6 +249,7 @@ class ProcessManager:
                 detach_id(proc.process_id, proc.token),
                 agent_ring(proc),
                 room.session_agent_budget(session.spec),
+                timeout_ms=round(proc.spec.timeout_s * 1000),
             )
             async with (
                 hold,
@@ -310,17 +315,18 @@ class ProcessManager:
         kept = AgentKept(session.container_id, detach_id(proc.process_id, proc.token), 0)
         await forget(detached, proc.agent or kept)
 
+    def expect_adoption(self) -> None:
+        """Before the server serves: calls on processes wait for `adopt_running`."""
+        self._adoption.close()
+
+    async def adopted(self, session_id: str) -> None:
+        """Until the session's kept processes are adopted (at once when none are awaited)."""
+        if self._adoption.waiting(session_id):
+            await self._adoption.wait(session_id, ADOPTION_WAIT_S)
+
     async def adopt_running(self, sessions: list[Session]) -> None:
-        """At start: adopt what the agents of the running sessions kept, one session at a
-        time, each failure its session's only."""
-        for session in running_sessions(sessions):
-            try:
-                if n := await self.adopt(session):
-                    log.info("session %s: %d background processes adopted", session.session_id, n)
-            except (SandboxError, ConnectionError, TimeoutError) as exc:
-                log.warning(
-                    "session %s: background processes not adopted: %s", session.session_id, exc
-                )
+        """At start: adopt what the agents of the running sessions kept (process_adoption)."""
+        await adopt_all(running_sessions(sessions), self.adopt, self._adoption)
 
     async def adopt(self, session: Session) -> int:
         """Take back the background processes the session's agent kept while no server was
@@ -333,34 +339,22 @@ class ProcessManager:
         for process_id, token, record in await kept_processes(detached, session):
             if process_id in procs or len(procs) >= MAX_PROCESSES_PER_SESSION:
                 continue
-            pid = record.get("pid")
-            cmdline = b""
-            if record.get("running") and isinstance(pid, int):
-                cmdline = await read_cmdline(self._executor, session, pid)
-            spec = spec_from_cmdline(cmdline, FOREGROUND_BUFFER_BYTES)
-            ring = agent_ring_held(record)
-            proc = BackgroundProcess(
-                session.session_id,
-                process_id,
-                spec,
-                StartOptions(spec.max_output_bytes),
-                _BACKGROUND,
-                token=token,
+            proc, clock = await adopted_record(
+                self._executor, session, (process_id, token), record, FOREGROUND_BUFFER_BYTES
             )
-            proc.keep_in_agent(AgentKept(session.container_id, detach_id(process_id, token), ring))
             proc.running.set_result(None)
             procs[process_id] = proc
             proc.task = asyncio.create_task(
-                self._follow(session, proc), name=f"process {process_id}"
+                self._follow(session, proc, clock), name=f"process {process_id}"
             )
             adopted += 1
         return adopted
 
-    async def _follow(self, session: Session, proc: BackgroundProcess) -> None:
+    async def _follow(self, session: Session, proc: BackgroundProcess, clock: KeptClock) -> None:
         """An adopted process: its output from the agent's ring, then live, then its exit."""
-        started = time.monotonic()
+        started = clock.started_monotonic(time.monotonic()) or time.monotonic()
         try:
-            await follow(self._executor, session, proc)
+            await follow(self._executor, session, proc, clock)
         except SandboxError as exc:
             log.warning("adopted process %s: %s", proc.process_id, exc)
             proc.finish(ExecExited(-1, "", False, False, time.monotonic() - started))
@@ -398,6 +392,7 @@ class ProcessManager:
 
     async def signal(self, session: Session, process_id: str, name: str) -> None:
         validate_signal(name)
+        await self.adopted(session.session_id)
         proc = self.get(session.session_id, process_id)
         if proc.exited is not None:
             raise FailedPrecondition(

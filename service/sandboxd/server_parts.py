@@ -33,6 +33,7 @@ from sandboxd.audit.egress import (
     server_lifecycle,
 )
 from sandboxd.budget import ByteBudget
+from sandboxd.checkpoints import Checkpoints
 from sandboxd.config import Config
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.manager import EgressManager, parse_static_hosts
@@ -89,6 +90,7 @@ class Parts:
     templates: Templates
     sessions: SessionManager
     snapshots: Snapshots
+    checkpoints: Checkpoints
     previews: Previews
     transfer: FileTransfer
     sweeper: Sweeper
@@ -266,6 +268,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         templates=templates,
         sessions=sessions,
         snapshots=snapshots,
+        checkpoints=Checkpoints(snapshots, store, snapshot_store),
         previews=previews,
         transfer=FileTransfer(files.helper, config.tenancy.stream_idle_timeout_s),
         sweeper=Sweeper(

@@ -72,6 +72,7 @@ async def start(
                 config.metrics.listen,
                 exc.strerror,
             )
+    p.processes.expect_adoption()  # calls on processes wait for what the agents kept
     await server.start()
     return monitor
 
@@ -90,6 +91,11 @@ async def background(
         tg.create_task(p.audit.run_retention(AUDIT_RETENTION_INTERVAL_S)),
         tg.create_task(OomWatcher(p.engine, p.store, p.hub, p.owner_id).run()),
         tg.create_task(p.processes.adopt_running(await p.store.all())),
+        *(
+            [tg.create_task(p.checkpoints.run(config.server.checkpoint_interval_s))]
+            if config.server.checkpoint_interval_s > 0
+            else []
+        ),
         tg.create_task(
             LeaseWarner(p.store, p.hub, config.events.lease_warning_s).run(
                 min(5.0, config.events.lease_warning_s / 4)

@@ -237,7 +237,11 @@ class Snapshots:
         self._engine = engine
         self._session_store = session_store
 
-    async def create(self, session_id: str, labels: Mapping[str, str], kind: str) -> Snapshot:
+    async def create(
+        self, session_id: str, labels: Mapping[str, str], kind: str, *, resume: bool = True
+    ) -> Snapshot:
+        """A snapshot of the session's workspace; `resume` False: refused for a suspended
+        session rather than waking it (the server's checkpoints)."""
         if kind not in ("", KIND_TAR, KIND_IMAGE):
             raise InvalidArgument(
                 f"snapshot kind {kind!r} is not one this server knows; use TAR or IMAGE",
@@ -248,7 +252,7 @@ class Snapshots:
         if image:
             await self._quota.check_room(tenancy.current(), "an image snapshot")
         # Exclusive: no file call or import is half-way through the tree it takes.
-        async with self._sessions.use(session_id, exclusive=True) as session:
+        async with self._sessions.use(session_id, exclusive=True, resume=resume) as session:
             snap = await self._keeper.take(session, checked, image=image)
         if image:
             await self._keep_within_limits(snap)

@@ -17,6 +17,7 @@ import aiosqlite
 from sandboxd.isolation import Isolation
 from sandboxd.models import (
     Limits,
+    Loss,
     ManifestFile,
     NetworkMode,
     NetworkPolicy,
@@ -153,6 +154,31 @@ def _dt(value: float) -> datetime:
     return datetime.fromtimestamp(value, tz=UTC)
 
 
+def _loss_to_json(loss: Loss | None) -> str:
+    if loss is None:
+        return ""
+    return json.dumps(
+        {
+            "lost_at": _ts(loss.lost_at),
+            "snapshot_id": loss.snapshot_id,
+            "snapshot_at": _ts(loss.snapshot_at) if loss.snapshot_at else None,
+            "restored_at": _ts(loss.restored_at) if loss.restored_at else None,
+        }
+    )
+
+
+def _loss_from_json(text: str) -> Loss | None:
+    if not text:
+        return None
+    d = json.loads(text)
+    return Loss(
+        lost_at=_dt(d["lost_at"]),
+        snapshot_id=d.get("snapshot_id") or "",
+        snapshot_at=_dt(d["snapshot_at"]) if d.get("snapshot_at") is not None else None,
+        restored_at=_dt(d["restored_at"]) if d.get("restored_at") is not None else None,
+    )
+
+
 def _row_to_session(row: aiosqlite.Row) -> Session:
     return Session(
         session_id=row["session_id"],
@@ -164,6 +190,7 @@ def _row_to_session(row: aiosqlite.Row) -> Session:
         labels=json.loads(row["labels"]),
         spec=_spec_from_json(row["spec"]),
         tenant=row["tenant"],
+        loss=_loss_from_json(row["loss"]),
     )
 
 
@@ -177,6 +204,8 @@ class SessionStore(SqliteFile):
             add_column("sessions", "tenant", "TEXT NOT NULL DEFAULT 'default'"),
             statements("CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, state)"),
         ),
+        # What a dead sandbox lost (models.Loss): none said so before.
+        add_column("sessions", "loss", "TEXT NOT NULL DEFAULT ''"),
     )
 
     async def insert(self, s: Session) -> None:
@@ -198,11 +227,17 @@ class SessionStore(SqliteFile):
         await self.db.commit()
 
     async def update(self, s: Session) -> None:
-        """Persist the mutable fields (state, lease, container)."""
+        """Persist the mutable fields (state, lease, container, loss)."""
         await self.db.execute(
-            "UPDATE sessions SET state = ?, lease_expires_at = ?, container_id = ?"
+            "UPDATE sessions SET state = ?, lease_expires_at = ?, container_id = ?, loss = ?"
             " WHERE session_id = ?",
-            (s.state.value, _ts(s.lease_expires_at), s.container_id, s.session_id),
+            (
+                s.state.value,
+                _ts(s.lease_expires_at),
+                s.container_id,
+                _loss_to_json(s.loss),
+                s.session_id,
+            ),
         )
         await self.db.commit()
 

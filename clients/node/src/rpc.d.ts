@@ -1101,6 +1101,10 @@ export interface Session {
   isolation: Isolation;
   template: string;
   image_digest: string;
+  lost_time: Timestamp | null;
+  restored_from: string;
+  restored_state_time: Timestamp | null;
+  lost_message: string;
 }
 
 /** sandboxd.v1.SnapshotService: SandboxClient.snapshots. */

@@ -141,6 +141,11 @@ class AgentProcesses:
                         "id": detach.detach_id,
                         "buffer": detach.buffer_bytes,
                         **({"budget": detach.budget_bytes} if detach.budget_bytes else {}),
+                        **(
+                            {"timeout_ms": detach.timeout_ms}
+                            if detach.timeout_ms is not None
+                            else {}
+                        ),
                     },
                 )
             )

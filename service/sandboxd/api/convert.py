@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from sandboxd import validation
@@ -15,6 +17,7 @@ from sandboxd.models import (
     FileType,
     Limits,
     LimitsRequest,
+    Loss,
     ManifestFile,
     NetworkMode,
     NetworkPolicy,
@@ -215,7 +218,22 @@ def session_pb(s: Session) -> session_pb2.Session:
         isolation=ISOLATION_PB[s.spec.isolation],
         template=s.spec.template,
         image_digest=s.spec.image_digest,
+        **_loss_fields(s.loss),
     )
+
+
+def _loss_fields(loss: Loss | None) -> dict[str, Any]:
+    """Session.lost_time, restored_from, restored_state_time, lost_message."""
+    if loss is None:
+        return {}
+    lost_at = timestamp_pb2.Timestamp()
+    lost_at.FromDatetime(loss.lost_at)
+    fields: dict[str, Any] = {"lost_time": lost_at, "lost_message": loss.message()}
+    if loss.snapshot_id and loss.restored_at is not None and loss.snapshot_at is not None:
+        state_at = timestamp_pb2.Timestamp()
+        state_at.FromDatetime(loss.snapshot_at)
+        fields |= {"restored_from": loss.snapshot_id, "restored_state_time": state_at}
+    return fields
 
 
 def _state_reason_pb(s: Session) -> polish_pb2.SessionStateReason | None:

@@ -320,6 +320,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         self, request: process_pb2.AttachProcessRequest, context: Ctx
     ) -> AsyncGenerator[process_pb2.AttachProcessResponse, None]:
         async with self._sessions.use(request.session_id) as session:
+            await self._processes.adopted(session.session_id)
             proc = self._processes.get(session.session_id, request.process_id)
         events = self._processes.follow(
             proc,
@@ -335,6 +336,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         self, request: process_pb2.ListProcessesRequest, context: Ctx
     ) -> process_pb2.ListProcessesResponse:
         async with self._sessions.use(request.session_id) as session:
+            await self._processes.adopted(session.session_id)
             procs = self._processes.list(session.session_id)
         paged = bool(request.page_size or request.page_token)
         bound = f"processes {session.session_id}"
@@ -372,6 +374,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         self, request: polish_pb2.GetProcessRequest, context: Ctx
     ) -> process_pb2.GetProcessResponse:
         async with self._sessions.use(request.session_id) as session:
+            await self._processes.adopted(session.session_id)
             proc = self._processes.get(session.session_id, request.process_id)
         return process_pb2.GetProcessResponse(process=_process_pb(proc))
 
@@ -380,6 +383,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         self, request: polish_pb2.SendProcessInputRequest, context: Ctx
     ) -> polish_pb2.SendProcessInputResponse:
         async with self._sessions.use(request.session_id) as session:
+            await self._processes.adopted(session.session_id)
             await self._processes.send_input(session.session_id, request.process_id, request.data)
         return polish_pb2.SendProcessInputResponse()
 
@@ -388,5 +392,6 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         self, request: polish_pb2.CloseProcessStdinRequest, context: Ctx
     ) -> polish_pb2.CloseProcessStdinResponse:
         async with self._sessions.use(request.session_id) as session:
+            await self._processes.adopted(session.session_id)
             await self._processes.close_stdin(session.session_id, request.process_id)
         return polish_pb2.CloseProcessStdinResponse()

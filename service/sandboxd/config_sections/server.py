@@ -67,6 +67,13 @@ class ServerSection:
     shutdown_snapshot_s: float = setting(
         10.0, DURATION, "time SIGTERM gives to snapshotting running sessions (0: none)", lo=0
     )
+    checkpoint_interval_s: float = setting(
+        0.0,
+        DURATION,
+        "how often every running session's workspace is snapshotted, so a dead sandbox is "
+        "rebuilt from a state at most this old (0: never)",
+        lo=0,
+    )
     keepalive_interval_s: float = setting(
         15.0, DURATION, "keepalive period of quiet process streams", lo=0, lo_open=True
     )

@@ -298,11 +298,14 @@ class Engine(Protocol):
 class Detach:
     """A command that outlives the server's connection: the sandbox's agent keeps it running
     and its output in a ring of `buffer_bytes` per stream, under `detach_id`; `budget_bytes`
-    (0: the agent's own) bounds what all the sandbox's rings hold together."""
+    (0: the agent's own) bounds what all the sandbox's rings hold together. `timeout_ms` (None:
+    none) is the server's timeout, which the agent keeps with its record and gives back in its
+    listing with the command's age, so that a server started again keeps the deadline."""
 
     detach_id: str
     buffer_bytes: int
     budget_bytes: int = 0
+    timeout_ms: int | None = None
 
 
 class DetachedOutput(ExecStream, Protocol):

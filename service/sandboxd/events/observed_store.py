@@ -12,8 +12,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sandboxd.events.hub import EventHub
-from sandboxd.models import Session
+from sandboxd.models import Loss, Session
 from sandboxd.store import SessionStore
+
+
+def loss_attributes(loss: Loss) -> dict[str, str]:
+    """The event's message and attributes of a sandbox's death (models.Loss)."""
+    attrs = {"message": loss.message(), "lost_time": loss.lost_at.isoformat()}
+    if loss.restored_at is not None and loss.snapshot_at is not None:
+        attrs |= {
+            "restored_from": loss.snapshot_id,
+            "restored_state_time": loss.snapshot_at.isoformat(),
+        }
+    return attrs
 
 
 def state_name(session: Session) -> str:
@@ -27,16 +38,19 @@ class ObservedStore(SessionStore):
         super().__init__(path)
         self._hub = hub
         self._on_change = on_change  # every state change (the audit log of the server's own)
-        # What was last published per session: (state, lease end), to tell changes apart.
-        self._seen: dict[str, tuple[str, float]] = {}
+        # What was last published per session: (state, lease end, loss), to tell changes apart.
+        self._seen: dict[str, tuple[str, float, Loss | None]] = {}
 
     def _observe(self, s: Session) -> None:
         state, lease = s.state.value, s.lease_expires_at.timestamp()
         before = self._seen.get(s.session_id)
-        self._seen[s.session_id] = (state, lease)
+        self._seen[s.session_id] = (state, lease, s.loss)
         self._hub.note_labels(s.session_id, s.labels)
         if before is None or before[0] != state:
-            self._hub.publish(s.tenant, s.session_id, "STATE_CHANGED", state=state_name(s))
+            # A death or a rebuild after one says what was lost and how old what came back is.
+            told = s.loss is not None and (before is None or before[2] != s.loss)
+            extra = loss_attributes(s.loss) if told and s.loss is not None else {}
+            self._hub.publish(s.tenant, s.session_id, "STATE_CHANGED", state=state_name(s), **extra)
             if self._on_change is not None:
                 self._on_change(s)
         elif lease > before[1]:

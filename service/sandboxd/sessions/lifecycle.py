@@ -305,17 +305,24 @@ class SessionManager:
         if lease_ended(session):
             self._recovery.wake()
 
-    async def require_running(self, session_id: str) -> Session:
-        """The session, if commands and file operations may use it now."""
+    async def require_running(self, session_id: str, *, resume: bool = True) -> Session:
+        """The session, if commands and file operations may use it now; a SUSPENDED one is
+        resumed, unless `resume` is False (the server's own work: never a session's wake-up)."""
         session = await self.get(session_id)
         require_live(session)
         if session.state is SessionState.SUSPENDED:
+            if not resume:
+                raise FailedPrecondition(
+                    f"session {session_id!r} is suspended",
+                    reason=Reason.SESSION_NOT_RUNNING,
+                    metadata={"session_id": session_id},
+                )
             return await self.resume(session_id, None)  # rebuilt from its snapshot, lazily
         return session
 
     @contextlib.asynccontextmanager
     async def use(
-        self, session_id: str, *, exclusive: bool = False, gate: bool = True
+        self, session_id: str, *, exclusive: bool = False, gate: bool = True, resume: bool = True
     ) -> AsyncIterator[Session]:
         """A running session for the duration of one operation.
 
@@ -325,7 +332,7 @@ class SessionManager:
         a call that raced a Delete, Suspend or rebuild is answered as if the call had come
         after it. The gate is let go before either check, which takes the session's lock.
         """
-        session = await self.require_running(session_id)
+        session = await self.require_running(session_id, resume=resume)
         failure: SandboxError | None = None
         hold = (
             (self._gate.exclusive if exclusive else self._gate.shared)(session_id)

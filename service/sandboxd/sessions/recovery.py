@@ -17,13 +17,14 @@ from datetime import UTC, datetime, timedelta
 from sandboxd.egress.manager import EgressManager
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import FailedPrecondition, SandboxError, SessionNotFound, Unavailable
-from sandboxd.models import Session, SessionState
+from sandboxd.models import Loss, Session, SessionState
 from sandboxd.pool import WarmPool
 from sandboxd.reasons import Reason
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.leftovers import remove_leftovers
 from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.sandboxes import Sandboxes
+from sandboxd.snapshot_store import Snapshot
 from sandboxd.store import SessionStore
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,14 @@ def container_lost(session_id: str, *, retry: bool = False) -> SandboxError:
         reason=Reason.CONTAINER_LOST,
         metadata={"session_id": session_id},
     )
+
+
+def lost_now(snap: Snapshot | None) -> Loss:
+    """The loss of a sandbox found dead now, restored (later) from `snap`, the best source
+    the server holds for its workspace (None: none)."""
+    if snap is None:
+        return Loss(now())
+    return Loss(now(), snap.snapshot_id, snap.created_at)
 
 
 # Called under the session's lock when its lease ended (sandboxd.leases.ExpiryPolicy):
@@ -108,10 +117,13 @@ class Recovery:
 
     async def mark_lost(self, session: Session) -> None:
         """Under the session's lock: a RUNNING session whose sandbox is gone becomes
-        SUSPENDED when a snapshot can rebuild it, FAILED when nothing can."""
+        SUSPENDED when a snapshot can rebuild it, FAILED when nothing can; either way its
+        record says what was lost (`Session.loss`)."""
         if session.state is not SessionState.RUNNING:
             return
-        has_snapshot = await self._keeper.latest(session.session_id) is not None
+        snap = await self._keeper.latest(session.session_id)
+        has_snapshot = snap is not None
+        session.loss = lost_now(snap)
         session.state = SessionState.SUSPENDED if has_snapshot else SessionState.FAILED
         session.container_id = "" if has_snapshot else session.container_id
         await self._store.update(session)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from datetime import UTC, datetime
 
 from sandboxd.errors import FailedPrecondition
 from sandboxd.labels import LABEL_AUTO
@@ -22,7 +24,7 @@ from sandboxd.sessions.gate import WorkspaceGate
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.liveness import require_live
 from sandboxd.sessions.locks import SessionLocks
-from sandboxd.sessions.recovery import Recovery, container_lost
+from sandboxd.sessions.recovery import Recovery, container_lost, lost_now
 from sandboxd.sessions.sandboxes import Sandboxes, Undo
 from sandboxd.snapshot_store import Snapshot
 from sandboxd.store import SessionStore
@@ -95,6 +97,8 @@ class Suspension:
             if snap is None:
                 await self._recovery.mark_lost(session)
                 raise container_lost(session_id)
+            if session.state is SessionState.RUNNING:  # its sandbox is gone or not its own
+                session.loss = lost_now(snap)
             await self._rebuild(session, snap)
             return session
 
@@ -105,14 +109,24 @@ class Suspension:
         session.container_id = ""
         await self._store.update(session)
         undo = Undo()
+        loss = session.loss
         try:
             if self._pulls is not None and session.spec.image_id:
                 await self._pulls.pinned(session.spec)  # the digest it ran, never the tag's
             await self._sandboxes.provision(session, undo, warm_ok=False)
             await self._keeper.restore(session, snap)
+            if session.loss is not None and session.loss.restored_at is None:
+                # A rebuild after a death: the record says from what, and how old it is.
+                session.loss = replace(
+                    session.loss,
+                    snapshot_id=snap.snapshot_id,
+                    snapshot_at=snap.created_at,
+                    restored_at=datetime.now(tz=UTC),
+                )
             session.state = SessionState.RUNNING
             await self._store.update(session)
         except BaseException:
+            session.loss = loss  # not restored after all
             await asyncio.shield(self._undo_rebuild(session, undo))
             raise
         log.info(

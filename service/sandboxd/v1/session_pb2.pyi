@@ -823,6 +823,10 @@ class Session(_message.Message):
     ISOLATION_FIELD_NUMBER: _builtins.int
     TEMPLATE_FIELD_NUMBER: _builtins.int
     IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
+    LOST_TIME_FIELD_NUMBER: _builtins.int
+    RESTORED_FROM_FIELD_NUMBER: _builtins.int
+    RESTORED_STATE_TIME_FIELD_NUMBER: _builtins.int
+    LOST_MESSAGE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     state: Global___SessionState.ValueType
     image: _builtins.str
@@ -849,6 +853,13 @@ class Session(_message.Message):
     """The digest the session runs (`sha256:...`: the registry's manifest digest, or the image id
     of a local image); a resume or fork of it runs the same one.
     """
+    restored_from: _builtins.str
+    """The snapshot its workspace was rebuilt from after that death. Empty with `lost_time` set:
+    not rebuilt yet (the next call rebuilds it), or no snapshot was held and the workspace was
+    lost with the sandbox; `lost_message` says which.
+    """
+    lost_message: _builtins.str
+    """What was lost, in words (empty: nothing)."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -867,6 +878,18 @@ class Session(_message.Message):
     def state_reason(self) -> _polish_pb2.SessionStateReason:
         """Why the session is EXPIRED or FAILED (or SUSPENDED), and whether it can recover; unset
         while it runs normally.
+        """
+
+    @_builtins.property
+    def lost_time(self) -> _timestamp_pb2.Timestamp:
+        """The last death of the session's sandbox (its agent, its container, the engine or the host
+        gone), when the server found it: every process running then ended. Unset: never.
+        """
+
+    @_builtins.property
+    def restored_state_time(self) -> _timestamp_pb2.Timestamp:
+        """When that snapshot was taken: the workspace is as it was then, and what changed after it
+        was lost. Unset until the rebuild (the next call on the session) has happened.
         """
 
     def __init__(
@@ -892,10 +915,14 @@ class Session(_message.Message):
         isolation: _common_pb2.Isolation.ValueType = ...,
         template: _builtins.str = ...,
         image_digest: _builtins.str = ...,
+        lost_time: _timestamp_pb2.Timestamp | None = ...,
+        restored_from: _builtins.str = ...,
+        restored_state_time: _timestamp_pb2.Timestamp | None = ...,
+        lost_message: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "shell", b"shell", "state_reason", b"state_reason"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "lost_time", b"lost_time", "network", b"network", "restored_state_time", b"restored_state_time", "shell", b"shell", "state_reason", b"state_reason"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "end_reason", b"end_reason", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "state", b"state", "state_reason", b"state_reason", "template", b"template", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "end_reason", b"end_reason", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "lost_message", b"lost_message", "lost_time", b"lost_time", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "restored_from", b"restored_from", "restored_state_time", b"restored_state_time", "session_id", b"session_id", "shell", b"shell", "state", b"state", "state_reason", b"state_reason", "template", b"template", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
