@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import secrets
 import shutil
+import sqlite3
+import time
 from pathlib import Path
 
 from conftest import make_stubs, remove_owned_containers, start_server
@@ -24,6 +26,10 @@ RELEASE = Path(__file__).resolve().parents[1] / "data" / "release-0.1.0" / "data
 def test_the_previous_releases_data_directory_serves_on(tmp_path: Path) -> None:
     data = tmp_path / "data"
     shutil.copytree(RELEASE, data)
+    # The release's session was written with a 15-minute lease, long run out by now: the
+    # upgrade is about its data, so its lease is made current first (only that column).
+    with sqlite3.connect(data / "sessions.db") as db:
+        db.execute("UPDATE sessions SET lease_expires_at = ?", (time.time() + 3600,))
     owner = "upg" + secrets.token_hex(4)
     server = start_server(data, owner)
     stubs = make_stubs(server.address)
