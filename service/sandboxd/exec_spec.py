@@ -110,16 +110,12 @@ def prepare(
                 else _checked_cap(req.max_output_bytes, limits)
             ),
         )
-    timeout = limits.command_timeout_s if req.timeout_s is None else req.timeout_s
-    if timeout <= 0:
-        raise InvalidArgument("timeout must be positive", reason=Reason.INVALID_TIMEOUT)
-    if timeout > max_limits.command_timeout_s:
-        raise InvalidArgument(
-            f"timeout of {timeout:g} s is above the server maximum of "
-            f"{max_limits.command_timeout_s:g} s",
-            reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
-            metadata={"limit": "timeout", "maximum": f"{max_limits.command_timeout_s:g}s"},
-        )
+    timeout = validation.positive_duration(
+        limits.command_timeout_s if req.timeout_s is None else req.timeout_s,
+        name="timeout",
+        maximum=max_limits.command_timeout_s,
+        reason=Reason.INVALID_TIMEOUT,
+    )
     cap = _checked_cap(
         limits.output_bytes if req.max_output_bytes is None else req.max_output_bytes, limits
     )

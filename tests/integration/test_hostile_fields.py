@@ -1,40 +1,60 @@
-"""Every numeric and duration field of every request, at its extremes (issue 12).
+"""Every numeric, enum and duration field of every request, at its extremes.
 
-The fields are found by walking the request messages of every RPC in the sandboxd.v1 service
-descriptors, nested messages included, so a field added later is covered without a new test.
-Each one is set, on an otherwise valid request, to 0, -1, the smallest and largest value of
-its type, and for a Duration also the largest one (seconds=315576000000, nanos=999999999) and
-malformed ones (mixed signs, nanos out of range). The answer must be INVALID_ARGUMENT or OK
-(the value was clamped to a documented maximum): never UNKNOWN or INTERNAL, and never a hang.
-A hypothesis property does the same with values drawn from each type's whole range.
+The fields are found by walking the request messages of every RPC of every service module in
+sandboxd.v1 (nested messages and Timestamps included), so a field or a service added later is
+covered without a new test. Each one is set, on an otherwise valid request, to 0, -1, the
+smallest and largest value of its type; an enum to values it does not define; a Duration also
+to the largest ones (315576000000 s, with and without nanos) and malformed ones (mixed signs,
+nanos out of range). The answer must be INVALID_ARGUMENT or OK (the value was clamped to a
+documented maximum): never UNKNOWN or INTERNAL, and never a hang. After each case the walk's
+session must still be RUNNING with its records readable, and the bystander still answer (the
+guard): a value that passes the check and breaks a later step fails the case that sent it.
+
+The walk runs twice: on the suite's server, and on one whose duration maxima are the largest
+Duration (an operator's "no limit"), where a caller's 10,000-year lease is accepted and must
+come back as a lease the server can compute with, not an OverflowError. A hypothesis property
+does the same with values drawn from each type's whole range.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import pkgutil
+import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import pytest
-from conftest import Stubs, wait_until
+import sandboxd.v1
+from conftest import (
+    ServerProcess,
+    Stubs,
+    make_stubs,
+    remove_owned_containers,
+    start_server,
+    wait_until,
+)
 from google.protobuf import descriptor, message, message_factory
 from google.protobuf.descriptor import FieldDescriptor as FD
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sandboxd.v1 import (
-    admin_pb2,
-    common_pb2,
-    filesystem_pb2,
-    process_pb2,
-    session_pb2,
-    snapshot_pb2,
-)
+from sandboxd.v1 import common_pb2, process_pb2, session_pb2
 
 pytestmark = pytest.mark.usefixtures("guard")
 
-MODULES = (admin_pb2, filesystem_pb2, process_pb2, session_pb2, snapshot_pb2)
+# Every module of the API that defines a service: one added later is walked too.
+MODULES = tuple(
+    module
+    for module in (
+        importlib.import_module(f"sandboxd.v1.{info.name}")
+        for info in pkgutil.iter_modules(sandboxd.v1.__path__)
+        if info.name.endswith("_pb2")
+    )
+    if module.DESCRIPTOR.services_by_name
+)
 DURATION = "google.protobuf.Duration"
 MAX_DURATION_S = 315_576_000_000
 MAX_NANOS = 999_999_999
@@ -53,6 +73,7 @@ _RANGES = {
     FD.TYPE_FIXED64: (0, 2**64 - 1),
 }
 _FLOATS = (FD.TYPE_DOUBLE, FD.TYPE_FLOAT)
+INT32 = (-(2**31), 2**31 - 1)
 
 
 @dataclass(frozen=True)
@@ -77,7 +98,7 @@ def _walk(
 ) -> Iterator[tuple[tuple[str, ...], descriptor.FieldDescriptor]]:
     for f in md.fields:
         path = (*prefix, f.name)
-        if f.type in _RANGES or f.type in _FLOATS:
+        if f.type in _RANGES or f.type in _FLOATS or f.type == FD.TYPE_ENUM:
             yield path, f
         elif f.type == FD.TYPE_MESSAGE:
             sub = f.message_type
@@ -106,6 +127,7 @@ def extremes(f: Field) -> list[Any]:
             (0, 0),
             (-1, 0),
             (0, -1),
+            (MAX_DURATION_S, 0),  # the largest whole one: at most an open maximum
             (MAX_DURATION_S, MAX_NANOS),
             (-MAX_DURATION_S, -MAX_NANOS),
             (1, -1),  # mixed signs: not a valid Duration
@@ -114,6 +136,11 @@ def extremes(f: Field) -> list[Any]:
         ]
     if f.field.type in _FLOATS:
         return [0.0, -1.0, 1e308, float("inf"), float("nan")]
+    if f.field.type == FD.TYPE_ENUM:
+        # Only values the enum does not define (an open enum carries any int32): a defined
+        # one is a valid choice, and some (a pull policy of ALWAYS) would reach out.
+        unknown = max(v.number for v in f.field.enum_type.values) + 1
+        return [-1, unknown, *INT32]
     low, high = _RANGES[f.field.type]
     return sorted({0, 1, -1 if low < 0 else 0, low, high, high // 2 + 1})
 
@@ -128,6 +155,36 @@ class Context:
     stubs: Stubs
     session_id: str
     process_id: str
+    lease_session_id: str = ""
+
+    def lease_session(self) -> str:
+        """A session for RenewLease alone: a valid ttl of a nanosecond ends it, so it is made
+        again whenever it has gone, and the walk's other requests keep theirs."""
+        with contextlib.suppress(grpc.RpcError):
+            got = self.stubs.sessions.GetSession(
+                session_pb2.GetSessionRequest(session_id=self.lease_session_id), timeout=10
+            )
+            if got.session.state == session_pb2.SESSION_STATE_RUNNING:
+                return self.lease_session_id
+        self.lease_session_id = self.stubs.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow=["true"]))
+        ).session.session_id
+        return self.lease_session_id
+
+    def assert_still_serves(self, after: str) -> None:
+        """The follow-up of every case: the walk's session is still RUNNING and its process
+        records still load, so a value accepted and broken on a later step (a timer, the
+        reaper, a record the next read cannot load) fails the case that sent it. (The guard
+        runs a command in the bystander; one here would make the records the walk reads
+        give way to new ones.)"""
+        got = self.stubs.sessions.GetSession(
+            session_pb2.GetSessionRequest(session_id=self.session_id), timeout=10
+        )
+        assert got.session.state == session_pb2.SESSION_STATE_RUNNING, after
+        listed = self.stubs.processes.ListProcesses(
+            process_pb2.ListProcessesRequest(session_id=self.session_id), timeout=10
+        )
+        assert any(p.process_id == self.process_id for p in listed.processes), after
 
 
 ALLOWLIST = {
@@ -148,7 +205,7 @@ def _base(method: str, path: tuple[str, ...], ctx: Context) -> dict[str, Any]:
         "Run": argv,
         "StartProcess": argv,
         "AttachProcess": {**sid, "process_id": ctx.process_id},
-        "RenewLease": sid,
+        "RenewLease": {"session_id": ctx.lease_session()},
         "ListEgressEvents": sid,
         "UpdateNetworkPolicy": {**sid, "network": ALLOWLIST},
         "CreateSession": {
@@ -304,11 +361,50 @@ def check(ctx: Context, f: Field, value: Any) -> None:
     assert code in allowed, (
         f"{f} = {value!r}: {code.name} {detail if code != grpc.StatusCode.OK else ''}"
     )
+    ctx.assert_still_serves(f"after {f} = {value!r} ({code.name})")
 
 
 # --------------------------------------------------------------------------------------------
 # Tests
 # --------------------------------------------------------------------------------------------
+
+
+# The largest Duration protobuf allows: what an operator writes for "no limit". Every duration
+# maximum of the second server is set to it, so that a caller's duration is accepted up to the
+# top of the range and every later step (a lease's end as a clock time, a command's deadline,
+# the reaper) meets it; the default server refuses such values before they reach anything.
+OPEN_MAXIMA = (
+    "--max-command-timeout-s",
+    f"{MAX_DURATION_S}s",
+    "--lease-max-s",
+    f"{MAX_DURATION_S}s",
+)
+
+
+@pytest.fixture(scope="module", params=["default-maxima", "open-maxima"])
+def server(
+    request: pytest.FixtureRequest,
+    server: ServerProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ServerProcess]:
+    """The suite's server, then one whose duration maxima are the largest Duration."""
+    if request.param == "default-maxima":
+        yield server
+        return
+    owner = "test" + secrets.token_hex(4)
+    srv = start_server(tmp_path_factory.mktemp("open"), owner, *OPEN_MAXIMA)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
+
+
+@pytest.fixture(scope="module")
+def stubs(server: ServerProcess) -> Iterator[Stubs]:
+    made = make_stubs(server.address)
+    yield made
+    made.channel.close()
 
 
 @pytest.fixture(scope="module")
@@ -329,9 +425,11 @@ def ctx(stubs: Stubs) -> Iterator[Context]:
         return any(p.process_id == pid and p.HasField("exited") for p in got.processes)
 
     assert wait_until(exited, timeout=15)
-    yield Context(stubs, sid, pid)
-    with contextlib.suppress(grpc.RpcError):
-        stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
+    made = Context(stubs, sid, pid)
+    yield made
+    for each in (sid, made.lease_session_id):
+        with contextlib.suppress(grpc.RpcError):
+            stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=each))
 
 
 def test_the_walk_finds_the_known_fields() -> None:
@@ -366,6 +464,9 @@ def _values(f: Field) -> st.SearchStrategy[Any]:
         )
     if f.field.type in _FLOATS:
         return st.floats(allow_nan=True, allow_infinity=True)
+    if f.field.type == FD.TYPE_ENUM:
+        defined = {v.number for v in f.field.enum_type.values}
+        return st.integers(*INT32).filter(lambda v: v not in defined)
     low, high = _RANGES[f.field.type]
     return st.integers(low, high)
 

@@ -150,3 +150,33 @@ def test_member_names_the_kernel_would_refuse_are_refused_by_name(name: str, ok:
     with pytest.raises(InvalidArgument) as exc:
         normalize_member_name(name)
     assert exc.value.reason == "ARCHIVE_MEMBER_INVALID"
+
+
+def test_a_refused_check_forgets_what_it_remembered() -> None:
+    """A refusal's traceback holds the checker in reference cycles until the cyclic collector
+    runs: measured on a real server, six refused imports of deep names in a row had kept
+    120 MiB alive (188 MiB against 95 with the release). The checker's memory goes with the
+    refusal itself, whoever still holds the checker."""
+    import asyncio
+    import io
+
+    from sandboxd.archive.check import check_and_forward
+    from sandboxd.archive.pipe import INBOX_BYTES, Inbox, Source
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(120):
+            tar.addfile(_dir(f"{i:03d}/{DEEP}"))
+    checker = MemberChecker(LIMITS)
+
+    async def refused() -> None:
+        inbox = Inbox(asyncio.get_running_loop(), INBOX_BYTES)
+        await inbox.put(buf.getvalue())
+        inbox.end()
+        with pytest.raises(InvalidArgument) as info:
+            await asyncio.to_thread(check_and_forward, Source(inbox), None, checker)
+        assert info.value.reason == "ARCHIVE_TOO_MANY_MEMBERS"
+
+    asyncio.run(refused())
+    assert checker.members > 0
+    assert not checker._parents and not checker._seen and not checker._dirs

@@ -23,6 +23,7 @@ from sandboxd.validation import (
     MAX_ENV_VALUE_BYTES,
     MAX_LABELS,
     MAX_PATH_BYTES,
+    MAX_SPAN_S,
     RESERVED_ENV_KEYS,
     SESSION_ID_RE,
     WORKSPACE,
@@ -30,6 +31,7 @@ from sandboxd.validation import (
     command_name,
     duration_seconds,
     parse_user,
+    positive_duration,
     validate_argv,
     validate_cwd,
     validate_env,
@@ -771,3 +773,38 @@ def test_duration_seconds_accepts_every_valid_duration(
 )
 def test_duration_seconds_refuses_malformed_durations(seconds: int, nanos: int) -> None:
     _expect(InvalidArgument, "INVALID_ARGUMENT", duration_seconds, seconds, nanos)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "reason"),
+    [
+        (0.0, "INVALID_TIMEOUT"),
+        (-1e-9, "INVALID_TIMEOUT"),
+        (-float(MAX_DURATION_S), "INVALID_TIMEOUT"),
+        (float("nan"), "INVALID_TIMEOUT"),
+        (float("inf"), "INVALID_TIMEOUT"),
+        (3600.000000001, "LIMIT_EXCEEDS_MAXIMUM"),
+    ],
+)
+def test_positive_duration_refuses_what_is_not_positive_or_over_the_maximum(
+    seconds: float, reason: str
+) -> None:
+    _expect(
+        InvalidArgument,
+        reason,
+        lambda: positive_duration(
+            seconds, name="timeout", maximum=3600.0, reason="INVALID_TIMEOUT"
+        ),
+    )
+
+
+def test_positive_duration_clamps_to_the_span_the_server_computes_with() -> None:
+    """An operator's maximum may be the largest Duration; a clock time 10,000 years ahead
+    does not exist (datetime ends at 9999), so the value is clamped to 100 years."""
+    import datetime
+
+    top = float(MAX_DURATION_S)
+    got = positive_duration(top, name="ttl", maximum=top, reason="LEASE_INVALID")
+    assert got == MAX_SPAN_S
+    datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=got)  # no OverflowError
+    assert positive_duration(1e-9, name="ttl", maximum=top, reason="LEASE_INVALID") == 1e-9

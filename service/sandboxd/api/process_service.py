@@ -9,7 +9,7 @@ import hashlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
-from sandboxd import interactive
+from sandboxd import interactive, validation
 from sandboxd.api import convert, replies
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config import Config
@@ -271,7 +271,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
                 session,
                 _exec_input(start.request),
                 self._config.limits.max,
-                interactive_s=lease_max_s,
+                interactive_s=min(lease_max_s, validation.MAX_SPAN_S),
             )
             events = interactive.interact(
                 self._executor,

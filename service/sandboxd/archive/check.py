@@ -22,6 +22,16 @@ def check_and_forward(source: Source, sink: Sink | None, checker: MemberChecker)
     the header tarfile would write for the sanitised TarInfo (`addfile` in PAX format), then
     its data passed through as it came, then the padding; at the end, tarfile's end blocks.
     """
+    try:
+        return _check_and_forward(source, sink, checker)
+    except BaseException:
+        checker.release()  # a refused archive's state is never needed again (policy.py)
+        raise
+
+
+def _check_and_forward(
+    source: Source, sink: Sink | None, checker: MemberChecker
+) -> tuple[int, int]:
     written = 0
     try:
         src = tarfile.open(fileobj=source, mode="r:")  # type: ignore[call-overload]

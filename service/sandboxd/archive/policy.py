@@ -208,6 +208,21 @@ class MemberChecker:
         # Directories unpacked with u+rwx whose own mode is applied once the merge is done.
         self.deferred_modes: list[tuple[str, int]] = []
 
+    def release(self) -> None:
+        """Drop what the check remembers (up to a few tens of MiB for a large archive).
+
+        Called once the archive was refused: the refusal's traceback holds this checker
+        through its frames, and the exception sits in reference cycles (its traceback's
+        frames hold the futures and locals that hold it), which only the cyclic garbage
+        collector breaks, at a time of its own choosing. Six refused imports of 100 deep
+        names each had kept 120 MiB of these sets alive.
+        """
+        for remembered in (self._existing, self._symlinks, self._files, self._seen):
+            remembered.clear()
+        self._dirs.clear()
+        self._parents.clear()
+        self.deferred_modes.clear()
+
     def _through_symlink(self, name: str, chain: list[int]) -> str | None:
         for i, h in enumerate(chain[:-1]):
             if h in self._symlinks or h in self._existing:

@@ -371,13 +371,14 @@ class ArchiveIO:
                             sink.tar_gone()
 
             def work() -> None:
+                # The error is handed over from the except clause, which forgets it: a local
+                # holding it would put this frame in a cycle with its traceback.
                 try:
-                    result: tuple[int, int] | BaseException = check_and_forward(
-                        source, sink, checker
-                    )
+                    counts = check_and_forward(source, sink, checker)
                 except BaseException as exc:  # handed to the loop, never lost
-                    result = exc
-                loop.call_soon_threadsafe(settle, done, result)
+                    loop.call_soon_threadsafe(settle, done, exc)
+                else:
+                    loop.call_soon_threadsafe(settle, done, counts)
 
             async def read_stderr() -> None:
                 stderr.extend((await drain(stream))[1])  # tar -x prints nothing else

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sandboxd import tenancy
+from sandboxd import tenancy, validation
 from sandboxd.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -87,14 +87,13 @@ class Previews:
         return port
 
     def _ttl(self, ttl_s: float | None) -> float:
-        ttl = DEFAULT_TTL_S if ttl_s is None else ttl_s
-        if ttl <= 0 or ttl > self._settings.max_ttl_s:
-            raise InvalidArgument(
-                f"ttl must be positive and at most {self._settings.max_ttl_s:g} s",
-                reason=Reason.PREVIEW_TTL_INVALID,
-                metadata={"max_ttl_s": f"{self._settings.max_ttl_s:g}"},
-            )
-        return min(ttl, self._settings.max_ttl_s)
+        return validation.positive_duration(
+            DEFAULT_TTL_S if ttl_s is None else ttl_s,
+            name="ttl",
+            maximum=self._settings.max_ttl_s,
+            reason=Reason.PREVIEW_TTL_INVALID,
+            metadata={"max_ttl_s": f"{self._settings.max_ttl_s:g}"},
+        )
 
     async def publish(
         self, session_id: str, port: int, ttl_s: float | None, public: bool

@@ -140,6 +140,10 @@ def check_reserved_user(uid: int, gid: int, keeper_user: str) -> None:
         )
 
 
+# Limits that are durations: checked (and clamped) as every duration of a request is.
+DURATION_LIMITS = frozenset({"command_timeout_s"})
+
+
 def resolve_limits(requested: LimitsRequest, defaults: Limits, maxima: Limits) -> Limits:
     """Fill unset limits from the defaults; refuse any above the server's maximum."""
     values = {}
@@ -149,6 +153,15 @@ def resolve_limits(requested: LimitsRequest, defaults: Limits, maxima: Limits) -
             values[name] = getattr(defaults, name)
             continue
         proto = _proto_limit_name(name)
+        if name in DURATION_LIMITS:
+            values[name] = validation.positive_duration(
+                asked,
+                name=f"limits.{proto}",
+                maximum=getattr(maxima, name),
+                reason=Reason.LIMIT_INVALID,
+                metadata={"limit": proto},
+            )
+            continue
         if asked <= 0:
             raise InvalidArgument(
                 f"limits.{proto} must be positive (got {asked})",
@@ -267,14 +280,10 @@ def check_manifest(manifest: WorkspaceManifest, limits: Limits) -> WorkspaceMani
 
 
 def check_lease(ttl_s: float | None, field_name: str, config: Config) -> float:
+    """The lease to give, in seconds; a lease's end is a clock time, so it is clamped to the
+    span the server computes with (validation.MAX_SPAN_S), the default included."""
     if ttl_s is None:
-        return config.leases.default_s
-    if ttl_s <= 0:
-        raise InvalidArgument(f"{field_name} must be positive", reason=Reason.LEASE_INVALID)
-    if ttl_s > config.leases.max_s:
-        raise InvalidArgument(
-            f"{field_name} of {ttl_s:g} s is above the server maximum of {config.leases.max_s:g} s",
-            reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
-            metadata={"limit": field_name, "maximum": f"{config.leases.max_s:g}s"},
-        )
-    return ttl_s
+        return min(config.leases.default_s, validation.MAX_SPAN_S)
+    return validation.positive_duration(
+        ttl_s, name=field_name, maximum=config.leases.max_s, reason=Reason.LEASE_INVALID
+    )

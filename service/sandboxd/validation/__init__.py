@@ -1,7 +1,7 @@
-"""Pure validation of caller input: paths, argv, env, user, ids, labels, file modes.
+"""Pure validation of caller input: paths, argv, env, user, ids, labels, file modes, durations.
 
-A package of three modules (paths, commands, identity); this module re-exports them so callers
-keep writing `validation.validate_argv(...)`.
+A package of four modules (paths, commands, identity, durations); this module re-exports
+them so callers keep writing `validation.validate_argv(...)`.
 
 Everything a request carries passes through here before it reaches Docker, so each rule in
 SECURITY.md that can be checked on the text alone is checked once, in one place. Functions
@@ -29,17 +29,21 @@ from sandboxd.validation.commands import (
     validate_argv,
     validate_env,
 )
+from sandboxd.validation.durations import (
+    MAX_DURATION_S,
+    MAX_SPAN_S,
+    duration_seconds,
+    positive_duration,
+)
 from sandboxd.validation.identity import (
     DEFAULT_GID,
     DEFAULT_UID,
     IMAGE_REF_RE,
     LABEL_KEY_RE,
-    MAX_DURATION_S,
     MAX_IMAGE_REF,
     MAX_LABEL_VALUE_BYTES,
     MAX_LABELS,
     SESSION_ID_RE,
-    duration_seconds,
     parse_user,
     validate_file_mode,
     validate_image,
@@ -76,6 +80,7 @@ __all__ = [
     "MAX_LABELS",
     "MAX_LABEL_VALUE_BYTES",
     "MAX_PATH_BYTES",
+    "MAX_SPAN_S",
     "MAX_PATH_COMPONENT_BYTES",
     "RESERVED_ENV_KEYS",
     "SESSION_ID_RE",
@@ -84,6 +89,7 @@ __all__ = [
     "command_name",
     "duration_seconds",
     "parse_user",
+    "positive_duration",
     "validate_argv",
     "validate_cwd",
     "validate_env",

@@ -1,5 +1,5 @@
-"""Users, ids, labels, file modes, image references and durations: the scalar fields of a
-request, each normalised or refused with a stable reason."""
+"""Users, ids, labels, file modes and image references: the scalar fields of a request, each
+normalised or refused with a stable reason (durations: durations.py)."""
 
 from __future__ import annotations
 
@@ -189,33 +189,3 @@ def validate_image(image: str) -> str:
             metadata={"image": _plain(image)},
         )
     return image
-
-
-# Durations
-
-# google.protobuf.Duration's own range: about +-10,000 years, nanos of the same sign.
-MAX_DURATION_S = 315_576_000_000
-_MAX_NANOS = 999_999_999
-
-
-def duration_seconds(seconds: int, nanos: int) -> float:
-    """Seconds of a wire Duration; a malformed one is the caller's mistake, never a value.
-
-    protobuf defines a Duration only within +-315,576,000,000 s, with |nanos| below 10^9 and
-    of the sign of `seconds`; a hand-built message can carry anything else, which would be
-    read as some other duration (1 s and -1 ns as 0.999999999 s). Whether the value suits the
-    field (positive, under a maximum) is the field's own check.
-    """
-    if (
-        abs(seconds) > MAX_DURATION_S
-        or abs(nanos) > _MAX_NANOS
-        or (seconds > 0 > nanos)
-        or (seconds < 0 < nanos)
-    ):
-        raise InvalidArgument(
-            f"duration {{seconds: {seconds}, nanos: {nanos}}} is not a valid "
-            f"google.protobuf.Duration (|seconds| <= {MAX_DURATION_S}, |nanos| <= {_MAX_NANOS}, "
-            "both of one sign)",
-            reason=Reason.INVALID_ARGUMENT,
-        )
-    return seconds + nanos / 1e9
