@@ -132,10 +132,6 @@ def start_server(
         "0.5",
         "--engine-check-interval-s",
         "0.5",
-        # Metrics are on by default at 127.0.0.1:9464; test servers run side by side, so each
-        # takes a port of its own (a later --metrics-listen in `extra` wins).
-        "--metrics-listen",
-        "127.0.0.1:0",
         *extra,
     ]
     import mountcheck  # loaded as a plugin above (imported here after, so it is rewritten)
@@ -146,7 +142,9 @@ def start_server(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, **(env or {})},
+        # Metrics are on by default at 127.0.0.1:9464; test servers run side by side, so each
+        # takes a port of its own unless the test names one (its variable or flag wins).
+        env={"SANDBOXD_METRICS_LISTEN": "127.0.0.1:0", **os.environ, **(env or {})},
     )
     server = ServerProcess(proc, data_dir, owner_id)
     found = threading.Event()
