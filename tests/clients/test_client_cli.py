@@ -481,7 +481,7 @@ def test_a_refused_cp_is_the_servers_reason_every_time(
     try:
         for i in range(6):
             up = ctl(server, "cp", "--no-progress", str(big), f"{sid}:")
-            assert up.returncode == 1, up.stderr
+            assert up.returncode == 125, up.stderr
             assert up.stderr.decode().startswith("sandboxctl: FILE_TOO_LARGE: "), (i, up.stderr)
     finally:
         ctl(server, "rm", sid)
