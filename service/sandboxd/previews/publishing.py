@@ -93,6 +93,7 @@ class Previews:
             maximum=self._settings.max_ttl_s,
             reason=Reason.PREVIEW_TTL_INVALID,
             metadata={"max_ttl_s": f"{self._settings.max_ttl_s:g}"},
+            over_reason=Reason.PREVIEW_TTL_INVALID,  # the reason this field has always had
         )
 
     async def publish(

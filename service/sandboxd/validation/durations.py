@@ -59,12 +59,14 @@ def positive_duration(
     maximum: float,
     reason: str,
     metadata: dict[str, str] | None = None,
+    over_reason: str = Reason.LIMIT_EXCEEDS_MAXIMUM,
 ) -> float:
     """`seconds` if it is positive and at most `maximum`, clamped to `MAX_SPAN_S`.
 
     `name` is the field as the caller spells it; `reason` is the field's own for a value that
-    is not positive (a value above the maximum is LIMIT_EXCEEDS_MAXIMUM, with the maximum in
-    the metadata). NaN and infinities (a float from a setting or a client) are refused too.
+    is not positive, `over_reason` for one above the maximum (LIMIT_EXCEEDS_MAXIMUM unless the
+    field always had a reason of its own), with the maximum in the metadata. NaN and
+    infinities (a float from a setting or a client) are refused too.
     """
     extra = metadata or {}
     if not math.isfinite(seconds) or seconds <= 0:
@@ -76,7 +78,7 @@ def positive_duration(
     if seconds > maximum:
         raise InvalidArgument(
             f"{name} of {seconds:g} s is above the server maximum of {maximum:g} s",
-            reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
+            reason=over_reason,
             metadata={"limit": name, "maximum": f"{maximum:g}s", **extra},
         )
     return min(seconds, MAX_SPAN_S)
