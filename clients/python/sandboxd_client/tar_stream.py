@@ -170,24 +170,33 @@ async def untar_chunks(
             pass
 
     unpacking = asyncio.get_running_loop().run_in_executor(None, unpack)
+
+    async def feed(item: bytes | None) -> bool:
+        """Hand `item` to the unpacker; False once it has stopped (a bad archive), so a
+        feeder never waits for room a dead reader will not make."""
+        while not unpacking.done():
+            try:
+                await asyncio.to_thread(reader.chunks.put, item, True, 0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     got = 0
     try:
         try:
             async for chunk in chunks:
-                if unpacking.done():
+                if not await feed(chunk):
                     break  # a bad archive: its error is raised below
-                await asyncio.to_thread(reader.chunks.put, chunk)
                 got += len(chunk)
                 if progress is not None:
                     progress(got, None)
         except BaseException:
-            if not unpacking.done():
-                await asyncio.to_thread(reader.chunks.put, None)
+            await feed(None)
             with contextlib.suppress(Exception):  # "empty file": the stream's error says why
                 await unpacking
             raise
-        if not unpacking.done():
-            await asyncio.to_thread(reader.chunks.put, None)
+        await feed(None)
         await unpacking
     except BaseException:
         if made:
