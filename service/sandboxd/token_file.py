@@ -72,10 +72,7 @@ class TokenFile:
 
     def reload(self) -> TokenChanges:
         """Read the file again; ConfigError (the table in use kept) if it does not parse."""
-        new = tenancy.load_tokens(self.path)
-        changes = TokenChanges.between(self.table, new)
-        self.table = new
-        return changes
+        return self._replace(tenancy.load_tokens(self.path))
 
     async def reload_on(self, signalled: asyncio.Event) -> None:
         """Reload each time `signalled` is set (the SIGHUP handler sets it), until cancelled."""
@@ -83,12 +80,12 @@ class TokenFile:
             await signalled.wait()
             signalled.clear()
             try:
+                # The file is read off the loop; the table is replaced on it, between calls.
                 new = await asyncio.to_thread(tenancy.load_tokens, self.path)
             except ConfigError as exc:
                 log.error("tokens file not reloaded, the tokens in use are kept: %s", exc)
                 continue
-            changes = TokenChanges.between(self.table, new)
-            self.table = new
+            changes = self._replace(new)
             log.info(
                 "tokens file %s reloaded: %d token(s) for %d tenant(s); %s",
                 self.path,
@@ -96,3 +93,8 @@ class TokenFile:
                 len(new.tenants),
                 changes,
             )
+
+    def _replace(self, new: tenancy.TokenTable) -> TokenChanges:
+        changes = TokenChanges.between(self.table, new)
+        self.table = new
+        return changes
