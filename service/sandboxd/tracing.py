@@ -27,6 +27,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from sandboxd import __version__
+from sandboxd.api.observe import status_code_of
 
 T = TypeVar("T")
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -70,15 +71,6 @@ class _Metadata(Getter[Any]):
 _METADATA = _Metadata()
 
 
-def _code_of(context: Any) -> grpc.StatusCode | None:
-    code = context.code()
-    if isinstance(code, grpc.StatusCode):
-        return code
-    if isinstance(code, int) and code:
-        return next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
-    return None
-
-
 class TracingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """A SERVER span around each call, the current span while its handler runs."""
 
@@ -103,7 +95,7 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return tracer.start_span(full, parent, SpanKind.SERVER, attributes)
 
         def end(span: trace.Span, context: Any, error: BaseException | None) -> None:
-            code = _code_of(context)
+            code = status_code_of(context)
             if code is not None:
                 span.set_attribute("rpc.grpc.status_code", code.value[0])
             if error is not None or (code is not None and code is not grpc.StatusCode.OK):

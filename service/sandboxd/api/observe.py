@@ -22,14 +22,23 @@ from sandboxd.logging_setup import CURRENT_SESSION
 from sandboxd.metrics import Metrics
 
 
-def _code_name(context: Any, failed: bool) -> str:
+def status_code_of(context: Any) -> grpc.StatusCode | None:
+    """The status a servicer context ended with (grpc.aio gives an enum or its number), or
+    None before one is set."""
     code = context.code()
     if isinstance(code, grpc.StatusCode):
-        return str(code.name)
+        return code
     if isinstance(code, int) and code != 0:
         for candidate in grpc.StatusCode:
             if candidate.value[0] == code:
-                return str(candidate.name)
+                return candidate
+    return None
+
+
+def _code_name(context: Any, failed: bool) -> str:
+    code = status_code_of(context)
+    if code is not None:
+        return str(code.name)
     return "UNKNOWN" if failed else "OK"
 
 
