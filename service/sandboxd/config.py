@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandboxd.admission.settings import AdmissionSection
 from sandboxd.config_sections import (
     AgentSection,
     ArchiveSection,
@@ -84,6 +85,7 @@ class Config:
     watch: WatchSection = field(default_factory=WatchSection)
     previews: PreviewsSection = field(default_factory=PreviewsSection)
     agent: AgentSection = field(default_factory=AgentSection)
+    admission: AdmissionSection = field(default_factory=AdmissionSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.

@@ -292,6 +292,8 @@ var (
 	ErrTemplateInstructionNotAllowed = &Error{Code: codes.InvalidArgument, Reason: "TEMPLATE_INSTRUCTION_NOT_ALLOWED"}
 	// ErrTenantImageQuota: RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first.
 	ErrTenantImageQuota = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_IMAGE_QUOTA"}
+	// ErrTenantRateLimited: RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other tenants are active (admission_calls_per_s); RetryInfo says when a token is free again. Nothing was done. A tenant alone on the server is never refused this way.
+	ErrTenantRateLimited = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_RATE_LIMITED"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -439,4 +441,5 @@ var Reasons = map[string]ReasonInfo{
 	"REPLY_TOO_LARGE":                  {codes.ResourceExhausted, false, ErrReplyTooLarge},
 	"TEMPLATE_INSTRUCTION_NOT_ALLOWED": {codes.InvalidArgument, false, ErrTemplateInstructionNotAllowed},
 	"TENANT_IMAGE_QUOTA":               {codes.ResourceExhausted, false, ErrTenantImageQuota},
+	"TENANT_RATE_LIMITED":              {codes.ResourceExhausted, true, ErrTenantRateLimited},
 }

@@ -267,6 +267,8 @@ export declare class ReplyTooLargeError extends ResourceExhausted {}
 export declare class TemplateInstructionNotAllowedError extends InvalidArgument {}
 /** RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first. */
 export declare class TenantImageQuotaError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other tenants are active (admission_calls_per_s); RetryInfo says when a token is free again. Nothing was done. A tenant alone on the server is never refused this way. */
+export declare class TenantRateLimitedError extends ResourceExhausted {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -411,7 +413,8 @@ export type Reason =
   | 'HOST_IDS_EXHAUSTED'
   | 'REPLY_TOO_LARGE'
   | 'TEMPLATE_INSTRUCTION_NOT_ALLOWED'
-  | 'TENANT_IMAGE_QUOTA';
+  | 'TENANT_IMAGE_QUOTA'
+  | 'TENANT_RATE_LIMITED';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

@@ -17,11 +17,11 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sandboxd.agent.channel import Channel, State
+from sandboxd.agent.channel import Channel, Pace, State
 from sandboxd.agent.egress_route import EgressEndpoints, egress_port, peer_open_handler
 from sandboxd.agent.exec_stream import AgentExec, exec_request
 from sandboxd.agent.streams import agent_unavailable
@@ -119,6 +119,9 @@ class AgentRouter:
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self.egress: EgressEndpoints | None = None  # the server's proxies (set once, at start)
+        # The tenant's output pacer of a session's channel (sandboxd.admission; set once, at
+        # start); None: channels read as fast as their agents write.
+        self.pacer: Callable[[str], Pace] | None = None
 
     # ----- channels ------------------------------------------------------------------------
 
@@ -151,6 +154,7 @@ class AgentRouter:
                 egress_port=functools.partial(egress_port, self.egress, attached.session_id),
                 on_peer_open=peer_open_handler(self.egress, attached.session_id),
                 budget=attached.budget,
+                pace=self.pacer(attached.session_id) if self.pacer is not None else None,
             )
             entry = _Entry(channel, attached.user, attached.env)
             self._entries[sandbox_id] = entry

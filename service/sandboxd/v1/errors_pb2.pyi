@@ -357,6 +357,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
     image quota (tenant_max_image_bytes); delete some first.
     """
+    ERROR_REASON_TENANT_RATE_LIMITED: _ErrorReason.ValueType  # 440
+    """RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other
+    tenants are active (admission_calls_per_s); RetryInfo says when a token is free again.
+    Nothing was done. A tenant alone on the server is never refused this way.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -701,5 +706,10 @@ message names the line and the rule.
 ERROR_REASON_TENANT_IMAGE_QUOTA: ErrorReason.ValueType  # 247
 """RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
 image quota (tenant_max_image_bytes); delete some first.
+"""
+ERROR_REASON_TENANT_RATE_LIMITED: ErrorReason.ValueType  # 440
+"""RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other
+tenants are active (admission_calls_per_s); RetryInfo says when a token is free again.
+Nothing was done. A tenant alone on the server is never refused this way.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
