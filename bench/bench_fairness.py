@@ -76,6 +76,20 @@ async def _bystander(
     return samples
 
 
+async def _share_series(port: int) -> dict[str, float]:
+    """The server's fair-share series (refused calls, paced seconds) by tenant."""
+    import aiohttp  # noqa: PLC0415
+
+    url = f"http://127.0.0.1:{port}/metrics"
+    async with aiohttp.ClientSession() as http, http.get(url) as resp:
+        text = await resp.text()
+    return {
+        line.split(" ")[0].removeprefix("sandboxd_fair_share_"): round(float(line.split()[-1]), 2)
+        for line in text.splitlines()
+        if line.startswith("sandboxd_fair_share_") and "_created" not in line.split(" ")[0]
+    }
+
+
 async def run(ctx: BenchContext) -> dict[str, Metric]:
     from bench.run import running_server  # noqa: PLC0415 - run imports the bench modules
 
@@ -119,11 +133,13 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
                 try:
                     await asyncio.sleep(SETTLE_S)
                     cpu0, t0 = _cpu_s(srv.proc.pid), time.monotonic()
+                    # For as long as the flood lasts: the shares bind only while the bystander
+                    # is active, so it is active throughout.
                     loud = await _bystander(
                         processes,
                         md["calm"],
                         calm_sid,
-                        rounds,
+                        100_000,
                         time.monotonic() + FLOOD_SECONDS - SETTLE_S - 1,
                     )
                     cpu = _cpu_s(srv.proc.pid) - cpu0
@@ -134,6 +150,8 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
                         flood.kill()
                         await flood.wait()
                 counts = json.loads(out.decode().strip().splitlines()[-1] or "{}")
+                counts.pop("messages", None)
+                shares = await _share_series(srv.metrics_port)
             finally:
                 for tenant, sid in made:
                     with contextlib.suppress(grpc.RpcError):
@@ -149,6 +167,7 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
             "raw_p95": round(percentile(quiet, 95), 3),
             "samples": len(loud),
             "flood": counts,
+            "fair_share_series": shares,
             "server_cpu_share_during_flood": round(cpu / wall, 2) if wall else None,
         },
     )

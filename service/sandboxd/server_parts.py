@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from opentelemetry.trace import Tracer
 
 from sandboxd import tenancy
-from sandboxd.admission import FairShares, shares_of
+from sandboxd.admission import ChannelShares, FairShares, shares_of
 from sandboxd.agent.detached import for_engine as agent_processes
 from sandboxd.agent.router import agent_settings
 from sandboxd.api.audit_describe import hashing_threads
@@ -174,11 +174,11 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             ),
         )
     )
-    shares = shares_of(config.admission)
+    shares = shares_of(config.admission, metrics.registry)
     if docker.agents is not None:
         docker.agents.egress = egress  # the agents' egress streams go to these proxies
         if shares is not None:  # each session's channel reads within its tenant's share
-            docker.agents.pacer = _pacer(shares, partitioned=tokens is not None)
+            docker.agents.shares = ChannelShares(shares, partitioned=tokens is not None)
         docker.agents = traced(docker.agents, tracer, "agent")
     detached = agent_processes(engine) if config.agent.detached_processes else None
     executor = Executor(engine, detached=detached)
@@ -283,11 +283,6 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         tracer=tracer,
         shares=shares,
     )
-
-
-def _pacer(shares: FairShares, *, partitioned: bool) -> Callable[[str], Callable[[int], float]]:
-    """A session id -> its tenant's output pacer (ids name their tenant when partitioned)."""
-    return lambda session_id: shares.pacer(tenancy.tenant_of_session(session_id, partitioned))
 
 
 def _counted(metrics: Metrics) -> Callable[[SweepResult], None]:

@@ -7,15 +7,29 @@ pacer (agent/router.py). Nothing here imports gRPC or the agent package.
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
+
 from sandboxd.admission.bucket import TokenBucket
+from sandboxd.admission.channels import ChannelShares
+from sandboxd.admission.metrics import ShareMetrics
 from sandboxd.admission.settings import AdmissionSection
 from sandboxd.admission.shares import FairShares, Shares
 
-__all__ = ["AdmissionSection", "FairShares", "Shares", "TokenBucket", "shares_of"]
+__all__ = [
+    "AdmissionSection",
+    "ChannelShares",
+    "FairShares",
+    "Shares",
+    "TokenBucket",
+    "shares_of",
+]
 
 
-def shares_of(section: AdmissionSection) -> FairShares | None:
-    """The server's fair shares from its settings; None when they are turned off."""
+def shares_of(
+    section: AdmissionSection, registry: CollectorRegistry | None = None
+) -> FairShares | None:
+    """The server's fair shares from its settings (their series on `registry`); None when
+    they are turned off."""
     if not section.enabled:
         return None
     return FairShares(
@@ -25,5 +39,6 @@ def shares_of(section: AdmissionSection) -> FairShares | None:
             output_bytes_per_s=float(section.output_bytes_per_s),
             output_burst_bytes=float(section.output_burst_bytes),
             window_s=section.contention_window_s,
-        )
+        ),
+        metrics=ShareMetrics(registry) if registry is not None else None,
     )

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandboxd.admission.bucket import TokenBucket
+from sandboxd.admission.metrics import ShareMetrics
 from sandboxd.errors import ResourceExhausted
 from sandboxd.reasons import Reason
 
@@ -50,8 +51,11 @@ class Shares:
 class FairShares:
     """The tenants' buckets and when each was last active; O(1) per call and per read."""
 
-    def __init__(self, shares: Shares, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self, shares: Shares, clock: Clock = time.monotonic, metrics: ShareMetrics | None = None
+    ) -> None:
         self.shares = shares
+        self._metrics = metrics
         self._clock = clock
         # tenant -> last activity, least recent first (moved to the end on each activity)
         self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()
@@ -83,6 +87,8 @@ class FairShares:
         if bucket.try_take(now):
             return
         self.refused[tenant] += 1
+        if self._metrics is not None:
+            self._metrics.refused.labels(tenant).inc()
         wait = bucket.wait_for(now)
         raise ResourceExhausted(
             f"tenant {tenant!r} is over its share of the server while other tenants are "
@@ -113,6 +119,8 @@ class FairShares:
         delay = bucket.spend(now, nbytes)
         if delay:
             self.paced_s[tenant] += delay
+            if self._metrics is not None:
+                self._metrics.paced.labels(tenant).inc(delay)
         return delay
 
     def pacer(self, tenant: str) -> Callable[[int], float]:
