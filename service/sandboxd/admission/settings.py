@@ -24,7 +24,7 @@ class AdmissionSection:
         flat="admission_enabled",
     )
     calls_per_s: int = setting(
-        100,
+        50,
         INT,
         "RPCs a tenant may start each second while other tenants are active (beyond: "
         "RESOURCE_EXHAUSTED TENANT_RATE_LIMITED with RetryInfo)",
@@ -32,7 +32,7 @@ class AdmissionSection:
         flat="admission_calls_per_s",
     )
     call_burst: int = setting(
-        200,
+        50,
         INT,
         "RPCs a tenant may start at once above its rate before refusals begin",
         lo=1,

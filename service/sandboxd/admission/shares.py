@@ -41,8 +41,8 @@ Clock = Callable[[], float]
 class Shares:
     """What each tenant may take while others are active (sandboxd.admission.settings)."""
 
-    calls_per_s: float = 100.0
-    call_burst: float = 200.0
+    calls_per_s: float = 50.0
+    call_burst: float = 50.0
     output_bytes_per_s: float = 16 * 1024 * 1024
     output_burst_bytes: float = 4 * 1024 * 1024
     window_s: float = 1.0
