@@ -64,7 +64,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from sandboxd.v1 import (
     admin_pb2_grpc,
     common_pb2,
-    filesystem_ext_pb2,
     filesystem_pb2,
     filesystem_pb2_grpc,
     process_pb2,
@@ -149,14 +148,14 @@ def free_bytes(stubs: Stubs, sid: str) -> int:
 
 def stream_requests(
     sid: str, path: str, content: bytes
-) -> Iterator[filesystem_ext_pb2.WriteFileStreamRequest]:
-    yield filesystem_ext_pb2.WriteFileStreamRequest(
-        header=filesystem_ext_pb2.WriteFileStreamHeader(
+) -> Iterator[filesystem_pb2.WriteFileStreamRequest]:
+    yield filesystem_pb2.WriteFileStreamRequest(
+        header=filesystem_pb2.WriteFileStreamHeader(
             session_id=sid, path=path, mode=0o644, make_parents=True
         )
     )
     for i in range(0, len(content), 64 * 1024):
-        yield filesystem_ext_pb2.WriteFileStreamRequest(data=content[i : i + 64 * 1024])
+        yield filesystem_pb2.WriteFileStreamRequest(data=content[i : i + 64 * 1024])
 
 
 def file_line(path: str, content: bytes, mode: int = 0o644) -> str:
@@ -343,7 +342,7 @@ SANDBOX_MAKERS = {
     " && cd $p/$p/$p/$p/$p/$p/$p/$p/$p/$p && mkdir -p $p/$p/$p/$p/$p/$p/$p/$p/$p/$p/$p",
 }
 
-# What the sandbox can make that a carrying operation does not yet round-trip (issue 19, item 2),
+# What the sandbox can make that a carrying operation does not yet round-trip,
 # each with what happens today. The fuzzer leaves these out so that it keeps searching for what
 # nobody has found yet; the regressions below keep them as strict xfails, which turn red the
 # moment one is fixed (then delete its line here).
@@ -653,7 +652,7 @@ class WorkspaceMachine(RuleBasedStateMachine):
                 import_requests(self.sid, data, replace=False, path=folder),
             )
         else:
-            move = filesystem_ext_pb2.MoveRequest(
+            move = filesystem_pb2.MoveRequest(
                 session_id=self.sid, source_path="a", destination_path=path, overwrite=True
             )
             _, err = self._call(self.stubs.files.Move, move)
@@ -788,7 +787,7 @@ class WorkspaceMachine(RuleBasedStateMachine):
             timeout=CALL_TIMEOUT,
         )
 
-    # -- rules: concurrent pairs (issue 19, item 4) ---------------------------------------------
+    # -- rules: concurrent pairs ---------------------------------------------
     def _pair(self, a, b):  # type: ignore[no-untyped-def]
         """Run two calls at once on threads; each one's (result, error), as `_call` gives."""
         out: list[object] = [None, None]
