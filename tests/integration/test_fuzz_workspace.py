@@ -194,69 +194,53 @@ def _docker(*args: str) -> str:
     ).stdout.strip()
 
 
-def _set_oom_score_adj(pid: int, value: int) -> None:
-    Path(f"/proc/{pid}/oom_score_adj").write_text(f"{value}\n")
+def _memory_cgroup(cid: str) -> Path:
+    """The container's memory cgroup on this host (cgroup v1 with the cgroupfs driver, or v2)."""
+    for path in (
+        Path("/sys/fs/cgroup/memory/docker") / cid,
+        Path("/sys/fs/cgroup/system.slice") / f"docker-{cid}.scope",
+        Path("/sys/fs/cgroup/docker") / cid,
+    ):
+        if path.is_dir():
+            return path
+    raise AssertionError(f"no memory cgroup found for {cid}")
 
 
 def oom_kill_the_agent(stubs: Stubs, owner_id: str, sid: str) -> None:
     """A real kill by the memory cgroup's OOM killer, with the agent as its victim.
 
     The agent's own defences make every command the kernel's choice before it (commands run at
-    oom_score_adj 1000), so the test, as the host's root, turns the choice around for one
-    command: it marks that command unkillable by the OOM killer (-1000) and the agent the first
-    victim (1000), then lets the command allocate past the sandbox's memory. The engine's `oom`
-    event for the container shows that the kernel, not a signal of ours, ended it."""
+    oom_score_adj 1000), so the test, as the host's root, turns the choice around: it raises the
+    agent to 1000 too (lowering a command's score would need CAP_SYS_RESOURCE, which this host's
+    root may lack), so that size decides, and it makes the memory that fills the cgroup belong
+    to no process: tmpfs pages in /tmp, written by a command far smaller than the agent, after
+    the cgroup's limit is brought down to a few MiB above what it holds. The engine's `oom` event
+    for the container shows that the kernel, not a signal of ours, ended it."""
     cid = _docker(
-        "ps",
-        "-q",
-        "--no-trunc",
-        "--filter",
-        f"label=io.sandboxd.owner={owner_id}",
-        "--filter",
-        f"label=io.sandboxd.session={sid}",
-    )
+        "ps", "-q", "--no-trunc", "--filter", f"label=io.sandboxd.owner={owner_id}",
+        "--filter", f"label=io.sandboxd.session={sid}",
+    )  # fmt: skip
     assert cid and "\n" not in cid, cid
     agent = int(_docker("inspect", "-f", "{{.State.Pid}}", cid))
-    marker = "oom-" + secrets.token_hex(4)
     since = int(time.time()) - 1
-    # Sleeps first so that its score is set before it allocates; `exec` keeps the pid (and the
-    # score) for dd, whose one block of 1 GiB is past any fuzzer session's memory.
-    script = "sleep 2; exec dd if=/dev/zero of=/dev/null bs=1024M count=1"
-    stubs.processes.StartProcess(
-        process_pb2.StartProcessRequest(session_id=sid, argv=["sh", "-c", script, marker]),
-        timeout=CALL_TIMEOUT,
-    )
     events = subprocess.Popen(
-        [
-            "docker",
-            "events",
-            "--since",
-            str(since),
-            "--filter",
-            f"container={cid}",
-            "--filter",
-            "event=oom",
-            "--format",
-            "{{.Action}}",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+        ["docker", "events", "--since", str(since), "--filter", f"container={cid}",
+         "--filter", "event=oom", "--format", "{{.Action}}"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
-        found = 0
-        for _ in range(50):
-            for entry in Path("/proc").iterdir():
-                if entry.name.isdigit():
-                    with contextlib.suppress(OSError):
-                        argv = (entry / "cmdline").read_bytes().split(b"\0")
-                        if marker.encode() in argv:
-                            found = int(entry.name)
-            if found:
-                break
-            time.sleep(0.05)
-        assert found, "the allocating command did not start"
-        _set_oom_score_adj(found, -1000)
-        _set_oom_score_adj(agent, 1000)
+        Path(f"/proc/{agent}/oom_score_adj").write_text("1000\n")
+        cgroup = _memory_cgroup(cid)
+        v1 = (cgroup / "memory.limit_in_bytes").exists()
+        usage = int((cgroup / ("memory.usage_in_bytes" if v1 else "memory.current")).read_text())
+        limit = (usage // PAGE + 1024) * PAGE  # 4 MiB above what it holds now
+        (cgroup / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(f"{limit}\n")
+        stubs.processes.StartProcess(
+            process_pb2.StartProcessRequest(
+                session_id=sid, argv=["sh", "-c", "head -c 15M /dev/zero > /tmp/fill; sleep 60"]
+            ),
+            timeout=CALL_TIMEOUT,
+        )
         assert events.stdout is not None
         ready, _, _ = select.select([events.stdout], [], [], CALL_TIMEOUT)
         assert ready, "no OOM kill reported by the engine"
