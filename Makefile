@@ -76,8 +76,8 @@ registry:
 python-image: engine
 	bash scripts/build-python-image.sh sandboxd-runtime:python
 
-# Every stub and table generated from proto/: server and Python client stubs, the README error
-# table, the Go stubs and sentinel errors, the Node declarations and reason classes.
+# Every stub and table generated from proto/: server and Python client stubs, docs/errors.md's
+# error table, the Go stubs and sentinel errors, the Node declarations and reason classes.
 proto: venv go-deps node-deps
 	$(PY) -m sandboxd.tools.genproto
 	bash clients/go/gen.sh

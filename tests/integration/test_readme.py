@@ -1,5 +1,9 @@
-"""The README's grpcurl walkthrough, run for real against a live server, exactly as a user would
-paste it (only the address changes): documentation that drifts from the server fails here."""
+"""The docs' grpcurl walkthrough, run for real against a live server, exactly as a user would
+paste it (only the address changes): documentation that drifts from the server fails here.
+
+Walkthrough blocks are found in README.md and every docs/*.md, so moving a block between pages
+keeps it under test, and a block name used twice anywhere is an error.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import pytest
 from conftest import REPO, remove_owned_containers, start_server
 
 README = REPO / "README.md"
+DOCS = REPO / "docs"
 DEFAULT_ADDRESS = "localhost:50051"
 
 _BLOCK_RE = re.compile(
@@ -49,6 +54,22 @@ def walkthroughs(text: str) -> dict[str, str]:
             "marker must be followed by one ```sh block and an end marker"
         )
     return blocks
+
+
+def documented_walkthroughs() -> dict[str, str]:
+    """Every walkthrough of README.md and docs/*.md by name; a name in two files is an error."""
+    found: dict[str, str] = {}
+    where: dict[str, Path] = {}
+    for doc in [README, *sorted(DOCS.glob("*.md"))]:
+        for name, body in walkthroughs(doc.read_text()).items():
+            if name in found:
+                raise ValueError(f"walkthrough {name!r} in both {where[name]} and {doc}")
+            found[name], where[name] = body, doc
+    return found
+
+
+def test_the_docs_walkthroughs_are_found() -> None:
+    assert {"default", "cookbook", "templates"} <= set(documented_walkthroughs())
 
 
 def test_extractor_finds_named_blocks() -> None:
@@ -117,7 +138,7 @@ def _json_objects(output: str) -> list[dict[str, object]]:
 
 
 def test_readme_walkthrough(tmp_path: Path) -> None:
-    script = walkthroughs(README.read_text())["default"]
+    script = documented_walkthroughs()["default"]
     owner = "readme" + secrets.token_hex(3)
     # A server of its own: the walkthrough's fixed session id "demo" collides with no one.
     server = start_server(tmp_path / "data", owner)
