@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 IMAGE ?= sandboxd-runtime:busybox
 PROTOS := $(wildcard proto/sandboxd/v1/*.proto)
 
-.PHONY: all run test test-unit gvisor registry proto lint bench engine image python-image helper helper-asan venv clean node-deps buf go-deps
+.PHONY: all run test test-unit gvisor registry proto docs lint bench engine image python-image helper helper-asan venv clean node-deps buf go-deps
 
 all: venv helper
 
@@ -83,6 +83,10 @@ proto: venv go-deps node-deps
 	bash clients/go/gen.sh
 	clients/go/env.sh go run ./tools/genreasons ../../proto/sandboxd/v1/errors.proto sandboxd/reasons.go
 	cd clients/node && node scripts/gen-types.mjs
+
+# The API reference docs/api.md from the protos' comments (`make proto` writes it too).
+docs: venv
+	$(PY) -m sandboxd.tools.gendocs
 
 # The Go client builds from Debian's Go packages (no Go module proxy here): vendor/ links to them.
 go-deps:

@@ -1,9 +1,9 @@
 """Regenerate the Python stubs (with mypy-protobuf .pyi) from proto/sandboxd/v1.
 
-`make proto` writes them into service/ and into the client package (clients/python), and
-rewrites the error table of docs/errors.md from the comments of the ErrorReason enum; the staleness
-tests generate into a temporary folder and compare, so committed stubs and docs can never
-drift from the .proto files.
+`make proto` writes them into service/ and into the client package (clients/python), rewrites
+the error table of docs/errors.md from the comments of the ErrorReason enum, and the API
+reference docs/api.md (gendocs.py); the staleness tests generate into a temporary folder and
+compare, so committed stubs and docs can never drift from the .proto files.
 """
 
 from __future__ import annotations
@@ -196,6 +196,9 @@ def main() -> None:
     generate(parser.parse_args().out)
     generate_client(CLIENT_PACKAGE)
     ERRORS_DOC.write_text(doc_with_table(ERRORS_DOC.read_text(), reason_docs()))
+    from sandboxd.tools import gendocs  # it reads this module's paths: imported after
+
+    gendocs.main()
 
 
 if __name__ == "__main__":
