@@ -5,7 +5,9 @@ Remove, MakeDir, Move, ImportArchive with and without `replace`, good, refused a
 client-cancelled), commands of the sandbox that create every kind of file it can (fifos,
 symlinks, hardlinks, unreadable files, unwritable directories, sparse files, empty directories,
 long and non-UTF-8 names), and the operations that must carry a workspace across
-(Suspend/Resume, CreateSnapshot + fork, ExportArchive + ImportArchive into a fresh session).
+(Suspend/Resume, CreateSnapshot + fork, ExportArchive + ImportArchive into a fresh session),
+and the death of the sandbox by the kernel's OOM killer taking its agent (the session comes back
+from its latest snapshot with that snapshot's tree).
 
 The edges are in the model: each session has a small workspace (4 to 8 MiB) that the sandbox
 fills to the last byte or a page short; writes and imports are sized to the exact free space
@@ -35,6 +37,7 @@ import io
 import os
 import random
 import secrets
+import select
 import signal
 import subprocess
 import tarfile
@@ -172,6 +175,97 @@ def paused_containers(owner_id: str) -> list[str]:
         check=True,
     ).stdout
     return out.split()
+
+
+def run_after_death(stubs: Stubs, sid: str, script: str) -> process_pb2.RunResponse:
+    """The first calls after a sandbox died answer UNAVAILABLE (retryable) until it is rebuilt."""
+    end = time.monotonic() + CALL_TIMEOUT
+    while True:
+        try:
+            return sh(stubs, sid, script)
+        except grpc.RpcError as err:
+            if err.code() is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > end:  # type: ignore[attr-defined]
+                raise
+            time.sleep(0.2)
+
+
+def _docker(*args: str) -> str:
+    return subprocess.run(
+        ["docker", *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def _set_oom_score_adj(pid: int, value: int) -> None:
+    Path(f"/proc/{pid}/oom_score_adj").write_text(f"{value}\n")
+
+
+def oom_kill_the_agent(stubs: Stubs, owner_id: str, sid: str) -> None:
+    """A real kill by the memory cgroup's OOM killer, with the agent as its victim.
+
+    The agent's own defences make every command the kernel's choice before it (commands run at
+    oom_score_adj 1000), so the test, as the host's root, turns the choice around for one
+    command: it marks that command unkillable by the OOM killer (-1000) and the agent the first
+    victim (1000), then lets the command allocate past the sandbox's memory. The engine's `oom`
+    event for the container shows that the kernel, not a signal of ours, ended it."""
+    cid = _docker(
+        "ps",
+        "-q",
+        "--no-trunc",
+        "--filter",
+        f"label=io.sandboxd.owner={owner_id}",
+        "--filter",
+        f"label=io.sandboxd.session={sid}",
+    )
+    assert cid and "\n" not in cid, cid
+    agent = int(_docker("inspect", "-f", "{{.State.Pid}}", cid))
+    marker = "oom-" + secrets.token_hex(4)
+    since = int(time.time()) - 1
+    # Sleeps first so that its score is set before it allocates; `exec` keeps the pid (and the
+    # score) for dd, whose one block of 1 GiB is past any fuzzer session's memory.
+    script = "sleep 2; exec dd if=/dev/zero of=/dev/null bs=1024M count=1"
+    stubs.processes.StartProcess(
+        process_pb2.StartProcessRequest(session_id=sid, argv=["sh", "-c", script, marker]),
+        timeout=CALL_TIMEOUT,
+    )
+    events = subprocess.Popen(
+        [
+            "docker",
+            "events",
+            "--since",
+            str(since),
+            "--filter",
+            f"container={cid}",
+            "--filter",
+            "event=oom",
+            "--format",
+            "{{.Action}}",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        found = 0
+        for _ in range(50):
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    with contextlib.suppress(OSError):
+                        argv = (entry / "cmdline").read_bytes().split(b"\0")
+                        if marker.encode() in argv:
+                            found = int(entry.name)
+            if found:
+                break
+            time.sleep(0.05)
+        assert found, "the allocating command did not start"
+        _set_oom_score_adj(found, -1000)
+        _set_oom_score_adj(agent, 1000)
+        assert events.stdout is not None
+        ready, _, _ = select.select([events.stdout], [], [], CALL_TIMEOUT)
+        assert ready, "no OOM kill reported by the engine"
+        line = events.stdout.readline()
+        assert line.strip() == "oom", line
+    finally:
+        events.kill()
+        events.wait()
 
 
 def import_requests(
@@ -663,6 +757,37 @@ class WorkspaceMachine(RuleBasedStateMachine):
             session_pb2.DeleteSessionRequest(session_id=other), timeout=CALL_TIMEOUT
         )
 
+    @rule()
+    def sandbox_oom_killed(self) -> None:
+        """The kernel's OOM killer takes the agent (PID 1) and with it the sandbox: the session
+        comes back from its latest snapshot with that snapshot's tree, and says what it lost.
+        The agent is never the victim of its own accord (test_agent_oom), so the host steers
+        the kernel's choice for this one kill (see oom_kill_the_agent)."""
+        snap, err = self._call(
+            snaps(self.stubs).CreateSnapshot,
+            snapshot_pb2.CreateSnapshotRequest(session_id=self.sid),
+        )
+        if err is not None:
+            assert self._state(self.sid) == session_pb2.SESSION_STATE_RUNNING
+            self._unchanged_after_failure("CreateSnapshot", err)
+            return
+        kept = self.tree
+        # What came after the snapshot is what the death loses.
+        sh(self.stubs, self.sid, "printf after > /workspace/.after-snapshot || true")
+        oom_kill_the_agent(self.stubs, self.server.owner_id, self.sid)
+        after = run_after_death(self.stubs, self.sid, "true")
+        assert after.exit_code == 0, after
+        s = self.stubs.sessions.GetSession(
+            session_pb2.GetSessionRequest(session_id=self.sid), timeout=CALL_TIMEOUT
+        ).session
+        assert s.HasField("lost_time") and s.restored_from == snap.snapshot.snapshot_id, s
+        now = tree(self.stubs, self.sid)
+        assert now == kept, f"rebuilt after the OOM kill with another tree:\n{kept}\n{now}"
+        snaps(self.stubs).DeleteSnapshot(
+            snapshot_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot.snapshot_id),
+            timeout=CALL_TIMEOUT,
+        )
+
     # -- rules: concurrent pairs (issue 19, item 4) ---------------------------------------------
     def _pair(self, a, b):  # type: ignore[no-untyped-def]
         """Run two calls at once on threads; each one's (result, error), as `_call` gives."""
@@ -977,6 +1102,14 @@ def small(
     m.create((4 * MiB, 4 * MiB))
     yield m
     m.teardown()
+
+
+def test_regression_rebuilt_after_the_agent_is_oom_killed(fresh: WorkspaceMachine) -> None:
+    """The model kills the agent by OOM: the session comes back from its latest snapshot."""
+    fresh.sandbox_makes(FUZZ_MAKERS[0])
+    fresh.sandbox_oom_killed()
+    fresh.write_file("a", b"after the rebuild", 0o644, False)
+    fresh.healthy()
 
 
 def test_regression_replace_import_into_a_full_workspace(small: WorkspaceMachine) -> None:
