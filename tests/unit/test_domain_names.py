@@ -1,7 +1,7 @@
 """Names come from the domain: no issue numbers or work-item names in code, protos or docs.
 
 Readers of the repository (users of the clients, operators, the next engineer) never see the
-tracker those numbers point into, so a comment saying "(issue 21)" tells them nothing, and a
+tracker those numbers point into, so a comment citing a tracker number tells them nothing, and a
 proto file named after a work item ("polish", "_ext") says nothing about what it holds."""
 
 from __future__ import annotations
