@@ -10,7 +10,15 @@ from __future__ import annotations
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 from sandboxd import errors, tenancy
-from sandboxd.admission import AdmissionSection, FairShares, Shares, TokenBucket, shares_of
+from sandboxd.admission import (
+    AdmissionSection,
+    FairShares,
+    RateLimited,
+    Shares,
+    TokenBucket,
+    shares_of,
+)
+from sandboxd.admission.shares import MAX_HOLD_S
 from sandboxd.api.errors import to_status
 from sandboxd.config import Config
 from sandboxd.reasons import Reason
@@ -86,7 +94,9 @@ def test_while_another_tenant_is_active_the_flood_is_refused_and_the_other_admit
         shares.admit_call("flood")
     refusal = _refusal(shares, "flood")
     assert refusal.reason == Reason.TENANT_RATE_LIMITED
-    assert refusal.metadata["retry_after"] == "0.100s"  # one token at 10/s
+    assert isinstance(refusal, RateLimited)
+    assert refusal.hold_s == pytest.approx(0.1)  # held one token interval (10/s) ...
+    assert refusal.metadata["retry_after"] == "0.001s"  # ... so little is left to wait
     assert refusal.metadata["tenant"] == "flood"
     for _ in range(3):
         shares.admit_call("calm")  # the bystander's own calls go through
@@ -94,6 +104,27 @@ def test_while_another_tenant_is_active_the_flood_is_refused_and_the_other_admit
     shares.admit_call("flood")  # the next token
     _refusal(shares, "flood")
     assert shares.refused["flood"] == 2 and shares.refused["calm"] == 0
+
+
+def test_refusals_in_a_row_are_held_longer_up_to_a_bound_and_a_pass_resets_them(
+    shares: FairShares, clock: Clock
+) -> None:
+    """A client that retries at once is paced by the held answers; one that waits as told is
+    held no longer than its wait."""
+    shares.admit_call("calm")
+    for _ in range(SHARES.call_burst):
+        shares.admit_call("flood")
+    holds = []
+    for _ in range(15):
+        refusal = _refusal(shares, "flood")
+        assert isinstance(refusal, RateLimited)
+        holds.append(refusal.hold_s)
+    assert holds[:3] == pytest.approx([0.1, 0.2, 0.3])
+    assert max(holds) == MAX_HOLD_S
+    clock.now += 0.1
+    shares.admit_call("flood")  # a token: the run of refusals ends
+    refusal = _refusal(shares, "flood")
+    assert isinstance(refusal, RateLimited) and refusal.hold_s == pytest.approx(0.1)
 
 
 def test_the_share_binds_only_while_the_other_tenant_is_active(
@@ -144,7 +175,7 @@ def test_a_refusal_sends_retry_info_with_the_wait(shares: FairShares) -> None:
     assert [d.Is(info.DESCRIPTOR) for d in details.details] == [True, False]
     assert details.details[0].Unpack(info) and details.details[1].Unpack(retry)
     assert info.reason == "TENANT_RATE_LIMITED"
-    assert retry.retry_delay.ToNanoseconds() == 100_000_000
+    assert retry.retry_delay.ToNanoseconds() == 1_000_000  # after the hold: 1 ms is left
 
 
 # ----- output --------------------------------------------------------------------------------

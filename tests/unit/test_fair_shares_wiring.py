@@ -18,6 +18,7 @@ from sandboxd.admission import FairShares, Shares
 from sandboxd.agent import channel as channel_mod
 from sandboxd.agent.channel import Channel
 from sandboxd.agent.exec_stream import exec_request
+from sandboxd.api import admission as admission_mod
 from sandboxd.api.admission import CallAdmission
 from sandboxd.api.auth import AuthInterceptor
 
@@ -79,7 +80,15 @@ def _retry_delay_ns(err: grpc.aio.AioRpcError) -> tuple[str, int]:
     return reason, delay
 
 
-async def test_the_flooding_tenant_is_refused_with_retry_info_and_the_other_is_served() -> None:
+async def test_the_flooding_tenant_is_refused_with_retry_info_and_the_other_is_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held: list[float] = []
+
+    async def recorded(seconds: float) -> None:
+        held.append(seconds)
+
+    monkeypatch.setattr(admission_mod, "hold", recorded)
     clock, ran = Clock(), []
     server, port = await _serve(FairShares(SHARES, clock), ran)
     md = {t: (("authorization", f"Bearer {tok}"),) for t, tok in TOKENS.items()}
@@ -96,12 +105,14 @@ async def test_the_flooding_tenant_is_refused_with_retry_info_and_the_other_is_s
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await call()
                 assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                assert _retry_delay_ns(err.value) == ("TENANT_RATE_LIMITED", 100_000_000)
+                assert _retry_delay_ns(err.value) == ("TENANT_RATE_LIMITED", 1_000_000)
             assert await unary(b"", metadata=md["calm"], timeout=10) == b"ok"
             got = [m async for m in stream(b"", metadata=md["calm"], timeout=10)]
             assert got == [b"a", b"b"]
-            # The refused calls never reached their handler.
+            # The refused calls never reached their handler; each was held first, the second
+            # longer (two token intervals at 10/s).
             assert ran == ["calm", "flood", "flood", "flood", "calm", "calm"]
+            assert held == pytest.approx([0.1, 0.2])
     finally:
         await server.stop(None)
 

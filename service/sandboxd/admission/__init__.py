@@ -13,12 +13,13 @@ from sandboxd.admission.bucket import TokenBucket
 from sandboxd.admission.channels import ChannelShares
 from sandboxd.admission.metrics import ShareMetrics
 from sandboxd.admission.settings import AdmissionSection
-from sandboxd.admission.shares import FairShares, Shares
+from sandboxd.admission.shares import FairShares, RateLimited, Shares
 
 __all__ = [
     "AdmissionSection",
     "ChannelShares",
     "FairShares",
+    "RateLimited",
     "Shares",
     "TokenBucket",
     "shares_of",

@@ -9,7 +9,8 @@ the loop:
 
 - calls: each tenant has a token bucket of `calls_per_s` (burst `call_burst`); a call with no
   token is refused before any work (RESOURCE_EXHAUSTED, TENANT_RATE_LIMITED) with the time
-  until the next token in its RetryInfo (`admit_call`, used by api/admission.py);
+  until the next token in its RetryInfo (`admit_call`, used by api/admission.py); refusals in a
+  row are held longer and longer before they are answered (`RateLimited`);
 - command output: each tenant has a byte bucket of `output_bytes_per_s` (burst
   `output_burst_bytes`) that its sessions' agent channels spend as they read; a channel whose
   tenant is in debt waits before its next read (`output_delay`, used by agent/channel.py).
@@ -35,6 +36,21 @@ from sandboxd.errors import ResourceExhausted
 from sandboxd.reasons import Reason
 
 Clock = Callable[[], float]
+MAX_HOLD_S = 1.0  # the longest a refusal is held before it is answered
+
+
+class RateLimited(ResourceExhausted):
+    """A call over its tenant's share; `hold_s`: how long to hold the refusal before answering.
+
+    A refusal costs the server about what a bare gRPC call does (the transport, authentication),
+    so a client that retries at once, ignoring RetryInfo, would load the loop with refusals
+    alone: the k-th refusal of a tenant in a row is held k token intervals (at most
+    MAX_HOLD_S), which paces a retrying loop to the server's answers while a client that waits
+    as told (one refusal, then a token) is held no longer than it would have waited anyway."""
+
+    def __init__(self, message: str, *, hold_s: float, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.hold_s = hold_s
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,7 @@ class FairShares:
         # tenant -> last activity, least recent first (moved to the end on each activity)
         self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._calls: dict[str, TokenBucket] = {}
+        self._in_a_row: collections.Counter[str] = collections.Counter()  # refusals since a pass
         self._output: dict[str, TokenBucket] = {}
         self.refused: collections.Counter[str] = collections.Counter()  # calls, by tenant
         self.paced_s: dict[str, float] = collections.defaultdict(float)  # pauses, by tenant
@@ -85,12 +102,15 @@ class FairShares:
             s = self.shares
             bucket = self._calls[tenant] = TokenBucket(s.calls_per_s, s.call_burst, now)
         if bucket.try_take(now):
+            self._in_a_row.pop(tenant, None)
             return
         self.refused[tenant] += 1
         if self._metrics is not None:
             self._metrics.refused.labels(tenant).inc()
-        wait = bucket.wait_for(now)
-        raise ResourceExhausted(
+        self._in_a_row[tenant] += 1
+        hold = min(MAX_HOLD_S, self._in_a_row[tenant] / self.shares.calls_per_s)
+        wait = max(0.001, bucket.wait_for(now) - hold)  # what is left to wait once answered
+        raise RateLimited(
             f"tenant {tenant!r} is over its share of the server while other tenants are "
             f"active ({self.shares.calls_per_s:g} calls/s, admission_calls_per_s); "
             f"retry in {wait:.3f} s",
@@ -100,6 +120,7 @@ class FairShares:
                 "rate": f"{self.shares.calls_per_s:g}",
                 "retry_after": f"{wait:.3f}s",
             },
+            hold_s=hold,
         )
 
     def output_delay(self, tenant: str, nbytes: int) -> float:
@@ -146,3 +167,4 @@ class FairShares:
             del self._seen[tenant]
             self._calls.pop(tenant, None)
             self._output.pop(tenant, None)
+            self._in_a_row.pop(tenant, None)

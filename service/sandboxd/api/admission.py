@@ -4,6 +4,8 @@ It sits right inside authentication, where the tenant is known, and outside ever
 that costs: a call over its tenant's share is refused before the audit writes anything, before
 the store is read and before the servicer runs, with RESOURCE_EXHAUSTED, reason
 TENANT_RATE_LIMITED, and a google.rpc.RetryInfo saying when the tenant's next token is free.
+Refusals in a row are held before they are answered (`RateLimited.hold_s`, at most 1 s), so a
+client that retries at once is paced by the answers instead of loading the loop with refusals.
 Refusals are counted by the metrics interceptor (outside this one) like any other status; they
 are not audit events, so a refusal flood cannot fill the audit log. Health and reflection
 (no tenant) are never refused.
@@ -11,6 +13,7 @@ are not audit events, so a refusal flood cannot fill the audit log. Health and r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,12 +21,17 @@ from typing import Any
 
 import grpc
 
-from sandboxd import errors, tenancy
-from sandboxd.admission import FairShares
+from sandboxd import tenancy
+from sandboxd.admission import FairShares, RateLimited
 from sandboxd.api.auth import EXEMPT_PREFIXES
 from sandboxd.api.errors import to_status
 
 _KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+
+
+async def hold(seconds: float) -> None:
+    """How a refusal is held before it is answered (a module function: the tests record it)."""
+    await asyncio.sleep(seconds)
 
 
 class CallAdmission(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -46,7 +54,8 @@ class CallAdmission(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
                 try:
                     admit(tenancy.current())
-                except errors.ResourceExhausted as exc:
+                except RateLimited as exc:
+                    await hold(exc.hold_s)
                     await context.abort_with_status(to_status(exc))
                 async with contextlib.aclosing(behavior(request, context)) as items:
                     async for item in items:
@@ -57,7 +66,8 @@ class CallAdmission(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         async def unary(request: Any, context: Any) -> Any:
             try:
                 admit(tenancy.current())
-            except errors.ResourceExhausted as exc:
+            except RateLimited as exc:
+                await hold(exc.hold_s)
                 await context.abort_with_status(to_status(exc))
             result = behavior(request, context)
             return await result if inspect.isawaitable(result) else result
