@@ -61,7 +61,7 @@ engine:
 	bash scripts/ensure-docker.sh
 
 image: engine
-	bash scripts/build-runtime-image.sh $(IMAGE)
+	bash service/sandboxd/runtime_images/busybox.sh $(IMAGE)
 
 # gVisor's runsc registered with the engine as runtime "runsc" (SIGHUP, never a restart);
 # says why and goes on where it cannot be had (not root, remote engine).
@@ -74,7 +74,7 @@ registry:
 
 # Debian with python3: a real HTTP/TLS client for the egress tests (about a minute, once).
 python-image: engine
-	bash scripts/build-python-image.sh sandboxd-runtime:python
+	bash service/sandboxd/runtime_images/python.sh sandboxd-runtime:python
 
 # Every stub and table generated from proto/: server and Python client stubs, docs/errors.md's
 # error table, the Go stubs and sentinel errors, the Node declarations and reason classes.
