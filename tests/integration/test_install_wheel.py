@@ -20,6 +20,9 @@ from conftest import REPO, remove_owned_containers
 from installs import first_session, outside_repo, serve
 
 
+WHERE = "import sandboxd; print(sandboxd.__file__)"
+
+
 def _clean_env(**extra: str) -> dict[str, str]:
     """No trace of this checkout: no PYTHONPATH, no virtualenv, the repo's .venv off PATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
@@ -80,7 +83,7 @@ def test_installed_server_builds_its_image_and_runs_a_session(
     )
     env = _clean_env()
     where = subprocess.run(
-        [str(installed / "bin" / "python"), "-I", "-c", "import sandboxd; print(sandboxd.__file__)"],
+        [str(installed / "bin" / "python"), "-I", "-c", WHERE],
         capture_output=True,
         text=True,
         cwd=site,
