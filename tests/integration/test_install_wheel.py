@@ -19,7 +19,6 @@ import pytest
 from conftest import REPO, remove_owned_containers
 from installs import first_session, outside_repo, serve
 
-
 WHERE = "import sandboxd; print(sandboxd.__file__)"
 
 
