@@ -99,7 +99,7 @@ package: venv helper
 
 # The server's container image, sandboxd-server:latest, from packaging/Dockerfile on a Debian
 # base built here with debootstrap (no registry).
-image-server: package
+image-server: package python-image
 	bash scripts/build-server-image.sh sandboxd-server:latest dist
 
 # The Go client builds from Debian's Go packages (no Go module proxy here): vendor/ links to them.
