@@ -71,7 +71,7 @@ def _wait_for_pids(pids: Path) -> list[int]:
 
 
 def test_a_missing_builtin_image_is_built_then_ready(tmp_path: Path) -> None:
-    image = f"sandboxd-runtime:bb{secrets.token_hex(4)}"
+    image = f"sandboxd-runtime:test-bb{secrets.token_hex(4)}"
     shim, gate = _gated_docker(tmp_path)
     owner = "bti" + secrets.token_hex(3)
     env = {"PATH": f"{shim}:{os.environ['PATH']}"}
@@ -113,7 +113,7 @@ def test_a_missing_builtin_image_is_built_then_ready(tmp_path: Path) -> None:
 
 
 def test_shutdown_kills_a_build_still_running(tmp_path: Path) -> None:
-    image = f"sandboxd-runtime:bb{secrets.token_hex(4)}"
+    image = f"sandboxd-runtime:test-bb{secrets.token_hex(4)}"
     shim, _ = _gated_docker(tmp_path)
     owner = "btk" + secrets.token_hex(3)
     env = {"PATH": f"{shim}:{os.environ['PATH']}"}

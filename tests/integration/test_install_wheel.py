@@ -73,7 +73,7 @@ def test_installed_server_builds_its_image_and_runs_a_session(
     installed: Path, tmp_path: Path
 ) -> None:
     owner = "whl" + secrets.token_hex(3)
-    image = f"sandboxd-runtime:whl{secrets.token_hex(4)}"
+    image = f"sandboxd-runtime:test-whl{secrets.token_hex(4)}"
     site = tmp_path / "site"  # an empty folder: the operator's, with only the config in it
     site.mkdir()
     (site / "sandboxd.toml").write_text(
