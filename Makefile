@@ -114,7 +114,7 @@ run: venv helper image
 # then the engine layers one test at a time (they share one engine and its host).
 test: venv helper helper-asan image python-image gvisor node-deps go-deps registry
 	DOCKER_HOST=unix:///nonexistent/sandboxd-unit-layer.sock $(PY) -m pytest -n auto tests/unit
-	$(PY) -m pytest tests/integration tests/clients
+	$(PY) -m pytest --durations=40 tests/integration tests/clients
 
 # The Docker-free layer (tests/unit): parsers, policies, and the domain against the fake engine.
 # DOCKER_HOST names a socket nobody serves, so a unit test that reached for an engine fails here

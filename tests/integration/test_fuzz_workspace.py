@@ -64,7 +64,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from sandboxd.v1 import (
     admin_pb2_grpc,
     common_pb2,
-    filesystem_ext_pb2,
     filesystem_pb2,
     filesystem_pb2_grpc,
     process_pb2,
@@ -149,14 +148,14 @@ def free_bytes(stubs: Stubs, sid: str) -> int:
 
 def stream_requests(
     sid: str, path: str, content: bytes
-) -> Iterator[filesystem_ext_pb2.WriteFileStreamRequest]:
-    yield filesystem_ext_pb2.WriteFileStreamRequest(
-        header=filesystem_ext_pb2.WriteFileStreamHeader(
+) -> Iterator[filesystem_pb2.WriteFileStreamRequest]:
+    yield filesystem_pb2.WriteFileStreamRequest(
+        header=filesystem_pb2.WriteFileStreamHeader(
             session_id=sid, path=path, mode=0o644, make_parents=True
         )
     )
     for i in range(0, len(content), 64 * 1024):
-        yield filesystem_ext_pb2.WriteFileStreamRequest(data=content[i : i + 64 * 1024])
+        yield filesystem_pb2.WriteFileStreamRequest(data=content[i : i + 64 * 1024])
 
 
 def file_line(path: str, content: bytes, mode: int = 0o644) -> str:
@@ -195,69 +194,53 @@ def _docker(*args: str) -> str:
     ).stdout.strip()
 
 
-def _set_oom_score_adj(pid: int, value: int) -> None:
-    Path(f"/proc/{pid}/oom_score_adj").write_text(f"{value}\n")
+def _memory_cgroup(cid: str) -> Path:
+    """The container's memory cgroup on this host (cgroup v1 with the cgroupfs driver, or v2)."""
+    for path in (
+        Path("/sys/fs/cgroup/memory/docker") / cid,
+        Path("/sys/fs/cgroup/system.slice") / f"docker-{cid}.scope",
+        Path("/sys/fs/cgroup/docker") / cid,
+    ):
+        if path.is_dir():
+            return path
+    raise AssertionError(f"no memory cgroup found for {cid}")
 
 
 def oom_kill_the_agent(stubs: Stubs, owner_id: str, sid: str) -> None:
     """A real kill by the memory cgroup's OOM killer, with the agent as its victim.
 
     The agent's own defences make every command the kernel's choice before it (commands run at
-    oom_score_adj 1000), so the test, as the host's root, turns the choice around for one
-    command: it marks that command unkillable by the OOM killer (-1000) and the agent the first
-    victim (1000), then lets the command allocate past the sandbox's memory. The engine's `oom`
-    event for the container shows that the kernel, not a signal of ours, ended it."""
+    oom_score_adj 1000), so the test, as the host's root, turns the choice around: it raises the
+    agent to 1000 too (lowering a command's score would need CAP_SYS_RESOURCE, which this host's
+    root may lack), so that size decides, and it makes the memory that fills the cgroup belong
+    to no process: tmpfs pages in /tmp, written by a command far smaller than the agent, after
+    the cgroup's limit is brought down to a few MiB above what it holds. The engine's `oom` event
+    for the container shows that the kernel, not a signal of ours, ended it."""
     cid = _docker(
-        "ps",
-        "-q",
-        "--no-trunc",
-        "--filter",
-        f"label=io.sandboxd.owner={owner_id}",
-        "--filter",
-        f"label=io.sandboxd.session={sid}",
-    )
+        "ps", "-q", "--no-trunc", "--filter", f"label=io.sandboxd.owner={owner_id}",
+        "--filter", f"label=io.sandboxd.session={sid}",
+    )  # fmt: skip
     assert cid and "\n" not in cid, cid
     agent = int(_docker("inspect", "-f", "{{.State.Pid}}", cid))
-    marker = "oom-" + secrets.token_hex(4)
     since = int(time.time()) - 1
-    # Sleeps first so that its score is set before it allocates; `exec` keeps the pid (and the
-    # score) for dd, whose one block of 1 GiB is past any fuzzer session's memory.
-    script = "sleep 2; exec dd if=/dev/zero of=/dev/null bs=1024M count=1"
-    stubs.processes.StartProcess(
-        process_pb2.StartProcessRequest(session_id=sid, argv=["sh", "-c", script, marker]),
-        timeout=CALL_TIMEOUT,
-    )
     events = subprocess.Popen(
-        [
-            "docker",
-            "events",
-            "--since",
-            str(since),
-            "--filter",
-            f"container={cid}",
-            "--filter",
-            "event=oom",
-            "--format",
-            "{{.Action}}",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+        ["docker", "events", "--since", str(since), "--filter", f"container={cid}",
+         "--filter", "event=oom", "--format", "{{.Action}}"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
-        found = 0
-        for _ in range(50):
-            for entry in Path("/proc").iterdir():
-                if entry.name.isdigit():
-                    with contextlib.suppress(OSError):
-                        argv = (entry / "cmdline").read_bytes().split(b"\0")
-                        if marker.encode() in argv:
-                            found = int(entry.name)
-            if found:
-                break
-            time.sleep(0.05)
-        assert found, "the allocating command did not start"
-        _set_oom_score_adj(found, -1000)
-        _set_oom_score_adj(agent, 1000)
+        Path(f"/proc/{agent}/oom_score_adj").write_text("1000\n")
+        cgroup = _memory_cgroup(cid)
+        v1 = (cgroup / "memory.limit_in_bytes").exists()
+        usage = int((cgroup / ("memory.usage_in_bytes" if v1 else "memory.current")).read_text())
+        limit = (usage // PAGE + 1024) * PAGE  # 4 MiB above what it holds now
+        (cgroup / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(f"{limit}\n")
+        stubs.processes.StartProcess(
+            process_pb2.StartProcessRequest(
+                session_id=sid, argv=["sh", "-c", "head -c 15M /dev/zero > /tmp/fill; sleep 60"]
+            ),
+            timeout=CALL_TIMEOUT,
+        )
         assert events.stdout is not None
         ready, _, _ = select.select([events.stdout], [], [], CALL_TIMEOUT)
         assert ready, "no OOM kill reported by the engine"
@@ -343,7 +326,7 @@ SANDBOX_MAKERS = {
     " && cd $p/$p/$p/$p/$p/$p/$p/$p/$p/$p && mkdir -p $p/$p/$p/$p/$p/$p/$p/$p/$p/$p/$p",
 }
 
-# What the sandbox can make that a carrying operation does not yet round-trip (issue 19, item 2),
+# What the sandbox can make that a carrying operation does not yet round-trip,
 # each with what happens today. The fuzzer leaves these out so that it keeps searching for what
 # nobody has found yet; the regressions below keep them as strict xfails, which turn red the
 # moment one is fixed (then delete its line here).
@@ -653,7 +636,7 @@ class WorkspaceMachine(RuleBasedStateMachine):
                 import_requests(self.sid, data, replace=False, path=folder),
             )
         else:
-            move = filesystem_ext_pb2.MoveRequest(
+            move = filesystem_pb2.MoveRequest(
                 session_id=self.sid, source_path="a", destination_path=path, overwrite=True
             )
             _, err = self._call(self.stubs.files.Move, move)
@@ -788,7 +771,7 @@ class WorkspaceMachine(RuleBasedStateMachine):
             timeout=CALL_TIMEOUT,
         )
 
-    # -- rules: concurrent pairs (issue 19, item 4) ---------------------------------------------
+    # -- rules: concurrent pairs ---------------------------------------------
     def _pair(self, a, b):  # type: ignore[no-untyped-def]
         """Run two calls at once on threads; each one's (result, error), as `_call` gives."""
         out: list[object] = [None, None]

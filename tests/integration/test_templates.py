@@ -1,4 +1,4 @@
-"""Templates built from a Dockerfile (issue 17): build, list, create from, delete, and the
+"""Templates built from a Dockerfile: build, list, create from, delete, and the
 rules of a safe build (FROM, no network, time limit, context cap, tenants, cleanup)."""
 
 from __future__ import annotations
