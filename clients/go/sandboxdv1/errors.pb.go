@@ -25,7 +25,7 @@ const (
 // without the ERROR_REASON_ prefix: ERROR_REASON_FILE_TOO_LARGE is sent as "FILE_TOO_LARGE".
 // Each value's comment starts with the one gRPC status code it is sent with, then
 // "retryable" when a later retry of the same call may succeed, then its meaning.
-// The README's error table is generated from these comments (`make proto`).
+// The error table of docs/errors.md is generated from these comments (`make proto`).
 type ErrorReason int32
 
 const (
