@@ -4,6 +4,7 @@ before then is TEMPLATE_NOT_READY, never a registry pull (sandboxd.templates.bui
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,13 @@ def test_the_recipes_are_in_the_package() -> None:
     """A wheel carries them (package data), so an install without the source tree builds too."""
     for recipe in ("busybox.sh", "python.sh"):
         assert (recipes_dir() / recipe).is_file()
+
+
+async def test_two_servers_on_one_host_build_an_image_one_after_the_other(tmp_path: Path) -> None:
+    """The second waits for the first, whose image its recipe then finds (not run twice at once)."""
+    log = tmp_path / "log"
+    body = f"echo start >> {log}; sleep 0.3; echo end >> {log}\n"
+    recipes = _recipe(tmp_path, "r.sh", body)
+    image = f"sandboxd-runtime:test-lock-{os.getpid()}-{id(log)}"
+    await asyncio.gather(*(ScriptRunner(recipes=recipes)("r.sh", image) for _ in range(2)))
+    assert log.read_text().split() == ["start", "end", "start", "end"]

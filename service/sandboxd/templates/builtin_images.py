@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -77,7 +80,13 @@ class ScriptRunner:
         self._recipes = recipes or recipes_dir()
 
     async def __call__(self, recipe: str, image: str) -> None:
+        # Servers sharing a host build each image once: the second waits on the lock, then the
+        # recipe's own check finds the image built (its recipe's hash is the image's label).
+        digest = hashlib.sha256(image.encode()).hexdigest()[:16]
+        lock = Path(tempfile.gettempdir()) / f"sandboxd-recipe-{digest}.lock"
+        locked = ["flock", str(lock)] if shutil.which("flock") else []
         proc = await asyncio.create_subprocess_exec(
+            *locked,
             "bash",
             str(self._recipes / recipe),
             image,
