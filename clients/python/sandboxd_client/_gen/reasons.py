@@ -152,6 +152,7 @@ class Reason(StrEnum):
     REPLY_TOO_LARGE = "REPLY_TOO_LARGE"
     TEMPLATE_INSTRUCTION_NOT_ALLOWED = "TEMPLATE_INSTRUCTION_NOT_ALLOWED"
     TENANT_IMAGE_QUOTA = "TENANT_IMAGE_QUOTA"
+    TEMPLATE_NOT_READY = "TEMPLATE_NOT_READY"
 
 
 # The one gRPC status code each reason is sent with.
@@ -299,6 +300,7 @@ CODE: dict[str, str] = {
     "REPLY_TOO_LARGE": "RESOURCE_EXHAUSTED",
     "TEMPLATE_INSTRUCTION_NOT_ALLOWED": "INVALID_ARGUMENT",
     "TENANT_IMAGE_QUOTA": "RESOURCE_EXHAUSTED",
+    "TEMPLATE_NOT_READY": "FAILED_PRECONDITION",
 }
 
 # Reasons after which the same call may succeed later.
@@ -312,5 +314,6 @@ RETRYABLE = frozenset(
         "REGISTRY_UNREACHABLE",
         "AGENT_UNAVAILABLE",
         "AGENT_RESTARTED",
+        "TEMPLATE_NOT_READY",
     }
 )
