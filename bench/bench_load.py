@@ -1,23 +1,26 @@
 """Load: Run(["true"]) from many callers at once, with the CPU each process spent per Run.
 
 Wall throughput on a shared machine says as much about the neighbours as about us, so the
-primary figure is CPU time per Run, read from /proc/<pid>/stat (utime+stime, and for the agent
-also cutime+cstime: the commands it forked and reaped) of each process on the command's path:
+primary figure is CPU time per Run, read from /proc/<pid>/stat (utime+stime) of each process on
+the command's path:
 
 - server: the sandboxd process;
-- agent: each session's PID 1 (the in-sandbox agent) and the `true` it forks;
+- agent: each session's PID 1 (the in-sandbox agent);
+- command: the `true` commands it forked and reaped (its cutime + cstime);
 - shim: each session's containerd-shim (the container's stdio relay);
 - dockerd: the engine's daemon, which relays the agent's attached stdio. It is shared with
   everything else on the machine, so its figure includes the neighbours' work;
 - client: this bench process (the load's gRPC client).
 
-`host` is server + agent + shim + dockerd, the issue's "host CPU per Run" (the client counted
-apart). Runs/s, p50 and p99 are reported as measured, with the machine's load average beside
+`host` is server + agent + command + shim + dockerd, the "host CPU per Run" (the client is
+counted apart). Runs/s, p50 and p99 are reported as measured, with the machine's load average beside
 them. The raw side is the same load as `docker exec true` on raw containers (the engine's own
 path), at the same concurrency.
 
 Knobs (environment): SANDBOXD_BENCH_LOAD_SECONDS (default 10), SANDBOXD_BENCH_LOAD_CALLERS
-(concurrent callers, default 16), SANDBOXD_BENCH_LOAD_SESSIONS (sessions they share, default 2).
+(concurrent callers, default 16), SANDBOXD_BENCH_LOAD_SESSIONS (sessions they share, default 2),
+SANDBOXD_BENCH_LOAD_ARGV (the command, default `true`), SANDBOXD_BENCH_LOAD_RAW=0 (ours
+only: for comparing two builds of the server back to back).
 """
 
 from __future__ import annotations
@@ -39,14 +42,14 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _seconds_of(pid: int, *, children: bool = False) -> float:
-    """CPU seconds of one process (user + system), with its reaped children if asked."""
+    """CPU seconds of one process (user + system), or of its reaped children if asked."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return 0.0
     fields = raw.rpartition(")")[2].split()  # after "(comm)", which may hold spaces
     utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
-    ticks = utime + stime + (cutime + cstime if children else 0)
+    ticks = cutime + cstime if children else utime + stime
     return ticks / _TICK
 
 
@@ -88,14 +91,18 @@ class CpuMeter:
         return {role: end[role] - self._start[role] for role in end}
 
 
-async def _container_pids(ctx: BenchContext, container_ids: list[str]) -> tuple[list, list]:
-    agents, shims = [], []
+async def _container_pids(
+    ctx: BenchContext, container_ids: list[str]
+) -> tuple[list[tuple[int, bool]], list[tuple[int, bool]], list[tuple[int, bool]]]:
+    """(agents, the commands they reaped, shims) of the containers."""
+    agents, commands, shims = [], [], []
     for cid in container_ids:
         info = await ctx.docker.containers.container(cid).show()
         pid = int(info["State"]["Pid"])
-        agents.append((pid, True))
+        agents.append((pid, False))
+        commands.append((pid, True))
         shims.append((_ppid(pid), False))
-    return agents, shims
+    return agents, commands, shims
 
 
 def _session_containers(ctx: BenchContext, session_ids: list[str]) -> list[str]:
@@ -136,7 +143,7 @@ def _summary(
 ) -> dict[str, Any]:
     per_run = {role: round(s * 1000 / max(count, 1), 3) for role, s in spent.items()}
     per_run["host"] = round(
-        sum(per_run.get(r, 0.0) for r in ("server", "agent", "shim", "dockerd")), 3
+        sum(per_run.get(r, 0.0) for r in ("server", "agent", "command", "shim", "dockerd")), 3
     )
     return {
         "runs": count,
@@ -145,6 +152,30 @@ def _summary(
         "p99_ms": round(percentile(latencies, 99), 3) if latencies else None,
         "cpu_ms_per_run": per_run,
     }
+
+
+async def _raw_load(
+    ctx: BenchContext,
+    callers: int,
+    n_sessions: int,
+    seconds: float,
+    dockerd: list[tuple[int, bool]],
+) -> dict[str, Any]:
+    """The same callers, `docker exec true` on raw containers with the session profile."""
+    async with contextlib.AsyncExitStack() as stack:
+        cids = [await stack.enter_async_context(ctx.raw_container()) for _ in range(n_sessions)]
+        raw_agents, _, raw_shims = await _container_pids(ctx, cids)
+
+        async def raw(i: int) -> None:
+            code, _ = await ctx.raw_exec(cids[i % n_sessions], ["true"])
+            if code != 0:
+                raise RuntimeError(f"raw true exited {code}")
+
+        raw_seconds = max(2.0, seconds / 3)  # the raw path is slow: a shorter window
+        meter = CpuMeter({"agent": raw_agents, "shim": raw_shims, "dockerd": dockerd})
+        meter.start()
+        count, lat, wall = await _drive(raw, callers, raw_seconds)
+        return _summary(count, lat, wall, meter.spent())
 
 
 async def run(ctx: BenchContext) -> dict[str, Metric]:
@@ -156,8 +187,9 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
     async with contextlib.AsyncExitStack() as stack:
         sessions = [await stack.enter_async_context(ctx.session()) for _ in range(n_sessions)]
         sids = [s.session_id for s in sessions]
-        agents, shims = await _container_pids(ctx, _session_containers(ctx, sids))
-        requests = [process_pb2.RunRequest(session_id=sid, argv=["true"]) for sid in sids]
+        agents, commands, shims = await _container_pids(ctx, _session_containers(ctx, sids))
+        argv = os.environ.get("SANDBOXD_BENCH_LOAD_ARGV", "true").split()
+        requests = [process_pb2.RunRequest(session_id=sid, argv=argv) for sid in sids]
 
         async def ours(i: int) -> None:
             resp = await ctx.stubs.processes.Run(requests[i % n_sessions])
@@ -169,6 +201,7 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
             {
                 "server": [(ctx.server_pid, False)],
                 "agent": agents,
+                "command": commands,
                 "shim": shims,
                 "dockerd": dockerd,
             }
@@ -179,21 +212,10 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
         ours_summary = _summary(count, lat, wall, meter.spent())
         ours_summary["loadavg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
 
-    # raw: the same callers, `docker exec true` on raw containers with the session profile
-    async with contextlib.AsyncExitStack() as stack:
-        cids = [await stack.enter_async_context(ctx.raw_container()) for _ in range(n_sessions)]
-        raw_agents, raw_shims = await _container_pids(ctx, cids)
-
-        async def raw(i: int) -> None:
-            code, _ = await ctx.raw_exec(cids[i % n_sessions], ["true"])
-            if code != 0:
-                raise RuntimeError(f"raw true exited {code}")
-
-        raw_seconds = max(2.0, seconds / 3)  # the raw path is slow; a shorter window suffices
-        meter = CpuMeter({"agent": raw_agents, "shim": raw_shims, "dockerd": dockerd})
-        meter.start()
-        count, lat, wall = await _drive(raw, callers, raw_seconds)
-        raw_summary = _summary(count, lat, wall, meter.spent())
+    raw_summary: dict[str, Any] = {"runs_per_s": None, "p50_ms": None, "p99_ms": None}
+    raw_summary["cpu_ms_per_run"] = {}
+    if os.environ.get("SANDBOXD_BENCH_LOAD_RAW", "1") != "0":
+        raw_summary = await _raw_load(ctx, callers, n_sessions, seconds, dockerd)
 
     extra = {"callers": callers, "sessions": n_sessions, "seconds": seconds}
     results["load_runs_per_s"] = Metric(
@@ -208,7 +230,7 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
         unit="ms",
         extra={"ours_p99": ours_summary["p99_ms"], "raw_p99": raw_summary["p99_ms"]},
     )
-    for role in ("server", "host", "agent", "shim", "dockerd", "client"):
+    for role in ("server", "host", "agent", "command", "shim", "dockerd", "client"):
         results[f"load_cpu_{role}_per_run"] = Metric(
             ours=ours_summary["cpu_ms_per_run"][role],
             raw=raw_summary["cpu_ms_per_run"].get(role) if role != "server" else None,
