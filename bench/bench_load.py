@@ -19,6 +19,7 @@ path), at the same concurrency.
 
 Knobs (environment): SANDBOXD_BENCH_LOAD_SECONDS (default 10), SANDBOXD_BENCH_LOAD_CALLERS
 (concurrent callers, default 16), SANDBOXD_BENCH_LOAD_SESSIONS (sessions they share, default 2),
+SANDBOXD_BENCH_LOAD_RATE (Runs started per second, 0: as fast as the callers go),
 SANDBOXD_BENCH_LOAD_ARGV (the command, default `true`), SANDBOXD_BENCH_LOAD_RAW=0 (ours
 only: for comparing two builds of the server back to back).
 """
@@ -119,19 +120,26 @@ def _session_containers(ctx: BenchContext, session_ids: list[str]) -> list[str]:
 
 
 async def _drive(
-    call: Callable[[int], Awaitable[None]], callers: int, seconds: float
+    call: Callable[[int], Awaitable[None]], callers: int, seconds: float, rate: float = 0.0
 ) -> tuple[int, list[float], float]:
-    """`callers` loops calling `call(i)` until the deadline: (count, latencies ms, wall s)."""
+    """`callers` loops calling `call(i)` until the deadline: (count, latencies ms, wall s).
+    With a `rate`, the calls together start at most that many per second (an open-loop pace:
+    CPU per call then compares across builds at the same load, whatever the neighbours do)."""
     latencies: list[float] = []
-    deadline = time.monotonic() + seconds
+    started = time.monotonic()
+    deadline = started + seconds
+    slots = iter(range(1 << 62))
 
     async def loop(i: int) -> None:
         while time.monotonic() < deadline:
+            if rate:
+                due = started + next(slots) / rate
+                if (wait := due - time.monotonic()) > 0:
+                    await asyncio.sleep(wait)
             t0 = time.perf_counter()
             await call(i)
             latencies.append((time.perf_counter() - t0) * 1000)
 
-    started = time.monotonic()
     async with asyncio.TaskGroup() as tg:
         for i in range(callers):
             tg.create_task(loop(i))
@@ -182,6 +190,7 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
     seconds = float(os.environ.get("SANDBOXD_BENCH_LOAD_SECONDS", "10"))
     callers = int(os.environ.get("SANDBOXD_BENCH_LOAD_CALLERS", "16"))
     n_sessions = int(os.environ.get("SANDBOXD_BENCH_LOAD_SESSIONS", "2"))
+    rate = float(os.environ.get("SANDBOXD_BENCH_LOAD_RATE", "0"))
     dockerd = [(pid, False) for pid in _pids_named("dockerd")]
     results: dict[str, Metric] = {}
     async with contextlib.AsyncExitStack() as stack:
@@ -208,7 +217,7 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
         )
         load_before = os.getloadavg()[0]
         meter.start()
-        count, lat, wall = await _drive(ours, callers, seconds)
+        count, lat, wall = await _drive(ours, callers, seconds, rate)
         ours_summary = _summary(count, lat, wall, meter.spent())
         ours_summary["loadavg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
 
@@ -217,7 +226,7 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
     if os.environ.get("SANDBOXD_BENCH_LOAD_RAW", "1") != "0":
         raw_summary = await _raw_load(ctx, callers, n_sessions, seconds, dockerd)
 
-    extra = {"callers": callers, "sessions": n_sessions, "seconds": seconds}
+    extra = {"callers": callers, "sessions": n_sessions, "seconds": seconds, "rate": rate}
     results["load_runs_per_s"] = Metric(
         ours=ours_summary["runs_per_s"],
         raw=raw_summary["runs_per_s"],
