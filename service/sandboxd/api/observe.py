@@ -18,6 +18,7 @@ import grpc
 from google.protobuf.message import Message
 
 from sandboxd import tenancy
+from sandboxd.api.chain import Layer
 from sandboxd.logging_setup import CURRENT_SESSION
 from sandboxd.metrics import Metrics
 
@@ -52,7 +53,7 @@ def _note_session(request: Any) -> None:
 access = logging.getLogger("sandboxd.access")
 
 
-class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class MetricsInterceptor(Layer):
     """Times each call until its reply (or last streamed message); counts output bytes, the
     calls in flight, and writes the access log: one INFO line per call with its method,
     tenant, session, code and duration (a line an operator greps before anything else)."""
@@ -66,12 +67,7 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._imported = metrics.archive_bytes.labels("import")
         self._kinds: dict[type[Message], str] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[Any], Awaitable[Any]],
-        handler_call_details: Any,
-    ) -> Any:
-        handler = await continuation(handler_call_details)
+    def wrap(self, handler: Any, handler_call_details: Any) -> Any:
         if handler is None:
             return None
         method = str(handler_call_details.method).lstrip("/").removeprefix("sandboxd.v1.")
