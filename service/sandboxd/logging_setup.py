@@ -78,7 +78,7 @@ class BatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().__init__(stream)
         self._lines: list[str] = []
         self._bytes = 0
-        self._scheduled = False
+        self._scheduled_on: asyncio.AbstractEventLoop | None = None  # whose pass writes them
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -91,13 +91,13 @@ class BatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self._bytes += len(line)
         if loop is None or self._bytes >= self.MAX_BYTES or len(self._lines) >= self.MAX_LINES:
             self._write()
-        elif not self._scheduled:
-            self._scheduled = True
+        elif self._scheduled_on is not loop:  # none yet, or on a loop that ended before it ran
+            self._scheduled_on = loop
             loop.call_soon(self._flush_soon)
 
     def _flush_soon(self) -> None:
         with self.lock:  # type: ignore[union-attr]
-            self._scheduled = False
+            self._scheduled_on: asyncio.AbstractEventLoop | None = None  # whose pass writes them
             self._write()
 
     def _write(self) -> None:

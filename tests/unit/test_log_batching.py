@@ -74,3 +74,23 @@ def test_without_a_loop_each_line_goes_at_once() -> None:
     log, _ = _logger(stream)
     log.info("now")
     assert stream.getvalue() == "now\n"
+
+
+def test_a_loop_that_ended_with_lines_waiting_does_not_hold_the_next_loops() -> None:
+    stream = _Counting()
+    log, _ = _logger(stream)
+
+    async def log_and_leave() -> None:
+        asyncio.get_running_loop().stop()  # this pass is its last: the flush never runs
+        log.info("from the first loop")
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(log_and_leave())
+    loop.close()
+
+    async def log_and_yield() -> None:
+        log.info("from the second loop")
+        await asyncio.sleep(0)
+
+    asyncio.run(log_and_yield())
+    assert stream.getvalue().splitlines() == ["from the first loop", "from the second loop"]
