@@ -97,7 +97,7 @@ class BatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     def _flush_soon(self) -> None:
         with self.lock:  # type: ignore[union-attr]
-            self._scheduled_on: asyncio.AbstractEventLoop | None = None  # whose pass writes them
+            self._scheduled_on = None
             self._write()
 
     def _write(self) -> None:
