@@ -38,6 +38,7 @@ from sandboxd.config_sections import (
     ServerSection,
     TemplatesSection,
     TenancySection,
+    VolumesSection,
     WatchSection,
 )
 from sandboxd.config_sections.server import MAX_ID
@@ -84,6 +85,7 @@ class Config:
     watch: WatchSection = field(default_factory=WatchSection)
     previews: PreviewsSection = field(default_factory=PreviewsSection)
     agent: AgentSection = field(default_factory=AgentSection)
+    volumes: VolumesSection = field(default_factory=VolumesSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.

@@ -39,6 +39,7 @@ from sandboxd.egress.addresses import Protected
 from sandboxd.egress.manager import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
 from sandboxd.engine import DockerEngine, Engine, docker_tls
+from sandboxd.engine.docker_volumes import DockerVolumeDisks
 from sandboxd.events import EventHub, ObservedStore
 from sandboxd.execution import Executor
 from sandboxd.file_transfer import FileTransfer
@@ -64,6 +65,10 @@ from sandboxd.templates.builds import Templates, template_in_use
 from sandboxd.templates.store import TemplateStore
 from sandboxd.token_file import TokenFile
 from sandboxd.tracing import provider_for, traced, tracer_of
+from sandboxd.volumes.claims import VolumeClaims
+from sandboxd.volumes.porting import SandboxPorter
+from sandboxd.volumes.service import Volumes
+from sandboxd.volumes.store import VolumeStore
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ class Parts:
     templates: Templates
     sessions: SessionManager
     snapshots: Snapshots
+    volumes: Volumes
     checkpoints: Checkpoints
     previews: Previews
     transfer: FileTransfer
@@ -210,6 +216,9 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     )
     stack.push_async_callback(templates.close)
     preview_parts = await previews_setup.prepare(config, store)
+    volume_store = await VolumeStore(store.db).open()
+    disks = DockerVolumeDisks(docker.docker, owner_id, config.engine.image)
+    claims = VolumeClaims(volume_store, store, disks)
     sessions = SessionManager(
         config,
         engine,
@@ -226,6 +235,23 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         pulls=pulls,
         templates=templates,
         host_ids=host_ids,
+        volumes=claims,
+    )
+    volumes = Volumes(
+        config.volumes,
+        volume_store,
+        claims,
+        disks,
+        owner_id,
+        SandboxPorter(
+            engine,
+            archive,
+            disks,
+            host_ids,
+            owner_id=owner_id,
+            image=config.engine.image,
+            limits=config.limits.default,
+        ),
     )
     snapshots = Snapshots(
         keeper,
@@ -272,8 +298,15 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         previews=previews,
         transfer=FileTransfer(files.helper, config.tenancy.stream_idle_timeout_s),
         sweeper=Sweeper(
-            sessions, engine, owner_id, snapshots, pulls=pulls, on_swept=_counted(metrics)
+            sessions,
+            engine,
+            owner_id,
+            snapshots,
+            pulls=pulls,
+            on_swept=_counted(metrics),
+            volumes=volumes,
         ),
+        volumes=volumes,
         tokens=tokens,
         tracer=tracer,
     )

@@ -27,6 +27,7 @@ from sandboxd.models import (
     SessionSpec,
     SessionState,
     ShellPolicy,
+    VolumeMount,
     WorkspaceManifest,
 )
 from sandboxd.schema import add_column, statements, steps_of
@@ -83,6 +84,10 @@ def _spec_to_json(spec: SessionSpec) -> str:
             "requested_user": spec.requested_user,
             "isolation": spec.isolation.value,
             "template": spec.template,
+            "volumes": [
+                {"volume_id": v.volume_id, "path": v.path, "read_only": v.read_only, "disk": v.disk}
+                for v in spec.volumes
+            ],
             "manifest": {
                 "id": spec.manifest.id,
                 "files": [
@@ -143,6 +148,7 @@ def _spec_from_json(text: str) -> SessionSpec:
         ),
         isolation=Isolation(d.get("isolation", Isolation.RUNC.value)),
         template=d.get("template", ""),
+        volumes=tuple(VolumeMount(**v) for v in d.get("volumes", [])),
     )
 
 
@@ -298,6 +304,24 @@ class SessionStore(SqliteFile):
             row = await cur.fetchone()
         assert row is not None
         return int(row[0]), int(row[1])
+
+    async def volume_users(
+        self, tenant: str, volume_id: str, live_states: tuple[str, ...]
+    ) -> list[tuple[str, bool]]:
+        """(session id, read-only) of the tenant's sessions in `live_states` that mount the
+        volume: read from the records themselves, so no second list of mounts can drift from
+        what the sandboxes were made with (a create, a delete, an expiry or a failed create
+        each change only the record)."""
+        marks = ", ".join("?" for _ in live_states)
+        async with self.db.execute(
+            "SELECT s.session_id, json_extract(v.value, '$.read_only')"
+            " FROM sessions s, json_each(s.spec, '$.volumes') v"
+            f" WHERE s.tenant = ? AND s.state IN ({marks})"
+            " AND json_extract(v.value, '$.volume_id') = ? ORDER BY s.session_id",
+            (tenant, *live_states, volume_id),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [(str(r[0]), bool(r[1])) for r in rows]
 
     async def host_ids_between(self, first: int, last: int) -> set[int]:
         """Every uid or gid in [first, last] a record holds, whatever its state: an id stays

@@ -8,13 +8,14 @@ Docker adapter builds these documents; the domain asks for a `SandboxRequest`.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandboxd import images
 from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_POOL, LABEL_SESSION
+from sandboxd.models import VolumeMount
 from sandboxd.profile import HELPER_IN_CONTAINER, TMP_BYTES, base_env
 from sandboxd.secrets import trust
 
@@ -130,11 +131,33 @@ def container_config(
             "Ulimits": [{"Name": "core", "Soft": 0, "Hard": 0}],
         },
     }
+    if spec.volumes:
+        config["HostConfig"].update(volume_mounts(spec.volumes, config["HostConfig"]["Tmpfs"]))
     if spec.isolation is Isolation.GVISOR:
         config["HostConfig"].update(gvisor_pids(limits.pids))
     if request.egress_port:
         config = apply_to_container(config, request.egress_port)
     return config
+
+
+def volume_mounts(volumes: Sequence[VolumeMount], tmpfs: dict[str, str]) -> dict[str, Any]:
+    """The session's volumes (sandboxd.volumes): each disk at its path, read-only where asked,
+    never filled from the image (NoCopy). A disk at /workspace (the server's own porter of a
+    volume's content, never a session: their paths are below /mnt) takes the tmpfs's place."""
+    if any(v.path == "/workspace" for v in volumes):
+        tmpfs.pop("/workspace", None)
+    return {
+        "Mounts": [
+            {
+                "Type": "volume",
+                "Source": v.disk,
+                "Target": v.path,
+                "ReadOnly": v.read_only,
+                "VolumeOptions": {"NoCopy": True},
+            }
+            for v in volumes
+        ]
+    }
 
 
 # Host threads of gVisor's own Sentry and gofer (about 60 idle, more per task under the ptrace
@@ -221,7 +244,7 @@ def conforms(want: Mapping[str, Any], info: Mapping[str, Any]) -> bool:
     # The workspace's owner is the session's host uid (its `uid=`/`gid=`): another would be a
     # container made for another identity.
     workspace = (have.get("Tmpfs") or {}).get("/workspace")
-    if workspace != wanted["Tmpfs"]["/workspace"]:
+    if workspace != wanted["Tmpfs"].get("/workspace"):
         return False
     config = info.get("Config") or {}
     if list(config.get("Cmd") or []) != list(want["Cmd"]):

@@ -28,11 +28,13 @@ from sandboxd.models import (
     PullPolicy,
     SessionSpec,
     ShellPolicy,
+    VolumeMount,
     WorkspaceManifest,
 )
 from sandboxd.reasons import Reason
 from sandboxd.secrets import bindings as secret_bindings
 from sandboxd.templates import resolve_template
+from sandboxd.volumes import checks as volume_checks
 
 MAX_MANIFEST_ENTRIES = 10_000
 MAX_ALLOW_ENTRIES = 256
@@ -61,6 +63,7 @@ class CreateSessionInput:
     isolation: Isolation | None = None  # None: the server's default tier
     template: str = ""
     pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
+    volumes: tuple[VolumeMount, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ def check_create(
     )
     image = validation.validate_image(named or config.engine.image)
     lease = check_lease(req.lease_ttl_s, "lease_ttl", config)
+    volumes = volume_checks.check_mounts(req.volumes, config.volumes.mounts_per_session)
     spec = SessionSpec(
         image=image,
         limits=limits,
@@ -118,6 +122,7 @@ def check_create(
         isolation=isolation,
         template=req.template,
         requested_user=f"{uid}:{gid}",
+        volumes=volumes,
     )
     labels = validation.validate_labels(req.labels)
     return CheckedCreate(
