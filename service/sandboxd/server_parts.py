@@ -119,6 +119,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             gvisor_runtime=config.isolation.gvisor_runtime,
             address=engine_address,
             agent=agent_settings(config),
+            owner_id=owner_id,
         )
     )
     provider = provider_for(config.metrics.otlp_endpoint)
@@ -217,7 +218,9 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     stack.push_async_callback(templates.close)
     preview_parts = await previews_setup.prepare(config, store)
     volume_store = await VolumeStore(store.db).open()
-    disks = DockerVolumeDisks(docker.docker, owner_id, config.engine.image)
+    disks = DockerVolumeDisks(
+        docker.docker, docker.disks, owner_id=owner_id, image=config.engine.image
+    )
     claims = VolumeClaims(volume_store, store, disks)
     sessions = SessionManager(
         config,

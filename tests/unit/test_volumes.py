@@ -124,7 +124,7 @@ def test_volume_ids_outside_the_alphabet_are_refused(volume_id: str) -> None:
     assert err.value.reason == Reason.INVALID_VOLUME_ID
 
 
-@pytest.mark.parametrize("size", [-1, -(2**62), 20 * GiB + 1])
+@pytest.mark.parametrize("size", [-1, -(2**62), 1, 16 * 1024**2 - 1, 20 * GiB + 1])
 def test_sizes_negative_or_past_the_maximum_are_refused(size: int) -> None:
     with pytest.raises(InvalidArgument) as err:
         checks.check_size(size, GiB, 20 * GiB)
@@ -203,7 +203,7 @@ async def test_create_is_idempotent_and_a_different_one_is_refused(world: World)
     assert checks.is_volume_id(generated.record.volume_id)
     assert generated.record.size_bytes == VolumesSection().default_bytes
     # The disk's name is the server's: it says nothing of the id or the tenant.
-    assert v.record.disk.startswith(f"{DISK_PREFIX}{OWNER}-") and "data" not in v.record.disk
+    assert v.record.disk.startswith(DISK_PREFIX) and "data" not in v.record.disk
     got = await world.volumes.get("data")
     assert (got.record.labels, got.used_bytes, got.attached) == ({"team": "a"}, 4096, ())
 
@@ -370,15 +370,15 @@ async def test_a_record_that_cannot_be_written_takes_its_disk_back(
 
 async def test_the_sweep_removes_only_disks_no_volume_owns(world: World) -> None:
     kept = await world.volumes.create("data", GiB, {})
-    orphan = f"{DISK_PREFIX}{OWNER}-deadbeef"
-    others = f"{DISK_PREFIX}otherserver-cafe"
+    orphan = f"{DISK_PREFIX}deadbeef"
+    others = "ws-cafe"
     for name in (orphan, others):
         world.disks.sizes[name] = GiB
-    world.volumes._making.add(f"{DISK_PREFIX}{OWNER}-making")
-    world.disks.sizes[f"{DISK_PREFIX}{OWNER}-making"] = GiB
+    world.volumes._making.add(f"{DISK_PREFIX}making")
+    world.disks.sizes[f"{DISK_PREFIX}making"] = GiB
     assert await world.volumes.sweep() == 1
     assert orphan not in world.disks.sizes
-    assert {kept.record.disk, others, f"{DISK_PREFIX}{OWNER}-making"} <= set(world.disks.sizes)
+    assert {kept.record.disk, others, f"{DISK_PREFIX}making"} <= set(world.disks.sizes)
 
 
 async def test_volumes_outlive_a_server_restart(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandboxd.config_sections.units import GiB
+from sandboxd.config_sections.units import GiB, MiB
 from sandboxd.settings import INT, SIZE, setting
 
 
@@ -17,11 +17,11 @@ class VolumesSection:
         1 * GiB,
         SIZE,
         "size of a volume created with size_bytes 0",
-        lo=1,
+        lo=16 * MiB,
         flat="volume_default_bytes",
     )
     max_bytes: int = setting(
-        20 * GiB, SIZE, "largest size_bytes of one volume", lo=1, flat="volume_max_bytes"
+        20 * GiB, SIZE, "largest size_bytes of one volume", lo=16 * MiB, flat="volume_max_bytes"
     )
     tenant_max_volumes: int = setting(
         100, INT, "volumes per tenant (0: no cap)", lo=0, flat="tenant_max_volumes"

@@ -44,12 +44,16 @@ def is_volume_id(value: str) -> bool:
     return isinstance(value, str) and SESSION_ID_RE.match(value) is not None
 
 
+MIN_SIZE_BYTES = 16 * 1024 * 1024  # ext4's journal and tables need room of their own
+
+
 def check_size(size_bytes: int, default_bytes: int, max_bytes: int) -> int:
-    """The size to make: the default for 0; negative or over the maximum is refused."""
-    if size_bytes < 0 or size_bytes > max_bytes:
+    """The size to make: the default for 0; negative, under 16 MiB or over the maximum is
+    refused."""
+    if size_bytes < 0 or (0 < size_bytes < MIN_SIZE_BYTES) or size_bytes > max_bytes:
         raise InvalidArgument(
-            f"size_bytes {size_bytes} is invalid: give 1 to {max_bytes} (volume_max_bytes), "
-            "or 0 for the server's default",
+            f"size_bytes {size_bytes} is invalid: give {MIN_SIZE_BYTES} to {max_bytes} "
+            "(volume_max_bytes), or 0 for the server's default",
             reason=Reason.VOLUME_SIZE_INVALID,
             metadata={"size_bytes": str(size_bytes), "max_bytes": str(max_bytes)},
         )

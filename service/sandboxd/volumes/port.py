@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-# Every volume's disk is named with this prefix, then the server's owner id and a random part:
-# the sweep knows a volume's disk by name, and never takes one a volume record holds.
-DISK_PREFIX = "sandboxd-vol-"
+# Every volume's disk id is this prefix and a random part (the disk mechanism scopes ids to the
+# server's owner id): the sweep knows a volume's disk by its id, and never takes one a volume
+# record holds, nor another kind of disk (a session's workspace).
+DISK_PREFIX = "vol-"
 
 
 class VolumeDisks(Protocol):

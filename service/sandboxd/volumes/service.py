@@ -29,7 +29,6 @@ from sandboxd.volumes.port import DISK_PREFIX, VolumeDisks, VolumePorter
 from sandboxd.volumes.store import VolumeRecord, VolumeStore
 
 log = logging.getLogger(__name__)
-_USAGE_CALLS = 8  # engine calls at once for one listing's used_bytes
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,8 @@ class Volumes:
         self._claims = claims
         self._disks = disks
         self._porter = porter
-        self._prefix = f"{DISK_PREFIX}{owner_id}-"
+        del owner_id  # disks are scoped to it by the mechanism (storage.disks)
+        self._prefix = DISK_PREFIX
         self._making: set[str] = set()  # disks made whose record is not written yet
         self._tenant_locks = SessionLocks()
 
@@ -92,7 +92,7 @@ class Volumes:
                 )
                 await self._make(record)
         log.info("volume created", extra={"volume_id": volume_id})
-        return Volume(record)
+        return await self._view(record)
 
     async def _check_quota(self, tenant: str, size: int) -> None:
         count, total = await self._store.usage(tenant)
@@ -147,20 +147,18 @@ class Volumes:
         if len(found) > size:
             found = found[:size]
             token = paging.encode_token(found[-1].volume_id, bound)
-        calls = asyncio.Semaphore(_USAGE_CALLS)
+        # A listing shows the usage last measured: measuring runs a container per disk.
+        return [await self._view(r, measure=False) for r in found], token
 
-        async def view(record: VolumeRecord) -> Volume:
-            async with calls:
-                return await self._view(record)
-
-        return list(await asyncio.gather(*(view(r) for r in found))), token
-
-    async def _view(self, record: VolumeRecord) -> Volume:
-        try:
-            used = await self._disks.disk_used_bytes(record.disk)
-        except SandboxError as exc:  # a listing is not refused for one disk's usage
-            log.info("volume %s: usage unknown: %s", record.volume_id, exc)
-            used = 0
+    async def _view(self, record: VolumeRecord, *, measure: bool = True) -> Volume:
+        used = record.used_bytes
+        if measure:
+            try:
+                used = await self._disks.disk_used_bytes(record.disk)
+            except SandboxError as exc:  # the volume is shown with its last figure
+                log.info("volume %s: usage unknown: %s", record.volume_id, exc)
+            else:
+                await self._store.set_used(record.tenant, record.volume_id, used)
         attached = tuple(await self._claims.users(record.volume_id))
         return Volume(record, used, attached)
 

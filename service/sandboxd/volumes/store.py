@@ -22,6 +22,7 @@ CREATE TABLE IF NOT EXISTS volumes (
     size_bytes INTEGER NOT NULL,
     labels TEXT NOT NULL DEFAULT '{}',
     created_at REAL NOT NULL,
+    used_bytes INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, volume_id)
 )
 """
@@ -36,6 +37,7 @@ class VolumeRecord:
     size_bytes: int
     created_at: datetime
     labels: dict[str, str] = field(default_factory=dict)
+    used_bytes: int = 0  # as last measured (GetVolume, ImportVolume measure it)
 
 
 def _row(row: aiosqlite.Row) -> VolumeRecord:
@@ -46,6 +48,7 @@ def _row(row: aiosqlite.Row) -> VolumeRecord:
         size_bytes=row["size_bytes"],
         created_at=datetime.fromtimestamp(row["created_at"], tz=UTC),
         labels=json.loads(row["labels"]),
+        used_bytes=row["used_bytes"],
     )
 
 
@@ -111,6 +114,13 @@ class VolumeStore:
         """Every disk a volume record holds (all tenants): what the sweep must keep."""
         async with self._db.execute("SELECT disk FROM volumes") as cur:
             return {str(r[0]) for r in await cur.fetchall()}
+
+    async def set_used(self, tenant: str, volume_id: str, used_bytes: int) -> None:
+        await self._db.execute(
+            "UPDATE volumes SET used_bytes = ? WHERE tenant = ? AND volume_id = ?",
+            (used_bytes, tenant, volume_id),
+        )
+        await self._db.commit()
 
     async def delete(self, tenant: str, volume_id: str) -> None:
         await self._db.execute(
