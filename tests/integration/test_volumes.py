@@ -26,7 +26,14 @@ from conftest import (
     remove_owned_containers,
     start_server,
 )
-from sandboxd.v1 import admin_pb2, common_pb2, process_pb2, session_pb2, volumes_pb2, volumes_pb2_grpc
+from sandboxd.v1 import (
+    admin_pb2,
+    common_pb2,
+    process_pb2,
+    session_pb2,
+    volumes_pb2,
+    volumes_pb2_grpc,
+)
 
 MiB = 1024 * 1024
 CALL_TIMEOUT = 180.0
@@ -105,7 +112,9 @@ def _delete(box: Box, sid: str) -> None:
     )
 
 
-def _mount(volume_id: str, path: str = "/mnt/data", read_only: bool = False) -> volumes_pb2.VolumeMount:
+def _mount(
+    volume_id: str, path: str = "/mnt/data", read_only: bool = False
+) -> volumes_pb2.VolumeMount:
     return volumes_pb2.VolumeMount(volume_id=volume_id, path=path, read_only=read_only)
 
 
@@ -154,11 +163,15 @@ def _export(box: Box, volume_id: str) -> dict[str, bytes]:
 def test_a_volume_outlives_its_sessions_and_a_server_restart(box: Box) -> None:
     _create_volume(box, "keep")
     _session(box, "w1", _mount("keep"))
-    wrote = _sh(box, "w1", "mkdir /mnt/data/d && echo kept > /mnt/data/d/f && chmod 600 /mnt/data/d/f")
+    wrote = _sh(
+        box, "w1", "mkdir /mnt/data/d && echo kept > /mnt/data/d/f && chmod 600 /mnt/data/d/f"
+    )
     assert wrote.exit_code == 0, wrote.stderr
     # A second writer, or a reader beside the writer, is refused; DeleteVolume too.
     for mount in (_mount("keep", "/mnt/x"), _mount("keep", "/mnt/x", read_only=True)):
-        err = expect_error(lambda m=mount: _session(box, "w2", m), OK.FAILED_PRECONDITION, "VOLUME_IN_USE")
+        err = expect_error(
+            lambda m=mount: _session(box, "w2", m), OK.FAILED_PRECONDITION, "VOLUME_IN_USE"
+        )
         assert "w1" in err.details()  # type: ignore[attr-defined]
     expect_error(
         lambda: box.volumes.DeleteVolume(volumes_pb2.DeleteVolumeRequest(volume_id="keep")),
@@ -191,7 +204,9 @@ def test_a_volume_outlives_its_sessions_and_a_server_restart(box: Box) -> None:
     assert b"Permission denied" in seen.stderr
     ro = _sh(box, "r1", "touch /mnt/data/new")
     assert ro.exit_code != 0 and b"Read-only file system" in ro.stderr
-    expect_error(lambda: _session(box, "w3", _mount("keep")), OK.FAILED_PRECONDITION, "VOLUME_IN_USE")
+    expect_error(
+        lambda: _session(box, "w3", _mount("keep")), OK.FAILED_PRECONDITION, "VOLUME_IN_USE"
+    )
     _delete(box, "r1")
     _delete(box, "r2")
     assert box.volumes.DeleteVolume(volumes_pb2.DeleteVolumeRequest(volume_id="keep")).existed
@@ -208,11 +223,13 @@ def test_a_full_volume_is_enospc_inside_workspace_full_outside_and_readable_afte
 ) -> None:
     _create_volume(box, "full", 16 * MiB)
     _session(box, "f1", _mount("full"), limits=common_pb2.ResourceLimits(memory_bytes=64 * MiB))
-    filled = _sh(box, "f1", "echo first > /mnt/data/first; dd if=/dev/zero of=/mnt/data/big bs=1M count=64")
+    filled = _sh(
+        box, "f1", "echo first > /mnt/data/first; dd if=/dev/zero of=/mnt/data/big bs=1M count=64"
+    )
     assert filled.exit_code != 0 and b"No space left" in filled.stderr, filled.stderr
     _delete(box, "f1")
-    # From the API: an import larger than the room is WORKSPACE_FULL, and changes nothing.
-    big = _tar({"huge.bin": b"\0" * (24 * MiB)})
+    # From the API: an import into the full volume is WORKSPACE_FULL, and changes nothing.
+    big = _tar({"more.bin": b"\1" * (4 * MiB)})
     expect_error(lambda: _import(box, "full", big), OK.RESOURCE_EXHAUSTED, "WORKSPACE_FULL")
     _session(box, "f2", _mount("full", read_only=True))
     after = _sh(box, "f2", "cat /mnt/data/first; ls /mnt/data")
@@ -234,7 +251,9 @@ def test_export_and_import_are_tar_streams_all_or_nothing(box: Box) -> None:
     assert _export(box, "port") == {"only.txt": b"new"}
     # Mounted: an import is refused; an export beside readers is not, beside a writer it is.
     _session(box, "p1", _mount("port", read_only=True))
-    expect_error(lambda: _import(box, "port", _tar({"z": b"z"})), OK.FAILED_PRECONDITION, "VOLUME_IN_USE")
+    expect_error(
+        lambda: _import(box, "port", _tar({"z": b"z"})), OK.FAILED_PRECONDITION, "VOLUME_IN_USE"
+    )
     assert _export(box, "port") == {"only.txt": b"new"}
     _delete(box, "p1")
     _session(box, "p2", _mount("port"))
@@ -247,9 +266,13 @@ def test_export_and_import_are_tar_streams_all_or_nothing(box: Box) -> None:
 
 def test_bad_requests_are_refused_before_anything_is_made(box: Box) -> None:
     for size in (-1, 1, 21 * 1024 * MiB):
-        expect_error(lambda s=size: _create_volume(box, "bad", s), OK.INVALID_ARGUMENT, "VOLUME_SIZE_INVALID")
+        expect_error(
+            lambda s=size: _create_volume(box, "bad", s), OK.INVALID_ARGUMENT, "VOLUME_SIZE_INVALID"
+        )
     for volume_id in ("a/b", "x" * 300, "dаta"):
-        expect_error(lambda v=volume_id: _create_volume(box, v), OK.INVALID_ARGUMENT, "INVALID_VOLUME_ID")
+        expect_error(
+            lambda v=volume_id: _create_volume(box, v), OK.INVALID_ARGUMENT, "INVALID_VOLUME_ID"
+        )
     _create_volume(box, "paths")
     for path in ("/workspace/data", "/mnt", "/etc/x", "/mnt/../etc", "/mnt/a/"):
         expect_error(
@@ -282,7 +305,11 @@ def test_volumes_under_gvisor(box: Box) -> None:
     _create_volume(box, "gv")
     gvisor = common_pb2.ISOLATION_GVISOR
     _session(box, "g1", _mount("gv"), isolation=gvisor)
-    wrote = _sh(box, "g1", "echo under-gvisor > /mnt/data/g && dd if=/dev/zero of=/mnt/data/big bs=1M count=64")
+    wrote = _sh(
+        box,
+        "g1",
+        "echo under-gvisor > /mnt/data/g && dd if=/dev/zero of=/mnt/data/big bs=1M count=64",
+    )
     assert b"No space left" in wrote.stderr, wrote.stderr
     _delete(box, "g1")
     _session(box, "g2", _mount("gv", read_only=True), isolation=gvisor)
