@@ -218,8 +218,13 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     stack.push_async_callback(templates.close)
     preview_parts = await previews_setup.prepare(config, store)
     volume_store = await VolumeStore(store.db).open()
+    porter_runs: set[str] = set()  # volume porters and hand-overs in flight
     disks = DockerVolumeDisks(
-        docker.docker, docker.disks, owner_id=owner_id, image=config.engine.image
+        docker.docker,
+        docker.disks,
+        owner_id=owner_id,
+        image=config.engine.image,
+        running=porter_runs,
     )
     claims = VolumeClaims(volume_store, store, disks)
     sessions = SessionManager(
@@ -254,6 +259,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             owner_id=owner_id,
             image=config.engine.image,
             limits=config.limits.default,
+            running=porter_runs,
         ),
     )
     snapshots = Snapshots(

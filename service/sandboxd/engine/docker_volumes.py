@@ -93,12 +93,21 @@ class DockerVolumeDisks:
     """The disks of named volumes, on the engine's disk mechanism."""
 
     def __init__(
-        self, docker: aiodocker.Docker, disks: Disks, *, owner_id: str, image: str
+        self,
+        docker: aiodocker.Docker,
+        disks: Disks,
+        *,
+        owner_id: str,
+        image: str,
+        running: set[str] | None = None,
     ) -> None:
         self._docker = docker
         self._disks = disks
-        self._owner_id = owner_id
+        # Its containers carry the porters' owner id (sandboxd.volumes.porting), which no
+        # session's reconcile lists, and are in `running` (the porters' sweep skips those).
+        self._owner_id = f"{owner_id}-porter"
         self._image = image  # the runtime image: has sh, chmod and chown
+        self._running = running if running is not None else set()
 
     async def create_disk(self, name: str, size_bytes: int) -> None:
         await self._disks.create(name, max(size_bytes, MIN_VOLUME_BYTES), _NOBODY, _NOBODY)
@@ -122,6 +131,7 @@ class DockerVolumeDisks:
         container_name = f"sandboxd-own-{self._owner_id}-{secrets.token_hex(6)}"
         with translate_errors(f"handing volume disk {name} to {uid}:{gid}"):
             container = await self._docker.containers.create(config, name=container_name)
+            self._running.add(container.id)
             try:
                 await container.start()
                 status = await asyncio.wait_for(container.wait(), OWN_TIMEOUT_S)
@@ -132,3 +142,4 @@ class DockerVolumeDisks:
             finally:
                 with contextlib.suppress(aiodocker.DockerError):
                     await asyncio.shield(container.delete(force=True))
+                self._running.discard(container.id)

@@ -48,6 +48,7 @@ class SandboxPorter:
         owner_id: str,
         image: str,
         limits: Limits,
+        running: set[str] | None = None,
     ) -> None:
         self._engine = engine
         self._archive = archive
@@ -56,7 +57,8 @@ class SandboxPorter:
         self.owner_id = f"{owner_id}-porter"
         self._image = image
         self._limits = limits
-        self._running: set[str] = set()
+        # Porters and volume hand-overs in flight (shared with the engine's VolumeDisks).
+        self._running = running if running is not None else set()
 
     @contextlib.asynccontextmanager
     async def _porter(self, disk: str, size_bytes: int, read_only: bool) -> AsyncIterator[Session]:
