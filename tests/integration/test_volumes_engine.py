@@ -264,6 +264,26 @@ def test_export_and_import_are_tar_streams_all_or_nothing(box: Box) -> None:
     box.volumes.DeleteVolume(volumes_pb2.DeleteVolumeRequest(volume_id="port"))
 
 
+def test_a_suspended_session_keeps_its_volume_and_mounts_it_again(box: Box) -> None:
+    _create_volume(box, "susp")
+    _session(box, "s1", _mount("susp"))
+    assert _sh(box, "s1", "echo before > /mnt/data/f").exit_code == 0
+    box.stubs.sessions.SuspendSession(
+        session_pb2.SuspendSessionRequest(session_id="s1"), timeout=CALL_TIMEOUT
+    )
+    # Suspended, it still holds its claim: no other writer meanwhile.
+    expect_error(
+        lambda: _session(box, "s2", _mount("susp")), OK.FAILED_PRECONDITION, "VOLUME_IN_USE"
+    )
+    box.stubs.sessions.ResumeSession(
+        session_pb2.ResumeSessionRequest(session_id="s1"), timeout=CALL_TIMEOUT
+    )
+    after = _sh(box, "s1", "cat /mnt/data/f && echo again >> /mnt/data/f")
+    assert after.exit_code == 0 and after.stdout == b"before\n", after.stderr
+    _delete(box, "s1")
+    box.volumes.DeleteVolume(volumes_pb2.DeleteVolumeRequest(volume_id="susp"))
+
+
 def test_bad_requests_are_refused_before_anything_is_made(box: Box) -> None:
     for size in (-1, 1, 21 * 1024 * MiB):
         expect_error(
