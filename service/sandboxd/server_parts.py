@@ -113,6 +113,8 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             gvisor_runtime=config.isolation.gvisor_runtime,
             address=engine_address,
             agent=agent_settings(config),
+            owner_id=owner_id,
+            disk_tool_image=config.engine.disk_tool_image,
         )
     )
     provider = provider_for(config.metrics.otlp_endpoint)

@@ -28,6 +28,7 @@ from sandboxd.models import (
     SessionState,
     ShellPolicy,
     WorkspaceManifest,
+    WorkspaceStorage,
 )
 from sandboxd.schema import add_column, statements, steps_of
 from sandboxd.sqlite_file import SqliteFile
@@ -83,6 +84,8 @@ def _spec_to_json(spec: SessionSpec) -> str:
             "requested_user": spec.requested_user,
             "isolation": spec.isolation.value,
             "template": spec.template,
+            "storage": spec.storage.value,
+            "disk_id": spec.disk_id,
             "manifest": {
                 "id": spec.manifest.id,
                 "files": [
@@ -143,6 +146,8 @@ def _spec_from_json(text: str) -> SessionSpec:
         ),
         isolation=Isolation(d.get("isolation", Isolation.RUNC.value)),
         template=d.get("template", ""),
+        storage=WorkspaceStorage(d.get("storage", WorkspaceStorage.MEMORY.value)),
+        disk_id=d.get("disk_id", ""),
     )
 
 
@@ -298,6 +303,16 @@ class SessionStore(SqliteFile):
             row = await cur.fetchone()
         assert row is not None
         return int(row[0]), int(row[1])
+
+    async def disk_ids(self, states: tuple[SessionState, ...]) -> set[str]:
+        """The disk workspaces the records in `states` name (the sweep keeps those)."""
+        marks = ", ".join("?" for _ in states)
+        async with self.db.execute(
+            "SELECT json_extract(spec, '$.disk_id') FROM sessions"
+            f" WHERE state IN ({marks}) AND json_extract(spec, '$.disk_id') != ''",
+            tuple(s.value for s in states),
+        ) as cur:
+            return {str(r[0]) for r in await cur.fetchall() if r[0]}
 
     async def host_ids_between(self, first: int, last: int) -> set[int]:
         """Every uid or gid in [first, last] a record holds, whatever its state: an id stays

@@ -292,6 +292,10 @@ var (
 	ErrTemplateInstructionNotAllowed = &Error{Code: codes.InvalidArgument, Reason: "TEMPLATE_INSTRUCTION_NOT_ALLOWED"}
 	// ErrTenantImageQuota: RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first.
 	ErrTenantImageQuota = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_IMAGE_QUOTA"}
+	// ErrEngineDiskFull: RESOURCE_EXHAUSTED: The engine host has less free disk space than the disk workspace would need when full (WorkspaceManifest.size_bytes); nothing was created. Ask for a smaller disk, or the operator frees space on the engine host.
+	ErrEngineDiskFull = &Error{Code: codes.ResourceExhausted, Reason: "ENGINE_DISK_FULL"}
+	// ErrDiskStorageUnavailable: FAILED_PRECONDITION: Disk workspaces cannot be made on this engine (its disk tool image, `make disk-image`, is missing, or the engine refuses loop devices); the message says which.
+	ErrDiskStorageUnavailable = &Error{Code: codes.FailedPrecondition, Reason: "DISK_STORAGE_UNAVAILABLE"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -439,4 +443,6 @@ var Reasons = map[string]ReasonInfo{
 	"REPLY_TOO_LARGE":                  {codes.ResourceExhausted, false, ErrReplyTooLarge},
 	"TEMPLATE_INSTRUCTION_NOT_ALLOWED": {codes.InvalidArgument, false, ErrTemplateInstructionNotAllowed},
 	"TENANT_IMAGE_QUOTA":               {codes.ResourceExhausted, false, ErrTenantImageQuota},
+	"ENGINE_DISK_FULL":                 {codes.ResourceExhausted, false, ErrEngineDiskFull},
+	"DISK_STORAGE_UNAVAILABLE":         {codes.FailedPrecondition, false, ErrDiskStorageUnavailable},
 }

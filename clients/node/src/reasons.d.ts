@@ -267,6 +267,10 @@ export declare class ReplyTooLargeError extends ResourceExhausted {}
 export declare class TemplateInstructionNotAllowedError extends InvalidArgument {}
 /** RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first. */
 export declare class TenantImageQuotaError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: The engine host has less free disk space than the disk workspace would need when full (WorkspaceManifest.size_bytes); nothing was created. Ask for a smaller disk, or the operator frees space on the engine host. */
+export declare class EngineDiskFullError extends ResourceExhausted {}
+/** FAILED_PRECONDITION: Disk workspaces cannot be made on this engine (its disk tool image, `make disk-image`, is missing, or the engine refuses loop devices); the message says which. */
+export declare class DiskStorageUnavailableError extends FailedPrecondition {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -411,7 +415,9 @@ export type Reason =
   | 'HOST_IDS_EXHAUSTED'
   | 'REPLY_TOO_LARGE'
   | 'TEMPLATE_INSTRUCTION_NOT_ALLOWED'
-  | 'TENANT_IMAGE_QUOTA';
+  | 'TENANT_IMAGE_QUOTA'
+  | 'ENGINE_DISK_FULL'
+  | 'DISK_STORAGE_UNAVAILABLE';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

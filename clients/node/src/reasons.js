@@ -267,6 +267,10 @@ export class ReplyTooLargeError extends ResourceExhausted {}
 export class TemplateInstructionNotAllowedError extends InvalidArgument {}
 /** RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first. */
 export class TenantImageQuotaError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: The engine host has less free disk space than the disk workspace would need when full (WorkspaceManifest.size_bytes); nothing was created. Ask for a smaller disk, or the operator frees space on the engine host. */
+export class EngineDiskFullError extends ResourceExhausted {}
+/** FAILED_PRECONDITION: Disk workspaces cannot be made on this engine (its disk tool image, `make disk-image`, is missing, or the engine refuses loop devices); the message says which. */
+export class DiskStorageUnavailableError extends FailedPrecondition {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -413,4 +417,6 @@ export const REASONS = Object.freeze({
   REPLY_TOO_LARGE: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: ReplyTooLargeError },
   TEMPLATE_INSTRUCTION_NOT_ALLOWED: { code: 'INVALID_ARGUMENT', retryable: false, error: TemplateInstructionNotAllowedError },
   TENANT_IMAGE_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TenantImageQuotaError },
+  ENGINE_DISK_FULL: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: EngineDiskFullError },
+  DISK_STORAGE_UNAVAILABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: DiskStorageUnavailableError },
 });

@@ -371,7 +371,9 @@ export type ErrorReason =
   | 'ERROR_REASON_HOST_IDS_EXHAUSTED'
   | 'ERROR_REASON_REPLY_TOO_LARGE'
   | 'ERROR_REASON_TEMPLATE_INSTRUCTION_NOT_ALLOWED'
-  | 'ERROR_REASON_TENANT_IMAGE_QUOTA';
+  | 'ERROR_REASON_TENANT_IMAGE_QUOTA'
+  | 'ERROR_REASON_ENGINE_DISK_FULL'
+  | 'ERROR_REASON_DISK_STORAGE_UNAVAILABLE';
 
 export type SessionEventKind =
   | 'SESSION_EVENT_KIND_UNSPECIFIED'
@@ -950,10 +952,17 @@ export interface ManifestFile {
   mode: number;
 }
 
+export type WorkspaceStorage =
+  | 'WORKSPACE_STORAGE_UNSPECIFIED'
+  | 'WORKSPACE_STORAGE_MEMORY'
+  | 'WORKSPACE_STORAGE_DISK';
+
 export interface WorkspaceManifest {
   id: string;
   files: ManifestFile[];
   directories: string[];
+  storage: WorkspaceStorage;
+  size_bytes: number;
 }
 
 export interface CreateSessionRequest {
@@ -1105,6 +1114,8 @@ export interface Session {
   restored_from: string;
   restored_state_time: Timestamp | null;
   lost_message: string;
+  workspace_storage: WorkspaceStorage;
+  workspace_size_bytes: number;
 }
 
 /** sandboxd.v1.SnapshotService: SandboxClient.snapshots. */

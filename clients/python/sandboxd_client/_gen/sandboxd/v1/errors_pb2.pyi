@@ -357,6 +357,15 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
     image quota (tenant_max_image_bytes); delete some first.
     """
+    ERROR_REASON_ENGINE_DISK_FULL: _ErrorReason.ValueType  # 400
+    """RESOURCE_EXHAUSTED: The engine host has less free disk space than the disk workspace
+    would need when full (WorkspaceManifest.size_bytes); nothing was created. Ask for a
+    smaller disk, or the operator frees space on the engine host.
+    """
+    ERROR_REASON_DISK_STORAGE_UNAVAILABLE: _ErrorReason.ValueType  # 401
+    """FAILED_PRECONDITION: Disk workspaces cannot be made on this engine (its disk tool image,
+    `make disk-image`, is missing, or the engine refuses loop devices); the message says which.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -701,5 +710,14 @@ message names the line and the rule.
 ERROR_REASON_TENANT_IMAGE_QUOTA: ErrorReason.ValueType  # 247
 """RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
 image quota (tenant_max_image_bytes); delete some first.
+"""
+ERROR_REASON_ENGINE_DISK_FULL: ErrorReason.ValueType  # 400
+"""RESOURCE_EXHAUSTED: The engine host has less free disk space than the disk workspace
+would need when full (WorkspaceManifest.size_bytes); nothing was created. Ask for a
+smaller disk, or the operator frees space on the engine host.
+"""
+ERROR_REASON_DISK_STORAGE_UNAVAILABLE: ErrorReason.ValueType  # 401
+"""FAILED_PRECONDITION: Disk workspaces cannot be made on this engine (its disk tool image,
+`make disk-image`, is missing, or the engine refuses loop devices); the message says which.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
