@@ -398,6 +398,9 @@ class FakeEngine:
             not box.limits_changed
             and box.request.spec.limits == expected.spec.limits
             and box.request.spec.isolation is expected.spec.isolation
+            # The workspace its own: a tmpfs, or a volume of the expected disk.
+            and box.request.spec.storage is expected.spec.storage
+            and box.request.spec.disk_id == expected.spec.disk_id
         )
         return SandboxStatus(running=box.running, conforms=conforms)
 
