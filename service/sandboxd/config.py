@@ -220,6 +220,11 @@ def _limit_problems(config: Config) -> Iterator[str]:
         default, maximum = getattr(limits, f"default_{name}"), getattr(limits, f"max_{name}")
         if default > maximum:
             yield f"default_{name} ({default}) is larger than max_{name} ({maximum})"
+    if limits.default_disk_bytes > limits.max_disk_bytes:
+        yield (
+            f"default_disk_bytes ({limits.default_disk_bytes}) is larger than max_disk_bytes "
+            f"({limits.max_disk_bytes})"
+        )
     leases = config.leases
     if not 0 < leases.default_s <= leases.max_s:
         yield (

@@ -49,6 +49,18 @@ class LimitsRequest:
     command_timeout_s: float | None = None
 
 
+class WorkspaceStorage(enum.StrEnum):
+    """Where /workspace lives: a tmpfs (memory, counted against the sandbox's memory) or a
+    sparse ext4 disk on the engine host that outlives its container (sandboxd.storage)."""
+
+    MEMORY = "MEMORY"
+    DISK = "DISK"
+
+
+# A disk workspace's id starts so: the sweep removes only these (named volumes use others).
+WORKSPACE_DISK_PREFIX = "ws-"
+
+
 class SessionState(enum.StrEnum):
     CREATING = "CREATING"
     RUNNING = "RUNNING"
@@ -189,10 +201,24 @@ class SessionSpec:
     # from before the server allocated identities, whose `user` was the request's).
     requested_user: str = ""
     volumes: tuple[VolumeMount, ...] = ()
+    # MEMORY: the tmpfs of limits.workspace_bytes. DISK: the disk `disk_id` (a server-made id,
+    # not fingerprinted: bookkeeping) of limits.workspace_bytes, which then is the disk's size.
+    storage: WorkspaceStorage = WorkspaceStorage.MEMORY
+    disk_id: str = ""
 
     @property
     def user(self) -> str:
         return f"{self.uid}:{self.gid}"
+
+    @property
+    def on_disk(self) -> bool:
+        return self.storage is WorkspaceStorage.DISK
+
+    @property
+    def memory_workspace_bytes(self) -> int:
+        """What the workspace may take of the sandbox's memory: a tmpfs's pages are the
+        sandbox's memory, a disk's are not."""
+        return 0 if self.on_disk else self.limits.workspace_bytes
 
     def as_host(self, uid: int, gid: int) -> SessionSpec:
         """This spec running as the host identity `uid:gid` (nothing else changes)."""
@@ -259,9 +285,15 @@ class SessionSpec:
                 if self.volumes
                 else {}
             ),
+            # Only a disk workspace enters, so every memory fingerprint stays as it was.
+            **({"storage": self.storage.value} if self.on_disk else {}),
         }
         canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# Loss.snapshot_id (and Session.restored_from) of a sandbox rebuilt on its disk workspace.
+RESTORED_FROM_DISK = "workspace-disk"
 
 
 @dataclass(frozen=True)
@@ -269,15 +301,29 @@ class Loss:
     """The session's sandbox died (its agent, its container, the engine or the host gone):
     its processes ended then, and its workspace is rebuilt from the best source the server
     holds. For a memory workspace that is its latest snapshot (CreateSnapshot, a suspend, a
-    fork's origin); a workspace that outlives its container would be one more source, chosen
-    the same way. `snapshot_id` empty: no source, the workspace is gone."""
+    fork's origin); a disk workspace outlives its container and is the best source there is
+    (`RESTORED_FROM_DISK`: every file as it was). `snapshot_id` empty: no source, the
+    workspace is gone."""
 
     lost_at: datetime
     snapshot_id: str = ""
     snapshot_at: datetime | None = None  # when the restored state was taken
     restored_at: datetime | None = None  # when the rebuild finished; None: not (yet)
 
+    @classmethod
+    def on_disk(cls, at: datetime) -> Loss:
+        """The loss of a sandbox whose workspace is a disk that outlived it: rebuilt on it."""
+        return cls(at, RESTORED_FROM_DISK, at)
+
     def message(self) -> str:
+        if self.snapshot_id == RESTORED_FROM_DISK:
+            rebuilt = (
+                "was rebuilt" if self.restored_at is not None else "is rebuilt on the next call"
+            )
+            return (
+                "the sandbox died: its processes ended; its workspace is a disk that outlived "
+                f"it, and the sandbox {rebuilt} on it with every file as it was"
+            )
         if not self.snapshot_id or self.snapshot_at is None:
             return (
                 "the sandbox died and no snapshot of its workspace was held: its processes "

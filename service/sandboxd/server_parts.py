@@ -120,6 +120,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             address=engine_address,
             agent=agent_settings(config),
             owner_id=owner_id,
+            disk_tool_image=config.engine.disk_tool_image,
         )
     )
     provider = provider_for(config.metrics.otlp_endpoint)

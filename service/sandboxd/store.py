@@ -29,6 +29,7 @@ from sandboxd.models import (
     ShellPolicy,
     VolumeMount,
     WorkspaceManifest,
+    WorkspaceStorage,
 )
 from sandboxd.schema import add_column, statements, steps_of
 from sandboxd.sqlite_file import SqliteFile
@@ -88,6 +89,8 @@ def _spec_to_json(spec: SessionSpec) -> str:
                 {"volume_id": v.volume_id, "path": v.path, "read_only": v.read_only, "disk": v.disk}
                 for v in spec.volumes
             ],
+            "storage": spec.storage.value,
+            "disk_id": spec.disk_id,
             "manifest": {
                 "id": spec.manifest.id,
                 "files": [
@@ -149,6 +152,8 @@ def _spec_from_json(text: str) -> SessionSpec:
         isolation=Isolation(d.get("isolation", Isolation.RUNC.value)),
         template=d.get("template", ""),
         volumes=tuple(VolumeMount(**v) for v in d.get("volumes", [])),
+        storage=WorkspaceStorage(d.get("storage", WorkspaceStorage.MEMORY.value)),
+        disk_id=d.get("disk_id", ""),
     )
 
 
@@ -322,6 +327,16 @@ class SessionStore(SqliteFile):
         ) as cur:
             rows = await cur.fetchall()
         return [(str(r[0]), bool(r[1])) for r in rows]
+
+    async def disk_ids(self, states: tuple[SessionState, ...]) -> set[str]:
+        """The disk workspaces the records in `states` name (the sweep keeps those)."""
+        marks = ", ".join("?" for _ in states)
+        async with self.db.execute(
+            "SELECT json_extract(spec, '$.disk_id') FROM sessions"
+            f" WHERE state IN ({marks}) AND json_extract(spec, '$.disk_id') != ''",
+            tuple(s.value for s in states),
+        ) as cur:
+            return {str(r[0]) for r in await cur.fetchall() if r[0]}
 
     async def host_ids_between(self, first: int, last: int) -> set[int]:
         """Every uid or gid in [first, last] a record holds, whatever its state: an id stays

@@ -26,6 +26,7 @@ from sandboxd.models import (
     ShellPolicy,
     VolumeMount,
     WorkspaceManifest,
+    WorkspaceStorage,
 )
 from sandboxd.reasons import Reason
 from sandboxd.sessions import CreateSessionInput
@@ -198,7 +199,29 @@ def create_input(req: session_pb2.CreateSessionRequest) -> CreateSessionInput:
             VolumeMount(volume_id=m.volume_id, path=m.path, read_only=m.read_only)
             for m in req.volumes
         ),
+        storage=storage_from_pb(req.workspace.storage),
+        size_bytes=req.workspace.size_bytes,
     )
+
+
+_STORAGE_IN = {
+    session_pb2.WORKSPACE_STORAGE_MEMORY: WorkspaceStorage.MEMORY,
+    session_pb2.WORKSPACE_STORAGE_DISK: WorkspaceStorage.DISK,
+}
+_STORAGE_PB = {v: k for k, v in _STORAGE_IN.items()}
+
+
+def storage_from_pb(value: session_pb2.WorkspaceStorage.ValueType) -> WorkspaceStorage | None:
+    """None: UNSPECIFIED (the operator's default); a value this server does not know is refused."""
+    if value == session_pb2.WORKSPACE_STORAGE_UNSPECIFIED:
+        return None
+    if value not in _STORAGE_IN:
+        raise InvalidArgument(
+            f"workspace.storage {value} is not a WorkspaceStorage this server knows",
+            reason=Reason.INVALID_ARGUMENT,
+            metadata={"field": "workspace.storage"},
+        )
+    return _STORAGE_IN[value]
 
 
 def timestamp_pb(ns: int) -> timestamp_pb2.Timestamp:
@@ -235,6 +258,8 @@ def session_pb(s: Session) -> session_pb2.Session:
             volumes_pb2.VolumeMount(volume_id=m.volume_id, path=m.path, read_only=m.read_only)
             for m in s.spec.volumes
         ],
+        workspace_storage=_STORAGE_PB[s.spec.storage],
+        workspace_size_bytes=s.spec.limits.workspace_bytes,
         **_loss_fields(s.loss),
     )
 

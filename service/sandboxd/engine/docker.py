@@ -55,7 +55,7 @@ from sandboxd.engine.runsc_leftovers import end_leftovers
 from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
-from sandboxd.storage.disks import DockerDisks
+from sandboxd.storage.docker_disks import DockerDisks
 
 # Every request has a deadline (streams of exec output excepted: those last as long as the
 # command, bounded by its own timeout).
@@ -163,9 +163,10 @@ class DockerEngine:
 
     # ----- sandboxes ---------------------------------------------------------------------
 
-    def _config(self, request: SandboxRequest) -> dict[str, Any]:
+    def _config(self, request: SandboxRequest, workspace_volume: str = "") -> dict[str, Any]:
         return container_config(
             request,
+            workspace_volume=workspace_volume,
             helper_volume=self._helper.name,
             keeper_user=self._keeper_user,
             runtime=self._runtimes[request.spec.isolation],
@@ -182,9 +183,11 @@ class DockerEngine:
             await self._helper.ensure(self.docker, request.spec.image)
         # Volumes: each disk attached now (again after a host restart), on the loop it is on.
         request = await with_volume_sources(self.disks, request)
+        # A disk workspace: attached now (again after a host restart), on the loop it is on.
+        volume = await self.disks.attach(request.spec.disk_id) if request.spec.on_disk else ""
         with self._translate(f"creating container {request.name}"):
             container = await self.docker.containers.create(
-                self._config(request), name=request.name
+                self._config(request, volume), name=request.name
             )
         return str(container.id)
 

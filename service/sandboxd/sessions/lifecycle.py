@@ -397,7 +397,7 @@ class SessionManager:
             session = await self._store.get(session_id)
             if session is None or session.tenant != tenancy.current():
                 return False  # idempotent; another tenant's session is not there for the caller
-            await self._sandboxes.teardown(session)
+            await self._sandboxes.teardown(session, drop_disk=True)
             await self._store.delete(session_id)
             await self._keeper.forget_session(session_id)
             log.info("session deleted", extra={"session_id": session_id})

@@ -102,8 +102,15 @@ create)
 attach) attach; report;;
 usage) dev=$(attached); report;;
 detach)
-  for dev in $(attached); do /sbin/losetup -d "$dev"; done
-  dev=""
+  tries=0
+  dev=$(attached)
+  while [ -n "$dev" ]; do  # a loop still open (an unmount under way) detaches when closed
+    tries=$((tries + 1))
+    [ "$tries" -le 50 ] || { echo "loop $dev of the disk stays attached" >&2; exit 5; }
+    /sbin/losetup -d "$dev" || true
+    /bin/busybox sleep 0.1
+    dev=$(attached)
+  done
   [ -e "$img" ] && report || echo "disk dev= size=0 allocated=0";;
 copy)
   if [ ! -e "$img" ]; then
