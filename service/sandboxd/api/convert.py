@@ -34,7 +34,6 @@ from sandboxd.state_reason import state_reason
 from sandboxd.v1 import (
     common_pb2,
     filesystem_pb2,
-    polish_pb2,
     process_pb2,
     session_pb2,
     volumes_pb2,
