@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 from conftest import (
+    IMAGE,
     ServerProcess,
     Stubs,
     expect_error,
@@ -318,6 +319,30 @@ def test_bad_requests_are_refused_before_anything_is_made(box: Box) -> None:
     _delete(box, "still")
     for volume_id in ("paths", "paths2"):
         box.volumes.DeleteVolume(volumes_pb2.DeleteVolumeRequest(volume_id=volume_id))
+
+
+def test_the_sweep_leaves_a_disk_tool_run_alone(box: Box) -> None:
+    """A disk tool container (making, attaching or measuring a volume's disk) carries the
+    server's owner id but is no sandbox: a sweep during its run must not take it for an
+    orphan (it did: a volume's import failed with the tool's container removed under it)."""
+    name = f"sandboxd-tooltest-{secrets.token_hex(4)}"
+    labels = ["--label", f"io.sandboxd.owner={box.owner}", "--label", "io.sandboxd.disk-tool=usage"]
+    subprocess.run(
+        ["docker", "run", "-d", "--name", name, "--network", "none", *labels, IMAGE, "sleep", "60"],
+        capture_output=True,
+        check=True,
+    )
+    try:
+        box.stubs.admin.Sweep(admin_pb2.SweepRequest(), timeout=CALL_TIMEOUT)
+        running = subprocess.run(
+            ["docker", "inspect", "--format", "{{.State.Running}}", name],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert running.stdout.strip() == "true", running.stderr
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
 
 
 @pytest.mark.skipif(not gvisor_registered(), reason="runsc is not registered with the engine")

@@ -55,6 +55,7 @@ from sandboxd.engine.runsc_leftovers import end_leftovers
 from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
+from sandboxd.storage.disk_tool import LABEL_DISK_TOOL
 from sandboxd.storage.docker_disks import DockerDisks
 
 # Every request has a deadline (streams of exec output excepted: those last as long as the
@@ -261,6 +262,10 @@ class DockerEngine:
         for c in found:
             doc = compat.container_document(c)
             labels = doc.get("Labels") or {}
+            if LABEL_DISK_TOOL in labels:
+                # A disk tool run (storage/docker_disks.py) is not a sandbox: reconcile would
+                # take it for an orphan and remove it mid-run; the disk's own code removes it.
+                continue
             result.append(
                 SandboxInfo(
                     sandbox_id=str(doc["Id"]),
