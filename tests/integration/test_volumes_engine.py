@@ -6,6 +6,7 @@ while mounted), the sweep leaving a volume's disk alone, and the same mounts und
 
 from __future__ import annotations
 
+import contextlib
 import io
 import secrets
 import signal
@@ -71,6 +72,18 @@ def _remove_disks(owner: str) -> None:
         subprocess.run(["docker", "volume", "rm", "-f", name], capture_output=True, check=False)
 
 
+def _delete_everything(box: Box) -> None:
+    """What a failed test left, through the API: sessions, then volumes (a deleted volume's
+    disk is detached from its loop device, which removing engine volumes would not do)."""
+    listed = box.stubs.sessions.ListSessions(session_pb2.ListSessionsRequest(page_size=1000))
+    for s in listed.sessions:
+        with contextlib.suppress(grpc.RpcError):
+            _delete(box, s.session_id)
+    for v in box.volumes.ListVolumes(volumes_pb2.ListVolumesRequest(page_size=1000)).volumes:
+        with contextlib.suppress(grpc.RpcError):
+            box.volumes.DeleteVolume(volumes_pb2.DeleteVolumeRequest(volume_id=v.volume_id))
+
+
 @pytest.fixture(scope="module")
 def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
     owner = "vol" + secrets.token_hex(4)
@@ -80,6 +93,7 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
     try:
         yield b
     finally:
+        _delete_everything(b)
         b.stubs.channel.close()
         b.srv.stop()
         remove_owned_containers(owner)
