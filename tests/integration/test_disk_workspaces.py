@@ -292,3 +292,34 @@ def test_bad_sizes_and_a_disk_past_the_free_space_are_refused_with_nothing_made(
     get = session_pb2.GetSessionRequest(session_id=sid)
     expect_error(lambda: dstubs.sessions.GetSession(get), grpc.StatusCode.NOT_FOUND)
     assert _volumes(disk_server.owner_id) == []
+
+
+def test_export_import_and_a_template_work_on_a_disk_workspace(
+    dstubs: Stubs, disk_session: object
+) -> None:
+    snapshots = snapshot_pb2_grpc.SnapshotServiceStub(dstubs.channel)
+    source = disk_session()  # type: ignore[operator]
+    assert (
+        _sh(dstubs, source.session_id, "mkdir -p /workspace/p && echo x > /workspace/p/a")[0] == 0
+    )
+    exported = b"".join(
+        r.chunk.data
+        for r in snapshots.ExportArchive(
+            snapshot_pb2.ExportArchiveRequest(session_id=source.session_id)
+        )
+    )
+    target = disk_session(template="python")  # type: ignore[operator]
+
+    def upload() -> Iterator[snapshot_pb2.ImportArchiveRequest]:
+        header = snapshot_pb2.ImportArchiveHeader(session_id=target.session_id, path="in")
+        yield snapshot_pb2.ImportArchiveRequest(header=header)
+        yield snapshot_pb2.ImportArchiveRequest(data=exported)
+
+    snapshots.ImportArchive(upload())
+    code, out, err = _sh(
+        dstubs,
+        target.session_id,
+        "cat /workspace/in/p/a && python3 -c \"open('/workspace/py.txt','w').write('ok')\" "
+        "&& cat /workspace/py.txt",
+    )
+    assert code == 0 and out == "x\nok", (out, err)
