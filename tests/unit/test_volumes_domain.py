@@ -206,6 +206,7 @@ async def test_create_is_idempotent_and_a_different_one_is_refused(world: World)
     assert v.record.disk.startswith(DISK_PREFIX) and "data" not in v.record.disk
     got = await world.volumes.get("data")
     assert (got.record.labels, got.used_bytes, got.attached) == ({"team": "a"}, 4096, ())
+    assert v.used_bytes == 0  # a new volume is not measured (a container run per disk)
 
 
 async def test_another_tenants_volume_is_not_found_and_never_revealed(world: World) -> None:

@@ -92,7 +92,7 @@ class Volumes:
                 )
                 await self._make(record)
         log.info("volume created", extra={"volume_id": volume_id})
-        return await self._view(record)
+        return await self._view(record, measure=False)  # empty: nothing to measure yet
 
     async def _check_quota(self, tenant: str, size: int) -> None:
         count, total = await self._store.usage(tenant)
