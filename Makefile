@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 IMAGE ?= sandboxd-runtime:busybox
 PROTOS := $(wildcard proto/sandboxd/v1/*.proto)
 
-.PHONY: all run test test-unit gvisor registry proto docs config package image-server lint bench engine image python-image helper helper-asan venv clean node-deps buf go-deps
+.PHONY: all run test test-unit gvisor registry proto docs config package image-server lint bench engine image disk-image python-image helper helper-asan venv clean node-deps buf go-deps
 
 all: venv helper
 
@@ -62,6 +62,11 @@ engine:
 
 image: engine
 	bash service/sandboxd/runtime_images/busybox.sh $(IMAGE)
+	bash scripts/build-disk-image.sh sandboxd-disktool:1
+
+# The disk tool (e2fsprogs, losetup) that makes disk workspaces: built offline, with `image`.
+disk-image: engine
+	bash scripts/build-disk-image.sh sandboxd-disktool:1
 
 # gVisor's runsc registered with the engine as runtime "runsc" (SIGHUP, never a restart);
 # says why and goes on where it cannot be had (not root, remote engine).

@@ -38,6 +38,7 @@ from sandboxd.config_sections import (
     ServerSection,
     TemplatesSection,
     TenancySection,
+    VolumesSection,
     WatchSection,
 )
 from sandboxd.config_sections.server import MAX_ID
@@ -84,6 +85,7 @@ class Config:
     watch: WatchSection = field(default_factory=WatchSection)
     previews: PreviewsSection = field(default_factory=PreviewsSection)
     agent: AgentSection = field(default_factory=AgentSection)
+    volumes: VolumesSection = field(default_factory=VolumesSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.
@@ -220,6 +222,11 @@ def _limit_problems(config: Config) -> Iterator[str]:
         default, maximum = getattr(limits, f"default_{name}"), getattr(limits, f"max_{name}")
         if default > maximum:
             yield f"default_{name} ({default}) is larger than max_{name} ({maximum})"
+    if limits.default_disk_bytes > limits.max_disk_bytes:
+        yield (
+            f"default_disk_bytes ({limits.default_disk_bytes}) is larger than max_disk_bytes "
+            f"({limits.max_disk_bytes})"
+        )
     leases = config.leases
     if not 0 < leases.default_s <= leases.max_s:
         yield (

@@ -32,6 +32,7 @@ from sandboxd.api.session_previews import SessionPreviewRpcs
 from sandboxd.api.session_service import SessionService
 from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.api.template_service import TemplateService
+from sandboxd.api.volume_service import VolumeService
 from sandboxd.audit import AuditLog
 from sandboxd.config import Config, listens_on_loopback
 from sandboxd.dir_watch import DirWatches
@@ -55,6 +56,8 @@ from sandboxd.v1 import (
     snapshot_pb2_grpc,
     template_pb2,
     template_pb2_grpc,
+    volumes_pb2,
+    volumes_pb2_grpc,
 )
 
 # The server's own log lines keep the logger name operators filter on.
@@ -68,6 +71,7 @@ SERVICE_NAMES = (
     snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name,
     audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name,
     template_pb2.DESCRIPTOR.services_by_name["TemplateService"].full_name,
+    volumes_pb2.DESCRIPTOR.services_by_name["VolumeService"].full_name,
 )
 
 
@@ -142,6 +146,9 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
     audit_pb2_grpc.add_AuditServiceServicer_to_server(AuditService(AuditLog(p.audit_store)), server)
     template_pb2_grpc.add_TemplateServiceServicer_to_server(
         TemplateService(p.templates, config.tenancy.stream_idle_timeout_s), server
+    )
+    volumes_pb2_grpc.add_VolumeServiceServicer_to_server(
+        VolumeService(p.volumes, config.tenancy.stream_idle_timeout_s), server
     )
     health_servicer = Health()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -40,6 +40,7 @@ from sandboxd.egress.addresses import Protected
 from sandboxd.egress.manager import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
 from sandboxd.engine import DockerEngine, Engine, docker_tls
+from sandboxd.engine.docker_volumes import DockerVolumeDisks
 from sandboxd.events import EventHub, ObservedStore
 from sandboxd.execution import Executor
 from sandboxd.file_transfer import FileTransfer
@@ -66,6 +67,10 @@ from sandboxd.templates.builtin_images import BuiltinImages, ScriptRunner
 from sandboxd.templates.store import TemplateStore
 from sandboxd.token_file import TokenFile
 from sandboxd.tracing import provider_for, traced, tracer_of
+from sandboxd.volumes.claims import VolumeClaims
+from sandboxd.volumes.porting import SandboxPorter
+from sandboxd.volumes.service import Volumes
+from sandboxd.volumes.store import VolumeStore
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class Parts:
     templates: Templates
     sessions: SessionManager
     snapshots: Snapshots
+    volumes: Volumes
     checkpoints: Checkpoints
     previews: Previews
     transfer: FileTransfer
@@ -115,6 +121,8 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             gvisor_runtime=config.isolation.gvisor_runtime,
             address=engine_address,
             agent=agent_settings(config),
+            owner_id=owner_id,
+            disk_tool_image=config.engine.disk_tool_image,
         )
     )
     provider = provider_for(config.metrics.otlp_endpoint)
@@ -213,6 +221,16 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     )
     stack.push_async_callback(templates.close)
     preview_parts = await previews_setup.prepare(config, store)
+    volume_store = await VolumeStore(store.db).open()
+    porter_runs: set[str] = set()  # volume porters and hand-overs in flight
+    disks = DockerVolumeDisks(
+        docker.docker,
+        docker.disks,
+        owner_id=owner_id,
+        image=config.engine.image,
+        running=porter_runs,
+    )
+    claims = VolumeClaims(volume_store, store, disks)
     sessions = SessionManager(
         config,
         engine,
@@ -229,6 +247,24 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         pulls=pulls,
         templates=templates,
         host_ids=host_ids,
+        volumes=claims,
+    )
+    volumes = Volumes(
+        config.volumes,
+        volume_store,
+        claims,
+        disks,
+        owner_id,
+        SandboxPorter(
+            engine,
+            archive,
+            disks,
+            host_ids,
+            owner_id=owner_id,
+            image=config.engine.image,
+            limits=config.limits.default,
+            running=porter_runs,
+        ),
     )
     snapshots = Snapshots(
         keeper,
@@ -275,8 +311,15 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         previews=previews,
         transfer=FileTransfer(files.helper, config.tenancy.stream_idle_timeout_s),
         sweeper=Sweeper(
-            sessions, engine, owner_id, snapshots, pulls=pulls, on_swept=_counted(metrics)
+            sessions,
+            engine,
+            owner_id,
+            snapshots,
+            pulls=pulls,
+            on_swept=_counted(metrics),
+            volumes=volumes,
         ),
+        volumes=volumes,
         tokens=tokens,
         tracer=tracer,
     )

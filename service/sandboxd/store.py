@@ -38,7 +38,9 @@ from sandboxd.models import (
     SessionSpec,
     SessionState,
     ShellPolicy,
+    VolumeMount,
     WorkspaceManifest,
+    WorkspaceStorage,
 )
 from sandboxd.schema import add_column, statements, steps_of
 from sandboxd.sqlite_file import SqliteFile
@@ -94,6 +96,12 @@ def _spec_to_json(spec: SessionSpec) -> str:
             "requested_user": spec.requested_user,
             "isolation": spec.isolation.value,
             "template": spec.template,
+            "volumes": [
+                {"volume_id": v.volume_id, "path": v.path, "read_only": v.read_only, "disk": v.disk}
+                for v in spec.volumes
+            ],
+            "storage": spec.storage.value,
+            "disk_id": spec.disk_id,
             "manifest": {
                 "id": spec.manifest.id,
                 "files": [
@@ -154,6 +162,9 @@ def _spec_from_json(text: str) -> SessionSpec:
         ),
         isolation=Isolation(d.get("isolation", Isolation.RUNC.value)),
         template=d.get("template", ""),
+        volumes=tuple(VolumeMount(**v) for v in d.get("volumes", [])),
+        storage=WorkspaceStorage(d.get("storage", WorkspaceStorage.MEMORY.value)),
+        disk_id=d.get("disk_id", ""),
     )
 
 
@@ -375,6 +386,34 @@ class SessionStore(SqliteFile):
             row = await cur.fetchone()
         assert row is not None
         return int(row[0]), int(row[1])
+
+    async def volume_users(
+        self, tenant: str, volume_id: str, live_states: tuple[str, ...]
+    ) -> list[tuple[str, bool]]:
+        """(session id, read-only) of the tenant's sessions in `live_states` that mount the
+        volume: read from the records themselves, so no second list of mounts can drift from
+        what the sandboxes were made with (a create, a delete, an expiry or a failed create
+        each change only the record)."""
+        marks = ", ".join("?" for _ in live_states)
+        async with self.db.execute(
+            "SELECT s.session_id, json_extract(v.value, '$.read_only')"
+            " FROM sessions s, json_each(s.spec, '$.volumes') v"
+            f" WHERE s.tenant = ? AND s.state IN ({marks})"
+            " AND json_extract(v.value, '$.volume_id') = ? ORDER BY s.session_id",
+            (tenant, *live_states, volume_id),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [(str(r[0]), bool(r[1])) for r in rows]
+
+    async def disk_ids(self, states: tuple[SessionState, ...]) -> set[str]:
+        """The disk workspaces the records in `states` name (the sweep keeps those)."""
+        marks = ", ".join("?" for _ in states)
+        async with self.db.execute(
+            "SELECT json_extract(spec, '$.disk_id') FROM sessions"
+            f" WHERE state IN ({marks}) AND json_extract(spec, '$.disk_id') != ''",
+            tuple(s.value for s in states),
+        ) as cur:
+            return {str(r[0]) for r in await cur.fetchall() if r[0]}
 
     async def host_ids_between(self, first: int, last: int) -> set[int]:
         """Every uid or gid in [first, last] a record holds, whatever its state: an id stays

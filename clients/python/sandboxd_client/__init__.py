@@ -44,6 +44,7 @@ from sandboxd_client.models import (
 from sandboxd_client.previews import Preview
 from sandboxd_client.session import Session
 from sandboxd_client.templates import BuildLogLine, Template
+from sandboxd_client.volumes import Volume, VolumeMount
 from sandboxd_client.watch import SessionEvent, SessionStats
 
 __version__ = "0.2.0"
@@ -55,6 +56,8 @@ __all__ = [
     "Preview",
     "BuildLogLine",
     "Template",
+    "Volume",
+    "VolumeMount",
     "ImageInfo",
     "PullDone",
     "PullProgress",

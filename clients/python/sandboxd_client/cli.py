@@ -50,6 +50,7 @@ from sandboxd_client.cli_snapshots import (
     cmd_snapshot_rm,
 )
 from sandboxd_client.cli_templates import add_template_commands
+from sandboxd_client.cli_volumes import add_volume_commands
 from sandboxd_client.client import TLS, SandboxClient
 from sandboxd_client.errors import SandboxError
 from sandboxd_client.models import as_dict
@@ -243,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_image_commands(sub)
     add_template_commands(sub)
+    add_volume_commands(sub)
     add_preview_commands(sub)
     snap = sub.add_parser("snapshot", help="snapshots: create, ls, get, rm, download")
     ssub = snap.add_subparsers(dest="snapshot_command", required=True)

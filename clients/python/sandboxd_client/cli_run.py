@@ -19,6 +19,7 @@ from pathlib import Path
 from sandboxd_client.cli_network import add_policy_options, policy_from
 from sandboxd_client.cli_output import emit, pairs
 from sandboxd_client.cli_shell import run_shell
+from sandboxd_client.cli_volumes import volume_mounts
 from sandboxd_client.client import SandboxClient
 from sandboxd_client.models import ResourceLimits
 from sandboxd_client.session import Session
@@ -46,6 +47,12 @@ def add_session_options(p: argparse.ArgumentParser, *, env: bool = True) -> None
     p.add_argument("--file", action="append", metavar="REMOTE=LOCAL", help="declare a file")
     p.add_argument("--image")
     p.add_argument("--template", help="a template by name, e.g. python (instead of --image)")
+    p.add_argument(
+        "--volume",
+        action="append",
+        metavar="ID:PATH[:ro]",
+        help="mount a volume of yours below /mnt (repeat)",
+    )
     p.add_argument(
         "--isolation", choices=("runc", "gvisor"), help="isolation tier (default: the server's)"
     )
@@ -112,6 +119,7 @@ async def session_from_args(
         isolation=args.isolation or "",
         template=args.template or "",
         pull_policy=args.pull_policy or "",
+        volumes=volume_mounts(getattr(args, "volume", None)),
     )
 
 

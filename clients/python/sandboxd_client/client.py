@@ -64,6 +64,7 @@ from sandboxd_client.models import (
 from sandboxd_client.previews import PreviewsMixin
 from sandboxd_client.session import Session
 from sandboxd_client.templates import TemplatesMixin
+from sandboxd_client.volumes import VolumeMount, VolumesMixin
 from sandboxd_client.watch import WatchMixin
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -102,7 +103,9 @@ def check_api_version(info: ServerInfo, address: str) -> None:
         )
 
 
-class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, PreviewsMixin):
+class SandboxClient(
+    AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, PreviewsMixin, VolumesMixin
+):
     """A connection to one sandboxd server; use as `async with SandboxClient(addr) as c`.
 
     `token` is sent as a bearer token on every call. `timeout` is the default deadline in
@@ -342,6 +345,7 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, Preview
         isolation: str = "",
         template: str = "",
         pull_policy: str = "",
+        volumes: Sequence[VolumeMount] = (),
         timeout: float | None = UNSET,
     ) -> Session:
         """Create a session. Every command is denied unless named in `allow` or `allow_all`.
@@ -349,6 +353,7 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, Preview
         `isolation` is "runc" or "gvisor" (empty: the server's default; `server_info()` lists
         the tiers on offer); a tier the server cannot give is refused, never replaced.
         `template` names a template ("python", "busybox") instead of an `image`.
+        `volumes` mounts the caller's volumes (VolumeService) below /mnt.
 
         With a caller-chosen `session_id` the call is idempotent (the same request returns
         the same session), so it is retried on transient errors; without one it never is.
@@ -378,6 +383,7 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, Preview
             else common_pb2.ISOLATION_UNSPECIFIED,
             template=template,
             pull_policy=pull_policy_pb(pull_policy),
+            volumes=[v.to_pb() for v in volumes],
         )
         resp = await self._unary(
             "SessionService/CreateSession",

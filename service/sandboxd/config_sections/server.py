@@ -118,6 +118,12 @@ class EngineSection:
     )
     image: str = setting("sandboxd-runtime:busybox", TEXT, "default runtime image of a session")
     helper: Path = setting(Path(), PATH, "path of the static sbx helper binary mounted in")
+    disk_tool_image: str = setting(
+        "sandboxd-disktool:1",
+        TEXT,
+        "image of the short-lived tool container that makes disk workspaces (e2fsprogs, "
+        "losetup; `make disk-image` builds it on the engine)",
+    )
     keeper_user: str = setting(
         "65533:65533", TEXT, "uid:gid of each container's idle main process", check=_keeper_problem
     )

@@ -38,6 +38,7 @@ from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_exec import DockerExecStream
 from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.docker_tls import EngineAddress, engine_address
+from sandboxd.engine.docker_volumes import with_volume_sources
 from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
     ExecRequest,
@@ -54,6 +55,8 @@ from sandboxd.engine.runsc_leftovers import end_leftovers
 from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
+from sandboxd.storage.disk_tool import LABEL_DISK_TOOL
+from sandboxd.storage.docker_disks import DockerDisks
 
 # Every request has a deadline (streams of exec output excepted: those last as long as the
 # command, bounded by its own timeout).
@@ -75,6 +78,8 @@ class DockerEngine:
         gvisor_runtime: str = "runsc",
         address: EngineAddress | None = None,
         agent: ChannelSettings | None = None,
+        owner_id: str = "",
+        disk_tool_image: str = "sandboxd-disktool:1",
     ) -> None:
         # The engine runtime of each tier: HostConfig.Runtime of every sandbox says which.
         self._runtimes = {Isolation.RUNC: "runc", Isolation.GVISOR: gvisor_runtime}
@@ -89,6 +94,10 @@ class DockerEngine:
         self._docker: aiodocker.Docker | None = None
         self.api_version = ""
         self._committing: set[str] = set()  # names of the commit stand-ins in use now
+        # Disk workspaces and volumes (sandboxd.storage), made by a tool container.
+        self.disks = DockerDisks(
+            lambda: self.docker, self._translate, owner_id=owner_id, tool_image=disk_tool_image
+        )
         # With an agent, sandboxes run `sbx agent` and commands go over its channel.
         self.agents = AgentRouter(DockerAgentPort(self), agent) if agent is not None else None
 
@@ -155,9 +164,10 @@ class DockerEngine:
 
     # ----- sandboxes ---------------------------------------------------------------------
 
-    def _config(self, request: SandboxRequest) -> dict[str, Any]:
+    def _config(self, request: SandboxRequest, workspace_volume: str = "") -> dict[str, Any]:
         return container_config(
             request,
+            workspace_volume=workspace_volume,
             helper_volume=self._helper.name,
             keeper_user=self._keeper_user,
             runtime=self._runtimes[request.spec.isolation],
@@ -172,9 +182,13 @@ class DockerEngine:
     async def create_sandbox(self, request: SandboxRequest) -> str:
         with self._translate(f"filling the helper volume {self._helper.name}"):
             await self._helper.ensure(self.docker, request.spec.image)
+        # Volumes: each disk attached now (again after a host restart), on the loop it is on.
+        request = await with_volume_sources(self.disks, request)
+        # A disk workspace: attached now (again after a host restart), on the loop it is on.
+        volume = await self.disks.attach(request.spec.disk_id) if request.spec.on_disk else ""
         with self._translate(f"creating container {request.name}"):
             container = await self.docker.containers.create(
-                self._config(request), name=request.name
+                self._config(request, volume), name=request.name
             )
         return str(container.id)
 
@@ -248,6 +262,10 @@ class DockerEngine:
         for c in found:
             doc = compat.container_document(c)
             labels = doc.get("Labels") or {}
+            if LABEL_DISK_TOOL in labels:
+                # A disk tool run (storage/docker_disks.py) is not a sandbox: reconcile would
+                # take it for an orphan and remove it mid-run; the disk's own code removes it.
+                continue
             result.append(
                 SandboxInfo(
                     sandbox_id=str(doc["Id"]),

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from sandboxd.isolation import Isolation
 from sandboxd.models import SessionSpec
+from sandboxd.storage.disks import Disks
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,12 @@ class ExecStream(Protocol):
 
 class Engine(Protocol):
     """A container engine as sandboxd uses it. Every id is the engine's own."""
+
+    @property
+    def disks(self) -> Disks:
+        """Disks a sandbox mounts (disk workspaces, named volumes): sandboxd.storage.disks. A
+        request whose spec is on disk is created on its disk, which must exist (`create`)."""
+        ...
 
     async def ping(self) -> str:
         """The engine's API version; raises EngineUnavailable when it does not answer."""

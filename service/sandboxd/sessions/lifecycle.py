@@ -52,6 +52,7 @@ from sandboxd.sessions.suspension import Suspension
 from sandboxd.snapshot_store import Snapshot
 from sandboxd.store import SessionStore
 from sandboxd.templates.builtin import TemplateImages
+from sandboxd.volumes.claims import VolumeClaims, claim_volumes
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,10 @@ class SessionManager:
         pulls: Pulls | None = None,
         templates: TemplateImages | None = None,
         host_ids: HostIds | None = None,
+        volumes: VolumeClaims | None = None,
     ) -> None:
         self._config = config
+        self._volumes = volumes  # None: a create naming a volume is VOLUME_NOT_FOUND
         # Shared with the warm pool, whose containers hold ids too (server_parts.py).
         self._host_ids = host_ids or HostIds.for_config(config, store)
         self._templates = templates  # None: the built-in templates only
@@ -210,10 +213,13 @@ class SessionManager:
             # The session's own host uid and gid, whatever `user` asked: held until the
             # record that takes it is written (a fork gets its own; a warm container brings
             # the one it was made with, sessions/sandboxes.py).
-            async with self._host_ids.holding() as host_id:
+            async with (
+                self._host_ids.holding() as host_id,
+                claim_volumes(self._volumes, spec.volumes, host_id) as mounts,
+            ):
                 session = Session(
                     session_id=session_id,
-                    spec=spec.as_host(host_id, host_id),
+                    spec=dataclasses.replace(spec.as_host(host_id, host_id), volumes=mounts),
                     fingerprint=fingerprint,
                     state=SessionState.CREATING,
                     created_at=created,
@@ -225,7 +231,8 @@ class SessionManager:
             undo = Undo()
             undo.push(lambda: self._store.delete(session_id))
             try:
-                await self._sandboxes.provision(session, undo)
+                # A warm container has another host uid than the one the volumes were handed to.
+                await self._sandboxes.provision(session, undo, warm_ok=not mounts)
                 if spec.manifest.files or spec.manifest.directories:
                     await write_manifest(self._engine, session)
                 if source is not None:
@@ -392,7 +399,7 @@ class SessionManager:
             session = await self._store.get(session_id)
             if session is None or session.tenant != tenancy.current():
                 return False  # idempotent; another tenant's session is not there for the caller
-            await self._sandboxes.teardown(session)
+            await self._sandboxes.teardown(session, drop_disk=True)
             await self._store.delete(session_id)
             await self._keeper.forget_session(session_id)
             log.info("session deleted", extra={"session_id": session_id})
