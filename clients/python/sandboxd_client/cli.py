@@ -320,7 +320,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     if args.func is cmd_completion:  # calls no server: no grpc
-        return asyncio.run(cmd_completion(None, args))
+        print(completion_script(build_parser(), args.shell))
+        return 0
     from sandboxd_client.errors import SandboxError  # grpc: once a command will call the server
 
     try:
