@@ -9,12 +9,14 @@ drift from the .proto files.
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import sys
 import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[3]
 PROTO_ROOT = REPO / "proto"
@@ -204,14 +206,17 @@ def client_reason_errors_module(docs: list[ReasonDoc]) -> str:
     INTERNAL is `Internal`) is that class; every other reason gets a class of its own that
     subclasses its family, so code that catches the family keeps catching it.
     """
-    from sandboxd_client import _families  # the client package: installed next to the server
+    # The client package, installed next to the server (`make venv`); imported by name, as the
+    # server's type check does not see the client's sources.
+    _families: Any = importlib.import_module("sandboxd_client._families")
 
     own: list[tuple[ReasonDoc, str, str]] = []  # (doc, class name, parent name)
     table: list[tuple[str, str]] = []
     for d in docs:
         name = pascal(d.name)
-        existing = getattr(_families, name, None)
-        if isinstance(existing, type) and issubclass(existing, _families.SandboxError):
+        existing: Any = getattr(_families, name, None)
+        hand_named = isinstance(existing, type) and issubclass(existing, _families.SandboxError)
+        if hand_named:
             if existing.code.name != d.code:
                 raise SystemExit(f"{d.name}: class {name} stands for {existing.code.name}")
         else:
