@@ -289,3 +289,45 @@ def test_a_connection_that_never_finishes_its_request_is_closed(
             while sock.recv(4096):  # a 408 may come first; then the close
                 pass
             assert time.monotonic() - started < 50
+
+
+def test_calls_past_web_max_calls_are_refused_at_once(tmp_path: Path) -> None:
+    """With web_max_calls 1, a second call while a stream is open is resource_exhausted
+    without waiting, and is served again once the stream ends."""
+    owner = "webcap" + secrets.token_hex(4)
+    srv = start_server(
+        tmp_path / "data", owner, "--web-listen", "127.0.0.1:0", "--web-max-calls", "1"
+    )
+    try:
+        port = next(int(m.group(1)) for m in map(_WEB_RE.search, srv.log_lines) if m)
+        info = "/sandboxd.v1.AdminService/GetServerInfo"
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        body = b'{"shell": {"allow": ["sleep"]}}'
+        status, _, made = _post(
+            port, "/sandboxd.v1.SessionService/CreateSession", body, "application/json"
+        )
+        assert status == 200, made
+        sid = json.loads(made)["session"]["sessionId"]
+        req = process_pb2.ExecRequest(session_id=sid, argv=["sleep", "300"]).SerializeToString()
+        conn.request(
+            "POST",
+            "/sandboxd.v1.ProcessService/Exec",
+            struct.pack(">BI", 0, len(req)) + req,
+            {"Content-Type": "application/grpc-web+proto"},
+        )
+        resp = conn.getresponse()
+        assert resp.status == 200
+        flags, length = struct.unpack(">BI", resp.read(5))  # Started: the call holds the slot
+        resp.read(length)
+        status, _, refused = _post(port, info, b"{}", "application/json")
+        assert status == 429 and json.loads(refused)["code"] == "resource_exhausted"
+        conn.close()
+        for _ in range(60):
+            status, _, _ = _post(port, info, b"{}", "application/json")
+            if status == 200:
+                break
+            time.sleep(0.5)
+        assert status == 200
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)

@@ -69,7 +69,7 @@ class WebGateway:
         self._tls = tls
         self._max_message = max_message_bytes
         self._origins = frozenset(origins(settings.allowed_origins))
-        self._slots = asyncio.Semaphore(settings.max_calls)
+        self._in_flight = 0  # calls past the checks, body read or being answered
         self._channel: grpc.aio.Channel | None = None
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -143,6 +143,27 @@ class WebGateway:
         headers = {k.lower(): v for k, v in request.headers.items()}
         reply = _Reply(request, protocol, {**cors, "Access-Control-Expose-Headers": _exposed()})
         method = self._methods.get(request.path)
+        if self._in_flight >= self._settings.max_calls:
+            return await reply.error(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "the web gateway's calls are all in use",
+                None,
+                (),
+            )
+        self._in_flight += 1  # taken before the body is read: no more than max_calls wait on one
+        try:
+            return await self._serve(request, method, protocol, headers, reply)
+        finally:
+            self._in_flight -= 1
+
+    async def _serve(
+        self,
+        request: web.Request,
+        method: Method | None,
+        protocol: Protocol,
+        headers: dict[str, str],
+        reply: _Reply,
+    ) -> web.StreamResponse:
         try:
             check_connect_version(protocol, headers)
             timeout = deadline_of(protocol, headers)
@@ -153,21 +174,16 @@ class WebGateway:
                     f"{request.path}: {what} over the web gateway (use the gRPC port)",
                 )
             if protocol.kind == CONNECT_UNARY and method.server_streaming:
-                return web.Response(status=415, headers={**cors, "Accept-Post": _STREAMING})
-            if self._slots.locked():
-                raise _Refusal(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED, "the web gateway's calls are all in use"
+                return web.Response(
+                    status=415, headers={**reply.headers, "Accept-Post": _STREAMING}
                 )
             body = await self._body(request, protocol)
             payload = method.request_bytes(body, protocol.codec)
         except _Refusal as refusal:
             return await reply.error(refusal.code, refusal.message, None, ())
-        except ProtocolError as exc:
+        except (ProtocolError, CodecError) as exc:
             return await reply.error(grpc.StatusCode.INVALID_ARGUMENT, str(exc), None, ())
-        except CodecError as exc:
-            return await reply.error(grpc.StatusCode.INVALID_ARGUMENT, str(exc), None, ())
-        async with self._slots:
-            return await self._call(method, payload, forwarded_metadata(headers), timeout, reply)
+        return await self._call(method, payload, forwarded_metadata(headers), timeout, reply)
 
     async def _body(self, request: web.Request, protocol: Protocol) -> bytes:
         """The one request message, unframed; bounded in size and in time."""
