@@ -51,6 +51,7 @@ from sandboxd.settings import (
     parse_duration,
     parse_size,
 )
+from sandboxd.web.settings import WebSection
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -86,6 +87,7 @@ class Config:
     previews: PreviewsSection = field(default_factory=PreviewsSection)
     agent: AgentSection = field(default_factory=AgentSection)
     volumes: VolumesSection = field(default_factory=VolumesSection)
+    web: WebSection = field(default_factory=WebSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.
@@ -320,4 +322,28 @@ def validate_access(config: Config) -> None:
             f"listen {config.server.listen!r}: refusing to serve a non-loopback address without "
             "authentication; set tokens_file (and preferably tls_cert/tls_key), listen on "
             "127.0.0.1, or set allow_insecure_public_listen=true to accept the risk"
+        )
+    _validate_web_access(config)
+
+
+def _validate_web_access(config: Config) -> None:
+    """The web gateway answers with the gRPC port's authentication, so the same refusals hold;
+    client certificates cannot pass through it, so it is refused where they are required."""
+    t, listen = config.tenancy, config.web.listen
+    if not listen or host_port_problem(listen, "127.0.0.1:8080") is not None:
+        return
+    if t.tls_client_ca is not None:
+        raise ConfigError(
+            f"web_listen {listen!r}: the web gateway cannot pass client certificates on; "
+            "unset web_listen, or tls_client_ca"
+        )
+    if (
+        t.tokens_file is None
+        and not t.allow_insecure_public_listen
+        and not listens_on_loopback(listen)
+    ):
+        raise ConfigError(
+            f"web_listen {listen!r}: refusing to serve a non-loopback address without "
+            "authentication; set tokens_file, listen on 127.0.0.1, or set "
+            "allow_insecure_public_listen=true to accept the risk"
         )

@@ -7,17 +7,20 @@ import argparse
 import asyncio
 import sys
 from collections.abc import AsyncIterator, Sequence
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from sandboxd_client.cli_output import emit, pairs, table, when
-from sandboxd_client.client import SandboxClient
-from sandboxd_client.volumes import Volume, VolumeMount
+
+if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
+    from sandboxd_client.client import SandboxClient
+    from sandboxd_client.volumes import Volume, VolumeMount
 
 CHUNK = 256 * 1024
 
 
 def volume_mounts(specs: Sequence[str] | None) -> list[VolumeMount]:
     """`--volume ID:PATH[:ro]` options as mounts (the server checks the path)."""
+    from sandboxd_client.volumes import VolumeMount
     mounts = []
     for spec in specs or ():
         volume_id, sep, rest = spec.partition(":")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -108,7 +109,8 @@ class SandboxClient(
 ):
     """A connection to one sandboxd server; use as `async with SandboxClient(addr) as c`.
 
-    `token` is sent as a bearer token on every call. `timeout` is the default deadline in
+    `address` unset is $SANDBOXD_ADDR (else 127.0.0.1:50051). `token` (unset:
+    $SANDBOXD_TOKEN) is sent as a bearer token on every call. `timeout` is the default deadline in
     seconds of unary calls; `connect_timeout` bounds the first-use version check when the
     call has no deadline of its own. `retry` is the retry policy of idempotent calls (None:
     no retries at all).
@@ -116,7 +118,7 @@ class SandboxClient(
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         *,
         token: str | None = None,
         tls: _channel.TLS | None = None,
@@ -125,7 +127,11 @@ class SandboxClient(
         retry: RetryPolicy | None = DEFAULT_RETRY,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        self.address = address
+        # As sandboxctl: unset, the address is $SANDBOXD_ADDR (else 127.0.0.1:50051) and the
+        # token $SANDBOXD_TOKEN, so a script or notebook needs no configuration code.
+        self.address = address or os.environ.get("SANDBOXD_ADDR") or DEFAULT_ADDRESS
+        if token is None:
+            token = os.environ.get("SANDBOXD_TOKEN") or None
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.retry = retry
