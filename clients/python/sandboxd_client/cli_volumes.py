@@ -21,6 +21,7 @@ CHUNK = 256 * 1024
 def volume_mounts(specs: Sequence[str] | None) -> list[VolumeMount]:
     """`--volume ID:PATH[:ro]` options as mounts (the server checks the path)."""
     from sandboxd_client.volumes import VolumeMount
+
     mounts = []
     for spec in specs or ():
         volume_id, sep, rest = spec.partition(":")
