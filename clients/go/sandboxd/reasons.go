@@ -292,6 +292,8 @@ var (
 	ErrTemplateInstructionNotAllowed = &Error{Code: codes.InvalidArgument, Reason: "TEMPLATE_INSTRUCTION_NOT_ALLOWED"}
 	// ErrTenantImageQuota: RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first.
 	ErrTenantImageQuota = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_IMAGE_QUOTA"}
+	// ErrMemorySuspendUnsupported: FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was.
+	ErrMemorySuspendUnsupported = &Error{Code: codes.FailedPrecondition, Reason: "MEMORY_SUSPEND_UNSUPPORTED"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -439,4 +441,5 @@ var Reasons = map[string]ReasonInfo{
 	"REPLY_TOO_LARGE":                  {codes.ResourceExhausted, false, ErrReplyTooLarge},
 	"TEMPLATE_INSTRUCTION_NOT_ALLOWED": {codes.InvalidArgument, false, ErrTemplateInstructionNotAllowed},
 	"TENANT_IMAGE_QUOTA":               {codes.ResourceExhausted, false, ErrTenantImageQuota},
+	"MEMORY_SUSPEND_UNSUPPORTED":       {codes.FailedPrecondition, false, ErrMemorySuspendUnsupported},
 }

@@ -267,6 +267,8 @@ export declare class ReplyTooLargeError extends ResourceExhausted {}
 export declare class TemplateInstructionNotAllowedError extends InvalidArgument {}
 /** RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first. */
 export declare class TenantImageQuotaError extends ResourceExhausted {}
+/** FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was. */
+export declare class MemorySuspendUnsupportedError extends FailedPrecondition {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -411,7 +413,8 @@ export type Reason =
   | 'HOST_IDS_EXHAUSTED'
   | 'REPLY_TOO_LARGE'
   | 'TEMPLATE_INSTRUCTION_NOT_ALLOWED'
-  | 'TENANT_IMAGE_QUOTA';
+  | 'TENANT_IMAGE_QUOTA'
+  | 'MEMORY_SUSPEND_UNSUPPORTED';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

@@ -371,7 +371,8 @@ export type ErrorReason =
   | 'ERROR_REASON_HOST_IDS_EXHAUSTED'
   | 'ERROR_REASON_REPLY_TOO_LARGE'
   | 'ERROR_REASON_TEMPLATE_INSTRUCTION_NOT_ALLOWED'
-  | 'ERROR_REASON_TENANT_IMAGE_QUOTA';
+  | 'ERROR_REASON_TENANT_IMAGE_QUOTA'
+  | 'ERROR_REASON_MEMORY_SUSPEND_UNSUPPORTED';
 
 export type SessionEventKind =
   | 'SESSION_EVENT_KIND_UNSPECIFIED'
@@ -1065,7 +1066,13 @@ export interface EgressEvent {
 
 export interface SuspendSessionRequest {
   session_id: string;
+  mode: SuspendMode;
 }
+
+export type SuspendMode =
+  | 'SUSPEND_MODE_UNSPECIFIED'
+  | 'SUSPEND_MODE_FILESYSTEM'
+  | 'SUSPEND_MODE_MEMORY';
 
 export interface SuspendSessionResponse {
   session: Session | null;
@@ -1105,6 +1112,7 @@ export interface Session {
   restored_from: string;
   restored_state_time: Timestamp | null;
   lost_message: string;
+  suspend_mode: SuspendMode;
 }
 
 /** sandboxd.v1.SnapshotService: SandboxClient.snapshots. */

@@ -357,6 +357,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
     image quota (tenant_max_image_bytes); delete some first.
     """
+    ERROR_REASON_MEMORY_SUSPEND_UNSUPPORTED: _ErrorReason.ValueType  # 430
+    """FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc
+    session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`);
+    answered before anything was stopped, the session runs as it was.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -701,5 +706,10 @@ message names the line and the rule.
 ERROR_REASON_TENANT_IMAGE_QUOTA: ErrorReason.ValueType  # 247
 """RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
 image quota (tenant_max_image_bytes); delete some first.
+"""
+ERROR_REASON_MEMORY_SUSPEND_UNSUPPORTED: ErrorReason.ValueType  # 430
+"""FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc
+session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`);
+answered before anything was stopped, the session runs as it was.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
