@@ -40,6 +40,7 @@ class Stack:
     pool: WarmPool | None
     owner: str = OWNER
     ended: list[str] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)  # memory resumes (processes adopted)
 
     async def backdate_lease(self, session_id: str, by: timedelta) -> None:
         """Move a lease into the past, as if time had passed."""
@@ -74,6 +75,11 @@ async def session_stack(
         async def on_end(session_id: str) -> None:
             ended.append(session_id)
 
+        resumed: list[str] = []
+
+        async def on_resume(session: Any) -> None:
+            resumed.append(session.session_id)
+
         sessions = SessionManager(
             config,
             engine,
@@ -85,6 +91,8 @@ async def session_stack(
             tiers=tiers,
             egress=egress,
             host_ids=host_ids,
+            checkpoints=snap_store,
+            on_memory_resume=[on_resume],
         )
         quota = ImageQuota(
             config.tenancy.max_image_bytes,
@@ -101,7 +109,9 @@ async def session_stack(
             quota=quota,
             max_image_bytes=config.images.max_image_bytes,
         )
-        stack = Stack(engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended)
+        stack = Stack(
+            engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended, resumed
+        )
         try:
             yield stack
         finally:

@@ -57,6 +57,14 @@ class SessionState(enum.StrEnum):
     FAILED = "FAILED"
 
 
+class SuspendMode(enum.StrEnum):
+    """What a session's current suspension kept: NONE while it is not suspended."""
+
+    NONE = ""
+    FILESYSTEM = "FILESYSTEM"  # the workspace only
+    MEMORY = "MEMORY"  # processes and memory with the workspace (a gVisor checkpoint)
+
+
 class PullPolicy(enum.StrEnum):
     """When a create asks the registry for its image (sandboxd.pulls)."""
 
@@ -280,6 +288,7 @@ class Session:
     container_id: str = ""
     tenant: str = "default"  # who may see it (sandboxd.tenancy); "default" without auth
     loss: Loss | None = None  # its sandbox's last death, and what the rebuild brought back
+    suspend_mode: SuspendMode = SuspendMode.NONE  # what the current suspension kept
 
 
 @dataclass(frozen=True)

@@ -226,6 +226,8 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         pulls=pulls,
         templates=templates,
         host_ids=host_ids,
+        checkpoints=snapshot_store,  # memory suspends' checkpoints, beside the snapshots
+        on_memory_resume=[processes.adopt],  # the agent kept them in its memory
     )
     snapshots = Snapshots(
         keeper,

@@ -27,6 +27,7 @@ from sandboxd.models import (
     SessionSpec,
     SessionState,
     ShellPolicy,
+    SuspendMode,
     WorkspaceManifest,
 )
 from sandboxd.schema import add_column, statements, steps_of
@@ -191,6 +192,7 @@ def _row_to_session(row: aiosqlite.Row) -> Session:
         spec=_spec_from_json(row["spec"]),
         tenant=row["tenant"],
         loss=_loss_from_json(row["loss"]),
+        suspend_mode=SuspendMode(row["suspend_mode"]),
     )
 
 
@@ -206,6 +208,8 @@ class SessionStore(SqliteFile):
         ),
         # What a dead sandbox lost (models.Loss): none said so before.
         add_column("sessions", "loss", "TEXT NOT NULL DEFAULT ''"),
+        # What a suspension kept (models.SuspendMode): before memory suspends, the filesystem.
+        add_column("sessions", "suspend_mode", "TEXT NOT NULL DEFAULT ''"),
     )
 
     async def insert(self, s: Session) -> None:
@@ -227,15 +231,16 @@ class SessionStore(SqliteFile):
         await self.db.commit()
 
     async def update(self, s: Session) -> None:
-        """Persist the mutable fields (state, lease, container, loss)."""
+        """Persist the mutable fields (state, lease, container, loss, suspend mode)."""
         await self.db.execute(
-            "UPDATE sessions SET state = ?, lease_expires_at = ?, container_id = ?, loss = ?"
-            " WHERE session_id = ?",
+            "UPDATE sessions SET state = ?, lease_expires_at = ?, container_id = ?, loss = ?,"
+            " suspend_mode = ? WHERE session_id = ?",
             (
                 s.state.value,
                 _ts(s.lease_expires_at),
                 s.container_id,
                 _loss_to_json(s.loss),
+                s.suspend_mode.value,
                 s.session_id,
             ),
         )

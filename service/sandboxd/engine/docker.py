@@ -28,6 +28,7 @@ from sandboxd.agent.router import AgentRouter, ChannelSettings
 from sandboxd.engine import (
     compat,
     docker_build,
+    docker_checkpoint,
     docker_commit,
     docker_networks,
     docker_pull,
@@ -315,6 +316,39 @@ class DockerEngine:
         return translate_errors(what, self._on_error)
 
     translate = _translate  # for the engine's own helpers (docker_attach)
+
+    # ----- memory checkpoints (docker_checkpoint) -----------------------------------------
+
+    async def memory_checkpoints(self) -> str:
+        with self._translate("engine info"):
+            info = await self.docker.system.info()
+        return docker_checkpoint.capability(dict(info), self._runtimes[Isolation.GVISOR])
+
+    def _checkpoints(self) -> docker_checkpoint.DockerCheckpoints:
+        return docker_checkpoint.DockerCheckpoints(self.docker, self._translate)
+
+    async def checkpoint_sandbox(self, sandbox_id: str, name: str) -> None:
+        await self._checkpoints().checkpoint(sandbox_id, name)
+        if self.agents is not None:  # its attach ended with it: no rescue of a stopped one
+            await self.agents.forget(sandbox_id)
+
+    def read_checkpoint(self, sandbox_id: str, name: str) -> AsyncIterator[bytes]:
+        return self._checkpoints().read(sandbox_id, name)
+
+    async def restore_sandbox(
+        self, sandbox_id: str, name: str, chunks: AsyncIterator[bytes]
+    ) -> None:
+        checkpoints = self._checkpoints()
+        await checkpoints.place(sandbox_id, chunks)
+        try:
+            await checkpoints.start(sandbox_id, name)
+            if self.agents is not None:  # the same agent, in memory: a new epoch on its stdio
+                await self.agents.open(sandbox_id)
+        except BaseException:
+            if self._local:
+                await asyncio.shield(asyncio.to_thread(end_leftovers, sandbox_id))
+            raise
+        await checkpoints.forget(sandbox_id, name)
 
     # ----- images (IMAGE snapshots) ------------------------------------------------------
 
