@@ -289,6 +289,9 @@ class Session:
     tenant: str = "default"  # who may see it (sandboxd.tenancy); "default" without auth
     loss: Loss | None = None  # its sandbox's last death, and what the rebuild brought back
     suspend_mode: SuspendMode = SuspendMode.NONE  # what the current suspension kept
+    # Memory suspends it came back from, as (suspended, resumed) epoch seconds: the sandbox's
+    # clocks count that time, its timeouts must not (process_adoption.paused_since).
+    pauses: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,24 @@ def _dt(value: float) -> datetime:
     return datetime.fromtimestamp(value, tz=UTC)
 
 
+MAX_PAUSES = 1000  # kept per session (16 bytes each in memory); the oldest go first
+
+
+def _suspension_to_json(s: Session) -> str:
+    if s.suspend_mode is SuspendMode.NONE and not s.pauses:
+        return ""
+    pauses = [list(p) for p in s.pauses[-MAX_PAUSES:]]
+    return json.dumps({"mode": s.suspend_mode.value, "pauses": pauses})
+
+
+def _suspension_from_json(text: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    data = json.loads(text)
+    pauses = tuple((float(a), float(b)) for a, b in data.get("pauses") or ())
+    return {"suspend_mode": SuspendMode(data.get("mode", "")), "pauses": pauses}
+
+
 def _loss_to_json(loss: Loss | None) -> str:
     if loss is None:
         return ""
@@ -192,7 +210,7 @@ def _row_to_session(row: aiosqlite.Row) -> Session:
         spec=_spec_from_json(row["spec"]),
         tenant=row["tenant"],
         loss=_loss_from_json(row["loss"]),
-        suspend_mode=SuspendMode(row["suspend_mode"]),
+        **_suspension_from_json(row["suspension"]),
     )
 
 
@@ -208,8 +226,9 @@ class SessionStore(SqliteFile):
         ),
         # What a dead sandbox lost (models.Loss): none said so before.
         add_column("sessions", "loss", "TEXT NOT NULL DEFAULT ''"),
-        # What a suspension kept (models.SuspendMode): before memory suspends, the filesystem.
-        add_column("sessions", "suspend_mode", "TEXT NOT NULL DEFAULT ''"),
+        # What a suspension kept and the memory suspends it came back from (models.SuspendMode,
+        # pauses): before memory suspends, the filesystem and none.
+        add_column("sessions", "suspension", "TEXT NOT NULL DEFAULT ''"),
     )
 
     async def insert(self, s: Session) -> None:
@@ -234,13 +253,13 @@ class SessionStore(SqliteFile):
         """Persist the mutable fields (state, lease, container, loss, suspend mode)."""
         await self.db.execute(
             "UPDATE sessions SET state = ?, lease_expires_at = ?, container_id = ?, loss = ?,"
-            " suspend_mode = ? WHERE session_id = ?",
+            " suspension = ? WHERE session_id = ?",
             (
                 s.state.value,
                 _ts(s.lease_expires_at),
                 s.container_id,
                 _loss_to_json(s.loss),
-                s.suspend_mode.value,
+                _suspension_to_json(s),
                 s.session_id,
             ),
         )

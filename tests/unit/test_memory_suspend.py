@@ -207,3 +207,18 @@ async def test_the_lease_does_not_count_the_time_suspended(tmp_path: Path) -> No
         )
         r = await st.sessions.resume("m", None)
         assert r.lease_expires_at - lease >= timedelta(seconds=3599)
+
+
+def test_a_kept_process_clock_does_not_count_the_pauses() -> None:
+    """The sandbox's monotonic clock jumps by a memory suspend's length at the restore; the
+    age the agent reports includes it, the deadline the server keeps must not."""
+    from sandboxd.process_adoption import kept_clock
+
+    now = 10_000.0
+    record = {"age_ms": 100_000, "timeout_ms": 60_000}  # started at 9900, real time
+    pauses = [(9000.0, 9500.0), (9910.0, 9950.0), (9960.0, 9990.0)]  # the first before it
+    clock = kept_clock(record, pauses, now)
+    assert clock.age_s == 100 - 40 - 30 and clock.timeout_s == 60
+    ended = {"age_ms": 100_000, "ran_ms": 50_000}  # ran 9900..9950: one pause of 40 s in it
+    assert kept_clock(ended, pauses, now).ran_s == 10
+    assert kept_clock(record).age_s == 100  # never suspended: as the agent said

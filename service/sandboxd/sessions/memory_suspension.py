@@ -217,8 +217,11 @@ class MemorySuspension:
             if isinstance(exc, AlteredCheckpoint) or isinstance(exc.__cause__, AlteredCheckpoint):
                 await self._drop_altered(session, checkpoint)
             raise
-        paused = datetime.now(tz=UTC) - checkpoint.created_at
+        resumed = datetime.now(tz=UTC)
+        paused = resumed - checkpoint.created_at
         session.lease_expires_at += paused  # the time suspended is not the lease's
+        pause = (checkpoint.created_at.timestamp(), resumed.timestamp())
+        session.pauses = (*session.pauses, pause)  # nor its processes' timeouts
         session.state = SessionState.RUNNING
         session.suspend_mode = SuspendMode.NONE
         await self._store.update(session)
