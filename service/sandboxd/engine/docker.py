@@ -51,7 +51,7 @@ from sandboxd.engine.protocol import (
     SandboxStats,
     SandboxStatus,
 )
-from sandboxd.engine.runsc_leftovers import end_leftovers
+from sandboxd.engine.runsc_leftovers import AFTER_CHECKPOINT, end_leftovers
 from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
@@ -90,6 +90,7 @@ class DockerEngine:
         self._docker: aiodocker.Docker | None = None
         self.api_version = ""
         self._committing: set[str] = set()  # names of the commit stand-ins in use now
+        self._checkpointed: set[str] = set()  # sandboxes whose removal leaves runsc's shim
         # With an agent, sandboxes run `sbx agent` and commands go over its channel.
         self.agents = AgentRouter(DockerAgentPort(self), agent) if agent is not None else None
 
@@ -211,12 +212,20 @@ class DockerEngine:
         except NotFound:
             pass
         except FailedPrecondition:
-            # Someone else's removal is in progress: return only once it is gone, so a caller
-            # that reports "removed" (an expired lease, a deleted session) is telling the truth.
-            for _ in range(100):
-                if await self._inspect(sandbox_id) is None:
-                    return
-                await asyncio.sleep(0.1)
+            await self._wait_removed(sandbox_id)
+        if sandbox_id in self._checkpointed:
+            self._checkpointed.discard(sandbox_id)
+            if self._local:  # a remote engine's host keeps them (docs/suspend.md)
+                names = AFTER_CHECKPOINT
+                await asyncio.shield(asyncio.to_thread(end_leftovers, sandbox_id, names=names))
+
+    async def _wait_removed(self, sandbox_id: str) -> None:
+        """Someone else's removal is in progress: return only once it is gone, so a caller
+        that reports "removed" (an expired lease, a deleted session) is telling the truth."""
+        for _ in range(100):
+            if await self._inspect(sandbox_id) is None:
+                return
+            await asyncio.sleep(0.1)
 
     async def _inspect(self, sandbox_id: str) -> dict[str, Any] | None:
         try:
@@ -328,6 +337,7 @@ class DockerEngine:
         return docker_checkpoint.DockerCheckpoints(self.docker, self._translate)
 
     async def checkpoint_sandbox(self, sandbox_id: str, name: str) -> None:
+        self._checkpointed.add(sandbox_id)
         await self._checkpoints().checkpoint(sandbox_id, name)
         if self.agents is not None:  # its attach ended with it: no rescue of a stopped one
             await self.agents.forget(sandbox_id)

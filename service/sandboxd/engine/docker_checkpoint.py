@@ -15,6 +15,7 @@ id fails with "id already in use". `--leave-running` is never used (runsc panics
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -26,13 +27,14 @@ from typing import Any
 import aiodocker
 import aiohttp
 
-from sandboxd.errors import FailedPrecondition
+from sandboxd.errors import FailedPrecondition, SandboxError
 from sandboxd.reasons import Reason
 
 _ID = re.compile(r"\A[0-9a-f]{64}\Z")
 _NAME = re.compile(r"\A[a-z0-9][a-z0-9-]{0,63}\Z")
 _INSIDE = "/ckpt"  # where a carrier sees the sandbox's checkpoints folder
 READ_CHUNK = 256 * 1024
+START_ATTEMPTS, START_RETRY_S = 5, 1.0
 # A checkpoint of a large memory takes seconds (the spike: 200 MiB of random pages, 6-10 s).
 CHECKPOINT_TIMEOUT_S = 300.0
 
@@ -108,16 +110,28 @@ class DockerCheckpoints:
                     await response.read()
 
     async def start(self, sandbox_id: str, name: str) -> None:
-        """Start the (created) sandbox from its checkpoint `name`."""
+        """Start the (created) sandbox from its checkpoint `name`.
+
+        The engine uploads the image to containerd's content store first, and refuses ("commit
+        failed: content ... already exists") while that store still holds the same bytes from
+        the checkpoint it came from, until containerd's garbage collection removes them: a
+        refusal of that kind is tried again, a few times."""
         _checked(sandbox_id, name)
-        with self._translate(f"restoring container {sandbox_id[:12]} from {name}"):
-            async with self._docker._query(
-                f"containers/{sandbox_id}/start",
-                "POST",
-                params={"checkpoint": name},
-                timeout=aiohttp.ClientTimeout(total=CHECKPOINT_TIMEOUT_S),
-            ) as response:
-                await response.read()
+        for attempt in range(START_ATTEMPTS):
+            try:
+                with self._translate(f"restoring container {sandbox_id[:12]} from {name}"):
+                    async with self._docker._query(
+                        f"containers/{sandbox_id}/start",
+                        "POST",
+                        params={"checkpoint": name},
+                        timeout=aiohttp.ClientTimeout(total=CHECKPOINT_TIMEOUT_S),
+                    ) as response:
+                        await response.read()
+                return
+            except SandboxError as exc:
+                if "already exists" not in exc.message or attempt == START_ATTEMPTS - 1:
+                    raise
+            await asyncio.sleep(START_RETRY_S)
 
     async def forget(self, sandbox_id: str, name: str) -> None:
         """The engine's copy of a checkpoint, once restored (the server keeps its own)."""
