@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeEngine
-from sandboxd.errors import FailedPrecondition, Internal, SandboxError
+from sandboxd.errors import FailedPrecondition, Internal, NotFound, SandboxError
 from sandboxd.isolation import Isolation, IsolationTiers
 from sandboxd.models import SessionState, SuspendMode
 from sandboxd.reasons import Reason
@@ -222,3 +222,20 @@ def test_a_kept_process_clock_does_not_count_the_pauses() -> None:
     ended = {"age_ms": 100_000, "ran_ms": 50_000}  # ran 9900..9950: one pause of 40 s in it
     assert kept_clock(ended, pauses, now).ran_s == 10
     assert kept_clock(record).age_s == 100  # never suspended: as the agent said
+
+
+async def test_a_checkpoint_is_no_snapshot_a_tenant_can_reach(tmp_path: Path) -> None:
+    """Its record sits beside the snapshots, but GetSnapshot, a fork or a restore by its id
+    answer NOT_FOUND: it is no workspace tar, and never leaves the session it came from."""
+    engine = _gvisor_engine()
+    async with session_stack(tmp_path, engine=engine, tiers=await _tiers(engine)) as st:
+        await _gvisor_session(st)
+        await st.sessions.suspend("m", SuspendMode.MEMORY)
+        checkpoint = await st.snap_store.memory_of("m")
+        assert checkpoint is not None
+        with pytest.raises(NotFound):
+            await st.snapshots.get(checkpoint.snapshot_id)
+        with pytest.raises(NotFound):
+            await st.sessions.create(
+                CreateSessionInput(session_id="fork", from_snapshot_id=checkpoint.snapshot_id)
+            )
