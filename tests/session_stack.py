@@ -93,12 +93,14 @@ async def session_stack(
             host_ids=host_ids,
             checkpoints=snap_store,
             on_memory_resume=[on_resume],
+            checkpoint_room=lambda tenant, need: quota.check_checkpoint_room(tenant, need),
         )
         quota = ImageQuota(
             config.tenancy.max_image_bytes,
             engine,
             await TemplateStore(store.db).open(),
             snap_store.images_of,
+            checkpoint_bytes=snap_store.memory_bytes,
         )
         snapshots = Snapshots(
             keeper,

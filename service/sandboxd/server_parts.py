@@ -198,7 +198,11 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     stack.push_async_callback(pulls.close)
     template_store = await TemplateStore(store.db).open()
     image_quota = ImageQuota(
-        config.tenancy.max_image_bytes, engine, template_store, snapshot_store.images_of
+        config.tenancy.max_image_bytes,
+        engine,
+        template_store,
+        snapshot_store.images_of,
+        checkpoint_bytes=snapshot_store.memory_bytes,
     )
     templates = Templates(
         config,
@@ -228,6 +232,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         host_ids=host_ids,
         checkpoints=snapshot_store,  # memory suspends' checkpoints, beside the snapshots
         on_memory_resume=[processes.adopt],  # the agent kept them in its memory
+        checkpoint_room=image_quota.check_checkpoint_room,
     )
     snapshots = Snapshots(
         keeper,

@@ -169,6 +169,15 @@ class SnapshotStore:
             row = await cur.fetchone()
         return _row(row) if row else None
 
+    async def memory_bytes(self, tenant: str) -> int:
+        """What the tenant's memory checkpoints hold on the server's disk (its quota counts it)."""
+        async with self._db.execute(
+            "SELECT COALESCE(SUM(size_bytes), 0) FROM snapshots WHERE tenant = ? AND kind = ?",
+            (tenant, KIND_MEMORY),
+        ) as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row is not None else 0
+
     async def delete(self, snapshot_id: str) -> Snapshot | None:
         """Remove the record, and the tar when no other record shares it."""
         async with self._content_lock:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeEngine
-from sandboxd.errors import FailedPrecondition, Internal, NotFound, SandboxError
+from sandboxd.errors import FailedPrecondition, Internal, NotFound, ResourceExhausted, SandboxError
 from sandboxd.isolation import Isolation, IsolationTiers
 from sandboxd.models import SessionState, SuspendMode
 from sandboxd.reasons import Reason
@@ -239,3 +239,27 @@ async def test_a_checkpoint_is_no_snapshot_a_tenant_can_reach(tmp_path: Path) ->
             await st.sessions.create(
                 CreateSessionInput(session_id="fork", from_snapshot_id=checkpoint.snapshot_id)
             )
+
+
+async def test_checkpoints_count_against_the_tenants_quota(tmp_path: Path) -> None:
+    """A tenant's memory on the server's disk is its quota's (tenant_max_image_bytes): a
+    suspend that could pass it is refused before anything stops; a stored one is counted."""
+    engine = _gvisor_engine()
+    async with session_stack(tmp_path, engine=engine, tiers=await _tiers(engine)) as st:
+        quota = st.snapshots._quota
+        await _gvisor_session(st)
+        memory = (await st.sessions.get("m")).spec.limits.memory_bytes
+        quota.quota_bytes = memory  # room for exactly one checkpoint of the session's memory
+        await st.sessions.suspend("m", SuspendMode.MEMORY)
+        checkpoint = await st.snap_store.memory_of("m")
+        assert checkpoint is not None
+        assert await quota.used("default") == checkpoint.size_bytes
+        await st.sessions.resume("m", None)  # consumed: no longer counted
+        assert await quota.used("default") == 0
+        quota.quota_bytes = memory - 1
+        engine.calls.clear()
+        with pytest.raises(ResourceExhausted) as refused:
+            await st.sessions.suspend("m", SuspendMode.MEMORY)
+        assert refused.value.reason == Reason.TENANT_IMAGE_QUOTA
+        assert "checkpoint_sandbox" not in engine.calls and "exec" not in engine.calls
+        assert (await st.sessions.get("m")).state is SessionState.RUNNING

@@ -44,7 +44,12 @@ from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.liveness import lease_ended, require_live
 from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.manifest import write_manifest
-from sandboxd.sessions.memory_suspension import CheckpointStore, MemorySuspension, ResumeHook
+from sandboxd.sessions.memory_suspension import (
+    CheckpointStore,
+    MemorySuspension,
+    ResumeHook,
+    RoomCheck,
+)
 from sandboxd.sessions.quota import QuotaGate
 from sandboxd.sessions.recovery import ExpiryHook, Recovery, now
 from sandboxd.sessions.sandboxes import Sandboxes, SessionEndHook, Undo
@@ -76,6 +81,7 @@ class SessionManager:
         host_ids: HostIds | None = None,
         checkpoints: CheckpointStore | None = None,
         on_memory_resume: Sequence[ResumeHook] = (),
+        checkpoint_room: RoomCheck | None = None,
     ) -> None:
         self._config = config
         # Shared with the warm pool, whose containers hold ids too (server_parts.py).
@@ -122,6 +128,7 @@ class SessionManager:
                 keeper=keeper,
                 sandboxes=self._sandboxes,
                 on_resume=on_memory_resume,
+                room=checkpoint_room,
             ),
         )
         # Commands (Exec, Run, ...) hold one of these per tenant while they run.

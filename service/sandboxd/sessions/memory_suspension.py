@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_LABEL = "memory_checkpoint"  # the engine's name of the checkpoint, on its record
 ResumeHook = Callable[[Session], Awaitable[object]]
+# (tenant, bytes a checkpoint may take): raises the tenant's quota refusal when it has no room.
+RoomCheck = Callable[[str, int], Awaitable[None]]
 
 
 class CheckpointStore(Protocol):
@@ -108,6 +110,7 @@ class MemorySuspension:
         keeper: WorkspaceKeeper,
         sandboxes: Sandboxes,
         on_resume: Sequence[ResumeHook] = (),
+        room: RoomCheck | None = None,
     ) -> None:
         self._engine = engine
         self._store = store
@@ -115,6 +118,7 @@ class MemorySuspension:
         self._keeper = keeper
         self._sandboxes = sandboxes
         self._on_resume = list(on_resume)
+        self._room = room  # None: no quota
 
     async def why_not(self, session: Session | None = None) -> str:
         """Empty when a memory suspend can be had (of `session`, or of a gVisor session)."""
@@ -132,6 +136,8 @@ class MemorySuspension:
         why = await self.why_not(session)
         if why or self._checkpoints is None:
             raise unsupported(session.session_id, why)
+        if self._room is not None:  # before anything stops, as the refusal above
+            await self._room(session.tenant, session.spec.limits.memory_bytes)
         fs = await self._keeper.take(session, {LABEL_AUTO: "suspend"})
         sandbox_id = session.container_id
         name = "sbx-" + secrets.token_hex(6)
