@@ -9,6 +9,7 @@ goes with the session. Skipped with the reason where a private engine cannot be 
 
 from __future__ import annotations
 
+import queue
 import re
 import secrets
 import time
@@ -213,6 +214,32 @@ def test_a_timeout_does_not_count_the_time_suspended(stubs: Stubs) -> None:
         assert time.monotonic() < deadline, "the timeout never came"
         time.sleep(0.5)
     assert stubs.processes.GetProcess(get).process.exited.timed_out
+
+
+def test_a_terminal_is_told_to_reattach(stubs: Stubs) -> None:
+    """A PTY (Interact) open across a memory suspend ends with a clear answer: the session
+    was suspended with its memory, reattach; after the resume a new terminal works."""
+    sid = _create(stubs)
+    req = process_pb2.ExecRequest(session_id=sid, argv=["sh"])
+    start = process_pb2.InteractStart(request=req, pty=process_pb2.PtySize(rows=24, cols=80))
+    requests: queue.Queue[process_pb2.InteractRequest | None] = queue.Queue()
+    requests.put(process_pb2.InteractRequest(start=start))
+    requests.put(process_pb2.InteractRequest(stdin=process_pb2.InteractStdin(data=b"echo hi\n")))
+    call = stubs.processes.Interact(iter(requests.get, None), timeout=120)
+    out = b""
+    for event in call:
+        out += event.output.data if event.HasField("output") else b""
+        if b"hi" in out:
+            break
+    _suspend(stubs, sid)
+    with pytest.raises(grpc.RpcError) as ended:
+        for _ in call:
+            pass
+    requests.put(None)
+    assert ended.value.code() == grpc.StatusCode.FAILED_PRECONDITION, ended.value
+    assert "reattach" in str(ended.value.details()), ended.value.details()
+    _resume(stubs, sid)
+    assert run(stubs, sid, "echo", "again").stdout == b"again\n"
 
 
 def test_a_server_started_again_resumes_it_and_delete_removes_it(

@@ -338,8 +338,15 @@ class DockerEngine:
 
     async def checkpoint_sandbox(self, sandbox_id: str, name: str) -> None:
         self._checkpointed.add(sandbox_id)
-        await self._checkpoints().checkpoint(sandbox_id, name)
-        if self.agents is not None:  # its attach ended with it: no rescue of a stopped one
+        if self.agents is not None:  # its streams are told to reattach; no rescue follows
+            self.agents.checkpointing(sandbox_id, docker_checkpoint.REATTACH)
+        try:
+            await self._checkpoints().checkpoint(sandbox_id, name)
+        except BaseException:
+            if self.agents is not None and await self.running(sandbox_id):
+                self.agents.checkpointing(sandbox_id, None)  # it runs on as it was
+            raise
+        if self.agents is not None:  # its attach ended with it
             await self.agents.forget(sandbox_id)
 
     def read_checkpoint(self, sandbox_id: str, name: str) -> AsyncIterator[bytes]:
