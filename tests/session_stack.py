@@ -20,6 +20,7 @@ from sandboxd.host_ids import HostIds
 from sandboxd.image_quota import ImageQuota
 from sandboxd.pool import WarmPool
 from sandboxd.sessions import SessionManager
+from sandboxd.sessions.memory_suspension import MemoryOptions
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.store import SessionStore
@@ -91,9 +92,11 @@ async def session_stack(
             tiers=tiers,
             egress=egress,
             host_ids=host_ids,
-            checkpoints=snap_store,
-            on_memory_resume=[on_resume],
-            checkpoint_room=lambda tenant, need: quota.check_checkpoint_room(tenant, need),
+            memory=MemoryOptions(
+                checkpoints=snap_store,
+                on_resume=[on_resume],
+                room=lambda tenant, need: quota.check_checkpoint_room(tenant, need),
+            ),
         )
         quota = ImageQuota(
             config.tenancy.max_image_bytes,

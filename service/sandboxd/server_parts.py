@@ -56,6 +56,7 @@ from sandboxd.pulls import Pulls, live_images
 from sandboxd.secrets import vault
 from sandboxd.secrets.setup import SecretsSetup
 from sandboxd.sessions import SessionManager
+from sandboxd.sessions.memory_suspension import MemoryOptions
 from sandboxd.sessions.recovery import ENDED_RETENTION
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
@@ -230,9 +231,11 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         pulls=pulls,
         templates=templates,
         host_ids=host_ids,
-        checkpoints=snapshot_store,  # memory suspends' checkpoints, beside the snapshots
-        on_memory_resume=[processes.adopt],  # the agent kept them in its memory
-        checkpoint_room=image_quota.check_checkpoint_room,
+        memory=MemoryOptions(
+            checkpoints=snapshot_store,  # beside the snapshots
+            on_resume=[processes.adopt],  # the agent kept them in its memory
+            room=image_quota.check_checkpoint_room,
+        ),
     )
     snapshots = Snapshots(
         keeper,

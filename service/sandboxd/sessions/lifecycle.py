@@ -44,12 +44,7 @@ from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.liveness import lease_ended, require_live
 from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.manifest import write_manifest
-from sandboxd.sessions.memory_suspension import (
-    CheckpointStore,
-    MemorySuspension,
-    ResumeHook,
-    RoomCheck,
-)
+from sandboxd.sessions.memory_suspension import MemoryOptions, MemorySuspension
 from sandboxd.sessions.quota import QuotaGate
 from sandboxd.sessions.recovery import ExpiryHook, Recovery, now
 from sandboxd.sessions.sandboxes import Sandboxes, SessionEndHook, Undo
@@ -79,9 +74,7 @@ class SessionManager:
         pulls: Pulls | None = None,
         templates: TemplateImages | None = None,
         host_ids: HostIds | None = None,
-        checkpoints: CheckpointStore | None = None,
-        on_memory_resume: Sequence[ResumeHook] = (),
-        checkpoint_room: RoomCheck | None = None,
+        memory: MemoryOptions | None = None,  # None: no memory suspend
     ) -> None:
         self._config = config
         # Shared with the warm pool, whose containers hold ids too (server_parts.py).
@@ -122,13 +115,7 @@ class SessionManager:
             recovery=self._recovery,
             pulls=pulls,
             memory=MemorySuspension(
-                engine=engine,
-                store=store,
-                checkpoints=checkpoints,  # None: no memory suspend
-                keeper=keeper,
-                sandboxes=self._sandboxes,
-                on_resume=on_memory_resume,
-                room=checkpoint_room,
+                engine, store, keeper, self._sandboxes, memory or MemoryOptions()
             ),
         )
         # Commands (Exec, Run, ...) hold one of these per tenant while they run.

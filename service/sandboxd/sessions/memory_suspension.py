@@ -31,6 +31,7 @@ import hashlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -100,25 +101,32 @@ async def _verified(chunks: AsyncIterator[bytes], sha256: str) -> AsyncIterator[
         raise AlteredCheckpoint("the stored checkpoint does not match its recorded digest")
 
 
+@dataclass(frozen=True)
+class MemoryOptions:
+    """What the server gives memory suspends: where checkpoints are kept (None: nowhere, so no
+    memory suspend), what runs after a resume (the processes' adoption), the quota's check."""
+
+    checkpoints: CheckpointStore | None = None
+    on_resume: Sequence[ResumeHook] = ()
+    room: RoomCheck | None = None
+
+
 class MemorySuspension:
     def __init__(
         self,
-        *,
         engine: Engine,
         store: SessionStore,
-        checkpoints: CheckpointStore | None,
         keeper: WorkspaceKeeper,
         sandboxes: Sandboxes,
-        on_resume: Sequence[ResumeHook] = (),
-        room: RoomCheck | None = None,
+        options: MemoryOptions,
     ) -> None:
         self._engine = engine
         self._store = store
-        self._checkpoints = checkpoints
+        self._checkpoints = options.checkpoints
         self._keeper = keeper
         self._sandboxes = sandboxes
-        self._on_resume = list(on_resume)
-        self._room = room  # None: no quota
+        self._on_resume = list(options.on_resume)
+        self._room = options.room  # None: no quota
 
     async def why_not(self, session: Session | None = None) -> str:
         """Empty when a memory suspend can be had (of `session`, or of a gVisor session)."""
