@@ -3,8 +3,8 @@ the same session.
 
 The memory suspend needs an engine in experimental mode, so this runs its own (a private dockerd
 with runsc: tests/checkpoint_engine.py) and a second sandboxd pointed at it. Two sessions: one
-idle, one whose process holds 100 MiB it touched (random bytes: zeros would compress to
-nothing in the checkpoint). Each round suspends and resumes one session with its memory, then
+idle, one that touched 100 MiB (random bytes, in its tmpfs workspace: zeros would compress
+to nothing in the checkpoint). Each round suspends and resumes one session with its memory, then
 with the filesystem only; the filesystem round's resume starts the session's processes from
 nothing, so the memory round comes first and the process is started again after each
 filesystem round (untimed).
@@ -84,7 +84,9 @@ async def _one(
             session_id=sid,
             shell=common_pb2.ShellPolicy(allow_all=True),
             isolation=common_pb2.ISOLATION_GVISOR,
-            limits=common_pb2.ResourceLimits(memory_bytes=512 * 1024 * 1024),
+            limits=common_pb2.ResourceLimits(
+                memory_bytes=512 * 1024 * 1024, workspace_bytes=256 * 1024 * 1024
+            ),
         )
     )
 
@@ -95,7 +97,8 @@ async def _one(
         if name != "idle":
             ready = process_pb2.RunRequest(session_id=sid, argv=["sh", "-c", READY])
             ready.timeout.seconds = 120
-            await processes.Run(ready)
+            done = await processes.Run(ready)
+            assert done.exit_code == 0, done
 
     async def suspend(mode: int) -> float:
         req = session_pb2.SuspendSessionRequest(session_id=sid, mode=mode)  # type: ignore[arg-type]

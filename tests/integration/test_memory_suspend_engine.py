@@ -29,7 +29,7 @@ from conftest import (
     start_server,
 )
 from google.protobuf import duration_pb2
-from sandboxd.v1 import admin_pb2, common_pb2, polish_pb2, process_pb2, session_pb2
+from sandboxd.v1 import admin_pb2, common_pb2, process_pb2, session_pb2
 
 pytestmark = [
     pytest.mark.timeout(900),
@@ -206,7 +206,7 @@ def test_a_timeout_does_not_count_the_time_suspended(stubs: Stubs) -> None:
     _suspend(stubs, sid)
     time.sleep(10)  # past its deadline, had the pause counted
     _resume(stubs, sid)
-    get = polish_pb2.GetProcessRequest(session_id=sid, process_id=pid)
+    get = process_pb2.GetProcessRequest(session_id=sid, process_id=pid)
     running = process_pb2.PROCESS_STATE_RUNNING
     assert stubs.processes.GetProcess(get).process.state == running
     deadline = time.monotonic() + 30
