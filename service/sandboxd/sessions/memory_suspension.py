@@ -77,11 +77,12 @@ def unsupported(session_id: str, why: str) -> FailedPrecondition:
 
 def _failed(exc: SandboxError, what: str, state: SessionState, kept: SuspendMode) -> SandboxError:
     """The engine's failure, of its own class, saying what the session is now."""
-    out = type(exc)(
-        f"{exc.message}; {what}",
-        reason=exc.reason,
-        metadata={**exc.metadata, "session_state": state.value, "suspend_mode": kept.value},
-    )
+    message = f"{exc.message}; {what}"
+    metadata = {**exc.metadata, "session_state": state.value, "suspend_mode": kept.value}
+    try:
+        out = type(exc)(message, reason=exc.reason, metadata=metadata)
+    except TypeError:  # a class of its own signature: the code becomes INTERNAL's
+        out = Internal(message, reason=exc.reason, metadata=metadata)
     out.__cause__ = exc
     return out
 
