@@ -17,7 +17,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -205,7 +205,7 @@ class AgentRouter:
         if self._tasks:
             await asyncio.wait(self._tasks)
 
-    def checkpointing(self, sandbox_id: str, ending: SandboxError | None) -> None:
+    def checkpointing(self, sandbox_id: str, ending: Callable[[], SandboxError] | None) -> None:
         """The sandbox is being checkpointed (`ending`: what its streams are told when that
         stops it; no rescue follows), or is no longer (None: the checkpoint did not happen)."""
         entry = self._entries.get(sandbox_id)

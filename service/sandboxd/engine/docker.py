@@ -339,7 +339,7 @@ class DockerEngine:
     async def checkpoint_sandbox(self, sandbox_id: str, name: str) -> None:
         self._checkpointed.add(sandbox_id)
         if self.agents is not None:  # its streams are told to reattach; no rescue follows
-            self.agents.checkpointing(sandbox_id, docker_checkpoint.REATTACH)
+            self.agents.checkpointing(sandbox_id, docker_checkpoint.reattach)
         try:
             await self._checkpoints().checkpoint(sandbox_id, name)
         except BaseException:
