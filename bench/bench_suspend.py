@@ -33,11 +33,12 @@ REPO = Path(__file__).resolve().parents[1]
 TOUCHED = 100 * 1024 * 1024
 TOUCH = {
     "idle": "exec sleep 100000",
-    # 100 MiB of random bytes in gVisor's /tmp, which is the sandbox's memory (not the
-    # workspace: the filesystem suspend does not carry it, the memory suspend does).
-    "100mib": f"head -c {TOUCHED} /dev/urandom > /tmp/touched && exec sleep 100000",
+    # 100 MiB of random bytes in the tmpfs workspace, which is the sandbox's memory: both
+    # suspends carry it (the filesystem one in its tar, the memory one in its checkpoint too).
+    "100mib": f"head -c {TOUCHED} /dev/urandom > /workspace/touched.part"
+    " && mv /workspace/touched.part /workspace/touched && exec sleep 100000",
 }
-READY = f'until [ "$(stat -c %s /tmp/touched 2>/dev/null)" = {TOUCHED} ]; do sleep 0.2; done'
+READY = "until [ -e /workspace/touched ]; do sleep 0.2; done"
 ROUNDS = 3
 
 
@@ -98,7 +99,14 @@ async def _one(
             ready = process_pb2.RunRequest(session_id=sid, argv=["sh", "-c", READY])
             ready.timeout.seconds = 120
             done = await processes.Run(ready)
-            assert done.exit_code == 0, done
+            if done.exit_code != 0:
+                seen = await processes.Run(
+                    process_pb2.RunRequest(session_id=sid, argv=["sh", "-c", "ls -la; df ."])
+                )
+                listed = await processes.ListProcesses(
+                    process_pb2.ListProcessesRequest(session_id=sid)
+                )
+                raise RuntimeError(f"the touch did not finish: {seen} {listed}")
 
     async def suspend(mode: int) -> float:
         req = session_pb2.SuspendSessionRequest(session_id=sid, mode=mode)  # type: ignore[arg-type]
