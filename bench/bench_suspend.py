@@ -35,7 +35,8 @@ TOUCH = {
     "idle": "exec sleep 100000",
     # 100 MiB of random bytes in the tmpfs workspace, which is the sandbox's memory: both
     # suspends carry it (the filesystem one in its tar, the memory one in its checkpoint too).
-    "100mib": f"head -c {TOUCHED} /dev/urandom > /workspace/touched.part"
+    "100mib": "rm -f /workspace/touched"
+    f" && head -c {TOUCHED} /dev/urandom > /workspace/touched.part"
     " && mv /workspace/touched.part /workspace/touched && exec sleep 100000",
 }
 READY = "until [ -e /workspace/touched ]; do sleep 0.2; done"
