@@ -11,7 +11,8 @@ filesystem round (untimed).
 
 Rows: `suspend_memory_<idle|100mib>` and `resume_memory_<...>` (ours) against
 `suspend_fs_<...>`/`resume_fs_<...>` as `raw`: the ratio is what keeping the memory costs
-over keeping the workspace. `checkpoint_mib` in each memory row: the stored checkpoint's size.
+over keeping the workspace. `stored_mib` in each memory row: what a memory suspend added to the
+server's store (its checkpoint, and the workspace tar where the workspace changed).
 Absent (a note on stderr) where a private engine cannot run (tests/checkpoint_engine.py says
 why).
 """
@@ -136,8 +137,8 @@ async def _one(
         await sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
     mib = round(max(sizes) / (1 << 20), 1)
     suspend_row, resume_row = latency_metric(mem_s, fs_s), latency_metric(mem_r, fs_r)
-    suspend_row.extra["checkpoint_mib"] = mib
-    resume_row.extra["checkpoint_mib"] = mib
+    suspend_row.extra["stored_mib"] = mib
+    resume_row.extra["stored_mib"] = mib
     return {f"suspend_memory_{name}": suspend_row, f"resume_memory_{name}": resume_row}
 
 
