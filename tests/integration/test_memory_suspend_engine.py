@@ -9,9 +9,11 @@ goes with the session. Skipped with the reason where a private engine cannot be 
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import secrets
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,6 +134,20 @@ def _resume(stubs: Stubs, sid: str) -> session_pb2.Session:
 def test_the_engine_says_it_can(stubs: Stubs) -> None:
     info = stubs.admin.GetServerInfo(admin_pb2.GetServerInfoRequest())
     assert "memory_suspend" in info.features
+
+
+def test_the_features_say_what_the_engine_can(server: ServerProcess) -> None:
+    """The suite's shared server, on the host's engine: `memory_suspend` exactly when that
+    engine is in experimental mode with runsc (ensure-docker.sh starts it so; an engine
+    already running may not be)."""
+    info = make_stubs(server.address).admin.GetServerInfo(admin_pb2.GetServerInfoRequest())
+    engine = json.loads(
+        subprocess.run(
+            ["docker", "info", "--format", "{{json .}}"], capture_output=True, check=True
+        ).stdout
+    )
+    can = bool(engine.get("ExperimentalBuild")) and "runsc" in (engine.get("Runtimes") or {})
+    assert ("memory_suspend" in info.features) == can, (info.features, can)
 
 
 def test_processes_memory_and_workspace_survive(stubs: Stubs) -> None:
