@@ -216,7 +216,10 @@ def test_a_runc_session_is_refused_before_anything_stops(stubs: Stubs) -> None:
 
 
 def test_a_timeout_does_not_count_the_time_suspended(stubs: Stubs) -> None:
+    """An 8 s timeout, 2 s run, then 10 s suspended: it is still running after the resume,
+    and ends timed out only once it has run 8 s, so at least 18 s after its start."""
     sid = _create(stubs)
+    started = time.monotonic()
     pid = _start(stubs, sid, "sleep 1000", timeout_s=8)
     time.sleep(2)
     _suspend(stubs, sid)
@@ -224,12 +227,15 @@ def test_a_timeout_does_not_count_the_time_suspended(stubs: Stubs) -> None:
     _resume(stubs, sid)
     get = process_pb2.GetProcessRequest(session_id=sid, process_id=pid)
     running = process_pb2.PROCESS_STATE_RUNNING
+    time.sleep(2)  # a deadline that counted the pause would have ended it by now
     assert stubs.processes.GetProcess(get).process.state == running
     deadline = time.monotonic() + 30
     while stubs.processes.GetProcess(get).process.state == running:
         assert time.monotonic() < deadline, "the timeout never came"
-        time.sleep(0.5)
-    assert stubs.processes.GetProcess(get).process.exited.timed_out
+        time.sleep(0.25)
+    assert time.monotonic() - started >= 18, "the time suspended counted"
+    exited = stubs.processes.GetProcess(get).process.exited
+    assert exited.timed_out and exited.duration.seconds < 12, exited
 
 
 def test_a_terminal_is_told_to_reattach(stubs: Stubs) -> None:
