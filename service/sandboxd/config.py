@@ -125,9 +125,11 @@ MAX_LIMITS = Config().limits.max
 
 
 def _default_helper() -> Path:
-    # A source checkout keeps it in build/ (make helper); an install puts it beside the prefix.
+    # A wheel (make package) carries it inside the package; a source checkout keeps it in
+    # build/ (make helper); an older install put it beside the prefix.
+    packaged = Path(__file__).resolve().parent / "bin" / "sbx"
     repo_build = Path(__file__).resolve().parents[2] / "build" / "sbx"
-    for candidate in (repo_build, Path("/usr/local/lib/sandboxd/sbx")):
+    for candidate in (packaged, repo_build, Path("/usr/local/lib/sandboxd/sbx")):
         if candidate.exists():
             return candidate
     return repo_build

@@ -11,11 +11,13 @@ import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
+from opentelemetry.trace import NoOpTracer
 
 from sandboxd.api.admin_service import AdminService
 from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.api.audit_service import AuditService
 from sandboxd.api.auth import AuthInterceptor, LocalTenantInterceptor
+from sandboxd.api.chain import Chain, Layer
 from sandboxd.api.filesystem_service import FilesystemService
 from sandboxd.api.introspection import Health, add_reflection
 from sandboxd.api.limits import StreamCaps, StreamGuard
@@ -106,24 +108,7 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
     monitor and the shutdown drive it)."""
     p = parts
     server = grpc.aio.server(
-        interceptors=[
-            # Outermost: times every stream's reads and writes, whatever runs inside.
-            StreamGuard(config.tenancy.stream_idle_timeout_s),
-            TracingInterceptor(p.tracer),  # the call's span is current for all that follows
-            MetricsInterceptor(p.metrics, access_log=config.metrics.access_log),
-            *_interceptors(config, p.tokens),
-            AuditInterceptor(
-                p.audit,
-                p.hashers,
-                p.hub,
-                functools.partial(renew_on_activity, p.sessions, p.terms),
-            ),  # inside authentication: the tenant is known
-            # Innermost: the tenant is known here (set by authentication, or the default).
-            StreamCaps(config.tenancy.max_streams),
-            # Innermost of all: every reply message the servicer makes, at most the caller's
-            # limit (a request's max_reply_bytes, else 4 MiB).
-            ReplyLimit(config.max_message_bytes),
-        ],
+        interceptors=[Chain(_layers(config, p))],
         options=transport_options(config.max_message_bytes),
     )
     leases = LeaseEcho(p.terms)
@@ -184,7 +169,34 @@ def listen(server: grpc.aio.Server, config: Config) -> int:
     return port
 
 
-def _interceptors(config: Config, tokens: TokenFile | None) -> list[grpc.aio.ServerInterceptor]:
+def _layers(config: Config, p: Parts) -> list[Layer]:
+    """Every call's interceptors, outermost first, run as one `Chain` (api/chain.py)."""
+    # A tracer that records nothing (no exporter configured) gets no layer: its spans were
+    # made and dropped on every call.
+    tracing: list[Layer] = (
+        [] if isinstance(p.tracer, NoOpTracer) else [TracingInterceptor(p.tracer)]
+    )
+    return [
+        # Outermost: times every stream's reads and writes, whatever runs inside.
+        StreamGuard(config.tenancy.stream_idle_timeout_s),
+        *tracing,  # the call's span is current for all that follows
+        MetricsInterceptor(p.metrics, access_log=config.metrics.access_log),
+        *_interceptors(config, p.tokens),
+        AuditInterceptor(
+            p.audit,
+            p.hashers,
+            p.hub,
+            functools.partial(renew_on_activity, p.sessions, p.terms),
+        ),  # inside authentication: the tenant is known
+        # Innermost: the tenant is known here (set by authentication, or the default).
+        StreamCaps(config.tenancy.max_streams),
+        # Innermost of all: every reply message the servicer makes, at most the caller's
+        # limit (a request's max_reply_bytes, else 4 MiB).
+        ReplyLimit(config.max_message_bytes),
+    ]
+
+
+def _interceptors(config: Config, tokens: TokenFile | None) -> list[Layer]:
     """Bearer-token authentication when a tokens file is configured; else one tenant."""
     if tokens is None:
         if not listens_on_loopback(config.server.listen):

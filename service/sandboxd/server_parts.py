@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import os
 import socket
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -62,6 +63,7 @@ from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.sweeper import Sweeper, SweepResult
 from sandboxd.templates.builds import Templates, template_in_use
+from sandboxd.templates.builtin_images import BuiltinImages, ScriptRunner
 from sandboxd.templates.store import TemplateStore
 from sandboxd.token_file import TokenFile
 from sandboxd.tracing import provider_for, traced, tracer_of
@@ -212,6 +214,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         config.server.data_dir / "spool",
         in_use=functools.partial(template_in_use, store),
         quota=image_quota,
+        builtins=_builtin_images(config, engine),
     )
     stack.push_async_callback(templates.close)
     preview_parts = await previews_setup.prepare(config, store)
@@ -325,3 +328,14 @@ def _private_networks_grant(config: Config, tokens: TokenFile | None) -> Callabl
         return tenancy.private_networks_allowed(setting, grants)
 
     return granted
+
+
+def _builtin_images(config: Config, engine: Engine) -> BuiltinImages | None:
+    """Who builds the built-in templates' images this engine lacks (None: only `make`)."""
+    if not config.templates.build_builtins:
+        return None
+    env = dict(os.environ)
+    if config.engine.docker_host:  # the recipes' `docker import` reaches the server's engine
+        env["DOCKER_HOST"] = config.engine.docker_host
+    images = {"busybox": config.engine.image, "python": config.templates.python_image}
+    return BuiltinImages(images, engine, ScriptRunner(env))

@@ -292,6 +292,8 @@ var (
 	ErrTemplateInstructionNotAllowed = &Error{Code: codes.InvalidArgument, Reason: "TEMPLATE_INSTRUCTION_NOT_ALLOWED"}
 	// ErrTenantImageQuota: RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first.
 	ErrTenantImageQuota = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_IMAGE_QUOTA"}
+	// ErrTemplateNotReady: FAILED_PRECONDITION, retryable: A built-in template's image is not on the engine yet: the server is building it (GetTemplate says BUILDING), or its last build failed and the message says why (a new build starts on a later use). Never a registry error: built-in images are built on this machine, not pulled. Metadata `template`.
+	ErrTemplateNotReady = &Error{Code: codes.FailedPrecondition, Reason: "TEMPLATE_NOT_READY"}
 	// ErrMemorySuspendUnsupported: FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was.
 	ErrMemorySuspendUnsupported = &Error{Code: codes.FailedPrecondition, Reason: "MEMORY_SUSPEND_UNSUPPORTED"}
 )
@@ -441,5 +443,6 @@ var Reasons = map[string]ReasonInfo{
 	"REPLY_TOO_LARGE":                  {codes.ResourceExhausted, false, ErrReplyTooLarge},
 	"TEMPLATE_INSTRUCTION_NOT_ALLOWED": {codes.InvalidArgument, false, ErrTemplateInstructionNotAllowed},
 	"TENANT_IMAGE_QUOTA":               {codes.ResourceExhausted, false, ErrTenantImageQuota},
+	"TEMPLATE_NOT_READY":               {codes.FailedPrecondition, true, ErrTemplateNotReady},
 	"MEMORY_SUSPEND_UNSUPPORTED":       {codes.FailedPrecondition, false, ErrMemorySuspendUnsupported},
 }

@@ -267,6 +267,8 @@ export declare class ReplyTooLargeError extends ResourceExhausted {}
 export declare class TemplateInstructionNotAllowedError extends InvalidArgument {}
 /** RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first. */
 export declare class TenantImageQuotaError extends ResourceExhausted {}
+/** FAILED_PRECONDITION, retryable: A built-in template's image is not on the engine yet: the server is building it (GetTemplate says BUILDING), or its last build failed and the message says why (a new build starts on a later use). Never a registry error: built-in images are built on this machine, not pulled. Metadata `template`. */
+export declare class TemplateNotReadyError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was. */
 export declare class MemorySuspendUnsupportedError extends FailedPrecondition {}
 
@@ -414,6 +416,7 @@ export type Reason =
   | 'REPLY_TOO_LARGE'
   | 'TEMPLATE_INSTRUCTION_NOT_ALLOWED'
   | 'TENANT_IMAGE_QUOTA'
+  | 'TEMPLATE_NOT_READY'
   | 'MEMORY_SUSPEND_UNSUPPORTED';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */

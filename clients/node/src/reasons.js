@@ -267,6 +267,8 @@ export class ReplyTooLargeError extends ResourceExhausted {}
 export class TemplateInstructionNotAllowedError extends InvalidArgument {}
 /** RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first. */
 export class TenantImageQuotaError extends ResourceExhausted {}
+/** FAILED_PRECONDITION, retryable: A built-in template's image is not on the engine yet: the server is building it (GetTemplate says BUILDING), or its last build failed and the message says why (a new build starts on a later use). Never a registry error: built-in images are built on this machine, not pulled. Metadata `template`. */
+export class TemplateNotReadyError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was. */
 export class MemorySuspendUnsupportedError extends FailedPrecondition {}
 
@@ -415,5 +417,6 @@ export const REASONS = Object.freeze({
   REPLY_TOO_LARGE: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: ReplyTooLargeError },
   TEMPLATE_INSTRUCTION_NOT_ALLOWED: { code: 'INVALID_ARGUMENT', retryable: false, error: TemplateInstructionNotAllowedError },
   TENANT_IMAGE_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TenantImageQuotaError },
+  TEMPLATE_NOT_READY: { code: 'FAILED_PRECONDITION', retryable: true, error: TemplateNotReadyError },
   MEMORY_SUSPEND_UNSUPPORTED: { code: 'FAILED_PRECONDITION', retryable: false, error: MemorySuspendUnsupportedError },
 });

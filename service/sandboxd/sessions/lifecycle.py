@@ -198,6 +198,8 @@ class SessionManager:
                     *own_templates.values(),
                 ],
             )
+            if self._templates is not None:  # a built-in still being built is not pulled
+                await self._templates.require_ready(spec.image)
             resolved = await self._resolve_image(spec.image, checked.pull_policy, source)
             if source is not None and resolved is not None:  # a fork runs its source's image
                 spec = dataclasses.replace(

@@ -357,6 +357,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
     image quota (tenant_max_image_bytes); delete some first.
     """
+    ERROR_REASON_TEMPLATE_NOT_READY: _ErrorReason.ValueType  # 460
+    """FAILED_PRECONDITION, retryable: A built-in template's image is not on the engine yet: the
+    server is building it (GetTemplate says BUILDING), or its last build failed and the message
+    says why (a new build starts on a later use). Never a registry error: built-in images are
+    built on this machine, not pulled. Metadata `template`.
+    """
     ERROR_REASON_MEMORY_SUSPEND_UNSUPPORTED: _ErrorReason.ValueType  # 430
     """FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc
     session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`);
@@ -369,7 +375,7 @@ class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     without the ERROR_REASON_ prefix: ERROR_REASON_FILE_TOO_LARGE is sent as "FILE_TOO_LARGE".
     Each value's comment starts with the one gRPC status code it is sent with, then
     "retryable" when a later retry of the same call may succeed, then its meaning.
-    The README's error table is generated from these comments (`make proto`).
+    The error table of docs/errors.md is generated from these comments (`make proto`).
     """
 
 ERROR_REASON_UNSPECIFIED: ErrorReason.ValueType  # 0
@@ -706,6 +712,12 @@ message names the line and the rule.
 ERROR_REASON_TENANT_IMAGE_QUOTA: ErrorReason.ValueType  # 247
 """RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
 image quota (tenant_max_image_bytes); delete some first.
+"""
+ERROR_REASON_TEMPLATE_NOT_READY: ErrorReason.ValueType  # 460
+"""FAILED_PRECONDITION, retryable: A built-in template's image is not on the engine yet: the
+server is building it (GetTemplate says BUILDING), or its last build failed and the message
+says why (a new build starts on a later use). Never a registry error: built-in images are
+built on this machine, not pulled. Metadata `template`.
 """
 ERROR_REASON_MEMORY_SUSPEND_UNSUPPORTED: ErrorReason.ValueType  # 430
 """FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc
