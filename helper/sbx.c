@@ -44,6 +44,9 @@
 
 #define LIST_MAX 100000
 #define EXIT_KILLED 137
+/* A wait that overran by more than this was a memory suspend (or a host that stalled the
+ * sandbox as long): the supervisor's deadline does not count it (cmd_run). */
+#define SUSPEND_JUMP_NS 500000000LL
 /* For walking trees we own: a symlink must never be traversed at all. */
 #define RES_NOSYM (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
 
@@ -2613,7 +2616,13 @@ static int cmd_run(int argc, char **argv)
 		siginfo_t si;
 		int sig;
 		if (timeout_ms) {
-			struct timespec now, rem;
+			/* Waits of at most a second: a sandbox restored from a
+			 * memory checkpoint finds its monotonic clock moved on by
+			 * the time it was suspended, which a timeout must not
+			 * count. A wait that took far longer than asked (more
+			 * than SUSPEND_JUMP_NS over) was such a pause, and moves
+			 * the deadline on by it. */
+			struct timespec now, rem, after;
 			clock_gettime(CLOCK_MONOTONIC, &now);
 			rem.tv_sec = deadline.tv_sec - now.tv_sec;
 			rem.tv_nsec = deadline.tv_nsec - now.tv_nsec;
@@ -2625,7 +2634,28 @@ static int cmd_run(int argc, char **argv)
 				kill_tree(child);
 				_exit(EXIT_KILLED);
 			}
+			if (rem.tv_sec >= 1) {
+				rem.tv_sec = 1;
+				rem.tv_nsec = 0;
+			}
 			sig = sigtimedwait(&set, &si, &rem);
+			int saved = errno;
+			clock_gettime(CLOCK_MONOTONIC, &after);
+			int64_t took = (int64_t)(after.tv_sec - now.tv_sec) * 1000000000LL +
+				       (after.tv_nsec - now.tv_nsec);
+			int64_t asked = (int64_t)rem.tv_sec * 1000000000LL + rem.tv_nsec;
+			if (took - asked > SUSPEND_JUMP_NS) {
+				int64_t over = took - asked;
+				deadline.tv_sec += (time_t)(over / 1000000000LL);
+				deadline.tv_nsec += (long)(over % 1000000000LL);
+				if (deadline.tv_nsec >= 1000000000L) {
+					deadline.tv_sec++;
+					deadline.tv_nsec -= 1000000000L;
+				}
+			}
+			errno = saved;
+			if (sig < 0 && errno == EAGAIN)
+				continue; /* a slice ended: the deadline is checked above */
 		} else {
 			sig = sigwaitinfo(&set, &si);
 		}

@@ -273,6 +273,9 @@ def _tar(box: FakeSandbox, cwd: str) -> bytes:
     return buf.getvalue()
 
 
+_MEMORY = b"fake memory image\n"  # a checkpoint is not the workspace's tar
+
+
 class FakeEngine:
     def __init__(self, images: Sequence[str] = ("sandboxd-runtime:busybox",)) -> None:
         self.images: dict[str, dict[str, str]] = {image: {} for image in images}
@@ -297,6 +300,10 @@ class FakeEngine:
         # Networks (as an older server left them): id -> (name, labels, containers attached).
         self.networks: dict[str, tuple[str, dict[str, str], int]] = {}
         self.disks = FakeDisks(self)
+        # Memory checkpoints: the engine's own copy by (sandbox, name), the workspace as a tar
+        # (the fake's "memory"); `experimental` False is an engine without checkpoints.
+        self.experimental = True
+        self.checkpoints: dict[tuple[str, str], bytes] = {}
 
     # ----- test hooks ---------------------------------------------------------------------
 
@@ -441,6 +448,36 @@ class FakeEngine:
         self._call("exec_inspect")
         stream = self._execs[exec_id]
         return {"Running": stream.code is None, "ExitCode": stream.code}
+
+    async def memory_checkpoints(self) -> str:
+        self._call("memory_checkpoints")
+        if not self.experimental:
+            return "the Docker engine is not in experimental mode (checkpoints need it)"
+        return "" if Isolation.GVISOR in self.tiers else "no gVisor runtime is registered"
+
+    async def checkpoint_sandbox(self, sandbox_id: str, name: str) -> None:
+        self._call("checkpoint_sandbox")
+        box = self._get(sandbox_id)
+        self.checkpoints[(sandbox_id, name)] = _MEMORY + _tar(box, "")
+        box.running = False  # frozen, written, stopped
+        self._call("checkpoint_sandbox:after")  # failing past the point of no return
+
+    async def read_checkpoint(self, sandbox_id: str, name: str) -> AsyncIterator[bytes]:
+        self._call("read_checkpoint")
+        data = self.checkpoints[(sandbox_id, name)]
+        for i in range(0, len(data), 4096):
+            yield data[i : i + 4096]
+
+    async def restore_sandbox(
+        self, sandbox_id: str, name: str, chunks: AsyncIterator[bytes]
+    ) -> None:
+        self._call("restore_sandbox")
+        box = self._get(sandbox_id)
+        data = b"".join([c async for c in chunks])
+        self._call("restore_sandbox:placed")
+        box.files, box.dirs = {}, set()
+        _untar(box, "", data.removeprefix(_MEMORY))
+        box.running = True
 
     async def commit_sandbox(
         self, sandbox_id: str, repository: str, tag: str, labels: Mapping[str, str]

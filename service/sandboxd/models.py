@@ -69,6 +69,14 @@ class SessionState(enum.StrEnum):
     FAILED = "FAILED"
 
 
+class SuspendMode(enum.StrEnum):
+    """What a session's current suspension kept: NONE while it is not suspended."""
+
+    NONE = ""
+    FILESYSTEM = "FILESYSTEM"  # the workspace only
+    MEMORY = "MEMORY"  # processes and memory with the workspace (a gVisor checkpoint)
+
+
 class PullPolicy(enum.StrEnum):
     """When a create asks the registry for its image (sandboxd.pulls)."""
 
@@ -351,6 +359,10 @@ class Session:
     container_id: str = ""
     tenant: str = "default"  # who may see it (sandboxd.tenancy); "default" without auth
     loss: Loss | None = None  # its sandbox's last death, and what the rebuild brought back
+    suspend_mode: SuspendMode = SuspendMode.NONE  # what the current suspension kept
+    # Memory suspends it came back from, as (suspended, resumed) epoch seconds: the sandbox's
+    # clocks count that time, its timeouts must not (process_adoption.paused_since).
+    pauses: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,16 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
         SnapshotService(p.sessions, p.archive, p.snapshots), server
     )
     admin_pb2_grpc.add_AdminServiceServicer_to_server(
-        AdminService(config, p.engine, p.egress, p.sweeper, tiers=p.tiers, pulls=p.pulls), server
+        AdminService(
+            config,
+            p.engine,
+            p.egress,
+            p.sweeper,
+            tiers=p.tiers,
+            pulls=p.pulls,
+            memory_suspend=p.sessions.memory_suspend_unsupported,
+        ),
+        server,
     )
     audit_pb2_grpc.add_AuditServiceServicer_to_server(AuditService(AuditLog(p.audit_store)), server)
     template_pb2_grpc.add_TemplateServiceServicer_to_server(

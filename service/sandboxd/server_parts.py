@@ -58,6 +58,7 @@ from sandboxd.pulls import Pulls, live_images
 from sandboxd.secrets import vault
 from sandboxd.secrets.setup import SecretsSetup
 from sandboxd.sessions import SessionManager
+from sandboxd.sessions.memory_suspension import MemoryOptions
 from sandboxd.sessions.recovery import ENDED_RETENTION
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
@@ -208,7 +209,11 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     stack.push_async_callback(pulls.close)
     template_store = await TemplateStore(store.db).open()
     image_quota = ImageQuota(
-        config.tenancy.max_image_bytes, engine, template_store, snapshot_store.images_of
+        config.tenancy.max_image_bytes,
+        engine,
+        template_store,
+        snapshot_store.images_of,
+        checkpoint_bytes=snapshot_store.memory_bytes,
     )
     templates = Templates(
         config,
@@ -248,6 +253,11 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         templates=templates,
         host_ids=host_ids,
         volumes=claims,
+        memory=MemoryOptions(
+            checkpoints=snapshot_store,  # beside the snapshots
+            on_resume=[processes.adopt],  # the agent kept them in its memory
+            room=image_quota.check_checkpoint_room,
+        ),
     )
     volumes = Volumes(
         config.volumes,

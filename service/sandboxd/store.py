@@ -38,6 +38,7 @@ from sandboxd.models import (
     SessionSpec,
     SessionState,
     ShellPolicy,
+    SuspendMode,
     VolumeMount,
     WorkspaceManifest,
     WorkspaceStorage,
@@ -176,6 +177,24 @@ def _dt(value: float) -> datetime:
     return datetime.fromtimestamp(value, tz=UTC)
 
 
+MAX_PAUSES = 1000  # kept per session (16 bytes each in memory); the oldest go first
+
+
+def _suspension_to_json(s: Session) -> str:
+    if s.suspend_mode is SuspendMode.NONE and not s.pauses:
+        return ""
+    pauses = [list(p) for p in s.pauses[-MAX_PAUSES:]]
+    return json.dumps({"mode": s.suspend_mode.value, "pauses": pauses})
+
+
+def _suspension_from_json(text: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    data = json.loads(text)
+    pauses = tuple((float(a), float(b)) for a, b in data.get("pauses") or ())
+    return {"suspend_mode": SuspendMode(data.get("mode", "")), "pauses": pauses}
+
+
 def _loss_to_json(loss: Loss | None) -> str:
     if loss is None:
         return ""
@@ -213,6 +232,7 @@ def _row_to_session(row: aiosqlite.Row) -> Session:
         spec=_spec_from_json(row["spec"]),
         tenant=row["tenant"],
         loss=_loss_from_json(row["loss"]),
+        **_suspension_from_json(row["suspension"]),
     )
 
 
@@ -233,6 +253,9 @@ class SessionStore(SqliteFile):
         ),
         # What a dead sandbox lost (models.Loss): none said so before.
         add_column("sessions", "loss", "TEXT NOT NULL DEFAULT ''"),
+        # What a suspension kept and the memory suspends it came back from (models.SuspendMode,
+        # pauses): before memory suspends, the filesystem and none.
+        add_column("sessions", "suspension", "TEXT NOT NULL DEFAULT ''"),
     )
 
     def __init__(self, path: Path) -> None:
@@ -285,7 +308,7 @@ class SessionStore(SqliteFile):
         await self.db.commit()
 
     async def update(self, s: Session) -> None:
-        """Persist the mutable fields (state, lease, container, loss)."""
+        """Persist the mutable fields (state, lease, container, loss, suspend mode, pauses)."""
         before = self._cache.get(s.session_id)
         async with self._writing(s.session_id) as committed:
             await self._update(s)
@@ -297,18 +320,21 @@ class SessionStore(SqliteFile):
                         lease_expires_at=_dt(_ts(s.lease_expires_at)),  # as stored
                         container_id=s.container_id,
                         loss=_loss_from_json(_loss_to_json(s.loss)),
+                        suspend_mode=s.suspend_mode,
+                        pauses=tuple(s.pauses[-MAX_PAUSES:]),
                     )
                 )
 
     async def _update(self, s: Session) -> None:
         await self.db.execute(
-            "UPDATE sessions SET state = ?, lease_expires_at = ?, container_id = ?, loss = ?"
-            " WHERE session_id = ?",
+            "UPDATE sessions SET state = ?, lease_expires_at = ?, container_id = ?, loss = ?,"
+            " suspension = ? WHERE session_id = ?",
             (
                 s.state.value,
                 _ts(s.lease_expires_at),
                 s.container_id,
                 _loss_to_json(s.loss),
+                _suspension_to_json(s),
                 s.session_id,
             ),
         )

@@ -312,6 +312,8 @@ var (
 	ErrVolumeSizeInvalid = &Error{Code: codes.InvalidArgument, Reason: "VOLUME_SIZE_INVALID"}
 	// ErrVolumeAlreadyExists: ALREADY_EXISTS: The volume id is taken by a volume of another size or other labels.
 	ErrVolumeAlreadyExists = &Error{Code: codes.AlreadyExists, Reason: "VOLUME_ALREADY_EXISTS"}
+	// ErrMemorySuspendUnsupported: FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was.
+	ErrMemorySuspendUnsupported = &Error{Code: codes.FailedPrecondition, Reason: "MEMORY_SUSPEND_UNSUPPORTED"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -469,4 +471,5 @@ var Reasons = map[string]ReasonInfo{
 	"INVALID_VOLUME_ID":                {codes.InvalidArgument, false, ErrInvalidVolumeId},
 	"VOLUME_SIZE_INVALID":              {codes.InvalidArgument, false, ErrVolumeSizeInvalid},
 	"VOLUME_ALREADY_EXISTS":            {codes.AlreadyExists, false, ErrVolumeAlreadyExists},
+	"MEMORY_SUSPEND_UNSUPPORTED":       {codes.FailedPrecondition, false, ErrMemorySuspendUnsupported},
 }

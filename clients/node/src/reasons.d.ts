@@ -287,6 +287,8 @@ export declare class InvalidVolumeIdError extends InvalidArgument {}
 export declare class VolumeSizeInvalidError extends InvalidArgument {}
 /** ALREADY_EXISTS: The volume id is taken by a volume of another size or other labels. */
 export declare class VolumeAlreadyExistsError extends AlreadyExists {}
+/** FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was. */
+export declare class MemorySuspendUnsupportedError extends FailedPrecondition {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -441,7 +443,8 @@ export type Reason =
   | 'MOUNT_PATH_INVALID'
   | 'INVALID_VOLUME_ID'
   | 'VOLUME_SIZE_INVALID'
-  | 'VOLUME_ALREADY_EXISTS';
+  | 'VOLUME_ALREADY_EXISTS'
+  | 'MEMORY_SUSPEND_UNSUPPORTED';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

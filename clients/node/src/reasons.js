@@ -287,6 +287,8 @@ export class InvalidVolumeIdError extends InvalidArgument {}
 export class VolumeSizeInvalidError extends InvalidArgument {}
 /** ALREADY_EXISTS: The volume id is taken by a volume of another size or other labels. */
 export class VolumeAlreadyExistsError extends AlreadyExists {}
+/** FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was. */
+export class MemorySuspendUnsupportedError extends FailedPrecondition {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -443,4 +445,5 @@ export const REASONS = Object.freeze({
   INVALID_VOLUME_ID: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidVolumeIdError },
   VOLUME_SIZE_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: VolumeSizeInvalidError },
   VOLUME_ALREADY_EXISTS: { code: 'ALREADY_EXISTS', retryable: false, error: VolumeAlreadyExistsError },
+  MEMORY_SUSPEND_UNSUPPORTED: { code: 'FAILED_PRECONDITION', retryable: false, error: MemorySuspendUnsupportedError },
 });

@@ -381,7 +381,8 @@ export type ErrorReason =
   | 'ERROR_REASON_MOUNT_PATH_INVALID'
   | 'ERROR_REASON_INVALID_VOLUME_ID'
   | 'ERROR_REASON_VOLUME_SIZE_INVALID'
-  | 'ERROR_REASON_VOLUME_ALREADY_EXISTS';
+  | 'ERROR_REASON_VOLUME_ALREADY_EXISTS'
+  | 'ERROR_REASON_MEMORY_SUSPEND_UNSUPPORTED';
 
 export type SessionEventKind =
   | 'SESSION_EVENT_KIND_UNSPECIFIED'
@@ -1077,7 +1078,13 @@ export interface EgressEvent {
 
 export interface SuspendSessionRequest {
   session_id: string;
+  mode: SuspendMode;
 }
+
+export type SuspendMode =
+  | 'SUSPEND_MODE_UNSPECIFIED'
+  | 'SUSPEND_MODE_FILESYSTEM'
+  | 'SUSPEND_MODE_MEMORY';
 
 export interface SuspendSessionResponse {
   session: Session | null;
@@ -1120,6 +1127,7 @@ export interface Session {
   volumes: VolumeMount[];
   workspace_storage: WorkspaceStorage;
   workspace_size_bytes: number;
+  suspend_mode: SuspendMode;
 }
 
 export interface SessionStateReason {

@@ -24,6 +24,7 @@ from sandboxd.models import (
     Session,
     SessionState,
     ShellPolicy,
+    SuspendMode,
     VolumeMount,
     WorkspaceManifest,
     WorkspaceStorage,
@@ -259,8 +260,24 @@ def session_pb(s: Session) -> session_pb2.Session:
         ],
         workspace_storage=_STORAGE_PB[s.spec.storage],
         workspace_size_bytes=s.spec.limits.workspace_bytes,
+        suspend_mode=SUSPEND_MODE_PB[s.suspend_mode],
         **_loss_fields(s.loss),
     )
+
+
+# What a suspension kept; NONE (not suspended) is UNSPECIFIED.
+SUSPEND_MODE_PB = {
+    SuspendMode.NONE: session_pb2.SUSPEND_MODE_UNSPECIFIED,
+    SuspendMode.FILESYSTEM: session_pb2.SUSPEND_MODE_FILESYSTEM,
+    SuspendMode.MEMORY: session_pb2.SUSPEND_MODE_MEMORY,
+}
+
+
+def suspend_mode(value: int) -> SuspendMode:
+    """A SuspendSessionRequest's mode: UNSPECIFIED is the filesystem suspend of old."""
+    if value == session_pb2.SUSPEND_MODE_MEMORY:
+        return SuspendMode.MEMORY
+    return SuspendMode.FILESYSTEM
 
 
 def _loss_fields(loss: Loss | None) -> dict[str, Any]:

@@ -216,6 +216,29 @@ class Engine(Protocol):
         """At least `Running` (bool) and `ExitCode` (int or None)."""
         ...
 
+    # ----- memory checkpoints (gVisor sandboxes: sessions/memory_suspension.py) ---------
+
+    async def memory_checkpoints(self) -> str:
+        """Empty when the engine can checkpoint a gVisor sandbox with its processes and memory
+        and restore it; else why not, in words (the probe behind the `memory_suspend` feature)."""
+        ...
+
+    async def checkpoint_sandbox(self, sandbox_id: str, name: str) -> None:
+        """Checkpoint the sandbox's processes and memory under `name`; the sandbox stops.
+        On failure the caller asks `inspect_sandbox` whether it still runs."""
+        ...
+
+    def read_checkpoint(self, sandbox_id: str, name: str) -> AsyncIterator[bytes]:
+        """The checkpoint `name` of the (stopped) sandbox, as a tar."""
+        ...
+
+    async def restore_sandbox(
+        self, sandbox_id: str, name: str, chunks: AsyncIterator[bytes]
+    ) -> None:
+        """Place the checkpoint tar `chunks` as `name` in a created (not started) sandbox of the
+        same shape and start the sandbox from it: its processes run on where they were."""
+        ...
+
     # ----- images (IMAGE snapshots) ------------------------------------------------------
 
     async def commit_sandbox(

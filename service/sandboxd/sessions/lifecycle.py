@@ -33,7 +33,7 @@ from sandboxd.errors import (
 )
 from sandboxd.host_ids import HostIds
 from sandboxd.isolation import IsolationTiers
-from sandboxd.models import NetworkPolicy, PullPolicy, Session, SessionState
+from sandboxd.models import NetworkPolicy, PullPolicy, Session, SessionState, SuspendMode
 from sandboxd.pool import WarmPool
 from sandboxd.pulls import Pulls, Resolved
 from sandboxd.reasons import Reason
@@ -44,6 +44,7 @@ from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.liveness import lease_ended, require_live
 from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.manifest import write_manifest
+from sandboxd.sessions.memory_suspension import MemoryOptions, MemorySuspension
 from sandboxd.sessions.quota import QuotaGate
 from sandboxd.sessions.recovery import ExpiryHook, Recovery, now
 from sandboxd.sessions.sandboxes import Sandboxes, SessionEndHook, Undo
@@ -75,6 +76,7 @@ class SessionManager:
         templates: TemplateImages | None = None,
         host_ids: HostIds | None = None,
         volumes: VolumeClaims | None = None,
+        memory: MemoryOptions | None = None,  # None: no memory suspend
     ) -> None:
         self._config = config
         self._volumes = volumes  # None: a create naming a volume is VOLUME_NOT_FOUND
@@ -115,6 +117,9 @@ class SessionManager:
             sandboxes=self._sandboxes,
             recovery=self._recovery,
             pulls=pulls,
+            memory=MemorySuspension(
+                engine, store, keeper, self._sandboxes, memory or MemoryOptions()
+            ),
         )
         # Commands (Exec, Run, ...) hold one of these per tenant while they run.
         self.exec_slots = tenancy.ExecSlots(config.tenancy.max_concurrent_execs)
@@ -405,9 +410,14 @@ class SessionManager:
             log.info("session deleted", extra={"session_id": session_id})
             return True
 
-    async def suspend(self, session_id: str) -> Session:
-        """Snapshot the workspace, then remove the sandbox; lease and snapshot stay."""
-        return await self._suspension.suspend(session_id)
+    async def suspend(self, session_id: str, mode: SuspendMode = SuspendMode.FILESYSTEM) -> Session:
+        """Snapshot the workspace (and with MEMORY its processes and memory), then remove the
+        sandbox; lease and snapshot stay."""
+        return await self._suspension.suspend(session_id, mode)
+
+    async def memory_suspend_unsupported(self) -> str:
+        """Empty when gVisor sessions can be suspended with their memory; else why not."""
+        return await self._suspension.memory.why_not()
 
     async def resume(self, session_id: str, expected_fingerprint: str | None) -> Session:
         """Running again, rebuilt from the last snapshot where the sandbox is gone."""

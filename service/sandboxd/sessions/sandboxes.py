@@ -71,12 +71,20 @@ class Sandboxes:
             egress_port=self._egress.port if allowlist and self._egress is not None else 0,
         )
 
-    async def provision(self, session: Session, undo: Undo, *, warm_ok: bool = True) -> None:
+    async def provision(
+        self,
+        session: Session,
+        undo: Undo,
+        *,
+        warm_ok: bool = True,
+        start: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
         """A started sandbox for `session`, its id recorded in the store.
 
         `warm_ok`: a warm container may serve, and its host identity becomes the session's
         (a create). A rebuild passes False: a resumed session keeps the uid its files and its
-        record have."""
+        record have. `start`: how the created sandbox starts (a memory resume starts it from
+        its checkpoint); the engine's plain start by default."""
         egress = session.spec.network.mode is NetworkMode.ALLOWLIST and self._egress is not None
         if egress and self._egress is not None:
             undo.push(lambda: self._release_egress(session))
@@ -103,7 +111,7 @@ class Sandboxes:
         session.container_id = sandbox_id
         undo.push(lambda: self._engine.remove_sandbox(sandbox_id))
         await self._store.update(session)
-        await self._engine.start_sandbox(sandbox_id)
+        await (start or self._engine.start_sandbox)(sandbox_id)
         if egress and self._egress is not None:
             await self._egress.install_trust(session)  # secrets: the session CA
 

@@ -17,13 +17,14 @@ from datetime import UTC, datetime
 
 from sandboxd.errors import FailedPrecondition
 from sandboxd.labels import LABEL_AUTO
-from sandboxd.models import RESTORED_FROM_DISK, Loss, Session, SessionState
+from sandboxd.models import RESTORED_FROM_DISK, Loss, Session, SessionState, SuspendMode
 from sandboxd.pulls import Pulls
 from sandboxd.reasons import Reason
 from sandboxd.sessions.gate import WorkspaceGate
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.liveness import require_live
 from sandboxd.sessions.locks import SessionLocks
+from sandboxd.sessions.memory_suspension import MemorySuspension
 from sandboxd.sessions.recovery import Recovery, container_lost, lost_now
 from sandboxd.sessions.sandboxes import Sandboxes, Undo
 from sandboxd.snapshot_store import Snapshot
@@ -44,6 +45,7 @@ class Suspension:
         sandboxes: Sandboxes,
         recovery: Recovery,
         pulls: Pulls | None,
+        memory: MemorySuspension,
     ) -> None:
         self._get = get
         self._store = store
@@ -53,14 +55,19 @@ class Suspension:
         self._sandboxes = sandboxes
         self._recovery = recovery
         self._pulls = pulls
+        self.memory = memory
 
-    async def suspend(self, session_id: str) -> Session:
-        """Snapshot the workspace, then remove the sandbox; lease and snapshot stay."""
+    async def suspend(self, session_id: str, mode: SuspendMode = SuspendMode.FILESYSTEM) -> Session:
+        """Snapshot the workspace, then remove the sandbox; lease and snapshot stay. With
+        MEMORY, its processes and memory are checkpointed too (memory_suspension.py)."""
         async with self._locks.locked(session_id):
             session = await self._get(session_id)
             if session.state is SessionState.SUSPENDED:
                 return session
             require_live(session)
+            if mode is SuspendMode.MEMORY:
+                async with self._gate.exclusive(session_id):
+                    return await self.memory.suspend(session)
             async with self._gate.exclusive(session_id):  # no file call half-way through
                 # A disk workspace stays where it is (no tar of it), unmounted with its sandbox.
                 if not session.spec.on_disk:
@@ -68,6 +75,7 @@ class Suspension:
                 await self._sandboxes.teardown(session, quiet=False, keep_network=True)
             await self._sandboxes.release_network(session)
             session.state = SessionState.SUSPENDED
+            session.suspend_mode = SuspendMode.FILESYSTEM
             session.container_id = ""
             await self._store.update(session)
             log.info("session suspended", extra={"session_id": session_id})
@@ -95,6 +103,11 @@ class Suspension:
                         "container limits changed behind our back; not reused",
                         extra={"session_id": session_id},
                     )
+            checkpoint = await self.memory.checkpoint_of(session)
+            if session.state is SessionState.SUSPENDED and checkpoint is not None:
+                if self._pulls is not None and session.spec.image_id:
+                    await self._pulls.pinned(session.spec)
+                return await self.memory.resume(session, checkpoint)
             # A disk workspace that is still there is the best source: every file as it was.
             on_disk = await self._sandboxes.disk_kept(session)
             snap = None if on_disk else await self._keeper.latest(session_id)
@@ -130,6 +143,7 @@ class Suspension:
                     restored_at=datetime.now(tz=UTC),
                 )
             session.state = SessionState.RUNNING
+            session.suspend_mode = SuspendMode.NONE
             await self._store.update(session)
         except BaseException:
             session.loss = loss  # not restored after all

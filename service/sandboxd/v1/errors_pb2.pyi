@@ -396,6 +396,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INVALID_ARGUMENT: A volume's size_bytes is negative or over the server's volume_max_bytes."""
     ERROR_REASON_VOLUME_ALREADY_EXISTS: _ErrorReason.ValueType  # 416
     """ALREADY_EXISTS: The volume id is taken by a volume of another size or other labels."""
+    ERROR_REASON_MEMORY_SUSPEND_UNSUPPORTED: _ErrorReason.ValueType  # 430
+    """FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc
+    session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`);
+    answered before anything was stopped, the session runs as it was.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -780,4 +785,9 @@ ERROR_REASON_VOLUME_SIZE_INVALID: ErrorReason.ValueType  # 415
 """INVALID_ARGUMENT: A volume's size_bytes is negative or over the server's volume_max_bytes."""
 ERROR_REASON_VOLUME_ALREADY_EXISTS: ErrorReason.ValueType  # 416
 """ALREADY_EXISTS: The volume id is taken by a volume of another size or other labels."""
+ERROR_REASON_MEMORY_SUSPEND_UNSUPPORTED: ErrorReason.ValueType  # 430
+"""FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc
+session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`);
+answered before anything was stopped, the session runs as it was.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

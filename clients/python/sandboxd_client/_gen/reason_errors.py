@@ -567,6 +567,10 @@ class VolumeAlreadyExists(AlreadyExists):
     """VOLUME_ALREADY_EXISTS: The volume id is taken by a volume of another size or other labels."""
 
 
+class MemorySuspendUnsupported(FailedPrecondition):
+    """MEMORY_SUSPEND_UNSUPPORTED: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was."""
+
+
 # Every reason's class: the one `from_rpc_error` raises when the code agrees.
 BY_REASON: dict[str, type[SandboxError]] = {
     "INVALID_ARGUMENT": InvalidArgument,
@@ -722,6 +726,7 @@ BY_REASON: dict[str, type[SandboxError]] = {
     "INVALID_VOLUME_ID": InvalidVolumeId,
     "VOLUME_SIZE_INVALID": VolumeSizeInvalid,
     "VOLUME_ALREADY_EXISTS": VolumeAlreadyExists,
+    "MEMORY_SUSPEND_UNSUPPORTED": MemorySuspendUnsupported,
 }
 
 __all__ = [
@@ -858,4 +863,5 @@ __all__ = [
     "InvalidVolumeId",
     "VolumeSizeInvalid",
     "VolumeAlreadyExists",
+    "MemorySuspendUnsupported",
 ]

@@ -107,6 +107,34 @@ EGRESS_VERDICT_ALLOWED: EgressVerdict.ValueType  # 1
 EGRESS_VERDICT_REFUSED: EgressVerdict.ValueType  # 2
 Global___EgressVerdict: _TypeAlias = EgressVerdict  # noqa: Y015
 
+class _SuspendMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SuspendModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SuspendMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SUSPEND_MODE_UNSPECIFIED: _SuspendMode.ValueType  # 0
+    """The filesystem suspend (the workspace only; processes end)."""
+    SUSPEND_MODE_FILESYSTEM: _SuspendMode.ValueType  # 1
+    """The workspace only: every process ends, resume starts a fresh sandbox from the snapshot."""
+    SUSPEND_MODE_MEMORY: _SuspendMode.ValueType  # 2
+    """Processes and memory with the workspace (gVisor sessions on an engine that can checkpoint:
+    GetServerInfo's features name `memory_suspend`); resume continues them where they were.
+    """
+
+class SuspendMode(_SuspendMode, metaclass=_SuspendModeEnumTypeWrapper):
+    """What a suspension keeps of a session."""
+
+SUSPEND_MODE_UNSPECIFIED: SuspendMode.ValueType  # 0
+"""The filesystem suspend (the workspace only; processes end)."""
+SUSPEND_MODE_FILESYSTEM: SuspendMode.ValueType  # 1
+"""The workspace only: every process ends, resume starts a fresh sandbox from the snapshot."""
+SUSPEND_MODE_MEMORY: SuspendMode.ValueType  # 2
+"""Processes and memory with the workspace (gVisor sessions on an engine that can checkpoint:
+GetServerInfo's features name `memory_suspend`); resume continues them where they were.
+"""
+Global___SuspendMode: _TypeAlias = SuspendMode  # noqa: Y015
+
 @_typing.final
 class ManifestFile(_message.Message):
     """A file declared up front in the workspace."""
@@ -755,15 +783,19 @@ class SuspendSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    mode: Global___SuspendMode.ValueType
+    """What the suspension keeps; UNSPECIFIED is the filesystem suspend."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
+        mode: Global___SuspendMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -885,6 +917,7 @@ class Session(_message.Message):
     VOLUMES_FIELD_NUMBER: _builtins.int
     WORKSPACE_STORAGE_FIELD_NUMBER: _builtins.int
     WORKSPACE_SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    SUSPEND_MODE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     state: Global___SessionState.ValueType
     image: _builtins.str
@@ -923,6 +956,8 @@ class Session(_message.Message):
     """Where its /workspace lives (never UNSPECIFIED: the default is resolved at create)."""
     workspace_size_bytes: _builtins.int
     """Its workspace's size: the disk's for DISK, limits.workspace_bytes for MEMORY."""
+    suspend_mode: Global___SuspendMode.ValueType
+    """What the current suspension kept (UNSPECIFIED while the session is not suspended)."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -989,10 +1024,11 @@ class Session(_message.Message):
         volumes: _abc.Iterable[_volumes_pb2.VolumeMount] | None = ...,
         workspace_storage: Global___WorkspaceStorage.ValueType = ...,
         workspace_size_bytes: _builtins.int = ...,
+        suspend_mode: Global___SuspendMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "lost_time", b"lost_time", "network", b"network", "restored_state_time", b"restored_state_time", "shell", b"shell", "state_reason", b"state_reason"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "end_reason", b"end_reason", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "lost_message", b"lost_message", "lost_time", b"lost_time", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "restored_from", b"restored_from", "restored_state_time", b"restored_state_time", "session_id", b"session_id", "shell", b"shell", "state", b"state", "state_reason", b"state_reason", "template", b"template", "user", b"user", "volumes", b"volumes", "workspace_id", b"workspace_id", "workspace_size_bytes", b"workspace_size_bytes", "workspace_storage", b"workspace_storage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "end_reason", b"end_reason", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "lost_message", b"lost_message", "lost_time", b"lost_time", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "restored_from", b"restored_from", "restored_state_time", b"restored_state_time", "session_id", b"session_id", "shell", b"shell", "state", b"state", "state_reason", b"state_reason", "suspend_mode", b"suspend_mode", "template", b"template", "user", b"user", "volumes", b"volumes", "workspace_id", b"workspace_id", "workspace_size_bytes", b"workspace_size_bytes", "workspace_storage", b"workspace_storage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
