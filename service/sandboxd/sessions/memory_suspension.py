@@ -143,8 +143,6 @@ class MemorySuspension:
             # mounted from the host is not in it, and its restore into a new sandbox is not
             # yet proven: refused up front rather than risked.
             return "its workspace is on disk or it mounts volumes: a checkpoint carries neither"
-                "its workspace is on disk or it mounts volumes, which a checkpoint does not carry"
-            )
         return await self._engine.memory_checkpoints()
 
     async def suspend(self, session: Session) -> Session:
