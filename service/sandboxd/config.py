@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandboxd.admission.settings import AdmissionSection
 from sandboxd.config_sections import (
     AgentSection,
     ArchiveSection,
@@ -88,6 +89,7 @@ class Config:
     agent: AgentSection = field(default_factory=AgentSection)
     volumes: VolumesSection = field(default_factory=VolumesSection)
     web: WebSection = field(default_factory=WebSection)
+    admission: AdmissionSection = field(default_factory=AdmissionSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.
