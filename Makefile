@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 IMAGE ?= sandboxd-runtime:busybox
 PROTOS := $(wildcard proto/sandboxd/v1/*.proto)
 
-.PHONY: all run test test-unit gvisor registry proto lint bench engine image python-image helper helper-asan venv clean node-deps buf go-deps
+.PHONY: all run test test-unit gvisor registry proto lint bench engine image python-image base-image helper helper-asan venv clean node-deps buf go-deps
 
 all: venv helper
 
@@ -76,6 +76,10 @@ registry:
 python-image: engine
 	bash scripts/build-python-image.sh sandboxd-runtime:python
 
+# The built-in `base` template (bash, python3, curl, the user `user`), which the E2B door uses.
+base-image: engine
+	bash scripts/build-base-image.sh sandboxd-runtime:base
+
 # Every stub and table generated from proto/: server and Python client stubs, the README error
 # table, the Go stubs and sentinel errors, the Node declarations and reason classes.
 proto: venv go-deps node-deps
@@ -94,7 +98,7 @@ run: venv helper image
 
 # The Docker-free layer first, on every core (its tests share nothing but the helper builds),
 # then the engine layers one test at a time (they share one engine and its host).
-test: venv helper helper-asan image python-image gvisor node-deps go-deps registry
+test: venv helper helper-asan image python-image base-image e2b-sdk gvisor node-deps go-deps registry
 	DOCKER_HOST=unix:///nonexistent/sandboxd-unit-layer.sock $(PY) -m pytest -n auto tests/unit
 	$(PY) -m pytest tests/integration tests/clients
 

@@ -67,6 +67,13 @@ class TemplatesSection:
         "image of the built-in `python` template (make python-image builds it)",
         flat="template_python_image",
     )
+    base_image: str = setting(
+        "sandboxd-runtime:base",
+        TEXT,
+        "image of the built-in `base` template: bash, python3, curl and the user `user` "
+        "(make base-image builds it)",
+        flat="template_base_image",
+    )
     max_context_bytes: int = setting(
         64 * 1024**2,
         SIZE,
