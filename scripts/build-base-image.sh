@@ -43,6 +43,7 @@ ln -sfn /workspace "$root/home/user"
 # relative paths read as E2B's do; the directory is the same.
 mkdir -p "$root/etc/profile.d"
 cat >"$root/etc/profile.d/00-home.sh" <<'PROFILE'
+export HOME=/home/user USER=user LOGNAME=user
 case "$PWD" in /workspace | /workspace/*) cd "/home/user${PWD#/workspace}" 2>/dev/null || true ;; esac
 PROFILE
 grep -q '^sandboxd-keeper:' "$root/etc/passwd" ||

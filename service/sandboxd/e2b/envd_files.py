@@ -16,6 +16,7 @@ import grpc
 from sandboxd.e2b.backend import Backend, metadata
 from sandboxd.e2b.connect import ConnectError
 from sandboxd.e2b.wire import field, text, timestamp, to_home, to_workspace, uint
+from sandboxd.file_transfer import UPLOAD_PREFIX
 from sandboxd.v1 import filesystem_ext_pb2, filesystem_pb2, watch_pb2
 
 FILE_TYPES = {
@@ -152,17 +153,33 @@ class FilesystemRpcs:
                     raise ConnectError(
                         "data_loss", "events were lost (a burst or the watch limit): list again"
                     )
-                event = filesystem_event(r.event, root)
-                if event is not None:
+                for event in filesystem_events(r.event, root):
                     yield {"filesystem": event}
         finally:
             call.cancel()
 
 
-def filesystem_event(e: filesystem_pb2.FileEvent, root: str) -> dict[str, Any] | None:
-    """E2B names the entry relative to the watched directory."""
+def _is_upload(name: str) -> bool:
+    """sandboxd's streaming writes land in a temporary file renamed into place at the end."""
+    base = posixpath.basename(name)
+    return base.startswith(UPLOAD_PREFIX) and base.endswith(".part")
+
+
+def filesystem_events(e: filesystem_pb2.FileEvent, root: str) -> list[dict[str, Any]]:
+    """E2B's events name the entry relative to the watched directory, and a rename as envd's
+    inotify reports it: RENAME of the old name, CREATE of the new one. An upload's temporary
+    file is not reported: its rename into place is the file's CREATE."""
     kind = EVENT_TYPES.get(e.kind)
     if kind is None:
-        return None
-    full = e.path if e.path.startswith("/") else posixpath.join("/workspace", e.path)
-    return {"name": posixpath.relpath(full, root), "type": kind}
+        return []
+
+    def name(path: str) -> str:
+        full = path if path.startswith("/") else posixpath.join("/workspace", path)
+        return posixpath.relpath(full, root)
+
+    if e.kind == watch_pb2.FILE_EVENT_KIND_RENAMED:
+        out = [] if _is_upload(e.old_path) else [{"name": name(e.old_path), "type": kind}]
+        return out + [{"name": name(e.path), "type": "EVENT_TYPE_CREATE"}]
+    if _is_upload(e.path):
+        return []
+    return [{"name": name(e.path), "type": kind}]

@@ -148,6 +148,13 @@ class Ptys:
         finally:
             pty.publish(_END)
             self._live.pop((pty.sid, pty.pid), None)
+            # The request iterator waits on the queue: the sentinel ends it with the call.
+            while True:
+                try:
+                    pty.controls.put_nowait(None)
+                    break
+                except asyncio.QueueFull:
+                    pty.controls.get_nowait()
 
     def _get(self, sid: str, pid: int) -> _Pty:
         pty = self._live.get((sid, pid))
