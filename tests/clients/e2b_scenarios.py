@@ -104,13 +104,17 @@ def pty() -> None:
         seen = bytearray()
         h = sbx.pty.create(PtySize(rows=24, cols=80), timeout=60)
         sbx.pty.send_stdin(h.pid, b"stty size; echo $((6*7))x\n")
+        events = iter(h)
+        while b"42x" not in seen:
+            _, _, data = next(events)
+            seen.extend(data or b"")
         sbx.pty.resize(h.pid, PtySize(rows=30, cols=100))
-        # A resize reaches the terminal on its own path: the next command may start first.
-        sbx.pty.send_stdin(h.pid, b"sleep 1; stty size; exit\n")
-        r = h.wait(on_pty=lambda data: seen.extend(data))
+        sbx.pty.send_stdin(h.pid, b"stty size; exit\n")
+        for _, _, data in events:
+            seen.extend(data or b"")
         text = seen.decode(errors="replace")
         assert "24 80" in text and "42x" in text and "30 100" in text, text
-        assert r.exit_code == 0, r
+        assert h.wait().exit_code == 0
         h2 = sbx.pty.create(PtySize(rows=24, cols=80))
         assert sbx.pty.kill(h2.pid)
 

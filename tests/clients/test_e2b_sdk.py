@@ -9,42 +9,24 @@ first's sandbox.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from authutil import write_tokens
 from conftest import REPO, ServerProcess, remove_owned_containers, start_server
+from e2butil import base_image_built, door_url
 
 ALPHA, BETA = "e2b-alpha-" + secrets.token_hex(8), "e2b-beta-" + secrets.token_hex(8)
 VENVS = {"current": REPO / "build" / "e2b-venv", "previous": REPO / "build" / "e2b-venv-prev"}
 SCENARIOS = Path(__file__).with_name("e2b_scenarios.py")
-_DOOR = re.compile(r"E2B door on (http://\S+:\d+)")
-
-
-def _base_image() -> bool:
-    done = subprocess.run(
-        ["docker", "image", "inspect", "sandboxd-runtime:base"], capture_output=True, check=False
-    )
-    return done.returncode == 0
 
 
 pytestmark = pytest.mark.skipif(
-    not _base_image(), reason="sandboxd-runtime:base not built (make base-image)"
+    not base_image_built(), reason="sandboxd-runtime:base not built (make base-image)"
 )
-
-
-def door_url(srv: ServerProcess) -> str:
-    for _ in range(100):
-        m = _DOOR.search(srv.log())
-        if m:
-            return m.group(1)
-        time.sleep(0.1)
-    raise AssertionError("the E2B door did not start:\n" + srv.log())
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from sandboxd.e2b import connect, wire
 from sandboxd.e2b.app import _check_user
 from sandboxd.e2b.backend import check_api_key, loopback_target
 from sandboxd.e2b.connect import ConnectError, EnvelopeReader
-from sandboxd.e2b.rest import _metadata_filter, new_sandbox_id
+from sandboxd.e2b.rest import _metadata_filter
 from sandboxd.e2b.tokens import AccessTokens, load_key
 from sandboxd.validation.identity import SESSION_ID_RE
 
@@ -140,11 +141,15 @@ def test_the_sealing_key_outlives_a_restart_and_is_private(tmp_path: Path) -> No
     assert (tmp_path / "e2b-token-key").stat().st_mode & 0o077 == 0
 
 
-def test_sandbox_ids_are_dns_labels_and_session_ids() -> None:
-    for _ in range(200):
-        sid = new_sandbox_id()
-        assert len(sid) == 20 and sid[0].isalpha() and sid.isalnum() and sid.islower()
-        assert SESSION_ID_RE.match(sid)
+DNS_LABEL = re.compile(r"\A[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+
+
+@pytest.mark.parametrize("session", ["s-0123456789abcdef", "alpha.s-0123456789abcdef", "t-1.x"])
+def test_sandbox_ids_are_dns_labels_and_map_back(session: str) -> None:
+    sandbox = wire.sandbox_id(session)
+    assert DNS_LABEL.match(sandbox), sandbox
+    assert wire.session_id(sandbox) == session
+    assert SESSION_ID_RE.match(session)
 
 
 @pytest.mark.parametrize("key", [None, "", "a b", "tab\tkey", "x" * 513, "caf\u00e9"])

@@ -43,6 +43,7 @@ from sandboxd.e2b.pty import Ptys
 from sandboxd.e2b.rest import Rest
 from sandboxd.e2b.tokens import AccessTokens
 from sandboxd.e2b.watchers import Watchers
+from sandboxd.e2b.wire import session_id
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +139,10 @@ class E2bApp:
     def _sandbox_of(self, request: Request) -> str | None:
         sid = request.header("e2b-sandbox-id")
         if sid:
-            return sid
+            return session_id(sid)
         host = (request.header("host") or "").lower()
         m = self._host.match(host) if self._host else None
-        return m.group(1) if m else None
+        return session_id(m.group(1)) if m else None
 
     async def _envd(self, request: Request, send: Send, sid: str | None) -> None:
         path = request.path

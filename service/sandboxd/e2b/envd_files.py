@@ -36,7 +36,8 @@ MAX_LIST_PAGES = 64
 
 def absolute(path: str) -> str:
     """sandboxd's replies name paths relative to /workspace or absolute: E2B's are absolute."""
-    return to_home(path if path.startswith("/") else posixpath.join("/workspace", path))
+    full = path if path.startswith("/") else posixpath.join("/workspace", path)
+    return to_home(posixpath.normpath(full))
 
 
 def entry(info: filesystem_pb2.FileInfo) -> dict[str, Any]:

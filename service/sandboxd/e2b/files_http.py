@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from sandboxd.e2b.asgi import Request, Send, end_stream, start_stream, stream_chunk
@@ -75,17 +76,35 @@ class FilesHttp:
     async def _upload(
         self, key: str, sid: str, path: str, chunks: AsyncIterator[bytes]
     ) -> dict[str, Any]:
+        """One file through WriteFileStream. A body that fails (over the limit, the client
+        gone) cancels the call, so the server drops its temporary file: never a file cut
+        short in the workspace."""
+        failed: list[Exception] = []
+
         async def messages() -> AsyncIterator[filesystem_ext_pb2.WriteFileStreamRequest]:
             yield filesystem_ext_pb2.WriteFileStreamRequest(
                 header=filesystem_ext_pb2.WriteFileStreamHeader(
                     session_id=sid, path=to_workspace(path), make_parents=True
                 )
             )
-            async for chunk in chunks:
-                for i in range(0, len(chunk), 1 << 20):
-                    yield filesystem_ext_pb2.WriteFileStreamRequest(data=chunk[i : i + (1 << 20)])
+            try:
+                async for chunk in chunks:
+                    for i in range(0, len(chunk), 1 << 20):
+                        yield filesystem_ext_pb2.WriteFileStreamRequest(
+                            data=chunk[i : i + (1 << 20)]
+                        )
+            except Exception as exc:  # the body's own failure: TooLarge, Disconnected, ...
+                failed.append(exc)
+                call.cancel()
 
-        got = await self._b.files.WriteFileStream(messages(), metadata=metadata(key))
+        call = self._b.files.WriteFileStream(messages(), metadata=metadata(key))
+        try:
+            got = await call
+        except (asyncio.CancelledError, grpc.aio.AioRpcError):
+            task = asyncio.current_task()
+            if failed and not (task is not None and task.cancelling()):
+                raise failed[0] from None
+            raise
         return _written(entry(got.info))
 
     async def _multipart(

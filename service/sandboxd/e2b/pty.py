@@ -45,6 +45,7 @@ class _Pty:
     )
     readers: list[asyncio.Queue[Any]] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
+    started: asyncio.Event = field(default_factory=asyncio.Event)
 
     def publish(self, item: Any) -> None:
         for q in list(self.readers):
@@ -127,6 +128,9 @@ class Ptys:
     async def _run(self, key: str, pty: _Pty, start: process_pb2.InteractRequest) -> None:
         async def requests() -> AsyncIterator[process_pb2.InteractRequest]:
             yield start
+            # Input and resizes wait for the terminal: a resize sent before it exists would
+            # find nothing to resize.
+            await pty.started.wait()
             while (item := await pty.controls.get()) is not None:
                 yield item
 
@@ -134,7 +138,9 @@ class Ptys:
         try:
             async for r in call:
                 kind = r.WhichOneof("event")
-                if kind == "output":
+                if kind == "started":
+                    pty.started.set()
+                elif kind == "output":
                     pty.publish({"event": {"data": {"pty": b64(r.output.data)}}})
                 elif kind == "exited":
                     pty.publish(end_event(r.exited))
@@ -146,6 +152,7 @@ class Ptys:
             call.cancel()
             raise
         finally:
+            pty.started.set()
             pty.publish(_END)
             self._live.pop((pty.sid, pty.pid), None)
             # The request iterator waits on the queue: the sentinel ends it with the call.

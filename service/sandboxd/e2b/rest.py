@@ -1,6 +1,7 @@
 """E2B's REST control plane (`E2B_API_URL`) as SessionService calls.
 
-A sandbox is a session: its id a DNS label made here, `templateID` the template, `timeout` the
+A sandbox is a session: its id the session's, chosen by the server (`wire.sandbox_id`
+writes it as a DNS label), `templateID` the template, `timeout` the
 lease, `metadata` the labels (and so the list's metadata filter is a label selector), `envVars`
 the session's environment. What E2B offers and sandboxd has no equal for is refused with 400
 and a message naming the field, never accepted and ignored (docs/e2b.md lists them).
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,7 +22,7 @@ from sandboxd.e2b.asgi import Request, Send, reply, reply_json
 from sandboxd.e2b.backend import Backend, check_api_key, metadata
 from sandboxd.e2b.connect import ConnectError
 from sandboxd.e2b.tokens import AccessTokens
-from sandboxd.e2b.wire import timestamp
+from sandboxd.e2b.wire import sandbox_id, session_id, timestamp
 from sandboxd.v1 import common_pb2, session_pb2
 
 # The envd version reported: it turns on the SDK features this door serves (default user,
@@ -31,7 +31,6 @@ from sandboxd.v1 import common_pb2, session_pb2
 ENVD_VERSION = "0.5.7"
 CLIENT_ID = "sandboxd"
 DEFAULT_TIMEOUT_S = 15  # E2B's default when a create names none
-ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 SANDBOX_PATH = re.compile(r"\A/(?:v2/)?sandboxes/([^/]+)(/[a-z]+)?\Z")
 
 HTTP_OF_GRPC = {
@@ -61,11 +60,6 @@ class RestError(Exception):
 
 def _rest_error(exc: grpc.aio.AioRpcError) -> RestError:
     return RestError(HTTP_OF_GRPC.get(exc.code(), 500), exc.details() or str(exc.code().name))
-
-
-def new_sandbox_id() -> str:
-    """A DNS label (a letter first, 20 characters): safe in a host name and as a session id."""
-    return "i" + "".join(secrets.choice(ID_ALPHABET) for _ in range(19))
 
 
 def _state(state: int) -> str:
@@ -117,7 +111,7 @@ class Rest:
         m = SANDBOX_PATH.match(path)
         if m is None:
             raise RestError(404, f"no route {method} {path}")
-        sid, action = m.group(1), m.group(2) or ""
+        sid, action = session_id(m.group(1)), m.group(2) or ""
         handlers: dict[tuple[str, str], Callable[[], Awaitable[tuple[int, Any]]]] = {
             ("GET", ""): lambda: self._get(key, sid),
             ("DELETE", ""): lambda: self._kill(key, sid),
@@ -152,9 +146,8 @@ class Rest:
                 "allowlist is declared through its own API (docs/e2b.md)",
             )
         timeout = _seconds(body.get("timeout", DEFAULT_TIMEOUT_S), "timeout")
-        sid = new_sandbox_id()
+        # The server chooses the id (under the tenant's prefix when authentication is on).
         req = session_pb2.CreateSessionRequest(
-            session_id=sid,
             template=template,
             env=_string_map(body.get("envVars"), "envVars"),
             labels=_string_map(body.get("metadata"), "metadata"),
@@ -200,7 +193,7 @@ class Rest:
             )
         session = await self._session(key, sid)
         if session.state == session_pb2.SESSION_STATE_SUSPENDED:
-            raise RestError(409, f"sandbox {sid} is already paused")
+            raise RestError(409, f"sandbox {sandbox_id(sid)} is already paused")
         await self._b.sessions.SuspendSession(
             session_pb2.SuspendSessionRequest(session_id=sid), metadata=metadata(key)
         )
@@ -210,7 +203,7 @@ class Rest:
         body = await _json(request)
         session = await self._session(key, sid)
         if session.state != session_pb2.SESSION_STATE_SUSPENDED:
-            raise RestError(409, f"sandbox {sid} is not paused")
+            raise RestError(409, f"sandbox {sandbox_id(sid)} is not paused")
         session = await self._resume_session(key, sid)
         if body.get("timeout") is not None:
             session = await self._renew(key, sid, _seconds(body["timeout"], "timeout"))
@@ -253,7 +246,7 @@ class Rest:
             session_pb2.GetSessionRequest(session_id=sid), metadata=metadata(key)
         )
         if reply_.session.state not in LIVE_STATES:
-            raise RestError(404, f"sandbox {sid} not found")
+            raise RestError(404, f"sandbox {sandbox_id(sid)} not found")
         session: session_pb2.Session = reply_.session
         return session
 
@@ -277,7 +270,7 @@ class Rest:
     def _sandbox(self, s: session_pb2.Session, key: str) -> dict[str, Any]:
         return {
             "templateID": s.template or s.image,
-            "sandboxID": s.session_id,
+            "sandboxID": sandbox_id(s.session_id),
             "alias": s.template or None,
             "clientID": CLIENT_ID,
             "envdVersion": ENVD_VERSION,
@@ -289,7 +282,7 @@ class Rest:
         return {
             "templateID": s.template or s.image,
             "alias": s.template or None,
-            "sandboxID": s.session_id,
+            "sandboxID": sandbox_id(s.session_id),
             "clientID": CLIENT_ID,
             "startedAt": timestamp(s.created_at),
             "endAt": timestamp(s.lease_expires_at),

@@ -43,6 +43,23 @@ def to_home(path: str) -> str:
     return path
 
 
+def sandbox_id(session_id: str) -> str:
+    """A session id as E2B's sandbox id: a DNS label. With authentication on, ids are
+    `<tenant>.<rest>`; the dot is written `--` (`alpha.s-1f2e` is `alpha--s-1f2e`)."""
+    if "." in session_id and "--" not in session_id:
+        head, _, tail = session_id.rpartition(".")
+        return f"{head}--{tail}"
+    return session_id
+
+
+def session_id(sandbox: str) -> str:
+    """The inverse of `sandbox_id` (a session id with `--` and no `.` reads as a tenant's)."""
+    if "--" in sandbox and "." not in sandbox:
+        head, _, tail = sandbox.rpartition("--")
+        return f"{head}.{tail}"
+    return sandbox
+
+
 def field(message: Mapping[str, Any], name: str, default: Any = None) -> Any:
     """A field by its proto name or its JSON (lowerCamel) name, as the JSON codec accepts both."""
     if name in message:
