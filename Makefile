@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 IMAGE ?= sandboxd-runtime:busybox
 PROTOS := $(wildcard proto/sandboxd/v1/*.proto)
 
-.PHONY: all run test test-unit gvisor registry proto lint bench engine image python-image base-image e2b-sdk helper helper-asan venv clean node-deps buf go-deps
+.PHONY: all run test test-unit gvisor registry proto docs lint bench engine image python-image base-image e2b-sdk helper helper-asan venv clean node-deps buf go-deps
 
 all: venv helper
 
@@ -103,13 +103,17 @@ build/e2b-node/.installed-$(E2B_NPM):
 base-image: engine
 	bash scripts/build-base-image.sh sandboxd-runtime:base
 
-# Every stub and table generated from proto/: server and Python client stubs, the README error
-# table, the Go stubs and sentinel errors, the Node declarations and reason classes.
+# Every stub and table generated from proto/: server and Python client stubs, docs/errors.md's
+# error table, the Go stubs and sentinel errors, the Node declarations and reason classes.
 proto: venv go-deps node-deps
 	$(PY) -m sandboxd.tools.genproto
 	bash clients/go/gen.sh
 	clients/go/env.sh go run ./tools/genreasons ../../proto/sandboxd/v1/errors.proto sandboxd/reasons.go
 	cd clients/node && node scripts/gen-types.mjs
+
+# The API reference docs/api.md from the protos' comments (`make proto` writes it too).
+docs: venv
+	$(PY) -m sandboxd.tools.gendocs
 
 # The Go client builds from Debian's Go packages (no Go module proxy here): vendor/ links to them.
 go-deps:
@@ -123,7 +127,7 @@ run: venv helper image
 # then the engine layers one test at a time (they share one engine and its host).
 test: venv helper helper-asan image python-image base-image e2b-sdk gvisor node-deps go-deps registry
 	DOCKER_HOST=unix:///nonexistent/sandboxd-unit-layer.sock $(PY) -m pytest -n auto tests/unit
-	$(PY) -m pytest tests/integration tests/clients
+	$(PY) -m pytest --durations=40 tests/integration tests/clients
 
 # The Docker-free layer (tests/unit): parsers, policies, and the domain against the fake engine.
 # DOCKER_HOST names a socket nobody serves, so a unit test that reached for an engine fails here

@@ -1,5 +1,5 @@
 # ruff: noqa: E501 (the sandbox's echo server is one string of python with long lines)
-"""Previews (issue 15): a request's latency and a 20 MiB download through the preview listener,
+"""Previews: a request's latency and a 20 MiB download through the preview listener,
 each next to the same fetch made by a client inside the sandbox through `docker exec` (busybox
 `wget -O -`, its output drained by aiodocker), and a WebSocket round trip.
 

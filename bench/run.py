@@ -54,12 +54,12 @@ _E2B_RE = re.compile(r"E2B door on (http://\S+:\d+)")
 
 # name: (kind, target). "max": the ratio ours/raw must be at most target, "min": at least;
 # "abs_max": an absolute bound on ours itself, in the metric's unit (raw is shown for context).
-# Issue 13 (the in-sandbox agent) set run_true, the four streaming throughputs, the Interact
+# The in-sandbox agent set run_true, the four streaming throughputs, the Interact
 # round trip, time_to_interactive and RSS_TARGET_MIB.
 TARGETS: dict[str, tuple[str, float]] = {
     "create_session_warm": ("max", 0.25),
     "create_session_cold": ("max", 1.25),
-    "run_true": ("max", 0.5),  # issue 13 aims for 0.2
+    "run_true": ("max", 0.5),  # the agent aims for 0.2
     "run_true_audit": ("max", 1.05),  # audit on vs the same server with it off
     "time_to_interactive": ("abs_max", 20.0),  # ms: CreateSession (pool hit) + first Run
     "exec_stream_throughput": ("min", 1.0),
@@ -71,7 +71,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "import_throughput": ("min", 1.0),
     "preview_download_throughput": ("min", 1.0),
 }
-RSS_TARGET_MIB = 150.0  # the server's RSS after the full bench (issue 13)
+RSS_TARGET_MIB = 150.0  # the server's RSS after the full bench
 IDLE_RSS_TARGET_MIB = 80.0  # after start-up, pool full (the earlier target)
 
 

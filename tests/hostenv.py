@@ -1,6 +1,6 @@
 """The host as the suite found it: interfaces, addresses, iptables rules, /etc/docker, images.
 
-`make test` on a user's machine must leave the host's Docker engine as it was (issue 12): a private
+`make test` on a user's machine must leave the host's Docker engine as it was: a private
 dockerd in the host's network namespace once deleted `docker0`. The session fixture `host_untouched`
 (tests/conftest.py) takes a snapshot before the first test and compares it after the last, and
 fails with a diff.

@@ -1,4 +1,4 @@
-"""No sandbox container has a bind mount from the server's file system (issue 13, outcome 4).
+"""No sandbox container has a bind mount from the server's file system.
 
 A bind shows a path of the server's host inside the sandbox and cannot exist on a remote engine,
 so every container a test's server makes is checked, in every test of the engine layers

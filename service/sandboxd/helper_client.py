@@ -186,7 +186,7 @@ def tool_error(what: str, tool: str, result: HelperResult, path: str) -> Sandbox
             metadata=meta,
         )
     if err is not None and err.name == "ENOENT":
-        # A missing path is FILE_NOT_FOUND in every RPC (issue 21), as in file_error.
+        # A missing path is FILE_NOT_FOUND in every RPC, as in file_error.
         return NotFound(
             f"{what}: {path}: no such file or directory (or {tool} is missing from the image)",
             reason=Reason.FILE_NOT_FOUND,

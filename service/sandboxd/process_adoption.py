@@ -1,4 +1,4 @@
-"""Background processes that outlived the server (issue 13): on start, each running session's
+"""Background processes that outlived the server: on start, each running session's
 agent lists the detached processes it kept, and each becomes a `BackgroundProcess` again,
 followed from the oldest byte the agent still holds (AttachProcess from 0 replays it), with its
 exit recorded when it comes.

@@ -1,4 +1,4 @@
-"""AttachProcess for a background process whose output the sandbox's agent keeps (issue 13).
+"""AttachProcess for a background process whose output the sandbox's agent keeps.
 
 The server holds no ring for such a process, only a live tail per stream while it runs (what its
 own reader passes on anyway, `BackgroundProcess.tail`). A reader whose cursors are within the

@@ -1,4 +1,4 @@
-"""The agent channel on the real engine (issue 13, docs/agent.md): commands run by the agent
+"""The agent channel on the real engine (docs/agent.md): commands run by the agent
 (PID 1, the session's uid, no `docker exec`), a server killed and started again re-attaches,
 and an agent that stops answering is rescued with a clear error and a working session."""
 
@@ -220,7 +220,7 @@ def test_a_command_running_when_the_server_dies_is_killed(tmp_path: Path, tier: 
 
 
 def test_background_processes_outlive_a_server_sigkill(tmp_path: Path, tier: str) -> None:
-    """Issue 13, outcome 2: a background process keeps running through a server SIGKILL and a
+    """A background process keeps running through a server SIGKILL and a
     restart; ListProcesses shows it, AttachProcess from 0 replays its whole output and follows
     it live, SignalProcess works, and its exit is recorded."""
     from google.protobuf import duration_pb2

@@ -129,7 +129,7 @@ def test_nothing_the_sandbox_user_does_reaches_the_agent(
 
 
 def test_an_orphan_dies_with_its_command(stubs: Stubs, new_session: SessionFactory) -> None:
-    """Issue 13's orphan test: the command kills its own supervisor; what it left behind is
+    """The orphan test: the command kills its own supervisor; what it left behind is
     reparented to the agent, which kills it."""
     sid = new_session().session_id
     run(stubs, sid, "/bin/sh", "-c", "sleep 4242 & kill -KILL $PPID")

@@ -1,4 +1,4 @@
-"""Old shapes still answer (issue 21): each deprecated field is filled beside its new twin."""
+"""Old shapes still answer: each deprecated field is filled beside its new twin."""
 
 from __future__ import annotations
 

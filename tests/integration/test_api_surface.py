@@ -178,15 +178,15 @@ def test_health_list_names_every_service(stubs: Stubs) -> None:
 
 
 def _documented_reasons() -> dict[str, set[str]]:
-    """README's "Error reasons" table (reason | gRPC code | ...): code -> the reasons it carries."""
-    text = (REPO / "README.md").read_text()
+    """docs/errors.md's "Error reasons" table (reason | gRPC code | ...): code -> its reasons."""
+    text = (REPO / "docs" / "errors.md").read_text()
     section = text.split("## Error reasons", 1)[1].split("\n## ", 1)[0]
     table: dict[str, set[str]] = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) >= 2 and all(re.fullmatch(r"`[A-Z_]+`", c) for c in cells[:2]):
             table.setdefault(cells[1].strip("`"), set()).add(cells[0].strip("`"))
-    assert table, "no error table found in README.md"
+    assert table, "no error table found in docs/errors.md"
     return table
 
 

@@ -1,4 +1,4 @@
-"""Streaming file transfer and Move (issue 21) against the real engine: ReadFileStream with
+"""Streaming file transfer and Move against the real engine: ReadFileStream with
 offsets, WriteFileStream all or nothing and past the one-message cap, Move, their bad input;
 and the Python client's upload, download and write_files over them."""
 
@@ -18,7 +18,6 @@ import pytest
 from conftest import ServerProcess, SessionFactory, Stubs, expect_error, run
 from sandboxd.v1 import (
     common_pb2,
-    filesystem_ext_pb2,
     filesystem_pb2,
     snapshot_pb2,
     snapshot_pb2_grpc,
@@ -26,7 +25,7 @@ from sandboxd.v1 import (
 from sandboxd_client import SandboxClient
 
 F = filesystem_pb2
-E = filesystem_ext_pb2
+E = filesystem_pb2
 MiB = 1024 * 1024
 
 

@@ -19,7 +19,6 @@ import pytest
 from conftest import SessionFactory, Stubs, error_info, expect_error
 from sandboxd.v1 import (
     common_pb2,
-    filesystem_ext_pb2,
     filesystem_pb2,
     session_pb2,
     snapshot_pb2,
@@ -31,7 +30,7 @@ MiB = 1024 * 1024
 WS = 4 * MiB
 PAGE = 4096
 RE = grpc.StatusCode.RESOURCE_EXHAUSTED
-E = filesystem_ext_pb2
+E = filesystem_pb2
 
 
 def free_bytes(stubs: Stubs, sid: str) -> int:

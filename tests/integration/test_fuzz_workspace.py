@@ -5,7 +5,9 @@ Remove, MakeDir, Move, ImportArchive with and without `replace`, good, refused a
 client-cancelled), commands of the sandbox that create every kind of file it can (fifos,
 symlinks, hardlinks, unreadable files, unwritable directories, sparse files, empty directories,
 long and non-UTF-8 names), and the operations that must carry a workspace across
-(Suspend/Resume, CreateSnapshot + fork, ExportArchive + ImportArchive into a fresh session).
+(Suspend/Resume, CreateSnapshot + fork, ExportArchive + ImportArchive into a fresh session),
+and the death of the sandbox by the kernel's OOM killer taking its agent (the session comes back
+from its latest snapshot with that snapshot's tree).
 
 The edges are in the model: each session has a small workspace (4 to 8 MiB) that the sandbox
 fills to the last byte or a page short; writes and imports are sized to the exact free space
@@ -35,6 +37,7 @@ import io
 import os
 import random
 import secrets
+import select
 import signal
 import subprocess
 import tarfile
@@ -61,7 +64,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from sandboxd.v1 import (
     admin_pb2_grpc,
     common_pb2,
-    filesystem_ext_pb2,
     filesystem_pb2,
     filesystem_pb2_grpc,
     process_pb2,
@@ -146,14 +148,14 @@ def free_bytes(stubs: Stubs, sid: str) -> int:
 
 def stream_requests(
     sid: str, path: str, content: bytes
-) -> Iterator[filesystem_ext_pb2.WriteFileStreamRequest]:
-    yield filesystem_ext_pb2.WriteFileStreamRequest(
-        header=filesystem_ext_pb2.WriteFileStreamHeader(
+) -> Iterator[filesystem_pb2.WriteFileStreamRequest]:
+    yield filesystem_pb2.WriteFileStreamRequest(
+        header=filesystem_pb2.WriteFileStreamHeader(
             session_id=sid, path=path, mode=0o644, make_parents=True
         )
     )
     for i in range(0, len(content), 64 * 1024):
-        yield filesystem_ext_pb2.WriteFileStreamRequest(data=content[i : i + 64 * 1024])
+        yield filesystem_pb2.WriteFileStreamRequest(data=content[i : i + 64 * 1024])
 
 
 def file_line(path: str, content: bytes, mode: int = 0o644) -> str:
@@ -172,6 +174,81 @@ def paused_containers(owner_id: str) -> list[str]:
         check=True,
     ).stdout
     return out.split()
+
+
+def run_after_death(stubs: Stubs, sid: str, script: str) -> process_pb2.RunResponse:
+    """The first calls after a sandbox died answer UNAVAILABLE (retryable) until it is rebuilt."""
+    end = time.monotonic() + CALL_TIMEOUT
+    while True:
+        try:
+            return sh(stubs, sid, script)
+        except grpc.RpcError as err:
+            if err.code() is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > end:  # type: ignore[attr-defined]
+                raise
+            time.sleep(0.2)
+
+
+def _docker(*args: str) -> str:
+    return subprocess.run(
+        ["docker", *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def _memory_cgroup(cid: str) -> Path:
+    """The container's memory cgroup on this host (cgroup v1 with the cgroupfs driver, or v2)."""
+    for path in (
+        Path("/sys/fs/cgroup/memory/docker") / cid,
+        Path("/sys/fs/cgroup/system.slice") / f"docker-{cid}.scope",
+        Path("/sys/fs/cgroup/docker") / cid,
+    ):
+        if path.is_dir():
+            return path
+    raise AssertionError(f"no memory cgroup found for {cid}")
+
+
+def oom_kill_the_agent(stubs: Stubs, owner_id: str, sid: str) -> None:
+    """A real kill by the memory cgroup's OOM killer, with the agent as its victim.
+
+    The agent's own defences make every command the kernel's choice before it (commands run at
+    oom_score_adj 1000), so the test, as the host's root, turns the choice around: it raises the
+    agent to 1000 too (lowering a command's score would need CAP_SYS_RESOURCE, which this host's
+    root may lack), so that size decides, and it makes the memory that fills the cgroup belong
+    to no process: tmpfs pages in /tmp, written by a command far smaller than the agent, after
+    the cgroup's limit is brought down to a few MiB above what it holds. The engine's `oom` event
+    for the container shows that the kernel, not a signal of ours, ended it."""
+    cid = _docker(
+        "ps", "-q", "--no-trunc", "--filter", f"label=io.sandboxd.owner={owner_id}",
+        "--filter", f"label=io.sandboxd.session={sid}",
+    )  # fmt: skip
+    assert cid and "\n" not in cid, cid
+    agent = int(_docker("inspect", "-f", "{{.State.Pid}}", cid))
+    since = int(time.time()) - 1
+    events = subprocess.Popen(
+        ["docker", "events", "--since", str(since), "--filter", f"container={cid}",
+         "--filter", "event=oom", "--format", "{{.Action}}"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        Path(f"/proc/{agent}/oom_score_adj").write_text("1000\n")
+        cgroup = _memory_cgroup(cid)
+        v1 = (cgroup / "memory.limit_in_bytes").exists()
+        usage = int((cgroup / ("memory.usage_in_bytes" if v1 else "memory.current")).read_text())
+        limit = (usage // PAGE + 1024) * PAGE  # 4 MiB above what it holds now
+        (cgroup / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(f"{limit}\n")
+        stubs.processes.StartProcess(
+            process_pb2.StartProcessRequest(
+                session_id=sid, argv=["sh", "-c", "head -c 15M /dev/zero > /tmp/fill; sleep 60"]
+            ),
+            timeout=CALL_TIMEOUT,
+        )
+        assert events.stdout is not None
+        ready, _, _ = select.select([events.stdout], [], [], CALL_TIMEOUT)
+        assert ready, "no OOM kill reported by the engine"
+        line = events.stdout.readline()
+        assert line.strip() == "oom", line
+    finally:
+        events.kill()
+        events.wait()
 
 
 def import_requests(
@@ -249,7 +326,7 @@ SANDBOX_MAKERS = {
     " && cd $p/$p/$p/$p/$p/$p/$p/$p/$p/$p && mkdir -p $p/$p/$p/$p/$p/$p/$p/$p/$p/$p/$p",
 }
 
-# What the sandbox can make that a carrying operation does not yet round-trip (issue 19, item 2),
+# What the sandbox can make that a carrying operation does not yet round-trip,
 # each with what happens today. The fuzzer leaves these out so that it keeps searching for what
 # nobody has found yet; the regressions below keep them as strict xfails, which turn red the
 # moment one is fixed (then delete its line here).
@@ -559,7 +636,7 @@ class WorkspaceMachine(RuleBasedStateMachine):
                 import_requests(self.sid, data, replace=False, path=folder),
             )
         else:
-            move = filesystem_ext_pb2.MoveRequest(
+            move = filesystem_pb2.MoveRequest(
                 session_id=self.sid, source_path="a", destination_path=path, overwrite=True
             )
             _, err = self._call(self.stubs.files.Move, move)
@@ -663,7 +740,38 @@ class WorkspaceMachine(RuleBasedStateMachine):
             session_pb2.DeleteSessionRequest(session_id=other), timeout=CALL_TIMEOUT
         )
 
-    # -- rules: concurrent pairs (issue 19, item 4) ---------------------------------------------
+    @rule()
+    def sandbox_oom_killed(self) -> None:
+        """The kernel's OOM killer takes the agent (PID 1) and with it the sandbox: the session
+        comes back from its latest snapshot with that snapshot's tree, and says what it lost.
+        The agent is never the victim of its own accord (test_agent_oom), so the host steers
+        the kernel's choice for this one kill (see oom_kill_the_agent)."""
+        snap, err = self._call(
+            snaps(self.stubs).CreateSnapshot,
+            snapshot_pb2.CreateSnapshotRequest(session_id=self.sid),
+        )
+        if err is not None:
+            assert self._state(self.sid) == session_pb2.SESSION_STATE_RUNNING
+            self._unchanged_after_failure("CreateSnapshot", err)
+            return
+        kept = self.tree
+        # What came after the snapshot is what the death loses.
+        sh(self.stubs, self.sid, "printf after > /workspace/.after-snapshot || true")
+        oom_kill_the_agent(self.stubs, self.server.owner_id, self.sid)
+        after = run_after_death(self.stubs, self.sid, "true")
+        assert after.exit_code == 0, after
+        s = self.stubs.sessions.GetSession(
+            session_pb2.GetSessionRequest(session_id=self.sid), timeout=CALL_TIMEOUT
+        ).session
+        assert s.HasField("lost_time") and s.restored_from == snap.snapshot.snapshot_id, s
+        now = tree(self.stubs, self.sid)
+        assert now == kept, f"rebuilt after the OOM kill with another tree:\n{kept}\n{now}"
+        snaps(self.stubs).DeleteSnapshot(
+            snapshot_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot.snapshot_id),
+            timeout=CALL_TIMEOUT,
+        )
+
+    # -- rules: concurrent pairs ---------------------------------------------
     def _pair(self, a, b):  # type: ignore[no-untyped-def]
         """Run two calls at once on threads; each one's (result, error), as `_call` gives."""
         out: list[object] = [None, None]
@@ -977,6 +1085,14 @@ def small(
     m.create((4 * MiB, 4 * MiB))
     yield m
     m.teardown()
+
+
+def test_regression_rebuilt_after_the_agent_is_oom_killed(fresh: WorkspaceMachine) -> None:
+    """The model kills the agent by OOM: the session comes back from its latest snapshot."""
+    fresh.sandbox_makes(FUZZ_MAKERS[0])
+    fresh.sandbox_oom_killed()
+    fresh.write_file("a", b"after the rebuild", 0o644, False)
+    fresh.healthy()
 
 
 def test_regression_replace_import_into_a_full_workspace(small: WorkspaceMachine) -> None:

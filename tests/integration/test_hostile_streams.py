@@ -1,4 +1,4 @@
-"""Hostile input, streams and buffers (issue 12, findings 1, 2, 4, 5, 7c, 10, 11): what one
+"""Hostile input, streams and buffers: what one
 tenant sends or makes the server hold is bounded in memory, CPU, disk and reply size, beside a
 bystander whose session keeps answering (the `guard`).
 

@@ -1,4 +1,4 @@
-"""Hostile tenants against shared resources (issue 12, findings 7(a) and 9): admin RPCs need an
+"""Hostile tenants against shared resources and 9): admin RPCs need an
 admin tenant; every stream has an idle timeout on both sides; each tenant has a cap on open
 streams. A bystander tenant keeps working throughout."""
 

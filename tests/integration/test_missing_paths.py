@@ -1,4 +1,4 @@
-"""A missing path is NOT_FOUND FILE_NOT_FOUND in every RPC that takes one (issue 21)."""
+"""A missing path is NOT_FOUND FILE_NOT_FOUND in every RPC that takes one."""
 
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ import grpc
 import pytest
 from conftest import SessionFactory, Stubs, expect_error
 from sandboxd.v1 import (
-    filesystem_ext_pb2,
     filesystem_pb2,
     process_pb2,
     snapshot_pb2,
     snapshot_pb2_grpc,
 )
 
-F, E, P, N = filesystem_pb2, filesystem_ext_pb2, process_pb2, snapshot_pb2
+F, E, P, N = filesystem_pb2, filesystem_pb2, process_pb2, snapshot_pb2
 
 
 def _calls(stubs: Stubs, sid: str) -> dict[str, Callable[[], object]]:

@@ -1,4 +1,4 @@
-"""Issue 19 against the real server: answers say what happened, imports are all or nothing,
+"""Nothing lost, against the real server: answers say what happened, imports are all or nothing,
 and what the sandbox makes survives a snapshot (or is refused up front, the session running).
 
 The fuzzer (test_fuzz_workspace.py) searches sequences; these pin single guarantees.

@@ -1,4 +1,4 @@
-"""Paging on ListProcesses and ListDir (issue 21, AIP-158) against the real engine: pages walk
+"""Paging on ListProcesses and ListDir against the real engine: pages walk
 the whole list once, tokens are bound to the list and filter that made them, and a request
 without page_size answers in one reply as before paging."""
 

@@ -1,4 +1,4 @@
-"""The process guarantees of issue #5 not already covered in test_exec.py: escapes by double
+"""The process guarantees not already covered in test_exec.py: escapes by double
 fork and `env -i`, and many concurrent streams on one session and across sessions."""
 
 from __future__ import annotations

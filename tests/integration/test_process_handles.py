@@ -1,4 +1,4 @@
-"""One handle for every process (issue 21) against the real engine: the process id that Exec,
+"""One handle for every process against the real engine: the process id that Exec,
 Run and Interact report works with GetProcess, AttachProcess and SignalProcess; a background
 process takes more stdin (SendProcessInput, CloseProcessStdin); `output_buffer_bytes` is the
 ring and `max_output_bytes` then the cap; Run's `output_encoding`. The old shapes still answer
@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import grpc
 from conftest import ServerProcess, SessionFactory, Stubs, expect_error, run, wait_until
 from google.protobuf import duration_pb2
-from sandboxd.v1 import polish_pb2, process_pb2
+from sandboxd.v1 import process_pb2
 from sandboxd_client import SandboxClient
 
 P = process_pb2
-X = polish_pb2
+X = process_pb2
 
 
 def get(stubs: Stubs, sid: str, pid: str) -> P.Process:

@@ -1,4 +1,4 @@
-"""Background processes' output stays in the sandbox's agent, not in the server (issue 13):
+"""Background processes' output stays in the sandbox's agent, not in the server:
 processes that write far more than their rings leave the server's memory where it was, while
 AttachProcess from 0 still replays what the agent's ring holds, with the rest a `gap`."""
 

@@ -1,5 +1,5 @@
 """AttachProcess from offset 0 of a fast 16 MB writer gets every byte over a real server, the
-agent keeping the output (issue 13): what `make bench`'s attach_process_throughput does, with
+agent keeping the output: what `make bench`'s attach_process_throughput does, with
 the content checked (numbered lines, in order, each offset where the last output ended), the
 exit checked (code 0: the process wrote it all), and readers at different speeds at once, so
 some move between the server's live tail and the agent's ring while others stay on the tail.

@@ -1,5 +1,9 @@
-"""The README's grpcurl walkthrough, run for real against a live server, exactly as a user would
-paste it (only the address changes): documentation that drifts from the server fails here."""
+"""The docs' grpcurl walkthrough, run for real against a live server, exactly as a user would
+paste it (only the address changes): documentation that drifts from the server fails here.
+
+Walkthrough blocks are found in README.md and every docs/*.md, so moving a block between pages
+keeps it under test, and a block name used twice anywhere is an error.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import pytest
 from conftest import REPO, remove_owned_containers, start_server
 
 README = REPO / "README.md"
+DOCS = REPO / "docs"
 DEFAULT_ADDRESS = "localhost:50051"
 
 _BLOCK_RE = re.compile(
@@ -51,6 +56,22 @@ def walkthroughs(text: str) -> dict[str, str]:
     return blocks
 
 
+def documented_walkthroughs() -> dict[str, str]:
+    """Every walkthrough of README.md and docs/*.md by name; a name in two files is an error."""
+    found: dict[str, str] = {}
+    where: dict[str, Path] = {}
+    for doc in [README, *sorted(DOCS.glob("*.md"))]:
+        for name, body in walkthroughs(doc.read_text()).items():
+            if name in found:
+                raise ValueError(f"walkthrough {name!r} in both {where[name]} and {doc}")
+            found[name], where[name] = body, doc
+    return found
+
+
+def test_the_docs_walkthroughs_are_found() -> None:
+    assert {"default", "cookbook", "templates"} <= set(documented_walkthroughs())
+
+
 def test_extractor_finds_named_blocks() -> None:
     text = (
         "intro\n<!-- walkthrough:start -->\n```sh\necho one\n```\n<!-- walkthrough:end -->\n"
@@ -77,9 +98,11 @@ def test_extractor_refuses_malformed_markers(text: str) -> None:
 
 def run_walkthrough(script: str, address: str, tmp_path: Path) -> list[tuple[float, str]]:
     """Run with bash -euo pipefail; every output line (stdout and stderr) with its arrival time."""
-    assert DEFAULT_ADDRESS in script
     path = tmp_path / "walkthrough.sh"
-    path.write_text(script.replace(DEFAULT_ADDRESS, address))
+    script = script.replace(DEFAULT_ADDRESS, address)
+    # Another address of the default port would be someone's `make run`, not this test's server.
+    assert ":50051" not in script, f"a walkthrough names an address other than {DEFAULT_ADDRESS}"
+    path.write_text(script)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     proc = subprocess.Popen(
         ["bash", "-euo", "pipefail", str(path)],
@@ -117,7 +140,7 @@ def _json_objects(output: str) -> list[dict[str, object]]:
 
 
 def test_readme_walkthrough(tmp_path: Path) -> None:
-    script = walkthroughs(README.read_text())["default"]
+    script = documented_walkthroughs()["default"]
     owner = "readme" + secrets.token_hex(3)
     # A server of its own: the walkthrough's fixed session id "demo" collides with no one.
     server = start_server(tmp_path / "data", owner)

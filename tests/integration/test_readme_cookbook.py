@@ -1,4 +1,4 @@
-"""The README's grpcurl cookbook (the `cookbook` walkthrough block), run for real."""
+"""The grpcurl cookbook of docs/grpcurl.md (the `cookbook` walkthrough block), run for real."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import secrets
 from pathlib import Path
 
 from conftest import remove_owned_containers, start_server
-from test_readme import README, _json_objects, run_walkthrough, walkthroughs
+from test_readme import _json_objects, documented_walkthroughs, run_walkthrough
 
 
 def test_readme_cookbook(tmp_path: Path) -> None:
-    script = walkthroughs(README.read_text())["cookbook"]
+    script = documented_walkthroughs()["cookbook"]
     owner = "cookbook" + secrets.token_hex(3)
     server = start_server(tmp_path / "data", owner)  # its own: the fixed id collides with no one
     try:

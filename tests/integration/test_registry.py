@@ -1,4 +1,4 @@
-"""Images from a registry (issue 20), against a real distribution registry on loopback.
+"""Images from a registry, against a real distribution registry on loopback.
 
 Debian's `docker-registry` runs on 127.0.0.1 with htpasswd auth for this module only; the
 runtime image is pushed to it under test tags and untagged locally, so every create below

@@ -1,4 +1,4 @@
-"""A remote Docker engine over TCP with mutual TLS (issue 13, outcome 4).
+"""A remote Docker engine over TCP with mutual TLS.
 
 The test runs a second dockerd of its own in a network namespace of its own (`ip netns add`),
 reached only through a veth pair between this host and that namespace, addressed from a private
@@ -50,7 +50,6 @@ from mountcheck import bind_mounts
 from sandboxd.v1 import (
     common_pb2,
     filesystem_pb2,
-    polish_pb2,
     process_pb2,
     session_pb2,
     snapshot_pb2,
@@ -366,17 +365,17 @@ def test_core_scenario_on_a_remote_engine(
         timeout=60,
     ).process
     stubs.processes.SendProcessInput(
-        polish_pb2.SendProcessInputRequest(
+        process_pb2.SendProcessInputRequest(
             session_id=sid, process_id=started.process_id, data=b"more\n"
         )
     )
     stubs.processes.CloseProcessStdin(
-        polish_pb2.CloseProcessStdinRequest(session_id=sid, process_id=started.process_id)
+        process_pb2.CloseProcessStdinRequest(session_id=sid, process_id=started.process_id)
     )
 
     def ended() -> bool:
         got = stubs.processes.GetProcess(
-            polish_pb2.GetProcessRequest(session_id=sid, process_id=started.process_id)
+            process_pb2.GetProcessRequest(session_id=sid, process_id=started.process_id)
         ).process
         return got.state == process_pb2.PROCESS_STATE_EXITED
 

@@ -19,7 +19,6 @@ from conftest import ServerProcess, SessionFactory, Stubs, error_info, run
 from google.protobuf import duration_pb2
 from sandboxd.v1 import (
     common_pb2,
-    filesystem_ext_pb2,
     filesystem_pb2,
     filesystem_pb2_grpc,
     process_pb2,
@@ -121,7 +120,7 @@ def test_read_file_larger_than_a_reply_names_the_streaming_rpc(
     assert "ReadFileStream" in caught.value.details()  # type: ignore[attr-defined]
     # The streaming RPC reads it whole over the same default channel, in small chunks.
     streamed = files.ReadFileStream(
-        filesystem_ext_pb2.ReadFileStreamRequest(session_id=s.session_id, path="big.bin")
+        filesystem_pb2.ReadFileStreamRequest(session_id=s.session_id, path="big.bin")
     )
     assert sum(len(m.chunk.data) for m in streamed) == 10_000_000
     # A client that accepts more says so, and gets the file in one reply.

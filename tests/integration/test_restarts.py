@@ -35,7 +35,6 @@ from google.protobuf import duration_pb2
 from sandboxd.v1 import (
     common_pb2,
     events_pb2,
-    polish_pb2,
     process_pb2,
     session_pb2,
     snapshot_pb2,
@@ -108,7 +107,7 @@ def get(stubs: Stubs, sid: str, pid: str) -> process_pb2.Process:
     """The process's record. Right after a restart too: calls on a session's processes wait
     for its adoption, never answer NOT_FOUND for a process its agent kept."""
     return stubs.processes.GetProcess(
-        polish_pb2.GetProcessRequest(session_id=sid, process_id=pid), timeout=CALL_TIMEOUT
+        process_pb2.GetProcessRequest(session_id=sid, process_id=pid), timeout=CALL_TIMEOUT
     ).process
 
 
@@ -307,7 +306,7 @@ def test_dead_sandbox_is_rebuilt_from_its_snapshot_and_says_what_was_lost(
     # sandbox, or says it exited).
     try:
         proc = stubs.processes.GetProcess(
-            polish_pb2.GetProcessRequest(session_id=sid, process_id="bg"), timeout=CALL_TIMEOUT
+            process_pb2.GetProcessRequest(session_id=sid, process_id="bg"), timeout=CALL_TIMEOUT
         ).process
         assert proc.state == process_pb2.PROCESS_STATE_EXITED, proc
     except grpc.RpcError as err:

@@ -1,4 +1,4 @@
-"""Standard-method semantics (issue 21) against the real engine: DeleteSession is idempotent
+"""Standard-method semantics against the real engine: DeleteSession is idempotent
 and says whether it removed anything; request_id makes StartProcess and CreateSnapshot safe
 to retry (AIP-155)."""
 

@@ -1,4 +1,4 @@
-"""Templates built from a Dockerfile (issue 17): build, list, create from, delete, and the
+"""Templates built from a Dockerfile: build, list, create from, delete, and the
 rules of a safe build (FROM, no network, time limit, context cap, tenants, cleanup)."""
 
 from __future__ import annotations
@@ -472,9 +472,9 @@ async def test_python_client(tpl_server: ServerProcess) -> None:
 
 
 def test_readme_templates_walkthrough(tmp_path: Path) -> None:
-    from test_readme import README, run_walkthrough, walkthroughs
+    from test_readme import documented_walkthroughs, run_walkthrough
 
-    script = walkthroughs(README.read_text())["templates"]
+    script = documented_walkthroughs()["templates"]
     owner = "readmetpl" + secrets.token_hex(3)
     server = start_server(tmp_path / "data", owner)
     try:

@@ -27,7 +27,7 @@ from conftest import (
     start_server,
     wait_until,
 )
-from sandboxd.v1 import common_pb2, filesystem_ext_pb2, filesystem_pb2, session_pb2, watch_pb2
+from sandboxd.v1 import common_pb2, filesystem_pb2, session_pb2, watch_pb2
 
 F = filesystem_pb2
 K = watch_pb2.FileEventKind
@@ -148,7 +148,7 @@ def test_sequence_through_write_file_and_move(stubs: Stubs, watch: Watcher) -> N
     stubs.files.WriteFile(F.WriteFileRequest(session_id=sid, path="a.txt", content=b"1"))
     stubs.files.WriteFile(F.WriteFileRequest(session_id=sid, path="a.txt", content=b"22"))
     stubs.files.Move(
-        filesystem_ext_pb2.MoveRequest(session_id=sid, source_path="a.txt", destination_path="b")
+        filesystem_pb2.MoveRequest(session_id=sid, source_path="a.txt", destination_path="b")
     )
     stubs.files.Remove(F.RemoveRequest(session_id=sid, path="b"))
     events = w.collect()

@@ -1,4 +1,4 @@
-"""Fuzzing the server's channel reader (issue 13): random bytes, truncated and mutated frames
+"""Fuzzing the server's channel reader: random bytes, truncated and mutated frames
 after a good handshake. The reader never raises, never blocks past a bound (it is back to
 waiting on the pipe within one event-loop turn per chunk), keeps its buffer bounded, and the
 damage stays on that channel: a second channel on the same loop goes on serving an exec."""

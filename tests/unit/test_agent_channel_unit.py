@@ -1,6 +1,6 @@
 """The server's side of the agent channel (service/sandboxd/agent/) against a scripted agent
 over an in-memory pipe: handshake and epochs, exec streams, flow control, keepalive, and each
-bad input of issue 13, each a clear error on that channel (or stream) only."""
+bad input, each a clear error on that channel (or stream) only."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The renamed fields of issue 21 and their deprecated originals: a request in either shape
+"""The renamed fields and their deprecated originals: a request in either shape
 means the same, and a reply fills both, so old callers see what they saw before."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One API vocabulary (issue 21), read from the service descriptors rather than a kept list:
+"""One API vocabulary, read from the service descriptors rather than a kept list:
 every List pages (AIP-158), every duration is a google.protobuf.Duration, every size ends in
 `_bytes`, new timestamps end in `_time`. A field that broke a rule before the rule existed is
 kept for compatibility only if it is marked deprecated and has its conforming twin; the

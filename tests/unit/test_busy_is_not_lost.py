@@ -1,4 +1,4 @@
-"""Issue 19, item 3: a container the engine is busy with (paused for a commit, restarting,
+"""A container the engine is busy with (paused for a commit, restarting,
 an exec that vanished) answers 404/409 like a missing one; it is never marked lost."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 19, item 4: nothing of a deleted session outlives it (on the engine fake)."""
+"""Nothing of a deleted session outlives it (on the engine fake)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One error vocabulary: the proto's ErrorReason, the server's Reason, the codes and the README.
+"""One error vocabulary: the proto's ErrorReason, the server's Reason, the codes and docs/errors.md.
 
 The call-site scan reads the service's source (not a hand-kept list), so a reason added anywhere
 in service/ without its ErrorReason value, or sent with a second gRPC code, fails here.
@@ -15,7 +15,7 @@ import pytest
 from sandboxd import errors
 from sandboxd.api.errors import STATUS_BY_ERROR, status_code_for, to_status
 from sandboxd.reasons import Reason
-from sandboxd.tools.genproto import README, REASON_PREFIX, readme_with_table, reason_docs
+from sandboxd.tools.genproto import ERRORS_DOC, REASON_PREFIX, doc_with_table, reason_docs
 from sandboxd.v1 import errors_pb2
 
 SERVICE = Path(errors.__file__).parent
@@ -48,17 +48,17 @@ def test_every_reason_declares_exactly_one_valid_grpc_code() -> None:
             assert d.retryable, f"{d.name}: UNAVAILABLE is retryable by definition"
 
 
-def test_readme_error_table_is_generated_from_the_enum() -> None:
-    readme = README.read_text()
-    assert readme == readme_with_table(readme, list(DOCS.values())), (
-        "README's error table differs from errors.proto: run `make proto`"
+def test_error_table_is_generated_from_the_enum() -> None:
+    doc = ERRORS_DOC.read_text()
+    assert doc == doc_with_table(doc, list(DOCS.values())), (
+        "docs/errors.md's error table differs from errors.proto: run `make proto`"
     )
 
 
-def test_the_readme_check_fails_on_a_difference() -> None:
-    readme = README.read_text()
+def test_the_error_table_check_fails_on_a_difference() -> None:
+    doc = ERRORS_DOC.read_text()
     docs = list(DOCS.values())[:-1]
-    assert readme != readme_with_table(readme, docs)
+    assert doc != doc_with_table(doc, docs)
 
 
 def _class_codes() -> dict[str, str]:

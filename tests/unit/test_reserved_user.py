@@ -1,4 +1,4 @@
-"""Issue 19, item 5: the keeper's uid and gid are not the caller's to take."""
+"""The keeper's uid and gid are not the caller's to take."""
 
 from __future__ import annotations
 

@@ -608,59 +608,6 @@ export type ExpiryAction =
   | 'EXPIRY_ACTION_SUSPEND'
   | 'EXPIRY_ACTION_SNAPSHOT_THEN_DELETE';
 
-export type OutputEncoding =
-  | 'OUTPUT_ENCODING_UNSPECIFIED'
-  | 'OUTPUT_ENCODING_BYTES'
-  | 'OUTPUT_ENCODING_UTF8_LOSSY';
-
-export type ProcessOrigin =
-  | 'PROCESS_ORIGIN_UNSPECIFIED'
-  | 'PROCESS_ORIGIN_START_PROCESS'
-  | 'PROCESS_ORIGIN_EXEC'
-  | 'PROCESS_ORIGIN_RUN'
-  | 'PROCESS_ORIGIN_INTERACT';
-
-export interface GetProcessRequest {
-  session_id: string;
-  process_id: string;
-}
-
-export interface SendProcessInputRequest {
-  session_id: string;
-  process_id: string;
-  data: Buffer;
-}
-
-export interface SendProcessInputResponse {
-}
-
-export interface CloseProcessStdinRequest {
-  session_id: string;
-  process_id: string;
-}
-
-export interface CloseProcessStdinResponse {
-}
-
-export interface SessionStateReason {
-  reason: string;
-  message: string;
-  recoverable: boolean;
-}
-
-export type Signal =
-  | 'SIGNAL_UNSPECIFIED'
-  | 'SIGNAL_SIGHUP'
-  | 'SIGNAL_SIGINT'
-  | 'SIGNAL_SIGQUIT'
-  | 'SIGNAL_SIGKILL'
-  | 'SIGNAL_SIGUSR1'
-  | 'SIGNAL_SIGUSR2'
-  | 'SIGNAL_SIGTERM'
-  | 'SIGNAL_SIGCONT'
-  | 'SIGNAL_SIGSTOP'
-  | 'SIGNAL_SIGWINCH';
-
 export interface Preview {
   port: number;
   url: string;
@@ -917,6 +864,53 @@ export interface GetProcessResponse {
   process: Process | null;
 }
 
+export type OutputEncoding =
+  | 'OUTPUT_ENCODING_UNSPECIFIED'
+  | 'OUTPUT_ENCODING_BYTES'
+  | 'OUTPUT_ENCODING_UTF8_LOSSY';
+
+export type ProcessOrigin =
+  | 'PROCESS_ORIGIN_UNSPECIFIED'
+  | 'PROCESS_ORIGIN_START_PROCESS'
+  | 'PROCESS_ORIGIN_EXEC'
+  | 'PROCESS_ORIGIN_RUN'
+  | 'PROCESS_ORIGIN_INTERACT';
+
+export interface GetProcessRequest {
+  session_id: string;
+  process_id: string;
+}
+
+export interface SendProcessInputRequest {
+  session_id: string;
+  process_id: string;
+  data: Buffer;
+}
+
+export interface SendProcessInputResponse {
+}
+
+export interface CloseProcessStdinRequest {
+  session_id: string;
+  process_id: string;
+}
+
+export interface CloseProcessStdinResponse {
+}
+
+export type Signal =
+  | 'SIGNAL_UNSPECIFIED'
+  | 'SIGNAL_SIGHUP'
+  | 'SIGNAL_SIGINT'
+  | 'SIGNAL_SIGQUIT'
+  | 'SIGNAL_SIGKILL'
+  | 'SIGNAL_SIGUSR1'
+  | 'SIGNAL_SIGUSR2'
+  | 'SIGNAL_SIGTERM'
+  | 'SIGNAL_SIGCONT'
+  | 'SIGNAL_SIGSTOP'
+  | 'SIGNAL_SIGWINCH';
+
 /** sandboxd.v1.SessionService: SandboxClient.sessions. */
 export interface SessionServiceClient {
   createSession(request: Init<CreateSessionRequest>, options?: CallOptions): Promise<CreateSessionResponse>;
@@ -1105,6 +1099,12 @@ export interface Session {
   restored_from: string;
   restored_state_time: Timestamp | null;
   lost_message: string;
+}
+
+export interface SessionStateReason {
+  reason: string;
+  message: string;
+  recoverable: boolean;
 }
 
 /** sandboxd.v1.SnapshotService: SandboxClient.snapshots. */

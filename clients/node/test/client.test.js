@@ -277,7 +277,7 @@ test('a client stream the server refuses early ends with its typed error, not a 
   }
 });
 
-test('one handle for every process, streamed files and move (API polish)', async () => {
+test('one handle for every process, streamed files and move', async () => {
   const session = await client.createSession({ shell: { allow_all: true } });
   try {
     const ran = await session.run(['sh', '-c', 'echo hi']);

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal, Self
 
 from sandboxd_client._convert import enum_name, seconds, timestamp
-from sandboxd_client._gen.sandboxd.v1 import polish_pb2, process_pb2
+from sandboxd_client._gen.sandboxd.v1 import process_pb2
 
 Stream = Literal["stdout", "stderr"]
 
@@ -168,6 +168,6 @@ class ProcessInfo:
             m.stdout_first_offset,
             m.stderr_first_offset,
             # A server from before GetProcess knew only background processes.
-            enum_name(polish_pb2.ProcessOrigin, m.origin or 1, "PROCESS_ORIGIN_"),
+            enum_name(process_pb2.ProcessOrigin, m.origin or 1, "PROCESS_ORIGIN_"),
             m.stdin_open,
         )

@@ -24,7 +24,6 @@ from sandboxd_client._gen.sandboxd.v1 import (
     common_pb2,
     filesystem_pb2,
     leases_pb2,
-    polish_pb2,
     secrets_pb2,
     session_pb2,
     snapshot_pb2,
@@ -239,7 +238,7 @@ class StateReason:
     recoverable: bool
 
     @classmethod
-    def from_pb(cls, m: polish_pb2.SessionStateReason) -> Self:
+    def from_pb(cls, m: session_pb2.SessionStateReason) -> Self:
         return cls(m.reason, m.message, m.recoverable)
 
 

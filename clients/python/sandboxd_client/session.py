@@ -17,7 +17,6 @@ from google.protobuf import field_mask_pb2
 from sandboxd_client._call_end import CallEnd
 from sandboxd_client._gen.sandboxd.v1 import (
     filesystem_pb2,
-    polish_pb2,
     process_pb2,
     session_pb2,
     snapshot_pb2,
@@ -255,7 +254,9 @@ class Session(ProcessHandles, FileTransfers, DirWatching):
         req = process_pb2.RunRequest(
             **_exec_fields(self.id, argv, cwd, env, stdin, timeout, max_output_bytes),
             output_encoding=(
-                polish_pb2.OUTPUT_ENCODING_UTF8_LOSSY if text else polish_pb2.OUTPUT_ENCODING_BYTES
+                process_pb2.OUTPUT_ENCODING_UTF8_LOSSY
+                if text
+                else process_pb2.OUTPUT_ENCODING_BYTES
             ),
         )
         resp = await self._client._unary(

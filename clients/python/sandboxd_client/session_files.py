@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sandboxd_client._call_end import CallEnd
-from sandboxd_client._gen.sandboxd.v1 import filesystem_ext_pb2
+from sandboxd_client._gen.sandboxd.v1 import filesystem_pb2
 from sandboxd_client._rpc import UNSET, rpc
 from sandboxd_client.models import ArchiveImported, FileInfo
 from sandboxd_client.tar_stream import Progress, tar_chunks, untar_chunks
@@ -62,7 +62,7 @@ class FileTransfers:
         self, path: str, *, offset: int = 0, length: int = 0, deadline: float | None = None
     ) -> AsyncIterator[bytes]:
         """The file's bytes from `offset` (`length` at most; 0: to the end), in chunks."""
-        req = filesystem_ext_pb2.ReadFileStreamRequest(
+        req = filesystem_pb2.ReadFileStreamRequest(
             session_id=self.id, path=path, offset=offset, length=length
         )
         async for resp in self._client._server_stream(
@@ -83,14 +83,14 @@ class FileTransfers:
         """Write `data` (bytes, or chunks) to `path`: the file is replaced only once every
         chunk arrived. Never retried: the chunks cannot be replayed."""
 
-        async def requests() -> AsyncIterator[filesystem_ext_pb2.WriteFileStreamRequest]:
-            header = filesystem_ext_pb2.WriteFileStreamHeader(
+        async def requests() -> AsyncIterator[filesystem_pb2.WriteFileStreamRequest]:
+            header = filesystem_pb2.WriteFileStreamHeader(
                 session_id=self.id, path=path, mode=mode, make_parents=make_parents
             )
-            yield filesystem_ext_pb2.WriteFileStreamRequest(header=header)
+            yield filesystem_pb2.WriteFileStreamRequest(header=header)
             async for chunk in _chunks_of(data):
                 if chunk:
-                    yield filesystem_ext_pb2.WriteFileStreamRequest(data=chunk)
+                    yield filesystem_pb2.WriteFileStreamRequest(data=chunk)
 
         ends = CallEnd()  # the server's refusal ends the upload: stop reading `data`
         resp = await self._client._unary(
@@ -111,7 +111,7 @@ class FileTransfers:
         timeout: float | None = UNSET,
     ) -> FileInfo:
         """Rename within the workspace; an existing destination needs `overwrite`."""
-        req = filesystem_ext_pb2.MoveRequest(
+        req = filesystem_pb2.MoveRequest(
             session_id=self.id,
             source_path=source_path,
             destination_path=destination_path,

@@ -1,4 +1,4 @@
-"""Session calls of the API polish for processes: one handle for every process (GetProcess)
+"""Session calls on processes by handle: one handle for every process (GetProcess)
 and more stdin for a background process (SendProcessInput, CloseProcessStdin).
 
 A mixin of `Session`, kept apart so session.py stays one screenful per concern.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sandboxd_client._gen.sandboxd.v1 import polish_pb2
+from sandboxd_client._gen.sandboxd.v1 import process_pb2
 from sandboxd_client._rpc import UNSET, rpc
 from sandboxd_client.events import ProcessInfo
 
@@ -32,7 +32,7 @@ class ProcessHandles:
     @rpc("ProcessService/GetProcess")
     async def get_process(self, process_id: str, *, timeout: float | None = UNSET) -> ProcessInfo:
         """Any process by the id Exec, Run, Interact or StartProcess reported."""
-        req = polish_pb2.GetProcessRequest(session_id=self.id, process_id=process_id)
+        req = process_pb2.GetProcessRequest(session_id=self.id, process_id=process_id)
         resp = await self._client._unary(
             "ProcessService/GetProcess",
             lambda t: self._stubs.processes.GetProcess(req, timeout=t),
@@ -46,7 +46,7 @@ class ProcessHandles:
     ) -> None:
         """More stdin for a process started with `keep_stdin_open=True` (never retried: the
         bytes would be written twice)."""
-        req = polish_pb2.SendProcessInputRequest(
+        req = process_pb2.SendProcessInputRequest(
             session_id=self.id, process_id=process_id, data=data
         )
         await self._client._unary(
@@ -58,7 +58,7 @@ class ProcessHandles:
     @rpc("ProcessService/CloseProcessStdin")
     async def close_stdin(self, process_id: str, *, timeout: float | None = UNSET) -> None:
         """End of file on the process's stdin; closing twice is fine."""
-        req = polish_pb2.CloseProcessStdinRequest(session_id=self.id, process_id=process_id)
+        req = process_pb2.CloseProcessStdinRequest(session_id=self.id, process_id=process_id)
         await self._client._unary(
             "ProcessService/CloseProcessStdin",
             lambda t: self._stubs.processes.CloseProcessStdin(req, timeout=t),

@@ -29,7 +29,7 @@ from sandboxd.models import (
 from sandboxd.reasons import Reason
 from sandboxd.sessions import CreateSessionInput
 from sandboxd.state_reason import state_reason
-from sandboxd.v1 import common_pb2, filesystem_pb2, polish_pb2, process_pb2, session_pb2, watch_pb2
+from sandboxd.v1 import common_pb2, filesystem_pb2, process_pb2, session_pb2, watch_pb2
 
 _STATE = {
     SessionState.CREATING: session_pb2.SESSION_STATE_CREATING,
@@ -236,11 +236,11 @@ def _loss_fields(loss: Loss | None) -> dict[str, Any]:
     return fields
 
 
-def _state_reason_pb(s: Session) -> polish_pb2.SessionStateReason | None:
+def _state_reason_pb(s: Session) -> session_pb2.SessionStateReason | None:
     why = state_reason(s)
     if why is None:
         return None
-    return polish_pb2.SessionStateReason(
+    return session_pb2.SessionStateReason(
         reason=why.reason, message=why.message, recoverable=why.recoverable
     )
 
@@ -250,16 +250,18 @@ def signal_name(name: str, value: int) -> str:
     if not value:
         return name
     try:
-        return polish_pb2.Signal.Name(value).removeprefix("SIGNAL_")  # type: ignore[arg-type]
+        return process_pb2.Signal.Name(value).removeprefix("SIGNAL_")  # type: ignore[arg-type]
     except ValueError:
         return f"signal number {value}"  # refused by validate_signal as INVALID_SIGNAL
 
 
-def signal_value(name: str) -> polish_pb2.Signal.ValueType:
+def signal_value(name: str) -> process_pb2.Signal.ValueType:
     try:
-        return polish_pb2.Signal.Value("SIGNAL_" + name) if name else polish_pb2.SIGNAL_UNSPECIFIED
+        return (
+            process_pb2.Signal.Value("SIGNAL_" + name) if name else process_pb2.SIGNAL_UNSPECIFIED
+        )
     except ValueError:
-        return polish_pb2.SIGNAL_UNSPECIFIED
+        return process_pb2.SIGNAL_UNSPECIFIED
 
 
 def exited_pb(e: ExecExited) -> process_pb2.ProcessExited:

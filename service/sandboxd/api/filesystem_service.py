@@ -13,14 +13,14 @@ from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
 from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager, paging
-from sandboxd.v1 import filesystem_ext_pb2, filesystem_pb2, filesystem_pb2_grpc, watch_pb2
+from sandboxd.v1 import filesystem_pb2, filesystem_pb2_grpc, watch_pb2
 
 # ReadFileResponse's fields besides `content` (mode, size, size_bytes: varints), with room over.
 _READ_REPLY_OTHERS_BYTES = 64
 
 
 async def _data(
-    requests: AsyncIterator[filesystem_ext_pb2.WriteFileStreamRequest],
+    requests: AsyncIterator[filesystem_pb2.WriteFileStreamRequest],
 ) -> AsyncIterator[bytes]:
     async for req in requests:
         if req.HasField("header"):
@@ -127,20 +127,20 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
 
     @stream
     async def ReadFileStream(
-        self, request: filesystem_ext_pb2.ReadFileStreamRequest, context: Ctx
-    ) -> AsyncGenerator[filesystem_ext_pb2.ReadFileStreamResponse, None]:
+        self, request: filesystem_pb2.ReadFileStreamRequest, context: Ctx
+    ) -> AsyncGenerator[filesystem_pb2.ReadFileStreamResponse, None]:
         async with self._sessions.use(request.session_id) as session:
             chunks = self._transfer.read(session, request.path, request.offset, request.length)
             async for offset, data in chunks:
                 # Filled in place: a submessage passed as a keyword is merged, copying data again.
-                response = filesystem_ext_pb2.ReadFileStreamResponse()
+                response = filesystem_pb2.ReadFileStreamResponse()
                 response.chunk.data = data
                 response.chunk.offset = offset
                 yield response
 
     @unary
     async def WriteFileStream(
-        self, request: AsyncIterator[filesystem_ext_pb2.WriteFileStreamRequest], context: Ctx
+        self, request: AsyncIterator[filesystem_pb2.WriteFileStreamRequest], context: Ctx
     ) -> filesystem_pb2.WriteFileStreamResponse:
         requests = aiter(request)
         first = await anext(requests, None)
@@ -158,7 +158,7 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
 
     @unary
     async def Move(
-        self, request: filesystem_ext_pb2.MoveRequest, context: Ctx
+        self, request: filesystem_pb2.MoveRequest, context: Ctx
     ) -> filesystem_pb2.MoveResponse:
         async with self._sessions.use(request.session_id) as session:
             info = await self._transfer.move(

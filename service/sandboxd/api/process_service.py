@@ -36,7 +36,7 @@ from sandboxd.processes import (
 from sandboxd.reasons import Reason
 from sandboxd.request_ids import validate_request_id
 from sandboxd.sessions import SessionManager, paging
-from sandboxd.v1 import polish_pb2, process_pb2, process_pb2_grpc
+from sandboxd.v1 import process_pb2, process_pb2_grpc
 
 _Request = process_pb2.ExecRequest | process_pb2.RunRequest | process_pb2.StartProcessRequest
 _EventResponse = TypeVar(
@@ -111,7 +111,7 @@ def _process_pb(p: BackgroundProcess) -> process_pb2.Process:
         stderr_bytes=p.end(err),
         stdout_first_offset=p.first_offset(out),
         stderr_first_offset=p.first_offset(err),
-        origin=polish_pb2.ProcessOrigin.ValueType(p.origin.value),
+        origin=process_pb2.ProcessOrigin.ValueType(p.origin.value),
         stdin_open=p.command is not None and not p.command.stdin_closed,
     )
     pb.started_at.FromDatetime(p.started_at)
@@ -213,7 +213,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         """Collects the output into one reply of at most the caller's limit (max_reply_bytes,
         else 4 MiB): what would not fit is dropped (the command runs on to its end) and
         `truncated` set, so the exit status always arrives."""
-        if request.output_encoding not in polish_pb2.OutputEncoding.values():
+        if request.output_encoding not in process_pb2.OutputEncoding.values():
             raise InvalidArgument(
                 f"unknown output_encoding {request.output_encoding}", reason=Reason.INVALID_ARGUMENT
             )
@@ -243,7 +243,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
                         response.duration.CopyFrom(convert.duration_pb(event.duration_s))
         response.stdout = bytes(out[OutputStream.STDOUT])
         response.stderr = bytes(out[OutputStream.STDERR])
-        lossy = request.output_encoding == polish_pb2.OUTPUT_ENCODING_UTF8_LOSSY
+        lossy = request.output_encoding == process_pb2.OUTPUT_ENCODING_UTF8_LOSSY
         _fill_text(response, lossy)
         if cut or response.ByteSize() > limit:
             response.truncated = True  # set before the fit measures the reply: it counts too
@@ -371,7 +371,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
 
     @unary
     async def GetProcess(
-        self, request: polish_pb2.GetProcessRequest, context: Ctx
+        self, request: process_pb2.GetProcessRequest, context: Ctx
     ) -> process_pb2.GetProcessResponse:
         async with self._sessions.use(request.session_id) as session:
             await self._processes.adopted(session.session_id)
@@ -380,18 +380,18 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
 
     @unary
     async def SendProcessInput(
-        self, request: polish_pb2.SendProcessInputRequest, context: Ctx
-    ) -> polish_pb2.SendProcessInputResponse:
+        self, request: process_pb2.SendProcessInputRequest, context: Ctx
+    ) -> process_pb2.SendProcessInputResponse:
         async with self._sessions.use(request.session_id) as session:
             await self._processes.adopted(session.session_id)
             await self._processes.send_input(session.session_id, request.process_id, request.data)
-        return polish_pb2.SendProcessInputResponse()
+        return process_pb2.SendProcessInputResponse()
 
     @unary
     async def CloseProcessStdin(
-        self, request: polish_pb2.CloseProcessStdinRequest, context: Ctx
-    ) -> polish_pb2.CloseProcessStdinResponse:
+        self, request: process_pb2.CloseProcessStdinRequest, context: Ctx
+    ) -> process_pb2.CloseProcessStdinResponse:
         async with self._sessions.use(request.session_id) as session:
             await self._processes.adopted(session.session_id)
             await self._processes.close_stdin(session.session_id, request.process_id)
-        return polish_pb2.CloseProcessStdinResponse()
+        return process_pb2.CloseProcessStdinResponse()

@@ -158,7 +158,7 @@ class ArchiveIO:
         cap = policy.stream_allowance(session.spec.limits.workspace_bytes, self._max_members)
         argv = tool_argv(rel, ["tar", "-c", "-f", "-", "."])
         if rel != "." and await self._is_file(session, rel):
-            # A single file (issue 21): tar of its folder with the one member "./NAME"; the
+            # A single file: tar of its folder with the one member "./NAME"; the
             # folder is resolved beneath the workspace by sbx, the name archived as itself.
             parent, _, name = rel.rpartition("/")
             argv = tool_argv(parent or ".", ["tar", "-c", "-f", "-", f"./{name}"])

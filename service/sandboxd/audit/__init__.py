@@ -1,4 +1,4 @@
-"""The durable audit log: who ran what, when, and what came of it (issue 18).
+"""The durable audit log: who ran what, when, and what came of it.
 
 `AuditWriter` takes events from the call paths and acknowledges each only after its batch is
 committed to the audit database (and appended to the JSON Lines export); callers await that

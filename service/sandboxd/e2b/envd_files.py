@@ -17,7 +17,7 @@ from sandboxd.e2b.backend import Backend, metadata
 from sandboxd.e2b.connect import ConnectError
 from sandboxd.e2b.wire import field, text, timestamp, to_home, to_workspace, uint
 from sandboxd.file_transfer import UPLOAD_PREFIX
-from sandboxd.v1 import filesystem_ext_pb2, filesystem_pb2, watch_pb2
+from sandboxd.v1 import filesystem_pb2, watch_pb2
 
 FILE_TYPES = {
     filesystem_pb2.FILE_TYPE_FILE: "FILE_TYPE_FILE",
@@ -122,7 +122,7 @@ class FilesystemRpcs:
     async def move(self, key: str, sid: str, req: dict[str, Any]) -> dict[str, Any]:
         destination = _path(req, "destination")
         await self._b.files.Move(
-            filesystem_ext_pb2.MoveRequest(
+            filesystem_pb2.MoveRequest(
                 session_id=sid, source_path=_path(req, "source"), destination_path=destination
             ),
             metadata=metadata(key),

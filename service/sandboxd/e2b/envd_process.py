@@ -19,7 +19,7 @@ from sandboxd.e2b.connect import ConnectError
 from sandboxd.e2b.process_events import end_event, output_event
 from sandboxd.e2b.pty import Ptys
 from sandboxd.e2b.wire import data, field, obj, string_map, text, to_home, to_workspace, uint
-from sandboxd.v1 import polish_pb2, process_pb2
+from sandboxd.v1 import process_pb2
 
 MIN_PID, MAX_PID = 1000, 2**31 - 1
 SIGNALS = {"SIGNAL_SIGKILL": "SIGKILL", "SIGNAL_SIGTERM": "SIGTERM", 9: "SIGKILL", 15: "SIGTERM"}
@@ -85,7 +85,7 @@ class ProcessRpcs:
                 yield event
             return
         got = await self._b.processes.GetProcess(
-            polish_pb2.GetProcessRequest(session_id=sid, process_id=str(pid)),
+            process_pb2.GetProcessRequest(session_id=sid, process_id=str(pid)),
             metadata=metadata(key),
         )
         # From now on, as envd's Connect: what the process already wrote is not sent again.
@@ -139,7 +139,7 @@ class ProcessRpcs:
             await self._ptys.send(sid, pid, data(given, "pty"))
             return
         await self._b.processes.SendProcessInput(
-            polish_pb2.SendProcessInputRequest(
+            process_pb2.SendProcessInputRequest(
                 session_id=sid, process_id=str(pid), data=data(given, "stdin")
             ),
             metadata=metadata(key),
@@ -177,7 +177,7 @@ class ProcessRpcs:
         if self._ptys.has(sid, pid):
             raise ConnectError("failed_precondition", "a PTY's stdin is closed with Ctrl-D")
         await self._b.processes.CloseProcessStdin(
-            polish_pb2.CloseProcessStdinRequest(session_id=sid, process_id=str(pid)),
+            process_pb2.CloseProcessStdinRequest(session_id=sid, process_id=str(pid)),
             metadata=metadata(key),
         )
         return {}

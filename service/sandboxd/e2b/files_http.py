@@ -19,7 +19,7 @@ from sandboxd.e2b.asgi import Request, Send, end_stream, start_stream, stream_ch
 from sandboxd.e2b.backend import Backend, metadata
 from sandboxd.e2b.envd_files import entry
 from sandboxd.e2b.wire import HOME, to_workspace
-from sandboxd.v1 import filesystem_ext_pb2
+from sandboxd.v1 import filesystem_pb2
 
 _QUEUE = 8  # chunks between the body's reader and one part's upload
 
@@ -45,7 +45,7 @@ class FilesHttp:
         _user(request)
         path = to_workspace(request.arg("path") or "")
         call = self._b.files.ReadFileStream(
-            filesystem_ext_pb2.ReadFileStreamRequest(session_id=sid, path=path),
+            filesystem_pb2.ReadFileStreamRequest(session_id=sid, path=path),
             metadata=metadata(key),
         )
         replies = aiter(call)
@@ -81,18 +81,16 @@ class FilesHttp:
         short in the workspace."""
         failed: list[Exception] = []
 
-        async def messages() -> AsyncIterator[filesystem_ext_pb2.WriteFileStreamRequest]:
-            yield filesystem_ext_pb2.WriteFileStreamRequest(
-                header=filesystem_ext_pb2.WriteFileStreamHeader(
+        async def messages() -> AsyncIterator[filesystem_pb2.WriteFileStreamRequest]:
+            yield filesystem_pb2.WriteFileStreamRequest(
+                header=filesystem_pb2.WriteFileStreamHeader(
                     session_id=sid, path=to_workspace(path), make_parents=True
                 )
             )
             try:
                 async for chunk in chunks:
                     for i in range(0, len(chunk), 1 << 20):
-                        yield filesystem_ext_pb2.WriteFileStreamRequest(
-                            data=chunk[i : i + (1 << 20)]
-                        )
+                        yield filesystem_pb2.WriteFileStreamRequest(data=chunk[i : i + (1 << 20)])
             except Exception as exc:  # the body's own failure: TooLarge, Disconnected, ...
                 failed.append(exc)
                 call.cancel()

@@ -1,4 +1,4 @@
-"""Leases that say what happens at the end (issue 18): each session's `on_expiry` and
+"""Leases that say what happens at the end: each session's `on_expiry` and
 `renew_on_activity` terms, the reaper's expiry action, and why an ended session ended."""
 
 from sandboxd.leases.expiry import ExpiryPolicy

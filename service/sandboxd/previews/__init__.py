@@ -1,4 +1,4 @@
-"""Preview URLs for a session's ports (issue 15): tokens, the published-port registry, the
+"""Preview URLs for a session's ports: tokens, the published-port registry, the
 HTTP(S) relay and the domain API behind SessionService.PublishPort/UnpublishPort/ListPorts.
 
 Kept import-free: `sandboxd.config` imports `previews.settings`."""

@@ -3,7 +3,7 @@ away (exclusive: a snapshot, a Suspend), so that each sees it whole.
 
 Without it a WriteFile could answer OK after a Suspend had taken its snapshot and before it
 removed the sandbox: the write was then lost on resume. With it, a snapshot holds the tree
-before or after each file call and each import, never between (issue 19, item 4).
+before or after each file call and each import, never between.
 
 Commands (Exec, Run, Interact) do not take the gate: they may run for as long as their
 timeout, and a Suspend ends them anyway. Writers go first: a waiting exclusive call stops new

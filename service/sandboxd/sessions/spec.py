@@ -127,7 +127,7 @@ def check_create(
 
 
 def check_reserved_user(uid: int, gid: int, keeper_user: str) -> None:
-    """The keeper's uid and gid are the server's (issue 19, item 5): a session running as
+    """The keeper's uid and gid are the server's: a session running as
     either could signal the container's main process (`kill -9 -1`) or own its files, and
     end the container with the workspace in it. Root is refused by parse_user already."""
     k_uid, _, k_gid = keeper_user.partition(":")

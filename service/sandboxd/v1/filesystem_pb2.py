@@ -23,11 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
-from sandboxd.v1 import filesystem_ext_pb2 as sandboxd_dot_v1_dot_filesystem__ext__pb2
 from sandboxd.v1 import watch_pb2 as sandboxd_dot_v1_dot_watch__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csandboxd/v1/filesystem.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a sandboxd/v1/filesystem_ext.proto\x1a\x17sandboxd/v1/watch.proto\"\xc8\x01\n\x08\x46ileInfo\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12#\n\x04type\x18\x03 \x01(\x0e\x32\x15.sandboxd.v1.FileType\x12\x10\n\x04size\x18\x04 \x01(\x03\x42\x02\x18\x01\x12\x0c\n\x04mode\x18\x05 \x01(\r\x12/\n\x0bmodified_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0esymlink_target\x18\x07 \x01(\t\x12\x12\n\nsize_bytes\x18x \x01(\x03\"M\n\x0fReadFileRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x18\n\x0fmax_reply_bytes\x18\x84\x02 \x01(\x03\"W\n\x10ReadFileResponse\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\x0c\x12\x0c\n\x04mode\x18\x02 \x01(\r\x12\x10\n\x04size\x18\x03 \x01(\x03\x42\x02\x18\x01\x12\x12\n\nsize_bytes\x18x \x01(\x03\"i\n\x10WriteFileRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\x0c\x12\x0c\n\x04mode\x18\x04 \x01(\r\x12\x14\n\x0cmake_parents\x18\x05 \x01(\x08\"8\n\x11WriteFileResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.FileInfo\"\x82\x01\n\x0eListDirRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x03 \x01(\x05\x12\x11\n\tpage_size\x18x \x01(\x05\x12\x12\n\npage_token\x18y \x01(\t\x12\x18\n\x0fmax_reply_bytes\x18\x84\x02 \x01(\x03\"R\n\x0fListDirResponse\x12&\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x15.sandboxd.v1.FileInfo\x12\x17\n\x0fnext_page_token\x18x \x01(\t\"/\n\x0bStatRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"3\n\x0cStatResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.FileInfo\"D\n\rRemoveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x11\n\trecursive\x18\x03 \x01(\x08\"\x10\n\x0eRemoveResponse\"]\n\x0eMakeDirRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x13\n\x07parents\x18\x03 \x01(\x08\x42\x02\x18\x01\x12\x14\n\x0cmake_parents\x18x \x01(\x08\"6\n\x0fMakeDirResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.FileInfo\">\n\x17WriteFileStreamResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.FileInfo\"3\n\x0cMoveResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.FileInfo\"\x8c\x01\n\tFileEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.sandboxd.v1.FileEventKind\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x10\n\x08old_path\x18\x04 \x01(\t\x12#\n\x04type\x18\x05 \x01(\x0e\x32\x15.sandboxd.v1.FileType\"9\n\x10WatchDirResponse\x12%\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.sandboxd.v1.FileEvent*~\n\x08\x46ileType\x12\x19\n\x15\x46ILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x46ILE_TYPE_FILE\x10\x01\x12\x17\n\x13\x46ILE_TYPE_DIRECTORY\x10\x02\x12\x15\n\x11\x46ILE_TYPE_SYMLINK\x10\x03\x12\x13\n\x0f\x46ILE_TYPE_OTHER\x10\x04\x32\xf9\x05\n\x11\x46ilesystemService\x12G\n\x08ReadFile\x12\x1c.sandboxd.v1.ReadFileRequest\x1a\x1d.sandboxd.v1.ReadFileResponse\x12J\n\tWriteFile\x12\x1d.sandboxd.v1.WriteFileRequest\x1a\x1e.sandboxd.v1.WriteFileResponse\x12\x44\n\x07ListDir\x12\x1b.sandboxd.v1.ListDirRequest\x1a\x1c.sandboxd.v1.ListDirResponse\x12;\n\x04Stat\x12\x18.sandboxd.v1.StatRequest\x1a\x19.sandboxd.v1.StatResponse\x12\x41\n\x06Remove\x12\x1a.sandboxd.v1.RemoveRequest\x1a\x1b.sandboxd.v1.RemoveResponse\x12\x44\n\x07MakeDir\x12\x1b.sandboxd.v1.MakeDirRequest\x1a\x1c.sandboxd.v1.MakeDirResponse\x12[\n\x0eReadFileStream\x12\".sandboxd.v1.ReadFileStreamRequest\x1a#.sandboxd.v1.ReadFileStreamResponse0\x01\x12^\n\x0fWriteFileStream\x12#.sandboxd.v1.WriteFileStreamRequest\x1a$.sandboxd.v1.WriteFileStreamResponse(\x01\x12;\n\x04Move\x12\x18.sandboxd.v1.MoveRequest\x1a\x19.sandboxd.v1.MoveResponse\x12I\n\x08WatchDir\x12\x1c.sandboxd.v1.WatchDirRequest\x1a\x1d.sandboxd.v1.WatchDirResponse0\x01\x42?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csandboxd/v1/filesystem.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17sandboxd/v1/watch.proto\"\xc8\x01\n\x08\x46ileInfo\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12#\n\x04type\x18\x03 \x01(\x0e\x32\x15.sandboxd.v1.FileType\x12\x10\n\x04size\x18\x04 \x01(\x03\x42\x02\x18\x01\x12\x0c\n\x04mode\x18\x05 \x01(\r\x12/\n\x0bmodified_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0esymlink_target\x18\x07 \x01(\t\x12\x12\n\nsize_bytes\x18x \x01(\x03\"M\n\x0fReadFileRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x18\n\x0fmax_reply_bytes\x18\x84\x02 \x01(\x03\"W\n\x10ReadFileResponse\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\x0c\x12\x0c\n\x04mode\x18\x02 \x01(\r\x12\x10\n\x04size\x18\x03 \x01(\x03\x42\x02\x18\x01\x12\x12\n\nsize_bytes\x18x \x01(\x03\"i\n\x10WriteFileRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\x0c\x12\x0c\n\x04mode\x18\x04 \x01(\r\x12\x14\n\x0cmake_parents\x18\x05 \x01(\x08\"8\n\x11WriteFileResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.FileInfo\"\x82\x01\n\x0eListDirRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x03 \x01(\x05\x12\x11\n\tpage_size\x18x \x01(\x05\x12\x12\n\npage_token\x18y \x01(\t\x12\x18\n\x0fmax_reply_bytes\x18\x84\x02 \x01(\x03\"R\n\x0fListDirResponse\x12&\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x15.sandboxd.v1.FileInfo\x12\x17\n\x0fnext_page_token\x18x \x01(\t\"/\n\x0bStatRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"3\n\x0cStatResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.FileInfo\"D\n\rRemoveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x11\n\trecursive\x18\x03 \x01(\x08\"\x10\n\x0eRemoveResponse\"]\n\x0eMakeDirRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x13\n\x07parents\x18\x03 \x01(\x08\x42\x02\x18\x01\x12\x14\n\x0cmake_parents\x18x \x01(\x08\"6\n\x0fMakeDirResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.FileInfo\">\n\x17WriteFileStreamResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.FileInfo\"3\n\x0cMoveResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.FileInfo\"\x8c\x01\n\tFileEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.sandboxd.v1.FileEventKind\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x10\n\x08old_path\x18\x04 \x01(\t\x12#\n\x04type\x18\x05 \x01(\x0e\x32\x15.sandboxd.v1.FileType\"9\n\x10WatchDirResponse\x12%\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.sandboxd.v1.FileEvent\"Y\n\x15ReadFileStreamRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0e\n\x06length\x18\x04 \x01(\x03\")\n\tFileChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"?\n\x16ReadFileStreamResponse\x12%\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x16.sandboxd.v1.FileChunk\"]\n\x15WriteFileStreamHeader\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\r\x12\x14\n\x0cmake_parents\x18\x04 \x01(\x08\"i\n\x16WriteFileStreamRequest\x12\x34\n\x06header\x18\x01 \x01(\x0b\x32\".sandboxd.v1.WriteFileStreamHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\t\n\x07message\"c\n\x0bMoveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bsource_path\x18\x02 \x01(\t\x12\x18\n\x10\x64\x65stination_path\x18\x03 \x01(\t\x12\x11\n\toverwrite\x18\x04 \x01(\x08*~\n\x08\x46ileType\x12\x19\n\x15\x46ILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x46ILE_TYPE_FILE\x10\x01\x12\x17\n\x13\x46ILE_TYPE_DIRECTORY\x10\x02\x12\x15\n\x11\x46ILE_TYPE_SYMLINK\x10\x03\x12\x13\n\x0f\x46ILE_TYPE_OTHER\x10\x04\x32\xf9\x05\n\x11\x46ilesystemService\x12G\n\x08ReadFile\x12\x1c.sandboxd.v1.ReadFileRequest\x1a\x1d.sandboxd.v1.ReadFileResponse\x12J\n\tWriteFile\x12\x1d.sandboxd.v1.WriteFileRequest\x1a\x1e.sandboxd.v1.WriteFileResponse\x12\x44\n\x07ListDir\x12\x1b.sandboxd.v1.ListDirRequest\x1a\x1c.sandboxd.v1.ListDirResponse\x12;\n\x04Stat\x12\x18.sandboxd.v1.StatRequest\x1a\x19.sandboxd.v1.StatResponse\x12\x41\n\x06Remove\x12\x1a.sandboxd.v1.RemoveRequest\x1a\x1b.sandboxd.v1.RemoveResponse\x12\x44\n\x07MakeDir\x12\x1b.sandboxd.v1.MakeDirRequest\x1a\x1c.sandboxd.v1.MakeDirResponse\x12[\n\x0eReadFileStream\x12\".sandboxd.v1.ReadFileStreamRequest\x1a#.sandboxd.v1.ReadFileStreamResponse0\x01\x12^\n\x0fWriteFileStream\x12#.sandboxd.v1.WriteFileStreamRequest\x1a$.sandboxd.v1.WriteFileStreamResponse(\x01\x12;\n\x04Move\x12\x18.sandboxd.v1.MoveRequest\x1a\x19.sandboxd.v1.MoveResponse\x12I\n\x08WatchDir\x12\x1c.sandboxd.v1.WatchDirRequest\x1a\x1d.sandboxd.v1.WatchDirResponse0\x01\x42?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,42 +40,54 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READFILERESPONSE'].fields_by_name['size']._serialized_options = b'\030\001'
   _globals['_MAKEDIRREQUEST'].fields_by_name['parents']._loaded_options = None
   _globals['_MAKEDIRREQUEST'].fields_by_name['parents']._serialized_options = b'\030\001'
-  _globals['_FILETYPE']._serialized_start=1550
-  _globals['_FILETYPE']._serialized_end=1676
-  _globals['_FILEINFO']._serialized_start=138
-  _globals['_FILEINFO']._serialized_end=338
-  _globals['_READFILEREQUEST']._serialized_start=340
-  _globals['_READFILEREQUEST']._serialized_end=417
-  _globals['_READFILERESPONSE']._serialized_start=419
-  _globals['_READFILERESPONSE']._serialized_end=506
-  _globals['_WRITEFILEREQUEST']._serialized_start=508
-  _globals['_WRITEFILEREQUEST']._serialized_end=613
-  _globals['_WRITEFILERESPONSE']._serialized_start=615
-  _globals['_WRITEFILERESPONSE']._serialized_end=671
-  _globals['_LISTDIRREQUEST']._serialized_start=674
-  _globals['_LISTDIRREQUEST']._serialized_end=804
-  _globals['_LISTDIRRESPONSE']._serialized_start=806
-  _globals['_LISTDIRRESPONSE']._serialized_end=888
-  _globals['_STATREQUEST']._serialized_start=890
-  _globals['_STATREQUEST']._serialized_end=937
-  _globals['_STATRESPONSE']._serialized_start=939
-  _globals['_STATRESPONSE']._serialized_end=990
-  _globals['_REMOVEREQUEST']._serialized_start=992
-  _globals['_REMOVEREQUEST']._serialized_end=1060
-  _globals['_REMOVERESPONSE']._serialized_start=1062
-  _globals['_REMOVERESPONSE']._serialized_end=1078
-  _globals['_MAKEDIRREQUEST']._serialized_start=1080
-  _globals['_MAKEDIRREQUEST']._serialized_end=1173
-  _globals['_MAKEDIRRESPONSE']._serialized_start=1175
-  _globals['_MAKEDIRRESPONSE']._serialized_end=1229
-  _globals['_WRITEFILESTREAMRESPONSE']._serialized_start=1231
-  _globals['_WRITEFILESTREAMRESPONSE']._serialized_end=1293
-  _globals['_MOVERESPONSE']._serialized_start=1295
-  _globals['_MOVERESPONSE']._serialized_end=1346
-  _globals['_FILEEVENT']._serialized_start=1349
-  _globals['_FILEEVENT']._serialized_end=1489
-  _globals['_WATCHDIRRESPONSE']._serialized_start=1491
-  _globals['_WATCHDIRRESPONSE']._serialized_end=1548
-  _globals['_FILESYSTEMSERVICE']._serialized_start=1679
-  _globals['_FILESYSTEMSERVICE']._serialized_end=2440
+  _globals['_FILETYPE']._serialized_start=2018
+  _globals['_FILETYPE']._serialized_end=2144
+  _globals['_FILEINFO']._serialized_start=104
+  _globals['_FILEINFO']._serialized_end=304
+  _globals['_READFILEREQUEST']._serialized_start=306
+  _globals['_READFILEREQUEST']._serialized_end=383
+  _globals['_READFILERESPONSE']._serialized_start=385
+  _globals['_READFILERESPONSE']._serialized_end=472
+  _globals['_WRITEFILEREQUEST']._serialized_start=474
+  _globals['_WRITEFILEREQUEST']._serialized_end=579
+  _globals['_WRITEFILERESPONSE']._serialized_start=581
+  _globals['_WRITEFILERESPONSE']._serialized_end=637
+  _globals['_LISTDIRREQUEST']._serialized_start=640
+  _globals['_LISTDIRREQUEST']._serialized_end=770
+  _globals['_LISTDIRRESPONSE']._serialized_start=772
+  _globals['_LISTDIRRESPONSE']._serialized_end=854
+  _globals['_STATREQUEST']._serialized_start=856
+  _globals['_STATREQUEST']._serialized_end=903
+  _globals['_STATRESPONSE']._serialized_start=905
+  _globals['_STATRESPONSE']._serialized_end=956
+  _globals['_REMOVEREQUEST']._serialized_start=958
+  _globals['_REMOVEREQUEST']._serialized_end=1026
+  _globals['_REMOVERESPONSE']._serialized_start=1028
+  _globals['_REMOVERESPONSE']._serialized_end=1044
+  _globals['_MAKEDIRREQUEST']._serialized_start=1046
+  _globals['_MAKEDIRREQUEST']._serialized_end=1139
+  _globals['_MAKEDIRRESPONSE']._serialized_start=1141
+  _globals['_MAKEDIRRESPONSE']._serialized_end=1195
+  _globals['_WRITEFILESTREAMRESPONSE']._serialized_start=1197
+  _globals['_WRITEFILESTREAMRESPONSE']._serialized_end=1259
+  _globals['_MOVERESPONSE']._serialized_start=1261
+  _globals['_MOVERESPONSE']._serialized_end=1312
+  _globals['_FILEEVENT']._serialized_start=1315
+  _globals['_FILEEVENT']._serialized_end=1455
+  _globals['_WATCHDIRRESPONSE']._serialized_start=1457
+  _globals['_WATCHDIRRESPONSE']._serialized_end=1514
+  _globals['_READFILESTREAMREQUEST']._serialized_start=1516
+  _globals['_READFILESTREAMREQUEST']._serialized_end=1605
+  _globals['_FILECHUNK']._serialized_start=1607
+  _globals['_FILECHUNK']._serialized_end=1648
+  _globals['_READFILESTREAMRESPONSE']._serialized_start=1650
+  _globals['_READFILESTREAMRESPONSE']._serialized_end=1713
+  _globals['_WRITEFILESTREAMHEADER']._serialized_start=1715
+  _globals['_WRITEFILESTREAMHEADER']._serialized_end=1808
+  _globals['_WRITEFILESTREAMREQUEST']._serialized_start=1810
+  _globals['_WRITEFILESTREAMREQUEST']._serialized_end=1915
+  _globals['_MOVEREQUEST']._serialized_start=1917
+  _globals['_MOVEREQUEST']._serialized_end=2016
+  _globals['_FILESYSTEMSERVICE']._serialized_start=2147
+  _globals['_FILESYSTEMSERVICE']._serialized_end=2908
 # @@protoc_insertion_point(module_scope)

@@ -3,7 +3,6 @@
 import grpc
 import warnings
 
-from sandboxd.v1 import filesystem_ext_pb2 as sandboxd_dot_v1_dot_filesystem__ext__pb2
 from sandboxd.v1 import filesystem_pb2 as sandboxd_dot_v1_dot_filesystem__pb2
 from sandboxd.v1 import watch_pb2 as sandboxd_dot_v1_dot_watch__pb2
 
@@ -70,17 +69,17 @@ class FilesystemServiceStub:
                 _registered_method=True)
         self.ReadFileStream = channel.unary_stream(
                 '/sandboxd.v1.FilesystemService/ReadFileStream',
-                request_serializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.ReadFileStreamRequest.SerializeToString,
-                response_deserializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.ReadFileStreamResponse.FromString,
+                request_serializer=sandboxd_dot_v1_dot_filesystem__pb2.ReadFileStreamRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_filesystem__pb2.ReadFileStreamResponse.FromString,
                 _registered_method=True)
         self.WriteFileStream = channel.stream_unary(
                 '/sandboxd.v1.FilesystemService/WriteFileStream',
-                request_serializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.WriteFileStreamRequest.SerializeToString,
+                request_serializer=sandboxd_dot_v1_dot_filesystem__pb2.WriteFileStreamRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_filesystem__pb2.WriteFileStreamResponse.FromString,
                 _registered_method=True)
         self.Move = channel.unary_unary(
                 '/sandboxd.v1.FilesystemService/Move',
-                request_serializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.MoveRequest.SerializeToString,
+                request_serializer=sandboxd_dot_v1_dot_filesystem__pb2.MoveRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_filesystem__pb2.MoveResponse.FromString,
                 _registered_method=True)
         self.WatchDir = channel.unary_stream(
@@ -195,17 +194,17 @@ def add_FilesystemServiceServicer_to_server(servicer, server):
             ),
             'ReadFileStream': grpc.unary_stream_rpc_method_handler(
                     servicer.ReadFileStream,
-                    request_deserializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.ReadFileStreamRequest.FromString,
-                    response_serializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.ReadFileStreamResponse.SerializeToString,
+                    request_deserializer=sandboxd_dot_v1_dot_filesystem__pb2.ReadFileStreamRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_filesystem__pb2.ReadFileStreamResponse.SerializeToString,
             ),
             'WriteFileStream': grpc.stream_unary_rpc_method_handler(
                     servicer.WriteFileStream,
-                    request_deserializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.WriteFileStreamRequest.FromString,
+                    request_deserializer=sandboxd_dot_v1_dot_filesystem__pb2.WriteFileStreamRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_filesystem__pb2.WriteFileStreamResponse.SerializeToString,
             ),
             'Move': grpc.unary_unary_rpc_method_handler(
                     servicer.Move,
-                    request_deserializer=sandboxd_dot_v1_dot_filesystem__ext__pb2.MoveRequest.FromString,
+                    request_deserializer=sandboxd_dot_v1_dot_filesystem__pb2.MoveRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_filesystem__pb2.MoveResponse.SerializeToString,
             ),
             'WatchDir': grpc.unary_stream_rpc_method_handler(
@@ -403,8 +402,8 @@ class FilesystemService:
             request,
             target,
             '/sandboxd.v1.FilesystemService/ReadFileStream',
-            sandboxd_dot_v1_dot_filesystem__ext__pb2.ReadFileStreamRequest.SerializeToString,
-            sandboxd_dot_v1_dot_filesystem__ext__pb2.ReadFileStreamResponse.FromString,
+            sandboxd_dot_v1_dot_filesystem__pb2.ReadFileStreamRequest.SerializeToString,
+            sandboxd_dot_v1_dot_filesystem__pb2.ReadFileStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -430,7 +429,7 @@ class FilesystemService:
             request_iterator,
             target,
             '/sandboxd.v1.FilesystemService/WriteFileStream',
-            sandboxd_dot_v1_dot_filesystem__ext__pb2.WriteFileStreamRequest.SerializeToString,
+            sandboxd_dot_v1_dot_filesystem__pb2.WriteFileStreamRequest.SerializeToString,
             sandboxd_dot_v1_dot_filesystem__pb2.WriteFileStreamResponse.FromString,
             options,
             channel_credentials,
@@ -457,7 +456,7 @@ class FilesystemService:
             request,
             target,
             '/sandboxd.v1.FilesystemService/Move',
-            sandboxd_dot_v1_dot_filesystem__ext__pb2.MoveRequest.SerializeToString,
+            sandboxd_dot_v1_dot_filesystem__pb2.MoveRequest.SerializeToString,
             sandboxd_dot_v1_dot_filesystem__pb2.MoveResponse.FromString,
             options,
             channel_credentials,

@@ -5,7 +5,6 @@ isort:skip_file
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from sandboxd.v1 import filesystem_ext_pb2 as _filesystem_ext_pb2
 from sandboxd.v1 import filesystem_pb2 as _filesystem_pb2
 from sandboxd.v1 import watch_pb2 as _watch_pb2
 import abc as _abc_1
@@ -43,11 +42,11 @@ class FilesystemServiceStub:
     Stat: _grpc.UnaryUnaryMultiCallable[_filesystem_pb2.StatRequest, _filesystem_pb2.StatResponse]
     Remove: _grpc.UnaryUnaryMultiCallable[_filesystem_pb2.RemoveRequest, _filesystem_pb2.RemoveResponse]
     MakeDir: _grpc.UnaryUnaryMultiCallable[_filesystem_pb2.MakeDirRequest, _filesystem_pb2.MakeDirResponse]
-    ReadFileStream: _grpc.UnaryStreamMultiCallable[_filesystem_ext_pb2.ReadFileStreamRequest, _filesystem_ext_pb2.ReadFileStreamResponse]
+    ReadFileStream: _grpc.UnaryStreamMultiCallable[_filesystem_pb2.ReadFileStreamRequest, _filesystem_pb2.ReadFileStreamResponse]
     """A file's bytes in chunks, from `offset`, for files up to the session's workspace_bytes."""
-    WriteFileStream: _grpc.StreamUnaryMultiCallable[_filesystem_ext_pb2.WriteFileStreamRequest, _filesystem_pb2.WriteFileStreamResponse]
+    WriteFileStream: _grpc.StreamUnaryMultiCallable[_filesystem_pb2.WriteFileStreamRequest, _filesystem_pb2.WriteFileStreamResponse]
     """A file written from chunks (first a header), all or nothing."""
-    Move: _grpc.UnaryUnaryMultiCallable[_filesystem_ext_pb2.MoveRequest, _filesystem_pb2.MoveResponse]
+    Move: _grpc.UnaryUnaryMultiCallable[_filesystem_pb2.MoveRequest, _filesystem_pb2.MoveResponse]
     """Rename a file or directory within the workspace."""
     WatchDir: _grpc.UnaryStreamMultiCallable[_watch_pb2.WatchDirRequest, _filesystem_pb2.WatchDirResponse]
     """Changes beneath a directory of /workspace as they happen, until the client cancels or the
@@ -67,11 +66,11 @@ class FilesystemServiceAsyncStub(FilesystemServiceStub):
     Stat: _aio.UnaryUnaryMultiCallable[_filesystem_pb2.StatRequest, _filesystem_pb2.StatResponse]  # type: ignore[assignment]
     Remove: _aio.UnaryUnaryMultiCallable[_filesystem_pb2.RemoveRequest, _filesystem_pb2.RemoveResponse]  # type: ignore[assignment]
     MakeDir: _aio.UnaryUnaryMultiCallable[_filesystem_pb2.MakeDirRequest, _filesystem_pb2.MakeDirResponse]  # type: ignore[assignment]
-    ReadFileStream: _aio.UnaryStreamMultiCallable[_filesystem_ext_pb2.ReadFileStreamRequest, _filesystem_ext_pb2.ReadFileStreamResponse]  # type: ignore[assignment]
+    ReadFileStream: _aio.UnaryStreamMultiCallable[_filesystem_pb2.ReadFileStreamRequest, _filesystem_pb2.ReadFileStreamResponse]  # type: ignore[assignment]
     """A file's bytes in chunks, from `offset`, for files up to the session's workspace_bytes."""
-    WriteFileStream: _aio.StreamUnaryMultiCallable[_filesystem_ext_pb2.WriteFileStreamRequest, _filesystem_pb2.WriteFileStreamResponse]  # type: ignore[assignment]
+    WriteFileStream: _aio.StreamUnaryMultiCallable[_filesystem_pb2.WriteFileStreamRequest, _filesystem_pb2.WriteFileStreamResponse]  # type: ignore[assignment]
     """A file written from chunks (first a header), all or nothing."""
-    Move: _aio.UnaryUnaryMultiCallable[_filesystem_ext_pb2.MoveRequest, _filesystem_pb2.MoveResponse]  # type: ignore[assignment]
+    Move: _aio.UnaryUnaryMultiCallable[_filesystem_pb2.MoveRequest, _filesystem_pb2.MoveResponse]  # type: ignore[assignment]
     """Rename a file or directory within the workspace."""
     WatchDir: _aio.UnaryStreamMultiCallable[_watch_pb2.WatchDirRequest, _filesystem_pb2.WatchDirResponse]  # type: ignore[assignment]
     """Changes beneath a directory of /workspace as they happen, until the client cancels or the
@@ -128,15 +127,15 @@ class FilesystemServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def ReadFileStream(
         self,
-        request: _filesystem_ext_pb2.ReadFileStreamRequest,
+        request: _filesystem_pb2.ReadFileStreamRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_filesystem_ext_pb2.ReadFileStreamResponse], _abc.AsyncIterator[_filesystem_ext_pb2.ReadFileStreamResponse]]:
+    ) -> _typing.Union[_abc.Iterator[_filesystem_pb2.ReadFileStreamResponse], _abc.AsyncIterator[_filesystem_pb2.ReadFileStreamResponse]]:
         """A file's bytes in chunks, from `offset`, for files up to the session's workspace_bytes."""
 
     @_abc_1.abstractmethod
     def WriteFileStream(
         self,
-        request_iterator: _MaybeAsyncIterator[_filesystem_ext_pb2.WriteFileStreamRequest],
+        request_iterator: _MaybeAsyncIterator[_filesystem_pb2.WriteFileStreamRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_filesystem_pb2.WriteFileStreamResponse, _abc.Awaitable[_filesystem_pb2.WriteFileStreamResponse]]:
         """A file written from chunks (first a header), all or nothing."""
@@ -144,7 +143,7 @@ class FilesystemServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def Move(
         self,
-        request: _filesystem_ext_pb2.MoveRequest,
+        request: _filesystem_pb2.MoveRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_filesystem_pb2.MoveResponse, _abc.Awaitable[_filesystem_pb2.MoveResponse]]:
         """Rename a file or directory within the workspace."""

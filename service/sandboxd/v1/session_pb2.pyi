@@ -14,7 +14,6 @@ from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from sandboxd.v1 import common_pb2 as _common_pb2
 from sandboxd.v1 import images_pb2 as _images_pb2
 from sandboxd.v1 import leases_pb2 as _leases_pb2
-from sandboxd.v1 import polish_pb2 as _polish_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -875,7 +874,7 @@ class Session(_message.Message):
     @_builtins.property
     def shell(self) -> _common_pb2.ShellPolicy: ...
     @_builtins.property
-    def state_reason(self) -> _polish_pb2.SessionStateReason:
+    def state_reason(self) -> Global___SessionStateReason:
         """Why the session is EXPIRED or FAILED (or SUSPENDED), and whether it can recover; unset
         while it runs normally.
         """
@@ -911,7 +910,7 @@ class Session(_message.Message):
         on_expiry: _leases_pb2.ExpiryAction.ValueType = ...,
         renew_on_activity: _builtins.bool = ...,
         end_reason: _builtins.str = ...,
-        state_reason: _polish_pb2.SessionStateReason | None = ...,
+        state_reason: Global___SessionStateReason | None = ...,
         isolation: _common_pb2.Isolation.ValueType = ...,
         template: _builtins.str = ...,
         image_digest: _builtins.str = ...,
@@ -927,3 +926,37 @@ class Session(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Session: _TypeAlias = Session  # noqa: Y015
+
+@_typing.final
+class SessionStateReason(_message.Message):
+    """Why a session is in its state, when that is not the plain course of things."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    RECOVERABLE_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """The ErrorReason (without its prefix) calls on the session answer with, e.g.
+    LEASE_EXPIRED (EXPIRED) or CONTAINER_LOST (FAILED, or SUSPENDED after a lost container).
+    """
+    message: _builtins.str
+    """For a person."""
+    recoverable: _builtins.bool
+    """A call can bring the session back (a SUSPENDED session is rebuilt from its snapshot);
+    false for EXPIRED and FAILED, which never run again.
+    """
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        recoverable: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason", "recoverable", b"recoverable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionStateReason: _TypeAlias = SessionStateReason  # noqa: Y015

@@ -527,3 +527,177 @@ class WatchDirResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchDirResponse: _TypeAlias = WatchDirResponse  # noqa: Y015
+
+@_typing.final
+class ReadFileStreamRequest(_message.Message):
+    """Streaming file transfer and Move: files up to the session's workspace_bytes, not the
+    single-message cap of ReadFile/WriteFile.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    path: _builtins.str
+    offset: _builtins.int
+    """First byte to send; past the end of the file: OUT_OF_RANGE OFFSET_OUT_OF_RANGE."""
+    length: _builtins.int
+    """Bytes to send at most; zero means to the end of the file."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        path: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        length: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["length", b"length", "offset", b"offset", "path", b"path", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadFileStreamRequest: _TypeAlias = ReadFileStreamRequest  # noqa: Y015
+
+@_typing.final
+class FileChunk(_message.Message):
+    """Consecutive bytes of the file."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    offset: _builtins.int
+    """Byte offset of `data` within the file."""
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileChunk: _TypeAlias = FileChunk  # noqa: Y015
+
+@_typing.final
+class ReadFileStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def chunk(self) -> Global___FileChunk: ...
+    def __init__(
+        self,
+        *,
+        chunk: Global___FileChunk | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadFileStreamResponse: _TypeAlias = ReadFileStreamResponse  # noqa: Y015
+
+@_typing.final
+class WriteFileStreamHeader(_message.Message):
+    """The first message of WriteFileStream: where the bytes go."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    MAKE_PARENTS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    path: _builtins.str
+    mode: _builtins.int
+    """Permission bits; 0 means 0644."""
+    make_parents: _builtins.bool
+    """Create missing parent directories."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        path: _builtins.str = ...,
+        mode: _builtins.int = ...,
+        make_parents: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["make_parents", b"make_parents", "mode", b"mode", "path", b"path", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteFileStreamHeader: _TypeAlias = WriteFileStreamHeader  # noqa: Y015
+
+@_typing.final
+class WriteFileStreamRequest(_message.Message):
+    """A `header`, then `data` messages in order. All or nothing: the bytes go to a temporary
+    file beside the target, renamed over it only once the client half-closes; a call that
+    fails or is cancelled leaves the target as it was.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    @_builtins.property
+    def header(self) -> Global___WriteFileStreamHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___WriteFileStreamHeader | None = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "header", b"header", "message", b"message"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "header", b"header", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["header", "data"]  # noqa: Y015
+    _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
+
+Global___WriteFileStreamRequest: _TypeAlias = WriteFileStreamRequest  # noqa: Y015
+
+@_typing.final
+class MoveRequest(_message.Message):
+    """Rename within the workspace. Symlinks are moved as themselves, never followed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_PATH_FIELD_NUMBER: _builtins.int
+    DESTINATION_PATH_FIELD_NUMBER: _builtins.int
+    OVERWRITE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    source_path: _builtins.str
+    destination_path: _builtins.str
+    overwrite: _builtins.bool
+    """Replace an existing destination (a directory only if it is empty); else ALREADY_EXISTS
+    FILE_EXISTS.
+    """
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        source_path: _builtins.str = ...,
+        destination_path: _builtins.str = ...,
+        overwrite: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination_path", b"destination_path", "overwrite", b"overwrite", "session_id", b"session_id", "source_path", b"source_path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MoveRequest: _TypeAlias = MoveRequest  # noqa: Y015

@@ -22,7 +22,7 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class Preview(_message.Message):
-    """Previews (issue 15): a TCP port inside a session's sandbox, reachable over HTTP(S) through the
+    """Previews: a TCP port inside a session's sandbox, reachable over HTTP(S) through the
     server's preview listener (`preview_listen`, `preview_domain`). The RPCs are on SessionService.
 
     A published port: where to reach it and, from PublishPort only, the token that opens it.

@@ -10,7 +10,6 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
-from sandboxd_client._gen.sandboxd.v1 import polish_pb2 as _polish_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -57,8 +56,99 @@ PROCESS_STATE_RUNNING: ProcessState.ValueType  # 1
 PROCESS_STATE_EXITED: ProcessState.ValueType  # 2
 Global___ProcessState: _TypeAlias = ProcessState  # noqa: Y015
 
+class _OutputEncoding:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OutputEncodingEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OutputEncoding.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    OUTPUT_ENCODING_UNSPECIFIED: _OutputEncoding.ValueType  # 0
+    """The same as OUTPUT_ENCODING_BYTES."""
+    OUTPUT_ENCODING_BYTES: _OutputEncoding.ValueType  # 1
+    """Only `stdout` and `stderr`, as bytes (grpcurl shows them in base64)."""
+    OUTPUT_ENCODING_UTF8_LOSSY: _OutputEncoding.ValueType  # 2
+    """Also `stdout_text` and `stderr_text`: the output decoded as UTF-8, each invalid byte
+    replaced by U+FFFD, for a person reading a grpcurl reply.
+    """
+
+class OutputEncoding(_OutputEncoding, metaclass=_OutputEncodingEnumTypeWrapper):
+    """How RunResponse carries the output."""
+
+OUTPUT_ENCODING_UNSPECIFIED: OutputEncoding.ValueType  # 0
+"""The same as OUTPUT_ENCODING_BYTES."""
+OUTPUT_ENCODING_BYTES: OutputEncoding.ValueType  # 1
+"""Only `stdout` and `stderr`, as bytes (grpcurl shows them in base64)."""
+OUTPUT_ENCODING_UTF8_LOSSY: OutputEncoding.ValueType  # 2
+"""Also `stdout_text` and `stderr_text`: the output decoded as UTF-8, each invalid byte
+replaced by U+FFFD, for a person reading a grpcurl reply.
+"""
+Global___OutputEncoding: _TypeAlias = OutputEncoding  # noqa: Y015
+
+class _ProcessOrigin:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ProcessOriginEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ProcessOrigin.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PROCESS_ORIGIN_UNSPECIFIED: _ProcessOrigin.ValueType  # 0
+    PROCESS_ORIGIN_START_PROCESS: _ProcessOrigin.ValueType  # 1
+    """StartProcess: a background process, listed by ListProcesses."""
+    PROCESS_ORIGIN_EXEC: _ProcessOrigin.ValueType  # 2
+    PROCESS_ORIGIN_RUN: _ProcessOrigin.ValueType  # 3
+    PROCESS_ORIGIN_INTERACT: _ProcessOrigin.ValueType  # 4
+
+class ProcessOrigin(_ProcessOrigin, metaclass=_ProcessOriginEnumTypeWrapper):
+    """Which call started a process."""
+
+PROCESS_ORIGIN_UNSPECIFIED: ProcessOrigin.ValueType  # 0
+PROCESS_ORIGIN_START_PROCESS: ProcessOrigin.ValueType  # 1
+"""StartProcess: a background process, listed by ListProcesses."""
+PROCESS_ORIGIN_EXEC: ProcessOrigin.ValueType  # 2
+PROCESS_ORIGIN_RUN: ProcessOrigin.ValueType  # 3
+PROCESS_ORIGIN_INTERACT: ProcessOrigin.ValueType  # 4
+Global___ProcessOrigin: _TypeAlias = ProcessOrigin  # noqa: Y015
+
+class _Signal:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SignalEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Signal.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SIGNAL_UNSPECIFIED: _Signal.ValueType  # 0
+    SIGNAL_SIGHUP: _Signal.ValueType  # 1
+    SIGNAL_SIGINT: _Signal.ValueType  # 2
+    SIGNAL_SIGQUIT: _Signal.ValueType  # 3
+    SIGNAL_SIGKILL: _Signal.ValueType  # 9
+    SIGNAL_SIGUSR1: _Signal.ValueType  # 10
+    SIGNAL_SIGUSR2: _Signal.ValueType  # 12
+    SIGNAL_SIGTERM: _Signal.ValueType  # 15
+    SIGNAL_SIGCONT: _Signal.ValueType  # 18
+    SIGNAL_SIGSTOP: _Signal.ValueType  # 19
+    SIGNAL_SIGWINCH: _Signal.ValueType  # 28
+
+class Signal(_Signal, metaclass=_SignalEnumTypeWrapper):
+    """Which signal (values are Linux's signal numbers); the strings of v1 stay accepted."""
+
+SIGNAL_UNSPECIFIED: Signal.ValueType  # 0
+SIGNAL_SIGHUP: Signal.ValueType  # 1
+SIGNAL_SIGINT: Signal.ValueType  # 2
+SIGNAL_SIGQUIT: Signal.ValueType  # 3
+SIGNAL_SIGKILL: Signal.ValueType  # 9
+SIGNAL_SIGUSR1: Signal.ValueType  # 10
+SIGNAL_SIGUSR2: Signal.ValueType  # 12
+SIGNAL_SIGTERM: Signal.ValueType  # 15
+SIGNAL_SIGCONT: Signal.ValueType  # 18
+SIGNAL_SIGSTOP: Signal.ValueType  # 19
+SIGNAL_SIGWINCH: Signal.ValueType  # 28
+Global___Signal: _TypeAlias = Signal  # noqa: Y015
+
 @_typing.final
 class ExecRequest(_message.Message):
+    """ExecRequest, RunRequest and StartProcessRequest each carry the command's fields (session_id,
+    argv, cwd, env, user, timeout, ...) flat, at the same numbers, on purpose: a shared nested
+    message would move them on the wire and in JSON, breaking every v1 caller and grpcurl script.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     @_typing.final
@@ -192,7 +282,7 @@ class ProcessExited(_message.Message):
     timed_out: _builtins.bool
     truncated: _builtins.bool
     """Output went over the cap: it was cut there and the command killed."""
-    signal_value: _polish_pb2.Signal.ValueType
+    signal_value: Global___Signal.ValueType
     """`signal` as an enum (UNSPECIFIED if it exited, or for a signal the enum lacks)."""
     @_builtins.property
     def duration(self) -> _duration_pb2.Duration: ...
@@ -204,7 +294,7 @@ class ProcessExited(_message.Message):
         timed_out: _builtins.bool = ...,
         truncated: _builtins.bool = ...,
         duration: _duration_pb2.Duration | None = ...,
-        signal_value: _polish_pb2.Signal.ValueType = ...,
+        signal_value: Global___Signal.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["duration", b"duration"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -302,7 +392,7 @@ class RunRequest(_message.Message):
     cwd: _builtins.str
     stdin: _builtins.bytes
     max_output_bytes: _builtins.int
-    output_encoding: _polish_pb2.OutputEncoding.ValueType
+    output_encoding: Global___OutputEncoding.ValueType
     """OUTPUT_ENCODING_UTF8_LOSSY also fills RunResponse.stdout_text and stderr_text."""
     max_reply_bytes: _builtins.int
     """The largest reply message this caller accepts, in bytes (its channel's receive limit).
@@ -327,7 +417,7 @@ class RunRequest(_message.Message):
         stdin: _builtins.bytes = ...,
         timeout: _duration_pb2.Duration | None = ...,
         max_output_bytes: _builtins.int = ...,
-        output_encoding: _polish_pb2.OutputEncoding.ValueType = ...,
+        output_encoding: Global___OutputEncoding.ValueType = ...,
         max_reply_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
@@ -504,13 +594,13 @@ class InteractSignal(_message.Message):
     """One of SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGUSR1, SIGUSR2, SIGSTOP, SIGCONT,
     SIGWINCH.
     """
-    signal_value: _polish_pb2.Signal.ValueType
+    signal_value: Global___Signal.ValueType
     """The signal as an enum; wins over `signal` when set."""
     def __init__(
         self,
         *,
         signal: _builtins.str = ...,
-        signal_value: _polish_pb2.Signal.ValueType = ...,
+        signal_value: Global___Signal.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -737,7 +827,7 @@ class Process(_message.Message):
     stdout_first_offset: _builtins.int
     """Offset of the oldest byte still in the buffer per stream; earlier output is gone."""
     stderr_first_offset: _builtins.int
-    origin: _polish_pb2.ProcessOrigin.ValueType
+    origin: Global___ProcessOrigin.ValueType
     """Which call started it (GetProcess also knows those of Exec, Run and Interact)."""
     stdin_open: _builtins.bool
     """Whether its stdin still takes SendProcessInput."""
@@ -763,7 +853,7 @@ class Process(_message.Message):
         stderr_bytes: _builtins.int = ...,
         stdout_first_offset: _builtins.int = ...,
         stderr_first_offset: _builtins.int = ...,
-        origin: _polish_pb2.ProcessOrigin.ValueType = ...,
+        origin: Global___ProcessOrigin.ValueType = ...,
         stdin_open: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["exited", b"exited", "started_at", b"started_at"]  # noqa: Y015
@@ -971,7 +1061,7 @@ class SignalProcessRequest(_message.Message):
     """One of SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGUSR1, SIGUSR2, SIGSTOP, SIGCONT,
     SIGWINCH.
     """
-    signal_value: _polish_pb2.Signal.ValueType
+    signal_value: Global___Signal.ValueType
     """The signal as an enum; wins over `signal` when set."""
     def __init__(
         self,
@@ -979,7 +1069,7 @@ class SignalProcessRequest(_message.Message):
         session_id: _builtins.str = ...,
         process_id: _builtins.str = ...,
         signal: _builtins.str = ...,
-        signal_value: _polish_pb2.Signal.ValueType = ...,
+        signal_value: Global___Signal.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -1023,3 +1113,112 @@ class GetProcessResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetProcessResponse: _TypeAlias = GetProcessResponse  # noqa: Y015
+
+@_typing.final
+class GetProcessRequest(_message.Message):
+    """Any process id that Exec, Run, Interact or StartProcess reported. A process of Exec, Run or
+    Interact is known while it runs and for a while after (its last output and its exit).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PROCESS_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    process_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        process_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["process_id", b"process_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetProcessRequest: _TypeAlias = GetProcessRequest  # noqa: Y015
+
+@_typing.final
+class SendProcessInputRequest(_message.Message):
+    """More bytes for a background process's standard input; the process must have been started
+    with `keep_stdin_open` and its stdin not closed yet (else FAILED_PRECONDITION STDIN_CLOSED).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PROCESS_ID_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    process_id: _builtins.str
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        process_id: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "process_id", b"process_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendProcessInputRequest: _TypeAlias = SendProcessInputRequest  # noqa: Y015
+
+@_typing.final
+class SendProcessInputResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendProcessInputResponse: _TypeAlias = SendProcessInputResponse  # noqa: Y015
+
+@_typing.final
+class CloseProcessStdinRequest(_message.Message):
+    """Half-close a background process's stdin: it sees end of file. Closing it again is a no-op."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PROCESS_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    process_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        process_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["process_id", b"process_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseProcessStdinRequest: _TypeAlias = CloseProcessStdinRequest  # noqa: Y015
+
+@_typing.final
+class CloseProcessStdinResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseProcessStdinResponse: _TypeAlias = CloseProcessStdinResponse  # noqa: Y015

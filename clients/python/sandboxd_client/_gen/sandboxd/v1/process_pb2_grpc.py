@@ -3,7 +3,6 @@
 import grpc
 import warnings
 
-from sandboxd_client._gen.sandboxd.v1 import polish_pb2 as sandboxd_dot_v1_dot_polish__pb2
 from sandboxd_client._gen.sandboxd.v1 import process_pb2 as sandboxd_dot_v1_dot_process__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -73,18 +72,18 @@ class ProcessServiceStub:
                 _registered_method=True)
         self.GetProcess = channel.unary_unary(
                 '/sandboxd.v1.ProcessService/GetProcess',
-                request_serializer=sandboxd_dot_v1_dot_polish__pb2.GetProcessRequest.SerializeToString,
+                request_serializer=sandboxd_dot_v1_dot_process__pb2.GetProcessRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_process__pb2.GetProcessResponse.FromString,
                 _registered_method=True)
         self.SendProcessInput = channel.unary_unary(
                 '/sandboxd.v1.ProcessService/SendProcessInput',
-                request_serializer=sandboxd_dot_v1_dot_polish__pb2.SendProcessInputRequest.SerializeToString,
-                response_deserializer=sandboxd_dot_v1_dot_polish__pb2.SendProcessInputResponse.FromString,
+                request_serializer=sandboxd_dot_v1_dot_process__pb2.SendProcessInputRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_process__pb2.SendProcessInputResponse.FromString,
                 _registered_method=True)
         self.CloseProcessStdin = channel.unary_unary(
                 '/sandboxd.v1.ProcessService/CloseProcessStdin',
-                request_serializer=sandboxd_dot_v1_dot_polish__pb2.CloseProcessStdinRequest.SerializeToString,
-                response_deserializer=sandboxd_dot_v1_dot_polish__pb2.CloseProcessStdinResponse.FromString,
+                request_serializer=sandboxd_dot_v1_dot_process__pb2.CloseProcessStdinRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_process__pb2.CloseProcessStdinResponse.FromString,
                 _registered_method=True)
 
 
@@ -203,18 +202,18 @@ def add_ProcessServiceServicer_to_server(servicer, server):
             ),
             'GetProcess': grpc.unary_unary_rpc_method_handler(
                     servicer.GetProcess,
-                    request_deserializer=sandboxd_dot_v1_dot_polish__pb2.GetProcessRequest.FromString,
+                    request_deserializer=sandboxd_dot_v1_dot_process__pb2.GetProcessRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_process__pb2.GetProcessResponse.SerializeToString,
             ),
             'SendProcessInput': grpc.unary_unary_rpc_method_handler(
                     servicer.SendProcessInput,
-                    request_deserializer=sandboxd_dot_v1_dot_polish__pb2.SendProcessInputRequest.FromString,
-                    response_serializer=sandboxd_dot_v1_dot_polish__pb2.SendProcessInputResponse.SerializeToString,
+                    request_deserializer=sandboxd_dot_v1_dot_process__pb2.SendProcessInputRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_process__pb2.SendProcessInputResponse.SerializeToString,
             ),
             'CloseProcessStdin': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseProcessStdin,
-                    request_deserializer=sandboxd_dot_v1_dot_polish__pb2.CloseProcessStdinRequest.FromString,
-                    response_serializer=sandboxd_dot_v1_dot_polish__pb2.CloseProcessStdinResponse.SerializeToString,
+                    request_deserializer=sandboxd_dot_v1_dot_process__pb2.CloseProcessStdinRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_process__pb2.CloseProcessStdinResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -432,7 +431,7 @@ class ProcessService:
             request,
             target,
             '/sandboxd.v1.ProcessService/GetProcess',
-            sandboxd_dot_v1_dot_polish__pb2.GetProcessRequest.SerializeToString,
+            sandboxd_dot_v1_dot_process__pb2.GetProcessRequest.SerializeToString,
             sandboxd_dot_v1_dot_process__pb2.GetProcessResponse.FromString,
             options,
             channel_credentials,
@@ -459,8 +458,8 @@ class ProcessService:
             request,
             target,
             '/sandboxd.v1.ProcessService/SendProcessInput',
-            sandboxd_dot_v1_dot_polish__pb2.SendProcessInputRequest.SerializeToString,
-            sandboxd_dot_v1_dot_polish__pb2.SendProcessInputResponse.FromString,
+            sandboxd_dot_v1_dot_process__pb2.SendProcessInputRequest.SerializeToString,
+            sandboxd_dot_v1_dot_process__pb2.SendProcessInputResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -486,8 +485,8 @@ class ProcessService:
             request,
             target,
             '/sandboxd.v1.ProcessService/CloseProcessStdin',
-            sandboxd_dot_v1_dot_polish__pb2.CloseProcessStdinRequest.SerializeToString,
-            sandboxd_dot_v1_dot_polish__pb2.CloseProcessStdinResponse.FromString,
+            sandboxd_dot_v1_dot_process__pb2.CloseProcessStdinRequest.SerializeToString,
+            sandboxd_dot_v1_dot_process__pb2.CloseProcessStdinResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,7 +5,6 @@ isort:skip_file
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from sandboxd_client._gen.sandboxd.v1 import polish_pb2 as _polish_pb2
 from sandboxd_client._gen.sandboxd.v1 import process_pb2 as _process_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -50,11 +49,11 @@ class ProcessServiceStub:
     """Lists the background processes of a session, running and exited."""
     SignalProcess: _grpc.UnaryUnaryMultiCallable[_process_pb2.SignalProcessRequest, _process_pb2.SignalProcessResponse]
     """Sends a signal to a background process's process group."""
-    GetProcess: _grpc.UnaryUnaryMultiCallable[_polish_pb2.GetProcessRequest, _process_pb2.GetProcessResponse]
+    GetProcess: _grpc.UnaryUnaryMultiCallable[_process_pb2.GetProcessRequest, _process_pb2.GetProcessResponse]
     """A process by the id Exec, Run, Interact or StartProcess reported: running or exited."""
-    SendProcessInput: _grpc.UnaryUnaryMultiCallable[_polish_pb2.SendProcessInputRequest, _polish_pb2.SendProcessInputResponse]
+    SendProcessInput: _grpc.UnaryUnaryMultiCallable[_process_pb2.SendProcessInputRequest, _process_pb2.SendProcessInputResponse]
     """More stdin for a background process started with `keep_stdin_open`."""
-    CloseProcessStdin: _grpc.UnaryUnaryMultiCallable[_polish_pb2.CloseProcessStdinRequest, _polish_pb2.CloseProcessStdinResponse]
+    CloseProcessStdin: _grpc.UnaryUnaryMultiCallable[_process_pb2.CloseProcessStdinRequest, _process_pb2.CloseProcessStdinResponse]
     """End of file on a background process's stdin."""
 
 @_typing.type_check_only
@@ -78,11 +77,11 @@ class ProcessServiceAsyncStub(ProcessServiceStub):
     """Lists the background processes of a session, running and exited."""
     SignalProcess: _aio.UnaryUnaryMultiCallable[_process_pb2.SignalProcessRequest, _process_pb2.SignalProcessResponse]  # type: ignore[assignment]
     """Sends a signal to a background process's process group."""
-    GetProcess: _aio.UnaryUnaryMultiCallable[_polish_pb2.GetProcessRequest, _process_pb2.GetProcessResponse]  # type: ignore[assignment]
+    GetProcess: _aio.UnaryUnaryMultiCallable[_process_pb2.GetProcessRequest, _process_pb2.GetProcessResponse]  # type: ignore[assignment]
     """A process by the id Exec, Run, Interact or StartProcess reported: running or exited."""
-    SendProcessInput: _aio.UnaryUnaryMultiCallable[_polish_pb2.SendProcessInputRequest, _polish_pb2.SendProcessInputResponse]  # type: ignore[assignment]
+    SendProcessInput: _aio.UnaryUnaryMultiCallable[_process_pb2.SendProcessInputRequest, _process_pb2.SendProcessInputResponse]  # type: ignore[assignment]
     """More stdin for a background process started with `keep_stdin_open`."""
-    CloseProcessStdin: _aio.UnaryUnaryMultiCallable[_polish_pb2.CloseProcessStdinRequest, _polish_pb2.CloseProcessStdinResponse]  # type: ignore[assignment]
+    CloseProcessStdin: _aio.UnaryUnaryMultiCallable[_process_pb2.CloseProcessStdinRequest, _process_pb2.CloseProcessStdinResponse]  # type: ignore[assignment]
     """End of file on a background process's stdin."""
 
 class ProcessServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -149,7 +148,7 @@ class ProcessServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def GetProcess(
         self,
-        request: _polish_pb2.GetProcessRequest,
+        request: _process_pb2.GetProcessRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_process_pb2.GetProcessResponse, _abc.Awaitable[_process_pb2.GetProcessResponse]]:
         """A process by the id Exec, Run, Interact or StartProcess reported: running or exited."""
@@ -157,17 +156,17 @@ class ProcessServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def SendProcessInput(
         self,
-        request: _polish_pb2.SendProcessInputRequest,
+        request: _process_pb2.SendProcessInputRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_polish_pb2.SendProcessInputResponse, _abc.Awaitable[_polish_pb2.SendProcessInputResponse]]:
+    ) -> _typing.Union[_process_pb2.SendProcessInputResponse, _abc.Awaitable[_process_pb2.SendProcessInputResponse]]:
         """More stdin for a background process started with `keep_stdin_open`."""
 
     @_abc_1.abstractmethod
     def CloseProcessStdin(
         self,
-        request: _polish_pb2.CloseProcessStdinRequest,
+        request: _process_pb2.CloseProcessStdinRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_polish_pb2.CloseProcessStdinResponse, _abc.Awaitable[_polish_pb2.CloseProcessStdinResponse]]:
+    ) -> _typing.Union[_process_pb2.CloseProcessStdinResponse, _abc.Awaitable[_process_pb2.CloseProcessStdinResponse]]:
         """End of file on a background process's stdin."""
 
 def add_ProcessServiceServicer_to_server(servicer: ProcessServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -29,11 +29,10 @@ from sandboxd_client._gen.sandboxd.v1 import common_pb2 as sandboxd_dot_v1_dot_c
 from sandboxd_client._gen.sandboxd.v1 import events_pb2 as sandboxd_dot_v1_dot_events__pb2
 from sandboxd_client._gen.sandboxd.v1 import leases_pb2 as sandboxd_dot_v1_dot_leases__pb2
 from sandboxd_client._gen.sandboxd.v1 import images_pb2 as sandboxd_dot_v1_dot_images__pb2
-from sandboxd_client._gen.sandboxd.v1 import polish_pb2 as sandboxd_dot_v1_dot_polish__pb2
 from sandboxd_client._gen.sandboxd.v1 import previews_pb2 as sandboxd_dot_v1_dot_previews__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19sandboxd/v1/session.proto\x12\x0bsandboxd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18sandboxd/v1/common.proto\x1a\x18sandboxd/v1/events.proto\x1a\x18sandboxd/v1/leases.proto\x1a\x18sandboxd/v1/images.proto\x1a\x18sandboxd/v1/polish.proto\x1a\x1asandboxd/v1/previews.proto\";\n\x0cManifestFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x12\x0c\n\x04mode\x18\x03 \x01(\r\"^\n\x11WorkspaceManifest\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x19.sandboxd.v1.ManifestFile\x12\x13\n\x0b\x64irectories\x18\x03 \x03(\t\"\xcd\x05\n\x14\x43reateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x31\n\tworkspace\x18\x02 \x01(\x0b\x32\x1e.sandboxd.v1.WorkspaceManifest\x12\r\n\x05image\x18\x03 \x01(\t\x12+\n\x06limits\x18\x04 \x01(\x0b\x32\x1b.sandboxd.v1.ResourceLimits\x12\'\n\x05shell\x18\x05 \x01(\x0b\x32\x18.sandboxd.v1.ShellPolicy\x12+\n\x07network\x18\x06 \x01(\x0b\x32\x1a.sandboxd.v1.NetworkPolicy\x12\x37\n\x03\x65nv\x18\x07 \x03(\x0b\x32*.sandboxd.v1.CreateSessionRequest.EnvEntry\x12=\n\x06labels\x18\x08 \x03(\x0b\x32-.sandboxd.v1.CreateSessionRequest.LabelsEntry\x12,\n\tlease_ttl\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0c\n\x04user\x18\n \x01(\t\x12\x18\n\x10\x66rom_snapshot_id\x18\x0b \x01(\t\x12,\n\ton_expiry\x18n \x01(\x0e\x32\x19.sandboxd.v1.ExpiryAction\x12\x19\n\x11renew_on_activity\x18o \x01(\x08\x12)\n\tisolation\x18\x64 \x01(\x0e\x32\x16.sandboxd.v1.Isolation\x12\x10\n\x08template\x18\x65 \x01(\t\x12-\n\x0bpull_policy\x18\x8c\x01 \x01(\x0e\x32\x17.sandboxd.v1.PullPolicy\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\">\n\x15\x43reateSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Session\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\";\n\x12GetSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Session\"\x83\x02\n\x13ListSessionsRequest\x12K\n\x0elabel_selector\x18\x01 \x03(\x0b\x32\x33.sandboxd.v1.ListSessionsRequest.LabelSelectorEntry\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12(\n\x05state\x18x \x01(\x0e\x32\x19.sandboxd.v1.SessionState\x12\x18\n\x0fmax_reply_bytes\x18\x84\x02 \x01(\x03\x1a\x34\n\x12LabelSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"W\n\x14ListSessionsResponse\x12&\n\x08sessions\x18\x01 \x03(\x0b\x32\x14.sandboxd.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"O\n\x11RenewLeaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\";\n\x12RenewLeaseResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Session\"*\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"(\n\x15\x44\x65leteSessionResponse\x12\x0f\n\x07\x65xisted\x18x \x01(\x08\"\x8e\x01\n\x1aUpdateNetworkPolicyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12+\n\x07network\x18\x02 \x01(\x0b\x32\x1a.sandboxd.v1.NetworkPolicy\x12/\n\x0bupdate_mask\x18x \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"D\n\x1bUpdateNetworkPolicyResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Session\"n\n\x17ListEgressEventsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x18\n\x0fmax_reply_bytes\x18\x84\x02 \x01(\x03\"]\n\x18ListEgressEventsResponse\x12(\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x18.sandboxd.v1.EgressEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xec\x02\n\x0b\x45gressEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06method\x18\x03 \x01(\t\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\x0c\n\x04port\x18\x05 \x01(\r\x12+\n\x07verdict\x18\x06 \x01(\x0e\x32\x1a.sandboxd.v1.EgressVerdict\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x08 \x01(\t\x12\x14\n\x08\x62ytes_up\x18\t \x01(\x04\x42\x02\x18\x01\x12\x16\n\nbytes_down\x18\n \x01(\x04\x42\x02\x18\x01\x12+\n\x08\x64uration\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x65nded\x18\x0c \x01(\t\x12\x10\n\x08up_bytes\x18x \x01(\x04\x12\x12\n\ndown_bytes\x18y \x01(\x04\x12\x0c\n\x04kind\x18\x32 \x01(\t\x12\x0e\n\x06secret\x18\x33 \x01(\t\"+\n\x15SuspendSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"?\n\x16SuspendSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Session\"f\n\x14ResumeSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12!\n\x14\x65xpected_fingerprint\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x17\n\x15_expected_fingerprint\">\n\x15ResumeSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Session\"\x85\x07\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.sandboxd.v1.SessionState\x12\r\n\x05image\x18\x03 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10lease_expires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x06limits\x18\x07 \x01(\x0b\x32\x1b.sandboxd.v1.ResourceLimits\x12+\n\x07network\x18\x08 \x01(\x0b\x32\x1a.sandboxd.v1.NetworkPolicy\x12\x30\n\x06labels\x18\t \x03(\x0b\x32 .sandboxd.v1.Session.LabelsEntry\x12)\n\tassurance\x18\n \x01(\x0e\x32\x16.sandboxd.v1.Assurance\x12\'\n\x05shell\x18\x0b \x01(\x0b\x32\x18.sandboxd.v1.ShellPolicy\x12\x0c\n\x04user\x18\x0c \x01(\t\x12\x14\n\x0cworkspace_id\x18\r \x01(\t\x12,\n\ton_expiry\x18n \x01(\x0e\x32\x19.sandboxd.v1.ExpiryAction\x12\x19\n\x11renew_on_activity\x18o \x01(\x08\x12\x12\n\nend_reason\x18p \x01(\t\x12\x35\n\x0cstate_reason\x18x \x01(\x0b\x32\x1f.sandboxd.v1.SessionStateReason\x12)\n\tisolation\x18\x64 \x01(\x0e\x32\x16.sandboxd.v1.Isolation\x12\x10\n\x08template\x18\x65 \x01(\t\x12\x15\n\x0cimage_digest\x18\x8c\x01 \x01(\t\x12.\n\tlost_time\x18\xaa\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\rrestored_from\x18\xab\x01 \x01(\t\x12\x38\n\x13restored_state_time\x18\xac\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\x0clost_message\x18\xad\x01 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xb6\x01\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16SESSION_STATE_CREATING\x10\x01\x12\x19\n\x15SESSION_STATE_RUNNING\x10\x02\x12\x1b\n\x17SESSION_STATE_SUSPENDED\x10\x03\x12\x19\n\x15SESSION_STATE_EXPIRED\x10\x04\x12\x18\n\x14SESSION_STATE_FAILED\x10\x05*g\n\rEgressVerdict\x12\x1e\n\x1a\x45GRESS_VERDICT_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45GRESS_VERDICT_ALLOWED\x10\x01\x12\x1a\n\x16\x45GRESS_VERDICT_REFUSED\x10\x02\x32\xb6\n\n\x0eSessionService\x12V\n\rCreateSession\x12!.sandboxd.v1.CreateSessionRequest\x1a\".sandboxd.v1.CreateSessionResponse\x12M\n\nGetSession\x12\x1e.sandboxd.v1.GetSessionRequest\x1a\x1f.sandboxd.v1.GetSessionResponse\x12S\n\x0cListSessions\x12 .sandboxd.v1.ListSessionsRequest\x1a!.sandboxd.v1.ListSessionsResponse\x12M\n\nRenewLease\x12\x1e.sandboxd.v1.RenewLeaseRequest\x1a\x1f.sandboxd.v1.RenewLeaseResponse\x12V\n\rDeleteSession\x12!.sandboxd.v1.DeleteSessionRequest\x1a\".sandboxd.v1.DeleteSessionResponse\x12h\n\x13UpdateNetworkPolicy\x12\'.sandboxd.v1.UpdateNetworkPolicyRequest\x1a(.sandboxd.v1.UpdateNetworkPolicyResponse\x12_\n\x10ListEgressEvents\x12$.sandboxd.v1.ListEgressEventsRequest\x1a%.sandboxd.v1.ListEgressEventsResponse\x12Y\n\x0eSuspendSession\x12\".sandboxd.v1.SuspendSessionRequest\x1a#.sandboxd.v1.SuspendSessionResponse\x12V\n\rResumeSession\x12!.sandboxd.v1.ResumeSessionRequest\x1a\".sandboxd.v1.ResumeSessionResponse\x12U\n\x0cWatchSession\x12 .sandboxd.v1.WatchSessionRequest\x1a!.sandboxd.v1.WatchSessionResponse0\x01\x12X\n\rWatchSessions\x12!.sandboxd.v1.WatchSessionsRequest\x1a\".sandboxd.v1.WatchSessionsResponse0\x01\x12\\\n\x0fGetSessionStats\x12#.sandboxd.v1.GetSessionStatsRequest\x1a$.sandboxd.v1.GetSessionStatsResponse\x12P\n\x0bPublishPort\x12\x1f.sandboxd.v1.PublishPortRequest\x1a .sandboxd.v1.PublishPortResponse\x12V\n\rUnpublishPort\x12!.sandboxd.v1.UnpublishPortRequest\x1a\".sandboxd.v1.UnpublishPortResponse\x12J\n\tListPorts\x12\x1d.sandboxd.v1.ListPortsRequest\x1a\x1e.sandboxd.v1.ListPortsResponseB?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19sandboxd/v1/session.proto\x12\x0bsandboxd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18sandboxd/v1/common.proto\x1a\x18sandboxd/v1/events.proto\x1a\x18sandboxd/v1/leases.proto\x1a\x18sandboxd/v1/images.proto\x1a\x1asandboxd/v1/previews.proto\";\n\x0cManifestFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x12\x0c\n\x04mode\x18\x03 \x01(\r\"^\n\x11WorkspaceManifest\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x19.sandboxd.v1.ManifestFile\x12\x13\n\x0b\x64irectories\x18\x03 \x03(\t\"\xcd\x05\n\x14\x43reateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x31\n\tworkspace\x18\x02 \x01(\x0b\x32\x1e.sandboxd.v1.WorkspaceManifest\x12\r\n\x05image\x18\x03 \x01(\t\x12+\n\x06limits\x18\x04 \x01(\x0b\x32\x1b.sandboxd.v1.ResourceLimits\x12\'\n\x05shell\x18\x05 \x01(\x0b\x32\x18.sandboxd.v1.ShellPolicy\x12+\n\x07network\x18\x06 \x01(\x0b\x32\x1a.sandboxd.v1.NetworkPolicy\x12\x37\n\x03\x65nv\x18\x07 \x03(\x0b\x32*.sandboxd.v1.CreateSessionRequest.EnvEntry\x12=\n\x06labels\x18\x08 \x03(\x0b\x32-.sandboxd.v1.CreateSessionRequest.LabelsEntry\x12,\n\tlease_ttl\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0c\n\x04user\x18\n \x01(\t\x12\x18\n\x10\x66rom_snapshot_id\x18\x0b \x01(\t\x12,\n\ton_expiry\x18n \x01(\x0e\x32\x19.sandboxd.v1.ExpiryAction\x12\x19\n\x11renew_on_activity\x18o \x01(\x08\x12)\n\tisolation\x18\x64 \x01(\x0e\x32\x16.sandboxd.v1.Isolation\x12\x10\n\x08template\x18\x65 \x01(\t\x12-\n\x0bpull_policy\x18\x8c\x01 \x01(\x0e\x32\x17.sandboxd.v1.PullPolicy\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\">\n\x15\x43reateSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Session\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\";\n\x12GetSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Session\"\x83\x02\n\x13ListSessionsRequest\x12K\n\x0elabel_selector\x18\x01 \x03(\x0b\x32\x33.sandboxd.v1.ListSessionsRequest.LabelSelectorEntry\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12(\n\x05state\x18x \x01(\x0e\x32\x19.sandboxd.v1.SessionState\x12\x18\n\x0fmax_reply_bytes\x18\x84\x02 \x01(\x03\x1a\x34\n\x12LabelSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"W\n\x14ListSessionsResponse\x12&\n\x08sessions\x18\x01 \x03(\x0b\x32\x14.sandboxd.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"O\n\x11RenewLeaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\";\n\x12RenewLeaseResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Session\"*\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"(\n\x15\x44\x65leteSessionResponse\x12\x0f\n\x07\x65xisted\x18x \x01(\x08\"\x8e\x01\n\x1aUpdateNetworkPolicyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12+\n\x07network\x18\x02 \x01(\x0b\x32\x1a.sandboxd.v1.NetworkPolicy\x12/\n\x0bupdate_mask\x18x \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"D\n\x1bUpdateNetworkPolicyResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Session\"n\n\x17ListEgressEventsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x18\n\x0fmax_reply_bytes\x18\x84\x02 \x01(\x03\"]\n\x18ListEgressEventsResponse\x12(\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x18.sandboxd.v1.EgressEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xec\x02\n\x0b\x45gressEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06method\x18\x03 \x01(\t\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\x0c\n\x04port\x18\x05 \x01(\r\x12+\n\x07verdict\x18\x06 \x01(\x0e\x32\x1a.sandboxd.v1.EgressVerdict\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x08 \x01(\t\x12\x14\n\x08\x62ytes_up\x18\t \x01(\x04\x42\x02\x18\x01\x12\x16\n\nbytes_down\x18\n \x01(\x04\x42\x02\x18\x01\x12+\n\x08\x64uration\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x65nded\x18\x0c \x01(\t\x12\x10\n\x08up_bytes\x18x \x01(\x04\x12\x12\n\ndown_bytes\x18y \x01(\x04\x12\x0c\n\x04kind\x18\x32 \x01(\t\x12\x0e\n\x06secret\x18\x33 \x01(\t\"+\n\x15SuspendSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"?\n\x16SuspendSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Session\"f\n\x14ResumeSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12!\n\x14\x65xpected_fingerprint\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x17\n\x15_expected_fingerprint\">\n\x15ResumeSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Session\"\x85\x07\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.sandboxd.v1.SessionState\x12\r\n\x05image\x18\x03 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10lease_expires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x06limits\x18\x07 \x01(\x0b\x32\x1b.sandboxd.v1.ResourceLimits\x12+\n\x07network\x18\x08 \x01(\x0b\x32\x1a.sandboxd.v1.NetworkPolicy\x12\x30\n\x06labels\x18\t \x03(\x0b\x32 .sandboxd.v1.Session.LabelsEntry\x12)\n\tassurance\x18\n \x01(\x0e\x32\x16.sandboxd.v1.Assurance\x12\'\n\x05shell\x18\x0b \x01(\x0b\x32\x18.sandboxd.v1.ShellPolicy\x12\x0c\n\x04user\x18\x0c \x01(\t\x12\x14\n\x0cworkspace_id\x18\r \x01(\t\x12,\n\ton_expiry\x18n \x01(\x0e\x32\x19.sandboxd.v1.ExpiryAction\x12\x19\n\x11renew_on_activity\x18o \x01(\x08\x12\x12\n\nend_reason\x18p \x01(\t\x12\x35\n\x0cstate_reason\x18x \x01(\x0b\x32\x1f.sandboxd.v1.SessionStateReason\x12)\n\tisolation\x18\x64 \x01(\x0e\x32\x16.sandboxd.v1.Isolation\x12\x10\n\x08template\x18\x65 \x01(\t\x12\x15\n\x0cimage_digest\x18\x8c\x01 \x01(\t\x12.\n\tlost_time\x18\xaa\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\rrestored_from\x18\xab\x01 \x01(\t\x12\x38\n\x13restored_state_time\x18\xac\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\x0clost_message\x18\xad\x01 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"J\n\x12SessionStateReason\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0brecoverable\x18\x03 \x01(\x08*\xb6\x01\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16SESSION_STATE_CREATING\x10\x01\x12\x19\n\x15SESSION_STATE_RUNNING\x10\x02\x12\x1b\n\x17SESSION_STATE_SUSPENDED\x10\x03\x12\x19\n\x15SESSION_STATE_EXPIRED\x10\x04\x12\x18\n\x14SESSION_STATE_FAILED\x10\x05*g\n\rEgressVerdict\x12\x1e\n\x1a\x45GRESS_VERDICT_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45GRESS_VERDICT_ALLOWED\x10\x01\x12\x1a\n\x16\x45GRESS_VERDICT_REFUSED\x10\x02\x32\xb6\n\n\x0eSessionService\x12V\n\rCreateSession\x12!.sandboxd.v1.CreateSessionRequest\x1a\".sandboxd.v1.CreateSessionResponse\x12M\n\nGetSession\x12\x1e.sandboxd.v1.GetSessionRequest\x1a\x1f.sandboxd.v1.GetSessionResponse\x12S\n\x0cListSessions\x12 .sandboxd.v1.ListSessionsRequest\x1a!.sandboxd.v1.ListSessionsResponse\x12M\n\nRenewLease\x12\x1e.sandboxd.v1.RenewLeaseRequest\x1a\x1f.sandboxd.v1.RenewLeaseResponse\x12V\n\rDeleteSession\x12!.sandboxd.v1.DeleteSessionRequest\x1a\".sandboxd.v1.DeleteSessionResponse\x12h\n\x13UpdateNetworkPolicy\x12\'.sandboxd.v1.UpdateNetworkPolicyRequest\x1a(.sandboxd.v1.UpdateNetworkPolicyResponse\x12_\n\x10ListEgressEvents\x12$.sandboxd.v1.ListEgressEventsRequest\x1a%.sandboxd.v1.ListEgressEventsResponse\x12Y\n\x0eSuspendSession\x12\".sandboxd.v1.SuspendSessionRequest\x1a#.sandboxd.v1.SuspendSessionResponse\x12V\n\rResumeSession\x12!.sandboxd.v1.ResumeSessionRequest\x1a\".sandboxd.v1.ResumeSessionResponse\x12U\n\x0cWatchSession\x12 .sandboxd.v1.WatchSessionRequest\x1a!.sandboxd.v1.WatchSessionResponse0\x01\x12X\n\rWatchSessions\x12!.sandboxd.v1.WatchSessionsRequest\x1a\".sandboxd.v1.WatchSessionsResponse0\x01\x12\\\n\x0fGetSessionStats\x12#.sandboxd.v1.GetSessionStatsRequest\x1a$.sandboxd.v1.GetSessionStatsResponse\x12P\n\x0bPublishPort\x12\x1f.sandboxd.v1.PublishPortRequest\x1a .sandboxd.v1.PublishPortResponse\x12V\n\rUnpublishPort\x12!.sandboxd.v1.UnpublishPortRequest\x1a\".sandboxd.v1.UnpublishPortResponse\x12J\n\tListPorts\x12\x1d.sandboxd.v1.ListPortsRequest\x1a\x1e.sandboxd.v1.ListPortsResponseB?Z=github.com/sandboxd/sandboxd/clients/go/sandboxdv1;sandboxdv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -53,62 +52,64 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EGRESSEVENT'].fields_by_name['bytes_down']._serialized_options = b'\030\001'
   _globals['_SESSION_LABELSENTRY']._loaded_options = None
   _globals['_SESSION_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_SESSIONSTATE']._serialized_start=3893
-  _globals['_SESSIONSTATE']._serialized_end=4075
-  _globals['_EGRESSVERDICT']._serialized_start=4077
-  _globals['_EGRESSVERDICT']._serialized_end=4180
-  _globals['_MANIFESTFILE']._serialized_start=299
-  _globals['_MANIFESTFILE']._serialized_end=358
-  _globals['_WORKSPACEMANIFEST']._serialized_start=360
-  _globals['_WORKSPACEMANIFEST']._serialized_end=454
-  _globals['_CREATESESSIONREQUEST']._serialized_start=457
-  _globals['_CREATESESSIONREQUEST']._serialized_end=1174
-  _globals['_CREATESESSIONREQUEST_ENVENTRY']._serialized_start=1085
-  _globals['_CREATESESSIONREQUEST_ENVENTRY']._serialized_end=1127
-  _globals['_CREATESESSIONREQUEST_LABELSENTRY']._serialized_start=1129
-  _globals['_CREATESESSIONREQUEST_LABELSENTRY']._serialized_end=1174
-  _globals['_CREATESESSIONRESPONSE']._serialized_start=1176
-  _globals['_CREATESESSIONRESPONSE']._serialized_end=1238
-  _globals['_GETSESSIONREQUEST']._serialized_start=1240
-  _globals['_GETSESSIONREQUEST']._serialized_end=1279
-  _globals['_GETSESSIONRESPONSE']._serialized_start=1281
-  _globals['_GETSESSIONRESPONSE']._serialized_end=1340
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=1343
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=1602
-  _globals['_LISTSESSIONSREQUEST_LABELSELECTORENTRY']._serialized_start=1550
-  _globals['_LISTSESSIONSREQUEST_LABELSELECTORENTRY']._serialized_end=1602
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1604
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1691
-  _globals['_RENEWLEASEREQUEST']._serialized_start=1693
-  _globals['_RENEWLEASEREQUEST']._serialized_end=1772
-  _globals['_RENEWLEASERESPONSE']._serialized_start=1774
-  _globals['_RENEWLEASERESPONSE']._serialized_end=1833
-  _globals['_DELETESESSIONREQUEST']._serialized_start=1835
-  _globals['_DELETESESSIONREQUEST']._serialized_end=1877
-  _globals['_DELETESESSIONRESPONSE']._serialized_start=1879
-  _globals['_DELETESESSIONRESPONSE']._serialized_end=1919
-  _globals['_UPDATENETWORKPOLICYREQUEST']._serialized_start=1922
-  _globals['_UPDATENETWORKPOLICYREQUEST']._serialized_end=2064
-  _globals['_UPDATENETWORKPOLICYRESPONSE']._serialized_start=2066
-  _globals['_UPDATENETWORKPOLICYRESPONSE']._serialized_end=2134
-  _globals['_LISTEGRESSEVENTSREQUEST']._serialized_start=2136
-  _globals['_LISTEGRESSEVENTSREQUEST']._serialized_end=2246
-  _globals['_LISTEGRESSEVENTSRESPONSE']._serialized_start=2248
-  _globals['_LISTEGRESSEVENTSRESPONSE']._serialized_end=2341
-  _globals['_EGRESSEVENT']._serialized_start=2344
-  _globals['_EGRESSEVENT']._serialized_end=2708
-  _globals['_SUSPENDSESSIONREQUEST']._serialized_start=2710
-  _globals['_SUSPENDSESSIONREQUEST']._serialized_end=2753
-  _globals['_SUSPENDSESSIONRESPONSE']._serialized_start=2755
-  _globals['_SUSPENDSESSIONRESPONSE']._serialized_end=2818
-  _globals['_RESUMESESSIONREQUEST']._serialized_start=2820
-  _globals['_RESUMESESSIONREQUEST']._serialized_end=2922
-  _globals['_RESUMESESSIONRESPONSE']._serialized_start=2924
-  _globals['_RESUMESESSIONRESPONSE']._serialized_end=2986
-  _globals['_SESSION']._serialized_start=2989
-  _globals['_SESSION']._serialized_end=3890
-  _globals['_SESSION_LABELSENTRY']._serialized_start=1129
-  _globals['_SESSION_LABELSENTRY']._serialized_end=1174
-  _globals['_SESSIONSERVICE']._serialized_start=4183
-  _globals['_SESSIONSERVICE']._serialized_end=5517
+  _globals['_SESSIONSTATE']._serialized_start=3943
+  _globals['_SESSIONSTATE']._serialized_end=4125
+  _globals['_EGRESSVERDICT']._serialized_start=4127
+  _globals['_EGRESSVERDICT']._serialized_end=4230
+  _globals['_MANIFESTFILE']._serialized_start=273
+  _globals['_MANIFESTFILE']._serialized_end=332
+  _globals['_WORKSPACEMANIFEST']._serialized_start=334
+  _globals['_WORKSPACEMANIFEST']._serialized_end=428
+  _globals['_CREATESESSIONREQUEST']._serialized_start=431
+  _globals['_CREATESESSIONREQUEST']._serialized_end=1148
+  _globals['_CREATESESSIONREQUEST_ENVENTRY']._serialized_start=1059
+  _globals['_CREATESESSIONREQUEST_ENVENTRY']._serialized_end=1101
+  _globals['_CREATESESSIONREQUEST_LABELSENTRY']._serialized_start=1103
+  _globals['_CREATESESSIONREQUEST_LABELSENTRY']._serialized_end=1148
+  _globals['_CREATESESSIONRESPONSE']._serialized_start=1150
+  _globals['_CREATESESSIONRESPONSE']._serialized_end=1212
+  _globals['_GETSESSIONREQUEST']._serialized_start=1214
+  _globals['_GETSESSIONREQUEST']._serialized_end=1253
+  _globals['_GETSESSIONRESPONSE']._serialized_start=1255
+  _globals['_GETSESSIONRESPONSE']._serialized_end=1314
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=1317
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=1576
+  _globals['_LISTSESSIONSREQUEST_LABELSELECTORENTRY']._serialized_start=1524
+  _globals['_LISTSESSIONSREQUEST_LABELSELECTORENTRY']._serialized_end=1576
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1578
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1665
+  _globals['_RENEWLEASEREQUEST']._serialized_start=1667
+  _globals['_RENEWLEASEREQUEST']._serialized_end=1746
+  _globals['_RENEWLEASERESPONSE']._serialized_start=1748
+  _globals['_RENEWLEASERESPONSE']._serialized_end=1807
+  _globals['_DELETESESSIONREQUEST']._serialized_start=1809
+  _globals['_DELETESESSIONREQUEST']._serialized_end=1851
+  _globals['_DELETESESSIONRESPONSE']._serialized_start=1853
+  _globals['_DELETESESSIONRESPONSE']._serialized_end=1893
+  _globals['_UPDATENETWORKPOLICYREQUEST']._serialized_start=1896
+  _globals['_UPDATENETWORKPOLICYREQUEST']._serialized_end=2038
+  _globals['_UPDATENETWORKPOLICYRESPONSE']._serialized_start=2040
+  _globals['_UPDATENETWORKPOLICYRESPONSE']._serialized_end=2108
+  _globals['_LISTEGRESSEVENTSREQUEST']._serialized_start=2110
+  _globals['_LISTEGRESSEVENTSREQUEST']._serialized_end=2220
+  _globals['_LISTEGRESSEVENTSRESPONSE']._serialized_start=2222
+  _globals['_LISTEGRESSEVENTSRESPONSE']._serialized_end=2315
+  _globals['_EGRESSEVENT']._serialized_start=2318
+  _globals['_EGRESSEVENT']._serialized_end=2682
+  _globals['_SUSPENDSESSIONREQUEST']._serialized_start=2684
+  _globals['_SUSPENDSESSIONREQUEST']._serialized_end=2727
+  _globals['_SUSPENDSESSIONRESPONSE']._serialized_start=2729
+  _globals['_SUSPENDSESSIONRESPONSE']._serialized_end=2792
+  _globals['_RESUMESESSIONREQUEST']._serialized_start=2794
+  _globals['_RESUMESESSIONREQUEST']._serialized_end=2896
+  _globals['_RESUMESESSIONRESPONSE']._serialized_start=2898
+  _globals['_RESUMESESSIONRESPONSE']._serialized_end=2960
+  _globals['_SESSION']._serialized_start=2963
+  _globals['_SESSION']._serialized_end=3864
+  _globals['_SESSION_LABELSENTRY']._serialized_start=1103
+  _globals['_SESSION_LABELSENTRY']._serialized_end=1148
+  _globals['_SESSIONSTATEREASON']._serialized_start=3866
+  _globals['_SESSIONSTATEREASON']._serialized_end=3940
+  _globals['_SESSIONSERVICE']._serialized_start=4233
+  _globals['_SESSIONSERVICE']._serialized_end=5567
 # @@protoc_insertion_point(module_scope)

@@ -64,7 +64,7 @@ Global___FileEventKind: _TypeAlias = FileEventKind  # noqa: Y015
 
 @_typing.final
 class WatchDirRequest(_message.Message):
-    """Directory watches (issue 15): FilesystemService.WatchDir streams FileEvent (filesystem.proto,
+    """Directory watches: FilesystemService.WatchDir streams FileEvent (filesystem.proto,
     beside the FileType it carries). The stream's initial metadata (header `sandboxd-watch:
     ready`) arrives once the watch is in place: changes made after it are reported.
     """
