@@ -85,3 +85,58 @@ def test_sdk_scenario(door: tuple[ServerProcess, str], sdk: str, scenario: str) 
         f"{scenario} with the {sdk} SDK failed:\n{done.stdout}\n{done.stderr}\n"
         f"--- server log ---\n{srv.log()[-6000:]}"
     )
+
+
+NODE_MODULES = REPO / "build" / "e2b-node" / "node_modules"
+
+
+def test_node_sdk(door: tuple[ServerProcess, str]) -> None:
+    """The npm package, unchanged: create with metadata and env, run, a non-zero exit,
+    files, a background command killed, not found after kill."""
+    srv, url = door
+    if not (NODE_MODULES / "e2b").exists():
+        pytest.skip("build/e2b-node is missing (make e2b-sdk)")
+    done = subprocess.run(
+        ["node", str(SCENARIOS.with_suffix(".mjs"))],
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "E2B_NODE_MODULES": str(NODE_MODULES),
+            "E2B_API_URL": url,
+            "E2B_SANDBOX_URL": url,
+            "E2B_API_KEY": ALPHA,
+        },
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0 and "node scenario ok" in done.stdout, (
+        f"{done.stdout}\n{done.stderr}\n--- server log ---\n{srv.log()[-6000:]}"
+    )
+
+
+def test_the_docs_example_runs(door: tuple[ServerProcess, str], tmp_path: Path) -> None:
+    """docs/e2b.md's Python example, as printed there, with the current SDK."""
+    srv, url = door
+    page = (REPO / "docs" / "e2b.md").read_text()
+    example = page.split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "example.py"
+    script.write_text(example)
+    python = VENVS["current"] / "bin" / "python"
+    if not python.exists():
+        pytest.skip("build/e2b-venv is missing (make e2b-sdk)")
+    done = subprocess.run(
+        [str(python), str(script)],
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "E2B_API_URL": url,
+            "E2B_SANDBOX_URL": url,
+            "E2B_API_KEY": ALPHA,
+        },
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{srv.log()[-4000:]}"
+    assert done.stdout == "hi from /home/user\n\nkept in the workspace\n", done.stdout
