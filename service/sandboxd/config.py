@@ -41,9 +41,9 @@ from sandboxd.config_sections import (
     WatchSection,
 )
 from sandboxd.config_sections.server import MAX_ID
+from sandboxd.e2b.settings import E2bSection
 from sandboxd.errors import ConfigError, ConfigProblems
 from sandboxd.models import LIMIT_NAMES
-from sandboxd.e2b.settings import E2bSection
 from sandboxd.previews.settings import PreviewsSection
 from sandboxd.settings import (
     SettingTable,

@@ -175,3 +175,43 @@ def test_metadata_filter_and_loopback_target() -> None:
     assert loopback_target("0.0.0.0:50051", 7) == "127.0.0.1:7"
     assert loopback_target("[::]:1", 7) == "[::1]:7"
     assert loopback_target("10.0.0.1:1", 7) == "10.0.0.1:7"
+
+
+def test_envd_is_routed_by_header_or_by_host(tmp_path: Path) -> None:
+    import grpc
+    from sandboxd.e2b.app import E2bApp
+    from sandboxd.e2b.asgi import Request
+    from sandboxd.e2b.backend import Backend
+
+    async def no_body() -> dict[str, object]:
+        return {"type": "http.request", "body": b""}
+
+    async def check() -> None:
+        app = E2bApp(
+            Backend(grpc.aio.insecure_channel("127.0.0.1:9")),  # never dialled here
+            AccessTokens(load_key(tmp_path)),
+            domain="sbx.example.com",
+            max_request_bytes=1024,
+            command_timeout_s=60,
+            pty_idle_s=60,
+        )
+
+        def request(**headers: str) -> Request:
+            scope = {
+                "type": "http",
+                "method": "POST",
+                "path": "/files",
+                "headers": [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()],
+            }
+            return Request(scope, no_body, 1024)
+
+        assert app._sandbox_of(request(e2b_sandbox_id="alpha--s-1")) == "alpha.s-1"
+        assert app._sandbox_of(request(host="49983-alpha--s-1.sbx.example.com")) == "alpha.s-1"
+        assert app._sandbox_of(request(host="49983-x.sbx.example.com:443")) == "x"
+        assert app._sandbox_of(request(host="8080-x.sbx.example.com")) is None
+        assert app._sandbox_of(request(host="49983-x.evil.example.com")) is None
+        assert app._sandbox_of(request(host="49983-x.y.sbx.example.com")) is None
+
+    import asyncio
+
+    asyncio.run(check())
