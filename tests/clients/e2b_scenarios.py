@@ -21,6 +21,7 @@ from e2b import (
     NotFoundException,
     Sandbox,
     SandboxException,
+    TimeoutException,
 )
 from e2b.sandbox.commands.command_handle import PtySize
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
@@ -51,6 +52,12 @@ def create_run() -> None:
             raise AssertionError("a non-zero exit must raise")
         except CommandExitException as exc:
             assert exc.exit_code == 3 and exc.stdout == "before\n", exc
+        started = time.monotonic()
+        try:
+            sbx.commands.run("sleep 30", timeout=1)
+            raise AssertionError("a command past its timeout must raise")
+        except TimeoutException:
+            assert time.monotonic() - started < 20
         info = sbx.get_info()
         assert info.metadata == {"suite": "e2b", "run": os.environ["RUN"]}, info
         assert info.template_id == TEMPLATE and info.state.value == "running", info
@@ -65,6 +72,7 @@ def create_run() -> None:
         assert sbx.is_running()
     finally:
         sbx.kill()
+    assert not sbx.is_running()
     try:
         Sandbox.get_info(sbx.sandbox_id)
         raise AssertionError("a killed sandbox must be gone")
@@ -229,6 +237,23 @@ def refusals() -> None:
                 pass
             assert sbx.is_running()
         assert sbx.commands.run("echo still-here").stdout == "still-here\n"
+
+
+def pause_resume() -> None:
+    """A filesystem pause: the files are kept, the sandbox is listed as paused, a connect
+    resumes it; a second pause of a paused sandbox is answered as E2B answers (False)."""
+    sbx = Sandbox.create(TEMPLATE)
+    try:
+        sbx.files.write("kept.txt", "across a pause")
+        assert sbx.pause() is True
+        assert Sandbox.get_info(sbx.sandbox_id).state.value == "paused"
+        assert Sandbox.pause(sbx.sandbox_id) is False  # already paused: 409
+        resumed = Sandbox.connect(sbx.sandbox_id)
+        assert resumed.get_info().state.value == "running"
+        assert resumed.files.read("kept.txt") == "across a pause"
+        assert resumed.commands.run("cat kept.txt").stdout == "across a pause"
+    finally:
+        sbx.kill()
 
 
 def bench_true() -> None:

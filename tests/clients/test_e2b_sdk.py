@@ -76,7 +76,8 @@ def run_scenario(
 
 @pytest.mark.parametrize("sdk", sorted(VENVS))
 @pytest.mark.parametrize(
-    "scenario", ["create_run", "background", "pty", "files", "async_sdk", "refusals"]
+    "scenario",
+    ["create_run", "background", "pty", "files", "async_sdk", "refusals", "pause_resume"],
 )
 def test_sdk_scenario(door: tuple[ServerProcess, str], sdk: str, scenario: str) -> None:
     srv, url = door

@@ -124,7 +124,7 @@ class E2bApp:
         )
         sid = self._sandbox_of(request)
         if path == "/health":
-            await reply(send, 204 if sid else 200)
+            await self._health(request, send, sid)
             return
         try:
             if envd:
@@ -135,6 +135,20 @@ class E2bApp:
             await reply_json(send, 413, {"code": 413, "message": "the request body is too large"})
         except Disconnected:
             return
+
+    async def _health(self, request: Request, send: Send, sid: str | None) -> None:
+        """The REST API's health (200), or envd's: 204 while the sandbox runs, else 502, the
+        status E2B's proxy answers for a sandbox that is gone (the SDK's `is_running`)."""
+        if not sid:
+            await reply(send, 200)
+            return
+        try:
+            key = self._tokens.open(sid, request.header("x-access-token"))
+            running = await self.rest.running(key, sid)
+        except ConnectError as exc:
+            await reply_json(send, exc.http_status, exc.body())
+            return
+        await reply(send, 204 if running else 502)
 
     def _sandbox_of(self, request: Request) -> str | None:
         sid = request.header("e2b-sandbox-id")

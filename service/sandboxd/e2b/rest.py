@@ -241,6 +241,18 @@ class Rest:
 
     # ----- helpers ----------------------------------------------------------------------
 
+    async def running(self, key: str, sid: str) -> bool:
+        """Whether the session is there and RUNNING (envd's health)."""
+        try:
+            got = await self._b.sessions.GetSession(
+                session_pb2.GetSessionRequest(session_id=sid), metadata=metadata(key)
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAUTHENTICATED):
+                return False
+            raise ConnectError("unavailable", exc.details() or "unavailable") from None
+        return bool(got.session.state == session_pb2.SESSION_STATE_RUNNING)
+
     async def _session(self, key: str, sid: str) -> session_pb2.Session:
         reply_ = await self._b.sessions.GetSession(
             session_pb2.GetSessionRequest(session_id=sid), metadata=metadata(key)
