@@ -188,6 +188,7 @@ async def test_a_huge_upload_is_413_and_leaves_nothing(
     octet = {**_envd(sbx), "Content-Type": "application/octet-stream"}
     async with http.post(files, data=io.BytesIO(b"x" * (LIMIT + 1)), headers=octet) as r:
         assert r.status == 413  # its Content-Length says so: refused before it is read
+        assert r.headers.get("Connection") == "close"  # the unread rest ends with it
 
     async def chunks() -> AsyncIterator[bytes]:
         for _ in range(LIMIT // 65536 + 2):
