@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 IMAGE ?= sandboxd-runtime:busybox
 PROTOS := $(wildcard proto/sandboxd/v1/*.proto)
 
-.PHONY: all run test test-unit gvisor registry proto docs config package image-server lint bench engine image disk-image python-image helper helper-asan venv clean node-deps buf go-deps
+.PHONY: all run test test-unit gvisor registry proto docs config package image-server lint bench engine image disk-image python-image base-image e2b-sdk helper helper-asan venv clean node-deps buf go-deps
 
 all: venv helper
 
@@ -81,6 +81,33 @@ registry:
 python-image: engine
 	bash service/sandboxd/runtime_images/python.sh sandboxd-runtime:python
 
+# The official E2B SDKs, pinned, each in a folder of its own (tests/clients/test_e2b_sdk.py runs
+# them unchanged against the E2B door): the current Python SDK and the previous minor release,
+# and the npm package.
+E2B_PY := 2.63.0
+E2B_PY_PREV := 2.61.0
+E2B_NPM := 2.51.0
+e2b-sdk: build/e2b-venv/.installed-$(E2B_PY) build/e2b-venv-prev/.installed-$(E2B_PY_PREV) build/e2b-node/.installed-$(E2B_NPM)
+
+build/e2b-venv/.installed-$(E2B_PY):
+	rm -rf build/e2b-venv && $(PYTHON) -m venv build/e2b-venv
+	build/e2b-venv/bin/pip install -q e2b==$(E2B_PY)
+	touch $@
+
+build/e2b-venv-prev/.installed-$(E2B_PY_PREV):
+	rm -rf build/e2b-venv-prev && $(PYTHON) -m venv build/e2b-venv-prev
+	build/e2b-venv-prev/bin/pip install -q e2b==$(E2B_PY_PREV)
+	touch $@
+
+build/e2b-node/.installed-$(E2B_NPM):
+	rm -rf build/e2b-node && mkdir -p build/e2b-node
+	cd build/e2b-node && npm init -y >/dev/null && npm install --no-audit --no-fund e2b@$(E2B_NPM)
+	touch $@
+
+# The built-in `base` template (bash, python3, curl, the user `user`), which the E2B door uses.
+base-image: engine
+	bash scripts/build-base-image.sh sandboxd-runtime:base
+
 # Every stub and table generated from proto/: server and Python client stubs, docs/errors.md's
 # error table, the Go stubs and sentinel errors, the Node declarations and reason classes.
 proto: venv go-deps node-deps
@@ -117,7 +144,7 @@ run: venv helper image
 
 # The Docker-free layer first, on every core (its tests share nothing but the helper builds),
 # then the engine layers one test at a time (they share one engine and its host).
-test: venv helper helper-asan image python-image gvisor node-deps go-deps registry
+test: venv helper helper-asan image python-image base-image e2b-sdk gvisor node-deps go-deps registry
 	DOCKER_HOST=unix:///nonexistent/sandboxd-unit-layer.sock $(PY) -m pytest -n auto tests/unit
 	$(PY) -m pytest --durations=40 tests/integration tests/clients
 

@@ -51,6 +51,7 @@ KEEPER_USER = "65533:65533"
 POOL_SIZE = 2
 _LISTEN_RE = re.compile(r"sandboxd listening on (\S+):(\d+)")
 _METRICS_RE = re.compile(r"metrics served at http://(\S+):(\d+)/metrics")
+_E2B_RE = re.compile(r"E2B door on (http://\S+:\d+)")
 
 # name: (kind, target). "max": the ratio ours/raw must be at most target, "min": at least;
 # "abs_max": an absolute bound on ours itself, in the metric's unit (raw is shown for context);
@@ -90,6 +91,7 @@ class Server:
         self.data_dir = data_dir
         self.port = 0
         self.metrics_port = 0
+        self.e2b_url = ""
         self.lines: list[str] = []
         self._ready = asyncio.Event()
         self._drain = asyncio.create_task(self._read())
@@ -102,6 +104,8 @@ class Server:
             del self.lines[:-500]
             if m := _METRICS_RE.search(line):
                 self.metrics_port = int(m.group(2))
+            if m := _E2B_RE.search(line):
+                self.e2b_url = m.group(1)
             if m := _LISTEN_RE.search(line):
                 self.port = int(m.group(2))
                 self._ready.set()
@@ -204,7 +208,9 @@ async def main_async(args: argparse.Namespace) -> int:
     raw_owner = "benchraw" + secrets.token_hex(4)
     with tempfile.TemporaryDirectory(prefix="sandboxd-bench-") as tmp:
         async with (
-            running_server(Path(tmp), "--pool-size", str(POOL_SIZE)) as server,
+            running_server(
+                Path(tmp), "--pool-size", str(POOL_SIZE), "--e2b-listen", "127.0.0.1:0"
+            ) as server,
             _docker() as docker,
         ):
             channel = grpc.aio.insecure_channel(
@@ -235,6 +241,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 server_pid=server.proc.pid,
                 data_dir=server.data_dir,
                 sessions=args.sessions,
+                e2b_url=server.e2b_url,
             )
             try:
                 await ctx.pool_ready()

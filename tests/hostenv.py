@@ -15,10 +15,10 @@ is reported like any other change.
 Images: every image the engine lists (by reference, dangling ones by id) that appeared during
 the suite is a leftover: a snapshot image a test did not delete, a template, an image a test
 built or pulled. Left out: the images the Makefile builds on purpose for the suite
-(`sandboxd-runtime:busybox` and `:python`), and images labelled with the owner id of a server
-this run did not start (another suite's or the soak's, on the same engine; `mountcheck.OWNERS`
-says which are ours). Only additions count: an image someone else removes during a long run
-is not a leak.
+(`sandboxd-runtime:busybox`, `:python` and `:base`), and images labelled with the owner id of a
+server this run did not start (another suite's or the soak's, on the same engine;
+`mountcheck.OWNERS` says which are ours). Only additions count: an image someone else removes
+during a long run is not a leak.
 """
 
 from __future__ import annotations
@@ -164,6 +164,7 @@ _MAKEFILE_IMAGES = frozenset(
     {
         "sandboxd-runtime:busybox",
         "sandboxd-runtime:python",
+        "sandboxd-runtime:base",
         os.environ.get("SANDBOXD_TEST_IMAGE", "sandboxd-runtime:busybox"),
     }
 )

@@ -43,6 +43,7 @@ from sandboxd.config_sections import (
     WatchSection,
 )
 from sandboxd.config_sections.server import MAX_ID
+from sandboxd.e2b.settings import E2bSection
 from sandboxd.errors import ConfigError, ConfigProblems
 from sandboxd.models import LIMIT_NAMES
 from sandboxd.previews.settings import PreviewsSection
@@ -90,6 +91,7 @@ class Config:
     volumes: VolumesSection = field(default_factory=VolumesSection)
     web: WebSection = field(default_factory=WebSection)
     admission: AdmissionSection = field(default_factory=AdmissionSection)
+    e2b: E2bSection = field(default_factory=E2bSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.
@@ -349,3 +351,21 @@ def _validate_web_access(config: Config) -> None:
             "authentication; set tokens_file, listen on 127.0.0.1, or set "
             "allow_insecure_public_listen=true to accept the risk"
         )
+    e2b = config.e2b.listen
+    if e2b:
+        if t.tls_client_ca is not None:
+            raise ConfigError(
+                "e2b_listen: the E2B door reaches the gRPC port as a client and has no client "
+                "certificate; it cannot serve with tls_client_ca set"
+            )
+        if (
+            t.tokens_file is None
+            and not t.allow_insecure_public_listen
+            and host_port_problem(e2b, "127.0.0.1:3000") is None
+            and not listens_on_loopback(e2b)
+        ):
+            raise ConfigError(
+                f"e2b_listen {e2b!r}: refusing to serve a non-loopback address without "
+                "authentication; set tokens_file, listen on 127.0.0.1, or set "
+                "allow_insecure_public_listen=true to accept the risk"
+            )

@@ -113,6 +113,7 @@ def check_create(
         req.image,
         default_image=config.engine.image,
         python_image=config.templates.python_image,
+        base_image=config.templates.base_image,
         own=own_templates or {},
     )
     image = validation.validate_image(named or config.engine.image)

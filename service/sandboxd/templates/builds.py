@@ -118,6 +118,7 @@ class Templates:
         return {
             "busybox": self._config.engine.image,
             "python": self._config.templates.python_image,
+            "base": self._config.templates.base_image,
         }
 
     async def recover(self) -> None:
