@@ -75,6 +75,7 @@ class TemplatesSection:
         "engine answers (its recipe ships in the package); off: `make image` and `make "
         "python-image` alone make them",
         flat="template_build_builtins",
+    )
     base_image: str = setting(
         "sandboxd-runtime:base",
         TEXT,
