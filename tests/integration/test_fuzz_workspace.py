@@ -578,7 +578,11 @@ class WorkspaceMachine(RuleBasedStateMachine):
             f"{'WriteFileStream' if streamed else 'WriteFile'} of {len(content)} bytes, {free} free"
         )
         if len(content) > free:
-            self._refused(what, err, "WORKSPACE_FULL", "FILE_TOO_LARGE")
+            # Past the free space; a path that cannot be a file (a folder there, a file where
+            # a folder should be) may be refused for that first: either way nothing changes.
+            self._refused(
+                what, err, "WORKSPACE_FULL", "FILE_TOO_LARGE", "IS_A_DIRECTORY", "NOT_A_DIRECTORY"
+            )
             return
         if err is not None:
             self._unchanged_after_failure(what, err)
@@ -1139,6 +1143,15 @@ def test_regression_rebuilt_after_the_agent_is_oom_killed(fresh: WorkspaceMachin
     fresh.sandbox_oom_killed()
     fresh.write_file("a", b"after the rebuild", 0o644, False)
     fresh.healthy()
+
+
+def test_regression_a_write_past_the_free_space_onto_a_folder(small: WorkspaceMachine) -> None:
+    """Found by a soak: the write is refused as IS_A_DIRECTORY before its size is weighed, a
+    refusal as good as WORKSPACE_FULL (nothing changed); the model had allowed only the latter."""
+    small.make_dir("f/c d", True)
+    small.write_to_the_edge("f/c d", 1, 53, False)
+    small.write_to_the_edge("f/c d", PAGE, 53, True)
+    small.healthy()
 
 
 def test_regression_oom_kill_of_a_small_fresh_session(small: WorkspaceMachine) -> None:
