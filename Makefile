@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 IMAGE ?= sandboxd-runtime:busybox
 PROTOS := $(wildcard proto/sandboxd/v1/*.proto)
 
-.PHONY: all run test test-unit gvisor registry proto docs lint bench engine image disk-image python-image helper helper-asan venv clean node-deps buf go-deps
+.PHONY: all run test test-unit gvisor registry proto docs config package image-server lint bench engine image disk-image python-image helper helper-asan venv clean node-deps buf go-deps
 
 all: venv helper
 
@@ -61,7 +61,7 @@ engine:
 	bash scripts/ensure-docker.sh
 
 image: engine
-	bash scripts/build-runtime-image.sh $(IMAGE)
+	bash service/sandboxd/runtime_images/busybox.sh $(IMAGE)
 	bash scripts/build-disk-image.sh sandboxd-disktool:1
 
 # The disk tool (e2fsprogs, losetup) that makes disk workspaces: built offline, with `image`.
@@ -79,7 +79,7 @@ registry:
 
 # Debian with python3: a real HTTP/TLS client for the egress tests (about a minute, once).
 python-image: engine
-	bash scripts/build-python-image.sh sandboxd-runtime:python
+	bash service/sandboxd/runtime_images/python.sh sandboxd-runtime:python
 
 # Every stub and table generated from proto/: server and Python client stubs, docs/errors.md's
 # error table, the Go stubs and sentinel errors, the Node declarations and reason classes.
@@ -92,6 +92,20 @@ proto: venv go-deps node-deps
 # The API reference docs/api.md from the protos' comments (`make proto` writes it too).
 docs: venv
 	$(PY) -m sandboxd.tools.gendocs
+
+# packaging/sandboxd.toml, every setting with its default, from the settings model.
+config: venv
+	$(PY) -m sandboxd.tools.genconfig
+
+# The server's wheel in dist/, carrying the static helper and the runtime images' recipes
+# (docs/install.md): built from a copy of the tree, so the checkout never holds the binary twice.
+package: venv helper
+	bash scripts/package-server.sh dist
+
+# The server's container image, sandboxd-server:latest, from packaging/Dockerfile on a Debian
+# base built here with debootstrap (no registry).
+image-server: package python-image
+	bash scripts/build-server-image.sh sandboxd-server:latest dist
 
 # The Go client builds from Debian's Go packages (no Go module proxy here): vendor/ links to them.
 go-deps:

@@ -40,6 +40,7 @@ class Stack:
     pool: WarmPool | None
     owner: str = OWNER
     ended: list[str] = field(default_factory=list)
+    volumes: Any = None  # the volume claims, when session_stack was given `volumes`
 
     async def backdate_lease(self, session_id: str, by: timedelta) -> None:
         """Move a lease into the past, as if time had passed."""
@@ -59,8 +60,11 @@ async def session_stack(
     owner: str = OWNER,
     tiers: Any = None,
     egress: Any = None,
+    volumes: Callable[[SessionStore], Awaitable[Any]] | None = None,
     **settings: Any,
 ) -> AsyncIterator[Stack]:
+    """`volumes`: builds the volume claims over the store (sandboxd.volumes), when the test
+    mounts volumes; the stack's `volumes` is what it built."""
     config = dataclasses.replace(Config(data_dir=tmp_path, pool_size=pool_size), **settings)
     engine = engine if engine is not None else FakeEngine()
     async with SessionStore(tmp_path / "sessions.db") as store:
@@ -70,6 +74,7 @@ async def session_stack(
         host_ids = HostIds.for_config(config, store)
         pool = WarmPool.for_config(engine, config, owner, host_ids) if pool_size else None
         ended: list[str] = []
+        claims = await volumes(store) if volumes is not None else None
 
         async def on_end(session_id: str) -> None:
             ended.append(session_id)
@@ -85,6 +90,7 @@ async def session_stack(
             tiers=tiers,
             egress=egress,
             host_ids=host_ids,
+            volumes=claims,
         )
         quota = ImageQuota(
             config.tenancy.max_image_bytes,
@@ -102,6 +108,7 @@ async def session_stack(
             max_image_bytes=config.images.max_image_bytes,
         )
         stack = Stack(engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended)
+        stack.volumes = claims
         try:
             yield stack
         finally:

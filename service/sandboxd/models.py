@@ -164,6 +164,18 @@ class WorkspaceManifest:
 
 
 @dataclass(frozen=True)
+class VolumeMount:
+    """One volume of the session's tenant in its sandbox (sandboxd.volumes). `disk` is the
+    engine's name of the volume's disk, filled by the server when the create claims it: the
+    caller names volumes by id only, and a rebuild mounts the same disk without a lookup."""
+
+    volume_id: str
+    path: str
+    read_only: bool = False
+    disk: str = ""
+
+
+@dataclass(frozen=True)
 class SessionSpec:
     """Everything that defines a session's container; the fingerprint is derived from it."""
 
@@ -188,6 +200,7 @@ class SessionSpec:
     # retried create is the same request), not the identity. "": the same as `user` (records
     # from before the server allocated identities, whose `user` was the request's).
     requested_user: str = ""
+    volumes: tuple[VolumeMount, ...] = ()
     # MEMORY: the tmpfs of limits.workspace_bytes. DISK: the disk `disk_id` (a server-made id,
     # not fingerprinted: bookkeeping) of limits.workspace_bytes, which then is the disk's size.
     storage: WorkspaceStorage = WorkspaceStorage.MEMORY
@@ -260,6 +273,18 @@ class SessionSpec:
             # Only a non-default tier enters, so every runc fingerprint stays as it was.
             **({"isolation": self.isolation.value} if self.isolation is not Isolation.RUNC else {}),
             **({"template": self.template} if self.template else {}),
+            # Only sessions with volumes fingerprint them (by id, path and mode: the disk is
+            # the server's choice, not the request's).
+            **(
+                {
+                    "volumes": [
+                        {"volume_id": v.volume_id, "path": v.path, "read_only": v.read_only}
+                        for v in sorted(self.volumes, key=lambda v: v.path)
+                    ]
+                }
+                if self.volumes
+                else {}
+            ),
             # Only a disk workspace enters, so every memory fingerprint stays as it was.
             **({"storage": self.storage.value} if self.on_disk else {}),
         }

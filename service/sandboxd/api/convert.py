@@ -24,13 +24,21 @@ from sandboxd.models import (
     Session,
     SessionState,
     ShellPolicy,
+    VolumeMount,
     WorkspaceManifest,
     WorkspaceStorage,
 )
 from sandboxd.reasons import Reason
 from sandboxd.sessions import CreateSessionInput
 from sandboxd.state_reason import state_reason
-from sandboxd.v1 import common_pb2, filesystem_pb2, process_pb2, session_pb2, watch_pb2
+from sandboxd.v1 import (
+    common_pb2,
+    filesystem_pb2,
+    process_pb2,
+    session_pb2,
+    volumes_pb2,
+    watch_pb2,
+)
 
 _STATE = {
     SessionState.CREATING: session_pb2.SESSION_STATE_CREATING,
@@ -186,6 +194,10 @@ def create_input(req: session_pb2.CreateSessionRequest) -> CreateSessionInput:
         isolation=isolation_from_pb(req.isolation),
         template=req.template,
         pull_policy=image_convert.pull_policy(req.pull_policy),
+        volumes=tuple(
+            VolumeMount(volume_id=m.volume_id, path=m.path, read_only=m.read_only)
+            for m in req.volumes
+        ),
         storage=storage_from_pb(req.workspace.storage),
         size_bytes=req.workspace.size_bytes,
     )
@@ -241,6 +253,10 @@ def session_pb(s: Session) -> session_pb2.Session:
         isolation=ISOLATION_PB[s.spec.isolation],
         template=s.spec.template,
         image_digest=s.spec.image_digest,
+        volumes=[
+            volumes_pb2.VolumeMount(volume_id=m.volume_id, path=m.path, read_only=m.read_only)
+            for m in s.spec.volumes
+        ],
         workspace_storage=_STORAGE_PB[s.spec.storage],
         workspace_size_bytes=s.spec.limits.workspace_bytes,
         **_loss_fields(s.loss),

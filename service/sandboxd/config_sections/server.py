@@ -166,6 +166,22 @@ class MetricsSection:
     access_log: bool = setting(
         True, BOOL, "one INFO line per RPC: method, tenant, session, code, duration"
     )
+    session_limit: int = setting(
+        100,
+        INT,
+        "running sessions given series of their own (CPU, memory, workspace, egress), the oldest "
+        "first; the rest are counted in sandboxd_session_series_omitted (0: no per-session series)",
+        lo=0,
+        hi=10_000,
+        flat="metrics_session_limit",
+    )
+    session_interval_s: float = setting(
+        30.0,
+        DURATION,
+        "how often the per-session series are read (an engine stats call and a df per session)",
+        lo=1,
+        flat="metrics_session_interval_s",
+    )
 
     @property
     def served(self) -> bool:

@@ -38,6 +38,7 @@ from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_exec import DockerExecStream
 from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.docker_tls import EngineAddress, engine_address
+from sandboxd.engine.docker_volumes import with_volume_sources
 from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
     ExecRequest,
@@ -54,6 +55,7 @@ from sandboxd.engine.runsc_leftovers import end_leftovers
 from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
+from sandboxd.storage.disk_tool import LABEL_DISK_TOOL
 from sandboxd.storage.docker_disks import DockerDisks
 
 # Every request has a deadline (streams of exec output excepted: those last as long as the
@@ -180,6 +182,8 @@ class DockerEngine:
     async def create_sandbox(self, request: SandboxRequest) -> str:
         with self._translate(f"filling the helper volume {self._helper.name}"):
             await self._helper.ensure(self.docker, request.spec.image)
+        # Volumes: each disk attached now (again after a host restart), on the loop it is on.
+        request = await with_volume_sources(self.disks, request)
         # A disk workspace: attached now (again after a host restart), on the loop it is on.
         volume = await self.disks.attach(request.spec.disk_id) if request.spec.on_disk else ""
         with self._translate(f"creating container {request.name}"):
@@ -258,6 +262,10 @@ class DockerEngine:
         for c in found:
             doc = compat.container_document(c)
             labels = doc.get("Labels") or {}
+            if LABEL_DISK_TOOL in labels:
+                # A disk tool run (storage/docker_disks.py) is not a sandbox: reconcile would
+                # take it for an orphan and remove it mid-run; the disk's own code removes it.
+                continue
             result.append(
                 SandboxInfo(
                     sandbox_id=str(doc["Id"]),

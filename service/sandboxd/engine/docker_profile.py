@@ -8,13 +8,14 @@ Docker adapter builds these documents; the domain asks for a `SandboxRequest`.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandboxd import images
 from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_POOL, LABEL_SESSION
+from sandboxd.models import VolumeMount
 from sandboxd.profile import HELPER_IN_CONTAINER, TMP_BYTES, base_env
 from sandboxd.secrets import trust
 from sandboxd.storage.disk_tool import DISK_MOUNT_PREFIX
@@ -143,11 +144,32 @@ def container_config(
                 workspace_volume or disk_volume_prefix(spec.disk_id), "/workspace"
             ).engine_mount()
         ]
+    if spec.volumes:
+        host = config["HostConfig"]
+        host["Mounts"] = [*host.get("Mounts", []), *volume_mounts(spec.volumes, host["Tmpfs"])]
     if spec.isolation is Isolation.GVISOR:
         config["HostConfig"].update(gvisor_pids(limits.pids))
     if request.egress_port:
         config = apply_to_container(config, request.egress_port)
     return config
+
+
+def volume_mounts(volumes: Sequence[VolumeMount], tmpfs: dict[str, str]) -> list[dict[str, Any]]:
+    """The session's volumes (sandboxd.volumes): each disk at its path, read-only where asked,
+    never filled from the image (NoCopy). A disk at /workspace (the server's own porter of a
+    volume's content, never a session: their paths are below /mnt) takes the tmpfs's place."""
+    if any(v.path == "/workspace" for v in volumes):
+        tmpfs.pop("/workspace", None)
+    return [
+        {
+            "Type": "volume",
+            "Source": v.disk,
+            "Target": v.path,
+            "ReadOnly": v.read_only,
+            "VolumeOptions": {"NoCopy": True},
+        }
+        for v in volumes
+    ]
 
 
 # Host threads of gVisor's own Sentry and gofer (about 60 idle, more per task under the ptrace

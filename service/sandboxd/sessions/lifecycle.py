@@ -52,6 +52,7 @@ from sandboxd.sessions.suspension import Suspension
 from sandboxd.snapshot_store import Snapshot
 from sandboxd.store import SessionStore
 from sandboxd.templates.builtin import TemplateImages
+from sandboxd.volumes.claims import VolumeClaims, claim_volumes
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,10 @@ class SessionManager:
         pulls: Pulls | None = None,
         templates: TemplateImages | None = None,
         host_ids: HostIds | None = None,
+        volumes: VolumeClaims | None = None,
     ) -> None:
         self._config = config
+        self._volumes = volumes  # None: a create naming a volume is VOLUME_NOT_FOUND
         # Shared with the warm pool, whose containers hold ids too (server_parts.py).
         self._host_ids = host_ids or HostIds.for_config(config, store)
         self._templates = templates  # None: the built-in templates only
@@ -193,6 +196,8 @@ class SessionManager:
                     *own_templates.values(),
                 ],
             )
+            if self._templates is not None:  # a built-in still being built is not pulled
+                await self._templates.require_ready(spec.image)
             resolved = await self._resolve_image(spec.image, checked.pull_policy, source)
             if source is not None and resolved is not None:  # a fork runs its source's image
                 spec = dataclasses.replace(
@@ -208,10 +213,13 @@ class SessionManager:
             # The session's own host uid and gid, whatever `user` asked: held until the
             # record that takes it is written (a fork gets its own; a warm container brings
             # the one it was made with, sessions/sandboxes.py).
-            async with self._host_ids.holding() as host_id:
+            async with (
+                self._host_ids.holding() as host_id,
+                claim_volumes(self._volumes, spec.volumes, host_id) as mounts,
+            ):
                 session = Session(
                     session_id=session_id,
-                    spec=spec.as_host(host_id, host_id),
+                    spec=dataclasses.replace(spec.as_host(host_id, host_id), volumes=mounts),
                     fingerprint=fingerprint,
                     state=SessionState.CREATING,
                     created_at=created,
@@ -223,7 +231,8 @@ class SessionManager:
             undo = Undo()
             undo.push(lambda: self._store.delete(session_id))
             try:
-                await self._sandboxes.provision(session, undo)
+                # A warm container has another host uid than the one the volumes were handed to.
+                await self._sandboxes.provision(session, undo, warm_ok=not mounts)
                 if spec.manifest.files or spec.manifest.directories:
                     await write_manifest(self._engine, session)
                 if source is not None:

@@ -29,12 +29,14 @@ from sandboxd.models import (
     PullPolicy,
     SessionSpec,
     ShellPolicy,
+    VolumeMount,
     WorkspaceManifest,
     WorkspaceStorage,
 )
 from sandboxd.reasons import Reason
 from sandboxd.secrets import bindings as secret_bindings
 from sandboxd.templates import resolve_template
+from sandboxd.volumes import checks as volume_checks
 
 MAX_MANIFEST_ENTRIES = 10_000
 MAX_ALLOW_ENTRIES = 256
@@ -63,6 +65,7 @@ class CreateSessionInput:
     isolation: Isolation | None = None  # None: the server's default tier
     template: str = ""
     pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
+    volumes: tuple[VolumeMount, ...] = ()
     storage: WorkspaceStorage | None = None  # None: the operator's default
     size_bytes: int = 0  # a disk workspace's; 0: the operator's default
 
@@ -114,6 +117,7 @@ def check_create(
     )
     image = validation.validate_image(named or config.engine.image)
     lease = check_lease(req.lease_ttl_s, "lease_ttl", config)
+    volumes = volume_checks.check_mounts(req.volumes, config.volumes.mounts_per_session)
     spec = SessionSpec(
         image=image,
         limits=limits,
@@ -126,6 +130,7 @@ def check_create(
         isolation=isolation,
         template=req.template,
         requested_user=f"{uid}:{gid}",
+        volumes=volumes,
         storage=storage,
         # Made here, so the record names its disk from the first write (the sweep keeps it).
         disk_id=WORKSPACE_DISK_PREFIX + secrets.token_hex(12) if disk_bytes else "",

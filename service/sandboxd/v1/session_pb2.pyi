@@ -14,6 +14,7 @@ from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from sandboxd.v1 import common_pb2 as _common_pb2
 from sandboxd.v1 import images_pb2 as _images_pb2
 from sandboxd.v1 import leases_pb2 as _leases_pb2
+from sandboxd.v1 import volumes_pb2 as _volumes_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -239,6 +240,7 @@ class CreateSessionRequest(_message.Message):
     ISOLATION_FIELD_NUMBER: _builtins.int
     TEMPLATE_FIELD_NUMBER: _builtins.int
     PULL_POLICY_FIELD_NUMBER: _builtins.int
+    VOLUMES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Optional caller-chosen id; makes the call idempotent."""
     image: _builtins.str
@@ -284,6 +286,13 @@ class CreateSessionRequest(_message.Message):
     def lease_ttl(self) -> _duration_pb2.Duration:
         """Lease length; zero means the server default."""
 
+    @_builtins.property
+    def volumes(self) -> _containers.RepeatedCompositeFieldContainer[_volumes_pb2.VolumeMount]:
+        """Volumes of the caller's tenant (VolumeService) mounted in the sandbox, each at its path
+        below /mnt: read-write by one session at a time (a second writer is FAILED_PRECONDITION
+        VOLUME_IN_USE), read-only by many. A bad path is INVALID_ARGUMENT MOUNT_PATH_INVALID.
+        """
+
     def __init__(
         self,
         *,
@@ -303,10 +312,11 @@ class CreateSessionRequest(_message.Message):
         isolation: _common_pb2.Isolation.ValueType = ...,
         template: _builtins.str = ...,
         pull_policy: _images_pb2.PullPolicy.ValueType = ...,
+        volumes: _abc.Iterable[_volumes_pb2.VolumeMount] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "shell", b"shell", "workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "pull_policy", b"pull_policy", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "template", b"template", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "pull_policy", b"pull_policy", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "template", b"template", "user", b"user", "volumes", b"volumes", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -872,6 +882,7 @@ class Session(_message.Message):
     RESTORED_FROM_FIELD_NUMBER: _builtins.int
     RESTORED_STATE_TIME_FIELD_NUMBER: _builtins.int
     LOST_MESSAGE_FIELD_NUMBER: _builtins.int
+    VOLUMES_FIELD_NUMBER: _builtins.int
     WORKSPACE_STORAGE_FIELD_NUMBER: _builtins.int
     WORKSPACE_SIZE_BYTES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
@@ -944,6 +955,10 @@ class Session(_message.Message):
         was lost. Unset until the rebuild (the next call on the session) has happened.
         """
 
+    @_builtins.property
+    def volumes(self) -> _containers.RepeatedCompositeFieldContainer[_volumes_pb2.VolumeMount]:
+        """The volumes mounted in the sandbox, as CreateSession asked."""
+
     def __init__(
         self,
         *,
@@ -971,12 +986,13 @@ class Session(_message.Message):
         restored_from: _builtins.str = ...,
         restored_state_time: _timestamp_pb2.Timestamp | None = ...,
         lost_message: _builtins.str = ...,
+        volumes: _abc.Iterable[_volumes_pb2.VolumeMount] | None = ...,
         workspace_storage: Global___WorkspaceStorage.ValueType = ...,
         workspace_size_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "lost_time", b"lost_time", "network", b"network", "restored_state_time", b"restored_state_time", "shell", b"shell", "state_reason", b"state_reason"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "end_reason", b"end_reason", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "lost_message", b"lost_message", "lost_time", b"lost_time", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "restored_from", b"restored_from", "restored_state_time", b"restored_state_time", "session_id", b"session_id", "shell", b"shell", "state", b"state", "state_reason", b"state_reason", "template", b"template", "user", b"user", "workspace_id", b"workspace_id", "workspace_size_bytes", b"workspace_size_bytes", "workspace_storage", b"workspace_storage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "end_reason", b"end_reason", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "lost_message", b"lost_message", "lost_time", b"lost_time", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "restored_from", b"restored_from", "restored_state_time", b"restored_state_time", "session_id", b"session_id", "shell", b"shell", "state", b"state", "state_reason", b"state_reason", "template", b"template", "user", b"user", "volumes", b"volumes", "workspace_id", b"workspace_id", "workspace_size_bytes", b"workspace_size_bytes", "workspace_storage", b"workspace_storage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
