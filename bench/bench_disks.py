@@ -12,9 +12,10 @@ Metrics (names owned by this module):
   1 GiB on disk (the disk stays: no tar); extra `tar_path_ms`, the same for a tmpfs session
   holding 1 GiB (the snapshot's tar round trip).
 - `disk_fork_1gib`: p50 ms of CreateSnapshot + CreateSession(from_snapshot_id) of that disk
-  session; extra `tmpfs_fork_ms` for the tmpfs one (both go through the snapshot's tar).
+  session; extra `tar_path_ms` for the tmpfs one (both go through the snapshot's tar).
 
-Few rounds: each moves a GiB or two.
+One round each for those two (a GiB or two moves per round); a call that fails is reported in
+the row's `failed`, and the rest is still measured.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 from google.protobuf import duration_pb2
 from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_profile import container_config
@@ -124,7 +126,7 @@ async def _create_ms(ctx: BenchContext, **fields: Any) -> float:
 
 
 async def run(ctx: BenchContext) -> dict[str, Metric]:
-    small = dataclasses.replace(ctx, rounds=min(ctx.rounds, 5), warmup=min(ctx.warmup, 1))
+    small = dataclasses.replace(ctx, rounds=min(ctx.rounds, 3), warmup=min(ctx.warmup, 1))
     tiny = dataclasses.replace(ctx, rounds=min(ctx.rounds, 2), warmup=0)
     results: dict[str, Metric] = {}
     limits = common_pb2.ResourceLimits(command_timeout=TIMEOUT)
@@ -180,7 +182,13 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
     memory = common_pb2.ResourceLimits(
         memory_bytes=2 * GiB, workspace_bytes=GiB, command_timeout=TIMEOUT
     )
-    timings: dict[str, list[float]] = {}
+    timings: dict[str, list[float]] = {
+        "disk_suspend": [],
+        "tmpfs_suspend": [],
+        "disk_fork": [],
+        "tmpfs_fork": [],
+    }
+    failed: dict[str, str] = {}
     for kind, fields in (
         ("disk", {"workspace": DISK_WS, "limits": limits}),
         ("tmpfs", {"limits": memory}),
@@ -188,7 +196,7 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
         async with ctx.session(**fields) as session:
             sid = session.session_id
             await _sh(ctx, sid, WRITE.replace("count=1024", "count=1000"))  # under the tmpfs cap
-            for _ in range(tiny.rounds):
+            try:
                 start = time.perf_counter()
                 await ctx.stubs.sessions.SuspendSession(
                     session_pb2.SuspendSessionRequest(session_id=sid)
@@ -196,32 +204,43 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
                 await ctx.stubs.sessions.ResumeSession(
                     session_pb2.ResumeSessionRequest(session_id=sid)
                 )
-                timings.setdefault(f"{kind}_suspend", []).append(
-                    (time.perf_counter() - start) * 1000
-                )
-            for _ in range(tiny.rounds):
+                timings[f"{kind}_suspend"].append((time.perf_counter() - start) * 1000)
+            except grpc.RpcError as exc:  # reported with the row, the rest still measured
+                failed[f"{kind}_suspend"] = f"{exc.code().name}: {exc.details()}"
+            snap_id = ""
+            try:
                 start = time.perf_counter()
                 snap = await snaps.CreateSnapshot(
                     snapshot_pb2.CreateSnapshotRequest(session_id=sid)
                 )
+                snap_id = snap.snapshot.snapshot_id
                 fork = await ctx.stubs.sessions.CreateSession(
                     session_pb2.CreateSessionRequest(
-                        from_snapshot_id=snap.snapshot.snapshot_id,
+                        from_snapshot_id=snap_id,
                         shell=common_pb2.ShellPolicy(allow_all=True),
                         **fields,
                     )
                 )
-                timings.setdefault(f"{kind}_fork", []).append((time.perf_counter() - start) * 1000)
+                timings[f"{kind}_fork"].append((time.perf_counter() - start) * 1000)
                 await ctx.delete_session(fork.session.session_id)
-                await snaps.DeleteSnapshot(
-                    snapshot_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot.snapshot_id)
-                )
-    results["disk_suspend_resume_1gib"] = latency_metric(timings["disk_suspend"], None)
-    results["disk_suspend_resume_1gib"].extra["tar_path_ms"] = round(
-        statistics.median(timings["tmpfs_suspend"]), 3
-    )
-    results["disk_fork_1gib"] = latency_metric(timings["disk_fork"], None)
-    results["disk_fork_1gib"].extra["tmpfs_fork_ms"] = round(
-        statistics.median(timings["tmpfs_fork"]), 3
-    )
+            except grpc.RpcError as exc:
+                failed[f"{kind}_fork"] = f"{exc.code().name}: {exc.details()}"
+            finally:
+                if snap_id:
+                    await snaps.DeleteSnapshot(
+                        snapshot_pb2.DeleteSnapshotRequest(snapshot_id=snap_id)
+                    )
+    for name, key, other in (
+        ("disk_suspend_resume_1gib", "disk_suspend", "tmpfs_suspend"),
+        ("disk_fork_1gib", "disk_fork", "tmpfs_fork"),
+    ):
+        if timings[key]:
+            results[name] = latency_metric(timings[key], None)
+            results[name].extra["tar_path_ms"] = (
+                round(statistics.median(timings[other]), 3) if timings[other] else None
+            )
+            if failed:
+                results[name].extra["failed"] = {
+                    k: v for k, v in failed.items() if k in (key, other)
+                }
     return results

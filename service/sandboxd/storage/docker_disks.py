@@ -12,7 +12,13 @@ from typing import Any
 
 import aiodocker
 
-from sandboxd.errors import FailedPrecondition, Internal, NotFound, ResourceExhausted
+from sandboxd.errors import (
+    FailedPrecondition,
+    Internal,
+    NotFound,
+    ResourceExhausted,
+    SandboxError,
+)
 from sandboxd.labels import LABEL_OWNER
 from sandboxd.reasons import Reason
 from sandboxd.storage import disk_tool
@@ -92,9 +98,11 @@ class DockerDisks:
                     )
             try:
                 result = await self._run(disk_id, "create", (size_bytes, uid, gid))
-            except BaseException:
+            except BaseException as exc:
                 if existing is None:  # nothing half-made: a refused or failed create
-                    await asyncio.shield(self._remove_volume(volume))
+                    # Refused for room or for loop devices: nothing was attached.
+                    refused = isinstance(exc, ResourceExhausted | FailedPrecondition)
+                    await asyncio.shield(self._discard(disk_id, attached=not refused))
                 raise
             return DiskUsage(disk_id, result.size_bytes, result.allocated_bytes)
 
@@ -153,7 +161,7 @@ class DockerDisks:
                 result = await self._run(disk_id, "attach", ())
             except BaseException:
                 if made:
-                    await asyncio.shield(self._remove_volume(volume))
+                    await asyncio.shield(self._discard(disk_id))
                 raise
             return DiskUsage(disk_id, result.size_bytes, result.allocated_bytes)
 
@@ -216,6 +224,18 @@ class DockerDisks:
         except FailedPrecondition:
             if not quiet:
                 raise
+
+    async def _discard(self, disk_id: str, *, attached: bool = True) -> None:
+        """What a failed create or copy made goes: detached first when the run may have
+        attached the image before it failed (a loop on a removed file would keep its space),
+        then the volume. A detach that fails keeps the volume, for the sweep's delete."""
+        if attached:
+            try:
+                await self._run(disk_id, "detach", ())
+            except SandboxError:
+                return
+        with contextlib.suppress(SandboxError):
+            await self._remove_volume(self.image_volume(disk_id))
 
     async def _ensure_tool_image(self) -> None:
         try:
