@@ -51,9 +51,11 @@ KEEPER_USER = "65533:65533"
 POOL_SIZE = 2
 _LISTEN_RE = re.compile(r"sandboxd listening on (\S+):(\d+)")
 _METRICS_RE = re.compile(r"metrics served at http://(\S+):(\d+)/metrics")
+_E2B_RE = re.compile(r"E2B door on (http://\S+:\d+)")
 
 # name: (kind, target). "max": the ratio ours/raw must be at most target, "min": at least;
-# "abs_max": an absolute bound on ours itself, in the metric's unit (raw is shown for context).
+# "abs_max": an absolute bound on ours itself, in the metric's unit (raw is shown for context);
+# "abs_min": an absolute floor on ours.
 # The in-sandbox agent set run_true, the four streaming throughputs, the Interact
 # round trip, time_to_interactive and RSS_TARGET_MIB.
 TARGETS: dict[str, tuple[str, float]] = {
@@ -70,6 +72,11 @@ TARGETS: dict[str, tuple[str, float]] = {
     "export_throughput": ("min", 1.0),
     "import_throughput": ("min", 1.0),
     "preview_download_throughput": ("min", 1.0),
+    # bench_load: CPU per Run(["true"]) under load is the primary figure (robust to a shared
+    # machine); Runs/s is reported with the machine's load beside it
+    "load_cpu_server_per_run": ("abs_max", 0.8),
+    "load_cpu_host_per_run": ("abs_max", 2.0),
+    "load_runs_per_s": ("abs_min", 1000.0),
 }
 RSS_TARGET_MIB = 150.0  # the server's RSS after the full bench
 IDLE_RSS_TARGET_MIB = 80.0  # after start-up, pool full (the earlier target)
@@ -84,6 +91,7 @@ class Server:
         self.data_dir = data_dir
         self.port = 0
         self.metrics_port = 0
+        self.e2b_url = ""
         self.lines: list[str] = []
         self._ready = asyncio.Event()
         self._drain = asyncio.create_task(self._read())
@@ -96,6 +104,8 @@ class Server:
             del self.lines[:-500]
             if m := _METRICS_RE.search(line):
                 self.metrics_port = int(m.group(2))
+            if m := _E2B_RE.search(line):
+                self.e2b_url = m.group(1)
             if m := _LISTEN_RE.search(line):
                 self.port = int(m.group(2))
                 self._ready.set()
@@ -198,7 +208,9 @@ async def main_async(args: argparse.Namespace) -> int:
     raw_owner = "benchraw" + secrets.token_hex(4)
     with tempfile.TemporaryDirectory(prefix="sandboxd-bench-") as tmp:
         async with (
-            running_server(Path(tmp), "--pool-size", str(POOL_SIZE)) as server,
+            running_server(
+                Path(tmp), "--pool-size", str(POOL_SIZE), "--e2b-listen", "127.0.0.1:0"
+            ) as server,
             _docker() as docker,
         ):
             channel = grpc.aio.insecure_channel(
@@ -227,7 +239,9 @@ async def main_async(args: argparse.Namespace) -> int:
                 metrics_url=f"http://127.0.0.1:{server.metrics_port}/metrics",
                 pool_size=POOL_SIZE,
                 server_pid=server.proc.pid,
+                data_dir=server.data_dir,
                 sessions=args.sessions,
+                e2b_url=server.e2b_url,
             )
             try:
                 await ctx.pool_ready()
@@ -298,6 +312,8 @@ def verdict(name: str, metric: dict[str, Any]) -> tuple[str, bool | None]:
     kind, value = target
     if kind == "abs_max":
         return f"ours <= {value:g} {metric['unit']}", metric["ours"] <= value
+    if kind == "abs_min":
+        return f"ours >= {value:g} {metric['unit']}", metric["ours"] >= value
     ratio = metric.get("ratio")
     text = f"{'<=' if kind == 'max' else '>='} {value:g}"
     if ratio is None:

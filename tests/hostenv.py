@@ -15,10 +15,10 @@ is reported like any other change.
 Images: every image the engine lists (by reference, dangling ones by id) that appeared during
 the suite is a leftover: a snapshot image a test did not delete, a template, an image a test
 built or pulled. Left out: the images the Makefile builds on purpose for the suite
-(`sandboxd-runtime:busybox` and `:python`), and images labelled with the owner id of a server
-this run did not start (another suite's or the soak's, on the same engine; `mountcheck.OWNERS`
-says which are ours). Only additions count: an image someone else removes during a long run
-is not a leak.
+(`sandboxd-runtime:busybox`, `:python` and `:base`), and images labelled with the owner id of a
+server this run did not start (another suite's or the soak's, on the same engine;
+`mountcheck.OWNERS` says which are ours). Only additions count: an image someone else removes
+during a long run is not a leak.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class HostState:
     iptables: tuple[str, ...]
     etc_docker: tuple[str, ...]
     images: tuple[str, ...] = ()
+    disks: tuple[str, ...] = ()
 
     def diff(self, after: HostState) -> str:
         """A unified diff per part that changed; empty when the host is as it was."""
@@ -64,6 +65,10 @@ class HostState:
         if added:
             out.append("images left behind (not there before the suite):")
             out.extend(f"+{line}" for line in added)
+        disks = sorted(set(after.disks) - set(self.disks))
+        if disks:
+            out.append("disks left behind (volumes of this run's servers, detached loops):")
+            out.extend(f"+{line}" for line in disks)
         return "\n".join(out)
 
 
@@ -159,6 +164,7 @@ _MAKEFILE_IMAGES = frozenset(
     {
         "sandboxd-runtime:busybox",
         "sandboxd-runtime:python",
+        "sandboxd-runtime:base",
         os.environ.get("SANDBOXD_TEST_IMAGE", "sandboxd-runtime:busybox"),
     }
 )
@@ -199,6 +205,25 @@ def images(owners: frozenset[str] = frozenset()) -> tuple[str, ...]:
     return normalise_images(lines, owner_of, owners)
 
 
+def disks(owners: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """Disk volumes (a disk workspace's image and mount volumes, sandboxd.storage) of this
+    run's servers, and loop devices whose backing file is gone (a disk removed while still
+    attached: its space is never given back). Only additions count, like images."""
+    found = []
+    fmt = '{{.Name}} {{.Label "' + LABEL_OWNER + '"}}'
+    for line in _lines(
+        ["docker", "volume", "ls", "--filter", "label=io.sandboxd.disk", "--format", fmt]
+    ):
+        name, _, owner = line.partition(" ")
+        if line.startswith("<") or owner.strip() in owners:
+            found.append(f"volume {name}")
+    if os.geteuid() == 0:
+        for line in _lines(["losetup", "--list", "-n", "-O", "NAME,BACK-FILE"]):
+            if line.rstrip().endswith("(deleted)"):
+                found.append(f"loop {line.split()[0]} (its disk image was removed)")
+    return tuple(sorted(found))
+
+
 def snapshot(owners: frozenset[str] = frozenset()) -> HostState:
     links = _lines(["ip", "-o", "link"])
     addresses = _lines(["ip", "-o", "addr"])
@@ -211,6 +236,7 @@ def snapshot(owners: frozenset[str] = frozenset()) -> HostState:
         iptables=normalise_iptables(iptables, bridges),
         etc_docker=etc_docker(),
         images=images(owners),
+        disks=disks(owners),
     )
 
 

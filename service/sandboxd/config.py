@@ -39,9 +39,11 @@ from sandboxd.config_sections import (
     ServerSection,
     TemplatesSection,
     TenancySection,
+    VolumesSection,
     WatchSection,
 )
 from sandboxd.config_sections.server import MAX_ID
+from sandboxd.e2b.settings import E2bSection
 from sandboxd.errors import ConfigError, ConfigProblems
 from sandboxd.models import LIMIT_NAMES
 from sandboxd.previews.settings import PreviewsSection
@@ -51,6 +53,7 @@ from sandboxd.settings import (
     parse_duration,
     parse_size,
 )
+from sandboxd.web.settings import WebSection
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -85,7 +88,10 @@ class Config:
     watch: WatchSection = field(default_factory=WatchSection)
     previews: PreviewsSection = field(default_factory=PreviewsSection)
     agent: AgentSection = field(default_factory=AgentSection)
+    volumes: VolumesSection = field(default_factory=VolumesSection)
+    web: WebSection = field(default_factory=WebSection)
     admission: AdmissionSection = field(default_factory=AdmissionSection)
+    e2b: E2bSection = field(default_factory=E2bSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.
@@ -127,9 +133,11 @@ MAX_LIMITS = Config().limits.max
 
 
 def _default_helper() -> Path:
-    # A source checkout keeps it in build/ (make helper); an install puts it beside the prefix.
+    # A wheel (make package) carries it inside the package; a source checkout keeps it in
+    # build/ (make helper); an older install put it beside the prefix.
+    packaged = Path(__file__).resolve().parent / "bin" / "sbx"
     repo_build = Path(__file__).resolve().parents[2] / "build" / "sbx"
-    for candidate in (repo_build, Path("/usr/local/lib/sandboxd/sbx")):
+    for candidate in (packaged, repo_build, Path("/usr/local/lib/sandboxd/sbx")):
         if candidate.exists():
             return candidate
     return repo_build
@@ -220,6 +228,11 @@ def _limit_problems(config: Config) -> Iterator[str]:
         default, maximum = getattr(limits, f"default_{name}"), getattr(limits, f"max_{name}")
         if default > maximum:
             yield f"default_{name} ({default}) is larger than max_{name} ({maximum})"
+    if limits.default_disk_bytes > limits.max_disk_bytes:
+        yield (
+            f"default_disk_bytes ({limits.default_disk_bytes}) is larger than max_disk_bytes "
+            f"({limits.max_disk_bytes})"
+        )
     leases = config.leases
     if not 0 < leases.default_s <= leases.max_s:
         yield (
@@ -314,3 +327,45 @@ def validate_access(config: Config) -> None:
             "authentication; set tokens_file (and preferably tls_cert/tls_key), listen on "
             "127.0.0.1, or set allow_insecure_public_listen=true to accept the risk"
         )
+    _validate_web_access(config)
+
+
+def _validate_web_access(config: Config) -> None:
+    """The web gateway answers with the gRPC port's authentication, so the same refusals hold;
+    client certificates cannot pass through it, so it is refused where they are required."""
+    t, listen = config.tenancy, config.web.listen
+    if not listen or host_port_problem(listen, "127.0.0.1:8080") is not None:
+        return
+    if t.tls_client_ca is not None:
+        raise ConfigError(
+            f"web_listen {listen!r}: the web gateway cannot pass client certificates on; "
+            "unset web_listen, or tls_client_ca"
+        )
+    if (
+        t.tokens_file is None
+        and not t.allow_insecure_public_listen
+        and not listens_on_loopback(listen)
+    ):
+        raise ConfigError(
+            f"web_listen {listen!r}: refusing to serve a non-loopback address without "
+            "authentication; set tokens_file, listen on 127.0.0.1, or set "
+            "allow_insecure_public_listen=true to accept the risk"
+        )
+    e2b = config.e2b.listen
+    if e2b:
+        if t.tls_client_ca is not None:
+            raise ConfigError(
+                "e2b_listen: the E2B door reaches the gRPC port as a client and has no client "
+                "certificate; it cannot serve with tls_client_ca set"
+            )
+        if (
+            t.tokens_file is None
+            and not t.allow_insecure_public_listen
+            and host_port_problem(e2b, "127.0.0.1:3000") is None
+            and not listens_on_loopback(e2b)
+        ):
+            raise ConfigError(
+                f"e2b_listen {e2b!r}: refusing to serve a non-loopback address without "
+                "authentication; set tokens_file, listen on 127.0.0.1, or set "
+                "allow_insecure_public_listen=true to accept the risk"
+            )

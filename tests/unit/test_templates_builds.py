@@ -124,9 +124,9 @@ async def test_from_rules_resolve(env: Env) -> None:
     with pytest.raises(InvalidArgument) as info:
         await env.build("x", "FROM alpine:3.19\n")  # not on the allowlist
     assert info.value.reason == "TEMPLATE_FROM_NOT_ALLOWED"
-    await env.build("base", "FROM busybox\n")
-    await env.build("child", "FROM base\n")
-    base = await env.templates.get("base")
+    await env.build("parent", "FROM busybox\n")
+    await env.build("child", "FROM parent\n")
+    base = await env.templates.get("parent")
     assert env.engine.builds[-1].splitlines()[0] == f"FROM {base.image}"
 
 
@@ -142,7 +142,7 @@ async def test_tenants_do_not_see_each_other(env: Env) -> None:
         with pytest.raises(InvalidArgument):
             await env.build("steal", "FROM mine\n")
         page, _ = await env.templates.list(0, "")
-        assert [t.name for t in page] == ["busybox", "python"]
+        assert [t.name for t in page] == ["base", "busybox", "python"]
 
     await asyncio.create_task(as_beta())
 
@@ -171,7 +171,7 @@ async def test_list_pages(env: Env) -> None:
         names += [t.name for t in page]
         if not token:
             break
-    assert names == ["a1", "busybox", "c3", "python", "z9"]
+    assert names == ["a1", "base", "busybox", "c3", "python", "z9"]
 
 
 async def test_a_build_cut_short_by_a_crash_is_failed_and_pruned(tmp_path: Path) -> None:

@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
-
-import grpc
 
 from sandboxd import tenancy
 from sandboxd.admission import FairShares, RateLimited
 from sandboxd.api.auth import EXEMPT_PREFIXES
+from sandboxd.api.chain import Layer
 from sandboxd.api.errors import to_status
 
 _KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
@@ -34,14 +33,11 @@ async def hold(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
-class CallAdmission(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class CallAdmission(Layer):
     def __init__(self, shares: FairShares) -> None:
         self.shares = shares
 
-    async def intercept_service(
-        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: Any
-    ) -> Any:
-        handler = await continuation(handler_call_details)
+    def wrap(self, handler: Any, handler_call_details: Any) -> Any:
         if handler is None or str(handler_call_details.method).startswith(EXEMPT_PREFIXES):
             return handler
         kind = next(k for k in _KINDS if getattr(handler, k) is not None)

@@ -33,6 +33,7 @@ RETRYABLE = frozenset(
         Reason.TEMPLATE_BUILDS_BUSY,
         Reason.AGENT_UNAVAILABLE,
         Reason.AGENT_RESTARTED,
+        Reason.TEMPLATE_NOT_READY,
         Reason.TENANT_RATE_LIMITED,
     }
 )

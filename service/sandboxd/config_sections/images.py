@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sandboxd.config_sections.units import GiB
 from sandboxd.settings import (
+    BOOL,
     DURATION,
     INT,
     OPTIONAL_PATH,
@@ -66,6 +67,21 @@ class TemplatesSection:
         TEXT,
         "image of the built-in `python` template (make python-image builds it)",
         flat="template_python_image",
+    )
+    build_builtins: bool = setting(
+        True,
+        BOOL,
+        "build a built-in template's missing sandboxd-runtime image in the background when the "
+        "engine answers (its recipe ships in the package); off: `make image` and `make "
+        "python-image` alone make them",
+        flat="template_build_builtins",
+    )
+    base_image: str = setting(
+        "sandboxd-runtime:base",
+        TEXT,
+        "image of the built-in `base` template: bash, python3, curl and the user `user` "
+        "(make base-image builds it)",
+        flat="template_base_image",
     )
     max_context_bytes: int = setting(
         64 * 1024**2,

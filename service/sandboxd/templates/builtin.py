@@ -1,5 +1,8 @@
-"""The built-in templates: `busybox` (the server's default image) and `python` (Debian 12 with
-python3 and its standard library, built offline by scripts/build-python-image.sh).
+"""The built-in templates: `busybox` (the server's default image), `python` (Debian 12 with
+python3 and its standard library, built offline by sandboxd/runtime_images/python.sh, which
+the server runs itself when the engine lacks the image: builtin_images.py) and `base` (Debian 12
+with bash, python3, curl and a user `user` whose home /home/user is the workspace, built by
+scripts/build-base-image.sh: the template E2B's SDK names by default).
 
 A template resolves to the image a session runs; the image then passes the same checks as a
 named one (allowlist, present on the engine, no VOLUMEs), so a template can never reach an image
@@ -14,7 +17,7 @@ from typing import Protocol
 from sandboxd.errors import InvalidArgument, NotFound
 from sandboxd.reasons import Reason
 
-BUILTIN_TEMPLATES = ("busybox", "python")
+BUILTIN_TEMPLATES = ("busybox", "python", "base")
 
 
 class TemplateImages(Protocol):
@@ -24,6 +27,10 @@ class TemplateImages(Protocol):
         """Name -> image id of the tenant's built templates."""
         ...
 
+    async def require_ready(self, image: str) -> None:
+        """TEMPLATE_NOT_READY while `image` is a built-in's that is still being built."""
+        ...
+
 
 def resolve_template(
     name: str,
@@ -31,6 +38,7 @@ def resolve_template(
     *,
     default_image: str,
     python_image: str,
+    base_image: str,
     own: Mapping[str, str] | None = None,
 ) -> str:
     """The image of a create request that names `name` (and maybe `image`): '' keeps `image`.
@@ -42,7 +50,12 @@ def resolve_template(
         raise InvalidArgument(
             "set either template or image, not both", reason=Reason.TEMPLATE_WITH_IMAGE
         )
-    images = {**(own or {}), "busybox": default_image, "python": python_image}
+    images = {
+        **(own or {}),
+        "busybox": default_image,
+        "python": python_image,
+        "base": base_image,
+    }
     if name not in images:
         raise NotFound(
             f"no template {name[:64]!r} (built-in: {', '.join(BUILTIN_TEMPLATES)})",

@@ -1,0 +1,108 @@
+"""The door's listener: hypercorn serving `E2bApp` (HTTP/1.1 and HTTP/2, cleartext with prior
+knowledge as E2B's SDK speaks it, or TLS with the gRPC port's certificate), and its one gRPC
+channel to this server's own port. Entered into the server's exit stack after the gRPC server
+has started; leaving it stops the listener, the door's PTYs and watchers, then the channel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import grpc
+from cryptography import x509
+from hypercorn.asyncio import serve
+from hypercorn.config import Config as HypercornConfig
+
+from sandboxd.config import Config
+from sandboxd.e2b.app import E2bApp
+from sandboxd.e2b.backend import Backend, loopback_target
+from sandboxd.e2b.tokens import AccessTokens, load_key
+from sandboxd.errors import ConfigError
+
+log = logging.getLogger("sandboxd.e2b")
+
+
+def _credentials(config: Config) -> tuple[grpc.ChannelCredentials | None, str | None]:
+    """TLS toward the gRPC port when it serves TLS: its own certificate is the root, and the
+    name checked is the one the certificate carries."""
+    cert_path = config.tenancy.tls_cert
+    if cert_path is None:
+        return None, None
+    pem = cert_path.read_bytes()
+    cert = x509.load_pem_x509_certificate(pem)
+    name: str | None = None
+    with contextlib.suppress(x509.ExtensionNotFound):
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        dns = names.get_values_for_type(x509.DNSName)
+        ips = [str(ip) for ip in names.get_values_for_type(x509.IPAddress)]
+        found = [*dns, *ips]
+        name = found[0] if found else None
+    if name is None:
+        cn = cert.subject.get_attributes_for_oid(x509.oid.NameOID.COMMON_NAME)
+        name = str(cn[0].value) if cn else None
+    return grpc.ssl_channel_credentials(root_certificates=pem), name
+
+
+def _socket(listen: str) -> socket.socket:
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, int(port)))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"e2b_listen {listen}: {exc.strerror}") from None
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
+
+
+@contextlib.asynccontextmanager
+async def door(config: Config, grpc_port: int) -> AsyncIterator[int]:
+    """Serve the door for as long as the context is open; the port it listens on."""
+    credentials, name = _credentials(config)
+    backend = Backend.open(loopback_target(config.server.listen, grpc_port), credentials, name)
+    app = E2bApp(
+        backend,
+        AccessTokens(load_key(config.server.data_dir)),
+        domain=config.e2b.domain,
+        max_request_bytes=config.e2b.max_request_bytes,
+        command_timeout_s=config.limits.max.command_timeout_s,
+        pty_idle_s=config.leases.max_s,
+    )
+    sock = _socket(config.e2b.listen)
+    port = int(sock.getsockname()[1])
+    hc = HypercornConfig()
+    hc.bind = [f"fd://{sock.fileno()}"]
+    hc.accesslog = None
+    hc.errorlog = log
+    hc.keep_alive_timeout = 75  # the SDK keeps one connection per sandbox
+    hc.h2_max_concurrent_streams = 256
+    hc.graceful_timeout = 2
+    if config.tenancy.tls_cert is not None and config.tenancy.tls_key is not None:
+        hc.certfile, hc.keyfile = str(config.tenancy.tls_cert), str(config.tenancy.tls_key)
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        serve(cast(Any, app), hc, shutdown_trigger=stop.wait), name="e2b door"
+    )
+    log.info(
+        "E2B door on %s://%s:%d",
+        "https" if hc.certfile else "http",
+        config.e2b.listen.rpartition(":")[0],
+        port,
+    )
+    try:
+        yield port
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 10)
+        await app.close()
+        await backend.close()
+        sock.close()
