@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 IMAGE ?= sandboxd-runtime:busybox
 PROTOS := $(wildcard proto/sandboxd/v1/*.proto)
 
-.PHONY: all run test test-unit gvisor registry proto docs lint bench engine image python-image base-image e2b-sdk helper helper-asan venv clean node-deps buf go-deps
+.PHONY: all run test test-unit gvisor registry proto docs config package image-server lint bench engine image disk-image python-image base-image e2b-sdk helper helper-asan venv clean node-deps buf go-deps
 
 all: venv helper
 
@@ -61,7 +61,12 @@ engine:
 	bash scripts/ensure-docker.sh
 
 image: engine
-	bash scripts/build-runtime-image.sh $(IMAGE)
+	bash service/sandboxd/runtime_images/busybox.sh $(IMAGE)
+	bash scripts/build-disk-image.sh sandboxd-disktool:1
+
+# The disk tool (e2fsprogs, losetup) that makes disk workspaces: built offline, with `image`.
+disk-image: engine
+	bash scripts/build-disk-image.sh sandboxd-disktool:1
 
 # gVisor's runsc registered with the engine as runtime "runsc" (SIGHUP, never a restart);
 # says why and goes on where it cannot be had (not root, remote engine).
@@ -74,7 +79,7 @@ registry:
 
 # Debian with python3: a real HTTP/TLS client for the egress tests (about a minute, once).
 python-image: engine
-	bash scripts/build-python-image.sh sandboxd-runtime:python
+	bash service/sandboxd/runtime_images/python.sh sandboxd-runtime:python
 
 # The official E2B SDKs, pinned, each in a folder of its own (tests/clients/test_e2b_sdk.py runs
 # them unchanged against the E2B door): the current Python SDK and the previous minor release,
@@ -101,7 +106,7 @@ build/e2b-node/.installed-$(E2B_NPM):
 
 # The built-in `base` template (bash, python3, curl, the user `user`), which the E2B door uses.
 base-image: engine
-	bash scripts/build-base-image.sh sandboxd-runtime:base
+	bash service/sandboxd/runtime_images/base.sh sandboxd-runtime:base
 
 # Every stub and table generated from proto/: server and Python client stubs, docs/errors.md's
 # error table, the Go stubs and sentinel errors, the Node declarations and reason classes.
@@ -114,6 +119,20 @@ proto: venv go-deps node-deps
 # The API reference docs/api.md from the protos' comments (`make proto` writes it too).
 docs: venv
 	$(PY) -m sandboxd.tools.gendocs
+
+# packaging/sandboxd.toml, every setting with its default, from the settings model.
+config: venv
+	$(PY) -m sandboxd.tools.genconfig
+
+# The server's wheel in dist/, carrying the static helper and the runtime images' recipes
+# (docs/install.md): built from a copy of the tree, so the checkout never holds the binary twice.
+package: venv helper
+	bash scripts/package-server.sh dist
+
+# The server's container image, sandboxd-server:latest, from packaging/Dockerfile on a Debian
+# base built here with debootstrap (no registry).
+image-server: package python-image
+	bash scripts/build-server-image.sh sandboxd-server:latest dist
 
 # The Go client builds from Debian's Go packages (no Go module proxy here): vendor/ links to them.
 go-deps:

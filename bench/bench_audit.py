@@ -2,8 +2,9 @@
 default) against the same call on a second server with `--audit-enabled false`.
 
 Here the "raw" column is that audit-off server, not aiodocker: the row's target (ratio at most
-1.05) is the audit log's promise, "within 5% of the same run with it off". Both servers run the same code and
-profile on the same engine; rounds alternate which goes first, so drift hits both sides alike.
+1.05) is the audit log's promise, "within 5% of the same run with it off". Both servers run
+the same code and profile on the same engine; rounds alternate which goes first, so drift hits
+both sides alike.
 """
 
 from __future__ import annotations

@@ -162,13 +162,21 @@ async def _load(args: argparse.Namespace) -> None:
                     "250",
                     "--output",
                     args.output,
-                    *(["--native"] if args.native else ["--nonblocking"]),
+                    *(["--native"] if args.native else [] if args.blocking else ["--nonblocking"]),
+                    *(["--threads"] if args.threads else []),
                 )
                 deadline = time.monotonic() + args.seconds
                 count = 0
-                while time.monotonic() < deadline:
-                    await op()
-                    count += 1
+
+                async def caller() -> None:
+                    nonlocal count
+                    while time.monotonic() < deadline:
+                        await op()
+                        count += 1
+
+                async with asyncio.TaskGroup() as tg:
+                    for _ in range(args.callers):
+                        tg.create_task(caller())
                 await spy.wait()
                 print(f"{count} x {args.operation} in {args.seconds} s", file=sys.stderr)
             await channel.close()
@@ -202,11 +210,16 @@ def main() -> int:
         ],
     )
     parser.add_argument("--seconds", type=int, default=15)
+    parser.add_argument("--callers", type=int, default=1, help="concurrent loops of the operation")
     parser.add_argument("--output", default="/tmp/sandboxd-profile.txt")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument(
         "--native", action="store_true", help="C frames too (py-spy pauses the server to sample)"
     )
+    parser.add_argument(
+        "--blocking", action="store_true", help="pause the server per sample (whole stacks)"
+    )
+    parser.add_argument("--threads", action="store_true", help="the thread id as the first frame")
     args = parser.parse_args()
     asyncio.run(_load(args))
     top(args.output, args.top)

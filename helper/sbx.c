@@ -44,6 +44,9 @@
 
 #define LIST_MAX 100000
 #define EXIT_KILLED 137
+/* A wait that overran by more than this was a memory suspend (or a host that stalled the
+ * sandbox as long): the supervisor's deadline does not count it (cmd_run). */
+#define SUSPEND_JUMP_NS 500000000LL
 /* For walking trees we own: a symlink must never be traversed at all. */
 #define RES_NOSYM (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
 
@@ -1421,6 +1424,41 @@ static int cmd_mkdir(int argc, char **argv)
 }
 
 /*
+ * renameat2(RENAME_NOREPLACE), or where the file system refuses the flag (EINVAL: gVisor's
+ * gofer mounts, e.g. a disk workspace under runsc) the same without it: a non-directory by
+ * link then unlink (the link fails EEXIST, as the flag would), a directory by a plain rename
+ * after a look (one created in between is replaced only if empty: rename refuses others).
+ */
+static int rename_noreplace(int sfd, const char *sname, int dfd, const char *dname)
+{
+	if (syscall(SYS_renameat2, sfd, sname, dfd, dname, 1 /* RENAME_NOREPLACE */) == 0)
+		return 0;
+	if (errno != EINVAL)
+		return -1;
+	struct stat st;
+	if (fstatat(sfd, sname, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return -1;
+	if (!S_ISDIR(st.st_mode)) {
+		if (linkat(sfd, sname, dfd, dname, 0) < 0)
+			return -1;
+		if (unlinkat(sfd, sname, 0) < 0) {
+			int e = errno;
+			(void)unlinkat(dfd, dname, 0);
+			errno = e;
+			return -1;
+		}
+		return 0;
+	}
+	if (fstatat(dfd, dname, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+		errno = EEXIST;
+		return -1;
+	}
+	if (errno != ENOENT)
+		return -1;
+	return renameat(sfd, sname, dfd, dname);
+}
+
+/*
  * `sbx move SRC DST [--overwrite]`: rename within the root (Move, and the commit of a
  * streamed write).  Both parents are resolved beneath the root, so neither path leads
  * through a symlink out of it; SRC and DST themselves are names in those directories (a
@@ -1442,8 +1480,9 @@ static int cmd_move(int argc, char **argv)
 	char *dparent = split_parent(dst, &dname);
 	int sfd = open_dir_path(sparent, src);
 	int dfd = open_dir_path(dparent, dst);
-	unsigned int flags = overwrite ? 0 : 1 /* RENAME_NOREPLACE */;
-	if (syscall(SYS_renameat2, sfd, sname, dfd, dname, flags) < 0)
+	int moved = overwrite ? renameat(sfd, sname, dfd, dname)
+			      : rename_noreplace(sfd, sname, dfd, dname);
+	if (moved < 0)
 		fail_errno(errno, "move", errno == EEXIST || errno == ENOTEMPTY ? dst : src);
 	print_stat(dst, dfd, dname);
 	return 0;
@@ -1589,7 +1628,7 @@ static void set_aside(int dfd, const char *name, const char *path)
 /* STAGE/path (`name` of `sfd`) into its place in DEST (`dfd`), which is free. */
 static void bring_in(int sfd, int dfd, const char *name, const char *path)
 {
-	if (syscall(SYS_renameat2, sfd, name, dfd, name, 1 /* RENAME_NOREPLACE */) < 0)
+	if (rename_noreplace(sfd, name, dfd, name) < 0)
 		fail_errno(errno, "merge", path);
 	struct undo *last = g_swap.n ? &g_swap.v[g_swap.n - 1] : NULL;
 	if (last && !last->staged && last->trash >= 0 && !strcmp(last->path, path))
@@ -2577,7 +2616,13 @@ static int cmd_run(int argc, char **argv)
 		siginfo_t si;
 		int sig;
 		if (timeout_ms) {
-			struct timespec now, rem;
+			/* Waits of at most a second: a sandbox restored from a
+			 * memory checkpoint finds its monotonic clock moved on by
+			 * the time it was suspended, which a timeout must not
+			 * count. A wait that took far longer than asked (more
+			 * than SUSPEND_JUMP_NS over) was such a pause, and moves
+			 * the deadline on by it. */
+			struct timespec now, rem, after;
 			clock_gettime(CLOCK_MONOTONIC, &now);
 			rem.tv_sec = deadline.tv_sec - now.tv_sec;
 			rem.tv_nsec = deadline.tv_nsec - now.tv_nsec;
@@ -2589,7 +2634,28 @@ static int cmd_run(int argc, char **argv)
 				kill_tree(child);
 				_exit(EXIT_KILLED);
 			}
+			if (rem.tv_sec >= 1) {
+				rem.tv_sec = 1;
+				rem.tv_nsec = 0;
+			}
 			sig = sigtimedwait(&set, &si, &rem);
+			int saved = errno;
+			clock_gettime(CLOCK_MONOTONIC, &after);
+			int64_t took = (int64_t)(after.tv_sec - now.tv_sec) * 1000000000LL +
+				       (after.tv_nsec - now.tv_nsec);
+			int64_t asked = (int64_t)rem.tv_sec * 1000000000LL + rem.tv_nsec;
+			if (took - asked > SUSPEND_JUMP_NS) {
+				int64_t over = took - asked;
+				deadline.tv_sec += (time_t)(over / 1000000000LL);
+				deadline.tv_nsec += (long)(over % 1000000000LL);
+				if (deadline.tv_nsec >= 1000000000L) {
+					deadline.tv_sec++;
+					deadline.tv_nsec -= 1000000000L;
+				}
+			}
+			errno = saved;
+			if (sig < 0 && errno == EAGAIN)
+				continue; /* a slice ended: the deadline is checked above */
 		} else {
 			sig = sigwaitinfo(&set, &si);
 		}

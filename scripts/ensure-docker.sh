@@ -29,9 +29,17 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 log=${DOCKERD_LOG:-/var/log/sandboxd-dockerd.log}
-echo "ensure-docker: starting dockerd (log: $log)" >&2
+# An engine this script starts runs in experimental mode: Docker's checkpoints (memory suspends
+# of gVisor sessions, docs/suspend.md) need it, and it can only be set at the engine's start.
+# Unless the operator's daemon.json says otherwise (a flag and a daemon.json key may not both be
+# given). An engine already running is never restarted: ensure-gvisor.sh says what to do.
+flags=()
+if ! grep -qs '"experimental"' "${DOCKER_DAEMON_JSON:-/etc/docker/daemon.json}"; then
+  flags+=(--experimental)
+fi
+echo "ensure-docker: starting dockerd ${flags[*]} (log: $log)" >&2
 # setsid: the engine must outlive this make invocation.
-setsid dockerd >"$log" 2>&1 < /dev/null &
+setsid dockerd "${flags[@]}" >"$log" 2>&1 < /dev/null &
 for _ in $(seq 1 120); do
   if answers; then exit 0; fi
   sleep 0.5

@@ -17,6 +17,17 @@ config=${DOCKER_DAEMON_JSON:-/etc/docker/daemon.json}
 
 has_runtime() { docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q "\"$runtime\""; }
 skip() { echo "ensure-gvisor: $*; sessions can use only the runc tier here" >&2; exit 0; }
+# Memory suspends (checkpoints of gVisor sessions) need the engine in experimental mode, which
+# only a restart of dockerd sets: never done here (it would stop the host's containers). An
+# engine ensure-docker.sh started has it; for any other this says how, and the suite's memory
+# suspend tests run on a private engine of their own (tests/checkpoint_engine.py).
+experimental() {
+  [ "$(docker info --format '{{.ExperimentalBuild}}' 2>/dev/null)" = true ] && return
+  echo "ensure-gvisor: the engine is not in experimental mode, so memory suspends are off" \
+    "(GetServerInfo lacks memory_suspend). To have them: add \"experimental\": true to" \
+    "$config and restart dockerd when its containers may stop." >&2
+}
+trap 'experimental' EXIT
 
 if has_runtime; then exit 0; fi
 [ "$(id -u)" = 0 ] || skip "not root"

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import secrets
 from collections.abc import Awaitable, Callable
@@ -24,10 +25,12 @@ from sandboxd.models import (
     SessionState,
     ShellPolicy,
     WorkspaceManifest,
+    WorkspaceStorage,
 )
 from sandboxd.sessions.manifest import write_manifest
 
 IMAGE = "sandboxd-runtime:busybox"
+DISK = WorkspaceStorage.DISK
 
 
 def spec(**limits: int) -> SessionSpec:
@@ -179,7 +182,67 @@ async def isolation(engine: Engine, owner: str) -> None:
         await engine.remove_sandbox(sid)
 
 
+async def disks(engine: Engine, owner: str) -> None:
+    """A disk (sandboxd.storage): made sparse and idempotent by id, refused past the host's
+    room with nothing left, mounted at /workspace by a sandbox, outliving it for the next,
+    not removable while mounted, copied with its files, removed with its volumes."""
+    d = engine.disks
+    a = "ws-ct" + secrets.token_hex(6)
+    b = a + "-copy"
+    mib = 1024 * 1024
+    try:
+        assert not await d.exists(a)
+        made = await d.create(a, 64 * mib, 65534, 65534)
+        assert made.size_bytes == 64 * mib and made.allocated_bytes < 16 * mib  # sparse
+        assert (await d.create(a, 64 * mib, 65534, 65534)).size_bytes == 64 * mib  # idempotent
+        with pytest.raises(FailedPrecondition) as other_size:
+            await d.create(a, 128 * mib, 65534, 65534)
+        assert other_size.value.reason == "ENGINE_CONFLICT"
+        assert await d.exists(a) and a in await d.list_ids()
+        with pytest.raises(ResourceExhausted) as no_room:
+            await d.create(a + "-huge", 16 * 1024**4, 65534, 65534)
+        assert no_room.value.reason == "ENGINE_DISK_FULL"
+        assert not await d.exists(a + "-huge")
+        s = dataclasses.replace(spec(workspace_bytes=64 * mib), storage=DISK, disk_id=a)
+        req = request(owner, "k1", s)
+        sid = await engine.create_sandbox(req)
+        try:
+            await engine.start_sandbox(sid)
+            status = await engine.inspect_sandbox(sid, req)
+            assert status is not None and status.conforms
+            memory = await engine.inspect_sandbox(sid, request(owner, "k1"))
+            assert memory is not None and not memory.conforms  # a tmpfs asked: not this one
+            files = (ManifestFile("kept.txt", b"on disk", 0o644),)
+            await write_manifest(engine, _session("k1", s, sid, WorkspaceManifest(files=files)))
+            with pytest.raises(FailedPrecondition) as mounted:
+                await d.delete(a)
+            assert mounted.value.reason == "ENGINE_CONFLICT"
+        finally:
+            await engine.remove_sandbox(sid)
+        await d.copy(a, b)
+        for disk_id in (a, b):  # a new sandbox on each finds the file
+            on = dataclasses.replace(s, disk_id=disk_id)
+            sid = await engine.create_sandbox(request(owner, "k2", on))
+            try:
+                await engine.start_sandbox(sid)
+                assert await _exec(engine, sid, ["cat", "/workspace/kept.txt"]) == (
+                    0,
+                    b"on disk",
+                    b"",
+                )
+            finally:
+                await engine.remove_sandbox(sid)
+        assert await d.delete(a) and await d.delete(b)
+        assert not await d.exists(a) and not await d.delete(a)
+        assert a not in await d.list_ids()
+    finally:
+        for disk_id in (a, b):
+            with contextlib.suppress(SandboxError):
+                await d.delete(disk_id)
+
+
 SCENARIOS: dict[str, Callable[[Engine, str], Awaitable[None]]] = {
+    "disks": disks,
     "isolation": isolation,
     "lifecycle": lifecycle,
     "refusals": refusals,

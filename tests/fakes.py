@@ -36,9 +36,11 @@ from sandboxd.engine.protocol import (
     SandboxStats,
     SandboxStatus,
 )
-from sandboxd.errors import FailedPrecondition, Internal, NotFound, SandboxError
+from sandboxd.errors import FailedPrecondition, Internal, NotFound, ResourceExhausted, SandboxError
 from sandboxd.isolation import Isolation
 from sandboxd.profile import HELPER_IN_CONTAINER
+from sandboxd.storage.disk_tool import checked_id, checked_size
+from sandboxd.storage.disks import WORKSPACE_FLAGS, DiskMount, DiskUsage, MountFlags
 
 WORKSPACE = "/workspace"
 
@@ -51,6 +53,94 @@ class FakeSandbox:
     files: dict[str, bytes] = field(default_factory=dict)  # workspace-relative path -> content
     dirs: set[str] = field(default_factory=set)
     limits_changed: bool = False
+
+
+@dataclass
+class FakeDisk:
+    """A disk (sandboxd.storage.disks): its files outlive the sandboxes that mount it."""
+
+    size_bytes: int
+    uid: int
+    gid: int
+    files: dict[str, bytes] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=set)
+
+
+class FakeDisks:
+    """In-memory `Disks`, as the engine's behave where the domain can tell: idempotent create
+    (another size is ENGINE_CONFLICT), ENGINE_DISK_FULL past `free_bytes` and
+    DISK_STORAGE_UNAVAILABLE without the tool (`tool = False`), both leaving nothing behind;
+    a disk a sandbox mounts cannot be deleted (ENGINE_CONFLICT); sandboxes on a disk share its
+    files, so a rebuilt sandbox finds them."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        self._engine = engine
+        self.disks: dict[str, FakeDisk] = {}
+        self.free_bytes = 1 << 40
+        self.tool = True
+
+    def _mounted(self, disk_id: str) -> bool:
+        return any(b.request.spec.disk_id == disk_id for b in self._engine.sandboxes.values())
+
+    async def create(self, disk_id: str, size_bytes: int, uid: int, gid: int) -> DiskUsage:
+        self._engine._call("disks.create")
+        checked_id(disk_id)
+        checked_size(size_bytes)
+        have = self.disks.get(disk_id)
+        if have is not None:
+            if have.size_bytes != size_bytes:
+                raise FailedPrecondition(
+                    f"disk {disk_id} has another size", reason="ENGINE_CONFLICT"
+                )
+            return DiskUsage(disk_id, size_bytes, 4 << 20)
+        if not self.tool:
+            raise FailedPrecondition("no disk tool image", reason="DISK_STORAGE_UNAVAILABLE")
+        if size_bytes > self.free_bytes:
+            raise ResourceExhausted("the engine host is full", reason="ENGINE_DISK_FULL")
+        self.disks[disk_id] = FakeDisk(size_bytes, uid, gid)
+        return DiskUsage(disk_id, size_bytes, 4 << 20)
+
+    async def exists(self, disk_id: str) -> bool:
+        self._engine._call("disks.exists")
+        return disk_id in self.disks
+
+    async def attach(self, disk_id: str, flags: MountFlags = WORKSPACE_FLAGS) -> str:
+        self._engine._call("disks.attach")
+        if disk_id not in self.disks:
+            raise NotFound(f"disk {disk_id} not found", reason="ENGINE_OBJECT_NOT_FOUND")
+        return f"sandboxd-diskmnt-{disk_id}-loop0-{flags.tag()}"
+
+    def mount(self, volume: str, target: str, *, read_only: bool = False) -> DiskMount:
+        return DiskMount(volume, target, read_only)
+
+    async def usage(self, disk_id: str) -> DiskUsage:
+        self._engine._call("disks.usage")
+        disk = self.disks.get(disk_id)
+        if disk is None:
+            raise NotFound(f"disk {disk_id} not found", reason="ENGINE_OBJECT_NOT_FOUND")
+        used = sum(len(v) for v in disk.files.values())
+        return DiskUsage(disk_id, disk.size_bytes, (4 << 20) + used)
+
+    async def copy(self, source_id: str, disk_id: str) -> DiskUsage:
+        self._engine._call("disks.copy")
+        source = self.disks.get(source_id)
+        if source is None:
+            raise NotFound(f"disk {source_id} not found", reason="ENGINE_OBJECT_NOT_FOUND")
+        if disk_id not in self.disks:
+            self.disks[disk_id] = FakeDisk(
+                source.size_bytes, source.uid, source.gid, dict(source.files), set(source.dirs)
+            )
+        return await self.usage(disk_id)
+
+    async def delete(self, disk_id: str) -> bool:
+        self._engine._call("disks.delete")
+        if self._mounted(disk_id):
+            raise FailedPrecondition(f"disk {disk_id} is in use", reason="ENGINE_CONFLICT")
+        return self.disks.pop(disk_id, None) is not None
+
+    async def list_ids(self) -> list[str]:
+        self._engine._call("disks.list_ids")
+        return sorted(self.disks)
 
 
 class FakeExecStream:
@@ -183,6 +273,9 @@ def _tar(box: FakeSandbox, cwd: str) -> bytes:
     return buf.getvalue()
 
 
+_MEMORY = b"fake memory image\n"  # a checkpoint is not the workspace's tar
+
+
 class FakeEngine:
     def __init__(self, images: Sequence[str] = ("sandboxd-runtime:busybox",)) -> None:
         self.images: dict[str, dict[str, str]] = {image: {} for image in images}
@@ -206,6 +299,11 @@ class FakeEngine:
         self.digests: dict[str, str] = {}  # image name -> registry digest once pulled
         # Networks (as an older server left them): id -> (name, labels, containers attached).
         self.networks: dict[str, tuple[str, dict[str, str], int]] = {}
+        self.disks = FakeDisks(self)
+        # Memory checkpoints: the engine's own copy by (sandbox, name), the workspace as a tar
+        # (the fake's "memory"); `experimental` False is an engine without checkpoints.
+        self.experimental = True
+        self.checkpoints: dict[tuple[str, str], bytes] = {}
 
     # ----- test hooks ---------------------------------------------------------------------
 
@@ -262,6 +360,7 @@ class FakeEngine:
             "user": spec.user,
             "egress_port": request.egress_port,
             "isolation": spec.isolation.value,
+            "storage": spec.storage.value,
         }
         return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()
 
@@ -276,8 +375,14 @@ class FakeEngine:
             )
         if request.spec.isolation not in self.tiers:  # Docker: "unknown or invalid runtime name"
             raise Internal(f"unknown or invalid runtime name: {request.spec.isolation.value}")
+        box = FakeSandbox("", request)
+        if request.spec.on_disk:  # mounted from its disk, as the engine's attach does
+            await self.disks.attach(request.spec.disk_id)
+            disk = self.disks.disks[request.spec.disk_id]
+            box.files, box.dirs = disk.files, disk.dirs
         sandbox_id = hashlib.sha256(f"fake-{next(self._ids)}".encode()).hexdigest()
-        self.sandboxes[sandbox_id] = FakeSandbox(sandbox_id, request)
+        box.sandbox_id = sandbox_id
+        self.sandboxes[sandbox_id] = box
         self._call("create_sandbox:after")  # a create whose answer is lost
         return sandbox_id
 
@@ -300,6 +405,9 @@ class FakeEngine:
             not box.limits_changed
             and box.request.spec.limits == expected.spec.limits
             and box.request.spec.isolation is expected.spec.isolation
+            # The workspace its own: a tmpfs, or a volume of the expected disk.
+            and box.request.spec.storage is expected.spec.storage
+            and box.request.spec.disk_id == expected.spec.disk_id
         )
         return SandboxStatus(running=box.running, conforms=conforms)
 
@@ -340,6 +448,36 @@ class FakeEngine:
         self._call("exec_inspect")
         stream = self._execs[exec_id]
         return {"Running": stream.code is None, "ExitCode": stream.code}
+
+    async def memory_checkpoints(self) -> str:
+        self._call("memory_checkpoints")
+        if not self.experimental:
+            return "the Docker engine is not in experimental mode (checkpoints need it)"
+        return "" if Isolation.GVISOR in self.tiers else "no gVisor runtime is registered"
+
+    async def checkpoint_sandbox(self, sandbox_id: str, name: str) -> None:
+        self._call("checkpoint_sandbox")
+        box = self._get(sandbox_id)
+        self.checkpoints[(sandbox_id, name)] = _MEMORY + _tar(box, "")
+        box.running = False  # frozen, written, stopped
+        self._call("checkpoint_sandbox:after")  # failing past the point of no return
+
+    async def read_checkpoint(self, sandbox_id: str, name: str) -> AsyncIterator[bytes]:
+        self._call("read_checkpoint")
+        data = self.checkpoints[(sandbox_id, name)]
+        for i in range(0, len(data), 4096):
+            yield data[i : i + 4096]
+
+    async def restore_sandbox(
+        self, sandbox_id: str, name: str, chunks: AsyncIterator[bytes]
+    ) -> None:
+        self._call("restore_sandbox")
+        box = self._get(sandbox_id)
+        data = b"".join([c async for c in chunks])
+        self._call("restore_sandbox:placed")
+        box.files, box.dirs = {}, set()
+        _untar(box, "", data.removeprefix(_MEMORY))
+        box.running = True
 
     async def commit_sandbox(
         self, sandbox_id: str, repository: str, tag: str, labels: Mapping[str, str]

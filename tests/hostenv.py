@@ -48,6 +48,7 @@ class HostState:
     iptables: tuple[str, ...]
     etc_docker: tuple[str, ...]
     images: tuple[str, ...] = ()
+    disks: tuple[str, ...] = ()
 
     def diff(self, after: HostState) -> str:
         """A unified diff per part that changed; empty when the host is as it was."""
@@ -64,6 +65,10 @@ class HostState:
         if added:
             out.append("images left behind (not there before the suite):")
             out.extend(f"+{line}" for line in added)
+        disks = sorted(set(after.disks) - set(self.disks))
+        if disks:
+            out.append("disks left behind (volumes of this run's servers, detached loops):")
+            out.extend(f"+{line}" for line in disks)
         return "\n".join(out)
 
 
@@ -200,6 +205,25 @@ def images(owners: frozenset[str] = frozenset()) -> tuple[str, ...]:
     return normalise_images(lines, owner_of, owners)
 
 
+def disks(owners: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """Disk volumes (a disk workspace's image and mount volumes, sandboxd.storage) of this
+    run's servers, and loop devices whose backing file is gone (a disk removed while still
+    attached: its space is never given back). Only additions count, like images."""
+    found = []
+    fmt = '{{.Name}} {{.Label "' + LABEL_OWNER + '"}}'
+    for line in _lines(
+        ["docker", "volume", "ls", "--filter", "label=io.sandboxd.disk", "--format", fmt]
+    ):
+        name, _, owner = line.partition(" ")
+        if line.startswith("<") or owner.strip() in owners:
+            found.append(f"volume {name}")
+    if os.geteuid() == 0:
+        for line in _lines(["losetup", "--list", "-n", "-O", "NAME,BACK-FILE"]):
+            if line.rstrip().endswith("(deleted)"):
+                found.append(f"loop {line.split()[0]} (its disk image was removed)")
+    return tuple(sorted(found))
+
+
 def snapshot(owners: frozenset[str] = frozenset()) -> HostState:
     links = _lines(["ip", "-o", "link"])
     addresses = _lines(["ip", "-o", "addr"])
@@ -212,6 +236,7 @@ def snapshot(owners: frozenset[str] = frozenset()) -> HostState:
         iptables=normalise_iptables(iptables, bridges),
         etc_docker=etc_docker(),
         images=images(owners),
+        disks=disks(owners),
     )
 
 

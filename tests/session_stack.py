@@ -20,6 +20,7 @@ from sandboxd.host_ids import HostIds
 from sandboxd.image_quota import ImageQuota
 from sandboxd.pool import WarmPool
 from sandboxd.sessions import SessionManager
+from sandboxd.sessions.memory_suspension import MemoryOptions
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.store import SessionStore
@@ -40,6 +41,8 @@ class Stack:
     pool: WarmPool | None
     owner: str = OWNER
     ended: list[str] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)  # memory resumes (processes adopted)
+    volumes: Any = None  # the volume claims, when session_stack was given `volumes`
 
     async def backdate_lease(self, session_id: str, by: timedelta) -> None:
         """Move a lease into the past, as if time had passed."""
@@ -59,8 +62,11 @@ async def session_stack(
     owner: str = OWNER,
     tiers: Any = None,
     egress: Any = None,
+    volumes: Callable[[SessionStore], Awaitable[Any]] | None = None,
     **settings: Any,
 ) -> AsyncIterator[Stack]:
+    """`volumes`: builds the volume claims over the store (sandboxd.volumes), when the test
+    mounts volumes; the stack's `volumes` is what it built."""
     config = dataclasses.replace(Config(data_dir=tmp_path, pool_size=pool_size), **settings)
     engine = engine if engine is not None else FakeEngine()
     async with SessionStore(tmp_path / "sessions.db") as store:
@@ -70,9 +76,15 @@ async def session_stack(
         host_ids = HostIds.for_config(config, store)
         pool = WarmPool.for_config(engine, config, owner, host_ids) if pool_size else None
         ended: list[str] = []
+        claims = await volumes(store) if volumes is not None else None
 
         async def on_end(session_id: str) -> None:
             ended.append(session_id)
+
+        resumed: list[str] = []
+
+        async def on_resume(session: Any) -> None:
+            resumed.append(session.session_id)
 
         sessions = SessionManager(
             config,
@@ -85,12 +97,19 @@ async def session_stack(
             tiers=tiers,
             egress=egress,
             host_ids=host_ids,
+            volumes=claims,
+            memory=MemoryOptions(
+                checkpoints=snap_store,
+                on_resume=[on_resume],
+                room=lambda tenant, need: quota.check_checkpoint_room(tenant, need),
+            ),
         )
         quota = ImageQuota(
             config.tenancy.max_image_bytes,
             engine,
             await TemplateStore(store.db).open(),
             snap_store.images_of,
+            checkpoint_bytes=snap_store.memory_bytes,
         )
         snapshots = Snapshots(
             keeper,
@@ -101,7 +120,10 @@ async def session_stack(
             quota=quota,
             max_image_bytes=config.images.max_image_bytes,
         )
-        stack = Stack(engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended)
+        stack = Stack(
+            engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended, resumed
+        )
+        stack.volumes = claims
         try:
             yield stack
         finally:

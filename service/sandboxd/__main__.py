@@ -15,7 +15,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from sandboxd import __version__
+from sandboxd import __version__, gc_tuning
 from sandboxd.config import check_config, load_config
 from sandboxd.errors import ConfigError
 from sandboxd.heap import tune_malloc
@@ -56,8 +56,9 @@ def _serve(args: list[str]) -> int:
         print(f"sandboxd: configuration error: {exc}", file=sys.stderr)
         return USAGE_EXIT
     configure_logging(config.server.log_level, config.server.log_format)
+    gc_tuning.tune()
     try:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, ready=lambda _port: gc_tuning.freeze_start_up()))
     except ConfigError as exc:
         print(f"sandboxd: {exc}", file=sys.stderr)
         return USAGE_EXIT

@@ -1,7 +1,8 @@
 """Periodic checkpoints: a snapshot of every running session's workspace, taken by the server
 every `checkpoint_interval_s` (0, the default: never), so that a sandbox that dies (its agent
 OOM-killed, its container killed, the engine or host restarted) is rebuilt from a state at most
-one interval old rather than from the caller's last CreateSnapshot, or not at all.
+one interval old rather than from the caller's last CreateSnapshot, or not at all. Disk
+workspaces take none: their disk outlives the sandbox, which is rebuilt on it.
 
 Off by default because it is not free and a timer knows no consistent point: each checkpoint
 tars the whole workspace (CPU and disk of the server's host, per session per interval), holds
@@ -39,7 +40,8 @@ class Checkpoints:
         """A checkpoint of each running session, one at a time; how many were taken."""
         taken = 0
         for session in await self._sessions.all():
-            if session.state is not SessionState.RUNNING:
+            # A disk workspace outlives its sandbox: a dead one is rebuilt on it, whole.
+            if session.state is not SessionState.RUNNING or session.spec.on_disk:
                 continue
             token = tenancy.current_tenant.set(session.tenant)  # as the session's tenant
             try:

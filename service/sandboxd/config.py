@@ -38,6 +38,7 @@ from sandboxd.config_sections import (
     ServerSection,
     TemplatesSection,
     TenancySection,
+    VolumesSection,
     WatchSection,
 )
 from sandboxd.config_sections.server import MAX_ID
@@ -51,6 +52,7 @@ from sandboxd.settings import (
     parse_duration,
     parse_size,
 )
+from sandboxd.web.settings import WebSection
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -86,6 +88,8 @@ class Config:
     previews: PreviewsSection = field(default_factory=PreviewsSection)
     agent: AgentSection = field(default_factory=AgentSection)
     e2b: E2bSection = field(default_factory=E2bSection)
+    volumes: VolumesSection = field(default_factory=VolumesSection)
+    web: WebSection = field(default_factory=WebSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.
@@ -127,9 +131,11 @@ MAX_LIMITS = Config().limits.max
 
 
 def _default_helper() -> Path:
-    # A source checkout keeps it in build/ (make helper); an install puts it beside the prefix.
+    # A wheel (make package) carries it inside the package; a source checkout keeps it in
+    # build/ (make helper); an older install put it beside the prefix.
+    packaged = Path(__file__).resolve().parent / "bin" / "sbx"
     repo_build = Path(__file__).resolve().parents[2] / "build" / "sbx"
-    for candidate in (repo_build, Path("/usr/local/lib/sandboxd/sbx")):
+    for candidate in (packaged, repo_build, Path("/usr/local/lib/sandboxd/sbx")):
         if candidate.exists():
             return candidate
     return repo_build
@@ -220,6 +226,11 @@ def _limit_problems(config: Config) -> Iterator[str]:
         default, maximum = getattr(limits, f"default_{name}"), getattr(limits, f"max_{name}")
         if default > maximum:
             yield f"default_{name} ({default}) is larger than max_{name} ({maximum})"
+    if limits.default_disk_bytes > limits.max_disk_bytes:
+        yield (
+            f"default_disk_bytes ({limits.default_disk_bytes}) is larger than max_disk_bytes "
+            f"({limits.max_disk_bytes})"
+        )
     leases = config.leases
     if not 0 < leases.default_s <= leases.max_s:
         yield (
@@ -332,3 +343,27 @@ def validate_access(config: Config) -> None:
                 "authentication; set tokens_file, listen on 127.0.0.1, or set "
                 "allow_insecure_public_listen=true to accept the risk"
             )
+    _validate_web_access(config)
+
+
+def _validate_web_access(config: Config) -> None:
+    """The web gateway answers with the gRPC port's authentication, so the same refusals hold;
+    client certificates cannot pass through it, so it is refused where they are required."""
+    t, listen = config.tenancy, config.web.listen
+    if not listen or host_port_problem(listen, "127.0.0.1:8080") is not None:
+        return
+    if t.tls_client_ca is not None:
+        raise ConfigError(
+            f"web_listen {listen!r}: the web gateway cannot pass client certificates on; "
+            "unset web_listen, or tls_client_ca"
+        )
+    if (
+        t.tokens_file is None
+        and not t.allow_insecure_public_listen
+        and not listens_on_loopback(listen)
+    ):
+        raise ConfigError(
+            f"web_listen {listen!r}: refusing to serve a non-loopback address without "
+            "authentication; set tokens_file, listen on 127.0.0.1, or set "
+            "allow_insecure_public_listen=true to accept the risk"
+        )

@@ -34,11 +34,14 @@ class ImageQuota:
         engine: Engine,
         templates: TemplateStore,
         snapshot_images: SnapshotImages,
+        checkpoint_bytes: Callable[[str], Awaitable[int]] | None = None,
     ) -> None:
         self.quota_bytes = quota_bytes  # 0: no cap
         self._engine = engine
         self._templates = templates
         self._snapshot_images = snapshot_images
+        # Memory suspends' checkpoints: the tenant's memory on the server's disk counts too.
+        self._checkpoint_bytes = checkpoint_bytes
         self.building: dict[tuple[str, str], int] = {}  # (tenant, name) -> bytes made so far
 
     async def used(self, tenant: str, *, besides: str = "") -> int:
@@ -52,6 +55,8 @@ class ImageQuota:
         for image in await self._snapshot_images(tenant):
             details = await self._engine.inspect_image(image)
             total += details.size_bytes if details is not None else 0
+        if self._checkpoint_bytes is not None:
+            total += await self._checkpoint_bytes(tenant)
         return total
 
     async def room(self, tenant: str, *, besides: str = "") -> int:
@@ -80,3 +85,9 @@ class ImageQuota:
         if left - self.running(tenant, besides=besides) <= 0:
             raise self.refused(what)
         return left
+
+    async def check_checkpoint_room(self, tenant: str, need: int) -> None:
+        """A memory suspend may write up to the session's memory limit: refused
+        (TENANT_IMAGE_QUOTA) before anything stops when the quota leaves less room."""
+        if self.quota_bytes and await self.room(tenant) - self.running(tenant) < need:
+            raise self.refused(f"a memory checkpoint of up to {need} bytes")

@@ -11,9 +11,11 @@ every line logged while serving that call carries it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
+import threading
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
@@ -57,9 +59,77 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, ensure_ascii=False)
 
 
+class BatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Lines logged on the event loop are written together, once per loop iteration.
+
+    A busy server logs a line per call (the access log): written one by one, each was a write
+    and a flush, a system call on the loop per call. Here a line logged from the loop's
+    thread waits for the end of the loop's current pass (`call_soon`), at most `MAX_LINES`
+    lines or `MAX_BYTES`; a line from any other thread, or with no loop running, writes what
+    is waiting and itself at once, so the order stays the order of logging. `flush` (and
+    logging's shutdown at exit) writes what is waiting; only a kill without exit can lose
+    the lines of the pass it interrupted.
+    """
+
+    MAX_LINES = 256
+    MAX_BYTES = 64 * 1024
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._lines: list[str] = []
+        self._bytes = 0
+        self._scheduled_on: asyncio.AbstractEventLoop | None = None  # whose pass writes them
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record) + self.terminator
+        except Exception:
+            self.handleError(record)
+            return
+        loop = _running_loop()
+        self._lines.append(line)
+        self._bytes += len(line)
+        if loop is None or self._bytes >= self.MAX_BYTES or len(self._lines) >= self.MAX_LINES:
+            self._write()
+        elif self._scheduled_on is not loop:  # none yet, or on a loop that ended before it ran
+            self._scheduled_on = loop
+            loop.call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._scheduled_on = None
+            self._write()
+
+    def _write(self) -> None:
+        """Under the handler's lock (emit and flush hold it)."""
+        if not self._lines:
+            return
+        text, self._lines, self._bytes = "".join(self._lines), [], 0
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except Exception:  # a closed stderr: logging must never take the server down
+            pass
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._write()
+            super().flush()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, if any (the main thread's, in the server)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def configure_logging(level: str, fmt: str) -> None:
     """Install the one stderr handler of the server process (replacing any earlier one)."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = BatchingHandler(sys.stderr)
     handler.addFilter(TraceFilter())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())

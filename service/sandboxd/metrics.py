@@ -55,6 +55,7 @@ from prometheus_client import (
 
 from sandboxd import __version__
 from sandboxd.models import SessionState
+from sandboxd.session_metrics import SessionGauges
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,7 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.session_gauges = SessionGauges(r)  # set by session_metrics.SessionSampler
         for action in ("delete", "suspend", "snapshot"):
             self.lease_expiries.labels(action)
         for kind in ("containers", "images", "networks", "sessions"):

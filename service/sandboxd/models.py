@@ -49,12 +49,32 @@ class LimitsRequest:
     command_timeout_s: float | None = None
 
 
+class WorkspaceStorage(enum.StrEnum):
+    """Where /workspace lives: a tmpfs (memory, counted against the sandbox's memory) or a
+    sparse ext4 disk on the engine host that outlives its container (sandboxd.storage)."""
+
+    MEMORY = "MEMORY"
+    DISK = "DISK"
+
+
+# A disk workspace's id starts so: the sweep removes only these (named volumes use others).
+WORKSPACE_DISK_PREFIX = "ws-"
+
+
 class SessionState(enum.StrEnum):
     CREATING = "CREATING"
     RUNNING = "RUNNING"
     SUSPENDED = "SUSPENDED"
     EXPIRED = "EXPIRED"
     FAILED = "FAILED"
+
+
+class SuspendMode(enum.StrEnum):
+    """What a session's current suspension kept: NONE while it is not suspended."""
+
+    NONE = ""
+    FILESYSTEM = "FILESYSTEM"  # the workspace only
+    MEMORY = "MEMORY"  # processes and memory with the workspace (a gVisor checkpoint)
 
 
 class PullPolicy(enum.StrEnum):
@@ -152,6 +172,18 @@ class WorkspaceManifest:
 
 
 @dataclass(frozen=True)
+class VolumeMount:
+    """One volume of the session's tenant in its sandbox (sandboxd.volumes). `disk` is the
+    engine's name of the volume's disk, filled by the server when the create claims it: the
+    caller names volumes by id only, and a rebuild mounts the same disk without a lookup."""
+
+    volume_id: str
+    path: str
+    read_only: bool = False
+    disk: str = ""
+
+
+@dataclass(frozen=True)
 class SessionSpec:
     """Everything that defines a session's container; the fingerprint is derived from it."""
 
@@ -176,10 +208,25 @@ class SessionSpec:
     # retried create is the same request), not the identity. "": the same as `user` (records
     # from before the server allocated identities, whose `user` was the request's).
     requested_user: str = ""
+    volumes: tuple[VolumeMount, ...] = ()
+    # MEMORY: the tmpfs of limits.workspace_bytes. DISK: the disk `disk_id` (a server-made id,
+    # not fingerprinted: bookkeeping) of limits.workspace_bytes, which then is the disk's size.
+    storage: WorkspaceStorage = WorkspaceStorage.MEMORY
+    disk_id: str = ""
 
     @property
     def user(self) -> str:
         return f"{self.uid}:{self.gid}"
+
+    @property
+    def on_disk(self) -> bool:
+        return self.storage is WorkspaceStorage.DISK
+
+    @property
+    def memory_workspace_bytes(self) -> int:
+        """What the workspace may take of the sandbox's memory: a tmpfs's pages are the
+        sandbox's memory, a disk's are not."""
+        return 0 if self.on_disk else self.limits.workspace_bytes
 
     def as_host(self, uid: int, gid: int) -> SessionSpec:
         """This spec running as the host identity `uid:gid` (nothing else changes)."""
@@ -234,9 +281,27 @@ class SessionSpec:
             # Only a non-default tier enters, so every runc fingerprint stays as it was.
             **({"isolation": self.isolation.value} if self.isolation is not Isolation.RUNC else {}),
             **({"template": self.template} if self.template else {}),
+            # Only sessions with volumes fingerprint them (by id, path and mode: the disk is
+            # the server's choice, not the request's).
+            **(
+                {
+                    "volumes": [
+                        {"volume_id": v.volume_id, "path": v.path, "read_only": v.read_only}
+                        for v in sorted(self.volumes, key=lambda v: v.path)
+                    ]
+                }
+                if self.volumes
+                else {}
+            ),
+            # Only a disk workspace enters, so every memory fingerprint stays as it was.
+            **({"storage": self.storage.value} if self.on_disk else {}),
         }
         canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# Loss.snapshot_id (and Session.restored_from) of a sandbox rebuilt on its disk workspace.
+RESTORED_FROM_DISK = "workspace-disk"
 
 
 @dataclass(frozen=True)
@@ -244,15 +309,29 @@ class Loss:
     """The session's sandbox died (its agent, its container, the engine or the host gone):
     its processes ended then, and its workspace is rebuilt from the best source the server
     holds. For a memory workspace that is its latest snapshot (CreateSnapshot, a suspend, a
-    fork's origin); a workspace that outlives its container would be one more source, chosen
-    the same way. `snapshot_id` empty: no source, the workspace is gone."""
+    fork's origin); a disk workspace outlives its container and is the best source there is
+    (`RESTORED_FROM_DISK`: every file as it was). `snapshot_id` empty: no source, the
+    workspace is gone."""
 
     lost_at: datetime
     snapshot_id: str = ""
     snapshot_at: datetime | None = None  # when the restored state was taken
     restored_at: datetime | None = None  # when the rebuild finished; None: not (yet)
 
+    @classmethod
+    def on_disk(cls, at: datetime) -> Loss:
+        """The loss of a sandbox whose workspace is a disk that outlived it: rebuilt on it."""
+        return cls(at, RESTORED_FROM_DISK, at)
+
     def message(self) -> str:
+        if self.snapshot_id == RESTORED_FROM_DISK:
+            rebuilt = (
+                "was rebuilt" if self.restored_at is not None else "is rebuilt on the next call"
+            )
+            return (
+                "the sandbox died: its processes ended; its workspace is a disk that outlived "
+                f"it, and the sandbox {rebuilt} on it with every file as it was"
+            )
         if not self.snapshot_id or self.snapshot_at is None:
             return (
                 "the sandbox died and no snapshot of its workspace was held: its processes "
@@ -280,6 +359,10 @@ class Session:
     container_id: str = ""
     tenant: str = "default"  # who may see it (sandboxd.tenancy); "default" without auth
     loss: Loss | None = None  # its sandbox's last death, and what the rebuild brought back
+    suspend_mode: SuspendMode = SuspendMode.NONE  # what the current suspension kept
+    # Memory suspends it came back from, as (suspended, resumed) epoch seconds: the sandbox's
+    # clocks count that time, its timeouts must not (process_adoption.paused_since).
+    pauses: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -105,8 +105,26 @@ def _ms(record: dict[str, Any], key: str) -> float | None:
     return value / 1000
 
 
-def kept_clock(record: dict[str, Any]) -> KeptClock:
-    return KeptClock(_ms(record, "age_ms"), _ms(record, "ran_ms"), _ms(record, "timeout_ms"))
+def paused_within(pauses: Iterable[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of the memory suspends (epoch-second spans) that fall within [start, end]."""
+    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in pauses)
+
+
+def kept_clock(
+    record: dict[str, Any], pauses: Sequence[tuple[float, float]] = (), now: float | None = None
+) -> KeptClock:
+    """The agent's clock of a kept process, less the time its sandbox spent suspended with its
+    memory (`pauses`): the sandbox's monotonic clock jumps by that time at a restore, and a
+    timeout does not count it."""
+    age, ran = _ms(record, "age_ms"), _ms(record, "ran_ms")
+    if pauses and age is not None:
+        now = time.time() if now is None else now
+        started = now - age  # the sandbox's clock ran on through the pauses: a real age
+        ended = started + ran if ran is not None else now
+        age -= paused_within(pauses, started, now)
+        if ran is not None:
+            ran -= paused_within(pauses, started, ended)
+    return KeptClock(age, ran, _ms(record, "timeout_ms"))
 
 
 def adopted_spec(spec: ExecSpec, clock: KeptClock, running: bool) -> ExecSpec:
@@ -188,7 +206,7 @@ async def adopted_record(
     cmdline = b""
     if running and isinstance(pid, int):
         cmdline = await read_cmdline(executor, session, pid)
-    clock = kept_clock(record)
+    clock = kept_clock(record, session.pauses)
     spec = adopted_spec(spec_from_cmdline(cmdline, buffer_bytes), clock, running)
     proc = BackgroundProcess(
         session.session_id,

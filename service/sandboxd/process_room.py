@@ -29,7 +29,7 @@ def session_agent_budget(spec: SessionSpec) -> int:
     """The agent's budget in a session's sandbox."""
     limits = spec.limits
     gvisor = spec.isolation is Isolation.GVISOR
-    return agent_ring_budget(limits.memory_bytes, limits.workspace_bytes, gvisor=gvisor)
+    return agent_ring_budget(limits.memory_bytes, spec.memory_workspace_bytes, gvisor=gvisor)
 
 
 def agent_exited_limit(budget: int) -> int:
@@ -45,10 +45,15 @@ def held_exited(procs: Records) -> list[BackgroundProcess]:
 
 def past_exited_budget(procs: Records, limit: int) -> list[BackgroundProcess]:
     """Exit records keep their output for late readers, up to `limit` bytes in all held here:
-    the oldest beyond it go."""
-    exited = held_exited(procs)
-    total = sum(p.retained_bytes() for p in exited)
-    return _oldest_past(exited, total, limit, BackgroundProcess.retained_bytes)
+    the oldest beyond it go. Asked after every command, and nearly always under the limit: the
+    total comes first, in one pass, and the records are sorted only when some must go."""
+    total = 0
+    for p in procs.values():
+        if p.exited is not None and p.agent is None:
+            total += p.retained_bytes()
+    if total <= limit:
+        return []
+    return _oldest_past(held_exited(procs), total, limit, BackgroundProcess.retained_bytes)
 
 
 def past_agent_budget(procs: Records, limit: int) -> list[BackgroundProcess]:

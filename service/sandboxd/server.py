@@ -22,6 +22,7 @@ from pathlib import Path
 from sandboxd import server_parts, server_run
 from sandboxd.config import Config
 from sandboxd.server_grpc import SERVICE_NAMES, grpc_server, listen
+from sandboxd.web.setup import private_port, start_gateway
 
 __all__ = ["SERVICE_NAMES", "owner_id_for", "serve", "write_port_file"]
 
@@ -74,11 +75,14 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         parts = await server_parts.build(config, owner_id, stack)
         server, health_servicer = grpc_server(config, parts)
         port = listen(server, config)
+        web_target = private_port(server, config, stack)
         monitor = await server_run.start(config, parts, server, health_servicer, stack)
         if config.e2b.listen:
             from sandboxd.e2b.listener import door  # hypercorn is loaded only when it serves
 
             await stack.enter_async_context(door(config, port))
+        if web_target is not None:
+            await start_gateway(config, web_target, SERVICE_NAMES, stack)
         host = config.server.listen.rpartition(":")[0]
         log.info("sandboxd listening on %s:%d (owner id %s)", host, port, owner_id)
         if ready is not None:

@@ -11,11 +11,13 @@ import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
+from opentelemetry.trace import NoOpTracer
 
 from sandboxd.api.admin_service import AdminService
 from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.api.audit_service import AuditService
 from sandboxd.api.auth import AuthInterceptor, LocalTenantInterceptor
+from sandboxd.api.chain import Chain, Layer
 from sandboxd.api.filesystem_service import FilesystemService
 from sandboxd.api.introspection import Health, add_reflection
 from sandboxd.api.limits import StreamCaps, StreamGuard
@@ -30,6 +32,7 @@ from sandboxd.api.session_previews import SessionPreviewRpcs
 from sandboxd.api.session_service import SessionService
 from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.api.template_service import TemplateService
+from sandboxd.api.volume_service import VolumeService
 from sandboxd.audit import AuditLog
 from sandboxd.config import Config, listens_on_loopback
 from sandboxd.dir_watch import DirWatches
@@ -53,6 +56,8 @@ from sandboxd.v1 import (
     snapshot_pb2_grpc,
     template_pb2,
     template_pb2_grpc,
+    volumes_pb2,
+    volumes_pb2_grpc,
 )
 
 # The server's own log lines keep the logger name operators filter on.
@@ -66,6 +71,7 @@ SERVICE_NAMES = (
     snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name,
     audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name,
     template_pb2.DESCRIPTOR.services_by_name["TemplateService"].full_name,
+    volumes_pb2.DESCRIPTOR.services_by_name["VolumeService"].full_name,
 )
 
 
@@ -106,24 +112,7 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
     monitor and the shutdown drive it)."""
     p = parts
     server = grpc.aio.server(
-        interceptors=[
-            # Outermost: times every stream's reads and writes, whatever runs inside.
-            StreamGuard(config.tenancy.stream_idle_timeout_s),
-            TracingInterceptor(p.tracer),  # the call's span is current for all that follows
-            MetricsInterceptor(p.metrics, access_log=config.metrics.access_log),
-            *_interceptors(config, p.tokens),
-            AuditInterceptor(
-                p.audit,
-                p.hashers,
-                p.hub,
-                functools.partial(renew_on_activity, p.sessions, p.terms),
-            ),  # inside authentication: the tenant is known
-            # Innermost: the tenant is known here (set by authentication, or the default).
-            StreamCaps(config.tenancy.max_streams),
-            # Innermost of all: every reply message the servicer makes, at most the caller's
-            # limit (a request's max_reply_bytes, else 4 MiB).
-            ReplyLimit(config.max_message_bytes),
-        ],
+        interceptors=[Chain(_layers(config, p))],
         options=transport_options(config.max_message_bytes),
     )
     leases = LeaseEcho(p.terms)
@@ -152,11 +141,23 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
         SnapshotService(p.sessions, p.archive, p.snapshots), server
     )
     admin_pb2_grpc.add_AdminServiceServicer_to_server(
-        AdminService(config, p.engine, p.egress, p.sweeper, tiers=p.tiers, pulls=p.pulls), server
+        AdminService(
+            config,
+            p.engine,
+            p.egress,
+            p.sweeper,
+            tiers=p.tiers,
+            pulls=p.pulls,
+            memory_suspend=p.sessions.memory_suspend_unsupported,
+        ),
+        server,
     )
     audit_pb2_grpc.add_AuditServiceServicer_to_server(AuditService(AuditLog(p.audit_store)), server)
     template_pb2_grpc.add_TemplateServiceServicer_to_server(
         TemplateService(p.templates, config.tenancy.stream_idle_timeout_s), server
+    )
+    volumes_pb2_grpc.add_VolumeServiceServicer_to_server(
+        VolumeService(p.volumes, config.tenancy.stream_idle_timeout_s), server
     )
     health_servicer = Health()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -175,7 +176,34 @@ def listen(server: grpc.aio.Server, config: Config) -> int:
     return port
 
 
-def _interceptors(config: Config, tokens: TokenFile | None) -> list[grpc.aio.ServerInterceptor]:
+def _layers(config: Config, p: Parts) -> list[Layer]:
+    """Every call's interceptors, outermost first, run as one `Chain` (api/chain.py)."""
+    # A tracer that records nothing (no exporter configured) gets no layer: its spans were
+    # made and dropped on every call.
+    tracing: list[Layer] = (
+        [] if isinstance(p.tracer, NoOpTracer) else [TracingInterceptor(p.tracer)]
+    )
+    return [
+        # Outermost: times every stream's reads and writes, whatever runs inside.
+        StreamGuard(config.tenancy.stream_idle_timeout_s),
+        *tracing,  # the call's span is current for all that follows
+        MetricsInterceptor(p.metrics, access_log=config.metrics.access_log),
+        *_interceptors(config, p.tokens),
+        AuditInterceptor(
+            p.audit,
+            p.hashers,
+            p.hub,
+            functools.partial(renew_on_activity, p.sessions, p.terms),
+        ),  # inside authentication: the tenant is known
+        # Innermost: the tenant is known here (set by authentication, or the default).
+        StreamCaps(config.tenancy.max_streams),
+        # Innermost of all: every reply message the servicer makes, at most the caller's
+        # limit (a request's max_reply_bytes, else 4 MiB).
+        ReplyLimit(config.max_message_bytes),
+    ]
+
+
+def _interceptors(config: Config, tokens: TokenFile | None) -> list[Layer]:
     """Bearer-token authentication when a tokens file is configured; else one tenant."""
     if tokens is None:
         if not listens_on_loopback(config.server.listen):

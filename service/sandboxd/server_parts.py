@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import os
 import socket
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -39,6 +40,7 @@ from sandboxd.egress.addresses import Protected
 from sandboxd.egress.manager import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
 from sandboxd.engine import DockerEngine, Engine, docker_tls
+from sandboxd.engine.docker_volumes import DockerVolumeDisks
 from sandboxd.events import EventHub, ObservedStore
 from sandboxd.execution import Executor
 from sandboxd.file_transfer import FileTransfer
@@ -56,14 +58,20 @@ from sandboxd.pulls import Pulls, live_images
 from sandboxd.secrets import vault
 from sandboxd.secrets.setup import SecretsSetup
 from sandboxd.sessions import SessionManager
+from sandboxd.sessions.memory_suspension import MemoryOptions
 from sandboxd.sessions.recovery import ENDED_RETENTION
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.sweeper import Sweeper, SweepResult
 from sandboxd.templates.builds import Templates, template_in_use
+from sandboxd.templates.builtin_images import BuiltinImages, ScriptRunner
 from sandboxd.templates.store import TemplateStore
 from sandboxd.token_file import TokenFile
 from sandboxd.tracing import provider_for, traced, tracer_of
+from sandboxd.volumes.claims import VolumeClaims
+from sandboxd.volumes.porting import SandboxPorter
+from sandboxd.volumes.service import Volumes
+from sandboxd.volumes.store import VolumeStore
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,7 @@ class Parts:
     templates: Templates
     sessions: SessionManager
     snapshots: Snapshots
+    volumes: Volumes
     checkpoints: Checkpoints
     previews: Previews
     transfer: FileTransfer
@@ -113,6 +122,8 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             gvisor_runtime=config.isolation.gvisor_runtime,
             address=engine_address,
             agent=agent_settings(config),
+            owner_id=owner_id,
+            disk_tool_image=config.engine.disk_tool_image,
         )
     )
     provider = provider_for(config.metrics.otlp_endpoint)
@@ -198,7 +209,11 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     stack.push_async_callback(pulls.close)
     template_store = await TemplateStore(store.db).open()
     image_quota = ImageQuota(
-        config.tenancy.max_image_bytes, engine, template_store, snapshot_store.images_of
+        config.tenancy.max_image_bytes,
+        engine,
+        template_store,
+        snapshot_store.images_of,
+        checkpoint_bytes=snapshot_store.memory_bytes,
     )
     templates = Templates(
         config,
@@ -207,9 +222,20 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         config.server.data_dir / "spool",
         in_use=functools.partial(template_in_use, store),
         quota=image_quota,
+        builtins=_builtin_images(config, engine),
     )
     stack.push_async_callback(templates.close)
     preview_parts = await previews_setup.prepare(config, store)
+    volume_store = await VolumeStore(store.db).open()
+    porter_runs: set[str] = set()  # volume porters and hand-overs in flight
+    disks = DockerVolumeDisks(
+        docker.docker,
+        docker.disks,
+        owner_id=owner_id,
+        image=config.engine.image,
+        running=porter_runs,
+    )
+    claims = VolumeClaims(volume_store, store, disks)
     sessions = SessionManager(
         config,
         engine,
@@ -226,6 +252,29 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         pulls=pulls,
         templates=templates,
         host_ids=host_ids,
+        volumes=claims,
+        memory=MemoryOptions(
+            checkpoints=snapshot_store,  # beside the snapshots
+            on_resume=[processes.adopt],  # the agent kept them in its memory
+            room=image_quota.check_checkpoint_room,
+        ),
+    )
+    volumes = Volumes(
+        config.volumes,
+        volume_store,
+        claims,
+        disks,
+        owner_id,
+        SandboxPorter(
+            engine,
+            archive,
+            disks,
+            host_ids,
+            owner_id=owner_id,
+            image=config.engine.image,
+            limits=config.limits.default,
+            running=porter_runs,
+        ),
     )
     snapshots = Snapshots(
         keeper,
@@ -272,8 +321,15 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         previews=previews,
         transfer=FileTransfer(files.helper, config.tenancy.stream_idle_timeout_s),
         sweeper=Sweeper(
-            sessions, engine, owner_id, snapshots, pulls=pulls, on_swept=_counted(metrics)
+            sessions,
+            engine,
+            owner_id,
+            snapshots,
+            pulls=pulls,
+            on_swept=_counted(metrics),
+            volumes=volumes,
         ),
+        volumes=volumes,
         tokens=tokens,
         tracer=tracer,
     )
@@ -315,3 +371,18 @@ def _private_networks_grant(config: Config, tokens: TokenFile | None) -> Callabl
         return tenancy.private_networks_allowed(setting, grants)
 
     return granted
+
+
+def _builtin_images(config: Config, engine: Engine) -> BuiltinImages | None:
+    """Who builds the built-in templates' images this engine lacks (None: only `make`)."""
+    if not config.templates.build_builtins:
+        return None
+    env = dict(os.environ)
+    if config.engine.docker_host:  # the recipes' `docker import` reaches the server's engine
+        env["DOCKER_HOST"] = config.engine.docker_host
+    images = {
+        "busybox": config.engine.image,
+        "python": config.templates.python_image,
+        "base": config.templates.base_image,
+    }
+    return BuiltinImages(images, engine, ScriptRunner(env))

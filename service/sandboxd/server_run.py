@@ -25,6 +25,7 @@ from sandboxd.heap import HeapTrimmer
 from sandboxd.metrics import MetricsServer
 from sandboxd.server_grpc import SERVICE_NAMES
 from sandboxd.server_parts import Parts
+from sandboxd.session_metrics import SessionSampler
 
 log = logging.getLogger("sandboxd.server")  # the server's log lines keep their logger name
 
@@ -101,7 +102,18 @@ async def background(
                 min(5.0, config.events.lease_warning_s / 4)
             )
         ),
+        *(
+            [tg.create_task(_session_sampler(p, config).run(config.metrics.session_interval_s))]
+            if config.metrics.served and config.metrics.session_limit > 0
+            else []
+        ),
     ]
+
+
+def _session_sampler(p: Parts, config: Config) -> SessionSampler:
+    limit = config.metrics.session_limit
+    gauges = p.metrics.session_gauges
+    return SessionSampler(p.store, p.engine, gauges, limit=limit, egress_bytes=p.egress.bytes_moved)
 
 
 async def shut_down(

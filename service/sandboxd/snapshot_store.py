@@ -43,6 +43,9 @@ CREATE TABLE IF NOT EXISTS pending_image_removals (
 _STEPS = (statements(_SCHEMA),)  # 0.1.0 (sandboxd.schema: new steps go at the end)
 
 READ_CHUNK = 256 * 1024
+# A memory suspend's checkpoint (sessions/memory_suspension.py): stored and counted like a
+# snapshot, never one a tenant lists, restores or forks from (it is no workspace tar).
+KIND_MEMORY = "MEMORY"
 
 
 @dataclass
@@ -129,16 +132,16 @@ class SnapshotStore:
 
     async def latest(self, session_id: str) -> Snapshot | None:
         async with self._db.execute(
-            "SELECT * FROM snapshots WHERE session_id = ? ORDER BY created_at DESC,"
+            "SELECT * FROM snapshots WHERE session_id = ? AND kind != ? ORDER BY created_at DESC,"
             " rowid DESC LIMIT 1",
-            (session_id,),
+            (session_id, KIND_MEMORY),
         ) as cur:
             row = await cur.fetchone()
         return _row(row) if row else None
 
     async def page(self, *, session_id: str, after: str, limit: int) -> list[Snapshot]:
-        sql = "SELECT * FROM snapshots WHERE snapshot_id > ?"
-        params: list[Any] = [after]
+        sql = "SELECT * FROM snapshots WHERE snapshot_id > ? AND kind != ?"
+        params: list[Any] = [after, KIND_MEMORY]
         if session_id:
             sql += " AND session_id = ?"
             params.append(session_id)
@@ -155,6 +158,25 @@ class SnapshotStore:
         ) as cur:
             rows = await cur.fetchall()
         return [_row(r) for r in rows]
+
+    async def memory_of(self, session_id: str) -> Snapshot | None:
+        """The session's newest memory checkpoint, if it has one."""
+        async with self._db.execute(
+            "SELECT * FROM snapshots WHERE session_id = ? AND kind = ? ORDER BY created_at DESC,"
+            " rowid DESC LIMIT 1",
+            (session_id, KIND_MEMORY),
+        ) as cur:
+            row = await cur.fetchone()
+        return _row(row) if row else None
+
+    async def memory_bytes(self, tenant: str) -> int:
+        """What the tenant's memory checkpoints hold on the server's disk (its quota counts it)."""
+        async with self._db.execute(
+            "SELECT COALESCE(SUM(size_bytes), 0) FROM snapshots WHERE tenant = ? AND kind = ?",
+            (tenant, KIND_MEMORY),
+        ) as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row is not None else 0
 
     async def delete(self, snapshot_id: str) -> Snapshot | None:
         """Remove the record, and the tar when no other record shares it."""

@@ -38,7 +38,7 @@ from sandboxd.labels import (
 from sandboxd.models import Session, SessionState
 from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager, paging
-from sandboxd.snapshot_store import Snapshot, SnapshotStore
+from sandboxd.snapshot_store import KIND_MEMORY, Snapshot, SnapshotStore
 from sandboxd.store import SessionStore
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class SnapshotKeeper:
         if not _is_snapshot_id(snapshot_id):
             raise _not_found(snapshot_id)
         snap = await self._store.get(snapshot_id)
-        if snap is None or snap.tenant != tenancy.current():
+        if snap is None or snap.tenant != tenancy.current() or snap.kind == KIND_MEMORY:
             raise _not_found(snapshot_id)
         return snap
 

@@ -1,15 +1,26 @@
 """Session records in an embedded SQLite database, so a restarted server knows its sessions.
 
 aiosqlite runs SQLite in its own thread: the event loop never blocks on disk.
+
+The server is the records' only writer, so a record read once is kept in memory and served from
+there (every command reads its session: a thread round trip and a spec decoded per call, before).
+The database stays the truth: every write goes to it first and reaches the memory copy only
+after its commit returned (a failed write drops the copy, so the next read is the database's
+word); a read that raced a write never stores what it read; a restart starts with nothing in
+memory. What a read returns is a copy: a caller that changes it and never writes it changes
+nothing here.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiosqlite
@@ -27,7 +38,10 @@ from sandboxd.models import (
     SessionSpec,
     SessionState,
     ShellPolicy,
+    SuspendMode,
+    VolumeMount,
     WorkspaceManifest,
+    WorkspaceStorage,
 )
 from sandboxd.schema import add_column, statements, steps_of
 from sandboxd.sqlite_file import SqliteFile
@@ -83,6 +97,12 @@ def _spec_to_json(spec: SessionSpec) -> str:
             "requested_user": spec.requested_user,
             "isolation": spec.isolation.value,
             "template": spec.template,
+            "volumes": [
+                {"volume_id": v.volume_id, "path": v.path, "read_only": v.read_only, "disk": v.disk}
+                for v in spec.volumes
+            ],
+            "storage": spec.storage.value,
+            "disk_id": spec.disk_id,
             "manifest": {
                 "id": spec.manifest.id,
                 "files": [
@@ -143,6 +163,9 @@ def _spec_from_json(text: str) -> SessionSpec:
         ),
         isolation=Isolation(d.get("isolation", Isolation.RUNC.value)),
         template=d.get("template", ""),
+        volumes=tuple(VolumeMount(**v) for v in d.get("volumes", [])),
+        storage=WorkspaceStorage(d.get("storage", WorkspaceStorage.MEMORY.value)),
+        disk_id=d.get("disk_id", ""),
     )
 
 
@@ -152,6 +175,24 @@ def _ts(value: datetime) -> float:
 
 def _dt(value: float) -> datetime:
     return datetime.fromtimestamp(value, tz=UTC)
+
+
+MAX_PAUSES = 1000  # kept per session (16 bytes each in memory); the oldest go first
+
+
+def _suspension_to_json(s: Session) -> str:
+    if s.suspend_mode is SuspendMode.NONE and not s.pauses:
+        return ""
+    pauses = [list(p) for p in s.pauses[-MAX_PAUSES:]]
+    return json.dumps({"mode": s.suspend_mode.value, "pauses": pauses})
+
+
+def _suspension_from_json(text: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    data = json.loads(text)
+    pauses = tuple((float(a), float(b)) for a, b in data.get("pauses") or ())
+    return {"suspend_mode": SuspendMode(data.get("mode", "")), "pauses": pauses}
 
 
 def _loss_to_json(loss: Loss | None) -> str:
@@ -191,7 +232,13 @@ def _row_to_session(row: aiosqlite.Row) -> Session:
         spec=_spec_from_json(row["spec"]),
         tenant=row["tenant"],
         loss=_loss_from_json(row["loss"]),
+        **_suspension_from_json(row["suspension"]),
     )
+
+
+def _copy(s: Session) -> Session:
+    """A copy a caller may change: its own labels (the spec and the loss are frozen)."""
+    return dataclasses.replace(s, labels=dict(s.labels))
 
 
 class SessionStore(SqliteFile):
@@ -206,9 +253,43 @@ class SessionStore(SqliteFile):
         ),
         # What a dead sandbox lost (models.Loss): none said so before.
         add_column("sessions", "loss", "TEXT NOT NULL DEFAULT ''"),
+        # What a suspension kept and the memory suspends it came back from (models.SuspendMode,
+        # pauses): before memory suspends, the filesystem and none.
+        add_column("sessions", "suspension", "TEXT NOT NULL DEFAULT ''"),
     )
 
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self._cache: dict[str, Session] = {}  # committed records only (the module's docstring)
+        self._writes = 0  # writes begun: a read that saw this change under it caches nothing
+
+    @asynccontextmanager
+    async def _writing(self, session_id: str) -> AsyncIterator[Callable[[Session], None]]:
+        """Around one write of a record: its memory copy is dropped first and on any failure
+        (a cancelled or failed write leaves the database's word, whatever it is, as the only
+        one). The body calls what this yields with the record as committed, after its commit;
+        it is kept only if no other write began meanwhile (theirs may have committed later)."""
+        self._writes += 1
+        mine = self._writes
+        self._cache.pop(session_id, None)
+
+        def committed(record: Session) -> None:
+            if self._writes == mine:
+                self._cache[session_id] = _copy(record)
+
+        try:
+            yield committed
+        except BaseException:
+            self._cache.pop(session_id, None)
+            raise
+
     async def insert(self, s: Session) -> None:
+        async with self._writing(s.session_id):
+            await self._insert(s)
+            # Not kept: the first read keeps the record as stored (timestamps as the database
+            # rounds them), so a copy from memory never differs from one read after a restart.
+
+    async def _insert(self, s: Session) -> None:
         await self.db.execute(
             "INSERT INTO sessions (session_id, fingerprint, state, created_at, lease_expires_at,"
             " container_id, labels, spec, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -227,15 +308,33 @@ class SessionStore(SqliteFile):
         await self.db.commit()
 
     async def update(self, s: Session) -> None:
-        """Persist the mutable fields (state, lease, container, loss)."""
+        """Persist the mutable fields (state, lease, container, loss, suspend mode, pauses)."""
+        before = self._cache.get(s.session_id)
+        async with self._writing(s.session_id) as committed:
+            await self._update(s)
+            if before is not None:  # only what the write persisted; the rest as stored
+                committed(
+                    dataclasses.replace(
+                        before,
+                        state=s.state,
+                        lease_expires_at=_dt(_ts(s.lease_expires_at)),  # as stored
+                        container_id=s.container_id,
+                        loss=_loss_from_json(_loss_to_json(s.loss)),
+                        suspend_mode=s.suspend_mode,
+                        pauses=tuple(s.pauses[-MAX_PAUSES:]),
+                    )
+                )
+
+    async def _update(self, s: Session) -> None:
         await self.db.execute(
-            "UPDATE sessions SET state = ?, lease_expires_at = ?, container_id = ?, loss = ?"
-            " WHERE session_id = ?",
+            "UPDATE sessions SET state = ?, lease_expires_at = ?, container_id = ?, loss = ?,"
+            " suspension = ? WHERE session_id = ?",
             (
                 s.state.value,
                 _ts(s.lease_expires_at),
                 s.container_id,
                 _loss_to_json(s.loss),
+                _suspension_to_json(s),
                 s.session_id,
             ),
         )
@@ -243,13 +342,27 @@ class SessionStore(SqliteFile):
 
     async def update_spec(self, s: Session) -> None:
         """Persist a changed spec and its fingerprint (UpdateNetworkPolicy)."""
-        await self.db.execute(
-            "UPDATE sessions SET spec = ?, fingerprint = ? WHERE session_id = ?",
-            (_spec_to_json(s.spec), s.fingerprint, s.session_id),
-        )
-        await self.db.commit()
+        async with self._writing(s.session_id):
+            await self.db.execute(
+                "UPDATE sessions SET spec = ?, fingerprint = ? WHERE session_id = ?",
+                (_spec_to_json(s.spec), s.fingerprint, s.session_id),
+            )
+            await self.db.commit()
+            # Dropped, not refilled: a rare write, and the next read decodes what was stored.
 
     async def get(self, session_id: str) -> Session | None:
+        cached = self._cache.get(session_id)
+        if cached is not None:
+            return _copy(cached)
+        writes = self._writes
+        stored = await self._read(session_id)
+        if stored is None:
+            return None
+        if writes == self._writes:  # no write began while this read was on the way
+            self._cache[session_id] = stored
+        return _copy(stored)
+
+    async def _read(self, session_id: str) -> Session | None:
         async with self.db.execute(
             "SELECT * FROM sessions WHERE session_id = ?", (session_id,)
         ) as cur:
@@ -257,8 +370,9 @@ class SessionStore(SqliteFile):
         return _row_to_session(row) if row else None
 
     async def delete(self, session_id: str) -> None:
-        await self.db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
-        await self.db.commit()
+        async with self._writing(session_id):
+            await self.db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+            await self.db.commit()
 
     async def page(
         self,
@@ -298,6 +412,34 @@ class SessionStore(SqliteFile):
             row = await cur.fetchone()
         assert row is not None
         return int(row[0]), int(row[1])
+
+    async def volume_users(
+        self, tenant: str, volume_id: str, live_states: tuple[str, ...]
+    ) -> list[tuple[str, bool]]:
+        """(session id, read-only) of the tenant's sessions in `live_states` that mount the
+        volume: read from the records themselves, so no second list of mounts can drift from
+        what the sandboxes were made with (a create, a delete, an expiry or a failed create
+        each change only the record)."""
+        marks = ", ".join("?" for _ in live_states)
+        async with self.db.execute(
+            "SELECT s.session_id, json_extract(v.value, '$.read_only')"
+            " FROM sessions s, json_each(s.spec, '$.volumes') v"
+            f" WHERE s.tenant = ? AND s.state IN ({marks})"
+            " AND json_extract(v.value, '$.volume_id') = ? ORDER BY s.session_id",
+            (tenant, *live_states, volume_id),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [(str(r[0]), bool(r[1])) for r in rows]
+
+    async def disk_ids(self, states: tuple[SessionState, ...]) -> set[str]:
+        """The disk workspaces the records in `states` name (the sweep keeps those)."""
+        marks = ", ".join("?" for _ in states)
+        async with self.db.execute(
+            "SELECT json_extract(spec, '$.disk_id') FROM sessions"
+            f" WHERE state IN ({marks}) AND json_extract(spec, '$.disk_id') != ''",
+            tuple(s.value for s in states),
+        ) as cur:
+            return {str(r[0]) for r in await cur.fetchall() if r[0]}
 
     async def host_ids_between(self, first: int, last: int) -> set[int]:
         """Every uid or gid in [first, last] a record holds, whatever its state: an id stays

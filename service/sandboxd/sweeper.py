@@ -16,6 +16,7 @@ from sandboxd.errors import SandboxError
 from sandboxd.pulls import Pulls
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshots import Snapshots
+from sandboxd.volumes.service import Volumes
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,7 @@ class SweepResult:
     removed_containers: int
     removed_images: int = 0
     removed_networks: int = 0  # an older server's session networks (sessions/leftovers.py)
+    removed_volume_disks: int = 0  # disks no volume owns (a crash mid-create, a failed removal)
 
 
 class Sweeper:
@@ -40,7 +42,9 @@ class Sweeper:
         *,
         pulls: Pulls | None = None,
         on_swept: Callable[[SweepResult], None] | None = None,
+        volumes: Volumes | None = None,
     ) -> None:
+        self._volumes = volumes
         self._pulls = pulls  # pulled images unused for image_unused_after_s go too
         self._on_swept = on_swept  # the metrics count what every sweep removed
         self._snapshots = snapshots
@@ -60,11 +64,13 @@ class Sweeper:
             images = await self._snapshots.sweep_images()
             if self._pulls is not None:
                 images += await self._pulls.sweep()
+            disks = await self._volumes.sweep() if self._volumes is not None else 0
             result = SweepResult(
                 expired_sessions=expired,
                 removed_containers=len(containers - containers_after),
                 removed_images=images,
                 removed_networks=networks,
+                removed_volume_disks=disks,
             )
             if self._on_swept is not None:
                 self._on_swept(result)

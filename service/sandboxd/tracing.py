@@ -27,6 +27,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from sandboxd import __version__
+from sandboxd.api.chain import Layer
 from sandboxd.api.observe import status_code_of
 
 T = TypeVar("T")
@@ -71,18 +72,13 @@ class _Metadata(Getter[Any]):
 _METADATA = _Metadata()
 
 
-class TracingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class TracingInterceptor(Layer):
     """A SERVER span around each call, the current span while its handler runs."""
 
     def __init__(self, tracer: trace.Tracer) -> None:
         self._tracer = tracer
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[Any], Awaitable[Any]],
-        handler_call_details: Any,
-    ) -> Any:
-        handler = await continuation(handler_call_details)
+    def wrap(self, handler: Any, handler_call_details: Any) -> Any:
         if handler is None:
             return None
         full = str(handler_call_details.method).lstrip("/")

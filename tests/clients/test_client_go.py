@@ -100,6 +100,8 @@ def test_go_client(server: ServerProcess) -> None:
         "TestWatchDir",
         "TestRunAnswersWithTheClientsOwnReplyLimit",
         "TestRefusedImportIsItsOwnErrorEveryTime",
+        "TestSandboxRunsFilesAndRefusals",
+        "TestSandboxShellIsATerminal",
     ):
         assert f"--- PASS: {name} " in result.stdout, name
     assert passed_steps(result.stdout) == conformance_steps(), result.stdout
@@ -111,12 +113,11 @@ def test_go_example_streams_exec(server: ServerProcess) -> None:
     assert result.stdout == "line 1\nline 2\nline 3\n"
 
 
-@pytest.fixture(scope="module")
-def consumer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A module outside the repository requiring the client, vendored from Debian's sources."""
-    project = tmp_path_factory.mktemp("go-consumer")
+def _build_outside(project: Path, example: str) -> Path:
+    """A module outside the repository requiring the client (vendored from Debian's sources),
+    whose main package is examples/<example>; the built program."""
     assert REPO not in project.parents
-    shutil.copy(GO_DIR / "examples" / "quickstart" / "main.go", project / "main.go")
+    shutil.copy(GO_DIR / "examples" / example / "main.go", project / "main.go")
     env = {
         **os.environ,
         "GO111MODULE": "on",
@@ -138,7 +139,35 @@ def consumer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env["GOFLAGS"] = "-mod=vendor"
     run("go", "vet", ".")
     run("go", "build", "-o", "consumer", ".")
-    return project
+    return project / "consumer"
+
+
+@pytest.fixture(scope="module")
+def consumer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build_outside(tmp_path_factory.mktemp("go-consumer"), "quickstart").parent
+
+
+def test_the_readme_hello_runs_outside_the_repo(
+    tmp_path_factory: pytest.TempPathFactory, server: ServerProcess
+) -> None:
+    """The README's hello: create, streamed run, a file written and read, a folder uploaded,
+    the session deleted (in at most 20 lines, and so it stays: it is the README's own text)."""
+    hello = _build_outside(tmp_path_factory.mktemp("go-hello"), "hello")
+    source = (GO_DIR / "examples" / "hello" / "main.go").read_text()
+    body = source[source.index("func main() {") : source.index("\nfunc check")]
+    assert len(body.strip().splitlines()) - 2 <= 20, body
+    assert body.strip() in (GO_DIR / "README.md").read_text()
+    folder = tmp_path_factory.mktemp("go-hello-folder")
+    (folder / "a.txt").write_text("a\n")
+    done = subprocess.run(
+        [str(hello), str(folder)],
+        env={**os.environ, "SANDBOXD_ADDR": server.address},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "hello sandbox\nhi\na.txt\n"
 
 
 def test_module_builds_and_runs_outside_the_repo(consumer: Path, server: ServerProcess) -> None:

@@ -207,9 +207,14 @@ def test_packed_client_runs_outside_the_repo(consumer: Path, server: ServerProce
     quickstart = re.search(r"```js\n(.*?)```", readme, flags=re.DOTALL)
     assert quickstart
     (consumer / "quickstart.mjs").write_text(quickstart.group(1))
+    code = [ln for ln in quickstart.group(1).splitlines() if ln.strip() and "import" not in ln]
+    assert len(code) <= 12, code  # the hello stays short: it is the README's own text
+    (consumer / "project").mkdir(exist_ok=True)
+    (consumer / "project" / "a.txt").write_text("a\n")
     env = {"SANDBOXD_ADDR": server.address}
     ran = node("quickstart.mjs", cwd=consumer, env=env, timeout=120)
-    assert ran.returncode == 0 and ran.stdout == "hi\nexit 0\n", ran.stdout + ran.stderr
+    expected = "hello sandbox\nhi\na.txt\n"
+    assert ran.returncode == 0 and ran.stdout == expected, ran.stdout + ran.stderr
 
     surface = node(
         "--input-type=module",

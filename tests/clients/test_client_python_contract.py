@@ -33,6 +33,7 @@ from sandboxd_client._gen.sandboxd.v1 import (
     session_pb2_grpc,
     snapshot_pb2,
     template_pb2,
+    volumes_pb2,
 )
 from sandboxd_client._gen.sandboxd.v1 import (
     admin_pb2 as _admin,
@@ -49,6 +50,7 @@ FILES = (
     session_pb2,
     snapshot_pb2,
     template_pb2,
+    volumes_pb2,
 )
 
 

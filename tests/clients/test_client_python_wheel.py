@@ -174,3 +174,30 @@ def test_the_conformance_scenario_runs_from_the_installed_wheel(
     assert done.returncode == 0, done.stderr[-3000:]
     steps = [s["id"] for s in json.loads(spec.read_text())["steps"]]
     assert [ln.split()[1] for ln in done.stdout.splitlines()] == steps
+
+
+def test_the_client_readmes_hello_runs_from_the_installed_wheel(
+    venv: Path, server: ServerProcess, tmp_path: Path
+) -> None:
+    """clients/python/README.md's hello, as written: create, output streamed, a file written
+    and read, ./project uploaded, the session deleted at the end of `with`; at most 10 lines."""
+    readme = (CLIENT / "README.md").read_text()
+    marker = readme.index("<!-- hello-python")
+    match = re.search(r"```python\n(.*?)```", readme[marker:], re.S)
+    assert match is not None, "the client README's hello is gone"
+    hello = match.group(1)
+    assert hello == (CLIENT / "examples" / "hello.py").read_text()
+    assert len([ln for ln in hello.splitlines() if ln.strip()]) <= 10, hello
+    (tmp_path / "hello.py").write_text(hello)
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "a.txt").write_text("a\n")
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-I", "hello.py"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_clean_env(SANDBOXD_ADDR=server.address),
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "hello sandbox\nhi\na.txt\n"

@@ -206,15 +206,46 @@ def _memory_cgroup(cid: str) -> Path:
     raise AssertionError(f"no memory cgroup found for {cid}")
 
 
+RING_FILL = 8 * MiB
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _hold_to_what_it_holds(cgroup: Path) -> None:
+    """Brings the cgroup's limit down to 2 MiB above the memory it cannot give back (anonymous
+    and tmpfs pages): what reclaimable cache it holds (which would absorb a fill) goes first.
+    cgroup v1 refuses a limit it cannot reclaim down to (EBUSY): then a MiB more, and again."""
+    stat = dict(
+        (k, int(v))
+        for k, v in (line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
+    )
+    v1 = (cgroup / "memory.limit_in_bytes").exists()
+    held = stat.get("rss", stat.get("anon", 0)) + stat.get("shmem", 0)
+    limit = (held // PAGE + 512) * PAGE
+    for _ in range(64):
+        try:
+            (cgroup / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(f"{limit}\n")
+            return
+        except OSError:
+            limit += MiB
+    raise AssertionError(f"the cgroup's limit could not be brought down to {limit}")
+
+
 def oom_kill_the_agent(stubs: Stubs, owner_id: str, sid: str) -> None:
     """A real kill by the memory cgroup's OOM killer, with the agent as its victim.
 
     The agent's own defences make every command the kernel's choice before it (commands run at
     oom_score_adj 1000), so the test, as the host's root, turns the choice around: it raises the
     agent to 1000 too (lowering a command's score would need CAP_SYS_RESOURCE, which this host's
-    root may lack), so that size decides, and it makes the memory that fills the cgroup belong
-    to no process: tmpfs pages in /tmp, written by a command far smaller than the agent, after
-    the cgroup's limit is brought down to a few MiB above what it holds. The engine's `oom` event
+    root may lack), so that size decides; it makes the agent the largest task (a finished
+    command's output held in its ring) and the memory that fills the cgroup belong to no
+    process (tmpfs pages in /tmp, written by a command far smaller than the agent), after the
+    cgroup's limit is brought down to 2 MiB above what it cannot give back. The engine's `oom` event
     for the container shows that the kernel, not a signal of ours, ended it."""
     cid = _docker(
         "ps", "-q", "--no-trunc", "--filter", f"label=io.sandboxd.owner={owner_id}",
@@ -229,18 +260,31 @@ def oom_kill_the_agent(stubs: Stubs, owner_id: str, sid: str) -> None:
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        Path(f"/proc/{agent}/oom_score_adj").write_text("1000\n")
-        cgroup = _memory_cgroup(cid)
-        v1 = (cgroup / "memory.limit_in_bytes").exists()
-        usage = int((cgroup / ("memory.usage_in_bytes" if v1 else "memory.current")).read_text())
-        limit = (usage // PAGE + 1024) * PAGE  # 4 MiB above what it holds now
-        (cgroup / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(f"{limit}\n")
+        # The agent made the largest task of the sandbox: a finished command's output held in
+        # its ring (mapped and touched as it fills, so it is the agent's own RSS).
         stubs.processes.StartProcess(
             process_pb2.StartProcessRequest(
-                session_id=sid, argv=["sh", "-c", "head -c 15M /dev/zero > /tmp/fill; sleep 60"]
+                session_id=sid, argv=["head", "-c", str(RING_FILL), "/dev/zero"]
             ),
             timeout=CALL_TIMEOUT,
         )
+        end = time.monotonic() + CALL_TIMEOUT
+        while _rss(agent) < 2 * MiB:  # a ring's worth (its cap); any command is far smaller
+            assert time.monotonic() < end, f"the agent's RSS stayed at {_rss(agent)}"
+            time.sleep(0.05)
+        Path(f"/proc/{agent}/oom_score_adj").write_text("1000\n")
+        _hold_to_what_it_holds(_memory_cgroup(cid))
+        try:
+            stubs.processes.StartProcess(
+                process_pb2.StartProcessRequest(
+                    session_id=sid,
+                    argv=["sh", "-c", "head -c 15728640 /dev/zero > /tmp/fill; sleep 60"],
+                ),
+                timeout=CALL_TIMEOUT,
+            )
+        except grpc.RpcError as err:
+            # The fork itself may be what tips the cgroup over: the agent dies in this call.
+            assert err.code() is grpc.StatusCode.UNAVAILABLE, err  # type: ignore[attr-defined]
         assert events.stdout is not None
         ready, _, _ = select.select([events.stdout], [], [], CALL_TIMEOUT)
         assert ready, "no OOM kill reported by the engine"
@@ -249,6 +293,8 @@ def oom_kill_the_agent(stubs: Stubs, owner_id: str, sid: str) -> None:
     finally:
         events.kill()
         events.wait()
+        if events.stdout is not None:
+            events.stdout.close()
 
 
 def import_requests(
@@ -1093,6 +1139,13 @@ def test_regression_rebuilt_after_the_agent_is_oom_killed(fresh: WorkspaceMachin
     fresh.sandbox_oom_killed()
     fresh.write_file("a", b"after the rebuild", 0o644, False)
     fresh.healthy()
+
+
+def test_regression_oom_kill_of_a_small_fresh_session(small: WorkspaceMachine) -> None:
+    """Found by a soak: in a fresh session the cgroup's reclaimable cache absorbed the fill and
+    no OOM came; the limit now goes down to what the cgroup cannot give back."""
+    small.sandbox_oom_killed()
+    small.healthy()
 
 
 def test_regression_replace_import_into_a_full_workspace(small: WorkspaceMachine) -> None:

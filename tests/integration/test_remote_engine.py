@@ -47,6 +47,7 @@ from conftest import (
 )
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mountcheck import bind_mounts
+from sandboxd.config import Config
 from sandboxd.v1 import (
     common_pb2,
     filesystem_pb2,
@@ -256,6 +257,9 @@ class RemoteEngine:
         return problems
 
 
+DISK_TOOL_IMAGE = Config().engine.disk_tool_image
+
+
 @pytest.fixture(scope="module")
 def engine() -> Iterator[RemoteEngine]:
     # Short path: containerd's sockets live under the exec root (sun_path is 108 bytes).
@@ -265,6 +269,7 @@ def engine() -> Iterator[RemoteEngine]:
         remote.certificates()
         remote.start()
         remote.load(IMAGE)
+        remote.load(DISK_TOOL_IMAGE)  # disk workspaces: made by the server through the API
         yield remote
     finally:
         problems = remote.cleanup()
@@ -474,6 +479,34 @@ def test_core_scenario_on_a_remote_engine(
     snaps.DeleteSnapshot(snapshot_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id))
     templates.DeleteTemplate(template_pb2.DeleteTemplateRequest(name=name))
     assert owned(engine, server.owner_id) == []
+
+
+def test_a_disk_workspace_on_a_remote_engine(engine: RemoteEngine, stubs: Stubs) -> None:
+    """A disk is made, mounted, kept by a suspend and removed all through the remote engine's
+    API: its volumes are on that engine, nothing is made on this host's."""
+    workspace = session_pb2.WorkspaceManifest(
+        storage=session_pb2.WORKSPACE_STORAGE_DISK, size_bytes=256 * 1024 * 1024
+    )
+    req = session_pb2.CreateSessionRequest(shell=ALL, workspace=workspace)
+    sid = stubs.sessions.CreateSession(req).session.session_id
+    try:
+        r = run(stubs, sid, "sh", "-c", "echo kept > /workspace/k; df -k /workspace | tail -n 1")
+        assert r.exit_code == 0 and int(r.stdout.split()[1]) > 200 * 1024, r
+        volumes = engine.docker("volume", "ls", "-q", "--filter", "label=io.sandboxd.disk")
+        assert len(volumes.stdout.split()) == 2, volumes.stdout  # its image and its mount
+        local = subprocess.run(
+            ["docker", "volume", "ls", "-q", "--filter", "label=io.sandboxd.disk"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert not [v for v in local if v in volumes.stdout.decode().split()]
+        stubs.sessions.SuspendSession(session_pb2.SuspendSessionRequest(session_id=sid))
+        assert run(stubs, sid, "cat", "/workspace/k").stdout == b"kept\n"  # resumed on its disk
+    finally:
+        stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
+    left = engine.docker("volume", "ls", "-q", "--filter", "label=io.sandboxd.disk")
+    assert left.stdout.split() == []
 
 
 def test_allowlist_egress_reaches_this_servers_proxy_from_a_remote_engine(stubs: Stubs) -> None:

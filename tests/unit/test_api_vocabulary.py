@@ -32,6 +32,7 @@ OLD_TIMESTAMPS = {
     "sandboxd.v1.Snapshot.created_at",
     "sandboxd.v1.EgressEvent.time",
     "sandboxd.v1.Preview.expires_at",  # named by API.md's "Additions to v1" contract
+    "sandboxd.v1.Volume.created_at",  # named by API.md's "Additions to v1" contract
 }
 
 

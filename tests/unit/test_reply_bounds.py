@@ -29,6 +29,7 @@ from sandboxd.v1 import (
     session_pb2,
     snapshot_pb2,
     template_pb2,
+    volumes_pb2,
 )
 from session_stack import session_stack
 
@@ -41,6 +42,7 @@ _FILES = (
     session_pb2,
     snapshot_pb2,
     template_pb2,
+    volumes_pb2,
 )
 
 

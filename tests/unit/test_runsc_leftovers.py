@@ -36,3 +36,20 @@ def test_the_leftovers_of_one_container_are_ended_and_nothing_else() -> None:
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_after_a_checkpoint_the_containerd_shim_of_the_removed_container_goes_too() -> None:
+    from sandboxd.engine.runsc_leftovers import AFTER_CHECKPOINT
+
+    cid, other = secrets.token_hex(32), secrets.token_hex(32)
+    shim = _spawn("containerd-shim-runc-v2", "-namespace", "moby", "-id", cid)
+    bystander = _spawn("containerd-shim-runc-v2", "-namespace", "moby", "-id", other)
+    try:
+        time.sleep(0.2)
+        assert find_leftovers(cid) == []  # a failed start never ends a shim
+        assert end_leftovers(cid, names=AFTER_CHECKPOINT) == [shim.pid]
+        assert shim.wait(5) and bystander.poll() is None
+    finally:
+        for p in (shim, bystander):
+            p.kill()
+            p.wait()

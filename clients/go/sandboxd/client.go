@@ -48,6 +48,7 @@ type Client struct {
 	Admin     pb.AdminServiceClient
 	Audit     pb.AuditServiceClient
 	Templates pb.TemplateServiceClient
+	Volumes   pb.VolumeServiceClient
 
 	mu           sync.Mutex
 	checked      bool
@@ -130,6 +131,7 @@ func Dial(address string, opts ...Option) (*Client, error) {
 	c.Admin = pb.NewAdminServiceClient(conn)
 	c.Audit = pb.NewAuditServiceClient(conn)
 	c.Templates = pb.NewTemplateServiceClient(conn)
+	c.Volumes = pb.NewVolumeServiceClient(conn)
 	return c, nil
 }
 

@@ -292,6 +292,28 @@ var (
 	ErrTemplateInstructionNotAllowed = &Error{Code: codes.InvalidArgument, Reason: "TEMPLATE_INSTRUCTION_NOT_ALLOWED"}
 	// ErrTenantImageQuota: RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first.
 	ErrTenantImageQuota = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_IMAGE_QUOTA"}
+	// ErrTemplateNotReady: FAILED_PRECONDITION, retryable: A built-in template's image is not on the engine yet: the server is building it (GetTemplate says BUILDING), or its last build failed and the message says why (a new build starts on a later use). Never a registry error: built-in images are built on this machine, not pulled. Metadata `template`.
+	ErrTemplateNotReady = &Error{Code: codes.FailedPrecondition, Reason: "TEMPLATE_NOT_READY"}
+	// ErrEngineDiskFull: RESOURCE_EXHAUSTED: The engine host has less free disk space than the disk workspace would need when full (WorkspaceManifest.size_bytes); nothing was created. Ask for a smaller disk, or the operator frees space on the engine host.
+	ErrEngineDiskFull = &Error{Code: codes.ResourceExhausted, Reason: "ENGINE_DISK_FULL"}
+	// ErrDiskStorageUnavailable: FAILED_PRECONDITION: Disk workspaces cannot be made on this engine (its disk tool image, `make disk-image`, is missing, or the engine refuses loop devices); the message says which.
+	ErrDiskStorageUnavailable = &Error{Code: codes.FailedPrecondition, Reason: "DISK_STORAGE_UNAVAILABLE"}
+	// ErrVolumeNotFound: NOT_FOUND: No volume of the caller's tenant has that id (another tenant's answers the same).
+	ErrVolumeNotFound = &Error{Code: codes.NotFound, Reason: "VOLUME_NOT_FOUND"}
+	// ErrVolumeInUse: FAILED_PRECONDITION: The volume is mounted where the call needs it free: a second read-write mount, a read-only mount beside a writer, or DeleteVolume, ImportVolume or ExportVolume while sessions mount it. Metadata `session_id` names one such session of the caller's; delete it (or wait for its lease) first.
+	ErrVolumeInUse = &Error{Code: codes.FailedPrecondition, Reason: "VOLUME_IN_USE"}
+	// ErrVolumeQuotaExceeded: RESOURCE_EXHAUSTED: The tenant's volumes would pass its volume quota (count or bytes: tenant_max_volumes, tenant_max_volume_bytes); delete some first.
+	ErrVolumeQuotaExceeded = &Error{Code: codes.ResourceExhausted, Reason: "VOLUME_QUOTA_EXCEEDED"}
+	// ErrMountPathInvalid: INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt, or it is /mnt itself, or at, above or below another volume's path of the same session.
+	ErrMountPathInvalid = &Error{Code: codes.InvalidArgument, Reason: "MOUNT_PATH_INVALID"}
+	// ErrInvalidVolumeId: INVALID_ARGUMENT: A volume id is not 1-63 of a-z, 0-9, '_', '.', '-' starting with a letter or digit.
+	ErrInvalidVolumeId = &Error{Code: codes.InvalidArgument, Reason: "INVALID_VOLUME_ID"}
+	// ErrVolumeSizeInvalid: INVALID_ARGUMENT: A volume's size_bytes is negative or over the server's volume_max_bytes.
+	ErrVolumeSizeInvalid = &Error{Code: codes.InvalidArgument, Reason: "VOLUME_SIZE_INVALID"}
+	// ErrVolumeAlreadyExists: ALREADY_EXISTS: The volume id is taken by a volume of another size or other labels.
+	ErrVolumeAlreadyExists = &Error{Code: codes.AlreadyExists, Reason: "VOLUME_ALREADY_EXISTS"}
+	// ErrMemorySuspendUnsupported: FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was.
+	ErrMemorySuspendUnsupported = &Error{Code: codes.FailedPrecondition, Reason: "MEMORY_SUSPEND_UNSUPPORTED"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -439,4 +461,15 @@ var Reasons = map[string]ReasonInfo{
 	"REPLY_TOO_LARGE":                  {codes.ResourceExhausted, false, ErrReplyTooLarge},
 	"TEMPLATE_INSTRUCTION_NOT_ALLOWED": {codes.InvalidArgument, false, ErrTemplateInstructionNotAllowed},
 	"TENANT_IMAGE_QUOTA":               {codes.ResourceExhausted, false, ErrTenantImageQuota},
+	"TEMPLATE_NOT_READY":               {codes.FailedPrecondition, true, ErrTemplateNotReady},
+	"ENGINE_DISK_FULL":                 {codes.ResourceExhausted, false, ErrEngineDiskFull},
+	"DISK_STORAGE_UNAVAILABLE":         {codes.FailedPrecondition, false, ErrDiskStorageUnavailable},
+	"VOLUME_NOT_FOUND":                 {codes.NotFound, false, ErrVolumeNotFound},
+	"VOLUME_IN_USE":                    {codes.FailedPrecondition, false, ErrVolumeInUse},
+	"VOLUME_QUOTA_EXCEEDED":            {codes.ResourceExhausted, false, ErrVolumeQuotaExceeded},
+	"MOUNT_PATH_INVALID":               {codes.InvalidArgument, false, ErrMountPathInvalid},
+	"INVALID_VOLUME_ID":                {codes.InvalidArgument, false, ErrInvalidVolumeId},
+	"VOLUME_SIZE_INVALID":              {codes.InvalidArgument, false, ErrVolumeSizeInvalid},
+	"VOLUME_ALREADY_EXISTS":            {codes.AlreadyExists, false, ErrVolumeAlreadyExists},
+	"MEMORY_SUSPEND_UNSUPPORTED":       {codes.FailedPrecondition, false, ErrMemorySuspendUnsupported},
 }

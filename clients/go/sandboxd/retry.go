@@ -62,6 +62,9 @@ var Idempotent = map[string]bool{
 	"/sandboxd.v1.TemplateService/GetTemplate":        true,
 	"/sandboxd.v1.TemplateService/ListTemplates":      true,
 	"/sandboxd.v1.TemplateService/DeleteTemplate":     true,
+	"/sandboxd.v1.VolumeService/GetVolume":            true,
+	"/sandboxd.v1.VolumeService/ListVolumes":          true,
+	"/sandboxd.v1.VolumeService/DeleteVolume":         true,
 	"/sandboxd.v1.SessionService/ListPorts":           true,
 }
 
@@ -69,6 +72,7 @@ var Idempotent = map[string]bool{
 var IdempotentWithID = map[string]string{
 	"/sandboxd.v1.SessionService/CreateSession": "session_id",
 	"/sandboxd.v1.ProcessService/StartProcess":  "process_id",
+	"/sandboxd.v1.VolumeService/CreateVolume":   "volume_id",
 }
 
 func (p RetryPolicy) idempotent(method string, req interface{}) bool {

@@ -54,6 +54,9 @@ export const IDEMPOTENT = new Set([
   'sandboxd.v1.TemplateService/GetTemplate',
   'sandboxd.v1.TemplateService/ListTemplates',
   'sandboxd.v1.TemplateService/DeleteTemplate',
+  'sandboxd.v1.VolumeService/GetVolume',
+  'sandboxd.v1.VolumeService/ListVolumes',
+  'sandboxd.v1.VolumeService/DeleteVolume',
   'sandboxd.v1.SessionService/ListPorts',
 ]);
 
@@ -61,4 +64,5 @@ export const IDEMPOTENT = new Set([
 export const IDEMPOTENT_WITH_ID = {
   'sandboxd.v1.SessionService/CreateSession': 'session_id',
   'sandboxd.v1.ProcessService/StartProcess': 'process_id',
+  'sandboxd.v1.VolumeService/CreateVolume': 'volume_id',
 };

@@ -267,6 +267,28 @@ export class ReplyTooLargeError extends ResourceExhausted {}
 export class TemplateInstructionNotAllowedError extends InvalidArgument {}
 /** RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its image quota (tenant_max_image_bytes); delete some first. */
 export class TenantImageQuotaError extends ResourceExhausted {}
+/** FAILED_PRECONDITION, retryable: A built-in template's image is not on the engine yet: the server is building it (GetTemplate says BUILDING), or its last build failed and the message says why (a new build starts on a later use). Never a registry error: built-in images are built on this machine, not pulled. Metadata `template`. */
+export class TemplateNotReadyError extends FailedPrecondition {}
+/** RESOURCE_EXHAUSTED: The engine host has less free disk space than the disk workspace would need when full (WorkspaceManifest.size_bytes); nothing was created. Ask for a smaller disk, or the operator frees space on the engine host. */
+export class EngineDiskFullError extends ResourceExhausted {}
+/** FAILED_PRECONDITION: Disk workspaces cannot be made on this engine (its disk tool image, `make disk-image`, is missing, or the engine refuses loop devices); the message says which. */
+export class DiskStorageUnavailableError extends FailedPrecondition {}
+/** NOT_FOUND: No volume of the caller's tenant has that id (another tenant's answers the same). */
+export class VolumeNotFoundError extends NotFound {}
+/** FAILED_PRECONDITION: The volume is mounted where the call needs it free: a second read-write mount, a read-only mount beside a writer, or DeleteVolume, ImportVolume or ExportVolume while sessions mount it. Metadata `session_id` names one such session of the caller's; delete it (or wait for its lease) first. */
+export class VolumeInUseError extends FailedPrecondition {}
+/** RESOURCE_EXHAUSTED: The tenant's volumes would pass its volume quota (count or bytes: tenant_max_volumes, tenant_max_volume_bytes); delete some first. */
+export class VolumeQuotaExceededError extends ResourceExhausted {}
+/** INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt, or it is /mnt itself, or at, above or below another volume's path of the same session. */
+export class MountPathInvalidError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A volume id is not 1-63 of a-z, 0-9, '_', '.', '-' starting with a letter or digit. */
+export class InvalidVolumeIdError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A volume's size_bytes is negative or over the server's volume_max_bytes. */
+export class VolumeSizeInvalidError extends InvalidArgument {}
+/** ALREADY_EXISTS: The volume id is taken by a volume of another size or other labels. */
+export class VolumeAlreadyExistsError extends AlreadyExists {}
+/** FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was. */
+export class MemorySuspendUnsupportedError extends FailedPrecondition {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -413,4 +435,15 @@ export const REASONS = Object.freeze({
   REPLY_TOO_LARGE: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: ReplyTooLargeError },
   TEMPLATE_INSTRUCTION_NOT_ALLOWED: { code: 'INVALID_ARGUMENT', retryable: false, error: TemplateInstructionNotAllowedError },
   TENANT_IMAGE_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TenantImageQuotaError },
+  TEMPLATE_NOT_READY: { code: 'FAILED_PRECONDITION', retryable: true, error: TemplateNotReadyError },
+  ENGINE_DISK_FULL: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: EngineDiskFullError },
+  DISK_STORAGE_UNAVAILABLE: { code: 'FAILED_PRECONDITION', retryable: false, error: DiskStorageUnavailableError },
+  VOLUME_NOT_FOUND: { code: 'NOT_FOUND', retryable: false, error: VolumeNotFoundError },
+  VOLUME_IN_USE: { code: 'FAILED_PRECONDITION', retryable: false, error: VolumeInUseError },
+  VOLUME_QUOTA_EXCEEDED: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: VolumeQuotaExceededError },
+  MOUNT_PATH_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: MountPathInvalidError },
+  INVALID_VOLUME_ID: { code: 'INVALID_ARGUMENT', retryable: false, error: InvalidVolumeIdError },
+  VOLUME_SIZE_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: VolumeSizeInvalidError },
+  VOLUME_ALREADY_EXISTS: { code: 'ALREADY_EXISTS', retryable: false, error: VolumeAlreadyExistsError },
+  MEMORY_SUSPEND_UNSUPPORTED: { code: 'FAILED_PRECONDITION', retryable: false, error: MemorySuspendUnsupportedError },
 });

@@ -371,7 +371,18 @@ export type ErrorReason =
   | 'ERROR_REASON_HOST_IDS_EXHAUSTED'
   | 'ERROR_REASON_REPLY_TOO_LARGE'
   | 'ERROR_REASON_TEMPLATE_INSTRUCTION_NOT_ALLOWED'
-  | 'ERROR_REASON_TENANT_IMAGE_QUOTA';
+  | 'ERROR_REASON_TENANT_IMAGE_QUOTA'
+  | 'ERROR_REASON_TEMPLATE_NOT_READY'
+  | 'ERROR_REASON_ENGINE_DISK_FULL'
+  | 'ERROR_REASON_DISK_STORAGE_UNAVAILABLE'
+  | 'ERROR_REASON_VOLUME_NOT_FOUND'
+  | 'ERROR_REASON_VOLUME_IN_USE'
+  | 'ERROR_REASON_VOLUME_QUOTA_EXCEEDED'
+  | 'ERROR_REASON_MOUNT_PATH_INVALID'
+  | 'ERROR_REASON_INVALID_VOLUME_ID'
+  | 'ERROR_REASON_VOLUME_SIZE_INVALID'
+  | 'ERROR_REASON_VOLUME_ALREADY_EXISTS'
+  | 'ERROR_REASON_MEMORY_SUSPEND_UNSUPPORTED';
 
 export type SessionEventKind =
   | 'SESSION_EVENT_KIND_UNSPECIFIED'
@@ -944,10 +955,17 @@ export interface ManifestFile {
   mode: number;
 }
 
+export type WorkspaceStorage =
+  | 'WORKSPACE_STORAGE_UNSPECIFIED'
+  | 'WORKSPACE_STORAGE_MEMORY'
+  | 'WORKSPACE_STORAGE_DISK';
+
 export interface WorkspaceManifest {
   id: string;
   files: ManifestFile[];
   directories: string[];
+  storage: WorkspaceStorage;
+  size_bytes: number;
 }
 
 export interface CreateSessionRequest {
@@ -967,6 +985,7 @@ export interface CreateSessionRequest {
   isolation: Isolation;
   template: string;
   pull_policy: PullPolicy;
+  volumes: VolumeMount[];
 }
 
 export interface CreateSessionResponse {
@@ -1059,7 +1078,13 @@ export interface EgressEvent {
 
 export interface SuspendSessionRequest {
   session_id: string;
+  mode: SuspendMode;
 }
+
+export type SuspendMode =
+  | 'SUSPEND_MODE_UNSPECIFIED'
+  | 'SUSPEND_MODE_FILESYSTEM'
+  | 'SUSPEND_MODE_MEMORY';
 
 export interface SuspendSessionResponse {
   session: Session | null;
@@ -1099,12 +1124,107 @@ export interface Session {
   restored_from: string;
   restored_state_time: Timestamp | null;
   lost_message: string;
+  volumes: VolumeMount[];
+  workspace_storage: WorkspaceStorage;
+  workspace_size_bytes: number;
+  suspend_mode: SuspendMode;
 }
 
 export interface SessionStateReason {
   reason: string;
   message: string;
   recoverable: boolean;
+}
+
+/** sandboxd.v1.VolumeService: SandboxClient.volumes. */
+export interface VolumeServiceClient {
+  createVolume(request: Init<CreateVolumeRequest>, options?: CallOptions): Promise<CreateVolumeResponse>;
+  getVolume(request: Init<GetVolumeRequest>, options?: CallOptions): Promise<GetVolumeResponse>;
+  listVolumes(request: Init<ListVolumesRequest>, options?: CallOptions): Promise<ListVolumesResponse>;
+  deleteVolume(request: Init<DeleteVolumeRequest>, options?: CallOptions): Promise<DeleteVolumeResponse>;
+  exportVolume(request: Init<ExportVolumeRequest>, options?: CallOptions): AsyncGenerator<ExportVolumeResponse, void, undefined>;
+  importVolume(requests: Requests<ImportVolumeRequest>, options?: CallOptions): Promise<ImportVolumeResponse>;
+}
+
+export interface VolumeAttachment {
+  session_id: string;
+  read_only: boolean;
+}
+
+export interface Volume {
+  volume_id: string;
+  size_bytes: number;
+  used_bytes: number;
+  labels: Record<string, string>;
+  created_at: Timestamp | null;
+  attached: VolumeAttachment[];
+}
+
+export interface VolumeMount {
+  volume_id: string;
+  path: string;
+  read_only: boolean;
+}
+
+export interface CreateVolumeRequest {
+  volume_id: string;
+  size_bytes: number;
+  labels: Record<string, string>;
+}
+
+export interface CreateVolumeResponse {
+  volume: Volume | null;
+}
+
+export interface GetVolumeRequest {
+  volume_id: string;
+}
+
+export interface GetVolumeResponse {
+  volume: Volume | null;
+}
+
+export interface ListVolumesRequest {
+  label_selector: Record<string, string>;
+  page_size: number;
+  page_token: string;
+  max_reply_bytes: number;
+}
+
+export interface ListVolumesResponse {
+  volumes: Volume[];
+  next_page_token: string;
+}
+
+export interface DeleteVolumeRequest {
+  volume_id: string;
+}
+
+export interface DeleteVolumeResponse {
+  existed: boolean;
+}
+
+export interface ExportVolumeRequest {
+  volume_id: string;
+}
+
+export interface ExportVolumeResponse {
+  data: Buffer;
+}
+
+export interface ImportVolumeHeader {
+  volume_id: string;
+  replace: boolean;
+}
+
+export interface ImportVolumeRequest {
+  header: ImportVolumeHeader | null;
+  data: Buffer;
+  payload?: 'header' | 'data';
+}
+
+export interface ImportVolumeResponse {
+  volume: Volume | null;
 }
 
 /** sandboxd.v1.SnapshotService: SandboxClient.snapshots. */
@@ -1293,6 +1413,7 @@ export interface Services {
   readonly files: FilesystemServiceClient;
   readonly processes: ProcessServiceClient;
   readonly sessions: SessionServiceClient;
+  readonly volumes: VolumeServiceClient;
   readonly snapshots: SnapshotServiceClient;
   readonly templates: TemplateServiceClient;
 }

@@ -58,6 +58,9 @@ IDEMPOTENT = frozenset(
         "TemplateService/GetTemplate",
         "TemplateService/ListTemplates",
         "TemplateService/DeleteTemplate",
+        "VolumeService/GetVolume",
+        "VolumeService/ListVolumes",
+        "VolumeService/DeleteVolume",
     )
 )
 

@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sandboxd_client.cli_audit import add_audit_options, add_watch_options, cmd_audit, cmd_watch
 from sandboxd_client.cli_completion import completion_script
@@ -50,9 +50,10 @@ from sandboxd_client.cli_snapshots import (
     cmd_snapshot_rm,
 )
 from sandboxd_client.cli_templates import add_template_commands
-from sandboxd_client.client import TLS, SandboxClient
-from sandboxd_client.errors import SandboxError
-from sandboxd_client.models import as_dict
+from sandboxd_client.cli_volumes import add_volume_commands
+
+if TYPE_CHECKING:  # imported once the command line is parsed (none for --version, completion)
+    from sandboxd_client.client import SandboxClient
 
 # sandboxctl's own failures (a refused call, no server, a bad flag) exit 125, as docker's do, so
 # that they never read as the remote command's exit code (exec, run, shell and attach pass that
@@ -75,6 +76,8 @@ async def cmd_ls(client: SandboxClient, args: argparse.Namespace) -> int:
 
 
 async def cmd_info(client: SandboxClient, args: argparse.Namespace) -> int:
+    from sandboxd_client.models import as_dict
+
     value: Any = (
         (await client.get_session(args.session)).info
         if args.session
@@ -110,6 +113,8 @@ async def cmd_resume(client: SandboxClient, args: argparse.Namespace) -> int:
 
 
 async def cmd_sweep(client: SandboxClient, args: argparse.Namespace) -> int:
+    from sandboxd_client.models import as_dict
+
     result = await client.sweep()
     emit(args, result, lambda: " ".join(f"{k}={v}" for k, v in as_dict(result).items()))
     return 0
@@ -243,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_image_commands(sub)
     add_template_commands(sub)
+    add_volume_commands(sub)
     add_preview_commands(sub)
     snap = sub.add_parser("snapshot", help="snapshots: create, ls, get, rm, download")
     ssub = snap.add_subparsers(dest="snapshot_command", required=True)
@@ -286,18 +292,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _version() -> str:
-    from importlib import metadata
+    from sandboxd_client import __version__
 
-    try:
-        return metadata.version("sandboxd-client")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    return __version__
 
 
 async def _main(args: argparse.Namespace) -> int:
     func: Callable[..., Any] = args.func
-    if func is cmd_completion:
-        return await cmd_completion(None, args)
+    from sandboxd_client.client import TLS, SandboxClient
+
     tls = None
     if args.tls or args.ca:
         tls = TLS(root_certificates=args.ca.read_bytes() if args.ca else None)
@@ -318,6 +321,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
+    if args.func is cmd_completion:  # calls no server: no grpc
+        print(completion_script(build_parser(), args.shell))
+        return 0
+    from sandboxd_client.errors import SandboxError  # grpc: once a command will call the server
+
     try:
         return asyncio.run(_main(args))
     except BrokenPipeError:

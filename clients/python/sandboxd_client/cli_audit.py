@@ -7,11 +7,12 @@ import argparse
 import datetime as dt
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandboxd_client.cli_output import pairs, table, wants_json, when
-from sandboxd_client.client import SandboxClient
-from sandboxd_client.models import as_dict
+
+if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
+    from sandboxd_client.client import SandboxClient
 
 
 def _time(text: str | None) -> dt.datetime | None:
@@ -42,6 +43,8 @@ def add_audit_options(p: argparse.ArgumentParser) -> None:
 
 
 async def cmd_audit(client: SandboxClient, args: argparse.Namespace) -> int:
+    from sandboxd_client.models import as_dict
+
     rows = [("TIME", "TENANT", "SESSION", "KIND", "DETAILS")]
     n = 0
     async for event in client.list_audit_events(
@@ -85,6 +88,8 @@ def add_watch_options(p: argparse.ArgumentParser) -> None:
 async def cmd_watch(client: SandboxClient, args: argparse.Namespace) -> int:
     """Session events as they happen; each line starts with the sequence to resume after.
     With a PATH (or --recursive): the changes beneath that workspace folder instead."""
+    from sandboxd_client.models import as_dict
+
     if args.session and (args.path is not None or args.recursive):
         return await cmd_watch_dir(client, args)
     if args.session:
@@ -110,6 +115,8 @@ async def cmd_watch(client: SandboxClient, args: argparse.Namespace) -> int:
 
 async def cmd_watch_dir(client: SandboxClient, args: argparse.Namespace) -> int:
     """One line per change: sequence, kind, path (old -> new for a rename), type."""
+    from sandboxd_client.models import as_dict
+
     session = client.session(args.session)
     n = 0
     async with session.watching(args.path or "", recursive=args.recursive) as events:

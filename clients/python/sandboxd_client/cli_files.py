@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from sandboxd_client.cli_output import emit, wants_json
 from sandboxd_client.cli_progress import Progress
-from sandboxd_client.client import SandboxClient
-from sandboxd_client.session import Session
 from sandboxd_client.tar_stream import estimated_size, tar_chunks, untar_chunks
+
+if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
+    from sandboxd_client.client import SandboxClient
+    from sandboxd_client.session import Session
 
 
 def _split_remote(spec: str) -> tuple[str, str] | None:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandboxd_client.cli_output import emit, table, when
 from sandboxd_client.cli_progress import Progress
-from sandboxd_client.client import SandboxClient
-from sandboxd_client.images import PullDone
+
+if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
+    from sandboxd_client.client import SandboxClient
 
 
 async def cmd_image_pull(client: SandboxClient, args: argparse.Namespace) -> int:
+    from sandboxd_client.images import PullDone
+
     show = sys.stderr.isatty() if args.progress is None else args.progress
     bar = Progress(args.image, None, sys.stderr, show)
     digest = ""

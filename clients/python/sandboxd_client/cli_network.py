@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from sandboxd_client.cli_output import emit, table, when
-from sandboxd_client.client import SandboxClient
-from sandboxd_client.models import NetworkPolicy
+
+if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
+    from sandboxd_client.client import SandboxClient
+    from sandboxd_client.models import NetworkPolicy
 
 
 def policy_from(args: argparse.Namespace) -> NetworkPolicy | None:
     """`--domain`/`--port` (repeatable) make an ALLOWLIST policy; none leaves the default."""
+    from sandboxd_client.models import NetworkPolicy
+
     domains, ports = tuple(args.domain or ()), tuple(args.port or ())
     if not domains and not ports and not args.allow_private_networks:
         return None
@@ -24,6 +29,8 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
 
 
 async def cmd_network(client: SandboxClient, args: argparse.Namespace) -> int:
+    from sandboxd_client.models import NetworkPolicy
+
     policy = policy_from(args) or NetworkPolicy()
     session = await client.session(args.session).update_network_policy(policy)
     network = session.info.network

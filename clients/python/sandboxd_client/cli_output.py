@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sandboxd_client.models import as_dict
+if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
+    pass
 
 
 def pairs(values: Sequence[str] | None, what: str) -> dict[str, str]:
@@ -26,6 +27,8 @@ def wants_json(args: argparse.Namespace) -> bool:
 
 def emit(args: argparse.Namespace, value: Any, text: Callable[[], str] | str) -> None:
     """One result: JSON with `-o json`, else the command's own text form."""
+    from sandboxd_client.models import as_dict
+
     if wants_json(args):
         print(json.dumps(as_dict(value), indent=2, sort_keys=True))
     else:

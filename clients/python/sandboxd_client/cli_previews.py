@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandboxd_client.cli_output import emit, table, when
-from sandboxd_client.client import SandboxClient
+
+if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
+    from sandboxd_client.client import SandboxClient
 
 
 async def cmd_publish(client: SandboxClient, args: argparse.Namespace) -> int:

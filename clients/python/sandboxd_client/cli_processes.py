@@ -6,11 +6,14 @@ import argparse
 import json
 import sys
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from sandboxd_client.cli_output import emit, pairs, table, wants_json, when
 from sandboxd_client.cli_shell import exit_status, run_shell
-from sandboxd_client.client import SandboxClient
-from sandboxd_client.models import Event, Exited, Output, OutputGap, Started, as_dict
+
+if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
+    from sandboxd_client.client import SandboxClient
+    from sandboxd_client.models import Event
 
 EXIT_ERROR = 125  # the stream ended with no exit status: a failure of ours, not the command's
 
@@ -24,6 +27,8 @@ def _argv(args: argparse.Namespace, usage: str) -> list[str]:
 
 async def _follow(args: argparse.Namespace, events: AsyncIterator[Event]) -> int:
     """Write output as it arrives (or JSON lines); the exit code of the Exited event."""
+    from sandboxd_client.models import Exited, Output, OutputGap, Started, as_dict
+
     out, err = sys.stdout.buffer, sys.stderr.buffer
     exit_code = EXIT_ERROR
     async for event in events:

@@ -15,13 +15,17 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandboxd_client.cli_network import add_policy_options, policy_from
 from sandboxd_client.cli_output import emit, pairs
 from sandboxd_client.cli_shell import run_shell
-from sandboxd_client.client import SandboxClient
-from sandboxd_client.models import ResourceLimits
-from sandboxd_client.session import Session
+from sandboxd_client.cli_volumes import volume_mounts
+
+if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
+    from sandboxd_client.client import SandboxClient
+    from sandboxd_client.models import ResourceLimits
+    from sandboxd_client.session import Session
 
 _SIZE = re.compile(r"\A(\d+)\s*(|k|ki|kib|kb|m|mi|mib|mb|g|gi|gib|gb)\Z", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -46,6 +50,12 @@ def add_session_options(p: argparse.ArgumentParser, *, env: bool = True) -> None
     p.add_argument("--file", action="append", metavar="REMOTE=LOCAL", help="declare a file")
     p.add_argument("--image")
     p.add_argument("--template", help="a template by name, e.g. python (instead of --image)")
+    p.add_argument(
+        "--volume",
+        action="append",
+        metavar="ID:PATH[:ro]",
+        help="mount a volume of yours below /mnt (repeat)",
+    )
     p.add_argument(
         "--isolation", choices=("runc", "gvisor"), help="isolation tier (default: the server's)"
     )
@@ -75,6 +85,8 @@ def add_session_options(p: argparse.ArgumentParser, *, env: bool = True) -> None
 
 
 def _limits(args: argparse.Namespace) -> ResourceLimits | None:
+    from sandboxd_client.models import ResourceLimits
+
     given = ResourceLimits(
         memory_bytes=args.memory or 0,
         cpu_millis=args.cpu_millis or 0,
@@ -112,6 +124,7 @@ async def session_from_args(
         isolation=args.isolation or "",
         template=args.template or "",
         pull_policy=args.pull_policy or "",
+        volumes=volume_mounts(getattr(args, "volume", None)),
     )
 
 

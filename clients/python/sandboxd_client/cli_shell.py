@@ -14,9 +14,12 @@ import shutil
 import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from sandboxd_client.models import Exited, Output
-from sandboxd_client.session import Session
+if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
+    from sandboxd_client.models import Exited
+    from sandboxd_client.session import Session
+
 
 _READ = 64 * 1024
 
@@ -64,6 +67,8 @@ async def run_shell(
 ) -> int:
     """A terminal on `argv` until it exits: no deadline unless `timeout`, and the server's idle
     timeout (30 minutes of no typing and no output) unless `idle_timeout`."""
+    from sandboxd_client.models import Exited, Output
+
     loop = asyncio.get_running_loop()
     in_fd = sys.stdin.fileno()
     out = sys.stdout.buffer

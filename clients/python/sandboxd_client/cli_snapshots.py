@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandboxd_client.cli_output import emit, pairs, table, when
-from sandboxd_client.client import SandboxClient
+
+if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
+    from sandboxd_client.client import SandboxClient
 
 
 def _snapshot_rows(snaps: Sequence[Any]) -> str:

@@ -9,11 +9,13 @@ import tarfile
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from sandboxd_client.cli_output import emit, table, when
-from sandboxd_client.client import SandboxClient
-from sandboxd_client.templates import CONTEXT_CHUNK, Template
+
+if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
+    from sandboxd_client.client import SandboxClient
+    from sandboxd_client.templates import Template
 
 
 def _tar_dir(directory: Path) -> IO[bytes]:
@@ -27,6 +29,8 @@ def _tar_dir(directory: Path) -> IO[bytes]:
 
 
 async def _chunks(f: IO[bytes]) -> AsyncIterator[bytes]:
+    from sandboxd_client.templates import CONTEXT_CHUNK
+
     while chunk := await asyncio.to_thread(f.read, CONTEXT_CHUNK):
         yield chunk
 
@@ -36,6 +40,8 @@ async def cmd_template_build(client: SandboxClient, args: argparse.Namespace) ->
     dockerfile = Path(args.file) if args.file else directory / "Dockerfile"
     text = dockerfile.read_text()
     context = await asyncio.to_thread(_tar_dir, directory)
+    from sandboxd_client.templates import Template
+
     done: Template | None = None
     try:
         async for event in client.build_template(args.name, text, _chunks(context)):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ from sandboxd_client.models import (
 from sandboxd_client.previews import PreviewsMixin
 from sandboxd_client.session import Session
 from sandboxd_client.templates import TemplatesMixin
+from sandboxd_client.volumes import VolumeMount, VolumesMixin
 from sandboxd_client.watch import WatchMixin
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -102,10 +104,13 @@ def check_api_version(info: ServerInfo, address: str) -> None:
         )
 
 
-class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, PreviewsMixin):
+class SandboxClient(
+    AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, PreviewsMixin, VolumesMixin
+):
     """A connection to one sandboxd server; use as `async with SandboxClient(addr) as c`.
 
-    `token` is sent as a bearer token on every call. `timeout` is the default deadline in
+    `address` unset is $SANDBOXD_ADDR (else 127.0.0.1:50051). `token` (unset:
+    $SANDBOXD_TOKEN) is sent as a bearer token on every call. `timeout` is the default deadline in
     seconds of unary calls; `connect_timeout` bounds the first-use version check when the
     call has no deadline of its own. `retry` is the retry policy of idempotent calls (None:
     no retries at all).
@@ -113,7 +118,7 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, Preview
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         *,
         token: str | None = None,
         tls: _channel.TLS | None = None,
@@ -122,7 +127,11 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, Preview
         retry: RetryPolicy | None = DEFAULT_RETRY,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        self.address = address
+        # As sandboxctl: unset, the address is $SANDBOXD_ADDR (else 127.0.0.1:50051) and the
+        # token $SANDBOXD_TOKEN, so a script or notebook needs no configuration code.
+        self.address = address or os.environ.get("SANDBOXD_ADDR") or DEFAULT_ADDRESS
+        if token is None:
+            token = os.environ.get("SANDBOXD_TOKEN") or None
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.retry = retry
@@ -342,6 +351,7 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, Preview
         isolation: str = "",
         template: str = "",
         pull_policy: str = "",
+        volumes: Sequence[VolumeMount] = (),
         timeout: float | None = UNSET,
     ) -> Session:
         """Create a session. Every command is denied unless named in `allow` or `allow_all`.
@@ -349,6 +359,7 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, Preview
         `isolation` is "runc" or "gvisor" (empty: the server's default; `server_info()` lists
         the tiers on offer); a tier the server cannot give is refused, never replaced.
         `template` names a template ("python", "busybox") instead of an `image`.
+        `volumes` mounts the caller's volumes (VolumeService) below /mnt.
 
         With a caller-chosen `session_id` the call is idempotent (the same request returns
         the same session), so it is retried on transient errors; without one it never is.
@@ -378,6 +389,7 @@ class SandboxClient(AuditMixin, WatchMixin, ImagesMixin, TemplatesMixin, Preview
             else common_pb2.ISOLATION_UNSPECIFIED,
             template=template,
             pull_policy=pull_policy_pb(pull_policy),
+            volumes=[v.to_pb() for v in volumes],
         )
         resp = await self._unary(
             "SessionService/CreateSession",

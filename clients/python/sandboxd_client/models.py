@@ -40,6 +40,7 @@ from sandboxd_client.events import (
     Stream,
     event_from_pb,
 )
+from sandboxd_client.volumes import VolumeMount
 
 __all__ = [
     "ArchiveImported",
@@ -265,6 +266,7 @@ class SessionInfo:
     isolation: str = ""  # RUNC or GVISOR
     template: str = ""
     image_digest: str = ""  # the digest it runs (a resume or fork runs the same)
+    volumes: tuple[VolumeMount, ...] = ()  # the volumes mounted in it
 
     @classmethod
     def from_pb(cls, m: session_pb2.Session) -> Self:
@@ -291,6 +293,7 @@ class SessionInfo:
             isolation=enum_name(common_pb2.Isolation, m.isolation, "ISOLATION_"),
             template=m.template,
             image_digest=m.image_digest,
+            volumes=tuple(VolumeMount(v.volume_id, v.path, v.read_only) for v in m.volumes),
         )
 
 

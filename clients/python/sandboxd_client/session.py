@@ -142,9 +142,12 @@ class Session(ProcessHandles, FileTransfers, DirWatching):
         return bool(resp.existed)
 
     @rpc("SessionService/SuspendSession")
-    async def suspend(self, *, timeout: float | None = UNSET) -> Self:
-        """Snapshot the workspace and stop the container; `resume` brings it back."""
-        req = session_pb2.SuspendSessionRequest(session_id=self.id)
+    async def suspend(self, *, memory: bool = False, timeout: float | None = UNSET) -> Self:
+        """Snapshot the workspace and stop the container; `resume` brings it back. `memory`:
+        keep the processes and memory too (gVisor sessions where the server's features name
+        `memory_suspend`; else `MEMORY_SUSPEND_UNSUPPORTED`, with nothing stopped)."""
+        mode = session_pb2.SUSPEND_MODE_MEMORY if memory else session_pb2.SUSPEND_MODE_UNSPECIFIED
+        req = session_pb2.SuspendSessionRequest(session_id=self.id, mode=mode)
         return await self._session_call(
             "SessionService/SuspendSession",
             lambda t: self._stubs.sessions.SuspendSession(req, timeout=t),

@@ -182,7 +182,7 @@ class Session(_Blocking):
 class SandboxClient(_Blocking):
     """`sandboxd_client.SandboxClient`, synchronously: the same arguments; `with` or `close()`."""
 
-    def __init__(self, address: str = _async.DEFAULT_ADDRESS, **options: Any) -> None:
+    def __init__(self, address: str | None = None, **options: Any) -> None:
         loop = _Loop()
 
         async def opened() -> _async.SandboxClient:

@@ -89,6 +89,9 @@ class Channel:
         self._handshake_s = handshake_s
         self._resend_s = resend_s
         self._on_lost = on_lost
+        # Set while its sandbox is checkpointed (a memory suspend): the error its streams end
+        # with when the checkpoint stops the sandbox, instead of "does not answer".
+        self.ending: Callable[[], SandboxError] | None = None
         self._writer = FrameWriter(transport)
         self._decoder = FrameDecoder()
         self._streams: dict[int, AgentStream] = {}
@@ -271,9 +274,13 @@ class Channel:
         self.state = state
         self.why = why
         error = (
-            agent_unavailable(f"the sandbox's agent does not answer: {why}")
-            if state is State.LOST
-            else agent_restarted(f"the agent channel ended: {why}")
+            self.ending()
+            if self.ending is not None
+            else (
+                agent_unavailable(f"the sandbox's agent does not answer: {why}")
+                if state is State.LOST
+                else agent_restarted(f"the agent channel ended: {why}")
+            )
         )
         self._fail_streams(error)
         self._decoder.scan_for(secrets.token_hex(16))  # nothing more is accepted

@@ -17,7 +17,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -205,6 +205,13 @@ class AgentRouter:
         if self._tasks:
             await asyncio.wait(self._tasks)
 
+    def checkpointing(self, sandbox_id: str, ending: Callable[[], SandboxError] | None) -> None:
+        """The sandbox is being checkpointed (`ending`: what its streams are told when that
+        stops it; no rescue follows), or is no longer (None: the checkpoint did not happen)."""
+        entry = self._entries.get(sandbox_id)
+        if entry is not None:
+            entry.channel.ending = ending
+
     def state(self, sandbox_id: str) -> State | None:
         entry = self._entries.get(sandbox_id)
         return entry.channel.state if entry is not None else None
@@ -216,6 +223,8 @@ class AgentRouter:
         RESCUE_RETRY_S."""
         entry = self._entries.get(sandbox_id)
         if entry is None or entry.channel is not channel or channel.state is not State.LOST:
+            return
+        if channel.ending is not None:  # checkpointed: stopped on purpose, nothing to rescue
             return
         if entry.rescuing is not None and not entry.rescuing.done():
             return

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from sandboxd import __version__, images, tenancy, validation
 from sandboxd.api import convert, egress_convert, image_convert, replies
@@ -11,8 +12,8 @@ from sandboxd.config import Config
 from sandboxd.egress.manager import EgressManager, FilterMode
 from sandboxd.egress.policy import DEFAULT_QUOTAS, MAX_QUOTAS
 from sandboxd.engine import Engine
-from sandboxd.errors import Internal, ResourceExhausted
-from sandboxd.isolation import IsolationTiers
+from sandboxd.errors import Internal, ResourceExhausted, SandboxError
+from sandboxd.isolation import Isolation, IsolationTiers
 from sandboxd.pulls import Pulls
 from sandboxd.sessions import paging
 from sandboxd.sweeper import Sweeper
@@ -45,8 +46,10 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         sweeper: Sweeper | None = None,
         tiers: IsolationTiers | None = None,
         pulls: Pulls | None = None,
+        memory_suspend: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
         self._tiers = tiers  # None: runc only
+        self._memory_suspend = memory_suspend  # why not ("" when it can); None: never
         self._pulls = pulls
         self._config = config
         self._engine = engine
@@ -100,7 +103,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
             proxy_quotas_default=egress_convert.quotas_pb(DEFAULT_QUOTAS),
             proxy_quotas_max=egress_convert.quotas_pb(MAX_QUOTAS),
             api_version=API_VERSION,
-            features=self._features(),
+            features=await self._features(),
             isolation_tiers=(
                 [convert.ISOLATION_PB[t] for t in self._tiers.available()]
                 if self._tiers is not None
@@ -108,9 +111,16 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
             ),
         )
 
-    def _features(self) -> list[str]:
-        """Optional features this configuration has, so a client can check before relying."""
+    async def _features(self) -> list[str]:
+        """Optional features this configuration has, so a client can check before relying.
+        `memory_suspend` is asked of the engine each time (an operator may turn on its
+        experimental mode, or register runsc, while the server runs)."""
         features = list(_BASE_FEATURES)
+        gvisor = self._tiers is not None and Isolation.GVISOR in self._tiers.available()
+        if gvisor and self._memory_suspend is not None:
+            with contextlib.suppress(SandboxError):
+                if not await self._memory_suspend():
+                    features.append("memory_suspend")
         if self._egress is not None and self._egress.filter_mode is not FilterMode.UNAVAILABLE:
             features.append("egress")
         if self._config.metrics.served:

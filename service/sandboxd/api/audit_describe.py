@@ -26,6 +26,8 @@ _LIFECYCLE = {
     "SessionService/UpdateNetworkPolicy": "update_network_policy",
     "ProcessService/SignalProcess": "signal_process",
     "SnapshotService/DeleteSnapshot": "delete_snapshot",
+    "VolumeService/CreateVolume": "create_volume",
+    "VolumeService/DeleteVolume": "delete_volume",
 }
 
 
@@ -179,7 +181,7 @@ class Tally:
         elif m in _LIFECYCLE:
             self.kind = "lifecycle"
             self.attributes["action"] = _LIFECYCLE[m]
-            for name in ("snapshot_id", "process_id", "signal"):
+            for name in ("snapshot_id", "process_id", "signal", "volume_id"):
                 value = getattr(request, name, None)
                 if isinstance(value, str) and value:
                     self.attributes[name] = value

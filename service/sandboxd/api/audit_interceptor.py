@@ -24,6 +24,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from sandboxd import tenancy
 from sandboxd.api.audit_describe import Tally, audited
+from sandboxd.api.chain import Layer
 from sandboxd.api.errors import abort
 from sandboxd.audit import AuditEvent, AuditWriter
 from sandboxd.audit.context import CURRENT_CALL
@@ -68,7 +69,7 @@ def _refusal(context: Any) -> dict[str, object]:
     return attrs
 
 
-class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class AuditInterceptor(Layer):
     def __init__(
         self,
         writer: AuditWriter,
@@ -81,12 +82,7 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._hub = hub
         self._on_activity = on_activity  # a command ran: renew_on_activity
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[Any], Awaitable[Any]],
-        handler_call_details: Any,
-    ) -> Any:
-        handler = await continuation(handler_call_details)
+    def wrap(self, handler: Any, handler_call_details: Any) -> Any:
         if handler is None:
             return None
         full = str(handler_call_details.method).lstrip("/")

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import grpc
 
 from sandboxd import errors, tenancy
+from sandboxd.api.chain import Layer
 from sandboxd.api.errors import to_status
 from sandboxd.reasons import Reason
 
@@ -50,18 +51,13 @@ def bearer_token(metadata: Any) -> str | None:
     return token or None
 
 
-class LocalTenantInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class LocalTenantInterceptor(Layer):
     """Without a tokens file: every call is the local tenant's, with the operator's grants."""
 
     def __init__(self, private_networks: str = "deny") -> None:
         self._grants = tenancy.resolved_grants(tenancy.LOCAL_GRANTS, private_networks)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[Any], Awaitable[Any]],
-        handler_call_details: Any,
-    ) -> Any:
-        handler = await continuation(handler_call_details)
+    def wrap(self, handler: Any, handler_call_details: Any) -> Any:
         return None if handler is None else _as_tenant(handler, None, self._grants)
 
 
@@ -74,17 +70,12 @@ class Tokens(Protocol):
     def grants_of(self, tenant: str) -> tenancy.TenantGrants: ...
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class AuthInterceptor(Layer):
     def __init__(self, tokens: Tokens, private_networks: str = "deny") -> None:
         self._tokens = tokens
         self._private_networks = private_networks  # the server's egress_private_networks
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[Any], Awaitable[Any]],
-        handler_call_details: Any,
-    ) -> Any:
-        handler = await continuation(handler_call_details)
+    def wrap(self, handler: Any, handler_call_details: Any) -> Any:
         method: str = handler_call_details.method
         if handler is None or method.startswith(EXEMPT_PREFIXES):
             return handler

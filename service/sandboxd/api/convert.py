@@ -24,12 +24,22 @@ from sandboxd.models import (
     Session,
     SessionState,
     ShellPolicy,
+    SuspendMode,
+    VolumeMount,
     WorkspaceManifest,
+    WorkspaceStorage,
 )
 from sandboxd.reasons import Reason
 from sandboxd.sessions import CreateSessionInput
 from sandboxd.state_reason import state_reason
-from sandboxd.v1 import common_pb2, filesystem_pb2, process_pb2, session_pb2, watch_pb2
+from sandboxd.v1 import (
+    common_pb2,
+    filesystem_pb2,
+    process_pb2,
+    session_pb2,
+    volumes_pb2,
+    watch_pb2,
+)
 
 _STATE = {
     SessionState.CREATING: session_pb2.SESSION_STATE_CREATING,
@@ -185,7 +195,33 @@ def create_input(req: session_pb2.CreateSessionRequest) -> CreateSessionInput:
         isolation=isolation_from_pb(req.isolation),
         template=req.template,
         pull_policy=image_convert.pull_policy(req.pull_policy),
+        volumes=tuple(
+            VolumeMount(volume_id=m.volume_id, path=m.path, read_only=m.read_only)
+            for m in req.volumes
+        ),
+        storage=storage_from_pb(req.workspace.storage),
+        size_bytes=req.workspace.size_bytes,
     )
+
+
+_STORAGE_IN = {
+    session_pb2.WORKSPACE_STORAGE_MEMORY: WorkspaceStorage.MEMORY,
+    session_pb2.WORKSPACE_STORAGE_DISK: WorkspaceStorage.DISK,
+}
+_STORAGE_PB = {v: k for k, v in _STORAGE_IN.items()}
+
+
+def storage_from_pb(value: session_pb2.WorkspaceStorage.ValueType) -> WorkspaceStorage | None:
+    """None: UNSPECIFIED (the operator's default); a value this server does not know is refused."""
+    if value == session_pb2.WORKSPACE_STORAGE_UNSPECIFIED:
+        return None
+    if value not in _STORAGE_IN:
+        raise InvalidArgument(
+            f"workspace.storage {value} is not a WorkspaceStorage this server knows",
+            reason=Reason.INVALID_ARGUMENT,
+            metadata={"field": "workspace.storage"},
+        )
+    return _STORAGE_IN[value]
 
 
 def timestamp_pb(ns: int) -> timestamp_pb2.Timestamp:
@@ -218,8 +254,30 @@ def session_pb(s: Session) -> session_pb2.Session:
         isolation=ISOLATION_PB[s.spec.isolation],
         template=s.spec.template,
         image_digest=s.spec.image_digest,
+        volumes=[
+            volumes_pb2.VolumeMount(volume_id=m.volume_id, path=m.path, read_only=m.read_only)
+            for m in s.spec.volumes
+        ],
+        workspace_storage=_STORAGE_PB[s.spec.storage],
+        workspace_size_bytes=s.spec.limits.workspace_bytes,
+        suspend_mode=SUSPEND_MODE_PB[s.suspend_mode],
         **_loss_fields(s.loss),
     )
+
+
+# What a suspension kept; NONE (not suspended) is UNSPECIFIED.
+SUSPEND_MODE_PB = {
+    SuspendMode.NONE: session_pb2.SUSPEND_MODE_UNSPECIFIED,
+    SuspendMode.FILESYSTEM: session_pb2.SUSPEND_MODE_FILESYSTEM,
+    SuspendMode.MEMORY: session_pb2.SUSPEND_MODE_MEMORY,
+}
+
+
+def suspend_mode(value: int) -> SuspendMode:
+    """A SuspendSessionRequest's mode: UNSPECIFIED is the filesystem suspend of old."""
+    if value == session_pb2.SUSPEND_MODE_MEMORY:
+        return SuspendMode.MEMORY
+    return SuspendMode.FILESYSTEM
 
 
 def _loss_fields(loss: Loss | None) -> dict[str, Any]:

@@ -31,6 +31,7 @@ RETRYABLE = frozenset(
         Reason.TEMPLATE_BUILDS_BUSY,
         Reason.AGENT_UNAVAILABLE,
         Reason.AGENT_RESTARTED,
+        Reason.TEMPLATE_NOT_READY,
     }
 )
 RETRY_DELAY_S = 1

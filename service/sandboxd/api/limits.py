@@ -24,21 +24,17 @@ import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import grpc
-
 from sandboxd import errors, tenancy
+from sandboxd.api.chain import Layer
 from sandboxd.api.errors import StreamIdle, to_status
 from sandboxd.reasons import Reason
 
 
-class StreamGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class StreamGuard(Layer):
     def __init__(self, idle_timeout_s: float) -> None:
         self._idle = idle_timeout_s
 
-    async def intercept_service(
-        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: Any
-    ) -> Any:
-        handler = await continuation(handler_call_details)
+    def wrap(self, handler: Any, handler_call_details: Any) -> Any:
         if handler is None:
             return None
         if handler.stream_unary is not None:
@@ -109,14 +105,11 @@ async def idle_limited(requests: AsyncIterator[Any], idle: float) -> AsyncIterat
         yield item
 
 
-class StreamCaps(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class StreamCaps(Layer):
     def __init__(self, max_streams: int) -> None:
         self.slots = tenancy.StreamSlots(max_streams)
 
-    async def intercept_service(
-        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: Any
-    ) -> Any:
-        handler = await continuation(handler_call_details)
+    def wrap(self, handler: Any, handler_call_details: Any) -> Any:
         if handler is None or not self.slots.limit:
             return handler
         if not (handler.request_streaming or handler.response_streaming):

@@ -57,6 +57,9 @@ _SESSION = _fixed("one Session: 64 labels, 256 allowed commands and domains, 32 
 _EMPTY = _fixed("an empty or counts-only message")
 _FILE = _fixed(f"one FileInfo: paths of at most {MAX_PATH_BYTES} bytes")
 _PROCESS = _fixed(f"one Process: argv of at most {MAX_ARGV_TOTAL_BYTES} bytes, a 4 KiB cwd")
+# A volume's attachments: one per live session of its tenant that mounts it (at most one
+# writer; readers up to tenant_max_sessions).
+_VOLUME = _fixed("one Volume: 64 labels, an attachment per session that mounts it")
 _OUTPUT = ReplyBound(
     Bound.CHUNKED, "output events cut at execution.CHUNK_BYTES", per_message=OUTPUT_CHUNK_BYTES
 )
@@ -137,4 +140,12 @@ REPLY_BOUNDS: dict[str, ReplyBound] = {
     "sandboxd.v1.TemplateService/GetTemplate": _fixed("one Template"),
     "sandboxd.v1.TemplateService/ListTemplates": _paged("templates"),
     "sandboxd.v1.TemplateService/DeleteTemplate": _EMPTY,
+    "sandboxd.v1.VolumeService/CreateVolume": _VOLUME,
+    "sandboxd.v1.VolumeService/GetVolume": _VOLUME,
+    "sandboxd.v1.VolumeService/ListVolumes": _paged("volumes"),
+    "sandboxd.v1.VolumeService/DeleteVolume": _EMPTY,
+    "sandboxd.v1.VolumeService/ExportVolume": ReplyBound(
+        Bound.CHUNKED, "archive.transfer.CHUNK_BYTES chunks", per_message=ARCHIVE_CHUNK_BYTES
+    ),
+    "sandboxd.v1.VolumeService/ImportVolume": _VOLUME,
 }

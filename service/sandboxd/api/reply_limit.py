@@ -17,22 +17,19 @@ import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import grpc
 from google.protobuf.message import Message
 
 from sandboxd import errors
 from sandboxd.api import replies
+from sandboxd.api.chain import Layer
 from sandboxd.api.errors import to_status
 
 
-class ReplyLimit(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class ReplyLimit(Layer):
     def __init__(self, server_max_bytes: int) -> None:
         self._max = server_max_bytes
 
-    async def intercept_service(
-        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: Any
-    ) -> Any:
-        handler = await continuation(handler_call_details)
+    def wrap(self, handler: Any, handler_call_details: Any) -> Any:
         if handler is None:
             return None
         method = str(handler_call_details.method)

@@ -68,7 +68,8 @@ class SessionLifecycleRpcs:
     async def SuspendSession(
         self, request: session_pb2.SuspendSessionRequest
     ) -> session_pb2.SuspendSessionResponse:
-        session = convert.session_pb(await self._sessions.suspend(request.session_id))
+        mode = convert.suspend_mode(request.mode)
+        session = convert.session_pb(await self._sessions.suspend(request.session_id, mode))
         await self._leases.echo(session)
         return session_pb2.SuspendSessionResponse(session=session)
 

@@ -5,7 +5,8 @@ default, bounds or choices, help, and the external name flags, environment and T
 and bound checks from the declarations, so adding a setting is one `setting(...)` line in its
 section's module: `server` (the process, engine, metrics, isolation), `sessions` (limits,
 leases, archives, events, agent, watches), `access` (tenants, egress, audit), `images`
-(pulls, templates). Previews declare theirs in `sandboxd.previews.settings`.
+(pulls, templates), `volumes` (named volumes). Previews declare theirs in
+`sandboxd.previews.settings`.
 """
 
 from sandboxd.config_sections.access import AuditSection, EgressSection, TenancySection
@@ -25,6 +26,7 @@ from sandboxd.config_sections.sessions import (
     WatchSection,
 )
 from sandboxd.config_sections.units import GiB, KiB, MiB
+from sandboxd.config_sections.volumes import VolumesSection
 
 __all__ = [
     "AgentSection",
@@ -44,5 +46,6 @@ __all__ = [
     "ServerSection",
     "TemplatesSection",
     "TenancySection",
+    "VolumesSection",
     "WatchSection",
 ]

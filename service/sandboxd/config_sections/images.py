@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sandboxd.config_sections.units import GiB
 from sandboxd.settings import (
+    BOOL,
     DURATION,
     INT,
     OPTIONAL_PATH,
@@ -73,6 +74,14 @@ class TemplatesSection:
         "image of the built-in `base` template: bash, python3, curl and the user `user` "
         "(make base-image builds it)",
         flat="template_base_image",
+    )
+    build_builtins: bool = setting(
+        True,
+        BOOL,
+        "build a built-in template's missing sandboxd-runtime image in the background when the "
+        "engine answers (its recipe ships in the package); off: `make image` and `make "
+        "python-image` alone make them",
+        flat="template_build_builtins",
     )
     max_context_bytes: int = setting(
         64 * 1024**2,

@@ -118,6 +118,12 @@ class EngineSection:
     )
     image: str = setting("sandboxd-runtime:busybox", TEXT, "default runtime image of a session")
     helper: Path = setting(Path(), PATH, "path of the static sbx helper binary mounted in")
+    disk_tool_image: str = setting(
+        "sandboxd-disktool:1",
+        TEXT,
+        "image of the short-lived tool container that makes disk workspaces (e2fsprogs, "
+        "losetup; `make disk-image` builds it on the engine)",
+    )
     keeper_user: str = setting(
         "65533:65533", TEXT, "uid:gid of each container's idle main process", check=_keeper_problem
     )
@@ -159,6 +165,22 @@ class MetricsSection:
     )
     access_log: bool = setting(
         True, BOOL, "one INFO line per RPC: method, tenant, session, code, duration"
+    )
+    session_limit: int = setting(
+        100,
+        INT,
+        "running sessions given series of their own (CPU, memory, workspace, egress), the oldest "
+        "first; the rest are counted in sandboxd_session_series_omitted (0: no per-session series)",
+        lo=0,
+        hi=10_000,
+        flat="metrics_session_limit",
+    )
+    session_interval_s: float = setting(
+        30.0,
+        DURATION,
+        "how often the per-session series are read (an engine stats call and a df per session)",
+        lo=1,
+        flat="metrics_session_interval_s",
     )
 
     @property

@@ -12,6 +12,7 @@ from sandboxd.settings import (
     DURATION,
     INT,
     SIZE,
+    TEXT,
     setting,
 )
 
@@ -37,6 +38,28 @@ class LimitsSection:
     max_output_bytes: int = setting(16 * MiB, SIZE, "largest output_bytes", lo=1)
     max_command_timeout_s: float = setting(
         3600.0, DURATION, "largest command_timeout_s", lo=0, lo_open=True
+    )
+    # Disk workspaces (docs/workspaces.md): not limits (the Limits record is the tmpfs's),
+    # but what a create may ask of its workspace.
+    default_workspace_storage: str = setting(
+        "memory",
+        TEXT,
+        "where a session's /workspace lives when it asks for neither: memory (a tmpfs counted "
+        "against its memory) or disk (a sparse ext4 disk on the engine host)",
+        choices=("memory", "disk"),
+    )
+    default_disk_bytes: int = setting(
+        10 * GiB,
+        SIZE,
+        "size of a disk workspace that asks for none (sparse: an empty one costs a few MiB)",
+        lo=16 * MiB,
+    )
+    max_disk_bytes: int = setting(
+        100 * GiB,
+        SIZE,
+        "largest disk workspace a session may ask for (its size_bytes)",
+        lo=16 * MiB,
+        hi=16 * 1024 * GiB,
     )
     process_output_buffer_bytes: int = setting(
         128 * MiB,

@@ -28,6 +28,7 @@ from sandboxd.agent.router import AgentRouter, ChannelSettings
 from sandboxd.engine import (
     compat,
     docker_build,
+    docker_checkpoint,
     docker_commit,
     docker_networks,
     docker_pull,
@@ -38,6 +39,7 @@ from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_exec import DockerExecStream
 from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.docker_tls import EngineAddress, engine_address
+from sandboxd.engine.docker_volumes import with_volume_sources
 from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
     ExecRequest,
@@ -50,10 +52,12 @@ from sandboxd.engine.protocol import (
     SandboxStats,
     SandboxStatus,
 )
-from sandboxd.engine.runsc_leftovers import end_leftovers
+from sandboxd.engine.runsc_leftovers import AFTER_CHECKPOINT, end_leftovers
 from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
+from sandboxd.storage.disk_tool import LABEL_DISK_TOOL
+from sandboxd.storage.docker_disks import DockerDisks
 
 # Every request has a deadline (streams of exec output excepted: those last as long as the
 # command, bounded by its own timeout).
@@ -75,6 +79,8 @@ class DockerEngine:
         gvisor_runtime: str = "runsc",
         address: EngineAddress | None = None,
         agent: ChannelSettings | None = None,
+        owner_id: str = "",
+        disk_tool_image: str = "sandboxd-disktool:1",
     ) -> None:
         # The engine runtime of each tier: HostConfig.Runtime of every sandbox says which.
         self._runtimes = {Isolation.RUNC: "runc", Isolation.GVISOR: gvisor_runtime}
@@ -89,6 +95,11 @@ class DockerEngine:
         self._docker: aiodocker.Docker | None = None
         self.api_version = ""
         self._committing: set[str] = set()  # names of the commit stand-ins in use now
+        # Disk workspaces and volumes (sandboxd.storage), made by a tool container.
+        self.disks = DockerDisks(
+            lambda: self.docker, self._translate, owner_id=owner_id, tool_image=disk_tool_image
+        )
+        self._checkpointed: set[str] = set()  # sandboxes whose removal leaves runsc's shim
         # With an agent, sandboxes run `sbx agent` and commands go over its channel.
         self.agents = AgentRouter(DockerAgentPort(self), agent) if agent is not None else None
 
@@ -155,9 +166,10 @@ class DockerEngine:
 
     # ----- sandboxes ---------------------------------------------------------------------
 
-    def _config(self, request: SandboxRequest) -> dict[str, Any]:
+    def _config(self, request: SandboxRequest, workspace_volume: str = "") -> dict[str, Any]:
         return container_config(
             request,
+            workspace_volume=workspace_volume,
             helper_volume=self._helper.name,
             keeper_user=self._keeper_user,
             runtime=self._runtimes[request.spec.isolation],
@@ -172,9 +184,13 @@ class DockerEngine:
     async def create_sandbox(self, request: SandboxRequest) -> str:
         with self._translate(f"filling the helper volume {self._helper.name}"):
             await self._helper.ensure(self.docker, request.spec.image)
+        # Volumes: each disk attached now (again after a host restart), on the loop it is on.
+        request = await with_volume_sources(self.disks, request)
+        # A disk workspace: attached now (again after a host restart), on the loop it is on.
+        volume = await self.disks.attach(request.spec.disk_id) if request.spec.on_disk else ""
         with self._translate(f"creating container {request.name}"):
             container = await self.docker.containers.create(
-                self._config(request), name=request.name
+                self._config(request, volume), name=request.name
             )
         return str(container.id)
 
@@ -210,12 +226,20 @@ class DockerEngine:
         except NotFound:
             pass
         except FailedPrecondition:
-            # Someone else's removal is in progress: return only once it is gone, so a caller
-            # that reports "removed" (an expired lease, a deleted session) is telling the truth.
-            for _ in range(100):
-                if await self._inspect(sandbox_id) is None:
-                    return
-                await asyncio.sleep(0.1)
+            await self._wait_removed(sandbox_id)
+        if sandbox_id in self._checkpointed:
+            self._checkpointed.discard(sandbox_id)
+            if self._local:  # a remote engine's host keeps them (docs/suspend.md)
+                names = AFTER_CHECKPOINT
+                await asyncio.shield(asyncio.to_thread(end_leftovers, sandbox_id, names=names))
+
+    async def _wait_removed(self, sandbox_id: str) -> None:
+        """Someone else's removal is in progress: return only once it is gone, so a caller
+        that reports "removed" (an expired lease, a deleted session) is telling the truth."""
+        for _ in range(100):
+            if await self._inspect(sandbox_id) is None:
+                return
+            await asyncio.sleep(0.1)
 
     async def _inspect(self, sandbox_id: str) -> dict[str, Any] | None:
         try:
@@ -248,6 +272,10 @@ class DockerEngine:
         for c in found:
             doc = compat.container_document(c)
             labels = doc.get("Labels") or {}
+            if LABEL_DISK_TOOL in labels:
+                # A disk tool run (storage/docker_disks.py) is not a sandbox: reconcile would
+                # take it for an orphan and remove it mid-run; the disk's own code removes it.
+                continue
             result.append(
                 SandboxInfo(
                     sandbox_id=str(doc["Id"]),
@@ -315,6 +343,47 @@ class DockerEngine:
         return translate_errors(what, self._on_error)
 
     translate = _translate  # for the engine's own helpers (docker_attach)
+
+    # ----- memory checkpoints (docker_checkpoint) -----------------------------------------
+
+    async def memory_checkpoints(self) -> str:
+        with self._translate("engine info"):
+            info = await self.docker.system.info()
+        return docker_checkpoint.capability(dict(info), self._runtimes[Isolation.GVISOR])
+
+    def _checkpoints(self) -> docker_checkpoint.DockerCheckpoints:
+        return docker_checkpoint.DockerCheckpoints(self.docker, self._translate)
+
+    async def checkpoint_sandbox(self, sandbox_id: str, name: str) -> None:
+        self._checkpointed.add(sandbox_id)
+        if self.agents is not None:  # its streams are told to reattach; no rescue follows
+            self.agents.checkpointing(sandbox_id, docker_checkpoint.reattach)
+        try:
+            await self._checkpoints().checkpoint(sandbox_id, name)
+        except BaseException:
+            if self.agents is not None and await self.running(sandbox_id):
+                self.agents.checkpointing(sandbox_id, None)  # it runs on as it was
+            raise
+        if self.agents is not None:  # its attach ended with it
+            await self.agents.forget(sandbox_id)
+
+    def read_checkpoint(self, sandbox_id: str, name: str) -> AsyncIterator[bytes]:
+        return self._checkpoints().read(sandbox_id, name)
+
+    async def restore_sandbox(
+        self, sandbox_id: str, name: str, chunks: AsyncIterator[bytes]
+    ) -> None:
+        checkpoints = self._checkpoints()
+        await checkpoints.place(sandbox_id, chunks)
+        try:
+            await checkpoints.start(sandbox_id, name)
+            if self.agents is not None:  # the same agent, in memory: a new epoch on its stdio
+                await self.agents.open(sandbox_id)
+        except BaseException:
+            if self._local:
+                await asyncio.shield(asyncio.to_thread(end_leftovers, sandbox_id))
+            raise
+        await checkpoints.forget(sandbox_id, name)
 
     # ----- images (IMAGE snapshots) ------------------------------------------------------
 

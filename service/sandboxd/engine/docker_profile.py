@@ -8,15 +8,18 @@ Docker adapter builds these documents; the domain asks for a `SandboxRequest`.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandboxd import images
 from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_POOL, LABEL_SESSION
+from sandboxd.models import VolumeMount
 from sandboxd.profile import HELPER_IN_CONTAINER, TMP_BYTES, base_env
 from sandboxd.secrets import trust
+from sandboxd.storage.disk_tool import DISK_MOUNT_PREFIX
+from sandboxd.storage.disks import DiskMount
 
 HELPER_DIR = posixpath.dirname(HELPER_IN_CONTAINER)
 
@@ -52,6 +55,7 @@ def container_config(
     keeper_user: str,
     runtime: str = "runc",
     agent: bool = True,
+    workspace_volume: str = "",
 ) -> dict[str, Any]:
     """The create request, under the OCI `runtime` of the session's isolation tier (runc, or
     runsc for gvisor).
@@ -130,11 +134,42 @@ def container_config(
             "Ulimits": [{"Name": "core", "Soft": 0, "Hard": 0}],
         },
     }
+    if spec.on_disk:
+        # The disk workspace (sandboxd.storage): the engine volume that mounts it now, which
+        # only the engine's attach knows (it names the loop device); the shape leaves it out.
+        host = config["HostConfig"]
+        del host["Tmpfs"]["/workspace"]
+        host["Mounts"] = [
+            DiskMount(
+                workspace_volume or disk_volume_prefix(spec.disk_id), "/workspace"
+            ).engine_mount()
+        ]
+    if spec.volumes:
+        host = config["HostConfig"]
+        host["Mounts"] = [*host.get("Mounts", []), *volume_mounts(spec.volumes, host["Tmpfs"])]
     if spec.isolation is Isolation.GVISOR:
         config["HostConfig"].update(gvisor_pids(limits.pids))
     if request.egress_port:
         config = apply_to_container(config, request.egress_port)
     return config
+
+
+def volume_mounts(volumes: Sequence[VolumeMount], tmpfs: dict[str, str]) -> list[dict[str, Any]]:
+    """The session's volumes (sandboxd.volumes): each disk at its path, read-only where asked,
+    never filled from the image (NoCopy). A disk at /workspace (the server's own porter of a
+    volume's content, never a session: their paths are below /mnt) takes the tmpfs's place."""
+    if any(v.path == "/workspace" for v in volumes):
+        tmpfs.pop("/workspace", None)
+    return [
+        {
+            "Type": "volume",
+            "Source": v.disk,
+            "Target": v.path,
+            "ReadOnly": v.read_only,
+            "VolumeOptions": {"NoCopy": True},
+        }
+        for v in volumes
+    ]
 
 
 # Host threads of gVisor's own Sentry and gofer (about 60 idle, more per task under the ptrace
@@ -221,7 +256,9 @@ def conforms(want: Mapping[str, Any], info: Mapping[str, Any]) -> bool:
     # The workspace's owner is the session's host uid (its `uid=`/`gid=`): another would be a
     # container made for another identity.
     workspace = (have.get("Tmpfs") or {}).get("/workspace")
-    if workspace != wanted["Tmpfs"]["/workspace"]:
+    if workspace != wanted["Tmpfs"].get("/workspace"):
+        return False
+    if not _same_workspace_disk(wanted, have):
         return False
     config = info.get("Config") or {}
     if list(config.get("Cmd") or []) != list(want["Cmd"]):
@@ -229,3 +266,26 @@ def conforms(want: Mapping[str, Any], info: Mapping[str, Any]) -> bool:
     if str(config.get("User") or "") != want["User"]:
         return False
     return "no-new-privileges:true" in (have.get("SecurityOpt") or [])
+
+
+def _same_workspace_disk(wanted: Mapping[str, Any], have: Mapping[str, Any]) -> bool:
+    """A disk workspace's container mounts a volume of its own disk at /workspace (any loop:
+    the disk may have been attached again since), and a memory one mounts none there."""
+
+    def workspace_mounts(host: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        return [m for m in host.get("Mounts") or [] if m.get("Target") == "/workspace"]
+
+    want, got = workspace_mounts(wanted), workspace_mounts(have)
+    if not want:
+        return not got
+    if len(got) != 1 or got[0].get("Type") != "volume" or got[0].get("ReadOnly"):
+        return False
+    source, wanted_source = str(got[0].get("Source") or ""), str(want[0]["Source"])
+    if wanted_source.endswith("-"):  # asked without an attach: any loop of that disk
+        return source.startswith(wanted_source)
+    return source == wanted_source
+
+
+def disk_volume_prefix(disk_id: str) -> str:
+    """What every mount volume of a disk's name starts with (storage/docker_disks.py)."""
+    return f"{DISK_MOUNT_PREFIX}{disk_id}-"

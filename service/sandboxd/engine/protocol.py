@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from sandboxd.isolation import Isolation
 from sandboxd.models import SessionSpec
+from sandboxd.storage.disks import Disks
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,12 @@ class ExecStream(Protocol):
 class Engine(Protocol):
     """A container engine as sandboxd uses it. Every id is the engine's own."""
 
+    @property
+    def disks(self) -> Disks:
+        """Disks a sandbox mounts (disk workspaces, named volumes): sandboxd.storage.disks. A
+        request whose spec is on disk is created on its disk, which must exist (`create`)."""
+        ...
+
     async def ping(self) -> str:
         """The engine's API version; raises EngineUnavailable when it does not answer."""
         ...
@@ -207,6 +214,29 @@ class Engine(Protocol):
 
     async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
         """At least `Running` (bool) and `ExitCode` (int or None)."""
+        ...
+
+    # ----- memory checkpoints (gVisor sandboxes: sessions/memory_suspension.py) ---------
+
+    async def memory_checkpoints(self) -> str:
+        """Empty when the engine can checkpoint a gVisor sandbox with its processes and memory
+        and restore it; else why not, in words (the probe behind the `memory_suspend` feature)."""
+        ...
+
+    async def checkpoint_sandbox(self, sandbox_id: str, name: str) -> None:
+        """Checkpoint the sandbox's processes and memory under `name`; the sandbox stops.
+        On failure the caller asks `inspect_sandbox` whether it still runs."""
+        ...
+
+    def read_checkpoint(self, sandbox_id: str, name: str) -> AsyncIterator[bytes]:
+        """The checkpoint `name` of the (stopped) sandbox, as a tar."""
+        ...
+
+    async def restore_sandbox(
+        self, sandbox_id: str, name: str, chunks: AsyncIterator[bytes]
+    ) -> None:
+        """Place the checkpoint tar `chunks` as `name` in a created (not started) sandbox of the
+        same shape and start the sandbox from it: its processes run on where they were."""
         ...
 
     # ----- images (IMAGE snapshots) ------------------------------------------------------

@@ -19,10 +19,16 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _NAMES = (b"runsc-gofer", b"runsc-sandbox")
+# A runsc container restored from a checkpoint and checkpointed again keeps its containerd shim
+# (`containerd-shim-runc-v2 ... -id <container id>`) after its removal, one per memory suspend
+# from the second on: ended with the runsc processes once the container is gone.
+AFTER_CHECKPOINT = (*_NAMES, b"containerd-shim-runc-v2")
 _ID_RE = re.compile(r"\A[0-9a-f]{64}\Z")
 
 
-def find_leftovers(container_id: str, proc: Path = Path("/proc")) -> list[int]:
+def find_leftovers(
+    container_id: str, proc: Path = Path("/proc"), names: tuple[bytes, ...] = _NAMES
+) -> list[int]:
     """Pids of runsc processes of that container (a full 64-hex id; anything else finds none,
     so a short or forged id can never match another container's processes)."""
     if not _ID_RE.match(container_id):
@@ -36,15 +42,18 @@ def find_leftovers(container_id: str, proc: Path = Path("/proc")) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if argv and os.path.basename(argv[0]) in _NAMES and any(needle in a for a in argv[1:]):
+        if argv and os.path.basename(argv[0]) in names and any(needle in a for a in argv[1:]):
             found.append(int(entry.name))
     return sorted(found)
 
 
-def end_leftovers(container_id: str, proc: Path = Path("/proc")) -> list[int]:
-    """SIGKILL them; returns the pids signalled. Blocking (reads /proc): run it in a thread."""
+def end_leftovers(
+    container_id: str, proc: Path = Path("/proc"), names: tuple[bytes, ...] = _NAMES
+) -> list[int]:
+    """SIGKILL them; returns the pids signalled. Blocking (reads /proc): run it in a thread.
+    Only for a container that is gone or never ran (a live one's processes are its own)."""
     ended = []
-    for pid in find_leftovers(container_id, proc):
+    for pid in find_leftovers(container_id, proc, names):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -3,6 +3,11 @@
 Their own table (not the session's spec JSON) because they are not part of what a session is
 (its fingerprint) but of how its end is handled, and `end_reason` is written when it ends.
 A session without a row has the defaults: delete at expiry, no renewal on activity.
+
+Every command asks for its session's terms (renew on activity), so they are kept in memory once
+read, as the session records are (sandboxd.store): the table stays the truth, a write reaches
+the memory copy only by dropping it (the next read is the table's word), a read that raced a
+write keeps nothing, and a restart starts with nothing in memory.
 """
 
 from __future__ import annotations
@@ -39,6 +44,17 @@ class LeaseTerms:
 class LeaseTermsStore:
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
+        self._cache: dict[str, LeaseTerms] = {}  # as read from the table (defaults: no row)
+        self._writes = 0  # writes begun: a read that saw this change under it keeps nothing
+
+    def _dropping(self, session_id: str | None) -> None:
+        """Before a write (and again after it, whatever its outcome): one session's copy,
+        or every copy (None)."""
+        self._writes += 1
+        if session_id is None:
+            self._cache.clear()
+        else:
+            self._cache.pop(session_id, None)
 
     async def open(self) -> LeaseTermsStore:
         await migrate(self._db, "session_terms", _STEPS)
@@ -46,15 +62,29 @@ class LeaseTermsStore:
         return self
 
     async def set_terms(self, session_id: str, on_expiry: str, renew_on_activity: bool) -> None:
-        await self._db.execute(
-            "INSERT INTO session_terms (session_id, on_expiry, renew_on_activity)"
-            " VALUES (?, ?, ?) ON CONFLICT(session_id) DO UPDATE SET"
-            " on_expiry = excluded.on_expiry, renew_on_activity = excluded.renew_on_activity",
-            (session_id, on_expiry, int(renew_on_activity)),
-        )
-        await self._db.commit()
+        self._dropping(session_id)
+        try:
+            await self._db.execute(
+                "INSERT INTO session_terms (session_id, on_expiry, renew_on_activity)"
+                " VALUES (?, ?, ?) ON CONFLICT(session_id) DO UPDATE SET"
+                " on_expiry = excluded.on_expiry, renew_on_activity = excluded.renew_on_activity",
+                (session_id, on_expiry, int(renew_on_activity)),
+            )
+            await self._db.commit()
+        finally:
+            self._dropping(session_id)
 
     async def get(self, session_id: str) -> LeaseTerms:
+        cached = self._cache.get(session_id)
+        if cached is not None:
+            return cached  # frozen: shared safely
+        writes = self._writes
+        terms = await self._read(session_id)
+        if writes == self._writes:
+            self._cache[session_id] = terms
+        return terms
+
+    async def _read(self, session_id: str) -> LeaseTerms:
         async with self._db.execute(
             "SELECT on_expiry, renew_on_activity, end_reason FROM session_terms"
             " WHERE session_id = ?",
@@ -66,17 +96,26 @@ class LeaseTermsStore:
         return LeaseTerms(str(row[0]), bool(row[1]), str(row[2]))
 
     async def set_end_reason(self, session_id: str, reason: str) -> None:
-        await self._db.execute(
-            "INSERT INTO session_terms (session_id, on_expiry, renew_on_activity, end_reason)"
-            " VALUES (?, ?, 0, ?) ON CONFLICT(session_id) DO UPDATE SET"
-            " end_reason = excluded.end_reason",
-            (session_id, DELETE, reason),
-        )
-        await self._db.commit()
+        self._dropping(session_id)
+        try:
+            await self._db.execute(
+                "INSERT INTO session_terms (session_id, on_expiry, renew_on_activity, end_reason)"
+                " VALUES (?, ?, 0, ?) ON CONFLICT(session_id) DO UPDATE SET"
+                " end_reason = excluded.end_reason",
+                (session_id, DELETE, reason),
+            )
+            await self._db.commit()
+        finally:
+            self._dropping(session_id)
 
     async def forget_orphans(self) -> None:
         """Rows of sessions whose record is gone (deleted, or pruned after retention)."""
-        await self._db.execute(
-            "DELETE FROM session_terms WHERE session_id NOT IN (SELECT session_id FROM sessions)"
-        )
-        await self._db.commit()
+        self._dropping(None)
+        try:
+            await self._db.execute(
+                "DELETE FROM session_terms WHERE session_id NOT IN"
+                " (SELECT session_id FROM sessions)"
+            )
+            await self._db.commit()
+        finally:
+            self._dropping(None)

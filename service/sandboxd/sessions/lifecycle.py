@@ -33,7 +33,7 @@ from sandboxd.errors import (
 )
 from sandboxd.host_ids import HostIds
 from sandboxd.isolation import IsolationTiers
-from sandboxd.models import NetworkPolicy, PullPolicy, Session, SessionState
+from sandboxd.models import NetworkPolicy, PullPolicy, Session, SessionState, SuspendMode
 from sandboxd.pool import WarmPool
 from sandboxd.pulls import Pulls, Resolved
 from sandboxd.reasons import Reason
@@ -44,6 +44,7 @@ from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.liveness import lease_ended, require_live
 from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.manifest import write_manifest
+from sandboxd.sessions.memory_suspension import MemoryOptions, MemorySuspension
 from sandboxd.sessions.quota import QuotaGate
 from sandboxd.sessions.recovery import ExpiryHook, Recovery, now
 from sandboxd.sessions.sandboxes import Sandboxes, SessionEndHook, Undo
@@ -52,6 +53,7 @@ from sandboxd.sessions.suspension import Suspension
 from sandboxd.snapshot_store import Snapshot
 from sandboxd.store import SessionStore
 from sandboxd.templates.builtin import TemplateImages
+from sandboxd.volumes.claims import VolumeClaims, claim_volumes
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +75,11 @@ class SessionManager:
         pulls: Pulls | None = None,
         templates: TemplateImages | None = None,
         host_ids: HostIds | None = None,
+        volumes: VolumeClaims | None = None,
+        memory: MemoryOptions | None = None,  # None: no memory suspend
     ) -> None:
         self._config = config
+        self._volumes = volumes  # None: a create naming a volume is VOLUME_NOT_FOUND
         # Shared with the warm pool, whose containers hold ids too (server_parts.py).
         self._host_ids = host_ids or HostIds.for_config(config, store)
         self._templates = templates  # None: the built-in templates only
@@ -112,6 +117,9 @@ class SessionManager:
             sandboxes=self._sandboxes,
             recovery=self._recovery,
             pulls=pulls,
+            memory=MemorySuspension(
+                engine, store, keeper, self._sandboxes, memory or MemoryOptions()
+            ),
         )
         # Commands (Exec, Run, ...) hold one of these per tenant while they run.
         self.exec_slots = tenancy.ExecSlots(config.tenancy.max_concurrent_execs)
@@ -193,6 +201,8 @@ class SessionManager:
                     *own_templates.values(),
                 ],
             )
+            if self._templates is not None:  # a built-in still being built is not pulled
+                await self._templates.require_ready(spec.image)
             resolved = await self._resolve_image(spec.image, checked.pull_policy, source)
             if source is not None and resolved is not None:  # a fork runs its source's image
                 spec = dataclasses.replace(
@@ -208,10 +218,13 @@ class SessionManager:
             # The session's own host uid and gid, whatever `user` asked: held until the
             # record that takes it is written (a fork gets its own; a warm container brings
             # the one it was made with, sessions/sandboxes.py).
-            async with self._host_ids.holding() as host_id:
+            async with (
+                self._host_ids.holding() as host_id,
+                claim_volumes(self._volumes, spec.volumes, host_id) as mounts,
+            ):
                 session = Session(
                     session_id=session_id,
-                    spec=spec.as_host(host_id, host_id),
+                    spec=dataclasses.replace(spec.as_host(host_id, host_id), volumes=mounts),
                     fingerprint=fingerprint,
                     state=SessionState.CREATING,
                     created_at=created,
@@ -223,7 +236,8 @@ class SessionManager:
             undo = Undo()
             undo.push(lambda: self._store.delete(session_id))
             try:
-                await self._sandboxes.provision(session, undo)
+                # A warm container has another host uid than the one the volumes were handed to.
+                await self._sandboxes.provision(session, undo, warm_ok=not mounts)
                 if spec.manifest.files or spec.manifest.directories:
                     await write_manifest(self._engine, session)
                 if source is not None:
@@ -390,15 +404,20 @@ class SessionManager:
             session = await self._store.get(session_id)
             if session is None or session.tenant != tenancy.current():
                 return False  # idempotent; another tenant's session is not there for the caller
-            await self._sandboxes.teardown(session)
+            await self._sandboxes.teardown(session, drop_disk=True)
             await self._store.delete(session_id)
             await self._keeper.forget_session(session_id)
             log.info("session deleted", extra={"session_id": session_id})
             return True
 
-    async def suspend(self, session_id: str) -> Session:
-        """Snapshot the workspace, then remove the sandbox; lease and snapshot stay."""
-        return await self._suspension.suspend(session_id)
+    async def suspend(self, session_id: str, mode: SuspendMode = SuspendMode.FILESYSTEM) -> Session:
+        """Snapshot the workspace (and with MEMORY its processes and memory), then remove the
+        sandbox; lease and snapshot stay."""
+        return await self._suspension.suspend(session_id, mode)
+
+    async def memory_suspend_unsupported(self) -> str:
+        """Empty when gVisor sessions can be suspended with their memory; else why not."""
+        return await self._suspension.memory.why_not()
 
     async def resume(self, session_id: str, expected_fingerprint: str | None) -> Session:
         """Running again, rebuilt from the last snapshot where the sandbox is gone."""

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from sandboxd.egress.manager import EgressManager
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import FailedPrecondition, SandboxError, SessionNotFound, Unavailable
-from sandboxd.models import Loss, Session, SessionState
+from sandboxd.models import WORKSPACE_DISK_PREFIX, Loss, Session, SessionState
 from sandboxd.pool import WarmPool
 from sandboxd.reasons import Reason
 from sandboxd.sessions.keeper import WorkspaceKeeper
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 # How long the record of an ended (EXPIRED or FAILED) session stays after its lease ended.
 ENDED_RETENTION = timedelta(hours=1)
+# The states whose record keeps its disk workspace.
+LIVE_STATES = (SessionState.CREATING, SessionState.RUNNING, SessionState.SUSPENDED)
 
 
 def now() -> datetime:
@@ -122,8 +124,9 @@ class Recovery:
         if session.state is not SessionState.RUNNING:
             return
         snap = await self._keeper.latest(session.session_id)
-        has_snapshot = snap is not None
-        session.loss = lost_now(snap)
+        on_disk = await self._sandboxes.disk_kept(session)
+        has_snapshot = snap is not None or on_disk
+        session.loss = Loss.on_disk(now()) if on_disk else lost_now(snap)
         session.state = SessionState.SUSPENDED if has_snapshot else SessionState.FAILED
         session.container_id = "" if has_snapshot else session.container_id
         await self._store.update(session)
@@ -184,7 +187,7 @@ class Recovery:
         """Under the session's lock: remove the sandbox of an ended lease, keep the record."""
         if self._on_expiry is not None and await self._on_expiry(session, self._sandboxes):
             return
-        await self._sandboxes.teardown(session)
+        await self._sandboxes.teardown(session, drop_disk=True)
         session.state = SessionState.EXPIRED
         session.container_id = ""
         await self._store.update(session)
@@ -215,7 +218,7 @@ class Recovery:
                 if current.lease_expires_at + ENDED_RETENTION > at:
                     continue
                 if current.state is SessionState.FAILED:
-                    await self._sandboxes.teardown(current, quiet=True)
+                    await self._sandboxes.teardown(current, quiet=True, drop_disk=True)
                 await self._store.delete(session_id)
                 await self._keeper.forget_session(session_id)
         return count
@@ -263,6 +266,7 @@ class Recovery:
                 if not claimed:
                     log.info("removing orphan container %s", found.sandbox_id[:12])
                     await self._engine.remove_sandbox(found.sandbox_id)
+        await self._sweep_disks()
         removed_networks = 0
         if not self._leftovers_cleared:  # after the orphans that may have held a network
             leftovers = await remove_leftovers(self._engine, self._owner_id)
@@ -279,7 +283,7 @@ class Recovery:
                     continue
                 if current.state is SessionState.CREATING:
                     # A create that died with a previous server: take it all back.
-                    await self._sandboxes.teardown(current, quiet=True)
+                    await self._sandboxes.teardown(current, quiet=True, drop_disk=True)
                     await self._store.delete(current.session_id)
                 elif current.state is SessionState.RUNNING:
                     running, _ = await self._sandboxes.status(current)
@@ -291,6 +295,26 @@ class Recovery:
         if self._egress is not None:  # and the proxies of sessions found lost go
             await self._reconcile_egress()
         return removed_networks
+
+    async def _sweep_disks(self) -> None:
+        """Remove the workspace disks no live record names (a delete or expiry whose removal
+        failed, a create that died with a server); nothing else: not a live session's, not a
+        named volume's (another id prefix). The disks are listed before the records are
+        read: a create writes its record before it makes its disk."""
+        disks = [
+            d for d in await self._engine.disks.list_ids() if d.startswith(WORKSPACE_DISK_PREFIX)
+        ]
+        if not disks:
+            return
+        kept = await self._store.disk_ids(LIVE_STATES)
+        for disk_id in disks:
+            if disk_id in kept:
+                continue
+            log.info("removing the disk %s no session holds", disk_id)
+            try:
+                await self._engine.disks.delete(disk_id)
+            except SandboxError as exc:  # still mounted: the next sweep
+                log.warning("could not remove the disk %s: %s", disk_id, exc)
 
     async def _reconcile_egress(self) -> None:
         if self._egress is not None:

@@ -71,12 +71,20 @@ class Sandboxes:
             egress_port=self._egress.port if allowlist and self._egress is not None else 0,
         )
 
-    async def provision(self, session: Session, undo: Undo, *, warm_ok: bool = True) -> None:
+    async def provision(
+        self,
+        session: Session,
+        undo: Undo,
+        *,
+        warm_ok: bool = True,
+        start: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
         """A started sandbox for `session`, its id recorded in the store.
 
         `warm_ok`: a warm container may serve, and its host identity becomes the session's
         (a create). A rebuild passes False: a resumed session keeps the uid its files and its
-        record have."""
+        record have. `start`: how the created sandbox starts (a memory resume starts it from
+        its checkpoint); the engine's plain start by default."""
         egress = session.spec.network.mode is NetworkMode.ALLOWLIST and self._egress is not None
         if egress and self._egress is not None:
             undo.push(lambda: self._release_egress(session))
@@ -96,22 +104,47 @@ class Sandboxes:
             finally:
                 pool.settled(warm.container_id)
             return
+        await self._ensure_disk(session, undo)
         # Pushed first: a create cancelled before the engine answered left it under its name.
         undo.push(lambda: self.remove_by_name(session.session_id))
         sandbox_id = await self._engine.create_sandbox(request)
         session.container_id = sandbox_id
         undo.push(lambda: self._engine.remove_sandbox(sandbox_id))
         await self._store.update(session)
-        await self._engine.start_sandbox(sandbox_id)
+        await (start or self._engine.start_sandbox)(sandbox_id)
         if egress and self._egress is not None:
             await self._egress.install_trust(session)  # secrets: the session CA
 
+    async def _ensure_disk(self, session: Session, undo: Undo) -> None:
+        """A disk workspace's disk, made (empty, owned by the session's host uid) when it is
+        not there: at a create, or a rebuild whose disk the engine lost (the snapshot then
+        fills it). One this call made goes again with a create or rebuild that fails."""
+        spec = session.spec
+        if not spec.on_disk or await self._engine.disks.exists(spec.disk_id):
+            return
+        undo.push(lambda: self._engine.disks.delete(spec.disk_id))
+        await self._engine.disks.create(
+            spec.disk_id, spec.limits.workspace_bytes, spec.uid, spec.gid
+        )
+
+    async def disk_kept(self, session: Session) -> bool:
+        """Whether the session's workspace outlives its sandbox: a disk that is still there."""
+        spec = session.spec
+        return spec.on_disk and await self._engine.disks.exists(spec.disk_id)
+
     async def teardown(
-        self, session: Session, *, keep_network: bool = False, quiet: bool = False
+        self,
+        session: Session,
+        *,
+        keep_network: bool = False,
+        quiet: bool = False,
+        drop_disk: bool = False,
     ) -> None:
         """End what runs in the sandbox, remove it, close its egress proxy (unless kept).
 
-        `quiet` logs engine failures instead of raising them (a best-effort cleanup).
+        `drop_disk`: the session ends (delete, expiry, a failed or abandoned create), and a
+        disk workspace goes with its sandbox; a suspend or a rebuild keeps it. `quiet` logs
+        engine failures instead of raising them (a best-effort cleanup).
         """
         try:
             try:
@@ -129,6 +162,13 @@ class Sandboxes:
             if not quiet:
                 raise
             log.warning("could not remove the sandbox of %s", session.session_id, exc_info=True)
+        if drop_disk and session.spec.on_disk:
+            try:
+                await self._engine.disks.delete(session.spec.disk_id)
+            except SandboxError:
+                if not quiet:
+                    raise
+                log.warning("could not remove the disk of %s", session.session_id, exc_info=True)
         if keep_network:
             return
         try:

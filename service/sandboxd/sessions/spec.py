@@ -20,6 +20,7 @@ from sandboxd.errors import InvalidArgument, ResourceExhausted
 from sandboxd.isolation import Isolation, IsolationTiers, check_isolation
 from sandboxd.models import (
     LIMIT_NAMES,
+    WORKSPACE_DISK_PREFIX,
     Limits,
     LimitsRequest,
     ManifestFile,
@@ -28,11 +29,14 @@ from sandboxd.models import (
     PullPolicy,
     SessionSpec,
     ShellPolicy,
+    VolumeMount,
     WorkspaceManifest,
+    WorkspaceStorage,
 )
 from sandboxd.reasons import Reason
 from sandboxd.secrets import bindings as secret_bindings
 from sandboxd.templates import resolve_template
+from sandboxd.volumes import checks as volume_checks
 
 MAX_MANIFEST_ENTRIES = 10_000
 MAX_ALLOW_ENTRIES = 256
@@ -61,6 +65,9 @@ class CreateSessionInput:
     isolation: Isolation | None = None  # None: the server's default tier
     template: str = ""
     pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
+    volumes: tuple[VolumeMount, ...] = ()
+    storage: WorkspaceStorage | None = None  # None: the operator's default
+    size_bytes: int = 0  # a disk workspace's; 0: the operator's default
 
 
 @dataclass(frozen=True)
@@ -87,7 +94,11 @@ def check_create(
         tenancy.check_session_id(session_id)
     else:
         session_id = tenancy.generated_session_id(secrets.token_hex(8))
-    limits = resolve_limits(req.limits, config.limits.default, config.limits.max)
+    storage, disk_bytes = check_storage(req.storage, req.size_bytes, req.limits, config)
+    asked = dataclasses.replace(req.limits, workspace_bytes=None) if disk_bytes else req.limits
+    limits = resolve_limits(asked, config.limits.default, config.limits.max)
+    if disk_bytes:  # a disk's size is its workspace_bytes: every cap that reads it follows
+        limits = dataclasses.replace(limits, workspace_bytes=disk_bytes)
     # Checked as always and fingerprinted; the identity is the server's to allocate
     # (sessions/host_ids.py): until then the spec runs as what was asked.
     uid, gid = validation.parse_user(req.user)
@@ -107,6 +118,7 @@ def check_create(
     )
     image = validation.validate_image(named or config.engine.image)
     lease = check_lease(req.lease_ttl_s, "lease_ttl", config)
+    volumes = volume_checks.check_mounts(req.volumes, config.volumes.mounts_per_session)
     spec = SessionSpec(
         image=image,
         limits=limits,
@@ -119,11 +131,66 @@ def check_create(
         isolation=isolation,
         template=req.template,
         requested_user=f"{uid}:{gid}",
+        volumes=volumes,
+        storage=storage,
+        # Made here, so the record names its disk from the first write (the sweep keeps it).
+        disk_id=WORKSPACE_DISK_PREFIX + secrets.token_hex(12) if disk_bytes else "",
     )
     labels = validation.validate_labels(req.labels)
     return CheckedCreate(
         session_id, spec, lease, labels, req.from_snapshot_id, PullPolicy(req.pull_policy)
     )
+
+
+MIN_DISK_BYTES = 16 * 1024 * 1024  # ext4 with its journal needs a few MiB of its own
+
+
+def check_storage(
+    asked: WorkspaceStorage | None, size_bytes: int, limits: LimitsRequest, config: Config
+) -> tuple[WorkspaceStorage, int]:
+    """Where the workspace lives, and a disk's size (0 for memory). A disk's size is
+    `workspace.size_bytes` (0: the default), up to `max_disk_bytes`; `limits.workspace_bytes`,
+    the tmpfs's size, may be left unset or say the same; a memory workspace takes no
+    size_bytes (its size is limits.workspace_bytes, as before)."""
+    section = config.limits
+    storage = asked or WorkspaceStorage(section.default_workspace_storage.upper())
+    meta = {"limit": "workspace.size_bytes"}
+    if size_bytes < 0:
+        raise InvalidArgument(
+            f"workspace.size_bytes must not be negative (got {size_bytes}); 0 asks for the default",
+            reason=Reason.LIMIT_INVALID,
+            metadata=meta,
+        )
+    if storage is WorkspaceStorage.MEMORY:
+        if size_bytes:
+            raise InvalidArgument(
+                "workspace.size_bytes is the size of a disk workspace; a memory workspace's is "
+                "limits.workspace_bytes (or ask for storage WORKSPACE_STORAGE_DISK)",
+                reason=Reason.LIMIT_INVALID,
+                metadata=meta,
+            )
+        return storage, 0
+    size = size_bytes or section.default_disk_bytes
+    if size > section.max_disk_bytes:
+        raise InvalidArgument(
+            f"workspace.size_bytes = {size} is above the server maximum {section.max_disk_bytes}",
+            reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
+            metadata={**meta, "maximum": str(section.max_disk_bytes)},
+        )
+    if size < MIN_DISK_BYTES:
+        raise InvalidArgument(
+            f"workspace.size_bytes = {size} is below the smallest disk, {MIN_DISK_BYTES}",
+            reason=Reason.LIMIT_INVALID,
+            metadata=meta,
+        )
+    if limits.workspace_bytes is not None and limits.workspace_bytes != size:
+        raise InvalidArgument(
+            f"limits.workspace_bytes = {limits.workspace_bytes} differs from the disk's "
+            f"workspace.size_bytes = {size}: leave it unset for a disk workspace",
+            reason=Reason.LIMIT_INVALID,
+            metadata={"limit": "workspace_bytes"},
+        )
+    return storage, size
 
 
 def check_reserved_user(uid: int, gid: int, keeper_user: str) -> None:

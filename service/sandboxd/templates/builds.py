@@ -41,6 +41,7 @@ from sandboxd.sessions import paging
 from sandboxd.store import SessionStore
 from sandboxd.templates import build_run, context, dockerfile
 from sandboxd.templates.builtin import BUILTIN_TEMPLATES
+from sandboxd.templates.builtin_images import BuiltinImages
 from sandboxd.templates.store import TemplateRecord, TemplateState, TemplateStore
 
 LABEL_BUILD = "io.sandboxd.template.build"
@@ -86,7 +87,9 @@ class Templates:
         quota: ImageQuota,
         settle_s: float = SETTLE_S,
         watch_every_s: float = build_run.WATCH_EVERY_S,
+        builtins: BuiltinImages | None = None,
     ) -> None:
+        self._builtins = builtins  # None: built-in images are made by `make image` alone
         self._settle_s = settle_s
         self._quota = quota
         self._watch_every_s = watch_every_s
@@ -108,6 +111,8 @@ class Templates:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        if self._builtins is not None:
+            await self._builtins.close()
 
     def _builtin_images(self) -> dict[str, str]:
         return {
@@ -121,6 +126,14 @@ class Templates:
         (called when the engine answers, at start-up and after an outage)."""
         for build_id in await self._store.failed_build_ids():
             await self._prune(build_id)
+        if self._builtins is not None:  # the built-in images this engine lacks, built aside
+            await self._builtins.ensure_all()
+
+    async def require_ready(self, image: str) -> None:
+        """A create about to run `image`: TEMPLATE_NOT_READY while it is a built-in's image the
+        server is still building (or failed to), never a pull."""
+        if self._builtins is not None:
+            await self._builtins.require(image)
 
     # ----- reads ------------------------------------------------------------------------
 
@@ -134,6 +147,11 @@ class Templates:
 
     async def _builtin(self, name: str) -> TemplateRecord:
         image = self._builtin_images()[name]
+        status = await self._builtins.status(name) if self._builtins is not None else None
+        if status is not None:
+            return TemplateRecord(
+                name, status.state, self._started, builtin=True, image=image, message=status.message
+            )
         details = await self._engine.inspect_image(image)
         if details is None:
             return TemplateRecord(

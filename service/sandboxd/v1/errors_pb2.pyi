@@ -357,6 +357,50 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
     image quota (tenant_max_image_bytes); delete some first.
     """
+    ERROR_REASON_TEMPLATE_NOT_READY: _ErrorReason.ValueType  # 460
+    """FAILED_PRECONDITION, retryable: A built-in template's image is not on the engine yet: the
+    server is building it (GetTemplate says BUILDING), or its last build failed and the message
+    says why (a new build starts on a later use). Never a registry error: built-in images are
+    built on this machine, not pulled. Metadata `template`.
+    """
+    ERROR_REASON_ENGINE_DISK_FULL: _ErrorReason.ValueType  # 400
+    """RESOURCE_EXHAUSTED: The engine host has less free disk space than the disk workspace
+    would need when full (WorkspaceManifest.size_bytes); nothing was created. Ask for a
+    smaller disk, or the operator frees space on the engine host.
+    """
+    ERROR_REASON_DISK_STORAGE_UNAVAILABLE: _ErrorReason.ValueType  # 401
+    """FAILED_PRECONDITION: Disk workspaces cannot be made on this engine (its disk tool image,
+    `make disk-image`, is missing, or the engine refuses loop devices); the message says which.
+    """
+    ERROR_REASON_VOLUME_NOT_FOUND: _ErrorReason.ValueType  # 410
+    """NOT_FOUND: No volume of the caller's tenant has that id (another tenant's answers the same)."""
+    ERROR_REASON_VOLUME_IN_USE: _ErrorReason.ValueType  # 411
+    """FAILED_PRECONDITION: The volume is mounted where the call needs it free: a second
+    read-write mount, a read-only mount beside a writer, or DeleteVolume, ImportVolume or
+    ExportVolume while sessions mount it. Metadata `session_id` names one such session of the
+    caller's; delete it (or wait for its lease) first.
+    """
+    ERROR_REASON_VOLUME_QUOTA_EXCEEDED: _ErrorReason.ValueType  # 412
+    """RESOURCE_EXHAUSTED: The tenant's volumes would pass its volume quota (count or bytes:
+    tenant_max_volumes, tenant_max_volume_bytes); delete some first.
+    """
+    ERROR_REASON_MOUNT_PATH_INVALID: _ErrorReason.ValueType  # 413
+    """INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt,
+    or it is /mnt itself, or at, above or below another volume's path of the same session.
+    """
+    ERROR_REASON_INVALID_VOLUME_ID: _ErrorReason.ValueType  # 414
+    """INVALID_ARGUMENT: A volume id is not 1-63 of a-z, 0-9, '_', '.', '-' starting with a
+    letter or digit.
+    """
+    ERROR_REASON_VOLUME_SIZE_INVALID: _ErrorReason.ValueType  # 415
+    """INVALID_ARGUMENT: A volume's size_bytes is negative or over the server's volume_max_bytes."""
+    ERROR_REASON_VOLUME_ALREADY_EXISTS: _ErrorReason.ValueType  # 416
+    """ALREADY_EXISTS: The volume id is taken by a volume of another size or other labels."""
+    ERROR_REASON_MEMORY_SUSPEND_UNSUPPORTED: _ErrorReason.ValueType  # 430
+    """FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc
+    session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`);
+    answered before anything was stopped, the session runs as it was.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -364,7 +408,7 @@ class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     without the ERROR_REASON_ prefix: ERROR_REASON_FILE_TOO_LARGE is sent as "FILE_TOO_LARGE".
     Each value's comment starts with the one gRPC status code it is sent with, then
     "retryable" when a later retry of the same call may succeed, then its meaning.
-    The README's error table is generated from these comments (`make proto`).
+    The error table of docs/errors.md is generated from these comments (`make proto`).
     """
 
 ERROR_REASON_UNSPECIFIED: ErrorReason.ValueType  # 0
@@ -701,5 +745,49 @@ message names the line and the rule.
 ERROR_REASON_TENANT_IMAGE_QUOTA: ErrorReason.ValueType  # 247
 """RESOURCE_EXHAUSTED: The tenant's templates and image snapshots together would pass its
 image quota (tenant_max_image_bytes); delete some first.
+"""
+ERROR_REASON_TEMPLATE_NOT_READY: ErrorReason.ValueType  # 460
+"""FAILED_PRECONDITION, retryable: A built-in template's image is not on the engine yet: the
+server is building it (GetTemplate says BUILDING), or its last build failed and the message
+says why (a new build starts on a later use). Never a registry error: built-in images are
+built on this machine, not pulled. Metadata `template`.
+"""
+ERROR_REASON_ENGINE_DISK_FULL: ErrorReason.ValueType  # 400
+"""RESOURCE_EXHAUSTED: The engine host has less free disk space than the disk workspace
+would need when full (WorkspaceManifest.size_bytes); nothing was created. Ask for a
+smaller disk, or the operator frees space on the engine host.
+"""
+ERROR_REASON_DISK_STORAGE_UNAVAILABLE: ErrorReason.ValueType  # 401
+"""FAILED_PRECONDITION: Disk workspaces cannot be made on this engine (its disk tool image,
+`make disk-image`, is missing, or the engine refuses loop devices); the message says which.
+"""
+ERROR_REASON_VOLUME_NOT_FOUND: ErrorReason.ValueType  # 410
+"""NOT_FOUND: No volume of the caller's tenant has that id (another tenant's answers the same)."""
+ERROR_REASON_VOLUME_IN_USE: ErrorReason.ValueType  # 411
+"""FAILED_PRECONDITION: The volume is mounted where the call needs it free: a second
+read-write mount, a read-only mount beside a writer, or DeleteVolume, ImportVolume or
+ExportVolume while sessions mount it. Metadata `session_id` names one such session of the
+caller's; delete it (or wait for its lease) first.
+"""
+ERROR_REASON_VOLUME_QUOTA_EXCEEDED: ErrorReason.ValueType  # 412
+"""RESOURCE_EXHAUSTED: The tenant's volumes would pass its volume quota (count or bytes:
+tenant_max_volumes, tenant_max_volume_bytes); delete some first.
+"""
+ERROR_REASON_MOUNT_PATH_INVALID: ErrorReason.ValueType  # 413
+"""INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt,
+or it is /mnt itself, or at, above or below another volume's path of the same session.
+"""
+ERROR_REASON_INVALID_VOLUME_ID: ErrorReason.ValueType  # 414
+"""INVALID_ARGUMENT: A volume id is not 1-63 of a-z, 0-9, '_', '.', '-' starting with a
+letter or digit.
+"""
+ERROR_REASON_VOLUME_SIZE_INVALID: ErrorReason.ValueType  # 415
+"""INVALID_ARGUMENT: A volume's size_bytes is negative or over the server's volume_max_bytes."""
+ERROR_REASON_VOLUME_ALREADY_EXISTS: ErrorReason.ValueType  # 416
+"""ALREADY_EXISTS: The volume id is taken by a volume of another size or other labels."""
+ERROR_REASON_MEMORY_SUSPEND_UNSUPPORTED: ErrorReason.ValueType  # 430
+"""FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc
+session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`);
+answered before anything was stopped, the session runs as it was.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

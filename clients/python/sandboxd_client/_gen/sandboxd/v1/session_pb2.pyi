@@ -14,6 +14,7 @@ from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from sandboxd_client._gen.sandboxd.v1 import common_pb2 as _common_pb2
 from sandboxd_client._gen.sandboxd.v1 import images_pb2 as _images_pb2
 from sandboxd_client._gen.sandboxd.v1 import leases_pb2 as _leases_pb2
+from sandboxd_client._gen.sandboxd.v1 import volumes_pb2 as _volumes_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -54,6 +55,40 @@ SESSION_STATE_EXPIRED: SessionState.ValueType  # 4
 SESSION_STATE_FAILED: SessionState.ValueType  # 5
 Global___SessionState: _TypeAlias = SessionState  # noqa: Y015
 
+class _WorkspaceStorage:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WorkspaceStorageEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WorkspaceStorage.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WORKSPACE_STORAGE_UNSPECIFIED: _WorkspaceStorage.ValueType  # 0
+    """The operator's default (`default_workspace_storage`; MEMORY unless changed)."""
+    WORKSPACE_STORAGE_MEMORY: _WorkspaceStorage.ValueType  # 1
+    """A tmpfs of limits.workspace_bytes, counted against the sandbox's memory (at most
+    max_workspace_bytes); gone with its container, kept by snapshots.
+    """
+    WORKSPACE_STORAGE_DISK: _WorkspaceStorage.ValueType  # 2
+    """A sparse ext4 disk of size_bytes on the engine host, not counted against memory, its size
+    enforced by the kernel (a write past it is ENOSPC inside, WORKSPACE_FULL from the API).
+    It outlives its container: a suspend keeps it in place, a lost container is rebuilt on it.
+    """
+
+class WorkspaceStorage(_WorkspaceStorage, metaclass=_WorkspaceStorageEnumTypeWrapper):
+    """Where a session's /workspace lives (docs/workspaces.md)."""
+
+WORKSPACE_STORAGE_UNSPECIFIED: WorkspaceStorage.ValueType  # 0
+"""The operator's default (`default_workspace_storage`; MEMORY unless changed)."""
+WORKSPACE_STORAGE_MEMORY: WorkspaceStorage.ValueType  # 1
+"""A tmpfs of limits.workspace_bytes, counted against the sandbox's memory (at most
+max_workspace_bytes); gone with its container, kept by snapshots.
+"""
+WORKSPACE_STORAGE_DISK: WorkspaceStorage.ValueType  # 2
+"""A sparse ext4 disk of size_bytes on the engine host, not counted against memory, its size
+enforced by the kernel (a write past it is ENOSPC inside, WORKSPACE_FULL from the API).
+It outlives its container: a suspend keeps it in place, a lost container is rebuilt on it.
+"""
+Global___WorkspaceStorage: _TypeAlias = WorkspaceStorage  # noqa: Y015
+
 class _EgressVerdict:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -71,6 +106,34 @@ EGRESS_VERDICT_UNSPECIFIED: EgressVerdict.ValueType  # 0
 EGRESS_VERDICT_ALLOWED: EgressVerdict.ValueType  # 1
 EGRESS_VERDICT_REFUSED: EgressVerdict.ValueType  # 2
 Global___EgressVerdict: _TypeAlias = EgressVerdict  # noqa: Y015
+
+class _SuspendMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SuspendModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SuspendMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SUSPEND_MODE_UNSPECIFIED: _SuspendMode.ValueType  # 0
+    """The filesystem suspend (the workspace only; processes end)."""
+    SUSPEND_MODE_FILESYSTEM: _SuspendMode.ValueType  # 1
+    """The workspace only: every process ends, resume starts a fresh sandbox from the snapshot."""
+    SUSPEND_MODE_MEMORY: _SuspendMode.ValueType  # 2
+    """Processes and memory with the workspace (gVisor sessions on an engine that can checkpoint:
+    GetServerInfo's features name `memory_suspend`); resume continues them where they were.
+    """
+
+class SuspendMode(_SuspendMode, metaclass=_SuspendModeEnumTypeWrapper):
+    """What a suspension keeps of a session."""
+
+SUSPEND_MODE_UNSPECIFIED: SuspendMode.ValueType  # 0
+"""The filesystem suspend (the workspace only; processes end)."""
+SUSPEND_MODE_FILESYSTEM: SuspendMode.ValueType  # 1
+"""The workspace only: every process ends, resume starts a fresh sandbox from the snapshot."""
+SUSPEND_MODE_MEMORY: SuspendMode.ValueType  # 2
+"""Processes and memory with the workspace (gVisor sessions on an engine that can checkpoint:
+GetServerInfo's features name `memory_suspend`); resume continues them where they were.
+"""
+Global___SuspendMode: _TypeAlias = SuspendMode  # noqa: Y015
 
 @_typing.final
 class ManifestFile(_message.Message):
@@ -103,15 +166,25 @@ Global___ManifestFile: _TypeAlias = ManifestFile  # noqa: Y015
 
 @_typing.final
 class WorkspaceManifest(_message.Message):
-    """The declared initial content of /workspace."""
+    """The declared initial content of /workspace, and where it lives."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
     FILES_FIELD_NUMBER: _builtins.int
     DIRECTORIES_FIELD_NUMBER: _builtins.int
+    STORAGE_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """A caller's name for this manifest; part of the fingerprint."""
+    storage: Global___WorkspaceStorage.ValueType
+    """Memory (tmpfs) or disk; UNSPECIFIED: the operator's default. Part of the fingerprint."""
+    size_bytes: _builtins.int
+    """A disk workspace's size in bytes; 0: the operator's default (`default_disk_bytes`), at
+    most `max_disk_bytes`; negative or above is INVALID_ARGUMENT. With DISK, limits.
+    workspace_bytes is this size (unset, or equal). A memory workspace's size stays
+    limits.workspace_bytes: size_bytes must be 0 for it.
+    """
     @_builtins.property
     def files(self) -> _containers.RepeatedCompositeFieldContainer[Global___ManifestFile]: ...
     @_builtins.property
@@ -124,10 +197,12 @@ class WorkspaceManifest(_message.Message):
         id: _builtins.str = ...,
         files: _abc.Iterable[Global___ManifestFile] | None = ...,
         directories: _abc.Iterable[_builtins.str] | None = ...,
+        storage: Global___WorkspaceStorage.ValueType = ...,
+        size_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["directories", b"directories", "files", b"files", "id", b"id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["directories", b"directories", "files", b"files", "id", b"id", "size_bytes", b"size_bytes", "storage", b"storage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -193,6 +268,7 @@ class CreateSessionRequest(_message.Message):
     ISOLATION_FIELD_NUMBER: _builtins.int
     TEMPLATE_FIELD_NUMBER: _builtins.int
     PULL_POLICY_FIELD_NUMBER: _builtins.int
+    VOLUMES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Optional caller-chosen id; makes the call idempotent."""
     image: _builtins.str
@@ -238,6 +314,13 @@ class CreateSessionRequest(_message.Message):
     def lease_ttl(self) -> _duration_pb2.Duration:
         """Lease length; zero means the server default."""
 
+    @_builtins.property
+    def volumes(self) -> _containers.RepeatedCompositeFieldContainer[_volumes_pb2.VolumeMount]:
+        """Volumes of the caller's tenant (VolumeService) mounted in the sandbox, each at its path
+        below /mnt: read-write by one session at a time (a second writer is FAILED_PRECONDITION
+        VOLUME_IN_USE), read-only by many. A bad path is INVALID_ARGUMENT MOUNT_PATH_INVALID.
+        """
+
     def __init__(
         self,
         *,
@@ -257,10 +340,11 @@ class CreateSessionRequest(_message.Message):
         isolation: _common_pb2.Isolation.ValueType = ...,
         template: _builtins.str = ...,
         pull_policy: _images_pb2.PullPolicy.ValueType = ...,
+        volumes: _abc.Iterable[_volumes_pb2.VolumeMount] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "shell", b"shell", "workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "pull_policy", b"pull_policy", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "template", b"template", "user", b"user", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "from_snapshot_id", b"from_snapshot_id", "image", b"image", "isolation", b"isolation", "labels", b"labels", "lease_ttl", b"lease_ttl", "limits", b"limits", "network", b"network", "on_expiry", b"on_expiry", "pull_policy", b"pull_policy", "renew_on_activity", b"renew_on_activity", "session_id", b"session_id", "shell", b"shell", "template", b"template", "user", b"user", "volumes", b"volumes", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -699,15 +783,19 @@ class SuspendSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    mode: Global___SuspendMode.ValueType
+    """What the suspension keeps; UNSPECIFIED is the filesystem suspend."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
+        mode: Global___SuspendMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -826,6 +914,10 @@ class Session(_message.Message):
     RESTORED_FROM_FIELD_NUMBER: _builtins.int
     RESTORED_STATE_TIME_FIELD_NUMBER: _builtins.int
     LOST_MESSAGE_FIELD_NUMBER: _builtins.int
+    VOLUMES_FIELD_NUMBER: _builtins.int
+    WORKSPACE_STORAGE_FIELD_NUMBER: _builtins.int
+    WORKSPACE_SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    SUSPEND_MODE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     state: Global___SessionState.ValueType
     image: _builtins.str
@@ -855,10 +947,17 @@ class Session(_message.Message):
     restored_from: _builtins.str
     """The snapshot its workspace was rebuilt from after that death. Empty with `lost_time` set:
     not rebuilt yet (the next call rebuilds it), or no snapshot was held and the workspace was
-    lost with the sandbox; `lost_message` says which.
+    lost with the sandbox; `lost_message` says which. `workspace-disk`: a disk workspace, which
+    outlived the sandbox, was mounted again whole (restored_state_time is the death's).
     """
     lost_message: _builtins.str
     """What was lost, in words (empty: nothing)."""
+    workspace_storage: Global___WorkspaceStorage.ValueType
+    """Where its /workspace lives (never UNSPECIFIED: the default is resolved at create)."""
+    workspace_size_bytes: _builtins.int
+    """Its workspace's size: the disk's for DISK, limits.workspace_bytes for MEMORY."""
+    suspend_mode: Global___SuspendMode.ValueType
+    """What the current suspension kept (UNSPECIFIED while the session is not suspended)."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -891,6 +990,10 @@ class Session(_message.Message):
         was lost. Unset until the rebuild (the next call on the session) has happened.
         """
 
+    @_builtins.property
+    def volumes(self) -> _containers.RepeatedCompositeFieldContainer[_volumes_pb2.VolumeMount]:
+        """The volumes mounted in the sandbox, as CreateSession asked."""
+
     def __init__(
         self,
         *,
@@ -918,10 +1021,14 @@ class Session(_message.Message):
         restored_from: _builtins.str = ...,
         restored_state_time: _timestamp_pb2.Timestamp | None = ...,
         lost_message: _builtins.str = ...,
+        volumes: _abc.Iterable[_volumes_pb2.VolumeMount] | None = ...,
+        workspace_storage: Global___WorkspaceStorage.ValueType = ...,
+        workspace_size_bytes: _builtins.int = ...,
+        suspend_mode: Global___SuspendMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "lost_time", b"lost_time", "network", b"network", "restored_state_time", b"restored_state_time", "shell", b"shell", "state_reason", b"state_reason"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "end_reason", b"end_reason", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "lost_message", b"lost_message", "lost_time", b"lost_time", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "restored_from", b"restored_from", "restored_state_time", b"restored_state_time", "session_id", b"session_id", "shell", b"shell", "state", b"state", "state_reason", b"state_reason", "template", b"template", "user", b"user", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assurance", b"assurance", "created_at", b"created_at", "end_reason", b"end_reason", "fingerprint", b"fingerprint", "image", b"image", "image_digest", b"image_digest", "isolation", b"isolation", "labels", b"labels", "lease_expires_at", b"lease_expires_at", "limits", b"limits", "lost_message", b"lost_message", "lost_time", b"lost_time", "network", b"network", "on_expiry", b"on_expiry", "renew_on_activity", b"renew_on_activity", "restored_from", b"restored_from", "restored_state_time", b"restored_state_time", "session_id", b"session_id", "shell", b"shell", "state", b"state", "state_reason", b"state_reason", "suspend_mode", b"suspend_mode", "template", b"template", "user", b"user", "volumes", b"volumes", "workspace_id", b"workspace_id", "workspace_size_bytes", b"workspace_size_bytes", "workspace_storage", b"workspace_storage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,91 @@
+"""The disk tool container (storage/disk_tool.py), the one privileged container the server
+starts: what reaches it is the server's fixed script, an operation from a fixed set and
+integers; a disk's identity is a server-made id; its profile holds two capabilities and the
+loop devices, nothing more. Also the parser of its one result line."""
+
+from __future__ import annotations
+
+import pytest
+from sandboxd.errors import Internal
+from sandboxd.storage import disk_tool
+
+
+@pytest.mark.parametrize(
+    "disk_id",
+    ["", "../etc", "a/b", "A", "ws_1", "-ws", "ws 1", "ws-é", "ws\n1", "x" * 64, "ws-1;rm"],
+)
+def test_only_server_made_ids_name_a_disk(disk_id: str) -> None:
+    with pytest.raises(Internal):
+        disk_tool.checked_id(disk_id)
+
+
+def test_a_server_made_id_passes() -> None:
+    assert disk_tool.checked_id("ws-" + "0" * 24) == "ws-" + "0" * 24
+
+
+@pytest.mark.parametrize("size", [-1, 0, 15 * 1024 * 1024, 16 * 1024**4 + 1, True, 1.5, "64"])
+def test_sizes_outside_a_disks_range_are_refused(size: object) -> None:
+    with pytest.raises(Internal):
+        disk_tool.checked_size(size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("op", "numbers"),
+    [("sh", ()), ("create;id", (1,)), ("create", (-1,)), ("create", (True,)), ("create", ("1",))],
+)
+def test_the_command_takes_a_known_operation_and_integers_only(
+    op: str, numbers: tuple[object, ...]
+) -> None:
+    with pytest.raises(Internal):
+        disk_tool.command(op, *numbers)  # type: ignore[arg-type]
+
+
+def test_the_script_is_the_constant_and_arguments_follow_it() -> None:
+    argv = disk_tool.command("create", 1 << 30, 1900000000, 1900000000)
+    assert argv[:3] == ["/bin/sh", "-c", disk_tool.SCRIPT]
+    assert argv[3:] == ["disk-tool", "create", str(1 << 30), "1900000000", "1900000000"]
+
+
+def test_the_tool_container_has_two_capabilities_and_the_loop_devices_only() -> None:
+    config = disk_tool.tool_config(
+        "sandboxd-disktool:1",
+        "attach",
+        (),
+        disk_volume="sandboxd-disk-ws-1",
+        labels={"io.sandboxd.owner": "o"},
+        source_volume="sandboxd-disk-ws-2",
+    )
+    host = config["HostConfig"]
+    assert host["Privileged"] is False and host["Runtime"] == "runc"
+    assert host["CapDrop"] == ["ALL"] and sorted(host["CapAdd"]) == ["MKNOD", "SYS_ADMIN"]
+    assert host["DeviceCgroupRules"] == ["b 7:* rwm"]  # loop block devices
+    assert [d["PathOnHost"] for d in host["Devices"]] == ["/dev/loop-control"]
+    assert host["ReadonlyRootfs"] and host["NetworkMode"] == "none" and config["NetworkDisabled"]
+    assert "no-new-privileges:true" in host["SecurityOpt"]
+    # Volumes by name only (no host path), the source of a copy read-only.
+    assert host["Binds"] == ["sandboxd-disk-ws-1:/d", "sandboxd-disk-ws-2:/s:ro"]
+
+
+@pytest.mark.parametrize(
+    ("output", "want"),
+    [
+        (
+            "debugfs 1.47\ndisk dev=/dev/loop3 size=1073741824 allocated=4440064\n",
+            ("/dev/loop3", 1 << 30, 4440064, False),
+        ),
+        ("disk dev= size=0 allocated=0", ("", 0, 0, False)),
+        ("disk noroom available=123", ("", 0, 0, True)),
+    ],
+)
+def test_the_result_line_is_parsed(output: str, want: tuple[str, int, int, bool]) -> None:
+    got = disk_tool.parse_result(output)
+    assert (got.device, got.size_bytes, got.allocated_bytes, got.no_room) == want
+
+
+@pytest.mark.parametrize(
+    "output",
+    ["", "disk dev=/dev/sda size=1 allocated=1", "disk dev=/dev/loop1 size=-1 allocated=0"],
+)
+def test_anything_else_is_no_result(output: str) -> None:
+    with pytest.raises(Internal):
+        disk_tool.parse_result(output)
