@@ -105,8 +105,9 @@ class BenchContext:
     metrics_url: str = ""  # the server's Prometheus endpoint
     pool_size: int = 0  # the server's warm pool size
     server_pid: int = 0  # the server process (for RSS or profiling)
-    e2b_url: str = ""  # the server's E2B door (bench_e2b)
     data_dir: Path = Path()  # the server's data directory (read-only for modules)
+    sessions: int = 20  # live sessions bench_sessions grows to (`--sessions`)
+    e2b_url: str = ""  # the server's E2B door (bench_e2b)
 
     async def scrape(self) -> str:
         """The server's metrics page, as text."""

@@ -8,6 +8,7 @@ modules are simply absent; one that fails is reported and skipped. Results go to
 status is 0 unless the runner itself could not work.
 
     .venv/bin/python bench/run.py [--rounds N] [--warmup N] [--only NAME,...] [--output FILE]
+                                  [--sessions N]
 """
 
 from __future__ import annotations
@@ -238,8 +239,9 @@ async def main_async(args: argparse.Namespace) -> int:
                 metrics_url=f"http://127.0.0.1:{server.metrics_port}/metrics",
                 pool_size=POOL_SIZE,
                 server_pid=server.proc.pid,
-                e2b_url=server.e2b_url,
                 data_dir=server.data_dir,
+                sessions=args.sessions,
+                e2b_url=server.e2b_url,
             )
             try:
                 await ctx.pool_ready()
@@ -356,6 +358,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3, help="discarded rounds first")
     parser.add_argument("--only", default="", help="modules to run, e.g. core,archive")
     parser.add_argument("--output", default=str(REPO / "bench" / "results.json"))
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=20,
+        help="live sessions bench_sessions grows to (1000: about 15 minutes on 2 cores)",
+    )
     args = parser.parse_args()
     return asyncio.run(main_async(args))
 

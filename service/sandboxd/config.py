@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandboxd.admission.settings import AdmissionSection
 from sandboxd.config_sections import (
     AgentSection,
     ArchiveSection,
@@ -87,9 +88,10 @@ class Config:
     watch: WatchSection = field(default_factory=WatchSection)
     previews: PreviewsSection = field(default_factory=PreviewsSection)
     agent: AgentSection = field(default_factory=AgentSection)
-    e2b: E2bSection = field(default_factory=E2bSection)
     volumes: VolumesSection = field(default_factory=VolumesSection)
     web: WebSection = field(default_factory=WebSection)
+    admission: AdmissionSection = field(default_factory=AdmissionSection)
+    e2b: E2bSection = field(default_factory=E2bSection)
 
     def __init__(self, **settings: Any) -> None:
         """Sections by name (`server=ServerSection(...)`), defaults for the rest.
@@ -325,24 +327,6 @@ def validate_access(config: Config) -> None:
             "authentication; set tokens_file (and preferably tls_cert/tls_key), listen on "
             "127.0.0.1, or set allow_insecure_public_listen=true to accept the risk"
         )
-    e2b = config.e2b.listen
-    if e2b:
-        if t.tls_client_ca is not None:
-            raise ConfigError(
-                "e2b_listen: the E2B door reaches the gRPC port as a client and has no client "
-                "certificate; it cannot serve with tls_client_ca set"
-            )
-        if (
-            t.tokens_file is None
-            and not t.allow_insecure_public_listen
-            and host_port_problem(e2b, "127.0.0.1:3000") is None
-            and not listens_on_loopback(e2b)
-        ):
-            raise ConfigError(
-                f"e2b_listen {e2b!r}: refusing to serve a non-loopback address without "
-                "authentication; set tokens_file, listen on 127.0.0.1, or set "
-                "allow_insecure_public_listen=true to accept the risk"
-            )
     _validate_web_access(config)
 
 
@@ -367,3 +351,21 @@ def _validate_web_access(config: Config) -> None:
             "authentication; set tokens_file, listen on 127.0.0.1, or set "
             "allow_insecure_public_listen=true to accept the risk"
         )
+    e2b = config.e2b.listen
+    if e2b:
+        if t.tls_client_ca is not None:
+            raise ConfigError(
+                "e2b_listen: the E2B door reaches the gRPC port as a client and has no client "
+                "certificate; it cannot serve with tls_client_ca set"
+            )
+        if (
+            t.tokens_file is None
+            and not t.allow_insecure_public_listen
+            and host_port_problem(e2b, "127.0.0.1:3000") is None
+            and not listens_on_loopback(e2b)
+        ):
+            raise ConfigError(
+                f"e2b_listen {e2b!r}: refusing to serve a non-loopback address without "
+                "authentication; set tokens_file, listen on 127.0.0.1, or set "
+                "allow_insecure_public_listen=true to accept the risk"
+            )

@@ -77,12 +77,12 @@ async def serve(config: Config, *, ready: Callable[[int], None] | None = None) -
         port = listen(server, config)
         web_target = private_port(server, config, stack)
         monitor = await server_run.start(config, parts, server, health_servicer, stack)
+        if web_target is not None:
+            await start_gateway(config, web_target, SERVICE_NAMES, stack)
         if config.e2b.listen:
             from sandboxd.e2b.listener import door  # hypercorn is loaded only when it serves
 
             await stack.enter_async_context(door(config, port))
-        if web_target is not None:
-            await start_gateway(config, web_target, SERVICE_NAMES, stack)
         host = config.server.listen.rpartition(":")[0]
         log.info("sandboxd listening on %s:%d (owner id %s)", host, port, owner_id)
         if ready is not None:

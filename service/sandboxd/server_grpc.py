@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from opentelemetry.trace import NoOpTracer
 
 from sandboxd.api.admin_service import AdminService
+from sandboxd.api.admission import CallAdmission
 from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.api.audit_service import AuditService
 from sandboxd.api.auth import AuthInterceptor, LocalTenantInterceptor
@@ -189,6 +190,9 @@ def _layers(config: Config, p: Parts) -> list[Layer]:
         *tracing,  # the call's span is current for all that follows
         MetricsInterceptor(p.metrics, access_log=config.metrics.access_log),
         *_interceptors(config, p.tokens),
+        # Right inside authentication: a call over its tenant's fair share is refused before
+        # the audit, the store or the servicer spend anything on it.
+        *([CallAdmission(p.shares)] if p.shares is not None else []),
         AuditInterceptor(
             p.audit,
             p.hashers,

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from opentelemetry.trace import Tracer
 
 from sandboxd import tenancy
+from sandboxd.admission import ChannelShares, FairShares, shares_of
 from sandboxd.agent.detached import for_engine as agent_processes
 from sandboxd.agent.router import agent_settings
 from sandboxd.api.audit_describe import hashing_threads
@@ -105,6 +106,7 @@ class Parts:
     sweeper: Sweeper
     tokens: TokenFile | None  # the tenants' tokens, reloaded on SIGHUP; None: one local tenant
     tracer: Tracer  # spans of every RPC (TracingInterceptor) and engine and agent call
+    shares: FairShares | None  # tenants' fair shares (calls, command output); None: off
 
 
 async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
@@ -183,8 +185,11 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             ),
         )
     )
+    shares = shares_of(config.admission, metrics.registry)
     if docker.agents is not None:
         docker.agents.egress = egress  # the agents' egress streams go to these proxies
+        if shares is not None:  # each session's channel reads within its tenant's share
+            docker.agents.shares = ChannelShares(shares, partitioned=tokens is not None)
         docker.agents = traced(docker.agents, tracer, "agent")
     detached = agent_processes(engine) if config.agent.detached_processes else None
     executor = Executor(engine, detached=detached)
@@ -332,6 +337,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         volumes=volumes,
         tokens=tokens,
         tracer=tracer,
+        shares=shares,
     )
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "current_grants",
     "current_tenant",
     "generated_session_id",
+    "tenant_of_session",
     "load_tokens",
     "private_networks_allowed",
     "resolved_grants",
@@ -269,6 +270,17 @@ def check_session_id(session_id: str) -> None:
             reason=Reason.INVALID_SESSION_ID,
             metadata={"session_id": session_id, "prefix": prefix},
         )
+
+
+def tenant_of_session(session_id: str, partitioned: bool) -> str:
+    """The tenant a session id belongs to: its prefix when ids are partitioned (a tokens file
+    is configured), else the one local tenant. For work that runs outside any call (an agent
+    channel's reader), where `current()` does not apply."""
+    if partitioned:
+        prefix, dot, _ = session_id.partition(".")
+        if dot and TENANT_RE.match(prefix):
+            return prefix
+    return DEFAULT_TENANT
 
 
 def generated_session_id(random_hex: str) -> str:

@@ -171,7 +171,10 @@ def _session(
     memory: int = 256 << 20, workspace: int = 64 << 20, isolation: Isolation = Isolation.RUNC
 ) -> types.SimpleNamespace:
     limits = types.SimpleNamespace(memory_bytes=memory, workspace_bytes=workspace)
-    spec = types.SimpleNamespace(limits=limits, isolation=isolation)
+    # A memory workspace: its tmpfs is the sandbox's memory (SessionSpec.memory_workspace_bytes).
+    spec = types.SimpleNamespace(
+        limits=limits, isolation=isolation, memory_workspace_bytes=workspace
+    )
     return types.SimpleNamespace(session_id="s", container_id="c", spec=spec)
 
 

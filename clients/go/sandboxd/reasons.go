@@ -314,6 +314,8 @@ var (
 	ErrVolumeAlreadyExists = &Error{Code: codes.AlreadyExists, Reason: "VOLUME_ALREADY_EXISTS"}
 	// ErrMemorySuspendUnsupported: FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was.
 	ErrMemorySuspendUnsupported = &Error{Code: codes.FailedPrecondition, Reason: "MEMORY_SUSPEND_UNSUPPORTED"}
+	// ErrTenantRateLimited: RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other tenants are active (admission_calls_per_s); RetryInfo says when a token is free again. Nothing was done. A tenant alone on the server is never refused this way.
+	ErrTenantRateLimited = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_RATE_LIMITED"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -472,4 +474,5 @@ var Reasons = map[string]ReasonInfo{
 	"VOLUME_SIZE_INVALID":              {codes.InvalidArgument, false, ErrVolumeSizeInvalid},
 	"VOLUME_ALREADY_EXISTS":            {codes.AlreadyExists, false, ErrVolumeAlreadyExists},
 	"MEMORY_SUSPEND_UNSUPPORTED":       {codes.FailedPrecondition, false, ErrMemorySuspendUnsupported},
+	"TENANT_RATE_LIMITED":              {codes.ResourceExhausted, true, ErrTenantRateLimited},
 }

@@ -289,6 +289,8 @@ export declare class VolumeSizeInvalidError extends InvalidArgument {}
 export declare class VolumeAlreadyExistsError extends AlreadyExists {}
 /** FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was. */
 export declare class MemorySuspendUnsupportedError extends FailedPrecondition {}
+/** RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other tenants are active (admission_calls_per_s); RetryInfo says when a token is free again. Nothing was done. A tenant alone on the server is never refused this way. */
+export declare class TenantRateLimitedError extends ResourceExhausted {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -444,7 +446,8 @@ export type Reason =
   | 'INVALID_VOLUME_ID'
   | 'VOLUME_SIZE_INVALID'
   | 'VOLUME_ALREADY_EXISTS'
-  | 'MEMORY_SUSPEND_UNSUPPORTED';
+  | 'MEMORY_SUSPEND_UNSUPPORTED'
+  | 'TENANT_RATE_LIMITED';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

@@ -289,6 +289,8 @@ export class VolumeSizeInvalidError extends InvalidArgument {}
 export class VolumeAlreadyExistsError extends AlreadyExists {}
 /** FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was. */
 export class MemorySuspendUnsupportedError extends FailedPrecondition {}
+/** RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other tenants are active (admission_calls_per_s); RetryInfo says when a token is free again. Nothing was done. A tenant alone on the server is never refused this way. */
+export class TenantRateLimitedError extends ResourceExhausted {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -446,4 +448,5 @@ export const REASONS = Object.freeze({
   VOLUME_SIZE_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: VolumeSizeInvalidError },
   VOLUME_ALREADY_EXISTS: { code: 'ALREADY_EXISTS', retryable: false, error: VolumeAlreadyExistsError },
   MEMORY_SUSPEND_UNSUPPORTED: { code: 'FAILED_PRECONDITION', retryable: false, error: MemorySuspendUnsupportedError },
+  TENANT_RATE_LIMITED: { code: 'RESOURCE_EXHAUSTED', retryable: true, error: TenantRateLimitedError },
 });

@@ -6,7 +6,10 @@ Damage stays where it belongs: a frame that breaks a stream's rules resets that 
 it fails with AGENT_RESTARTED, and a new epoch begins on the same pipe); silence (no HELLO_OK
 within `handshake_s`, or two keepalive periods) makes the channel LOST, for its owner to rescue.
 Nothing the agent sends can raise out of the reader, and the reader never waits on anything
-but the pipe (its answers go through `FrameWriter.send_now`, which never blocks).
+but the pipe (its answers go through `FrameWriter.send_now`, which never blocks) and its
+tenant's fair share: `pace` (sandboxd.admission) says how long to wait before the next read
+when the tenant's sessions move more output than their share while other tenants are active.
+Not reading is the backpressure: the pipe fills and the agent's writes wait, in the sandbox.
 """
 
 from __future__ import annotations
@@ -40,6 +43,15 @@ S = TypeVar("S", bound=AgentStream)
 # A stream the agent opened (egress): (channel, stream id, its OPEN request). The handler
 # answers at once, never blocking: `accept` (OPEN_OK) or `refuse` (RESET).
 PeerOpen = Callable[["Channel", int, dict[str, Any]], None]
+# Bytes just read from the agent -> seconds to wait before reading more (0: read on).
+Pace = Callable[[int], float]
+MAX_PAUSE_S = 1.0  # one pause, whatever a pacer says: far inside the keepalive's bound
+
+
+async def pause(seconds: float) -> None:
+    """The reader's wait when its tenant is over its share (a module function, so the unit
+    tests can hold the reader there and see what it did not read meanwhile)."""
+    await asyncio.sleep(seconds)
 
 
 class State(enum.Enum):
@@ -77,8 +89,10 @@ class Channel:
         egress_port: Callable[[], int] | int = 0,
         on_peer_open: PeerOpen | None = None,
         budget: int = 0,
+        pace: Pace | None = None,
     ) -> None:
         self.name = name
+        self._pace = pace
         self._budget = budget  # HELLO's: the agent's memory budget (agent/memory.py); 0 none
         self._egress_port = egress_port  # HELLO's (asked at each epoch): the agent's listener
         self._on_peer_open = on_peer_open
@@ -322,6 +336,8 @@ class Channel:
                     continue  # read and dropped: a rescue begins a new epoch
                 self._decoder.feed(chunk)
                 self._drain()
+                if self._pace is not None and (wait := self._pace(len(chunk))) > 0:
+                    await pause(min(wait, MAX_PAUSE_S))
         except asyncio.CancelledError:
             raise
         except Exception as exc:

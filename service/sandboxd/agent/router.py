@@ -78,6 +78,23 @@ class _Entry:
     rescued_at: float = 0.0
     paused: bool = False
     execs: set[str] = field(default_factory=set)
+    tenant: str = ""  # whose share the channel's reads spend ("" not known yet: not paced)
+
+
+class ChannelShares(Protocol):
+    """The tenants' output shares as the router uses them (sandboxd.admission.ChannelShares)."""
+
+    def tenant_of_label(self, session_id: str) -> str:
+        """The tenant of a sandbox labelled with `session_id`; "" when it says none."""
+        ...
+
+    def calling_tenant(self) -> str:
+        """The tenant of the call being served (a sandbox is used only by its own tenant)."""
+        ...
+
+    def delay(self, tenant: str, nbytes: int) -> float:
+        """Seconds a channel of `tenant` waits before reading again, having read `nbytes`."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -119,6 +136,9 @@ class AgentRouter:
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self.egress: EgressEndpoints | None = None  # the server's proxies (set once, at start)
+        # The tenants' output shares (sandboxd.admission; set once, at start); None: channels
+        # read as fast as their agents write.
+        self.shares: ChannelShares | None = None
 
     # ----- channels ------------------------------------------------------------------------
 
@@ -151,8 +171,11 @@ class AgentRouter:
                 egress_port=functools.partial(egress_port, self.egress, attached.session_id),
                 on_peer_open=peer_open_handler(self.egress, attached.session_id),
                 budget=attached.budget,
+                pace=functools.partial(self._pace, sandbox_id) if self.shares else None,
             )
             entry = _Entry(channel, attached.user, attached.env)
+            if self.shares is not None:  # a warm container has no session label: learnt on use
+                entry.tenant = self.shares.tenant_of_label(attached.session_id)
             self._entries[sandbox_id] = entry
             try:
                 hello = await channel.start()
@@ -212,6 +235,18 @@ class AgentRouter:
         if entry is not None:
             entry.channel.ending = ending
 
+    def _pace(self, sandbox_id: str, nbytes: int) -> float:
+        entry = self._entries.get(sandbox_id)
+        if entry is None or not entry.tenant or self.shares is None:
+            return 0.0
+        return self.shares.delay(entry.tenant, nbytes)
+
+    def _learn_tenant(self, sandbox_id: str) -> None:
+        """A warm container claimed by a session: its first command names the tenant."""
+        entry = self._entries.get(sandbox_id)
+        if entry is not None and not entry.tenant and self.shares is not None:
+            entry.tenant = self.shares.calling_tenant()
+
     def state(self, sandbox_id: str) -> State | None:
         entry = self._entries.get(sandbox_id)
         return entry.channel.state if entry is not None else None
@@ -265,6 +300,7 @@ class AgentRouter:
         """The channel for a command as `user`; None when the agent runs as another user
         (then only the engine's own exec can run it)."""
         channel = await self.open(sandbox_id)
+        self._learn_tenant(sandbox_id)
         entry = self._entries.get(sandbox_id)
         return channel if channel is not None and entry is not None and entry.user == user else None
 
@@ -300,6 +336,7 @@ class AgentRouter:
         channel = await self.open(sandbox_id)
         if channel is None:
             raise agent_unavailable(f"sandbox {sandbox_id[:12]} has no agent")
+        self._learn_tenant(sandbox_id)
         async with self._handle(sandbox_id, channel, kind, request) as handle:
             yield handle
 

@@ -7,7 +7,9 @@ both spellings (as the first v1 releases did) doubled every key a tool such as g
 left callers to guess which one to read.
 
 RetryInfo: a retryable reason (errors.proto marks them) also gets a google.rpc.RetryInfo with
-the delay to wait, beside the deprecated `retry` metadata some errors still carry.
+the delay to wait, beside the deprecated `retry` metadata some errors still carry. The delay is
+the error's own `retry_after` metadata when it has one (a fair-share refusal knows when the
+tenant's next token is free), else RETRY_DELAY_S.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ RETRYABLE = frozenset(
         Reason.AGENT_UNAVAILABLE,
         Reason.AGENT_RESTARTED,
         Reason.TEMPLATE_NOT_READY,
+        Reason.TENANT_RATE_LIMITED,
     }
 )
 RETRY_DELAY_S = 1
@@ -54,7 +57,13 @@ def metadata(md: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def retry_info(reason: str) -> error_details_pb2.RetryInfo | None:
+def retry_info(
+    reason: str, md: Mapping[str, str] | None = None
+) -> error_details_pb2.RetryInfo | None:
     if reason not in RETRYABLE:
         return None
-    return error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=RETRY_DELAY_S))
+    delay = duration_pb2.Duration(seconds=RETRY_DELAY_S)
+    own = _SECONDS.match((md or {}).get("retry_after", ""))
+    if own:
+        delay.FromNanoseconds(max(1_000_000, round(float(own.group(1)) * 1e9)))  # >= 1 ms
+    return error_details_pb2.RetryInfo(retry_delay=delay)

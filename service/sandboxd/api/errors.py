@@ -85,7 +85,7 @@ def to_status(exc: errors.SandboxError) -> grpc.Status:
     info = error_details_pb2.ErrorInfo(reason=exc.reason, domain=DOMAIN, metadata=metadata)
     details = [any_pb2.Any()]
     details[0].Pack(info)
-    retry = error_details.retry_info(exc.reason)
+    retry = error_details.retry_info(exc.reason, exc.metadata)
     if retry is not None:
         details.append(any_pb2.Any())
         details[-1].Pack(retry)

@@ -68,13 +68,6 @@ class TemplatesSection:
         "image of the built-in `python` template (make python-image builds it)",
         flat="template_python_image",
     )
-    base_image: str = setting(
-        "sandboxd-runtime:base",
-        TEXT,
-        "image of the built-in `base` template: bash, python3, curl and the user `user` "
-        "(make base-image builds it)",
-        flat="template_base_image",
-    )
     build_builtins: bool = setting(
         True,
         BOOL,
@@ -82,6 +75,13 @@ class TemplatesSection:
         "engine answers (its recipe ships in the package); off: `make image` and `make "
         "python-image` alone make them",
         flat="template_build_builtins",
+    )
+    base_image: str = setting(
+        "sandboxd-runtime:base",
+        TEXT,
+        "image of the built-in `base` template: bash, python3, curl and the user `user` "
+        "(make base-image builds it)",
+        flat="template_base_image",
     )
     max_context_bytes: int = setting(
         64 * 1024**2,

@@ -93,6 +93,7 @@ class DockerEngine:
         self._local = self._address.local
         self._pool_size = pool_size
         self._docker: aiodocker.Docker | None = None
+        self._channel_docker: aiodocker.Docker | None = None
         self.api_version = ""
         self._committing: set[str] = set()  # names of the commit stand-ins in use now
         # Disk workspaces and volumes (sandboxd.storage), made by a tool container.
@@ -107,19 +108,30 @@ class DockerEngine:
         compat.check_versions()
         # One long-lived client; every open exec stream holds one connection: size the pool.
         address = self._address
-        connector: aiohttp.BaseConnector = (
-            aiohttp.UnixConnector(address.socket_path, limit=self._pool_size)
-            if address.socket_path
-            else aiohttp.TCPConnector(ssl=address.tls or True, limit=self._pool_size)
-        )
-        self._connector = connector
+        self._connector = self._new_connector(self._pool_size)
         # Given our own connector aiodocker only composes URLs from this one: a dummy host for a
         # unix socket (given the unix:// address it builds "unix:/path/version", which aiohttp
         # refuses), https:// for a TLS engine.
         self._docker = aiodocker.Docker(
-            url=address.url, connector=connector, timeout=_ENGINE_TIMEOUT
+            url=address.url, connector=self._connector, timeout=_ENGINE_TIMEOUT
+        )
+        # The agents' channels on a client of their own, its pool unbounded: each live sandbox
+        # holds its channel's connection for as long as it lives, so in the API's pool a
+        # docker_pool_size of live sessions would leave no connection for any engine call (a
+        # create, an inspect, the delete that would free one) and every one would wait forever.
+        # Their number is bounded by the live sandboxes, one each.
+        self._channel_connector = self._new_connector(0)
+        self._channel_docker = aiodocker.Docker(
+            url=address.url, connector=self._channel_connector, timeout=_ENGINE_TIMEOUT
         )
         return self
+
+    def _new_connector(self, limit: int) -> aiohttp.BaseConnector:
+        """A connector to the engine's address holding at most `limit` connections (0: any)."""
+        address = self._address
+        if address.socket_path:
+            return aiohttp.UnixConnector(address.socket_path, limit=limit)
+        return aiohttp.TCPConnector(ssl=address.tls or True, limit=limit)
 
     async def __aexit__(
         self,
@@ -129,6 +141,9 @@ class DockerEngine:
     ) -> None:
         if self.agents is not None:
             await self.agents.close()
+        if self._channel_docker is not None:
+            await self._channel_docker.close()
+            await self._channel_connector.close()
         if self._docker is not None:
             await self._docker.close()
         await self._connector.close()
@@ -138,6 +153,13 @@ class DockerEngine:
         if self._docker is None:
             raise RuntimeError("Engine used outside its 'async with'")
         return self._docker
+
+    @property
+    def channel_docker(self) -> aiodocker.Docker:
+        """The client the agents' channels attach with (its own, unbounded pool)."""
+        if self._channel_docker is None:
+            raise RuntimeError("Engine used outside its 'async with'")
+        return self._channel_docker
 
     async def ping(self) -> str:
         """The engine's API version; raises EngineUnavailable when it does not answer."""

@@ -91,7 +91,9 @@ class DockerAgentPort:
                 f"container {sandbox_id[:12]} is not running", reason=Reason.ENGINE_CONFLICT
             )
         with self._engine.translate(f"attaching to container {sandbox_id[:12]}"):
-            stream = container.attach(stdin=True, stdout=True, stderr=True, logs=False)
+            # On the channels' own client: the connection is held while the sandbox lives.
+            attaching = self._engine.channel_docker.containers.container(sandbox_id)
+            stream = attaching.attach(stdin=True, stdout=True, stderr=True, logs=False)
             await compat.start_stream(stream)
         env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
         labels = config.get("Labels") or {}

@@ -401,6 +401,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`);
     answered before anything was stopped, the session runs as it was.
     """
+    ERROR_REASON_TENANT_RATE_LIMITED: _ErrorReason.ValueType  # 440
+    """RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other
+    tenants are active (admission_calls_per_s); RetryInfo says when a token is free again.
+    Nothing was done. A tenant alone on the server is never refused this way.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -789,5 +794,10 @@ ERROR_REASON_MEMORY_SUSPEND_UNSUPPORTED: ErrorReason.ValueType  # 430
 """FAILED_PRECONDITION: A memory suspend was asked of a session that cannot have one (a runc
 session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`);
 answered before anything was stopped, the session runs as it was.
+"""
+ERROR_REASON_TENANT_RATE_LIMITED: ErrorReason.ValueType  # 440
+"""RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other
+tenants are active (admission_calls_per_s); RetryInfo says when a token is free again.
+Nothing was done. A tenant alone on the server is never refused this way.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -571,6 +571,10 @@ class MemorySuspendUnsupported(FailedPrecondition):
     """MEMORY_SUSPEND_UNSUPPORTED: A memory suspend was asked of a session that cannot have one (a runc session, or an engine without checkpoints: GetServerInfo's features lack `memory_suspend`); answered before anything was stopped, the session runs as it was."""
 
 
+class TenantRateLimited(ResourceExhausted):
+    """TENANT_RATE_LIMITED: The tenant is over its fair share of the server while other tenants are active (admission_calls_per_s); RetryInfo says when a token is free again. Nothing was done. A tenant alone on the server is never refused this way."""
+
+
 # Every reason's class: the one `from_rpc_error` raises when the code agrees.
 BY_REASON: dict[str, type[SandboxError]] = {
     "INVALID_ARGUMENT": InvalidArgument,
@@ -727,6 +731,7 @@ BY_REASON: dict[str, type[SandboxError]] = {
     "VOLUME_SIZE_INVALID": VolumeSizeInvalid,
     "VOLUME_ALREADY_EXISTS": VolumeAlreadyExists,
     "MEMORY_SUSPEND_UNSUPPORTED": MemorySuspendUnsupported,
+    "TENANT_RATE_LIMITED": TenantRateLimited,
 }
 
 __all__ = [
@@ -864,4 +869,5 @@ __all__ = [
     "VolumeSizeInvalid",
     "VolumeAlreadyExists",
     "MemorySuspendUnsupported",
+    "TenantRateLimited",
 ]

@@ -1,0 +1,170 @@
+"""Fair shares of the one server between tenants: who is active, and what each may take.
+
+The server is one asyncio loop: every call and every byte a sandbox's agent sends is work on
+it, served first come, first served. A tenant with many calls in flight, or sessions whose
+commands write as fast as they can, fills that queue, and another tenant's Run waits behind
+all of it (a flood multiplied a bystander's Run p50 by 7 in an outside check). So while more
+than one tenant is active, each one's share is bounded at the two places where its work enters
+the loop:
+
+- calls: each tenant has a token bucket of `calls_per_s` (burst `call_burst`); a call with no
+  token is refused before any work (RESOURCE_EXHAUSTED, TENANT_RATE_LIMITED) with the time
+  until the next token in its RetryInfo (`admit_call`, used by api/admission.py); refusals in a
+  row are held longer and longer before they are answered (`RateLimited`);
+- command output: each tenant has a byte bucket of `output_bytes_per_s` (burst
+  `output_burst_bytes`) that its sessions' agent channels spend as they read; a channel whose
+  tenant is in debt waits before its next read (`output_delay`, used by agent/channel.py).
+  Nothing is buffered meanwhile: the pipe fills, the agent's writes wait, and a background
+  command's ring in the sandbox overruns (a reader is told of the gap), so the flooding session
+  pays for its flood, not the server's memory nor another session.
+
+The shares are work-conserving: a tenant alone (no other tenant made a call or moved output
+within `window_s`) is neither refused nor paced, so one tenant's throughput on an otherwise
+idle server is unchanged. Everything reads one injected clock, so the tests are exact.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sandboxd.admission.bucket import TokenBucket
+from sandboxd.admission.metrics import ShareMetrics
+from sandboxd.errors import ResourceExhausted
+from sandboxd.reasons import Reason
+
+Clock = Callable[[], float]
+MAX_HOLD_S = 1.0  # the longest a refusal is held before it is answered
+
+
+class RateLimited(ResourceExhausted):
+    """A call over its tenant's share; `hold_s`: how long to hold the refusal before answering.
+
+    A refusal costs the server about what a bare gRPC call does (the transport, authentication),
+    so a client that retries at once, ignoring RetryInfo, would load the loop with refusals
+    alone: the k-th refusal of a tenant in a row is held k token intervals (at most
+    MAX_HOLD_S), which paces a retrying loop to the server's answers while a client that waits
+    as told (one refusal, then a token) is held no longer than it would have waited anyway."""
+
+    def __init__(self, message: str, *, hold_s: float, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.hold_s = hold_s
+
+
+@dataclass(frozen=True)
+class Shares:
+    """What each tenant may take while others are active (sandboxd.admission.settings)."""
+
+    calls_per_s: float = 50.0
+    call_burst: float = 50.0
+    output_bytes_per_s: float = 16 * 1024 * 1024
+    output_burst_bytes: float = 4 * 1024 * 1024
+    window_s: float = 1.0
+
+
+class FairShares:
+    """The tenants' buckets and when each was last active; O(1) per call and per read."""
+
+    def __init__(
+        self, shares: Shares, clock: Clock = time.monotonic, metrics: ShareMetrics | None = None
+    ) -> None:
+        self.shares = shares
+        self._metrics = metrics
+        self._clock = clock
+        # tenant -> last activity, least recent first (moved to the end on each activity)
+        self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._calls: dict[str, TokenBucket] = {}
+        self._in_a_row: collections.Counter[str] = collections.Counter()  # refusals since a pass
+        self._output: dict[str, TokenBucket] = {}
+        self.refused: collections.Counter[str] = collections.Counter()  # calls, by tenant
+        self.paced_s: dict[str, float] = collections.defaultdict(float)  # pauses, by tenant
+
+    def contended(self, tenant: str, now: float | None = None) -> bool:
+        """Whether another tenant was active within the window."""
+        now = self._clock() if now is None else now
+        self._forget_idle(now)
+        for other in reversed(self._seen):  # the most recent other tenant: at most 2 steps
+            if other != tenant:
+                return now - self._seen[other] <= self.shares.window_s
+        return False
+
+    def admit_call(self, tenant: str) -> None:
+        """Count a call of `tenant`; ResourceExhausted (with `retry_after`) over its share."""
+        now = self._clock()
+        contended = self.contended(tenant, now)
+        self._active(tenant, now)
+        if not contended:
+            return
+        bucket = self._calls.get(tenant)
+        if bucket is None:
+            s = self.shares
+            bucket = self._calls[tenant] = TokenBucket(s.calls_per_s, s.call_burst, now)
+        if bucket.try_take(now):
+            self._in_a_row.pop(tenant, None)
+            return
+        self.refused[tenant] += 1
+        if self._metrics is not None:
+            self._metrics.refused.labels(tenant).inc()
+        self._in_a_row[tenant] += 1
+        hold = min(MAX_HOLD_S, self._in_a_row[tenant] / self.shares.calls_per_s)
+        wait = max(0.001, bucket.wait_for(now) - hold)  # what is left to wait once answered
+        raise RateLimited(
+            f"tenant {tenant!r} is over its share of the server while other tenants are "
+            f"active ({self.shares.calls_per_s:g} calls/s, admission_calls_per_s); "
+            f"retry in {wait:.3f} s",
+            reason=Reason.TENANT_RATE_LIMITED,
+            metadata={
+                "tenant": tenant,
+                "rate": f"{self.shares.calls_per_s:g}",
+                "retry_after": f"{wait:.3f}s",
+            },
+            hold_s=hold,
+        )
+
+    def output_delay(self, tenant: str, nbytes: int) -> float:
+        """Seconds the reader of `tenant`'s channel waits before its next read, having just
+        read `nbytes` (0 when the tenant is alone or within its share)."""
+        now = self._clock()
+        contended = self.contended(tenant, now)
+        self._active(tenant, now)
+        if not contended:
+            return 0.0
+        bucket = self._output.get(tenant)
+        if bucket is None:
+            s = self.shares
+            bucket = self._output[tenant] = TokenBucket(
+                s.output_bytes_per_s, s.output_burst_bytes, now
+            )
+        delay = bucket.spend(now, nbytes)
+        if delay:
+            self.paced_s[tenant] += delay
+            if self._metrics is not None:
+                self._metrics.paced.labels(tenant).inc(delay)
+        return delay
+
+    def pacer(self, tenant: str) -> Callable[[int], float]:
+        """`output_delay` bound to one tenant (what a channel is given)."""
+        return lambda nbytes: self.output_delay(tenant, nbytes)
+
+    @property
+    def tenants_seen(self) -> int:
+        return len(self._seen)
+
+    def _active(self, tenant: str, now: float) -> None:
+        self._seen[tenant] = now
+        self._seen.move_to_end(tenant)
+
+    def _forget_idle(self, now: float) -> None:
+        """Drop tenants idle for longer than the window, with their buckets: what is kept
+        grows with the tenants active now, never with all that ever called."""
+        horizon = now - self.shares.window_s
+        while self._seen:
+            tenant, seen = next(iter(self._seen.items()))
+            if seen >= horizon:
+                return
+            del self._seen[tenant]
+            self._calls.pop(tenant, None)
+            self._output.pop(tenant, None)
+            self._in_a_row.pop(tenant, None)

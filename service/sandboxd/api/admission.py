@@ -1,0 +1,71 @@
+"""The fair-share admission of every call (sandboxd.admission), as a gRPC interceptor.
+
+It sits right inside authentication, where the tenant is known, and outside everything else
+that costs: a call over its tenant's share is refused before the audit writes anything, before
+the store is read and before the servicer runs, with RESOURCE_EXHAUSTED, reason
+TENANT_RATE_LIMITED, and a google.rpc.RetryInfo saying when the tenant's next token is free.
+Refusals in a row are held before they are answered (`RateLimited.hold_s`, at most 1 s), so a
+client that retries at once is paced by the answers instead of loading the loop with refusals.
+Refusals are counted by the metrics interceptor (outside this one) like any other status; they
+are not audit events, so a refusal flood cannot fill the audit log. Health and reflection
+(no tenant) are never refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from sandboxd import tenancy
+from sandboxd.admission import FairShares, RateLimited
+from sandboxd.api.auth import EXEMPT_PREFIXES
+from sandboxd.api.chain import Layer
+from sandboxd.api.errors import to_status
+
+_KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+
+
+async def hold(seconds: float) -> None:
+    """How a refusal is held before it is answered (a module function: the tests record it)."""
+    await asyncio.sleep(seconds)
+
+
+class CallAdmission(Layer):
+    def __init__(self, shares: FairShares) -> None:
+        self.shares = shares
+
+    def wrap(self, handler: Any, handler_call_details: Any) -> Any:
+        if handler is None or str(handler_call_details.method).startswith(EXEMPT_PREFIXES):
+            return handler
+        kind = next(k for k in _KINDS if getattr(handler, k) is not None)
+        return handler._replace(**{kind: self._admitted(getattr(handler, kind))})
+
+    def _admitted(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
+        admit = self.shares.admit_call
+        if inspect.isasyncgenfunction(behavior):
+
+            async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
+                try:
+                    admit(tenancy.current())
+                except RateLimited as exc:
+                    await hold(exc.hold_s)
+                    await context.abort_with_status(to_status(exc))
+                async with contextlib.aclosing(behavior(request, context)) as items:
+                    async for item in items:
+                        yield item
+
+            return streaming
+
+        async def unary(request: Any, context: Any) -> Any:
+            try:
+                admit(tenancy.current())
+            except RateLimited as exc:
+                await hold(exc.hold_s)
+                await context.abort_with_status(to_status(exc))
+            result = behavior(request, context)
+            return await result if inspect.isawaitable(result) else result
+
+        return unary
