@@ -106,7 +106,7 @@ build/e2b-node/.installed-$(E2B_NPM):
 
 # The built-in `base` template (bash, python3, curl, the user `user`), which the E2B door uses.
 base-image: engine
-	bash scripts/build-base-image.sh sandboxd-runtime:base
+	bash service/sandboxd/runtime_images/base.sh sandboxd-runtime:base
 
 # Every stub and table generated from proto/: server and Python client stubs, docs/errors.md's
 # error table, the Go stubs and sentinel errors, the Node declarations and reason classes.

@@ -328,6 +328,7 @@ def validate_access(config: Config) -> None:
             "127.0.0.1, or set allow_insecure_public_listen=true to accept the risk"
         )
     _validate_web_access(config)
+    _validate_e2b_access(config)
 
 
 def _validate_web_access(config: Config) -> None:
@@ -351,6 +352,12 @@ def _validate_web_access(config: Config) -> None:
             "authentication; set tokens_file, listen on 127.0.0.1, or set "
             "allow_insecure_public_listen=true to accept the risk"
         )
+
+
+def _validate_e2b_access(config: Config) -> None:
+    """The E2B door is a client of the gRPC port with its callers' keys as bearer tokens: the
+    same refusal of an unauthenticated public address, and none with client certificates."""
+    t = config.tenancy
     e2b = config.e2b.listen
     if e2b:
         if t.tls_client_ca is not None:

@@ -386,5 +386,9 @@ def _builtin_images(config: Config, engine: Engine) -> BuiltinImages | None:
     env = dict(os.environ)
     if config.engine.docker_host:  # the recipes' `docker import` reaches the server's engine
         env["DOCKER_HOST"] = config.engine.docker_host
-    images = {"busybox": config.engine.image, "python": config.templates.python_image}
+    images = {
+        "busybox": config.engine.image,
+        "python": config.templates.python_image,
+        "base": config.templates.base_image,
+    }
     return BuiltinImages(images, engine, ScriptRunner(env))

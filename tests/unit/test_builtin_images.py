@@ -187,7 +187,7 @@ async def test_a_cancelled_script_takes_its_process_group_with_it(tmp_path: Path
 
 def test_the_recipes_are_in_the_package() -> None:
     """A wheel carries them (package data), so an install without the source tree builds too."""
-    for recipe in ("busybox.sh", "python.sh"):
+    for recipe in ("busybox.sh", "python.sh", "base.sh"):
         assert (recipes_dir() / recipe).is_file()
 
 

@@ -215,3 +215,13 @@ def test_envd_is_routed_by_header_or_by_host(tmp_path: Path) -> None:
     import asyncio
 
     asyncio.run(check())
+
+
+def test_a_public_door_needs_authentication() -> None:
+    from sandboxd.config import Config, validate_access
+    from sandboxd.errors import ConfigError
+
+    validate_access(Config(e2b_listen="127.0.0.1:3000"))
+    with pytest.raises(ConfigError, match="e2b_listen"):
+        validate_access(Config(e2b_listen="0.0.0.0:3000"))
+    validate_access(Config(e2b_listen="0.0.0.0:3000", allow_insecure_public_listen=True))

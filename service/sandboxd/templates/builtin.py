@@ -2,7 +2,7 @@
 python3 and its standard library, built offline by sandboxd/runtime_images/python.sh, which
 the server runs itself when the engine lacks the image: builtin_images.py) and `base` (Debian 12
 with bash, python3, curl and a user `user` whose home /home/user is the workspace, built by
-scripts/build-base-image.sh: the template E2B's SDK names by default).
+sandboxd/runtime_images/base.sh: the template E2B's SDK names by default).
 
 A template resolves to the image a session runs; the image then passes the same checks as a
 named one (allowlist, present on the engine, no VOLUMEs), so a template can never reach an image

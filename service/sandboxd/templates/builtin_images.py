@@ -41,7 +41,7 @@ log = logging.getLogger("sandboxd.builtin_images")
 
 LOCAL_REPOSITORY = "sandboxd-runtime"
 # Which recipe builds each built-in template's image (files of sandboxd/runtime_images).
-RECIPES = {"busybox": "busybox.sh", "python": "python.sh"}
+RECIPES = {"busybox": "busybox.sh", "python": "python.sh", "base": "base.sh"}
 RETRY_AFTER_S = 60.0  # a failed build is tried again on a use at least this much later
 LAST_LINES = 8  # of a failed build's output, kept for its message
 STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL of a cancelled build's process group
