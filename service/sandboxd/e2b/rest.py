@@ -17,7 +17,9 @@ from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2
 
+from sandboxd.connect import status_details
 from sandboxd.e2b.asgi import Request, Send, reply, reply_json
 from sandboxd.e2b.backend import Backend, check_api_key, metadata
 from sandboxd.e2b.connect import ConnectError
@@ -60,6 +62,16 @@ class RestError(Exception):
 
 def _rest_error(exc: grpc.aio.AioRpcError) -> RestError:
     return RestError(HTTP_OF_GRPC.get(exc.code(), 500), exc.details() or str(exc.code().name))
+
+
+def _reason(exc: grpc.aio.AioRpcError) -> str:
+    """The ErrorInfo reason of a refusal from our own gRPC port ("" without one)."""
+    details = status_details(exc.trailing_metadata() or ())
+    for detail in details.details if details is not None else ():
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return str(info.reason)
+    return ""
 
 
 def _state(state: int) -> str:
@@ -187,13 +199,30 @@ class Rest:
         return status, self._sandbox(session, key)
 
     async def _pause(self, key: str, sid: str, request: Request) -> tuple[int, Any]:
-        if (await _json(request)).get("memory"):
-            raise RestError(
-                400, "memory pauses are not supported: sandboxd pauses keep the filesystem only"
-            )
+        """E2B's pause keeps memory and processes; so does sandboxd's memory suspend, which a
+        gVisor session on an engine that can checkpoint has. Elsewhere the pause keeps the
+        filesystem (the memory suspend refuses before anything stops, so falling back loses
+        nothing); a caller that asked for memory explicitly is told it cannot have it."""
+        asked_memory = bool((await _json(request)).get("memory"))
         session = await self._session(key, sid)
         if session.state == session_pb2.SESSION_STATE_SUSPENDED:
             raise RestError(409, f"sandbox {sandbox_id(sid)} is already paused")
+        if session.isolation == common_pb2.ISOLATION_GVISOR or asked_memory:
+            try:
+                await self._b.sessions.SuspendSession(
+                    session_pb2.SuspendSessionRequest(
+                        session_id=sid, mode=session_pb2.SUSPEND_MODE_MEMORY
+                    ),
+                    metadata=metadata(key),
+                )
+                return 204, None
+            except grpc.aio.AioRpcError as exc:
+                if _reason(exc) != "MEMORY_SUSPEND_UNSUPPORTED":
+                    raise
+                if asked_memory:
+                    raise RestError(
+                        400, f"memory pauses are not available: {exc.details()}"
+                    ) from None
         await self._b.sessions.SuspendSession(
             session_pb2.SuspendSessionRequest(session_id=sid), metadata=metadata(key)
         )
