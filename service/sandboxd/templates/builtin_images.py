@@ -113,14 +113,16 @@ class ScriptRunner:
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            await asyncio.wait_for(asyncio.shield(proc.wait()), STOP_GRACE_S)
-            return
-        except TimeoutError:
-            continue
+    """SIGTERM to the recipe's group, a grace for it to end, then SIGKILL to the group in any
+    case: the leader (flock, or bash) ending first says nothing of the rest of its group (a
+    recipe's child survived a SIGTERM its leader died of, holding the build lock)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(proc.wait()), STOP_GRACE_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    await proc.wait()
 
 
 class BuiltinImages:
