@@ -167,6 +167,30 @@ def start_server(
     return server
 
 
+def delete_volumes(srv: ServerProcess) -> None:
+    """Every volume a test server holds, deleted through its API before it stops: volumes
+    outlive their server by design, so a test that made one (the hostile-field walks call
+    CreateVolume with whatever they send) would leave its disk on the engine."""
+    from sandboxd.v1 import volumes_pb2, volumes_pb2_grpc
+
+    with grpc.insecure_channel(srv.address) as channel:
+        stub = volumes_pb2_grpc.VolumeServiceStub(channel)
+        with contextlib.suppress(grpc.RpcError):
+            token = ""
+            while True:
+                page = stub.ListVolumes(
+                    volumes_pb2.ListVolumesRequest(page_size=100, page_token=token), timeout=30
+                )
+                for v in page.volumes:
+                    with contextlib.suppress(grpc.RpcError):
+                        stub.DeleteVolume(
+                            volumes_pb2.DeleteVolumeRequest(volume_id=v.volume_id), timeout=60
+                        )
+                token = page.next_page_token
+                if not token:
+                    break
+
+
 def remove_owned_containers(owner_id: str) -> None:
     """What a stopped test server leaves on the engine: its containers, then its images (IMAGE
     snapshots, labelled with its owner id; a snapshot a test did not delete, or could not
@@ -241,6 +265,7 @@ def _servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ser
     started: dict[str, ServerProcess] = {}
     yield started
     for srv in started.values():
+        delete_volumes(srv)
         srv.stop()
         remove_owned_containers(srv.owner_id)
 

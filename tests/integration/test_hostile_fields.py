@@ -33,6 +33,7 @@ from conftest import (
     ServerProcess,
     Stubs,
     make_stubs,
+    delete_volumes,
     remove_owned_containers,
     start_server,
     wait_until,
@@ -396,6 +397,7 @@ def server(
     try:
         yield srv
     finally:
+        delete_volumes(srv)
         srv.stop()
         remove_owned_containers(owner)
 
