@@ -32,8 +32,8 @@ import sandboxd.v1
 from conftest import (
     ServerProcess,
     Stubs,
-    make_stubs,
     delete_volumes,
+    make_stubs,
     remove_owned_containers,
     start_server,
     wait_until,

@@ -7,6 +7,7 @@ metrics object arrives by construction instead of through a global.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import logging
@@ -36,10 +37,14 @@ def status_code_of(context: Any) -> grpc.StatusCode | None:
     return None
 
 
-def _code_name(context: Any, failed: bool) -> str:
+def _code_name(context: Any, failed: bool, cancelled: bool = False) -> str:
+    """A call the client cancelled (its task cancelled, its stream closed under it) is
+    CANCELLED, not UNKNOWN: UNKNOWN is kept for a servicer's own unhandled failure."""
     code = status_code_of(context)
     if code is not None:
         return str(code.name)
+    if cancelled:
+        return "CANCELLED"
     return "UNKNOWN" if failed else "OK"
 
 
@@ -86,9 +91,9 @@ class MetricsInterceptor(Layer):
         count = self._count_output
         logged = self._access_log
 
-        def observe(start: float, context: Any, failed: bool) -> None:
+        def observe(start: float, context: Any, failed: bool, cancelled: bool = False) -> None:
             in_flight.dec()
-            code = _code_name(context, failed)
+            code = _code_name(context, failed, cancelled)
             seconds = time.perf_counter() - start
             timer = by_code.get(code)
             if timer is None:
@@ -115,12 +120,15 @@ class MetricsInterceptor(Layer):
                 start = time.perf_counter()
                 in_flight.inc()
                 _note_session(request)
-                failed = True
+                failed, cancelled = True, False
                 try:
                     response = await behavior(request, context)
                     failed = False
+                except asyncio.CancelledError:
+                    cancelled = True
+                    raise
                 finally:
-                    observe(start, context, failed)
+                    observe(start, context, failed, cancelled)
                 if isinstance(response, Message):
                     count(response)
                 return response
@@ -135,7 +143,7 @@ class MetricsInterceptor(Layer):
                 start = time.perf_counter()
                 in_flight.inc()
                 _note_session(request)
-                failed = True
+                failed, cancelled = True, False
                 try:
                     # aclosing: a cancelled call closes the inner stream at once (kills run).
                     async with contextlib.aclosing(behavior(request, context)) as items:
@@ -144,8 +152,11 @@ class MetricsInterceptor(Layer):
                                 count(item)
                             yield item
                     failed = False
+                except (asyncio.CancelledError, GeneratorExit):
+                    cancelled = True
+                    raise
                 finally:
-                    observe(start, context, failed)
+                    observe(start, context, failed, cancelled)
 
             return timed
 
