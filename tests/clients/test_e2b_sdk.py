@@ -62,6 +62,8 @@ def run_scenario(
         "E2B_API_KEY": ALPHA,
         "E2B_OTHER_API_KEY": BETA,
         "RUN": secrets.token_hex(4),
+        # A scenario that dies of a signal says where (the SDK's process, not the server's).
+        "PYTHONFAULTHANDLER": "1",
         **(extra or {}),
     }
     return subprocess.run(
