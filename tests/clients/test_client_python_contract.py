@@ -291,7 +291,9 @@ async def test_retries_stop_at_the_deadline(stand_in: tuple[StandIn, str]) -> No
         with pytest.raises(errors.SandboxError) as exc:
             await c.create_session(session_id="mine", timeout=0.5)
         assert time.monotonic() - started < 0.7
-    assert exc.value.retryable
+    # The last refusal (retryable), or, when the deadline ran out inside an attempt rather than
+    # between two (a loaded machine), the deadline itself: either way no retry outlived it.
+    assert exc.value.retryable or isinstance(exc.value, errors.DeadlineExceeded), exc.value
 
 
 # ---- compatibility ------------------------------------------------------------------------------
