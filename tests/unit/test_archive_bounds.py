@@ -50,7 +50,7 @@ def _peak_bytes(checker: MemberChecker, infos: object) -> tuple[int, InvalidArgu
 
 
 def test_distinct_deep_names_are_bounded_in_memory() -> None:
-    # Kept as strings, every proper prefix of 400 such names took 1.3 GiB (finding 12.1).
+    # Kept as strings, every proper prefix of 400 such names took 1.3 GiB.
     infos = (_dir(f"{i:04d}/{DEEP}") for i in range(DEFAULT_MAX_MEMBERS))
     peak, refused = _peak_bytes(MemberChecker(LIMITS), infos)
     assert peak < 64 << 20, f"{peak >> 20} MiB"

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? ?#?\d{1,3}\b")
+ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? ?#?\d{1,3}\b|\bfindings? \d{1,3}\.\d")
 GENERATED = re.compile(r"(_pb2(_grpc)?\.pyi?|\.pb\.go)$")
 
 

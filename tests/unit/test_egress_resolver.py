@@ -1,4 +1,4 @@
-"""The proxy's resolver against a black-hole DNS (finding 12.7(b)): lookups time out for real,
+"""The proxy's resolver against a black-hole DNS: lookups time out for real,
 one session cannot take every lookup thread, and the server's shared thread pool
 (`asyncio.to_thread`) stays fast whatever the resolver does."""
 

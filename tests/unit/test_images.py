@@ -1,4 +1,4 @@
-"""The operator's image allowlist (finding 12.8): patterns, the tenant's own snapshot images,
+"""The operator's image allowlist: patterns, the tenant's own snapshot images,
 images with VOLUMEs refused, health checks switched off."""
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ FOLDERS_PER_MEMBER = 2  # distinct folders (proper prefixes) allowed per member 
 
 # What tar adds around a member's data, allowed per member beyond the workspace cap: a header
 # block, the padding to a block, and a PAX record for a name or link target of a few hundred
-# bytes. Longer names and targets count against the cap like data (finding 12.10).
+# bytes. Longer names and targets count against the cap like data.
 MEMBER_OVERHEAD_BYTES = 1024
 END_OVERHEAD_BYTES = 2 * tarfile.BLOCKSIZE + tarfile.RECORDSIZE
 

@@ -98,7 +98,7 @@ def container_config(
         "OpenStdin": agent,
         "StdinOnce": False,
         "StopSignal": "SIGKILL",
-        # An image's HEALTHCHECK would run commands outside every supervisor (finding 12.8).
+        # An image's HEALTHCHECK would run commands outside every supervisor.
         "Healthcheck": images.HEALTHCHECK_OFF,
         "HostConfig": {
             "NetworkMode": "none",

@@ -188,7 +188,7 @@ class SessionManager:
                 )
             source = await self._fork_source(checked.from_snapshot_id)
             # The allowlist first: an image outside it is refused before the engine is asked,
-            # so a caller cannot probe which images exist (finding 12.8).
+            # so a caller cannot probe which images exist.
             images.check_image(
                 spec.image,
                 images.allowed_patterns(
