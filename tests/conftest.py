@@ -388,6 +388,24 @@ def run(stubs: Stubs, session_id: str, *argv: str, **fields: object) -> process_
     )
 
 
+def run_after_death(
+    stubs: Stubs, session_id: str, script: str, *, within: float = 60.0
+) -> process_pb2.RunResponse:
+    """The first call after a sandbox died: its calls answer UNAVAILABLE (CONTAINER_REBUILDING,
+    retryable) until it is rebuilt: tried for `within` seconds, each try with that deadline."""
+    end = time.monotonic() + within
+    while True:
+        try:
+            return stubs.processes.Run(  # type: ignore[no-any-return]
+                process_pb2.RunRequest(session_id=session_id, argv=["sh", "-c", script]),
+                timeout=within,
+            )
+        except grpc.RpcError as err:
+            if err.code() is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > end:  # type: ignore[attr-defined]
+                raise
+            time.sleep(0.2)
+
+
 def rss_bytes(pid: int) -> int:
     """The resident memory of process `pid` (VmRSS), for tests that bound what a process keeps."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -54,7 +54,9 @@ from conftest import (
     error_info,
     make_stubs,
     remove_owned_containers,
+    rss_bytes,
     run,
+    run_after_death,
     start_server,
 )
 from google.protobuf import duration_pb2
@@ -176,18 +178,6 @@ def paused_containers(owner_id: str) -> list[str]:
     return out.split()
 
 
-def run_after_death(stubs: Stubs, sid: str, script: str) -> process_pb2.RunResponse:
-    """The first calls after a sandbox died answer UNAVAILABLE (retryable) until it is rebuilt."""
-    end = time.monotonic() + CALL_TIMEOUT
-    while True:
-        try:
-            return sh(stubs, sid, script)
-        except grpc.RpcError as err:
-            if err.code() is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > end:  # type: ignore[attr-defined]
-                raise
-            time.sleep(0.2)
-
-
 def _docker(*args: str) -> str:
     return subprocess.run(
         ["docker", *args], capture_output=True, text=True, check=True
@@ -207,13 +197,6 @@ def _memory_cgroup(cid: str) -> Path:
 
 
 RING_FILL = 8 * MiB
-
-
-def _rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def _hold_to_what_it_holds(cgroup: Path) -> None:
@@ -269,8 +252,8 @@ def oom_kill_the_agent(stubs: Stubs, owner_id: str, sid: str) -> None:
             timeout=CALL_TIMEOUT,
         )
         end = time.monotonic() + CALL_TIMEOUT
-        while _rss(agent) < 2 * MiB:  # a ring's worth (its cap); any command is far smaller
-            assert time.monotonic() < end, f"the agent's RSS stayed at {_rss(agent)}"
+        while rss_bytes(agent) < 2 * MiB:  # a ring's worth (its cap); any command is far smaller
+            assert time.monotonic() < end, f"the agent's RSS stayed at {rss_bytes(agent)}"
             time.sleep(0.05)
         Path(f"/proc/{agent}/oom_score_adj").write_text("1000\n")
         _hold_to_what_it_holds(_memory_cgroup(cid))

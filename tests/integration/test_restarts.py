@@ -28,6 +28,7 @@ from conftest import (
     Stubs,
     make_stubs,
     remove_owned_containers,
+    run_after_death,
     start_server,
     wait_until,
 )
@@ -248,18 +249,6 @@ def sh(stubs: Stubs, sid: str, script: str) -> process_pb2.RunResponse:
     return stubs.processes.Run(
         process_pb2.RunRequest(session_id=sid, argv=["sh", "-c", script]), timeout=CALL_TIMEOUT
     )
-
-
-def run_after_death(stubs: Stubs, sid: str, script: str) -> process_pb2.RunResponse:
-    """The first call after the death: CONTAINER_REBUILDING (retryable) until it is rebuilt."""
-    end = time.monotonic() + 60
-    while True:
-        try:
-            return sh(stubs, sid, script)
-        except grpc.RpcError as err:
-            if err.code() is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > end:
-                raise
-            time.sleep(0.2)
 
 
 def session(stubs: Stubs, sid: str) -> session_pb2.Session:
