@@ -25,6 +25,7 @@ from sandboxd.e2b.backend import Backend, check_api_key, metadata
 from sandboxd.e2b.connect import ConnectError
 from sandboxd.e2b.tokens import AccessTokens
 from sandboxd.e2b.wire import sandbox_id, session_id, timestamp
+from sandboxd.reasons import Reason
 from sandboxd.v1 import common_pb2, session_pb2
 
 # The envd version reported: it turns on the SDK features this door serves (default user,
@@ -217,7 +218,7 @@ class Rest:
                 )
                 return 204, None
             except grpc.aio.AioRpcError as exc:
-                if _reason(exc) != "MEMORY_SUSPEND_UNSUPPORTED":
+                if _reason(exc) != Reason.MEMORY_SUSPEND_UNSUPPORTED:
                     raise
                 if asked_memory:
                     raise RestError(
