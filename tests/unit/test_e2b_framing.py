@@ -75,6 +75,9 @@ def test_connect_codes_and_http_statuses() -> None:
     assert ConnectError("unauthenticated", "").http_status == 401
     assert ConnectError("not_found", "").http_status == 404
     assert ConnectError("resource_exhausted", "").http_status == 429
+    # Connect spells it with one l; a call cancelled behind the door is 499, never a 500.
+    assert connect.code_of(grpc.StatusCode.CANCELLED) == "canceled"
+    assert ConnectError(connect.code_of(grpc.StatusCode.CANCELLED), "").http_status == 499
 
 
 @pytest.mark.parametrize("header", ["-1", "1.5", "12345678901", "abc", ""])

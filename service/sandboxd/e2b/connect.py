@@ -11,39 +11,20 @@ test.
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-FLAG_COMPRESSED = 0x01
-FLAG_END_STREAM = 0x02
-HEADER = struct.Struct(">BI")
+from sandboxd.connect import FLAG_COMPRESSED, FLAG_END_STREAM, HEADER, connect_code
+from sandboxd.connect import HTTP_STATUS as GRPC_HTTP_STATUS
 
 UNARY_CONTENT_TYPE = "application/json"
 STREAM_CONTENT_TYPE = "application/connect+json"
 
-# Connect's codes are gRPC's, spelled in snake case; the HTTP status of a unary error is the
-# protocol's own table (its specification, "Error Codes").
-HTTP_STATUS = {
-    "canceled": 499,
-    "unknown": 500,
-    "invalid_argument": 400,
-    "deadline_exceeded": 504,
-    "not_found": 404,
-    "already_exists": 409,
-    "permission_denied": 403,
-    "resource_exhausted": 429,
-    "failed_precondition": 400,
-    "aborted": 409,
-    "out_of_range": 400,
-    "unimplemented": 501,
-    "internal": 500,
-    "unavailable": 503,
-    "data_loss": 500,
-    "unauthenticated": 401,
-}
+# Connect's codes and the HTTP status of a unary error: the protocol's one table, shared with
+# the web gateway (sandboxd.connect), here keyed by the code's Connect name.
+HTTP_STATUS = {connect_code(code): status for code, status in GRPC_HTTP_STATUS.items()}
 
 
 @dataclass
@@ -62,8 +43,8 @@ class ConnectError(Exception):
 
 
 def code_of(status: grpc.StatusCode) -> str:
-    """gRPC's code as Connect names it (the same numbers, the same meanings)."""
-    return str(status.name).lower()
+    """gRPC's code as Connect names it (snake case; CANCELLED is spelled `canceled`)."""
+    return connect_code(status)
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError) -> ConnectError:
