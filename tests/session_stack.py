@@ -1,4 +1,4 @@
-"""The session domain wired as server.py wires it, over the in-memory engine fake (or a given
+"""The session domain wired as server/main.py wires it, over the in-memory engine fake (or a given
 engine and archive: the real ones, in the contract tests) and a SQLite store in a temporary
 directory: what the Docker-free lifecycle tests run against."""
 

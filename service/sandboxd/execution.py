@@ -7,7 +7,7 @@ and cancellation: on any of them it runs `sbx kill <token>`, which ends the whol
 
 `Executor.start` hands out a `Command`: its events, its stdin (with a real half-close), signals
 and terminal size. Exec and Run, Interact (interactive.py) and background processes
-(processes.py) are all built on it.
+(processes/manager.py) are all built on it.
 """
 
 from __future__ import annotations
@@ -412,7 +412,7 @@ class Executor:
         detach: Detach | None = None,
     ) -> AsyncIterator[Command]:
         """Start `spec` and yield its Command; leaving before `exited` kills its tree. With
-        `detach` (and an agent) the command outlives a server that dies (processes.py)."""
+        `detach` (and an agent) the command outlives a server that dies (processes/manager.py)."""
         token = token or new_token()
         argv = [
             HELPER_IN_CONTAINER,

@@ -1,7 +1,7 @@
 """The bounded output buffer of a process stream, addressed by absolute byte offset.
 
-Background processes keep one per stream so a late reader can replay by offset (processes.py);
-memory per process is capped by the capacity and by the chunk count.
+Background processes keep one per stream so a late reader can replay by offset
+(processes/manager.py); memory per process is capped by the capacity and by the chunk count.
 """
 
 from __future__ import annotations

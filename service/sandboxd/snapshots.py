@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sandboxd import tenancy, validation
+from sandboxd import paging, tenancy, validation
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import (
     InvalidArgument,
@@ -37,7 +37,7 @@ from sandboxd.labels import (
 )
 from sandboxd.models import Session, SessionState
 from sandboxd.reasons import Reason
-from sandboxd.sessions import SessionManager, paging
+from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import KIND_MEMORY, Snapshot, SnapshotStore
 from sandboxd.store import SessionStore
 

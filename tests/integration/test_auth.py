@@ -338,7 +338,7 @@ def test_server_refuses_to_start_on_public_address(tmp_path: Path) -> None:
 
 
 def test_insecure_override_is_logged_loudly(caplog: pytest.LogCaptureFixture) -> None:
-    from sandboxd.server_grpc import _interceptors
+    from sandboxd.server.transport import _interceptors
 
     config = load_config(
         ["--helper", str(HELPER), "--listen", "0.0.0.0:1", "--allow-insecure-public-listen", "1"],
@@ -361,7 +361,7 @@ def test_tokens_without_tls_on_a_public_address_warn(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from sandboxd.api.auth import AuthInterceptor
-    from sandboxd.server_grpc import _interceptors
+    from sandboxd.server.transport import _interceptors
 
     tokens = write_tokens(tmp_path / "tokens", {"t": "alpha"})
     config = load_config(

@@ -182,7 +182,7 @@ class _Exporter(snapshot_pb2_grpc.SnapshotServiceServicer):  # type: ignore[misc
 
 
 async def test_the_hashing_threads_stop_with_the_server_after_the_last_record() -> None:
-    """Stopped as sandboxd.server_parts/server_run do it: threads entered before the audit
+    """Stopped as sandboxd.server.parts/server_run do it: threads entered before the audit
     writer's close, the gRPC server stopped (draining an export in flight) before the stack
     closes. The export's record carries its digest, written while the threads still ran, and
     the threads are shut down once the stack is closed."""

@@ -21,7 +21,7 @@ from sandboxd.models import (
     WorkspaceManifest,
     WorkspaceStorage,
 )
-from sandboxd.process_room import session_agent_budget
+from sandboxd.processes.budget import session_agent_budget
 from sandboxd.sessions import CreateSessionInput
 from session_stack import session_stack
 

@@ -209,7 +209,7 @@ def test_the_server_protects_its_listeners_and_a_tcp_engine() -> None:
     import asyncio
 
     from sandboxd.config import Config
-    from sandboxd.server_parts import _protected
+    from sandboxd.server.parts import _protected
 
     config = Config(
         listen="10.1.1.1:50051", metrics_listen="10.1.1.2:9464", docker_host="tcp://10.9.9.9:2375"

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from sandboxd import tenancy
 from sandboxd.api.auth import AuthInterceptor
-from sandboxd.server_grpc import transport_options
+from sandboxd.server.transport import transport_options
 
 TOKEN = "alpha-token"
 

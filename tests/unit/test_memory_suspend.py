@@ -212,7 +212,7 @@ async def test_the_lease_does_not_count_the_time_suspended(tmp_path: Path) -> No
 def test_a_kept_process_clock_does_not_count_the_pauses() -> None:
     """The sandbox's monotonic clock jumps by a memory suspend's length at the restore; the
     age the agent reports includes it, the deadline the server keeps must not."""
-    from sandboxd.process_adoption import kept_clock
+    from sandboxd.processes.adoption import kept_clock
 
     now = 10_000.0
     record = {"age_ms": 100_000, "timeout_ms": 60_000}  # started at 9900, real time

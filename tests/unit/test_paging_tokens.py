@@ -1,4 +1,4 @@
-"""The page-token codec (sessions/paging.py): tokens are opaque, signed, and bound to the
+"""The page-token codec (paging.py): tokens are opaque, signed, and bound to the
 filter that made them; `page` walks a sorted list exactly once."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import base64
 
 import pytest
+from sandboxd import paging
 from sandboxd.errors import InvalidArgument
-from sandboxd.sessions import paging
 
 
 def _any(_: str) -> bool:

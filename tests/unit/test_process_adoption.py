@@ -1,9 +1,9 @@
-"""The pure parts of taking back background processes after a restart (process_adoption.py):
+"""The pure parts of taking back background processes after a restart (processes/adoption.py):
 the detach id, and a spec read back from the `sbx run` supervisor's command line."""
 
 from __future__ import annotations
 
-from sandboxd.process_adoption import (
+from sandboxd.processes.adoption import (
     UNKNOWN_TIMEOUT_S,
     detach_id,
     parse_detach_id,
@@ -64,7 +64,7 @@ def test_a_range_lost_on_the_way_is_a_gap_in_the_servers_ring() -> None:
 
 
 def test_the_agents_clock_of_a_kept_process() -> None:
-    from sandboxd.process_adoption import KeptClock, kept_clock
+    from sandboxd.processes.adoption import KeptClock, kept_clock
 
     assert kept_clock({"age_ms": 3000, "timeout_ms": 10000}) == KeptClock(3.0, None, 10.0)
     assert kept_clock({"age_ms": True, "ran_ms": -1, "timeout_ms": "x"}) == KeptClock()
@@ -74,7 +74,7 @@ def test_the_agents_clock_of_a_kept_process() -> None:
 
 def test_a_running_process_keeps_its_timeout_and_an_ended_one_has_none() -> None:
     from sandboxd.models import ExecSpec
-    from sandboxd.process_adoption import KeptClock, adopted_spec
+    from sandboxd.processes.adoption import KeptClock, adopted_spec
 
     spec = ExecSpec(["sleep", "9"], "/workspace", {}, b"", 12.0, 1)
     assert adopted_spec(spec, KeptClock(3.0, None, 10.0), running=True).timeout_s == 10.0
@@ -86,7 +86,7 @@ def test_a_running_process_keeps_its_timeout_and_an_ended_one_has_none() -> None
 
 def test_a_sigkill_past_the_deadline_while_no_server_was_there_is_a_timeout() -> None:
     from sandboxd.models import ExecExited
-    from sandboxd.process_adoption import KeptClock, adopted_exit
+    from sandboxd.processes.adoption import KeptClock, adopted_exit
 
     killed = ExecExited(137, "", False, False, 0.01)
     got = adopted_exit(killed, KeptClock(20.0, 12.0, 10.0), None)
@@ -102,7 +102,7 @@ def test_a_sigkill_past_the_deadline_while_no_server_was_there_is_a_timeout() ->
 async def test_calls_wait_for_their_sessions_adoption_and_never_hang() -> None:
     import asyncio
 
-    from sandboxd.process_adoption import AdoptionGate
+    from sandboxd.processes.adoption import AdoptionGate
 
     gate = AdoptionGate()
     assert not gate.waiting("s-1")  # a server that adopts nothing: no wait at all

@@ -1,5 +1,5 @@
-"""Background processes whose output the sandbox's agent keeps (processes.py,
-process_agent_output.py): the server holds no ring, only a live tail while the process runs;
+"""Background processes whose output the sandbox's agent keeps (processes/manager.py,
+processes/follow.py): the server holds no ring, only a live tail while the process runs;
 AttachProcess reads the tail where its cursors are within it, else the agent's ring from them,
 and the agent's record goes when the server's does.
 
@@ -14,21 +14,23 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 
 import pytest
-from sandboxd import process_agent_output, process_record, processes
-from sandboxd import process_room as room
 from sandboxd.agent import memory
 from sandboxd.errors import Internal, InvalidArgument, OutOfRange
 from sandboxd.execution import GAP_FD
 from sandboxd.models import ExecExited, ExecKeepalive, ExecOutput, ExecSpec, ExecStarted
 from sandboxd.models import OutputStream as S
-from sandboxd.process_agent_output import follow
-from sandboxd.process_record import (
+from sandboxd.processes import ProcessManager
+from sandboxd.processes import budget as room
+from sandboxd.processes import follow as process_agent_output
+from sandboxd.processes import manager as processes
+from sandboxd.processes import record as process_record
+from sandboxd.processes.follow import follow
+from sandboxd.processes.record import (
     AgentKept,
     AttachEvent,
     BackgroundProcess,
     OutputGap,
 )
-from sandboxd.processes import ProcessManager
 from sandboxd.reasons import Reason
 
 MiB = 1024 * 1024

@@ -1,6 +1,6 @@
 """Every byte of a background process the sandbox's agent keeps reaches every AttachProcess
 reader, across every hand-over between the server's live tail and the agent's ring
-(process_agent_output.py): the real agent (`sbx agent` over pipes), the real channel, router
+(processes/follow.py): the real agent (`sbx agent` over pipes), the real channel, router
 and detached streams, the real ProcessManager and Command; only the executor's wrapping of the
 command in `sbx run` is left out (there is no sandbox here).
 
@@ -24,7 +24,6 @@ import pytest
 from agent_pipes import CHANNEL_ENV, Builds, PipeTransport, agent_process
 from conftest import first_difference
 from engine_contract import running_session
-from sandboxd import process_record, process_room
 from sandboxd.agent.detached import AgentProcesses, DetachedStream
 from sandboxd.agent.router import AgentRouter, Attached, ChannelSettings
 from sandboxd.engine.protocol import Detach
@@ -32,8 +31,10 @@ from sandboxd.errors import Internal
 from sandboxd.execution import Command
 from sandboxd.models import ExecExited, ExecKeepalive, ExecOutput, ExecSpec, ExecStarted, Session
 from sandboxd.models import OutputStream as S
-from sandboxd.process_record import AttachEvent, OutputGap, StartOptions
 from sandboxd.processes import ProcessManager
+from sandboxd.processes import budget as process_room
+from sandboxd.processes import record as process_record
+from sandboxd.processes.record import AttachEvent, OutputGap, StartOptions
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sandboxd import output_ring, process_room
+from sandboxd import output_ring
 from sandboxd.errors import InvalidArgument, OutOfRange
 from sandboxd.models import ExecExited, ExecKeepalive, ExecOutput, ExecSpec, ExecStarted
 from sandboxd.models import OutputStream as S
 from sandboxd.processes import BackgroundProcess, OutputBuffer, OutputGap
+from sandboxd.processes import budget as process_room
 
 
 def _drain(buf: OutputBuffer, offset: int) -> bytes:

@@ -1,4 +1,4 @@
-"""The forgets of agents' output copies under way (sandboxd.process_forgets): owned per
+"""The forgets of agents' output copies under way (sandboxd.processes.forgets): owned per
 session, awaited by a start and by shutdown, bounded, and nothing left once they are done."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from sandboxd.errors import Unavailable
-from sandboxd.process_forgets import Forgets
-from sandboxd.process_record import AgentKept
+from sandboxd.processes.forgets import Forgets
+from sandboxd.processes.record import AgentKept
 
 
 class _Agent:

@@ -10,13 +10,13 @@ import types
 from collections.abc import AsyncIterator
 
 import pytest
-from sandboxd import processes
 from sandboxd.engine.protocol import Detach
 from sandboxd.errors import FailedPrecondition, Internal, Unavailable
 from sandboxd.isolation import Isolation
 from sandboxd.models import ExecEvent, ExecExited, ExecOutput, ExecSpec, ExecStarted
 from sandboxd.models import OutputStream as S
 from sandboxd.processes import BackgroundProcess, ProcessManager, ProcessOrigin
+from sandboxd.processes import manager as processes
 
 
 def _spec(cap: int = 1 << 20) -> ExecSpec:

@@ -19,7 +19,7 @@ from sandboxd.api.reply_limit import ReplyLimit
 from sandboxd.api.session_leases import LeaseEcho
 from sandboxd.api.session_lifecycle import SessionLifecycleRpcs
 from sandboxd.leases.terms import LeaseTermsStore
-from sandboxd.server_grpc import SERVICE_NAMES
+from sandboxd.server.transport import SERVICE_NAMES
 from sandboxd.sessions import CreateSessionInput
 from sandboxd.v1 import (
     admin_pb2,
@@ -111,7 +111,7 @@ def test_run_output_is_cut_to_the_serialized_size_both_streams_together() -> Non
 
 
 async def test_a_page_is_cut_to_fit_and_its_token_continues_after_it() -> None:
-    from sandboxd.sessions import paging
+    from sandboxd import paging
 
     ids = [f"s{i:04d}" for i in range(300)]
     labels = {f"k{i:02d}" + "x" * 120: "v" * 256 for i in range(64)}  # the most a session has

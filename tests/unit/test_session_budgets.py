@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sandboxd import process_room, processes
 from sandboxd.budget import ByteBudget
 from sandboxd.errors import ResourceExhausted
 from sandboxd.models import ExecExited, ExecSpec
 from sandboxd.processes import BackgroundProcess
+from sandboxd.processes import budget as process_room
+from sandboxd.processes import manager as processes
 
 MiB = 1024 * 1024
 

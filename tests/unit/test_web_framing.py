@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from sandboxd import connect
-from sandboxd.server_grpc import SERVICE_NAMES
+from sandboxd.server.transport import SERVICE_NAMES
 from sandboxd.web.methods import CodecError, served_methods
 from sandboxd.web.protocols import (
     CONNECT_STREAM,

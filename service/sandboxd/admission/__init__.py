@@ -1,6 +1,6 @@
 """Fair shares between tenants: call admission and the pacing of command output (shares.py).
 
-`FairShares` is built once per server (server_parts.py) from `AdmissionSection`; the gRPC
+`FairShares` is built once per server (server/parts.py) from `AdmissionSection`; the gRPC
 interceptor `api/admission.py` admits each call, and each agent channel is given its tenant's
 pacer (agent/router.py). Nothing here imports gRPC or the agent package.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
-from sandboxd import __version__, images, tenancy, validation
+from sandboxd import __version__, images, paging, tenancy, validation
 from sandboxd.api import convert, egress_convert, image_convert, replies
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config import Config
@@ -15,7 +15,6 @@ from sandboxd.engine import Engine
 from sandboxd.errors import Internal, ResourceExhausted, SandboxError
 from sandboxd.isolation import Isolation, IsolationTiers
 from sandboxd.pulls import Pulls
-from sandboxd.sessions import paging
 from sandboxd.sweeper import Sweeper
 from sandboxd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, images_pb2
 
@@ -58,7 +57,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
 
     @unary
     async def Sweep(self, request: admin_pb2.SweepRequest, context: Ctx) -> admin_pb2.SweepResponse:
-        if self._sweeper is None:  # pragma: no cover - server.py always passes one
+        if self._sweeper is None:  # pragma: no cover - server/main.py always passes one
             return admin_pb2.SweepResponse()
         r = await self._sweeper.sweep()
         return admin_pb2.SweepResponse(
@@ -137,7 +136,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         )
 
     def _need_pulls(self) -> Pulls:
-        if self._pulls is None:  # pragma: no cover - server.py always passes one
+        if self._pulls is None:  # pragma: no cover - server/main.py always passes one
             raise Internal("this server does not pull images")
         return self._pulls
 

@@ -219,7 +219,7 @@ class Tally:
                 return True
             return False
         if m == "ProcessService/StartProcess":
-            # Its PROCESS_STARTED is the ProcessManager's (processes.py says why).
+            # Its PROCESS_STARTED is the ProcessManager's (processes/manager.py says why).
             self.attributes["process_id"] = reply.process.process_id
             return True
         if m == "SnapshotService/ExportArchive":

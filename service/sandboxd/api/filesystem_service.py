@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from sandboxd import paging
 from sandboxd.api import convert, replies
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config_sections import WatchSection
@@ -12,7 +13,7 @@ from sandboxd.errors import InvalidArgument, ResourceExhausted
 from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
 from sandboxd.reasons import Reason
-from sandboxd.sessions import SessionManager, paging
+from sandboxd.sessions import SessionManager
 from sandboxd.v1 import filesystem_pb2, filesystem_pb2_grpc, watch_pb2
 
 # ReadFileResponse's fields besides `content` (mode, size, size_bytes: varints), with room over.

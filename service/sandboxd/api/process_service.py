@@ -9,7 +9,7 @@ import hashlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
-from sandboxd import interactive, validation
+from sandboxd import interactive, paging, validation
 from sandboxd.api import convert, replies
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config import Config
@@ -35,7 +35,7 @@ from sandboxd.processes import (
 )
 from sandboxd.reasons import Reason
 from sandboxd.request_ids import validate_request_id
-from sandboxd.sessions import SessionManager, paging
+from sandboxd.sessions import SessionManager
 from sandboxd.v1 import process_pb2, process_pb2_grpc
 
 _Request = process_pb2.ExecRequest | process_pb2.RunRequest | process_pb2.StartProcessRequest

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from sandboxd import paging
 from sandboxd.audit.events import KINDS, AuditEvent, AuditQuery
 from sandboxd.audit.store import AuditStore
 from sandboxd.errors import InvalidArgument, PermissionDenied
 from sandboxd.reasons import Reason
-from sandboxd.sessions import paging
 
 
 class AuditLog:

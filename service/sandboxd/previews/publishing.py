@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sandboxd import tenancy, validation
+from sandboxd import paging, tenancy, validation
 from sandboxd.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -27,7 +27,7 @@ from sandboxd.previews.registry import PortRegistry, Publication
 from sandboxd.previews.settings import PreviewsSection
 from sandboxd.previews.tokens import Claims, TokenSigner
 from sandboxd.reasons import Reason
-from sandboxd.sessions import SessionManager, paging
+from sandboxd.sessions import SessionManager
 
 DEFAULT_TTL_S = 3600.0
 RUNNING = SessionState.RUNNING

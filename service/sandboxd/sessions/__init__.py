@@ -1,5 +1,5 @@
 """Sessions: a create request checked (`spec`), the lifecycle (`lifecycle`), sandboxes on the
-engine (`sandboxes`), leases and lost sandboxes (`recovery`), quotas, manifests and paging."""
+engine (`sandboxes`), leases and lost sandboxes (`recovery`), quotas and manifests."""
 
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.lifecycle import SessionManager

@@ -17,7 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import timedelta
 
-from sandboxd import images, tenancy, validation
+from sandboxd import images, paging, tenancy, validation
 from sandboxd.config import Config
 from sandboxd.egress.audit import EgressEvent
 from sandboxd.egress.manager import EgressManager
@@ -38,7 +38,6 @@ from sandboxd.pool import WarmPool
 from sandboxd.pulls import Pulls, Resolved
 from sandboxd.reasons import Reason
 from sandboxd.secrets.bindings import settle_secrets
-from sandboxd.sessions import paging
 from sandboxd.sessions.gate import WorkspaceGate
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.liveness import lease_ended, require_live
@@ -80,7 +79,7 @@ class SessionManager:
     ) -> None:
         self._config = config
         self._volumes = volumes  # None: a create naming a volume is VOLUME_NOT_FOUND
-        # Shared with the warm pool, whose containers hold ids too (server_parts.py).
+        # Shared with the warm pool, whose containers hold ids too (server/parts.py).
         self._host_ids = host_ids or HostIds.for_config(config, store)
         self._templates = templates  # None: the built-in templates only
         self._tiers = tiers  # None: runc only

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sandboxd import images, tenancy
+from sandboxd import images, paging, tenancy
 from sandboxd.config import Config
 from sandboxd.engine.protocol import BuildLimits, Engine
 from sandboxd.errors import (
@@ -37,7 +37,6 @@ from sandboxd.errors import (
 from sandboxd.image_quota import ImageQuota
 from sandboxd.models import SessionState
 from sandboxd.reasons import Reason
-from sandboxd.sessions import paging
 from sandboxd.store import SessionStore
 from sandboxd.templates import build_run, context, dockerfile
 from sandboxd.templates.builtin import BUILTIN_TEMPLATES

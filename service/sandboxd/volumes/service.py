@@ -17,11 +17,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from sandboxd import tenancy, validation
+from sandboxd import paging, tenancy, validation
 from sandboxd.config_sections import VolumesSection
 from sandboxd.errors import AlreadyExists, Internal, ResourceExhausted, SandboxError
 from sandboxd.reasons import Reason
-from sandboxd.sessions import paging
 from sandboxd.sessions.locks import SessionLocks
 from sandboxd.volumes import checks
 from sandboxd.volumes.claims import VolumeClaims

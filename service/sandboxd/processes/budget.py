@@ -1,5 +1,5 @@
-"""Which process records make room for another (processes.py): pure choices, no side effects;
-the ProcessManager drops what they name (and the agent's copy of the output with it).
+"""Which process records make room for another (processes/manager.py): pure choices, no side
+effects; the ProcessManager drops what they name (and the agent's copy of the output with it).
 
 Records are bounded by count per session; output rings held in the server's memory (Exec, Run
 and Interact tails, background processes of sandboxes without the agent, and the live tails of
@@ -15,7 +15,7 @@ from sandboxd.agent.memory import agent_ring_budget
 from sandboxd.errors import ResourceExhausted
 from sandboxd.isolation import Isolation
 from sandboxd.models import SessionSpec
-from sandboxd.process_record import TAIL_BYTES, BackgroundProcess
+from sandboxd.processes.record import TAIL_BYTES, BackgroundProcess
 from sandboxd.reasons import Reason
 
 Records = dict[str, BackgroundProcess]

@@ -4,11 +4,11 @@ A `BackgroundProcess` runs in a task the `ProcessManager` owns (closed on shutdo
 session when it is deleted or its lease ends). Where the sandbox has the agent, its output stays
 in the agent's ring (in the sandbox's memory) until the record is forgotten here; the server
 keeps a 4 MiB live tail per stream while it runs, for followers that keep up, and readers
-further back read the agent's ring (process_agent_output.py); else (`agent = false`) it goes into
+further back read the agent's ring (processes/follow.py); else (`agent = false`) it goes into
 one bounded ring buffer per stream here, under the session's `process_output_buffer_bytes`.
 Either way it is addressed by absolute byte offset and the process is never slowed by readers.
 
-Readers follow a process's record (process_record.py). The exit record is kept after the
+Readers follow a process's record (processes/record.py). The exit record is kept after the
 process ends, so a late reader still gets `exited`. Exec, Run and Interact commands are recorded
 too (`track`, with a smaller buffer): one process id works for GetProcess, AttachProcess and
 SignalProcess whichever call started the process; ListProcesses lists the background ones.
@@ -23,8 +23,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
-from sandboxd import process_room as room
-from sandboxd import process_stdin, validation
+from sandboxd import validation
 from sandboxd.engine.protocol import Detach
 from sandboxd.errors import (
     AlreadyExists,
@@ -44,7 +43,9 @@ from sandboxd.models import (
     Session,
 )
 from sandboxd.output_ring import OutputBuffer
-from sandboxd.process_adoption import (
+from sandboxd.processes import budget as room
+from sandboxd.processes import stdin as process_stdin
+from sandboxd.processes.adoption import (
     AdoptionGate,
     KeptClock,
     adopt_all,
@@ -55,9 +56,9 @@ from sandboxd.process_adoption import (
     kept_processes,
     running_sessions,
 )
-from sandboxd.process_agent_output import follow as follow_agent
-from sandboxd.process_forgets import Forgets, forget
-from sandboxd.process_record import (
+from sandboxd.processes.follow import follow as follow_agent
+from sandboxd.processes.forgets import Forgets, forget
+from sandboxd.processes.record import (
     AgentKept,
     AttachEvent,
     BackgroundProcess,
@@ -192,7 +193,7 @@ class ProcessManager:
         await self._forgets.settled(session.session_id)  # the agent's room for the new record
         if pid in procs:  # another start of this id won the race meanwhile
             return await self.start(session, spec, pid, hold, options)
-        # Its id is its token too: the agent keeps it under that id (process_adoption.py).
+        # Its id is its token too: the agent keeps it under that id (processes/adoption.py).
         proc = BackgroundProcess(session.session_id, pid, spec, options, token=pid)
         procs[pid] = proc
         proc.task = asyncio.create_task(
@@ -330,7 +331,7 @@ class ProcessManager:
 
     async def adopt(self, session: Session) -> int:
         """Take back the background processes the session's agent kept while no server was
-        there (process_adoption.py); how many."""
+        there (processes/adoption.py); how many."""
         detached = self._executor.detached
         if detached is None:
             return 0

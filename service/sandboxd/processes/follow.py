@@ -26,7 +26,7 @@ from sandboxd.engine.protocol import DetachedExecs
 from sandboxd.errors import Internal, InvalidArgument, OutOfRange
 from sandboxd.execution import GAP_FD
 from sandboxd.models import ExecKeepalive, ExecOutput, ExecStarted, OutputStream
-from sandboxd.process_record import AttachEvent, BackgroundProcess, OutputGap, next_output
+from sandboxd.processes.record import AttachEvent, BackgroundProcess, OutputGap, next_output
 from sandboxd.reasons import Reason
 
 _FDS = (OutputStream.STDOUT, OutputStream.STDERR)
@@ -62,7 +62,7 @@ async def follow(
     agent's copy (its stream's EXIT), never at a short end."""
     reader = _Reader(detached, proc, stdout_offset, stderr_offset, keepalive_s)
     _check_offsets(reader.cursor, None)
-    proc.followers += 1  # its agent copy is not forgotten under it for room (process_room.py)
+    proc.followers += 1  # its agent copy is not forgotten under it for room (processes/budget.py)
     try:
         async for event in _follow(reader):
             yield event

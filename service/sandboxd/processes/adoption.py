@@ -27,7 +27,7 @@ from sandboxd.engine.protocol import DetachedExecs, ExecRequest
 from sandboxd.errors import SandboxError
 from sandboxd.execution import SUPERVISOR_GRACE_S, Command, Executor
 from sandboxd.models import ExecExited, ExecOutput, ExecSpec, Session, SessionState
-from sandboxd.process_record import AgentKept, BackgroundProcess, ProcessOrigin, StartOptions
+from sandboxd.processes.record import AgentKept, BackgroundProcess, ProcessOrigin, StartOptions
 from sandboxd.validation.identity import SESSION_ID_RE
 
 log = logging.getLogger(__name__)

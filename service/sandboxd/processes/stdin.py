@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from sandboxd.errors import FailedPrecondition, SandboxError
 from sandboxd.execution import Command
-from sandboxd.process_record import BackgroundProcess, ProcessOrigin
+from sandboxd.processes.record import BackgroundProcess, ProcessOrigin
 from sandboxd.reasons import Reason
 
 Lookup = Callable[[], BackgroundProcess]  # the record by its id now (NotFound once forgotten)

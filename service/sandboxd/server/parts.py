@@ -3,7 +3,7 @@
 Whoever creates a resource closes it: each long-lived part is entered into the caller's
 AsyncExitStack (or leaves a close callback there) as it is made, so the stack closes them in
 the reverse order: the audit writer, its hashing threads, the pool, the proxies and the engine
-after the gRPC server stopped (sandboxd.server_run), and the engine last.
+after the gRPC server stopped (sandboxd.server.run), and the engine last.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ nothing; one that fell behind the buffer is told exactly which range it lost (`O
 A background process whose sandbox has the agent keeps no ring here (`AgentKept`): its output
 stays in the agent's ring, in the sandbox's memory, and the record holds how far each stream got
 and, while the process runs, a small live `tail` of what the server's own reader passes on
-anyway; readers within the tail read it, others attach to the agent (process_agent_output.py).
+anyway; readers within the tail read it, others attach to the agent (processes/follow.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Assemble and run the server: the composition of its three parts.
 
-`server_parts` builds the collaborators (engine, stores, managers) from the configuration,
-`server_grpc` the gRPC server with every servicer, `server_run` starts the listeners in order,
+`server.parts` builds the collaborators (engine, stores, managers) from the configuration,
+`server.transport` the gRPC server with every servicer, `server.run` starts the listeners in order,
 runs the background work and owns the shutdown order.
 
 Whoever creates a resource closes it: everything long-lived is entered into one
@@ -19,9 +19,10 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from sandboxd import server_parts, server_run
 from sandboxd.config import Config
-from sandboxd.server_grpc import SERVICE_NAMES, grpc_server, listen
+from sandboxd.server import parts as server_parts
+from sandboxd.server import run as server_run
+from sandboxd.server.transport import SERVICE_NAMES, grpc_server, listen
 from sandboxd.web.setup import private_port, start_gateway
 
 __all__ = ["SERVICE_NAMES", "owner_id_for", "serve", "write_port_file"]

@@ -13,7 +13,7 @@ import contextlib
 
 from sandboxd.engine.protocol import DetachedExecs
 from sandboxd.errors import SandboxError
-from sandboxd.process_record import AgentKept
+from sandboxd.processes.record import AgentKept
 
 FORGET_TIMEOUT_S = 5.0
 

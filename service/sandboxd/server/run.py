@@ -23,8 +23,8 @@ from sandboxd.events import LeaseWarner
 from sandboxd.events.stats import OomWatcher
 from sandboxd.heap import HeapTrimmer
 from sandboxd.metrics import MetricsServer
-from sandboxd.server_grpc import SERVICE_NAMES
-from sandboxd.server_parts import Parts
+from sandboxd.server.parts import Parts
+from sandboxd.server.transport import SERVICE_NAMES
 from sandboxd.session_metrics import SessionSampler
 
 log = logging.getLogger("sandboxd.server")  # the server's log lines keep their logger name

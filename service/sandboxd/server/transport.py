@@ -1,6 +1,6 @@
 """The gRPC server of `serve`: interceptors, servicers, health, reflection and its port.
 
-Servicers get the collaborators built by sandboxd.server_parts; authentication, TLS and the
+Servicers get the collaborators built by sandboxd.server.parts; authentication, TLS and the
 stream guards are chosen from the configuration here.
 """
 
@@ -39,7 +39,7 @@ from sandboxd.config import Config, listens_on_loopback
 from sandboxd.dir_watch import DirWatches
 from sandboxd.errors import ConfigError
 from sandboxd.events.stats import StatsReader
-from sandboxd.server_parts import Parts
+from sandboxd.server.parts import Parts
 from sandboxd.token_file import TokenFile
 from sandboxd.tracing import TracingInterceptor
 from sandboxd.v1 import (
