@@ -17,13 +17,13 @@ from fakes import FakeArchive, FakeEngine
 from sandboxd import tenancy
 from sandboxd.config import Config
 from sandboxd.host_ids import HostIds
-from sandboxd.image_quota import ImageQuota
 from sandboxd.pool import WarmPool
 from sandboxd.sessions import SessionManager
 from sandboxd.sessions.memory_suspension import MemoryOptions
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.store import SessionStore
+from sandboxd.templates.quota import ImageQuota
 from sandboxd.templates.store import TemplateStore
 
 OWNER = "sbxunit"

@@ -27,7 +27,6 @@ from sandboxd.errors import (
     SandboxError,
     SessionNotFound,
 )
-from sandboxd.image_quota import ImageQuota
 from sandboxd.labels import (
     LABEL_AUTO,
     LABEL_FORKED_FROM,
@@ -40,6 +39,7 @@ from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import KIND_MEMORY, Snapshot, SnapshotStore
 from sandboxd.store import SessionStore
+from sandboxd.templates.quota import ImageQuota
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ import pytest
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from sandboxd import connect
+from sandboxd.config_sections.web import _origins_problem, origins
 from sandboxd.server.transport import SERVICE_NAMES
 from sandboxd.web.methods import CodecError, served_methods
 from sandboxd.web.protocols import (
@@ -23,7 +24,6 @@ from sandboxd.web.protocols import (
     forwarded_metadata,
     protocol_of,
 )
-from sandboxd.web.settings import _origins_problem, origins
 
 
 def test_envelopes_come_out_whole_from_any_pieces() -> None:

@@ -47,7 +47,6 @@ from sandboxd.execution import Executor
 from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
 from sandboxd.host_ids import HostIds
-from sandboxd.image_quota import ImageQuota
 from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
 from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
 from sandboxd.metrics import Metrics
@@ -66,6 +65,7 @@ from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.sweeper import Sweeper, SweepResult
 from sandboxd.templates.builds import Templates, template_in_use
 from sandboxd.templates.builtin_images import BuiltinImages, ScriptRunner
+from sandboxd.templates.quota import ImageQuota
 from sandboxd.templates.store import TemplateStore
 from sandboxd.token_file import TokenFile
 from sandboxd.tracing import provider_for, traced, tracer_of

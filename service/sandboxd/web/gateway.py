@@ -27,6 +27,7 @@ import grpc
 from aiohttp import web
 
 from sandboxd import connect
+from sandboxd.config_sections.web import WebSection, origins
 from sandboxd.web.methods import CodecError, Method
 from sandboxd.web.protocols import (
     CONNECT_UNARY,
@@ -38,7 +39,6 @@ from sandboxd.web.protocols import (
     forwarded_metadata,
     protocol_of,
 )
-from sandboxd.web.settings import WebSection, origins
 
 log = logging.getLogger("sandboxd.web")
 
