@@ -15,7 +15,6 @@ with a `ConfigError` naming the setting and its source.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from sandboxd.models import LIMIT_NAMES
 from sandboxd.settings import (
     SettingTable,
     host_port_problem,
+    is_loopback_host,
     parse_duration,
     parse_size,
 )
@@ -292,13 +292,7 @@ def _host_ids_problem(engine: EngineSection) -> str | None:
 
 def listens_on_loopback(listen: str) -> bool:
     """True when the gRPC address is reachable only from this host."""
-    host = listen.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(listen.rpartition(":")[0])
 
 
 def validate_access(config: Config) -> None:

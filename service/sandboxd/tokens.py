@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,6 +106,15 @@ class TokenTable:
         return frozenset(t for t, _ in self.entries)
 
 
+def _checked(where: str, key: str, value: str, parse: Callable[[str], object]) -> str:
+    """`value` as written, once `parse` accepts it; its refusal names the line and the option."""
+    try:
+        parse(value)
+    except (ValueError, ConfigError) as exc:
+        raise ConfigError(f"{where}: {key}: {exc}") from None
+    return value
+
+
 def _grants(where: str, options: list[str]) -> TenantGrants:
     """`admin`, `egress_private_networks=allow|deny`, `image_allowlist=pattern,pattern`."""
     admin, private, images, tiers, public = False, None, None, None, False
@@ -117,17 +127,9 @@ def _grants(where: str, options: list[str]) -> TenantGrants:
         elif sep and key == "egress_private_networks" and value in ("allow", "deny"):
             private = value == "allow"
         elif sep and key == "image_allowlist":
-            try:
-                parse_patterns(value)
-            except ValueError as exc:
-                raise ConfigError(f"{where}: image_allowlist: {exc}") from None
-            images = value
+            images = _checked(where, key, value, parse_patterns)
         elif sep and key == "isolation":
-            try:
-                parse_tiers(value)
-            except ConfigError as exc:
-                raise ConfigError(f"{where}: isolation: {exc}") from None
-            tiers = value
+            tiers = _checked(where, key, value, parse_tiers)
         else:
             raise ConfigError(
                 f"{where}: unknown option {option[:60]!r} (known: admin, "
