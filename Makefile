@@ -156,7 +156,7 @@ test-unit: venv helper helper-asan
 
 # The workspace fuzzer (tests/integration/test_fuzz_workspace.py) for SANDBOXD_SOAK_SECONDS
 # (default one hour), exploring (not derandomized) and shrinking what it finds.
-SANDBOXD_SOAK_SECONDS ?= 3600
+SANDBOXD_SOAK_SECONDS ?= 1200
 soak: venv helper image
 	SANDBOXD_SOAK_SECONDS=$(SANDBOXD_SOAK_SECONDS) $(PY) -m pytest -x -q \
 		tests/integration/test_fuzz_workspace.py tests/integration/test_restarts.py \
