@@ -154,7 +154,7 @@ test: venv helper helper-asan image python-image base-image e2b-sdk gvisor node-
 test-unit: venv helper helper-asan
 	DOCKER_HOST=unix:///nonexistent/sandboxd-unit-layer.sock $(PY) -m pytest -n auto tests/unit
 
-# The workspace fuzzer (tests/integration/test_fuzz_workspace.py) for SANDBOXD_SOAK_SECONDS
+# The workspace fuzzer, the SIGKILL test and the restart model for SANDBOXD_SOAK_SECONDS each
 # (default one hour), exploring (not derandomized) and shrinking what it finds.
 SANDBOXD_SOAK_SECONDS ?= 1200
 soak: venv helper image
