@@ -155,7 +155,7 @@ test-unit: venv helper helper-asan
 	DOCKER_HOST=unix:///nonexistent/sandboxd-unit-layer.sock $(PY) -m pytest -n auto tests/unit
 
 # The workspace fuzzer, the SIGKILL test and the restart model for SANDBOXD_SOAK_SECONDS each
-# (default one hour), exploring (not derandomized) and shrinking what it finds.
+# (default 1200 s: one hour in all), exploring (not derandomized) and shrinking what it finds.
 SANDBOXD_SOAK_SECONDS ?= 1200
 soak: venv helper image
 	SANDBOXD_SOAK_SECONDS=$(SANDBOXD_SOAK_SECONDS) $(PY) -m pytest -x -q \
