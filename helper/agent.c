@@ -1022,7 +1022,7 @@ static void timers(uint64_t now)
 		/* A reaped tty command whose terminal gives no EIO (gVisor): its
 		 * output is over at the first empty read (cmd_read). */
 		if (c->tty_done_at && now >= c->tty_done_at && c->out_fd[1] >= 0)
-			cmd_read(c, 1);
+			cmd_read_out(c, 1);
 	}
 	if (now >= g_next_sweep) {
 		sweep_orphans();
@@ -1205,7 +1205,7 @@ static void dispatch(size_t i)
 		break;
 	case P_CMDOUT:
 		if (cmd_alive(r.ptr) && ((struct cmd *)r.ptr)->out_fd[r.k] == g_pfd[i].fd)
-			cmd_read(r.ptr, r.k);
+			cmd_read_out(r.ptr, r.k);
 		break;
 	case P_SINK:
 		if (stream_alive(r.ptr) && stream_sink(r.ptr) == g_pfd[i].fd)

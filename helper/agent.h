@@ -200,7 +200,7 @@ void processes_json(struct buf *b);
 int nonneg_u16(const struct jval *v, unsigned *out);
 void open_exec(uint32_t id, const struct jval *req);
 void cmd_report(struct cmd *c);
-void cmd_read(struct cmd *c, int k);
+void cmd_read_out(struct cmd *c, int k);
 bool cmd_output_done(const struct cmd *c);
 void on_sigchld(int sig);
 void reap(void);

@@ -579,7 +579,7 @@ void cmd_report(struct cmd *c)
 
 /* Read a non-detached command's output into DATA frames (within the
  * stream's window), a detached one's into its ring (always). */
-void cmd_read(struct cmd *c, int k)
+void cmd_read_out(struct cmd *c, int k)
 {
 	char tmp[CHUNK];
 	for (int rounds = 0; rounds < 4 && c->out_fd[k] >= 0; rounds++) {

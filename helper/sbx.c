@@ -41,21 +41,11 @@
 #include <unistd.h>
 
 #include "sbx.h"
-
-#define LIST_MAX 100000
-#define EXIT_KILLED 137
-/* A wait that overran by more than this was a memory suspend (or a host that stalled the
- * sandbox as long): the supervisor's deadline does not count it (cmd_run). */
-#define SUSPEND_JUMP_NS 500000000LL
-/* For walking trees we own: a symlink must never be traversed at all. */
-#define RES_NOSYM (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
+#include "files.h"
+#include "proc.h"
+#include "tree.h"
 
 const char *g_root = "/workspace";
-int g_rootfd = -1;
-
-/* ------------------------------------------------------------------ */
-/* Low-level I/O and growable buffers                                  */
-/* ------------------------------------------------------------------ */
 
 int write_all(int fd, const void *p, size_t n)
 {
@@ -73,7 +63,7 @@ int write_all(int fd, const void *p, size_t n)
 	return 0;
 }
 
-static ssize_t read_retry(int fd, void *p, size_t n)
+ssize_t read_retry(int fd, void *p, size_t n)
 {
 	ssize_t r;
 	do
@@ -204,10 +194,6 @@ void buf_json_str(struct buf *b, const char *str, size_t n)
 	buf_add(b, "\"", 1);
 }
 
-/* ------------------------------------------------------------------ */
-/* Error reporting                                                     */
-/* ------------------------------------------------------------------ */
-
 static void emit_error(const char *name, const char *fmt, va_list ap)
 {
 	char msg[1024];
@@ -223,11 +209,11 @@ static void emit_error(const char *name, const char *fmt, va_list ap)
 }
 
 /* Set while a merge swaps: fail() first undoes what it did (cmd_merge). */
-static void (*g_undo)(void);
+void (*g_undo)(void);
 
 /* `write`'s temp file, removed on any failure so errors never leave debris. */
-static int g_tmp_dirfd = -1;
-static char g_tmp_name[64];
+int g_tmp_dirfd = -1;
+char g_tmp_name[64];
 
 /*
  * The directories `write --parents` made, each as its parent's descriptor and
@@ -236,12 +222,11 @@ static char g_tmp_name[64];
  * arrays, so the signal handler may walk them.  Past MADE_MAX new levels the
  * deeper ones are not noted (their removal then stops at the first non-empty).
  */
-#define MADE_MAX 128
-static int g_made_fd[MADE_MAX];
-static char *g_made_name[MADE_MAX];
-static volatile int g_made;
+int g_made_fd[MADE_MAX];
+char *g_made_name[MADE_MAX];
+volatile int g_made;
 
-static void unmake_dirs(void)
+void unmake_dirs(void)
 {
 	while (g_made > 0) {
 		int k = --g_made;
@@ -256,7 +241,7 @@ static void unmake_dirs(void)
  * caller wait for an error that was already printed.  The server bounds what
  * it sends, so this is bounded too.
  */
-static bool g_drain_stdin;
+bool g_drain_stdin;
 
 /*
  * `write --idle-ms N`: the longest wait for the next byte on stdin.  An engine
@@ -264,10 +249,10 @@ static bool g_drain_stdin;
  * upload), and a writer waiting forever would keep its temp file and a
  * process of the session's.  0: no bound.
  */
-static int g_idle_ms;
+int g_idle_ms;
 
 /* read(2) on stdin bounded by g_idle_ms: -1 with ETIMEDOUT when nothing came. */
-static ssize_t read_stdin(void *p, size_t n)
+ssize_t read_stdin(void *p, size_t n)
 {
 	if (g_idle_ms > 0) {
 		struct pollfd pfd = {.fd = STDIN_FILENO, .events = POLLIN};
@@ -310,8 +295,6 @@ void fail(int code, const char *name, const char *fmt, ...)
 	exit(code);
 }
 
-#define usage(...) fail(2, "EINVAL", __VA_ARGS__)
-
 static const char *errno_name(int e)
 {
 	switch (e) {
@@ -332,7 +315,7 @@ static const char *errno_name(int e)
 
 /* Report errno `e` for an operation on `path`, exit with `code`. */
 __attribute__((noreturn))
-static void fail_errno_code(int code, int e, const char *what, const char *path)
+void fail_errno_code(int code, int e, const char *what, const char *path)
 {
 	const char *name = errno_name(e);
 	if (!strcmp(name, "ESCAPE"))
@@ -345,10 +328,6 @@ void fail_errno(int e, const char *what, const char *path)
 {
 	fail_errno_code(1, e, what, path);
 }
-
-/* ------------------------------------------------------------------ */
-/* Argument parsing helpers                                            */
-/* ------------------------------------------------------------------ */
 
 uint64_t parse_uint(const char *s, const char *what)
 {
@@ -368,7 +347,7 @@ uint64_t parse_uint(const char *s, const char *what)
 /* Collect positional arguments and at most one boolean --flag (which may
  * appear anywhere; "--" ends flag parsing so odd file names stay usable).
  * Returns the number of positionals; usage error if it is not `npos`. */
-static void parse_args(int argc, char **argv, const char *flag, bool *flag_set,
+void parse_args(int argc, char **argv, const char *flag, bool *flag_set,
 		       char **pos, int npos)
 {
 	int n = 0;
@@ -390,9 +369,7 @@ static void parse_args(int argc, char **argv, const char *flag, bool *flag_set,
 		usage("expected %d argument(s), got %d", npos, n);
 }
 
-/* ------------------------------------------------------------------ */
-/* Confined path resolution                                            */
-/* ------------------------------------------------------------------ */
+int g_rootfd = -1;
 
 /*
  * openat2 where the kernel has none: gVisor (Debian 12's runsc) answers ENOSYS.
@@ -548,7 +525,7 @@ static int walk_beneath(int dirfd, const char *path, uint64_t flags,
 	return result;
 }
 
-static bool g_no_openat2;
+bool g_no_openat2;
 
 int open_beneath(int dirfd, const char *path, uint64_t flags,
 			uint64_t mode, uint64_t resolve)
@@ -617,14 +594,14 @@ char *norm_path(const char *in)
 	return out;
 }
 
-static bool is_root(const char *norm)
+bool is_root(const char *norm)
 {
 	return !strcmp(norm, ".");
 }
 
 /* Split a normalised non-root path into a freshly allocated parent ("." if
  * none) and a pointer to its final component. */
-static char *split_parent(const char *norm, const char **name)
+char *split_parent(const char *norm, const char **name)
 {
 	const char *slash = strrchr(norm, '/');
 	if (!slash) {
@@ -640,7 +617,7 @@ static char *split_parent(const char *norm, const char **name)
 
 /* Open a directory beneath the root; errors name `shown`, the path the
  * caller asked about, rather than the intermediate directory. */
-static int open_dir_path(const char *norm, const char *shown)
+int open_dir_path(const char *norm, const char *shown)
 {
 	int fd = open_beneath(g_rootfd, norm, O_PATH | O_DIRECTORY, 0, RES_BENEATH);
 	if (fd < 0)
@@ -651,7 +628,7 @@ static int open_dir_path(const char *norm, const char *shown)
 /* mkdir -p beneath the root.  Each prefix is re-resolved from the root fd,
  * so a component swapped for a symlink mid-walk still cannot lead outside. */
 /* mkdir -p; with `note`, each directory made is noted for unmake_dirs(). */
-static int mkdir_parents_noting(const char *norm, bool note)
+int mkdir_parents_noting(const char *norm, bool note)
 {
 	int cur = open_dir_path(".", ".");
 	if (is_root(norm))
@@ -683,13 +660,9 @@ static int mkdir_parents_noting(const char *norm, bool note)
 	return cur;
 }
 
-/* ------------------------------------------------------------------ */
-/* Stat records                                                        */
-/* ------------------------------------------------------------------ */
+struct buf g_out;
 
-static struct buf g_out;
-
-static void out_flush(void)
+void out_flush(void)
 {
 	if (g_out.len && write_all(1, g_out.p, g_out.len) < 0)
 		fail_errno(errno, "write", "stdout");
@@ -708,7 +681,7 @@ const char *type_name(mode_t m)
 }
 
 /* Append one record; `dirfd`/`entry` locate the object for readlinkat. */
-static void stat_record(struct buf *b, const char *rel, const char *name,
+void stat_record(struct buf *b, const char *rel, const char *name,
 			int dirfd, const char *entry, const struct stat *st)
 {
 	buf_puts(b, "{\"path\":");
@@ -742,7 +715,7 @@ static void stat_record(struct buf *b, const char *rel, const char *name,
 
 /* Print the record of a normalised path without following its final
  * component; `dirfd` must be the open parent (ignored for the root). */
-static void print_stat(const char *norm, int dirfd, const char *name)
+void print_stat(const char *norm, int dirfd, const char *name)
 {
 	struct stat st;
 	if (is_root(norm)) {
@@ -757,11 +730,7 @@ static void print_stat(const char *norm, int dirfd, const char *name)
 	out_flush();
 }
 
-/* ------------------------------------------------------------------ */
-/* File subcommands                                                    */
-/* ------------------------------------------------------------------ */
-
-static int cmd_stat(int argc, char **argv)
+int cmd_stat(int argc, char **argv)
 {
 	char *pos[1];
 	parse_args(argc, argv, NULL, NULL, pos, 1);
@@ -778,7 +747,7 @@ static int cmd_stat(int argc, char **argv)
 	return 0;
 }
 
-static int cmd_read(int argc, char **argv)
+int cmd_read(int argc, char **argv)
 {
 	char *pos[2];
 	parse_args(argc, argv, NULL, NULL, pos, 2);
@@ -843,7 +812,7 @@ static void write_ended(int sig)
 	_exit(128 + sig);
 }
 
-static int cmd_write(int argc, char **argv)
+int cmd_write(int argc, char **argv)
 {
 	g_drain_stdin = true;
 	char *pos[3];
@@ -951,7 +920,7 @@ static int cmp_str(const void *a, const void *b)
 
 /* Read all names of a directory (sans . and ..), sorted bytewise.  `budget`
  * bounds the total across the whole walk so memory stays bounded too. */
-static char **read_names(DIR *d, size_t *count, size_t *budget, const char *rel)
+char **read_names(DIR *d, size_t *count, size_t *budget, const char *rel)
 {
 	char **names = NULL;
 	size_t n = 0, cap = 0;
@@ -987,30 +956,8 @@ static char **read_names(DIR *d, size_t *count, size_t *budget, const char *rel)
 	return names;
 }
 
-/*
- * Walking trees of any depth with a bounded number of descriptors: only the
- * directory being read is open.  Going back up opens ".." and checks it is
- * the very directory we came down from (device and inode), so a directory
- * moved away mid-walk ends the walk (EIO) instead of leading elsewhere.  A
- * 60,000-deep tree costs one descriptor, not 60,000.
- */
-struct frame {
-	char **names;
-	size_t n, i;
-	dev_t dev;
-	ino_t ino;
-	size_t rel_len;	/* list: length of this directory's path in `rel` */
-	int retries;	/* remove: times the current entry was emptied again */
-};
-
-struct walk {
-	struct frame *v;
-	size_t depth, cap;
-	int fd;		/* the directory of the top frame */
-};
-
 /* Make `fd` (an open directory, taken over) the new top frame. */
-static int walk_push(struct walk *w, int fd, size_t *budget, const char *rel)
+int walk_push(struct walk *w, int fd, size_t *budget, const char *rel)
 {
 	struct stat st;
 	int rfd = dup(fd);
@@ -1045,7 +992,7 @@ static int walk_push(struct walk *w, int fd, size_t *budget, const char *rel)
 }
 
 /* Drop the top frame and reopen its parent through "..". */
-static int walk_pop(struct walk *w)
+int walk_pop(struct walk *w)
 {
 	struct frame *f = &w->v[--w->depth];
 	for (size_t k = 0; k < f->n; k++)
@@ -1071,7 +1018,7 @@ static int walk_pop(struct walk *w)
 	return 0;
 }
 
-static void walk_free(struct walk *w)
+void walk_free(struct walk *w)
 {
 	while (w->depth > 0) {
 		struct frame *f = &w->v[--w->depth];
@@ -1150,7 +1097,7 @@ static void list_tree(int dfd, const char *prefix, uint64_t depth, size_t *budge
 	free(rel.p);
 }
 
-static int cmd_list(int argc, char **argv)
+int cmd_list(int argc, char **argv)
 {
 	char *pos[2];
 	parse_args(argc, argv, NULL, NULL, pos, 2);
@@ -1174,7 +1121,7 @@ static int cmd_list(int argc, char **argv)
  * O_PATH|O_NOFOLLOW and changed through its /proc/self/fd link, so a
  * directory swapped for a symlink meanwhile is refused, not followed.  Only
  * directories and regular files.  Returns -1 with errno set on failure. */
-static int chmod_entry(int pfd, const char *name, mode_t mode, bool only_dir)
+int chmod_entry(int pfd, const char *name, mode_t mode, bool only_dir)
 {
 	int fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
@@ -1284,7 +1231,7 @@ static int empty_dir(int pfd, const char *name)
 	return rc;
 }
 
-static int remove_dir(int pfd, const char *name, bool recursive)
+int remove_dir(int pfd, const char *name, bool recursive)
 {
 	/* Retry a few times in case something inside keeps creating files;
 	 * give up with ENOTEMPTY rather than loop forever. */
@@ -1343,7 +1290,7 @@ static int remove_tree(int pfd, const char *name, const struct stat *st)
 	return 0;
 }
 
-static int cmd_remove(int argc, char **argv)
+int cmd_remove(int argc, char **argv)
 {
 	char *pos[1];
 	bool recursive = false;
@@ -1373,7 +1320,7 @@ static int cmd_remove(int argc, char **argv)
 /* `sbx chmod PATH MODE`: set the mode of a directory or regular file (never
  * through a symlink).  An import unpacks directories open (u+rwx) so that tar
  * can fill them, then gives each its own mode back with this, deepest first. */
-static int cmd_chmod(int argc, char **argv)
+int cmd_chmod(int argc, char **argv)
 {
 	char *pos[2];
 	parse_args(argc, argv, NULL, NULL, pos, 2);
@@ -1393,7 +1340,7 @@ static int cmd_chmod(int argc, char **argv)
 	return 0;
 }
 
-static int cmd_mkdir(int argc, char **argv)
+int cmd_mkdir(int argc, char **argv)
 {
 	char *pos[1];
 	bool parents = false;
@@ -1429,7 +1376,7 @@ static int cmd_mkdir(int argc, char **argv)
  * link then unlink (the link fails EEXIST, as the flag would), a directory by a plain rename
  * after a look (one created in between is replaced only if empty: rename refuses others).
  */
-static int rename_noreplace(int sfd, const char *sname, int dfd, const char *dname)
+int rename_noreplace(int sfd, const char *sname, int dfd, const char *dname)
 {
 	if (syscall(SYS_renameat2, sfd, sname, dfd, dname, 1 /* RENAME_NOREPLACE */) == 0)
 		return 0;
@@ -1465,7 +1412,7 @@ static int rename_noreplace(int sfd, const char *sname, int dfd, const char *dna
  * symlink is moved as itself).  Without --overwrite an existing DST is EEXIST, atomically
  * (RENAME_NOREPLACE).
  */
-static int cmd_move(int argc, char **argv)
+int cmd_move(int argc, char **argv)
 {
 	char *pos[2];
 	bool overwrite = false;
@@ -1780,7 +1727,7 @@ static void remove_quietly(int pfd, const char *name)
 	(void)remove_dir(pfd, name, true);
 }
 
-static int cmd_merge(int argc, char **argv)
+int cmd_merge(int argc, char **argv)
 {
 	char *pos[2];
 	bool replace = false;
@@ -1851,12 +1798,8 @@ static int cmd_merge(int argc, char **argv)
 	return 0;
 }
 
-/* ------------------------------------------------------------------ */
-/* /proc scanning                                                      */
-/* ------------------------------------------------------------------ */
-
 /* Read a small /proc file into buf (NUL-terminated); returns length. */
-static ssize_t read_small(const char *path, char *buf, size_t cap)
+ssize_t read_small(const char *path, char *buf, size_t cap)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -1891,7 +1834,7 @@ static pid_t read_ppid_state(pid_t pid, char *state_out)
 	return (pid_t)ppid;
 }
 
-static pid_t read_ppid(pid_t pid)
+pid_t read_ppid(pid_t pid)
 {
 	return read_ppid_state(pid, NULL);
 }
@@ -1986,7 +1929,7 @@ static size_t kill_descendants(pid_t self)
 	return killed;
 }
 
-static uid_t proc_uid(pid_t pid, bool *ok);
+uid_t proc_uid(pid_t pid, bool *ok);
 
 /* Is PID 1 of our PID namespace sandboxd's keeper (`sbx idle`, itself or
  * under docker-init)?  Only there does a parent of 1 mean "orphan": on any
@@ -2017,7 +1960,7 @@ static bool in_sandbox(void)
  * `kill -9 -1` it sent itself.  Repeated until a round finds none, so an
  * orphan that forks meanwhile loses.  Returns how many were killed.
  */
-static size_t reap_orphans(void)
+size_t reap_orphans(void)
 {
 	if (getuid() == 0 || !in_sandbox())
 		return 0;
@@ -2079,7 +2022,7 @@ static size_t reap_orphans(void)
  */
 static bool g_subreaper = true;
 
-static int become_subreaper(void)
+int become_subreaper(void)
 {
 	if (prctl(PR_SET_CHILD_SUBREAPER, 1) == 0)
 		return 0;
@@ -2091,7 +2034,7 @@ static int become_subreaper(void)
 
 static void kill_tree_once(pid_t pgid);
 
-static void kill_tree(pid_t pgid)
+void kill_tree(pid_t pgid)
 {
 	kill_tree_once(pgid);
 	if (!g_subreaper)
@@ -2120,16 +2063,20 @@ static void kill_tree_once(pid_t pgid)
 	}
 }
 
-/* ------------------------------------------------------------------ */
-/* run                                                                 */
-/* ------------------------------------------------------------------ */
-
-enum stage { ST_SETUP = 1, ST_CWD, ST_ESCAPE, ST_EXEC };
-
-struct report {
-	int stage;
-	int err;
-};
+uid_t proc_uid(pid_t pid, bool *ok)
+{
+	char path[64], buf[4096];
+	snprintf(path, sizeof path, "/proc/%ld/status", (long)pid);
+	*ok = false;
+	if (read_small(path, buf, sizeof buf) <= 0)
+		return 0;
+	char *p = strstr(buf, "\nUid:");
+	unsigned long uid;
+	if (!p || sscanf(p + 5, "%lu", &uid) != 1)
+		return 0;
+	*ok = true;
+	return (uid_t)uid;
+}
 
 __attribute__((noreturn))
 static void child_report(int fd, int stage, int err)
@@ -2178,7 +2125,7 @@ static bool loader_var(const char *entry)
 /* The command's environment: ours minus the loader variables, or with
  * --clean-env (the server's own runs, e.g. tar) only fixed values, so no
  * caller variable reaches them. */
-static char **command_env(bool clean)
+char **command_env(bool clean)
 {
 	extern char **environ;
 	size_t n = 0;
@@ -2306,7 +2253,7 @@ static void child_main(int repfd, pid_t parent, const char *cwd,
  * wait status on `infofd` and exits.
  */
 __attribute__((noreturn))
-static void monitor_main(int repfd, int infofd, pid_t parent, const char *cwd,
+void monitor_main(int repfd, int infofd, pid_t parent, const char *cwd,
 			 const char *realroot, const struct winsize *tty, char **cmd,
 			 char **envp)
 {
@@ -2370,6 +2317,10 @@ static void monitor_main(int repfd, int infofd, pid_t parent, const char *cwd,
 	}
 }
 
+/* A wait that overran by more than this was a memory suspend (or a host that stalled the
+ * sandbox as long): the supervisor's deadline does not count it (cmd_run). */
+#define SUSPEND_JUMP_NS 500000000LL
+
 static bool forwardable(int sig)
 {
 	static const int ok[] = {SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGUSR1,
@@ -2410,74 +2361,9 @@ static void discard_pending_stdin(void)
 	}
 }
 
-/*
- * The status record: an exit status of 128+N is either a command that died
- * of signal N or one that called exit(128+N); the exec's exit code cannot
- * tell them apart.  When the command dies of a signal, the supervisor of a
- * `run --id ID` leaves "signal N" in STATUS_DIR/ID, which `sbx status ID`
- * prints (and removes).  No record: the command exited normally.  The
- * record is written by the sandbox user, so a command can only ever claim a
- * signal for itself, which it could as well have raised.
- */
-#define STATUS_DIR "/tmp"
-#define STATUS_PREFIX ".sbx-status-"
-static const char *g_run_id;
-
-static bool valid_run_id(const char *id)
+int cmd_run(int argc, char **argv)
 {
-	size_t n = strlen(id);
-	return n > 0 && n <= 64 &&
-	       strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") == n;
-}
-
-static void write_status(int sig)
-{
-	if (!g_run_id || !valid_run_id(g_run_id))
-		return;
-	char path[128], text[32];
-	snprintf(path, sizeof path, STATUS_DIR "/" STATUS_PREFIX "%s", g_run_id);
-	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return; /* best effort: the server then reports the exit code only */
-	int n = snprintf(text, sizeof text, "signal %d\n", sig);
-	(void)write_all(fd, text, (size_t)n);
-	close(fd);
-}
-
-/* `sbx status ID`: "signal N" when the command run with --id ID died of
- * signal N, "exit" otherwise; the record is removed. */
-static int cmd_status(int argc, char **argv)
-{
-	char *pos[1];
-	parse_args(argc, argv, NULL, NULL, pos, 1);
-	if (!valid_run_id(pos[0]))
-		usage("invalid ID %s", pos[0]);
-	char path[128], text[32] = {0};
-	snprintf(path, sizeof path, STATUS_DIR "/" STATUS_PREFIX "%s", pos[0]);
-	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-	if (fd < 0) {
-		if (errno != ENOENT)
-			fail_errno(errno, "status", pos[0]);
-		puts("exit");
-		return 0;
-	}
-	struct stat st;
-	ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode)
-			    ? read_retry(fd, text, sizeof text - 1) : -1;
-	close(fd);
-	unlink(path);
-	int sig = 0;
-	char extra;
-	if (n > 0 && sscanf(text, "signal %d%c", &sig, &extra) == 2 && extra == '\n' &&
-	    sig > 0 && sig < 65)
-		printf("signal %d\n", sig);
-	else
-		puts("exit");
-	return 0;
-}
-
-static int cmd_run(int argc, char **argv)
-{
+	const char *run_id = NULL;
 	const char *cwd = NULL;
 	uint64_t timeout_ms = 0;
 	struct winsize ws = {0};
@@ -2501,7 +2387,7 @@ static int cmd_run(int argc, char **argv)
 		} else if (!strcmp(argv[i], "--id") && i + 1 < argc) {
 			/* matched from /proc/PID/cmdline by kill/signal; names the
 			 * status record (see write_status) */
-			g_run_id = argv[++i];
+			run_id = argv[++i];
 		} else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) {
 			timeout_ms = parse_uint(argv[++i], "--timeout-ms");
 		} else if (!strcmp(argv[i], "--cwd") && i + 1 < argc) {
@@ -2703,7 +2589,7 @@ static int cmd_run(int argc, char **argv)
 				status = cstatus;
 				discard_pending_stdin();
 				if (WIFSIGNALED(status)) {
-					write_status(WTERMSIG(status));
+					write_status(run_id, WTERMSIG(status));
 					_exit(128 + WTERMSIG(status));
 				}
 				_exit(WEXITSTATUS(status));
@@ -2720,9 +2606,69 @@ static int cmd_run(int argc, char **argv)
 	}
 }
 
-/* ------------------------------------------------------------------ */
-/* kill / signal                                                       */
-/* ------------------------------------------------------------------ */
+/*
+ * The status record: an exit status of 128+N is either a command that died
+ * of signal N or one that called exit(128+N); the exec's exit code cannot
+ * tell them apart.  When the command dies of a signal, the supervisor of a
+ * `run --id ID` leaves "signal N" in STATUS_DIR/ID, which `sbx status ID`
+ * prints (and removes).  No record: the command exited normally.  The
+ * record is written by the sandbox user, so a command can only ever claim a
+ * signal for itself, which it could as well have raised.
+ */
+#define STATUS_DIR "/tmp"
+#define STATUS_PREFIX ".sbx-status-"
+static bool valid_run_id(const char *id)
+{
+	size_t n = strlen(id);
+	return n > 0 && n <= 64 &&
+	       strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") == n;
+}
+
+void write_status(const char *id, int sig)
+{
+	if (!id || !valid_run_id(id))
+		return;
+	char path[128], text[32];
+	snprintf(path, sizeof path, STATUS_DIR "/" STATUS_PREFIX "%s", id);
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return; /* best effort: the server then reports the exit code only */
+	int n = snprintf(text, sizeof text, "signal %d\n", sig);
+	(void)write_all(fd, text, (size_t)n);
+	close(fd);
+}
+
+/* `sbx status ID`: "signal N" when the command run with --id ID died of
+ * signal N, "exit" otherwise; the record is removed. */
+int cmd_status(int argc, char **argv)
+{
+	char *pos[1];
+	parse_args(argc, argv, NULL, NULL, pos, 1);
+	if (!valid_run_id(pos[0]))
+		usage("invalid ID %s", pos[0]);
+	char path[128], text[32] = {0};
+	snprintf(path, sizeof path, STATUS_DIR "/" STATUS_PREFIX "%s", pos[0]);
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0) {
+		if (errno != ENOENT)
+			fail_errno(errno, "status", pos[0]);
+		puts("exit");
+		return 0;
+	}
+	struct stat st;
+	ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode)
+			    ? read_retry(fd, text, sizeof text - 1) : -1;
+	close(fd);
+	unlink(path);
+	int sig = 0;
+	char extra;
+	if (n > 0 && sscanf(text, "signal %d%c", &sig, &extra) == 2 && extra == '\n' &&
+	    sig > 0 && sig < 65)
+		printf("signal %d\n", sig);
+	else
+		puts("exit");
+	return 0;
+}
 
 /* Is this NUL-separated cmdline an `sbx [--root R] run ... --id TOKEN ...
  * [-- ...]` invocation, parsed the way main() and cmd_run() parse it? */
@@ -2761,21 +2707,6 @@ static bool cmdline_matches(char *buf, size_t len, const char *token,
 			i++;
 	}
 	return false;
-}
-
-static uid_t proc_uid(pid_t pid, bool *ok)
-{
-	char path[64], buf[4096];
-	snprintf(path, sizeof path, "/proc/%ld/status", (long)pid);
-	*ok = false;
-	if (read_small(path, buf, sizeof buf) <= 0)
-		return 0;
-	char *p = strstr(buf, "\nUid:");
-	unsigned long uid;
-	if (!p || sscanf(p + 5, "%lu", &uid) != 1)
-		return 0;
-	*ok = true;
-	return (uid_t)uid;
 }
 
 /* Send `sig` (with `val` via sigqueue when `queue`) to every supervisor
@@ -2847,7 +2778,7 @@ static size_t signal_supervisors(const char *token, int sig, bool queue, int val
 	return sent;
 }
 
-static int cmd_kill(int argc, char **argv)
+int cmd_kill(int argc, char **argv)
 {
 	char *pos[1];
 	parse_args(argc, argv, NULL, NULL, pos, 1);
@@ -2862,7 +2793,7 @@ static int cmd_kill(int argc, char **argv)
 
 /* `sbx reap`: for the server, after an exec ended without its supervisor's
  * report (killed); prints how many orphans it killed. */
-static int cmd_reap(int argc, char **argv)
+int cmd_reap(int argc, char **argv)
 {
 	(void)argv;
 	if (argc != 0)
@@ -2871,7 +2802,7 @@ static int cmd_reap(int argc, char **argv)
 	return 0;
 }
 
-static int cmd_signal(int argc, char **argv)
+int cmd_signal(int argc, char **argv)
 {
 	static const struct {
 		const char *name;
@@ -2894,8 +2825,6 @@ static int cmd_signal(int argc, char **argv)
 		fail(1, "NOT_FOUND", "no supervisor with id %s", pos[0]);
 	return 0;
 }
-
-/* ------------------------------------------------------------------ */
 
 /*
  * `sbx idle`: the container's main process.  It runs under a uid of its own
