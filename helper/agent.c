@@ -50,44 +50,20 @@
 static const char SYNC_MARK[SYNC_LEN] = "\xFF\xFF\xFF\xFFSANDBOXDSYNC";
 
 /* ------------------------------------------------------------------ */
-/* State (what agent_exec.c shares is declared in agent.h)             */
+/* State: all of it in struct agent (agent.h)                         */
 /* ------------------------------------------------------------------ */
 
-struct cmd *g_cmds;
-struct stream *g_streams;
-size_t g_nstreams, g_ndetached;
-uint64_t g_held, g_budget = DEFAULT_RING_BUDGET; /* see DEFAULT_RING_BUDGET */
-
-static bool g_epoch;		 /* HELLO received, answering */
-static bool g_hunting = true;	 /* discarding input until a SYNC marker */
-uint32_t g_window = DEFAULT_WINDOW;
-static uint64_t g_keepalive = DEFAULT_KEEPALIVE_MS;
-static uint64_t g_last_rx, g_ping_sent_at;
-static uint32_t g_max_odd;	 /* highest stream id the server opened */
-static uint32_t g_next_even = 2; /* next id the agent opens */
-static bool g_stdin_open = true;
-
-static char g_in[IN_CAP];
-static size_t g_in_off, g_in_len;
-static char *g_out;
-static size_t g_out_head, g_out_len, g_out_frame_end;
-static bool g_out_broken;
-
-int g_sigpipe[2] = {-1, -1};
-int g_devnull = -1;
-static int g_listen = -1;
-static uint16_t g_listen_port;
-static char g_listen_error[160];
-static char g_instance[33];
-pid_t g_self;
-/* --user UID:GID: the identity commands run as, when the agent runs as
- * another (root with only CAP_SETUID, CAP_SETGID and CAP_KILL): then no
- * command can signal, stop or read the agent whatever the runtime does for
- * PID 1.  Without it commands run as the agent's own uid. */
-bool g_switch_user;
-uid_t g_cmd_uid;
-gid_t g_cmd_gid;
-uint64_t g_next_sweep, g_last_sweep;
+struct agent g_agent = {
+	.hunting = true,
+	.stdin_open = true,
+	.window = DEFAULT_WINDOW,
+	.keepalive = DEFAULT_KEEPALIVE_MS,
+	.next_even = 2,
+	.budget = DEFAULT_RING_BUDGET,
+	.listen = -1,
+	.sigpipe = {-1, -1},
+	.devnull = -1,
+};
 
 uint64_t now_ms(void)
 {
@@ -152,7 +128,7 @@ void close_fd(int *fd)
 
 static size_t out_pending(void)
 {
-	return g_out_len - g_out_head;
+	return g_agent.out_len - g_agent.out_head;
 }
 
 bool out_room(void)
@@ -165,27 +141,27 @@ bool out_room(void)
 void out_frame2(uint8_t type, uint32_t stream, const void *p1, size_t n1, const void *p2,
 		       size_t n2)
 {
-	if ((!g_epoch && type != F_GOAWAY) || g_out_broken)
+	if ((!g_agent.epoch && type != F_GOAWAY) || g_agent.out_broken)
 		return;
 	size_t n = n1 + n2;
 	if (n > MAX_PAYLOAD) {
 		logf_("agent: frame of %zu bytes not sent", n);
 		return;
 	}
-	if (g_out_head == g_out_len) {
-		g_out_head = g_out_len = g_out_frame_end = 0;
-	} else if (g_out_len + HDR_LEN + n > OUT_CAP && g_out_head > 0) {
-		memmove(g_out, g_out + g_out_head, g_out_len - g_out_head);
-		g_out_len -= g_out_head;
-		g_out_frame_end -= g_out_head;
-		g_out_head = 0;
+	if (g_agent.out_head == g_agent.out_len) {
+		g_agent.out_head = g_agent.out_len = g_agent.out_frame_end = 0;
+	} else if (g_agent.out_len + HDR_LEN + n > OUT_CAP && g_agent.out_head > 0) {
+		memmove(g_agent.out, g_agent.out + g_agent.out_head, g_agent.out_len - g_agent.out_head);
+		g_agent.out_len -= g_agent.out_head;
+		g_agent.out_frame_end -= g_agent.out_head;
+		g_agent.out_head = 0;
 	}
-	if (g_out_len + HDR_LEN + n > OUT_CAP) {
+	if (g_agent.out_len + HDR_LEN + n > OUT_CAP) {
 		/* Cannot happen: the agent stops producing at OUT_HIGH. */
 		logf_("agent: output queue full, frame dropped");
 		return;
 	}
-	unsigned char *h = (unsigned char *)g_out + g_out_len;
+	unsigned char *h = (unsigned char *)g_agent.out + g_agent.out_len;
 	put32(h, (uint32_t)n);
 	h[4] = type;
 	put32(h + 5, stream);
@@ -193,7 +169,7 @@ void out_frame2(uint8_t type, uint32_t stream, const void *p1, size_t n1, const 
 		memcpy(h + HDR_LEN, p1, n1);
 	if (n2)
 		memcpy(h + HDR_LEN + n1, p2, n2);
-	g_out_len += HDR_LEN + n;
+	g_agent.out_len += HDR_LEN + n;
 }
 
 void out_frame(uint8_t type, uint32_t stream, const void *p, size_t n)
@@ -238,15 +214,15 @@ static void out_u32(uint8_t type, uint32_t stream, uint32_t v)
  * to its nonce's HELLO_OK, but a frame cut short would swallow its start. */
 static void out_discard(void)
 {
-	while (g_out_frame_end < g_out_head && g_out_frame_end < g_out_len)
-		g_out_frame_end += HDR_LEN + get32((unsigned char *)g_out + g_out_frame_end);
-	g_out_len = g_out_frame_end > g_out_head ? g_out_frame_end : g_out_head;
+	while (g_agent.out_frame_end < g_agent.out_head && g_agent.out_frame_end < g_agent.out_len)
+		g_agent.out_frame_end += HDR_LEN + get32((unsigned char *)g_agent.out + g_agent.out_frame_end);
+	g_agent.out_len = g_agent.out_frame_end > g_agent.out_head ? g_agent.out_frame_end : g_agent.out_head;
 }
 
 static void out_flush(void)
 {
-	while (out_pending() > 0 && !g_out_broken) {
-		ssize_t w = write(1, g_out + g_out_head, out_pending());
+	while (out_pending() > 0 && !g_agent.out_broken) {
+		ssize_t w = write(1, g_agent.out + g_agent.out_head, out_pending());
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
@@ -255,16 +231,16 @@ static void out_flush(void)
 			/* The engine discards writes nobody reads; an error means
 			 * no channel at all.  Keep serving what runs. */
 			logf_("agent: channel output: %s", strerror(errno));
-			g_out_broken = true;
-			g_out_head = g_out_len = g_out_frame_end = 0;
+			g_agent.out_broken = true;
+			g_agent.out_head = g_agent.out_len = g_agent.out_frame_end = 0;
 			return;
 		}
-		g_out_head += (size_t)w;
+		g_agent.out_head += (size_t)w;
 	}
-	while (g_out_frame_end < g_out_head && g_out_frame_end < g_out_len)
-		g_out_frame_end += HDR_LEN + get32((unsigned char *)g_out + g_out_frame_end);
-	if (g_out_head == g_out_len)
-		g_out_head = g_out_len = g_out_frame_end = 0;
+	while (g_agent.out_frame_end < g_agent.out_head && g_agent.out_frame_end < g_agent.out_len)
+		g_agent.out_frame_end += HDR_LEN + get32((unsigned char *)g_agent.out + g_agent.out_frame_end);
+	if (g_agent.out_head == g_agent.out_len)
+		g_agent.out_head = g_agent.out_len = g_agent.out_frame_end = 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -273,7 +249,7 @@ static void out_flush(void)
 
 static struct stream *stream_find(uint32_t id)
 {
-	for (struct stream *s = g_streams; s; s = s->next)
+	for (struct stream *s = g_agent.streams; s; s = s->next)
 		if (s->id == id)
 			return s;
 	return NULL;
@@ -286,11 +262,11 @@ struct stream *stream_new(uint32_t id, enum kind kind)
 	s->id = id;
 	s->kind = kind;
 	s->sock = -1;
-	s->recv_credit = g_window;
-	s->send_credit = g_window;
-	s->next = g_streams;
-	g_streams = s;
-	g_nstreams++;
+	s->recv_credit = g_agent.window;
+	s->send_credit = g_agent.window;
+	s->next = g_agent.streams;
+	g_agent.streams = s;
+	g_agent.nstreams++;
 	return s;
 }
 
@@ -300,7 +276,7 @@ struct stream *stream_new(uint32_t id, enum kind kind)
 static void ib_release(struct stream *s)
 {
 	mem_unmap(s->ib, s->ib_size);
-	g_held -= s->ib_held;
+	g_agent.held -= s->ib_held;
 	s->ib = NULL;
 	s->ib_size = s->ib_held = 0;
 }
@@ -308,17 +284,17 @@ static void ib_release(struct stream *s)
 static bool ib_reserve(struct stream *s, size_t len)
 {
 	if (!s->ib) {
-		s->ib = mem_map(g_window);
+		s->ib = mem_map(g_agent.window);
 		if (!s->ib)
 			return false;
-		s->ib_size = g_window;
+		s->ib_size = g_agent.window;
 	}
 	size_t need = (len + 4095) & ~(size_t)4095;
 	if (need <= s->ib_held)
 		return true;
-	if (g_held + (need - s->ib_held) > g_budget)
+	if (g_agent.held + (need - s->ib_held) > g_agent.budget)
 		return false;
-	g_held += need - s->ib_held;
+	g_agent.held += need - s->ib_held;
 	s->ib_held = need;
 	return true;
 }
@@ -327,13 +303,13 @@ static bool ib_reserve(struct stream *s, size_t len)
  * only reader and is ended. */
 void stream_drop(struct stream *s)
 {
-	for (struct stream **pp = &g_streams; *pp; pp = &(*pp)->next) {
+	for (struct stream **pp = &g_agent.streams; *pp; pp = &(*pp)->next) {
 		if (*pp == s) {
 			*pp = s->next;
 			break;
 		}
 	}
-	g_nstreams--;
+	g_agent.nstreams--;
 	if (s->kind == K_EXEC && s->cmd && !s->cmd->detached && s->cmd->owner == s)
 		cmd_abandon(s->cmd);
 	close_fd(&s->sock);
@@ -352,7 +328,7 @@ static void stream_reset(struct stream *s, const char *error, const char *msg)
 static void stream_consumed(struct stream *s, size_t n)
 {
 	s->consumed += (uint32_t)n;
-	if (s->consumed >= g_window / 2) {
+	if (s->consumed >= g_agent.window / 2) {
 		out_u32(F_WINDOW, s->id, s->consumed);
 		s->recv_credit += s->consumed;
 		s->consumed = 0;
@@ -514,7 +490,7 @@ static void open_forget(uint32_t id, const struct jval *req)
 	}
 	/* Readers still attached are told (a stream dropped without a word
 	 * would leave its reader waiting for output that never comes). */
-	for (struct stream *s = g_streams, *n; s; s = n) {
+	for (struct stream *s = g_agent.streams, *n; s; s = n) {
 		n = s->next;
 		if (s->cmd == c)
 			stream_reset(s, "GONE", "the detached process was forgotten");
@@ -604,11 +580,11 @@ static void sock_read(struct stream *s)
 
 static void listen_egress(uint32_t port)
 {
-	g_listen_error[0] = '\0';
-	if (g_listen >= 0 && g_listen_port == port)
+	g_agent.listen_error[0] = '\0';
+	if (g_agent.listen >= 0 && g_agent.listen_port == port)
 		return;
-	close_fd(&g_listen);
-	g_listen_port = 0;
+	close_fd(&g_agent.listen);
+	g_agent.listen_port = 0;
 	if (!port)
 		return;
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -617,15 +593,15 @@ static void listen_egress(uint32_t port)
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
 	    bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 128) < 0) {
-		snprintf(g_listen_error, sizeof g_listen_error, "listen 127.0.0.1:%u: %s",
+		snprintf(g_agent.listen_error, sizeof g_agent.listen_error, "listen 127.0.0.1:%u: %s",
 			 (unsigned)port, strerror(errno));
-		logf_("agent: %s", g_listen_error);
+		logf_("agent: %s", g_agent.listen_error);
 		if (fd >= 0)
 			close(fd);
 		return;
 	}
-	g_listen = fd;
-	g_listen_port = (uint16_t)port;
+	g_agent.listen = fd;
+	g_agent.listen_port = (uint16_t)port;
 }
 
 static void egress_accept(void)
@@ -633,16 +609,16 @@ static void egress_accept(void)
 	for (int k = 0; k < 16; k++) {
 		struct sockaddr_in peer;
 		socklen_t plen = sizeof peer;
-		int fd = accept4(g_listen, (struct sockaddr *)&peer, &plen,
+		int fd = accept4(g_agent.listen, (struct sockaddr *)&peer, &plen,
 				 SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0)
 			return;
-		if (!g_epoch || g_nstreams >= MAX_STREAMS || g_next_even > UINT32_MAX - 2) {
+		if (!g_agent.epoch || g_agent.nstreams >= MAX_STREAMS || g_agent.next_even > UINT32_MAX - 2) {
 			close(fd);
 			continue;
 		}
-		struct stream *s = stream_new(g_next_even, K_EGRESS);
-		g_next_even += 2;
+		struct stream *s = stream_new(g_agent.next_even, K_EGRESS);
+		g_agent.next_even += 2;
 		s->sock = fd;
 		struct buf b = {0};
 		char addr[INET_ADDRSTRLEN] = "?";
@@ -664,15 +640,15 @@ static void egress_accept(void)
  * unsent frames are discarded, input is skipped to the next SYNC. */
 static void end_epoch(const char *error, const char *msg)
 {
-	if (g_epoch && error)
+	if (g_agent.epoch && error)
 		logf_("agent: epoch ended: %s: %s", error, msg);
 	out_discard();
-	if (g_epoch && error)
+	if (g_agent.epoch && error)
 		out_error(F_GOAWAY, 0, error, "%s", msg);
-	while (g_streams)
-		stream_drop(g_streams);
-	g_epoch = false;
-	g_hunting = true;
+	while (g_agent.streams)
+		stream_drop(g_agent.streams);
+	g_agent.epoch = false;
+	g_agent.hunting = true;
 }
 
 static uint64_t clamp_u(const struct jval *v, uint64_t def, uint64_t lo, uint64_t hi)
@@ -686,50 +662,50 @@ static uint64_t clamp_u(const struct jval *v, uint64_t def, uint64_t lo, uint64_
 static void on_hello(const char *p, size_t n)
 {
 	struct jdoc doc;
-	if (g_epoch)
+	if (g_agent.epoch)
 		end_epoch(NULL, NULL);
-	g_hunting = false;
+	g_agent.hunting = false;
 	if (json_parse(&doc, p, n) < 0 || doc.root->type != J_OBJ) {
-		g_epoch = true; /* to send the GOAWAY */
+		g_agent.epoch = true; /* to send the GOAWAY */
 		end_epoch("PROTOCOL", "HELLO is not a JSON object");
 		return;
 	}
 	const struct jval *ver = json_get(doc.root, "version"), *nonce = json_get(doc.root, "nonce");
 	if (!ver || ver->type != J_NUM || !ver->is_int || ver->i != 1) {
-		g_epoch = true;
+		g_agent.epoch = true;
 		end_epoch("VERSION", "this agent speaks version 1");
 		json_free(&doc);
 		return;
 	}
 	if (!nonce || nonce->type != J_STR || strlen(nonce->s) > 256) {
-		g_epoch = true;
+		g_agent.epoch = true;
 		end_epoch("PROTOCOL", "HELLO needs a nonce string (at most 256 bytes)");
 		json_free(&doc);
 		return;
 	}
-	g_window = (uint32_t)clamp_u(json_get(doc.root, "window"), DEFAULT_WINDOW, MIN_WINDOW,
+	g_agent.window = (uint32_t)clamp_u(json_get(doc.root, "window"), DEFAULT_WINDOW, MIN_WINDOW,
 				     MAX_WINDOW);
-	g_keepalive = clamp_u(json_get(doc.root, "keepalive_ms"), DEFAULT_KEEPALIVE_MS, 20,
+	g_agent.keepalive = clamp_u(json_get(doc.root, "keepalive_ms"), DEFAULT_KEEPALIVE_MS, 20,
 			      3600000);
 	/* The server's share of the sandbox's memory for the agent (absent:
 	 * the latest one given holds). */
 	const struct jval *budget = json_get(doc.root, "budget");
 	if (budget && budget->type == J_NUM && budget->is_int && budget->i >= 1 &&
 	    (uint64_t)budget->i <= MAX_RING_BUDGET)
-		g_budget = (uint64_t)budget->i;
+		g_agent.budget = (uint64_t)budget->i;
 	listen_egress((uint32_t)clamp_u(json_get(doc.root, "egress_port"), 0, 0, 65535));
-	g_epoch = true;
-	g_max_odd = 0;
-	g_next_even = 2;
-	g_ping_sent_at = 0;
+	g_agent.epoch = true;
+	g_agent.max_odd = 0;
+	g_agent.next_even = 2;
+	g_agent.ping_sent_at = 0;
 	struct buf b = {0};
 	buf_puts(&b, "{\"version\":1,\"nonce\":");
 	buf_json_str(&b, nonce->s, strlen(nonce->s));
-	buf_printf(&b, ",\"instance\":\"%s\",\"pid\":%ld,\"egress_port\":%u", g_instance,
-		   (long)g_self, (unsigned)g_listen_port);
-	if (g_listen_error[0]) {
+	buf_printf(&b, ",\"instance\":\"%s\",\"pid\":%ld,\"egress_port\":%u", g_agent.instance,
+		   (long)g_agent.self, (unsigned)g_agent.listen_port);
+	if (g_agent.listen_error[0]) {
 		buf_puts(&b, ",\"egress_error\":");
-		buf_json_str(&b, g_listen_error, strlen(g_listen_error));
+		buf_json_str(&b, g_agent.listen_error, strlen(g_agent.listen_error));
 	}
 	buf_puts(&b, ",\"processes\":");
 	processes_json(&b);
@@ -751,15 +727,15 @@ static void on_hello(const char *p, size_t n)
 static void on_open(uint32_t id, const char *p, size_t n)
 {
 	struct stream *old = stream_find(id);
-	if (!(id & 1) || id <= g_max_odd || old) {
+	if (!(id & 1) || id <= g_agent.max_odd || old) {
 		if (old)
 			stream_drop(old);
 		out_error(F_RESET, id, "PROTOCOL",
 			  (id & 1) ? "stream id already used" : "server streams have odd ids");
 		return;
 	}
-	g_max_odd = id;
-	if (g_nstreams >= MAX_STREAMS) {
+	g_agent.max_odd = id;
+	if (g_agent.nstreams >= MAX_STREAMS) {
 		out_error(F_RESET, id, "RESOURCE", "at most %d open streams", MAX_STREAMS);
 		return;
 	}
@@ -795,7 +771,7 @@ static void on_stream_frame(uint8_t type, uint32_t id, const unsigned char *p, s
 	if (!s) {
 		/* A frame for a stream this side already ended may have crossed
 		 * the end in flight: ignored.  One for an id never opened is not. */
-		bool used = (id & 1) ? id <= g_max_odd : id < g_next_even;
+		bool used = (id & 1) ? id <= g_agent.max_odd : id < g_agent.next_even;
 		/* A RESET is never answered with one: two sides that did so
 		 * could bounce them forever. */
 		if (type != F_RESET && (!used || type > F_CLOSE || type < F_OPEN))
@@ -817,7 +793,7 @@ static void on_stream_frame(uint8_t type, uint32_t id, const unsigned char *p, s
 			stream_reset(s, "FLOW_CONTROL", "DATA beyond the window");
 			return;
 		}
-		if (s->ib_len + n - 1 > g_window) {
+		if (s->ib_len + n - 1 > g_agent.window) {
 			stream_reset(s, "FLOW_CONTROL", "DATA beyond the window");
 			return;
 		}
@@ -902,7 +878,7 @@ static void on_frame(uint8_t type, uint32_t id, const unsigned char *p, size_t n
 		on_hello((const char *)p, n);
 		return;
 	}
-	if (!g_epoch)
+	if (!g_agent.epoch)
 		return;
 	if (id != 0) {
 		on_stream_frame(type, id, p, n);
@@ -925,20 +901,20 @@ static void on_frame(uint8_t type, uint32_t id, const unsigned char *p, size_t n
 
 static void process_input(void)
 {
-	while (g_in_len > g_in_off && out_room()) {
-		unsigned char *b = (unsigned char *)g_in + g_in_off;
-		size_t avail = g_in_len - g_in_off;
-		if (g_hunting) {
+	while (g_agent.in_len > g_agent.in_off && out_room()) {
+		unsigned char *b = (unsigned char *)g_agent.in + g_agent.in_off;
+		size_t avail = g_agent.in_len - g_agent.in_off;
+		if (g_agent.hunting) {
 			unsigned char *m = memmem(b, avail, SYNC_MARK, SYNC_LEN);
 			if (!m) {
 				/* keep what could be the start of a marker */
-				g_in_off += avail > SYNC_LEN - 1 ? avail - (SYNC_LEN - 1) : 0;
+				g_agent.in_off += avail > SYNC_LEN - 1 ? avail - (SYNC_LEN - 1) : 0;
 				break;
 			}
-			g_in_off += (size_t)(m - b) + SYNC_LEN;
-			if (g_epoch)
+			g_agent.in_off += (size_t)(m - b) + SYNC_LEN;
+			if (g_agent.epoch)
 				end_epoch(NULL, NULL);
-			g_hunting = false;
+			g_agent.hunting = false;
 			continue;
 		}
 		if (avail < HDR_LEN)
@@ -948,10 +924,10 @@ static void process_input(void)
 			if (avail < SYNC_LEN)
 				break;
 			if (!memcmp(b, SYNC_MARK, SYNC_LEN)) {
-				g_in_off += SYNC_LEN;
-				if (g_epoch)
+				g_agent.in_off += SYNC_LEN;
+				if (g_agent.epoch)
 					end_epoch(NULL, NULL);
-				g_hunting = false;
+				g_agent.hunting = false;
 				continue;
 			}
 		}
@@ -959,61 +935,61 @@ static void process_input(void)
 			char msg[64];
 			snprintf(msg, sizeof msg, "frame length %u out of range", len);
 			end_epoch("PROTOCOL", msg);
-			g_in_off += 1;
+			g_agent.in_off += 1;
 			continue;
 		}
 		if (avail < HDR_LEN + len)
 			break;
-		g_in_off += HDR_LEN + len;
+		g_agent.in_off += HDR_LEN + len;
 		on_frame(b[4], get32(b + 5), b + HDR_LEN, len);
 	}
-	if (g_in_off == g_in_len) {
-		g_in_off = g_in_len = 0;
-	} else if (g_in_off > 0 && g_in_len > IN_CAP / 2) {
-		memmove(g_in, g_in + g_in_off, g_in_len - g_in_off);
-		g_in_len -= g_in_off;
-		g_in_off = 0;
+	if (g_agent.in_off == g_agent.in_len) {
+		g_agent.in_off = g_agent.in_len = 0;
+	} else if (g_agent.in_off > 0 && g_agent.in_len > IN_CAP / 2) {
+		memmove(g_agent.in, g_agent.in + g_agent.in_off, g_agent.in_len - g_agent.in_off);
+		g_agent.in_len -= g_agent.in_off;
+		g_agent.in_off = 0;
 	}
 }
 
 static void read_channel(void)
 {
-	if (g_in_len == IN_CAP && g_in_off > 0) {
-		memmove(g_in, g_in + g_in_off, g_in_len - g_in_off);
-		g_in_len -= g_in_off;
-		g_in_off = 0;
+	if (g_agent.in_len == IN_CAP && g_agent.in_off > 0) {
+		memmove(g_agent.in, g_agent.in + g_agent.in_off, g_agent.in_len - g_agent.in_off);
+		g_agent.in_len -= g_agent.in_off;
+		g_agent.in_off = 0;
 	}
-	if (g_in_len == IN_CAP)
+	if (g_agent.in_len == IN_CAP)
 		return;
 	/* A frame left half-written by a server that died: when the next
 	 * bytes, after a pause, begin with a SYNC marker, they are a new
 	 * server's, not the rest of that frame (which would swallow them). */
-	size_t had = g_in_len;
-	bool partial = !g_hunting && g_in_len > g_in_off;
-	uint64_t paused = now_ms() - g_last_rx;
-	ssize_t n = read(0, g_in + g_in_len, IN_CAP - g_in_len);
+	size_t had = g_agent.in_len;
+	bool partial = !g_agent.hunting && g_agent.in_len > g_agent.in_off;
+	uint64_t paused = now_ms() - g_agent.last_rx;
+	ssize_t n = read(0, g_agent.in + g_agent.in_len, IN_CAP - g_agent.in_len);
 	if (n >= (ssize_t)SYNC_LEN && partial && paused >= 100 &&
-	    !memcmp(g_in + had, SYNC_MARK, SYNC_LEN)) {
+	    !memcmp(g_agent.in + had, SYNC_MARK, SYNC_LEN)) {
 		logf_("agent: a half-written frame dropped before a SYNC");
-		g_in_off = had;
+		g_agent.in_off = had;
 	}
 	if (n < 0 && (errno == EINTR || errno == EAGAIN))
 		return;
 	if (n <= 0) {
 		/* No channel any more (docker keeps stdin open; a test closes it). */
-		g_stdin_open = false;
+		g_agent.stdin_open = false;
 		end_epoch("CLOSED", "the channel's input ended");
 		return;
 	}
-	g_in_len += (size_t)n;
-	g_last_rx = now_ms();
-	g_ping_sent_at = 0;
+	g_agent.in_len += (size_t)n;
+	g_agent.last_rx = now_ms();
+	g_agent.ping_sent_at = 0;
 	process_input();
 }
 
 static void timers(uint64_t now)
 {
-	for (struct cmd *c = g_cmds; c; c = c->next) {
+	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
 		if (c->kill_at && now >= c->kill_at && !c->reaped) {
 			kill(c->pid, SIGKILL);
 			kill(-c->pid, SIGKILL);
@@ -1024,21 +1000,21 @@ static void timers(uint64_t now)
 		if (c->tty_done_at && now >= c->tty_done_at && c->out_fd[1] >= 0)
 			cmd_read_out(c, 1);
 	}
-	if (now >= g_next_sweep) {
+	if (now >= g_agent.next_sweep) {
 		sweep_orphans();
-		g_last_sweep = now;
-		g_next_sweep = now + SWEEP_MS;
+		g_agent.last_sweep = now;
+		g_agent.next_sweep = now + SWEEP_MS;
 	}
-	if (g_epoch && g_stdin_open) {
-		uint64_t quiet = now > g_last_rx ? now - g_last_rx : 0;
-		if (quiet >= 2 * g_keepalive) {
+	if (g_agent.epoch && g_agent.stdin_open) {
+		uint64_t quiet = now > g_agent.last_rx ? now - g_agent.last_rx : 0;
+		if (quiet >= 2 * g_agent.keepalive) {
 			end_epoch("KEEPALIVE", "nothing received for two keepalive periods");
-		} else if (quiet >= g_keepalive && !g_ping_sent_at) {
+		} else if (quiet >= g_agent.keepalive && !g_agent.ping_sent_at) {
 			unsigned char ping[8];
 			put32(ping, (uint32_t)(now >> 32));
 			put32(ping + 4, (uint32_t)now);
 			out_frame(F_PING, 0, ping, 8);
-			g_ping_sent_at = now;
+			g_agent.ping_sent_at = now;
 		}
 	}
 }
@@ -1046,7 +1022,7 @@ static void timers(uint64_t now)
 /* Exit codes, EXITs and attach replays: what became sendable. */
 static void pump_streams(void)
 {
-	for (struct stream *s = g_streams, *n; s; s = n) {
+	for (struct stream *s = g_agent.streams, *n; s; s = n) {
 		n = s->next;
 		if (!out_room())
 			return;
@@ -1095,42 +1071,35 @@ struct pref {
 	int k;
 };
 
-static struct pollfd *g_pfd;
-static struct pref *g_pref;
-static size_t g_pn, g_pcap;
-
 static void pset(int fd, short ev, enum ptag tag, void *ptr, int k)
 {
-	if (g_pn == g_pcap) {
-		g_pcap = g_pcap ? g_pcap * 2 : 64;
-		struct pollfd *np = realloc(g_pfd, g_pcap * sizeof *np);
-		struct pref *nr = np ? realloc(g_pref, g_pcap * sizeof *nr) : NULL;
+	if (g_agent.pn == g_agent.pcap) {
+		g_agent.pcap = g_agent.pcap ? g_agent.pcap * 2 : 64;
+		struct pollfd *np = realloc(g_agent.pfd, g_agent.pcap * sizeof *np);
+		struct pref *nr = np ? realloc(g_agent.pref, g_agent.pcap * sizeof *nr) : NULL;
 		if (!np || !nr)
 			oom();
-		g_pfd = np;
-		g_pref = nr;
+		g_agent.pfd = np;
+		g_agent.pref = nr;
 	}
-	g_pfd[g_pn] = (struct pollfd){.fd = fd, .events = ev};
-	g_pref[g_pn] = (struct pref){tag, ptr, k};
-	g_pn++;
+	g_agent.pfd[g_agent.pn] = (struct pollfd){.fd = fd, .events = ev};
+	g_agent.pref[g_agent.pn] = (struct pref){tag, ptr, k};
+	g_agent.pn++;
 }
-
-/* The earliest end of a hold on a command's output (0: none), set by build_poll. */
-static uint64_t g_hold_wake_us;
 
 static void build_poll(void)
 {
 	uint64_t now = now_us();
-	g_hold_wake_us = 0;
-	g_pn = 0;
-	pset(g_sigpipe[0], POLLIN, P_SIG, NULL, 0);
-	if (g_stdin_open && out_room())
+	g_agent.hold_wake_us = 0;
+	g_agent.pn = 0;
+	pset(g_agent.sigpipe[0], POLLIN, P_SIG, NULL, 0);
+	if (g_agent.stdin_open && out_room())
 		pset(0, POLLIN, P_IN, NULL, 0);
-	if (out_pending() && !g_out_broken)
+	if (out_pending() && !g_agent.out_broken)
 		pset(1, POLLOUT, P_OUT, NULL, 0);
-	if (g_listen >= 0)
-		pset(g_listen, POLLIN, P_LISTEN, NULL, 0);
-	for (struct cmd *c = g_cmds; c; c = c->next) {
+	if (g_agent.listen >= 0)
+		pset(g_agent.listen, POLLIN, P_LISTEN, NULL, 0);
+	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
 		if (c->rep_fd >= 0) {
 			pset(c->rep_fd, POLLIN, P_REPORT, c, 0);
 			continue;
@@ -1144,14 +1113,14 @@ static void build_poll(void)
 			    (!c->owner || !out_room() || c->owner->send_credit <= 0))
 				continue;
 			if (c->hold_until_us[k] > now) {
-				if (!g_hold_wake_us || c->hold_until_us[k] < g_hold_wake_us)
-					g_hold_wake_us = c->hold_until_us[k];
+				if (!g_agent.hold_wake_us || c->hold_until_us[k] < g_agent.hold_wake_us)
+					g_agent.hold_wake_us = c->hold_until_us[k];
 				continue;
 			}
 			pset(c->out_fd[k], POLLIN, P_CMDOUT, c, k);
 		}
 	}
-	for (struct stream *s = g_streams; s; s = s->next) {
+	for (struct stream *s = g_agent.streams; s; s = s->next) {
 		int fd = stream_sink(s);
 		if (fd >= 0 && s->ib_len > 0)
 			pset(fd, POLLOUT, P_SINK, s, 0);
@@ -1166,7 +1135,7 @@ static void build_poll(void)
 
 static bool stream_alive(const struct stream *p)
 {
-	for (struct stream *s = g_streams; s; s = s->next)
+	for (struct stream *s = g_agent.streams; s; s = s->next)
 		if (s == p)
 			return true;
 	return false;
@@ -1174,7 +1143,7 @@ static bool stream_alive(const struct stream *p)
 
 static bool cmd_alive(const struct cmd *p)
 {
-	for (struct cmd *c = g_cmds; c; c = c->next)
+	for (struct cmd *c = g_agent.cmds; c; c = c->next)
 		if (c == p)
 			return true;
 	return false;
@@ -1182,8 +1151,8 @@ static bool cmd_alive(const struct cmd *p)
 
 static void dispatch(size_t i)
 {
-	short re = g_pfd[i].revents;
-	struct pref r = g_pref[i];
+	short re = g_agent.pfd[i].revents;
+	struct pref r = g_agent.pref[i];
 	if (!re)
 		return;
 	switch (r.tag) {
@@ -1200,20 +1169,20 @@ static void dispatch(size_t i)
 		egress_accept();
 		break;
 	case P_REPORT:
-		if (cmd_alive(r.ptr) && ((struct cmd *)r.ptr)->rep_fd == g_pfd[i].fd)
+		if (cmd_alive(r.ptr) && ((struct cmd *)r.ptr)->rep_fd == g_agent.pfd[i].fd)
 			cmd_report(r.ptr);
 		break;
 	case P_CMDOUT:
-		if (cmd_alive(r.ptr) && ((struct cmd *)r.ptr)->out_fd[r.k] == g_pfd[i].fd)
+		if (cmd_alive(r.ptr) && ((struct cmd *)r.ptr)->out_fd[r.k] == g_agent.pfd[i].fd)
 			cmd_read_out(r.ptr, r.k);
 		break;
 	case P_SINK:
-		if (stream_alive(r.ptr) && stream_sink(r.ptr) == g_pfd[i].fd)
+		if (stream_alive(r.ptr) && stream_sink(r.ptr) == g_agent.pfd[i].fd)
 			stream_write_in(r.ptr);
 		break;
 	case P_SOCK: {
 		struct stream *s = r.ptr;
-		if (!stream_alive(s) || s->sock != g_pfd[i].fd)
+		if (!stream_alive(s) || s->sock != g_agent.pfd[i].fd)
 			break;
 		if (s->connecting)
 			dial_connected(s);
@@ -1226,16 +1195,16 @@ static void dispatch(size_t i)
 
 static int poll_timeout(uint64_t now)
 {
-	uint64_t next = g_next_sweep;
-	for (struct cmd *c = g_cmds; c; c = c->next) {
+	uint64_t next = g_agent.next_sweep;
+	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
 		if (c->kill_at && c->kill_at < next)
 			next = c->kill_at;
 		/* once past, the terminal's data or the stream's window wakes us */
 		if (c->tty_done_at > now && c->out_fd[1] >= 0 && c->tty_done_at < next)
 			next = c->tty_done_at;
 	}
-	if (g_epoch && g_stdin_open) {
-		uint64_t k = g_last_rx + (g_ping_sent_at ? 2 * g_keepalive : g_keepalive);
+	if (g_agent.epoch && g_agent.stdin_open) {
+		uint64_t k = g_agent.last_rx + (g_agent.ping_sent_at ? 2 * g_agent.keepalive : g_agent.keepalive);
 		if (k < next)
 			next = k;
 	}
@@ -1249,15 +1218,15 @@ int cmd_agent(int argc, char **argv)
 	if (argc == 2 && !strcmp(argv[0], "--user") &&
 	    sscanf(argv[1], "%lu:%lu%c", &uid, &gid, &extra) == 2 && uid > 0 && gid > 0 &&
 	    uid < 0xFFFFFFFFul && gid < 0xFFFFFFFFul) {
-		g_switch_user = true;
-		g_cmd_uid = (uid_t)uid;
-		g_cmd_gid = (gid_t)gid;
+		g_agent.switch_user = true;
+		g_agent.cmd_uid = (uid_t)uid;
+		g_agent.cmd_gid = (gid_t)gid;
 	} else if (argc > 0) {
 		static const char msg[] = "usage: sbx [--root DIR] agent [--user UID:GID]\n";
 		(void)!write(2, msg, sizeof msg - 1);
 		return 2;
 	}
-	g_self = getpid();
+	g_agent.self = getpid();
 	/* Nothing of the container's environment is the commands' business
 	 * (they get exactly the env of their request), and gVisor lets
 	 * /proc/1/environ be read whatever the dumpable flag says: the strings
@@ -1267,50 +1236,50 @@ int cmd_agent(int argc, char **argv)
 	/* Same uid as the commands: without this they could ptrace the agent
 	 * or read its memory through /proc. */
 	prctl(PR_SET_DUMPABLE, 0);
-	if (g_self != 1)
+	if (g_agent.self != 1)
 		prctl(PR_SET_CHILD_SUBREAPER, 1);
 	signal(SIGPIPE, SIG_IGN);
-	if (pipe2(g_sigpipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+	if (pipe2(g_agent.sigpipe, O_CLOEXEC | O_NONBLOCK) < 0) {
 		logf_("agent: pipe: %s", strerror(errno));
 		return 1;
 	}
 	struct sigaction sa = {.sa_handler = on_sigchld, .sa_flags = SA_RESTART | SA_NOCLDSTOP};
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGCHLD, &sa, NULL);
-	g_devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-	if (g_devnull < 0) {
+	g_agent.devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (g_agent.devnull < 0) {
 		logf_("agent: /dev/null: %s", strerror(errno));
 		return 1;
 	}
 	unsigned char rnd[16];
 	if (getrandom(rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd) {
-		uint64_t t = now_ms() ^ ((uint64_t)g_self << 32);
+		uint64_t t = now_ms() ^ ((uint64_t)g_agent.self << 32);
 		memcpy(rnd, &t, sizeof t);
 		memcpy(rnd + 8, &t, sizeof t);
 	}
 	for (size_t k = 0; k < sizeof rnd; k++)
-		snprintf(g_instance + 2 * k, 3, "%02x", rnd[k]);
+		snprintf(g_agent.instance + 2 * k, 3, "%02x", rnd[k]);
 	/* A fixed threshold: glibc's own grows it to the largest block freed,
 	 * and the heap then keeps freed memory resident that nothing counts. */
 	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
-	g_out = xmalloc(OUT_CAP);
+	g_agent.out = xmalloc(OUT_CAP);
 	set_nonblock(0);
 	set_nonblock(1);
 	/* Diagnostics are dropped rather than ever blocking the loop. */
 	set_nonblock(2);
-	g_last_rx = now_ms();
+	g_agent.last_rx = now_ms();
 	for (;;) {
 		out_flush();
 		pump_streams();
 		out_flush();
 		uint64_t now = now_ms();
 		timers(now);
-		if (!g_stdin_open && g_self != 1) {
+		if (!g_agent.stdin_open && g_agent.self != 1) {
 			/* Tests: the channel is gone, nobody can ask for anything
 			 * any more.  As PID 1 the agent stays (docker keeps stdin
 			 * open; should it close, detached processes go on). */
 			bool left = false;
-			for (struct cmd *c = g_cmds; c; c = c->next) {
+			for (struct cmd *c = g_agent.cmds; c; c = c->next) {
 				if (!c->reaped) {
 					kill(-c->pid, SIGKILL);
 					kill(c->pid, SIGKILL);
@@ -1323,23 +1292,23 @@ int cmd_agent(int argc, char **argv)
 		build_poll();
 		int ms = poll_timeout(now_ms());
 		struct timespec wait = {ms / 1000, (long)(ms % 1000) * 1000000L};
-		if (g_hold_wake_us) {
+		if (g_agent.hold_wake_us) {
 			uint64_t now = now_us();
-			uint64_t us = g_hold_wake_us > now ? g_hold_wake_us - now : 0;
+			uint64_t us = g_agent.hold_wake_us > now ? g_agent.hold_wake_us - now : 0;
 			if (us < (uint64_t)ms * 1000u)
 				wait = (struct timespec){0, (long)us * 1000L};
 		}
-		int r = ppoll(g_pfd, g_pn, &wait, NULL);
+		int r = ppoll(g_agent.pfd, g_agent.pn, &wait, NULL);
 		if (r < 0 && errno != EINTR) {
 			logf_("agent: poll: %s", strerror(errno));
 			struct timespec ts = {0, 10000000};
 			nanosleep(&ts, NULL);
 			continue;
 		}
-		for (size_t i = 0; r > 0 && i < g_pn; i++)
+		for (size_t i = 0; r > 0 && i < g_agent.pn; i++)
 			dispatch(i);
 		/* Input held back by a full output queue continues here. */
-		if (g_epoch || !g_hunting || g_in_len > g_in_off)
+		if (g_agent.epoch || !g_agent.hunting || g_agent.in_len > g_agent.in_off)
 			process_input();
 	}
 }

@@ -169,20 +169,64 @@ struct stream {
 	uint64_t cursor[3]; /* attach: next offset to send per fd */
 };
 
-extern struct cmd *g_cmds;
-extern struct stream *g_streams;
-extern size_t g_nstreams, g_ndetached;
-/* Bytes of the budget held (rings past their floor, input buffers) and the
- * budget itself. */
-extern uint64_t g_held, g_budget;
-extern uint32_t g_window;
-extern int g_sigpipe[2];
-extern int g_devnull;
-extern pid_t g_self;
-extern bool g_switch_user;
-extern uid_t g_cmd_uid;
-extern gid_t g_cmd_gid;
-extern uint64_t g_next_sweep, g_last_sweep;
+/*
+ * The agent's state, all of it in one place: one instance, g_agent (agent.c),
+ * which every file of the agent reaches by that name.  One thread, so no
+ * locks; the SIGCHLD handler touches only sigpipe[1].
+ */
+struct pollfd;
+struct pref;
+struct agent {
+	/* The channel's input (stdin): up to two frames, hunting for SYNC first. */
+	char in[IN_CAP];
+	size_t in_off, in_len;
+	bool hunting;		/* discarding input until a SYNC marker */
+	bool stdin_open;
+	/* The channel's output (stdout): queued frames, [out_head, out_len). */
+	char *out;
+	size_t out_head, out_len, out_frame_end;
+	bool out_broken;
+	/* The epoch: what the server's HELLO set. */
+	bool epoch;		/* HELLO received, answering */
+	uint32_t window;
+	uint64_t keepalive;
+	uint64_t last_rx, ping_sent_at;
+	uint32_t max_odd;	/* highest stream id the server opened */
+	uint32_t next_even;	/* next id the agent opens */
+	char instance[33];	/* this agent's random name, in HELLO_OK */
+	/* Streams and commands. */
+	struct cmd *cmds;
+	struct stream *streams;
+	size_t nstreams, ndetached;
+	/* Bytes of the budget held (rings past their floor, input buffers) and the
+	 * budget itself (see DEFAULT_RING_BUDGET). */
+	uint64_t held, budget;
+	/* When the orphan sweep is due next, and when it last ran. */
+	uint64_t next_sweep, last_sweep;
+	/* The egress listener (HELLO's egress port). */
+	int listen;
+	uint16_t listen_port;
+	char listen_error[160];
+	/* The process. */
+	int sigpipe[2];		/* SIGCHLD's self-pipe */
+	int devnull;
+	pid_t self;
+	/* --user UID:GID: the identity commands run as, when the agent runs as
+	 * another (root with only CAP_SETUID, CAP_SETGID and CAP_KILL): then no
+	 * command can signal, stop or read the agent whatever the runtime does for
+	 * PID 1.  Without it commands run as the agent's own uid. */
+	bool switch_user;
+	uid_t cmd_uid;
+	gid_t cmd_gid;
+	/* The poll set build_poll() makes each turn of the loop. */
+	struct pollfd *pfd;
+	struct pref *pref;
+	size_t pn, pcap;
+	/* The earliest end of a hold on a command's output (0: none), set by build_poll. */
+	uint64_t hold_wake_us;
+};
+
+extern struct agent g_agent;
 
 struct cmd *cmd_by_pid(pid_t pid);
 struct cmd *cmd_by_id(const char *id);

@@ -32,7 +32,7 @@
 
 struct cmd *cmd_by_pid(pid_t pid)
 {
-	for (struct cmd *c = g_cmds; c; c = c->next)
+	for (struct cmd *c = g_agent.cmds; c; c = c->next)
 		if (c->pid == pid && !c->reaped)
 			return c;
 	return NULL;
@@ -40,7 +40,7 @@ struct cmd *cmd_by_pid(pid_t pid)
 
 struct cmd *cmd_by_id(const char *id)
 {
-	for (struct cmd *c = g_cmds; c; c = c->next)
+	for (struct cmd *c = g_agent.cmds; c; c = c->next)
 		if (c->detached && !strcmp(c->id, id))
 			return c;
 	return NULL;
@@ -85,7 +85,7 @@ static uint64_t ring_held(const struct ring *r)
 
 void cmd_free(struct cmd *c)
 {
-	for (struct cmd **pp = &g_cmds; *pp; pp = &(*pp)->next) {
+	for (struct cmd **pp = &g_agent.cmds; *pp; pp = &(*pp)->next) {
 		if (*pp == c) {
 			*pp = c->next;
 			break;
@@ -93,9 +93,9 @@ void cmd_free(struct cmd *c)
 	}
 	cmd_close_fds(c);
 	if (c->detached)
-		g_ndetached--;
+		g_agent.ndetached--;
 	for (int k = 1; k <= 2; k++) {
-		g_held -= ring_held(&c->ring[k]);
+		g_agent.held -= ring_held(&c->ring[k]);
 		mem_unmap(c->ring[k].buf, c->ring[k].size);
 	}
 	free(c);
@@ -138,7 +138,7 @@ static uint64_t ring_room(struct ring *r)
 	if (r->end >= r->cap)
 		return UINT64_MAX; /* full: writes overwrite, nothing new is touched */
 	uint64_t floor = r->end < RING_FLOOR ? RING_FLOOR - r->end : 0;
-	uint64_t room = floor + (g_budget > g_held ? g_budget - g_held : 0);
+	uint64_t room = floor + (g_agent.budget > g_agent.held ? g_agent.budget - g_agent.held : 0);
 	if (room == 0)
 		r->cap = (size_t)r->end;
 	return room ? room : UINT64_MAX;
@@ -165,7 +165,7 @@ void processes_json(struct buf *b)
 {
 	buf_puts(b, "[");
 	bool first = true;
-	for (struct cmd *c = g_cmds; c; c = c->next) {
+	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
 		if (!c->detached || !c->started)
 			continue;
 		buf_puts(b, first ? "{\"id\":" : ",{\"id\":");
@@ -230,7 +230,7 @@ static void child_main(int rep, int in, int out, int err, int tty_slave, const c
 	sigprocmask(SIG_SETMASK, &none, NULL);
 	/* Outside a PID namespace (tests) nothing else ends a command whose
 	 * agent died; inside, the namespace ends with its PID 1. */
-	if (g_self != 1)
+	if (g_agent.self != 1)
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 	/* The memory cgroup's OOM killer takes a command before the agent
 	 * (whose death would end the sandbox; see OOM_SCORE_ADJ); raising it
@@ -246,8 +246,8 @@ static void child_main(int rep, int in, int out, int err, int tty_slave, const c
 	}
 	/* The command's identity before anything it could name is touched; a
 	 * command never runs as the agent when told otherwise. */
-	if (g_switch_user && (setgroups(0, NULL) < 0 || setresgid(g_cmd_gid, g_cmd_gid, g_cmd_gid) < 0 ||
-			      setresuid(g_cmd_uid, g_cmd_uid, g_cmd_uid) < 0))
+	if (g_agent.switch_user && (setgroups(0, NULL) < 0 || setresgid(g_agent.cmd_gid, g_agent.cmd_gid, g_agent.cmd_gid) < 0 ||
+			      setresuid(g_agent.cmd_uid, g_agent.cmd_uid, g_agent.cmd_uid) < 0))
 		child_fail(rep, ST_IDENTITY, errno);
 	if (chdir(g_root) < 0 || (cwd && *cwd && chdir(cwd) < 0))
 		child_fail(rep, ST_CWD, errno);
@@ -430,13 +430,13 @@ void open_exec(uint32_t id, const struct jval *req)
 		out_error(F_RESET, id, "EXISTS", "a detached process with id %s exists", did);
 		goto out;
 	}
-	if (did && g_ndetached >= MAX_DETACHED) {
+	if (did && g_agent.ndetached >= MAX_DETACHED) {
 		out_error(F_RESET, id, "RESOURCE", "at most %d detached processes (forget ended ones)",
 			  MAX_DETACHED);
 		goto out;
 	}
 	if (did && budget)
-		g_budget = budget; /* the server's latest word on the sandbox's share */
+		g_agent.budget = budget; /* the server's latest word on the sandbox's share */
 	/* A detached process's rings, mapped before it starts (touched only as
 	 * they fill, within the budget: ring_room). */
 	char *rings[3] = {NULL, NULL, NULL};
@@ -461,7 +461,7 @@ void open_exec(uint32_t id, const struct jval *req)
 		(void)fcntl(o1[0], F_SETPIPE_SZ, (int)CMD_PIPE); /* best effort */
 	pid_t pid = ok ? fork() : -1;
 	if (pid == 0)
-		child_main(rep[1], want_stdin ? inp[0] : g_devnull, o1[1], o2[1], slave, cwd, argv,
+		child_main(rep[1], want_stdin ? inp[0] : g_agent.devnull, o1[1], o2[1], slave, cwd, argv,
 			   envp);
 	int e = errno;
 	close_fd(&rep[1]);
@@ -511,10 +511,10 @@ void open_exec(uint32_t id, const struct jval *req)
 			c->ring[k].cap = c->ring[k].size = ring;
 			c->ring[k].buf = rings[k];
 		}
-		g_ndetached++;
+		g_agent.ndetached++;
 	}
-	c->next = g_cmds;
-	g_cmds = c;
+	c->next = g_agent.cmds;
+	g_agent.cmds = c;
 	struct stream *s = stream_new(id, K_EXEC);
 	s->cmd = c;
 	if (!did)
@@ -536,7 +536,7 @@ void cmd_report(struct cmd *c)
 		return;
 	close_fd(&c->rep_fd);
 	struct stream *s = NULL;
-	for (struct stream *t = g_streams; t; t = t->next)
+	for (struct stream *t = g_agent.streams; t; t = t->next)
 		if (t->kind == K_EXEC && t->cmd == c)
 			s = t;
 	if (n == (ssize_t)sizeof r) {
@@ -562,7 +562,7 @@ void cmd_report(struct cmd *c)
 		cmd_close_fds(c);
 		if (c->detached) {
 			c->detached = false;
-			g_ndetached--;
+			g_agent.ndetached--;
 		}
 		if (c->reaped)
 			cmd_free(c);
@@ -616,7 +616,7 @@ void cmd_read_out(struct cmd *c, int k)
 		if (c->detached) {
 			uint64_t before = ring_held(&c->ring[k]);
 			c->ring[k].end += (uint64_t)n;
-			g_held += ring_held(&c->ring[k]) - before;
+			g_agent.held += ring_held(&c->ring[k]) - before;
 		} else {
 			unsigned char fd = (unsigned char)k;
 			out_frame2(F_DATA, s->id, &fd, 1, tmp, (size_t)n);
@@ -647,14 +647,14 @@ void on_sigchld(int sig)
 {
 	(void)sig;
 	int e = errno;
-	(void)!write(g_sigpipe[1], "c", 1);
+	(void)!write(g_agent.sigpipe[1], "c", 1);
 	errno = e;
 }
 
 void reap(void)
 {
 	char drain[64];
-	while (read(g_sigpipe[0], drain, sizeof drain) > 0)
+	while (read(g_agent.sigpipe[0], drain, sizeof drain) > 0)
 		;
 	for (;;) {
 		int st;
@@ -673,8 +673,8 @@ void reap(void)
 		kill(-pid, SIGKILL);
 		/* its orphans soon, but a burst of short commands scans /proc
 		 * at most ten times a second */
-		if (g_next_sweep > g_last_sweep + 100)
-			g_next_sweep = g_last_sweep + 100;
+		if (g_agent.next_sweep > g_agent.last_sweep + 100)
+			g_agent.next_sweep = g_agent.last_sweep + 100;
 		if (!c->owner && !c->detached && c->rep_fd < 0)
 			cmd_free(c);
 	}
@@ -723,7 +723,7 @@ void sweep_orphans(void)
 	while (d && (e = readdir(d))) {
 		char *end;
 		long pid = strtol(e->d_name, &end, 10);
-		if (*end || pid <= 0 || pid == g_self)
+		if (*end || pid <= 0 || pid == g_agent.self)
 			continue;
 		if (n == cap) {
 			cap *= 2;
@@ -739,7 +739,7 @@ void sweep_orphans(void)
 		closedir(d);
 	bool any = false;
 	for (size_t i = 0; i < n && !any; i++)
-		any = v[i].ppid == g_self && !cmd_by_pid(v[i].pid) && v[i].state != 'Z';
+		any = v[i].ppid == g_agent.self && !cmd_by_pid(v[i].pid) && v[i].state != 'Z';
 	if (!any) {
 		free(v);
 		return;
@@ -749,7 +749,7 @@ void sweep_orphans(void)
 	bool *live = xmalloc((n ? n : 1) * sizeof *live);
 	for (size_t i = 0; i < n; i++) {
 		struct cmd *c = cmd_by_pid(v[i].pid);
-		live[i] = c && v[i].ppid == g_self;
+		live[i] = c && v[i].ppid == g_agent.self;
 	}
 	for (bool changed = true; changed;) {
 		changed = false;
@@ -765,7 +765,7 @@ void sweep_orphans(void)
 		}
 	}
 	for (size_t i = 0; i < n; i++) {
-		if (v[i].ppid != g_self || live[i] || v[i].state == 'Z')
+		if (v[i].ppid != g_agent.self || live[i] || v[i].state == 'Z')
 			continue;
 		bool shared = false;
 		for (size_t j = 0; j < n && !shared; j++)
