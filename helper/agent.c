@@ -1,7 +1,7 @@
 /*
  * agent.c - `sbx agent`: the sandbox's main process (docs/agent.md).
- * This file: the loop, the channel's frames, epochs and streams; the
- * commands themselves are agent_exec.c's.
+ * This file: its state (struct agent, agent.h), the loop and its timers;
+ * agent.h says which file holds the rest.
  *
  * One single-threaded poll loop over non-blocking descriptors: the channel
  * (frames in on stdin, out on stdout), the commands' pipes or pseudo
@@ -18,40 +18,21 @@
  * it; nothing a sandbox can set changes which of the two it is.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <grp.h>
-#include <termios.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "agent.h"
 #include "sbx.h"
-
-static const char SYNC_MARK[SYNC_LEN] = "\xFF\xFF\xFF\xFFSANDBOXDSYNC";
-
-/* ------------------------------------------------------------------ */
-/* State: all of it in struct agent (agent.h)                         */
-/* ------------------------------------------------------------------ */
 
 struct agent g_agent = {
 	.hunting = true,
@@ -122,11 +103,289 @@ void close_fd(int *fd)
 	*fd = -1;
 }
 
-/* ------------------------------------------------------------------ */
-/* Output frames                                                       */
-/* ------------------------------------------------------------------ */
+static void timers(uint64_t now)
+{
+	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
+		if (c->kill_at && now >= c->kill_at && !c->reaped) {
+			kill(c->pid, SIGKILL);
+			kill(-c->pid, SIGKILL);
+			c->kill_at = now + KILL_GRACE_MS;
+		}
+		/* A reaped tty command whose terminal gives no EIO (gVisor): its
+		 * output is over at the first empty read (cmd_read). */
+		if (c->tty_done_at && now >= c->tty_done_at && c->out_fd[1] >= 0)
+			cmd_read_out(c, 1);
+	}
+	if (now >= g_agent.next_sweep) {
+		sweep_orphans();
+		g_agent.last_sweep = now;
+		g_agent.next_sweep = now + SWEEP_MS;
+	}
+	if (g_agent.epoch && g_agent.stdin_open) {
+		uint64_t quiet = now > g_agent.last_rx ? now - g_agent.last_rx : 0;
+		if (quiet >= 2 * g_agent.keepalive) {
+			end_epoch("KEEPALIVE", "nothing received for two keepalive periods");
+		} else if (quiet >= g_agent.keepalive && !g_agent.ping_sent_at) {
+			unsigned char ping[8];
+			put32(ping, (uint32_t)(now >> 32));
+			put32(ping + 4, (uint32_t)now);
+			out_frame(F_PING, 0, ping, 8);
+			g_agent.ping_sent_at = now;
+		}
+	}
+}
 
-static size_t out_pending(void)
+enum ptag { P_IN, P_OUT, P_SIG, P_LISTEN, P_REPORT, P_CMDOUT, P_SINK, P_SOCK };
+
+struct pref {
+	enum ptag tag;
+	void *ptr;
+	int k;
+};
+
+static void pset(int fd, short ev, enum ptag tag, void *ptr, int k)
+{
+	if (g_agent.pn == g_agent.pcap) {
+		g_agent.pcap = g_agent.pcap ? g_agent.pcap * 2 : 64;
+		struct pollfd *np = realloc(g_agent.pfd, g_agent.pcap * sizeof *np);
+		struct pref *nr = np ? realloc(g_agent.pref, g_agent.pcap * sizeof *nr) : NULL;
+		if (!np || !nr)
+			oom();
+		g_agent.pfd = np;
+		g_agent.pref = nr;
+	}
+	g_agent.pfd[g_agent.pn] = (struct pollfd){.fd = fd, .events = ev};
+	g_agent.pref[g_agent.pn] = (struct pref){tag, ptr, k};
+	g_agent.pn++;
+}
+
+void build_poll(void)
+{
+	uint64_t now = now_us();
+	g_agent.hold_wake_us = 0;
+	g_agent.pn = 0;
+	pset(g_agent.sigpipe[0], POLLIN, P_SIG, NULL, 0);
+	if (g_agent.stdin_open && out_room())
+		pset(0, POLLIN, P_IN, NULL, 0);
+	if (out_pending() && !g_agent.out_broken)
+		pset(1, POLLOUT, P_OUT, NULL, 0);
+	if (g_agent.listen >= 0)
+		pset(g_agent.listen, POLLIN, P_LISTEN, NULL, 0);
+	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
+		if (c->rep_fd >= 0) {
+			pset(c->rep_fd, POLLIN, P_REPORT, c, 0);
+			continue;
+		}
+		if (!c->started)
+			continue;
+		for (int k = 1; k <= 2; k++) {
+			if (c->out_fd[k] < 0)
+				continue;
+			if (!c->detached &&
+			    (!c->owner || !out_room() || c->owner->send_credit <= 0))
+				continue;
+			if (c->hold_until_us[k] > now) {
+				if (!g_agent.hold_wake_us || c->hold_until_us[k] < g_agent.hold_wake_us)
+					g_agent.hold_wake_us = c->hold_until_us[k];
+				continue;
+			}
+			pset(c->out_fd[k], POLLIN, P_CMDOUT, c, k);
+		}
+	}
+	for (struct stream *s = g_agent.streams; s; s = s->next) {
+		int fd = stream_sink(s);
+		if (fd >= 0 && s->ib_len > 0)
+			pset(fd, POLLOUT, P_SINK, s, 0);
+		if ((s->kind == K_DIAL || s->kind == K_EGRESS) && s->sock >= 0) {
+			if (s->connecting)
+				pset(s->sock, POLLOUT, P_SOCK, s, 0);
+			else if (s->established && !s->sock_eof && s->send_credit > 0 && out_room())
+				pset(s->sock, POLLIN, P_SOCK, s, 0);
+		}
+	}
+}
+
+static bool stream_alive(const struct stream *p)
+{
+	for (struct stream *s = g_agent.streams; s; s = s->next)
+		if (s == p)
+			return true;
+	return false;
+}
+
+static bool cmd_alive(const struct cmd *p)
+{
+	for (struct cmd *c = g_agent.cmds; c; c = c->next)
+		if (c == p)
+			return true;
+	return false;
+}
+
+static void dispatch(size_t i)
+{
+	short re = g_agent.pfd[i].revents;
+	struct pref r = g_agent.pref[i];
+	if (!re)
+		return;
+	switch (r.tag) {
+	case P_SIG:
+		reap();
+		break;
+	case P_IN:
+		read_channel();
+		break;
+	case P_OUT:
+		out_write();
+		break;
+	case P_LISTEN:
+		egress_accept();
+		break;
+	case P_REPORT:
+		if (cmd_alive(r.ptr) && ((struct cmd *)r.ptr)->rep_fd == g_agent.pfd[i].fd)
+			cmd_report(r.ptr);
+		break;
+	case P_CMDOUT:
+		if (cmd_alive(r.ptr) && ((struct cmd *)r.ptr)->out_fd[r.k] == g_agent.pfd[i].fd)
+			cmd_read_out(r.ptr, r.k);
+		break;
+	case P_SINK:
+		if (stream_alive(r.ptr) && stream_sink(r.ptr) == g_agent.pfd[i].fd)
+			stream_write_in(r.ptr);
+		break;
+	case P_SOCK: {
+		struct stream *s = r.ptr;
+		if (!stream_alive(s) || s->sock != g_agent.pfd[i].fd)
+			break;
+		if (s->connecting)
+			dial_connected(s);
+		else
+			sock_read(s);
+		break;
+	}
+	}
+}
+
+static int poll_timeout(uint64_t now)
+{
+	uint64_t next = g_agent.next_sweep;
+	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
+		if (c->kill_at && c->kill_at < next)
+			next = c->kill_at;
+		/* once past, the terminal's data or the stream's window wakes us */
+		if (c->tty_done_at > now && c->out_fd[1] >= 0 && c->tty_done_at < next)
+			next = c->tty_done_at;
+	}
+	if (g_agent.epoch && g_agent.stdin_open) {
+		uint64_t k = g_agent.last_rx + (g_agent.ping_sent_at ? 2 * g_agent.keepalive : g_agent.keepalive);
+		if (k < next)
+			next = k;
+	}
+	return next <= now ? 0 : next - now > 60000 ? 60000 : (int)(next - now);
+}
+
+int cmd_agent(int argc, char **argv)
+{
+	unsigned long uid, gid;
+	char extra;
+	if (argc == 2 && !strcmp(argv[0], "--user") &&
+	    sscanf(argv[1], "%lu:%lu%c", &uid, &gid, &extra) == 2 && uid > 0 && gid > 0 &&
+	    uid < 0xFFFFFFFFul && gid < 0xFFFFFFFFul) {
+		g_agent.switch_user = true;
+		g_agent.cmd_uid = (uid_t)uid;
+		g_agent.cmd_gid = (gid_t)gid;
+	} else if (argc > 0) {
+		static const char msg[] = "usage: sbx [--root DIR] agent [--user UID:GID]\n";
+		(void)!write(2, msg, sizeof msg - 1);
+		return 2;
+	}
+	g_agent.self = getpid();
+	/* Nothing of the container's environment is the commands' business
+	 * (they get exactly the env of their request), and gVisor lets
+	 * /proc/1/environ be read whatever the dumpable flag says: the strings
+	 * are wiped where the kernel shows them from. */
+	for (char **e = environ; e && *e; e++)
+		memset(*e, 0, strlen(*e));
+	/* Same uid as the commands: without this they could ptrace the agent
+	 * or read its memory through /proc. */
+	prctl(PR_SET_DUMPABLE, 0);
+	if (g_agent.self != 1)
+		prctl(PR_SET_CHILD_SUBREAPER, 1);
+	signal(SIGPIPE, SIG_IGN);
+	if (pipe2(g_agent.sigpipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+		logf_("agent: pipe: %s", strerror(errno));
+		return 1;
+	}
+	struct sigaction sa = {.sa_handler = on_sigchld, .sa_flags = SA_RESTART | SA_NOCLDSTOP};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGCHLD, &sa, NULL);
+	g_agent.devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (g_agent.devnull < 0) {
+		logf_("agent: /dev/null: %s", strerror(errno));
+		return 1;
+	}
+	unsigned char rnd[16];
+	if (getrandom(rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd) {
+		uint64_t t = now_ms() ^ ((uint64_t)g_agent.self << 32);
+		memcpy(rnd, &t, sizeof t);
+		memcpy(rnd + 8, &t, sizeof t);
+	}
+	for (size_t k = 0; k < sizeof rnd; k++)
+		snprintf(g_agent.instance + 2 * k, 3, "%02x", rnd[k]);
+	/* A fixed threshold: glibc's own grows it to the largest block freed,
+	 * and the heap then keeps freed memory resident that nothing counts. */
+	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+	g_agent.out = xmalloc(OUT_CAP);
+	set_nonblock(0);
+	set_nonblock(1);
+	/* Diagnostics are dropped rather than ever blocking the loop. */
+	set_nonblock(2);
+	g_agent.last_rx = now_ms();
+	for (;;) {
+		out_write();
+		pump_streams();
+		out_write();
+		uint64_t now = now_ms();
+		timers(now);
+		if (!g_agent.stdin_open && g_agent.self != 1) {
+			/* Tests: the channel is gone, nobody can ask for anything
+			 * any more.  As PID 1 the agent stays (docker keeps stdin
+			 * open; should it close, detached processes go on). */
+			bool left = false;
+			for (struct cmd *c = g_agent.cmds; c; c = c->next) {
+				if (!c->reaped) {
+					kill(-c->pid, SIGKILL);
+					kill(c->pid, SIGKILL);
+					left = true;
+				}
+			}
+			if (!left)
+				return 0;
+		}
+		build_poll();
+		int ms = poll_timeout(now_ms());
+		struct timespec wait = {ms / 1000, (long)(ms % 1000) * 1000000L};
+		if (g_agent.hold_wake_us) {
+			uint64_t now = now_us();
+			uint64_t us = g_agent.hold_wake_us > now ? g_agent.hold_wake_us - now : 0;
+			if (us < (uint64_t)ms * 1000u)
+				wait = (struct timespec){0, (long)us * 1000L};
+		}
+		int r = ppoll(g_agent.pfd, g_agent.pn, &wait, NULL);
+		if (r < 0 && errno != EINTR) {
+			logf_("agent: poll: %s", strerror(errno));
+			struct timespec ts = {0, 10000000};
+			nanosleep(&ts, NULL);
+			continue;
+		}
+		for (size_t i = 0; r > 0 && i < g_agent.pn; i++)
+			dispatch(i);
+		/* Input held back by a full output queue continues here. */
+		if (g_agent.epoch || !g_agent.hunting || g_agent.in_len > g_agent.in_off)
+			process_input();
+	}
+}
+
+size_t out_pending(void)
 {
 	return g_agent.out_len - g_agent.out_head;
 }
@@ -203,7 +462,7 @@ void out_error(uint8_t type, uint32_t stream, const char *error, const char *fmt
 	out_json(type, stream, &b);
 }
 
-static void out_u32(uint8_t type, uint32_t stream, uint32_t v)
+void out_u32(uint8_t type, uint32_t stream, uint32_t v)
 {
 	unsigned char p[4];
 	put32(p, v);
@@ -212,14 +471,14 @@ static void out_u32(uint8_t type, uint32_t stream, uint32_t v)
 
 /* The frame the head is in (partly written) is kept whole: the server skips
  * to its nonce's HELLO_OK, but a frame cut short would swallow its start. */
-static void out_discard(void)
+void out_discard(void)
 {
 	while (g_agent.out_frame_end < g_agent.out_head && g_agent.out_frame_end < g_agent.out_len)
 		g_agent.out_frame_end += HDR_LEN + get32((unsigned char *)g_agent.out + g_agent.out_frame_end);
 	g_agent.out_len = g_agent.out_frame_end > g_agent.out_head ? g_agent.out_frame_end : g_agent.out_head;
 }
 
-static void out_flush(void)
+void out_write(void)
 {
 	while (out_pending() > 0 && !g_agent.out_broken) {
 		ssize_t w = write(1, g_agent.out + g_agent.out_head, out_pending());
@@ -243,11 +502,7 @@ static void out_flush(void)
 		g_agent.out_head = g_agent.out_len = g_agent.out_frame_end = 0;
 }
 
-/* ------------------------------------------------------------------ */
-/* Streams                                                             */
-/* ------------------------------------------------------------------ */
-
-static struct stream *stream_find(uint32_t id)
+struct stream *stream_find(uint32_t id)
 {
 	for (struct stream *s = g_agent.streams; s; s = s->next)
 		if (s->id == id)
@@ -281,7 +536,7 @@ static void ib_release(struct stream *s)
 	s->ib_size = s->ib_held = 0;
 }
 
-static bool ib_reserve(struct stream *s, size_t len)
+bool ib_reserve(struct stream *s, size_t len)
 {
 	if (!s->ib) {
 		s->ib = mem_map(g_agent.window);
@@ -317,7 +572,7 @@ void stream_drop(struct stream *s)
 	free(s);
 }
 
-static void stream_reset(struct stream *s, const char *error, const char *msg)
+void stream_reset(struct stream *s, const char *error, const char *msg)
 {
 	out_error(F_RESET, s->id, error, "%s", msg);
 	stream_drop(s);
@@ -325,7 +580,7 @@ static void stream_reset(struct stream *s, const char *error, const char *msg)
 
 /* Bytes of the server's DATA were written (or discarded): give the window
  * back in steps of half of it. */
-static void stream_consumed(struct stream *s, size_t n)
+void stream_consumed(struct stream *s, size_t n)
 {
 	s->consumed += (uint32_t)n;
 	if (s->consumed >= g_agent.window / 2) {
@@ -336,7 +591,7 @@ static void stream_consumed(struct stream *s, size_t n)
 }
 
 /* Where a stream's inbound bytes go: the process's stdin, or the socket. */
-static int stream_sink(const struct stream *s)
+int stream_sink(const struct stream *s)
 {
 	if (s->kind == K_DIAL || s->kind == K_EGRESS)
 		return s->connecting ? -1 : s->sock;
@@ -363,7 +618,7 @@ static void stream_eof_done(struct stream *s)
 	close_fd(&c->in_fd);
 }
 
-static void stream_write_in(struct stream *s)
+void stream_write_in(struct stream *s)
 {
 	if (s->connecting)
 		return; /* kept until the connection is made */
@@ -402,9 +657,45 @@ static void stream_write_in(struct stream *s)
 		stream_eof_done(s);
 }
 
-/* ------------------------------------------------------------------ */
-/* attach, processes, forget                                           */
-/* ------------------------------------------------------------------ */
+/* Exit codes, EXITs and attach replays: what became sendable. */
+void pump_streams(void)
+{
+	for (struct stream *s = g_agent.streams, *n; s; s = n) {
+		n = s->next;
+		if (!out_room())
+			return;
+		if (!s->established)
+			continue;
+		if (s->kind == K_ATTACH || (s->kind == K_EXEC && s->cmd && s->cmd->detached)) {
+			if (!attach_pump(s))
+				continue;
+			struct cmd *c = s->cmd;
+			if (cmd_output_done(c) && s->cursor[1] == c->ring[1].end &&
+			    s->cursor[2] == c->ring[2].end) {
+				struct buf b = {0};
+				buf_puts(&b, "{");
+				exit_json(&b, c);
+				buf_puts(&b, "}");
+				out_json(F_EXIT, s->id, &b);
+				stream_drop(s);
+			}
+		} else if (s->kind == K_EXEC && s->cmd && cmd_output_done(s->cmd)) {
+			struct buf b = {0};
+			buf_puts(&b, "{");
+			exit_json(&b, s->cmd);
+			buf_puts(&b, "}");
+			out_json(F_EXIT, s->id, &b);
+			struct cmd *c = s->cmd;
+			c->owner = NULL;
+			stream_drop(s);
+			cmd_free(c);
+		} else if ((s->kind == K_DIAL || s->kind == K_EGRESS) && s->sock_eof &&
+			   s->in_eof_done) {
+			out_frame(F_CLOSE, s->id, NULL, 0);
+			stream_drop(s);
+		}
+	}
+}
 
 static uint64_t offset_of(const struct jval *o, const char *k)
 {
@@ -412,7 +703,7 @@ static uint64_t offset_of(const struct jval *o, const char *k)
 	return v && v->type == J_NUM && v->is_int && v->i > 0 ? (uint64_t)v->i : 0;
 }
 
-static void open_attach(uint32_t id, const struct jval *req)
+void open_attach(uint32_t id, const struct jval *req)
 {
 	const struct jval *idv = json_get(req, "id"), *offs = json_get(req, "offsets");
 	struct cmd *c = idv && idv->type == J_STR ? cmd_by_id(idv->s) : NULL;
@@ -439,7 +730,7 @@ static void open_attach(uint32_t id, const struct jval *req)
 
 /* Send a detached process's output to a stream attached to it. Returns
  * false when the stream was reset (and freed): the caller must not touch it. */
-static bool attach_pump(struct stream *s)
+bool attach_pump(struct stream *s)
 {
 	struct cmd *c = s->cmd;
 	for (int k = 1; k <= 2; k++) {
@@ -466,7 +757,7 @@ static bool attach_pump(struct stream *s)
 	return true;
 }
 
-static void open_processes(uint32_t id)
+void open_processes(uint32_t id)
 {
 	struct buf b = {0};
 	buf_puts(&b, "{\"processes\":");
@@ -476,7 +767,7 @@ static void open_processes(uint32_t id)
 	out_frame(F_CLOSE, id, NULL, 0);
 }
 
-static void open_forget(uint32_t id, const struct jval *req)
+void open_forget(uint32_t id, const struct jval *req)
 {
 	const struct jval *idv = json_get(req, "id");
 	struct cmd *c = idv && idv->type == J_STR ? cmd_by_id(idv->s) : NULL;
@@ -500,11 +791,7 @@ static void open_forget(uint32_t id, const struct jval *req)
 	out_frame(F_CLOSE, id, NULL, 0);
 }
 
-/* ------------------------------------------------------------------ */
-/* dial and egress                                                     */
-/* ------------------------------------------------------------------ */
-
-static void open_dial(uint32_t id, const struct jval *req)
+void open_dial(uint32_t id, const struct jval *req)
 {
 	unsigned port;
 	if (nonneg_u16(json_get(req, "port"), &port) < 0) {
@@ -533,7 +820,7 @@ static void open_dial(uint32_t id, const struct jval *req)
 	}
 }
 
-static void dial_connected(struct stream *s)
+void dial_connected(struct stream *s)
 {
 	int err = 0;
 	socklen_t len = sizeof err;
@@ -552,7 +839,7 @@ static void dial_connected(struct stream *s)
 	stream_write_in(s); /* what came (DATA, EOF) while it connected */
 }
 
-static void sock_read(struct stream *s)
+void sock_read(struct stream *s)
 {
 	char tmp[CHUNK];
 	while (s->sock >= 0 && !s->sock_eof && s->send_credit > 0 && out_room()) {
@@ -578,7 +865,7 @@ static void sock_read(struct stream *s)
 	}
 }
 
-static void listen_egress(uint32_t port)
+void listen_egress(uint32_t port)
 {
 	g_agent.listen_error[0] = '\0';
 	if (g_agent.listen >= 0 && g_agent.listen_port == port)
@@ -604,7 +891,7 @@ static void listen_egress(uint32_t port)
 	g_agent.listen_port = (uint16_t)port;
 }
 
-static void egress_accept(void)
+void egress_accept(void)
 {
 	for (int k = 0; k < 16; k++) {
 		struct sockaddr_in peer;
@@ -632,13 +919,11 @@ static void egress_accept(void)
 	}
 }
 
-/* ------------------------------------------------------------------ */
-/* Epochs                                                              */
-/* ------------------------------------------------------------------ */
+static const char SYNC_MARK[SYNC_LEN] = "\xFF\xFF\xFF\xFFSANDBOXDSYNC";
 
 /* End the epoch: every stream goes (non-detached commands are ended),
  * unsent frames are discarded, input is skipped to the next SYNC. */
-static void end_epoch(const char *error, const char *msg)
+void end_epoch(const char *error, const char *msg)
 {
 	if (g_agent.epoch && error)
 		logf_("agent: epoch ended: %s: %s", error, msg);
@@ -719,10 +1004,6 @@ static void on_hello(const char *p, size_t n)
 	}
 	out_json(F_HELLO_OK, 0, &b);
 }
-
-/* ------------------------------------------------------------------ */
-/* Input frames                                                        */
-/* ------------------------------------------------------------------ */
 
 static void on_open(uint32_t id, const char *p, size_t n)
 {
@@ -899,7 +1180,7 @@ static void on_frame(uint8_t type, uint32_t id, const unsigned char *p, size_t n
 	}
 }
 
-static void process_input(void)
+void process_input(void)
 {
 	while (g_agent.in_len > g_agent.in_off && out_room()) {
 		unsigned char *b = (unsigned char *)g_agent.in + g_agent.in_off;
@@ -952,7 +1233,7 @@ static void process_input(void)
 	}
 }
 
-static void read_channel(void)
+void read_channel(void)
 {
 	if (g_agent.in_len == IN_CAP && g_agent.in_off > 0) {
 		memmove(g_agent.in, g_agent.in + g_agent.in_off, g_agent.in_len - g_agent.in_off);
@@ -985,330 +1266,4 @@ static void read_channel(void)
 	g_agent.last_rx = now_ms();
 	g_agent.ping_sent_at = 0;
 	process_input();
-}
-
-static void timers(uint64_t now)
-{
-	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
-		if (c->kill_at && now >= c->kill_at && !c->reaped) {
-			kill(c->pid, SIGKILL);
-			kill(-c->pid, SIGKILL);
-			c->kill_at = now + KILL_GRACE_MS;
-		}
-		/* A reaped tty command whose terminal gives no EIO (gVisor): its
-		 * output is over at the first empty read (cmd_read). */
-		if (c->tty_done_at && now >= c->tty_done_at && c->out_fd[1] >= 0)
-			cmd_read_out(c, 1);
-	}
-	if (now >= g_agent.next_sweep) {
-		sweep_orphans();
-		g_agent.last_sweep = now;
-		g_agent.next_sweep = now + SWEEP_MS;
-	}
-	if (g_agent.epoch && g_agent.stdin_open) {
-		uint64_t quiet = now > g_agent.last_rx ? now - g_agent.last_rx : 0;
-		if (quiet >= 2 * g_agent.keepalive) {
-			end_epoch("KEEPALIVE", "nothing received for two keepalive periods");
-		} else if (quiet >= g_agent.keepalive && !g_agent.ping_sent_at) {
-			unsigned char ping[8];
-			put32(ping, (uint32_t)(now >> 32));
-			put32(ping + 4, (uint32_t)now);
-			out_frame(F_PING, 0, ping, 8);
-			g_agent.ping_sent_at = now;
-		}
-	}
-}
-
-/* Exit codes, EXITs and attach replays: what became sendable. */
-static void pump_streams(void)
-{
-	for (struct stream *s = g_agent.streams, *n; s; s = n) {
-		n = s->next;
-		if (!out_room())
-			return;
-		if (!s->established)
-			continue;
-		if (s->kind == K_ATTACH || (s->kind == K_EXEC && s->cmd && s->cmd->detached)) {
-			if (!attach_pump(s))
-				continue;
-			struct cmd *c = s->cmd;
-			if (cmd_output_done(c) && s->cursor[1] == c->ring[1].end &&
-			    s->cursor[2] == c->ring[2].end) {
-				struct buf b = {0};
-				buf_puts(&b, "{");
-				exit_json(&b, c);
-				buf_puts(&b, "}");
-				out_json(F_EXIT, s->id, &b);
-				stream_drop(s);
-			}
-		} else if (s->kind == K_EXEC && s->cmd && cmd_output_done(s->cmd)) {
-			struct buf b = {0};
-			buf_puts(&b, "{");
-			exit_json(&b, s->cmd);
-			buf_puts(&b, "}");
-			out_json(F_EXIT, s->id, &b);
-			struct cmd *c = s->cmd;
-			c->owner = NULL;
-			stream_drop(s);
-			cmd_free(c);
-		} else if ((s->kind == K_DIAL || s->kind == K_EGRESS) && s->sock_eof &&
-			   s->in_eof_done) {
-			out_frame(F_CLOSE, s->id, NULL, 0);
-			stream_drop(s);
-		}
-	}
-}
-
-/* ------------------------------------------------------------------ */
-/* The loop                                                            */
-/* ------------------------------------------------------------------ */
-
-enum ptag { P_IN, P_OUT, P_SIG, P_LISTEN, P_REPORT, P_CMDOUT, P_SINK, P_SOCK };
-
-struct pref {
-	enum ptag tag;
-	void *ptr;
-	int k;
-};
-
-static void pset(int fd, short ev, enum ptag tag, void *ptr, int k)
-{
-	if (g_agent.pn == g_agent.pcap) {
-		g_agent.pcap = g_agent.pcap ? g_agent.pcap * 2 : 64;
-		struct pollfd *np = realloc(g_agent.pfd, g_agent.pcap * sizeof *np);
-		struct pref *nr = np ? realloc(g_agent.pref, g_agent.pcap * sizeof *nr) : NULL;
-		if (!np || !nr)
-			oom();
-		g_agent.pfd = np;
-		g_agent.pref = nr;
-	}
-	g_agent.pfd[g_agent.pn] = (struct pollfd){.fd = fd, .events = ev};
-	g_agent.pref[g_agent.pn] = (struct pref){tag, ptr, k};
-	g_agent.pn++;
-}
-
-static void build_poll(void)
-{
-	uint64_t now = now_us();
-	g_agent.hold_wake_us = 0;
-	g_agent.pn = 0;
-	pset(g_agent.sigpipe[0], POLLIN, P_SIG, NULL, 0);
-	if (g_agent.stdin_open && out_room())
-		pset(0, POLLIN, P_IN, NULL, 0);
-	if (out_pending() && !g_agent.out_broken)
-		pset(1, POLLOUT, P_OUT, NULL, 0);
-	if (g_agent.listen >= 0)
-		pset(g_agent.listen, POLLIN, P_LISTEN, NULL, 0);
-	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
-		if (c->rep_fd >= 0) {
-			pset(c->rep_fd, POLLIN, P_REPORT, c, 0);
-			continue;
-		}
-		if (!c->started)
-			continue;
-		for (int k = 1; k <= 2; k++) {
-			if (c->out_fd[k] < 0)
-				continue;
-			if (!c->detached &&
-			    (!c->owner || !out_room() || c->owner->send_credit <= 0))
-				continue;
-			if (c->hold_until_us[k] > now) {
-				if (!g_agent.hold_wake_us || c->hold_until_us[k] < g_agent.hold_wake_us)
-					g_agent.hold_wake_us = c->hold_until_us[k];
-				continue;
-			}
-			pset(c->out_fd[k], POLLIN, P_CMDOUT, c, k);
-		}
-	}
-	for (struct stream *s = g_agent.streams; s; s = s->next) {
-		int fd = stream_sink(s);
-		if (fd >= 0 && s->ib_len > 0)
-			pset(fd, POLLOUT, P_SINK, s, 0);
-		if ((s->kind == K_DIAL || s->kind == K_EGRESS) && s->sock >= 0) {
-			if (s->connecting)
-				pset(s->sock, POLLOUT, P_SOCK, s, 0);
-			else if (s->established && !s->sock_eof && s->send_credit > 0 && out_room())
-				pset(s->sock, POLLIN, P_SOCK, s, 0);
-		}
-	}
-}
-
-static bool stream_alive(const struct stream *p)
-{
-	for (struct stream *s = g_agent.streams; s; s = s->next)
-		if (s == p)
-			return true;
-	return false;
-}
-
-static bool cmd_alive(const struct cmd *p)
-{
-	for (struct cmd *c = g_agent.cmds; c; c = c->next)
-		if (c == p)
-			return true;
-	return false;
-}
-
-static void dispatch(size_t i)
-{
-	short re = g_agent.pfd[i].revents;
-	struct pref r = g_agent.pref[i];
-	if (!re)
-		return;
-	switch (r.tag) {
-	case P_SIG:
-		reap();
-		break;
-	case P_IN:
-		read_channel();
-		break;
-	case P_OUT:
-		out_flush();
-		break;
-	case P_LISTEN:
-		egress_accept();
-		break;
-	case P_REPORT:
-		if (cmd_alive(r.ptr) && ((struct cmd *)r.ptr)->rep_fd == g_agent.pfd[i].fd)
-			cmd_report(r.ptr);
-		break;
-	case P_CMDOUT:
-		if (cmd_alive(r.ptr) && ((struct cmd *)r.ptr)->out_fd[r.k] == g_agent.pfd[i].fd)
-			cmd_read_out(r.ptr, r.k);
-		break;
-	case P_SINK:
-		if (stream_alive(r.ptr) && stream_sink(r.ptr) == g_agent.pfd[i].fd)
-			stream_write_in(r.ptr);
-		break;
-	case P_SOCK: {
-		struct stream *s = r.ptr;
-		if (!stream_alive(s) || s->sock != g_agent.pfd[i].fd)
-			break;
-		if (s->connecting)
-			dial_connected(s);
-		else
-			sock_read(s);
-		break;
-	}
-	}
-}
-
-static int poll_timeout(uint64_t now)
-{
-	uint64_t next = g_agent.next_sweep;
-	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
-		if (c->kill_at && c->kill_at < next)
-			next = c->kill_at;
-		/* once past, the terminal's data or the stream's window wakes us */
-		if (c->tty_done_at > now && c->out_fd[1] >= 0 && c->tty_done_at < next)
-			next = c->tty_done_at;
-	}
-	if (g_agent.epoch && g_agent.stdin_open) {
-		uint64_t k = g_agent.last_rx + (g_agent.ping_sent_at ? 2 * g_agent.keepalive : g_agent.keepalive);
-		if (k < next)
-			next = k;
-	}
-	return next <= now ? 0 : next - now > 60000 ? 60000 : (int)(next - now);
-}
-
-int cmd_agent(int argc, char **argv)
-{
-	unsigned long uid, gid;
-	char extra;
-	if (argc == 2 && !strcmp(argv[0], "--user") &&
-	    sscanf(argv[1], "%lu:%lu%c", &uid, &gid, &extra) == 2 && uid > 0 && gid > 0 &&
-	    uid < 0xFFFFFFFFul && gid < 0xFFFFFFFFul) {
-		g_agent.switch_user = true;
-		g_agent.cmd_uid = (uid_t)uid;
-		g_agent.cmd_gid = (gid_t)gid;
-	} else if (argc > 0) {
-		static const char msg[] = "usage: sbx [--root DIR] agent [--user UID:GID]\n";
-		(void)!write(2, msg, sizeof msg - 1);
-		return 2;
-	}
-	g_agent.self = getpid();
-	/* Nothing of the container's environment is the commands' business
-	 * (they get exactly the env of their request), and gVisor lets
-	 * /proc/1/environ be read whatever the dumpable flag says: the strings
-	 * are wiped where the kernel shows them from. */
-	for (char **e = environ; e && *e; e++)
-		memset(*e, 0, strlen(*e));
-	/* Same uid as the commands: without this they could ptrace the agent
-	 * or read its memory through /proc. */
-	prctl(PR_SET_DUMPABLE, 0);
-	if (g_agent.self != 1)
-		prctl(PR_SET_CHILD_SUBREAPER, 1);
-	signal(SIGPIPE, SIG_IGN);
-	if (pipe2(g_agent.sigpipe, O_CLOEXEC | O_NONBLOCK) < 0) {
-		logf_("agent: pipe: %s", strerror(errno));
-		return 1;
-	}
-	struct sigaction sa = {.sa_handler = on_sigchld, .sa_flags = SA_RESTART | SA_NOCLDSTOP};
-	sigemptyset(&sa.sa_mask);
-	sigaction(SIGCHLD, &sa, NULL);
-	g_agent.devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-	if (g_agent.devnull < 0) {
-		logf_("agent: /dev/null: %s", strerror(errno));
-		return 1;
-	}
-	unsigned char rnd[16];
-	if (getrandom(rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd) {
-		uint64_t t = now_ms() ^ ((uint64_t)g_agent.self << 32);
-		memcpy(rnd, &t, sizeof t);
-		memcpy(rnd + 8, &t, sizeof t);
-	}
-	for (size_t k = 0; k < sizeof rnd; k++)
-		snprintf(g_agent.instance + 2 * k, 3, "%02x", rnd[k]);
-	/* A fixed threshold: glibc's own grows it to the largest block freed,
-	 * and the heap then keeps freed memory resident that nothing counts. */
-	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
-	g_agent.out = xmalloc(OUT_CAP);
-	set_nonblock(0);
-	set_nonblock(1);
-	/* Diagnostics are dropped rather than ever blocking the loop. */
-	set_nonblock(2);
-	g_agent.last_rx = now_ms();
-	for (;;) {
-		out_flush();
-		pump_streams();
-		out_flush();
-		uint64_t now = now_ms();
-		timers(now);
-		if (!g_agent.stdin_open && g_agent.self != 1) {
-			/* Tests: the channel is gone, nobody can ask for anything
-			 * any more.  As PID 1 the agent stays (docker keeps stdin
-			 * open; should it close, detached processes go on). */
-			bool left = false;
-			for (struct cmd *c = g_agent.cmds; c; c = c->next) {
-				if (!c->reaped) {
-					kill(-c->pid, SIGKILL);
-					kill(c->pid, SIGKILL);
-					left = true;
-				}
-			}
-			if (!left)
-				return 0;
-		}
-		build_poll();
-		int ms = poll_timeout(now_ms());
-		struct timespec wait = {ms / 1000, (long)(ms % 1000) * 1000000L};
-		if (g_agent.hold_wake_us) {
-			uint64_t now = now_us();
-			uint64_t us = g_agent.hold_wake_us > now ? g_agent.hold_wake_us - now : 0;
-			if (us < (uint64_t)ms * 1000u)
-				wait = (struct timespec){0, (long)us * 1000L};
-		}
-		int r = ppoll(g_agent.pfd, g_agent.pn, &wait, NULL);
-		if (r < 0 && errno != EINTR) {
-			logf_("agent: poll: %s", strerror(errno));
-			struct timespec ts = {0, 10000000};
-			nanosleep(&ts, NULL);
-			continue;
-		}
-		for (size_t i = 0; r > 0 && i < g_agent.pn; i++)
-			dispatch(i);
-		/* Input held back by a full output queue continues here. */
-		if (g_agent.epoch || !g_agent.hunting || g_agent.in_len > g_agent.in_off)
-			process_input();
-	}
 }

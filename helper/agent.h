@@ -1,7 +1,9 @@
 /*
- * agent.h - what the agent's files share: agent.c (the loop, the channel's
- * frames, epochs and streams), agent_exec.c (commands: starting them, their
- * output, reaping, orphans) and agent_json.c (the requests' JSON).
+ * agent.h - what the files of `sbx agent` share: its state (struct agent),
+ * the channel's constants and records, and each file's functions.  agent.c
+ * runs the loop; agent_in.c and agent_out.c are the channel's two directions;
+ * agent_stream.c, agent_attach.c and agent_net.c the streams; agent_cmd.c,
+ * agent_exec.c and agent_reap.c the commands; agent_json.c the requests' JSON.
  */
 #ifndef SBX_AGENT_H
 #define SBX_AGENT_H
@@ -228,27 +230,7 @@ struct agent {
 
 extern struct agent g_agent;
 
-struct cmd *cmd_by_pid(pid_t pid);
-struct cmd *cmd_by_id(const char *id);
-struct stream *stream_new(uint32_t id, enum kind kind);
-void cmd_close_fds(struct cmd *c);
-void cmd_free(struct cmd *c);
-void cmd_abandon(struct cmd *c);
-void *mem_map(size_t n);
-void mem_unmap(void *p, size_t n);
-uint64_t ring_start(const struct ring *r);
-uint64_t ring_fill(const struct ring *r);
-void exit_json(struct buf *b, const struct cmd *c);
-void offsets_json(struct buf *b, uint64_t o1, uint64_t o2);
-void processes_json(struct buf *b);
-int nonneg_u16(const struct jval *v, unsigned *out);
-void open_exec(uint32_t id, const struct jval *req);
-void cmd_report(struct cmd *c);
-void cmd_read_out(struct cmd *c, int k);
-bool cmd_output_done(const struct cmd *c);
-void on_sigchld(int sig);
-void reap(void);
-void sweep_orphans(void);
+/* ---- agent.c: the loop, and small helpers ---- */
 uint64_t now_ms(void);
 uint64_t now_us(void);
 __attribute__((format(printf, 1, 2))) void logf_(const char *fmt, ...);
@@ -256,13 +238,75 @@ void set_nonblock(int fd);
 void put32(unsigned char *p, uint32_t v);
 uint32_t get32(const unsigned char *p);
 void close_fd(int *fd);
+
+/* ---- agent_out.c: frames queued on the channel's output ---- */
+size_t out_pending(void);
 bool out_room(void);
 void out_frame2(uint8_t type, uint32_t stream, const void *p1, size_t n1, const void *p2,
-		       size_t n2);
+		size_t n2);
 void out_frame(uint8_t type, uint32_t stream, const void *p, size_t n);
 void out_json(uint8_t type, uint32_t stream, struct buf *b);
 void out_error(uint8_t type, uint32_t stream, const char *error, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+void out_u32(uint8_t type, uint32_t stream, uint32_t v);
+void out_discard(void);
+void out_write(void);
+
+/* ---- agent_in.c: frames read from the channel, epochs (HELLO) ---- */
+void end_epoch(const char *error, const char *msg);
+void process_input(void);
+void read_channel(void);
+
+/* ---- agent_stream.c: streams, their windows and inbound bytes ---- */
+struct stream *stream_find(uint32_t id);
+struct stream *stream_new(uint32_t id, enum kind kind);
 void stream_drop(struct stream *s);
+void stream_reset(struct stream *s, const char *error, const char *msg);
+bool ib_reserve(struct stream *s, size_t len);
+void stream_consumed(struct stream *s, size_t n);
+int stream_sink(const struct stream *s);
+void stream_write_in(struct stream *s);
+void pump_streams(void);
+
+/* ---- agent_attach.c: detached processes: attach, processes, forget ---- */
+void open_attach(uint32_t id, const struct jval *req);
+bool attach_pump(struct stream *s);
+void open_processes(uint32_t id);
+void open_forget(uint32_t id, const struct jval *req);
+
+/* ---- agent_net.c: dial and egress streams (TCP) ---- */
+void open_dial(uint32_t id, const struct jval *req);
+void dial_connected(struct stream *s);
+void sock_read(struct stream *s);
+void listen_egress(uint32_t port);
+void egress_accept(void);
+
+/* ---- agent_cmd.c: command records, rings, the memory budget, their JSON ---- */
+struct cmd *cmd_by_pid(pid_t pid);
+struct cmd *cmd_by_id(const char *id);
+void cmd_close_fds(struct cmd *c);
+void cmd_free(struct cmd *c);
+void cmd_abandon(struct cmd *c);
+void *mem_map(size_t n);
+void mem_unmap(void *p, size_t n);
+uint64_t ring_start(const struct ring *r);
+uint64_t ring_fill(const struct ring *r);
+uint64_t ring_held(const struct ring *r);
+uint64_t ring_room(struct ring *r);
+void exit_json(struct buf *b, const struct cmd *c);
+void offsets_json(struct buf *b, uint64_t o1, uint64_t o2);
+void processes_json(struct buf *b);
+
+/* ---- agent_exec.c: starting commands, their output ---- */
+int nonneg_u16(const struct jval *v, unsigned *out);
+void open_exec(uint32_t id, const struct jval *req);
+void cmd_report(struct cmd *c);
+void cmd_read_out(struct cmd *c, int k);
+bool cmd_output_done(const struct cmd *c);
+
+/* ---- agent_reap.c: children and orphans ---- */
+void on_sigchld(int sig);
+void reap(void);
+void sweep_orphans(void);
 
 #endif
