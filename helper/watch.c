@@ -1,5 +1,7 @@
 /*
  * watch.c - `sbx watch PATH [--recursive] [--max-watches N] [--queue N]`.
+ * This file: its state (struct watch, watch.h), inotify's events turned into
+ * lines, and the subcommand; watch.h says which file holds the rest.
  *
  * Reports changes beneath PATH (inside the root) as JSON lines on stdout, one
  * per event, until stdin reaches EOF (the server closed it, or the exec's
@@ -19,7 +21,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <poll.h>
 #include <search.h>
 #include <stdio.h>
@@ -38,385 +39,6 @@ struct watch g_watch = {
 	.max_watches = DEFAULT_MAX_WATCHES,
 	.queue_max = DEFAULT_QUEUE,
 };
-
-/* ------------------------------------------------------------------ */
-/* Output queue: bounded, written without blocking                     */
-/* ------------------------------------------------------------------ */
-
-static void push_line(const char *text, size_t len)
-{
-	/* The same event twice in a row (a file written in many pieces) is
-	 * one event, unless the first is already half written. */
-	if (g_watch.tail && (g_watch.tail != g_watch.head || g_watch.head_off == 0) &&
-	    g_watch.tail->len == len && !memcmp(g_watch.tail->text, text, len))
-		return;
-	struct line *l = xmalloc(sizeof *l + len);
-	l->next = NULL;
-	l->len = len;
-	memcpy(l->text, text, len);
-	if (g_watch.tail)
-		g_watch.tail->next = l;
-	else
-		g_watch.head = l;
-	g_watch.tail = l;
-	g_watch.qlen++;
-}
-
-/* Queue the pending overflow event once there is room for it. */
-static void try_overflow(void)
-{
-	if (!g_watch.overflow || !g_watch.ready || g_watch.qlen >= g_watch.queue_max)
-		return;
-	struct buf b = {0};
-	buf_puts(&b, "{\"kind\":\"overflow\",\"path\":\"\",\"reason\":\"");
-	buf_puts(&b, g_watch.overflow);
-	buf_puts(&b, "\"}\n");
-	push_line(b.p, b.len);
-	free(b.p);
-	g_watch.overflow = NULL;
-}
-
-static void overflow(const char *reason)
-{
-	if (!g_watch.overflow)
-		g_watch.overflow = reason;
-	try_overflow();
-}
-
-static void enqueue(const struct buf *b)
-{
-	try_overflow();
-	if (g_watch.overflow || g_watch.qlen >= g_watch.queue_max) {
-		overflow("queue");
-		return;
-	}
-	push_line(b->p, b->len);
-}
-
-/* Write what stdout takes now; false when the reader has gone. */
-static bool write_some(void)
-{
-	while (g_watch.head) {
-		ssize_t n = write(STDOUT_FILENO, g_watch.head->text + g_watch.head_off,
-				  g_watch.head->len - g_watch.head_off);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return errno == EAGAIN;
-		}
-		g_watch.head_off += (size_t)n;
-		if (g_watch.head_off < g_watch.head->len)
-			return true;
-		struct line *done = g_watch.head;
-		g_watch.head = done->next;
-		if (!g_watch.head)
-			g_watch.tail = NULL;
-		free(done);
-		g_watch.head_off = 0;
-		g_watch.qlen--;
-		try_overflow();
-	}
-	return true;
-}
-
-static void emit(const char *kind, const char *path, const char *old,
-		 const char *type)
-{
-	struct buf b = {0};
-	buf_puts(&b, "{\"kind\":\"");
-	buf_puts(&b, kind);
-	buf_puts(&b, "\",\"path\":");
-	buf_json_str(&b, path, strlen(path));
-	if (old) {
-		buf_puts(&b, ",\"old_path\":");
-		buf_json_str(&b, old, strlen(old));
-	}
-	if (type) {
-		buf_puts(&b, ",\"type\":\"");
-		buf_puts(&b, type);
-		buf_puts(&b, "\"");
-	}
-	buf_puts(&b, "}\n");
-	enqueue(&b);
-	free(b.p);
-}
-
-/* ------------------------------------------------------------------ */
-/* Known names: what exists, for the type of a removed entry and for   */
-/* telling a file `sbx write` created from one it replaced              */
-/* ------------------------------------------------------------------ */
-
-struct known {
-	char type;
-	char path[];
-};
-
-static int known_cmp(const void *a, const void *b)
-{
-	return strcmp(((const struct known *)a)->path, ((const struct known *)b)->path);
-}
-
-static struct known *known_key(const char *path)
-{
-	size_t n = strlen(path) + 1;
-	struct known *k = xmalloc(sizeof *k + n);
-	k->type = 0;
-	memcpy(k->path, path, n);
-	return k;
-}
-
-static const char *type_of_code(char c)
-{
-	switch (c) {
-	case 'f': return "file";
-	case 'd': return "dir";
-	case 'l': return "symlink";
-	case 'o': return "other";
-	default: return NULL;
-	}
-}
-
-static void known_add(const char *path, const char *type)
-{
-	struct known *k = known_key(path);
-	k->type = type ? type[0] : 0;
-	struct known **found = tfind(k, &g_watch.known, known_cmp);
-	if (found) {
-		(*found)->type = k->type;
-		free(k);
-		return;
-	}
-	if (g_watch.nknown >= KNOWN_MAX || !tsearch(k, &g_watch.known, known_cmp)) {
-		free(k);
-		return;
-	}
-	g_watch.nknown++;
-}
-
-/* Forget `path`; its type when it was known. */
-static const char *known_del(const char *path)
-{
-	struct known *k = known_key(path);
-	struct known **found = tfind(k, &g_watch.known, known_cmp);
-	const char *type = NULL;
-	if (found) {
-		struct known *old = *found;
-		type = type_of_code(old->type);
-		tdelete(k, &g_watch.known, known_cmp);
-		free(old);
-		g_watch.nknown--;
-	}
-	free(k);
-	return type;
-}
-
-static const char *known_type(const char *path)
-{
-	struct known *k = known_key(path);
-	struct known **found = tfind(k, &g_watch.known, known_cmp);
-	free(k);
-	return found ? type_of_code((*found)->type) : NULL;
-}
-
-/* ------------------------------------------------------------------ */
-/* Paths and watches                                                   */
-/* ------------------------------------------------------------------ */
-
-static char *join(const char *dir, const char *name)
-{
-	if (!strcmp(dir, "."))
-		return xstrdup(name);
-	size_t a = strlen(dir), b = strlen(name);
-	char *p = xmalloc(a + b + 2);
-	memcpy(p, dir, a);
-	p[a] = '/';
-	memcpy(p + a + 1, name, b + 1);
-	return p;
-}
-
-/* `sbx write`'s temporary file: an implementation detail, never reported. */
-static bool helper_temp(const char *name)
-{
-	size_t n = strlen(name);
-	return n > 9 && !strncmp(name, ".sbx-", 5) && !strcmp(name + n - 4, ".tmp");
-}
-
-/* The type of an entry now, looked up without following anything out of the
- * root; NULL when it is gone. */
-static const char *stat_type(const char *rel)
-{
-	const char *slash = strrchr(rel, '/');
-	char *parent = slash ? strndup(rel, (size_t)(slash - rel)) : xstrdup(".");
-	if (!parent)
-		return NULL;
-	int pfd = open_beneath(g_rootfd, parent, O_PATH | O_DIRECTORY, 0, RES_BENEATH);
-	free(parent);
-	if (pfd < 0)
-		return NULL;
-	struct stat st;
-	int r = fstatat(pfd, slash ? slash + 1 : rel, &st, AT_SYMLINK_NOFOLLOW);
-	close(pfd);
-	return r < 0 ? NULL : type_name(st.st_mode);
-}
-
-static void set_wpath(int wd, const char *rel)
-{
-	if ((size_t)wd >= g_watch.wcap) {
-		size_t nc = g_watch.wcap ? g_watch.wcap : 64;
-		while (nc <= (size_t)wd)
-			nc *= 2;
-		char **np = realloc(g_watch.wpath, nc * sizeof *np);
-		if (!np)
-			fail(1, "EIO", "out of memory");
-		memset(np + g_watch.wcap, 0, (nc - g_watch.wcap) * sizeof *np);
-		g_watch.wpath = np;
-		g_watch.wcap = nc;
-	}
-	if (g_watch.wpath[wd])
-		free(g_watch.wpath[wd]); /* the same directory under a new name */
-	else
-		g_watch.wcount++;
-	g_watch.wpath[wd] = xstrdup(rel);
-}
-
-static const char *wpath(int wd)
-{
-	return wd >= 0 && (size_t)wd < g_watch.wcap ? g_watch.wpath[wd] : NULL;
-}
-
-static void forget_wd(int wd)
-{
-	free(g_watch.wpath[wd]);
-	g_watch.wpath[wd] = NULL;
-	g_watch.wcount--;
-}
-
-/* Watch the directory `rel`: its wd, or -1 (an overflow already reported
- * when a limit was the reason; a directory gone meanwhile is no event). */
-static int add_watch(const char *rel)
-{
-	if (g_watch.wcount >= g_watch.max_watches) {
-		overflow("watches");
-		return -1;
-	}
-	int fd = open_beneath(g_rootfd, rel, O_PATH | O_DIRECTORY, 0, RES_BENEATH);
-	if (fd < 0)
-		return -1;
-	char proc[64];
-	snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
-	int wd = inotify_add_watch(g_watch.ifd, proc, WATCH_MASK);
-	int err = errno;
-	close(fd);
-	if (wd < 0) {
-		if (err == ENOSPC)
-			overflow("watches");
-		errno = err;
-		return -1;
-	}
-	set_wpath(wd, rel);
-	return wd;
-}
-
-struct pathstack {
-	char **v;
-	size_t n, cap;
-};
-
-static void stack_push(struct pathstack *s, char *p)
-{
-	if (s->n == s->cap) {
-		s->cap = s->cap ? s->cap * 2 : 16;
-		s->v = realloc(s->v, s->cap * sizeof *s->v);
-		if (!s->v)
-			fail(1, "EIO", "out of memory");
-	}
-	s->v[s->n++] = p;
-}
-
-/* Remember (and with `report`, report as created) what `rel` holds; its
- * subdirectories go on `todo` when the watch is recursive. */
-static void scan_dir(const char *rel, bool report, struct pathstack *todo)
-{
-	int fd = open_beneath(g_rootfd, rel, O_RDONLY | O_DIRECTORY, 0, RES_BENEATH);
-	if (fd < 0)
-		return;
-	DIR *d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return;
-	}
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		struct stat st;
-		if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-			continue;
-		char *path = join(rel, e->d_name);
-		const char *type = type_name(st.st_mode);
-		known_add(path, type);
-		if (report && !helper_temp(e->d_name))
-			emit("created", path, NULL, type);
-		if (S_ISDIR(st.st_mode) && g_watch.recursive)
-			stack_push(todo, path);
-		else
-			free(path);
-	}
-	closedir(d);
-}
-
-/* Watch `rel` and, when recursive, every directory beneath it (one
- * directory open at a time, whatever the depth).  `report`: the tree is
- * new, so what it already holds is reported as created. */
-static void watch_tree(const char *rel, bool report)
-{
-	struct pathstack todo = {0};
-	stack_push(&todo, xstrdup(rel));
-	while (todo.n) {
-		char *cur = todo.v[--todo.n];
-		if (add_watch(cur) >= 0)
-			scan_dir(cur, report, &todo);
-		free(cur);
-	}
-	free(todo.v);
-}
-
-static bool under(const char *path, const char *dir)
-{
-	size_t n = strlen(dir);
-	return !strncmp(path, dir, n) && (path[n] == '\0' || path[n] == '/');
-}
-
-/* A directory moved out of the watched tree: its watches go with it. */
-static void unwatch_tree(const char *rel)
-{
-	for (size_t wd = 0; wd < g_watch.wcap; wd++) {
-		if (g_watch.wpath[wd] && (int)wd != g_watch.topwd && under(g_watch.wpath[wd], rel)) {
-			inotify_rm_watch(g_watch.ifd, (int)wd);
-			forget_wd((int)wd);
-		}
-	}
-}
-
-/* A directory renamed within the tree: its watches get the new paths. */
-static void rename_watches(const char *old, const char *new)
-{
-	size_t n = strlen(old);
-	for (size_t wd = 0; wd < g_watch.wcap; wd++) {
-		if (!g_watch.wpath[wd] || (int)wd == g_watch.topwd || !under(g_watch.wpath[wd], old))
-			continue;
-		size_t nl = strlen(new), rl = strlen(g_watch.wpath[wd] + n);
-		char *p = xmalloc(nl + rl + 1);
-		memcpy(p, new, nl);
-		memcpy(p + nl, g_watch.wpath[wd] + n, rl + 1);
-		free(g_watch.wpath[wd]);
-		g_watch.wpath[wd] = p;
-	}
-}
-
-/* ------------------------------------------------------------------ */
-/* Events                                                              */
-/* ------------------------------------------------------------------ */
 
 /* A first half with no second: moved out of the watched tree. */
 static void flush_pending(void)
@@ -565,10 +187,6 @@ static void read_events(void)
 	}
 }
 
-/* ------------------------------------------------------------------ */
-/* The subcommand                                                      */
-/* ------------------------------------------------------------------ */
-
 int cmd_watch(int argc, char **argv)
 {
 	const char *target = NULL;
@@ -668,5 +286,365 @@ int cmd_watch(int argc, char **argv)
 			return 0;
 		if (p[0].revents & POLLIN)
 			read_events();
+	}
+}
+
+void push_line(const char *text, size_t len)
+{
+	/* The same event twice in a row (a file written in many pieces) is
+	 * one event, unless the first is already half written. */
+	if (g_watch.tail && (g_watch.tail != g_watch.head || g_watch.head_off == 0) &&
+	    g_watch.tail->len == len && !memcmp(g_watch.tail->text, text, len))
+		return;
+	struct line *l = xmalloc(sizeof *l + len);
+	l->next = NULL;
+	l->len = len;
+	memcpy(l->text, text, len);
+	if (g_watch.tail)
+		g_watch.tail->next = l;
+	else
+		g_watch.head = l;
+	g_watch.tail = l;
+	g_watch.qlen++;
+}
+
+/* Queue the pending overflow event once there is room for it. */
+void try_overflow(void)
+{
+	if (!g_watch.overflow || !g_watch.ready || g_watch.qlen >= g_watch.queue_max)
+		return;
+	struct buf b = {0};
+	buf_puts(&b, "{\"kind\":\"overflow\",\"path\":\"\",\"reason\":\"");
+	buf_puts(&b, g_watch.overflow);
+	buf_puts(&b, "\"}\n");
+	push_line(b.p, b.len);
+	free(b.p);
+	g_watch.overflow = NULL;
+}
+
+void overflow(const char *reason)
+{
+	if (!g_watch.overflow)
+		g_watch.overflow = reason;
+	try_overflow();
+}
+
+static void enqueue(const struct buf *b)
+{
+	try_overflow();
+	if (g_watch.overflow || g_watch.qlen >= g_watch.queue_max) {
+		overflow("queue");
+		return;
+	}
+	push_line(b->p, b->len);
+}
+
+/* Write what stdout takes now; false when the reader has gone. */
+bool write_some(void)
+{
+	while (g_watch.head) {
+		ssize_t n = write(STDOUT_FILENO, g_watch.head->text + g_watch.head_off,
+				  g_watch.head->len - g_watch.head_off);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return errno == EAGAIN;
+		}
+		g_watch.head_off += (size_t)n;
+		if (g_watch.head_off < g_watch.head->len)
+			return true;
+		struct line *done = g_watch.head;
+		g_watch.head = done->next;
+		if (!g_watch.head)
+			g_watch.tail = NULL;
+		free(done);
+		g_watch.head_off = 0;
+		g_watch.qlen--;
+		try_overflow();
+	}
+	return true;
+}
+
+void emit(const char *kind, const char *path, const char *old,
+		 const char *type)
+{
+	struct buf b = {0};
+	buf_puts(&b, "{\"kind\":\"");
+	buf_puts(&b, kind);
+	buf_puts(&b, "\",\"path\":");
+	buf_json_str(&b, path, strlen(path));
+	if (old) {
+		buf_puts(&b, ",\"old_path\":");
+		buf_json_str(&b, old, strlen(old));
+	}
+	if (type) {
+		buf_puts(&b, ",\"type\":\"");
+		buf_puts(&b, type);
+		buf_puts(&b, "\"");
+	}
+	buf_puts(&b, "}\n");
+	enqueue(&b);
+	free(b.p);
+}
+
+/* Known names: what exists, for the type of a removed entry and for   */
+/* telling a file `sbx write` created from one it replaced              */
+
+struct known {
+	char type;
+	char path[];
+};
+
+static int known_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct known *)a)->path, ((const struct known *)b)->path);
+}
+
+static struct known *known_key(const char *path)
+{
+	size_t n = strlen(path) + 1;
+	struct known *k = xmalloc(sizeof *k + n);
+	k->type = 0;
+	memcpy(k->path, path, n);
+	return k;
+}
+
+static const char *type_of_code(char c)
+{
+	switch (c) {
+	case 'f': return "file";
+	case 'd': return "dir";
+	case 'l': return "symlink";
+	case 'o': return "other";
+	default: return NULL;
+	}
+}
+
+void known_add(const char *path, const char *type)
+{
+	struct known *k = known_key(path);
+	k->type = type ? type[0] : 0;
+	struct known **found = tfind(k, &g_watch.known, known_cmp);
+	if (found) {
+		(*found)->type = k->type;
+		free(k);
+		return;
+	}
+	if (g_watch.nknown >= KNOWN_MAX || !tsearch(k, &g_watch.known, known_cmp)) {
+		free(k);
+		return;
+	}
+	g_watch.nknown++;
+}
+
+/* Forget `path`; its type when it was known. */
+const char *known_del(const char *path)
+{
+	struct known *k = known_key(path);
+	struct known **found = tfind(k, &g_watch.known, known_cmp);
+	const char *type = NULL;
+	if (found) {
+		struct known *old = *found;
+		type = type_of_code(old->type);
+		tdelete(k, &g_watch.known, known_cmp);
+		free(old);
+		g_watch.nknown--;
+	}
+	free(k);
+	return type;
+}
+
+const char *known_type(const char *path)
+{
+	struct known *k = known_key(path);
+	struct known **found = tfind(k, &g_watch.known, known_cmp);
+	free(k);
+	return found ? type_of_code((*found)->type) : NULL;
+}
+
+char *join(const char *dir, const char *name)
+{
+	if (!strcmp(dir, "."))
+		return xstrdup(name);
+	size_t a = strlen(dir), b = strlen(name);
+	char *p = xmalloc(a + b + 2);
+	memcpy(p, dir, a);
+	p[a] = '/';
+	memcpy(p + a + 1, name, b + 1);
+	return p;
+}
+
+/* `sbx write`'s temporary file: an implementation detail, never reported. */
+bool helper_temp(const char *name)
+{
+	size_t n = strlen(name);
+	return n > 9 && !strncmp(name, ".sbx-", 5) && !strcmp(name + n - 4, ".tmp");
+}
+
+/* The type of an entry now, looked up without following anything out of the
+ * root; NULL when it is gone. */
+const char *stat_type(const char *rel)
+{
+	const char *slash = strrchr(rel, '/');
+	char *parent = slash ? strndup(rel, (size_t)(slash - rel)) : xstrdup(".");
+	if (!parent)
+		return NULL;
+	int pfd = open_beneath(g_rootfd, parent, O_PATH | O_DIRECTORY, 0, RES_BENEATH);
+	free(parent);
+	if (pfd < 0)
+		return NULL;
+	struct stat st;
+	int r = fstatat(pfd, slash ? slash + 1 : rel, &st, AT_SYMLINK_NOFOLLOW);
+	close(pfd);
+	return r < 0 ? NULL : type_name(st.st_mode);
+}
+
+static void set_wpath(int wd, const char *rel)
+{
+	if ((size_t)wd >= g_watch.wcap) {
+		size_t nc = g_watch.wcap ? g_watch.wcap : 64;
+		while (nc <= (size_t)wd)
+			nc *= 2;
+		char **np = realloc(g_watch.wpath, nc * sizeof *np);
+		if (!np)
+			fail(1, "EIO", "out of memory");
+		memset(np + g_watch.wcap, 0, (nc - g_watch.wcap) * sizeof *np);
+		g_watch.wpath = np;
+		g_watch.wcap = nc;
+	}
+	if (g_watch.wpath[wd])
+		free(g_watch.wpath[wd]); /* the same directory under a new name */
+	else
+		g_watch.wcount++;
+	g_watch.wpath[wd] = xstrdup(rel);
+}
+
+const char *wpath(int wd)
+{
+	return wd >= 0 && (size_t)wd < g_watch.wcap ? g_watch.wpath[wd] : NULL;
+}
+
+void forget_wd(int wd)
+{
+	free(g_watch.wpath[wd]);
+	g_watch.wpath[wd] = NULL;
+	g_watch.wcount--;
+}
+
+/* Watch the directory `rel`: its wd, or -1 (an overflow already reported
+ * when a limit was the reason; a directory gone meanwhile is no event). */
+int add_watch(const char *rel)
+{
+	if (g_watch.wcount >= g_watch.max_watches) {
+		overflow("watches");
+		return -1;
+	}
+	int fd = open_beneath(g_rootfd, rel, O_PATH | O_DIRECTORY, 0, RES_BENEATH);
+	if (fd < 0)
+		return -1;
+	char proc[64];
+	snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+	int wd = inotify_add_watch(g_watch.ifd, proc, WATCH_MASK);
+	int err = errno;
+	close(fd);
+	if (wd < 0) {
+		if (err == ENOSPC)
+			overflow("watches");
+		errno = err;
+		return -1;
+	}
+	set_wpath(wd, rel);
+	return wd;
+}
+
+static void stack_push(struct pathstack *s, char *p)
+{
+	if (s->n == s->cap) {
+		s->cap = s->cap ? s->cap * 2 : 16;
+		s->v = realloc(s->v, s->cap * sizeof *s->v);
+		if (!s->v)
+			fail(1, "EIO", "out of memory");
+	}
+	s->v[s->n++] = p;
+}
+
+/* Remember (and with `report`, report as created) what `rel` holds; its
+ * subdirectories go on `todo` when the watch is recursive. */
+void scan_dir(const char *rel, bool report, struct pathstack *todo)
+{
+	int fd = open_beneath(g_rootfd, rel, O_RDONLY | O_DIRECTORY, 0, RES_BENEATH);
+	if (fd < 0)
+		return;
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return;
+	}
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		struct stat st;
+		if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			continue;
+		char *path = join(rel, e->d_name);
+		const char *type = type_name(st.st_mode);
+		known_add(path, type);
+		if (report && !helper_temp(e->d_name))
+			emit("created", path, NULL, type);
+		if (S_ISDIR(st.st_mode) && g_watch.recursive)
+			stack_push(todo, path);
+		else
+			free(path);
+	}
+	closedir(d);
+}
+
+/* Watch `rel` and, when recursive, every directory beneath it (one
+ * directory open at a time, whatever the depth).  `report`: the tree is
+ * new, so what it already holds is reported as created. */
+void watch_tree(const char *rel, bool report)
+{
+	struct pathstack todo = {0};
+	stack_push(&todo, xstrdup(rel));
+	while (todo.n) {
+		char *cur = todo.v[--todo.n];
+		if (add_watch(cur) >= 0)
+			scan_dir(cur, report, &todo);
+		free(cur);
+	}
+	free(todo.v);
+}
+
+static bool under(const char *path, const char *dir)
+{
+	size_t n = strlen(dir);
+	return !strncmp(path, dir, n) && (path[n] == '\0' || path[n] == '/');
+}
+
+/* A directory moved out of the watched tree: its watches go with it. */
+void unwatch_tree(const char *rel)
+{
+	for (size_t wd = 0; wd < g_watch.wcap; wd++) {
+		if (g_watch.wpath[wd] && (int)wd != g_watch.topwd && under(g_watch.wpath[wd], rel)) {
+			inotify_rm_watch(g_watch.ifd, (int)wd);
+			forget_wd((int)wd);
+		}
+	}
+}
+
+/* A directory renamed within the tree: its watches get the new paths. */
+void rename_watches(const char *old, const char *new)
+{
+	size_t n = strlen(old);
+	for (size_t wd = 0; wd < g_watch.wcap; wd++) {
+		if (!g_watch.wpath[wd] || (int)wd == g_watch.topwd || !under(g_watch.wpath[wd], old))
+			continue;
+		size_t nl = strlen(new), rl = strlen(g_watch.wpath[wd] + n);
+		char *p = xmalloc(nl + rl + 1);
+		memcpy(p, new, nl);
+		memcpy(p + nl, g_watch.wpath[wd] + n, rl + 1);
+		free(g_watch.wpath[wd]);
+		g_watch.wpath[wd] = p;
 	}
 }

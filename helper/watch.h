@@ -55,6 +55,36 @@ struct watch {
 	} pend;
 };
 
+/* A stack of paths still to scan (watch_tree.c; cmd_watch's first scan). */
+struct pathstack {
+	char **v;
+	size_t n, cap;
+};
+
+/* ---- watch_queue.c: the output queue, bounded, written without blocking ---- */
+void push_line(const char *text, size_t len);
+void try_overflow(void);
+void overflow(const char *reason);
+bool write_some(void);
+void emit(const char *kind, const char *path, const char *old, const char *type);
+
+/* ---- watch_known.c: names known to exist, and their types ---- */
+void known_add(const char *path, const char *type);
+const char *known_del(const char *path);
+const char *known_type(const char *path);
+
+/* ---- watch_tree.c: the watches, one a directory, and their paths ---- */
+char *join(const char *dir, const char *name);
+bool helper_temp(const char *name);
+const char *stat_type(const char *rel);
+const char *wpath(int wd);
+void forget_wd(int wd);
+int add_watch(const char *rel);
+void scan_dir(const char *rel, bool report, struct pathstack *todo);
+void watch_tree(const char *rel, bool report);
+void unwatch_tree(const char *rel);
+void rename_watches(const char *old, const char *new);
+
 extern struct watch g_watch;
 
 #endif
