@@ -22,7 +22,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <search.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -287,78 +286,6 @@ int cmd_watch(int argc, char **argv)
 		if (p[0].revents & POLLIN)
 			read_events();
 	}
-}
-
-struct known {
-	char type;
-	char path[];
-};
-
-static int known_cmp(const void *a, const void *b)
-{
-	return strcmp(((const struct known *)a)->path, ((const struct known *)b)->path);
-}
-
-static struct known *known_key(const char *path)
-{
-	size_t n = strlen(path) + 1;
-	struct known *k = xmalloc(sizeof *k + n);
-	k->type = 0;
-	memcpy(k->path, path, n);
-	return k;
-}
-
-static const char *type_of_code(char c)
-{
-	switch (c) {
-	case 'f': return "file";
-	case 'd': return "dir";
-	case 'l': return "symlink";
-	case 'o': return "other";
-	default: return NULL;
-	}
-}
-
-void known_add(const char *path, const char *type)
-{
-	struct known *k = known_key(path);
-	k->type = type ? type[0] : 0;
-	struct known **found = tfind(k, &g_watch.known, known_cmp);
-	if (found) {
-		(*found)->type = k->type;
-		free(k);
-		return;
-	}
-	if (g_watch.nknown >= KNOWN_MAX || !tsearch(k, &g_watch.known, known_cmp)) {
-		free(k);
-		return;
-	}
-	g_watch.nknown++;
-}
-
-/* Forget `path`; its type when it was known. */
-const char *known_del(const char *path)
-{
-	struct known *k = known_key(path);
-	struct known **found = tfind(k, &g_watch.known, known_cmp);
-	const char *type = NULL;
-	if (found) {
-		struct known *old = *found;
-		type = type_of_code(old->type);
-		tdelete(k, &g_watch.known, known_cmp);
-		free(old);
-		g_watch.nknown--;
-	}
-	free(k);
-	return type;
-}
-
-const char *known_type(const char *path)
-{
-	struct known *k = known_key(path);
-	struct known **found = tfind(k, &g_watch.known, known_cmp);
-	free(k);
-	return found ? type_of_code((*found)->type) : NULL;
 }
 
 char *join(const char *dir, const char *name)
