@@ -21,6 +21,7 @@ uid_t proc_uid(pid_t pid, bool *ok);
 size_t reap_orphans(void);
 int become_subreaper(void);
 void kill_tree(pid_t pgid);
+bool reap_until(pid_t pid, int *status);
 
 /* run_child.c: how far the command's child got before exec, over the report pipe */
 enum stage { ST_SETUP = 1, ST_CWD, ST_ESCAPE, ST_EXEC };

@@ -251,6 +251,23 @@ int become_subreaper(void)
 	return 0;
 }
 
+/* Reap every child that has ended, until `pid` is among them: true, with its
+ * wait status in `status`; false once no ended child is left. */
+bool reap_until(pid_t pid, int *status)
+{
+	pid_t w;
+	while ((w = waitpid(-1, status, WNOHANG)) != 0) {
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return false;
+		}
+		if (w == pid)
+			return true;
+	}
+	return false;
+}
+
 static void kill_tree_once(pid_t pgid);
 
 void kill_tree(pid_t pgid)

@@ -252,21 +252,9 @@ int cmd_run(int argc, char **argv)
 		}
 		if (sig == SIGCHLD) {
 			int status = 0;
-			bool done = false;
-			pid_t w;
 			/* Reap reparented orphans as well; only the main
 			 * child's status matters. */
-			while ((w = waitpid(-1, &status, WNOHANG)) != 0) {
-				if (w < 0) {
-					if (errno == EINTR)
-						continue;
-					break;
-				}
-				if (w == monitor) {
-					done = true;
-					break;
-				}
-			}
+			bool done = reap_until(monitor, &status);
 			if (done) {
 				/* The monitor's report is the command's status; a
 				 * monitor that ended without one was killed (by the

@@ -238,18 +238,10 @@ void monitor_main(int repfd, int infofd, pid_t parent, const char *cwd,
 			_exit(EXIT_KILLED);
 		}
 		int status = 0;
-		pid_t w;
-		while ((w = waitpid(-1, &status, WNOHANG)) != 0) {
-			if (w < 0) {
-				if (errno == EINTR)
-					continue;
-				break;
-			}
-			if (w == child) {
-				kill_tree(child);
-				(void)write_all(infofd, &status, sizeof status);
-				_exit(0);
-			}
+		if (reap_until(child, &status)) {
+			kill_tree(child);
+			(void)write_all(infofd, &status, sizeof status);
+			_exit(0);
 		}
 	}
 }
