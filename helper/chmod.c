@@ -25,8 +25,7 @@ int cmd_chmod(int argc, char **argv)
 	if (is_root(norm))
 		fail(1, "EINVAL", "refusing to change the mode of the root directory");
 	const char *name;
-	char *parent = split_parent(norm, &name);
-	int pfd = open_dir_path(parent, norm);
+	int pfd = open_parent_dir(norm, &name);
 	if (chmod_entry(pfd, name, mode, false) < 0)
 		fail_errno(errno, "chmod", norm);
 	return 0;

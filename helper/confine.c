@@ -271,6 +271,14 @@ int open_dir_path(const char *norm, const char *shown)
 	return fd;
 }
 
+/* The directory that holds the non-root path `norm`, opened beneath the root
+ * (errors name `norm`), and in `*name` its final component. */
+int open_parent_dir(const char *norm, const char **name)
+{
+	char *parent = split_parent(norm, name);
+	return open_dir_path(parent, norm);
+}
+
 /* mkdir -p beneath the root.  Each prefix is re-resolved from the root fd,
  * so a component swapped for a symlink mid-walk still cannot lead outside. */
 /* mkdir -p; with `note`, each directory made is noted for unmake_dirs(). */

@@ -352,13 +352,7 @@ int cmd_merge(int argc, char **argv)
 		(void)unlinkat(pfd, trash, AT_REMOVEDIR);
 		fail_errno(e, "open the trash of", stage);
 	}
-	sigset_t ends;
-	sigemptyset(&ends);
-	sigaddset(&ends, SIGHUP);
-	sigaddset(&ends, SIGTERM);
-	sigaddset(&ends, SIGINT);
-	sigaddset(&ends, SIGPIPE);
-	sigprocmask(SIG_BLOCK, &ends, NULL);
+	hold_ends();
 	g_swap.stage = dup(sfd);
 	g_swap.dest = dup(dfd);
 	g_swap.parent = pfd;

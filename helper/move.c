@@ -66,10 +66,8 @@ int cmd_move(int argc, char **argv)
 	if (is_root(src) || is_root(dst))
 		fail(1, "EINVAL", "move %s to %s: the workspace root cannot move", src, dst);
 	const char *sname, *dname;
-	char *sparent = split_parent(src, &sname);
-	char *dparent = split_parent(dst, &dname);
-	int sfd = open_dir_path(sparent, src);
-	int dfd = open_dir_path(dparent, dst);
+	int sfd = open_parent_dir(src, &sname);
+	int dfd = open_parent_dir(dst, &dname);
 	int moved = overwrite ? renameat(sfd, sname, dfd, dname)
 			      : rename_noreplace(sfd, sname, dfd, dname);
 	if (moved < 0)

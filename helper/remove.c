@@ -16,6 +16,19 @@
 
 #define REMOVE_RETRIES 8
 
+/* Hold the signals a cancelled call or a gone reader sends (SIGHUP, SIGTERM,
+ * SIGINT, SIGPIPE) for the rest of the process: what follows runs to its end. */
+void hold_ends(void)
+{
+	sigset_t ends;
+	sigemptyset(&ends);
+	sigaddset(&ends, SIGHUP);
+	sigaddset(&ends, SIGTERM);
+	sigaddset(&ends, SIGINT);
+	sigaddset(&ends, SIGPIPE);
+	sigprocmask(SIG_BLOCK, &ends, NULL);
+}
+
 /* chmod the entry `name` of `pfd` itself, never what it links to: opened
  * O_PATH|O_NOFOLLOW and changed through its /proc/self/fd link, so a
  * directory swapped for a symlink meanwhile is refused, not followed.  Only
@@ -171,13 +184,7 @@ static int remove_tree(int pfd, const char *name, const struct stat *st)
 	bool chmodded = !(st->st_mode & S_IWUSR);
 	if (chmodded && chmod_entry(pfd, name, (st->st_mode & 07777) | S_IWUSR, true) < 0)
 		return -1;
-	sigset_t ends;
-	sigemptyset(&ends);
-	sigaddset(&ends, SIGHUP);
-	sigaddset(&ends, SIGTERM);
-	sigaddset(&ends, SIGINT);
-	sigaddset(&ends, SIGPIPE);
-	sigprocmask(SIG_BLOCK, &ends, NULL); /* once aside, the deletion runs to its end */
+	hold_ends(); /* once aside, the deletion runs to its end */
 	if (renameat(pfd, name, g_rootfd, aside) < 0) {
 		int e = errno;
 		if (chmodded)
@@ -199,8 +206,7 @@ int cmd_remove(int argc, char **argv)
 	if (is_root(norm))
 		fail(1, "EINVAL", "refusing to remove the root directory");
 	const char *name;
-	char *parent = split_parent(norm, &name);
-	int pfd = open_dir_path(parent, norm);
+	int pfd = open_parent_dir(norm, &name);
 	struct stat st;
 	if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
 		fail_errno(errno, "remove", norm);

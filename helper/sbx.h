@@ -85,6 +85,7 @@ char *norm_path(const char *in);
 bool is_root(const char *norm);
 char *split_parent(const char *norm, const char **name);
 int open_dir_path(const char *norm, const char *shown);
+int open_parent_dir(const char *norm, const char **name);
 int mkdir_parents_noting(const char *norm, bool note);
 
 /* stat.c: "file", "dir", "symlink" or "other" */

@@ -93,8 +93,7 @@ int cmd_stat(int argc, char **argv)
 		return 0;
 	}
 	const char *name;
-	char *parent = split_parent(norm, &name);
-	int pfd = open_dir_path(parent, norm);
+	int pfd = open_parent_dir(norm, &name);
 	print_stat(norm, pfd, name);
 	return 0;
 }

@@ -44,6 +44,7 @@ int walk_pop(struct walk *w);
 void walk_free(struct walk *w);
 
 /* remove.c */
+void hold_ends(void);
 int chmod_entry(int pfd, const char *name, mode_t mode, bool only_dir);
 int remove_dir(int pfd, const char *name, bool recursive);
 /* move.c */
