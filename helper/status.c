@@ -23,6 +23,7 @@
  */
 #define STATUS_DIR "/tmp"
 #define STATUS_PREFIX ".sbx-status-"
+
 static bool valid_run_id(const char *id)
 {
 	size_t n = strlen(id);
