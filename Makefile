@@ -36,8 +36,8 @@ buf: node-deps
 
 helper: build/sbx
 
-# One static binary from every helper/*.c: sbx.c holds the shared pieces and the subcommand
-# table, each larger subcommand (helper/sbx.h lists them) has a file of its own.
+# One static binary from every helper/*.c: sbx.c holds the subcommand table, each subcommand
+# and each shared piece has a file of its own (helper/README.md maps them).
 HELPER_SRC := $(wildcard helper/*.c)
 build/sbx: $(HELPER_SRC) $(wildcard helper/*.h) scripts/ensure-build-tools.sh
 	bash scripts/ensure-build-tools.sh

@@ -1,4 +1,4 @@
-"""Tests for the in-container helper binary ``helper/sbx.c``.
+"""Tests for the in-container helper binary ``sbx`` (``helper/``).
 
 These run on the host (no Docker): the binary is built once per session with
 the exact production gcc command and pointed at temporary roots via --root.
