@@ -36,8 +36,8 @@ buf: node-deps
 
 helper: build/sbx
 
-# One static binary from every helper/*.c: sbx.c holds the shared pieces and the subcommand
-# table, each larger subcommand (helper/sbx.h lists them) has a file of its own.
+# One static binary from every helper/*.c: sbx.c holds the subcommand table, each subcommand
+# and each shared piece has a file of its own (helper/README.md maps them).
 HELPER_SRC := $(wildcard helper/*.c)
 build/sbx: $(HELPER_SRC) $(wildcard helper/*.h) scripts/ensure-build-tools.sh
 	bash scripts/ensure-build-tools.sh
@@ -154,9 +154,9 @@ test: venv helper helper-asan image python-image base-image e2b-sdk gvisor node-
 test-unit: venv helper helper-asan
 	DOCKER_HOST=unix:///nonexistent/sandboxd-unit-layer.sock $(PY) -m pytest -n auto tests/unit
 
-# The workspace fuzzer (tests/integration/test_fuzz_workspace.py) for SANDBOXD_SOAK_SECONDS
-# (default one hour), exploring (not derandomized) and shrinking what it finds.
-SANDBOXD_SOAK_SECONDS ?= 3600
+# The workspace fuzzer, the SIGKILL test and the restart model for SANDBOXD_SOAK_SECONDS each
+# (default 1200 s: one hour in all), exploring (not derandomized) and shrinking what it finds.
+SANDBOXD_SOAK_SECONDS ?= 1200
 soak: venv helper image
 	SANDBOXD_SOAK_SECONDS=$(SANDBOXD_SOAK_SECONDS) $(PY) -m pytest -x -q \
 		tests/integration/test_fuzz_workspace.py tests/integration/test_restarts.py \

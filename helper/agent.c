@@ -1,7 +1,7 @@
 /*
  * agent.c - `sbx agent`: the sandbox's main process (docs/agent.md).
- * This file: the loop, the channel's frames, epochs and streams; the
- * commands themselves are agent_exec.c's.
+ * This file: its state (struct agent, agent.h), the loop and its timers;
+ * agent.h says which file holds the rest.
  *
  * One single-threaded poll loop over non-blocking descriptors: the channel
  * (frames in on stdin, out on stdout), the commands' pipes or pseudo
@@ -18,76 +18,31 @@
  * it; nothing a sandbox can set changes which of the two it is.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <grp.h>
-#include <termios.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "agent.h"
 #include "sbx.h"
 
-static const char SYNC_MARK[SYNC_LEN] = "\xFF\xFF\xFF\xFFSANDBOXDSYNC";
-
-/* ------------------------------------------------------------------ */
-/* State (what agent_exec.c shares is declared in agent.h)             */
-/* ------------------------------------------------------------------ */
-
-struct cmd *g_cmds;
-struct stream *g_streams;
-size_t g_nstreams, g_ndetached;
-uint64_t g_held, g_budget = DEFAULT_RING_BUDGET; /* see DEFAULT_RING_BUDGET */
-
-static bool g_epoch;		 /* HELLO received, answering */
-static bool g_hunting = true;	 /* discarding input until a SYNC marker */
-uint32_t g_window = DEFAULT_WINDOW;
-static uint64_t g_keepalive = DEFAULT_KEEPALIVE_MS;
-static uint64_t g_last_rx, g_ping_sent_at;
-static uint32_t g_max_odd;	 /* highest stream id the server opened */
-static uint32_t g_next_even = 2; /* next id the agent opens */
-static bool g_stdin_open = true;
-
-static char g_in[IN_CAP];
-static size_t g_in_off, g_in_len;
-static char *g_out;
-static size_t g_out_head, g_out_len, g_out_frame_end;
-static bool g_out_broken;
-
-int g_sigpipe[2] = {-1, -1};
-int g_devnull = -1;
-static int g_listen = -1;
-static uint16_t g_listen_port;
-static char g_listen_error[160];
-static char g_instance[33];
-pid_t g_self;
-/* --user UID:GID: the identity commands run as, when the agent runs as
- * another (root with only CAP_SETUID, CAP_SETGID and CAP_KILL): then no
- * command can signal, stop or read the agent whatever the runtime does for
- * PID 1.  Without it commands run as the agent's own uid. */
-bool g_switch_user;
-uid_t g_cmd_uid;
-gid_t g_cmd_gid;
-uint64_t g_next_sweep, g_last_sweep;
+struct agent g_agent = {
+	.hunting = true,
+	.stdin_open = true,
+	.window = DEFAULT_WINDOW,
+	.keepalive = DEFAULT_KEEPALIVE_MS,
+	.next_even = 2,
+	.budget = DEFAULT_RING_BUDGET,
+	.listen = -1,
+	.sigpipe = {-1, -1},
+	.devnull = -1,
+};
 
 uint64_t now_ms(void)
 {
@@ -146,874 +101,9 @@ void close_fd(int *fd)
 	*fd = -1;
 }
 
-/* ------------------------------------------------------------------ */
-/* Output frames                                                       */
-/* ------------------------------------------------------------------ */
-
-static size_t out_pending(void)
-{
-	return g_out_len - g_out_head;
-}
-
-bool out_room(void)
-{
-	return out_pending() < OUT_HIGH;
-}
-
-/* Queue one frame of `n1 + n2` payload bytes.  Frames are queued whole;
- * outside an epoch (or with the channel gone) they are dropped. */
-void out_frame2(uint8_t type, uint32_t stream, const void *p1, size_t n1, const void *p2,
-		       size_t n2)
-{
-	if ((!g_epoch && type != F_GOAWAY) || g_out_broken)
-		return;
-	size_t n = n1 + n2;
-	if (n > MAX_PAYLOAD) {
-		logf_("agent: frame of %zu bytes not sent", n);
-		return;
-	}
-	if (g_out_head == g_out_len) {
-		g_out_head = g_out_len = g_out_frame_end = 0;
-	} else if (g_out_len + HDR_LEN + n > OUT_CAP && g_out_head > 0) {
-		memmove(g_out, g_out + g_out_head, g_out_len - g_out_head);
-		g_out_len -= g_out_head;
-		g_out_frame_end -= g_out_head;
-		g_out_head = 0;
-	}
-	if (g_out_len + HDR_LEN + n > OUT_CAP) {
-		/* Cannot happen: the agent stops producing at OUT_HIGH. */
-		logf_("agent: output queue full, frame dropped");
-		return;
-	}
-	unsigned char *h = (unsigned char *)g_out + g_out_len;
-	put32(h, (uint32_t)n);
-	h[4] = type;
-	put32(h + 5, stream);
-	if (n1)
-		memcpy(h + HDR_LEN, p1, n1);
-	if (n2)
-		memcpy(h + HDR_LEN + n1, p2, n2);
-	g_out_len += HDR_LEN + n;
-}
-
-void out_frame(uint8_t type, uint32_t stream, const void *p, size_t n)
-{
-	out_frame2(type, stream, p, n, NULL, 0);
-}
-
-void out_json(uint8_t type, uint32_t stream, struct buf *b)
-{
-	out_frame(type, stream, b->p, b->len);
-	free(b->p);
-	memset(b, 0, sizeof *b);
-}
-
-void out_error(uint8_t type, uint32_t stream, const char *error, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-void out_error(uint8_t type, uint32_t stream, const char *error, const char *fmt, ...)
-{
-	char msg[512];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
-	struct buf b = {0};
-	buf_puts(&b, "{\"error\":");
-	buf_json_str(&b, error, strlen(error));
-	buf_puts(&b, ",\"message\":");
-	buf_json_str(&b, msg, strlen(msg));
-	buf_puts(&b, "}");
-	out_json(type, stream, &b);
-}
-
-static void out_u32(uint8_t type, uint32_t stream, uint32_t v)
-{
-	unsigned char p[4];
-	put32(p, v);
-	out_frame(type, stream, p, 4);
-}
-
-/* The frame the head is in (partly written) is kept whole: the server skips
- * to its nonce's HELLO_OK, but a frame cut short would swallow its start. */
-static void out_discard(void)
-{
-	while (g_out_frame_end < g_out_head && g_out_frame_end < g_out_len)
-		g_out_frame_end += HDR_LEN + get32((unsigned char *)g_out + g_out_frame_end);
-	g_out_len = g_out_frame_end > g_out_head ? g_out_frame_end : g_out_head;
-}
-
-static void out_flush(void)
-{
-	while (out_pending() > 0 && !g_out_broken) {
-		ssize_t w = write(1, g_out + g_out_head, out_pending());
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN)
-				return;
-			/* The engine discards writes nobody reads; an error means
-			 * no channel at all.  Keep serving what runs. */
-			logf_("agent: channel output: %s", strerror(errno));
-			g_out_broken = true;
-			g_out_head = g_out_len = g_out_frame_end = 0;
-			return;
-		}
-		g_out_head += (size_t)w;
-	}
-	while (g_out_frame_end < g_out_head && g_out_frame_end < g_out_len)
-		g_out_frame_end += HDR_LEN + get32((unsigned char *)g_out + g_out_frame_end);
-	if (g_out_head == g_out_len)
-		g_out_head = g_out_len = g_out_frame_end = 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* Streams                                                             */
-/* ------------------------------------------------------------------ */
-
-static struct stream *stream_find(uint32_t id)
-{
-	for (struct stream *s = g_streams; s; s = s->next)
-		if (s->id == id)
-			return s;
-	return NULL;
-}
-
-struct stream *stream_new(uint32_t id, enum kind kind)
-{
-	struct stream *s = xmalloc(sizeof *s);
-	memset(s, 0, sizeof *s);
-	s->id = id;
-	s->kind = kind;
-	s->sock = -1;
-	s->recv_credit = g_window;
-	s->send_credit = g_window;
-	s->next = g_streams;
-	g_streams = s;
-	g_nstreams++;
-	return s;
-}
-
-/* A stream's input buffer: mapped when bytes must first wait (the process
- * or socket does not take them at once), its pages reserved against the
- * budget before they are touched, all of it given back once it drains. */
-static void ib_release(struct stream *s)
-{
-	mem_unmap(s->ib, s->ib_size);
-	g_held -= s->ib_held;
-	s->ib = NULL;
-	s->ib_size = s->ib_held = 0;
-}
-
-static bool ib_reserve(struct stream *s, size_t len)
-{
-	if (!s->ib) {
-		s->ib = mem_map(g_window);
-		if (!s->ib)
-			return false;
-		s->ib_size = g_window;
-	}
-	size_t need = (len + 4095) & ~(size_t)4095;
-	if (need <= s->ib_held)
-		return true;
-	if (g_held + (need - s->ib_held) > g_budget)
-		return false;
-	g_held += need - s->ib_held;
-	s->ib_held = need;
-	return true;
-}
-
-/* Forget a stream (no frame sent).  A non-detached command loses its
- * only reader and is ended. */
-void stream_drop(struct stream *s)
-{
-	for (struct stream **pp = &g_streams; *pp; pp = &(*pp)->next) {
-		if (*pp == s) {
-			*pp = s->next;
-			break;
-		}
-	}
-	g_nstreams--;
-	if (s->kind == K_EXEC && s->cmd && !s->cmd->detached && s->cmd->owner == s)
-		cmd_abandon(s->cmd);
-	close_fd(&s->sock);
-	ib_release(s);
-	free(s);
-}
-
-static void stream_reset(struct stream *s, const char *error, const char *msg)
-{
-	out_error(F_RESET, s->id, error, "%s", msg);
-	stream_drop(s);
-}
-
-/* Bytes of the server's DATA were written (or discarded): give the window
- * back in steps of half of it. */
-static void stream_consumed(struct stream *s, size_t n)
-{
-	s->consumed += (uint32_t)n;
-	if (s->consumed >= g_window / 2) {
-		out_u32(F_WINDOW, s->id, s->consumed);
-		s->recv_credit += s->consumed;
-		s->consumed = 0;
-	}
-}
-
-/* Where a stream's inbound bytes go: the process's stdin, or the socket. */
-static int stream_sink(const struct stream *s)
-{
-	if (s->kind == K_DIAL || s->kind == K_EGRESS)
-		return s->connecting ? -1 : s->sock;
-	return s->cmd ? s->cmd->in_fd : -1;
-}
-
-static void stream_eof_done(struct stream *s)
-{
-	s->in_eof_done = true;
-	if (s->kind == K_DIAL || s->kind == K_EGRESS) {
-		if (s->sock >= 0)
-			shutdown(s->sock, SHUT_WR);
-		return;
-	}
-	struct cmd *c = s->cmd;
-	if (!c || c->in_fd < 0)
-		return;
-	if (c->tty) {
-		/* A terminal has no half-close: its EOF character ends a read. */
-		char eof = 4;
-		(void)!write(c->in_fd, &eof, 1);
-		return;
-	}
-	close_fd(&c->in_fd);
-}
-
-static void stream_write_in(struct stream *s)
-{
-	if (s->connecting)
-		return; /* kept until the connection is made */
-	int fd = stream_sink(s);
-	while (s->ib_len > 0) {
-		if (fd < 0) {
-			/* stdin closed or never open: the bytes go nowhere */
-			size_t n = s->ib_len;
-			s->ib_len = 0;
-			stream_consumed(s, n);
-			break;
-		}
-		ssize_t w = write(fd, s->ib, s->ib_len);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0 && errno == EAGAIN)
-			return;
-		if (w <= 0) {
-			/* the reader is gone (EPIPE) */
-			if (s->kind == K_DIAL || s->kind == K_EGRESS) {
-				stream_reset(s, "IO", "the connection failed while writing");
-				return;
-			}
-			if (s->cmd && s->cmd->in_fd == fd)
-				close_fd(&s->cmd->in_fd);
-			fd = -1;
-			continue;
-		}
-		memmove(s->ib, s->ib + w, s->ib_len - (size_t)w);
-		s->ib_len -= (size_t)w;
-		stream_consumed(s, (size_t)w);
-	}
-	if (s->ib_len == 0 && s->ib)
-		ib_release(s);
-	if (s->in_eof && !s->in_eof_done)
-		stream_eof_done(s);
-}
-
-/* ------------------------------------------------------------------ */
-/* attach, processes, forget                                           */
-/* ------------------------------------------------------------------ */
-
-static uint64_t offset_of(const struct jval *o, const char *k)
-{
-	const struct jval *v = json_get(o, k);
-	return v && v->type == J_NUM && v->is_int && v->i > 0 ? (uint64_t)v->i : 0;
-}
-
-static void open_attach(uint32_t id, const struct jval *req)
-{
-	const struct jval *idv = json_get(req, "id"), *offs = json_get(req, "offsets");
-	struct cmd *c = idv && idv->type == J_STR ? cmd_by_id(idv->s) : NULL;
-	if (!c || !c->started) {
-		out_error(F_RESET, id, "NOT_FOUND", "no detached process with that id");
-		return;
-	}
-	struct stream *s = stream_new(id, K_ATTACH);
-	s->cmd = c;
-	s->established = true;
-	for (int k = 1; k <= 2; k++) {
-		uint64_t want = offset_of(offs, k == 1 ? "1" : "2");
-		uint64_t start = ring_start(&c->ring[k]);
-		s->cursor[k] = want < start ? start : want > c->ring[k].end ? c->ring[k].end : want;
-	}
-	struct buf b = {0};
-	buf_puts(&b, "{\"start\":");
-	offsets_json(&b, ring_start(&c->ring[1]), ring_start(&c->ring[2]));
-	buf_puts(&b, ",\"end\":");
-	offsets_json(&b, c->ring[1].end, c->ring[2].end);
-	buf_puts(&b, "}");
-	out_json(F_OPEN_OK, id, &b);
-}
-
-/* Send a detached process's output to a stream attached to it. Returns
- * false when the stream was reset (and freed): the caller must not touch it. */
-static bool attach_pump(struct stream *s)
-{
-	struct cmd *c = s->cmd;
-	for (int k = 1; k <= 2; k++) {
-		struct ring *r = &c->ring[k];
-		while (s->cursor[k] < r->end && s->send_credit > 0 && out_room()) {
-			if (s->cursor[k] < ring_start(r)) {
-				stream_reset(s, "GAP", "output overwritten before it was sent; attach again");
-				return false;
-			}
-			size_t pos = (size_t)(s->cursor[k] % r->cap);
-			uint64_t n = r->end - s->cursor[k];
-			if (n > r->cap - pos)
-				n = r->cap - pos;
-			if (n > CHUNK)
-				n = CHUNK;
-			if ((int64_t)n > s->send_credit)
-				n = (uint64_t)s->send_credit;
-			unsigned char fd = (unsigned char)k;
-			out_frame2(F_DATA, s->id, &fd, 1, r->buf + pos, (size_t)n);
-			s->cursor[k] += n;
-			s->send_credit -= (int64_t)n;
-		}
-	}
-	return true;
-}
-
-static void open_processes(uint32_t id)
-{
-	struct buf b = {0};
-	buf_puts(&b, "{\"processes\":");
-	processes_json(&b);
-	buf_puts(&b, "}");
-	out_json(F_OPEN_OK, id, &b);
-	out_frame(F_CLOSE, id, NULL, 0);
-}
-
-static void open_forget(uint32_t id, const struct jval *req)
-{
-	const struct jval *idv = json_get(req, "id");
-	struct cmd *c = idv && idv->type == J_STR ? cmd_by_id(idv->s) : NULL;
-	if (!c) {
-		out_error(F_RESET, id, "NOT_FOUND", "no detached process with that id");
-		return;
-	}
-	if (!c->reaped) {
-		out_error(F_RESET, id, "RUNNING", "the process is still running");
-		return;
-	}
-	/* Readers still attached are told (a stream dropped without a word
-	 * would leave its reader waiting for output that never comes). */
-	for (struct stream *s = g_streams, *n; s; s = n) {
-		n = s->next;
-		if (s->cmd == c)
-			stream_reset(s, "GONE", "the detached process was forgotten");
-	}
-	cmd_free(c);
-	out_frame(F_OPEN_OK, id, "{}", 2);
-	out_frame(F_CLOSE, id, NULL, 0);
-}
-
-/* ------------------------------------------------------------------ */
-/* dial and egress                                                     */
-/* ------------------------------------------------------------------ */
-
-static void open_dial(uint32_t id, const struct jval *req)
-{
-	unsigned port;
-	if (nonneg_u16(json_get(req, "port"), &port) < 0) {
-		out_error(F_RESET, id, "INVALID", "port must be 1..65535");
-		return;
-	}
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0) {
-		out_error(F_RESET, id, "RESOURCE", "socket: %s", strerror(errno));
-		return;
-	}
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	int r = connect(fd, (struct sockaddr *)&sa, sizeof sa);
-	if (r < 0 && errno != EINPROGRESS) {
-		out_error(F_RESET, id, "REFUSED", "connect 127.0.0.1:%u: %s", port, strerror(errno));
-		close(fd);
-		return;
-	}
-	struct stream *s = stream_new(id, K_DIAL);
-	s->sock = fd;
-	s->connecting = r < 0;
-	if (!s->connecting) {
-		s->established = true;
-		out_frame(F_OPEN_OK, id, "{}", 2);
-	}
-}
-
-static void dial_connected(struct stream *s)
-{
-	int err = 0;
-	socklen_t len = sizeof err;
-	if (getsockopt(s->sock, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
-		err = errno;
-	if (err == EINPROGRESS)
-		return;
-	if (err) {
-		out_error(F_RESET, s->id, "REFUSED", "connect: %s", strerror(err));
-		stream_drop(s);
-		return;
-	}
-	s->connecting = false;
-	s->established = true;
-	out_frame(F_OPEN_OK, s->id, "{}", 2);
-	stream_write_in(s); /* what came (DATA, EOF) while it connected */
-}
-
-static void sock_read(struct stream *s)
-{
-	char tmp[CHUNK];
-	while (s->sock >= 0 && !s->sock_eof && s->send_credit > 0 && out_room()) {
-		size_t want = (int64_t)CHUNK > s->send_credit ? (size_t)s->send_credit : CHUNK;
-		ssize_t n = read(s->sock, tmp, want);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && errno == EAGAIN)
-			return;
-		if (n < 0) {
-			stream_reset(s, "IO", strerror(errno));
-			return;
-		}
-		if (n == 0) {
-			s->sock_eof = true;
-			unsigned char fd = 0;
-			out_frame(F_EOF, s->id, &fd, 1);
-			return;
-		}
-		unsigned char fd = 0;
-		out_frame2(F_DATA, s->id, &fd, 1, tmp, (size_t)n);
-		s->send_credit -= n;
-	}
-}
-
-static void listen_egress(uint32_t port)
-{
-	g_listen_error[0] = '\0';
-	if (g_listen >= 0 && g_listen_port == port)
-		return;
-	close_fd(&g_listen);
-	g_listen_port = 0;
-	if (!port)
-		return;
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	int one = 1;
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
-	    bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 128) < 0) {
-		snprintf(g_listen_error, sizeof g_listen_error, "listen 127.0.0.1:%u: %s",
-			 (unsigned)port, strerror(errno));
-		logf_("agent: %s", g_listen_error);
-		if (fd >= 0)
-			close(fd);
-		return;
-	}
-	g_listen = fd;
-	g_listen_port = (uint16_t)port;
-}
-
-static void egress_accept(void)
-{
-	for (int k = 0; k < 16; k++) {
-		struct sockaddr_in peer;
-		socklen_t plen = sizeof peer;
-		int fd = accept4(g_listen, (struct sockaddr *)&peer, &plen,
-				 SOCK_NONBLOCK | SOCK_CLOEXEC);
-		if (fd < 0)
-			return;
-		if (!g_epoch || g_nstreams >= MAX_STREAMS || g_next_even > UINT32_MAX - 2) {
-			close(fd);
-			continue;
-		}
-		struct stream *s = stream_new(g_next_even, K_EGRESS);
-		g_next_even += 2;
-		s->sock = fd;
-		struct buf b = {0};
-		char addr[INET_ADDRSTRLEN] = "?";
-		inet_ntop(AF_INET, &peer.sin_addr, addr, sizeof addr);
-		buf_puts(&b, "{\"kind\":\"egress\",\"peer\":");
-		char p[64];
-		snprintf(p, sizeof p, "%s:%u", addr, (unsigned)ntohs(peer.sin_port));
-		buf_json_str(&b, p, strlen(p));
-		buf_puts(&b, "}");
-		out_json(F_OPEN, s->id, &b);
-	}
-}
-
-/* ------------------------------------------------------------------ */
-/* Epochs                                                              */
-/* ------------------------------------------------------------------ */
-
-/* End the epoch: every stream goes (non-detached commands are ended),
- * unsent frames are discarded, input is skipped to the next SYNC. */
-static void end_epoch(const char *error, const char *msg)
-{
-	if (g_epoch && error)
-		logf_("agent: epoch ended: %s: %s", error, msg);
-	out_discard();
-	if (g_epoch && error)
-		out_error(F_GOAWAY, 0, error, "%s", msg);
-	while (g_streams)
-		stream_drop(g_streams);
-	g_epoch = false;
-	g_hunting = true;
-}
-
-static uint64_t clamp_u(const struct jval *v, uint64_t def, uint64_t lo, uint64_t hi)
-{
-	if (!v || v->type != J_NUM || !v->is_int || v->i < 0)
-		return def;
-	uint64_t x = (uint64_t)v->i;
-	return x < lo ? lo : x > hi ? hi : x;
-}
-
-static void on_hello(const char *p, size_t n)
-{
-	struct jdoc doc;
-	if (g_epoch)
-		end_epoch(NULL, NULL);
-	g_hunting = false;
-	if (json_parse(&doc, p, n) < 0 || doc.root->type != J_OBJ) {
-		g_epoch = true; /* to send the GOAWAY */
-		end_epoch("PROTOCOL", "HELLO is not a JSON object");
-		return;
-	}
-	const struct jval *ver = json_get(doc.root, "version"), *nonce = json_get(doc.root, "nonce");
-	if (!ver || ver->type != J_NUM || !ver->is_int || ver->i != 1) {
-		g_epoch = true;
-		end_epoch("VERSION", "this agent speaks version 1");
-		json_free(&doc);
-		return;
-	}
-	if (!nonce || nonce->type != J_STR || strlen(nonce->s) > 256) {
-		g_epoch = true;
-		end_epoch("PROTOCOL", "HELLO needs a nonce string (at most 256 bytes)");
-		json_free(&doc);
-		return;
-	}
-	g_window = (uint32_t)clamp_u(json_get(doc.root, "window"), DEFAULT_WINDOW, MIN_WINDOW,
-				     MAX_WINDOW);
-	g_keepalive = clamp_u(json_get(doc.root, "keepalive_ms"), DEFAULT_KEEPALIVE_MS, 20,
-			      3600000);
-	/* The server's share of the sandbox's memory for the agent (absent:
-	 * the latest one given holds). */
-	const struct jval *budget = json_get(doc.root, "budget");
-	if (budget && budget->type == J_NUM && budget->is_int && budget->i >= 1 &&
-	    (uint64_t)budget->i <= MAX_RING_BUDGET)
-		g_budget = (uint64_t)budget->i;
-	listen_egress((uint32_t)clamp_u(json_get(doc.root, "egress_port"), 0, 0, 65535));
-	g_epoch = true;
-	g_max_odd = 0;
-	g_next_even = 2;
-	g_ping_sent_at = 0;
-	struct buf b = {0};
-	buf_puts(&b, "{\"version\":1,\"nonce\":");
-	buf_json_str(&b, nonce->s, strlen(nonce->s));
-	buf_printf(&b, ",\"instance\":\"%s\",\"pid\":%ld,\"egress_port\":%u", g_instance,
-		   (long)g_self, (unsigned)g_listen_port);
-	if (g_listen_error[0]) {
-		buf_puts(&b, ",\"egress_error\":");
-		buf_json_str(&b, g_listen_error, strlen(g_listen_error));
-	}
-	buf_puts(&b, ",\"processes\":");
-	processes_json(&b);
-	buf_puts(&b, "}");
-	json_free(&doc);
-	if (b.len > MAX_PAYLOAD) {
-		/* cannot happen with MAX_DETACHED records of bounded size */
-		free(b.p);
-		end_epoch("RESOURCE", "HELLO_OK too large");
-		return;
-	}
-	out_json(F_HELLO_OK, 0, &b);
-}
-
-/* ------------------------------------------------------------------ */
-/* Input frames                                                        */
-/* ------------------------------------------------------------------ */
-
-static void on_open(uint32_t id, const char *p, size_t n)
-{
-	struct stream *old = stream_find(id);
-	if (!(id & 1) || id <= g_max_odd || old) {
-		if (old)
-			stream_drop(old);
-		out_error(F_RESET, id, "PROTOCOL",
-			  (id & 1) ? "stream id already used" : "server streams have odd ids");
-		return;
-	}
-	g_max_odd = id;
-	if (g_nstreams >= MAX_STREAMS) {
-		out_error(F_RESET, id, "RESOURCE", "at most %d open streams", MAX_STREAMS);
-		return;
-	}
-	struct jdoc doc;
-	if (json_parse(&doc, p, n) < 0 || doc.root->type != J_OBJ) {
-		out_error(F_RESET, id, "INVALID", "OPEN is not a JSON object");
-		return;
-	}
-	const struct jval *kind = json_get(doc.root, "kind");
-	const char *k = kind && kind->type == J_STR ? kind->s : "";
-	if (!strcmp(k, "exec"))
-		open_exec(id, doc.root);
-	else if (!strcmp(k, "attach"))
-		open_attach(id, doc.root);
-	else if (!strcmp(k, "processes"))
-		open_processes(id);
-	else if (!strcmp(k, "forget"))
-		open_forget(id, doc.root);
-	else if (!strcmp(k, "dial"))
-		open_dial(id, doc.root);
-	else
-		out_error(F_RESET, id, "INVALID", "unknown OPEN kind");
-	json_free(&doc);
-}
-
-static void on_stream_frame(uint8_t type, uint32_t id, const unsigned char *p, size_t n)
-{
-	if (type == F_OPEN) {
-		on_open(id, (const char *)p, n);
-		return;
-	}
-	struct stream *s = stream_find(id);
-	if (!s) {
-		/* A frame for a stream this side already ended may have crossed
-		 * the end in flight: ignored.  One for an id never opened is not. */
-		bool used = (id & 1) ? id <= g_max_odd : id < g_next_even;
-		/* A RESET is never answered with one: two sides that did so
-		 * could bounce them forever. */
-		if (type != F_RESET && (!used || type > F_CLOSE || type < F_OPEN))
-			out_error(F_RESET, id, "PROTOCOL", "frame type 0x%02x on a stream not open",
-				  type);
-		return;
-	}
-	bool bytes = s->kind == K_DIAL || s->kind == K_EGRESS;
-	switch (type) {
-	case F_OPEN_OK:
-		if (s->kind != K_EGRESS || s->established)
-			break;
-		s->established = true;
-		return;
-	case F_DATA:
-		if (n < 1 || p[0] != 0 || s->in_eof)
-			break;
-		if (n - 1 > s->recv_credit) {
-			stream_reset(s, "FLOW_CONTROL", "DATA beyond the window");
-			return;
-		}
-		if (s->ib_len + n - 1 > g_window) {
-			stream_reset(s, "FLOW_CONTROL", "DATA beyond the window");
-			return;
-		}
-		s->recv_credit -= (uint32_t)(n - 1);
-		{
-			/* What the process or socket takes at once needs no buffer. */
-			const char *src = (const char *)p + 1;
-			size_t m = n - 1;
-			int fd = s->connecting || s->ib_len ? -1 : stream_sink(s);
-			ssize_t w = fd >= 0 && m ? write(fd, src, m) : -1;
-			if (w > 0) {
-				src += w;
-				m -= (size_t)w;
-				stream_consumed(s, (size_t)w);
-			}
-			if (m && !ib_reserve(s, s->ib_len + m)) {
-				stream_reset(s, "MEMORY", "the agent's memory budget has no room "
-					     "for this stream's input");
-				return;
-			}
-			if (m) {
-				memcpy(s->ib + s->ib_len, src, m);
-				s->ib_len += m;
-			}
-		}
-		stream_write_in(s);
-		return;
-	case F_EOF:
-		if (n != 1 || p[0] != 0 || s->in_eof)
-			break;
-		s->in_eof = true;
-		stream_write_in(s);
-		return;
-	case F_WINDOW:
-		if (n != 4)
-			break;
-		s->send_credit += get32(p);
-		if (s->send_credit > (int64_t)UINT32_MAX)
-			s->send_credit = UINT32_MAX;
-		return;
-	case F_RESET:
-		stream_drop(s);
-		return;
-	case F_CLOSE:
-		stream_drop(s);
-		return;
-	case F_SIGNAL:
-		if (bytes || n < 1 || n > 2 || p[0] < 1 || p[0] >= NSIG || (n == 2 && p[1] > 1))
-			break;
-		if (!s->cmd || !s->cmd->started || s->cmd->reaped)
-			return;
-		if (n == 2 && p[1] == 1) {
-			/* relayed by the `sbx run` supervisor to its command's group */
-			union sigval v = {.sival_int = p[0]};
-			sigqueue(s->cmd->pid, SIGUSR2, v);
-			kill(s->cmd->pid, SIGCONT);
-		} else {
-			kill(-s->cmd->pid, p[0]);
-		}
-		return;
-	case F_RESIZE:
-		if (bytes || n != 4 || !s->cmd || !s->cmd->tty)
-			break;
-		if (s->cmd->out_fd[1] >= 0) {
-			struct winsize ws = {.ws_row = (unsigned short)(p[0] << 8 | p[1]),
-					     .ws_col = (unsigned short)(p[2] << 8 | p[3])};
-			if (ws.ws_row && ws.ws_col)
-				ioctl(s->cmd->out_fd[1], TIOCSWINSZ, &ws);
-		}
-		return;
-	default:
-		break;
-	}
-	char msg[96];
-	snprintf(msg, sizeof msg, "frame type 0x%02x not allowed here", type);
-	stream_reset(s, "PROTOCOL", msg);
-}
-
-static void on_frame(uint8_t type, uint32_t id, const unsigned char *p, size_t n)
-{
-	if (id == 0 && type == F_HELLO) {
-		on_hello((const char *)p, n);
-		return;
-	}
-	if (!g_epoch)
-		return;
-	if (id != 0) {
-		on_stream_frame(type, id, p, n);
-		return;
-	}
-	switch (type) {
-	case F_PING:
-		out_frame(F_PONG, 0, p, n > 8 ? 8 : n);
-		return;
-	case F_PONG:
-	case F_RESET: /* a notice; never answered with a RESET */
-		return;
-	case F_GOAWAY:
-		end_epoch(NULL, NULL);
-		return;
-	default:
-		out_error(F_RESET, 0, "PROTOCOL", "frame type 0x%02x not allowed on stream 0", type);
-	}
-}
-
-static void process_input(void)
-{
-	while (g_in_len > g_in_off && out_room()) {
-		unsigned char *b = (unsigned char *)g_in + g_in_off;
-		size_t avail = g_in_len - g_in_off;
-		if (g_hunting) {
-			unsigned char *m = memmem(b, avail, SYNC_MARK, SYNC_LEN);
-			if (!m) {
-				/* keep what could be the start of a marker */
-				g_in_off += avail > SYNC_LEN - 1 ? avail - (SYNC_LEN - 1) : 0;
-				break;
-			}
-			g_in_off += (size_t)(m - b) + SYNC_LEN;
-			if (g_epoch)
-				end_epoch(NULL, NULL);
-			g_hunting = false;
-			continue;
-		}
-		if (avail < HDR_LEN)
-			break;
-		uint32_t len = get32(b);
-		if (len == 0xFFFFFFFFu) {
-			if (avail < SYNC_LEN)
-				break;
-			if (!memcmp(b, SYNC_MARK, SYNC_LEN)) {
-				g_in_off += SYNC_LEN;
-				if (g_epoch)
-					end_epoch(NULL, NULL);
-				g_hunting = false;
-				continue;
-			}
-		}
-		if (len > MAX_PAYLOAD) {
-			char msg[64];
-			snprintf(msg, sizeof msg, "frame length %u out of range", len);
-			end_epoch("PROTOCOL", msg);
-			g_in_off += 1;
-			continue;
-		}
-		if (avail < HDR_LEN + len)
-			break;
-		g_in_off += HDR_LEN + len;
-		on_frame(b[4], get32(b + 5), b + HDR_LEN, len);
-	}
-	if (g_in_off == g_in_len) {
-		g_in_off = g_in_len = 0;
-	} else if (g_in_off > 0 && g_in_len > IN_CAP / 2) {
-		memmove(g_in, g_in + g_in_off, g_in_len - g_in_off);
-		g_in_len -= g_in_off;
-		g_in_off = 0;
-	}
-}
-
-static void read_channel(void)
-{
-	if (g_in_len == IN_CAP && g_in_off > 0) {
-		memmove(g_in, g_in + g_in_off, g_in_len - g_in_off);
-		g_in_len -= g_in_off;
-		g_in_off = 0;
-	}
-	if (g_in_len == IN_CAP)
-		return;
-	/* A frame left half-written by a server that died: when the next
-	 * bytes, after a pause, begin with a SYNC marker, they are a new
-	 * server's, not the rest of that frame (which would swallow them). */
-	size_t had = g_in_len;
-	bool partial = !g_hunting && g_in_len > g_in_off;
-	uint64_t paused = now_ms() - g_last_rx;
-	ssize_t n = read(0, g_in + g_in_len, IN_CAP - g_in_len);
-	if (n >= (ssize_t)SYNC_LEN && partial && paused >= 100 &&
-	    !memcmp(g_in + had, SYNC_MARK, SYNC_LEN)) {
-		logf_("agent: a half-written frame dropped before a SYNC");
-		g_in_off = had;
-	}
-	if (n < 0 && (errno == EINTR || errno == EAGAIN))
-		return;
-	if (n <= 0) {
-		/* No channel any more (docker keeps stdin open; a test closes it). */
-		g_stdin_open = false;
-		end_epoch("CLOSED", "the channel's input ended");
-		return;
-	}
-	g_in_len += (size_t)n;
-	g_last_rx = now_ms();
-	g_ping_sent_at = 0;
-	process_input();
-}
-
 static void timers(uint64_t now)
 {
-	for (struct cmd *c = g_cmds; c; c = c->next) {
+	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
 		if (c->kill_at && now >= c->kill_at && !c->reaped) {
 			kill(c->pid, SIGKILL);
 			kill(-c->pid, SIGKILL);
@@ -1022,70 +112,26 @@ static void timers(uint64_t now)
 		/* A reaped tty command whose terminal gives no EIO (gVisor): its
 		 * output is over at the first empty read (cmd_read). */
 		if (c->tty_done_at && now >= c->tty_done_at && c->out_fd[1] >= 0)
-			cmd_read(c, 1);
+			cmd_read_out(c, 1);
 	}
-	if (now >= g_next_sweep) {
+	if (now >= g_agent.next_sweep) {
 		sweep_orphans();
-		g_last_sweep = now;
-		g_next_sweep = now + SWEEP_MS;
+		g_agent.last_sweep = now;
+		g_agent.next_sweep = now + SWEEP_MS;
 	}
-	if (g_epoch && g_stdin_open) {
-		uint64_t quiet = now > g_last_rx ? now - g_last_rx : 0;
-		if (quiet >= 2 * g_keepalive) {
+	if (g_agent.epoch && g_agent.stdin_open) {
+		uint64_t quiet = now > g_agent.last_rx ? now - g_agent.last_rx : 0;
+		if (quiet >= 2 * g_agent.keepalive) {
 			end_epoch("KEEPALIVE", "nothing received for two keepalive periods");
-		} else if (quiet >= g_keepalive && !g_ping_sent_at) {
+		} else if (quiet >= g_agent.keepalive && !g_agent.ping_sent_at) {
 			unsigned char ping[8];
 			put32(ping, (uint32_t)(now >> 32));
 			put32(ping + 4, (uint32_t)now);
 			out_frame(F_PING, 0, ping, 8);
-			g_ping_sent_at = now;
+			g_agent.ping_sent_at = now;
 		}
 	}
 }
-
-/* Exit codes, EXITs and attach replays: what became sendable. */
-static void pump_streams(void)
-{
-	for (struct stream *s = g_streams, *n; s; s = n) {
-		n = s->next;
-		if (!out_room())
-			return;
-		if (!s->established)
-			continue;
-		if (s->kind == K_ATTACH || (s->kind == K_EXEC && s->cmd && s->cmd->detached)) {
-			if (!attach_pump(s))
-				continue;
-			struct cmd *c = s->cmd;
-			if (cmd_output_done(c) && s->cursor[1] == c->ring[1].end &&
-			    s->cursor[2] == c->ring[2].end) {
-				struct buf b = {0};
-				buf_puts(&b, "{");
-				exit_json(&b, c);
-				buf_puts(&b, "}");
-				out_json(F_EXIT, s->id, &b);
-				stream_drop(s);
-			}
-		} else if (s->kind == K_EXEC && s->cmd && cmd_output_done(s->cmd)) {
-			struct buf b = {0};
-			buf_puts(&b, "{");
-			exit_json(&b, s->cmd);
-			buf_puts(&b, "}");
-			out_json(F_EXIT, s->id, &b);
-			struct cmd *c = s->cmd;
-			c->owner = NULL;
-			stream_drop(s);
-			cmd_free(c);
-		} else if ((s->kind == K_DIAL || s->kind == K_EGRESS) && s->sock_eof &&
-			   s->in_eof_done) {
-			out_frame(F_CLOSE, s->id, NULL, 0);
-			stream_drop(s);
-		}
-	}
-}
-
-/* ------------------------------------------------------------------ */
-/* The loop                                                            */
-/* ------------------------------------------------------------------ */
 
 enum ptag { P_IN, P_OUT, P_SIG, P_LISTEN, P_REPORT, P_CMDOUT, P_SINK, P_SOCK };
 
@@ -1095,42 +141,35 @@ struct pref {
 	int k;
 };
 
-static struct pollfd *g_pfd;
-static struct pref *g_pref;
-static size_t g_pn, g_pcap;
-
 static void pset(int fd, short ev, enum ptag tag, void *ptr, int k)
 {
-	if (g_pn == g_pcap) {
-		g_pcap = g_pcap ? g_pcap * 2 : 64;
-		struct pollfd *np = realloc(g_pfd, g_pcap * sizeof *np);
-		struct pref *nr = np ? realloc(g_pref, g_pcap * sizeof *nr) : NULL;
+	if (g_agent.pn == g_agent.pcap) {
+		g_agent.pcap = g_agent.pcap ? g_agent.pcap * 2 : 64;
+		struct pollfd *np = realloc(g_agent.pfd, g_agent.pcap * sizeof *np);
+		struct pref *nr = np ? realloc(g_agent.pref, g_agent.pcap * sizeof *nr) : NULL;
 		if (!np || !nr)
 			oom();
-		g_pfd = np;
-		g_pref = nr;
+		g_agent.pfd = np;
+		g_agent.pref = nr;
 	}
-	g_pfd[g_pn] = (struct pollfd){.fd = fd, .events = ev};
-	g_pref[g_pn] = (struct pref){tag, ptr, k};
-	g_pn++;
+	g_agent.pfd[g_agent.pn] = (struct pollfd){.fd = fd, .events = ev};
+	g_agent.pref[g_agent.pn] = (struct pref){tag, ptr, k};
+	g_agent.pn++;
 }
 
-/* The earliest end of a hold on a command's output (0: none), set by build_poll. */
-static uint64_t g_hold_wake_us;
-
-static void build_poll(void)
+void build_poll(void)
 {
 	uint64_t now = now_us();
-	g_hold_wake_us = 0;
-	g_pn = 0;
-	pset(g_sigpipe[0], POLLIN, P_SIG, NULL, 0);
-	if (g_stdin_open && out_room())
+	g_agent.hold_wake_us = 0;
+	g_agent.pn = 0;
+	pset(g_agent.sigpipe[0], POLLIN, P_SIG, NULL, 0);
+	if (g_agent.stdin_open && out_room())
 		pset(0, POLLIN, P_IN, NULL, 0);
-	if (out_pending() && !g_out_broken)
+	if (out_pending() && !g_agent.out_broken)
 		pset(1, POLLOUT, P_OUT, NULL, 0);
-	if (g_listen >= 0)
-		pset(g_listen, POLLIN, P_LISTEN, NULL, 0);
-	for (struct cmd *c = g_cmds; c; c = c->next) {
+	if (g_agent.listen >= 0)
+		pset(g_agent.listen, POLLIN, P_LISTEN, NULL, 0);
+	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
 		if (c->rep_fd >= 0) {
 			pset(c->rep_fd, POLLIN, P_REPORT, c, 0);
 			continue;
@@ -1144,14 +183,14 @@ static void build_poll(void)
 			    (!c->owner || !out_room() || c->owner->send_credit <= 0))
 				continue;
 			if (c->hold_until_us[k] > now) {
-				if (!g_hold_wake_us || c->hold_until_us[k] < g_hold_wake_us)
-					g_hold_wake_us = c->hold_until_us[k];
+				if (!g_agent.hold_wake_us || c->hold_until_us[k] < g_agent.hold_wake_us)
+					g_agent.hold_wake_us = c->hold_until_us[k];
 				continue;
 			}
 			pset(c->out_fd[k], POLLIN, P_CMDOUT, c, k);
 		}
 	}
-	for (struct stream *s = g_streams; s; s = s->next) {
+	for (struct stream *s = g_agent.streams; s; s = s->next) {
 		int fd = stream_sink(s);
 		if (fd >= 0 && s->ib_len > 0)
 			pset(fd, POLLOUT, P_SINK, s, 0);
@@ -1166,7 +205,7 @@ static void build_poll(void)
 
 static bool stream_alive(const struct stream *p)
 {
-	for (struct stream *s = g_streams; s; s = s->next)
+	for (struct stream *s = g_agent.streams; s; s = s->next)
 		if (s == p)
 			return true;
 	return false;
@@ -1174,7 +213,7 @@ static bool stream_alive(const struct stream *p)
 
 static bool cmd_alive(const struct cmd *p)
 {
-	for (struct cmd *c = g_cmds; c; c = c->next)
+	for (struct cmd *c = g_agent.cmds; c; c = c->next)
 		if (c == p)
 			return true;
 	return false;
@@ -1182,8 +221,8 @@ static bool cmd_alive(const struct cmd *p)
 
 static void dispatch(size_t i)
 {
-	short re = g_pfd[i].revents;
-	struct pref r = g_pref[i];
+	short re = g_agent.pfd[i].revents;
+	struct pref r = g_agent.pref[i];
 	if (!re)
 		return;
 	switch (r.tag) {
@@ -1194,26 +233,26 @@ static void dispatch(size_t i)
 		read_channel();
 		break;
 	case P_OUT:
-		out_flush();
+		out_write();
 		break;
 	case P_LISTEN:
 		egress_accept();
 		break;
 	case P_REPORT:
-		if (cmd_alive(r.ptr) && ((struct cmd *)r.ptr)->rep_fd == g_pfd[i].fd)
+		if (cmd_alive(r.ptr) && ((struct cmd *)r.ptr)->rep_fd == g_agent.pfd[i].fd)
 			cmd_report(r.ptr);
 		break;
 	case P_CMDOUT:
-		if (cmd_alive(r.ptr) && ((struct cmd *)r.ptr)->out_fd[r.k] == g_pfd[i].fd)
-			cmd_read(r.ptr, r.k);
+		if (cmd_alive(r.ptr) && ((struct cmd *)r.ptr)->out_fd[r.k] == g_agent.pfd[i].fd)
+			cmd_read_out(r.ptr, r.k);
 		break;
 	case P_SINK:
-		if (stream_alive(r.ptr) && stream_sink(r.ptr) == g_pfd[i].fd)
+		if (stream_alive(r.ptr) && stream_sink(r.ptr) == g_agent.pfd[i].fd)
 			stream_write_in(r.ptr);
 		break;
 	case P_SOCK: {
 		struct stream *s = r.ptr;
-		if (!stream_alive(s) || s->sock != g_pfd[i].fd)
+		if (!stream_alive(s) || s->sock != g_agent.pfd[i].fd)
 			break;
 		if (s->connecting)
 			dial_connected(s);
@@ -1226,16 +265,16 @@ static void dispatch(size_t i)
 
 static int poll_timeout(uint64_t now)
 {
-	uint64_t next = g_next_sweep;
-	for (struct cmd *c = g_cmds; c; c = c->next) {
+	uint64_t next = g_agent.next_sweep;
+	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
 		if (c->kill_at && c->kill_at < next)
 			next = c->kill_at;
 		/* once past, the terminal's data or the stream's window wakes us */
 		if (c->tty_done_at > now && c->out_fd[1] >= 0 && c->tty_done_at < next)
 			next = c->tty_done_at;
 	}
-	if (g_epoch && g_stdin_open) {
-		uint64_t k = g_last_rx + (g_ping_sent_at ? 2 * g_keepalive : g_keepalive);
+	if (g_agent.epoch && g_agent.stdin_open) {
+		uint64_t k = g_agent.last_rx + (g_agent.ping_sent_at ? 2 * g_agent.keepalive : g_agent.keepalive);
 		if (k < next)
 			next = k;
 	}
@@ -1249,15 +288,15 @@ int cmd_agent(int argc, char **argv)
 	if (argc == 2 && !strcmp(argv[0], "--user") &&
 	    sscanf(argv[1], "%lu:%lu%c", &uid, &gid, &extra) == 2 && uid > 0 && gid > 0 &&
 	    uid < 0xFFFFFFFFul && gid < 0xFFFFFFFFul) {
-		g_switch_user = true;
-		g_cmd_uid = (uid_t)uid;
-		g_cmd_gid = (gid_t)gid;
+		g_agent.switch_user = true;
+		g_agent.cmd_uid = (uid_t)uid;
+		g_agent.cmd_gid = (gid_t)gid;
 	} else if (argc > 0) {
 		static const char msg[] = "usage: sbx [--root DIR] agent [--user UID:GID]\n";
 		(void)!write(2, msg, sizeof msg - 1);
 		return 2;
 	}
-	g_self = getpid();
+	g_agent.self = getpid();
 	/* Nothing of the container's environment is the commands' business
 	 * (they get exactly the env of their request), and gVisor lets
 	 * /proc/1/environ be read whatever the dumpable flag says: the strings
@@ -1267,50 +306,50 @@ int cmd_agent(int argc, char **argv)
 	/* Same uid as the commands: without this they could ptrace the agent
 	 * or read its memory through /proc. */
 	prctl(PR_SET_DUMPABLE, 0);
-	if (g_self != 1)
+	if (g_agent.self != 1)
 		prctl(PR_SET_CHILD_SUBREAPER, 1);
 	signal(SIGPIPE, SIG_IGN);
-	if (pipe2(g_sigpipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+	if (pipe2(g_agent.sigpipe, O_CLOEXEC | O_NONBLOCK) < 0) {
 		logf_("agent: pipe: %s", strerror(errno));
 		return 1;
 	}
 	struct sigaction sa = {.sa_handler = on_sigchld, .sa_flags = SA_RESTART | SA_NOCLDSTOP};
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGCHLD, &sa, NULL);
-	g_devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-	if (g_devnull < 0) {
+	g_agent.devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (g_agent.devnull < 0) {
 		logf_("agent: /dev/null: %s", strerror(errno));
 		return 1;
 	}
 	unsigned char rnd[16];
 	if (getrandom(rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd) {
-		uint64_t t = now_ms() ^ ((uint64_t)g_self << 32);
+		uint64_t t = now_ms() ^ ((uint64_t)g_agent.self << 32);
 		memcpy(rnd, &t, sizeof t);
 		memcpy(rnd + 8, &t, sizeof t);
 	}
 	for (size_t k = 0; k < sizeof rnd; k++)
-		snprintf(g_instance + 2 * k, 3, "%02x", rnd[k]);
+		snprintf(g_agent.instance + 2 * k, 3, "%02x", rnd[k]);
 	/* A fixed threshold: glibc's own grows it to the largest block freed,
 	 * and the heap then keeps freed memory resident that nothing counts. */
 	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
-	g_out = xmalloc(OUT_CAP);
+	g_agent.out = xmalloc(OUT_CAP);
 	set_nonblock(0);
 	set_nonblock(1);
 	/* Diagnostics are dropped rather than ever blocking the loop. */
 	set_nonblock(2);
-	g_last_rx = now_ms();
+	g_agent.last_rx = now_ms();
 	for (;;) {
-		out_flush();
+		out_write();
 		pump_streams();
-		out_flush();
+		out_write();
 		uint64_t now = now_ms();
 		timers(now);
-		if (!g_stdin_open && g_self != 1) {
+		if (!g_agent.stdin_open && g_agent.self != 1) {
 			/* Tests: the channel is gone, nobody can ask for anything
 			 * any more.  As PID 1 the agent stays (docker keeps stdin
 			 * open; should it close, detached processes go on). */
 			bool left = false;
-			for (struct cmd *c = g_cmds; c; c = c->next) {
+			for (struct cmd *c = g_agent.cmds; c; c = c->next) {
 				if (!c->reaped) {
 					kill(-c->pid, SIGKILL);
 					kill(c->pid, SIGKILL);
@@ -1323,23 +362,23 @@ int cmd_agent(int argc, char **argv)
 		build_poll();
 		int ms = poll_timeout(now_ms());
 		struct timespec wait = {ms / 1000, (long)(ms % 1000) * 1000000L};
-		if (g_hold_wake_us) {
+		if (g_agent.hold_wake_us) {
 			uint64_t now = now_us();
-			uint64_t us = g_hold_wake_us > now ? g_hold_wake_us - now : 0;
+			uint64_t us = g_agent.hold_wake_us > now ? g_agent.hold_wake_us - now : 0;
 			if (us < (uint64_t)ms * 1000u)
 				wait = (struct timespec){0, (long)us * 1000L};
 		}
-		int r = ppoll(g_pfd, g_pn, &wait, NULL);
+		int r = ppoll(g_agent.pfd, g_agent.pn, &wait, NULL);
 		if (r < 0 && errno != EINTR) {
 			logf_("agent: poll: %s", strerror(errno));
 			struct timespec ts = {0, 10000000};
 			nanosleep(&ts, NULL);
 			continue;
 		}
-		for (size_t i = 0; r > 0 && i < g_pn; i++)
+		for (size_t i = 0; r > 0 && i < g_agent.pn; i++)
 			dispatch(i);
 		/* Input held back by a full output queue continues here. */
-		if (g_epoch || !g_hunting || g_in_len > g_in_off)
+		if (g_agent.epoch || !g_agent.hunting || g_agent.in_len > g_agent.in_off)
 			process_input();
 	}
 }

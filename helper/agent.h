@@ -1,7 +1,9 @@
 /*
- * agent.h - what the agent's files share: agent.c (the loop, the channel's
- * frames, epochs and streams), agent_exec.c (commands: starting them, their
- * output, reaping, orphans) and agent_json.c (the requests' JSON).
+ * agent.h - what the files of `sbx agent` share: its state (struct agent),
+ * the channel's constants and records, and each file's functions.  agent.c
+ * runs the loop; agent_in.c and agent_out.c are the channel's two directions;
+ * agent_stream.c, agent_attach.c and agent_net.c the streams; agent_cmd.c,
+ * agent_exec.c and agent_reap.c the commands; agent_json.c the requests' JSON.
  */
 #ifndef SBX_AGENT_H
 #define SBX_AGENT_H
@@ -169,42 +171,66 @@ struct stream {
 	uint64_t cursor[3]; /* attach: next offset to send per fd */
 };
 
-extern struct cmd *g_cmds;
-extern struct stream *g_streams;
-extern size_t g_nstreams, g_ndetached;
-/* Bytes of the budget held (rings past their floor, input buffers) and the
- * budget itself. */
-extern uint64_t g_held, g_budget;
-extern uint32_t g_window;
-extern int g_sigpipe[2];
-extern int g_devnull;
-extern pid_t g_self;
-extern bool g_switch_user;
-extern uid_t g_cmd_uid;
-extern gid_t g_cmd_gid;
-extern uint64_t g_next_sweep, g_last_sweep;
+/*
+ * The agent's state, all of it in one place: one instance, g_agent (agent.c),
+ * which every file of the agent reaches by that name.  One thread, so no
+ * locks; the SIGCHLD handler touches only sigpipe[1].
+ */
+struct pollfd;
+struct pref;
+struct agent {
+	/* The channel's input (stdin): up to two frames, hunting for SYNC first. */
+	char in[IN_CAP];
+	size_t in_off, in_len;
+	bool hunting;		/* discarding input until a SYNC marker */
+	bool stdin_open;
+	/* The channel's output (stdout): queued frames, [out_head, out_len). */
+	char *out;
+	size_t out_head, out_len, out_frame_end;
+	bool out_broken;
+	/* The epoch: what the server's HELLO set. */
+	bool epoch;		/* HELLO received, answering */
+	uint32_t window;
+	uint64_t keepalive;
+	uint64_t last_rx, ping_sent_at;
+	uint32_t max_odd;	/* highest stream id the server opened */
+	uint32_t next_even;	/* next id the agent opens */
+	char instance[33];	/* this agent's random name, in HELLO_OK */
+	/* Streams and commands. */
+	struct cmd *cmds;
+	struct stream *streams;
+	size_t nstreams, ndetached;
+	/* Bytes of the budget held (rings past their floor, input buffers) and the
+	 * budget itself (see DEFAULT_RING_BUDGET). */
+	uint64_t held, budget;
+	/* When the orphan sweep is due next, and when it last ran. */
+	uint64_t next_sweep, last_sweep;
+	/* The egress listener (HELLO's egress port). */
+	int listen;
+	uint16_t listen_port;
+	char listen_error[160];
+	/* The process. */
+	int sigpipe[2];		/* SIGCHLD's self-pipe */
+	int devnull;
+	pid_t self;
+	/* --user UID:GID: the identity commands run as, when the agent runs as
+	 * another (root with only CAP_SETUID, CAP_SETGID and CAP_KILL): then no
+	 * command can signal, stop or read the agent whatever the runtime does for
+	 * PID 1.  Without it commands run as the agent's own uid. */
+	bool switch_user;
+	uid_t cmd_uid;
+	gid_t cmd_gid;
+	/* The poll set build_poll() makes each turn of the loop. */
+	struct pollfd *pfd;
+	struct pref *pref;
+	size_t pn, pcap;
+	/* The earliest end of a hold on a command's output (0: none), set by build_poll. */
+	uint64_t hold_wake_us;
+};
 
-struct cmd *cmd_by_pid(pid_t pid);
-struct cmd *cmd_by_id(const char *id);
-struct stream *stream_new(uint32_t id, enum kind kind);
-void cmd_close_fds(struct cmd *c);
-void cmd_free(struct cmd *c);
-void cmd_abandon(struct cmd *c);
-void *mem_map(size_t n);
-void mem_unmap(void *p, size_t n);
-uint64_t ring_start(const struct ring *r);
-uint64_t ring_fill(const struct ring *r);
-void exit_json(struct buf *b, const struct cmd *c);
-void offsets_json(struct buf *b, uint64_t o1, uint64_t o2);
-void processes_json(struct buf *b);
-int nonneg_u16(const struct jval *v, unsigned *out);
-void open_exec(uint32_t id, const struct jval *req);
-void cmd_report(struct cmd *c);
-void cmd_read(struct cmd *c, int k);
-bool cmd_output_done(const struct cmd *c);
-void on_sigchld(int sig);
-void reap(void);
-void sweep_orphans(void);
+extern struct agent g_agent;
+
+/* ---- agent.c: the loop, and small helpers ---- */
 uint64_t now_ms(void);
 uint64_t now_us(void);
 __attribute__((format(printf, 1, 2))) void logf_(const char *fmt, ...);
@@ -212,13 +238,75 @@ void set_nonblock(int fd);
 void put32(unsigned char *p, uint32_t v);
 uint32_t get32(const unsigned char *p);
 void close_fd(int *fd);
+
+/* ---- agent_out.c: frames queued on the channel's output ---- */
+size_t out_pending(void);
 bool out_room(void);
 void out_frame2(uint8_t type, uint32_t stream, const void *p1, size_t n1, const void *p2,
-		       size_t n2);
+		size_t n2);
 void out_frame(uint8_t type, uint32_t stream, const void *p, size_t n);
 void out_json(uint8_t type, uint32_t stream, struct buf *b);
 void out_error(uint8_t type, uint32_t stream, const char *error, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+void out_u32(uint8_t type, uint32_t stream, uint32_t v);
+void out_discard(void);
+void out_write(void);
+
+/* ---- agent_in.c: frames read from the channel, epochs (HELLO) ---- */
+void end_epoch(const char *error, const char *msg);
+void process_input(void);
+void read_channel(void);
+
+/* ---- agent_stream.c: streams, their windows and inbound bytes ---- */
+struct stream *stream_find(uint32_t id);
+struct stream *stream_new(uint32_t id, enum kind kind);
 void stream_drop(struct stream *s);
+void stream_reset(struct stream *s, const char *error, const char *msg);
+bool ib_reserve(struct stream *s, size_t len);
+void stream_consumed(struct stream *s, size_t n);
+int stream_sink(const struct stream *s);
+void stream_write_in(struct stream *s);
+void pump_streams(void);
+
+/* ---- agent_attach.c: detached processes: attach, processes, forget ---- */
+void open_attach(uint32_t id, const struct jval *req);
+bool attach_pump(struct stream *s);
+void open_processes(uint32_t id);
+void open_forget(uint32_t id, const struct jval *req);
+
+/* ---- agent_net.c: dial and egress streams (TCP) ---- */
+void open_dial(uint32_t id, const struct jval *req);
+void dial_connected(struct stream *s);
+void sock_read(struct stream *s);
+void listen_egress(uint32_t port);
+void egress_accept(void);
+
+/* ---- agent_cmd.c: command records, rings, the memory budget, their JSON ---- */
+struct cmd *cmd_by_pid(pid_t pid);
+struct cmd *cmd_by_id(const char *id);
+void cmd_close_fds(struct cmd *c);
+void cmd_free(struct cmd *c);
+void cmd_abandon(struct cmd *c);
+void *mem_map(size_t n);
+void mem_unmap(void *p, size_t n);
+uint64_t ring_start(const struct ring *r);
+uint64_t ring_fill(const struct ring *r);
+uint64_t ring_held(const struct ring *r);
+uint64_t ring_room(struct ring *r);
+void exit_json(struct buf *b, const struct cmd *c);
+void offsets_json(struct buf *b, uint64_t o1, uint64_t o2);
+void processes_json(struct buf *b);
+
+/* ---- agent_exec.c: starting commands, their output ---- */
+int nonneg_u16(const struct jval *v, unsigned *out);
+void open_exec(uint32_t id, const struct jval *req);
+void cmd_report(struct cmd *c);
+void cmd_read_out(struct cmd *c, int k);
+bool cmd_output_done(const struct cmd *c);
+
+/* ---- agent_reap.c: children and orphans ---- */
+void on_sigchld(int sig);
+void reap(void);
+void sweep_orphans(void);
 
 #endif

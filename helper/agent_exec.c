@@ -1,199 +1,21 @@
 /*
- * agent_exec.c - the agent's commands: starting them (fork, identity, stdio,
- * pty, a report pipe for a failed exec), their output (DATA frames within the
- * window, or a detached process's ring), reaping them, and killing orphans.
- * See agent.c for the loop that drives it and docs/agent.md for the protocol.
+ * agent_exec.c - starting the agent's commands (fork, identity, stdio, pty, a
+ * report pipe for a failed exec) and their output (DATA frames within the
+ * window, or a detached process's ring).
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <malloc.h>
 #include <signal.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <termios.h>
-#include <unistd.h>
 
 #include "agent.h"
 #include "sbx.h"
-
-/* ------------------------------------------------------------------ */
-/* Commands                                                            */
-/* ------------------------------------------------------------------ */
-
-struct cmd *cmd_by_pid(pid_t pid)
-{
-	for (struct cmd *c = g_cmds; c; c = c->next)
-		if (c->pid == pid && !c->reaped)
-			return c;
-	return NULL;
-}
-
-struct cmd *cmd_by_id(const char *id)
-{
-	for (struct cmd *c = g_cmds; c; c = c->next)
-		if (c->detached && !strcmp(c->id, id))
-			return c;
-	return NULL;
-}
-
-void cmd_close_fds(struct cmd *c)
-{
-	close_fd(&c->in_fd);
-	close_fd(&c->out_fd[1]);
-	close_fd(&c->out_fd[2]);
-	close_fd(&c->rep_fd);
-}
-
-/* Memory the budget counts comes straight from the kernel, not malloc: it
- * is touched only as it fills, and all of it goes back when freed (glibc's
- * heap kept freed rings resident once its threshold had grown past their
- * size, so the agent held more than it counted). */
-void *mem_map(size_t n)
-{
-	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-		       -1, 0);
-	return p == MAP_FAILED ? NULL : p;
-}
-
-void mem_unmap(void *p, size_t n)
-{
-	if (p)
-		munmap(p, n);
-}
-
-uint64_t ring_fill(const struct ring *r)
-{
-	return r->end < r->cap ? r->end : r->cap;
-}
-
-/* What a ring holds of the budget: all it holds past its floor. */
-static uint64_t ring_held(const struct ring *r)
-{
-	uint64_t fill = ring_fill(r);
-	return fill > RING_FLOOR ? fill - RING_FLOOR : 0;
-}
-
-void cmd_free(struct cmd *c)
-{
-	for (struct cmd **pp = &g_cmds; *pp; pp = &(*pp)->next) {
-		if (*pp == c) {
-			*pp = c->next;
-			break;
-		}
-	}
-	cmd_close_fds(c);
-	if (c->detached)
-		g_ndetached--;
-	for (int k = 1; k <= 2; k++) {
-		g_held -= ring_held(&c->ring[k]);
-		mem_unmap(c->ring[k].buf, c->ring[k].size);
-	}
-	free(c);
-}
-
-/* A non-detached command whose stream is gone: SIGHUP now (the `sbx run`
- * supervisor kills its whole tree on it), SIGKILL after KILL_GRACE_MS.
- *
- * The signal goes before the pipes close: closing stdin is an EOF, and a
- * command that took it for the end of its input would finish what was
- * cancelled (`sbx write` would give a cut-short upload its name).  A signal
- * sent first is already pending when that EOF can be read, so the command's
- * handler runs before it sees the EOF. */
-void cmd_abandon(struct cmd *c)
-{
-	c->owner = NULL;
-	if (!c->reaped) {
-		kill(c->pid, SIGHUP);
-		kill(c->pid, SIGCONT);
-		c->kill_at = now_ms() + KILL_GRACE_MS;
-	}
-	cmd_close_fds(c);
-	if (c->reaped)
-		cmd_free(c);
-}
-
-uint64_t ring_start(const struct ring *r)
-{
-	return r->end > r->cap ? r->end - r->cap : 0;
-}
-
-/* How many new bytes a ring may take before it is touched: what is left
- * of its floor plus what is left of the budget.  With none it wraps where it
- * is instead (its end is then past its floor).  The bytes it holds stay
- * where they are (offset % cap is the offset itself for every offset below
- * a cap of at least `end`), so readers go on, and the next write overwrites
- * its oldest. */
-static uint64_t ring_room(struct ring *r)
-{
-	if (r->end >= r->cap)
-		return UINT64_MAX; /* full: writes overwrite, nothing new is touched */
-	uint64_t floor = r->end < RING_FLOOR ? RING_FLOOR - r->end : 0;
-	uint64_t room = floor + (g_budget > g_held ? g_budget - g_held : 0);
-	if (room == 0)
-		r->cap = (size_t)r->end;
-	return room ? room : UINT64_MAX;
-}
-
-void exit_json(struct buf *b, const struct cmd *c)
-{
-	if (!c->reaped) {
-		buf_puts(b, "\"exit_code\":null,\"signal\":null");
-	} else if (WIFSIGNALED(c->status)) {
-		buf_printf(b, "\"exit_code\":%d,\"signal\":%d", 128 + WTERMSIG(c->status),
-			   WTERMSIG(c->status));
-	} else {
-		buf_printf(b, "\"exit_code\":%d,\"signal\":null", WEXITSTATUS(c->status));
-	}
-}
-
-void offsets_json(struct buf *b, uint64_t o1, uint64_t o2)
-{
-	buf_printf(b, "{\"1\":%llu,\"2\":%llu}", (unsigned long long)o1, (unsigned long long)o2);
-}
-
-void processes_json(struct buf *b)
-{
-	buf_puts(b, "[");
-	bool first = true;
-	for (struct cmd *c = g_cmds; c; c = c->next) {
-		if (!c->detached || !c->started)
-			continue;
-		buf_puts(b, first ? "{\"id\":" : ",{\"id\":");
-		first = false;
-		buf_json_str(b, c->id, strlen(c->id));
-		buf_printf(b, ",\"pid\":%ld,\"running\":%s,", (long)c->pid,
-			   c->reaped ? "false" : "true");
-		exit_json(b, c);
-		/* Ages, not clock times: the server's clock may not be the sandbox's. */
-		uint64_t now = now_ms();
-		buf_printf(b, ",\"age_ms\":%llu", (unsigned long long)(now - c->started_ms));
-		if (c->reaped)
-			buf_printf(b, ",\"ran_ms\":%llu",
-				   (unsigned long long)(c->ended_ms - c->started_ms));
-		if (c->timeout_ms >= 0)
-			buf_printf(b, ",\"timeout_ms\":%lld", (long long)c->timeout_ms);
-		buf_puts(b, ",\"start\":");
-		offsets_json(b, ring_start(&c->ring[1]), ring_start(&c->ring[2]));
-		buf_puts(b, ",\"end\":");
-		offsets_json(b, c->ring[1].end, c->ring[2].end);
-		buf_puts(b, "}");
-	}
-	buf_puts(b, "]");
-}
-
-/* ------------------------------------------------------------------ */
-/* exec                                                                */
-/* ------------------------------------------------------------------ */
 
 enum { ST_CWD = 1, ST_EXEC, ST_SETUP, ST_IDENTITY };
 
@@ -230,7 +52,7 @@ static void child_main(int rep, int in, int out, int err, int tty_slave, const c
 	sigprocmask(SIG_SETMASK, &none, NULL);
 	/* Outside a PID namespace (tests) nothing else ends a command whose
 	 * agent died; inside, the namespace ends with its PID 1. */
-	if (g_self != 1)
+	if (g_agent.self != 1)
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 	/* The memory cgroup's OOM killer takes a command before the agent
 	 * (whose death would end the sandbox; see OOM_SCORE_ADJ); raising it
@@ -246,8 +68,8 @@ static void child_main(int rep, int in, int out, int err, int tty_slave, const c
 	}
 	/* The command's identity before anything it could name is touched; a
 	 * command never runs as the agent when told otherwise. */
-	if (g_switch_user && (setgroups(0, NULL) < 0 || setresgid(g_cmd_gid, g_cmd_gid, g_cmd_gid) < 0 ||
-			      setresuid(g_cmd_uid, g_cmd_uid, g_cmd_uid) < 0))
+	if (g_agent.switch_user && (setgroups(0, NULL) < 0 || setresgid(g_agent.cmd_gid, g_agent.cmd_gid, g_agent.cmd_gid) < 0 ||
+			      setresuid(g_agent.cmd_uid, g_agent.cmd_uid, g_agent.cmd_uid) < 0))
 		child_fail(rep, ST_IDENTITY, errno);
 	if (chdir(g_root) < 0 || (cwd && *cwd && chdir(cwd) < 0))
 		child_fail(rep, ST_CWD, errno);
@@ -430,13 +252,13 @@ void open_exec(uint32_t id, const struct jval *req)
 		out_error(F_RESET, id, "EXISTS", "a detached process with id %s exists", did);
 		goto out;
 	}
-	if (did && g_ndetached >= MAX_DETACHED) {
+	if (did && g_agent.ndetached >= MAX_DETACHED) {
 		out_error(F_RESET, id, "RESOURCE", "at most %d detached processes (forget ended ones)",
 			  MAX_DETACHED);
 		goto out;
 	}
 	if (did && budget)
-		g_budget = budget; /* the server's latest word on the sandbox's share */
+		g_agent.budget = budget; /* the server's latest word on the sandbox's share */
 	/* A detached process's rings, mapped before it starts (touched only as
 	 * they fill, within the budget: ring_room). */
 	char *rings[3] = {NULL, NULL, NULL};
@@ -461,7 +283,7 @@ void open_exec(uint32_t id, const struct jval *req)
 		(void)fcntl(o1[0], F_SETPIPE_SZ, (int)CMD_PIPE); /* best effort */
 	pid_t pid = ok ? fork() : -1;
 	if (pid == 0)
-		child_main(rep[1], want_stdin ? inp[0] : g_devnull, o1[1], o2[1], slave, cwd, argv,
+		child_main(rep[1], want_stdin ? inp[0] : g_agent.devnull, o1[1], o2[1], slave, cwd, argv,
 			   envp);
 	int e = errno;
 	close_fd(&rep[1]);
@@ -511,10 +333,10 @@ void open_exec(uint32_t id, const struct jval *req)
 			c->ring[k].cap = c->ring[k].size = ring;
 			c->ring[k].buf = rings[k];
 		}
-		g_ndetached++;
+		g_agent.ndetached++;
 	}
-	c->next = g_cmds;
-	g_cmds = c;
+	c->next = g_agent.cmds;
+	g_agent.cmds = c;
 	struct stream *s = stream_new(id, K_EXEC);
 	s->cmd = c;
 	if (!did)
@@ -536,7 +358,7 @@ void cmd_report(struct cmd *c)
 		return;
 	close_fd(&c->rep_fd);
 	struct stream *s = NULL;
-	for (struct stream *t = g_streams; t; t = t->next)
+	for (struct stream *t = g_agent.streams; t; t = t->next)
 		if (t->kind == K_EXEC && t->cmd == c)
 			s = t;
 	if (n == (ssize_t)sizeof r) {
@@ -562,7 +384,7 @@ void cmd_report(struct cmd *c)
 		cmd_close_fds(c);
 		if (c->detached) {
 			c->detached = false;
-			g_ndetached--;
+			g_agent.ndetached--;
 		}
 		if (c->reaped)
 			cmd_free(c);
@@ -579,7 +401,7 @@ void cmd_report(struct cmd *c)
 
 /* Read a non-detached command's output into DATA frames (within the
  * stream's window), a detached one's into its ring (always). */
-void cmd_read(struct cmd *c, int k)
+void cmd_read_out(struct cmd *c, int k)
 {
 	char tmp[CHUNK];
 	for (int rounds = 0; rounds < 4 && c->out_fd[k] >= 0; rounds++) {
@@ -616,7 +438,7 @@ void cmd_read(struct cmd *c, int k)
 		if (c->detached) {
 			uint64_t before = ring_held(&c->ring[k]);
 			c->ring[k].end += (uint64_t)n;
-			g_held += ring_held(&c->ring[k]) - before;
+			g_agent.held += ring_held(&c->ring[k]) - before;
 		} else {
 			unsigned char fd = (unsigned char)k;
 			out_frame2(F_DATA, s->id, &fd, 1, tmp, (size_t)n);
@@ -637,142 +459,4 @@ void cmd_read(struct cmd *c, int k)
 bool cmd_output_done(const struct cmd *c)
 {
 	return c->reaped && c->out_fd[1] < 0 && c->out_fd[2] < 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* Children and orphans                                                */
-/* ------------------------------------------------------------------ */
-
-void on_sigchld(int sig)
-{
-	(void)sig;
-	int e = errno;
-	(void)!write(g_sigpipe[1], "c", 1);
-	errno = e;
-}
-
-void reap(void)
-{
-	char drain[64];
-	while (read(g_sigpipe[0], drain, sizeof drain) > 0)
-		;
-	for (;;) {
-		int st;
-		pid_t pid = waitpid(-1, &st, WNOHANG);
-		if (pid <= 0)
-			break;
-		struct cmd *c = cmd_by_pid(pid);
-		if (!c)
-			continue;
-		c->reaped = true;
-		c->ended_ms = now_ms();
-		c->status = st;
-		if (c->tty)
-			c->tty_done_at = now_ms() + TTY_DONE_MS;
-		/* What is left in its process group has no command any more. */
-		kill(-pid, SIGKILL);
-		/* its orphans soon, but a burst of short commands scans /proc
-		 * at most ten times a second */
-		if (g_next_sweep > g_last_sweep + 100)
-			g_next_sweep = g_last_sweep + 100;
-		if (!c->owner && !c->detached && c->rep_fd < 0)
-			cmd_free(c);
-	}
-}
-
-struct pinfo {
-	pid_t pid, ppid, sid;
-	char state;
-};
-
-static bool read_pinfo(pid_t pid, struct pinfo *pi)
-{
-	char path[64], buf[1024];
-	snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return false;
-	ssize_t n = read(fd, buf, sizeof buf - 1);
-	close(fd);
-	if (n <= 0)
-		return false;
-	buf[n] = '\0';
-	char *p = strrchr(buf, ')');
-	long ppid, pgrp, sid;
-	if (!p || sscanf(p + 1, " %c %ld %ld %ld", &pi->state, &ppid, &pgrp, &sid) != 4)
-		return false;
-	pi->pid = pid;
-	pi->ppid = (pid_t)ppid;
-	pi->sid = (pid_t)sid;
-	return true;
-}
-
-/*
- * Orphans: processes whose parent is the agent (reparented to PID 1, or to
- * the subreaper in tests) that it did not start, and that belong to no live
- * command, i.e. share no session with any live command's process tree.  A
- * tree whose `sbx run` supervisor and monitor were killed together, or what
- * `kill -9 -1` left, dies here; their children come next round.
- */
-void sweep_orphans(void)
-{
-	size_t n = 0, cap = 256;
-	struct pinfo *v = xmalloc(cap * sizeof *v);
-	DIR *d = opendir("/proc");
-	struct dirent *e;
-	while (d && (e = readdir(d))) {
-		char *end;
-		long pid = strtol(e->d_name, &end, 10);
-		if (*end || pid <= 0 || pid == g_self)
-			continue;
-		if (n == cap) {
-			cap *= 2;
-			struct pinfo *nv = realloc(v, cap * sizeof *v);
-			if (!nv)
-				oom();
-			v = nv;
-		}
-		if (read_pinfo((pid_t)pid, &v[n]))
-			n++;
-	}
-	if (d)
-		closedir(d);
-	bool any = false;
-	for (size_t i = 0; i < n && !any; i++)
-		any = v[i].ppid == g_self && !cmd_by_pid(v[i].pid) && v[i].state != 'Z';
-	if (!any) {
-		free(v);
-		return;
-	}
-	/* Live command trees: each started, unreaped command and its
-	 * descendants (fixpoint over the parent relation). */
-	bool *live = xmalloc((n ? n : 1) * sizeof *live);
-	for (size_t i = 0; i < n; i++) {
-		struct cmd *c = cmd_by_pid(v[i].pid);
-		live[i] = c && v[i].ppid == g_self;
-	}
-	for (bool changed = true; changed;) {
-		changed = false;
-		for (size_t i = 0; i < n; i++) {
-			if (live[i])
-				continue;
-			for (size_t j = 0; j < n; j++) {
-				if (live[j] && v[j].pid == v[i].ppid) {
-					live[i] = changed = true;
-					break;
-				}
-			}
-		}
-	}
-	for (size_t i = 0; i < n; i++) {
-		if (v[i].ppid != g_self || live[i] || v[i].state == 'Z')
-			continue;
-		bool shared = false;
-		for (size_t j = 0; j < n && !shared; j++)
-			shared = live[j] && v[j].sid == v[i].sid;
-		if (!shared)
-			kill(v[i].pid, SIGKILL);
-	}
-	free(live);
-	free(v);
 }

@@ -1,9 +1,8 @@
 /*
- * sbx.h - what the helper's source files share.
- *
- * sbx.c keeps the subcommand table and the pieces every subcommand uses; a
- * larger subcommand lives in a file of its own and is declared here, so the
- * table is the one place that names them all.
+ * sbx.h - what the helper's source files share: buffers and output, errors
+ * and the cleanup a failure does, argument parsing, confined paths and stat
+ * records (files.h), and the subcommands the table in sbx.c names.  One file a
+ * subcommand (or a domain: stat records in files.h, tree walks in tree.h, processes in proc.h).
  */
 #ifndef SBX_H
 #define SBX_H
@@ -16,8 +15,12 @@
 
 /* Magic links (/proc/self/fd/...) could point anywhere; never follow them. */
 #define RES_BENEATH (RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+/* For walking trees we own: a symlink must never be traversed at all. */
+#define RES_NOSYM (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
 
-/* Growable, NUL-terminated byte buffer (sbx.c); out of memory ends the process. */
+/* ---- buf.c: low-level I/O, growable buffers, JSON strings ---- */
+
+/* Growable, NUL-terminated byte buffer; out of memory ends the process. */
 struct buf {
 	char *p;
 	size_t len, cap;
@@ -27,29 +30,85 @@ void oom(void) __attribute__((noreturn));
 void *xmalloc(size_t n);
 char *xstrdup(const char *s);
 int write_all(int fd, const void *p, size_t n);
+/* read(2), retried on EINTR. */
+ssize_t read_retry(int fd, void *p, size_t n);
 void buf_add(struct buf *b, const char *s, size_t n);
 void buf_puts(struct buf *b, const char *s);
 void buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A JSON string literal; bytes that are not UTF-8 become U+FFFD. */
 void buf_json_str(struct buf *b, const char *str, size_t n);
 
-/* Errors and confined paths (sbx.c), for the file subcommands. */
+/* ---- fail.c: errors, and what a failure undoes on its way out ---- */
+
 __attribute__((noreturn, format(printf, 3, 4))) void fail(int code, const char *name,
 							  const char *fmt, ...);
+#define usage(...) fail(2, "EINVAL", __VA_ARGS__)
+/* Report errno `e` for an operation on `path`, exit with `code` (fail_errno: 1). */
+__attribute__((noreturn)) void fail_errno_code(int code, int e, const char *what,
+					       const char *path);
 __attribute__((noreturn)) void fail_errno(int e, const char *what, const char *path);
+
+/* Set while a merge swaps: fail() first undoes what it did (cmd_merge). */
+extern void (*g_undo)(void);
+/* `write`'s temp file, removed on any failure so errors never leave debris. */
+extern int g_tmp_dirfd;
+extern char g_tmp_name[64];
+/* The directories `write --parents` made, removed again by unmake_dirs() (fail.c). */
+#define MADE_MAX 128
+extern int g_made_fd[MADE_MAX];
+extern char *g_made_name[MADE_MAX];
+extern volatile int g_made;
+void unmake_dirs(void);
+/* Set by subcommands that take data on stdin: a failure still reads it to the end. */
+extern bool g_drain_stdin;
+/* `write --idle-ms N`: the longest wait for the next byte on stdin (0: no bound). */
+extern int g_idle_ms;
+/* read(2) on stdin bounded by g_idle_ms: -1 with ETIMEDOUT when nothing came. */
+ssize_t read_stdin(void *p, size_t n);
+
+/* ---- args.c: argument parsing ---- */
+
 uint64_t parse_uint(const char *s, const char *what);
+void parse_args(int argc, char **argv, const char *flag, bool *flag_set, char **pos, int npos);
+
+/* ---- confine.c: paths confined to the root ---- */
+
+/* The --root the helper was started with (default /workspace; sbx.c). */
+extern const char *g_root;
+/* The root file subcommands work beneath, once open_root() opened it. */
+extern int g_rootfd;
+/* Resolve without openat2 (gVisor's answer; SBX_NO_OPENAT2 forces it). */
+extern bool g_no_openat2;
 int open_beneath(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
 void open_root(void);
 char *norm_path(const char *in);
-const char *type_name(mode_t m);
-/* The root file subcommands work beneath, once open_root() opened it. */
-extern int g_rootfd;
+bool is_root(const char *norm);
+char *split_parent(const char *norm, const char **name);
+int open_dir_path(const char *norm, const char *shown);
+int open_parent_dir(const char *norm, const char **name);
+int mkdir_parents_noting(const char *norm, bool note);
 
+/* stat.c: "file", "dir", "symlink" or "other" */
+const char *type_name(mode_t m);
+
+/* ---- the subcommands, one file each (the table: sbx.c) ---- */
+
+int cmd_stat(int argc, char **argv);	/* stat.c */
+int cmd_read(int argc, char **argv);	/* read.c */
+int cmd_write(int argc, char **argv);	/* write.c */
+int cmd_list(int argc, char **argv);	/* list.c */
+int cmd_remove(int argc, char **argv);	/* remove.c */
+int cmd_chmod(int argc, char **argv);	/* chmod.c */
+int cmd_mkdir(int argc, char **argv);	/* mkdir.c */
+int cmd_move(int argc, char **argv);	/* move.c */
+int cmd_merge(int argc, char **argv);	/* merge.c */
+int cmd_run(int argc, char **argv);	/* run.c */
+int cmd_status(int argc, char **argv);	/* status.c */
+int cmd_kill(int argc, char **argv);	/* kill.c */
+int cmd_signal(int argc, char **argv);	/* kill.c */
+int cmd_reap(int argc, char **argv);	/* kill.c */
 /* `sbx agent` (agent.c): the sandbox's main process, serving the channel of docs/agent.md. */
 int cmd_agent(int argc, char **argv);
-/* The --root the helper was started with (default /workspace). */
-extern const char *g_root;
-
 /* dial.c: `sbx dial PORT`, a byte stream to 127.0.0.1:PORT (previews) */
 int cmd_dial(int argc, char **argv);
 /* watch.c: `sbx watch PATH`, inotify events beneath PATH (WatchDir) */

@@ -1,5 +1,7 @@
 /*
  * watch.c - `sbx watch PATH [--recursive] [--max-watches N] [--queue N]`.
+ * This file: its state (struct watch, watch.h), inotify's events turned into
+ * lines, and the subcommand; watch.h says which file holds the rest.
  *
  * Reports changes beneath PATH (inside the root) as JSON lines on stdout, one
  * per event, until stdin reaches EOF (the server closed it, or the exec's
@@ -16,13 +18,9 @@
  * changes) each produce an "overflow" event: the caller must list again.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <poll.h>
-#include <search.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
@@ -30,442 +28,29 @@
 #include <unistd.h>
 
 #include "sbx.h"
+#include "watch.h"
 
-#define WATCH_MASK                                                              \
-	(IN_CREATE | IN_DELETE | IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM |        \
-	 IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR | IN_EXCL_UNLINK)
-#define DEFAULT_QUEUE 4096
-#define DEFAULT_MAX_WATCHES 8192
-/* Past this many known names, new ones are not remembered (see known_*). */
-#define KNOWN_MAX 1000000
-/* How long a rename's first half waits for its second (ms). */
-#define PAIR_WAIT_MS 10
-
-static int g_ifd = -1;
-static int g_topwd = -1;
-static bool g_recursive;
-static bool g_done;
-static uint64_t g_max_watches = DEFAULT_MAX_WATCHES;
-static uint64_t g_queue_max = DEFAULT_QUEUE;
-
-/* Watched directories: the path (relative to the root) of each wd. */
-static char **g_wpath;
-static size_t g_wcap, g_wcount;
-
-/* ------------------------------------------------------------------ */
-/* Output queue: bounded, written without blocking                     */
-/* ------------------------------------------------------------------ */
-
-struct line {
-	struct line *next;
-	size_t len;
-	char text[];
+struct watch g_watch = {
+	.ifd = -1,
+	.topwd = -1,
+	.max_watches = DEFAULT_MAX_WATCHES,
+	.queue_max = DEFAULT_QUEUE,
 };
-
-static struct line *g_head, *g_tail;
-static size_t g_qlen, g_head_off;
-static const char *g_overflow; /* reason of an overflow not yet queued */
-static bool g_ready;           /* "ready" queued: events may follow */
-
-static void push_line(const char *text, size_t len)
-{
-	/* The same event twice in a row (a file written in many pieces) is
-	 * one event, unless the first is already half written. */
-	if (g_tail && (g_tail != g_head || g_head_off == 0) &&
-	    g_tail->len == len && !memcmp(g_tail->text, text, len))
-		return;
-	struct line *l = xmalloc(sizeof *l + len);
-	l->next = NULL;
-	l->len = len;
-	memcpy(l->text, text, len);
-	if (g_tail)
-		g_tail->next = l;
-	else
-		g_head = l;
-	g_tail = l;
-	g_qlen++;
-}
-
-/* Queue the pending overflow event once there is room for it. */
-static void try_overflow(void)
-{
-	if (!g_overflow || !g_ready || g_qlen >= g_queue_max)
-		return;
-	struct buf b = {0};
-	buf_puts(&b, "{\"kind\":\"overflow\",\"path\":\"\",\"reason\":\"");
-	buf_puts(&b, g_overflow);
-	buf_puts(&b, "\"}\n");
-	push_line(b.p, b.len);
-	free(b.p);
-	g_overflow = NULL;
-}
-
-static void overflow(const char *reason)
-{
-	if (!g_overflow)
-		g_overflow = reason;
-	try_overflow();
-}
-
-static void enqueue(const struct buf *b)
-{
-	try_overflow();
-	if (g_overflow || g_qlen >= g_queue_max) {
-		overflow("queue");
-		return;
-	}
-	push_line(b->p, b->len);
-}
-
-/* Write what stdout takes now; false when the reader has gone. */
-static bool write_some(void)
-{
-	while (g_head) {
-		ssize_t n = write(STDOUT_FILENO, g_head->text + g_head_off,
-				  g_head->len - g_head_off);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return errno == EAGAIN;
-		}
-		g_head_off += (size_t)n;
-		if (g_head_off < g_head->len)
-			return true;
-		struct line *done = g_head;
-		g_head = done->next;
-		if (!g_head)
-			g_tail = NULL;
-		free(done);
-		g_head_off = 0;
-		g_qlen--;
-		try_overflow();
-	}
-	return true;
-}
-
-static void emit(const char *kind, const char *path, const char *old,
-		 const char *type)
-{
-	struct buf b = {0};
-	buf_puts(&b, "{\"kind\":\"");
-	buf_puts(&b, kind);
-	buf_puts(&b, "\",\"path\":");
-	buf_json_str(&b, path, strlen(path));
-	if (old) {
-		buf_puts(&b, ",\"old_path\":");
-		buf_json_str(&b, old, strlen(old));
-	}
-	if (type) {
-		buf_puts(&b, ",\"type\":\"");
-		buf_puts(&b, type);
-		buf_puts(&b, "\"");
-	}
-	buf_puts(&b, "}\n");
-	enqueue(&b);
-	free(b.p);
-}
-
-/* ------------------------------------------------------------------ */
-/* Known names: what exists, for the type of a removed entry and for   */
-/* telling a file `sbx write` created from one it replaced              */
-/* ------------------------------------------------------------------ */
-
-struct known {
-	char type;
-	char path[];
-};
-
-static void *g_known;
-static size_t g_nknown;
-
-static int known_cmp(const void *a, const void *b)
-{
-	return strcmp(((const struct known *)a)->path, ((const struct known *)b)->path);
-}
-
-static struct known *known_key(const char *path)
-{
-	size_t n = strlen(path) + 1;
-	struct known *k = xmalloc(sizeof *k + n);
-	k->type = 0;
-	memcpy(k->path, path, n);
-	return k;
-}
-
-static const char *type_of_code(char c)
-{
-	switch (c) {
-	case 'f': return "file";
-	case 'd': return "dir";
-	case 'l': return "symlink";
-	case 'o': return "other";
-	default: return NULL;
-	}
-}
-
-static void known_add(const char *path, const char *type)
-{
-	struct known *k = known_key(path);
-	k->type = type ? type[0] : 0;
-	struct known **found = tfind(k, &g_known, known_cmp);
-	if (found) {
-		(*found)->type = k->type;
-		free(k);
-		return;
-	}
-	if (g_nknown >= KNOWN_MAX || !tsearch(k, &g_known, known_cmp)) {
-		free(k);
-		return;
-	}
-	g_nknown++;
-}
-
-/* Forget `path`; its type when it was known. */
-static const char *known_del(const char *path)
-{
-	struct known *k = known_key(path);
-	struct known **found = tfind(k, &g_known, known_cmp);
-	const char *type = NULL;
-	if (found) {
-		struct known *old = *found;
-		type = type_of_code(old->type);
-		tdelete(k, &g_known, known_cmp);
-		free(old);
-		g_nknown--;
-	}
-	free(k);
-	return type;
-}
-
-static const char *known_type(const char *path)
-{
-	struct known *k = known_key(path);
-	struct known **found = tfind(k, &g_known, known_cmp);
-	free(k);
-	return found ? type_of_code((*found)->type) : NULL;
-}
-
-/* ------------------------------------------------------------------ */
-/* Paths and watches                                                   */
-/* ------------------------------------------------------------------ */
-
-static char *join(const char *dir, const char *name)
-{
-	if (!strcmp(dir, "."))
-		return xstrdup(name);
-	size_t a = strlen(dir), b = strlen(name);
-	char *p = xmalloc(a + b + 2);
-	memcpy(p, dir, a);
-	p[a] = '/';
-	memcpy(p + a + 1, name, b + 1);
-	return p;
-}
-
-/* `sbx write`'s temporary file: an implementation detail, never reported. */
-static bool helper_temp(const char *name)
-{
-	size_t n = strlen(name);
-	return n > 9 && !strncmp(name, ".sbx-", 5) && !strcmp(name + n - 4, ".tmp");
-}
-
-/* The type of an entry now, looked up without following anything out of the
- * root; NULL when it is gone. */
-static const char *stat_type(const char *rel)
-{
-	const char *slash = strrchr(rel, '/');
-	char *parent = slash ? strndup(rel, (size_t)(slash - rel)) : xstrdup(".");
-	if (!parent)
-		return NULL;
-	int pfd = open_beneath(g_rootfd, parent, O_PATH | O_DIRECTORY, 0, RES_BENEATH);
-	free(parent);
-	if (pfd < 0)
-		return NULL;
-	struct stat st;
-	int r = fstatat(pfd, slash ? slash + 1 : rel, &st, AT_SYMLINK_NOFOLLOW);
-	close(pfd);
-	return r < 0 ? NULL : type_name(st.st_mode);
-}
-
-static void set_wpath(int wd, const char *rel)
-{
-	if ((size_t)wd >= g_wcap) {
-		size_t nc = g_wcap ? g_wcap : 64;
-		while (nc <= (size_t)wd)
-			nc *= 2;
-		char **np = realloc(g_wpath, nc * sizeof *np);
-		if (!np)
-			fail(1, "EIO", "out of memory");
-		memset(np + g_wcap, 0, (nc - g_wcap) * sizeof *np);
-		g_wpath = np;
-		g_wcap = nc;
-	}
-	if (g_wpath[wd])
-		free(g_wpath[wd]); /* the same directory under a new name */
-	else
-		g_wcount++;
-	g_wpath[wd] = xstrdup(rel);
-}
-
-static const char *wpath(int wd)
-{
-	return wd >= 0 && (size_t)wd < g_wcap ? g_wpath[wd] : NULL;
-}
-
-static void forget_wd(int wd)
-{
-	free(g_wpath[wd]);
-	g_wpath[wd] = NULL;
-	g_wcount--;
-}
-
-/* Watch the directory `rel`: its wd, or -1 (an overflow already reported
- * when a limit was the reason; a directory gone meanwhile is no event). */
-static int add_watch(const char *rel)
-{
-	if (g_wcount >= g_max_watches) {
-		overflow("watches");
-		return -1;
-	}
-	int fd = open_beneath(g_rootfd, rel, O_PATH | O_DIRECTORY, 0, RES_BENEATH);
-	if (fd < 0)
-		return -1;
-	char proc[64];
-	snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
-	int wd = inotify_add_watch(g_ifd, proc, WATCH_MASK);
-	int err = errno;
-	close(fd);
-	if (wd < 0) {
-		if (err == ENOSPC)
-			overflow("watches");
-		errno = err;
-		return -1;
-	}
-	set_wpath(wd, rel);
-	return wd;
-}
-
-struct pathstack {
-	char **v;
-	size_t n, cap;
-};
-
-static void stack_push(struct pathstack *s, char *p)
-{
-	if (s->n == s->cap) {
-		s->cap = s->cap ? s->cap * 2 : 16;
-		s->v = realloc(s->v, s->cap * sizeof *s->v);
-		if (!s->v)
-			fail(1, "EIO", "out of memory");
-	}
-	s->v[s->n++] = p;
-}
-
-/* Remember (and with `report`, report as created) what `rel` holds; its
- * subdirectories go on `todo` when the watch is recursive. */
-static void scan_dir(const char *rel, bool report, struct pathstack *todo)
-{
-	int fd = open_beneath(g_rootfd, rel, O_RDONLY | O_DIRECTORY, 0, RES_BENEATH);
-	if (fd < 0)
-		return;
-	DIR *d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return;
-	}
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		struct stat st;
-		if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-			continue;
-		char *path = join(rel, e->d_name);
-		const char *type = type_name(st.st_mode);
-		known_add(path, type);
-		if (report && !helper_temp(e->d_name))
-			emit("created", path, NULL, type);
-		if (S_ISDIR(st.st_mode) && g_recursive)
-			stack_push(todo, path);
-		else
-			free(path);
-	}
-	closedir(d);
-}
-
-/* Watch `rel` and, when recursive, every directory beneath it (one
- * directory open at a time, whatever the depth).  `report`: the tree is
- * new, so what it already holds is reported as created. */
-static void watch_tree(const char *rel, bool report)
-{
-	struct pathstack todo = {0};
-	stack_push(&todo, xstrdup(rel));
-	while (todo.n) {
-		char *cur = todo.v[--todo.n];
-		if (add_watch(cur) >= 0)
-			scan_dir(cur, report, &todo);
-		free(cur);
-	}
-	free(todo.v);
-}
-
-static bool under(const char *path, const char *dir)
-{
-	size_t n = strlen(dir);
-	return !strncmp(path, dir, n) && (path[n] == '\0' || path[n] == '/');
-}
-
-/* A directory moved out of the watched tree: its watches go with it. */
-static void unwatch_tree(const char *rel)
-{
-	for (size_t wd = 0; wd < g_wcap; wd++) {
-		if (g_wpath[wd] && (int)wd != g_topwd && under(g_wpath[wd], rel)) {
-			inotify_rm_watch(g_ifd, (int)wd);
-			forget_wd((int)wd);
-		}
-	}
-}
-
-/* A directory renamed within the tree: its watches get the new paths. */
-static void rename_watches(const char *old, const char *new)
-{
-	size_t n = strlen(old);
-	for (size_t wd = 0; wd < g_wcap; wd++) {
-		if (!g_wpath[wd] || (int)wd == g_topwd || !under(g_wpath[wd], old))
-			continue;
-		size_t nl = strlen(new), rl = strlen(g_wpath[wd] + n);
-		char *p = xmalloc(nl + rl + 1);
-		memcpy(p, new, nl);
-		memcpy(p + nl, g_wpath[wd] + n, rl + 1);
-		free(g_wpath[wd]);
-		g_wpath[wd] = p;
-	}
-}
-
-/* ------------------------------------------------------------------ */
-/* Events                                                              */
-/* ------------------------------------------------------------------ */
-
-/* The first half of a rename, waiting for its second. */
-static struct {
-	bool set, isdir, temp;
-	uint32_t cookie;
-	char *path;
-} g_pend;
 
 /* A first half with no second: moved out of the watched tree. */
 static void flush_pending(void)
 {
-	if (!g_pend.set)
+	if (!g_watch.pend.set)
 		return;
-	g_pend.set = false;
-	if (!g_pend.temp) {
-		const char *type = known_del(g_pend.path);
-		emit("removed", g_pend.path, NULL, g_pend.isdir ? "dir" : type);
-		if (g_pend.isdir)
-			unwatch_tree(g_pend.path);
+	g_watch.pend.set = false;
+	if (!g_watch.pend.temp) {
+		const char *type = known_del(g_watch.pend.path);
+		emit("removed", g_watch.pend.path, NULL, g_watch.pend.isdir ? "dir" : type);
+		if (g_watch.pend.isdir)
+			unwatch_tree(g_watch.pend.path);
 	}
-	free(g_pend.path);
-	g_pend.path = NULL;
+	free(g_watch.pend.path);
+	g_watch.pend.path = NULL;
 }
 
 /* A new entry; its type stays unknown when it is gone before we look. */
@@ -474,13 +59,13 @@ static void appeared(const char *path, bool isdir)
 	const char *type = isdir ? "dir" : stat_type(path);
 	known_add(path, type);
 	emit("created", path, NULL, type);
-	if (isdir && g_recursive)
+	if (isdir && g_watch.recursive)
 		watch_tree(path, true);
 }
 
 static void moved_to(const struct inotify_event *ev, const char *path, bool isdir)
 {
-	bool paired = g_pend.set && g_pend.cookie == ev->cookie;
+	bool paired = g_watch.pend.set && g_watch.pend.cookie == ev->cookie;
 	if (helper_temp(ev->name)) {
 		if (paired)
 			flush_pending();
@@ -490,10 +75,10 @@ static void moved_to(const struct inotify_event *ev, const char *path, bool isdi
 		appeared(path, isdir); /* moved in from outside */
 		return;
 	}
-	char *old = g_pend.path;
-	bool temp = g_pend.temp;
-	g_pend.set = false;
-	g_pend.path = NULL;
+	char *old = g_watch.pend.path;
+	bool temp = g_watch.pend.temp;
+	g_watch.pend.set = false;
+	g_watch.pend.path = NULL;
 	if (temp) {
 		/* `sbx write` replacing or creating `path` through its temp file:
 		 * always a regular file (made O_EXCL), whatever is there now. */
@@ -509,7 +94,7 @@ static void moved_to(const struct inotify_event *ev, const char *path, bool isdi
 			type = stat_type(path);
 		known_add(path, type);
 		emit("renamed", path, old, type);
-		if (isdir && g_recursive)
+		if (isdir && g_watch.recursive)
 			rename_watches(old, path);
 	}
 	free(old);
@@ -525,24 +110,24 @@ static void handle(const struct inotify_event *ev)
 	const char *dir = wpath(ev->wd);
 	if (!dir)
 		return; /* a watch already dropped */
-	if (g_pend.set && !((ev->mask & IN_MOVED_TO) && ev->cookie == g_pend.cookie))
+	if (g_watch.pend.set && !((ev->mask & IN_MOVED_TO) && ev->cookie == g_watch.pend.cookie))
 		flush_pending();
 	if (ev->mask & IN_IGNORED) {
-		if (ev->wd == g_topwd)
-			g_done = true;
+		if (ev->wd == g_watch.topwd)
+			g_watch.done = true;
 		forget_wd(ev->wd);
 		return;
 	}
 	if (!ev->len) {
 		/* About the watched directory itself: reported by its parent's
 		 * watch, except for the top one. */
-		if (ev->wd != g_topwd)
+		if (ev->wd != g_watch.topwd)
 			return;
 		if (ev->mask & IN_ATTRIB)
 			emit("attributes", dir, NULL, "dir");
 		if (ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF)) {
 			emit("removed", dir, NULL, "dir");
-			g_done = true;
+			g_watch.done = true;
 		}
 		return;
 	}
@@ -550,11 +135,11 @@ static void handle(const struct inotify_event *ev)
 	bool temp = helper_temp(ev->name);
 	char *path = join(dir, ev->name);
 	if (ev->mask & IN_MOVED_FROM) {
-		g_pend.set = true;
-		g_pend.isdir = isdir;
-		g_pend.temp = temp;
-		g_pend.cookie = ev->cookie;
-		g_pend.path = path;
+		g_watch.pend.set = true;
+		g_watch.pend.isdir = isdir;
+		g_watch.pend.temp = temp;
+		g_watch.pend.cookie = ev->cookie;
+		g_watch.pend.path = path;
 		return;
 	}
 	if (ev->mask & IN_MOVED_TO) {
@@ -583,7 +168,7 @@ static void read_events(void)
 {
 	char buf[65536] __attribute__((aligned(__alignof__(struct inotify_event))));
 	for (;;) {
-		ssize_t n = read(g_ifd, buf, sizeof buf);
+		ssize_t n = read(g_watch.ifd, buf, sizeof buf);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -599,10 +184,6 @@ static void read_events(void)
 	}
 }
 
-/* ------------------------------------------------------------------ */
-/* The subcommand                                                      */
-/* ------------------------------------------------------------------ */
-
 int cmd_watch(int argc, char **argv)
 {
 	const char *target = NULL;
@@ -611,7 +192,7 @@ int cmd_watch(int argc, char **argv)
 		if (opts && !strcmp(argv[i], "--")) {
 			opts = false;
 		} else if (opts && !strcmp(argv[i], "--recursive")) {
-			g_recursive = true;
+			g_watch.recursive = true;
 		} else if (opts && (!strcmp(argv[i], "--max-watches") || !strcmp(argv[i], "--queue"))) {
 			if (i + 1 >= argc)
 				fail(2, "EINVAL", "%s requires a number", argv[i]);
@@ -619,9 +200,9 @@ int cmd_watch(int argc, char **argv)
 			if (v < 1)
 				fail(2, "EINVAL", "%s must be at least 1", argv[i]);
 			if (argv[i][2] == 'q')
-				g_queue_max = v;
+				g_watch.queue_max = v;
 			else
-				g_max_watches = v;
+				g_watch.max_watches = v;
 			i++;
 		} else if (opts && !strncmp(argv[i], "--", 2)) {
 			fail(2, "EINVAL", "unknown option %s", argv[i]);
@@ -643,16 +224,16 @@ int cmd_watch(int argc, char **argv)
 	 * (fs.inotify.max_user_instances; this process holds a handful of
 	 * descriptors), ENFILE the host's file table, ENOSPC below its count of
 	 * watches per uid (max_user_watches): limits, not a full workspace. */
-	g_ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-	if (g_ifd < 0) {
+	g_watch.ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	if (g_watch.ifd < 0) {
 		int e = errno;
 		if (e == EMFILE || e == ENFILE)
 			fail(1, "KERNEL_LIMIT", "inotify: the kernel's limit of inotify instances "
 			     "is reached (%s)", strerror(e));
 		fail(1, "EIO", "inotify: %s", strerror(e));
 	}
-	g_topwd = add_watch(norm);
-	if (g_topwd < 0) {
+	g_watch.topwd = add_watch(norm);
+	if (g_watch.topwd < 0) {
 		if (errno == ENOSPC)
 			fail(1, "KERNEL_LIMIT", "watch %s: the kernel's limit of inotify watches is "
 			     "reached", norm);
@@ -674,20 +255,20 @@ int cmd_watch(int argc, char **argv)
 	if (fcntl(STDOUT_FILENO, F_SETFL, fcntl(STDOUT_FILENO, F_GETFL) | O_NONBLOCK) < 0)
 		fail(1, "EIO", "stdout: %s", strerror(errno));
 	push_line("{\"kind\":\"ready\"}\n", 17);
-	g_ready = true;
+	g_watch.ready = true;
 	try_overflow(); /* a limit met while adding the first watches */
 
 	for (;;) {
 		if (!write_some())
 			return 0; /* the reader is gone */
-		if (g_done && !g_head && !g_pend.set)
+		if (g_watch.done && !g_watch.head && !g_watch.pend.set)
 			return 0;
 		struct pollfd p[3] = {
-			{.fd = g_ifd, .events = POLLIN},
-			{.fd = STDOUT_FILENO, .events = g_head ? POLLOUT : 0},
+			{.fd = g_watch.ifd, .events = POLLIN},
+			{.fd = STDOUT_FILENO, .events = g_watch.head ? POLLOUT : 0},
 			{.fd = watch_stdin ? STDIN_FILENO : -1, .events = POLLIN},
 		};
-		int n = poll(p, 3, g_pend.set ? PAIR_WAIT_MS : -1);
+		int n = poll(p, 3, g_watch.pend.set ? PAIR_WAIT_MS : -1);
 		if (n < 0 && errno != EINTR)
 			fail(1, "EIO", "poll: %s", strerror(errno));
 		if (n == 0)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The process supervisor (helper/sbx.c) is a static C binary: it needs gcc and glibc's libc.a.
+# The in-sandbox helper (helper/*.c) is a static C binary: it needs gcc and glibc's libc.a.
 set -euo pipefail
 libc_a=$(gcc -print-file-name=libc.a 2>/dev/null || true)
 if command -v gcc >/dev/null 2>&1 && [ -n "$libc_a" ] && [ -f "$libc_a" ]; then exit 0; fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-  echo "ensure-build-tools: gcc and a static libc (Debian: gcc libc6-dev) are needed to build helper/sbx.c" >&2
+  echo "ensure-build-tools: gcc and a static libc (Debian: gcc libc6-dev) are needed to build helper/*.c" >&2
   exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive

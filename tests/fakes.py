@@ -489,8 +489,8 @@ class FakeEngine:
         self.image_sizes[image_id] = self.commit_bytes
         return image_id
 
-    async def remove_commit_leftovers(self, owner_id: str) -> list[str]:
-        self._call("remove_commit_leftovers")
+    async def remove_work_leftovers(self, owner_id: str) -> list[str]:
+        self._call("remove_work_leftovers")
         return []  # the fake's commit leaves nothing behind
 
     async def remove_image(self, image: str) -> None:

@@ -1,6 +1,6 @@
 """Running commands in a session's container, with output streamed as it is produced.
 
-Every command runs under the `sbx run` supervisor (helper/sbx.c) inside the container: it
+Every command runs under the `sbx run` supervisor (helper/run.c) inside the container: it
 puts the command in its own session and process group, adopts orphans as a subreaper, and
 kills every descendant when the command ends. The server keeps the timeout, the output caps
 and cancellation: on any of them it runs `sbx kill <token>`, which ends the whole tree.

@@ -1,4 +1,4 @@
-"""The one client of the in-sandbox helper `sbx` (helper/sbx.c).
+"""The one client of the in-sandbox helper `sbx` (helper/).
 
 Every internal run of the helper goes through here: file operations (`sbx read`, `list`...),
 the tools the server runs under `sbx run` (tar for archives), and the control commands

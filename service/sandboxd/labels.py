@@ -18,3 +18,9 @@ LABEL_COMMIT_OF = "io.sandboxd.commit-of"
 # own record of the snapshot it started from.
 LABEL_AUTO = "io.sandboxd.auto"
 LABEL_FORKED_FROM = "io.sandboxd.forked-from"
+# On the engine's own short-lived work containers (a disk tool run, a checkpoint carrier): what
+# work it does, and the run of the server process that made it (engine/work_containers.py).
+LABEL_WORK = "io.sandboxd.work"
+LABEL_WORK_RUN = "io.sandboxd.work-run"
+WORK_DISK_TOOL = "disk-tool"  # the values of LABEL_WORK
+WORK_CHECKPOINT_CARRIER = "checkpoint-carrier"

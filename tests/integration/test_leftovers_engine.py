@@ -89,7 +89,54 @@ def test_own_commit_stand_ins_left_by_a_dead_server_are_removed_at_start(
     server = start_server(tmp_path, owner)
     try:
         assert not _container_exists(ours), server.log()
-        assert f"removed the stand-in {ours}" in server.log()
+        assert f"removed the work container {ours}" in server.log()
         assert _container_exists(theirs)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("work", ["disk-tool", "checkpoint-carrier"])
+def test_own_work_containers_left_by_a_dead_server_are_removed_at_start(
+    tmp_path: Path, made: list[str], work: str
+) -> None:
+    """A disk tool run or a checkpoint carrier is created, used and removed within one call: a
+    server that died in that call left it, and the next start removes it (only its owner's)."""
+    owner = "work" + secrets.token_hex(4)
+    other = "workother" + secrets.token_hex(4)
+    ours, theirs = f"leftover-{owner}", f"leftover-{other}"
+    for name, of in ((ours, owner), (theirs, other)):
+        _docker(
+            "create", "--name", name,
+            "--label", f"io.sandboxd.owner={of}",
+            "--label", f"io.sandboxd.work={work}",
+            "--label", "io.sandboxd.work-run=0123456789abcdef",
+            IMAGE, "true",
+        )  # fmt: skip
+        made.append(name)
+    server = start_server(tmp_path, owner)
+    try:
+        assert not _container_exists(ours), server.log()
+        assert f"removed the work container {ours}" in server.log()
+        assert _container_exists(theirs)
+    finally:
+        server.stop()
+
+
+def test_a_disk_tool_run_of_an_older_server_is_removed_at_start(
+    tmp_path: Path, made: list[str]
+) -> None:
+    """Tool runs made before work containers had their run label carry only the tool's."""
+    owner = "oldtool" + secrets.token_hex(4)
+    name = f"leftover-{owner}"
+    _docker(
+        "create", "--name", name,
+        "--label", f"io.sandboxd.owner={owner}",
+        "--label", "io.sandboxd.disk-tool=create",
+        IMAGE, "true",
+    )  # fmt: skip
+    made.append(name)
+    server = start_server(tmp_path, owner)
+    try:
+        assert not _container_exists(name), server.log()
     finally:
         server.stop()

@@ -119,6 +119,7 @@ def test_refusals_in_a_row_are_held_longer_up_to_a_bound_and_a_pass_resets_them(
         refusal = _refusal(shares, "flood")
         assert isinstance(refusal, RateLimited)
         holds.append(refusal.hold_s)
+        refusal.release()  # answered before the client retries
     assert holds[:3] == pytest.approx([0.1, 0.2, 0.3])
     assert max(holds) == MAX_HOLD_S
     clock.now += 0.1
@@ -214,3 +215,45 @@ def test_a_channels_tenant_is_the_prefix_of_its_session_id_only_when_ids_are_par
     assert tenancy.tenant_of_session("alpha.s-1", partitioned=False) == tenancy.DEFAULT_TENANT
     assert tenancy.tenant_of_session("no-dot", partitioned=True) == tenancy.DEFAULT_TENANT
     assert tenancy.tenant_of_session("Bad Prefix.x", partitioned=True) == tenancy.DEFAULT_TENANT
+
+
+def _storm(shares: FairShares, clock: Clock, loops: int, seconds: float) -> tuple[int, int]:
+    """`loops` clients of one tenant that retry the moment an answer comes (a pass, or a
+    refusal once its hold ends), beside a calm tenant, on the virtual clock: (passes,
+    refusals) answered."""
+    import heapq
+    from collections.abc import Callable
+
+    shares.admit_call("calm")
+    ready = [(clock.now, i) for i in range(loops)]
+    heapq.heapify(ready)
+    held: dict[int, Callable[[], None]] = {}  # a loop's refusal, held until its answer
+    passes = refusals = 0
+    end = clock.now + seconds
+    while ready and ready[0][0] < end:
+        clock.now, i = heapq.heappop(ready)
+        if i in held:
+            held.pop(i)()  # its hold ended: answered
+        if i == 0:
+            shares.admit_call("calm")  # the calm tenant stays active throughout
+        try:
+            shares.admit_call("flood")
+        except RateLimited as refusal:
+            refusals += 1
+            held[i] = getattr(refusal, "release", lambda: None)
+            heapq.heappush(ready, (clock.now + refusal.hold_s, i))
+            continue
+        passes += 1
+        heapq.heappush(ready, (clock.now + 0.001, i))
+    return passes, refusals
+
+
+def test_concurrent_retrying_clients_are_answered_at_about_the_share_not_per_client() -> None:
+    """Many clients of one tenant retrying at once: while its refusals are held, each new one is
+    held behind them, so the server answers about `calls_per_s` refusals a second however many
+    clients there are (a pass of a token between refusals does not shorten the holds)."""
+    clock = Clock()
+    shares = FairShares(Shares(calls_per_s=50, call_burst=50, window_s=5), clock)
+    passes, refusals = _storm(shares, clock, loops=32, seconds=20)
+    assert passes <= 50 + 50 * 20 + 1  # the burst, then the rate
+    assert refusals <= 3 * 50 * 20, f"{refusals} refusals in 20 s: the holds did not add up"

@@ -161,3 +161,34 @@ async def test_a_paced_channel_leaves_what_comes_next_in_the_pipe_until_its_paus
     finally:
         release.set()
         await channel.close()
+
+
+async def test_a_held_refusal_is_answered_before_the_callers_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Refusals in a row are held up to a second, but never past the caller's deadline: the
+    caller gets TENANT_RATE_LIMITED with its RetryInfo, not DEADLINE_EXCEEDED."""
+    held: list[float] = []
+
+    async def recorded(seconds: float) -> None:
+        held.append(seconds)
+
+    monkeypatch.setattr(admission_mod, "hold", recorded)
+    clock, ran = Clock(), []
+    server, port = await _serve(FairShares(SHARES, clock), ran)
+    md = {t: (("authorization", f"Bearer {tok}"),) for t, tok in TOKENS.items()}
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            unary = channel.unary_unary("/t.S/Unary")
+            assert await unary(b"", metadata=md["calm"], timeout=10) == b"ok"
+            for _ in range(SHARES.call_burst):
+                assert await unary(b"", metadata=md["flood"], timeout=10) == b"ok"
+            for _ in range(12):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await unary(b"", metadata=md["flood"], timeout=0.5)
+                assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert held[:3] == pytest.approx([0.1, 0.2, 0.3])
+            assert max(held) < 0.47  # from the 5th on, cut to the deadline less its margin
+            assert max(held) > 0.3
+    finally:
+        await server.stop(None)

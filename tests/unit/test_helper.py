@@ -1,4 +1,4 @@
-"""Tests for the in-container helper binary ``helper/sbx.c``.
+"""Tests for the in-container helper binary ``sbx`` (``helper/``).
 
 These run on the host (no Docker): the binary is `make helper`'s build (or the same gcc
 command when that is stale), made once per session by the `sbx` fixture of tests/agent_pipes.py,

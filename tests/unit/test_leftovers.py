@@ -54,14 +54,14 @@ async def test_a_failed_removal_is_tried_again(tmp_path: Path) -> None:
 
 async def test_a_failed_stand_in_cleanup_is_tried_again(tmp_path: Path) -> None:
     async with session_stack(tmp_path) as st:
-        st.engine.fail("remove_commit_leftovers", EngineUnavailable("engine went away"))
+        st.engine.fail("remove_work_leftovers", EngineUnavailable("engine went away"))
         await st.sessions.reconcile()
         st.engine.calls.clear()
         await st.sessions.reconcile()
-        assert "remove_commit_leftovers" in st.engine.calls
+        assert "remove_work_leftovers" in st.engine.calls
         st.engine.calls.clear()
         await st.sessions.reconcile()
-        assert "remove_commit_leftovers" not in st.engine.calls
+        assert "remove_work_leftovers" not in st.engine.calls
 
 
 async def test_sweep_reports_the_networks_it_removed(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ the loop:
 - calls: each tenant has a token bucket of `calls_per_s` (burst `call_burst`); a call with no
   token is refused before any work (RESOURCE_EXHAUSTED, TENANT_RATE_LIMITED) with the time
   until the next token in its RetryInfo (`admit_call`, used by api/admission.py); refusals in a
-  row are held longer and longer before they are answered (`RateLimited`);
+  row, and refusals of one tenant held at the same time, are held longer and longer before
+  they are answered (`RateLimited`);
 - command output: each tenant has a byte bucket of `output_bytes_per_s` (burst
   `output_burst_bytes`) that its sessions' agent channels spend as they read; a channel whose
   tenant is in debt waits before its next read (`output_delay`, used by agent/channel.py).
@@ -40,17 +41,29 @@ MAX_HOLD_S = 1.0  # the longest a refusal is held before it is answered
 
 
 class RateLimited(ResourceExhausted):
-    """A call over its tenant's share; `hold_s`: how long to hold the refusal before answering.
+    """A call over its tenant's share; `hold_s`: how long to hold the refusal before answering,
+    `release`: to call once it is answered (or the call ended), so later refusals are held
+    behind the ones still held.
 
     A refusal costs the server about what a bare gRPC call does (the transport, authentication),
-    so a client that retries at once, ignoring RetryInfo, would load the loop with refusals
-    alone: the k-th refusal of a tenant in a row is held k token intervals (at most
-    MAX_HOLD_S), which paces a retrying loop to the server's answers while a client that waits
-    as told (one refusal, then a token) is held no longer than it would have waited anyway."""
+    so clients that retry at once, ignoring RetryInfo, would load the loop with refusals alone.
+    A refusal is held one token interval for each refusal of its tenant ahead of it (the ones
+    still held, or the ones in a row before it; at most MAX_HOLD_S): one client retrying at
+    once, or many clients of one tenant at the same time, are answered at about the tenant's
+    rate in all, while a client that waits as told (one refusal, then a token) is held no
+    longer than it would have waited anyway."""
 
-    def __init__(self, message: str, *, hold_s: float, **kw: object) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        hold_s: float,
+        release: Callable[[], None] = lambda: None,
+        **kw: object,
+    ) -> None:
         super().__init__(message, **kw)  # type: ignore[arg-type]
         self.hold_s = hold_s
+        self.release = release
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,7 @@ class FairShares:
         self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._calls: dict[str, TokenBucket] = {}
         self._in_a_row: collections.Counter[str] = collections.Counter()  # refusals since a pass
+        self._held: collections.Counter[str] = collections.Counter()  # refusals not yet answered
         self._output: dict[str, TokenBucket] = {}
         self.refused: collections.Counter[str] = collections.Counter()  # calls, by tenant
         self.paced_s: dict[str, float] = collections.defaultdict(float)  # pauses, by tenant
@@ -108,7 +122,9 @@ class FairShares:
         if self._metrics is not None:
             self._metrics.refused.labels(tenant).inc()
         self._in_a_row[tenant] += 1
-        hold = min(MAX_HOLD_S, self._in_a_row[tenant] / self.shares.calls_per_s)
+        ahead = max(self._in_a_row[tenant], self._held[tenant] + 1)
+        hold = min(MAX_HOLD_S, ahead / self.shares.calls_per_s)
+        self._held[tenant] += 1
         wait = max(0.001, bucket.wait_for(now) - hold)  # what is left to wait once answered
         raise RateLimited(
             f"tenant {tenant!r} is over its share of the server while other tenants are "
@@ -121,7 +137,15 @@ class FairShares:
                 "retry_after": f"{wait:.3f}s",
             },
             hold_s=hold,
+            release=lambda: self._answered(tenant),
         )
+
+    def _answered(self, tenant: str) -> None:
+        """A held refusal of `tenant` was answered: the ones after it wait one interval less."""
+        if self._held[tenant] > 1:
+            self._held[tenant] -= 1
+        else:
+            self._held.pop(tenant, None)
 
     def output_delay(self, tenant: str, nbytes: int) -> float:
         """Seconds the reader of `tenant`'s channel waits before its next read, having just

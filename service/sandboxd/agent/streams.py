@@ -153,6 +153,12 @@ class AgentStream:
         )
         if name == "MEMORY":  # its input would pass the agent's memory budget (docs/agent.md)
             err = ResourceExhausted(f"the agent ended the {self.kind} stream: {message}")
+        if name == "GONE":  # the server forgot the detached process while this read it
+            err = NotFound(
+                "the process's record went while it was read (the session's records made "
+                f"room for newer processes), and its output with it: {message}",
+                reason=Reason.PROCESS_NOT_FOUND,
+            )
         if not self.opened.done():
             err = open_refused(self.kind, name, message)
         self.fail(err)

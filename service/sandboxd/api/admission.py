@@ -4,8 +4,9 @@ It sits right inside authentication, where the tenant is known, and outside ever
 that costs: a call over its tenant's share is refused before the audit writes anything, before
 the store is read and before the servicer runs, with RESOURCE_EXHAUSTED, reason
 TENANT_RATE_LIMITED, and a google.rpc.RetryInfo saying when the tenant's next token is free.
-Refusals in a row are held before they are answered (`RateLimited.hold_s`, at most 1 s), so a
-client that retries at once is paced by the answers instead of loading the loop with refusals.
+Refusals in a row, and a tenant's refusals held at the same time, are held before they are
+answered (`RateLimited.hold_s`, at most 1 s, and never past the caller's deadline), so clients
+that retry at once are paced by the answers instead of loading the loop with refusals.
 Refusals are counted by the metrics interceptor (outside this one) like any other status; they
 are not audit events, so a refusal flood cannot fill the audit log. Health and reflection
 (no tenant) are never refused.
@@ -26,11 +27,25 @@ from sandboxd.api.chain import Layer
 from sandboxd.api.errors import to_status
 
 _KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+_ANSWER_MARGIN_S = 0.05  # a held refusal is answered this long before the caller's deadline
 
 
 async def hold(seconds: float) -> None:
     """How a refusal is held before it is answered (a module function: the tests record it)."""
     await asyncio.sleep(seconds)
+
+
+async def _held(refusal: RateLimited, context: Any) -> None:
+    """Hold a refusal, but answer it before the caller's deadline: a caller must get the
+    refusal and its RetryInfo, not DEADLINE_EXCEEDED for a wait the server chose."""
+    seconds = refusal.hold_s
+    remaining = context.time_remaining()
+    if remaining is not None:
+        seconds = min(seconds, max(0.0, remaining - _ANSWER_MARGIN_S))
+    try:
+        await hold(seconds)
+    finally:
+        refusal.release()
 
 
 class CallAdmission(Layer):
@@ -51,7 +66,7 @@ class CallAdmission(Layer):
                 try:
                     admit(tenancy.current())
                 except RateLimited as exc:
-                    await hold(exc.hold_s)
+                    await _held(exc, context)
                     await context.abort_with_status(to_status(exc))
                 async with contextlib.aclosing(behavior(request, context)) as items:
                     async for item in items:
@@ -63,7 +78,7 @@ class CallAdmission(Layer):
             try:
                 admit(tenancy.current())
             except RateLimited as exc:
-                await hold(exc.hold_s)
+                await _held(exc, context)
                 await context.abort_with_status(to_status(exc))
             result = behavior(request, context)
             return await result if inspect.isawaitable(result) else result

@@ -33,6 +33,7 @@ from sandboxd.engine import (
     docker_networks,
     docker_pull,
     docker_stats,
+    work_containers,
 )
 from sandboxd.engine.docker_attach import DockerAgentPort, exec_over_agent
 from sandboxd.engine.docker_errors import translate_errors
@@ -53,10 +54,10 @@ from sandboxd.engine.protocol import (
     SandboxStatus,
 )
 from sandboxd.engine.runsc_leftovers import AFTER_CHECKPOINT, end_leftovers
+from sandboxd.engine.work_containers import is_work, new_run_id
 from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.isolation import Isolation
-from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION
-from sandboxd.storage.disk_tool import LABEL_DISK_TOOL
+from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION, WORK_CHECKPOINT_CARRIER
 from sandboxd.storage.docker_disks import DockerDisks
 
 # Every request has a deadline (streams of exec output excepted: those last as long as the
@@ -97,8 +98,14 @@ class DockerEngine:
         self.api_version = ""
         self._committing: set[str] = set()  # names of the commit stand-ins in use now
         # Disk workspaces and volumes (sandboxd.storage), made by a tool container.
+        self._owner_id = owner_id
+        self._run_id = new_run_id()  # on this process's work containers (work_containers)
         self.disks = DockerDisks(
-            lambda: self.docker, self._translate, owner_id=owner_id, tool_image=disk_tool_image
+            lambda: self.docker,
+            self._translate,
+            owner_id=owner_id,
+            tool_image=disk_tool_image,
+            run_id=self._run_id,
         )
         self._checkpointed: set[str] = set()  # sandboxes whose removal leaves runsc's shim
         # With an agent, sandboxes run `sbx agent` and commands go over its channel.
@@ -294,9 +301,10 @@ class DockerEngine:
         for c in found:
             doc = compat.container_document(c)
             labels = doc.get("Labels") or {}
-            if LABEL_DISK_TOOL in labels:
-                # A disk tool run (storage/docker_disks.py) is not a sandbox: reconcile would
-                # take it for an orphan and remove it mid-run; the disk's own code removes it.
+            if is_work(labels):
+                # A work container (a disk tool run, a checkpoint carrier) is not a sandbox:
+                # reconcile would take it for an orphan and remove it mid-run; its call
+                # removes it, and remove_work_leftovers those of a dead server.
                 continue
             result.append(
                 SandboxInfo(
@@ -374,7 +382,11 @@ class DockerEngine:
         return docker_checkpoint.capability(dict(info), self._runtimes[Isolation.GVISOR])
 
     def _checkpoints(self) -> docker_checkpoint.DockerCheckpoints:
-        return docker_checkpoint.DockerCheckpoints(self.docker, self._translate)
+        return docker_checkpoint.DockerCheckpoints(
+            self.docker,
+            self._translate,
+            work_containers.labels(self._owner_id, WORK_CHECKPOINT_CARRIER, self._run_id),
+        )
 
     async def checkpoint_sandbox(self, sandbox_id: str, name: str) -> None:
         self._checkpointed.add(sandbox_id)
@@ -418,9 +430,12 @@ class DockerEngine:
             self.docker, self._translate, sandbox_id, repository, tag, labels, self._committing
         )
 
-    async def remove_commit_leftovers(self, owner_id: str) -> list[str]:
-        return await docker_commit.leftovers(
+    async def remove_work_leftovers(self, owner_id: str) -> list[str]:
+        stand_ins = await docker_commit.leftovers(
             self.docker, self._translate, owner_id, self._committing
+        )
+        return stand_ins + await work_containers.leftovers(
+            self.docker, self._translate, owner_id, self._run_id
         )
 
     async def remove_image(self, image: str) -> None:

@@ -74,9 +74,12 @@ def _checked(sandbox_id: str, name: str) -> None:
 class DockerCheckpoints:
     """The engine side of a memory suspend: checkpoint, read out, place and start."""
 
-    def __init__(self, docker: aiodocker.Docker, translate: Translate) -> None:
+    def __init__(
+        self, docker: aiodocker.Docker, translate: Translate, labels: dict[str, str]
+    ) -> None:
         self._docker = docker
         self._translate = translate
+        self._labels = labels  # a carrier's (engine/work_containers.py)
 
     async def checkpoint(self, sandbox_id: str, name: str) -> None:
         """The sandbox frozen, written out and stopped (`Exit`: never left running)."""
@@ -164,6 +167,7 @@ class DockerCheckpoints:
             "Image": image,
             "Cmd": ["/nonexistent"],
             "Entrypoint": [],
+            "Labels": self._labels,
             "NetworkDisabled": True,
             "HostConfig": {
                 "NetworkMode": "none",

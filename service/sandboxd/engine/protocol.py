@@ -249,9 +249,10 @@ class Engine(Protocol):
         command, user, labels), and no sandboxd label of the base that `labels` does not set."""
         ...
 
-    async def remove_commit_leftovers(self, owner_id: str) -> list[str]:
-        """Remove what commits of this owner cut short by a dead server left behind (none
-        under way is touched); the names of what was removed, for the log."""
+    async def remove_work_leftovers(self, owner_id: str) -> list[str]:
+        """Remove the work containers of this owner a dead server left behind: the stand-ins
+        of commits cut short, disk tool runs and checkpoint carriers (none under way is
+        touched); the names of what was removed, for the log."""
         ...
 
     async def remove_image(self, image: str) -> None:

@@ -7,8 +7,9 @@ container. Sessions have no network now, so nothing removes those of a server up
 place. Only networks carrying this server's owner label AND that name are touched (never
 another owner's, never an unlabelled one), and only when no container is attached to them.
 
-Commit stand-ins: the never-started container an IMAGE snapshot is committed from, left by a
-server that died mid-commit (the engine finds them by their own label).
+Work containers: the never-started container an IMAGE snapshot is committed from, a disk tool
+run and a memory checkpoint's carrier, left by a server that died in the middle of that work
+(the engine finds them by their own labels: engine/work_containers.py).
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ async def remove_leftovers(engine: Engine, owner_id: str) -> Removed:
     until it is gone."""
     done = True
     try:
-        for name in await engine.remove_commit_leftovers(owner_id):
-            log.info("removed the stand-in %s of a commit cut short", name)
+        for name in await engine.remove_work_leftovers(owner_id):
+            log.info("removed the work container %s of work cut short", name)
     except SandboxError as exc:
-        log.warning("commit leftovers not removed: %s", exc)
+        log.warning("work leftovers not removed: %s", exc)
         done = False
     networks = await _remove_networks(engine, owner_id)
     return Removed(networks=networks.networks, done=networks.done and done)

@@ -19,7 +19,7 @@ from sandboxd.errors import (
     ResourceExhausted,
     SandboxError,
 )
-from sandboxd.labels import LABEL_OWNER
+from sandboxd.labels import LABEL_OWNER, LABEL_WORK, LABEL_WORK_RUN, WORK_DISK_TOOL
 from sandboxd.reasons import Reason
 from sandboxd.storage import disk_tool
 from sandboxd.storage.disk_tool import (
@@ -49,10 +49,12 @@ class DockerDisks:
         *,
         owner_id: str,
         tool_image: str,
+        run_id: str = "",
     ) -> None:
         self._docker = docker
         self._translate = translate
         self._owner = owner_id
+        self._run_id = run_id  # on each tool run (engine/work_containers.py)
         self._image = tool_image
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -257,7 +259,10 @@ class DockerDisks:
             op,
             numbers,
             disk_volume=self.image_volume(disk_id),
-            labels=self._labels(disk_id, **{LABEL_DISK_TOOL: op}),
+            labels=self._labels(
+                disk_id,
+                **{LABEL_DISK_TOOL: op, LABEL_WORK: WORK_DISK_TOOL, LABEL_WORK_RUN: self._run_id},
+            ),
             source_volume=source_volume,
         )
         docker = self._docker()

@@ -1,0 +1,170 @@
+/*
+ * kill.c - `sbx kill`, `sbx signal` and `sbx reap`: finding supervisors by token.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "sbx.h"
+#include "proc.h"
+
+/* Is this NUL-separated cmdline an `sbx [--root R] run ... --id TOKEN ...
+ * [-- ...]` invocation, parsed the way main() and cmd_run() parse it? */
+static bool cmdline_matches(char *buf, size_t len, const char *token,
+			    const struct stat *self_exe, pid_t pid)
+{
+	char *args[4096];
+	size_t n = 0;
+	for (size_t off = 0; off < len && n < sizeof args / sizeof args[0];) {
+		args[n++] = buf + off;
+		off += strlen(buf + off) + 1;
+	}
+	if (n < 2)
+		return false;
+	const char *base = strrchr(args[0], '/');
+	base = base ? base + 1 : args[0];
+	if (strcmp(base, "sbx")) {
+		/* Renamed binary: accept it if it is literally us. */
+		char path[64];
+		struct stat st;
+		snprintf(path, sizeof path, "/proc/%ld/exe", (long)pid);
+		if (stat(path, &st) < 0 || st.st_dev != self_exe->st_dev ||
+		    st.st_ino != self_exe->st_ino)
+			return false;
+	}
+	size_t i = 1;
+	while (i + 1 < n && !strcmp(args[i], "--root"))
+		i += 2;
+	if (i >= n || strcmp(args[i], "run"))
+		return false;
+	for (i++; i < n && strcmp(args[i], "--"); i++) {
+		if (!strcmp(args[i], "--id") && i + 1 < n && !strcmp(args[i + 1], token))
+			return true;
+		if (!strcmp(args[i], "--id") || !strcmp(args[i], "--timeout-ms") ||
+		    !strcmp(args[i], "--cwd") || !strcmp(args[i], "--tty"))
+			i++;
+	}
+	return false;
+}
+
+/* Send `sig` (with `val` via sigqueue when `queue`) to every supervisor
+ * started with --id TOKEN.  Returns the number signalled. */
+static size_t signal_supervisors(const char *token, int sig, bool queue, int val)
+{
+	struct stat self_exe;
+	if (stat("/proc/self/exe", &self_exe) < 0)
+		memset(&self_exe, 0, sizeof self_exe);
+	pid_t self = getpid();
+	uid_t uid = getuid();
+	size_t cap = 1 << 16;
+	char *buf = xmalloc(cap);
+	pid_t *match = NULL;
+	size_t nmatch = 0;
+
+	DIR *d = opendir("/proc");
+	if (!d)
+		fail_errno(errno, "open", "/proc");
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		char *end, path[64];
+		long pid = strtol(e->d_name, &end, 10);
+		if (*end || pid <= 0 || pid == self)
+			continue;
+		bool ok;
+		uid_t pu = proc_uid((pid_t)pid, &ok);
+		if (!ok || pu != uid)
+			continue;
+		snprintf(path, sizeof path, "/proc/%ld/cmdline", pid);
+		ssize_t len = read_small(path, buf, cap);
+		if (len <= 0 || !cmdline_matches(buf, (size_t)len, token, &self_exe, (pid_t)pid))
+			continue;
+		pid_t *nm = realloc(match, (nmatch + 1) * sizeof *match);
+		if (!nm)
+			oom();
+		match = nm;
+		match[nmatch++] = (pid_t)pid;
+	}
+	closedir(d);
+	free(buf);
+
+	size_t sent = 0;
+	for (size_t i = 0; i < nmatch; i++) {
+		/* Between fork and exec the supervisor's child still carries
+		 * the same cmdline; signal only the supervisor itself. */
+		pid_t pp = read_ppid(match[i]);
+		bool child_of_match = false;
+		for (size_t j = 0; j < nmatch; j++)
+			if (match[j] == pp)
+				child_of_match = true;
+		if (child_of_match)
+			continue;
+		int rc;
+		if (queue) {
+			union sigval sv = {.sival_int = val};
+			rc = sigqueue(match[i], sig, sv);
+		} else {
+			rc = kill(match[i], sig);
+		}
+		/* A command can SIGSTOP its supervisor (same uid); a stopped
+		 * one would hold the request pending forever. */
+		if (rc == 0) {
+			kill(match[i], SIGCONT);
+			sent++;
+		}
+	}
+	free(match);
+	return sent;
+}
+
+int cmd_kill(int argc, char **argv)
+{
+	char *pos[1];
+	parse_args(argc, argv, NULL, NULL, pos, 1);
+	size_t sent = signal_supervisors(pos[0], SIGUSR1, false, 0);
+	/* The server kills by token when a call ends early; a supervisor that
+	 * is gone may have left orphans behind. */
+	reap_orphans();
+	if (!sent)
+		fail(1, "NOT_FOUND", "no supervisor with id %s", pos[0]);
+	return 0;
+}
+
+/* `sbx reap`: for the server, after an exec ended without its supervisor's
+ * report (killed); prints how many orphans it killed. */
+int cmd_reap(int argc, char **argv)
+{
+	(void)argv;
+	if (argc != 0)
+		usage("usage: sbx reap");
+	printf("%zu\n", reap_orphans());
+	return 0;
+}
+
+int cmd_signal(int argc, char **argv)
+{
+	static const struct {
+		const char *name;
+		int sig;
+	} names[] = {
+		{"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT},
+		{"SIGKILL", SIGKILL}, {"SIGTERM", SIGTERM}, {"SIGUSR1", SIGUSR1},
+		{"SIGUSR2", SIGUSR2}, {"SIGSTOP", SIGSTOP}, {"SIGCONT", SIGCONT},
+		{"SIGWINCH", SIGWINCH},
+	};
+	char *pos[2];
+	parse_args(argc, argv, NULL, NULL, pos, 2);
+	int sig = 0;
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (!strcmp(pos[1], names[i].name))
+			sig = names[i].sig;
+	if (!sig)
+		usage("unsupported signal %s", pos[1]);
+	if (!signal_supervisors(pos[0], SIGUSR2, true, sig))
+		fail(1, "NOT_FOUND", "no supervisor with id %s", pos[0]);
+	return 0;
+}

@@ -1,0 +1,42 @@
+/*
+ * proc.h - processes: /proc scans and tree kills (procs.c), the command's
+ * side of `run` (run_child.c) and the status record (status.c), shared by
+ * run, kill, signal and reap.
+ */
+#ifndef SBX_PROC_H
+#define SBX_PROC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/ioctl.h>
+#include <sys/types.h>
+
+/* What `run` exits with when it killed the command's tree. */
+#define EXIT_KILLED 137
+
+/* procs.c */
+ssize_t read_small(const char *path, char *buf, size_t cap);
+pid_t read_ppid(pid_t pid);
+uid_t proc_uid(pid_t pid, bool *ok);
+size_t reap_orphans(void);
+int become_subreaper(void);
+void kill_tree(pid_t pgid);
+bool reap_until(pid_t pid, int *status);
+
+/* run_child.c: how far the command's child got before exec, over the report pipe */
+enum stage { ST_SETUP = 1, ST_CWD, ST_ESCAPE, ST_EXEC };
+
+struct report {
+	int stage;
+	int err;
+};
+
+char **command_env(bool clean);
+__attribute__((noreturn)) void monitor_main(int repfd, int infofd, pid_t parent,
+					    const char *cwd, const char *realroot,
+					    const struct winsize *tty, char **cmd, char **envp);
+
+/* status.c: leave "signal SIG" for `sbx status ID` (run --id ID). */
+void write_status(const char *id, int sig);
+
+#endif

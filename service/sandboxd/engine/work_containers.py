@@ -1,0 +1,69 @@
+"""The engine's own work containers: a disk tool run (storage/docker_disks.py) and a memory
+checkpoint's carrier (engine/docker_checkpoint.py), each created, used and removed within one
+call. A server that dies in that call leaves its container behind, and nothing else would
+ever remove it: it is not a sandbox (reconcile skips it, or it would be removed mid-run).
+
+So each carries the owner label, `LABEL_WORK` (what it does) and `LABEL_WORK_RUN`, an id drawn
+once per server process: a work container of this owner whose run is not this process's is a
+leftover of a dead one (one server process per owner id at a time), removed at the start-up
+reconcile, however long ago it was made. One of this process's own is never touched: its call
+removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable
+
+import aiodocker
+
+from sandboxd.engine import compat
+from sandboxd.errors import SandboxError
+from sandboxd.labels import LABEL_OWNER, LABEL_WORK, LABEL_WORK_RUN
+from sandboxd.storage.disk_tool import LABEL_DISK_TOOL
+
+log = logging.getLogger(__name__)
+
+Translate = Callable[[str], contextlib.AbstractContextManager[None]]
+
+
+def new_run_id() -> str:
+    """This server process's run id (drawn once, when the engine adapter is made)."""
+    return secrets.token_hex(8)
+
+
+def labels(owner_id: str, work: str, run_id: str) -> dict[str, str]:
+    return {LABEL_OWNER: owner_id, LABEL_WORK: work, LABEL_WORK_RUN: run_id}
+
+
+def is_work(container_labels: dict[str, str]) -> bool:
+    """A work container, not a sandbox (a disk tool run of an older server has only
+    `LABEL_DISK_TOOL`)."""
+    return LABEL_WORK in container_labels or LABEL_DISK_TOOL in container_labels
+
+
+async def leftovers(
+    docker: aiodocker.Docker, translate: Translate, owner_id: str, run_id: str
+) -> list[str]:
+    """Remove this owner's work containers that another server process made; their names."""
+    with translate("listing containers"):
+        found = await docker.containers.list(
+            all=True, filters={"label": [f"{LABEL_OWNER}={owner_id}"]}
+        )
+    removed = []
+    for container in found:
+        doc = compat.container_document(container)
+        found_labels = doc.get("Labels") or {}
+        if not is_work(found_labels) or found_labels.get(LABEL_WORK_RUN) == run_id:
+            continue
+        name = str((doc.get("Names") or [""])[0]).lstrip("/")
+        try:
+            with translate(f"removing container {str(doc.get('Id', ''))[:12]}"):
+                await container.delete(force=True)
+        except SandboxError as exc:
+            log.warning("work container %s of an earlier server not removed: %s", name, exc)
+            continue
+        removed.append(name)
+    return removed
