@@ -135,7 +135,6 @@ class Tally:
         self._out_bytes = 0
         self._in_bytes = 0
         self._digest: Digest | None = None
-        self.started = ""  # the process id, once a `started` reply was seen
 
     # Requests ---------------------------------------------------------------------------------
 
@@ -210,7 +209,6 @@ class Tally:
             event = reply.WhichOneof("event")
             if event == "started":
                 self.attributes["process_id"] = reply.started.process_id
-                self.started = reply.started.process_id
             elif event == "output":
                 self._out_bytes += len(reply.output.data)
             elif event == "exited":
@@ -219,7 +217,6 @@ class Tally:
                 return True
             return False
         if m == "ProcessService/StartProcess":
-            # Its PROCESS_STARTED is the ProcessManager's (processes/manager.py says why).
             self.attributes["process_id"] = reply.process.process_id
             return True
         if m == "SnapshotService/ExportArchive":
