@@ -67,7 +67,8 @@ class ProcessInputSent:
 
 @dataclass(frozen=True)
 class FileWritten:
-    """A file was written whole (WriteFileStream); `path` as the caller named it."""
+    """A file was written whole (WriteFile, WriteFileStream); `path` and `mode` as the caller
+    gave them, `bytes` what it sent, `size` the file's size after."""
 
     tenant: str
     session_id: str
@@ -75,6 +76,21 @@ class FileWritten:
     bytes: int
     mode: int
     size: int
+
+
+@dataclass(frozen=True)
+class DirectoryMade:
+    tenant: str
+    session_id: str
+    path: str
+
+
+@dataclass(frozen=True)
+class FileRemoved:
+    tenant: str
+    session_id: str
+    path: str
+    recursive: bool
 
 
 @dataclass(frozen=True)
@@ -180,6 +196,8 @@ DomainEvent = (
     | CommandExited
     | ProcessInputSent
     | FileWritten
+    | DirectoryMade
+    | FileRemoved
     | FileMoved
     | PortPublished
     | PortUnpublished

@@ -149,6 +149,28 @@ async def _files(tmp_path: Path, observer: Recorder) -> None:
     await transfer.close()
 
 
+@scenario("FilesystemService/WriteFile", "FilesystemService/MakeDir", "FilesystemService/Remove")
+async def _file_calls(tmp_path: Path, observer: Recorder) -> None:
+    from sandboxd.files import Files
+    from test_file_transfer_order import SESSION, _Engine
+
+    engine = _Engine()
+    files = Files(engine, observer=observer)  # type: ignore[arg-type]
+    session = dataclasses.replace(SESSION) if dataclasses.is_dataclass(SESSION) else SESSION
+    session.spec.limits.file_bytes = 1 << 20
+
+    async def release() -> None:
+        while not engine.streams:
+            await asyncio.sleep(0)
+        engine.streams[0].released.set()
+
+    releaser = asyncio.create_task(release())
+    await files.write(session, "keep.txt", b"abc", 0, False)
+    await releaser
+    await files.make_dir(session, "folder", True)
+    await files.remove(session, "keep.txt", False)
+
+
 @scenario("ProcessService/SendProcessInput", "ProcessService/CloseProcessStdin")
 async def _stdin(tmp_path: Path, observer: Recorder) -> None:
     class Command:

@@ -151,15 +151,6 @@ class Tally:
             self.session_id = request.start.request.session_id
             self._command(request.start.request)
             self.attributes["pty"] = request.start.HasField("pty")
-        elif m == "FilesystemService/WriteFile":
-            self.kind = "file_write"
-            self.attributes.update(path=request.path, bytes=len(request.content), mode=request.mode)
-        elif m == "FilesystemService/MakeDir":
-            self.kind = "file_write"
-            self.attributes.update(path=request.path, type="directory")
-        elif m == "FilesystemService/Remove":
-            self.kind = "file_remove"
-            self.attributes.update(path=request.path, recursive=request.recursive)
         elif m == "SnapshotService/ExportArchive":
             self.kind = "archive_export"
             self.attributes["path"] = request.path
@@ -243,8 +234,6 @@ class Tally:
                 image=snap.image or None,
             )
             return True
-        if m == "FilesystemService/WriteFile" and reply.HasField("info"):
-            self.attributes["size"] = reply.info.size
         if m == "SessionService/CreateSession" and reply.HasField("session"):
             self.session_id = reply.session.session_id
             self.attributes["image"] = reply.session.image
@@ -272,9 +261,6 @@ _AUDITED = frozenset(
         "ProcessService/Exec",
         "ProcessService/Interact",
         "ProcessService/StartProcess",
-        "FilesystemService/WriteFile",
-        "FilesystemService/MakeDir",
-        "FilesystemService/Remove",
         "SnapshotService/ExportArchive",
         "SnapshotService/ImportArchive",
         "SnapshotService/CreateSnapshot",

@@ -68,6 +68,11 @@ def _described(event: de.DomainEvent) -> tuple[str, str, dict[str, object]] | No
             "size": event.size,
         }
         return "file_write", event.session_id, attrs
+    if isinstance(event, de.DirectoryMade):
+        return "file_write", event.session_id, {"path": event.path, "type": "directory"}
+    if isinstance(event, de.FileRemoved):
+        attrs = {"path": event.path, "recursive": event.recursive}
+        return "file_remove", event.session_id, attrs
     if isinstance(event, de.FileMoved):
         attrs = {
             "path": event.destination,

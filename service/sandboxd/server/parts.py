@@ -205,6 +205,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         engine,
         buffers=ByteBudget(config.limits.file_buffer_bytes),
         listing_bytes=config.limits.listing_bytes,
+        observer=observer,
     )
     archive = ArchiveIO(engine, files, config.archive.max_members)
     snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
