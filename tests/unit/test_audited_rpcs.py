@@ -13,6 +13,7 @@ the call may answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib
 import io
@@ -21,12 +22,14 @@ import tarfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import grpc
 import pytest
 import sandboxd.v1
 from fakes import FakeEngine
 from sandboxd import domain_events as de
 from sandboxd.api import audited_rpcs
-from sandboxd.api.audit_describe import audited
+from sandboxd.api.audit_describe import audited, hashing_threads
+from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.audit import AuditEvent
 from sandboxd.audit.subscriber import AuditSubscriber
 from sandboxd.config import Config
@@ -41,6 +44,7 @@ from sandboxd.store import SessionStore
 from sandboxd.sweeper import Sweeper
 from sandboxd.templates.builds import Templates
 from sandboxd.templates.store import TemplateStore
+from sandboxd.v1 import filesystem_pb2, filesystem_pb2_grpc
 from sandboxd.volumes.claims import VolumeClaims
 from sandboxd.volumes.service import Volumes
 from sandboxd.volumes.store import VolumeStore
@@ -365,3 +369,92 @@ def test_events_are_frozen() -> None:
         value = getattr(de, name)
         if isinstance(value, type) and dataclasses.is_dataclass(value) and name != "CallScope":
             assert value.__dataclass_params__.frozen, name  # type: ignore[attr-defined]
+
+
+# ----- the edge, over a real gRPC server --------------------------------------------------------
+
+
+class _Mover(filesystem_pb2_grpc.FilesystemServiceServicer):
+    """A Move that does what the domain does: emits FileMoved into the observer."""
+
+    def __init__(self, observer: de.Observer) -> None:
+        self._observer = observer
+
+    async def Move(  # noqa: N802
+        self, request: filesystem_pb2.MoveRequest, context: object
+    ) -> filesystem_pb2.MoveResponse:
+        self._observer.emit(
+            de.FileMoved(
+                "default",
+                request.session_id,
+                request.source_path,
+                request.destination_path,
+                False,
+                1,
+            )
+        )
+        return filesystem_pb2.MoveResponse()
+
+
+class _HeldWriter(Writer):
+    """Acknowledges only when the test says so (or fails, when told to)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.fail = False
+
+    async def record(self, event: AuditEvent) -> AuditEvent:
+        await self.release.wait()
+        if self.fail:
+            from sandboxd.errors import Unavailable
+
+            raise Unavailable("the audit log could not be written")
+        self.acknowledged.append(event)
+        return event
+
+
+@contextlib.asynccontextmanager
+async def _served(writer: _HeldWriter) -> AsyncIterator[filesystem_pb2_grpc.FilesystemServiceStub]:
+    observer = de.FanOut([AuditSubscriber(writer)])  # type: ignore[arg-type]
+    async with hashing_threads(1) as pool:
+        server = grpc.aio.server(interceptors=[AuditInterceptor(writer, pool)])  # type: ignore[arg-type]
+        filesystem_pb2_grpc.add_FilesystemServiceServicer_to_server(_Mover(observer), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                yield filesystem_pb2_grpc.FilesystemServiceStub(channel)
+        finally:
+            await server.stop(0)
+
+
+async def test_the_edge_answers_only_once_the_events_record_is_acknowledged() -> None:
+    writer = _HeldWriter()
+    async with _served(writer) as stub:
+        traced = (("traceparent", f"00-{'ab' * 16}-00f067aa0ba902b7-01"),)
+        call = asyncio.ensure_future(
+            stub.Move(
+                filesystem_pb2.MoveRequest(session_id="s1", source_path="a", destination_path="b"),
+                metadata=traced,
+            )
+        )
+        await asyncio.sleep(0.3)
+        assert not call.done()  # the record is not acknowledged: no answer yet
+        writer.release.set()
+        await call
+    (record,) = writer.acknowledged
+    assert record.kind == "file_write" and record.attributes["method"] == "FilesystemService/Move"
+    assert record.trace_id == "ab" * 16
+
+
+async def test_the_edge_fails_a_call_whose_record_the_log_cannot_take() -> None:
+    writer = _HeldWriter()
+    writer.fail = True
+    writer.release.set()
+    async with _served(writer) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await stub.Move(
+                filesystem_pb2.MoveRequest(session_id="s1", source_path="a", destination_path="b")
+            )
+    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
