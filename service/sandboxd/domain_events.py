@@ -254,7 +254,7 @@ SILENT: Observer = Silent()
 # The call an event happens in -----------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class CallScope:
     """The RPC the running task serves: set by the gRPC edge, read by subscribers.
 

@@ -120,6 +120,8 @@ class _Call:
     async def settled(self, context: Any, scope: CallScope) -> None:
         """The records of the call's events so far are committed; if the audit log cannot take
         them, the call fails UNAVAILABLE (an unrecorded action must not look recorded)."""
+        if not scope.pending:
+            return  # the common case, per streamed message too: nothing to wait for
         try:
             await scope.settle()
         except SandboxError as exc:
