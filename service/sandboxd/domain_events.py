@@ -66,6 +66,16 @@ class ProcessInputSent:
 
 
 @dataclass(frozen=True)
+class ProcessSignalled:
+    """SignalProcess's signal (by name, however the caller spelled it) was sent."""
+
+    tenant: str
+    session_id: str
+    process_id: str
+    signal: str
+
+
+@dataclass(frozen=True)
 class FileWritten:
     """A file was written whole (WriteFile, WriteFileStream); `path` and `mode` as the caller
     gave them, `bytes` what it sent, `size` the file's size after."""
@@ -195,6 +205,7 @@ DomainEvent = (
     CommandStarted
     | CommandExited
     | ProcessInputSent
+    | ProcessSignalled
     | FileWritten
     | DirectoryMade
     | FileRemoved

@@ -21,6 +21,8 @@ import pkgutil
 import tarfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import grpc
 import pytest
@@ -156,12 +158,17 @@ async def _files(tmp_path: Path, observer: Recorder) -> None:
 @scenario("FilesystemService/WriteFile", "FilesystemService/MakeDir", "FilesystemService/Remove")
 async def _file_calls(tmp_path: Path, observer: Recorder) -> None:
     from sandboxd.files import Files
-    from test_file_transfer_order import SESSION, _Engine
+    from test_file_transfer_order import _Engine
 
     engine = _Engine()
     files = Files(engine, observer=observer)  # type: ignore[arg-type]
-    session = dataclasses.replace(SESSION) if dataclasses.is_dataclass(SESSION) else SESSION
-    session.spec.limits.file_bytes = 1 << 20
+    limits = SimpleNamespace(file_bytes=1 << 20, workspace_bytes=1 << 20)
+    session: Any = SimpleNamespace(
+        session_id="s1",
+        tenant="alpha",
+        container_id="c1",
+        spec=SimpleNamespace(user="1000:1000", limits=limits),
+    )
 
     async def release() -> None:
         while not engine.streams:
@@ -173,6 +180,24 @@ async def _file_calls(tmp_path: Path, observer: Recorder) -> None:
     await releaser
     await files.make_dir(session, "folder", True)
     await files.remove(session, "keep.txt", False)
+
+
+@scenario("ProcessService/SignalProcess")
+async def _signal(tmp_path: Path, observer: Recorder) -> None:
+    class Executor:
+        detached = None
+        sent: list[str] = []
+
+        async def signal(self, session: object, token: str, name: str) -> None:
+            self.sent.append(name)
+
+    executor = Executor()
+    pm = ProcessManager(executor, observer)  # type: ignore[arg-type]
+    proc = BackgroundProcess("s1", "p1", ExecSpec(["sleep", "9"], "/workspace", {}, b"", 30.0, 1))
+    pm._by_session["s1"] = {"p1": proc}
+    session: Any = SimpleNamespace(session_id="s1", tenant="alpha")
+    await pm.signal(session, "p1", "SIGTERM")
+    assert executor.sent == ["SIGTERM"]
 
 
 @scenario("ProcessService/SendProcessInput", "ProcessService/CloseProcessStdin")

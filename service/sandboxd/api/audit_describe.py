@@ -24,7 +24,6 @@ _LIFECYCLE = {
     "SessionService/SuspendSession": "suspend",
     "SessionService/ResumeSession": "resume",
     "SessionService/UpdateNetworkPolicy": "update_network_policy",
-    "ProcessService/SignalProcess": "signal_process",
     "SnapshotService/DeleteSnapshot": "delete_snapshot",
     "VolumeService/CreateVolume": "create_volume",
     "VolumeService/DeleteVolume": "delete_volume",
@@ -171,7 +170,7 @@ class Tally:
         elif m in _LIFECYCLE:
             self.kind = "lifecycle"
             self.attributes["action"] = _LIFECYCLE[m]
-            for name in ("snapshot_id", "process_id", "signal", "volume_id"):
+            for name in ("snapshot_id", "volume_id"):
                 value = getattr(request, name, None)
                 if isinstance(value, str) and value:
                     self.attributes[name] = value

@@ -60,7 +60,7 @@ AUDITED: Final[dict[str, tuple[str, str]]] = {
     "ProcessService/Run": (EDGE, "command"),
     "ProcessService/Interact": (EDGE, "command"),
     "ProcessService/StartProcess": (EDGE, "command"),
-    "ProcessService/SignalProcess": (EDGE, "lifecycle"),
+    "ProcessService/SignalProcess": ("ProcessSignalled", "lifecycle"),
     "ProcessService/SendProcessInput": ("ProcessInputSent", "lifecycle"),
     "ProcessService/CloseProcessStdin": ("ProcessInputSent", "lifecycle"),
     "FilesystemService/WriteFile": ("FileWritten", "file_write"),

@@ -88,6 +88,9 @@ def _described(event: de.DomainEvent) -> tuple[str, str, dict[str, object]] | No
         if not event.closed:
             attrs["bytes"] = event.bytes
         return "lifecycle", event.session_id, attrs
+    if isinstance(event, de.ProcessSignalled):
+        attrs = {"action": "signal_process", "process_id": event.process_id, "signal": event.signal}
+        return "lifecycle", event.session_id, attrs
     if isinstance(event, de.PortPublished):
         attrs = {
             "action": "publish",

@@ -10,7 +10,8 @@ runs, before anything of it is read, so its exit is never told first.
 from __future__ import annotations
 
 from sandboxd import domain_events as de
-from sandboxd.models import ExecExited, ExecSpec
+from sandboxd import tenancy
+from sandboxd.models import ExecExited, ExecSpec, Session
 from sandboxd.processes.record import BackgroundProcess, ProcessOrigin
 
 
@@ -56,3 +57,14 @@ def told(
             background=background,
         )
     )
+
+
+def input_sent(
+    observer: de.Observer, session_id: str, process_id: str, size: int, closed: bool = False
+) -> None:
+    """SendProcessInput's bytes, or CloseProcessStdin, reached the process (the caller's)."""
+    observer.emit(de.ProcessInputSent(tenancy.current(), session_id, process_id, size, closed))
+
+
+def signalled(observer: de.Observer, session: Session, process_id: str, signal: str) -> None:
+    observer.emit(de.ProcessSignalled(session.tenant, session.session_id, process_id, signal))

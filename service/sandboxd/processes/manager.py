@@ -382,19 +382,16 @@ class ProcessManager:
                 metadata={"process_id": process_id},
             )
         await self._executor.signal(session, proc.token, name)
+        announce.signalled(self._observer, session, process_id, name)
 
     async def send_input(self, session_id: str, process_id: str, data: bytes) -> None:
         """More stdin for a background process started with keep_stdin_open."""
         await process_stdin.send(lambda: self.get(session_id, process_id), data)
-        self._observer.emit(
-            domain_events.ProcessInputSent(tenancy.current(), session_id, process_id, len(data))
-        )
+        announce.input_sent(self._observer, session_id, process_id, len(data))
 
     async def close_stdin(self, session_id: str, process_id: str) -> None:
         await process_stdin.close(lambda: self.get(session_id, process_id))
-        self._observer.emit(
-            domain_events.ProcessInputSent(tenancy.current(), session_id, process_id, closed=True)
-        )
+        announce.input_sent(self._observer, session_id, process_id, 0, closed=True)
 
     async def track(
         self,
