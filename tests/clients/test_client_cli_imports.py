@@ -146,3 +146,50 @@ def test_exec_imports_only_the_process_service(fake_server: str) -> None:
         m for m in modules if any(m == n or m.startswith(n + ".") for n in NOT_FOR_EXEC)
     )
     assert loaded == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["exec", "s-1", "--", "sh", "-c", "echo hi"],
+        ["--addr", "h:1", "--token=t", "-o", "json", "exec", "-i", "--env", "A=1", "s", "--", "x"],
+        ["--call-timeout", "5", "--ca", "ca.pem", "run", "--rm", "--allow", "sh", "--", "sh"],
+        ["--add", "h:2", "ls", "--label", "a=b"],
+        ["create", "--allow-all", "--memory", "512Mi", "--lease", "3600"],
+        ["snapshot", "create", "s-1", "--label", "k=v"],
+        ["volume", "ls"],
+        ["template", "build", "py", "dir"],
+        ["image", "pull", "busybox"],
+        ["cp", "./src", "s-1:"],
+        ["network", "s-1", "--domain", "example.org"],
+        ["watch", "s-1"],
+        ["audit"],
+        ["shell", "--new", "--template", "python"],
+    ],
+    ids=lambda a: " ".join(a),
+)
+def test_a_command_parses_as_with_every_parser_built(argv: list[str]) -> None:
+    """`parse` builds the parser of the command it runs alone (the others cost most of a
+    start-up): it reads every command line as the whole parser does."""
+    from sandboxd_client import cli
+
+    split = argv.index("--") if "--" in argv else len(argv)
+    expected = vars(cli.build_parser().parse_args(argv[:split]))
+    assert vars(cli.parse(argv)) == expected | {"argv": argv[split + 1 :]}
+
+
+@pytest.mark.parametrize(
+    "argv", [["exec"], ["nosuch", "x"], ["exec", "s", "--bogus"], ["--output", "yaml", "ls"]]
+)
+def test_a_mistake_is_reported_by_the_whole_parser(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sandboxd_client import cli
+
+    with pytest.raises(SystemExit) as whole:
+        cli.build_parser().parse_args(argv)
+    wanted = capsys.readouterr().err
+    with pytest.raises(SystemExit) as got:
+        cli.parse(argv)
+    assert (got.value.code, capsys.readouterr().err) == (whole.value.code, wanted)
+    assert got.value.code == cli.EXIT_ERROR
