@@ -193,3 +193,18 @@ def test_a_mistake_is_reported_by_the_whole_parser(
         cli.parse(argv)
     assert (got.value.code, capsys.readouterr().err) == (whole.value.code, wanted)
     assert got.value.code == cli.EXIT_ERROR
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--addr", "h:1", "--version"], ["-h"]])
+def test_version_and_help_answer_as_the_whole_parser_does(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sandboxd_client import cli
+
+    with pytest.raises(SystemExit) as whole:
+        cli.build_parser().parse_args(argv)
+    wanted = capsys.readouterr()
+    with pytest.raises(SystemExit) as got:
+        cli.parse(argv)
+    assert (got.value.code, capsys.readouterr()) == (whole.value.code, wanted)
+    assert got.value.code == 0

@@ -203,7 +203,8 @@ class _QuietParser(argparse.ArgumentParser):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """sandboxctl's parser: every command, or (`only`) every option of one command alone."""
+    """sandboxctl's parser: every command, or (`only`) every option of one command alone
+    (`only=""`: none, for --version)."""
     cls = _Parser if only is None else _QuietParser
     parser = cls(prog="sandboxctl", description="Run commands in sandboxd sessions.")
     parser.add_argument("--version", action="version", version=f"sandboxctl {_version()}")
@@ -348,7 +349,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     p = add("completion", cmd_completion, "print a shell completion script")
     p.add_argument("shell", choices=("bash", "zsh", "fish"))
-    if not sub.built:
+    if not sub.built and only != "":  # "": --version, which needs no command
         raise _Retry(f"no command {only!r}")
     return parser
 
@@ -386,6 +387,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     split = argv.index("--") if "--" in argv else len(argv)
     head = argv[:split]
     command = _command_word(head)
+    if command is None and "--version" in head:
+        command = ""
     try:
         # The command's own parser alone: building all ~50 is most of a start-up's time.
         args = build_parser(command).parse_args(head)
