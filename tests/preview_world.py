@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from fakes import FakeArchive, FakeEngine
 from prometheus_client import CollectorRegistry
@@ -62,7 +62,9 @@ class Parts(Generic[D]):
 
 
 @contextlib.asynccontextmanager
-async def preview_parts(tmp_path: Path, dialer: D, **settings: object) -> AsyncIterator[Parts[D]]:
+async def preview_parts(
+    tmp_path: Path, dialer: D, observer: Any = None, **settings: object
+) -> AsyncIterator[Parts[D]]:
     settings.setdefault("preview_listen", "127.0.0.1:0")  # "": previews off
     config = Config(data_dir=tmp_path, **settings)
     engine = FakeEngine()
@@ -84,6 +86,7 @@ async def preview_parts(tmp_path: Path, dialer: D, **settings: object) -> AsyncI
             metrics_registry=registry,
             audit=audit.append,
             dialer=dialer,
+            **({"observer": observer} if observer is not None else {}),
         ) as previews:
             world = Parts(dialer, sessions, previews, audit, registry, store)
             try:

@@ -19,7 +19,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator
 
-from sandboxd import validation
+from sandboxd import domain_events, validation
 from sandboxd.engine import ExecStream
 from sandboxd.errors import Internal, InvalidArgument, OutOfRange, SandboxError
 from sandboxd.files import parse_records
@@ -48,10 +48,17 @@ def _upload_name(rel: str) -> str:
 class FileTransfer:
     """ReadFileStream, WriteFileStream and Move over the `sbx` helper."""
 
-    def __init__(self, helper: HelperClient, upload_idle_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        helper: HelperClient,
+        upload_idle_s: float = 60.0,
+        observer: domain_events.Observer = domain_events.SILENT,
+    ) -> None:
         """`upload_idle_s`: the longest wait for a client's next chunk (the tenancy section's
-        `stream_idle_timeout_s`); the in-sandbox writer gives up a little after it."""
+        `stream_idle_timeout_s`); the in-sandbox writer gives up a little after it. `observer`
+        hears of each file written and moved (the audit log)."""
         self.helper = helper
+        self._observer = observer
         self._writer_idle_ms = int((upload_idle_s + WRITER_IDLE_MARGIN_S) * 1000)
         self._cleanups: set[asyncio.Task[None]] = set()
 
@@ -127,6 +134,7 @@ class FileTransfer:
     ) -> FileInfo:
         """Write the chunks to `path`, replacing it only once they all arrived."""
         rel = validation.workspace_relpath(path, allow_root=False)
+        asked = mode
         mode = validation.validate_file_mode(mode, default=0o644)
         cap = session.spec.limits.workspace_bytes
         upload = _upload_name(rel)
@@ -140,6 +148,7 @@ class FileTransfer:
         ]
         args += ["--parents"] if make_parents else []
         exec_id: str | None = None
+        sent = 0
         try:
             async with self.helper.open(session, args, stdin=True) as stream:
                 exec_id = stream.exec_id
@@ -149,19 +158,37 @@ class FileTransfer:
                 # over `docker exec` its `--idle-ms` bound ends it), which removes its own
                 # temp file.
                 async for data in chunks:
+                    sent += len(data)
                     await stream.write(data)
                 stream.close_stdin()
                 out, err, code = await _outcome_of_writer(stream)
             if code != 0:
                 raise file_error(HelperResult(code, out, err), rel)
-            return await self.move(session, upload, rel, overwrite=True, shown=rel)
+            info = await self._move(session, upload, rel, overwrite=True, shown=rel)
         except BaseException:
             if exec_id is not None:
                 # Shielded: a cancelled call still has its upload removed, by our own task.
                 await asyncio.shield(self._remove_later(session, upload, exec_id))
             raise
+        self._observer.emit(
+            domain_events.FileWritten(
+                session.tenant, session.session_id, path, sent, asked, info.size
+            )
+        )
+        return info
 
     async def move(
+        self, session: Session, source: str, destination: str, overwrite: bool
+    ) -> FileInfo:
+        info = await self._move(session, source, destination, overwrite)
+        self._observer.emit(
+            domain_events.FileMoved(
+                session.tenant, session.session_id, source, destination, overwrite, info.size
+            )
+        )
+        return info
+
+    async def _move(
         self,
         session: Session,
         source: str,

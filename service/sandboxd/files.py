@@ -12,7 +12,7 @@ import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from sandboxd import validation
+from sandboxd import domain_events, validation
 from sandboxd.budget import ByteBudget
 from sandboxd.engine import Engine
 from sandboxd.errors import Internal, InvalidArgument, ResourceExhausted
@@ -62,7 +62,9 @@ class Files:
         helper: HelperClient | None = None,
         buffers: ByteBudget | None = None,
         listing_bytes: int = LISTING_BYTES,
+        observer: domain_events.Observer = domain_events.SILENT,  # writes, folders, removals
     ) -> None:
+        self._observer = observer
         self.helper = helper or HelperClient(engine)
         self.buffers = buffers or ByteBudget(SESSION_BUFFER_BYTES)
         self._listing_bytes = listing_bytes
@@ -108,7 +110,7 @@ class Files:
         self, session: Session, path: str, content: bytes, mode: int, make_parents: bool
     ) -> FileInfo:
         rel = validation.workspace_relpath(path, allow_root=False)
-        mode = validation.validate_file_mode(mode, default=0o644)
+        asked, mode = mode, validation.validate_file_mode(mode, default=0o644)
         cap = session.spec.limits.file_bytes
         if len(content) > cap:
             raise ResourceExhausted(
@@ -118,7 +120,13 @@ class Files:
             )
         args = ["write", rel, format(mode, "o"), str(cap)] + (["--parents"] if make_parents else [])
         result = await self._checked(session, args, rel, stdin=content, max_stdout=64 * 1024)
-        return parse_records(result.stdout)[0]
+        info = parse_records(result.stdout)[0]
+        self._observer.emit(
+            domain_events.FileWritten(
+                session.tenant, session.session_id, path, len(content), asked, info.size
+            )
+        )
+        return info
 
     async def stat(self, session: Session, path: str) -> FileInfo:
         rel = validation.workspace_relpath(path or ".")
@@ -160,10 +168,14 @@ class Files:
         await self._checked(
             session, ["remove", rel] + (["--recursive"] if recursive else []), rel, max_stdout=4096
         )
+        self._observer.emit(
+            domain_events.FileRemoved(session.tenant, session.session_id, path, recursive)
+        )
 
     async def make_dir(self, session: Session, path: str, parents: bool) -> FileInfo:
         rel = validation.workspace_relpath(path, allow_root=False)
         result = await self._checked(
             session, ["mkdir", rel] + (["--parents"] if parents else []), rel, max_stdout=64 * 1024
         )
+        self._observer.emit(domain_events.DirectoryMade(session.tenant, session.session_id, path))
         return parse_records(result.stdout)[0]

@@ -53,7 +53,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from sandboxd import __version__
+from sandboxd import __version__, domain_events
 from sandboxd.models import SessionState
 from sandboxd.session_metrics import SessionGauges
 
@@ -231,6 +231,16 @@ class Metrics:
             self.tenant_output_bytes.labels(t).inc(out)
         elif kind == "egress":
             self.tenant_egress.labels(t, attributes.get("verdict", "")).inc()
+
+    def observe(self, event: domain_events.DomainEvent) -> None:
+        """The domain's events the metrics count (a subscriber of the server's observer)."""
+        if isinstance(event, domain_events.Swept):
+            self.swept_away(
+                containers=event.removed_containers,
+                images=event.removed_images,
+                networks=event.removed_networks,
+                sessions=event.expired_sessions,
+            )
 
     def secret_event(self, tenant: str, kind: str) -> None:
         """kind: secret_injected or secret_misdirected (no session label: bounded series)."""

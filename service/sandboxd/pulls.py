@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandboxd import images
+from sandboxd import domain_events, images, tenancy
 from sandboxd.config import Config
 from sandboxd.engine.protocol import Engine, ImageDetails, PullProgress
 from sandboxd.errors import (
@@ -140,7 +140,9 @@ class Pulls:
         *,
         registry: RegistryClient | None = None,
         live_images: Callable[[], Awaitable[set[str]]] | None = None,
+        observer: domain_events.Observer = domain_events.SILENT,  # a PullImage's image
     ) -> None:
+        self._observer = observer
         self._config = config
         self._engine = engine
         self._registry = registry or RegistryClient()
@@ -225,7 +227,11 @@ class Pulls:
                     getter.cancel()
             while not queue.empty():
                 yield queue.get_nowait()
-            yield await task
+            resolved = await task
+            self._observer.emit(
+                domain_events.ImagePulled(tenancy.current(), image, resolved.digest)
+            )
+            yield resolved
         finally:
             flight.watchers.discard(queue)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
 
+from sandboxd import domain_events, tenancy
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import SandboxError
 from sandboxd.pulls import Pulls
@@ -41,12 +41,12 @@ class Sweeper:
         snapshots: Snapshots,
         *,
         pulls: Pulls | None = None,
-        on_swept: Callable[[SweepResult], None] | None = None,
+        observer: domain_events.Observer = domain_events.SILENT,
         volumes: Volumes | None = None,
     ) -> None:
         self._volumes = volumes
         self._pulls = pulls  # pulled images unused for image_unused_after_s go too
-        self._on_swept = on_swept  # the metrics count what every sweep removed
+        self._observer = observer  # the metrics count every sweep; the audit, the Sweep RPC's
         self._snapshots = snapshots
         self._sessions = sessions
         self._engine = engine
@@ -72,8 +72,16 @@ class Sweeper:
                 removed_networks=networks,
                 removed_volume_disks=disks,
             )
-            if self._on_swept is not None:
-                self._on_swept(result)
+            self._observer.emit(
+                domain_events.Swept(
+                    tenancy.current(),
+                    result.expired_sessions,
+                    result.removed_containers,
+                    result.removed_images,
+                    result.removed_networks,
+                    result.removed_volume_disks,
+                )
+            )
             return result
 
     async def _owned(self) -> set[str]:

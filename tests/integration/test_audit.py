@@ -347,3 +347,52 @@ def test_archives_and_snapshots_are_recorded_with_sizes_and_digests(au: Stubs) -
         assert taken["size_bytes"] == str(snap.size_bytes)
     finally:
         au.sessions.DeleteSession(S.DeleteSessionRequest(session_id=sid))
+
+
+def test_streamed_writes_moves_and_process_input_are_recorded_before_the_call_answers(
+    au: Stubs,
+) -> None:
+    """Calls that changed state unrecorded before: each answered call's record is there at
+    once, from the domain's event, with the call's method and trace id."""
+    traced = (("traceparent", TRACEPARENT),)
+    sid = au.sessions.CreateSession(S.CreateSessionRequest(shell=ALL)).session.session_id
+    try:
+
+        def stream() -> Iterator[F.WriteFileStreamRequest]:
+            yield F.WriteFileStreamRequest(
+                header=F.WriteFileStreamHeader(session_id=sid, path="up.bin")
+            )
+            yield F.WriteFileStreamRequest(data=b"x" * 1000)
+            yield F.WriteFileStreamRequest(data=b"y" * 24)
+
+        au.files.WriteFileStream(stream(), metadata=traced)
+        au.files.Move(
+            F.MoveRequest(session_id=sid, source_path="up.bin", destination_path="moved.bin"),
+            metadata=traced,
+        )
+        proc = au.processes.StartProcess(
+            P.StartProcessRequest(session_id=sid, argv=["cat"], keep_stdin_open=True)
+        ).process
+        au.processes.SendProcessInput(
+            P.SendProcessInputRequest(session_id=sid, process_id=proc.process_id, data=b"hi\n")
+        )
+        au.processes.CloseProcessStdin(
+            P.CloseProcessStdinRequest(session_id=sid, process_id=proc.process_id)
+        )
+        writes = _all_events(au, session_id=sid, kinds=["file_write"])
+        streamed, moved = writes[-2:]
+        assert streamed.attributes["method"] == "FilesystemService/WriteFileStream"
+        assert streamed.attributes["path"] == "up.bin"
+        assert streamed.attributes["bytes"] == "1024" and streamed.attributes["size"] == "1024"
+        assert streamed.trace_id == TRACE
+        assert moved.attributes["method"] == "FilesystemService/Move"
+        assert moved.attributes["action"] == "move"
+        assert (moved.attributes["source"], moved.attributes["path"]) == ("up.bin", "moved.bin")
+        actions = [
+            (e.attributes.get("action"), e.attributes.get("method"))
+            for e in _all_events(au, session_id=sid, kinds=["lifecycle"])
+        ]
+        assert ("send_process_input", "ProcessService/SendProcessInput") in actions
+        assert ("close_process_stdin", "ProcessService/CloseProcessStdin") in actions
+    finally:
+        au.sessions.DeleteSession(S.DeleteSessionRequest(session_id=sid))

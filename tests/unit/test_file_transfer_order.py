@@ -84,6 +84,8 @@ class _Engine:
 
 
 SESSION: Any = SimpleNamespace(
+    session_id="s1",
+    tenant="alpha",
     container_id="c1",
     spec=SimpleNamespace(user="1000:1000", limits=SimpleNamespace(workspace_bytes=1 << 20)),
 )

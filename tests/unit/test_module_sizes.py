@@ -22,8 +22,9 @@ GENERATED = ("service/sandboxd/v1/",)
 KNOWN_LARGE: Mapping[str, str] = {
     "service/sandboxd/engine/docker.py": "the agent port moves the agent's wiring out of it",
     "service/sandboxd/agent/channel.py": "the agent port reworks the channel",
-    "service/sandboxd/processes/manager.py": "typed domain events take its method lists",
-    "service/sandboxd/sessions/lifecycle.py": "typed domain events take its notifications",
+    "service/sandboxd/sessions/lifecycle.py": (
+        "create to delete; the agent port and the disk workspaces change it now"
+    ),
 }
 
 

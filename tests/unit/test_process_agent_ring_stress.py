@@ -26,6 +26,7 @@ from conftest import first_difference
 from engine_contract import running_session
 from sandboxd.agent.detached import AgentProcesses, DetachedStream
 from sandboxd.agent.router import AgentRouter, Attached, ChannelSettings
+from sandboxd.domain_events import CommandExited, CommandStarted
 from sandboxd.engine.protocol import Detach
 from sandboxd.errors import Internal
 from sandboxd.execution import Command
@@ -158,6 +159,20 @@ class _AgentExecutor:
                 await command._stop()
 
 
+class _Hooks:
+    """The manager's start and exit events as calls of `on_start` / `on_exit` with the
+    manager's own record of the process (what it holds at the moment of the event)."""
+
+    def __init__(self, on_start: Any = None, on_exit: Any = None) -> None:
+        self.manager: ProcessManager | None = None
+        self._on = {CommandStarted: on_start, CommandExited: on_exit}
+
+    def emit(self, event: Any) -> None:
+        hook = self._on.get(type(event))
+        if hook is not None and self.manager is not None:
+            hook(None, self.manager.get(event.session_id, event.process_id))
+
+
 @contextlib.asynccontextmanager
 async def _manager(
     helper_builds: Builds, tmp_path: Path, window: int, window_max: int, **hooks: Any
@@ -168,7 +183,9 @@ async def _manager(
     settings = ChannelSettings(window=window, window_max=window_max, keepalive_s=30.0)
     async with agent_process(helper_builds.get("static"), root, CHANNEL_ENV) as agent:
         router = AgentRouter(_Port(agent, session.spec.user), settings)  # type: ignore[arg-type]
-        pm = ProcessManager(_AgentExecutor(_CountingAgent(router)), **hooks)  # type: ignore[arg-type]
+        observer = _Hooks(**hooks)
+        pm = ProcessManager(_AgentExecutor(_CountingAgent(router)), observer)  # type: ignore[arg-type]
+        observer.manager = pm
         try:
             yield pm, session
         finally:

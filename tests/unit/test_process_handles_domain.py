@@ -175,7 +175,7 @@ def _session(
     spec = types.SimpleNamespace(
         limits=limits, isolation=isolation, memory_workspace_bytes=workspace
     )
-    return types.SimpleNamespace(session_id="s", container_id="c", spec=spec)
+    return types.SimpleNamespace(session_id="s", tenant="alpha", container_id="c", spec=spec)
 
 
 class _Faulty:

@@ -1,6 +1,7 @@
 // Runs tests/clients/conformance.json through the Node client against SANDBOXD_ADDR, printing
 // `STEP <id> ok` per passed step. The client module is $SANDBOXD_CLIENT_MODULE (a path or
-// '@sandboxd/client', as installed from the tarball) or this checkout's src/index.js.
+// '@sandboxd/client', as installed from the tarball) or this checkout's src/index.js. The
+// scenario's JSON keeps the .proto's names (session_id); the client's are camelCase.
 //   node conformance/run.mjs ../../tests/clients/conformance.json
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -59,7 +60,7 @@ try {
 
   s = steps.create;
   const request = {
-    session_id: s.session_id,
+    sessionId: s.session_id,
     shell: { allow: s.allow },
     workspace: { files: [{ path: s.workspace_file.path, content: Buffer.from(s.workspace_file.content) }] },
     labels,
@@ -116,8 +117,8 @@ try {
 
   s = steps.background;
   const proc = await session.startProcess(s.argv, { processId: s.process_id });
-  assert.equal(proc.process_id, s.process_id);
-  assert.ok((await session.listProcesses()).some((p) => p.process_id === s.process_id));
+  assert.equal(proc.processId, s.process_id);
+  assert.ok((await session.listProcesses()).some((p) => p.processId === s.process_id));
   r = await collect(session.attach(s.process_id));
   assert.equal(r.stdout, s.expect.stdout);
   assert.equal(r.last.type, 'exited');
@@ -128,15 +129,15 @@ try {
 
   s = steps.snapshot_fork;
   const snap = await session.snapshot(labels);
-  assert.equal((await client.snapshots.getSnapshot({ snapshot_id: snap.snapshot_id })).snapshot.snapshot_id, snap.snapshot_id);
-  const fork = await client.forkSession(snap.snapshot_id, { labels });
+  assert.equal((await client.snapshots.getSnapshot({ snapshotId: snap.snapshotId })).snapshot.snapshotId, snap.snapshotId);
+  const fork = await client.forkSession(snap.snapshotId, { labels });
   try {
     assert.notEqual(fork.id, session.id);
     assert.equal((await fork.readFile(s.expect.read_path)).toString(), s.expect.content);
   } finally {
     await fork.delete();
   }
-  await client.snapshots.deleteSnapshot({ snapshot_id: snap.snapshot_id });
+  await client.snapshots.deleteSnapshot({ snapshotId: snap.snapshotId });
   ok(s.id);
 
   s = steps.errors;

@@ -1,8 +1,8 @@
 // Writes what the client derives from proto/sandboxd/v1 ahead of time (test/offline.test.js
 // checks the committed files are current):
 // - src/rpc.d.ts: TypeScript declarations of every message, enum and service, in the shapes
-//   the client produces: field names as in the .proto, enums as their names, int64 as number,
-//   bytes as Buffer, oneofs with a discriminant field;
+//   the client produces: camelCase field names, enums as their names, int64 as number,
+//   bytes as Buffer, Timestamps as Date, Durations as seconds, oneofs with a discriminant field;
 // - src/reasons.js and src/reasons.d.ts: an error class per ErrorReason (errors.proto), a
 //   subclass of its gRPC code's class, and the table of reasons (code, retryable).
 //   node scripts/gen-types.mjs
@@ -13,6 +13,7 @@ import protobuf from 'protobufjs';
 
 import { methodName, serviceProperty } from '../src/naming.js';
 import { PROTO_DIR } from '../src/index.js';
+import { loadRoot } from '../src/convert.js';
 
 const SCALARS = {
   double: 'number', float: 'number', int32: 'number', uint32: 'number', sint32: 'number',
@@ -26,12 +27,7 @@ const WELL_KNOWN = {
 };
 
 export function generate(dir = PROTO_DIR) {
-  const root = new protobuf.Root();
-  root.resolvePath = (_origin, target) =>
-    target.startsWith('google/protobuf/') ? target : path.join(dir, target);
-  const files = fs.readdirSync(path.join(dir, 'sandboxd/v1')).filter((f) => f.endsWith('.proto')).sort();
-  root.loadSync(files.map((f) => `sandboxd/v1/${f}`), { keepCase: true });
-  root.resolveAll();
+  const root = loadRoot(dir); // as the client loads them: camelCase field names
   const pkg = root.lookup('sandboxd.v1');
   const tsName = (t) => WELL_KNOWN[t.fullName] ?? t.fullName.slice('.sandboxd.v1.'.length).replace(/\./g, '_');
 
@@ -42,15 +38,22 @@ export function generate(dir = PROTO_DIR) {
     '/** A request: every field optional, nested messages too; bytes from any Uint8Array. */',
     'export type Init<T> = T extends Buffer',
     '  ? Uint8Array',
-    '  : T extends (infer U)[]',
-    '    ? Init<U>[]',
-    '    : T extends object',
-    '      ? { [K in keyof T]?: Init<T[K]> | null }',
-    '      : T;',
+    '  : T extends Date',
+    '    ? Date',
+    '    : T extends (infer U)[]',
+    '      ? Init<U>[]',
+    '      : T extends object',
+    '        ? { [K in keyof T]?: Init<T[K]> | null }',
+    '        : T;',
     '',
-    'export interface Duration { seconds: number; nanos: number }',
-    'export interface Timestamp { seconds: number; nanos: number }',
-    '/** The fields of a message to change (UpdateNetworkPolicy.update_mask), e.g. ["allowed_domains"]. */',
+    '/** google.protobuf.Duration: a number of seconds (1.5 is 1500 ms), as every `timeout` option. */',
+    'export type Duration = number;',
+    '/** google.protobuf.Timestamp: a Date. */',
+    'export type Timestamp = Date;',
+    '/**',
+    ' * The fields of a message to change (UpdateNetworkPolicy.updateMask), named in camelCase like',
+    ' * the fields themselves, e.g. ["allowedDomains"] (sent as the .proto\'s allowed_domains).',
+    ' */',
     'export interface FieldMask { paths: string[] }',
     '',
     '/** Options of every call. */',

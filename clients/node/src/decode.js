@@ -17,8 +17,7 @@ const rpcTypes = protobuf.parse(
   message Status { int32 code = 1; string message = 2; repeated Any details = 3; }
   message ErrorInfo { string reason = 1; string domain = 2; map<string, string> metadata = 3; }
 `,
-  { keepCase: true },
-).root;
+).root; // camelCase, as every message of the client (typeUrl)
 const StatusType = rpcTypes.lookupType('google.rpc.Status');
 const ErrorInfoType = rpcTypes.lookupType('google.rpc.ErrorInfo');
 
@@ -48,7 +47,7 @@ function errorInfo(err) {
     return null; // not a google.rpc.Status: a foreign server's trailer
   }
   for (const any of status.details) {
-    if (any.type_url.endsWith('/google.rpc.ErrorInfo')) {
+    if (any.typeUrl.endsWith('/google.rpc.ErrorInfo')) {
       const info = ErrorInfoType.toObject(ErrorInfoType.decode(any.value));
       if (info.domain === DOMAIN) return info;
     }

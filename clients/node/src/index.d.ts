@@ -1,6 +1,7 @@
 // Types of the sandboxd Node client. Messages (rpc.d.ts, generated from the .proto files) are
-// plain objects with the .proto's field names (snake_case), enums as their names, int64 as
-// numbers, bytes as Buffers.
+// plain objects with camelCase field names (sessionId for the .proto's session_id), enums as
+// their names, int64 as numbers, bytes as Buffers, google.protobuf.Timestamp as Date and
+// google.protobuf.Duration as a number of seconds (as every `timeout` option).
 import type {
   CallOptions,
   FileEvent,
@@ -74,6 +75,7 @@ export type ExecEvent =
       signal: string;
       timedOut: boolean;
       truncated: boolean;
+      /** Seconds. */
       duration: number;
     }
   | { type: 'gap'; stream: 'stdout' | 'stderr'; offset: number; length: number }
@@ -84,7 +86,7 @@ export interface ExecOptions extends Omit<CallOptions, 'timeout'> {
   cwd?: string;
   env?: Record<string, string>;
   stdin?: string | Uint8Array;
-  /** Seconds; the session's command_timeout when unset. */
+  /** Seconds; the session's commandTimeout when unset. */
   timeout?: number;
   maxOutputBytes?: number;
   /** Yield keepalive events too. */

@@ -3,6 +3,8 @@
 // files the package ships (proto/, copied in by `npm pack`): unary calls return promises,
 // server streams are async iterators, client streams take (async) iterables. Every call takes
 // {timeout, deadline, signal, metadata}; failures are SandboxError subclasses (errors.js).
+// Messages are plain objects with camelCase field names (sessionId), Timestamps as Dates,
+// Durations as seconds (numbers), as every `timeout` option is; the wire is the .proto's.
 // Session wraps the common calls of one session in a smaller, flatter shape.
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -21,6 +23,7 @@ import {
   Unavailable,
 } from './errors.js';
 import { fromGrpcError } from './decode.js';
+import { fromWire, loadRoot, toWire } from './convert.js';
 import { IDEMPOTENT, IDEMPOTENT_WITH_ID, methodName, serviceProperty } from './naming.js';
 
 export * from './errors.js';
@@ -31,7 +34,7 @@ export { IDEMPOTENT, IDEMPOTENT_WITH_ID, methodName, serviceProperty } from './n
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 
-/** The major API version this client speaks (GetServerInfo.api_version "1.x"). */
+/** The major API version this client speaks (GetServerInfo.apiVersion "1.x"). */
 export const API_MAJOR = 1;
 export const DEFAULT_ADDRESS = '127.0.0.1:50051';
 const MAX_MESSAGE = 64 * 1024 * 1024;
@@ -40,7 +43,7 @@ const MAX_MESSAGE = 64 * 1024 * 1024;
  * it a server answers at most 4 MiB (gRPC's default receive limit). This client receives up to
  * MAX_MESSAGE, so every request that has the field says so, unless the caller set it.
  */
-const REPLY_FIELD = 'max_reply_bytes';
+const REPLY_FIELD = 'maxReplyBytes'; // max_reply_bytes in the .proto
 /** Longest the first-use GetServerInfo may take when the caller set no deadline. */
 const CHECK_TIMEOUT_MS = 20_000;
 const RETRY = { maxAttempts: 5, initialBackoffMs: 100, maxBackoffMs: 2000, multiplier: 2 };
@@ -67,22 +70,29 @@ export function loadServices(dir = PROTO_DIR) {
     .map((f) => `sandboxd/v1/${f}`);
   const definition = protoLoader.loadSync(files, {
     includeDirs: [dir],
-    keepCase: true, // field names as in the .proto (session_id), as grpcurl shows them
+    keepCase: false, // camelCase field names (sessionId): JavaScript's, as protobuf's JSON
     longs: Number,
     enums: String,
     defaults: true,
     oneofs: true,
   });
+  const root = loadRoot(dir); // the same files, for the Timestamp/Duration/FieldMask shapes
   const services = [];
   for (const [fullName, def] of Object.entries(definition)) {
     if (!fullName.startsWith('sandboxd.v1.') || typeof def.format === 'string') continue;
     const name = fullName.slice('sandboxd.v1.'.length);
-    const methods = Object.entries(def).map(([rpc, m]) => ({
-      ...m,
-      name: rpc,
-      method: methodName(rpc),
-      takesReplyLimit: (m.requestType?.type?.field ?? []).some((f) => f.name === REPLY_FIELD),
-    }));
+    const service = root.lookupService(fullName);
+    const methods = Object.entries(def).map(([rpc, m]) => {
+      const { resolvedRequestType: req, resolvedResponseType: resp } = service.methods[rpc];
+      return {
+        ...m,
+        name: rpc,
+        method: methodName(rpc),
+        takesReplyLimit: (m.requestType?.type?.field ?? []).some((f) => f.name === REPLY_FIELD),
+        requestSerialize: (obj) => m.requestSerialize(toWire(obj, req)),
+        responseDeserialize: (buf) => fromWire(m.responseDeserialize(buf), resp),
+      };
+    });
     services.push({ name, fullName, property: serviceProperty(name), methods });
   }
   return services;
@@ -110,16 +120,6 @@ function serviceConfig(services) {
       },
     ],
   });
-}
-
-function seconds(s) {
-  if (s == null) return null;
-  const whole = Math.floor(s);
-  return { seconds: whole, nanos: Math.round((s - whole) * 1e9) };
-}
-
-function toSeconds(d) {
-  return d ? Number(d.seconds) + d.nanos / 1e9 : 0;
 }
 
 /** The call options inside a command's options, whose `timeout` is the command's own. */
@@ -175,7 +175,7 @@ function within(promise, deadline, signal) {
 export function toEvent(resp) {
   switch (resp.event) {
     case 'started':
-      return { type: 'started', processId: resp.started.process_id };
+      return { type: 'started', processId: resp.started.processId };
     case 'output':
       return {
         type: 'output',
@@ -187,11 +187,11 @@ export function toEvent(resp) {
       const e = resp.exited;
       return {
         type: 'exited',
-        exitCode: e.exit_code,
+        exitCode: e.exitCode,
         signal: e.signal,
-        timedOut: e.timed_out,
+        timedOut: e.timedOut,
         truncated: e.truncated,
-        duration: toSeconds(e.duration),
+        duration: e.duration ?? 0,
       };
     }
     case 'gap':
@@ -255,7 +255,7 @@ export class Interaction {
 
   /** End of file on stdin; output keeps flowing. */
   closeStdin() {
-    this._requests.push({ close_stdin: {} });
+    this._requests.push({ closeStdin: {} });
   }
 
   /** A signal for the command's process group: "SIGINT", "SIGTERM", ... */
@@ -298,7 +298,7 @@ export class Session {
   }
 
   get id() {
-    return this.info.session_id;
+    return this.info.sessionId;
   }
 
   /** "RUNNING", "EXPIRED", ... */
@@ -307,39 +307,39 @@ export class Session {
   }
 
   async refresh(opts) {
-    this.info = (await this.client.sessions.getSession({ session_id: this.id }, opts)).session;
+    this.info = (await this.client.sessions.getSession({ sessionId: this.id }, opts)).session;
     return this;
   }
 
   async renew(ttlSeconds, opts) {
-    const req = { session_id: this.id, ttl: seconds(ttlSeconds) };
+    const req = { sessionId: this.id, ttl: ttlSeconds ?? null };
     this.info = (await this.client.sessions.renewLease(req, opts)).session;
     return this;
   }
 
   async delete(opts) {
-    await this.client.sessions.deleteSession({ session_id: this.id }, opts);
+    await this.client.sessions.deleteSession({ sessionId: this.id }, opts);
   }
 
   async suspend(opts) {
-    this.info = (await this.client.sessions.suspendSession({ session_id: this.id }, opts)).session;
+    this.info = (await this.client.sessions.suspendSession({ sessionId: this.id }, opts)).session;
     return this;
   }
 
   async resume(opts) {
-    this.info = (await this.client.sessions.resumeSession({ session_id: this.id }, opts)).session;
+    this.info = (await this.client.sessions.resumeSession({ sessionId: this.id }, opts)).session;
     return this;
   }
 
   _execRequest(argv, opts = {}) {
     return {
-      session_id: this.id,
+      sessionId: this.id,
       argv,
       cwd: opts.cwd ?? '',
       env: opts.env ?? {},
       stdin: opts.stdin ? Buffer.from(opts.stdin) : Buffer.alloc(0),
-      timeout: seconds(opts.timeout),
-      max_output_bytes: opts.maxOutputBytes ?? 0,
+      timeout: opts.timeout ?? null,
+      maxOutputBytes: opts.maxOutputBytes ?? 0,
     };
   }
 
@@ -360,14 +360,14 @@ export class Session {
   async run(argv, opts = {}) {
     const r = await this.client.processes.run(this._execRequest(argv, opts), commandCall(opts));
     return {
-      exitCode: r.exit_code,
+      exitCode: r.exitCode,
       stdout: r.stdout,
       stderr: r.stderr,
-      timedOut: r.timed_out,
+      timedOut: r.timedOut,
       truncated: r.truncated,
       signal: r.signal,
-      duration: toSeconds(r.duration),
-      processId: r.process_id,
+      duration: r.duration ?? 0,
+      processId: r.processId,
     };
   }
 
@@ -387,7 +387,7 @@ export class Session {
     const start = {
       request: this._execRequest(argv, opts),
       pty: opts.pty ? { rows: opts.pty.rows, cols: opts.pty.cols } : undefined,
-      idle_timeout: seconds(opts.idleTimeout),
+      idleTimeout: opts.idleTimeout ?? null,
     };
     return new Interaction(this.client, start, opts);
   }
@@ -396,10 +396,10 @@ export class Session {
   async startProcess(argv, opts = {}) {
     const req = {
       ...this._execRequest(argv, opts),
-      process_id: opts.processId ?? '',
-      output_buffer_bytes: opts.outputBufferBytes ?? 0,
-      keep_stdin_open: opts.keepStdinOpen ?? false,
-      request_id: opts.requestId ?? '',
+      processId: opts.processId ?? '',
+      outputBufferBytes: opts.outputBufferBytes ?? 0,
+      keepStdinOpen: opts.keepStdinOpen ?? false,
+      requestId: opts.requestId ?? '',
     };
     const call = { deadline: opts.deadline, signal: opts.signal, metadata: opts.metadata };
     return (await this.client.processes.startProcess(req, call)).process;
@@ -408,10 +408,10 @@ export class Session {
   /** Replays a background process's output from the offsets, then follows it until it exits. */
   async *attach(processId, opts = {}) {
     const req = {
-      session_id: this.id,
-      process_id: processId,
-      stdout_offset: opts.stdoutOffset ?? 0,
-      stderr_offset: opts.stderrOffset ?? 0,
+      sessionId: this.id,
+      processId: processId,
+      stdoutOffset: opts.stdoutOffset ?? 0,
+      stderrOffset: opts.stderrOffset ?? 0,
     };
     for await (const resp of this.client.processes.attachProcess(req, opts)) {
       const event = toEvent(resp);
@@ -421,67 +421,67 @@ export class Session {
   }
 
   async listProcesses(opts) {
-    return (await this.client.processes.listProcesses({ session_id: this.id }, opts)).processes;
+    return (await this.client.processes.listProcesses({ sessionId: this.id }, opts)).processes;
   }
 
   async signalProcess(processId, signal, opts) {
-    const req = { session_id: this.id, process_id: processId, signal };
+    const req = { sessionId: this.id, processId: processId, signal };
     await this.client.processes.signalProcess(req, opts);
   }
 
   async readFile(filePath, opts) {
-    return (await this.client.files.readFile({ session_id: this.id, path: filePath }, opts)).content;
+    return (await this.client.files.readFile({ sessionId: this.id, path: filePath }, opts)).content;
   }
 
   async writeFile(filePath, content, { mode = 0, makeParents = false, ...opts } = {}) {
     const req = {
-      session_id: this.id,
+      sessionId: this.id,
       path: filePath,
       content: Buffer.from(content),
       mode,
-      make_parents: makeParents,
+      makeParents: makeParents,
     };
     return (await this.client.files.writeFile(req, opts)).info;
   }
 
   async listDir(dirPath = '', { depth = 0, ...opts } = {}) {
-    const req = { session_id: this.id, path: dirPath, depth };
+    const req = { sessionId: this.id, path: dirPath, depth };
     return (await this.client.files.listDir(req, opts)).entries;
   }
 
   async stat(filePath, opts) {
-    return (await this.client.files.stat({ session_id: this.id, path: filePath }, opts)).info;
+    return (await this.client.files.stat({ sessionId: this.id, path: filePath }, opts)).info;
   }
 
   async remove(filePath, { recursive = false, ...opts } = {}) {
-    await this.client.files.remove({ session_id: this.id, path: filePath, recursive }, opts);
+    await this.client.files.remove({ sessionId: this.id, path: filePath, recursive }, opts);
   }
 
   async makeDir(dirPath, { parents = false, ...opts } = {}) {
-    const req = { session_id: this.id, path: dirPath, parents };
+    const req = { sessionId: this.id, path: dirPath, parents };
     return (await this.client.files.makeDir(req, opts)).info;
   }
 
   /** Any process by the id Exec, Run, Interact or StartProcess reported. */
   async getProcess(processId, opts) {
-    const req = { session_id: this.id, process_id: processId };
+    const req = { sessionId: this.id, processId: processId };
     return (await this.client.processes.getProcess(req, opts)).process;
   }
 
   /** More stdin for a process started with `keepStdinOpen` (never retried). */
   async sendProcessInput(processId, data, opts) {
-    const req = { session_id: this.id, process_id: processId, data: Buffer.from(data) };
+    const req = { sessionId: this.id, processId: processId, data: Buffer.from(data) };
     await this.client.processes.sendProcessInput(req, opts);
   }
 
   /** End of file on the process's stdin; closing twice is fine. */
   async closeProcessStdin(processId, opts) {
-    await this.client.processes.closeProcessStdin({ session_id: this.id, process_id: processId }, opts);
+    await this.client.processes.closeProcessStdin({ sessionId: this.id, processId: processId }, opts);
   }
 
   /** A file's bytes from `offset` (`length` at most; 0: to the end), as Buffers. */
   async *readFileStream(filePath, { offset = 0, length = 0, ...opts } = {}) {
-    const req = { session_id: this.id, path: filePath, offset, length };
+    const req = { sessionId: this.id, path: filePath, offset, length };
     for await (const resp of this.client.files.readFileStream(req, opts)) yield resp.chunk.data;
   }
 
@@ -489,7 +489,7 @@ export class Session {
   async writeFileStream(filePath, chunks, { mode = 0, makeParents = false, ...opts } = {}) {
     const id = this.id;
     async function* requests() {
-      yield { header: { session_id: id, path: filePath, mode, make_parents: makeParents } };
+      yield { header: { sessionId: id, path: filePath, mode, makeParents: makeParents } };
       for await (const data of chunks) yield { data: Buffer.from(data) };
     }
     return (await this.client.files.writeFileStream(requests(), opts)).info;
@@ -498,9 +498,9 @@ export class Session {
   /** Renames within the workspace; an existing destination needs `overwrite`. */
   async move(sourcePath, destinationPath, { overwrite = false, ...opts } = {}) {
     const req = {
-      session_id: this.id,
-      source_path: sourcePath,
-      destination_path: destinationPath,
+      sessionId: this.id,
+      sourcePath: sourcePath,
+      destinationPath: destinationPath,
       overwrite,
     };
     return (await this.client.files.move(req, opts)).info;
@@ -513,14 +513,14 @@ export class Session {
    * the folder again.
    */
   async *watchDir(dirPath = '', { recursive = false, onReady, ...opts } = {}) {
-    const req = { session_id: this.id, path: dirPath, recursive };
+    const req = { sessionId: this.id, path: dirPath, recursive };
     const events = this.client.files.watchDir(req, { ...opts, onMetadata: onReady });
     for await (const resp of events) yield resp.event;
   }
 
   /** A tar of the folder `dirPath` (empty: the workspace), as Buffers while it is made. */
   async *exportArchive(dirPath = '', opts = {}) {
-    const req = { session_id: this.id, path: dirPath };
+    const req = { sessionId: this.id, path: dirPath };
     for await (const resp of this.client.snapshots.exportArchive(req, opts)) yield resp.chunk.data;
   }
 
@@ -531,7 +531,7 @@ export class Session {
   async importArchive(chunks, dirPath = '', { replace = false, ...opts } = {}) {
     const id = this.id;
     async function* requests() {
-      yield { header: { session_id: id, path: dirPath, replace } };
+      yield { header: { sessionId: id, path: dirPath, replace } };
       for await (const data of chunks) yield { data: Buffer.from(data) };
     }
     const resp = await this.client.snapshots.importArchive(requests(), opts);
@@ -556,7 +556,7 @@ export class Session {
 
   /** Stores a snapshot of the workspace server-side. */
   async snapshot(labels = {}, opts) {
-    const req = { session_id: this.id, labels };
+    const req = { sessionId: this.id, labels };
     return (await this.client.snapshots.createSnapshot(req, opts)).snapshot;
   }
 }
@@ -614,28 +614,28 @@ export class SandboxClient {
 
   // ---- sessions (the entry points; the rest is on Session and the service properties) ----
 
-  /** Creates a session from CreateSessionRequest fields (snake_case, as in the .proto). */
+  /** Creates a session from CreateSessionRequest fields (camelCase: `{ sessionId, shell: { allowAll } }`). */
   async createSession(request = {}, opts) {
     return new Session(this, (await this.sessions.createSession(request, opts)).session);
   }
 
   async getSession(sessionId, opts) {
-    return new Session(this, (await this.sessions.getSession({ session_id: sessionId }, opts)).session);
+    return new Session(this, (await this.sessions.getSession({ sessionId: sessionId }, opts)).session);
   }
 
-  /** Forks a new session from a stored snapshot (CreateSession{from_snapshot_id}). */
+  /** Forks a new session from a stored snapshot (CreateSession{fromSnapshotId}). */
   async forkSession(snapshotId, request = {}, opts) {
-    return this.createSession({ ...request, from_snapshot_id: snapshotId }, opts);
+    return this.createSession({ ...request, fromSnapshotId: snapshotId }, opts);
   }
 
   /** Every session carrying all of `labels`, page after page. */
   async *listSessions(labels = {}, { pageSize = 0, ...opts } = {}) {
     let token = '';
     do {
-      const req = { label_selector: labels, page_size: pageSize, page_token: token };
+      const req = { labelSelector: labels, pageSize: pageSize, pageToken: token };
       const resp = await this.sessions.listSessions(req, opts);
       for (const info of resp.sessions) yield new Session(this, info);
-      token = resp.next_page_token;
+      token = resp.nextPageToken;
     } while (token);
   }
 
@@ -708,10 +708,10 @@ export class SandboxClient {
       }
       throw err;
     }
-    const major = majorOf(info.api_version);
+    const major = majorOf(info.apiVersion);
     if (major !== null && major !== API_MAJOR) {
       throw new IncompatibleServer(
-        `the server at ${this.address} speaks sandboxd API ${info.api_version}; this client ` +
+        `the server at ${this.address} speaks sandboxd API ${info.apiVersion}; this client ` +
           `speaks ${API_MAJOR}.x`,
         { reason: 'API_VERSION_MISMATCH', code: grpc.status.FAILED_PRECONDITION },
       );

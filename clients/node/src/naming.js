@@ -60,9 +60,9 @@ export const IDEMPOTENT = new Set([
   'sandboxd.v1.SessionService/ListPorts',
 ]);
 
-/** RPCs that are idempotent when the caller chose the id: the request field that names it. */
+/** RPCs that are idempotent when the caller chose the id: the request field (camelCase) that names it. */
 export const IDEMPOTENT_WITH_ID = {
-  'sandboxd.v1.SessionService/CreateSession': 'session_id',
-  'sandboxd.v1.ProcessService/StartProcess': 'process_id',
-  'sandboxd.v1.VolumeService/CreateVolume': 'volume_id',
+  'sandboxd.v1.SessionService/CreateSession': 'sessionId',
+  'sandboxd.v1.ProcessService/StartProcess': 'processId',
+  'sandboxd.v1.VolumeService/CreateVolume': 'volumeId',
 };

@@ -4,15 +4,22 @@
 /** A request: every field optional, nested messages too; bytes from any Uint8Array. */
 export type Init<T> = T extends Buffer
   ? Uint8Array
-  : T extends (infer U)[]
-    ? Init<U>[]
-    : T extends object
-      ? { [K in keyof T]?: Init<T[K]> | null }
-      : T;
+  : T extends Date
+    ? Date
+    : T extends (infer U)[]
+      ? Init<U>[]
+      : T extends object
+        ? { [K in keyof T]?: Init<T[K]> | null }
+        : T;
 
-export interface Duration { seconds: number; nanos: number }
-export interface Timestamp { seconds: number; nanos: number }
-/** The fields of a message to change (UpdateNetworkPolicy.update_mask), e.g. ["allowed_domains"]. */
+/** google.protobuf.Duration: a number of seconds (1.5 is 1500 ms), as every `timeout` option. */
+export type Duration = number;
+/** google.protobuf.Timestamp: a Date. */
+export type Timestamp = Date;
+/**
+ * The fields of a message to change (UpdateNetworkPolicy.updateMask), named in camelCase like
+ * the fields themselves, e.g. ["allowedDomains"] (sent as the .proto's allowed_domains).
+ */
 export interface FieldMask { paths: string[] }
 
 /** Options of every call. */
@@ -42,33 +49,33 @@ export interface GetServerInfoRequest {
 
 export interface SecurityDefaults {
   user: string;
-  read_only_root_filesystem: boolean;
-  capabilities_dropped: string[];
-  no_new_privileges: boolean;
-  seccomp_profile: string;
+  readOnlyRootFilesystem: boolean;
+  capabilitiesDropped: string[];
+  noNewPrivileges: boolean;
+  seccompProfile: string;
   init: boolean;
-  network_mode: NetworkMode;
+  networkMode: NetworkMode;
   limits: ResourceLimits | null;
-  commands_denied_by_default: boolean;
-  lease_seconds: number;
+  commandsDeniedByDefault: boolean;
+  leaseSeconds: number;
   image: string;
   lease: Duration | null;
 }
 
 export interface GetServerInfoResponse {
   version: string;
-  docker_api_version: string;
-  security_defaults: SecurityDefaults | null;
-  limits_max: ResourceLimits | null;
+  dockerApiVersion: string;
+  securityDefaults: SecurityDefaults | null;
+  limitsMax: ResourceLimits | null;
   assurance: Assurance;
-  lease_max_seconds: number;
-  egress_filter: EgressFilter;
-  proxy_quotas_default: ProxyQuotas | null;
-  proxy_quotas_max: ProxyQuotas | null;
-  api_version: string;
+  leaseMaxSeconds: number;
+  egressFilter: EgressFilter;
+  proxyQuotasDefault: ProxyQuotas | null;
+  proxyQuotasMax: ProxyQuotas | null;
+  apiVersion: string;
   features: string[];
-  isolation_tiers: Isolation[];
-  lease_max: Duration | null;
+  isolationTiers: Isolation[];
+  leaseMax: Duration | null;
 }
 
 export type EgressFilter =
@@ -82,25 +89,25 @@ export interface SweepRequest {
 }
 
 export interface SweepResponse {
-  expired_sessions: number;
-  removed_containers: number;
-  removed_networks: number;
-  removed_images: number;
+  expiredSessions: number;
+  removedContainers: number;
+  removedNetworks: number;
+  removedImages: number;
 }
 
 export interface ResourceLimits {
-  memory_bytes: number;
-  cpu_millis: number;
+  memoryBytes: number;
+  cpuMillis: number;
   pids: number;
-  workspace_bytes: number;
-  file_bytes: number;
-  output_bytes: number;
-  command_timeout: Duration | null;
+  workspaceBytes: number;
+  fileBytes: number;
+  outputBytes: number;
+  commandTimeout: Duration | null;
 }
 
 export interface ShellPolicy {
   allow: string[];
-  allow_all: boolean;
+  allowAll: boolean;
 }
 
 export type NetworkMode =
@@ -110,25 +117,25 @@ export type NetworkMode =
 
 export interface NetworkPolicy {
   mode: NetworkMode;
-  allowed_domains: string[];
-  allowed_ports: number[];
-  allow_private_networks: boolean;
+  allowedDomains: string[];
+  allowedPorts: number[];
+  allowPrivateNetworks: boolean;
   quotas: ProxyQuotas | null;
   secrets: SecretBinding[];
-  refuse_misdirected_secrets: boolean;
+  refuseMisdirectedSecrets: boolean;
 }
 
 export interface ProxyQuotas {
-  max_connections: number;
-  max_dns_lookups: number;
-  max_requests: number;
-  max_bytes_up: number;
-  max_bytes_down: number;
-  idle_timeout: Duration | null;
-  tunnel_lifetime: Duration | null;
-  header_timeout: Duration | null;
-  max_up_bytes: number;
-  max_down_bytes: number;
+  maxConnections: number;
+  maxDnsLookups: number;
+  maxRequests: number;
+  maxBytesUp: number;
+  maxBytesDown: number;
+  idleTimeout: Duration | null;
+  tunnelLifetime: Duration | null;
+  headerTimeout: Duration | null;
+  maxUpBytes: number;
+  maxDownBytes: number;
 }
 
 export type Assurance =
@@ -143,7 +150,7 @@ export type Isolation =
 export interface SecretBinding {
   name: string;
   value: Buffer;
-  secret_ref: string;
+  secretRef: string;
   hosts: string[];
   header: string;
   template: string;
@@ -161,14 +168,14 @@ export interface PullImageRequest {
 
 export interface PullImageProgress {
   status: string;
-  current_bytes: number;
-  total_bytes: number;
-  layers_total: number;
-  layers_done: number;
+  currentBytes: number;
+  totalBytes: number;
+  layersTotal: number;
+  layersDone: number;
 }
 
 export interface PullImageDone {
-  image_digest: string;
+  imageDigest: string;
 }
 
 export interface PullImageResponse {
@@ -178,22 +185,22 @@ export interface PullImageResponse {
 }
 
 export interface ListImagesRequest {
-  page_size: number;
-  page_token: string;
-  max_reply_bytes: number;
+  pageSize: number;
+  pageToken: string;
+  maxReplyBytes: number;
 }
 
 export interface ImageInfo {
   name: string;
   digest: string;
-  size_bytes: number;
-  last_used_at: Timestamp | null;
-  last_used_time: Timestamp | null;
+  sizeBytes: number;
+  lastUsedAt: Timestamp | null;
+  lastUsedTime: Timestamp | null;
 }
 
 export interface ListImagesResponse {
   images: ImageInfo[];
-  next_page_token: string;
+  nextPageToken: string;
 }
 
 /** sandboxd.v1.AuditService: SandboxClient.audit. */
@@ -202,29 +209,29 @@ export interface AuditServiceClient {
 }
 
 export interface ListAuditEventsRequest {
-  session_id: string;
+  sessionId: string;
   kinds: string[];
-  start_time: Timestamp | null;
-  end_time: Timestamp | null;
+  startTime: Timestamp | null;
+  endTime: Timestamp | null;
   tenant: string;
-  page_size: number;
-  page_token: string;
-  max_reply_bytes: number;
+  pageSize: number;
+  pageToken: string;
+  maxReplyBytes: number;
 }
 
 export interface ListAuditEventsResponse {
   events: AuditEvent[];
-  next_page_token: string;
+  nextPageToken: string;
 }
 
 export interface AuditEvent {
   id: string;
   time: Timestamp | null;
   tenant: string;
-  session_id: string;
+  sessionId: string;
   kind: string;
   attributes: Record<string, string>;
-  trace_id: string;
+  traceId: string;
 }
 
 export type ErrorReason =
@@ -400,7 +407,7 @@ export type SessionEventKind =
 
 export interface SessionEvent {
   sequence: number;
-  session_id: string;
+  sessionId: string;
   time: Timestamp | null;
   kind: SessionEventKind;
   state: string;
@@ -409,8 +416,8 @@ export interface SessionEvent {
 }
 
 export interface WatchSessionRequest {
-  session_id: string;
-  after_sequence: number;
+  sessionId: string;
+  afterSequence: number;
 }
 
 export interface WatchSessionResponse {
@@ -418,8 +425,8 @@ export interface WatchSessionResponse {
 }
 
 export interface WatchSessionsRequest {
-  label_selector: Record<string, string>;
-  after_sequence: number;
+  labelSelector: Record<string, string>;
+  afterSequence: number;
 }
 
 export interface WatchSessionsResponse {
@@ -427,16 +434,16 @@ export interface WatchSessionsResponse {
 }
 
 export interface GetSessionStatsRequest {
-  session_id: string;
+  sessionId: string;
 }
 
 export interface SessionStats {
-  cpu_seconds: number;
-  memory_bytes: number;
-  memory_peak_bytes: number;
-  workspace_bytes: number;
+  cpuSeconds: number;
+  memoryBytes: number;
+  memoryPeakBytes: number;
+  workspaceBytes: number;
   processes: number;
-  egress_bytes: number;
+  egressBytes: number;
 }
 
 export interface GetSessionStatsResponse {
@@ -470,30 +477,30 @@ export interface FileInfo {
   type: FileType;
   size: number;
   mode: number;
-  modified_at: Timestamp | null;
-  symlink_target: string;
-  size_bytes: number;
+  modifiedAt: Timestamp | null;
+  symlinkTarget: string;
+  sizeBytes: number;
 }
 
 export interface ReadFileRequest {
-  session_id: string;
+  sessionId: string;
   path: string;
-  max_reply_bytes: number;
+  maxReplyBytes: number;
 }
 
 export interface ReadFileResponse {
   content: Buffer;
   mode: number;
   size: number;
-  size_bytes: number;
+  sizeBytes: number;
 }
 
 export interface WriteFileRequest {
-  session_id: string;
+  sessionId: string;
   path: string;
   content: Buffer;
   mode: number;
-  make_parents: boolean;
+  makeParents: boolean;
 }
 
 export interface WriteFileResponse {
@@ -501,21 +508,21 @@ export interface WriteFileResponse {
 }
 
 export interface ListDirRequest {
-  session_id: string;
+  sessionId: string;
   path: string;
   depth: number;
-  page_size: number;
-  page_token: string;
-  max_reply_bytes: number;
+  pageSize: number;
+  pageToken: string;
+  maxReplyBytes: number;
 }
 
 export interface ListDirResponse {
   entries: FileInfo[];
-  next_page_token: string;
+  nextPageToken: string;
 }
 
 export interface StatRequest {
-  session_id: string;
+  sessionId: string;
   path: string;
 }
 
@@ -524,7 +531,7 @@ export interface StatResponse {
 }
 
 export interface RemoveRequest {
-  session_id: string;
+  sessionId: string;
   path: string;
   recursive: boolean;
 }
@@ -533,10 +540,10 @@ export interface RemoveResponse {
 }
 
 export interface MakeDirRequest {
-  session_id: string;
+  sessionId: string;
   path: string;
   parents: boolean;
-  make_parents: boolean;
+  makeParents: boolean;
 }
 
 export interface MakeDirResponse {
@@ -555,7 +562,7 @@ export interface FileEvent {
   sequence: number;
   kind: FileEventKind;
   path: string;
-  old_path: string;
+  oldPath: string;
   type: FileType;
 }
 
@@ -564,7 +571,7 @@ export interface WatchDirResponse {
 }
 
 export interface ReadFileStreamRequest {
-  session_id: string;
+  sessionId: string;
   path: string;
   offset: number;
   length: number;
@@ -580,10 +587,10 @@ export interface ReadFileStreamResponse {
 }
 
 export interface WriteFileStreamHeader {
-  session_id: string;
+  sessionId: string;
   path: string;
   mode: number;
-  make_parents: boolean;
+  makeParents: boolean;
 }
 
 export interface WriteFileStreamRequest {
@@ -593,14 +600,14 @@ export interface WriteFileStreamRequest {
 }
 
 export interface MoveRequest {
-  session_id: string;
-  source_path: string;
-  destination_path: string;
+  sessionId: string;
+  sourcePath: string;
+  destinationPath: string;
   overwrite: boolean;
 }
 
 export interface WatchDirRequest {
-  session_id: string;
+  sessionId: string;
   path: string;
   recursive: boolean;
 }
@@ -623,14 +630,14 @@ export type ExpiryAction =
 export interface Preview {
   port: number;
   url: string;
-  path_url: string;
+  pathUrl: string;
   token: string;
-  expires_at: Timestamp | null;
+  expiresAt: Timestamp | null;
   public: boolean;
 }
 
 export interface PublishPortRequest {
-  session_id: string;
+  sessionId: string;
   port: number;
   ttl: Duration | null;
   public: boolean;
@@ -641,7 +648,7 @@ export interface PublishPortResponse {
 }
 
 export interface UnpublishPortRequest {
-  session_id: string;
+  sessionId: string;
   port: number;
 }
 
@@ -649,15 +656,15 @@ export interface UnpublishPortResponse {
 }
 
 export interface ListPortsRequest {
-  session_id: string;
-  page_size: number;
-  page_token: string;
-  max_reply_bytes: number;
+  sessionId: string;
+  pageSize: number;
+  pageToken: string;
+  maxReplyBytes: number;
 }
 
 export interface ListPortsResponse {
   previews: Preview[];
-  next_page_token: string;
+  nextPageToken: string;
 }
 
 /** sandboxd.v1.ProcessService: SandboxClient.processes. */
@@ -680,17 +687,17 @@ export type OutputStream =
   | 'OUTPUT_STREAM_STDERR';
 
 export interface ExecRequest {
-  session_id: string;
+  sessionId: string;
   argv: string[];
   cwd: string;
   env: Record<string, string>;
   stdin: Buffer;
   timeout: Duration | null;
-  max_output_bytes: number;
+  maxOutputBytes: number;
 }
 
 export interface ProcessStarted {
-  process_id: string;
+  processId: string;
 }
 
 export interface ProcessOutput {
@@ -700,12 +707,12 @@ export interface ProcessOutput {
 }
 
 export interface ProcessExited {
-  exit_code: number;
+  exitCode: number;
   signal: string;
-  timed_out: boolean;
+  timedOut: boolean;
   truncated: boolean;
   duration: Duration | null;
-  signal_value: Signal;
+  signalValue: Signal;
 }
 
 export interface Keepalive {
@@ -720,28 +727,28 @@ export interface ExecResponse {
 }
 
 export interface RunRequest {
-  session_id: string;
+  sessionId: string;
   argv: string[];
   cwd: string;
   env: Record<string, string>;
   stdin: Buffer;
   timeout: Duration | null;
-  max_output_bytes: number;
-  output_encoding: OutputEncoding;
-  max_reply_bytes: number;
+  maxOutputBytes: number;
+  outputEncoding: OutputEncoding;
+  maxReplyBytes: number;
 }
 
 export interface RunResponse {
-  exit_code: number;
+  exitCode: number;
   stdout: Buffer;
   stderr: Buffer;
-  timed_out: boolean;
+  timedOut: boolean;
   truncated: boolean;
   duration: Duration | null;
   signal: string;
-  process_id: string;
-  stdout_text: string;
-  stderr_text: string;
+  processId: string;
+  stdoutText: string;
+  stderrText: string;
 }
 
 export interface PtySize {
@@ -752,7 +759,7 @@ export interface PtySize {
 export interface InteractStart {
   request: ExecRequest | null;
   pty: PtySize | null;
-  idle_timeout: Duration | null;
+  idleTimeout: Duration | null;
 }
 
 export interface InteractStdin {
@@ -764,7 +771,7 @@ export interface InteractCloseStdin {
 
 export interface InteractSignal {
   signal: string;
-  signal_value: Signal;
+  signalValue: Signal;
 }
 
 export interface InteractResize {
@@ -775,10 +782,10 @@ export interface InteractResize {
 export interface InteractRequest {
   start: InteractStart | null;
   stdin: InteractStdin | null;
-  close_stdin: InteractCloseStdin | null;
+  closeStdin: InteractCloseStdin | null;
   signal: InteractSignal | null;
   resize: InteractResize | null;
-  action?: 'start' | 'stdin' | 'close_stdin' | 'signal' | 'resize';
+  action?: 'start' | 'stdin' | 'closeStdin' | 'signal' | 'resize';
 }
 
 export interface InteractResponse {
@@ -790,17 +797,17 @@ export interface InteractResponse {
 }
 
 export interface StartProcessRequest {
-  session_id: string;
+  sessionId: string;
   argv: string[];
   cwd: string;
   env: Record<string, string>;
   stdin: Buffer;
   timeout: Duration | null;
-  max_output_bytes: number;
-  process_id: string;
-  output_buffer_bytes: number;
-  keep_stdin_open: boolean;
-  request_id: string;
+  maxOutputBytes: number;
+  processId: string;
+  outputBufferBytes: number;
+  keepStdinOpen: boolean;
+  requestId: string;
 }
 
 export type ProcessState =
@@ -809,19 +816,19 @@ export type ProcessState =
   | 'PROCESS_STATE_EXITED';
 
 export interface Process {
-  process_id: string;
-  session_id: string;
+  processId: string;
+  sessionId: string;
   argv: string[];
   cwd: string;
   state: ProcessState;
-  started_at: Timestamp | null;
+  startedAt: Timestamp | null;
   exited: ProcessExited | null;
-  stdout_bytes: number;
-  stderr_bytes: number;
-  stdout_first_offset: number;
-  stderr_first_offset: number;
+  stdoutBytes: number;
+  stderrBytes: number;
+  stdoutFirstOffset: number;
+  stderrFirstOffset: number;
   origin: ProcessOrigin;
-  stdin_open: boolean;
+  stdinOpen: boolean;
 }
 
 export interface StartProcessResponse {
@@ -829,10 +836,10 @@ export interface StartProcessResponse {
 }
 
 export interface AttachProcessRequest {
-  session_id: string;
-  process_id: string;
-  stdout_offset: number;
-  stderr_offset: number;
+  sessionId: string;
+  processId: string;
+  stdoutOffset: number;
+  stderrOffset: number;
 }
 
 export interface OutputGap {
@@ -851,22 +858,22 @@ export interface AttachProcessResponse {
 }
 
 export interface ListProcessesRequest {
-  session_id: string;
-  page_size: number;
-  page_token: string;
-  max_reply_bytes: number;
+  sessionId: string;
+  pageSize: number;
+  pageToken: string;
+  maxReplyBytes: number;
 }
 
 export interface ListProcessesResponse {
   processes: Process[];
-  next_page_token: string;
+  nextPageToken: string;
 }
 
 export interface SignalProcessRequest {
-  session_id: string;
-  process_id: string;
+  sessionId: string;
+  processId: string;
   signal: string;
-  signal_value: Signal;
+  signalValue: Signal;
 }
 
 export interface SignalProcessResponse {
@@ -889,13 +896,13 @@ export type ProcessOrigin =
   | 'PROCESS_ORIGIN_INTERACT';
 
 export interface GetProcessRequest {
-  session_id: string;
-  process_id: string;
+  sessionId: string;
+  processId: string;
 }
 
 export interface SendProcessInputRequest {
-  session_id: string;
-  process_id: string;
+  sessionId: string;
+  processId: string;
   data: Buffer;
 }
 
@@ -903,8 +910,8 @@ export interface SendProcessInputResponse {
 }
 
 export interface CloseProcessStdinRequest {
-  session_id: string;
-  process_id: string;
+  sessionId: string;
+  processId: string;
 }
 
 export interface CloseProcessStdinResponse {
@@ -966,11 +973,11 @@ export interface WorkspaceManifest {
   files: ManifestFile[];
   directories: string[];
   storage: WorkspaceStorage;
-  size_bytes: number;
+  sizeBytes: number;
 }
 
 export interface CreateSessionRequest {
-  session_id: string;
+  sessionId: string;
   workspace: WorkspaceManifest | null;
   image: string;
   limits: ResourceLimits | null;
@@ -978,14 +985,14 @@ export interface CreateSessionRequest {
   network: NetworkPolicy | null;
   env: Record<string, string>;
   labels: Record<string, string>;
-  lease_ttl: Duration | null;
+  leaseTtl: Duration | null;
   user: string;
-  from_snapshot_id: string;
-  on_expiry: ExpiryAction;
-  renew_on_activity: boolean;
+  fromSnapshotId: string;
+  onExpiry: ExpiryAction;
+  renewOnActivity: boolean;
   isolation: Isolation;
   template: string;
-  pull_policy: PullPolicy;
+  pullPolicy: PullPolicy;
   volumes: VolumeMount[];
 }
 
@@ -994,7 +1001,7 @@ export interface CreateSessionResponse {
 }
 
 export interface GetSessionRequest {
-  session_id: string;
+  sessionId: string;
 }
 
 export interface GetSessionResponse {
@@ -1002,20 +1009,20 @@ export interface GetSessionResponse {
 }
 
 export interface ListSessionsRequest {
-  label_selector: Record<string, string>;
-  page_size: number;
-  page_token: string;
+  labelSelector: Record<string, string>;
+  pageSize: number;
+  pageToken: string;
   state: SessionState;
-  max_reply_bytes: number;
+  maxReplyBytes: number;
 }
 
 export interface ListSessionsResponse {
   sessions: Session[];
-  next_page_token: string;
+  nextPageToken: string;
 }
 
 export interface RenewLeaseRequest {
-  session_id: string;
+  sessionId: string;
   ttl: Duration | null;
 }
 
@@ -1024,7 +1031,7 @@ export interface RenewLeaseResponse {
 }
 
 export interface DeleteSessionRequest {
-  session_id: string;
+  sessionId: string;
 }
 
 export interface DeleteSessionResponse {
@@ -1032,9 +1039,9 @@ export interface DeleteSessionResponse {
 }
 
 export interface UpdateNetworkPolicyRequest {
-  session_id: string;
+  sessionId: string;
   network: NetworkPolicy | null;
-  update_mask: FieldMask | null;
+  updateMask: FieldMask | null;
 }
 
 export interface UpdateNetworkPolicyResponse {
@@ -1042,15 +1049,15 @@ export interface UpdateNetworkPolicyResponse {
 }
 
 export interface ListEgressEventsRequest {
-  session_id: string;
-  page_size: number;
-  page_token: string;
-  max_reply_bytes: number;
+  sessionId: string;
+  pageSize: number;
+  pageToken: string;
+  maxReplyBytes: number;
 }
 
 export interface ListEgressEventsResponse {
   events: EgressEvent[];
-  next_page_token: string;
+  nextPageToken: string;
 }
 
 export type EgressVerdict =
@@ -1067,18 +1074,18 @@ export interface EgressEvent {
   verdict: EgressVerdict;
   reason: string;
   address: string;
-  bytes_up: number;
-  bytes_down: number;
+  bytesUp: number;
+  bytesDown: number;
   duration: Duration | null;
   ended: string;
-  up_bytes: number;
-  down_bytes: number;
+  upBytes: number;
+  downBytes: number;
   kind: string;
   secret: string;
 }
 
 export interface SuspendSessionRequest {
-  session_id: string;
+  sessionId: string;
   mode: SuspendMode;
 }
 
@@ -1092,8 +1099,8 @@ export interface SuspendSessionResponse {
 }
 
 export interface ResumeSessionRequest {
-  session_id: string;
-  expected_fingerprint: string;
+  sessionId: string;
+  expectedFingerprint: string;
 }
 
 export interface ResumeSessionResponse {
@@ -1101,34 +1108,34 @@ export interface ResumeSessionResponse {
 }
 
 export interface Session {
-  session_id: string;
+  sessionId: string;
   state: SessionState;
   image: string;
   fingerprint: string;
-  created_at: Timestamp | null;
-  lease_expires_at: Timestamp | null;
+  createdAt: Timestamp | null;
+  leaseExpiresAt: Timestamp | null;
   limits: ResourceLimits | null;
   network: NetworkPolicy | null;
   labels: Record<string, string>;
   assurance: Assurance;
   shell: ShellPolicy | null;
   user: string;
-  workspace_id: string;
-  on_expiry: ExpiryAction;
-  renew_on_activity: boolean;
-  end_reason: string;
-  state_reason: SessionStateReason | null;
+  workspaceId: string;
+  onExpiry: ExpiryAction;
+  renewOnActivity: boolean;
+  endReason: string;
+  stateReason: SessionStateReason | null;
   isolation: Isolation;
   template: string;
-  image_digest: string;
-  lost_time: Timestamp | null;
-  restored_from: string;
-  restored_state_time: Timestamp | null;
-  lost_message: string;
+  imageDigest: string;
+  lostTime: Timestamp | null;
+  restoredFrom: string;
+  restoredStateTime: Timestamp | null;
+  lostMessage: string;
   volumes: VolumeMount[];
-  workspace_storage: WorkspaceStorage;
-  workspace_size_bytes: number;
-  suspend_mode: SuspendMode;
+  workspaceStorage: WorkspaceStorage;
+  workspaceSizeBytes: number;
+  suspendMode: SuspendMode;
 }
 
 export interface SessionStateReason {
@@ -1148,28 +1155,28 @@ export interface VolumeServiceClient {
 }
 
 export interface VolumeAttachment {
-  session_id: string;
-  read_only: boolean;
+  sessionId: string;
+  readOnly: boolean;
 }
 
 export interface Volume {
-  volume_id: string;
-  size_bytes: number;
-  used_bytes: number;
+  volumeId: string;
+  sizeBytes: number;
+  usedBytes: number;
   labels: Record<string, string>;
-  created_at: Timestamp | null;
+  createdAt: Timestamp | null;
   attached: VolumeAttachment[];
 }
 
 export interface VolumeMount {
-  volume_id: string;
+  volumeId: string;
   path: string;
-  read_only: boolean;
+  readOnly: boolean;
 }
 
 export interface CreateVolumeRequest {
-  volume_id: string;
-  size_bytes: number;
+  volumeId: string;
+  sizeBytes: number;
   labels: Record<string, string>;
 }
 
@@ -1178,7 +1185,7 @@ export interface CreateVolumeResponse {
 }
 
 export interface GetVolumeRequest {
-  volume_id: string;
+  volumeId: string;
 }
 
 export interface GetVolumeResponse {
@@ -1186,19 +1193,19 @@ export interface GetVolumeResponse {
 }
 
 export interface ListVolumesRequest {
-  label_selector: Record<string, string>;
-  page_size: number;
-  page_token: string;
-  max_reply_bytes: number;
+  labelSelector: Record<string, string>;
+  pageSize: number;
+  pageToken: string;
+  maxReplyBytes: number;
 }
 
 export interface ListVolumesResponse {
   volumes: Volume[];
-  next_page_token: string;
+  nextPageToken: string;
 }
 
 export interface DeleteVolumeRequest {
-  volume_id: string;
+  volumeId: string;
 }
 
 export interface DeleteVolumeResponse {
@@ -1206,7 +1213,7 @@ export interface DeleteVolumeResponse {
 }
 
 export interface ExportVolumeRequest {
-  volume_id: string;
+  volumeId: string;
 }
 
 export interface ExportVolumeResponse {
@@ -1214,7 +1221,7 @@ export interface ExportVolumeResponse {
 }
 
 export interface ImportVolumeHeader {
-  volume_id: string;
+  volumeId: string;
   replace: boolean;
 }
 
@@ -1249,7 +1256,7 @@ export interface ArchiveChunk {
 }
 
 export interface ExportArchiveRequest {
-  session_id: string;
+  sessionId: string;
   path: string;
 }
 
@@ -1258,7 +1265,7 @@ export interface ExportArchiveResponse {
 }
 
 export interface ImportArchiveHeader {
-  session_id: string;
+  sessionId: string;
   path: string;
   replace: boolean;
 }
@@ -1272,25 +1279,25 @@ export interface ImportArchiveRequest {
 export interface ImportArchiveResponse {
   files: number;
   bytes: number;
-  content_bytes: number;
+  contentBytes: number;
 }
 
 export interface Snapshot {
-  snapshot_id: string;
-  session_id: string;
-  size_bytes: number;
+  snapshotId: string;
+  sessionId: string;
+  sizeBytes: number;
   sha256: string;
-  created_at: Timestamp | null;
+  createdAt: Timestamp | null;
   kind: SnapshotKind;
   labels: Record<string, string>;
   image: string;
 }
 
 export interface CreateSnapshotRequest {
-  session_id: string;
+  sessionId: string;
   labels: Record<string, string>;
   kind: SnapshotKind;
-  request_id: string;
+  requestId: string;
 }
 
 export interface CreateSnapshotResponse {
@@ -1298,7 +1305,7 @@ export interface CreateSnapshotResponse {
 }
 
 export interface GetSnapshotRequest {
-  snapshot_id: string;
+  snapshotId: string;
 }
 
 export interface GetSnapshotResponse {
@@ -1306,27 +1313,27 @@ export interface GetSnapshotResponse {
 }
 
 export interface ListSnapshotsRequest {
-  session_id: string;
-  page_size: number;
-  page_token: string;
-  label_selector: Record<string, string>;
-  max_reply_bytes: number;
+  sessionId: string;
+  pageSize: number;
+  pageToken: string;
+  labelSelector: Record<string, string>;
+  maxReplyBytes: number;
 }
 
 export interface ListSnapshotsResponse {
   snapshots: Snapshot[];
-  next_page_token: string;
+  nextPageToken: string;
 }
 
 export interface DeleteSnapshotRequest {
-  snapshot_id: string;
+  snapshotId: string;
 }
 
 export interface DeleteSnapshotResponse {
 }
 
 export interface DownloadSnapshotRequest {
-  snapshot_id: string;
+  snapshotId: string;
 }
 
 export interface DownloadSnapshotResponse {
@@ -1351,8 +1358,8 @@ export interface Template {
   name: string;
   state: TemplateState;
   builtin: boolean;
-  size_bytes: number;
-  create_time: Timestamp | null;
+  sizeBytes: number;
+  createTime: Timestamp | null;
   message: string;
 }
 
@@ -1390,14 +1397,14 @@ export interface GetTemplateResponse {
 }
 
 export interface ListTemplatesRequest {
-  page_size: number;
-  page_token: string;
-  max_reply_bytes: number;
+  pageSize: number;
+  pageToken: string;
+  maxReplyBytes: number;
 }
 
 export interface ListTemplatesResponse {
   templates: Template[];
-  next_page_token: string;
+  nextPageToken: string;
 }
 
 export interface DeleteTemplateRequest {

@@ -57,9 +57,10 @@ test('create, exec streaming, run, files, list, renew, delete', async () => {
     for await (const s of client.listSessions(labels)) listed.push(s.id);
     assert.deepEqual(listed, [session.id]);
 
-    const before = Number(session.info.lease_expires_at.seconds);
+    const before = session.info.leaseExpiresAt;
+    assert.ok(before instanceof Date && before.getTime() > Date.now(), String(before));
     await session.renew(3600);
-    assert.ok(Number(session.info.lease_expires_at.seconds) >= before);
+    assert.ok(session.info.leaseExpiresAt.getTime() >= before.getTime());
   } finally {
     await session.delete();
   }
@@ -101,7 +102,7 @@ test('errors are typed from the ErrorInfo reason', async () => {
 test('server info', async () => {
   const info = await client.serverInfo();
   assert.ok(info.version);
-  assert.equal(info.api_version, 'v1');
+  assert.equal(info.apiVersion, 'v1');
   assert.ok(info.features.length > 0);
   assert.equal(await client.hasFeature(info.features[0]), true);
   assert.equal(await client.hasFeature('no-such-feature'), false);
@@ -120,7 +121,7 @@ test('the example streams exec output and exits with the remote code', () => {
 });
 
 test('tar import and export', async () => {
-  const session = await client.createSession({ shell: { allow_all: true } });
+  const session = await client.createSession({ shell: { allowAll: true } });
   try {
     // a one-member ustar archive, built by hand: header, content, two zero blocks
     const content = Buffer.from('tarred\n');
@@ -164,15 +165,15 @@ test('interact: a bidirectional stream fed from an async generator', async () =>
   const session = await client.createSession({ shell: { allow: ['cat'] } });
   try {
     async function* requests() {
-      yield { start: { request: { session_id: session.id, argv: ['cat'] } } };
+      yield { start: { request: { sessionId: session.id, argv: ['cat'] } } };
       yield { stdin: { data: Buffer.from('typed in\n') } };
-      yield { close_stdin: {} };
+      yield { closeStdin: {} };
     }
     let out = '';
     let exit = null;
     for await (const resp of client.processes.interact(requests(), { timeout: 60 })) {
       if (resp.event === 'output') out += resp.output.data.toString();
-      if (resp.event === 'exited') exit = resp.exited.exit_code;
+      if (resp.event === 'exited') exit = resp.exited.exitCode;
     }
     assert.equal(out, 'typed in\n');
     assert.equal(exit, 0);
@@ -183,8 +184,8 @@ test('interact: a bidirectional stream fed from an async generator', async () =>
 
 test('session.interact: a terminal that outlives the command timeout, typed into as it runs', async () => {
   const session = await client.createSession({
-    shell: { allow_all: true },
-    limits: { command_timeout: { seconds: 1, nanos: 0 } },
+    shell: { allowAll: true },
+    limits: { commandTimeout: 1 }, // seconds
   });
   try {
     const term = session.interact(['sh'], { pty: { rows: 20, cols: 70 }, idleTimeout: 60 });
@@ -220,8 +221,8 @@ test('uploadDir and downloadDir: a folder up and back, links and modes kept', as
   await fs.writeFile(path.join(src, 'big.bin'), big);
   await fs.symlink('run.sh', path.join(src, 'src', 'latest'));
   const session = await client.createSession({
-    shell: { allow_all: true },
-    limits: { file_bytes: 4 * 1024 * 1024 },
+    shell: { allowAll: true },
+    limits: { fileBytes: 4 * 1024 * 1024 },
   });
   try {
     let sent = 0;
@@ -278,7 +279,7 @@ test('a client stream the server refuses early ends with its typed error, not a 
 });
 
 test('one handle for every process, streamed files and move', async () => {
-  const session = await client.createSession({ shell: { allow_all: true } });
+  const session = await client.createSession({ shell: { allowAll: true } });
   try {
     const ran = await session.run(['sh', '-c', 'echo hi']);
     const got = await session.getProcess(ran.processId);
@@ -286,11 +287,11 @@ test('one handle for every process, streamed files and move', async () => {
     assert.equal(got.state, 'PROCESS_STATE_EXITED');
 
     const cat = await session.startProcess(['cat'], { stdin: Buffer.from('a\n'), keepStdinOpen: true });
-    assert.equal(cat.stdin_open, true);
-    await session.sendProcessInput(cat.process_id, 'b\n');
-    await session.closeProcessStdin(cat.process_id);
+    assert.equal(cat.stdinOpen, true);
+    await session.sendProcessInput(cat.processId, 'b\n');
+    await session.closeProcessStdin(cat.processId);
     const out = [];
-    for await (const ev of session.attach(cat.process_id)) {
+    for await (const ev of session.attach(cat.processId)) {
       if (ev.type === 'output') out.push(ev.data);
     }
     assert.equal(Buffer.concat(out).toString(), 'a\nb\n');
@@ -299,7 +300,7 @@ test('one handle for every process, streamed files and move', async () => {
     const info = await session.writeFileStream('d/big.bin', [big.subarray(0, 100_000), big.subarray(100_000)], {
       makeParents: true,
     });
-    assert.equal(info.size_bytes, big.length);
+    assert.equal(info.sizeBytes, big.length);
     const moved = await session.move('d/big.bin', 'big.bin');
     assert.equal(moved.path, 'big.bin');
     const back = [];
@@ -311,7 +312,7 @@ test('one handle for every process, streamed files and move', async () => {
 });
 
 test('watchDir: events after onReady, typed refusals, leaving the loop ends the watch', async () => {
-  const session = await client.createSession({ shell: { allow_all: true } });
+  const session = await client.createSession({ shell: { allowAll: true } });
   try {
     const missing = session.watchDir('missing');
     await assert.rejects(missing.next(), (err) => err.reason === 'FILE_NOT_FOUND');
@@ -336,7 +337,7 @@ test('watchDir: events after onReady, typed refusals, leaving the loop ends the 
 test('a Run over a default 4 MiB reply: this client takes more, and says so', async () => {
   const session = await client.createSession({
     shell: { allow: ['sh', 'head'] },
-    limits: { output_bytes: 16 * 1024 * 1024 },
+    limits: { outputBytes: 16 * 1024 * 1024 },
   });
   try {
     const script = 'head -c 9000000 /dev/zero; head -c 9000000 /dev/zero >&2; exit 3';

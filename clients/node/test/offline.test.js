@@ -18,6 +18,8 @@ import { generate, generateReasons } from '../scripts/gen-types.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 
+// The fake servers keep the .proto's own field names (keepCase), as a server in any other
+// language sees the wire: the client's camelCase, Dates and seconds are its surface alone.
 function definitions() {
   const files = fs.readdirSync(path.join(sbx.PROTO_DIR, 'sandboxd/v1')).map((f) => `sandboxd/v1/${f}`);
   const opts = { includeDirs: [sbx.PROTO_DIR], keepCase: true, longs: Number, enums: String, defaults: true };
@@ -83,7 +85,7 @@ test('a server of another major API version is refused with IncompatibleServer',
   const srv = await serve({ AdminService: { GetServerInfo: info('v2'), Sweep: () => {} } });
   const client = new sbx.SandboxClient(srv.address, { timeout: 5 });
   try {
-    await assert.rejects(client.sessions.getSession({ session_id: 'x' }), (err) => {
+    await assert.rejects(client.sessions.getSession({ sessionId: 'x' }), (err) => {
       assert.ok(err instanceof sbx.IncompatibleServer, String(err));
       assert.equal(err.reason, 'API_VERSION_MISMATCH');
       assert.match(err.message, /v2/);
@@ -126,7 +128,7 @@ test('a closed port fails Unavailable within the deadline, for unary calls and s
     await assert.rejects(client.serverInfo(), (err) => err instanceof sbx.Unavailable && /cannot reach/.test(err.message));
     await assert.rejects(
       (async () => {
-        for await (const _ of client.processes.exec({ session_id: 'x', argv: ['true'] }, { timeout: 3 })) {
+        for await (const _ of client.processes.exec({ sessionId: 'x', argv: ['true'] }, { timeout: 3 })) {
           /* never */
         }
       })(),
@@ -163,7 +165,7 @@ test('an AbortSignal cancels a call with Cancelled', async () => {
   try {
     const ac = new AbortController();
     setTimeout(() => ac.abort(), 200);
-    await assert.rejects(client.sessions.getSession({ session_id: 'x' }, { signal: ac.signal }), sbx.Cancelled);
+    await assert.rejects(client.sessions.getSession({ sessionId: 'x' }, { signal: ac.signal }), sbx.Cancelled);
   } finally {
     client.close();
     srv.close();
@@ -194,16 +196,16 @@ test('idempotent calls retry UNAVAILABLE; non-idempotent calls never retry', asy
   const srv = await flaky(2);
   const client = new sbx.SandboxClient(srv.address, { timeout: 10 });
   try {
-    assert.equal((await client.sessions.getSession({ session_id: 's' })).session.session_id, 's');
+    assert.equal((await client.sessions.getSession({ sessionId: 's' })).session.sessionId, 's');
     assert.equal(srv.calls.GetSession, 3);
-    await assert.rejects(client.processes.run({ session_id: 's', argv: ['x'] }), sbx.Unavailable);
+    await assert.rejects(client.processes.run({ sessionId: 's', argv: ['x'] }), sbx.Unavailable);
     assert.equal(srv.calls.Run, 1);
-    await assert.rejects(client.files.remove({ session_id: 's', path: 'x' }), sbx.Unavailable);
+    await assert.rejects(client.files.remove({ sessionId: 's', path: 'x' }), sbx.Unavailable);
     assert.equal(srv.calls.Remove, 1);
     // CreateSession: retried only with a caller-chosen id
     await assert.rejects(client.sessions.createSession({}), sbx.Unavailable);
     assert.equal(srv.calls.CreateSession, 1);
-    await client.sessions.createSession({ session_id: 'mine' });
+    await client.sessions.createSession({ sessionId: 'mine' });
     assert.equal(srv.calls.CreateSession, 3);
   } finally {
     client.close();
@@ -224,9 +226,9 @@ for (const [what, reason, metadata] of [
     const srv = await flaky(2, fail);
     const client = new sbx.SandboxClient(srv.address, { timeout: 10 });
     try {
-      await client.sessions.getSession({ session_id: 's' });
+      await client.sessions.getSession({ sessionId: 's' });
       assert.equal(srv.calls.GetSession, 3);
-      await assert.rejects(client.processes.run({ session_id: 's', argv: ['x'] }), (err) => {
+      await assert.rejects(client.processes.run({ sessionId: 's', argv: ['x'] }), (err) => {
         assert.ok(err instanceof sbx.FailedPrecondition);
         assert.ok(err instanceof sbx.REASONS[reason].error);
         assert.equal(err.reason, reason);
@@ -264,12 +266,12 @@ test('idempotent server streams retry before their first message; exec never', a
   const client = new sbx.SandboxClient(srv.address, { timeout: 10 });
   try {
     const chunks = [];
-    for await (const m of client.snapshots.exportArchive({ session_id: 's' })) chunks.push(m.chunk.data);
+    for await (const m of client.snapshots.exportArchive({ sessionId: 's' })) chunks.push(m.chunk.data);
     assert.equal(Buffer.concat(chunks).toString(), 'abcd');
     assert.equal(calls.ExportArchive, 3);
     await assert.rejects(
       (async () => {
-        for await (const _ of client.processes.exec({ session_id: 's', argv: ['true'] })) {
+        for await (const _ of client.processes.exec({ sessionId: 's', argv: ['true'] })) {
           /* never */
         }
       })(),
@@ -287,7 +289,7 @@ test('retries stop at the deadline', async () => {
   const client = new sbx.SandboxClient(srv.address, { timeout: 1.5 });
   try {
     const started = Date.now();
-    await assert.rejects(client.sessions.getSession({ session_id: 's' }), sbx.SandboxError);
+    await assert.rejects(client.sessions.getSession({ sessionId: 's' }), sbx.SandboxError);
     assert.ok(Date.now() - started < 3000);
     assert.ok(srv.calls.GetSession >= 2 && srv.calls.GetSession <= 5, `${srv.calls.GetSession}`);
   } finally {
@@ -297,3 +299,59 @@ test('retries stop at the deadline', async () => {
 });
 
 
+
+test('camelCase fields, Dates and seconds on the client; the names and shapes of the .proto on the wire', async () => {
+  const seen = {};
+  const created = { seconds: 1_700_000_000, nanos: 250_000_000 };
+  const srv = await serve({
+    AdminService: { GetServerInfo: info('v1'), Sweep: () => {} },
+    SessionService: {
+      RenewLease: (call, cb) => {
+        seen.renew = call.request;
+        cb(null, { session: { session_id: call.request.session_id, created_at: created } });
+      },
+      UpdateNetworkPolicy: (call, cb) => {
+        seen.update = call.request;
+        cb(null, { session: { session_id: 's-1', network: { allowed_domains: ['example.org'] } } });
+      },
+    },
+    ProcessService: {
+      Run: (call, cb) => {
+        seen.run = call.request;
+        cb(null, { exit_code: 3, process_id: 'p-1', duration: { seconds: 2, nanos: 500_000_000 } });
+      },
+    },
+  });
+  const client = new sbx.SandboxClient(srv.address, { timeout: 10 });
+  try {
+    const renewed = await client.sessions.renewLease({ sessionId: 's-1', ttl: 90.25 });
+    assert.equal(seen.renew.session_id, 's-1');
+    assert.deepEqual(seen.renew.ttl, { seconds: 90, nanos: 250_000_000 });
+    assert.equal(renewed.session.sessionId, 's-1');
+    assert.ok(renewed.session.createdAt instanceof Date);
+    assert.equal(renewed.session.createdAt.getTime(), 1_700_000_000_250);
+    assert.equal(renewed.session.leaseExpiresAt, null); // unset: null, as every message field
+
+    const session = new sbx.Session(client, renewed.session);
+    const ran = await session.run(['true'], { timeout: 1.5, maxOutputBytes: 10 });
+    assert.equal(seen.run.session_id, 's-1');
+    assert.equal(seen.run.max_output_bytes, 10);
+    assert.deepEqual(seen.run.timeout, { seconds: 1, nanos: 500_000_000 });
+    assert.equal(seen.run.max_reply_bytes, 64 * 1024 * 1024);
+    assert.deepEqual([ran.exitCode, ran.processId, ran.duration], [3, 'p-1', 2.5]);
+
+    const request = {
+      sessionId: 's-1',
+      network: { allowedDomains: ['example.org'] },
+      updateMask: { paths: ['allowedDomains', 'quotas.maxConnections'] },
+    };
+    const updated = await client.sessions.updateNetworkPolicy(request);
+    assert.deepEqual(seen.update.update_mask.paths, ['allowed_domains', 'quotas.max_connections']);
+    assert.deepEqual(seen.update.network.allowed_domains, ['example.org']);
+    assert.deepEqual(request.updateMask.paths, ['allowedDomains', 'quotas.maxConnections']); // untouched
+    assert.deepEqual(updated.session.network.allowedDomains, ['example.org']);
+  } finally {
+    client.close();
+    srv.close();
+  }
+});

@@ -5,11 +5,16 @@ call by method name, each answer converted to the mixin's typed result."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from sandboxd_client._gen.sandboxd.v1 import session_pb2_grpc
+from sandboxd_client._lazy import lazy
+
+if TYPE_CHECKING:
+    from sandboxd_client._gen.sandboxd.v1 import session_pb2_grpc
+else:  # loaded on first use (sandboxd_client._lazy)
+    session_pb2_grpc = lazy("sandboxd_client._gen.sandboxd.v1.session_pb2_grpc")
 
 T = TypeVar("T")
 

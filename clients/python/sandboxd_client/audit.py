@@ -8,13 +8,19 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 
 from sandboxd_client._convert import timestamp
-from sandboxd_client._gen.sandboxd.v1 import audit_pb2, audit_pb2_grpc
+from sandboxd_client._lazy import lazy
 from sandboxd_client._rpc import UNSET, rpc
+
+if TYPE_CHECKING:
+    from sandboxd_client._gen.sandboxd.v1 import audit_pb2, audit_pb2_grpc
+else:  # loaded on first use (sandboxd_client._lazy)
+    audit_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.audit_pb2")
+    audit_pb2_grpc = lazy("sandboxd_client._gen.sandboxd.v1.audit_pb2_grpc")
 
 
 @dataclass(frozen=True)

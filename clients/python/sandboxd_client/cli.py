@@ -137,8 +137,76 @@ def _command_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--timeout", type=float, metavar="SECONDS", help="command timeout")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="sandboxctl", description="Run commands in sandboxd sessions.")
+class _Unbuilt:
+    """A command's parser left empty: each add_argument is argparse's costliest step (a help
+    formatter, a gettext lookup), so a start-up builds only the command it runs."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self._parser = parser
+
+    def set_defaults(self, **kw: Any) -> None:
+        self._parser.set_defaults(**kw)
+
+    def add_argument(self, *args: Any, **kw: Any) -> None:
+        pass
+
+    def add_argument_group(self, *args: Any, **kw: Any) -> _Unbuilt:
+        return self
+
+    def add_mutually_exclusive_group(self, **kw: Any) -> _Unbuilt:
+        return self
+
+    def add_subparsers(self, **kw: Any) -> _Commands:
+        return _Commands(None, only="")
+
+
+class _Commands:
+    """The subcommands, each parser built in full only when `only` is None or its name."""
+
+    def __init__(self, sub: Any, only: str | None) -> None:
+        self._sub, self._only = sub, only
+        self.built = False
+
+    def add_parser(self, name: str, **kw: Any) -> Any:
+        if self._only is None or self._only == name:
+            self.built = True
+            return self._sub.add_parser(name, **kw)
+        return _Unbuilt(argparse.ArgumentParser(add_help=False))
+
+
+# The top-level options that take a value: a command's name is the first other word.
+_VALUED = ("--addr", "--token", "--ca", "--call-timeout", "--output")
+
+
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The command `argv` runs (None with no command, or with a top-level -h)."""
+    words = iter(argv)
+    for word in words:
+        if word in ("-h", "--help"):
+            return None
+        if word == "-o" or (
+            word.startswith("--") and "=" not in word and any(v.startswith(word) for v in _VALUED)
+        ):
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+class _Retry(Exception):
+    """A partly built parser refused the command line: the full one says why."""
+
+
+class _QuietParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _Retry(message)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """sandboxctl's parser: every command, or (`only`) every option of one command alone
+    (`only=""`: none, for --version)."""
+    cls = _Parser if only is None else _QuietParser
+    parser = cls(prog="sandboxctl", description="Run commands in sandboxd sessions.")
     parser.add_argument("--version", action="version", version=f"sandboxctl {_version()}")
     parser.add_argument(
         "--addr",
@@ -154,9 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--call-timeout", type=float, metavar="SECONDS", help="deadline of each unary call"
     )
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = _Commands(parser.add_subparsers(dest="command", required=True), only)
 
-    def add(name: str, func: Callable[..., Any], help: str, **kw: Any) -> argparse.ArgumentParser:
+    def add(name: str, func: Callable[..., Any], help: str, **kw: Any) -> Any:
+        """The command's parser (an `_Unbuilt` stand-in for a command not being run)."""
         p = sub.add_parser(name, help=help, **kw)
         p.set_defaults(func=func)
         return p
@@ -280,6 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("completion", cmd_completion, "print a shell completion script")
     p.add_argument("shell", choices=("bash", "zsh", "fish"))
+    if not sub.built and only != "":  # "": --version, which needs no command
+        raise _Retry(f"no command {only!r}")
     return parser
 
 
@@ -314,7 +385,15 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     """Options, then the remote command after the first `--` (kept verbatim, dashes and all)."""
     argv = list(argv)
     split = argv.index("--") if "--" in argv else len(argv)
-    args = build_parser().parse_args(argv[:split])
+    head = argv[:split]
+    command = _command_word(head)
+    if command is None and "--version" in head:
+        command = ""
+    try:
+        # The command's own parser alone: building all ~50 is most of a start-up's time.
+        args = build_parser(command).parse_args(head)
+    except _Retry:  # not a command, or a mistake: every command's parser reports it
+        args = build_parser().parse_args(head)
     args.argv = argv[split + 1 :]
     return args
 

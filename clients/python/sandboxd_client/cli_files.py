@@ -8,8 +8,6 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from sandboxd_client.cli_output import emit, wants_json
-from sandboxd_client.cli_progress import Progress
-from sandboxd_client.tar_stream import estimated_size, tar_chunks, untar_chunks
 
 if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
     from sandboxd_client.client import SandboxClient
@@ -39,6 +37,10 @@ async def _upload(
 ) -> int:
     """Tar `local` (a file or a folder, under its own name) and stream it into `path`, made as
     it is sent (nothing whole in memory)."""
+    # tarfile and the progress bar load for cp alone: every other command starts without them
+    from sandboxd_client.cli_progress import Progress
+    from sandboxd_client.tar_stream import estimated_size, tar_chunks
+
     if not local.exists():
         raise SystemExit(f"sandboxctl: {local}: no such file or directory")
     total = estimated_size(local) if local.is_dir() else local.stat().st_size + 1536
@@ -64,6 +66,9 @@ async def _download(
     Like `docker cp`: an existing local folder receives the remote one under its own name;
     otherwise `local` is created with the remote folder's contents.
     """
+    from sandboxd_client.cli_progress import Progress
+    from sandboxd_client.tar_stream import untar_chunks
+
     progress = Progress(f"{session.id}:{path or '.'} -> {local}", None, sys.stderr, show)
     name = PurePosixPath(path).name
     if local.is_dir() and name not in ("", ".", ".."):

@@ -7,13 +7,13 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from sandboxd_client.cli_output import emit, table, when
-from sandboxd_client.cli_progress import Progress
 
 if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
     from sandboxd_client.client import SandboxClient
 
 
 async def cmd_image_pull(client: SandboxClient, args: argparse.Namespace) -> int:
+    from sandboxd_client.cli_progress import Progress  # for a pull alone
     from sandboxd_client.images import PullDone
 
     show = sys.stderr.isatty() if args.progress is None else args.progress

@@ -13,7 +13,7 @@ from sandboxd_client.cli_shell import exit_status, run_shell
 
 if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
     from sandboxd_client.client import SandboxClient
-    from sandboxd_client.models import Event
+    from sandboxd_client.events import Event
 
 EXIT_ERROR = 125  # the stream ended with no exit status: a failure of ours, not the command's
 
@@ -27,7 +27,8 @@ def _argv(args: argparse.Namespace, usage: str) -> list[str]:
 
 async def _follow(args: argparse.Namespace, events: AsyncIterator[Event]) -> int:
     """Write output as it arrives (or JSON lines); the exit code of the Exited event."""
-    from sandboxd_client.models import Exited, Output, OutputGap, Started, as_dict
+    from sandboxd_client._convert import as_dict
+    from sandboxd_client.events import Exited, Output, OutputGap, Started
 
     out, err = sys.stdout.buffer, sys.stderr.buffer
     exit_code = EXIT_ERROR

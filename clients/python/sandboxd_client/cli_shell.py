@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
-    from sandboxd_client.models import Exited
+    from sandboxd_client.events import Exited
     from sandboxd_client.session import Session
 
 
@@ -67,7 +67,7 @@ async def run_shell(
 ) -> int:
     """A terminal on `argv` until it exits: no deadline unless `timeout`, and the server's idle
     timeout (30 minutes of no typing and no output) unless `idle_timeout`."""
-    from sandboxd_client.models import Exited, Output
+    from sandboxd_client.events import Exited, Output
 
     loop = asyncio.get_running_loop()
     in_fd = sys.stdin.fileno()

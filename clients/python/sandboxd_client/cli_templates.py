@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tarfile
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -20,6 +18,9 @@ if TYPE_CHECKING:  # imported when a command runs: the parser needs none of them
 
 def _tar_dir(directory: Path) -> IO[bytes]:
     """The directory as an uncompressed tar in a temporary file (spilled to disk when large)."""
+    import tarfile  # for template builds alone: every other command starts without it
+    import tempfile
+
     spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)  # noqa: SIM115
     with tarfile.open(fileobj=spool, mode="w") as tar:
         for path in sorted(directory.rglob("*")):

@@ -22,27 +22,16 @@ import functools
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import grpc
 
 from sandboxd_client import _channel
 from sandboxd_client._call_end import CallEnd
-from sandboxd_client._convert import enum_value
-from sandboxd_client._gen.sandboxd.v1 import (
-    admin_pb2,
-    admin_pb2_grpc,
-    common_pb2,
-    filesystem_pb2_grpc,
-    leases_pb2,
-    process_pb2_grpc,
-    session_pb2,
-    session_pb2_grpc,
-    snapshot_pb2,
-    snapshot_pb2_grpc,
-)
+from sandboxd_client._convert import duration, enum_value
+from sandboxd_client._gen.sandboxd.v1 import admin_pb2, admin_pb2_grpc  # every first call
+from sandboxd_client._lazy import lazy
 from sandboxd_client._rpc import IDEMPOTENT, PACKAGE, UNSET, RetryPolicy, rpc
 from sandboxd_client.audit import AuditMixin
 from sandboxd_client.errors import (
@@ -53,20 +42,44 @@ from sandboxd_client.errors import (
     from_rpc_error,
 )
 from sandboxd_client.images import ImagesMixin, pull_policy_pb
-from sandboxd_client.models import (
-    NetworkPolicy,
-    ResourceLimits,
-    ServerInfo,
-    SessionInfo,
-    SnapshotInfo,
-    SweepResult,
-    duration,
-)
 from sandboxd_client.previews import PreviewsMixin
 from sandboxd_client.session import Session
 from sandboxd_client.templates import TemplatesMixin
 from sandboxd_client.volumes import VolumeMount, VolumesMixin
 from sandboxd_client.watch import WatchMixin
+
+# The other services' generated modules load on first use: `sandboxctl exec` needs only the
+# process service's (tests/clients/test_client_cli_imports.py checks what it loads).
+if TYPE_CHECKING:
+    from sandboxd_client import models
+    from sandboxd_client._gen.sandboxd.v1 import (
+        common_pb2,
+        filesystem_pb2_grpc,
+        leases_pb2,
+        process_pb2_grpc,
+        session_pb2,
+        session_pb2_grpc,
+        snapshot_pb2,
+        snapshot_pb2_grpc,
+    )
+    from sandboxd_client.models import (
+        NetworkPolicy,
+        ResourceLimits,
+        ServerInfo,
+        SnapshotInfo,
+        SweepResult,
+    )
+else:
+    models = lazy("sandboxd_client.models")  # the result dataclasses
+    _V1 = "sandboxd_client._gen.sandboxd.v1."
+    common_pb2 = lazy(_V1 + "common_pb2")
+    filesystem_pb2_grpc = lazy(_V1 + "filesystem_pb2_grpc")
+    leases_pb2 = lazy(_V1 + "leases_pb2")
+    process_pb2_grpc = lazy(_V1 + "process_pb2_grpc")
+    session_pb2 = lazy(_V1 + "session_pb2")
+    session_pb2_grpc = lazy(_V1 + "session_pb2_grpc")
+    snapshot_pb2 = lazy(_V1 + "snapshot_pb2")
+    snapshot_pb2_grpc = lazy(_V1 + "snapshot_pb2_grpc")
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 API_VERSION = "v1"
@@ -82,16 +95,34 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-@dataclass
 class _Stubs:
-    sessions: session_pb2_grpc.SessionServiceStub
-    processes: process_pb2_grpc.ProcessServiceStub
-    files: filesystem_pb2_grpc.FilesystemServiceStub
-    snapshots: snapshot_pb2_grpc.SnapshotServiceStub
-    admin: admin_pb2_grpc.AdminServiceStub
+    """The channel's stubs, each made (and its service's module imported) on first use."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._channel = channel
+
+    @functools.cached_property
+    def sessions(self) -> session_pb2_grpc.SessionServiceStub:
+        return session_pb2_grpc.SessionServiceStub(self._channel)
+
+    @functools.cached_property
+    def processes(self) -> process_pb2_grpc.ProcessServiceStub:
+        return process_pb2_grpc.ProcessServiceStub(self._channel)
+
+    @functools.cached_property
+    def files(self) -> filesystem_pb2_grpc.FilesystemServiceStub:
+        return filesystem_pb2_grpc.FilesystemServiceStub(self._channel)
+
+    @functools.cached_property
+    def snapshots(self) -> snapshot_pb2_grpc.SnapshotServiceStub:
+        return snapshot_pb2_grpc.SnapshotServiceStub(self._channel)
+
+    @functools.cached_property
+    def admin(self) -> admin_pb2_grpc.AdminServiceStub:
+        return admin_pb2_grpc.AdminServiceStub(self._channel)
 
 
-def check_api_version(info: ServerInfo, address: str) -> None:
+def check_api_version(info: ServerInfo | admin_pb2.GetServerInfoResponse, address: str) -> None:
     """Refuse a server of another major API version (an empty one predates the field: v1)."""
     major = (info.api_version or API_VERSION).split(".")[0]
     if major != API_VERSION:
@@ -139,6 +170,9 @@ class SandboxClient(
         self._state = _State.UNOPENED
         self._channel: grpc.aio.Channel | None = None
         self._stubs: _Stubs | None = None
+        # The first-use check's answer, and its ServerInfo once asked for: a call that only
+        # needs the check (sandboxctl exec) never loads the result classes.
+        self._server_pb: admin_pb2.GetServerInfoResponse | None = None
         self._server: ServerInfo | None = None
         self._check_lock = asyncio.Lock()
 
@@ -163,14 +197,7 @@ class SandboxClient(
         self._channel = _channel.open_channel(
             self.address, self._token, self._tls, self.retry, self._options
         )
-        ch = self._channel
-        self._stubs = _Stubs(
-            session_pb2_grpc.SessionServiceStub(ch),
-            process_pb2_grpc.ProcessServiceStub(ch),
-            filesystem_pb2_grpc.FilesystemServiceStub(ch),
-            snapshot_pb2_grpc.SnapshotServiceStub(ch),
-            admin_pb2_grpc.AdminServiceStub(ch),
-        )
+        self._stubs = _Stubs(self._channel)
         self._state = _State.OPENED
 
     async def close(self) -> None:
@@ -208,32 +235,37 @@ class SandboxClient(
 
     async def ensure_compatible(self, deadline: float | None = None) -> ServerInfo:
         """Check the server's API version once (the first call does it implicitly)."""
-        if self._server is not None:
-            return self._server
+        if self._server is None:
+            self._server = models.ServerInfo.from_pb(await self._checked(deadline))
+        return self._server
+
+    async def _checked(self, deadline: float | None = None) -> admin_pb2.GetServerInfoResponse:
+        """GetServerInfo once, refused unless of this client's major API version."""
+        if self._server_pb is not None:
+            return self._server_pb
         async with self._check_lock:
-            if self._server is None:
+            if self._server_pb is None:
                 bound = time.monotonic() + self.connect_timeout
                 limit = bound if deadline is None else min(deadline, bound)
                 try:
-                    resp = await self.stubs.admin.GetServerInfo(
+                    resp: admin_pb2.GetServerInfoResponse = await self.stubs.admin.GetServerInfo(
                         admin_pb2.GetServerInfoRequest(), timeout=self._remaining(limit)
                     )
                 except grpc.RpcError as err:
                     exc = from_rpc_error(err, self.address)
                 else:
-                    info = ServerInfo.from_pb(resp)
-                    check_api_version(info, self.address)
-                    self._server = info
-                    return info
+                    check_api_version(resp, self.address)
+                    self._server_pb = resp
+                    return resp
                 raise exc
-        return self._server
+        return self._server_pb
 
     async def _check(self, deadline: float | None) -> None:
         """The first-use check before a call. A sandboxd that answers ENGINE_UNAVAILABLE has
         shown it is sandboxd but cannot report its version while its engine is down: the call
         goes ahead and tells its own story, and the next call checks again."""
         try:
-            await self.ensure_compatible(deadline)
+            await self._checked(deadline)
         except EngineUnavailable:
             pass
 
@@ -397,7 +429,7 @@ class SandboxClient(
             timeout,
             idempotent=bool(session_id),
         )
-        return Session(self, SessionInfo.from_pb(resp.session))
+        return Session(self, models.SessionInfo.from_pb(resp.session))
 
     @rpc("SessionService/GetSession")
     async def get_session(self, session_id: str, *, timeout: float | None = UNSET) -> Session:
@@ -407,11 +439,11 @@ class SandboxClient(
             lambda t: self.stubs.sessions.GetSession(req, timeout=t),
             timeout,
         )
-        return Session(self, SessionInfo.from_pb(resp.session))
+        return Session(self, models.SessionInfo.from_pb(resp.session))
 
     def session(self, session_id: str) -> Session:
         """A handle on an existing session, without a call (its `info` holds only the id)."""
-        return Session(self, SessionInfo(session_id=session_id, state="UNSPECIFIED"))
+        return Session(self, session_id=session_id)
 
     @rpc("SessionService/ListSessions")
     async def list_sessions(
@@ -441,7 +473,7 @@ class SandboxClient(
             timeout,
         ):
             for info in resp.sessions:
-                yield Session(self, SessionInfo.from_pb(info))
+                yield Session(self, models.SessionInfo.from_pb(info))
 
     # -- snapshots not bound to a live session --
 
@@ -455,7 +487,7 @@ class SandboxClient(
             lambda t: self.stubs.snapshots.GetSnapshot(req, timeout=t),
             timeout,
         )
-        return SnapshotInfo.from_pb(resp.snapshot)
+        return models.SnapshotInfo.from_pb(resp.snapshot)
 
     @rpc("SnapshotService/ListSnapshots")
     async def list_snapshots(
@@ -483,7 +515,7 @@ class SandboxClient(
             timeout,
         ):
             for snap in resp.snapshots:
-                yield SnapshotInfo.from_pb(snap)
+                yield models.SnapshotInfo.from_pb(snap)
 
     @rpc("SnapshotService/DeleteSnapshot")
     async def delete_snapshot(self, snapshot_id: str, *, timeout: float | None = UNSET) -> None:
@@ -510,7 +542,7 @@ class SandboxClient(
     @rpc("AdminService/GetServerInfo")
     async def server_info(self, *, timeout: float | None = UNSET) -> ServerInfo:
         """The server's version, features and limits (the first call is the version check)."""
-        if self._server is None:
+        if self._server_pb is None:
             return await self.ensure_compatible(self._deadline(timeout))
         req = admin_pb2.GetServerInfoRequest()
         resp = await self._unary(
@@ -518,7 +550,7 @@ class SandboxClient(
             lambda t: self.stubs.admin.GetServerInfo(req, timeout=t),
             timeout,
         )
-        info = ServerInfo.from_pb(resp)
+        info = models.ServerInfo.from_pb(resp)
         self._server = info
         return info
 
@@ -529,7 +561,7 @@ class SandboxClient(
         resp = await self._unary(
             "AdminService/Sweep", lambda t: self.stubs.admin.Sweep(req, timeout=t), timeout
         )
-        return SweepResult.from_pb(resp)
+        return models.SweepResult.from_pb(resp)
 
 
 __all__ = ["API_VERSION", "DEFAULT_ADDRESS", "TLS", "SandboxClient", "check_api_version"]

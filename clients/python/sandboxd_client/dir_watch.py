@@ -11,9 +11,15 @@ from typing import TYPE_CHECKING, Any, Self
 import grpc
 
 from sandboxd_client._convert import enum_name
-from sandboxd_client._gen.sandboxd.v1 import filesystem_pb2, watch_pb2
+from sandboxd_client._lazy import lazy
 from sandboxd_client._rpc import rpc
 from sandboxd_client.errors import from_rpc_error
+
+if TYPE_CHECKING:
+    from sandboxd_client._gen.sandboxd.v1 import filesystem_pb2, watch_pb2
+else:  # loaded on first use (sandboxd_client._lazy)
+    filesystem_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.filesystem_pb2")
+    watch_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.watch_pb2")
 
 if TYPE_CHECKING:
     from sandboxd_client.client import SandboxClient

@@ -38,9 +38,9 @@ The families (each reason's own class sits under its family, or under its code's
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import grpc
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 from sandboxd_client import _families
 from sandboxd_client._families import *  # noqa: F403
@@ -56,6 +56,9 @@ from sandboxd_client._gen.reason_errors import *  # noqa: F403
 from sandboxd_client._gen.reason_errors import BY_REASON
 from sandboxd_client._gen.reasons import Reason
 
+if TYPE_CHECKING:
+    from google.rpc import error_details_pb2
+
 DOMAIN = "sandboxd"
 
 __all__ = [
@@ -70,6 +73,11 @@ __all__ += reason_errors.__all__
 
 
 def _error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+    # The status details' decoders, only once a call failed: a call that succeeds never
+    # needs them (and they are a good part of an import of this module).
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
     try:
         status = rpc_status.from_call(err)
     except ValueError:  # a status whose details disagree with code/message: ignore them

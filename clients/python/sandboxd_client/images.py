@@ -6,24 +6,27 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from sandboxd_client._convert import timestamp
-from sandboxd_client._gen.sandboxd.v1 import images_pb2
+from sandboxd_client._lazy import lazy
 from sandboxd_client._rpc import UNSET, rpc
 
-# CreateSession's pull_policy, by name.
-PULL_POLICIES: dict[str, images_pb2.PullPolicy.ValueType] = {
-    "": images_pb2.PULL_POLICY_UNSPECIFIED,
-    "IF_NOT_PRESENT": images_pb2.PULL_POLICY_IF_NOT_PRESENT,
-    "ALWAYS": images_pb2.PULL_POLICY_ALWAYS,
-    "NEVER": images_pb2.PULL_POLICY_NEVER,
-}
+if TYPE_CHECKING:
+    from sandboxd_client._gen.sandboxd.v1 import images_pb2
+else:  # loaded on first use (sandboxd_client._lazy)
+    images_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.images_pb2")
+
+# CreateSession's pull_policy, by name (PullPolicy's values without their prefix).
+PULL_POLICIES = ("", "IF_NOT_PRESENT", "ALWAYS", "NEVER")
 
 
 def pull_policy_pb(name: str) -> images_pb2.PullPolicy.ValueType:
+    key = name.upper()
     try:
-        return PULL_POLICIES[name.upper()]
+        if key not in PULL_POLICIES:
+            raise KeyError(key)
+        return images_pb2.PullPolicy.Value(f"PULL_POLICY_{key or 'UNSPECIFIED'}")
     except KeyError:
         raise ValueError(
             f"pull_policy must be one of IF_NOT_PRESENT, ALWAYS, NEVER: {name!r}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from sandboxd_client._convert import (
     as_dict,
@@ -19,15 +19,7 @@ from sandboxd_client._convert import (
     seconds,
     timestamp,
 )
-from sandboxd_client._gen.sandboxd.v1 import (
-    admin_pb2,
-    common_pb2,
-    filesystem_pb2,
-    leases_pb2,
-    secrets_pb2,
-    session_pb2,
-    snapshot_pb2,
-)
+from sandboxd_client._lazy import lazy
 from sandboxd_client.events import (
     Event,
     Exited,
@@ -41,6 +33,25 @@ from sandboxd_client.events import (
     event_from_pb,
 )
 from sandboxd_client.volumes import VolumeMount
+
+if TYPE_CHECKING:
+    from sandboxd_client._gen.sandboxd.v1 import (
+        admin_pb2,
+        common_pb2,
+        filesystem_pb2,
+        leases_pb2,
+        secrets_pb2,
+        session_pb2,
+        snapshot_pb2,
+    )
+else:  # loaded on first use (sandboxd_client._lazy)
+    admin_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.admin_pb2")
+    common_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.common_pb2")
+    filesystem_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.filesystem_pb2")
+    leases_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.leases_pb2")
+    secrets_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.secrets_pb2")
+    session_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.session_pb2")
+    snapshot_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.snapshot_pb2")
 
 __all__ = [
     "ArchiveImported",

@@ -15,34 +15,36 @@ from typing import TYPE_CHECKING, Any, Self
 from google.protobuf import field_mask_pb2
 
 from sandboxd_client._call_end import CallEnd
-from sandboxd_client._gen.sandboxd.v1 import (
-    filesystem_pb2,
-    process_pb2,
-    session_pb2,
-    snapshot_pb2,
-)
+from sandboxd_client._convert import duration, enum_value
+from sandboxd_client._gen.sandboxd.v1 import process_pb2
+from sandboxd_client._lazy import lazy
 from sandboxd_client._rpc import UNSET, rpc
 from sandboxd_client.dir_watch import DirWatching
-from sandboxd_client.events import events_of
+from sandboxd_client.events import Event, ProcessInfo, RunResult, events_of
 from sandboxd_client.interaction import Interaction
-from sandboxd_client.models import (
-    ArchiveImported,
-    EgressEvent,
-    Event,
-    FileInfo,
-    NetworkPolicy,
-    ProcessInfo,
-    RunResult,
-    SessionInfo,
-    SnapshotInfo,
-    duration,
-    enum_value,
-)
 from sandboxd_client.session_files import FileTransfers
 from sandboxd_client.session_processes import ProcessHandles
 
 if TYPE_CHECKING:
+    from sandboxd_client._gen.sandboxd.v1 import filesystem_pb2, session_pb2, snapshot_pb2
+else:  # loaded on first use (sandboxd_client._lazy)
+    filesystem_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.filesystem_pb2")
+    session_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.session_pb2")
+    snapshot_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.snapshot_pb2")
+
+if TYPE_CHECKING:
+    from sandboxd_client import models
     from sandboxd_client.client import SandboxClient
+    from sandboxd_client.models import (
+        ArchiveImported,
+        EgressEvent,
+        FileInfo,
+        NetworkPolicy,
+        SessionInfo,
+        SnapshotInfo,
+    )
+else:  # the result dataclasses, on first use (sandboxd_client._lazy)
+    models = lazy("sandboxd_client.models")
 
 
 def _exec_fields(
@@ -68,13 +70,28 @@ def _exec_fields(
 class Session(ProcessHandles, FileTransfers, DirWatching):
     """One sandbox session. Its methods call the server; `info` is the last reply seen."""
 
-    def __init__(self, client: SandboxClient, info: SessionInfo) -> None:
+    def __init__(
+        self, client: SandboxClient, info: SessionInfo | None = None, *, session_id: str = ""
+    ) -> None:
         self._client = client
-        self.info = info
+        self._info = info
+        self._session_id = info.session_id if info is not None else session_id
+
+    @property
+    def info(self) -> SessionInfo:
+        """The last SessionInfo seen; a handle made from an id alone holds only the id (made
+        when first read: `sandboxctl exec` never reads it, nor loads the result classes)."""
+        if self._info is None:
+            self._info = models.SessionInfo(session_id=self._session_id, state="UNSPECIFIED")
+        return self._info
+
+    @info.setter
+    def info(self, value: SessionInfo) -> None:
+        self._info = value
 
     @property
     def id(self) -> str:
-        return self.info.session_id
+        return self._session_id if self._info is None else self._info.session_id
 
     @property
     def state(self) -> str:
@@ -109,7 +126,7 @@ class Session(ProcessHandles, FileTransfers, DirWatching):
 
     async def _session_call(self, method: str, call: Any, timeout: float | None) -> Self:
         resp = await self._client._unary(method, call, timeout)
-        self.info = SessionInfo.from_pb(resp.session)
+        self.info = models.SessionInfo.from_pb(resp.session)
         return self
 
     # -- lifecycle --
@@ -205,7 +222,7 @@ class Session(ProcessHandles, FileTransfers, DirWatching):
             timeout,
         ):
             for event in resp.events:
-                yield EgressEvent.from_pb(event)
+                yield models.EgressEvent.from_pb(event)
 
     # -- processes --
 
@@ -421,7 +438,7 @@ class Session(ProcessHandles, FileTransfers, DirWatching):
             lambda t: self._stubs.files.WriteFile(req, timeout=t),
             timeout,
         )
-        return FileInfo.from_pb(resp.info)
+        return models.FileInfo.from_pb(resp.info)
 
     @rpc("FilesystemService/ListDir")
     async def list_dir(
@@ -449,7 +466,7 @@ class Session(ProcessHandles, FileTransfers, DirWatching):
             timeout,
         ):
             for e in resp.entries:
-                yield FileInfo.from_pb(e)
+                yield models.FileInfo.from_pb(e)
 
     @rpc("FilesystemService/Stat")
     async def stat(self, path: str, *, timeout: float | None = UNSET) -> FileInfo:
@@ -457,7 +474,7 @@ class Session(ProcessHandles, FileTransfers, DirWatching):
         resp = await self._client._unary(
             "FilesystemService/Stat", lambda t: self._stubs.files.Stat(req, timeout=t), timeout
         )
-        return FileInfo.from_pb(resp.info)
+        return models.FileInfo.from_pb(resp.info)
 
     @rpc("FilesystemService/Remove")
     async def remove(
@@ -481,7 +498,7 @@ class Session(ProcessHandles, FileTransfers, DirWatching):
             lambda t: self._stubs.files.MakeDir(req, timeout=t),
             timeout,
         )
-        return FileInfo.from_pb(resp.info)
+        return models.FileInfo.from_pb(resp.info)
 
     # -- archives and snapshots --
 
@@ -525,7 +542,7 @@ class Session(ProcessHandles, FileTransfers, DirWatching):
             deadline,
             ends=ends,
         )
-        return ArchiveImported(files=resp.files, bytes=resp.bytes)
+        return models.ArchiveImported(files=resp.files, bytes=resp.bytes)
 
     @rpc("SnapshotService/CreateSnapshot")
     async def snapshot(
@@ -550,7 +567,7 @@ class Session(ProcessHandles, FileTransfers, DirWatching):
             timeout,
             idempotent=True if request_id else None,
         )
-        return SnapshotInfo.from_pb(resp.snapshot)
+        return models.SnapshotInfo.from_pb(resp.snapshot)
 
     def snapshots(self, *, page_size: int = 0) -> AsyncIterator[SnapshotInfo]:
         """This session's snapshots (ListSnapshots)."""

@@ -14,13 +14,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sandboxd_client._call_end import CallEnd
-from sandboxd_client._gen.sandboxd.v1 import filesystem_pb2
+from sandboxd_client._lazy import lazy
 from sandboxd_client._rpc import UNSET, rpc
-from sandboxd_client.models import ArchiveImported, FileInfo
-from sandboxd_client.tar_stream import Progress, tar_chunks, untar_chunks
 
 if TYPE_CHECKING:
+    from sandboxd_client._gen.sandboxd.v1 import filesystem_pb2
+else:  # loaded on first use (sandboxd_client._lazy)
+    filesystem_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.filesystem_pb2")
+
+if TYPE_CHECKING:
+    from sandboxd_client import models
     from sandboxd_client.client import SandboxClient
+    from sandboxd_client.models import ArchiveImported, FileInfo
+    from sandboxd_client.tar_stream import Progress
+else:  # the result dataclasses, on first use (sandboxd_client._lazy)
+    models = lazy("sandboxd_client.models")
 
 CHUNK_BYTES = 64 * 1024
 
@@ -99,7 +107,7 @@ class FileTransfers:
             deadline,
             ends=ends,
         )
-        return FileInfo.from_pb(resp.info)
+        return models.FileInfo.from_pb(resp.info)
 
     @rpc("FilesystemService/Move")
     async def move(
@@ -120,7 +128,7 @@ class FileTransfers:
         resp = await self._client._unary(
             "FilesystemService/Move", lambda t: self._stubs.files.Move(req, timeout=t), timeout
         )
-        return FileInfo.from_pb(resp.info)
+        return models.FileInfo.from_pb(resp.info)
 
     async def write_files(
         self, files: Mapping[str, bytes | AsyncIterable[bytes]], *, make_parents: bool = True
@@ -168,6 +176,8 @@ class FileTransfers:
         src = Path(local)
         if not src.is_dir():
             raise NotADirectoryError(f"{src}: not a folder (upload() takes one file)")
+        from sandboxd_client.tar_stream import tar_chunks  # tarfile: only for folders
+
         chunks = tar_chunks(src, progress=progress)
         return await self.import_archive(chunks, remote, replace=replace)  # type: ignore[attr-defined,no-any-return]
 
@@ -182,6 +192,8 @@ class FileTransfers:
         `local` (made if missing), unpacked as it arrives; symlinks and modes kept, nothing
         written outside `local`. `progress(received, None)`; returns the tar's size."""
         chunks: AsyncIterator[bytes] = self.export_archive(remote)  # type: ignore[attr-defined]
+        from sandboxd_client.tar_stream import untar_chunks
+
         return await untar_chunks(chunks, Path(local), progress=progress)
 
     async def download(self, remote: str, local: str | os.PathLike[str]) -> list[Path]:

@@ -6,19 +6,29 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from sandboxd_client._call_end import CallEnd
 from sandboxd_client._convert import timestamp
-from sandboxd_client._gen.sandboxd.v1 import template_pb2, template_pb2_grpc
+from sandboxd_client._lazy import lazy
 from sandboxd_client._rpc import UNSET, rpc
 
+if TYPE_CHECKING:
+    from sandboxd_client._gen.sandboxd.v1 import template_pb2, template_pb2_grpc
+else:  # loaded on first use (sandboxd_client._lazy)
+    template_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.template_pb2")
+    template_pb2_grpc = lazy("sandboxd_client._gen.sandboxd.v1.template_pb2_grpc")
+
 CONTEXT_CHUNK = 256 * 1024
-_STATES = {
-    template_pb2.TEMPLATE_STATE_BUILDING: "BUILDING",
-    template_pb2.TEMPLATE_STATE_READY: "READY",
-    template_pb2.TEMPLATE_STATE_FAILED: "FAILED",
-}
+_STATES = ("BUILDING", "READY", "FAILED")  # TemplateState's values, without the prefix
+
+
+def _state_name(value: template_pb2.TemplateState.ValueType) -> str:
+    try:
+        name = template_pb2.TemplateState.Name(value).removeprefix("TEMPLATE_STATE_")
+    except ValueError:  # a state newer than these stubs
+        return "UNSPECIFIED"
+    return name if name in _STATES else "UNSPECIFIED"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +44,7 @@ class Template:
     def from_pb(cls, m: template_pb2.Template) -> Self:
         return cls(
             m.name,
-            _STATES.get(m.state, "UNSPECIFIED"),
+            _state_name(m.state),
             m.builtin,
             m.size_bytes,
             timestamp(m, "create_time"),

@@ -7,12 +7,18 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from sandboxd_client._call_end import CallEnd
 from sandboxd_client._convert import timestamp
-from sandboxd_client._gen.sandboxd.v1 import volumes_pb2, volumes_pb2_grpc
+from sandboxd_client._lazy import lazy
 from sandboxd_client._rpc import UNSET, rpc
+
+if TYPE_CHECKING:
+    from sandboxd_client._gen.sandboxd.v1 import volumes_pb2, volumes_pb2_grpc
+else:  # loaded on first use (sandboxd_client._lazy)
+    volumes_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.volumes_pb2")
+    volumes_pb2_grpc = lazy("sandboxd_client._gen.sandboxd.v1.volumes_pb2_grpc")
 
 
 @dataclasses.dataclass(frozen=True)

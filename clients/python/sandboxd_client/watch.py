@@ -7,12 +7,17 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from sandboxd_client._convert import timestamp
-from sandboxd_client._gen.sandboxd.v1 import events_pb2
+from sandboxd_client._lazy import lazy
 from sandboxd_client._rpc import UNSET, rpc
 from sandboxd_client._session_calls import SessionCalls
+
+if TYPE_CHECKING:
+    from sandboxd_client._gen.sandboxd.v1 import events_pb2
+else:  # loaded on first use (sandboxd_client._lazy)
+    events_pb2 = lazy("sandboxd_client._gen.sandboxd.v1.events_pb2")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ _LIFECYCLE = {
     "SessionService/SuspendSession": "suspend",
     "SessionService/ResumeSession": "resume",
     "SessionService/UpdateNetworkPolicy": "update_network_policy",
-    "ProcessService/SignalProcess": "signal_process",
     "SnapshotService/DeleteSnapshot": "delete_snapshot",
     "VolumeService/CreateVolume": "create_volume",
     "VolumeService/DeleteVolume": "delete_volume",
@@ -135,7 +134,6 @@ class Tally:
         self._out_bytes = 0
         self._in_bytes = 0
         self._digest: Digest | None = None
-        self.started = ""  # the process id, once a `started` reply was seen
 
     # Requests ---------------------------------------------------------------------------------
 
@@ -152,15 +150,6 @@ class Tally:
             self.session_id = request.start.request.session_id
             self._command(request.start.request)
             self.attributes["pty"] = request.start.HasField("pty")
-        elif m == "FilesystemService/WriteFile":
-            self.kind = "file_write"
-            self.attributes.update(path=request.path, bytes=len(request.content), mode=request.mode)
-        elif m == "FilesystemService/MakeDir":
-            self.kind = "file_write"
-            self.attributes.update(path=request.path, type="directory")
-        elif m == "FilesystemService/Remove":
-            self.kind = "file_remove"
-            self.attributes.update(path=request.path, recursive=request.recursive)
         elif m == "SnapshotService/ExportArchive":
             self.kind = "archive_export"
             self.attributes["path"] = request.path
@@ -181,7 +170,7 @@ class Tally:
         elif m in _LIFECYCLE:
             self.kind = "lifecycle"
             self.attributes["action"] = _LIFECYCLE[m]
-            for name in ("snapshot_id", "process_id", "signal", "volume_id"):
+            for name in ("snapshot_id", "volume_id"):
                 value = getattr(request, name, None)
                 if isinstance(value, str) and value:
                     self.attributes[name] = value
@@ -210,7 +199,6 @@ class Tally:
             event = reply.WhichOneof("event")
             if event == "started":
                 self.attributes["process_id"] = reply.started.process_id
-                self.started = reply.started.process_id
             elif event == "output":
                 self._out_bytes += len(reply.output.data)
             elif event == "exited":
@@ -219,7 +207,6 @@ class Tally:
                 return True
             return False
         if m == "ProcessService/StartProcess":
-            # Its PROCESS_STARTED is the ProcessManager's (processes/manager.py says why).
             self.attributes["process_id"] = reply.process.process_id
             return True
         if m == "SnapshotService/ExportArchive":
@@ -246,8 +233,6 @@ class Tally:
                 image=snap.image or None,
             )
             return True
-        if m == "FilesystemService/WriteFile" and reply.HasField("info"):
-            self.attributes["size"] = reply.info.size
         if m == "SessionService/CreateSession" and reply.HasField("session"):
             self.session_id = reply.session.session_id
             self.attributes["image"] = reply.session.image
@@ -275,9 +260,6 @@ _AUDITED = frozenset(
         "ProcessService/Exec",
         "ProcessService/Interact",
         "ProcessService/StartProcess",
-        "FilesystemService/WriteFile",
-        "FilesystemService/MakeDir",
-        "FilesystemService/Remove",
         "SnapshotService/ExportArchive",
         "SnapshotService/ImportArchive",
         "SnapshotService/CreateSnapshot",

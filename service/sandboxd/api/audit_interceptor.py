@@ -1,10 +1,14 @@
-"""The audit interceptor: one place where every audited call becomes an event before it answers.
+"""The audit edge: what is about the call itself, before it answers.
 
-It sits inside authentication (the tenant is known) and outside the servicers: a successful
-audited call's event (see `audit_describe`) is committed before its outcome reply is passed on,
-and any refused call (any non-OK status) is a `refused` event with its code and reason before
-the status reaches the caller. It also takes the W3C `traceparent` of the call's metadata into
-`CURRENT_TRACE`, so the call's log lines and events carry its trace id.
+It sits inside authentication (the tenant is known) and outside the servicers, and does three
+things no domain code can: it opens the call's `CallScope` (its method and the trace id of the
+W3C `traceparent` in its metadata, also put in `CURRENT_TRACE` for its log lines), so the
+records of the domain events the call causes carry them; it passes no outcome on before the
+scope is settled, i.e. before the audit writer acknowledged each of those records (an answered
+call's events survive a SIGKILL; one the log cannot take fails the call UNAVAILABLE); and any
+refused call (any non-OK status) becomes a `refused` record with its code and reason before the
+status reaches the caller. The records whose attributes are read off the call's own messages
+(a command's output bytes, a transfer's SHA-256) are described in `audit_describe`.
 """
 
 from __future__ import annotations
@@ -27,9 +31,8 @@ from sandboxd.api.audit_describe import Tally, audited
 from sandboxd.api.chain import Layer
 from sandboxd.api.errors import abort
 from sandboxd.audit import AuditEvent, AuditWriter
-from sandboxd.audit.context import CURRENT_CALL
+from sandboxd.domain_events import CURRENT_SCOPE, CallScope
 from sandboxd.errors import SandboxError
-from sandboxd.events import EventHub
 from sandboxd.logging_setup import CURRENT_TRACE
 
 # version-traceid-parentid-flags; an all-zero trace id is invalid (W3C Trace Context, 3.2).
@@ -70,17 +73,9 @@ def _refusal(context: Any) -> dict[str, object]:
 
 
 class AuditInterceptor(Layer):
-    def __init__(
-        self,
-        writer: AuditWriter,
-        hashers: concurrent.futures.Executor,
-        hub: EventHub | None = None,
-        on_activity: Callable[[str], Awaitable[None]] | None = None,
-    ) -> None:
+    def __init__(self, writer: AuditWriter, hashers: concurrent.futures.Executor) -> None:
         self._writer = writer
         self._hashers = hashers  # the server's (audit_describe.hashing_threads)
-        self._hub = hub
-        self._on_activity = on_activity  # a command ran: renew_on_activity
 
     def wrap(self, handler: Any, handler_call_details: Any) -> Any:
         if handler is None:
@@ -90,7 +85,7 @@ class AuditInterceptor(Layer):
             return handler  # health and reflection: nothing to audit
         method = full.removeprefix("sandboxd.v1.")
         trace = trace_id_of(handler_call_details.invocation_metadata)
-        call = _Call(self._writer, self._hashers, self._hub, method, trace, self._on_activity)
+        call = _Call(self._writer, self._hashers, method, trace)
         if handler.unary_unary is not None:
             return handler._replace(unary_unary=call.unary(handler.unary_unary))
         if handler.stream_unary is not None:
@@ -106,66 +101,35 @@ class _Call:
     """The wrappers of one RPC method's handler (made per call: method and trace are fixed)."""
 
     def __init__(
-        self,
-        writer: AuditWriter,
-        hashers: concurrent.futures.Executor,
-        hub: EventHub | None,
-        method: str,
-        trace: str,
-        on_activity: Callable[[str], Awaitable[None]] | None,
+        self, writer: AuditWriter, hashers: concurrent.futures.Executor, method: str, trace: str
     ) -> None:
         self.writer = writer
         self.hashers = hashers
-        self.hub = hub
-        self.on_activity = on_activity
         self.method = method
         self.trace = trace
         self.audited = audited(method)
 
-    def begin(self) -> Tally:
+    def begin(self) -> tuple[Tally, CallScope]:
         # Each RPC runs in its own task (its own context copy): this cannot leak into another.
         if self.trace:
             CURRENT_TRACE.set(self.trace)
-        CURRENT_CALL.set(self.method)
-        return Tally(self.method, self.hashers)
+        scope = CallScope(self.method, self.trace)
+        CURRENT_SCOPE.set(scope)
+        return Tally(self.method, self.hashers), scope
 
-    def processes(self, tally: Tally, exited: bool) -> None:
-        """Process started/exited on the session's event feed (after the audit record)."""
-        if self.hub is None or tally.kind != "command":
-            return
-        tenant = tenancy.current()
-        if tally.started:
-            self.hub.publish(
-                tenant,
-                tally.session_id,
-                "PROCESS_STARTED",
-                process_id=tally.started,
-                argv=tally.attributes.get("argv"),
-            )
-            tally.started = ""
-        if exited:
-            a = tally.attributes
-            self.hub.publish(
-                tenant,
-                tally.session_id,
-                "PROCESS_EXITED",
-                process_id=a.get("process_id"),
-                exit_code=a.get("exit_code"),
-                signal=a.get("signal"),
-                timed_out=a.get("timed_out"),
-            )
-
-    async def activity(self, tally: Tally) -> None:
-        if self.on_activity is None or tally.kind != "command" or not tally.session_id:
-            return
+    async def settled(self, context: Any, scope: CallScope) -> None:
+        """The records of the call's events so far are committed; if the audit log cannot take
+        them, the call fails UNAVAILABLE (an unrecorded action must not look recorded)."""
+        if not scope.pending:
+            return  # the common case, per streamed message too: nothing to wait for
         try:
-            await self.on_activity(tally.session_id)
-        except SandboxError as exc:  # the command's answer stands; the renewal is best effort
-            log.info("renew on activity: %s", exc.message)
+            await scope.settle()
+        except SandboxError as exc:
+            await abort(context, exc)
 
-    async def commit(self, context: Any, tally: Tally) -> None:
-        """The call's event, committed before its answer; if the audit log cannot take it,
-        the call fails UNAVAILABLE (an unrecorded action must not look recorded)."""
+    async def commit(self, context: Any, tally: Tally, scope: CallScope) -> None:
+        """The call's own record and its events', committed before its answer."""
+        await self.settled(context, scope)
         try:
             await tally.settle()
             await self.record(tally.kind, tally.session_id, tally.attributes)
@@ -185,28 +149,35 @@ class _Call:
             )
         )
 
-    async def refused(self, tally: Tally, context: Any, exc: BaseException) -> None:
+    async def refused(
+        self, tally: Tally, scope: CallScope, context: Any, exc: BaseException
+    ) -> None:
         if isinstance(exc, GeneratorExit | asyncio.CancelledError):
             return  # the caller went away: not a refusal (a command's kill is its own record)
         try:
+            with contextlib.suppress(SandboxError):  # what it did before it failed, recorded
+                await scope.settle()
             await self.record("refused", tally.session_id, _refusal(context))
         except SandboxError as failure:  # the call's own error stands
             log.error("audit: a refusal could not be recorded: %s", failure.message)
 
     def unary(self, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def audited_unary(request: Any, context: Any) -> Any:
-            tally = self.begin()
-            await tally.request(request)
+            tally, scope = self.begin()
             try:
-                response = await behavior(request, context)
-            except BaseException as exc:
-                await self.refused(tally, context, exc)
-                raise
-            if self.audited and await tally.reply(response):
-                await self.commit(context, tally)
-                self.processes(tally, exited="exit_code" in tally.attributes)
-                await self.activity(tally)
-            return response
+                await tally.request(request)
+                try:
+                    response = await behavior(request, context)
+                except BaseException as exc:
+                    await self.refused(tally, scope, context, exc)
+                    raise
+                if self.audited and await tally.reply(response):
+                    await self.commit(context, tally, scope)
+                else:
+                    await self.settled(context, scope)
+                return response
+            finally:
+                scope.close()
 
         return audited_unary
 
@@ -214,15 +185,20 @@ class _Call:
         self, behavior: Callable[..., Awaitable[Any]]
     ) -> Callable[..., Awaitable[Any]]:
         async def audited_client_stream(requests: AsyncIterator[Any], context: Any) -> Any:
-            tally = self.begin()
+            tally, scope = self.begin()
             try:
-                response = await behavior(_tallied(requests, tally), context)
-            except BaseException as exc:
-                await self.refused(tally, context, exc)
-                raise
-            if self.audited and await tally.reply(response):
-                await self.commit(context, tally)
-            return response
+                try:
+                    response = await behavior(_tallied(requests, tally), context)
+                except BaseException as exc:
+                    await self.refused(tally, scope, context, exc)
+                    raise
+                if self.audited and await tally.reply(response):
+                    await self.commit(context, tally, scope)
+                else:
+                    await self.settled(context, scope)
+                return response
+            finally:
+                scope.close()
 
         return audited_client_stream
 
@@ -231,29 +207,32 @@ class _Call:
             return self.unary(behavior)  # a writer-style stream (context.write): its outcome only
 
         async def audited_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            tally = self.begin()
-            if streaming:
-                request = _tallied(request, tally)
-            else:
-                await tally.request(request)
-            done = not self.audited
+            tally, scope = self.begin()
             try:
-                async with contextlib.aclosing(behavior(request, context)) as items:
-                    async for item in items:
-                        if not done and await tally.reply(item):
-                            done = True  # the outcome: recorded before the caller sees it
-                            await self.commit(context, tally)
-                            self.processes(tally, exited=True)
-                            await self.activity(tally)
-                        elif tally.started:
-                            self.processes(tally, exited=False)
-                        yield item
-            except BaseException as exc:
-                await self.refused(tally, context, exc)
-                raise
-            if not done:
-                tally.ended()
-                await self.commit(context, tally)
+                if streaming:
+                    request = _tallied(request, tally)
+                else:
+                    await tally.request(request)
+                done = not self.audited
+                try:
+                    async with contextlib.aclosing(behavior(request, context)) as items:
+                        async for item in items:
+                            if not done and await tally.reply(item):
+                                done = True  # the outcome: recorded before the caller sees it
+                                await self.commit(context, tally, scope)
+                            else:
+                                await self.settled(context, scope)
+                            yield item
+                except BaseException as exc:
+                    await self.refused(tally, scope, context, exc)
+                    raise
+                if not done:
+                    tally.ended()
+                    await self.commit(context, tally, scope)
+                else:
+                    await self.settled(context, scope)
+            finally:
+                scope.close()
 
         return audited_stream
 

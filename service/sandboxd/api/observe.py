@@ -37,15 +37,16 @@ def status_code_of(context: Any) -> grpc.StatusCode | None:
     return None
 
 
-def _code_name(context: Any, failed: bool, cancelled: bool = False) -> str:
-    """A call the client cancelled (its task cancelled, its stream closed under it) is
-    CANCELLED, not UNKNOWN: UNKNOWN is kept for a servicer's own unhandled failure."""
+# How a call ended when its context has no status: the code name it is counted under. A call
+# the client cancelled (its task cancelled, its stream closed under it) is CANCELLED, not
+# UNKNOWN: UNKNOWN is kept for a servicer's own unhandled failure.
+OK, FAILED, CANCELLED = "OK", "UNKNOWN", "CANCELLED"
+
+
+def _code_name(context: Any, outcome: str) -> str:
+    """The status the call ended with, else its `outcome` (OK, FAILED or CANCELLED)."""
     code = status_code_of(context)
-    if code is not None:
-        return str(code.name)
-    if cancelled:
-        return "CANCELLED"
-    return "UNKNOWN" if failed else "OK"
+    return str(code.name) if code is not None else outcome
 
 
 def _note_session(request: Any) -> None:
@@ -91,9 +92,9 @@ class MetricsInterceptor(Layer):
         count = self._count_output
         logged = self._access_log
 
-        def observe(start: float, context: Any, failed: bool, cancelled: bool = False) -> None:
+        def observe(start: float, context: Any, outcome: str) -> None:
             in_flight.dec()
-            code = _code_name(context, failed, cancelled)
+            code = _code_name(context, outcome)
             seconds = time.perf_counter() - start
             timer = by_code.get(code)
             if timer is None:
@@ -120,15 +121,15 @@ class MetricsInterceptor(Layer):
                 start = time.perf_counter()
                 in_flight.inc()
                 _note_session(request)
-                failed, cancelled = True, False
+                outcome = FAILED
                 try:
                     response = await behavior(request, context)
-                    failed = False
+                    outcome = OK
                 except asyncio.CancelledError:
-                    cancelled = True
+                    outcome = CANCELLED
                     raise
                 finally:
-                    observe(start, context, failed, cancelled)
+                    observe(start, context, outcome)
                 if isinstance(response, Message):
                     count(response)
                 return response
@@ -143,7 +144,7 @@ class MetricsInterceptor(Layer):
                 start = time.perf_counter()
                 in_flight.inc()
                 _note_session(request)
-                failed, cancelled = True, False
+                outcome = FAILED
                 try:
                     # aclosing: a cancelled call closes the inner stream at once (kills run).
                     async with contextlib.aclosing(behavior(request, context)) as items:
@@ -151,12 +152,12 @@ class MetricsInterceptor(Layer):
                             if isinstance(item, Message):
                                 count(item)
                             yield item
-                    failed = False
+                    outcome = OK
                 except (asyncio.CancelledError, GeneratorExit):
-                    cancelled = True
+                    outcome = CANCELLED
                     raise
                 finally:
-                    observe(start, context, failed, cancelled)
+                    observe(start, context, outcome)
 
             return timed
 

@@ -8,9 +8,9 @@ hears of a change the store does not have.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
+from sandboxd import domain_events
 from sandboxd.events.hub import EventHub
 from sandboxd.models import Loss, Session
 from sandboxd.store import SessionStore
@@ -33,11 +33,14 @@ def state_name(session: Session) -> str:
 
 class ObservedStore(SessionStore):
     def __init__(
-        self, path: Path, hub: EventHub, on_change: Callable[[Session], None] | None = None
+        self,
+        path: Path,
+        hub: EventHub,
+        observer: domain_events.Observer = domain_events.SILENT,
     ) -> None:
         super().__init__(path)
         self._hub = hub
-        self._on_change = on_change  # every state change (the audit log of the server's own)
+        self._observer = observer  # every state change (the audit log of the server's own)
         # What was last published per session: (state, lease end, loss), to tell changes apart.
         self._seen: dict[str, tuple[str, float, Loss | None]] = {}
 
@@ -51,8 +54,7 @@ class ObservedStore(SessionStore):
             told = s.loss is not None and (before is None or before[2] != s.loss)
             extra = loss_attributes(s.loss) if told and s.loss is not None else {}
             self._hub.publish(s.tenant, s.session_id, "STATE_CHANGED", state=state_name(s), **extra)
-            if self._on_change is not None:
-                self._on_change(s)
+            self._observer.emit(domain_events.SessionChanged(s.tenant, s.session_id, s.state.value))
         elif lease > before[1]:
             self._hub.publish(
                 s.tenant,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sandboxd import paging, tenancy, validation
+from sandboxd import domain_events, paging, tenancy, validation
 from sandboxd.config_sections.previews import PreviewsSection
 from sandboxd.errors import (
     FailedPrecondition,
@@ -61,7 +61,9 @@ class Previews:
         signer: TokenSigner,
         connections: OpenConnections,
         address: Address,
+        observer: domain_events.Observer = domain_events.SILENT,  # ports published, withdrawn
     ) -> None:
+        self._observer = observer
         self._settings = settings
         self._sessions = sessions
         self._registry = registry
@@ -129,6 +131,9 @@ class Previews:
                 session_id, port, session.tenant, public, time.time() + ttl
             )
         self._connections.cut(session_id, port, keep_generation=pub.generation)
+        self._observer.emit(
+            domain_events.PortPublished(session.tenant, session_id, port, public, pub.expires_at)
+        )
         return self._preview(pub, with_token=True)
 
     async def unpublish(self, session_id: str, port: int) -> None:
@@ -141,6 +146,7 @@ class Previews:
                 metadata={"session_id": session_id, "port": str(port)},
             )
         self._connections.cut(session_id, port)
+        self._observer.emit(domain_events.PortUnpublished(tenancy.current(), session_id, port))
 
     async def list_ports(
         self, session_id: str, page_size: int, page_token: str

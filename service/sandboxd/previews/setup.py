@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from sandboxd import domain_events
 from sandboxd.agent.router import AgentRouter
 from sandboxd.audit.events import AuditEvent
 from sandboxd.config import Config
@@ -67,10 +68,17 @@ async def serve(
     metrics_registry: CollectorRegistry,
     audit: Callable[[AuditEvent], None],
     dialer: PortDialer | None = None,
+    observer: domain_events.Observer = domain_events.SILENT,
 ) -> AsyncIterator[Previews]:
     settings = config.previews
     previews = Previews(
-        settings, sessions, parts.registry, parts.signer, parts.connections, parts.address
+        settings,
+        sessions,
+        parts.registry,
+        parts.signer,
+        parts.connections,
+        parts.address,
+        observer,
     )
     if not settings.listen:
         yield previews

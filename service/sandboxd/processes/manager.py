@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 
-from sandboxd import validation
+from sandboxd import domain_events, tenancy, validation
 from sandboxd.engine.protocol import Detach
 from sandboxd.errors import (
     AlreadyExists,
@@ -43,6 +44,7 @@ from sandboxd.models import (
     Session,
 )
 from sandboxd.output_ring import OutputBuffer
+from sandboxd.processes import announce
 from sandboxd.processes import budget as room
 from sandboxd.processes import stdin as process_stdin
 from sandboxd.processes.adoption import (
@@ -65,6 +67,8 @@ from sandboxd.processes.record import (
     OutputGap,
     ProcessOrigin,
     StartOptions,
+    foreground,
+    until_running,
 )
 from sandboxd.reasons import Reason
 
@@ -102,16 +106,12 @@ class ProcessManager:
     def __init__(
         self,
         executor: Executor,
-        on_exit: Callable[[Session, BackgroundProcess], None] | None = None,
+        observer: domain_events.Observer = domain_events.SILENT,
         output_budget: int = SESSION_OUTPUT_BUFFER_BYTES,
-        on_start: Callable[[Session, BackgroundProcess], None] | None = None,
     ) -> None:
         self._executor = executor
-        self._on_exit = on_exit  # the audit log and the session's event feed
-        # The feed's PROCESS_STARTED, from here rather than from the StartProcess call's answer,
-        # so that it always comes before the process's PROCESS_EXITED: a command that exits at
-        # once was seen exiting before its call was answered (found in CI).
-        self._on_start = on_start
+        # Every command's start and exit (processes/announce.py): the one producer of both.
+        self._observer = observer
         self._output_budget = output_budget  # per session, rings held here
         self._by_session: dict[str, dict[str, BackgroundProcess]] = {}
         self._forgets = Forgets()  # of the agents' copies of records dropped here
@@ -184,7 +184,7 @@ class ProcessManager:
                     reason=Reason.PROCESS_ALREADY_EXISTS,
                     metadata={"process_id": pid},
                 )
-            await self._started(proc)
+            await until_running(proc)
             return proc
         self._make_room(procs)
         if not await self._agent_keeps(session):
@@ -200,29 +200,12 @@ class ProcessManager:
             self._run(session, proc, hold or contextlib.nullcontext()), name=f"process {pid}"
         )
         try:
-            await self._started(proc)
+            await until_running(proc)
         except SandboxError:
             if procs.get(pid) is proc:
                 del procs[pid]
             raise
         return proc
-
-    @staticmethod
-    async def _started(proc: BackgroundProcess) -> None:
-        """Wait until the process runs. Its start ended by the session's end (DeleteSession or
-        the lease racing this call cancels it) is an answer, never a call left unanswered."""
-        try:
-            await asyncio.shield(proc.running)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if proc.running.cancelled() and (task is None or not task.cancelling()):
-                raise FailedPrecondition(
-                    f"the session {proc.session_id!r} ended while process "
-                    f"{proc.process_id!r} was starting",
-                    reason=Reason.SESSION_NOT_RUNNING,
-                    metadata={"session_id": proc.session_id, "process_id": proc.process_id},
-                ) from None
-            raise
 
     def _forget_old_exited(
         self, procs: dict[str, BackgroundProcess], agent_budget: int = 0
@@ -266,8 +249,7 @@ class ProcessManager:
                     )
                     proc.keep_in_agent(kept, tail)
                 proc.running.set_result(None)
-                if self._on_start is not None:
-                    self._on_start(session, proc)
+                announce.started(self._observer, session.tenant, proc)
                 if proc.options.keep_stdin_open:
                     proc.command = command
                     feeder = asyncio.create_task(process_stdin.first(proc, command))
@@ -300,8 +282,7 @@ class ProcessManager:
             proc.command = None
             if feeder is not None:
                 feeder.cancel()
-            if proc.exited is not None and self._on_exit is not None:
-                self._on_exit(session, proc)
+            announce.exited(self._observer, session.tenant, proc)
             await self._forget_detached(session, proc)
 
     async def _forget_detached(self, session: Session, proc: BackgroundProcess) -> None:
@@ -363,8 +344,7 @@ class ProcessManager:
             proc.finish(ExecExited(137, "SIGKILL", False, False, time.monotonic() - started))
             raise
         finally:
-            if proc.exited is not None and self._on_exit is not None:
-                self._on_exit(session, proc)
+            announce.exited(self._observer, session.tenant, proc)
             await self._forget_detached(session, proc)
 
     def follow(
@@ -402,13 +382,16 @@ class ProcessManager:
                 metadata={"process_id": process_id},
             )
         await self._executor.signal(session, proc.token, name)
+        announce.signalled(self._observer, session, process_id, name)
 
     async def send_input(self, session_id: str, process_id: str, data: bytes) -> None:
         """More stdin for a background process started with keep_stdin_open."""
         await process_stdin.send(lambda: self.get(session_id, process_id), data)
+        announce.input_sent(self._observer, session_id, process_id, len(data))
 
     async def close_stdin(self, session_id: str, process_id: str) -> None:
         await process_stdin.close(lambda: self.get(session_id, process_id))
+        announce.input_sent(self._observer, session_id, process_id, 0, closed=True)
 
     async def track(
         self,
@@ -425,18 +408,28 @@ class ProcessManager:
         """
         proc: BackgroundProcess | None = None
         started = time.monotonic()
+        told = functools.partial(announce.told, self._observer, tenancy.current(), session_id)
+        pid = ""
         try:
             async for event in events:
                 if isinstance(event, ExecStarted):
-                    proc = self._record(session_id, spec, origin, event.process_id)
+                    pid = event.process_id
+                    proc = self._record(session_id, spec, origin, pid)
+                    told(pid, spec, origin, None)
                 elif proc is not None and isinstance(event, ExecOutput):
                     proc.append(event.stream, event.data)
-                elif proc is not None and isinstance(event, ExecExited):
-                    proc.finish(event, complete=True)
+                elif isinstance(event, ExecExited):
+                    if proc is not None:
+                        proc.finish(event, complete=True)
+                    told(pid, spec, origin, event)
+                    pid = ""
                 yield event
         finally:
-            if proc is not None and proc.exited is None:  # the call ended first: it was killed
-                proc.finish(ExecExited(137, "SIGKILL", False, False, time.monotonic() - started))
+            if pid:  # the call ended first: it was killed
+                killed = ExecExited(137, "SIGKILL", False, False, time.monotonic() - started)
+                if proc is not None:
+                    proc.finish(killed)
+                told(pid, spec, origin, killed)
             procs = self._by_session.get(session_id)
             if procs is not None:
                 self._forget_old_exited(procs)
@@ -452,10 +445,5 @@ class ProcessManager:
                 return None
             self._drop(procs, oldest)
         size = min(spec.max_output_bytes, FOREGROUND_BUFFER_BYTES)
-        # Exec, Run and Interact start their command with the process id as its token.
-        proc = BackgroundProcess(
-            session_id, process_id, spec, StartOptions(size), origin, token=process_id
-        )
-        proc.running.set_result(None)
-        procs[process_id] = proc
+        procs[process_id] = proc = foreground(session_id, process_id, spec, origin, size)
         return proc

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sandboxd.errors import InvalidArgument, OutOfRange
+from sandboxd.errors import FailedPrecondition, InvalidArgument, OutOfRange
 from sandboxd.execution import Command, new_token
 from sandboxd.models import (
     ExecExited,
@@ -252,3 +252,32 @@ class BackgroundProcess:
                 await asyncio.wait_for(changed.wait(), timeout=keepalive_s)
             except TimeoutError:
                 yield ExecKeepalive()
+
+
+async def until_running(proc: BackgroundProcess) -> None:
+    """Wait until the process runs. Its start ended by the session's end (DeleteSession or the
+    lease racing this call cancels it) is an answer, never a call left unanswered."""
+    try:
+        await asyncio.shield(proc.running)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if proc.running.cancelled() and (task is None or not task.cancelling()):
+            raise FailedPrecondition(
+                f"the session {proc.session_id!r} ended while process "
+                f"{proc.process_id!r} was starting",
+                reason=Reason.SESSION_NOT_RUNNING,
+                metadata={"session_id": proc.session_id, "process_id": proc.process_id},
+            ) from None
+        raise
+
+
+def foreground(
+    session_id: str, process_id: str, spec: ExecSpec, origin: ProcessOrigin, buffer_bytes: int
+) -> BackgroundProcess:
+    """An Exec, Run or Interact command's record, running: they start their command with the
+    process id as its token."""
+    proc = BackgroundProcess(
+        session_id, process_id, spec, StartOptions(buffer_bytes), origin, token=process_id
+    )
+    proc.running.set_result(None)
+    return proc

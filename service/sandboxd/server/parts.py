@@ -21,19 +21,16 @@ from urllib.parse import urlsplit
 
 from opentelemetry.trace import Tracer
 
-from sandboxd import tenancy
+from sandboxd import domain_events, tenancy
 from sandboxd.admission import ChannelShares, FairShares, shares_of
 from sandboxd.agent.detached import for_engine as agent_processes
 from sandboxd.agent.router import agent_settings
 from sandboxd.api.audit_describe import hashing_threads
+from sandboxd.api.session_leases import renew_on_activity
 from sandboxd.archive import ArchiveIO
 from sandboxd.audit import AuditStore, AuditWriter
-from sandboxd.audit.egress import (
-    background_exit,
-    background_start,
-    egress_sink,
-    server_lifecycle,
-)
+from sandboxd.audit.egress import egress_into
+from sandboxd.audit.subscriber import AuditSubscriber
 from sandboxd.budget import ByteBudget
 from sandboxd.checkpoints import Checkpoints
 from sandboxd.config import Config
@@ -43,12 +40,14 @@ from sandboxd.egress.resolver import Resolver
 from sandboxd.engine import DockerEngine, Engine, docker_tls
 from sandboxd.engine.docker_volumes import DockerVolumeDisks
 from sandboxd.events import EventHub, ObservedStore
+from sandboxd.events.feed import FeedSubscriber
 from sandboxd.execution import Executor
 from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
 from sandboxd.host_ids import HostIds
 from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
 from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
+from sandboxd.leases.activity import ActivityRenewal
 from sandboxd.metrics import Metrics
 from sandboxd.pool import WarmPool
 from sandboxd.previews import setup as previews_setup
@@ -62,7 +61,7 @@ from sandboxd.sessions.memory_suspension import MemoryOptions
 from sandboxd.sessions.recovery import ENDED_RETENTION
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
-from sandboxd.sweeper import Sweeper, SweepResult
+from sandboxd.sweeper import Sweeper
 from sandboxd.templates.builds import Templates, template_in_use
 from sandboxd.templates.builtin_images import BuiltinImages, ScriptRunner
 from sandboxd.templates.quota import ImageQuota
@@ -86,6 +85,7 @@ class Parts:
     audit: AuditWriter
     hashers: concurrent.futures.Executor  # hash audited transfers (audit_describe.Digest)
     hub: EventHub
+    observer: domain_events.FanOut  # the domain's events; audit, feed, leases, metrics listen
     tiers: IsolationTiers
     store: ObservedStore
     pool: WarmPool
@@ -152,11 +152,14 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     audit.start()
     stack.push_async_callback(audit.close)  # after the gRPC server stopped: flush, then close
     hub = EventHub(config.events.window)
+    # One observer for the whole domain; its subscribers are registered here, the lease
+    # renewal once the sessions exist (docs/architecture.md: the life of a request).
+    observer = domain_events.FanOut([AuditSubscriber(audit), FeedSubscriber(hub), metrics.observe])
     tiers = IsolationTiers(
         parse_tier(config.isolation.default), parse_tiers(config.isolation.allowed)
     )
     store = await stack.enter_async_context(
-        ObservedStore(config.server.data_dir / "sessions.db", hub, server_lifecycle(audit))
+        ObservedStore(config.server.data_dir / "sessions.db", hub, observer)
     )
     host_ids = HostIds.for_config(config, store)  # sessions' and warm containers' own uids
     pool = WarmPool.for_config(engine, config, owner_id, host_ids, metrics)
@@ -170,7 +173,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             proxy_port=config.egress.proxy_port,
             channels=docker.agents.open if docker.agents is not None else None,
             on_decision=metrics.proxy_decision,
-            on_event=egress_sink(audit, hub),
+            on_event=egress_into(observer),
             resolver=Resolver(
                 parse_static_hosts(config.egress.proxy_hosts),
                 threads=config.egress.resolver_threads,
@@ -195,22 +198,20 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     executor = Executor(engine, detached=detached)
     stack.push_async_callback(executor.close)
     processes = ProcessManager(
-        executor,
-        on_exit=background_exit(audit, hub),
-        output_budget=config.limits.process_output_buffer_bytes,
-        on_start=background_start(hub),
+        executor, observer, output_budget=config.limits.process_output_buffer_bytes
     )
     stack.push_async_callback(processes.close)  # before executor.close awaits the kills
     files = Files(
         engine,
         buffers=ByteBudget(config.limits.file_buffer_bytes),
         listing_bytes=config.limits.listing_bytes,
+        observer=observer,
     )
     archive = ArchiveIO(engine, files, config.archive.max_members)
     snapshot_store = await SnapshotStore(store.db, config.server.data_dir / "snapshots").open()
     keeper = SnapshotKeeper(snapshot_store, archive, engine, owner_id)
     terms = await LeaseTermsStore(store.db).open()
-    pulls = Pulls(config, engine, live_images=lambda: live_images(store))
+    pulls = Pulls(config, engine, live_images=lambda: live_images(store), observer=observer)
     stack.push_async_callback(pulls.close)
     template_store = await TemplateStore(store.db).open()
     image_quota = ImageQuota(
@@ -228,6 +229,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         in_use=functools.partial(template_in_use, store),
         quota=image_quota,
         builtins=_builtin_images(config, engine),
+        observer=observer,
     )
     stack.push_async_callback(templates.close)
     preview_parts = await previews_setup.prepare(config, store)
@@ -264,6 +266,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             room=image_quota.check_checkpoint_room,
         ),
     )
+    observer.subscribe(ActivityRenewal(functools.partial(renew_on_activity, sessions, terms)))
     volumes = Volumes(
         config.volumes,
         volume_store,
@@ -280,6 +283,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             limits=config.limits.default,
             running=porter_runs,
         ),
+        observer,
     )
     snapshots = Snapshots(
         keeper,
@@ -299,6 +303,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             sessions=sessions,
             metrics_registry=metrics.registry,
             audit=audit.record_nowait,
+            observer=observer,
         )
     )
     return Parts(
@@ -309,6 +314,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         audit=audit,
         hashers=hashers,
         hub=hub,
+        observer=observer,
         tiers=tiers,
         store=store,
         pool=pool,
@@ -324,14 +330,14 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         snapshots=snapshots,
         checkpoints=Checkpoints(snapshots, store, snapshot_store),
         previews=previews,
-        transfer=FileTransfer(files.helper, config.tenancy.stream_idle_timeout_s),
+        transfer=FileTransfer(files.helper, config.tenancy.stream_idle_timeout_s, observer),
         sweeper=Sweeper(
             sessions,
             engine,
             owner_id,
             snapshots,
             pulls=pulls,
-            on_swept=_counted(metrics),
+            observer=observer,
             volumes=volumes,
         ),
         volumes=volumes,
@@ -339,18 +345,6 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         tracer=tracer,
         shares=shares,
     )
-
-
-def _counted(metrics: Metrics) -> Callable[[SweepResult], None]:
-    def count(result: SweepResult) -> None:
-        metrics.swept_away(
-            containers=result.removed_containers,
-            images=result.removed_images,
-            networks=result.removed_networks,
-            sessions=result.expired_sessions,
-        )
-
-    return count
 
 
 async def _protected(config: Config) -> Protected:

@@ -6,7 +6,6 @@ stream guards are chosen from the configuration here.
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import grpc
@@ -26,7 +25,7 @@ from sandboxd.api.observe import MetricsInterceptor
 from sandboxd.api.process_service import ProcessService
 from sandboxd.api.reply_limit import ReplyLimit
 from sandboxd.api.session_events import SessionEventRpcs
-from sandboxd.api.session_leases import LeaseEcho, renew_on_activity
+from sandboxd.api.session_leases import LeaseEcho
 from sandboxd.api.session_lifecycle import SessionLifecycleRpcs
 from sandboxd.api.session_network import SessionNetworkRpcs
 from sandboxd.api.session_previews import SessionPreviewRpcs
@@ -193,12 +192,9 @@ def _layers(config: Config, p: Parts) -> list[Layer]:
         # Right inside authentication: a call over its tenant's fair share is refused before
         # the audit, the store or the servicer spend anything on it.
         *([CallAdmission(p.shares)] if p.shares is not None else []),
-        AuditInterceptor(
-            p.audit,
-            p.hashers,
-            p.hub,
-            functools.partial(renew_on_activity, p.sessions, p.terms),
-        ),  # inside authentication: the tenant is known
+        # Inside authentication (the tenant is known): the call's scope, settled before it
+        # answers, and its refusal.
+        AuditInterceptor(p.audit, p.hashers),
         # Innermost: the tenant is known here (set by authentication, or the default).
         StreamCaps(config.tenancy.max_streams),
         # Innermost of all: every reply message the servicer makes, at most the caller's

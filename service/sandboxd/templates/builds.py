@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sandboxd import images, paging, tenancy
+from sandboxd import domain_events, images, paging, tenancy
 from sandboxd.config import Config
 from sandboxd.engine.protocol import BuildLimits, Engine
 from sandboxd.errors import (
@@ -87,7 +87,9 @@ class Templates:
         settle_s: float = SETTLE_S,
         watch_every_s: float = build_run.WATCH_EVERY_S,
         builtins: BuiltinImages | None = None,
+        observer: domain_events.Observer = domain_events.SILENT,  # builds done, deletions
     ) -> None:
+        self._observer = observer
         self._builtins = builtins  # None: built-in images are made by `make image` alone
         self._settle_s = settle_s
         self._quota = quota
@@ -211,6 +213,7 @@ class Templates:
             )
         await self._store.delete(tenant, name)
         await self._remove(found)
+        self._observer.emit(domain_events.TemplateDeleted(tenant, name))
 
     async def _remove(self, t: TemplateRecord) -> None:
         if t.build_id:
@@ -288,6 +291,10 @@ class Templates:
             room = await self._quota.check_room(tenant, f"template {name!r}", besides=name)
             limit = build_run.SizeLimit(room, self._config.images.max_image_bytes, base_bytes)
             async for event in self._build(tenant, name, parsed, base, chunks, limit):
+                if isinstance(event, TemplateRecord):  # READY: the last
+                    self._observer.emit(
+                        domain_events.TemplateBuilt(tenant, name, event.image, event.size_bytes)
+                    )
                 yield event
         finally:
             self._building.discard((tenant, name))

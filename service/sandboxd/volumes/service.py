@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from sandboxd import paging, tenancy, validation
+from sandboxd import domain_events, paging, tenancy, validation
 from sandboxd.config_sections import VolumesSection
 from sandboxd.errors import AlreadyExists, Internal, ResourceExhausted, SandboxError
 from sandboxd.reasons import Reason
@@ -48,7 +48,9 @@ class Volumes:
         disks: VolumeDisks,
         owner_id: str,
         porter: VolumePorter | None = None,
+        observer: domain_events.Observer = domain_events.SILENT,  # imports and exports
     ) -> None:
+        self._observer = observer
         self._settings = settings
         self._store = store
         self._claims = claims
@@ -187,9 +189,14 @@ class Volumes:
             why = "an export while it is written would not be one state of it"
             await self._claims.require_unmounted(volume_id, why, readers_ok=True)
             chunks = porter.export(record.disk, record.size_bytes)
+            sent = 0
             async with contextlib.aclosing(chunks):  # type: ignore[type-var]
                 async for data in chunks:
+                    sent += len(data)
                     yield data
+        self._observer.emit(
+            domain_events.VolumeMoved(tenancy.current(), volume_id, imported=False, tar_bytes=sent)
+        )
 
     async def import_(self, volume_id: str, replace: bool, chunks: AsyncIterator[bytes]) -> Volume:
         """All or nothing, checked as ImportArchive; refused while any session mounts it."""
@@ -199,8 +206,19 @@ class Volumes:
             record = await self._claims.record(volume_id)
             why = "an import changes what its sessions see under them; delete them first"
             await self._claims.require_unmounted(volume_id, why, readers_ok=False)
-            await porter.import_(record.disk, record.size_bytes, replace, chunks)
-            return await self._view(record)
+            taken = [0]
+
+            async def counted() -> AsyncIterator[bytes]:
+                async for data in chunks:
+                    taken[0] += len(data)
+                    yield data
+
+            await porter.import_(record.disk, record.size_bytes, replace, counted())
+            volume = await self._view(record)
+        self._observer.emit(
+            domain_events.VolumeMoved(tenancy.current(), volume_id, True, taken[0], replace)
+        )
+        return volume
 
     def _require_porter(self) -> VolumePorter:
         if self._porter is None:

@@ -1,0 +1,83 @@
+"""Every RPC of the API, classified: read-only, or recorded in the audit log with these kinds.
+
+A new RPC has to be put here (tests/unit/test_audited_rpcs.py walks the generated descriptors
+and fails on one that is not), so a call that changes state cannot be left out of the audit
+log by forgetting it. An audited RPC's record comes from one of two places, also named here:
+- `EDGE`: attributes read off the call's own messages (a command's output bytes, a transfer's
+  SHA-256, a session's lifecycle action), described in audit_describe;
+- a domain event type: the code that did it emits the event (sandboxd.domain_events), the
+  audit log's subscriber (audit/subscriber.py) turns it into a record of the kind named.
+Any refused call, read-only or not, is also a `refused` record.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+EDGE: Final = "edge"
+
+READ_ONLY: Final = frozenset(
+    {
+        "SessionService/GetSession",
+        "SessionService/ListSessions",
+        "SessionService/ListEgressEvents",
+        "SessionService/WatchSession",
+        "SessionService/WatchSessions",
+        "SessionService/GetSessionStats",
+        "SessionService/ListPorts",
+        "ProcessService/AttachProcess",
+        "ProcessService/ListProcesses",
+        "ProcessService/GetProcess",
+        "FilesystemService/ReadFile",
+        "FilesystemService/ListDir",
+        "FilesystemService/Stat",
+        "FilesystemService/ReadFileStream",
+        "FilesystemService/WatchDir",
+        "AdminService/GetServerInfo",
+        "AdminService/ListImages",
+        "SnapshotService/GetSnapshot",
+        "SnapshotService/ListSnapshots",
+        "SnapshotService/DownloadSnapshot",
+        "AuditService/ListAuditEvents",
+        "TemplateService/GetTemplate",
+        "TemplateService/ListTemplates",
+        "VolumeService/GetVolume",
+        "VolumeService/ListVolumes",
+    }
+)
+
+# Service/Method -> (where its record comes from, the audit kind of that record)
+AUDITED: Final[dict[str, tuple[str, str]]] = {
+    "SessionService/CreateSession": (EDGE, "lifecycle"),
+    "SessionService/RenewLease": (EDGE, "lifecycle"),
+    "SessionService/DeleteSession": (EDGE, "lifecycle"),
+    "SessionService/UpdateNetworkPolicy": (EDGE, "lifecycle"),
+    "SessionService/SuspendSession": (EDGE, "lifecycle"),
+    "SessionService/ResumeSession": (EDGE, "lifecycle"),
+    "SessionService/PublishPort": ("PortPublished", "preview"),
+    "SessionService/UnpublishPort": ("PortUnpublished", "preview"),
+    "ProcessService/Exec": (EDGE, "command"),
+    "ProcessService/Run": (EDGE, "command"),
+    "ProcessService/Interact": (EDGE, "command"),
+    "ProcessService/StartProcess": (EDGE, "command"),
+    "ProcessService/SignalProcess": ("ProcessSignalled", "lifecycle"),
+    "ProcessService/SendProcessInput": ("ProcessInputSent", "lifecycle"),
+    "ProcessService/CloseProcessStdin": ("ProcessInputSent", "lifecycle"),
+    "FilesystemService/WriteFile": ("FileWritten", "file_write"),
+    "FilesystemService/Remove": ("FileRemoved", "file_remove"),
+    "FilesystemService/MakeDir": ("DirectoryMade", "file_write"),
+    "FilesystemService/WriteFileStream": ("FileWritten", "file_write"),
+    "FilesystemService/Move": ("FileMoved", "file_write"),
+    "AdminService/Sweep": ("Swept", "lifecycle"),
+    "AdminService/PullImage": ("ImagePulled", "lifecycle"),
+    "SnapshotService/ExportArchive": (EDGE, "archive_export"),
+    "SnapshotService/ImportArchive": (EDGE, "archive_import"),
+    "SnapshotService/CreateSnapshot": (EDGE, "snapshot"),
+    "SnapshotService/DeleteSnapshot": (EDGE, "lifecycle"),
+    "TemplateService/BuildTemplate": ("TemplateBuilt", "lifecycle"),
+    "TemplateService/DeleteTemplate": ("TemplateDeleted", "lifecycle"),
+    "VolumeService/CreateVolume": (EDGE, "lifecycle"),
+    "VolumeService/DeleteVolume": (EDGE, "lifecycle"),
+    "VolumeService/ExportVolume": ("VolumeMoved", "archive_export"),
+    "VolumeService/ImportVolume": ("VolumeMoved", "archive_import"),
+}

@@ -1,0 +1,485 @@
+"""Every RPC is read-only or audited, and an audited one's record is made by the code that acts.
+
+The generated descriptors are walked: each method of each service must be classified in
+sandboxd.api.audited_rpcs, so a new RPC cannot be left out of the audit log by forgetting it.
+A method whose record is read off its messages at the edge must be one audit_describe
+describes (and no other may be, or it would be recorded twice); one whose record comes from a
+domain event is run here against the fakes with a recording observer: its producer must emit
+that event, and the audit log's subscriber must turn it, inside the call's scope, into a record
+of the classified kind that carries the call's method and trace id and is acknowledged before
+the call may answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import importlib
+import io
+import pkgutil
+import tarfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+import pytest
+import sandboxd.v1
+from fakes import FakeEngine
+from sandboxd import domain_events as de
+from sandboxd.api import audited_rpcs
+from sandboxd.api.audit_describe import audited, hashing_threads
+from sandboxd.api.audit_interceptor import AuditInterceptor
+from sandboxd.audit import AuditEvent
+from sandboxd.audit.subscriber import AuditSubscriber
+from sandboxd.config import Config
+from sandboxd.models import ExecSpec
+from sandboxd.processes import ProcessManager
+from sandboxd.processes.record import BackgroundProcess
+from sandboxd.pulls import Pulls
+from sandboxd.server.transport import SERVICE_NAMES
+from sandboxd.sessions import CreateSessionInput
+from sandboxd.store import SessionStore
+from sandboxd.sweeper import Sweeper
+from sandboxd.templates.builds import Templates
+from sandboxd.templates.quota import ImageQuota
+from sandboxd.templates.store import TemplateStore
+from sandboxd.v1 import filesystem_pb2, filesystem_pb2_grpc
+from sandboxd.volumes.claims import VolumeClaims
+from sandboxd.volumes.service import Volumes
+from sandboxd.volumes.store import VolumeStore
+from session_stack import OWNER, session_stack
+
+
+def _methods() -> set[str]:
+    """Service/Method of every RPC in the generated modules (not only the served ones)."""
+    found: set[str] = set()
+    for info in pkgutil.iter_modules(sandboxd.v1.__path__):
+        if not info.name.endswith("_pb2"):
+            continue
+        module = importlib.import_module(f"sandboxd.v1.{info.name}")
+        for service in module.DESCRIPTOR.services_by_name.values():
+            assert service.full_name in SERVICE_NAMES, f"{service.full_name} is not served"
+            found |= {f"{service.name}/{m.name}" for m in service.methods}
+    return found
+
+
+def test_every_rpc_is_read_only_or_audited() -> None:
+    methods = _methods()
+    assert len(methods) > 50  # the walk found the API
+    both = audited_rpcs.READ_ONLY & audited_rpcs.AUDITED.keys()
+    assert not both, f"both read-only and audited: {sorted(both)}"
+    unclassified = methods - audited_rpcs.READ_ONLY - audited_rpcs.AUDITED.keys()
+    assert not unclassified, (
+        f"classify these RPCs in sandboxd/api/audited_rpcs.py: {sorted(unclassified)}"
+    )
+    gone = (audited_rpcs.READ_ONLY | audited_rpcs.AUDITED.keys()) - methods
+    assert not gone, f"classified, but no such RPC: {sorted(gone)}"
+
+
+def test_the_edge_describes_exactly_the_rpcs_classified_as_its_own() -> None:
+    for method in _methods():
+        source = audited_rpcs.AUDITED.get(method, ("", ""))[0]
+        assert audited(method) == (source == audited_rpcs.EDGE), method
+
+
+def test_every_event_named_is_a_domain_event() -> None:
+    for method, (source, _) in audited_rpcs.AUDITED.items():
+        if source != audited_rpcs.EDGE:
+            assert isinstance(getattr(de, source, None), type), f"{method}: {source}?"
+
+
+# ----- the producers, on the fakes -----------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[de.DomainEvent] = []
+
+    def emit(self, event: de.DomainEvent) -> None:
+        self.events.append(event)
+
+
+class Writer:
+    """The audit writer's two doors; `record` acknowledges after a loop turn, as a commit."""
+
+    def __init__(self) -> None:
+        self.acknowledged: list[AuditEvent] = []
+        self.queued: list[AuditEvent] = []
+
+    async def record(self, event: AuditEvent) -> AuditEvent:
+        await asyncio.sleep(0)
+        self.acknowledged.append(event)
+        return event
+
+    def record_nowait(self, event: AuditEvent) -> None:
+        self.queued.append(event)
+
+
+Scenario = Callable[[Path, Recorder], Awaitable[None]]
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def scenario(*methods: str) -> Callable[[Scenario], Scenario]:
+    def register(fn: Scenario) -> Scenario:
+        for m in methods:
+            SCENARIOS[m] = fn
+        return fn
+
+    return register
+
+
+@scenario("FilesystemService/WriteFileStream", "FilesystemService/Move")
+async def _files(tmp_path: Path, observer: Recorder) -> None:
+    from sandboxd.file_transfer import FileTransfer
+    from sandboxd.helper_client import HelperClient
+    from test_file_transfer_order import SESSION, _Engine
+
+    engine = _Engine()
+    transfer = FileTransfer(HelperClient(engine), 1.0, observer)  # type: ignore[arg-type]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"abc"
+
+    async def release() -> None:
+        while not engine.streams:
+            await asyncio.sleep(0)
+        engine.streams[0].released.set()
+
+    releaser = asyncio.create_task(release())
+    await transfer.write(SESSION, "keep.txt", 0o644, False, chunks())
+    await releaser
+    await transfer.move(SESSION, "keep.txt", "kept.txt", False)
+    await transfer.close()
+
+
+@scenario("FilesystemService/WriteFile", "FilesystemService/MakeDir", "FilesystemService/Remove")
+async def _file_calls(tmp_path: Path, observer: Recorder) -> None:
+    from sandboxd.files import Files
+    from test_file_transfer_order import _Engine
+
+    engine = _Engine()
+    files = Files(engine, observer=observer)  # type: ignore[arg-type]
+    limits = SimpleNamespace(file_bytes=1 << 20, workspace_bytes=1 << 20)
+    session: Any = SimpleNamespace(
+        session_id="s1",
+        tenant="alpha",
+        container_id="c1",
+        spec=SimpleNamespace(user="1000:1000", limits=limits),
+    )
+
+    async def release() -> None:
+        while not engine.streams:
+            await asyncio.sleep(0)
+        engine.streams[0].released.set()
+
+    releaser = asyncio.create_task(release())
+    await files.write(session, "keep.txt", b"abc", 0, False)
+    await releaser
+    await files.make_dir(session, "folder", True)
+    await files.remove(session, "keep.txt", False)
+
+
+@scenario("ProcessService/SignalProcess")
+async def _signal(tmp_path: Path, observer: Recorder) -> None:
+    class Executor:
+        detached = None
+        sent: list[str] = []
+
+        async def signal(self, session: object, token: str, name: str) -> None:
+            self.sent.append(name)
+
+    executor = Executor()
+    pm = ProcessManager(executor, observer)  # type: ignore[arg-type]
+    proc = BackgroundProcess("s1", "p1", ExecSpec(["sleep", "9"], "/workspace", {}, b"", 30.0, 1))
+    pm._by_session["s1"] = {"p1": proc}
+    session: Any = SimpleNamespace(session_id="s1", tenant="alpha")
+    await pm.signal(session, "p1", "SIGTERM")
+    assert executor.sent == ["SIGTERM"]
+
+
+@scenario("ProcessService/SendProcessInput", "ProcessService/CloseProcessStdin")
+async def _stdin(tmp_path: Path, observer: Recorder) -> None:
+    class Command:
+        stdin_closed = False
+
+        async def write(self, data: bytes) -> None:
+            pass
+
+        def close_stdin(self) -> None:
+            self.stdin_closed = True
+
+    pm = ProcessManager(executor=None, observer=observer)  # type: ignore[arg-type]
+    proc = BackgroundProcess("s1", "p1", ExecSpec(["cat"], "/workspace", {}, b"", 30.0, 1024))
+    proc.command = Command()  # type: ignore[assignment]
+    pm._by_session["s1"] = {"p1": proc}
+    await pm.send_input("s1", "p1", b"hello")
+    await pm.close_stdin("s1", "p1")
+
+
+@scenario("AdminService/Sweep")
+async def _sweep(tmp_path: Path, observer: Recorder) -> None:
+    async with session_stack(tmp_path) as st:
+        await Sweeper(st.sessions, st.engine, OWNER, st.snapshots, observer=observer).sweep()
+
+
+@scenario("AdminService/PullImage")
+async def _pull(tmp_path: Path, observer: Recorder) -> None:
+    from test_pulls import DIGEST, REF, StubRegistry
+
+    engine = FakeEngine()
+    engine.remote[REF] = (DIGEST, (100, 200))
+    config = Config(data_dir=tmp_path)
+    pulls = Pulls(config, engine, registry=StubRegistry(), observer=observer)  # type: ignore[arg-type]
+    async for _ in pulls.watch(REF):
+        pass
+    await pulls.close()
+
+
+@scenario("TemplateService/BuildTemplate", "TemplateService/DeleteTemplate")
+async def _templates(tmp_path: Path, observer: Recorder) -> None:
+    engine = FakeEngine()
+
+    async def in_use(tenant: str, name: str) -> bool:
+        return False
+
+    async def no_snapshots(tenant: str) -> list[str]:
+        return []
+
+    async def context() -> AsyncIterator[bytes]:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w"):
+            pass
+        yield buf.getvalue()
+
+    config = Config(data_dir=tmp_path)
+    async with SessionStore(tmp_path / "sessions.db") as store:
+        tstore = await TemplateStore(store.db).open()
+        quota = ImageQuota(0, engine, tstore, no_snapshots)
+        templates = Templates(
+            config,
+            engine,
+            tstore,
+            tmp_path / "spool",
+            in_use,
+            quota=quota,
+            settle_s=0,
+            observer=observer,
+        )
+        async for _ in templates.build("web", "FROM busybox\n", context()):
+            pass
+        await templates.delete("web")
+        await templates.wait_cleanups()
+        await templates.close()
+
+
+@scenario("SessionService/PublishPort", "SessionService/UnpublishPort")
+async def _ports(tmp_path: Path, observer: Recorder) -> None:
+    from preview_world import LoopbackDialer, preview_parts
+
+    async with preview_parts(tmp_path, LoopbackDialer(), observer) as world:
+        await world.sessions.create(CreateSessionInput(session_id="s1"))
+        await world.previews.publish("s1", 8080, None, False)
+        await world.previews.unpublish("s1", 8080)
+
+
+@scenario("VolumeService/ImportVolume", "VolumeService/ExportVolume")
+async def _volumes(tmp_path: Path, observer: Recorder) -> None:
+    from test_volumes_domain import FakeDisks, _settings
+
+    class Porter:
+        async def export(self, disk: str, size_bytes: int) -> AsyncIterator[bytes]:
+            yield b"tar"
+
+        async def import_(
+            self, disk: str, size_bytes: int, replace: bool, chunks: AsyncIterator[bytes]
+        ) -> None:
+            async for _ in chunks:
+                pass
+
+        async def sweep(self) -> int:
+            return 0
+
+    async def data() -> AsyncIterator[bytes]:
+        yield b"tar bytes"
+
+    disks = FakeDisks()
+    async with SessionStore(tmp_path / "sessions.db") as store:
+        vstore = await VolumeStore(store.db).open()
+        claims = VolumeClaims(vstore, store, disks)
+        settings = _settings(tenant_max_volumes=5, tenant_max_bytes=1 << 34)
+        volumes = Volumes(settings, vstore, claims, disks, OWNER, Porter(), observer)  # type: ignore[arg-type]
+        await volumes.create("data", 1 << 30, {})
+        await volumes.import_("data", True, data())
+        async for _ in volumes.export("data"):
+            pass
+
+
+def test_every_domain_audited_rpc_has_its_producer_run_here() -> None:
+    domain = {m for m, (source, _) in audited_rpcs.AUDITED.items() if source != audited_rpcs.EDGE}
+    assert set(SCENARIOS) == domain
+
+
+@pytest.mark.parametrize("method", sorted(SCENARIOS))
+async def test_the_producer_emits_and_the_audit_records_it_in_the_call(
+    method: str, tmp_path: Path
+) -> None:
+    source, kind = audited_rpcs.AUDITED[method]
+    observer = Recorder()
+
+    await asyncio.create_task(SCENARIOS[method](tmp_path, observer))
+    emitted = [e for e in observer.events if type(e).__name__ == source]
+    assert emitted, f"{method}: no {source} was emitted ({observer.events})"
+
+    writer = Writer()
+    subscriber = AuditSubscriber(writer)  # type: ignore[arg-type]
+
+    async def in_the_call() -> None:
+        scope = de.CallScope(method, "ab" * 16)
+        de.CURRENT_SCOPE.set(scope)
+        for event in emitted:
+            subscriber(event)
+        assert not writer.acknowledged  # deferred: the call waits for it before answering
+        await scope.settle()
+        scope.close()
+
+    await asyncio.create_task(in_the_call())
+    assert len(writer.acknowledged) == len(emitted) and not writer.queued
+    assert kind in {r.kind for r in writer.acknowledged}, method
+    for record, event in zip(writer.acknowledged, emitted, strict=True):
+        assert record.attributes["method"] == method
+        assert record.trace_id == "ab" * 16
+        assert record.tenant == event.tenant
+
+
+async def test_an_event_after_its_call_answered_is_queued_not_deferred() -> None:
+    writer = Writer()
+    subscriber = AuditSubscriber(writer)  # type: ignore[arg-type]
+    event = de.FileMoved("default", "s1", "a", "b", False, 3)
+
+    async def late() -> None:
+        scope = de.CallScope("FilesystemService/Move")
+        de.CURRENT_SCOPE.set(scope)
+        scope.close()
+        subscriber(event)
+
+    await asyncio.create_task(late())
+    assert [e.kind for e in writer.queued] == ["file_write"] and not writer.acknowledged
+    assert "method" not in writer.queued[0].attributes
+
+
+async def test_a_failed_acknowledgement_fails_the_settle() -> None:
+    from sandboxd.errors import Unavailable
+
+    class Broken(Writer):
+        async def record(self, event: AuditEvent) -> AuditEvent:
+            raise Unavailable("the audit log could not be written")
+
+    subscriber = AuditSubscriber(Broken())  # type: ignore[arg-type]
+
+    async def call() -> None:
+        scope = de.CallScope("FilesystemService/Move")
+        de.CURRENT_SCOPE.set(scope)
+        subscriber(de.FileMoved("default", "s1", "a", "b", False, 3))
+        with pytest.raises(Unavailable):
+            await scope.settle()
+
+    await asyncio.create_task(call())
+
+
+def test_events_are_frozen() -> None:
+    for name in de.__all__ if hasattr(de, "__all__") else dir(de):
+        value = getattr(de, name)
+        if isinstance(value, type) and dataclasses.is_dataclass(value) and name != "CallScope":
+            assert value.__dataclass_params__.frozen, name  # type: ignore[attr-defined]
+
+
+# ----- the edge, over a real gRPC server --------------------------------------------------------
+
+
+class _Mover(filesystem_pb2_grpc.FilesystemServiceServicer):
+    """A Move that does what the domain does: emits FileMoved into the observer."""
+
+    def __init__(self, observer: de.Observer) -> None:
+        self._observer = observer
+
+    async def Move(  # noqa: N802
+        self, request: filesystem_pb2.MoveRequest, context: object
+    ) -> filesystem_pb2.MoveResponse:
+        self._observer.emit(
+            de.FileMoved(
+                "default",
+                request.session_id,
+                request.source_path,
+                request.destination_path,
+                False,
+                1,
+            )
+        )
+        return filesystem_pb2.MoveResponse()
+
+
+class _HeldWriter(Writer):
+    """Acknowledges only when the test says so (or fails, when told to)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.fail = False
+
+    async def record(self, event: AuditEvent) -> AuditEvent:
+        await self.release.wait()
+        if self.fail:
+            from sandboxd.errors import Unavailable
+
+            raise Unavailable("the audit log could not be written")
+        self.acknowledged.append(event)
+        return event
+
+
+@contextlib.asynccontextmanager
+async def _served(writer: _HeldWriter) -> AsyncIterator[filesystem_pb2_grpc.FilesystemServiceStub]:
+    observer = de.FanOut([AuditSubscriber(writer)])  # type: ignore[arg-type]
+    async with hashing_threads(1) as pool:
+        server = grpc.aio.server(interceptors=[AuditInterceptor(writer, pool)])  # type: ignore[arg-type]
+        filesystem_pb2_grpc.add_FilesystemServiceServicer_to_server(_Mover(observer), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                yield filesystem_pb2_grpc.FilesystemServiceStub(channel)
+        finally:
+            await server.stop(0)
+
+
+async def test_the_edge_answers_only_once_the_events_record_is_acknowledged() -> None:
+    writer = _HeldWriter()
+    async with _served(writer) as stub:
+        traced = (("traceparent", f"00-{'ab' * 16}-00f067aa0ba902b7-01"),)
+        call = asyncio.ensure_future(
+            stub.Move(
+                filesystem_pb2.MoveRequest(session_id="s1", source_path="a", destination_path="b"),
+                metadata=traced,
+            )
+        )
+        await asyncio.sleep(0.3)
+        assert not call.done()  # the record is not acknowledged: no answer yet
+        writer.release.set()
+        await call
+    (record,) = writer.acknowledged
+    assert record.kind == "file_write" and record.attributes["method"] == "FilesystemService/Move"
+    assert record.trace_id == "ab" * 16
+
+
+async def test_the_edge_fails_a_call_whose_record_the_log_cannot_take() -> None:
+    writer = _HeldWriter()
+    writer.fail = True
+    writer.release.set()
+    async with _served(writer) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await stub.Move(
+                filesystem_pb2.MoveRequest(session_id="s1", source_path="a", destination_path="b")
+            )
+    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
