@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
 from sandboxd import validation
-from sandboxd.engine.protocol import Detach
+from sandboxd.commands import Detach
 from sandboxd.errors import (
     AlreadyExists,
     FailedPrecondition,
