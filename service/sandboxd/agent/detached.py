@@ -12,8 +12,8 @@ from typing import Any
 
 from sandboxd.agent.exec_stream import AgentExec
 from sandboxd.agent.router import AgentRouter
-from sandboxd.commands.argv import argv_of
-from sandboxd.commands.types import Detach, Supervised
+from sandboxd.commands.argv import argv_of, env_of
+from sandboxd.commands.types import Detach, SandboxCommand
 from sandboxd.engine.protocol import ExecRequest
 from sandboxd.errors import SandboxError
 
@@ -124,7 +124,7 @@ class AgentProcesses:
     async def exec(
         self,
         container_id: str,
-        command: Supervised,
+        command: SandboxCommand,
         *,
         detach: Detach,
     ) -> AsyncIterator[DetachedStream]:
@@ -136,7 +136,7 @@ class AgentProcesses:
                 self._router.exec(
                     container_id,
                     channel,
-                    ExecRequest(argv_of(command), user="", env=command.env, stdin=True),
+                    ExecRequest(argv_of(command), user="", env=env_of(command), stdin=True),
                     detach={
                         "id": detach.detach_id,
                         "buffer": detach.buffer_bytes,
@@ -171,4 +171,3 @@ class AgentProcesses:
     async def forget(self, container_id: str, detach_id: str) -> None:
         async with self._router.open_kind(container_id, "forget", {"id": detach_id}):
             pass
-

@@ -356,4 +356,11 @@ class AgentRouter:
         return exec_id.startswith("agent-")
 
 
-__all__ = ["AgentRouter", "Attached", "ChannelSettings", "ChannelShares", "Paused", "agent_settings"]
+__all__ = [
+    "AgentRouter",
+    "Attached",
+    "ChannelSettings",
+    "ChannelShares",
+    "Paused",
+    "agent_settings",
+]

@@ -34,9 +34,7 @@ from sandboxd.tracing import traced
 def exec_request(where: Where, command: SandboxCommand, *, stdin: bool) -> ExecRequest:
     """`command` as the request every runner takes (agent channel, engine exec)."""
     tty = isinstance(command, Supervised) and command.pty is not None
-    return ExecRequest(
-        argv_of(command), user=where.user, env=env_of(command), stdin=stdin, tty=tty
-    )
+    return ExecRequest(argv_of(command), user=where.user, env=env_of(command), stdin=stdin, tty=tty)
 
 
 class AgentFirstCommands:
@@ -129,6 +127,4 @@ def sandbox_side(
     if tracer is not None:
         router = traced(router, tracer, "agent")
     lifecycle = WithAgentChannels(engine, router)
-    return SandboxSide(
-        lifecycle, AgentFirstCommands(lifecycle, exec_, router), router
-    )
+    return SandboxSide(lifecycle, AgentFirstCommands(lifecycle, exec_, router), router)

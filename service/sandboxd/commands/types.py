@@ -7,7 +7,7 @@ line (`argv.py` builds that, once). Results are typed too: a stream (`ExecStream
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -101,7 +101,7 @@ class DetachedExecs(Protocol):
     async def serves(self, container_id: str, user: str) -> bool: ...
 
     def exec(
-        self, container_id: str, command: Supervised, *, detach: Detach
+        self, container_id: str, command: SandboxCommand, *, detach: Detach
     ) -> AbstractAsyncContextManager[ExecStream]:
         """Start it: the stream replays its output from offset 0, then follows it live; its
         stdin is the command's. Closing the stream leaves the command running."""

@@ -20,13 +20,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 
+from sandboxd.commands import SandboxCommands
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.audit import AuditLog, EgressSink
 from sandboxd.egress.policy import ResolvedQuotas
 from sandboxd.egress.proxy import EgressProxy, Rules
 from sandboxd.egress.resolver import Resolver
 from sandboxd.egress.target import TargetError, normalize_name
-from sandboxd.commands import SandboxCommands
 from sandboxd.errors import ConfigError, FailedPrecondition, SandboxError
 from sandboxd.helper_client import HelperClient
 from sandboxd.models import NetworkMode, NetworkPolicy, Session, SessionState

@@ -305,9 +305,7 @@ class DockerEngine:
     # ----- the engine's own exec (engine.protocol.EngineExec: docker_exec) ---------------
 
     @contextlib.asynccontextmanager
-    async def exec(
-        self, sandbox_id: str, request: ExecRequest
-    ) -> AsyncIterator[DockerExecStream]:
+    async def exec(self, sandbox_id: str, request: ExecRequest) -> AsyncIterator[DockerExecStream]:
         """A `docker exec`: the path without an agent, and the rescue path. With `tty` the
         command gets a terminal: its output arrives as one stream (fd 1)."""
         with self._translate(f"exec in container {sandbox_id[:12]}"):

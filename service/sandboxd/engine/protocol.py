@@ -6,9 +6,11 @@ in-memory fake implements it too. Toward the sandbox's side the engine has two d
 protocol of its own: `AgentAttach` (a pipe to the agent that is the sandbox's main process, and
 its rescue) and `EngineExec` (the engine's own exec: the fallback for a sandbox without an
 agent, and the rescue's path). Commands themselves belong to `sandboxd.commands`, which runs
-them over the agent first and the engine's exec when it must. A sandbox is asked for as a `SandboxRequest` (a session's
-spec plus bookkeeping), never as an engine-specific document: how a spec becomes a hardened
-container is the adapter's business (see `docker_profile`).
+them over the agent first and the engine's exec when it must.
+
+A sandbox is asked for as a `SandboxRequest` (a session's spec plus bookkeeping), never as an
+engine-specific document: how a spec becomes a hardened container is the adapter's business
+(see `docker_profile`).
 
 Errors: an engine that does not answer raises `EngineUnavailable`; a missing object is
 `NotFound` with reason ENGINE_OBJECT_NOT_FOUND, a conflicting one `FailedPrecondition` with

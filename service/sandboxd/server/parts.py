@@ -144,7 +144,9 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         traced_docker,
         traced_docker,
         agent_settings(config),
-        shares=ChannelShares(shares, partitioned=tokens is not None) if shares is not None else None,
+        shares=ChannelShares(shares, partitioned=tokens is not None)
+        if shares is not None
+        else None,
         tracer=tracer,
     )
     stack.push_async_callback(side.close)

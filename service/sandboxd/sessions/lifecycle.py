@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import timedelta
 
 from sandboxd import images, paging, tenancy, validation
+from sandboxd.commands import SandboxCommands
 from sandboxd.config import Config
 from sandboxd.egress.audit import EgressEvent
 from sandboxd.egress.manager import EgressManager
-from sandboxd.commands import SandboxCommands
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import (
     AlreadyExists,
