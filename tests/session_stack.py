@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fakes import FakeArchive, FakeEngine
+from fakes import FakeArchive, FakeCommands, FakeEngine
 from sandboxd import tenancy
 from sandboxd.config import Config
 from sandboxd.host_ids import HostIds
@@ -33,6 +33,7 @@ T = TypeVar("T")
 @dataclass
 class Stack:
     engine: Any  # a FakeEngine unless the test gave another
+    commands: Any  # FakeCommands over it unless the test gave others
     store: SessionStore
     snap_store: SnapshotStore
     archive: Any  # a FakeArchive unless the test gave another
@@ -58,6 +59,7 @@ async def session_stack(
     *,
     pool_size: int = 0,
     engine: Any = None,
+    commands: Any = None,
     archive: Callable[[Any], Any] | None = None,
     owner: str = OWNER,
     tiers: Any = None,
@@ -69,6 +71,7 @@ async def session_stack(
     mounts volumes; the stack's `volumes` is what it built."""
     config = dataclasses.replace(Config(data_dir=tmp_path, pool_size=pool_size), **settings)
     engine = engine if engine is not None else FakeEngine()
+    commands = commands if commands is not None else FakeCommands(engine)
     async with SessionStore(tmp_path / "sessions.db") as store:
         snap_store = await SnapshotStore(store.db, tmp_path / "snapshots").open()
         workspace = archive(engine) if archive is not None else FakeArchive(engine)
@@ -103,6 +106,7 @@ async def session_stack(
                 on_resume=[on_resume],
                 room=lambda tenant, need: quota.check_checkpoint_room(tenant, need),
             ),
+            commands=commands,
         )
         quota = ImageQuota(
             config.tenancy.max_image_bytes,
@@ -121,7 +125,17 @@ async def session_stack(
             max_image_bytes=config.images.max_image_bytes,
         )
         stack = Stack(
-            engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended, resumed
+            engine,
+            commands,
+            store,
+            snap_store,
+            workspace,
+            sessions,
+            snapshots,
+            pool,
+            owner,
+            ended,
+            resumed,
         )
         stack.volumes = claims
         try:

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import timedelta
 
 from sandboxd import images, paging, tenancy, validation
+from sandboxd.commands import SandboxCommands
 from sandboxd.config import Config
 from sandboxd.egress.audit import EgressEvent
 from sandboxd.egress.manager import EgressManager
@@ -76,8 +77,10 @@ class SessionManager:
         host_ids: HostIds | None = None,
         volumes: VolumeClaims | None = None,
         memory: MemoryOptions | None = None,  # None: no memory suspend
+        commands: SandboxCommands,
     ) -> None:
         self._config = config
+        self._commands = commands  # the manifest's unpacking
         self._volumes = volumes  # None: a create naming a volume is VOLUME_NOT_FOUND
         # Shared with the warm pool, whose containers hold ids too (server/parts.py).
         self._host_ids = host_ids or HostIds.for_config(config, store)
@@ -238,7 +241,7 @@ class SessionManager:
                 # A warm container has another host uid than the one the volumes were handed to.
                 await self._sandboxes.provision(session, undo, warm_ok=not mounts)
                 if spec.manifest.files or spec.manifest.directories:
-                    await write_manifest(self._engine, session)
+                    await write_manifest(self._commands, session)
                 if source is not None:
                     await self._keeper.restore(session, source)
                     undo.push(lambda: self._keeper.forget_session(session_id))
