@@ -316,6 +316,10 @@ var (
 	ErrMemorySuspendUnsupported = &Error{Code: codes.FailedPrecondition, Reason: "MEMORY_SUSPEND_UNSUPPORTED"}
 	// ErrTenantRateLimited: RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other tenants are active (admission_calls_per_s); RetryInfo says when a token is free again. Nothing was done. A tenant alone on the server is never refused this way.
 	ErrTenantRateLimited = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_RATE_LIMITED"}
+	// ErrTenantDiskQuota: RESOURCE_EXHAUSTED: The tenant's disk workspaces, volumes and snapshots together would pass its disk quota (tenant_max_disk_bytes): workspaces and volumes count at their size, snapshots at what they take. Metadata `quota_bytes`, `used_bytes`, `remaining_bytes` and `asked_bytes`; delete a session, volume or snapshot first. Nothing was made.
+	ErrTenantDiskQuota = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_DISK_QUOTA"}
+	// ErrSnapshotNotTar: FAILED_PRECONDITION: The snapshot is a disk snapshot (SNAPSHOT_KIND_DISK): a copy of a disk workspace the engine host keeps, not a tar the server can stream, and it forks only into a disk workspace of its size. Take a SNAPSHOT_KIND_TAR snapshot to download it or to fork it into a memory workspace.
+	ErrSnapshotNotTar = &Error{Code: codes.FailedPrecondition, Reason: "SNAPSHOT_NOT_TAR"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -475,4 +479,6 @@ var Reasons = map[string]ReasonInfo{
 	"VOLUME_ALREADY_EXISTS":            {codes.AlreadyExists, false, ErrVolumeAlreadyExists},
 	"MEMORY_SUSPEND_UNSUPPORTED":       {codes.FailedPrecondition, false, ErrMemorySuspendUnsupported},
 	"TENANT_RATE_LIMITED":              {codes.ResourceExhausted, true, ErrTenantRateLimited},
+	"TENANT_DISK_QUOTA":                {codes.ResourceExhausted, false, ErrTenantDiskQuota},
+	"SNAPSHOT_NOT_TAR":                 {codes.FailedPrecondition, false, ErrSnapshotNotTar},
 }

@@ -291,6 +291,10 @@ export class VolumeAlreadyExistsError extends AlreadyExists {}
 export class MemorySuspendUnsupportedError extends FailedPrecondition {}
 /** RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other tenants are active (admission_calls_per_s); RetryInfo says when a token is free again. Nothing was done. A tenant alone on the server is never refused this way. */
 export class TenantRateLimitedError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: The tenant's disk workspaces, volumes and snapshots together would pass its disk quota (tenant_max_disk_bytes): workspaces and volumes count at their size, snapshots at what they take. Metadata `quota_bytes`, `used_bytes`, `remaining_bytes` and `asked_bytes`; delete a session, volume or snapshot first. Nothing was made. */
+export class TenantDiskQuotaError extends ResourceExhausted {}
+/** FAILED_PRECONDITION: The snapshot is a disk snapshot (SNAPSHOT_KIND_DISK): a copy of a disk workspace the engine host keeps, not a tar the server can stream, and it forks only into a disk workspace of its size. Take a SNAPSHOT_KIND_TAR snapshot to download it or to fork it into a memory workspace. */
+export class SnapshotNotTarError extends FailedPrecondition {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -449,4 +453,6 @@ export const REASONS = Object.freeze({
   VOLUME_ALREADY_EXISTS: { code: 'ALREADY_EXISTS', retryable: false, error: VolumeAlreadyExistsError },
   MEMORY_SUSPEND_UNSUPPORTED: { code: 'FAILED_PRECONDITION', retryable: false, error: MemorySuspendUnsupportedError },
   TENANT_RATE_LIMITED: { code: 'RESOURCE_EXHAUSTED', retryable: true, error: TenantRateLimitedError },
+  TENANT_DISK_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TenantDiskQuotaError },
+  SNAPSHOT_NOT_TAR: { code: 'FAILED_PRECONDITION', retryable: false, error: SnapshotNotTarError },
 });

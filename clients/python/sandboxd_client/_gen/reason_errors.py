@@ -575,6 +575,14 @@ class TenantRateLimited(ResourceExhausted):
     """TENANT_RATE_LIMITED: The tenant is over its fair share of the server while other tenants are active (admission_calls_per_s); RetryInfo says when a token is free again. Nothing was done. A tenant alone on the server is never refused this way."""
 
 
+class TenantDiskQuota(ResourceExhausted):
+    """TENANT_DISK_QUOTA: The tenant's disk workspaces, volumes and snapshots together would pass its disk quota (tenant_max_disk_bytes): workspaces and volumes count at their size, snapshots at what they take. Metadata `quota_bytes`, `used_bytes`, `remaining_bytes` and `asked_bytes`; delete a session, volume or snapshot first. Nothing was made."""
+
+
+class SnapshotNotTar(FailedPrecondition):
+    """SNAPSHOT_NOT_TAR: The snapshot is a disk snapshot (SNAPSHOT_KIND_DISK): a copy of a disk workspace the engine host keeps, not a tar the server can stream, and it forks only into a disk workspace of its size. Take a SNAPSHOT_KIND_TAR snapshot to download it or to fork it into a memory workspace."""
+
+
 # Every reason's class: the one `from_rpc_error` raises when the code agrees.
 BY_REASON: dict[str, type[SandboxError]] = {
     "INVALID_ARGUMENT": InvalidArgument,
@@ -732,6 +740,8 @@ BY_REASON: dict[str, type[SandboxError]] = {
     "VOLUME_ALREADY_EXISTS": VolumeAlreadyExists,
     "MEMORY_SUSPEND_UNSUPPORTED": MemorySuspendUnsupported,
     "TENANT_RATE_LIMITED": TenantRateLimited,
+    "TENANT_DISK_QUOTA": TenantDiskQuota,
+    "SNAPSHOT_NOT_TAR": SnapshotNotTar,
 }
 
 __all__ = [
@@ -870,4 +880,6 @@ __all__ = [
     "VolumeAlreadyExists",
     "MemorySuspendUnsupported",
     "TenantRateLimited",
+    "TenantDiskQuota",
+    "SnapshotNotTar",
 ]

@@ -406,6 +406,18 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     tenants are active (admission_calls_per_s); RetryInfo says when a token is free again.
     Nothing was done. A tenant alone on the server is never refused this way.
     """
+    ERROR_REASON_TENANT_DISK_QUOTA: _ErrorReason.ValueType  # 480
+    """RESOURCE_EXHAUSTED: The tenant's disk workspaces, volumes and snapshots together would
+    pass its disk quota (tenant_max_disk_bytes): workspaces and volumes count at their size,
+    snapshots at what they take. Metadata `quota_bytes`, `used_bytes`, `remaining_bytes` and
+    `asked_bytes`; delete a session, volume or snapshot first. Nothing was made.
+    """
+    ERROR_REASON_SNAPSHOT_NOT_TAR: _ErrorReason.ValueType  # 481
+    """FAILED_PRECONDITION: The snapshot is a disk snapshot (SNAPSHOT_KIND_DISK): a copy of a disk
+    workspace the engine host keeps, not a tar the server can stream, and it forks only into
+    a disk workspace of its size. Take a SNAPSHOT_KIND_TAR snapshot to download it or to fork
+    it into a memory workspace.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -799,5 +811,17 @@ ERROR_REASON_TENANT_RATE_LIMITED: ErrorReason.ValueType  # 440
 """RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other
 tenants are active (admission_calls_per_s); RetryInfo says when a token is free again.
 Nothing was done. A tenant alone on the server is never refused this way.
+"""
+ERROR_REASON_TENANT_DISK_QUOTA: ErrorReason.ValueType  # 480
+"""RESOURCE_EXHAUSTED: The tenant's disk workspaces, volumes and snapshots together would
+pass its disk quota (tenant_max_disk_bytes): workspaces and volumes count at their size,
+snapshots at what they take. Metadata `quota_bytes`, `used_bytes`, `remaining_bytes` and
+`asked_bytes`; delete a session, volume or snapshot first. Nothing was made.
+"""
+ERROR_REASON_SNAPSHOT_NOT_TAR: ErrorReason.ValueType  # 481
+"""FAILED_PRECONDITION: The snapshot is a disk snapshot (SNAPSHOT_KIND_DISK): a copy of a disk
+workspace the engine host keeps, not a tar the server can stream, and it forks only into
+a disk workspace of its size. Take a SNAPSHOT_KIND_TAR snapshot to download it or to fork
+it into a memory workspace.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
