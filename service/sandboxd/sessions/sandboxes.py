@@ -8,6 +8,7 @@ goes: the session-end hooks (background processes), the sandbox, then its egress
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -99,6 +100,9 @@ class Sandboxes:
             # takes the member's host id before the pool lets go of it.
             session.container_id = warm.container_id
             session.spec = session.spec.as_host(warm.host_id, warm.host_id)
+            if warm.disk_id:  # a disk member: its disk, made for its uid, is the session's
+                session.spec = dataclasses.replace(session.spec, disk_id=warm.disk_id)
+                undo.push(lambda: self._engine.disks.delete(warm.disk_id))
             undo.push(lambda: self._engine.remove_sandbox(warm.container_id))
             try:
                 await self._store.update_spec(session)
