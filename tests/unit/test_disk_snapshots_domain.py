@@ -172,3 +172,24 @@ async def test_shutdown_takes_no_copy_of_a_disk_workspace(tmp_path: Path) -> Non
         await st.sessions.create(CreateSessionInput(session_id="m1"))
         assert await st.snapshots.snapshot_running(10.0, asyncio.Event()) == 1
         assert await st.snap_store.of_session("d1") == []
+
+
+async def test_another_tenants_disk_snapshot_is_not_found_and_nothing_is_made(
+    tmp_path: Path,
+) -> None:
+    from sandboxd.errors import NotFound
+    from session_stack import as_tenant
+
+    async with session_stack(tmp_path) as st:
+        await st.sessions.create(_disk("d1"))
+        snap = await st.snapshots.create("d1", {}, "")
+        disks = set(st.engine.disks.disks)
+        with pytest.raises(NotFound) as caught:
+            await as_tenant(
+                "other",
+                lambda: st.sessions.create(
+                    CreateSessionInput(session_id="other.f1", from_snapshot_id=snap.snapshot_id)
+                ),
+            )
+        assert caught.value.reason == "SNAPSHOT_NOT_FOUND"
+        assert set(st.engine.disks.disks) == disks and await st.store.get("other.f1") is None
