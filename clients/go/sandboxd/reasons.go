@@ -304,7 +304,7 @@ var (
 	ErrVolumeInUse = &Error{Code: codes.FailedPrecondition, Reason: "VOLUME_IN_USE"}
 	// ErrVolumeQuotaExceeded: RESOURCE_EXHAUSTED: The tenant's volumes would pass its volume quota (count or bytes: tenant_max_volumes, tenant_max_volume_bytes); delete some first.
 	ErrVolumeQuotaExceeded = &Error{Code: codes.ResourceExhausted, Reason: "VOLUME_QUOTA_EXCEEDED"}
-	// ErrMountPathInvalid: INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt, or it is /mnt itself, or at, above or below another volume's path of the same session.
+	// ErrMountPathInvalid: INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt or one folder directly below /workspace, or it is /mnt or /workspace itself, or at, above or below another volume's path of the same session.
 	ErrMountPathInvalid = &Error{Code: codes.InvalidArgument, Reason: "MOUNT_PATH_INVALID"}
 	// ErrInvalidVolumeId: INVALID_ARGUMENT: A volume id is not 1-63 of a-z, 0-9, '_', '.', '-' starting with a letter or digit.
 	ErrInvalidVolumeId = &Error{Code: codes.InvalidArgument, Reason: "INVALID_VOLUME_ID"}
@@ -320,6 +320,8 @@ var (
 	ErrTenantDiskQuota = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_DISK_QUOTA"}
 	// ErrSnapshotNotTar: FAILED_PRECONDITION: The snapshot is a disk snapshot (SNAPSHOT_KIND_DISK): a copy of a disk workspace the engine host keeps, not a tar the server can stream, and it forks only into a disk workspace of its size. Take a SNAPSHOT_KIND_TAR snapshot to download it or to fork it into a memory workspace.
 	ErrSnapshotNotTar = &Error{Code: codes.FailedPrecondition, Reason: "SNAPSHOT_NOT_TAR"}
+	// ErrImportIntoVolume: FAILED_PRECONDITION: An ImportArchive (or a restore) would write into a volume the session mounts below /workspace: another file system, which the import's all-or-nothing swap cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile.
+	ErrImportIntoVolume = &Error{Code: codes.FailedPrecondition, Reason: "IMPORT_INTO_VOLUME"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -481,4 +483,5 @@ var Reasons = map[string]ReasonInfo{
 	"TENANT_RATE_LIMITED":              {codes.ResourceExhausted, true, ErrTenantRateLimited},
 	"TENANT_DISK_QUOTA":                {codes.ResourceExhausted, false, ErrTenantDiskQuota},
 	"SNAPSHOT_NOT_TAR":                 {codes.FailedPrecondition, false, ErrSnapshotNotTar},
+	"IMPORT_INTO_VOLUME":               {codes.FailedPrecondition, false, ErrImportIntoVolume},
 }

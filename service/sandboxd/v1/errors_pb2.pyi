@@ -385,8 +385,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     tenant_max_volumes, tenant_max_volume_bytes); delete some first.
     """
     ERROR_REASON_MOUNT_PATH_INVALID: _ErrorReason.ValueType  # 413
-    """INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt,
-    or it is /mnt itself, or at, above or below another volume's path of the same session.
+    """INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt or
+    one folder directly below /workspace, or it is /mnt or /workspace itself, or at, above or
+    below another volume's path of the same session.
     """
     ERROR_REASON_INVALID_VOLUME_ID: _ErrorReason.ValueType  # 414
     """INVALID_ARGUMENT: A volume id is not 1-63 of a-z, 0-9, '_', '.', '-' starting with a
@@ -417,6 +418,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     workspace the engine host keeps, not a tar the server can stream, and it forks only into
     a disk workspace of its size. Take a SNAPSHOT_KIND_TAR snapshot to download it or to fork
     it into a memory workspace.
+    """
+    ERROR_REASON_IMPORT_INTO_VOLUME: _ErrorReason.ValueType  # 482
+    """FAILED_PRECONDITION: An ImportArchive (or a restore) would write into a volume the session
+    mounts below /workspace: another file system, which the import's all-or-nothing swap
+    cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile.
     """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
@@ -791,8 +797,9 @@ ERROR_REASON_VOLUME_QUOTA_EXCEEDED: ErrorReason.ValueType  # 412
 tenant_max_volumes, tenant_max_volume_bytes); delete some first.
 """
 ERROR_REASON_MOUNT_PATH_INVALID: ErrorReason.ValueType  # 413
-"""INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt,
-or it is /mnt itself, or at, above or below another volume's path of the same session.
+"""INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt or
+one folder directly below /workspace, or it is /mnt or /workspace itself, or at, above or
+below another volume's path of the same session.
 """
 ERROR_REASON_INVALID_VOLUME_ID: ErrorReason.ValueType  # 414
 """INVALID_ARGUMENT: A volume id is not 1-63 of a-z, 0-9, '_', '.', '-' starting with a
@@ -823,5 +830,10 @@ ERROR_REASON_SNAPSHOT_NOT_TAR: ErrorReason.ValueType  # 481
 workspace the engine host keeps, not a tar the server can stream, and it forks only into
 a disk workspace of its size. Take a SNAPSHOT_KIND_TAR snapshot to download it or to fork
 it into a memory workspace.
+"""
+ERROR_REASON_IMPORT_INTO_VOLUME: ErrorReason.ValueType  # 482
+"""FAILED_PRECONDITION: An ImportArchive (or a restore) would write into a volume the session
+mounts below /workspace: another file system, which the import's all-or-nothing swap
+cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

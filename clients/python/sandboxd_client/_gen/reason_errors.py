@@ -552,7 +552,7 @@ class VolumeQuotaExceeded(ResourceExhausted):
 
 
 class MountPathInvalid(InvalidArgument):
-    """MOUNT_PATH_INVALID: A volume's mount path is not an absolute, normalised path below /mnt, or it is /mnt itself, or at, above or below another volume's path of the same session."""
+    """MOUNT_PATH_INVALID: A volume's mount path is not an absolute, normalised path below /mnt or one folder directly below /workspace, or it is /mnt or /workspace itself, or at, above or below another volume's path of the same session."""
 
 
 class InvalidVolumeId(InvalidArgument):
@@ -581,6 +581,10 @@ class TenantDiskQuota(ResourceExhausted):
 
 class SnapshotNotTar(FailedPrecondition):
     """SNAPSHOT_NOT_TAR: The snapshot is a disk snapshot (SNAPSHOT_KIND_DISK): a copy of a disk workspace the engine host keeps, not a tar the server can stream, and it forks only into a disk workspace of its size. Take a SNAPSHOT_KIND_TAR snapshot to download it or to fork it into a memory workspace."""
+
+
+class ImportIntoVolume(FailedPrecondition):
+    """IMPORT_INTO_VOLUME: An ImportArchive (or a restore) would write into a volume the session mounts below /workspace: another file system, which the import's all-or-nothing swap cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile."""
 
 
 # Every reason's class: the one `from_rpc_error` raises when the code agrees.
@@ -742,6 +746,7 @@ BY_REASON: dict[str, type[SandboxError]] = {
     "TENANT_RATE_LIMITED": TenantRateLimited,
     "TENANT_DISK_QUOTA": TenantDiskQuota,
     "SNAPSHOT_NOT_TAR": SnapshotNotTar,
+    "IMPORT_INTO_VOLUME": ImportIntoVolume,
 }
 
 __all__ = [
@@ -882,4 +887,5 @@ __all__ = [
     "TenantRateLimited",
     "TenantDiskQuota",
     "SnapshotNotTar",
+    "ImportIntoVolume",
 ]

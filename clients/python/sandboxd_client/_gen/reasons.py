@@ -166,6 +166,7 @@ class Reason(StrEnum):
     TENANT_RATE_LIMITED = "TENANT_RATE_LIMITED"
     TENANT_DISK_QUOTA = "TENANT_DISK_QUOTA"
     SNAPSHOT_NOT_TAR = "SNAPSHOT_NOT_TAR"
+    IMPORT_INTO_VOLUME = "IMPORT_INTO_VOLUME"
 
 
 # The one gRPC status code each reason is sent with.
@@ -327,6 +328,7 @@ CODE: dict[str, str] = {
     "TENANT_RATE_LIMITED": "RESOURCE_EXHAUSTED",
     "TENANT_DISK_QUOTA": "RESOURCE_EXHAUSTED",
     "SNAPSHOT_NOT_TAR": "FAILED_PRECONDITION",
+    "IMPORT_INTO_VOLUME": "FAILED_PRECONDITION",
 }
 
 # Reasons after which the same call may succeed later.
