@@ -63,6 +63,7 @@ from sandboxd.sessions.memory_suspension import MemoryOptions
 from sandboxd.sessions.recovery import ENDED_RETENTION
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
+from sandboxd.storage.tenant_quota import DiskQuota
 from sandboxd.sweeper import Sweeper
 from sandboxd.templates.builds import Templates, template_in_use
 from sandboxd.templates.builtin_images import BuiltinImages, ScriptRunner
@@ -259,6 +260,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         running=porter_runs,
     )
     claims = VolumeClaims(volume_store, store, disks)
+    disk_quota = DiskQuota(config.tenancy.max_disk_bytes, store, volume_store, snapshot_store)
     sessions = SessionManager(
         config,
         engine,
@@ -282,6 +284,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             room=image_quota.check_checkpoint_room,
         ),
         commands=commands,
+        disk_quota=disk_quota,
     )
     observer.subscribe(ActivityRenewal(functools.partial(renew_on_activity, sessions, terms)))
     volumes = Volumes(
@@ -301,6 +304,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             running=porter_runs,
         ),
         observer,
+        disk_quota=disk_quota,
     )
     snapshots = Snapshots(
         keeper,
@@ -310,6 +314,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         store,
         quota=image_quota,
         max_image_bytes=config.images.max_image_bytes,
+        disk_quota=disk_quota,
     )
     previews = await stack.enter_async_context(
         previews_setup.serve(
