@@ -93,6 +93,7 @@ class FakeDisks:
         self.disks: dict[str, FakeDisk] = {}
         self.free_bytes = 1 << 40
         self.tool = True
+        self.frozen: list[str] = []  # the container each copy paused ("" for none)
 
     def _mounted(self, disk_id: str) -> bool:
         return any(b.request.spec.disk_id == disk_id for b in self._engine.sandboxes.values())
@@ -136,14 +137,24 @@ class FakeDisks:
         used = sum(len(v) for v in disk.files.values())
         return DiskUsage(disk_id, disk.size_bytes, (4 << 20) + used)
 
-    async def copy(self, source_id: str, disk_id: str) -> DiskUsage:
+    async def copy(
+        self, source_id: str, disk_id: str, uid: int = 0, gid: int = 0, *, freeze: str = ""
+    ) -> DiskUsage:
         self._engine._call("disks.copy")
         source = self.disks.get(source_id)
         if source is None:
             raise NotFound(f"disk {source_id} not found", reason="ENGINE_OBJECT_NOT_FOUND")
         if disk_id not in self.disks:
+            taken = (await self.usage(source_id)).allocated_bytes
+            if taken > self.free_bytes:
+                raise ResourceExhausted("the engine host is full", reason="ENGINE_DISK_FULL")
+            self.frozen.append(freeze)
             self.disks[disk_id] = FakeDisk(
-                source.size_bytes, source.uid, source.gid, dict(source.files), set(source.dirs)
+                source.size_bytes,
+                uid or source.uid,
+                gid or source.gid,
+                dict(source.files),
+                set(source.dirs),
             )
         return await self.usage(disk_id)
 

@@ -25,6 +25,8 @@ from sandboxd.snapshots import SnapshotKeeper, Snapshots
 from sandboxd.store import SessionStore
 from sandboxd.templates.quota import ImageQuota
 from sandboxd.templates.store import TemplateStore
+from sandboxd.volumes.disk_quota import DiskQuota
+from sandboxd.volumes.store import VolumeStore
 
 OWNER = "sbxunit"
 T = TypeVar("T")
@@ -44,6 +46,7 @@ class Stack:
     ended: list[str] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)  # memory resumes (processes adopted)
     volumes: Any = None  # the volume claims, when session_stack was given `volumes`
+    disk_quota: DiskQuota | None = None  # tenant_max_disk_bytes over this stack's records
 
     async def backdate_lease(self, session_id: str, by: timedelta) -> None:
         """Move a lease into the past, as if time had passed."""
@@ -80,6 +83,12 @@ async def session_stack(
         pool = WarmPool.for_config(engine, config, owner, host_ids) if pool_size else None
         ended: list[str] = []
         claims = await volumes(store) if volumes is not None else None
+        disk_quota = DiskQuota(
+            config.tenancy.max_disk_bytes,
+            store,
+            await VolumeStore(store.db).open(),
+            snap_store,
+        )
 
         async def on_end(session_id: str) -> None:
             ended.append(session_id)
@@ -107,6 +116,7 @@ async def session_stack(
                 room=lambda tenant, need: quota.check_checkpoint_room(tenant, need),
             ),
             commands=commands,
+            disk_quota=disk_quota,
         )
         quota = ImageQuota(
             config.tenancy.max_image_bytes,
@@ -123,6 +133,7 @@ async def session_stack(
             store,
             quota=quota,
             max_image_bytes=config.images.max_image_bytes,
+            disk_quota=disk_quota,
         )
         stack = Stack(
             engine,
@@ -138,6 +149,7 @@ async def session_stack(
             resumed,
         )
         stack.volumes = claims
+        stack.disk_quota = disk_quota
         try:
             yield stack
         finally:

@@ -164,7 +164,8 @@ async def _file_calls(tmp_path: Path, observer: Recorder) -> None:
     from test_file_transfer_order import _Engine
 
     engine = _Engine()
-    files = Files(AgentFirstCommands(engine, engine, None), observer=observer)  # type: ignore[arg-type]
+    commands = AgentFirstCommands(engine, engine, None)  # type: ignore[arg-type]
+    files = Files(commands, observer=observer)
     limits = SimpleNamespace(file_bytes=1 << 20, workspace_bytes=1 << 20)
     session: Any = SimpleNamespace(
         session_id="s1",

@@ -70,6 +70,7 @@ from sandboxd.templates.store import TemplateStore
 from sandboxd.token_file import TokenFile
 from sandboxd.tracing import provider_for, traced, tracer_of
 from sandboxd.volumes.claims import VolumeClaims
+from sandboxd.volumes.disk_quota import DiskQuota
 from sandboxd.volumes.porting import SandboxPorter
 from sandboxd.volumes.service import Volumes
 from sandboxd.volumes.store import VolumeStore
@@ -259,6 +260,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         running=porter_runs,
     )
     claims = VolumeClaims(volume_store, store, disks)
+    disk_quota = DiskQuota(config.tenancy.max_disk_bytes, store, volume_store, snapshot_store)
     sessions = SessionManager(
         config,
         engine,
@@ -282,6 +284,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             room=image_quota.check_checkpoint_room,
         ),
         commands=commands,
+        disk_quota=disk_quota,
     )
     observer.subscribe(ActivityRenewal(functools.partial(renew_on_activity, sessions, terms)))
     volumes = Volumes(
@@ -301,6 +304,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             running=porter_runs,
         ),
         observer,
+        disk_quota=disk_quota,
     )
     snapshots = Snapshots(
         keeper,
@@ -310,6 +314,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         store,
         quota=image_quota,
         max_image_bytes=config.images.max_image_bytes,
+        disk_quota=disk_quota,
     )
     previews = await stack.enter_async_context(
         previews_setup.serve(

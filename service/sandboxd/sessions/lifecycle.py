@@ -39,6 +39,7 @@ from sandboxd.pool import WarmPool
 from sandboxd.pulls import Pulls, Resolved
 from sandboxd.reasons import Reason
 from sandboxd.secrets.bindings import settle_secrets
+from sandboxd.sessions.forks import disk_source, fit_to_source
 from sandboxd.sessions.gate import WorkspaceGate
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.liveness import lease_ended, require_live
@@ -54,6 +55,7 @@ from sandboxd.snapshot_store import Snapshot
 from sandboxd.store import SessionStore
 from sandboxd.templates.builtin import TemplateImages
 from sandboxd.volumes.claims import VolumeClaims, claim_volumes
+from sandboxd.volumes.disk_quota import DiskQuota
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,7 @@ class SessionManager:
         volumes: VolumeClaims | None = None,
         memory: MemoryOptions | None = None,  # None: no memory suspend
         commands: SandboxCommands,
+        disk_quota: DiskQuota | None = None,  # None: no tenant_max_disk_bytes
     ) -> None:
         self._config = config
         self._commands = commands  # the manifest's unpacking
@@ -94,7 +97,7 @@ class SessionManager:
         self.owner_id = owner_id
         self._locks = SessionLocks()
         self._gate = WorkspaceGate()
-        self._quota = QuotaGate(config, store)
+        self._quota = QuotaGate(config, store, disk_quota)
         # What lives in a sandbox beyond one call (background processes) ends with it.
         self._sandboxes = Sandboxes(
             engine, store, owner_id, pool=pool, egress=egress, on_session_end=on_session_end
@@ -189,6 +192,7 @@ class SessionManager:
                     metadata=metadata,
                 )
             source = await self._fork_source(checked.from_snapshot_id)
+            spec = fit_to_source(spec, req, source)  # a disk snapshot forks into a disk
             # The allowlist first: an image outside it is refused before the engine is asked,
             # so a caller cannot probe which images exist.
             images.check_image(
@@ -239,7 +243,9 @@ class SessionManager:
             undo.push(lambda: self._store.delete(session_id))
             try:
                 # A warm container has another host uid than the one the volumes were handed to.
-                await self._sandboxes.provision(session, undo, warm_ok=not mounts)
+                await self._sandboxes.provision(
+                    session, undo, warm_ok=not mounts, disk_from=disk_source(source)
+                )
                 if spec.manifest.files or spec.manifest.directories:
                     await write_manifest(self._commands, session)
                 if source is not None:
