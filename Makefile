@@ -162,12 +162,15 @@ soak: venv helper image
 		tests/integration/test_fuzz_workspace.py tests/integration/test_restarts.py \
 		-k "fuzzer or sigkilled or restart_model"
 
+# The last check types the test layer's stand-ins as the protocols they stand in for
+# (tests/fakes_typed.py), so a fake cannot drift from its protocol.
 lint: venv buf
 	$(VENV)/bin/ruff check service tests bench clients/python
 	$(VENV)/bin/ruff format --check service tests bench clients/python
 	$(VENV)/bin/mypy service
 	$(VENV)/bin/mypy tests/fakes.py  # the fakes against the ports they stand in for
 	$(VENV)/bin/mypy clients/python/sandboxd_client
+	MYPYPATH=service:tests $(VENV)/bin/mypy tests/fakes_typed.py
 
 bench: venv helper image
 	$(PY) bench/run.py

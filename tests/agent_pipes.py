@@ -124,6 +124,24 @@ def helper_builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
     return Builds(tmp_path_factory.mktemp("helper"))
 
 
+@pytest.fixture(scope="session")
+def sbx() -> Iterator[str]:
+    """The static helper's path for the tests that run its commands (`sbx run`, `list`, `dial`,
+    `watch`, ...): one per session, `make helper`'s build when it is fresh, else the same gcc
+    command. Its directory is one every user may traverse: the unprivileged-user tests exec
+    it."""
+    directory = tempfile.mkdtemp(prefix="sbx-build-")
+    try:
+        os.chmod(directory, 0o755)
+        out = Path(directory) / "sbx"
+        problem = build_helper(out, asan=False)
+        if problem is not None:
+            pytest.fail(f"the helper does not build: {problem}")
+        yield str(out)
+    finally:
+        shutil.rmtree(directory)
+
+
 @pytest.fixture(params=BUILDS)
 def agent_helper(request: pytest.FixtureRequest, helper_builds: Builds) -> Helper:
     """Every test that asks runs against the static helper and against its ASan/UBSan build."""

@@ -17,15 +17,15 @@ from fakes import FakeArchive, FakeCommands, FakeEngine
 from sandboxd import tenancy
 from sandboxd.config import Config
 from sandboxd.host_ids import HostIds
-from sandboxd.image_quota import ImageQuota
 from sandboxd.pool import WarmPool
 from sandboxd.sessions import SessionManager
 from sandboxd.sessions.memory_suspension import MemoryOptions
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
-from sandboxd.storage.tenant_quota import DiskQuota
 from sandboxd.store import SessionStore
+from sandboxd.templates.quota import ImageQuota
 from sandboxd.templates.store import TemplateStore
+from sandboxd.volumes.disk_quota import DiskQuota
 from sandboxd.volumes.store import VolumeStore
 
 OWNER = "sbxunit"

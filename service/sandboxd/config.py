@@ -15,18 +15,18 @@ with a `ConfigError` naming the setting and its source.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandboxd.admission.settings import AdmissionSection
 from sandboxd.config_sections import (
+    AdmissionSection,
     AgentSection,
     ArchiveSection,
     AuditSection,
+    E2bSection,
     EgressSection,
     EngineSection,
     EventsSection,
@@ -36,24 +36,26 @@ from sandboxd.config_sections import (
     LimitsSection,
     MetricsSection,
     MiB,
+    PreviewsSection,
     ServerSection,
     TemplatesSection,
     TenancySection,
     VolumesSection,
     WatchSection,
+    WebSection,
 )
 from sandboxd.config_sections.server import MAX_ID
-from sandboxd.e2b.settings import E2bSection
 from sandboxd.errors import ConfigError, ConfigProblems
 from sandboxd.models import LIMIT_NAMES
-from sandboxd.previews.settings import PreviewsSection
 from sandboxd.settings import (
     SettingTable,
     host_port_problem,
+    is_loopback_host,
     parse_duration,
     parse_size,
 )
-from sandboxd.web.settings import WebSection
+from sandboxd.tokens import load_tokens
+from sandboxd.validation.image_refs import parse_patterns
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -242,8 +244,6 @@ def _limit_problems(config: Config) -> Iterator[str]:
 
 
 def _image_problems(config: Config) -> Iterator[str]:
-    from sandboxd.images import parse_patterns  # images imports nothing from here
-
     try:
         parse_patterns(config.images.allowlist)
     except ValueError as exc:
@@ -292,19 +292,11 @@ def _host_ids_problem(engine: EngineSection) -> str | None:
 
 def listens_on_loopback(listen: str) -> bool:
     """True when the gRPC address is reachable only from this host."""
-    host = listen.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(listen.rpartition(":")[0])
 
 
 def validate_access(config: Config) -> None:
     """Authentication and TLS settings; refuses an unauthenticated public port."""
-    from sandboxd.tenancy import load_tokens  # tenancy imports nothing from here
-
     t = config.tenancy
     if t.tokens_file is not None:
         load_tokens(t.tokens_file)  # a malformed file stops the server now, not per call

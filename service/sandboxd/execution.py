@@ -210,7 +210,7 @@ class Command:
                 break
             fd, data = item
             if fd not in offsets:
-                if (g := fd - GAP_FD) in offsets:  # bytes lost on the way (agent/detached.py)
+                if (g := fd - GAP_FD) in offsets:  # bytes lost on the way (commands/detached.py)
                     offsets[g] += int.from_bytes(data, "big")
                     if cap_output and offsets[g] >= spec.max_output_bytes:
                         offsets[g], truncated = spec.max_output_bytes, True

@@ -21,6 +21,7 @@ from typing import Any
 
 from sandboxd.errors import FailedPrecondition, PermissionDenied
 from sandboxd.reasons import Reason
+from sandboxd.validation.image_refs import normalize_reference, parse_patterns
 
 __all__ = [
     "HEALTHCHECK_OFF",
@@ -35,37 +36,8 @@ __all__ = [
 # supervisor would not see): `config["Healthcheck"] = HEALTHCHECK_OFF`.
 HEALTHCHECK_OFF: dict[str, list[str]] = {"Test": ["NONE"]}
 
-_PATTERN_RE = re.compile(r"\A[a-z0-9*][a-z0-9._:/@*-]{0,254}\Z")
 _ID_RE = re.compile(r"\A(?:sha256:)?([0-9a-f]{12,64})\Z")
 MIN_ID_PREFIX = 12
-
-
-def _strip_registry(ref: str) -> str:
-    for prefix in ("docker.io/library/", "index.docker.io/library/", "docker.io/"):
-        if ref.startswith(prefix):
-            return ref[len(prefix) :]
-    return ref
-
-
-def normalize_reference(ref: str) -> str:
-    """The one spelling of a reference: no default registry, an explicit tag."""
-    ref = _strip_registry(ref)
-    if "@" in ref:
-        return ref
-    last = ref.rsplit("/", 1)[-1]
-    return ref if ":" in last else ref + ":latest"
-
-
-def parse_patterns(text: str) -> tuple[str, ...]:
-    """`pattern,pattern,...` -> normalized patterns; ValueError names a bad one."""
-    patterns = []
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        if not _PATTERN_RE.match(item):
-            raise ValueError(
-                f"{item[:100]!r} is not an image pattern (lowercase reference, '*' as wildcard)"
-            )
-        patterns.append(normalize_reference(item) if "*" not in item else _strip_registry(item))
-    return tuple(patterns)
 
 
 def allowed_patterns(
@@ -75,8 +47,7 @@ def allowed_patterns(
     default_image: str = "",
 ) -> tuple[str, ...]:
     """The server's `image_allowlist`, its default `image` (the operator chose it), and the
-    tenant's `image_allowlist=` from the tokens file (the caller passes the current grant:
-    this module stays below tenancy, which validates tokens-file patterns with it)."""
+    tenant's `image_allowlist=` from the tokens file (the caller passes the current grant)."""
     texts = [server_allowlist, tenant_allowlist or ""]
     default = (normalize_reference(default_image),) if default_image else ()
     return parse_patterns(",".join(texts)) + default

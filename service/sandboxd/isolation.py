@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from enum import StrEnum
 from typing import Protocol
 
-from sandboxd import tenancy
 from sandboxd.errors import ConfigError, FailedPrecondition
 from sandboxd.reasons import Reason
 
@@ -102,16 +101,3 @@ class IsolationTiers:
                 metadata={"isolation": tier.value},
             )
         return tier
-
-
-def check_isolation(asked: Isolation | None, tiers: IsolationTiers | None) -> Isolation:
-    """The tier of a create request. Without `tiers` (an embedding without an engine check)
-    only runc exists. Every tier allows ALLOWLIST: no sandbox has a network interface (runsc
-    runs with --network=none, runc with network mode none), egress goes over the agent's
-    channel.
-    """
-    if tiers is None:
-        tier = IsolationTiers(Isolation.RUNC, {Isolation.RUNC}).choose(asked)
-    else:
-        tier = tiers.choose(asked, tenancy.current_grants().isolation)
-    return tier

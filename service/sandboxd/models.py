@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -181,6 +182,14 @@ class VolumeMount:
     path: str
     read_only: bool = False
     disk: str = ""
+
+
+def workspace_mounts(mounts: Sequence[VolumeMount]) -> frozenset[str]:
+    """The names of the folders directly below /workspace that are volumes: the workspace's
+    tar paths (archive/, snapshots) skip them."""
+    return frozenset(
+        m.path[len("/workspace/") :] for m in mounts if m.path.startswith("/workspace/")
+    )
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ sandboxes are named. The engine-specific hardened profile is built by the adapte
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sandboxd.models import SessionSpec
 
 HELPER_IN_CONTAINER = "/.sandboxd/sbx"
@@ -23,3 +25,11 @@ def base_env(spec: SessionSpec) -> dict[str, str]:
     env = {"PATH": DEFAULT_PATH, "HOME": "/workspace", "LANG": "C.UTF-8"}
     env.update(spec.env)
     return env
+
+
+def searched(argv: Sequence[str]) -> list[str]:
+    """`argv` for a runner that executes absolute paths only (the agent): a bare name (`df`)
+    goes through `sbx run`, which searches PATH as the engine's exec does."""
+    if argv and not argv[0].startswith("/"):
+        return [HELPER_IN_CONTAINER, "run", "--", *argv]
+    return list(argv)

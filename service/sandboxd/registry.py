@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import ipaddress
 import json
 import platform
 import re
@@ -24,6 +23,7 @@ import aiohttp
 
 from sandboxd.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from sandboxd.reasons import Reason
+from sandboxd.settings import is_loopback_host
 
 DOCKER_HUB = "docker.io"
 _HUB_ALIASES = ("docker.io", "index.docker.io", "registry-1.docker.io")
@@ -92,13 +92,7 @@ class Reference:
 
     def is_loopback(self) -> bool:
         host = self.registry.rsplit(":", 1)[0] if not self.registry.endswith("]") else ""
-        host = host.strip("[]") or self.registry.strip("[]")
-        if host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            return False
+        return is_loopback_host(host.strip("[]") or self.registry)
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,19 @@ def host_port_problem(value: str, example: str, *, ip_only: bool = True) -> str 
     return None
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether a host name or address (brackets allowed) reaches only this machine: the one
+    rule for a listener that may go without TLS and for an engine or registry reached in the
+    clear."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _shown_default(value: Any) -> str:
     """A default as an operator would write it: sizes in MiB or GiB where they divide."""
     if value is None or value == "":

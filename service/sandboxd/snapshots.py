@@ -2,7 +2,7 @@
 
 A snapshot is the tar `ArchiveIO.export` streams, written to disk as it arrives and named by
 its sha256 (see snapshot_store); a disk workspace's is a copy of its disk the engine host keeps
-(storage/disk_snapshots.py), unless a tar is asked for. Snapshots are taken when a caller asks
+(disk_snapshots.py), unless a tar is asked for. Snapshots are taken when a caller asks
 (CreateSnapshot) and automatically when a session is suspended; a container that is lost is
 rebuilt from the session's latest one. Restoring goes through the same checked import as any
 caller's archive: a snapshot's content came from an untrusted workspace.
@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from sandboxd import paging, tenancy, validation
+from sandboxd.disk_snapshots import DiskSnapshots
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import (
     FailedPrecondition,
@@ -29,7 +30,6 @@ from sandboxd.errors import (
     SandboxError,
     SessionNotFound,
 )
-from sandboxd.image_quota import ImageQuota
 from sandboxd.labels import (
     LABEL_AUTO,
     LABEL_FORKED_FROM,
@@ -41,9 +41,9 @@ from sandboxd.models import Session, SessionState
 from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager
 from sandboxd.snapshot_store import KIND_DISK, KIND_MEMORY, Snapshot, SnapshotStore
-from sandboxd.storage.disk_snapshots import DiskSnapshots
-from sandboxd.storage.tenant_quota import DiskQuota
 from sandboxd.store import SessionStore
+from sandboxd.templates.quota import ImageQuota
+from sandboxd.volumes.disk_quota import DiskQuota
 
 log = logging.getLogger(__name__)
 
@@ -396,7 +396,7 @@ class Snapshots:
         log.info("snapshot deleted", extra={"snapshot_id": snapshot_id})
 
     async def sweep_disks(self) -> int:
-        """Remove the snapshot disks no record holds (storage/disk_snapshots.py)."""
+        """Remove the snapshot disks no record holds (disk_snapshots.py)."""
         return await self._keeper.disks.sweep()
 
     async def sweep_images(self) -> int:

@@ -13,37 +13,27 @@ nothing here.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
-
-from sandboxd.isolation import Isolation
-from sandboxd.models import (
-    Limits,
-    Loss,
-    ManifestFile,
-    NetworkMode,
-    NetworkPolicy,
-    ProxyQuotas,
-    SecretBinding,
-    Session,
-    SessionSpec,
-    SessionState,
-    ShellPolicy,
-    SuspendMode,
-    VolumeMount,
-    WorkspaceManifest,
-    WorkspaceStorage,
-)
+from sandboxd.models import Session, SessionState
 from sandboxd.schema import add_column, statements, steps_of
+from sandboxd.session_rows import (
+    MAX_PAUSES,
+    from_stamp,
+    loss_from_json,
+    loss_to_json,
+    row_to_session,
+    spec_to_json,
+    suspension_to_json,
+    to_stamp,
+)
 from sandboxd.sqlite_file import SqliteFile
 
 _SCHEMA = """
@@ -68,172 +58,6 @@ class SessionRow:
     session_id: str
     state: SessionState
     container_id: str
-
-
-def _spec_to_json(spec: SessionSpec) -> str:
-    return json.dumps(
-        {
-            "image": spec.image,
-            "image_digest": spec.image_digest,
-            "image_id": spec.image_id,
-            "limits": spec.limits.to_dict(),
-            "shell": {"allow": list(spec.shell.allow), "allow_all": spec.shell.allow_all},
-            "network": {
-                "mode": spec.network.mode.value,
-                "allowed_domains": list(spec.network.allowed_domains),
-                "allowed_ports": list(spec.network.allowed_ports),
-                "allow_private_networks": spec.network.allow_private_networks,
-                "quotas": spec.network.quotas.to_dict(),
-                # Never a plaintext value: the sealed bytes, useless without the key.
-                "secrets": [
-                    {**b.public(), "sealed": base64.b64encode(b.sealed).decode()}
-                    for b in spec.network.secrets
-                ],
-                "refuse_misdirected_secrets": spec.network.refuse_misdirected_secrets,
-            },
-            "env": spec.env,
-            "uid": spec.uid,
-            "gid": spec.gid,
-            "requested_user": spec.requested_user,
-            "isolation": spec.isolation.value,
-            "template": spec.template,
-            "volumes": [
-                {"volume_id": v.volume_id, "path": v.path, "read_only": v.read_only, "disk": v.disk}
-                for v in spec.volumes
-            ],
-            "storage": spec.storage.value,
-            "disk_id": spec.disk_id,
-            "manifest": {
-                "id": spec.manifest.id,
-                "files": [
-                    {
-                        "path": f.path,
-                        "mode": f.mode,
-                        "content": base64.b64encode(f.content).decode(),
-                    }
-                    for f in spec.manifest.files
-                ],
-                "directories": list(spec.manifest.directories),
-            },
-        }
-    )
-
-
-def _binding(d: dict[str, Any]) -> SecretBinding:
-    return SecretBinding(
-        name=d["name"],
-        hosts=tuple(d["hosts"]),
-        header=d["header"],
-        template=d["template"],
-        secret_ref=d["secret_ref"],
-        placeholder=d["placeholder"],
-        sealed=base64.b64decode(d["sealed"]),
-    )
-
-
-def _spec_from_json(text: str) -> SessionSpec:
-    d: dict[str, Any] = json.loads(text)
-    m = d["manifest"]
-    return SessionSpec(
-        image=d["image"],
-        image_digest=d.get("image_digest", ""),
-        image_id=d.get("image_id", ""),
-        limits=Limits.from_dict(d["limits"]),
-        shell=ShellPolicy(allow=tuple(d["shell"]["allow"]), allow_all=d["shell"]["allow_all"]),
-        network=NetworkPolicy(
-            mode=NetworkMode(d["network"]["mode"]),
-            allowed_domains=tuple(d["network"]["allowed_domains"]),
-            allowed_ports=tuple(d["network"]["allowed_ports"]),
-            allow_private_networks=d["network"]["allow_private_networks"],
-            quotas=ProxyQuotas(**d["network"].get("quotas", {})),
-            secrets=tuple(_binding(b) for b in d["network"].get("secrets", [])),
-            refuse_misdirected_secrets=d["network"].get("refuse_misdirected_secrets", False),
-        ),
-        env=dict(d["env"]),
-        uid=d["uid"],
-        gid=d["gid"],
-        requested_user=d.get("requested_user", ""),
-        manifest=WorkspaceManifest(
-            id=m["id"],
-            files=tuple(
-                ManifestFile(path=f["path"], mode=f["mode"], content=base64.b64decode(f["content"]))
-                for f in m["files"]
-            ),
-            directories=tuple(m["directories"]),
-        ),
-        isolation=Isolation(d.get("isolation", Isolation.RUNC.value)),
-        template=d.get("template", ""),
-        volumes=tuple(VolumeMount(**v) for v in d.get("volumes", [])),
-        storage=WorkspaceStorage(d.get("storage", WorkspaceStorage.MEMORY.value)),
-        disk_id=d.get("disk_id", ""),
-    )
-
-
-def _ts(value: datetime) -> float:
-    return value.timestamp()
-
-
-def _dt(value: float) -> datetime:
-    return datetime.fromtimestamp(value, tz=UTC)
-
-
-MAX_PAUSES = 1000  # kept per session (16 bytes each in memory); the oldest go first
-
-
-def _suspension_to_json(s: Session) -> str:
-    if s.suspend_mode is SuspendMode.NONE and not s.pauses:
-        return ""
-    pauses = [list(p) for p in s.pauses[-MAX_PAUSES:]]
-    return json.dumps({"mode": s.suspend_mode.value, "pauses": pauses})
-
-
-def _suspension_from_json(text: str) -> dict[str, Any]:
-    if not text:
-        return {}
-    data = json.loads(text)
-    pauses = tuple((float(a), float(b)) for a, b in data.get("pauses") or ())
-    return {"suspend_mode": SuspendMode(data.get("mode", "")), "pauses": pauses}
-
-
-def _loss_to_json(loss: Loss | None) -> str:
-    if loss is None:
-        return ""
-    return json.dumps(
-        {
-            "lost_at": _ts(loss.lost_at),
-            "snapshot_id": loss.snapshot_id,
-            "snapshot_at": _ts(loss.snapshot_at) if loss.snapshot_at else None,
-            "restored_at": _ts(loss.restored_at) if loss.restored_at else None,
-        }
-    )
-
-
-def _loss_from_json(text: str) -> Loss | None:
-    if not text:
-        return None
-    d = json.loads(text)
-    return Loss(
-        lost_at=_dt(d["lost_at"]),
-        snapshot_id=d.get("snapshot_id") or "",
-        snapshot_at=_dt(d["snapshot_at"]) if d.get("snapshot_at") is not None else None,
-        restored_at=_dt(d["restored_at"]) if d.get("restored_at") is not None else None,
-    )
-
-
-def _row_to_session(row: aiosqlite.Row) -> Session:
-    return Session(
-        session_id=row["session_id"],
-        fingerprint=row["fingerprint"],
-        state=SessionState(row["state"]),
-        created_at=_dt(row["created_at"]),
-        lease_expires_at=_dt(row["lease_expires_at"]),
-        container_id=row["container_id"],
-        labels=json.loads(row["labels"]),
-        spec=_spec_from_json(row["spec"]),
-        tenant=row["tenant"],
-        loss=_loss_from_json(row["loss"]),
-        **_suspension_from_json(row["suspension"]),
-    )
 
 
 def _copy(s: Session) -> Session:
@@ -297,11 +121,11 @@ class SessionStore(SqliteFile):
                 s.session_id,
                 s.fingerprint,
                 s.state.value,
-                _ts(s.created_at),
-                _ts(s.lease_expires_at),
+                to_stamp(s.created_at),
+                to_stamp(s.lease_expires_at),
                 s.container_id,
                 json.dumps(s.labels),
-                _spec_to_json(s.spec),
+                spec_to_json(s.spec),
                 s.tenant,
             ),
         )
@@ -317,9 +141,9 @@ class SessionStore(SqliteFile):
                     dataclasses.replace(
                         before,
                         state=s.state,
-                        lease_expires_at=_dt(_ts(s.lease_expires_at)),  # as stored
+                        lease_expires_at=from_stamp(to_stamp(s.lease_expires_at)),  # as stored
                         container_id=s.container_id,
-                        loss=_loss_from_json(_loss_to_json(s.loss)),
+                        loss=loss_from_json(loss_to_json(s.loss)),
                         suspend_mode=s.suspend_mode,
                         pauses=tuple(s.pauses[-MAX_PAUSES:]),
                     )
@@ -331,10 +155,10 @@ class SessionStore(SqliteFile):
             " suspension = ? WHERE session_id = ?",
             (
                 s.state.value,
-                _ts(s.lease_expires_at),
+                to_stamp(s.lease_expires_at),
                 s.container_id,
-                _loss_to_json(s.loss),
-                _suspension_to_json(s),
+                loss_to_json(s.loss),
+                suspension_to_json(s),
                 s.session_id,
             ),
         )
@@ -345,7 +169,7 @@ class SessionStore(SqliteFile):
         async with self._writing(s.session_id):
             await self.db.execute(
                 "UPDATE sessions SET spec = ?, fingerprint = ? WHERE session_id = ?",
-                (_spec_to_json(s.spec), s.fingerprint, s.session_id),
+                (spec_to_json(s.spec), s.fingerprint, s.session_id),
             )
             await self.db.commit()
             # Dropped, not refilled: a rare write, and the next read decodes what was stored.
@@ -367,7 +191,7 @@ class SessionStore(SqliteFile):
             "SELECT * FROM sessions WHERE session_id = ?", (session_id,)
         ) as cur:
             row = await cur.fetchone()
-        return _row_to_session(row) if row else None
+        return row_to_session(row) if row else None
 
     async def delete(self, session_id: str) -> None:
         async with self._writing(session_id):
@@ -399,7 +223,7 @@ class SessionStore(SqliteFile):
         params.append(limit)
         async with self.db.execute(sql, params) as cur:
             rows = await cur.fetchall()
-        return [_row_to_session(r) for r in rows]
+        return [row_to_session(r) for r in rows]
 
     async def tenant_usage(self, tenant: str, live_states: tuple[str, ...]) -> tuple[int, int]:
         """(sessions, memory bytes) a tenant holds in the given states, for its quotas."""
@@ -459,7 +283,7 @@ class SessionStore(SqliteFile):
     async def all(self) -> list[Session]:
         async with self.db.execute("SELECT * FROM sessions ORDER BY session_id") as cur:
             rows = await cur.fetchall()
-        return [_row_to_session(r) for r in rows]
+        return [row_to_session(r) for r in rows]
 
     async def index(self) -> list[SessionRow]:
         """Every record's id, state and container id (no spec is decoded)."""
@@ -473,7 +297,7 @@ class SessionStore(SqliteFile):
         """Ids of the sessions whose lease ended and that are not EXPIRED yet (indexed)."""
         async with self.db.execute(
             "SELECT session_id FROM sessions WHERE lease_expires_at <= ? AND state != ?",
-            (_ts(now), SessionState.EXPIRED.value),
+            (to_stamp(now), SessionState.EXPIRED.value),
         ) as cur:
             rows = await cur.fetchall()
         return [str(r[0]) for r in rows]
@@ -482,7 +306,7 @@ class SessionStore(SqliteFile):
         """Ids of EXPIRED or FAILED sessions whose lease ended before `before` (indexed)."""
         async with self.db.execute(
             "SELECT session_id FROM sessions WHERE lease_expires_at <= ? AND state IN (?, ?)",
-            (_ts(before), SessionState.EXPIRED.value, SessionState.FAILED.value),
+            (to_stamp(before), SessionState.EXPIRED.value, SessionState.FAILED.value),
         ) as cur:
             rows = await cur.fetchall()
         return [str(r[0]) for r in rows]

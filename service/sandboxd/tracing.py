@@ -1,4 +1,7 @@
-"""Traces with OpenTelemetry: a span per RPC, child spans for every engine and agent call.
+"""Traces with OpenTelemetry: the tracer, and child spans for every engine and agent call.
+
+The span per RPC is the gRPC edge's (`sandboxd.api.tracing`); this module stays below the
+rooms that wrap their ports with `traced`.
 
 The RPC span's parent is the caller's W3C `traceparent`, so a caller's trace continues through
 the server into the engine. Spans are exported over OTLP/gRPC when `otlp_endpoint` is set;
@@ -14,24 +17,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
-import grpc
 from opentelemetry import trace
-from opentelemetry.propagators.textmap import Getter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.trace import SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import SpanKind
 
 from sandboxd import __version__
-from sandboxd.api.chain import Layer
-from sandboxd.api.observe import status_code_of
 
 T = TypeVar("T")
-_PROPAGATOR = TraceContextTextMapPropagator()
 
 
 def provider_for(endpoint: str, exporter: SpanExporter | None = None) -> TracerProvider | None:
@@ -56,92 +53,6 @@ def tracer_of(provider: TracerProvider | None) -> trace.Tracer:
     if provider is None:
         return trace.NoOpTracer()
     return provider.get_tracer("sandboxd", __version__)
-
-
-class _Metadata(Getter[Any]):
-    """gRPC invocation metadata as the propagator reads it (keys are lower-case already)."""
-
-    def get(self, carrier: Any, key: str) -> list[str] | None:
-        values = [v for k, v in carrier or () if k == key and isinstance(v, str)]
-        return values or None
-
-    def keys(self, carrier: Any) -> list[str]:
-        return [k for k, _ in carrier or ()]
-
-
-_METADATA = _Metadata()
-
-
-class TracingInterceptor(Layer):
-    """A SERVER span around each call, the current span while its handler runs."""
-
-    def __init__(self, tracer: trace.Tracer) -> None:
-        self._tracer = tracer
-
-    def wrap(self, handler: Any, handler_call_details: Any) -> Any:
-        if handler is None:
-            return None
-        full = str(handler_call_details.method).lstrip("/")
-        service, _, method = full.partition("/")
-        parent = _PROPAGATOR.extract(handler_call_details.invocation_metadata, getter=_METADATA)
-        attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
-        tracer = self._tracer
-
-        def start() -> trace.Span:
-            return tracer.start_span(full, parent, SpanKind.SERVER, attributes)
-
-        def end(span: trace.Span, context: Any, error: BaseException | None) -> None:
-            code = status_code_of(context)
-            if code is not None:
-                span.set_attribute("rpc.grpc.status_code", code.value[0])
-            if error is not None or (code is not None and code is not grpc.StatusCode.OK):
-                span.set_status(
-                    Status(StatusCode.ERROR, code.name if code else type(error).__name__)
-                )
-            span.end()
-
-        def unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-            async def traced(request: Any, context: Any) -> Any:
-                span, error = start(), None
-                try:
-                    with trace.use_span(span, end_on_exit=False):
-                        return await behavior(request, context)
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    end(span, context, error)
-
-            return traced
-
-        def streaming(behavior: Callable[..., Any]) -> Callable[..., Any]:
-            if inspect.iscoroutinefunction(behavior):
-                return unary(behavior)
-
-            async def traced(request: Any, context: Any) -> AsyncIterator[Any]:
-                span, error = start(), None
-                try:
-                    with trace.use_span(span, end_on_exit=False):
-                        async with contextlib.aclosing(behavior(request, context)) as items:
-                            async for item in items:
-                                yield item
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    end(span, context, error)
-
-            return traced
-
-        if handler.unary_unary is not None:
-            return handler._replace(unary_unary=unary(handler.unary_unary))
-        if handler.stream_unary is not None:
-            return handler._replace(stream_unary=unary(handler.stream_unary))
-        if handler.unary_stream is not None:
-            return handler._replace(unary_stream=streaming(handler.unary_stream))
-        if handler.stream_stream is not None:
-            return handler._replace(stream_stream=streaming(handler.stream_stream))
-        return handler
 
 
 class Traced:

@@ -22,6 +22,7 @@ from conftest import (
     start_server,
     wait_until,
 )
+from containers import session_container
 from sandboxd.v1 import common_pb2, session_pb2
 
 TIERS = ("runc", "gvisor")  # the same agent under both (sbx agent --user, docs/agent.md)
@@ -30,18 +31,6 @@ TIERS = ("runc", "gvisor")  # the same agent under both (sbx agent --user, docs/
 def _tier(tier: str) -> tuple[str, ...]:
     """start_server's arguments for a server whose sessions run under `tier`."""
     return ("--isolation-default", tier) if tier != "runc" else ()
-
-
-def _container_of(sid: str, owner: str) -> str:
-    out = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=io.sandboxd.session={sid}"]
-        + ["--filter", f"label=io.sandboxd.owner={owner}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert len(out) == 1, out
-    return out[0]
 
 
 def _inspect(cid: str) -> dict[str, object]:
@@ -62,7 +51,7 @@ def test_the_agent_is_pid_1_and_runs_commands_without_docker_exec(
 ) -> None:
     s = new_session()
     owner = server.owner_id  # type: ignore[attr-defined]
-    cid = _container_of(s.session_id, owner)
+    cid = session_container(s.session_id, owner)
     doc = _inspect(cid)
     config, host = doc["Config"], doc["HostConfig"]
     # Commands as the session's uid:gid, not a keeper's; the agent itself as root with three
@@ -102,7 +91,7 @@ def test_a_server_killed_and_started_again_reattaches(tmp_path: Path, tier: str)
             session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
         ).session.session_id
         assert run(stubs, sid, "/bin/sh", "-c", "echo before > /workspace/f").exit_code == 0
-        cid = _container_of(sid, owner)
+        cid = session_container(sid, owner)
         srv.stop(signal.SIGKILL)
         srv = start_server(data, owner, *_tier(tier))
         stubs = make_stubs(f"127.0.0.1:{srv.port}")
@@ -135,7 +124,7 @@ def test_an_agent_that_stops_answering_is_rescued(tmp_path: Path, tier: str) -> 
         sid = stubs.sessions.CreateSession(
             session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
         ).session.session_id
-        cid = _container_of(sid, owner)
+        cid = session_container(sid, owner)
         assert run(stubs, sid, "/bin/sh", "-c", "echo kept > /workspace/f").exit_code == 0
         subprocess.run(["docker", "kill", "-s", "STOP", cid], check=True, capture_output=True)
         started = time.monotonic()
@@ -194,7 +183,7 @@ def test_a_command_running_when_the_server_dies_is_killed(tmp_path: Path, tier: 
 
         thread = threading.Thread(target=long_run, daemon=True)
         thread.start()
-        cid = _container_of(sid, owner)
+        cid = session_container(sid, owner)
 
         def processes() -> str:
             # `docker top` of a runsc container lists the host's processes, not the sandbox's.

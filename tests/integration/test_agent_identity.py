@@ -7,13 +7,12 @@ agent")."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 from typing import Any
 
 import pytest
 from conftest import ServerProcess, SessionFactory, Stubs, run, wait_until
+from containers import inspect_container, session_container
 
 TIERS = ("runc", "gvisor")
 RUNTIMES = {"runc": "runc", "gvisor": "runsc"}
@@ -25,17 +24,7 @@ def _agent(user: str) -> list[str]:
 
 
 def _container(sid: str, server: ServerProcess) -> dict[str, Any]:
-    ids = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=io.sandboxd.session={sid}"]
-        + ["--filter", f"label=io.sandboxd.owner={server.owner_id}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert len(ids) == 1, ids
-    out = subprocess.run(["docker", "inspect", ids[0]], capture_output=True, text=True, check=True)
-    doc: dict[str, Any] = json.loads(out.stdout)[0]
-    return doc
+    return inspect_container(session_container(sid, server.owner_id))
 
 
 def _status(stubs: Stubs, sid: str) -> dict[str, str]:

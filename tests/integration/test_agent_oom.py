@@ -12,8 +12,6 @@ outscored commands at 500 and was killed after about 50 starts: the sandbox ende
 from __future__ import annotations
 
 import contextlib
-import json
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,6 +19,7 @@ from typing import Any
 import grpc
 import pytest
 from conftest import ServerProcess, SessionFactory, Stubs, run
+from containers import inspect_container, session_container
 from google.protobuf import duration_pb2
 from sandboxd.v1 import common_pb2, process_pb2, session_pb2
 
@@ -49,17 +48,7 @@ def _gvisor_xfail(request: pytest.FixtureRequest, tier: str) -> None:
 
 
 def _container(sid: str, server: ServerProcess) -> dict[str, Any]:
-    ids = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=io.sandboxd.session={sid}"]
-        + ["--filter", f"label=io.sandboxd.owner={server.owner_id}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert len(ids) == 1, ids
-    out = subprocess.run(["docker", "inspect", ids[0]], capture_output=True, text=True, check=True)
-    doc: dict[str, Any] = json.loads(out.stdout)[0]
-    return doc
+    return inspect_container(session_container(sid, server.owner_id))
 
 
 def _caller(stubs: Stubs, sid: str, n: int) -> list[str]:

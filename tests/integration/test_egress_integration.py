@@ -38,6 +38,7 @@ from conftest import (
     start_server,
     wait_until,
 )
+from containers import docker, session_containers
 from google.protobuf import duration_pb2
 from sandboxd.v1 import admin_pb2, common_pb2, session_pb2
 
@@ -131,13 +132,9 @@ asyncio.run(main(sys.argv[1], [int(p) for p in sys.argv[2:]]))
 """
 
 
-def _docker(*args: str) -> str:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, check=True).stdout
-
-
 def bridge_gateway() -> str:
     """The host's address on Docker's default bridge (its interface, e.g. docker0)."""
-    bridge = _docker(
+    bridge = docker(
         "network", "inspect", "-f", '{{index .Options "com.docker.network.bridge.name"}}', "bridge"
     ).strip()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -150,13 +147,13 @@ def bridge_gateway() -> str:
 def relay(target: str, ports: list[int]) -> Iterator[str]:
     """A container on the default bridge forwarding `ports` to `target`; yields its address."""
     name = "sandboxd-test-relay-" + secrets.token_hex(4)
-    _docker(
+    docker(
         "run", "-d", "--rm", "--name", name, "--network", "bridge", "--entrypoint", "python3",
         PYTHON_IMAGE, "-c", RELAY, target, *map(str, ports),
     )  # fmt: skip
     try:
-        assert wait_until(lambda: "ready" in _docker("logs", name), 30), _docker("logs", name)
-        yield _docker(
+        assert wait_until(lambda: "ready" in docker("logs", name), 30), docker("logs", name)
+        yield docker(
             "inspect", "-f", "{{.NetworkSettings.Networks.bridge.IPAddress}}", name
         ).strip()
     finally:
@@ -263,12 +260,12 @@ def assert_loopback_only(stubs: Stubs, sid: str) -> None:
     assert [line.split(":")[1].strip() for line in links.splitlines()] == ["lo"], links
     assert run(stubs, sid, "ls", "/sys/class/net").stdout.decode().split() == ["lo"]
     cid = container_of(stubs, sid)
-    mode = _docker("inspect", "-f", "{{.HostConfig.NetworkMode}}", cid).strip()
+    mode = docker("inspect", "-f", "{{.HostConfig.NetworkMode}}", cid).strip()
     assert mode == "none"
 
 
 def container_of(stubs: Stubs, sid: str) -> str:
-    return _docker("ps", "-q", "--no-trunc", "--filter", f"label=io.sandboxd.session={sid}").strip()
+    return "\n".join(session_containers(sid, running=True))
 
 
 @pytest.fixture(scope="module")

@@ -59,6 +59,7 @@ from conftest import (
     run_after_death,
     start_server,
 )
+from containers import docker, session_container
 from google.protobuf import duration_pb2
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -178,12 +179,6 @@ def paused_containers(owner_id: str) -> list[str]:
     return out.split()
 
 
-def _docker(*args: str) -> str:
-    return subprocess.run(
-        ["docker", *args], capture_output=True, text=True, check=True
-    ).stdout.strip()
-
-
 def _memory_cgroup(cid: str) -> Path:
     """The container's memory cgroup on this host (cgroup v1 with the cgroupfs driver, or v2)."""
     for path in (
@@ -230,12 +225,8 @@ def oom_kill_the_agent(stubs: Stubs, owner_id: str, sid: str) -> None:
     process (tmpfs pages in /tmp, written by a command far smaller than the agent), after the
     cgroup's limit is brought down to 2 MiB above what it cannot give back. The engine's `oom` event
     for the container shows that the kernel, not a signal of ours, ended it."""
-    cid = _docker(
-        "ps", "-q", "--no-trunc", "--filter", f"label=io.sandboxd.owner={owner_id}",
-        "--filter", f"label=io.sandboxd.session={sid}",
-    )  # fmt: skip
-    assert cid and "\n" not in cid, cid
-    agent = int(_docker("inspect", "-f", "{{.State.Pid}}", cid))
+    cid = session_container(sid, owner_id, running=True)
+    agent = int(docker("inspect", "-f", "{{.State.Pid}}", cid))
     since = int(time.time()) - 1
     events = subprocess.Popen(
         ["docker", "events", "--since", str(since), "--filter", f"container={cid}",

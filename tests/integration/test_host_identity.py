@@ -27,6 +27,7 @@ from conftest import (
     run,
     start_server,
 )
+from containers import session_container
 from google.protobuf import duration_pb2
 from sandboxd.v1 import (
     common_pb2,
@@ -240,7 +241,7 @@ def _host_uids_of_commands(session_id: str) -> set[int]:
     """The host uids (real, effective, saved, filesystem) of the agent's children, read from
     the host's /proc: the agent is the container's main process."""
     pid = subprocess.run(
-        ["docker", "inspect", "-f", "{{.State.Pid}}", _container(session_id)],
+        ["docker", "inspect", "-f", "{{.State.Pid}}", session_container(session_id, running=True)],
         capture_output=True,
         text=True,
         check=True,
@@ -256,17 +257,6 @@ def _host_uids_of_commands(session_id: str) -> set[int]:
         line = next(ln for ln in status.splitlines() if ln.startswith("Uid:"))
         uids |= {int(v) for v in line.split()[1:]}
     return uids
-
-
-def _container(session_id: str) -> str:
-    ids = subprocess.run(
-        ["docker", "ps", "-q", "--filter", f"label=io.sandboxd.session={session_id}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert len(ids) == 1, ids
-    return ids[0]
 
 
 def test_a_used_up_block_refuses_and_records_hold_their_ids_across_a_restart(

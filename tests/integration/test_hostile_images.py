@@ -23,6 +23,7 @@ from conftest import (
     remove_owned_containers,
     start_server,
 )
+from containers import session_containers
 from sandboxd.v1 import common_pb2, session_pb2, snapshot_pb2, snapshot_pb2_grpc
 
 ALPHA = "alpha-" + secrets.token_urlsafe(24)
@@ -117,12 +118,7 @@ def test_health_checks_never_run(alpha: Stubs, images: dict[str, str]) -> None:
     sid = _create(alpha, images["health"])
     try:
         resp = alpha.sessions.GetSession(session_pb2.GetSessionRequest(session_id=sid))
-        name = subprocess.run(
-            ["docker", "ps", "-q", "--filter", f"label=io.sandboxd.session={sid}"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
+        name = session_containers(sid, running=True)
         assert resp.session.session_id == sid and name
         health = subprocess.run(
             ["docker", "inspect", "-f", "{{json .Config.Healthcheck}}", name[0]],

@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 from conftest import ServerProcess, SessionFactory, Stubs, expect_error, run
+from containers import session_container
 from sandboxd.v1 import (
     common_pb2,
     session_pb2,
@@ -150,18 +151,6 @@ def test_restore_takes_back_what_the_sandbox_made(
         assert _sh(stubs, other, "ls -A /workspace") == b""
 
 
-def _container_of(sid: str, owner: str) -> str:
-    out = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=io.sandboxd.session={sid}"]
-        + ["--filter", f"label=io.sandboxd.owner={owner}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert len(out) == 1, out
-    return out[0]
-
-
 def test_a_paused_container_is_busy_not_lost(
     stubs: Stubs, server: ServerProcess, new_session: SessionFactory
 ) -> None:
@@ -169,7 +158,7 @@ def test_a_paused_container_is_busy_not_lost(
     UNAVAILABLE, the session stays RUNNING with its files; deleting it does not hang."""
     sid = new_session().session_id
     _sh(stubs, sid, "printf keep > /workspace/k")
-    cid = _container_of(sid, server.owner_id)
+    cid = session_container(sid, server.owner_id)
     subprocess.run(["docker", "pause", cid], check=True, capture_output=True)
     try:
         expect_error(lambda: run(stubs, sid, "true"), grpc.StatusCode.UNAVAILABLE)

@@ -20,6 +20,7 @@ from conftest import (
     start_server,
     wait_until,
 )
+from containers import session_container, session_containers
 from google.protobuf import duration_pb2
 from sandboxd.v1 import common_pb2, process_pb2, session_pb2
 
@@ -240,13 +241,7 @@ def test_delete_session_ends_background_processes(
         grpc.StatusCode.NOT_FOUND,
         "SESSION_NOT_FOUND",
     )
-    ps = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=io.sandboxd.session={sid}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert ps.stdout.strip() == ""
+    assert session_containers(sid) == []
 
 
 def test_exec_children_do_not_outlive_but_started_processes_do(
@@ -404,13 +399,7 @@ def test_server_shutdown_ends_background_processes(
         ).session.session_id
         start_process(stubs, sid, "sleep", "706")
         assert wait_until(lambda: _alive(stubs, sid, "sleep 706"))
-        container = subprocess.run(
-            ["docker", "ps", "-q", "--filter", f"label=io.sandboxd.session={sid}"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        assert container
+        container = session_container(sid, running=True)
         stubs.channel.close()
         assert srv.stop() == 0
         top = subprocess.run(

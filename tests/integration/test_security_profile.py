@@ -3,12 +3,11 @@ and observed from inside the container."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from typing import Any
 
 import pytest
 from conftest import ServerProcess, Stubs, run
+from containers import inspect_container, session_container
 from sandboxd.v1 import admin_pb2, common_pb2, session_pb2
 
 MiB = 1024 * 1024
@@ -25,21 +24,7 @@ def default_session(stubs: Stubs) -> Any:
 
 @pytest.fixture(scope="module")
 def inspected(default_session: session_pb2.Session, server: ServerProcess) -> dict[str, Any]:
-    ids = subprocess.run(
-        [
-            "docker",
-            "ps",
-            "-q",
-            "--filter",
-            f"label=io.sandboxd.session={default_session.session_id}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert len(ids) == 1
-    out = subprocess.run(["docker", "inspect", ids[0]], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)[0]  # type: ignore[no-any-return]
+    return inspect_container(session_container(default_session.session_id, running=True))
 
 
 def _uid(session: session_pb2.Session) -> str:

@@ -19,6 +19,7 @@ from conftest import (
     start_server,
     wait_until,
 )
+from containers import inspect_container, session_containers
 from google.protobuf import duration_pb2
 from sandboxd.v1 import common_pb2, images_pb2, session_pb2
 
@@ -26,23 +27,8 @@ S = session_pb2
 
 
 def _container_state(session_id: str, owner: str) -> str:
-    out = subprocess.run(
-        [
-            "docker",
-            "ps",
-            "-a",
-            "--filter",
-            f"label=io.sandboxd.session={session_id}",
-            "--filter",
-            f"label=io.sandboxd.owner={owner}",
-            "--format",
-            "{{.State}}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.strip()
+    ids = session_containers(session_id, owner)
+    return "\n".join(inspect_container(i)["State"]["Status"] for i in ids)
 
 
 def test_create_get_delete(

@@ -25,6 +25,7 @@ from conftest import (
     run,
     start_server,
 )
+from containers import session_containers
 from sandboxd.v1 import admin_pb2, common_pb2, session_pb2, snapshot_pb2, snapshot_pb2_grpc
 
 NF = grpc.StatusCode.NOT_FOUND
@@ -48,20 +49,7 @@ def read(stubs: Stubs, sid: str, path: str) -> str:
 
 
 def container_of(owner: str, sid: str) -> str:
-    out = subprocess.run(
-        [
-            "docker",
-            "ps",
-            "-aq",
-            "--filter",
-            f"label=io.sandboxd.owner={owner}",
-            "--filter",
-            f"label=io.sandboxd.session={sid}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    out = session_containers(sid, owner)
     return out[0] if out else ""
 
 

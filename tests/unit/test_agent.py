@@ -335,7 +335,14 @@ def test_orphans_of_a_command_are_killed(agent: AgentProcess, tmp_path: Path) ->
     # a double-forked, setsid escapee during a running command dies as well
     sid = agent.open(
         "exec",
-        argv=[SH, "-c", "setsid sh -c 'sleep 4343 & echo $!' > esc; sleep 2"],
+        # Still running while the escapee is killed; it ends once the escapee is gone (at most
+        # 2 s, as a plain `sleep 2` did) rather than always after the whole 2 s.
+        argv=[
+            SH,
+            "-c",
+            "setsid sh -c 'sleep 4343 & echo $!' > esc; "
+            "for i in $(seq 40); do sleep 0.05; kill -0 $(cat esc) 2>/dev/null || break; done",
+        ],
         env={"PATH": "/usr/bin:/bin"},
     )
     assert agent.read().type == OPEN_OK

@@ -1,4 +1,4 @@
-"""DetachedStream across the agent's RESET `GAP` (agent/detached.py): it attaches again for as
+"""DetachedStream across the agent's RESET `GAP` (commands/detached.py): it attaches again for as
 long as the agent's ring keeps overrunning it while bytes come between, and gives up only on an
 agent that answers attach after attach with GAP and nothing else."""
 
@@ -10,8 +10,8 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
-from sandboxd.agent import detached
-from sandboxd.agent.detached import GAP_FD, DetachedStream
+from sandboxd.commands import detached
+from sandboxd.commands.detached import GAP_FD, DetachedStream
 from sandboxd.errors import Internal
 
 

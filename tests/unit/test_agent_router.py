@@ -129,9 +129,9 @@ def test_a_bare_command_name_goes_through_sbx_run() -> None:
 
 async def test_a_detached_stream_attaches_again_after_a_gap() -> None:
     """The agent's ring overran (RESET GAP): the stream attaches again from where it was and
-    reports the lost range before the rest of the output (sandboxd.agent.detached)."""
-    from sandboxd.agent.detached import GAP_FD, AgentProcesses
+    reports the lost range before the rest of the output (sandboxd.commands.detached)."""
     from sandboxd.commands import Detach, Plain
+    from sandboxd.commands.detached import GAP_FD, AgentProcesses
 
     peer = ScriptedAgent()
 

@@ -35,7 +35,6 @@ from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.audit import AuditEvent
 from sandboxd.audit.subscriber import AuditSubscriber
 from sandboxd.config import Config
-from sandboxd.image_quota import ImageQuota
 from sandboxd.models import ExecSpec
 from sandboxd.processes import ProcessManager
 from sandboxd.processes.record import BackgroundProcess
@@ -45,6 +44,7 @@ from sandboxd.sessions import CreateSessionInput
 from sandboxd.store import SessionStore
 from sandboxd.sweeper import Sweeper
 from sandboxd.templates.builds import Templates
+from sandboxd.templates.quota import ImageQuota
 from sandboxd.templates.store import TemplateStore
 from sandboxd.v1 import filesystem_pb2, filesystem_pb2_grpc
 from sandboxd.volumes.claims import VolumeClaims

@@ -15,9 +15,9 @@ from sandboxd.errors import ResourceExhausted
 from sandboxd.models import WorkspaceManifest, WorkspaceStorage
 from sandboxd.sessions import CreateSessionInput
 from sandboxd.snapshot_store import SnapshotStore
-from sandboxd.storage.tenant_quota import DiskQuota
 from sandboxd.store import SessionStore
 from sandboxd.volumes.claims import VolumeClaims
+from sandboxd.volumes.disk_quota import DiskQuota
 from sandboxd.volumes.service import Volumes
 from sandboxd.volumes.store import VolumeStore
 from session_stack import OWNER, as_tenant, session_stack

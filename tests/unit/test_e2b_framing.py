@@ -13,7 +13,7 @@ import pytest
 from sandboxd.e2b import connect, wire
 from sandboxd.e2b.app import _check_user
 from sandboxd.e2b.backend import check_api_key, loopback_target
-from sandboxd.e2b.connect import ConnectError, EnvelopeReader
+from sandboxd.e2b.connect import ConnectError, JsonMessages
 from sandboxd.e2b.rest import _metadata_filter
 from sandboxd.e2b.tokens import AccessTokens, load_key
 from sandboxd.validation.identity import SESSION_ID_RE
@@ -26,7 +26,7 @@ def frame(payload: bytes, flags: int = 0) -> bytes:
 def test_envelopes_round_trip_across_any_cut() -> None:
     body = connect.envelope({"a": 1}) + connect.envelope({"b": "x" * 1000})
     for cut in range(len(body) + 1):
-        reader = EnvelopeReader(4096)
+        reader = JsonMessages(4096)
         got = reader.feed(body[:cut]) + reader.feed(body[cut:])
         reader.finish()
         assert got == [{"a": 1}, {"b": "x" * 1000}]
@@ -54,12 +54,12 @@ def test_end_stream_carries_the_error() -> None:
 )
 def test_malformed_frames_are_refused_with_a_code(body: bytes, code: str) -> None:
     with pytest.raises(ConnectError) as err:
-        EnvelopeReader(1024).feed(body)
+        JsonMessages(1024).feed(body)
     assert err.value.code == code
 
 
 def test_a_body_cut_inside_a_frame_is_refused() -> None:
-    reader = EnvelopeReader(1024)
+    reader = JsonMessages(1024)
     assert reader.feed(frame(b'{"a": 1}')[:-2]) == []
     with pytest.raises(ConnectError) as err:
         reader.finish()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sandboxd.egress.target import (
+from sandboxd.targets import (
     RequestKind,
     TargetError,
     name_allowed,

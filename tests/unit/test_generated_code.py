@@ -5,7 +5,8 @@ from __future__ import annotations
 import filecmp
 from pathlib import Path
 
-from sandboxd.tools.genproto import CLIENT_PACKAGE, REPO, generate, generate_client
+from sandboxd.tools.genproto import CLIENT_PACKAGE, generate, generate_client
+from sandboxd.tools.paths import REPO
 
 
 def _same_tree(fresh: Path, committed: Path) -> None:

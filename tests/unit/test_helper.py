@@ -1,7 +1,8 @@
 """Tests for the in-container helper binary ``sbx`` (``helper/``).
 
-These run on the host (no Docker): the binary is built once per session with
-the exact production gcc command and pointed at temporary roots via --root.
+These run on the host (no Docker): the binary is `make helper`'s build (or the same gcc
+command when that is stale), made once per session by the `sbx` fixture of tests/agent_pipes.py,
+and pointed at temporary roots via --root.
 """
 
 from __future__ import annotations
@@ -22,26 +23,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "helper" / "sbx.c"
 LIST_MAX = 100_000
-
-
-def _build(out: str) -> None:
-    sources = [str(p) for p in sorted(SRC.parent.glob("*.c"))]  # sbx.c and its subcommands
-    cmd = ["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-o", out, *sources]
-    cp = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert cp.returncode == 0, f"gcc failed:\n{cp.stderr}"
-
-
-@pytest.fixture(scope="session")
-def sbx():
-    # World-traversable directory so the unprivileged-user tests can exec it.
-    d = tempfile.mkdtemp(prefix="sbx-build-")
-    try:
-        os.chmod(d, 0o755)
-        out = os.path.join(d, "sbx")
-        _build(out)
-        yield out
-    finally:
-        shutil.rmtree(d)
 
 
 class Result:

@@ -12,15 +12,6 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.unit.test_helper import _build
-
-
-@pytest.fixture(scope="module")
-def sbx(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = str(tmp_path_factory.mktemp("dial") / "sbx")
-    _build(out)
-    return out
-
 
 def _serve(handler: Callable[[socket.socket], None]) -> Iterator[int]:
     listener = socket.socket()

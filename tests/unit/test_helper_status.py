@@ -7,7 +7,7 @@ import os
 import secrets
 import stat
 
-from test_helper import Env, env, sbx  # noqa: F401  (fixtures)
+from test_helper import Env, env  # noqa: F401  (a fixture)
 
 
 def _run_id() -> str:

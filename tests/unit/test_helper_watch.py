@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_helper import sbx  # noqa: F401  (the session-scoped build fixture)
-
 Event = dict[str, Any]
 
 
@@ -70,7 +68,7 @@ def root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def watch(sbx: str, root: Path):  # noqa: F811
+def watch(sbx: str, root: Path):
     made: list[Watcher] = []
 
     def start(*args: str) -> Watcher:
@@ -132,7 +130,7 @@ def test_types_reported(watch, root: Path) -> None:
     ]
 
 
-def test_helper_write_is_created_then_modified(sbx: str, watch, root: Path) -> None:  # noqa: F811
+def test_helper_write_is_created_then_modified(sbx: str, watch, root: Path) -> None:
     """`sbx write` goes through a temp file renamed over the target: the caller sees the
     target created, then modified, never the temp file."""
     w = watch(".")
@@ -151,7 +149,7 @@ def test_helper_write_is_created_then_modified(sbx: str, watch, root: Path) -> N
 
 
 def test_existing_file_replaced_by_helper_write_is_modified(
-    sbx: str,  # noqa: F811
+    sbx: str,
     watch,
     root: Path,
 ) -> None:
@@ -261,7 +259,7 @@ def test_slow_reader_gets_an_overflow_and_later_events(watch, root: Path) -> Non
         ("", "EINVAL"),
     ],
 )
-def test_refused_paths(sbx: str, root: Path, tmp_path: Path, path: str, error: str) -> None:  # noqa: F811
+def test_refused_paths(sbx: str, root: Path, tmp_path: Path, path: str, error: str) -> None:
     (tmp_path / "secret" / "sub").mkdir(parents=True)
     os.symlink(tmp_path / "secret", root / "out")
     (root / "file.txt").write_text("x")
@@ -273,7 +271,7 @@ def test_refused_paths(sbx: str, root: Path, tmp_path: Path, path: str, error: s
     assert json.loads(cp.stderr)["error"] == error
 
 
-def test_refused_paths_without_openat2(sbx: str, root: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_refused_paths_without_openat2(sbx: str, root: Path, tmp_path: Path) -> None:
     (tmp_path / "secret").mkdir()
     os.symlink(tmp_path / "secret", root / "out")
     cp = subprocess.run(
@@ -297,7 +295,7 @@ def test_symlink_to_outside_is_never_watched_recursively(watch, root: Path, tmp_
 @pytest.mark.parametrize(
     "args", [["--queue", "0"], ["--max-watches", "x"], ["--bogus", "."], [".", "extra"], []]
 )
-def test_usage_errors(sbx: str, root: Path, args: list[str]) -> None:  # noqa: F811
+def test_usage_errors(sbx: str, root: Path, args: list[str]) -> None:
     cp = subprocess.run(
         [sbx, "--root", str(root), "watch", *args], capture_output=True, timeout=5, check=False
     )

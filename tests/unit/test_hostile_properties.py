@@ -15,9 +15,10 @@ import tarfile
 import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
+from sandboxd import targets as target
 from sandboxd import validation
 from sandboxd.archive import ArchiveLimits, MemberChecker, normalize_member_name
-from sandboxd.egress import addresses, target
+from sandboxd.egress import addresses
 from sandboxd.errors import InvalidArgument, PermissionDenied, ResourceExhausted
 
 # Per test, not a global profile: other modules keep their own hypothesis settings.

@@ -13,11 +13,11 @@ from fakes import FakeEngine
 from sandboxd import tenancy
 from sandboxd.config import Config
 from sandboxd.errors import ResourceExhausted
-from sandboxd.image_quota import ImageQuota
 from sandboxd.sessions import CreateSessionInput
 from sandboxd.store import SessionStore
 from sandboxd.templates import build_run
 from sandboxd.templates.builds import LABEL_BUILD, Templates
+from sandboxd.templates.quota import ImageQuota
 from sandboxd.templates.store import TemplateState, TemplateStore
 from session_stack import session_stack
 

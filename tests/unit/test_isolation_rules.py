@@ -14,12 +14,12 @@ from sandboxd.errors import AlreadyExists, ConfigError, FailedPrecondition
 from sandboxd.isolation import (
     Isolation,
     IsolationTiers,
-    check_isolation,
     parse_tier,
     parse_tiers,
 )
 from sandboxd.reasons import Reason
 from sandboxd.sessions import CreateSessionInput
+from sandboxd.sessions.spec import check_isolation
 from session_stack import session_stack
 
 BOTH = {Isolation.RUNC, Isolation.GVISOR}

@@ -5,7 +5,7 @@ and the agent's record goes when the server's does.
 
 The agent here is an in-memory stand-in for engine.protocol.DetachedExecs that keeps a ring per
 fd as the agent does (the last `capacity` bytes, by absolute offset; attach clamps the offsets
-into what it holds and reports the loss as (fd + GAP_FD, length), as agent/detached.py does)."""
+into what it holds and reports the loss as (fd + GAP_FD, length), as commands/detached.py does)."""
 
 from __future__ import annotations
 

@@ -24,9 +24,9 @@ import pytest
 from agent_pipes import CHANNEL_ENV, Builds, PipeTransport, agent_process
 from conftest import first_difference
 from engine_contract import running_session
-from sandboxd.agent.detached import AgentProcesses, DetachedStream
 from sandboxd.agent.router import AgentRouter, Attached, ChannelSettings
 from sandboxd.commands import Detach, Plain
+from sandboxd.commands.detached import AgentProcesses, DetachedStream
 from sandboxd.domain_events import CommandExited, CommandStarted
 from sandboxd.errors import Internal
 from sandboxd.execution import Command

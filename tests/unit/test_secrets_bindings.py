@@ -15,8 +15,8 @@ from sandboxd.errors import ConfigError, InvalidArgument
 from sandboxd.models import NetworkMode, NetworkPolicy, SecretBinding
 from sandboxd.reasons import Reason
 from sandboxd.secrets import bindings, trust, vault
+from sandboxd.session_rows import spec_from_json, spec_to_json
 from sandboxd.sessions.spec import check_network
-from sandboxd.store import _spec_from_json, _spec_to_json
 
 ALLOW = NetworkMode.ALLOWLIST
 VALUE = b"s3cret-value-123"
@@ -179,9 +179,9 @@ def test_secrets_file_syntax_and_reload(fresh_vault: Path) -> None:
 
 def test_store_keeps_sealed_bytes_never_the_value() -> None:
     network = created(binding(), binding(name="REF", value=None, secret_ref="api"))
-    spec = _spec_from_json(_spec_to_json(_spec(network)))
+    spec = spec_from_json(spec_to_json(_spec(network)))
     assert spec.network == network  # sealed and placeholders back
-    assert VALUE not in _spec_to_json(_spec(network)).encode()
+    assert VALUE not in spec_to_json(_spec(network)).encode()
     fingerprint = _spec(network).fingerprint()
     rotated = dataclasses.replace(
         network,

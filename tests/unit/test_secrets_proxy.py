@@ -21,10 +21,10 @@ from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import DEFAULT_QUOTAS, ResolvedQuotas
 from sandboxd.egress.proxy import EgressProxy, Rules
 from sandboxd.egress.resolver import Resolver
-from sandboxd.egress.target import MAX_HEAD_BYTES
 from sandboxd.models import SecretBinding
 from sandboxd.secrets.interceptor import Interceptor
 from sandboxd.secrets.vault import Vault
+from sandboxd.targets import MAX_HEAD_BYTES
 from testcerts import CertAuthority
 
 HOSTS = ("api.test", "plain.test", "bad.test")

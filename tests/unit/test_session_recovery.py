@@ -7,7 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import sandboxd.store
+import sandboxd.session_rows
 from sandboxd.commands import Plain, Where
 from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.errors import FailedPrecondition, Unavailable
@@ -45,13 +45,13 @@ async def test_reaper_decodes_no_spec_of_sessions_not_due(
         await st.sessions.create(CreateSessionInput(session_id="due"))
         await st.backdate_lease("due", timedelta(seconds=1))
         decoded: list[str] = []
-        real = sandboxd.store._spec_from_json
+        real = sandboxd.session_rows.spec_from_json
 
         def counting(text: str):  # type: ignore[no-untyped-def]
             decoded.append(text)
             return real(text)
 
-        monkeypatch.setattr(sandboxd.store, "_spec_from_json", counting)
+        monkeypatch.setattr(sandboxd.session_rows, "spec_from_json", counting)
         assert await st.sessions.reap_once() == 1
         assert len(decoded) <= 2, f"the reaper decoded {len(decoded)} specs for one due lease"
         decoded.clear()

@@ -17,9 +17,9 @@ from fakes import FakeEngine
 from sandboxd import tenancy
 from sandboxd.config import Config
 from sandboxd.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from sandboxd.image_quota import ImageQuota
 from sandboxd.store import SessionStore
 from sandboxd.templates.builds import LABEL_BUILD, BuildLog, Templates
+from sandboxd.templates.quota import ImageQuota
 from sandboxd.templates.store import TemplateRecord, TemplateState, TemplateStore
 
 

@@ -20,7 +20,7 @@ from sandboxd.errors import (
     NotFound,
     ResourceExhausted,
 )
-from sandboxd.models import SessionState, VolumeMount
+from sandboxd.models import SessionState, VolumeMount, workspace_mounts
 from sandboxd.reasons import Reason
 from sandboxd.sessions import CreateSessionInput
 from sandboxd.store import SessionStore
@@ -175,7 +175,7 @@ def test_mount_paths_outside_mnt_or_not_normal_are_refused(path: str) -> None:
 def test_a_folder_directly_below_the_workspace_is_a_mount_path() -> None:
     assert checks.check_mount_path("/workspace/data") == "/workspace/data"
     mounts = (_mount("a", "/workspace/data"), _mount("b", "/mnt/data"))
-    assert checks.workspace_mounts(checks.check_mounts(mounts, 8)) == {"data"}
+    assert workspace_mounts(checks.check_mounts(mounts, 8)) == {"data"}
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import pytest
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from sandboxd import connect
+from sandboxd.config_sections.web import _origins_problem, origins
 from sandboxd.server.transport import SERVICE_NAMES
 from sandboxd.web.methods import CodecError, served_methods
 from sandboxd.web.protocols import (
@@ -23,7 +24,6 @@ from sandboxd.web.protocols import (
     forwarded_metadata,
     protocol_of,
 )
-from sandboxd.web.settings import _origins_problem, origins
 
 
 def test_envelopes_come_out_whole_from_any_pieces() -> None:
@@ -47,6 +47,21 @@ def test_compressed_and_cut_envelopes_are_refused() -> None:
     assert list(reader.feed(connect.envelope(b"abcd")[:6])) == []
     with pytest.raises(connect.FramingError, match="inside an envelope"):
         reader.close()
+
+
+def test_a_callers_envelopes_carry_no_flags_and_each_refusal_has_its_code() -> None:
+    """The one reader of both doors: what a caller sends carries no end-of-stream or trailers
+    flag, and each refusal says the Connect code the door answers with."""
+    caller = connect.EnvelopeReader(16, flags=0)
+    with pytest.raises(connect.FramingError, match="flags 0x02") as flagged:
+        list(caller.feed(connect.envelope(b"", connect.FLAG_END_STREAM)))
+    assert flagged.value.code == "invalid_argument"
+    with pytest.raises(connect.FramingError) as compressed:
+        list(connect.EnvelopeReader(16).feed(connect.envelope(b"x", connect.FLAG_COMPRESSED)))
+    assert compressed.value.code == "unimplemented"
+    with pytest.raises(connect.FramingError) as large:
+        list(connect.EnvelopeReader(16).feed(connect.HEADER.pack(0, 17)))
+    assert large.value.code == "resource_exhausted"
 
 
 def test_errors_carry_the_code_in_snake_case_and_the_error_info() -> None:

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 from sandboxd.admission.bucket import TokenBucket
 from sandboxd.admission.channels import ChannelShares
 from sandboxd.admission.metrics import ShareMetrics
-from sandboxd.admission.settings import AdmissionSection
 from sandboxd.admission.shares import FairShares, RateLimited, Shares
+from sandboxd.config_sections.admission import AdmissionSection
 
 __all__ = [
     "AdmissionSection",

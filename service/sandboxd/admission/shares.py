@@ -68,7 +68,7 @@ class RateLimited(ResourceExhausted):
 
 @dataclass(frozen=True)
 class Shares:
-    """What each tenant may take while others are active (sandboxd.admission.settings)."""
+    """What each tenant may take while others are active (sandboxd.config_sections.admission)."""
 
     calls_per_s: float = 50.0
     call_burst: float = 50.0

@@ -70,9 +70,8 @@ from sandboxd.helper_client import (
     tool_argv,
     tool_error,
 )
-from sandboxd.models import FileType, Session
+from sandboxd.models import FileType, Session, workspace_mounts
 from sandboxd.reasons import Reason
-from sandboxd.volumes.checks import workspace_mounts
 
 log = logging.getLogger(__name__)
 

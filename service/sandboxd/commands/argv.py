@@ -11,7 +11,7 @@ complete environment (PATH, HOME, LANG) that the supervisor builds itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from sandboxd.commands.types import Dial, HelperCall, Plain, SandboxCommand, Supervised, ToolRun
 from sandboxd.profile import DEFAULT_PATH, HELPER_IN_CONTAINER
@@ -78,11 +78,3 @@ def env_of(command: SandboxCommand) -> Mapping[str, str] | None:
             return None
         case _:
             return INTERNAL_ENV
-
-
-def searched(argv: Sequence[str]) -> list[str]:
-    """`argv` for a runner that executes absolute paths only (the agent): a bare name (`df`)
-    goes through `sbx run`, which searches PATH as the engine's exec does."""
-    if argv and not argv[0].startswith("/"):
-        return [HELPER_IN_CONTAINER, "run", "--", *argv]
-    return list(argv)

@@ -95,7 +95,7 @@ class DetachedOutput(ExecStream, Protocol):
 
 
 class DetachedExecs(Protocol):
-    """Commands kept by the in-sandbox agent (sandboxd.agent.detached); only sandboxes with an
+    """Commands kept by the in-sandbox agent (sandboxd.commands.detached); only sandboxes with an
     agent have them (`serves`)."""
 
     async def serves(self, container_id: str, user: str) -> bool: ...

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxd.errors import ConfigError
+from sandboxd.isolation import parse_tiers
 from sandboxd.settings import (
     BOOL,
     DURATION,
@@ -190,8 +191,6 @@ class MetricsSection:
 
 
 def _tiers_problem(value: str) -> str | None:
-    from sandboxd.isolation import parse_tiers  # isolation imports nothing from here
-
     try:
         parse_tiers(value)
     except ConfigError as exc:

@@ -55,7 +55,12 @@ HTTP_STATUS: dict[grpc.StatusCode, int] = {
 
 
 class FramingError(ValueError):
-    """A body that is not a sequence of well-formed envelopes within the cap."""
+    """A body that is not a sequence of well-formed envelopes within the cap. `code` is the
+    Connect code (snake case) a door answers it with."""
+
+    def __init__(self, message: str, code: str = "invalid_argument") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def envelope(payload: bytes, flags: int = 0) -> bytes:
@@ -64,9 +69,15 @@ def envelope(payload: bytes, flags: int = 0) -> bytes:
 
 @dataclass
 class EnvelopeReader:
-    """Whole envelopes out of bytes fed in any pieces; none longer than `max_message_bytes`."""
+    """Whole envelopes out of bytes fed in any pieces; none longer than `max_message_bytes`.
+
+    `flags` are the flags an envelope may carry besides compression, which is refused (no
+    encoding is offered): by default the servers' end-of-stream and trailers; a door reading
+    what a caller sends passes 0, since a caller ends its stream with the body. Every refusal
+    comes from an envelope's header, before its payload is buffered."""
 
     max_message_bytes: int
+    flags: int = FLAG_END_STREAM | FLAG_TRAILERS
     _buffer: bytearray = field(default_factory=bytearray)
 
     def feed(self, data: bytes) -> Iterator[tuple[int, bytes]]:
@@ -74,12 +85,18 @@ class EnvelopeReader:
         self._buffer += data
         while len(self._buffer) >= HEADER.size:
             flags, length = HEADER.unpack_from(self._buffer)
+            if flags & FLAG_COMPRESSED:
+                raise FramingError(
+                    "compressed messages are not accepted (no encoding is offered)",
+                    "unimplemented",
+                )
+            if flags & ~self.flags:
+                raise FramingError(f"unknown envelope flags 0x{flags:02x}")
             if length > self.max_message_bytes:
                 raise FramingError(
-                    f"a message of {length} bytes is over the {self.max_message_bytes} cap"
+                    f"a message of {length} bytes is over the {self.max_message_bytes} cap",
+                    "resource_exhausted",
                 )
-            if flags & FLAG_COMPRESSED:
-                raise FramingError("compressed messages are not accepted (no encoding is offered)")
             end = HEADER.size + length
             if len(self._buffer) < end:
                 return
@@ -90,7 +107,7 @@ class EnvelopeReader:
     def close(self) -> None:
         """The body ended: refuse a partial envelope left over."""
         if self._buffer:
-            raise FramingError("the body ends inside an envelope")
+            raise FramingError(f"the body ends inside an envelope ({len(self._buffer)} bytes)")
 
 
 def connect_code(code: grpc.StatusCode) -> str:

@@ -218,7 +218,7 @@ class E2bApp:
         self, handler: Streaming, key: str, sid: str, request: Request, send: Send
     ) -> None:
         _check_stream_type(request)
-        reader = connect.EnvelopeReader(MAX_MESSAGE_BYTES)
+        reader = connect.JsonMessages(MAX_MESSAGE_BYTES)
         messages: list[dict[str, Any]] = []
         async for chunk in request.chunks():
             messages += reader.feed(chunk)
@@ -253,7 +253,7 @@ class E2bApp:
         self, handler: ClientStreaming, key: str, sid: str, request: Request, send: Send
     ) -> None:
         _check_stream_type(request)
-        reader = connect.EnvelopeReader(MAX_MESSAGE_BYTES)
+        reader = connect.JsonMessages(MAX_MESSAGE_BYTES)
 
         async def messages() -> AsyncIterator[dict[str, Any]]:
             async for chunk in request.chunks():

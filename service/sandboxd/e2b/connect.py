@@ -3,9 +3,9 @@
 Unary calls are a JSON body (`application/json`) answered by one JSON body, an error by an HTTP
 status and `{"code", "message"}`. Streams (`application/connect+json`) are enveloped: each
 message is a flags byte, a 4-byte big-endian length and the JSON; the server's last envelope has
-flag 0x02 (end of stream) and carries `{}` or `{"error": {...}}`. Compressed envelopes (flag
-0x01) are refused: no compression is offered. Pure: no I/O, so every malformed input is a unit
-test.
+flag 0x02 (end of stream) and carries `{}` or `{"error": {...}}`. The envelopes themselves are
+`sandboxd.connect`'s, shared with the web gateway. Pure: no I/O, so every malformed input is a
+unit test.
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from typing import Any
 
 import grpc
 
-from sandboxd.connect import FLAG_COMPRESSED, FLAG_END_STREAM, HEADER, connect_code
+from sandboxd.connect import (
+    FLAG_END_STREAM,
+    HEADER,
+    EnvelopeReader,
+    FramingError,
+    connect_code,
+)
 from sandboxd.connect import HTTP_STATUS as GRPC_HTTP_STATUS
 
 UNARY_CONTENT_TYPE = "application/json"
@@ -71,45 +77,26 @@ def decode_json(data: bytes) -> dict[str, Any]:
     return value
 
 
-class EnvelopeReader:
-    """Cuts a byte stream into envelopes, holding at most one message of `max_bytes`.
-
-    Feed it the body as it arrives; `messages()` yields every whole message so far. A frame
-    that announces more than `max_bytes`, is compressed, or carries an end-of-stream flag from
-    a client is refused before its payload is read; `finish()` refuses a body cut mid-frame."""
+class JsonMessages:
+    """The JSON messages of a caller's stream, as its body arrives, holding at most one
+    message of `max_bytes`: the framing is the one Connect reader's (`sandboxd.connect`), with
+    no flags a caller may set; what it refuses is answered with its Connect code.
+    `finish()` refuses a body cut mid-frame."""
 
     def __init__(self, max_bytes: int) -> None:
-        self._max = max_bytes
-        self._buf = bytearray()
+        self._reader = EnvelopeReader(max_bytes, flags=0)
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
-        self._buf += data
-        out: list[dict[str, Any]] = []
-        while len(self._buf) >= HEADER.size:
-            flags, size = HEADER.unpack_from(self._buf)
-            if flags & FLAG_COMPRESSED:
-                raise ConnectError("unimplemented", "compressed messages are not supported")
-            if flags & ~FLAG_COMPRESSED:
-                raise ConnectError("invalid_argument", f"unknown envelope flags 0x{flags:02x}")
-            if size > self._max:
-                raise ConnectError(
-                    "resource_exhausted",
-                    f"a message of {size} bytes is over the limit of {self._max}",
-                )
-            if len(self._buf) < HEADER.size + size:
-                break
-            payload = bytes(self._buf[HEADER.size : HEADER.size + size])
-            del self._buf[: HEADER.size + size]
-            out.append(decode_json(payload))
-        if len(self._buf) > self._max + HEADER.size:  # pragma: no cover - bounded above
-            raise ConnectError("resource_exhausted", "message over the limit")
-        return out
+        try:
+            return [decode_json(payload) for _, payload in self._reader.feed(data)]
+        except FramingError as exc:
+            raise ConnectError(exc.code, str(exc)) from None
 
     def finish(self) -> None:
-        if self._buf:
-            raise ConnectError(
-                "invalid_argument", f"the request ended inside a frame ({len(self._buf)} bytes)"
-            )
+        try:
+            self._reader.close()
+        except FramingError as exc:
+            raise ConnectError(exc.code, str(exc)) from None
 
 
 def timeout_s(header: str | None) -> float | None:

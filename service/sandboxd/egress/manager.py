@@ -26,12 +26,12 @@ from sandboxd.egress.audit import AuditLog, EgressSink
 from sandboxd.egress.policy import ResolvedQuotas
 from sandboxd.egress.proxy import EgressProxy, Rules
 from sandboxd.egress.resolver import Resolver
-from sandboxd.egress.target import TargetError, normalize_name
 from sandboxd.errors import ConfigError, FailedPrecondition, SandboxError
 from sandboxd.helper_client import HelperClient
 from sandboxd.models import NetworkMode, NetworkPolicy, Session, SessionState
 from sandboxd.reasons import Reason
 from sandboxd.secrets.setup import SecretsSetup
+from sandboxd.targets import TargetError, normalize_name
 
 log = logging.getLogger(__name__)
 

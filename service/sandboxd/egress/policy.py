@@ -10,11 +10,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from sandboxd import tenancy
-from sandboxd.egress.target import TargetError, normalize_pattern
 from sandboxd.errors import InvalidArgument, PermissionDenied
 from sandboxd.models import NetworkMode, NetworkPolicy, ProxyQuotas
 from sandboxd.reasons import Reason
 from sandboxd.secrets import bindings
+from sandboxd.targets import TargetError, normalize_pattern
 
 MAX_DOMAINS = 256
 MAX_PORTS = 64

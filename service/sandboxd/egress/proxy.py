@@ -21,15 +21,15 @@ from sandboxd.egress.audit import AuditLog
 from sandboxd.egress.policy import ResolvedQuotas
 from sandboxd.egress.replies import CHUNK, linger_close, reply, request_line_words
 from sandboxd.egress.resolver import Resolver, ResolverBusy
-from sandboxd.egress.target import (
+from sandboxd.secrets import inject, mitm
+from sandboxd.secrets.interceptor import Interceptor
+from sandboxd.targets import (
     MAX_HEAD_BYTES,
     RequestKind,
     TargetError,
     name_allowed,
     parse_request_head,
 )
-from sandboxd.secrets import inject, mitm
-from sandboxd.secrets.interceptor import Interceptor
 
 log = logging.getLogger(__name__)
 

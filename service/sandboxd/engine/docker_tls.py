@@ -10,7 +10,6 @@ setting, never the first session.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import ssl
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from urllib.parse import urlsplit
 
 from sandboxd.config_sections import EngineSection
 from sandboxd.errors import ConfigError
+from sandboxd.settings import is_loopback_host
 
 LOCAL_SOCKET = "unix:///var/run/docker.sock"
 _FILES = ("docker_tls_ca", "docker_tls_cert", "docker_tls_key")
@@ -45,15 +45,6 @@ def _host_port(docker_host: str) -> tuple[str, int]:
     if not parts.hostname or port is None or rest not in ("", "/"):
         raise ConfigError(f"docker_host {docker_host!r}: expected tcp://host:port")
     return parts.hostname, port
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _readable(name: str, path: Path) -> Path:
@@ -115,7 +106,7 @@ def engine_address(
         raise ConfigError(f"docker_host {host!r}: must start with unix:// or tcp://")
     name, port = _host_port(host)
     netloc = f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
-    local = _is_loopback(name)
+    local = is_loopback_host(name)
     if not tls_files:
         if not allow_plain_tcp:
             raise ConfigError(

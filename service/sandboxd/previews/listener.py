@@ -36,6 +36,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 from sandboxd.audit.events import AuditEvent
+from sandboxd.config_sections.previews import PreviewsSection
 from sandboxd.models import SessionState
 from sandboxd.previews import access, http1, upgrade
 from sandboxd.previews.admission import Admission, Full, Ticket, source_of
@@ -53,7 +54,6 @@ from sandboxd.previews.relay import (
     SandboxSilent,
     exchange,
 )
-from sandboxd.previews.settings import PreviewsSection
 from sandboxd.previews.tokens import TokenSigner
 from sandboxd.store import SessionStore
 

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from sandboxd import domain_events, paging, tenancy, validation
+from sandboxd.config_sections.previews import PreviewsSection
 from sandboxd.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -24,7 +25,6 @@ from sandboxd.errors import (
 from sandboxd.models import SessionState
 from sandboxd.previews.connections import OpenConnections
 from sandboxd.previews.registry import PortRegistry, Publication
-from sandboxd.previews.settings import PreviewsSection
 from sandboxd.previews.tokens import Claims, TokenSigner
 from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager

@@ -11,11 +11,11 @@ import dataclasses
 import re
 
 from sandboxd import tenancy
-from sandboxd.egress.target import TargetError, name_allowed, normalize_pattern
 from sandboxd.errors import InvalidArgument
 from sandboxd.models import NetworkPolicy, SecretBinding
 from sandboxd.reasons import Reason
 from sandboxd.secrets.vault import placeholder, vault
+from sandboxd.targets import TargetError, name_allowed, normalize_pattern
 
 MAX_BINDINGS = 32
 MAX_HOSTS = 64

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from sandboxd.egress.target import MAX_HEADERS, TargetError, name_allowed, parse_authority
 from sandboxd.models import SecretBinding
 from sandboxd.secrets.bindings import SLOT
+from sandboxd.targets import MAX_HEADERS, TargetError, name_allowed, parse_authority
 
 
 class HeadError(Exception):

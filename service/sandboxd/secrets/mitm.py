@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sandboxd.egress.target import MAX_HEAD_BYTES
 from sandboxd.models import SecretBinding
 from sandboxd.secrets.inject import (
     Head,
@@ -30,6 +29,7 @@ from sandboxd.secrets.inject import (
     parse_head,
 )
 from sandboxd.secrets.vault import SecretUnavailable
+from sandboxd.targets import MAX_HEAD_BYTES
 
 if TYPE_CHECKING:
     from sandboxd.secrets.ca import SessionCA

@@ -46,7 +46,6 @@ from sandboxd.execution import Executor
 from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
 from sandboxd.host_ids import HostIds
-from sandboxd.image_quota import ImageQuota
 from sandboxd.isolation import IsolationTiers, parse_tier, parse_tiers
 from sandboxd.leases import ExpiryPolicy, LeaseTermsStore
 from sandboxd.leases.activity import ActivityRenewal
@@ -63,14 +62,15 @@ from sandboxd.sessions.memory_suspension import MemoryOptions
 from sandboxd.sessions.recovery import ENDED_RETENTION
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
-from sandboxd.storage.tenant_quota import DiskQuota
 from sandboxd.sweeper import Sweeper
 from sandboxd.templates.builds import Templates, template_in_use
 from sandboxd.templates.builtin_images import BuiltinImages, ScriptRunner
+from sandboxd.templates.quota import ImageQuota
 from sandboxd.templates.store import TemplateStore
 from sandboxd.token_file import TokenFile
 from sandboxd.tracing import provider_for, traced, tracer_of
 from sandboxd.volumes.claims import VolumeClaims
+from sandboxd.volumes.disk_quota import DiskQuota
 from sandboxd.volumes.porting import SandboxPorter
 from sandboxd.volumes.service import Volumes
 from sandboxd.volumes.store import VolumeStore

@@ -32,6 +32,7 @@ from sandboxd.api.session_previews import SessionPreviewRpcs
 from sandboxd.api.session_service import SessionService
 from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.api.template_service import TemplateService
+from sandboxd.api.tracing import TracingInterceptor
 from sandboxd.api.volume_service import VolumeService
 from sandboxd.audit import AuditLog
 from sandboxd.config import Config, listens_on_loopback
@@ -40,7 +41,6 @@ from sandboxd.errors import ConfigError
 from sandboxd.events.stats import StatsReader
 from sandboxd.server.parts import Parts
 from sandboxd.token_file import TokenFile
-from sandboxd.tracing import TracingInterceptor
 from sandboxd.v1 import (
     admin_pb2,
     admin_pb2_grpc,

@@ -1,7 +1,7 @@
 """A fork's workspace from a disk snapshot: a disk of the snapshot's size, made as its copy.
 
 A tar snapshot restores into either kind of workspace (the checked import). A disk snapshot
-(storage/disk_snapshots.py) is a disk: the fork's workspace is a copy of it made on the engine
+(disk_snapshots.py) is a disk: the fork's workspace is a copy of it made on the engine
 host, so the fork is a disk workspace of the snapshot's size whatever the operator's default
 storage; a memory workspace or another size asked explicitly is refused before anything is
 made (the caller takes a TAR snapshot for those).

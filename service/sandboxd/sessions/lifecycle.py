@@ -52,10 +52,10 @@ from sandboxd.sessions.sandboxes import Sandboxes, SessionEndHook, Undo
 from sandboxd.sessions.spec import CreateSessionInput, check_create, check_lease, check_network
 from sandboxd.sessions.suspension import Suspension
 from sandboxd.snapshot_store import Snapshot
-from sandboxd.storage.tenant_quota import DiskQuota
 from sandboxd.store import SessionStore
 from sandboxd.templates.builtin import TemplateImages
 from sandboxd.volumes.claims import VolumeClaims, claim_volumes
+from sandboxd.volumes.disk_quota import DiskQuota
 
 log = logging.getLogger(__name__)
 

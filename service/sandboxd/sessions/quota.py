@@ -9,8 +9,8 @@ import contextlib
 from sandboxd import tenancy
 from sandboxd.config import Config
 from sandboxd.models import Session, SessionState
-from sandboxd.storage.tenant_quota import DiskQuota
 from sandboxd.store import SessionStore
+from sandboxd.volumes.disk_quota import DiskQuota
 
 # States that count against a tenant's session and memory quotas.
 QUOTA_STATES = tuple(

@@ -17,7 +17,7 @@ from sandboxd import tenancy, validation
 from sandboxd.config import Config
 from sandboxd.egress.policy import validate_policy
 from sandboxd.errors import InvalidArgument, ResourceExhausted
-from sandboxd.isolation import Isolation, IsolationTiers, check_isolation
+from sandboxd.isolation import Isolation, IsolationTiers
 from sandboxd.models import (
     LIMIT_NAMES,
     WORKSPACE_DISK_PREFIX,
@@ -262,6 +262,19 @@ def resolve_limits(requested: LimitsRequest, defaults: Limits, maxima: Limits) -
 
 def _proto_limit_name(name: str) -> str:
     return "command_timeout" if name == "command_timeout_s" else name
+
+
+def check_isolation(asked: Isolation | None, tiers: IsolationTiers | None) -> Isolation:
+    """The tier of a create request. Without `tiers` (an embedding without an engine check)
+    only runc exists. Every tier allows ALLOWLIST: no sandbox has a network interface (runsc
+    runs with --network=none, runc with network mode none), egress goes over the agent's
+    channel.
+    """
+    if tiers is None:
+        tier = IsolationTiers(Isolation.RUNC, {Isolation.RUNC}).choose(asked)
+    else:
+        tier = tiers.choose(asked, tenancy.current_grants().isolation)
+    return tier
 
 
 def check_network(

@@ -4,7 +4,7 @@ A template belongs to the tenant that built it; others get NOT_FOUND, as for a n
 A build starts only from a template or an allowlisted image (`dockerfile`) that declares no
 ONBUILD triggers, runs with no network and the server's memory, CPU and time limits, and
 stops at a size limit (`build_run`): `max_image_bytes`, or the room left in the tenant's image
-quota (`sandboxd.image_quota`) when that is less. It leaves nothing behind when it fails, is
+quota (`sandboxd.templates.quota`) when that is less. It leaves nothing behind when it fails, is
 cancelled or passes a limit: every image it made carries its build label and is pruned by
 it. The image it makes passes the session image rules again afterwards (no VOLUMEs).
 
@@ -34,13 +34,13 @@ from sandboxd.errors import (
     ResourceExhausted,
     SandboxError,
 )
-from sandboxd.image_quota import ImageQuota
 from sandboxd.models import SessionState
 from sandboxd.reasons import Reason
 from sandboxd.store import SessionStore
 from sandboxd.templates import build_run, context, dockerfile
 from sandboxd.templates.builtin import BUILTIN_TEMPLATES
 from sandboxd.templates.builtin_images import BuiltinImages
+from sandboxd.templates.quota import ImageQuota
 from sandboxd.templates.store import TemplateRecord, TemplateState, TemplateStore
 
 LABEL_BUILD = "io.sandboxd.template.build"

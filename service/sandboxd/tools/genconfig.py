@@ -14,7 +14,7 @@ import textwrap
 from typing import Any
 
 from sandboxd.config import TABLE
-from sandboxd.tools.genproto import REPO
+from sandboxd.tools.paths import REPO
 
 EXAMPLE = REPO / "packaging" / "sandboxd.toml"
 # Settings whose default is found at start-up rather than declared: shown, never set.

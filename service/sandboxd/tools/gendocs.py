@@ -16,7 +16,7 @@ from pathlib import Path
 
 from google.protobuf import descriptor_pb2 as d
 
-from sandboxd.tools.genproto import PROTO_ROOT, REPO
+from sandboxd.tools.paths import PROTO_ROOT, REPO
 
 API_DOC = REPO / "docs" / "api.md"
 PACKAGE = "sandboxd.v1"

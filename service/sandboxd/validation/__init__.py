@@ -1,7 +1,8 @@
 """Pure validation of caller input: paths, argv, env, user, ids, labels, file modes, durations.
 
 A package of four modules (paths, commands, identity, durations); this module re-exports
-them so callers keep writing `validation.validate_argv(...)`.
+them so callers keep writing `validation.validate_argv(...)`. A fifth, `image_refs` (the
+spelling of image references and allowlist patterns), is imported by name.
 
 Everything a request carries passes through here before it reaches Docker, so each rule in
 SECURITY.md that can be checked on the text alone is checked once, in one place. Functions

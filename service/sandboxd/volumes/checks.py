@@ -105,12 +105,6 @@ def check_mount_path(path: str) -> str:
     return path
 
 
-def workspace_mounts(mounts: Sequence[VolumeMount]) -> frozenset[str]:
-    """The names of the folders below /workspace that are volumes (the tar paths skip them)."""
-    prefix = WORKSPACE_ROOT + "/"
-    return frozenset(m.path[len(prefix) :] for m in mounts if m.path.startswith(prefix))
-
-
 def _overlaps(a: str, b: str) -> bool:
     return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 

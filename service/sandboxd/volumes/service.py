@@ -22,9 +22,9 @@ from sandboxd.config_sections import VolumesSection
 from sandboxd.errors import AlreadyExists, Internal, ResourceExhausted, SandboxError
 from sandboxd.reasons import Reason
 from sandboxd.sessions.locks import SessionLocks
-from sandboxd.storage.tenant_quota import DiskQuota
 from sandboxd.volumes import checks
 from sandboxd.volumes.claims import VolumeClaims
+from sandboxd.volumes.disk_quota import DiskQuota
 from sandboxd.volumes.port import DISK_PREFIX, VolumeDisks, VolumePorter
 from sandboxd.volumes.store import VolumeRecord, VolumeStore
 

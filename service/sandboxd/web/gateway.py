@@ -27,6 +27,7 @@ import grpc
 from aiohttp import web
 
 from sandboxd import connect
+from sandboxd.config_sections.web import WebSection, origins
 from sandboxd.web.methods import CodecError, Method
 from sandboxd.web.protocols import (
     CONNECT_UNARY,
@@ -38,7 +39,6 @@ from sandboxd.web.protocols import (
     forwarded_metadata,
     protocol_of,
 )
-from sandboxd.web.settings import WebSection, origins
 
 log = logging.getLogger("sandboxd.web")
 
@@ -205,18 +205,17 @@ class WebGateway:
                 raise _Refusal(grpc.StatusCode.INVALID_ARGUMENT, "the body is not base64") from None
         if protocol.kind == CONNECT_UNARY:
             return raw
-        reader = connect.EnvelopeReader(self._settings.max_request_bytes)
+        reader = connect.EnvelopeReader(self._settings.max_request_bytes, flags=0)
         try:
             frames = list(reader.feed(raw))
             reader.close()
         except connect.FramingError as exc:
             raise _Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        messages = [payload for flags, payload in frames if not flags]
-        if len(messages) != 1 or len(frames) != 1:
+        if len(frames) != 1:
             raise _Refusal(
                 grpc.StatusCode.INVALID_ARGUMENT, f"expected one request message, got {len(frames)}"
             )
-        return messages[0]
+        return frames[0][1]
 
     async def _call(
         self,

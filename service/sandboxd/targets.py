@@ -1,5 +1,8 @@
 """Strict parsing of what a container asks the proxy for: names, patterns, request heads (pure).
 
+Below both rooms that read them: the egress proxy (`sandboxd.egress`) and the secrets
+relay it hosts (`sandboxd.secrets`), so neither imports the other for these.
+
 Everything here refuses rather than guesses. A host is a DNS name or nothing: any spelling an
 IP parser would accept (`127.1`, `2130706433`, `0x7f000001`, `[::1]`, zone ids) is refused
 before a lookup could happen. Request heads are parsed to the letter: CRLF line ends, single
