@@ -168,13 +168,18 @@ async def test_the_script_runner_reports_the_last_lines_of_a_failure(tmp_path: P
 async def test_a_cancelled_script_takes_its_process_group_with_it(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     recipes = _recipe(tmp_path, "r.sh", f"sleep 300 & echo $! > {pids}; echo started; wait\n")
-    task = asyncio.create_task(ScriptRunner(recipes=recipes)("r.sh", "img"))
-    for _ in range(200):
-        if pids.exists() and pids.read_text().strip():
-            break
-        await asyncio.sleep(0.02)
-    child = int(pids.read_text())
-    task.cancel()
+    # An image name of this test's own: the host-wide build lock is per image name, so a
+    # build of another run (or another test) never holds this one up.
+    image = f"sandboxd-runtime:test-cancel-{os.getpid()}-{id(pids)}"
+    task = asyncio.create_task(ScriptRunner(recipes=recipes)("r.sh", image))
+    try:
+        for _ in range(1500):  # up to 30 s on a loaded host: the recipe starts, then writes
+            if pids.exists() and pids.read_text().strip():
+                break
+            await asyncio.sleep(0.02)
+        child = int(pids.read_text())
+    finally:
+        task.cancel()  # also when the recipe never got going: nothing outlives the test
     with pytest.raises(asyncio.CancelledError):
         await task
     for _ in range(100):
