@@ -63,10 +63,12 @@ async def session_stack(
     tiers: Any = None,
     egress: Any = None,
     volumes: Callable[[SessionStore], Awaitable[Any]] | None = None,
+    observer: Any = None,
     **settings: Any,
 ) -> AsyncIterator[Stack]:
     """`volumes`: builds the volume claims over the store (sandboxd.volumes), when the test
-    mounts volumes; the stack's `volumes` is what it built."""
+    mounts volumes; the stack's `volumes` is what it built. `observer`: where the sessions and
+    snapshots emit their domain events (none listens by default)."""
     config = dataclasses.replace(Config(data_dir=tmp_path, pool_size=pool_size), **settings)
     engine = engine if engine is not None else FakeEngine()
     async with SessionStore(tmp_path / "sessions.db") as store:
@@ -103,6 +105,7 @@ async def session_stack(
                 on_resume=[on_resume],
                 room=lambda tenant, need: quota.check_checkpoint_room(tenant, need),
             ),
+            **({"observer": observer} if observer is not None else {}),
         )
         quota = ImageQuota(
             config.tenancy.max_image_bytes,
@@ -119,6 +122,7 @@ async def session_stack(
             store,
             quota=quota,
             max_image_bytes=config.images.max_image_bytes,
+            **({"observer": observer} if observer is not None else {}),
         )
         stack = Stack(
             engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended, resumed

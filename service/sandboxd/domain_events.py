@@ -176,6 +176,55 @@ class VolumeMoved:
 
 
 @dataclass(frozen=True)
+class SessionActed:
+    """A caller's change of a session went through: created (a fork too: `from_snapshot_id`),
+    deleted (`existed`: whether this call removed it; deleting is idempotent), its lease renewed,
+    suspended, resumed, or its network policy updated (`action` says which, as the audit log
+    names it)."""
+
+    tenant: str
+    session_id: str
+    action: str  # create, delete, renew, suspend, resume, update_network_policy
+    image: str = ""  # create: the image the session runs
+    from_snapshot_id: str = ""
+    existed: bool = True
+
+
+@dataclass(frozen=True)
+class SnapshotTaken:
+    """CreateSnapshot stored a snapshot of a session's workspace (`image`: a committed image's)."""
+
+    tenant: str
+    session_id: str
+    snapshot_id: str
+    size_bytes: int
+    sha256: str
+    image: str
+
+
+@dataclass(frozen=True)
+class SnapshotDeleted:
+    tenant: str
+    snapshot_id: str
+
+
+@dataclass(frozen=True)
+class VolumeCreated:
+    tenant: str
+    volume_id: str
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class VolumeDeleted:
+    """DeleteVolume ran (`existed`: whether this call removed it; deleting is idempotent)."""
+
+    tenant: str
+    volume_id: str
+    existed: bool
+
+
+@dataclass(frozen=True)
 class EgressDecided:
     """An egress proxy's decision, or a secret's injection (`kind`), never blocking it."""
 
@@ -217,6 +266,11 @@ DomainEvent = (
     | ImagePulled
     | Swept
     | VolumeMoved
+    | SessionActed
+    | SnapshotTaken
+    | SnapshotDeleted
+    | VolumeCreated
+    | VolumeDeleted
     | EgressDecided
     | SessionChanged
 )

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sandboxd import paging, tenancy, validation
+from sandboxd import domain_events, paging, tenancy, validation
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import (
     InvalidArgument,
@@ -228,7 +228,9 @@ class Snapshots:
         *,
         quota: ImageQuota,
         max_image_bytes: int,
+        observer: domain_events.Observer = domain_events.SILENT,  # snapshots taken, deleted
     ) -> None:
+        self._observer = observer
         self._quota = quota
         self._max_image_bytes = max_image_bytes
         self._keeper = keeper
@@ -262,6 +264,11 @@ class Snapshots:
             if not await self._sessions.is_current(session):
                 await self._keeper.delete(snap.snapshot_id)
                 raise SessionNotFound(session_id)
+        self._observer.emit(
+            domain_events.SnapshotTaken(
+                snap.tenant, session_id, snap.snapshot_id, snap.size_bytes, snap.sha256, snap.image
+            )
+        )
         return snap
 
     async def _keep_within_limits(self, snap: Snapshot) -> None:
@@ -321,9 +328,12 @@ class Snapshots:
         try:
             snap = await self._keeper.lookup(snapshot_id)
         except NotFound:
-            return  # idempotent
+            # Idempotent: the call is recorded all the same, as it was asked.
+            self._observer.emit(domain_events.SnapshotDeleted(tenancy.current(), snapshot_id))
+            return
         await self._keeper.delete(snap.snapshot_id)
         log.info("snapshot deleted", extra={"snapshot_id": snapshot_id})
+        self._observer.emit(domain_events.SnapshotDeleted(snap.tenant, snapshot_id))
 
     async def sweep_images(self) -> int:
         """Retry refused removals; remove images of this server that no snapshot claims."""

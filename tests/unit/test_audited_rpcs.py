@@ -317,6 +317,57 @@ async def _volumes(tmp_path: Path, observer: Recorder) -> None:
             pass
 
 
+@scenario(
+    "SessionService/CreateSession",
+    "SessionService/RenewLease",
+    "SessionService/UpdateNetworkPolicy",
+    "SessionService/SuspendSession",
+    "SessionService/ResumeSession",
+    "SessionService/DeleteSession",
+)
+async def _session_lifecycle(tmp_path: Path, observer: Recorder) -> None:
+    from sandboxd.models import NetworkPolicy
+
+    async with session_stack(tmp_path, observer=observer) as st:
+        await st.sessions.create(CreateSessionInput(session_id="s1"))
+        await st.sessions.renew("s1", 60.0)
+        await st.sessions.update_network_policy("s1", NetworkPolicy())
+        await st.sessions.suspend("s1")
+        await st.sessions.resume("s1", None)
+        await st.sessions.delete("s1")
+    actions = [e.action for e in observer.events if isinstance(e, de.SessionActed)]
+    assert actions == [
+        "create",
+        "renew",
+        "update_network_policy",
+        "suspend",
+        "resume",
+        "delete",
+    ]
+
+
+@scenario("SnapshotService/CreateSnapshot", "SnapshotService/DeleteSnapshot")
+async def _snapshots(tmp_path: Path, observer: Recorder) -> None:
+    async with session_stack(tmp_path, observer=observer) as st:
+        await st.sessions.create(CreateSessionInput(session_id="s1"))
+        snap = await st.snapshots.create("s1", {}, "")
+        await st.snapshots.delete(snap.snapshot_id)
+
+
+@scenario("VolumeService/CreateVolume", "VolumeService/DeleteVolume")
+async def _volume_lifecycle(tmp_path: Path, observer: Recorder) -> None:
+    from test_volumes_domain import FakeDisks, _settings
+
+    disks = FakeDisks()
+    async with SessionStore(tmp_path / "sessions.db") as store:
+        vstore = await VolumeStore(store.db).open()
+        claims = VolumeClaims(vstore, store, disks)
+        settings = _settings(tenant_max_volumes=5, tenant_max_bytes=1 << 34)
+        volumes = Volumes(settings, vstore, claims, disks, OWNER, None, observer)  # type: ignore[arg-type]
+        await volumes.create("data", 1 << 30, {})
+        assert await volumes.delete("data")
+
+
 def test_every_domain_audited_rpc_has_its_producer_run_here() -> None:
     domain = {m for m, (source, _) in audited_rpcs.AUDITED.items() if source != audited_rpcs.EDGE}
     assert set(SCENARIOS) == domain

@@ -16,19 +16,6 @@ import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-# ServiceName/Method -> (kind, action) for the calls recorded when they succeed.
-_LIFECYCLE = {
-    "SessionService/CreateSession": "create",
-    "SessionService/DeleteSession": "delete",
-    "SessionService/RenewLease": "renew",
-    "SessionService/SuspendSession": "suspend",
-    "SessionService/ResumeSession": "resume",
-    "SessionService/UpdateNetworkPolicy": "update_network_policy",
-    "SnapshotService/DeleteSnapshot": "delete_snapshot",
-    "VolumeService/CreateVolume": "create_volume",
-    "VolumeService/DeleteVolume": "delete_volume",
-}
-
 
 def _duration_s(d: Any) -> str:
     return f"{d.seconds + d.nanos / 1e9:.3f}"
@@ -164,16 +151,6 @@ class Tally:
                 data = request.data  # each read of a bytes field is a copy: one per message
                 self._in_bytes += len(data)
                 await self._digest.update(data)
-        elif m == "SnapshotService/CreateSnapshot":
-            self.kind = "snapshot"
-            self.attributes["action"] = "create"
-        elif m in _LIFECYCLE:
-            self.kind = "lifecycle"
-            self.attributes["action"] = _LIFECYCLE[m]
-            for name in ("snapshot_id", "volume_id"):
-                value = getattr(request, name, None)
-                if isinstance(value, str) and value:
-                    self.attributes[name] = value
 
     def _command(self, request: Any) -> None:
         self.kind = "command"
@@ -223,19 +200,6 @@ class Tally:
                 sha256=None,  # set by `settle`, once the hashing threads are done
             )
             return True
-        if m == "SnapshotService/CreateSnapshot":
-            snap = reply.snapshot
-            self.session_id = self.session_id or snap.session_id
-            self.attributes.update(
-                snapshot_id=snap.snapshot_id,
-                size_bytes=snap.size_bytes,
-                sha256=snap.sha256 or None,
-                image=snap.image or None,
-            )
-            return True
-        if m == "SessionService/CreateSession" and reply.HasField("session"):
-            self.session_id = reply.session.session_id
-            self.attributes["image"] = reply.session.image
         return True
 
     def ended(self) -> None:
@@ -262,7 +226,5 @@ _AUDITED = frozenset(
         "ProcessService/StartProcess",
         "SnapshotService/ExportArchive",
         "SnapshotService/ImportArchive",
-        "SnapshotService/CreateSnapshot",
-        *_LIFECYCLE,
     }
 )

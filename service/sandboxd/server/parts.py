@@ -265,6 +265,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             on_resume=[processes.adopt],  # the agent kept them in its memory
             room=image_quota.check_checkpoint_room,
         ),
+        observer=observer,
     )
     observer.subscribe(ActivityRenewal(functools.partial(renew_on_activity, sessions, terms)))
     volumes = Volumes(
@@ -293,6 +294,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         store,
         quota=image_quota,
         max_image_bytes=config.images.max_image_bytes,
+        observer=observer,
     )
     previews = await stack.enter_async_context(
         previews_setup.serve(
