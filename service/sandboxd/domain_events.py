@@ -176,6 +176,32 @@ class VolumeMoved:
 
 
 @dataclass(frozen=True)
+class ArchiveExported:
+    """ExportArchive's tar went out whole: its size and SHA-256 as the caller received it."""
+
+    tenant: str
+    session_id: str
+    path: str
+    tar_bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ArchiveImported:
+    """ImportArchive's tar was merged into the workspace: `files` and `bytes_written` of its
+    content, `tar_bytes` and `sha256` of the stream as the caller sent it."""
+
+    tenant: str
+    session_id: str
+    path: str
+    replace: bool
+    files: int
+    bytes_written: int
+    tar_bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
 class SessionActed:
     """A caller's change of a session went through: created (a fork too: `from_snapshot_id`),
     deleted (`existed`: whether this call removed it; deleting is idempotent), its lease renewed,
@@ -266,6 +292,8 @@ DomainEvent = (
     | ImagePulled
     | Swept
     | VolumeMoved
+    | ArchiveExported
+    | ArchiveImported
     | SessionActed
     | SnapshotTaken
     | SnapshotDeleted

@@ -30,11 +30,12 @@ import sandboxd.v1
 from fakes import FakeEngine
 from sandboxd import domain_events as de
 from sandboxd.api import audited_rpcs
-from sandboxd.api.audit_describe import audited, hashing_threads
+from sandboxd.api.audit_describe import audited
 from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.audit import AuditEvent
 from sandboxd.audit.subscriber import AuditSubscriber
 from sandboxd.config import Config
+from sandboxd.digest import hashing_threads
 from sandboxd.image_quota import ImageQuota
 from sandboxd.models import ExecSpec
 from sandboxd.processes import ProcessManager
@@ -368,6 +369,33 @@ async def _volume_lifecycle(tmp_path: Path, observer: Recorder) -> None:
         assert await volumes.delete("data")
 
 
+@scenario("SnapshotService/ImportArchive", "SnapshotService/ExportArchive")
+async def _archives(tmp_path: Path, observer: Recorder) -> None:
+    from sandboxd.archive.calls import ArchiveCalls
+    from sandboxd.archive.transfer import ImportResult
+
+    class Archive:
+        async def export(self, session: object, path: str) -> AsyncIterator[bytes]:
+            yield b"tar"
+
+        async def import_(
+            self, session: object, path: str, replace: bool, chunks: AsyncIterator[bytes]
+        ) -> ImportResult:
+            async for _ in chunks:
+                pass
+            return ImportResult(files=1, bytes=3)
+
+    async def data() -> AsyncIterator[bytes]:
+        yield b"tar bytes"
+
+    session: Any = SimpleNamespace(session_id="s1", tenant="alpha")
+    async with hashing_threads(1) as pool:
+        calls = ArchiveCalls(Archive(), pool, observer)  # type: ignore[arg-type]
+        await calls.import_(session, "in", False, data())
+        async for _ in calls.export(session, "."):
+            pass
+
+
 def test_every_domain_audited_rpc_has_its_producer_run_here() -> None:
     domain = {m for m, (source, _) in audited_rpcs.AUDITED.items() if source != audited_rpcs.EDGE}
     assert set(SCENARIOS) == domain
@@ -493,8 +521,8 @@ class _HeldWriter(Writer):
 @contextlib.asynccontextmanager
 async def _served(writer: _HeldWriter) -> AsyncIterator[filesystem_pb2_grpc.FilesystemServiceStub]:
     observer = de.FanOut([AuditSubscriber(writer)])  # type: ignore[arg-type]
-    async with hashing_threads(1) as pool:
-        server = grpc.aio.server(interceptors=[AuditInterceptor(writer, pool)])  # type: ignore[arg-type]
+    async with hashing_threads(1):
+        server = grpc.aio.server(interceptors=[AuditInterceptor(writer)])  # type: ignore[arg-type]
         filesystem_pb2_grpc.add_FilesystemServiceServicer_to_server(_Mover(observer), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()

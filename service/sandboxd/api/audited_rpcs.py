@@ -3,8 +3,8 @@
 A new RPC has to be put here (tests/unit/test_audited_rpcs.py walks the generated descriptors
 and fails on one that is not), so a call that changes state cannot be left out of the audit
 log by forgetting it. An audited RPC's record comes from one of two places, also named here:
-- `EDGE`: attributes read off the call's own messages (a command's output bytes, a transfer's
-  SHA-256), described in audit_describe;
+- `EDGE`: attributes read off the call's own messages (a command's output bytes), described
+  in audit_describe;
 - a domain event type: the code that did it emits the event (sandboxd.domain_events), the
   audit log's subscriber (audit/subscriber.py) turns it into a record of the kind named.
 Any refused call, read-only or not, is also a `refused` record.
@@ -70,8 +70,8 @@ AUDITED: Final[dict[str, tuple[str, str]]] = {
     "FilesystemService/Move": ("FileMoved", "file_write"),
     "AdminService/Sweep": ("Swept", "lifecycle"),
     "AdminService/PullImage": ("ImagePulled", "lifecycle"),
-    "SnapshotService/ExportArchive": (EDGE, "archive_export"),
-    "SnapshotService/ImportArchive": (EDGE, "archive_import"),
+    "SnapshotService/ExportArchive": ("ArchiveExported", "archive_export"),
+    "SnapshotService/ImportArchive": ("ArchiveImported", "archive_import"),
     "SnapshotService/CreateSnapshot": ("SnapshotTaken", "snapshot"),
     "SnapshotService/DeleteSnapshot": ("SnapshotDeleted", "lifecycle"),
     "TemplateService/BuildTemplate": ("TemplateBuilt", "lifecycle"),

@@ -25,7 +25,6 @@ from sandboxd import domain_events, tenancy
 from sandboxd.admission import ChannelShares, FairShares, shares_of
 from sandboxd.agent.detached import for_engine as agent_processes
 from sandboxd.agent.router import agent_settings
-from sandboxd.api.audit_describe import hashing_threads
 from sandboxd.api.session_leases import renew_on_activity
 from sandboxd.archive import ArchiveIO
 from sandboxd.audit import AuditStore, AuditWriter
@@ -34,6 +33,7 @@ from sandboxd.audit.subscriber import AuditSubscriber
 from sandboxd.budget import ByteBudget
 from sandboxd.checkpoints import Checkpoints
 from sandboxd.config import Config
+from sandboxd.digest import hashing_threads
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.manager import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
@@ -83,7 +83,7 @@ class Parts:
     engine: Engine
     audit_store: AuditStore | None
     audit: AuditWriter
-    hashers: concurrent.futures.Executor  # hash audited transfers (audit_describe.Digest)
+    hashers: concurrent.futures.Executor  # hash callers' archive transfers (digest.Digest)
     hub: EventHub
     observer: domain_events.FanOut  # the domain's events; audit, feed, leases, metrics listen
     tiers: IsolationTiers
