@@ -166,6 +166,7 @@ lint: venv buf
 	$(VENV)/bin/ruff check service tests bench clients/python
 	$(VENV)/bin/ruff format --check service tests bench clients/python
 	$(VENV)/bin/mypy service
+	$(VENV)/bin/mypy tests/fakes.py  # the fakes against the ports they stand in for
 	$(VENV)/bin/mypy clients/python/sandboxd_client
 
 bench: venv helper image

@@ -4,15 +4,21 @@ Metrics (names owned by this module):
 - `create_disk_session`: p50 ms of CreateSession of a disk workspace (10 GiB, sparse), against
   raw: the same disk made with the server's own disk code (`DockerDisks`, the tool container)
   plus a create+start of the same container profile mounting it. Extra `memory_cold_ms`: a
-  cold tmpfs CreateSession in the same rounds. (A disk session is never served from the warm
-  pool: the pool's members are tmpfs-shaped.)
+  cold tmpfs CreateSession in the same rounds.
+- `create_disk_session_pool`: p50 ms of CreateSession served by the warm pool of a second
+  server whose default storage is disk (each member has its disk made), against the same raw
+  disk and container; extras `memory_pool_ms` (a tmpfs pool hit of the main server) and
+  `cold_ms` (the cold disk create above).
 - `disk_write_1gib`, `disk_read_1gib`: MB/s of `dd` writing (fsync) and reading 1 GiB in the
   session's disk workspace, against the same `dd` exec'd in the raw container on its own disk.
 - `disk_suspend_resume_1gib`: p50 ms of SuspendSession + ResumeSession of a session holding
   1 GiB on disk (the disk stays: no tar); extra `tar_path_ms`, the same for a tmpfs session
   holding 1 GiB (the snapshot's tar round trip).
 - `disk_fork_1gib`: p50 ms of CreateSnapshot + CreateSession(from_snapshot_id) of that disk
-  session; extra `tar_path_ms` for the tmpfs one (both go through the snapshot's tar).
+  session (a disk snapshot: two sparse copies on the engine host, no tar); extras
+  `tar_path_ms` for the tmpfs one and `disk_tar_path_ms` for the same disk session through a
+  TAR snapshot (what a disk fork cost before), and `disk_snapshot_ms`/`disk_tar_snapshot_ms`,
+  the CreateSnapshot alone.
 
 One round each for those two (a GiB or two moves per round); a call that fails is reported in
 the row's `failed`, and the rest is still measured.
@@ -24,8 +30,10 @@ import contextlib
 import dataclasses
 import secrets
 import statistics
+import tempfile
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -36,7 +44,14 @@ from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.models import WorkspaceStorage
 from sandboxd.storage.docker_disks import DockerDisks
-from sandboxd.v1 import common_pb2, process_pb2, session_pb2, snapshot_pb2, snapshot_pb2_grpc
+from sandboxd.v1 import (
+    common_pb2,
+    process_pb2,
+    session_pb2,
+    session_pb2_grpc,
+    snapshot_pb2,
+    snapshot_pb2_grpc,
+)
 
 from bench.common import (
     BenchContext,
@@ -113,11 +128,14 @@ async def _sh(ctx: BenchContext, sid: str, script: str) -> None:
     assert resp.exit_code == 0, resp
 
 
-async def _create_ms(ctx: BenchContext, **fields: Any) -> float:
+async def _create_ms(ctx: BenchContext, *, warm: bool = False, **fields: Any) -> float:
+    """A create and its delete; `warm`: the default shape, which the pool serves (else an
+    environment of its own keeps it a cold create)."""
+    env = {} if warm else {"SANDBOXD_BENCH": "disk"}
     start = time.perf_counter()
     resp = await ctx.stubs.sessions.CreateSession(
         session_pb2.CreateSessionRequest(
-            shell=common_pb2.ShellPolicy(allow_all=True), env={"SANDBOXD_BENCH": "disk"}, **fields
+            shell=common_pb2.ShellPolicy(allow_all=True), env=env, **fields
         )
     )
     ms = (time.perf_counter() - start) * 1000
@@ -147,6 +165,7 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
     results["create_disk_session"].extra["memory_cold_ms"] = round(
         statistics.median(memory_cold[-len(ours) :]), 3
     )
+    results["create_disk_session_pool"] = await _pool_create(ctx, small, ours)
 
     # --- 1 GiB written and read inside ---------------------------------------------------
     async with (
@@ -187,16 +206,25 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
         "tmpfs_suspend": [],
         "disk_fork": [],
         "tmpfs_fork": [],
+        "disk_tar_fork": [],
+        "disk_snapshot": [],
+        "disk_tar_snapshot": [],
+        "tmpfs_snapshot": [],
     }
     failed: dict[str, str] = {}
-    for kind, fields in (
-        ("disk", {"workspace": DISK_WS, "limits": limits}),
-        ("tmpfs", {"limits": memory}),
+    tar = snapshot_pb2.SNAPSHOT_KIND_TAR
+    for kind, fields, snap_kind in (
+        ("disk", {"workspace": DISK_WS, "limits": limits}, snapshot_pb2.SNAPSHOT_KIND_UNSPECIFIED),
+        ("disk_tar", {"workspace": DISK_WS, "limits": limits}, tar),
+        ("tmpfs", {"limits": memory}, snapshot_pb2.SNAPSHOT_KIND_UNSPECIFIED),
     ):
         async with ctx.session(**fields) as session:
             sid = session.session_id
             await _sh(ctx, sid, WRITE.replace("count=1024", "count=1000"))  # under the tmpfs cap
             try:
+                if kind == "disk_tar":
+                    raise _Skip  # its suspend is the disk row's
+
                 start = time.perf_counter()
                 await ctx.stubs.sessions.SuspendSession(
                     session_pb2.SuspendSessionRequest(session_id=sid)
@@ -207,12 +235,15 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
                 timings[f"{kind}_suspend"].append((time.perf_counter() - start) * 1000)
             except grpc.RpcError as exc:  # reported with the row, the rest still measured
                 failed[f"{kind}_suspend"] = f"{exc.code().name}: {exc.details()}"
+            except _Skip:
+                pass
             snap_id = ""
             try:
                 start = time.perf_counter()
                 snap = await snaps.CreateSnapshot(
-                    snapshot_pb2.CreateSnapshotRequest(session_id=sid)
+                    snapshot_pb2.CreateSnapshotRequest(session_id=sid, kind=snap_kind)
                 )
+                timings[f"{kind}_snapshot"].append((time.perf_counter() - start) * 1000)
                 snap_id = snap.snapshot.snapshot_id
                 fork = await ctx.stubs.sessions.CreateSession(
                     session_pb2.CreateSessionRequest(
@@ -243,4 +274,67 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
                 results[name].extra["failed"] = {
                     k: v for k, v in failed.items() if k in (key, other)
                 }
+    if "disk_fork_1gib" in results:
+        extra = results["disk_fork_1gib"].extra
+        for label, key in (
+            ("disk_tar_path_ms", "disk_tar_fork"),
+            ("disk_snapshot_ms", "disk_snapshot"),
+            ("disk_tar_snapshot_ms", "disk_tar_snapshot"),
+            ("tmpfs_snapshot_ms", "tmpfs_snapshot"),
+        ):
+            extra[label] = round(statistics.median(timings[key]), 3) if timings[key] else None
+        if "disk_tar_fork" in failed:
+            extra.setdefault("failed", {})["disk_tar_fork"] = failed["disk_tar_fork"]
     return results
+
+
+class _Skip(Exception):
+    """A step this kind does not measure."""
+
+
+async def _pool_create(ctx: BenchContext, small: BenchContext, cold: list[float]) -> Metric:
+    """Creates served by the warm pool of a server whose default storage is disk."""
+    from bench.run import running_server  # noqa: PLC0415 - run imports the bench modules
+
+    pool_size = 2
+    with tempfile.TemporaryDirectory(prefix="sandboxd-bench-diskpool-") as tmp:
+        async with running_server(
+            Path(tmp),
+            "--pool-size",
+            str(pool_size),
+            "--default-workspace-storage",
+            "disk",
+            "--default-disk-bytes",
+            str(DISK_BYTES),
+        ) as server:
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+            pooled = dataclasses.replace(
+                small,
+                address=f"127.0.0.1:{server.port}",
+                channel=channel,
+                stubs=dataclasses.replace(
+                    ctx.stubs, sessions=session_pb2_grpc.SessionServiceStub(channel)
+                ),
+                metrics_url=f"http://127.0.0.1:{server.metrics_port}/metrics",
+                pool_size=pool_size,
+            )
+            memory_pool: list[float] = []
+            try:
+
+                async def ours() -> float:
+                    await ctx.pool_ready()
+                    memory_pool.append(await _create_ms(ctx, warm=True))  # a tmpfs pool hit
+                    await pooled.pool_ready(timeout=120)
+                    return await _create_ms(pooled, warm=True)
+
+                async def raw() -> float:
+                    async with _raw_disk_container(ctx) as (_, ms):
+                        return ms
+
+                mine, theirs = await interleave(small, ours, raw)
+            finally:
+                await channel.close()
+    metric = latency_metric(mine, theirs)
+    metric.extra["memory_pool_ms"] = round(statistics.median(memory_pool), 3)
+    metric.extra["cold_ms"] = round(statistics.median(cold), 3) if cold else None
+    return metric

@@ -260,11 +260,17 @@ static bool same_entry(const struct stat *a, const struct stat *b)
 	return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
 }
 
-/* --replace: every entry of DEST but STAGE and TRASH into TRASH, then every
- * entry of STAGE into DEST. */
+/* --replace: every entry of DEST but STAGE, TRASH and mount points into TRASH,
+ * then every entry of STAGE into DEST.  A mount point (an entry on another file
+ * system than DEST: a volume the sandbox mounts below /workspace) stays where
+ * it is with its content: the kernel would refuse to rename it, and it is no
+ * part of the workspace a snapshot restores. */
 static void replace_all(int sfd, int dfd, const struct stat *stage_st,
 			const struct stat *trash_st)
 {
+	struct stat dest_st;
+	if (fstat(dfd, &dest_st) < 0)
+		fail_errno(errno, "replace", ".");
 	int fd = dup(dfd);
 	DIR *d = fd < 0 ? NULL : fdopendir(fd);
 	if (!d)
@@ -279,6 +285,8 @@ static void replace_all(int sfd, int dfd, const struct stat *stage_st,
 				continue;
 			fail_errno(errno, "replace", names[i]);
 		}
+		if (st.st_dev != dest_st.st_dev)
+			continue; /* a mount point */
 		if (!same_entry(&st, stage_st) && !same_entry(&st, trash_st))
 			set_aside(dfd, names[i], names[i]);
 	}

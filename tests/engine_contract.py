@@ -1,6 +1,7 @@
-"""Scenarios every `Engine` implementation must pass, run against the in-memory fake
-(tests/unit/test_engine_contract.py) and the Docker adapter on the real engine
-(tests/integration/test_engine_contract.py): what keeps the fake honest."""
+"""Scenarios every `Engine` implementation with its `SandboxCommands` must pass, run against
+the in-memory fakes (tests/unit/test_engine_contract_fake.py) and the Docker adapter on the
+real engine with the server's commands, over the agent and over `docker exec`
+(tests/integration/test_engine_contract_docker.py): what keeps the fakes honest."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from sandboxd.commands import Plain, SandboxCommands, Where
 from sandboxd.config import DEFAULT_LIMITS
-from sandboxd.engine.protocol import Engine, ExecRequest, SandboxRequest
+from sandboxd.engine.protocol import Engine, SandboxRequest
 from sandboxd.errors import FailedPrecondition, NotFound, ResourceExhausted, SandboxError
 from sandboxd.isolation import Isolation
 from sandboxd.models import (
@@ -72,18 +74,18 @@ def request(owner: str, session_id: str, s: SessionSpec | None = None) -> Sandbo
 
 
 async def _exec(
-    engine: Engine, sandbox_id: str, argv: list[str], user: str = "65534:65534"
+    commands: SandboxCommands, sandbox_id: str, argv: list[str], user: str = "65534:65534"
 ) -> tuple[int, bytes, bytes]:
     """`argv` as `user`: spec()'s, or a session's own host uid (each session has its own)."""
     out, err = bytearray(), bytearray()
-    async with engine.exec(sandbox_id, ExecRequest(argv, user=user)) as stream:
+    async with commands.open(Where(sandbox_id, user), Plain(tuple(argv))) as stream:
         while (chunk := await stream.read()) is not None:
             (out if chunk[0] == 1 else err).extend(chunk[1])
         code = await stream.wait_exit_code()
     return code, bytes(out), bytes(err)
 
 
-async def lifecycle(engine: Engine, owner: str) -> None:
+async def lifecycle(engine: Engine, commands: SandboxCommands, owner: str) -> None:
     req = request(owner, "c1")
     sid = await engine.create_sandbox(req)
     created = await engine.inspect_sandbox(sid)
@@ -99,7 +101,7 @@ async def lifecycle(engine: Engine, owner: str) -> None:
     assert await engine.list_sandboxes(owner) == []
 
 
-async def refusals(engine: Engine, owner: str) -> None:
+async def refusals(engine: Engine, commands: SandboxCommands, owner: str) -> None:
     req = request(owner, "c2")
     sid = await engine.create_sandbox(req)
     try:
@@ -119,26 +121,26 @@ async def refusals(engine: Engine, owner: str) -> None:
     assert await engine.list_sandboxes(owner) == []
 
 
-async def shapes(engine: Engine, owner: str) -> None:
+async def shapes(engine: Engine, commands: SandboxCommands, owner: str) -> None:
     a = engine.sandbox_shape(request(owner, "a"))
     assert a == engine.sandbox_shape(request(owner + "x", "b"))  # bookkeeping only
     assert a != engine.sandbox_shape(request(owner, "a", spec(memory_bytes=96 * 1024 * 1024)))
 
 
-async def manifest_and_exec(engine: Engine, owner: str) -> None:
+async def manifest_and_exec(engine: Engine, commands: SandboxCommands, owner: str) -> None:
     s = spec(workspace_bytes=256 * 1024)
     sid = await engine.create_sandbox(request(owner, "m1", s))
     try:
         await engine.start_sandbox(sid)
         files = (ManifestFile("a/b.txt", b"hello", 0o644),)
         session = _session("m1", s, sid, WorkspaceManifest(files=files, directories=("d",)))
-        await write_manifest(engine, session)
-        assert await _exec(engine, sid, ["cat", "/workspace/a/b.txt"]) == (0, b"hello", b"")
-        code, out, _ = await _exec(engine, sid, ["cat", "/workspace/nope"])
+        await write_manifest(commands, session)
+        assert await _exec(commands, sid, ["cat", "/workspace/a/b.txt"]) == (0, b"hello", b"")
+        code, out, _ = await _exec(commands, sid, ["cat", "/workspace/nope"])
         assert code != 0 and out == b""
         big = (ManifestFile("big.bin", b"x" * (512 * 1024), 0o644),)
         with pytest.raises(ResourceExhausted) as full:
-            await write_manifest(engine, _session("m1", s, sid, WorkspaceManifest(files=big)))
+            await write_manifest(commands, _session("m1", s, sid, WorkspaceManifest(files=big)))
         assert full.value.reason == "WORKSPACE_FULL"
     finally:
         await engine.remove_sandbox(sid)
@@ -157,7 +159,7 @@ def _session(session_id: str, s: SessionSpec, sid: str, manifest: WorkspaceManif
     )
 
 
-async def isolation(engine: Engine, owner: str) -> None:
+async def isolation(engine: Engine, commands: SandboxCommands, owner: str) -> None:
     tiers = await engine.isolation_tiers()
     assert Isolation.RUNC in tiers
     g = dataclasses.replace(spec(), isolation=Isolation.GVISOR)
@@ -176,13 +178,13 @@ async def isolation(engine: Engine, owner: str) -> None:
         runc = await engine.inspect_sandbox(sid, request(owner, "i1"))
         assert runc is not None and not runc.conforms
         files = (ManifestFile("g.txt", b"under gvisor", 0o644),)
-        await write_manifest(engine, _session("i1", g, sid, WorkspaceManifest(files=files)))
-        assert await _exec(engine, sid, ["cat", "/workspace/g.txt"]) == (0, b"under gvisor", b"")
+        await write_manifest(commands, _session("i1", g, sid, WorkspaceManifest(files=files)))
+        assert await _exec(commands, sid, ["cat", "/workspace/g.txt"]) == (0, b"under gvisor", b"")
     finally:
         await engine.remove_sandbox(sid)
 
 
-async def disks(engine: Engine, owner: str) -> None:
+async def disks(engine: Engine, commands: SandboxCommands, owner: str) -> None:
     """A disk (sandboxd.storage): made sparse and idempotent by id, refused past the host's
     room with nothing left, mounted at /workspace by a sandbox, outliving it for the next,
     not removable while mounted, copied with its files, removed with its volumes."""
@@ -213,7 +215,7 @@ async def disks(engine: Engine, owner: str) -> None:
             memory = await engine.inspect_sandbox(sid, request(owner, "k1"))
             assert memory is not None and not memory.conforms  # a tmpfs asked: not this one
             files = (ManifestFile("kept.txt", b"on disk", 0o644),)
-            await write_manifest(engine, _session("k1", s, sid, WorkspaceManifest(files=files)))
+            await write_manifest(commands, _session("k1", s, sid, WorkspaceManifest(files=files)))
             with pytest.raises(FailedPrecondition) as mounted:
                 await d.delete(a)
             assert mounted.value.reason == "ENGINE_CONFLICT"
@@ -225,7 +227,7 @@ async def disks(engine: Engine, owner: str) -> None:
             sid = await engine.create_sandbox(request(owner, "k2", on))
             try:
                 await engine.start_sandbox(sid)
-                assert await _exec(engine, sid, ["cat", "/workspace/kept.txt"]) == (
+                assert await _exec(commands, sid, ["cat", "/workspace/kept.txt"]) == (
                     0,
                     b"on disk",
                     b"",
@@ -241,7 +243,7 @@ async def disks(engine: Engine, owner: str) -> None:
                 await d.delete(disk_id)
 
 
-SCENARIOS: dict[str, Callable[[Engine, str], Awaitable[None]]] = {
+SCENARIOS: dict[str, Callable[[Engine, SandboxCommands, str], Awaitable[None]]] = {
     "disks": disks,
     "isolation": isolation,
     "lifecycle": lifecycle,
@@ -260,9 +262,9 @@ def new_owner() -> str:
 SESSION_MANIFEST = WorkspaceManifest(files=(ManifestFile("src/a.txt", b"hello", 0o644),))
 
 
-async def _cat(engine: Engine, session: Session, rel: str) -> bytes:
+async def _cat(commands: SandboxCommands, session: Session, rel: str) -> bytes:
     argv = ["cat", f"/workspace/{rel}"]
-    code, out, err = await _exec(engine, session.container_id, argv, session.spec.user)
+    code, out, err = await _exec(commands, session.container_id, argv, session.spec.user)
     assert code == 0, err
     return out
 
@@ -273,19 +275,19 @@ async def session_round_trip(st: Any) -> None:
     from sandboxd.sessions import CreateSessionInput
 
     s = await st.sessions.create(CreateSessionInput(session_id="rt", manifest=SESSION_MANIFEST))
-    assert await _cat(st.engine, s, "src/a.txt") == b"hello"
+    assert await _cat(st.commands, s, "src/a.txt") == b"hello"
     assert [b.session_id for b in await st.engine.list_sandboxes(st.owner)] == ["rt"]
     suspended = await st.sessions.suspend("rt")
     assert suspended.state is SessionState.SUSPENDED
     assert await st.engine.list_sandboxes(st.owner) == []
     resumed = await st.sessions.resume("rt", None)
     assert resumed.state is SessionState.RUNNING
-    assert await _cat(st.engine, resumed, "src/a.txt") == b"hello"
+    assert await _cat(st.commands, resumed, "src/a.txt") == b"hello"
     snap = await st.snapshots.create("rt", {}, "")
     fork = await st.sessions.create(
         CreateSessionInput(session_id="fork", from_snapshot_id=snap.snapshot_id)
     )
-    assert await _cat(st.engine, fork, "src/a.txt") == b"hello"
+    assert await _cat(st.commands, fork, "src/a.txt") == b"hello"
     big = WorkspaceManifest(files=(ManifestFile("big", b"x" * (300 * 1024), 0o644),))
     with pytest.raises(ResourceExhausted):
         await st.sessions.create(

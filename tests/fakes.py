@@ -1,11 +1,15 @@
-"""An in-memory implementation of `sandboxd.engine.Engine`, for Docker-free unit tests.
+"""In-memory stand-ins for Docker-free unit tests: `FakeEngine` (sandboxd.engine.Engine: the
+lifecycle, images, disks) and `FakeCommands` (sandboxd.commands.SandboxCommands: commands in
+those sandboxes, asked for in the domain's terms).
 
-It keeps sandboxes and images in dicts and behaves like the Docker adapter where the
+The engine keeps sandboxes and images in dicts and behaves like the Docker adapter where the
 domain can tell: names are unique (a second create is ENGINE_CONFLICT), a missing image or
 sandbox is ENGINE_OBJECT_NOT_FOUND, removal is idempotent, `sandbox_shape` ignores bookkeeping.
-Commands run against a per-sandbox dict of workspace files: `tar -x -f - -C /workspace`,
-`tar -c -f - .` (both through the helper's `run --cwd` too) and `cat`. The contract tests
-(tests/engine_contract.py) run the same scenarios against this fake and the real engine.
+Its sandboxes run no agent (`agent_port` is None). The commands run against a per-sandbox dict
+of workspace files, by kind: a tool (`ToolRun`), a plain or a supervised command run `tar -x
+-f -` (`-C DIR` too), `tar -c -f - .` and `cat FILE`; the helper's own subcommands and dials
+are not there (exit 127). The contract tests (tests/engine_contract.py) run the same scenarios
+against these fakes and the real engine with its commands.
 
 Test hooks: `fail(method, exc)` makes the next call of a method raise; `lose`, `stop` and
 `tamper` change a sandbox behind the server's back.
@@ -23,11 +27,22 @@ import tarfile
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sandboxd.commands import (
+    DetachedExecs,
+    Plain,
+    SandboxCommand,
+    SandboxCommands,
+    Supervised,
+    ToolRun,
+    Where,
+)
 from sandboxd.engine.protocol import (
+    AgentAttach,
     BuildLimits,
-    ExecRequest,
+    Engine,
+    ExecStatus,
     ImageDetails,
     NetworkInfo,
     PullProgress,
@@ -78,6 +93,7 @@ class FakeDisks:
         self.disks: dict[str, FakeDisk] = {}
         self.free_bytes = 1 << 40
         self.tool = True
+        self.frozen: list[str] = []  # the container each copy paused ("" for none)
 
     def _mounted(self, disk_id: str) -> bool:
         return any(b.request.spec.disk_id == disk_id for b in self._engine.sandboxes.values())
@@ -121,14 +137,24 @@ class FakeDisks:
         used = sum(len(v) for v in disk.files.values())
         return DiskUsage(disk_id, disk.size_bytes, (4 << 20) + used)
 
-    async def copy(self, source_id: str, disk_id: str) -> DiskUsage:
+    async def copy(
+        self, source_id: str, disk_id: str, uid: int = 0, gid: int = 0, *, freeze: str = ""
+    ) -> DiskUsage:
         self._engine._call("disks.copy")
         source = self.disks.get(source_id)
         if source is None:
             raise NotFound(f"disk {source_id} not found", reason="ENGINE_OBJECT_NOT_FOUND")
         if disk_id not in self.disks:
+            taken = (await self.usage(source_id)).allocated_bytes
+            if taken > self.free_bytes:
+                raise ResourceExhausted("the engine host is full", reason="ENGINE_DISK_FULL")
+            self.frozen.append(freeze)
             self.disks[disk_id] = FakeDisk(
-                source.size_bytes, source.uid, source.gid, dict(source.files), set(source.dirs)
+                source.size_bytes,
+                uid or source.uid,
+                gid or source.gid,
+                dict(source.files),
+                set(source.dirs),
             )
         return await self.usage(disk_id)
 
@@ -152,7 +178,7 @@ class FakeExecStream:
         engine: FakeEngine,
         exec_id: str,
         sandbox: FakeSandbox,
-        argv: list[str],
+        command: SandboxCommand,
         stdin: bool = False,
     ):
         self._stdin_open = asyncio.Event()
@@ -161,7 +187,7 @@ class FakeExecStream:
         self.exec_id = exec_id
         self._engine = engine
         self._sandbox = sandbox
-        self._argv = argv
+        self._command = command
         self._stdin = bytearray()
         self._output: list[tuple[int, bytes]] | None = None
         self.code: int | None = None
@@ -170,7 +196,7 @@ class FakeExecStream:
         if self._output is None:
             if not self._sandbox.running:
                 raise FailedPrecondition("container is not running", reason="ENGINE_CONFLICT")
-            self.code, self._output = _run(self._sandbox, self._argv, bytes(self._stdin))
+            self.code, self._output = _run(self._sandbox, self._command, bytes(self._stdin))
 
     async def read(self) -> tuple[int, bytes] | None:
         await self._stdin_open.wait()
@@ -205,21 +231,23 @@ def _workspace_rel(cwd: str) -> str:
     return "" if rel in ("", ".") else rel
 
 
-def _run(box: FakeSandbox, argv: list[str], stdin: bytes) -> tuple[int, list[tuple[int, bytes]]]:
-    cwd = ""
-    if argv[:2] == [HELPER_IN_CONTAINER, "run"]:
-        rest = argv[2:]
-        if rest[:1] == ["--clean-env"]:
-            rest = rest[1:]
-        if rest[:1] == ["--cwd"]:
-            cwd = _workspace_rel(rest[1])
-            rest = rest[2:]
-        argv = rest[1:] if rest[:1] == ["--"] else rest
-        cwd = "" if cwd == "." else cwd
-    if argv[:1] == ["env"]:  # `env -i NAME=VALUE... TOOL`: the helper client's clean environment
-        argv = argv[1:]
-        while argv and (argv[0] == "-i" or "=" in argv[0]):
-            argv = argv[1:]
+def _run(
+    box: FakeSandbox, command: SandboxCommand, stdin: bytes
+) -> tuple[int, list[tuple[int, bytes]]]:
+    match command:
+        case ToolRun(cwd, argv):
+            return _tool(box, _workspace_rel(cwd), list(argv), stdin)
+        case Supervised():
+            return _tool(box, _workspace_rel(command.cwd), list(command.argv), stdin)
+        case Plain(argv):
+            return _tool(box, "", list(argv), stdin)
+        case _:  # the helper's own subcommands, dials: the fake has no helper
+            return 127, [(2, f"{HELPER_IN_CONTAINER}: not found\n".encode())]
+
+
+def _tool(
+    box: FakeSandbox, cwd: str, argv: list[str], stdin: bytes
+) -> tuple[int, list[tuple[int, bytes]]]:
     if argv[:1] == ["tar"] and "-x" in argv:
         if "-C" in argv:
             cwd = _workspace_rel(argv[argv.index("-C") + 1])
@@ -288,7 +316,6 @@ class FakeEngine:
         self.calls: list[str] = []
         self._ids = itertools.count(1)
         self._failures: dict[str, SandboxError] = {}
-        self._execs: dict[str, FakeExecStream] = {}
         self.stats: dict[str, SandboxStats] = {}
         self.ooms: asyncio.Queue[str] = asyncio.Queue()
 
@@ -424,30 +451,9 @@ class FakeEngine:
             if b.request.owner_id == owner_id
         ]
 
-    @contextlib.asynccontextmanager
-    async def exec(self, container_id: str, request: ExecRequest) -> AsyncIterator[FakeExecStream]:
-        self._call("exec")
-        box = self._get(container_id)
-        if not box.running:
-            raise FailedPrecondition(
-                f"container {container_id[:12]} is not running", reason="ENGINE_CONFLICT"
-            )
-        stream = FakeExecStream(
-            self, f"exec-{next(self._ids)}", box, list(request.argv), request.stdin
-        )
-        self._execs[stream.exec_id] = stream
-        try:
-            yield stream
-        finally:
-            await stream.close()
-
-    async def exec_resize(self, exec_id: str, rows: int, cols: int) -> None:
-        self._call("exec_resize")
-
-    async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
-        self._call("exec_inspect")
-        stream = self._execs[exec_id]
-        return {"Running": stream.code is None, "ExitCode": stream.code}
+    @property
+    def agent_port(self) -> AgentAttach | None:
+        return None  # its sandboxes run no agent: FakeCommands runs their commands
 
     async def memory_checkpoints(self) -> str:
         self._call("memory_checkpoints")
@@ -631,6 +637,53 @@ class FakeEngine:
         for name, own in list(self.images.items()):
             if all(own.get(k) == v for k, v in labels.items()):
                 del self.images[name]
+
+
+class FakeCommands:
+    """Commands in the fake engine's sandboxes (sandboxd.commands.SandboxCommands), by kind.
+
+    Calls are counted on the engine as `exec`, `exec_resize` and `exec_inspect` (its
+    `fail` hook applies to them too), the names the command path's engine calls have."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        self._engine = engine
+        self._execs: dict[str, FakeExecStream] = {}
+
+    @property
+    def detached(self) -> DetachedExecs | None:
+        return None  # no agent keeps anything
+
+    @contextlib.asynccontextmanager
+    async def open(
+        self, where: Where, command: SandboxCommand, *, stdin: bool = False
+    ) -> AsyncIterator[FakeExecStream]:
+        engine = self._engine
+        engine._call("exec")
+        box = engine._get(where.container_id)
+        if not box.running:
+            raise FailedPrecondition(
+                f"container {where.container_id[:12]} is not running", reason="ENGINE_CONFLICT"
+            )
+        stream = FakeExecStream(engine, f"exec-{next(engine._ids)}", box, command, stdin)
+        self._execs[stream.exec_id] = stream
+        try:
+            yield stream
+        finally:
+            await stream.close()
+
+    async def resize(self, exec_id: str, rows: int, cols: int) -> None:
+        self._engine._call("exec_resize")
+
+    async def status(self, exec_id: str) -> ExecStatus:
+        self._engine._call("exec_inspect")
+        stream = self._execs[exec_id]
+        return ExecStatus(running=stream.code is None, exit_code=stream.code)
+
+
+if TYPE_CHECKING:  # `make lint` checks the fakes against the ports they stand in for
+
+    def _conforms(engine: FakeEngine, commands: FakeCommands) -> tuple[Engine, SandboxCommands]:
+        return engine, commands
 
 
 class FakeArchive:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from fakes import FakeArchive, FakeEngine
+from fakes import FakeArchive, FakeCommands, FakeEngine
 from prometheus_client import CollectorRegistry
 from sandboxd.audit.events import AuditEvent
 from sandboxd.config import Config
@@ -74,13 +74,21 @@ async def preview_parts(
         parts = await setup.prepare(config, store)
         snaps = await SnapshotStore(store.db, tmp_path / "snapshots").open()
         keeper = SnapshotKeeper(snaps, FakeArchive(engine), engine, "sbxunit")
+        commands = FakeCommands(engine)
         sessions = SessionManager(
-            config, engine, store, "sbxunit", keeper, on_session_end=[parts.end_session]
+            config,
+            engine,
+            store,
+            "sbxunit",
+            keeper,
+            on_session_end=[parts.end_session],
+            commands=commands,
         )
         async with setup.serve(
             parts,
             config,
-            engine=engine,
+            commands=commands,
+            router=None,
             store=store,
             sessions=sessions,
             metrics_registry=registry,

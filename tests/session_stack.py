@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fakes import FakeArchive, FakeEngine
+from fakes import FakeArchive, FakeCommands, FakeEngine
 from sandboxd import tenancy
 from sandboxd.config import Config
 from sandboxd.host_ids import HostIds
@@ -23,8 +23,10 @@ from sandboxd.sessions import SessionManager
 from sandboxd.sessions.memory_suspension import MemoryOptions
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
+from sandboxd.storage.tenant_quota import DiskQuota
 from sandboxd.store import SessionStore
 from sandboxd.templates.store import TemplateStore
+from sandboxd.volumes.store import VolumeStore
 
 OWNER = "sbxunit"
 T = TypeVar("T")
@@ -33,6 +35,7 @@ T = TypeVar("T")
 @dataclass
 class Stack:
     engine: Any  # a FakeEngine unless the test gave another
+    commands: Any  # FakeCommands over it unless the test gave others
     store: SessionStore
     snap_store: SnapshotStore
     archive: Any  # a FakeArchive unless the test gave another
@@ -43,6 +46,7 @@ class Stack:
     ended: list[str] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)  # memory resumes (processes adopted)
     volumes: Any = None  # the volume claims, when session_stack was given `volumes`
+    disk_quota: DiskQuota | None = None  # tenant_max_disk_bytes over this stack's records
 
     async def backdate_lease(self, session_id: str, by: timedelta) -> None:
         """Move a lease into the past, as if time had passed."""
@@ -58,6 +62,7 @@ async def session_stack(
     *,
     pool_size: int = 0,
     engine: Any = None,
+    commands: Any = None,
     archive: Callable[[Any], Any] | None = None,
     owner: str = OWNER,
     tiers: Any = None,
@@ -71,6 +76,7 @@ async def session_stack(
     snapshots emit their domain events (none listens by default)."""
     config = dataclasses.replace(Config(data_dir=tmp_path, pool_size=pool_size), **settings)
     engine = engine if engine is not None else FakeEngine()
+    commands = commands if commands is not None else FakeCommands(engine)
     async with SessionStore(tmp_path / "sessions.db") as store:
         snap_store = await SnapshotStore(store.db, tmp_path / "snapshots").open()
         workspace = archive(engine) if archive is not None else FakeArchive(engine)
@@ -79,6 +85,12 @@ async def session_stack(
         pool = WarmPool.for_config(engine, config, owner, host_ids) if pool_size else None
         ended: list[str] = []
         claims = await volumes(store) if volumes is not None else None
+        disk_quota = DiskQuota(
+            config.tenancy.max_disk_bytes,
+            store,
+            await VolumeStore(store.db).open(),
+            snap_store,
+        )
 
         async def on_end(session_id: str) -> None:
             ended.append(session_id)
@@ -105,6 +117,8 @@ async def session_stack(
                 on_resume=[on_resume],
                 room=lambda tenant, need: quota.check_checkpoint_room(tenant, need),
             ),
+            commands=commands,
+            disk_quota=disk_quota,
             **({"observer": observer} if observer is not None else {}),
         )
         quota = ImageQuota(
@@ -122,12 +136,24 @@ async def session_stack(
             store,
             quota=quota,
             max_image_bytes=config.images.max_image_bytes,
+            disk_quota=disk_quota,
             **({"observer": observer} if observer is not None else {}),
         )
         stack = Stack(
-            engine, store, snap_store, workspace, sessions, snapshots, pool, owner, ended, resumed
+            engine,
+            commands,
+            store,
+            snap_store,
+            workspace,
+            sessions,
+            snapshots,
+            pool,
+            owner,
+            ended,
+            resumed,
         )
         stack.volumes = claims
+        stack.disk_quota = disk_quota
         try:
             yield stack
         finally:

@@ -20,8 +20,8 @@ import signal
 import time
 from collections.abc import AsyncIterator
 
-from sandboxd.engine import Engine, ExecRequest, ExecStream
-from sandboxd.engine.protocol import Detach, DetachedExecs
+from sandboxd.commands import Detach, DetachedExecs, SandboxCommands, Supervised, Where
+from sandboxd.engine import ExecStream
 from sandboxd.errors import (
     EngineUnavailable,
     FailedPrecondition,
@@ -44,7 +44,6 @@ from sandboxd.models import (
     OutputStream,
     Session,
 )
-from sandboxd.profile import HELPER_IN_CONTAINER
 from sandboxd.reasons import Reason
 
 log = logging.getLogger(__name__)
@@ -154,12 +153,11 @@ class Command:
         if self.finished:
             return  # the terminal is gone with the command: nothing to resize
         try:
-            await self._executor.engine.exec_resize(self._stream.exec_id, size.rows, size.cols)
+            await self._executor.commands.resize(self._stream.exec_id, size.rows, size.cols)
         except SandboxError:
             # The command ended between the check and the call (the engine refuses a resize
             # of an exec that is not running): a no-op, like the one above.
-            info = await self._executor.engine.exec_inspect(self._stream.exec_id)
-            if info.get("Running"):
+            if (await self._executor.commands.status(self._stream.exec_id)).running:
                 raise
 
     def fail(self, exc: SandboxError) -> None:
@@ -323,12 +321,12 @@ class Executor:
 
     def __init__(
         self,
-        engine: Engine,
+        commands: SandboxCommands,
         helper: HelperClient | None = None,
         detached: DetachedExecs | None = None,
     ) -> None:
-        self.engine = engine
-        self.helper = helper or HelperClient(engine)
+        self.commands = commands
+        self.helper = helper or HelperClient(commands)
         self.detached = detached  # background processes the sandbox's agent keeps
         self._kills: set[asyncio.Task[None]] = set()
 
@@ -356,8 +354,8 @@ class Executor:
                     code, _ = await self._helper(session, ["kill", token], KILL_TIMEOUT_S)
                     if code == 0:
                         return
-                    info = await self.engine.exec_inspect(exec_id)
-                    if not info.get("Running") and info.get("ExitCode") is not None:
+                    status = await self.commands.status(exec_id)
+                    if not status.running and status.exit_code is not None:
                         return  # it has ended by itself
         except (NotFound, FailedPrecondition) as exc:
             log.debug("process %s: container gone: %s", token, exc)  # its processes too
@@ -414,27 +412,20 @@ class Executor:
         """Start `spec` and yield its Command; leaving before `exited` kills its tree. With
         `detach` (and an agent) the command outlives a server that dies (processes/manager.py)."""
         token = token or new_token()
-        argv = [
-            HELPER_IN_CONTAINER,
-            "run",
-            "--id",
-            token,
-            "--timeout-ms",
-            str(int((spec.timeout_s + SUPERVISOR_GRACE_S) * 1000)),
-            "--cwd",
-            spec.cwd,
-            *(["--tty", f"{pty.rows}x{pty.cols}"] if pty is not None else []),
-            "--",
-            *spec.argv,
-        ]
+        supervised = Supervised(
+            tuple(spec.argv),
+            token=token,
+            timeout_ms=int((spec.timeout_s + SUPERVISOR_GRACE_S) * 1000),
+            cwd=spec.cwd,
+            env=spec.env,
+            pty=(pty.rows, pty.cols) if pty is not None else None,
+        )
         user, cid = session.spec.user, session.container_id
         kept = bool(detach and self.detached and await self.detached.serves(cid, user))
         async with (
-            self.detached.exec(cid, argv, env=spec.env, workdir=None, detach=detach)
+            self.detached.exec(cid, supervised, detach=detach)
             if detach and self.detached and kept
-            else self.engine.exec(
-                cid, ExecRequest(argv, user=user, env=spec.env, stdin=True, tty=bool(pty))
-            )
+            else self.commands.open(Where(cid, user), supervised, stdin=True)
         ) as stream:
             command = Command(
                 self, session, spec, process_id or token, token, stream, tty=pty is not None

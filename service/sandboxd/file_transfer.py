@@ -205,7 +205,7 @@ class FileTransfer:
     async def _running(self, exec_id: str) -> bool:
         """Whether the helper still runs; an exec the engine no longer knows has ended."""
         try:
-            return bool((await self.helper.engine.exec_inspect(exec_id)).get("Running"))
+            return (await self.helper.commands.status(exec_id)).running
         except SandboxError:
             return False
 

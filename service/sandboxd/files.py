@@ -14,7 +14,7 @@ from typing import Any
 
 from sandboxd import domain_events, validation
 from sandboxd.budget import ByteBudget
-from sandboxd.engine import Engine
+from sandboxd.commands import SandboxCommands
 from sandboxd.errors import Internal, InvalidArgument, ResourceExhausted
 from sandboxd.helper_client import HelperClient, HelperResult, StdoutOverflow
 from sandboxd.models import FileContent, FileInfo, FileType, Session
@@ -58,14 +58,14 @@ def parse_records(stdout: bytes) -> list[FileInfo]:
 class Files:
     def __init__(
         self,
-        engine: Engine,
+        commands: SandboxCommands,
         helper: HelperClient | None = None,
         buffers: ByteBudget | None = None,
         listing_bytes: int = LISTING_BYTES,
         observer: domain_events.Observer = domain_events.SILENT,  # writes, folders, removals
     ) -> None:
         self._observer = observer
-        self.helper = helper or HelperClient(engine)
+        self.helper = helper or HelperClient(commands)
         self.buffers = buffers or ByteBudget(SESSION_BUFFER_BYTES)
         self._listing_bytes = listing_bytes
 

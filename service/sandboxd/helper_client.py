@@ -6,15 +6,13 @@ the tools the server runs under `sbx run` (tar for archives), and the control co
 that refuses early never leaves a write waiting; stdout bounded; stderr kept to its start),
 one parser of the helper's structured error line, one mapping from it to domain errors.
 
-Internal runs never see the session's environment: a caller's `PATH` must not choose which
-`tar` the server runs, and loader variables (`LD_PRELOAD`...) must not load code into it. The
-engine adds the container's environment (the session's env) to every exec, and an exec can
-only override variables, not remove them; so the exec overrides the dangerous ones, and a
-tool run under `sbx run --clean-env` starts with a fixed, complete environment (PATH, HOME,
-LANG) that the supervisor builds itself.
+Internal runs never see the session's environment (sandboxd.commands.argv says how). The
+runs themselves go through the one owner of sandbox commands (sandboxd.commands: the agent's
+channel first, the engine's exec as the fallback), as typed commands: a helper subcommand
+(`HelperCall`) or a tool (`ToolRun`, from `tool_argv`).
 
 Commands a caller asked for (Exec, Run, processes) are not internal runs: execution.py
-starts those with the caller's environment.
+starts those (`Supervised`) with the caller's environment.
 """
 
 from __future__ import annotations
@@ -25,7 +23,9 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from sandboxd.engine import Engine, ExecRequest, ExecStream
+from sandboxd.commands.argv import INTERNAL_ENV, LOADER_VARIABLES
+from sandboxd.commands.types import HelperCall, SandboxCommands, ToolRun, Where
+from sandboxd.engine import ExecStream
 from sandboxd.errors import (
     AlreadyExists,
     EngineUnavailable,
@@ -38,44 +38,10 @@ from sandboxd.errors import (
     SandboxError,
 )
 from sandboxd.models import Session
-from sandboxd.profile import DEFAULT_PATH, HELPER_IN_CONTAINER
 from sandboxd.reasons import Reason
 
 STDERR_LIMIT = 64 * 1024  # the helper's error line is short; a tool's complaint is cut here
 SMALL_STDOUT = 64 * 1024  # what a helper subcommand prints besides a listing or a file
-
-# Overrides of the container's (session's) environment for every internal exec. Variables that
-# change what a static `sbx` does: none; what the dynamic tools it starts load or find: these.
-LOADER_VARIABLES = (
-    "LD_PRELOAD",
-    "LD_LIBRARY_PATH",
-    "LD_AUDIT",
-    "LD_DEBUG",
-    "LD_DEBUG_OUTPUT",
-    "LD_PROFILE",
-    "LD_BIND_NOW",
-    "LD_DYNAMIC_WEAK",
-    "LD_ASSUME_KERNEL",
-    "GCONV_PATH",
-    "MALLOC_TRACE",
-    "LOCPATH",
-    "NLSPATH",
-)
-INTERNAL_ENV: dict[str, str] = {
-    "PATH": DEFAULT_PATH,
-    "HOME": "/workspace",
-    "LANG": "C.UTF-8",
-    **{name: "" for name in LOADER_VARIABLES},
-}
-
-
-@dataclass(frozen=True)
-class Where:
-    """A container and user, for callers that have no Session yet (a create in progress)."""
-
-    container_id: str
-    user: str
-
 
 HelperTarget = Session | Where
 
@@ -123,10 +89,10 @@ class NoRoom(ResourceExhausted):
     """A tool ran out of space in the workspace (as opposed to input being over a cap)."""
 
 
-def tool_argv(cwd: str, argv: Sequence[str]) -> list[str]:
-    """The `sbx` arguments that run an internal tool in `cwd` (checked beneath /workspace)
-    with the environment cleared."""
-    return ["run", "--clean-env", "--cwd", cwd, "--", *argv]
+def tool_argv(cwd: str, argv: Sequence[str]) -> ToolRun:
+    """An internal tool run in `cwd` (checked beneath /workspace) with the environment
+    cleared."""
+    return ToolRun(cwd, tuple(argv))
 
 
 # How each errno-like name the file subcommands report reaches the caller: the error class,
@@ -214,28 +180,28 @@ def _where(target: HelperTarget) -> Where:
     return target if isinstance(target, Where) else Where(target.container_id, target.spec.user)
 
 
+HelperArgs = Sequence[str] | ToolRun  # a helper subcommand's arguments, or a tool
+
+
 class HelperClient:
     """Runs `sbx` subcommands in a session's container, as the session's user."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, commands: SandboxCommands) -> None:
+        self.commands = commands
 
     @contextlib.asynccontextmanager
     async def open(
-        self, target: HelperTarget, args: Sequence[str], *, stdin: bool = False
+        self, target: HelperTarget, args: HelperArgs, *, stdin: bool = False
     ) -> AsyncIterator[ExecStream]:
-        """A started `sbx ARGS` (ARGS from `tool_argv` for a tool), for callers that stream."""
-        where = _where(target)
-        request = ExecRequest(
-            [HELPER_IN_CONTAINER, *args], user=where.user, env=INTERNAL_ENV, stdin=stdin
-        )
-        async with self.engine.exec(where.container_id, request) as stream:
+        """A started `sbx ARGS` (a `tool_argv` for a tool), for callers that stream."""
+        command = args if isinstance(args, ToolRun) else HelperCall(tuple(args))
+        async with self.commands.open(_where(target), command, stdin=stdin) as stream:
             yield stream
 
     async def run(
         self,
         target: HelperTarget,
-        args: Sequence[str],
+        args: HelperArgs,
         *,
         stdin: bytes | None = None,
         max_stdout: int = SMALL_STDOUT,
@@ -249,7 +215,7 @@ class HelperClient:
         return HelperResult(code, out, err)
 
     async def lines(
-        self, target: HelperTarget, args: Sequence[str], path: str, *, max_line: int = SMALL_STDOUT
+        self, target: HelperTarget, args: HelperArgs, path: str, *, max_line: int = SMALL_STDOUT
     ) -> AsyncGenerator[bytes, None]:
         """The lines `sbx ARGS` prints, as they come (a listing never held whole); its failure
         raised as a file operation's error once the lines are through. Iterate to the end."""
@@ -277,7 +243,7 @@ class HelperClient:
     async def checked(
         self,
         target: HelperTarget,
-        args: Sequence[str],
+        args: HelperArgs,
         path: str,
         *,
         stdin: bytes | None = None,
@@ -319,3 +285,21 @@ async def drain(
             with contextlib.suppress(asyncio.CancelledError):
                 await feeder
     return bytes(stdout), bytes(stderr)
+
+
+__all__ = [
+    "INTERNAL_ENV",
+    "LOADER_VARIABLES",
+    "HelperClient",
+    "HelperError",
+    "HelperResult",
+    "HelperTarget",
+    "NoRoom",
+    "StdoutOverflow",
+    "Where",
+    "drain",
+    "file_error",
+    "parse_error",
+    "tool_argv",
+    "tool_error",
+]

@@ -17,6 +17,13 @@ Labels cannot change after creation, so pooled containers carry `io.sandboxd.poo
 session only by the stored container id. Reconciliation leaves containers the pool currently
 holds alone (`owns`), and removes pool containers of earlier generations that no session claims.
 
+Where the operator's default storage is disk (`default_workspace_storage = "disk"`), members
+are disk workspaces of `default_disk_bytes`: each has a disk of its own, made with its host
+uid before its container (storage/disks.py), and a claimant takes the disk with the uid
+(`Claimed.disk_id`). A request of another size or storage misses the pool. The disk of a
+member goes with it (a discarded or drained member); the disks of a dead server's members,
+which no record names, are the sweep's (sessions/recovery.py keeps `disks()`).
+
 A claim's refill starts `REFILL_DELAY_S` later, so the claimant's first commands do not
 compete with a create+start; claims that come meanwhile share that one wait.
 
@@ -41,7 +48,14 @@ from sandboxd.errors import SandboxError
 from sandboxd.host_ids import HostIds
 from sandboxd.isolation import parse_tier
 from sandboxd.metrics import Metrics
-from sandboxd.models import NetworkPolicy, SessionSpec, ShellPolicy, WorkspaceManifest
+from sandboxd.models import (
+    WORKSPACE_DISK_PREFIX,
+    NetworkPolicy,
+    SessionSpec,
+    ShellPolicy,
+    WorkspaceManifest,
+    WorkspaceStorage,
+)
 from sandboxd.validation import parse_user
 
 log = logging.getLogger(__name__)
@@ -56,9 +70,16 @@ REFILL_DELAY_S = 0.25
 def default_spec(config: Config) -> SessionSpec:
     """The spec of a session that sets nothing: what the pool prepares containers for."""
     uid, gid = parse_user("")
+    limits = config.limits.default
+    on_disk = config.limits.default_workspace_storage.upper() == WorkspaceStorage.DISK.value
+    if on_disk:  # as sessions/spec.py makes a disk workspace of the default size
+        limits = dataclasses.replace(limits, workspace_bytes=config.limits.default_disk_bytes)
     return SessionSpec(
         image=config.engine.image,
-        limits=config.limits.default,
+        limits=limits,
+        storage=WorkspaceStorage.DISK if on_disk else WorkspaceStorage.MEMORY,
+        # The shape's placeholder: every member has a disk of its own.
+        disk_id=_SHAPE_DISK if on_disk else "",
         shell=ShellPolicy(),
         network=NetworkPolicy(),
         env={},
@@ -79,16 +100,24 @@ def pool_template(config: Config, owner_id: str, generation: str) -> SandboxRequ
     )
 
 
+_SHAPE_DISK = WORKSPACE_DISK_PREFIX + "0" * 24
+
+
 @dataclass(frozen=True)
 class Claimed:
-    """A member handed to a session: the container, and the host uid (= gid) it runs as."""
+    """A member handed to a session: the container, the host uid (= gid) it runs as, and
+    its disk workspace's disk ("" for a tmpfs member), made for that uid."""
 
     container_id: str
     host_id: int
+    disk_id: str = ""
 
 
-def _as_host(request: SandboxRequest, host_id: int) -> SandboxRequest:
-    return dataclasses.replace(request, spec=request.spec.as_host(host_id, host_id))
+def _as_host(request: SandboxRequest, host_id: int, disk_id: str = "") -> SandboxRequest:
+    spec = request.spec.as_host(host_id, host_id)
+    if spec.on_disk:
+        spec = dataclasses.replace(spec, disk_id=disk_id or spec.disk_id)
+    return dataclasses.replace(request, spec=spec)
 
 
 class WarmPool:
@@ -118,6 +147,8 @@ class WarmPool:
         self.key = engine.sandbox_shape(template)
         self._members: collections.deque[str] = collections.deque()
         self._ids: dict[str, int] = {}  # member (or claimed, unsettled) -> its host id
+        self._disks: dict[str, str] = {}  # member (or claimed, unsettled) -> its disk
+        self._making_disk = ""  # the disk of the member being made
         self._claiming: set[str] = set()  # popped, not yet recorded by the session
         self._creating: asyncio.Future[str] | None = None
         self._creating_name = ""
@@ -169,7 +200,12 @@ class WarmPool:
         """
         if self._size == 0 or self._closed:
             return None
-        if self._engine.sandbox_shape(_as_host(request, self._shape_id)) != self.key:
+        shaped = _as_host(request, self._shape_id, _SHAPE_DISK)
+        wanted, have = request.spec, self._template.spec
+        other_disk = wanted.on_disk and (
+            wanted.limits.workspace_bytes != have.limits.workspace_bytes
+        )  # the disk's size is no part of the container's shape: compared here
+        if other_disk or self._engine.sandbox_shape(shaped) != self.key:
             self._count("other_shape")
             return None
         while self._members:
@@ -185,11 +221,13 @@ class WarmPool:
                 raise
             if status is not None and status.running:
                 self._count("hit")
-                return Claimed(container_id, self._ids[container_id])
+                disk_id = self._disks.get(container_id, "")
+                return Claimed(container_id, self._ids[container_id], disk_id)
             # Removed behind our back (by hand, an engine restart, a sweep): never hand it out.
             log.warning("pool container %s is gone; discarding it", container_id[:12])
             self._claiming.discard(container_id)
             await self._engine.remove_sandbox(container_id)
+            await self._drop_disk(container_id)
             self._forget(container_id)
         self._count("empty")
         return None
@@ -200,7 +238,21 @@ class WarmPool:
         self._claiming.discard(container_id)
         self._forget(container_id)
 
+    def disks(self) -> set[str]:
+        """The disks of members, of claims not yet recorded, and of the member being made:
+        no record names them yet, and the sweep must keep them."""
+        return {*self._disks.values(), *([self._making_disk] if self._making_disk else [])}
+
+    async def _drop_disk(self, container_id: str) -> None:
+        disk_id = self._disks.get(container_id, "")
+        if disk_id:
+            try:
+                await self._engine.disks.delete(disk_id)
+            except SandboxError as exc:  # no record names it: the sweep's
+                log.warning("warm pool: disk %s not removed (%s)", disk_id, exc)
+
     def _forget(self, container_id: str) -> None:
+        self._disks.pop(container_id, None)
         host_id = self._ids.pop(container_id, None)
         if host_id is not None:
             self._host_ids.release(host_id)
@@ -248,16 +300,31 @@ class WarmPool:
         name = f"{self._template.name}-{secrets.token_hex(4)}"
         host_id = await self._host_ids.take()
         self._creating_name = name
+        spec = self._template.spec
+        disk_id = WORKSPACE_DISK_PREFIX + secrets.token_hex(12) if spec.on_disk else ""
         try:
-            request = _as_host(dataclasses.replace(self._template, name=name), host_id)
-            container_id = await self._engine.create_sandbox(request)
+            request = _as_host(dataclasses.replace(self._template, name=name), host_id, disk_id)
+            if disk_id:
+                self._making_disk = disk_id
+                await self._engine.disks.create(
+                    disk_id, spec.limits.workspace_bytes, host_id, host_id
+                )
             try:
-                await self._engine.start_sandbox(container_id)
+                container_id = await self._engine.create_sandbox(request)
+                try:
+                    await self._engine.start_sandbox(container_id)
+                except BaseException:
+                    await asyncio.shield(self._engine.remove_sandbox(container_id))
+                    raise
             except BaseException:
-                await asyncio.shield(self._engine.remove_sandbox(container_id))
+                if disk_id:
+                    with contextlib.suppress(SandboxError):
+                        await asyncio.shield(self._engine.disks.delete(disk_id))
                 raise
             # Joined before the name is forgotten: never a moment when neither says "ours".
             self._ids[container_id] = host_id
+            if disk_id:
+                self._disks[container_id] = disk_id
             self._members.append(container_id)
             self._report()
             return container_id
@@ -266,6 +333,7 @@ class WarmPool:
             raise
         finally:
             self._creating_name = ""
+            self._making_disk = ""
 
     async def close(self) -> None:
         """Stop refilling and remove every container the pool still holds.
@@ -290,6 +358,8 @@ class WarmPool:
         for container_id, result in zip(leftovers, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("warm pool: could not remove %s: %s", container_id[:12], result)
+            else:
+                await self._drop_disk(container_id)
             self._forget(container_id)
         self._report()
         if leftovers:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from sandboxd.commands import SandboxCommands
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import SandboxError
 from sandboxd.events.stats import workspace_used
@@ -90,9 +91,11 @@ class SessionSampler:
         *,
         limit: int,
         egress_bytes: Callable[[str], int] | None = None,
+        commands: SandboxCommands,
     ) -> None:
         self._store = store
         self._engine = engine
+        self._commands = commands  # the workspace's `df`
         self._gauges = gauges
         self._limit = limit
         self._egress_bytes = egress_bytes
@@ -113,7 +116,7 @@ class SessionSampler:
                     return  # gone between the listing and the reading: no series
                 used = 0
                 with contextlib.suppress(SandboxError, TimeoutError, ValueError):
-                    used = await workspace_used(self._engine, session)
+                    used = await workspace_used(self._commands, session)
                 egress = raw.network_bytes
                 if self._egress_bytes is not None:
                     egress += self._egress_bytes(session.session_id)

@@ -40,12 +40,21 @@ CREATE TABLE IF NOT EXISTS pending_image_removals (
     since REAL NOT NULL
 );
 """
-_STEPS = (statements(_SCHEMA),)  # 0.1.0 (sandboxd.schema: new steps go at the end)
+# A disk snapshot's engine-side copy: its disk id and the size of its file system.
+_DISK_COLUMNS = """
+ALTER TABLE snapshots ADD COLUMN disk TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN disk_bytes INTEGER NOT NULL DEFAULT 0
+"""
+# 0.1.0, then disk snapshots (sandboxd.schema: new steps go at the end).
+_STEPS = (statements(_SCHEMA), statements(_DISK_COLUMNS))
 
 READ_CHUNK = 256 * 1024
 # A memory suspend's checkpoint (sessions/memory_suspension.py): stored and counted like a
 # snapshot, never one a tenant lists, restores or forks from (it is no workspace tar).
 KIND_MEMORY = "MEMORY"
+# A disk workspace's snapshot: a sparse copy of its disk the engine keeps (`disk`, of
+# `disk_bytes`), no tar; `size_bytes` is what the copy takes on the engine host.
+KIND_DISK = "DISK"
 
 
 @dataclass
@@ -59,6 +68,8 @@ class Snapshot:
     labels: dict[str, str] = field(default_factory=dict)
     image: str = ""
     tenant: str = ""
+    disk: str = ""
+    disk_bytes: int = 0
 
 
 def _row(row: aiosqlite.Row) -> Snapshot:
@@ -72,6 +83,8 @@ def _row(row: aiosqlite.Row) -> Snapshot:
         labels=json.loads(row["labels"]),
         image=row["image"],
         tenant=row["tenant"],
+        disk=row["disk"],
+        disk_bytes=row["disk_bytes"],
     )
 
 
@@ -108,7 +121,8 @@ class SnapshotStore:
     async def _insert(self, s: Snapshot) -> None:
         await self._db.execute(
             "INSERT INTO snapshots (snapshot_id, session_id, sha256, size_bytes, created_at,"
-            " kind, labels, image, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " kind, labels, image, tenant, disk, disk_bytes)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 s.snapshot_id,
                 s.session_id,
@@ -119,6 +133,8 @@ class SnapshotStore:
                 json.dumps(s.labels),
                 s.image,
                 s.tenant,
+                s.disk,
+                s.disk_bytes,
             ),
         )
         await self._db.commit()
@@ -178,6 +194,21 @@ class SnapshotStore:
             row = await cur.fetchone()
         return int(row[0]) if row is not None else 0
 
+    async def tenant_bytes(self, tenant: str) -> int:
+        """What the tenant's snapshots of every kind take: tars and checkpoints on the
+        server's disk, disk copies on the engine host's (the tenant's disk quota counts it)."""
+        async with self._db.execute(
+            "SELECT COALESCE(SUM(size_bytes), 0) FROM snapshots WHERE tenant = ?", (tenant,)
+        ) as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row is not None else 0
+
+    async def disks(self) -> set[str]:
+        """The disk ids disk snapshots hold (the sweep keeps these)."""
+        async with self._db.execute("SELECT disk FROM snapshots WHERE disk != ''") as cur:
+            rows = await cur.fetchall()
+        return {str(r[0]) for r in rows}
+
     async def delete(self, snapshot_id: str) -> Snapshot | None:
         """Remove the record, and the tar when no other record shares it."""
         async with self._content_lock:
@@ -193,7 +224,7 @@ class SnapshotStore:
             "SELECT COUNT(*) FROM snapshots WHERE sha256 = ?", (snap.sha256,)
         ) as cur:
             row = await cur.fetchone()
-        if row is not None and row[0] == 0:
+        if row is not None and row[0] == 0 and snap.sha256:
             await asyncio.to_thread(self.path_of(snap.sha256).unlink, True)
         return snap
 

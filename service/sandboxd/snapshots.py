@@ -1,10 +1,11 @@
 """Server-side snapshots of workspaces: create, look up, list, delete, download, restore.
 
 A snapshot is the tar `ArchiveIO.export` streams, written to disk as it arrives and named by
-its sha256 (see snapshot_store). Snapshots are taken when a caller asks (CreateSnapshot) and
-automatically when a session is suspended; a container that is lost is rebuilt from the
-session's latest one. Restoring goes through the same checked import as any caller's archive:
-a snapshot's content came from an untrusted workspace.
+its sha256 (see snapshot_store); a disk workspace's is a copy of its disk the engine host keeps
+(storage/disk_snapshots.py), unless a tar is asked for. Snapshots are taken when a caller asks
+(CreateSnapshot) and automatically when a session is suspended; a container that is lost is
+rebuilt from the session's latest one. Restoring goes through the same checked import as any
+caller's archive: a snapshot's content came from an untrusted workspace.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 from sandboxd import domain_events, paging, tenancy, validation
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import (
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
@@ -38,7 +40,9 @@ from sandboxd.labels import (
 from sandboxd.models import Session, SessionState
 from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager
-from sandboxd.snapshot_store import KIND_MEMORY, Snapshot, SnapshotStore
+from sandboxd.snapshot_store import KIND_DISK, KIND_MEMORY, Snapshot, SnapshotStore
+from sandboxd.storage.disk_snapshots import DiskSnapshots
+from sandboxd.storage.tenant_quota import DiskQuota
 from sandboxd.store import SessionStore
 
 log = logging.getLogger(__name__)
@@ -81,6 +85,15 @@ def _not_found(snapshot_id: str) -> NotFound:
     )
 
 
+def _not_tar(snapshot_id: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"snapshot {snapshot_id} is a disk snapshot kept on the engine host, not a tar: take "
+        "a snapshot of kind TAR to download it or to fork it into a memory workspace",
+        reason=Reason.SNAPSHOT_NOT_TAR,
+        metadata={"snapshot_id": snapshot_id},
+    )
+
+
 def _is_snapshot_id(value: str) -> bool:
     return bool(_ID_RE.match(value))
 
@@ -96,6 +109,7 @@ class SnapshotKeeper:
         self._archive = archive
         self._engine = engine
         self._owner_id = owner_id
+        self.disks = DiskSnapshots(engine, store)
 
     async def images_of(self, tenant: str) -> list[str]:
         return await self._store.images_of(tenant)
@@ -111,10 +125,17 @@ class SnapshotKeeper:
         return snap
 
     async def take(
-        self, session: Session, labels: Mapping[str, str], *, image: bool = False
+        self,
+        session: Session,
+        labels: Mapping[str, str],
+        *,
+        image: bool = False,
+        tar: bool = False,
     ) -> Snapshot:
         """Snapshot a running session's workspace now (and commit its sandbox for IMAGE:
-        the workspace is a tmpfs, which a commit does not hold, so the tar is taken too)."""
+        the workspace is a tmpfs, which a commit does not hold, so the tar is taken too).
+        A disk workspace's is a copy of its disk on the engine host unless `tar` or IMAGE
+        asks for the tar."""
         snap = Snapshot(
             snapshot_id="snap-" + secrets.token_hex(8),
             session_id=session.session_id,
@@ -125,6 +146,15 @@ class SnapshotKeeper:
             labels=dict(labels),
             tenant=session.tenant,
         )
+        if session.spec.on_disk and not (image or tar):
+            await self.disks.take(session, snap)
+            log.info(
+                "disk snapshot taken",
+                extra={"session_id": session.session_id, "snapshot_id": snap.snapshot_id},
+            )
+            if AUTO_LABEL in labels:
+                await self._prune_auto(session.session_id)
+            return snap
         if image:
             snap.image = await self._engine.commit_sandbox(
                 session.container_id,
@@ -164,17 +194,33 @@ class SnapshotKeeper:
             await self.delete(old.snapshot_id)
 
     async def latest(self, session_id: str) -> Snapshot | None:
-        return await self._store.latest(session_id)
+        """The newest snapshot a lost workspace can be rebuilt from: a disk snapshot only
+        while its copy is on the engine host (a host that lost its volumes lost those too)."""
+        for snap in reversed(await self._store.of_session(session_id)):
+            if snap.kind == KIND_MEMORY:
+                continue
+            if snap.kind != KIND_DISK or await self._engine.disks.exists(snap.disk):
+                return snap
+        return None
 
     async def restore(self, session: Session, snap: Snapshot) -> None:
-        """Replace the (fresh) sandbox's workspace with the snapshot's content."""
+        """Replace the (fresh) sandbox's workspace with the snapshot's content. A disk
+        snapshot's content is the disk the sandbox was made on already (a fork's copy,
+        sessions/sandboxes.py): nothing to do here."""
+        if snap.kind == KIND_DISK:
+            if session.spec.disk_id and snap.disk:
+                return
+            raise _not_tar(snap.snapshot_id)
         # aclosing: a refused restore stops reading early; the tar's file closes now.
         async with contextlib.aclosing(self._store.read(snap.sha256)) as reader:
             await self._archive.import_(session, ".", True, reader, trusted=True)
 
     async def adopt(self, snap: Snapshot, session: Session) -> Snapshot:
         """A fork's own record of the snapshot it started from (same tar, no copy), so the
-        fork can be rebuilt before it takes a snapshot of its own."""
+        fork can be rebuilt before it takes a snapshot of its own. A disk snapshot's fork
+        has a disk of its own, which a lost container is rebuilt on: no record to adopt."""
+        if snap.kind == KIND_DISK:
+            return snap
         own = Snapshot(
             snapshot_id="snap-" + secrets.token_hex(8),
             session_id=session.session_id,
@@ -202,6 +248,8 @@ class SnapshotKeeper:
         snap = await self._store.delete(snapshot_id)
         if snap is not None and snap.image:
             await self.remove_image(snap.image)
+        if snap is not None and snap.disk:
+            await self.disks.forget(snap)
 
     async def remove_image(self, image: str) -> bool:
         """Remove a snapshot's image; a removal Docker refuses is remembered and retried by
@@ -229,8 +277,10 @@ class Snapshots:
         quota: ImageQuota,
         max_image_bytes: int,
         observer: domain_events.Observer = domain_events.SILENT,  # snapshots taken, deleted
+        disk_quota: DiskQuota | None = None,  # None: no tenant_max_disk_bytes
     ) -> None:
         self._observer = observer
+        self._disk_quota = disk_quota
         self._quota = quota
         self._max_image_bytes = max_image_bytes
         self._keeper = keeper
@@ -244,20 +294,29 @@ class Snapshots:
     ) -> Snapshot:
         """A snapshot of the session's workspace; `resume` False: refused for a suspended
         session rather than waking it (the server's checkpoints)."""
-        if kind not in ("", KIND_TAR, KIND_IMAGE):
+        if kind not in ("", KIND_TAR, KIND_IMAGE, KIND_DISK):
             raise InvalidArgument(
-                f"snapshot kind {kind!r} is not one this server knows; use TAR or IMAGE",
+                f"snapshot kind {kind!r} is not one this server knows; use TAR, IMAGE or DISK",
                 reason=Reason.SNAPSHOT_KIND_UNSUPPORTED,
             )
         checked = validation.validate_labels(labels)
         image = kind == KIND_IMAGE
         if image:
             await self._quota.check_room(tenancy.current(), "an image snapshot")
+        if self._disk_quota is not None:  # any room at all; its size is known once taken
+            await self._disk_quota.check(tenancy.current(), 1, "a snapshot")
         # Exclusive: no file call or import is half-way through the tree it takes.
         async with self._sessions.use(session_id, exclusive=True, resume=resume) as session:
-            snap = await self._keeper.take(session, checked, image=image)
+            if kind == KIND_DISK and not session.spec.on_disk:
+                raise InvalidArgument(
+                    f"session {session_id!r} has a memory workspace: a DISK snapshot copies a "
+                    "disk workspace; use TAR or IMAGE",
+                    reason=Reason.SNAPSHOT_KIND_UNSUPPORTED,
+                )
+            snap = await self._keeper.take(session, checked, image=image, tar=kind == KIND_TAR)
         if image:
             await self._keep_within_limits(snap)
+        await self._keep_within_disk_quota(snap)
         # A DeleteSession that ran meanwhile forgot the session's snapshots before this one
         # was recorded: check under the session's lock, and take back an orphan.
         async with self._sessions.locked(session_id):
@@ -270,6 +329,17 @@ class Snapshots:
             )
         )
         return snap
+
+    async def _keep_within_disk_quota(self, snap: Snapshot) -> None:
+        """The snapshot against the tenant's disk quota, now that its size is known: over
+        it, the snapshot is taken back and refused (nothing of it stays)."""
+        quota = self._disk_quota
+        if quota is None or not quota.limit_bytes:
+            return
+        used = await quota.used(snap.tenant)
+        if used > quota.limit_bytes:
+            await asyncio.shield(self._keeper.delete(snap.snapshot_id))
+            raise quota.refused(snap.tenant, used - snap.size_bytes, snap.size_bytes, "a snapshot")
 
     async def _keep_within_limits(self, snap: Snapshot) -> None:
         """The committed image against max_image_bytes and the tenant's image quota (its
@@ -335,6 +405,10 @@ class Snapshots:
         log.info("snapshot deleted", extra={"snapshot_id": snapshot_id})
         self._observer.emit(domain_events.SnapshotDeleted(snap.tenant, snapshot_id))
 
+    async def sweep_disks(self) -> int:
+        """Remove the snapshot disks no record holds (storage/disk_snapshots.py)."""
+        return await self._keeper.disks.sweep()
+
     async def sweep_images(self) -> int:
         """Retry refused removals; remove images of this server that no snapshot claims."""
         removed = 0
@@ -357,6 +431,8 @@ class Snapshots:
 
     async def download(self, snapshot_id: str) -> AsyncIterator[bytes]:
         snap = await self._keeper.lookup(snapshot_id)
+        if snap.kind == KIND_DISK:
+            raise _not_tar(snapshot_id)
         try:
             async with contextlib.aclosing(self._store.read(snap.sha256)) as chunks:
                 async for chunk in chunks:
@@ -366,7 +442,12 @@ class Snapshots:
 
     async def snapshot_running(self, budget_s: float, abort: asyncio.Event) -> int:
         """At shutdown: snapshot every running session, within `budget_s`, until `abort`."""
-        running = [s for s in await self._session_store.all() if s.state is SessionState.RUNNING]
+        # A disk workspace stays where it is (a restarted server rebuilds on it): no copy.
+        running = [
+            s
+            for s in await self._session_store.all()
+            if s.state is SessionState.RUNNING and not s.spec.on_disk
+        ]
         if not running:
             return 0
         log.info("snapshotting %d running session(s) before exit", len(running))

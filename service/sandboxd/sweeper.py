@@ -30,6 +30,7 @@ class SweepResult:
     removed_images: int = 0
     removed_networks: int = 0  # an older server's session networks (sessions/leftovers.py)
     removed_volume_disks: int = 0  # disks no volume owns (a crash mid-create, a failed removal)
+    removed_snapshot_disks: int = 0  # disk snapshots' copies no record holds (the same causes)
 
 
 class Sweeper:
@@ -65,12 +66,14 @@ class Sweeper:
             if self._pulls is not None:
                 images += await self._pulls.sweep()
             disks = await self._volumes.sweep() if self._volumes is not None else 0
+            snapshot_disks = await self._snapshots.sweep_disks()
             result = SweepResult(
                 expired_sessions=expired,
                 removed_containers=len(containers - containers_after),
                 removed_images=images,
                 removed_networks=networks,
                 removed_volume_disks=disks,
+                removed_snapshot_disks=snapshot_disks,
             )
             self._observer.emit(
                 domain_events.Swept(

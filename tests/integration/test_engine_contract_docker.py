@@ -4,6 +4,7 @@ fake passes in tests/unit/test_engine_contract_fake.py, so the fake stays honest
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from conftest import HELPER
 from engine_contract import SCENARIOS, SESSION_SCENARIOS, new_owner
 from sandboxd.agent.router import ChannelSettings
 from sandboxd.archive import ArchiveIO
+from sandboxd.commands.sandbox import SandboxSide, sandbox_side
 from sandboxd.engine import DockerEngine
 from sandboxd.files import Files
 from session_stack import session_stack
@@ -24,39 +26,51 @@ def watched(owner: str) -> str:
     return owner
 
 
+@dataclass(frozen=True)
+class Docker:
+    engine: DockerEngine
+    side: SandboxSide  # the server's sandbox side over it: the lifecycle and the commands
+
+
 @pytest.fixture(params=["agent", "docker-exec"])
-async def docker(request: pytest.FixtureRequest) -> AsyncIterator[DockerEngine]:
+async def docker(request: pytest.FixtureRequest) -> AsyncIterator[Docker]:
     """Both ways commands run: over each sandbox's agent channel, and `docker exec`."""
-    agent = ChannelSettings() if request.param == "agent" else None
+    agent = request.param == "agent"
     async with DockerEngine(helper_path=HELPER, keeper_user="65533:65533", agent=agent) as engine:
-        yield engine
+        side = sandbox_side(engine, engine, ChannelSettings() if agent else None)
+        try:
+            yield Docker(engine, side)
+        finally:
+            await side.close()
 
 
-async def _remove_all(docker: DockerEngine, owner: str) -> None:
-    for left in await docker.list_sandboxes(owner):
-        await docker.remove_sandbox(left.sandbox_id)
+async def _remove_all(docker: Docker, owner: str) -> None:
+    for left in await docker.side.engine.list_sandboxes(owner):
+        await docker.side.engine.remove_sandbox(left.sandbox_id)
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-async def test_docker_engine_keeps_the_contract(docker: DockerEngine, name: str) -> None:
+async def test_docker_engine_keeps_the_contract(docker: Docker, name: str) -> None:
     owner = watched(new_owner())
     try:
-        await SCENARIOS[name](docker, owner)
+        await SCENARIOS[name](docker.side.engine, docker.side.commands, owner)
     finally:
         await _remove_all(docker, owner)
 
 
 @pytest.mark.parametrize("name", sorted(SESSION_SCENARIOS))
-async def test_sessions_over_the_docker_engine(
-    docker: DockerEngine, name: str, tmp_path: Path
-) -> None:
+async def test_sessions_over_the_docker_engine(docker: Docker, name: str, tmp_path: Path) -> None:
     owner = watched(new_owner())
 
+    side = docker.side
+
     def archive(engine: Any) -> ArchiveIO:
-        return ArchiveIO(engine, Files(engine))
+        return ArchiveIO(engine, Files(side.commands))
 
     try:
-        async with session_stack(tmp_path, engine=docker, archive=archive, owner=owner) as st:
+        async with session_stack(
+            tmp_path, engine=side.engine, commands=side.commands, archive=archive, owner=owner
+        ) as st:
             await SESSION_SCENARIOS[name](st)
     finally:
         await _remove_all(docker, owner)

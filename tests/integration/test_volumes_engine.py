@@ -309,7 +309,7 @@ def test_bad_requests_are_refused_before_anything_is_made(box: Box) -> None:
             lambda v=volume_id: _create_volume(box, v), OK.INVALID_ARGUMENT, "INVALID_VOLUME_ID"
         )
     _create_volume(box, "paths")
-    for path in ("/workspace/data", "/mnt", "/etc/x", "/mnt/../etc", "/mnt/a/"):
+    for path in ("/workspace", "/workspace/a/b", "/mnt", "/etc/x", "/mnt/../etc", "/mnt/a/"):
         expect_error(
             lambda p=path: _session(box, "bad", _mount("paths", p)),
             OK.INVALID_ARGUMENT,

@@ -5,6 +5,7 @@ bad input, each a clear error on that channel (or stream) only."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 
@@ -13,6 +14,7 @@ import pytest
 from agent_peer import ScriptedAgent
 from sandboxd.agent.channel import Channel, State
 from sandboxd.agent.exec_stream import AgentExec, exec_request
+from sandboxd.engine.protocol import ExecStatus
 from sandboxd.errors import SandboxError
 from sandboxd.reasons import Reason
 
@@ -80,7 +82,7 @@ async def test_handshake_and_an_exec_round_trip(pair: tuple[ScriptedAgent, Chann
     assert await asyncio.wait_for(ex.read(), 2) == (1, b"out")
     assert await asyncio.wait_for(ex.read(), 2) == (2, b"err")
     assert await ex.read() is None
-    assert await ex.wait_exit_code() == 3 and ex.inspect()["Running"] is False
+    assert await ex.wait_exit_code() == 3 and ex.inspect().running is False
     # The next stream gets the next odd id.
     sid2, _ = await start_exec(agent, channel, "/bin/true")
     assert sid2 == 3
@@ -334,7 +336,7 @@ async def test_late_frames_of_a_stream_we_ended_are_ignored(
     agent.exit(sid)
     await asyncio.sleep(0.05)
     assert not [f for f in agent.pending() if f.type == w.RESET]
-    assert ex.inspect() == {"Running": False, "ExitCode": -1, "Pid": 42}
+    assert ex.inspect() == ExecStatus(running=False, exit_code=-1, pid=42)
 
 
 async def test_an_exec_the_agent_refuses(pair: tuple[ScriptedAgent, Channel]) -> None:
@@ -379,7 +381,7 @@ async def test_close_cancels_its_tasks_and_fails_open_streams(
     with pytest.raises(SandboxError):
         await ex.read()
     assert agent.transport.closed
-    assert json.dumps(ex.inspect())
+    assert json.dumps(dataclasses.asdict(ex.inspect()))  # plain data
 
 
 async def test_hello_carries_the_agents_memory_budget() -> None:

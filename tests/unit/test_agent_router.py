@@ -11,7 +11,7 @@ import pytest
 from agent_peer import ScriptedAgent
 from sandboxd.agent.channel import State
 from sandboxd.agent.router import AgentRouter, Attached, ChannelSettings
-from sandboxd.engine.protocol import ExecRequest
+from sandboxd.engine.protocol import ExecRequest, ExecStatus
 from sandboxd.errors import SandboxError
 from sandboxd.reasons import Reason
 
@@ -67,7 +67,7 @@ async def _run(router: AgentRouter, sandbox: str, argv0: str) -> bytes:
         assert await ex.wait_exit_code() == 0
         exec_id = ex.exec_id
     assert router.owns(exec_id)
-    assert router.inspect(exec_id) == {"Running": False, "ExitCode": 0, "Pid": 7}
+    assert router.inspect(exec_id) == ExecStatus(running=False, exit_code=0, pid=7)
     return out
 
 
@@ -131,7 +131,7 @@ async def test_a_detached_stream_attaches_again_after_a_gap() -> None:
     """The agent's ring overran (RESET GAP): the stream attaches again from where it was and
     reports the lost range before the rest of the output (sandboxd.agent.detached)."""
     from sandboxd.agent.detached import GAP_FD, AgentProcesses
-    from sandboxd.engine.protocol import Detach
+    from sandboxd.commands import Detach, Plain
 
     peer = ScriptedAgent()
 
@@ -160,9 +160,7 @@ async def test_a_detached_stream_attaches_again_after_a_gap() -> None:
 
         script = asyncio.create_task(agent_side())
         got = []
-        async with detached.exec(
-            "sb-g", ["/bin/x"], env={}, workdir=None, detach=Detach("bg-1", 4096)
-        ) as stream:
+        async with detached.exec("sb-g", Plain(("/bin/x",)), detach=Detach("bg-1", 4096)) as stream:
             while (item := await asyncio.wait_for(stream.read(), 2)) is not None:
                 got.append(item)
             assert await stream.wait_exit_code() == 0

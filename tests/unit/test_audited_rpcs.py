@@ -134,12 +134,14 @@ def scenario(*methods: str) -> Callable[[Scenario], Scenario]:
 
 @scenario("FilesystemService/WriteFileStream", "FilesystemService/Move")
 async def _files(tmp_path: Path, observer: Recorder) -> None:
+    from sandboxd.commands.sandbox import AgentFirstCommands
     from sandboxd.file_transfer import FileTransfer
     from sandboxd.helper_client import HelperClient
     from test_file_transfer_order import SESSION, _Engine
 
     engine = _Engine()
-    transfer = FileTransfer(HelperClient(engine), 1.0, observer)  # type: ignore[arg-type]
+    commands = AgentFirstCommands(engine, engine, None)  # type: ignore[arg-type]
+    transfer = FileTransfer(HelperClient(commands), 1.0, observer)
 
     async def chunks() -> AsyncIterator[bytes]:
         yield b"abc"
@@ -158,11 +160,13 @@ async def _files(tmp_path: Path, observer: Recorder) -> None:
 
 @scenario("FilesystemService/WriteFile", "FilesystemService/MakeDir", "FilesystemService/Remove")
 async def _file_calls(tmp_path: Path, observer: Recorder) -> None:
+    from sandboxd.commands.sandbox import AgentFirstCommands
     from sandboxd.files import Files
     from test_file_transfer_order import _Engine
 
     engine = _Engine()
-    files = Files(engine, observer=observer)  # type: ignore[arg-type]
+    commands = AgentFirstCommands(engine, engine, None)  # type: ignore[arg-type]
+    files = Files(commands, observer=observer)
     limits = SimpleNamespace(file_bytes=1 << 20, workspace_bytes=1 << 20)
     session: Any = SimpleNamespace(
         session_id="s1",

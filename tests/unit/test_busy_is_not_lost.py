@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sandboxd.engine.protocol import ExecRequest
+from sandboxd.commands import Plain, Where
 from sandboxd.errors import FailedPrecondition, NotFound, Unavailable
 from sandboxd.models import SessionState
 from sandboxd.reasons import Reason
@@ -29,7 +29,8 @@ async def test_a_refusal_from_a_running_container_is_busy_not_lost(
         st.engine.fail("exec", refusal)  # type: ignore[arg-type]
         with pytest.raises(Unavailable) as exc:
             async with st.sessions.use("busy") as session:
-                async with st.engine.exec(session.container_id, ExecRequest(["true"], user="1:1")):
+                where = Where(session.container_id, "1:1")
+                async with st.commands.open(where, Plain(("true",))):
                     pass
         assert exc.value.metadata["retry"] == "true"
         stored = await st.store.get("busy")

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from sandboxd.commands.sandbox import AgentFirstCommands
 from sandboxd.config_sections import WatchSection
 from sandboxd.dir_watch import DirWatches, FileEvent, FileEventKind, WatchQueue, parse_event
 from sandboxd.engine.protocol import ExecRequest
@@ -220,7 +221,8 @@ def setup() -> tuple[DirWatches, Engine, Records, Session]:
     engine, session = Engine(), running_session()
     records = Records(session)
     settings = WatchSection(max_per_session=2, coalesce_s=0.0, queue=16, max_directories=99)
-    return DirWatches(HelperClient(engine), records, settings), engine, records, session  # type: ignore[arg-type]
+    helper = HelperClient(AgentFirstCommands(engine, engine, None))  # type: ignore[arg-type]
+    return DirWatches(helper, records, settings), engine, records, session
 
 
 async def test_events_flow_after_ready_and_the_end_is_clean(setup) -> None:  # type: ignore[no-untyped-def]

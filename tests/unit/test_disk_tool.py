@@ -89,3 +89,20 @@ def test_the_result_line_is_parsed(output: str, want: tuple[str, int, int, bool]
 def test_anything_else_is_no_result(output: str) -> None:
     with pytest.raises(Internal):
         disk_tool.parse_result(output)
+
+
+def test_the_hand_over_changes_links_never_follows_them() -> None:
+    config = disk_tool.own_config(
+        "sandboxd-disktool:1", "sandboxd-diskmnt-ws-1-loop0-x", 70001, 70001, {}
+    )
+    script = config["Cmd"][2]
+    assert "chown -R -h" in script and "-L" not in script and "-H" not in script
+    assert config["Cmd"][3:] == ["own", "70001", "70001"]  # two integers, never shell text
+    host = config["HostConfig"]
+    assert sorted(host["CapAdd"]) == ["CHOWN", "DAC_READ_SEARCH", "FOWNER"]
+    assert "Devices" not in host and "DeviceCgroupRules" not in host  # no loop devices
+    assert host["Binds"] == [] and [m["Target"] for m in host["Mounts"]] == ["/w"]
+    assert host["ReadonlyRootfs"] and host["NetworkMode"] == "none" and host["Runtime"] == "runc"
+    for bad in ((0, 1000), (1000, -1), (True, 1000)):
+        with pytest.raises(Internal):
+            disk_tool.own_config("i", "v", bad[0], bad[1], {})  # type: ignore[arg-type]

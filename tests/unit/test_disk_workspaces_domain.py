@@ -155,7 +155,8 @@ async def test_a_lost_sandbox_is_rebuilt_on_its_disk_with_every_file(tmp_path: P
 async def test_a_disk_the_engine_lost_is_rebuilt_from_the_latest_snapshot(tmp_path: Path) -> None:
     async with session_stack(tmp_path) as st:
         made = await st.sessions.create(_disk())
-        await st.snapshots.create("d1", {}, "")
+        # A TAR snapshot: the server keeps it (a disk snapshot went with the host's volumes).
+        await st.snapshots.create("d1", {}, "TAR")
         st.engine.lose(made.container_id)
         st.engine.disks.disks.clear()  # the engine host's volumes went too
         back = await st.sessions.resume("d1", None)

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakeArchive, FakeEngine
+from fakes import FakeArchive, FakeCommands, FakeEngine
+from sandboxd.commands import Plain, SandboxCommand, Where
 from sandboxd.egress.manager import EgressManager, FilterMode
-from sandboxd.engine.protocol import ExecRequest
 from sandboxd.errors import FailedPrecondition
 from sandboxd.models import NetworkMode, NetworkPolicy
 from sandboxd.reasons import Reason
@@ -42,35 +42,40 @@ class Channels:
             self.opened.append((sandbox_id, self.egress.egress_port("a1")))  # the session tested
 
 
-class ChannelEngine(FakeEngine):
-    """As the Docker adapter: a command opens the sandbox's agent channel first."""
+class ChannelCommands(FakeCommands):
+    """As the server's commands: a command opens the sandbox's agent channel first."""
 
     channels: Channels | None = None
 
     @contextlib.asynccontextmanager
-    async def exec(self, container_id: str, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    async def open(
+        self, where: Where, command: SandboxCommand, *, stdin: bool = False
+    ) -> AsyncIterator[Any]:
         if self.channels is not None:
-            await self.channels(container_id)
-        async with super().exec(container_id, *args, **kwargs) as stream:
+            await self.channels(where.container_id)
+        async with super().open(where, command, stdin=stdin) as stream:
             yield stream
 
 
 class TidyingArchive(FakeArchive):
     """As the real one: tidying a workspace after a restart runs a command in the sandbox."""
 
+    def __init__(self, engine: FakeEngine, commands: FakeCommands) -> None:
+        super().__init__(engine)
+        self._commands = commands
+
     async def tidy(self, session: Any) -> None:
-        async with self._engine.exec(
-            session.container_id, ExecRequest(["true"], user="1000:1000")
-        ) as s:
+        where = Where(session.container_id, "1000:1000")
+        async with self._commands.open(where, Plain(("true",))) as s:
             await s.read()
 
 
-def manager(engine: FakeEngine, channels: Channels | None) -> EgressManager:
-    egress = EgressManager(engine, "sbxunit", proxy_port=4128, channels=channels)
+def manager(commands: FakeCommands, channels: Channels | None) -> EgressManager:
+    egress = EgressManager(commands, "sbxunit", proxy_port=4128, channels=channels)
     if channels is not None:
         channels.egress = egress
-    if isinstance(engine, ChannelEngine):
-        engine.channels = channels
+    if isinstance(commands, ChannelCommands):
+        commands.channels = channels
     return egress
 
 
@@ -78,9 +83,10 @@ async def test_allowlist_sandbox_has_no_network_and_its_proxy_lives_with_the_ses
     tmp_path: Path,
 ) -> None:
     engine = FakeEngine()
+    commands = FakeCommands(engine)
     async with (
-        manager(engine, Channels()) as egress,
-        session_stack(tmp_path, engine=engine, egress=egress) as st,
+        manager(commands, Channels()) as egress,
+        session_stack(tmp_path, engine=engine, commands=commands, egress=egress) as st,
     ):
         assert egress.filter_mode is FilterMode.NO_NETWORK
         a = await st.sessions.create(CreateSessionInput(session_id="a1", network=ALLOW))
@@ -98,10 +104,11 @@ async def test_allowlist_sandbox_has_no_network_and_its_proxy_lives_with_the_ses
 async def test_a_restart_brings_proxies_back_before_opening_the_channels(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = ChannelEngine()
+    engine = FakeEngine()
+    commands = ChannelCommands(engine)
     async with (
-        manager(engine, Channels()) as egress,
-        session_stack(tmp_path, engine=engine, egress=egress) as st,
+        manager(commands, Channels()) as egress,
+        session_stack(tmp_path, engine=engine, commands=commands, egress=egress) as st,
     ):
         a = await st.sessions.create(CreateSessionInput(session_id="a1", network=ALLOW))
     channels = Channels()
@@ -109,8 +116,14 @@ async def test_a_restart_brings_proxies_back_before_opening_the_channels(
     later = datetime.now(tz=UTC) + timedelta(hours=1)
     monkeypatch.setattr(recovery, "now", lambda: later)
     async with (
-        manager(engine, channels) as again,
-        session_stack(tmp_path, engine=engine, egress=again, archive=TidyingArchive) as st,
+        manager(commands, channels) as again,
+        session_stack(
+            tmp_path,
+            engine=engine,
+            commands=commands,
+            egress=again,
+            archive=lambda e: TidyingArchive(e, commands),
+        ) as st,
     ):
         await st.sessions.reconcile()
         await again.settled()
@@ -122,9 +135,10 @@ async def test_a_restart_brings_proxies_back_before_opening_the_channels(
 
 async def test_without_an_agent_channel_allowlist_is_refused(tmp_path: Path) -> None:
     engine = FakeEngine()
+    commands = FakeCommands(engine)
     async with (
-        manager(engine, None) as egress,
-        session_stack(tmp_path, engine=engine, egress=egress) as st,
+        manager(commands, None) as egress,
+        session_stack(tmp_path, engine=engine, commands=commands, egress=egress) as st,
     ):
         assert egress.filter_mode is FilterMode.UNAVAILABLE
         with pytest.raises(FailedPrecondition) as refused:

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 from engine_contract import SCENARIOS, SESSION_SCENARIOS, new_owner
-from fakes import FakeEngine
+from fakes import FakeCommands, FakeEngine
 from session_stack import session_stack
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 async def test_fake_engine_keeps_the_contract(name: str) -> None:
-    await SCENARIOS[name](FakeEngine(), new_owner())
+    engine = FakeEngine()
+    await SCENARIOS[name](engine, FakeCommands(engine), new_owner())
 
 
 @pytest.mark.parametrize("name", sorted(SESSION_SCENARIOS))

@@ -18,7 +18,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from sandboxd.engine.protocol import ExecRequest
+from sandboxd.commands.sandbox import AgentFirstCommands
+from sandboxd.engine.protocol import ExecRequest, ExecStatus
 from sandboxd.errors import InvalidArgument
 from sandboxd.file_transfer import UPLOAD_PREFIX, FileTransfer
 from sandboxd.helper_client import HelperClient
@@ -78,9 +79,9 @@ class _Engine:
         finally:
             await stream.close()
 
-    async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
+    async def exec_status(self, exec_id: str) -> ExecStatus:
         stream = next(s for s in self.streams if s.exec_id == exec_id)
-        return {"Running": not stream.ended, "ExitCode": 0 if stream.ended else None}
+        return ExecStatus(running=not stream.ended, exit_code=0 if stream.ended else None)
 
 
 SESSION: Any = SimpleNamespace(
@@ -92,7 +93,8 @@ SESSION: Any = SimpleNamespace(
 
 
 def _transfer(engine: _Engine) -> FileTransfer:
-    return FileTransfer(HelperClient(engine), upload_idle_s=1.0)  # type: ignore[arg-type]
+    commands = AgentFirstCommands(engine, engine, None)  # type: ignore[arg-type]
+    return FileTransfer(HelperClient(commands), upload_idle_s=1.0)
 
 
 async def test_a_call_that_fails_midway_never_sends_eof_and_its_upload_is_removed() -> None:

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from sandboxd.commands.argv import argv_of
+from sandboxd.commands.sandbox import AgentFirstCommands
 from sandboxd.engine.protocol import ExecRequest
 from sandboxd.errors import (
     AlreadyExists,
@@ -76,7 +78,7 @@ WHERE = Where("c1", "1000:1000")
 
 
 def _client(engine: _Engine) -> HelperClient:
-    return HelperClient(engine)  # type: ignore[arg-type]
+    return HelperClient(AgentFirstCommands(engine, engine, None))  # type: ignore[arg-type]
 
 
 async def test_every_internal_exec_overrides_path_and_loader_variables() -> None:
@@ -93,8 +95,8 @@ async def test_every_internal_exec_overrides_path_and_loader_variables() -> None
 
 
 def test_a_tool_starts_with_a_cleared_environment() -> None:
-    argv = tool_argv("dir", ["tar", "-c"])
-    assert argv == ["run", "--clean-env", "--cwd", "dir", "--", "tar", "-c"]
+    argv = argv_of(tool_argv("dir", ["tar", "-c"]))
+    assert argv == [HELPER_IN_CONTAINER, "run", "--clean-env", "--cwd", "dir", "--", "tar", "-c"]
 
 
 async def test_run_feeds_stdin_then_half_closes_and_collects_both_streams() -> None:

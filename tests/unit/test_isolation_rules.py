@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fakes import FakeEngine
+from fakes import FakeCommands, FakeEngine
 from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.errors import AlreadyExists, ConfigError, FailedPrecondition
@@ -181,5 +181,5 @@ async def test_the_contract_scenario_with_a_gvisor_fake() -> None:
 
     engine = FakeEngine()
     engine.tiers.add(Isolation.GVISOR)
-    await isolation(engine, new_owner())
+    await isolation(engine, FakeCommands(engine), new_owner())
     assert "start_sandbox" in engine.calls

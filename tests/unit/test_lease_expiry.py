@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from fakes import FakeArchive, FakeEngine
+from fakes import FakeArchive, FakeCommands, FakeEngine
 from sandboxd.config import Config
 from sandboxd.leases import DELETE, SNAPSHOT_THEN_DELETE, SUSPEND, ExpiryPolicy, LeaseTermsStore
 from sandboxd.models import ManifestFile, SessionState, WorkspaceManifest
@@ -32,7 +32,13 @@ async def _stack(
         terms = await LeaseTermsStore(store.db).open()
         policy = ExpiryPolicy(terms, keeper, store, suspend_for=timedelta(hours=1))
         sessions = SessionManager(
-            Config(data_dir=tmp_path), engine, store, "sbxunit", keeper, on_expiry=policy
+            Config(data_dir=tmp_path),
+            engine,
+            store,
+            "sbxunit",
+            keeper,
+            on_expiry=policy,
+            commands=FakeCommands(engine),
         )
         yield sessions, store, terms, snaps
 

@@ -23,7 +23,7 @@ import pytest
 from agent_peer import ScriptedAgent
 from agent_pipes import Helper, PipeTransport, agent_process
 from egress_link import free_port
-from fakes import FakeEngine
+from fakes import FakeCommands, FakeEngine
 from preview_world import Parts, close, preview_parts
 from sandboxd.agent.channel import Channel
 from sandboxd.models import Session
@@ -274,7 +274,8 @@ async def test_an_open_the_agent_never_answers_is_504_and_reset(tmp_path: Path) 
 
 async def test_a_sandbox_without_an_agent_channel_keeps_sbx_dial(tmp_path: Path) -> None:
     engine = FakeEngine()
-    assert isinstance(setup.dialer_for(engine), ExecDialer)  # no agent router: the exec path
+    without_router = setup.dialer_for(None, FakeCommands(engine))
+    assert isinstance(without_router, ExecDialer)  # no agent router: the exec path
     used: list[int] = []
 
     class Fallback:

@@ -26,8 +26,8 @@ from conftest import first_difference
 from engine_contract import running_session
 from sandboxd.agent.detached import AgentProcesses, DetachedStream
 from sandboxd.agent.router import AgentRouter, Attached, ChannelSettings
+from sandboxd.commands import Detach, Plain
 from sandboxd.domain_events import CommandExited, CommandStarted
-from sandboxd.engine.protocol import Detach
 from sandboxd.errors import Internal
 from sandboxd.execution import Command
 from sandboxd.models import ExecExited, ExecKeepalive, ExecOutput, ExecSpec, ExecStarted, Session
@@ -140,7 +140,7 @@ class _AgentExecutor:
     ) -> AsyncIterator[Command]:
         assert detach is not None
         async with self.detached.exec(
-            session.container_id, spec.argv, env=spec.env, workdir=spec.cwd, detach=detach
+            session.container_id, Plain(tuple(spec.argv)), detach=detach
         ) as stream:
             read = stream if self.break_after is None else _Breaking(stream, self.break_after)
             command = Command(

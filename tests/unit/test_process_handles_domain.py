@@ -10,7 +10,7 @@ import types
 from collections.abc import AsyncIterator
 
 import pytest
-from sandboxd.engine.protocol import Detach
+from sandboxd.commands import Detach
 from sandboxd.errors import FailedPrecondition, Internal, Unavailable
 from sandboxd.isolation import Isolation
 from sandboxd.models import ExecEvent, ExecExited, ExecOutput, ExecSpec, ExecStarted

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from fakes import FakeArchive, FakeEngine
+from fakes import FakeArchive, FakeCommands, FakeEngine
 from sandboxd.config import Config
 from sandboxd.engine.docker_pull import pull_error
 from sandboxd.errors import FailedPrecondition, NotFound, ResourceExhausted
@@ -195,7 +195,13 @@ async def _manager(
         snap_store = await SnapshotStore(store.db, tmp_path / "snapshots").open()
         keeper = SnapshotKeeper(snap_store, FakeArchive(engine), engine, "sbxunit")
         pulls = Pulls(config, engine, registry=registry)  # type: ignore[arg-type]
-        yield SessionManager(config, engine, store, "sbxunit", keeper, pulls=pulls), store
+        commands = FakeCommands(engine)
+        yield (
+            SessionManager(
+                config, engine, store, "sbxunit", keeper, pulls=pulls, commands=commands
+            ),
+            store,
+        )
         await pulls.close()
 
 

@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from fakes import FakeArchive, FakeEngine
+from fakes import FakeArchive, FakeCommands, FakeEngine
 from sandboxd.config import Config
 from sandboxd.models import ManifestFile, SessionState, WorkspaceManifest
 from sandboxd.sessions import CreateSessionInput, SessionManager
@@ -28,7 +28,14 @@ async def _stack(
         snaps = await SnapshotStore(store.db, tmp_path / "snapshots").open()
         keeper = SnapshotKeeper(snaps, FakeArchive(engine), engine, "sbxunit")
         yield (
-            SessionManager(Config(data_dir=tmp_path), engine, store, "sbxunit", keeper),
+            SessionManager(
+                Config(data_dir=tmp_path),
+                engine,
+                store,
+                "sbxunit",
+                keeper,
+                commands=FakeCommands(engine),
+            ),
             keeper,
             engine,
         )

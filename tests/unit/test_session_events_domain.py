@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from fakes import FakeArchive, FakeEngine
+from fakes import FakeArchive, FakeCommands, FakeEngine
 from sandboxd.config import Config
 from sandboxd.events import EventHub, LeaseWarner, ObservedStore, SessionEvent
 from sandboxd.events.hub import WATCH_QUEUE
@@ -95,7 +95,12 @@ async def _observed(
     async with ObservedStore(tmp_path / "sessions.db", hub) as store:
         snap_store = await SnapshotStore(store.db, tmp_path / "snapshots").open()
         keeper = SnapshotKeeper(snap_store, FakeArchive(engine), engine, "sbxunit")
-        yield hub, store, SessionManager(config, engine, store, "sbxunit", keeper)
+        commands = FakeCommands(engine)
+        yield (
+            hub,
+            store,
+            SessionManager(config, engine, store, "sbxunit", keeper, commands=commands),
+        )
 
 
 async def test_every_state_change_and_renewal_is_an_event(tmp_path: Path) -> None:
@@ -166,7 +171,8 @@ async def test_stats_reader_and_cpu_throttling_between_readings(tmp_path: Path) 
     async with _observed(tmp_path) as (hub, store, sessions):
         s = await sessions.create(CreateSessionInput(session_id="s1"))
         engine = sessions._engine  # type: ignore[attr-defined]
-        reader = StatsReader(engine, hub, lambda sid: {"s1": 40}.get(sid, 0))
+        commands = sessions._commands  # type: ignore[attr-defined]
+        reader = StatsReader(engine, hub, lambda sid: {"s1": 40}.get(sid, 0), commands=commands)
         watch = hub.watch("default", 0, lambda e: e.kind == "CPU_THROTTLED")
         engine.set_stats(s.container_id, SandboxStats(cpu_seconds=1.0, memory_bytes=7))
         first = await reader.read(s)

@@ -44,9 +44,10 @@ class Engine:
         return self.stats[container_id]
 
     @contextlib.asynccontextmanager
-    async def exec(self, container_id: str, request: Any) -> AsyncIterator[DfStream]:
-        assert request.argv[:1] == ["df"]
-        yield DfStream(self.used_kib.get(container_id, 0))
+    async def open(self, where: Any, command: Any) -> AsyncIterator[DfStream]:
+        """The sandbox commands' side of the stand-in: the workspace's `df`."""
+        assert command.argv[:1] == ("df",)
+        yield DfStream(self.used_kib.get(where.container_id, 0))
 
 
 @dataclass
@@ -99,6 +100,7 @@ async def test_the_oldest_sessions_up_to_the_limit_get_series() -> None:
         gauges,
         limit=2,
         egress_bytes=lambda sid: 1000,  # type: ignore[arg-type]
+        commands=engine,  # type: ignore[arg-type]
     )
     await sampler.sample()
     assert _series(registry, "sandboxd_session_cpu_seconds") == {"s1": 1.5, "s2": 3.0}
@@ -127,7 +129,9 @@ async def test_series_stay_bounded_however_many_sessions_run() -> None:
     for n in range(500):
         engine.stats[f"c{n}"] = SandboxStats(cpu_seconds=1.0)
     registry = CollectorRegistry()
-    sampler = SessionSampler(Store(sessions), engine, SessionGauges(registry), limit=10)  # type: ignore[arg-type]
+    sampler = SessionSampler(
+        Store(sessions), engine, SessionGauges(registry), limit=10, commands=engine
+    )  # type: ignore[arg-type]
     await sampler.sample()
     assert set(_series(registry, "sandboxd_session_cpu_seconds")) == {f"s{n}" for n in range(10)}
     assert _value(registry, "sandboxd_session_series_omitted") == 490
@@ -137,7 +141,9 @@ async def test_a_session_whose_container_is_gone_has_no_series() -> None:
     engine = Engine(stats={"c1": SandboxStats(cpu_seconds=2.0)})
     sessions = [_session(1), _session(2), _session(3, SessionState.SUSPENDED)]
     registry = CollectorRegistry()
-    sampler = SessionSampler(Store(sessions), engine, SessionGauges(registry), limit=10)  # type: ignore[arg-type]
+    sampler = SessionSampler(
+        Store(sessions), engine, SessionGauges(registry), limit=10, commands=engine
+    )  # type: ignore[arg-type]
     await sampler.sample()
     assert _series(registry, "sandboxd_session_cpu_seconds") == {"s1": 2.0}
     assert _value(registry, "sandboxd_session_series_omitted") == 0

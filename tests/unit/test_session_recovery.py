@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import sandboxd.store
-from sandboxd.engine.protocol import ExecRequest, SandboxRequest
+from sandboxd.commands import Plain, Where
+from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.errors import FailedPrecondition, Unavailable
 from sandboxd.models import SessionState
 from sandboxd.sessions import CreateSessionInput
@@ -137,7 +138,8 @@ async def test_an_engine_that_lost_the_sandbox_mid_call(tmp_path: Path) -> None:
         st.engine.lose(s.container_id)
         with pytest.raises(Unavailable) as exc:
             async with st.sessions.use("m") as session:
-                async with st.engine.exec(session.container_id, ExecRequest(["true"], user="1:1")):
+                where = Where(session.container_id, "1:1")
+                async with st.commands.open(where, Plain(("true",))):
                     pass
         assert exc.value.reason == "CONTAINER_REBUILDING" and exc.value.metadata["retry"] == "true"
         assert (await st.sessions.require_running("m")).state is SessionState.RUNNING

@@ -144,7 +144,10 @@ def test_size_zero_is_the_default_and_the_maximum_is_allowed() -> None:
         "/mnt",
         "/mnt/",
         "/workspace",
-        "/workspace/data",
+        "/workspace/",
+        "/workspace/data/deeper",  # one folder directly below /workspace only
+        "/workspace/.sbx-import-0123",  # the import's staging names
+        "/workspaces/data",
         "/",
         "/etc",
         "/tmp/x",
@@ -167,6 +170,12 @@ def test_mount_paths_outside_mnt_or_not_normal_are_refused(path: str) -> None:
     with pytest.raises(InvalidArgument) as err:
         checks.check_mount_path(path)
     assert err.value.reason == Reason.MOUNT_PATH_INVALID
+
+
+def test_a_folder_directly_below_the_workspace_is_a_mount_path() -> None:
+    assert checks.check_mount_path("/workspace/data") == "/workspace/data"
+    mounts = (_mount("a", "/workspace/data"), _mount("b", "/mnt/data"))
+    assert checks.workspace_mounts(checks.check_mounts(mounts, 8)) == {"data"}
 
 
 @pytest.mark.parametrize(

@@ -304,7 +304,7 @@ var (
 	ErrVolumeInUse = &Error{Code: codes.FailedPrecondition, Reason: "VOLUME_IN_USE"}
 	// ErrVolumeQuotaExceeded: RESOURCE_EXHAUSTED: The tenant's volumes would pass its volume quota (count or bytes: tenant_max_volumes, tenant_max_volume_bytes); delete some first.
 	ErrVolumeQuotaExceeded = &Error{Code: codes.ResourceExhausted, Reason: "VOLUME_QUOTA_EXCEEDED"}
-	// ErrMountPathInvalid: INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt, or it is /mnt itself, or at, above or below another volume's path of the same session.
+	// ErrMountPathInvalid: INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt or one folder directly below /workspace, or it is /mnt or /workspace itself, or at, above or below another volume's path of the same session.
 	ErrMountPathInvalid = &Error{Code: codes.InvalidArgument, Reason: "MOUNT_PATH_INVALID"}
 	// ErrInvalidVolumeId: INVALID_ARGUMENT: A volume id is not 1-63 of a-z, 0-9, '_', '.', '-' starting with a letter or digit.
 	ErrInvalidVolumeId = &Error{Code: codes.InvalidArgument, Reason: "INVALID_VOLUME_ID"}
@@ -316,6 +316,12 @@ var (
 	ErrMemorySuspendUnsupported = &Error{Code: codes.FailedPrecondition, Reason: "MEMORY_SUSPEND_UNSUPPORTED"}
 	// ErrTenantRateLimited: RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other tenants are active (admission_calls_per_s); RetryInfo says when a token is free again. Nothing was done. A tenant alone on the server is never refused this way.
 	ErrTenantRateLimited = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_RATE_LIMITED"}
+	// ErrTenantDiskQuota: RESOURCE_EXHAUSTED: The tenant's disk workspaces, volumes and snapshots together would pass its disk quota (tenant_max_disk_bytes): workspaces and volumes count at their size, snapshots at what they take. Metadata `quota_bytes`, `used_bytes`, `remaining_bytes` and `asked_bytes`; delete a session, volume or snapshot first. Nothing was made.
+	ErrTenantDiskQuota = &Error{Code: codes.ResourceExhausted, Reason: "TENANT_DISK_QUOTA"}
+	// ErrSnapshotNotTar: FAILED_PRECONDITION: The snapshot is a disk snapshot (SNAPSHOT_KIND_DISK): a copy of a disk workspace the engine host keeps, not a tar the server can stream, and it forks only into a disk workspace of its size. Take a SNAPSHOT_KIND_TAR snapshot to download it or to fork it into a memory workspace.
+	ErrSnapshotNotTar = &Error{Code: codes.FailedPrecondition, Reason: "SNAPSHOT_NOT_TAR"}
+	// ErrImportIntoVolume: FAILED_PRECONDITION: An ImportArchive (or a restore) would write into a volume the session mounts below /workspace: another file system, which the import's all-or-nothing swap cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile.
+	ErrImportIntoVolume = &Error{Code: codes.FailedPrecondition, Reason: "IMPORT_INTO_VOLUME"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -475,4 +481,7 @@ var Reasons = map[string]ReasonInfo{
 	"VOLUME_ALREADY_EXISTS":            {codes.AlreadyExists, false, ErrVolumeAlreadyExists},
 	"MEMORY_SUSPEND_UNSUPPORTED":       {codes.FailedPrecondition, false, ErrMemorySuspendUnsupported},
 	"TENANT_RATE_LIMITED":              {codes.ResourceExhausted, true, ErrTenantRateLimited},
+	"TENANT_DISK_QUOTA":                {codes.ResourceExhausted, false, ErrTenantDiskQuota},
+	"SNAPSHOT_NOT_TAR":                 {codes.FailedPrecondition, false, ErrSnapshotNotTar},
+	"IMPORT_INTO_VOLUME":               {codes.FailedPrecondition, false, ErrImportIntoVolume},
 }

@@ -433,7 +433,7 @@ type CreateSessionRequest struct {
 	// When to ask the registry for the image (default: pull only when absent).
 	PullPolicy PullPolicy `protobuf:"varint,140,opt,name=pull_policy,json=pullPolicy,proto3,enum=sandboxd.v1.PullPolicy" json:"pull_policy,omitempty"`
 	// Volumes of the caller's tenant (VolumeService) mounted in the sandbox, each at its path
-	// below /mnt: read-write by one session at a time (a second writer is FAILED_PRECONDITION
+	// below /mnt or directly below /workspace: read-write by one session at a time (a second writer is FAILED_PRECONDITION
 	// VOLUME_IN_USE), read-only by many. A bad path is INVALID_ARGUMENT MOUNT_PATH_INVALID.
 	Volumes []*VolumeMount `protobuf:"bytes,410,rep,name=volumes,proto3" json:"volumes,omitempty"`
 }

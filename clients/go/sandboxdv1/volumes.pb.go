@@ -166,8 +166,9 @@ func (x *Volume) GetAttached() []*VolumeAttachment {
 	return nil
 }
 
-// One volume in a session, at `path`: an absolute path below /mnt (the folder is made; it may
-// not be /mnt itself, nor at, above or below another volume's path).
+// One volume in a session, at `path`: an absolute path below /mnt, or one folder directly below
+// /workspace, which the workspace's snapshots and exports leave out (the folder is made; it
+// may not be /mnt or /workspace itself, nor at, above or below another volume's path).
 type VolumeMount struct {
 	state         protoimpl.MessageState
 	sizeCache     protoimpl.SizeCache

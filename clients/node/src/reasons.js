@@ -279,7 +279,7 @@ export class VolumeNotFoundError extends NotFound {}
 export class VolumeInUseError extends FailedPrecondition {}
 /** RESOURCE_EXHAUSTED: The tenant's volumes would pass its volume quota (count or bytes: tenant_max_volumes, tenant_max_volume_bytes); delete some first. */
 export class VolumeQuotaExceededError extends ResourceExhausted {}
-/** INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt, or it is /mnt itself, or at, above or below another volume's path of the same session. */
+/** INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt or one folder directly below /workspace, or it is /mnt or /workspace itself, or at, above or below another volume's path of the same session. */
 export class MountPathInvalidError extends InvalidArgument {}
 /** INVALID_ARGUMENT: A volume id is not 1-63 of a-z, 0-9, '_', '.', '-' starting with a letter or digit. */
 export class InvalidVolumeIdError extends InvalidArgument {}
@@ -291,6 +291,12 @@ export class VolumeAlreadyExistsError extends AlreadyExists {}
 export class MemorySuspendUnsupportedError extends FailedPrecondition {}
 /** RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other tenants are active (admission_calls_per_s); RetryInfo says when a token is free again. Nothing was done. A tenant alone on the server is never refused this way. */
 export class TenantRateLimitedError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: The tenant's disk workspaces, volumes and snapshots together would pass its disk quota (tenant_max_disk_bytes): workspaces and volumes count at their size, snapshots at what they take. Metadata `quota_bytes`, `used_bytes`, `remaining_bytes` and `asked_bytes`; delete a session, volume or snapshot first. Nothing was made. */
+export class TenantDiskQuotaError extends ResourceExhausted {}
+/** FAILED_PRECONDITION: The snapshot is a disk snapshot (SNAPSHOT_KIND_DISK): a copy of a disk workspace the engine host keeps, not a tar the server can stream, and it forks only into a disk workspace of its size. Take a SNAPSHOT_KIND_TAR snapshot to download it or to fork it into a memory workspace. */
+export class SnapshotNotTarError extends FailedPrecondition {}
+/** FAILED_PRECONDITION: An ImportArchive (or a restore) would write into a volume the session mounts below /workspace: another file system, which the import's all-or-nothing swap cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile. */
+export class ImportIntoVolumeError extends FailedPrecondition {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -449,4 +455,7 @@ export const REASONS = Object.freeze({
   VOLUME_ALREADY_EXISTS: { code: 'ALREADY_EXISTS', retryable: false, error: VolumeAlreadyExistsError },
   MEMORY_SUSPEND_UNSUPPORTED: { code: 'FAILED_PRECONDITION', retryable: false, error: MemorySuspendUnsupportedError },
   TENANT_RATE_LIMITED: { code: 'RESOURCE_EXHAUSTED', retryable: true, error: TenantRateLimitedError },
+  TENANT_DISK_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TenantDiskQuotaError },
+  SNAPSHOT_NOT_TAR: { code: 'FAILED_PRECONDITION', retryable: false, error: SnapshotNotTarError },
+  IMPORT_INTO_VOLUME: { code: 'FAILED_PRECONDITION', retryable: false, error: ImportIntoVolumeError },
 });

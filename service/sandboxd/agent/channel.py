@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sandboxd.agent import frames
+from sandboxd.agent.channel_state import Hello, State, deliver
 from sandboxd.agent.frames import Frame, FrameDecoder, FrameError, FrameType, StreamError
 from sandboxd.agent.streams import (
     AgentStream,
@@ -52,22 +51,6 @@ async def pause(seconds: float) -> None:
     """The reader's wait when its tenant is over its share (a module function, so the unit
     tests can hold the reader there and see what it did not read meanwhile)."""
     await asyncio.sleep(seconds)
-
-
-class State(enum.Enum):
-    CONNECTING = "connecting"
-    READY = "ready"
-    LOST = "lost"  # the agent does not answer; the owner rescues it
-    CLOSED = "closed"  # the pipe ended or the channel was closed
-
-
-@dataclass(frozen=True)
-class Hello:
-    """What the agent said in HELLO_OK."""
-
-    instance: str = ""
-    pid: int = 0
-    processes: list[dict[str, Any]] = field(default_factory=list)
 
 
 class _EpochError(Exception):
@@ -384,7 +367,7 @@ class Channel:
             self._unknown_stream(frame)
             return
         try:
-            self._to_stream(stream, frame)
+            deliver(stream, frame)
         except StreamError as exc:
             stream.fail(protocol_error(f"the agent broke the protocol on its stream: {exc}"))
             self._send_now(frames.reset(stream.id, exc.code, str(exc)))
@@ -464,30 +447,5 @@ class Channel:
         """Answer a stream the agent opened with RESET."""
         self._send_now(frames.reset(stream_id, error, message[:500]))
 
-    @staticmethod
-    def _to_stream(stream: AgentStream, frame: Frame) -> None:
-        match frame.type:
-            case FrameType.OPEN_OK:
-                stream.on_open_ok(frames.parse_json(frame))
-            case FrameType.DATA:
-                stream.on_data(frames.parse_fd(frame), frame.payload[1:])
-            case FrameType.EOF:
-                if len(frame.payload) != 1:
-                    raise StreamError("EOF payload is not one fd byte")
-                stream.on_eof(frame.payload[0])
-            case FrameType.WINDOW:
-                stream.on_window(frames.parse_u32(frame))
-            case FrameType.EXIT:
-                stream.on_exit(frames.parse_json(frame))
-            case FrameType.RESET:
-                try:
-                    doc = frames.parse_json(frame)
-                except StreamError:
-                    doc = {"error": "PROTOCOL", "message": "a RESET that is not JSON"}
-                stream.on_reset(doc)
-            case FrameType.CLOSE:
-                stream.on_close()
-            case FrameType.OPEN:
-                raise StreamError(f"stream {stream.id} opened twice")
-            case _:
-                raise StreamError(f"frame type {frame.type:#x} is not one the agent may send here")
+
+__all__ = ["Channel", "Hello", "PeerOpen", "State", "pause"]

@@ -1,4 +1,4 @@
-"""Detached commands over the agent channel (engine.protocol.DetachedExecs): background
+"""Detached commands over the agent channel (sandboxd.commands.DetachedExecs): background
 processes that outlive the server. The agent keeps each one running and its output in a ring
 (in the sandbox's memory, not the server's); a server that starts again lists them and attaches
 from the oldest byte still held."""
@@ -6,13 +6,15 @@ from the oldest byte still held."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
 from typing import Any
 
 from sandboxd.agent.exec_stream import AgentExec
 from sandboxd.agent.router import AgentRouter
-from sandboxd.engine.protocol import Detach, ExecRequest
+from sandboxd.commands.argv import argv_of, env_of
+from sandboxd.commands.types import Detach, SandboxCommand
+from sandboxd.engine.protocol import ExecRequest
 from sandboxd.errors import SandboxError
 
 GAP_FD = 16  # sandboxd.execution.GAP_FD (the agent package does not import the domain)
@@ -122,10 +124,8 @@ class AgentProcesses:
     async def exec(
         self,
         container_id: str,
-        argv: Sequence[str],
+        command: SandboxCommand,
         *,
-        env: Mapping[str, str] | None,
-        workdir: str | None,
         detach: Detach,
     ) -> AsyncIterator[DetachedStream]:
         channel = await self._router.open(container_id)
@@ -136,7 +136,7 @@ class AgentProcesses:
                 self._router.exec(
                     container_id,
                     channel,
-                    ExecRequest(argv, user="", env=env, workdir=workdir, stdin=True),
+                    ExecRequest(argv_of(command), user="", env=env_of(command), stdin=True),
                     detach={
                         "id": detach.detach_id,
                         "buffer": detach.buffer_bytes,
@@ -171,10 +171,3 @@ class AgentProcesses:
     async def forget(self, container_id: str, detach_id: str) -> None:
         async with self._router.open_kind(container_id, "forget", {"id": detach_id}):
             pass
-
-
-def for_engine(engine: object) -> AgentProcesses | None:
-    """The detached commands of an engine adapter that has agent channels (DockerEngine with
-    the agent on); None for others (the unit tests' fake, `agent = false`)."""
-    router = getattr(engine, "agents", None)
-    return AgentProcesses(router) if isinstance(router, AgentRouter) else None

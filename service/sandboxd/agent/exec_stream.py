@@ -1,5 +1,5 @@
-"""A command run by the agent, as the engine protocol's `ExecStream` (plus resize and inspect,
-which `docker exec` offers by exec id)."""
+"""A command run by the agent, as the engine protocol's `ExecStream` (plus resize and its
+status, which the engine's exec offers by exec id)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 from sandboxd.agent import frames
 from sandboxd.agent.channel import Channel
 from sandboxd.agent.streams import AgentStream
-from sandboxd.profile import HELPER_IN_CONTAINER
+from sandboxd.commands.argv import searched
+from sandboxd.engine.protocol import ExecStatus
 
 READ_JOIN = 64 * 1024  # execution.CHUNK_BYTES: the largest output event
 
@@ -29,10 +30,8 @@ def exec_request(
     told, and a tty of 24x80 until its first resize. (The agent runs a command with exactly
     the `env` it is given.) The agent executes absolute paths only: a bare name (`df`) goes
     through `sbx run`, which searches PATH as `docker exec` did."""
-    if argv and not argv[0].startswith("/"):
-        argv = [HELPER_IN_CONTAINER, "run", "--", *argv]
     return {
-        "argv": list(argv),
+        "argv": searched(argv),
         "env": {**base_env, **(env or {})},
         "cwd": workdir or "/",
         "stdin": stdin,
@@ -96,19 +95,19 @@ class AgentExec:
     def signal(self, signo: signals.Signals) -> None:
         self._stream.send_control(frames.signal(self._stream.id, int(signo)))
 
-    def inspect(self) -> dict[str, Any]:
-        """`docker exec inspect`'s two fields: a stream we reset counts as ended, since the
-        agent ends its command at once (SIGHUP, SIGKILL a second later)."""
+    def inspect(self) -> ExecStatus:
+        """Where the command is: a stream we reset counts as ended, since the agent ends its
+        command at once (SIGHUP, SIGKILL a second later)."""
         s = self._stream
         code: int | None = None
         if s.exit is not None:
             code = exit_status(s.exit)
         elif s.ended:
             code = -1
-        return {"Running": not s.ended, "ExitCode": code, "Pid": self.pid}
+        return ExecStatus(running=not s.ended, exit_code=code, pid=self.pid)
 
     async def exit_code(self) -> int | None:
-        return self.inspect()["ExitCode"] if self._stream.ended else None
+        return self.inspect().exit_code if self._stream.ended else None
 
     async def wait_exit_code(self) -> int:
         """The exit status once the stream has ended; the stream's error if it broke (the

@@ -1,7 +1,9 @@
 """The server's channels, one per sandbox, and the rescue of an agent that stops answering.
 
-The engine adapter asks this router for a sandbox's channel before every command: a channel is
-opened when its sandbox starts (pool members too), re-opened on first use after a server
+The server builds it over the engine's `AgentAttach` (server/parts.py) and hands it to those
+that need a channel: the sandbox commands ask it before every command (sandboxd.commands), the
+engine's lifecycle opens and closes channels (`agent/lifecycle.py`). A channel is opened when
+its sandbox starts (pool members too), re-opened on first use after a server
 restart (the agent's detached processes survive: HELLO_OK lists them), and closed when the
 sandbox is removed. A channel that goes LOST (no HELLO_OK within the handshake bound, keepalive
 lost) is rescued once at a time: the port kills every process of the sandbox user and wakes the
@@ -19,54 +21,20 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from sandboxd.agent.channel import Channel, State
 from sandboxd.agent.egress_route import EgressEndpoints, egress_port, peer_open_handler
 from sandboxd.agent.exec_stream import AgentExec, exec_request
 from sandboxd.agent.streams import agent_unavailable
-from sandboxd.agent.transport import Transport
 from sandboxd.config_sections import AgentSection
+from sandboxd.engine.protocol import AgentAttach, Attached, ExecRequest, ExecStatus, Paused
 from sandboxd.errors import SandboxError
-
-if TYPE_CHECKING:  # the engine package imports this module
-    from sandboxd.engine.protocol import ExecRequest
 
 log = logging.getLogger(__name__)
 
 RESCUE_RETRY_S = 10.0  # a rescue that failed is tried again on use, at most this often
 KEPT_EXITS = 4096  # ended execs whose inspect answer is kept (the kill path asks after close)
-
-
-class Paused(Exception):
-    """The engine has frozen the sandbox (docker pause): its agent cannot answer, and nothing
-    is to be killed for that."""
-
-
-@dataclass(frozen=True)
-class Attached:
-    """A pipe to a sandbox's agent, and the uid:gid the agent (hence every command) runs as."""
-
-    transport: Transport
-    user: str
-    env: Mapping[str, str] = field(default_factory=dict)  # the container's (docker exec's base)
-    session_id: str = ""  # the session the server labelled the container with (egress)
-    budget: int = 0  # the agent's memory budget (agent/memory.py), sent in HELLO; 0 none
-
-
-class AgentPort(Protocol):
-    """What the router needs of the engine (the Docker adapter: engine/docker_attach.py)."""
-
-    async def attach(self, sandbox_id: str) -> Attached | None:
-        """None when the sandbox's main process is not the agent (`sbx agent`, with or
-        without `--user UID:GID`; the agent is off, or the sandbox predates it): its commands
-        are the engine's own execs. `Attached.user` is who the agent runs commands as."""
-        ...
-
-    async def rescue(self, sandbox_id: str, user: str) -> str:
-        """Kill every process of `user` in the sandbox and wake its agent (outside the
-        channel); says what was done. `Paused` when the engine has frozen the sandbox."""
-        ...
 
 
 @dataclass
@@ -125,20 +93,29 @@ class _HasAgent(Protocol):
 
 
 class AgentRouter:
-    def __init__(self, port: AgentPort, settings: ChannelSettings | None = None) -> None:
+    def __init__(
+        self,
+        port: AgentAttach,
+        settings: ChannelSettings | None = None,
+        *,
+        shares: ChannelShares | None = None,
+    ) -> None:
         self._port = port
         self._settings = settings or ChannelSettings()
         self._entries: dict[str, _Entry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._without: set[str] = set()  # sandboxes whose main process is not the agent
         self._execs: dict[str, AgentExec] = {}
-        self._ended: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self._ended: collections.OrderedDict[str, ExecStatus] = collections.OrderedDict()
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
-        self.egress: EgressEndpoints | None = None  # the server's proxies (set once, at start)
-        # The tenants' output shares (sandboxd.admission; set once, at start); None: channels
-        # read as fast as their agents write.
-        self.shares: ChannelShares | None = None
+        # The server's proxies, given once before any sandbox starts (server/parts.py): the
+        # proxies need the channels (opened again after a restart) and a channel its proxy's
+        # port (HELLO), so one of the two is given to the other after both are made.
+        self.egress: EgressEndpoints | None = None
+        # The tenants' output shares (sandboxd.admission); None: channels read as fast as
+        # their agents write.
+        self.shares = shares
 
     # ----- channels ------------------------------------------------------------------------
 
@@ -368,12 +345,22 @@ class AgentRouter:
         if handle is not None:
             handle.resize(rows, cols)
 
-    def inspect(self, exec_id: str) -> dict[str, Any]:
+    def inspect(self, exec_id: str) -> ExecStatus:
         handle = self._execs.get(exec_id)
         if handle is not None:
             return handle.inspect()
-        return self._ended.get(exec_id) or {"Running": False, "ExitCode": -1}
+        return self._ended.get(exec_id) or ExecStatus(running=False, exit_code=-1)
 
     @staticmethod
     def owns(exec_id: str) -> bool:
         return exec_id.startswith("agent-")
+
+
+__all__ = [
+    "AgentRouter",
+    "Attached",
+    "ChannelSettings",
+    "ChannelShares",
+    "Paused",
+    "agent_settings",
+]

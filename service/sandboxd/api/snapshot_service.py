@@ -13,18 +13,20 @@ from sandboxd.errors import InvalidArgument, NotFound
 from sandboxd.reasons import Reason
 from sandboxd.request_ids import RequestIds
 from sandboxd.sessions import SessionManager
-from sandboxd.snapshot_store import Snapshot
+from sandboxd.snapshot_store import KIND_DISK, Snapshot
 from sandboxd.snapshots import KIND_IMAGE, KIND_TAR, Snapshots
 from sandboxd.v1 import snapshot_pb2, snapshot_pb2_grpc
 
 _KIND_TO_PB = {
     KIND_TAR: snapshot_pb2.SNAPSHOT_KIND_TAR,
     KIND_IMAGE: snapshot_pb2.SNAPSHOT_KIND_IMAGE,
+    KIND_DISK: snapshot_pb2.SNAPSHOT_KIND_DISK,
 }
 _KIND_FROM_PB = {
     snapshot_pb2.SNAPSHOT_KIND_UNSPECIFIED: "",
     snapshot_pb2.SNAPSHOT_KIND_TAR: KIND_TAR,
     snapshot_pb2.SNAPSHOT_KIND_IMAGE: KIND_IMAGE,
+    snapshot_pb2.SNAPSHOT_KIND_DISK: KIND_DISK,
 }
 
 

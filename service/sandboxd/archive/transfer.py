@@ -5,7 +5,10 @@ check keeps the folder inside /workspace) and forwards its stdout in chunks as i
 the archive is never held whole in memory, and a stream longer than the workspace cap plus
 tar's overhead (a sparse file) stops with RESOURCE_EXHAUSTED. tar does not follow symlinks
 when creating. Snapshots (CreateSnapshot, Suspend, the shutdown snapshot) export through here
-and get the same cap.
+and get the same cap. A volume the session mounts directly below /workspace is left out of the
+export of the root (the other top-level names are tarred), and an import into it is refused
+(IMPORT_INTO_VOLUME): the swap renames, which cannot cross into another file system; the
+helper's replace spares mount points.
 
 Import never lets an unchecked byte land where it counts. The client's stream is parsed with
 Python's tarfile, forward only as it streams, on a dedicated thread (pipe.py); every member is
@@ -69,6 +72,7 @@ from sandboxd.helper_client import (
 )
 from sandboxd.models import FileType, Session
 from sandboxd.reasons import Reason
+from sandboxd.volumes.checks import workspace_mounts
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +85,8 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 256 * 1024
 MAX_TRAILING_BYTES = 1024 * 1024  # after the end-of-archive marker (tar pads to 10 KiB records)
 STAGE_PREFIX = ".sbx-import-"
+EMPTY_TAR = bytes(1024)  # two zero blocks: an archive of no member
+LIST_BYTES = 16 * 1024 * 1024  # the listing of the workspace's top level, at most
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,15 @@ def _export_error(result: HelperResult, rel: str) -> SandboxError:
             metadata={"path": rel},
         )
     return err
+
+
+def _into_volume(rel: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"{rel!r} is a volume the session mounts (another file system): an archive is not "
+        "imported into it; use VolumeService.ImportVolume, or WriteFile for single files",
+        reason=Reason.IMPORT_INTO_VOLUME,
+        metadata={"path": rel},
+    )
 
 
 def _too_large(path: str, cap: int) -> ResourceExhausted:
@@ -147,6 +162,21 @@ class ArchiveIO:
         except (ValueError, IndexError, AttributeError):
             return False
 
+    async def _top_names(self, session: Session, folder: str = ".") -> list[str]:
+        """The names directly in `folder` of /workspace (`sbx list`, which never follows a
+        symlink)."""
+        args = ["list", folder, "1"]
+        result = await self._helper_client.run(session, args, max_stdout=LIST_BYTES)
+        if result.exit_code != 0:
+            raise _export_error(result, folder)
+        names = []
+        for line in result.stdout.splitlines():
+            path = str(json.loads(line).get("path", ""))
+            name = path.removeprefix(folder + "/") if folder != "." else path
+            if name and "/" not in name:
+                names.append(name)
+        return names
+
     async def export(self, session: Session, path: str) -> AsyncIterator[bytes]:
         """Yields the tar of `path` in chunks as tar writes it; raises if tar fails.
 
@@ -157,7 +187,16 @@ class ArchiveIO:
         rel = validation.workspace_relpath(path or ".")
         cap = policy.stream_allowance(session.spec.limits.workspace_bytes, self._max_members)
         argv = tool_argv(rel, ["tar", "-c", "-f", "-", "."])
-        if rel != "." and await self._is_file(session, rel):
+        mounted = workspace_mounts(session.spec.volumes)
+        if rel == "." and mounted:
+            # The workspace without its volumes (folders directly below it: volumes/checks.py):
+            # its other top-level entries by name. None left: an empty archive.
+            kept = [n for n in await self._top_names(session) if n not in mounted]
+            if not kept:
+                yield EMPTY_TAR
+                return
+            argv = tool_argv(".", ["tar", "-c", "-f", "-", *(f"./{n}" for n in kept)])
+        elif rel != "." and await self._is_file(session, rel):
             # A single file: tar of its folder with the one member "./NAME"; the
             # folder is resolved beneath the workspace by sbx, the name archived as itself.
             parent, _, name = rel.rpartition("/")
@@ -198,6 +237,9 @@ class ArchiveIO:
     ) -> ImportResult:
         """Check every member, unpack into a staging folder, then merge it into place."""
         rel = validation.workspace_relpath(path or ".")
+        mounted = workspace_mounts(session.spec.volumes)
+        if rel.split("/", 1)[0] in mounted:
+            raise _into_volume(rel)
         limits = session.spec.limits
         total = max_total_bytes or limits.workspace_bytes
         # A missing destination is made only right before the merge, and taken back if the
@@ -225,6 +267,10 @@ class ArchiveIO:
             # that fills the workspace is refused (NoRoom, WORKSPACE_FULL) here, before
             # anything of the old content was touched.
             members, content = await self._unpack(session, stage, chunks, checker)
+            if rel == "." and mounted:  # a member in a volume's place: another file system
+                clash = sorted(set(await self._top_names(session, stage)) & mounted)
+                if clash:
+                    raise _into_volume(clash[0])
             if missing:
                 made = True
                 await self._helper(session, ["mkdir", rel, "--parents"], rel)

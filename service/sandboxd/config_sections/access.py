@@ -36,6 +36,14 @@ class TenancySection:
     max_memory_bytes: int = setting(
         0, SIZE, "memory of a tenant's sessions (0: no cap)", lo=0, flat="tenant_max_memory_bytes"
     )
+    max_disk_bytes: int = setting(
+        0,
+        SIZE,
+        "disk workspaces and volumes (at their size) and snapshots (at what they take) of a "
+        "tenant together (0: no cap)",
+        lo=0,
+        flat="tenant_max_disk_bytes",
+    )
     max_concurrent_execs: int = setting(
         0, INT, "running commands per tenant (0: no cap)", lo=0, flat="tenant_max_concurrent_execs"
     )

@@ -20,13 +20,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 
+from sandboxd.commands import SandboxCommands
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.audit import AuditLog, EgressSink
 from sandboxd.egress.policy import ResolvedQuotas
 from sandboxd.egress.proxy import EgressProxy, Rules
 from sandboxd.egress.resolver import Resolver
 from sandboxd.egress.target import TargetError, normalize_name
-from sandboxd.engine.protocol import Engine
 from sandboxd.errors import ConfigError, FailedPrecondition, SandboxError
 from sandboxd.helper_client import HelperClient
 from sandboxd.models import NetworkMode, NetworkPolicy, Session, SessionState
@@ -74,7 +74,7 @@ def _rules(policy: NetworkPolicy, granted: bool) -> Rules:
 class EgressManager:
     def __init__(
         self,
-        engine: Engine,
+        commands: SandboxCommands,
         owner_id: str,
         *,
         proxy_port: int = 3128,
@@ -86,9 +86,8 @@ class EgressManager:
         private_networks_granted: Callable[[str], bool] = lambda tenant: False,
         secrets: SecretsSetup | None = None,
     ) -> None:
-        self._engine = engine
         self._secrets = secrets or SecretsSetup()
-        self._helper = HelperClient(engine)
+        self._helper = HelperClient(commands)  # the trust of the secrets' interceptor
         self._on_decision = on_decision
         self._on_event = on_event
         self._owner_id = owner_id

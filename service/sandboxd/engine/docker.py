@@ -21,10 +21,8 @@ from typing import Any
 import aiodocker
 import aiohttp
 from aiodocker.containers import DockerContainer
-from aiodocker.execs import Exec
 
 from sandboxd import images
-from sandboxd.agent.router import AgentRouter, ChannelSettings
 from sandboxd.engine import (
     compat,
     docker_build,
@@ -35,16 +33,17 @@ from sandboxd.engine import (
     docker_stats,
     work_containers,
 )
-from sandboxd.engine.docker_attach import DockerAgentPort, exec_over_agent
+from sandboxd.engine.docker_attach import DockerAgentPort
 from sandboxd.engine.docker_errors import translate_errors
-from sandboxd.engine.docker_exec import DockerExecStream
+from sandboxd.engine.docker_exec import DockerExecStream, exec_status, resize, start_exec
 from sandboxd.engine.docker_profile import conforms, container_config
 from sandboxd.engine.docker_tls import EngineAddress, engine_address
 from sandboxd.engine.docker_volumes import with_volume_sources
 from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
+    AgentAttach,
     ExecRequest,
-    ExecStream,
+    ExecStatus,
     ImageDetails,
     NetworkInfo,
     PullProgress,
@@ -79,7 +78,7 @@ class DockerEngine:
         on_error: Callable[[str], None] | None = None,
         gvisor_runtime: str = "runsc",
         address: EngineAddress | None = None,
-        agent: ChannelSettings | None = None,
+        agent: bool = False,
         owner_id: str = "",
         disk_tool_image: str = "sandboxd-disktool:1",
     ) -> None:
@@ -108,8 +107,9 @@ class DockerEngine:
             run_id=self._run_id,
         )
         self._checkpointed: set[str] = set()  # sandboxes whose removal leaves runsc's shim
-        # With an agent, sandboxes run `sbx agent` and commands go over its channel.
-        self.agents = AgentRouter(DockerAgentPort(self), agent) if agent is not None else None
+        # With an agent, sandboxes run `sbx agent` as their main process, attached to by the
+        # server's router (sandboxd.agent.router); commands then go over its channel.
+        self._agent_port = DockerAgentPort(self) if agent else None
 
     async def __aenter__(self) -> DockerEngine:
         compat.check_versions()
@@ -146,14 +146,16 @@ class DockerEngine:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self.agents is not None:
-            await self.agents.close()
         if self._channel_docker is not None:
             await self._channel_docker.close()
             await self._channel_connector.close()
         if self._docker is not None:
             await self._docker.close()
         await self._connector.close()
+
+    @property
+    def agent_port(self) -> AgentAttach | None:
+        return self._agent_port
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -203,7 +205,7 @@ class DockerEngine:
             keeper_user=self._keeper_user,
             runtime=self._runtimes[request.spec.isolation],
             # The same agent under every runtime (`sbx agent --user`: docs/agent.md).
-            agent=self.agents is not None,
+            agent=self._agent_port is not None,
         )
 
     def sandbox_shape(self, request: SandboxRequest) -> str:
@@ -227,8 +229,6 @@ class DockerEngine:
         try:
             with self._translate(f"starting container {sandbox_id[:12]}"):
                 await self._container(sandbox_id).start()
-            if self.agents is not None:
-                await self.agents.open(sandbox_id)
         except BaseException:
             # A runsc start that failed may leave its gofer/sandbox processes on this host.
             if self._local:
@@ -240,8 +240,6 @@ class DockerEngine:
 
         Bounded: a removal that does not finish within REMOVE_TIMEOUT_S (a paused container on
         an engine that will not kill a frozen one) is retried once after an unpause."""
-        if self.agents is not None:
-            await self.agents.forget(sandbox_id)
         container = self._container(sandbox_id)
         try:
             with self._translate(f"removing container {sandbox_id[:12]}"):
@@ -276,10 +274,6 @@ class DockerEngine:
                 return dict(await self._container(sandbox_id).show())
         except NotFound:
             return None
-
-    async def running(self, sandbox_id: str) -> bool:
-        info = await self._inspect(sandbox_id)
-        return bool(info and (info.get("State") or {}).get("Running"))
 
     async def inspect_sandbox(
         self, sandbox_id: str, expected: SandboxRequest | None = None
@@ -316,40 +310,14 @@ class DockerEngine:
             )
         return result
 
-    @contextlib.asynccontextmanager
-    async def exec(self, container_id: str, request: ExecRequest) -> AsyncIterator[ExecStream]:
-        """Start a command in the container and yield its stream; closed on exit.
-
-        Over the sandbox's agent channel when it has one and the agent runs as `user`; else
-        (and in the rescue path) a `docker exec`. With `tty` the command gets a terminal: its
-        output arrives as one stream (fd 1).
-        """
-        agents = self.agents
-        channel = await agents.serves(container_id, request.user) if agents else None
-        if channel is not None:
-            async with exec_over_agent(self, channel, container_id, request) as agent_stream:
-                yield agent_stream
-            return
-        async with self.docker_exec(container_id, request) as stream:
-            yield stream
+    # ----- the engine's own exec (engine.protocol.EngineExec: docker_exec) ---------------
 
     @contextlib.asynccontextmanager
-    async def docker_exec(
-        self, container_id: str, request: ExecRequest
-    ) -> AsyncIterator[DockerExecStream]:
-        """A `docker exec`: the path without an agent, and the rescue path."""
-        with self._translate(f"exec in container {container_id[:12]}"):
-            execution = await self._container(container_id).exec(
-                list(request.argv),
-                stdin=request.stdin,
-                tty=request.tty,
-                user=request.user,
-                environment=dict(request.env or {}),
-                workdir=request.workdir,
-            )
-            stream = execution.start(timeout=None)
-            await compat.start_stream(stream)
-        handle = DockerExecStream(self, execution.id, stream)
+    async def exec(self, sandbox_id: str, request: ExecRequest) -> AsyncIterator[DockerExecStream]:
+        """A `docker exec`: the path without an agent, and the rescue path. With `tty` the
+        command gets a terminal: its output arrives as one stream (fd 1)."""
+        with self._translate(f"exec in container {sandbox_id[:12]}"):
+            handle = await start_exec(self, self._container(sandbox_id), request)
         try:
             yield handle
         finally:
@@ -357,17 +325,12 @@ class DockerEngine:
 
     async def exec_resize(self, exec_id: str, rows: int, cols: int) -> None:
         """Set the terminal size of a running tty exec (the command gets SIGWINCH)."""
-        if self.agents is not None and self.agents.owns(exec_id):
-            self.agents.resize(exec_id, rows, cols)
-            return
         with self._translate(f"resizing exec {exec_id[:12]}"):
-            await Exec(self.docker, exec_id).resize(h=rows, w=cols)
+            await resize(self.docker, exec_id, rows, cols)
 
-    async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
-        if self.agents is not None and self.agents.owns(exec_id):
-            return self.agents.inspect(exec_id)
+    async def exec_status(self, exec_id: str) -> ExecStatus:
         with self._translate(f"inspecting exec {exec_id[:12]}"):
-            return dict(await Exec(self.docker, exec_id).inspect())
+            return await exec_status(self.docker, exec_id)
 
     def _translate(self, what: str) -> contextlib.AbstractContextManager[None]:
         return translate_errors(what, self._on_error)
@@ -390,16 +353,7 @@ class DockerEngine:
 
     async def checkpoint_sandbox(self, sandbox_id: str, name: str) -> None:
         self._checkpointed.add(sandbox_id)
-        if self.agents is not None:  # its streams are told to reattach; no rescue follows
-            self.agents.checkpointing(sandbox_id, docker_checkpoint.reattach)
-        try:
-            await self._checkpoints().checkpoint(sandbox_id, name)
-        except BaseException:
-            if self.agents is not None and await self.running(sandbox_id):
-                self.agents.checkpointing(sandbox_id, None)  # it runs on as it was
-            raise
-        if self.agents is not None:  # its attach ended with it
-            await self.agents.forget(sandbox_id)
+        await self._checkpoints().checkpoint(sandbox_id, name)
 
     def read_checkpoint(self, sandbox_id: str, name: str) -> AsyncIterator[bytes]:
         return self._checkpoints().read(sandbox_id, name)
@@ -411,8 +365,6 @@ class DockerEngine:
         await checkpoints.place(sandbox_id, chunks)
         try:
             await checkpoints.start(sandbox_id, name)
-            if self.agents is not None:  # the same agent, in memory: a new epoch on its stdio
-                await self.agents.open(sandbox_id)
         except BaseException:
             if self._local:
                 await asyncio.shield(asyncio.to_thread(end_leftovers, sandbox_id))

@@ -1,6 +1,6 @@
-"""The agent channel's pipe on Docker: the container's attached stdio (`Tty: false`, so the
-engine multiplexes stdout and stderr with its 8-byte headers), and the rescue path's
-`docker exec`.
+"""The engine's `AgentAttach` on Docker: the agent channel's pipe is the container's attached
+stdio (`Tty: false`, so the engine multiplexes stdout and stderr with its 8-byte headers), and
+the rescue goes through `docker exec`.
 
 stdout carries the agent's frames; stderr is only its diagnostics, logged at debug and capped.
 Nothing of the server's file system is involved, so the same pipe works with a remote engine.
@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import aiodocker
 import aiohttp
 from aiodocker.stream import Stream
 
-from sandboxd.agent.channel import Channel
-from sandboxd.agent.exec_stream import AgentExec
 from sandboxd.agent.memory import budget_of_container
-from sandboxd.agent.router import Attached, Paused
 from sandboxd.engine import compat
 from sandboxd.engine.docker_profile import commands_user
-from sandboxd.engine.protocol import ExecRequest
-from sandboxd.errors import FailedPrecondition, NotFound, Unavailable
+from sandboxd.engine.protocol import Attached, ExecRequest, Paused
+from sandboxd.errors import FailedPrecondition
 from sandboxd.labels import LABEL_SESSION
 from sandboxd.reasons import Reason
 
@@ -72,7 +68,7 @@ class AttachTransport:
 
 
 class DockerAgentPort:
-    """The router's port on Docker (sandboxd.agent.router.AgentPort)."""
+    """The engine's `AgentAttach` on Docker (what sandboxd.agent.router needs of it)."""
 
     def __init__(self, engine: DockerEngine) -> None:
         self._engine = engine
@@ -117,7 +113,7 @@ class DockerAgentPort:
         if user == self._engine.keeper_user:  # an older server's egress-only gVisor agent:
             return "left the keeper's processes alone (egress only)"  # no command ran under it
         with contextlib.suppress(Exception):
-            async with self._engine.docker_exec(
+            async with self._engine.exec(
                 sandbox_id, ExecRequest(["/bin/sh", "-c", "kill -KILL -1"], user=user)
             ) as stream:
                 while await stream.read() is not None:
@@ -128,25 +124,3 @@ class DockerAgentPort:
             await container.kill(signal="SIGCONT")
         done.append("sent SIGCONT to the agent")
         return ", ".join(done)
-
-
-@contextlib.asynccontextmanager
-async def exec_over_agent(
-    engine: DockerEngine,
-    channel: Channel,
-    container_id: str,
-    request: ExecRequest,
-) -> AsyncIterator[AgentExec]:
-    """A command over the sandbox's channel. When the pipe ends under it because the sandbox
-    stopped, that is the session's loss (what a `docker exec` on it would say: the object is
-    gone), not the agent's."""
-    assert engine.agents is not None
-    try:
-        async with engine.agents.exec(container_id, channel, request) as stream:
-            yield stream
-    except Unavailable as exc:
-        if exc.reason == Reason.AGENT_RESTARTED and not await engine.running(container_id):
-            raise NotFound(
-                f"container {container_id[:12]} stopped", reason=Reason.ENGINE_OBJECT_NOT_FOUND
-            ) from exc
-        raise

@@ -41,17 +41,6 @@ CHECKPOINT_TIMEOUT_S = 300.0
 Translate = Callable[[str], AbstractContextManager[None]]
 
 
-def reattach() -> FailedPrecondition:
-    """What a stream open on a sandbox is told when a memory suspend stops it."""
-    return FailedPrecondition(
-        "the session was suspended with its memory: after ResumeSession, reattach (AttachProcess "
-        "gives a background process's output from any offset, and follows it); a terminal "
-        "(Interact, a PTY) ended with the suspend and is started again",
-        reason=Reason.SESSION_NOT_RUNNING,
-        metadata={"reattach": "true"},
-    )
-
-
 def capability(info: dict[str, Any], runtime: str) -> str:
     """Empty when `docker info` says the engine can checkpoint a sandbox of `runtime`."""
     if not info.get("ExperimentalBuild"):

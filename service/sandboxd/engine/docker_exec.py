@@ -1,5 +1,6 @@
-"""A running `docker exec` as the protocol's `ExecStream`: multiplexed stdio, half-close of
-stdin, and the exit code once the engine records it."""
+"""`docker exec` (the protocol's `EngineExec`): starting one, its stream as the protocol's
+`ExecStream` (multiplexed stdio, half-close of stdin, the exit code once the engine records
+it), its resize and its status."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING
 
+import aiodocker
+from aiodocker.containers import DockerContainer
+from aiodocker.execs import Exec
 from aiodocker.stream import Stream
 
 from sandboxd.engine import compat
+from sandboxd.engine.protocol import ExecRequest, ExecStatus
 
 if TYPE_CHECKING:
     from sandboxd.engine.docker import DockerEngine
@@ -65,11 +70,8 @@ class DockerExecStream:
 
     async def exit_code(self) -> int | None:
         """The exit code once the process has ended (None while it still runs)."""
-        info = await self._engine.exec_inspect(self.exec_id)
-        if info.get("Running"):
-            return None
-        code = info.get("ExitCode")
-        return int(code) if code is not None else None
+        status = await self._engine.exec_status(self.exec_id)
+        return None if status.running else status.exit_code
 
     async def wait_exit_code(self) -> int:
         """The exit code after the output ended; -1 if the engine never records one.
@@ -83,3 +85,36 @@ class DockerExecStream:
             if code is not None:
                 return code
         return -1
+
+
+async def start_exec(
+    engine: DockerEngine, container: DockerContainer, request: ExecRequest
+) -> DockerExecStream:
+    """Create and start the exec of `request` in `container`, its stream hijacked."""
+    execution = await container.exec(
+        list(request.argv),
+        stdin=request.stdin,
+        tty=request.tty,
+        user=request.user,
+        environment=dict(request.env or {}),
+        workdir=request.workdir,
+    )
+    stream = execution.start(timeout=None)
+    await compat.start_stream(stream)
+    return DockerExecStream(engine, execution.id, stream)
+
+
+async def resize(docker: aiodocker.Docker, exec_id: str, rows: int, cols: int) -> None:
+    await Exec(docker, exec_id).resize(h=rows, w=cols)
+
+
+async def exec_status(docker: aiodocker.Docker, exec_id: str) -> ExecStatus:
+    """`docker exec inspect` in the protocol's terms."""
+    info = await Exec(docker, exec_id).inspect()
+    code = info.get("ExitCode")
+    pid = info.get("Pid")
+    return ExecStatus(
+        running=bool(info.get("Running")),
+        exit_code=int(code) if code is not None else None,
+        pid=pid if isinstance(pid, int) else 0,
+    )

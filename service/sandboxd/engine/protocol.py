@@ -2,9 +2,15 @@
 
 Sessions, snapshots, the warm pool, the sweeper and the egress manager depend on this protocol
 only; `sandboxd.engine.docker` implements it on the Docker Engine API, and the unit tests'
-in-memory fake implements it too. A sandbox is asked for as a `SandboxRequest` (a session's
-spec plus bookkeeping), never as an engine-specific document: how a spec becomes a hardened
-container is the adapter's business (see `docker_profile`).
+in-memory fake implements it too. Toward the sandbox's side the engine has two duties, each a
+protocol of its own: `AgentAttach` (a pipe to the agent that is the sandbox's main process, and
+its rescue) and `EngineExec` (the engine's own exec: the fallback for a sandbox without an
+agent, and the rescue's path). Commands themselves belong to `sandboxd.commands`, which runs
+them over the agent first and the engine's exec when it must.
+
+A sandbox is asked for as a `SandboxRequest` (a session's spec plus bookkeeping), never as an
+engine-specific document: how a spec becomes a hardened container is the adapter's business
+(see `docker_profile`).
 
 Errors: an engine that does not answer raises `EngineUnavailable`; a missing object is
 `NotFound` with reason ENGINE_OBJECT_NOT_FOUND, a conflicting one `FailedPrecondition` with
@@ -15,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
+from sandboxd.agent.transport import Transport
 from sandboxd.isolation import Isolation
 from sandboxd.models import SessionSpec
 from sandboxd.storage.disks import Disks
@@ -203,17 +210,10 @@ class Engine(Protocol):
 
     async def list_sandboxes(self, owner_id: str) -> list[SandboxInfo]: ...
 
-    def exec(
-        self, container_id: str, request: ExecRequest
-    ) -> AbstractAsyncContextManager[ExecStream]:
-        """Start a command in the sandbox `container_id` (a sandbox id; the name is the one
-        exec callers have always used); the stream is closed when the context exits."""
-        ...
-
-    async def exec_resize(self, exec_id: str, rows: int, cols: int) -> None: ...
-
-    async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
-        """At least `Running` (bool) and `ExitCode` (int or None)."""
+    @property
+    def agent_port(self) -> AgentAttach | None:
+        """The pipe to each sandbox's agent (`sbx agent` as its main process); None when the
+        engine starts its sandboxes without one (commands then go through `EngineExec`)."""
         ...
 
     # ----- memory checkpoints (gVisor sandboxes: sessions/memory_suspension.py) ---------
@@ -326,55 +326,57 @@ class Engine(Protocol):
 
 
 @dataclass(frozen=True)
-class Detach:
-    """A command that outlives the server's connection: the sandbox's agent keeps it running
-    and its output in a ring of `buffer_bytes` per stream, under `detach_id`; `budget_bytes`
-    (0: the agent's own) bounds what all the sandbox's rings hold together. `timeout_ms` (None:
-    none) is the server's timeout, which the agent keeps with its record and gives back in its
-    listing with the command's age, so that a server started again keeps the deadline."""
+class ExecStatus:
+    """Where a started command is: running, or ended with `exit_code` (None: not recorded;
+    -1: ended without one, as a command reset by the server)."""
 
-    detach_id: str
-    buffer_bytes: int
-    budget_bytes: int = 0
-    timeout_ms: int | None = None
+    running: bool
+    exit_code: int | None = None
+    pid: int = 0
 
 
-class DetachedOutput(ExecStream, Protocol):
-    """An attach stream of a detached command. `start` and `end` (per fd, 1 and 2): the oldest
-    offset the agent's ring held and the bytes produced when the stream (last) opened."""
-
-    start: dict[int, int]
-    end: dict[int, int]
-
-
-class DetachedExecs(Protocol):
-    """Commands kept by the in-sandbox agent (sandboxd.agent.detached); only sandboxes with an
-    agent have them (`serves`)."""
-
-    async def serves(self, container_id: str, user: str) -> bool: ...
+class EngineExec(Protocol):
+    """The engine's own way to run a command in a sandbox (`docker exec`, a pod's exec): the
+    path for a sandbox without an agent, and the one the agent's rescue kills through."""
 
     def exec(
-        self,
-        container_id: str,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None,
-        workdir: str | None,
-        detach: Detach,
+        self, sandbox_id: str, request: ExecRequest
     ) -> AbstractAsyncContextManager[ExecStream]:
-        """Start it: the stream replays its output from offset 0, then follows it live; its
-        stdin is the command's. Closing the stream leaves the command running."""
+        """Start a command in the sandbox; the stream is closed when the context exits."""
         ...
 
-    def attach(
-        self, container_id: str, detach_id: str, offsets: Mapping[int, int] | None = None
-    ) -> AbstractAsyncContextManager[DetachedOutput]:
-        """Its output from `offsets` (fd 1, 2; default 0), or from the oldest byte still held
-        when they are older (a (fd + GAP_FD, length) item first), then live, then its exit."""
+    async def exec_resize(self, exec_id: str, rows: int, cols: int) -> None: ...
+
+    async def exec_status(self, exec_id: str) -> ExecStatus: ...
+
+
+class Paused(Exception):
+    """The engine has frozen the sandbox (docker pause): its agent cannot answer, and nothing
+    is to be killed for that."""
+
+
+@dataclass(frozen=True)
+class Attached:
+    """A pipe to a sandbox's agent, and the uid:gid the agent (hence every command) runs as."""
+
+    transport: Transport
+    user: str
+    env: Mapping[str, str] = field(default_factory=dict)  # the sandbox's (the exec's base)
+    session_id: str = ""  # the session the server labelled the sandbox with (egress)
+    budget: int = 0  # the agent's memory budget (agent/memory.py), sent in HELLO; 0 none
+
+
+class AgentAttach(Protocol):
+    """The engine's only duty toward the agent (the channel's router, sandboxd.agent.router,
+    does the rest): a pipe to it, and a rescue from outside when it stops answering."""
+
+    async def attach(self, sandbox_id: str) -> Attached | None:
+        """None when the sandbox's main process is not the agent (`sbx agent`, with or
+        without `--user UID:GID`; the agent is off, or the sandbox predates it): its commands
+        are the engine's own execs. `Attached.user` is who the agent runs commands as."""
         ...
 
-    async def listing(self, container_id: str) -> list[dict[str, Any]]:
-        """The agent's records: `id`, `pid`, `running`, `exit_code`, `signal`."""
+    async def rescue(self, sandbox_id: str, user: str) -> str:
+        """Kill every process of `user` in the sandbox and wake its agent (outside the
+        channel); says what was done. `Paused` when the engine has frozen the sandbox."""
         ...
-
-    async def forget(self, container_id: str, detach_id: str) -> None: ...

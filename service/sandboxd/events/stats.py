@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sandboxd.engine.protocol import Engine, ExecRequest, SandboxStats
+from sandboxd.commands import Plain, SandboxCommands, Where
+from sandboxd.engine.protocol import Engine, SandboxStats
 from sandboxd.errors import SandboxError
 from sandboxd.events.hub import EventHub
 from sandboxd.events.observed_store import state_name
@@ -36,12 +37,12 @@ class SessionStats:
     egress_bytes: int = 0
 
 
-async def workspace_used(engine: Engine, session: Session) -> int:
+async def workspace_used(commands: SandboxCommands, session: Session) -> int:
     """Bytes used in the workspace (a tmpfs of its own: `df` of it is exact and cheap)."""
     out = bytearray()
     async with asyncio.timeout(DF_TIMEOUT_S):
-        async with engine.exec(
-            session.container_id, ExecRequest(["df", "-P", "-k", "/workspace"], session.spec.user)
+        async with commands.open(
+            Where(session.container_id, session.spec.user), Plain(("df", "-P", "-k", "/workspace"))
         ) as stream:
             while (chunk := await stream.read()) is not None:
                 if chunk[0] == 1 and len(out) < 4096:
@@ -57,8 +58,11 @@ class StatsReader:
         engine: Engine,
         hub: EventHub,
         egress_bytes: Callable[[str], int] | None = None,
+        *,
+        commands: SandboxCommands,
     ) -> None:
         self._engine = engine
+        self._commands = commands  # the workspace's `df`
         self._hub = hub
         # Sandboxes have no interface but loopback: their egress is what their proxy moved.
         self._egress_bytes = egress_bytes
@@ -71,7 +75,7 @@ class StatsReader:
         raw: SandboxStats = await self._engine.sandbox_stats(session.container_id)
         used = 0
         with contextlib.suppress(SandboxError, TimeoutError, ValueError):
-            used = await workspace_used(self._engine, session)
+            used = await workspace_used(self._commands, session)
         self._note_workspace(session, used)
         self._note_throttling(session, raw.cpu_throttled_s)
         return SessionStats(

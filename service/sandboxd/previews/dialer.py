@@ -2,7 +2,7 @@
 
 With the in-sandbox agent's channel (docs/agent.md) it is an OPEN of kind `dial` on the
 session's channel (`agent_dial.AgentDialer`); a sandbox without an agent channel starts
-`sbx dial PORT` (helper/dial.c) through `Engine.exec` (`ExecDialer`, here). Both sit behind
+`sbx dial PORT` (helper/dial.c) as a sandbox command (`ExecDialer`, here). Both sit behind
 the same `PortDialer` interface, so the relay (`listener.py`) never knows which. Either way
 the sandbox needs no network interface.
 
@@ -20,10 +20,9 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-from sandboxd.engine import Engine, ExecRequest, ExecStream
-from sandboxd.helper_client import INTERNAL_ENV
+from sandboxd.commands import Dial, SandboxCommands, Where
+from sandboxd.engine import ExecStream
 from sandboxd.models import Session
-from sandboxd.profile import HELPER_IN_CONTAINER
 
 READ_CHUNK = 256 * 1024
 STDERR_KEEP = 4096
@@ -192,18 +191,13 @@ class ExecByteStream(Buffered):
 
 
 class ExecDialer:
-    """`sbx dial PORT` over `Engine.exec`, as the session's user."""
+    """`sbx dial PORT` as a sandbox command, as the session's user."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(self, commands: SandboxCommands) -> None:
+        self._commands = commands
 
     @contextlib.asynccontextmanager
     async def open(self, session: Session, port: int) -> AsyncIterator[ByteStream]:
-        request = ExecRequest(
-            [HELPER_IN_CONTAINER, "dial", str(port)],
-            user=session.spec.user,
-            env=INTERNAL_ENV,
-            stdin=True,
-        )
-        async with self._engine.exec(session.container_id, request) as stream:
+        where = Where(session.container_id, session.spec.user)
+        async with self._commands.open(where, Dial(port), stdin=True) as stream:
             yield ExecByteStream(stream)

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 from sandboxd import domain_events
 from sandboxd.agent.router import AgentRouter
 from sandboxd.audit.events import AuditEvent
+from sandboxd.commands import SandboxCommands
 from sandboxd.config import Config
-from sandboxd.engine import Engine
 from sandboxd.errors import ConfigError
 from sandboxd.models import SessionState
 from sandboxd.previews.agent_dial import AgentDialer
@@ -62,7 +62,8 @@ async def serve(
     parts: PreviewParts,
     config: Config,
     *,
-    engine: Engine,
+    commands: SandboxCommands,
+    router: AgentRouter | None,
     store: SessionStore,
     sessions: SessionManager,
     metrics_registry: CollectorRegistry,
@@ -92,7 +93,7 @@ async def serve(
         registry=parts.registry,
         signer=parts.signer,
         connections=parts.connections,
-        dialer=dialer or dialer_for(engine),
+        dialer=dialer or dialer_for(router, commands),
         store=store,
         metrics=PreviewMetrics(metrics_registry),
         audit=audit,
@@ -109,11 +110,8 @@ async def serve(
         await listener.__aexit__(None, None, None)
 
 
-def dialer_for(engine: Engine) -> PortDialer:
-    """The agent's `dial` streams when the engine has agent channels (DockerEngine with the
-    agent on), falling back to `sbx dial` over an exec for a sandbox without one."""
-    exec_dialer = ExecDialer(engine)
-    router = getattr(engine, "agents", None)
-    if isinstance(router, AgentRouter):
-        return AgentDialer(router.open, exec_dialer)
-    return exec_dialer
+def dialer_for(router: AgentRouter | None, commands: SandboxCommands) -> PortDialer:
+    """The agent's `dial` streams when the sandboxes have agent channels (`router`), falling
+    back to `sbx dial` as a sandbox command for a sandbox without one."""
+    exec_dialer = ExecDialer(commands)
+    return AgentDialer(router.open, exec_dialer) if router is not None else exec_dialer

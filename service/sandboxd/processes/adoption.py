@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from sandboxd.engine.protocol import DetachedExecs, ExecRequest
+from sandboxd.commands import DetachedExecs, Plain, Where
 from sandboxd.errors import SandboxError
 from sandboxd.execution import SUPERVISOR_GRACE_S, Command, Executor
 from sandboxd.models import ExecExited, ExecOutput, ExecSpec, Session, SessionState
@@ -168,9 +168,9 @@ async def read_cmdline(executor: Executor, session: Session, pid: int) -> bytes:
     out = bytearray()
     with contextlib.suppress(SandboxError, TimeoutError):
         async with asyncio.timeout(5):
-            async with executor.engine.exec(
-                session.container_id,
-                ExecRequest(["/bin/cat", f"/proc/{pid}/cmdline"], session.spec.user),
+            async with executor.commands.open(
+                Where(session.container_id, session.spec.user),
+                Plain(("/bin/cat", f"/proc/{pid}/cmdline")),
             ) as stream:
                 while (chunk := await stream.read()) is not None:
                     if chunk[0] == 1 and len(out) < CMDLINE_BYTES:

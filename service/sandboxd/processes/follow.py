@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sandboxd.engine.protocol import DetachedExecs
+from sandboxd.commands import DetachedExecs
 from sandboxd.errors import Internal, InvalidArgument, OutOfRange
 from sandboxd.execution import GAP_FD
 from sandboxd.models import ExecKeepalive, ExecOutput, ExecStarted, OutputStream

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from sandboxd.engine.protocol import DetachedExecs
+from sandboxd.commands import DetachedExecs
 from sandboxd.errors import SandboxError
 from sandboxd.processes.record import AgentKept
 

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 
 from sandboxd import domain_events, tenancy, validation
-from sandboxd.engine.protocol import Detach
+from sandboxd.commands import Detach
 from sandboxd.errors import (
     AlreadyExists,
     FailedPrecondition,

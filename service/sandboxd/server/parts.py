@@ -23,8 +23,7 @@ from opentelemetry.trace import Tracer
 
 from sandboxd import domain_events, tenancy
 from sandboxd.admission import ChannelShares, FairShares, shares_of
-from sandboxd.agent.detached import for_engine as agent_processes
-from sandboxd.agent.router import agent_settings
+from sandboxd.agent.router import AgentRouter, agent_settings
 from sandboxd.api.session_leases import renew_on_activity
 from sandboxd.archive import ArchiveIO
 from sandboxd.audit import AuditStore, AuditWriter
@@ -32,6 +31,8 @@ from sandboxd.audit.egress import egress_into
 from sandboxd.audit.subscriber import AuditSubscriber
 from sandboxd.budget import ByteBudget
 from sandboxd.checkpoints import Checkpoints
+from sandboxd.commands import SandboxCommands
+from sandboxd.commands.sandbox import sandbox_side
 from sandboxd.config import Config
 from sandboxd.digest import hashing_threads
 from sandboxd.egress.addresses import Protected
@@ -62,6 +63,7 @@ from sandboxd.sessions.memory_suspension import MemoryOptions
 from sandboxd.sessions.recovery import ENDED_RETENTION
 from sandboxd.snapshot_store import SnapshotStore
 from sandboxd.snapshots import SnapshotKeeper, Snapshots
+from sandboxd.storage.tenant_quota import DiskQuota
 from sandboxd.sweeper import Sweeper
 from sandboxd.templates.builds import Templates, template_in_use
 from sandboxd.templates.builtin_images import BuiltinImages, ScriptRunner
@@ -81,6 +83,8 @@ class Parts:
     owner_id: str
     metrics: Metrics
     engine: Engine
+    commands: SandboxCommands  # every command in a sandbox (the agent first, engine exec after)
+    router: AgentRouter | None  # the agents' channels; None: the agent is off
     audit_store: AuditStore | None
     audit: AuditWriter
     hashers: concurrent.futures.Executor  # hash callers' archive transfers (digest.Digest)
@@ -123,7 +127,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             on_error=metrics.engine_error,
             gvisor_runtime=config.isolation.gvisor_runtime,
             address=engine_address,
-            agent=agent_settings(config),
+            agent=config.agent.enabled,
             owner_id=owner_id,
             disk_tool_image=config.engine.disk_tool_image,
         )
@@ -132,7 +136,24 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     if provider is not None:  # flushes what is left when the server stops (off the loop)
         stack.push_async_callback(asyncio.to_thread, provider.shutdown)
     tracer = tracer_of(provider)
-    engine: Engine = traced(docker, tracer, "engine")
+    traced_docker = traced(docker, tracer, "engine")
+    shares = shares_of(config.admission, metrics.registry)
+    # The sandbox side: the router over the engine's agent port (each session's channel
+    # reading within its tenant's share), the lifecycle that keeps the channels in step, and
+    # the one owner of commands over both. Its channels close before the engine.
+    side = sandbox_side(
+        traced_docker,
+        traced_docker,
+        agent_settings(config),
+        shares=ChannelShares(shares, partitioned=tokens is not None)
+        if shares is not None
+        else None,
+        tracer=tracer,
+    )
+    stack.push_async_callback(side.close)
+    engine: Engine = side.engine
+    commands = side.commands
+    router = side.router
     audit_store = (
         await stack.enter_async_context(AuditStore(config.server.data_dir / "audit.db"))
         if config.audit.enabled
@@ -168,10 +189,10 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     # over the channels to these proxies (docs/agent.md).
     egress = await stack.enter_async_context(
         EgressManager(
-            engine,
+            commands,
             owner_id,
             proxy_port=config.egress.proxy_port,
-            channels=docker.agents.open if docker.agents is not None else None,
+            channels=router.open if router is not None else None,
             on_decision=metrics.proxy_decision,
             on_event=egress_into(observer),
             resolver=Resolver(
@@ -188,21 +209,17 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             ),
         )
     )
-    shares = shares_of(config.admission, metrics.registry)
-    if docker.agents is not None:
-        docker.agents.egress = egress  # the agents' egress streams go to these proxies
-        if shares is not None:  # each session's channel reads within its tenant's share
-            docker.agents.shares = ChannelShares(shares, partitioned=tokens is not None)
-        docker.agents = traced(docker.agents, tracer, "agent")
-    detached = agent_processes(engine) if config.agent.detached_processes else None
-    executor = Executor(engine, detached=detached)
+    if router is not None:  # the agents' egress streams go to these proxies
+        router.egress = egress
+    detached = commands.detached if config.agent.detached_processes else None
+    executor = Executor(commands, detached=detached)
     stack.push_async_callback(executor.close)
     processes = ProcessManager(
         executor, observer, output_budget=config.limits.process_output_buffer_bytes
     )
     stack.push_async_callback(processes.close)  # before executor.close awaits the kills
     files = Files(
-        engine,
+        commands,
         buffers=ByteBudget(config.limits.file_buffer_bytes),
         listing_bytes=config.limits.listing_bytes,
         observer=observer,
@@ -243,6 +260,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         running=porter_runs,
     )
     claims = VolumeClaims(volume_store, store, disks)
+    disk_quota = DiskQuota(config.tenancy.max_disk_bytes, store, volume_store, snapshot_store)
     sessions = SessionManager(
         config,
         engine,
@@ -266,6 +284,8 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             room=image_quota.check_checkpoint_room,
         ),
         observer=observer,
+        commands=commands,
+        disk_quota=disk_quota,
     )
     observer.subscribe(ActivityRenewal(functools.partial(renew_on_activity, sessions, terms)))
     volumes = Volumes(
@@ -285,6 +305,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             running=porter_runs,
         ),
         observer,
+        disk_quota=disk_quota,
     )
     snapshots = Snapshots(
         keeper,
@@ -295,12 +316,14 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         quota=image_quota,
         max_image_bytes=config.images.max_image_bytes,
         observer=observer,
+        disk_quota=disk_quota,
     )
     previews = await stack.enter_async_context(
         previews_setup.serve(
             preview_parts,
             config,
-            engine=engine,
+            commands=commands,
+            router=router,
             store=store,
             sessions=sessions,
             metrics_registry=metrics.registry,
@@ -312,6 +335,8 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         owner_id=owner_id,
         metrics=metrics,
         engine=engine,
+        commands=commands,
+        router=router,
         audit_store=audit_store,
         audit=audit,
         hashers=hashers,

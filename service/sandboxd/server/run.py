@@ -113,7 +113,14 @@ async def background(
 def _session_sampler(p: Parts, config: Config) -> SessionSampler:
     limit = config.metrics.session_limit
     gauges = p.metrics.session_gauges
-    return SessionSampler(p.store, p.engine, gauges, limit=limit, egress_bytes=p.egress.bytes_moved)
+    return SessionSampler(
+        p.store,
+        p.engine,
+        gauges,
+        limit=limit,
+        egress_bytes=p.egress.bytes_moved,
+        commands=p.commands,
+    )
 
 
 async def shut_down(

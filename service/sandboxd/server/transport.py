@@ -121,7 +121,11 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
         SessionService(
             SessionLifecycleRpcs(p.sessions, leases),
             SessionNetworkRpcs(p.sessions, leases),
-            SessionEventRpcs(p.sessions, p.hub, StatsReader(p.engine, p.hub, p.egress.bytes_moved)),
+            SessionEventRpcs(
+                p.sessions,
+                p.hub,
+                StatsReader(p.engine, p.hub, p.egress.bytes_moved, commands=p.commands),
+            ),
             SessionPreviewRpcs(p.previews),
         ),
         server,

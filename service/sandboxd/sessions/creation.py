@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from sandboxd import domain_events, images, tenancy
+from sandboxd.commands import SandboxCommands
 from sandboxd.config import Config
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import AlreadyExists, FailedPrecondition
@@ -23,6 +24,7 @@ from sandboxd.isolation import IsolationTiers
 from sandboxd.models import PullPolicy, Session, SessionState
 from sandboxd.pulls import Pulls, Resolved
 from sandboxd.reasons import Reason
+from sandboxd.sessions.forks import disk_source, fit_to_source
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.manifest import write_manifest
@@ -44,6 +46,7 @@ class Creation:
 
     _config: Config
     _engine: Engine
+    _commands: SandboxCommands  # the manifest's unpacking
     _store: SessionStore
     _keeper: WorkspaceKeeper
     _locks: SessionLocks
@@ -104,6 +107,7 @@ class Creation:
                     metadata=metadata,
                 )
             source = await self._fork_source(checked.from_snapshot_id)
+            spec = fit_to_source(spec, req, source)  # a disk snapshot forks into a disk
             # The allowlist first: an image outside it is refused before the engine is asked,
             # so a caller cannot probe which images exist.
             images.check_image(
@@ -154,9 +158,11 @@ class Creation:
             undo.push(lambda: self._store.delete(session_id))
             try:
                 # A warm container has another host uid than the one the volumes were handed to.
-                await self._sandboxes.provision(session, undo, warm_ok=not mounts)
+                await self._sandboxes.provision(
+                    session, undo, warm_ok=not mounts, disk_from=disk_source(source)
+                )
                 if spec.manifest.files or spec.manifest.directories:
-                    await write_manifest(self._engine, session)
+                    await write_manifest(self._commands, session)
                 if source is not None:
                     await self._keeper.restore(session, source)
                     undo.push(lambda: self._keeper.forget_session(session_id))

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import timedelta
 
 from sandboxd import domain_events, paging, tenancy, validation
+from sandboxd.commands import SandboxCommands
 from sandboxd.config import Config
 from sandboxd.egress.audit import EgressEvent
 from sandboxd.egress.manager import EgressManager
@@ -45,6 +46,7 @@ from sandboxd.sessions.recovery import ExpiryHook, Recovery, now
 from sandboxd.sessions.sandboxes import Sandboxes, SessionEndHook
 from sandboxd.sessions.spec import CreateSessionInput, check_lease
 from sandboxd.sessions.suspension import Suspension
+from sandboxd.storage.tenant_quota import DiskQuota
 from sandboxd.store import SessionStore
 from sandboxd.templates.builtin import TemplateImages
 from sandboxd.volumes.claims import VolumeClaims
@@ -71,6 +73,8 @@ class SessionManager:
         host_ids: HostIds | None = None,
         volumes: VolumeClaims | None = None,
         memory: MemoryOptions | None = None,  # None: no memory suspend
+        commands: SandboxCommands,
+        disk_quota: DiskQuota | None = None,  # None: no tenant_max_disk_bytes
         observer: domain_events.Observer = domain_events.SILENT,  # a caller's changes
     ) -> None:
         self._observer = observer
@@ -120,10 +124,11 @@ class SessionManager:
         self._creation = Creation(
             config,
             engine,
+            commands,
             store,
             keeper,
             self._locks,
-            QuotaGate(config, store),
+            QuotaGate(config, store, disk_quota),
             self._sandboxes,
             # Shared with the warm pool, whose containers hold ids too (server/parts.py).
             host_ids or HostIds.for_config(config, store),

@@ -10,7 +10,7 @@ import asyncio
 import io
 import tarfile
 
-from sandboxd.engine.protocol import Engine
+from sandboxd.commands import SandboxCommands
 from sandboxd.errors import FailedPrecondition, ResourceExhausted
 from sandboxd.helper_client import HelperClient, tool_argv
 from sandboxd.models import Session, WorkspaceManifest
@@ -48,13 +48,13 @@ def _parents(path: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-async def write_manifest(engine: Engine, session: Session) -> None:
+async def write_manifest(commands: SandboxCommands, session: Session) -> None:
     """Unpack the manifest into /workspace as the sandbox user; WORKSPACE_FULL when it does
     not fit, MANIFEST_WRITE_FAILED for any other refusal."""
     archive = await asyncio.to_thread(build_manifest_tar, session.spec.manifest)
     # Through the one helper client: tar under `sbx run` with a clean environment, so nothing
     # the session's env says (TAR_OPTIONS, PATH, loader variables) reaches it.
-    result = await HelperClient(engine).run(
+    result = await HelperClient(commands).run(
         session, tool_argv(".", ["tar", "-x", "-f", "-"]), stdin=archive
     )
     if result.exit_code != 0:

@@ -298,15 +298,18 @@ class Recovery:
 
     async def _sweep_disks(self) -> None:
         """Remove the workspace disks no live record names (a delete or expiry whose removal
-        failed, a create that died with a server); nothing else: not a live session's, not a
-        named volume's (another id prefix). The disks are listed before the records are
+        failed, a create that died with a server, a dead server's pool member never used);
+        nothing else: not a live session's, not a warm member's, not a named volume's (another
+        id prefix). The disks are listed before the records are
         read: a create writes its record before it makes its disk."""
         disks = [
             d for d in await self._engine.disks.list_ids() if d.startswith(WORKSPACE_DISK_PREFIX)
         ]
         if not disks:
             return
-        kept = await self._store.disk_ids(LIVE_STATES)
+        # The pool's first (a claim leaves it once its record names the disk), then records.
+        pooled = self._pool.disks() if self._pool is not None else set()
+        kept = await self._store.disk_ids(LIVE_STATES) | pooled
         for disk_id in disks:
             if disk_id in kept:
                 continue

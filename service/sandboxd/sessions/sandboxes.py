@@ -8,6 +8,7 @@ goes: the session-end hooks (background processes), the sandbox, then its egress
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -78,25 +79,30 @@ class Sandboxes:
         *,
         warm_ok: bool = True,
         start: Callable[[str], Awaitable[None]] | None = None,
+        disk_from: str = "",
     ) -> None:
         """A started sandbox for `session`, its id recorded in the store.
 
         `warm_ok`: a warm container may serve, and its host identity becomes the session's
         (a create). A rebuild passes False: a resumed session keeps the uid its files and its
         record have. `start`: how the created sandbox starts (a memory resume starts it from
-        its checkpoint); the engine's plain start by default."""
+        its checkpoint); the engine's plain start by default. `disk_from`: the disk a disk
+        workspace is made as a copy of (a fork of a disk snapshot; no warm container)."""
         egress = session.spec.network.mode is NetworkMode.ALLOWLIST and self._egress is not None
         if egress and self._egress is not None:
             undo.push(lambda: self._release_egress(session))
             await self._egress.prepare(session)  # before the start: the agent's HELLO asks
         request = self.request(session)
-        pool = self._pool if warm_ok else None
+        pool = self._pool if warm_ok and not disk_from else None
         warm = await pool.claim(request) if pool is not None else None
         if warm is not None and pool is not None:
             # Started already; carries the pool label, linked by the stored id. The record
             # takes the member's host id before the pool lets go of it.
             session.container_id = warm.container_id
             session.spec = session.spec.as_host(warm.host_id, warm.host_id)
+            if warm.disk_id:  # a disk member: its disk, made for its uid, is the session's
+                session.spec = dataclasses.replace(session.spec, disk_id=warm.disk_id)
+                undo.push(lambda: self._engine.disks.delete(warm.disk_id))
             undo.push(lambda: self._engine.remove_sandbox(warm.container_id))
             try:
                 await self._store.update_spec(session)
@@ -104,7 +110,7 @@ class Sandboxes:
             finally:
                 pool.settled(warm.container_id)
             return
-        await self._ensure_disk(session, undo)
+        await self._ensure_disk(session, undo, disk_from)
         # Pushed first: a create cancelled before the engine answered left it under its name.
         undo.push(lambda: self.remove_by_name(session.session_id))
         sandbox_id = await self._engine.create_sandbox(request)
@@ -115,14 +121,19 @@ class Sandboxes:
         if egress and self._egress is not None:
             await self._egress.install_trust(session)  # secrets: the session CA
 
-    async def _ensure_disk(self, session: Session, undo: Undo) -> None:
+    async def _ensure_disk(self, session: Session, undo: Undo, disk_from: str = "") -> None:
         """A disk workspace's disk, made (empty, owned by the session's host uid) when it is
         not there: at a create, or a rebuild whose disk the engine lost (the snapshot then
-        fills it). One this call made goes again with a create or rebuild that fails."""
+        fills it); or a copy of `disk_from` given to that uid (on the engine host: no byte
+        through the server). One this call made goes again with a create or rebuild that
+        fails."""
         spec = session.spec
         if not spec.on_disk or await self._engine.disks.exists(spec.disk_id):
             return
         undo.push(lambda: self._engine.disks.delete(spec.disk_id))
+        if disk_from:
+            await self._engine.disks.copy(disk_from, spec.disk_id, spec.uid, spec.gid)
+            return
         await self._engine.disks.create(
             spec.disk_id, spec.limits.workspace_bytes, spec.uid, spec.gid
         )

@@ -20,6 +20,7 @@ from sandboxd.labels import LABEL_AUTO
 from sandboxd.models import RESTORED_FROM_DISK, Loss, Session, SessionState, SuspendMode
 from sandboxd.pulls import Pulls
 from sandboxd.reasons import Reason
+from sandboxd.sessions.forks import disk_source
 from sandboxd.sessions.gate import WorkspaceGate
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.liveness import require_live
@@ -131,7 +132,9 @@ class Suspension:
         try:
             if self._pulls is not None and session.spec.image_id:
                 await self._pulls.pinned(session.spec)  # the digest it ran, never the tag's
-            await self._sandboxes.provision(session, undo, warm_ok=False)
+            await self._sandboxes.provision(
+                session, undo, warm_ok=False, disk_from=disk_source(snap)
+            )
             if snap is not None:
                 await self._keeper.restore(session, snap)
             if session.loss is not None and session.loss.restored_at is None:

@@ -114,8 +114,10 @@ detach)
   [ -e "$img" ] && report || echo "disk dev= size=0 allocated=0";;
 copy)
   if [ ! -e "$img" ]; then
+    /bin/busybox sync  # a mounted source's dirty pages into its image (sync(2) is host-wide)
     set -- $(/sbin/stat -c '%b %B' /s/disk.img)
     room $(($1 * $2))
+    /bin/busybox rm -f /d/disk.tmp
     /sbin/cp --sparse=always /s/disk.img /d/disk.tmp
     /bin/busybox sync
     /bin/busybox mv /d/disk.tmp "$img"
@@ -124,6 +126,12 @@ copy)
   report;;
 esac
 """
+
+
+# The hand-over of a copied disk to its new owner: `sh -c OWN_SCRIPT own UID GID` in a container
+# of the tool image mounting the disk at /w, as root with CHOWN, FOWNER and DAC_READ_SEARCH
+# only. `-h` and no `-L`: a symlink is changed itself, never followed (the tree is a tenant's).
+OWN_SCRIPT = '/bin/busybox chmod 0700 /w && /bin/busybox chown -R -h "$1:$2" /w'
 
 
 @dataclass(frozen=True)
@@ -210,6 +218,29 @@ def tool_config(
             "LogConfig": {"Type": "json-file", "Config": {"max-size": "64k"}},
         },
     }
+
+
+def own_config(
+    image: str, volume: str, uid: int, gid: int, labels: dict[str, str]
+) -> dict[str, Any]:
+    """The container that gives every file of a copied disk to uid:gid (a fork's, a
+    snapshot's own host id): the tool image, runc, no network, a read-only root, and only the
+    capabilities a chown of another user's tree needs."""
+    numeric = all(isinstance(n, int) and not isinstance(n, bool) for n in (uid, gid))
+    if not numeric or not (0 < uid < 2**31 and 0 < gid < 2**31):
+        raise Internal(f"disk owner {uid}:{gid} is not a non-root numeric id")
+    config = tool_config(image, "copy", (), disk_volume="", labels=labels)
+    config["Cmd"] = ["/bin/sh", "-c", OWN_SCRIPT, "own", str(uid), str(gid)]
+    host = config["HostConfig"]
+    host["CapAdd"] = ["CHOWN", "FOWNER", "DAC_READ_SEARCH"]
+    del host["Devices"], host["DeviceCgroupRules"]
+    host["Binds"] = []
+    host["Mounts"] = [
+        {"Type": "volume", "Source": volume, "Target": "/w", "VolumeOptions": {"NoCopy": True}}
+    ]
+    host["Memory"] = 64 * 1024 * 1024
+    host["PidsLimit"] = 16
+    return config
 
 
 _RESULT = re.compile(

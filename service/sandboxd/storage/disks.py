@@ -104,10 +104,18 @@ class Disks(Protocol):
         """NotFound (ENGINE_OBJECT_NOT_FOUND) when there is no such disk."""
         ...
 
-    async def copy(self, source_id: str, disk_id: str) -> DiskUsage:
-        """A sparse copy made on the engine host (no byte through the server), attached. The
-        source must not be mounted by a running container (its filesystem would be copied
-        mid-write); idempotent by `disk_id`."""
+    async def copy(
+        self, source_id: str, disk_id: str, uid: int = 0, gid: int = 0, *, freeze: str = ""
+    ) -> DiskUsage:
+        """A sparse copy made on the engine host (no byte through the server), every file of
+        it given to uid:gid (its root 0700: the host id of whoever mounts it next) and
+        attached; uid 0: kept as it is and not attached (a snapshot's copy, which nobody
+        mounts: a loop device each would run the host out of them).
+        `freeze`: the container that mounts the source, paused for the copy (after the
+        kernel's dirty pages are written out), so the copy is one instant of its files; a
+        source no container mounts needs none. Idempotent by `disk_id`. Refused with
+        ResourceExhausted ENGINE_DISK_FULL when the engine host has less free space than the
+        source takes; refused or failed, nothing of the copy is left behind."""
         ...
 
     async def delete(self, disk_id: str) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiodocker
@@ -111,29 +111,33 @@ class DockerDisks:
     async def attach(self, disk_id: str, flags: MountFlags = WORKSPACE_FLAGS) -> str:
         async with self._lock(disk_id):
             await self._require(disk_id)
-            result = await self._run(disk_id, "attach", ())
-            name = self.mount_volume(disk_id, result.device, flags)
-            if await self._volume(name) is None:
-                with self._translate(f"creating volume {name}"):
-                    await self._docker().volumes.create(  # type: ignore[no-untyped-call]
-                        {
-                            "Name": name,
-                            "Driver": "local",
-                            "DriverOpts": {
-                                "type": "ext4",
-                                "device": result.device,
-                                "o": flags.options(),
-                            },
-                            "Labels": self._labels(disk_id),
-                        }
-                    )
-            # Mount volumes of loops this disk is no longer on: a restarted host hands their
-            # numbers to other disks. One a container still uses stays (the engine refuses).
-            current = self.mount_volume(disk_id, result.device, MountFlags()).removesuffix("x")
-            for other in await self._mount_volumes(disk_id):
-                if not other.startswith(current):
-                    await self._remove_volume(other, quiet=True)
-            return name
+            return await self._attach(disk_id, flags)
+
+    async def _attach(self, disk_id: str, flags: MountFlags) -> str:
+        """Under the disk's lock: attached, and the mount volume of the loop it is on now."""
+        result = await self._run(disk_id, "attach", ())
+        name = self.mount_volume(disk_id, result.device, flags)
+        if await self._volume(name) is None:
+            with self._translate(f"creating volume {name}"):
+                await self._docker().volumes.create(  # type: ignore[no-untyped-call]
+                    {
+                        "Name": name,
+                        "Driver": "local",
+                        "DriverOpts": {
+                            "type": "ext4",
+                            "device": result.device,
+                            "o": flags.options(),
+                        },
+                        "Labels": self._labels(disk_id),
+                    }
+                )
+        # Mount volumes of loops this disk is no longer on: a restarted host hands their
+        # numbers to other disks. One a container still uses stays (the engine refuses).
+        current = self.mount_volume(disk_id, result.device, MountFlags()).removesuffix("x")
+        for other in await self._mount_volumes(disk_id):
+            if not other.startswith(current):
+                await self._remove_volume(other, quiet=True)
+        return name
 
     def mount(self, volume: str, target: str, *, read_only: bool = False) -> DiskMount:
         return DiskMount(volume=volume, target=target, read_only=read_only)
@@ -147,7 +151,9 @@ class DockerDisks:
         result = await self._run(disk_id, "usage", ())
         return DiskUsage(disk_id, result.size_bytes, result.allocated_bytes)
 
-    async def copy(self, source_id: str, disk_id: str) -> DiskUsage:
+    async def copy(
+        self, source_id: str, disk_id: str, uid: int = 0, gid: int = 0, *, freeze: str = ""
+    ) -> DiskUsage:
         source = await self._require(source_id)
         size = (source.get("Labels") or {}).get(LABEL_DISK_SIZE, "0")
         volume = self.image_volume(disk_id)
@@ -159,13 +165,46 @@ class DockerDisks:
                         {"Name": volume, "Labels": self._labels(disk_id, **{LABEL_DISK_SIZE: size})}
                     )
             try:
-                await self._run(disk_id, "copy", (), source_volume=self.image_volume(source_id))
-                result = await self._run(disk_id, "attach", ())
-            except BaseException:
+                async with self._frozen(freeze):
+                    result = await self._run(
+                        disk_id, "copy", (), source_volume=self.image_volume(source_id)
+                    )
+                if uid:  # to be mounted: attached and handed over
+                    mount = await self._attach(disk_id, WORKSPACE_FLAGS)
+                    await self._own(disk_id, mount, uid, gid)
+            except BaseException as exc:
                 if made:
-                    await asyncio.shield(self._discard(disk_id))
+                    # Refused for room: the script stopped before it made anything to attach.
+                    refused = isinstance(exc, ResourceExhausted)
+                    await asyncio.shield(self._discard(disk_id, attached=not refused))
                 raise
             return DiskUsage(disk_id, result.size_bytes, result.allocated_bytes)
+
+    @contextlib.asynccontextmanager
+    async def _frozen(self, container_id: str) -> AsyncIterator[None]:
+        """The container paused (its processes frozen: no write lands mid-copy) for the block,
+        and let go whatever happens to it; none: nothing to freeze."""
+        if not container_id:
+            yield
+            return
+        container = aiodocker.containers.DockerContainer(self._docker(), id=container_id)
+        with self._translate(f"pausing container {container_id[:12]} for a disk copy"):
+            await container.pause()
+        try:
+            yield
+        finally:
+            with self._translate(f"unpausing container {container_id[:12]}"):
+                await asyncio.shield(container.unpause())
+
+    async def _own(self, disk_id: str, mount: str, uid: int, gid: int) -> None:
+        """Every file of the disk given to uid:gid, its root 0700 (disk_tool.OWN_SCRIPT)."""
+        config = disk_tool.own_config(
+            self._image, mount, uid, gid, self._labels(disk_id, **{LABEL_DISK_TOOL: "own"})
+        )
+        code, output = await self._contained(disk_id, config)
+        if code != 0:
+            said = output.strip()[-300:]
+            raise Internal(f"handing the disk {disk_id} to {uid}:{gid} failed ({code}): {said}")
 
     async def delete(self, disk_id: str) -> bool:
         volume = self.image_volume(disk_id)
@@ -233,6 +272,8 @@ class DockerDisks:
         then the volume. A detach that fails keeps the volume, for the sweep's delete."""
         if attached:
             try:
+                for name in await self._mount_volumes(disk_id):  # a copy's, made to own it
+                    await self._remove_volume(name)
                 await self._run(disk_id, "detach", ())
             except SandboxError:
                 return
@@ -250,21 +291,19 @@ class DockerDisks:
                 reason=Reason.DISK_STORAGE_UNAVAILABLE,
             ) from None
 
-    async def _run(
-        self, disk_id: str, op: str, numbers: tuple[int, ...], *, source_volume: str = ""
-    ) -> disk_tool.ToolResult:
-        """One run of the tool container: created, started, waited for, read, removed."""
-        config = disk_tool.tool_config(
-            self._image,
-            op,
-            numbers,
-            disk_volume=self.image_volume(disk_id),
-            labels=self._labels(
-                disk_id,
-                **{LABEL_DISK_TOOL: op, LABEL_WORK: WORK_DISK_TOOL, LABEL_WORK_RUN: self._run_id},
-            ),
-            source_volume=source_volume,
-        )
+    async def _contained(self, disk_id: str, config: dict[str, Any]) -> tuple[int, str]:
+        """One run of a tool container: created, started, waited for, read, removed. Each
+        carries this process's run id, so the next start removes one a dead server left
+        (engine/work_containers.py)."""
+        config = {
+            **config,
+            "Labels": {
+                **(config.get("Labels") or {}),
+                LABEL_OWNER: self._owner,
+                LABEL_WORK: WORK_DISK_TOOL,
+                LABEL_WORK_RUN: self._run_id,
+            },
+        }
         docker = self._docker()
         try:
             with self._translate(f"creating the disk tool for {disk_id}"):
@@ -281,8 +320,21 @@ class DockerDisks:
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(container.delete(force=True))
-        output = "".join(lines)
-        code = int(status.get("StatusCode", -1))
+        return int(status.get("StatusCode", -1)), "".join(lines)
+
+    async def _run(
+        self, disk_id: str, op: str, numbers: tuple[int, ...], *, source_volume: str = ""
+    ) -> disk_tool.ToolResult:
+        """One run of the tool container: created, started, waited for, read, removed."""
+        config = disk_tool.tool_config(
+            self._image,
+            op,
+            numbers,
+            disk_volume=self.image_volume(disk_id),
+            labels=self._labels(disk_id, **{LABEL_DISK_TOOL: op}),
+            source_volume=source_volume,
+        )
+        code, output = await self._contained(disk_id, config)
         if code == disk_tool.EXIT_NO_ROOM:
             result = disk_tool.parse_result(output)
             raise ResourceExhausted(

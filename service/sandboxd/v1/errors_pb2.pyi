@@ -385,8 +385,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     tenant_max_volumes, tenant_max_volume_bytes); delete some first.
     """
     ERROR_REASON_MOUNT_PATH_INVALID: _ErrorReason.ValueType  # 413
-    """INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt,
-    or it is /mnt itself, or at, above or below another volume's path of the same session.
+    """INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt or
+    one folder directly below /workspace, or it is /mnt or /workspace itself, or at, above or
+    below another volume's path of the same session.
     """
     ERROR_REASON_INVALID_VOLUME_ID: _ErrorReason.ValueType  # 414
     """INVALID_ARGUMENT: A volume id is not 1-63 of a-z, 0-9, '_', '.', '-' starting with a
@@ -405,6 +406,23 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other
     tenants are active (admission_calls_per_s); RetryInfo says when a token is free again.
     Nothing was done. A tenant alone on the server is never refused this way.
+    """
+    ERROR_REASON_TENANT_DISK_QUOTA: _ErrorReason.ValueType  # 480
+    """RESOURCE_EXHAUSTED: The tenant's disk workspaces, volumes and snapshots together would
+    pass its disk quota (tenant_max_disk_bytes): workspaces and volumes count at their size,
+    snapshots at what they take. Metadata `quota_bytes`, `used_bytes`, `remaining_bytes` and
+    `asked_bytes`; delete a session, volume or snapshot first. Nothing was made.
+    """
+    ERROR_REASON_SNAPSHOT_NOT_TAR: _ErrorReason.ValueType  # 481
+    """FAILED_PRECONDITION: The snapshot is a disk snapshot (SNAPSHOT_KIND_DISK): a copy of a disk
+    workspace the engine host keeps, not a tar the server can stream, and it forks only into
+    a disk workspace of its size. Take a SNAPSHOT_KIND_TAR snapshot to download it or to fork
+    it into a memory workspace.
+    """
+    ERROR_REASON_IMPORT_INTO_VOLUME: _ErrorReason.ValueType  # 482
+    """FAILED_PRECONDITION: An ImportArchive (or a restore) would write into a volume the session
+    mounts below /workspace: another file system, which the import's all-or-nothing swap
+    cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile.
     """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
@@ -779,8 +797,9 @@ ERROR_REASON_VOLUME_QUOTA_EXCEEDED: ErrorReason.ValueType  # 412
 tenant_max_volumes, tenant_max_volume_bytes); delete some first.
 """
 ERROR_REASON_MOUNT_PATH_INVALID: ErrorReason.ValueType  # 413
-"""INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt,
-or it is /mnt itself, or at, above or below another volume's path of the same session.
+"""INVALID_ARGUMENT: A volume's mount path is not an absolute, normalised path below /mnt or
+one folder directly below /workspace, or it is /mnt or /workspace itself, or at, above or
+below another volume's path of the same session.
 """
 ERROR_REASON_INVALID_VOLUME_ID: ErrorReason.ValueType  # 414
 """INVALID_ARGUMENT: A volume id is not 1-63 of a-z, 0-9, '_', '.', '-' starting with a
@@ -799,5 +818,22 @@ ERROR_REASON_TENANT_RATE_LIMITED: ErrorReason.ValueType  # 440
 """RESOURCE_EXHAUSTED, retryable: The tenant is over its fair share of the server while other
 tenants are active (admission_calls_per_s); RetryInfo says when a token is free again.
 Nothing was done. A tenant alone on the server is never refused this way.
+"""
+ERROR_REASON_TENANT_DISK_QUOTA: ErrorReason.ValueType  # 480
+"""RESOURCE_EXHAUSTED: The tenant's disk workspaces, volumes and snapshots together would
+pass its disk quota (tenant_max_disk_bytes): workspaces and volumes count at their size,
+snapshots at what they take. Metadata `quota_bytes`, `used_bytes`, `remaining_bytes` and
+`asked_bytes`; delete a session, volume or snapshot first. Nothing was made.
+"""
+ERROR_REASON_SNAPSHOT_NOT_TAR: ErrorReason.ValueType  # 481
+"""FAILED_PRECONDITION: The snapshot is a disk snapshot (SNAPSHOT_KIND_DISK): a copy of a disk
+workspace the engine host keeps, not a tar the server can stream, and it forks only into
+a disk workspace of its size. Take a SNAPSHOT_KIND_TAR snapshot to download it or to fork
+it into a memory workspace.
+"""
+ERROR_REASON_IMPORT_INTO_VOLUME: ErrorReason.ValueType  # 482
+"""FAILED_PRECONDITION: An ImportArchive (or a restore) would write into a volume the session
+mounts below /workspace: another file system, which the import's all-or-nothing swap
+cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -317,7 +317,7 @@ class CreateSessionRequest(_message.Message):
     @_builtins.property
     def volumes(self) -> _containers.RepeatedCompositeFieldContainer[_volumes_pb2.VolumeMount]:
         """Volumes of the caller's tenant (VolumeService) mounted in the sandbox, each at its path
-        below /mnt: read-write by one session at a time (a second writer is FAILED_PRECONDITION
+        below /mnt or directly below /workspace: read-write by one session at a time (a second writer is FAILED_PRECONDITION
         VOLUME_IN_USE), read-only by many. A bad path is INVALID_ARGUMENT MOUNT_PATH_INVALID.
         """
 

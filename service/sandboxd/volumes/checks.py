@@ -4,10 +4,11 @@ Mount paths are held to a narrow alphabet so that nothing the engine or the kern
 differently from the server gets through: every component is 1-64 of `A-Z a-z 0-9 . _ -`
 (no `.` or `..`, no NUL, no control or non-ASCII character that could look like a slash or
 another name), the path is absolute and already normal (no `//`, no trailing `/`), and it lies
-strictly below /mnt. /workspace is not a root for volumes: the workspace's snapshots, suspend,
-fork and export walk /workspace with the image's tar, which cannot leave another filesystem out
-(busybox tar has no --exclude or --one-file-system), so a volume there would be copied into
-every snapshot and a restore would rename across its mount point.
+strictly below /mnt, or directly below /workspace (`/workspace/NAME`: one folder, so the
+workspace's tar paths leave a volume out by its name: snapshots, suspend, fork and the export
+of the workspace root skip it, and a restore's replace spares its mount point; the image's
+busybox tar has no --exclude to leave out a deeper one). Never /workspace itself, nor a name
+of the server's import staging (`.sbx-`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from sandboxd.validation._text import _plain, _show
 from sandboxd.validation.identity import SESSION_ID_RE
 
 MOUNT_ROOT = "/mnt"
+WORKSPACE_ROOT = "/workspace"
 MAX_DEPTH = 8  # components below /mnt
+_STAGING = ".sbx-"  # the import's stage and trash (sandboxd.archive.transfer)
 _COMPONENT_RE = re.compile(r"\A[A-Za-z0-9_.-]{1,64}\Z")
 _ID_RULE = "1-63 characters of a-z, 0-9, '_', '.', '-', starting with a letter or digit"
 
@@ -69,21 +72,20 @@ def _path_error(path: str, why: str) -> InvalidArgument:
 
 
 def check_mount_path(path: str) -> str:
-    """An absolute, normal path strictly below /mnt, of plain components."""
+    """An absolute, normal path of plain components strictly below /mnt, or one folder
+    directly below /workspace."""
+    rule = "below /mnt or directly below /workspace, such as /mnt/data or /workspace/data"
     if not isinstance(path, str) or not path:
-        raise _path_error(str(path), "give an absolute path below /mnt, such as /mnt/data")
+        raise _path_error(str(path), f"give an absolute path {rule}")
     if not path.startswith("/"):
-        raise _path_error(path, "it must be absolute, below /mnt (such as /mnt/data)")
+        raise _path_error(path, f"it must be absolute, {rule}")
     parts = path.split("/")[1:]
-    if parts[0] != MOUNT_ROOT[1:]:
-        raise _path_error(
-            path,
-            "volumes mount below /mnt only (not the workspace: its snapshots and exports "
-            "would carry the volume's files)",
-        )
+    root = "/" + parts[0]
+    if root not in (MOUNT_ROOT, WORKSPACE_ROOT):
+        raise _path_error(path, f"volumes mount {rule}")
     below = parts[1:]
     if not below or below == [""]:
-        raise _path_error(path, "it must name a folder below /mnt, not /mnt itself")
+        raise _path_error(path, f"it must name a folder below {root}, not {root} itself")
     if len(below) > MAX_DEPTH:
         raise _path_error(path, f"at most {MAX_DEPTH} folders below /mnt")
     for part in below:
@@ -91,7 +93,22 @@ def check_mount_path(path: str) -> str:
             raise _path_error(path, "it must be normal: no empty, '.' or '..' component")
         if not _COMPONENT_RE.match(part):
             raise _path_error(path, "each folder name is 1-64 of A-Z, a-z, 0-9, '.', '_', '-'")
+    if root == WORKSPACE_ROOT:
+        if len(below) > 1:
+            raise _path_error(
+                path,
+                "a volume in the workspace is one folder directly below /workspace (such as "
+                "/workspace/data): the workspace's snapshots leave it out by its name",
+            )
+        if below[0].startswith(_STAGING):
+            raise _path_error(path, f"names starting {_STAGING!r} are the server's own")
     return path
+
+
+def workspace_mounts(mounts: Sequence[VolumeMount]) -> frozenset[str]:
+    """The names of the folders below /workspace that are volumes (the tar paths skip them)."""
+    prefix = WORKSPACE_ROOT + "/"
+    return frozenset(m.path[len(prefix) :] for m in mounts if m.path.startswith(prefix))
 
 
 def _overlaps(a: str, b: str) -> bool:

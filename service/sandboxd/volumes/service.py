@@ -22,6 +22,7 @@ from sandboxd.config_sections import VolumesSection
 from sandboxd.errors import AlreadyExists, Internal, ResourceExhausted, SandboxError
 from sandboxd.reasons import Reason
 from sandboxd.sessions.locks import SessionLocks
+from sandboxd.storage.tenant_quota import DiskQuota
 from sandboxd.volumes import checks
 from sandboxd.volumes.claims import VolumeClaims
 from sandboxd.volumes.port import DISK_PREFIX, VolumeDisks, VolumePorter
@@ -49,8 +50,10 @@ class Volumes:
         owner_id: str,
         porter: VolumePorter | None = None,
         observer: domain_events.Observer = domain_events.SILENT,  # its lifecycle, transfers
+        disk_quota: DiskQuota | None = None,  # None: no tenant_max_disk_bytes
     ) -> None:
         self._observer = observer
+        self._disk_quota = disk_quota
         self._settings = settings
         self._store = store
         self._claims = claims
@@ -82,8 +85,14 @@ class Volumes:
                     reason=Reason.VOLUME_ALREADY_EXISTS,
                     metadata={"volume_id": volume_id},
                 )
-            async with self._tenant_locks.locked(tenant):
+            quota = self._disk_quota
+            async with (
+                self._tenant_locks.locked(tenant),
+                quota.locked(tenant) if quota is not None else contextlib.nullcontext(),
+            ):
                 await self._check_quota(tenant, size)
+                if quota is not None:
+                    await quota.check(tenant, size, "a volume")
                 record = VolumeRecord(
                     tenant=tenant,
                     volume_id=volume_id,

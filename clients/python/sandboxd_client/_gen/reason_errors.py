@@ -552,7 +552,7 @@ class VolumeQuotaExceeded(ResourceExhausted):
 
 
 class MountPathInvalid(InvalidArgument):
-    """MOUNT_PATH_INVALID: A volume's mount path is not an absolute, normalised path below /mnt, or it is /mnt itself, or at, above or below another volume's path of the same session."""
+    """MOUNT_PATH_INVALID: A volume's mount path is not an absolute, normalised path below /mnt or one folder directly below /workspace, or it is /mnt or /workspace itself, or at, above or below another volume's path of the same session."""
 
 
 class InvalidVolumeId(InvalidArgument):
@@ -573,6 +573,18 @@ class MemorySuspendUnsupported(FailedPrecondition):
 
 class TenantRateLimited(ResourceExhausted):
     """TENANT_RATE_LIMITED: The tenant is over its fair share of the server while other tenants are active (admission_calls_per_s); RetryInfo says when a token is free again. Nothing was done. A tenant alone on the server is never refused this way."""
+
+
+class TenantDiskQuota(ResourceExhausted):
+    """TENANT_DISK_QUOTA: The tenant's disk workspaces, volumes and snapshots together would pass its disk quota (tenant_max_disk_bytes): workspaces and volumes count at their size, snapshots at what they take. Metadata `quota_bytes`, `used_bytes`, `remaining_bytes` and `asked_bytes`; delete a session, volume or snapshot first. Nothing was made."""
+
+
+class SnapshotNotTar(FailedPrecondition):
+    """SNAPSHOT_NOT_TAR: The snapshot is a disk snapshot (SNAPSHOT_KIND_DISK): a copy of a disk workspace the engine host keeps, not a tar the server can stream, and it forks only into a disk workspace of its size. Take a SNAPSHOT_KIND_TAR snapshot to download it or to fork it into a memory workspace."""
+
+
+class ImportIntoVolume(FailedPrecondition):
+    """IMPORT_INTO_VOLUME: An ImportArchive (or a restore) would write into a volume the session mounts below /workspace: another file system, which the import's all-or-nothing swap cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile."""
 
 
 # Every reason's class: the one `from_rpc_error` raises when the code agrees.
@@ -732,6 +744,9 @@ BY_REASON: dict[str, type[SandboxError]] = {
     "VOLUME_ALREADY_EXISTS": VolumeAlreadyExists,
     "MEMORY_SUSPEND_UNSUPPORTED": MemorySuspendUnsupported,
     "TENANT_RATE_LIMITED": TenantRateLimited,
+    "TENANT_DISK_QUOTA": TenantDiskQuota,
+    "SNAPSHOT_NOT_TAR": SnapshotNotTar,
+    "IMPORT_INTO_VOLUME": ImportIntoVolume,
 }
 
 __all__ = [
@@ -870,4 +885,7 @@ __all__ = [
     "VolumeAlreadyExists",
     "MemorySuspendUnsupported",
     "TenantRateLimited",
+    "TenantDiskQuota",
+    "SnapshotNotTar",
+    "ImportIntoVolume",
 ]

@@ -36,6 +36,11 @@ class _SnapshotKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Snapshot
     """A tar of /workspace in the server's data directory."""
     SNAPSHOT_KIND_IMAGE: _SnapshotKind.ValueType  # 2
     """A docker commit of the container (the workspace tmpfs is not in it) besides the tar."""
+    SNAPSHOT_KIND_DISK: _SnapshotKind.ValueType  # 3
+    """A sparse copy of a disk workspace's disk the engine host keeps (no tar through the
+    server): what CreateSnapshot with no kind makes of a disk workspace. Forks into a disk
+    workspace of its size; not downloadable (SNAPSHOT_NOT_TAR).
+    """
 
 class SnapshotKind(_SnapshotKind, metaclass=_SnapshotKindEnumTypeWrapper):
     """How a snapshot is stored."""
@@ -45,6 +50,11 @@ SNAPSHOT_KIND_TAR: SnapshotKind.ValueType  # 1
 """A tar of /workspace in the server's data directory."""
 SNAPSHOT_KIND_IMAGE: SnapshotKind.ValueType  # 2
 """A docker commit of the container (the workspace tmpfs is not in it) besides the tar."""
+SNAPSHOT_KIND_DISK: SnapshotKind.ValueType  # 3
+"""A sparse copy of a disk workspace's disk the engine host keeps (no tar through the
+server): what CreateSnapshot with no kind makes of a disk workspace. Forks into a disk
+workspace of its size; not downloadable (SNAPSHOT_NOT_TAR).
+"""
 Global___SnapshotKind: _TypeAlias = SnapshotKind  # noqa: Y015
 
 @_typing.final
@@ -239,7 +249,7 @@ class Snapshot(_message.Message):
     snapshot_id: _builtins.str
     session_id: _builtins.str
     size_bytes: _builtins.int
-    """Size of the tar in bytes."""
+    """Size of the tar in bytes; for SNAPSHOT_KIND_DISK, what the copy takes on the engine host."""
     sha256: _builtins.str
     """sha256 of the tar, hex."""
     kind: Global___SnapshotKind.ValueType

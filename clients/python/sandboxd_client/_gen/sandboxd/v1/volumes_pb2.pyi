@@ -104,8 +104,9 @@ Global___Volume: _TypeAlias = Volume  # noqa: Y015
 
 @_typing.final
 class VolumeMount(_message.Message):
-    """One volume in a session, at `path`: an absolute path below /mnt (the folder is made; it may
-    not be /mnt itself, nor at, above or below another volume's path).
+    """One volume in a session, at `path`: an absolute path below /mnt, or one folder directly below
+    /workspace, which the workspace's snapshots and exports leave out (the folder is made; it
+    may not be /mnt or /workspace itself, nor at, above or below another volume's path).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
