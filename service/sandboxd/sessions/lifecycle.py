@@ -80,6 +80,7 @@ class SessionManager:
         self._observer = observer
         self._config = config
         self._engine = engine
+        self._commands = commands  # the manifest's unpacking (sessions/creation.py)
         self._store = store
         self._keeper = keeper
         self.owner_id = owner_id
