@@ -566,3 +566,92 @@ async def test_the_edge_fails_a_call_whose_record_the_log_cannot_take() -> None:
                 filesystem_pb2.MoveRequest(session_id="s1", source_path="a", destination_path="b")
             )
     assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+# ----- the records the edge used to read off the messages, unchanged ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("event", "kind", "session_id", "attributes"),
+    [
+        (
+            de.SessionActed("alpha", "s1", "create", image="busybox", from_snapshot_id="x"),
+            "lifecycle",
+            "s1",
+            {"action": "create", "image": "busybox"},
+        ),
+        (de.SessionActed("alpha", "s1", "renew"), "lifecycle", "s1", {"action": "renew"}),
+        (
+            de.SessionActed("alpha", "s1", "delete", existed=False),
+            "lifecycle",
+            "s1",
+            {"action": "delete"},
+        ),
+        (
+            de.SnapshotTaken("alpha", "s1", "snap-1", 10, "ab", ""),
+            "snapshot",
+            "s1",
+            {"action": "create", "snapshot_id": "snap-1", "size_bytes": "10", "sha256": "ab"},
+        ),
+        (
+            de.SnapshotDeleted("alpha", "snap-1"),
+            "lifecycle",
+            "",
+            {"action": "delete_snapshot", "snapshot_id": "snap-1"},
+        ),
+        (
+            de.VolumeCreated("alpha", "data", 1),
+            "lifecycle",
+            "",
+            {"action": "create_volume", "volume_id": "data"},
+        ),
+        (
+            de.VolumeDeleted("alpha", "data", True),
+            "lifecycle",
+            "",
+            {"action": "delete_volume", "volume_id": "data"},
+        ),
+        (
+            de.ArchiveExported("alpha", "s1", ".", 3, "cd"),
+            "archive_export",
+            "s1",
+            {"path": ".", "tar_bytes": "3", "sha256": "cd"},
+        ),
+        (
+            de.ArchiveImported("alpha", "s1", "in", True, 1, 5, 9, "ef"),
+            "archive_import",
+            "s1",
+            {
+                "path": "in",
+                "replace": "true",
+                "files": "1",
+                "bytes_written": "5",
+                "tar_bytes": "9",
+                "sha256": "ef",
+            },
+        ),
+    ],
+)
+async def test_the_moved_records_keep_their_attributes(
+    event: de.DomainEvent, kind: str, session_id: str, attributes: dict[str, str]
+) -> None:
+    writer = Writer()
+    subscriber = AuditSubscriber(writer)  # type: ignore[arg-type]
+
+    async def call() -> None:
+        scope = de.CallScope("Some/Call", "ab" * 16)
+        de.CURRENT_SCOPE.set(scope)
+        subscriber(event)
+        await scope.settle()
+
+    await asyncio.create_task(call())
+    (record,) = writer.acknowledged
+    assert (record.kind, record.session_id) == (kind, session_id)
+    assert dict(record.attributes) == {**attributes, "method": "Some/Call"}
+
+
+async def test_the_servers_own_snapshot_is_not_a_callers_record() -> None:
+    """A checkpoint (taken by the server, in no call) is not recorded as a CreateSnapshot."""
+    writer = Writer()
+    AuditSubscriber(writer)(de.SnapshotTaken("alpha", "s1", "snap-1", 10, "ab", ""))  # type: ignore[arg-type]
+    assert not writer.acknowledged and not writer.queued
