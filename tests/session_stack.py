@@ -68,10 +68,12 @@ async def session_stack(
     tiers: Any = None,
     egress: Any = None,
     volumes: Callable[[SessionStore], Awaitable[Any]] | None = None,
+    observer: Any = None,
     **settings: Any,
 ) -> AsyncIterator[Stack]:
     """`volumes`: builds the volume claims over the store (sandboxd.volumes), when the test
-    mounts volumes; the stack's `volumes` is what it built."""
+    mounts volumes; the stack's `volumes` is what it built. `observer`: where the sessions and
+    snapshots emit their domain events (none listens by default)."""
     config = dataclasses.replace(Config(data_dir=tmp_path, pool_size=pool_size), **settings)
     engine = engine if engine is not None else FakeEngine()
     commands = commands if commands is not None else FakeCommands(engine)
@@ -117,6 +119,7 @@ async def session_stack(
             ),
             commands=commands,
             disk_quota=disk_quota,
+            **({"observer": observer} if observer is not None else {}),
         )
         quota = ImageQuota(
             config.tenancy.max_image_bytes,
@@ -134,6 +137,7 @@ async def session_stack(
             quota=quota,
             max_image_bytes=config.images.max_image_bytes,
             disk_quota=disk_quota,
+            **({"observer": observer} if observer is not None else {}),
         )
         stack = Stack(
             engine,

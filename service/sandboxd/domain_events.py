@@ -176,6 +176,81 @@ class VolumeMoved:
 
 
 @dataclass(frozen=True)
+class ArchiveExported:
+    """ExportArchive's tar went out whole: its size and SHA-256 as the caller received it."""
+
+    tenant: str
+    session_id: str
+    path: str
+    tar_bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ArchiveImported:
+    """ImportArchive's tar was merged into the workspace: `files` and `bytes_written` of its
+    content, `tar_bytes` and `sha256` of the stream as the caller sent it."""
+
+    tenant: str
+    session_id: str
+    path: str
+    replace: bool
+    files: int
+    bytes_written: int
+    tar_bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class SessionActed:
+    """A caller's change of a session went through: created (a fork too: `from_snapshot_id`),
+    deleted (`existed`: whether this call removed it; deleting is idempotent), its lease renewed,
+    suspended, resumed, or its network policy updated (`action` says which, as the audit log
+    names it)."""
+
+    tenant: str
+    session_id: str
+    action: str  # create, delete, renew, suspend, resume, update_network_policy
+    image: str = ""  # create: the image the session runs
+    from_snapshot_id: str = ""
+    existed: bool = True
+
+
+@dataclass(frozen=True)
+class SnapshotTaken:
+    """CreateSnapshot stored a snapshot of a session's workspace (`image`: a committed image's)."""
+
+    tenant: str
+    session_id: str
+    snapshot_id: str
+    size_bytes: int
+    sha256: str
+    image: str
+
+
+@dataclass(frozen=True)
+class SnapshotDeleted:
+    tenant: str
+    snapshot_id: str
+
+
+@dataclass(frozen=True)
+class VolumeCreated:
+    tenant: str
+    volume_id: str
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class VolumeDeleted:
+    """DeleteVolume ran (`existed`: whether this call removed it; deleting is idempotent)."""
+
+    tenant: str
+    volume_id: str
+    existed: bool
+
+
+@dataclass(frozen=True)
 class EgressDecided:
     """An egress proxy's decision, or a secret's injection (`kind`), never blocking it."""
 
@@ -217,6 +292,13 @@ DomainEvent = (
     | ImagePulled
     | Swept
     | VolumeMoved
+    | ArchiveExported
+    | ArchiveImported
+    | SessionActed
+    | SnapshotTaken
+    | SnapshotDeleted
+    | VolumeCreated
+    | VolumeDeleted
     | EgressDecided
     | SessionChanged
 )

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sandboxd import paging, tenancy, validation
+from sandboxd import domain_events, paging, tenancy, validation
 from sandboxd.disk_snapshots import DiskSnapshots
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import (
@@ -276,8 +276,10 @@ class Snapshots:
         *,
         quota: ImageQuota,
         max_image_bytes: int,
+        observer: domain_events.Observer = domain_events.SILENT,  # snapshots taken, deleted
         disk_quota: DiskQuota | None = None,  # None: no tenant_max_disk_bytes
     ) -> None:
+        self._observer = observer
         self._disk_quota = disk_quota
         self._quota = quota
         self._max_image_bytes = max_image_bytes
@@ -321,6 +323,11 @@ class Snapshots:
             if not await self._sessions.is_current(session):
                 await self._keeper.delete(snap.snapshot_id)
                 raise SessionNotFound(session_id)
+        self._observer.emit(
+            domain_events.SnapshotTaken(
+                snap.tenant, session_id, snap.snapshot_id, snap.size_bytes, snap.sha256, snap.image
+            )
+        )
         return snap
 
     async def _keep_within_disk_quota(self, snap: Snapshot) -> None:
@@ -391,9 +398,12 @@ class Snapshots:
         try:
             snap = await self._keeper.lookup(snapshot_id)
         except NotFound:
-            return  # idempotent
+            # Idempotent: the call is recorded all the same, as it was asked.
+            self._observer.emit(domain_events.SnapshotDeleted(tenancy.current(), snapshot_id))
+            return
         await self._keeper.delete(snap.snapshot_id)
         log.info("snapshot deleted", extra={"snapshot_id": snapshot_id})
+        self._observer.emit(domain_events.SnapshotDeleted(snap.tenant, snapshot_id))
 
     async def sweep_disks(self) -> int:
         """Remove the snapshot disks no record holds (disk_snapshots.py)."""

@@ -1,7 +1,8 @@
-"""The audit record's SHA-256 of an archive transfer, hashed off the event loop in batches by
-the server's own threads: the same digest as hashing every byte in order, whatever the chunk
-sizes and however far the hashing threads lag; a lagging pipeline slows the transfer without
-blocking the loop; and the threads stop with the server, after the last call's record."""
+"""The audit record's SHA-256 of a caller's archive transfer (archive/calls.py), hashed off the
+event loop in batches by the server's own threads: the same digest as hashing every byte in
+order, whatever the chunk sizes and however far the hashing threads lag; a lagging pipeline
+slows the transfer without blocking the loop; and the threads stop with the server, after the
+last call's record."""
 
 from __future__ import annotations
 
@@ -13,14 +14,54 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from types import SimpleNamespace
 
 import grpc
 import pytest
-from sandboxd.api import audit_describe
-from sandboxd.api.audit_describe import Digest, Tally, hashing_threads
+from sandboxd import digest as audit_describe
+from sandboxd import domain_events as de
 from sandboxd.api.audit_interceptor import AuditInterceptor
+from sandboxd.archive.calls import ArchiveCalls
+from sandboxd.archive.transfer import ImportResult
 from sandboxd.audit import AuditEvent, AuditWriter
+from sandboxd.audit.subscriber import AuditSubscriber
+from sandboxd.digest import Digest, hashing_threads
 from sandboxd.v1 import snapshot_pb2, snapshot_pb2_grpc
+
+
+class _Archive:
+    """ArchiveIO's two doors, over given chunks: what the caller's transfer wraps."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    async def export(self, session: object, path: str) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+
+    async def import_(
+        self, session: object, path: str, replace: bool, chunks: AsyncIterator[bytes]
+    ) -> ImportResult:
+        async for _ in chunks:
+            pass
+        return ImportResult(files=1, bytes=5)
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.events: list[de.DomainEvent] = []
+
+    def emit(self, event: de.DomainEvent) -> None:
+        self.events.append(event)
+
+
+_SESSION: object = SimpleNamespace(session_id="s", tenant="default")
+
+
+async def _exported(calls: ArchiveCalls) -> de.DomainEvent:
+    async for _ in calls.export(_SESSION, "."):  # type: ignore[arg-type]
+        pass
+    return calls._observer.events[-1]  # type: ignore[attr-defined,no-any-return]
 
 
 @pytest.fixture
@@ -51,15 +92,11 @@ async def test_a_long_transfer_has_hashlibs_digest(hashers: concurrent.futures.E
     """48 MiB in gRPC-sized chunks of an odd size: many batches through the pipeline."""
     block = os.urandom(65_519)
     count = 48 * 1024 * 1024 // len(block)
-    exp = Tally("SnapshotService/ExportArchive", hashers)
-    await exp.request(snapshot_pb2.ExportArchiveRequest(session_id="s", path="."))
-    reply = snapshot_pb2.ExportArchiveResponse(chunk={"data": block})
-    for _ in range(count):
-        assert not await exp.reply(reply)
-    exp.ended()
-    await exp.settle()
-    assert exp.attributes["sha256"] == hashlib.sha256(block * count).hexdigest()
-    assert exp.attributes["tar_bytes"] == len(block) * count
+    calls = ArchiveCalls(_Archive([block] * count), hashers, _Recorder())  # type: ignore[arg-type]
+    exp = await _exported(calls)
+    assert isinstance(exp, de.ArchiveExported)
+    assert exp.sha256 == hashlib.sha256(block * count).hexdigest()
+    assert exp.tar_bytes == len(block) * count
 
 
 class _LoopLag:
@@ -134,29 +171,29 @@ async def test_a_full_pipeline_makes_the_transfer_wait_not_the_loop(
     assert await digest.hexdigest() == hashlib.sha256(b"".join(chunks)).hexdigest()
 
 
-async def test_import_and_export_records_carry_the_digest_once_settled(
+async def test_import_and_export_events_carry_the_digest_once_done(
     hashers: concurrent.futures.Executor,
 ) -> None:
     data = [os.urandom(200_000) for _ in range(12)]
     expected = hashlib.sha256(b"".join(data)).hexdigest()
 
-    imp = Tally("SnapshotService/ImportArchive", hashers)
-    await imp.request(snapshot_pb2.ImportArchiveRequest(header={"session_id": "s", "path": "."}))
-    for chunk in data:
-        await imp.request(snapshot_pb2.ImportArchiveRequest(data=chunk))
-    assert await imp.reply(snapshot_pb2.ImportArchiveResponse(files=1, bytes=5))
-    await imp.settle()
-    assert imp.attributes["sha256"] == expected
-    assert imp.attributes["tar_bytes"] == sum(map(len, data))
+    observer = _Recorder()
+    calls = ArchiveCalls(_Archive(data), hashers, observer)  # type: ignore[arg-type]
 
-    exp = Tally("SnapshotService/ExportArchive", hashers)
-    await exp.request(snapshot_pb2.ExportArchiveRequest(session_id="s", path="."))
-    for chunk in data:
-        assert not await exp.reply(snapshot_pb2.ExportArchiveResponse(chunk={"data": chunk}))
-    exp.ended()
-    await exp.settle()
-    assert exp.attributes["sha256"] == expected
-    assert exp.attributes["tar_bytes"] == sum(map(len, data))
+    async def sent() -> AsyncIterator[bytes]:
+        for chunk in data:
+            yield chunk
+
+    result = await calls.import_(_SESSION, ".", False, sent())  # type: ignore[arg-type]
+    assert (result.files, result.bytes) == (1, 5)
+    [imp] = [e for e in observer.events if isinstance(e, de.ArchiveImported)]
+    assert imp.sha256 == expected
+    assert imp.tar_bytes == sum(map(len, data))
+
+    exp = await _exported(calls)
+    assert isinstance(exp, de.ArchiveExported)
+    assert exp.sha256 == expected
+    assert exp.tar_bytes == sum(map(len, data))
 
 
 # The server's stop, in the order sandboxd.server composes it ---------------------------------
@@ -165,20 +202,34 @@ _CHUNK = os.urandom(256 * 1024)
 _CHUNKS = 40  # 10 MiB: several batches, still streaming when the stop is asked
 
 
-class _Exporter(snapshot_pb2_grpc.SnapshotServiceServicer):  # type: ignore[misc]
-    """A stand-in for the archive servicer: the audit layer around it is what is tested."""
+class _Paced:
+    """ArchiveIO's export, paced: still streaming when the server is asked to stop."""
 
     def __init__(self) -> None:
         self.streaming = asyncio.Event()
 
-    async def ExportArchive(  # noqa: N802
-        self, request: snapshot_pb2.ExportArchiveRequest, context: object
-    ) -> AsyncIterator[snapshot_pb2.ExportArchiveResponse]:
+    async def export(self, session: object, path: str) -> AsyncIterator[bytes]:
         for i in range(_CHUNKS):
             if i == 4:
                 self.streaming.set()
-            yield snapshot_pb2.ExportArchiveResponse(chunk={"data": _CHUNK})
+            yield _CHUNK
             await asyncio.sleep(0.005)
+
+
+class _Exporter(snapshot_pb2_grpc.SnapshotServiceServicer):  # type: ignore[misc]
+    """The archive servicer's export over the caller's transfer (archive/calls.py): the
+    hashing threads and the audit layer around it are what is tested."""
+
+    def __init__(self, calls: ArchiveCalls, paced: _Paced) -> None:
+        self._calls = calls
+        self.streaming = paced.streaming
+
+    async def ExportArchive(  # noqa: N802
+        self, request: snapshot_pb2.ExportArchiveRequest, context: object
+    ) -> AsyncIterator[snapshot_pb2.ExportArchiveResponse]:
+        session = SimpleNamespace(session_id=request.session_id, tenant="default")
+        async for data in self._calls.export(session, request.path):  # type: ignore[arg-type]
+            yield snapshot_pb2.ExportArchiveResponse(chunk={"data": data})
 
 
 async def test_the_hashing_threads_stop_with_the_server_after_the_last_record() -> None:
@@ -187,7 +238,6 @@ async def test_the_hashing_threads_stop_with_the_server_after_the_last_record() 
     closes. The export's record carries its digest, written while the threads still ran, and
     the threads are shut down once the stack is closed."""
     seen: list[tuple[AuditEvent, bool]] = []
-    exporter = _Exporter()
     async with contextlib.AsyncExitStack() as stack:
         pool = await stack.enter_async_context(hashing_threads())
 
@@ -200,7 +250,10 @@ async def test_the_hashing_threads_stop_with_the_server_after_the_last_record() 
 
         writer = AuditWriter(None, on_event=lambda e: seen.append((e, alive())))
         stack.push_async_callback(writer.close)
-        server = grpc.aio.server(interceptors=[AuditInterceptor(writer, pool)])
+        observer = de.FanOut([AuditSubscriber(writer)])
+        paced = _Paced()
+        exporter = _Exporter(ArchiveCalls(paced, pool, observer), paced)  # type: ignore[arg-type]
+        server = grpc.aio.server(interceptors=[AuditInterceptor(writer)])
         snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(exporter, server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()

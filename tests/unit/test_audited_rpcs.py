@@ -30,11 +30,12 @@ import sandboxd.v1
 from fakes import FakeEngine
 from sandboxd import domain_events as de
 from sandboxd.api import audited_rpcs
-from sandboxd.api.audit_describe import audited, hashing_threads
+from sandboxd.api.audit_describe import audited
 from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.audit import AuditEvent
 from sandboxd.audit.subscriber import AuditSubscriber
 from sandboxd.config import Config
+from sandboxd.digest import hashing_threads
 from sandboxd.models import ExecSpec
 from sandboxd.processes import ProcessManager
 from sandboxd.processes.record import BackgroundProcess
@@ -321,6 +322,84 @@ async def _volumes(tmp_path: Path, observer: Recorder) -> None:
             pass
 
 
+@scenario(
+    "SessionService/CreateSession",
+    "SessionService/RenewLease",
+    "SessionService/UpdateNetworkPolicy",
+    "SessionService/SuspendSession",
+    "SessionService/ResumeSession",
+    "SessionService/DeleteSession",
+)
+async def _session_lifecycle(tmp_path: Path, observer: Recorder) -> None:
+    from sandboxd.models import NetworkPolicy
+
+    async with session_stack(tmp_path, observer=observer) as st:
+        await st.sessions.create(CreateSessionInput(session_id="s1"))
+        await st.sessions.renew("s1", 60.0)
+        await st.sessions.update_network_policy("s1", NetworkPolicy())
+        await st.sessions.suspend("s1")
+        await st.sessions.resume("s1", None)
+        await st.sessions.delete("s1")
+    actions = [e.action for e in observer.events if isinstance(e, de.SessionActed)]
+    assert actions == [
+        "create",
+        "renew",
+        "update_network_policy",
+        "suspend",
+        "resume",
+        "delete",
+    ]
+
+
+@scenario("SnapshotService/CreateSnapshot", "SnapshotService/DeleteSnapshot")
+async def _snapshots(tmp_path: Path, observer: Recorder) -> None:
+    async with session_stack(tmp_path, observer=observer) as st:
+        await st.sessions.create(CreateSessionInput(session_id="s1"))
+        snap = await st.snapshots.create("s1", {}, "")
+        await st.snapshots.delete(snap.snapshot_id)
+
+
+@scenario("VolumeService/CreateVolume", "VolumeService/DeleteVolume")
+async def _volume_lifecycle(tmp_path: Path, observer: Recorder) -> None:
+    from test_volumes_domain import FakeDisks, _settings
+
+    disks = FakeDisks()
+    async with SessionStore(tmp_path / "sessions.db") as store:
+        vstore = await VolumeStore(store.db).open()
+        claims = VolumeClaims(vstore, store, disks)
+        settings = _settings(tenant_max_volumes=5, tenant_max_bytes=1 << 34)
+        volumes = Volumes(settings, vstore, claims, disks, OWNER, None, observer)  # type: ignore[arg-type]
+        await volumes.create("data", 1 << 30, {})
+        assert await volumes.delete("data")
+
+
+@scenario("SnapshotService/ImportArchive", "SnapshotService/ExportArchive")
+async def _archives(tmp_path: Path, observer: Recorder) -> None:
+    from sandboxd.archive.calls import ArchiveCalls
+    from sandboxd.archive.transfer import ImportResult
+
+    class Archive:
+        async def export(self, session: object, path: str) -> AsyncIterator[bytes]:
+            yield b"tar"
+
+        async def import_(
+            self, session: object, path: str, replace: bool, chunks: AsyncIterator[bytes]
+        ) -> ImportResult:
+            async for _ in chunks:
+                pass
+            return ImportResult(files=1, bytes=3)
+
+    async def data() -> AsyncIterator[bytes]:
+        yield b"tar bytes"
+
+    session: Any = SimpleNamespace(session_id="s1", tenant="alpha")
+    async with hashing_threads(1) as pool:
+        calls = ArchiveCalls(Archive(), pool, observer)  # type: ignore[arg-type]
+        await calls.import_(session, "in", False, data())
+        async for _ in calls.export(session, "."):
+            pass
+
+
 def test_every_domain_audited_rpc_has_its_producer_run_here() -> None:
     domain = {m for m, (source, _) in audited_rpcs.AUDITED.items() if source != audited_rpcs.EDGE}
     assert set(SCENARIOS) == domain
@@ -446,8 +525,8 @@ class _HeldWriter(Writer):
 @contextlib.asynccontextmanager
 async def _served(writer: _HeldWriter) -> AsyncIterator[filesystem_pb2_grpc.FilesystemServiceStub]:
     observer = de.FanOut([AuditSubscriber(writer)])  # type: ignore[arg-type]
-    async with hashing_threads(1) as pool:
-        server = grpc.aio.server(interceptors=[AuditInterceptor(writer, pool)])  # type: ignore[arg-type]
+    async with hashing_threads(1):
+        server = grpc.aio.server(interceptors=[AuditInterceptor(writer)])  # type: ignore[arg-type]
         filesystem_pb2_grpc.add_FilesystemServiceServicer_to_server(_Mover(observer), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
@@ -487,3 +566,92 @@ async def test_the_edge_fails_a_call_whose_record_the_log_cannot_take() -> None:
                 filesystem_pb2.MoveRequest(session_id="s1", source_path="a", destination_path="b")
             )
     assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+# ----- the records the edge used to read off the messages, unchanged ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("event", "kind", "session_id", "attributes"),
+    [
+        (
+            de.SessionActed("alpha", "s1", "create", image="busybox", from_snapshot_id="x"),
+            "lifecycle",
+            "s1",
+            {"action": "create", "image": "busybox"},
+        ),
+        (de.SessionActed("alpha", "s1", "renew"), "lifecycle", "s1", {"action": "renew"}),
+        (
+            de.SessionActed("alpha", "s1", "delete", existed=False),
+            "lifecycle",
+            "s1",
+            {"action": "delete"},
+        ),
+        (
+            de.SnapshotTaken("alpha", "s1", "snap-1", 10, "ab", ""),
+            "snapshot",
+            "s1",
+            {"action": "create", "snapshot_id": "snap-1", "size_bytes": "10", "sha256": "ab"},
+        ),
+        (
+            de.SnapshotDeleted("alpha", "snap-1"),
+            "lifecycle",
+            "",
+            {"action": "delete_snapshot", "snapshot_id": "snap-1"},
+        ),
+        (
+            de.VolumeCreated("alpha", "data", 1),
+            "lifecycle",
+            "",
+            {"action": "create_volume", "volume_id": "data"},
+        ),
+        (
+            de.VolumeDeleted("alpha", "data", True),
+            "lifecycle",
+            "",
+            {"action": "delete_volume", "volume_id": "data"},
+        ),
+        (
+            de.ArchiveExported("alpha", "s1", ".", 3, "cd"),
+            "archive_export",
+            "s1",
+            {"path": ".", "tar_bytes": "3", "sha256": "cd"},
+        ),
+        (
+            de.ArchiveImported("alpha", "s1", "in", True, 1, 5, 9, "ef"),
+            "archive_import",
+            "s1",
+            {
+                "path": "in",
+                "replace": "true",
+                "files": "1",
+                "bytes_written": "5",
+                "tar_bytes": "9",
+                "sha256": "ef",
+            },
+        ),
+    ],
+)
+async def test_the_moved_records_keep_their_attributes(
+    event: de.DomainEvent, kind: str, session_id: str, attributes: dict[str, str]
+) -> None:
+    writer = Writer()
+    subscriber = AuditSubscriber(writer)  # type: ignore[arg-type]
+
+    async def call() -> None:
+        scope = de.CallScope("Some/Call", "ab" * 16)
+        de.CURRENT_SCOPE.set(scope)
+        subscriber(event)
+        await scope.settle()
+
+    await asyncio.create_task(call())
+    (record,) = writer.acknowledged
+    assert (record.kind, record.session_id) == (kind, session_id)
+    assert dict(record.attributes) == {**attributes, "method": "Some/Call"}
+
+
+async def test_the_servers_own_snapshot_is_not_a_callers_record() -> None:
+    """A checkpoint (taken by the server, in no call) is not recorded as a CreateSnapshot."""
+    writer = Writer()
+    AuditSubscriber(writer)(de.SnapshotTaken("alpha", "s1", "snap-1", 10, "ab", ""))  # type: ignore[arg-type]
+    assert not writer.acknowledged and not writer.queued

@@ -7,14 +7,13 @@ records of the domain events the call causes carry them; it passes no outcome on
 scope is settled, i.e. before the audit writer acknowledged each of those records (an answered
 call's events survive a SIGKILL; one the log cannot take fails the call UNAVAILABLE); and any
 refused call (any non-OK status) becomes a `refused` record with its code and reason before the
-status reaches the caller. The records whose attributes are read off the call's own messages
-(a command's output bytes, a transfer's SHA-256) are described in `audit_describe`.
+status reaches the caller. The records whose attributes are still read off the call's own
+messages (a command's output bytes) are described in `audit_describe`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import inspect
 import logging
@@ -73,9 +72,8 @@ def _refusal(context: Any) -> dict[str, object]:
 
 
 class AuditInterceptor(Layer):
-    def __init__(self, writer: AuditWriter, hashers: concurrent.futures.Executor) -> None:
+    def __init__(self, writer: AuditWriter) -> None:
         self._writer = writer
-        self._hashers = hashers  # the server's (audit_describe.hashing_threads)
 
     def wrap(self, handler: Any, handler_call_details: Any) -> Any:
         if handler is None:
@@ -85,7 +83,7 @@ class AuditInterceptor(Layer):
             return handler  # health and reflection: nothing to audit
         method = full.removeprefix("sandboxd.v1.")
         trace = trace_id_of(handler_call_details.invocation_metadata)
-        call = _Call(self._writer, self._hashers, method, trace)
+        call = _Call(self._writer, method, trace)
         if handler.unary_unary is not None:
             return handler._replace(unary_unary=call.unary(handler.unary_unary))
         if handler.stream_unary is not None:
@@ -100,11 +98,8 @@ class AuditInterceptor(Layer):
 class _Call:
     """The wrappers of one RPC method's handler (made per call: method and trace are fixed)."""
 
-    def __init__(
-        self, writer: AuditWriter, hashers: concurrent.futures.Executor, method: str, trace: str
-    ) -> None:
+    def __init__(self, writer: AuditWriter, method: str, trace: str) -> None:
         self.writer = writer
-        self.hashers = hashers
         self.method = method
         self.trace = trace
         self.audited = audited(method)
@@ -115,7 +110,7 @@ class _Call:
             CURRENT_TRACE.set(self.trace)
         scope = CallScope(self.method, self.trace)
         CURRENT_SCOPE.set(scope)
-        return Tally(self.method, self.hashers), scope
+        return Tally(self.method), scope
 
     async def settled(self, context: Any, scope: CallScope) -> None:
         """The records of the call's events so far are committed; if the audit log cannot take
@@ -131,7 +126,6 @@ class _Call:
         """The call's own record and its events', committed before its answer."""
         await self.settled(context, scope)
         try:
-            await tally.settle()
             await self.record(tally.kind, tally.session_id, tally.attributes)
         except SandboxError as exc:
             await abort(context, exc)
@@ -227,7 +221,6 @@ class _Call:
                     await self.refused(tally, scope, context, exc)
                     raise
                 if not done:
-                    tally.ended()
                     await self.commit(context, tally, scope)
                 else:
                     await self.settled(context, scope)

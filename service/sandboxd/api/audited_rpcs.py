@@ -3,8 +3,8 @@
 A new RPC has to be put here (tests/unit/test_audited_rpcs.py walks the generated descriptors
 and fails on one that is not), so a call that changes state cannot be left out of the audit
 log by forgetting it. An audited RPC's record comes from one of two places, also named here:
-- `EDGE`: attributes read off the call's own messages (a command's output bytes, a transfer's
-  SHA-256, a session's lifecycle action), described in audit_describe;
+- `EDGE`: attributes read off the call's own messages (a command's output bytes), described
+  in audit_describe;
 - a domain event type: the code that did it emits the event (sandboxd.domain_events), the
   audit log's subscriber (audit/subscriber.py) turns it into a record of the kind named.
 Any refused call, read-only or not, is also a `refused` record.
@@ -48,12 +48,12 @@ READ_ONLY: Final = frozenset(
 
 # Service/Method -> (where its record comes from, the audit kind of that record)
 AUDITED: Final[dict[str, tuple[str, str]]] = {
-    "SessionService/CreateSession": (EDGE, "lifecycle"),
-    "SessionService/RenewLease": (EDGE, "lifecycle"),
-    "SessionService/DeleteSession": (EDGE, "lifecycle"),
-    "SessionService/UpdateNetworkPolicy": (EDGE, "lifecycle"),
-    "SessionService/SuspendSession": (EDGE, "lifecycle"),
-    "SessionService/ResumeSession": (EDGE, "lifecycle"),
+    "SessionService/CreateSession": ("SessionActed", "lifecycle"),
+    "SessionService/RenewLease": ("SessionActed", "lifecycle"),
+    "SessionService/DeleteSession": ("SessionActed", "lifecycle"),
+    "SessionService/UpdateNetworkPolicy": ("SessionActed", "lifecycle"),
+    "SessionService/SuspendSession": ("SessionActed", "lifecycle"),
+    "SessionService/ResumeSession": ("SessionActed", "lifecycle"),
     "SessionService/PublishPort": ("PortPublished", "preview"),
     "SessionService/UnpublishPort": ("PortUnpublished", "preview"),
     "ProcessService/Exec": (EDGE, "command"),
@@ -70,14 +70,14 @@ AUDITED: Final[dict[str, tuple[str, str]]] = {
     "FilesystemService/Move": ("FileMoved", "file_write"),
     "AdminService/Sweep": ("Swept", "lifecycle"),
     "AdminService/PullImage": ("ImagePulled", "lifecycle"),
-    "SnapshotService/ExportArchive": (EDGE, "archive_export"),
-    "SnapshotService/ImportArchive": (EDGE, "archive_import"),
-    "SnapshotService/CreateSnapshot": (EDGE, "snapshot"),
-    "SnapshotService/DeleteSnapshot": (EDGE, "lifecycle"),
+    "SnapshotService/ExportArchive": ("ArchiveExported", "archive_export"),
+    "SnapshotService/ImportArchive": ("ArchiveImported", "archive_import"),
+    "SnapshotService/CreateSnapshot": ("SnapshotTaken", "snapshot"),
+    "SnapshotService/DeleteSnapshot": ("SnapshotDeleted", "lifecycle"),
     "TemplateService/BuildTemplate": ("TemplateBuilt", "lifecycle"),
     "TemplateService/DeleteTemplate": ("TemplateDeleted", "lifecycle"),
-    "VolumeService/CreateVolume": (EDGE, "lifecycle"),
-    "VolumeService/DeleteVolume": (EDGE, "lifecycle"),
+    "VolumeService/CreateVolume": ("VolumeCreated", "lifecycle"),
+    "VolumeService/DeleteVolume": ("VolumeDeleted", "lifecycle"),
     "VolumeService/ExportVolume": ("VolumeMoved", "archive_export"),
     "VolumeService/ImportVolume": ("VolumeMoved", "archive_import"),
 }

@@ -1,4 +1,4 @@
-"""SnapshotService: translate messages, delegate to ArchiveIO and Snapshots."""
+"""SnapshotService: translate messages, delegate to ArchiveCalls and Snapshots."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from google.protobuf import timestamp_pb2
 
 from sandboxd.api import replies
 from sandboxd.api.errors import Ctx, stream, unary
-from sandboxd.archive import ArchiveIO
+from sandboxd.archive.calls import ArchiveCalls
 from sandboxd.errors import InvalidArgument, NotFound
 from sandboxd.reasons import Reason
 from sandboxd.request_ids import RequestIds
@@ -63,7 +63,7 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
     def __init__(
         self,
         sessions: SessionManager,
-        archive: ArchiveIO,
+        archive: ArchiveCalls,
         snapshots: Snapshots,
         requests: RequestIds | None = None,
     ) -> None:

@@ -119,6 +119,42 @@ def _described(event: de.DomainEvent) -> tuple[str, str, dict[str, object]] | No
         if event.imported:
             attrs["replace"] = event.replace
         return ("archive_import" if event.imported else "archive_export"), "", attrs
+    if isinstance(event, de.ArchiveExported):
+        attrs = {"path": event.path, "tar_bytes": event.tar_bytes, "sha256": event.sha256}
+        return "archive_export", event.session_id, attrs
+    if isinstance(event, de.ArchiveImported):
+        attrs = {
+            "path": event.path,
+            "replace": event.replace,
+            "files": event.files,
+            "bytes_written": event.bytes_written,
+            "tar_bytes": event.tar_bytes,
+            "sha256": event.sha256,
+        }
+        return "archive_import", event.session_id, attrs
+    caller_act = (de.SessionActed, de.SnapshotTaken, de.SnapshotDeleted)
+    if isinstance(event, caller_act) and de.current_call() is None:
+        return None  # the server's own (a checkpoint): its state changes are recorded instead
+    if isinstance(event, de.SessionActed):
+        attrs = {"action": event.action}
+        if event.action == "create":
+            attrs["image"] = event.image
+        return "lifecycle", event.session_id, attrs
+    if isinstance(event, de.SnapshotTaken):
+        attrs = {
+            "action": "create",
+            "snapshot_id": event.snapshot_id,
+            "size_bytes": event.size_bytes,
+            "sha256": event.sha256 or None,
+            "image": event.image or None,
+        }
+        return "snapshot", event.session_id, attrs
+    if isinstance(event, de.SnapshotDeleted):
+        return "lifecycle", "", {"action": "delete_snapshot", "snapshot_id": event.snapshot_id}
+    if isinstance(event, de.VolumeCreated):
+        return "lifecycle", "", {"action": "create_volume", "volume_id": event.volume_id}
+    if isinstance(event, de.VolumeDeleted):
+        return "lifecycle", "", {"action": "delete_volume", "volume_id": event.volume_id}
     if isinstance(event, de.Swept):
         if de.current_call() is None:
             return None  # the server's own sweeps: counted by the metrics, not a caller's act

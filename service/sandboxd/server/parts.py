@@ -24,7 +24,6 @@ from opentelemetry.trace import Tracer
 from sandboxd import domain_events, tenancy
 from sandboxd.admission import ChannelShares, FairShares, shares_of
 from sandboxd.agent.router import AgentRouter, agent_settings
-from sandboxd.api.audit_describe import hashing_threads
 from sandboxd.api.session_leases import renew_on_activity
 from sandboxd.archive import ArchiveIO
 from sandboxd.audit import AuditStore, AuditWriter
@@ -35,6 +34,7 @@ from sandboxd.checkpoints import Checkpoints
 from sandboxd.commands import SandboxCommands
 from sandboxd.commands.sandbox import sandbox_side
 from sandboxd.config import Config
+from sandboxd.digest import hashing_threads
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.manager import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
@@ -87,7 +87,7 @@ class Parts:
     router: AgentRouter | None  # the agents' channels; None: the agent is off
     audit_store: AuditStore | None
     audit: AuditWriter
-    hashers: concurrent.futures.Executor  # hash audited transfers (audit_describe.Digest)
+    hashers: concurrent.futures.Executor  # hash callers' archive transfers (digest.Digest)
     hub: EventHub
     observer: domain_events.FanOut  # the domain's events; audit, feed, leases, metrics listen
     tiers: IsolationTiers
@@ -283,6 +283,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             on_resume=[processes.adopt],  # the agent kept them in its memory
             room=image_quota.check_checkpoint_room,
         ),
+        observer=observer,
         commands=commands,
         disk_quota=disk_quota,
     )
@@ -314,6 +315,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         store,
         quota=image_quota,
         max_image_bytes=config.images.max_image_bytes,
+        observer=observer,
         disk_quota=disk_quota,
     )
     previews = await stack.enter_async_context(

@@ -34,6 +34,7 @@ from sandboxd.api.snapshot_service import SnapshotService
 from sandboxd.api.template_service import TemplateService
 from sandboxd.api.tracing import TracingInterceptor
 from sandboxd.api.volume_service import VolumeService
+from sandboxd.archive.calls import ArchiveCalls
 from sandboxd.audit import AuditLog
 from sandboxd.config import Config, listens_on_loopback
 from sandboxd.dir_watch import DirWatches
@@ -142,7 +143,8 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
         server,
     )
     snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(
-        SnapshotService(p.sessions, p.archive, p.snapshots), server
+        SnapshotService(p.sessions, ArchiveCalls(p.archive, p.hashers, p.observer), p.snapshots),
+        server,
     )
     admin_pb2_grpc.add_AdminServiceServicer_to_server(
         AdminService(
@@ -198,7 +200,7 @@ def _layers(config: Config, p: Parts) -> list[Layer]:
         *([CallAdmission(p.shares)] if p.shares is not None else []),
         # Inside authentication (the tenant is known): the call's scope, settled before it
         # answers, and its refusal.
-        AuditInterceptor(p.audit, p.hashers),
+        AuditInterceptor(p.audit),
         # Innermost: the tenant is known here (set by authentication, or the default).
         StreamCaps(config.tenancy.max_streams),
         # Innermost of all: every reply message the servicer makes, at most the caller's

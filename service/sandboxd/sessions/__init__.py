@@ -1,5 +1,6 @@
-"""Sessions: a create request checked (`spec`), the lifecycle (`lifecycle`), sandboxes on the
-engine (`sandboxes`), leases and lost sandboxes (`recovery`), quotas and manifests."""
+"""Sessions: a create request checked (`spec`) and carried out (`creation`), the lifecycle
+(`lifecycle`), sandboxes on the engine (`sandboxes`), leases and lost sandboxes (`recovery`),
+a live session's network (`network`), quotas and manifests."""
 
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.lifecycle import SessionManager

@@ -1,60 +1,54 @@
 """Session lifecycle: create, get, list, renew, delete, suspend, resume.
 
-A session is one hardened sandbox plus a record in the store. The record is written before the
-sandbox exists (state CREATING) so a crash mid-create leaves something reconcile can find and
-clean; a create that fails takes back every step it made (an undo stack), never leaving half a
-session. Reads (`get`, `list_sessions`) have no side effects on records or sandboxes: a lease
+A session is one hardened sandbox plus a record in the store. Making one is sessions/creation.py,
+suspending and resuming it sessions/suspension.py, its network policy sessions/network.py; each
+change a caller made emits a `SessionActed` (its audit record, committed before the call
+answers). Reads (`get`, `list_sessions`) have no side effects on records or sandboxes: a lease
 that ended is expired by the reaper, under the session's lock (a read that sees one only wakes
 the reaper), and no operation uses such a session meanwhile.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import timedelta
 
-from sandboxd import images, paging, tenancy, validation
+from sandboxd import domain_events, paging, tenancy, validation
 from sandboxd.commands import SandboxCommands
 from sandboxd.config import Config
 from sandboxd.egress.audit import EgressEvent
 from sandboxd.egress.manager import EgressManager
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import (
-    AlreadyExists,
     FailedPrecondition,
     Internal,
-    InvalidArgument,
     NotFound,
     SandboxError,
     SessionNotFound,
 )
 from sandboxd.host_ids import HostIds
 from sandboxd.isolation import IsolationTiers
-from sandboxd.models import NetworkPolicy, PullPolicy, Session, SessionState, SuspendMode
+from sandboxd.models import NetworkPolicy, Session, SessionState, SuspendMode
 from sandboxd.pool import WarmPool
-from sandboxd.pulls import Pulls, Resolved
+from sandboxd.pulls import Pulls
 from sandboxd.reasons import Reason
-from sandboxd.secrets.bindings import settle_secrets
-from sandboxd.sessions.forks import disk_source, fit_to_source
+from sandboxd.sessions.creation import Creation
 from sandboxd.sessions.gate import WorkspaceGate
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.liveness import lease_ended, require_live
 from sandboxd.sessions.locks import SessionLocks
-from sandboxd.sessions.manifest import write_manifest
 from sandboxd.sessions.memory_suspension import MemoryOptions, MemorySuspension
+from sandboxd.sessions.network import SessionNetwork
 from sandboxd.sessions.quota import QuotaGate
 from sandboxd.sessions.recovery import ExpiryHook, Recovery, now
-from sandboxd.sessions.sandboxes import Sandboxes, SessionEndHook, Undo
-from sandboxd.sessions.spec import CreateSessionInput, check_create, check_lease, check_network
+from sandboxd.sessions.sandboxes import Sandboxes, SessionEndHook
+from sandboxd.sessions.spec import CreateSessionInput, check_lease
 from sandboxd.sessions.suspension import Suspension
-from sandboxd.snapshot_store import Snapshot
 from sandboxd.store import SessionStore
 from sandboxd.templates.builtin import TemplateImages
-from sandboxd.volumes.claims import VolumeClaims, claim_volumes
+from sandboxd.volumes.claims import VolumeClaims
 from sandboxd.volumes.disk_quota import DiskQuota
 
 log = logging.getLogger(__name__)
@@ -81,23 +75,17 @@ class SessionManager:
         memory: MemoryOptions | None = None,  # None: no memory suspend
         commands: SandboxCommands,
         disk_quota: DiskQuota | None = None,  # None: no tenant_max_disk_bytes
+        observer: domain_events.Observer = domain_events.SILENT,  # a caller's changes
     ) -> None:
+        self._observer = observer
         self._config = config
-        self._commands = commands  # the manifest's unpacking
-        self._volumes = volumes  # None: a create naming a volume is VOLUME_NOT_FOUND
-        # Shared with the warm pool, whose containers hold ids too (server/parts.py).
-        self._host_ids = host_ids or HostIds.for_config(config, store)
-        self._templates = templates  # None: the built-in templates only
-        self._tiers = tiers  # None: runc only
-        self._pulls = pulls  # None: images are never pulled (absent is IMAGE_NOT_FOUND)
         self._engine = engine
+        self._commands = commands  # the manifest's unpacking (sessions/creation.py)
         self._store = store
         self._keeper = keeper
-        self._egress = egress  # None: ALLOWLIST sessions are refused (NETWORK_MODE_UNSUPPORTED)
         self.owner_id = owner_id
         self._locks = SessionLocks()
         self._gate = WorkspaceGate()
-        self._quota = QuotaGate(config, store, disk_quota)
         # What lives in a sandbox beyond one call (background processes) ends with it.
         self._sandboxes = Sandboxes(
             engine, store, owner_id, pool=pool, egress=egress, on_session_end=on_session_end
@@ -126,6 +114,32 @@ class SessionManager:
                 engine, store, keeper, self._sandboxes, memory or MemoryOptions()
             ),
         )
+        self._network = SessionNetwork(
+            store,
+            self._locks,
+            egress,
+            get=self.get,
+            require_running=self.require_running,
+            observer=observer,
+        )
+        self._creation = Creation(
+            config,
+            engine,
+            commands,
+            store,
+            keeper,
+            self._locks,
+            QuotaGate(config, store, disk_quota),
+            self._sandboxes,
+            # Shared with the warm pool, whose containers hold ids too (server/parts.py).
+            host_ids or HostIds.for_config(config, store),
+            self._network.allowlist_check(),
+            observer,
+            _tiers=tiers,  # None: runc only
+            _pulls=pulls,  # None: images are never pulled (absent is IMAGE_NOT_FOUND)
+            _templates=templates,  # None: the built-in templates only
+            _volumes=volumes,  # None: a create naming a volume is VOLUME_NOT_FOUND
+        )
         # Commands (Exec, Run, ...) hold one of these per tenant while they run.
         self.exec_slots = tenancy.ExecSlots(config.tenancy.max_concurrent_execs)
 
@@ -149,142 +163,20 @@ class SessionManager:
         """The session's lock: every change of its record or sandbox is made under it."""
         return self._locks.locked(session_id)
 
-    def _allowlist(self) -> None:
-        if self._egress is None:
-            raise InvalidArgument(
-                "network.mode ALLOWLIST is not available on this server; use DENY",
-                reason=Reason.NETWORK_MODE_UNSUPPORTED,
-            )
-        self._egress.require_available()
-
-    # ----- create -----------------------------------------------------------------------
+    # ----- create (sessions/creation.py) --------------------------------------------------
 
     async def create(self, req: CreateSessionInput) -> Session:
-        own_templates = (
-            await self._templates.ready_images(tenancy.current())
-            if self._templates is not None and req.template
-            else {}
-        )
-        checked = check_create(
-            req,
-            self._config,
-            self._allowlist if self._egress else None,
-            self._tiers,
-            own_templates=own_templates,
-        )
-        session_id, spec = checked.session_id, checked.spec
-        fingerprint = spec.fingerprint()
-        async with self._locks.locked(session_id):
-            existing = await self._store.get(session_id)
-            if existing is not None:
-                same = existing.tenant == tenancy.current() and existing.fingerprint == fingerprint
-                if same and existing.state in (SessionState.RUNNING, SessionState.CREATING):
-                    return existing
-                # A record of another tenant can only be from before authentication (ids are
-                # partitioned by tenant since): refuse without saying whose it is.
-                metadata = {"session_id": session_id}
-                if existing.tenant == tenancy.current():
-                    metadata["fingerprint"] = existing.fingerprint
-                raise AlreadyExists(
-                    f"session {session_id!r} already exists with a different manifest "
-                    "fingerprint (or has ended)",
-                    reason=Reason.SESSION_ALREADY_EXISTS,
-                    metadata=metadata,
-                )
-            source = await self._fork_source(checked.from_snapshot_id)
-            spec = fit_to_source(spec, req, source)  # a disk snapshot forks into a disk
-            # The allowlist first: an image outside it is refused before the engine is asked,
-            # so a caller cannot probe which images exist.
-            images.check_image(
-                spec.image,
-                images.allowed_patterns(
-                    self._config.images.allowlist,
-                    tenancy.current_grants().image_allowlist,
-                    default_image=self._config.engine.image,
-                ),
-                own_images=[
-                    *await self._keeper.images_of(tenancy.current()),
-                    *own_templates.values(),
-                ],
+        return await self._creation.create(req)
+
+    def _acted(self, session: Session, action: str) -> None:
+        self._observer.emit(
+            domain_events.SessionActed(
+                session.tenant,
+                session.session_id,
+                action,
+                image=session.spec.image if action == "create" else "",
             )
-            if self._templates is not None:  # a built-in still being built is not pulled
-                await self._templates.require_ready(spec.image)
-            resolved = await self._resolve_image(spec.image, checked.pull_policy, source)
-            if source is not None and resolved is not None:  # a fork runs its source's image
-                spec = dataclasses.replace(
-                    spec, image_digest=resolved.digest, image_id=resolved.image_id
-                )
-            if not await self._engine.image_exists(spec.image):
-                raise FailedPrecondition(
-                    f"image {spec.image!r} is not present on the engine (images are not pulled)",
-                    reason=Reason.IMAGE_NOT_FOUND,
-                    metadata={"image": spec.image},
-                )
-            created = now()
-            # The session's own host uid and gid, whatever `user` asked: held until the
-            # record that takes it is written (a fork gets its own; a warm container brings
-            # the one it was made with, sessions/sandboxes.py).
-            async with (
-                self._host_ids.holding() as host_id,
-                claim_volumes(self._volumes, spec.volumes, host_id) as mounts,
-            ):
-                session = Session(
-                    session_id=session_id,
-                    spec=dataclasses.replace(spec.as_host(host_id, host_id), volumes=mounts),
-                    fingerprint=fingerprint,
-                    state=SessionState.CREATING,
-                    created_at=created,
-                    lease_expires_at=created + timedelta(seconds=checked.lease_s),
-                    labels=checked.labels,
-                    tenant=tenancy.current(),
-                )
-                await self._quota.insert(session)
-            undo = Undo()
-            undo.push(lambda: self._store.delete(session_id))
-            try:
-                # A warm container has another host uid than the one the volumes were handed to.
-                await self._sandboxes.provision(
-                    session, undo, warm_ok=not mounts, disk_from=disk_source(source)
-                )
-                if spec.manifest.files or spec.manifest.directories:
-                    await write_manifest(self._commands, session)
-                if source is not None:
-                    await self._keeper.restore(session, source)
-                    undo.push(lambda: self._keeper.forget_session(session_id))
-                    await self._keeper.adopt(source, session)
-                if resolved is not None:
-                    await self._record_image(session, resolved)
-                session.state = SessionState.RUNNING
-                await self._store.update(session)
-            except BaseException:
-                await asyncio.shield(undo.run())
-                raise
-            log.info("session created", extra={"session_id": session_id})
-            return session
-
-    async def _resolve_image(
-        self, image: str, policy: PullPolicy, source: Snapshot | None
-    ) -> Resolved | None:
-        """The image on the engine, pulled under `policy` (sandboxd.pulls); a fork runs the
-        digest its source session ran."""
-        if self._pulls is None:
-            return None
-        like = await self._store.get(source.session_id) if source is not None else None
-        return await self._pulls.for_session(image, policy, like=like.spec if like else None)
-
-    async def _record_image(self, session: Session, resolved: Resolved) -> None:
-        """After provision (the warm pool matches the unpinned shape): the digest it runs."""
-        if session.spec.image_id != resolved.image_id:
-            session.spec = dataclasses.replace(
-                session.spec, image_digest=resolved.digest, image_id=resolved.image_id
-            )
-            await self._store.update_spec(session)
-        if self._pulls is not None:
-            await self._pulls.note_use(resolved.image_id)
-
-    async def _fork_source(self, snapshot_id: str) -> Snapshot | None:
-        """The snapshot a fork starts from (NOT_FOUND before anything is created)."""
-        return await self._keeper.lookup(snapshot_id) if snapshot_id else None
+        )
 
     # ----- reads (no side effects) ------------------------------------------------------
 
@@ -339,7 +231,8 @@ class SessionManager:
                     reason=Reason.SESSION_NOT_RUNNING,
                     metadata={"session_id": session_id},
                 )
-            return await self.resume(session_id, None)  # rebuilt from its snapshot, lazily
+            # Rebuilt from its snapshot, lazily: part of the call that uses it, not a Resume.
+            return await self._suspension.resume(session_id, None)
         return session
 
     @contextlib.asynccontextmanager
@@ -403,6 +296,7 @@ class SessionManager:
                 )
             session.lease_expires_at = now() + timedelta(seconds=lease_s)
             await self._store.update(session)
+            self._acted(session, "renew")
             return session
 
     async def delete(self, session_id: str) -> bool:
@@ -411,17 +305,26 @@ class SessionManager:
         async with self._locks.locked(session_id):
             session = await self._store.get(session_id)
             if session is None or session.tenant != tenancy.current():
-                return False  # idempotent; another tenant's session is not there for the caller
+                # Idempotent; another tenant's session is not there for the caller.
+                self._observer.emit(
+                    domain_events.SessionActed(
+                        tenancy.current(), session_id, "delete", existed=False
+                    )
+                )
+                return False
             await self._sandboxes.teardown(session, drop_disk=True)
             await self._store.delete(session_id)
             await self._keeper.forget_session(session_id)
             log.info("session deleted", extra={"session_id": session_id})
+            self._acted(session, "delete")
             return True
 
     async def suspend(self, session_id: str, mode: SuspendMode = SuspendMode.FILESYSTEM) -> Session:
         """Snapshot the workspace (and with MEMORY its processes and memory), then remove the
         sandbox; lease and snapshot stay."""
-        return await self._suspension.suspend(session_id, mode)
+        session = await self._suspension.suspend(session_id, mode)
+        self._acted(session, "suspend")
+        return session
 
     async def memory_suspend_unsupported(self) -> str:
         """Empty when gVisor sessions can be suspended with their memory; else why not."""
@@ -429,44 +332,19 @@ class SessionManager:
 
     async def resume(self, session_id: str, expected_fingerprint: str | None) -> Session:
         """Running again, rebuilt from the last snapshot where the sandbox is gone."""
-        return await self._suspension.resume(session_id, expected_fingerprint)
+        session = await self._suspension.resume(session_id, expected_fingerprint)
+        self._acted(session, "resume")
+        return session
 
     async def update_network_policy(self, session_id: str, asked: NetworkPolicy) -> Session:
-        """A live session's new allowlist: new proxy connections follow it, open tunnels stay."""
-        network = check_network(asked, self._allowlist if self._egress else None, live=True)
-        async with self._locks.locked(session_id):
-            session = await self.require_running(session_id)
-            if session.spec.network.mode is not network.mode:
-                raise FailedPrecondition(
-                    f"network.mode of session {session_id!r} is "
-                    f"{session.spec.network.mode.value} and cannot change on a live session",
-                    reason=Reason.NETWORK_MODE_FIXED,
-                    metadata={"session_id": session_id},
-                )
-            network = settle_secrets(network, session.spec.network)
-            session.spec = dataclasses.replace(session.spec, network=network)
-            session.fingerprint = session.spec.fingerprint()
-            await self._store.update_spec(session)
-            if self._egress is not None:
-                self._egress.update(session_id, network)
-            log.info("network policy updated", extra={"session_id": session_id})
-            return session
+        """A live session's new allowlist (sessions/network.py)."""
+        return await self._network.update(session_id, asked)
 
     async def egress_events(
         self, session_id: str, page_size: int, page_token: str
     ) -> tuple[list[EgressEvent], str]:
-        """A page of the session's egress audit, oldest first; the token is the last seq."""
-        await self.get(session_id)  # NOT_FOUND for unknown and other tenants' sessions
-        size = paging.page_size(page_size)
-        bound = f"egress {session_id}"
-        after = int(paging.decode_token(page_token, str.isdigit, bound) or 0)
-        audit = self._egress.audit(session_id) if self._egress is not None else None
-        events = audit.events(after_seq=after, limit=size + 1) if audit is not None else []
-        token = ""
-        if len(events) > size:
-            events = events[:size]
-            token = paging.encode_token(str(events[-1].seq), bound)
-        return events, token
+        """A page of the session's egress audit, oldest first (sessions/network.py)."""
+        return await self._network.egress_events(session_id, page_size, page_token)
 
 
 def _is_session_id(value: str) -> bool:

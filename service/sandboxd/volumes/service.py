@@ -49,7 +49,7 @@ class Volumes:
         disks: VolumeDisks,
         owner_id: str,
         porter: VolumePorter | None = None,
-        observer: domain_events.Observer = domain_events.SILENT,  # imports and exports
+        observer: domain_events.Observer = domain_events.SILENT,  # its lifecycle, transfers
         disk_quota: DiskQuota | None = None,  # None: no tenant_max_disk_bytes
     ) -> None:
         self._observer = observer
@@ -78,6 +78,7 @@ class Volumes:
             existing = await self._store.get(tenant, volume_id)
             if existing is not None:
                 if existing.size_bytes == size and existing.labels == labels:
+                    self._observer.emit(domain_events.VolumeCreated(tenant, volume_id, size))
                     return await self._view(existing)  # the same request again
                 raise AlreadyExists(
                     f"volume {volume_id!r} already exists with another size or labels",
@@ -102,6 +103,7 @@ class Volumes:
                 )
                 await self._make(record)
         log.info("volume created", extra={"volume_id": volume_id})
+        self._observer.emit(domain_events.VolumeCreated(tenant, volume_id, size))
         return await self._view(record, measure=False)  # empty: nothing to measure yet
 
     async def _check_quota(self, tenant: str, size: int) -> None:
@@ -181,12 +183,14 @@ class Volumes:
         async with self._claims.locked([volume_id]):
             record = await self._store.get(tenant, volume_id)
             if record is None:
+                self._observer.emit(domain_events.VolumeDeleted(tenant, volume_id, existed=False))
                 return False
             why = "delete the session first (or wait for its lease to end)"
             await self._claims.require_unmounted(volume_id, why, readers_ok=False)
             await self._store.delete(tenant, volume_id)
             await self._remove_disk(record.disk)  # a failure is the sweep's to finish
         log.info("volume deleted", extra={"volume_id": volume_id})
+        self._observer.emit(domain_events.VolumeDeleted(tenant, volume_id, existed=True))
         return True
 
     async def export(self, volume_id: str) -> AsyncIterator[bytes]:
