@@ -25,6 +25,7 @@ from sandboxd.storage import disk_tool
 from sandboxd.storage.disk_tool import (
     DISK_IMAGE_PREFIX,
     DISK_MOUNT_PREFIX,
+    DISK_REAP_PREFIX,
     LABEL_DISK,
     LABEL_DISK_SIZE,
     LABEL_DISK_TOOL,
@@ -218,6 +219,27 @@ class DockerDisks:
             await self._remove_volume(volume)
             self._locks.pop(disk_id, None)
             return True
+
+    async def reap(self) -> list[str]:
+        """Detach the loops whose disk image is gone (disk_tool.SCRIPT, `reap`), in a tool
+        container mounting a scratch volume of this owner's (never a disk's: the label of
+        disks is not on it), removed after."""
+        await self._ensure_tool_image()
+        scratch = DISK_REAP_PREFIX + self._owner
+        labels = {LABEL_OWNER: self._owner, LABEL_DISK_TOOL: "reap"}
+        with self._translate(f"creating volume {scratch}"):
+            await self._docker().volumes.create({"Name": scratch, "Labels": labels})  # type: ignore[no-untyped-call]
+        try:
+            config = disk_tool.tool_config(
+                self._image, "reap", (), disk_volume=scratch, labels=labels
+            )
+            code, output = await self._contained("reap", config)
+        finally:
+            with contextlib.suppress(SandboxError):
+                await asyncio.shield(self._remove_volume(scratch))
+        if code != 0:
+            raise Internal(f"the disk tool (reap) failed ({code}): {output.strip()[-400:]}")
+        return disk_tool.parse_reaped(output)
 
     async def list_ids(self) -> list[str]:
         filters = {"label": [f"{LABEL_OWNER}={self._owner}", LABEL_DISK]}
