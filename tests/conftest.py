@@ -191,6 +191,44 @@ def delete_volumes(srv: ServerProcess) -> None:
                     break
 
 
+def remove_owned_disks(owner_id: str) -> None:
+    """The disks a stopped test server left (a session or pool member not deleted, a failed
+    test's), deleted as the server deletes them: detached from their loop device before their
+    image volume goes. `docker volume rm` of an attached image would leave the loop on a
+    deleted file, holding its blocks until the host restarts (tests/hostenv.py reports it).
+    A disk that cannot be deleted stays, for the host check to name; other volumes of the
+    owner (not disks) are removed."""
+    import asyncio
+
+    import aiodocker
+    from sandboxd.engine.docker_errors import translate_errors
+    from sandboxd.storage.disk_tool import DISK_MOUNT_PREFIX, LABEL_DISK
+    from sandboxd.storage.docker_disks import DockerDisks
+
+    async def remove() -> None:
+        async with aiodocker.Docker() as docker:
+            disks = DockerDisks(
+                lambda: docker,
+                translate_errors,
+                owner_id=owner_id,
+                tool_image="sandboxd-disktool:1",  # the server's default
+            )
+            for disk_id in await disks.list_ids():
+                with contextlib.suppress(Exception):
+                    await disks.delete(disk_id)
+            found = await docker.volumes.list(  # type: ignore[no-untyped-call]
+                filters={"label": [f"io.sandboxd.owner={owner_id}"]}
+            )
+            for v in found.get("Volumes") or []:
+                name = str(v.get("Name", ""))
+                disk = LABEL_DISK in (v.get("Labels") or {})
+                if not disk or name.startswith(DISK_MOUNT_PREFIX):
+                    with contextlib.suppress(aiodocker.DockerError):
+                        await aiodocker.volumes.DockerVolume(docker, name).delete()  # type: ignore[no-untyped-call]
+
+    asyncio.run(remove())
+
+
 def remove_owned_containers(owner_id: str) -> None:
     """What a stopped test server leaves on the engine: its containers, then its images (IMAGE
     snapshots, labelled with its owner id; a snapshot a test did not delete, or could not

@@ -94,6 +94,7 @@ class FakeDisks:
         self.free_bytes = 1 << 40
         self.tool = True
         self.frozen: list[str] = []  # the container each copy paused ("" for none)
+        self.orphan_loops: list[str] = []  # loops on removed images, for `reap`
 
     def _mounted(self, disk_id: str) -> bool:
         return any(b.request.spec.disk_id == disk_id for b in self._engine.sandboxes.values())
@@ -163,6 +164,14 @@ class FakeDisks:
         if self._mounted(disk_id):
             raise FailedPrecondition(f"disk {disk_id} is in use", reason="ENGINE_CONFLICT")
         return self.disks.pop(disk_id, None) is not None
+
+    async def reap(self) -> list[str]:
+        """The `orphan_loops` (loops whose image was removed while attached), detached."""
+        self._engine._call("disks.reap")
+        if not self.tool:
+            raise FailedPrecondition("no disk tool image", reason="DISK_STORAGE_UNAVAILABLE")
+        reaped, self.orphan_loops = self.orphan_loops, []
+        return reaped
 
     async def list_ids(self) -> list[str]:
         self._engine._call("disks.list_ids")

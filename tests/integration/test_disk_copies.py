@@ -20,6 +20,7 @@ from conftest import (
     expect_error,
     make_stubs,
     remove_owned_containers,
+    remove_owned_disks,
     run,
     start_server,
     wait_until,
@@ -60,8 +61,7 @@ def _server(tmp: Path, *extra: str) -> Iterator[tuple[ServerProcess, Stubs]]:
         stubs.channel.close()
         srv.stop()
         remove_owned_containers(owner)
-        for volume in _volumes(owner):
-            subprocess.run(["docker", "volume", "rm", "-f", volume], capture_output=True)
+        remove_owned_disks(owner)  # detached first: never `docker volume rm` an attached disk
 
 
 def _create(stubs: Stubs, size: int = 64 * MiB, **fields: object) -> session_pb2.Session:

@@ -26,6 +26,7 @@ from conftest import (
     gvisor_registered,
     make_stubs,
     remove_owned_containers,
+    remove_owned_disks,
     start_server,
 )
 from sandboxd.v1 import (
@@ -60,18 +61,6 @@ class Box:
         self.stubs = make_stubs(self.srv.address)
 
 
-def _remove_disks(owner: str) -> None:
-    """The engine volumes of this server's disks (a failed test may leave some)."""
-    found = subprocess.run(
-        ["docker", "volume", "ls", "-q", "--filter", f"label=io.sandboxd.owner={owner}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.split()
-    for name in sorted(found, key=lambda n: not n.startswith("sandboxd-diskmnt-")):
-        subprocess.run(["docker", "volume", "rm", "-f", name], capture_output=True, check=False)
-
-
 def _delete_everything(box: Box) -> None:
     """What a failed test left, through the API: sessions, then volumes (a deleted volume's
     disk is detached from its loop device, which removing engine volumes would not do)."""
@@ -98,7 +87,7 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
         b.srv.stop()
         remove_owned_containers(owner)
         remove_owned_containers(owner + "-porter")
-        _remove_disks(owner)
+        remove_owned_disks(owner)  # detached first, as the server deletes a disk
 
 
 def _create_volume(box: Box, volume_id: str, size: int = 32 * MiB) -> volumes_pb2.Volume:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fakes import FakeEngine
 from sandboxd.config_sections.units import GiB, MiB
+from sandboxd.errors import Internal
 from sandboxd.models import WorkspaceStorage
 from sandboxd.sessions import CreateSessionInput
 from session_stack import Stack, session_stack
@@ -72,3 +73,30 @@ async def test_the_sweep_keeps_members_disks_and_a_drained_pool_takes_them(
         assert set(engine.disks.disks) == member_disks
         await st.pool.close()
         assert engine.disks.disks == {}
+
+
+async def test_the_first_sweep_detaches_the_loops_of_removed_disk_images(tmp_path: Path) -> None:
+    """A disk image volume removed past the API (a cleanup's `docker volume rm`) leaves its
+    loop attached on a deleted file: the first sweep reaps it, once; without the disk tool
+    the sweep goes on."""
+    engine = FakeEngine()
+    async with session_stack(tmp_path, engine=engine) as st:
+        engine.disks.orphan_loops = ["/dev/loop0", "/dev/loop1"]
+        await st.sessions.reconcile()
+        assert engine.disks.orphan_loops == [] and engine.calls.count("disks.reap") == 1
+        engine.disks.orphan_loops = ["/dev/loop2"]
+        await st.sessions.reconcile()  # once per start: the tool container costs
+        assert engine.calls.count("disks.reap") == 1
+    bare = FakeEngine()
+    bare.disks.tool = False
+    async with session_stack(tmp_path / "b", engine=bare) as st:
+        await st.sessions.reconcile()
+        await st.sessions.reconcile()
+        assert bare.calls.count("disks.reap") == 1  # no tool: nothing to reap, not retried
+    failing = FakeEngine()
+    async with session_stack(tmp_path / "c", engine=failing) as st:
+        failing.fail("disks.reap", Internal("the tool died"))
+        failing.disks.orphan_loops = ["/dev/loop3"]
+        await st.sessions.reconcile()  # a failed reap: the next sweep tries again
+        await st.sessions.reconcile()
+        assert failing.disks.orphan_loops == [] and failing.calls.count("disks.reap") == 2

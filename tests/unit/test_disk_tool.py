@@ -106,3 +106,20 @@ def test_the_hand_over_changes_links_never_follows_them() -> None:
     for bad in ((0, 1000), (1000, -1), (True, 1000)):
         with pytest.raises(Internal):
             disk_tool.own_config("i", "v", bad[0], bad[1], {})  # type: ignore[arg-type]
+
+
+def test_a_reap_reports_the_loops_it_detached_only() -> None:
+    output = "disk reaped=/dev/loop0\ndisk unreaped=/dev/loop5\ndisk reaped=/dev/loop12\n"
+    assert disk_tool.parse_reaped(output + "disk dev= size=0 allocated=0\n") == [
+        "/dev/loop0",
+        "/dev/loop12",
+    ]
+    assert disk_tool.command("reap")[3:] == ["disk-tool", "reap"]
+
+
+def test_a_reap_detaches_only_deleted_disk_images_on_the_volumes_filesystem() -> None:
+    """Another program's loop (another file, another filesystem, a live image) is never
+    touched: the script matches the tool's own signature."""
+    reap = disk_tool.SCRIPT.split("reap)", 1)[1].split(";;", 1)[0]
+    assert '[ "$on" = "$here" ] && [ "$file" = "/disk.img (deleted)" ] || continue' in reap
+    assert "stat -c '%Hd:%Ld' /d" in reap

@@ -114,6 +114,7 @@ class Recovery:
         self._started = now()
         self._tidied = False
         self._leftovers_cleared = False  # an older or dead server's networks, stand-ins
+        self._reaped = False  # loops of removed disk images: detached once, at start
 
     # ----- lost sandboxes -----------------------------------------------------------------
 
@@ -305,8 +306,29 @@ class Recovery:
         disks = [
             d for d in await self._engine.disks.list_ids() if d.startswith(WORKSPACE_DISK_PREFIX)
         ]
-        if not disks:
+        if disks:
+            await self._remove_disks(disks)
+        if not self._reaped:
+            await self._reap_loops()
+
+    async def _reap_loops(self) -> None:
+        """The loops an image volume removed while attached left (by hand, by a cleanup that
+        removed engine volumes past the API, of any server): the kernel keeps their blocks
+        until they are detached (storage/disks.py, `reap`). An engine host without the disk
+        tool has none to reap; another failure: the next sweep tries again."""
+        try:
+            reaped = await self._engine.disks.reap()
+        except FailedPrecondition as exc:
+            log.info("no loop devices to reap: %s", exc)
+        except SandboxError as exc:
+            log.warning("could not reap the loops of removed disks: %s", exc)
             return
+        else:
+            for device in reaped:
+                log.warning("detached %s: its disk image was removed while attached", device)
+        self._reaped = True
+
+    async def _remove_disks(self, disks: list[str]) -> None:
         # The pool's first (a claim leaves it once its record names the disk), then records.
         pooled = self._pool.disks() if self._pool is not None else set()
         kept = await self._store.disk_ids(LIVE_STATES) | pooled

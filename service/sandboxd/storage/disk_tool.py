@@ -36,7 +36,9 @@ LABEL_DISK_SIZE = "io.sandboxd.disk-size"
 DISK_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 MIN_DISK_BYTES = 16 * 1024 * 1024  # ext4 with a journal needs a few MiB of its own
 MAX_DISK_BYTES = 16 * 1024**4  # ext4 with 4 KiB blocks, and what any engine host would hold
-OPERATIONS = frozenset({"create", "attach", "detach", "usage", "copy"})
+OPERATIONS = frozenset({"create", "attach", "detach", "usage", "copy", "reap"})
+# The scratch volume a reap mounts at /d: it is on the filesystem every disk image is on.
+DISK_REAP_PREFIX = "sandboxd-diskreap-"
 
 # Exit status the script uses for "the engine host lacks the room" (its output says how much).
 EXIT_NO_ROOM = 3
@@ -49,6 +51,12 @@ EXIT_NO_ROOM = 3
 # sandbox user is not root), lazy inode tables and journal (a 10 GiB disk costs about 4 MiB:
 # measured), the root owned by the sandbox user with mode 0700 and no lost+found, like the
 # tmpfs workspace. The result is one line: `disk dev=... size=... allocated=...`.
+# `reap` detaches the loops left on a removed image (an image volume removed past `delete`: by
+# hand, by a cleanup's `docker volume rm`): the kernel keeps such a loop and the file's blocks
+# until it is detached. Only a loop the tool made can match: its file is `disk.img` seen through
+# the bind mount of a finished tool container (so `/disk.img`), deleted, on the filesystem the
+# engine's volumes are on (the device of /d, a scratch volume); a mounted one is detached when
+# its last user closes it (`losetup -d` on a busy loop sets autoclear).
 SCRIPT = r"""
 set -eu
 op=$1
@@ -112,6 +120,14 @@ detach)
     dev=$(attached)
   done
   [ -e "$img" ] && report || echo "disk dev= size=0 allocated=0";;
+reap)  # loops whose disk image was removed while attached: detached (lazily when mounted)
+  nodes
+  here=$(/sbin/stat -c '%Hd:%Ld' /d)
+  /sbin/losetup --list -n -O NAME,BACK-MAJ:MIN,BACK-FILE | while read -r dev on file; do
+    [ "$on" = "$here" ] && [ "$file" = "/disk.img (deleted)" ] || continue
+    /sbin/losetup -d "$dev" && echo "disk reaped=$dev" || echo "disk unreaped=$dev"
+  done
+  echo "disk dev= size=0 allocated=0";;
 copy)
   if [ ! -e "$img" ]; then
     /bin/busybox sync  # a mounted source's dirty pages into its image (sync(2) is host-wide)
@@ -241,6 +257,15 @@ def own_config(
     host["Memory"] = 64 * 1024 * 1024
     host["PidsLimit"] = 16
     return config
+
+
+_REAPED = re.compile(r"disk reaped=(?P<dev>/dev/loop\d+)")
+
+
+def parse_reaped(output: str) -> list[str]:
+    """The loop devices a reap detached (or marked to detach when their last user closes)."""
+    found = (_REAPED.fullmatch(line.strip()) for line in output.splitlines())
+    return [m.group("dev") for m in found if m is not None]
 
 
 _RESULT = re.compile(

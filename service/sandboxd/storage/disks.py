@@ -123,6 +123,13 @@ class Disks(Protocol):
         container still mounts is FailedPrecondition ENGINE_CONFLICT (remove it first)."""
         ...
 
+    async def reap(self) -> list[str]:
+        """Detach every loop device of the engine host a disk image removed while attached
+        left (the kernel keeps its blocks until then; a mounted one goes when unmounted), of
+        any owner: such a loop holds a file nobody can reach again. The loops it detached;
+        FailedPrecondition DISK_STORAGE_UNAVAILABLE when the engine cannot run the tool."""
+        ...
+
     async def list_ids(self) -> list[str]:
         """The ids of this owner's disks (the sweep's view)."""
         ...

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiodocker
@@ -25,6 +26,7 @@ from sandboxd.storage import disk_tool
 from sandboxd.storage.disk_tool import (
     DISK_IMAGE_PREFIX,
     DISK_MOUNT_PREFIX,
+    DISK_REAP_PREFIX,
     LABEL_DISK,
     LABEL_DISK_SIZE,
     LABEL_DISK_TOOL,
@@ -37,6 +39,12 @@ TOOL_TIMEOUT_S = 120.0  # a copy of a large disk reads all of its allocated byte
 
 
 Translate = Callable[[str], contextlib.AbstractContextManager[None]]
+
+
+@dataclass
+class _DiskLock:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0  # holding or waiting
 
 
 class DockerDisks:
@@ -56,7 +64,7 @@ class DockerDisks:
         self._owner = owner_id
         self._run_id = run_id  # on each tool run (engine/work_containers.py)
         self._image = tool_image
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, _DiskLock] = {}
 
     # ----- names --------------------------------------------------------------------------
 
@@ -72,8 +80,21 @@ class DockerDisks:
     def _labels(self, disk_id: str, **more: str) -> dict[str, str]:
         return {LABEL_OWNER: self._owner, LABEL_DISK: disk_id, **more}
 
-    def _lock(self, disk_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(disk_id, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _lock(self, disk_id: str) -> AsyncIterator[None]:
+        """The disk's lock: one tool run at a time per disk (an attach between a delete's
+        detach and its image's removal would leave a loop on the removed file). Dropped when
+        its last holder or waiter leaves, never while one waits: a new caller then would get
+        a lock of its own and run beside the waiter."""
+        held = self._locks.setdefault(disk_id, _DiskLock())
+        held.users += 1
+        try:
+            async with held.lock:
+                yield
+        finally:
+            held.users -= 1
+            if held.users == 0 and self._locks.get(disk_id) is held:
+                del self._locks[disk_id]
 
     # ----- the interface ------------------------------------------------------------------
 
@@ -216,8 +237,28 @@ class DockerDisks:
                 return bool(mounts)
             await self._run(disk_id, "detach", ())
             await self._remove_volume(volume)
-            self._locks.pop(disk_id, None)
             return True
+
+    async def reap(self) -> list[str]:
+        """Detach the loops whose disk image is gone (disk_tool.SCRIPT, `reap`), in a tool
+        container mounting a scratch volume of this owner's (never a disk's: the label of
+        disks is not on it), removed after."""
+        await self._ensure_tool_image()
+        scratch = DISK_REAP_PREFIX + self._owner
+        labels = {LABEL_OWNER: self._owner, LABEL_DISK_TOOL: "reap"}
+        with self._translate(f"creating volume {scratch}"):
+            await self._docker().volumes.create({"Name": scratch, "Labels": labels})  # type: ignore[no-untyped-call]
+        try:
+            config = disk_tool.tool_config(
+                self._image, "reap", (), disk_volume=scratch, labels=labels
+            )
+            code, output = await self._contained("reap", config)
+        finally:
+            with contextlib.suppress(SandboxError):
+                await asyncio.shield(self._remove_volume(scratch))
+        if code != 0:
+            raise Internal(f"the disk tool (reap) failed ({code}): {output.strip()[-400:]}")
+        return disk_tool.parse_reaped(output)
 
     async def list_ids(self) -> list[str]:
         filters = {"label": [f"{LABEL_OWNER}={self._owner}", LABEL_DISK]}
