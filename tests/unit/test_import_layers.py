@@ -66,10 +66,6 @@ KNOWN_ARROWS: Mapping[tuple[str, str], str] = {
         "the configuration checks the engine address with engine/docker_tls.py, whose parsing "
         "belongs beside EngineSection in config_sections"
     ),
-    ("sandboxd.volumes", "sandboxd.sessions"): (
-        "volumes take a session's lock (sessions/locks.py) while sessions check and claim "
-        "volumes; the lock moves below both once the disk workspaces' rework of volumes/ lands"
-    ),
     ("sandboxd.engine.docker_attach", "sandboxd.engine.docker"): _DOCKER_CLIENT,
     ("sandboxd.engine.docker_exec", "sandboxd.engine.docker"): _DOCKER_CLIENT,
 }

@@ -24,9 +24,9 @@ from sandboxd.isolation import IsolationTiers
 from sandboxd.models import PullPolicy, Session, SessionState
 from sandboxd.pulls import Pulls, Resolved
 from sandboxd.reasons import Reason
+from sandboxd.session_locks import SessionLocks
 from sandboxd.sessions.forks import disk_source, fit_to_source
 from sandboxd.sessions.keeper import WorkspaceKeeper
-from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.manifest import write_manifest
 from sandboxd.sessions.quota import QuotaGate
 from sandboxd.sessions.recovery import now

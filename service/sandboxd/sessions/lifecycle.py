@@ -34,11 +34,11 @@ from sandboxd.models import NetworkPolicy, Session, SessionState, SuspendMode
 from sandboxd.pool import WarmPool
 from sandboxd.pulls import Pulls
 from sandboxd.reasons import Reason
+from sandboxd.session_locks import SessionLocks
 from sandboxd.sessions.creation import Creation
 from sandboxd.sessions.gate import WorkspaceGate
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.liveness import lease_ended, require_live
-from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.memory_suspension import MemoryOptions, MemorySuspension
 from sandboxd.sessions.network import SessionNetwork
 from sandboxd.sessions.quota import QuotaGate

@@ -18,7 +18,7 @@ from sandboxd.errors import FailedPrecondition, InvalidArgument
 from sandboxd.models import NetworkPolicy, Session
 from sandboxd.reasons import Reason
 from sandboxd.secrets.bindings import settle_secrets
-from sandboxd.sessions.locks import SessionLocks
+from sandboxd.session_locks import SessionLocks
 from sandboxd.sessions.spec import check_network
 from sandboxd.store import SessionStore
 

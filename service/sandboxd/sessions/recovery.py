@@ -20,9 +20,9 @@ from sandboxd.errors import FailedPrecondition, SandboxError, SessionNotFound, U
 from sandboxd.models import WORKSPACE_DISK_PREFIX, Loss, Session, SessionState
 from sandboxd.pool import WarmPool
 from sandboxd.reasons import Reason
+from sandboxd.session_locks import SessionLocks
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.leftovers import remove_leftovers
-from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.sandboxes import Sandboxes
 from sandboxd.snapshot_store import Snapshot
 from sandboxd.store import SessionStore

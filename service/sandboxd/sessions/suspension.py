@@ -20,11 +20,11 @@ from sandboxd.labels import LABEL_AUTO
 from sandboxd.models import RESTORED_FROM_DISK, Loss, Session, SessionState, SuspendMode
 from sandboxd.pulls import Pulls
 from sandboxd.reasons import Reason
+from sandboxd.session_locks import SessionLocks
 from sandboxd.sessions.forks import disk_source
 from sandboxd.sessions.gate import WorkspaceGate
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.liveness import require_live
-from sandboxd.sessions.locks import SessionLocks
 from sandboxd.sessions.memory_suspension import MemorySuspension
 from sandboxd.sessions.recovery import Recovery, container_lost, lost_now
 from sandboxd.sessions.sandboxes import Sandboxes, Undo

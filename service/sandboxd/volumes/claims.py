@@ -18,7 +18,7 @@ from sandboxd import tenancy
 from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.models import SessionState, VolumeMount
 from sandboxd.reasons import Reason
-from sandboxd.sessions.locks import SessionLocks
+from sandboxd.session_locks import SessionLocks
 from sandboxd.store import SessionStore
 from sandboxd.volumes.port import VolumeDisks
 from sandboxd.volumes.store import VolumeRecord, VolumeStore

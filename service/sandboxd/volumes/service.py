@@ -21,7 +21,7 @@ from sandboxd import domain_events, paging, tenancy, validation
 from sandboxd.config_sections import VolumesSection
 from sandboxd.errors import AlreadyExists, Internal, ResourceExhausted, SandboxError
 from sandboxd.reasons import Reason
-from sandboxd.sessions.locks import SessionLocks
+from sandboxd.session_locks import SessionLocks
 from sandboxd.volumes import checks
 from sandboxd.volumes.claims import VolumeClaims
 from sandboxd.volumes.disk_quota import DiskQuota
