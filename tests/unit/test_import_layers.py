@@ -58,10 +58,6 @@ KNOWN_ARROWS: Mapping[tuple[str, str], str] = {
         "ExecStatus, Paused) from engine/protocol.py, while engine/docker_attach.py builds on "
         "the channel: those types move below both"
     ),
-    ("sandboxd.engine", "sandboxd.secrets"): (
-        "the container profile (engine/docker_profile.py) reads the secrets' trust paths and "
-        "environment (secrets/trust.py), which belong below both"
-    ),
     ("sandboxd.config", "sandboxd.engine"): (
         "the configuration checks the engine address with engine/docker_tls.py, whose parsing "
         "belongs beside EngineSection in config_sections"

@@ -11,13 +11,12 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sandboxd import images
+from sandboxd import images, trust
 from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_POOL, LABEL_SESSION
 from sandboxd.models import VolumeMount
 from sandboxd.profile import HELPER_IN_CONTAINER, TMP_BYTES, base_env
-from sandboxd.secrets import trust
 from sandboxd.storage.disk_tool import DISK_MOUNT_PREFIX
 from sandboxd.storage.disks import DiskMount
 

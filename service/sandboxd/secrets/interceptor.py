@@ -15,8 +15,8 @@ from sandboxd.helper_client import HelperClient, Where
 from sandboxd.models import SecretBinding
 from sandboxd.secrets.inject import bound, misdirected
 from sandboxd.secrets.mitm import HttpRelay, Record, Refusal, Secrets, Send, secure_upstream
-from sandboxd.secrets.trust import IMAGE_ROOTS, MAX_ROOTS_BYTES, TRUST_DIR
 from sandboxd.secrets.vault import Vault
+from sandboxd.trust import IMAGE_ROOTS, MAX_ROOTS_BYTES, TRUST_DIR
 
 UPSTREAM_TLS_TIMEOUT_S = 10.0
 
