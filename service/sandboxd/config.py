@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandboxd import engine_address
 from sandboxd.config_sections import (
     AdmissionSection,
     AgentSection,
@@ -209,9 +210,7 @@ def _server_problems(config: Config) -> Iterator[str]:
 
 def _engine_problems(config: Config) -> Iterator[str]:
     engine = config.engine
-    from sandboxd.engine import docker_tls  # imports only the sections from here
-
-    docker_tls.from_settings(engine)  # the address and TLS files of the engine
+    engine_address.from_settings(engine)  # the address and TLS files of the engine
     if not engine.image.strip():
         yield "image: must not be empty"
     host_ids_problem = _host_ids_problem(engine)

@@ -1,4 +1,4 @@
-"""The engine's address and TLS settings (engine/docker_tls.py): a remote engine over tcp://
+"""The engine's address and TLS settings (engine_address.py): a remote engine over tcp://
 with client certificates, and a clear error for every wrong setting, at start-up."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from authutil import Pki
 from conftest import HELPER
 from sandboxd.config import load_config
 from sandboxd.engine.docker_errors import translate_errors
-from sandboxd.engine.docker_tls import engine_address
+from sandboxd.engine_address import engine_address
 from sandboxd.errors import ConfigError, EngineUnavailable
 
 H = ["--helper", str(HELPER)]

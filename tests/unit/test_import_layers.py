@@ -28,6 +28,7 @@ BASE = frozenset(
     {
         "config",
         "config_sections",
+        "engine_address",
         "errors",
         "isolation",
         "labels",
@@ -57,10 +58,6 @@ KNOWN_ARROWS: Mapping[tuple[str, str], str] = {
         "the agent channel reads the port types it serves (AgentAttach, Attached, ExecRequest, "
         "ExecStatus, Paused) from engine/protocol.py, while engine/docker_attach.py builds on "
         "the channel: those types move below both"
-    ),
-    ("sandboxd.config", "sandboxd.engine"): (
-        "the configuration checks the engine address with engine/docker_tls.py, whose parsing "
-        "belongs beside EngineSection in config_sections"
     ),
     ("sandboxd.engine.docker_attach", "sandboxd.engine.docker"): _DOCKER_CLIENT,
     ("sandboxd.engine.docker_exec", "sandboxd.engine.docker"): _DOCKER_CLIENT,

@@ -37,7 +37,6 @@ from sandboxd.engine.docker_attach import DockerAgentPort
 from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_exec import DockerExecStream, exec_status, resize, start_exec
 from sandboxd.engine.docker_profile import conforms, container_config
-from sandboxd.engine.docker_tls import EngineAddress, engine_address
 from sandboxd.engine.docker_volumes import with_volume_sources
 from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
@@ -54,6 +53,7 @@ from sandboxd.engine.protocol import (
 )
 from sandboxd.engine.runsc_leftovers import AFTER_CHECKPOINT, end_leftovers
 from sandboxd.engine.work_containers import is_work, new_run_id
+from sandboxd.engine_address import EngineAddress, engine_address
 from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION, WORK_CHECKPOINT_CARRIER
@@ -88,7 +88,8 @@ class DockerEngine:
         self._keeper_user = keeper_user
         self.keeper_user = keeper_user  # an agent running as this user carries egress only
         self._on_error = on_error  # told the kind of every engine failure (metrics)
-        # tcp:// with TLS: the checked address the server built from its settings (docker_tls).
+        # tcp:// with TLS: the checked address the server built from its settings
+        # (engine_address.py).
         self._address = address or engine_address(docker_host)
         self._local = self._address.local
         self._pool_size = pool_size

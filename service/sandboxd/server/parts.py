@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from opentelemetry.trace import Tracer
 
 from sandboxd import domain_events, tenancy
+from sandboxd import engine_address as docker_tls
 from sandboxd.admission import ChannelShares, FairShares, shares_of
 from sandboxd.agent.router import AgentRouter, agent_settings
 from sandboxd.api.session_leases import renew_on_activity
@@ -38,7 +39,7 @@ from sandboxd.digest import hashing_threads
 from sandboxd.egress.addresses import Protected
 from sandboxd.egress.manager import EgressManager, parse_static_hosts
 from sandboxd.egress.resolver import Resolver
-from sandboxd.engine import DockerEngine, Engine, docker_tls
+from sandboxd.engine import DockerEngine, Engine
 from sandboxd.engine.docker_volumes import DockerVolumeDisks
 from sandboxd.events import EventHub, ObservedStore
 from sandboxd.events.feed import FeedSubscriber
