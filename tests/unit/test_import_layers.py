@@ -54,11 +54,6 @@ _DOCKER_CLIENT = (
     "(under TYPE_CHECKING); the client moves to a module of its own that all three import"
 )
 KNOWN_ARROWS: Mapping[tuple[str, str], str] = {
-    ("sandboxd.agent", "sandboxd.engine"): (
-        "the agent channel reads the port types it serves (AgentAttach, Attached, ExecRequest, "
-        "ExecStatus, Paused) from engine/protocol.py, while engine/docker_attach.py builds on "
-        "the channel: those types move below both"
-    ),
     ("sandboxd.engine.docker_attach", "sandboxd.engine.docker"): _DOCKER_CLIENT,
     ("sandboxd.engine.docker_exec", "sandboxd.engine.docker"): _DOCKER_CLIENT,
 }

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from engine_contract import request
 from fakes import FakeEngine
-from sandboxd.agent.lifecycle import WithAgentChannels
 from sandboxd.commands import Dial, HelperCall, Plain, Supervised, ToolRun, Where
 from sandboxd.commands.argv import INTERNAL_ENV, argv_of, env_of
+from sandboxd.commands.lifecycle import WithAgentChannels
 from sandboxd.commands.sandbox import AgentFirstCommands
 from sandboxd.engine.protocol import ExecRequest, ExecStatus
 from sandboxd.errors import Internal

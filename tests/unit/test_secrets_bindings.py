@@ -8,13 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sandboxd import trust
 from sandboxd.egress.policy import validate_policy
 from sandboxd.engine.docker_profile import container_config
 from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.errors import ConfigError, InvalidArgument
 from sandboxd.models import NetworkMode, NetworkPolicy, SecretBinding
 from sandboxd.reasons import Reason
-from sandboxd.secrets import bindings, trust, vault
+from sandboxd.secrets import bindings, vault
 from sandboxd.session_rows import spec_from_json, spec_to_json
 from sandboxd.sessions.spec import check_network
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from sandboxd.agent import frames
 from sandboxd.agent.channel import Channel
+from sandboxd.agent.port import ExecStatus
 from sandboxd.agent.streams import AgentStream
-from sandboxd.engine.protocol import ExecStatus
 from sandboxd.profile import searched
 
 READ_JOIN = 64 * 1024  # execution.CHUNK_BYTES: the largest output event

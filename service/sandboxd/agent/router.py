@@ -2,7 +2,7 @@
 
 The server builds it over the engine's `AgentAttach` (server/parts.py) and hands it to those
 that need a channel: the sandbox commands ask it before every command (sandboxd.commands), the
-engine's lifecycle opens and closes channels (`agent/lifecycle.py`). A channel is opened when
+engine's lifecycle opens and closes channels (`commands/lifecycle.py`). A channel is opened when
 its sandbox starts (pool members too), re-opened on first use after a server
 restart (the agent's detached processes survive: HELLO_OK lists them), and closed when the
 sandbox is removed. A channel that goes LOST (no HELLO_OK within the handshake bound, keepalive
@@ -26,9 +26,9 @@ from typing import Any, Protocol
 from sandboxd.agent.channel import Channel, State
 from sandboxd.agent.egress_route import EgressEndpoints, egress_port, peer_open_handler
 from sandboxd.agent.exec_stream import AgentExec, exec_request
+from sandboxd.agent.port import AgentAttach, Attached, ExecRequest, ExecStatus, Paused
 from sandboxd.agent.streams import agent_unavailable
 from sandboxd.config_sections import AgentSection
-from sandboxd.engine.protocol import AgentAttach, Attached, ExecRequest, ExecStatus, Paused
 from sandboxd.errors import SandboxError
 
 log = logging.getLogger(__name__)

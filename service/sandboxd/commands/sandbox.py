@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from opentelemetry.trace import Tracer
 
-from sandboxd.agent.lifecycle import WithAgentChannels
 from sandboxd.agent.router import AgentRouter, ChannelSettings, ChannelShares
 from sandboxd.commands.argv import argv_of, env_of
 from sandboxd.commands.detached import AgentProcesses
+from sandboxd.commands.lifecycle import WithAgentChannels
 from sandboxd.commands.types import (
     DetachedExecs,
     SandboxCommand,

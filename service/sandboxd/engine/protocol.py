@@ -19,16 +19,24 @@ ENGINE_CONFLICT; anything else the engine refuses is `Internal`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from sandboxd.agent.transport import Transport
+from sandboxd.agent.port import AgentAttach, Attached, ExecRequest, ExecStatus, Paused
 from sandboxd.isolation import Isolation
 from sandboxd.models import SessionSpec
 from sandboxd.storage.disks import Disks
+
+__all__ = [  # the port types of the agent side, read here by the engine's adapters too
+    "AgentAttach",
+    "Attached",
+    "ExecRequest",
+    "ExecStatus",
+    "Paused",
+]
 
 
 @dataclass(frozen=True)
@@ -47,19 +55,6 @@ class SandboxRequest:
     # (HTTP(S)_PROXY point there); 0 for every other session. No session has a network.
     egress_port: int = 0
     pool_generation: str = ""
-
-
-@dataclass(frozen=True)
-class ExecRequest:
-    """One command to start in a sandbox, as every path that starts one takes it (the agent's
-    channel, `docker exec`, the fake): one type, so the paths cannot drift apart."""
-
-    argv: Sequence[str]
-    user: str
-    env: Mapping[str, str] | None = None
-    workdir: str | None = None
-    stdin: bool = False
-    tty: bool = False
 
 
 @dataclass(frozen=True)
@@ -325,16 +320,6 @@ class Engine(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class ExecStatus:
-    """Where a started command is: running, or ended with `exit_code` (None: not recorded;
-    -1: ended without one, as a command reset by the server)."""
-
-    running: bool
-    exit_code: int | None = None
-    pid: int = 0
-
-
 class EngineExec(Protocol):
     """The engine's own way to run a command in a sandbox (`docker exec`, a pod's exec): the
     path for a sandbox without an agent, and the one the agent's rescue kills through."""
@@ -348,35 +333,3 @@ class EngineExec(Protocol):
     async def exec_resize(self, exec_id: str, rows: int, cols: int) -> None: ...
 
     async def exec_status(self, exec_id: str) -> ExecStatus: ...
-
-
-class Paused(Exception):
-    """The engine has frozen the sandbox (docker pause): its agent cannot answer, and nothing
-    is to be killed for that."""
-
-
-@dataclass(frozen=True)
-class Attached:
-    """A pipe to a sandbox's agent, and the uid:gid the agent (hence every command) runs as."""
-
-    transport: Transport
-    user: str
-    env: Mapping[str, str] = field(default_factory=dict)  # the sandbox's (the exec's base)
-    session_id: str = ""  # the session the server labelled the sandbox with (egress)
-    budget: int = 0  # the agent's memory budget (agent/memory.py), sent in HELLO; 0 none
-
-
-class AgentAttach(Protocol):
-    """The engine's only duty toward the agent (the channel's router, sandboxd.agent.router,
-    does the rest): a pipe to it, and a rescue from outside when it stops answering."""
-
-    async def attach(self, sandbox_id: str) -> Attached | None:
-        """None when the sandbox's main process is not the agent (`sbx agent`, with or
-        without `--user UID:GID`; the agent is off, or the sandbox predates it): its commands
-        are the engine's own execs. `Attached.user` is who the agent runs commands as."""
-        ...
-
-    async def rescue(self, sandbox_id: str, user: str) -> str:
-        """Kill every process of `user` in the sandbox and wake its agent (outside the
-        channel); says what was done. `Paused` when the engine has frozen the sandbox."""
-        ...
