@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
 
 import aiodocker
 import aiohttp
@@ -19,13 +20,30 @@ from aiodocker.stream import Stream
 from sandboxd.agent.memory import budget_of_container
 from sandboxd.engine import compat
 from sandboxd.engine.docker_profile import commands_user
-from sandboxd.engine.protocol import Attached, ExecRequest, Paused
+from sandboxd.engine.protocol import Attached, ExecRequest, ExecStream, Paused
 from sandboxd.errors import FailedPrecondition
 from sandboxd.labels import LABEL_SESSION
 from sandboxd.reasons import Reason
 
-if TYPE_CHECKING:
-    from sandboxd.engine.docker import DockerEngine
+
+class AttachHost(Protocol):
+    """What the agent's pipe and rescue need of the Docker adapter (DockerEngine is one): its
+    two clients, its error translation, the keeper's user and its own exec."""
+
+    keeper_user: str
+
+    @property
+    def docker(self) -> aiodocker.Docker: ...
+
+    @property
+    def channel_docker(self) -> aiodocker.Docker: ...
+
+    def translate(self, what: str) -> contextlib.AbstractContextManager[None]: ...
+
+    def exec(
+        self, sandbox_id: str, request: ExecRequest
+    ) -> AbstractAsyncContextManager[ExecStream]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +88,7 @@ class AttachTransport:
 class DockerAgentPort:
     """The engine's `AgentAttach` on Docker (what sandboxd.agent.router needs of it)."""
 
-    def __init__(self, engine: DockerEngine) -> None:
+    def __init__(self, engine: AttachHost) -> None:
         self._engine = engine
 
     async def attach(self, sandbox_id: str) -> Attached | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import aiodocker
 from aiodocker.containers import DockerContainer
@@ -16,14 +16,20 @@ from aiodocker.stream import Stream
 from sandboxd.engine import compat
 from sandboxd.engine.protocol import ExecRequest, ExecStatus
 
-if TYPE_CHECKING:
-    from sandboxd.engine.docker import DockerEngine
+
+class ExecHost(Protocol):
+    """What an exec's stream needs of the adapter that started it (DockerEngine is one):
+    its error translation and the exec's status, not the adapter itself."""
+
+    def _translate(self, what: str) -> contextlib.AbstractContextManager[None]: ...
+
+    async def exec_status(self, exec_id: str) -> ExecStatus: ...
 
 
 class DockerExecStream:
     """A running `docker exec` with its multiplexed stdio (the protocol's ExecStream)."""
 
-    def __init__(self, engine: DockerEngine, exec_id: str, stream: Stream) -> None:
+    def __init__(self, engine: ExecHost, exec_id: str, stream: Stream) -> None:
         self._engine = engine
         self.exec_id = exec_id
         self._stream = stream
@@ -88,7 +94,7 @@ class DockerExecStream:
 
 
 async def start_exec(
-    engine: DockerEngine, container: DockerContainer, request: ExecRequest
+    engine: ExecHost, container: DockerContainer, request: ExecRequest
 ) -> DockerExecStream:
     """Create and start the exec of `request` in `container`, its stream hijacked."""
     execution = await container.exec(
