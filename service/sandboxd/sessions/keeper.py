@@ -1,6 +1,6 @@
-"""What sessions need of snapshots, as a protocol: sessions never import sandboxd.snapshots.
+"""What sessions need of snapshots, as a protocol: sessions never import the snapshots.
 
-The implementation (`sandboxd.snapshots.SnapshotKeeper`) is built before the SessionManager
+The implementation (`sandboxd.snapshot_keeper.SnapshotKeeper`) is built before the SessionManager
 and passed to its constructor; the SnapshotService's own domain (`Snapshots`) is built after
 and uses both, so there is no cycle to wire by hand.
 """
