@@ -22,7 +22,12 @@ def node_policy() -> tuple[set[str], dict[str, str]]:
         ["node", "-e", script], cwd=NODE_DIR, capture_output=True, text=True, check=True
     )
     policy = json.loads(out.stdout)
-    return set(policy["ids"]), policy["withId"]
+    # Node names the id field in its own (camelCase) spelling, Go in the .proto's.
+    snake = {
+        rpc: re.sub(r"[A-Z]", lambda m: "_" + m[0].lower(), field)
+        for rpc, field in policy["withId"].items()
+    }
+    return set(policy["ids"]), snake
 
 
 def go_policy() -> tuple[set[str], dict[str, str]]:

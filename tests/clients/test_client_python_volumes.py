@@ -86,6 +86,6 @@ def test_sandboxctl_volume_create_ls_rm(server: ServerProcess) -> None:
     assert made.returncode == 0 and made.stdout.decode().strip() == volume_id, made.stderr
     listed = ctl("volume", "ls", "--label", "k=v")
     assert listed.returncode == 0 and volume_id in listed.stdout.decode(), listed.stderr
-    bad = ctl("create", "--volume", f"{volume_id}:/workspace/x")
+    bad = ctl("create", "--volume", f"{volume_id}:/workspace/a/b")
     assert bad.returncode != 0 and b"MOUNT_PATH_INVALID" in bad.stderr
     assert ctl("volume", "rm", volume_id).returncode == 0

@@ -4,13 +4,15 @@ resumes with its file, its snapshots list, and its audit events read back."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import shutil
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 
-from conftest import make_stubs, remove_owned_containers, start_server
+from conftest import IMAGE, make_stubs, remove_owned_containers, start_server
 from sandboxd.v1 import (
     audit_pb2,
     audit_pb2_grpc,
@@ -28,8 +30,18 @@ def test_the_previous_releases_data_directory_serves_on(tmp_path: Path) -> None:
     shutil.copytree(RELEASE, data)
     # The release's session was written with a 15-minute lease, long run out by now: the
     # upgrade is about its data, so its lease is made current first (only that column).
+    # Its image was built on the release's machine: this host's build of the same recipe may
+    # have another id (another Debian busybox), so the record names this host's build.
+    image_id = subprocess.run(
+        ["docker", "image", "inspect", "-f", "{{.Id}}", IMAGE],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
     with sqlite3.connect(data / "sessions.db") as db:
         db.execute("UPDATE sessions SET lease_expires_at = ?", (time.time() + 3600,))
+        for sid, spec in db.execute("SELECT session_id, spec FROM sessions").fetchall():
+            doc = json.loads(spec)
+            doc.update(image_id=image_id, image_digest=image_id)
+            db.execute("UPDATE sessions SET spec = ? WHERE session_id = ?", (json.dumps(doc), sid))
     owner = "upg" + secrets.token_hex(4)
     server = start_server(data, owner)
     stubs = make_stubs(server.address)
