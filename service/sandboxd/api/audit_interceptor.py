@@ -155,21 +155,28 @@ class _Call:
         except SandboxError as failure:  # the call's own error stands
             log.error("audit: a refusal could not be recorded: %s", failure.message)
 
+    async def answer(
+        self, tally: Tally, scope: CallScope, context: Any, call: Awaitable[Any]
+    ) -> Any:
+        """The one answer of a unary or client-streaming call: a refusal is recorded, else the
+        call's record (or its domain events) is acknowledged before the answer goes out."""
+        try:
+            response = await call
+        except BaseException as exc:
+            await self.refused(tally, scope, context, exc)
+            raise
+        if self.audited and await tally.reply(response):
+            await self.commit(context, tally, scope)
+        else:
+            await self.settled(context, scope)
+        return response
+
     def unary(self, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def audited_unary(request: Any, context: Any) -> Any:
             tally, scope = self.begin()
             try:
                 await tally.request(request)
-                try:
-                    response = await behavior(request, context)
-                except BaseException as exc:
-                    await self.refused(tally, scope, context, exc)
-                    raise
-                if self.audited and await tally.reply(response):
-                    await self.commit(context, tally, scope)
-                else:
-                    await self.settled(context, scope)
-                return response
+                return await self.answer(tally, scope, context, behavior(request, context))
             finally:
                 scope.close()
 
@@ -181,16 +188,8 @@ class _Call:
         async def audited_client_stream(requests: AsyncIterator[Any], context: Any) -> Any:
             tally, scope = self.begin()
             try:
-                try:
-                    response = await behavior(_tallied(requests, tally), context)
-                except BaseException as exc:
-                    await self.refused(tally, scope, context, exc)
-                    raise
-                if self.audited and await tally.reply(response):
-                    await self.commit(context, tally, scope)
-                else:
-                    await self.settled(context, scope)
-                return response
+                call = behavior(_tallied(requests, tally), context)
+                return await self.answer(tally, scope, context, call)
             finally:
                 scope.close()
 
