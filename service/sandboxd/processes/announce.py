@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sandboxd import domain_events as de
 from sandboxd import tenancy
-from sandboxd.models import ExecExited, ExecSpec, OutputStream, Session
+from sandboxd.models import ExecExited, ExecOutput, ExecSpec, OutputStream, Session
 from sandboxd.processes.record import BackgroundProcess, ProcessOrigin
 
 
@@ -75,6 +75,43 @@ def ended(
             pty=told.pty,
         )
     )
+
+
+class Passing:
+    """An Exec's, Run's or Interact's start and exit, told as its events pass (`track`): the
+    exit with the bytes of each stream that passed, before any cut of a reply."""
+
+    def __init__(
+        self,
+        observer: de.Observer,
+        session_id: str,
+        spec: ExecSpec,
+        origin: ProcessOrigin,
+        pty: bool,
+    ) -> None:
+        self._observer = observer
+        self._what = (tenancy.current(), session_id, spec, origin, pty)
+        self._told: Told | None = None
+        self._wrote = dict.fromkeys(OutputStream, 0)
+
+    @property
+    def running(self) -> bool:
+        """Started and not yet told to have exited."""
+        return self._told is not None
+
+    def started(self, process_id: str) -> None:
+        tenant, session_id, spec, origin, pty = self._what
+        self._told = Told(tenant, session_id, process_id, spec, origin, pty)
+        started(self._observer, self._told)
+
+    def output(self, event: ExecOutput) -> None:
+        self._wrote[event.stream] += len(event.data)
+
+    def exited(self, exit: ExecExited) -> None:
+        if self._told is not None:
+            out, err = self._wrote[OutputStream.STDOUT], self._wrote[OutputStream.STDERR]
+            ended(self._observer, self._told, exit, out, err)
+            self._told = None
 
 
 def exited(observer: de.Observer, tenant: str, proc: BackgroundProcess) -> None:

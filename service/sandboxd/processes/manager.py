@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 
-from sandboxd import domain_events, tenancy, validation
+from sandboxd import domain_events, validation
 from sandboxd.commands import Detach
 from sandboxd.errors import (
     AlreadyExists,
@@ -40,7 +40,6 @@ from sandboxd.models import (
     ExecOutput,
     ExecSpec,
     ExecStarted,
-    OutputStream,
     Session,
 )
 from sandboxd.output_ring import OutputBuffer
@@ -414,47 +413,37 @@ class ProcessManager:
         """Pass an Exec, Run or Interact command's events through, recording it under the id it
         reports so GetProcess, AttachProcess and SignalProcess find it (its tail of output only).
 
-        Its start and its exit are told here, the exit with the bytes of each stream that
-        passed (`pty`: it runs on a terminal), before the `exited` event goes on to the caller:
-        the call's audit record is acknowledged before the caller learns the outcome.
+        Its start and exit are told (announce.Passing) before the event goes on: the call's
+        audit record is acknowledged before the caller learns the outcome.
         A session at MAX_PROCESSES_PER_SESSION running processes leaves the command untracked
         rather than refusing it: those calls never had such a limit.
         """
         proc: BackgroundProcess | None = None
-        started = time.monotonic()
-        told: announce.Told | None = None
-        wrote = dict.fromkeys(OutputStream, 0)
-        tenant = tenancy.current()
+        began = time.monotonic()
+        telling = announce.Passing(self._observer, session_id, spec, origin, pty)
         try:
             async for event in events:
                 if isinstance(event, ExecStarted):
-                    pid = event.process_id
-                    proc = self._record(session_id, spec, origin, pid)
-                    told = announce.Told(tenant, session_id, pid, spec, origin, pty)
-                    announce.started(self._observer, told)
+                    proc = self._record(session_id, spec, origin, event.process_id)
+                    telling.started(event.process_id)
                 elif isinstance(event, ExecOutput):
-                    wrote[event.stream] += len(event.data)
+                    telling.output(event)
                     if proc is not None:
                         proc.append(event.stream, event.data)
-                elif isinstance(event, ExecExited) and told is not None:
+                elif isinstance(event, ExecExited):
                     if proc is not None:
                         proc.finish(event, complete=True)
-                    self._ended(told, event, wrote)
-                    told = None
+                    telling.exited(event)
                 yield event
         finally:
-            if told is not None:  # the call ended first: it was killed
-                killed = ExecExited(137, "SIGKILL", False, False, time.monotonic() - started)
+            if telling.running:  # the call ended first: it was killed
+                killed = ExecExited(137, "SIGKILL", False, False, time.monotonic() - began)
                 if proc is not None:
                     proc.finish(killed)
-                self._ended(told, killed, wrote)
+                telling.exited(killed)
             procs = self._by_session.get(session_id)
             if procs is not None:
                 self._forget_old_exited(procs)
-
-    def _ended(self, told: announce.Told, exit: ExecExited, wrote: dict[OutputStream, int]) -> None:
-        out, err = wrote[OutputStream.STDOUT], wrote[OutputStream.STDERR]
-        announce.ended(self._observer, told, exit, out, err)
 
     def _record(
         self, session_id: str, spec: ExecSpec, origin: ProcessOrigin, process_id: str
