@@ -17,9 +17,11 @@ Exposed (all prefixed `sandboxd_`):
   pool_available                       warm containers ready to claim
   pool_claims_total{result}            CreateSession served warm (hit) or cold (miss)
   tenant_events_total{tenant,kind}     audited actions per tenant (command, file_write, egress,
-                                       lifecycle, refused, ...: the audit log's kinds)
+                                       lifecycle, refused, ...: the audit log's kinds), from
+                                       the domain's events (`observe`), audit on or off
   tenant_command_seconds{tenant}       histogram of command durations per tenant
-  tenant_output_bytes_total{tenant}    command output bytes per tenant
+  tenant_output_bytes_total{tenant}    output bytes commands wrote per tenant (before a reply's
+                                       cut)
   tenant_egress_total{tenant,verdict}  egress decisions per tenant (allowed, refused)
   build_info{version,python,grpc}      1, with what this server is
   engine_up                            1 while the engine answers its health check, else 0
