@@ -29,7 +29,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CommandStarted:
-    """A command runs in a session (Exec, Run, Interact, StartProcess; `origin` says which)."""
+    """A command runs in a session (Exec, Run, Interact, StartProcess; `origin` says which).
+
+    Told once per process: a StartProcess retried with its request_id (or process id) that
+    finds the process already there starts nothing and tells nothing. `cwd` is the directory
+    it runs in (resolved against /workspace), `pty` whether it runs on a terminal, and
+    `request_id` the caller's retry key, if it gave one."""
 
     tenant: str
     session_id: str
@@ -37,10 +42,19 @@ class CommandStarted:
     argv: tuple[str, ...]
     origin: str  # a ProcessOrigin value: exec, run, interact, start_process
     background: bool = False
+    cwd: str = ""
+    pty: bool = False
+    request_id: str = ""
 
 
 @dataclass(frozen=True)
 class CommandExited:
+    """A command ended (killed with its call, too: exit 137, SIGKILL).
+
+    `stdout_bytes` and `stderr_bytes` are what the command wrote within its output cap
+    (`truncated`: it wrote more), counted where the server read it: before any cut of a reply
+    to the caller's max_reply_bytes."""
+
     tenant: str
     session_id: str
     process_id: str
@@ -52,6 +66,10 @@ class CommandExited:
     timed_out: bool
     duration_s: float
     background: bool = False
+    truncated: bool = False
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    pty: bool = False
 
 
 @dataclass(frozen=True)
@@ -268,6 +286,18 @@ class EgressDecided:
 
 
 @dataclass(frozen=True)
+class CallRefused:
+    """The API refused a call (any non-OK status): the one event the gRPC edge emits, with
+    the status's code name and, when it carried one, its ErrorInfo reason and message."""
+
+    tenant: str
+    session_id: str
+    code: str
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
 class SessionChanged:
     """A session's state changed as the session store recorded it."""
 
@@ -300,6 +330,7 @@ DomainEvent = (
     | VolumeCreated
     | VolumeDeleted
     | EgressDecided
+    | CallRefused
     | SessionChanged
 )
 

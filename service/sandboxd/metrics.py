@@ -17,9 +17,11 @@ Exposed (all prefixed `sandboxd_`):
   pool_available                       warm containers ready to claim
   pool_claims_total{result}            CreateSession served warm (hit) or cold (miss)
   tenant_events_total{tenant,kind}     audited actions per tenant (command, file_write, egress,
-                                       lifecycle, refused, ...: the audit log's kinds)
+                                       lifecycle, refused, ...: the audit log's kinds), from
+                                       the domain's events (`observe`), audit on or off
   tenant_command_seconds{tenant}       histogram of command durations per tenant
-  tenant_output_bytes_total{tenant}    command output bytes per tenant
+  tenant_output_bytes_total{tenant}    output bytes commands wrote per tenant (before a reply's
+                                       cut)
   tenant_egress_total{tenant,verdict}  egress decisions per tenant (allowed, refused)
   build_info{version,python,grpc}      1, with what this server is
   engine_up                            1 while the engine answers its health check, else 0
@@ -37,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import platform
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 
 import grpc
@@ -54,6 +56,7 @@ from prometheus_client import (
 )
 
 from sandboxd import __version__, domain_events
+from sandboxd.audit.subscriber import kind_of as audit_kind_of
 from sandboxd.models import SessionState
 from sandboxd.session_metrics import SessionGauges
 
@@ -214,26 +217,10 @@ class Metrics:
         self._tenants.add(tenant)
         return tenant
 
-    def audited(self, tenant: str, kind: str, attributes: Mapping[str, str]) -> None:
-        """One audited action (sandboxd.audit feeds every event here, audit on or off)."""
-        t = self._tenant(tenant)
-        self.tenant_events.labels(t, kind).inc()
-        if kind == "command" and "duration_s" in attributes:
-            try:
-                seconds = float(attributes["duration_s"])
-                out = sum(
-                    int(attributes.get(k) or 0)
-                    for k in ("stdout_bytes", "stderr_bytes", "output_bytes")
-                )
-            except ValueError:
-                return  # never fail a call over a number it did not report as one
-            self.tenant_command_seconds.labels(t).observe(seconds)
-            self.tenant_output_bytes.labels(t).inc(out)
-        elif kind == "egress":
-            self.tenant_egress.labels(t, attributes.get("verdict", "")).inc()
-
     def observe(self, event: domain_events.DomainEvent) -> None:
-        """The domain's events the metrics count (a subscriber of the server's observer)."""
+        """The domain's events the metrics count (a subscriber of the server's observer): each
+        one the audit log makes a record of, per tenant and kind, audit on or off; a command's
+        duration and output at its exit; each egress decision's verdict; what sweeps removed."""
         if isinstance(event, domain_events.Swept):
             self.swept_away(
                 containers=event.removed_containers,
@@ -241,6 +228,16 @@ class Metrics:
                 networks=event.removed_networks,
                 sessions=event.expired_sessions,
             )
+        kind = audit_kind_of(event)
+        if kind is None:
+            return
+        t = self._tenant(event.tenant)
+        self.tenant_events.labels(t, kind).inc()
+        if isinstance(event, domain_events.CommandExited):
+            self.tenant_command_seconds.labels(t).observe(event.duration_s)
+            self.tenant_output_bytes.labels(t).inc(event.stdout_bytes + event.stderr_bytes)
+        elif isinstance(event, domain_events.EgressDecided) and kind == "egress":
+            self.tenant_egress.labels(t, "allowed" if event.allowed else "refused").inc()
 
     def secret_event(self, tenant: str, kind: str) -> None:
         """kind: secret_injected or secret_misdirected (no session label: bounded series)."""

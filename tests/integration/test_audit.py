@@ -396,3 +396,32 @@ def test_streamed_writes_moves_and_process_input_are_recorded_before_the_call_an
         assert ("close_process_stdin", "ProcessService/CloseProcessStdin") in actions
     finally:
         au.sessions.DeleteSession(S.DeleteSessionRequest(session_id=sid))
+
+
+def test_commands_are_recorded_where_they_run_once_each(au: Stubs) -> None:
+    """An Exec's record is its call's, with the bytes it wrote and the directory it ran in (as
+    resolved); a StartProcess retried with its request_id started nothing more: one record."""
+    sid = au.sessions.CreateSession(S.CreateSessionRequest(shell=ALL)).session.session_id
+    try:
+        au.files.MakeDir(F.MakeDirRequest(session_id=sid, path="sub"))
+        replies = list(
+            au.processes.Exec(P.ExecRequest(session_id=sid, argv=["echo", "hi"], cwd="./sub/"))
+        )
+        assert replies[-1].WhichOneof("event") == "exited"
+        start = P.StartProcessRequest(session_id=sid, argv=["sleep", "30"], request_id="once")
+        first = au.processes.StartProcess(start).process
+        again = au.processes.StartProcess(start).process
+        assert again.process_id == first.process_id
+        commands = _all_events(au, session_id=sid, kinds=["command"])
+        ran = [e for e in commands if e.attributes["method"] == "ProcessService/Exec"]
+        assert [(e.attributes["cwd"], e.attributes["output_bytes"]) for e in ran] == [
+            ("/workspace/sub", "3")
+        ]
+        started = [
+            e for e in commands if e.attributes.get("method") == "ProcessService/StartProcess"
+        ]
+        assert len(started) == 1
+        assert started[0].attributes["request_id"] == "once"
+        assert started[0].attributes["process_id"] == first.process_id
+    finally:
+        au.sessions.DeleteSession(S.DeleteSessionRequest(session_id=sid))

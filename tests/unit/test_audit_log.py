@@ -233,14 +233,20 @@ def test_log_lines_of_a_traced_call_carry_its_trace_id() -> None:
 
 
 def test_per_tenant_metrics_have_no_session_label_and_bounded_tenants() -> None:
+    from sandboxd import domain_events as de
     from sandboxd import metrics as metrics_module
     from sandboxd.metrics import Metrics
 
     m = Metrics()
-    m.audited("alpha", "command", {"duration_s": "0.5", "stdout_bytes": "10", "stderr_bytes": "2"})
-    m.audited("alpha", "egress", {"verdict": "refused"})
-    m.audited("beta", "refused", {"reason": "X"})
-    m.audited("beta", "command", {"duration_s": "not a number"})  # never raises
+    m.observe(
+        de.CommandExited(
+            "alpha", "s1", "p1", ("ls",), "/workspace", "run", 0, "", False, 0.5,
+            stdout_bytes=10, stderr_bytes=2,
+        )
+    )  # fmt: skip
+    m.observe(de.EgressDecided("alpha", "s1", 0.0, "egress", "GET", "x.test", 443, False, ""))
+    m.observe(de.CallRefused("beta", "", "PERMISSION_DENIED", "X"))
+    m.observe(de.CommandStarted("beta", "s1", "p2", ("ls",), "exec"))  # no record: not counted
     text = m.render().decode()
     assert 'sandboxd_tenant_output_bytes_total{tenant="alpha"} 12.0' in text
     assert 'sandboxd_tenant_egress_total{tenant="alpha",verdict="refused"} 1.0' in text
@@ -249,7 +255,7 @@ def test_per_tenant_metrics_have_no_session_label_and_bounded_tenants() -> None:
         line for line in text.splitlines() if line.startswith("sandboxd_tenant_")
     )
     for i in range(metrics_module.MAX_TENANTS + 5):
-        m.audited(f"t{i}", "lifecycle", {})
+        m.observe(de.TemplateDeleted(f"t{i}", "web"))  # a lifecycle record
     text = m.render().decode()
     assert 'sandboxd_tenant_events_total{kind="lifecycle",tenant="other"}' in text
     tenants = {

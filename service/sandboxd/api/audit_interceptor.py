@@ -6,9 +6,10 @@ W3C `traceparent` in its metadata, also put in `CURRENT_TRACE` for its log lines
 records of the domain events the call causes carry them; it passes no outcome on before the
 scope is settled, i.e. before the audit writer acknowledged each of those records (an answered
 call's events survive a SIGKILL; one the log cannot take fails the call UNAVAILABLE); and any
-refused call (any non-OK status) becomes a `refused` record with its code and reason before the
-status reaches the caller. The records whose attributes are still read off the call's own
-messages (a command's output bytes) are described in `audit_describe`.
+refused call (any non-OK status) becomes a `CallRefused` event, with its code and reason,
+whose record is acknowledged before the status reaches the caller. It reads nothing off the
+call's messages but the session they name (a refusal's); what a call did is the domain's to
+tell (a command's record: the process manager's `CommandStarted` and `CommandExited`).
 """
 
 from __future__ import annotations
@@ -18,19 +19,16 @@ import contextlib
 import inspect
 import logging
 import re
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
+from sandboxd import domain_events as de
 from sandboxd import tenancy
-from sandboxd.api.audit_describe import Tally, audited
 from sandboxd.api.chain import Layer
 from sandboxd.api.errors import abort
-from sandboxd.audit import AuditEvent, AuditWriter
-from sandboxd.domain_events import CURRENT_SCOPE, CallScope
 from sandboxd.errors import SandboxError
 from sandboxd.logging_setup import CURRENT_TRACE
 
@@ -50,30 +48,53 @@ def trace_id_of(metadata: Any) -> str:
     return ""
 
 
-def _refusal(context: Any) -> dict[str, object]:
+def _refusal(context: Any, session_id: str) -> de.CallRefused:
     """Code, reason and message of a failed call, read from the status it was aborted with."""
-    attrs: dict[str, object] = {}
+    name = "UNKNOWN"
     code = context.code() if hasattr(context, "code") else None
     if isinstance(code, grpc.StatusCode):
-        attrs["code"] = code.name
+        name = code.name
     elif isinstance(code, int) and code:
-        attrs["code"] = next((c.name for c in grpc.StatusCode if c.value[0] == code), str(code))
+        name = next((c.name for c in grpc.StatusCode if c.value[0] == code), str(code))
+    reason = message = ""
     for key, value in context.trailing_metadata() or ():
         if key == _STATUS_DETAILS and isinstance(value, bytes):
             with contextlib.suppress(Exception):
                 status = status_pb2.Status.FromString(value)
-                attrs["message"] = status.message
+                message = status.message
                 for detail in status.details:
                     info = error_details_pb2.ErrorInfo()
                     if detail.Unpack(info):
-                        attrs["reason"] = info.reason
-    attrs.setdefault("code", "UNKNOWN")
-    return attrs
+                        reason = info.reason
+    return de.CallRefused(tenancy.current(), session_id, name, reason, message)
+
+
+class _Named:
+    """The session a call names, read off its requests: the session of its refusal."""
+
+    def __init__(self) -> None:
+        self.session_id = ""
+
+    def note(self, request: Any) -> None:
+        if self.session_id:
+            return
+        sid = getattr(request, "session_id", None)
+        if isinstance(sid, str):
+            self.session_id = sid
+        elif hasattr(request, "HasField") and _has(request, "start"):
+            self.session_id = request.start.request.session_id  # Interact's first message
+
+
+def _has(message: Any, name: str) -> bool:
+    try:
+        return bool(message.HasField(name))
+    except ValueError:  # no such field
+        return False
 
 
 class AuditInterceptor(Layer):
-    def __init__(self, writer: AuditWriter) -> None:
-        self._writer = writer
+    def __init__(self, observer: de.Observer) -> None:
+        self._observer = observer
 
     def wrap(self, handler: Any, handler_call_details: Any) -> Any:
         if handler is None:
@@ -83,7 +104,7 @@ class AuditInterceptor(Layer):
             return handler  # health and reflection: nothing to audit
         method = full.removeprefix("sandboxd.v1.")
         trace = trace_id_of(handler_call_details.invocation_metadata)
-        call = _Call(self._writer, method, trace)
+        call = _Call(self._observer, method, trace)
         if handler.unary_unary is not None:
             return handler._replace(unary_unary=call.unary(handler.unary_unary))
         if handler.stream_unary is not None:
@@ -98,21 +119,20 @@ class AuditInterceptor(Layer):
 class _Call:
     """The wrappers of one RPC method's handler (made per call: method and trace are fixed)."""
 
-    def __init__(self, writer: AuditWriter, method: str, trace: str) -> None:
-        self.writer = writer
+    def __init__(self, observer: de.Observer, method: str, trace: str) -> None:
+        self.observer = observer
         self.method = method
         self.trace = trace
-        self.audited = audited(method)
 
-    def begin(self) -> tuple[Tally, CallScope]:
+    def begin(self) -> tuple[_Named, de.CallScope]:
         # Each RPC runs in its own task (its own context copy): this cannot leak into another.
         if self.trace:
             CURRENT_TRACE.set(self.trace)
-        scope = CallScope(self.method, self.trace)
-        CURRENT_SCOPE.set(scope)
-        return Tally(self.method), scope
+        scope = de.CallScope(self.method, self.trace)
+        de.CURRENT_SCOPE.set(scope)
+        return _Named(), scope
 
-    async def settled(self, context: Any, scope: CallScope) -> None:
+    async def settled(self, context: Any, scope: de.CallScope) -> None:
         """The records of the call's events so far are committed; if the audit log cannot take
         them, the call fails UNAVAILABLE (an unrecorded action must not look recorded)."""
         if not scope.pending:
@@ -122,61 +142,38 @@ class _Call:
         except SandboxError as exc:
             await abort(context, exc)
 
-    async def commit(self, context: Any, tally: Tally, scope: CallScope) -> None:
-        """The call's own record and its events', committed before its answer."""
-        await self.settled(context, scope)
-        try:
-            await self.record(tally.kind, tally.session_id, tally.attributes)
-        except SandboxError as exc:
-            await abort(context, exc)
-
-    async def record(self, kind: str, session_id: str, attrs: dict[str, object]) -> None:
-        await self.writer.record(
-            AuditEvent.of(
-                kind,
-                time=time.time(),
-                tenant=tenancy.current(),
-                session_id=session_id,
-                trace_id=self.trace,
-                method=self.method,
-                **attrs,
-            )
-        )
-
     async def refused(
-        self, tally: Tally, scope: CallScope, context: Any, exc: BaseException
+        self, named: _Named, scope: de.CallScope, context: Any, exc: BaseException
     ) -> None:
+        """The refusal's record, with what the call did before it failed, committed before
+        the status goes out (the call's own error stands if the log cannot take them)."""
         if isinstance(exc, GeneratorExit | asyncio.CancelledError):
             return  # the caller went away: not a refusal (a command's kill is its own record)
+        self.observer.emit(_refusal(context, named.session_id))
         try:
-            with contextlib.suppress(SandboxError):  # what it did before it failed, recorded
-                await scope.settle()
-            await self.record("refused", tally.session_id, _refusal(context))
-        except SandboxError as failure:  # the call's own error stands
+            await scope.settle()
+        except SandboxError as failure:
             log.error("audit: a refusal could not be recorded: %s", failure.message)
 
     async def answer(
-        self, tally: Tally, scope: CallScope, context: Any, call: Awaitable[Any]
+        self, named: _Named, scope: de.CallScope, context: Any, call: Awaitable[Any]
     ) -> Any:
         """The one answer of a unary or client-streaming call: a refusal is recorded, else the
-        call's record (or its domain events) is acknowledged before the answer goes out."""
+        records of the call's events are acknowledged before the answer goes out."""
         try:
             response = await call
         except BaseException as exc:
-            await self.refused(tally, scope, context, exc)
+            await self.refused(named, scope, context, exc)
             raise
-        if self.audited and await tally.reply(response):
-            await self.commit(context, tally, scope)
-        else:
-            await self.settled(context, scope)
+        await self.settled(context, scope)
         return response
 
     def unary(self, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def audited_unary(request: Any, context: Any) -> Any:
-            tally, scope = self.begin()
+            named, scope = self.begin()
             try:
-                await tally.request(request)
-                return await self.answer(tally, scope, context, behavior(request, context))
+                named.note(request)
+                return await self.answer(named, scope, context, behavior(request, context))
             finally:
                 scope.close()
 
@@ -186,10 +183,10 @@ class _Call:
         self, behavior: Callable[..., Awaitable[Any]]
     ) -> Callable[..., Awaitable[Any]]:
         async def audited_client_stream(requests: AsyncIterator[Any], context: Any) -> Any:
-            tally, scope = self.begin()
+            named, scope = self.begin()
             try:
-                call = behavior(_tallied(requests, tally), context)
-                return await self.answer(tally, scope, context, call)
+                call = behavior(_noted(requests, named), context)
+                return await self.answer(named, scope, context, call)
             finally:
                 scope.close()
 
@@ -200,36 +197,30 @@ class _Call:
             return self.unary(behavior)  # a writer-style stream (context.write): its outcome only
 
         async def audited_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            tally, scope = self.begin()
+            named, scope = self.begin()
             try:
                 if streaming:
-                    request = _tallied(request, tally)
+                    request = _noted(request, named)
                 else:
-                    await tally.request(request)
-                done = not self.audited
+                    named.note(request)
                 try:
                     async with contextlib.aclosing(behavior(request, context)) as items:
                         async for item in items:
-                            if not done and await tally.reply(item):
-                                done = True  # the outcome: recorded before the caller sees it
-                                await self.commit(context, tally, scope)
-                            else:
-                                await self.settled(context, scope)
+                            # What the item tells (an Exec's `exited`) is recorded before the
+                            # caller sees it: its events were emitted before it was yielded.
+                            await self.settled(context, scope)
                             yield item
                 except BaseException as exc:
-                    await self.refused(tally, scope, context, exc)
+                    await self.refused(named, scope, context, exc)
                     raise
-                if not done:
-                    await self.commit(context, tally, scope)
-                else:
-                    await self.settled(context, scope)
+                await self.settled(context, scope)
             finally:
                 scope.close()
 
         return audited_stream
 
 
-async def _tallied(requests: AsyncIterator[Any], tally: Tally) -> AsyncIterator[Any]:
+async def _noted(requests: AsyncIterator[Any], named: _Named) -> AsyncIterator[Any]:
     async for request in requests:
-        await tally.request(request)
+        named.note(request)
         yield request

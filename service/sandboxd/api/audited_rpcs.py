@@ -2,19 +2,16 @@
 
 A new RPC has to be put here (tests/unit/test_audited_rpcs.py walks the generated descriptors
 and fails on one that is not), so a call that changes state cannot be left out of the audit
-log by forgetting it. An audited RPC's record comes from one of two places, also named here:
-- `EDGE`: attributes read off the call's own messages (a command's output bytes), described
-  in audit_describe;
-- a domain event type: the code that did it emits the event (sandboxd.domain_events), the
-  audit log's subscriber (audit/subscriber.py) turns it into a record of the kind named.
-Any refused call, read-only or not, is also a `refused` record.
+log by forgetting it. An audited RPC's record comes from the domain event type named here: the
+code that did it emits the event (sandboxd.domain_events), the audit log's subscriber
+(audit/subscriber.py) turns it into a record of the kind named. Nothing is read off a call's
+messages. Any refused call, read-only or not, is also a `refused` record (the edge's
+`CallRefused`).
 """
 
 from __future__ import annotations
 
 from typing import Final
-
-EDGE: Final = "edge"
 
 READ_ONLY: Final = frozenset(
     {
@@ -46,7 +43,7 @@ READ_ONLY: Final = frozenset(
     }
 )
 
-# Service/Method -> (where its record comes from, the audit kind of that record)
+# Service/Method -> (the domain event its record comes from, the audit kind of that record)
 AUDITED: Final[dict[str, tuple[str, str]]] = {
     "SessionService/CreateSession": ("SessionActed", "lifecycle"),
     "SessionService/RenewLease": ("SessionActed", "lifecycle"),
@@ -56,10 +53,10 @@ AUDITED: Final[dict[str, tuple[str, str]]] = {
     "SessionService/ResumeSession": ("SessionActed", "lifecycle"),
     "SessionService/PublishPort": ("PortPublished", "preview"),
     "SessionService/UnpublishPort": ("PortUnpublished", "preview"),
-    "ProcessService/Exec": (EDGE, "command"),
-    "ProcessService/Run": (EDGE, "command"),
-    "ProcessService/Interact": (EDGE, "command"),
-    "ProcessService/StartProcess": (EDGE, "command"),
+    "ProcessService/Exec": ("CommandExited", "command"),
+    "ProcessService/Run": ("CommandExited", "command"),
+    "ProcessService/Interact": ("CommandExited", "command"),
+    "ProcessService/StartProcess": ("CommandStarted", "command"),
     "ProcessService/SignalProcess": ("ProcessSignalled", "lifecycle"),
     "ProcessService/SendProcessInput": ("ProcessInputSent", "lifecycle"),
     "ProcessService/CloseProcessStdin": ("ProcessInputSent", "lifecycle"),

@@ -282,8 +282,10 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
                 self._config.server.keepalive_interval_s,
                 idle_s,
             )
-            origin = ProcessOrigin.INTERACT
-            async for event in self._processes.track(session.session_id, spec, origin, events):
+            tracked = self._processes.track(
+                session.session_id, spec, ProcessOrigin.INTERACT, events, pty=pty is not None
+            )
+            async for event in tracked:
                 yield _event_pb(event, process_pb2.InteractResponse)
 
     @unary
@@ -295,7 +297,9 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
             # The process holds one of the tenant's exec slots until it ends.
             slot = self._sessions.exec_slots.slot()
             pid = request.process_id or _request_process_id(request.request_id)
-            proc = await self._processes.start(session, spec, pid, slot, options)
+            proc = await self._processes.start(
+                session, spec, pid, slot, options, request_id=request.request_id
+            )
         return process_pb2.StartProcessResponse(process=_process_pb(proc))
 
     def _start_spec(

@@ -23,9 +23,9 @@ class AuditSubscriber:
     def __call__(self, event: de.DomainEvent) -> None:
         if isinstance(event, de.EgressDecided):
             self._writer.record_nowait(_egress(event))  # never blocks a proxied connection
-        elif isinstance(event, de.CommandExited):
-            if event.background:  # Exec, Run and Interact: their call's record has the exit
-                self._writer.record_nowait(_background_exit(event))
+        elif isinstance(event, de.CommandExited) and event.background:
+            # Its StartProcess call has its own record (of the start); this one is no call's.
+            self._writer.record_nowait(_background_exit(event))
         elif isinstance(event, de.SessionChanged):
             if de.current_call() is None:  # a caller's own change is audited with its call
                 self._writer.record_nowait(
@@ -58,8 +58,27 @@ class AuditSubscriber:
             self._writer.record_nowait(record)
 
 
+def kind_of(event: de.DomainEvent) -> str | None:
+    """The kind of the audit record `event` makes where it is emitted now (None: it makes
+    none), whether the audit log is on or off: what the per-tenant metrics count."""
+    if isinstance(event, de.EgressDecided):
+        return event.kind
+    if isinstance(event, de.CommandExited) and event.background:
+        return "command"
+    if isinstance(event, de.SessionChanged):
+        return "lifecycle" if de.current_call() is None else None
+    described = _described(event)
+    return described[0] if described is not None else None
+
+
 def _described(event: de.DomainEvent) -> tuple[str, str, dict[str, object]] | None:
     """(kind, session id, attributes) of an event a caller's call made, or None: not audited."""
+    if isinstance(event, de.CommandStarted):
+        return _command_started(event)
+    if isinstance(event, de.CommandExited):
+        return "command", event.session_id, _command_exited(event)
+    if isinstance(event, de.CallRefused):
+        return "refused", event.session_id, _refused(event)
     if isinstance(event, de.FileWritten):
         attrs: dict[str, object] = {
             "path": event.path,
@@ -170,6 +189,47 @@ def _described(event: de.DomainEvent) -> tuple[str, str, dict[str, object]] | No
     return None
 
 
+def _command_started(e: de.CommandStarted) -> tuple[str, str, dict[str, object]] | None:
+    """A background process's start is its StartProcess call's record (once: a retry that
+    found the process started nothing); a foreground command's record is made at its exit."""
+    if not e.background:
+        return None
+    attrs: dict[str, object] = {
+        "argv": list(e.argv),
+        "cwd": e.cwd,
+        "background": True,
+        "process_id": e.process_id,
+        "request_id": e.request_id or None,
+    }
+    return "command", e.session_id, attrs
+
+
+def _command_exited(e: de.CommandExited) -> dict[str, object]:
+    """An Exec's, Run's or Interact's record (its call's), or a background process's exit."""
+    attrs: dict[str, object] = {"argv": list(e.argv), "cwd": e.cwd}
+    if e.background:
+        attrs["background"] = True
+    attrs.update(
+        process_id=e.process_id,
+        exit_code=e.exit_code,
+        signal=e.signal or None,
+        timed_out=e.timed_out,
+        truncated=e.truncated,
+        duration_s=f"{e.duration_s:.3f}",
+        stdout_bytes=e.stdout_bytes,
+        stderr_bytes=e.stderr_bytes,
+    )
+    if e.origin in ("exec", "interact"):  # their records always had the sum of both streams
+        attrs["output_bytes"] = e.stdout_bytes + e.stderr_bytes
+    if e.origin == "interact":
+        attrs["pty"] = e.pty
+    return attrs
+
+
+def _refused(e: de.CallRefused) -> dict[str, object]:
+    return {"code": e.code, "reason": e.reason or None, "message": e.message or None}
+
+
 def _background_exit(e: de.CommandExited) -> AuditEvent:
     """A background process ended (its StartProcess call has its own record, committed when
     it answered, which may be after this one)."""
@@ -178,14 +238,8 @@ def _background_exit(e: de.CommandExited) -> AuditEvent:
         time=time.time(),
         tenant=e.tenant,
         session_id=e.session_id,
-        argv=list(e.argv),
-        cwd=e.cwd,
-        background=True,
-        process_id=e.process_id,
-        exit_code=e.exit_code,
-        signal=e.signal or None,
-        timed_out=e.timed_out,
-        duration_s=f"{e.duration_s:.3f}",
+        trace_id="",
+        **_command_exited(e),
     )
 
 

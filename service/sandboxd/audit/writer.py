@@ -14,7 +14,6 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from sandboxd.audit.events import AuditEvent
@@ -35,11 +34,9 @@ class AuditWriter:
         export_path: Path | None = None,
         max_age_s: float = 30 * 86400.0,
         max_bytes: int = 256 * 1024 * 1024,
-        on_event: Callable[[AuditEvent], None] | None = None,
         batch_window_s: float = 0.0,
     ) -> None:
         self._batch_window_s = batch_window_s
-        self._on_event = on_event  # metrics: sees every event, audit on or off
         self._store = store
         self._export_path = export_path
         self._export_fd: int | None = None
@@ -79,8 +76,6 @@ class AuditWriter:
 
     async def record(self, event: AuditEvent) -> AuditEvent:
         """Queue `event` and return once it is committed (with its id); no-op when disabled."""
-        if self._on_event is not None:
-            self._on_event(event)
         if self._store is None:
             return event
         future: asyncio.Future[AuditEvent] = asyncio.get_running_loop().create_future()
@@ -92,8 +87,6 @@ class AuditWriter:
 
         A full queue drops the event with a log line rather than stalling a proxied connection.
         """
-        if self._on_event is not None:
-            self._on_event(event)
         if self._store is None:
             return
         try:

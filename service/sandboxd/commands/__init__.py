@@ -7,32 +7,6 @@ caller's supervised command, a dial, a plain probe) is asked for as a typed `San
 when it has none. The unit tests' fake of this port speaks the same types, never argv.
 """
 
-from sandboxd.commands.types import (
-    Detach,
-    DetachedExecs,
-    DetachedOutput,
-    Dial,
-    ExecStatus,
-    HelperCall,
-    Plain,
-    SandboxCommand,
-    SandboxCommands,
-    Supervised,
-    ToolRun,
-    Where,
-)
-
-__all__ = [
-    "Detach",
-    "DetachedExecs",
-    "DetachedOutput",
-    "Dial",
-    "ExecStatus",
-    "HelperCall",
-    "Plain",
-    "SandboxCommand",
-    "SandboxCommands",
-    "Supervised",
-    "ToolRun",
-    "Where",
-]
+# The port's names, as types.py lists them in its __all__ (the one list of them).
+from sandboxd.commands.types import *  # noqa: F403
+from sandboxd.commands.types import __all__ as __all__

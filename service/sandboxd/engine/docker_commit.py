@@ -23,7 +23,7 @@ from typing import Any
 import aiodocker
 from aiodocker.containers import DockerContainer
 
-from sandboxd.engine import compat
+from sandboxd.engine import work_containers
 from sandboxd.errors import Internal, SandboxError
 from sandboxd.labels import LABEL_COMMIT_OF, LABEL_OWNER, LABEL_PREFIX
 
@@ -79,18 +79,12 @@ async def leftovers(
     docker: aiodocker.Docker, translate: Translate, owner_id: str, in_flight: set[str]
 ) -> list[str]:
     """Remove this owner's stand-ins that no commit under way holds; their names."""
+
+    def left(doc: Mapping[str, Any]) -> bool:
+        return str((doc.get("Names") or [""])[0]).lstrip("/") not in in_flight
+
     filters = {"label": [f"{LABEL_COMMIT_OF}={owner_id}"], "status": ["created"]}
-    with translate("listing containers"):
-        found = await docker.containers.list(all=True, filters=filters)
-    removed = []
-    for container in found:
-        names = compat.container_document(container).get("Names") or [""]
-        name = str(names[0]).lstrip("/")
-        if name in in_flight:
-            continue
-        await _remove(container, translate)
-        removed.append(name)
-    return removed
+    return await work_containers.remove_left(docker, translate, filters, left, "commit stand-in")
 
 
 async def _remove(container: DockerContainer, translate: Translate) -> None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import aiodocker
 
@@ -48,22 +49,38 @@ async def leftovers(
     docker: aiodocker.Docker, translate: Translate, owner_id: str, run_id: str
 ) -> list[str]:
     """Remove this owner's work containers that another server process made; their names."""
+
+    def left(doc: Mapping[str, Any]) -> bool:
+        found = doc.get("Labels") or {}
+        return is_work(found) and found.get(LABEL_WORK_RUN) != run_id
+
+    owned = {"label": [f"{LABEL_OWNER}={owner_id}"]}
+    return await remove_left(docker, translate, owned, left, "work container of an earlier server")
+
+
+async def remove_left(
+    docker: aiodocker.Docker,
+    translate: Translate,
+    filters: Mapping[str, list[str]],
+    left: Callable[[Mapping[str, Any]], bool],
+    what: str,
+) -> list[str]:
+    """Remove the containers `filters` lists that are `left` behind (told by their list
+    document: what a call under way holds is not); their names. One that will not go is
+    logged and left to the next reconcile: it is not counted as removed."""
     with translate("listing containers"):
-        found = await docker.containers.list(
-            all=True, filters={"label": [f"{LABEL_OWNER}={owner_id}"]}
-        )
+        found = await docker.containers.list(all=True, filters=dict(filters))
     removed = []
     for container in found:
         doc = compat.container_document(container)
-        found_labels = doc.get("Labels") or {}
-        if not is_work(found_labels) or found_labels.get(LABEL_WORK_RUN) == run_id:
+        if not left(doc):
             continue
         name = str((doc.get("Names") or [""])[0]).lstrip("/")
         try:
             with translate(f"removing container {str(doc.get('Id', ''))[:12]}"):
                 await container.delete(force=True)
         except SandboxError as exc:
-            log.warning("work container %s of an earlier server not removed: %s", name, exc)
+            log.warning("%s %s not removed: %s", what, name, exc)
             continue
         removed.append(name)
     return removed

@@ -9,54 +9,116 @@ runs, before anything of it is read, so its exit is never told first.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sandboxd import domain_events as de
 from sandboxd import tenancy
-from sandboxd.models import ExecExited, ExecSpec, Session
+from sandboxd.models import ExecExited, ExecOutput, ExecSpec, OutputStream, Session
 from sandboxd.processes.record import BackgroundProcess, ProcessOrigin
 
 
-def started(observer: de.Observer, tenant: str, proc: BackgroundProcess) -> None:
-    told(observer, tenant, proc.session_id, proc.process_id, proc.spec, proc.origin, None)
+@dataclass(frozen=True)
+class Told:
+    """What is told of one command besides its start or exit: who, which, and how it runs."""
+
+    tenant: str
+    session_id: str
+    process_id: str
+    spec: ExecSpec
+    origin: ProcessOrigin
+    pty: bool = False
+    request_id: str = ""
 
 
-def exited(observer: de.Observer, tenant: str, proc: BackgroundProcess) -> None:
-    """Once the record has its exit (none: nothing to tell)."""
-    if (e := proc.exited) is not None:
-        told(observer, tenant, proc.session_id, proc.process_id, proc.spec, proc.origin, e)
+def of(tenant: str, proc: BackgroundProcess, request_id: str = "") -> Told:
+    return Told(tenant, proc.session_id, proc.process_id, proc.spec, proc.origin, False, request_id)
 
 
-def told(
-    observer: de.Observer,
-    tenant: str,
-    session_id: str,
-    process_id: str,
-    spec: ExecSpec,
-    origin: ProcessOrigin,
-    exit: ExecExited | None,
+def started(observer: de.Observer, told: Told) -> None:
+    """The command runs (a record here or not: a session at its process limit leaves an Exec
+    untracked, and it is told all the same)."""
+    observer.emit(
+        de.CommandStarted(
+            told.tenant,
+            told.session_id,
+            told.process_id,
+            tuple(told.spec.argv),
+            told.origin.name.lower(),
+            told.origin is ProcessOrigin.START_PROCESS,
+            cwd=told.spec.cwd,
+            pty=told.pty,
+            request_id=told.request_id,
+        )
+    )
+
+
+def ended(
+    observer: de.Observer, told: Told, exit: ExecExited, stdout_bytes: int, stderr_bytes: int
 ) -> None:
-    """The start (`exit` None) or the exit of a command, recorded here or not (a session at its
-    process limit leaves an Exec untracked: it is told all the same)."""
-    how = origin.name.lower()
-    background = origin is ProcessOrigin.START_PROCESS
-    argv = tuple(spec.argv)
-    if exit is None:
-        observer.emit(de.CommandStarted(tenant, session_id, process_id, argv, how, background))
-        return
+    """The command's exit, with the output bytes it wrote (as the server read them)."""
     observer.emit(
         de.CommandExited(
-            tenant=tenant,
-            session_id=session_id,
-            process_id=process_id,
-            argv=argv,
-            cwd=spec.cwd,
-            origin=how,
+            tenant=told.tenant,
+            session_id=told.session_id,
+            process_id=told.process_id,
+            argv=tuple(told.spec.argv),
+            cwd=told.spec.cwd,
+            origin=told.origin.name.lower(),
             exit_code=exit.exit_code,
             signal=exit.signal,
             timed_out=exit.timed_out,
             duration_s=exit.duration_s,
-            background=background,
+            background=told.origin is ProcessOrigin.START_PROCESS,
+            truncated=exit.truncated,
+            stdout_bytes=stdout_bytes,
+            stderr_bytes=stderr_bytes,
+            pty=told.pty,
         )
     )
+
+
+class Passing:
+    """An Exec's, Run's or Interact's start and exit, told as its events pass (`track`): the
+    exit with the bytes of each stream that passed, before any cut of a reply."""
+
+    def __init__(
+        self,
+        observer: de.Observer,
+        session_id: str,
+        spec: ExecSpec,
+        origin: ProcessOrigin,
+        pty: bool,
+    ) -> None:
+        self._observer = observer
+        self._what = (tenancy.current(), session_id, spec, origin, pty)
+        self._told: Told | None = None
+        self._wrote = dict.fromkeys(OutputStream, 0)
+
+    @property
+    def running(self) -> bool:
+        """Started and not yet told to have exited."""
+        return self._told is not None
+
+    def started(self, process_id: str) -> None:
+        tenant, session_id, spec, origin, pty = self._what
+        self._told = Told(tenant, session_id, process_id, spec, origin, pty)
+        started(self._observer, self._told)
+
+    def output(self, event: ExecOutput) -> None:
+        self._wrote[event.stream] += len(event.data)
+
+    def exited(self, exit: ExecExited) -> None:
+        if self._told is not None:
+            out, err = self._wrote[OutputStream.STDOUT], self._wrote[OutputStream.STDERR]
+            ended(self._observer, self._told, exit, out, err)
+            self._told = None
+
+
+def exited(observer: de.Observer, tenant: str, proc: BackgroundProcess) -> None:
+    """A background process's exit, once its record has one (none: nothing to tell)."""
+    if (e := proc.exited) is not None:
+        out, err = proc.end(OutputStream.STDOUT), proc.end(OutputStream.STDERR)
+        ended(observer, of(tenant, proc), e, out, err)
 
 
 def input_sent(

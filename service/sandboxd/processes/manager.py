@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 
-from sandboxd import domain_events, tenancy, validation
+from sandboxd import domain_events, validation
 from sandboxd.commands import Detach
 from sandboxd.errors import (
     AlreadyExists,
@@ -167,10 +166,13 @@ class ProcessManager:
         process_id: str = "",
         hold: AbstractAsyncContextManager[None] | None = None,
         options: StartOptions | None = None,
+        request_id: str = "",
     ) -> BackgroundProcess:
-        """Start `spec` in the background; the same id with the same spec returns that process.
+        """Start `spec` in the background; the same id with the same spec returns that process
+        (and tells no second start: a retry starts nothing).
 
-        `hold` (a tenant's exec slot) is entered before the process starts and left when it ends.
+        `hold` (a tenant's exec slot) is entered before the process starts and left when it ends;
+        `request_id`, the caller's retry key, is told with its start.
         """
         options = options or StartOptions(spec.max_output_bytes)
         pid = validation.validate_process_id(process_id) if process_id else new_token()
@@ -192,12 +194,13 @@ class ProcessManager:
                 self._drop(procs, old)
         await self._forgets.settled(session.session_id)  # the agent's room for the new record
         if pid in procs:  # another start of this id won the race meanwhile
-            return await self.start(session, spec, pid, hold, options)
+            return await self.start(session, spec, pid, hold, options, request_id)
         # Its id is its token too: the agent keeps it under that id (processes/adoption.py).
         proc = BackgroundProcess(session.session_id, pid, spec, options, token=pid)
         procs[pid] = proc
+        told = announce.of(session.tenant, proc, request_id)
         proc.task = asyncio.create_task(
-            self._run(session, proc, hold or contextlib.nullcontext()), name=f"process {pid}"
+            self._run(session, proc, hold or contextlib.nullcontext(), told), name=f"process {pid}"
         )
         try:
             await until_running(proc)
@@ -223,7 +226,11 @@ class ProcessManager:
             self._drop(procs, old)
 
     async def _run(
-        self, session: Session, proc: BackgroundProcess, hold: AbstractAsyncContextManager[None]
+        self,
+        session: Session,
+        proc: BackgroundProcess,
+        hold: AbstractAsyncContextManager[None],
+        told: announce.Told,
     ) -> None:
         started = time.monotonic()
         feeder: asyncio.Task[None] | None = None
@@ -249,7 +256,9 @@ class ProcessManager:
                     )
                     proc.keep_in_agent(kept, tail)
                 proc.running.set_result(None)
-                announce.started(self._observer, session.tenant, proc)
+                # Still in the StartProcess call (it waits on `running`): its record is the
+                # call's, acknowledged before the call answers.
+                announce.started(self._observer, told)
                 if proc.options.keep_stdin_open:
                     proc.command = command
                     feeder = asyncio.create_task(process_stdin.first(proc, command))
@@ -399,37 +408,39 @@ class ProcessManager:
         spec: ExecSpec,
         origin: ProcessOrigin,
         events: AsyncIterator[ExecEvent],
+        pty: bool = False,
     ) -> AsyncIterator[ExecEvent]:
         """Pass an Exec, Run or Interact command's events through, recording it under the id it
         reports so GetProcess, AttachProcess and SignalProcess find it (its tail of output only).
 
+        Its start and exit are told (announce.Passing) before the event goes on: the call's
+        audit record is acknowledged before the caller learns the outcome.
         A session at MAX_PROCESSES_PER_SESSION running processes leaves the command untracked
         rather than refusing it: those calls never had such a limit.
         """
         proc: BackgroundProcess | None = None
-        started = time.monotonic()
-        told = functools.partial(announce.told, self._observer, tenancy.current(), session_id)
-        pid = ""
+        began = time.monotonic()
+        telling = announce.Passing(self._observer, session_id, spec, origin, pty)
         try:
             async for event in events:
                 if isinstance(event, ExecStarted):
-                    pid = event.process_id
-                    proc = self._record(session_id, spec, origin, pid)
-                    told(pid, spec, origin, None)
-                elif proc is not None and isinstance(event, ExecOutput):
-                    proc.append(event.stream, event.data)
+                    proc = self._record(session_id, spec, origin, event.process_id)
+                    telling.started(event.process_id)
+                elif isinstance(event, ExecOutput):
+                    telling.output(event)
+                    if proc is not None:
+                        proc.append(event.stream, event.data)
                 elif isinstance(event, ExecExited):
                     if proc is not None:
                         proc.finish(event, complete=True)
-                    told(pid, spec, origin, event)
-                    pid = ""
+                    telling.exited(event)
                 yield event
         finally:
-            if pid:  # the call ended first: it was killed
-                killed = ExecExited(137, "SIGKILL", False, False, time.monotonic() - started)
+            if telling.running:  # the call ended first: it was killed
+                killed = ExecExited(137, "SIGKILL", False, False, time.monotonic() - began)
                 if proc is not None:
                     proc.finish(killed)
-                told(pid, spec, origin, killed)
+                telling.exited(killed)
             procs = self._by_session.get(session_id)
             if procs is not None:
                 self._forget_old_exited(procs)

@@ -169,7 +169,6 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         max_age_s=config.audit.max_age_s,
         max_bytes=config.audit.max_bytes,
         batch_window_s=config.audit.batch_window_s,
-        on_event=lambda e: metrics.audited(e.tenant, e.kind, e.attributes),
     )
     audit.start()
     stack.push_async_callback(audit.close)  # after the gRPC server stopped: flush, then close

@@ -200,7 +200,7 @@ def _layers(config: Config, p: Parts) -> list[Layer]:
         *([CallAdmission(p.shares)] if p.shares is not None else []),
         # Inside authentication (the tenant is known): the call's scope, settled before it
         # answers, and its refusal.
-        AuditInterceptor(p.audit),
+        AuditInterceptor(p.observer),
         # Innermost: the tenant is known here (set by authentication, or the default).
         StreamCaps(config.tenancy.max_streams),
         # Innermost of all: every reply message the servicer makes, at most the caller's
