@@ -4,8 +4,9 @@ the server's RSS and open fds against the live count, and a clean deletion of ev
 `--sessions N` (bench/run.py; default 20 so `make bench` stays quick) sets how many live
 sessions the scenario grows to. It runs a server of its own (no warm pool, so every create is
 a cold create+start on the engine), creates the sessions CREATORS at a time, and at each tenth of
-the way (and at the end) measures: the creates' p50 in that tenth, a raw create+start's p50
-at that live count (the engine's own cost, which grows with the containers it holds),
+the way (and at the end) measures: the creates' p50 in that tenth (CREATORS at once), a raw
+create+start's p50 at that live count (the engine's own cost, which grows with the containers it
+holds) and our CreateSession's alone beside it (one at a time, as the raw one is), the load average,
 Run(["true"]) p50 over
 RUN_SAMPLES sessions picked across all live ones, the server's RSS and its open fds. Then it
 deletes them all (CREATORS at a time) and checks that no container of that server is left and
@@ -81,6 +82,21 @@ async def _raw_create_ms(ctx: BenchContext, n: int = 5) -> float:
     return statistics.median(samples)
 
 
+async def _ours_alone_ms(sessions: session_pb2_grpc.SessionServiceStub, n: int = 3) -> float:
+    """Our CreateSession with no other create in flight (then deleted), at the live count
+    the raw create+start is measured at: the same conditions, so the two compare."""
+    samples = []
+    for _ in range(n):
+        took, resp = await _timed_s(
+            sessions.CreateSession(session_pb2.CreateSessionRequest(shell=ALL))
+        )
+        samples.append(took * 1000)
+        await sessions.DeleteSession(
+            session_pb2.DeleteSessionRequest(session_id=resp.session.session_id)
+        )
+    return statistics.median(samples)
+
+
 async def _left(docker: aiodocker.Docker, owner: str) -> int:
     found = await docker.containers.list(
         all=True, filters={"label": [f"io.sandboxd.owner={owner}"]}
@@ -143,6 +159,8 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
                         "live": len(sids),
                         # the engine alone at this many live containers, for comparison
                         "raw_create_p50_ms": round(await _raw_create_ms(ctx, 3), 1),
+                        # ours alone, in the same conditions as the raw one
+                        "alone_create_p50_ms": round(await _ours_alone_ms(sessions), 1),
                         "create_p50_ms": round(statistics.median(creates[before:]), 1)
                         if creates[before:]
                         else None,
@@ -150,6 +168,7 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
                         "rss_mib": round(_rss_kib(pid) / 1024, 1),
                         "fds": _fds(pid),
                         "elapsed_s": round(time.monotonic() - started, 1),
+                        "load_1m": os.getloadavg()[0],
                     }
                 )
                 print(f"[bench_sessions] {rows[-1]}", flush=True)

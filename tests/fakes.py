@@ -455,6 +455,7 @@ class FakeEngine:
                 name=b.request.name,
                 session_id=b.request.session_id,
                 pool_generation=b.request.pool_generation,
+                running=b.running,
             )
             for b in self.sandboxes.values()
             if b.request.owner_id == owner_id

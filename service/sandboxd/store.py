@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sandboxd.models import Session, SessionState
+from sandboxd.models import NetworkMode, Session, SessionState
 from sandboxd.schema import add_column, statements, steps_of
 from sandboxd.session_rows import (
     MAX_PAUSES,
@@ -292,6 +292,17 @@ class SessionStore(SqliteFile):
         ) as cur:
             rows = await cur.fetchall()
         return [SessionRow(r[0], SessionState(r[1]), r[2]) for r in rows]
+
+    async def allowlist_ids(self) -> list[str]:
+        """Ids of the records whose network policy is ALLOWLIST (an egress proxy's sessions),
+        in any state: what the egress reconcile looks at besides the proxies it holds."""
+        async with self.db.execute(
+            "SELECT session_id FROM sessions"
+            " WHERE json_extract(spec, '$.network.mode') = ? ORDER BY session_id",
+            (NetworkMode.ALLOWLIST.value,),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [str(r[0]) for r in rows]
 
     async def due_for_expiry(self, now: datetime) -> list[str]:
         """Ids of the sessions whose lease ended and that are not EXPIRED yet (indexed)."""

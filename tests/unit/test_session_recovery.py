@@ -143,3 +143,34 @@ async def test_an_engine_that_lost_the_sandbox_mid_call(tmp_path: Path) -> None:
                     pass
         assert exc.value.reason == "CONTAINER_REBUILDING" and exc.value.metadata["retry"] == "true"
         assert (await st.sessions.require_running("m")).state is SessionState.RUNNING
+
+
+async def test_a_sweep_of_many_live_sessions_makes_no_call_per_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reconcile runs every sweep: once the first has tidied, a live session running in the
+    engine's listing costs it no inspect and no locked read of its record (O(live) engine calls
+    a minute at a thousand live sessions), and a stopped one is still noted."""
+    async with session_stack(tmp_path) as st:
+        for i in range(20):
+            await st.sessions.create(CreateSessionInput(session_id=f"live{i}"))
+        await st.sessions.reconcile()  # the first: tidies what an older server left
+        decoded: list[str] = []
+        real = sandboxd.session_rows.spec_from_json
+
+        def counting(text: str):  # type: ignore[no-untyped-def]
+            decoded.append(text)
+            return real(text)
+
+        monkeypatch.setattr(sandboxd.session_rows, "spec_from_json", counting)
+        st.engine.calls.clear()
+        await st.sessions.reconcile()
+        assert st.engine.calls.count("inspect_sandbox") == 0, st.engine.calls
+        assert st.engine.calls.count("list_sandboxes") <= 2, st.engine.calls
+        assert decoded == [], f"reconcile read {len(decoded)} records of running sessions"
+        stopped = await st.store.get("live3")
+        assert stopped is not None
+        st.engine.stop(stopped.container_id)
+        await st.sessions.reconcile()
+        assert (await st.sessions.get("live3")).state is not SessionState.RUNNING
+        assert (await st.sessions.get("live4")).state is SessionState.RUNNING

@@ -307,6 +307,7 @@ class DockerEngine:
                     name=str((doc.get("Names") or [""])[0]).lstrip("/"),
                     session_id=str(labels.get(LABEL_SESSION, "")),
                     pool_generation=str(labels.get(LABEL_POOL, "")),
+                    running=doc.get("State") == "running",
                 )
             )
         return result

@@ -74,6 +74,7 @@ class SandboxInfo:
     name: str
     session_id: str = ""
     pool_generation: str = ""
+    running: bool = False  # as listed (reconcile inspects only those it must look at again)
 
 
 @dataclass(frozen=True)

@@ -253,9 +253,18 @@ class Recovery:
         }
         rows = await self._store.index()
         by_sandbox = {row.container_id: row.session_id for row in rows if row.container_id}
+        # What the index already shows claimed (a RUNNING record naming the container) needs
+        # no locked read: each sweep then costs the engine and the store a few calls, not a
+        # few per live session. Only what the index leaves in doubt is read again, locked.
+        claimed_ids = {
+            row.container_id
+            for row in rows
+            if row.state is SessionState.RUNNING and row.container_id
+        }
+        listed_running = {s.sandbox_id for s in sandboxes if s.running}
         for found in sandboxes:
-            if found.sandbox_id in held:
-                continue  # a live pool member: the pool removes its own
+            if found.sandbox_id in held or found.sandbox_id in claimed_ids:
+                continue  # a live pool member (the pool removes its own), or claimed
             sid = found.session_id or by_sandbox.get(found.sandbox_id, "")
             async with self._locks.locked(sid):
                 record = await self._store.get(sid) if sid else None
@@ -277,6 +286,15 @@ class Recovery:
             await self._reconcile_egress()
         for row in rows:
             if row.state not in (SessionState.CREATING, SessionState.RUNNING):
+                continue
+            if (
+                self._tidied
+                and row.state is SessionState.RUNNING
+                and row.container_id in listed_running
+            ):
+                # Running in the listing: nothing to note, and (once the first reconcile has
+                # tidied what an older server left) nothing to tidy. An inspect per live
+                # session per sweep was O(live) engine calls every minute.
                 continue
             async with self._locks.locked(row.session_id):
                 current = await self._store.get(row.session_id)
@@ -343,5 +361,7 @@ class Recovery:
 
     async def _reconcile_egress(self) -> None:
         if self._egress is not None:
-            ids = [row.session_id for row in await self._store.index()]
+            # Only the records that ask for a proxy (and, in the manager, those that hold
+            # one): the others need no locked read of their record at each sweep.
+            ids = await self._store.allowlist_ids()
             await self._egress.reconcile(self._store.get, self._locks.locked, ids)
