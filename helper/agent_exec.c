@@ -320,7 +320,7 @@ void open_exec(uint32_t id, const struct jval *req)
 	/* `sbx run` of the agent's own helper: the agent is the supervisor
 	 * (agent_run.c), one process and one exec instead of three and two. */
 	struct sup sup;
-	bool supervise = sup_parse(argv, &sup) && sup.tty == tty;
+	bool supervise = !did && sup_parse(argv, &sup) && sup.tty == tty;
 	if (!supervise && !did && sup_helper_call(id, argv)) {
 		mem_unmap(rings[1], ring);
 		mem_unmap(rings[2], ring);
