@@ -83,16 +83,20 @@ static char *dup_str(const char *s)
 /*
  * `argv` as an `sbx run` of the agent's own helper, the options as `run`
  * parses them (run.c).  False for anything else, or anything `run` itself
- * would refuse or treat otherwise (`--root`, a bad option, a token `status`
+ * would refuse or treat otherwise (another `--root`, a bad option, a token `status`
  * could not name): the request then starts the real helper, which answers
  * as it always did.
  */
 bool sup_parse(char **argv, struct sup *out)
 {
-	if (!argv[1] || strcmp(argv[1], "run") || !own_helper(argv[0]))
+	int i = 1;
+	/* `--root` the agent's own root is the default spelled out */
+	if (argv[1] && !strcmp(argv[1], "--root") && argv[2] && !strcmp(argv[2], g_root))
+		i = 3;
+	if (!argv[i] || strcmp(argv[i], "run") || !own_helper(argv[0]))
 		return false;
 	memset(out, 0, sizeof *out);
-	int i = 2;
+	i++;
 	for (; argv[i]; i++) {
 		char extra;
 		if (!strcmp(argv[i], "--")) {
