@@ -46,7 +46,9 @@ from sandboxd.v1 import (  # noqa: E402
 from bench.common import BenchContext, Metric, Stubs  # noqa: E402
 
 IMAGE = os.environ.get("SANDBOXD_BENCH_IMAGE", "sandboxd-runtime:busybox")
-HELPER = REPO / "build" / "sbx"
+# SANDBOXD_BENCH_HELPER: another build of the in-sandbox helper (its volume is named by content),
+# to compare two agents back to back with the same server.
+HELPER = Path(os.environ.get("SANDBOXD_BENCH_HELPER", "") or REPO / "build" / "sbx")
 KEEPER_USER = "65533:65533"
 POOL_SIZE = 2
 _LISTEN_RE = re.compile(r"sandboxd listening on (\S+):(\d+)")

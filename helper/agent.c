@@ -114,6 +114,7 @@ static void timers(uint64_t now)
 		if (c->tty_done_at && now >= c->tty_done_at && c->out_fd[1] >= 0)
 			cmd_read_out(c, 1);
 	}
+	sup_timers(now);
 	if (now >= g_agent.next_sweep) {
 		sweep_orphans();
 		g_agent.last_sweep = now;
@@ -273,6 +274,7 @@ static int poll_timeout(uint64_t now)
 		if (c->tty_done_at > now && c->out_fd[1] >= 0 && c->tty_done_at < next)
 			next = c->tty_done_at;
 	}
+	next = sup_next_timer(next);
 	if (g_agent.epoch && g_agent.stdin_open) {
 		uint64_t k = g_agent.last_rx + (g_agent.ping_sent_at ? 2 * g_agent.keepalive : g_agent.keepalive);
 		if (k < next)
@@ -339,6 +341,7 @@ int cmd_agent(int argc, char **argv)
 	set_nonblock(2);
 	g_agent.last_rx = now_ms();
 	for (;;) {
+		sup_settle();
 		out_write();
 		pump_streams();
 		out_write();
@@ -368,7 +371,14 @@ int cmd_agent(int argc, char **argv)
 			if (us < (uint64_t)ms * 1000u)
 				wait = (struct timespec){0, (long)us * 1000L};
 		}
+		uint64_t before = now_ms();
 		int r = ppoll(g_agent.pfd, g_agent.pn, &wait, NULL);
+		/* Longer than asked by far: the sandbox was suspended (a memory
+		 * checkpoint restored), which supervised deadlines do not count. */
+		uint64_t took = now_ms() - before, asked = (uint64_t)wait.tv_sec * 1000u +
+							     (uint64_t)wait.tv_nsec / 1000000u;
+		if (took > asked + SUSPEND_JUMP_MS)
+			sup_shift_deadlines(took - asked);
 		if (r < 0 && errno != EINTR) {
 			logf_("agent: poll: %s", strerror(errno));
 			struct timespec ts = {0, 10000000};

@@ -111,6 +111,11 @@ const struct jval *json_get(const struct jval *o, const char *key);
  * last holder of the terminal is gone (measured: the command's EXIT never
  * came), Linux's does, normally well within this. */
 #define TTY_DONE_MS 100
+/* How many supervised commands' deaths by a signal `sbx status` can still ask about. */
+#define SIGREC 64
+/* A wait that overran by more than this was a memory suspend (or a host that
+ * stalled the sandbox as long): a supervised command's deadline does not count it. */
+#define SUSPEND_JUMP_MS 500
 
 enum {
 	F_HELLO = 0x01, F_HELLO_OK, F_PING, F_PONG, F_GOAWAY,
@@ -147,6 +152,29 @@ struct cmd {
 	struct ring ring[3];
 	uint64_t last_read_us[3]; /* when out_fd[k] last gave data */
 	uint64_t hold_until_us[3]; /* out_fd[k] is not polled before this */
+	/* Run by the agent as the `sbx run` supervisor (agent_run.c): its --id,
+	 * its backstop deadline (monotonic ms, 0: none), whether the agent killed
+	 * its tree (the exit is then 137, as the supervisor's), and whether its
+	 * EXIT waits for the rest of its tree to be gone. */
+	bool sup;
+	bool killed;
+	bool tree_wait;
+	uint64_t deadline_ms;
+	char token[MAX_ID + 1];
+};
+
+/* What an `sbx run` request asked of the supervisor the agent stands in for
+ * (agent_run.c): the command, its environment, --cwd, --tty, --timeout-ms. */
+struct sup {
+	char **argv;	/* the command, within the request's argv */
+	char **envp;	/* its environment (owned) */
+	const char *token;
+	const char *cwd;
+	uint64_t timeout_ms;
+	bool clean;	/* --clean-env */
+	bool tty;
+	unsigned short rows, cols;
+	int root_err;	/* why the root has no realpath (realroot NULL) */
 };
 
 enum kind { K_EXEC, K_ATTACH, K_DIAL, K_EGRESS };
@@ -226,6 +254,19 @@ struct agent {
 	size_t pn, pcap;
 	/* The earliest end of a hold on a command's output (0: none), set by build_poll. */
 	uint64_t hold_wake_us;
+	/* Supervised commands (agent_run.c): the root as realpath gives it, once
+	 * (a command's cwd must be at or below it); the agent's executable, to
+	 * know a request for `sbx run` of its own helper; the signals recent
+	 * supervised commands died of, for `sbx status TOKEN`. */
+	char *realroot;
+	dev_t exe_dev;
+	ino_t exe_ino;
+	bool exe_known;
+	struct {
+		char token[MAX_ID + 1];
+		int sig;
+	} sigrec[SIGREC];
+	unsigned sigrec_next;
 };
 
 extern struct agent g_agent;
@@ -304,9 +345,22 @@ void cmd_report(struct cmd *c);
 void cmd_read_out(struct cmd *c, int k);
 bool cmd_output_done(const struct cmd *c);
 
+/* ---- agent_run.c: the agent as the `sbx run` supervisor ---- */
+bool sup_parse(char **argv, struct sup *out);
+char **sup_env(char **envp, bool clean);
+bool sup_helper_call(uint32_t id, char **argv);
+__attribute__((noreturn)) void sup_child(const struct sup *sup);
+void sup_kill_tree(struct cmd *c);
+void sup_reaped(struct cmd *c);
+void sup_settle(void);
+void sup_timers(uint64_t now);
+void sup_shift_deadlines(uint64_t by);
+uint64_t sup_next_timer(uint64_t next);
+bool sup_signal(struct cmd *c, int sig, bool relay);
+
 /* ---- agent_reap.c: children and orphans ---- */
 void on_sigchld(int sig);
 void reap(void);
-void sweep_orphans(void);
+size_t sweep_orphans(void);
 
 #endif

@@ -93,7 +93,10 @@ void cmd_free(struct cmd *c)
 void cmd_abandon(struct cmd *c)
 {
 	c->owner = NULL;
-	if (!c->reaped) {
+	if (!c->reaped && c->sup) {
+		sup_kill_tree(c); /* what the supervisor did on SIGHUP */
+		c->kill_at = now_ms() + KILL_GRACE_MS;
+	} else if (!c->reaped) {
 		kill(c->pid, SIGHUP);
 		kill(c->pid, SIGCONT);
 		c->kill_at = now_ms() + KILL_GRACE_MS;

@@ -13,6 +13,8 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "agent.h"
 #include "sbx.h"
@@ -32,9 +34,15 @@ static void child_fail(int fd, int stage, int err)
 	_exit(127);
 }
 
+/*
+ * The child, between vfork and exec: it shares the agent's memory (the agent
+ * waits meanwhile), so it changes nothing of it but its own stack, and makes
+ * plain system calls (the identity's too: no libc set-id broadcast to other
+ * threads, there are none to reach).
+ */
 __attribute__((noreturn))
 static void child_main(int rep, int in, int out, int err, int tty_slave, const char *cwd,
-		       char **argv, char **envp)
+		       char **argv, char **envp, const struct sup *sup)
 {
 	if (setsid() < 0)
 		child_fail(rep, ST_SETUP, errno);
@@ -45,8 +53,16 @@ static void child_main(int rep, int in, int out, int err, int tty_slave, const c
 	}
 	if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)
 		child_fail(rep, ST_SETUP, errno);
-	for (int sig = 1; sig < NSIG; sig++)
-		signal(sig, SIG_DFL);
+	/* Every disposition back to the default, through the raw call: glibc
+	 * refuses its reserved real-time signals (32, 33), yet an ignored one
+	 * is inherited across exec all the same.  An all-zero kernel sigaction
+	 * is SIG_DFL, no flags, an empty mask. */
+	for (int sig = 1; sig < NSIG; sig++) {
+		if (sig == SIGKILL || sig == SIGSTOP)
+			continue;
+		unsigned long ksa[4] = {0};
+		syscall(SYS_rt_sigaction, sig, ksa, NULL, 8);
+	}
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
@@ -68,13 +84,44 @@ static void child_main(int rep, int in, int out, int err, int tty_slave, const c
 	}
 	/* The command's identity before anything it could name is touched; a
 	 * command never runs as the agent when told otherwise. */
-	if (g_agent.switch_user && (setgroups(0, NULL) < 0 || setresgid(g_agent.cmd_gid, g_agent.cmd_gid, g_agent.cmd_gid) < 0 ||
-			      setresuid(g_agent.cmd_uid, g_agent.cmd_uid, g_agent.cmd_uid) < 0))
+	if (g_agent.switch_user &&
+	    (syscall(SYS_setgroups, 0, NULL) < 0 ||
+	     syscall(SYS_setresgid, g_agent.cmd_gid, g_agent.cmd_gid, g_agent.cmd_gid) < 0 ||
+	     syscall(SYS_setresuid, g_agent.cmd_uid, g_agent.cmd_uid, g_agent.cmd_uid) < 0))
 		child_fail(rep, ST_IDENTITY, errno);
+	if (sup)
+		sup_child(sup); /* `sbx run`'s cwd, checks and exec (agent_run.c) */
 	if (chdir(g_root) < 0 || (cwd && *cwd && chdir(cwd) < 0))
 		child_fail(rep, ST_CWD, errno);
 	execve(argv[0], argv, envp);
 	child_fail(rep, ST_EXEC, errno);
+}
+
+/*
+ * A command's process: vfork, not fork.  The child only sets itself up and
+ * execs, so copying the agent's page tables (its rings and buffers) for it
+ * would be work thrown away at once; the agent's signals are blocked
+ * meanwhile, so none of its handlers runs on the child's side.  Under the
+ * sanitizers (the test build) a plain fork: their runtime does not expect a
+ * child that shares its memory.
+ */
+static pid_t spawn_child(int rep, int in, int out, int err, int tty_slave, const char *cwd,
+			 char **argv, char **envp, const struct sup *sup)
+{
+	sigset_t all, old;
+	sigfillset(&all);
+	sigprocmask(SIG_SETMASK, &all, &old);
+#if defined(__SANITIZE_ADDRESS__)
+	pid_t pid = fork();
+#else
+	pid_t pid = vfork();
+#endif
+	if (pid == 0)
+		child_main(rep, in, out, err, tty_slave, cwd, argv, envp, sup);
+	int e = errno;
+	sigprocmask(SIG_SETMASK, &old, NULL);
+	errno = e;
+	return pid;
 }
 
 static void str_array_free(char **v)
@@ -270,6 +317,20 @@ void open_exec(uint32_t id, const struct jval *req)
 	bool want_stdin = stdinv && stdinv->type == J_BOOL && stdinv->b;
 	bool tty = ttyv && ttyv->type == J_OBJ;
 	const char *cwd = cwdv && cwdv->type == J_STR ? cwdv->s : NULL;
+	/* `sbx run` of the agent's own helper: the agent is the supervisor
+	 * (agent_run.c), one process and one exec instead of three and two. */
+	struct sup sup;
+	bool supervise = !did && sup_parse(argv, &sup) && sup.tty == tty;
+	if (!supervise && !did && sup_helper_call(id, argv)) {
+		mem_unmap(rings[1], ring);
+		mem_unmap(rings[2], ring);
+		goto out;
+	}
+	if (supervise) {
+		sup.envp = sup_env(envp, sup.clean);
+		if (!g_agent.realroot && !(g_agent.realroot = realpath(g_root, NULL)))
+			sup.root_err = errno;
+	}
 
 	int rep[2] = {-1, -1}, inp[2] = {-1, -1}, o1[2] = {-1, -1}, o2[2] = {-1, -1};
 	int master = -1, slave = -1;
@@ -281,11 +342,12 @@ void open_exec(uint32_t id, const struct jval *req)
 		     pipe2(o2, O_CLOEXEC) == 0;
 	if (ok && !tty)
 		(void)fcntl(o1[0], F_SETPIPE_SZ, (int)CMD_PIPE); /* best effort */
-	pid_t pid = ok ? fork() : -1;
-	if (pid == 0)
-		child_main(rep[1], want_stdin ? inp[0] : g_agent.devnull, o1[1], o2[1], slave, cwd, argv,
-			   envp);
+	pid_t pid = ok ? spawn_child(rep[1], want_stdin ? inp[0] : g_agent.devnull, o1[1], o2[1],
+				     slave, cwd, argv, envp, supervise ? &sup : NULL)
+		       : -1;
 	int e = errno;
+	if (supervise)
+		str_array_free(sup.envp);
 	close_fd(&rep[1]);
 	close_fd(&inp[0]);
 	close_fd(&o1[1]);
@@ -309,6 +371,13 @@ void open_exec(uint32_t id, const struct jval *req)
 	c->timeout_ms = timeout_ms;
 	c->rep_fd = rep[0];
 	c->tty = tty;
+	if (supervise) {
+		c->sup = true;
+		if (sup.token)
+			snprintf(c->token, sizeof c->token, "%s", sup.token);
+		if (sup.timeout_ms)
+			c->deadline_ms = c->started_ms + sup.timeout_ms;
+	}
 	c->in_fd = -1;
 	c->out_fd[0] = c->out_fd[1] = c->out_fd[2] = -1;
 	if (tty) {
@@ -458,5 +527,5 @@ void cmd_read_out(struct cmd *c, int k)
 
 bool cmd_output_done(const struct cmd *c)
 {
-	return c->reaped && c->out_fd[1] < 0 && c->out_fd[2] < 0;
+	return c->reaped && !c->tree_wait && c->out_fd[1] < 0 && c->out_fd[2] < 0;
 }

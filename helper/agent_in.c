@@ -219,6 +219,8 @@ static void on_stream_frame(uint8_t type, uint32_t id, const unsigned char *p, s
 			break;
 		if (!s->cmd || !s->cmd->started || s->cmd->reaped)
 			return;
+		if (s->cmd->sup && sup_signal(s->cmd, p[0], n == 2 && p[1] == 1))
+			return;
 		if (n == 2 && p[1] == 1) {
 			/* relayed by the `sbx run` supervisor to its command's group */
 			union sigval v = {.sival_int = p[0]};

@@ -42,6 +42,8 @@ void reap(void)
 			c->tty_done_at = now_ms() + TTY_DONE_MS;
 		/* What is left in its process group has no command any more. */
 		kill(-pid, SIGKILL);
+		if (c->sup)
+			sup_reaped(c);
 		/* its orphans soon, but a burst of short commands scans /proc
 		 * at most ten times a second */
 		if (g_agent.next_sweep > g_agent.last_sweep + 100)
@@ -79,15 +81,46 @@ static bool read_pinfo(pid_t pid, struct pinfo *pi)
 }
 
 /*
+ * Whether every child of the agent is a command it started and has not
+ * reaped, from the kernel's list of its children (one read, where a sweep
+ * reads every process's stat): then there is no orphan.  False when there may
+ * be one, or the list cannot be read (a kernel without it).
+ */
+static bool only_commands(void)
+{
+	char path[64], buf[4096];
+	snprintf(path, sizeof path, "/proc/self/task/%ld/children", (long)g_agent.self);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n < 0 || n == (ssize_t)sizeof buf - 1)
+		return false; /* unread, or maybe cut short: look at every process */
+	buf[n] = '\0';
+	for (char *p = buf, *end; *p; p = end) {
+		long pid = strtol(p, &end, 10);
+		if (end == p)
+			break;
+		if (!cmd_by_pid((pid_t)pid))
+			return false;
+	}
+	return true;
+}
+
+/*
  * Orphans: processes whose parent is the agent (reparented to PID 1, or to
  * the subreaper in tests) that it did not start, and that belong to no live
  * command, i.e. share no session with any live command's process tree.  A
  * tree whose `sbx run` supervisor and monitor were killed together, or what
- * `kill -9 -1` left, dies here; their children come next round.
+ * `kill -9 -1` left, dies here; their children come next round.  Returns
+ * how many it killed.
  */
-void sweep_orphans(void)
+size_t sweep_orphans(void)
 {
-	size_t n = 0, cap = 256;
+	if (only_commands())
+		return 0;
+	size_t n = 0, cap = 256, killed = 0;
 	struct pinfo *v = xmalloc(cap * sizeof *v);
 	DIR *d = opendir("/proc");
 	struct dirent *e;
@@ -113,7 +146,7 @@ void sweep_orphans(void)
 		any = v[i].ppid == g_agent.self && !cmd_by_pid(v[i].pid) && v[i].state != 'Z';
 	if (!any) {
 		free(v);
-		return;
+		return 0;
 	}
 	/* Live command trees: each started, unreaped command and its
 	 * descendants (fixpoint over the parent relation). */
@@ -141,9 +174,12 @@ void sweep_orphans(void)
 		bool shared = false;
 		for (size_t j = 0; j < n && !shared; j++)
 			shared = live[j] && v[j].sid == v[i].sid;
-		if (!shared)
+		if (!shared) {
 			kill(v[i].pid, SIGKILL);
+			killed++;
+		}
 	}
 	free(live);
 	free(v);
+	return killed;
 }

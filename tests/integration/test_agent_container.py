@@ -317,9 +317,10 @@ async def test_orphans_are_killed(
     gvisor_gap(request, tier, identity)  # its $PPID is the agent
     ch, _ = agent
     await ch.hello()
-    # under the `sbx run` supervisor, as the server runs commands
+    # an `sbx run`, as the server runs commands: the agent is its supervisor, so $PPID is PID 1,
+    # which the signal cannot reach (the command's own exit), and the tree ends with the command
     _, ex = await ch.run(SBX, "run", "--", "/bin/sh", "-c", "sleep 4242 & kill -KILL $PPID")
-    assert ex["exit_code"] == 137
+    assert ex["exit_code"] in (0, 1), ex
     # directly under the agent: $PPID is PID 1 itself, which the signal cannot reach
     await ch.run("/bin/sh", "-c", "sleep 4343 & kill -KILL $PPID")
     # setsid + double fork from a command that then exits

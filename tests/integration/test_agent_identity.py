@@ -56,15 +56,15 @@ def test_the_agent_runs_the_commands_as_the_session_with_nothing_of_its_own(
         assert status["NoNewPrivs"] == "1"
     # The OOM killer takes a command before the agent.
     assert run(stubs, sid, "cat", "/proc/self/oom_score_adj").stdout == b"1000\n"
-    # Run by the agent itself: the supervisor's parent is PID 1, the --user agent, and the
-    # engine made no `docker exec` for any of it.
+    # Run by the agent itself: the command's parent is PID 1, the --user agent (its
+    # supervisor too), and the engine made no `docker exec` for any of it.
     chain = run(
         stubs,
         sid,
         "/bin/sh",
         "-c",
         'ppid() { sed -n "s/^PPid:\\t//p" /proc/$1/status; }; '
-        "sup=$(ppid $$); mon=$(ppid $sup); echo $(ppid $mon) $(tr '\\0' ' ' < /proc/1/cmdline)",
+        "echo $(ppid $$) $(tr '\\0' ' ' < /proc/1/cmdline)",
     )
     parent, *cmdline = chain.stdout.decode().split()
     assert parent == "1" and cmdline == _agent(session.user), chain

@@ -783,6 +783,39 @@ def test_signal_relayed_by_the_sbx_run_supervisor(
     assert (f.type, f.stream, f.json()["error"]) == (RESET, sid, "PROTOCOL")
 
 
+def test_sbx_run_is_supervised_by_the_agent_itself(
+    agent: AgentProcess, agent_helper: Helper, tmp_path: Path
+) -> None:
+    """An exec of the agent's own `sbx run` is one process under the agent (no supervisor or
+    monitor between them) with the supervisor's answers: the exit code, the error line of a
+    command that is not found, `sbx kill` and `sbx status` of its token."""
+    agent.hello()
+    helper = str(agent_helper.path)
+
+    def sbx_run(*args: str, token: str = "p-t") -> int:
+        argv = [helper, "--root", str(tmp_path), "run", "--id", token, *args]
+        return agent.open("exec", argv=argv, env={"PATH": "/usr/bin:/bin", "LD_PRELOAD": "x"})
+
+    frames = agent.stream_frames(sbx_run("--", "sh", "-c", 'echo $PPID "$LD_PRELOAD"; exit 3'))
+    assert output(frames) == f"{agent.proc.pid} \n".encode() and exit_of(frames)["exit_code"] == 3
+    frames = agent.stream_frames(sbx_run("--", "no-such-command-here"))
+    assert exit_of(frames)["exit_code"] == 127
+    assert b'"error":"ENOENT"' in output(frames, 2), frames
+    sid = sbx_run("--", "sh", "-c", "setsid sleep 4646 & echo ready; exec sleep 30", token="p-k")
+    assert agent.read().type == OPEN_OK
+    assert agent.read().data == b"ready\n"
+    killed = agent.stream_frames(agent.open("exec", argv=[helper, "kill", "p-k"], env={}))
+    assert exit_of(killed)["exit_code"] == 0
+    frames = agent.stream_frames(sid)
+    assert exit_of(frames) == {"exit_code": 137, "signal": None}
+    leftover = run(agent, "pgrep -f 'sleep 464[6]' || true")
+    assert output(leftover) == b"", leftover  # the tree went before the EXIT
+    frames = agent.stream_frames(sbx_run("--", "sh", "-c", "kill -TERM $$", token="p-s"))
+    assert exit_of(frames) == {"exit_code": 143, "signal": None}
+    status = agent.stream_frames(agent.open("exec", argv=[helper, "status", "p-s"], env={}))
+    assert output(status) == b"signal 15\n" and exit_of(status)["exit_code"] == 0
+
+
 def test_egress_connection_outside_an_epoch_is_closed(agent: AgentProcess) -> None:
     port = free_port()
     agent.hello(egress_port=port, keepalive_ms=100)

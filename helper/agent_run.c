@@ -1,0 +1,452 @@
+/*
+ * agent_run.c - the agent as the `sbx run` supervisor.  An exec request for
+ * `<this helper> run [--id T] [--timeout-ms N] [--cwd DIR] [--tty RxC]
+ * [--clean-env] -- CMD...` is not a second process: the agent starts CMD
+ * itself and does what the supervisor would (helper/README.md, "run"): the
+ * lookup on the fixed PATH, the loader variables left out, the cwd checked to
+ * be at or below the root, the whole tree killed when the command ends, on
+ * the timeout or on request, the same exit statuses and error lines; `sbx
+ * kill`, `signal` and `status` by the token of such a command are answered by
+ * the agent too.  A supervisor and its monitor are an exec and two processes
+ * more per command, which cost more CPU than the command itself (`true`:
+ * docs/performance.md, "Load"); the agent, PID 1 and the holder of every
+ * orphan, needs neither to keep the tree together.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+#include "agent.h"
+#include "sbx.h"
+#include "proc.h"
+
+/* The directories a bare command name is looked up in (run_child.c). */
+#define FIXED_PATH "/usr/local/bin:/usr/bin:/bin"
+
+/* Whether `path` is this agent's own executable (the helper the server names). */
+static bool own_helper(const char *path)
+{
+	if (!g_agent.exe_known) {
+		struct stat st;
+		if (stat("/proc/self/exe", &st) < 0)
+			return false;
+		g_agent.exe_dev = st.st_dev;
+		g_agent.exe_ino = st.st_ino;
+		g_agent.exe_known = true;
+	}
+	struct stat st;
+	return stat(path, &st) == 0 && st.st_dev == g_agent.exe_dev && st.st_ino == g_agent.exe_ino;
+}
+
+static bool plain_token(const char *id)
+{
+	size_t n = strlen(id);
+	return n > 0 && n <= MAX_ID &&
+	       strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") == n;
+}
+
+/* The loader and libc variables `sbx run` leaves out (run_child.c's list). */
+static bool loader_var(const char *entry)
+{
+	static const char *const names[] = {
+		"GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES",
+		"LOCALDOMAIN", "LOCPATH", "MALLOC_TRACE", "NIS_PATH", "NLSPATH",
+		"RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR",
+	};
+	if (!strncmp(entry, "LD_", 3))
+		return true;
+	size_t n = strcspn(entry, "=");
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (strlen(names[i]) == n && !strncmp(entry, names[i], n))
+			return true;
+	return false;
+}
+
+static char *dup_str(const char *s)
+{
+	size_t n = strlen(s) + 1;
+	char *p = xmalloc(n);
+	memcpy(p, s, n);
+	return p;
+}
+
+/*
+ * `argv` as an `sbx run` of the agent's own helper, the options as `run`
+ * parses them (run.c).  False for anything else, or anything `run` itself
+ * would refuse or treat otherwise (another `--root`, a bad option, a token `status`
+ * could not name): the request then starts the real helper, which answers
+ * as it always did.
+ */
+bool sup_parse(char **argv, struct sup *out)
+{
+	int i = 1;
+	/* `--root` the agent's own root is the default spelled out */
+	if (argv[1] && !strcmp(argv[1], "--root") && argv[2] && !strcmp(argv[2], g_root))
+		i = 3;
+	if (!argv[i] || strcmp(argv[i], "run") || !own_helper(argv[0]))
+		return false;
+	memset(out, 0, sizeof *out);
+	i++;
+	for (; argv[i]; i++) {
+		char extra;
+		if (!strcmp(argv[i], "--")) {
+			i++;
+			break;
+		} else if (!strcmp(argv[i], "--clean-env")) {
+			out->clean = true;
+		} else if (!strcmp(argv[i], "--tty") && argv[i + 1]) {
+			unsigned rows, cols;
+			if (sscanf(argv[++i], "%ux%u%c", &rows, &cols, &extra) != 2 || !rows ||
+			    !cols || rows > 65535 || cols > 65535)
+				return false;
+			out->tty = true;
+			out->rows = (unsigned short)rows;
+			out->cols = (unsigned short)cols;
+		} else if (!strcmp(argv[i], "--id") && argv[i + 1]) {
+			out->token = argv[++i];
+			if (!plain_token(out->token))
+				return false;
+		} else if (!strcmp(argv[i], "--timeout-ms") && argv[i + 1]) {
+			unsigned long long v;
+			const char *t = argv[++i];
+			if (!*t || strspn(t, "0123456789") != strlen(t) || strlen(t) > 12 ||
+			    sscanf(t, "%llu", &v) != 1)
+				return false;
+			out->timeout_ms = v;
+		} else if (!strcmp(argv[i], "--cwd") && argv[i + 1]) {
+			out->cwd = argv[++i];
+		} else {
+			return false;
+		}
+	}
+	if (!argv[i] || (i > 0 && strcmp(argv[i - 1], "--")))
+		return false;
+	out->argv = argv + i;
+	return true;
+}
+
+/* The command's environment, as `sbx run` builds it from its own (the
+ * request's `env`; run_child.c). */
+char **sup_env(char **envp, bool clean)
+{
+	size_t n = 0;
+	for (char **e = envp; *e; e++)
+		n++;
+	char **out = xmalloc((n + 4) * sizeof *out);
+	size_t o = 0;
+	if (clean) {
+		char home[PATH_MAX + 8];
+		snprintf(home, sizeof home, "HOME=%s", g_root);
+		out[o++] = dup_str("PATH=" FIXED_PATH);
+		out[o++] = dup_str("LANG=C.UTF-8");
+		out[o++] = dup_str(home);
+	} else {
+		for (char **e = envp; *e; e++)
+			if (!loader_var(*e))
+				out[o++] = dup_str(*e);
+	}
+	out[o] = NULL;
+	return out;
+}
+
+static bool path_within(const char *path, const char *root)
+{
+	size_t n = strlen(root);
+	if (n == 1 && root[0] == '/')
+		return true;
+	return !strncmp(path, root, n) && (path[n] == '\0' || path[n] == '/');
+}
+
+/* The error line and exit status `sbx run` gives for a command that never
+ * ran (fail.c's format), from the command's own side: its stderr is the
+ * request's. */
+__attribute__((noreturn, format(printf, 3, 4)))
+static void child_fail(int code, const char *name, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	struct buf b = {0};
+	buf_puts(&b, "{\"error\":\"");
+	buf_puts(&b, name);
+	buf_puts(&b, "\",\"message\":");
+	buf_json_str(&b, msg, strlen(msg));
+	buf_puts(&b, "}\n");
+	(void)write_all(2, b.p, b.len);
+	_exit(code);
+}
+
+static const char *errno_name(int e)
+{
+	switch (e) {
+	case ENOENT: return "ENOENT";
+	case ENOTDIR: return "ENOTDIR";
+	case EISDIR: return "EISDIR";
+	case EEXIST: return "EEXIST";
+	case ENOTEMPTY: return "ENOTEMPTY";
+	case ENOSPC: case EDQUOT: return "ENOSPC";
+	case EACCES: case EPERM: case EROFS: return "EACCES";
+	case EINVAL: case ENAMETOOLONG: return "EINVAL";
+	case EXDEV: case ELOOP: return "ESCAPE";
+	default: return "EIO";
+	}
+}
+
+__attribute__((noreturn))
+static void child_fail_errno(int code, int e, const char *what, const char *path)
+{
+	const char *name = errno_name(e);
+	if (!strcmp(name, "ESCAPE"))
+		child_fail(code, name, "%s %s: path resolves outside the root", what, path);
+	child_fail(code, name, "%s %s: %s", what, path, strerror(e));
+}
+
+/*
+ * The command's last steps in the child the agent started (agent_exec.c has
+ * done its session, stdio, signals, identity): `sbx run`'s cwd, its check
+ * against the root, the terminal's size and the exec on the fixed PATH.
+ */
+void sup_child(const struct sup *sup)
+{
+	const char *c = sup->cwd ? sup->cwd : g_root;
+	if (!g_agent.realroot)
+		child_fail_errno(126, sup->root_err, "resolve root", g_root);
+	if (chdir(g_root) < 0)
+		child_fail_errno(126, errno, "chdir", c);
+	if (sup->cwd && chdir(sup->cwd) < 0)
+		child_fail_errno(126, errno, "chdir", c);
+	char here[PATH_MAX];
+	if (!getcwd(here, sizeof here))
+		child_fail_errno(126, errno, "chdir", c);
+	if (!path_within(here, g_agent.realroot))
+		child_fail(126, "ESCAPE", "working directory %s is outside the root", c);
+	if (sup->tty) {
+		/* The engine's exec could be resized only once it ran: the
+		 * first size is set before the command can ask for it. */
+		struct winsize ws = {.ws_row = sup->rows, .ws_col = sup->cols};
+		if (ioctl(0, TIOCSWINSZ, &ws) < 0)
+			child_fail_errno(126, errno, "setup", "child");
+	}
+	char **cmd = sup->argv;
+	int err = ENOENT;
+	if (strchr(cmd[0], '/')) {
+		execve(cmd[0], cmd, sup->envp);
+		err = errno;
+	} else if (cmd[0][0]) {
+		bool denied = false;
+		err = 0;
+		for (const char *dir = FIXED_PATH; *dir && !err;) {
+			size_t n = strcspn(dir, ":");
+			char path[PATH_MAX];
+			if (n + 1 + strlen(cmd[0]) < sizeof path) {
+				snprintf(path, sizeof path, "%.*s/%s", (int)n, dir, cmd[0]);
+				execve(path, cmd, sup->envp);
+				if (errno == EACCES)
+					denied = true;
+				else if (errno != ENOENT && errno != ENOTDIR)
+					err = errno;
+			}
+			dir += n;
+			if (*dir == ':')
+				dir++;
+		}
+		if (!err)
+			err = denied ? EACCES : ENOENT;
+	}
+	if (err == ENOENT)
+		child_fail(127, "ENOENT", "command not found: %s", cmd[0]);
+	child_fail_errno(126, err, "cannot execute", cmd[0]);
+}
+
+/* A live supervised command by its token. */
+static struct cmd *sup_by_token(const char *token)
+{
+	for (struct cmd *c = g_agent.cmds; c; c = c->next)
+		if (c->sup && !c->reaped && c->started && !strcmp(c->token, token))
+			return c;
+	return NULL;
+}
+
+/* The whole tree, now: its process group at once, the rest (other sessions,
+ * double forks) as orphans of the agent before its EXIT (sup_settle). */
+void sup_kill_tree(struct cmd *c)
+{
+	c->killed = true;
+	if (!c->reaped) {
+		kill(-c->pid, SIGKILL);
+		kill(c->pid, SIGKILL);
+	}
+}
+
+/* SIGNAL to a supervised command's stream: what the supervisor did with it.
+ * True when handled. */
+bool sup_signal(struct cmd *c, int sig, bool relay)
+{
+	static const int fwd[] = {SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGUSR1,
+				  SIGUSR2, SIGSTOP, SIGCONT, SIGWINCH};
+	if (relay) {
+		for (size_t i = 0; i < sizeof fwd / sizeof fwd[0]; i++)
+			if (fwd[i] == sig)
+				kill(-c->pid, sig);
+		return true;
+	}
+	/* To the supervisor itself: these ended its tree (exit 137). */
+	if (sig == SIGHUP || sig == SIGINT || sig == SIGTERM || sig == SIGQUIT ||
+	    sig == SIGUSR1 || sig == SIGKILL) {
+		sup_kill_tree(c);
+		return true;
+	}
+	return false;
+}
+
+/*
+ * The command was reaped: its exit as the supervisor's (the command's status,
+ * 128+N for signal N with N kept for `sbx status`, 137 when the agent killed
+ * the tree), and its EXIT held until nothing of its tree is left.
+ */
+void sup_reaped(struct cmd *c)
+{
+	int st = c->status;
+	if (c->killed) {
+		c->status = W_EXITCODE(EXIT_KILLED, 0);
+	} else if (WIFSIGNALED(st)) {
+		int sig = WTERMSIG(st);
+		if (c->token[0]) {
+			unsigned k = g_agent.sigrec_next++ % SIGREC;
+			snprintf(g_agent.sigrec[k].token, sizeof g_agent.sigrec[k].token, "%s", c->token);
+			g_agent.sigrec[k].sig = sig;
+		}
+		c->status = W_EXITCODE(128 + sig, 0);
+	}
+	c->tree_wait = true;
+}
+
+/*
+ * EXITs held for their trees: once a look at the agent's children finds no
+ * orphan left to kill (what a supervised command left behind comes to the
+ * agent as its parents die), every held EXIT may go.  Cheap when nothing is
+ * left: one read of the agent's list of children.
+ */
+void sup_settle(void)
+{
+	bool waiting = false;
+	for (struct cmd *c = g_agent.cmds; c && !waiting; c = c->next)
+		waiting = c->tree_wait;
+	if (!waiting)
+		return;
+	reap();
+	if (sweep_orphans() > 0)
+		return; /* their deaths wake the loop (SIGCHLD); looked at again then */
+	for (struct cmd *c = g_agent.cmds; c; c = c->next)
+		c->tree_wait = false;
+}
+
+void sup_timers(uint64_t now)
+{
+	for (struct cmd *c = g_agent.cmds; c; c = c->next)
+		if (c->sup && c->deadline_ms && now >= c->deadline_ms && !c->reaped && !c->killed)
+			sup_kill_tree(c);
+}
+
+/* A wait that overran by `by` ms (a suspended sandbox): deadlines move on by it. */
+void sup_shift_deadlines(uint64_t by)
+{
+	for (struct cmd *c = g_agent.cmds; c; c = c->next)
+		if (c->sup && c->deadline_ms)
+			c->deadline_ms += by;
+}
+
+uint64_t sup_next_timer(uint64_t next)
+{
+	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
+		if (c->sup && c->deadline_ms && !c->reaped && !c->killed && c->deadline_ms < next)
+			next = c->deadline_ms;
+		/* a tree that does not die at once (a process in the kernel) */
+		if (c->tree_wait && now_ms() + 10 < next)
+			next = now_ms() + 10;
+	}
+	return next;
+}
+
+/* The answer to a helper call the agent gave itself: OPEN_OK, what it printed, EXIT. */
+static void answer(uint32_t id, const char *out, int code)
+{
+	struct buf b = {0};
+	buf_printf(&b, "{\"pid\":%ld}", (long)g_agent.self);
+	out_json(F_OPEN_OK, id, &b);
+	if (out && *out) {
+		unsigned char fd = 1;
+		out_frame2(F_DATA, id, &fd, 1, out, strlen(out));
+	}
+	struct buf e = {0};
+	buf_printf(&e, "{\"exit_code\":%d,\"signal\":null}", code);
+	out_json(F_EXIT, id, &e);
+}
+
+/*
+ * `sbx kill TOKEN`, `sbx signal TOKEN SIGNAME`, `sbx status TOKEN` for a
+ * command the agent supervises (or, for status, one that died of a signal
+ * lately): answered here, as those subcommands would for its supervisor.
+ * False for anything else, which then runs the real helper.
+ */
+bool sup_helper_call(uint32_t id, char **argv)
+{
+	if (!argv[1] || !argv[2])
+		return false;
+	bool kill_ = !strcmp(argv[1], "kill") && !argv[3];
+	bool signal_ = !strcmp(argv[1], "signal") && argv[3] && !argv[4];
+	bool status_ = !strcmp(argv[1], "status") && !argv[3];
+	if ((!kill_ && !signal_ && !status_) || !own_helper(argv[0]))
+		return false;
+	const char *token = argv[2];
+	if (status_) {
+		for (unsigned k = 0; k < SIGREC; k++) {
+			if (g_agent.sigrec[k].sig && !strcmp(g_agent.sigrec[k].token, token)) {
+				char text[32];
+				snprintf(text, sizeof text, "signal %d\n", g_agent.sigrec[k].sig);
+				g_agent.sigrec[k].sig = 0;
+				g_agent.sigrec[k].token[0] = '\0';
+				answer(id, text, 0);
+				return true;
+			}
+		}
+		return false;
+	}
+	struct cmd *c = sup_by_token(token);
+	if (!c)
+		return false;
+	if (kill_) {
+		sup_kill_tree(c);
+		answer(id, NULL, 0);
+		return true;
+	}
+	static const struct {
+		const char *name;
+		int sig;
+	} names[] = {
+		{"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT},
+		{"SIGKILL", SIGKILL}, {"SIGTERM", SIGTERM}, {"SIGUSR1", SIGUSR1},
+		{"SIGUSR2", SIGUSR2}, {"SIGSTOP", SIGSTOP}, {"SIGCONT", SIGCONT},
+		{"SIGWINCH", SIGWINCH},
+	};
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+		if (!strcmp(argv[3], names[i].name)) {
+			kill(-c->pid, names[i].sig);
+			answer(id, NULL, 0);
+			return true;
+		}
+	}
+	return false; /* the helper's own usage error */
+}
