@@ -102,6 +102,7 @@ class _HostCheckAfterWorkers:
         if diff:
             reporter = session.config.pluginmanager.get_plugin("terminalreporter")
             if reporter is not None:
+                reporter.ensure_newline()
                 reporter.write_sep("=", "the suite changed the host", red=True)
                 reporter.write_line(diff)
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
