@@ -143,10 +143,20 @@ run: venv helper image
 	$(PY) -m sandboxd
 
 # The Docker-free layer first, on every core (its tests share nothing but the helper builds),
-# then the engine layers one test at a time (they share one engine and its host).
+# then the engine layers in two passes: on ENGINE_WORKERS xdist workers at once, a whole module
+# per worker (each worker has its own servers, owner ids and temporary folders; the tests mostly
+# wait on the engine, not on a core), then the tests marked `serial` alone on the host (their own
+# dockerd, host-wide counts, a fixed port, tight wall-clock bounds: tests/conftest.py says which).
+# Both passes always run; the target fails if either did. Each pass checks the host after it
+# (tests/hostenv.py; on workers, the controller does, after the last worker).
+ENGINE_WORKERS ?= 3
 test: venv helper helper-asan image python-image base-image e2b-sdk gvisor node-deps go-deps registry
 	DOCKER_HOST=unix:///nonexistent/sandboxd-unit-layer.sock $(PY) -m pytest -n auto tests/unit
-	$(PY) -m pytest --durations=40 tests/integration tests/clients
+	status=0; \
+	$(PY) -m pytest -n $(ENGINE_WORKERS) --dist loadfile -m "not serial" --durations=40 \
+		tests/integration tests/clients || status=$$?; \
+	$(PY) -m pytest -m serial --durations=20 tests/integration tests/clients || status=$$?; \
+	exit $$status
 
 # The Docker-free layer (tests/unit): parsers, policies, and the domain against the fake engine.
 # DOCKER_HOST names a socket nobody serves, so a unit test that reached for an engine fails here

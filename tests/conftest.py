@@ -52,11 +52,65 @@ def host_untouched(request: pytest.FixtureRequest) -> Iterator[None]:
     import hostenv
     import mountcheck
 
+    workeroutput = getattr(request.config, "workeroutput", None)
+    if workeroutput is not None:
+        # An xdist worker: the others still run when it ends, so the controller compares the
+        # host once after all of them (_HostCheckAfterWorkers), with the servers each started.
+        yield
+        workeroutput[_OWNERS_KEY] = sorted(mountcheck.OWNERS)
+        return
     before = hostenv.settled_snapshot()
     yield
     diff = hostenv.changes_since(before, frozenset(mountcheck.OWNERS))
     if diff:
         pytest.fail("the suite changed the host:\n" + diff, pytrace=False)
+
+
+_OWNERS_KEY = "sandboxd_server_owners"
+
+
+class _HostCheckAfterWorkers:
+    """`host_untouched` for a run on xdist workers (`make test`'s parallel pass), made by the
+    controller: the snapshot before any worker runs a test (when the first worker has collected,
+    and only if it collected an engine test), the comparison after the last worker has ended,
+    with the owner ids of every worker's servers. A change fails the run (exit status 1) with
+    the same diff; a worker's own end would see the others' sessions and images as leftovers."""
+
+    def __init__(self) -> None:
+        self.before: object = None
+        self.owners: set[str] = set()
+
+    @pytest.hookimpl(optionalhook=True)  # xdist's hooks: called only in a run on workers
+    def pytest_xdist_node_collection_finished(self, node: object, ids: list[str]) -> None:
+        if self.before is not None:
+            return
+        if any(Path(nodeid.partition("::")[0]).parent.name in _ENGINE_LAYERS for nodeid in ids):
+            import hostenv
+
+            self.before = hostenv.settled_snapshot()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: object, error: object) -> None:
+        self.owners.update(getattr(node, "workeroutput", {}).get(_OWNERS_KEY, ()))
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        import hostenv
+
+        if not isinstance(self.before, hostenv.HostState):
+            return
+        diff = hostenv.changes_since(self.before, frozenset(self.owners))
+        if diff:
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.ensure_newline()
+                reporter.write_sep("=", "the suite changed the host", red=True)
+                reporter.write_line(diff)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # not an xdist worker; idle unless it has workers
+        config.pluginmanager.register(_HostCheckAfterWorkers(), "sandboxd-host-check")
 
 
 # The layer a test belongs to is its folder: unit/ runs without Docker (`make test-unit`),
@@ -65,11 +119,41 @@ def host_untouched(request: pytest.FixtureRequest) -> Iterator[None]:
 _ENGINE_LAYERS = ("integration", "clients")
 
 
+# `make test` runs the engine layers in two passes: every test not marked `serial` on a few xdist
+# workers at once (whole modules per worker, `--dist loadfile`: a module's tests keep their order
+# and its module-scoped server), then the `serial` ones alone on the host. Serial are the modules
+# below, whole, and single tests marked by hand whose assertions bound a wall-clock time tightly
+# (a cancellation seen within a second), which a busier host could stretch. A module here:
+# - starts its own dockerd (a private engine stopped and started, with its bridges and rules:
+#   test_engine_outage, test_memory_suspend_engine, test_remote_engine, test_snapshots_engine,
+#   test_volumes_engine_restart);
+# - counts what the whole host has (loop devices: test_disk_loops; every container and image
+#   labelled as a template build, whoever's: test_templates, test_hostile_templates);
+# - needs a fixed host port free (127.0.0.1:9464, the metrics default: test_observability);
+# - bounds a server's exit after SIGTERM by its grace period and margins (test_shutdown).
+SERIAL_MODULES = frozenset(
+    {
+        "test_engine_outage",
+        "test_memory_suspend_engine",
+        "test_remote_engine",
+        "test_snapshots_engine",
+        "test_volumes_engine_restart",
+        "test_disk_loops",
+        "test_templates",
+        "test_hostile_templates",
+        "test_observability",
+        "test_shutdown",
+    }
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         layer = Path(str(item.path)).parent.name
         if layer in _ENGINE_LAYERS:
             item.add_marker(pytest.mark.engine)
+            if Path(str(item.path)).stem in SERIAL_MODULES:
+                item.add_marker(pytest.mark.serial)
 
 
 REPO = Path(__file__).resolve().parents[1]

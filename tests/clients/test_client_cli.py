@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import ServerProcess
 
 SANDBOXCTL = Path(sys.executable).parent / "sandboxctl"
@@ -61,6 +62,7 @@ def test_create_ls_exec_info_rm(server: ServerProcess) -> None:
     assert removed.returncode == 0 and removed.stdout.decode().strip() == sid
 
 
+@pytest.mark.serial  # a wall-clock bound of a few seconds: run alone
 def test_exec_output_is_live(server: ServerProcess) -> None:
     """The first line shows before the command ends."""
     sid = ctl(server, "create", "--allow-all").stdout.decode().strip()

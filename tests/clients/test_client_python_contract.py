@@ -281,6 +281,7 @@ async def test_non_retryable_errors_and_disabled_retries(stand_in: tuple[StandIn
     assert s.calls["GetSession"] == 2
 
 
+@pytest.mark.serial  # a wall-clock bound of a few seconds: run alone
 async def test_retries_stop_at_the_deadline(stand_in: tuple[StandIn, str]) -> None:
     s, address = stand_in
     s.failures["CreateSession"] = [UNAVAILABLE] * 100
@@ -337,6 +338,7 @@ async def test_a_grpc_server_that_is_not_sandboxd() -> None:
     assert isinstance(exc.value, errors.IncompatibleServer) and "\n" not in exc.value.message
 
 
+@pytest.mark.serial  # a wall-clock bound of a few seconds: run alone
 async def test_a_closed_port_fails_fast_and_typed() -> None:
     started = time.monotonic()
     async with SandboxClient("127.0.0.1:1", timeout=3) as c:
@@ -375,6 +377,7 @@ class Listener:
         await self.server.wait_closed()
 
 
+@pytest.mark.serial  # a wall-clock bound of a few seconds: run alone
 @pytest.mark.parametrize("timeout", [1.0, None])
 async def test_a_silent_peer_never_hangs_past_the_deadline(timeout: float | None) -> None:
     async with Listener() as address:
@@ -386,6 +389,7 @@ async def test_a_silent_peer_never_hangs_past_the_deadline(timeout: float | None
         assert isinstance(exc.value, errors.DeadlineExceeded | errors.ServerUnreachable)
 
 
+@pytest.mark.serial  # a wall-clock bound of a few seconds: run alone
 async def test_an_http1_server_is_a_typed_error() -> None:
     async with Listener(b"HTTP/1.1 400 Bad Request\r\n\r\n") as address:
         started = time.monotonic()

@@ -98,6 +98,7 @@ def _alive(stubs: Stubs, sid: str, marker: str) -> bool:
     return any(marker in line and "ps -o" not in line for line in ps.splitlines())
 
 
+@pytest.mark.serial  # a wall-clock bound of a few seconds: run alone
 def test_client_cancel_kills_the_process_group(stubs: Stubs, new_session: SessionFactory) -> None:
     sid = new_session().session_id
     call = stubs.processes.Exec(
@@ -136,6 +137,7 @@ def test_background_children_do_not_outlive_the_command(
         assert not _alive(stubs, sid, marker), marker
 
 
+@pytest.mark.serial  # a wall-clock bound of a few seconds: run alone
 def test_timeout_kills_and_reports(stubs: Stubs, new_session: SessionFactory) -> None:
     sid = new_session().session_id
     start = time.monotonic()

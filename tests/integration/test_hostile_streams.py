@@ -163,6 +163,7 @@ def _pax_record_tar(payload: bytes) -> bytes:
     return header.tobuf(tarfile.USTAR_FORMAT) + payload + pad + rest
 
 
+@pytest.mark.serial  # a wall-clock bound of a few seconds: run alone
 @pytest.mark.parametrize("size", [200_000, 12_000])
 def test_digit_pax_record_is_refused_at_once(stubs: Stubs, victim: str, size: int) -> None:
     data = _pax_record_tar(b"9" * size)

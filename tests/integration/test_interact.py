@@ -171,6 +171,7 @@ def test_pty_size_and_resize(stubs: Stubs, shared_session: session_pb2.Session) 
     it.end_requests()
 
 
+@pytest.mark.serial  # a wall-clock bound of a few seconds: run alone
 def test_cancel_kills_the_interactive_command(stubs: Stubs, new_session: SessionFactory) -> None:
     sid = new_session().session_id
     it = Interaction(stubs, start(sid, "sh", "-c", "sleep 602 & echo ready; cat"))

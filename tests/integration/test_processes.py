@@ -372,6 +372,7 @@ def fast_keepalive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stubs]:
         remove_owned_containers(owner)
 
 
+@pytest.mark.serial  # its attach must come within the 1 s the command runs: run alone
 def test_attach_sends_keepalives_while_quiet(fast_keepalive: Stubs) -> None:
     stubs = fast_keepalive
     sid = stubs.sessions.CreateSession(
