@@ -15,7 +15,14 @@ from pathlib import Path
 import grpc
 import pytest
 from authutil import authed_stubs, write_tokens
-from conftest import ServerProcess, Stubs, gvisor_registered, remove_owned_containers, start_server
+from conftest import (
+    ServerProcess,
+    Stubs,
+    gvisor_registered,
+    remove_owned_containers,
+    run,
+    start_server,
+)
 from containers import inspect_container, session_container
 from sandboxd.v1 import common_pb2, session_pb2
 
@@ -87,6 +94,12 @@ def test_a_tenants_sandboxes_share_one_weight_at_the_kernel(
         assert weights(server, csid) == [(1024, 1024)]
         # Three of one tenant: a quarter each (a power-of-two split), under the other's one.
         assert weights(server, *fsids) == [(256, 256)] * 3
+        # Nor can a sandbox raise its own: its cgroup files are read-only inside (either layout).
+        files = "/sys/fs/cgroup/cpu*/cpu.shares /sys/fs/cgroup/cpu.weight"
+        write = f"for f in {files}; do echo 1024 > $f; done"
+        tried = run(flood, fsids[0], "sh", "-c", write)
+        assert tried.exit_code != 0 and b"Read-only" in tried.stderr, tried
+        assert weights(server, fsids[0]) == [(256, 256)]
         for sid in fsids[1:]:
             flood.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
         assert weights(server, fsids[0]) == [(1024, 1024)]
