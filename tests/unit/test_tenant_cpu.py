@@ -10,11 +10,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
 from fakes import FakeEngine
 from sandboxd import tenancy
 from sandboxd.config_sections.admission import AdmissionSection
+from sandboxd.errors import SandboxError
 from sandboxd.isolation import Isolation, IsolationTiers
-from sandboxd.models import Session
+from sandboxd.models import ManifestFile, Session, WorkspaceManifest
 from sandboxd.sessions import CreateSessionInput
 from sandboxd.tenant_cpu import TENANT_SHARES, share_of
 from session_stack import Stack, session_stack
@@ -98,6 +100,23 @@ async def test_a_lost_sandbox_leaves_its_tenants_share(tmp_path: Path) -> None:
         st.engine.lose(flood[1].container_id)
         await st.sessions.reconcile()
         assert _weights(st, flood[:1]) == [1024]
+
+
+async def test_a_create_that_fails_after_its_sandbox_started_leaves_no_weight_behind(
+    tmp_path: Path,
+) -> None:
+    async with session_stack(tmp_path) as st:
+        flood = await _create(st, "flood", 1)
+        st.engine.fail("exec")  # the manifest's write, after the sandbox is provisioned
+        manifest = WorkspaceManifest(files=(ManifestFile("a.txt", b"a", 0o644),))
+        with pytest.raises(SandboxError):
+            await _as(
+                "flood",
+                lambda: st.sessions.create(CreateSessionInput("flood.x", manifest=manifest)),
+            )
+        cpu = st.sessions.cpu
+        assert cpu is not None and cpu.shares("flood") == {flood[0].session_id: 1024}
+        assert _weights(st, flood) == [1024]
 
 
 async def test_a_restarted_server_gives_the_live_sessions_their_share_again(

@@ -115,7 +115,7 @@ class Sandboxes:
                 await self._store.update(session)
             finally:
                 pool.settled(warm.container_id)
-            await self._joined(session, created_with)
+            await self._joined(session, created_with, undo)
             return
         await self._ensure_disk(session, undo, disk_from)
         # Pushed first: a create cancelled before the engine answered left it under its name.
@@ -130,10 +130,13 @@ class Sandboxes:
         await (start or self._engine.start_sandbox)(sandbox_id)
         if egress and self._egress is not None:
             await self._egress.install_trust(session)  # secrets: the session CA
-        await self._joined(session, created_with)
+        await self._joined(session, created_with, undo)
 
-    async def _joined(self, session: Session, created_with: int) -> None:
+    async def _joined(self, session: Session, created_with: int, undo: Undo) -> None:
         if self._cpu is not None:
+            # A create that fails after this (its manifest, its restore) removes the sandbox
+            # through `undo`, not a teardown: it leaves its tenant's weight the same way.
+            undo.push(lambda: self.lost(session))
             await self._cpu.joined(session, created_with)
 
     async def adopt(self, session: Session) -> None:
