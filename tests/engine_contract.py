@@ -243,7 +243,41 @@ async def disks(engine: Engine, commands: SandboxCommands, owner: str) -> None:
                 await d.delete(disk_id)
 
 
+async def cpu_weight(engine: Engine, commands: SandboxCommands, owner: str) -> None:
+    """A sandbox's CPU weight (tenant_cpu.py) is no part of its shape (a warm one takes its
+    tenant's when claimed) nor of what a tampering check compares; the runc tier changes it in
+    place, gVisor refuses (runsc has no update), and so does a sandbox that is gone."""
+    weighted = dataclasses.replace(request(owner, "w1"), cpu_shares=256)
+    assert engine.sandbox_shape(weighted) == engine.sandbox_shape(request(owner, "w1"))
+    sid = await engine.create_sandbox(weighted)
+    try:
+        await engine.start_sandbox(sid)
+        await engine.set_cpu_shares(sid, 128)
+        status = await engine.inspect_sandbox(sid, request(owner, "w1"))
+        assert status is not None and status.running and status.conforms
+    finally:
+        await engine.remove_sandbox(sid)
+    with pytest.raises(SandboxError):
+        await engine.set_cpu_shares(sid, 64)
+    if Isolation.GVISOR not in await engine.isolation_tiers():
+        return
+    g = dataclasses.replace(
+        request(owner, "w2", dataclasses.replace(spec(), isolation=Isolation.GVISOR)),
+        cpu_shares=512,
+    )
+    gid = await engine.create_sandbox(g)
+    try:
+        await engine.start_sandbox(gid)
+        with pytest.raises(SandboxError):
+            await engine.set_cpu_shares(gid, 128)
+        status = await engine.inspect_sandbox(gid, g)
+        assert status is not None and status.running  # refused, not broken
+    finally:
+        await engine.remove_sandbox(gid)
+
+
 SCENARIOS: dict[str, Callable[[Engine, SandboxCommands, str], Awaitable[None]]] = {
+    "cpu_weight": cpu_weight,
     "disks": disks,
     "isolation": isolation,
     "lifecycle": lifecycle,

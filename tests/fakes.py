@@ -68,6 +68,7 @@ class FakeSandbox:
     files: dict[str, bytes] = field(default_factory=dict)  # workspace-relative path -> content
     dirs: set[str] = field(default_factory=set)
     limits_changed: bool = False
+    cpu_shares: int = 1024  # its cgroup's weight: the request's, or the engine's default
 
 
 @dataclass
@@ -411,7 +412,7 @@ class FakeEngine:
             )
         if request.spec.isolation not in self.tiers:  # Docker: "unknown or invalid runtime name"
             raise Internal(f"unknown or invalid runtime name: {request.spec.isolation.value}")
-        box = FakeSandbox("", request)
+        box = FakeSandbox("", request, cpu_shares=request.cpu_shares or 1024)
         if request.spec.on_disk:  # mounted from its disk, as the engine's attach does
             await self.disks.attach(request.spec.disk_id)
             disk = self.disks.disks[request.spec.disk_id]
@@ -425,6 +426,13 @@ class FakeEngine:
     async def start_sandbox(self, sandbox_id: str) -> None:
         self._call("start_sandbox")
         self._get(sandbox_id).running = True
+
+    async def set_cpu_shares(self, sandbox_id: str, shares: int) -> None:
+        self._call("set_cpu_shares")
+        box = self._get(sandbox_id)
+        if box.request.spec.isolation is Isolation.GVISOR:  # as Docker answers for runsc
+            raise Internal("runsc did not terminate successfully: no update subcommand")
+        box.cpu_shares = shares
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         self._call("remove_sandbox")

@@ -23,6 +23,13 @@ class AdmissionSection:
         "fair shares between tenants (off: no rate refusals, no output pacing)",
         flat="admission_enabled",
     )
+    tenant_cpu: bool = setting(
+        True,
+        BOOL,
+        "each tenant's sandboxes share one CPU weight at the kernel (cgroup cpu.shares 1024 "
+        "split between them), so a tenant's CPU does not grow with its number of sessions",
+        flat="admission_tenant_cpu",
+    )
     calls_per_s: int = setting(
         50,
         INT,

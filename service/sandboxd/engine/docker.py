@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -36,7 +34,7 @@ from sandboxd.engine import (
 from sandboxd.engine.docker_attach import DockerAgentPort
 from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.docker_exec import DockerExecStream, exec_status, resize, start_exec
-from sandboxd.engine.docker_profile import conforms, container_config
+from sandboxd.engine.docker_profile import conforms, container_config, shape_of
 from sandboxd.engine.docker_volumes import with_volume_sources
 from sandboxd.engine.helper_volume import HelperVolume
 from sandboxd.engine.protocol import (
@@ -210,8 +208,7 @@ class DockerEngine:
         )
 
     def sandbox_shape(self, request: SandboxRequest) -> str:
-        shaped = {k: v for k, v in self._config(request).items() if k != "Labels"}
-        return hashlib.sha256(json.dumps(shaped, sort_keys=True, default=str).encode()).hexdigest()
+        return shape_of(self._config(request))
 
     async def create_sandbox(self, request: SandboxRequest) -> str:
         with self._translate(f"filling the helper volume {self._helper.name}"):
@@ -235,6 +232,12 @@ class DockerEngine:
             if self._local:
                 await asyncio.shield(asyncio.to_thread(end_leftovers, sandbox_id))
             raise
+
+    async def set_cpu_shares(self, sandbox_id: str, shares: int) -> None:
+        """`docker update --cpu-shares`: the sandbox's cgroup share, changed in place."""
+        with self._translate(f"updating the CPU weight of container {sandbox_id[:12]}"):
+            update = f"containers/{sandbox_id}/update"
+            await self.docker._query_json(update, "POST", data={"CpuShares": shares})
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         """Force-remove; a container that is already gone is not an error.

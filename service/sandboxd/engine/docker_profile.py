@@ -7,6 +7,8 @@ Docker adapter builds these documents; the domain asks for a `SandboxRequest`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -148,9 +150,19 @@ def container_config(
         host["Mounts"] = [*host.get("Mounts", []), *volume_mounts(spec.volumes, host["Tmpfs"])]
     if spec.isolation is Isolation.GVISOR:
         config["HostConfig"].update(gvisor_pids(limits.pids))
+    if request.cpu_shares:  # the tenant's weight (tenant_cpu.py); not part of the shape
+        config["HostConfig"]["CpuShares"] = request.cpu_shares
     if request.egress_port:
         config = apply_to_container(config, request.egress_port)
     return config
+
+
+def shape_of(config: Mapping[str, Any]) -> str:
+    """The identity of a create request, its bookkeeping left out: the labels, and the CPU
+    weight, which the service sets in place on a claimed warm sandbox (tenant_cpu.py)."""
+    shaped = {k: v for k, v in config.items() if k != "Labels"}
+    shaped["HostConfig"] = {k: v for k, v in config["HostConfig"].items() if k != "CpuShares"}
+    return hashlib.sha256(json.dumps(shaped, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def volume_mounts(volumes: Sequence[VolumeMount], tmpfs: dict[str, str]) -> list[dict[str, Any]]:

@@ -55,6 +55,10 @@ class SandboxRequest:
     # (HTTP(S)_PROXY point there); 0 for every other session. No session has a network.
     egress_port: int = 0
     pool_generation: str = ""
+    # The sandbox's CPU weight against every other sandbox on the host (the kernel's cgroup
+    # share; 0: the engine's default, 1024). Not part of its shape: the service sets it per
+    # tenant (tenant_cpu.py), and changes it in place where the runtime can.
+    cpu_shares: int = 0
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,12 @@ class Engine(Protocol):
         ...
 
     async def start_sandbox(self, sandbox_id: str) -> None: ...
+
+    async def set_cpu_shares(self, sandbox_id: str, shares: int) -> None:
+        """Change a running sandbox's CPU weight in place (its cgroup's share). The runc tier
+        only: runsc cannot change a sandbox's cgroups after its start (the engine refuses),
+        so a gVisor sandbox keeps the weight it was created with."""
+        ...
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         """Force-remove; one already gone is not an error. Returns once it is gone."""

@@ -48,6 +48,7 @@ from sandboxd.sessions.spec import CreateSessionInput, check_lease
 from sandboxd.sessions.suspension import Suspension
 from sandboxd.store import SessionStore
 from sandboxd.templates.builtin import TemplateImages
+from sandboxd.tenant_cpu import TenantCpu
 from sandboxd.volumes.claims import VolumeClaims
 from sandboxd.volumes.disk_quota import DiskQuota
 
@@ -87,8 +88,16 @@ class SessionManager:
         self._locks = SessionLocks()
         self._gate = WorkspaceGate()
         # What lives in a sandbox beyond one call (background processes) ends with it.
+        # Each tenant's sandboxes one CPU weight together (tenant_cpu.py).
+        self.cpu = TenantCpu(engine) if config.admission.tenant_cpu else None
         self._sandboxes = Sandboxes(
-            engine, store, owner_id, pool=pool, egress=egress, on_session_end=on_session_end
+            engine,
+            store,
+            owner_id,
+            pool=pool,
+            egress=egress,
+            on_session_end=on_session_end,
+            cpu=self.cpu,
         )
         self._recovery = Recovery(
             engine,

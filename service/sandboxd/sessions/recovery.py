@@ -131,6 +131,7 @@ class Recovery:
         session.state = SessionState.SUSPENDED if has_snapshot else SessionState.FAILED
         session.container_id = "" if has_snapshot else session.container_id
         await self._store.update(session)
+        await self._sandboxes.lost(session)
         await self._sandboxes.release_network(session)
         log.warning("container lost", extra={"session_id": session.session_id})
 
@@ -308,7 +309,9 @@ class Recovery:
                     running, _ = await self._sandboxes.status(current)
                     if not running:
                         await self.mark_lost(current)
-                    elif not self._tidied and current.created_at < self._started:
+                        continue
+                    await self._sandboxes.adopt(current)
+                    if not self._tidied and current.created_at < self._started:
                         await self._tidy(current)
         self._tidied = True
         if self._egress is not None:  # and the proxies of sessions found lost go

@@ -3,6 +3,8 @@
 `provision` records each step it completes on an `Undo` stack, so a create or rebuild that
 fails half-way removes exactly what it made. `teardown` is the one way a session's sandbox
 goes: the session-end hooks (background processes), the sandbox, then its egress proxy.
+Both keep the tenant's CPU weight in step (tenant_cpu.py): a provisioned sandbox joins its
+tenant's share, a removed or lost one leaves it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from sandboxd.models import NetworkMode, Session
 from sandboxd.pool import WarmPool
 from sandboxd.profile import container_name
 from sandboxd.store import SessionStore
+from sandboxd.tenant_cpu import TenantCpu
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +56,10 @@ class Sandboxes:
         pool: WarmPool | None,
         egress: EgressManager | None,
         on_session_end: Sequence[SessionEndHook],
+        cpu: TenantCpu | None = None,  # None: every sandbox the engine's default weight
     ) -> None:
         self._engine = engine
+        self._cpu = cpu
         self._store = store
         self._owner_id = owner_id
         self._pool = pool
@@ -94,6 +99,7 @@ class Sandboxes:
             await self._egress.prepare(session)  # before the start: the agent's HELLO asks
         request = self.request(session)
         pool = self._pool if warm_ok and not disk_from else None
+        created_with = 0  # a warm member's: the default, until its tenant's share is set
         warm = await pool.claim(request) if pool is not None else None
         if warm is not None and pool is not None:
             # Started already; carries the pool label, linked by the stored id. The record
@@ -109,10 +115,14 @@ class Sandboxes:
                 await self._store.update(session)
             finally:
                 pool.settled(warm.container_id)
+            await self._joined(session, created_with, undo)
             return
         await self._ensure_disk(session, undo, disk_from)
         # Pushed first: a create cancelled before the engine answered left it under its name.
         undo.push(lambda: self.remove_by_name(session.session_id))
+        if self._cpu is not None:
+            created_with = self._cpu.share_for_create(session)
+            request = dataclasses.replace(request, cpu_shares=created_with)
         sandbox_id = await self._engine.create_sandbox(request)
         session.container_id = sandbox_id
         undo.push(lambda: self._engine.remove_sandbox(sandbox_id))
@@ -120,6 +130,24 @@ class Sandboxes:
         await (start or self._engine.start_sandbox)(sandbox_id)
         if egress and self._egress is not None:
             await self._egress.install_trust(session)  # secrets: the session CA
+        await self._joined(session, created_with, undo)
+
+    async def _joined(self, session: Session, created_with: int, undo: Undo) -> None:
+        if self._cpu is not None:
+            # A create that fails after this (its manifest, its restore) removes the sandbox
+            # through `undo`, not a teardown: it leaves its tenant's weight the same way.
+            undo.push(lambda: self.lost(session))
+            await self._cpu.joined(session, created_with)
+
+    async def adopt(self, session: Session) -> None:
+        """A running session the reconcile found (after a restart: not yet counted)."""
+        if self._cpu is not None:
+            await self._cpu.adopt(session)
+
+    async def lost(self, session: Session) -> None:
+        """Its sandbox is gone without a teardown: no longer part of its tenant's weight."""
+        if self._cpu is not None:
+            await self._cpu.left(session)
 
     async def _ensure_disk(self, session: Session, undo: Undo, disk_from: str = "") -> None:
         """A disk workspace's disk, made (empty, owned by the session's host uid) when it is
@@ -169,6 +197,7 @@ class Sandboxes:
                 # too, and cannot show up under a new session that reuses the id.
                 for hook in self._on_end:
                     await hook(session.session_id)
+                await self.lost(session)
         except SandboxError:
             if not quiet:
                 raise

@@ -1,0 +1,123 @@
+"""Each tenant's sandboxes share one CPU weight, read back from the host kernel: a tenant with
+three sessions gives each a quarter of the weight the other tenant's one session has (the
+`cpu.shares` or `cpu.weight` of each container's own cgroup), and the last one left of them
+weighs a whole tenant again. A gVisor sandbox is made with its share (runsc cannot change it
+later). The weight lives in each container's own cgroup only: no cgroup of the server's on
+the host to leave behind. No timing is asserted."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from authutil import authed_stubs, write_tokens
+from conftest import (
+    ServerProcess,
+    Stubs,
+    gvisor_registered,
+    remove_owned_containers,
+    run,
+    start_server,
+)
+from containers import inspect_container, session_container
+from sandboxd.v1 import common_pb2, session_pb2
+
+TOKENS = {"f-" + secrets.token_urlsafe(16): "flood", "c-" + secrets.token_urlsafe(16): "calm"}
+TOKEN_OF = {tenant: token for token, tenant in TOKENS.items()}
+ALL = common_pb2.ShellPolicy(allow_all=True)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("tcpu")
+    tokens = write_tokens(Path(tmp) / "tokens", TOKENS)
+    owner = "tcpu" + secrets.token_hex(4)
+    srv = start_server(tmp / "data", owner, "--tokens-file", str(tokens))
+    yield srv
+    srv.stop()
+    remove_owned_containers(owner)
+
+
+@pytest.fixture(scope="module")
+def stubs(server: ServerProcess) -> Iterator[dict[str, Stubs]]:
+    made = {t: authed_stubs(server.address, TOKEN_OF[t]) for t in ("flood", "calm")}
+    yield made
+    for s in made.values():
+        s.channel.close()
+
+
+def kernel_weight(container: str) -> int:
+    """The container's CPU weight as the kernel has it, in cpu.shares units: its main
+    process's cpu cgroup (cgroup v1 `cpu.shares`, or v2 `cpu.weight` converted back)."""
+    pid = inspect_container(container)["State"]["Pid"]
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):  # v1: the cpu hierarchy
+            return int((CGROUP_ROOT / controllers / path.lstrip("/") / "cpu.shares").read_text())
+        if controllers == "":  # v2: one hierarchy; weight = 1 + (shares - 2) * 9999 / 262142
+            weight = int((CGROUP_ROOT / path.lstrip("/") / "cpu.weight").read_text())
+            return 2 + (weight - 1) * 262142 // 9999
+    raise AssertionError(f"no cpu cgroup for pid {pid}")
+
+
+def weights(server: ServerProcess, *session_ids: str) -> list[tuple[int, int]]:
+    """(the engine's CpuShares, the kernel's) of each session's container."""
+    found = []
+    for sid in session_ids:
+        c = session_container(sid, server.owner_id, running=True)
+        found.append((int(inspect_container(c)["HostConfig"]["CpuShares"]), kernel_weight(c)))
+    return found
+
+
+def _delete(stubs: Stubs, session_id: str) -> None:
+    with contextlib.suppress(grpc.RpcError):  # deleted already
+        stubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=session_id))
+
+
+def _create(stubs: Stubs, tenant: str, **fields: object) -> str:
+    req = session_pb2.CreateSessionRequest(shell=ALL, **fields)  # type: ignore[arg-type]
+    return stubs.sessions.CreateSession(req).session.session_id
+
+
+def test_a_tenants_sandboxes_share_one_weight_at_the_kernel(
+    server: ServerProcess, stubs: dict[str, Stubs]
+) -> None:
+    flood, calm = stubs["flood"], stubs["calm"]
+    csid = _create(calm, "calm")
+    fsids = [_create(flood, "flood") for _ in range(3)]
+    try:
+        assert weights(server, csid) == [(1024, 1024)]
+        # Three of one tenant: a quarter each (a power-of-two split), under the other's one.
+        assert weights(server, *fsids) == [(256, 256)] * 3
+        # Nor can a sandbox raise its own: its cgroup files are read-only inside (either layout).
+        files = "/sys/fs/cgroup/cpu*/cpu.shares /sys/fs/cgroup/cpu.weight"
+        write = f"for f in {files}; do echo 1024 > $f; done"
+        tried = run(flood, fsids[0], "sh", "-c", write)
+        assert tried.exit_code != 0 and b"Read-only" in tried.stderr, tried
+        assert weights(server, fsids[0]) == [(256, 256)]
+        for sid in fsids[1:]:
+            flood.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=sid))
+        assert weights(server, fsids[0]) == [(1024, 1024)]
+        assert weights(server, csid) == [(1024, 1024)]
+    finally:
+        for s, sid in ((calm, csid), *((flood, f) for f in fsids)):
+            _delete(s, sid)
+
+
+@pytest.mark.skipif(not gvisor_registered(), reason="runsc is not registered with the engine")
+def test_a_gvisor_sandbox_is_made_with_its_tenants_share(
+    server: ServerProcess, stubs: dict[str, Stubs]
+) -> None:
+    flood = stubs["flood"]
+    runc = _create(flood, "flood")
+    gvisor = _create(flood, "flood", isolation=common_pb2.ISOLATION_GVISOR)
+    try:
+        assert weights(server, runc, gvisor) == [(512, 512), (512, 512)]
+    finally:
+        for sid in (runc, gvisor):
+            _delete(flood, sid)
