@@ -396,8 +396,7 @@ class DockerEngine:
         )
 
     async def remove_image(self, image: str) -> None:
-        """Remove an image; one already gone is not an error. A refusal (in use) is
-        FailedPrecondition ENGINE_CONFLICT, for the caller to retry later."""
+        """One already gone is not an error; one in use is ENGINE_CONFLICT, to retry later."""
         try:
             with self._translate(f"removing image {image[:80]}"):
                 await self.docker.images.delete(image, force=False)
