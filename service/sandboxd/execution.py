@@ -77,7 +77,6 @@ def new_token() -> str:
     return "p-" + secrets.token_hex(8)
 
 
-
 class Command:
     """One command started under `sbx run`: its output events, stdin, signals, terminal size.
 
