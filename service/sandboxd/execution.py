@@ -49,7 +49,6 @@ from sandboxd.reasons import Reason
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 64 * 1024  # largest output event; keeps gRPC messages small and latency low
-QUEUE_CHUNKS = 64  # chunks buffered between the engine and a slow client: backpressure
 SUPERVISOR_GRACE_S = 2.0  # the in-container backstop fires this long after our own timer
 KILL_TIMEOUT_S = 5.0
 HELPER_TIMEOUT_S = 10.0
@@ -76,9 +75,6 @@ GAP_FD = 16  # (fd + GAP_FD, length) from a stream: `length` bytes of fd lost on
 def new_token() -> str:
     """The id `sbx run --id` is started with; `sbx kill`/`signal` find the supervisor by it."""
     return "p-" + secrets.token_hex(8)
-
-
-_Item = tuple[int, bytes] | None | SandboxError
 
 
 class Command:
@@ -109,8 +105,8 @@ class Command:
         self.stdin_closed = False
         self.kept_by_agent = False  # a detached exec: the sandbox's agent holds its output
         self._failure: SandboxError | None = None
-        self._queue: asyncio.Queue[_Item] = asyncio.Queue(QUEUE_CHUNKS)
-        self._pump = asyncio.create_task(self._pump_output())
+        # The wait for output in progress (`events`): `fail` ends it at once.
+        self._waiting: asyncio.Timeout | None = None
         self._feeder: asyncio.Task[None] | None = None
 
     # ----- input ------------------------------------------------------------------------
@@ -163,8 +159,10 @@ class Command:
     def fail(self, exc: SandboxError) -> None:
         """End `events` with `exc` (a bad control message): the caller gets the error."""
         self._failure = exc
-        with contextlib.suppress(asyncio.QueueFull):
-            self._queue.put_nowait(exc)  # wake a waiting reader; a busy one checks the flag
+        waiting = self._waiting
+        if waiting is not None and not waiting.expired():
+            # Wake the reader waiting for output; a busy one checks the flag before its next wait.
+            waiting.reschedule(asyncio.get_running_loop().time())
 
     # ----- output -----------------------------------------------------------------------
 
@@ -181,8 +179,7 @@ class Command:
         offsets = {1: 0, 2: 0}
         timed_out = truncated = False
         deadline = self.started + spec.timeout_s
-        queue = self._queue
-        held: list[_Item] = []  # taken from the queue while coalescing; handled next
+        stream = self._stream
         while True:
             if self._failure is not None:
                 raise self._failure
@@ -190,22 +187,20 @@ class Command:
             if remaining <= 0:
                 timed_out = True
                 break
+            wait = remaining if keepalive_s is None else min(remaining, keepalive_s)
+            # Straight from the stream, in this task: no pump task and queue between (one task
+            # switch less per chunk). Its buffer is the backpressure (the agent's window, or
+            # the engine's socket): what it holds unread stays there, and a read cut by the
+            # timer takes nothing from it. asyncio.timeout, not wait_for: no task per wait.
             try:
-                # No task and timer per chunk while output flows.
-                item = held.pop() if held else queue.get_nowait()
-            except asyncio.QueueEmpty:
-                wait = remaining if keepalive_s is None else min(remaining, keepalive_s)
-                try:
-                    # asyncio.timeout, not wait_for: no task made per wait (wait_for wraps
-                    # the get in one), and a get cut by the timer leaves its item queued.
-                    async with asyncio.timeout(wait):
-                        item = await queue.get()
-                except TimeoutError:
-                    if keepalive_s is not None and wait < remaining:
-                        yield ExecKeepalive()
-                    continue
-            if isinstance(item, SandboxError):
-                raise item
+                async with asyncio.timeout(wait) as self._waiting:
+                    item = await stream.read()
+            except TimeoutError:
+                if self._failure is None and keepalive_s is not None and wait < remaining:
+                    yield ExecKeepalive()
+                continue
+            finally:
+                self._waiting = None
             if item is None:
                 break
             fd, data = item
@@ -218,8 +213,6 @@ class Command:
                     if truncated:
                         break
                 continue  # not an output stream (the engine only sends 1 and 2)
-            if len(data) < CHUNK_BYTES:
-                data = self._coalesce(fd, data, held)
             if cap_output:
                 room = spec.max_output_bytes - offsets[fd]
                 if len(data) > room:
@@ -236,7 +229,6 @@ class Command:
             exit_code = 137
             signal_name = "SIGKILL"
         else:
-            await self._pump  # surfaces an engine error raised while reading
             exit_code = await self._stream.wait_exit_code()
             if 128 < exit_code <= 128 + 64:
                 # `exit 130` and death by SIGINT look alike here: only the supervisor's
@@ -263,10 +255,9 @@ class Command:
         """
 
         async def drain() -> None:
-            while True:
-                item = await self._queue.get()
-                if item is None or isinstance(item, SandboxError):
-                    return
+            with contextlib.suppress(SandboxError, ConnectionError):
+                while await self._stream.read() is not None:
+                    pass
 
         drainer = asyncio.create_task(drain())
         try:
@@ -275,42 +266,9 @@ class Command:
         finally:
             drainer.cancel()
 
-    def _coalesce(self, fd: int, data: bytes, held: list[_Item]) -> bytes:
-        """Join what is already queued for the same stream, up to CHUNK_BYTES.
-
-        One event per write of the command (often 4 KiB) would cost a gRPC message each;
-        only what has already arrived is joined, so latency does not change.
-        """
-        parts, size = [data], len(data)
-        while size < CHUNK_BYTES:
-            try:
-                item = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                break
-            if not isinstance(item, tuple) or item[0] != fd or size + len(item[1]) > CHUNK_BYTES:
-                held.append(item)
-                break
-            parts.append(item[1])
-            size += len(item[1])
-        return data if len(parts) == 1 else b"".join(parts)
-
-    async def _pump_output(self) -> None:
-        """Engine -> bounded queue; when the queue is full the engine socket is not read."""
-        queue = self._queue
-        try:
-            while (item := await self._stream.read()) is not None:
-                await queue.put(item)
-        except asyncio.CancelledError:
-            raise
-        except BaseException:
-            await queue.put(None)  # wake the reader; awaiting the pump re-raises the error
-            raise
-        await queue.put(None)
-
     async def _stop(self) -> None:
-        for task in (self._feeder, self._pump):
-            if task is None:
-                continue
+        task = self._feeder
+        if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, SandboxError, ConnectionError):
                 await task

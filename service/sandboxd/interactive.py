@@ -73,9 +73,7 @@ async def interact(
         pty = validate_pty_size(pty.rows, pty.cols)
     activity = _Activity()
     async with executor.start(session, spec, pty=pty) as command:
-        if spec.stdin:
-            await command.write(spec.stdin)
-        applier = asyncio.create_task(_apply(command, controls, activity))
+        applier = asyncio.create_task(_apply(command, spec.stdin, controls, activity))
         watchdog = asyncio.create_task(_watch_idle(command, activity, idle_s))
         try:
             async for event in command.events(keepalive_s=keepalive_s):
@@ -106,9 +104,16 @@ async def _watch_idle(command: Command, activity: _Activity, idle_s: float) -> N
         await asyncio.sleep(left)
 
 
-async def _apply(command: Command, controls: AsyncIterator[Control], activity: _Activity) -> None:
-    """Apply the caller's messages in order; the first bad one fails the interaction."""
+async def _apply(
+    command: Command, stdin: bytes, controls: AsyncIterator[Control], activity: _Activity
+) -> None:
+    """The start's `stdin`, then the caller's messages in order; the first bad one fails the
+    interaction. Here, beside the output being read: the command's output is read only as the
+    events are taken (its stream's window is the buffer), so a command that echoes a large
+    first stdin must have its output read while that stdin is still being written."""
     try:
+        if stdin:
+            await command.write(stdin)
         async for control in controls:
             activity.moved()
             match control:

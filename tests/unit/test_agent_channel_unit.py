@@ -395,3 +395,45 @@ async def test_hello_carries_the_agents_memory_budget() -> None:
     agent.send_json(w.HELLO_OK, 0, {"version": 1, "nonce": hello["nonce"], "pid": 1})
     await asyncio.wait_for(starting, 2)
     await channel.close()
+
+
+async def test_a_frame_sent_while_nothing_is_queued_is_written_by_its_sender() -> None:
+    """A pipe that takes bytes without a wait gets a lone frame from its sender (no turn of
+    the writer task); what comes while the pipe would wait goes through the queue, in order."""
+    from sandboxd.agent.transport import FrameWriter
+
+    class Pipe:
+        def __init__(self) -> None:
+            self.now: list[bytes] = []
+            self.later: list[bytes] = []
+            self.takes = True
+
+        def write_now(self, data: bytes) -> bool:
+            if self.takes:
+                self.now.append(data)
+            return self.takes
+
+        async def write(self, data: bytes) -> None:
+            self.later.append(data)
+
+        async def read(self) -> bytes | None:
+            return None
+
+        async def close(self) -> None:
+            pass
+
+    pipe = Pipe()
+    writer = FrameWriter(pipe)
+    await writer.send(b"a")
+    writer.send_now(b"b")
+    assert pipe.now == [b"a", b"b"] and pipe.later == []
+    pipe.takes = False
+    await writer.send(b"c")
+    pipe.takes = True
+    await writer.send(b"d")  # "c" is queued ahead of it: "d" must follow, not pass it
+    assert pipe.now == [b"a", b"b"]
+    task = asyncio.create_task(writer.run())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    task.cancel()
+    assert pipe.later == [b"cd"]

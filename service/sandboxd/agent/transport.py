@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from typing import Protocol
 
 
@@ -22,6 +23,15 @@ class Transport(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class WritesNow(Protocol):
+    """A transport that can also write without waiting (optional: the writer then skips its
+    task for a frame sent while nothing is queued)."""
+
+    def write_now(self, data: bytes) -> bool:
+        """Hand `data` on at once and True, if that needs no wait; else False, nothing sent."""
+        ...
 
 
 class WriterOverflow(Exception):
@@ -49,13 +59,14 @@ class FrameWriter:
         self._room = asyncio.Event()
         self._room.set()
         self._failed: BaseException | None = None
+        self._writing = False  # the writer task is in a write (its batch is not all sent)
+        self._write_now = getattr(transport, "write_now", None)
 
     def send_now(self, frame: bytes) -> None:
         if self._failed is not None:
             return  # the channel is going down; the frame would go nowhere
         if self._urgent >= self._max_urgent:
             raise WriterOverflow(f"{self._urgent} control frames queued to an agent not reading")
-        self._urgent += 1
         self._push(frame, True)
 
     async def send(self, frame: bytes) -> None:
@@ -73,6 +84,16 @@ class FrameWriter:
         self._room.set()
 
     def _push(self, frame: bytes, urgent: bool) -> None:
+        if not self._queue and not self._writing and self._write_now is not None:
+            # Nothing ahead of it: written here and now when the pipe takes it without a wait
+            # (an interactive keystroke skips the writer task's turn). Never an await, so no
+            # sender's cancellation can reach the pipe's own drain; order holds, as nothing
+            # is queued or being written.
+            # A pipe that fails here is left to the writer task, which says so.
+            with contextlib.suppress(Exception):
+                if self._write_now(frame):
+                    return
+        self._urgent += urgent
         self._queue.append((frame, urgent))
         self._bytes += len(frame)
         self._pending.set()
@@ -96,7 +117,9 @@ class FrameWriter:
                 if self._bytes < self._max_bytes:
                     self._room.set()
                 if batch:
+                    self._writing = True
                     await self._transport.write(b"".join(batch))
+                    self._writing = False
         except BaseException as exc:
             self._failed = exc
             self._room.set()

@@ -71,6 +71,22 @@ async def read_buffered(stream: Stream, fd: int, parts: list[bytes], limit: int)
         size += len(msg.data)
 
 
+def write_now(stream: Stream, data: bytes) -> bool:
+    """Hand `data` to the connection's transport at once, as `write_in` does, when that needs
+    no wait (its writes are not paused); False, with nothing written, when it would wait."""
+    resp = stream._resp
+    connection = resp.connection if resp is not None else None
+    if stream._closed or connection is None:
+        return False
+    transport, protocol = connection.transport, connection.protocol
+    if transport is None or transport.is_closing() or protocol is None:
+        return False
+    if protocol.writing_paused or protocol.transport is None:
+        return False
+    transport.write(data)
+    return True
+
+
 def write_eof(stream: Stream) -> None:
     """Half-close the exec's stdin; aiodocker's own close() drops the whole connection."""
     resp = stream._resp

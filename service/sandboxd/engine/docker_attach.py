@@ -80,6 +80,10 @@ class AttachTransport:
         except (aiohttp.ClientError, RuntimeError, AssertionError) as exc:
             raise ConnectionError(f"the agent pipe of {self._name} is closed: {exc}") from exc
 
+    def write_now(self, data: bytes) -> bool:
+        """Write without waiting when the socket takes it now (the channel's writer, idle)."""
+        return compat.write_now(self._stream, data)
+
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self._stream.close()

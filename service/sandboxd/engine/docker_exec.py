@@ -16,6 +16,8 @@ from aiodocker.stream import Stream
 from sandboxd.engine import compat
 from sandboxd.engine.protocol import ExecRequest, ExecStatus
 
+READ_JOIN = 64 * 1024  # execution.CHUNK_BYTES: the largest output event
+
 
 class ExecHost(Protocol):
     """What an exec's stream needs of the adapter that started it (DockerEngine is one):
@@ -36,7 +38,11 @@ class DockerExecStream:
         self._stdin_closed = False
 
     async def read(self) -> tuple[int, bytes] | None:
-        """Next (fd, data) chunk, 1 = stdout and 2 = stderr; None at the end of output."""
+        """Next (fd, data) chunk, 1 = stdout and 2 = stderr, joined with what of the same fd
+        has already arrived (up to a gRPC message's worth); None at the end of output."""
+        return await self.read_joined(READ_JOIN)
+
+    async def _read_one(self) -> tuple[int, bytes] | None:
         with self._engine._translate("reading exec output"):
             msg = await self._stream.read_out()
         if msg is None:
@@ -47,7 +53,7 @@ class DockerExecStream:
         """Like read(), joined with the frames of the same fd that have already arrived, up to
         about `limit` bytes: one step per batch instead of per frame (busybox writes 4 KiB at a
         time). Waits only for the first frame; order across fds is kept."""
-        first = await self.read()
+        first = await self._read_one()
         if first is None or len(first[1]) >= limit:
             return first
         fd, data = first
