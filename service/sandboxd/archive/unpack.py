@@ -33,10 +33,10 @@ from sandboxd.archive.pipe import (
     settle,
 )
 from sandboxd.archive.policy import MemberChecker
-from sandboxd.profile import HELPER_IN_CONTAINER
 from sandboxd.errors import SandboxError
 from sandboxd.helper_client import HelperClient, HelperResult, drain, tool_argv, tool_error
 from sandboxd.models import Session
+from sandboxd.profile import HELPER_IN_CONTAINER
 
 MAX_TRAILING_BYTES = 1024 * 1024  # after the end-of-archive marker (tar pads to 10 KiB records)
 
