@@ -37,7 +37,9 @@ class ArchiveCalls:
         The digest is of the bytes the caller got: compressed ones when it asked for them."""
         digest = Digest(self._hashers)
         sent = 0
-        async for data in self._archive.export(session, path, compression):
+        # Named only when set: a plain export is the call ArchiveIO always took.
+        extra = {"compression": compression} if compression else {}
+        async for data in self._archive.export(session, path, **extra):
             sent += len(data)
             await digest.update(data)  # waits when the hashing lags: the stream does too
             yield data
@@ -72,9 +74,12 @@ class ArchiveCalls:
                 await digest.update(data)
                 yield data
 
-        result = await self._archive.import_(
-            session, path, replace, hashed(), compression=compression
-        )
+        if compression:
+            result = await self._archive.import_(
+                session, path, replace, hashed(), compression=compression
+            )
+        else:  # the call ArchiveIO always took
+            result = await self._archive.import_(session, path, replace, hashed())
         self._observer.emit(
             domain_events.ArchiveImported(
                 session.tenant,
