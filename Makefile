@@ -42,7 +42,7 @@ HELPER_SRC := $(wildcard helper/*.c)
 build/sbx: $(HELPER_SRC) $(wildcard helper/*.h) scripts/ensure-build-tools.sh
 	bash scripts/ensure-build-tools.sh
 	mkdir -p build
-	gcc -static -O2 -Wall -Wextra -Werror -o $@ $(HELPER_SRC)
+	gcc -static -O2 -Wall -Wextra -Werror -o $@ $(HELPER_SRC) -lzstd
 
 # The same sources under AddressSanitizer and UBSan (dynamic: the sanitizers need their runtime),
 # for every unit test of the real agent over pipes (tests/agent_pipes.py runs each against both
@@ -54,7 +54,7 @@ build/sbx-asan: $(HELPER_SRC) $(wildcard helper/*.h) scripts/ensure-build-tools.
 	bash scripts/ensure-build-tools.sh
 	mkdir -p build
 	gcc -O1 -Wall -Wextra -Werror -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-		-fno-omit-frame-pointer -g -o $@ $(HELPER_SRC) \
+		-fno-omit-frame-pointer -g -o $@ $(HELPER_SRC) -lzstd \
 		|| { rm -f $@; echo "helper-asan: the compiler cannot build with -fsanitize=address,undefined" >&2; }
 
 engine:

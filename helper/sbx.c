@@ -66,7 +66,7 @@ int main(int argc, char **argv)
 		i += 2;
 	}
 	if (i >= argc)
-		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|move|status|idle|watch|dial|agent ...");
+		usage("usage: sbx [--root DIR] run|kill|signal|reap|stat|read|write|list|remove|mkdir|chmod|merge|move|status|idle|watch|dial|agent|zpack|zunpack ...");
 	const char *sub = argv[i++];
 	int rest = argc - i;
 	char **rv = argv + i;
@@ -84,6 +84,8 @@ int main(int argc, char **argv)
 		{"watch", cmd_watch},
 		{"dial", cmd_dial},
 		{"agent", cmd_agent},
+		{"zpack", cmd_zpack},
+		{"zunpack", cmd_zunpack},
 	};
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(sub, cmds[k].name))

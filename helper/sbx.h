@@ -114,4 +114,7 @@ int cmd_dial(int argc, char **argv);
 /* watch.c: `sbx watch PATH`, inotify events beneath PATH (WatchDir) */
 int cmd_watch(int argc, char **argv);
 
+int cmd_zpack(int argc, char **argv);	/* zstd.c */
+int cmd_zunpack(int argc, char **argv);	/* zstd.c */
+
 #endif

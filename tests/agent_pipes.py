@@ -45,6 +45,7 @@ from agent_wire import (
 REPO = Path(__file__).resolve().parents[1]
 HELPER_SOURCES = sorted(str(p) for p in (REPO / "helper").glob("*.c"))
 STATIC_FLAGS = ["-static", "-O2", "-Wall", "-Wextra", "-Werror"]
+LIBS = ["-lzstd"]  # after the sources, as the Makefile links them
 # As `make helper-asan` builds build/sbx-asan.
 ASAN_FLAGS = [
     "-O1",
@@ -88,7 +89,7 @@ def build_helper(out: Path, asan: bool) -> str | None:
         return None
     flags = ASAN_FLAGS if asan else STATIC_FLAGS
     cp = subprocess.run(
-        ["gcc", *flags, "-o", str(out), *HELPER_SOURCES],
+        ["gcc", *flags, "-o", str(out), *HELPER_SOURCES, *LIBS],
         capture_output=True,
         text=True,
         check=False,

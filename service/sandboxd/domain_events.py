@@ -195,19 +195,22 @@ class VolumeMoved:
 
 @dataclass(frozen=True)
 class ArchiveExported:
-    """ExportArchive's tar went out whole: its size and SHA-256 as the caller received it."""
+    """ExportArchive's tar went out whole: its size and SHA-256 as the caller received it
+    (the compressed stream when `compression` names one)."""
 
     tenant: str
     session_id: str
     path: str
     tar_bytes: int
     sha256: str
+    compression: str = ""
 
 
 @dataclass(frozen=True)
 class ArchiveImported:
     """ImportArchive's tar was merged into the workspace: `files` and `bytes_written` of its
-    content, `tar_bytes` and `sha256` of the stream as the caller sent it."""
+    content, `tar_bytes` and `sha256` of the stream as the caller sent it (compressed when
+    `compression` names one)."""
 
     tenant: str
     session_id: str
@@ -217,6 +220,7 @@ class ArchiveImported:
     bytes_written: int
     tar_bytes: int
     sha256: str
+    compression: str = ""
 
 
 @dataclass(frozen=True)

@@ -353,6 +353,49 @@ async def test_archive_round_trip_and_refusal(client: SandboxClient) -> None:
         assert missing.value.reason in ("FILE_NOT_FOUND", "NOT_A_DIRECTORY")
 
 
+async def test_archives_travel_zstd_by_default_and_plain_when_asked(
+    client: SandboxClient,
+) -> None:
+    from sandboxd_client._gen.sandboxd.v1 import snapshot_pb2
+
+    async with await client.create_session(allow_all=True) as session:
+        asked: list[int] = []
+        stubs = session._stubs.snapshots
+        export, import_ = stubs.ExportArchive, stubs.ImportArchive
+
+        def spy_export(req: snapshot_pb2.ExportArchiveRequest, **kw: object) -> object:
+            asked.append(req.compression)
+            return export(req, **kw)
+
+        def spy_import(requests: AsyncIterator[object], **kw: object) -> object:
+            async def seen() -> AsyncIterator[object]:
+                async for req in requests:
+                    if req.HasField("header"):  # type: ignore[attr-defined]
+                        asked.append(req.header.compression)  # type: ignore[attr-defined]
+                    yield req
+
+            return import_(seen(), **kw)
+
+        stubs.ExportArchive, stubs.ImportArchive = spy_export, spy_import
+        try:
+            content = b"print('hello')\n" * 20_000
+            for mode in ("auto", "none"):
+                done = await session.import_archive(
+                    _chunks(_tar({f"{mode}/src.py": content}), 64 * 1024),
+                    replace=True,
+                    compression=mode,
+                )
+                assert done.bytes == len(content)
+                data = b"".join([c async for c in session.export_archive(compression=mode)])
+                with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                    got = tar.extractfile(f"./{mode}/src.py")
+                    assert got is not None and got.read() == content
+        finally:
+            stubs.ExportArchive, stubs.ImportArchive = export, import_
+        zstd, plain = snapshot_pb2.ARCHIVE_COMPRESSION_ZSTD, 0
+        assert asked == [zstd, zstd, plain, plain]
+
+
 async def test_isolation_is_asked_and_echoed(client: SandboxClient) -> None:
     async with await client.create_session(allow=["echo"], isolation="runc") as session:
         assert session.info.isolation == "RUNC"

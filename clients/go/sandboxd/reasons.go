@@ -322,6 +322,10 @@ var (
 	ErrSnapshotNotTar = &Error{Code: codes.FailedPrecondition, Reason: "SNAPSHOT_NOT_TAR"}
 	// ErrImportIntoVolume: FAILED_PRECONDITION: An ImportArchive (or a restore) would write into a volume the session mounts below /workspace: another file system, which the import's all-or-nothing swap cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile.
 	ErrImportIntoVolume = &Error{Code: codes.FailedPrecondition, Reason: "IMPORT_INTO_VOLUME"}
+	// ErrArchiveCompressionUnsupported: INVALID_ARGUMENT: An ExportArchive or ImportArchive asked for an archive compression this server does not know (GetServerInfo's features name `archive_zstd` when it has zstd).
+	ErrArchiveCompressionUnsupported = &Error{Code: codes.InvalidArgument, Reason: "ARCHIVE_COMPRESSION_UNSUPPORTED"}
+	// ErrArchiveCompressionInvalid: INVALID_ARGUMENT: A compressed archive (ImportArchive with compression ZSTD) is not a valid zstd stream, is damaged, or asks for a window over 8 MiB (levels up to 19 never do).
+	ErrArchiveCompressionInvalid = &Error{Code: codes.InvalidArgument, Reason: "ARCHIVE_COMPRESSION_INVALID"}
 )
 
 // Reasons is every ErrorReason: its gRPC code, whether a retry may succeed, its sentinel.
@@ -484,4 +488,6 @@ var Reasons = map[string]ReasonInfo{
 	"TENANT_DISK_QUOTA":                {codes.ResourceExhausted, false, ErrTenantDiskQuota},
 	"SNAPSHOT_NOT_TAR":                 {codes.FailedPrecondition, false, ErrSnapshotNotTar},
 	"IMPORT_INTO_VOLUME":               {codes.FailedPrecondition, false, ErrImportIntoVolume},
+	"ARCHIVE_COMPRESSION_UNSUPPORTED":  {codes.InvalidArgument, false, ErrArchiveCompressionUnsupported},
+	"ARCHIVE_COMPRESSION_INVALID":      {codes.InvalidArgument, false, ErrArchiveCompressionInvalid},
 }

@@ -297,6 +297,10 @@ export declare class TenantDiskQuotaError extends ResourceExhausted {}
 export declare class SnapshotNotTarError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: An ImportArchive (or a restore) would write into a volume the session mounts below /workspace: another file system, which the import's all-or-nothing swap cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile. */
 export declare class ImportIntoVolumeError extends FailedPrecondition {}
+/** INVALID_ARGUMENT: An ExportArchive or ImportArchive asked for an archive compression this server does not know (GetServerInfo's features name `archive_zstd` when it has zstd). */
+export declare class ArchiveCompressionUnsupportedError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A compressed archive (ImportArchive with compression ZSTD) is not a valid zstd stream, is damaged, or asks for a window over 8 MiB (levels up to 19 never do). */
+export declare class ArchiveCompressionInvalidError extends InvalidArgument {}
 
 export type Reason =
   | 'INVALID_ARGUMENT'
@@ -456,7 +460,9 @@ export type Reason =
   | 'TENANT_RATE_LIMITED'
   | 'TENANT_DISK_QUOTA'
   | 'SNAPSHOT_NOT_TAR'
-  | 'IMPORT_INTO_VOLUME';
+  | 'IMPORT_INTO_VOLUME'
+  | 'ARCHIVE_COMPRESSION_UNSUPPORTED'
+  | 'ARCHIVE_COMPRESSION_INVALID';
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export declare const REASONS: Readonly<

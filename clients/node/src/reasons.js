@@ -297,6 +297,10 @@ export class TenantDiskQuotaError extends ResourceExhausted {}
 export class SnapshotNotTarError extends FailedPrecondition {}
 /** FAILED_PRECONDITION: An ImportArchive (or a restore) would write into a volume the session mounts below /workspace: another file system, which the import's all-or-nothing swap cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile. */
 export class ImportIntoVolumeError extends FailedPrecondition {}
+/** INVALID_ARGUMENT: An ExportArchive or ImportArchive asked for an archive compression this server does not know (GetServerInfo's features name `archive_zstd` when it has zstd). */
+export class ArchiveCompressionUnsupportedError extends InvalidArgument {}
+/** INVALID_ARGUMENT: A compressed archive (ImportArchive with compression ZSTD) is not a valid zstd stream, is damaged, or asks for a window over 8 MiB (levels up to 19 never do). */
+export class ArchiveCompressionInvalidError extends InvalidArgument {}
 
 /** Every ErrorReason: its gRPC code, whether a retry may succeed, its error class. */
 export const REASONS = Object.freeze({
@@ -458,4 +462,6 @@ export const REASONS = Object.freeze({
   TENANT_DISK_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TenantDiskQuotaError },
   SNAPSHOT_NOT_TAR: { code: 'FAILED_PRECONDITION', retryable: false, error: SnapshotNotTarError },
   IMPORT_INTO_VOLUME: { code: 'FAILED_PRECONDITION', retryable: false, error: ImportIntoVolumeError },
+  ARCHIVE_COMPRESSION_UNSUPPORTED: { code: 'INVALID_ARGUMENT', retryable: false, error: ArchiveCompressionUnsupportedError },
+  ARCHIVE_COMPRESSION_INVALID: { code: 'INVALID_ARGUMENT', retryable: false, error: ArchiveCompressionInvalidError },
 });

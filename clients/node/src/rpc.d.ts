@@ -393,7 +393,9 @@ export type ErrorReason =
   | 'ERROR_REASON_TENANT_RATE_LIMITED'
   | 'ERROR_REASON_TENANT_DISK_QUOTA'
   | 'ERROR_REASON_SNAPSHOT_NOT_TAR'
-  | 'ERROR_REASON_IMPORT_INTO_VOLUME';
+  | 'ERROR_REASON_IMPORT_INTO_VOLUME'
+  | 'ERROR_REASON_ARCHIVE_COMPRESSION_UNSUPPORTED'
+  | 'ERROR_REASON_ARCHIVE_COMPRESSION_INVALID';
 
 export type SessionEventKind =
   | 'SESSION_EVENT_KIND_UNSPECIFIED'
@@ -1255,6 +1257,10 @@ export type SnapshotKind =
   | 'SNAPSHOT_KIND_IMAGE'
   | 'SNAPSHOT_KIND_DISK';
 
+export type ArchiveCompression =
+  | 'ARCHIVE_COMPRESSION_UNSPECIFIED'
+  | 'ARCHIVE_COMPRESSION_ZSTD';
+
 export interface ArchiveChunk {
   data: Buffer;
 }
@@ -1262,16 +1268,19 @@ export interface ArchiveChunk {
 export interface ExportArchiveRequest {
   sessionId: string;
   path: string;
+  compression: ArchiveCompression;
 }
 
 export interface ExportArchiveResponse {
   chunk: ArchiveChunk | null;
+  compression: ArchiveCompression;
 }
 
 export interface ImportArchiveHeader {
   sessionId: string;
   path: string;
   replace: boolean;
+  compression: ArchiveCompression;
 }
 
 export interface ImportArchiveRequest {

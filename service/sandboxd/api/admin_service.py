@@ -32,6 +32,7 @@ _BASE_FEATURES = (
     "snapshots",
     "image_snapshots",
     "archives",
+    "archive_zstd",
     "image_pulls",
 )
 

@@ -12,6 +12,7 @@ import concurrent.futures
 from collections.abc import AsyncIterator
 
 from sandboxd import domain_events
+from sandboxd.archive import compressed
 from sandboxd.archive.transfer import ArchiveIO, ImportResult
 from sandboxd.digest import Digest
 from sandboxd.models import Session
@@ -28,24 +29,41 @@ class ArchiveCalls:
         self._hashers = hashers
         self._observer = observer
 
-    async def export(self, session: Session, path: str) -> AsyncIterator[bytes]:
-        """The tar of `path` in chunks (ArchiveIO.export); the event once its last is out."""
+    async def export(
+        self, session: Session, path: str, compression: str = compressed.NONE
+    ) -> AsyncIterator[bytes]:
+        """The tar of `path` in chunks (ArchiveIO.export); the event once its last is out.
+
+        The digest is of the bytes the caller got: compressed ones when it asked for them."""
         digest = Digest(self._hashers)
         sent = 0
-        async for data in self._archive.export(session, path):
+        # Named only when set: a plain export is the call ArchiveIO always took.
+        extra = {"compression": compression} if compression else {}
+        async for data in self._archive.export(session, path, **extra):
             sent += len(data)
             await digest.update(data)  # waits when the hashing lags: the stream does too
             yield data
         self._observer.emit(
             domain_events.ArchiveExported(
-                session.tenant, session.session_id, path, sent, await digest.hexdigest()
+                session.tenant,
+                session.session_id,
+                path,
+                sent,
+                await digest.hexdigest(),
+                compression,
             )
         )
 
     async def import_(
-        self, session: Session, path: str, replace: bool, chunks: AsyncIterator[bytes]
+        self,
+        session: Session,
+        path: str,
+        replace: bool,
+        chunks: AsyncIterator[bytes],
+        compression: str = compressed.NONE,
     ) -> ImportResult:
-        """ArchiveIO.import_ of the caller's chunks, hashed as the import reads them."""
+        """ArchiveIO.import_ of the caller's chunks, hashed as the import reads them (as they
+        came: compressed ones when they were)."""
         digest = Digest(self._hashers)
         taken = 0
 
@@ -56,7 +74,12 @@ class ArchiveCalls:
                 await digest.update(data)
                 yield data
 
-        result = await self._archive.import_(session, path, replace, hashed())
+        if compression:
+            result = await self._archive.import_(
+                session, path, replace, hashed(), compression=compression
+            )
+        else:  # the call ArchiveIO always took
+            result = await self._archive.import_(session, path, replace, hashed())
         self._observer.emit(
             domain_events.ArchiveImported(
                 session.tenant,
@@ -67,6 +90,7 @@ class ArchiveCalls:
                 result.bytes,
                 taken,
                 await digest.hexdigest(),
+                compression,
             )
         )
         return result

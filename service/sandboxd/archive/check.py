@@ -71,7 +71,7 @@ def _check_and_forward(
                     if not view:
                         raise _truncated(info.name)
                     if sink is not None:
-                        sink.write(view)
+                        sink.content(view, source.position - len(view))
                     remaining -= len(view)
                 if sink is not None and clean.size % BLOCK:
                     sink.write(_ZEROS[: BLOCK - clean.size % BLOCK])

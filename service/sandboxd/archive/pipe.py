@@ -16,7 +16,7 @@ import asyncio
 import collections
 import tarfile
 import threading
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sandboxd.archive import policy
 from sandboxd.errors import ResourceExhausted
@@ -114,6 +114,11 @@ class Inbox:
     @property
     def error(self) -> BaseException | None:
         return self._error
+
+    @property
+    def discarding(self) -> bool:
+        """The archive has ended: what still comes is dropped."""
+        return self._discard
 
     def discard(self) -> None:
         """Loop side, once the thread is done: drop what comes after the archive's end."""
@@ -227,6 +232,12 @@ class Outbox:
             self._cond.notify_all()
 
 
+class Chunks(Protocol):
+    """Where a Source's bytes come from: an Inbox, or the decoder over one (compressed.py)."""
+
+    def get(self) -> bytes | None: ...
+
+
 class Source:
     """A forward-only file-like view of the client's chunks, for tarfile's `r:` mode.
 
@@ -236,7 +247,7 @@ class Source:
     (a zero block) from a truncated or garbage tail, which tarfile ends on silently.
     """
 
-    def __init__(self, inbox: Inbox) -> None:
+    def __init__(self, inbox: Chunks) -> None:
         self._inbox = inbox
         self._chunk = b""
         self._at = 0  # read position in self._chunk
@@ -348,20 +359,29 @@ class Sink:
         """tar exited or its stdin broke before the input ended: stop feeding it."""
         self._outbox.gone()
 
-    def write(self, data: bytes | memoryview) -> None:
+    def _account(self, n: int) -> None:
         """Every byte counts against `limit`: headers and link targets as much as data."""
-        if self.limit is not None and self.written + len(data) > self.limit:
+        if self.limit is not None and self.written + n > self.limit:
             raise ResourceExhausted(
                 f"the archive's members, headers and link targets come to more than "
                 f"{self.limit} bytes, the workspace cap plus tar's overhead",
                 reason=Reason.WORKSPACE_FULL,
                 metadata={"limit": str(self.limit)},
             )
+        self.written += n
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Bytes the thread wrote (headers, padding, the end)."""
+        self._account(len(data))
         self._parts.append(data)
         self._size += len(data)
-        self.written += len(data)
         if self._size >= OUT_BATCH:
             self.flush()
+
+    def content(self, view: memoryview, start: int) -> None:
+        """A checked member's content as it came: `view`, at offset `start` of the source."""
+        del start  # passed on as it is (a RecipeSink names the range instead)
+        self.write(view)
 
     def flush(self) -> None:
         if not self._parts:
@@ -369,6 +389,9 @@ class Sink:
         payload = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
         payload = bytes(payload) if isinstance(payload, memoryview) else payload
         self._parts, self._size = [], 0
+        self._put(payload)
+
+    def _put(self, payload: bytes) -> None:
         try:
             self._outbox.put(payload)
         except (SinkError, Cancelled) as exc:

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from sandboxd import validation
-from sandboxd.archive import policy
+from sandboxd.archive import compressed, policy
 from sandboxd.archive.check import check_and_forward
 from sandboxd.archive.pipe import (
     INBOX_BYTES,
@@ -62,6 +62,7 @@ from sandboxd.helper_client import (
     tool_error,
 )
 from sandboxd.models import FileType, Session, workspace_mounts
+from sandboxd.profile import HELPER_IN_CONTAINER
 from sandboxd.reasons import Reason
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ CHUNK_BYTES = 256 * 1024
 STAGE_PREFIX = ".sbx-import-"
 EMPTY_TAR = bytes(1024)  # two zero blocks: an archive of no member
 LIST_BYTES = 16 * 1024 * 1024  # the listing of the workspace's top level, at most
+ZPACK_FAILED = 125  # `sbx zpack`'s own failure (helper/zstd.c), not tar's status
 
 
 @dataclass(frozen=True)
@@ -166,30 +168,38 @@ class ArchiveIO:
                 names.append(name)
         return names
 
-    async def export(self, session: Session, path: str) -> AsyncIterator[bytes]:
+    async def export(
+        self, session: Session, path: str, compression: str = compressed.NONE
+    ) -> AsyncIterator[bytes]:
         """Yields the tar of `path` in chunks as tar writes it; raises if tar fails.
 
         Stops with RESOURCE_EXHAUSTED (tar killed, nothing more sent) once the stream passes
         what the workspace can hold plus tar's overhead: a sparse file of 10 GiB fits a
-        1 MiB tmpfs, and its archive would otherwise fill the reader's disk.
+        1 MiB tmpfs, and its archive would otherwise fill the reader's disk. With
+        `compression` ZSTD, `sbx zpack` compresses inside the sandbox and holds tar's
+        uncompressed output to the same cap.
         """
         rel = validation.workspace_relpath(path or ".")
         cap = policy.stream_allowance(session.spec.limits.workspace_bytes, self._max_members)
-        argv = tool_argv(rel, ["tar", "-c", "-f", "-", "."])
+        cwd, members = rel, ["."]
         mounted = workspace_mounts(session.spec.volumes)
         if rel == "." and mounted:
             # The workspace without its volumes (folders directly below it: volumes/checks.py):
             # its other top-level entries by name. None left: an empty archive.
             kept = [n for n in await self._top_names(session) if n not in mounted]
             if not kept:
-                yield EMPTY_TAR
+                yield compressed.compress(EMPTY_TAR) if compression else EMPTY_TAR
                 return
-            argv = tool_argv(".", ["tar", "-c", "-f", "-", *(f"./{n}" for n in kept)])
+            cwd, members = ".", [f"./{n}" for n in kept]
         elif rel != "." and await self._is_file(session, rel):
             # A single file: tar of its folder with the one member "./NAME"; the
             # folder is resolved beneath the workspace by sbx, the name archived as itself.
             parent, _, name = rel.rpartition("/")
-            argv = tool_argv(parent or ".", ["tar", "-c", "-f", "-", f"./{name}"])
+            cwd, members = parent or ".", [f"./{name}"]
+        tar = ["tar", "-c", "-f", "-", *members]
+        if compression == compressed.ZSTD:
+            tar = [HELPER_IN_CONTAINER, "zpack", str(compressed.LEVEL), str(cap), "--", *tar]
+        argv = tool_argv(cwd, tar)
         stderr = bytearray()
         pending: list[bytes] = []  # joined once per chunk: one copy of each byte
         size = total = 0
@@ -209,6 +219,8 @@ class ArchiveIO:
                     pending.clear()
                     size = 0
             code = await stream.wait_exit_code()
+        if code == ZPACK_FAILED and b'"error":"TOO_LARGE"' in stderr:
+            raise _too_large(rel, cap)
         if code != 0:
             raise _export_error(HelperResult(code, b"", bytes(stderr)), rel)
         if pending:
@@ -223,6 +235,7 @@ class ArchiveIO:
         *,
         max_total_bytes: int | None = None,
         trusted: bool = False,
+        compression: str = compressed.NONE,
     ) -> ImportResult:
         """Check every member, unpack into a staging folder, then merge it into place."""
         rel = validation.workspace_relpath(path or ".")
@@ -255,7 +268,9 @@ class ArchiveIO:
             # The new tree is staged beside the old one, which needs room for both: a stage
             # that fills the workspace is refused (NoRoom, WORKSPACE_FULL) here, before
             # anything of the old content was touched.
-            members, content = await unpack(self._helper_client, session, stage, chunks, checker)
+            members, content = await unpack(
+                self._helper_client, session, stage, chunks, checker, compression
+            )
             if rel == "." and mounted:  # a member in a volume's place: another file system
                 clash = sorted(set(await self._top_names(session, stage)) & mounted)
                 if clash:

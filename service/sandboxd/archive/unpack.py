@@ -5,7 +5,8 @@ Three tasks and a thread: the feeder puts the caller's chunks into a bounded inb
 checker thread reads them (archive/check.py) and writes what passes into a bounded outbox, the
 pump writes the outbox to tar's stdin, and tar's stderr is read for its refusal. Memory is
 bounded by the inbox and outbox; a tar that exits early (no room) stops the pump, and its exit
-status says why.
+status says why. A compressed archive (compressed.py) takes the same path: the feeder also
+relays each chunk to `sbx zunpack`, the thread decodes what it checks and writes a recipe.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+from sandboxd.archive import compressed
 from sandboxd.archive.check import check_and_forward
 from sandboxd.archive.pipe import (
     INBOX_BYTES,
@@ -34,6 +36,7 @@ from sandboxd.archive.policy import MemberChecker
 from sandboxd.errors import SandboxError
 from sandboxd.helper_client import HelperClient, HelperResult, drain, tool_argv, tool_error
 from sandboxd.models import Session
+from sandboxd.profile import HELPER_IN_CONTAINER
 
 MAX_TRAILING_BYTES = 1024 * 1024  # after the end-of-archive marker (tar pads to 10 KiB records)
 
@@ -44,6 +47,7 @@ async def unpack(
     stage: str,
     chunks: AsyncIterator[bytes],
     checker: MemberChecker,
+    compression: str = compressed.NONE,
 ) -> tuple[int, int]:
     """Unpack `chunks` into `stage` with the sandbox's tar, every member checked on the way
     (`checker`, on a thread of its own, between the caller's stream and tar's stdin); the
@@ -53,14 +57,40 @@ async def unpack(
     inbox, outbox = Inbox(loop, INBOX_BYTES), Outbox(loop, OUTBOX_BYTES)
     done: asyncio.Future[tuple[int, int]] = loop.create_future()
     done.add_done_callback(retrieve)
-    argv = tool_argv(stage, ["tar", "-x", "-o", "-f", "-"])
+    untar = ["tar", "-x", "-o", "-f", "-"]
+    zstd = compression == compressed.ZSTD
+    if zstd:
+        untar = [HELPER_IN_CONTAINER, "zunpack", "--", *untar]
+    argv = tool_argv(stage, untar)
     stderr = bytearray()
+    writing = asyncio.Lock()  # one writer at a time: the relayed records and the recipe's
     async with helper_client.open(session, argv, stdin=True) as stream:
-        source, sink = Source(inbox), Sink(outbox)
+        sink: Sink
+        if zstd:
+            limits = checker.limits
+            cap = compressed.decoded_cap(limits.max_total_bytes, limits.max_members)
+            source, sink = Source(compressed.Decoded(inbox, cap)), compressed.RecipeSink(outbox)
+        else:
+            source, sink = Source(inbox), Sink(outbox)
+
+        async def relay(data: bytes) -> None:
+            """The caller's compressed bytes to `sbx zunpack`, before the thread sees them:
+            the recipe's records that use them can only come later."""
+            for record in compressed.relay_records(data):
+                async with writing:
+                    if sink.gone:
+                        return
+                    try:
+                        await stream.write(record)
+                    except (SandboxError, OSError):
+                        sink.tar_gone()
+                        return
 
         async def feed() -> None:
             try:
                 async for data in chunks:
+                    if zstd and not inbox.discarding:
+                        await relay(data)
                     await inbox.put(data)
                     if inbox.discarded > MAX_TRAILING_BYTES:
                         break  # more after the end than any tar pads with: stop waiting
@@ -78,7 +108,8 @@ async def unpack(
                     if sink.gone:
                         break
                     try:
-                        await stream.write(item)
+                        async with writing:
+                            await stream.write(item)
                     except (SandboxError, OSError):
                         # tar exited (no room...): over the agent's channel a broken stdin
                         # is a ConnectionError; its exit status and stderr say why.

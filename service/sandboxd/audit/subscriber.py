@@ -140,6 +140,8 @@ def _described(event: de.DomainEvent) -> tuple[str, str, dict[str, object]] | No
         return ("archive_import" if event.imported else "archive_export"), "", attrs
     if isinstance(event, de.ArchiveExported):
         attrs = {"path": event.path, "tar_bytes": event.tar_bytes, "sha256": event.sha256}
+        if event.compression:
+            attrs["compression"] = event.compression
         return "archive_export", event.session_id, attrs
     if isinstance(event, de.ArchiveImported):
         attrs = {
@@ -150,6 +152,8 @@ def _described(event: de.DomainEvent) -> tuple[str, str, dict[str, object]] | No
             "tar_bytes": event.tar_bytes,
             "sha256": event.sha256,
         }
+        if event.compression:
+            attrs["compression"] = event.compression
         return "archive_import", event.session_id, attrs
     caller_act = (de.SessionActed, de.SnapshotTaken, de.SnapshotDeleted)
     if isinstance(event, caller_act) and de.current_call() is None:

@@ -424,6 +424,14 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     mounts below /workspace: another file system, which the import's all-or-nothing swap
     cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile.
     """
+    ERROR_REASON_ARCHIVE_COMPRESSION_UNSUPPORTED: _ErrorReason.ValueType  # 550
+    """INVALID_ARGUMENT: An ExportArchive or ImportArchive asked for an archive compression this
+    server does not know (GetServerInfo's features name `archive_zstd` when it has zstd).
+    """
+    ERROR_REASON_ARCHIVE_COMPRESSION_INVALID: _ErrorReason.ValueType  # 551
+    """INVALID_ARGUMENT: A compressed archive (ImportArchive with compression ZSTD) is not a valid
+    zstd stream, is damaged, or asks for a window over 8 MiB (levels up to 19 never do).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of every error sandboxd sends. The error's
@@ -835,5 +843,13 @@ ERROR_REASON_IMPORT_INTO_VOLUME: ErrorReason.ValueType  # 482
 """FAILED_PRECONDITION: An ImportArchive (or a restore) would write into a volume the session
 mounts below /workspace: another file system, which the import's all-or-nothing swap
 cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile.
+"""
+ERROR_REASON_ARCHIVE_COMPRESSION_UNSUPPORTED: ErrorReason.ValueType  # 550
+"""INVALID_ARGUMENT: An ExportArchive or ImportArchive asked for an archive compression this
+server does not know (GetServerInfo's features name `archive_zstd` when it has zstd).
+"""
+ERROR_REASON_ARCHIVE_COMPRESSION_INVALID: ErrorReason.ValueType  # 551
+"""INVALID_ARGUMENT: A compressed archive (ImportArchive with compression ZSTD) is not a valid
+zstd stream, is damaged, or asks for a window over 8 MiB (levels up to 19 never do).
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

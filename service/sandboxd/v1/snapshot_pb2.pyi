@@ -57,6 +57,33 @@ workspace of its size; not downloadable (SNAPSHOT_NOT_TAR).
 """
 Global___SnapshotKind: _TypeAlias = SnapshotKind  # noqa: Y015
 
+class _ArchiveCompression:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ArchiveCompressionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ArchiveCompression.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ARCHIVE_COMPRESSION_UNSPECIFIED: _ArchiveCompression.ValueType  # 0
+    """A plain tar (what a client that never sets the field sends and gets)."""
+    ARCHIVE_COMPRESSION_ZSTD: _ArchiveCompression.ValueType  # 1
+    """The tar as zstd frames (RFC 8878; one or more concatenated, window at most 8 MiB).
+    GetServerInfo's features name `archive_zstd` when the server has it.
+    """
+
+class ArchiveCompression(_ArchiveCompression, metaclass=_ArchiveCompressionEnumTypeWrapper):
+    """How an archive's bytes travel: a plain tar, or that tar compressed. The server compresses
+    and decompresses inside the sandbox, so it relays the compressed bytes; an import's
+    members are still checked one by one before any lands.
+    """
+
+ARCHIVE_COMPRESSION_UNSPECIFIED: ArchiveCompression.ValueType  # 0
+"""A plain tar (what a client that never sets the field sends and gets)."""
+ARCHIVE_COMPRESSION_ZSTD: ArchiveCompression.ValueType  # 1
+"""The tar as zstd frames (RFC 8878; one or more concatenated, window at most 8 MiB).
+GetServerInfo's features name `archive_zstd` when the server has it.
+"""
+Global___ArchiveCompression: _TypeAlias = ArchiveCompression  # noqa: Y015
+
 @_typing.final
 class ArchiveChunk(_message.Message):
     """One piece of a tar stream."""
@@ -84,18 +111,22 @@ class ExportArchiveRequest(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
+    COMPRESSION_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     path: _builtins.str
     """Folder to export, relative to /workspace; empty means the whole workspace."""
+    compression: Global___ArchiveCompression.ValueType
+    """How to encode the stream: UNSPECIFIED is a plain tar; ZSTD is the tar compressed."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         path: _builtins.str = ...,
+        compression: Global___ArchiveCompression.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compression", b"compression", "path", b"path", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -106,16 +137,22 @@ class ExportArchiveResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CHUNK_FIELD_NUMBER: _builtins.int
+    COMPRESSION_FIELD_NUMBER: _builtins.int
+    compression: Global___ArchiveCompression.ValueType
+    """How `chunk` is encoded (every message says it; an older server leaves it UNSPECIFIED,
+    a plain tar, whatever was asked).
+    """
     @_builtins.property
     def chunk(self) -> Global___ArchiveChunk: ...
     def __init__(
         self,
         *,
         chunk: Global___ArchiveChunk | None = ...,
+        compression: Global___ArchiveCompression.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "compression", b"compression"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -130,21 +167,27 @@ class ImportArchiveHeader(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
     REPLACE_FIELD_NUMBER: _builtins.int
+    COMPRESSION_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     path: _builtins.str
     """Destination folder, relative to /workspace; empty means the workspace itself."""
     replace: _builtins.bool
     """Empty the destination first; otherwise the archive is merged over what is there."""
+    compression: Global___ArchiveCompression.ValueType
+    """How the `data` that follows is encoded (UNSPECIFIED: a plain tar). Send ZSTD only to a
+    server whose GetServerInfo features name `archive_zstd`: an older one reads it as tar.
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         path: _builtins.str = ...,
         replace: _builtins.bool = ...,
+        compression: Global___ArchiveCompression.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "replace", b"replace", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compression", b"compression", "path", b"path", "replace", b"replace", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

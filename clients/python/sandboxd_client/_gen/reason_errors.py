@@ -587,6 +587,14 @@ class ImportIntoVolume(FailedPrecondition):
     """IMPORT_INTO_VOLUME: An ImportArchive (or a restore) would write into a volume the session mounts below /workspace: another file system, which the import's all-or-nothing swap cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile."""
 
 
+class ArchiveCompressionUnsupported(ArchiveRejected):
+    """ARCHIVE_COMPRESSION_UNSUPPORTED: An ExportArchive or ImportArchive asked for an archive compression this server does not know (GetServerInfo's features name `archive_zstd` when it has zstd)."""
+
+
+class ArchiveCompressionInvalid(ArchiveRejected):
+    """ARCHIVE_COMPRESSION_INVALID: A compressed archive (ImportArchive with compression ZSTD) is not a valid zstd stream, is damaged, or asks for a window over 8 MiB (levels up to 19 never do)."""
+
+
 # Every reason's class: the one `from_rpc_error` raises when the code agrees.
 BY_REASON: dict[str, type[SandboxError]] = {
     "INVALID_ARGUMENT": InvalidArgument,
@@ -747,6 +755,8 @@ BY_REASON: dict[str, type[SandboxError]] = {
     "TENANT_DISK_QUOTA": TenantDiskQuota,
     "SNAPSHOT_NOT_TAR": SnapshotNotTar,
     "IMPORT_INTO_VOLUME": ImportIntoVolume,
+    "ARCHIVE_COMPRESSION_UNSUPPORTED": ArchiveCompressionUnsupported,
+    "ARCHIVE_COMPRESSION_INVALID": ArchiveCompressionInvalid,
 }
 
 __all__ = [
@@ -888,4 +898,6 @@ __all__ = [
     "TenantDiskQuota",
     "SnapshotNotTar",
     "ImportIntoVolume",
+    "ArchiveCompressionUnsupported",
+    "ArchiveCompressionInvalid",
 ]
