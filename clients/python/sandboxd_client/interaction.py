@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 
-from sandboxd_client._call_end import CallEnd
+from sandboxd_client._call_end import CallEnd, is_write_failure
 from sandboxd_client._gen.sandboxd.v1 import process_pb2
 from sandboxd_client._rpc import UNSET
 from sandboxd_client.errors import from_rpc_error
@@ -47,8 +47,10 @@ class Interaction:
         try:
             await self._call.write(req)
         except grpc.RpcError as err:
-            if self._ends.ended_ok(err):
-                return  # the command ended as this was written: its events say how
+            if self._ends.ended_ok(err) or is_write_failure(self._ends.server_status(err)):
+                # The command ended as this was written (the call's end may not have reached
+                # this side yet): its events say how, or the server's error when they end.
+                return
             raise from_rpc_error(self._ends.server_status(err), self._client.address) from None
         except grpc.aio.UsageError:
             pass  # the call has ended: its events (and error) say why
