@@ -55,23 +55,6 @@ static bool plain_token(const char *id)
 	       strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") == n;
 }
 
-/* The loader and libc variables `sbx run` leaves out (run_child.c's list). */
-static bool loader_var(const char *entry)
-{
-	static const char *const names[] = {
-		"GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES",
-		"LOCALDOMAIN", "LOCPATH", "MALLOC_TRACE", "NIS_PATH", "NLSPATH",
-		"RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR",
-	};
-	if (!strncmp(entry, "LD_", 3))
-		return true;
-	size_t n = strcspn(entry, "=");
-	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-		if (strlen(names[i]) == n && !strncmp(entry, names[i], n))
-			return true;
-	return false;
-}
-
 static char *dup_str(const char *s)
 {
 	size_t n = strlen(s) + 1;
@@ -186,22 +169,6 @@ static void child_fail(int code, const char *name, const char *fmt, ...)
 	buf_puts(&b, "}\n");
 	(void)write_all(2, b.p, b.len);
 	_exit(code);
-}
-
-static const char *errno_name(int e)
-{
-	switch (e) {
-	case ENOENT: return "ENOENT";
-	case ENOTDIR: return "ENOTDIR";
-	case EISDIR: return "EISDIR";
-	case EEXIST: return "EEXIST";
-	case ENOTEMPTY: return "ENOTEMPTY";
-	case ENOSPC: case EDQUOT: return "ENOSPC";
-	case EACCES: case EPERM: case EROFS: return "EACCES";
-	case EINVAL: case ENAMETOOLONG: return "EINVAL";
-	case EXDEV: case ELOOP: return "ESCAPE";
-	default: return "EIO";
-	}
 }
 
 __attribute__((noreturn))
@@ -432,21 +399,11 @@ bool sup_helper_call(uint32_t id, char **argv)
 		answer(id, NULL, 0);
 		return true;
 	}
-	static const struct {
-		const char *name;
-		int sig;
-	} names[] = {
-		{"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT},
-		{"SIGKILL", SIGKILL}, {"SIGTERM", SIGTERM}, {"SIGUSR1", SIGUSR1},
-		{"SIGUSR2", SIGUSR2}, {"SIGSTOP", SIGSTOP}, {"SIGCONT", SIGCONT},
-		{"SIGWINCH", SIGWINCH},
-	};
-	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-		if (!strcmp(argv[3], names[i].name)) {
-			kill(-c->pid, names[i].sig);
-			answer(id, NULL, 0);
-			return true;
-		}
+	int sig = signal_by_name(argv[3]);
+	if (sig) {
+		kill(-c->pid, sig);
+		answer(id, NULL, 0);
+		return true;
 	}
 	return false; /* the helper's own usage error */
 }

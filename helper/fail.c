@@ -115,7 +115,7 @@ void fail(int code, const char *name, const char *fmt, ...)
 	exit(code);
 }
 
-static const char *errno_name(int e)
+const char *errno_name(int e)
 {
 	switch (e) {
 	case ENOENT: return "ENOENT";

@@ -145,7 +145,8 @@ int cmd_reap(int argc, char **argv)
 	return 0;
 }
 
-int cmd_signal(int argc, char **argv)
+/* The signals a caller may name (Signal, `sbx signal`); 0 for any other name. */
+int signal_by_name(const char *name)
 {
 	static const struct {
 		const char *name;
@@ -156,12 +157,17 @@ int cmd_signal(int argc, char **argv)
 		{"SIGUSR2", SIGUSR2}, {"SIGSTOP", SIGSTOP}, {"SIGCONT", SIGCONT},
 		{"SIGWINCH", SIGWINCH},
 	};
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (!strcmp(name, names[i].name))
+			return names[i].sig;
+	return 0;
+}
+
+int cmd_signal(int argc, char **argv)
+{
 	char *pos[2];
 	parse_args(argc, argv, NULL, NULL, pos, 2);
-	int sig = 0;
-	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-		if (!strcmp(pos[1], names[i].name))
-			sig = names[i].sig;
+	int sig = signal_by_name(pos[1]);
 	if (!sig)
 		usage("unsupported signal %s", pos[1]);
 	if (!signal_supervisors(pos[0], SIGUSR2, true, sig))

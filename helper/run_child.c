@@ -43,7 +43,7 @@ static bool path_within(const char *path, const char *root)
 /* Variables the dynamic loader and libc read in every program: with them an
  * allowlisted program would load the caller's library, gconv module or
  * locale.  Same list as validation.py's LOADER_ENV_KEYS, plus every LD_*. */
-static bool loader_var(const char *entry)
+bool loader_var(const char *entry)
 {
 	static const char *const names[] = {
 		"GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES",

@@ -106,6 +106,9 @@ int cmd_run(int argc, char **argv);	/* run.c */
 int cmd_status(int argc, char **argv);	/* status.c */
 int cmd_kill(int argc, char **argv);	/* kill.c */
 int cmd_signal(int argc, char **argv);	/* kill.c */
+int signal_by_name(const char *name);	/* kill.c: 0 when not one a caller may name */
+bool loader_var(const char *entry);	/* run_child.c: a loader or libc variable `run` drops */
+const char *errno_name(int e);		/* fail.c: the error line's name for errno e */
 int cmd_reap(int argc, char **argv);	/* kill.c */
 /* `sbx agent` (agent.c): the sandbox's main process, serving the channel of docs/agent.md. */
 int cmd_agent(int argc, char **argv);
