@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,6 +70,12 @@ class Snapshot:
     tenant: str = ""
     disk: str = ""
     disk_bytes: int = 0
+
+
+# The newest of a session's snapshots: the two queries differ only in the kind they pick.
+_NEWEST = "ORDER BY created_at DESC, rowid DESC LIMIT 1"
+_NEWEST_KEPT = f"SELECT * FROM snapshots WHERE session_id = ? AND kind != ? {_NEWEST}"
+_NEWEST_MEMORY = f"SELECT * FROM snapshots WHERE session_id = ? AND kind = ? {_NEWEST}"
 
 
 def _row(row: aiosqlite.Row) -> Snapshot:
@@ -139,21 +145,27 @@ class SnapshotStore:
         )
         await self._db.commit()
 
-    async def get(self, snapshot_id: str) -> Snapshot | None:
-        async with self._db.execute(
-            "SELECT * FROM snapshots WHERE snapshot_id = ?", (snapshot_id,)
-        ) as cur:
+    async def _one(self, sql: str, params: Sequence[Any]) -> Snapshot | None:
+        async with self._db.execute(sql, params) as cur:
             row = await cur.fetchone()
         return _row(row) if row else None
 
+    async def _all(self, sql: str, params: Sequence[Any]) -> list[Snapshot]:
+        async with self._db.execute(sql, params) as cur:
+            rows = await cur.fetchall()
+        return [_row(r) for r in rows]
+
+    async def _newest(self, session_id: str, memory: bool) -> Snapshot | None:
+        """The session's newest snapshot of a tar or disk kind, or its newest memory checkpoint,
+        in the one order both use (newest by time, then by insertion)."""
+        sql = _NEWEST_MEMORY if memory else _NEWEST_KEPT
+        return await self._one(sql, (session_id, KIND_MEMORY))
+
+    async def get(self, snapshot_id: str) -> Snapshot | None:
+        return await self._one("SELECT * FROM snapshots WHERE snapshot_id = ?", (snapshot_id,))
+
     async def latest(self, session_id: str) -> Snapshot | None:
-        async with self._db.execute(
-            "SELECT * FROM snapshots WHERE session_id = ? AND kind != ? ORDER BY created_at DESC,"
-            " rowid DESC LIMIT 1",
-            (session_id, KIND_MEMORY),
-        ) as cur:
-            row = await cur.fetchone()
-        return _row(row) if row else None
+        return await self._newest(session_id, memory=False)
 
     async def page(self, *, session_id: str, after: str, limit: int) -> list[Snapshot]:
         sql = "SELECT * FROM snapshots WHERE snapshot_id > ? AND kind != ?"
@@ -163,27 +175,17 @@ class SnapshotStore:
             params.append(session_id)
         sql += " ORDER BY snapshot_id LIMIT ?"
         params.append(limit)
-        async with self._db.execute(sql, params) as cur:
-            rows = await cur.fetchall()
-        return [_row(r) for r in rows]
+        return await self._all(sql, params)
 
     async def of_session(self, session_id: str) -> list[Snapshot]:
-        async with self._db.execute(
+        return await self._all(
             "SELECT * FROM snapshots WHERE session_id = ? ORDER BY created_at, rowid",
             (session_id,),
-        ) as cur:
-            rows = await cur.fetchall()
-        return [_row(r) for r in rows]
+        )
 
     async def memory_of(self, session_id: str) -> Snapshot | None:
         """The session's newest memory checkpoint, if it has one."""
-        async with self._db.execute(
-            "SELECT * FROM snapshots WHERE session_id = ? AND kind = ? ORDER BY created_at DESC,"
-            " rowid DESC LIMIT 1",
-            (session_id, KIND_MEMORY),
-        ) as cur:
-            row = await cur.fetchone()
-        return _row(row) if row else None
+        return await self._newest(session_id, memory=True)
 
     async def memory_bytes(self, tenant: str) -> int:
         """What the tenant's memory checkpoints hold on the server's disk (its quota counts it)."""

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
-from sandboxd import __version__, images, paging, tenancy, validation
+from sandboxd import __version__, images, tenancy, validation
 from sandboxd.api import convert, egress_convert, image_convert, replies
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config import Config
@@ -14,7 +14,7 @@ from sandboxd.egress.policy import DEFAULT_QUOTAS, MAX_QUOTAS
 from sandboxd.engine import Engine
 from sandboxd.errors import Internal, ResourceExhausted, SandboxError
 from sandboxd.isolation import Isolation, IsolationTiers
-from sandboxd.pulls import Pulls
+from sandboxd.pulls import PulledImage, Pulls
 from sandboxd.sweeper import Sweeper
 from sandboxd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, images_pb2
 
@@ -156,17 +156,11 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         self, request: images_pb2.ListImagesRequest, context: Ctx
     ) -> images_pb2.ListImagesResponse:
         usable = await self._need_pulls().usable(self._image_patterns())
-        paged = bool(request.page_size or request.page_token)
-        if paged:
-            usable = sorted(usable, key=_image_key)
         bound = f"images {tenancy.current()!r}"
 
-        async def page(size: int) -> images_pb2.ListImagesResponse:
-            chosen, token = usable, ""
-            if paged:
-                chosen, token = paging.page(
-                    usable, _image_key, paging.page_size(size), request.page_token, bound
-                )
+        def reply(
+            chosen: Sequence[tuple[PulledImage, float]], token: str
+        ) -> images_pb2.ListImagesResponse:
             return images_pb2.ListImagesResponse(
                 images=[image_convert.image_info_pb(rec, last) for rec, last in chosen],
                 next_page_token=token,
@@ -177,9 +171,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
                 "the list of every image", size, limit, "ask for pages (page_size)"
             )
 
-        return await replies.fitted_page(
-            page, "images", request.page_size, whole=None if paged else whole
-        )
+        return await replies.held_page(usable, _image_key, request, bound, reply, "images", whole)
 
 
 def _image_key(usable: tuple[object, float]) -> str:

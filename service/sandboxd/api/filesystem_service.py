@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
-from sandboxd import paging
 from sandboxd.api import convert, replies
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config_sections import WatchSection
@@ -12,6 +11,7 @@ from sandboxd.dir_watch import DirWatches
 from sandboxd.errors import InvalidArgument, ResourceExhausted
 from sandboxd.file_transfer import FileTransfer
 from sandboxd.files import Files
+from sandboxd.models import FileInfo
 from sandboxd.reasons import Reason
 from sandboxd.sessions import SessionManager
 from sandboxd.v1 import filesystem_pb2, filesystem_pb2_grpc, watch_pb2
@@ -73,17 +73,9 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
     ) -> filesystem_pb2.ListDirResponse:
         async with self._sessions.use(request.session_id) as session:
             entries = await self._files.list_dir(session, request.path, request.depth)
-        paged = bool(request.page_size or request.page_token)
-        if paged:
-            entries = sorted(entries, key=lambda e: e.path)
         bound = f"listdir {session.session_id} {request.path!r} {request.depth}"
 
-        async def page(size: int) -> filesystem_pb2.ListDirResponse:
-            chosen, token = entries, ""
-            if paged:
-                chosen, token = paging.page(
-                    entries, lambda e: e.path, paging.page_size(size), request.page_token, bound
-                )
+        def reply(chosen: Sequence[FileInfo], token: str) -> filesystem_pb2.ListDirResponse:
             return filesystem_pb2.ListDirResponse(
                 entries=[convert.file_info_pb(e) for e in chosen], next_page_token=token
             )
@@ -97,8 +89,8 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServiceServicer):
                 metadata={"path": request.path, "limit": str(limit), "size": str(size)},
             )
 
-        return await replies.fitted_page(
-            page, "entries", request.page_size, whole=None if paged else whole
+        return await replies.held_page(
+            entries, lambda e: e.path, request, bound, reply, "entries", whole
         )
 
     @unary

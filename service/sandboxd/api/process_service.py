@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import TypeVar
 
-from sandboxd import interactive, paging, validation
+from sandboxd import interactive, validation
 from sandboxd.api import convert, replies
 from sandboxd.api.errors import Ctx, stream, unary
 from sandboxd.config import Config
@@ -342,15 +342,11 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         async with self._sessions.use(request.session_id) as session:
             await self._processes.adopted(session.session_id)
             procs = self._processes.list(session.session_id)
-        paged = bool(request.page_size or request.page_token)
         bound = f"processes {session.session_id}"
 
-        async def page(size: int) -> process_pb2.ListProcessesResponse:
-            chosen, token = procs, ""
-            if paged:
-                chosen, token = paging.page(
-                    procs, _process_key, paging.page_size(size), request.page_token, bound
-                )
+        def reply(
+            chosen: Sequence[BackgroundProcess], token: str
+        ) -> process_pb2.ListProcessesResponse:
             return process_pb2.ListProcessesResponse(
                 processes=[_process_pb(p) for p in chosen], next_page_token=token
             )
@@ -360,8 +356,9 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
                 "the list of every process", size, limit, "ask for pages (page_size)"
             )
 
-        return await replies.fitted_page(
-            page, "processes", request.page_size, whole=None if paged else whole
+        # In start order already (the processes' own order): no sort before a page.
+        return await replies.held_page(
+            procs, _process_key, request, bound, reply, "processes", whole, sort=False
         )
 
     @unary

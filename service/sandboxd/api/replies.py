@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
+from sandboxd import paging
 from sandboxd.errors import InvalidArgument, ResourceExhausted, SandboxError
 from sandboxd.reasons import Reason
 
@@ -44,6 +45,7 @@ _current: contextvars.ContextVar[int] = contextvars.ContextVar(
 )
 
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 
 def limit_for(asked: int, server_max: int) -> int:
@@ -171,3 +173,34 @@ async def fitted_page(
             )
         reply = await fetch(fit)
     raise too_large("this page", reply.ByteSize(), limit, "ask for a smaller page_size")
+
+
+async def held_page(
+    items: Sequence[T],
+    key: Callable[[T], str],
+    request: Any,
+    bound: str,
+    reply: Callable[[Sequence[T], str], M],
+    field: str,
+    whole: Callable[[int, int], SandboxError],
+    *,
+    sort: bool = True,
+) -> M:
+    """The reply of a List whose entries the server holds whole in memory (processes, a
+    listing, images): with page_size or page_token, a page of them by `key` (sorted first
+    unless they already are, `sort` False) bound to `bound`; without, all of them in one
+    reply, refused with `whole` when it would not fit. `reply(entries, next_page_token)`
+    builds the message. One place for the three, so they page and refuse alike."""
+    paged = bool(request.page_size or request.page_token)
+    if paged and sort:
+        items = sorted(items, key=key)
+
+    async def fetch(size: int) -> M:
+        chosen, token = items, ""
+        if paged:
+            chosen, token = paging.page(
+                items, key, paging.page_size(size), request.page_token, bound
+            )
+        return reply(chosen, token)
+
+    return await fitted_page(fetch, field, request.page_size, whole=None if paged else whole)

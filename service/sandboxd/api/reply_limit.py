@@ -47,23 +47,26 @@ class ReplyLimit(Layer):
                 return handler._replace(**{kind: wrapped})
         return handler
 
-    def _limit(self, request: Any, streamed_in: bool) -> int:
+    async def _limit_or_abort(self, request: Any, streamed_in: bool, context: Any) -> int:
+        """The call's limit, kept for the servicer; a refused one ends the call before the
+        servicer runs. One place for both kinds of call, so they refuse the same requests."""
         asked = 0
-        if not streamed_in and isinstance(request, Message):
-            if replies.FIELD in request.DESCRIPTOR.fields_by_name:
-                asked = int(getattr(request, replies.FIELD))
-        return replies.limit_for(asked, self._max)
+        try:
+            if not streamed_in and isinstance(request, Message):
+                if replies.FIELD in request.DESCRIPTOR.fields_by_name:
+                    asked = int(getattr(request, replies.FIELD))
+            limit = replies.limit_for(asked, self._max)
+        except errors.SandboxError as exc:
+            await context.abort_with_status(to_status(exc))
+            raise AssertionError("abort_with_status returned") from None
+        replies.set_current(limit)
+        return limit
 
     def _once(
         self, behavior: Callable[..., Awaitable[Any]], method: str, streamed_in: bool
     ) -> Callable[..., Awaitable[Any]]:
         async def bounded(request: Any, context: Any) -> Any:
-            try:
-                limit = self._limit(request, streamed_in)
-            except errors.SandboxError as exc:
-                await context.abort_with_status(to_status(exc))
-                raise AssertionError("abort_with_status returned") from None
-            replies.set_current(limit)
+            limit = await self._limit_or_abort(request, streamed_in, context)
             result = behavior(request, context)
             response = await result if inspect.isawaitable(result) else result
             await _check(response, limit, method, context)
@@ -75,12 +78,7 @@ class ReplyLimit(Layer):
         self, behavior: Callable[..., AsyncGenerator[Any, None]], method: str, streamed_in: bool
     ) -> Callable[..., AsyncIterator[Any]]:
         async def bounded(request: Any, context: Any) -> AsyncIterator[Any]:
-            try:
-                limit = self._limit(request, streamed_in)
-            except errors.SandboxError as exc:
-                await context.abort_with_status(to_status(exc))
-                raise AssertionError("abort_with_status returned") from None
-            replies.set_current(limit)
+            limit = await self._limit_or_abort(request, streamed_in, context)
             async with contextlib.aclosing(behavior(request, context)) as items:
                 async for item in items:
                     await _check(item, limit, method, context)

@@ -25,6 +25,7 @@ from sandboxd.engine.docker_errors import translate_errors
 from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.errors import Internal
 from sandboxd.labels import LABEL_OWNER
+from sandboxd.storage import disk_tool
 from sandboxd.storage.disks import Disks
 
 log = logging.getLogger(__name__)
@@ -52,41 +53,18 @@ async def with_volume_sources(disks: Disks, request: SandboxRequest) -> SandboxR
 def own_config(
     image: str, volume: str, uid: int, gid: int, labels: dict[str, str]
 ) -> dict[str, Any]:
-    numeric = all(isinstance(n, int) and not isinstance(n, bool) for n in (uid, gid))
-    if not numeric or not (0 < uid < 2**31 and 0 < gid < 2**31):
-        raise Internal(f"volume owner {uid}:{gid} is not a non-root numeric id")
-    return {
-        "Image": image,
-        "Cmd": ["/bin/sh", "-c", _OWN_SCRIPT, "own", str(uid), str(gid)],
-        "Entrypoint": [],
-        "User": "0:0",
-        "WorkingDir": "/",
-        "Env": ["PATH=/bin:/usr/bin"],
-        "Labels": labels,
-        "NetworkDisabled": True,
-        "HostConfig": {
-            "NetworkMode": "none",
-            "Runtime": "runc",
-            "ReadonlyRootfs": True,
-            "CapDrop": ["ALL"],
-            "CapAdd": ["CHOWN", "FOWNER", "DAC_READ_SEARCH"],
-            "SecurityOpt": ["no-new-privileges:true"],
-            "Privileged": False,
-            "Mounts": [
-                {
-                    "Type": "volume",
-                    "Source": volume,
-                    "Target": "/v",
-                    "VolumeOptions": {"NoCopy": True},
-                }
-            ],
-            "Memory": 64 * 1024 * 1024,
-            "PidsLimit": 16,
-            "RestartPolicy": {"Name": "no"},
-            "AutoRemove": False,
-            "LogConfig": {"Type": "json-file", "Config": {"max-size": "64k"}},
-        },
-    }
+    """The container that gives a new volume's files to its session's uid:gid, confined as the
+    disk tool's own hand-over is (one config for both)."""
+    return disk_tool.hand_over_config(
+        image,
+        _OWN_SCRIPT,
+        volume,
+        "/v",
+        (uid, gid),
+        env_path="/bin:/usr/bin",
+        labels=labels,
+        what="volume",
+    )
 
 
 class DockerVolumeDisks:

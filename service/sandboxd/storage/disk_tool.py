@@ -187,6 +187,49 @@ def command(op: str, *numbers: int) -> list[str]:
     return ["/bin/sh", "-c", SCRIPT, "disk-tool", op, *(str(n) for n in numbers)]
 
 
+def confined_config(
+    image: str,
+    cmd: list[str],
+    *,
+    env_path: str,
+    labels: dict[str, str],
+    caps: list[str],
+    memory_bytes: int,
+    pids: int,
+    **host: Any,
+) -> dict[str, Any]:
+    """A root container the server starts for one task on a disk or volume (the disk tool, a
+    hand-over of ownership): runc, no network, a read-only root, every capability dropped but
+    `caps`, no new privileges, small memory and process limits, kept after it exits so its
+    log can be read. Every such container is made here, so none can drift from the others in
+    what confines it; `host` adds its mounts or devices."""
+    return {
+        "Image": image,
+        "Cmd": cmd,
+        "Entrypoint": [],
+        "User": "0:0",
+        "WorkingDir": "/",
+        "Env": [f"PATH={env_path}"],
+        "Labels": labels,
+        "NetworkDisabled": True,
+        "HostConfig": {
+            "NetworkMode": "none",
+            "Runtime": "runc",
+            "ReadonlyRootfs": True,
+            "CapDrop": ["ALL"],
+            "CapAdd": caps,
+            "SecurityOpt": ["no-new-privileges:true"],
+            "Privileged": False,
+            **host,
+            "Memory": memory_bytes,
+            "PidsLimit": pids,
+            "RestartPolicy": {"Name": "no"},
+            "AutoRemove": False,
+            "LogConfig": {"Type": "json-file", "Config": {"max-size": "64k"}},
+        },
+    }
+
+
 def tool_config(
     image: str,
     op: str,
@@ -201,39 +244,66 @@ def tool_config(
     binds = [f"{disk_volume}:/d"]
     if source_volume:
         binds.append(f"{source_volume}:/s:ro")
-    return {
-        "Image": image,
-        "Cmd": command(op, *numbers),
-        "Entrypoint": [],
-        "User": "0:0",
-        "WorkingDir": "/",
-        "Env": ["PATH=/sbin:/bin"],
-        "Labels": labels,
-        "NetworkDisabled": True,
-        "HostConfig": {
-            "NetworkMode": "none",
-            "Runtime": "runc",
-            "ReadonlyRootfs": True,
-            "CapDrop": ["ALL"],
-            "CapAdd": ["SYS_ADMIN", "MKNOD"],
-            "SecurityOpt": ["no-new-privileges:true"],
-            "Privileged": False,
-            "Devices": [
-                {
-                    "PathOnHost": "/dev/loop-control",
-                    "PathInContainer": "/dev/loop-control",
-                    "CgroupPermissions": "rwm",
-                }
-            ],
-            "DeviceCgroupRules": ["b 7:* rwm"],
-            "Binds": binds,
-            "Memory": 256 * 1024 * 1024,
-            "PidsLimit": 64,
-            "RestartPolicy": {"Name": "no"},
-            "AutoRemove": False,
-            "LogConfig": {"Type": "json-file", "Config": {"max-size": "64k"}},
-        },
-    }
+    return confined_config(
+        image,
+        command(op, *numbers),
+        env_path="/sbin:/bin",
+        labels=labels,
+        caps=["SYS_ADMIN", "MKNOD"],
+        memory_bytes=256 * 1024 * 1024,
+        pids=64,
+        Devices=[
+            {
+                "PathOnHost": "/dev/loop-control",
+                "PathInContainer": "/dev/loop-control",
+                "CgroupPermissions": "rwm",
+            }
+        ],
+        DeviceCgroupRules=["b 7:* rwm"],
+        Binds=binds,
+    )
+
+
+# The capabilities a chown of another user's tree needs, and no more.
+OWN_CAPS = ("CHOWN", "FOWNER", "DAC_READ_SEARCH")
+
+
+def hand_over_config(
+    image: str,
+    script: str,
+    volume: str,
+    target: str,
+    ids: tuple[int, int],
+    *,
+    env_path: str,
+    labels: dict[str, str],
+    what: str,
+) -> dict[str, Any]:
+    """The container that gives every file below `target` (where `volume` is mounted) to the
+    non-root numeric ids uid:gid, by `script` with the two as its only arguments; anything
+    else is refused as Internal naming `what`. For a copied disk and a named volume alike."""
+    uid, gid = ids
+    numeric = all(isinstance(n, int) and not isinstance(n, bool) for n in (uid, gid))
+    if not numeric or not (0 < uid < 2**31 and 0 < gid < 2**31):
+        raise Internal(f"{what} owner {uid}:{gid} is not a non-root numeric id")
+    return confined_config(
+        image,
+        ["/bin/sh", "-c", script, "own", str(uid), str(gid)],
+        env_path=env_path,
+        labels=labels,
+        caps=list(OWN_CAPS),
+        memory_bytes=64 * 1024 * 1024,
+        pids=16,
+        Binds=[],  # the volume by name only, never a host path
+        Mounts=[
+            {
+                "Type": "volume",
+                "Source": volume,
+                "Target": target,
+                "VolumeOptions": {"NoCopy": True},
+            }
+        ],
+    )
 
 
 def own_config(
@@ -242,21 +312,16 @@ def own_config(
     """The container that gives every file of a copied disk to uid:gid (a fork's, a
     snapshot's own host id): the tool image, runc, no network, a read-only root, and only the
     capabilities a chown of another user's tree needs."""
-    numeric = all(isinstance(n, int) and not isinstance(n, bool) for n in (uid, gid))
-    if not numeric or not (0 < uid < 2**31 and 0 < gid < 2**31):
-        raise Internal(f"disk owner {uid}:{gid} is not a non-root numeric id")
-    config = tool_config(image, "copy", (), disk_volume="", labels=labels)
-    config["Cmd"] = ["/bin/sh", "-c", OWN_SCRIPT, "own", str(uid), str(gid)]
-    host = config["HostConfig"]
-    host["CapAdd"] = ["CHOWN", "FOWNER", "DAC_READ_SEARCH"]
-    del host["Devices"], host["DeviceCgroupRules"]
-    host["Binds"] = []
-    host["Mounts"] = [
-        {"Type": "volume", "Source": volume, "Target": "/w", "VolumeOptions": {"NoCopy": True}}
-    ]
-    host["Memory"] = 64 * 1024 * 1024
-    host["PidsLimit"] = 16
-    return config
+    return hand_over_config(
+        image,
+        OWN_SCRIPT,
+        volume,
+        "/w",
+        (uid, gid),
+        env_path="/sbin:/bin",
+        labels=labels,
+        what="disk",
+    )
 
 
 _REAPED = re.compile(r"disk reaped=(?P<dev>/dev/loop\d+)")

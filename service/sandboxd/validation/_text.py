@@ -8,8 +8,11 @@ import unicodedata
 _SHOW_LIMIT = 80
 
 
-def _show(value: str) -> str:
-    """Quote a caller value for a message, cut short so errors stay small."""
+def _show(value: object) -> str:
+    """Quote a caller value for a message, cut short so errors stay small (a value that is not
+    text at all is named so, as in `_plain`)."""
+    if not isinstance(value, str):
+        return "<non-string>"
     if len(value) <= _SHOW_LIMIT:
         return repr(value)
     return repr(value[:_SHOW_LIMIT]) + "..."

@@ -187,9 +187,8 @@ def validate_env(env: Mapping[str, str]) -> dict[str, str]:
     result: dict[str, str] = {}
     for key, value in env.items():
         if not isinstance(key, str) or not ENV_KEY_RE.match(key):
-            shown = _show(key) if isinstance(key, str) else "<non-string>"
             raise InvalidArgument(
-                f"env key {shown} is invalid: keys match [A-Za-z_][A-Za-z0-9_]*",
+                f"env key {_show(key)} is invalid: keys match [A-Za-z_][A-Za-z0-9_]*",
                 reason=Reason.INVALID_ENV,
                 metadata={"key": _plain(key)},
             )

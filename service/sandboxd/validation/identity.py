@@ -70,11 +70,12 @@ SESSION_ID_RE = re.compile(r"\A[a-z0-9][a-z0-9_.-]{0,62}\Z")
 _ID_RULE = "1-63 characters of a-z, 0-9, '_', '.', '-', starting with a letter or digit"
 
 
-def _validate_id(value: str, what: str, reason: str) -> str:
+def validate_id(value: str, what: str, reason: str) -> str:
+    """An id of the session id alphabet (sessions, processes, volumes): one rule and one
+    refusal for each, with the id's name (`what`) and its own reason."""
     if not isinstance(value, str) or not SESSION_ID_RE.match(value):
-        shown = _show(value) if isinstance(value, str) else "<non-string>"
         raise InvalidArgument(
-            f"{what} {shown} is invalid: use {_ID_RULE}",
+            f"{what} {_show(value)} is invalid: use {_ID_RULE}",
             reason=reason,
             metadata={what.replace(" ", "_"): _plain(value)},
         )
@@ -83,12 +84,12 @@ def _validate_id(value: str, what: str, reason: str) -> str:
 
 def validate_session_id(session_id: str) -> str:
     """A caller-chosen session id; it ends up in container and network names."""
-    return _validate_id(session_id, "session id", Reason.INVALID_SESSION_ID)
+    return validate_id(session_id, "session id", Reason.INVALID_SESSION_ID)
 
 
 def validate_process_id(process_id: str) -> str:
     """A caller-chosen process id, held to the same rule as session ids."""
-    return _validate_id(process_id, "process id", Reason.INVALID_PROCESS_ID)
+    return validate_id(process_id, "process id", Reason.INVALID_PROCESS_ID)
 
 
 MAX_LABELS = 64
@@ -106,9 +107,8 @@ def validate_labels(labels: Mapping[str, str]) -> dict[str, str]:
     result: dict[str, str] = {}
     for key, value in labels.items():
         if not isinstance(key, str) or not LABEL_KEY_RE.match(key):
-            shown = _show(key) if isinstance(key, str) else "<non-string>"
             raise InvalidArgument(
-                f"label key {shown} is invalid: 1-128 characters of letters, digits, "
+                f"label key {_show(key)} is invalid: 1-128 characters of letters, digits, "
                 "'_', '.', '-', '/', starting and ending with a letter or digit",
                 reason=Reason.INVALID_LABELS,
                 metadata={"key": _plain(key)},

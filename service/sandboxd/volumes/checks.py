@@ -20,27 +20,19 @@ from sandboxd.errors import InvalidArgument
 from sandboxd.models import VolumeMount
 from sandboxd.reasons import Reason
 from sandboxd.validation._text import _plain, _show
-from sandboxd.validation.identity import SESSION_ID_RE
+from sandboxd.validation.identity import SESSION_ID_RE, validate_id
 
 MOUNT_ROOT = "/mnt"
 WORKSPACE_ROOT = "/workspace"
 MAX_DEPTH = 8  # components below /mnt
 _STAGING = ".sbx-"  # the import's stage and trash (sandboxd.archive.transfer)
 _COMPONENT_RE = re.compile(r"\A[A-Za-z0-9_.-]{1,64}\Z")
-_ID_RULE = "1-63 characters of a-z, 0-9, '_', '.', '-', starting with a letter or digit"
 
 
 def validate_volume_id(volume_id: str) -> str:
     """A volume id: the session id alphabet (it is shown in listings and error metadata, never
     used as an engine name: the disk has a name of the server's own)."""
-    if not isinstance(volume_id, str) or not SESSION_ID_RE.match(volume_id):
-        shown = _show(volume_id) if isinstance(volume_id, str) else "<non-string>"
-        raise InvalidArgument(
-            f"volume id {shown} is invalid: use {_ID_RULE}",
-            reason=Reason.INVALID_VOLUME_ID,
-            metadata={"volume_id": _plain(volume_id)},
-        )
-    return volume_id
+    return validate_id(volume_id, "volume id", Reason.INVALID_VOLUME_ID)
 
 
 def is_volume_id(value: str) -> bool:
