@@ -446,7 +446,9 @@ class ProcessManager:
     def _record(
         self, session_id: str, spec: ExecSpec, origin: ProcessOrigin, process_id: str
     ) -> BackgroundProcess | None:
-        procs = self._by_session.setdefault(session_id, room.Records())
+        procs = self._by_session.get(session_id) or self._by_session.setdefault(
+            session_id, room.Records()
+        )
         if process_id in procs:
             return None
         if len(procs) >= MAX_PROCESSES_PER_SESSION:
