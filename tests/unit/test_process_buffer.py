@@ -128,7 +128,7 @@ async def test_follow_sends_keepalives_and_wakes_on_output() -> None:
 async def test_exit_records_are_forgotten_oldest_first_past_the_output_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    procs = {}
+    procs: dict[str, BackgroundProcess] = {}
     for name in ("old", "mid", "new", "running"):
         proc = BackgroundProcess("s", name, _spec(100))
         proc.append(S.STDOUT, b"12345")
@@ -139,3 +139,42 @@ async def test_exit_records_are_forgotten_oldest_first_past_the_output_budget(
     for old in process_room.past_exited_budget(procs, 10):
         del procs[old.process_id]
     assert sorted(procs) == ["mid", "new", "running"]
+
+
+def _exited(name: str, data: bytes) -> BackgroundProcess:
+    proc = BackgroundProcess("s", name, _spec(100))
+    proc.append(S.STDOUT, data)
+    proc.finish(ExecExited(0, "", False, False, 1.0))
+    return proc
+
+
+async def test_a_sessions_records_tally_the_output_their_exited_records_hold() -> None:
+    procs = process_room.Records()
+    running = BackgroundProcess("s", "running", _spec(100))
+    procs["running"] = running
+    running.append(S.STDOUT, b"123")
+    assert procs.tally.bytes == 0  # a running record's rings are not exit records' output
+    running.finish(ExecExited(0, "", False, False, 1.0))
+    assert procs.tally.bytes == 3  # counted as it exits
+    procs["late"] = _exited("late", b"12345")  # put in after its exit: counted then
+    assert procs.tally.bytes == 8
+    running.append(S.STDERR, b"xy")  # output after the exit
+    assert procs.tally.bytes == 10
+    del procs["running"]
+    assert procs.tally.bytes == 5
+    procs["late"] = _exited("late", b"1")  # a record replaced takes its count with it
+    assert procs.tally.bytes == 1
+
+
+async def test_the_budget_past_the_tally_drops_the_oldest_and_sets_the_tally_right() -> None:
+    procs = process_room.Records()
+    for name in ("old", "mid", "new"):
+        procs[name] = _exited(name, b"12345")
+        await asyncio.sleep(0.001)  # distinct start times
+    assert process_room.past_exited_budget(procs, 15) == []
+    procs.tally.bytes += 100  # counted high (a ring that dropped old bytes, say)
+    assert process_room.past_exited_budget(procs, 15) == []  # the pass finds room
+    assert procs.tally.bytes == 15
+    for old in process_room.past_exited_budget(procs, 10):
+        del procs[old.process_id]
+    assert sorted(procs) == ["mid", "new"] and procs.tally.bytes == 10

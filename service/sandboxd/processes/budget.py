@@ -15,10 +15,38 @@ from sandboxd.agent.memory import agent_ring_budget
 from sandboxd.errors import ResourceExhausted
 from sandboxd.isolation import Isolation
 from sandboxd.models import SessionSpec
-from sandboxd.processes.record import TAIL_BYTES, BackgroundProcess
+from sandboxd.processes.record import TAIL_BYTES, BackgroundProcess, HeldTally
 from sandboxd.reasons import Reason
 
-Records = dict[str, BackgroundProcess]
+Procs = dict[str, BackgroundProcess]
+
+
+class Records(Procs):
+    """One session's records by process id, with the tally of the output its exited records
+    hold here (`past_exited_budget`): a record put in counts from then on (what it holds now
+    if it has exited already), one deleted takes its count with it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tally = HeldTally()
+
+    def __setitem__(self, key: str, proc: BackgroundProcess) -> None:
+        if (old := self.get(key)) is not None:
+            self._untally(old)
+        super().__setitem__(key, proc)
+        proc.tally, proc.tallied = self.tally, 0
+        if proc.exited is not None and proc.agent is None:
+            proc.tallied = proc.retained_bytes()
+            self.tally.bytes += proc.tallied
+
+    def __delitem__(self, key: str) -> None:
+        self._untally(self[key])
+        super().__delitem__(key)
+
+    def _untally(self, proc: BackgroundProcess) -> None:
+        self.tally.bytes -= proc.tallied
+        proc.tally, proc.tallied = None, 0
+
 
 # Output the sandbox's agent keeps for exited background processes, per session: at most this,
 # and at most half the agent's budget (the rest is its running processes').
@@ -37,26 +65,33 @@ def agent_exited_limit(budget: int) -> int:
     return min(AGENT_EXITED_OUTPUT_BYTES, budget // 2)
 
 
-def held_exited(procs: Records) -> list[BackgroundProcess]:
+def held_exited(procs: Procs) -> list[BackgroundProcess]:
     """Exited records whose output is held here (not by an agent), oldest first."""
     held = (p for p in procs.values() if p.exited and p.agent is None)
     return sorted(held, key=lambda p: p.started_at)
 
 
-def past_exited_budget(procs: Records, limit: int) -> list[BackgroundProcess]:
+def past_exited_budget(procs: Procs, limit: int) -> list[BackgroundProcess]:
     """Exit records keep their output for late readers, up to `limit` bytes in all held here:
     the oldest beyond it go. Asked after every command, and nearly always under the limit: the
-    total comes first, in one pass, and the records are sorted only when some must go."""
+    session's tally answers that without a pass over its records; only above the limit are
+    they totalled (which sets the tally right) and sorted."""
+    if isinstance(procs, Records) and procs.tally.bytes <= limit:
+        return []
     total = 0
     for p in procs.values():
-        if p.exited is not None and p.agent is None:
-            total += p.retained_bytes()
+        held = p.retained_bytes() if p.exited is not None and p.agent is None else 0
+        if p.tally is not None:
+            p.tallied = held
+        total += held
+    if isinstance(procs, Records):
+        procs.tally.bytes = total
     if total <= limit:
         return []
     return _oldest_past(held_exited(procs), total, limit, BackgroundProcess.retained_bytes)
 
 
-def past_agent_budget(procs: Records, limit: int) -> list[BackgroundProcess]:
+def past_agent_budget(procs: Procs, limit: int) -> list[BackgroundProcess]:
     """The agent keeps an exited process's output in the sandbox's memory until its record
     goes: up to `limit` bytes in all per session, the oldest beyond it go (and the agent frees
     their rings). Unbounded, a session's exited rings took the memory its commands and its
@@ -93,7 +128,7 @@ def _ring_reserve(proc: BackgroundProcess) -> int:
     return proc.retained_bytes() if proc.exited else 2 * proc.options.buffer_bytes
 
 
-def for_buffers(procs: Records, buffer_bytes: int, budget: int) -> list[BackgroundProcess]:
+def for_buffers(procs: Procs, buffer_bytes: int, budget: int) -> list[BackgroundProcess]:
     """Room in the session's `budget` for two rings of `buffer_bytes` held here: the old exit
     records to drop for it; if running processes hold it all, the start is refused."""
     need = 2 * buffer_bytes
@@ -116,7 +151,7 @@ def for_buffers(procs: Records, buffer_bytes: int, budget: int) -> list[Backgrou
     return drop
 
 
-def tail_room(procs: Records, new: BackgroundProcess, budget: int) -> int:
+def tail_room(procs: Procs, new: BackgroundProcess, budget: int) -> int:
     """Bytes per stream a new live tail may have within the session's `budget` for output held
     here (rings of processes without the agent, and the tails of running ones with it): a
     tail is an optimisation, so a session at its budget gets a smaller one or none (its
@@ -129,12 +164,12 @@ def tail_room(procs: Records, new: BackgroundProcess, budget: int) -> int:
     return max(0, min(TAIL_BYTES, (budget - held) // 2))
 
 
-def oldest_exited(procs: Records) -> BackgroundProcess | None:
+def oldest_exited(procs: Procs) -> BackgroundProcess | None:
     exited = [p for p in procs.values() if p.exited is not None]
     return min(exited, key=lambda p: p.started_at) if exited else None
 
 
-def for_one_more(procs: Records, limit: int) -> BackgroundProcess | None:
+def for_one_more(procs: Procs, limit: int) -> BackgroundProcess | None:
     """The record to drop for one more process (the oldest exited) at `limit` records; None
     below it. Refused when all of them run."""
     if len(procs) < limit:

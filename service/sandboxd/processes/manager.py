@@ -112,7 +112,7 @@ class ProcessManager:
         # Every command's start and exit (processes/announce.py): the one producer of both.
         self._observer = observer
         self._output_budget = output_budget  # per session, rings held here
-        self._by_session: dict[str, dict[str, BackgroundProcess]] = {}
+        self._by_session: dict[str, room.Records] = {}
         self._forgets = Forgets()  # of the agents' copies of records dropped here
         self._adoption = AdoptionGate()
 
@@ -137,7 +137,7 @@ class ProcessManager:
             for p in ps.values()
         )
 
-    def _drop(self, procs: dict[str, BackgroundProcess], proc: BackgroundProcess) -> None:
+    def _drop(self, procs: room.Procs, proc: BackgroundProcess) -> None:
         """Forget a record; the agent's copy of its output goes too (a task this owns)."""
         del procs[proc.process_id]
         if proc.agent is None or (detached := self._executor.detached) is None:
@@ -152,7 +152,7 @@ class ProcessManager:
 
     async def end_session(self, session_id: str) -> None:
         """The session is being deleted or its lease ended: end and forget its processes."""
-        procs = self._by_session.pop(session_id, {})
+        procs = self._by_session.pop(session_id, room.Records())
         tasks = [p.task for p in procs.values() if p.task is not None and not p.task.done()]
         for task in tasks:
             task.cancel()
@@ -177,7 +177,7 @@ class ProcessManager:
         options = options or StartOptions(spec.max_output_bytes)
         pid = validation.validate_process_id(process_id) if process_id else new_token()
         await self.adopted(session.session_id)  # the same id kept by the agent is that one
-        procs = self._by_session.setdefault(session.session_id, {})
+        procs = self._by_session.setdefault(session.session_id, room.Records())
         proc = procs.get(pid)
         if proc is not None:
             if proc.spec != spec or proc.options != options or proc.origin is not _BACKGROUND:
@@ -210,9 +210,7 @@ class ProcessManager:
             raise
         return proc
 
-    def _forget_old_exited(
-        self, procs: dict[str, BackgroundProcess], agent_budget: int = 0
-    ) -> None:
+    def _forget_old_exited(self, procs: room.Procs, agent_budget: int = 0) -> None:
         """Old exited records past the server's budget, and past their share of the agent's
         budget (`agent_budget`; 0: not a process the agent keeps)."""
         for old in room.past_exited_budget(procs, EXITED_OUTPUT_BYTES):
@@ -221,7 +219,7 @@ class ProcessManager:
             for old in room.past_agent_budget(procs, room.agent_exited_limit(agent_budget)):
                 self._drop(procs, old)
 
-    def _make_room(self, procs: dict[str, BackgroundProcess]) -> None:
+    def _make_room(self, procs: room.Procs) -> None:
         if (old := room.for_one_more(procs, MAX_PROCESSES_PER_SESSION)) is not None:
             self._drop(procs, old)
 
@@ -249,7 +247,7 @@ class ProcessManager:
                 ) as command,
             ):
                 if command.kept_by_agent:  # its output stays in the agent's ring
-                    siblings = self._by_session.get(proc.session_id, {})
+                    siblings = self._by_session.get(proc.session_id, room.Records())
                     tail = room.tail_room(siblings, proc, self._output_budget)
                     kept = AgentKept(
                         session.container_id, detach.detach_id, proc.options.buffer_bytes
@@ -301,7 +299,7 @@ class ProcessManager:
         detached = self._executor.detached
         if detached is None or proc.exited is None:
             return
-        if self._by_session.get(proc.session_id, {}).get(proc.process_id) is proc:
+        if self._by_session.get(proc.session_id, room.Records()).get(proc.process_id) is proc:
             return
         kept = AgentKept(session.container_id, detach_id(proc.process_id, proc.token), 0)
         await forget(detached, proc.agent or kept)
@@ -325,7 +323,7 @@ class ProcessManager:
         detached = self._executor.detached
         if detached is None:
             return 0
-        procs = self._by_session.setdefault(session.session_id, {})
+        procs = self._by_session.setdefault(session.session_id, room.Records())
         adopted = 0
         for process_id, token, record in await kept_processes(detached, session):
             if process_id in procs or len(procs) >= MAX_PROCESSES_PER_SESSION:
@@ -366,7 +364,7 @@ class ProcessManager:
         return proc.follow(stdout_offset, stderr_offset, keepalive_s)
 
     def get(self, session_id: str, process_id: str) -> BackgroundProcess:
-        proc = self._by_session.get(session_id, {}).get(process_id)
+        proc = self._by_session.get(session_id, room.Records()).get(process_id)
         if proc is None:
             raise NotFound(
                 f"no background process {process_id[:80]!r} in session {session_id!r}",
@@ -377,7 +375,7 @@ class ProcessManager:
 
     def list(self, session_id: str) -> list[BackgroundProcess]:
         """The background processes (StartProcess); those of Exec, Run, Interact are not listed."""
-        procs = self._by_session.get(session_id, {}).values()
+        procs = self._by_session.get(session_id, room.Records()).values()
         return sorted((p for p in procs if p.origin is _BACKGROUND), key=lambda p: p.started_at)
 
     async def signal(self, session: Session, process_id: str, name: str) -> None:
@@ -448,7 +446,9 @@ class ProcessManager:
     def _record(
         self, session_id: str, spec: ExecSpec, origin: ProcessOrigin, process_id: str
     ) -> BackgroundProcess | None:
-        procs = self._by_session.setdefault(session_id, {})
+        procs = self._by_session.get(session_id) or self._by_session.setdefault(
+            session_id, room.Records()
+        )
         if process_id in procs:
             return None
         if len(procs) >= MAX_PROCESSES_PER_SESSION:

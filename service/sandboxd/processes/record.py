@@ -96,6 +96,19 @@ def next_output(
     return None if best is None else best[1:]
 
 
+class HeldTally:
+    """The bytes a session's exited records hold in the server's rings, added up as each exits
+    (processes/budget.py, Records): the budget asked after every command reads it rather than
+    passing over every record. It may count high (a ring that dropped old bytes, a record
+    whose output went to the agent after its exit), never low; a high count only costs the
+    pass that sets it right."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
 class BackgroundProcess:
     """One StartProcess process: its spec, output buffers and, once ended, its exit record."""
 
@@ -133,6 +146,14 @@ class BackgroundProcess:
         self._seq = 0
         self._last: OutputStream | None = None
         self._changed = asyncio.Event()
+        # The session's tally while this record is in its Records, and what this adds to it.
+        self.tally: HeldTally | None = None
+        self.tallied = 0
+
+    def _tally(self, n: int) -> None:
+        if self.tally is not None:
+            self.tally.bytes += n
+            self.tallied += n
 
     def _notify(self) -> None:
         # Readers hold the event they saw before looking; setting it wakes them all at once.
@@ -169,6 +190,8 @@ class BackgroundProcess:
         if buf is not None:
             self._seq += 1
             buf.append(data, self._seq, merge=self._last is stream)
+            if self.exited is not None:  # output after the exit: counted when it comes
+                self._tally(len(data))
         self._last = stream
         self._notify()
 
@@ -209,6 +232,8 @@ class BackgroundProcess:
             self.exited = exited
             self.output_complete = complete
             self.tail = {}  # late readers behind read the agent's copy, kept with the record
+            if self.agent is None:
+                self._tally(self.retained_bytes())
             self._notify()
 
     async def follow(
