@@ -191,7 +191,7 @@ async def _signal(tmp_path: Path, observer: Recorder) -> None:
     executor = Executor()
     pm = ProcessManager(executor, observer)  # type: ignore[arg-type]
     proc = BackgroundProcess("s1", "p1", ExecSpec(["sleep", "9"], "/workspace", {}, b"", 30.0, 1))
-    pm._by_session["s1"] = {"p1": proc}
+    pm._records_for("s1")["p1"] = proc
     session: Any = SimpleNamespace(session_id="s1", tenant="alpha")
     await pm.signal(session, "p1", "SIGTERM")
     assert executor.sent == ["SIGTERM"]
@@ -211,7 +211,7 @@ async def _stdin(tmp_path: Path, observer: Recorder) -> None:
     pm = ProcessManager(executor=None, observer=observer)  # type: ignore[arg-type]
     proc = BackgroundProcess("s1", "p1", ExecSpec(["cat"], "/workspace", {}, b"", 30.0, 1024))
     proc.command = Command()  # type: ignore[assignment]
-    pm._by_session["s1"] = {"p1": proc}
+    pm._records_for("s1")["p1"] = proc
     await pm.send_input("s1", "p1", b"hello")
     await pm.close_stdin("s1", "p1")
 
