@@ -10,9 +10,7 @@ import asyncio
 import contextlib
 import logging
 import re
-import secrets
 from collections.abc import AsyncIterator, Mapping
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from sandboxd import tenancy
@@ -32,7 +30,13 @@ from sandboxd.labels import (
 )
 from sandboxd.models import Session
 from sandboxd.reasons import Reason
-from sandboxd.snapshot_store import KIND_DISK, KIND_MEMORY, Snapshot, SnapshotStore
+from sandboxd.snapshot_store import (
+    KIND_DISK,
+    KIND_MEMORY,
+    Snapshot,
+    SnapshotStore,
+    new_snapshot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,16 +129,8 @@ class SnapshotKeeper:
         the workspace is a tmpfs, which a commit does not hold, so the tar is taken too).
         A disk workspace's is a copy of its disk on the engine host unless `tar` or IMAGE
         asks for the tar."""
-        snap = Snapshot(
-            snapshot_id="snap-" + secrets.token_hex(8),
-            session_id=session.session_id,
-            sha256="",
-            size_bytes=0,
-            created_at=datetime.now(tz=UTC),
-            kind=KIND_IMAGE if image else KIND_TAR,
-            labels=dict(labels),
-            tenant=session.tenant,
-        )
+        kind = KIND_IMAGE if image else KIND_TAR
+        snap = new_snapshot(session.session_id, session.tenant, kind, labels)
         if session.spec.on_disk and not (image or tar):
             await self.disks.take(session, snap)
             log.info(
@@ -210,15 +206,14 @@ class SnapshotKeeper:
         has a disk of its own, which a lost container is rebuilt on: no record to adopt."""
         if snap.kind == KIND_DISK:
             return snap
-        own = Snapshot(
-            snapshot_id="snap-" + secrets.token_hex(8),
-            session_id=session.session_id,
+        labels = {AUTO_LABEL: "fork", LABEL_FORKED_FROM: snap.snapshot_id}
+        own = new_snapshot(
+            session.session_id,
+            session.tenant,
+            KIND_TAR,
+            labels,
             sha256=snap.sha256,
             size_bytes=snap.size_bytes,
-            created_at=datetime.now(tz=UTC),
-            kind=KIND_TAR,
-            labels={AUTO_LABEL: "fork", LABEL_FORKED_FROM: snap.snapshot_id},
-            tenant=session.tenant,
         )
         await self._store.insert(own)
         return own

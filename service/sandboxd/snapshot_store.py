@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,6 +70,31 @@ class Snapshot:
     tenant: str = ""
     disk: str = ""
     disk_bytes: int = 0
+
+
+def new_snapshot(
+    session_id: str,
+    tenant: str,
+    kind: str,
+    labels: Mapping[str, str],
+    *,
+    sha256: str = "",
+    size_bytes: int = 0,
+) -> Snapshot:
+    """A new record of a session's snapshot, taken now under an id of its own: a snapshot, a
+    fork's record of the tar it started from and a memory checkpoint are all made here, so
+    their ids and times cannot come to differ in form. Its content's sha256 and size are
+    `add`'s to set as it stores the tar, but for a fork's record, which shares its origin's."""
+    return Snapshot(
+        snapshot_id="snap-" + secrets.token_hex(8),
+        session_id=session_id,
+        sha256=sha256,
+        size_bytes=size_bytes,
+        created_at=datetime.now(tz=UTC),
+        kind=kind,
+        labels=dict(labels),
+        tenant=tenant,
+    )
 
 
 # The newest of a session's snapshots: the two queries differ only in the kind they pick.
