@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
@@ -50,14 +51,32 @@ _STATE = {
 }
 
 
+T = TypeVar("T")
+
+
+def _from_pb(
+    value: int, unspecified: int, known: Mapping[int, T], unknown: str, **metadata: str
+) -> T | None:
+    """A request's enum in the domain's terms: None for `unspecified` (the caller left it to
+    the server), the value `known` maps it to, or INVALID_ARGUMENT (`unknown`, with `{value}`
+    filled in): a number this server does not know (a newer client's) is refused, never
+    taken for the default."""
+    if value == unspecified:
+        return None
+    if value not in known:
+        raise InvalidArgument(
+            unknown.format(value=value), reason=Reason.INVALID_ARGUMENT, metadata=metadata
+        )
+    return known[value]
+
+
+_STATE_IN: dict[int, SessionState] = {v: k for k, v in _STATE.items()}
+
+
 def session_state(pb: session_pb2.SessionState.ValueType) -> SessionState | None:
     """A state filter: None for UNSPECIFIED (any state); an unknown value is refused."""
-    if pb == session_pb2.SESSION_STATE_UNSPECIFIED:
-        return None
-    for state, value in _STATE.items():
-        if value == pb:
-            return state
-    raise InvalidArgument(f"unknown session state {pb}", reason=Reason.INVALID_ARGUMENT)
+    unspecified = session_pb2.SESSION_STATE_UNSPECIFIED
+    return _from_pb(pb, unspecified, _STATE_IN, "unknown session state {value}")
 
 
 _NETWORK_MODE_TO_PB = {
@@ -125,15 +144,14 @@ ISOLATION_PB = {
 }
 
 
+_ISOLATION_IN: dict[int, Isolation] = {v: k for k, v in ISOLATION_PB.items()}
+
+
 def isolation_from_pb(value: int) -> Isolation | None:
     """UNSPECIFIED is the server's default (None); a number this server does not know is an
     invalid argument, not a silent default."""
-    if value == common_pb2.ISOLATION_UNSPECIFIED:
-        return None
-    for tier, number in ISOLATION_PB.items():
-        if number == value:
-            return tier
-    raise InvalidArgument(f"unknown isolation {value}", reason=Reason.INVALID_ARGUMENT)
+    unspecified = common_pb2.ISOLATION_UNSPECIFIED
+    return _from_pb(value, unspecified, _ISOLATION_IN, "unknown isolation {value}")
 
 
 def limits_pb(limits: Limits) -> common_pb2.ResourceLimits:
@@ -204,24 +222,22 @@ def create_input(req: session_pb2.CreateSessionRequest) -> CreateSessionInput:
     )
 
 
-_STORAGE_IN = {
-    session_pb2.WORKSPACE_STORAGE_MEMORY: WorkspaceStorage.MEMORY,
-    session_pb2.WORKSPACE_STORAGE_DISK: WorkspaceStorage.DISK,
+_STORAGE_PB = {
+    WorkspaceStorage.MEMORY: session_pb2.WORKSPACE_STORAGE_MEMORY,
+    WorkspaceStorage.DISK: session_pb2.WORKSPACE_STORAGE_DISK,
 }
-_STORAGE_PB = {v: k for k, v in _STORAGE_IN.items()}
+_STORAGE_IN: dict[int, WorkspaceStorage] = {v: k for k, v in _STORAGE_PB.items()}
 
 
 def storage_from_pb(value: session_pb2.WorkspaceStorage.ValueType) -> WorkspaceStorage | None:
     """None: UNSPECIFIED (the operator's default); a value this server does not know is refused."""
-    if value == session_pb2.WORKSPACE_STORAGE_UNSPECIFIED:
-        return None
-    if value not in _STORAGE_IN:
-        raise InvalidArgument(
-            f"workspace.storage {value} is not a WorkspaceStorage this server knows",
-            reason=Reason.INVALID_ARGUMENT,
-            metadata={"field": "workspace.storage"},
-        )
-    return _STORAGE_IN[value]
+    return _from_pb(
+        value,
+        session_pb2.WORKSPACE_STORAGE_UNSPECIFIED,
+        _STORAGE_IN,
+        "workspace.storage {value} is not a WorkspaceStorage this server knows",
+        field="workspace.storage",
+    )
 
 
 def timestamp_pb(ns: int) -> timestamp_pb2.Timestamp:
