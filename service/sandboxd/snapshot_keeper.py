@@ -133,14 +133,19 @@ class SnapshotKeeper:
         snap = new_snapshot(session.session_id, session.tenant, kind, labels)
         if session.spec.on_disk and not (image or tar):
             await self.disks.take(session, snap)
-            log.info(
-                "disk snapshot taken",
-                extra={"session_id": session.session_id, "snapshot_id": snap.snapshot_id},
-            )
-            if AUTO_LABEL in labels:
-                await self._prune_auto(session.session_id)
-            return snap
-        if image:
+            taken = "disk snapshot taken"
+        else:
+            await self._take_tar(session, snap)
+            taken = "snapshot taken"
+        log.info(taken, extra={"session_id": session.session_id, "snapshot_id": snap.snapshot_id})
+        if AUTO_LABEL in labels:
+            await self._prune_auto(session.session_id)
+        return snap
+
+    async def _take_tar(self, session: Session, snap: Snapshot) -> None:
+        """The workspace's tar into the store (after the sandbox's commit for IMAGE), checked
+        restorable; a failure leaves neither record nor image behind."""
+        if snap.kind == KIND_IMAGE:
             snap.image = await self._engine.commit_sandbox(
                 session.container_id,
                 IMAGE_REPOSITORY,
@@ -165,13 +170,6 @@ class SnapshotKeeper:
         except BaseException:
             await asyncio.shield(self.delete(snap.snapshot_id))
             raise
-        log.info(
-            "snapshot taken",
-            extra={"session_id": session.session_id, "snapshot_id": snap.snapshot_id},
-        )
-        if AUTO_LABEL in labels:
-            await self._prune_auto(session.session_id)
-        return snap
 
     async def _prune_auto(self, session_id: str) -> None:
         auto = [s for s in await self._store.of_session(session_id) if AUTO_LABEL in s.labels]
