@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf import duration_pb2
 
 from sandboxd import validation
 from sandboxd.api import egress_convert, image_convert
+from sandboxd.api.pb_time import datetime_pb, duration_pb, timestamp_pb
 from sandboxd.dir_watch import FileEvent
 from sandboxd.errors import InvalidArgument
 from sandboxd.isolation import Isolation
@@ -101,12 +102,6 @@ def optional_duration_s(value: duration_pb2.Duration, present: bool) -> float | 
         return None
     seconds = duration_s(value)
     return None if seconds == 0 else seconds
-
-
-def duration_pb(seconds: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(int(round(seconds * 1e9)))
-    return d
 
 
 # A session needs this many processes before a command can do anything: the container's init
@@ -240,23 +235,14 @@ def storage_from_pb(value: session_pb2.WorkspaceStorage.ValueType) -> WorkspaceS
     )
 
 
-def timestamp_pb(ns: int) -> timestamp_pb2.Timestamp:
-    ts = timestamp_pb2.Timestamp()
-    ts.FromNanoseconds(ns)
-    return ts
-
-
 def session_pb(s: Session) -> session_pb2.Session:
-    created, lease = timestamp_pb2.Timestamp(), timestamp_pb2.Timestamp()
-    created.FromDatetime(s.created_at)
-    lease.FromDatetime(s.lease_expires_at)
     return session_pb2.Session(
         session_id=s.session_id,
         state=_STATE[s.state],
         image=s.spec.image,
         fingerprint=s.fingerprint,
-        created_at=created,
-        lease_expires_at=lease,
+        created_at=datetime_pb(s.created_at),
+        lease_expires_at=datetime_pb(s.lease_expires_at),
         limits=limits_pb(s.spec.limits),
         network=network_pb(s.spec.network),
         labels=s.labels,
@@ -300,12 +286,12 @@ def _loss_fields(loss: Loss | None) -> dict[str, Any]:
     """Session.lost_time, restored_from, restored_state_time, lost_message."""
     if loss is None:
         return {}
-    lost_at = timestamp_pb2.Timestamp()
-    lost_at.FromDatetime(loss.lost_at)
-    fields: dict[str, Any] = {"lost_time": lost_at, "lost_message": loss.message()}
+    fields: dict[str, Any] = {
+        "lost_time": datetime_pb(loss.lost_at),
+        "lost_message": loss.message(),
+    }
     if loss.snapshot_id and loss.restored_at is not None and loss.snapshot_at is not None:
-        state_at = timestamp_pb2.Timestamp()
-        state_at.FromDatetime(loss.snapshot_at)
+        state_at = datetime_pb(loss.snapshot_at)
         fields |= {"restored_from": loss.snapshot_id, "restored_state_time": state_at}
     return fields
 
