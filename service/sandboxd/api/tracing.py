@@ -18,7 +18,7 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from sandboxd.api.chain import Layer
+from sandboxd.api.chain import Layer, rewrap
 from sandboxd.api.observe import status_code_of
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -99,12 +99,6 @@ class TracingInterceptor(Layer):
 
             return traced
 
-        if handler.unary_unary is not None:
-            return handler._replace(unary_unary=unary(handler.unary_unary))
-        if handler.stream_unary is not None:
-            return handler._replace(stream_unary=unary(handler.stream_unary))
-        if handler.unary_stream is not None:
-            return handler._replace(unary_stream=streaming(handler.unary_stream))
-        if handler.stream_stream is not None:
-            return handler._replace(stream_stream=streaming(handler.stream_stream))
-        return handler
+        return rewrap(
+            handler, lambda kind, b: streaming(b) if kind.endswith("_stream") else unary(b)
+        )
