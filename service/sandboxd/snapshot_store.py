@@ -176,8 +176,7 @@ class SnapshotStore:
         return _row(row) if row else None
 
     async def _all(self, sql: str, params: Sequence[Any]) -> list[Snapshot]:
-        async with self._db.execute(sql, params) as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.execute_fetchall(sql, params)
         return [_row(r) for r in rows]
 
     async def _newest(self, session_id: str, memory: bool) -> Snapshot | None:
@@ -232,8 +231,7 @@ class SnapshotStore:
 
     async def disks(self) -> set[str]:
         """The disk ids disk snapshots hold (the sweep keeps these)."""
-        async with self._db.execute("SELECT disk FROM snapshots WHERE disk != ''") as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.execute_fetchall("SELECT disk FROM snapshots WHERE disk != ''")
         return {str(r[0]) for r in rows}
 
     async def delete(self, snapshot_id: str) -> Snapshot | None:
@@ -264,8 +262,7 @@ class SnapshotStore:
         await self._db.commit()
 
     async def pending_images(self) -> list[str]:
-        async with self._db.execute("SELECT image FROM pending_image_removals") as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.execute_fetchall("SELECT image FROM pending_image_removals")
         return [str(r[0]) for r in rows]
 
     async def drop_pending_image(self, image: str) -> None:
@@ -281,10 +278,9 @@ class SnapshotStore:
 
     async def images_of(self, tenant: str) -> list[str]:
         """The image ids of a tenant's IMAGE snapshots: the only snapshot images it may run."""
-        async with self._db.execute(
+        rows = await self._db.execute_fetchall(
             "SELECT DISTINCT image FROM snapshots WHERE tenant = ? AND image != ''", (tenant,)
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [str(r[0]) for r in rows]
 
     # ----- content ----------------------------------------------------------------------
