@@ -48,8 +48,7 @@ def add_column(table: str, column: str, definition: str) -> Step:
     """`ALTER TABLE ... ADD COLUMN` unless the column is there (step 1 meets 0.1.0 data)."""
 
     async def run(db: aiosqlite.Connection) -> None:
-        async with db.execute(f"PRAGMA table_info({table})") as cur:
-            columns = {row[1] for row in await cur.fetchall()}
+        columns = {row[1] for row in await db.execute_fetchall(f"PRAGMA table_info({table})")}
         if column not in columns:
             await db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
 

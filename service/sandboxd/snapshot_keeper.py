@@ -10,9 +10,7 @@ import asyncio
 import contextlib
 import logging
 import re
-import secrets
 from collections.abc import AsyncIterator, Mapping
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from sandboxd import tenancy
@@ -32,7 +30,13 @@ from sandboxd.labels import (
 )
 from sandboxd.models import Session
 from sandboxd.reasons import Reason
-from sandboxd.snapshot_store import KIND_DISK, KIND_MEMORY, Snapshot, SnapshotStore
+from sandboxd.snapshot_store import (
+    KIND_DISK,
+    KIND_MEMORY,
+    Snapshot,
+    SnapshotStore,
+    new_snapshot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,26 +129,23 @@ class SnapshotKeeper:
         the workspace is a tmpfs, which a commit does not hold, so the tar is taken too).
         A disk workspace's is a copy of its disk on the engine host unless `tar` or IMAGE
         asks for the tar."""
-        snap = Snapshot(
-            snapshot_id="snap-" + secrets.token_hex(8),
-            session_id=session.session_id,
-            sha256="",
-            size_bytes=0,
-            created_at=datetime.now(tz=UTC),
-            kind=KIND_IMAGE if image else KIND_TAR,
-            labels=dict(labels),
-            tenant=session.tenant,
-        )
+        kind = KIND_IMAGE if image else KIND_TAR
+        snap = new_snapshot(session.session_id, session.tenant, kind, labels)
         if session.spec.on_disk and not (image or tar):
             await self.disks.take(session, snap)
-            log.info(
-                "disk snapshot taken",
-                extra={"session_id": session.session_id, "snapshot_id": snap.snapshot_id},
-            )
-            if AUTO_LABEL in labels:
-                await self._prune_auto(session.session_id)
-            return snap
-        if image:
+            taken = "disk snapshot taken"
+        else:
+            await self._take_tar(session, snap)
+            taken = "snapshot taken"
+        log.info(taken, extra={"session_id": session.session_id, "snapshot_id": snap.snapshot_id})
+        if AUTO_LABEL in labels:
+            await self._prune_auto(session.session_id)
+        return snap
+
+    async def _take_tar(self, session: Session, snap: Snapshot) -> None:
+        """The workspace's tar into the store (after the sandbox's commit for IMAGE), checked
+        restorable; a failure leaves neither record nor image behind."""
+        if snap.kind == KIND_IMAGE:
             snap.image = await self._engine.commit_sandbox(
                 session.container_id,
                 IMAGE_REPOSITORY,
@@ -169,13 +170,6 @@ class SnapshotKeeper:
         except BaseException:
             await asyncio.shield(self.delete(snap.snapshot_id))
             raise
-        log.info(
-            "snapshot taken",
-            extra={"session_id": session.session_id, "snapshot_id": snap.snapshot_id},
-        )
-        if AUTO_LABEL in labels:
-            await self._prune_auto(session.session_id)
-        return snap
 
     async def _prune_auto(self, session_id: str) -> None:
         auto = [s for s in await self._store.of_session(session_id) if AUTO_LABEL in s.labels]
@@ -210,15 +204,14 @@ class SnapshotKeeper:
         has a disk of its own, which a lost container is rebuilt on: no record to adopt."""
         if snap.kind == KIND_DISK:
             return snap
-        own = Snapshot(
-            snapshot_id="snap-" + secrets.token_hex(8),
-            session_id=session.session_id,
+        labels = {AUTO_LABEL: "fork", LABEL_FORKED_FROM: snap.snapshot_id}
+        own = new_snapshot(
+            session.session_id,
+            session.tenant,
+            KIND_TAR,
+            labels,
             sha256=snap.sha256,
             size_bytes=snap.size_bytes,
-            created_at=datetime.now(tz=UTC),
-            kind=KIND_TAR,
-            labels={AUTO_LABEL: "fork", LABEL_FORKED_FROM: snap.snapshot_id},
-            tenant=session.tenant,
         )
         await self._store.insert(own)
         return own

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,6 +70,31 @@ class Snapshot:
     tenant: str = ""
     disk: str = ""
     disk_bytes: int = 0
+
+
+def new_snapshot(
+    session_id: str,
+    tenant: str,
+    kind: str,
+    labels: Mapping[str, str],
+    *,
+    sha256: str = "",
+    size_bytes: int = 0,
+) -> Snapshot:
+    """A new record of a session's snapshot, taken now under an id of its own: a snapshot, a
+    fork's record of the tar it started from and a memory checkpoint are all made here, so
+    their ids and times cannot come to differ in form. Its content's sha256 and size are
+    `add`'s to set as it stores the tar, but for a fork's record, which shares its origin's."""
+    return Snapshot(
+        snapshot_id="snap-" + secrets.token_hex(8),
+        session_id=session_id,
+        sha256=sha256,
+        size_bytes=size_bytes,
+        created_at=datetime.now(tz=UTC),
+        kind=kind,
+        labels=dict(labels),
+        tenant=tenant,
+    )
 
 
 # The newest of a session's snapshots: the two queries differ only in the kind they pick.
@@ -151,8 +176,7 @@ class SnapshotStore:
         return _row(row) if row else None
 
     async def _all(self, sql: str, params: Sequence[Any]) -> list[Snapshot]:
-        async with self._db.execute(sql, params) as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.execute_fetchall(sql, params)
         return [_row(r) for r in rows]
 
     async def _newest(self, session_id: str, memory: bool) -> Snapshot | None:
@@ -207,8 +231,7 @@ class SnapshotStore:
 
     async def disks(self) -> set[str]:
         """The disk ids disk snapshots hold (the sweep keeps these)."""
-        async with self._db.execute("SELECT disk FROM snapshots WHERE disk != ''") as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.execute_fetchall("SELECT disk FROM snapshots WHERE disk != ''")
         return {str(r[0]) for r in rows}
 
     async def delete(self, snapshot_id: str) -> Snapshot | None:
@@ -239,8 +262,7 @@ class SnapshotStore:
         await self._db.commit()
 
     async def pending_images(self) -> list[str]:
-        async with self._db.execute("SELECT image FROM pending_image_removals") as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.execute_fetchall("SELECT image FROM pending_image_removals")
         return [str(r[0]) for r in rows]
 
     async def drop_pending_image(self, image: str) -> None:
@@ -256,10 +278,9 @@ class SnapshotStore:
 
     async def images_of(self, tenant: str) -> list[str]:
         """The image ids of a tenant's IMAGE snapshots: the only snapshot images it may run."""
-        async with self._db.execute(
+        rows = await self._db.execute_fetchall(
             "SELECT DISTINCT image FROM snapshots WHERE tenant = ? AND image != ''", (tenant,)
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [str(r[0]) for r in rows]
 
     # ----- content ----------------------------------------------------------------------

@@ -221,8 +221,7 @@ class SessionStore(SqliteFile):
             params += [f'$."{key}"', value]
         sql += " ORDER BY session_id LIMIT ?"
         params.append(limit)
-        async with self.db.execute(sql, params) as cur:
-            rows = await cur.fetchall()
+        rows = await self.db.execute_fetchall(sql, params)
         return [row_to_session(r) for r in rows]
 
     async def tenant_usage(self, tenant: str, live_states: tuple[str, ...]) -> tuple[int, int]:
@@ -245,79 +244,71 @@ class SessionStore(SqliteFile):
         what the sandboxes were made with (a create, a delete, an expiry or a failed create
         each change only the record)."""
         marks = ", ".join("?" for _ in live_states)
-        async with self.db.execute(
+        rows = await self.db.execute_fetchall(
             "SELECT s.session_id, json_extract(v.value, '$.read_only')"
             " FROM sessions s, json_each(s.spec, '$.volumes') v"
             f" WHERE s.tenant = ? AND s.state IN ({marks})"
             " AND json_extract(v.value, '$.volume_id') = ? ORDER BY s.session_id",
             (tenant, *live_states, volume_id),
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [(str(r[0]), bool(r[1])) for r in rows]
 
     async def disk_ids(self, states: tuple[SessionState, ...]) -> set[str]:
         """The disk workspaces the records in `states` name (the sweep keeps those)."""
         marks = ", ".join("?" for _ in states)
-        async with self.db.execute(
+        rows = await self.db.execute_fetchall(
             "SELECT json_extract(spec, '$.disk_id') FROM sessions"
             f" WHERE state IN ({marks}) AND json_extract(spec, '$.disk_id') != ''",
             tuple(s.value for s in states),
-        ) as cur:
-            return {str(r[0]) for r in await cur.fetchall() if r[0]}
+        )
+        return {str(r[0]) for r in rows if r[0]}
 
     async def host_ids_between(self, first: int, last: int) -> set[int]:
         """Every uid or gid in [first, last] a record holds, whatever its state: an id stays
         taken until its record is deleted (DeleteSession, or pruned an hour after it ended)."""
-        async with self.db.execute(
+        rows = await self.db.execute_fetchall(
             "SELECT json_extract(spec, '$.uid'), json_extract(spec, '$.gid') FROM sessions"
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return {int(v) for row in rows for v in row if v is not None and first <= int(v) <= last}
 
     async def count_by_state(self) -> dict[str, int]:
         """How many sessions are in each state (metrics; reads no specs)."""
-        async with self.db.execute("SELECT state, COUNT(*) FROM sessions GROUP BY state") as cur:
-            rows = await cur.fetchall()
+        rows = await self.db.execute_fetchall("SELECT state, COUNT(*) FROM sessions GROUP BY state")
         return {str(row[0]): int(row[1]) for row in rows}
 
     async def all(self) -> list[Session]:
-        async with self.db.execute("SELECT * FROM sessions ORDER BY session_id") as cur:
-            rows = await cur.fetchall()
+        rows = await self.db.execute_fetchall("SELECT * FROM sessions ORDER BY session_id")
         return [row_to_session(r) for r in rows]
 
     async def index(self) -> list[SessionRow]:
         """Every record's id, state and container id (no spec is decoded)."""
-        async with self.db.execute(
+        rows = await self.db.execute_fetchall(
             "SELECT session_id, state, container_id FROM sessions ORDER BY session_id"
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [SessionRow(r[0], SessionState(r[1]), r[2]) for r in rows]
 
     async def allowlist_ids(self) -> list[str]:
         """Ids of the records whose network policy is ALLOWLIST (an egress proxy's sessions),
         in any state: what the egress reconcile looks at besides the proxies it holds."""
-        async with self.db.execute(
+        rows = await self.db.execute_fetchall(
             "SELECT session_id FROM sessions"
             " WHERE json_extract(spec, '$.network.mode') = ? ORDER BY session_id",
             (NetworkMode.ALLOWLIST.value,),
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [str(r[0]) for r in rows]
 
     async def due_for_expiry(self, now: datetime) -> list[str]:
         """Ids of the sessions whose lease ended and that are not EXPIRED yet (indexed)."""
-        async with self.db.execute(
+        rows = await self.db.execute_fetchall(
             "SELECT session_id FROM sessions WHERE lease_expires_at <= ? AND state != ?",
             (to_stamp(now), SessionState.EXPIRED.value),
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [str(r[0]) for r in rows]
 
     async def ended_before(self, before: datetime) -> list[str]:
         """Ids of EXPIRED or FAILED sessions whose lease ended before `before` (indexed)."""
-        async with self.db.execute(
+        rows = await self.db.execute_fetchall(
             "SELECT session_id FROM sessions WHERE lease_expires_at <= ? AND state IN (?, ?)",
             (to_stamp(before), SessionState.EXPIRED.value, SessionState.FAILED.value),
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [str(r[0]) for r in rows]

@@ -6,57 +6,33 @@ must be refused but for the burst, however slow the machine."""
 
 from __future__ import annotations
 
-import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
-from pathlib import Path
 from typing import TypeVar
 
 import grpc
-import pytest
-from authutil import authed_stubs, write_tokens
-from conftest import ServerProcess, Stubs, error_info, remove_owned_containers, start_server
+from conftest import Stubs, error_info
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from sandboxd.v1 import common_pb2, process_pb2, session_pb2
+from two_tenants import two_tenant_fixtures
 
-TOKENS = {"f-" + secrets.token_urlsafe(16): "flood", "c-" + secrets.token_urlsafe(16): "calm"}
-TOKEN_OF = {tenant: token for token, tenant in TOKENS.items()}
 BURST = 6
 STORM = 24
 ALL = common_pb2.ShellPolicy(allow_all=True)
 T = TypeVar("T")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("fair")
-    tokens = write_tokens(Path(tmp) / "tokens", TOKENS)
-    owner = "fair" + secrets.token_hex(4)
-    srv = start_server(
-        tmp / "data",
-        owner,
-        "--tokens-file",
-        str(tokens),
-        "--admission-calls-per-s",
-        "1",
-        "--admission-call-burst",
-        str(BURST),
-        "--admission-contention-window",
-        "60s",
-    )
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
-
-
-@pytest.fixture(scope="module")
-def stubs(server: ServerProcess) -> Iterator[dict[str, Stubs]]:
-    made = {t: authed_stubs(server.address, TOKEN_OF[t]) for t in ("flood", "calm")}
-    yield made
-    for s in made.values():
-        s.channel.close()
+server, stubs = two_tenant_fixtures(
+    "fair",
+    "--admission-calls-per-s",
+    "1",
+    "--admission-call-burst",
+    str(BURST),
+    "--admission-contention-window",
+    "60s",
+)
 
 
 def _retry_delay_s(err: grpc.RpcError) -> float:

@@ -8,47 +8,20 @@ the host to leave behind. No timing is asserted."""
 from __future__ import annotations
 
 import contextlib
-import secrets
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from authutil import authed_stubs, write_tokens
-from conftest import (
-    ServerProcess,
-    Stubs,
-    gvisor_registered,
-    remove_owned_containers,
-    run,
-    start_server,
-)
+from conftest import ServerProcess, Stubs, gvisor_registered, run
 from containers import inspect_container, session_container
 from sandboxd.v1 import common_pb2, session_pb2
+from two_tenants import two_tenant_fixtures
 
-TOKENS = {"f-" + secrets.token_urlsafe(16): "flood", "c-" + secrets.token_urlsafe(16): "calm"}
-TOKEN_OF = {tenant: token for token, tenant in TOKENS.items()}
 ALL = common_pb2.ShellPolicy(allow_all=True)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("tcpu")
-    tokens = write_tokens(Path(tmp) / "tokens", TOKENS)
-    owner = "tcpu" + secrets.token_hex(4)
-    srv = start_server(tmp / "data", owner, "--tokens-file", str(tokens))
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
-
-
-@pytest.fixture(scope="module")
-def stubs(server: ServerProcess) -> Iterator[dict[str, Stubs]]:
-    made = {t: authed_stubs(server.address, TOKEN_OF[t]) for t in ("flood", "calm")}
-    yield made
-    for s in made.values():
-        s.channel.close()
+server, stubs = two_tenant_fixtures("tcpu")
 
 
 def kernel_weight(container: str) -> int:

@@ -26,10 +26,10 @@ from typing import Any
 import grpc
 import pytest
 import sandboxd.v1
+from audit_world import HeldWriter, Recorder, Writer, audited_server, hello_session
 from fakes import FakeEngine
 from sandboxd import domain_events as de
 from sandboxd.api import audited_rpcs
-from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.audit import AuditEvent
 from sandboxd.audit.subscriber import AuditSubscriber
 from sandboxd.config import Config
@@ -85,30 +85,6 @@ def test_every_event_named_is_a_domain_event() -> None:
 
 
 # ----- the producers, on the fakes -----------------------------------------------------------
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[de.DomainEvent] = []
-
-    def emit(self, event: de.DomainEvent) -> None:
-        self.events.append(event)
-
-
-class Writer:
-    """The audit writer's two doors; `record` acknowledges after a loop turn, as a commit."""
-
-    def __init__(self) -> None:
-        self.acknowledged: list[AuditEvent] = []
-        self.queued: list[AuditEvent] = []
-
-    async def record(self, event: AuditEvent) -> AuditEvent:
-        await asyncio.sleep(0)
-        self.acknowledged.append(event)
-        return event
-
-    def record_nowait(self, event: AuditEvent) -> None:
-        self.queued.append(event)
 
 
 Scenario = Callable[[Path, Recorder], Awaitable[None]]
@@ -191,7 +167,7 @@ async def _signal(tmp_path: Path, observer: Recorder) -> None:
     executor = Executor()
     pm = ProcessManager(executor, observer)  # type: ignore[arg-type]
     proc = BackgroundProcess("s1", "p1", ExecSpec(["sleep", "9"], "/workspace", {}, b"", 30.0, 1))
-    pm._by_session["s1"] = {"p1": proc}
+    pm._records_for("s1")["p1"] = proc
     session: Any = SimpleNamespace(session_id="s1", tenant="alpha")
     await pm.signal(session, "p1", "SIGTERM")
     assert executor.sent == ["SIGTERM"]
@@ -211,7 +187,7 @@ async def _stdin(tmp_path: Path, observer: Recorder) -> None:
     pm = ProcessManager(executor=None, observer=observer)  # type: ignore[arg-type]
     proc = BackgroundProcess("s1", "p1", ExecSpec(["cat"], "/workspace", {}, b"", 30.0, 1024))
     proc.command = Command()  # type: ignore[assignment]
-    pm._by_session["s1"] = {"p1": proc}
+    pm._records_for("s1")["p1"] = proc
     await pm.send_input("s1", "p1", b"hello")
     await pm.close_stdin("s1", "p1")
 
@@ -221,9 +197,7 @@ async def _commands(tmp_path: Path, observer: Recorder) -> AsyncIterator[Any]:
     """A session of the fake engine with a file to `cat`, and a process manager over it."""
     from sandboxd.execution import Executor
 
-    async with session_stack(tmp_path) as st:
-        session = await st.sessions.create(CreateSessionInput(session_id="s1"))
-        st.engine.sandboxes[session.container_id].files["hello.txt"] = b"hello\n"
+    async with hello_session(tmp_path) as (st, session):
         executor = Executor(st.commands)
         spec = ExecSpec(["cat", "hello.txt"], "/workspace", {}, b"", 5.0, 1 << 20)
         yield SimpleNamespace(
@@ -541,41 +515,17 @@ class _Mover(filesystem_pb2_grpc.FilesystemServiceServicer):
         return filesystem_pb2.MoveResponse()
 
 
-class _HeldWriter(Writer):
-    """Acknowledges only when the test says so (or fails, when told to)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.release = asyncio.Event()
-        self.fail = False
-
-    async def record(self, event: AuditEvent) -> AuditEvent:
-        await self.release.wait()
-        if self.fail:
-            from sandboxd.errors import Unavailable
-
-            raise Unavailable("the audit log could not be written")
-        self.acknowledged.append(event)
-        return event
-
-
 @contextlib.asynccontextmanager
-async def _served(writer: _HeldWriter) -> AsyncIterator[filesystem_pb2_grpc.FilesystemServiceStub]:
+async def _served(writer: HeldWriter) -> AsyncIterator[filesystem_pb2_grpc.FilesystemServiceStub]:
     observer = de.FanOut([AuditSubscriber(writer)])  # type: ignore[arg-type]
-    async with hashing_threads(1):
-        server = grpc.aio.server(interceptors=[AuditInterceptor(observer)])
-        filesystem_pb2_grpc.add_FilesystemServiceServicer_to_server(_Mover(observer), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                yield filesystem_pb2_grpc.FilesystemServiceStub(channel)
-        finally:
-            await server.stop(0)
+    add = filesystem_pb2_grpc.add_FilesystemServiceServicer_to_server
+    stub = filesystem_pb2_grpc.FilesystemServiceStub
+    async with hashing_threads(1), audited_server(observer, add, _Mover(observer), stub) as s:
+        yield s
 
 
 async def test_the_edge_answers_only_once_the_events_record_is_acknowledged() -> None:
-    writer = _HeldWriter()
+    writer = HeldWriter()
     async with _served(writer) as stub:
         traced = (("traceparent", f"00-{'ab' * 16}-00f067aa0ba902b7-01"),)
         call = asyncio.ensure_future(
@@ -594,7 +544,7 @@ async def test_the_edge_answers_only_once_the_events_record_is_acknowledged() ->
 
 
 async def test_the_edge_fails_a_call_whose_record_the_log_cannot_take() -> None:
-    writer = _HeldWriter()
+    writer = HeldWriter()
     writer.fail = True
     writer.release.set()
     async with _served(writer) as stub:

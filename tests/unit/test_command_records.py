@@ -15,8 +15,8 @@ from typing import Any
 
 import grpc
 import pytest
+from audit_world import HeldWriter, Recorder, Writer, audited_server, hello_session
 from sandboxd import domain_events as de
-from sandboxd.api.audit_interceptor import AuditInterceptor
 from sandboxd.audit.subscriber import AuditSubscriber
 from sandboxd.config import Config
 from sandboxd.exec_spec import ExecRequestInput, prepare
@@ -32,22 +32,11 @@ from sandboxd.models import (
     ShellPolicy,
 )
 from sandboxd.processes import ProcessManager, ProcessOrigin
-from sandboxd.sessions import CreateSessionInput
 from sandboxd.v1 import process_pb2, process_pb2_grpc
-from session_stack import session_stack
-from test_audited_rpcs import Recorder, Writer, _HeldWriter
 
 
-@contextlib.asynccontextmanager
-async def _session(tmp_path: Path) -> AsyncIterator[Any]:
-    async with session_stack(tmp_path) as st:
-        session = await st.sessions.create(
-            CreateSessionInput(session_id="s1", shell=ShellPolicy(allow=("cat",)))
-        )
-        box = st.engine.sandboxes[session.container_id]
-        box.files["hello.txt"] = b"hello\n"  # the fake's `cat` reads from the workspace root
-        box.dirs.add("sub")
-        yield st, session
+def _session(tmp_path: Path) -> contextlib.AbstractAsyncContextManager[Any]:
+    return hello_session(tmp_path, shell=ShellPolicy(allow=("cat",)))
 
 
 async def _records(events: list[de.DomainEvent], method: str) -> Writer:
@@ -206,22 +195,14 @@ class _Exec(process_pb2_grpc.ProcessServiceServicer):
         raise AssertionError("abort raises")
 
 
-@contextlib.asynccontextmanager
-async def _served(writer: Writer, metrics: Metrics) -> AsyncIterator[Any]:
+def _served(writer: Writer, metrics: Metrics) -> contextlib.AbstractAsyncContextManager[Any]:
     observer = de.FanOut([AuditSubscriber(writer), metrics.observe])  # type: ignore[arg-type]
-    server = grpc.aio.server(interceptors=[AuditInterceptor(observer)])
-    process_pb2_grpc.add_ProcessServiceServicer_to_server(_Exec(observer), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            yield process_pb2_grpc.ProcessServiceStub(channel)
-    finally:
-        await server.stop(0)
+    add = process_pb2_grpc.add_ProcessServiceServicer_to_server
+    return audited_server(observer, add, _Exec(observer), process_pb2_grpc.ProcessServiceStub)
 
 
 async def test_an_execs_exited_reply_waits_for_its_record() -> None:
-    writer = _HeldWriter()
+    writer = HeldWriter()
     async with _served(writer, Metrics()) as stub:
         traced = (("traceparent", f"00-{'ab' * 16}-00f067aa0ba902b7-01"),)
         call = stub.Exec(process_pb2.ExecRequest(session_id="s1", argv=["echo"]), metadata=traced)

@@ -146,7 +146,7 @@ async def test_the_server_holds_no_output_and_attach_replays_from_the_agent() ->
         _produce(agent, proc, 1, b"x" * MiB)
     _produce(agent, proc, 2, b"err")
     pm = ProcessManager(_Executor(agent))  # type: ignore[arg-type]
-    pm._by_session["s"] = {"p": proc}
+    pm._records_for("s")["p"] = proc
     # While it runs the server holds only the live tail, whatever the process wrote.
     assert pm.held_bytes() == MiB + 3 and proc.retained_bytes() == 0
     assert (proc.end(S.STDOUT), proc.first_offset(S.STDOUT)) == (64 * MiB, 0)
@@ -199,7 +199,7 @@ async def test_an_exited_process_keeps_its_agent_output_until_its_record_is_forg
     monkeypatch.setattr(processes, "MAX_PROCESSES_PER_SESSION", 2)
     agent = _Agent()
     pm = ProcessManager(_Executor(agent))  # type: ignore[arg-type]
-    procs = pm._by_session.setdefault("s", {})
+    procs = pm._records_for("s")
     for name in ("old", "new"):
         procs[name] = await _kept(agent, name, MiB, MiB)
         _produce(agent, procs[name], 1, b"out " + name.encode())
@@ -319,7 +319,7 @@ async def test_the_exit_drops_the_tail_and_readers_behind_finish_from_the_agent(
     agent = _Agent()
     pm = ProcessManager(_Executor(agent))  # type: ignore[arg-type]
     proc = await _kept(agent, "p", retention=8 * MiB, capacity=9 * MiB)
-    pm._by_session["s"] = {"p": proc}
+    pm._records_for("s")["p"] = proc
     data = _pattern(2 * MiB, seed=5)
     _produce(agent, proc, 1, data)
     on_tail = follow(agent, proc, MiB + 5, 0, 5)  # type: ignore[arg-type]
@@ -429,7 +429,7 @@ async def test_exited_output_the_agent_keeps_is_bounded_by_the_sandboxs_memory()
     with it). The newest exited record, and one being read, stay."""
     agent = _Agent()
     pm = ProcessManager(_Executor(agent))  # type: ignore[arg-type]
-    procs = pm._by_session.setdefault("s", {})
+    procs = pm._records_for("s")
     for i in range(6):
         proc = procs[f"p{i}"] = await _kept(agent, f"p{i}", 16 * MiB, 17 * MiB)
         _produce(agent, proc, 1, b"x" * (15 * MiB))

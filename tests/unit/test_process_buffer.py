@@ -128,7 +128,7 @@ async def test_follow_sends_keepalives_and_wakes_on_output() -> None:
 async def test_exit_records_are_forgotten_oldest_first_past_the_output_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    procs: dict[str, BackgroundProcess] = {}
+    procs = process_room.Records()
     for name in ("old", "mid", "new", "running"):
         proc = BackgroundProcess("s", name, _spec(100))
         proc.append(S.STDOUT, b"12345")

@@ -13,7 +13,10 @@ from sandboxd.api.limits import StreamGuard
 
 
 class _Handler:
+    """A server-streaming grpc.RpcMethodHandler: its other three behaviours are None."""
+
     def __init__(self, behavior: Any) -> None:
+        self.unary_unary = None
         self.stream_unary = None
         self.unary_stream = behavior
         self.stream_stream = None

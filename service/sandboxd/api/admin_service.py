@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from sandboxd import __version__, images, tenancy, validation
 from sandboxd.api import convert, egress_convert, image_convert, replies
 from sandboxd.api.errors import Ctx, stream, unary
+from sandboxd.api.pb_time import duration_pb
 from sandboxd.config import Config
 from sandboxd.egress.manager import EgressManager, FilterMode
 from sandboxd.egress.policy import DEFAULT_QUOTAS, MAX_QUOTAS
@@ -91,12 +92,12 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
                 commands_denied_by_default=True,
                 lease_seconds=int(c.leases.default_s),
                 image=c.engine.image,
-                lease=convert.duration_pb(c.leases.default_s),
+                lease=duration_pb(c.leases.default_s),
             ),
             limits_max=convert.limits_pb(c.limits.max),
             assurance=common_pb2.ASSURANCE_ENFORCED,
             lease_max_seconds=int(c.leases.max_s),
-            lease_max=convert.duration_pb(c.leases.max_s),
+            lease_max=duration_pb(c.leases.max_s),
             egress_filter=_EGRESS_FILTER[
                 self._egress.filter_mode if self._egress else FilterMode.UNAVAILABLE
             ],

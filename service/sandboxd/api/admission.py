@@ -23,10 +23,9 @@ from typing import Any
 from sandboxd import tenancy
 from sandboxd.admission import FairShares, RateLimited
 from sandboxd.api.auth import EXEMPT_PREFIXES
-from sandboxd.api.chain import Layer
+from sandboxd.api.chain import Layer, rewrap
 from sandboxd.api.errors import to_status
 
-_KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
 _ANSWER_MARGIN_S = 0.05  # a held refusal is answered this long before the caller's deadline
 
 
@@ -55,8 +54,7 @@ class CallAdmission(Layer):
     def wrap(self, handler: Any, handler_call_details: Any) -> Any:
         if handler is None or str(handler_call_details.method).startswith(EXEMPT_PREFIXES):
             return handler
-        kind = next(k for k in _KINDS if getattr(handler, k) is not None)
-        return handler._replace(**{kind: self._admitted(getattr(handler, kind))})
+        return rewrap(handler, lambda _, behavior: self._admitted(behavior))
 
     def _admitted(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
         admit = self.shares.admit_call

@@ -27,7 +27,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from sandboxd import domain_events as de
 from sandboxd import tenancy
-from sandboxd.api.chain import Layer
+from sandboxd.api.chain import Layer, rewrap
 from sandboxd.api.errors import abort
 from sandboxd.errors import SandboxError
 from sandboxd.logging_setup import CURRENT_TRACE
@@ -105,15 +105,7 @@ class AuditInterceptor(Layer):
         method = full.removeprefix("sandboxd.v1.")
         trace = trace_id_of(handler_call_details.invocation_metadata)
         call = _Call(self._observer, method, trace)
-        if handler.unary_unary is not None:
-            return handler._replace(unary_unary=call.unary(handler.unary_unary))
-        if handler.stream_unary is not None:
-            return handler._replace(stream_unary=call.client_stream(handler.stream_unary))
-        if handler.unary_stream is not None:
-            return handler._replace(unary_stream=call.server_stream(handler.unary_stream, False))
-        if handler.stream_stream is not None:
-            return handler._replace(stream_stream=call.server_stream(handler.stream_stream, True))
-        return handler
+        return rewrap(handler, call.wrap)
 
 
 class _Call:
@@ -131,6 +123,14 @@ class _Call:
         scope = de.CallScope(self.method, self.trace)
         de.CURRENT_SCOPE.set(scope)
         return _Named(), scope
+
+    def wrap(self, kind: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+        """The wrapper of the method's kind (chain.rewrap)."""
+        if kind == "unary_unary":
+            return self.unary(behavior)
+        if kind == "stream_unary":
+            return self.client_stream(behavior)
+        return self.server_stream(behavior, kind == "stream_stream")
 
     async def settled(self, context: Any, scope: de.CallScope) -> None:
         """The records of the call's events so far are committed; if the audit log cannot take

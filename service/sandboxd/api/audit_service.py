@@ -7,6 +7,7 @@ from google.protobuf import timestamp_pb2
 from sandboxd import tenancy
 from sandboxd.api import replies
 from sandboxd.api.errors import Ctx, unary
+from sandboxd.api.pb_time import time_pb
 from sandboxd.audit import AuditEvent, AuditLog
 from sandboxd.v1 import audit_pb2, audit_pb2_grpc
 
@@ -16,11 +17,9 @@ def _time(ts: timestamp_pb2.Timestamp, present: bool) -> float | None:
 
 
 def audit_event_pb(e: AuditEvent) -> audit_pb2.AuditEvent:
-    when = timestamp_pb2.Timestamp()
-    when.FromNanoseconds(int(e.time * 1e9))
     return audit_pb2.AuditEvent(
         id=str(e.id),
-        time=when,
+        time=time_pb(e.time),
         tenant=e.tenant,
         session_id=e.session_id,
         kind=e.kind,

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import grpc
 
 from sandboxd import errors, tenancy
-from sandboxd.api.chain import Layer
+from sandboxd.api.chain import Layer, rewrap
 from sandboxd.api.errors import to_status
 from sandboxd.reasons import Reason
 
@@ -139,8 +139,12 @@ def _as_tenant(handler: Any, tenant: str | None, grants: tenancy.TenantGrants) -
     Each RPC runs in its own asyncio task (its own context copy), so setting the variable
     inside the handler cannot leak into another call.
     """
-    kind = _kind(handler)
-    inner = getattr(handler, kind)
+    return rewrap(handler, lambda _, inner: _with_tenant(inner, tenant, grants))
+
+
+def _with_tenant(
+    inner: Callable[..., Any], tenant: str | None, grants: tenancy.TenantGrants
+) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(inner):
 
         async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
@@ -148,14 +152,14 @@ def _as_tenant(handler: Any, tenant: str | None, grants: tenancy.TenantGrants) -
             async for item in inner(request, context):
                 yield item
 
-        return handler._replace(**{kind: streaming})
+        return streaming
 
     async def unary(request: Any, context: Any) -> Any:
         _use(tenant, grants)
         result = inner(request, context)
         return await result if inspect.isawaitable(result) else result
 
-    return handler._replace(**{kind: unary})
+    return unary
 
 
 def _use(tenant: str | None, grants: tenancy.TenantGrants) -> None:
@@ -163,9 +167,3 @@ def _use(tenant: str | None, grants: tenancy.TenantGrants) -> None:
         tenancy.use_grants(grants)
     else:
         tenancy.use_tenant(tenant, grants)
-
-
-def _kind(handler: Any) -> str:
-    if handler.request_streaming:
-        return "stream_stream" if handler.response_streaming else "stream_unary"
-    return "unary_stream" if handler.response_streaming else "unary_unary"

@@ -15,6 +15,23 @@ from typing import Any
 
 import grpc
 
+# A method handler's four behaviours (grpc.RpcMethodHandler), by the streaming of its request
+# and of its response: exactly one of them is set.
+KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+Behavior = Callable[..., Any]
+
+
+def rewrap(handler: Any, wrap: Callable[[str, Behavior], Behavior | None]) -> Any:
+    """`handler` with its behaviour replaced by `wrap(kind, behaviour)` (None: left as it
+    is): the one place a layer finds which of the four kinds a method has, so a layer says
+    only what it does to each."""
+    for kind in KINDS:
+        behavior = getattr(handler, kind)
+        if behavior is not None:
+            wrapped = wrap(kind, behavior)
+            return handler if wrapped is None else handler._replace(**{kind: wrapped})
+    return handler
+
 
 class Layer(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """One interceptor's wrapping of a call's handler (None: no such method)."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
-from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf import duration_pb2
 
 from sandboxd import validation
 from sandboxd.api import egress_convert, image_convert
+from sandboxd.api.pb_time import datetime_pb, duration_pb, timestamp_pb
 from sandboxd.dir_watch import FileEvent
 from sandboxd.errors import InvalidArgument
 from sandboxd.isolation import Isolation
@@ -50,14 +52,32 @@ _STATE = {
 }
 
 
+T = TypeVar("T")
+
+
+def _from_pb(
+    value: int, unspecified: int, known: Mapping[int, T], unknown: str, **metadata: str
+) -> T | None:
+    """A request's enum in the domain's terms: None for `unspecified` (the caller left it to
+    the server), the value `known` maps it to, or INVALID_ARGUMENT (`unknown`, with `{value}`
+    filled in): a number this server does not know (a newer client's) is refused, never
+    taken for the default."""
+    if value == unspecified:
+        return None
+    if value not in known:
+        raise InvalidArgument(
+            unknown.format(value=value), reason=Reason.INVALID_ARGUMENT, metadata=metadata
+        )
+    return known[value]
+
+
+_STATE_IN: dict[int, SessionState] = {v: k for k, v in _STATE.items()}
+
+
 def session_state(pb: session_pb2.SessionState.ValueType) -> SessionState | None:
     """A state filter: None for UNSPECIFIED (any state); an unknown value is refused."""
-    if pb == session_pb2.SESSION_STATE_UNSPECIFIED:
-        return None
-    for state, value in _STATE.items():
-        if value == pb:
-            return state
-    raise InvalidArgument(f"unknown session state {pb}", reason=Reason.INVALID_ARGUMENT)
+    unspecified = session_pb2.SESSION_STATE_UNSPECIFIED
+    return _from_pb(pb, unspecified, _STATE_IN, "unknown session state {value}")
 
 
 _NETWORK_MODE_TO_PB = {
@@ -82,12 +102,6 @@ def optional_duration_s(value: duration_pb2.Duration, present: bool) -> float | 
         return None
     seconds = duration_s(value)
     return None if seconds == 0 else seconds
-
-
-def duration_pb(seconds: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(int(round(seconds * 1e9)))
-    return d
 
 
 # A session needs this many processes before a command can do anything: the container's init
@@ -125,15 +139,14 @@ ISOLATION_PB = {
 }
 
 
+_ISOLATION_IN: dict[int, Isolation] = {v: k for k, v in ISOLATION_PB.items()}
+
+
 def isolation_from_pb(value: int) -> Isolation | None:
     """UNSPECIFIED is the server's default (None); a number this server does not know is an
     invalid argument, not a silent default."""
-    if value == common_pb2.ISOLATION_UNSPECIFIED:
-        return None
-    for tier, number in ISOLATION_PB.items():
-        if number == value:
-            return tier
-    raise InvalidArgument(f"unknown isolation {value}", reason=Reason.INVALID_ARGUMENT)
+    unspecified = common_pb2.ISOLATION_UNSPECIFIED
+    return _from_pb(value, unspecified, _ISOLATION_IN, "unknown isolation {value}")
 
 
 def limits_pb(limits: Limits) -> common_pb2.ResourceLimits:
@@ -204,43 +217,32 @@ def create_input(req: session_pb2.CreateSessionRequest) -> CreateSessionInput:
     )
 
 
-_STORAGE_IN = {
-    session_pb2.WORKSPACE_STORAGE_MEMORY: WorkspaceStorage.MEMORY,
-    session_pb2.WORKSPACE_STORAGE_DISK: WorkspaceStorage.DISK,
+_STORAGE_PB = {
+    WorkspaceStorage.MEMORY: session_pb2.WORKSPACE_STORAGE_MEMORY,
+    WorkspaceStorage.DISK: session_pb2.WORKSPACE_STORAGE_DISK,
 }
-_STORAGE_PB = {v: k for k, v in _STORAGE_IN.items()}
+_STORAGE_IN: dict[int, WorkspaceStorage] = {v: k for k, v in _STORAGE_PB.items()}
 
 
 def storage_from_pb(value: session_pb2.WorkspaceStorage.ValueType) -> WorkspaceStorage | None:
     """None: UNSPECIFIED (the operator's default); a value this server does not know is refused."""
-    if value == session_pb2.WORKSPACE_STORAGE_UNSPECIFIED:
-        return None
-    if value not in _STORAGE_IN:
-        raise InvalidArgument(
-            f"workspace.storage {value} is not a WorkspaceStorage this server knows",
-            reason=Reason.INVALID_ARGUMENT,
-            metadata={"field": "workspace.storage"},
-        )
-    return _STORAGE_IN[value]
-
-
-def timestamp_pb(ns: int) -> timestamp_pb2.Timestamp:
-    ts = timestamp_pb2.Timestamp()
-    ts.FromNanoseconds(ns)
-    return ts
+    return _from_pb(
+        value,
+        session_pb2.WORKSPACE_STORAGE_UNSPECIFIED,
+        _STORAGE_IN,
+        "workspace.storage {value} is not a WorkspaceStorage this server knows",
+        field="workspace.storage",
+    )
 
 
 def session_pb(s: Session) -> session_pb2.Session:
-    created, lease = timestamp_pb2.Timestamp(), timestamp_pb2.Timestamp()
-    created.FromDatetime(s.created_at)
-    lease.FromDatetime(s.lease_expires_at)
     return session_pb2.Session(
         session_id=s.session_id,
         state=_STATE[s.state],
         image=s.spec.image,
         fingerprint=s.fingerprint,
-        created_at=created,
-        lease_expires_at=lease,
+        created_at=datetime_pb(s.created_at),
+        lease_expires_at=datetime_pb(s.lease_expires_at),
         limits=limits_pb(s.spec.limits),
         network=network_pb(s.spec.network),
         labels=s.labels,
@@ -284,12 +286,12 @@ def _loss_fields(loss: Loss | None) -> dict[str, Any]:
     """Session.lost_time, restored_from, restored_state_time, lost_message."""
     if loss is None:
         return {}
-    lost_at = timestamp_pb2.Timestamp()
-    lost_at.FromDatetime(loss.lost_at)
-    fields: dict[str, Any] = {"lost_time": lost_at, "lost_message": loss.message()}
+    fields: dict[str, Any] = {
+        "lost_time": datetime_pb(loss.lost_at),
+        "lost_message": loss.message(),
+    }
     if loss.snapshot_id and loss.restored_at is not None and loss.snapshot_at is not None:
-        state_at = timestamp_pb2.Timestamp()
-        state_at.FromDatetime(loss.snapshot_at)
+        state_at = datetime_pb(loss.snapshot_at)
         fields |= {"restored_from": loss.snapshot_id, "restored_state_time": state_at}
     return fields
 

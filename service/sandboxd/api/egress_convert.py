@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf import duration_pb2
 
 from sandboxd import validation
+from sandboxd.api.pb_time import duration_pb, time_pb
 from sandboxd.egress.audit import EgressEvent
 from sandboxd.models import ProxyQuotas, SecretBinding
 from sandboxd.v1 import common_pb2, secrets_pb2, session_pb2
@@ -15,12 +16,6 @@ from sandboxd.v1 import common_pb2, secrets_pb2, session_pb2
 def _seconds(value: duration_pb2.Duration) -> float | None:
     seconds = validation.duration_seconds(value.seconds, value.nanos)
     return seconds if seconds != 0 else None
-
-
-def _duration(seconds: float | None) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(int(round((seconds or 0) * 1e9)))
-    return d
 
 
 def quotas(pb: common_pb2.ProxyQuotas) -> ProxyQuotas:
@@ -47,18 +42,16 @@ def quotas_pb(q: ProxyQuotas) -> common_pb2.ProxyQuotas:
         max_bytes_down=q.max_bytes_down or 0,
         max_up_bytes=q.max_bytes_up or 0,
         max_down_bytes=q.max_bytes_down or 0,
-        idle_timeout=_duration(q.idle_timeout_s),
-        tunnel_lifetime=_duration(q.tunnel_lifetime_s),
-        header_timeout=_duration(q.header_timeout_s),
+        idle_timeout=duration_pb(q.idle_timeout_s or 0),
+        tunnel_lifetime=duration_pb(q.tunnel_lifetime_s or 0),
+        header_timeout=duration_pb(q.header_timeout_s or 0),
     )
 
 
 def event_pb(e: EgressEvent) -> session_pb2.EgressEvent:
-    ts = timestamp_pb2.Timestamp()
-    ts.FromNanoseconds(int(e.time * 1e9))
     return session_pb2.EgressEvent(
         seq=e.seq,
-        time=ts,
+        time=time_pb(e.time),
         method=e.method,
         host=e.host,
         port=e.port,
@@ -71,7 +64,7 @@ def event_pb(e: EgressEvent) -> session_pb2.EgressEvent:
         bytes_down=e.bytes_down,
         up_bytes=e.bytes_up,
         down_bytes=e.bytes_down,
-        duration=_duration(e.duration_s),
+        duration=duration_pb(e.duration_s),
         ended=e.ended,
         kind=e.kind,
         secret=e.secret,

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from google.protobuf import timestamp_pb2
-
+from sandboxd.api.pb_time import time_pb
 from sandboxd.models import PullPolicy
 from sandboxd.pulls import PulledImage, PullEvent, Resolved
 from sandboxd.v1 import images_pb2
@@ -40,8 +39,7 @@ def pull_event_pb(event: PullEvent | Resolved) -> images_pb2.PullImageResponse:
 def image_info_pb(image: PulledImage, last_used_at: float) -> images_pb2.ImageInfo:
     info = images_pb2.ImageInfo(name=image.name, digest=image.digest, size_bytes=image.size_bytes)
     if last_used_at > 0:
-        ts = timestamp_pb2.Timestamp()
-        ts.FromNanoseconds(int(last_used_at * 1e9))
+        ts = time_pb(last_used_at)
         info.last_used_at.CopyFrom(ts)
         info.last_used_time.CopyFrom(ts)
     return info

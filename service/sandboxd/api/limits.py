@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from sandboxd import errors, tenancy
-from sandboxd.api.chain import Layer
+from sandboxd.api.chain import Layer, rewrap
 from sandboxd.api.errors import StreamIdle, to_status
 from sandboxd.reasons import Reason
 
@@ -37,13 +37,13 @@ class StreamGuard(Layer):
     def wrap(self, handler: Any, handler_call_details: Any) -> Any:
         if handler is None:
             return None
-        if handler.stream_unary is not None:
-            return handler._replace(stream_unary=self._idle_uploads(handler.stream_unary))
-        if handler.unary_stream is not None:
-            return handler._replace(unary_stream=self._timed_writes(handler.unary_stream))
-        if handler.stream_stream is not None:
-            return handler._replace(stream_stream=self._timed_writes(handler.stream_stream))
-        return handler
+        return rewrap(handler, self._guarded)
+
+    def _guarded(self, kind: str, behavior: Callable[..., Any]) -> Callable[..., Any] | None:
+        """Uploads get the idle timeout, replies the write timeout; a unary call is left."""
+        if kind == "stream_unary":
+            return self._idle_uploads(behavior)
+        return self._timed_writes(behavior) if kind.endswith("_stream") else None
 
     def _idle_uploads(self, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
         idle = self._idle
@@ -168,12 +168,7 @@ class StreamCaps(Layer):
             return handler
         if not (handler.request_streaming or handler.response_streaming):
             return handler
-        kind = next(
-            k
-            for k in ("stream_unary", "unary_stream", "stream_stream")
-            if getattr(handler, k) is not None
-        )
-        return handler._replace(**{kind: self._counted(getattr(handler, kind))})
+        return rewrap(handler, lambda _, behavior: self._counted(behavior))
 
     def _counted(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
         # A refusal comes from entering the slot: the servicer's own errors are aborts by then.

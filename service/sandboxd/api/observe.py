@@ -19,7 +19,7 @@ import grpc
 from google.protobuf.message import Message
 
 from sandboxd import tenancy
-from sandboxd.api.chain import Layer
+from sandboxd.api.chain import Layer, rewrap
 from sandboxd.logging_setup import CURRENT_SESSION
 from sandboxd.metrics import Metrics
 
@@ -161,17 +161,14 @@ class MetricsInterceptor(Layer):
 
             return timed
 
-        if handler.unary_unary is not None:
-            return handler._replace(unary_unary=wrap_unary(handler.unary_unary))
-        if handler.stream_unary is not None:
-            return handler._replace(
-                stream_unary=wrap_unary(self._counting_requests(handler.stream_unary))
-            )
-        if handler.unary_stream is not None:
-            return handler._replace(unary_stream=wrap_stream(handler.unary_stream))
-        if handler.stream_stream is not None:
-            return handler._replace(stream_stream=wrap_stream(handler.stream_stream))
-        return handler
+        def wrap(kind: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+            if kind.endswith("_stream"):
+                return wrap_stream(behavior)
+            if kind == "stream_unary":
+                return wrap_unary(self._counting_requests(behavior))
+            return wrap_unary(behavior)
+
+        return rewrap(handler, wrap)
 
     def _counting_requests(
         self, behavior: Callable[..., Awaitable[Any]]

@@ -12,6 +12,7 @@ from typing import TypeVar
 from sandboxd import interactive, validation
 from sandboxd.api import convert, replies
 from sandboxd.api.errors import Ctx, stream, unary
+from sandboxd.api.pb_time import duration_pb
 from sandboxd.config import Config
 from sandboxd.errors import InvalidArgument, ResourceExhausted
 from sandboxd.exec_spec import ExecRequestInput, PtySize, prepare
@@ -240,7 +241,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
                         response.signal = event.signal
                         response.timed_out = event.timed_out
                         response.truncated = event.truncated
-                        response.duration.CopyFrom(convert.duration_pb(event.duration_s))
+                        response.duration.CopyFrom(duration_pb(event.duration_s))
         response.stdout = bytes(out[OutputStream.STDOUT])
         response.stderr = bytes(out[OutputStream.STDERR])
         lossy = request.output_encoding == process_pb2.OUTPUT_ENCODING_UTF8_LOSSY

@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 
 from sandboxd import errors
 from sandboxd.api import replies
-from sandboxd.api.chain import Layer
+from sandboxd.api.chain import Layer, rewrap
 from sandboxd.api.errors import to_status
 
 
@@ -33,19 +33,16 @@ class ReplyLimit(Layer):
         if handler is None:
             return None
         method = str(handler_call_details.method)
-        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
-            behavior = getattr(handler, kind)
-            if behavior is not None:
-                streamed_in = kind.startswith("stream_")
-                wrapped: Callable[..., Any]
-                if kind.endswith("_stream"):
-                    if not inspect.isasyncgenfunction(behavior):
-                        return handler  # a writer (reflection): nothing to measure here
-                    wrapped = self._each(behavior, method, streamed_in)
-                else:
-                    wrapped = self._once(behavior, method, streamed_in)
-                return handler._replace(**{kind: wrapped})
-        return handler
+
+        def limited(kind: str, behavior: Callable[..., Any]) -> Callable[..., Any] | None:
+            streamed_in = kind.startswith("stream_")
+            if not kind.endswith("_stream"):
+                return self._once(behavior, method, streamed_in)
+            if not inspect.isasyncgenfunction(behavior):
+                return None  # a writer (reflection): nothing to measure here
+            return self._each(behavior, method, streamed_in)
+
+        return rewrap(handler, limited)
 
     async def _limit_or_abort(self, request: Any, streamed_in: bool, context: Any) -> int:
         """The call's limit, kept for the servicer; a refused one ends the call before the

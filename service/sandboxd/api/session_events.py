@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping
 
-from google.protobuf import timestamp_pb2
-
 from sandboxd import tenancy
+from sandboxd.api.pb_time import time_pb
 from sandboxd.errors import InvalidArgument
 from sandboxd.events import EventHub, SessionEvent
 from sandboxd.events.stats import StatsReader
@@ -20,12 +19,10 @@ from sandboxd.v1 import events_pb2
 
 
 def event_pb(e: SessionEvent) -> events_pb2.SessionEvent:
-    when = timestamp_pb2.Timestamp()
-    when.FromNanoseconds(int(e.time * 1e9))
     return events_pb2.SessionEvent(
         sequence=e.sequence,
         session_id=e.session_id,
-        time=when,
+        time=time_pb(e.time),
         kind=events_pb2.SessionEventKind.Value(f"SESSION_EVENT_KIND_{e.kind}"),
         state=e.state,
         message=e.message,

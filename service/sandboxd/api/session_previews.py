@@ -6,22 +6,19 @@ servicer (`session_service.py`).
 
 from __future__ import annotations
 
-from google.protobuf import timestamp_pb2
-
 from sandboxd.api import convert, replies
+from sandboxd.api.pb_time import time_pb
 from sandboxd.previews.publishing import Preview, Previews
 from sandboxd.v1 import previews_pb2
 
 
 def preview_pb(p: Preview) -> previews_pb2.Preview:
-    expires = timestamp_pb2.Timestamp()
-    expires.FromNanoseconds(int(p.expires_at * 1e9))
     return previews_pb2.Preview(
         port=p.port,
         url=p.url,
         path_url=p.path_url,
         token=p.token,
-        expires_at=expires,
+        expires_at=time_pb(p.expires_at),
         public=p.public,
     )
 

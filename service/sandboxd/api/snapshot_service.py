@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from google.protobuf import timestamp_pb2
-
 from sandboxd.api import replies
 from sandboxd.api.errors import Ctx, stream, unary
+from sandboxd.api.pb_time import datetime_pb
 from sandboxd.archive import compressed
 from sandboxd.archive.calls import ArchiveCalls
 from sandboxd.errors import InvalidArgument, NotFound
@@ -49,14 +48,12 @@ def _compression(value: int) -> str:
 
 
 def snapshot_pb(s: Snapshot) -> snapshot_pb2.Snapshot:
-    created = timestamp_pb2.Timestamp()
-    created.FromDatetime(s.created_at)
     return snapshot_pb2.Snapshot(
         snapshot_id=s.snapshot_id,
         session_id=s.session_id,
         size_bytes=s.size_bytes,
         sha256=s.sha256,
-        created_at=created,
+        created_at=datetime_pb(s.created_at),
         kind=_KIND_TO_PB.get(s.kind, snapshot_pb2.SNAPSHOT_KIND_UNSPECIFIED),
         labels=s.labels,
         image=s.image,

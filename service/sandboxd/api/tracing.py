@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -18,7 +18,7 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from sandboxd.api.chain import Layer
+from sandboxd.api.chain import Layer, rewrap
 from sandboxd.api.observe import status_code_of
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -53,30 +53,31 @@ class TracingInterceptor(Layer):
         attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
         tracer = self._tracer
 
-        def start() -> trace.Span:
-            return tracer.start_span(full, parent, SpanKind.SERVER, attributes)
-
-        def end(span: trace.Span, context: Any, error: BaseException | None) -> None:
-            code = status_code_of(context)
-            if code is not None:
-                span.set_attribute("rpc.grpc.status_code", code.value[0])
-            if error is not None or (code is not None and code is not grpc.StatusCode.OK):
-                span.set_status(
-                    Status(StatusCode.ERROR, code.name if code else type(error).__name__)
-                )
-            span.end()
+        @contextlib.contextmanager
+        def spanned(context: Any) -> Iterator[None]:
+            """The call's span, current while it runs; its status is the call's (an error
+            too when the handler raised, or its stream was closed early)."""
+            span, error = tracer.start_span(full, parent, SpanKind.SERVER, attributes), None
+            try:
+                with trace.use_span(span, end_on_exit=False):
+                    yield
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                code = status_code_of(context)
+                if code is not None:
+                    span.set_attribute("rpc.grpc.status_code", code.value[0])
+                if error is not None or (code is not None and code is not grpc.StatusCode.OK):
+                    span.set_status(
+                        Status(StatusCode.ERROR, code.name if code else type(error).__name__)
+                    )
+                span.end()
 
         def unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             async def traced(request: Any, context: Any) -> Any:
-                span, error = start(), None
-                try:
-                    with trace.use_span(span, end_on_exit=False):
-                        return await behavior(request, context)
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    end(span, context, error)
+                with spanned(context):
+                    return await behavior(request, context)
 
             return traced
 
@@ -85,26 +86,13 @@ class TracingInterceptor(Layer):
                 return unary(behavior)
 
             async def traced(request: Any, context: Any) -> AsyncIterator[Any]:
-                span, error = start(), None
-                try:
-                    with trace.use_span(span, end_on_exit=False):
-                        async with contextlib.aclosing(behavior(request, context)) as items:
-                            async for item in items:
-                                yield item
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    end(span, context, error)
+                with spanned(context):
+                    async with contextlib.aclosing(behavior(request, context)) as items:
+                        async for item in items:
+                            yield item
 
             return traced
 
-        if handler.unary_unary is not None:
-            return handler._replace(unary_unary=unary(handler.unary_unary))
-        if handler.stream_unary is not None:
-            return handler._replace(stream_unary=unary(handler.stream_unary))
-        if handler.unary_stream is not None:
-            return handler._replace(unary_stream=streaming(handler.unary_stream))
-        if handler.stream_stream is not None:
-            return handler._replace(stream_stream=streaming(handler.stream_stream))
-        return handler
+        return rewrap(
+            handler, lambda kind, b: streaming(b) if kind.endswith("_stream") else unary(b)
+        )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from sandboxd import tenancy
+from sandboxd import tenancy, validation
 from sandboxd.errors import InvalidArgument, PermissionDenied
 from sandboxd.models import NetworkMode, NetworkPolicy, ProxyQuotas
 from sandboxd.reasons import Reason
@@ -80,13 +80,7 @@ def resolve_quotas(asked: ProxyQuotas, defaults: ProxyQuotas, maxima: ProxyQuota
                 reason=Reason.NETWORK_POLICY_INVALID,
                 metadata={"quota": name},
             )
-        if value > maximum:
-            raise InvalidArgument(
-                f"network.quotas.{name} = {value} is above the server maximum {maximum}",
-                reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
-                metadata={"limit": f"network.quotas.{name}", "maximum": str(maximum)},
-            )
-        values[name] = value
+        values[name] = validation.at_most(value, maximum, name=f"network.quotas.{name}")
     return ProxyQuotas(**values)
 
 

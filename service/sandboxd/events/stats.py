@@ -99,12 +99,10 @@ class StatsReader:
             return
         share = (throttled_s - before[0]) / (now - before[1])
         if share >= THROTTLED:
-            self._hub.publish(
-                session.tenant,
-                session.session_id,
+            self._warn(
+                session,
                 "CPU_THROTTLED",
-                state=state_name(session),
-                message=f"throttled {share:.0%} of the time since the last reading",
+                f"throttled {share:.0%} of the time since the last reading",
                 throttled_share=f"{share:.2f}",
                 cpu_millis=session.spec.limits.cpu_millis,
             )
@@ -116,17 +114,16 @@ class StatsReader:
             self._full_warned.clear()
         if full and session.session_id not in self._full_warned:
             self._full_warned.add(session.session_id)
-            self._hub.publish(
-                session.tenant,
-                session.session_id,
-                "WORKSPACE_NEARLY_FULL",
-                state=state_name(session),
-                message=f"{used} of {cap} workspace bytes used",
-                used_bytes=used,
-                limit_bytes=cap,
-            )
+            text = f"{used} of {cap} workspace bytes used"
+            self._warn(session, "WORKSPACE_NEARLY_FULL", text, used_bytes=used, limit_bytes=cap)
         elif not full:
             self._full_warned.discard(session.session_id)
+
+    def _warn(self, session: Session, kind: str, message: str, **attributes: object) -> None:
+        """A warning a reading found, on the session's event feed with its state now."""
+        state = state_name(session)
+        tenant, sid = session.tenant, session.session_id
+        self._hub.publish(tenant, sid, kind, state=state, message=message, **attributes)
 
 
 class OomWatcher:

@@ -69,15 +69,13 @@ class PortRegistry:
         return _publication(row) if row else None
 
     async def of_session(self, session_id: str) -> list[Publication]:
-        async with self._db.execute(
+        rows = await self._db.execute_fetchall(
             "SELECT * FROM preview_ports WHERE session_id = ? ORDER BY port", (session_id,)
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [_publication(r) for r in rows]
 
     async def sessions(self) -> list[str]:
-        async with self._db.execute("SELECT DISTINCT session_id FROM preview_ports") as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.execute_fetchall("SELECT DISTINCT session_id FROM preview_ports")
         return [str(r[0]) for r in rows]
 
     async def remove(self, session_id: str, port: int) -> bool:

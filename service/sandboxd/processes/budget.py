@@ -9,7 +9,8 @@ its exited ones are bounded per session too (a share of the sandbox's memory).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 from sandboxd.agent.memory import agent_ring_budget
 from sandboxd.errors import ResourceExhausted
@@ -19,6 +20,8 @@ from sandboxd.processes.record import TAIL_BYTES, BackgroundProcess, HeldTally
 from sandboxd.reasons import Reason
 
 Procs = dict[str, BackgroundProcess]
+# A session's records as its read-only lookups see them (Records, or NO_RECORDS).
+Seen = Mapping[str, BackgroundProcess]
 
 
 class Records(Procs):
@@ -48,6 +51,11 @@ class Records(Procs):
         proc.tally, proc.tallied = None, 0
 
 
+# What a lookup of a session without records sees: one shared, read-only, so a lookup builds
+# nothing and cannot put a record where no session holds it.
+NO_RECORDS: Seen = MappingProxyType({})
+
+
 # Output the sandbox's agent keeps for exited background processes, per session: at most this,
 # and at most half the agent's budget (the rest is its running processes').
 AGENT_EXITED_OUTPUT_BYTES = 64 * 1024 * 1024
@@ -65,18 +73,18 @@ def agent_exited_limit(budget: int) -> int:
     return min(AGENT_EXITED_OUTPUT_BYTES, budget // 2)
 
 
-def held_exited(procs: Procs) -> list[BackgroundProcess]:
+def held_exited(procs: Seen) -> list[BackgroundProcess]:
     """Exited records whose output is held here (not by an agent), oldest first."""
     held = (p for p in procs.values() if p.exited and p.agent is None)
     return sorted(held, key=lambda p: p.started_at)
 
 
-def past_exited_budget(procs: Procs, limit: int) -> list[BackgroundProcess]:
+def past_exited_budget(procs: Records, limit: int) -> list[BackgroundProcess]:
     """Exit records keep their output for late readers, up to `limit` bytes in all held here:
     the oldest beyond it go. Asked after every command, and nearly always under the limit: the
     session's tally answers that without a pass over its records; only above the limit are
     they totalled (which sets the tally right) and sorted."""
-    if isinstance(procs, Records) and procs.tally.bytes <= limit:
+    if procs.tally.bytes <= limit:
         return []
     total = 0
     for p in procs.values():
@@ -84,8 +92,7 @@ def past_exited_budget(procs: Procs, limit: int) -> list[BackgroundProcess]:
         if p.tally is not None:
             p.tallied = held
         total += held
-    if isinstance(procs, Records):
-        procs.tally.bytes = total
+    procs.tally.bytes = total
     if total <= limit:
         return []
     return _oldest_past(held_exited(procs), total, limit, BackgroundProcess.retained_bytes)
@@ -151,7 +158,7 @@ def for_buffers(procs: Procs, buffer_bytes: int, budget: int) -> list[Background
     return drop
 
 
-def tail_room(procs: Procs, new: BackgroundProcess, budget: int) -> int:
+def tail_room(procs: Seen, new: BackgroundProcess, budget: int) -> int:
     """Bytes per stream a new live tail may have within the session's `budget` for output held
     here (rings of processes without the agent, and the tails of running ones with it): a
     tail is an optimisation, so a session at its budget gets a smaller one or none (its

@@ -25,24 +25,10 @@ from contextlib import AbstractAsyncContextManager
 
 from sandboxd import domain_events, validation
 from sandboxd.commands import Detach
-from sandboxd.errors import (
-    AlreadyExists,
-    FailedPrecondition,
-    Internal,
-    NotFound,
-    SandboxError,
-)
+from sandboxd.errors import AlreadyExists, FailedPrecondition, Internal, NotFound, SandboxError
 from sandboxd.exec_spec import validate_signal
 from sandboxd.execution import Executor, new_token
-from sandboxd.models import (
-    ExecEvent,
-    ExecExited,
-    ExecOutput,
-    ExecSpec,
-    ExecStarted,
-    Session,
-)
-from sandboxd.output_ring import OutputBuffer
+from sandboxd.models import ExecEvent, ExecExited, ExecOutput, ExecSpec, ExecStarted, Session
 from sandboxd.processes import announce
 from sandboxd.processes import budget as room
 from sandboxd.processes import stdin as process_stdin
@@ -63,7 +49,6 @@ from sandboxd.processes.record import (
     AgentKept,
     AttachEvent,
     BackgroundProcess,
-    OutputGap,
     ProcessOrigin,
     StartOptions,
     foreground,
@@ -72,16 +57,6 @@ from sandboxd.processes.record import (
 from sandboxd.reasons import Reason
 
 log = logging.getLogger(__name__)
-
-__all__ = [
-    "AttachEvent",
-    "BackgroundProcess",
-    "OutputBuffer",
-    "OutputGap",
-    "ProcessManager",
-    "ProcessOrigin",
-    "StartOptions",
-]
 
 MAX_PROCESSES_PER_SESSION = 64  # running plus retained exit records; oldest exited go first
 # Output the server keeps for exited processes, per session (rings held here: Exec, Run and
@@ -137,6 +112,16 @@ class ProcessManager:
             for p in ps.values()
         )
 
+    def _records(self, session_id: str) -> room.Seen:
+        """The session's records to look at (the shared empty one where it has none)."""
+        return self._by_session.get(session_id, room.NO_RECORDS)
+
+    def _records_for(self, session_id: str) -> room.Records:
+        """The session's records to put one in: made on its first record."""
+        if (procs := self._by_session.get(session_id)) is None:
+            procs = self._by_session[session_id] = room.Records()
+        return procs
+
     def _drop(self, procs: room.Procs, proc: BackgroundProcess) -> None:
         """Forget a record; the agent's copy of its output goes too (a task this owns)."""
         del procs[proc.process_id]
@@ -152,7 +137,7 @@ class ProcessManager:
 
     async def end_session(self, session_id: str) -> None:
         """The session is being deleted or its lease ended: end and forget its processes."""
-        procs = self._by_session.pop(session_id, room.Records())
+        procs = self._by_session.pop(session_id, room.NO_RECORDS)
         tasks = [p.task for p in procs.values() if p.task is not None and not p.task.done()]
         for task in tasks:
             task.cancel()
@@ -177,7 +162,7 @@ class ProcessManager:
         options = options or StartOptions(spec.max_output_bytes)
         pid = validation.validate_process_id(process_id) if process_id else new_token()
         await self.adopted(session.session_id)  # the same id kept by the agent is that one
-        procs = self._by_session.setdefault(session.session_id, room.Records())
+        procs = self._records_for(session.session_id)
         proc = procs.get(pid)
         if proc is not None:
             if proc.spec != spec or proc.options != options or proc.origin is not _BACKGROUND:
@@ -210,7 +195,7 @@ class ProcessManager:
             raise
         return proc
 
-    def _forget_old_exited(self, procs: room.Procs, agent_budget: int = 0) -> None:
+    def _forget_old_exited(self, procs: room.Records, agent_budget: int = 0) -> None:
         """Old exited records past the server's budget, and past their share of the agent's
         budget (`agent_budget`; 0: not a process the agent keeps)."""
         for old in room.past_exited_budget(procs, EXITED_OUTPUT_BYTES):
@@ -247,7 +232,7 @@ class ProcessManager:
                 ) as command,
             ):
                 if command.kept_by_agent:  # its output stays in the agent's ring
-                    siblings = self._by_session.get(proc.session_id, room.Records())
+                    siblings = self._records(proc.session_id)
                     tail = room.tail_room(siblings, proc, self._output_budget)
                     kept = AgentKept(
                         session.container_id, detach.detach_id, proc.options.buffer_bytes
@@ -299,7 +284,7 @@ class ProcessManager:
         detached = self._executor.detached
         if detached is None or proc.exited is None:
             return
-        if self._by_session.get(proc.session_id, room.Records()).get(proc.process_id) is proc:
+        if self._records(proc.session_id).get(proc.process_id) is proc:
             return
         kept = AgentKept(session.container_id, detach_id(proc.process_id, proc.token), 0)
         await forget(detached, proc.agent or kept)
@@ -323,7 +308,7 @@ class ProcessManager:
         detached = self._executor.detached
         if detached is None:
             return 0
-        procs = self._by_session.setdefault(session.session_id, room.Records())
+        procs = self._records_for(session.session_id)
         adopted = 0
         for process_id, token, record in await kept_processes(detached, session):
             if process_id in procs or len(procs) >= MAX_PROCESSES_PER_SESSION:
@@ -364,7 +349,7 @@ class ProcessManager:
         return proc.follow(stdout_offset, stderr_offset, keepalive_s)
 
     def get(self, session_id: str, process_id: str) -> BackgroundProcess:
-        proc = self._by_session.get(session_id, room.Records()).get(process_id)
+        proc = self._records(session_id).get(process_id)
         if proc is None:
             raise NotFound(
                 f"no background process {process_id[:80]!r} in session {session_id!r}",
@@ -375,7 +360,7 @@ class ProcessManager:
 
     def list(self, session_id: str) -> list[BackgroundProcess]:
         """The background processes (StartProcess); those of Exec, Run, Interact are not listed."""
-        procs = self._by_session.get(session_id, room.Records()).values()
+        procs = self._records(session_id).values()
         return sorted((p for p in procs if p.origin is _BACKGROUND), key=lambda p: p.started_at)
 
     async def signal(self, session: Session, process_id: str, name: str) -> None:
@@ -446,9 +431,7 @@ class ProcessManager:
     def _record(
         self, session_id: str, spec: ExecSpec, origin: ProcessOrigin, process_id: str
     ) -> BackgroundProcess | None:
-        procs = self._by_session.get(session_id) or self._by_session.setdefault(
-            session_id, room.Records()
-        )
+        procs = self._records_for(session_id)
         if process_id in procs:
             return None
         if len(procs) >= MAX_PROCESSES_PER_SESSION:

@@ -43,7 +43,7 @@ from sandboxd.models import Session, SessionState, SuspendMode
 from sandboxd.reasons import Reason
 from sandboxd.sessions.keeper import WorkspaceKeeper
 from sandboxd.sessions.sandboxes import Sandboxes, Undo
-from sandboxd.snapshot_store import KIND_MEMORY, Snapshot
+from sandboxd.snapshot_store import KIND_MEMORY, Snapshot, new_snapshot
 from sandboxd.store import SessionStore
 
 log = logging.getLogger(__name__)
@@ -174,16 +174,8 @@ class MemorySuspension:
                 SessionState.SUSPENDED,
                 SuspendMode.FILESYSTEM,
             ) from exc
-        record = Snapshot(
-            snapshot_id="snap-" + secrets.token_hex(8),
-            session_id=session.session_id,
-            sha256="",
-            size_bytes=0,
-            created_at=datetime.now(tz=UTC),
-            kind=KIND_MEMORY,
-            labels={CHECKPOINT_LABEL: name},
-            tenant=session.tenant,
-        )
+        labels = {CHECKPOINT_LABEL: name}
+        record = new_snapshot(session.session_id, session.tenant, KIND_MEMORY, labels)
         try:
             await self._checkpoints.add(self._engine.read_checkpoint(sandbox_id, name), record)
         except (SandboxError, OSError) as exc:

@@ -171,12 +171,7 @@ def check_storage(
             )
         return storage, 0
     size = size_bytes or section.default_disk_bytes
-    if size > section.max_disk_bytes:
-        raise InvalidArgument(
-            f"workspace.size_bytes = {size} is above the server maximum {section.max_disk_bytes}",
-            reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
-            metadata={**meta, "maximum": str(section.max_disk_bytes)},
-        )
+    validation.at_most(size, section.max_disk_bytes, name=meta["limit"])
     if size < MIN_DISK_BYTES:
         raise InvalidArgument(
             f"workspace.size_bytes = {size} is below the smallest disk, {MIN_DISK_BYTES}",
@@ -237,13 +232,7 @@ def resolve_limits(requested: LimitsRequest, defaults: Limits, maxima: Limits) -
                 metadata={"limit": proto},
             )
         maximum = getattr(maxima, name)
-        if asked > maximum:
-            raise InvalidArgument(
-                f"limits.{proto} = {asked} is above the server maximum {maximum}",
-                reason=Reason.LIMIT_EXCEEDS_MAXIMUM,
-                metadata={"limit": proto, "maximum": str(maximum)},
-            )
-        values[name] = asked
+        values[name] = validation.at_most(asked, maximum, name=f"limits.{proto}", limit=proto)
     limits = Limits(**values)
     if limits.memory_bytes < MIN_MEMORY_BYTES:
         raise InvalidArgument(

@@ -103,18 +103,18 @@ class TemplateStore:
         return _row(row) if row is not None else None
 
     async def of_tenant(self, tenant: str) -> list[TemplateRecord]:
-        async with self._db.execute(
+        rows = await self._db.execute_fetchall(
             "SELECT * FROM templates WHERE tenant = ? ORDER BY name", (tenant,)
-        ) as cur:
-            return [_row(r) for r in await cur.fetchall()]
+        )
+        return [_row(r) for r in rows]
 
     async def failed_build_ids(self) -> list[str]:
         """Build labels of every failed build (all tenants): what a crash may have left."""
-        async with self._db.execute(
+        rows = await self._db.execute_fetchall(
             "SELECT build_id FROM templates WHERE state = ? AND build_id != ''",
             (TemplateState.FAILED,),
-        ) as cur:
-            return [r["build_id"] for r in await cur.fetchall()]
+        )
+        return [r["build_id"] for r in rows]
 
     async def delete(self, tenant: str, name: str) -> None:
         await self._db.execute(

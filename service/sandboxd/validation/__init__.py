@@ -1,8 +1,9 @@
-"""Pure validation of caller input: paths, argv, env, user, ids, labels, file modes, durations.
+"""Pure validation of caller input: paths, argv, env, user, ids, labels, file modes, durations,
+numeric limits.
 
-A package of four modules (paths, commands, identity, durations); this module re-exports
-them so callers keep writing `validation.validate_argv(...)`. A fifth, `image_refs` (the
-spelling of image references and allowlist patterns), is imported by name.
+A package of five modules (paths, commands, identity, durations, limits); this module
+re-exports them so callers keep writing `validation.validate_argv(...)`. A sixth,
+`image_refs` (the spelling of image references and allowlist patterns), is imported by name.
 
 Everything a request carries passes through here before it reaches Docker, so each rule in
 SECURITY.md that can be checked on the text alone is checked once, in one place. Functions
@@ -52,6 +53,7 @@ from sandboxd.validation.identity import (
     validate_process_id,
     validate_session_id,
 )
+from sandboxd.validation.limits import at_most
 from sandboxd.validation.paths import (
     MAX_PATH_BYTES,
     MAX_PATH_COMPONENT_BYTES,
@@ -86,6 +88,7 @@ __all__ = [
     "RESERVED_ENV_KEYS",
     "SESSION_ID_RE",
     "WORKSPACE",
+    "at_most",
     "check_command_allowed",
     "command_name",
     "duration_seconds",

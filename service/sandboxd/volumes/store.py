@@ -97,8 +97,7 @@ class VolumeStore:
             params += [f'$."{key}"', value]
         sql += " ORDER BY volume_id LIMIT ?"
         params.append(limit)
-        async with self._db.execute(sql, params) as cur:
-            return [_row(r) for r in await cur.fetchall()]
+        return [_row(r) for r in await self._db.execute_fetchall(sql, params)]
 
     async def usage(self, tenant: str) -> tuple[int, int]:
         """(volumes, bytes of their sizes) the tenant holds, for its quota."""
@@ -112,8 +111,7 @@ class VolumeStore:
 
     async def disks(self) -> set[str]:
         """Every disk a volume record holds (all tenants): what the sweep must keep."""
-        async with self._db.execute("SELECT disk FROM volumes") as cur:
-            return {str(r[0]) for r in await cur.fetchall()}
+        return {str(r[0]) for r in await self._db.execute_fetchall("SELECT disk FROM volumes")}
 
     async def set_used(self, tenant: str, volume_id: str, used_bytes: int) -> None:
         await self._db.execute(
