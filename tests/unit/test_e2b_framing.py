@@ -130,14 +130,37 @@ def test_access_tokens_open_only_for_their_sandbox(tmp_path: Path) -> None:
     tokens = AccessTokens(load_key(tmp_path))
     token = tokens.issue("ione", "alpha-key")
     assert tokens.open("ione", token) == "alpha-key"
-    # A changed tail: "AA" unless the token already ends so (then the test would change nothing).
-    forged = token[:-2] + ("AA" if not token.endswith("AA") else "BB")
+    forged = _flip_last_byte(token)
     for sid, tok in (("itwo", token), ("ione", forged), ("ione", ""), ("ione", None)):
         with pytest.raises(ConnectError) as err:
             tokens.open(sid, tok)
         assert err.value.code == "unauthenticated"
     with pytest.raises(ConnectError):
         tokens.open("ione", "x" * 10_000)
+
+
+def _flip_last_byte(token: str) -> str:
+    raw = bytearray(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    raw[-1] ^= 1
+    return base64.urlsafe_b64encode(bytes(raw)).decode().rstrip("=")
+
+
+def test_a_token_has_one_spelling(tmp_path: Path) -> None:
+    """Base64's unused low bits in the last character give each token several spellings that
+    decode to the same bytes; only the one issued opens, so a token is its string."""
+    tokens = AccessTokens(load_key(tmp_path))
+    token = tokens.issue("ione", "alpha-key")  # 37 bytes: the last character carries 2 bits
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    same_bytes = [
+        token[:-1] + c
+        for c in alphabet
+        if c != token[-1] and alphabet.index(c) >> 4 == alphabet.index(token[-1]) >> 4
+    ]
+    assert len(same_bytes) == 15
+    for spelling in same_bytes:
+        with pytest.raises(ConnectError) as err:
+            tokens.open("ione", spelling)
+        assert err.value.code == "unauthenticated"
 
 
 def test_the_sealing_key_outlives_a_restart_and_is_private(tmp_path: Path) -> None:

@@ -63,6 +63,9 @@ class AccessTokens:
             raise ConnectError("unauthenticated", "invalid access token")
         try:
             raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+            # The decoder ignores the last character's unused bits: one token, one spelling.
+            if base64.urlsafe_b64encode(raw).decode().rstrip("=") != token:
+                raise ValueError("not the issued spelling")
             plain = self._aead.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], sandbox_id.encode())
             return plain.decode()
         except (binascii.Error, ValueError, InvalidTag, UnicodeDecodeError):
