@@ -10,7 +10,6 @@ page. Tokens do not survive a server restart (the key is new): the caller lists 
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import json
@@ -18,6 +17,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from sandboxd import base64url
 from sandboxd.errors import InvalidArgument
 from sandboxd.reasons import Reason
 
@@ -43,7 +43,7 @@ def _mac(payload: bytes) -> bytes:
 def encode_token(last_key: str, bound_to: str = "") -> str:
     """The token of the page after `last_key`, for the filter `bound_to` (any text)."""
     payload = json.dumps([last_key, bound_to], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(_mac(payload) + payload).decode().rstrip("=")
+    return base64url.encode(_mac(payload) + payload)
 
 
 def decode_token(token: str, valid_key: Callable[[str], bool], bound_to: str = "") -> str:
@@ -52,7 +52,7 @@ def decode_token(token: str, valid_key: Callable[[str], bool], bound_to: str = "
         return ""
     value = ""
     try:
-        raw = base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4))
+        raw = base64url.decode(token)
         mac, payload = raw[:_MAC_BYTES], raw[_MAC_BYTES:]
         if hmac.compare_digest(mac, _mac(payload)):
             key, bound = json.loads(payload)

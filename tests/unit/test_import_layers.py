@@ -26,6 +26,7 @@ GENERATED = {"v1"}  # the protobuf stubs (`make proto`), below everything
 
 BASE = frozenset(
     {
+        "base64url",
         "config",
         "config_sections",
         "engine_address",

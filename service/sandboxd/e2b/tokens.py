@@ -11,7 +11,6 @@ key removed from the tokens file stops its tokens too, and nothing is kept per t
 
 from __future__ import annotations
 
-import base64
 import binascii
 import os
 import secrets
@@ -20,6 +19,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from sandboxd import base64url
 from sandboxd.e2b.connect import ConnectError
 
 KEY_FILE = "e2b-token-key"
@@ -53,7 +53,7 @@ class AccessTokens:
     def issue(self, sandbox_id: str, api_key: str) -> str:
         nonce = secrets.token_bytes(NONCE_BYTES)
         sealed = self._aead.encrypt(nonce, api_key.encode(), sandbox_id.encode())
-        return base64.urlsafe_b64encode(nonce + sealed).decode().rstrip("=")
+        return base64url.encode(nonce + sealed)
 
     def open(self, sandbox_id: str, token: str | None) -> str:
         """The API key `token` was issued with, for `sandbox_id` only; else UNAUTHENTICATED."""
@@ -62,10 +62,7 @@ class AccessTokens:
         if len(token) > MAX_TOKEN_CHARS:
             raise ConnectError("unauthenticated", "invalid access token")
         try:
-            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-            # The decoder ignores the last character's unused bits: one token, one spelling.
-            if base64.urlsafe_b64encode(raw).decode().rstrip("=") != token:
-                raise ValueError("not the issued spelling")
+            raw = base64url.decode(token)
             plain = self._aead.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], sandbox_id.encode())
             return plain.decode()
         except (binascii.Error, ValueError, InvalidTag, UnicodeDecodeError):

@@ -10,7 +10,6 @@ matches the registry (`previews.registry`) even before it expires.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import json
@@ -18,6 +17,8 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+
+from sandboxd import base64url
 
 KEY_FILE = "preview-key"
 _MAC_BYTES = 20
@@ -46,14 +47,6 @@ def load_key(data_dir: Path) -> bytes:
     return bytes.fromhex(path.read_text().strip())
 
 
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text.encode() + b"=" * (-len(text) % 4))
-
-
 class TokenSigner:
     def __init__(self, key: bytes) -> None:
         self._key = key
@@ -64,7 +57,7 @@ class TokenSigner:
     def sign(self, claims: Claims) -> str:
         doc = [claims.session_id, claims.port, claims.tenant, claims.generation]
         payload = json.dumps([*doc, int(claims.expires_at)], separators=(",", ":")).encode()
-        return f"{_b64(payload)}.{_b64(self._mac(payload))}"
+        return f"{base64url.encode(payload)}.{base64url.encode(self._mac(payload))}"
 
     def verify(self, token: str) -> Claims | None:
         """The token's claims if this server signed it (expiry not checked here); else None."""
@@ -72,8 +65,8 @@ class TokenSigner:
             return None
         body, dot, mac = token.partition(".")
         try:
-            payload = _unb64(body)
-            if not dot or not hmac.compare_digest(_unb64(mac), self._mac(payload)):
+            payload = base64url.decode(body)
+            if not dot or not hmac.compare_digest(base64url.decode(mac), self._mac(payload)):
                 return None
             session_id, port, tenant, generation, expires = json.loads(payload)
         except (ValueError, TypeError, UnicodeDecodeError):
