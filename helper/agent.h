@@ -347,7 +347,6 @@ bool cmd_output_done(const struct cmd *c);
 
 /* ---- agent_run.c: the agent as the `sbx run` supervisor ---- */
 bool sup_parse(char **argv, struct sup *out);
-char **sup_env(char **envp, bool clean);
 bool sup_helper_call(uint32_t id, char **argv);
 __attribute__((noreturn)) void sup_child(const struct sup *sup);
 void sup_kill_tree(struct cmd *c);

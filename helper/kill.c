@@ -145,22 +145,33 @@ int cmd_reap(int argc, char **argv)
 	return 0;
 }
 
-/* The signals a caller may name (Signal, `sbx signal`); 0 for any other name. */
+/* The signals a caller may name (Signal, `sbx signal`): the only ones a
+ * supervisor forwards to its command, whichever way it was asked. */
+static const struct {
+	const char *name;
+	int sig;
+} g_signals[] = {
+	{"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT},
+	{"SIGKILL", SIGKILL}, {"SIGTERM", SIGTERM}, {"SIGUSR1", SIGUSR1},
+	{"SIGUSR2", SIGUSR2}, {"SIGSTOP", SIGSTOP}, {"SIGCONT", SIGCONT},
+	{"SIGWINCH", SIGWINCH},
+};
+
+/* 0 for a name not in the table. */
 int signal_by_name(const char *name)
 {
-	static const struct {
-		const char *name;
-		int sig;
-	} names[] = {
-		{"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT},
-		{"SIGKILL", SIGKILL}, {"SIGTERM", SIGTERM}, {"SIGUSR1", SIGUSR1},
-		{"SIGUSR2", SIGUSR2}, {"SIGSTOP", SIGSTOP}, {"SIGCONT", SIGCONT},
-		{"SIGWINCH", SIGWINCH},
-	};
-	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-		if (!strcmp(name, names[i].name))
-			return names[i].sig;
+	for (size_t i = 0; i < sizeof g_signals / sizeof g_signals[0]; i++)
+		if (!strcmp(name, g_signals[i].name))
+			return g_signals[i].sig;
 	return 0;
+}
+
+bool signal_forwardable(int sig)
+{
+	for (size_t i = 0; i < sizeof g_signals / sizeof g_signals[0]; i++)
+		if (sig == g_signals[i].sig)
+			return true;
+	return false;
 }
 
 int cmd_signal(int argc, char **argv)

@@ -31,7 +31,6 @@ struct report {
 	int err;
 };
 
-char **command_env(bool clean);
 __attribute__((noreturn)) void monitor_main(int repfd, int infofd, pid_t parent,
 					    const char *cwd, const char *realroot,
 					    const struct winsize *tty, char **cmd, char **envp);

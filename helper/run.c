@@ -19,16 +19,6 @@
  * sandbox as long): the supervisor's deadline does not count it (cmd_run). */
 #define SUSPEND_JUMP_NS 500000000LL
 
-static bool forwardable(int sig)
-{
-	static const int ok[] = {SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGUSR1,
-				 SIGUSR2, SIGSTOP, SIGCONT, SIGWINCH};
-	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
-		if (ok[i] == sig)
-			return true;
-	return false;
-}
-
 /*
  * The engine keeps an exec's output open until its stdin has been delivered
  * (the shim holds the pipe), so a command that exits without reading its
@@ -122,7 +112,8 @@ int cmd_run(int argc, char **argv)
 	/* Whatever an earlier command left behind by killing its supervisor
 	 * and monitor together dies before this one starts. */
 	reap_orphans();
-	char **envp = command_env(clean_env);
+	extern char **environ;
+	char **envp = command_env(environ, clean_env);
 	int rep[2], info[2];
 	if (pipe2(rep, O_CLOEXEC) < 0 || pipe2(info, O_CLOEXEC) < 0)
 		fail_errno_code(126, errno, "pipe", "");
@@ -282,7 +273,7 @@ int cmd_run(int argc, char **argv)
 			}
 		} else if (sig == SIGUSR2) {
 			int fwd = si.si_value.sival_int;
-			if (si.si_code == SI_QUEUE && forwardable(fwd))
+			if (si.si_code == SI_QUEUE && signal_forwardable(fwd))
 				kill(-child, fwd);
 		} else {
 			/* SIGUSR1 (sbx kill), SIGTERM, SIGINT, SIGHUP, SIGQUIT */
