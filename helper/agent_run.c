@@ -29,21 +29,6 @@
 #include "sbx.h"
 #include "proc.h"
 
-/* Whether `path` is this agent's own executable (the helper the server names). */
-static bool own_helper(const char *path)
-{
-	if (!g_agent.exe_known) {
-		struct stat st;
-		if (stat("/proc/self/exe", &st) < 0)
-			return false;
-		g_agent.exe_dev = st.st_dev;
-		g_agent.exe_ino = st.st_ino;
-		g_agent.exe_known = true;
-	}
-	struct stat st;
-	return stat(path, &st) == 0 && st.st_dev == g_agent.exe_dev && st.st_ino == g_agent.exe_ino;
-}
-
 static bool plain_token(const char *id)
 {
 	size_t n = strlen(id);
@@ -64,7 +49,7 @@ bool sup_parse(char **argv, struct sup *out)
 	/* `--root` the agent's own root is the default spelled out */
 	if (argv[1] && !strcmp(argv[1], "--root") && argv[2] && !strcmp(argv[2], g_root))
 		i = 3;
-	if (!argv[i] || strcmp(argv[i], "run") || !own_helper(argv[0]))
+	if (!argv[i] || strcmp(argv[i], "run") || !own_executable(argv[0]))
 		return false;
 	memset(out, 0, sizeof *out);
 	i++;
@@ -274,7 +259,7 @@ bool sup_helper_call(uint32_t id, char **argv)
 	bool kill_ = !strcmp(argv[1], "kill") && !argv[3];
 	bool signal_ = !strcmp(argv[1], "signal") && argv[3] && !argv[4];
 	bool status_ = !strcmp(argv[1], "status") && !argv[3];
-	if ((!kill_ && !signal_ && !status_) || !own_helper(argv[0]))
+	if ((!kill_ && !signal_ && !status_) || !own_executable(argv[0]))
 		return false;
 	const char *token = argv[2];
 	if (status_) {

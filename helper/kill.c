@@ -13,10 +13,29 @@
 #include "sbx.h"
 #include "proc.h"
 
+/* Whether `path` (a file, or /proc/PID/exe for what PID runs) is this very
+ * executable, by device and inode: the agent's own helper, a renamed copy of
+ * us, a supervisor of this build. */
+bool own_executable(const char *path)
+{
+	static struct stat self;
+	static bool known;
+	if (!known && stat("/proc/self/exe", &self) == 0)
+		known = true;
+	struct stat st;
+	return known && stat(path, &st) == 0 && st.st_dev == self.st_dev && st.st_ino == self.st_ino;
+}
+
+static bool runs_us(pid_t pid)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%ld/exe", (long)pid);
+	return own_executable(path);
+}
+
 /* Is this NUL-separated cmdline an `sbx [--root R] run ... --id TOKEN ...
  * [-- ...]` invocation, parsed the way main() and cmd_run() parse it? */
-static bool cmdline_matches(char *buf, size_t len, const char *token,
-			    const struct stat *self_exe, pid_t pid)
+static bool cmdline_matches(char *buf, size_t len, const char *token, pid_t pid)
 {
 	char *args[4096];
 	size_t n = 0;
@@ -28,15 +47,9 @@ static bool cmdline_matches(char *buf, size_t len, const char *token,
 		return false;
 	const char *base = strrchr(args[0], '/');
 	base = base ? base + 1 : args[0];
-	if (strcmp(base, "sbx")) {
-		/* Renamed binary: accept it if it is literally us. */
-		char path[64];
-		struct stat st;
-		snprintf(path, sizeof path, "/proc/%ld/exe", (long)pid);
-		if (stat(path, &st) < 0 || st.st_dev != self_exe->st_dev ||
-		    st.st_ino != self_exe->st_ino)
-			return false;
-	}
+	/* Renamed binary: accept it if it is literally us. */
+	if (strcmp(base, "sbx") && !runs_us(pid))
+		return false;
 	size_t i = 1;
 	while (i + 1 < n && !strcmp(args[i], "--root"))
 		i += 2;
@@ -52,13 +65,26 @@ static bool cmdline_matches(char *buf, size_t len, const char *token,
 	return false;
 }
 
-/* Send `sig` (with `val` via sigqueue when `queue`) to every supervisor
- * started with --id TOKEN.  Returns the number signalled. */
-static size_t signal_supervisors(const char *token, int sig, bool queue, int val)
+/*
+ * Ask the `sbx run` supervisor `pid` to forward `sig` to its command's group.
+ * SIG_FORWARD, which queues every request with its value, when the supervisor
+ * runs this very executable (it blocks and takes that signal); SIGUSR2 to any
+ * other, all an older helper's supervisor knows: a real-time signal it does not
+ * block would end it.  Old and new meet only where a sandbox's processes are
+ * older than its helper volume: a memory checkpoint of an older server's,
+ * resumed by a newer one (helper/README.md, "kill / signal").  Where /proc/PID/exe
+ * cannot be read, SIGUSR2 too: never worse than before.
+ */
+int forward_request(pid_t pid, int sig)
 {
-	struct stat self_exe;
-	if (stat("/proc/self/exe", &self_exe) < 0)
-		memset(&self_exe, 0, sizeof self_exe);
+	union sigval v = {.sival_int = sig};
+	return sigqueue(pid, runs_us(pid) ? SIG_FORWARD : SIGUSR2, v);
+}
+
+/* To every supervisor started with --id TOKEN: a request to forward
+ * `forward`, or with 0, sbx kill's SIGUSR1.  Returns the number signalled. */
+static size_t signal_supervisors(const char *token, int forward)
+{
 	pid_t self = getpid();
 	uid_t uid = getuid();
 	size_t cap = 1 << 16;
@@ -81,7 +107,7 @@ static size_t signal_supervisors(const char *token, int sig, bool queue, int val
 			continue;
 		snprintf(path, sizeof path, "/proc/%ld/cmdline", pid);
 		ssize_t len = read_small(path, buf, cap);
-		if (len <= 0 || !cmdline_matches(buf, (size_t)len, token, &self_exe, (pid_t)pid))
+		if (len <= 0 || !cmdline_matches(buf, (size_t)len, token, (pid_t)pid))
 			continue;
 		pid_t *nm = realloc(match, (nmatch + 1) * sizeof *match);
 		if (!nm)
@@ -103,13 +129,7 @@ static size_t signal_supervisors(const char *token, int sig, bool queue, int val
 				child_of_match = true;
 		if (child_of_match)
 			continue;
-		int rc;
-		if (queue) {
-			union sigval sv = {.sival_int = val};
-			rc = sigqueue(match[i], sig, sv);
-		} else {
-			rc = kill(match[i], sig);
-		}
+		int rc = forward ? forward_request(match[i], forward) : kill(match[i], SIGUSR1);
 		/* A command can SIGSTOP its supervisor (same uid); a stopped
 		 * one would hold the request pending forever. */
 		if (rc == 0) {
@@ -125,7 +145,7 @@ int cmd_kill(int argc, char **argv)
 {
 	char *pos[1];
 	parse_args(argc, argv, NULL, NULL, pos, 1);
-	size_t sent = signal_supervisors(pos[0], SIGUSR1, false, 0);
+	size_t sent = signal_supervisors(pos[0], 0);
 	/* The server kills by token when a call ends early; a supervisor that
 	 * is gone may have left orphans behind. */
 	reap_orphans();
@@ -181,7 +201,7 @@ int cmd_signal(int argc, char **argv)
 	int sig = signal_by_name(pos[1]);
 	if (!sig)
 		usage("unsupported signal %s", pos[1]);
-	if (!signal_supervisors(pos[0], SIGUSR2, true, sig))
+	if (!signal_supervisors(pos[0], sig))
 		fail(1, "NOT_FOUND", "no supervisor with id %s", pos[0]);
 	return 0;
 }

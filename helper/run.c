@@ -49,6 +49,21 @@ static void discard_pending_stdin(void)
 	}
 }
 
+/*
+ * What the supervisor blocks from its start and takes with sigwaitinfo: the
+ * command's end, kill requests, forward requests in both spellings (SIG_FORWARD
+ * and an older helper's SIGUSR2), and the signals that end it.  Its monitor
+ * inherits the mask and waits on the same set.
+ */
+void supervisor_signals(sigset_t *set)
+{
+	static const int sigs[] = {SIGCHLD, SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+	sigemptyset(set);
+	for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; k++)
+		sigaddset(set, sigs[k]);
+	sigaddset(set, SIG_FORWARD);
+}
+
 int cmd_run(int argc, char **argv)
 {
 	const char *run_id = NULL;
@@ -98,10 +113,7 @@ int cmd_run(int argc, char **argv)
 	/* Signals are consumed synchronously with sigtimedwait: no handlers,
 	 * no async-signal-safety pitfalls, no lost wakeups. */
 	sigset_t set;
-	sigemptyset(&set);
-	int sigs[] = {SIGCHLD, SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP, SIGQUIT};
-	for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; k++)
-		sigaddset(&set, sigs[k]);
+	supervisor_signals(&set);
 	if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
 		fail_errno_code(126, errno, "sigprocmask", "");
 	/* Orphans of the tree (double fork, setsid, nohup) come to us, not
@@ -271,7 +283,8 @@ int cmd_run(int argc, char **argv)
 				}
 				_exit(WEXITSTATUS(status));
 			}
-		} else if (sig == SIGUSR2) {
+		} else if (sig == SIG_FORWARD || sig == SIGUSR2) {
+			/* SIGUSR2: from an older helper's `sbx signal` or agent */
 			int fwd = si.si_value.sival_int;
 			if (si.si_code == SI_QUEUE && signal_forwardable(fwd))
 				kill(-child, fwd);

@@ -235,10 +235,7 @@ void monitor_main(int repfd, int infofd, pid_t parent, const char *cwd,
 	}
 	/* Every signal the supervisor blocked is still blocked here. */
 	sigset_t set;
-	sigemptyset(&set);
-	int sigs[] = {SIGCHLD, SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP, SIGQUIT};
-	for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; k++)
-		sigaddset(&set, sigs[k]);
+	supervisor_signals(&set);
 	for (;;) {
 		siginfo_t si;
 		int sig = sigwaitinfo(&set, &si);

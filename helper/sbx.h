@@ -131,6 +131,9 @@ int cmd_kill(int argc, char **argv);	/* kill.c */
 int cmd_signal(int argc, char **argv);	/* kill.c */
 int signal_by_name(const char *name);	/* kill.c: 0 when not one a caller may name */
 bool signal_forwardable(int sig);	/* kill.c: one a caller may name */
+/* kill.c: ask the `sbx run` supervisor `pid` to forward `sig`, in the signal it takes. */
+int forward_request(pid_t pid, int sig);
+bool own_executable(const char *path);	/* kill.c: `path` is this very executable */
 const char *errno_name(int e);		/* fail.c: the error line's name for errno e */
 int cmd_reap(int argc, char **argv);	/* kill.c */
 /* `sbx agent` (agent.c): the sandbox's main process, serving the channel of docs/agent.md. */
