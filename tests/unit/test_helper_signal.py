@@ -18,6 +18,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from test_helper import Env, env, token  # noqa: F401  (a fixture)
@@ -54,9 +55,9 @@ def _held(pid: int) -> Iterator[None]:
         _ptrace(PTRACE_DETACH, pid)
 
 
-def _supervise(env: Env, tok: str, script: str) -> subprocess.Popen:
+def _supervise(helper: Env, tok: str, script: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [env.sbx, "--root", str(env.root), "run", "--id", tok, "--timeout-ms", "20000", "--"]
+        [helper.sbx, "--root", str(helper.root), "run", "--id", tok, "--timeout-ms", "20000", "--"]
         + ["sh", "-c", script],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -75,7 +76,7 @@ def _lines_within(p: subprocess.Popen, seconds: float) -> int:
 
 
 @pytest.mark.parametrize("round_", range(3))
-def test_stop_cont_kill_sent_together_all_arrive(env, round_):
+def test_stop_cont_kill_sent_together_all_arrive(env: Env, round_: int) -> None:  # noqa: F811
     tok = token()
     with _supervise(env, tok, "echo ready; while :; do sleep 0.05; done") as p:
         try:
@@ -88,7 +89,7 @@ def test_stop_cont_kill_sent_together_all_arrive(env, round_):
             p.kill()
 
 
-def test_cont_after_stop_sent_together_arrives(env):
+def test_cont_after_stop_sent_together_arrives(env: Env) -> None:  # noqa: F811
     tok = token()
     with _supervise(env, tok, "echo ready; while :; do echo tick; sleep 0.05; done") as p:
         try:
@@ -104,7 +105,7 @@ def test_cont_after_stop_sent_together_arrives(env):
             p.kill()
 
 
-def test_a_supervisor_still_takes_an_older_helpers_request(env, tmp_path):
+def test_a_supervisor_still_takes_an_older_helpers_request(env: Env, tmp_path: Path) -> None:  # noqa: F811
     """A copy of the helper is not the supervisor's executable, so its `sbx signal` asks in
     SIGUSR2, the spelling of the helpers before the queued signal (a supervisor restored from
     an older server's memory checkpoint is asked so too): the supervisor forwards it."""
