@@ -82,8 +82,9 @@ int forward_request(pid_t pid, int sig)
 }
 
 /* To every supervisor started with --id TOKEN: a request to forward
- * `forward`, or with 0, sbx kill's SIGUSR1.  Returns the number signalled. */
-static size_t signal_supervisors(const char *token, int forward)
+ * `forward`, or with 0, sbx kill's SIGUSR1.  Returns the number signalled;
+ * `*err`: why a send to a supervisor that is still there failed, else 0. */
+static size_t signal_supervisors(const char *token, int forward, int *err)
 {
 	pid_t self = getpid();
 	uid_t uid = getuid();
@@ -119,6 +120,7 @@ static size_t signal_supervisors(const char *token, int forward)
 	free(buf);
 
 	size_t sent = 0;
+	*err = 0;
 	for (size_t i = 0; i < nmatch; i++) {
 		/* Between fork and exec the supervisor's child still carries
 		 * the same cmdline; signal only the supervisor itself. */
@@ -135,6 +137,8 @@ static size_t signal_supervisors(const char *token, int forward)
 		if (rc == 0) {
 			kill(match[i], SIGCONT);
 			sent++;
+		} else if (errno != ESRCH) {
+			*err = errno;
 		}
 	}
 	free(match);
@@ -145,7 +149,8 @@ int cmd_kill(int argc, char **argv)
 {
 	char *pos[1];
 	parse_args(argc, argv, NULL, NULL, pos, 1);
-	size_t sent = signal_supervisors(pos[0], 0);
+	int err;
+	size_t sent = signal_supervisors(pos[0], 0, &err);
 	/* The server kills by token when a call ends early; a supervisor that
 	 * is gone may have left orphans behind. */
 	reap_orphans();
@@ -201,7 +206,14 @@ int cmd_signal(int argc, char **argv)
 	int sig = signal_by_name(pos[1]);
 	if (!sig)
 		usage("unsupported signal %s", pos[1]);
-	if (!signal_supervisors(pos[0], sig))
-		fail(1, "NOT_FOUND", "no supervisor with id %s", pos[0]);
+	int err;
+	if (signal_supervisors(pos[0], sig, &err))
+		return 0;
+	/* EAGAIN: the supervisor's user has as many signals queued as its
+	 * RLIMIT_SIGPENDING allows (its commands can queue them too); the
+	 * request was not delivered, which is no "it has ended". */
+	if (err)
+		fail(1, "EIO", "signal %s: %s", pos[0], strerror(err));
+	fail(1, "NOT_FOUND", "no supervisor with id %s", pos[0]);
 	return 0;
 }

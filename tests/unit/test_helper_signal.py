@@ -55,9 +55,20 @@ def _held(pid: int) -> Iterator[None]:
         _ptrace(PTRACE_DETACH, pid)
 
 
-def _supervise(helper: Env, tok: str, script: str) -> subprocess.Popen:
+def _supervise(helper: Env, tok: str, script: str, *limit: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [helper.sbx, "--root", str(helper.root), "run", "--id", tok, "--timeout-ms", "20000", "--"]
+        [
+            *limit,
+            helper.sbx,
+            "--root",
+            str(helper.root),
+            "run",
+            "--id",
+            tok,
+            "--timeout-ms",
+            "20000",
+            "--",
+        ]
         + ["sh", "-c", script],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -123,5 +134,21 @@ def test_a_supervisor_still_takes_an_older_helpers_request(env: Env, tmp_path: P
             )
             assert (r.returncode, r.stderr) == (0, b"")
             assert p.wait(timeout=10) == 128 + signal.SIGKILL
+        finally:
+            p.kill()
+
+
+def test_a_request_that_cannot_be_queued_is_an_error(env: Env) -> None:  # noqa: F811
+    """A supervisor whose user has as many signals queued as RLIMIT_SIGPENDING allows (its
+    commands can queue them) cannot be asked: `sbx signal` says so (EIO), never that it went,
+    and never NOT_FOUND, which the server reads as "the process has exited"."""
+    tok = token()
+    limit = ("prlimit", "--sigpending=0", "--")
+    with _supervise(env, tok, "echo ready; while :; do sleep 0.05; done", *limit) as p:
+        try:
+            assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+            r = env("signal", tok, "SIGTERM")
+            assert (r.rc, r.error) == (1, "EIO"), r
+            assert p.poll() is None
         finally:
             p.kill()
