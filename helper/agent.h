@@ -255,13 +255,9 @@ struct agent {
 	/* The earliest end of a hold on a command's output (0: none), set by build_poll. */
 	uint64_t hold_wake_us;
 	/* Supervised commands (agent_run.c): the root as realpath gives it, once
-	 * (a command's cwd must be at or below it); the agent's executable, to
-	 * know a request for `sbx run` of its own helper; the signals recent
+	 * (a command's cwd must be at or below it); the signals recent
 	 * supervised commands died of, for `sbx status TOKEN`. */
 	char *realroot;
-	dev_t exe_dev;
-	ino_t exe_ino;
-	bool exe_known;
 	struct {
 		char token[MAX_ID + 1];
 		int sig;
@@ -347,7 +343,6 @@ bool cmd_output_done(const struct cmd *c);
 
 /* ---- agent_run.c: the agent as the `sbx run` supervisor ---- */
 bool sup_parse(char **argv, struct sup *out);
-char **sup_env(char **envp, bool clean);
 bool sup_helper_call(uint32_t id, char **argv);
 __attribute__((noreturn)) void sup_child(const struct sup *sup);
 void sup_kill_tree(struct cmd *c);

@@ -53,19 +53,7 @@ static void child_main(int rep, int in, int out, int err, int tty_slave, const c
 	}
 	if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)
 		child_fail(rep, ST_SETUP, errno);
-	/* Every disposition back to the default, through the raw call: glibc
-	 * refuses its reserved real-time signals (32, 33), yet an ignored one
-	 * is inherited across exec all the same.  An all-zero kernel sigaction
-	 * is SIG_DFL, no flags, an empty mask. */
-	for (int sig = 1; sig < NSIG; sig++) {
-		if (sig == SIGKILL || sig == SIGSTOP)
-			continue;
-		unsigned long ksa[4] = {0};
-		syscall(SYS_rt_sigaction, sig, ksa, NULL, 8);
-	}
-	sigset_t none;
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL);
+	(void)reset_signals(); /* run_child.c */
 	/* Outside a PID namespace (tests) nothing else ends a command whose
 	 * agent died; inside, the namespace ends with its PID 1. */
 	if (g_agent.self != 1)
@@ -327,7 +315,7 @@ void open_exec(uint32_t id, const struct jval *req)
 		goto out;
 	}
 	if (supervise) {
-		sup.envp = sup_env(envp, sup.clean);
+		sup.envp = command_env(envp, sup.clean);
 		if (!g_agent.realroot && !(g_agent.realroot = realpath(g_root, NULL)))
 			sup.root_err = errno;
 	}

@@ -223,8 +223,7 @@ static void on_stream_frame(uint8_t type, uint32_t id, const unsigned char *p, s
 			return;
 		if (n == 2 && p[1] == 1) {
 			/* relayed by the `sbx run` supervisor to its command's group */
-			union sigval v = {.sival_int = p[0]};
-			sigqueue(s->cmd->pid, SIGUSR2, v);
+			(void)forward_request(s->cmd->pid, p[0]); /* kill.c */
 			kill(s->cmd->pid, SIGCONT);
 		} else {
 			kill(-s->cmd->pid, p[0]);

@@ -81,11 +81,7 @@ void out_error(uint8_t type, uint32_t stream, const char *error, const char *fmt
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
 	struct buf b = {0};
-	buf_puts(&b, "{\"error\":");
-	buf_json_str(&b, error, strlen(error));
-	buf_puts(&b, ",\"message\":");
-	buf_json_str(&b, msg, strlen(msg));
-	buf_puts(&b, "}");
+	buf_error(&b, error, msg);
 	out_json(type, stream, &b);
 }
 

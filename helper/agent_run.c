@@ -17,7 +17,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,37 +29,11 @@
 #include "sbx.h"
 #include "proc.h"
 
-/* The directories a bare command name is looked up in (run_child.c). */
-#define FIXED_PATH "/usr/local/bin:/usr/bin:/bin"
-
-/* Whether `path` is this agent's own executable (the helper the server names). */
-static bool own_helper(const char *path)
-{
-	if (!g_agent.exe_known) {
-		struct stat st;
-		if (stat("/proc/self/exe", &st) < 0)
-			return false;
-		g_agent.exe_dev = st.st_dev;
-		g_agent.exe_ino = st.st_ino;
-		g_agent.exe_known = true;
-	}
-	struct stat st;
-	return stat(path, &st) == 0 && st.st_dev == g_agent.exe_dev && st.st_ino == g_agent.exe_ino;
-}
-
 static bool plain_token(const char *id)
 {
 	size_t n = strlen(id);
 	return n > 0 && n <= MAX_ID &&
 	       strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") == n;
-}
-
-static char *dup_str(const char *s)
-{
-	size_t n = strlen(s) + 1;
-	char *p = xmalloc(n);
-	memcpy(p, s, n);
-	return p;
 }
 
 /*
@@ -76,7 +49,7 @@ bool sup_parse(char **argv, struct sup *out)
 	/* `--root` the agent's own root is the default spelled out */
 	if (argv[1] && !strcmp(argv[1], "--root") && argv[2] && !strcmp(argv[2], g_root))
 		i = 3;
-	if (!argv[i] || strcmp(argv[i], "run") || !own_helper(argv[0]))
+	if (!argv[i] || strcmp(argv[i], "run") || !own_executable(argv[0]))
 		return false;
 	memset(out, 0, sizeof *out);
 	i++;
@@ -118,68 +91,6 @@ bool sup_parse(char **argv, struct sup *out)
 	return true;
 }
 
-/* The command's environment, as `sbx run` builds it from its own (the
- * request's `env`; run_child.c). */
-char **sup_env(char **envp, bool clean)
-{
-	size_t n = 0;
-	for (char **e = envp; *e; e++)
-		n++;
-	char **out = xmalloc((n + 4) * sizeof *out);
-	size_t o = 0;
-	if (clean) {
-		char home[PATH_MAX + 8];
-		snprintf(home, sizeof home, "HOME=%s", g_root);
-		out[o++] = dup_str("PATH=" FIXED_PATH);
-		out[o++] = dup_str("LANG=C.UTF-8");
-		out[o++] = dup_str(home);
-	} else {
-		for (char **e = envp; *e; e++)
-			if (!loader_var(*e))
-				out[o++] = dup_str(*e);
-	}
-	out[o] = NULL;
-	return out;
-}
-
-static bool path_within(const char *path, const char *root)
-{
-	size_t n = strlen(root);
-	if (n == 1 && root[0] == '/')
-		return true;
-	return !strncmp(path, root, n) && (path[n] == '\0' || path[n] == '/');
-}
-
-/* The error line and exit status `sbx run` gives for a command that never
- * ran (fail.c's format), from the command's own side: its stderr is the
- * request's. */
-__attribute__((noreturn, format(printf, 3, 4)))
-static void child_fail(int code, const char *name, const char *fmt, ...)
-{
-	char msg[1024];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
-	struct buf b = {0};
-	buf_puts(&b, "{\"error\":\"");
-	buf_puts(&b, name);
-	buf_puts(&b, "\",\"message\":");
-	buf_json_str(&b, msg, strlen(msg));
-	buf_puts(&b, "}\n");
-	(void)write_all(2, b.p, b.len);
-	_exit(code);
-}
-
-__attribute__((noreturn))
-static void child_fail_errno(int code, int e, const char *what, const char *path)
-{
-	const char *name = errno_name(e);
-	if (!strcmp(name, "ESCAPE"))
-		child_fail(code, name, "%s %s: path resolves outside the root", what, path);
-	child_fail(code, name, "%s %s: %s", what, path, strerror(e));
-}
-
 /*
  * The command's last steps in the child the agent started (agent_exec.c has
  * done its session, stdio, signals, identity): `sbx run`'s cwd, its check
@@ -189,52 +100,28 @@ void sup_child(const struct sup *sup)
 {
 	const char *c = sup->cwd ? sup->cwd : g_root;
 	if (!g_agent.realroot)
-		child_fail_errno(126, sup->root_err, "resolve root", g_root);
+		fail_errno_child(126, sup->root_err, "resolve root", g_root);
 	if (chdir(g_root) < 0)
-		child_fail_errno(126, errno, "chdir", c);
+		fail_errno_child(126, errno, "chdir", c);
 	if (sup->cwd && chdir(sup->cwd) < 0)
-		child_fail_errno(126, errno, "chdir", c);
+		fail_errno_child(126, errno, "chdir", c);
 	char here[PATH_MAX];
 	if (!getcwd(here, sizeof here))
-		child_fail_errno(126, errno, "chdir", c);
+		fail_errno_child(126, errno, "chdir", c);
 	if (!path_within(here, g_agent.realroot))
-		child_fail(126, "ESCAPE", "working directory %s is outside the root", c);
+		fail_child(126, "ESCAPE", "working directory %s is outside the root", c);
 	if (sup->tty) {
 		/* The engine's exec could be resized only once it ran: the
 		 * first size is set before the command can ask for it. */
 		struct winsize ws = {.ws_row = sup->rows, .ws_col = sup->cols};
 		if (ioctl(0, TIOCSWINSZ, &ws) < 0)
-			child_fail_errno(126, errno, "setup", "child");
+			fail_errno_child(126, errno, "setup", "child");
 	}
 	char **cmd = sup->argv;
-	int err = ENOENT;
-	if (strchr(cmd[0], '/')) {
-		execve(cmd[0], cmd, sup->envp);
-		err = errno;
-	} else if (cmd[0][0]) {
-		bool denied = false;
-		err = 0;
-		for (const char *dir = FIXED_PATH; *dir && !err;) {
-			size_t n = strcspn(dir, ":");
-			char path[PATH_MAX];
-			if (n + 1 + strlen(cmd[0]) < sizeof path) {
-				snprintf(path, sizeof path, "%.*s/%s", (int)n, dir, cmd[0]);
-				execve(path, cmd, sup->envp);
-				if (errno == EACCES)
-					denied = true;
-				else if (errno != ENOENT && errno != ENOTDIR)
-					err = errno;
-			}
-			dir += n;
-			if (*dir == ':')
-				dir++;
-		}
-		if (!err)
-			err = denied ? EACCES : ENOENT;
-	}
+	int err = exec_command(cmd, sup->envp);
 	if (err == ENOENT)
-		child_fail(127, "ENOENT", "command not found: %s", cmd[0]);
-	child_fail_errno(126, err, "cannot execute", cmd[0]);
+		fail_child(127, "ENOENT", "command not found: %s", cmd[0]);
+	fail_errno_child(126, err, "cannot execute", cmd[0]);
 }
 
 /* A live supervised command by its token. */
@@ -261,12 +148,9 @@ void sup_kill_tree(struct cmd *c)
  * True when handled. */
 bool sup_signal(struct cmd *c, int sig, bool relay)
 {
-	static const int fwd[] = {SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGUSR1,
-				  SIGUSR2, SIGSTOP, SIGCONT, SIGWINCH};
 	if (relay) {
-		for (size_t i = 0; i < sizeof fwd / sizeof fwd[0]; i++)
-			if (fwd[i] == sig)
-				kill(-c->pid, sig);
+		if (signal_forwardable(sig))
+			kill(-c->pid, sig);
 		return true;
 	}
 	/* To the supervisor itself: these ended its tree (exit 137). */
@@ -375,7 +259,7 @@ bool sup_helper_call(uint32_t id, char **argv)
 	bool kill_ = !strcmp(argv[1], "kill") && !argv[3];
 	bool signal_ = !strcmp(argv[1], "signal") && argv[3] && !argv[4];
 	bool status_ = !strcmp(argv[1], "status") && !argv[3];
-	if ((!kill_ && !signal_ && !status_) || !own_helper(argv[0]))
+	if ((!kill_ && !signal_ && !status_) || !own_executable(argv[0]))
 		return false;
 	const char *token = argv[2];
 	if (status_) {

@@ -60,18 +60,26 @@ char *xstrdup(const char *s)
 	return p;
 }
 
+/* Room for `need` bytes at *p, which holds *cap: the capacity doubled (from
+ * `first` when there is none yet) until they fit.  Out of memory ends the
+ * process. */
+void grow_bytes(char **p, size_t *cap, size_t need, size_t first)
+{
+	if (need <= *cap)
+		return;
+	size_t nc = *cap ? *cap : first;
+	while (nc < need)
+		nc *= 2;
+	char *np = realloc(*p, nc);
+	if (!np)
+		oom();
+	*p = np;
+	*cap = nc;
+}
+
 void buf_add(struct buf *b, const char *s, size_t n)
 {
-	if (b->len + n + 1 > b->cap) {
-		size_t nc = b->cap ? b->cap : 256;
-		while (nc < b->len + n + 1)
-			nc *= 2;
-		char *np = realloc(b->p, nc);
-		if (!np)
-			oom();
-		b->p = np;
-		b->cap = nc;
-	}
+	grow_bytes(&b->p, &b->cap, b->len + n + 1, 256);
 	memcpy(b->p + b->len, s, n);
 	b->len += n;
 	b->p[b->len] = '\0';

@@ -11,19 +11,31 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "sbx.h"
+
+/*
+ * The shape of every error the helper reports, {"error":NAME,"message":MSG}:
+ * the line on stderr here and the agent's RESET and GOAWAY frames
+ * (out_error), so the two cannot come to spell an error differently.
+ */
+void buf_error(struct buf *b, const char *name, const char *msg)
+{
+	buf_puts(b, "{\"error\":");
+	buf_json_str(b, name, strlen(name));
+	buf_puts(b, ",\"message\":");
+	buf_json_str(b, msg, strlen(msg));
+	buf_puts(b, "}");
+}
 
 static void emit_error(const char *name, const char *fmt, va_list ap)
 {
 	char msg[1024];
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	struct buf b = {0};
-	buf_puts(&b, "{\"error\":\"");
-	buf_puts(&b, name);
-	buf_puts(&b, "\",\"message\":");
-	buf_json_str(&b, msg, strlen(msg));
-	buf_puts(&b, "}\n");
+	buf_error(&b, name, msg);
+	buf_puts(&b, "\n");
 	(void)write_all(2, b.p, b.len);
 	free(b.p);
 }
@@ -95,13 +107,18 @@ static void drain_stdin(void)
 		;
 }
 
-__attribute__((noreturn, format(printf, 3, 4)))
-void fail(int code, const char *name, const char *fmt, ...)
+/* The error line, then the exit: after what a failure undoes, or, for a child
+ * between fork and exec, at once by _exit, with nothing of its parent's undone,
+ * drained or flushed. */
+__attribute__((noreturn, format(printf, 4, 5)))
+void fail_exit(bool child, int code, const char *name, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
 	emit_error(name, fmt, ap);
 	va_end(ap);
+	if (child)
+		_exit(code);
 	if (g_undo) {
 		void (*undo)(void) = g_undo;
 		g_undo = NULL;
@@ -133,18 +150,12 @@ const char *errno_name(int e)
 	}
 }
 
-/* Report errno `e` for an operation on `path`, exit with `code`. */
+/* Report errno `e` for an operation on `path`, exit with `code` (fail_exit's `child`). */
 __attribute__((noreturn))
-void fail_errno_code(int code, int e, const char *what, const char *path)
+void fail_errno_exit(bool child, int code, int e, const char *what, const char *path)
 {
 	const char *name = errno_name(e);
 	if (!strcmp(name, "ESCAPE"))
-		fail(code, name, "%s %s: path resolves outside the root", what, path);
-	fail(code, name, "%s %s: %s", what, path, strerror(e));
-}
-
-__attribute__((noreturn))
-void fail_errno(int e, const char *what, const char *path)
-{
-	fail_errno_code(1, e, what, path);
+		fail_exit(child, code, name, "%s %s: path resolves outside the root", what, path);
+	fail_exit(child, code, name, "%s %s: %s", what, path, strerror(e));
 }

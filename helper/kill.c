@@ -13,10 +13,29 @@
 #include "sbx.h"
 #include "proc.h"
 
+/* Whether `path` (a file, or /proc/PID/exe for what PID runs) is this very
+ * executable, by device and inode: the agent's own helper, a renamed copy of
+ * us, a supervisor of this build. */
+bool own_executable(const char *path)
+{
+	static struct stat self;
+	static bool known;
+	if (!known && stat("/proc/self/exe", &self) == 0)
+		known = true;
+	struct stat st;
+	return known && stat(path, &st) == 0 && st.st_dev == self.st_dev && st.st_ino == self.st_ino;
+}
+
+static bool runs_us(pid_t pid)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%ld/exe", (long)pid);
+	return own_executable(path);
+}
+
 /* Is this NUL-separated cmdline an `sbx [--root R] run ... --id TOKEN ...
  * [-- ...]` invocation, parsed the way main() and cmd_run() parse it? */
-static bool cmdline_matches(char *buf, size_t len, const char *token,
-			    const struct stat *self_exe, pid_t pid)
+static bool cmdline_matches(char *buf, size_t len, const char *token, pid_t pid)
 {
 	char *args[4096];
 	size_t n = 0;
@@ -28,15 +47,9 @@ static bool cmdline_matches(char *buf, size_t len, const char *token,
 		return false;
 	const char *base = strrchr(args[0], '/');
 	base = base ? base + 1 : args[0];
-	if (strcmp(base, "sbx")) {
-		/* Renamed binary: accept it if it is literally us. */
-		char path[64];
-		struct stat st;
-		snprintf(path, sizeof path, "/proc/%ld/exe", (long)pid);
-		if (stat(path, &st) < 0 || st.st_dev != self_exe->st_dev ||
-		    st.st_ino != self_exe->st_ino)
-			return false;
-	}
+	/* Renamed binary: accept it if it is literally us. */
+	if (strcmp(base, "sbx") && !runs_us(pid))
+		return false;
 	size_t i = 1;
 	while (i + 1 < n && !strcmp(args[i], "--root"))
 		i += 2;
@@ -52,13 +65,27 @@ static bool cmdline_matches(char *buf, size_t len, const char *token,
 	return false;
 }
 
-/* Send `sig` (with `val` via sigqueue when `queue`) to every supervisor
- * started with --id TOKEN.  Returns the number signalled. */
-static size_t signal_supervisors(const char *token, int sig, bool queue, int val)
+/*
+ * Ask the `sbx run` supervisor `pid` to forward `sig` to its command's group.
+ * SIG_FORWARD, which queues every request with its value, when the supervisor
+ * runs this very executable (it blocks and takes that signal); SIGUSR2 to any
+ * other, all an older helper's supervisor knows: a real-time signal it does not
+ * block would end it.  Old and new meet only where a sandbox's processes are
+ * older than its helper volume: a memory checkpoint of an older server's,
+ * resumed by a newer one (helper/README.md, "kill / signal").  Where /proc/PID/exe
+ * cannot be read, SIGUSR2 too: never worse than before.
+ */
+int forward_request(pid_t pid, int sig)
 {
-	struct stat self_exe;
-	if (stat("/proc/self/exe", &self_exe) < 0)
-		memset(&self_exe, 0, sizeof self_exe);
+	union sigval v = {.sival_int = sig};
+	return sigqueue(pid, runs_us(pid) ? SIG_FORWARD : SIGUSR2, v);
+}
+
+/* To every supervisor started with --id TOKEN: a request to forward
+ * `forward`, or with 0, sbx kill's SIGUSR1.  Returns the number signalled;
+ * `*err`: why a send to a supervisor that is still there failed, else 0. */
+static size_t signal_supervisors(const char *token, int forward, int *err)
+{
 	pid_t self = getpid();
 	uid_t uid = getuid();
 	size_t cap = 1 << 16;
@@ -81,7 +108,7 @@ static size_t signal_supervisors(const char *token, int sig, bool queue, int val
 			continue;
 		snprintf(path, sizeof path, "/proc/%ld/cmdline", pid);
 		ssize_t len = read_small(path, buf, cap);
-		if (len <= 0 || !cmdline_matches(buf, (size_t)len, token, &self_exe, (pid_t)pid))
+		if (len <= 0 || !cmdline_matches(buf, (size_t)len, token, (pid_t)pid))
 			continue;
 		pid_t *nm = realloc(match, (nmatch + 1) * sizeof *match);
 		if (!nm)
@@ -93,6 +120,7 @@ static size_t signal_supervisors(const char *token, int sig, bool queue, int val
 	free(buf);
 
 	size_t sent = 0;
+	*err = 0;
 	for (size_t i = 0; i < nmatch; i++) {
 		/* Between fork and exec the supervisor's child still carries
 		 * the same cmdline; signal only the supervisor itself. */
@@ -103,18 +131,14 @@ static size_t signal_supervisors(const char *token, int sig, bool queue, int val
 				child_of_match = true;
 		if (child_of_match)
 			continue;
-		int rc;
-		if (queue) {
-			union sigval sv = {.sival_int = val};
-			rc = sigqueue(match[i], sig, sv);
-		} else {
-			rc = kill(match[i], sig);
-		}
+		int rc = forward ? forward_request(match[i], forward) : kill(match[i], SIGUSR1);
 		/* A command can SIGSTOP its supervisor (same uid); a stopped
 		 * one would hold the request pending forever. */
 		if (rc == 0) {
 			kill(match[i], SIGCONT);
 			sent++;
+		} else if (errno != ESRCH) {
+			*err = errno;
 		}
 	}
 	free(match);
@@ -125,7 +149,8 @@ int cmd_kill(int argc, char **argv)
 {
 	char *pos[1];
 	parse_args(argc, argv, NULL, NULL, pos, 1);
-	size_t sent = signal_supervisors(pos[0], SIGUSR1, false, 0);
+	int err;
+	size_t sent = signal_supervisors(pos[0], 0, &err);
 	/* The server kills by token when a call ends early; a supervisor that
 	 * is gone may have left orphans behind. */
 	reap_orphans();
@@ -145,22 +170,33 @@ int cmd_reap(int argc, char **argv)
 	return 0;
 }
 
-/* The signals a caller may name (Signal, `sbx signal`); 0 for any other name. */
+/* The signals a caller may name (Signal, `sbx signal`): the only ones a
+ * supervisor forwards to its command, whichever way it was asked. */
+static const struct {
+	const char *name;
+	int sig;
+} g_signals[] = {
+	{"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT},
+	{"SIGKILL", SIGKILL}, {"SIGTERM", SIGTERM}, {"SIGUSR1", SIGUSR1},
+	{"SIGUSR2", SIGUSR2}, {"SIGSTOP", SIGSTOP}, {"SIGCONT", SIGCONT},
+	{"SIGWINCH", SIGWINCH},
+};
+
+/* 0 for a name not in the table. */
 int signal_by_name(const char *name)
 {
-	static const struct {
-		const char *name;
-		int sig;
-	} names[] = {
-		{"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT},
-		{"SIGKILL", SIGKILL}, {"SIGTERM", SIGTERM}, {"SIGUSR1", SIGUSR1},
-		{"SIGUSR2", SIGUSR2}, {"SIGSTOP", SIGSTOP}, {"SIGCONT", SIGCONT},
-		{"SIGWINCH", SIGWINCH},
-	};
-	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-		if (!strcmp(name, names[i].name))
-			return names[i].sig;
+	for (size_t i = 0; i < sizeof g_signals / sizeof g_signals[0]; i++)
+		if (!strcmp(name, g_signals[i].name))
+			return g_signals[i].sig;
 	return 0;
+}
+
+bool signal_forwardable(int sig)
+{
+	for (size_t i = 0; i < sizeof g_signals / sizeof g_signals[0]; i++)
+		if (sig == g_signals[i].sig)
+			return true;
+	return false;
 }
 
 int cmd_signal(int argc, char **argv)
@@ -170,7 +206,14 @@ int cmd_signal(int argc, char **argv)
 	int sig = signal_by_name(pos[1]);
 	if (!sig)
 		usage("unsupported signal %s", pos[1]);
-	if (!signal_supervisors(pos[0], SIGUSR2, true, sig))
-		fail(1, "NOT_FOUND", "no supervisor with id %s", pos[0]);
+	int err;
+	if (signal_supervisors(pos[0], sig, &err))
+		return 0;
+	/* EAGAIN: the supervisor's user has as many signals queued as its
+	 * RLIMIT_SIGPENDING allows (its commands can queue them too); the
+	 * request was not delivered, which is no "it has ended". */
+	if (err)
+		fail(1, "EIO", "signal %s: %s", pos[0], strerror(err));
+	fail(1, "NOT_FOUND", "no supervisor with id %s", pos[0]);
 	return 0;
 }

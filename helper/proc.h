@@ -6,6 +6,7 @@
 #ifndef SBX_PROC_H
 #define SBX_PROC_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/ioctl.h>
@@ -13,6 +14,18 @@
 
 /* What `run` exits with when it killed the command's tree. */
 #define EXIT_KILLED 137
+
+/*
+ * What `sbx signal` (and the agent, relaying) asks an `sbx run` supervisor to
+ * forward to its command with: a real-time signal whose value is the signal
+ * to forward.  Real-time signals queue, each with its value, so STOP, CONT and
+ * KILL sent before the supervisor takes the first all arrive; SIGUSR2, what
+ * older helpers use and still taken, is pending at most once and would drop
+ * the later ones.  kill.c's forward_request picks which one a supervisor gets.
+ */
+#define SIG_FORWARD SIGRTMIN
+/* run.c: the signals a supervisor blocks and takes (its monitor waits on the same). */
+void supervisor_signals(sigset_t *set);
 
 /* procs.c */
 ssize_t read_small(const char *path, char *buf, size_t cap);
@@ -31,7 +44,6 @@ struct report {
 	int err;
 };
 
-char **command_env(bool clean);
 __attribute__((noreturn)) void monitor_main(int repfd, int infofd, pid_t parent,
 					    const char *cwd, const char *realroot,
 					    const struct winsize *tty, char **cmd, char **envp);

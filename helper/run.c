@@ -19,16 +19,6 @@
  * sandbox as long): the supervisor's deadline does not count it (cmd_run). */
 #define SUSPEND_JUMP_NS 500000000LL
 
-static bool forwardable(int sig)
-{
-	static const int ok[] = {SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGUSR1,
-				 SIGUSR2, SIGSTOP, SIGCONT, SIGWINCH};
-	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
-		if (ok[i] == sig)
-			return true;
-	return false;
-}
-
 /*
  * The engine keeps an exec's output open until its stdin has been delivered
  * (the shim holds the pipe), so a command that exits without reading its
@@ -57,6 +47,21 @@ static void discard_pending_stdin(void)
 		if (now.tv_sec - start.tv_sec >= 2)
 			return; /* bounded: the server caps what it sends anyway */
 	}
+}
+
+/*
+ * What the supervisor blocks from its start and takes with sigwaitinfo: the
+ * command's end, kill requests, forward requests in both spellings (SIG_FORWARD
+ * and an older helper's SIGUSR2), and the signals that end it.  Its monitor
+ * inherits the mask and waits on the same set.
+ */
+void supervisor_signals(sigset_t *set)
+{
+	static const int sigs[] = {SIGCHLD, SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+	sigemptyset(set);
+	for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; k++)
+		sigaddset(set, sigs[k]);
+	sigaddset(set, SIG_FORWARD);
 }
 
 int cmd_run(int argc, char **argv)
@@ -108,10 +113,7 @@ int cmd_run(int argc, char **argv)
 	/* Signals are consumed synchronously with sigtimedwait: no handlers,
 	 * no async-signal-safety pitfalls, no lost wakeups. */
 	sigset_t set;
-	sigemptyset(&set);
-	int sigs[] = {SIGCHLD, SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP, SIGQUIT};
-	for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; k++)
-		sigaddset(&set, sigs[k]);
+	supervisor_signals(&set);
 	if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
 		fail_errno_code(126, errno, "sigprocmask", "");
 	/* Orphans of the tree (double fork, setsid, nohup) come to us, not
@@ -122,7 +124,8 @@ int cmd_run(int argc, char **argv)
 	/* Whatever an earlier command left behind by killing its supervisor
 	 * and monitor together dies before this one starts. */
 	reap_orphans();
-	char **envp = command_env(clean_env);
+	extern char **environ;
+	char **envp = command_env(environ, clean_env);
 	int rep[2], info[2];
 	if (pipe2(rep, O_CLOEXEC) < 0 || pipe2(info, O_CLOEXEC) < 0)
 		fail_errno_code(126, errno, "pipe", "");
@@ -280,9 +283,10 @@ int cmd_run(int argc, char **argv)
 				}
 				_exit(WEXITSTATUS(status));
 			}
-		} else if (sig == SIGUSR2) {
+		} else if (sig == SIG_FORWARD || sig == SIGUSR2) {
+			/* SIGUSR2: from an older helper's `sbx signal` or agent */
 			int fwd = si.si_value.sival_int;
-			if (si.si_code == SI_QUEUE && forwardable(fwd))
+			if (si.si_code == SI_QUEUE && signal_forwardable(fwd))
 				kill(-child, fwd);
 		} else {
 			/* SIGUSR1 (sbx kill), SIGTERM, SIGINT, SIGHUP, SIGQUIT */

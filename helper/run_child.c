@@ -23,7 +23,8 @@ static void child_report(int fd, int stage, int err)
 	_exit(126);
 }
 
-static bool path_within(const char *path, const char *root)
+/* Whether `path` is `root` or below it (the command's cwd, both ways it starts). */
+bool path_within(const char *path, const char *root)
 {
 	size_t n = strlen(root);
 	if (n == 1 && root[0] == '/')
@@ -59,36 +60,37 @@ bool loader_var(const char *entry)
 	return false;
 }
 
-/* The command's environment: ours minus the loader variables, or with
- * --clean-env (the server's own runs, e.g. tar) only fixed values, so no
- * caller variable reaches them. */
-char **command_env(bool clean)
+/* The command's environment, both ways it starts (`sbx run`: ours; the agent:
+ * the request's): `envp` minus the loader variables, or with --clean-env (the
+ * server's own runs, e.g. tar) only fixed values, so no caller variable reaches
+ * them.  Every string a copy of its own (str_array_free frees it all). */
+char **command_env(char **envp, bool clean)
 {
-	extern char **environ;
 	size_t n = 0;
-	for (char **e = environ; *e; e++)
+	for (char **e = envp; *e; e++)
 		n++;
 	char **out = xmalloc((n + 4) * sizeof *out);
 	size_t o = 0;
 	if (clean) {
-		static char home[PATH_MAX + 8];
+		char home[PATH_MAX + 8];
 		snprintf(home, sizeof home, "HOME=%s", g_root);
-		out[o++] = "PATH=" FIXED_PATH;
-		out[o++] = "LANG=C.UTF-8";
-		out[o++] = home;
+		out[o++] = xstrdup("PATH=" FIXED_PATH);
+		out[o++] = xstrdup("LANG=C.UTF-8");
+		out[o++] = xstrdup(home);
 	} else {
-		for (char **e = environ; *e; e++)
+		for (char **e = envp; *e; e++)
 			if (!loader_var(*e))
-				out[o++] = *e;
+				out[o++] = xstrdup(*e);
 	}
 	out[o] = NULL;
 	return out;
 }
 
 /* execve argv[0] as given when it holds a '/', else looked up on FIXED_PATH
- * (never the environment's PATH).  Returns only on failure, with the errno
- * execvp would report: EACCES if some candidate was not executable. */
-static int exec_command(char **cmd, char **envp)
+ * (never the environment's PATH), both ways a command starts.  Returns only on
+ * failure, with the errno execvp would report: EACCES if some candidate was not
+ * executable. */
+int exec_command(char **cmd, char **envp)
 {
 	if (strchr(cmd[0], '/')) {
 		execve(cmd[0], cmd, envp);
@@ -113,6 +115,29 @@ static int exec_command(char **cmd, char **envp)
 			dir++;
 	}
 	return denied ? EACCES : ENOENT;
+}
+
+/*
+ * Every disposition back to the default and nothing blocked, for a command
+ * about to exec (both ways it starts): what the supervisor or the agent blocked
+ * or ignored must not reach it.  Through the raw call: glibc refuses its
+ * reserved real-time signals (32, 33), yet an ignored one is inherited across
+ * exec all the same.  An all-zero kernel sigaction is SIG_DFL, no flags, an
+ * empty mask, whatever the architecture's field order.  Plain system calls
+ * only: the agent's child runs it between vfork and exec.  Returns
+ * sigprocmask's result.
+ */
+int reset_signals(void)
+{
+	for (int s = 1; s < NSIG; s++) {
+		if (s == SIGKILL || s == SIGSTOP)
+			continue;
+		unsigned long ksa[4] = {0};
+		syscall(SYS_rt_sigaction, s, ksa, NULL, 8);
+	}
+	sigset_t none;
+	sigemptyset(&none);
+	return sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
 __attribute__((noreturn))
@@ -155,19 +180,7 @@ static void child_main(int repfd, pid_t parent, const char *cwd,
 	if (!path_within(here, realroot))
 		child_report(repfd, ST_ESCAPE, 0);
 	/* The command must not inherit our blocked mask or dispositions. */
-	for (int s = 1; s < NSIG; s++) {
-		if (s == SIGKILL || s == SIGSTOP)
-			continue;
-		/* Raw syscall: glibc refuses its reserved real-time signals (32,
-		 * 33), yet an ignored one is inherited across exec all the same.
-		 * An all-zero kernel sigaction is SIG_DFL, no flags, empty mask,
-		 * whatever the architecture's field order. */
-		unsigned long ksa[4] = {0};
-		syscall(SYS_rt_sigaction, s, ksa, NULL, 8);
-	}
-	sigset_t none;
-	sigemptyset(&none);
-	if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
+	if (reset_signals() < 0)
 		child_report(repfd, ST_SETUP, errno);
 	child_report(repfd, ST_EXEC, exec_command(cmd, envp));
 }
@@ -222,10 +235,7 @@ void monitor_main(int repfd, int infofd, pid_t parent, const char *cwd,
 	}
 	/* Every signal the supervisor blocked is still blocked here. */
 	sigset_t set;
-	sigemptyset(&set);
-	int sigs[] = {SIGCHLD, SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP, SIGQUIT};
-	for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; k++)
-		sigaddset(&set, sigs[k]);
+	supervisor_signals(&set);
 	for (;;) {
 		siginfo_t si;
 		int sig = sigwaitinfo(&set, &si);

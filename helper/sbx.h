@@ -32,6 +32,8 @@ char *xstrdup(const char *s);
 int write_all(int fd, const void *p, size_t n);
 /* read(2), retried on EINTR. */
 ssize_t read_retry(int fd, void *p, size_t n);
+/* Room for `need` bytes at *p (capacity *cap), doubling from `first`. */
+void grow_bytes(char **p, size_t *cap, size_t need, size_t first);
 void buf_add(struct buf *b, const char *s, size_t n);
 void buf_puts(struct buf *b, const char *s);
 void buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -40,13 +42,23 @@ void buf_json_str(struct buf *b, const char *str, size_t n);
 
 /* ---- fail.c: errors, and what a failure undoes on its way out ---- */
 
-__attribute__((noreturn, format(printf, 3, 4))) void fail(int code, const char *name,
-							  const char *fmt, ...);
+/* The error line on stderr, {"error":NAME,"message":...}, then the exit with
+ * `code`: after what a failure undoes (below), or, for a child between fork and
+ * exec (`child`), at once by _exit. */
+__attribute__((noreturn, format(printf, 4, 5))) void fail_exit(bool child, int code,
+							       const char *name,
+							       const char *fmt, ...);
+#define fail(code, ...) fail_exit(false, code, __VA_ARGS__)
+#define fail_child(code, ...) fail_exit(true, code, __VA_ARGS__)
 #define usage(...) fail(2, "EINVAL", __VA_ARGS__)
 /* Report errno `e` for an operation on `path`, exit with `code` (fail_errno: 1). */
-__attribute__((noreturn)) void fail_errno_code(int code, int e, const char *what,
+__attribute__((noreturn)) void fail_errno_exit(bool child, int code, int e, const char *what,
 					       const char *path);
-__attribute__((noreturn)) void fail_errno(int e, const char *what, const char *path);
+#define fail_errno_code(code, e, what, path) fail_errno_exit(false, code, e, what, path)
+#define fail_errno_child(code, e, what, path) fail_errno_exit(true, code, e, what, path)
+#define fail_errno(e, what, path) fail_errno_exit(false, 1, e, what, path)
+/* The error object every error is spelled as (fail's line, the agent's frames). */
+void buf_error(struct buf *b, const char *name, const char *msg);
 
 /* Set while a merge swaps: fail() first undoes what it did (cmd_merge). */
 extern void (*g_undo)(void);
@@ -91,6 +103,17 @@ int mkdir_parents_noting(const char *norm, bool note);
 /* stat.c: "file", "dir", "symlink" or "other" */
 const char *type_name(mode_t m);
 
+/* ---- run_child.c: what a command gets as it starts, from `sbx run` or the agent ---- */
+
+bool loader_var(const char *entry);	/* a loader or libc variable `run` drops */
+/* `envp` minus the loader variables (only fixed values when `clean`), each string a copy. */
+char **command_env(char **envp, bool clean);
+bool path_within(const char *path, const char *root);	/* `root` or below it */
+/* Every signal's disposition back to the default, none blocked (sigprocmask's result). */
+int reset_signals(void);
+/* execve on the fixed PATH; returns only on failure, with execvp's errno. */
+int exec_command(char **cmd, char **envp);
+
 /* ---- the subcommands, one file each (the table: sbx.c) ---- */
 
 int cmd_stat(int argc, char **argv);	/* stat.c */
@@ -107,7 +130,10 @@ int cmd_status(int argc, char **argv);	/* status.c */
 int cmd_kill(int argc, char **argv);	/* kill.c */
 int cmd_signal(int argc, char **argv);	/* kill.c */
 int signal_by_name(const char *name);	/* kill.c: 0 when not one a caller may name */
-bool loader_var(const char *entry);	/* run_child.c: a loader or libc variable `run` drops */
+bool signal_forwardable(int sig);	/* kill.c: one a caller may name */
+/* kill.c: ask the `sbx run` supervisor `pid` to forward `sig`, in the signal it takes. */
+int forward_request(pid_t pid, int sig);
+bool own_executable(const char *path);	/* kill.c: `path` is this very executable */
 const char *errno_name(int e);		/* fail.c: the error line's name for errno e */
 int cmd_reap(int argc, char **argv);	/* kill.c */
 /* `sbx agent` (agent.c): the sandbox's main process, serving the channel of docs/agent.md. */

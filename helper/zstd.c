@@ -208,16 +208,7 @@ static void queue_add(struct unpack *u, const char *p, size_t n)
 	}
 	if (u->qlen + n > QUEUE_MAX)
 		fail(125, "EINVAL", "zunpack: more than %u compressed bytes ahead", QUEUE_MAX);
-	if (u->qlen + n > u->qcap) {
-		size_t cap = u->qcap ? u->qcap : IO_BYTES;
-		while (cap < u->qlen + n)
-			cap *= 2;
-		char *q = realloc(u->queue, cap);
-		if (!q)
-			oom();
-		u->queue = q;
-		u->qcap = cap;
-	}
+	grow_bytes(&u->queue, &u->qcap, u->qlen + n, IO_BYTES);
 	memcpy(u->queue + u->qlen, p, n);
 	u->qlen += n;
 }
