@@ -212,6 +212,9 @@ int cmd_signal(int argc, char **argv)
 	/* EAGAIN: the supervisor's user has as many signals queued as its
 	 * RLIMIT_SIGPENDING allows (its commands can queue them too); the
 	 * request was not delivered, which is no "it has ended". */
+	if (err == EAGAIN)
+		fail(1, "KERNEL_LIMIT", "signal %s: the sandbox's user has as many "
+		     "signals queued as the kernel allows (RLIMIT_SIGPENDING)", pos[0]);
 	if (err)
 		fail(1, "EIO", "signal %s: %s", pos[0], strerror(err));
 	fail(1, "NOT_FOUND", "no supervisor with id %s", pos[0]);

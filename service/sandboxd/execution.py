@@ -27,6 +27,7 @@ from sandboxd.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     SandboxError,
 )
 from sandboxd.exec_spec import (
@@ -327,6 +328,8 @@ class Executor:
             return
         if err is not None and err.name == "NOT_FOUND":
             raise FailedPrecondition("the process has already exited", reason=Reason.PROCESS_EXITED)
+        if err is not None and err.name == "KERNEL_LIMIT":
+            raise ResourceExhausted(err.message[:200], reason=Reason.KERNEL_LIMIT_REACHED)
         said = f"{err.name}: {err.message}" if err is not None else "no reason given"
         raise InvalidArgument(
             f"sbx signal failed ({code}): {said[:200]}", reason=Reason.INVALID_SIGNAL

@@ -21,6 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from sandboxd.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from sandboxd.execution import Executor
+from sandboxd.helper_client import HelperResult
 from test_helper import Env, env, token  # noqa: F401  (a fixture)
 
 PTRACE_DETACH = 17
@@ -140,15 +143,48 @@ def test_a_supervisor_still_takes_an_older_helpers_request(env: Env, tmp_path: P
 
 def test_a_request_that_cannot_be_queued_is_an_error(env: Env) -> None:  # noqa: F811
     """A supervisor whose user has as many signals queued as RLIMIT_SIGPENDING allows (its
-    commands can queue them) cannot be asked: `sbx signal` says so (EIO), never that it went,
-    and never NOT_FOUND, which the server reads as "the process has exited"."""
+    commands can queue them) cannot be asked: `sbx signal` says so (KERNEL_LIMIT, which the
+    server answers as KERNEL_LIMIT_REACHED), never that it went, and never NOT_FOUND, which
+    the server reads as "the process has exited"."""
     tok = token()
     limit = ("prlimit", "--sigpending=0", "--")
     with _supervise(env, tok, "echo ready; while :; do sleep 0.05; done", *limit) as p:
         try:
             assert p.stdout is not None and p.stdout.readline() == b"ready\n"
             r = env("signal", tok, "SIGTERM")
-            assert (r.rc, r.error) == (1, "EIO"), r
+            assert (r.rc, r.error) == (1, "KERNEL_LIMIT"), r
             assert p.poll() is None
         finally:
             p.kill()
+
+
+class _Answers:
+    """The helper's one answer to `sbx signal`, as the server's helper client reads it."""
+
+    def __init__(self, stderr: bytes) -> None:
+        self.stderr = stderr
+
+    async def run(self, session: object, args: list[str], *, timeout_s: float) -> HelperResult:
+        return HelperResult(1, b"", self.stderr)
+
+
+@pytest.mark.parametrize(
+    ("said", "error", "reason"),
+    [
+        (b'{"error":"NOT_FOUND","message":"no supervisor"}', FailedPrecondition, "PROCESS_EXITED"),
+        (
+            b'{"error":"KERNEL_LIMIT","message":"queue full"}',
+            ResourceExhausted,
+            "KERNEL_LIMIT_REACHED",
+        ),
+        (b'{"error":"EIO","message":"signal x: I/O"}', InvalidArgument, "INVALID_SIGNAL"),
+    ],
+)
+async def test_the_server_names_why_a_signal_did_not_go(
+    said: bytes, error: type[Exception], reason: str
+) -> None:
+    """A full signal queue is a kernel limit the caller can wait out, never "it has exited"."""
+    executor = Executor(commands=None, helper=_Answers(said))  # type: ignore[arg-type]
+    with pytest.raises(error) as raised:
+        await executor.signal(None, "tok", "SIGTERM")  # type: ignore[arg-type]
+    assert raised.value.reason == reason  # type: ignore[attr-defined]
