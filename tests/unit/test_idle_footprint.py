@@ -1,7 +1,8 @@
 """What a server that no session has asked anything of keeps loaded (idle RSS target 80 MiB).
 
 `cryptography` (some 12 MiB of RSS: its Rust extension and the x509/AEAD modules) is loaded
-when a secret is first sealed or a session's CA drawn, not at start-up.
+when a secret is first sealed or a session's CA drawn, or the E2B door first issues or opens an
+access token, not at start-up (nor when the door starts listening).
 """
 
 from __future__ import annotations
@@ -30,4 +31,25 @@ def test_start_up_does_not_load_cryptography_and_sealing_still_works() -> None:
     result = json.loads(out)
     assert result["at_start"] == []
     assert result["opened"] == "value"
+    assert result["after_use"] is True
+
+
+_DOOR = """
+import json, sys
+import sandboxd.server
+import sandboxd.e2b.listener  # what the door loads when `e2b_listen` is set
+from sandboxd.e2b.tokens import AccessTokens
+
+tokens = AccessTokens(bytes(32))  # as the door does at start
+at_start = sorted(m for m in sys.modules if m.split(".")[0] == "cryptography")
+token = tokens.issue("sbx1", "key")
+print(json.dumps({"at_start": at_start, "opened": tokens.open("sbx1", token),
+                  "after_use": "cryptography" in sys.modules}))
+"""
+
+
+def test_the_e2b_door_loads_cryptography_with_its_first_token() -> None:
+    result = json.loads(run_snippet(_DOOR).stdout)
+    assert result["at_start"] == []
+    assert result["opened"] == "key"
     assert result["after_use"] is True

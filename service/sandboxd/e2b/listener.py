@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import grpc
-from cryptography import x509
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
@@ -28,10 +27,12 @@ log = logging.getLogger("sandboxd.e2b")
 
 def _credentials(config: Config) -> tuple[grpc.ChannelCredentials | None, str | None]:
     """TLS toward the gRPC port when it serves TLS: its own certificate is the root, and the
-    name checked is the one the certificate carries."""
+    name checked is the one the certificate carries (`cryptography` is loaded only then)."""
     cert_path = config.tenancy.tls_cert
     if cert_path is None:
         return None, None
+    from cryptography import x509
+
     pem = cert_path.read_bytes()
     cert = x509.load_pem_x509_certificate(pem)
     name: str | None = None
