@@ -2,7 +2,8 @@
 
 `cryptography` (some 12 MiB of RSS: its Rust extension and the x509/AEAD modules) is loaded
 when a secret is first sealed or a session's CA drawn, or the E2B door first issues or opens an
-access token, not at start-up (nor when the door starts listening).
+access token, not at start-up (nor when the door starts listening). The door's HTTP stack
+(hypercorn, h2, h11, wsproto) and its app are loaded by the first connection to it.
 """
 
 from __future__ import annotations
@@ -53,3 +54,36 @@ def test_the_e2b_door_loads_cryptography_with_its_first_token() -> None:
     assert result["at_start"] == []
     assert result["opened"] == "key"
     assert result["after_use"] is True
+
+
+_LAZY_DOOR = """
+import asyncio, json, sys, tempfile
+from sandboxd.config import load_config
+from sandboxd.e2b.listener import door
+
+def http_stack():
+    return sorted(m for m in ("hypercorn", "h2", "h11", "wsproto", "sandboxd.e2b.app")
+                  if m in sys.modules)
+
+async def main():
+    data = tempfile.mkdtemp()
+    flags = ["--e2b-listen", "127.0.0.1:0", "--data-dir", data, "--helper", sys.executable]
+    config = load_config(flags, env={})  # any executable as the helper: no sandbox is made
+    async with door(config, 1) as port:
+        await asyncio.sleep(0.1)
+        listening = http_stack()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /health HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+        status = (await asyncio.wait_for(reader.readline(), 20)).decode().strip()
+        writer.close()
+        print(json.dumps({"listening": listening, "status": status, "after": http_stack()}))
+
+asyncio.run(main())
+"""
+
+
+def test_the_e2b_door_loads_its_http_stack_with_the_first_connection() -> None:
+    result = json.loads(run_snippet(_LAZY_DOOR).stdout)
+    assert result["listening"] == []
+    assert result["status"].startswith("HTTP/1.1 ")  # the first caller is served
+    assert result["after"] == ["h11", "h2", "hypercorn", "sandboxd.e2b.app", "wsproto"]
