@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import random
+import statistics
 import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from sandboxd.v1 import snapshot_pb2, snapshot_pb2_grpc
 
@@ -168,6 +171,21 @@ def _metric(ours: list[float], raw: list[float], extra: dict[str, object]) -> Me
     return m
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu_s(pid: int) -> float:
+    """User plus system CPU of the server so far (0 when unknown): per call, the figure that a
+    loaded machine leaves comparable where wall-clock MB/s is not."""
+    if not pid:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
 async def measure(
     ctx: BenchContext,
     snaps: snapshot_pb2_grpc.SnapshotServiceStub,
@@ -196,24 +214,35 @@ async def measure(
     results: dict[str, Metric] = {}
     for compression, tag in ((PLAIN, ""), (ZSTD, "_zstd")):
         wire = [0]
+        cpu: list[float] = []  # the server's CPU per call of ours, warm-up included
 
-        async def ours_export(compression: int = compression, wire: list[int] = wire) -> float:
-            start = time.perf_counter()
+        async def ours_export(
+            compression: int = compression, wire: list[int] = wire, cpu: list[float] = cpu
+        ) -> float:
+            cpu0, start = server_cpu_s(ctx.server_pid), time.perf_counter()
             wire[0] = await export_count(snaps, content.session_id, compression)
-            return mb_per_s(size, time.perf_counter() - start)  # MB/s of the tar it carries
+            seconds = time.perf_counter() - start
+            cpu.append(server_cpu_s(ctx.server_pid) - cpu0)
+            return mb_per_s(size, seconds)  # MB/s of the tar it carries
 
         payload = content.plain if compression == PLAIN else content.zstd
 
-        async def ours_import(compression: int = compression, payload: bytes = payload) -> float:
-            start = time.perf_counter()
+        async def ours_import(
+            compression: int = compression, payload: bytes = payload, cpu: list[float] = cpu
+        ) -> float:
+            cpu0, start = server_cpu_s(ctx.server_pid), time.perf_counter()
             await snaps.ImportArchive(import_requests(dst_session, payload, compression))
-            return mb_per_s(size, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            cpu.append(server_cpu_s(ctx.server_pid) - cpu0)
+            return mb_per_s(size, seconds)
 
         for direction, ours_fn, raw_fn, on_wire in (
             ("export", ours_export, raw_export, lambda w=wire: w[0]),
             ("import", ours_import, raw_in, lambda p=payload: len(p)),
         ):
+            cpu.clear()
             ours, theirs = await interleave(ctx, ours_fn, raw_fn)
+            measured = cpu[ctx.warmup :]
             results[metric_name(direction, content.label, tag)] = _metric(
                 ours,
                 theirs,
@@ -223,6 +252,9 @@ async def measure(
                     "tar_bytes": size,
                     "wire_bytes": on_wire(),
                     "raw_wire_bytes": raw_out[0] or size,
+                    "server_cpu_ms": round(statistics.median(measured) * 1000)
+                    if measured
+                    else None,
                 },
             )
     return results

@@ -8,7 +8,8 @@ Metrics (names owned by this module):
   and the same three `import_...`: the same random bytes compressed, and a generated source
   tree (about 36 MiB, 1600 files; archive_mix.py) plain and compressed; MB/s of the plain
   tar each carries, against raw plain `tar` of the same content, with `wire_bytes` (what
-  crossed gRPC per call), `tar_bytes` and `raw_wire_bytes` in the row.
+  crossed gRPC per call), `tar_bytes`, `raw_wire_bytes` and `server_cpu_ms` (the server's
+  CPU per call, median: what compares on a loaded machine) in the row.
 - `export_rss_growth`: peak RSS of the server during one export minus its RSS before (MiB;
   target under 16). The kernel's peak counter is reset first (`clear_refs` 5) when allowed,
   else RSS is sampled every 2 ms.
