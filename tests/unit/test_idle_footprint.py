@@ -3,7 +3,8 @@
 `cryptography` (some 12 MiB of RSS: its Rust extension and the x509/AEAD modules) is loaded
 when a secret is first sealed or a session's CA drawn, or the E2B door first issues or opens an
 access token, not at start-up (nor when the door starts listening). The door's HTTP stack
-(hypercorn, h2, h11, wsproto) and its app are loaded by the first connection to it.
+(hypercorn, h2, h11, wsproto) and its app are loaded by the first connection to it; the
+OpenTelemetry SDK, zstandard and the multipart parser by what first needs them.
 """
 
 from __future__ import annotations
@@ -87,3 +88,20 @@ def test_the_e2b_door_loads_its_http_stack_with_the_first_connection() -> None:
     assert result["listening"] == []
     assert result["status"].startswith("HTTP/1.1 ")  # the first caller is served
     assert result["after"] == ["h11", "h2", "hypercorn", "sandboxd.e2b.app", "wsproto"]
+
+
+_OPTIONAL = """
+import json, sys
+import sandboxd.server, sandboxd.e2b.listener
+loaded = [m for m in ("opentelemetry.sdk", "zstandard", "python_multipart") if m in sys.modules]
+from sandboxd.archive import compressed
+compressed.compress(b"x")
+print(json.dumps({"loaded": loaded, "zstd_on_use": "zstandard" in sys.modules}))
+"""
+
+
+def test_start_up_loads_no_tracing_sdk_zstandard_or_multipart_parser() -> None:
+    # The SDK only exports spans (otlp_endpoint); zstandard serves compressed archives; the
+    # multipart parser the door's uploads.
+    result = json.loads(run_snippet(_OPTIONAL).stdout)
+    assert result == {"loaded": [], "zstd_on_use": True}
