@@ -4,6 +4,12 @@ Metrics (names owned by this module):
 - `export_throughput`, `import_throughput`: MB/s moving a 48 MiB workspace (48 files of 1 MiB,
   random bytes) through ExportArchive / ImportArchive(replace), against `tar -c` / `tar -x`
   exec'd directly in a raw container with the same profile and the same content.
+- `export_random_zstd_throughput`, `export_tree_throughput`, `export_tree_zstd_throughput`
+  and the same three `import_...`: the same random bytes compressed, and a generated source
+  tree (about 36 MiB, 1600 files; archive_mix.py) plain and compressed; MB/s of the plain
+  tar each carries, against raw plain `tar` of the same content, with `wire_bytes` (what
+  crossed gRPC per call), `tar_bytes`, `raw_wire_bytes` and `server_cpu_ms` (the server's
+  CPU per call, median: what compares on a loaded machine) in the row.
 - `export_rss_growth`: peak RSS of the server during one export minus its RSS before (MiB;
   target under 16). The kernel's peak counter is reset first (`clear_refs` 5) when allowed,
   else RSS is sampled every 2 ms.
@@ -19,21 +25,13 @@ import asyncio
 import contextlib
 import os
 import re
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-from sandboxd.v1 import common_pb2, session_pb2, snapshot_pb2, snapshot_pb2_grpc
+from sandboxd.v1 import common_pb2, session_pb2, snapshot_pb2_grpc
 
-from bench.common import (
-    BenchContext,
-    Metric,
-    interleave,
-    latency_metric,
-    mb_per_s,
-    throughput_metric,
-    timed_ms,
-)
+from bench import archive_mix
+from bench.common import BenchContext, Metric, latency_metric, timed_ms
 
 FILES = 48
 FILE_BYTES = 1024 * 1024
@@ -41,7 +39,6 @@ FILL = (
     f"i=0; while [ $i -lt {FILES} ]; do head -c {FILE_BYTES} /dev/urandom > /workspace/f$i; "
     "i=$((i+1)); done"
 )
-IMPORT_CHUNK = 256 * 1024
 MAX_ROUNDS = 8  # 48 MiB each way per round: keep the whole module to a minute or two
 
 
@@ -56,45 +53,26 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
     roomy = common_pb2.ResourceLimits(workspace_bytes=128 * 1024 * 1024, memory_bytes=512 << 20)
     async with (
         ctx.session() as src,
+        ctx.session() as tree_src,
         ctx.session(limits=roomy) as dst,
         ctx.raw_container() as raw,
+        ctx.raw_container() as raw_tree,
     ):
         await _fill_session(ctx, src.session_id)
         code, _ = await ctx.raw_exec(raw, ["sh", "-c", FILL])
         assert code == 0, "filling the raw container failed"
+        tree = archive_mix.tree_tar()
+        await snaps.ImportArchive(archive_mix.import_requests(tree_src.session_id, tree))
+        await archive_mix.raw_import(ctx, raw_tree, tree)
         # First, before the throughput rounds have grown the server's heap.
         pid = _server_pid(ctx.address)
         if pid:
             results["export_rss_growth"] = await _rss_growth(pid, snaps, src.session_id)
-        archive = await _export(snaps, src.session_id)
-        total = len(archive)
-
-        async def ours_export() -> float:
-            # Counted as it streams, like the raw side (which keeps nothing either).
-            start = time.perf_counter()
-            n = await _export_count(snaps, src.session_id)
-            return mb_per_s(n, time.perf_counter() - start)
-
-        async def raw_export() -> float:
-            start = time.perf_counter()
-            _, n = await ctx.raw_exec(raw, ["tar", "-c", "-f", "-", "-C", "/workspace", "."])
-            return mb_per_s(n, time.perf_counter() - start)
-
-        ours, theirs = await interleave(small, ours_export, raw_export)
-        results["export_throughput"] = throughput_metric(ours, theirs)
-
-        async def ours_import() -> float:
-            start = time.perf_counter()
-            await snaps.ImportArchive(_import_requests(dst.session_id, archive))
-            return mb_per_s(total, time.perf_counter() - start)
-
-        async def raw_import() -> float:
-            start = time.perf_counter()
-            await _raw_import(ctx, raw, archive)
-            return mb_per_s(total, time.perf_counter() - start)
-
-        ours, theirs = await interleave(small, ours_import, raw_import)
-        results["import_throughput"] = throughput_metric(ours, theirs)
+        for content in (
+            archive_mix.Content("random", src.session_id, raw),
+            archive_mix.Content("tree", tree_src.session_id, raw_tree),
+        ):
+            results.update(await archive_mix.measure(small, snaps, content, dst.session_id))
 
     async with ctx.session() as s:
         code = await _run_sh(ctx, s.session_id, f"head -c {FILE_BYTES} /dev/urandom > one")
@@ -133,58 +111,6 @@ async def _run_sh(ctx: BenchContext, session_id: str, script: str) -> int:
 async def _fill_session(ctx: BenchContext, session_id: str) -> None:
     code = await _run_sh(ctx, session_id, FILL)
     assert code == 0, "filling the session failed"
-
-
-async def _export(snaps: snapshot_pb2_grpc.SnapshotServiceStub, session_id: str) -> bytes:
-    parts: list[bytes] = []
-    call = snaps.ExportArchive(snapshot_pb2.ExportArchiveRequest(session_id=session_id))
-    async for reply in call:
-        parts.append(reply.chunk.data)
-    return b"".join(parts)
-
-
-async def _export_count(snaps: snapshot_pb2_grpc.SnapshotServiceStub, session_id: str) -> int:
-    n = 0
-    call = snaps.ExportArchive(snapshot_pb2.ExportArchiveRequest(session_id=session_id))
-    async for reply in call:
-        n += len(reply.chunk.data)
-    return n
-
-
-def _import_requests(
-    session_id: str, archive: bytes
-) -> Iterator[snapshot_pb2.ImportArchiveRequest]:
-    yield snapshot_pb2.ImportArchiveRequest(
-        header=snapshot_pb2.ImportArchiveHeader(session_id=session_id, replace=True)
-    )
-    view = memoryview(archive)
-    for i in range(0, len(archive), IMPORT_CHUNK):
-        yield snapshot_pb2.ImportArchiveRequest(data=bytes(view[i : i + IMPORT_CHUNK]))
-
-
-async def _raw_import(ctx: BenchContext, container_id: str, archive: bytes) -> None:
-    """`tar -x` fed over the exec's stdin, as a caller with aiodocker would do it."""
-    container = ctx.docker.containers.container(container_id)
-    execution = await container.exec(
-        ["tar", "-x", "-o", "-f", "-", "-C", "/workspace"], user="65534:65534", stdin=True
-    )
-    async with execution.start(detach=False) as stream:
-        view = memoryview(archive)
-        for i in range(0, len(archive), IMPORT_CHUNK):
-            await stream.write_in(bytes(view[i : i + IMPORT_CHUNK]))
-        resp = stream._resp
-        transport = resp.connection.transport if resp and resp.connection else None
-        if transport is not None:
-            transport.write_eof()
-        while await stream.read_out() is not None:
-            pass
-    for delay in (0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2):
-        if delay:
-            await asyncio.sleep(delay)
-        info = await execution.inspect()
-        if not info.get("Running"):
-            assert info.get("ExitCode") == 0, "raw tar -x failed"
-            return
 
 
 def _server_pid(address: str) -> int:
@@ -243,7 +169,7 @@ async def _rss_growth(
         Path(f"/proc/{pid}/clear_refs").write_text("5")
         reset = True
     async with _sampling(pid) as peak:
-        await _export_count(snaps, session_id)
+        await archive_mix.export_count(snaps, session_id)
     hwm = _status_kib(pid, "VmHWM") if reset else 0
     growth = (max(peak[0], hwm) - before) / 1024
     return Metric(

@@ -9,7 +9,8 @@ otherwise the server records nothing (the API's no-op tracer keeps the caller's 
 which is all the audit log and the log lines need), at the cost of a few microseconds a call.
 
 The tracer is an object passed to what needs it, not the process-wide provider: two servers in
-one process (as in tests) keep their spans apart.
+one process (as in tests) keep their spans apart. The SDK (about 1 MiB of RSS) is loaded only
+when spans are exported: without an endpoint only the API's no-op tracer is used.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ import contextlib
 import functools
 import inspect
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import SpanKind
 
 from sandboxd import __version__
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 T = TypeVar("T")
 
@@ -37,6 +39,10 @@ def provider_for(endpoint: str, exporter: SpanExporter | None = None) -> TracerP
     `exporter` replaces the OTLP one (tests hand in an in-memory exporter)."""
     if not endpoint and exporter is None:
         return None
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
     if exporter is None:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 

@@ -1,18 +1,20 @@
 """The import's check loop: tarfile over the client's stream, every member through the
 rules (policy.py), the sanitised archive out to a sink (or nowhere: a dry run that only
-checks, as for a snapshot just taken). Runs on a thread of its own (pipe.py says why)."""
+checks, as for a snapshot just taken). Runs on a thread of its own (pipe.py says why).
+tarfile sums each header with tar_checksum.py's function (the same sums, a fifth of the CPU)."""
 
 from __future__ import annotations
 
 import tarfile
 
-from sandboxd.archive import policy
+from sandboxd.archive import policy, tar_checksum
 from sandboxd.archive.pipe import BLOCK, OUT_BATCH, Sink, Source
 from sandboxd.archive.policy import MemberChecker
 from sandboxd.errors import InvalidArgument
 from sandboxd.reasons import Reason
 
 _ZEROS = bytes(BLOCK)
+tar_checksum.install()
 
 
 def check_and_forward(source: Source, sink: Sink | None, checker: MemberChecker) -> tuple[int, int]:

@@ -18,14 +18,15 @@ so the agent never waits for a record the server has not sent.
 The zstd decoders on both sides are held to an 8 MiB window, and the decoded stream to what
 the import could ever unpack (`decoded_cap`): a small compressed archive cannot make the
 server or the sandbox decode gigabytes.
+
+`zstandard` is loaded by the first compressed import or the first compressed empty archive, not
+at start-up: an idle server, and one that only moves plain tar, never maps it.
 """
 
 from __future__ import annotations
 
 import struct
 from typing import Protocol
-
-import zstandard
 
 from sandboxd.archive import policy
 from sandboxd.archive.pipe import OUT_BATCH, Outbox, Sink
@@ -63,6 +64,8 @@ def relay_records(data: bytes) -> list[bytes]:
 
 def compress(data: bytes) -> bytes:
     """A small archive the server makes itself (the empty one), compressed as the helper would."""
+    import zstandard
+
     return zstandard.ZstdCompressor(level=LEVEL, write_checksum=True).compress(data)
 
 
@@ -86,6 +89,9 @@ class Decoded:
     of at most DECODE_BYTES, None at the end; at most `cap` bytes in all."""
 
     def __init__(self, chunks: _Chunks, cap: int) -> None:
+        import zstandard
+
+        self._error = zstandard.ZstdError
         decoder = zstandard.ZstdDecompressor(max_window_size=WINDOW_BYTES)
         self._reader = decoder.stream_reader(
             _Raw(chunks),  # type: ignore[arg-type]  # a read() is all it calls
@@ -99,7 +105,7 @@ class Decoded:
     def get(self) -> bytes | None:
         try:
             data = self._reader.read(DECODE_BYTES)
-        except zstandard.ZstdError as exc:
+        except self._error as exc:
             raise invalid(str(exc)) from None
         if not data:
             return None

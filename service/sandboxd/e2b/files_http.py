@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from python_multipart.multipart import MultipartParser, parse_options_header
 
 from sandboxd.e2b.asgi import Request, Send, end_stream, start_stream, stream_chunk
 from sandboxd.e2b.backend import Backend, metadata
@@ -63,6 +62,8 @@ class FilesHttp:
         _user(request)
         if request.header("content-encoding") not in (None, "", "identity"):
             raise HttpError(415, "compressed uploads are not supported")
+        from python_multipart.multipart import parse_options_header  # with the first upload
+
         kind, params = parse_options_header(request.header("content-type") or "")
         if kind == b"application/octet-stream":
             path = request.arg("path")
@@ -134,6 +135,8 @@ class FilesHttp:
         def on_part_end() -> None:
             pending.append(None)
 
+        from python_multipart.multipart import MultipartParser
+
         parser = MultipartParser(
             boundary,
             {
@@ -190,6 +193,8 @@ async def _from_queue(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes
 
 
 def _part_path(headers: dict[bytes, bytes], default: str | None) -> str:
+    from python_multipart.multipart import parse_options_header
+
     _, params = parse_options_header(headers.get(b"content-disposition", b""))
     name = params.get(b"filename")
     path = name.decode("utf-8", "replace") if name else (default or "")
