@@ -18,6 +18,17 @@ the tenant when the count crosses a bucket. Only the runc tier can be changed in
 cannot update a running sandbox's cgroups, so a gVisor sandbox keeps the share it was made
 with (a claimed gVisor pool member the default one): SECURITY.md, "CPU between tenants".
 
+A weight splits the CPU over time, not the moment a sandbox wakes: a tenant whose sandboxes
+keep the CPUs busy (commands that write as fast as they can, dozens of them after a start storm)
+still makes another tenant's short commands wait in the kernel's run queue behind them, at
+every wake of its agent (a start storm doubled a bystander's Run p50, its agent waiting about
+8 ms per Run to be scheduled, with the flood weighing 256 x 4 against its 1024). So a tenant
+whose output is busy while other tenants are active (sandboxd.admission: faster than a fraction
+of its output share, the mark of commands that never stop writing) is `demote`d: its sandboxes
+get DEMOTED_SHARES until it has been calm for DEMOTION_S, then their share again.
+The least weight still takes every CPU nobody else wants (weights are work-conserving), so a
+demoted tenant alone on the host loses nothing; the kernel only picks others first.
+
 Nothing is made on the host beyond the sandboxes' own cgroups, which go with them: no
 leftover to remove at a stop or start. After a restart the live sessions are adopted by the
 reconcile (their weight then set again).
@@ -27,6 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandboxd.engine.protocol import Engine
@@ -38,6 +51,8 @@ log = logging.getLogger(__name__)
 
 TENANT_SHARES = 1024  # a tenant's sessions together: one default cgroup's weight
 MIN_SHARES = 2  # the kernel's (and Docker's) least cpu.shares
+DEMOTED_SHARES = MIN_SHARES  # each sandbox of a tenant over its output share (`demote`)
+DEMOTION_S = 5.0  # a demoted tenant within its share this long gets its weight back
 
 
 def share_of(live: int) -> int:
@@ -57,15 +72,24 @@ class _Member:
 class TenantCpu:
     """The live sandboxes of each tenant and the weight each was given."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self, engine: Engine, *, demotion: bool = True, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._engine = engine
+        self._demotion = demotion
+        self._clock = clock
         self._tenants: dict[str, dict[str, _Member]] = {}
+        # Demoted tenant -> when it was last over its share; the task that restores it.
+        self._demoted: dict[str, float] = {}
+        self._restores: dict[str, asyncio.Task[None]] = {}
         # One per tenant seen, kept: a rebalance and a join or leave of the same tenant must
         # not interleave, or an update could apply a count already stale.
         self._locks: dict[str, asyncio.Lock] = {}
 
     def share_for_create(self, session: Session) -> int:
         """The weight a sandbox made now for `session` should be created with."""
+        if session.tenant in self._demoted:
+            return DEMOTED_SHARES
         members = self._tenants.get(session.tenant, {})
         return share_of(len(members.keys() - {session.session_id}) + 1)
 
@@ -104,11 +128,46 @@ class TenantCpu:
                 return
             await self._rebalance(session.tenant)
 
+    def demote(self, tenant: str) -> None:
+        """`tenant`'s output is busy while others are active (called by the fair shares as
+        its channels read): its sandboxes weigh DEMOTED_SHARES until it has been calm for
+        DEMOTION_S. O(1) while demoted: the engine is told once per demotion."""
+        if not self._demotion or tenant not in self._tenants:
+            return
+        self._demoted[tenant] = self._clock()
+        if tenant not in self._restores:
+            task = asyncio.get_running_loop().create_task(self._demoted_until_calm(tenant))
+            self._restores[tenant] = task
+
+    def demoted(self, tenant: str) -> bool:
+        return tenant in self._demoted
+
+    async def _demoted_until_calm(self, tenant: str) -> None:
+        try:
+            async with self._lock(tenant):
+                await self._rebalance(tenant)
+            while (left := self._demoted[tenant] + DEMOTION_S - self._clock()) > 0:
+                await asyncio.sleep(left)
+            del self._demoted[tenant]
+            async with self._lock(tenant):
+                await self._rebalance(tenant)
+        finally:
+            self._demoted.pop(tenant, None)
+            self._restores.pop(tenant, None)
+
+    async def close(self) -> None:
+        """Server shutdown: no restore outlives it (the sandboxes keep what they have)."""
+        tasks = list(self._restores.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def _lock(self, tenant: str) -> asyncio.Lock:
         return self._locks.setdefault(tenant, asyncio.Lock())
 
     async def _rebalance(self, tenant: str) -> None:
-        target = share_of(len(self._tenants.get(tenant, {})))
+        count = len(self._tenants.get(tenant, {}))
+        target = DEMOTED_SHARES if tenant in self._demoted else share_of(count)
         stale = [
             m
             for m in self._tenants.get(tenant, {}).values()

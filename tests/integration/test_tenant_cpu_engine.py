@@ -94,3 +94,43 @@ def test_a_gvisor_sandbox_is_made_with_its_tenants_share(
     finally:
         for sid in (runc, gvisor):
             _delete(flood, sid)
+
+
+def test_a_tenant_writing_without_pause_weighs_the_least_while_another_is_active(
+    server: ServerProcess, stubs: dict[str, Stubs]
+) -> None:
+    """Background `yes` of one tenant while the other makes calls: its sandbox is demoted to
+    the least weight at the kernel, the other's keeps its own; once its writer is gone and it
+    has been calm for 5 s, its weight comes back. Polled, no timing asserted beyond bounds."""
+    import time  # noqa: PLC0415
+
+    from sandboxd.v1 import process_pb2  # noqa: PLC0415
+
+    flood, calm = stubs["flood"], stubs["calm"]
+    csid = _create(calm, "calm")
+    fsid = _create(flood, "flood")
+
+    def until(want: list[tuple[int, int]], sid: str, within_s: float) -> None:
+        deadline = time.monotonic() + within_s
+        while weights(server, sid) != want:
+            assert time.monotonic() < deadline, (weights(server, sid), want)
+            # The other tenant stays active (its calls keep the shares contended).
+            calm.sessions.GetSession(session_pb2.GetSessionRequest(session_id=csid))
+            time.sleep(0.2)
+
+    try:
+        assert weights(server, fsid) == [(1024, 1024)]
+        started = flood.processes.StartProcess(
+            process_pb2.StartProcessRequest(session_id=fsid, argv=["yes", "flood"])
+        )
+        until([(2, 2)], fsid, 30)
+        assert weights(server, csid) == [(1024, 1024)]
+        flood.processes.SignalProcess(
+            process_pb2.SignalProcessRequest(
+                session_id=fsid, process_id=started.process.process_id, signal="SIGKILL"
+            )
+        )
+        until([(1024, 1024)], fsid, 30)
+    finally:
+        for s, sid in ((calm, csid), (flood, fsid)):
+            _delete(s, sid)

@@ -19,6 +19,13 @@ the loop:
   command's ring in the sandbox overruns (a reader is told of the gap), so the flooding session
   pays for its flood, not the server's memory nor another session.
 
+A tenant whose output comes faster than BUSY_FRACTION of its share (sustained past the same
+fraction of the burst) while others are active is told to `on_busy` (the server's tenant CPU
+weights, tenant_cpu.py: its sandboxes then weigh the least): commands that never stop writing
+keep the host's CPUs busy, and the other tenants' short commands wait for them in the kernel's
+run queue. Well before its output is paced: a start storm's writers, starved in their own
+sandboxes, rarely reach the share itself, yet fill the CPUs.
+
 The shares are work-conserving: a tenant alone (no other tenant made a call or moved output
 within `window_s`) is neither refused nor paced, so one tenant's throughput on an otherwise
 idle server is unchanged. Everything reads one injected clock, so the tests are exact.
@@ -38,6 +45,7 @@ from sandboxd.reasons import Reason
 
 Clock = Callable[[], float]
 MAX_HOLD_S = 1.0  # the longest a refusal is held before it is answered
+BUSY_FRACTION = 0.125  # output faster than this fraction of the share marks a busy tenant
 
 
 class RateLimited(ResourceExhausted):
@@ -94,6 +102,8 @@ class FairShares:
         self._output: dict[str, TokenBucket] = {}
         self.refused: collections.Counter[str] = collections.Counter()  # calls, by tenant
         self.paced_s: dict[str, float] = collections.defaultdict(float)  # pauses, by tenant
+        self._busy: dict[str, TokenBucket] = {}  # the output share's BUSY_FRACTION
+        self.on_busy: Callable[[str], None] | None = None  # told of each busy read, by tenant
 
     def contended(self, tenant: str, now: float | None = None) -> bool:
         """Whether another tenant was active within the window."""
@@ -162,6 +172,15 @@ class FairShares:
                 s.output_bytes_per_s, s.output_burst_bytes, now
             )
         delay = bucket.spend(now, nbytes)
+        if self.on_busy is not None:
+            busy = self._busy.get(tenant)
+            if busy is None:
+                s = self.shares
+                busy = self._busy[tenant] = TokenBucket(
+                    s.output_bytes_per_s * BUSY_FRACTION, s.output_burst_bytes * BUSY_FRACTION, now
+                )
+            if busy.spend(now, nbytes):
+                self.on_busy(tenant)
         if delay:
             self.paced_s[tenant] += delay
             if self._metrics is not None:
@@ -191,4 +210,5 @@ class FairShares:
             del self._seen[tenant]
             self._calls.pop(tenant, None)
             self._output.pop(tenant, None)
+            self._busy.pop(tenant, None)
             self._in_a_row.pop(tenant, None)

@@ -30,6 +30,14 @@ class AdmissionSection:
         "split between them), so a tenant's CPU does not grow with its number of sessions",
         flat="admission_tenant_cpu",
     )
+    cpu_demotion: bool = setting(
+        True,
+        BOOL,
+        "a tenant whose command output comes faster than 1/8 of admission_output_bytes_per_s "
+        "while other tenants are active gets the least CPU weight (cpu.shares 2) for its "
+        "sandboxes until it has been calm for 5 s (with admission_tenant_cpu)",
+        flat="admission_cpu_demotion",
+    )
     calls_per_s: int = setting(
         50,
         INT,

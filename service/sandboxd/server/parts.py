@@ -287,6 +287,10 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         commands=commands,
         disk_quota=disk_quota,
     )
+    if shares is not None and sessions.cpu is not None:
+        # A tenant whose commands write without pause weighs the least at the kernel meanwhile.
+        shares.on_busy = sessions.cpu.demote
+        stack.push_async_callback(sessions.cpu.close)
     observer.subscribe(ActivityRenewal(functools.partial(renew_on_activity, sessions, terms)))
     volumes = Volumes(
         config.volumes,

@@ -89,7 +89,11 @@ class SessionManager:
         self._gate = WorkspaceGate()
         # What lives in a sandbox beyond one call (background processes) ends with it.
         # Each tenant's sandboxes one CPU weight together (tenant_cpu.py).
-        self.cpu = TenantCpu(engine) if config.admission.tenant_cpu else None
+        self.cpu = (
+            TenantCpu(engine, demotion=config.admission.cpu_demotion)
+            if config.admission.tenant_cpu
+            else None
+        )
         self._sandboxes = Sandboxes(
             engine,
             store,
