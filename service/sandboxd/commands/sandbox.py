@@ -33,8 +33,15 @@ from sandboxd.tracing import traced
 
 def exec_request(where: Where, command: SandboxCommand, *, stdin: bool) -> ExecRequest:
     """`command` as the request every runner takes (agent channel, engine exec)."""
-    tty = isinstance(command, Supervised) and command.pty is not None
-    return ExecRequest(argv_of(command), user=where.user, env=env_of(command), stdin=stdin, tty=tty)
+    supervised = isinstance(command, Supervised)
+    return ExecRequest(
+        argv_of(command),
+        user=where.user,
+        env=env_of(command),
+        stdin=stdin,
+        tty=supervised and command.pty is not None,
+        stdin_ends=stdin and supervised and command.stdin_ends,
+    )
 
 
 class AgentFirstCommands:
