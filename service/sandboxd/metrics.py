@@ -39,9 +39,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import platform
-from typing import Any
 from collections.abc import Awaitable, Callable
 from types import TracebackType
+from typing import Any
 
 import grpc
 from aiohttp import web
