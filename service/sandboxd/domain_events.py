@@ -407,6 +407,9 @@ class CallScope:
         """Until every deferred piece is done; the first failure is raised (after all ended)."""
         while self.pending:
             batch, self.pending = self.pending, []
+            if len(batch) == 1:  # the common case (a Run's one record): no gather around it
+                await batch[0]
+                continue
             results = await asyncio.gather(*batch, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):

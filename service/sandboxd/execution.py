@@ -113,7 +113,12 @@ class Command:
     # ----- input ------------------------------------------------------------------------
 
     def feed(self, data: bytes) -> None:
-        """Write `data` to stdin in the background, then half-close it (Exec, Run)."""
+        """Write `data` to stdin in the background, then half-close it (Exec, Run); with no
+        data, the half-close at once (no task for it)."""
+        if not data:
+            with contextlib.suppress(SandboxError, ConnectionError):
+                self.close_stdin()
+            return
         self._feeder = asyncio.create_task(self._feed(data))
 
     async def _feed(self, data: bytes) -> None:
@@ -369,9 +374,11 @@ class Executor:
         token: str = "",
         pty: PtySize | None = None,
         detach: Detach | None = None,
+        stdin_ends: bool = False,
     ) -> AsyncIterator[Command]:
         """Start `spec` and yield its Command; leaving before `exited` kills its tree. With
-        `detach` (and an agent) the command outlives a server that dies (processes/manager.py)."""
+        `detach` (and an agent) the command outlives a server that dies (processes/manager.py).
+        `stdin_ends`: the caller writes no stdin (its EOF may go with the start)."""
         token = token or new_token()
         supervised = Supervised(
             tuple(spec.argv),
@@ -380,6 +387,7 @@ class Executor:
             cwd=spec.cwd,
             env=spec.env,
             pty=(pty.rows, pty.cols) if pty is not None else None,
+            stdin_ends=stdin_ends,
         )
         user, cid = session.spec.user, session.container_id
         kept = bool(detach and self.detached and await self.detached.serves(cid, user))
@@ -404,7 +412,7 @@ class Executor:
         self, session: Session, spec: ExecSpec, *, keepalive_s: float | None = None
     ) -> AsyncIterator[ExecEvent]:
         """Run `spec` and yield started, output..., exited. Closing the generator kills it."""
-        async with self.start(session, spec) as command:
+        async with self.start(session, spec, stdin_ends=not spec.stdin) as command:
             command.feed(spec.stdin)
             async for event in command.events(keepalive_s=keepalive_s):
                 yield event

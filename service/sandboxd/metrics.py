@@ -41,6 +41,7 @@ import logging
 import platform
 from collections.abc import Awaitable, Callable
 from types import TracebackType
+from typing import Any
 
 import grpc
 from aiohttp import web
@@ -156,6 +157,8 @@ class Metrics:
             registry=r,
         )
         self._tenants: set[str] = set()
+        self._event_children: dict[tuple[str, str], Any] = {}
+        self._command_children_of: dict[str, tuple[Any, Any]] = {}
         self.secret_events = Counter(
             "sandboxd_secret_events",
             "Secrets injected by the egress proxy, and placeholders sent elsewhere, by tenant",
@@ -232,12 +235,31 @@ class Metrics:
         if kind is None:
             return
         t = self._tenant(event.tenant)
-        self.tenant_events.labels(t, kind).inc()
+        self._event_child(t, kind).inc()
         if isinstance(event, domain_events.CommandExited):
-            self.tenant_command_seconds.labels(t).observe(event.duration_s)
-            self.tenant_output_bytes.labels(t).inc(event.stdout_bytes + event.stderr_bytes)
+            seconds, output = self._command_children(t)
+            seconds.observe(event.duration_s)
+            output.inc(event.stdout_bytes + event.stderr_bytes)
         elif isinstance(event, domain_events.EgressDecided) and kind == "egress":
             self.tenant_egress.labels(t, "allowed" if event.allowed else "refused").inc()
+
+    # Each series' child looked up once (labels() takes a lock and checks its values on every
+    # call: three times per command). Bounded: at most MAX_TENANTS tenants and the audit kinds.
+
+    def _event_child(self, tenant: str, kind: str) -> Any:
+        child = self._event_children.get((tenant, kind))
+        if child is None:
+            child = self._event_children[tenant, kind] = self.tenant_events.labels(tenant, kind)
+        return child
+
+    def _command_children(self, tenant: str) -> tuple[Any, Any]:
+        children = self._command_children_of.get(tenant)
+        if children is None:
+            children = self._command_children_of[tenant] = (
+                self.tenant_command_seconds.labels(tenant),
+                self.tenant_output_bytes.labels(tenant),
+            )
+        return children
 
     def secret_event(self, tenant: str, kind: str) -> None:
         """kind: secret_injected or secret_misdirected (no session label: bounded series)."""

@@ -24,6 +24,9 @@ class SqliteFile:
     PART = ""  # the name of its schema version (sandboxd.schema)
     STEPS: tuple[Step, ...] = ()
     ROWS_BY_NAME = True  # rows as aiosqlite.Row (by name and index) rather than tuples
+    # No implicit BEGIN before a write (each statement commits as it ends, unless inside an
+    # explicit BEGIN, as the schema steps are): for a store whose writes are single statements.
+    AUTOCOMMIT = False
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -31,7 +34,11 @@ class SqliteFile:
 
     async def __aenter__(self) -> Self:
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        db = await aiosqlite.connect(self._path)
+        db = await (
+            aiosqlite.connect(self._path, isolation_level=None)
+            if self.AUTOCOMMIT
+            else aiosqlite.connect(self._path)
+        )
         try:
             if self.ROWS_BY_NAME:
                 db.row_factory = aiosqlite.Row

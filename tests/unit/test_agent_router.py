@@ -168,3 +168,38 @@ async def test_a_detached_stream_attaches_again_after_a_gap() -> None:
         assert got == [(1, b"12345"), (1 + GAP_FD, (995).to_bytes(8, "big")), (1, b"tail")]
     finally:
         await router.close()
+
+
+async def test_a_command_without_stdin_sends_its_eof_in_the_opens_write() -> None:
+    """No stdin to come (Run, Exec without stdin): the EOF of fd 0 goes in the same write as
+    the OPEN, before any OPEN_OK (one frame through the engine's attach instead of two), and
+    the command's own close of stdin later sends nothing more."""
+    peer = ScriptedAgent()
+
+    class OnePort(Port):
+        async def attach(self, sandbox_id: str) -> Attached | None:
+            return Attached(peer.transport, "65534:65534", {})
+
+    router = AgentRouter(OnePort(), FAST)
+    serving = asyncio.create_task(peer.handshake())
+    try:
+        channel = await asyncio.wait_for(router.open("sb-e"), 2)
+        await serving
+        assert channel is not None
+        request = ExecRequest(["/bin/true"], "", stdin=True, stdin_ends=True)
+        context = router.exec("sb-e", channel, request)  # held: its end would reset the stream
+        opening = asyncio.create_task(context.__aenter__())
+        chunk = await asyncio.wait_for(peer.transport.to_agent.get(), 2)
+        sent = w.Decoder().feed(chunk)
+        assert [(f.type, f.stream) for f in sent] == [(w.OPEN, 1), (w.EOF, 1)]
+        assert sent[1].payload == b"\x00"  # fd 0
+        peer.send_json(w.OPEN_OK, 1, {"pid": 3})
+        handle = await asyncio.wait_for(opening, 2)
+        handle.close_stdin()
+        peer.exit(1)
+        assert await asyncio.wait_for(handle.wait_exit_code(), 2) == 0
+        await asyncio.sleep(0)
+        assert peer.pending() == []  # no second EOF
+        await context.__aexit__(None, None, None)
+    finally:
+        await router.close()

@@ -54,3 +54,18 @@ async def test_a_failed_batch_leaves_no_row(tmp_path: Path) -> None:
         await store.append([_event(3)])  # the next batch's commit
         stored = await store.list(AuditQuery(tenant="alpha", limit=100))
     assert [e.session_id for e in stored] == ["s-3"]
+
+
+async def test_a_batch_whose_last_row_fails_leaves_none_of_its_rows(tmp_path: Path) -> None:
+    """The batch is one statement: a row refused after others were inserted takes them all
+    back, and the store goes on with the next batch."""
+    import sqlite3
+
+    bad = AuditEvent.of("command", time=None, tenant="alpha", session_id="s-bad")  # type: ignore[arg-type]
+    async with AuditStore(tmp_path / "audit.db") as store:
+        with pytest.raises(sqlite3.IntegrityError):
+            await store.append([_event(1), _event(2), bad])
+        answered = await store.append([_event(3)])
+        stored = await store.list(AuditQuery(tenant="alpha", limit=100))
+    assert [e.session_id for e in stored] == ["s-3"]
+    assert [e.id for e in answered] == [e.id for e in stored]

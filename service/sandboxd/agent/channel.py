@@ -151,9 +151,12 @@ class Channel:
         *,
         fds: frozenset[int] = frozenset({1, 2}),
         cls: type[AgentStream] = AgentStream,
+        eof: tuple[int, ...] = (),
     ) -> AgentStream:
         """A stream of `kind` once the agent answered OPEN_OK; `cls` is the stream's class (a
-        byte stream's frames go to its own sink)."""
+        byte stream's frames go to its own sink). `eof`: fds whose EOF goes in the same write
+        as the OPEN (the agent reads them after it, so they close what the OPEN started, and
+        ignores them if it refused it: an id opened in this epoch)."""
         await self.ready()
         try:
             frame = frames.encode_json(FrameType.OPEN, self._next_id, {"kind": kind, **request})
@@ -172,6 +175,9 @@ class Channel:
         )
         self._streams[stream.id] = stream
         self._next_id += 2
+        if eof:
+            frame += b"".join(frames.eof(stream.id, fd) for fd in eof)
+            stream.eof_sent(eof)
         try:
             await self._writer.send(frame)
             await stream.opened

@@ -26,6 +26,9 @@ class ExecRequest:
     workdir: str | None = None
     stdin: bool = False
     tty: bool = False
+    # No stdin will be written: its EOF may go with the start itself (the agent's channel
+    # sends it in the OPEN's write); the caller still closes stdin, which is then a no-op.
+    stdin_ends: bool = False
 
 
 @dataclass(frozen=True)

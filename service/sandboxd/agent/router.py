@@ -302,7 +302,10 @@ class AgentRouter:
             tty=request.tty,
         )
         opened["detach"] = detach
-        async with self._handle(sandbox_id, channel, "exec", opened) as handle:
+        # No stdin to come: its EOF rides in the OPEN's write (one write, one frame through
+        # the engine's attach, instead of a second after OPEN_OK).
+        eof = (0,) if request.stdin and request.stdin_ends else ()
+        async with self._handle(sandbox_id, channel, "exec", opened, eof) as handle:
             yield handle
 
     @contextlib.asynccontextmanager
@@ -319,9 +322,14 @@ class AgentRouter:
 
     @contextlib.asynccontextmanager
     async def _handle(
-        self, sandbox_id: str, channel: Channel, kind: str, request: dict[str, Any]
+        self,
+        sandbox_id: str,
+        channel: Channel,
+        kind: str,
+        request: dict[str, Any],
+        eof: tuple[int, ...] = (),
     ) -> AsyncIterator[AgentExec]:
-        stream = await channel.open(kind, request)
+        stream = await channel.open(kind, request, eof=eof)
         pid = stream.opened.result().get("pid")
         exec_id = f"agent-{sandbox_id[:12]}-{next(self._ids)}"
         handle = AgentExec(channel, stream, exec_id, pid if isinstance(pid, int) else 0)

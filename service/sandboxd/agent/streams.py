@@ -244,6 +244,10 @@ class AgentStream:
             await self._send(frames.data(self.id, fd, view[:n]))
             view = view[n:]
 
+    def eof_sent(self, fds: tuple[int, ...]) -> None:
+        """The EOF of `fds` went with the OPEN (Channel.open): `send_eof` of them is a no-op."""
+        self._sent_eof.update(fds)
+
     def send_eof(self, fd: int) -> None:
         if fd in self._sent_eof or self.ended:
             return

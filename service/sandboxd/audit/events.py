@@ -28,7 +28,18 @@ MAX_ATTRIBUTE_CHARS = 4096  # an argv or path longer than this is cut (marked wi
 
 
 def _clip(value: object) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
+    # The common scalars spelled as json.dumps spells them, without its call (a command's
+    # record has half a dozen: codes, flags, byte counts).
+    kind = type(value)
+    text: str
+    if isinstance(value, str) and kind is str:
+        text = value
+    elif kind is bool:
+        text = "true" if value else "false"
+    elif isinstance(value, int) and kind is int:
+        text = int.__repr__(value)
+    else:
+        text = json.dumps(value)
     if len(text) > MAX_ATTRIBUTE_CHARS:
         return text[:MAX_ATTRIBUTE_CHARS] + "...(cut)"
     return text

@@ -54,7 +54,9 @@ class AuditSubscriber:
             method=scope.method if scope is not None else None,
             **attrs,
         )
-        if scope is None or not scope.defer(self._writer.record(record)):
+        if scope is not None and scope.open:
+            scope.defer(self._writer.record(record))
+        else:
             self._writer.record_nowait(record)
 
 

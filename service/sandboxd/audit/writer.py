@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 from sandboxd.audit.events import AuditEvent
@@ -74,11 +75,24 @@ class AuditWriter:
             os.close(self._export_fd)
             self._export_fd = None
 
-    async def record(self, event: AuditEvent) -> AuditEvent:
-        """Queue `event` and return once it is committed (with its id); no-op when disabled."""
-        if self._store is None:
-            return event
+    def record(self, event: AuditEvent) -> Awaitable[AuditEvent]:
+        """Queue `event`; what is returned completes once it is committed (with its id); no-op
+        when disabled. Queued at once, and the future the writer completes is itself what is
+        awaited (a call's scope defers it: no task and no shield per record); a full queue
+        gives a wait for room first."""
         future: asyncio.Future[AuditEvent] = asyncio.get_running_loop().create_future()
+        if self._store is None:
+            future.set_result(event)
+            return future
+        try:
+            self._queue.put_nowait((event, future))
+        except asyncio.QueueFull:
+            return self._record_when_room(event, future)
+        return future
+
+    async def _record_when_room(
+        self, event: AuditEvent, future: asyncio.Future[AuditEvent]
+    ) -> AuditEvent:
         await self._queue.put((event, future))
         return await asyncio.shield(future)
 

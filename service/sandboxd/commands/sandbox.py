@@ -33,8 +33,15 @@ from sandboxd.tracing import traced
 
 def exec_request(where: Where, command: SandboxCommand, *, stdin: bool) -> ExecRequest:
     """`command` as the request every runner takes (agent channel, engine exec)."""
-    tty = isinstance(command, Supervised) and command.pty is not None
-    return ExecRequest(argv_of(command), user=where.user, env=env_of(command), stdin=stdin, tty=tty)
+    supervised = command if isinstance(command, Supervised) else None
+    return ExecRequest(
+        argv_of(command),
+        user=where.user,
+        env=env_of(command),
+        stdin=stdin,
+        tty=supervised is not None and supervised.pty is not None,
+        stdin_ends=stdin and supervised is not None and supervised.stdin_ends,
+    )
 
 
 class AgentFirstCommands:

@@ -67,6 +67,7 @@ class Supervised:
     cwd: str
     env: Mapping[str, str] = field(default_factory=dict)
     pty: tuple[int, int] | None = None
+    stdin_ends: bool = False  # no stdin will be written (ExecRequest.stdin_ends)
 
 
 SandboxCommand = HelperCall | ToolRun | Dial | Plain | Supervised
