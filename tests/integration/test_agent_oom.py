@@ -33,20 +33,6 @@ WRITE = "head -c 16777216 /dev/zero"
 STAY = f"{WRITE}; exec sleep 600"
 
 
-# Measured with runsc 0.0~20221219 (SECURITY.md, "Memory of the agent"): the host's OOM killer
-# takes the Sentry, so a full cgroup ends a gVisor sandbox whole (oom_score_adj inside is only
-# stored), and the pids limit counts the Sentry's host threads, not the sandbox's processes:
-# three callers reached 100 processes in a session of 64 pids, their own memory (162 MiB in the
-# sandbox) and the Sentry's (43 MiB) filled it with the agent at a quarter of it.
-GVISOR_WHOLE = "gVisor: a full sandbox ends whole, and its pids limit does not bound processes"
-
-
-def _gvisor_xfail(request: pytest.FixtureRequest, tier: str) -> None:
-    """Runs under gVisor too, and must fail there until a gVisor sandbox bounds what ends it."""
-    if tier == "gvisor":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=GVISOR_WHOLE))
-
-
 def _container(sid: str, server: ServerProcess) -> dict[str, Any]:
     return inspect_container(session_container(sid, server.owner_id))
 
@@ -90,9 +76,7 @@ def test_concurrent_writers_never_get_the_agent_killed(
     server: ServerProcess,
     new_session: SessionFactory,
     tier: str,
-    request: pytest.FixtureRequest,
 ) -> None:
-    _gvisor_xfail(request, tier)
     limits = common_pb2.ResourceLimits(output_bytes=16 * MiB)
     sid = new_session(limits=limits).session_id
     before = _container(sid, server)
@@ -139,7 +123,6 @@ def test_a_full_workspace_and_full_rings_leave_the_agent_alive(
     server: ServerProcess,
     new_session: SessionFactory,
     tier: str,
-    request: pytest.FixtureRequest,
 ) -> None:
     """A sandbox of 128 MiB whose workspace (64 MiB, the default) is filled while eight
     running writers' rings hold the agent's budget. Before, that budget was half the memory:
@@ -147,7 +130,6 @@ def test_a_full_workspace_and_full_rings_leave_the_agent_alive(
     (64 MiB of rings, oom_score_adj 0) above every command (a few MiB, 500) and the sandbox
     ended. The budget now leaves the workspace and a quarter to the commands, which the OOM
     killer scores first: the writer of the workspace may be killed, the agent never."""
-    _gvisor_xfail(request, tier)
     limits = common_pb2.ResourceLimits(memory_bytes=128 * MiB, output_bytes=16 * MiB)
     sid = new_session(limits=limits).session_id
     before = _container(sid, server)
