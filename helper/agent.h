@@ -106,13 +106,16 @@ const struct jval *json_get(const struct jval *o, const char *key);
 #define OOM_SCORE_ADJ "1000"
 /* The guard (agent_guard.c, gVisor only): how often it reads meminfo while
  * commands run, how often it reads every process's stat besides (the tasks
- * it counts), how often a growing ring asks for a check at most, the least
- * margin below the memory limit where it kills (else 1/32 of it), and how
+ * it counts), and near the line; how often a growing ring asks for a check
+ * at most, the least margin below the memory limit where it kills (else 1/16
+ * of it), and how
  * long after a victim is gone before another may go. */
-#define GUARD_MS 50
+#define GUARD_MS 100
+#define GUARD_NEAR_MS 10
+#define GUARD_NEAR (16u << 20)
 #define GUARD_SCAN_MS 500
 #define GUARD_POKE_MS 10
-#define GUARD_MARGIN (4u << 20)
+#define GUARD_MARGIN (8u << 20)
 #define GUARD_SETTLE_MS 250
 #define KILL_GRACE_MS 1000
 #define SWEEP_MS 1000
@@ -221,7 +224,7 @@ struct guard {
 	uint64_t memory, base, per_task, pids;
 	char meminfo[128];	/* where the kernel's meminfo is (tests: a file of theirs) */
 	uint64_t next_ms, next_scan_ms, last_poke_ms, settle_ms;
-	uint64_t tasks;		/* counted by the last scan */
+	uint64_t tasks, peak;	/* counted by the last scan, and the most ever */
 	pid_t victim;		/* the session being killed, until its memory is back */
 	uint64_t kills;
 };

@@ -14,7 +14,7 @@
  * charges, the sandbox's own use (the Sentry's /proc/meminfo: MemTotal is the
  * limit, MemTotal - MemFree everything the sandbox's processes, tmpfs and the
  * agent hold) plus the Sentry's share for the tasks it counts, and:
- *   - past the kill line (the limit less GUARD_MARGIN) SIGKILLs the largest
+ *   - past the kill line (the limit less 1/16, at least GUARD_MARGIN) kills the largest
  *     session of processes (by resident memory; every command is a session
  *     leader), never itself: the command is reported as ended by SIGKILL, as
  *     a kernel OOM kill under runc.  As the kernel's OOM reaper, it takes no
@@ -22,7 +22,8 @@
  *   - refuses a new command ("LIMIT") when the tasks it counts are at the
  *     pids budget, or the estimate is past the kill line still.
  * It checks at every start, as a ring grows (at most every GUARD_POKE_MS)
- * and every GUARD_MS while any command runs.
+ * and every GUARD_MS while any command runs, GUARD_NEAR_MS within 1/8 of the
+ * limit (at least GUARD_NEAR) of the line.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -65,6 +66,7 @@ void guard_config(const struct jval *g)
 	gd->on = gd->memory > 0 || gd->pids > 0;
 	gd->victim = 0;
 	gd->next_ms = 0;
+	gd->peak = 0;
 }
 
 /* The sandbox's own use of its memory, from its kernel's meminfo: MemTotal -
@@ -161,14 +163,19 @@ static size_t scan(struct gproc **out, uint64_t *tasks)
 	return n;
 }
 
+/* What the host charges: the sandbox's own use, and the Sentry's for the most
+ * tasks it has run at once (its host threads and their memory stay once made:
+ * measured, the charge does not go back down when tasks end). */
 uint64_t guard_estimate(uint64_t used, uint64_t tasks)
 {
-	return used + g_agent.guard.base + tasks * g_agent.guard.per_task;
+	struct guard *gd = &g_agent.guard;
+	uint64_t most = tasks > gd->peak ? tasks : gd->peak;
+	return used + gd->base + most * gd->per_task;
 }
 
 uint64_t guard_line(void)
 {
-	uint64_t m = g_agent.guard.memory, margin = m / 32;
+	uint64_t m = g_agent.guard.memory, margin = m / 16;
 	if (margin < GUARD_MARGIN)
 		margin = GUARD_MARGIN;
 	return m > margin ? m - margin : 0;
@@ -192,6 +199,8 @@ static bool check(uint64_t used, uint64_t *tasks)
 	struct gproc *v;
 	size_t n = scan(&v, tasks);
 	gd->tasks = *tasks;
+	if (*tasks > gd->peak)
+		gd->peak = *tasks;
 	bool over = gd->memory && used && guard_estimate(used, *tasks) > guard_line();
 	if (over) {
 		bool pending = false;
@@ -252,10 +261,15 @@ void guard_tick(uint64_t now)
 	gd->next_ms = now + GUARD_MS;
 	if (!running())
 		return;
-	uint64_t used = meminfo_used(), tasks = gd->tasks;
+	uint64_t used = meminfo_used(), tasks = gd->tasks, line = guard_line();
+	/* Near the line, look again soon: a writer of tmpfs at a few hundred MB/s
+	 * crosses the margin in tens of ms. */
+	uint64_t near = gd->memory / 8 > GUARD_NEAR ? gd->memory / 8 : GUARD_NEAR;
+	if (used && guard_estimate(used, tasks) + near > line)
+		gd->next_ms = now + GUARD_NEAR_MS;
 	/* Between scans the tasks last counted stand: a scan per check would read
 	 * every process's stat every GUARD_MS. */
-	if (used && (guard_estimate(used, tasks) > guard_line() || gd->victim ||
+	if (used && (guard_estimate(used, tasks) > line || gd->victim ||
 		     now >= gd->next_scan_ms)) {
 		gd->next_scan_ms = now + GUARD_SCAN_MS;
 		if (!check(used, &tasks))

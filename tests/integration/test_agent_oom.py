@@ -33,6 +33,12 @@ WRITE = "head -c 16777216 /dev/zero"
 STAY = f"{WRITE}; exec sleep 600"
 
 
+@pytest.fixture(autouse=True)
+def _debug_guard(server: ServerProcess) -> Any:
+    yield
+    print("".join(line for line in server.log_lines if "guard" in line)[-20000:])
+
+
 def _container(sid: str, server: ServerProcess) -> dict[str, Any]:
     return inspect_container(session_container(sid, server.owner_id))
 
@@ -85,6 +91,7 @@ def test_concurrent_writers_never_get_the_agent_killed(
     # A start the sandbox has no room for (its pids, the agent's budget) may be refused as
     # such; nothing else.
     odd = [a for a in sum(answers, []) if not a.startswith("RESOURCE_EXHAUSTED")]
+    print("DEBUG refusals", len(sum(answers, [])), sum(answers, [])[:3])
     assert not odd, odd[:3]
     got = stubs.sessions.GetSession(session_pb2.GetSessionRequest(session_id=sid)).session
     assert got.state == session_pb2.SESSION_STATE_RUNNING, got

@@ -186,7 +186,7 @@ def volume_mounts(volumes: Sequence[VolumeMount], tmpfs: dict[str, str]) -> list
 # Host threads of gVisor's own Sentry and gofer (about 60 idle, more per task under the ptrace
 # platform), all in the container's pids cgroup: measured, a cgroup cap of 64 crashes the Sentry.
 GVISOR_HOST_PIDS = 1024
-GVISOR_HOST_PIDS_PER_TASK = 8
+GVISOR_HOST_PIDS_PER_TASK = 128
 
 
 def gvisor_pids(pids: int) -> dict[str, Any]:
