@@ -7,6 +7,12 @@ then reported as ended by SIGKILL), never the agent: the session keeps working i
 container (`Run true` after it all), never `CONTAINER_LOST`. Before the commands' raised
 `oom_score_adj` (1000, above the agent's) the agent, whose rings held half the sandbox's memory,
 outscored commands at 500 and was killed after about 50 starts: the sandbox ended with it.
+
+Under gVisor the host's OOM killer sees only the Sentry, and its pids cgroup only the Sentry's
+threads: there the agent's guard (helper/agent_guard.c) kills the largest command before the
+host would end the sandbox, and refuses starts past the session's pids (SANDBOX_LIMIT_REACHED).
+Before it both tests failed under gVisor (strict xfails): the sandbox ended, at the host's pids
+cap (1,536 threads) in the first, its memory limit in the second.
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
-import pytest
 from conftest import ServerProcess, SessionFactory, Stubs, run
 from containers import inspect_container, session_container
 from google.protobuf import duration_pb2
@@ -31,12 +36,6 @@ STARTS = 24  # per caller: 72 starts of 16 MiB writers, past the ~50 that ended 
 # 16 MiB of output as fast as the sandbox goes; every fourth stays alive holding its ring.
 WRITE = "head -c 16777216 /dev/zero"
 STAY = f"{WRITE}; exec sleep 600"
-
-
-@pytest.fixture(autouse=True)
-def _debug_guard(server: ServerProcess) -> Any:
-    yield
-    print("".join(line for line in server.log_lines if "guard" in line)[-20000:])
 
 
 def _container(sid: str, server: ServerProcess) -> dict[str, Any]:
@@ -91,7 +90,6 @@ def test_concurrent_writers_never_get_the_agent_killed(
     # A start the sandbox has no room for (its pids, the agent's budget) may be refused as
     # such; nothing else.
     odd = [a for a in sum(answers, []) if not a.startswith("RESOURCE_EXHAUSTED")]
-    print("DEBUG refusals", len(sum(answers, [])), sum(answers, [])[:3])
     assert not odd, odd[:3]
     got = stubs.sessions.GetSession(session_pb2.GetSessionRequest(session_id=sid)).session
     assert got.state == session_pb2.SESSION_STATE_RUNNING, got
