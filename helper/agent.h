@@ -106,13 +106,14 @@ const struct jval *json_get(const struct jval *o, const char *key);
 #define OOM_SCORE_ADJ "1000"
 /* The guard (agent_guard.c, gVisor only): how often it reads meminfo while
  * commands run, how often it reads every process's stat besides (the tasks
- * it counts), and near the line; how often a growing ring asks for a check
+ * it counts), at least when near the line, at which growth (bytes per ms) a
+ * look is due before the line is reached; how often a growing ring asks for a check
  * at most, the least margin below the memory limit where it kills (else 1/16
  * of it), and how
  * long after a victim is gone before another may go. */
 #define GUARD_MS 100
-#define GUARD_NEAR_MS 10
-#define GUARD_NEAR (16u << 20)
+#define GUARD_NEAR_MS 5
+#define GUARD_RATE (1u << 20)
 #define GUARD_SCAN_MS 500
 #define GUARD_POKE_MS 10
 #define GUARD_MARGIN (8u << 20)
