@@ -63,9 +63,9 @@ void guard_config(const struct jval *g)
 	snprintf(gd->meminfo, sizeof gd->meminfo, "%s",
 		 mi && mi->type == J_STR && mi->s[0] == '/' ? mi->s : "/proc/meminfo");
 	gd->on = gd->memory > 0 || gd->pids > 0;
-	gd->victim = 0;
+	/* The victim being ended and the most tasks counted are the sandbox's
+	 * (its Sentry's), not the epoch's: a server's new HELLO keeps them. */
 	gd->next_ms = 0;
-	gd->peak = 0;
 }
 
 /* The sandbox's own use of its memory, from its kernel's meminfo: MemTotal -
