@@ -264,7 +264,8 @@ void guard_tick(uint64_t now)
 	/* The nearer the line, the sooner the next look: as long as the room
 	 * left would take at GUARD_RATE (bytes per ms), at least GUARD_NEAR_MS
 	 * apart.  Measured: a command reading /dev/zero into its memory grows
-	 * by about 0.6 MiB per ms under gVisor. */
+	 * by 0.4 to 0.6 MiB per ms under gVisor (and then in steps no look can
+	 * come between: SECURITY.md). */
 	uint64_t est = guard_estimate(used, tasks);
 	if (used && est < line) {
 		uint64_t ms = (line - est) / GUARD_RATE;
