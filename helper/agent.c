@@ -115,6 +115,7 @@ static void timers(uint64_t now)
 			cmd_read_out(c, 1);
 	}
 	sup_timers(now);
+	guard_tick(now);
 	if (now >= g_agent.next_sweep) {
 		sweep_orphans();
 		g_agent.last_sweep = now;
@@ -275,6 +276,7 @@ static int poll_timeout(uint64_t now)
 			next = c->tty_done_at;
 	}
 	next = sup_next_timer(next);
+	next = guard_next(next);
 	if (g_agent.epoch && g_agent.stdin_open) {
 		uint64_t k = g_agent.last_rx + (g_agent.ping_sent_at ? 2 * g_agent.keepalive : g_agent.keepalive);
 		if (k < next)

@@ -104,6 +104,20 @@ const struct jval *json_get(const struct jval *o, const char *key);
  * command's points are its memory plus the whole limit's, more than all the
  * agent can hold within the limit. */
 #define OOM_SCORE_ADJ "1000"
+/* The guard (agent_guard.c, gVisor only): how often it reads meminfo while
+ * commands run, how often it reads every process's stat besides (the tasks
+ * it counts), at least when near the line, at which growth (bytes per ms) a
+ * look is due before the line is reached; how often a growing ring asks for a check
+ * at most, the least margin below the memory limit where it kills (else 1/16
+ * of it), and how
+ * long after a victim is gone before another may go. */
+#define GUARD_MS 100
+#define GUARD_NEAR_MS 5
+#define GUARD_RATE (1u << 20)
+#define GUARD_SCAN_MS 500
+#define GUARD_POKE_MS 10
+#define GUARD_MARGIN (8u << 20)
+#define GUARD_SETTLE_MS 250
 #define KILL_GRACE_MS 1000
 #define SWEEP_MS 1000
 /* A tty command's output is over once its terminal reads empty this long
@@ -204,6 +218,18 @@ struct stream {
  * which every file of the agent reaches by that name.  One thread, so no
  * locks; the SIGCHLD handler touches only sigpipe[1].
  */
+/* HELLO's "guard" (agent_guard.c): the sandbox's memory limit, the Sentry's
+ * share of it (a base and one per task), the session's pids; off without. */
+struct guard {
+	bool on;
+	uint64_t memory, base, per_task, pids;
+	char meminfo[128];	/* where the kernel's meminfo is (tests: a file of theirs) */
+	uint64_t next_ms, next_scan_ms, last_poke_ms, settle_ms;
+	uint64_t tasks, peak;	/* counted by the last scan, and the most ever */
+	pid_t victim;		/* the session being killed, until its memory is back */
+	uint64_t kills;
+};
+
 struct pollfd;
 struct pref;
 struct agent {
@@ -231,6 +257,7 @@ struct agent {
 	/* Bytes of the budget held (rings past their floor, input buffers) and the
 	 * budget itself (see DEFAULT_RING_BUDGET). */
 	uint64_t held, budget;
+	struct guard guard;
 	/* When the orphan sweep is due next, and when it last ran. */
 	uint64_t next_sweep, last_sweep;
 	/* The egress listener (HELLO's egress port). */
@@ -340,6 +367,15 @@ void open_exec(uint32_t id, const struct jval *req);
 void cmd_report(struct cmd *c);
 void cmd_read_out(struct cmd *c, int k);
 bool cmd_output_done(const struct cmd *c);
+
+/* ---- agent_guard.c: the OOM killer and pids count of a gVisor sandbox ---- */
+void guard_config(const struct jval *g);
+uint64_t guard_estimate(uint64_t used, uint64_t tasks);
+uint64_t guard_line(void);
+void guard_tick(uint64_t now);
+void guard_poke(void);
+uint64_t guard_next(uint64_t next);
+bool guard_admit(char *why, size_t len);
 
 /* ---- agent_run.c: the agent as the `sbx run` supervisor ---- */
 bool sup_parse(char **argv, struct sup *out);

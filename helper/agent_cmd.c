@@ -125,6 +125,8 @@ uint64_t ring_room(struct ring *r)
 	uint64_t room = floor + (g_agent.budget > g_agent.held ? g_agent.budget - g_agent.held : 0);
 	if (room == 0)
 		r->cap = (size_t)r->end;
+	else
+		guard_poke(); /* the sandbox's memory grows: the guard looks soon */
 	return room ? room : UINT64_MAX;
 }
 

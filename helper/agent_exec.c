@@ -314,6 +314,13 @@ void open_exec(uint32_t id, const struct jval *req)
 		mem_unmap(rings[2], ring);
 		goto out;
 	}
+	char limit[200];
+	if (!guard_admit(limit, sizeof limit)) {
+		mem_unmap(rings[1], ring);
+		mem_unmap(rings[2], ring);
+		out_error(F_RESET, id, "LIMIT", "%s", limit);
+		goto out;
+	}
 	if (supervise) {
 		sup.envp = command_env(envp, sup.clean);
 		if (!g_agent.realroot && !(g_agent.realroot = realpath(g_root, NULL)))

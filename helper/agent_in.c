@@ -71,6 +71,7 @@ static void on_hello(const char *p, size_t n)
 	if (budget && budget->type == J_NUM && budget->is_int && budget->i >= 1 &&
 	    (uint64_t)budget->i <= MAX_RING_BUDGET)
 		g_agent.budget = (uint64_t)budget->i;
+	guard_config(json_get(doc.root, "guard"));
 	listen_egress((uint32_t)clamp_u(json_get(doc.root, "egress_port"), 0, 0, 65535));
 	g_agent.epoch = true;
 	g_agent.max_odd = 0;

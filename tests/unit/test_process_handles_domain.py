@@ -170,7 +170,7 @@ async def test_the_agent_is_given_its_budget_for_all_its_rings(
 def _session(
     memory: int = 256 << 20, workspace: int = 64 << 20, isolation: Isolation = Isolation.RUNC
 ) -> types.SimpleNamespace:
-    limits = types.SimpleNamespace(memory_bytes=memory, workspace_bytes=workspace)
+    limits = types.SimpleNamespace(memory_bytes=memory, workspace_bytes=workspace, pids=64)
     # A memory workspace: its tmpfs is the sandbox's memory (SessionSpec.memory_workspace_bytes).
     spec = types.SimpleNamespace(
         limits=limits, isolation=isolation, memory_workspace_bytes=workspace

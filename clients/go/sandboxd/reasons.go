@@ -286,6 +286,8 @@ var (
 	ErrKernelLimitReached = &Error{Code: codes.ResourceExhausted, Reason: "KERNEL_LIMIT_REACHED"}
 	// ErrHostIdsExhausted: RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created.
 	ErrHostIdsExhausted = &Error{Code: codes.ResourceExhausted, Reason: "HOST_IDS_EXHAUSTED"}
+	// ErrSandboxLimitReached: RESOURCE_EXHAUSTED: The sandbox's process or memory limit is reached (the session's limits.pids or memory_bytes, as the agent of a gVisor sandbox counts them), so the command was not started. End processes (or wait for them to exit) and retry.
+	ErrSandboxLimitReached = &Error{Code: codes.ResourceExhausted, Reason: "SANDBOX_LIMIT_REACHED"}
 	// ErrReplyTooLarge: RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`.
 	ErrReplyTooLarge = &Error{Code: codes.ResourceExhausted, Reason: "REPLY_TOO_LARGE"}
 	// ErrTemplateInstructionNotAllowed: INVALID_ARGUMENT: A Dockerfile instruction the build rules refuse (ADD, ONBUILD, VOLUME, flags, heredocs, parser directives, variables in LABEL, io.sandboxd.* label keys...); the message names the line and the rule.
@@ -470,6 +472,7 @@ var Reasons = map[string]ReasonInfo{
 	"INTERACT_IDLE":                    {codes.DeadlineExceeded, false, ErrInteractIdle},
 	"KERNEL_LIMIT_REACHED":             {codes.ResourceExhausted, false, ErrKernelLimitReached},
 	"HOST_IDS_EXHAUSTED":               {codes.ResourceExhausted, false, ErrHostIdsExhausted},
+	"SANDBOX_LIMIT_REACHED":            {codes.ResourceExhausted, false, ErrSandboxLimitReached},
 	"REPLY_TOO_LARGE":                  {codes.ResourceExhausted, false, ErrReplyTooLarge},
 	"TEMPLATE_INSTRUCTION_NOT_ALLOWED": {codes.InvalidArgument, false, ErrTemplateInstructionNotAllowed},
 	"TENANT_IMAGE_QUOTA":               {codes.ResourceExhausted, false, ErrTenantImageQuota},

@@ -261,6 +261,8 @@ export declare class InteractIdleError extends DeadlineExceeded {}
 export declare class KernelLimitReachedError extends ResourceExhausted {}
 /** RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created. */
 export declare class HostIdsExhaustedError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: The sandbox's process or memory limit is reached (the session's limits.pids or memory_bytes, as the agent of a gVisor sandbox counts them), so the command was not started. End processes (or wait for them to exit) and retry. */
+export declare class SandboxLimitReachedError extends ResourceExhausted {}
 /** RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`. */
 export declare class ReplyTooLargeError extends ResourceExhausted {}
 /** INVALID_ARGUMENT: A Dockerfile instruction the build rules refuse (ADD, ONBUILD, VOLUME, flags, heredocs, parser directives, variables in LABEL, io.sandboxd.* label keys...); the message names the line and the rule. */
@@ -443,6 +445,7 @@ export type Reason =
   | 'INTERACT_IDLE'
   | 'KERNEL_LIMIT_REACHED'
   | 'HOST_IDS_EXHAUSTED'
+  | 'SANDBOX_LIMIT_REACHED'
   | 'REPLY_TOO_LARGE'
   | 'TEMPLATE_INSTRUCTION_NOT_ALLOWED'
   | 'TENANT_IMAGE_QUOTA'

@@ -261,6 +261,8 @@ export class InteractIdleError extends DeadlineExceeded {}
 export class KernelLimitReachedError extends ResourceExhausted {}
 /** RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created. */
 export class HostIdsExhaustedError extends ResourceExhausted {}
+/** RESOURCE_EXHAUSTED: The sandbox's process or memory limit is reached (the session's limits.pids or memory_bytes, as the agent of a gVisor sandbox counts them), so the command was not started. End processes (or wait for them to exit) and retry. */
+export class SandboxLimitReachedError extends ResourceExhausted {}
 /** RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`. */
 export class ReplyTooLargeError extends ResourceExhausted {}
 /** INVALID_ARGUMENT: A Dockerfile instruction the build rules refuse (ADD, ONBUILD, VOLUME, flags, heredocs, parser directives, variables in LABEL, io.sandboxd.* label keys...); the message names the line and the rule. */
@@ -444,6 +446,7 @@ export const REASONS = Object.freeze({
   INTERACT_IDLE: { code: 'DEADLINE_EXCEEDED', retryable: false, error: InteractIdleError },
   KERNEL_LIMIT_REACHED: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: KernelLimitReachedError },
   HOST_IDS_EXHAUSTED: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: HostIdsExhaustedError },
+  SANDBOX_LIMIT_REACHED: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: SandboxLimitReachedError },
   REPLY_TOO_LARGE: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: ReplyTooLargeError },
   TEMPLATE_INSTRUCTION_NOT_ALLOWED: { code: 'INVALID_ARGUMENT', retryable: false, error: TemplateInstructionNotAllowedError },
   TENANT_IMAGE_QUOTA: { code: 'RESOURCE_EXHAUSTED', retryable: false, error: TenantImageQuotaError },

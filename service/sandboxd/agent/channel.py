@@ -19,7 +19,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from sandboxd.agent import frames
@@ -73,10 +73,12 @@ class Channel:
         on_peer_open: PeerOpen | None = None,
         budget: int = 0,
         pace: Pace | None = None,
+        guard: Mapping[str, int] | None = None,
     ) -> None:
         self.name = name
         self._pace = pace
         self._budget = budget  # HELLO's: the agent's memory budget (agent/memory.py); 0 none
+        self._guard = dict(guard or {})  # HELLO's: gVisor's limits the agent keeps (memory.py)
         self._egress_port = egress_port  # HELLO's (asked at each epoch): the agent's listener
         self._on_peer_open = on_peer_open
         self._transport = transport
@@ -228,6 +230,8 @@ class Channel:
         }
         if self._budget:
             hello["budget"] = self._budget
+        if self._guard:
+            hello["guard"] = self._guard
         return frames.SYNC + frames.encode_json(FrameType.HELLO, 0, hello)
 
     async def _handshake(self) -> None:

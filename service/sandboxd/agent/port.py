@@ -55,6 +55,8 @@ class Attached:
     env: Mapping[str, str] = field(default_factory=dict)  # the sandbox's (the exec's base)
     session_id: str = ""  # the session the server labelled the sandbox with (egress)
     budget: int = 0  # the agent's memory budget (agent/memory.py), sent in HELLO; 0 none
+    # HELLO's guard (agent/memory.py, guard_of_container): gVisor's limits the agent keeps
+    guard: Mapping[str, int] = field(default_factory=dict)
 
 
 class AgentAttach(Protocol):

@@ -148,6 +148,7 @@ class AgentRouter:
                 egress_port=functools.partial(egress_port, self.egress, attached.session_id),
                 on_peer_open=peer_open_handler(self.egress, attached.session_id),
                 budget=attached.budget,
+                guard=attached.guard,
                 pace=functools.partial(self._pace, sandbox_id) if self.shares else None,
             )
             entry = _Entry(channel, attached.user, attached.env)

@@ -273,6 +273,7 @@ _OPEN_ERRORS = {
     "CWD": "the working directory is not usable",
     "RESOURCE": "the sandbox could not start another process (fork failed)",
     "INVALID": "the agent refused the request as invalid",
+    "LIMIT": "the sandbox has no room for another command",
 }
 
 
@@ -284,6 +285,8 @@ def open_refused(kind: str, name: str, message: str) -> SandboxError:
             return NotFound(text)
         case "RESOURCE":
             return ResourceExhausted(text)
+        case "LIMIT":  # the agent's guard under gVisor (helper/agent_guard.c)
+            return ResourceExhausted(text, reason=Reason.SANDBOX_LIMIT_REACHED)
         case "PERMISSION_DENIED" | "CWD":
             return FailedPrecondition(text)
         case "PROTOCOL" | "FLOW_CONTROL":

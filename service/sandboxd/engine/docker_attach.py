@@ -17,7 +17,7 @@ import aiodocker
 import aiohttp
 from aiodocker.stream import Stream
 
-from sandboxd.agent.memory import budget_of_container
+from sandboxd.agent.memory import budget_of_container, guard_of_container
 from sandboxd.engine import compat
 from sandboxd.engine.docker_profile import commands_user
 from sandboxd.engine.protocol import Attached, ExecRequest, ExecStream, Paused
@@ -121,6 +121,7 @@ class DockerAgentPort:
             env,
             session_id=str(labels.get(LABEL_SESSION, "")),
             budget=budget_of_container(info.get("HostConfig") or {}),
+            guard=guard_of_container(info.get("HostConfig") or {}),
         )
 
     async def rescue(self, sandbox_id: str, user: str) -> str:

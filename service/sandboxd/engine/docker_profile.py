@@ -185,14 +185,24 @@ def volume_mounts(volumes: Sequence[VolumeMount], tmpfs: dict[str, str]) -> list
 
 # Host threads of gVisor's own Sentry and gofer (about 60 idle, more per task under the ptrace
 # platform), all in the container's pids cgroup: measured, a cgroup cap of 64 crashes the Sentry.
+# They never go back down: the ptrace platform keeps every address space's stub process, with a
+# thread for each Sentry thread that ran in it, for reuse (measured with runsc 0.0~20221219: 30
+# sleeping tasks made 300, sixty short ones more 1,380; a session of 64 pids whose three callers
+# started 72 writers reached 1,628 with the agent's guard holding it to 64 tasks, past the
+# earlier 8 per task, 1,536, where the Sentry could make no thread and the sandbox ended). The
+# session's processes are the agent's guard's to bound (helper/agent_guard.c); this is the
+# backstop, with room for 2.5 times what was measured. Their kernel memory is charged to the
+# sandbox's own memory cgroup.
 GVISOR_HOST_PIDS = 1024
-GVISOR_HOST_PIDS_PER_TASK = 8
+GVISOR_HOST_PIDS_PER_TASK = 48
 
 
 def gvisor_pids(pids: int) -> dict[str, Any]:
-    """Under gVisor the session's `pids` is enforced by the Sentry (RLIMIT_NPROC of the
-    sandbox user: measured to refuse fork with EAGAIN), while the host cgroup cap stays as a
-    backstop sized for the Sentry's own threads."""
+    """Under gVisor the session's `pids` is enforced by the Sentry for the commands' forks
+    (RLIMIT_NPROC of the sandbox user: measured to refuse fork with EAGAIN) and by the agent's
+    guard for its starts (which the Sentry does not count: three callers reached 100 processes
+    in a session of 64), while the host cgroup cap stays as a backstop sized for the Sentry's
+    own threads."""
     return {
         "PidsLimit": GVISOR_HOST_PIDS + pids * GVISOR_HOST_PIDS_PER_TASK,
         "Ulimits": [

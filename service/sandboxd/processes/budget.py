@@ -65,7 +65,9 @@ def session_agent_budget(spec: SessionSpec) -> int:
     """The agent's budget in a session's sandbox."""
     limits = spec.limits
     gvisor = spec.isolation is Isolation.GVISOR
-    return agent_ring_budget(limits.memory_bytes, spec.memory_workspace_bytes, gvisor=gvisor)
+    return agent_ring_budget(
+        limits.memory_bytes, spec.memory_workspace_bytes, gvisor=gvisor, pids=limits.pids
+    )
 
 
 def agent_exited_limit(budget: int) -> int:

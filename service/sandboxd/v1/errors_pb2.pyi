@@ -343,6 +343,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by
     a session; delete sessions, or the operator widens host_uid_count. Nothing was created.
     """
+    ERROR_REASON_SANDBOX_LIMIT_REACHED: _ErrorReason.ValueType  # 252
+    """RESOURCE_EXHAUSTED: The sandbox's process or memory limit is reached (the session's
+    limits.pids or memory_bytes, as the agent of a gVisor sandbox counts them), so the command
+    was not started. End processes (or wait for them to exit) and retry.
+    """
     ERROR_REASON_REPLY_TOO_LARGE: _ErrorReason.ValueType  # 260
     """RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's
     max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the
@@ -762,6 +767,11 @@ session's own use counts, no other tenant's. Close watches or file watchers in t
 ERROR_REASON_HOST_IDS_EXHAUSTED: ErrorReason.ValueType  # 251
 """RESOURCE_EXHAUSTED: Every host uid this server allocates to sessions is held by
 a session; delete sessions, or the operator widens host_uid_count. Nothing was created.
+"""
+ERROR_REASON_SANDBOX_LIMIT_REACHED: ErrorReason.ValueType  # 252
+"""RESOURCE_EXHAUSTED: The sandbox's process or memory limit is reached (the session's
+limits.pids or memory_bytes, as the agent of a gVisor sandbox counts them), so the command
+was not started. End processes (or wait for them to exit) and retry.
 """
 ERROR_REASON_REPLY_TOO_LARGE: ErrorReason.ValueType  # 260
 """RESOURCE_EXHAUSTED: The reply would be larger than the caller accepts (the request's

@@ -515,6 +515,10 @@ class HostIdsExhausted(ResourceExhausted):
     """HOST_IDS_EXHAUSTED: Every host uid this server allocates to sessions is held by a session; delete sessions, or the operator widens host_uid_count. Nothing was created."""
 
 
+class SandboxLimitReached(ResourceExhausted):
+    """SANDBOX_LIMIT_REACHED: The sandbox's process or memory limit is reached (the session's limits.pids or memory_bytes, as the agent of a gVisor sandbox counts them), so the command was not started. End processes (or wait for them to exit) and retry."""
+
+
 class ReplyTooLarge(ResourceExhausted):
     """REPLY_TOO_LARGE: The reply would be larger than the caller accepts (the request's max_reply_bytes; 4 MiB, gRPC's default receive limit, when unset). The message names the way round: ReadFileStream for a file, page_size for a listing; metadata `limit` and `size`."""
 
@@ -737,6 +741,7 @@ BY_REASON: dict[str, type[SandboxError]] = {
     "INTERACT_IDLE": InteractIdle,
     "KERNEL_LIMIT_REACHED": KernelLimitReached,
     "HOST_IDS_EXHAUSTED": HostIdsExhausted,
+    "SANDBOX_LIMIT_REACHED": SandboxLimitReached,
     "REPLY_TOO_LARGE": ReplyTooLarge,
     "TEMPLATE_INSTRUCTION_NOT_ALLOWED": TemplateInstructionNotAllowed,
     "TENANT_IMAGE_QUOTA": TenantImageQuota,
@@ -880,6 +885,7 @@ __all__ = [
     "InteractIdle",
     "KernelLimitReached",
     "HostIdsExhausted",
+    "SandboxLimitReached",
     "ReplyTooLarge",
     "TemplateInstructionNotAllowed",
     "TenantImageQuota",
