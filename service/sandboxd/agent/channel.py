@@ -228,10 +228,8 @@ class Channel:
             if callable(self._egress_port)
             else self._egress_port,
         }
-        if self._budget:
-            hello["budget"] = self._budget
-        if self._guard:
-            hello["guard"] = self._guard
+        # Only what is set: an agent older than a field is never sent it.
+        hello |= {k: v for k, v in (("budget", self._budget), ("guard", self._guard)) if v}
         return frames.SYNC + frames.encode_json(FrameType.HELLO, 0, hello)
 
     async def _handshake(self) -> None:
