@@ -39,9 +39,10 @@ FLOOD_LIMITS = common_pb2.ResourceLimits(
 )
 FLOOD_SECONDS = 25.0
 SETTLE_S = 3.0  # the flood builds up before the bystander measures
-# The bystander's pause between its Runs: an ordinary tenant (at most about 60 calls/s, well
-# inside admission_calls_per_s), not a second flood.
-BYSTANDER_GAP_S = 0.01
+# The bystander starts a Run every 40 ms at most: an ordinary tenant at 25 calls/s, half of
+# admission_calls_per_s (50), not a second flood. A fixed pause after each call would let a fast,
+# quiet host push it past its share, and its refusals would then be measured as the flood's harm.
+BYSTANDER_PERIOD_S = 0.04
 ALL = common_pb2.ShellPolicy(allow_all=True)
 
 
@@ -71,8 +72,9 @@ async def _bystander(
 
     samples: list[float] = []
     while len(samples) < n and time.monotonic() < until:
+        started = time.monotonic()
         samples.append(await timed_ms(call))
-        await asyncio.sleep(BYSTANDER_GAP_S)
+        await asyncio.sleep(max(0.0, BYSTANDER_PERIOD_S - (time.monotonic() - started)))
     return samples
 
 
