@@ -98,14 +98,14 @@ async def _load(args: argparse.Namespace) -> None:
                 async def import_archive() -> None:
                     from sandboxd.v1 import snapshot_pb2_grpc
 
-                    from bench import bench_archive
+                    from bench import archive_mix, bench_archive
 
                     if not archive:
                         await bench_archive._fill_session(ctx, sid)
                         snaps = snapshot_pb2_grpc.SnapshotServiceStub(channel)
-                        archive.append(await bench_archive._export(snaps, sid))
+                        archive.append(await archive_mix.export_bytes(snaps, sid))
                     await snapshot_pb2_grpc.SnapshotServiceStub(channel).ImportArchive(
-                        bench_archive._import_requests(sid, archive[0])
+                        archive_mix.import_requests(sid, archive[0])
                     )
 
                 from bench import bench_processes
@@ -113,13 +113,13 @@ async def _load(args: argparse.Namespace) -> None:
                 async def export_archive() -> None:
                     from sandboxd.v1 import snapshot_pb2_grpc
 
-                    from bench import bench_archive
+                    from bench import archive_mix, bench_archive
 
                     if not archive:
                         await bench_archive._fill_session(ctx, sid)
                         archive.append(b"filled")
                     snaps = snapshot_pb2_grpc.SnapshotServiceStub(channel)
-                    await bench_archive._export_count(snaps, sid)
+                    await archive_mix.export_count(snaps, sid)
 
                 async def interact_stream() -> None:
                     await bench_processes._interact_stream(ctx, sid)
