@@ -255,6 +255,10 @@ async def cpu_weight(engine: Engine, commands: SandboxCommands, owner: str) -> N
         await engine.set_cpu_shares(sid, 128)
         status = await engine.inspect_sandbox(sid, request(owner, "w1"))
         assert status is not None and status.running and status.conforms
+        # A lower CPU limit in place (a demoted tenant's cap) is still the sandbox made.
+        await engine.set_cpu_shares(sid, 2, max(10, weighted.spec.limits.cpu_millis // 2))
+        status = await engine.inspect_sandbox(sid, request(owner, "w1"))
+        assert status is not None and status.running and status.conforms
     finally:
         await engine.remove_sandbox(sid)
     with pytest.raises(SandboxError):

@@ -69,6 +69,7 @@ class FakeSandbox:
     dirs: set[str] = field(default_factory=set)
     limits_changed: bool = False
     cpu_shares: int = 1024  # its cgroup's weight: the request's, or the engine's default
+    cpu_millis: int = 0  # its CPU limit when changed in place (0: the request's)
 
 
 @dataclass
@@ -427,12 +428,14 @@ class FakeEngine:
         self._call("start_sandbox")
         self._get(sandbox_id).running = True
 
-    async def set_cpu_shares(self, sandbox_id: str, shares: int) -> None:
+    async def set_cpu_shares(self, sandbox_id: str, shares: int, cpu_millis: int = 0) -> None:
         self._call("set_cpu_shares")
         box = self._get(sandbox_id)
         if box.request.spec.isolation is Isolation.GVISOR:  # as Docker answers for runsc
             raise Internal("runsc did not terminate successfully: no update subcommand")
         box.cpu_shares = shares
+        if cpu_millis:
+            box.cpu_millis = cpu_millis
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         self._call("remove_sandbox")

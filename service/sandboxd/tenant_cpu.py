@@ -26,8 +26,16 @@ every wake of its agent (a start storm doubled a bystander's Run p50, its agent 
 whose output is busy while other tenants are active (sandboxd.admission: faster than a fraction
 of its output share, the mark of commands that never stop writing) is `demote`d: its sandboxes
 get DEMOTED_SHARES until it has been calm for DEMOTION_S, then their share again.
-The least weight still takes every CPU nobody else wants (weights are work-conserving), so a
-demoted tenant alone on the host loses nothing; the kernel only picks others first.
+
+The least weight alone was not enough: even with the flood's cgroups in the kernel's idle class
+(`cpu.idle`, whose tasks yield to any waking one at once), a bystander's Run stayed twice as
+slow during a start storm, on two CPUs that a busy tenant keeps both running (docs/performance.md,
+"Fair shares"). So a demoted tenant's runc sandboxes are also held, together, to
+`demoted_cpu_millis` of CPU time (each an equal part, at least MIN_CPU_MILLIS, never above its
+own limit), the CFS quota: the CPUs then have idle time for others' commands to wake into.
+That cap is not work-conserving, which is why it lasts only while the tenant is demoted:
+demotion starts only while other tenants are active, and ends DEMOTION_S after the tenant is
+calm, its own limits then restored.
 
 Nothing is made on the host beyond the sandboxes' own cgroups, which go with them: no
 leftover to remove at a stop or start. After a restart the live sessions are adopted by the
@@ -53,6 +61,8 @@ TENANT_SHARES = 1024  # a tenant's sessions together: one default cgroup's weigh
 MIN_SHARES = 2  # the kernel's (and Docker's) least cpu.shares
 DEMOTED_SHARES = MIN_SHARES  # each sandbox of a tenant over its output share (`demote`)
 DEMOTION_S = 5.0  # a demoted tenant within its share this long gets its weight back
+DEMOTED_CPU_MILLIS = 500  # a demoted tenant's runc sandboxes together, at most (0: no cap)
+MIN_CPU_MILLIS = 10  # Docker's least CPU limit (0.01 of a CPU)
 
 
 def share_of(live: int) -> int:
@@ -66,17 +76,25 @@ def share_of(live: int) -> int:
 class _Member:
     container_id: str
     isolation: Isolation
+    cpu_millis: int  # the CPU limit it was made with (its session's)
     applied: int  # the weight it has now; 0: not known (adopted after a restart)
+    capped: int  # the CPU limit it has now; 0: not known
 
 
 class TenantCpu:
     """The live sandboxes of each tenant and the weight each was given."""
 
     def __init__(
-        self, engine: Engine, *, demotion: bool = True, clock: Callable[[], float] = time.monotonic
+        self,
+        engine: Engine,
+        *,
+        demotion: bool = True,
+        demoted_cpu_millis: int = DEMOTED_CPU_MILLIS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._engine = engine
         self._demotion = demotion
+        self._demoted_cpu_millis = demoted_cpu_millis
         self._clock = clock
         self._tenants: dict[str, dict[str, _Member]] = {}
         # Demoted tenant -> when it was last over its share; the task that restores it.
@@ -97,12 +115,21 @@ class TenantCpu:
         """Session id -> the weight its sandbox was given (for tests and diagnosis)."""
         return {sid: m.applied for sid, m in self._tenants.get(tenant, {}).items()}
 
+    def cpu_limits(self, tenant: str) -> dict[str, int]:
+        """Session id -> the CPU limit its sandbox has now, in millicpus (tests, diagnosis)."""
+        return {sid: m.capped for sid, m in self._tenants.get(tenant, {}).items()}
+
     async def joined(self, session: Session, created_with: int) -> None:
         """`session`'s sandbox is live, made with weight `created_with` (0: the default)."""
         async with self._lock(session.tenant):
             members = self._tenants.setdefault(session.tenant, {})
+            millis = session.spec.limits.cpu_millis
             members[session.session_id] = _Member(
-                session.container_id, session.spec.isolation, created_with or TENANT_SHARES
+                session.container_id,
+                session.spec.isolation,
+                millis,
+                created_with or TENANT_SHARES,
+                millis,
             )
             await self._rebalance(session.tenant)
 
@@ -113,7 +140,9 @@ class TenantCpu:
             return
         async with self._lock(session.tenant):
             members = self._tenants.setdefault(session.tenant, {})
-            members[session.session_id] = _Member(session.container_id, session.spec.isolation, 0)
+            members[session.session_id] = _Member(
+                session.container_id, session.spec.isolation, session.spec.limits.cpu_millis, 0, 0
+            )
             await self._rebalance(session.tenant)
 
     async def left(self, session: Session) -> None:
@@ -166,19 +195,25 @@ class TenantCpu:
         return self._locks.setdefault(tenant, asyncio.Lock())
 
     async def _rebalance(self, tenant: str) -> None:
-        count = len(self._tenants.get(tenant, {}))
-        target = DEMOTED_SHARES if tenant in self._demoted else share_of(count)
-        stale = [
-            m
-            for m in self._tenants.get(tenant, {}).values()
-            if m.isolation is Isolation.RUNC and m.applied != target
-        ]
-        await asyncio.gather(*(self._apply(m, target) for m in stale))
+        members = self._tenants.get(tenant, {})
+        demoted = tenant in self._demoted
+        target = DEMOTED_SHARES if demoted else share_of(len(members))
+        runc = [m for m in members.values() if m.isolation is Isolation.RUNC]
+        each = 0  # the demoted tenant's cap split between its sandboxes; 0: their own limits
+        if demoted and self._demoted_cpu_millis and runc:
+            each = max(MIN_CPU_MILLIS, self._demoted_cpu_millis // len(runc))
+        wanted = [(m, min(m.cpu_millis, each) if each else m.cpu_millis) for m in runc]
+        stale = [(m, limit) for m, limit in wanted if (m.applied, m.capped) != (target, limit)]
+        await asyncio.gather(*(self._apply(m, target, limit) for m, limit in stale))
 
-    async def _apply(self, member: _Member, shares: int) -> None:
+    async def _apply(self, member: _Member, shares: int, cpu_millis: int) -> None:
+        # The limit only when it changes (an adopted sandbox's is not known: it may still have
+        # the cap of a demotion that a crash interrupted, so it is set).
+        limit = 0 if cpu_millis == member.capped else cpu_millis
         try:
-            await self._engine.set_cpu_shares(member.container_id, shares)
+            await self._engine.set_cpu_shares(member.container_id, shares, limit)
         except SandboxError as exc:  # gone meanwhile (its removal will be told), or busy
             log.info("could not set the CPU weight of %s: %s", member.container_id[:12], exc)
             return
         member.applied = shares
+        member.capped = cpu_millis

@@ -19,9 +19,10 @@ from two_tenants import two_tenant_fixtures
 
 ALL = common_pb2.ShellPolicy(allow_all=True)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+CAP_MILLIS = 400  # the server's admission_demoted_cpu_millis (one sandbox: all of it)
 
 
-server, stubs = two_tenant_fixtures("tcpu")
+server, stubs = two_tenant_fixtures("tcpu", "--admission-demoted-cpu-millis", str(CAP_MILLIS))
 
 
 def kernel_weight(container: str) -> int:
@@ -36,6 +37,28 @@ def kernel_weight(container: str) -> int:
             weight = int((CGROUP_ROOT / path.lstrip("/") / "cpu.weight").read_text())
             return 2 + (weight - 1) * 262142 // 9999
     raise AssertionError(f"no cpu cgroup for pid {pid}")
+
+
+def kernel_cpu_millis(container: str) -> int:
+    """The container's CPU limit as the kernel has it (its CFS quota over its period), in
+    millicpus: cgroup v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`, or v2 `cpu.max`."""
+    pid = inspect_container(container)["State"]["Pid"]
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            group = CGROUP_ROOT / controllers / path.lstrip("/")
+            quota = int((group / "cpu.cfs_quota_us").read_text())
+            return quota * 1000 // int((group / "cpu.cfs_period_us").read_text())
+        if controllers == "":
+            quota_s, period_s = (CGROUP_ROOT / path.lstrip("/") / "cpu.max").read_text().split()
+            return int(quota_s) * 1000 // int(period_s)
+    raise AssertionError(f"no cpu cgroup for pid {pid}")
+
+
+def cpu_limits(server: ServerProcess, session_id: str) -> tuple[int, int]:
+    """(the engine's NanoCpus in millicpus, the kernel's) of the session's container."""
+    c = session_container(session_id, server.owner_id, running=True)
+    return int(inspect_container(c)["HostConfig"]["NanoCpus"]) // 10**6, kernel_cpu_millis(c)
 
 
 def weights(server: ServerProcess, *session_ids: str) -> list[tuple[int, int]]:
@@ -100,8 +123,10 @@ def test_a_tenant_writing_without_pause_weighs_the_least_while_another_is_active
     server: ServerProcess, stubs: dict[str, Stubs]
 ) -> None:
     """Background `yes` of one tenant while the other makes calls: its sandbox is demoted to
-    the least weight at the kernel, the other's keeps its own; once its writer is gone and it
-    has been calm for 5 s, its weight comes back. Polled, no timing asserted beyond bounds."""
+    the least weight at the kernel and held to the demoted tenant's CPU cap (its CFS quota,
+    admission_demoted_cpu_millis), the other's keeps its own, and the demoted one still answers
+    (a lower limit is no tampering); once its writer is gone and it has been calm for 5 s, its
+    weight and its own limit come back. Polled, no timing asserted beyond bounds."""
     import time  # noqa: PLC0415
 
     from sandboxd.v1 import process_pb2  # noqa: PLC0415
@@ -120,17 +145,26 @@ def test_a_tenant_writing_without_pause_weighs_the_least_while_another_is_active
 
     try:
         assert weights(server, fsid) == [(1024, 1024)]
+        own = cpu_limits(server, fsid)
+        assert own[0] == own[1] > CAP_MILLIS, own
         started = flood.processes.StartProcess(
             process_pb2.StartProcessRequest(session_id=fsid, argv=["yes", "flood"])
         )
         until([(2, 2)], fsid, 30)
         assert weights(server, csid) == [(1024, 1024)]
+        deadline = time.monotonic() + 10  # the weight and the cap are one update
+        while cpu_limits(server, fsid) != (CAP_MILLIS, CAP_MILLIS):
+            assert time.monotonic() < deadline, cpu_limits(server, fsid)
+            time.sleep(0.1)
+        assert cpu_limits(server, csid) == own
+        assert run(flood, fsid, "true").exit_code == 0  # still its sandbox, not a tampered one
         flood.processes.SignalProcess(
             process_pb2.SignalProcessRequest(
                 session_id=fsid, process_id=started.process.process_id, signal="SIGKILL"
             )
         )
         until([(1024, 1024)], fsid, 30)
+        assert cpu_limits(server, fsid) == own
     finally:
         for s, sid in ((calm, csid), (flood, fsid)):
             _delete(s, sid)

@@ -167,3 +167,15 @@ def test_a_workspace_owned_by_another_uid_does_not_conform(tmp_path: Path, agent
     assert not conforms(config, info)
     del tmpfs["/workspace"]
     assert not conforms(config, info)
+
+
+def test_a_lower_cpu_limit_conforms_a_higher_or_none_does_not(tmp_path: Path) -> None:
+    """A demoted tenant's sandboxes run under a lower CPU limit set in place (tenant_cpu.py):
+    still the sandbox that was made. A higher limit, or none, would be someone's widening."""
+    config = config_for(tmp_path, Isolation.RUNC)
+    wanted = config["HostConfig"]["NanoCpus"]
+    assert wanted > 10**7
+    for cpus, ok in ((wanted, True), (10**7, True), (wanted + 1, False), (0, False), (None, False)):
+        info = inspected(config)
+        info["HostConfig"]["NanoCpus"] = cpus
+        assert conforms(config, info) is ok, cpus

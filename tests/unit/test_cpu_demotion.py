@@ -17,9 +17,9 @@ from sandboxd import tenancy, tenant_cpu
 from sandboxd.admission import FairShares, Shares
 from sandboxd.admission.shares import BUSY_FRACTION
 from sandboxd.config_sections.admission import AdmissionSection
-from sandboxd.models import Session
+from sandboxd.models import LimitsRequest, Session
 from sandboxd.sessions import CreateSessionInput
-from sandboxd.tenant_cpu import DEMOTED_SHARES
+from sandboxd.tenant_cpu import DEMOTED_CPU_MILLIS, DEMOTED_SHARES, MIN_CPU_MILLIS
 from session_stack import Stack, session_stack
 
 T = TypeVar("T")
@@ -50,6 +50,11 @@ async def _create(st: Stack, tenant: str, n: int) -> list[Session]:
 
 def _weights(st: Stack, sessions: list[Session]) -> list[int]:
     return [st.engine.sandboxes[s.container_id].cpu_shares for s in sessions]
+
+
+def _limits(st: Stack, sessions: list[Session]) -> list[int]:
+    """The CPU limit each sandbox was given in place (0: never changed, its own)."""
+    return [st.engine.sandboxes[s.container_id].cpu_millis for s in sessions]
 
 
 async def _until(check: Callable[[], bool]) -> None:
@@ -93,9 +98,15 @@ async def test_a_busy_tenant_weighs_the_least_until_it_has_been_calm(
         flood = await _create(st, "flood", 4)
         cpu = st.sessions.cpu
         assert cpu is not None and _weights(st, flood) == [256] * 4
+        own = flood[0].spec.limits.cpu_millis
+        assert own > DEMOTED_CPU_MILLIS // 4
         cpu.demote("flood")
         await _until(lambda: _weights(st, flood) == [DEMOTED_SHARES] * 4)
         assert _weights(st, calm) == [1024]  # the other tenant keeps its weight
+        # Its sandboxes share DEMOTED_CPU_MILLIS of CPU time, the other tenant keeps its limit.
+        assert _limits(st, flood) == [DEMOTED_CPU_MILLIS // 4] * 4
+        assert cpu.cpu_limits("flood") == {s.session_id: DEMOTED_CPU_MILLIS // 4 for s in flood}
+        assert _limits(st, calm) == [0]  # never changed in place
         updates = st.engine.calls.count("set_cpu_shares")
         for _ in range(50):  # busy on every read: told the engine once, not once a read
             cpu.demote("flood")
@@ -104,9 +115,53 @@ async def test_a_busy_tenant_weighs_the_least_until_it_has_been_calm(
         # A session made while its tenant is demoted starts with the least weight too.
         more = await _as("flood", lambda: st.sessions.create(CreateSessionInput("flood.new")))
         assert st.engine.sandboxes[more.container_id].cpu_shares == DEMOTED_SHARES
-        # Calm for DEMOTION_S: every sandbox of the tenant gets its share back (5 sessions).
+        await _until(lambda: _limits(st, [*flood, more]) == [DEMOTED_CPU_MILLIS // 5] * 5)
+        # Calm for DEMOTION_S: every sandbox of the tenant gets its share back (5 sessions),
+        # and its own CPU limit.
         await _until(lambda: _weights(st, [*flood, more]) == [128] * 5)
+        assert _limits(st, [*flood, more]) == [own] * 5
         assert not cpu.demoted("flood")
+
+
+async def test_a_demoted_tenants_cap_never_raises_a_limit_nor_goes_under_the_least(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each sandbox gets min(its own limit, the cap's part), at least MIN_CPU_MILLIS; with the
+    cap at 0 the weight alone changes and the limits stay."""
+    monkeypatch.setattr(tenant_cpu, "DEMOTION_S", 60)
+    async with session_stack(tmp_path) as st:
+        await _create(st, "calm", 1)
+        small = await _as(
+            "flood",
+            lambda: st.sessions.create(
+                CreateSessionInput("flood.small", limits=LimitsRequest(cpu_millis=50))
+            ),
+        )
+        flood = [small, *await _create(st, "flood", 2)]
+        cpu = st.sessions.cpu
+        assert cpu is not None
+        cpu.demote("flood")
+        own = flood[1].spec.limits.cpu_millis
+        each = DEMOTED_CPU_MILLIS // 3
+        wanted = [50, min(own, each), min(own, each)]
+        await _until(lambda: list(cpu.cpu_limits("flood").values()) == wanted)
+        assert _limits(st, flood) == [0, *wanted[1:]]  # the small one's is not touched
+        await cpu.close()
+    section = AdmissionSection(demoted_cpu_millis=20)
+    async with session_stack(tmp_path / "b", admission=section) as st:
+        await _create(st, "calm", 1)
+        flood = await _create(st, "flood", 4)
+        assert st.sessions.cpu is not None
+        st.sessions.cpu.demote("flood")
+        await _until(lambda: _limits(st, flood) == [MIN_CPU_MILLIS] * 4)
+    section = AdmissionSection(demoted_cpu_millis=0)
+    async with session_stack(tmp_path / "c", admission=section) as st:
+        await _create(st, "calm", 1)
+        flood = await _create(st, "flood", 2)
+        assert st.sessions.cpu is not None
+        st.sessions.cpu.demote("flood")
+        await _until(lambda: _weights(st, flood) == [DEMOTED_SHARES] * 2)
+        assert _limits(st, flood) == [0, 0]
 
 
 async def test_demotion_off_leaves_the_weights_alone(tmp_path: Path) -> None:

@@ -76,8 +76,8 @@ class WithAgentChannels:
     async def create_sandbox(self, request: SandboxRequest) -> str:
         return await self._engine.create_sandbox(request)
 
-    async def set_cpu_shares(self, sandbox_id: str, shares: int) -> None:
-        await self._engine.set_cpu_shares(sandbox_id, shares)
+    async def set_cpu_shares(self, sandbox_id: str, shares: int, cpu_millis: int = 0) -> None:
+        await self._engine.set_cpu_shares(sandbox_id, shares, cpu_millis)
 
     async def start_sandbox(self, sandbox_id: str) -> None:
         await self._engine.start_sandbox(sandbox_id)

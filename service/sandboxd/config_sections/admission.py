@@ -38,6 +38,15 @@ class AdmissionSection:
         "sandboxes until it has been calm for 5 s (with admission_tenant_cpu)",
         flat="admission_cpu_demotion",
     )
+    demoted_cpu_millis: int = setting(
+        500,
+        INT,
+        "with admission_cpu_demotion: the CPU time a demoted tenant's runc sandboxes get "
+        "together, in millicpus, each an equal part of it (at least 10, never above its own "
+        "limit) until the tenant is calm again; 0: the least weight only, no cap",
+        lo=0,
+        flat="admission_demoted_cpu_millis",
+    )
     calls_per_s: int = setting(
         50,
         INT,

@@ -233,11 +233,11 @@ class DockerEngine:
                 await asyncio.shield(asyncio.to_thread(end_leftovers, sandbox_id))
             raise
 
-    async def set_cpu_shares(self, sandbox_id: str, shares: int) -> None:
-        """`docker update --cpu-shares`: the sandbox's cgroup share, changed in place."""
+    async def set_cpu_shares(self, sandbox_id: str, shares: int, cpu_millis: int = 0) -> None:
+        """`docker update --cpu-shares [--cpus]`: the sandbox's cgroup, changed in place."""
+        data = {"CpuShares": shares, **({"NanoCpus": cpu_millis * 10**6} if cpu_millis else {})}
         with self._translate(f"updating the CPU weight of container {sandbox_id[:12]}"):
-            update = f"containers/{sandbox_id}/update"
-            await self.docker._query_json(update, "POST", data={"CpuShares": shares})
+            await self.docker._query_json(f"containers/{sandbox_id}/update", "POST", data=data)
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         """Force-remove; a container that is already gone is not an error.

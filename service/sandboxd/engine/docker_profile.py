@@ -268,7 +268,11 @@ def conforms(want: Mapping[str, Any], info: Mapping[str, Any]) -> bool:
     another command line could run commands as root), the workspace the session's own."""
     wanted = want["HostConfig"]
     have = info.get("HostConfig") or {}
-    if any(have.get(k) != wanted.get(k) for k in _CHECKED):
+    if any(have.get(k) != wanted.get(k) for k in _CHECKED if k != "NanoCpus"):
+        return False
+    # A lower CPU limit is the tenant's demotion (tenant_cpu.py), set in place; never a higher one.
+    cpus, wanted_cpus = have.get("NanoCpus") or 0, wanted.get("NanoCpus") or 0
+    if cpus != wanted_cpus and not 0 < cpus < wanted_cpus:
         return False
     if _caps(have.get("CapAdd")) != _caps(wanted.get("CapAdd")):
         return False

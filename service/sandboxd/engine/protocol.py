@@ -198,10 +198,12 @@ class Engine(Protocol):
 
     async def start_sandbox(self, sandbox_id: str) -> None: ...
 
-    async def set_cpu_shares(self, sandbox_id: str, shares: int) -> None:
-        """Change a running sandbox's CPU weight in place (its cgroup's share). The runc tier
-        only: runsc cannot change a sandbox's cgroups after its start (the engine refuses),
-        so a gVisor sandbox keeps the weight it was created with."""
+    async def set_cpu_shares(self, sandbox_id: str, shares: int, cpu_millis: int = 0) -> None:
+        """Change a running sandbox's CPU weight in place (its cgroup's share) and, given
+        `cpu_millis` (0: unchanged), its CPU limit, never above the one it was made with (the
+        tampering check takes a lower limit as conforming). The runc tier only: runsc cannot
+        change a sandbox's cgroups after its start (the engine refuses), so a gVisor sandbox
+        keeps the weight and limit it was created with."""
         ...
 
     async def remove_sandbox(self, sandbox_id: str) -> None:

@@ -90,7 +90,11 @@ class SessionManager:
         # What lives in a sandbox beyond one call (background processes) ends with it.
         # Each tenant's sandboxes one CPU weight together (tenant_cpu.py).
         self.cpu = (
-            TenantCpu(engine, demotion=config.admission.cpu_demotion)
+            TenantCpu(
+                engine,
+                demotion=config.admission.cpu_demotion,
+                demoted_cpu_millis=config.admission.demoted_cpu_millis,
+            )
             if config.admission.tenant_cpu
             else None
         )
