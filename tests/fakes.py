@@ -245,13 +245,13 @@ def _run(
     box: FakeSandbox, command: SandboxCommand, stdin: bytes
 ) -> tuple[int, list[tuple[int, bytes]]]:
     match command:
-        case ToolRun(cwd, argv):
+        case ToolRun(cwd, argv, None):
             return _tool(box, _workspace_rel(cwd), list(argv), stdin)
         case Supervised():
             return _tool(box, _workspace_rel(command.cwd), list(command.argv), stdin)
         case Plain(argv):
             return _tool(box, "", list(argv), stdin)
-        case _:  # the helper's own subcommands, dials: the fake has no helper
+        case _:  # the helper's own subcommands and compression, dials: the fake has no helper
             return 127, [(2, f"{HELPER_IN_CONTAINER}: not found\n".encode())]
 
 
