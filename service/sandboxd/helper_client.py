@@ -89,9 +89,7 @@ class NoRoom(ResourceExhausted):
     """A tool ran out of space in the workspace (as opposed to input being over a cap)."""
 
 
-def tool_argv(
-    cwd: str, argv: Sequence[str], through: Packed | Unpacked | None = None
-) -> ToolRun:
+def tool_argv(cwd: str, argv: Sequence[str], through: Packed | Unpacked | None = None) -> ToolRun:
     """An internal tool run in `cwd` (checked beneath /workspace) with the environment
     cleared; `through` the helper's compression of its output or input."""
     return ToolRun(cwd, tuple(argv), through)
