@@ -660,7 +660,7 @@ class FakeEngine:
 class FakeCommands:
     """Commands in the fake engine's sandboxes (sandboxd.commands.SandboxCommands), by kind.
 
-    Calls are counted on the engine as `exec`, `exec_resize` and `exec_inspect` (its
+    Calls are counted on the engine as `exec`, `exec_resize` and `exec_status` (its
     `fail` hook applies to them too), the names the command path's engine calls have."""
 
     def __init__(self, engine: FakeEngine) -> None:
@@ -693,7 +693,7 @@ class FakeCommands:
         self._engine._call("exec_resize")
 
     async def status(self, exec_id: str) -> ExecStatus:
-        self._engine._call("exec_inspect")
+        self._engine._call("exec_status")
         stream = self._execs[exec_id]
         return ExecStatus(running=stream.code is None, exit_code=stream.code)
 
