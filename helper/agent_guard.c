@@ -25,14 +25,13 @@
  * and while any command runs every GUARD_MS, sooner the nearer the line.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "agent.h"
+#include "proc.h"
 #include "sbx.h"
 
 struct gproc {
@@ -73,14 +72,8 @@ void guard_config(const struct jval *g)
 static uint64_t meminfo_used(void)
 {
 	char buf[4096];
-	int fd = open(g_agent.guard.meminfo, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	if (read_small(g_agent.guard.meminfo, buf, sizeof buf) <= 0)
 		return 0;
-	ssize_t n = read(fd, buf, sizeof buf - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
 	unsigned long long total = 0, free_ = 0;
 	char *p = strstr(buf, "MemTotal:"), *q = strstr(buf, "MemFree:");
 	if (!p || !q || sscanf(p, "MemTotal: %llu", &total) != 1 ||
@@ -89,32 +82,15 @@ static uint64_t meminfo_used(void)
 	return (total - free_) * 1024u;
 }
 
-static bool read_gproc(pid_t pid, struct gproc *gp)
+static struct gproc gproc_of(const struct pstat *ps)
 {
-	char path[64], buf[1024];
-	snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return false;
-	ssize_t n = read(fd, buf, sizeof buf - 1);
-	close(fd);
-	if (n <= 0)
-		return false;
-	buf[n] = '\0';
-	char *p = strrchr(buf, ')');
-	char state;
-	long sid, threads, rss;
-	/* state ppid pgrp session ... num_threads (20th) ... rss (24th, pages) */
-	if (!p || sscanf(p + 1,
-			 " %c %*d %*d %ld %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %ld"
-			 " %*d %*u %*u %ld",
-			 &state, &sid, &threads, &rss) != 4)
-		return false;
-	gp->pid = pid;
-	gp->sid = (pid_t)sid;
-	gp->tasks = state == 'Z' || threads < 1 ? 1 : (uint64_t)threads;
-	gp->rss = rss > 0 ? (uint64_t)rss * 4096u : 0;
-	return true;
+	struct gproc gp = {
+		.pid = ps->pid,
+		.sid = ps->sid,
+		.tasks = ps->state == 'Z' || ps->threads < 1 ? 1 : (uint64_t)ps->threads,
+		.rss = ps->rss > 0 ? (uint64_t)ps->rss * 4096u : 0,
+	};
+	return gp;
 }
 
 /* Whether a process is the sandbox's and not the agent: as PID 1 every
@@ -134,30 +110,20 @@ static bool ours(const struct gproc *gp)
  * processes in `*out` (caller frees). */
 static size_t scan(struct gproc **out, uint64_t *tasks)
 {
-	size_t n = 0, cap = 64;
-	struct gproc *v = xmalloc(cap * sizeof *v);
+	size_t all, n = 0;
+	struct pstat *ps = scan_pstats(&all);
+	struct gproc *v = xmalloc((all ? all : 1) * sizeof *v);
 	*tasks = 0;
-	DIR *d = opendir("/proc");
-	struct dirent *e;
-	while (d && (e = readdir(d))) {
-		char *end;
-		long pid = strtol(e->d_name, &end, 10);
-		if (*end || pid <= 0)
+	for (size_t i = 0; i < all; i++) {
+		if (!ps[i].counted)
 			continue;
-		if (n == cap) {
-			cap *= 2;
-			struct gproc *nv = realloc(v, cap * sizeof *v);
-			if (!nv)
-				oom();
-			v = nv;
-		}
-		if (read_gproc((pid_t)pid, &v[n]) && ours(&v[n])) {
+		v[n] = gproc_of(&ps[i]);
+		if (ours(&v[n])) {
 			*tasks += v[n].tasks;
 			n++;
 		}
 	}
-	if (d)
-		closedir(d);
+	free(ps);
 	*out = v;
 	return n;
 }

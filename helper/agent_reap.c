@@ -3,15 +3,14 @@
  * sweep that kills processes it did not start.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
 #include "agent.h"
+#include "proc.h"
 #include "sbx.h"
 
 void on_sigchld(int sig)
@@ -53,33 +52,6 @@ void reap(void)
 	}
 }
 
-struct pinfo {
-	pid_t pid, ppid, sid;
-	char state;
-};
-
-static bool read_pinfo(pid_t pid, struct pinfo *pi)
-{
-	char path[64], buf[1024];
-	snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return false;
-	ssize_t n = read(fd, buf, sizeof buf - 1);
-	close(fd);
-	if (n <= 0)
-		return false;
-	buf[n] = '\0';
-	char *p = strrchr(buf, ')');
-	long ppid, pgrp, sid;
-	if (!p || sscanf(p + 1, " %c %ld %ld %ld", &pi->state, &ppid, &pgrp, &sid) != 4)
-		return false;
-	pi->pid = pid;
-	pi->ppid = (pid_t)ppid;
-	pi->sid = (pid_t)sid;
-	return true;
-}
-
 /*
  * Whether every child of the agent is a command it started and has not
  * reaped, from the kernel's list of its children (one read, where a sweep
@@ -90,14 +62,9 @@ static bool only_commands(void)
 {
 	char path[64], buf[4096];
 	snprintf(path, sizeof path, "/proc/self/task/%ld/children", (long)g_agent.self);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return false;
-	ssize_t n = read(fd, buf, sizeof buf - 1);
-	close(fd);
+	ssize_t n = read_small(path, buf, sizeof buf);
 	if (n < 0 || n == (ssize_t)sizeof buf - 1)
 		return false; /* unread, or maybe cut short: look at every process */
-	buf[n] = '\0';
 	for (char *p = buf, *end; *p; p = end) {
 		long pid = strtol(p, &end, 10);
 		if (end == p)
@@ -120,27 +87,11 @@ size_t sweep_orphans(void)
 {
 	if (only_commands())
 		return 0;
-	size_t n = 0, cap = 256, killed = 0;
-	struct pinfo *v = xmalloc(cap * sizeof *v);
-	DIR *d = opendir("/proc");
-	struct dirent *e;
-	while (d && (e = readdir(d))) {
-		char *end;
-		long pid = strtol(e->d_name, &end, 10);
-		if (*end || pid <= 0 || pid == g_agent.self)
-			continue;
-		if (n == cap) {
-			cap *= 2;
-			struct pinfo *nv = realloc(v, cap * sizeof *v);
-			if (!nv)
-				oom();
-			v = nv;
-		}
-		if (read_pinfo((pid_t)pid, &v[n]))
-			n++;
-	}
-	if (d)
-		closedir(d);
+	size_t all, n = 0, killed = 0;
+	struct pstat *v = scan_pstats(&all);
+	for (size_t i = 0; i < all; i++)
+		if (v[i].pid != g_agent.self)
+			v[n++] = v[i];
 	bool any = false;
 	for (size_t i = 0; i < n && !any; i++)
 		any = v[i].ppid == g_agent.self && !cmd_by_pid(v[i].pid) && v[i].state != 'Z';

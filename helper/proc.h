@@ -28,7 +28,21 @@
 void supervisor_signals(sigset_t *set);
 
 /* procs.c */
+/* Read a small file (/proc's) into buf, NUL-terminated: its length, or -1. */
 ssize_t read_small(const char *path, char *buf, size_t cap);
+
+/* One process's /proc/PID/stat: the fields the helper and the agent read. */
+struct pstat {
+	pid_t pid, ppid, pgrp, sid;
+	char state;
+	bool counted; /* num_threads and rss were given (a full line) */
+	long threads; /* num_threads */
+	long rss;     /* resident pages */
+};
+bool read_pstat(pid_t pid, struct pstat *ps);
+/* Every process /proc lists and that has not ended meanwhile, in /proc's
+ * order: `*count` of them (the caller frees; NULL when none). */
+struct pstat *scan_pstats(size_t *count);
 pid_t read_ppid(pid_t pid);
 uid_t proc_uid(pid_t pid, bool *ok);
 size_t reap_orphans(void);

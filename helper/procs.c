@@ -35,79 +35,85 @@ ssize_t read_small(const char *path, char *buf, size_t cap)
 	return (ssize_t)len;
 }
 
-static pid_t read_ppid_state(pid_t pid, char *state_out)
+bool read_pstat(pid_t pid, struct pstat *ps)
 {
 	char path[64], buf[1024];
 	snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
 	if (read_small(path, buf, sizeof buf) <= 0)
-		return -1;
+		return false;
 	/* comm may contain spaces and ')' itself; fields resume after the
 	 * last ')' and comm is far shorter than our buffer. */
-	char *p = strrchr(buf, ')');
-	char state;
-	long ppid;
-	if (!p || sscanf(p + 1, " %c %ld", &state, &ppid) != 2)
-		return -1;
-	if (state_out)
-		*state_out = state;
-	return (pid_t)ppid;
+	const char *p = strrchr(buf, ')');
+	long ppid, pgrp, sid, threads, rss;
+	/* state ppid pgrp session ... num_threads (20th) ... rss (24th, pages) */
+	int got = p ? sscanf(p + 1,
+			     " %c %ld %ld %ld %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d"
+			     " %ld %*d %*u %*u %ld",
+			     &ps->state, &ppid, &pgrp, &sid, &threads, &rss)
+		    : 0;
+	if (got < 4)
+		return false;
+	ps->pid = pid;
+	ps->ppid = (pid_t)ppid;
+	ps->pgrp = (pid_t)pgrp;
+	ps->sid = (pid_t)sid;
+	ps->counted = got == 6;
+	ps->threads = ps->counted ? threads : 0;
+	ps->rss = ps->counted ? rss : 0;
+	return true;
 }
 
 pid_t read_ppid(pid_t pid)
 {
-	return read_ppid_state(pid, NULL);
+	struct pstat ps;
+	return read_pstat(pid, &ps) ? ps.ppid : -1;
 }
 
-struct proc {
-	pid_t pid, ppid;
-};
-
-static int cmp_proc(const void *a, const void *b)
+struct pstat *scan_pstats(size_t *count)
 {
-	pid_t x = ((const struct proc *)a)->pid, y = ((const struct proc *)b)->pid;
-	return (x > y) - (x < y);
-}
-
-/* Snapshot of all visible processes as (pid, ppid), sorted by pid. */
-static struct proc *scan_procs(size_t *count)
-{
-	struct proc *v = NULL;
+	struct pstat *v = NULL;
 	size_t n = 0, cap = 0;
 	DIR *d = opendir("/proc");
-	if (!d) {
-		*count = 0;
-		return NULL;
-	}
 	struct dirent *e;
-	while ((e = readdir(d))) {
+	while (d && (e = readdir(d))) {
 		char *end;
 		long pid = strtol(e->d_name, &end, 10);
 		if (*end || pid <= 0)
 			continue;
-		pid_t ppid = read_ppid((pid_t)pid);
-		if (ppid < 0)
-			continue; /* exited meanwhile */
 		if (n == cap) {
 			cap = cap ? cap * 2 : 256;
-			struct proc *nv = realloc(v, cap * sizeof *v);
+			struct pstat *nv = realloc(v, cap * sizeof *v);
 			if (!nv)
 				oom();
 			v = nv;
 		}
-		v[n].pid = (pid_t)pid;
-		v[n].ppid = ppid;
-		n++;
+		if (read_pstat((pid_t)pid, &v[n]))
+			n++; /* else it exited meanwhile */
 	}
-	closedir(d);
-	if (n)
-		qsort(v, n, sizeof *v, cmp_proc);
+	if (d)
+		closedir(d);
 	*count = n;
+	return v;
+}
+
+static int cmp_pid(const void *a, const void *b)
+{
+	pid_t x = ((const struct pstat *)a)->pid, y = ((const struct pstat *)b)->pid;
+	return (x > y) - (x < y);
+}
+
+/* Snapshot of all visible processes, sorted by pid. */
+static struct pstat *scan_procs(size_t *count)
+{
+	struct pstat *v = scan_pstats(count);
+	if (*count)
+		qsort(v, *count, sizeof *v, cmp_pid);
 	return v;
 }
 
 /* Extend `mark` to every descendant of a marked process (or of `root`, if
  * > 0).  Fixpoint over the parent relation; passes <= tree depth. */
-static void mark_descendants(const struct proc *v, size_t n, bool *mark, pid_t root)
+static void mark_descendants(const struct pstat *v, size_t n, bool *mark, pid_t root)
 {
 	for (bool changed = true; changed;) {
 		changed = false;
@@ -116,8 +122,8 @@ static void mark_descendants(const struct proc *v, size_t n, bool *mark, pid_t r
 				continue;
 			bool desc = root > 0 && v[i].ppid == root;
 			if (!desc) {
-				struct proc key = {.pid = v[i].ppid};
-				struct proc *par = bsearch(&key, v, n, sizeof *v, cmp_proc);
+				struct pstat key = {.pid = v[i].ppid};
+				struct pstat *par = bsearch(&key, v, n, sizeof *v, cmp_pid);
 				desc = par && mark[par - v];
 			}
 			if (desc) {
@@ -132,7 +138,7 @@ static void mark_descendants(const struct proc *v, size_t n, bool *mark, pid_t r
 static size_t kill_descendants(pid_t self)
 {
 	size_t n;
-	struct proc *v = scan_procs(&n);
+	struct pstat *v = scan_procs(&n);
 	bool *mark = xmalloc(n * sizeof *mark);
 	memset(mark, 0, n * sizeof *mark);
 	mark_descendants(v, n, mark, self);
@@ -190,7 +196,7 @@ size_t reap_orphans(void)
 	size_t total = 0;
 	for (int round = 0; round < 1000; round++) {
 		size_t n, killed = 0;
-		struct proc *v = scan_procs(&n);
+		struct pstat *v = scan_procs(&n);
 		bool *mark = xmalloc(n * sizeof *mark);
 		memset(mark, 0, n * sizeof *mark);
 		for (size_t i = 0; i < n; i++) {
@@ -207,8 +213,8 @@ size_t reap_orphans(void)
 		}
 		mark_descendants(v, n, mark, 0);
 		for (size_t i = 0; i < n; i++) {
-			char state = '?';
-			if (mark[i] && read_ppid_state(v[i].pid, &state) >= 0 && state != 'Z') {
+			struct pstat now;
+			if (mark[i] && read_pstat(v[i].pid, &now) && now.state != 'Z') {
 				kill(v[i].pid, SIGKILL);
 				killed++;
 			}

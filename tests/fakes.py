@@ -246,13 +246,13 @@ def _run(
     box: FakeSandbox, command: SandboxCommand, stdin: bytes
 ) -> tuple[int, list[tuple[int, bytes]]]:
     match command:
-        case ToolRun(cwd, argv):
+        case ToolRun(cwd, argv, None):
             return _tool(box, _workspace_rel(cwd), list(argv), stdin)
         case Supervised():
             return _tool(box, _workspace_rel(command.cwd), list(command.argv), stdin)
         case Plain(argv):
             return _tool(box, "", list(argv), stdin)
-        case _:  # the helper's own subcommands, dials: the fake has no helper
+        case _:  # the helper's own subcommands and compression, dials: the fake has no helper
             return 127, [(2, f"{HELPER_IN_CONTAINER}: not found\n".encode())]
 
 
@@ -663,7 +663,7 @@ class FakeEngine:
 class FakeCommands:
     """Commands in the fake engine's sandboxes (sandboxd.commands.SandboxCommands), by kind.
 
-    Calls are counted on the engine as `exec`, `exec_resize` and `exec_inspect` (its
+    Calls are counted on the engine as `exec`, `exec_resize` and `exec_status` (its
     `fail` hook applies to them too), the names the command path's engine calls have."""
 
     def __init__(self, engine: FakeEngine) -> None:
@@ -696,7 +696,7 @@ class FakeCommands:
         self._engine._call("exec_resize")
 
     async def status(self, exec_id: str) -> ExecStatus:
-        self._engine._call("exec_inspect")
+        self._engine._call("exec_status")
         stream = self._execs[exec_id]
         return ExecStatus(running=stream.code is None, exit_code=stream.code)
 

@@ -24,7 +24,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from sandboxd.commands.argv import INTERNAL_ENV, LOADER_VARIABLES
-from sandboxd.commands.types import HelperCall, SandboxCommands, ToolRun, Where
+from sandboxd.commands.types import HelperCall, Packed, SandboxCommands, ToolRun, Unpacked, Where
 from sandboxd.engine import ExecStream
 from sandboxd.errors import (
     AlreadyExists,
@@ -89,10 +89,10 @@ class NoRoom(ResourceExhausted):
     """A tool ran out of space in the workspace (as opposed to input being over a cap)."""
 
 
-def tool_argv(cwd: str, argv: Sequence[str]) -> ToolRun:
+def tool_argv(cwd: str, argv: Sequence[str], through: Packed | Unpacked | None = None) -> ToolRun:
     """An internal tool run in `cwd` (checked beneath /workspace) with the environment
-    cleared."""
-    return ToolRun(cwd, tuple(argv))
+    cleared; `through` the helper's compression of its output or input."""
+    return ToolRun(cwd, tuple(argv), through)
 
 
 # How each errno-like name the file subcommands report reaches the caller: the error class,

@@ -1,4 +1,4 @@
-"""Finding 12.3: `allow_private_networks` is the operator's grant, not the caller's switch; and
+"""`allow_private_networks` is the operator's grant, not the caller's switch; and
 whatever the grant, the proxy never reaches this host (its listeners, its interfaces) nor cloud
 metadata. Upstreams and the relay come from test_egress_integration; a bystander tenant keeps
 working throughout."""

@@ -1,4 +1,4 @@
-"""Finding 12.8: callers pick only allowlisted images (the runtime images, the operator's
+"""Callers pick only allowlisted images (the runtime images, the operator's
 patterns, their own snapshot images); images with VOLUMEs are refused; HEALTHCHECKs never run.
 
 The policy itself is `sandboxd.images` (tests/unit/test_images.py); session create checks it

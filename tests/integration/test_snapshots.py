@@ -179,7 +179,7 @@ def test_image_snapshot_and_a_refused_removal_retried_by_sweep(
         assert subprocess.run(exists, capture_output=True).returncode == 0  # refused: in use
     finally:
         subprocess.run(["docker", "rm", "-f", holder], capture_output=True)
-    # The server's own periodic sweep may retry the removal first (CI run of stop 24: its
+    # The server's own periodic sweep may retry the removal first (seen in CI: its
     # log said "3 image(s) ... removed" and this call counted 0), so the check is the
     # image's absence once a Sweep has returned: a sweep that never retried leaves it.
     stubs.admin.Sweep(admin_pb2.SweepRequest())

@@ -11,7 +11,11 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? ?#?\d{1,3}\b|\bfindings? \d{1,3}\.\d")
+ISSUE_NUMBER = re.compile(
+    r"\b[Ii]ssues? ?#?\d{1,3}\b|\b[Ff]indings? \d{1,3}\.\d"
+    # a tracker's number, a review's rounds, waves, items and stops
+    r"|(?<![\w&])#\d{1,3}\b|\b(?:[Rr]ound|[Ww]ave|[Ii]tem|[Ss]top) \d{1,2}\b"
+)
 GENERATED = re.compile(r"(_pb2(_grpc)?\.pyi?|\.pb\.go)$")
 
 

@@ -148,7 +148,7 @@ def test_private_networks_opt_in(text: str) -> None:
     ],
 )
 def test_host_and_metadata_refused_whatever_the_grant(text: str) -> None:
-    """Finding 12.3: a private-networks grant opens the LAN, never this host or cloud metadata."""
+    """A private-networks grant opens the LAN, never this host or cloud metadata."""
     addr = ipaddress.ip_address(text)
     verdict = check(addr, allow_private_networks=True, protected=NO_HOST)
     assert not verdict.allowed and "whatever the grant" in verdict.reason

@@ -4,7 +4,8 @@ A module over about 450 lines has, in this code base, always been two responsibi
 one name (the session store and the spelling of its rows; the process manager and the
 following of output): cut it where the responsibilities part, not at a line count. The
 generated protobuf stubs (`service/sandboxd/v1`, `make proto`) are not read by hand and do
-not count; the helper's C files are measured with their own limit elsewhere.
+not count; the helper's C files are measured with their own limit (`C_LIMIT`), as one file
+per operation or shared piece (helper/README.md).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 LIMIT = 460
+C_LIMIT = 600
 GENERATED = ("service/sandboxd/v1/",)
 
 # Modules allowed over the limit, each with why; the test fails once one is under it again, so
@@ -54,3 +56,14 @@ def test_every_known_large_module_is_still_large() -> None:
     sizes = _hand_written()
     cut = [name for name in KNOWN_LARGE if sizes.get(name, 0) <= LIMIT]
     assert not cut, f"no longer over {LIMIT} lines, take them out of KNOWN_LARGE: {cut}"
+
+
+def test_no_helper_source_is_over_its_limit() -> None:
+    sources = sorted((REPO / "helper").glob("*.[ch]"))
+    assert any(p.name == "sbx.c" for p in sources)  # the listing sees the helper
+    over = [
+        f"helper/{p.name}: {n} lines"
+        for p in sources
+        if (n := len(p.read_text(errors="replace").splitlines())) > C_LIMIT
+    ]
+    assert not over, f"over {C_LIMIT} lines, cut by operation:\n" + "\n".join(over)

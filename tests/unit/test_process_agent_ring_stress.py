@@ -312,7 +312,7 @@ async def test_a_process_that_exits_at_once_is_announced_started_then_exited(
 ) -> None:
     """The feed's PROCESS_STARTED comes from the manager, before anything of the process is
     read, so its PROCESS_EXITED never comes first. When the StartProcess call's answer made
-    it, a command that exited at once was announced exited first (CI, stop 25: a watcher
+    it, a command that exited at once was announced exited first (seen in CI: a watcher
     waiting for STARTED had already passed the EXITED)."""
     seen: list[tuple[str, str, bool]] = []
 

@@ -11,7 +11,16 @@ from typing import Any
 import pytest
 from engine_contract import request
 from fakes import FakeEngine
-from sandboxd.commands import Dial, HelperCall, Plain, Supervised, ToolRun, Where
+from sandboxd.commands import (
+    Dial,
+    HelperCall,
+    Packed,
+    Plain,
+    Supervised,
+    ToolRun,
+    Unpacked,
+    Where,
+)
 from sandboxd.commands.argv import INTERNAL_ENV, argv_of, env_of
 from sandboxd.commands.lifecycle import WithAgentChannels
 from sandboxd.commands.sandbox import AgentFirstCommands
@@ -36,6 +45,17 @@ def test_each_kind_has_one_command_line_and_environment() -> None:
     assert env_of(HelperCall(())) is INTERNAL_ENV and env_of(Dial(1)) is INTERNAL_ENV
     assert env_of(tool) is INTERNAL_ENV
     assert env_of(Plain(("df",))) is None and env_of(run) == {"A": "1"}
+
+
+def test_the_helpers_compression_of_a_tool_is_spelled_here_too() -> None:
+    """An archive's zstd (`sbx zpack`, `sbx zunpack` in front of tar) is a kind of tool run,
+    not a command line its caller writes."""
+    run = [SBX, "run", "--clean-env", "--cwd", "d", "--"]
+    packed = ToolRun("d", ("tar", "-c"), Packed(3, 1000))
+    assert argv_of(packed) == [*run, SBX, "zpack", "3", "1000", "--", "tar", "-c"]
+    unpacked = ToolRun("d", ("tar", "-x"), Unpacked())
+    assert argv_of(unpacked) == [*run, SBX, "zunpack", "--", "tar", "-x"]
+    assert env_of(packed) is INTERNAL_ENV and env_of(unpacked) is INTERNAL_ENV
 
 
 class _Exec:
@@ -131,3 +151,30 @@ async def test_the_channels_follow_start_removal_and_checkpoints() -> None:
     assert channels.log[5:] == ["open"]  # the same agent: a new epoch
     await lifecycle.remove_sandbox(sid)
     assert channels.log[6:] == ["forget"] and sid not in engine.sandboxes
+
+
+def test_only_the_owner_spells_the_helpers_command_line() -> None:
+    """Outside `commands/argv.py` no module names the helper's path to run it: the profile that
+    declares it (and the agent runner's PATH search through `sbx run`), and the Docker adapter,
+    whose sandboxes' main process it is (`sbx agent`, `sbx idle`)."""
+    import ast
+    from pathlib import Path
+
+    import sandboxd
+
+    root = Path(sandboxd.__file__).parent
+    allowed = {"commands/argv.py", "profile.py", "engine/docker_profile.py"}
+    spelled = []
+    for path in sorted(root.rglob("*.py")):
+        name = path.relative_to(root).as_posix()
+        if name.startswith("v1/") or name in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), name)):
+            if isinstance(node, ast.Name | ast.alias) and "HELPER_IN_CONTAINER" in (
+                getattr(node, "id", None),
+                getattr(node, "name", None),
+            ):
+                spelled.append(f"{name}:{getattr(node, 'lineno', '?')}")
+            elif isinstance(node, ast.Constant) and node.value == SBX:
+                spelled.append(f"{name}:{node.lineno}")
+    assert not spelled, f"the helper's command line outside commands/argv.py: {spelled}"

@@ -44,6 +44,7 @@ from sandboxd.archive.pipe import (
 )
 from sandboxd.archive.policy import ArchiveLimits, MemberChecker
 from sandboxd.archive.unpack import unpack
+from sandboxd.commands import Packed
 from sandboxd.engine import Engine
 from sandboxd.errors import (
     FailedPrecondition,
@@ -62,7 +63,6 @@ from sandboxd.helper_client import (
     tool_error,
 )
 from sandboxd.models import FileType, Session, workspace_mounts
-from sandboxd.profile import HELPER_IN_CONTAINER
 from sandboxd.reasons import Reason
 
 log = logging.getLogger(__name__)
@@ -196,10 +196,8 @@ class ArchiveIO:
             # folder is resolved beneath the workspace by sbx, the name archived as itself.
             parent, _, name = rel.rpartition("/")
             cwd, members = parent or ".", [f"./{name}"]
-        tar = ["tar", "-c", "-f", "-", *members]
-        if compression == compressed.ZSTD:
-            tar = [HELPER_IN_CONTAINER, "zpack", str(compressed.LEVEL), str(cap), "--", *tar]
-        argv = tool_argv(cwd, tar)
+        packed = Packed(compressed.LEVEL, cap) if compression == compressed.ZSTD else None
+        argv = tool_argv(cwd, ["tar", "-c", "-f", "-", *members], packed)
         stderr = bytearray()
         pending: list[bytes] = []  # joined once per chunk: one copy of each byte
         size = total = 0

@@ -33,10 +33,10 @@ from sandboxd.archive.pipe import (
     settle,
 )
 from sandboxd.archive.policy import MemberChecker
+from sandboxd.commands import Unpacked
 from sandboxd.errors import SandboxError
 from sandboxd.helper_client import HelperClient, HelperResult, drain, tool_argv, tool_error
 from sandboxd.models import Session
-from sandboxd.profile import HELPER_IN_CONTAINER
 
 MAX_TRAILING_BYTES = 1024 * 1024  # after the end-of-archive marker (tar pads to 10 KiB records)
 
@@ -57,11 +57,8 @@ async def unpack(
     inbox, outbox = Inbox(loop, INBOX_BYTES), Outbox(loop, OUTBOX_BYTES)
     done: asyncio.Future[tuple[int, int]] = loop.create_future()
     done.add_done_callback(retrieve)
-    untar = ["tar", "-x", "-o", "-f", "-"]
     zstd = compression == compressed.ZSTD
-    if zstd:
-        untar = [HELPER_IN_CONTAINER, "zunpack", "--", *untar]
-    argv = tool_argv(stage, untar)
+    argv = tool_argv(stage, ["tar", "-x", "-o", "-f", "-"], Unpacked() if zstd else None)
     stderr = bytearray()
     writing = asyncio.Lock()  # one writer at a time: the relayed records and the recipe's
     async with helper_client.open(session, argv, stdin=True) as stream:

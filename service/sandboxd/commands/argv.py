@@ -13,7 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sandboxd.commands.types import Dial, HelperCall, Plain, SandboxCommand, Supervised, ToolRun
+from sandboxd.commands.types import (
+    Dial,
+    HelperCall,
+    Packed,
+    Plain,
+    SandboxCommand,
+    Supervised,
+    ToolRun,
+    Unpacked,
+)
 from sandboxd.profile import DEFAULT_PATH, HELPER_IN_CONTAINER
 
 # Overrides of the container's (session's) environment for every internal exec. Variables that
@@ -46,8 +55,9 @@ def argv_of(command: SandboxCommand) -> list[str]:
     match command:
         case HelperCall(args):
             return [HELPER_IN_CONTAINER, *args]
-        case ToolRun(cwd, argv):
-            return [HELPER_IN_CONTAINER, "run", "--clean-env", "--cwd", cwd, "--", *argv]
+        case ToolRun(cwd, argv, through):
+            run = [HELPER_IN_CONTAINER, "run", "--clean-env", "--cwd", cwd, "--"]
+            return [*run, *_through(through), *argv]
         case Dial(port):
             return [HELPER_IN_CONTAINER, "dial", str(port)]
         case Plain(argv):
@@ -67,6 +77,17 @@ def argv_of(command: SandboxCommand) -> list[str]:
                 "--",
                 *command.argv,
             ]
+
+
+def _through(through: Packed | Unpacked | None) -> list[str]:
+    """The helper's compression in front of a tool (helper/zstd.c), which then runs it."""
+    match through:
+        case Packed(level, cap):
+            return [HELPER_IN_CONTAINER, "zpack", str(level), str(cap), "--"]
+        case Unpacked():
+            return [HELPER_IN_CONTAINER, "zunpack", "--"]
+        case None:
+            return []
 
 
 def env_of(command: SandboxCommand) -> Mapping[str, str] | None:

@@ -32,12 +32,29 @@ class HelperCall:
 
 
 @dataclass(frozen=True)
+class Packed:
+    """A tool's output compressed in the sandbox by the helper (`sbx zpack`): zstd at
+    `level`, the tool's own output held to `cap` bytes before it is compressed."""
+
+    level: int
+    cap: int
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    """A tool's input rebuilt in the sandbox by the helper (`sbx zunpack`) from the compressed
+    bytes and the records it is sent (sandboxd.archive.compressed)."""
+
+
+@dataclass(frozen=True)
 class ToolRun:
     """An internal tool (tar) run by the helper in `cwd` (checked beneath /workspace) with a
-    cleared environment: nothing of the session's env reaches it."""
+    cleared environment: nothing of the session's env reaches it; `through` the helper's
+    compression of its output or input, if any."""
 
     cwd: str
     argv: tuple[str, ...]
+    through: Packed | Unpacked | None = None
 
 
 @dataclass(frozen=True)
@@ -154,10 +171,12 @@ __all__ = [
     "Dial",
     "ExecStatus",
     "HelperCall",
+    "Packed",
     "Plain",
     "SandboxCommand",
     "SandboxCommands",
     "Supervised",
     "ToolRun",
+    "Unpacked",
     "Where",
 ]
