@@ -44,6 +44,13 @@ SETTLE_S = 3.0  # the flood builds up before the bystander measures
 # quiet host push it past its share, and its refusals would then be measured as the flood's harm.
 BYSTANDER_PERIOD_S = 0.04
 ALL = common_pb2.ShellPolicy(allow_all=True)
+# SANDBOXD_BENCH_FLOOD_ISOLATION=gvisor: the flood's sessions on the gVisor tier (the
+# bystander's on the server's default).
+FLOOD_ISOLATION = (
+    common_pb2.ISOLATION_GVISOR
+    if os.environ.get("SANDBOXD_BENCH_FLOOD_ISOLATION") == "gvisor"
+    else None
+)
 
 
 def _tokens(path: Path) -> dict[str, str]:
@@ -109,9 +116,12 @@ async def run(ctx: BenchContext) -> dict[str, Metric]:
             try:
                 for tenant, count in (("calm", 1), ("flood", FLOOD_SESSIONS)):
                     limits = FLOOD_LIMITS if tenant == "flood" else None
+                    tier = FLOOD_ISOLATION if tenant == "flood" else None
                     for _ in range(count):
                         resp = await sessions.CreateSession(
-                            session_pb2.CreateSessionRequest(shell=ALL, limits=limits),
+                            session_pb2.CreateSessionRequest(
+                                shell=ALL, limits=limits, isolation=tier
+                            ),
                             metadata=md[tenant],
                         )
                         made.append((tenant, resp.session.session_id))
