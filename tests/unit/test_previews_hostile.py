@@ -6,6 +6,7 @@ token do not name. Clients are raw sockets; the sandboxes are local TCP servers 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -260,6 +261,15 @@ HOSTILE_ANSWERS = {
     "status 600": ((), b"HTTP/1.1 600 Odd\r\nContent-Length: 2\r\n\r\nok"),
     "HTTP/2 status line": ((), b"HTTP/2 200 OK\r\nContent-Length: 2\r\n\r\nok"),
     "endless 103s": ((), b"HTTP/1.1 103 Early Hints\r\n\r\n" * 40),
+    "TE chunked twice": (
+        (),
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"2\r\nok\r\n0\r\n\r\n",
+    ),
+    "TE chunked, chunked": (
+        (),
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+    ),
 }
 
 
@@ -282,21 +292,74 @@ async def test_hostile_answers_are_502_and_end_the_connection(
 
 
 async def test_a_matching_websocket_upgrade_is_tunnelled(tmp_path: Path) -> None:
+    """The client's frames, sent once the 101 arrived (RFC 6455 4.1), reach the sandbox."""
     a = Recorder()
     async with world(tmp_path) as w:
         pa = await _tenant_preview(w, "alice", 8080)
         await backend(w, 8080, switching_on_everything(a, _ws_answer()))
-        got = await exchange(
-            pa.path_url,
-            req("/preview/alice.s/8080/", pa.token, *WS_REQUEST) + b"\x81\x02hi",
-            until=b"\r\n\r\n",
-        )
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener_port(pa.path_url))
+        try:
+            writer.write(req("/preview/alice.s/8080/", pa.token, *WS_REQUEST))
+            got = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            writer.write(b"\x81\x02hi")
+            await writer.drain()
+            for _ in range(50):
+                if b"\x81\x02hi" in a:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await close(writer)
         assert got.startswith(b"HTTP/1.1 101 ") and f"Accept: {WS_ACCEPT}".encode() in got
-        for _ in range(50):
-            if b"\x81\x02hi" in a:
-                break
-            await asyncio.sleep(0.02)
         assert b"\x81\x02hi" in a
+
+
+async def test_a_request_pipelined_behind_an_upgrade_never_enters_the_tunnel(
+    tmp_path: Path,
+) -> None:
+    """A WebSocket handshake to tenant A's preview with tenant B's request pipelined behind
+    it, and A grants the upgrade with the right accept: the client gets 400 and its
+    connection ends; B's request and token never reach A (before: they went into A's tunnel,
+    past the routing and the token check). A client that waits for the 101 is tunnelled."""
+    a, b = Recorder(), Recorder()
+    async with world(tmp_path) as w:
+        pa = await _tenant_preview(w, "alice", 8080)
+        pb = await _tenant_preview(w, "bob", 9090)
+        await backend(w, 8080, switching_on_everything(a, _ws_answer()))
+        await backend(w, 9090, answering_ok(b))
+        handshake = req("/preview/alice.s/8080/", pa.token, *WS_REQUEST)
+        got = await exchange(pa.path_url, handshake + req("/preview/bob.s/9090/", pb.token))
+        await asyncio.sleep(0.1)
+        assert pb.token.encode() not in a and b"/preview/bob.s" not in a, bytes(a.seen)
+        assert got.startswith(b"HTTP/1.1 400 ") and got.count(b"HTTP/1.1 ") == 1, got
+        assert b"Switching" not in got and b.seen == b""
+
+
+async def test_a_101_to_an_http10_upgrade_is_502(tmp_path: Path) -> None:
+    """HTTP/1.0 has no Upgrade (RFC 9110 7.8 has the server ignore it): a 101 to one is not
+    a grant, and the request pipelined behind it never reaches the sandbox."""
+    a, b = Recorder(), Recorder()
+    async with world(tmp_path) as w:
+        pa = await _tenant_preview(w, "alice", 8080)
+        pb = await _tenant_preview(w, "bob", 9090)
+        answer = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\nConnection: Upgrade\r\n\r\n"
+        await backend(w, 8080, switching_on_everything(a, answer))
+        await backend(w, 9090, answering_ok(b))
+        one = (
+            f"GET /preview/alice.s/8080/ HTTP/1.0\r\nX-Sandboxd-Token: {pa.token}\r\n"
+            "Connection: upgrade, keep-alive\r\nUpgrade: foo\r\n\r\n"
+        ).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener_port(pa.path_url))
+        try:
+            writer.write(one)
+            first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            writer.write(req("/preview/bob.s/9090/", pb.token))
+            with contextlib.suppress(ConnectionError):
+                await asyncio.wait_for(reader.read(), 5)
+        finally:
+            await close(writer)
+        await asyncio.sleep(0.1)
+        assert first.startswith(b"HTTP/1.1 502 "), first
+        assert pb.token.encode() not in a
 
 
 @pytest.mark.parametrize(

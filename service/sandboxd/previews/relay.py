@@ -137,13 +137,25 @@ async def exchange(
     except TimeoutError:
         raise SandboxSilent from None
     upload = asyncio.create_task(http1.relay_body(client, to_backend, framing))
+    # An upgrade request has no body: any byte the client sends before the 101 was sent on
+    # is no part of the new protocol (RFC 6455 4.1, RFC 9113 3.2: the client waits for the
+    # 101) but a request pipelined behind it, which a tunnel would carry to this sandbox.
+    early = asyncio.create_task(client.readable()) if upgrade.requested(head) else None
     try:
-        answer = await _answer_or_bad_upload(
-            upload, _answer_head(head, backend, to_client, timeout_s)
-        )
+        try:
+            answer = await _answer_or_bad_upload(
+                upload, _answer_head(head, backend, to_client, timeout_s)
+            )
+        finally:
+            sent_early = early is not None and await _sent_early(client, early)
         version, status = answer.version, answer.status
         if status == 101 and not upgrade.granted(head, answer):
             raise SandboxBroke("a 101 the request did not ask for")
+        if status == 101 and sent_early:
+            raise BadRequestBody(
+                "bytes were sent after the upgrade request before its 101 (a pipelined "
+                "request is never carried into an upgraded connection)"
+            )
         try:
             stray = _drop_body_headers(answer)
             response = http1.response_framing(answer, method, status)
@@ -177,6 +189,18 @@ async def exchange(
             upload.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await upload
+
+
+async def _sent_early(client: ClientStream, early: asyncio.Task[bool]) -> bool:
+    """Whether the client sent anything after its upgrade request. The watch is ended (and
+    awaited, so no read of it is left waiting on the client); a byte it read stays in the
+    client's buffer for whatever reads next."""
+    if not early.done():
+        early.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await early
+    done = early.done() and not early.cancelled() and early.exception() is None
+    return client.buffered() > 0 or (done and early.result())
 
 
 MAX_INTERIM = 16
