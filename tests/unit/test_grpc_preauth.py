@@ -112,3 +112,24 @@ async def test_a_connection_that_never_finishes_its_handshake_is_closed() -> Non
         writer.close()
     finally:
         await server.stop(None)
+
+
+async def test_metadata_past_the_limit_ends_the_call_and_others_are_served() -> None:
+    """Headers past `grpc.max_metadata_size` (16 KiB), with or without a token: the call
+    ends before the server reads it, and a call of ordinary size on the same port answers."""
+    server, port = await _serve()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            unary = channel.unary_unary("/t.S/Unary")
+            good = (("authorization", f"Bearer {TOKEN}"),)
+            for extra in [(), good]:
+                big = (*extra, *((f"x-pad-{i}", "p" * 1000) for i in range(40)))
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await unary(b"hi", metadata=big, timeout=10)
+                assert err.value.code() != grpc.StatusCode.OK
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            unary = channel.unary_unary("/t.S/Unary")
+            small = (*good, *((f"x-pad-{i}", "p" * 1000) for i in range(4)))
+            assert await unary(b"hi", metadata=small, timeout=10) == b"echo:hi"
+    finally:
+        await server.stop(None)
