@@ -490,3 +490,66 @@ async def test_http10_keeps_a_connection_only_when_both_ends_say_keep_alive(
         assert got.count(b"200 OK") == 1
         await asyncio.sleep(0.05)
         assert b"/one" in rec and b"/two" not in rec
+
+
+def _answering(answer: bytes) -> Handler:
+    """Answers `answer` as soon as a request head arrived, without reading its body."""
+
+    async def serve(r: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        wr.write(answer)
+        await wr.drain()
+        while await r.read(65536):
+            pass
+
+    return serve
+
+
+async def test_an_answer_read_until_close_ends_a_kept_alive_connection(tmp_path: Path) -> None:
+    """A's answer has no length (its body ends when A closes): the pipelined request for B
+    behind it is never read, never reaches A, and the client reads one answer."""
+    a, b = Recorder(), Recorder()
+    async with world(tmp_path) as w:
+        pa = await _tenant_preview(w, "alice", 8080)
+        pb = await _tenant_preview(w, "bob", 9090)
+
+        async def serve(r: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
+            a.seen += await r.readuntil(b"\r\n\r\n")
+            wr.write(b"HTTP/1.1 200 OK\r\n\r\nuntil-close")
+            await wr.drain()
+            wr.close()
+
+        await backend(w, 8080, serve)
+        await backend(w, 9090, answering_ok(b))
+        to_a = req("/preview/alice.s/8080/", pa.token)
+        got = await exchange(pa.path_url, to_a + req("/preview/bob.s/9090/", pb.token))
+        await asyncio.sleep(0.05)
+        assert got.startswith(b"HTTP/1.1 200 OK") and got.endswith(b"until-close"), got
+        assert got.count(b"HTTP/1.1 ") == 1 and b.seen == b"" and pb.token.encode() not in a
+
+
+async def test_an_answer_before_the_request_body_ends_the_connection(tmp_path: Path) -> None:
+    """A answers a POST before its body is whole: the rest of the body, a request for B
+    shaped to look like the next one, is never parsed as a request."""
+    b = Recorder()
+    async with world(tmp_path) as w:
+        pa = await _tenant_preview(w, "alice", 8080)
+        pb = await _tenant_preview(w, "bob", 9090)
+        await backend(w, 8080, _answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+        await backend(w, 9090, answering_ok(b))
+        smuggled = req("/preview/bob.s/9090/", pb.token)
+        head = req("/preview/alice.s/8080/", pa.token, f"Content-Length: {len(smuggled) + 50}")
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener_port(pa.path_url))
+        rest = b""
+        try:
+            writer.write(head.replace(b"GET", b"POST", 1))
+            await writer.drain()
+            first = await asyncio.wait_for(reader.readuntil(b"ok"), 10)
+            writer.write(smuggled + b"x" * 50)
+            with contextlib.suppress(ConnectionError):
+                rest = await asyncio.wait_for(reader.read(), 5)
+        finally:
+            await close(writer)
+        await asyncio.sleep(0.05)
+        assert first.startswith(b"HTTP/1.1 200 OK") and b"HTTP/1.1" not in rest
+        assert b.seen == b""
