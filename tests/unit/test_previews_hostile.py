@@ -553,3 +553,25 @@ async def test_an_answer_before_the_request_body_ends_the_connection(tmp_path: P
         await asyncio.sleep(0.05)
         assert first.startswith(b"HTTP/1.1 200 OK") and b"HTTP/1.1" not in rest
         assert b.seen == b""
+
+
+async def test_a_sandbox_never_sets_the_listeners_own_cookie(tmp_path: Path) -> None:
+    """Tenant B's sandbox answers with `Set-Cookie: sandboxd_preview=...` scoped to A's
+    preview path (one origin for every path-routed preview) or to the whole preview domain:
+    the client never receives it, so B cannot replace A's token in a visitor's browser. Its
+    other cookies pass."""
+    async with world(tmp_path) as w:
+        pb = await _tenant_preview(w, "bob", 9090)
+        answer = (
+            b"HTTP/1.1 200 OK\r\n"
+            b"Set-Cookie: sandboxd_preview=forged; Path=/preview/alice.s/8080/\r\n"
+            b"Set-Cookie:  sandboxd_preview =forged; Domain=.preview.test; Path=/\r\n"
+            b"Set-Cookie: app=kept; Path=/preview/bob.s/9090/\r\n"
+            b"Content-Length: 2\r\n\r\nok"
+        )
+        await backend(w, 9090, _answering(answer))
+        got = await exchange(
+            pb.path_url, req("/preview/bob.s/9090/", pb.token, "Connection: close")
+        )
+        assert got.startswith(b"HTTP/1.1 200 OK"), got
+        assert b"forged" not in got and b"app=kept" in got

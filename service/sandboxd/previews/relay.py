@@ -30,7 +30,7 @@ import struct
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
-from sandboxd.previews import http1, upgrade
+from sandboxd.previews import access, http1, upgrade
 from sandboxd.previews.dialer import BackendReset, Buffered, ByteStream
 from sandboxd.previews.http1 import BadMessage, Framing, Head
 
@@ -161,6 +161,7 @@ async def exchange(
             response = http1.response_framing(answer, method, status)
         except BadMessage as exc:
             raise SandboxBroke(str(exc)) from None
+        _drop_server_cookies(answer)
         if set_cookie:
             answer.headers.append(("Set-Cookie", set_cookie))
         await to_client(answer.encode())
@@ -267,6 +268,17 @@ def _drop_body_headers(answer: Head) -> bool:
     if answer.status == 204:
         answer.remove("content-length")
     return declared
+
+
+def _drop_server_cookies(answer: Head) -> None:
+    """A sandbox never sets the listener's own cookie: on the shared origin of path-routed
+    previews (or a `Domain=` of the preview domain) it would replace another preview's token
+    in the visitor's browser."""
+    answer.headers = [
+        (k, v)
+        for k, v in answer.headers
+        if k.lower() != "set-cookie" or v.partition("=")[0].strip(" \t") != access.COOKIE
+    ]
 
 
 def _close_write(stream: ByteStream) -> None:
