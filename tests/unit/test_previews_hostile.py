@@ -575,3 +575,31 @@ async def test_a_sandbox_never_sets_the_listeners_own_cookie(tmp_path: Path) -> 
         )
         assert got.startswith(b"HTTP/1.1 200 OK"), got
         assert b"forged" not in got and b"app=kept" in got
+
+
+ORIGIN_WIDE = (
+    b'HTTP/1.1 200 OK\r\nService-Worker-Allowed: /\r\nClear-Site-Data: "cookies"\r\n'
+    b"Content-Length: 2\r\n\r\nok"
+)
+
+
+async def test_a_path_routed_sandbox_sets_nothing_for_the_whole_origin(tmp_path: Path) -> None:
+    """Every path-routed preview shares the listener's origin: a sandbox's
+    `Service-Worker-Allowed: /` would let its service worker see every preview's requests
+    (a shared link's `sandboxd_token` among them), `Clear-Site-Data` would clear every
+    preview's cookie. Both are removed there; a host-routed preview, an origin of its own,
+    keeps them."""
+    async with world(tmp_path, preview_domain="preview.test") as w:
+        pb = await _tenant_preview(w, "bob", 9090)
+        await backend(w, 9090, _answering(ORIGIN_WIDE))
+        path = await exchange(
+            pb.path_url, req("/preview/bob.s/9090/sw.js", pb.token, "Connection: close")
+        )
+        host_head = (
+            f"GET /sw.js HTTP/1.1\r\nHost: 9090-bob.s.preview.test\r\n"
+            f"X-Sandboxd-Token: {pb.token}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        host = await exchange(pb.path_url, host_head)
+        assert path.startswith(b"HTTP/1.1 200 OK") and host.startswith(b"HTTP/1.1 200 OK")
+        assert b"Service-Worker-Allowed" not in path and b"Clear-Site-Data" not in path, path
+        assert b"Service-Worker-Allowed: /" in host and b"Clear-Site-Data" in host, host

@@ -116,6 +116,7 @@ async def exchange(
     timeout_s: float,
     set_cookie: str,
     meter: Meter,
+    shared_origin: bool = False,
 ) -> Outcome:
     """Relay one request and its answer; raises SandboxSilent/SandboxGone/SandboxBroke before
     any byte of the answer reached the client (the caller answers 504/502), BadMessage/EOFError
@@ -161,7 +162,7 @@ async def exchange(
             response = http1.response_framing(answer, method, status)
         except BadMessage as exc:
             raise SandboxBroke(str(exc)) from None
-        _drop_server_cookies(answer)
+        _drop_origin_headers(answer, shared_origin)
         if set_cookie:
             answer.headers.append(("Set-Cookie", set_cookie))
         await to_client(answer.encode())
@@ -270,14 +271,21 @@ def _drop_body_headers(answer: Head) -> bool:
     return declared
 
 
-def _drop_server_cookies(answer: Head) -> None:
+# What a page of one path-routed preview could do to every other on their one origin: widen a
+# service worker's scope to `/` (it would then see every preview's requests, a link's
+# `sandboxd_token` among them) or clear the origin's cookies (every preview's token).
+_ORIGIN_WIDE = ("service-worker-allowed", "clear-site-data")
+
+
+def _drop_origin_headers(answer: Head, shared_origin: bool) -> None:
     """A sandbox never sets the listener's own cookie: on the shared origin of path-routed
     previews (or a `Domain=` of the preview domain) it would replace another preview's token
-    in the visitor's browser."""
+    in the visitor's browser. On the shared origin, it sets nothing origin-wide either."""
     answer.headers = [
         (k, v)
         for k, v in answer.headers
-        if k.lower() != "set-cookie" or v.partition("=")[0].strip(" \t") != access.COOKIE
+        if not (k.lower() == "set-cookie" and v.partition("=")[0].strip(" \t") == access.COOKIE)
+        and not (shared_origin and k.lower() in _ORIGIN_WIDE)
     ]
 
 
