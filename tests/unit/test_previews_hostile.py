@@ -577,18 +577,28 @@ async def test_a_sandbox_never_sets_the_listeners_own_cookie(tmp_path: Path) -> 
         assert b"forged" not in got and b"app=kept" in got
 
 
+ORIGIN_WIDE_HEADERS = (
+    b"Service-Worker-Allowed: /",
+    b'NEL: {"report_to":"x","max_age":86400,"success_fraction":1.0}',
+    b'Report-To: {"group":"x","max_age":86400,"endpoints":[{"url":"https://sink.test/"}]}',
+    b'Clear-Site-Data: "cookies"',
+    b'Alt-Svc: h2="sink.test:443"',
+    b"Strict-Transport-Security: max-age=31536000; includeSubDomains",
+)
 ORIGIN_WIDE = (
-    b'HTTP/1.1 200 OK\r\nService-Worker-Allowed: /\r\nClear-Site-Data: "cookies"\r\n'
-    b"Content-Length: 2\r\n\r\nok"
+    b"HTTP/1.1 200 OK\r\n"
+    + b"".join(h + b"\r\n" for h in ORIGIN_WIDE_HEADERS)
+    + b"X-Own: kept\r\nContent-Length: 2\r\n\r\nok"
 )
 
 
 async def test_a_path_routed_sandbox_sets_nothing_for_the_whole_origin(tmp_path: Path) -> None:
     """Every path-routed preview shares the listener's origin: a sandbox's
     `Service-Worker-Allowed: /` would let its service worker see every preview's requests
-    (a shared link's `sandboxd_token` among them), `Clear-Site-Data` would clear every
-    preview's cookie. Both are removed there; a host-routed preview, an origin of its own,
-    keeps them."""
+    (a shared link's `sandboxd_token` among them), a NEL policy would report every request's
+    URL to it, `Clear-Site-Data` would clear every preview's cookie, `Alt-Svc` and HSTS would
+    steer the whole origin. They are removed there; a host-routed preview, an origin of its
+    own, keeps them."""
     async with world(tmp_path, preview_domain="preview.test") as w:
         pb = await _tenant_preview(w, "bob", 9090)
         await backend(w, 9090, _answering(ORIGIN_WIDE))
@@ -601,5 +611,7 @@ async def test_a_path_routed_sandbox_sets_nothing_for_the_whole_origin(tmp_path:
         ).encode()
         host = await exchange(pb.path_url, host_head)
         assert path.startswith(b"HTTP/1.1 200 OK") and host.startswith(b"HTTP/1.1 200 OK")
-        assert b"Service-Worker-Allowed" not in path and b"Clear-Site-Data" not in path, path
-        assert b"Service-Worker-Allowed: /" in host and b"Clear-Site-Data" in host, host
+        for header in ORIGIN_WIDE_HEADERS:
+            assert header.split(b":")[0] not in path, path
+            assert header in host, host
+        assert b"X-Own: kept" in path

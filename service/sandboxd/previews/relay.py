@@ -271,10 +271,19 @@ def _drop_body_headers(answer: Head) -> bool:
     return declared
 
 
-# What a page of one path-routed preview could do to every other on their one origin: widen a
-# service worker's scope to `/` (it would then see every preview's requests, a link's
-# `sandboxd_token` among them) or clear the origin's cookies (every preview's token).
-_ORIGIN_WIDE = ("service-worker-allowed", "clear-site-data")
+# What an answer of one path-routed preview could set for every other on their one origin:
+# a service worker's scope widened to `/` (it would see every preview's requests, a link's
+# `sandboxd_token` among them), a Network Error Logging policy (reports of every request's URL,
+# tokens included, to the sandbox's endpoint), the origin's cookies cleared, its traffic sent
+# to an alternative service, HSTS for the listener's host and its subdomains.
+_ORIGIN_WIDE = (
+    "service-worker-allowed",
+    "nel",
+    "report-to",
+    "clear-site-data",
+    "alt-svc",
+    "strict-transport-security",
+)
 
 
 def _drop_origin_headers(answer: Head, shared_origin: bool) -> None:
