@@ -216,6 +216,43 @@ def _context_tar(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
+def _symlink_context() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, target in (("etc", "/etc"), ("up", "../../../../../../etc")):
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.SYMTYPE
+            info.linkname = target
+            tar.addfile(info)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("source", ["etc/hostname", "up/hostname", "etc/", "up/"])
+def test_copy_through_a_context_symlink_never_reads_the_engine_host(tpl, source: str) -> None:
+    """A context's symlinks to the engine host's /etc (absolute, or climbing with `..`): a
+    COPY through them is resolved inside the context, so it finds nothing and the build fails;
+    no file of the engine's host reaches the image."""
+    name = "link-" + secrets.token_hex(3)
+    requests = [
+        T.BuildTemplateRequest(
+            spec=T.TemplateSpec(name=name, dockerfile=f"FROM busybox\nCOPY {source} /got\n")
+        ),
+        T.BuildTemplateRequest(context=_symlink_context()),
+    ]
+    lines: list[str] = []
+    err = None
+    try:
+        for resp in tpl.BuildTemplate(iter(requests), timeout=120):
+            if resp.WhichOneof("event") == "log":
+                lines.append(resp.log.line)
+    except grpc.RpcError as e:
+        err = e
+    assert err is not None, ("a COPY through a symlink out of the context was built", lines)
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
+    assert error_info(err).reason == "TEMPLATE_BUILD_FAILED"
+    assert "outside the build context" in (err.details() or "")
+
+
 def test_copy_layers_past_max_image_bytes_are_stopped_and_leave_nothing(tpl, srv) -> None:
     """COPY is written by the engine itself, not by a step's process (no RLIMIT_FSIZE
     reaches it): eight COPYs of a 12 MiB context file make a 96 MiB image under a 48 MiB
