@@ -20,6 +20,7 @@ from conftest import (
     expect_error,
     make_stubs,
     remove_owned_containers,
+    rss_bytes,
     run,
     start_server,
     wait_until,
@@ -404,3 +405,34 @@ def test_a_cancelled_import_changes_nothing(stubs: Stubs, sid: str) -> None:
     time.sleep(1)
     call.cancel()
     assert wait_until(lambda: tree(stubs, sid) == before, timeout=10), tree(stubs, sid)
+
+
+def test_hundreds_of_long_deep_names_keep_the_server_small(
+    server: ServerProcess, stubs: Stubs, sid: str
+) -> None:
+    """400 files, each 60 folders deep under a first folder of its own (names of ~3 000
+    characters, no folder shared): importing them, then exporting them, grows the server by
+    less than 64 MiB (an import of 400 such members once grew it by 179 MiB)."""
+    deep = "/".join(secrets.token_hex(24) for _ in range(60))
+    data = make_tar(*(member(f"{i:03d}/{deep}/f", b"x") for i in range(400)))
+    peak = [rss_bytes(server.proc.pid)]
+    base = peak[0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.02):
+            peak[0] = max(peak[0], rss_bytes(server.proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        import_tar(stubs, sid, data)
+        exported = export_tar(stubs, sid)
+    finally:
+        stop.set()
+        sampler.join()
+    grew = max(peak[0], rss_bytes(server.proc.pid)) - base
+    assert grew < 64 * 1024 * 1024, f"the server grew by {grew >> 20} MiB"
+    with tarfile.open(fileobj=io.BytesIO(exported)) as tar:
+        files = [m.name for m in tar.getmembers() if m.isfile() and m.name.endswith(f"{deep}/f")]
+    assert len(files) == 400

@@ -4,10 +4,12 @@ build writes past max_image_bytes or leaves anything behind when it is stopped t
 
 from __future__ import annotations
 
+import io
 import re
 import secrets
 import socket
 import subprocess
+import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -128,6 +130,32 @@ def test_no_build_step_reaches_the_engine_hosts_loopback(tpl, template: str) -> 
         listener.close()
 
 
+# COPY never fetches: the checker leaves its `$` alone (it reads the context only), and the
+# engine refuses a source that expands to a URL. Each must leave the listener untouched.
+COPYING = [
+    "FROM busybox\nARG U=http://127.0.0.1:{port}/x\nCOPY $U /opt/x\n",
+    'FROM busybox\nARG U=http://127.0.0.1:{port}/x\nCOPY ["${{U}}", "/opt/x"]\n',
+    "FROM busybox\nCOPY ${{U:-http://127.0.0.1:{port}/x}} /opt/x\n",
+    "FROM busybox\nENV H=127.0.0.1:{port}\nCOPY http://$H/x /opt/x\n",
+]
+
+
+@pytest.mark.parametrize("template", COPYING)
+def test_copy_never_fetches_a_url_however_expanded(tpl, template: str) -> None:
+    listener = Listener()
+    try:
+        lines, err = _build(
+            tpl, "copy-" + secrets.token_hex(3), template.format(port=listener.port)
+        )
+        time.sleep(0.5)
+        assert listener.connections == 0, ("the engine fetched the URL", lines)
+        assert err is not None, lines
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
+        assert error_info(err).reason == "TEMPLATE_BUILD_FAILED"
+    finally:
+        listener.close()
+
+
 def _labelled(kind: str, build_id: str) -> list[str]:
     out = subprocess.run(
         ["docker", kind, "-aq", "--filter", f"label={LABEL_BUILD}={build_id}"],
@@ -158,6 +186,14 @@ def test_a_run_writing_past_max_image_bytes_is_stopped_and_leaves_nothing(
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
     assert error_info(err).reason == "IMAGE_TOO_LARGE"
     assert not any("echo after" in line for line in lines), lines
+    _assert_nothing_left(lines)
+    got = tpl.GetTemplate(T.GetTemplateRequest(name=name)).template
+    assert got.state == T.TEMPLATE_STATE_FAILED and "max_image_bytes" in got.message
+    assert "Traceback" not in srv.log(), srv.log()
+
+
+def _assert_nothing_left(lines: list[str]) -> None:
+    """No image or step container of the build the log names is left, once it settled."""
     (build_id,) = {m.group(1) for ln in lines if (m := re.search(rf'{LABEL_BUILD}="(\w+)"', ln))}
     # A stopped step's commit may land seconds later (a 400 MB layer): the server prunes
     # again until nothing of the build is seen twice in a row; so does this wait.
@@ -168,8 +204,84 @@ def test_a_run_writing_past_max_image_bytes_is_stopped_and_leaves_nothing(
         quiet = quiet + 1 if not left else 0
     assert _labelled("images", build_id) == [], "an image of the stopped build was left"
     assert _labelled("ps", build_id) == [], "a step container of the stopped build was left"
-    got = tpl.GetTemplate(T.GetTemplateRequest(name=name)).template
-    assert got.state == T.TEMPLATE_STATE_FAILED and "max_image_bytes" in got.message
+
+
+def _context_tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _symlink_context() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, target in (("etc", "/etc"), ("up", "../../../../../../etc")):
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.SYMTYPE
+            info.linkname = target
+            tar.addfile(info)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("source", ["etc/hostname", "up/hostname", "etc/", "up/"])
+def test_copy_through_a_context_symlink_never_reads_the_engine_host(tpl, source: str) -> None:
+    """A context's symlinks to the engine host's /etc (absolute, or climbing with `..`): a
+    COPY through them is resolved inside the context, so it finds nothing and the build fails;
+    no file of the engine's host reaches the image."""
+    name = "link-" + secrets.token_hex(3)
+    requests = [
+        T.BuildTemplateRequest(
+            spec=T.TemplateSpec(name=name, dockerfile=f"FROM busybox\nCOPY {source} /got\n")
+        ),
+        T.BuildTemplateRequest(context=_symlink_context()),
+    ]
+    lines: list[str] = []
+    err = None
+    try:
+        for resp in tpl.BuildTemplate(iter(requests), timeout=120):
+            if resp.WhichOneof("event") == "log":
+                lines.append(resp.log.line)
+    except grpc.RpcError as e:
+        err = e
+    assert err is not None, ("a COPY through a symlink out of the context was built", lines)
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
+    assert error_info(err).reason == "TEMPLATE_BUILD_FAILED"
+    assert "outside the build context" in (err.details() or "")
+
+
+def test_copy_layers_past_max_image_bytes_are_stopped_and_leave_nothing(tpl, srv) -> None:
+    """COPY is written by the engine itself, not by a step's process (no RLIMIT_FSIZE
+    reaches it): eight COPYs of a 12 MiB context file make a 96 MiB image under a 48 MiB
+    cap. The build's measure stops it, and nothing of it is left."""
+    name = "copies-" + secrets.token_hex(3)
+    copies = "".join(f"COPY blob /c{i}\n" for i in range(8))
+    context = _context_tar({"blob": secrets.token_bytes(12 * MiB)})
+    lines: list[str] = []
+    requests = [
+        T.BuildTemplateRequest(
+            spec=T.TemplateSpec(name=name, dockerfile=(f"FROM busybox\n{copies}RUN echo after\n"))
+        )
+    ]
+    requests += [
+        T.BuildTemplateRequest(context=context[i : i + 64 * 1024])
+        for i in range(0, len(context), 64 * 1024)
+    ]
+    err = None
+    try:
+        for resp in tpl.BuildTemplate(iter(requests), timeout=180):
+            if resp.WhichOneof("event") == "log":
+                lines.append(resp.log.line)
+    except grpc.RpcError as e:
+        err = e
+    assert err is not None, ("96 MiB of COPY layers were built past a 48 MiB cap", lines)
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+    assert error_info(err).reason == "IMAGE_TOO_LARGE"
+    assert not any("echo after" in line for line in lines), lines
+    _assert_nothing_left(lines)
     assert "Traceback" not in srv.log(), srv.log()
 
 

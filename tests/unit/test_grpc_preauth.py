@@ -112,3 +112,90 @@ async def test_a_connection_that_never_finishes_its_handshake_is_closed() -> Non
         writer.close()
     finally:
         await server.stop(None)
+
+
+async def test_metadata_past_the_limit_ends_the_call_and_others_are_served() -> None:
+    """Headers past `grpc.max_metadata_size` (16 KiB), with or without a token: the call
+    ends before the server reads it, and a call of ordinary size on the same port answers."""
+    server, port = await _serve()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            unary = channel.unary_unary("/t.S/Unary")
+            good = (("authorization", f"Bearer {TOKEN}"),)
+            for extra in [(), good]:
+                big = (*extra, *((f"x-pad-{i}", "p" * 1000) for i in range(40)))
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await unary(b"hi", metadata=big, timeout=10)
+                assert err.value.code() != grpc.StatusCode.OK
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            unary = channel.unary_unary("/t.S/Unary")
+            small = (*good, *((f"x-pad-{i}", "p" * 1000) for i in range(4)))
+            assert await unary(b"hi", metadata=small, timeout=10) == b"echo:hi"
+    finally:
+        await server.stop(None)
+
+
+async def test_one_connection_holds_at_most_the_stream_limit_and_others_are_served() -> None:
+    """600 calls held open on one connection: the server runs at most
+    `grpc.max_concurrent_streams` of them at once (the rest wait in the client or are
+    refused as not started), and a call on another connection is answered meanwhile."""
+    from sandboxd.server.transport import MAX_CONCURRENT_STREAMS
+
+    release = asyncio.Event()
+    active = [0, 0]  # now, most
+
+    async def hold(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        active[0] += 1
+        active[1] = max(active[1], active[0])
+        try:
+            await release.wait()
+        finally:
+            active[0] -= 1
+        return b"done"
+
+    options = transport_options(4 << 20)
+    server = grpc.aio.server(interceptors=[AuthInterceptor(_table())], options=options)
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "t.S",
+                {
+                    "Hold": grpc.unary_unary_rpc_method_handler(hold),
+                    "Unary": grpc.unary_unary_rpc_method_handler(_echo),
+                },
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    good = (("authorization", f"Bearer {TOKEN}"),)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            calls = [
+                asyncio.ensure_future(channel.unary_unary("/t.S/Hold")(b"", metadata=good))
+                for _ in range(MAX_CONCURRENT_STREAMS + 88)
+            ]
+            for _ in range(500):
+                if active[0] >= MAX_CONCURRENT_STREAMS:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)
+            # A second connection (its own channel options make it one) is served.
+            other_options = [("grpc.use_local_subchannel_pool", 1)]
+            async with grpc.aio.insecure_channel(
+                f"127.0.0.1:{port}", options=other_options
+            ) as other:
+                got = await other.unary_unary("/t.S/Unary")(b"hi", metadata=good, timeout=10)
+            assert got == b"echo:hi"
+            assert active[1] <= MAX_CONCURRENT_STREAMS, active
+            assert active[0] == MAX_CONCURRENT_STREAMS, active
+            release.set()
+            ended = await asyncio.gather(*calls, return_exceptions=True)
+            refused = [e for e in ended if isinstance(e, grpc.aio.AioRpcError)]
+            # Past the limit a stream waits in the client or is refused (REFUSED_STREAM,
+            # UNAVAILABLE: safe to retry, the server never started it); never run.
+            assert all(e.code() == grpc.StatusCode.UNAVAILABLE for e in refused), refused[:1]
+            assert ended.count(b"done") == len(calls) - len(refused) >= MAX_CONCURRENT_STREAMS
+    finally:
+        release.set()
+        await server.stop(None)

@@ -6,11 +6,12 @@ used up, warm containers' ids handed to the session that claims them. No Docker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
 from sandboxd.config import Config, validate
-from sandboxd.errors import ConfigError, ResourceExhausted
+from sandboxd.errors import ConfigError, ResourceExhausted, SandboxError
 from sandboxd.host_ids import HostIds
 from sandboxd.models import LimitsRequest
 from sandboxd.pool import WarmPool
@@ -167,3 +168,35 @@ def test_the_default_block_is_valid_and_apart_from_every_reserved_id(tmp_path: P
     first, last = engine.host_uid_first, engine.host_uid_first + engine.host_uid_count - 1
     assert 1_879_048_192 <= first and last < 2_147_352_576  # systemd's unused span
     assert not first <= 65534 <= last
+
+
+async def test_an_ended_record_keeps_its_id_while_its_sandbox_could_not_be_removed(
+    tmp_path: Path,
+) -> None:
+    """A failed session past its lease and retention whose sandbox the engine will not
+    remove: the reaper keeps the record, and so its uid, so no new session runs as the uid of
+    processes still alive in the old sandbox; the reap that removes the sandbox frees it."""
+    from datetime import timedelta
+
+    from sandboxd.models import SessionState
+    from sandboxd.sessions.recovery import ENDED_RETENTION
+
+    async with session_stack(tmp_path, host_uid_first=FIRST, host_uid_count=1) as st:
+        a = await st.sessions.create(CreateSessionInput(session_id="a"))
+        stored = await st.store.get("a")
+        assert stored is not None
+        stored.state = SessionState.FAILED
+        await st.store.update(stored)
+        await st.backdate_lease("a", ENDED_RETENTION + timedelta(minutes=1))
+        st.engine.fail("remove_sandbox")
+        with contextlib.suppress(SandboxError):  # the reaper tries again at its next round
+            await st.sessions.reap_once()
+        assert a.container_id in st.engine.sandboxes  # the engine kept it
+        assert await st.store.get("a") is not None, "the record went while its sandbox stayed"
+        with pytest.raises(ResourceExhausted) as refused:
+            await st.sessions.create(CreateSessionInput(session_id="b"))
+        assert refused.value.reason == "HOST_IDS_EXHAUSTED"
+        await st.sessions.reap_once()  # the engine answers now: sandbox, then record, go
+        assert a.container_id not in st.engine.sandboxes and await st.store.get("a") is None
+        b = await st.sessions.create(CreateSessionInput(session_id="b"))
+        assert _uid(b.spec.user) == _uid(a.spec.user)

@@ -6,6 +6,7 @@ token do not name. Clients are raw sockets; the sandboxes are local TCP servers 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -260,6 +261,15 @@ HOSTILE_ANSWERS = {
     "status 600": ((), b"HTTP/1.1 600 Odd\r\nContent-Length: 2\r\n\r\nok"),
     "HTTP/2 status line": ((), b"HTTP/2 200 OK\r\nContent-Length: 2\r\n\r\nok"),
     "endless 103s": ((), b"HTTP/1.1 103 Early Hints\r\n\r\n" * 40),
+    "TE chunked twice": (
+        (),
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"2\r\nok\r\n0\r\n\r\n",
+    ),
+    "TE chunked, chunked": (
+        (),
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+    ),
 }
 
 
@@ -282,21 +292,74 @@ async def test_hostile_answers_are_502_and_end_the_connection(
 
 
 async def test_a_matching_websocket_upgrade_is_tunnelled(tmp_path: Path) -> None:
+    """The client's frames, sent once the 101 arrived (RFC 6455 4.1), reach the sandbox."""
     a = Recorder()
     async with world(tmp_path) as w:
         pa = await _tenant_preview(w, "alice", 8080)
         await backend(w, 8080, switching_on_everything(a, _ws_answer()))
-        got = await exchange(
-            pa.path_url,
-            req("/preview/alice.s/8080/", pa.token, *WS_REQUEST) + b"\x81\x02hi",
-            until=b"\r\n\r\n",
-        )
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener_port(pa.path_url))
+        try:
+            writer.write(req("/preview/alice.s/8080/", pa.token, *WS_REQUEST))
+            got = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            writer.write(b"\x81\x02hi")
+            await writer.drain()
+            for _ in range(50):
+                if b"\x81\x02hi" in a:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await close(writer)
         assert got.startswith(b"HTTP/1.1 101 ") and f"Accept: {WS_ACCEPT}".encode() in got
-        for _ in range(50):
-            if b"\x81\x02hi" in a:
-                break
-            await asyncio.sleep(0.02)
         assert b"\x81\x02hi" in a
+
+
+async def test_a_request_pipelined_behind_an_upgrade_never_enters_the_tunnel(
+    tmp_path: Path,
+) -> None:
+    """A WebSocket handshake to tenant A's preview with tenant B's request pipelined behind
+    it, and A grants the upgrade with the right accept: the client gets 400 and its
+    connection ends; B's request and token never reach A (before: they went into A's tunnel,
+    past the routing and the token check). A client that waits for the 101 is tunnelled."""
+    a, b = Recorder(), Recorder()
+    async with world(tmp_path) as w:
+        pa = await _tenant_preview(w, "alice", 8080)
+        pb = await _tenant_preview(w, "bob", 9090)
+        await backend(w, 8080, switching_on_everything(a, _ws_answer()))
+        await backend(w, 9090, answering_ok(b))
+        handshake = req("/preview/alice.s/8080/", pa.token, *WS_REQUEST)
+        got = await exchange(pa.path_url, handshake + req("/preview/bob.s/9090/", pb.token))
+        await asyncio.sleep(0.1)
+        assert pb.token.encode() not in a and b"/preview/bob.s" not in a, bytes(a.seen)
+        assert got.startswith(b"HTTP/1.1 400 ") and got.count(b"HTTP/1.1 ") == 1, got
+        assert b"Switching" not in got and b.seen == b""
+
+
+async def test_a_101_to_an_http10_upgrade_is_502(tmp_path: Path) -> None:
+    """HTTP/1.0 has no Upgrade (RFC 9110 7.8 has the server ignore it): a 101 to one is not
+    a grant, and the request pipelined behind it never reaches the sandbox."""
+    a, b = Recorder(), Recorder()
+    async with world(tmp_path) as w:
+        pa = await _tenant_preview(w, "alice", 8080)
+        pb = await _tenant_preview(w, "bob", 9090)
+        answer = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\nConnection: Upgrade\r\n\r\n"
+        await backend(w, 8080, switching_on_everything(a, answer))
+        await backend(w, 9090, answering_ok(b))
+        one = (
+            f"GET /preview/alice.s/8080/ HTTP/1.0\r\nX-Sandboxd-Token: {pa.token}\r\n"
+            "Connection: upgrade, keep-alive\r\nUpgrade: foo\r\n\r\n"
+        ).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener_port(pa.path_url))
+        try:
+            writer.write(one)
+            first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            writer.write(req("/preview/bob.s/9090/", pb.token))
+            with contextlib.suppress(ConnectionError):
+                await asyncio.wait_for(reader.read(), 5)
+        finally:
+            await close(writer)
+        await asyncio.sleep(0.1)
+        assert first.startswith(b"HTTP/1.1 502 "), first
+        assert pb.token.encode() not in a
 
 
 @pytest.mark.parametrize(
@@ -427,3 +490,128 @@ async def test_http10_keeps_a_connection_only_when_both_ends_say_keep_alive(
         assert got.count(b"200 OK") == 1
         await asyncio.sleep(0.05)
         assert b"/one" in rec and b"/two" not in rec
+
+
+def _answering(answer: bytes) -> Handler:
+    """Answers `answer` as soon as a request head arrived, without reading its body."""
+
+    async def serve(r: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        wr.write(answer)
+        await wr.drain()
+        while await r.read(65536):
+            pass
+
+    return serve
+
+
+async def test_an_answer_read_until_close_ends_a_kept_alive_connection(tmp_path: Path) -> None:
+    """A's answer has no length (its body ends when A closes): the pipelined request for B
+    behind it is never read, never reaches A, and the client reads one answer."""
+    a, b = Recorder(), Recorder()
+    async with world(tmp_path) as w:
+        pa = await _tenant_preview(w, "alice", 8080)
+        pb = await _tenant_preview(w, "bob", 9090)
+
+        async def serve(r: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
+            a.seen += await r.readuntil(b"\r\n\r\n")
+            wr.write(b"HTTP/1.1 200 OK\r\n\r\nuntil-close")
+            await wr.drain()
+            wr.close()
+
+        await backend(w, 8080, serve)
+        await backend(w, 9090, answering_ok(b))
+        to_a = req("/preview/alice.s/8080/", pa.token)
+        got = await exchange(pa.path_url, to_a + req("/preview/bob.s/9090/", pb.token))
+        await asyncio.sleep(0.05)
+        assert got.startswith(b"HTTP/1.1 200 OK") and got.endswith(b"until-close"), got
+        assert got.count(b"HTTP/1.1 ") == 1 and b.seen == b"" and pb.token.encode() not in a
+
+
+async def test_an_answer_before_the_request_body_ends_the_connection(tmp_path: Path) -> None:
+    """A answers a POST before its body is whole: the rest of the body, a request for B
+    shaped to look like the next one, is never parsed as a request."""
+    b = Recorder()
+    async with world(tmp_path) as w:
+        pa = await _tenant_preview(w, "alice", 8080)
+        pb = await _tenant_preview(w, "bob", 9090)
+        await backend(w, 8080, _answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+        await backend(w, 9090, answering_ok(b))
+        smuggled = req("/preview/bob.s/9090/", pb.token)
+        head = req("/preview/alice.s/8080/", pa.token, f"Content-Length: {len(smuggled) + 50}")
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener_port(pa.path_url))
+        rest = b""
+        try:
+            writer.write(head.replace(b"GET", b"POST", 1))
+            await writer.drain()
+            first = await asyncio.wait_for(reader.readuntil(b"ok"), 10)
+            writer.write(smuggled + b"x" * 50)
+            with contextlib.suppress(ConnectionError):
+                rest = await asyncio.wait_for(reader.read(), 5)
+        finally:
+            await close(writer)
+        await asyncio.sleep(0.05)
+        assert first.startswith(b"HTTP/1.1 200 OK") and b"HTTP/1.1" not in rest
+        assert b.seen == b""
+
+
+async def test_a_sandbox_never_sets_the_listeners_own_cookie(tmp_path: Path) -> None:
+    """Tenant B's sandbox answers with `Set-Cookie: sandboxd_preview=...` scoped to A's
+    preview path (one origin for every path-routed preview) or to the whole preview domain:
+    the client never receives it, so B cannot replace A's token in a visitor's browser. Its
+    other cookies pass."""
+    async with world(tmp_path) as w:
+        pb = await _tenant_preview(w, "bob", 9090)
+        answer = (
+            b"HTTP/1.1 200 OK\r\n"
+            b"Set-Cookie: sandboxd_preview=forged; Path=/preview/alice.s/8080/\r\n"
+            b"Set-Cookie:  sandboxd_preview =forged; Domain=.preview.test; Path=/\r\n"
+            b"Set-Cookie: app=kept; Path=/preview/bob.s/9090/\r\n"
+            b"Content-Length: 2\r\n\r\nok"
+        )
+        await backend(w, 9090, _answering(answer))
+        got = await exchange(
+            pb.path_url, req("/preview/bob.s/9090/", pb.token, "Connection: close")
+        )
+        assert got.startswith(b"HTTP/1.1 200 OK"), got
+        assert b"forged" not in got and b"app=kept" in got
+
+
+ORIGIN_WIDE_HEADERS = (
+    b"Service-Worker-Allowed: /",
+    b'NEL: {"report_to":"x","max_age":86400,"success_fraction":1.0}',
+    b'Report-To: {"group":"x","max_age":86400,"endpoints":[{"url":"https://sink.test/"}]}',
+    b'Clear-Site-Data: "cookies"',
+    b'Alt-Svc: h2="sink.test:443"',
+    b"Strict-Transport-Security: max-age=31536000; includeSubDomains",
+)
+ORIGIN_WIDE = (
+    b"HTTP/1.1 200 OK\r\n"
+    + b"".join(h + b"\r\n" for h in ORIGIN_WIDE_HEADERS)
+    + b"X-Own: kept\r\nContent-Length: 2\r\n\r\nok"
+)
+
+
+async def test_a_path_routed_sandbox_sets_nothing_for_the_whole_origin(tmp_path: Path) -> None:
+    """Every path-routed preview shares the listener's origin: a sandbox's
+    `Service-Worker-Allowed: /` would let its service worker see every preview's requests
+    (a shared link's `sandboxd_token` among them), a NEL policy would report every request's
+    URL to it, `Clear-Site-Data` would clear every preview's cookie, `Alt-Svc` and HSTS would
+    steer the whole origin. They are removed there; a host-routed preview, an origin of its
+    own, keeps them."""
+    async with world(tmp_path, preview_domain="preview.test") as w:
+        pb = await _tenant_preview(w, "bob", 9090)
+        await backend(w, 9090, _answering(ORIGIN_WIDE))
+        path = await exchange(
+            pb.path_url, req("/preview/bob.s/9090/sw.js", pb.token, "Connection: close")
+        )
+        host_head = (
+            f"GET /sw.js HTTP/1.1\r\nHost: 9090-bob.s.preview.test\r\n"
+            f"X-Sandboxd-Token: {pb.token}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        host = await exchange(pb.path_url, host_head)
+        assert path.startswith(b"HTTP/1.1 200 OK") and host.startswith(b"HTTP/1.1 200 OK")
+        for header in ORIGIN_WIDE_HEADERS:
+            assert header.split(b":")[0] not in path, path
+            assert header in host, host
+        assert b"X-Own: kept" in path

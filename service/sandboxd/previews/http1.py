@@ -230,8 +230,12 @@ def response_framing(head: Head, method: str, status: int) -> Framing:
         return NONE
     coding = head.get("transfer-encoding")
     if coding is not None:
-        last = coding.split(",")[-1].strip().lower()
-        return CHUNKED if last == "chunked" else UNTIL_CLOSE
+        codings = [c.strip().lower() for c in coding.split(",")]
+        if codings.count("chunked") > 1:
+            # RFC 9112 6.1: chunked is never applied twice; a client may read such a body
+            # once de-chunked or refuse it, either way not as the relay framed it.
+            raise BadMessage("Transfer-Encoding chunked more than once")
+        return CHUNKED if codings[-1] == "chunked" else UNTIL_CLOSE
     length = _length(head)
     return UNTIL_CLOSE if length is None else (("length", length) if length else NONE)
 

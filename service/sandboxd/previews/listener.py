@@ -266,7 +266,9 @@ class PreviewListener:
             if creds.from_query and verdict == creds.from_query:
                 secure = self._tls is not None
                 cookie = access.cookie_header(verdict, target, pub.expires_at, secure=secure)
-            outcome = await self._relay(client, link, pub, head, head.method, framing, cookie)
+            outcome = await self._relay(
+                client, link, pub, head, framing, cookie, shared_origin=target.path_routed
+            )
             status = outcome.status
             if not outcome.backend_reusable:
                 await link.drop()
@@ -295,9 +297,10 @@ class PreviewListener:
         link: Link,
         pub: Publication,
         head: http1.Head,
-        method: str,
         framing: http1.Framing,
         cookie: str,
+        *,
+        shared_origin: bool,
     ) -> Outcome:
         key = (pub.session_id, pub.port, pub.generation)
         reused = link.backend is not None and link.backend.key == key
@@ -309,11 +312,12 @@ class PreviewListener:
                     client,
                     backend.stream,
                     head,
-                    method,
+                    head.method,
                     framing,
                     timeout_s=self._settings.timeout_s,
                     set_cookie=cookie,
                     meter=meter,
+                    shared_origin=shared_origin,
                 )
             except BadRequestBody as exc:
                 await link.drop()

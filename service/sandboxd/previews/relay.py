@@ -30,7 +30,7 @@ import struct
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
-from sandboxd.previews import http1, upgrade
+from sandboxd.previews import access, http1, upgrade
 from sandboxd.previews.dialer import BackendReset, Buffered, ByteStream
 from sandboxd.previews.http1 import BadMessage, Framing, Head
 
@@ -116,6 +116,7 @@ async def exchange(
     timeout_s: float,
     set_cookie: str,
     meter: Meter,
+    shared_origin: bool = False,
 ) -> Outcome:
     """Relay one request and its answer; raises SandboxSilent/SandboxGone/SandboxBroke before
     any byte of the answer reached the client (the caller answers 504/502), BadMessage/EOFError
@@ -137,18 +138,31 @@ async def exchange(
     except TimeoutError:
         raise SandboxSilent from None
     upload = asyncio.create_task(http1.relay_body(client, to_backend, framing))
+    # An upgrade request has no body: any byte the client sends before the 101 was sent on
+    # is no part of the new protocol (RFC 6455 4.1, RFC 9113 3.2: the client waits for the
+    # 101) but a request pipelined behind it, which a tunnel would carry to this sandbox.
+    early = asyncio.create_task(client.readable()) if upgrade.requested(head) else None
     try:
-        answer = await _answer_or_bad_upload(
-            upload, _answer_head(head, backend, to_client, timeout_s)
-        )
+        try:
+            answer = await _answer_or_bad_upload(
+                upload, _answer_head(head, backend, to_client, timeout_s)
+            )
+        finally:
+            sent_early = early is not None and await _sent_early(client, early)
         version, status = answer.version, answer.status
         if status == 101 and not upgrade.granted(head, answer):
             raise SandboxBroke("a 101 the request did not ask for")
+        if status == 101 and sent_early:
+            raise BadRequestBody(
+                "bytes were sent after the upgrade request before its 101 (a pipelined "
+                "request is never carried into an upgraded connection)"
+            )
         try:
             stray = _drop_body_headers(answer)
             response = http1.response_framing(answer, method, status)
         except BadMessage as exc:
             raise SandboxBroke(str(exc)) from None
+        _drop_origin_headers(answer, shared_origin)
         if set_cookie:
             answer.headers.append(("Set-Cookie", set_cookie))
         await to_client(answer.encode())
@@ -177,6 +191,18 @@ async def exchange(
             upload.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await upload
+
+
+async def _sent_early(client: ClientStream, early: asyncio.Task[bool]) -> bool:
+    """Whether the client sent anything after its upgrade request. The watch is ended (and
+    awaited, so no read of it is left waiting on the client); a byte it read stays in the
+    client's buffer for whatever reads next."""
+    if not early.done():
+        early.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await early
+    done = early.done() and not early.cancelled() and early.exception() is None
+    return client.buffered() > 0 or (done and early.result())
 
 
 MAX_INTERIM = 16
@@ -243,6 +269,33 @@ def _drop_body_headers(answer: Head) -> bool:
     if answer.status == 204:
         answer.remove("content-length")
     return declared
+
+
+# What an answer of one path-routed preview could set for every other on their one origin:
+# a service worker's scope widened to `/` (it would see every preview's requests, a link's
+# `sandboxd_token` among them), a Network Error Logging policy (reports of every request's URL,
+# tokens included, to the sandbox's endpoint), the origin's cookies cleared, its traffic sent
+# to an alternative service, HSTS for the listener's host and its subdomains.
+_ORIGIN_WIDE = (
+    "service-worker-allowed",
+    "nel",
+    "report-to",
+    "clear-site-data",
+    "alt-svc",
+    "strict-transport-security",
+)
+
+
+def _drop_origin_headers(answer: Head, shared_origin: bool) -> None:
+    """A sandbox never sets the listener's own cookie: on the shared origin of path-routed
+    previews (or a `Domain=` of the preview domain) it would replace another preview's token
+    in the visitor's browser. On the shared origin, it sets nothing origin-wide either."""
+    answer.headers = [
+        (k, v)
+        for k, v in answer.headers
+        if not (k.lower() == "set-cookie" and v.partition("=")[0].strip(" \t") == access.COOKIE)
+        and not (shared_origin and k.lower() in _ORIGIN_WIDE)
+    ]
 
 
 def _close_write(stream: ByteStream) -> None:

@@ -8,9 +8,13 @@ pooled client, a browser's kept-alive connection). So the tunnel opens only when
 - the request asked: `Connection: upgrade` and an `Upgrade` header, no body, and for
   WebSocket a valid handshake (GET, HTTP/1.1, a `Sec-WebSocket-Key` of 16 bytes in base64,
   `Sec-WebSocket-Version: 13`; RFC 6455 section 4.1), else the request is refused (400);
-- the sandbox granted it: `101` with `Connection: upgrade`, an `Upgrade` naming a protocol
-  the request offered, and for WebSocket the `Sec-WebSocket-Accept` of the request's key
-  (section 4.2.2), else the exchange ends with 502 and the client's connection is closed.
+- the sandbox granted it: `101` of HTTP/1.1 to a request of HTTP/1.1 (RFC 9110 7.8 ignores
+  a 1.0 request's Upgrade) with `Connection: upgrade`, an `Upgrade` naming a protocol the
+  request offered, and for WebSocket the `Sec-WebSocket-Accept` of the request's key
+  (section 4.2.2), else the exchange ends with 502 and the client's connection is closed;
+- the client sent nothing after the upgrade request before the 101 reached the relay (the
+  client waits for it: RFC 6455 4.1, RFC 9113 3.2), else it is a request pipelined behind the
+  upgrade, which a tunnel would carry to this sandbox: 400, the connection closed (`relay`).
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ def granted(request: Head, answer: Head) -> bool:
     """Whether a 101 answers the upgrade `request` asked for (and it asked for one)."""
     if not requested(request) or "upgrade" not in answer.tokens("connection"):
         return False
+    if request.version != "HTTP/1.1" or answer.version != "HTTP/1.1":
+        return False  # RFC 9110 7.8: an HTTP/1.0 request's Upgrade is ignored
     offered = request.tokens("upgrade")
     chosen = answer.tokens("upgrade")
     if len(chosen) != 1 or not chosen <= offered:

@@ -84,7 +84,8 @@ def transport_options(
     """The gRPC port's transport limits, set here rather than left to the library's defaults
     (which change between releases), since any caller may reach them before authentication:
     - concurrent HTTP/2 streams per connection: bounded (a stream past it waits in the
-      client), so one connection holds at most that many calls, refused or not;
+      client, or is refused unstarted, REFUSED_STREAM, when sent before the client learnt the
+      limit), so one connection holds at most that many calls, refused or not;
     - request metadata: 16 KiB in all (an authorization header is a few dozen bytes);
     - pings: a client may not ping without calls, nor more often than every 5 minutes without
       data; two strikes end the connection (GOAWAY too_many_pings);
