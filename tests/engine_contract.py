@@ -246,7 +246,8 @@ async def disks(engine: Engine, commands: SandboxCommands, owner: str) -> None:
 async def cpu_weight(engine: Engine, commands: SandboxCommands, owner: str) -> None:
     """A sandbox's CPU weight (tenant_cpu.py) is no part of its shape (a warm one takes its
     tenant's when claimed) nor of what a tampering check compares; the runc tier changes it in
-    place, gVisor refuses (runsc has no update), and so does a sandbox that is gone."""
+    place, gVisor only where the engine says it can (runsc has no update: a local Docker
+    engine's host cgroup), and a sandbox that is gone refuses."""
     weighted = dataclasses.replace(request(owner, "w1"), cpu_shares=256)
     assert engine.sandbox_shape(weighted) == engine.sandbox_shape(request(owner, "w1"))
     sid = await engine.create_sandbox(weighted)
@@ -272,6 +273,11 @@ async def cpu_weight(engine: Engine, commands: SandboxCommands, owner: str) -> N
     gid = await engine.create_sandbox(g)
     try:
         await engine.start_sandbox(gid)
+        if engine.cpu_in_place(Isolation.GVISOR):  # its host cgroup, beside a local engine
+            await engine.set_cpu_shares(gid, 2, max(10, g.spec.limits.cpu_millis // 2))
+            status = await engine.inspect_sandbox(gid, g)
+            assert status is not None and status.running and status.conforms
+            return
         with pytest.raises(SandboxError):
             await engine.set_cpu_shares(gid, 128)
         status = await engine.inspect_sandbox(gid, g)

@@ -332,6 +332,7 @@ class FakeEngine:
 
         # The isolation tiers whose runtime is "registered"; a test adds or removes some.
         self.tiers: set[Isolation] = {Isolation.RUNC}
+        self.gvisor_cpu = False  # a remote engine: a running gVisor sandbox's CPU is fixed
         # A registry the fake pulls from: pullable reference -> (digest, layer sizes).
         self.remote: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.digests: dict[str, str] = {}  # image name -> registry digest once pulled
@@ -428,10 +429,14 @@ class FakeEngine:
         self._call("start_sandbox")
         self._get(sandbox_id).running = True
 
+    def cpu_in_place(self, isolation: Isolation) -> bool:
+        """runc always; gVisor as a local Docker engine's host cgroup allows (`gvisor_cpu`)."""
+        return isolation is Isolation.RUNC or self.gvisor_cpu
+
     async def set_cpu_shares(self, sandbox_id: str, shares: int, cpu_millis: int = 0) -> None:
         self._call("set_cpu_shares")
         box = self._get(sandbox_id)
-        if box.request.spec.isolation is Isolation.GVISOR:  # as Docker answers for runsc
+        if not self.cpu_in_place(box.request.spec.isolation):  # as Docker answers for runsc
             raise Internal("runsc did not terminate successfully: no update subcommand")
         box.cpu_shares = shares
         if cpu_millis:

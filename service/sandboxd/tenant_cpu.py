@@ -14,9 +14,10 @@ average, never one for each of its sessions.
 
 A cold create is made with the share it will have (`SandboxRequest.cpu_shares`); a warm pool
 member, made before its tenant was known, gets it in place when claimed, as do the others of
-the tenant when the count crosses a bucket. Only the runc tier can be changed in place: runsc
-cannot update a running sandbox's cgroups, so a gVisor sandbox keeps the share it was made
-with (a claimed gVisor pool member the default one): SECURITY.md, "CPU between tenants".
+the tenant when the count crosses a bucket. runsc cannot update a running sandbox's cgroups,
+so a gVisor sandbox is changed in place only where the engine can (`Engine.cpu_in_place`: the
+Docker adapter beside a local engine writes its host cgroup, engine/host_cgroup.py); elsewhere
+it keeps the share it was made with: SECURITY.md, "CPU between tenants".
 
 A weight splits the CPU over time, not the moment a sandbox wakes: a tenant whose sandboxes
 keep the CPUs busy (commands that write as fast as they can, dozens of them after a start storm)
@@ -30,7 +31,7 @@ get DEMOTED_SHARES until it has been calm for DEMOTION_S, then their share again
 The least weight alone was not enough: even with the flood's cgroups in the kernel's idle class
 (`cpu.idle`, whose tasks yield to any waking one at once), a bystander's Run stayed twice as
 slow during a start storm, on two CPUs that a busy tenant keeps both running (docs/performance.md,
-"Fair shares"). So a demoted tenant's runc sandboxes are also held, together, to
+"Fair shares"). So a demoted tenant's sandboxes are also held, together, to
 `demoted_cpu_millis` of CPU time (each an equal part, at least MIN_CPU_MILLIS, never above its
 own limit), the CFS quota: the CPUs then have idle time for others' commands to wake into.
 That cap is not work-conserving, which is why it lasts only while the tenant is demoted:
@@ -61,7 +62,7 @@ TENANT_SHARES = 1024  # a tenant's sessions together: one default cgroup's weigh
 MIN_SHARES = 2  # the kernel's (and Docker's) least cpu.shares
 DEMOTED_SHARES = MIN_SHARES  # each sandbox of a tenant over its output share (`demote`)
 DEMOTION_S = 5.0  # a demoted tenant within its share this long gets its weight back
-DEMOTED_CPU_MILLIS = 500  # a demoted tenant's runc sandboxes together, at most (0: no cap)
+DEMOTED_CPU_MILLIS = 500  # a demoted tenant's sandboxes together, at most (0: no cap)
 MIN_CPU_MILLIS = 10  # Docker's least CPU limit (0.01 of a CPU)
 
 
@@ -198,11 +199,11 @@ class TenantCpu:
         members = self._tenants.get(tenant, {})
         demoted = tenant in self._demoted
         target = DEMOTED_SHARES if demoted else share_of(len(members))
-        runc = [m for m in members.values() if m.isolation is Isolation.RUNC]
+        changeable = [m for m in members.values() if self._engine.cpu_in_place(m.isolation)]
         each = 0  # the demoted tenant's cap split between its sandboxes; 0: their own limits
-        if demoted and self._demoted_cpu_millis and runc:
-            each = max(MIN_CPU_MILLIS, self._demoted_cpu_millis // len(runc))
-        wanted = [(m, min(m.cpu_millis, each) if each else m.cpu_millis) for m in runc]
+        if demoted and self._demoted_cpu_millis and changeable:
+            each = max(MIN_CPU_MILLIS, self._demoted_cpu_millis // len(changeable))
+        wanted = [(m, min(m.cpu_millis, each) if each else m.cpu_millis) for m in changeable]
         stale = [(m, limit) for m, limit in wanted if (m.applied, m.capped) != (target, limit)]
         await asyncio.gather(*(self._apply(m, target, limit) for m, limit in stale))
 

@@ -168,3 +168,48 @@ def test_a_tenant_writing_without_pause_weighs_the_least_while_another_is_active
     finally:
         for s, sid in ((calm, csid), (flood, fsid)):
             _delete(s, sid)
+
+
+@pytest.mark.skipif(not gvisor_registered(), reason="runsc is not registered with the engine")
+def test_a_gvisor_tenant_writing_without_pause_is_demoted_at_its_host_cgroup(
+    server: ServerProcess, stubs: dict[str, Stubs]
+) -> None:
+    """runsc has no update: beside this local engine the server writes the gVisor sandbox's
+    host cgroup. Its `yes` while the other tenant makes calls: the kernel's weight 2 and the
+    demoted cap, read back from the host; the sandbox still answers; then its own again."""
+    import time  # noqa: PLC0415
+
+    from sandboxd.v1 import process_pb2  # noqa: PLC0415
+
+    flood, calm = stubs["flood"], stubs["calm"]
+    csid = _create(calm, "calm")
+    fsid = _create(flood, "flood", isolation=common_pb2.ISOLATION_GVISOR)
+    container = session_container(fsid, server.owner_id, running=True)
+
+    def kernel() -> tuple[int, int]:
+        return kernel_weight(container), kernel_cpu_millis(container)
+
+    def until(want: tuple[int, int], within_s: float) -> None:
+        deadline = time.monotonic() + within_s
+        while kernel() != want:
+            assert time.monotonic() < deadline, (kernel(), want)
+            calm.sessions.GetSession(session_pb2.GetSessionRequest(session_id=csid))
+            time.sleep(0.2)
+
+    try:
+        own = kernel()
+        assert own[0] == 1024 and own[1] > CAP_MILLIS, own
+        started = flood.processes.StartProcess(
+            process_pb2.StartProcessRequest(session_id=fsid, argv=["yes", "flood"])
+        )
+        until((2, CAP_MILLIS), 30)
+        assert run(flood, fsid, "true").exit_code == 0
+        flood.processes.SignalProcess(
+            process_pb2.SignalProcessRequest(
+                session_id=fsid, process_id=started.process.process_id, signal="SIGKILL"
+            )
+        )
+        until(own, 30)
+    finally:
+        for s, sid in ((calm, csid), (flood, fsid)):
+            _delete(s, sid)

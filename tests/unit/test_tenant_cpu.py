@@ -151,6 +151,32 @@ async def test_a_gvisor_sandbox_keeps_the_share_it_was_made_with(tmp_path: Path)
         assert _weights(st, [g2]) == [256] and _weights(st, [runc]) == [256]
 
 
+async def test_a_gvisor_sandbox_follows_its_tenant_where_the_engine_can_change_it(
+    tmp_path: Path,
+) -> None:
+    """Beside a local Docker engine a gVisor sandbox's host cgroup is written (`cpu_in_place`):
+    it follows its tenant's count like a runc one, and a demotion weighs and caps it too."""
+    engine = FakeEngine()
+    engine.tiers.add(Isolation.GVISOR)
+    engine.gvisor_cpu = True
+    tiers = IsolationTiers(Isolation.RUNC, {Isolation.RUNC, Isolation.GVISOR})
+    await tiers.refresh(engine)
+    async with session_stack(tmp_path, engine=engine, tiers=tiers) as st:
+        g = await _create(st, "flood", 1, isolation=Isolation.GVISOR)
+        runc = await _as("flood", lambda: st.sessions.create(CreateSessionInput("flood.r1")))
+        assert _weights(st, g) == [512] and _weights(st, [runc]) == [512]
+        await _create(st, "calm", 1)
+        assert st.sessions.cpu is not None
+        st.sessions.cpu.demote("flood")
+        for _ in range(200):
+            if _weights(st, [*g, runc]) == [2, 2]:
+                break
+            await asyncio.sleep(0.01)
+        assert _weights(st, [*g, runc]) == [2, 2]
+        assert [st.engine.sandboxes[s.container_id].cpu_millis for s in (*g, runc)] == [250, 250]
+        await st.sessions.cpu.close()
+
+
 async def test_the_setting_off_leaves_every_sandbox_the_engines_default(tmp_path: Path) -> None:
     async with session_stack(tmp_path, admission=AdmissionSection(tenant_cpu=False)) as st:
         flood = await _create(st, "flood", 4)

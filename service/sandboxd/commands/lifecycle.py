@@ -79,6 +79,9 @@ class WithAgentChannels:
     async def set_cpu_shares(self, sandbox_id: str, shares: int, cpu_millis: int = 0) -> None:
         await self._engine.set_cpu_shares(sandbox_id, shares, cpu_millis)
 
+    def cpu_in_place(self, isolation: Isolation) -> bool:
+        return self._engine.cpu_in_place(isolation)
+
     async def start_sandbox(self, sandbox_id: str) -> None:
         await self._engine.start_sandbox(sandbox_id)
         await self._router.open(sandbox_id)  # its agent answers, or the start failed

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import aiodocker
@@ -37,6 +36,7 @@ from sandboxd.engine.docker_exec import DockerExecStream, exec_status, resize, s
 from sandboxd.engine.docker_profile import conforms, container_config, shape_of
 from sandboxd.engine.docker_volumes import with_volume_sources
 from sandboxd.engine.helper_volume import HelperVolume
+from sandboxd.engine.host_cgroup import write_cpu
 from sandboxd.engine.protocol import (
     AgentAttach,
     ExecRequest,
@@ -115,17 +115,14 @@ class DockerEngine:
         # One long-lived client; every open exec stream holds one connection: size the pool.
         address = self._address
         self._connector = self._new_connector(self._pool_size)
-        # Given our own connector aiodocker only composes URLs from this one: a dummy host for a
-        # unix socket (given the unix:// address it builds "unix:/path/version", which aiohttp
-        # refuses), https:// for a TLS engine.
+        # With our own connector aiodocker only composes URLs from this: a dummy host for a unix
+        # socket (from unix:// it builds "unix:/path/version", refused by aiohttp), or https://.
         self._docker = aiodocker.Docker(
             url=address.url, connector=self._connector, timeout=_ENGINE_TIMEOUT
         )
-        # The agents' channels on a client of their own, its pool unbounded: each live sandbox
-        # holds its channel's connection for as long as it lives, so in the API's pool a
-        # docker_pool_size of live sessions would leave no connection for any engine call (a
-        # create, an inspect, the delete that would free one) and every one would wait forever.
-        # Their number is bounded by the live sandboxes, one each.
+        # The agents' channels on a client of their own, its pool unbounded (one connection per
+        # live sandbox, for its life): in the API's pool, docker_pool_size live sessions would
+        # leave none for any engine call (a create, the delete that would free one) forever.
         self._channel_connector = self._new_connector(0)
         self._channel_docker = aiodocker.Docker(
             url=address.url, connector=self._channel_connector, timeout=_ENGINE_TIMEOUT
@@ -139,12 +136,7 @@ class DockerEngine:
             return aiohttp.UnixConnector(address.socket_path, limit=limit)
         return aiohttp.TCPConnector(ssl=address.tls or True, limit=limit)
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         if self._channel_docker is not None:
             await self._channel_docker.close()
             await self._channel_connector.close()
@@ -234,10 +226,18 @@ class DockerEngine:
             raise
 
     async def set_cpu_shares(self, sandbox_id: str, shares: int, cpu_millis: int = 0) -> None:
-        """`docker update --cpu-shares [--cpus]`: the sandbox's cgroup, changed in place."""
+        """`docker update --cpu-shares [--cpus]`; runsc having no update, a gVisor sandbox's
+        host cgroup is written instead, beside a local engine (host_cgroup.py)."""
+        info = await self._inspect(sandbox_id) if self._local else None
+        if info and info["HostConfig"].get("Runtime") == self._runtimes[Isolation.GVISOR]:
+            pid = int((info.get("State") or {}).get("Pid") or 0)
+            return await asyncio.to_thread(write_cpu, sandbox_id, pid, shares, cpu_millis)
         data = {"CpuShares": shares, **({"NanoCpus": cpu_millis * 10**6} if cpu_millis else {})}
         with self._translate(f"updating the CPU weight of container {sandbox_id[:12]}"):
             await self.docker._query_json(f"containers/{sandbox_id}/update", "POST", data=data)
+
+    def cpu_in_place(self, isolation: Isolation) -> bool:
+        return isolation is Isolation.RUNC or self._local
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         """Force-remove; a container that is already gone is not an error.

@@ -201,9 +201,13 @@ class Engine(Protocol):
     async def set_cpu_shares(self, sandbox_id: str, shares: int, cpu_millis: int = 0) -> None:
         """Change a running sandbox's CPU weight in place (its cgroup's share) and, given
         `cpu_millis` (0: unchanged), its CPU limit, never above the one it was made with (the
-        tampering check takes a lower limit as conforming). The runc tier only: runsc cannot
-        change a sandbox's cgroups after its start (the engine refuses), so a gVisor sandbox
-        keeps the weight and limit it was created with."""
+        tampering check takes a lower limit as conforming). runsc cannot change a sandbox's
+        cgroups after its start (the engine refuses its update), so a gVisor sandbox changes only
+        where `cpu_in_place` says so (beside a local engine, its host cgroup is written)."""
+        ...
+
+    def cpu_in_place(self, isolation: Isolation) -> bool:
+        """Whether `set_cpu_shares` can change a running sandbox of this tier."""
         ...
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
