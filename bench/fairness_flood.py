@@ -6,7 +6,8 @@ bystander sees is the server's doing alone.
 
     python bench/fairness_flood.py ADDRESS TOKEN SESSION_ID[,SESSION_ID...] SECONDS [KINDS]
 
-KINDS is `all` (the default) or a comma-separated choice of start,exec,attach,run.
+KINDS is `all` (the default) or a comma-separated choice of start,exec,attach,run,cpu (`cpu`
+is not part of `all`).
 
 Every kind of flood at once, for SECONDS, then it stops by itself and prints one JSON line of
 counts (calls made, refusals by status code and reason, bytes received):
@@ -14,7 +15,9 @@ counts (calls made, refusals by status code and reason, bytes received):
   in a tight loop, over and over (the server's own live reader drains each one's output);
 - output floods: concurrent Exec streams of `yes`, read as fast as the channel carries them;
 - many streams: AttachProcess readers on the background processes;
-- a Run storm: concurrent Run(["true"]) loops.
+- a Run storm: concurrent Run(["true"]) loops;
+- CPU burners (`cpu`): background busy loops that write nothing, CPU_BURNERS of them spread over
+  the sessions, started once.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ EXEC_STREAMS = 16
 RUN_LOOPS = 32
 START_LOOPS = 4
 ATTACH_READERS = 16
+CPU_BURNERS = 16
 
 
 class Flood:
@@ -156,6 +160,24 @@ class Flood:
                 self.refused(exc)
                 await self.pause_after_refusal()
 
+    async def cpu_burners(self) -> None:
+        from sandboxd.v1 import process_pb2  # noqa: PLC0415
+
+        for n in range(CPU_BURNERS):
+            sid = self.sessions[n % len(self.sessions)]
+            try:
+                await self.processes.StartProcess(
+                    process_pb2.StartProcessRequest(
+                        session_id=sid, argv=["sh", "-c", "while :; do :; done"]
+                    ),
+                    metadata=self.md,
+                )
+                self.counts["burner ok"] += 1
+            except grpc.RpcError as exc:
+                self.refused(exc)
+        while self.live():
+            await asyncio.sleep(0.1)
+
     async def main(self) -> dict[str, Any]:
         k = self.kinds
         tasks = [
@@ -163,6 +185,7 @@ class Flood:
             *(self.exec_flood(i) for i in range(EXEC_STREAMS if "exec" in k else 0)),
             *(self.attach_reader(i) for i in range(ATTACH_READERS if "attach" in k else 0)),
             *(self.run_storm(i) for i in range(RUN_LOOPS if "run" in k else 0)),
+            *([self.cpu_burners()] if "cpu" in k else []),
         ]
         try:
             await asyncio.gather(*tasks)
