@@ -1,4 +1,5 @@
-"""Session calls for streaming file transfer: ReadFileStream, WriteFileStream and Move, and the
+"""Session calls on the workspace's files: whole files and folders (ReadFile, WriteFile, ListDir,
+Stat, Remove, MakeDir), streaming transfer (ReadFileStream, WriteFileStream) and Move, and the
 helpers built on them, `upload`, `download` and `write_files`, which stream a chunk at a time
 (never a whole file or a tar in memory) for files up to the session's workspace_bytes.
 
@@ -52,8 +53,9 @@ async def _chunks_of(data: AsyncIterable[bytes] | Iterable[bytes] | bytes) -> As
             yield chunk
 
 
-class FileTransfers:
-    """ReadFileStream, WriteFileStream, Move, upload, download and write_files for `Session`."""
+class FileCalls:
+    """The FilesystemService calls (but WatchDir: dir_watch.py), upload, download and
+    write_files for `Session`."""
 
     _client: SandboxClient
 
@@ -64,6 +66,97 @@ class FileTransfers:
     @property
     def _stubs(self) -> Any:
         return self._client.stubs
+
+    @rpc("FilesystemService/ReadFile")
+    async def read_file(self, path: str, *, timeout: float | None = UNSET) -> bytes:
+        req = filesystem_pb2.ReadFileRequest(session_id=self.id, path=path)
+        resp = await self._client._unary(
+            "FilesystemService/ReadFile",
+            lambda t: self._stubs.files.ReadFile(req, timeout=t),
+            timeout,
+        )
+        content: bytes = resp.content
+        return content
+
+    @rpc("FilesystemService/WriteFile")
+    async def write_file(
+        self,
+        path: str,
+        content: bytes,
+        *,
+        mode: int = 0,
+        make_parents: bool = False,
+        timeout: float | None = UNSET,
+    ) -> FileInfo:
+        req = filesystem_pb2.WriteFileRequest(
+            session_id=self.id, path=path, content=content, mode=mode, make_parents=make_parents
+        )
+        resp = await self._client._unary(
+            "FilesystemService/WriteFile",
+            lambda t: self._stubs.files.WriteFile(req, timeout=t),
+            timeout,
+        )
+        return models.FileInfo.from_pb(resp.info)
+
+    @rpc("FilesystemService/ListDir")
+    async def list_dir(
+        self,
+        path: str = "",
+        *,
+        depth: int = 0,
+        page_size: int = 0,
+        timeout: float | None = UNSET,
+    ) -> AsyncIterator[FileInfo]:
+        """The entries beneath `path`, following pages as the loop goes (`page_size` 0: the
+        whole listing in one reply, in walk order; else pages in path order)."""
+        async for resp in self._client._paged(
+            "FilesystemService/ListDir",
+            lambda token, t: self._stubs.files.ListDir(
+                filesystem_pb2.ListDirRequest(
+                    session_id=self.id,
+                    path=path,
+                    depth=depth,
+                    page_size=page_size,
+                    page_token=token,
+                ),
+                timeout=t,
+            ),
+            timeout,
+        ):
+            for e in resp.entries:
+                yield models.FileInfo.from_pb(e)
+
+    @rpc("FilesystemService/Stat")
+    async def stat(self, path: str, *, timeout: float | None = UNSET) -> FileInfo:
+        req = filesystem_pb2.StatRequest(session_id=self.id, path=path)
+        resp = await self._client._unary(
+            "FilesystemService/Stat", lambda t: self._stubs.files.Stat(req, timeout=t), timeout
+        )
+        return models.FileInfo.from_pb(resp.info)
+
+    @rpc("FilesystemService/Remove")
+    async def remove(
+        self, path: str, *, recursive: bool = False, timeout: float | None = UNSET
+    ) -> None:
+        req = filesystem_pb2.RemoveRequest(session_id=self.id, path=path, recursive=recursive)
+        await self._client._unary(
+            "FilesystemService/Remove", lambda t: self._stubs.files.Remove(req, timeout=t), timeout
+        )
+
+    @rpc("FilesystemService/MakeDir")
+    async def make_dir(
+        self, path: str, *, parents: bool = False, timeout: float | None = UNSET
+    ) -> FileInfo:
+        # Both names: a server from before make_parents reads `parents`.
+        req = filesystem_pb2.MakeDirRequest(
+            session_id=self.id, path=path, parents=parents, make_parents=parents
+        )
+        resp = await self._client._unary(
+            "FilesystemService/MakeDir",
+            lambda t: self._stubs.files.MakeDir(req, timeout=t),
+            timeout,
+        )
+        return models.FileInfo.from_pb(resp.info)
 
     @rpc("FilesystemService/ReadFileStream")
     async def read_file_stream(
@@ -199,14 +292,13 @@ class FileTransfers:
     async def download(self, remote: str, local: str | os.PathLike[str]) -> list[Path]:
         """The file `remote` to the local file `local`, or the folder `remote`'s files beneath
         the local folder `local`, each streamed to disk."""
-        info: FileInfo = await self.stat(remote)  # type: ignore[attr-defined]
+        info = await self.stat(remote)
         dst = Path(local)
         if info.type != "DIRECTORY":
             await self._download_file(remote, dst)
             return [dst]
         got = []
-        listing: AsyncIterator[FileInfo] = self.list_dir(remote, depth=32)  # type: ignore[attr-defined]
-        entries = [e async for e in listing]
+        entries = [e async for e in self.list_dir(remote, depth=32)]
         base = info.path.rstrip("/")
         for entry in entries:
             if entry.type != "FILE":
