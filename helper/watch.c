@@ -107,11 +107,17 @@ static void handle(const struct inotify_event *ev)
 		overflow("kernel");
 		return;
 	}
+	/* A move's first half with no second is settled first: it may drop the
+	 * watches (and the paths) of the tree that moved out. */
+	if (g_watch.pend.set && !((ev->mask & IN_MOVED_TO) && ev->cookie == g_watch.pend.cookie))
+		flush_pending();
+	/* The watched directory is gone (removed, or moved aside and then
+	 * deleted): what happens to its contents now is not under its name. */
+	if (g_watch.done)
+		return;
 	const char *dir = wpath(ev->wd);
 	if (!dir)
 		return; /* a watch already dropped */
-	if (g_watch.pend.set && !((ev->mask & IN_MOVED_TO) && ev->cookie == g_watch.pend.cookie))
-		flush_pending();
 	if (ev->mask & IN_IGNORED) {
 		if (ev->wd == g_watch.topwd)
 			g_watch.done = true;

@@ -316,3 +316,50 @@ def test_ends_when_the_watched_directory_goes(watch, root: Path) -> None:
     os.rmdir(root / "d")
     assert brief(w.collect()) == [("removed", "d")]
     assert w.proc.wait(5) == 0
+
+
+def _in_one_batch(w: Watcher, *steps: Any) -> None:
+    """Run `steps` while the watcher is stopped, so that it reads all their events at once (the
+    order the kernel queued them in, none read between two steps)."""
+    import signal  # noqa: PLC0415
+
+    w.proc.send_signal(signal.SIGSTOP)
+    try:
+        for step in steps:
+            step()
+    finally:
+        w.proc.send_signal(signal.SIGCONT)
+
+
+def test_a_watched_directory_moved_aside_then_deleted_reports_nothing_after_it(
+    watch, root: Path
+) -> None:
+    """Remove takes a tree aside in one rename, then deletes it (helper/remove.c): the watched
+    directory is gone with the rename; the deletion of its contents, elsewhere, is not reported
+    under its old name after its own removal."""
+    import shutil  # noqa: PLC0415
+
+    (root / "d" / "e" / "f").mkdir(parents=True)
+    (root / "d" / "e" / "g.txt").write_text("x")
+    w = watch("d", "--recursive")
+    aside = root / ".sbx-import-rm-1-00000000"
+    _in_one_batch(w, lambda: os.rename(root / "d", aside), lambda: shutil.rmtree(aside))
+    assert brief(w.collect()) == [("removed", "d")]
+    assert w.proc.wait(5) == 0
+
+
+def test_a_subdirectory_moved_out_then_emptied_is_reported_once(
+    watch, root: Path, tmp_path: Path
+) -> None:
+    """A move out of the tree, its contents then deleted, all read at once: the move's first half
+    is settled (removed) before the next event is looked at, whose directory is then no longer
+    watched: nothing under the moved name after it (the helper's ASan build checks memory)."""
+    import shutil  # noqa: PLC0415
+
+    (root / "w" / "x" / "y").mkdir(parents=True)
+    (root / "w" / "x" / "e.txt").write_text("x")
+    w = watch("w", "--recursive")
+    away = tmp_path / "away"
+    _in_one_batch(w, lambda: os.rename(root / "w" / "x", away), lambda: shutil.rmtree(away))
+    assert brief(w.collect()) == [("removed", "w/x")]
+    assert w.close() == 0
