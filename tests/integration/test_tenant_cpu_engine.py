@@ -25,34 +25,38 @@ CAP_MILLIS = 400  # the server's admission_demoted_cpu_millis (one sandbox: all 
 server, stubs = two_tenant_fixtures("tcpu", "--admission-demoted-cpu-millis", str(CAP_MILLIS))
 
 
-def kernel_weight(container: str) -> int:
-    """The container's CPU weight as the kernel has it, in cpu.shares units: its main
-    process's cpu cgroup (cgroup v1 `cpu.shares`, or v2 `cpu.weight` converted back)."""
+def _cpu_group(container: str) -> tuple[Path, int]:
+    """The container's cpu cgroup on this host, read from its main process, and the cgroup
+    version: the v1 cpu hierarchy's, or v2's one hierarchy."""
     pid = inspect_container(container)["State"]["Pid"]
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(","):  # v1: the cpu hierarchy
-            return int((CGROUP_ROOT / controllers / path.lstrip("/") / "cpu.shares").read_text())
-        if controllers == "":  # v2: one hierarchy; weight = 1 + (shares - 2) * 9999 / 262142
-            weight = int((CGROUP_ROOT / path.lstrip("/") / "cpu.weight").read_text())
-            return 2 + (weight - 1) * 262142 // 9999
+        if "cpu" in controllers.split(","):
+            return CGROUP_ROOT / controllers / path.lstrip("/"), 1
+        if controllers == "":
+            return CGROUP_ROOT / path.lstrip("/"), 2
     raise AssertionError(f"no cpu cgroup for pid {pid}")
+
+
+def kernel_weight(container: str) -> int:
+    """The container's CPU weight as the kernel has it, in cpu.shares units (cgroup v1
+    `cpu.shares`, or v2 `cpu.weight` converted back)."""
+    group, version = _cpu_group(container)
+    if version == 1:
+        return int((group / "cpu.shares").read_text())
+    weight = int((group / "cpu.weight").read_text())  # 1 + (shares - 2) * 9999 / 262142
+    return 2 + (weight - 1) * 262142 // 9999
 
 
 def kernel_cpu_millis(container: str) -> int:
     """The container's CPU limit as the kernel has it (its CFS quota over its period), in
     millicpus: cgroup v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`, or v2 `cpu.max`."""
-    pid = inspect_container(container)["State"]["Pid"]
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(","):
-            group = CGROUP_ROOT / controllers / path.lstrip("/")
-            quota = int((group / "cpu.cfs_quota_us").read_text())
-            return quota * 1000 // int((group / "cpu.cfs_period_us").read_text())
-        if controllers == "":
-            quota_s, period_s = (CGROUP_ROOT / path.lstrip("/") / "cpu.max").read_text().split()
-            return int(quota_s) * 1000 // int(period_s)
-    raise AssertionError(f"no cpu cgroup for pid {pid}")
+    group, version = _cpu_group(container)
+    if version == 1:
+        quota = int((group / "cpu.cfs_quota_us").read_text())
+        return quota * 1000 // int((group / "cpu.cfs_period_us").read_text())
+    quota_s, period_s = (group / "cpu.max").read_text().split()
+    return int(quota_s) * 1000 // int(period_s)
 
 
 def cpu_limits(server: ServerProcess, session_id: str) -> tuple[int, int]:

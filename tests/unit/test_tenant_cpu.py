@@ -134,11 +134,18 @@ async def test_a_restarted_server_gives_the_live_sessions_their_share_again(
         assert _weights(st, flood + more[2:]) == [256] * 3
 
 
-async def test_a_gvisor_sandbox_keeps_the_share_it_was_made_with(tmp_path: Path) -> None:
+async def _both_tiers(*, gvisor_cpu: bool) -> tuple[FakeEngine, IsolationTiers]:
+    """A fake engine with runsc registered (`gvisor_cpu`: a gVisor sandbox's CPU can change)."""
     engine = FakeEngine()
     engine.tiers.add(Isolation.GVISOR)
+    engine.gvisor_cpu = gvisor_cpu
     tiers = IsolationTiers(Isolation.RUNC, {Isolation.RUNC, Isolation.GVISOR})
     await tiers.refresh(engine)
+    return engine, tiers
+
+
+async def test_a_gvisor_sandbox_keeps_the_share_it_was_made_with(tmp_path: Path) -> None:
+    engine, tiers = await _both_tiers(gvisor_cpu=False)
     async with session_stack(tmp_path, engine=engine, tiers=tiers) as st:
         g = await _create(st, "flood", 1, isolation=Isolation.GVISOR)
         runc = await _as("flood", lambda: st.sessions.create(CreateSessionInput("flood.r1")))
@@ -156,11 +163,7 @@ async def test_a_gvisor_sandbox_follows_its_tenant_where_the_engine_can_change_i
 ) -> None:
     """Beside a local Docker engine a gVisor sandbox's host cgroup is written (`cpu_in_place`):
     it follows its tenant's count like a runc one, and a demotion weighs and caps it too."""
-    engine = FakeEngine()
-    engine.tiers.add(Isolation.GVISOR)
-    engine.gvisor_cpu = True
-    tiers = IsolationTiers(Isolation.RUNC, {Isolation.RUNC, Isolation.GVISOR})
-    await tiers.refresh(engine)
+    engine, tiers = await _both_tiers(gvisor_cpu=True)
     async with session_stack(tmp_path, engine=engine, tiers=tiers) as st:
         g = await _create(st, "flood", 1, isolation=Isolation.GVISOR)
         runc = await _as("flood", lambda: st.sessions.create(CreateSessionInput("flood.r1")))
