@@ -177,7 +177,7 @@ class AgentSection:
         flat="agent_detached_processes",
     )
     socket: bool = setting(
-        True,
+        False,
         BOOL,
         "beside a local engine, a runc sandbox's agent channel is a Unix socket between server "
         "and agent (off, or gVisor, a remote engine, a server not root: the engine's attach)",
