@@ -6,9 +6,9 @@ connection to the engine, and its streams), besides the gRPC port's connections
 pool and the store. A service manager's default soft limit is 1024 (systemd's, and most shells'),
 so a server left at it fails with EMFILE at about 990 live sessions (one descriptor each, 21 idle:
 docs/performance.md), sooner with busy listeners, while the hard limit (systemd: 524288) is the
-system's real bound. The soft limit is the process's own to
-raise up to the hard one, as the Go runtime does for every program: so the served process
-(`sandboxd.__main__`) raises it at start and says when even the hard limit is low.
+system's real bound. The soft limit is the process's own to raise up to the hard one, as the Go
+runtime does for every program: so the served process (`sandboxd.__main__`) raises it at start
+and says when even the hard limit is low.
 """
 
 from __future__ import annotations
