@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -78,9 +79,17 @@ async def connect(directory: Path, name: str, wait_s: float = CONNECT_WAIT_S) ->
     """A connection to the agent listening in `directory`; OSError when none comes in `wait_s`.
 
     Through an O_PATH descriptor of the directory: `/proc/self/fd/N/agent.sock` fits the
-    108 bytes of sun_path whatever the length of data_dir."""
+    108 bytes of sun_path whatever the length of data_dir. Only a directory that is the
+    server's alone (its uid, no access for group or others): in any other, someone else could
+    have put a listener of theirs in the agent's place."""
     fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            raise PermissionError(
+                f"agent socket directory {directory} is not the server's alone "
+                f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})"
+            )
         deadline = time.monotonic() + wait_s
         while True:
             try:

@@ -263,6 +263,12 @@ def _socket_extras(cmd: Sequence[str], binds: Sequence[str]) -> tuple[list[str],
     return cmd, binds
 
 
+def _targets(binds: Sequence[str]) -> list[str]:
+    """Where each bind lands in the container, and how (`/.sandboxd:ro`), in order; the source
+    may differ (a helper volume of another build)."""
+    return [str(b).split(":", 1)[-1] for b in binds]
+
+
 def commands_user(config: Mapping[str, Any]) -> str | None:
     """Who the commands of a container's agent run as, from its `Config` (docker inspect);
     None when its main process is not the agent (`agent = false`: the keeper).
@@ -317,7 +323,7 @@ def conforms(want: Mapping[str, Any], info: Mapping[str, Any]) -> bool:
     config = info.get("Config") or {}
     # The socket channel's bind and flag come together or not at all; no other bind is new.
     cmd, binds = _socket_extras(config.get("Cmd") or [], have.get("Binds") or [])
-    if cmd != list(want["Cmd"]) or len(binds) != len(wanted.get("Binds") or []):
+    if cmd != list(want["Cmd"]) or _targets(binds) != _targets(wanted.get("Binds") or []):
         return False
     if str(config.get("User") or "") != want["User"]:
         return False
