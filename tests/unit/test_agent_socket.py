@@ -281,3 +281,31 @@ async def test_the_port_falls_back_to_the_attach_for_a_directory_not_the_servers
             assert await port._socket("c3", {"Binds": [f"{outside}:{AGENT_SOCKET_DIR}:rw"]}) is None
     finally:
         shutil.rmtree(outside)
+
+
+def test_only_an_engine_on_a_unix_socket_of_this_host_gets_the_socket_channel(
+    tmp_path: Path,
+) -> None:
+    """A loopback TCP address may be a tunnel to another host's engine: the bind's path would
+    be that host's. Only a unix:// engine is beside the server for certain."""
+    from sandboxd.engine.docker import DockerEngine
+    from sandboxd.engine_address import EngineAddress
+
+    (tmp_path / "sbx").write_bytes(b"helper")
+
+    def port_of(address: EngineAddress) -> DockerAgentPort:
+        engine = DockerEngine(
+            helper_path=tmp_path / "sbx",
+            keeper_user="65533:65533",
+            address=address,
+            agent=True,
+            agent_sockets=tmp_path,
+        )
+        port = engine._agent_port
+        assert isinstance(port, DockerAgentPort)
+        return port
+
+    unix = EngineAddress(url="unix://localhost", socket_path="/var/run/docker.sock")
+    assert port_of(unix).sockets is not None
+    tunnel = EngineAddress(url="http://127.0.0.1:2375", local=True)
+    assert port_of(tunnel).sockets is None

@@ -108,9 +108,9 @@ class DockerEngine:
         )
         self._checkpointed: set[str] = set()  # sandboxes whose removal leaves runsc's shim
         # With an agent, sandboxes run `sbx agent` as their main process, attached to by the
-        # server's router (sandboxd.agent.router); commands then go over its channel. Beside a
-        # local engine, runc channels are Unix sockets (engine/agent_socket.py).
-        sockets = agent_sockets if self._local else None  # data_dir, or None: attach only
+        # server's router (sandboxd.agent.router); commands then go over its channel: for runc,
+        # a Unix socket when the engine's is one on this host (agent_socket.py; not TCP).
+        sockets = agent_sockets if self._address.socket_path else None  # None: attach only
         self._agent_port = DockerAgentPort(self, sockets) if agent else None
 
     async def __aenter__(self) -> DockerEngine:
