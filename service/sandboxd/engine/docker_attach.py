@@ -48,6 +48,10 @@ class AttachHost(Protocol):
 log = logging.getLogger(__name__)
 
 STDERR_LOGGED = 64 * 1024  # of the agent's diagnostics per attachment
+# Room in the kernel for what the server writes to the agent (an import's frames): a batch of
+# the channel's writer (256 KiB) goes in one send instead of partial ones (capped by the
+# host's net.core.wmem_max).
+ATTACH_SEND_BUFFER = 1024 * 1024
 
 
 class AttachTransport:
@@ -113,6 +117,7 @@ class DockerAgentPort:
             attaching = self._engine.channel_docker.containers.container(sandbox_id)
             stream = attaching.attach(stdin=True, stdout=True, stderr=True, logs=False)
             await compat.start_stream(stream)
+            compat.demux_in_one_copy(stream, ATTACH_SEND_BUFFER)
         env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
         labels = config.get("Labels") or {}
         return Attached(
