@@ -105,3 +105,49 @@ def test_no_takeover_of_a_tty_stream_or_an_unknown_layout() -> None:
     assert stream._resp.connection.protocol._payload_parser is tty
     assert not compat.demux_in_one_copy(_started(object()))
     assert not compat.demux_in_one_copy(SimpleNamespace(_resp=None))
+
+
+class _Queued:
+    """aiodocker's queue as compat.read_buffered sees it: (Message, size) entries."""
+
+    def __init__(self, messages: list[tuple[int, bytes]]) -> None:
+        import collections
+
+        from aiodocker.stream import Message
+
+        self._buffer = collections.deque((Message(fd, data), len(data)) for fd, data in messages)
+
+    async def read(self) -> Any:
+        return self._buffer.popleft()[0]
+
+
+class _Stream:
+    def __init__(self, messages: list[tuple[int, bytes]]) -> None:
+        self._queue = _Queued(messages)
+
+    async def read_out(self) -> Any:
+        return await self._queue.read() if self._queue._buffer else None
+
+
+async def test_the_agent_pipe_reads_what_has_arrived_in_one_go_in_order() -> None:
+    from sandboxd.engine.docker_attach import READ_BATCH, AttachTransport
+
+    big = b"x" * (READ_BATCH // 2)
+    messages = [
+        (1, b"a"),
+        (1, b"b"),
+        (2, b"diagnostics\n"),
+        (1, b"c"),
+        (1, big),
+        (1, big),
+        (1, b"d"),
+    ]
+    pipe = AttachTransport(_Stream(messages), "test")  # type: ignore[arg-type]
+    got = []
+    while (chunk := await pipe.read()) is not None:
+        got.append(chunk)
+    # stdout only, joined up to stderr and up to about READ_BATCH; nothing lost or reordered
+    assert got[0] == b"ab"
+    assert b"".join(got) == b"abc" + big + big + b"d"
+    assert all(len(c) <= READ_BATCH + len(big) for c in got)
+    assert len(got) < 6

@@ -52,6 +52,7 @@ STDERR_LOGGED = 64 * 1024  # of the agent's diagnostics per attachment
 # the channel's writer (256 KiB) goes in one send instead of partial ones (capped by the
 # host's net.core.wmem_max).
 ATTACH_SEND_BUFFER = 1024 * 1024
+READ_BATCH = 256 * 1024  # of the agent's output already arrived, taken in one read
 
 
 class AttachTransport:
@@ -63,16 +64,22 @@ class AttachTransport:
         self._stderr = 0
 
     async def read(self) -> bytes | None:
+        """The agent's next output, joined with what more of it has already arrived (up to
+        READ_BATCH): the engine cuts a stream into messages of 32 KiB or less, and each read
+        is a turn of the channel's reader and a feed of its decoder."""
         while True:
             try:
                 msg = await self._stream.read_out()
+                if msg is not None and msg.stream != 2:
+                    parts = [bytes(msg.data)]
+                    await compat.read_buffered(self._stream, msg.stream, parts, READ_BATCH)
             except (aiohttp.ClientError, OSError, aiodocker.DockerError) as exc:
                 log.info("agent pipe of %s ended: %s", self._name, exc)
                 return None
             if msg is None:
                 return None
             if msg.stream != 2:
-                return bytes(msg.data)
+                return parts[0] if len(parts) == 1 else b"".join(parts)
             if self._stderr < STDERR_LOGGED:
                 text = msg.data[: STDERR_LOGGED - self._stderr]
                 self._stderr += len(text)
