@@ -20,6 +20,7 @@ from sandboxd.config import check_config, load_config
 from sandboxd.errors import ConfigError
 from sandboxd.heap import tune_malloc
 from sandboxd.logging_setup import configure_logging
+from sandboxd.open_files import raise_open_files
 from sandboxd.server import serve
 
 USAGE_EXIT = 2
@@ -56,6 +57,7 @@ def _serve(args: list[str]) -> int:
         print(f"sandboxd: configuration error: {exc}", file=sys.stderr)
         return USAGE_EXIT
     configure_logging(config.server.log_level, config.server.log_format)
+    raise_open_files()
     gc_tuning.tune()
     try:
         asyncio.run(serve(config, ready=lambda _port: gc_tuning.freeze_start_up()))

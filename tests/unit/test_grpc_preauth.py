@@ -5,6 +5,7 @@ buffering) a message; the transport's own limits are set, not left to defaults."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import AsyncIterator
 
@@ -32,8 +33,10 @@ async def _count(
         yield str(i).encode()
 
 
-async def _serve(handshake_timeout_ms: int = 10_000) -> tuple[grpc.aio.Server, int]:
-    options = transport_options(4 << 20, handshake_timeout_ms)
+async def _serve(
+    handshake_timeout_ms: int = 10_000, max_connections: int = 0
+) -> tuple[grpc.aio.Server, int]:
+    options = transport_options(4 << 20, handshake_timeout_ms, max_connections)
     server = grpc.aio.server(interceptors=[AuthInterceptor(_table())], options=options)
     server.add_generic_rpc_handlers(
         (
@@ -99,6 +102,36 @@ def test_the_transport_limits_are_set() -> None:
     assert options["grpc.http2.max_ping_strikes"] > 0
     assert options["grpc.keepalive_permit_without_calls"] == 0
     assert options["grpc.max_connection_idle_ms"] > 0
+    capped = dict(transport_options(4 << 20, max_connections=1024))
+    assert capped["grpc.max_allowed_incoming_connections"] == 1024
+
+
+async def test_connections_past_the_cap_are_closed_at_once_and_freed_places_serve() -> None:
+    """Eight idle TCP connections to a port capped at four: the four past the cap are closed
+    at once (the process's descriptors stay for its other work), the first four are held; once
+    they are gone a client's call is served. Without the cap all eight were held."""
+    server, port = await _serve(handshake_timeout_ms=60_000, max_connections=4)
+    conns = []
+    try:
+        for _ in range(8):
+            conns.append(await asyncio.open_connection("127.0.0.1", port))
+            await asyncio.sleep(0.02)
+        ended = []
+        for reader, _ in conns:
+            with contextlib.suppress(TimeoutError):
+                while await asyncio.wait_for(reader.read(4096), 0.5):
+                    pass
+            ended.append(reader.at_eof())
+        assert ended.count(True) == 4 and not any(ended[:4]), ended
+        for _, writer in conns:
+            writer.close()
+        await asyncio.sleep(0.3)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary("/t.S/Unary")
+            got = await call(b"x", metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=10)
+            assert got == b"echo:x"
+    finally:
+        await server.stop(None)
 
 
 async def test_a_connection_that_never_finishes_its_handshake_is_closed() -> None:

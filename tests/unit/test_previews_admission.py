@@ -174,6 +174,60 @@ async def test_a_tenant_holding_its_cap_is_429_and_other_tenants_are_served(
             await close(writer)
 
 
+async def _hold(url: str, raw: bytes, source: str = "127.0.0.1") -> Conn | bytes:
+    """A kept-alive connection answered `ok`, or what the listener sent before it closed."""
+    conn = await _connect(url, source, raw)
+    head = await asyncio.wait_for(conn[0].readuntil(b"\r\n\r\n"), 10)
+    if head.startswith(b"HTTP/1.1 200 OK"):
+        await conn[0].readexactly(2)
+        return conn
+    got = head + await _ended(conn)
+    await close(conn[1])
+    return got
+
+
+async def test_tenants_at_their_caps_leave_a_place_for_another_tenant(tmp_path: Path) -> None:
+    """Two tenants holding their cap each (3) of a listener of 6: before, they filled it
+    and a third tenant's request was 503. The pending pool (2) now stays out of the admitted
+    connections' (4): bob's third connection is 503 once the two hold 2 each (after taking
+    one of alice's idle ones), and carol's request takes the place of one of the heaviest
+    tenant's idle connections and is answered."""
+    settings = {
+        "preview_max_clients": 6,
+        "preview_max_pending": 2,
+        "preview_max_tenant_clients": 3,
+    }
+    async with world(tmp_path, **settings) as w:
+        pubs = {
+            t: await _tenant_preview(w, t, port)
+            for t, port in (("alice", 8080), ("bob", 8081), ("carol", 8082))
+        }
+        for port in (8080, 8081, 8082):
+            await backend(w, port, _ok)
+
+        def to(t: str) -> bytes:
+            return req(f"/preview/{t}.s/{pubs[t].port}/", pubs[t].token)
+
+        held = [await _hold(pubs["alice"].path_url, to("alice")) for _ in range(3)]
+        held += [await _hold(pubs["bob"].path_url, to("bob")) for _ in range(3)]
+        answer = await _hold(pubs["carol"].path_url, to("carol"))
+        conns = [c for c in [*held, answer] if not isinstance(c, bytes)]
+        try:
+            assert not isinstance(answer, bytes), answer
+            refused = [c for c in held if isinstance(c, bytes)]
+            assert len(refused) == 1 and refused[0].startswith(b"HTTP/1.1 503 "), refused
+            assert b"listener_full" in refused[0]
+            still = [await _still_open(c) for c in conns]
+            assert still.count(True) == 4, still  # one of alice's for bob, one for carol
+            rebalanced = w.registry.get_sample_value(
+                "sandboxd_preview_refused_connections_total", {"why": "rebalanced"}
+            )
+            assert rebalanced == 2
+        finally:
+            for conn in conns:
+                await close(conn[1])
+
+
 async def test_a_tls_handshake_is_under_the_head_timeout(tmp_path: Path) -> None:
     pki = Pki(tmp_path)
     settings = {
@@ -216,3 +270,29 @@ def test_sources_and_the_bookkeeping() -> None:
     assert (a.tenant_count("bob"), a.tenant_count("alice"), a.total) == (0, 1, 1)
     a.leave(t2)
     assert a.total == 0
+
+
+def test_the_tenant_holding_the_most_gives_a_place_idle_ones_first() -> None:
+    a = Admission(max_clients=6, max_pending=2)
+    assert a.admitted_cap == 4
+    alice = []
+    for i in range(4):
+        alice.append(a.arrive(f"s{i}", None))
+        a.admit(alice[-1], "alice")
+    alice[2].idle = True
+    bob = [a.arrive("b", None) for _ in range(2)]
+    a.admit(bob[0], "bob")  # alice 4 > 0 + 1: her idle one goes, not her oldest
+    assert alice[2].tenant is None and alice[0].tenant == "alice"
+    a.admit(bob[1], "bob")  # alice 3 > 1 + 1: her oldest goes
+    assert alice[0].tenant is None
+    assert (a.tenant_count("alice"), a.tenant_count("bob"), a.rebalanced) == (2, 2, 2)
+    bob.append(a.arrive("b", None))
+    with pytest.raises(Full) as full:
+        a.admit(bob[2], "bob")  # alice 2 is not more than one over bob's 2
+    assert full.value.why == "listener_full"
+    a.leave(alice[0])  # the closed ones leave without counting twice
+    a.leave(alice[2])
+    assert (a.total, a.tenant_count("alice")) == (5, 2)
+    a.admit(bob[2], "carol")  # a third tenant: one of the first of the heaviest goes
+    counts = [a.tenant_count(t) for t in ("alice", "bob", "carol")]
+    assert (counts, a.total, a.rebalanced) == ([1, 2, 1], 4, 3)

@@ -82,3 +82,37 @@ def test_serve_is_the_default_word(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", *H, "--default-pids", "0"]) == 2
     assert main([*H, "--default-pids", "0"]) == 2
     assert capsys.readouterr().err.count("default_pids") == 2
+
+
+_SERVED_LIMIT = """
+import resource, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+import sandboxd.__main__ as served
+
+async def serve(config, ready=None):
+    print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)
+
+served.serve = serve
+sys.exit(served._serve(sys.argv[1:]))
+"""
+
+
+def test_the_served_process_raises_its_open_files_limit_to_the_hard_one(tmp_path: Path) -> None:
+    """Started at a soft limit of 256 (below a service manager's usual 1024), `serve` runs with
+    the hard limit: a thousand live sessions hold more descriptors than 1024 (one each). Before,
+    it kept the limit it was given."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _SERVED_LIMIT, *H, "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    soft, hard = (int(v) for v in done.stdout.split())
+    if hard == -1:  # RLIM_INFINITY: the kernel's per-process most
+        hard = int(Path("/proc/sys/fs/nr_open").read_text())
+    assert soft == hard > 256, done.stdout + done.stderr

@@ -74,7 +74,9 @@ class PreviewsSection:
     max_clients: int = setting(
         1024,
         INT,
-        "open client connections of the whole listener (beyond: 503 at once)",
+        "open client connections of the whole listener (beyond: 503 at once); admitted ones "
+        "hold at most this less preview_max_pending, and when they are full a new tenant's "
+        "connection takes the place of one of the tenant holding the most",
         lo=1,
         flat="preview_max_clients",
     )

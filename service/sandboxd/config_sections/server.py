@@ -60,6 +60,13 @@ class ServerSection:
     """The gRPC port, server state and the shape of shutdown."""
 
     listen: str = setting("127.0.0.1:50051", TEXT, "address to serve gRPC on, host:port")
+    max_connections: int = setting(
+        1024,
+        INT,
+        "open connections of the gRPC port, authenticated or not (beyond: closed at once, so a "
+        "flood of them cannot take the file descriptors the sessions need; 0: no cap)",
+        lo=0,
+    )
     data_dir: Path = setting(Path("./data"), PATH, "session database and server state")
     owner_id: str = setting(
         "", TEXT, "label value marking this server's containers", check=_owner_problem

@@ -31,6 +31,7 @@ from sandboxd.e2b.asgi import (
     end_stream,
     reply,
     reply_json,
+    settling,
     start_stream,
     stream_chunk,
 )
@@ -123,14 +124,15 @@ class E2bApp:
             or path == "/files"
         )
         sid = self._sandbox_of(request)
+        answer = settling(request, send)
         if path == "/health":
-            await self._health(request, send, sid)
+            await self._health(request, answer, sid)
             return
         try:
             if envd:
-                await self._envd(request, send, sid)
+                await self._envd(request, answer, sid)
             else:
-                await self.rest.handle(request, send)
+                await self.rest.handle(request, answer)
         except TooLarge:
             # The rest of the body is never read: over HTTP/1 the connection must end with the
             # answer, or a client still sending would wait on it forever (HTTP/2 resets the

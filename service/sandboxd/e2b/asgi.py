@@ -2,10 +2,16 @@
 
 The server (hypercorn) parses HTTP/1.1 and HTTP/2; this module only reads what it hands over.
 A body is never read past the door's `max_request_bytes`: a Content-Length over it is refused
-before any of it is read, and a body that grows past it while streaming stops there (413)."""
+before any of it is read, and a body that grows past it while streaming stops there (413).
+
+An answer that comes before the body has been read (a refusal from the headers alone) first
+reads and drops the rest of a small body: an HTTP/1.1 server closes a connection whose body was
+left unread, and a client still writing it then sees a broken pipe, not the answer. Past
+`SETTLE_BYTES` or `SETTLE_S` the answer goes out with `Connection: close` instead."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -15,6 +21,10 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+
+SETTLE_BYTES = 1 << 20
+SETTLE_S = 2.0
 
 
 class TooLarge(Exception):
@@ -39,6 +49,7 @@ class Request:
             scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
         )
         self._done = False
+        self._gone = False
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -65,8 +76,34 @@ class Request:
             if body:
                 yield body
 
+    async def settle(self, max_bytes: int = SETTLE_BYTES, seconds: float = SETTLE_S) -> bool:
+        """Reads and drops what is left of the body, if at most `max_bytes` and in `seconds`:
+        True when it is all read, so the connection can serve the next request."""
+        if self._done:
+            return True
+        length = self.header("content-length")
+        if length is not None and length.isdigit() and int(length) > max_bytes:
+            return False
+        seen = 0
+        try:
+            async with asyncio.timeout(seconds):
+                while not self._done:
+                    message = await self._receive()
+                    if message["type"] == "http.disconnect":
+                        self._gone = True
+                        return False
+                    seen += len(message.get("body", b""))
+                    self._done = not message.get("more_body", False)
+                    if seen > max_bytes and not self._done:
+                        return False
+        except TimeoutError:
+            return False
+        return True
+
     async def wait_disconnect(self) -> None:
         """Returns when the client has gone (call once the body is read)."""
+        if self._gone:
+            return
         while True:
             message = await self._receive()
             if message["type"] == "http.disconnect":
@@ -74,6 +111,19 @@ class Request:
 
     async def body(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
+
+
+def settling(request: Request, send: Send) -> Send:
+    """`send`, which settles the request's body before an answer starts (the module's note)."""
+    http1 = request.scope.get("http_version", "1.1") < "2"
+
+    async def answer(message: Message) -> None:
+        if message["type"] == "http.response.start" and not await request.settle() and http1:
+            headers = [h for h in message.get("headers", ()) if h[0] != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return answer
 
 
 def _headers(content_type: str | None, extra: dict[str, str] | None) -> list[tuple[bytes, bytes]]:

@@ -13,7 +13,13 @@ preview it opened (moved when a later request on it opens another tenant's previ
   connection is also closed by the listener's head timeout.
 - Admitted connections count against their tenant (`max_tenant_clients`): a tenant holding
   many connections open to its own previews reaches its cap (429), not the listener's.
-- `max_clients` bounds the whole (the listener's file descriptors): beyond it, 503.
+- `max_clients` bounds the whole (the listener's file descriptors). The pending pool is kept
+  out of it, so admitted connections hold at most `max_clients - max_pending` and a new
+  connection always has a pending place. When the admitted ones fill theirs, a tenant's new
+  connection takes the place of one of the tenant holding the most, as long as that tenant
+  holds more than one over the newcomer (an idle kept-alive connection first, the oldest
+  otherwise): tenants each at their cap cannot shut a further tenant out (a tenant's share
+  falls, at the worst, to the admitted pool over the tenants holding it); past that, 503.
 Pure bookkeeping with no await, so every check and its count happen together.
 """
 
@@ -32,6 +38,9 @@ class Ticket:
     source: str
     task: asyncio.Task[None] | None
     tenant: str | None = None
+    # Between requests on a kept-alive connection (nothing of a request read): the first to go
+    # when its tenant gives a place to another's.
+    idle: bool = False
 
 
 class Full(Exception):
@@ -64,9 +73,15 @@ class Admission:
     max_tenant_clients: int = 0  # 0: no cap
     _pending: collections.OrderedDict[Ticket, None] = field(default_factory=collections.OrderedDict)
     _by_source: collections.Counter[str] = field(default_factory=collections.Counter)
-    _by_tenant: collections.Counter[str] = field(default_factory=collections.Counter)
+    _by_tenant: dict[str, collections.OrderedDict[Ticket, None]] = field(default_factory=dict)
     _admitted: int = 0
-    evicted: int = 0
+    evicted: int = 0  # pending connections closed for newer ones
+    rebalanced: int = 0  # admitted connections closed for another tenant's
+
+    @property
+    def admitted_cap(self) -> int:
+        """The admitted connections' pool: the whole less the pending pool's reserve."""
+        return max(1, self.max_clients - self.max_pending)
 
     @property
     def pending(self) -> int:
@@ -77,7 +92,7 @@ class Admission:
         return len(self._pending) + self._admitted
 
     def tenant_count(self, tenant: str) -> int:
-        return self._by_tenant[tenant]
+        return len(self._by_tenant.get(tenant, ()))
 
     def arrive(self, source: str, task: asyncio.Task[None] | None) -> Ticket:
         """A new connection, pending; Full when it may not be held (close it at once)."""
@@ -104,24 +119,39 @@ class Admission:
         from now on; Full when the tenant holds its cap already (the connection ends)."""
         if ticket.tenant == tenant:
             return
-        if self.max_tenant_clients and self._by_tenant[tenant] >= self.max_tenant_clients:
+        held = self.tenant_count(tenant)
+        if self.max_tenant_clients and held >= self.max_tenant_clients:
             raise Full("tenant_full", "the tenant's previews hold too many connections")
         if ticket.tenant is None:
             if ticket not in self._pending:
                 raise Full("listener_full", "the connection was closed for newer ones")
+            if self._admitted >= self.admitted_cap:
+                self._make_room(held)
             self._unpend(ticket)
             self._admitted += 1
         else:
-            self._untenant(ticket.tenant)
+            self._untenant(ticket)
         ticket.tenant = tenant
-        self._by_tenant[tenant] += 1
+        self._by_tenant.setdefault(tenant, collections.OrderedDict())[ticket] = None
+
+    def _make_room(self, held: int) -> None:
+        """Close one connection of the tenant holding the most for a tenant holding `held`,
+        when that evens the shares out; Full otherwise."""
+        most = max(self._by_tenant.values(), key=len, default=None)
+        if most is None or len(most) <= held + 1:
+            raise Full("listener_full", "too many connections")
+        victim = next((t for t in most if t.idle), None) or next(iter(most))
+        self._untenant(victim)
+        self._admitted -= 1
+        self.rebalanced += 1
+        if victim.task is not None:
+            victim.task.cancel()
 
     def leave(self, ticket: Ticket) -> None:
         """The connection ended (whatever it was)."""
         if ticket.tenant is not None:
-            self._untenant(ticket.tenant)
+            self._untenant(ticket)
             self._admitted -= 1
-            ticket.tenant = None
         elif ticket in self._pending:
             self._unpend(ticket)
 
@@ -131,7 +161,10 @@ class Admission:
         if not self._by_source[ticket.source]:
             del self._by_source[ticket.source]
 
-    def _untenant(self, tenant: str) -> None:
-        self._by_tenant[tenant] -= 1
-        if not self._by_tenant[tenant]:
-            del self._by_tenant[tenant]
+    def _untenant(self, ticket: Ticket) -> None:
+        assert ticket.tenant is not None
+        held = self._by_tenant[ticket.tenant]
+        del held[ticket]
+        if not held:
+            del self._by_tenant[ticket.tenant]
+        ticket.tenant = None

@@ -202,17 +202,23 @@ class PreviewListener:
                 await writer.wait_closed()
             self._tasks.discard(task)
 
-    async def _next_head(self, client: ClientStream, deadline: float | None) -> http1.Head | None:
+    async def _next_head(
+        self, client: ClientStream, ticket: Ticket, deadline: float | None
+    ) -> http1.Head | None:
         """The next request head, or None when the connection should just end. The head of a
         new connection must be whole by `deadline`; on a kept-alive one, the next request may
-        wait `idle_timeout` for its first byte, then has `head_timeout` to be whole."""
+        wait `idle_timeout` for its first byte (the connection is idle until then: the first
+        its tenant gives up for another's), then has `head_timeout` to be whole."""
         if deadline is None:
+            ticket.idle = True
             try:
                 async with asyncio.timeout(self._settings.idle_timeout_s):
                     if not await client.readable():
                         return None
             except TimeoutError:
                 return None
+            finally:
+                ticket.idle = False
             deadline = asyncio.get_running_loop().time() + self._settings.head_timeout_s
         try:
             async with asyncio.timeout_at(deadline):
@@ -231,7 +237,7 @@ class PreviewListener:
     ) -> bool:
         """Serve one request; whether to read another on the connection."""
         try:
-            head = await self._next_head(client, deadline)
+            head = await self._next_head(client, ticket, deadline)
         except http1.BadMessage as exc:
             await self._refuse(client, Refused(400, "bad_request", str(exc)))
             return False
@@ -254,11 +260,16 @@ class PreviewListener:
             if isinstance(verdict, access.Refusal):
                 raise Refused(verdict.status, verdict.why, verdict.message)
             assert pub is not None
+            rebalanced = self._admission.rebalanced
             try:
                 self._admission.admit(ticket, pub.tenant)
             except Full as full:
                 self._metrics.refused.labels(full.why).inc()
-                raise Refused(429, full.why, full.message) from None
+                code = 429 if full.why == "tenant_full" else 503
+                raise Refused(code, full.why, full.message) from None
+            finally:
+                if self._admission.rebalanced > rebalanced:
+                    self._metrics.refused.labels("rebalanced").inc()
             framing = http1.request_framing(head)
             upgrade.check_request(head, framing)
             head.start = f"{head.method} {target.rest} {head.version}"

@@ -5,7 +5,9 @@ preview_bytes_total{direction}        bytes relayed: in (to sandboxes), out (to 
 preview_connections                   open client connections of the preview listener
 preview_refused_connections_total{why} client connections closed before a request was served:
                                       listener_full, source_full, evicted (the oldest pending
-                                      one, for a newer), head_timeout, tenant_full
+                                      one, for a newer), rebalanced (an admitted one of the
+                                      tenant holding the most, for another tenant's),
+                                      head_timeout, tenant_full
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ SERVICE_NAMES = (
 
 
 def transport_options(
-    max_message_bytes: int, handshake_timeout_ms: int = 10_000
+    max_message_bytes: int, handshake_timeout_ms: int = 10_000, max_connections: int = 0
 ) -> list[tuple[str, int]]:
     """The gRPC port's transport limits, set here rather than left to the library's defaults
     (which change between releases), since any caller may reach them before authentication:
@@ -93,8 +93,12 @@ def transport_options(
       `handshake_timeout_ms` is closed (the library's default is 120 s);
     - a connection without any call for 5 minutes is closed (clients reconnect on their own):
       idle connections do not pile up.
+    - open connections in all (`max_connections`, 0: none): past it a new connection is closed
+      at once, so idle or half-open ones cannot take every file descriptor of the process,
+      which the sessions' agents, the engine and the store need too.
     No per-source connection cap exists in gRPC's core; SECURITY.md says what covers it."""
-    return [
+    capped = [("grpc.max_allowed_incoming_connections", max_connections)] if max_connections else []
+    return capped + [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
@@ -138,7 +142,9 @@ def grpc_server(config: Config, parts: Parts) -> tuple[grpc.aio.Server, health.a
     p = parts
     served = grpc.aio.server(
         interceptors=[Chain(_layers(config, p))],
-        options=transport_options(config.max_message_bytes),
+        options=transport_options(
+            config.max_message_bytes, max_connections=config.server.max_connections
+        ),
     )
     server = cast(grpc.aio.Server, _GenericOnly(served))
     leases = LeaseEcho(p.terms)
