@@ -32,7 +32,11 @@ class WaitClock:
         self._fired = False
 
     def begin(self) -> None:
-        """A wait begins now (the next await of the task is the wait)."""
+        """A wait begins now (the next await of the task is the wait). The task is taken
+        again at each wait: a generator's reads may each run in a task of their own (Python
+        3.11's `wait_for` makes one), and the clock must cancel the task that waits, never
+        the one that made the clock (with the loop given, no getpid)."""
+        self.task = asyncio.current_task(self.loop)
         self.since = now = self.loop.time()
         if self.handle is None:
             self.arm(self._until(now))
