@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import signal
 import time
@@ -46,10 +47,12 @@ from sandboxd.models import (
     Session,
 )
 from sandboxd.reasons import Reason
+from sandboxd.wait_clock import WaitClock
 
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 64 * 1024  # largest output event; keeps gRPC messages small and latency low
+_STREAMS = {1: OutputStream.STDOUT, 2: OutputStream.STDERR}  # by fd, without an Enum call per chunk
 SUPERVISOR_GRACE_S = 2.0  # the in-container backstop fires this long after our own timer
 KILL_TIMEOUT_S = 5.0
 HELPER_TIMEOUT_S = 10.0
@@ -106,8 +109,8 @@ class Command:
         self.stdin_closed = False
         self.kept_by_agent = False  # a detached exec: the sandbox's agent holds its output
         self._failure: SandboxError | None = None
-        # The wait for output in progress (`events`): `fail` ends it at once.
-        self._waiting: asyncio.Timeout | None = None
+        # The clock of the reads for output (`events`): `fail` ends the one in progress.
+        self._clock: WaitClock | None = None
         self._feeder: asyncio.Task[None] | None = None
 
     # ----- input ------------------------------------------------------------------------
@@ -165,10 +168,9 @@ class Command:
     def fail(self, exc: SandboxError) -> None:
         """End `events` with `exc` (a bad control message): the caller gets the error."""
         self._failure = exc
-        waiting = self._waiting
-        if waiting is not None and not waiting.expired():
+        if self._clock is not None:
             # Wake the reader waiting for output; a busy one checks the flag before its next wait.
-            waiting.reschedule(asyncio.get_running_loop().time())
+            self._clock.fire()
 
     # ----- output -----------------------------------------------------------------------
 
@@ -184,51 +186,63 @@ class Command:
         yield ExecStarted(self.process_id)
         offsets = {1: 0, 2: 0}
         timed_out = truncated = False
-        deadline = self.started + spec.timeout_s
         stream = self._stream
-        while True:
-            if self._failure is not None:
-                raise self._failure
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            wait = remaining if keepalive_s is None else min(remaining, keepalive_s)
-            # Straight from the stream, in this task: no pump task and queue between (one task
-            # switch less per chunk). Its buffer is the backpressure (the agent's window, or
-            # the engine's socket): what it holds unread stays there, and a read cut by the
-            # timer takes nothing from it. asyncio.timeout, not wait_for: no task per wait.
-            try:
-                async with asyncio.timeout(wait) as self._waiting:
+        # Straight from the stream, in this task: no pump task and queue between (one task
+        # switch less per chunk). Its buffer is the backpressure (the agent's window, or the
+        # engine's socket): what it holds unread stays there, and a read cut by the clock takes
+        # nothing from it. One clock for every read (a keepalive after each quiet
+        # `keepalive_s`, the command's deadline), not a timeout per read: no timer per chunk.
+        loop_deadline = asyncio.get_running_loop().time() + (
+            self.started + spec.timeout_s - time.monotonic()
+        )
+        clock = self._clock = WaitClock(
+            math.inf if keepalive_s is None else keepalive_s, loop_deadline
+        )
+        try:
+            while True:
+                if self._failure is not None:
+                    raise self._failure
+                if clock.past_deadline():
+                    timed_out = True
+                    break
+                clock.begin()
+                try:
                     item = await stream.read()
-            except TimeoutError:
-                if self._failure is None and keepalive_s is not None and wait < remaining:
-                    yield ExecKeepalive()
-                continue
-            finally:
-                self._waiting = None
-            if item is None:
-                break
-            fd, data = item
-            if fd not in offsets:
-                if (g := fd - GAP_FD) in offsets:  # bytes lost on the way (commands/detached.py)
-                    offsets[g] += int.from_bytes(data, "big")
-                    if cap_output and offsets[g] >= spec.max_output_bytes:
-                        offsets[g], truncated = spec.max_output_bytes, True
-                    yield ExecOutput(OutputStream(g), b"", offsets[g])
-                    if truncated:
-                        break
-                continue  # not an output stream (the engine only sends 1 and 2)
-            if cap_output:
-                room = spec.max_output_bytes - offsets[fd]
-                if len(data) > room:
-                    data, truncated = data[:room], True
-            for i in range(0, len(data), CHUNK_BYTES):
-                piece = data[i : i + CHUNK_BYTES] if len(data) > CHUNK_BYTES else data
-                yield ExecOutput(OutputStream(fd), piece, offsets[fd])
-                offsets[fd] += len(piece)
-            if truncated:
-                break
+                except asyncio.CancelledError:
+                    if not clock.expired():
+                        raise
+                    if self._failure is None and not clock.past_deadline():
+                        yield ExecKeepalive()  # quiet for keepalive_s
+                    continue
+                finally:
+                    clock.end()
+                if item is None:
+                    break
+                fd, data = item
+                if fd not in offsets:
+                    if (
+                        g := fd - GAP_FD
+                    ) in offsets:  # bytes lost on the way (commands/detached.py)
+                        offsets[g] += int.from_bytes(data, "big")
+                        if cap_output and offsets[g] >= spec.max_output_bytes:
+                            offsets[g], truncated = spec.max_output_bytes, True
+                        yield ExecOutput(_STREAMS[g], b"", offsets[g])
+                        if truncated:
+                            break
+                    continue  # not an output stream (the engine only sends 1 and 2)
+                if cap_output:
+                    room = spec.max_output_bytes - offsets[fd]
+                    if len(data) > room:
+                        data, truncated = data[:room], True
+                for i in range(0, len(data), CHUNK_BYTES):
+                    piece = data[i : i + CHUNK_BYTES] if len(data) > CHUNK_BYTES else data
+                    yield ExecOutput(_STREAMS[fd], piece, offsets[fd])
+                    offsets[fd] += len(piece)
+                if truncated:
+                    break
+        finally:
+            clock.stop()
+            self._clock = None
         signal_name = ""
         if timed_out or truncated:
             await self._kill_draining()

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 TRIM_SLACK_BYTES = 32 * 1024 * 1024  # free but resident heap memory worth giving back
 TRIM_CHECK_INTERVAL_S = 0.5  # trimmed once it stayed free over two checks in a row
+MMAP_THRESHOLD = 4 * 1024 * 1024  # blocks under this come from the heap, not a fresh mmap
+TRIM_THRESHOLD = 8 * 1024 * 1024  # free memory a heap keeps at its top before shrinking
 ARENA_MAX = 2  # malloc arenas shared by all threads (glibc's own limit: 8 per core)
 
 
@@ -34,14 +36,16 @@ def tune_malloc() -> None:
     glibc serves blocks over its mmap threshold (128 KiB, then adjusted as blocks are freed)
     with a fresh mmap each time, so every archive or output chunk page-faulted its memory
     in anew: some 12 000 faults and a quarter of the server's CPU per 48 MiB export. Blocks
-    under 1 MiB now come from the heap, which keeps up to 4 MiB free before giving memory
-    back (and `HeapTrimmer` returns what a burst left in the middle of it).
+    under 4 MiB now come from the heap (an archive's 1 MiB messages and the joins and copies
+    of them a little over 1 MiB among them), which keeps up to 8 MiB free before giving
+    memory back (and `HeapTrimmer` returns what a burst left in the middle of it).
 
     Each thread that allocates (gRPC's, the audit's SHA-256 and the archive checks on the
     default executor) otherwise gets an arena of its own, up to 8 per core, each keeping up
-    to that 4 MiB free at its top where no trim reaches: 15 arenas held 17 MiB, 1 MiB of it
-    in use, after `bench/run.py --only core,processes,archive`. All threads now share two
-    (they allocate little, and mostly under the GIL, so they seldom wait for each other).
+    to that 4 MiB free (the threshold then) at its top where no trim reaches: 15 arenas held
+    17 MiB, 1 MiB of it in use, after `bench/run.py --only core,processes,archive`. All
+    threads now share two (they allocate little, and mostly under the GIL, so they seldom
+    wait for each other).
 
     Settings given in the environment (MALLOC_*_, MALLOC_ARENA_MAX) are left alone; called
     first thing in `main`, before the threads start; elsewhere a no-op.
@@ -51,8 +55,8 @@ def tune_malloc() -> None:
         return
     m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
     if not any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
-        libc.mallopt(m_mmap_threshold, 1024 * 1024)
-        libc.mallopt(m_trim_threshold, 4 * 1024 * 1024)
+        libc.mallopt(m_mmap_threshold, MMAP_THRESHOLD)
+        libc.mallopt(m_trim_threshold, TRIM_THRESHOLD)
     if "MALLOC_ARENA_MAX" not in os.environ:
         libc.mallopt(m_arena_max, ARENA_MAX)
 

@@ -164,11 +164,25 @@ def test_a_full_workspace_and_full_rings_leave_the_agent_alive(
     assert after["State"]["Running"] and not after["State"]["OOMKilled"], after["State"]
 
 
-# Measured with runsc 0.0~20221219: busybox `tail -c 700000000 /dev/zero` grows the sandbox's
-# use by 0.4 MiB per ms, then by 552 MiB in one step of 10 ms (the Sentry commits it at once,
-# the sandbox stalls 1.5 s): no look from inside, however often, comes between. The agent's
-# guard kills growth slower than its looks; a step past the margin ends a gVisor sandbox whole.
-GVISOR_STEP = "gVisor: one allocation step past the guard's margin ends the sandbox whole"
+# Measured with runsc 0.0~20221219: busybox `tail -c N /dev/zero` mallocs N bytes and fills them
+# with ONE read(2), which the Sentry does not interrupt: a SIGKILL sent at 200 MiB (docker exec
+# kill -9, a sandbox of 1500 MiB) was taken only once that read had committed all of 1 GiB. No
+# look, kill or headroom from outside that read (the host's cap, GVISOR_HEADROOM_*) can stop a
+# step larger than the headroom; only a limit on the mapping (RLIMIT_AS, which runsc enforces)
+# would refuse it beforehand, and that breaks JVMs, V8 and glibc's arenas (SECURITY.md).
+GVISOR_STEP = "gVisor: one read(2) committing past the host headroom ends the sandbox whole"
+
+
+def _killed_not_the_sandbox(stubs: Stubs, server: ServerProcess, sid: str, *argv: str) -> None:
+    """`argv` ends by SIGKILL (exit 137) and the same container runs `true` after."""
+    before = _container(sid, server)
+    got = run(stubs, sid, *argv, timeout=_seconds(120))
+    assert got.exit_code == 137, got
+    assert _run_true(stubs, sid) == 0
+    after = _container(sid, server)
+    assert after["Id"] == before["Id"]
+    assert after["State"]["StartedAt"] == before["State"]["StartedAt"]
+    assert after["State"]["Running"] and not after["State"]["OOMKilled"], after["State"]
 
 
 def test_a_command_allocating_past_the_memory_is_killed_not_the_sandbox(
@@ -181,20 +195,32 @@ def test_a_command_allocating_past_the_memory_is_killed_not_the_sandbox(
     """One command whose own memory grows without end (`tail -c` of /dev/zero keeps what it
     read) in a sandbox of 128 MiB: it ends by SIGKILL (exit 137), under runc by the memory
     cgroup's OOM killer, under gVisor by the agent's guard before the host's OOM killer would
-    take the Sentry; the same container runs `true` after. Not under gVisor yet (GVISOR_STEP):
-    the command's memory there grows in steps the guard cannot come between."""
+    take the Sentry; the same container runs `true` after. Not under gVisor (GVISOR_STEP): the
+    1 GiB comes in one read(2), past any headroom, and the kill lands only after it."""
     if tier == "gvisor":
         request.applymarker(pytest.mark.xfail(strict=True, reason=GVISOR_STEP))
     limits = common_pb2.ResourceLimits(memory_bytes=128 * MiB)
     sid = new_session(limits=limits).session_id
-    before = _container(sid, server)
-    got = run(stubs, sid, "tail", "-c", str(1024 * MiB), "/dev/zero", timeout=_seconds(120))
-    assert got.exit_code == 137, got
-    assert _run_true(stubs, sid) == 0
-    after = _container(sid, server)
-    assert after["Id"] == before["Id"]
-    assert after["State"]["StartedAt"] == before["State"]["StartedAt"]
-    assert after["State"]["Running"] and not after["State"]["OOMKilled"], after["State"]
+    _killed_not_the_sandbox(stubs, server, sid, "tail", "-c", str(1024 * MiB), "/dev/zero")
+
+
+def test_a_step_past_the_memory_within_the_headroom_is_killed_not_the_sandbox(
+    stubs: Stubs,
+    server: ServerProcess,
+    new_session: SessionFactory,
+    tier: str,
+) -> None:
+    """A command that commits 144 MiB in one read(2) in a sandbox of 128 MiB: 16 MiB past the
+    memory, in a step the guard's looks cannot come between and its SIGKILL cannot interrupt
+    (GVISOR_STEP). Under gVisor the host's cap stands a headroom above the memory (64 MiB here:
+    agent/memory.py, `gvisor_host_memory`), so the step is absorbed while the guard's kill
+    waits for the read to end; the command ends by SIGKILL (137) and the sandbox goes on. Under
+    runc the memory cgroup's OOM killer takes it within the read. Before the headroom the host's
+    cap was the memory itself: the Sentry's share and the step came to about 166 MiB, and the
+    gVisor sandbox ended whole (CONTAINER_LOST)."""
+    limits = common_pb2.ResourceLimits(memory_bytes=128 * MiB)
+    sid = new_session(limits=limits).session_id
+    _killed_not_the_sandbox(stubs, server, sid, "tail", "-c", str(144 * MiB), "/dev/zero")
 
 
 def _seconds(n: int) -> duration_pb2.Duration:

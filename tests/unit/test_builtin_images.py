@@ -4,7 +4,9 @@ before then is TEMPLATE_NOT_READY, never a registry pull (sandboxd.templates.bui
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -188,6 +190,45 @@ async def test_a_cancelled_script_takes_its_process_group_with_it(tmp_path: Path
         await asyncio.sleep(0.02)
     else:
         pytest.fail("the recipe's child outlived the cancelled build")
+
+
+def _running_sleeps(mark: str) -> list[int]:
+    """The live `sleep MARK` processes of this host."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[:2] == [b"sleep", mark.encode()] and _alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+async def test_a_cancel_at_any_moment_of_the_start_leaves_no_recipe_running(
+    tmp_path: Path,
+) -> None:
+    """Cancels landing all through a recipe's start (before the fork, inside the spawn while
+    its pipes connect, once it runs): nothing of the recipe is left. A cancel inside the spawn
+    had asyncio kill the group's leader (flock) alone, and the recipe went on."""
+    mark = str(800000 + os.getpid() % 100000)
+    recipes = _recipe(tmp_path, "r.sh", f"sleep {mark} & wait\n")
+    try:
+        for n in range(40):
+            image = f"sandboxd-runtime:test-spawn-{os.getpid()}-{n}"
+            task = asyncio.create_task(ScriptRunner(recipes=recipes)("r.sh", image))
+            await asyncio.sleep(n * 0.0005)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, 30)
+        await asyncio.sleep(1.5)  # a recipe left running has started its sleep by now
+        assert _running_sleeps(mark) == []
+    finally:
+        for pid in _running_sleeps(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_the_recipes_are_in_the_package() -> None:

@@ -59,6 +59,17 @@ async def door(max_request_bytes: int = 1 << 20) -> AsyncIterator[tuple[int, Acc
             sock.close()
 
 
+@contextlib.asynccontextmanager
+async def connection(port: int) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        yield reader, writer
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
 async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
     lines = head.decode("latin-1").split("\r\n")
@@ -103,8 +114,7 @@ def end_error(body: bytes) -> dict[str, Any]:
 async def test_a_refusal_before_the_body_reaches_a_client_still_sending_it() -> None:
     body = connect.envelope({"process": {"cmd": "id", "args": []}, "padding": "x" * 60_000})
     async with door() as (port, tokens):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
+        async with connection(port) as (reader, writer):
             writer.write(start_as_root(tokens.issue(SID, "key"), body))
             await writer.drain()
             await asyncio.sleep(0.3)  # the door has its headers, and answers from them alone
@@ -121,10 +131,6 @@ async def test_a_refusal_before_the_body_reaches_a_client_still_sending_it() -> 
             await writer.drain()
             status, _, _ = await read_response(reader)
             assert status == 200
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
 
 
 async def test_a_refusal_before_a_large_body_ends_the_connection_with_the_answer() -> None:
@@ -132,8 +138,7 @@ async def test_a_refusal_before_a_large_body_ends_the_connection_with_the_answer
     connection ends, so the client neither hangs nor reuses it."""
     body = connect.envelope({"padding": "x" * (3 << 20)})
     async with door(max_request_bytes=8 << 20) as (port, tokens):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
+        async with connection(port) as (reader, writer):
             writer.write(start_as_root(tokens.issue(SID, "key"), body))
             await writer.drain()
             sender = asyncio.create_task(_send_until_refused(writer, body))
@@ -143,10 +148,6 @@ async def test_a_refusal_before_a_large_body_ends_the_connection_with_the_answer
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
 
 
 async def _send_until_refused(writer: asyncio.StreamWriter, body: bytes) -> None:
@@ -168,8 +169,7 @@ async def test_other_refusals_before_the_body_keep_the_connection(what: str) -> 
             f"E2b-Sandbox-Id: {SID}\r\nX-Access-Token: {token}\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode()
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
+        async with connection(port) as (reader, writer):
             writer.write(head)
             await writer.drain()
             await asyncio.sleep(0.2)
@@ -181,7 +181,3 @@ async def test_other_refusals_before_the_body_keep_the_connection(what: str) -> 
             await writer.drain()
             status, _, _ = await read_response(reader)
             assert status == 200
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()

@@ -87,6 +87,20 @@ def data(stream: int, fd: int, chunk: bytes | memoryview) -> bytes:
     return b"".join((HEADER.pack(len(chunk) + 1, FrameType.DATA, stream), _FD[fd], chunk))
 
 
+def data_run(stream: int, fd: int, view: memoryview) -> bytes:
+    """All of `view` as DATA frames of at most MAX_PAYLOAD, in one buffer: each byte copied
+    once however many frames it makes (one frame each would be copied again where the
+    writer joins its batch), and one send for the lot."""
+    step = MAX_PAYLOAD - 1
+    if len(view) <= step:
+        return data(stream, fd, view)
+    parts: list[bytes | memoryview] = []
+    for at in range(0, len(view), step):
+        piece = view[at : at + step]
+        parts += (HEADER.pack(len(piece) + 1, FrameType.DATA, stream), _FD[fd], piece)
+    return b"".join(parts)
+
+
 def eof(stream: int, fd: int) -> bytes:
     return encode(FrameType.EOF, stream, bytes([fd]))
 

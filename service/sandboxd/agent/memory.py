@@ -15,6 +15,23 @@ AGENT_MIN_BUDGET = 4 * 1024 * 1024
 SENTRY_BASE_BYTES = 12 * 1024 * 1024
 SENTRY_TASK_BYTES = 512 * 1024
 
+# How far above the session's memory the host's hard cap of a gVisor sandbox stands (written
+# into its host cgroup once started: engine/host_cgroup.py), so that a command still growing
+# while the agent's guard looks, kills and the Sentry gives its memory back is absorbed there
+# rather than ending the sandbox: a quarter of the memory, at least GVISOR_HEADROOM_MIN (a
+# command grows by up to 1 MiB per ms; on a loaded host the guard's looks came 35 to 110 ms
+# late, and a kill lands only once the victim's syscall ends: one read(2) may commit its whole
+# buffer) and at most GVISOR_HEADROOM_MAX (the host's own memory is what it spends).
+GVISOR_HEADROOM_MIN = 64 * 1024 * 1024
+GVISOR_HEADROOM_MAX = 256 * 1024 * 1024
+
+
+def gvisor_host_memory(memory: int) -> int:
+    """The host's hard memory limit of a gVisor sandbox of `memory` bytes (0: none)."""
+    if memory <= 0:
+        return 0
+    return memory + min(GVISOR_HEADROOM_MAX, max(GVISOR_HEADROOM_MIN, memory // 4))
+
 
 def sentry_bytes(pids: int) -> int:
     """What the Sentry of a gVisor sandbox of `pids` tasks at most may hold of its memory."""

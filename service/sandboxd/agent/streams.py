@@ -41,6 +41,8 @@ Send = Callable[[bytes], Any]  # an awaitable sender (FrameWriter.send)
 # through docker attach (milliseconds) would otherwise throttle; an interactive or trickling
 # stream never grants that often and keeps the configured window.
 GROW_WITHIN_S = 0.05
+# The most one write hands the channel's writer at once: the size of the writer's batch.
+SEND_RUN = 256 * 1024
 
 
 def agent_restarted(what: str) -> Unavailable:
@@ -231,7 +233,8 @@ class AgentStream:
         self._send_now(frames.window(self.id, increment))
 
     async def write(self, fd: int, data: bytes) -> None:
-        """DATA on `fd`, in chunks no larger than the agent's window allows."""
+        """DATA on `fd`, as much as the agent's window allows at a time: the frames of up to
+        SEND_RUN bytes go to the writer as one item (frames.data_run)."""
         view = memoryview(data)
         while view:
             while self._send_window <= 0 and not self.ended:
@@ -239,9 +242,9 @@ class AgentStream:
                 await self._window_grew.wait()
             if self.ended:
                 raise self.error or ConnectionError("the stream has ended")
-            n = min(len(view), self._send_window, frames.MAX_PAYLOAD - 1)
+            n = min(len(view), self._send_window, SEND_RUN)
             self._send_window -= n
-            await self._send(frames.data(self.id, fd, view[:n]))
+            await self._send(frames.data_run(self.id, fd, view[:n]))
             view = view[n:]
 
     def eof_sent(self, fds: tuple[int, ...]) -> None:

@@ -28,6 +28,7 @@ from sandboxd import errors, tenancy
 from sandboxd.api.chain import Layer, rewrap
 from sandboxd.api.errors import StreamIdle, to_status
 from sandboxd.reasons import Reason
+from sandboxd.wait_clock import WaitClock
 
 
 class StreamGuard(Layer):
@@ -60,13 +61,11 @@ class StreamGuard(Layer):
 
         async def writer(request: Any, context: Any) -> None:
             stalled = False
-            clock = WriteClock(idle)
+            clock = WaitClock(idle)  # one timer per `idle`, not one per message
             try:
                 async with contextlib.aclosing(behavior(request, context)) as items:
                     async for item in items:
-                        clock.since = clock.loop.time()
-                        if clock.handle is None:
-                            clock.arm(clock.since + idle)
+                        clock.begin()
                         try:
                             await context.write(item)
                         except asyncio.CancelledError:
@@ -75,7 +74,7 @@ class StreamGuard(Layer):
                                 break
                             raise
                         finally:
-                            clock.since = None
+                            clock.end()
             finally:
                 clock.stop()
             if stalled:
@@ -94,50 +93,6 @@ class StreamGuard(Layer):
                 )
 
         return writer
-
-
-class WriteClock:
-    """The reply writes' idle timeout at two stores per message, where a timeout of its own
-    per message took a timer, a heap entry and its cancel: one timer per `idle` period,
-    which, when it fires, cancels a write that has waited `idle` (`since` is when the write
-    in progress began; None between writes), or sets itself again for the write under way.
-    Only a task waiting in a write is ever cancelled, so the cancellation always lands on
-    that write, never on the servicer's own work."""
-
-    def __init__(self, idle: float) -> None:
-        self.idle = idle
-        self.loop = asyncio.get_running_loop()
-        self.task = asyncio.current_task()
-        self.since: float | None = None
-        self.handle: asyncio.TimerHandle | None = None
-        self._fired = False
-
-    def arm(self, when: float) -> None:
-        self.handle = self.loop.call_at(when, self._due)
-
-    def _due(self) -> None:
-        self.handle = None
-        if self.since is None:
-            return  # between writes: the next write sets the timer again
-        when = self.since + self.idle
-        if self.loop.time() < when:
-            self.arm(when)
-        elif self.task is not None:
-            self._fired = True
-            self.task.cancel()
-
-    def stop(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
-
-    def expired(self) -> bool:
-        """After a cancelled write: True (and the cancellation taken back) when this clock
-        cancelled it and nothing else asked for the task's cancellation too."""
-        if not self._fired or self.task is None:
-            return False
-        self._fired = False
-        return self.task.uncancel() == 0
 
 
 async def idle_limited(requests: AsyncIterator[Any], idle: float) -> AsyncIterator[Any]:

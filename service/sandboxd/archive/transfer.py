@@ -68,12 +68,14 @@ from sandboxd.reasons import Reason
 log = logging.getLogger(__name__)
 
 # Measured (export of a 48 MiB workspace to a separate client process, median of 5, twice):
-# 64 KiB chunks 113-123 MB/s, 256 KiB 149-151, 1 MiB 154-159; under heavy load all within
-# noise, 4 MiB worse. Per-message gRPC cost dominates small chunks; 256 KiB gets nearly all
-# of the gain at a quarter of 1 MiB's memory per message in flight. Measured again with the
-# agent (server CPU per 48 MiB export, 8 in a row): 128 and 256 KiB 114-145 ms, 1 MiB
-# 220-251 ms (and a lower ratio in the bench), so bigger is not better here.
-CHUNK_BYTES = 256 * 1024
+# 64 KiB chunks 113-123 MB/s, 256 KiB 149-151, 1 MiB 154-159. 1 MiB once doubled the server's
+# CPU per export (220-251 ms against 114-145): a 1 MiB message and its copies were just over
+# malloc's mmap threshold then (sandboxd.heap), so each was a fresh mmap, faulted in and
+# zeroed page by page. Under the raised threshold a 1 MiB message is a quarter of the
+# per-message work (the interceptors' generators, gRPC's send and its completion, the
+# digest's batch) for the same bytes: the server's CPU per 48 MiB export fell by a fifth
+# (docs/performance.md).
+CHUNK_BYTES = 1024 * 1024
 STAGE_PREFIX = ".sbx-import-"
 EMPTY_TAR = bytes(1024)  # two zero blocks: an archive of no member
 LIST_BYTES = 16 * 1024 * 1024  # the listing of the workspace's top level, at most

@@ -1,12 +1,13 @@
 """Every reach into aiodocker's and aiohttp's private attributes, behind a version check.
 
-The Docker adapter needs three things those libraries do not offer publicly: starting an exec
+The Docker adapter needs four things those libraries do not offer publicly: starting an exec
 stream before its first read (`Stream._init`), peeking at the frames already queued
-(`Stream._queue` and its `_buffer`) and half-closing stdin (`Stream._resp`'s transport, and
-under TLS the TCP transport beneath asyncio's SSL transport); plus the raw inspect document of
-a listed container (`DockerContainer._container`). They live here
-and nowhere else, and `check_versions` refuses at start-up any library version they were not
-checked against, with a message that says what to pin.
+(`Stream._queue` and its `_buffer`), splitting the agent's attached stdio with a parser of its
+own (the connection protocol's `_payload_parser`: docker_demux.py says why) and half-closing
+stdin (`Stream._resp`'s transport, and under TLS the TCP transport beneath asyncio's SSL
+transport); plus the raw inspect document of a listed container (`DockerContainer._container`).
+They live here and nowhere else, and `check_versions` refuses at start-up any library version
+they were not checked against, with a message that says what to pin.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import aiohttp
 from aiodocker.containers import DockerContainer
 from aiodocker.stream import Stream
 
+from sandboxd.engine.docker_demux import Demux
 from sandboxd.errors import ConfigError
 
 # (distribution, supported major.minor prefixes); the pins in pyproject.toml sit inside these.
@@ -49,6 +51,27 @@ def check_versions() -> None:
 async def start_stream(stream: Stream) -> None:
     """Open the exec's hijacked connection now, so a failure surfaces at exec time."""
     await stream._init()
+
+
+def demux_in_one_copy(stream: Stream, send_buffer: int = 0) -> bool:
+    """Have a started stream's messages split by `Demux` (one copy of each byte) instead of
+    aiodocker's parser, taking over what that parser holds of a message begun; with
+    `send_buffer`, ask the kernel for that much room for what the stream writes (fewer
+    partial sends, each of which asyncio's transport keeps and moves down in its buffer).
+    False, with nothing changed, when the layout is not the one known."""
+    resp = stream._resp
+    connection = resp.connection if resp is not None else None
+    protocol = connection.protocol if connection is not None else None
+    old = getattr(protocol, "_payload_parser", None)
+    pending = getattr(old, "_buf", None)
+    if old is None or getattr(old, "tty", True) or not isinstance(pending, bytearray):
+        return False
+    protocol._payload_parser = Demux(old.queue, bytes(pending))  # type: ignore[union-attr]
+    sock = protocol.transport.get_extra_info("socket") if protocol.transport else None  # type: ignore[union-attr]
+    if send_buffer and sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    return True
 
 
 def _frame_fd(entry: Any) -> int:

@@ -36,7 +36,7 @@ from sandboxd.engine.docker_exec import DockerExecStream, exec_status, resize, s
 from sandboxd.engine.docker_profile import conforms, container_config, shape_of
 from sandboxd.engine.docker_volumes import with_volume_sources
 from sandboxd.engine.helper_volume import HelperVolume
-from sandboxd.engine.host_cgroup import write_cpu
+from sandboxd.engine.host_cgroup import raise_memory, write_cpu
 from sandboxd.engine.protocol import (
     AgentAttach,
     ExecRequest,
@@ -50,11 +50,11 @@ from sandboxd.engine.protocol import (
     SandboxStatus,
 )
 from sandboxd.engine.runsc_leftovers import AFTER_CHECKPOINT, end_leftovers
-from sandboxd.engine.work_containers import is_work, new_run_id
+from sandboxd.engine.work_containers import new_run_id
 from sandboxd.engine_address import EngineAddress, engine_address
 from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.isolation import Isolation
-from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION, WORK_CHECKPOINT_CARRIER
+from sandboxd.labels import LABEL_OWNER, WORK_CHECKPOINT_CARRIER
 from sandboxd.storage.docker_disks import DockerDisks
 
 # Every request has a deadline (streams of exec output excepted: those last as long as the
@@ -222,14 +222,21 @@ class DockerEngine:
             if self._local:
                 await asyncio.shield(asyncio.to_thread(end_leftovers, sandbox_id))
             raise
+        if host := await self._gvisor_host(sandbox_id):  # before any command runs
+            await asyncio.to_thread(raise_memory, sandbox_id, *host)
+
+    async def _gvisor_host(self, sandbox_id: str) -> tuple[int, dict[str, Any]] | None:
+        """A gVisor sandbox's host pid and HostConfig beside a local engine, whose host cgroup
+        the server writes (host_cgroup.py: runsc has no `update`); None for any other."""
+        info = await self._inspect(sandbox_id) if self._local else None
+        if not info or info["HostConfig"].get("Runtime") != self._runtimes[Isolation.GVISOR]:
+            return None
+        return int((info.get("State") or {}).get("Pid") or 0), info["HostConfig"]
 
     async def set_cpu_shares(self, sandbox_id: str, shares: int, cpu_millis: int = 0) -> None:
-        """`docker update --cpu-shares [--cpus]`; runsc having no update, a gVisor sandbox's
-        host cgroup is written instead, beside a local engine (host_cgroup.py)."""
-        info = await self._inspect(sandbox_id) if self._local else None
-        if info and info["HostConfig"].get("Runtime") == self._runtimes[Isolation.GVISOR]:
-            pid = int((info.get("State") or {}).get("Pid") or 0)
-            return await asyncio.to_thread(write_cpu, sandbox_id, pid, shares, cpu_millis)
+        """`docker update --cpu-shares [--cpus]`; a gVisor sandbox's host cgroup instead."""
+        if host := await self._gvisor_host(sandbox_id):
+            return await asyncio.to_thread(write_cpu, sandbox_id, host[0], shares, cpu_millis)
         data = {"CpuShares": shares, **({"NanoCpus": cpu_millis * 10**6} if cpu_millis else {})}
         with self._translate(f"updating the CPU weight of container {sandbox_id[:12]}"):
             await self.docker._query_json(f"containers/{sandbox_id}/update", "POST", data=data)
@@ -295,25 +302,7 @@ class DockerEngine:
         filters = {"label": [f"{LABEL_OWNER}={owner_id}"]}
         with self._translate("listing containers"):
             found = await self.docker.containers.list(all=True, filters=filters)
-        result = []
-        for c in found:
-            doc = compat.container_document(c)
-            labels = doc.get("Labels") or {}
-            if is_work(labels):
-                # A work container (a disk tool run, a checkpoint carrier) is not a sandbox:
-                # reconcile would take it for an orphan and remove it mid-run; its call
-                # removes it, and remove_work_leftovers those of a dead server.
-                continue
-            result.append(
-                SandboxInfo(
-                    sandbox_id=str(doc["Id"]),
-                    name=str((doc.get("Names") or [""])[0]).lstrip("/"),
-                    session_id=str(labels.get(LABEL_SESSION, "")),
-                    pool_generation=str(labels.get(LABEL_POOL, "")),
-                    running=doc.get("State") == "running",
-                )
-            )
-        return result
+        return work_containers.sandboxes(compat.container_document(c) for c in found)
 
     # ----- the engine's own exec (engine.protocol.EngineExec: docker_exec) ---------------
 
@@ -374,6 +363,8 @@ class DockerEngine:
             if self._local:
                 await asyncio.shield(asyncio.to_thread(end_leftovers, sandbox_id))
             raise
+        if host := await self._gvisor_host(sandbox_id):
+            await asyncio.to_thread(raise_memory, sandbox_id, *host)
         await checkpoints.forget(sandbox_id, name)
 
     # ----- images (IMAGE snapshots) ------------------------------------------------------

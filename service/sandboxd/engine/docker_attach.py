@@ -53,6 +53,11 @@ class AttachHost(Protocol):
 log = logging.getLogger(__name__)
 
 STDERR_LOGGED = 64 * 1024  # of the agent's diagnostics per attachment
+# Room in the kernel for what the server writes to the agent (an import's frames): a batch of
+# the channel's writer (256 KiB) goes in one send instead of partial ones (capped by the
+# host's net.core.wmem_max).
+ATTACH_SEND_BUFFER = 1024 * 1024
+READ_BATCH = 256 * 1024  # of the agent's output already arrived, taken in one read
 
 
 class AttachTransport:
@@ -64,16 +69,22 @@ class AttachTransport:
         self._stderr = 0
 
     async def read(self) -> bytes | None:
+        """The agent's next output, joined with what more of it has already arrived (up to
+        READ_BATCH): the engine cuts a stream into messages of 32 KiB or less, and each read
+        is a turn of the channel's reader and a feed of its decoder."""
         while True:
             try:
                 msg = await self._stream.read_out()
+                if msg is not None and msg.stream != 2:
+                    parts = [bytes(msg.data)]
+                    await compat.read_buffered(self._stream, msg.stream, parts, READ_BATCH)
             except (aiohttp.ClientError, OSError, aiodocker.DockerError) as exc:
                 log.info("agent pipe of %s ended: %s", self._name, exc)
                 return None
             if msg is None:
                 return None
             if msg.stream != 2:
-                return bytes(msg.data)
+                return parts[0] if len(parts) == 1 else b"".join(parts)
             if self._stderr < STDERR_LOGGED:
                 text = msg.data[: STDERR_LOGGED - self._stderr]
                 self._stderr += len(text)
@@ -183,6 +194,7 @@ class DockerAgentPort:
                 attaching = self._engine.channel_docker.containers.container(sandbox_id)
                 stream = attaching.attach(stdin=True, stdout=True, stderr=True, logs=False)
                 await compat.start_stream(stream)
+                compat.demux_in_one_copy(stream, ATTACH_SEND_BUFFER)
             transport = AttachTransport(stream, sandbox_id[:12])
         kind = "attach" if isinstance(transport, AttachTransport) else "socket"
         self.last_kind[sandbox_id] = kind

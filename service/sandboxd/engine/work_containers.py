@@ -15,14 +15,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import aiodocker
 
 from sandboxd.engine import compat
+from sandboxd.engine.protocol import SandboxInfo
 from sandboxd.errors import SandboxError
-from sandboxd.labels import LABEL_OWNER, LABEL_WORK, LABEL_WORK_RUN
+from sandboxd.labels import LABEL_OWNER, LABEL_POOL, LABEL_SESSION, LABEL_WORK, LABEL_WORK_RUN
 from sandboxd.storage.disk_tool import LABEL_DISK_TOOL
 
 log = logging.getLogger(__name__)
@@ -84,3 +85,25 @@ async def remove_left(
             continue
         removed.append(name)
     return removed
+
+
+def sandboxes(docs: Iterable[Mapping[str, Any]]) -> list[SandboxInfo]:
+    """The sandboxes among an owner's containers (their list documents): not its work ones."""
+    result = []
+    for doc in docs:
+        marks = doc.get("Labels") or {}
+        if is_work(marks):
+            # A work container (a disk tool run, a checkpoint carrier) is not a sandbox:
+            # reconcile would take it for an orphan and remove it mid-run; its call
+            # removes it, and remove_work_leftovers those of a dead server.
+            continue
+        result.append(
+            SandboxInfo(
+                sandbox_id=str(doc["Id"]),
+                name=str((doc.get("Names") or [""])[0]).lstrip("/"),
+                session_id=str(marks.get(LABEL_SESSION, "")),
+                pool_generation=str(marks.get(LABEL_POOL, "")),
+                running=doc.get("State") == "running",
+            )
+        )
+    return result

@@ -85,17 +85,27 @@ class ScriptRunner:
         digest = hashlib.sha256(image.encode()).hexdigest()[:16]
         lock = Path(tempfile.gettempdir()) / f"sandboxd-recipe-{digest}.lock"
         locked = ["flock", str(lock)] if shutil.which("flock") else []
-        proc = await asyncio.create_subprocess_exec(
-            *locked,
-            "bash",
-            str(self._recipes / recipe),
-            image,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env=self._env,
-            start_new_session=True,  # a cancel ends debootstrap and docker import with it
+        spawn = asyncio.ensure_future(
+            asyncio.create_subprocess_exec(
+                *locked,
+                "bash",
+                str(self._recipes / recipe),
+                image,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=self._env,
+                start_new_session=True,  # a cancel ends debootstrap and docker import with it
+            )
         )
+        try:
+            # Shielded: a cancel inside the spawn (the process forked, its pipes not yet
+            # connected) had asyncio kill the group's leader alone, and the recipe ran on.
+            proc = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            with contextlib.suppress(OSError):
+                await _stop(await spawn)
+            raise
         last: deque[str] = deque(maxlen=LAST_LINES)
         try:
             assert proc.stdout is not None
