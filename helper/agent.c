@@ -4,7 +4,8 @@
  * agent.h says which file holds the rest.
  *
  * One single-threaded poll loop over non-blocking descriptors: the channel
- * (frames in on stdin, out on stdout), the commands' pipes or pseudo
+ * (frames in on stdin, out on stdout, or a Unix socket: agent_sock.c),
+ * its listener, the commands' pipes or pseudo
  * terminals, TCP sockets of dial and egress streams, the egress listener and
  * a self-pipe woken by SIGCHLD.  Every buffer is bounded: input by the frame
  * limit, output by a high-water mark past which nothing more is read (from
@@ -40,6 +41,8 @@ struct agent g_agent = {
 	.next_even = 2,
 	.budget = DEFAULT_RING_BUDGET,
 	.listen = -1,
+	.chan_listen = -1,
+	.chan = -1,
 	.sigpipe = {-1, -1},
 	.devnull = -1,
 };
@@ -121,7 +124,7 @@ static void timers(uint64_t now)
 		g_agent.last_sweep = now;
 		g_agent.next_sweep = now + SWEEP_MS;
 	}
-	if (g_agent.epoch && g_agent.stdin_open) {
+	if (g_agent.epoch && chan_readable()) {
 		uint64_t quiet = now > g_agent.last_rx ? now - g_agent.last_rx : 0;
 		if (quiet >= 2 * g_agent.keepalive) {
 			end_epoch("KEEPALIVE", "nothing received for two keepalive periods");
@@ -135,7 +138,7 @@ static void timers(uint64_t now)
 	}
 }
 
-enum ptag { P_IN, P_OUT, P_SIG, P_LISTEN, P_REPORT, P_CMDOUT, P_SINK, P_SOCK };
+enum ptag { P_IN, P_OUT, P_SIG, P_LISTEN, P_REPORT, P_CMDOUT, P_SINK, P_SOCK, P_CHAN };
 
 struct pref {
 	enum ptag tag;
@@ -165,10 +168,12 @@ void build_poll(void)
 	g_agent.hold_wake_us = 0;
 	g_agent.pn = 0;
 	pset(g_agent.sigpipe[0], POLLIN, P_SIG, NULL, 0);
-	if (g_agent.stdin_open && out_room())
-		pset(0, POLLIN, P_IN, NULL, 0);
-	if (out_pending() && !g_agent.out_broken)
-		pset(1, POLLOUT, P_OUT, NULL, 0);
+	if (chan_readable() && out_room())
+		pset(chan_in_fd(), POLLIN, P_IN, NULL, 0);
+	if (out_pending() && !chan_out_dead())
+		pset(chan_out_fd(), POLLOUT, P_OUT, NULL, 0);
+	if (g_agent.chan_listen >= 0)
+		pset(g_agent.chan_listen, POLLIN, P_CHAN, NULL, 0);
 	if (g_agent.listen >= 0)
 		pset(g_agent.listen, POLLIN, P_LISTEN, NULL, 0);
 	for (struct cmd *c = g_agent.cmds; c; c = c->next) {
@@ -240,6 +245,9 @@ static void dispatch(size_t i)
 	case P_LISTEN:
 		egress_accept();
 		break;
+	case P_CHAN:
+		chan_accept();
+		break;
 	case P_REPORT:
 		if (cmd_alive(r.ptr) && ((struct cmd *)r.ptr)->rep_fd == g_agent.pfd[i].fd)
 			cmd_report(r.ptr);
@@ -277,7 +285,7 @@ static int poll_timeout(uint64_t now)
 	}
 	next = sup_next_timer(next);
 	next = guard_next(next);
-	if (g_agent.epoch && g_agent.stdin_open) {
+	if (g_agent.epoch && chan_readable()) {
 		uint64_t k = g_agent.last_rx + (g_agent.ping_sent_at ? 2 * g_agent.keepalive : g_agent.keepalive);
 		if (k < next)
 			next = k;
@@ -289,6 +297,11 @@ int cmd_agent(int argc, char **argv)
 {
 	unsigned long uid, gid;
 	char extra;
+	const char *socket_path = NULL;
+	if (argc >= 2 && !strcmp(argv[argc - 2], "--channel-socket") && argv[argc - 1][0] == '/') {
+		socket_path = argv[argc - 1];
+		argc -= 2;
+	}
 	if (argc == 2 && !strcmp(argv[0], "--user") &&
 	    sscanf(argv[1], "%lu:%lu%c", &uid, &gid, &extra) == 2 && uid > 0 && gid > 0 &&
 	    uid < 0xFFFFFFFFul && gid < 0xFFFFFFFFul) {
@@ -296,7 +309,7 @@ int cmd_agent(int argc, char **argv)
 		g_agent.cmd_uid = (uid_t)uid;
 		g_agent.cmd_gid = (gid_t)gid;
 	} else if (argc > 0) {
-		static const char msg[] = "usage: sbx [--root DIR] agent [--user UID:GID]\n";
+		static const char msg[] = "usage: sbx [--root DIR] agent [--user UID:GID] [--channel-socket PATH]\n";
 		(void)!write(2, msg, sizeof msg - 1);
 		return 2;
 	}
@@ -339,6 +352,8 @@ int cmd_agent(int argc, char **argv)
 	g_agent.out = xmalloc(OUT_CAP);
 	set_nonblock(0);
 	set_nonblock(1);
+	if (socket_path)
+		chan_listen(socket_path);
 	/* Diagnostics are dropped rather than ever blocking the loop. */
 	set_nonblock(2);
 	g_agent.last_rx = now_ms();
@@ -349,7 +364,7 @@ int cmd_agent(int argc, char **argv)
 		out_write();
 		uint64_t now = now_ms();
 		timers(now);
-		if (!g_agent.stdin_open && g_agent.self != 1) {
+		if (!chan_readable() && g_agent.self != 1) {
 			/* Tests: the channel is gone, nobody can ask for anything
 			 * any more.  As PID 1 the agent stays (docker keeps stdin
 			 * open; should it close, detached processes go on). */

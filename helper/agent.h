@@ -2,6 +2,7 @@
  * agent.h - what the files of `sbx agent` share: its state (struct agent),
  * the channel's constants and records, and each file's functions.  agent.c
  * runs the loop; agent_in.c and agent_out.c are the channel's two directions;
+ * agent_sock.c the channel over a Unix socket;
  * agent_stream.c, agent_attach.c and agent_net.c the streams; agent_cmd.c,
  * agent_exec.c and agent_reap.c the commands; agent_json.c the requests' JSON.
  */
@@ -263,6 +264,12 @@ struct agent {
 	/* The egress listener (HELLO's egress port). */
 	int listen;
 	uint16_t listen_port;
+	/* --channel-socket (agent_sock.c): its listener, the accepted server
+	 * connection that is the channel while it lasts (-1: stdin/stdout), and
+	 * the rest of a frame stdout was in the middle of when it left. */
+	int chan_listen, chan;
+	char *stdout_rest;
+	size_t stdout_rest_len;
 	char listen_error[160];
 	/* The process. */
 	int sigpipe[2];		/* SIGCHLD's self-pipe */
@@ -320,6 +327,15 @@ void out_write(void);
 void end_epoch(const char *error, const char *msg);
 void process_input(void);
 void read_channel(void);
+
+/* ---- agent_sock.c: the channel over a Unix socket ---- */
+int chan_in_fd(void);
+int chan_out_fd(void);
+bool chan_readable(void);
+bool chan_out_dead(void);
+void chan_ended(const char *why);
+void chan_listen(const char *path);
+void chan_accept(void);
 
 /* ---- agent_stream.c: streams, their windows and inbound bytes ---- */
 struct stream *stream_find(uint32_t id);

@@ -343,7 +343,7 @@ void read_channel(void)
 	size_t had = g_agent.in_len;
 	bool partial = !g_agent.hunting && g_agent.in_len > g_agent.in_off;
 	uint64_t paused = now_ms() - g_agent.last_rx;
-	ssize_t n = read(0, g_agent.in + g_agent.in_len, IN_CAP - g_agent.in_len);
+	ssize_t n = read(chan_in_fd(), g_agent.in + g_agent.in_len, IN_CAP - g_agent.in_len);
 	if (n >= (ssize_t)SYNC_LEN && partial && paused >= 100 &&
 	    !memcmp(g_agent.in + had, SYNC_MARK, SYNC_LEN)) {
 		logf_("agent: a half-written frame dropped before a SYNC");
@@ -351,6 +351,10 @@ void read_channel(void)
 	}
 	if (n < 0 && (errno == EINTR || errno == EAGAIN))
 		return;
+	if (n <= 0 && g_agent.chan >= 0) {
+		chan_ended(n < 0 ? strerror(errno) : "closed by the server");
+		return;
+	}
 	if (n <= 0) {
 		/* No channel any more (docker keeps stdin open; a test closes it). */
 		g_agent.stdin_open = false;

@@ -27,7 +27,7 @@ bool out_room(void)
 void out_frame2(uint8_t type, uint32_t stream, const void *p1, size_t n1, const void *p2,
 		       size_t n2)
 {
-	if ((!g_agent.epoch && type != F_GOAWAY) || g_agent.out_broken)
+	if ((!g_agent.epoch && type != F_GOAWAY) || chan_out_dead())
 		return;
 	size_t n = n1 + n2;
 	if (n > MAX_PAYLOAD) {
@@ -103,13 +103,17 @@ void out_discard(void)
 
 void out_write(void)
 {
-	while (out_pending() > 0 && !g_agent.out_broken) {
-		ssize_t w = write(1, g_agent.out + g_agent.out_head, out_pending());
+	while (out_pending() > 0 && !chan_out_dead()) {
+		ssize_t w = write(chan_out_fd(), g_agent.out + g_agent.out_head, out_pending());
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
 			if (errno == EAGAIN)
 				return;
+			if (g_agent.chan >= 0) {
+				chan_ended(strerror(errno));
+				return;
+			}
 			/* The engine discards writes nobody reads; an error means
 			 * no channel at all.  Keep serving what runs. */
 			logf_("agent: channel output: %s", strerror(errno));

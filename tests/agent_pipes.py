@@ -187,13 +187,19 @@ class PipeTransport:
 
 @contextlib.asynccontextmanager
 async def agent_process(
-    helper: Helper, root: Path, env: Mapping[str, str] = BASE_ENV
+    helper: Helper,
+    root: Path,
+    env: Mapping[str, str] = BASE_ENV,
+    args: tuple[str, ...] = (),
+    prefix: tuple[str, ...] = (),
 ) -> AsyncIterator[asyncio.subprocess.Process]:
-    """`sbx --root root agent` with exactly `env` (plus ASAN_ENV for the sanitizer build);
+    """`sbx --root root agent *args` with exactly `env` (plus ASAN_ENV for the sanitizer
+    build), run through `prefix` when given (`unshare --pid --fork`: the agent as PID 1);
     killed and reaped on exit, then its stderr checked."""
     with tempfile.TemporaryFile() as log:
         proc = await asyncio.create_subprocess_exec(
-            *helper.argv(root),
+            *prefix,
+            *helper.argv(root, args),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=log,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from containers import SOCKET_CHANNEL
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from sandboxd.v1 import (
@@ -160,6 +161,7 @@ REPO = Path(__file__).resolve().parents[1]
 HELPER = REPO / "build" / "sbx"
 IMAGE = os.environ.get("SANDBOXD_TEST_IMAGE", "sandboxd-runtime:busybox")
 _LISTEN_RE = re.compile(r"listening on (\S+):(\d+)")
+_CHANNEL_RE = re.compile(r"agent channel of ([0-9a-f]{12}): (socket|attach)")
 
 
 @dataclass
@@ -390,6 +392,15 @@ def _servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ser
         delete_volumes(srv)
         srv.stop()
         remove_owned_containers(srv.owner_id)
+    # A run with the socket channel (`agent_socket`, on unless SANDBOXD_AGENT_SOCKET=false) must
+    # have had it: every runc channel over the socket, none fallen back to the attach unnoticed.
+    if SOCKET_CHANNEL:
+        runc = started.get("runc")
+        kinds = _CHANNEL_RE.findall("".join(runc.log_lines)) if runc is not None else []
+        attached = [cid for cid, kind in kinds if kind == "attach"]
+        assert not attached, f"runc channels over the attach: {attached}"
+        if kinds:
+            print(f"\nagent channels over the socket: {len(kinds)}")
 
 
 @pytest.fixture(scope="module")

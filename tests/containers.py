@@ -10,6 +10,7 @@ cgroup paths take.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from typing import Any
 
@@ -43,3 +44,25 @@ def inspect_container(container: str) -> dict[str, Any]:
     """The engine's whole description of a container (`docker inspect`)."""
     doc: dict[str, Any] = json.loads(docker("inspect", container))[0]
     return doc
+
+
+# `agent_socket` is on unless the tests' environment turns it off (SANDBOXD_AGENT_SOCKET=false).
+SOCKET_CHANNEL = os.environ.get("SANDBOXD_AGENT_SOCKET", "true").lower() in (
+    "1",
+    "true",
+    "yes",
+    "on",
+)
+SOCKET_DIR = "/run/sbx-agent"
+
+
+def agent_cmd(user: str, tier: str = "runc") -> list[str]:
+    """The agent's command line in a session's container: with the socket channel
+    (`agent_socket`, on unless SANDBOXD_AGENT_SOCKET=false in the tests' environment) a runc
+    agent also listens on its socket; gVisor's channel is the attach."""
+    tail = (
+        ["--channel-socket", f"{SOCKET_DIR}/agent.sock"]
+        if SOCKET_CHANNEL and tier == "runc"
+        else []
+    )
+    return ["/.sandboxd/sbx", "agent", "--user", user, *tail]

@@ -12,11 +12,17 @@ the test that made it. Two looks, so short-lived containers are not missed:
 Which containers: those labelled with the owner id of a server this run started
 (`conftest.start_server` records them with `watch_owner`), never another run's (the soak, other
 suites on the same engine). `bind_mounts` is also what test_remote_engine.py asks of its own engine.
+
+One bind is the local engine's by design: a runc sandbox's agent socket directory
+(`agent_socket = true`, engine/agent_socket.py), data_dir/agent-sockets/<24 hex> at
+/run/sbx-agent; the watch lets exactly that one through. `bind_mounts` lets none through: a
+remote engine never gets it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -27,6 +33,7 @@ import pytest
 from sandboxd.labels import LABEL_OWNER
 
 OWNERS: set[str] = set()  # owner ids of the servers this run started
+_AGENT_SOCKET_BIND = re.compile(r"/agent-sockets/[0-9a-f]{24} -> /run/sbx-agent$")
 _ENGINE_LAYERS = ("integration", "clients")
 
 
@@ -115,7 +122,10 @@ class MountWatch:
         inspected = _mounts(new, ("docker",))
         with self._lock:
             self._seen.update(inspected)
-            self.found.update({cid: binds for cid, binds in inspected.items() if binds})
+            for cid, binds in inspected.items():
+                binds = [b for b in binds if not _AGENT_SOCKET_BIND.search(b)]
+                if binds:
+                    self.found[cid] = binds
 
     def take(self) -> dict[str, list[str]]:
         with self._lock:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import aiohttp
+
 from sandboxd.config_sections import EngineSection
 from sandboxd.errors import ConfigError
 from sandboxd.settings import is_loopback_host
@@ -33,6 +35,12 @@ class EngineAddress:
     socket_path: str = ""
     tls: ssl.SSLContext | None = None
     local: bool = True
+
+    def connector(self, limit: int) -> aiohttp.BaseConnector:
+        """A connector to the engine holding at most `limit` connections (0: any)."""
+        if self.socket_path:
+            return aiohttp.UnixConnector(self.socket_path, limit=limit)
+        return aiohttp.TCPConnector(ssl=self.tls or True, limit=limit)
 
 
 def _host_port(docker_host: str) -> tuple[str, int]:

@@ -22,7 +22,7 @@ from conftest import (
     start_server,
     wait_until,
 )
-from containers import session_container
+from containers import agent_cmd, session_container
 from sandboxd.v1 import common_pb2, session_pb2
 
 TIERS = ("runc", "gvisor")  # the same agent under both (sbx agent --user, docs/agent.md)
@@ -47,7 +47,7 @@ def _exec_ids(cid: str) -> list[str]:
 
 
 def test_the_agent_is_pid_1_and_runs_commands_without_docker_exec(
-    stubs: Stubs, server: object, new_session: SessionFactory
+    stubs: Stubs, server: object, new_session: SessionFactory, tier: str
 ) -> None:
     s = new_session()
     owner = server.owner_id  # type: ignore[attr-defined]
@@ -56,7 +56,8 @@ def test_the_agent_is_pid_1_and_runs_commands_without_docker_exec(
     config, host = doc["Config"], doc["HostConfig"]
     # Commands as the session's uid:gid, not a keeper's; the agent itself as root with three
     # capabilities (tests/integration/test_agent_identity.py).
-    assert config["Cmd"] == ["/.sandboxd/sbx", "agent", "--user", s.user]  # type: ignore[index]
+    want = agent_cmd(s.user, tier)  # with the socket channel's flag when it has it
+    assert config["Cmd"] == want  # type: ignore[index]
     assert config["User"] == "0:0"  # type: ignore[index]
     assert config["OpenStdin"] is True and config["StdinOnce"] is False  # type: ignore[index]
     assert host["Init"] is False  # type: ignore[index]
@@ -72,7 +73,7 @@ def test_the_agent_is_pid_1_and_runs_commands_without_docker_exec(
     )
     assert r.exit_code == 0, r.stderr
     parent, *cmdline = r.stdout.decode().split()
-    assert cmdline == ["/.sandboxd/sbx", "agent", "--user", s.user]
+    assert cmdline == want
     assert parent == "1"
     # No `docker exec` was made for any of it (the engine lists every exec of a container).
     assert _exec_ids(cid) == []

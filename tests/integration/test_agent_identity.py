@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 from conftest import ServerProcess, SessionFactory, Stubs, run, wait_until
-from containers import inspect_container, session_container
+from containers import agent_cmd, inspect_container, session_container
 
 TIERS = ("runc", "gvisor")
 RUNTIMES = {"runc": "runc", "gvisor": "runsc"}
 USER = "1234:4321"  # asked for; the session runs as the host uid the server allocated it
 
 
-def _agent(user: str) -> list[str]:
-    return ["/.sandboxd/sbx", "agent", "--user", user]
+def _agent(user: str, tier: str) -> list[str]:
+    return agent_cmd(user, tier)
 
 
 def _container(sid: str, server: ServerProcess) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def test_the_agent_runs_the_commands_as_the_session_with_nothing_of_its_own(
     assert session.user == f"{uid}:{uid}" and session.user != USER
     doc = _container(sid, server)
     config, host = doc["Config"], doc["HostConfig"]
-    assert config["Cmd"] == _agent(session.user) and config["User"] == "0:0"
+    assert config["Cmd"] == _agent(session.user, tier) and config["User"] == "0:0"
     assert host["Runtime"] == RUNTIMES[tier] and host["Init"] is False
     assert host["CapDrop"] == ["ALL"]
     assert sorted(c.removeprefix("CAP_") for c in host["CapAdd"]) == ["KILL", "SETGID", "SETUID"]
@@ -67,7 +67,7 @@ def test_the_agent_runs_the_commands_as_the_session_with_nothing_of_its_own(
         "echo $(ppid $$) $(tr '\\0' ' ' < /proc/1/cmdline)",
     )
     parent, *cmdline = chain.stdout.decode().split()
-    assert parent == "1" and cmdline == _agent(session.user), chain
+    assert parent == "1" and cmdline == _agent(session.user, tier), chain
     assert not _container(sid, server).get("ExecIDs")
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from conftest import ServerProcess, Stubs, run
-from containers import inspect_container, session_container
+from containers import SOCKET_CHANNEL, SOCKET_DIR, agent_cmd, inspect_container, session_container
 from sandboxd.v1 import admin_pb2, common_pb2, session_pb2
 
 MiB = 1024 * 1024
@@ -56,7 +56,10 @@ def test_host_config(inspected: dict[str, Any], default_session: session_pb2.Ses
     )
     assert "noexec" in hc["Tmpfs"]["/tmp"]
     assert hc["IpcMode"] == "private"
-    assert all(b.endswith(":ro") for b in hc["Binds"])
+    # Read-only, but for the agent socket's own directory (agent_socket: its runc channel).
+    socket_binds = [b for b in hc["Binds"] if b.endswith(f":{SOCKET_DIR}:rw")]
+    assert len(socket_binds) == (1 if SOCKET_CHANNEL else 0), hc["Binds"]
+    assert all(b.endswith(":ro") for b in hc["Binds"] if b not in socket_binds)
 
 
 def test_config_and_labels(
@@ -64,7 +67,7 @@ def test_config_and_labels(
 ) -> None:
     cfg = inspected["Config"]
     assert cfg["User"] == "0:0"  # the agent, which runs every command as the session's user
-    assert cfg["Cmd"] == ["/.sandboxd/sbx", "agent", "--user", default_session.user]
+    assert cfg["Cmd"] == agent_cmd(default_session.user)
     assert cfg["OpenStdin"] is True
     labels = cfg["Labels"]
     assert labels["io.sandboxd.owner"] == server.owner_id

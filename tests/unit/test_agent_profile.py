@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 from sandboxd.config import Config
-from sandboxd.engine.docker_profile import commands_user, conforms, container_config
+from sandboxd.engine.agent_socket import AGENT_SOCKET, AGENT_SOCKET_DIR
+from sandboxd.engine.docker_profile import (
+    commands_user,
+    conforms,
+    container_config,
+    with_agent_socket,
+)
 from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.isolation import Isolation
 from sandboxd.pool import default_spec
@@ -179,3 +185,53 @@ def test_a_lower_cpu_limit_conforms_a_higher_or_none_does_not(tmp_path: Path) ->
         info = inspected(config)
         info["HostConfig"]["NanoCpus"] = cpus
         assert conforms(config, info) is ok, cpus
+
+
+SOCKET_BIND = f"/var/lib/sandboxd/agent-sockets/0123abcd:{AGENT_SOCKET_DIR}:rw"
+
+
+def _with_socket(config: dict[str, Any], bind: str = SOCKET_BIND) -> dict[str, Any]:
+    return inspected(with_agent_socket(config, bind))
+
+
+def test_the_socket_channels_bind_and_flag_together_conform(tmp_path: Path) -> None:
+    """A runc sandbox made with the socket channel (engine/agent_socket.py) is still the one
+    requested: its command line and bind are added at create only."""
+    config = config_for(tmp_path, Isolation.RUNC)
+    info = _with_socket(config)
+    assert info["Config"]["Cmd"][-2:] == ["--channel-socket", AGENT_SOCKET]
+    assert conforms(config, info)
+    assert commands_user(info["Config"]) == "1234:4321"
+
+
+@pytest.mark.parametrize("tier", list(Isolation))
+def test_any_other_bind_does_not_conform(tmp_path: Path, tier: Isolation) -> None:
+    """No bind beside the wanted ones but the socket channel's, and that one only with its
+    flag: the flag alone, the bind alone, another source or target, a second bind, each is
+    someone's container, not ours."""
+    config = config_for(tmp_path, tier)
+    socketed = _with_socket(config)
+    binds = socketed["HostConfig"]["Binds"]
+    variants: list[tuple[str, dict[str, Any]]] = []
+    for extra in ("/:/host:rw", "/var/run/docker.sock:/var/run/docker.sock:rw", SOCKET_BIND):
+        info = inspected(config)
+        info["HostConfig"]["Binds"] = [*info["HostConfig"]["Binds"], extra]
+        variants.append((f"extra {extra}", info))  # without the flag
+        info = copy.deepcopy(socketed)
+        info["HostConfig"]["Binds"] = [*binds, extra]
+        variants.append((f"{extra} beside the socket", info))
+    info = copy.deepcopy(socketed)
+    info["HostConfig"]["Binds"] = binds[:-1]
+    variants.append(("the flag without its bind", info))
+    for source in ("/etc", "/var/lib/sandboxd/other/0123abcd", "/var/lib/sandboxd/agent-sockets"):
+        info = copy.deepcopy(socketed)
+        info["HostConfig"]["Binds"] = [*binds[:-1], f"{source}:{AGENT_SOCKET_DIR}:rw"]
+        variants.append((f"the socket from {source}", info))
+    info = copy.deepcopy(socketed)
+    info["HostConfig"]["Binds"] = [*binds[:-1], SOCKET_BIND.replace(AGENT_SOCKET_DIR, "/etc")]
+    variants.append(("the socket's directory elsewhere", info))
+    info = inspected(config)
+    info["HostConfig"]["Binds"] = ["v:/bin:ro"]  # the helper volume elsewhere
+    variants.append(("the helper volume elsewhere", info))
+    for what, info in variants:
+        assert not conforms(config, info), what

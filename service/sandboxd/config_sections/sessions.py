@@ -176,6 +176,14 @@ class AgentSection:
         "background processes kept by the agent through a server crash and restart",
         flat="agent_detached_processes",
     )
+    socket: bool = setting(
+        True,
+        BOOL,
+        "with the engine on this host's unix socket, a runc sandbox's agent channel is a Unix "
+        "socket between server and agent (off, or gVisor, a TCP engine, a server not root: the "
+        "engine's attach)",
+        flat="agent_socket",
+    )
 
 
 @dataclass(frozen=True)

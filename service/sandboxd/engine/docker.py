@@ -79,6 +79,7 @@ class DockerEngine:
         agent: bool = False,
         owner_id: str = "",
         disk_tool_image: str = "sandboxd-disktool:1",
+        agent_sockets: Path | None = None,
     ) -> None:
         # The engine runtime of each tier: HostConfig.Runtime of every sandbox says which.
         self._runtimes = {Isolation.RUNC: "runc", Isolation.GVISOR: gvisor_runtime}
@@ -107,14 +108,16 @@ class DockerEngine:
         )
         self._checkpointed: set[str] = set()  # sandboxes whose removal leaves runsc's shim
         # With an agent, sandboxes run `sbx agent` as their main process, attached to by the
-        # server's router (sandboxd.agent.router); commands then go over its channel.
-        self._agent_port = DockerAgentPort(self) if agent else None
+        # server's router (sandboxd.agent.router); commands then go over its channel: for runc,
+        # a Unix socket when the engine's is one on this host (agent_socket.py; not TCP).
+        sockets = agent_sockets if self._address.socket_path else None  # None: attach only
+        self._agent_port = DockerAgentPort(self, sockets) if agent else None
 
     async def __aenter__(self) -> DockerEngine:
         compat.check_versions()
         # One long-lived client; every open exec stream holds one connection: size the pool.
         address = self._address
-        self._connector = self._new_connector(self._pool_size)
+        self._connector = address.connector(self._pool_size)
         # With our own connector aiodocker only composes URLs from this: a dummy host for a unix
         # socket (from unix:// it builds "unix:/path/version", refused by aiohttp), or https://.
         self._docker = aiodocker.Docker(
@@ -123,18 +126,11 @@ class DockerEngine:
         # The agents' channels on a client of their own, its pool unbounded (one connection per
         # live sandbox, for its life): in the API's pool, docker_pool_size live sessions would
         # leave none for any engine call (a create, the delete that would free one) forever.
-        self._channel_connector = self._new_connector(0)
+        self._channel_connector = address.connector(0)
         self._channel_docker = aiodocker.Docker(
             url=address.url, connector=self._channel_connector, timeout=_ENGINE_TIMEOUT
         )
         return self
-
-    def _new_connector(self, limit: int) -> aiohttp.BaseConnector:
-        """A connector to the engine's address holding at most `limit` connections (0: any)."""
-        address = self._address
-        if address.socket_path:
-            return aiohttp.UnixConnector(address.socket_path, limit=limit)
-        return aiohttp.TCPConnector(ssl=address.tls or True, limit=limit)
 
     async def __aexit__(self, *exc_info: object) -> None:
         if self._channel_docker is not None:
@@ -209,10 +205,12 @@ class DockerEngine:
         request = await with_volume_sources(self.disks, request)
         # A disk workspace: attached now (again after a host restart), on the loop it is on.
         volume = await self.disks.attach(request.spec.disk_id) if request.spec.on_disk else ""
+        config, port = self._config(request, volume), self._agent_port
+        config = await port.with_socket(request, config) if port is not None else config
         with self._translate(f"creating container {request.name}"):
-            container = await self.docker.containers.create(
-                self._config(request, volume), name=request.name
-            )
+            container = await self.docker.containers.create(config, name=request.name)
+        if port is not None:
+            port.created(str(container.id), request.name)
         return str(container.id)
 
     async def start_sandbox(self, sandbox_id: str) -> None:
@@ -265,6 +263,8 @@ class DockerEngine:
             pass
         except FailedPrecondition:
             await self._wait_removed(sandbox_id)
+        if self._agent_port is not None:  # its socket directory, if it has one
+            self._agent_port.forget(sandbox_id)
         if sandbox_id in self._checkpointed:
             self._checkpointed.discard(sandbox_id)
             if self._local:  # a remote engine's host keeps them (docs/suspend.md)
@@ -382,9 +382,9 @@ class DockerEngine:
         stand_ins = await docker_commit.leftovers(
             self.docker, self._translate, owner_id, self._committing
         )
-        return stand_ins + await work_containers.leftovers(
-            self.docker, self._translate, owner_id, self._run_id
-        )
+        work = await work_containers.leftovers(self.docker, self._translate, owner_id, self._run_id)
+        port = self._agent_port  # and the socket directories of containers gone
+        return stand_ins + work + (await port.sweep_sockets() if port is not None else [])
 
     async def remove_image(self, image: str) -> None:
         """One already gone is not an error; one in use is ENGINE_CONFLICT, to retry later."""

@@ -8,20 +8,25 @@ Nothing of the server's file system is involved, so the same pipe works with a r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import aiodocker
 import aiohttp
 from aiodocker.stream import Stream
 
 from sandboxd.agent.memory import budget_of_container, guard_of_container
+from sandboxd.agent.transport import Transport
 from sandboxd.engine import compat
-from sandboxd.engine.docker_profile import commands_user
-from sandboxd.engine.protocol import Attached, ExecRequest, ExecStream, Paused
+from sandboxd.engine.agent_socket import AgentSockets, SocketTransport, connect
+from sandboxd.engine.docker_profile import commands_user, with_agent_socket
+from sandboxd.engine.protocol import Attached, ExecRequest, ExecStream, Paused, SandboxRequest
 from sandboxd.errors import FailedPrecondition
+from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_SESSION
 from sandboxd.reasons import Reason
 
@@ -103,8 +108,71 @@ class AttachTransport:
 class DockerAgentPort:
     """The engine's `AgentAttach` on Docker (what sandboxd.agent.router needs of it)."""
 
-    def __init__(self, engine: AttachHost) -> None:
+    def __init__(self, engine: AttachHost, data_dir: Path | None = None) -> None:
         self._engine = engine
+        # None: every channel over the engine's attach.
+        self.sockets = AgentSockets(data_dir) if data_dir is not None else None
+        self._last: dict[str, SocketTransport] = {}  # the latest socket channel of each
+        self._refused: set[str] = set()  # sandboxes whose agent ended a socket unanswered
+        self.last_kind: dict[str, str] = {}  # "socket" or "attach", per sandbox (tests)
+
+    async def _socket(self, sandbox_id: str, host: dict[str, object]) -> SocketTransport | None:
+        """The socket channel when the container has one and it connects; else None (the
+        attach then), saying why."""
+        source = self.sockets.source_of(host) if self.sockets is not None else None
+        if self.sockets is None or source is None:
+            return None
+        self.sockets.known(sandbox_id, source)
+        last = self._last.pop(sandbox_id, None)
+        if last is not None and last.received == 0:
+            self._refused.add(sandbox_id)  # the agent closed it before any answer
+        if sandbox_id in self._refused:
+            return None
+        try:
+            transport = await connect(source, sandbox_id[:12])
+        except OSError as exc:
+            log.info("agent channel of %s over the attach: socket: %s", sandbox_id[:12], exc)
+            return None
+        self._last[sandbox_id] = transport
+        return transport
+
+    async def with_socket(self, request: SandboxRequest, config: dict[str, Any]) -> dict[str, Any]:
+        """The create request with the socket channel, for a runc sandbox whose engine is
+        this host's and keeps root as root (agent_socket.py); else as it is."""
+        sockets = self.sockets
+        if sockets is None or request.spec.isolation is not Isolation.RUNC:
+            return config
+        with self._engine.translate("engine info"):
+            if not await sockets.usable(self._engine.docker):
+                return config
+        bind = await asyncio.to_thread(sockets.prepare, request.name)
+        return with_agent_socket(config, bind)
+
+    def created(self, sandbox_id: str, name: str) -> None:
+        if self.sockets is not None:
+            self.sockets.created(sandbox_id, name)
+
+    async def sweep_sockets(self) -> list[str]:
+        """The socket directories of containers that no longer exist (a server that ended
+        before it removed them)."""
+        if self.sockets is None:
+            return []
+        with self._engine.translate("listing containers"):
+            found = await self._engine.docker.containers.list(all=True)
+        names = [
+            str(n).lstrip("/")
+            for c in found
+            for n in compat.container_document(c).get("Names") or []
+        ]
+        return await asyncio.to_thread(self.sockets.sweep, names)
+
+    def forget(self, sandbox_id: str) -> None:
+        """The container is gone: its socket directory and records go with it."""
+        self._last.pop(sandbox_id, None)
+        self._refused.discard(sandbox_id)
+        self.last_kind.pop(sandbox_id, None)
+        if self.sockets is not None:
+            self.sockets.removed(sandbox_id)
 
     async def attach(self, sandbox_id: str) -> Attached | None:
         container = self._engine.docker.containers.container(sandbox_id)
@@ -119,16 +187,22 @@ class DockerAgentPort:
             raise FailedPrecondition(
                 f"container {sandbox_id[:12]} is not running", reason=Reason.ENGINE_CONFLICT
             )
-        with self._engine.translate(f"attaching to container {sandbox_id[:12]}"):
-            # On the channels' own client: the connection is held while the sandbox lives.
-            attaching = self._engine.channel_docker.containers.container(sandbox_id)
-            stream = attaching.attach(stdin=True, stdout=True, stderr=True, logs=False)
-            await compat.start_stream(stream)
-            compat.demux_in_one_copy(stream, ATTACH_SEND_BUFFER)
+        transport: Transport | None = await self._socket(sandbox_id, info.get("HostConfig") or {})
+        if transport is None:
+            with self._engine.translate(f"attaching to container {sandbox_id[:12]}"):
+                # On the channels' own client: the connection is held while the sandbox lives.
+                attaching = self._engine.channel_docker.containers.container(sandbox_id)
+                stream = attaching.attach(stdin=True, stdout=True, stderr=True, logs=False)
+                await compat.start_stream(stream)
+                compat.demux_in_one_copy(stream, ATTACH_SEND_BUFFER)
+            transport = AttachTransport(stream, sandbox_id[:12])
+        kind = "attach" if isinstance(transport, AttachTransport) else "socket"
+        self.last_kind[sandbox_id] = kind
+        log.info("agent channel of %s: %s", sandbox_id[:12], kind)
         env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
         labels = config.get("Labels") or {}
         return Attached(
-            AttachTransport(stream, sandbox_id[:12]),
+            transport,
             user,
             env,
             session_id=str(labels.get(LABEL_SESSION, "")),

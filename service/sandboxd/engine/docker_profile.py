@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandboxd import images, trust
+from sandboxd.engine.agent_socket import AGENT_SOCKET, AGENT_SOCKET_DIR, BIND_MODE
 from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_POOL, LABEL_SESSION
@@ -236,6 +237,38 @@ def agent_command(user: str) -> list[str]:
     return [*AGENT_CMD, "--user", user]
 
 
+def with_agent_socket(config: dict[str, Any], bind: str) -> dict[str, Any]:
+    """The create request with the agent's socket channel (engine/agent_socket.py): its
+    directory bound at AGENT_SOCKET_DIR and `--channel-socket` on the agent's command line.
+    Added at create only, so the shape and a conformance's wanted config stay without it."""
+    config = {**config, "Cmd": [*config["Cmd"], "--channel-socket", AGENT_SOCKET]}
+    host = config["HostConfig"] = dict(config["HostConfig"])
+    host["Binds"] = [*host["Binds"], bind]
+    return config
+
+
+def _socket_extras(cmd: Sequence[str], binds: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The command line and binds with the agent's socket channel taken out, when it has one
+    (both together, the bind's source a directory under agent-sockets/); else as they are."""
+    cmd, binds = list(cmd), [str(b) for b in binds]
+    tail = ["--channel-socket", AGENT_SOCKET]
+    ours = [
+        b
+        for b in binds
+        if b.endswith(f":{AGENT_SOCKET_DIR}:{BIND_MODE}")
+        and posixpath.basename(posixpath.dirname(b.split(":", 1)[0])) == "agent-sockets"
+    ]
+    if cmd[-2:] == tail and len(ours) == 1:
+        return cmd[:-2], [b for b in binds if b not in ours]
+    return cmd, binds
+
+
+def _targets(binds: Sequence[str]) -> list[str]:
+    """Where each bind lands in the container, and how (`/.sandboxd:ro`), in order; the source
+    may differ (a helper volume of another build)."""
+    return [str(b).split(":", 1)[-1] for b in binds]
+
+
 def commands_user(config: Mapping[str, Any]) -> str | None:
     """Who the commands of a container's agent run as, from its `Config` (docker inspect);
     None when its main process is not the agent (`agent = false`: the keeper).
@@ -245,6 +278,8 @@ def commands_user(config: Mapping[str, Any]) -> str | None:
     that carried egress only, `keeper_user`, which no command runs as.
     """
     cmd = list(config.get("Cmd") or [])
+    if cmd[-2:] == ["--channel-socket", AGENT_SOCKET]:
+        cmd = cmd[:-2]
     if cmd[:2] != list(AGENT_CMD):
         return None
     if len(cmd) == 2:
@@ -286,7 +321,9 @@ def conforms(want: Mapping[str, Any], info: Mapping[str, Any]) -> bool:
     if not _same_workspace_disk(wanted, have):
         return False
     config = info.get("Config") or {}
-    if list(config.get("Cmd") or []) != list(want["Cmd"]):
+    # The socket channel's bind and flag come together or not at all; no other bind is new.
+    cmd, binds = _socket_extras(config.get("Cmd") or [], have.get("Binds") or [])
+    if cmd != list(want["Cmd"]) or _targets(binds) != _targets(wanted.get("Binds") or []):
         return False
     if str(config.get("User") or "") != want["User"]:
         return False

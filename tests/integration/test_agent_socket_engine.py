@@ -1,0 +1,179 @@
+"""The agent channel over its Unix socket (`agent_socket = true`, engine/agent_socket.py) on
+the real engine: runc sandboxes' channels go over it, and what a sandbox can do with it
+(SECURITY.md, The agent's socket): commands cannot enter its directory, each sandbox has only
+its own directory mounted, none can reach another's socket, the server refuses a directory
+that is not its own alone and falls back to the attach."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ServerProcess, Stubs, make_stubs, remove_owned_containers, run, start_server
+from sandboxd.v1 import common_pb2, process_pb2, session_pb2
+
+SOCKET_DIR = "/run/sbx-agent"
+_CHANNEL = re.compile(r"agent channel of ([0-9a-f]{12}): (socket|attach)")
+
+
+@pytest.fixture(scope="module")
+def socket_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    owner = "test" + secrets.token_hex(4)
+    srv = start_server(
+        tmp_path_factory.mktemp("data"), owner, env={"SANDBOXD_AGENT_SOCKET": "true"}
+    )
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        remove_owned_containers(owner)
+
+
+@pytest.fixture(scope="module")
+def sstubs(socket_server: ServerProcess) -> Iterator[Stubs]:
+    stubs = make_stubs(socket_server.address)
+    yield stubs
+    stubs.channel.close()
+
+
+@pytest.fixture
+def sessions(sstubs: Stubs) -> Iterator[list[session_pb2.Session]]:
+    made: list[session_pb2.Session] = []
+    yield made
+    for s in made:
+        sstubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=s.session_id))
+
+
+def _session(stubs: Stubs, made: list[session_pb2.Session]) -> session_pb2.Session:
+    resp = stubs.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
+    )
+    made.append(resp.session)
+    return resp.session
+
+
+def _container(owner: str, session_id: str) -> dict[str, object]:
+    ids = subprocess.run(
+        ["docker", "ps", "-q", "--no-trunc", "--filter", f"label=io.sandboxd.owner={owner}",
+         "--filter", f"label=io.sandboxd.session={session_id}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert len(ids) == 1, ids
+    out = subprocess.run(["docker", "inspect", ids[0]], capture_output=True, text=True, check=True)
+    info: dict[str, object] = json.loads(out.stdout)[0]
+    return info
+
+
+def _kinds(srv: ServerProcess) -> dict[str, str]:
+    """Container id (12) -> the kind of its latest agent channel, from the server's log."""
+    return {m.group(1): m.group(2) for m in _CHANNEL.finditer("".join(srv.log_lines))}
+
+
+def test_runc_channels_go_over_the_socket(
+    socket_server: ServerProcess, sstubs: Stubs, sessions: list[session_pb2.Session]
+) -> None:
+    s = _session(sstubs, sessions)
+    r = run(sstubs, s.session_id, "sh", "-c", "cat; echo err >&2; exit 5", stdin=b"x" * 300_000)
+    assert (r.exit_code, len(r.stdout), r.stderr) == (5, 300_000, b"err\n")
+    info = _container(socket_server.owner_id, s.session_id)
+    cid = str(info["Id"])
+    assert _kinds(socket_server).get(cid[:12]) == "socket", socket_server.log()
+    config, host = info["Config"], info["HostConfig"]
+    assert isinstance(config, dict) and isinstance(host, dict)
+    assert config["Cmd"][-2:] == ["--channel-socket", f"{SOCKET_DIR}/agent.sock"]
+    name = str(info["Name"]).lstrip("/")
+    own = socket_server.data_dir / "agent-sockets" / hashlib.sha256(name.encode()).hexdigest()[:24]
+    assert f"{own}:{SOCKET_DIR}:rw" in host["Binds"]
+    st = os.stat(own)
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o700)
+    assert (own / "agent.sock").is_socket()
+
+
+def test_commands_cannot_enter_the_socket_directory_nor_see_another_sandboxes(
+    socket_server: ServerProcess, sstubs: Stubs, sessions: list[session_pb2.Session]
+) -> None:
+    """A command (the session's uid, no capability) finds the directory closed to it; its
+    mounts show its own directory only; the first sandbox's socket, by its host path or by
+    any other, is not there to connect to from the second."""
+    first, second = _session(sstubs, sessions), _session(sstubs, sessions)
+    one = _container(socket_server.owner_id, first.session_id)
+    one_dir = next(
+        str(b).split(":")[0]
+        for b in one["HostConfig"]["Binds"]
+        if SOCKET_DIR in str(b)  # type: ignore[index]
+    )
+    probe = (
+        f"ls {SOCKET_DIR} >/dev/null 2>&1 && echo listed; "
+        f"test -e {SOCKET_DIR}/agent.sock && echo socket-visible; "
+        f"test -e {one_dir} && echo first-visible; "
+        "grep -c agent-sockets /proc/self/mountinfo; "
+        f"awk '$5 == \"{SOCKET_DIR}\" {{print $4}}' /proc/self/mountinfo"
+    )
+    r = run(sstubs, second.session_id, "sh", "-c", probe)
+    lines = r.stdout.decode().split()
+    assert "listed" not in lines and "socket-visible" not in lines and "first-visible" not in lines
+    two = _container(socket_server.owner_id, second.session_id)
+    two_dir = next(
+        str(b).split(":")[0]
+        for b in two["HostConfig"]["Binds"]
+        if SOCKET_DIR in str(b)  # type: ignore[index]
+    )
+    assert two_dir != one_dir
+    mounted = lines[-1]  # the root of the mount at SOCKET_DIR, in its file system
+    assert mounted.endswith("/" + Path(two_dir).name), lines
+    assert lines[-2] in ("0", "1"), lines  # one mount of agent-sockets at most: its own
+    assert run(sstubs, first.session_id, "echo", "still").stdout == b"still\n"
+
+
+def test_a_restarted_server_takes_the_socket_again_and_refuses_a_directory_opened_to_others(
+    tmp_path: Path,
+) -> None:
+    """A server SIGKILLed and started again takes each sandbox's channel over its socket and
+    adopts its background process; once the directory is opened to others (not the server's
+    alone: someone could have put a listener there) the next server's channel is the attach,
+    and the process is still adopted."""
+    owner = "test" + secrets.token_hex(4)
+    env = {"SANDBOXD_AGENT_SOCKET": "true"}
+    srv = start_server(tmp_path, owner, env=env)
+    stubs = make_stubs(srv.address)
+    try:
+        sid = _session(stubs, [])
+        stubs.processes.StartProcess(
+            process_pb2.StartProcessRequest(
+                session_id=sid.session_id, process_id="bg", argv=["sleep", "120"]
+            ),
+            timeout=60,
+        )
+        info = _container(owner, sid.session_id)
+        cid = str(info["Id"])[:12]
+        assert _kinds(srv).get(cid) == "socket", srv.log()
+        directory = next(
+            str(b).split(":")[0]
+            for b in info["HostConfig"]["Binds"]
+            if SOCKET_DIR in str(b)  # type: ignore[index]
+        )
+        for mode, kind in ((0o700, "socket"), (0o755, "attach")):
+            os.chmod(directory, mode)
+            srv.stop(signal.SIGKILL)
+            stubs.channel.close()
+            srv = start_server(tmp_path, owner, env=env)
+            stubs = make_stubs(srv.address)
+            got = stubs.processes.GetProcess(
+                process_pb2.GetProcessRequest(session_id=sid.session_id, process_id="bg"),
+                timeout=60,
+            ).process
+            assert got.state == process_pb2.PROCESS_STATE_RUNNING, got
+            assert run(stubs, sid.session_id, "echo", kind).stdout == f"{kind}\n".encode()
+            assert _kinds(srv).get(cid) == kind, srv.log()
+    finally:
+        stubs.channel.close()
+        srv.stop()
+        remove_owned_containers(owner)
