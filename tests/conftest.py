@@ -17,7 +17,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from containers import SOCKET_CHANNEL
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from sandboxd.v1 import (
@@ -392,9 +391,9 @@ def _servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ser
         delete_volumes(srv)
         srv.stop()
         remove_owned_containers(srv.owner_id)
-    # A run with the socket channel (`agent_socket`, on unless SANDBOXD_AGENT_SOCKET=false) must
-    # have had it: every runc channel over the socket, none fallen back to the attach unnoticed.
-    if SOCKET_CHANNEL:
+    # A run with the socket channel asked for (SANDBOXD_AGENT_SOCKET=true) must have had it:
+    # every runc channel over the socket, none fallen back to the attach unnoticed.
+    if os.environ.get("SANDBOXD_AGENT_SOCKET", "").lower() in ("1", "true", "yes", "on"):
         runc = started.get("runc")
         kinds = _CHANNEL_RE.findall("".join(runc.log_lines)) if runc is not None else []
         attached = [cid for cid, kind in kinds if kind == "attach"]

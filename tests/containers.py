@@ -46,19 +46,13 @@ def inspect_container(container: str) -> dict[str, Any]:
     return doc
 
 
-# `agent_socket` is on unless the tests' environment turns it off (SANDBOXD_AGENT_SOCKET=false).
-SOCKET_CHANNEL = os.environ.get("SANDBOXD_AGENT_SOCKET", "true").lower() in (
-    "1",
-    "true",
-    "yes",
-    "on",
-)
+SOCKET_CHANNEL = os.environ.get("SANDBOXD_AGENT_SOCKET", "").lower() in ("1", "true", "yes", "on")
 SOCKET_DIR = "/run/sbx-agent"
 
 
 def agent_cmd(user: str, tier: str = "runc") -> list[str]:
     """The agent's command line in a session's container: with the socket channel
-    (`agent_socket`, on unless SANDBOXD_AGENT_SOCKET=false in the tests' environment) a runc
+    (`agent_socket`, asked for by SANDBOXD_AGENT_SOCKET in the tests' environment) a runc
     agent also listens on its socket; gVisor's channel is the attach."""
     tail = (
         ["--channel-socket", f"{SOCKET_DIR}/agent.sock"]

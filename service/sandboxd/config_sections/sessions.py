@@ -177,7 +177,7 @@ class AgentSection:
         flat="agent_detached_processes",
     )
     socket: bool = setting(
-        True,
+        False,
         BOOL,
         "with the engine on this host's unix socket, a runc sandbox's agent channel is a Unix "
         "socket between server and agent (off, or gVisor, a TCP engine, a server not root: the "
