@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from containers import SOCKET_CHANNEL
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from sandboxd.v1 import (
@@ -324,6 +325,24 @@ def remove_owned_containers(owner_id: str) -> None:
     ).stdout.split()
     if ids:
         subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
+    # Their agent socket volumes (engine/agent_socket.py), which the server removes with them.
+    volumes = subprocess.run(
+        [
+            "docker",
+            "volume",
+            "ls",
+            "-q",
+            "--filter",
+            owned,
+            "--filter",
+            "label=io.sandboxd.agent-socket",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    if volumes:
+        subprocess.run(["docker", "volume", "rm", "-f", *volumes], capture_output=True, check=False)
     images = subprocess.run(
         ["docker", "images", "-aq", "--no-trunc", "--filter", owned],
         capture_output=True,
@@ -391,9 +410,9 @@ def _servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ser
         delete_volumes(srv)
         srv.stop()
         remove_owned_containers(srv.owner_id)
-    # A run with the socket channel asked for (SANDBOXD_AGENT_SOCKET=true) must have had it:
-    # every runc channel over the socket, none fallen back to the attach unnoticed.
-    if os.environ.get("SANDBOXD_AGENT_SOCKET", "").lower() in ("1", "true", "yes", "on"):
+    # A run with the socket channel (the default; SANDBOXD_AGENT_SOCKET=false turns it off)
+    # must have had it: every runc channel over the socket, none fallen back to the attach.
+    if SOCKET_CHANNEL:
         runc = started.get("runc")
         kinds = _CHANNEL_RE.findall("".join(runc.log_lines)) if runc is not None else []
         attached = [cid for cid, kind in kinds if kind == "attach"]

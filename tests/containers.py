@@ -46,14 +46,21 @@ def inspect_container(container: str) -> dict[str, Any]:
     return doc
 
 
-SOCKET_CHANNEL = os.environ.get("SANDBOXD_AGENT_SOCKET", "").lower() in ("1", "true", "yes", "on")
+# The servers the tests start take the agent's socket channel as the server does by default
+# (`agent_socket`, root only), unless SANDBOXD_AGENT_SOCKET=false in the tests' environment.
+SOCKET_CHANNEL = os.geteuid() == 0 and os.environ.get("SANDBOXD_AGENT_SOCKET", "").lower() not in (
+    "0",
+    "false",
+    "no",
+    "off",
+)
 SOCKET_DIR = "/run/sbx-agent"
 
 
 def agent_cmd(user: str, tier: str = "runc") -> list[str]:
     """The agent's command line in a session's container: with the socket channel
-    (`agent_socket`, asked for by SANDBOXD_AGENT_SOCKET in the tests' environment) a runc
-    agent also listens on its socket; gVisor's channel is the attach."""
+    (`agent_socket`, see SOCKET_CHANNEL) a runc agent also listens on its socket; gVisor's
+    channel is the attach."""
     tail = (
         ["--channel-socket", f"{SOCKET_DIR}/agent.sock"]
         if SOCKET_CHANNEL and tier == "runc"

@@ -13,16 +13,13 @@ Which containers: those labelled with the owner id of a server this run started
 (`conftest.start_server` records them with `watch_owner`), never another run's (the soak, other
 suites on the same engine). `bind_mounts` is also what test_remote_engine.py asks of its own engine.
 
-One bind is the local engine's by design: a runc sandbox's agent socket directory
-(`agent_socket = true`, engine/agent_socket.py), data_dir/agent-sockets/<24 hex> at
-/run/sbx-agent; the watch lets exactly that one through. `bind_mounts` lets none through: a
-remote engine never gets it.
+A runc sandbox's agent socket (`agent_socket = true`, engine/agent_socket.py) is a tmpfs
+volume, not a bind: the watch has no exception to make.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import threading
 import time
@@ -33,7 +30,6 @@ import pytest
 from sandboxd.labels import LABEL_OWNER
 
 OWNERS: set[str] = set()  # owner ids of the servers this run started
-_AGENT_SOCKET_BIND = re.compile(r"/agent-sockets/[0-9a-f]{24} -> /run/sbx-agent$")
 _ENGINE_LAYERS = ("integration", "clients")
 
 
@@ -123,7 +119,6 @@ class MountWatch:
         with self._lock:
             self._seen.update(inspected)
             for cid, binds in inspected.items():
-                binds = [b for b in binds if not _AGENT_SOCKET_BIND.search(b)]
                 if binds:
                     self.found[cid] = binds
 

@@ -22,5 +22,7 @@ LABEL_FORKED_FROM = "io.sandboxd.forked-from"
 # work it does, and the run of the server process that made it (engine/work_containers.py).
 LABEL_WORK = "io.sandboxd.work"
 LABEL_WORK_RUN = "io.sandboxd.work-run"
+# On a runc sandbox's agent socket volume (engine/agent_socket.py): the container it is for.
+LABEL_AGENT_SOCKET = "io.sandboxd.agent-socket"
 WORK_DISK_TOOL = "disk-tool"  # the values of LABEL_WORK
 WORK_CHECKPOINT_CARRIER = "checkpoint-carrier"

@@ -1,8 +1,9 @@
 """The agent channel over its Unix socket (`agent_socket = true`, engine/agent_socket.py) on
 the real engine: runc sandboxes' channels go over it, and what a sandbox can do with it
 (SECURITY.md, The agent's socket): commands cannot enter its directory, each sandbox has only
-its own directory mounted, none can reach another's socket, the server refuses a directory
-that is not its own alone and falls back to the attach."""
+its own socket volume mounted (a tmpfs: no host path shows), none can reach another's socket,
+the server refuses a directory that is not its own alone and falls back to the attach, and a
+sandbox's volume goes with it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ServerProcess, Stubs, make_stubs, remove_owned_containers, run, start_server
+from sandboxd.engine.agent_socket import VOLUME_PREFIX
 from sandboxd.v1 import common_pb2, process_pb2, session_pb2
 
 SOCKET_DIR = "/run/sbx-agent"
@@ -77,6 +79,22 @@ def _kinds(srv: ServerProcess) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in _CHANNEL.finditer("".join(srv.log_lines))}
 
 
+def _volume(info: dict[str, object]) -> dict[str, object]:
+    """The socket volume a container binds at SOCKET_DIR, as the engine inspects it."""
+    host = info["HostConfig"]
+    assert isinstance(host, dict)
+    name = next(str(b).split(":")[0] for b in host["Binds"] if f":{SOCKET_DIR}:" in str(b))
+    out = subprocess.run(["docker", "volume", "inspect", name], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    volume: dict[str, object] = json.loads(out.stdout)[0]
+    return volume
+
+
+def _volume_exists(name: str) -> bool:
+    out = subprocess.run(["docker", "volume", "inspect", name], capture_output=True, check=False)
+    return out.returncode == 0
+
+
 def test_runc_channels_go_over_the_socket(
     socket_server: ServerProcess, sstubs: Stubs, sessions: list[session_pb2.Session]
 ) -> None:
@@ -86,50 +104,70 @@ def test_runc_channels_go_over_the_socket(
     info = _container(socket_server.owner_id, s.session_id)
     cid = str(info["Id"])
     assert _kinds(socket_server).get(cid[:12]) == "socket", socket_server.log()
-    config, host = info["Config"], info["HostConfig"]
-    assert isinstance(config, dict) and isinstance(host, dict)
+    config = info["Config"]
+    assert isinstance(config, dict)
     assert config["Cmd"][-2:] == ["--channel-socket", f"{SOCKET_DIR}/agent.sock"]
     name = str(info["Name"]).lstrip("/")
-    own = socket_server.data_dir / "agent-sockets" / hashlib.sha256(name.encode()).hexdigest()[:24]
-    assert f"{own}:{SOCKET_DIR}:rw" in host["Binds"]
+    volume = _volume(info)
+    assert volume["Name"] == VOLUME_PREFIX + hashlib.sha256(name.encode()).hexdigest()[:24]
+    assert volume["Labels"] == {
+        "io.sandboxd.owner": socket_server.owner_id,
+        "io.sandboxd.agent-socket": name,
+    }
+    own = Path(str(volume["Mountpoint"]))
     st = os.stat(own)
     assert (st.st_uid, st.st_mode & 0o777) == (0, 0o700)
     assert (own / "agent.sock").is_socket()
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    assert any(f" {own} " in m and " - tmpfs " in m for m in mounts), "not a tmpfs"
+
+
+def test_a_deleted_session_takes_its_socket_volume_and_mount_with_it(
+    socket_server: ServerProcess, sstubs: Stubs
+) -> None:
+    s = _session(sstubs, [])
+    volume = _volume(_container(socket_server.owner_id, s.session_id))
+    sstubs.sessions.DeleteSession(session_pb2.DeleteSessionRequest(session_id=s.session_id))
+    assert not _volume_exists(str(volume["Name"]))
+    assert str(volume["Mountpoint"]) not in Path("/proc/self/mountinfo").read_text()
+
+
+def test_a_resumed_sandbox_takes_the_socket_again(
+    socket_server: ServerProcess, sstubs: Stubs, sessions: list[session_pb2.Session]
+) -> None:
+    """Suspended, its container stops and the engine unmounts the tmpfs; resumed, a fresh one
+    is mounted, the agent listens there again and the channel is the socket."""
+    s = _session(sstubs, sessions)
+    run(sstubs, s.session_id, "sh", "-c", "echo kept > /workspace/k")
+    sstubs.sessions.SuspendSession(session_pb2.SuspendSessionRequest(session_id=s.session_id))
+    sstubs.sessions.ResumeSession(session_pb2.ResumeSessionRequest(session_id=s.session_id))
+    assert run(sstubs, s.session_id, "cat", "/workspace/k").stdout == b"kept\n"
+    cid = str(_container(socket_server.owner_id, s.session_id)["Id"])[:12]
+    assert _kinds(socket_server).get(cid) == "socket", socket_server.log()
 
 
 def test_commands_cannot_enter_the_socket_directory_nor_see_another_sandboxes(
     socket_server: ServerProcess, sstubs: Stubs, sessions: list[session_pb2.Session]
 ) -> None:
     """A command (the session's uid, no capability) finds the directory closed to it; its
-    mounts show its own directory only; the first sandbox's socket, by its host path or by
-    any other, is not there to connect to from the second."""
+    mounts show its own tmpfs only, with no host path; the first sandbox's socket, by its
+    mountpoint on the host or by any other path, is not there to connect to from the second."""
     first, second = _session(sstubs, sessions), _session(sstubs, sessions)
-    one = _container(socket_server.owner_id, first.session_id)
-    one_dir = next(
-        str(b).split(":")[0]
-        for b in one["HostConfig"]["Binds"]
-        if SOCKET_DIR in str(b)  # type: ignore[index]
-    )
+    one = _volume(_container(socket_server.owner_id, first.session_id))
     probe = (
         f"ls {SOCKET_DIR} >/dev/null 2>&1 && echo listed; "
         f"test -e {SOCKET_DIR}/agent.sock && echo socket-visible; "
-        f"test -e {one_dir} && echo first-visible; "
-        "grep -c agent-sockets /proc/self/mountinfo; "
-        f"awk '$5 == \"{SOCKET_DIR}\" {{print $4}}' /proc/self/mountinfo"
+        f"test -e {one['Mountpoint']} && echo first-visible; "
+        f"grep -c -e sandboxd-agent- -e {socket_server.data_dir} /proc/self/mountinfo; "
+        f"awk '$5 == \"{SOCKET_DIR}\" {{print $4, $9}}' /proc/self/mountinfo"
     )
     r = run(sstubs, second.session_id, "sh", "-c", probe)
     lines = r.stdout.decode().split()
     assert "listed" not in lines and "socket-visible" not in lines and "first-visible" not in lines
-    two = _container(socket_server.owner_id, second.session_id)
-    two_dir = next(
-        str(b).split(":")[0]
-        for b in two["HostConfig"]["Binds"]
-        if SOCKET_DIR in str(b)  # type: ignore[index]
-    )
-    assert two_dir != one_dir
-    mounted = lines[-1]  # the root of the mount at SOCKET_DIR, in its file system
-    assert mounted.endswith("/" + Path(two_dir).name), lines
-    assert lines[-2] in ("0", "1"), lines  # one mount of agent-sockets at most: its own
+    two = _volume(_container(socket_server.owner_id, second.session_id))
+    assert two["Name"] != one["Name"]
+    assert lines[-2:] == ["/", "tmpfs"], lines  # the root of a tmpfs: no path of the host's
+    assert lines[-3] == "0", lines  # nothing names a socket volume or the server's data
     assert run(sstubs, first.session_id, "echo", "still").stdout == b"still\n"
 
 
@@ -155,11 +193,7 @@ def test_a_restarted_server_takes_the_socket_again_and_refuses_a_directory_opene
         info = _container(owner, sid.session_id)
         cid = str(info["Id"])[:12]
         assert _kinds(srv).get(cid) == "socket", srv.log()
-        directory = next(
-            str(b).split(":")[0]
-            for b in info["HostConfig"]["Binds"]
-            if SOCKET_DIR in str(b)  # type: ignore[index]
-        )
+        directory = str(_volume(info)["Mountpoint"])
         for mode, kind in ((0o700, "socket"), (0o755, "attach")):
             os.chmod(directory, mode)
             srv.stop(signal.SIGKILL)

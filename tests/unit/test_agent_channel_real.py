@@ -18,7 +18,7 @@ import pytest
 from agent_pipes import CHANNEL_ENV, Helper, PipeTransport, agent_process
 from sandboxd.agent.channel import Channel, State
 from sandboxd.agent.exec_stream import AgentExec, exec_request
-from sandboxd.engine.agent_socket import AGENT_SOCKET_DIR, SOCKET_NAME, AgentSockets, connect
+from sandboxd.engine.agent_socket import SOCKET_NAME, connect
 from sandboxd.errors import SandboxError
 
 ENV = CHANNEL_ENV
@@ -29,22 +29,20 @@ Open = Callable[[], Awaitable[Channel]]
 async def socket_agent(
     helper: Helper, tmp_path: Path, prefix: tuple[str, ...] = ()
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, Path]]:
-    """The agent listening on a socket in a directory made as the server makes it (0700,
-    under data_dir/agent-sockets), its stdin and stdout pipes open beside it."""
+    """The agent listening on a socket in a directory like a mounted socket volume (root's,
+    0700), its stdin and stdout pipes open beside it."""
     root = tmp_path / "ws"
     root.mkdir(exist_ok=True)
-    # A short data_dir: the agent binds the path it is given, which must fit sun_path (in a
+    # A short path: the agent binds the path it is given, which must fit sun_path (in a
     # sandbox it is AGENT_SOCKET_DIR's; the server connects through /proc/self/fd either way).
-    data_dir = Path(tempfile.mkdtemp(prefix="sbx-sock-"))
+    directory = Path(tempfile.mkdtemp(prefix="sbx-sock-"))
     try:
-        bind = AgentSockets(data_dir).prepare("sandbox-one")
-        directory = Path(bind.split(":")[0])
-        assert bind.endswith(f":{AGENT_SOCKET_DIR}:rw")
+        os.chmod(directory, 0o700)
         args = ("--channel-socket", str(directory / SOCKET_NAME))
         async with agent_process(helper, root, ENV, args, prefix) as proc:
             yield proc, directory
     finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(params=["pipe", "socket"])

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from sandboxd.config import Config
-from sandboxd.engine.agent_socket import AGENT_SOCKET, AGENT_SOCKET_DIR
+from sandboxd.engine.agent_socket import AGENT_SOCKET, AGENT_SOCKET_DIR, VOLUME_PREFIX
 from sandboxd.engine.docker_profile import (
     commands_user,
     conforms,
@@ -187,7 +187,7 @@ def test_a_lower_cpu_limit_conforms_a_higher_or_none_does_not(tmp_path: Path) ->
         assert conforms(config, info) is ok, cpus
 
 
-SOCKET_BIND = f"/var/lib/sandboxd/agent-sockets/0123abcd:{AGENT_SOCKET_DIR}:rw"
+SOCKET_BIND = f"{VOLUME_PREFIX}{'0123abcd' * 3}:{AGENT_SOCKET_DIR}:rw"
 
 
 def _with_socket(config: dict[str, Any], bind: str = SOCKET_BIND) -> dict[str, Any]:
@@ -223,7 +223,13 @@ def test_any_other_bind_does_not_conform(tmp_path: Path, tier: Isolation) -> Non
     info = copy.deepcopy(socketed)
     info["HostConfig"]["Binds"] = binds[:-1]
     variants.append(("the flag without its bind", info))
-    for source in ("/etc", "/var/lib/sandboxd/other/0123abcd", "/var/lib/sandboxd/agent-sockets"):
+    for source in (
+        "/etc",
+        "/var/lib/sandboxd/agent-sockets/0123abcd",  # a host path: a bind shows it
+        f"/var/lib/docker/volumes/{SOCKET_BIND.split(':')[0]}/_data",
+        f"{VOLUME_PREFIX}0123abcd",  # not our name's shape
+        "other",  # another volume
+    ):
         info = copy.deepcopy(socketed)
         info["HostConfig"]["Binds"] = [*binds[:-1], f"{source}:{AGENT_SOCKET_DIR}:rw"]
         variants.append((f"the socket from {source}", info))

@@ -1,12 +1,13 @@
 """The socket channel's refusals (docs/agent.md, The socket channel; SECURITY.md, The agent's
 socket): the agent serves only root from outside its PID namespace (helper/agent_sock.c), the
-server connects only into a directory of its own alone under data_dir/agent-sockets
+server connects only into a socket volume of its own, mounted, root's alone
 (engine/agent_socket.py), and the container check accepts exactly the socket's bind beside
 the wanted ones (engine/docker_profile.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import select
 import shutil
@@ -15,20 +16,25 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import aiodocker
 import pytest
 from agent_pipes import Helper
 from agent_wire import HELLO, SYNC, encode_json
 from sandboxd.engine.agent_socket import (
     AGENT_SOCKET_DIR,
     SOCKET_NAME,
+    VOLUME_PREFIX,
     AgentSockets,
     SocketTransport,
     connect,
 )
 from sandboxd.engine.docker_attach import DockerAgentPort
+from sandboxd.errors import NotFound, Unavailable
 from test_agent_channel_real import _channel, socket_agent
 
 NOBODY = 65534
@@ -97,8 +103,7 @@ def _connect_as(path: Path, euid: int) -> socket.socket:
 def _open_to(directory: Path) -> None:
     """The directory and socket made reachable to anyone, so that only the agent's own check
     of the peer stands between another uid and the channel."""
-    for d in (directory.parent.parent, directory.parent, directory):
-        os.chmod(d, 0o711)
+    os.chmod(directory, 0o711)  # under /tmp: its parents are open already
     os.chmod(directory / SOCKET_NAME, 0o666)
 
 
@@ -190,13 +195,19 @@ async def test_a_socket_channel_that_ends_leaves_the_pipes_and_a_newer_one_repla
 # ---------------------------------------------------------------- the server: where it connects
 
 
+OWNER = "owner1"
+
+
 @pytest.fixture
-def data_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sbx-sock-"))
+def mountpoint() -> Iterator[Path]:
+    """A socket volume's mountpoint as the engine's local driver leaves it mounted: a tmpfs
+    root of root's, 0700 (`connect` only looks at the directory, not its file system)."""
+    path = Path(tempfile.mkdtemp(prefix="sbx-sock-")) / "_data"
+    path.mkdir(mode=0o700)
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def _listening(directory: Path) -> socket.socket:
@@ -207,80 +218,245 @@ def _listening(directory: Path) -> socket.socket:
     return sock
 
 
-async def test_the_server_connects_only_into_a_directory_of_its_own_alone(
-    data_dir: Path,
-) -> None:
-    sockets = AgentSockets(data_dir)
-    directory = Path(sockets.prepare("n").split(":")[0])
-    assert (os.stat(directory).st_mode & 0o777, os.stat(directory).st_uid) == (0o700, 0)
-    with _listening(directory):
-        transport = await connect(directory, "n", wait_s=0)
-        await transport.close()
-        for mode in (0o750, 0o705, 0o770, 0o777, 0o701):
-            os.chmod(directory, mode)
-            with pytest.raises(PermissionError):
-                await connect(directory, "n", wait_s=0)
-        os.chmod(directory, 0o700)
-        os.chown(directory, NOBODY, NOBODY)  # another uid's: it could have put a listener
-        with pytest.raises(PermissionError):
-            await connect(directory, "n", wait_s=0)
-        os.chown(directory, 0, 0)
-        link = data_dir / "agent-sockets" / "link"
-        link.symlink_to(directory)
-        with pytest.raises(OSError):
-            await connect(link, "n", wait_s=0)
+class _Volumes:
+    """The engine's volumes, as aiodocker answers for them."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, dict[str, Any]] = {}
+        self.in_use: set[str] = set()
+        self.filters: list[object] = []
+
+    def show(self, name: str) -> dict[str, Any]:
+        if name not in self.found:
+            raise aiodocker.DockerError(404, {"message": f"no such volume: {name}"})
+        return self.found[name]
+
+    def delete(self, name: str) -> None:
+        if name in self.in_use:
+            raise aiodocker.DockerError(409, {"message": "volume is in use"})
+        if self.found.pop(name, None) is None:
+            raise aiodocker.DockerError(404, {"message": f"no such volume: {name}"})
+
+    async def create(self, config: dict[str, Any]) -> None:
+        assert config["Name"] not in self.found
+        self.found[config["Name"]] = {
+            "Name": config["Name"],
+            "Driver": config.get("Driver", "local"),
+            "Options": config.get("DriverOpts") or {},
+            "Labels": config.get("Labels") or {},
+            "Mountpoint": f"/var/lib/docker/volumes/{config['Name']}/_data",
+            "CreatedAt": "2026-01-01T00:00:00Z",
+        }
+
+    async def list(self, filters: dict[str, list[str]]) -> dict[str, Any]:
+        self.filters.append(filters)
+        wanted = [f.split("=", 1) for f in filters["label"]]
+        return {
+            "Volumes": [
+                v
+                for v in self.found.values()
+                if all(
+                    k in v["Labels"] and (len(kv) == 1 or v["Labels"][k] == kv[1])
+                    for kv in wanted
+                    for k in kv[:1]
+                )
+            ]
+        }
 
 
-def test_only_a_bind_of_a_directory_directly_under_agent_sockets_is_the_socket(
-    data_dir: Path,
-) -> None:
-    sockets = AgentSockets(data_dir)
-    ours = sockets.prepare("n")
-    assert sockets.source_of({"Binds": ["v:/.sandboxd:ro", ours]}) == Path(ours.split(":")[0])
-    root = sockets.root
-    for bind in (
-        f"/tmp:{AGENT_SOCKET_DIR}:rw",  # outside data_dir
-        f"{data_dir}:{AGENT_SOCKET_DIR}:rw",  # data_dir itself
-        f"{root}:{AGENT_SOCKET_DIR}:rw",  # every sandbox's directories
-        f"{root}/..:{AGENT_SOCKET_DIR}:rw",
-        f"{root}/x/..:{AGENT_SOCKET_DIR}:rw",
-        f"{root}/x/y:{AGENT_SOCKET_DIR}:rw",
-        f"{root}/x:/elsewhere:rw",
-        f"{root}/x:{AGENT_SOCKET_DIR}:ro",
-    ):
-        assert sockets.source_of({"Binds": [bind]}) is None, bind
-    assert sockets.source_of({}) is None and sockets.source_of({"Binds": None}) is None
+class _Docker:
+    """The engine's API as aiodocker calls it for volumes (inspect and delete by path)."""
+
+    def __init__(self) -> None:
+        self.volumes = _Volumes()
+
+    async def _query_json(self, path: str, method: str = "GET", **_: object) -> dict[str, Any]:
+        assert method == "GET" and path.startswith("volumes/"), (method, path)
+        return self.volumes.show(path.removeprefix("volumes/"))
+
+    @contextlib.asynccontextmanager
+    async def _query(self, path: str, method: str = "GET", **_: object) -> AsyncIterator[None]:
+        assert method == "DELETE" and path.startswith("volumes/"), (method, path)
+        self.volumes.delete(path.removeprefix("volumes/"))
+        yield
 
 
 class _Engine:
     """Enough of the engine for DockerAgentPort's choice of channel."""
 
-    def translate(self, what: str) -> object:
-        raise AssertionError(what)
+    def __init__(self) -> None:
+        self.docker = _Docker()
+
+    @contextlib.contextmanager
+    def translate(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except aiodocker.DockerError as exc:
+            raise (NotFound if exc.status == 404 else Unavailable)(f"{what}: {exc}") from exc
 
 
-async def test_the_port_falls_back_to_the_attach_for_a_directory_not_the_servers_alone(
-    data_dir: Path,
+async def test_the_server_connects_only_into_a_directory_of_its_own_alone(
+    mountpoint: Path,
 ) -> None:
-    port = DockerAgentPort(_Engine(), data_dir)  # type: ignore[arg-type]
+    """A mounted socket volume is root's, 0700. Before the engine mounts it (the container
+    not running) its mountpoint is the engine's 0755 directory: refused like any directory
+    open to others, where someone could have put a listener in the agent's place."""
+    with _listening(mountpoint):
+        transport = await connect(mountpoint, "n", wait_s=0)
+        await transport.close()
+        for mode in (0o755, 0o750, 0o705, 0o770, 0o777, 0o701):
+            os.chmod(mountpoint, mode)
+            with pytest.raises(PermissionError):
+                await connect(mountpoint, "n", wait_s=0)
+        os.chmod(mountpoint, 0o700)
+        os.chown(mountpoint, NOBODY, NOBODY)  # another uid's
+        with pytest.raises(PermissionError):
+            await connect(mountpoint, "n", wait_s=0)
+        os.chown(mountpoint, 0, 0)
+        link = mountpoint.parent / "link"
+        link.symlink_to(mountpoint)
+        with pytest.raises(OSError):
+            await connect(link, "n", wait_s=0)
+
+
+async def test_a_socket_volume_is_a_small_tmpfs_of_roots_labelled_with_its_owner() -> None:
+    engine = _Engine()
+    sockets = AgentSockets(OWNER)
+    bind = await sockets.prepare(engine.docker, "sandboxd-abc")
+    name = AgentSockets.volume_name("sandboxd-abc")
+    assert bind == f"{name}:{AGENT_SOCKET_DIR}:rw" and name.startswith(VOLUME_PREFIX)
+    info = engine.docker.volumes.found[name]
+    assert info["Driver"] == "local"
+    assert info["Options"]["type"] == "tmpfs" and info["Options"]["device"] == "tmpfs"
+    options = set(info["Options"]["o"].split(","))
+    assert {"mode=0700", "uid=0", "gid=0", "noexec", "nosuid", "nodev"} <= options
+    assert info["Labels"] == {
+        "io.sandboxd.owner": OWNER,
+        "io.sandboxd.agent-socket": "sandboxd-abc",
+    }
+    # A create retried after a failed one finds the volume of the first: a new one replaces it.
+    info["Labels"]["stale"] = "yes"
+    await sockets.prepare(engine.docker, "sandboxd-abc")
+    assert "stale" not in engine.docker.volumes.found[name]["Labels"]
+    await sockets.abandon(engine.docker, "sandboxd-abc")
+    assert name not in engine.docker.volumes.found
+
+
+def test_only_a_bind_of_one_of_our_socket_volumes_is_the_socket(tmp_path: Path) -> None:
+    ours = f"{AgentSockets.volume_name('n')}:{AGENT_SOCKET_DIR}:rw"
+    sockets = AgentSockets(OWNER)
+    assert sockets.source_of({"Binds": ["v:/.sandboxd:ro", ours]}) == ours.split(":")[0]
+    hexes = "0" * 24
+    for bind in (
+        f"/tmp:{AGENT_SOCKET_DIR}:rw",  # a host path
+        f"{tmp_path}:{AGENT_SOCKET_DIR}:rw",
+        f"/var/lib/docker/volumes/{VOLUME_PREFIX}{hexes}/_data:{AGENT_SOCKET_DIR}:rw",
+        f"other:{AGENT_SOCKET_DIR}:rw",  # another volume
+        f"{VOLUME_PREFIX}{hexes[:23]}:{AGENT_SOCKET_DIR}:rw",  # not our name's shape
+        f"{VOLUME_PREFIX}{hexes}0:{AGENT_SOCKET_DIR}:rw",
+        f"{VOLUME_PREFIX}{'G' * 24}:{AGENT_SOCKET_DIR}:rw",
+        f"{VOLUME_PREFIX}{hexes}:/elsewhere:rw",
+        f"{VOLUME_PREFIX}{hexes}:{AGENT_SOCKET_DIR}:ro",
+        f"{VOLUME_PREFIX}{hexes}:{AGENT_SOCKET_DIR}",
+    ):
+        assert sockets.source_of({"Binds": [bind]}) is None, bind
+    assert sockets.source_of({}) is None and sockets.source_of({"Binds": None}) is None
+
+
+async def test_the_port_falls_back_to_the_attach_for_a_volume_not_the_servers(
+    mountpoint: Path,
+) -> None:
+    """The attach, not the socket: a volume not mounted yet (0755), one of another owner, one
+    of the local driver that is not a tmpfs (a bind of a host path, whose listener could be
+    anyone's), one the engine does not have."""
+    engine = _Engine()
+    port = DockerAgentPort(engine, OWNER)  # type: ignore[arg-type]
     assert port.sockets is not None
-    bind = port.sockets.prepare("n")
-    directory = Path(bind.split(":")[0])
+    bind = await port.sockets.prepare(engine.docker, "n")
+    name = bind.split(":")[0]
+    info = engine.docker.volumes.found[name]
+    info["Mountpoint"] = str(mountpoint)
     host: dict[str, object] = {"Binds": [bind]}
-    with _listening(directory) as listener:
-        os.chmod(directory, 0o755)
-        assert await port._socket("c1", host) is None  # the attach then
-        os.chmod(directory, 0o700)
+    with _listening(mountpoint) as listener:
+        os.chmod(mountpoint, 0o755)
+        assert await port._socket("c1", host) is None
+        os.chmod(mountpoint, 0o700)
         transport = await port._socket("c2", host)
         assert isinstance(transport, SocketTransport)
         listener.accept()[0].close()
         await transport.close()
-    outside = Path(tempfile.mkdtemp(prefix="sbx-out-"))
-    try:
-        with _listening(outside):
-            assert await port._socket("c3", {"Binds": [f"{outside}:{AGENT_SOCKET_DIR}:rw"]}) is None
-    finally:
-        shutil.rmtree(outside)
+        for key, value in (
+            ("Labels", {"io.sandboxd.owner": "another", "io.sandboxd.agent-socket": "n"}),
+            ("Options", {"type": "none", "device": str(mountpoint), "o": "bind"}),
+            ("Driver", "elsewhere"),
+        ):
+            kept = info[key]
+            info[key] = value
+            assert await port._socket("c3", host) is None, key
+            info[key] = kept
+        del engine.docker.volumes.found[name]
+        assert await port._socket("c4", host) is None
+
+
+async def test_a_refusal_is_remembered_until_its_container_starts_again(
+    mountpoint: Path,
+) -> None:
+    """An agent that ends the socket before any answer (its peer check refused us) gets the
+    attach from then on, until its container starts again. A socket the server closed first
+    (a cancelled start, a HELLO that timed out on a loaded host) is no refusal: the next
+    channel tries the socket again."""
+    engine = _Engine()
+    port = DockerAgentPort(engine, OWNER)  # type: ignore[arg-type]
+    assert port.sockets is not None
+    bind = await port.sockets.prepare(engine.docker, "n")
+    engine.docker.volumes.found[bind.split(":")[0]]["Mountpoint"] = str(mountpoint)
+    host: dict[str, object] = {"Binds": [bind]}
+    with _listening(mountpoint) as listener:
+        ours = await port._socket("c", host, "start1")
+        assert ours is not None
+        listener.accept()[0].close()
+        await ours.close()  # closed by the server before an answer
+        assert await ours.read() is None and not ours.refused
+        refused = await port._socket("c", host, "start1")
+        assert refused is not None, "a close of ours is not the agent's refusal"
+        listener.accept()[0].close()  # the agent ends it, unanswered
+        assert await refused.read() is None and refused.refused
+        await refused.close()
+        assert await port._socket("c", host, "start1") is None
+        assert await port._socket("c", host, "start1") is None
+        again = await port._socket("c", host, "start2")  # the container started again
+        assert again is not None
+        await again.close()
+
+
+async def test_the_sweep_removes_only_old_socket_volumes_of_gone_containers_of_its_owner() -> None:
+    engine = _Engine()
+    mine, theirs = AgentSockets(OWNER), AgentSockets("another")
+    for name in ("live", "gone", "young", "busy"):
+        await mine.prepare(engine.docker, name)
+    await theirs.prepare(engine.docker, "gone-theirs")
+    found = engine.docker.volumes.found
+    found[AgentSockets.volume_name("young")]["CreatedAt"] = datetime.now(UTC).isoformat()
+    engine.docker.volumes.in_use.add(AgentSockets.volume_name("busy"))
+    gone = await mine.sweep(engine.docker, ["live"])
+    assert gone == [f"agent socket volume {AgentSockets.volume_name('gone')}"]
+    assert set(found) == {
+        AgentSockets.volume_name(n) for n in ("live", "young", "busy", "gone-theirs")
+    }
+    assert engine.docker.volumes.filters == [
+        {"label": [f"io.sandboxd.owner={OWNER}", "io.sandboxd.agent-socket"]}
+    ]
+
+
+async def test_a_removed_sandbox_takes_its_socket_volume_with_it() -> None:
+    engine = _Engine()
+    port = DockerAgentPort(engine, OWNER)  # type: ignore[arg-type]
+    assert port.sockets is not None
+    await port.sockets.prepare(engine.docker, "n")
+    port.created("cid", "n")
+    await port.forget("cid")
+    assert engine.docker.volumes.found == {}
+    await port.forget("cid")  # twice: nothing left to remove, no error
 
 
 def test_only_an_engine_on_a_unix_socket_of_this_host_gets_the_socket_channel(
@@ -299,7 +475,8 @@ def test_only_an_engine_on_a_unix_socket_of_this_host_gets_the_socket_channel(
             keeper_user="65533:65533",
             address=address,
             agent=True,
-            agent_sockets=tmp_path,
+            agent_socket=True,
+            owner_id=OWNER,
         )
         port = engine._agent_port
         assert isinstance(port, DockerAgentPort)

@@ -177,11 +177,11 @@ class AgentSection:
         flat="agent_detached_processes",
     )
     socket: bool = setting(
-        False,
+        True,
         BOOL,
         "with the engine on this host's unix socket, a runc sandbox's agent channel is a Unix "
-        "socket between server and agent (off, or gVisor, a TCP engine, a server not root: the "
-        "engine's attach)",
+        "socket between server and agent, in a tmpfs volume of its own (off, or gVisor, a TCP "
+        "engine, a server not root: the engine's attach)",
         flat="agent_socket",
     )
 

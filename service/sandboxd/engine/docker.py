@@ -79,7 +79,7 @@ class DockerEngine:
         agent: bool = False,
         owner_id: str = "",
         disk_tool_image: str = "sandboxd-disktool:1",
-        agent_sockets: Path | None = None,
+        agent_socket: bool = False,
     ) -> None:
         # The engine runtime of each tier: HostConfig.Runtime of every sandbox says which.
         self._runtimes = {Isolation.RUNC: "runc", Isolation.GVISOR: gvisor_runtime}
@@ -110,8 +110,8 @@ class DockerEngine:
         # With an agent, sandboxes run `sbx agent` as their main process, attached to by the
         # server's router (sandboxd.agent.router); commands then go over its channel: for runc,
         # a Unix socket when the engine's is one on this host (agent_socket.py; not TCP).
-        sockets = agent_sockets if self._address.socket_path else None  # None: attach only
-        self._agent_port = DockerAgentPort(self, sockets) if agent else None
+        socket_owner = owner_id if agent_socket and self._address.socket_path else None
+        self._agent_port = DockerAgentPort(self, socket_owner) if agent else None
 
     async def __aenter__(self) -> DockerEngine:
         compat.check_versions()
@@ -207,8 +207,13 @@ class DockerEngine:
         volume = await self.disks.attach(request.spec.disk_id) if request.spec.on_disk else ""
         config, port = self._config(request, volume), self._agent_port
         config = await port.with_socket(request, config) if port is not None else config
-        with self._translate(f"creating container {request.name}"):
-            container = await self.docker.containers.create(config, name=request.name)
+        try:
+            with self._translate(f"creating container {request.name}"):
+                container = await self.docker.containers.create(config, name=request.name)
+        except BaseException:
+            if port is not None:  # its socket volume, if it got one: no container holds it
+                await asyncio.shield(port.abandon(request.name))
+            raise
         if port is not None:
             port.created(str(container.id), request.name)
         return str(container.id)
@@ -263,8 +268,8 @@ class DockerEngine:
             pass
         except FailedPrecondition:
             await self._wait_removed(sandbox_id)
-        if self._agent_port is not None:  # its socket directory, if it has one
-            self._agent_port.forget(sandbox_id)
+        if self._agent_port is not None:  # its socket volume, if it has one
+            await self._agent_port.forget(sandbox_id)
         if sandbox_id in self._checkpointed:
             self._checkpointed.discard(sandbox_id)
             if self._local:  # a remote engine's host keeps them (docs/suspend.md)

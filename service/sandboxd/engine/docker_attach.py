@@ -8,11 +8,9 @@ Nothing of the server's file system is involved, so the same pipe works with a r
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from contextlib import AbstractAsyncContextManager
-from pathlib import Path
 from typing import Any, Protocol
 
 import aiodocker
@@ -25,7 +23,7 @@ from sandboxd.engine import compat
 from sandboxd.engine.agent_socket import AgentSockets, SocketTransport, connect
 from sandboxd.engine.docker_profile import commands_user, with_agent_socket
 from sandboxd.engine.protocol import Attached, ExecRequest, ExecStream, Paused, SandboxRequest
-from sandboxd.errors import FailedPrecondition
+from sandboxd.errors import FailedPrecondition, SandboxError
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_SESSION
 from sandboxd.reasons import Reason
@@ -108,30 +106,38 @@ class AttachTransport:
 class DockerAgentPort:
     """The engine's `AgentAttach` on Docker (what sandboxd.agent.router needs of it)."""
 
-    def __init__(self, engine: AttachHost, data_dir: Path | None = None) -> None:
+    def __init__(self, engine: AttachHost, socket_owner: str | None = None) -> None:
         self._engine = engine
-        # None: every channel over the engine's attach.
-        self.sockets = AgentSockets(data_dir) if data_dir is not None else None
+        # None: every channel over the engine's attach; else the owner id its volumes carry.
+        self.sockets = AgentSockets(socket_owner) if socket_owner is not None else None
         self._last: dict[str, SocketTransport] = {}  # the latest socket channel of each
-        self._refused: set[str] = set()  # sandboxes whose agent ended a socket unanswered
+        # Sandboxes whose agent refused the socket (ended it unanswered), by the start of
+        # their container it refused in: a restarted container's agent is asked again.
+        self._refused: dict[str, str] = {}
         self.last_kind: dict[str, str] = {}  # "socket" or "attach", per sandbox (tests)
 
-    async def _socket(self, sandbox_id: str, host: dict[str, object]) -> SocketTransport | None:
+    async def _socket(
+        self, sandbox_id: str, host: dict[str, object], started: str = ""
+    ) -> SocketTransport | None:
         """The socket channel when the container has one and it connects; else None (the
         attach then), saying why."""
-        source = self.sockets.source_of(host) if self.sockets is not None else None
-        if self.sockets is None or source is None:
+        sockets, name = self.sockets, sandbox_id[:12]
+        volume = sockets.source_of(host) if sockets is not None else None
+        if sockets is None or volume is None:
             return None
-        self.sockets.known(sandbox_id, source)
+        sockets.known(sandbox_id, volume)
         last = self._last.pop(sandbox_id, None)
-        if last is not None and last.received == 0:
-            self._refused.add(sandbox_id)  # the agent closed it before any answer
-        if sandbox_id in self._refused:
+        if last is not None and last.refused:
+            self._refused[sandbox_id] = started
+        if sandbox_id in self._refused and self._refused[sandbox_id] == started:
+            log.info("agent channel of %s over the attach: its agent refused the socket", name)
             return None
         try:
-            transport = await connect(source, sandbox_id[:12])
-        except OSError as exc:
-            log.info("agent channel of %s over the attach: socket: %s", sandbox_id[:12], exc)
+            with self._engine.translate(f"inspecting volume {volume}"):
+                directory = await sockets.directory(self._engine.docker, volume)
+            transport = await connect(directory, name)
+        except (OSError, SandboxError) as exc:
+            log.info("agent channel of %s over the attach: socket: %s", name, exc)
             return None
         self._last[sandbox_id] = transport
         return transport
@@ -145,15 +151,23 @@ class DockerAgentPort:
         with self._engine.translate("engine info"):
             if not await sockets.usable(self._engine.docker):
                 return config
-        bind = await asyncio.to_thread(sockets.prepare, request.name)
+        with self._engine.translate(f"creating the agent socket volume of {request.name}"):
+            bind = await sockets.prepare(self._engine.docker, request.name)
         return with_agent_socket(config, bind)
+
+    async def abandon(self, name: str) -> None:
+        """A create that failed: the socket volume made for it, if any, goes (quietly: the
+        create's own error is the one to report)."""
+        if self.sockets is not None:
+            with contextlib.suppress(Exception):
+                await self.sockets.abandon(self._engine.docker, name)
 
     def created(self, sandbox_id: str, name: str) -> None:
         if self.sockets is not None:
             self.sockets.created(sandbox_id, name)
 
     async def sweep_sockets(self) -> list[str]:
-        """The socket directories of containers that no longer exist (a server that ended
+        """The socket volumes of containers that no longer exist (a server that ended
         before it removed them)."""
         if self.sockets is None:
             return []
@@ -164,15 +178,17 @@ class DockerAgentPort:
             for c in found
             for n in compat.container_document(c).get("Names") or []
         ]
-        return await asyncio.to_thread(self.sockets.sweep, names)
+        with self._engine.translate("removing agent socket volumes"):
+            return await self.sockets.sweep(self._engine.docker, names)
 
-    def forget(self, sandbox_id: str) -> None:
-        """The container is gone: its socket directory and records go with it."""
+    async def forget(self, sandbox_id: str) -> None:
+        """The container is gone: its socket volume and records go with it."""
         self._last.pop(sandbox_id, None)
-        self._refused.discard(sandbox_id)
+        self._refused.pop(sandbox_id, None)
         self.last_kind.pop(sandbox_id, None)
         if self.sockets is not None:
-            self.sockets.removed(sandbox_id)
+            with self._engine.translate(f"removing the agent socket volume of {sandbox_id[:12]}"):
+                await self.sockets.removed(self._engine.docker, sandbox_id)
 
     async def attach(self, sandbox_id: str) -> Attached | None:
         container = self._engine.docker.containers.container(sandbox_id)
@@ -187,7 +203,10 @@ class DockerAgentPort:
             raise FailedPrecondition(
                 f"container {sandbox_id[:12]} is not running", reason=Reason.ENGINE_CONFLICT
             )
-        transport: Transport | None = await self._socket(sandbox_id, info.get("HostConfig") or {})
+        started = str((info.get("State") or {}).get("StartedAt", ""))
+        transport: Transport | None = await self._socket(
+            sandbox_id, info.get("HostConfig") or {}, started
+        )
         if transport is None:
             with self._engine.translate(f"attaching to container {sandbox_id[:12]}"):
                 # On the channels' own client: the connection is held while the sandbox lives.

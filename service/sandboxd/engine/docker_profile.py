@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandboxd import images, trust
-from sandboxd.engine.agent_socket import AGENT_SOCKET, AGENT_SOCKET_DIR, BIND_MODE
+from sandboxd.engine.agent_socket import AGENT_SOCKET, socket_volume_of
 from sandboxd.engine.protocol import SandboxRequest
 from sandboxd.isolation import Isolation
 from sandboxd.labels import LABEL_FINGERPRINT, LABEL_OWNER, LABEL_POOL, LABEL_SESSION
@@ -239,7 +239,7 @@ def agent_command(user: str) -> list[str]:
 
 def with_agent_socket(config: dict[str, Any], bind: str) -> dict[str, Any]:
     """The create request with the agent's socket channel (engine/agent_socket.py): its
-    directory bound at AGENT_SOCKET_DIR and `--channel-socket` on the agent's command line.
+    volume bound at AGENT_SOCKET_DIR and `--channel-socket` on the agent's command line.
     Added at create only, so the shape and a conformance's wanted config stay without it."""
     config = {**config, "Cmd": [*config["Cmd"], "--channel-socket", AGENT_SOCKET]}
     host = config["HostConfig"] = dict(config["HostConfig"])
@@ -249,15 +249,10 @@ def with_agent_socket(config: dict[str, Any], bind: str) -> dict[str, Any]:
 
 def _socket_extras(cmd: Sequence[str], binds: Sequence[str]) -> tuple[list[str], list[str]]:
     """The command line and binds with the agent's socket channel taken out, when it has one
-    (both together, the bind's source a directory under agent-sockets/); else as they are."""
+    (both together, the bind's source a socket volume by its name); else as they are."""
     cmd, binds = list(cmd), [str(b) for b in binds]
     tail = ["--channel-socket", AGENT_SOCKET]
-    ours = [
-        b
-        for b in binds
-        if b.endswith(f":{AGENT_SOCKET_DIR}:{BIND_MODE}")
-        and posixpath.basename(posixpath.dirname(b.split(":", 1)[0])) == "agent-sockets"
-    ]
+    ours = [b for b in binds if socket_volume_of(b) is not None]
     if cmd[-2:] == tail and len(ours) == 1:
         return cmd[:-2], [b for b in binds if b not in ours]
     return cmd, binds

@@ -133,9 +133,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
             disk_tool_image=config.engine.disk_tool_image,
             # The agent's socket is root's (helper/agent_sock.c): a server of another uid could
             # not connect to it.
-            agent_sockets=config.server.data_dir
-            if config.agent.socket and os.geteuid() == 0
-            else None,
+            agent_socket=config.agent.socket and os.geteuid() == 0,
         )
     )
     provider = provider_for(config.metrics.otlp_endpoint)
