@@ -5,33 +5,13 @@ of a started stream's parser (compat.demux_in_one_copy), a message begun in it i
 from __future__ import annotations
 
 import random
-import struct
 from types import SimpleNamespace
 from typing import Any
 
 from aiodocker.stream import _ExecParser
+from demux_wire import Queue, wire
 from sandboxd.engine import compat
 from sandboxd.engine.docker_demux import Demux
-
-
-class Queue:
-    def __init__(self) -> None:
-        self.messages: list[tuple[int, bytes, int]] = []
-        self.eof = False
-        self.error: BaseException | None = None
-
-    def feed_data(self, data: Any, size: int) -> None:
-        self.messages.append((data.stream, data.data, size))
-
-    def feed_eof(self) -> None:
-        self.eof = True
-
-    def set_exception(self, exc: BaseException) -> None:
-        self.error = exc
-
-
-def wire(messages: list[tuple[int, bytes]]) -> bytes:
-    return b"".join(struct.pack(">BxxxL", fd, len(data)) + data for fd, data in messages)
 
 
 def feed(parser: Any, data: bytes, cuts: list[int]) -> None:

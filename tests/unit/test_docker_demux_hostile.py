@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import struct
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -18,35 +17,9 @@ from typing import Any
 import pytest
 from aiodocker._flow_control_queue import FlowControlDataQueue
 from aiodocker.stream import Stream, _ExecParser
+from demux_wire import HEADER, Queue, header, wire
 from sandboxd.engine import docker_demux
 from sandboxd.engine.docker_demux import MAX_MESSAGE, Demux, DemuxError
-
-HEADER = struct.Struct(">BxxxL")
-
-
-class Queue:
-    def __init__(self) -> None:
-        self.messages: list[tuple[int, bytes, int]] = []
-        self.eof = False
-        self.error: BaseException | None = None
-
-    def feed_data(self, data: Any, size: int) -> None:
-        assert self.error is None and not self.eof, "a message after the end"
-        self.messages.append((data.stream, data.data, size))
-
-    def feed_eof(self) -> None:
-        self.eof = True
-
-    def set_exception(self, exc: BaseException) -> None:
-        self.error = exc
-
-
-def header(fd: int, size: int) -> bytes:
-    return HEADER.pack(fd, size)
-
-
-def wire(messages: list[tuple[int, bytes]]) -> bytes:
-    return b"".join(header(fd, len(data)) + data for fd, data in messages)
 
 
 def refusal_at(data: bytes) -> int | None:

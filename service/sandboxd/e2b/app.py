@@ -135,9 +135,8 @@ class E2bApp:
                 await self.rest.handle(request, answer)
         except TooLarge:
             # The rest of the body is never read: over HTTP/1 the connection must end with the
-            # answer, or a client still sending would wait on it forever (HTTP/2 resets the
-            # stream instead, and forbids the header).
-            close = {"connection": "close"} if scope.get("http_version", "1.1") < "2" else None
+            # answer, or a client still sending would wait on it forever.
+            close = {"connection": "close"} if request.http1 else None
             await reply_json(
                 send, 413, {"code": 413, "message": "the request body is too large"}, close
             )

@@ -54,14 +54,24 @@ class Request:
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
 
+    @property
+    def http1(self) -> bool:
+        """Over HTTP/1 an answer with the body left unread must close the connection; HTTP/2
+        resets the stream instead, and forbids the `Connection` header."""
+        return bool(self.scope.get("http_version", "1.1") < "2")
+
+    def _declares_over(self, limit: int) -> bool:
+        """The request's Content-Length says its body is over `limit`."""
+        length = self.header("content-length")
+        return length is not None and length.isdigit() and int(length) > limit
+
     def arg(self, name: str) -> str | None:
         values = self.query.get(name)
         return values[0] if values else None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives, never more than `max_body` bytes in all."""
-        length = self.header("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
+        if self._declares_over(self.max_body):
             raise TooLarge
         seen = 0
         while not self._done:
@@ -81,8 +91,7 @@ class Request:
         True when it is all read, so the connection can serve the next request."""
         if self._done:
             return True
-        length = self.header("content-length")
-        if length is not None and length.isdigit() and int(length) > max_bytes:
+        if self._declares_over(max_bytes):
             return False
         seen = 0
         try:
@@ -115,10 +124,13 @@ class Request:
 
 def settling(request: Request, send: Send) -> Send:
     """`send`, which settles the request's body before an answer starts (the module's note)."""
-    http1 = request.scope.get("http_version", "1.1") < "2"
 
     async def answer(message: Message) -> None:
-        if message["type"] == "http.response.start" and not await request.settle() and http1:
+        if (
+            message["type"] == "http.response.start"
+            and not await request.settle()
+            and request.http1
+        ):
             headers = [h for h in message.get("headers", ()) if h[0] != b"connection"]
             message = {**message, "headers": [*headers, (b"connection", b"close")]}
         await send(message)
