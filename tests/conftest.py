@@ -315,6 +315,20 @@ def remove_owned_disks(owner_id: str) -> None:
     asyncio.run(remove())
 
 
+@contextlib.contextmanager
+def own_server(
+    data_dir: Path, owner_id: str, *extra: str, env: dict[str, str] | None = None
+) -> Iterator[ServerProcess]:
+    """A test module's own server (start_server's arguments), stopped and its containers,
+    socket volumes and images removed when the block ends, however it ends."""
+    srv = start_server(data_dir, owner_id, *extra, env=env)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        remove_owned_containers(owner_id)
+
+
 def remove_owned_containers(owner_id: str) -> None:
     """What a stopped test server leaves on the engine: its containers, then its images (IMAGE
     snapshots, labelled with its owner id; a snapshot a test did not delete, or could not

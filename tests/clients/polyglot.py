@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from authutil import write_tokens
-from conftest import REPO, ServerProcess, remove_owned_containers, start_server
+from conftest import REPO, ServerProcess, own_server
 
 CONFORMANCE = REPO / "tests" / "clients" / "conformance.json"
 PROTO_DIR = REPO / "proto" / "sandboxd" / "v1"
@@ -48,9 +48,7 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     """A server that accepts only TOKEN."""
     tmp: Path = tmp_path_factory.mktemp("polyglot-token")
     tokens = write_tokens(tmp / "tokens", {TOKEN: "alpha"})
-    srv = start_server(
+    with own_server(
         tmp / "data", "polyglot" + secrets.token_hex(4), "--tokens-file", str(tokens)
-    )
-    yield srv
-    srv.stop()
-    remove_owned_containers(srv.owner_id)
+    ) as srv:
+        yield srv

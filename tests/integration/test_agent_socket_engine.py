@@ -18,7 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ServerProcess, Stubs, make_stubs, remove_owned_containers, run, start_server
+from conftest import (
+    ServerProcess,
+    Stubs,
+    make_stubs,
+    own_server,
+    remove_owned_containers,
+    run,
+    start_server,
+)
 from sandboxd.engine.agent_socket import VOLUME_PREFIX
 from sandboxd.v1 import common_pb2, process_pb2, session_pb2
 
@@ -29,14 +37,10 @@ _CHANNEL = re.compile(r"agent channel of ([0-9a-f]{12}): (socket|attach)")
 @pytest.fixture(scope="module")
 def socket_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     owner = "test" + secrets.token_hex(4)
-    srv = start_server(
+    with own_server(
         tmp_path_factory.mktemp("data"), owner, env={"SANDBOXD_AGENT_SOCKET": "true"}
-    )
-    try:
+    ) as srv:
         yield srv
-    finally:
-        srv.stop()
-        remove_owned_containers(owner)
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,9 @@ from conftest import (
     Stubs,
     expect_error,
     make_stubs,
-    remove_owned_containers,
+    own_server,
     rss_bytes,
     run,
-    start_server,
     wait_until,
 )
 from sandboxd.v1 import common_pb2, snapshot_pb2, snapshot_pb2_grpc
@@ -363,10 +362,8 @@ def test_unknown_session(stubs: Stubs) -> None:
 def small_cap_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     owner = "testarc" + secrets.token_hex(3)
     data_dir: Path = tmp_path_factory.mktemp("arc")
-    srv = start_server(data_dir, owner, "--archive-max-members", "10")
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
+    with own_server(data_dir, owner, "--archive-max-members", "10") as srv:
+        yield srv
 
 
 def test_more_members_than_the_cap(small_cap_server: ServerProcess) -> None:

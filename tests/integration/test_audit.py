@@ -19,6 +19,7 @@ from conftest import (
     Stubs,
     error_info,
     make_stubs,
+    own_server,
     remove_owned_containers,
     start_server,
 )
@@ -58,12 +59,10 @@ def _all_events(s: Stubs, **filters: object) -> list[audit_pb2.AuditEvent]:
 def audit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("audit")
     owner = "aud" + secrets.token_hex(4)
-    srv = start_server(
+    with own_server(
         tmp / "data", owner, "--audit-export-path", str(tmp / "export" / "audit.jsonl")
-    )
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
+    ) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,8 @@ from conftest import (
     Stubs,
     error_info,
     expect_error,
-    remove_owned_containers,
+    own_server,
     run,
-    start_server,
 )
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -46,10 +45,8 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
     data = tmp_path_factory.mktemp("auth")
     tokens = write_tokens(data / "tokens", {TOKEN_A: "alpha", TOKEN_B: "beta"})
     owner = "auth" + secrets.token_hex(4)
-    srv = start_server(data / "data", owner, "--tokens-file", str(tokens))
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
+    with own_server(data / "data", owner, "--tokens-file", str(tokens)) as srv:
+        yield srv
 
 
 def _calls(s: Stubs) -> dict[str, Callable[[], object]]:

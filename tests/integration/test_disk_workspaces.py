@@ -22,9 +22,8 @@ from conftest import (
     Stubs,
     expect_error,
     make_stubs,
-    remove_owned_containers,
+    own_server,
     run,
-    start_server,
 )
 from google.protobuf import duration_pb2
 from sandboxd.v1 import (
@@ -49,10 +48,8 @@ def disk_server(tier: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     extra = ["--max-disk-bytes", "16384g", "--max-command-timeout-s", "900"]
     if tier != "runc":
         extra += ["--isolation-default", tier]
-    srv = start_server(tmp_path_factory.mktemp("data"), owner, *extra)
-    yield srv
-    srv.stop()
-    remove_owned_containers(srv.owner_id)
+    with own_server(tmp_path_factory.mktemp("data"), owner, *extra) as srv:
+        yield srv
     assert _volumes(srv.owner_id) == [], "disk volumes left behind"
 
 

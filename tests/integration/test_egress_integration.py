@@ -33,6 +33,7 @@ from conftest import (
     Stubs,
     expect_error,
     make_stubs,
+    own_server,
     remove_owned_containers,
     run,
     start_server,
@@ -233,10 +234,10 @@ def egress_server(
 ) -> Iterator[ServerProcess]:
     owner = "egr" + secrets.token_hex(4)
     extra = ("--isolation-default", tier) if tier != "runc" else ()
-    srv = start_server(tmp_path_factory.mktemp("egress"), owner, *extra, env=server_env(upstreams))
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
+    with own_server(
+        tmp_path_factory.mktemp("egress"), owner, *extra, env=server_env(upstreams)
+    ) as srv:
+        yield srv
     assert_no_owned_networks(owner)
 
 

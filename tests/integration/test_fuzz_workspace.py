@@ -53,6 +53,7 @@ from conftest import (
     Stubs,
     error_info,
     make_stubs,
+    own_server,
     remove_owned_containers,
     rss_bytes,
     run,
@@ -954,12 +955,8 @@ def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
     """The fuzzer's own server: its count cap (MAX_MEMBERS) within reach of a small archive."""
     owner = "fzw" + secrets.token_hex(4)
     data_dir = tmp_path_factory.mktemp("fuzz")
-    srv = start_server(data_dir, owner, "--archive-max-members", str(MAX_MEMBERS))
-    try:
+    with own_server(data_dir, owner, "--archive-max-members", str(MAX_MEMBERS)) as srv:
         yield srv
-    finally:
-        srv.stop()
-        remove_owned_containers(owner)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from conftest import (
     error_info,
     expect_error,
     make_stubs,
+    own_server,
     remove_owned_containers,
     run,
     start_server,
@@ -75,10 +76,8 @@ def id_server(tier: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     tokens = write_tokens(data / "tokens", {ALPHA: "alpha", BETA: "beta"})
     owner = "hid" + secrets.token_hex(4)
     extra = ("--isolation-default", tier) if tier != "runc" else ()
-    srv = start_server(data / "data", owner, "--tokens-file", str(tokens), *extra)
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
+    with own_server(data / "data", owner, "--tokens-file", str(tokens), *extra) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

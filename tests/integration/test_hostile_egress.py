@@ -16,6 +16,7 @@ from conftest import (
     Stubs,
     expect_error,
     make_stubs,
+    own_server,
     remove_owned_containers,
     run,
     start_server,
@@ -74,7 +75,7 @@ def granted_server(
         ]
     )
     owner = "hegr" + secrets.token_hex(4)
-    srv = start_server(
+    with own_server(
         data / "data",
         owner,
         "--tokens-file",
@@ -82,10 +83,8 @@ def granted_server(
         "--metrics-listen",
         "127.0.0.1:0",
         env={"SANDBOXD_PROXY_HOSTS": hosts},
-    )
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
+    ) as srv:
+        yield srv
     assert_no_owned_networks(owner)
 
 

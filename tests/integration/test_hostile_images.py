@@ -20,8 +20,7 @@ from conftest import (
     ServerProcess,
     Stubs,
     expect_error,
-    remove_owned_containers,
-    start_server,
+    own_server,
 )
 from containers import session_containers
 from sandboxd.v1 import common_pb2, session_pb2, snapshot_pb2, snapshot_pb2_grpc
@@ -62,10 +61,8 @@ def image_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     data = tmp_path_factory.mktemp("hostile-images")
     tokens = write_tokens(data / "tokens", {ALPHA: "alpha", BETA: "beta"})
     owner = "himg" + secrets.token_hex(4)
-    srv = start_server(data / "data", owner, "--tokens-file", str(tokens))
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
+    with own_server(data / "data", owner, "--tokens-file", str(tokens)) as srv:
+        yield srv
 
 
 alpha = tenant_fixture("image_server", ALPHA)

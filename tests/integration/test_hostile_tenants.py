@@ -17,9 +17,8 @@ from conftest import (
     Stubs,
     error_info,
     expect_error,
-    remove_owned_containers,
+    own_server,
     run,
-    start_server,
 )
 from sandboxd.v1 import admin_pb2, common_pb2, session_pb2, snapshot_pb2, snapshot_pb2_grpc
 
@@ -36,7 +35,7 @@ def hostile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
         data / "tokens", {OPS: "ops", ALPHA: "alpha", BETA: "beta"}, {"ops": "admin"}
     )
     owner = "ht" + secrets.token_hex(4)
-    srv = start_server(
+    with own_server(
         data / "data",
         owner,
         "--tokens-file",
@@ -49,10 +48,8 @@ def hostile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
         "256Mi",
         "--default-workspace-bytes",
         "256Mi",
-    )
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
+    ) as srv:
+        yield srv
 
 
 alpha = tenant_fixture("hostile_server", ALPHA)

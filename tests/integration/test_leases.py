@@ -15,8 +15,7 @@ from conftest import (
     Stubs,
     error_info,
     make_stubs,
-    remove_owned_containers,
-    start_server,
+    own_server,
     wait_until,
 )
 from google.protobuf import duration_pb2
@@ -39,10 +38,8 @@ ALL = common_pb2.ShellPolicy(allow_all=True)
 @pytest.fixture(scope="module")
 def ls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     owner = "lse" + secrets.token_hex(4)
-    srv = start_server(tmp_path_factory.mktemp("leases") / "data", owner)
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
+    with own_server(tmp_path_factory.mktemp("leases") / "data", owner) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from conftest import ServerProcess, remove_owned_containers, start_server
+from conftest import ServerProcess, own_server
 from sandboxd.v1 import (
     common_pb2,
     process_pb2,
@@ -29,12 +29,10 @@ DEADLINE_S = 120  # a create or delete that waits for a pooled connection fails 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     owner = "many" + secrets.token_hex(4)
-    srv = start_server(
+    with own_server(
         tmp_path_factory.mktemp("many") / "data", owner, "--docker-pool-size", str(POOL)
-    )
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
+    ) as srv:
+        yield srv
 
 
 def _containers(owner: str) -> list[str]:

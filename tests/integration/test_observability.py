@@ -20,6 +20,7 @@ import pytest
 from conftest import (
     ServerProcess,
     make_stubs,
+    own_server,
     remove_owned_containers,
     start_server,
     wait_until,
@@ -80,16 +81,14 @@ def watched(
     tmp_path_factory: pytest.TempPathFactory, collector: tuple[_Collector, int]
 ) -> Iterator[ServerProcess]:
     owner = "obs" + secrets.token_hex(4)
-    srv = start_server(
+    with own_server(
         tmp_path_factory.mktemp("observed"),
         owner,
         "--otlp-endpoint",
         f"http://127.0.0.1:{collector[1]}",
         env={"OTEL_BSP_SCHEDULE_DELAY": "200"},  # export within a fraction of a second
-    )
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
+    ) as srv:
+        yield srv
 
 
 def _session(stubs: object) -> str:

@@ -1,4 +1,4 @@
-"""Previews end to end: a real server with its preview listener, real sandboxes serving HTTP
+"""Previews end to end: a real server with its preview listener, real sandboxes own_server HTTP
 (busybox httpd; python's stdlib for WebSocket, SSE, a silent port and a large download), and
 real HTTP clients (http.client, aiohttp) on loopback. Two tenants: alice holds the operator's
 `preview_public` grant, bob does not."""
@@ -30,6 +30,7 @@ from conftest import (
     Stubs,
     error_info,
     make_stubs,
+    own_server,
     remove_owned_containers,
     rss_bytes,
     start_server,
@@ -139,7 +140,7 @@ def preview_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
         {"alice": "preview_public"},
     )
     owner = "prev" + secrets.token_hex(4)
-    srv = start_server(
+    with own_server(
         data / "data",
         owner,
         "--tokens-file",
@@ -150,10 +151,8 @@ def preview_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
         DOMAIN,
         "--preview-timeout",
         "2s",
-    )
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
+    ) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from conftest import (
     Stubs,
     error_info,
     make_stubs,
+    own_server,
     remove_owned_containers,
     start_server,
 )
@@ -69,12 +70,10 @@ class Watch:
 @pytest.fixture(scope="module")
 def ev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     owner = "evt" + secrets.token_hex(4)
-    srv = start_server(
+    with own_server(
         tmp_path_factory.mktemp("events") / "data", owner, "--events-lease-warning", "3s"
-    )
-    yield srv
-    srv.stop()
-    remove_owned_containers(owner)
+    ) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

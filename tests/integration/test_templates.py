@@ -23,6 +23,7 @@ from conftest import (
     ServerProcess,
     Stubs,
     error_info,
+    own_server,
     remove_owned_containers,
     run,
     start_server,
@@ -43,7 +44,7 @@ IDLE_S = 4
 def tpl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("templates")
     tokens = write_tokens(tmp / "tokens", TOKENS)
-    srv = start_server(
+    with own_server(
         tmp / "data",
         "tpl" + secrets.token_hex(4),
         "--tokens-file",
@@ -56,10 +57,8 @@ def tpl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
         str(BUILD_MEMORY),
         "--stream-idle-timeout-s",
         str(IDLE_S),
-    )
-    yield srv
-    srv.stop()
-    remove_owned_containers(srv.owner_id)
+    ) as srv:
+        yield srv
 
 
 def _stubs(srv: ServerProcess, tenant: str) -> tuple[Stubs, template_pb2_grpc.TemplateServiceStub]:

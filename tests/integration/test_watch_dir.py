@@ -22,9 +22,8 @@ from conftest import (
     Stubs,
     error_info,
     make_stubs,
-    remove_owned_containers,
+    own_server,
     run,
-    start_server,
     wait_until,
 )
 from sandboxd.v1 import common_pb2, filesystem_pb2, session_pb2, watch_pb2
@@ -243,19 +242,15 @@ def test_session_delete_ends_the_stream(stubs: Stubs, watch: Watcher) -> None:
 @pytest.fixture(scope="module")
 def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     owner = "test" + secrets.token_hex(4)
-    srv = start_server(
+    with own_server(
         Path(tmp_path_factory.mktemp("data")),
         owner,
         "--watch-queue",
         "4",
         "--watch-max-per-session",
         "3",
-    )
-    try:
+    ) as srv:
         yield srv
-    finally:
-        srv.stop()
-        remove_owned_containers(owner)
 
 
 @pytest.fixture
