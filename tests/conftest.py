@@ -430,7 +430,9 @@ def _servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ser
         runc = started.get("runc")
         kinds = _CHANNEL_RE.findall("".join(runc.log_lines)) if runc is not None else []
         attached = [cid for cid, kind in kinds if kind == "attach"]
-        assert not attached, f"runc channels over the attach: {attached}"
+        lines = runc.log_lines if runc is not None else []
+        why = [line for line in lines if "agent channel of" in line and "attach" in line]
+        assert not attached, f"runc channels over the attach: {attached}: {why}"
         if kinds:
             print(f"\nagent channels over the socket: {len(kinds)}")
 

@@ -379,7 +379,7 @@ async def test_the_port_falls_back_to_the_attach_for_a_volume_not_the_servers(
     host: dict[str, object] = {"Binds": [bind]}
     with _listening(mountpoint) as listener:
         os.chmod(mountpoint, 0o755)
-        assert await port._socket("c1", host) is None
+        assert "is not the server's alone" in str(await port._socket("c1", host))
         os.chmod(mountpoint, 0o700)
         transport = await port._socket("c2", host)
         assert isinstance(transport, SocketTransport)
@@ -392,10 +392,11 @@ async def test_the_port_falls_back_to_the_attach_for_a_volume_not_the_servers(
         ):
             kept = info[key]
             info[key] = value
-            assert await port._socket("c3", host) is None, key
+            why = await port._socket("c3", host)
+            assert why == f"socket: agent socket volume {name} is not one of this server's", key
             info[key] = kept
         del engine.docker.volumes.found[name]
-        assert await port._socket("c4", host) is None
+        assert str(await port._socket("c4", host)).startswith("socket: ")
 
 
 async def test_a_refusal_is_remembered_until_its_container_starts_again(
@@ -413,19 +414,19 @@ async def test_a_refusal_is_remembered_until_its_container_starts_again(
     host: dict[str, object] = {"Binds": [bind]}
     with _listening(mountpoint) as listener:
         ours = await port._socket("c", host, "start1")
-        assert ours is not None
+        assert isinstance(ours, SocketTransport)
         listener.accept()[0].close()
         await ours.close()  # closed by the server before an answer
         assert await ours.read() is None and not ours.refused
         refused = await port._socket("c", host, "start1")
-        assert refused is not None, "a close of ours is not the agent's refusal"
+        assert isinstance(refused, SocketTransport), "a close of ours is not the agent's refusal"
         listener.accept()[0].close()  # the agent ends it, unanswered
         assert await refused.read() is None and refused.refused
         await refused.close()
-        assert await port._socket("c", host, "start1") is None
-        assert await port._socket("c", host, "start1") is None
+        assert await port._socket("c", host, "start1") == "its agent refused the socket"
+        assert await port._socket("c", host, "start1") == "its agent refused the socket"
         again = await port._socket("c", host, "start2")  # the container started again
-        assert again is not None
+        assert isinstance(again, SocketTransport)
         await again.close()
 
 

@@ -13,7 +13,8 @@ import pytest
 from authutil import Pki
 from preview_world import World, backend, close, listener_port, req, world
 from sandboxd import tenancy
-from sandboxd.previews.admission import Admission, Full, source_of
+from sandboxd.listener_caps import source_of
+from sandboxd.previews.admission import Admission, Full
 from sandboxd.previews.publishing import Preview
 from sandboxd.sessions import CreateSessionInput
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandboxd.settings import SIZE, TEXT, host_port_problem, setting
+from sandboxd.settings import INT, SIZE, TEXT, host_port_problem, setting
 
 
 def _listen_problem(value: str) -> str | None:
@@ -47,4 +47,22 @@ class E2bSection:
         "largest request body the E2B door reads (an upload above it is refused with 413)",
         lo=1024,
         flat="e2b_max_request_bytes",
+    )
+    max_clients: int = setting(
+        4096,
+        INT,
+        "open connections the E2B door holds in all; past it a new one is closed at accept, "
+        "before a byte is read (0: no cap)",
+        lo=0,
+        hi=1 << 20,
+        flat="e2b_max_clients",
+    )
+    max_clients_per_source: int = setting(
+        1024,
+        INT,
+        "open connections to the E2B door from one address (an IPv6 /64); past it that "
+        "address's new one is closed at accept (0: no cap). The SDK keeps one per sandbox",
+        lo=0,
+        hi=1 << 20,
+        flat="e2b_max_clients_per_source",
     )

@@ -73,3 +73,21 @@ class WebSection:
         lo=1,
         flat="web_max_calls",
     )
+    max_clients: int = setting(
+        1024,
+        INT,
+        "open connections the web gateway holds in all; past it a new one is closed at "
+        "accept, before a byte is read (0: no cap)",
+        lo=0,
+        hi=1 << 20,
+        flat="web_max_clients",
+    )
+    max_clients_per_source: int = setting(
+        256,
+        INT,
+        "open connections to the web gateway from one address (an IPv6 /64); past it that "
+        "address's new one is closed at accept (0: no cap)",
+        lo=0,
+        hi=1 << 20,
+        flat="web_max_clients_per_source",
+    )

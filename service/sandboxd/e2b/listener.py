@@ -23,7 +23,7 @@ import grpc
 from sandboxd.config import Config
 from sandboxd.e2b.backend import Backend, loopback_target
 from sandboxd.e2b.tokens import AccessTokens, load_key
-from sandboxd.errors import ConfigError
+from sandboxd.listener_caps import ConnectionCaps, listening
 
 if TYPE_CHECKING:
     from sandboxd.e2b.app import E2bApp
@@ -54,22 +54,6 @@ def _credentials(config: Config) -> tuple[grpc.ChannelCredentials | None, str | 
     return grpc.ssl_channel_credentials(root_certificates=pem), name
 
 
-def _socket(listen: str) -> socket.socket:
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, int(port)))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"e2b_listen {listen}: {exc.strerror}") from None
-    sock.listen(1024)
-    sock.set_inheritable(True)
-    return sock
-
-
 class _Lazy:
     """Hypercorn and the app, made by the first connection (`start`), on the door's socket."""
 
@@ -86,8 +70,10 @@ class _Lazy:
             self.task = asyncio.create_task(self._serve(sock), name="e2b door")
 
     async def _serve(self, sock: socket.socket) -> None:
-        from hypercorn.asyncio import serve
+        from hypercorn.asyncio.run import worker_serve
         from hypercorn.config import Config as HypercornConfig
+        from hypercorn.config import Sockets
+        from hypercorn.utils import wrap_app
 
         from sandboxd.e2b.app import E2bApp
 
@@ -101,7 +87,6 @@ class _Lazy:
             pty_idle_s=config.leases.max_s,
         )
         hc = HypercornConfig()
-        hc.bind = [f"fd://{sock.fileno()}"]
         hc.accesslog = None
         hc.errorlog = log
         hc.keep_alive_timeout = 75  # the SDK keeps one connection per sandbox
@@ -110,7 +95,11 @@ class _Lazy:
         tls = config.tenancy
         if tls.tls_cert is not None and tls.tls_key is not None:
             hc.certfile, hc.keyfile = str(tls.tls_cert), str(tls.tls_key)
-        await serve(cast(Any, self.app), hc, shutdown_trigger=self.stop.wait)
+        # The door's own listening socket, not one hypercorn makes from its descriptor: its
+        # accept() keeps the door's connection caps (listener_caps.py).
+        sockets = Sockets([sock], [], []) if hc.ssl_enabled else Sockets([], [sock], [])
+        app = wrap_app(cast(Any, self.app), hc.wsgi_max_body_size, None)
+        await worker_serve(app, hc, sockets=sockets, shutdown_trigger=self.stop.wait)
 
 
 @contextlib.asynccontextmanager
@@ -119,13 +108,14 @@ async def door(config: Config, grpc_port: int) -> AsyncIterator[int]:
     credentials, name = _credentials(config)
     backend = Backend.open(loopback_target(config.server.listen, grpc_port), credentials, name)
     lazy = _Lazy(config, backend, AccessTokens(load_key(config.server.data_dir)))
-    sock = _socket(config.e2b.listen)
+    caps = ConnectionCaps("E2B door", config.e2b.max_clients, config.e2b.max_clients_per_source)
+    sock = listening(config.e2b.listen, "e2b_listen", caps)
     port = int(sock.getsockname()[1])
     loop = asyncio.get_running_loop()
 
     def first_caller() -> None:
-        # Readable: a connection waits in the backlog. Not accepted here: hypercorn's own
-        # accept takes it, on a socket of its own made from this one's descriptor.
+        # Readable: a connection waits in the backlog. Not accepted here: hypercorn's server
+        # takes it, with this socket's own (capped) accept.
         loop.remove_reader(sock.fileno())
         lazy.start(sock)
 
@@ -140,7 +130,8 @@ async def door(config: Config, grpc_port: int) -> AsyncIterator[int]:
     try:
         yield port
     finally:
-        loop.remove_reader(sock.fileno())
+        if lazy.task is None:  # else the first caller took the reader off
+            loop.remove_reader(sock.fileno())
         lazy.stop.set()
         if lazy.task is not None:
             with contextlib.suppress(Exception):
@@ -148,9 +139,4 @@ async def door(config: Config, grpc_port: int) -> AsyncIterator[int]:
         if lazy.app is not None:
             await lazy.app.close()
         await backend.close()
-        if lazy.task is None:
-            sock.close()
-        else:
-            # hypercorn's socket wraps this descriptor and closed it with its server: closing
-            # the number again could close whatever reused it since.
-            sock.detach()
+        sock.close()  # hypercorn's server closed it with itself, when it served: a no-op

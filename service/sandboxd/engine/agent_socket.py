@@ -227,7 +227,8 @@ class AgentSockets:
 
     @staticmethod
     async def _delete(docker: Any, name: str) -> bool:
-        """Removed, or already gone; one still in use (its container not yet gone) stays."""
+        """True when this call removed it. One already gone is no error; one still in use
+        (its container not gone yet) stays, for the sweep."""
         try:
             await aiodocker.volumes.DockerVolume(docker, name).delete()  # type: ignore[no-untyped-call]
         except aiodocker.DockerError as exc:

@@ -118,27 +118,27 @@ class DockerAgentPort:
 
     async def _socket(
         self, sandbox_id: str, host: dict[str, object], started: str = ""
-    ) -> SocketTransport | None:
-        """The socket channel when the container has one and it connects; else None (the
-        attach then), saying why."""
-        sockets, name = self.sockets, sandbox_id[:12]
-        volume = sockets.source_of(host) if sockets is not None else None
-        if sockets is None or volume is None:
-            return None
+    ) -> SocketTransport | str:
+        """The socket channel when the container has one and it connects; else why not (the
+        attach then)."""
+        sockets = self.sockets
+        if sockets is None:
+            return "the socket channel is off"
+        volume = sockets.source_of(host)
+        if volume is None:
+            return "its container has no socket volume"
         sockets.known(sandbox_id, volume)
         last = self._last.pop(sandbox_id, None)
         if last is not None and last.refused:
             self._refused[sandbox_id] = started
         if sandbox_id in self._refused and self._refused[sandbox_id] == started:
-            log.info("agent channel of %s over the attach: its agent refused the socket", name)
-            return None
+            return "its agent refused the socket"
         try:
             with self._engine.translate(f"inspecting volume {volume}"):
                 directory = await sockets.directory(self._engine.docker, volume)
-            transport = await connect(directory, name)
+            transport = await connect(directory, sandbox_id[:12])
         except (OSError, SandboxError) as exc:
-            log.info("agent channel of %s over the attach: socket: %s", name, exc)
-            return None
+            return f"socket: {exc}"
         self._last[sandbox_id] = transport
         return transport
 
@@ -204,19 +204,19 @@ class DockerAgentPort:
                 f"container {sandbox_id[:12]} is not running", reason=Reason.ENGINE_CONFLICT
             )
         started = str((info.get("State") or {}).get("StartedAt", ""))
-        transport: Transport | None = await self._socket(
-            sandbox_id, info.get("HostConfig") or {}, started
-        )
-        if transport is None:
+        socket = await self._socket(sandbox_id, info.get("HostConfig") or {}, started)
+        transport: Transport
+        if isinstance(socket, SocketTransport):
+            transport, kind = socket, "socket"
+        else:
             with self._engine.translate(f"attaching to container {sandbox_id[:12]}"):
                 # On the channels' own client: the connection is held while the sandbox lives.
                 attaching = self._engine.channel_docker.containers.container(sandbox_id)
                 stream = attaching.attach(stdin=True, stdout=True, stderr=True, logs=False)
                 await compat.start_stream(stream)
                 compat.demux_in_one_copy(stream, ATTACH_SEND_BUFFER)
-            transport = AttachTransport(stream, sandbox_id[:12])
-        kind = "attach" if isinstance(transport, AttachTransport) else "socket"
-        self.last_kind[sandbox_id] = kind
+            transport, kind = AttachTransport(stream, sandbox_id[:12]), f"attach ({socket})"
+        self.last_kind[sandbox_id] = kind.split(" ", 1)[0]
         log.info("agent channel of %s: %s", sandbox_id[:12], kind)
         env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
         labels = config.get("Labels") or {}

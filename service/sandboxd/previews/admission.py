@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ipaddress
 from dataclasses import dataclass, field
 
 
@@ -49,20 +48,6 @@ class Full(Exception):
     def __init__(self, why: str, message: str) -> None:
         super().__init__(message)
         self.why, self.message = why, message
-
-
-def source_of(peername: object) -> str:
-    """The address a per-source cap counts: the peer's IPv4 address, or its IPv6 /64."""
-    host = peername[0] if isinstance(peername, tuple) and peername else str(peername)
-    try:
-        address = ipaddress.ip_address(str(host).split("%", 1)[0])
-    except ValueError:
-        return str(host)
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network((address, 64), strict=False))
-    return str(address)
 
 
 @dataclass

@@ -37,9 +37,10 @@ from pathlib import Path
 
 from sandboxd.audit.events import AuditEvent
 from sandboxd.config_sections.previews import PreviewsSection
+from sandboxd.listener_caps import source_of
 from sandboxd.models import SessionState
 from sandboxd.previews import access, http1, upgrade
-from sandboxd.previews.admission import Admission, Full, Ticket, source_of
+from sandboxd.previews.admission import Admission, Full, Ticket
 from sandboxd.previews.connections import Connection, OpenConnections, OverLimit
 from sandboxd.previews.dialer import BackendReset, ByteStream, PortDialer
 from sandboxd.previews.metrics import PreviewMetrics

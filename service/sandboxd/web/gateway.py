@@ -28,6 +28,7 @@ from aiohttp import web
 
 from sandboxd import connect
 from sandboxd.config_sections.web import WebSection, origins
+from sandboxd.listener_caps import ConnectionCaps, listening
 from sandboxd.web.methods import CodecError, Method
 from sandboxd.web.protocols import (
     CONNECT_UNARY,
@@ -92,9 +93,12 @@ class WebGateway:
             keepalive_timeout=self._settings.idle_timeout_s,
         )
         await self._runner.setup()
-        host, _, port = self._settings.listen.rpartition(":")
-        site = web.TCPSite(self._runner, host.strip("[]"), int(port), ssl_context=self._tls)
+        settings = self._settings
+        caps = ConnectionCaps("web gateway", settings.max_clients, settings.max_clients_per_source)
+        sock = listening(settings.listen, "web_listen", caps)
+        site = web.SockSite(self._runner, sock, ssl_context=self._tls)
         await site.start()
+        host = settings.listen.rpartition(":")[0]
         self.port = int(self._runner.addresses[0][1])
         scheme = "https" if self._tls else "http"
         log.info("web gateway (Connect, gRPC-Web) at %s://%s:%d", scheme, host, self.port)
