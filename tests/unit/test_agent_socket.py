@@ -402,31 +402,46 @@ async def test_the_port_falls_back_to_the_attach_for_a_volume_not_the_servers(
 async def test_a_refusal_is_remembered_until_its_container_starts_again(
     mountpoint: Path,
 ) -> None:
-    """An agent that ends the socket before any answer (its peer check refused us) gets the
-    attach from then on, until its container starts again. A socket the server closed first
-    (a cancelled start, a HELLO that timed out on a loaded host) is no refusal: the next
-    channel tries the socket again."""
+    """An agent that ends two sockets in a row before any answer (its peer check refuses us)
+    gets the attach from then on, until its container starts again. One alone is not enough
+    (an agent that was stopping ends it too), nor a socket the server closed first (a
+    cancelled start, a HELLO that timed out on a loaded host), and an answered socket between
+    two unanswered ones starts the count again."""
     engine = _Engine()
     port = DockerAgentPort(engine, OWNER)  # type: ignore[arg-type]
     assert port.sockets is not None
     bind = await port.sockets.prepare(engine.docker, "n")
     engine.docker.volumes.found[bind.split(":")[0]]["Mountpoint"] = str(mountpoint)
     host: dict[str, object] = {"Binds": [bind]}
+
+    async def opened(started: str = "start1") -> SocketTransport:
+        transport = await port._socket("c", host, started)
+        assert isinstance(transport, SocketTransport), transport
+        return transport
+
+    async def unanswered(transport: SocketTransport) -> None:
+        listener.accept()[0].close()  # the agent ends it, unanswered
+        assert await transport.read() is None and transport.refused
+        await transport.close()
+
     with _listening(mountpoint) as listener:
-        ours = await port._socket("c", host, "start1")
-        assert isinstance(ours, SocketTransport)
+        ours = await opened()
         listener.accept()[0].close()
         await ours.close()  # closed by the server before an answer
         assert await ours.read() is None and not ours.refused
-        refused = await port._socket("c", host, "start1")
-        assert isinstance(refused, SocketTransport), "a close of ours is not the agent's refusal"
-        listener.accept()[0].close()  # the agent ends it, unanswered
-        assert await refused.read() is None and refused.refused
-        await refused.close()
-        assert await port._socket("c", host, "start1") == "its agent refused the socket"
-        assert await port._socket("c", host, "start1") == "its agent refused the socket"
-        again = await port._socket("c", host, "start2")  # the container started again
-        assert isinstance(again, SocketTransport)
+        await unanswered(await opened())  # a close of ours was no refusal: one
+        answered = await opened()  # one alone: the socket again
+        peer = listener.accept()[0]
+        peer.sendall(b"x")
+        assert await answered.read() == b"x"
+        peer.close()
+        assert await answered.read() is None and not answered.refused
+        await answered.close()
+        await unanswered(await opened())  # the count began again: one
+        await unanswered(await opened())  # two
+        assert await port._socket("c", host, "start1") == "its agent ended 2 sockets unanswered"
+        assert await port._socket("c", host, "start1") == "its agent ended 2 sockets unanswered"
+        again = await opened("start2")  # the container started again
         await again.close()
 
 

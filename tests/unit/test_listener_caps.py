@@ -192,3 +192,40 @@ def test_a_capped_listener_takes_over_the_descriptor_it_is_made_from() -> None:
     capped = CappedListener(plain, ConnectionCaps("test"))
     assert plain.fileno() == -1 and capped.getsockname() == address
     capped.close()
+
+
+async def test_the_e2b_door_over_tls_keeps_its_caps(tmp_path: Path) -> None:
+    """Over TLS hypercorn serves the same capped socket (its secure sockets): the handshake
+    and the answer for two connections of one address, the third closed before either."""
+    import ssl
+
+    from authutil import Pki
+    from sandboxd.e2b.listener import door
+
+    pki = Pki(tmp_path)
+    cert, key = pki.server_for("127.0.0.1")
+    config = _config(
+        tmp_path / "data",
+        "--e2b-listen",
+        "127.0.0.1:0",
+        "--e2b-max-clients-per-source",
+        "2",
+        "--tls-cert",
+        str(cert),
+        "--tls-key",
+        str(key),
+    )
+    context = ssl.create_default_context(cafile=str(pki.ca_path))
+    async with door(config, 9) as port:  # type: ignore[arg-type]
+        held = []
+        for _ in range(2):
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", port, ssl=context), 20
+            )
+            writer.write(HEALTH)
+            assert (await asyncio.wait_for(reader.read(12), 20)).startswith(b"HTTP/1.1 200")
+            held.append(writer)
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port, ssl=context), 5)
+        for writer in held:
+            writer.close()

@@ -56,6 +56,7 @@ STDERR_LOGGED = 64 * 1024  # of the agent's diagnostics per attachment
 # host's net.core.wmem_max).
 ATTACH_SEND_BUFFER = 1024 * 1024
 READ_BATCH = 256 * 1024  # of the agent's output already arrived, taken in one read
+REFUSALS = 2  # sockets ended unanswered in a row before the attach is the channel
 
 
 class AttachTransport:
@@ -111,9 +112,11 @@ class DockerAgentPort:
         # None: every channel over the engine's attach; else the owner id its volumes carry.
         self.sockets = AgentSockets(socket_owner) if socket_owner is not None else None
         self._last: dict[str, SocketTransport] = {}  # the latest socket channel of each
-        # Sandboxes whose agent refused the socket (ended it unanswered), by the start of
-        # their container it refused in: a restarted container's agent is asked again.
-        self._refused: dict[str, str] = {}
+        # Sockets each sandbox's agent ended unanswered in a row, by the start of its
+        # container: REFUSALS of them is the agent refusing us (its peer check: it would do
+        # so again), one alone may be an agent that was stopping. A restarted container's
+        # agent is asked again.
+        self._refused: dict[str, tuple[str, int]] = {}
         self.last_kind: dict[str, str] = {}  # "socket" or "attach", per sandbox (tests)
 
     async def _socket(
@@ -126,13 +129,16 @@ class DockerAgentPort:
             return "the socket channel is off"
         volume = sockets.source_of(host)
         if volume is None:
-            return "its container has no socket volume"
+            return f"its container (runtime {host.get('Runtime') or 'runc'}) has no socket volume"
         sockets.known(sandbox_id, volume)
         last = self._last.pop(sandbox_id, None)
-        if last is not None and last.refused:
-            self._refused[sandbox_id] = started
-        if sandbox_id in self._refused and self._refused[sandbox_id] == started:
-            return "its agent refused the socket"
+        if last is not None:
+            at, count = self._refused.get(sandbox_id, (started, 0))
+            count = (count if at == started else 0) + 1 if last.refused else 0
+            self._refused[sandbox_id] = (started, count)
+        at, count = self._refused.get(sandbox_id, ("", 0))
+        if at == started and count >= REFUSALS:
+            return f"its agent ended {count} sockets unanswered"
         try:
             with self._engine.translate(f"inspecting volume {volume}"):
                 directory = await sockets.directory(self._engine.docker, volume)
@@ -209,6 +215,8 @@ class DockerAgentPort:
         if isinstance(socket, SocketTransport):
             transport, kind = socket, "socket"
         else:
+            if socket.startswith("socket:"):
+                await self._still_running(sandbox_id, started)
             with self._engine.translate(f"attaching to container {sandbox_id[:12]}"):
                 # On the channels' own client: the connection is held while the sandbox lives.
                 attaching = self._engine.channel_docker.containers.container(sandbox_id)
@@ -228,6 +236,18 @@ class DockerAgentPort:
             budget=budget_of_container(info.get("HostConfig") or {}),
             guard=guard_of_container(info.get("HostConfig") or {}),
         )
+
+    async def _still_running(self, sandbox_id: str, started: str) -> None:
+        """A socket that did not connect: FailedPrecondition when its container stopped or
+        started again meanwhile (its agent was going, not refusing), as for one that was
+        not running; the attach of a stopping container would end with it."""
+        with self._engine.translate(f"inspecting container {sandbox_id[:12]}"):
+            state = (await self._engine.docker.containers.container(sandbox_id).show())["State"]
+        if not state.get("Running") or str(state.get("StartedAt", "")) != started:
+            raise FailedPrecondition(
+                f"container {sandbox_id[:12]} stopped while its agent channel was opened",
+                reason=Reason.ENGINE_CONFLICT,
+            )
 
     async def rescue(self, sandbox_id: str, user: str) -> str:
         """`kill -KILL -1` as the sandbox user through `docker exec` (every process of that
