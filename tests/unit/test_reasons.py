@@ -93,15 +93,18 @@ def _reason_value(node: ast.expr | None) -> str | None:
     return None
 
 
+Site = tuple[str, str | None, str]  # reason, its code when known statically, where
+
+
 def _called_name(call: ast.Call) -> str | None:
     f = call.func
     return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
 
 
-def _error_classes(tree: ast.Module) -> dict[str, str]:
+def _error_classes(nodes: list[ast.AST]) -> dict[str, str]:
     """Error class names usable in this module (errors.py's and local subclasses) -> code."""
     classes = dict(CLASS_CODES)
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.ClassDef) and node.name not in classes:
             for base in node.bases:
                 name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)
@@ -118,9 +121,10 @@ def _sites(path: Path) -> Iterator[tuple[str, str | None, str]]:
     defaults).
     """
     tree = ast.parse(path.read_text())
-    classes = _error_classes(tree)
+    nodes = list(ast.walk(tree))  # walked once: the passes below filter it
+    classes = _error_classes(nodes)
     helpers: dict[str, tuple[int, str | None, str | None]] = {}  # name -> (index, default, code)
-    for fn in ast.walk(tree):
+    for fn in nodes:
         if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         params = [a.arg for a in fn.args.args]
@@ -143,7 +147,7 @@ def _sites(path: Path) -> Iterator[tuple[str, str | None, str]]:
         helpers[fn.name] = (index, default, code)
         if default is not None:
             yield default, code, f"{path.name}:{fn.lineno}"
-    for call in ast.walk(tree):
+    for call in nodes:
         if not isinstance(call, ast.Call):
             continue
         name = _called_name(call)
@@ -161,7 +165,7 @@ def _sites(path: Path) -> Iterator[tuple[str, str | None, str]]:
             for value in given:
                 if value is not None:
                     yield value, code, where
-    for node in ast.walk(tree):  # errors.py's default reasons
+    for node in nodes:  # errors.py's default reasons
         if isinstance(node, ast.ClassDef) and node.name in classes:
             for stmt in node.body:
                 target = (
@@ -173,7 +177,10 @@ def _sites(path: Path) -> Iterator[tuple[str, str | None, str]]:
                         yield value, classes[node.name], f"{path.name}:{node.lineno}"
 
 
-def _all_sites() -> list[tuple[str, str | None, str]]:
+@pytest.fixture(scope="module")
+def sites() -> list[Site]:
+    """Every reason site of the service: scanned by the worker that runs these tests, not at
+    each worker's collection."""
     return [
         site
         for path in sorted(SERVICE.rglob("*.py"))
@@ -182,25 +189,28 @@ def _all_sites() -> list[tuple[str, str | None, str]]:
     ]
 
 
-SITES = _all_sites()
-
-
-def test_the_scan_sees_the_reasons_the_service_sends() -> None:
+def test_the_scan_sees_the_reasons_the_service_sends(
+    sites: list[tuple[str, str | None, str]],
+) -> None:
     """The scan is not vacuous: it finds direct, helper-passed and default reasons."""
-    found = {reason for reason, _, _ in SITES}
+    found = {reason for reason, _, _ in sites}
     assert {"ARCHIVE_PATH_TRAVERSAL", "INVALID_ENV", "SESSION_NOT_FOUND", "TOKEN_MISSING"} <= found
     assert len(found) > 60
 
 
-def test_every_reason_the_service_sends_is_in_the_enum() -> None:
-    unknown = sorted({f"{reason} ({where})" for reason, _, where in SITES if reason not in DOCS})
+def test_every_reason_the_service_sends_is_in_the_enum(
+    sites: list[tuple[str, str | None, str]],
+) -> None:
+    unknown = sorted({f"{reason} ({where})" for reason, _, where in sites if reason not in DOCS})
     assert not unknown, f"add these to ErrorReason in errors.proto and `make proto`: {unknown}"
 
 
-def test_every_reason_is_sent_with_its_one_declared_code() -> None:
+def test_every_reason_is_sent_with_its_one_declared_code(
+    sites: list[tuple[str, str | None, str]],
+) -> None:
     second = {
         (reason, code)
-        for reason, code, _ in SITES
+        for reason, code, _ in sites
         if reason in DOCS and code is not None and code != DOCS[reason].code
     }
     assert second == KNOWN_SECOND_CODES, (
