@@ -95,6 +95,9 @@ def _connect_as(path: Path, euid: int) -> socket.socket:
     os.seteuid(euid)
     try:
         sock.connect(str(path))
+    except BaseException:
+        sock.close()
+        raise
     finally:
         os.seteuid(0)
     return sock
@@ -108,9 +111,15 @@ def _open_to(directory: Path) -> None:
 
 
 async def _wait_listening(directory: Path) -> None:
-    for _ in range(200):
-        if (directory / SOCKET_NAME).exists():
-            return
+    """Until the agent listens on its socket. The file alone is not enough: the agent binds
+    it, then sets its mode, then listens; a test's own chmod between the first two would be
+    undone. A listening socket has __SO_ACCEPTCON (0x10000) in /proc/net/unix."""
+    path = str(directory / SOCKET_NAME)
+    for _ in range(250):
+        for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 8 and fields[-1] == path and int(fields[3], 16) & 0x10000:
+                return
         await asyncio.sleep(0.02)
     raise AssertionError("the agent never listened")
 
