@@ -11,6 +11,10 @@ tenant must not be able to keep them forever or take them all:
   holding it; the servicer's generator is closed and its cleanup runs at once. Interact's
   input may stay quiet (a person at a terminal): its own idle timeout bounds it
   (InteractStart.idle_timeout, no input and no output; sandboxd.interactive).
+  An upload's end is confirmed before the servicer sees it (`ended_by_the_client`): gRPC ends
+  a request stream the same way whether the client closed it or cancelled the call, and what
+  a servicer commits at the end (an import merged, a file renamed into place) must not land
+  for a client that went away.
 - `StreamCaps` (after authentication, so the tenant is known) counts each tenant's open
   streaming calls and refuses one over `tenant_max_streams` with RESOURCE_EXHAUSTED, reason
   TENANT_STREAM_QUOTA, before the servicer runs.
@@ -23,6 +27,8 @@ import contextlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+
+import grpc
 
 from sandboxd import errors, tenancy
 from sandboxd.api.chain import Layer, rewrap
@@ -50,7 +56,8 @@ class StreamGuard(Layer):
         idle = self._idle
 
         async def guarded(requests: Any, context: Any) -> Any:
-            return await behavior(idle_limited(requests, idle), context)
+            ended = ended_by_the_client(context)
+            return await behavior(idle_limited(requests, idle, ended), context)
 
         return guarded
 
@@ -95,14 +102,42 @@ class StreamGuard(Layer):
         return writer
 
 
-async def idle_limited(requests: AsyncIterator[Any], idle: float) -> AsyncIterator[Any]:
-    """The client's messages, each awaited at most `idle` seconds (StreamIdle otherwise)."""
+def ended_by_the_client(context: Any) -> Callable[[], Awaitable[None]]:
+    """A check, for the end of `context`'s request stream, that the client closed it.
+
+    grpc.aio reads a cancelled call's stream as ended: the read that the cancellation
+    completes returns no message, and the CancelledError that ends the handler comes a few
+    loop turns later. Core knows which it was: a batch started on a cancelled call fails. The
+    (empty) initial metadata is such a batch, harmless on a live call; its failure raises
+    CancelledError here, where the stream would have ended. Initial metadata the servicer
+    already sent leaves nothing to check with: the stream then ends as gRPC said."""
+
+    async def check() -> None:
+        try:
+            await context.send_initial_metadata(())
+        except grpc.aio.UsageError:
+            return  # sent already (or the call is finished): nothing left to ask with
+        except grpc.aio.InternalError:
+            raise asyncio.CancelledError("the client cancelled the call") from None
+
+    return check
+
+
+async def idle_limited(
+    requests: AsyncIterator[Any],
+    idle: float,
+    ended: Callable[[], Awaitable[None]] | None = None,
+) -> AsyncIterator[Any]:
+    """The client's messages, each awaited at most `idle` seconds (StreamIdle otherwise);
+    `ended`, when given, is awaited at the stream's end and may raise instead."""
     iterator = aiter(requests)
     while True:
         try:
             async with asyncio.timeout(idle):
                 item = await anext(iterator)
         except StopAsyncIteration:
+            if ended is not None:
+                await ended()
             return
         except TimeoutError:
             raise StreamIdle(

@@ -6,7 +6,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 from sandboxd.api import replies
 from sandboxd.api.errors import Ctx, stream, unary
-from sandboxd.api.limits import idle_limited
+from sandboxd.api.limits import ended_by_the_client, idle_limited
 from sandboxd.errors import InvalidArgument
 from sandboxd.reasons import Reason
 from sandboxd.templates.builds import BuildLog, Templates
@@ -54,7 +54,8 @@ class TemplateService(template_pb2_grpc.TemplateServiceServicer):
     async def BuildTemplate(
         self, request: AsyncIterator[template_pb2.BuildTemplateRequest], context: Ctx
     ) -> AsyncGenerator[template_pb2.BuildTemplateResponse, None]:
-        requests = aiter(idle_limited(request, self._idle_s))
+        # The build starts at the context's end: only for a client that closed it.
+        requests = aiter(idle_limited(request, self._idle_s, ended_by_the_client(context)))
         try:
             first = await anext(requests)
         except StopAsyncIteration:

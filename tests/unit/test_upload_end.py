@@ -1,0 +1,99 @@
+"""An upload's end, over a real gRPC port: what a servicer does when the request stream ends
+(merge an import, rename a file into place) happens only for a client that closed the stream,
+never for one that cancelled the call.
+
+grpc.aio reads a cancelled call's request stream as ended, and the CancelledError that stops
+the handler comes a few loop turns later: a handler that commits at the end could commit for a
+client that went away (an ImportArchive cancelled after a complete archive once landed whole).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from sandboxd.api.limits import StreamGuard
+
+METHOD = "/test.Uploads/Upload"
+ROUNDS = 60
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.read_one = asyncio.Event()
+        self.finished = asyncio.Event()
+        self.committed = 0
+
+    async def upload(self, requests: AsyncIterator[bytes], context: Any) -> bytes:
+        try:
+            async for _ in requests:
+                self.read_one.set()
+            self.committed += 1  # the commit point: the stream ended
+            return b"done"
+        finally:
+            self.finished.set()
+
+
+class Handlers(grpc.GenericRpcHandler):
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+
+    def service(self, details: Any) -> Any:
+        if details.method != METHOD:
+            return None
+        plain = grpc.stream_unary_rpc_method_handler(self._recorder.upload)
+        return StreamGuard(30).wrap(plain, details)
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Recorder, grpc.aio.Channel]]:
+    recorder = Recorder()
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((Handlers(recorder),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield recorder, channel
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+async def _then_quiet() -> AsyncIterator[bytes]:
+    yield b"all of it"
+    await asyncio.Event().wait()  # the client goes quiet, then cancels
+
+
+async def test_a_cancelled_upload_never_reaches_its_end(
+    served: tuple[Recorder, grpc.aio.Channel],
+) -> None:
+    recorder, channel = served
+    upload = channel.stream_unary(METHOD)
+    for _ in range(ROUNDS):
+        recorder.read_one.clear()
+        recorder.finished.clear()
+        call = upload(_then_quiet())
+        await asyncio.wait_for(recorder.read_one.wait(), 10)
+        call.cancel()
+        await asyncio.wait_for(recorder.finished.wait(), 10)
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    assert recorder.committed == 0
+
+
+async def test_a_closed_upload_reaches_its_end_and_its_answer(
+    served: tuple[Recorder, grpc.aio.Channel],
+) -> None:
+    recorder, channel = served
+    upload = channel.stream_unary(METHOD)
+
+    async def requests() -> AsyncIterator[bytes]:
+        yield b"all of it"
+
+    for _ in range(5):
+        assert await upload(requests()) == b"done"
+    assert recorder.committed == 5
