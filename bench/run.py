@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import importlib
 import json
@@ -100,7 +101,8 @@ class Server:
         self.port = 0
         self.metrics_port = 0
         self.e2b_url = ""
-        self.lines: list[str] = []
+        # The last lines, for an error: a deque, since the load scenario logs a line per call.
+        self.lines: collections.deque[str] = collections.deque(maxlen=500)
         self._ready = asyncio.Event()
         self._drain = asyncio.create_task(self._read())
 
@@ -109,7 +111,8 @@ class Server:
         async for raw in self.proc.stdout:
             line = raw.decode(errors="replace")
             self.lines.append(line)
-            del self.lines[:-500]
+            if self._ready.is_set():
+                continue  # the ports are printed before "listening": nothing more to find
             if m := _METRICS_RE.search(line):
                 self.metrics_port = int(m.group(2))
             if m := _E2B_RE.search(line):
@@ -122,7 +125,7 @@ class Server:
     async def wait_ready(self) -> None:
         await asyncio.wait_for(self._ready.wait(), timeout=60)
         if not self.port:
-            raise RuntimeError("sandboxd did not start:\n" + "".join(self.lines[-50:]))
+            raise RuntimeError("sandboxd did not start:\n" + "".join(list(self.lines)[-50:]))
 
     def rss_mib(self, key: str = "VmRSS") -> float:
         """VmRSS now (or VmHWM: the peak since start, or since bench_archive reset it)."""

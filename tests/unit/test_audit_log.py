@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -230,6 +231,29 @@ def test_log_lines_of_a_traced_call_carry_its_trace_id() -> None:
     untraced = logging.makeLogRecord({"msg": "hello", "levelname": "INFO", "name": "x"})
     TraceFilter().filter(untraced)
     assert "trace_id" not in json.loads(JsonFormatter().format(untraced))
+
+
+@pytest.mark.parametrize(
+    "created",
+    [
+        1_764_806_400.0,  # a second's start
+        1_764_806_400.0004999,
+        1_764_806_400.9994999,
+        1_764_806_400.9999996,  # rounds into the next second
+        1_764_806_459.1239996,  # rounds across a millisecond
+        1_798_761_599.999,  # the last millisecond of a year
+        time.time(),
+    ],
+)
+def test_json_time_is_the_records_utc_time_to_the_millisecond(created: float) -> None:
+    """The time's text is made once per second, not by a datetime per line: it must be the
+    one `datetime` writes, at every edge of its rounding (one formatter, lines in order)."""
+    formatter = JsonFormatter()
+    for at in (created - 1.0005, created, created + 0.0004, created):
+        record = logging.makeLogRecord({"msg": "m", "levelname": "INFO", "name": "x"})
+        record.created = at
+        expected = datetime.fromtimestamp(at, tz=UTC).isoformat(timespec="milliseconds")
+        assert json.loads(formatter.format(record))["time"] == expected
 
 
 def test_per_tenant_metrics_have_no_session_label_and_bounded_tenants() -> None:
