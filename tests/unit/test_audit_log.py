@@ -242,7 +242,7 @@ def test_log_lines_of_a_traced_call_carry_its_trace_id() -> None:
         1_764_806_400.9999996,  # rounds into the next second
         1_764_806_459.1239996,  # rounds across a millisecond
         1_798_761_599.999,  # the last millisecond of a year
-        time.time(),
+        1_796_389_647.4307985,  # an ordinary moment
     ],
 )
 def test_json_time_is_the_records_utc_time_to_the_millisecond(created: float) -> None:

@@ -97,3 +97,69 @@ async def test_a_closed_upload_reaches_its_end_and_its_answer(
     for _ in range(5):
         assert await upload(requests()) == b"done"
     assert recorder.committed == 5
+
+
+REFUSED = "/test.Uploads/Refused"
+
+
+class Refuser:
+    """A handler that reads its stream on a task of its own and refuses the upload while that
+    task may be confirming the stream's end, as an import does when a member is refused."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    async def upload(self, requests: AsyncIterator[bytes], context: Any) -> bytes:
+        got_one = asyncio.Event()
+
+        async def feed() -> None:
+            async for _ in requests:
+                got_one.set()
+
+        feeder = asyncio.create_task(feed())
+        await got_one.wait()
+        for _ in range(self.turns):  # each round refuses a loop turn later
+            await asyncio.sleep(0)
+        feeder.cancel()
+        try:
+            await feeder
+        except asyncio.CancelledError:
+            pass
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "refused")
+        raise AssertionError("abort raises")
+
+
+class RefusingHandlers(grpc.GenericRpcHandler):
+    def __init__(self, refuser: Refuser) -> None:
+        self._refuser = refuser
+
+    def service(self, details: Any) -> Any:
+        if details.method != REFUSED:
+            return None
+        plain = grpc.stream_unary_rpc_method_handler(self._refuser.upload)
+        return StreamGuard(30).wrap(plain, details)
+
+
+async def test_an_upload_refused_as_its_end_is_confirmed_is_answered() -> None:
+    """The confirmation of the end is a batch on the call; a refusal answered while it is in
+    flight would send the initial metadata twice, and the client would wait forever."""
+    refuser = Refuser()
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((RefusingHandlers(refuser),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    upload = channel.stream_unary(REFUSED)
+
+    async def requests() -> AsyncIterator[bytes]:
+        yield b"all of it"
+
+    try:
+        for turns in range(ROUNDS):
+            refuser.turns = turns % 12
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await upload(requests(), timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, turns
+    finally:
+        await channel.close()
+        await server.stop(None)

@@ -110,17 +110,33 @@ def ended_by_the_client(context: Any) -> Callable[[], Awaitable[None]]:
     loop turns later. Core knows which it was: a batch started on a cancelled call fails. The
     (empty) initial metadata is such a batch, harmless on a live call; its failure raises
     CancelledError here, where the stream would have ended. Initial metadata the servicer
-    already sent leaves nothing to check with: the stream then ends as gRPC said."""
+    already sent leaves nothing to check with: the stream then ends as gRPC said.
+
+    The batch is let finish even when the reading task is cancelled (a servicer refusing
+    the upload stops its reader): an answer sent while it is in flight would carry the
+    initial metadata a second time, core would refuse that batch, and the client would wait
+    for a status that never comes."""
 
     async def check() -> None:
+        batch = asyncio.ensure_future(context.send_initial_metadata(()))
+        batch.add_done_callback(_retrieved)
         try:
-            await context.send_initial_metadata(())
+            await asyncio.shield(batch)
+        except asyncio.CancelledError:
+            await asyncio.wait([batch])
+            raise
         except grpc.aio.UsageError:
             return  # sent already (or the call is finished): nothing left to ask with
         except grpc.aio.InternalError:
             raise asyncio.CancelledError("the client cancelled the call") from None
 
     return check
+
+
+def _retrieved(batch: asyncio.Future[None]) -> None:
+    """The batch's outcome, taken even when nobody awaits it (its reader was cancelled)."""
+    if not batch.cancelled():
+        batch.exception()
 
 
 async def idle_limited(
