@@ -150,7 +150,16 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 
 def configure_logging(level: str, fmt: str) -> None:
-    """Install the one stderr handler of the server process (replacing any earlier one)."""
+    """Install the one stderr handler of the server process (replacing any earlier one).
+
+    Every record also stops gathering what no line of the server prints (the logging HOWTO's
+    "Optimization"): the caller's file and line (a walk up the stack per record), the thread,
+    the process and its name. A busy server logs a line per call on its one loop thread; the
+    line costs about 40% less without them (docs/performance.md)."""
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = BatchingHandler(sys.stderr)
     handler.addFilter(TraceFilter())
     if fmt == "json":
