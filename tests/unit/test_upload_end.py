@@ -10,7 +10,7 @@ client that went away (an ImportArchive cancelled after a complete archive once 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -18,6 +18,7 @@ import pytest
 from sandboxd.api.limits import StreamGuard
 
 METHOD = "/test.Uploads/Upload"
+REFUSED = "/test.Uploads/Refused"
 ROUNDS = 60
 
 
@@ -35,71 +36,6 @@ class Recorder:
             return b"done"
         finally:
             self.finished.set()
-
-
-class Handlers(grpc.GenericRpcHandler):
-    def __init__(self, recorder: Recorder) -> None:
-        self._recorder = recorder
-
-    def service(self, details: Any) -> Any:
-        if details.method != METHOD:
-            return None
-        plain = grpc.stream_unary_rpc_method_handler(self._recorder.upload)
-        return StreamGuard(30).wrap(plain, details)
-
-
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[Recorder, grpc.aio.Channel]]:
-    recorder = Recorder()
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((Handlers(recorder),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield recorder, channel
-    finally:
-        await channel.close()
-        await server.stop(None)
-
-
-async def _then_quiet() -> AsyncIterator[bytes]:
-    yield b"all of it"
-    await asyncio.Event().wait()  # the client goes quiet, then cancels
-
-
-async def test_a_cancelled_upload_never_reaches_its_end(
-    served: tuple[Recorder, grpc.aio.Channel],
-) -> None:
-    recorder, channel = served
-    upload = channel.stream_unary(METHOD)
-    for _ in range(ROUNDS):
-        recorder.read_one.clear()
-        recorder.finished.clear()
-        call = upload(_then_quiet())
-        await asyncio.wait_for(recorder.read_one.wait(), 10)
-        call.cancel()
-        await asyncio.wait_for(recorder.finished.wait(), 10)
-        with pytest.raises(asyncio.CancelledError):
-            await call
-    assert recorder.committed == 0
-
-
-async def test_a_closed_upload_reaches_its_end_and_its_answer(
-    served: tuple[Recorder, grpc.aio.Channel],
-) -> None:
-    recorder, channel = served
-    upload = channel.stream_unary(METHOD)
-
-    async def requests() -> AsyncIterator[bytes]:
-        yield b"all of it"
-
-    for _ in range(5):
-        assert await upload(requests()) == b"done"
-    assert recorder.committed == 5
-
-
-REFUSED = "/test.Uploads/Refused"
 
 
 class Refuser:
@@ -129,37 +65,82 @@ class Refuser:
         raise AssertionError("abort raises")
 
 
-class RefusingHandlers(grpc.GenericRpcHandler):
-    def __init__(self, refuser: Refuser) -> None:
-        self._refuser = refuser
+class Handlers(grpc.GenericRpcHandler):
+    """Each method's upload handler, behind the StreamGuard the server puts in front of it."""
+
+    def __init__(self, uploads: dict[str, Callable[..., Awaitable[bytes]]]) -> None:
+        self._uploads = uploads
 
     def service(self, details: Any) -> Any:
-        if details.method != REFUSED:
+        upload = self._uploads.get(details.method)
+        if upload is None:
             return None
-        plain = grpc.stream_unary_rpc_method_handler(self._refuser.upload)
+        plain = grpc.stream_unary_rpc_method_handler(upload)
         return StreamGuard(30).wrap(plain, details)
 
 
-async def test_an_upload_refused_as_its_end_is_confirmed_is_answered() -> None:
-    """The confirmation of the end is a batch on the call; a refusal answered while it is in
-    flight would send the initial metadata twice, and the client would wait forever."""
-    refuser = Refuser()
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Recorder, Refuser, grpc.aio.Channel]]:
+    recorder, refuser = Recorder(), Refuser()
     server = grpc.aio.server()
-    server.add_generic_rpc_handlers((RefusingHandlers(refuser),))
+    server.add_generic_rpc_handlers((Handlers({METHOD: recorder.upload, REFUSED: refuser.upload}),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    upload = channel.stream_unary(REFUSED)
-
-    async def requests() -> AsyncIterator[bytes]:
-        yield b"all of it"
-
     try:
-        for turns in range(ROUNDS):
-            refuser.turns = turns % 12
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await upload(requests(), timeout=10)
-            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, turns
+        yield recorder, refuser, channel
     finally:
         await channel.close()
         await server.stop(None)
+
+
+async def _all_of_it() -> AsyncIterator[bytes]:
+    yield b"all of it"
+
+
+async def _then_quiet() -> AsyncIterator[bytes]:
+    yield b"all of it"
+    await asyncio.Event().wait()  # the client goes quiet, then cancels
+
+
+async def test_a_cancelled_upload_never_reaches_its_end(
+    served: tuple[Recorder, Refuser, grpc.aio.Channel],
+) -> None:
+    recorder, _, channel = served
+    upload = channel.stream_unary(METHOD)
+    for _ in range(ROUNDS):
+        recorder.read_one.clear()
+        recorder.finished.clear()
+        call = upload(_then_quiet())
+        await asyncio.wait_for(recorder.read_one.wait(), 10)
+        call.cancel()
+        await asyncio.wait_for(recorder.finished.wait(), 10)
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    assert recorder.committed == 0
+
+
+async def test_a_closed_upload_reaches_its_end_and_its_answer(
+    served: tuple[Recorder, Refuser, grpc.aio.Channel],
+) -> None:
+    recorder, _, channel = served
+    upload = channel.stream_unary(METHOD)
+
+    for _ in range(5):
+        assert await upload(_all_of_it()) == b"done"
+    assert recorder.committed == 5
+
+
+async def test_an_upload_refused_as_its_end_is_confirmed_is_answered(
+    served: tuple[Recorder, Refuser, grpc.aio.Channel],
+) -> None:
+    """The confirmation of the end is a batch on the call; a refusal answered while it is in
+    flight would send the initial metadata twice, and the client would wait forever."""
+    _, refuser, channel = served
+    upload = channel.stream_unary(REFUSED)
+
+    for turns in range(ROUNDS):
+        refuser.turns = turns % 12
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await upload(_all_of_it(), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, turns

@@ -33,6 +33,7 @@ import grpc
 from sandboxd import errors, tenancy
 from sandboxd.api.chain import Layer, rewrap
 from sandboxd.api.errors import StreamIdle, to_status
+from sandboxd.archive.pipe import retrieve
 from sandboxd.reasons import Reason
 from sandboxd.wait_clock import WaitClock
 
@@ -119,7 +120,7 @@ def ended_by_the_client(context: Any) -> Callable[[], Awaitable[None]]:
 
     async def check() -> None:
         batch = asyncio.ensure_future(context.send_initial_metadata(()))
-        batch.add_done_callback(_retrieved)
+        batch.add_done_callback(retrieve)  # its reader may be gone
         try:
             await asyncio.shield(batch)
         except asyncio.CancelledError:
@@ -131,12 +132,6 @@ def ended_by_the_client(context: Any) -> Callable[[], Awaitable[None]]:
             raise asyncio.CancelledError("the client cancelled the call") from None
 
     return check
-
-
-def _retrieved(batch: asyncio.Future[None]) -> None:
-    """The batch's outcome, taken even when nobody awaits it (its reader was cancelled)."""
-    if not batch.cancelled():
-        batch.exception()
 
 
 async def idle_limited(
