@@ -164,6 +164,7 @@ async def _load(args: argparse.Namespace) -> None:
                     args.output,
                     *(["--native"] if args.native else [] if args.blocking else ["--nonblocking"]),
                     *(["--threads"] if args.threads else []),
+                    *(["--gil"] if args.gil else []),
                 )
                 deadline = time.monotonic() + args.seconds
                 count = 0
@@ -220,6 +221,9 @@ def main() -> int:
         "--blocking", action="store_true", help="pause the server per sample (whole stacks)"
     )
     parser.add_argument("--threads", action="store_true", help="the thread id as the first frame")
+    parser.add_argument(
+        "--gil", action="store_true", help="only samples that hold the GIL (busy, not waiting)"
+    )
     args = parser.parse_args()
     asyncio.run(_load(args))
     top(args.output, args.top)

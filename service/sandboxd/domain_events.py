@@ -14,12 +14,13 @@ This module is a leaf: it imports nothing of the server, so every room can emit.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from sandboxd.futures import retrieve
 
 log = logging.getLogger(__name__)
 
@@ -419,13 +420,8 @@ class CallScope:
         """The call answered: later events are not its own. What it left pending runs on."""
         self.open = False
         for task in self.pending:
-            task.add_done_callback(_quiet)
+            task.add_done_callback(retrieve)
         self.pending = []
-
-
-def _quiet(task: asyncio.Future[object]) -> None:
-    with contextlib.suppress(BaseException):
-        task.result()
 
 
 CURRENT_SCOPE: ContextVar[CallScope | None] = ContextVar("sandboxd_call_scope", default=None)

@@ -33,6 +33,7 @@ from sandboxd.errors import (
     SandboxError,
     Unavailable,
 )
+from sandboxd.futures import retrieve
 from sandboxd.models import PullPolicy, SessionSpec, SessionState
 from sandboxd.reasons import Reason
 from sandboxd.registry import Reference, RegistryClient, load_credentials
@@ -242,7 +243,7 @@ class Pulls:
             flight = _Flight()
             flight.task = asyncio.create_task(self._run(key, image, flight), name=f"pull {key}")
             # Every waiter may have gone (deadlines): the outcome is still looked at.
-            flight.task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            flight.task.add_done_callback(retrieve)
             self._flights[key] = flight
         return flight
 

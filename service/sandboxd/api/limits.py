@@ -33,7 +33,7 @@ import grpc
 from sandboxd import errors, tenancy
 from sandboxd.api.chain import Layer, rewrap
 from sandboxd.api.errors import StreamIdle, to_status
-from sandboxd.archive.pipe import retrieve
+from sandboxd.futures import retrieve
 from sandboxd.reasons import Reason
 from sandboxd.wait_clock import WaitClock
 

@@ -48,6 +48,10 @@ _EventResponse = TypeVar(
 )
 
 
+# The encodings a Run may ask for: protobuf's `values()` builds a new list at every call.
+_OUTPUT_ENCODINGS = frozenset(process_pb2.OutputEncoding.values())
+
+
 def _exec_input(req: _Request) -> ExecRequestInput:
     """ExecRequest, RunRequest and StartProcessRequest share these fields."""
     return ExecRequestInput(
@@ -214,7 +218,7 @@ class ProcessService(process_pb2_grpc.ProcessServiceServicer):
         """Collects the output into one reply of at most the caller's limit (max_reply_bytes,
         else 4 MiB): what would not fit is dropped (the command runs on to its end) and
         `truncated` set, so the exit status always arrives."""
-        if request.output_encoding not in process_pb2.OutputEncoding.values():
+        if request.output_encoding not in _OUTPUT_ENCODINGS:
             raise InvalidArgument(
                 f"unknown output_encoding {request.output_encoding}", reason=Reason.INVALID_ARGUMENT
             )

@@ -16,7 +16,7 @@ import asyncio
 import collections
 import tarfile
 import threading
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from sandboxd.archive import policy
 from sandboxd.errors import ResourceExhausted
@@ -398,12 +398,6 @@ class Sink:
             if isinstance(exc, Cancelled) and not self.gone:
                 raise
             raise SinkError(str(exc)) from exc
-
-
-def retrieve(fut: asyncio.Future[Any]) -> None:
-    """Mark an outcome nobody awaits any more (the call was cancelled) as seen."""
-    if not fut.cancelled():
-        fut.exception()
 
 
 def settle(fut: asyncio.Future[T], result: T | BaseException) -> None:

@@ -29,12 +29,12 @@ from sandboxd.archive.pipe import (
     SinkError,
     Source,
     join_thread,
-    retrieve,
     settle,
 )
 from sandboxd.archive.policy import MemberChecker
 from sandboxd.commands import Unpacked
 from sandboxd.errors import SandboxError
+from sandboxd.futures import retrieve
 from sandboxd.helper_client import HelperClient, HelperResult, drain, tool_argv, tool_error
 from sandboxd.models import Session
 
