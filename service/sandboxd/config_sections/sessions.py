@@ -3,6 +3,7 @@ in-sandbox agent and directory watches."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from sandboxd.config_sections.units import GiB, MiB
@@ -78,11 +79,12 @@ class LimitsSection:
         lo=4096,
     )
 
-    @property
+    # Built once: every command's spec reads `max` (a frozen section, so it cannot go stale).
+    @functools.cached_property
     def default(self) -> Limits:
         return Limits(**{n: getattr(self, f"default_{n}") for n in LIMIT_NAMES})
 
-    @property
+    @functools.cached_property
     def max(self) -> Limits:
         return Limits(**{n: getattr(self, f"max_{n}") for n in LIMIT_NAMES})
 
