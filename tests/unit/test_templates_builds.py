@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import context_polyglots
 import pytest
 from fakes import FakeEngine
 from sandboxd import tenancy
@@ -253,4 +254,24 @@ async def test_a_context_the_engine_would_unpack_past_its_size_is_refused(
     with pytest.raises(InvalidArgument) as info:
         await env.build("ctx", "FROM busybox\nCOPY . /x\n", data)
     assert info.value.reason == "TEMPLATE_SPEC_INVALID"
+    assert env.engine.builds == []
+
+
+@pytest.mark.parametrize("kind", sorted(context_polyglots.MAGICS))
+async def test_a_plain_tar_the_engine_would_read_as_compressed_is_refused(
+    env: Env, kind: str
+) -> None:
+    """The engine picks a context's decompressor from its first bytes, so a tar whose header
+    starts with a compression magic is inflated by the engine though tarfile reads it plain
+    (a gzip one of 2 MiB was measured writing 2 GiB to the engine's disk)."""
+    data = (
+        context_polyglots.gzip_bomb(1 << 20)
+        if kind == "gzip"
+        else context_polyglots.named(context_polyglots.MAGICS[kind])
+    )
+    assert context_polyglots.members(data)  # a plain tar to Python
+    with pytest.raises(InvalidArgument) as info:
+        await env.build("ctx", "FROM busybox\nCOPY . /x\n", data)
+    assert info.value.reason == "TEMPLATE_SPEC_INVALID"
+    assert "compress" in info.value.message
     assert env.engine.builds == []

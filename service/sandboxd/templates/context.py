@@ -9,7 +9,11 @@ The engine unpacks the context onto its own disk before the first step, so what 
 must be no more than what was counted: the context is an uncompressed tar (the engine would
 inflate a compressed one) of regular files, directories and links only. A sparse member is
 refused: it declares holes the engine writes out as zeros, a few bytes of context for any
-size of disk.
+size of disk. The engine does not ask what the caller meant either: it picks the decompressor
+from the context's first bytes (Moby's `DetectCompression`), so a tar whose first header starts
+with a compression magic (its first member's name, say), which `tarfile` reads as plain, is
+read by the engine as a compressed stream of another tar, never checked here: a few MiB of
+such a context inflated to GiB on the engine's disk. Those prefixes are refused.
 """
 
 from __future__ import annotations
@@ -44,6 +48,24 @@ async def spool(chunks: AsyncIterator[bytes], dest: Path, cap: int) -> int:
     return total
 
 
+# Moby's DetectCompression: bzip2, gzip, xz, zstd; and a zstd skippable frame, 0x184D2A5?
+# little-endian, checked apart below.
+_MAGICS = (b"BZh", b"\x1f\x8b\x08", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
+
+
+def _check_not_compressed(tar_path: Path) -> None:
+    with tar_path.open("rb") as f:
+        head = f.read(8)
+    skippable = len(head) >= 8 and head[1:4] == b"\x2a\x4d\x18" and head[0] & 0xF0 == 0x50
+    if skippable or head.startswith(_MAGICS):
+        raise InvalidArgument(
+            "the build context starts with the bytes of a compressed stream (gzip, bzip2, xz, "
+            "zstd), which the engine would decompress: send an uncompressed tar whose first "
+            "member's name does not start with them",
+            reason=Reason.TEMPLATE_SPEC_INVALID,
+        )
+
+
 _KINDS = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE)
 
 
@@ -66,6 +88,7 @@ def add_dockerfile(tar_path: Path, member: str, text: str) -> None:
     info = tarfile.TarInfo(member)
     info.size = len(data)
     info.mode = 0o644
+    _check_not_compressed(tar_path)
     try:
         with (
             tarfile.open(tar_path, "a")
