@@ -71,3 +71,50 @@ def members(data: bytes) -> list[str]:
     """The member names tarfile reads in `data` as an uncompressed tar."""
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         return tar.getnames()
+
+
+def _pax(kind: bytes, records: dict[str, str]) -> bytes:
+    body = b""
+    for key, value in records.items():
+        rec = f" {key}={value}\n".encode()
+        n = len(rec) + 1
+        while len(str(n)) + len(rec) != n:
+            n = len(str(n)) + len(rec)
+        body += str(n).encode() + rec
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type, info.size = kind, len(body)
+    return info.tobuf(tarfile.USTAR_FORMAT) + body + bytes(-len(body) % 512)
+
+
+def plain_member(name: str, data: bytes = b"", size: int | None = None) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = len(data) if size is None else size
+    return info.tobuf(tarfile.USTAR_FORMAT) + data + bytes(-len(data) % 512)
+
+
+def pax_smuggled(hidden: bytes) -> bytes:
+    """A tar whose member `cover` holds `hidden` (whole tar members) to Python's tarfile and
+    holds nothing to Go's reader: a global pax header's `size` is applied by tarfile to the
+    next member that has a local pax header, by Go to none, so the engine reads `hidden` as
+    members of the context."""
+    return (
+        _pax(tarfile.XGLTYPE, {"size": str(len(hidden))})
+        + _pax(tarfile.XHDTYPE, {"comment": "x"})
+        + plain_member("cover", size=0)
+        + hidden
+        + bytes(1024)
+    )
+
+
+def raw_names(data: bytes) -> list[str]:
+    """The members of `data` as a reader that takes sizes from the headers alone and skips
+    pax headers unapplied (Go's reader, for a global header) cuts it."""
+    names, pos = [], 0
+    while pos + 512 <= len(data) and data[pos : pos + 512] != bytes(512):
+        header = data[pos : pos + 512]
+        size = int(header[124:136].rstrip(b"\0 ") or b"0", 8)
+        if header[156:157] not in (b"g", b"x"):
+            names.append(header[:100].rstrip(b"\0").decode("latin-1"))
+        kind = header[156:157]
+        pos += 512 + (0 if kind in (b"1", b"2", b"5") else -(-size // 512) * 512)
+    return names

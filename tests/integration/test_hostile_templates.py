@@ -277,6 +277,28 @@ def test_a_context_the_engine_would_inflate_never_reaches_it(tpl) -> None:
     assert error_info(err).reason == "TEMPLATE_SPEC_INVALID"
 
 
+def test_a_member_hidden_from_the_checks_never_reaches_the_engine(tpl) -> None:
+    """A tar that the server's tarfile and the engine's Go reader cut differently (a global
+    pax header's size, applied by tarfile to a later member and by Go to none): the member
+    only Go reads, never checked, is not in the context the engine unpacks, so the COPY of
+    it finds nothing (before: the engine unpacked it and the build copied it)."""
+    name = "hidden-" + secrets.token_hex(3)
+    hidden = context_polyglots.plain_member("hidden.txt", b"never checked\n")
+    requests = [
+        T.BuildTemplateRequest(
+            spec=T.TemplateSpec(name=name, dockerfile="FROM busybox\nCOPY hidden.txt /h\n")
+        ),
+        T.BuildTemplateRequest(context=context_polyglots.pax_smuggled(hidden)),
+    ]
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in tpl.BuildTemplate(iter(requests), timeout=120):
+            pass
+    err = info.value
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
+    assert error_info(err).reason == "TEMPLATE_BUILD_FAILED"
+    assert "hidden.txt" in (err.details() or ""), err.details()
+
+
 def test_copy_layers_past_max_image_bytes_are_stopped_and_leave_nothing(tpl, srv) -> None:
     """COPY is written by the engine itself, not by a step's process (no RLIMIT_FSIZE
     reaches it): eight COPYs of a 12 MiB context file make a 96 MiB image under a 48 MiB
