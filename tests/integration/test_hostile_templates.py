@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import context_polyglots
 import grpc
 import pytest
 from authutil import authed_stubs, write_tokens
@@ -251,6 +252,51 @@ def test_copy_through_a_context_symlink_never_reads_the_engine_host(tpl, source:
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
     assert error_info(err).reason == "TEMPLATE_BUILD_FAILED"
     assert "outside the build context" in (err.details() or "")
+
+
+def test_a_context_the_engine_would_inflate_never_reaches_it(tpl) -> None:
+    """A plain tar whose bytes are also a gzip stream of another tar: the engine picks its
+    decompressor from the context's first bytes, so it would unpack the inner tar (here
+    64 MiB of zeros from 64 KiB) and look for the server's Dockerfile in it. Refused before
+    the engine sees it (before: the engine inflated it and answered "Cannot locate specified
+    Dockerfile", a 2 MiB one was measured writing 2 GiB to its disk)."""
+    name = "bomb-" + secrets.token_hex(3)
+    context = context_polyglots.gzip_bomb(64 * MiB)
+    assert len(context) < 128 * 1024 and context_polyglots.members(context)
+    requests = [
+        T.BuildTemplateRequest(
+            spec=T.TemplateSpec(name=name, dockerfile="FROM busybox\nCOPY . /x\n")
+        ),
+        T.BuildTemplateRequest(context=context),
+    ]
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in tpl.BuildTemplate(iter(requests), timeout=120):
+            pass
+    err = info.value
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert error_info(err).reason == "TEMPLATE_SPEC_INVALID"
+
+
+def test_a_member_hidden_from_the_checks_never_reaches_the_engine(tpl) -> None:
+    """A tar that the server's tarfile and the engine's Go reader cut differently (a global
+    pax header's size, applied by tarfile to a later member and by Go to none): the member
+    only Go reads, never checked, is not in the context the engine unpacks, so the COPY of
+    it finds nothing (before: the engine unpacked it and the build copied it)."""
+    name = "hidden-" + secrets.token_hex(3)
+    hidden = context_polyglots.plain_member("hidden.txt", b"never checked\n")
+    requests = [
+        T.BuildTemplateRequest(
+            spec=T.TemplateSpec(name=name, dockerfile="FROM busybox\nCOPY hidden.txt /h\n")
+        ),
+        T.BuildTemplateRequest(context=context_polyglots.pax_smuggled(hidden)),
+    ]
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in tpl.BuildTemplate(iter(requests), timeout=120):
+            pass
+    err = info.value
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
+    assert error_info(err).reason == "TEMPLATE_BUILD_FAILED"
+    assert "hidden.txt" in (err.details() or ""), err.details()
 
 
 def test_copy_layers_past_max_image_bytes_are_stopped_and_leave_nothing(tpl, srv) -> None:

@@ -577,6 +577,30 @@ async def test_a_sandbox_never_sets_the_listeners_own_cookie(tmp_path: Path) -> 
         assert b"forged" not in got and b"app=kept" in got
 
 
+async def test_an_interim_answer_reaches_the_client_without_the_sandboxs_headers(
+    tmp_path: Path,
+) -> None:
+    """The `100 Continue` a client waits for is relayed bare: the headers of a sandbox's
+    interim answer (the listener's own cookie for another preview's path, origin-wide ones,
+    a Content-Length a lenient client would read a body by) never reach the client (before:
+    relayed as sent, past every filter of the final answer)."""
+    async with world(tmp_path) as w:
+        pb = await _tenant_preview(w, "bob", 9090)
+        interim = (
+            b"HTTP/1.1 100 Continue\r\n"
+            b"Set-Cookie: sandboxd_preview=forged; Path=/preview/alice.s/8080/\r\n"
+            + b"".join(h + b"\r\n" for h in ORIGIN_WIDE_HEADERS)
+            + b"Content-Length: 40\r\n\r\n"
+        )
+        await backend(
+            w, 9090, _answering(interim + b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        )
+        expect = ("Expect: 100-continue", "Connection: close")
+        got = await exchange(pb.path_url, req("/preview/bob.s/9090/", pb.token, *expect))
+        assert got.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK"), got
+        assert b"forged" not in got and b"Service-Worker" not in got, got
+
+
 ORIGIN_WIDE_HEADERS = (
     b"Service-Worker-Allowed: /",
     b'NEL: {"report_to":"x","max_age":86400,"success_fraction":1.0}',

@@ -11,7 +11,9 @@ import tarfile
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import context_polyglots
 import pytest
 from fakes import FakeEngine
 from sandboxd import tenancy
@@ -254,3 +256,49 @@ async def test_a_context_the_engine_would_unpack_past_its_size_is_refused(
         await env.build("ctx", "FROM busybox\nCOPY . /x\n", data)
     assert info.value.reason == "TEMPLATE_SPEC_INVALID"
     assert env.engine.builds == []
+
+
+@pytest.mark.parametrize("kind", sorted(context_polyglots.MAGICS))
+async def test_a_plain_tar_the_engine_would_read_as_compressed_is_refused(
+    env: Env, kind: str
+) -> None:
+    """The engine picks a context's decompressor from its first bytes, so a tar whose header
+    starts with a compression magic is inflated by the engine though tarfile reads it plain
+    (a gzip one of 2 MiB was measured writing 2 GiB to the engine's disk)."""
+    data = (
+        context_polyglots.gzip_bomb(1 << 20)
+        if kind == "gzip"
+        else context_polyglots.named(context_polyglots.MAGICS[kind])
+    )
+    assert context_polyglots.members(data)  # a plain tar to Python
+    with pytest.raises(InvalidArgument) as info:
+        await env.build("ctx", "FROM busybox\nCOPY . /x\n", data)
+    assert info.value.reason == "TEMPLATE_SPEC_INVALID"
+    assert "compress" in info.value.message
+    assert env.engine.builds == []
+
+
+async def test_the_engine_is_sent_the_members_checked_and_nothing_between_them(env: Env) -> None:
+    """tarfile and the engine's Go reader may cut one tar into different members (a global
+    pax header's size applies to a later member in tarfile, to none in Go): the engine is
+    sent the members as tarfile read them, each re-encoded by the server, so a member hidden
+    from the checks (here a regular file; a device or a sparse file alike) never reaches it."""
+    hidden = context_polyglots.plain_member("hidden.txt", b"never checked\n")
+    data = context_polyglots.pax_smuggled(hidden)
+    assert context_polyglots.members(data) == ["cover"]
+    assert "hidden.txt" in context_polyglots.raw_names(data)  # what Go would read
+    sent_contexts: list[bytes] = []
+    build_image = env.engine.build_image
+
+    def recording(context: Path, **kw: Any) -> AsyncIterator[str]:
+        sent_contexts.append(context.read_bytes())
+        return build_image(context, **kw)
+
+    env.engine.build_image = recording  # type: ignore[method-assign]
+    await env.build("ctx", "FROM busybox\nCOPY . /x\n", data)
+    (sent,) = sent_contexts
+    assert "hidden.txt" not in context_polyglots.raw_names(sent)
+    dockerfile = context_polyglots.members(sent)[0]
+    assert dockerfile.startswith(".sandboxd-dockerfile-")
+    assert context_polyglots.members(sent) == [dockerfile, "cover"]
+    assert context_polyglots.raw_names(sent) == [dockerfile, "cover"]

@@ -4,13 +4,13 @@ the cookie of a query token) and body back, or, after a `101 Switching Protocols
 the upgrade the request asked for (`upgrade`), both directions as raw bytes until each side is
 done (WebSocket and any other upgrade).
 
-Interim answers: `100 Continue` goes through once when the client sent `Expect:
-100-continue` (HTTP/1.1); `103 Early Hints` is dropped (its hints come again in the final
-answer, and a client then reads exactly one answer head per request, never one the sandbox
-shaped to look like the start of the next); any other 1xx, a 101 that was not asked for or
-does not match, ends the exchange before any of it reached the client (`SandboxBroke`: the
-listener answers 502 and closes the client's connection). All of them within the answer's
-one deadline: a sandbox cannot keep an exchange open with endless hints.
+Interim answers: `100 Continue` goes through once, bare (none of its headers), when the client
+sent `Expect: 100-continue` (HTTP/1.1); `103 Early Hints` is dropped (its hints come again in
+the final answer, and a client then reads exactly one answer head per request, never one the
+sandbox shaped to look like the start of the next); any other 1xx, a 101 that was not asked for
+or does not match, ends the exchange before any of it reached the client (`SandboxBroke`: the
+listener answers 502 and closes the client's connection). All of them within the answer's one
+deadline: a sandbox cannot keep an exchange open with endless hints.
 
 Backpressure: each direction is a loop that reads only after the previous write was taken
 (`ClientStream.write` waits for the socket to drain; the sandbox's stream waits likewise), so
@@ -206,6 +206,10 @@ async def _sent_early(client: ClientStream, early: asyncio.Task[bool]) -> bool:
 
 
 MAX_INTERIM = 16
+# The one interim answer a client is sent, as the listener writes it: the headers of a
+# sandbox's 100 would pass every filter of the final answer (the listener's own cookie, the
+# origin-wide headers) and a lenient client might read a body by its Content-Length.
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 async def _answer_or_bad_upload(
@@ -244,7 +248,7 @@ async def _answer_head(
                     raise SandboxBroke("100 Continue to a request that expected none")
                 if status == 100 and not continued:  # once: a second one is not news
                     continued = True
-                    await to_client(answer.encode())
+                    await to_client(CONTINUE)  # bare: none of the sandbox's headers
                 elif status not in (100, 103):
                     raise SandboxBroke(f"an unexpected interim answer {status}")
     except TimeoutError:
