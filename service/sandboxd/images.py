@@ -6,6 +6,9 @@ passes when its reference matches a pattern of the allowlist (the server's `imag
 or the tenant's own from the tokens file), or when it is one of the calling tenant's own
 snapshot images (by full id, or an id prefix of at least 12 hex digits). Images that declare
 VOLUMEs are refused whatever the list: a volume is writable host disk outside every cap.
+The server's own repositories (`PRIVATE_REPOSITORIES`: template builds, snapshots) are refused
+by name whatever the list says: their images are reached only through the server's own records
+(a template's or a snapshot's, with its tenant check), which name them by image id.
 
 Patterns: `*` matches any run of characters but `@` (so `/` and `:` too; a digest must be
 written out); nothing else is special.
@@ -25,6 +28,9 @@ from sandboxd.validation.image_refs import normalize_reference, parse_patterns
 
 __all__ = [
     "HEALTHCHECK_OFF",
+    "PRIVATE_REPOSITORIES",
+    "SNAPSHOT_REPOSITORY",
+    "TEMPLATE_REPOSITORY",
     "allowed_patterns",
     "check_image",
     "normalize_reference",
@@ -38,6 +44,18 @@ HEALTHCHECK_OFF: dict[str, list[str]] = {"Test": ["NONE"]}
 
 _ID_RE = re.compile(r"\A(?:sha256:)?([0-9a-f]{12,64})\Z")
 MIN_ID_PREFIX = 12
+
+# The repositories the server tags its own images in: never a caller's to name.
+TEMPLATE_REPOSITORY = "sandboxd-template"
+SNAPSHOT_REPOSITORY = "sandboxd-snapshot"
+PRIVATE_REPOSITORIES = frozenset({TEMPLATE_REPOSITORY, SNAPSHOT_REPOSITORY})
+
+
+def _repository(ref: str) -> str:
+    """The repository of a normalized reference: its name without tag or digest."""
+    name = ref.partition("@")[0].removeprefix("library/")
+    head, sep, tail = name.rpartition(":")
+    return head if sep and "/" not in tail else name
 
 
 def allowed_patterns(
@@ -85,7 +103,8 @@ def check_image(
         return
     if _ID_RE.match(image) is None:
         ref = normalize_reference(image)
-        if any(_matches(p, ref) for p in patterns):
+        private = _repository(ref) in PRIVATE_REPOSITORIES
+        if not private and any(_matches(p, ref) for p in patterns):
             return
     raise PermissionDenied(
         f"image {image[:200]!r} is not on this server's image allowlist; ask the operator "

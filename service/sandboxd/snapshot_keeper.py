@@ -13,7 +13,7 @@ import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
-from sandboxd import tenancy
+from sandboxd import images, tenancy
 from sandboxd.disk_snapshots import DiskSnapshots
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import (
@@ -46,7 +46,7 @@ AUTO_LABEL = LABEL_AUTO  # set on snapshots the server takes by itself
 AUTO_KEEP = 2  # automatic snapshots kept per session (the newest)
 SHUTDOWN_PARALLEL = 2  # snapshots taken at once at shutdown (2 cores: more only queues)
 _ID_RE = re.compile(r"\Asnap-[0-9a-f]{16}\Z")
-IMAGE_REPOSITORY = "sandboxd-snapshot"
+IMAGE_REPOSITORY = images.SNAPSHOT_REPOSITORY
 
 
 class WorkspaceArchive(Protocol):

@@ -111,3 +111,30 @@ def test_the_operators_default_image_is_allowed() -> None:
     check_image("docker.io/library/alp:latest", patterns)
     with pytest.raises(PermissionDenied):
         check_image("alp:2", patterns)
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "sandboxd-template:0123456789abcdef",  # another tenant's template build
+        "sandboxd-snapshot:0123456789abcdef",  # another tenant's snapshot
+        "docker.io/library/sandboxd-template:0123456789abcdef",
+        "library/sandboxd-snapshot:0123456789abcdef",
+        "sandboxd-template",
+        "sandboxd-snapshot@sha256:" + "0" * 64,
+    ],
+)
+@pytest.mark.parametrize("pattern", ["*", "sandboxd-*", "sandboxd-template:*,sandboxd-snapshot*"])
+def test_the_servers_own_repositories_are_refused_whatever_the_allowlist(
+    image: str, pattern: str
+) -> None:
+    with pytest.raises(PermissionDenied) as excinfo:
+        check_image(image, parse_patterns(pattern), own_images=OWN)
+    assert excinfo.value.reason == "IMAGE_NOT_ALLOWED"
+
+
+@pytest.mark.parametrize(
+    "image", ["sandboxd-runtime:busybox", "127.0.0.1:5000/sandboxd-template:1"]
+)
+def test_a_wide_allowlist_still_allows_the_runtime_and_registry_images(image: str) -> None:
+    check_image(image, parse_patterns("*"))

@@ -132,6 +132,46 @@ async def test_from_rules_resolve(env: Env) -> None:
     assert env.engine.builds[-1].splitlines()[0] == f"FROM {base.image}"
 
 
+async def test_no_tenant_builds_from_the_servers_own_repositories(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    config = Config(data_dir=tmp_path, image_allowlist="*")
+    async with SessionStore(tmp_path / "sessions.db") as store:
+        tstore = await TemplateStore(store.db).open()
+        quota = ImageQuota(0, engine, tstore, _no_snapshots)
+        templates = Templates(
+            config,
+            engine,
+            tstore,
+            tmp_path / "spool",
+            lambda t, n: _false(),
+            quota=quota,
+            settle_s=0,
+        )
+        try:
+            env = Env(templates, engine, set())
+            done = (await env.build("mine", "FROM busybox\n"))[-1]
+            assert isinstance(done, TemplateRecord)
+            engine.images[done.tag] = {}
+
+            async def as_beta() -> None:
+                tenancy.use_tenant("beta")
+                for base in (done.tag, "sandboxd-snapshot:0123456789abcdef"):
+                    engine.images[base] = {}
+                    with pytest.raises(InvalidArgument) as info:
+                        await env.build("steal", f"FROM {base}\n")
+                    assert info.value.reason == "TEMPLATE_FROM_NOT_ALLOWED"
+                await env.build("ok", "FROM busybox\n")  # the built-ins still resolve
+
+            await asyncio.create_task(as_beta())
+        finally:
+            await templates.wait_cleanups()
+            await templates.close()
+
+
+async def _false() -> bool:
+    return False
+
+
 async def test_tenants_do_not_see_each_other(env: Env) -> None:
     await env.build("mine", "FROM busybox\n")
 

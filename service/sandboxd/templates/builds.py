@@ -45,7 +45,7 @@ from sandboxd.templates.store import TemplateRecord, TemplateState, TemplateStor
 
 LABEL_BUILD = "io.sandboxd.template.build"
 LABEL_TEMPLATE = "io.sandboxd.template.name"
-TAG_REPOSITORY = "sandboxd-template"
+TAG_REPOSITORY = images.TEMPLATE_REPOSITORY
 SETTLE_S = 3.0  # a cancelled build's last step may still commit; prune again after this
 SETTLE_ROUNDS = 10
 CLOSE_GRACE_S = 5.0  # the longest shutdown waits for that prune beyond its settle time
