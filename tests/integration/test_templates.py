@@ -190,6 +190,24 @@ def test_template_on_template(alpha) -> None:
         tpl.DeleteTemplate(T.DeleteTemplateRequest(name=n))
 
 
+def test_the_base_is_pinned_to_the_checked_image(alpha) -> None:
+    # The engine builds on the id the server inspected: its own log names the id, not the tag.
+    _, tpl = alpha
+    name = "pinned-" + secrets.token_hex(3)
+    image_id = subprocess.run(
+        ["docker", "image", "inspect", "-f", "{{.Id}}", "sandboxd-runtime:busybox"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    lines, done = build(tpl, name, "FROM busybox\nRUN true\n")
+    assert done.state == T.TEMPLATE_STATE_READY
+    steps = [line for line in lines if "FROM" in line]
+    assert steps and all(image_id in line for line in steps), steps
+    assert not any("sandboxd-runtime" in line for line in steps), steps
+    tpl.DeleteTemplate(T.DeleteTemplateRequest(name=name))
+
+
 FROM_RULE, INSTRUCTION_RULE = "TEMPLATE_FROM_NOT_ALLOWED", "TEMPLATE_INSTRUCTION_NOT_ALLOWED"
 
 

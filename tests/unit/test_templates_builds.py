@@ -74,7 +74,9 @@ async def test_build_records_and_rewrites_from(env: Env) -> None:
     assert all(isinstance(e, BuildLog) for e in logs) and logs
     assert isinstance(done, TemplateRecord) and done.state is TemplateState.READY
     (built,) = env.engine.builds
-    assert built.splitlines()[0] == "FROM sandboxd-runtime:busybox"  # the resolved base
+    busybox = await env.engine.inspect_image("sandboxd-runtime:busybox")
+    assert busybox is not None
+    assert built.splitlines()[0] == f"FROM {busybox.image_id}"  # the base as inspected
     assert built.splitlines()[1].startswith(f"LABEL {LABEL_BUILD}=")
     assert (await env.templates.get("web")).image == done.image
     assert await env.templates.ready_images(tenancy.current()) == {"web": done.image}

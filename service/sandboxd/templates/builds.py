@@ -222,7 +222,8 @@ class Templates:
     # ----- build ------------------------------------------------------------------------
 
     async def _resolve_base(self, tenant: str, base: str) -> tuple[str, int]:
-        """The image a FROM names, and its size."""
+        """The image id a FROM names, as inspected here, and its size: the engine builds on
+        that id, so a tag moved after this check cannot change the base."""
         builtin = self._builtin_images()
         own = await self._store.get(tenant, base)
         if base in builtin:
@@ -261,7 +262,7 @@ class Templates:
                 reason=Reason.TEMPLATE_FROM_NOT_ALLOWED,
                 metadata={"image": base[:100]},
             )
-        return image, details.size_bytes
+        return details.image_id, details.size_bytes
 
     def _claim(self, tenant: str, name: str) -> None:
         if (tenant, name) in self._building:
