@@ -24,6 +24,7 @@ from typing import Any
 
 from sandboxd.errors import FailedPrecondition, PermissionDenied
 from sandboxd.reasons import Reason
+from sandboxd.registry import Reference
 from sandboxd.validation.image_refs import normalize_reference, parse_patterns
 
 __all__ = [
@@ -49,13 +50,6 @@ MIN_ID_PREFIX = 12
 TEMPLATE_REPOSITORY = "sandboxd-template"
 SNAPSHOT_REPOSITORY = "sandboxd-snapshot"
 PRIVATE_REPOSITORIES = frozenset({TEMPLATE_REPOSITORY, SNAPSHOT_REPOSITORY})
-
-
-def _repository(ref: str) -> str:
-    """The repository of a normalized reference: its name without tag or digest."""
-    name = ref.partition("@")[0].removeprefix("library/")
-    head, sep, tail = name.rpartition(":")
-    return head if sep and "/" not in tail else name
 
 
 def allowed_patterns(
@@ -103,7 +97,7 @@ def check_image(
         return
     if _ID_RE.match(image) is None:
         ref = normalize_reference(image)
-        private = _repository(ref) in PRIVATE_REPOSITORIES
+        private = Reference.parse(ref).name in PRIVATE_REPOSITORIES
         if not private and any(_matches(p, ref) for p in patterns):
             return
     raise PermissionDenied(

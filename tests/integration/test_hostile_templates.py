@@ -57,15 +57,25 @@ def tpl(srv: ServerProcess) -> template_pb2_grpc.TemplateServiceStub:
     return template_pb2_grpc.TemplateServiceStub(authed_stubs(srv.address, TOKEN).channel)
 
 
-def _requests(name: str, dockerfile: str) -> Iterator[T.BuildTemplateRequest]:
+def _requests(
+    name: str, dockerfile: str, context: bytes | None
+) -> Iterator[T.BuildTemplateRequest]:
     yield T.BuildTemplateRequest(spec=T.TemplateSpec(name=name, dockerfile=dockerfile))
+    if context is not None:
+        yield T.BuildTemplateRequest(context=context)
 
 
-def _build(tpl: template_pb2_grpc.TemplateServiceStub, name: str, dockerfile: str):
+def _build(
+    tpl: template_pb2_grpc.TemplateServiceStub,
+    name: str,
+    dockerfile: str,
+    context: bytes | None = None,
+    timeout: float = 180,
+):
     """(the log lines, the RpcError the build ended with, or None when it succeeded)."""
     lines: list[str] = []
     try:
-        for resp in tpl.BuildTemplate(_requests(name, dockerfile), timeout=180):
+        for resp in tpl.BuildTemplate(_requests(name, dockerfile, context), timeout=timeout):
             if resp.WhichOneof("event") == "log":
                 lines.append(resp.log.line)
     except grpc.RpcError as e:
@@ -234,20 +244,8 @@ def test_copy_through_a_context_symlink_never_reads_the_engine_host(tpl, source:
     COPY through them is resolved inside the context, so it finds nothing and the build fails;
     no file of the engine's host reaches the image."""
     name = "link-" + secrets.token_hex(3)
-    requests = [
-        T.BuildTemplateRequest(
-            spec=T.TemplateSpec(name=name, dockerfile=f"FROM busybox\nCOPY {source} /got\n")
-        ),
-        T.BuildTemplateRequest(context=_symlink_context()),
-    ]
-    lines: list[str] = []
-    err = None
-    try:
-        for resp in tpl.BuildTemplate(iter(requests), timeout=120):
-            if resp.WhichOneof("event") == "log":
-                lines.append(resp.log.line)
-    except grpc.RpcError as e:
-        err = e
+    dockerfile = f"FROM busybox\nCOPY {source} /got\n"
+    lines, err = _build(tpl, name, dockerfile, _symlink_context(), timeout=120)
     assert err is not None, ("a COPY through a symlink out of the context was built", lines)
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
     assert error_info(err).reason == "TEMPLATE_BUILD_FAILED"
@@ -263,16 +261,8 @@ def test_a_context_the_engine_would_inflate_never_reaches_it(tpl) -> None:
     name = "bomb-" + secrets.token_hex(3)
     context = context_polyglots.gzip_bomb(64 * MiB)
     assert len(context) < 128 * 1024 and context_polyglots.members(context)
-    requests = [
-        T.BuildTemplateRequest(
-            spec=T.TemplateSpec(name=name, dockerfile="FROM busybox\nCOPY . /x\n")
-        ),
-        T.BuildTemplateRequest(context=context),
-    ]
-    with pytest.raises(grpc.RpcError) as info:
-        for _ in tpl.BuildTemplate(iter(requests), timeout=120):
-            pass
-    err = info.value
+    lines, err = _build(tpl, name, "FROM busybox\nCOPY . /x\n", context, timeout=120)
+    assert err is not None, ("a context the engine would inflate was built", lines)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
     assert error_info(err).reason == "TEMPLATE_SPEC_INVALID"
 
@@ -284,16 +274,9 @@ def test_a_member_hidden_from_the_checks_never_reaches_the_engine(tpl) -> None:
     it finds nothing (before: the engine unpacked it and the build copied it)."""
     name = "hidden-" + secrets.token_hex(3)
     hidden = context_polyglots.plain_member("hidden.txt", b"never checked\n")
-    requests = [
-        T.BuildTemplateRequest(
-            spec=T.TemplateSpec(name=name, dockerfile="FROM busybox\nCOPY hidden.txt /h\n")
-        ),
-        T.BuildTemplateRequest(context=context_polyglots.pax_smuggled(hidden)),
-    ]
-    with pytest.raises(grpc.RpcError) as info:
-        for _ in tpl.BuildTemplate(iter(requests), timeout=120):
-            pass
-    err = info.value
+    context = context_polyglots.pax_smuggled(hidden)
+    lines, err = _build(tpl, name, "FROM busybox\nCOPY hidden.txt /h\n", context, timeout=120)
+    assert err is not None, ("a member hidden from the checks was built", lines)
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
     assert error_info(err).reason == "TEMPLATE_BUILD_FAILED"
     assert "hidden.txt" in (err.details() or ""), err.details()
