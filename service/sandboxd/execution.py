@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator
 
 from sandboxd.commands import Detach, DetachedExecs, SandboxCommands, Supervised, Where
+from sandboxd.digits import decimal
 from sandboxd.engine import ExecStream
 from sandboxd.errors import (
     EngineUnavailable,
@@ -68,9 +69,8 @@ def _signal_name(number: int) -> str:
 def parse_status(stdout: bytes) -> int:
     """`sbx status`'s answer: the signal the command died of, 0 when it exited."""
     words = stdout.decode(errors="replace").split()
-    if len(words) == 2 and words[0] == "signal" and words[1].isdigit():
-        return int(words[1])
-    return 0
+    signal = decimal(words[1], max_digits=3) if len(words) == 2 and words[0] == "signal" else None
+    return signal or 0
 
 
 GAP_FD = 16  # (fd + GAP_FD, length) from a stream: `length` bytes of fd lost on the way

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandboxd.digits import decimal
 from sandboxd.errors import ConfigError, ConfigProblems
 
 log = logging.getLogger(__name__)
@@ -160,8 +161,9 @@ def setting(
 
 
 def host_port_problem(value: str, example: str, *, ip_only: bool = True) -> str | None:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    host, sep, port_text = value.rpartition(":")
+    port = decimal(port_text, max_digits=5)
+    if not sep or not host or port is None or not 0 <= port <= 65535:
         return f"expected host:port, e.g. {example}"
     host = host.strip("[]")
     if ip_only and host not in ("localhost", "0.0.0.0", "::"):

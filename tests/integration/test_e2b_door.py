@@ -179,6 +179,42 @@ async def test_envd_refusals(door: tuple[ServerProcess, str], http: aiohttp.Clie
 
 
 @pytest.mark.asyncio
+async def test_numbers_no_codec_would_read_are_refused_not_failed(
+    door: tuple[ServerProcess, str], http: aiohttp.ClientSession
+) -> None:
+    """Superscript digits pass `str.isdigit()` and fail `int()`; a pty size past uint32 fails
+    protobuf. Each is the caller's mistake (400 / invalid_argument), never a 500 or a stream
+    cut short, and starts nothing."""
+    _, url = door
+    sbx = await _create(http, url)
+    for limit in ("\u00b2", "1\u00b3", "\u0661\u0662"):
+        async with http.get(
+            f"{url}/v2/sandboxes", params={"limit": limit}, headers={"X-API-KEY": ALPHA}
+        ) as r:
+            assert r.status == 400, (limit, r.status, await r.text())
+    list_dir = f"{url}/filesystem.Filesystem/ListDir"
+    async with http.post(
+        list_dir, json={"path": "/home/user", "depth": "\u00b2"}, headers=_envd(sbx)
+    ) as r:
+        assert r.status == 400 and (await r.json())["code"] == "invalid_argument"
+    start = f"{url}/process.Process/Start"
+    stream = {**_envd(sbx), "Content-Type": "application/connect+json"}
+    for size in ({"rows": 2**32, "cols": 80}, {"rows": 24, "cols": 1001}):
+        cmd = {
+            "process": {"cmd": "/bin/bash", "args": ["-c", "touch /home/user/ran"]},
+            "pty": {"size": size},
+        }
+        async with http.post(start, data=_frame(cmd), headers=stream) as r:
+            assert r.status == 200
+            error = _end_error(await r.read())
+            assert error is not None and error["code"] == "invalid_argument", (size, error)
+    async with http.post(
+        f"{url}/filesystem.Filesystem/Stat", json={"path": "ran"}, headers=_envd(sbx)
+    ) as r:
+        assert r.status == 404
+
+
+@pytest.mark.asyncio
 async def test_a_huge_upload_is_413_and_leaves_nothing(
     door: tuple[ServerProcess, str], http: aiohttp.ClientSession
 ) -> None:

@@ -227,6 +227,8 @@ async def test_bodies_chunked_and_100_continue(rig) -> None:  # type: ignore[no-
         b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
         b"GET / HTTP/1.1\r\nX: a\r\n folded\r\n\r\n",
         b"GET / HTTP/1.1\r\nNoColon\r\n\r\n",
+        # A superscript two in latin-1: `str.isdigit()` says yes, `int()` says no.
+        b"POST / HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n",
     ],
 )
 async def test_ambiguous_heads_refused(rig, request_bytes: bytes) -> None:  # type: ignore[no-untyped-def]
@@ -297,8 +299,20 @@ async def test_host_spellings_of_the_bound_name_accepted(rig) -> None:  # type: 
     assert all(h["Authorization"] == "Bearer the-real-value" for h in x.upstream.heads)
 
 
-@pytest.mark.parametrize("length", [b"x1", b"-1", b"1, 2", b"99999999999999999999"])
-async def test_upstream_with_a_bad_content_length_is_a_framing_error(length: bytes) -> None:
+@pytest.mark.parametrize(
+    "status_and_length",
+    [
+        (b"200", b"x1"),
+        (b"200", b"-1"),
+        (b"200", b"1, 2"),
+        (b"200", b"99999999999999999999"),
+        (b"200", b"\xb2"),
+        (b"\xb200", b"4"),
+    ],
+)
+async def test_upstream_with_a_bad_status_or_content_length_is_a_framing_error(
+    status_and_length: tuple[bytes, bytes],
+) -> None:
     import socket
 
     from sandboxd.secrets.inject import HeadError
@@ -315,7 +329,8 @@ async def test_upstream_with_a_bad_content_length_is_a_framing_error(length: byt
         "api.test", lambda: Secrets((API,), False, value_of), lambda *e: None, _send, 5
     )
     sandbox_w.write(get("/"))
-    origin_w.write(b"HTTP/1.1 200 OK\r\nContent-Length: " + length + b"\r\n\r\nbody")
+    status, length = status_and_length
+    origin_w.write(b"HTTP/1.1 %s OK\r\nContent-Length: %s\r\n\r\nbody" % (status, length))
     with pytest.raises(HeadError):
         await relay.run(client_r, client_w, up_r, up_w)
     for w in (client_w, sandbox_w, up_w, origin_w):

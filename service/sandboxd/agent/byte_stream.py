@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from sandboxd.agent import frames
 from sandboxd.agent.frames import FrameType, StreamError
 from sandboxd.agent.streams import AgentStream
+from sandboxd.digits import decimal
 from sandboxd.errors import SandboxError
 
 log = logging.getLogger(__name__)
@@ -412,7 +413,8 @@ def peer_of(doc: dict[str, Any]) -> tuple[str, int] | None:
     peer = doc.get("peer")
     if not isinstance(peer, str) or len(peer) > 64:
         return None
-    host, sep, port = peer.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    host, sep, port_text = peer.rpartition(":")
+    port = decimal(port_text, max_digits=5)
+    if not sep or port is None or not 0 < port < 65536:
         return None
-    return host, int(port)
+    return host, port

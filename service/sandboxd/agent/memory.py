@@ -4,6 +4,8 @@ limits) and by the process manager for each detached exec (from the session's)."
 
 from __future__ import annotations
 
+from sandboxd.digits import decimal
+
 # The least budget an agent is given (its rings' floors come on top: docs/agent.md, "Memory").
 AGENT_MIN_BUDGET = 4 * 1024 * 1024
 
@@ -71,8 +73,8 @@ def budget_of_container(host_config: dict[str, object], runtime_gvisor: str = "r
     tmpfs = host_config.get("Tmpfs")
     options = tmpfs.get("/workspace", "") if isinstance(tmpfs, dict) else ""
     for option in str(options).split(","):
-        if option.startswith("size=") and option[5:].isdigit():
-            workspace = int(option[5:])
+        if option.startswith("size=") and (size := decimal(option[5:])) is not None:
+            workspace = size
     gvisor = host_config.get("Runtime") == runtime_gvisor
     return agent_ring_budget(memory, workspace, gvisor=gvisor, pids=_nproc(host_config))
 

@@ -17,6 +17,8 @@ import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
+from sandboxd.digits import decimal
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -62,8 +64,8 @@ class Request:
 
     def _declares_over(self, limit: int) -> bool:
         """The request's Content-Length says its body is over `limit`."""
-        length = self.header("content-length")
-        return length is not None and length.isdigit() and int(length) > limit
+        length = decimal(self.header("content-length") or "")
+        return length is not None and length > limit
 
     def arg(self, name: str) -> str | None:
         values = self.query.get(name)

@@ -24,6 +24,7 @@ from sandboxd.connect import (
     connect_code,
 )
 from sandboxd.connect import HTTP_STATUS as GRPC_HTTP_STATUS
+from sandboxd.digits import decimal
 
 UNARY_CONTENT_TYPE = "application/json"
 STREAM_CONTENT_TYPE = "application/connect+json"
@@ -103,6 +104,7 @@ def timeout_s(header: str | None) -> float | None:
     """Connect-Timeout-Ms: at most 10 digits of milliseconds (the protocol's rule)."""
     if header is None:
         return None
-    if not header.isdigit() or len(header) > 10:
+    ms = decimal(header, max_digits=10)
+    if ms is None:
         raise ConnectError("invalid_argument", "connect-timeout-ms must be 1 to 10 digits")
-    return int(header) / 1000
+    return ms / 1000

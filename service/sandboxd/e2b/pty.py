@@ -23,6 +23,7 @@ from sandboxd.e2b.backend import Backend, metadata
 from sandboxd.e2b.connect import ConnectError, from_rpc_error
 from sandboxd.e2b.process_events import end_event
 from sandboxd.e2b.wire import b64, to_home
+from sandboxd.exec_spec import MAX_PTY_CELLS
 from sandboxd.v1 import process_pb2
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,12 @@ class Ptys:
         rows: int,
         cols: int,
     ) -> AsyncIterator[dict[str, Any]]:
+        if not (
+            0 <= rows <= MAX_PTY_CELLS and 0 <= cols <= MAX_PTY_CELLS
+        ):  # 0: the terminal's default
+            raise ConnectError(
+                "invalid_argument", f"pty.size is at most {MAX_PTY_CELLS} rows and cols"
+            )
         if len(self._live) >= MAX_IN_ALL or sum(s == sid for s, _ in self._live) >= MAX_PER_SANDBOX:
             raise ConnectError("resource_exhausted", "too many PTYs are open")
         pty = _Pty(sid, pid, argv, cwd)
@@ -182,8 +189,10 @@ class Ptys:
         )
 
     async def resize(self, sid: str, pid: int, rows: int, cols: int) -> None:
-        if not (0 < rows <= 10_000 and 0 < cols <= 10_000):
-            raise ConnectError("invalid_argument", "pty.size needs rows and cols")
+        if not (0 < rows <= MAX_PTY_CELLS and 0 < cols <= MAX_PTY_CELLS):
+            raise ConnectError(
+                "invalid_argument", f"pty.size needs 1 to {MAX_PTY_CELLS} rows and cols"
+            )
         await self._control(
             sid,
             pid,

@@ -20,6 +20,7 @@ from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 
 from sandboxd.connect import status_details
+from sandboxd.digits import decimal
 from sandboxd.e2b.asgi import Request, Send, reply, reply_json
 from sandboxd.e2b.backend import Backend, check_api_key, metadata
 from sandboxd.e2b.connect import ConnectError
@@ -249,12 +250,13 @@ class Rest:
         wanted = {session_pb2.SESSION_STATE_SUSPENDED} if "paused" in states else set()
         if "running" in states:
             wanted |= {session_pb2.SESSION_STATE_RUNNING, session_pb2.SESSION_STATE_CREATING}
-        limit = request.arg("limit")
-        if limit is not None and (not limit.isdigit() or not 1 <= int(limit) <= 1000):
+        limit_arg = request.arg("limit")
+        limit = decimal(limit_arg, max_digits=4) if limit_arg is not None else 100
+        if limit is None or not 1 <= limit <= 1000:
             raise RestError(400, "limit is 1 to 1000")
         req = session_pb2.ListSessionsRequest(
             label_selector=selector,
-            page_size=int(limit) if paged and limit else (100 if paged else 0),
+            page_size=limit if paged else 0,
             page_token=(request.arg("nextToken") or "") if paged else "",
         )
         if wanted == {session_pb2.SESSION_STATE_SUSPENDED}:

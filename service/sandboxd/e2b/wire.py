@@ -16,6 +16,7 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
+from sandboxd.digits import decimal
 from sandboxd.e2b.connect import ConnectError
 
 HOME = "/home/user"
@@ -79,8 +80,8 @@ def text(message: Mapping[str, Any], name: str) -> str:
 def uint(message: Mapping[str, Any], name: str) -> int:
     """A uint32/int64 field: a JSON number or a decimal string (both are the codec's)."""
     value = field(message, name, 0)
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)
+    if isinstance(value, str):
+        value = decimal(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
         raise ConnectError("invalid_argument", f"{name} must be a non-negative integer")
     return value

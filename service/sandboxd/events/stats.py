@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandboxd.commands import Plain, SandboxCommands, Where
+from sandboxd.digits import decimal
 from sandboxd.engine.protocol import Engine, SandboxStats
 from sandboxd.errors import SandboxError
 from sandboxd.events.hub import EventHub
@@ -49,7 +50,8 @@ async def workspace_used(commands: SandboxCommands, session: Session) -> int:
                     out += chunk[1]
     lines = out.decode(errors="replace").strip().splitlines()
     fields = lines[-1].split() if len(lines) >= 2 else []
-    return int(fields[2]) * 1024 if len(fields) >= 3 and fields[2].isdigit() else 0
+    used = decimal(fields[2]) if len(fields) >= 3 else None
+    return used * 1024 if used is not None else 0
 
 
 class StatsReader:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from sandboxd.digits import decimal
 from sandboxd.models import SecretBinding
 from sandboxd.secrets.bindings import SLOT
 from sandboxd.targets import MAX_HEADERS, TargetError, name_allowed, parse_authority
@@ -70,9 +71,10 @@ def body_framing(head: Head) -> int | None:
 def content_length(head: Head) -> int:
     """The one Content-Length value (repeats must agree), plain decimal; HeadError otherwise."""
     cl = head.get("content-length")
-    if not cl or len(set(cl)) != 1 or not cl[0].isdigit() or len(cl[0]) > 18:
+    length = decimal(cl[0], max_digits=18) if cl and len(set(cl)) == 1 else None
+    if length is None:
         raise HeadError("bad Content-Length")
-    return int(cl[0])
+    return length
 
 
 class HostMismatch(Exception):

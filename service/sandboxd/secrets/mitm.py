@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sandboxd.digits import decimal
 from sandboxd.models import SecretBinding
 from sandboxd.secrets.inject import (
     Head,
@@ -241,9 +242,9 @@ class HttpRelay:
                 return False
             resp = parse_head(raw)
             parts = resp.start.split(" ", 2)
-            if len(parts) < 2 or not parts[1].isdigit():
+            status = decimal(parts[1], max_digits=3) if len(parts) >= 2 else None
+            if status is None:
                 raise HeadError("bad status line")
-            status = int(parts[1])
             await self._send(client_w, raw, "down")
             if status == 101:
                 await self._tunnel(client_r, client_w, up_r, up_w)

@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sandboxd.digits import decimal
+
 CONNECT_UNARY = "connect-unary"
 CONNECT_STREAM = "connect-stream"
 GRPC_WEB = "grpc-web"
@@ -22,7 +24,7 @@ GRPC_WEB = "grpc-web"
 # the API, so it cannot act on ambient credentials.
 FORWARDED = ("authorization", "traceparent", "tracestate")
 
-_GRPC_TIMEOUT = re.compile(r"^(\d{1,8})([HMSmun])$")
+_GRPC_TIMEOUT = re.compile(r"\A([0-9]{1,8})([HMSmun])\Z")
 _UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
 
@@ -73,9 +75,10 @@ def deadline_of(protocol: Protocol, headers: Mapping[str, str]) -> float | None:
     value = headers.get("connect-timeout-ms")
     if value is None:
         return None
-    if not value.strip().isdigit() or len(value.strip()) > 10:
+    ms = decimal(value.strip(), max_digits=10)
+    if ms is None:
         raise ProtocolError(f"connect-timeout-ms {value!r}: expected up to 10 digits")
-    return int(value) / 1000.0
+    return ms / 1000.0
 
 
 def forwarded_metadata(headers: Mapping[str, str]) -> list[tuple[str, str]]:
