@@ -11,14 +11,18 @@ by name whatever the list says: their images are reached only through the server
 (a template's or a snapshot's, with its tenant check), which name them by image id.
 
 Patterns: `*` matches any run of characters but `@` (so `/` and `:` too; a digest must be
-written out); nothing else is special.
+written out); nothing else is special. A registry on the engine's own host or its networks
+(loopback, private and link-local addresses, `localhost`) is matched only by a pattern that
+names that host before its first `/`: `*` alone never sends a pull there.
 References and patterns are compared in their normal form: `docker.io/library/` and
 `docker.io/` dropped, `:latest` added to a reference with neither tag nor digest.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -67,7 +71,29 @@ def allowed_patterns(
 
 def _matches(pattern: str, ref: str) -> bool:
     regex = "[^@]*".join(re.escape(part) for part in pattern.split("*"))
-    return re.fullmatch(regex, ref) is not None
+    if re.fullmatch(regex, ref) is None:
+        return False
+    registry = Reference.parse(ref).registry
+    return not on_host_network(registry) or pattern.split("/", 1)[0] == registry
+
+
+def on_host_network(registry: str) -> bool:
+    """Whether a registry host is on the engine's own host or its networks: loopback, a
+    private, link-local or otherwise not global address (as the C resolver reads it, so
+    `127.1` too), or a `localhost` name. The engine pulls from its host's network, so a
+    wildcard is no operator's consent to that: only a pattern that names the host is."""
+    host = registry.rpartition("]")[0][1:] if registry.startswith("[") else registry
+    host = host.rsplit(":", 1)[0] if not registry.startswith("[") else host
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        try:  # the legacy spellings inet_aton takes and a resolver passes on: 127.1, 0x7f.1
+            address = ipaddress.ip_address(socket.inet_aton(host))
+        except OSError:
+            return False  # a name: the engine resolves it (SECURITY.md, "Registry pulls")
+    return not address.is_global
 
 
 def _own_snapshot(image: str, own_images: Collection[str]) -> bool:

@@ -14,6 +14,7 @@ import hashlib
 import json
 import platform
 import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,15 @@ _INDEX_TYPES = (
 _MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm"}
 _CHALLENGE_RE = re.compile(r'(\w+)="([^"]*)"')
+# The OCI image spec's digest grammar (algorithm, then an encoded hash of 32 or more).
+_DIGEST_RE = re.compile(r"\A[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]{32,}\Z")
+# RFC 6750's b64token: what a bearer token may be, so nothing else reaches a header.
+_TOKEN_RE = re.compile(r"\A[A-Za-z0-9._~+/-]+=*\Z")
+_MAX_TOKEN_ANSWER_BYTES = 64 * 1024  # a token service's whole answer (JWTs are a few KiB)
+
+
+class _Malformed(ValueError):
+    """A registry's answer of a shape the distribution API does not give it."""
 
 
 @dataclass(frozen=True)
@@ -130,12 +140,58 @@ def load_credentials(path: Path | None) -> dict[str, dict[str, str]]:
 
 
 def _platform_child(index: Mapping[str, Any]) -> str | None:
+    """This machine's manifest in an index: a digest in the digest grammar, since it becomes
+    the next request's path."""
     arch = _ARCH.get(platform.machine(), platform.machine())
-    for m in index.get("manifests") or ():
+    entries = index.get("manifests") or []
+    if not isinstance(entries, list) or not all(isinstance(m, dict) for m in entries):
+        raise _Malformed("its index's manifests are not a list of objects")
+    for m in entries:
         p = m.get("platform") or {}
+        if not isinstance(p, dict):
+            raise _Malformed("an index entry's platform is not an object")
         if p.get("os") == "linux" and p.get("architecture") == arch:
-            return str(m.get("digest"))
+            digest = m.get("digest")
+            if not isinstance(digest, str) or not _DIGEST_RE.match(digest):
+                raise _Malformed("an index entry's digest is not a digest")
+            return digest
     return None
+
+
+def _declared_size(doc: Mapping[str, Any]) -> int | None:
+    """The config's and layers' sizes a manifest declares; None when it lists no layers."""
+    layers = doc.get("layers")
+    if layers is None:
+        return None
+    config = doc.get("config") or {}
+    if not isinstance(layers, list) or not all(isinstance(x, dict) for x in [config, *layers]):
+        raise _Malformed("its config and layers are not objects")
+    return sum(_size(x.get("size")) for x in [config, *layers])
+
+
+def _size(value: object) -> int:
+    """A declared size: a whole number of bytes, not negative (JSON `true` is no size)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _Malformed("a size is not a whole number of bytes")
+    return value
+
+
+async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The answer's body, or its first `limit` + 1 bytes when it is longer: one read returns
+    what has arrived, so a big manifest takes several."""
+    body = bytearray()
+    while len(body) <= limit and (chunk := await resp.content.read(limit + 1 - len(body))):
+        body += chunk
+    return bytes(body)
+
+
+def _object(body: bytes) -> dict[str, Any]:
+    doc = json.loads(body)
+    if not isinstance(doc, dict):
+        raise _Malformed("its answer is not a JSON object")
+    return doc
 
 
 class RegistryClient:
@@ -150,27 +206,23 @@ class RegistryClient:
             async with aiohttp.ClientSession(timeout=self._timeout) as http:
                 target = ref.digest or ref.tag
                 body, media, digest = await self._get(http, ref, target, auth)
-                size: int | None = None
-                doc = json.loads(body)
+                doc = _object(body)
                 if media in _INDEX_TYPES or doc.get("manifests"):
                     child = _platform_child(doc)
                     if child is not None:
                         body, _, _ = await self._get(http, ref, child, auth)
-                        doc = json.loads(body)
-                if doc.get("layers") is not None:
-                    size = int((doc.get("config") or {}).get("size") or 0) + sum(
-                        int(layer.get("size") or 0) for layer in doc["layers"]
-                    )
-                return RemoteManifest(digest=digest, size_bytes=size)
+                        doc = _object(body)
+                return RemoteManifest(digest=digest, size_bytes=_declared_size(doc))
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise Unavailable(
                 f"registry {ref.registry} does not answer ({type(exc).__name__})",
                 reason=Reason.REGISTRY_UNREACHABLE,
                 metadata={"registry": ref.registry},
             ) from None
-        except ValueError:
+        except ValueError as exc:
+            why = str(exc) if isinstance(exc, _Malformed) else "it is not JSON"
             raise Unavailable(
-                f"registry {ref.registry} sent a manifest that is not JSON",
+                f"registry {ref.registry} sent a manifest this server cannot read ({why})",
                 reason=Reason.REGISTRY_UNREACHABLE,
                 metadata={"registry": ref.registry},
             ) from None
@@ -211,22 +263,47 @@ class RegistryClient:
             basic = "Basic " + base64.b64encode(pair).decode()
         if challenge.lower().startswith("bearer"):
             params = dict(_CHALLENGE_RE.findall(challenge))
-            realm = params.pop("realm", "")
-            if not realm:
-                raise self._unauthorized(ref)
+            realm = self._realm(ref, params.pop("realm", ""))
             params.setdefault("scope", f"repository:{ref.repository}:pull")
             token_headers = {"Authorization": basic} if basic else {}
-            async with http.get(realm, params=params, headers=token_headers) as resp:
-                if resp.status != 200:
+            # Not redirected: a realm's redirect could send the registry's credentials, and the
+            # server's own requests, anywhere the registry names next.
+            async with http.get(
+                realm, params=params, headers=token_headers, allow_redirects=False
+            ) as resp:
+                answer = await _read_at_most(resp, _MAX_TOKEN_ANSWER_BYTES)
+                if resp.status != 200 or len(answer) > _MAX_TOKEN_ANSWER_BYTES:
                     raise self._unauthorized(ref)
-                doc = await resp.json(content_type=None)
+            try:
+                doc = _object(answer)
+            except ValueError:
+                raise self._unauthorized(ref) from None
             token = doc.get("token") or doc.get("access_token")
-            if not token:
+            if not isinstance(token, str) or not _TOKEN_RE.match(token):
                 raise self._unauthorized(ref)
             return f"Bearer {token}"
         if not basic:
             raise self._unauthorized(ref)
         return basic
+
+    @staticmethod
+    def _realm(ref: Reference, realm: str) -> str:
+        """The token service a challenge names: https, or plain http on loopback beside a
+        loopback registry (the registry's credentials go there)."""
+        try:
+            url = urllib.parse.urlsplit(realm)
+            host = url.hostname or ""
+        except ValueError:  # a bracketed host that is no address, a port out of range
+            url, host = urllib.parse.urlsplit(""), ""
+        clear_ok = url.scheme == "http" and ref.is_loopback() and is_loopback_host(host)
+        if not host or not (url.scheme == "https" or clear_ok):
+            raise FailedPrecondition(
+                f"registry {ref.registry} named a token service this server does not use "
+                f"({realm[:200]!r}: an https URL is needed)",
+                reason=Reason.REGISTRY_UNAUTHORIZED,
+                metadata={"image": ref.name[:200], "registry": ref.registry},
+            )
+        return realm
 
     @staticmethod
     def _unauthorized(ref: Reference) -> FailedPrecondition:
@@ -253,14 +330,14 @@ class RegistryClient:
                 reason=Reason.REGISTRY_UNREACHABLE,
                 metadata={"registry": ref.registry},
             )
-        body = await resp.content.read(_MAX_MANIFEST_BYTES + 1)
+        body = await _read_at_most(resp, _MAX_MANIFEST_BYTES)
         if len(body) > _MAX_MANIFEST_BYTES:
             raise InvalidArgument(
                 f"the manifest of {ref.name!r} is larger than 4 MiB",
                 reason=Reason.INVALID_IMAGE,
             )
         media = resp.headers.get("Content-Type", "").split(";")[0].strip()
-        digest = resp.headers.get("Docker-Content-Digest") or (
-            "sha256:" + hashlib.sha256(body).hexdigest()
-        )
+        digest = resp.headers.get("Docker-Content-Digest", "")
+        if not _DIGEST_RE.match(digest):  # not believed: the body's own hash
+            digest = "sha256:" + hashlib.sha256(body).hexdigest()
         return body, media, digest

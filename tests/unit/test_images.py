@@ -134,7 +134,43 @@ def test_the_servers_own_repositories_are_refused_whatever_the_allowlist(
 
 
 @pytest.mark.parametrize(
-    "image", ["sandboxd-runtime:busybox", "127.0.0.1:5000/sandboxd-template:1"]
+    "image, pattern",
+    [
+        ("sandboxd-runtime:busybox", "*"),
+        ("python:3.12", "*"),
+        ("ghcr.io/org/tool:1", "*"),
+        ("127.0.0.1:5000/sandboxd-template:1", "127.0.0.1:5000/*"),
+        ("10.1.2.3:5000/rt:1", "10.1.2.3:5000/rt*"),
+    ],
 )
-def test_a_wide_allowlist_still_allows_the_runtime_and_registry_images(image: str) -> None:
-    check_image(image, parse_patterns("*"))
+def test_a_wide_allowlist_still_allows_the_runtime_and_registry_images(
+    image: str, pattern: str
+) -> None:
+    check_image(image, parse_patterns(pattern))
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "127.0.0.1:5000/rt:1",
+        "127.1:5000/rt:1",
+        "localhost:5000/rt:1",
+        "localhost/rt:1",
+        "[::1]:5000/rt:1",
+        "10.0.0.7/rt:1",
+        "192.168.1.1:443/rt:1",
+        "169.254.169.254/latest:1",
+        "100.64.0.1:80/rt:1",
+        "[fe80::1]:5000/rt:1",
+        "0.0.0.0:2375/rt:1",
+    ],
+)
+@pytest.mark.parametrize("pattern", ["*", "*/*", "*:*", "*/rt:*", "1*", "l*"])
+def test_a_wildcard_never_names_a_registry_on_the_hosts_own_network(
+    image: str, pattern: str
+) -> None:
+    """The engine pulls from its own host's network: a registry on loopback, a private or
+    link-local address is reached only where the operator's pattern names that host."""
+    with pytest.raises(PermissionDenied) as excinfo:
+        check_image(image, parse_patterns(pattern))
+    assert excinfo.value.reason == "IMAGE_NOT_ALLOWED"

@@ -27,6 +27,7 @@ GENERATED = {"v1"}  # the protobuf stubs (`make proto`), below everything
 BASE = frozenset(
     {
         "base64url",
+        "digits",
         "config",
         "config_sections",
         "engine_address",

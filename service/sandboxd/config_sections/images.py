@@ -25,7 +25,8 @@ class ImagesSection:
         "sandboxd-runtime:*",
         TEXT,
         "comma-separated image patterns sessions may use ('*' any run of characters); the "
-        "default image and a tenant's own snapshot images are always allowed",
+        "default image and a tenant's own snapshot images are always allowed; a registry on "
+        "loopback or a private address only by a pattern that names its host",
         flat="image_allowlist",
     )
     registry_auth_file: Path | None = setting(
