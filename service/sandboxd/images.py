@@ -74,16 +74,18 @@ def _matches(pattern: str, ref: str) -> bool:
     if re.fullmatch(regex, ref) is None:
         return False
     registry = Reference.parse(ref).registry
-    return not on_host_network(registry) or pattern.split("/", 1)[0] == registry
+    return not _on_host_network(registry) or pattern.split("/", 1)[0] == registry
 
 
-def on_host_network(registry: str) -> bool:
+def _on_host_network(registry: str) -> bool:
     """Whether a registry host is on the engine's own host or its networks: loopback, a
     private, link-local or otherwise not global address (as the C resolver reads it, so
     `127.1` too), or a `localhost` name. The engine pulls from its host's network, so a
     wildcard is no operator's consent to that: only a pattern that names the host is."""
-    host = registry.rpartition("]")[0][1:] if registry.startswith("[") else registry
-    host = host.rsplit(":", 1)[0] if not registry.startswith("[") else host
+    if registry.startswith("["):  # [v6]:port
+        host = registry[1:].partition("]")[0]
+    else:
+        host = registry.rsplit(":", 1)[0]
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:

@@ -90,9 +90,9 @@ class Ptys:
         rows: int,
         cols: int,
     ) -> AsyncIterator[dict[str, Any]]:
-        if not (
-            0 <= rows <= MAX_PTY_CELLS and 0 <= cols <= MAX_PTY_CELLS
-        ):  # 0: the terminal's default
+        # The server's own bound, checked here so that a size protobuf cannot carry (2**32 and
+        # more) is a 400, not a stream cut short; 0 is the terminal's default size.
+        if not (0 <= rows <= MAX_PTY_CELLS and 0 <= cols <= MAX_PTY_CELLS):
             raise ConnectError(
                 "invalid_argument", f"pty.size is at most {MAX_PTY_CELLS} rows and cols"
             )
