@@ -110,9 +110,8 @@ async def test_an_index_of_another_shape_is_the_registrys_fault(registry, index)
     assert len(seen) == 1  # no second request built from what the index said
 
 
-async def test_a_well_formed_manifest_is_sized() -> None:
+async def test_a_well_formed_manifest_is_sized(registry) -> None:  # type: ignore[no-untyped-def]
     """The control: the same client reads a manifest of the expected shape."""
-    runner_ref: list[Any] = []
 
     async def handler(request: web.Request) -> web.StreamResponse:
         body = json.dumps(_layers(100, 200)).encode()
@@ -120,20 +119,9 @@ async def test_a_well_formed_manifest_is_sized() -> None:
             body=body, headers={"Content-Type": MANIFEST, "Docker-Content-Digest": GOOD_DIGEST}
         )
 
-    app = web.Application()
-    app.router.add_route("GET", "/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    runner_ref.append(runner)
-    try:
-        port = runner.addresses[0][1]
-        ref = Reference.parse(f"127.0.0.1:{port}/fine/img:1")
-        got = await RegistryClient(timeout_s=5).resolve(ref, None)
-        assert got.size_bytes == 310 and got.digest == GOOD_DIGEST
-    finally:
-        await runner.cleanup()
+    ref, _ = await registry(handler)
+    got = await RegistryClient(timeout_s=5).resolve(ref, None)
+    assert got.size_bytes == 310 and got.digest == GOOD_DIGEST
 
 
 async def test_a_digest_header_not_in_the_digest_grammar_is_not_believed(registry) -> None:  # type: ignore[no-untyped-def]
@@ -154,6 +142,20 @@ def _challenge(realm: str) -> web.Response:
     )
 
 
+def _behind_tokens(token_service: Handler) -> Handler:
+    """A registry that challenges for a bearer token from its own `/token` (answered by
+    `token_service`) and serves a manifest to any request that carries one."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.path.startswith("/v2/"):
+            if "Authorization" in request.headers:
+                return web.Response(body=json.dumps(_layers(1)).encode(), content_type=MANIFEST)
+            return _challenge(f"http://{request.host}/token")
+        return await token_service(request)
+
+    return handler
+
+
 @pytest.mark.parametrize(
     "token_answer",
     [
@@ -166,17 +168,10 @@ def _challenge(realm: str) -> web.Response:
 async def test_a_token_answer_of_another_shape_is_refused_credentials(  # type: ignore[no-untyped-def]
     registry, token_answer: bytes
 ) -> None:
-    port: list[int] = []
+    async def tokens(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=token_answer, headers={"Content-Type": "application/json"})
 
-    async def handler(request: web.Request) -> web.StreamResponse:
-        if request.path == "/token":
-            return web.Response(body=token_answer, headers={"Content-Type": "application/json"})
-        if "Authorization" in request.headers:
-            return web.Response(body=json.dumps(_layers(1)).encode(), content_type=MANIFEST)
-        return _challenge(f"http://127.0.0.1:{port[0]}/token")
-
-    ref, _ = await registry(handler)
-    port.append(int(ref.registry.rsplit(":", 1)[1]))
+    ref, _ = await registry(_behind_tokens(tokens))
     with pytest.raises(FailedPrecondition) as err:
         await RegistryClient(timeout_s=5).resolve(ref, None)
     assert err.value.reason == Reason.REGISTRY_UNAUTHORIZED
@@ -185,19 +180,13 @@ async def test_a_token_answer_of_another_shape_is_refused_credentials(  # type: 
 async def test_the_token_realm_is_not_followed_through_a_redirect(registry) -> None:  # type: ignore[no-untyped-def]
     """A realm that redirects would send the server anywhere the registry names next (the
     host's own network included): the redirect is refused, its target never asked."""
-    port: list[int] = []
 
-    async def handler(request: web.Request) -> web.StreamResponse:
+    async def tokens(request: web.Request) -> web.StreamResponse:
         if request.path == "/token":
-            raise web.HTTPFound(f"http://127.0.0.1:{port[0]}/elsewhere")
-        if request.path == "/elsewhere":
-            return web.Response(body=b'{"token": "t"}', content_type="application/json")
-        if "Authorization" in request.headers:
-            return web.Response(body=json.dumps(_layers(1)).encode(), content_type=MANIFEST)
-        return _challenge(f"http://127.0.0.1:{port[0]}/token")
+            raise web.HTTPFound(f"http://{request.host}/elsewhere")
+        return web.Response(body=b'{"token": "t"}', content_type="application/json")
 
-    ref, seen = await registry(handler)
-    port.append(int(ref.registry.rsplit(":", 1)[1]))
+    ref, seen = await registry(_behind_tokens(tokens))
     with pytest.raises(FailedPrecondition) as err:
         await RegistryClient(timeout_s=5).resolve(ref, None)
     assert err.value.reason == Reason.REGISTRY_UNAUTHORIZED
