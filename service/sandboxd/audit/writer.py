@@ -17,9 +17,10 @@ import time
 from collections.abc import Awaitable
 from pathlib import Path
 
+from sandboxd import disk_full
 from sandboxd.audit.events import AuditEvent
 from sandboxd.audit.store import AuditStore
-from sandboxd.errors import Unavailable
+from sandboxd.errors import SandboxError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +156,17 @@ class AuditWriter:
                     data = "".join(e.to_json() + "\n" for e in written).encode()
                     await asyncio.to_thread(_append, self._export_fd, data)
             except Exception as exc:
-                log.exception("audit write failed (%d event(s))", len(batch))
-                failure = Unavailable(f"the audit log could not be written: {exc}")
+                # Not retried here: the batch's calls are answered with the failure (their
+                # events not recorded, so not looking recorded); an event no call waits on
+                # (record_nowait) is dropped and counted in this line. A full disk is the
+                # operator's SERVER_DISK_FULL; the next batch is a fresh write.
+                unwaited = sum(1 for _, future in batch if future is None)
+                log.exception(
+                    "audit write failed (%d event(s), %d dropped unanswered)", len(batch), unwaited
+                )
+                failure: SandboxError = disk_full.error_for(exc) or Unavailable(
+                    f"the audit log could not be written: {exc}"
+                )
                 for _, future in batch:
                     if future is not None and not future.done():
                         future.set_exception(failure)

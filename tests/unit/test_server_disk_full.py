@@ -1,0 +1,147 @@
+"""The server's own disk full: a write to the data directory that finds no space is answered
+RESOURCE_EXHAUSTED with reason SERVER_DISK_FULL naming the directory (never INTERNAL), reads
+keep answering, and the next write after space returns succeeds on the same open store.
+
+The full disk is SQLite's own: `PRAGMA max_page_count` caps the file at the pages it has, so
+the next page it needs fails with the real SQLITE_FULL ("database or disk is full") through
+aiosqlite, the error a full file system gives; raising the cap is space returning."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from sandboxd import disk_full
+from sandboxd.api import errors as api_errors
+from sandboxd.audit import AuditStore, AuditWriter
+from sandboxd.audit.events import AuditEvent
+from sandboxd.reasons import Reason
+from sandboxd.store import SessionStore
+
+from tests.unit.test_store_memory import _session
+
+BIG = "x" * 20_000  # labels that need new pages: a few rows fill what the cap leaves
+
+
+async def _fill(db: aiosqlite.Connection) -> int:
+    """Cap the file at the pages it has now; return the cap (to raise it again later)."""
+    async with db.execute("PRAGMA page_count") as cur:
+        row = await cur.fetchone()
+    assert row is not None
+    pages = int(row[0])
+    await db.execute(f"PRAGMA max_page_count = {pages}")
+    return pages
+
+
+async def _free(db: aiosqlite.Connection, pages: int) -> None:
+    await db.execute(f"PRAGMA max_page_count = {pages * 100}")
+
+
+class _Context:
+    def __init__(self) -> None:
+        self.status: grpc.Status | None = None
+
+    async def abort_with_status(self, status: grpc.Status) -> None:
+        self.status = status
+        raise grpc.aio.AbortError()
+
+
+class _Servicer:
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+
+    @api_errors.unary
+    async def Create(self, request: Any, context: Any) -> str:  # noqa: N802 - gRPC's style
+        session = _session(request)
+        session.labels = {"big": BIG}
+        await self.store.insert(session)
+        return "created"
+
+
+def _reason(status: grpc.Status) -> str:
+    (raw,) = [v for k, v in status.trailing_metadata if k == "grpc-status-details-bin"]
+    proto = status_pb2.Status.FromString(raw)
+    info = error_details_pb2.ErrorInfo()
+    proto.details[0].Unpack(info)
+    return info.reason
+
+
+async def test_a_session_write_on_a_full_disk_is_server_disk_full_and_recovers(
+    tmp_path: Path,
+) -> None:
+    disk_full.set_data_dir(tmp_path)
+    async with SessionStore(tmp_path / "sessions.db") as store:
+        await store.insert(_session("before"))
+        pages = await _fill(store.db)
+        servicer = _Servicer(store)
+        context = _Context()
+        with pytest.raises(grpc.aio.AbortError):
+            await servicer.Create("s-full", context)
+        assert context.status is not None
+        assert context.status.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert _reason(context.status) == Reason.SERVER_DISK_FULL
+        assert str(tmp_path) in context.status.details
+        # Nothing half-written, and reads still answer.
+        assert await store.get("s-full") is None
+        before = await store.get("before")
+        assert before is not None and before.session_id == "before"
+        # Space returns: the same open store writes again, no restart.
+        await _free(store.db, pages)
+        assert await servicer.Create("s-full", _Context()) == "created"
+        assert await store.get("s-full") is not None
+
+
+async def test_sqlite_full_is_told_apart_from_other_errors() -> None:
+    full = sqlite3.OperationalError("database or disk is full")
+    assert disk_full.cause(full) is full
+    assert disk_full.cause(sqlite3.OperationalError("no such table: x")) is None
+    assert disk_full.cause(OSError(errno.EACCES, "denied")) is None
+    try:
+        try:
+            raise full
+        except sqlite3.Error as exc:
+            raise RuntimeError("wrapped") from exc
+    except RuntimeError as outer:
+        assert disk_full.cause(outer) is full
+
+
+async def test_a_file_write_with_no_space_names_its_directory(tmp_path: Path) -> None:
+    exc = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "snapshots" / "a.tar"))
+    error = disk_full.error_for(exc)
+    assert error is not None and error.reason == Reason.SERVER_DISK_FULL
+    assert str(tmp_path / "snapshots") in error.message
+    assert api_errors.status_code_for(error) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    quota = disk_full.error_for(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert quota is not None
+
+
+def _event(n: int) -> AuditEvent:
+    return AuditEvent.of("command", time=time.time(), tenant="alpha", session_id="s1", n=n, b=BIG)
+
+
+async def test_an_audit_batch_on_a_full_disk_fails_its_calls_then_recovers(
+    tmp_path: Path,
+) -> None:
+    """The events of a batch that could not be committed are not acknowledged (the calls
+    waiting on them are answered SERVER_DISK_FULL, not told they were recorded); the writer
+    keeps running and commits the next batch once space returns."""
+    disk_full.set_data_dir(tmp_path)
+    async with AuditStore(tmp_path / "audit.db") as store:
+        writer = AuditWriter(store)
+        writer.start()
+        await writer.record(_event(0))
+        pages = await _fill(store.db)
+        with pytest.raises(disk_full.ServerDiskFull):
+            await asyncio.gather(*(writer.record(_event(i)) for i in range(1, 20)))
+        await _free(store.db, pages)
+        written = await writer.record(_event(99))
+        assert written.id is not None
+        await writer.close()
