@@ -12,6 +12,7 @@ import asyncio
 import errno
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from sandboxd.api import errors as api_errors
 from sandboxd.audit import AuditStore, AuditWriter
 from sandboxd.audit.events import AuditEvent
 from sandboxd.reasons import Reason
+from sandboxd.snapshot_store import SnapshotStore, new_snapshot
 from sandboxd.store import SessionStore
 
 from tests.unit.test_store_memory import _session
@@ -145,3 +147,30 @@ async def test_an_audit_batch_on_a_full_disk_fails_its_calls_then_recovers(
         written = await writer.record(_event(99))
         assert written.id is not None
         await writer.close()
+
+
+async def _chunks(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def test_a_snapshot_whose_record_cannot_be_written_leaves_no_file(tmp_path: Path) -> None:
+    """The tar is published under its sha256 before its record is inserted: a record the full
+    disk refused left the published tar behind, a file no record points at (found by this
+    test). Now neither file nor record stays; a tar another record shares is kept."""
+    disk_full.set_data_dir(tmp_path)
+    async with SessionStore(tmp_path / "sessions.db") as store:
+        snaps = await SnapshotStore(store.db, tmp_path / "snapshots").open()
+        shared = await snaps.add(_chunks(b"shared"), new_snapshot("s1", "alpha", "TAR", {}))
+        pages = await _fill(store.db)
+        big = {"big": BIG}
+        with pytest.raises(sqlite3.OperationalError) as raised:
+            await snaps.add(_chunks(b"new tar"), new_snapshot("s1", "alpha", "TAR", big))
+        assert disk_full.error_for(raised.value) is not None
+        with pytest.raises(sqlite3.OperationalError):
+            await snaps.add(_chunks(b"shared"), new_snapshot("s1", "alpha", "TAR", big))
+        files = sorted(p.name for p in (tmp_path / "snapshots").rglob("*") if p.is_file())
+        assert files == [f"{shared.sha256}.tar"]  # the shared tar stays, nothing else
+        assert [s.snapshot_id for s in await snaps.of_session("s1")] == [shared.snapshot_id]
+        await _free(store.db, pages)
+        again = await snaps.add(_chunks(b"new tar"), new_snapshot("s1", "alpha", "TAR", big))
+        assert snaps.path_of(again.sha256).exists()
