@@ -24,6 +24,7 @@ from sandboxd import disk_full
 from sandboxd.api import errors as api_errors
 from sandboxd.audit import AuditStore, AuditWriter
 from sandboxd.audit.events import AuditEvent
+from sandboxd.metrics import Metrics
 from sandboxd.reasons import Reason
 from sandboxd.snapshot_store import SnapshotStore, new_snapshot
 from sandboxd.store import SessionStore
@@ -174,3 +175,28 @@ async def test_a_snapshot_whose_record_cannot_be_written_leaves_no_file(tmp_path
         await _free(store.db, pages)
         again = await snaps.add(_chunks(b"new tar"), new_snapshot("s1", "alpha", "TAR", big))
         assert snaps.path_of(again.sha256).exists()
+
+
+async def test_audit_events_a_full_disk_did_not_record_are_counted(tmp_path: Path) -> None:
+    """An event no call waits on (an egress decision) has no one to tell: dropped, it is
+    counted in the metrics (sandboxd_audit_unrecorded, by fate) as well as logged, and so is
+    every event whose call was answered with the failure."""
+    metrics = Metrics()
+    async with AuditStore(tmp_path / "audit.db") as store:
+        writer = AuditWriter(store, on_unrecorded=metrics.audit_unrecorded_events)
+        writer.start()
+        await writer.record(_event(0))
+        pages = await _fill(store.db)
+        for i in range(3):
+            writer.record_nowait(_event(100 + i))
+        with pytest.raises(disk_full.ServerDiskFull):
+            await writer.record(_event(1))
+        await _free(store.db, pages)
+        await writer.close()
+    dropped = metrics.registry.get_sample_value(
+        "sandboxd_audit_unrecorded_total", {"fate": "dropped"}
+    )
+    answered = metrics.registry.get_sample_value(
+        "sandboxd_audit_unrecorded_total", {"fate": "answered"}
+    )
+    assert (dropped, answered) == (3.0, 1.0)

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from sandboxd import disk_full
@@ -37,7 +37,10 @@ class AuditWriter:
         max_age_s: float = 30 * 86400.0,
         max_bytes: int = 256 * 1024 * 1024,
         batch_window_s: float = 0.0,
+        on_unrecorded: Callable[[int, int], None] | None = None,
     ) -> None:
+        # Told (answered, dropped) for each batch a failed write did not record (metrics).
+        self._on_unrecorded = on_unrecorded
         self._batch_window_s = batch_window_s
         self._store = store
         self._export_path = export_path
@@ -158,12 +161,14 @@ class AuditWriter:
             except Exception as exc:
                 # Not retried here: the batch's calls are answered with the failure (their
                 # events not recorded, so not looking recorded); an event no call waits on
-                # (record_nowait) is dropped and counted in this line. A full disk is the
-                # operator's SERVER_DISK_FULL; the next batch is a fresh write.
+                # (record_nowait) is dropped, counted in this line and the metrics. A full
+                # disk is the operator's SERVER_DISK_FULL; the next batch is a fresh write.
                 unwaited = sum(1 for _, future in batch if future is None)
                 log.exception(
                     "audit write failed (%d event(s), %d dropped unanswered)", len(batch), unwaited
                 )
+                if self._on_unrecorded is not None:
+                    self._on_unrecorded(len(batch) - unwaited, unwaited)
                 failure: SandboxError = disk_full.error_for(exc) or Unavailable(
                     f"the audit log could not be written: {exc}"
                 )

@@ -173,6 +173,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         max_age_s=config.audit.max_age_s,
         max_bytes=config.audit.max_bytes,
         batch_window_s=config.audit.batch_window_s,
+        on_unrecorded=metrics.audit_unrecorded_events,
     )
     audit.start()
     stack.push_async_callback(audit.close)  # after the gRPC server stopped: flush, then close
