@@ -65,9 +65,9 @@ class ServerDiskFull(ResourceExhausted):
     def __init__(self, directory: Path | None) -> None:
         where = f"its data directory {directory}" if directory else "its data directory"
         super().__init__(
-            f"the server's disk is full: no space left to write {where}; nothing was changed."
-            " The operator frees space there (old snapshots, the audit database);"
-            " the next call succeeds without a restart"
+            f"the server's disk is full: no space left to write {where}, so this call's"
+            " records could not be kept. The operator frees space there (old snapshots, the"
+            " audit database); the next write succeeds without a restart"
         )
 
 

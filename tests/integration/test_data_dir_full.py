@@ -2,9 +2,9 @@
 
 Filled to the last block, CreateSession is refused RESOURCE_EXHAUSTED SERVER_DISK_FULL naming
 the directory and leaves no container of the server's owner behind; GetSession and
-ListSessions still answer; once space is freed the next CreateSession succeeds, no restart.
-The tmpfs is mounted for the test and always unmounted after it (skipped where mounting is not
-permitted).
+ListSessions still answer (Run is refused the same way: its audit records cannot be kept);
+once space is freed the next CreateSession succeeds, no restart. The tmpfs is mounted for the
+test and always unmounted after it (skipped where mounting is not permitted).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import grpc
 import pytest
 from conftest import make_stubs, remove_owned_containers, start_server
 from google.rpc import error_details_pb2, status_pb2
-from sandboxd.v1 import common_pb2, session_pb2
+from sandboxd.v1 import common_pb2, process_pb2, session_pb2
 
 CALL_TIMEOUT = 60.0
 
@@ -119,6 +119,14 @@ def test_create_session_on_a_full_data_dir_is_refused_cleanly_and_recovers(
         assert first in {s.session_id for s in listed}
         assert len(listed) == 1 + created
         assert len(_owned(owner)) == len(before) + created
+        # A command in the running session runs, but its audit records cannot be committed:
+        # the call is answered so (the audit log's promise), never INTERNAL or UNAVAILABLE.
+        with pytest.raises(grpc.RpcError) as ran:
+            stubs.processes.Run(
+                process_pb2.RunRequest(session_id=first, argv=["true"]), timeout=CALL_TIMEOUT
+            )
+        assert ran.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, ran.value.details()
+        assert _reason(ran.value) == "SERVER_DISK_FULL"
         # Space returns: the same server creates again.
         filler.unlink()
         again = stubs.sessions.CreateSession(create, timeout=CALL_TIMEOUT).session.session_id
