@@ -12,9 +12,11 @@ the failure), the first write after space returns succeeds, without a restart.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 from sandboxd.errors import ResourceExhausted
@@ -82,3 +84,17 @@ def error_for(exc: BaseException) -> ServerDiskFull | None:
         directory = Path(str(full.filename)).parent
     log.error("server disk full (%s): %s", directory or "data directory", full)
     return ServerDiskFull(directory)
+
+
+@contextlib.contextmanager
+def translated() -> Iterator[None]:
+    """Around a background loop's round (the reaper, the sweep, a checkpoint): a full disk
+    raised inside becomes ServerDiskFull, a SandboxError the loop logs and survives. Raw, it
+    escaped the loops' `except SandboxError`, and the server's task group stopped the server."""
+    try:
+        yield
+    except Exception as exc:
+        full = error_for(exc)
+        if full is None:
+            raise
+        raise full from exc

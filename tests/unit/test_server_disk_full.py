@@ -9,6 +9,7 @@ aiosqlite, the error a full file system gives; raising the cap is space returnin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import sqlite3
 import time
@@ -25,10 +26,13 @@ from sandboxd.api import errors as api_errors
 from sandboxd.audit import AuditStore, AuditWriter
 from sandboxd.audit.events import AuditEvent
 from sandboxd.metrics import Metrics
+from sandboxd.models import SessionState
 from sandboxd.reasons import Reason
+from sandboxd.sessions import CreateSessionInput
 from sandboxd.snapshot_store import SnapshotStore, new_snapshot
 from sandboxd.store import SessionStore
 
+from tests.unit.test_lease_expiry import MANIFEST, _end_lease, _stack
 from tests.unit.test_store_memory import _session
 
 BIG = "x" * 20_000  # labels that need new pages: a few rows fill what the cap leaves
@@ -200,3 +204,56 @@ async def test_audit_events_a_full_disk_did_not_record_are_counted(tmp_path: Pat
         "sandboxd_audit_unrecorded_total", {"fate": "answered"}
     )
     assert (dropped, answered) == (3.0, 1.0)
+
+
+async def _real_full_error(tmp_path: Path) -> sqlite3.Error:
+    """SQLite's own SQLITE_FULL, as aiosqlite raises it from a capped file."""
+    async with aiosqlite.connect(tmp_path / "full.db") as db:
+        await db.execute("CREATE TABLE t (v TEXT)")
+        await db.commit()
+        await _fill(db)
+        try:
+            await db.execute("INSERT INTO t VALUES (?)", (BIG,))
+        except sqlite3.Error as exc:
+            return exc
+    raise AssertionError("the capped file took the row")
+
+
+async def test_the_lease_reaper_survives_a_full_disk_and_expires_once_space_returns(
+    tmp_path: Path,
+) -> None:
+    """A full disk under the reaper raised past its `except SandboxError`: its task ended, and
+    the server's task group, which runs it, stopped the whole server. Now the round is logged
+    and the next one expires the lease."""
+    full = await _real_full_error(tmp_path)
+    async with _stack(tmp_path) as (sessions, store, _terms, _snaps):
+        await sessions.create(CreateSessionInput(session_id="s1", manifest=MANIFEST))
+        await _end_lease(store, "s1")
+        recovery = sessions._recovery
+        expire = recovery.expire
+        failures = [full]
+
+        async def expire_on_a_full_disk(session: Any) -> Any:
+            if failures:
+                raise failures.pop()
+            return await expire(session)
+
+        recovery.expire = expire_on_a_full_disk  # type: ignore[method-assign]
+        reaper = asyncio.create_task(sessions.run_reaper(3600.0))
+        try:
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if not failures:
+                    break
+            await asyncio.sleep(0.05)
+            assert not reaper.done(), reaper.exception()
+            sessions._recovery.wake()
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if (await sessions.get("s1")).state is SessionState.EXPIRED:
+                    break
+            assert (await sessions.get("s1")).state is SessionState.EXPIRED
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
