@@ -257,3 +257,31 @@ async def test_the_lease_reaper_survives_a_full_disk_and_expires_once_space_retu
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
+
+
+class _PingingEngine:
+    async def ping(self) -> str:
+        return "1.43"
+
+
+async def test_the_engine_monitor_survives_a_full_disk_under_its_reconcile(
+    tmp_path: Path,
+) -> None:
+    """The reconcile run when the engine comes back writes records: a full disk there ended
+    the monitor's task (and so the server); now it is logged and tried at the next check."""
+    from grpc_health.v1 import health
+    from sandboxd.api.engine_health import EngineMonitor
+
+    failures = [await _real_full_error(tmp_path)]
+    reconciled: list[bool] = []
+
+    async def on_up() -> None:
+        if failures:
+            raise failures.pop()
+        reconciled.append(True)
+
+    monitor = EngineMonitor(_PingingEngine(), health.aio.HealthServicer(), on_up, ())  # type: ignore[arg-type]
+    await monitor.check()
+    assert monitor.up is not True and not reconciled
+    await monitor.check()
+    assert monitor.up is True and reconciled == [True]
