@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from sandboxd import tenancy
+from sandboxd import disk_full, tenancy
 from sandboxd.errors import SandboxError
 from sandboxd.models import SessionState
 from sandboxd.snapshot_store import SnapshotStore
@@ -45,14 +45,15 @@ class Checkpoints:
                 continue
             token = tenancy.current_tenant.set(session.tenant)  # as the session's tenant
             try:
-                snap = await self._snapshots.create(
-                    session.session_id, {AUTO_LABEL: CHECKPOINT}, "", resume=False
-                )
-                for old in await self._store.of_session(session.session_id):
-                    if old.labels.get(AUTO_LABEL) == CHECKPOINT and old.snapshot_id != (
-                        snap.snapshot_id
-                    ):
-                        await self._snapshots.delete(old.snapshot_id)
+                with disk_full.translated():  # a full disk: this one not taken, the next tried
+                    snap = await self._snapshots.create(
+                        session.session_id, {AUTO_LABEL: CHECKPOINT}, "", resume=False
+                    )
+                    for old in await self._store.of_session(session.session_id):
+                        if old.labels.get(AUTO_LABEL) == CHECKPOINT and old.snapshot_id != (
+                            snap.snapshot_id
+                        ):
+                            await self._snapshots.delete(old.snapshot_id)
                 taken += 1
             except SandboxError as exc:  # refused (unreadable, full) or gone meanwhile
                 log.warning("checkpoint of %s not taken: %s", session.session_id, exc)

@@ -195,6 +195,13 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.audit_unrecorded = Counter(
+            "sandboxd_audit_unrecorded",
+            "Audit events a failed write (a full disk) did not record, by fate (answered: the"
+            " waiting call got the failure; dropped: no call waited, an egress decision)",
+            ["fate"],
+            registry=r,
+        )
         self.session_gauges = SessionGauges(r)  # set by session_metrics.SessionSampler
         for action in ("delete", "suspend", "snapshot"):
             self.lease_expiries.labels(action)
@@ -270,6 +277,10 @@ class Metrics:
 
     def engine_answers(self, up: bool) -> None:
         self.engine_up.set(1 if up else 0)
+
+    def audit_unrecorded_events(self, answered: int, dropped: int) -> None:
+        self.audit_unrecorded.labels("answered").inc(answered)
+        self.audit_unrecorded.labels("dropped").inc(dropped)
 
     def lease_expired(self, action: str) -> None:
         """action: delete, suspend or snapshot (kept, then deleted)."""

@@ -245,13 +245,17 @@ class SnapshotStore:
             return None
         await self._db.execute("DELETE FROM snapshots WHERE snapshot_id = ?", (snapshot_id,))
         await self._db.commit()
+        await self._unlink_unshared(snap.sha256)
+        return snap
+
+    async def _unlink_unshared(self, sha256: str) -> None:
+        """Remove the tar of `sha256` when no record points at it (under the content lock)."""
         async with self._db.execute(
-            "SELECT COUNT(*) FROM snapshots WHERE sha256 = ?", (snap.sha256,)
+            "SELECT COUNT(*) FROM snapshots WHERE sha256 = ?", (sha256,)
         ) as cur:
             row = await cur.fetchone()
-        if row is not None and row[0] == 0 and snap.sha256:
-            await asyncio.to_thread(self.path_of(snap.sha256).unlink, True)
-        return snap
+        if row is not None and row[0] == 0 and sha256:
+            await asyncio.to_thread(self.path_of(sha256).unlink, True)
 
     async def add_pending_image(self, image: str) -> None:
         """An image Docker refused to remove: kept here until a sweep manages it."""
@@ -297,7 +301,13 @@ class SnapshotStore:
             snap.sha256, snap.size_bytes = writer.hexdigest(), writer.size
             async with self._content_lock:
                 await asyncio.to_thread(os.replace, tmp, self.path_of(snap.sha256))
-                await self._insert(snap)
+                try:
+                    await self._insert(snap)
+                except BaseException:
+                    # A record refused (a full disk): the tar just published must not stay
+                    # without one, unless another record shares it.
+                    await asyncio.shield(self._unlink_unshared(snap.sha256))
+                    raise
         except BaseException:
             await asyncio.shield(asyncio.to_thread(writer.discard, tmp))
             raise

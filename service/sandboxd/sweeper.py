@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import logging
 
-from sandboxd import domain_events, tenancy
+from sandboxd import disk_full, domain_events, tenancy
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import SandboxError
 from sandboxd.pulls import Pulls
@@ -96,7 +96,8 @@ class Sweeper:
         while True:
             await asyncio.sleep(interval_s)
             try:
-                result = await self.sweep()
+                with disk_full.translated():
+                    result = await self.sweep()
             except SandboxError as exc:
                 log.warning("sweep: %s", exc)
                 continue

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from grpc_health.v1 import health, health_pb2
 
+from sandboxd import disk_full
 from sandboxd.engine import Engine
 from sandboxd.errors import SandboxError
 
@@ -55,9 +56,17 @@ class EngineMonitor:
                 await self._health.set(name, status)
             if up:
                 log.info("engine available (API %s)", api_version)
-                result = self._on_up()
-                if asyncio.iscoroutine(result):
-                    await result
+                try:
+                    with disk_full.translated():
+                        result = self._on_up()
+                        if asyncio.iscoroutine(result):
+                            await result
+                except disk_full.ServerDiskFull as exc:
+                    # The server's own disk full under the reconcile: logged, and tried again
+                    # at the next check (the engine not yet taken as up), not the monitor's
+                    # task ended, which would stop the server.
+                    log.warning("reconcile after the engine came up: %s", exc)
+                    return up
         self.up = up
         if self._report is not None:
             self._report(up)

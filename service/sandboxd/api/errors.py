@@ -1,7 +1,8 @@
 """The one mapping from domain errors to gRPC status codes with google.rpc.ErrorInfo details.
 
 Servicer methods are wrapped by `unary` or `stream`, which catch every `SandboxError` and
-abort the call with its status. Anything else is a bug: it is logged with its traceback and
+abort the call with its status. A write that found the server's own disk full is answered as
+SERVER_DISK_FULL (sandboxd.disk_full). Anything else is a bug: it is logged with its traceback and
 the caller gets a fixed "internal error" message, never the exception text.
 """
 
@@ -19,7 +20,7 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from sandboxd import errors
+from sandboxd import disk_full, errors
 from sandboxd.api import error_details
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,11 @@ async def _answered(context: Ctx, where: str) -> AsyncIterator[None]:
         # re-raised, the call would get no answer until its deadline. A bug, answered.
         log.error("a cancellation that was not this call's reached %s", where, exc_info=True)
         await abort(context, _INTERNAL)
-    except Exception:
+    except Exception as exc:
+        full = disk_full.error_for(exc)  # not a bug: the data directory's disk is full
+        if full is not None:
+            _drop_tracebacks(exc)
+            await abort(context, full)
         log.exception("unexpected error in %s", where)
         await abort(context, _INTERNAL)
 

@@ -14,12 +14,13 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from sandboxd import disk_full
 from sandboxd.audit.events import AuditEvent
 from sandboxd.audit.store import AuditStore
-from sandboxd.errors import Unavailable
+from sandboxd.errors import SandboxError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,10 @@ class AuditWriter:
         max_age_s: float = 30 * 86400.0,
         max_bytes: int = 256 * 1024 * 1024,
         batch_window_s: float = 0.0,
+        on_unrecorded: Callable[[int, int], None] | None = None,
     ) -> None:
+        # Told (answered, dropped) for each batch a failed write did not record (metrics).
+        self._on_unrecorded = on_unrecorded
         self._batch_window_s = batch_window_s
         self._store = store
         self._export_path = export_path
@@ -155,8 +159,19 @@ class AuditWriter:
                     data = "".join(e.to_json() + "\n" for e in written).encode()
                     await asyncio.to_thread(_append, self._export_fd, data)
             except Exception as exc:
-                log.exception("audit write failed (%d event(s))", len(batch))
-                failure = Unavailable(f"the audit log could not be written: {exc}")
+                # Not retried here: the batch's calls are answered with the failure (their
+                # events not recorded, so not looking recorded); an event no call waits on
+                # (record_nowait) is dropped, counted in this line and the metrics. A full
+                # disk is the operator's SERVER_DISK_FULL; the next batch is a fresh write.
+                unwaited = sum(1 for _, future in batch if future is None)
+                log.exception(
+                    "audit write failed (%d event(s), %d dropped unanswered)", len(batch), unwaited
+                )
+                if self._on_unrecorded is not None:
+                    self._on_unrecorded(len(batch) - unwaited, unwaited)
+                failure: SandboxError = disk_full.error_for(exc) or Unavailable(
+                    f"the audit log could not be written: {exc}"
+                )
                 for _, future in batch:
                     if future is not None and not future.done():
                         future.set_exception(failure)

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from opentelemetry.trace import Tracer
 
-from sandboxd import domain_events, tenancy
+from sandboxd import disk_full, domain_events, tenancy
 from sandboxd import engine_address as docker_tls
 from sandboxd.admission import ChannelShares, FairShares, shares_of
 from sandboxd.agent.router import AgentRouter, agent_settings
@@ -158,6 +158,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     engine: Engine = side.engine
     commands = side.commands
     router = side.router
+    disk_full.set_data_dir(config.server.data_dir)  # what a full disk's answer names
     audit_store = (
         await stack.enter_async_context(AuditStore(config.server.data_dir / "audit.db"))
         if config.audit.enabled
@@ -172,6 +173,7 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
         max_age_s=config.audit.max_age_s,
         max_bytes=config.audit.max_bytes,
         batch_window_s=config.audit.batch_window_s,
+        on_unrecorded=metrics.audit_unrecorded_events,
     )
     audit.start()
     stack.push_async_callback(audit.close)  # after the gRPC server stopped: flush, then close

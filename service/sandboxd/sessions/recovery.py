@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
+from sandboxd import disk_full
 from sandboxd.egress.manager import EgressManager
 from sandboxd.engine.protocol import Engine
 from sandboxd.errors import FailedPrecondition, SandboxError, SessionNotFound, Unavailable
@@ -233,7 +234,8 @@ class Recovery:
         while True:
             self._due.clear()
             try:
-                await self.reap_once()
+                with disk_full.translated():
+                    await self.reap_once()
             except SandboxError as exc:
                 log.warning("lease reaper: %s", exc)
             with contextlib.suppress(TimeoutError):

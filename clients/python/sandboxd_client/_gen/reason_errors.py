@@ -591,6 +591,10 @@ class ImportIntoVolume(FailedPrecondition):
     """IMPORT_INTO_VOLUME: An ImportArchive (or a restore) would write into a volume the session mounts below /workspace: another file system, which the import's all-or-nothing swap cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile."""
 
 
+class ServerDiskFull(ResourceExhausted):
+    """SERVER_DISK_FULL: The server could not write its own state (a session, audit, lease, snapshot or volume record, a snapshot file) because the file system of its data directory is full; nothing was half-done and reads still answer. The message names the directory: the operator frees space there, and the next write succeeds without a restart. Retry later."""
+
+
 class ArchiveCompressionUnsupported(ArchiveRejected):
     """ARCHIVE_COMPRESSION_UNSUPPORTED: An ExportArchive or ImportArchive asked for an archive compression this server does not know (GetServerInfo's features name `archive_zstd` when it has zstd)."""
 
@@ -760,6 +764,7 @@ BY_REASON: dict[str, type[SandboxError]] = {
     "TENANT_DISK_QUOTA": TenantDiskQuota,
     "SNAPSHOT_NOT_TAR": SnapshotNotTar,
     "IMPORT_INTO_VOLUME": ImportIntoVolume,
+    "SERVER_DISK_FULL": ServerDiskFull,
     "ARCHIVE_COMPRESSION_UNSUPPORTED": ArchiveCompressionUnsupported,
     "ARCHIVE_COMPRESSION_INVALID": ArchiveCompressionInvalid,
 }
@@ -904,6 +909,7 @@ __all__ = [
     "TenantDiskQuota",
     "SnapshotNotTar",
     "ImportIntoVolume",
+    "ServerDiskFull",
     "ArchiveCompressionUnsupported",
     "ArchiveCompressionInvalid",
 ]

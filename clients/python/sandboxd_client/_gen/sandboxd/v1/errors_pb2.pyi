@@ -429,6 +429,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     mounts below /workspace: another file system, which the import's all-or-nothing swap
     cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile.
     """
+    ERROR_REASON_SERVER_DISK_FULL: _ErrorReason.ValueType  # 483
+    """RESOURCE_EXHAUSTED: The server could not write its own state (a session, audit, lease,
+    snapshot or volume record, a snapshot file) because the file system of its data directory
+    is full; nothing was half-done and reads still answer. The message names the directory: the
+    operator frees space there, and the next write succeeds without a restart. Retry later.
+    """
     ERROR_REASON_ARCHIVE_COMPRESSION_UNSUPPORTED: _ErrorReason.ValueType  # 550
     """INVALID_ARGUMENT: An ExportArchive or ImportArchive asked for an archive compression this
     server does not know (GetServerInfo's features name `archive_zstd` when it has zstd).
@@ -853,6 +859,12 @@ ERROR_REASON_IMPORT_INTO_VOLUME: ErrorReason.ValueType  # 482
 """FAILED_PRECONDITION: An ImportArchive (or a restore) would write into a volume the session
 mounts below /workspace: another file system, which the import's all-or-nothing swap
 cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile.
+"""
+ERROR_REASON_SERVER_DISK_FULL: ErrorReason.ValueType  # 483
+"""RESOURCE_EXHAUSTED: The server could not write its own state (a session, audit, lease,
+snapshot or volume record, a snapshot file) because the file system of its data directory
+is full; nothing was half-done and reads still answer. The message names the directory: the
+operator frees space there, and the next write succeeds without a restart. Retry later.
 """
 ERROR_REASON_ARCHIVE_COMPRESSION_UNSUPPORTED: ErrorReason.ValueType  # 550
 """INVALID_ARGUMENT: An ExportArchive or ImportArchive asked for an archive compression this
