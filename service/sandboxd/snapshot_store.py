@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 import aiosqlite
 
 from sandboxd.schema import migrate, statements
+from sandboxd.sqlite_file import commit
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -131,7 +132,7 @@ class SnapshotStore:
 
     async def open(self) -> SnapshotStore:
         await migrate(self._db, "snapshots", _STEPS)
-        await self._db.commit()
+        await commit(self._db)
         await asyncio.to_thread(self._prepare_dirs)
         return self
 
@@ -168,7 +169,7 @@ class SnapshotStore:
                 s.disk_bytes,
             ),
         )
-        await self._db.commit()
+        await commit(self._db)
 
     async def _one(self, sql: str, params: Sequence[Any]) -> Snapshot | None:
         async with self._db.execute(sql, params) as cur:
@@ -244,7 +245,7 @@ class SnapshotStore:
         if snap is None:
             return None
         await self._db.execute("DELETE FROM snapshots WHERE snapshot_id = ?", (snapshot_id,))
-        await self._db.commit()
+        await commit(self._db)
         await self._unlink_unshared(snap.sha256)
         return snap
 
@@ -263,7 +264,7 @@ class SnapshotStore:
             "INSERT OR IGNORE INTO pending_image_removals (image, since) VALUES (?, ?)",
             (image, datetime.now(tz=UTC).timestamp()),
         )
-        await self._db.commit()
+        await commit(self._db)
 
     async def pending_images(self) -> list[str]:
         rows = await self._db.execute_fetchall("SELECT image FROM pending_image_removals")
@@ -271,7 +272,7 @@ class SnapshotStore:
 
     async def drop_pending_image(self, image: str) -> None:
         await self._db.execute("DELETE FROM pending_image_removals WHERE image = ?", (image,))
-        await self._db.commit()
+        await commit(self._db)
 
     async def image_in_use(self, image: str) -> bool:
         async with self._db.execute(

@@ -9,6 +9,9 @@ so the event loop never blocks on disk. A subclass names its part and its schema
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import sqlite3
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -16,6 +19,20 @@ from typing import Self
 import aiosqlite
 
 from sandboxd.schema import Step, migrate
+
+
+async def commit(db: aiosqlite.Connection) -> None:
+    """Commit one change, or roll it back whole when the commit fails. In WAL mode the pages
+    reach the disk at COMMIT, and after SQLITE_FULL (a full disk) SQLite may leave the
+    transaction open: its statements would then be committed by the next change of any store
+    on the connection (lease terms and ports share the sessions' one), a record written after
+    its caller was told it was refused and its work undone."""
+    try:
+        await db.commit()
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error, ValueError):  # ValueError: a closed connection
+            await asyncio.shield(db.rollback())
+        raise
 
 
 class SqliteFile:

@@ -34,7 +34,7 @@ from sandboxd.session_rows import (
     suspension_to_json,
     to_stamp,
 )
-from sandboxd.sqlite_file import SqliteFile
+from sandboxd.sqlite_file import SqliteFile, commit
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -129,7 +129,7 @@ class SessionStore(SqliteFile):
                 s.tenant,
             ),
         )
-        await self.db.commit()
+        await commit(self.db)
 
     async def update(self, s: Session) -> None:
         """Persist the mutable fields (state, lease, container, loss, suspend mode, pauses)."""
@@ -162,7 +162,7 @@ class SessionStore(SqliteFile):
                 s.session_id,
             ),
         )
-        await self.db.commit()
+        await commit(self.db)
 
     async def update_spec(self, s: Session) -> None:
         """Persist a changed spec and its fingerprint (UpdateNetworkPolicy)."""
@@ -171,7 +171,7 @@ class SessionStore(SqliteFile):
                 "UPDATE sessions SET spec = ?, fingerprint = ? WHERE session_id = ?",
                 (spec_to_json(s.spec), s.fingerprint, s.session_id),
             )
-            await self.db.commit()
+            await commit(self.db)
             # Dropped, not refilled: a rare write, and the next read decodes what was stored.
 
     async def get(self, session_id: str) -> Session | None:
@@ -196,7 +196,7 @@ class SessionStore(SqliteFile):
     async def delete(self, session_id: str) -> None:
         async with self._writing(session_id):
             await self.db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
-            await self.db.commit()
+            await commit(self.db)
 
     async def page(
         self,

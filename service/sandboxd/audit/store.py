@@ -16,7 +16,7 @@ from functools import cache
 
 from sandboxd.audit.events import AuditEvent, AuditQuery
 from sandboxd.schema import statements
-from sandboxd.sqlite_file import SqliteFile
+from sandboxd.sqlite_file import SqliteFile, commit
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS audit_events (
@@ -134,5 +134,5 @@ class AuditStore(SqliteFile):
             if cut is not None:
                 cursor = await self.db.execute("DELETE FROM audit_events WHERE id <= ?", (cut[0],))
                 removed += max(cursor.rowcount, 0)
-        await self.db.commit()
+        await commit(self.db)
         return removed

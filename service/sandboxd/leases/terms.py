@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import aiosqlite
 
 from sandboxd.schema import migrate, statements
+from sandboxd.sqlite_file import commit
 
 DELETE = "DELETE"
 SUSPEND = "SUSPEND"
@@ -58,7 +59,7 @@ class LeaseTermsStore:
 
     async def open(self) -> LeaseTermsStore:
         await migrate(self._db, "session_terms", _STEPS)
-        await self._db.commit()
+        await commit(self._db)
         return self
 
     async def set_terms(self, session_id: str, on_expiry: str, renew_on_activity: bool) -> None:
@@ -70,7 +71,7 @@ class LeaseTermsStore:
                 " on_expiry = excluded.on_expiry, renew_on_activity = excluded.renew_on_activity",
                 (session_id, on_expiry, int(renew_on_activity)),
             )
-            await self._db.commit()
+            await commit(self._db)
         finally:
             self._dropping(session_id)
 
@@ -104,7 +105,7 @@ class LeaseTermsStore:
                 " end_reason = excluded.end_reason",
                 (session_id, DELETE, reason),
             )
-            await self._db.commit()
+            await commit(self._db)
         finally:
             self._dropping(session_id)
 
@@ -116,6 +117,6 @@ class LeaseTermsStore:
                 "DELETE FROM session_terms WHERE session_id NOT IN"
                 " (SELECT session_id FROM sessions)"
             )
-            await self._db.commit()
+            await commit(self._db)
         finally:
             self._dropping(None)

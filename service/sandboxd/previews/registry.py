@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import aiosqlite
 
 from sandboxd.schema import migrate, statements
+from sandboxd.sqlite_file import commit
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS preview_ports (
@@ -46,7 +47,7 @@ class PortRegistry:
 
     async def open(self) -> PortRegistry:
         await migrate(self._db, "preview_ports", _STEPS)
-        await self._db.commit()
+        await commit(self._db)
         return self
 
     async def publish(
@@ -58,7 +59,7 @@ class PortRegistry:
             "INSERT OR REPLACE INTO preview_ports VALUES (?, ?, ?, ?, ?, ?)",
             (session_id, port, tenant, pub.generation, int(public), expires_at),
         )
-        await self._db.commit()
+        await commit(self._db)
         return pub
 
     async def get(self, session_id: str, port: int) -> Publication | None:
@@ -82,12 +83,12 @@ class PortRegistry:
         cur = await self._db.execute(
             "DELETE FROM preview_ports WHERE session_id = ? AND port = ?", (session_id, port)
         )
-        await self._db.commit()
+        await commit(self._db)
         return bool(cur.rowcount)
 
     async def remove_session(self, session_id: str) -> None:
         await self._db.execute("DELETE FROM preview_ports WHERE session_id = ?", (session_id,))
-        await self._db.commit()
+        await commit(self._db)
 
 
 def _publication(row: aiosqlite.Row | tuple[object, ...]) -> Publication:

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 import aiosqlite
 
 from sandboxd.schema import migrate, statements
+from sandboxd.sqlite_file import commit
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS templates (
@@ -74,7 +75,7 @@ class TemplateStore:
             "UPDATE templates SET state = ?, message = ? WHERE state = ?",
             (TemplateState.FAILED, "the server restarted during the build", TemplateState.BUILDING),
         )
-        await self._db.commit()
+        await commit(self._db)
         return self
 
     async def put(self, t: TemplateRecord) -> None:
@@ -93,7 +94,7 @@ class TemplateStore:
                 t.message,
             ),
         )
-        await self._db.commit()
+        await commit(self._db)
 
     async def get(self, tenant: str, name: str) -> TemplateRecord | None:
         async with self._db.execute(
@@ -120,4 +121,4 @@ class TemplateStore:
         await self._db.execute(
             "DELETE FROM templates WHERE tenant = ? AND name = ?", (tenant, name)
         )
-        await self._db.commit()
+        await commit(self._db)

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import aiosqlite
 
 from sandboxd.schema import migrate, statements
+from sandboxd.sqlite_file import commit
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS volumes (
@@ -61,7 +62,7 @@ class VolumeStore:
 
     async def open(self) -> VolumeStore:
         await migrate(self._db, "volumes", _STEPS)
-        await self._db.commit()
+        await commit(self._db)
         return self
 
     async def insert(self, v: VolumeRecord) -> None:
@@ -77,7 +78,7 @@ class VolumeStore:
                 v.created_at.timestamp(),
             ),
         )
-        await self._db.commit()
+        await commit(self._db)
 
     async def get(self, tenant: str, volume_id: str) -> VolumeRecord | None:
         async with self._db.execute(
@@ -118,10 +119,10 @@ class VolumeStore:
             "UPDATE volumes SET used_bytes = ? WHERE tenant = ? AND volume_id = ?",
             (used_bytes, tenant, volume_id),
         )
-        await self._db.commit()
+        await commit(self._db)
 
     async def delete(self, tenant: str, volume_id: str) -> None:
         await self._db.execute(
             "DELETE FROM volumes WHERE tenant = ? AND volume_id = ?", (tenant, volume_id)
         )
-        await self._db.commit()
+        await commit(self._db)
