@@ -26,14 +26,6 @@ log = logging.getLogger(__name__)
 
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 _SQLITE_FULL = 13  # sqlite3.SQLITE_FULL, spelled out: older Pythons lack the constant
-# The directory a SQLite error names none of: the server's data directory, set at start.
-_data_dir: Path | None = None
-
-
-def set_data_dir(path: Path) -> None:
-    """Name the directory the message of a SQLite disk-full error points the operator at."""
-    global _data_dir
-    _data_dir = path
 
 
 def _no_space(exc: BaseException) -> bool:
@@ -64,12 +56,13 @@ class ServerDiskFull(ResourceExhausted):
 
     default_reason = Reason.SERVER_DISK_FULL
 
-    def __init__(self, directory: Path | None) -> None:
-        where = f"its data directory {directory}" if directory else "its data directory"
+    def __init__(self) -> None:
+        # No path: a caller is not told where the host keeps the server's state (the log
+        # line `error_for` writes names it for the operator).
         super().__init__(
-            f"the server's disk is full: no space left to write {where}, so this call's"
-            " records could not be kept. The operator frees space there (old snapshots, the"
-            " audit database); the next write succeeds without a restart"
+            "the server's disk is full: no space left to write its data directory, so this"
+            " call's records could not be kept. The operator frees space there (old"
+            " snapshots, the audit database); the next write succeeds without a restart"
         )
 
 
@@ -79,11 +72,11 @@ def error_for(exc: BaseException) -> ServerDiskFull | None:
     full = cause(exc)
     if full is None:
         return None
-    directory = _data_dir
+    where = "the data directory (server.data_dir)"
     if isinstance(full, OSError) and full.filename:
-        directory = Path(str(full.filename)).parent
-    log.error("server disk full (%s): %s", directory or "data directory", full)
-    return ServerDiskFull(directory)
+        where = str(Path(str(full.filename)).parent)
+    log.error("server disk full (%s): %s", where, full)
+    return ServerDiskFull()
 
 
 @contextlib.contextmanager

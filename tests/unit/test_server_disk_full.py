@@ -84,7 +84,6 @@ def _reason(status: grpc.Status) -> str:
 async def test_a_session_write_on_a_full_disk_is_server_disk_full_and_recovers(
     tmp_path: Path,
 ) -> None:
-    disk_full.set_data_dir(tmp_path)
     async with SessionStore(tmp_path / "sessions.db") as store:
         await store.insert(_session("before"))
         pages = await _fill(store.db)
@@ -95,7 +94,8 @@ async def test_a_session_write_on_a_full_disk_is_server_disk_full_and_recovers(
         assert context.status is not None
         assert context.status.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert _reason(context.status) == Reason.SERVER_DISK_FULL
-        assert str(tmp_path) in context.status.details
+        assert "data directory" in context.status.details
+        assert str(tmp_path) not in context.status.details  # a host path is the log's
         # Nothing half-written, and reads still answer.
         assert await store.get("s-full") is None
         before = await store.get("before")
@@ -120,11 +120,15 @@ async def test_sqlite_full_is_told_apart_from_other_errors() -> None:
         assert disk_full.cause(outer) is full
 
 
-async def test_a_file_write_with_no_space_names_its_directory(tmp_path: Path) -> None:
+async def test_a_file_write_with_no_space_names_its_directory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """To the operator, in the log; never to the caller, who is not told the host's paths."""
     exc = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "snapshots" / "a.tar"))
     error = disk_full.error_for(exc)
     assert error is not None and error.reason == Reason.SERVER_DISK_FULL
-    assert str(tmp_path / "snapshots") in error.message
+    assert str(tmp_path) not in error.message
+    assert str(tmp_path / "snapshots") in caplog.text
     assert api_errors.status_code_for(error) == grpc.StatusCode.RESOURCE_EXHAUSTED
     quota = disk_full.error_for(OSError(errno.EDQUOT, "Disk quota exceeded"))
     assert quota is not None
@@ -140,7 +144,6 @@ async def test_an_audit_batch_on_a_full_disk_fails_its_calls_then_recovers(
     """The events of a batch that could not be committed are not acknowledged (the calls
     waiting on them are answered SERVER_DISK_FULL, not told they were recorded); the writer
     keeps running and commits the next batch once space returns."""
-    disk_full.set_data_dir(tmp_path)
     async with AuditStore(tmp_path / "audit.db") as store:
         writer = AuditWriter(store)
         writer.start()
@@ -162,7 +165,6 @@ async def test_a_snapshot_whose_record_cannot_be_written_leaves_no_file(tmp_path
     """The tar is published under its sha256 before its record is inserted: a record the full
     disk refused left the published tar behind, a file no record points at (found by this
     test). Now neither file nor record stays; a tar another record shares is kept."""
-    disk_full.set_data_dir(tmp_path)
     async with SessionStore(tmp_path / "sessions.db") as store:
         snaps = await SnapshotStore(store.db, tmp_path / "snapshots").open()
         shared = await snaps.add(_chunks(b"shared"), new_snapshot("s1", "alpha", "TAR", {}))

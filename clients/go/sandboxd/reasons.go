@@ -324,7 +324,7 @@ var (
 	ErrSnapshotNotTar = &Error{Code: codes.FailedPrecondition, Reason: "SNAPSHOT_NOT_TAR"}
 	// ErrImportIntoVolume: FAILED_PRECONDITION: An ImportArchive (or a restore) would write into a volume the session mounts below /workspace: another file system, which the import's all-or-nothing swap cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile.
 	ErrImportIntoVolume = &Error{Code: codes.FailedPrecondition, Reason: "IMPORT_INTO_VOLUME"}
-	// ErrServerDiskFull: RESOURCE_EXHAUSTED: The server could not write its own state (a session, audit, lease, snapshot or volume record, a snapshot file) because the file system of its data directory is full; nothing was half-done and reads still answer. The message names the directory: the operator frees space there, and the next write succeeds without a restart. Retry later.
+	// ErrServerDiskFull: RESOURCE_EXHAUSTED: The server could not write its own state (a session, audit, lease, snapshot or volume record, a snapshot file) because the file system of its data directory is full; nothing was half-done and reads still answer. The server's log names the directory: the operator frees space there, and the next write succeeds without a restart. Retry later.
 	ErrServerDiskFull = &Error{Code: codes.ResourceExhausted, Reason: "SERVER_DISK_FULL"}
 	// ErrArchiveCompressionUnsupported: INVALID_ARGUMENT: An ExportArchive or ImportArchive asked for an archive compression this server does not know (GetServerInfo's features name `archive_zstd` when it has zstd).
 	ErrArchiveCompressionUnsupported = &Error{Code: codes.InvalidArgument, Reason: "ARCHIVE_COMPRESSION_UNSUPPORTED"}

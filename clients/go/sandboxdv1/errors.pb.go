@@ -405,8 +405,9 @@ const (
 	ErrorReason_ERROR_REASON_IMPORT_INTO_VOLUME ErrorReason = 482
 	// RESOURCE_EXHAUSTED: The server could not write its own state (a session, audit, lease,
 	// snapshot or volume record, a snapshot file) because the file system of its data directory
-	// is full; nothing was half-done and reads still answer. The message names the directory: the
-	// operator frees space there, and the next write succeeds without a restart. Retry later.
+	// is full; nothing was half-done and reads still answer. The server's log names the
+	// directory: the operator frees space there, and the next write succeeds without a restart.
+	// Retry later.
 	ErrorReason_ERROR_REASON_SERVER_DISK_FULL ErrorReason = 483
 	// INVALID_ARGUMENT: An ExportArchive or ImportArchive asked for an archive compression this
 	// server does not know (GetServerInfo's features name `archive_zstd` when it has zstd).

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from opentelemetry.trace import Tracer
 
-from sandboxd import disk_full, domain_events, tenancy
+from sandboxd import domain_events, tenancy
 from sandboxd import engine_address as docker_tls
 from sandboxd.admission import ChannelShares, FairShares, shares_of
 from sandboxd.agent.router import AgentRouter, agent_settings
@@ -158,7 +158,6 @@ async def build(config: Config, owner_id: str, stack: AsyncExitStack) -> Parts:
     engine: Engine = side.engine
     commands = side.commands
     router = side.router
-    disk_full.set_data_dir(config.server.data_dir)  # what a full disk's answer names
     audit_store = (
         await stack.enter_async_context(AuditStore(config.server.data_dir / "audit.db"))
         if config.audit.enabled

@@ -432,8 +432,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_SERVER_DISK_FULL: _ErrorReason.ValueType  # 483
     """RESOURCE_EXHAUSTED: The server could not write its own state (a session, audit, lease,
     snapshot or volume record, a snapshot file) because the file system of its data directory
-    is full; nothing was half-done and reads still answer. The message names the directory: the
-    operator frees space there, and the next write succeeds without a restart. Retry later.
+    is full; nothing was half-done and reads still answer. The server's log names the
+    directory: the operator frees space there, and the next write succeeds without a restart.
+    Retry later.
     """
     ERROR_REASON_ARCHIVE_COMPRESSION_UNSUPPORTED: _ErrorReason.ValueType  # 550
     """INVALID_ARGUMENT: An ExportArchive or ImportArchive asked for an archive compression this
@@ -863,8 +864,9 @@ cannot reach. Metadata `path`. Use VolumeService.ImportVolume, or WriteFile.
 ERROR_REASON_SERVER_DISK_FULL: ErrorReason.ValueType  # 483
 """RESOURCE_EXHAUSTED: The server could not write its own state (a session, audit, lease,
 snapshot or volume record, a snapshot file) because the file system of its data directory
-is full; nothing was half-done and reads still answer. The message names the directory: the
-operator frees space there, and the next write succeeds without a restart. Retry later.
+is full; nothing was half-done and reads still answer. The server's log names the
+directory: the operator frees space there, and the next write succeeds without a restart.
+Retry later.
 """
 ERROR_REASON_ARCHIVE_COMPRESSION_UNSUPPORTED: ErrorReason.ValueType  # 550
 """INVALID_ARGUMENT: An ExportArchive or ImportArchive asked for an archive compression this

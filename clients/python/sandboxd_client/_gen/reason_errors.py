@@ -592,7 +592,7 @@ class ImportIntoVolume(FailedPrecondition):
 
 
 class ServerDiskFull(ResourceExhausted):
-    """SERVER_DISK_FULL: The server could not write its own state (a session, audit, lease, snapshot or volume record, a snapshot file) because the file system of its data directory is full; nothing was half-done and reads still answer. The message names the directory: the operator frees space there, and the next write succeeds without a restart. Retry later."""
+    """SERVER_DISK_FULL: The server could not write its own state (a session, audit, lease, snapshot or volume record, a snapshot file) because the file system of its data directory is full; nothing was half-done and reads still answer. The server's log names the directory: the operator frees space there, and the next write succeeds without a restart. Retry later."""
 
 
 class ArchiveCompressionUnsupported(ArchiveRejected):
