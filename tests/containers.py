@@ -22,6 +22,11 @@ def docker(*args: str) -> str:
     ).stdout.strip()
 
 
+def owned_containers(owner: str) -> list[str]:
+    """The ids of every container (stopped ones too) of the server `owner`."""
+    return docker("ps", "-aq", "--filter", f"label=io.sandboxd.owner={owner}").split()
+
+
 def session_containers(
     session_id: str, owner: str | None = None, *, running: bool = False
 ) -> list[str]:

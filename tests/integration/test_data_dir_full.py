@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 from conftest import make_stubs, remove_owned_containers, start_server
+from containers import owned_containers
 from google.rpc import error_details_pb2, status_pb2
 from sandboxd.v1 import common_pb2, process_pb2, session_pb2
 
@@ -65,16 +66,6 @@ def _fill(directory: Path) -> Path:
     return filler
 
 
-def _owned(owner: str) -> list[str]:
-    out = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=io.sandboxd.owner={owner}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.split()
-
-
 def _reason(err: grpc.RpcError) -> str:
     for key, value in err.trailing_metadata() or ():  # type: ignore[attr-defined]
         if key == "grpc-status-details-bin":
@@ -93,7 +84,7 @@ def test_create_session_on_a_full_data_dir_is_refused_cleanly_and_recovers(
     create = session_pb2.CreateSessionRequest(shell=common_pb2.ShellPolicy(allow_all=True))
     try:
         first = stubs.sessions.CreateSession(create, timeout=CALL_TIMEOUT).session.session_id
-        before = set(_owned(owner))
+        before = set(owned_containers(owner))
         filler = _fill(small_disk)
         refusals, created = [], 0
         for _ in range(5):  # WAL pages SQLite already holds may take a write or two first
@@ -119,7 +110,7 @@ def test_create_session_on_a_full_data_dir_is_refused_cleanly_and_recovers(
         ).sessions
         assert first in {s.session_id for s in listed}
         assert len(listed) == 1 + created
-        assert len(_owned(owner)) == len(before) + created
+        assert len(owned_containers(owner)) == len(before) + created
         # A command in the running session runs, but its audit records cannot be committed:
         # the call is answered so (the audit log's promise), never INTERNAL or UNAVAILABLE.
         with pytest.raises(grpc.RpcError) as ran:

@@ -7,12 +7,12 @@ waited forever (here: the creates past the pool's size ran into their deadline).
 from __future__ import annotations
 
 import secrets
-import subprocess
 from collections.abc import Iterator
 
 import grpc
 import pytest
 from conftest import ServerProcess, own_server
+from containers import owned_containers
 from sandboxd.v1 import (
     common_pb2,
     process_pb2,
@@ -33,16 +33,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         tmp_path_factory.mktemp("many") / "data", owner, "--docker-pool-size", str(POOL)
     ) as srv:
         yield srv
-
-
-def _containers(owner: str) -> list[str]:
-    found = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=io.sandboxd.owner={owner}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return found.stdout.split()
 
 
 def test_more_live_sessions_than_engine_connections_are_created_used_and_deleted(
@@ -71,4 +61,4 @@ def test_more_live_sessions_than_engine_connections_are_created_used_and_deleted
                     session_pb2.DeleteSessionRequest(session_id=sid), timeout=DEADLINE_S
                 )
     assert len(sids) == SESSIONS
-    assert _containers(server.owner_id) == []
+    assert owned_containers(server.owner_id) == []

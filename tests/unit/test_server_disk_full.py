@@ -32,6 +32,7 @@ from sandboxd.sessions import CreateSessionInput
 from sandboxd.snapshot_store import SnapshotStore, new_snapshot
 from sandboxd.store import SessionStore
 
+from tests.unit.test_api_answered import _Context
 from tests.unit.test_lease_expiry import MANIFEST, _end_lease, _stack
 from tests.unit.test_store_memory import _session
 
@@ -50,15 +51,6 @@ async def _fill(db: aiosqlite.Connection) -> int:
 
 async def _free(db: aiosqlite.Connection, pages: int) -> None:
     await db.execute(f"PRAGMA max_page_count = {pages * 100}")
-
-
-class _Context:
-    def __init__(self) -> None:
-        self.status: grpc.Status | None = None
-
-    async def abort_with_status(self, status: grpc.Status) -> None:
-        self.status = status
-        raise grpc.aio.AbortError()
 
 
 class _Servicer:
